@@ -1,0 +1,35 @@
+"""Shared test helpers: fresh seeds, CUDA skipping, error measures."""
+
+import os
+import random
+
+import pytest
+import torch
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture
+def seed():
+    """A fresh seed per test run (printed on failure), so every run draws new inputs.
+    Set MOE_TEST_SEED to replay one."""
+    value = int(os.environ.get("MOE_TEST_SEED", random.SystemRandom().randrange(2**31)))
+    print(f"seed={value}")
+    return value
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖out − ref‖ / ‖ref‖ in float64 (0 when both are zero); NaN anywhere gives inf."""
+    out, ref = out.double(), ref.double()
+    if not torch.isfinite(out).all():
+        return float("inf")
+    denom = ref.norm().item()
+    diff = (out - ref).norm().item()
+    return diff / denom if denom > 0 else diff

@@ -1,0 +1,28 @@
+"""The project's set-up files agree with each other."""
+
+import re
+from pathlib import Path
+
+import tomllib
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _normalise(requirement: str) -> str:
+    return re.sub(r"\s+", "", requirement).replace('"', "'").lower()
+
+
+def test_environment_yml_lists_the_same_dependencies_as_pyproject():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    from_pyproject = set(project["dependencies"])
+    for extra in project["optional-dependencies"].values():
+        from_pyproject |= set(extra)
+    lines = (ROOT / "environment.yml").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == "- pip:")
+    from_conda = {line.strip()[2:] for line in lines[start + 1:] if line.strip().startswith("- ")}
+    assert {_normalise(r) for r in from_conda} == {_normalise(r) for r in from_pyproject}
+
+
+def test_ci_runs_the_readme_test_command():
+    assert "make test" in (ROOT / ".ci" / "run").read_text()
+    assert "make test" in (ROOT / "README.md").read_text()
