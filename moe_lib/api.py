@@ -33,11 +33,18 @@ def triton_available(problem: str) -> bool:
     return importlib.util.find_spec(TRITON_MODULES[problem]) is not None
 
 
-def resolve_impl(problem: str, impl: str, device: torch.device) -> str:
+# float dtypes the Triton paths compute in; "auto" falls back to the reference for others (float64)
+TRITON_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def resolve_impl(problem: str, impl: str, device: torch.device, dtype: torch.dtype) -> str:
     """Turn ``impl`` (already checked) into "reference" or "triton" for tensors on ``device``."""
     if impl == "auto":
-        return "triton" if device.type == "cuda" and triton_available(problem) else "reference"
+        use_triton = device.type == "cuda" and dtype in TRITON_DTYPES and triton_available(problem)
+        return "triton" if use_triton else "reference"
     if impl == "triton":
+        if dtype not in TRITON_DTYPES:
+            raise TypeError(f"impl: 'triton' supports dtypes {TRITON_DTYPES}, got {dtype}; use impl='reference'")
         if not triton_available(problem):
             raise ValueError(f"impl: 'triton' is not available for {problem} (triton missing or no kernel)")
         if device.type != "cuda" and not triton_interpreter_enabled():
@@ -67,7 +74,7 @@ def swiglu_down_backward(
     validation.check_impl(impl)
     args = (grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate)
     validation.check_swiglu_down_backward(*args)
-    chosen = resolve_impl("swiglu_down_backward", impl, x.device)
+    chosen = resolve_impl("swiglu_down_backward", impl, x.device, x.dtype)
     if chosen == "reference":
         return reference.swiglu_down_backward_reference(*args)
     validation.check_contiguous(dict(zip(_P1_NAMES, args, strict=True)))
@@ -90,7 +97,7 @@ def moe_experts_backward(
     validation.check_impl(impl)
     args = (grad_output, hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights)
     validation.check_moe_experts_backward(*args, validate=validate)
-    chosen = resolve_impl("moe_experts_backward", impl, hidden_states.device)
+    chosen = resolve_impl("moe_experts_backward", impl, hidden_states.device, hidden_states.dtype)
     if chosen == "reference":
         return reference.moe_experts_backward_reference(*args)
     validation.check_contiguous(dict(zip(_P2_NAMES, args, strict=True)))
