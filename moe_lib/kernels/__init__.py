@@ -1,0 +1,1 @@
+"""Triton kernels, one file per kernel family."""
