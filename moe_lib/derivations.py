@@ -1,0 +1,164 @@
+"""What the derivation notebooks (01, 02) compare their hand-written steps against.
+
+The notebooks write each backward step by hand; this module gives them float64 autograd
+gradients of every forward tensor (not only of the inputs), relative errors, a step log, the
+bf16 error table of P1 and the tokens-per-expert counts of P2's routings.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from . import problems, reference
+
+P1_OUTPUTS = ("grad_x", "grad_gate_weight", "grad_up_weight", "grad_down_weight")
+P2_OUTPUTS = ("grad_hidden_states", "grad_topk_weights", "grad_gate_weights", "grad_up_weights", "grad_down_weights")
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """‖got − want‖ / ‖want‖ in float64 (the plain ‖got − want‖ when ``want`` is all zero)."""
+    got, want = got.double(), want.double()
+    diff = (got - want).norm().item()
+    scale = want.norm().item()
+    return diff / scale if scale > 0 else diff
+
+
+class StepLog:
+    """Checks hand-derived tensors against autograd one step at a time and remembers the errors."""
+
+    def __init__(self, tolerance: float = 1e-10):
+        self.tolerance = tolerance
+        self.errors: dict[str, float] = {}
+
+    def check(self, name: str, hand: torch.Tensor, autograd: torch.Tensor) -> None:
+        """Print the relative error of ``hand`` against ``autograd``; fail if it exceeds the tolerance."""
+        if hand.shape != autograd.shape:
+            raise AssertionError(f"{name}: shape {tuple(hand.shape)} by hand, {tuple(autograd.shape)} by autograd")
+        error = relative_error(hand, autograd)
+        self.errors[name] = error
+        print(f"{name:<32} {str(tuple(hand.shape)):<16} relative error vs autograd: {error:.1e}")
+        if not error < self.tolerance:
+            raise AssertionError(f"{name}: relative error {error:.2e} exceeds {self.tolerance:.0e}")
+
+
+def _leaves(*tensors):
+    return [t.detach().double().requires_grad_() for t in tensors]
+
+
+def _grads(output, named: dict, grad_output) -> dict:
+    """Gradients of ⟨grad_output, output⟩ with respect to every tensor in ``named`` (zeros where unused)."""
+    grads = torch.autograd.grad(output, list(named.values()), grad_output.double(), allow_unused=True)
+    return {name: torch.zeros_like(t) if g is None else g for (name, t), g in zip(named.items(), grads, strict=True)}
+
+
+def swiglu_autograd_grads(grad_output, x, gate_weight, up_weight, down_weight) -> dict:
+    """Float64 autograd gradients of ⟨dy, y⟩ for every tensor of the P1 forward.
+
+    The forward is rebuilt from the four leaves (gate = x·Wgᵀ, gate_sigmoid = σ(gate),
+    gate_silu = gate·gate_sigmoid, up = x·Wuᵀ, intermediate = gate_silu·up, y = intermediate·Wdᵀ),
+    so the gradient named "gate" is the total one, through σ(gate) as well. Keys: the names of the
+    forward tensors and of the leaves.
+    """
+    x, w_gate, w_up, w_down = _leaves(x, gate_weight, up_weight, down_weight)
+    gate = x @ w_gate.T
+    gate_sigmoid = torch.sigmoid(gate)
+    gate_silu = gate * gate_sigmoid
+    up = x @ w_up.T
+    intermediate = gate_silu * up
+    y = intermediate @ w_down.T
+    named = dict(intermediate=intermediate, gate_silu=gate_silu, up=up, gate=gate,
+                 x=x, gate_weight=w_gate, up_weight=w_up, down_weight=w_down)  # fmt: skip
+    return _grads(y, named, grad_output)
+
+
+def moe_slots(topk_indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token_of_slot, expert_of_slot), each [T·K]: slot s = t·K + k is token t's k-th choice."""
+    num_tokens, top_k = topk_indices.shape
+    token_of_slot = torch.arange(num_tokens, device=topk_indices.device).repeat_interleave(top_k)
+    return token_of_slot, topk_indices.reshape(-1)
+
+
+def moe_autograd_grads(grad_output, hidden_states, topk_indices, topk_weights, gate_weights, up_weights,
+                       down_weights) -> dict:  # fmt: skip
+    """Float64 autograd gradients of ⟨dy, y⟩ for every tensor of the P2 forward, written per slot.
+
+    Per slot s (token t, expert e): x_slots[s] = x_t (the dispatch), g = Wg_e x_t, u = Wu_e x_t,
+    a = silu(g)·u, o = Wd_e a; then y_t = Σ_k w_tk o_tk (the combine). Keys: "x_slots", "g", "u",
+    "a", "o" ([T·K, ...] each) and the leaves' names (hidden_states, topk_weights, gate_weights,
+    up_weights, down_weights).
+    """
+    x, w, w_gate, w_up, w_down = _leaves(hidden_states, topk_weights, gate_weights, up_weights, down_weights)
+    num_tokens, top_k = topk_indices.shape
+    token_of_slot, expert_of_slot = moe_slots(topk_indices)
+    x_slots = x[token_of_slot]
+    g = torch.einsum("sih,sh->si", w_gate[expert_of_slot], x_slots)
+    u = torch.einsum("sih,sh->si", w_up[expert_of_slot], x_slots)
+    a = F.silu(g) * u
+    o = torch.einsum("shi,si->sh", w_down[expert_of_slot], a)
+    y = (w.reshape(-1, 1) * o).reshape(num_tokens, top_k, -1).sum(dim=1)
+    named = dict(x_slots=x_slots, g=g, u=u, a=a, o=o, hidden_states=x, topk_weights=w,
+                 gate_weights=w_gate, up_weights=w_up, down_weights=w_down)  # fmt: skip
+    return _grads(y, named, grad_output)
+
+
+def swiglu_bf16_errors(inputs: dict) -> dict:
+    """How far P1's bf16 reference lands from float64, per output, for bf16 ``inputs`` (the benchmark's).
+
+    Returns {column: {output: relative error}} with the columns
+    - "fp32 arithmetic": the reference in fp32 (before rounding) vs float64, same bf16 inputs;
+    - "bf16 output rounding": the bf16 outputs vs float64 on the same bf16 inputs;
+    - "bf16 saved forward": the bf16 outputs vs float64 autograd of the exact forward from the same
+      x, dy and weights (the saved gate, σ, silu, up and intermediate no longer rounded);
+    - "recomputed sigmoid": fp32 with σ(fp32(gate)) in place of the saved gate_sigmoid vs the
+      reference in fp32 — what a kernel that recomputes σ changes.
+    """
+    as64 = {k: v.double() for k, v in inputs.items()}
+    as32 = {k: v.float() for k, v in inputs.items()}
+    exact_saved = reference.swiglu_down_backward_reference(*as64.values())
+    fp32 = reference.swiglu_down_backward_reference(*as32.values())
+    bf16 = reference.swiglu_down_backward_reference(*inputs.values())
+    autograd = swiglu_autograd_grads(*(as64[k] for k in ("grad_output", "x", "gate_weight", "up_weight",
+                                                         "down_weight")))  # fmt: skip
+    exact_forward = [autograd[k] for k in ("x", "gate_weight", "up_weight", "down_weight")]
+    recomputed = dict(as32, gate_sigmoid=torch.sigmoid(as32["gate"]))
+    fp32_recomputed = reference.swiglu_down_backward_reference(*recomputed.values())
+    columns = {
+        "fp32 arithmetic": (fp32, exact_saved),
+        "bf16 output rounding": (bf16, exact_saved),
+        "bf16 saved forward": (bf16, exact_forward),
+        "recomputed sigmoid": (fp32_recomputed, fp32),
+    }
+    return {column: {name: relative_error(g, w) for name, g, w in zip(P1_OUTPUTS, got, want, strict=True)}
+            for column, (got, want) in columns.items()}  # fmt: skip
+
+
+def routing_load(num_tokens: int, num_experts: int, top_k: int, routing: str, seed: int) -> torch.Tensor:
+    """Tokens per expert ([num_experts] int64) for one draw of ``problems.route_tokens`` seeded with ``seed``."""
+    generator = torch.Generator().manual_seed(seed)
+    topk_indices = problems.route_tokens(num_tokens, num_experts, top_k, routing=routing, generator=generator)
+    return torch.bincount(topk_indices.reshape(-1), minlength=num_experts)
+
+
+def load_stats(tokens_per_expert: torch.Tensor) -> dict:
+    """min, mean, max, std of the tokens per expert and how many experts got none."""
+    counts = tokens_per_expert.double()
+    return dict(min=int(tokens_per_expert.min()), mean=counts.mean().item(), max=int(tokens_per_expert.max()),
+                std=counts.std().item(), empty_experts=int((tokens_per_expert == 0).sum()))  # fmt: skip
+
+
+def uniform_load_pmf(num_tokens: int, num_experts: int, top_k: int, counts) -> list[float]:
+    """P(an expert gets exactly c tokens) under uniform routing, for each c in ``counts``.
+
+    Each token picks K of the E experts uniformly, so a given expert is picked with probability K/E,
+    independently per token: its load is Binomial(T, K/E).
+    """
+    p = top_k / num_experts
+    if p >= 1:
+        return [1.0 if c == num_tokens else 0.0 for c in counts]
+    log_p, log_q = math.log(p), math.log1p(-p)
+    return [math.exp(math.lgamma(num_tokens + 1) - math.lgamma(c + 1) - math.lgamma(num_tokens - c + 1)
+                     + c * log_p + (num_tokens - c) * log_q) if 0 <= c <= num_tokens else 0.0
+            for c in counts]  # fmt: skip
