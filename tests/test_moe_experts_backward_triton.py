@@ -1,0 +1,301 @@
+"""The Triton path of P2: ``moe_experts_backward(..., impl="triton")``.
+
+CPU: the kernels run under the Triton interpreter, which must be switched on (TRITON_INTERPRET=1)
+before triton is first imported — other test files import it without — so one subprocess runs this
+file as a script over every small case and prints JSON; the tests below assert on it. Inside, every
+output and workspace the kernels allocate is filled with NaN first (an unwritten element shows up
+as NaN), each case runs twice (the results must be bitwise equal), and each output is compared with
+the float64 reference computed from the same (rounded) inputs.
+GPU (``gpu`` marker): the same small cases on the device, the benchmark's full shape against the
+fp32 reference with the element rule, bf16, all tokens on K experts, and CUDA-graph capture.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import rel_error
+
+import moe_lib
+from moe_lib import problems, reference
+
+OUTPUT_NAMES = ("grad_hidden_states", "grad_topk_weights", "grad_gate_weights", "grad_up_weights", "grad_down_weights")
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# Relative Frobenius error against float64. fp32 interface: grad_topk_weights comes from bf16×3
+# products (≈1e-5); the other outputs from plain bf16 products with fp32 accumulation (≈2e-3).
+# bf16 inputs: bf16 products and bf16 outputs (≈5e-3).
+FP32_TOLERANCE = dict.fromkeys(OUTPUT_NAMES, 5e-3) | {"grad_topk_weights": 1e-4}
+BF16_TOLERANCE = dict.fromkeys(OUTPUT_NAMES, 2e-2)  # also used for fp16
+
+# name: (T, H, I, E, K, routing, float dtype, topk_weights dtype, index dtype, row_split or None)
+SMALL_CASES = {
+    "odd": (13, 40, 24, 5, 2, "uniform", "float32", "float32", "int64", None),
+    "hot-looping": (40, 40, 24, 5, 2, "hot", "float32", "float32", "int64", 2),
+    "skewed": (24, 24, 40, 7, 3, "skewed", "float32", "float32", "int64", None),
+    "K1": (9, 16, 12, 5, 1, "uniform", "float32", "float32", "int64", None),
+    "K=E": (11, 24, 16, 4, 4, "uniform", "float32", "float32", "int32", None),
+    "T0": (0, 16, 8, 4, 2, "uniform", "float32", "float32", "int64", None),
+    "bf16": (13, 40, 24, 5, 2, "uniform", "bfloat16", "float32", "int64", None),
+    "bf16-int32-bf16-topk": (10, 24, 40, 6, 3, "skewed", "bfloat16", "bfloat16", "int32", None),
+    "fp16": (7, 24, 16, 3, 2, "uniform", "float16", "float16", "int64", None),
+}
+
+
+def small_case_inputs(case: str, seed: int, device="cpu") -> dict:
+    T, H, I, E, K, routing, dtype, topk_dtype, index_dtype, _ = SMALL_CASES[case]
+    inputs = problems.make_inputs("moe_experts_backward", T, seed=seed, device=device, routing=routing,
+                                  hidden_size=H, intermediate_size=I, num_experts=E, top_k=K)  # fmt: skip
+    for name in ("grad_output", "hidden_states", "gate_weights", "up_weights", "down_weights"):
+        inputs[name] = inputs[name].to(getattr(torch, dtype))
+    inputs["topk_weights"] = inputs["topk_weights"].to(getattr(torch, topk_dtype))
+    inputs["topk_indices"] = inputs["topk_indices"].to(getattr(torch, index_dtype))
+    return inputs
+
+
+def nan_filled(size, *, dtype, device):
+    """Stands in for torch.empty: memory a kernel forgets to write stays NaN."""
+    return torch.full(size, float("nan"), dtype=dtype, device=device)
+
+
+def run_triton(inputs: dict, row_split=None):
+    """The public entry point, or the kernel function itself when the row split is forced."""
+    from moe_lib.kernels import moe_experts_backward as kernels
+
+    if row_split is None:
+        return moe_lib.moe_experts_backward(*inputs.values(), impl="triton")
+    interpreter = inputs["hidden_states"].device.type != "cuda"
+    T, K = inputs["topk_indices"].shape
+    config = kernels.launch_config(T * K, inputs["gate_weights"].shape[0], interpreter=interpreter,
+                                   input_bytes=inputs["hidden_states"].element_size())  # fmt: skip
+    config = dataclasses.replace(config, row_split=row_split)
+    return kernels.moe_experts_backward_triton(*inputs.values(), config=config)
+
+
+def check_small_case(case: str, seed: int, device="cpu") -> dict:
+    """Runs one small case twice with NaN-filled allocations; returns what the tests assert on."""
+    from moe_lib.kernels import moe_experts_backward as kernels
+
+    inputs = small_case_inputs(case, seed, device)
+    upcast = {k: (v.double() if v.is_floating_point() else v) for k, v in inputs.items()}
+    want = reference.moe_experts_backward_reference(*upcast.values())
+    row_split = SMALL_CASES[case][-1]
+    kernels.allocate = nan_filled
+    try:
+        start = time.perf_counter()
+        got = run_triton(inputs, row_split)
+        seconds = time.perf_counter() - start
+        again = run_triton(inputs, row_split)
+    finally:
+        kernels.allocate = torch.empty
+    chosen = torch.zeros(inputs["gate_weights"].shape[0], dtype=torch.bool, device=device)
+    chosen[inputs["topk_indices"].reshape(-1).long()] = True
+    weight_grads = got[2:]
+    return dict(
+        seed=seed,
+        seconds=seconds,
+        shapes={n: list(g.shape) == list(w.shape) for n, g, w in zip(OUTPUT_NAMES, got, want, strict=True)},
+        dtypes={n: str(g.dtype) for n, g in zip(OUTPUT_NAMES, got, strict=True)},
+        finite={n: bool(torch.isfinite(g).all()) for n, g in zip(OUTPUT_NAMES, got, strict=True)},
+        rel_errors={n: rel_error(g, w) for n, g, w in zip(OUTPUT_NAMES, got, want, strict=True)},
+        bitwise_repeatable=all(torch.equal(a, b) for a, b in zip(got, again, strict=True)),
+        unchosen_experts_zero=all(int(torch.count_nonzero(g[~chosen])) == 0 for g in weight_grads),
+        chosen_experts_nonzero=all(bool((g[chosen].flatten(1) != 0).any(dim=1).all()) for g in weight_grads),
+        num_unchosen=int((~chosen).sum()),
+    )
+
+
+def expected_dtypes(case: str) -> dict:
+    dtype, topk_dtype = SMALL_CASES[case][6:8]
+    return dict.fromkeys(OUTPUT_NAMES, f"torch.{dtype}") | {"grad_topk_weights": f"torch.{topk_dtype}"}
+
+
+def assert_small_case(case: str, result: dict) -> None:
+    tolerance = FP32_TOLERANCE if SMALL_CASES[case][6] == "float32" else BF16_TOLERANCE
+    where = f"[{case}, seed={result['seed']}]"
+    assert all(result["shapes"].values()), f"{where} shapes {result['shapes']}"
+    assert result["dtypes"] == expected_dtypes(case), where
+    assert all(result["finite"].values()), f"{where} unwritten (NaN) or non-finite outputs: {result['finite']}"
+    for name, error in result["rel_errors"].items():
+        assert error <= tolerance[name], f"{where} {name}: relative error {error:.3g} > {tolerance[name]:g}"
+    assert result["bitwise_repeatable"], f"{where} two calls gave different bits"
+    assert result["unchosen_experts_zero"], f"{where} an expert no token chose got nonzero weight gradients"
+    assert result["chosen_experts_nonzero"], f"{where} an expert with tokens got an all-zero weight gradient"
+
+
+# --------------------------------------------------------------------------------------------------
+# CPU, under the interpreter (in a subprocess)
+
+
+@pytest.fixture(scope="module")
+def interpreter_results():
+    seed = int(os.environ.get("MOE_TEST_SEED", int.from_bytes(os.urandom(4), "little") % 2**31))
+    print(f"seed={seed}")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
+        [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))  # fmt: skip
+    completed = subprocess.run([sys.executable, __file__, str(seed)], env=env, capture_output=True, text=True,
+                               timeout=300, cwd=Path(__file__).parent)  # fmt: skip
+    assert completed.returncode == 0, f"interpreter run failed (seed={seed}):\n{completed.stderr[-6000:]}"
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", list(SMALL_CASES))
+def test_interpreter_small_cases(case, interpreter_results):
+    """Odd sizes (masked edges), skew, K = 1, K = E, T = 0, bf16, int32 indices; NaN-poisoned
+    allocations; bitwise-repeatable; exact zeros for experts without tokens."""
+    assert_small_case(case, interpreter_results[case])
+
+
+def test_interpreter_cases_cover_empty_experts(interpreter_results):
+    assert interpreter_results["hot-looping"]["num_unchosen"] == 3
+    assert interpreter_results["T0"]["num_unchosen"] == 4
+
+
+def test_routing_groups_slots_by_expert(seed):
+    from moe_lib.kernels.routing import route_by_expert
+
+    generator = torch.Generator().manual_seed(seed)
+    for T, E, K in ((0, 4, 2), (1, 3, 3), (37, 9, 4)):
+        for dtype in (torch.int64, torch.int32):
+            indices = problems.route_tokens(T, E, K, routing="skewed", generator=generator).to(dtype)
+            routing = route_by_expert(indices, E)
+            flat = indices.reshape(-1).tolist()
+            want_order = [s for e in range(E) for s in range(T * K) if flat[s] == e]
+            assert routing.sorted_slot.dtype == torch.int32 and routing.expert_offsets.dtype == torch.int32
+            assert routing.sorted_slot.tolist() == want_order
+            assert routing.counts.tolist() == [flat.count(e) for e in range(E)]
+            assert routing.expert_offsets[0] == 0 and routing.expert_offsets[-1] == T * K
+
+
+def test_row_split_follows_the_mean_rows_per_expert():
+    from moe_lib.kernels.moe_experts_backward import launch_config
+
+    # the benchmark's shape: 64 rows per expert at T = 2048, 256 at T = 8192 (K = 8, E = 256)
+    assert launch_config(2048 * 8, 256).row_split == 2
+    assert launch_config(8192 * 8, 256).row_split == 6
+    assert launch_config(0, 256).row_split == 1
+    assert launch_config(10**7, 4).row_split == 8
+
+
+# --------------------------------------------------------------------------------------------------
+# GPU
+
+CUDA = "cuda"
+
+
+def error_stats(got: torch.Tensor, want: torch.Tensor, atol=0.11, rtol=1e-5, chunk=1 << 24) -> dict:
+    """Relative Frobenius error, the element rule's pass fraction and finiteness, in chunks (the
+    full-size weight gradients are 8 GiB each)."""
+    diff_sq = ref_sq = 0.0
+    passed = finite = 0
+    for g, w in zip(got.reshape(-1).split(chunk), want.reshape(-1).split(chunk), strict=True):
+        g, w = g.double(), w.double()
+        diff_sq += float((g - w).square().sum())
+        ref_sq += float(w.square().sum())
+        passed += int(((g - w).abs() <= atol + rtol * w.abs()).sum())
+        finite += int(torch.isfinite(g).sum())
+    n = max(got.numel(), 1)
+    return dict(rel=(diff_sq / ref_sq) ** 0.5 if ref_sq > 0 else diff_sq**0.5, pass_fraction=passed / n,
+                all_finite=finite == got.numel())  # fmt: skip
+
+
+def poison_cuda_cache(num_bytes: int) -> None:
+    """Fill a block of that size with NaN and free it: the caching allocator hands it out next."""
+    block = torch.full((num_bytes // 4 + 1,), float("nan"), device=CUDA)
+    del block
+
+
+def full_size_inputs(num_tokens: int, seed: int, routing="uniform") -> dict:
+    return problems.make_inputs("moe_experts_backward", num_tokens, seed=seed, device=CUDA, routing=routing)
+
+
+def to_bf16(inputs: dict) -> dict:
+    return {k: (v.bfloat16() if v.is_floating_point() and k != "topk_weights" else v) for k, v in inputs.items()}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", list(SMALL_CASES))
+def test_gpu_small_cases(case, seed):
+    assert_small_case(case, check_small_case(case, seed, device=CUDA))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("routing", ["uniform", "hot"])
+def test_gpu_full_size_fp32_passes_the_element_rule(routing, seed):
+    inputs = full_size_inputs(2048, seed, routing)
+    with reference.tf32_disabled():
+        want = reference.moe_experts_backward_reference(*inputs.values())
+    poison_cuda_cache(sum(w.numel() * w.element_size() for w in want) + (2 << 30))
+    got = moe_lib.moe_experts_backward(*inputs.values(), impl="triton")
+    for name, g, w in zip(OUTPUT_NAMES, got, want, strict=True):
+        stats = error_stats(g, w)
+        assert stats["all_finite"], f"{name}: NaN/Inf (unwritten elements?)"
+        assert stats["pass_fraction"] >= 0.99, f"{name}: element rule {stats}"
+        assert stats["rel"] <= FP32_TOLERANCE[name], f"{name}: {stats}"
+    del want
+    again = moe_lib.moe_experts_backward(*inputs.values(), impl="triton")
+    assert all(torch.equal(a, b) for a, b in zip(got, again, strict=True)), "two calls gave different bits"
+
+
+@pytest.mark.gpu
+def test_gpu_full_size_bf16_against_fp32_reference(seed):
+    inputs = to_bf16(full_size_inputs(2048, seed))
+    upcast = {k: (v.float() if v.is_floating_point() else v) for k, v in inputs.items()}
+    with reference.tf32_disabled():
+        want = reference.moe_experts_backward_reference(*upcast.values())
+    del upcast
+    poison_cuda_cache(sum(w.numel() * 2 for w in want) + (2 << 30))
+    got = moe_lib.moe_experts_backward(*inputs.values(), impl="triton")
+    assert [g.dtype for g in got] == [torch.bfloat16, torch.float32] + [torch.bfloat16] * 3
+    for name, g, w in zip(OUTPUT_NAMES, got, want, strict=True):
+        stats = error_stats(g, w)
+        assert stats["all_finite"], f"{name}: NaN/Inf (unwritten elements?)"
+        assert stats["rel"] <= BF16_TOLERANCE[name], f"{name}: {stats}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_cuda_graph_replay_matches_eager(dtype, seed):
+    sizes = dict(hidden_size=1024, intermediate_size=512, num_experts=64, top_k=8)
+
+    def draw(s, routing):
+        inputs = problems.make_inputs("moe_experts_backward", 1000, seed=s, device=CUDA, routing=routing, **sizes)
+        return to_bf16(inputs) if dtype == torch.bfloat16 else inputs
+
+    static = draw(seed, "uniform")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compile and warm the allocator outside the capture
+        moe_lib.moe_experts_backward(*static.values(), impl="triton", validate=False)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = moe_lib.moe_experts_backward(*static.values(), impl="triton", validate=False)
+
+    fresh = draw(seed + 1, "skewed")  # other values and another routing, same shapes
+    for name, tensor in fresh.items():
+        static[name].copy_(tensor)
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = moe_lib.moe_experts_backward(*fresh.values(), impl="triton")
+    for name, a, b in zip(OUTPUT_NAMES, captured, eager, strict=True):
+        assert torch.equal(a, b), name
+
+
+# --------------------------------------------------------------------------------------------------
+# the interpreter subprocess: `TRITON_INTERPRET=1 python tests/test_moe_experts_backward_triton.py SEED`
+
+if __name__ == "__main__":
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        sys.exit("run with TRITON_INTERPRET=1")
+    torch.set_num_threads(1)
+    results = {case: check_small_case(case, int(sys.argv[1])) for case in SMALL_CASES}
+    print(json.dumps(results))
