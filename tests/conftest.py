@@ -6,6 +6,11 @@ import random
 import pytest
 import torch
 
+# Without a GPU, Triton kernels run under the interpreter (numpy, one program at a time). It must be
+# switched on before triton is first imported; moe_lib imports its kernel modules lazily.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():

@@ -8,17 +8,24 @@ Dataflow (T tokens, H hidden, I intermediate; s = the saved gate_sigmoid):
                 -> stored in the input dtype; dA itself never leaves the chip
         dWd   = dyᵀ · intermediate                       [H, I]   (reduce over T)
     launch 2, tiles of three kinds side by side:
-        dx    = dGate · Wg + dUp · Wu                    [T, H]   (reduce over 2I)
         dWg   = dGateᵀ · x ;  dWu = dUpᵀ · x             [I, H]   (reduce over T)
+        dx    = dGate · Wg + dUp · Wu                    [T, H]   (reduce over 2I)
 
 All products accumulate in fp32 on the tensor cores (bf16 operands for bf16 inputs; exact fp32
-for fp32 inputs). Tiles of different kinds share one launch so that the small weight-gradient
-GEMMs (few output tiles, long reductions over T) run beside the token-parallel ones instead of
-leaving most of the GPU idle; the long-reduction tiles are scheduled first. Every output element
-is written by exactly one program, in a fixed order: the result is deterministic, and the call
-needs no host synchronisation (CUDA-graph capturable).
+for fp32 inputs). Tiles of different kinds share a launch, so that the weight-gradient GEMMs (few
+output tiles, long reductions over T) run beside the token-parallel ones; they are scheduled first.
 
-Workspace: dGate and dUp, 2·T·I elements in the input dtype (T = 8192: 25 MB in bf16).
+Split-K: a tile kind can split its reduction over SPLIT programs (powers of two). Each parks its
+fp32 partial in a workspace and counts itself in on a per-tile counter; the program that arrives
+last adds the SPLIT partials in split order and runs the epilogue. The sum's order never depends
+on arrival order, so results are deterministic. Few tokens need this: the reduction over H of dA
+(and over I of dx) is then long while there are few output tiles, and without a split a handful of
+programs would stream all the weights alone. The counters only ever grow (by SPLIT per tile per
+call), so they need no reset; they live in a zeroed buffer kept per device and stream.
+
+No host synchronisation anywhere: the call captures in a CUDA graph.
+Workspace: dGate and dUp, 2·T·I elements in the input dtype (T = 8192: 25 MB in bf16), plus the
+fp32 partials of split tiles (at most a few MB; none when nothing is split).
 """
 
 from __future__ import annotations
@@ -33,26 +40,26 @@ import triton.language as tl
 
 @dataclass(frozen=True)
 class TileConfig:
-    """Tile shapes of both launches; (BLOCK_M, BLOCK_N, BLOCK_K) per tile kind."""
+    """Tile shapes of both launches: (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT) per tile kind."""
 
-    d_intermediate: tuple  # dA / dGate / dUp tiles: [tokens, I] reducing over H
+    d_intermediate: tuple  # dA -> dGate, dUp tiles: [tokens, I] reducing over H
     grad_down: tuple  # dWd tiles: [H, I] reducing over T
-    grad_x: tuple  # dx tiles: [tokens, H] reducing over I (twice)
-    grad_gate_up: tuple  # dWg / dWu tiles: [I, H] reducing over T
+    grad_x: tuple  # dx tiles: [tokens, H] reducing over 2I
+    grad_gate_up: tuple  # dWg, dWu tiles: [I, H] reducing over T
     warps: tuple = (4, 4)  # num_warps of launch 1, launch 2
     stages: tuple = (3, 3)  # num_stages of launch 1, launch 2
-    group_m: int = 8  # token tiles grouped for L2 reuse of the weight tiles
+    group_m: int = 8  # row tiles grouped for L2 reuse of the column operand
 
 
 def choose_config(num_tokens: int, hidden_size: int, intermediate_size: int) -> TileConfig:
     """Tile shapes by token count (tuned on the H200 for H = 2048, I = 768)."""
     if _interpreting():
-        return TileConfig((16, 16, 16), (16, 16, 16), (16, 16, 16), (16, 16, 16), (1, 1), (1, 1), 2)
+        return TileConfig((16, 16, 16, 2), (16, 16, 16, 2), (16, 16, 16, 2), (16, 16, 16, 1), (1, 1), (1, 1), 2)
     if num_tokens <= 16:
-        return TileConfig((16, 32, 128), (64, 64, 16), (16, 32, 128), (64, 64, 16), (4, 4), (3, 3))
+        return TileConfig((16, 64, 128, 8), (64, 128, 16, 1), (16, 64, 128, 8), (64, 128, 16, 1), (4, 4), (3, 3))
     if num_tokens <= 256:
-        return TileConfig((64, 64, 64), (64, 64, 64), (64, 64, 64), (64, 128, 64), (4, 4), (3, 3))
-    return TileConfig((128, 128, 64), (128, 128, 64), (128, 128, 64), (128, 128, 64), (8, 8), (3, 3))
+        return TileConfig((64, 64, 64, 4), (64, 128, 64, 1), (64, 128, 64, 4), (64, 128, 64, 1), (4, 4), (3, 3))
+    return TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 256, 64, 1), (128, 256, 64, 1), (4, 8), (4, 4))
 
 
 def _interpreting() -> bool:
@@ -64,23 +71,25 @@ def _accumulate_product(
     acc,  # [BLOCK_M, BLOCK_N] fp32 accumulator, returned updated
     a_ptr, stride_am, stride_ak,  # A[m, k] = a_ptr[m * stride_am + k * stride_ak]
     b_ptr, stride_bk, stride_bn,  # B[k, n] = b_ptr[k * stride_bk + n * stride_bn]
-    M, N, K,  # problem extents: rows of A, columns of B, reduction length
+    M, N,  # rows of A, columns of B
+    k_start, k_end,  # the slice of the reduction this call covers
     off_m, off_n,  # first row / column of this tile
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     UPCAST: tl.constexpr,  # compute the dot in fp32 (the interpreter's bf16 dot is wrong)
     PRECISION: tl.constexpr,  # tl.dot input_precision for fp32 operands
 ):  # fmt: skip
-    """acc += A[off_m : off_m+BM, :K] · B[:K, off_n : off_n+BN], zero-padded at the edges."""
+    """acc += A[off_m : off_m+BM, k_start:k_end] · B[k_start:k_end, off_n : off_n+BN], zero-padded at edges."""
     rows = off_m + tl.arange(0, BLOCK_M)
     cols = off_n + tl.arange(0, BLOCK_N)
-    ks = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + rows[:, None].to(tl.int64) * stride_am + ks[None, :] * stride_ak
-    b_ptrs = b_ptr + ks[:, None] * stride_bk + cols[None, :].to(tl.int64) * stride_bn
+    ks = k_start + tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + rows[:, None].to(tl.int64) * stride_am + ks[None, :].to(tl.int64) * stride_ak
+    b_ptrs = b_ptr + ks[:, None].to(tl.int64) * stride_bk + cols[None, :].to(tl.int64) * stride_bn
     row_ok = rows[:, None] < M
     col_ok = cols[None, :] < N
-    for k in range(0, K, BLOCK_K):
-        a = tl.load(a_ptrs, mask=row_ok & (ks[None, :] + k < K), other=0.0)
-        b = tl.load(b_ptrs, mask=(ks[:, None] + k < K) & col_ok, other=0.0)
+    for k in range(k_start, k_end, BLOCK_K):
+        k_ok = ks + (k - k_start) < k_end
+        a = tl.load(a_ptrs, mask=row_ok & k_ok[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok, other=0.0)
         if UPCAST:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
@@ -91,11 +100,43 @@ def _accumulate_product(
 
 
 @triton.jit
-def _grouped_tile(tile, num_tiles_m, num_tiles_n, GROUP_M: tl.constexpr):
+def _split_range(split, K, SPLIT: tl.constexpr, BLOCK_K: tl.constexpr):
+    """[k_start, k_end) of split number `split` of a reduction of length K (BLOCK_K-aligned pieces)."""
+    per_split = tl.cdiv(tl.cdiv(K, SPLIT), BLOCK_K) * BLOCK_K
+    k_start = split * per_split
+    return k_start, tl.minimum(k_start + per_split, K)
+
+
+@triton.jit
+def _combine_splits(
+    acc,  # this program's fp32 partial [BLOCK_M, BLOCK_N]
+    partials_ptr,  # fp32 workspace: [num_tiles, SPLIT, BLOCK_M, BLOCK_N] for this tile kind
+    counters_ptr,  # int32 arrival counters, one per tile of this kind
+    tile, split,  # which tile, which split of its reduction
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+):  # fmt: skip
+    """(total, is_last): with SPLIT > 1 only the last program of a tile to arrive gets is_last, and
+    total = Σ_s partial_s in split order; with SPLIT == 1 every program is last and total = acc."""
+    if SPLIT == 1:
+        return acc, True
+    offsets = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    tile_partials = partials_ptr + tile.to(tl.int64) * (SPLIT * BLOCK_M * BLOCK_N)
+    tl.store(tile_partials + split * (BLOCK_M * BLOCK_N) + offsets, acc)
+    tl.debug_barrier()  # every thread's partial is stored before the arrival is counted
+    arrived = tl.atomic_add(counters_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    is_last = (arrived & (SPLIT - 1)) == SPLIT - 1  # counters wrap around safely: SPLIT is a power of two
+    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if is_last:
+        for s in tl.static_range(SPLIT):
+            total += tl.load(tile_partials + s * (BLOCK_M * BLOCK_N) + offsets, cache_modifier=".cg")
+    return total, is_last
+
+
+@triton.jit
+def _tile_coordinates(tile, num_tiles_m, num_tiles_n, GROUP_M: tl.constexpr):
     """(tile_m, tile_n) of a linear tile index, GROUP_M row tiles at a time (L2 reuse of columns)."""
     tiles_per_group = GROUP_M * num_tiles_n
-    group = tile // tiles_per_group
-    first_m = group * GROUP_M
+    first_m = (tile // tiles_per_group) * GROUP_M
     group_rows = tl.minimum(num_tiles_m - first_m, GROUP_M)
     tile_m = first_m + (tile % tiles_per_group) % group_rows
     tile_n = (tile % tiles_per_group) // group_rows
@@ -122,48 +163,58 @@ def _load_tile(ptr, off_m, off_n, M, N, stride_m, BLOCK_M: tl.constexpr, BLOCK_N
 
 
 @triton.jit
-def _grad_down_tile(
-    tile,  # index of this tile among dWd's [H, I] tiles
+def _grad_down_program(
+    program,  # index of this program among this kind's (tile, split) programs
     grad_output_ptr,  # dy [T, H]
     intermediate_ptr,  # intermediate [T, I]
     grad_down_weight_ptr,  # out: dWd [H, I]
+    partials_ptr, counters_ptr,  # split-K workspace of this kind
     T, H, I,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
     GROUP_M: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """dWd[h, i] = Σ_t dy[t, h] · intermediate[t, i] for one tile."""
-    tile_m, tile_n = _grouped_tile(tile, tl.cdiv(H, BLOCK_M), tl.cdiv(I, BLOCK_N), GROUP_M)
+    """dWd[h, i] = Σ_t dy[t, h] · intermediate[t, i] for one tile (or one split of it)."""
+    tile, split = program // SPLIT, program % SPLIT
+    tile_m, tile_n = _tile_coordinates(tile, tl.cdiv(H, BLOCK_M), tl.cdiv(I, BLOCK_N), GROUP_M)
     off_h, off_i = tile_m * BLOCK_M, tile_n * BLOCK_N
+    k_start, k_end = _split_range(split, T, SPLIT, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc = _accumulate_product(acc, grad_output_ptr, 1, H, intermediate_ptr, I, 1, H, I, T, off_h, off_i,
-                              BLOCK_M, BLOCK_N, BLOCK_K, UPCAST, PRECISION)  # fmt: skip
-    _store_tile(grad_down_weight_ptr, acc, off_h, off_i, H, I, I, BLOCK_M, BLOCK_N)
+    acc = _accumulate_product(acc, grad_output_ptr, 1, H, intermediate_ptr, I, 1, H, I, k_start, k_end,
+                              off_h, off_i, BLOCK_M, BLOCK_N, BLOCK_K, UPCAST, PRECISION)  # fmt: skip
+    total, is_last = _combine_splits(acc, partials_ptr, counters_ptr, tile, split, BLOCK_M, BLOCK_N, SPLIT)
+    if is_last:
+        _store_tile(grad_down_weight_ptr, total, off_h, off_i, H, I, I, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
-def _d_intermediate_tile(
-    tile,  # index of this tile among the [T, I] tiles
+def _d_intermediate_program(
+    program,  # index of this program among this kind's (tile, split) programs
     grad_output_ptr,  # dy [T, H]
     down_weight_ptr,  # Wd [H, I]
     gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr,  # saved forward, each [T, I]
     d_gate_ptr, d_up_ptr,  # out: dGate, dUp [T, I]
+    partials_ptr, counters_ptr,  # split-K workspace of this kind
     T, H, I,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
     GROUP_M: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     """dA = dy · Wd for one tile, then dUp = dA ⊙ gate_silu and dGate = dA ⊙ up ⊙ s ⊙ (1 + gate ⊙ (1 − s))."""
-    tile_m, tile_n = _grouped_tile(tile, tl.cdiv(T, BLOCK_M), tl.cdiv(I, BLOCK_N), GROUP_M)
+    tile, split = program // SPLIT, program % SPLIT
+    tile_m, tile_n = _tile_coordinates(tile, tl.cdiv(T, BLOCK_M), tl.cdiv(I, BLOCK_N), GROUP_M)
     off_t, off_i = tile_m * BLOCK_M, tile_n * BLOCK_N
+    k_start, k_end = _split_range(split, H, SPLIT, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    d_a = _accumulate_product(acc, grad_output_ptr, H, 1, down_weight_ptr, I, 1, T, I, H, off_t, off_i,
-                              BLOCK_M, BLOCK_N, BLOCK_K, UPCAST, PRECISION)  # fmt: skip
-    # one saved tensor at a time, so that few [BLOCK_M, BLOCK_N] tiles are live at once
-    d_up = d_a * _load_tile(gate_silu_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N)
-    _store_tile(d_up_ptr, d_up, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N)
-    s = _load_tile(gate_sigmoid_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N)
-    d_gate = d_a * s * (1.0 + _load_tile(gate_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N) * (1.0 - s))
-    d_gate = d_gate * _load_tile(up_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N)
-    _store_tile(d_gate_ptr, d_gate, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N)
+    acc = _accumulate_product(acc, grad_output_ptr, H, 1, down_weight_ptr, I, 1, T, I, k_start, k_end,
+                              off_t, off_i, BLOCK_M, BLOCK_N, BLOCK_K, UPCAST, PRECISION)  # fmt: skip
+    d_a, is_last = _combine_splits(acc, partials_ptr, counters_ptr, tile, split, BLOCK_M, BLOCK_N, SPLIT)
+    if is_last:
+        # one saved tensor at a time, so that few [BLOCK_M, BLOCK_N] tiles are live at once
+        d_up = d_a * _load_tile(gate_silu_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N)
+        _store_tile(d_up_ptr, d_up, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N)
+        s = _load_tile(gate_sigmoid_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N)
+        d_gate = d_a * s * (1.0 + _load_tile(gate_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N) * (1.0 - s))
+        d_gate = d_gate * _load_tile(up_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N)
+        _store_tile(d_gate_ptr, d_gate, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -173,60 +224,77 @@ def _launch1_kernel(
     gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, intermediate_ptr,  # saved forward, each [T, I]
     d_gate_ptr, d_up_ptr,  # out (workspace): dGate, dUp [T, I]
     grad_down_weight_ptr,  # out: dWd [H, I]
+    da_partials_ptr, da_counters_ptr,  # split-K workspace of the dA tiles
+    dwd_partials_ptr, dwd_counters_ptr,  # split-K workspace of the dWd tiles
     T, H, I,
-    DA_M: tl.constexpr, DA_N: tl.constexpr, DA_K: tl.constexpr,  # dA tiles [tokens, I], reduce over H
-    DWD_M: tl.constexpr, DWD_N: tl.constexpr, DWD_K: tl.constexpr,  # dWd tiles [H, I], reduce over T
+    DA_M: tl.constexpr, DA_N: tl.constexpr, DA_K: tl.constexpr, DA_SPLIT: tl.constexpr,
+    DWD_M: tl.constexpr, DWD_N: tl.constexpr, DWD_K: tl.constexpr, DWD_SPLIT: tl.constexpr,
     GROUP_M: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
-    num_dwd_tiles = tl.cdiv(H, DWD_M) * tl.cdiv(I, DWD_N)
-    if pid < num_dwd_tiles:  # the long reductions over T first
-        _grad_down_tile(pid, grad_output_ptr, intermediate_ptr, grad_down_weight_ptr, T, H, I,
-                        DWD_M, DWD_N, DWD_K, GROUP_M, UPCAST, PRECISION)  # fmt: skip
+    num_dwd_programs = tl.cdiv(H, DWD_M) * tl.cdiv(I, DWD_N) * DWD_SPLIT
+    if pid < num_dwd_programs:  # the long reductions over T first
+        _grad_down_program(pid, grad_output_ptr, intermediate_ptr, grad_down_weight_ptr,
+                           dwd_partials_ptr, dwd_counters_ptr, T, H, I,
+                           DWD_M, DWD_N, DWD_K, DWD_SPLIT, GROUP_M, UPCAST, PRECISION)  # fmt: skip
     else:
-        _d_intermediate_tile(pid - num_dwd_tiles, grad_output_ptr, down_weight_ptr,
-                             gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, d_gate_ptr, d_up_ptr, T, H, I,
-                             DA_M, DA_N, DA_K, GROUP_M, UPCAST, PRECISION)  # fmt: skip
+        _d_intermediate_program(pid - num_dwd_programs, grad_output_ptr, down_weight_ptr,
+                                gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, d_gate_ptr, d_up_ptr,
+                                da_partials_ptr, da_counters_ptr, T, H, I,
+                                DA_M, DA_N, DA_K, DA_SPLIT, GROUP_M, UPCAST, PRECISION)  # fmt: skip
 
 
 @triton.jit
-def _weight_grad_tile(
-    tile,  # index of this tile among the [I, H] output's tiles
+def _weight_grad_program(
+    program,  # index of this program among this kind's (tile, split) programs
     d_ptr,  # dGate or dUp [T, I]
     x_ptr,  # x [T, H]
     out_ptr,  # out: dWg or dWu [I, H]
+    partials_ptr, counters_ptr,  # split-K workspace of this kind
     T, H, I,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
     GROUP_M: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """out[i, h] = Σ_t d[t, i] · x[t, h] for one tile."""
-    tile_m, tile_n = _grouped_tile(tile, tl.cdiv(I, BLOCK_M), tl.cdiv(H, BLOCK_N), GROUP_M)
+    """out[i, h] = Σ_t d[t, i] · x[t, h] for one tile (or one split of it)."""
+    tile, split = program // SPLIT, program % SPLIT
+    tile_m, tile_n = _tile_coordinates(tile, tl.cdiv(I, BLOCK_M), tl.cdiv(H, BLOCK_N), GROUP_M)
     off_i, off_h = tile_m * BLOCK_M, tile_n * BLOCK_N
+    k_start, k_end = _split_range(split, T, SPLIT, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc = _accumulate_product(acc, d_ptr, 1, I, x_ptr, H, 1, I, H, T, off_i, off_h,
+    acc = _accumulate_product(acc, d_ptr, 1, I, x_ptr, H, 1, I, H, k_start, k_end, off_i, off_h,
                               BLOCK_M, BLOCK_N, BLOCK_K, UPCAST, PRECISION)  # fmt: skip
-    _store_tile(out_ptr, acc, off_i, off_h, I, H, H, BLOCK_M, BLOCK_N)
+    total, is_last = _combine_splits(acc, partials_ptr, counters_ptr, tile, split, BLOCK_M, BLOCK_N, SPLIT)
+    if is_last:
+        _store_tile(out_ptr, total, off_i, off_h, I, H, H, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
-def _grad_x_tile(
-    tile,  # index of this tile among dx's [T, H] tiles
+def _grad_x_program(
+    program,  # index of this program among this kind's (tile, split) programs
     d_gate_ptr, d_up_ptr,  # dGate, dUp [T, I]
     gate_weight_ptr, up_weight_ptr,  # Wg, Wu [I, H]
     grad_x_ptr,  # out: dx [T, H]
+    partials_ptr, counters_ptr,  # split-K workspace of this kind
     T, H, I,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
     GROUP_M: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """dx = dGate · Wg + dUp · Wu for one tile."""
-    tile_m, tile_n = _grouped_tile(tile, tl.cdiv(T, BLOCK_M), tl.cdiv(H, BLOCK_N), GROUP_M)
+    """dx = dGate · Wg + dUp · Wu for one tile: a reduction over the 2I rows of [Wg; Wu] (or a split of it)."""
+    tile, split = program // SPLIT, program % SPLIT
+    tile_m, tile_n = _tile_coordinates(tile, tl.cdiv(T, BLOCK_M), tl.cdiv(H, BLOCK_N), GROUP_M)
     off_t, off_h = tile_m * BLOCK_M, tile_n * BLOCK_N
+    k_start, k_end = _split_range(split, 2 * I, SPLIT, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc = _accumulate_product(acc, d_gate_ptr, I, 1, gate_weight_ptr, H, 1, T, H, I, off_t, off_h,
+    # the part of [k_start, k_end) below I runs over Wg, the part above over Wu
+    acc = _accumulate_product(acc, d_gate_ptr, I, 1, gate_weight_ptr, H, 1, T, H,
+                              k_start, tl.minimum(k_end, I), off_t, off_h,
                               BLOCK_M, BLOCK_N, BLOCK_K, UPCAST, PRECISION)  # fmt: skip
-    acc = _accumulate_product(acc, d_up_ptr, I, 1, up_weight_ptr, H, 1, T, H, I, off_t, off_h,
+    acc = _accumulate_product(acc, d_up_ptr, I, 1, up_weight_ptr, H, 1, T, H,
+                              tl.maximum(k_start, I) - I, k_end - I, off_t, off_h,
                               BLOCK_M, BLOCK_N, BLOCK_K, UPCAST, PRECISION)  # fmt: skip
-    _store_tile(grad_x_ptr, acc, off_t, off_h, T, H, H, BLOCK_M, BLOCK_N)
+    total, is_last = _combine_splits(acc, partials_ptr, counters_ptr, tile, split, BLOCK_M, BLOCK_N, SPLIT)
+    if is_last:
+        _store_tile(grad_x_ptr, total, off_t, off_h, T, H, H, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -236,26 +304,63 @@ def _launch2_kernel(
     d_gate_ptr, d_up_ptr,  # dGate, dUp [T, I] from launch 1
     grad_x_ptr,  # out: dx [T, H]
     grad_gate_weight_ptr, grad_up_weight_ptr,  # out: dWg, dWu [I, H]
+    dx_partials_ptr, dx_counters_ptr,  # split-K workspace of the dx tiles
+    dw_partials_ptr, dw_counters_ptr,  # split-K workspace of the dWg tiles, then the dWu tiles
     T, H, I,
-    DX_M: tl.constexpr, DX_N: tl.constexpr, DX_K: tl.constexpr,  # dx tiles [tokens, H], reduce over I
-    DW_M: tl.constexpr, DW_N: tl.constexpr, DW_K: tl.constexpr,  # dWg / dWu tiles [I, H], reduce over T
+    DX_M: tl.constexpr, DX_N: tl.constexpr, DX_K: tl.constexpr, DX_SPLIT: tl.constexpr,
+    DW_M: tl.constexpr, DW_N: tl.constexpr, DW_K: tl.constexpr, DW_SPLIT: tl.constexpr,
     GROUP_M: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     num_dw_tiles = tl.cdiv(I, DW_M) * tl.cdiv(H, DW_N)  # per weight
-    if pid < num_dw_tiles:  # dWg = dGateᵀ · x (the long reductions over T first)
-        _weight_grad_tile(pid, d_gate_ptr, x_ptr, grad_gate_weight_ptr, T, H, I,
-                          DW_M, DW_N, DW_K, GROUP_M, UPCAST, PRECISION)  # fmt: skip
-    elif pid < 2 * num_dw_tiles:  # dWu = dUpᵀ · x
-        _weight_grad_tile(pid - num_dw_tiles, d_up_ptr, x_ptr, grad_up_weight_ptr, T, H, I,
-                          DW_M, DW_N, DW_K, GROUP_M, UPCAST, PRECISION)  # fmt: skip
+    num_dw_programs = num_dw_tiles * DW_SPLIT
+    up_partials_ptr = dw_partials_ptr + num_dw_tiles.to(tl.int64) * (DW_SPLIT * DW_M * DW_N)
+    if pid < num_dw_programs:  # dWg = dGateᵀ · x (the long reductions over T first)
+        _weight_grad_program(pid, d_gate_ptr, x_ptr, grad_gate_weight_ptr, dw_partials_ptr, dw_counters_ptr,
+                             T, H, I, DW_M, DW_N, DW_K, DW_SPLIT, GROUP_M, UPCAST, PRECISION)  # fmt: skip
+    elif pid < 2 * num_dw_programs:  # dWu = dUpᵀ · x
+        _weight_grad_program(pid - num_dw_programs, d_up_ptr, x_ptr, grad_up_weight_ptr,
+                             up_partials_ptr, dw_counters_ptr + num_dw_tiles,
+                             T, H, I, DW_M, DW_N, DW_K, DW_SPLIT, GROUP_M, UPCAST, PRECISION)  # fmt: skip
     else:
-        _grad_x_tile(pid - 2 * num_dw_tiles, d_gate_ptr, d_up_ptr, gate_weight_ptr, up_weight_ptr, grad_x_ptr,
-                     T, H, I, DX_M, DX_N, DX_K, GROUP_M, UPCAST, PRECISION)  # fmt: skip
+        _grad_x_program(pid - 2 * num_dw_programs, d_gate_ptr, d_up_ptr, gate_weight_ptr, up_weight_ptr,
+                        grad_x_ptr, dx_partials_ptr, dx_counters_ptr,
+                        T, H, I, DX_M, DX_N, DX_K, DX_SPLIT, GROUP_M, UPCAST, PRECISION)  # fmt: skip
 
 
-def _num_tiles(m: int, n: int, block: tuple) -> int:
-    return triton.cdiv(m, block[0]) * triton.cdiv(n, block[1])
+def _num_tiles(m: int, n: int, kind: tuple) -> int:
+    return triton.cdiv(m, kind[0]) * triton.cdiv(n, kind[1])
+
+
+class _SplitWorkspace:
+    """fp32 partials (uninitialised, per call) and int32 arrival counters (zeroed once, kept) of one tile kind."""
+
+    # (device, stream, tile kind, SPLIT) -> int32 counters; each call adds SPLIT to every counter of the
+    # tiles it splits, so a counter is a multiple of its SPLIT whenever no call is running
+    _counters: dict = {}
+
+    @classmethod
+    def make(cls, slot: str, num_tiles: int, kind: tuple, device: torch.device):
+        block_m, block_n, _, split = kind
+        if split == 1 or num_tiles == 0:
+            empty = torch.empty(1, dtype=torch.float32, device=device)
+            return empty, empty.view(torch.int32)
+        if split & (split - 1):
+            raise ValueError(f"config: SPLIT must be a power of two, got {split}")
+        partials = torch.empty(num_tiles * split * block_m * block_n, dtype=torch.float32, device=device)
+        return partials, cls.counters(slot, split, num_tiles, device)
+
+    @classmethod
+    def counters(cls, slot: str, split: int, size: int, device: torch.device) -> torch.Tensor:
+        stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+        key = (str(device), stream, slot, split)
+        buffer = cls._counters.get(key)
+        if buffer is None or buffer.numel() < size:
+            buffer = torch.zeros(max(size, 1024), dtype=torch.int32, device=device)
+            capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+            if not capturing:  # memory of a graph's private pool must not outlive the graph
+                cls._counters[key] = buffer
+        return buffer
 
 
 def swiglu_down_backward_triton(
@@ -270,7 +375,6 @@ def swiglu_down_backward_triton(
     T, H = x.shape
     I = gate_weight.shape[0]
     config = config or choose_config(T, H, I)
-
     grad_x = torch.empty_like(x)
     grad_gate_weight = torch.empty_like(gate_weight)
     grad_up_weight = torch.empty_like(up_weight)
@@ -294,10 +398,13 @@ def launch_d_intermediate_and_grad_down(grad_output, down_weight, gate, gate_sig
     """Launch 1: dGate, dUp (through dA = dy · Wd) and dWd."""
     T, H = grad_output.shape
     I = down_weight.shape[1]
-    grid = (_num_tiles(H, I, config.grad_down) + _num_tiles(T, I, config.d_intermediate),)
+    da_tiles, dwd_tiles = _num_tiles(T, I, config.d_intermediate), _num_tiles(H, I, config.grad_down)
+    da_workspace = _SplitWorkspace.make("dA", da_tiles, config.d_intermediate, grad_output.device)
+    dwd_workspace = _SplitWorkspace.make("dWd", dwd_tiles, config.grad_down, grad_output.device)
+    grid = (dwd_tiles * config.grad_down[3] + da_tiles * config.d_intermediate[3],)
     _launch1_kernel[grid](
         grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate,
-        d_gate, d_up, grad_down_weight, T, H, I,
+        d_gate, d_up, grad_down_weight, *da_workspace, *dwd_workspace, T, H, I,
         *config.d_intermediate, *config.grad_down, config.group_m, *_flags(grad_output),
         num_warps=config.warps[0], num_stages=config.stages[0],
     )  # fmt: skip
@@ -308,9 +415,13 @@ def launch_grad_x_and_grad_gate_up(x, gate_weight, up_weight, d_gate, d_up, grad
     """Launch 2: dx, dWg and dWu from dGate and dUp."""
     T, H = x.shape
     I = gate_weight.shape[0]
-    grid = (2 * _num_tiles(I, H, config.grad_gate_up) + _num_tiles(T, H, config.grad_x),)
+    dx_tiles, dw_tiles = _num_tiles(T, H, config.grad_x), _num_tiles(I, H, config.grad_gate_up)
+    dx_workspace = _SplitWorkspace.make("dx", dx_tiles, config.grad_x, x.device)
+    dw_workspace = _SplitWorkspace.make("dWgu", 2 * dw_tiles, config.grad_gate_up, x.device)
+    grid = (2 * dw_tiles * config.grad_gate_up[3] + dx_tiles * config.grad_x[3],)
     _launch2_kernel[grid](
-        x, gate_weight, up_weight, d_gate, d_up, grad_x, grad_gate_weight, grad_up_weight, T, H, I,
+        x, gate_weight, up_weight, d_gate, d_up, grad_x, grad_gate_weight, grad_up_weight,
+        *dx_workspace, *dw_workspace, T, H, I,
         *config.grad_x, *config.grad_gate_up, config.group_m, *_flags(x),
         num_warps=config.warps[1], num_stages=config.stages[1],
     )  # fmt: skip

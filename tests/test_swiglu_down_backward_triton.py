@@ -1,0 +1,163 @@
+"""The Triton path of P1: ``swiglu_down_backward(..., impl="triton")`` and the ``swiglu_expert`` layer.
+
+CPU: the kernels run under the Triton interpreter (tests/conftest.py switches it on where there is
+no GPU) on small odd shapes, with every tile-kind split so the split-K path runs too.
+GPU (``gpu`` marker): every benchmark case plus odd token counts in bf16 against the float64
+reference, each output's error at most 2× that of the careful PyTorch bf16 formulation + 1e-4;
+outputs poisoned before the call; determinism; CUDA-graph capture and replay with new inputs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import rel_error
+from oracles import swiglu_expert_grads
+
+import moe_lib
+from moe_lib import peers, problems, reference
+from moe_lib.api import triton_interpreter_enabled
+from moe_lib.timing import poison_allocator
+
+needs_triton = pytest.mark.skipif(
+    not torch.cuda.is_available() and not triton_interpreter_enabled(), reason="needs CUDA or the Triton interpreter"
+)
+OUTPUTS = ("grad_x", "grad_gate_weight", "grad_up_weight", "grad_down_weight")
+
+
+def float64_reference(inputs: dict):
+    return reference.swiglu_down_backward_reference(*[t.double() for t in inputs.values()])
+
+
+def careful_pytorch_errors(inputs: dict, want) -> list[float]:
+    """Relative error of the careful bf16 PyTorch formulation (the yardstick of the accuracy rule)."""
+    w_gate_up = torch.cat([inputs["gate_weight"], inputs["up_weight"]])
+    got = peers.swiglu_down_backward_eager(
+        inputs["grad_output"], inputs["x"], w_gate_up, inputs["down_weight"], inputs["gate"],
+        inputs["gate_sigmoid"], inputs["gate_silu"], inputs["up"], inputs["intermediate"],
+    )  # fmt: skip
+    return [rel_error(g, w) for g, w in zip(got, want, strict=True)]
+
+
+def split_everything_config():
+    """Small tiles with every reduction split (the interpreter's default splits only some)."""
+    from moe_lib.kernels.swiglu_down_backward import TileConfig
+
+    return TileConfig((16, 16, 16, 4), (16, 32, 16, 2), (16, 16, 32, 8), (32, 16, 16, 4), (1, 1), (1, 1), 2)
+
+
+CPU_CASES = [
+    pytest.param(0, 16, 8, torch.bfloat16, id="T0"),
+    pytest.param(1, 40, 24, torch.bfloat16, id="T1"),
+    pytest.param(13, 40, 24, torch.float32, id="odd-fp32"),
+    pytest.param(37, 33, 19, torch.bfloat16, id="odd-bf16"),
+]
+
+
+@needs_triton
+@pytest.mark.parametrize("T, H, I, dtype", CPU_CASES)
+@pytest.mark.parametrize("split", [False, True], ids=["default", "split"])
+def test_small_shapes_match_float64_reference(T, H, I, dtype, split, seed):
+    from moe_lib.kernels.swiglu_down_backward import swiglu_down_backward_triton
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device=device, dtype=dtype,
+                                  hidden_size=H, intermediate_size=I)  # fmt: skip
+    config = split_everything_config() if split else None
+    got = swiglu_down_backward_triton(*inputs.values(), config=config)
+    again = swiglu_down_backward_triton(*inputs.values(), config=config)
+    want = float64_reference(inputs)
+    # fp32: exact products; bf16: the rounding of dGate/dUp and of the outputs (≈ 3e-3 each)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    for name, g, a, w in zip(OUTPUTS, got, again, want, strict=True):
+        assert g.dtype == dtype and g.shape == w.shape, name
+        assert torch.equal(g, a), f"{name}: two runs differ"
+        if T == 0 and name == "grad_x":
+            continue
+        if T == 0:
+            assert torch.count_nonzero(g) == 0, name
+        else:
+            assert rel_error(g, w) <= tolerance, name
+
+
+@needs_triton
+def test_public_entry_point_uses_triton(seed):
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    inputs = problems.make_inputs("swiglu_down_backward", 5, seed=seed, device=device, hidden_size=32,
+                                  intermediate_size=16)  # fmt: skip
+    got = moe_lib.swiglu_down_backward(*inputs.values(), impl="triton")
+    for g, w in zip(got, float64_reference(inputs), strict=True):
+        assert rel_error(g, w) <= 2e-2
+
+
+@needs_triton
+def test_layer_gradients_match_autograd(seed):
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    inputs = problems.make_inputs("swiglu_down_backward", 11, seed=seed, device=device, dtype=torch.float32,
+                                  hidden_size=40, intermediate_size=24)  # fmt: skip
+    leaves = [inputs[k].clone().requires_grad_() for k in ("x", "gate_weight", "up_weight", "down_weight")]
+    y = moe_lib.swiglu_expert(*leaves, impl="triton")
+    y.backward(inputs["grad_output"])
+    want = swiglu_expert_grads(inputs["grad_output"], *leaves)
+    for name, leaf, w in zip(("x", "gate_weight", "up_weight", "down_weight"), leaves, want, strict=True):
+        assert rel_error(leaf.grad, w) <= 1e-5, name
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU
+
+
+def odd_token_counts():
+    return [3, 33, 100, 1000, 5003]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", problems.load("swiglu_down_backward").suite + odd_token_counts())
+def test_gpu_benchmark_cases_accuracy_rule(T, seed):
+    inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device="cuda")
+    want = float64_reference(inputs)
+    yardstick = careful_pytorch_errors(inputs, want)
+    poison_allocator("cuda", 256 * 2**20)
+    got = moe_lib.swiglu_down_backward(*inputs.values(), impl="triton", validate=False)
+    for name, g, w, y in zip(OUTPUTS, got, want, yardstick, strict=True):
+        assert torch.isfinite(g).all(), f"{name}: NaN/Inf (an unwritten element?)"
+        assert rel_error(g, w) <= 2 * y + 1e-4, f"{name}: {rel_error(g, w):.3g} vs careful PyTorch {y:.3g}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 16, 128, 1087, 8192])
+def test_gpu_deterministic(T, seed):
+    inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device="cuda")
+    first = moe_lib.swiglu_down_backward(*inputs.values(), impl="triton")
+    second = moe_lib.swiglu_down_backward(*inputs.values(), impl="triton")
+    for name, a, b in zip(OUTPUTS, first, second, strict=True):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [4, 512, 3089])
+def test_gpu_cuda_graph_replay_with_new_inputs(T, seed):
+    from moe_lib.timing import capture
+
+    inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device="cuda")
+    static = {k: v.clone() for k, v in inputs.items()}
+    graph, outputs = capture(lambda: moe_lib.swiglu_down_backward(*static.values(), impl="triton", validate=False))
+    fresh = problems.make_inputs("swiglu_down_backward", T, seed=seed + 1, device="cuda")
+    for name, tensor in fresh.items():
+        static[name].copy_(tensor)
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = moe_lib.swiglu_down_backward(*fresh.values(), impl="triton")
+    for name, g, e in zip(OUTPUTS, outputs, eager, strict=True):
+        assert torch.equal(g, e), name
+
+
+@pytest.mark.gpu
+def test_gpu_layer_bf16_against_autograd(seed):
+    inputs = problems.make_inputs("swiglu_down_backward", 300, seed=seed, device="cuda")
+    leaves = [inputs[k].clone().requires_grad_() for k in ("x", "gate_weight", "up_weight", "down_weight")]
+    y = moe_lib.swiglu_expert(*leaves)
+    y.backward(inputs["grad_output"])
+    want = swiglu_expert_grads(inputs["grad_output"], *leaves)
+    for name, leaf, w in zip(("x", "gate_weight", "up_weight", "down_weight"), leaves, want, strict=True):
+        assert rel_error(leaf.grad, w) <= 3e-2, name
