@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The benchmark runs behind the committed results in data/results/<gpu>/, on one CUDA GPU (an H200):
+#   P1 swiglu_down_backward, its 16 cases, every available implementation (reference, torch_eager,
+#      torch_compile, and triton where its kernel exists);
+#   P2 moe_experts_backward (fp32 interface) at 2048 and 8192 tokens: reference, grouped_mm, liger;
+#   P2 moe_experts_backward_bf16 at 2048, 8192 and 32768 tokens: reference, grouped_mm, liger.
+# Usage, from anywhere:  bash scripts/gpu_bench.sh
+# Results go to data/results/<gpu>/, or to $OUT/results/<gpu>/ when OUT is set, with the full log in
+# $OUT/bench.log; the tables are printed last. Liger-Kernel is installed from .whl/liger_kernel-*.whl
+# when that wheel is there (pure Python; it needs only torch and triton). Override the implementation
+# lists with P1_IMPLS, P2_FP32_IMPLS, P2_BF16_IMPLS (e.g. P2_FP32_IMPLS=reference,grouped_mm,liger,triton),
+# the per-run time limits with P1_SECONDS, P2_FP32_SECONDS, P2_BF16_SECONDS, the interpreter with PYTHON.
+# Where the tree travels without .git, pass the commit for the provenance: GIT_COMMIT=<hash> bash ...
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+P1_IMPLS=${P1_IMPLS:-}  # empty: every implementation available for P1
+P2_FP32_IMPLS=${P2_FP32_IMPLS:-reference,grouped_mm,liger}
+P2_BF16_IMPLS=${P2_BF16_IMPLS:-reference,grouped_mm,liger}
+
+if [ -n "${OUT:-}" ]; then
+  RESULTS="$OUT/results"
+  LOG="$OUT/bench.log"
+else
+  RESULTS=data/results
+  LOG=$(mktemp /tmp/gpu_bench.XXXXXX.log)
+fi
+TABLES=$(mktemp /tmp/gpu_bench_tables.XXXXXX.txt)
+mkdir -p "$RESULTS"
+: >"$LOG"
+
+export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+export TRITON_CACHE_AUTOTUNING=1  # a later process reuses the autotuning of an earlier one
+# Liger's autotuning (32 configs for each of its GEMM kernels) takes minutes at P2's size: by default
+# pin its one default config, the library's own switch; LIGER_FUSED_MOE_AUTOTUNE=1 to autotune.
+export LIGER_FUSED_MOE_AUTOTUNE=${LIGER_FUSED_MOE_AUTOTUNE:-0}
+
+wheels=(.whl/liger_kernel-*.whl)
+if [ -e "${wheels[0]}" ]; then
+  if "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+      "${wheels[@]}" >>"$LOG" 2>&1; then
+    export PYTHONPATH="/tmp/site:$PYTHONPATH"
+  else
+    echo "installing ${wheels[*]} failed: liger will be reported unavailable" | tee -a "$LOG"
+  fi
+fi
+
+{
+  date -u +"started %Y-%m-%dT%H:%M:%SZ"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
+  "$PYTHON" -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)'
+} >>"$LOG" 2>&1
+
+failures=0
+bench() {  # bench NAME SECONDS ARGS...: one harness run, its table kept for the end
+  local name=$1 limit=$2
+  shift 2
+  local start=$SECONDS
+  echo "=== $name: $PYTHON -m moe_lib.bench $*" | tee -a "$LOG"
+  timeout --kill-after=20 "$limit" "$PYTHON" -m moe_lib.bench --out "$RESULTS" "$@" 2>>"$LOG" | tee -a "$LOG" >>"$TABLES"
+  local status=${PIPESTATUS[0]}
+  echo "=== $name: exit $status after $((SECONDS - start)) s" | tee -a "$LOG" "$TABLES"
+  echo >>"$TABLES"
+  [ "$status" -eq 0 ] || failures=$((failures + 1))
+}
+
+bench "P1 swiglu_down_backward" "${P1_SECONDS:-240}" --problem swiglu_down_backward --suite ${P1_IMPLS:+--impl "$P1_IMPLS"}
+bench "P2 moe_experts_backward fp32" "${P2_FP32_SECONDS:-150}" --problem moe_experts_backward \
+  --tokens 2048,8192 --impl "$P2_FP32_IMPLS"
+bench "P2 moe_experts_backward_bf16" "${P2_BF16_SECONDS:-150}" --problem moe_experts_backward_bf16 \
+  --tokens 2048,8192,32768 --impl "$P2_BF16_IMPLS"
+
+echo "finished $(date -u +%Y-%m-%dT%H:%M:%SZ), $failures failed run(s); full log: $LOG" | tee -a "$LOG" "$TABLES"
+echo
+cat "$TABLES"
+rm -f "$TABLES"
+exit "$failures"
