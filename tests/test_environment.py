@@ -26,3 +26,17 @@ def test_environment_yml_lists_the_same_dependencies_as_pyproject():
 def test_ci_runs_the_readme_test_command():
     assert "make test" in (ROOT / ".ci" / "run").read_text()
     assert "make test" in (ROOT / "README.md").read_text()
+
+
+def test_import_needs_only_the_core_libraries():
+    """`import moe_lib` (and its benchmark modules) must not pull in the report or notebook stack."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, moe_lib, moe_lib.roofline, moe_lib.bench, moe_lib.peers, moe_lib.timing\n"
+        "heavy = {'papermill', 'yaml', 'nbconvert', 'nbformat', 'jupyter_client', 'IPython'}\n"
+        "print(sorted(heavy & {m.split('.')[0] for m in sys.modules}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]"
