@@ -37,8 +37,6 @@ def compile_for_hopper(kernel, kinds, warps, stages, group_m):
             signature[name] = "i32"
     constant_names = [n for n in names if n not in signature]
     constant_values = [v for kind in kinds for v in kind] + [group_m, False, "tf32"]
-    if "DX_ONE_LOOP" in constant_names:
-        constant_values.append(768 % kinds[0][2] == 0)  # the benchmark's I = 768
     constexprs = dict(zip(constant_names, constant_values, strict=True))
     signature.update({n: "constexpr" for n in constant_names})
     aligned = [n for n in names if n.endswith("_ptr") or n in ("H", "I")]

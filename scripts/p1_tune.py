@@ -106,8 +106,7 @@ def time_parts(args):
     for T in [int(t) for t in (args.tokens or "1,16,128,1087,4093,8192").split(",")]:
         inp = problem.make_inputs(T, seed=T, device="cuda")
         I = inp["gate"].shape[1]
-        d_gate_up = torch.empty((T, 2 * I), dtype=torch.bfloat16, device="cuda")
-        d_gate, d_up = d_gate_up[:, :I], d_gate_up[:, I:]
+        d_gate, d_up = torch.empty_like(inp["gate"]), torch.empty_like(inp["gate"])
         outs = [torch.empty_like(inp[k]) for k in ("x", "gate_weight", "up_weight", "down_weight")]
         w_cat = torch.cat([inp["gate_weight"], inp["up_weight"]])
         d_cat = torch.randn(T, 2 * I, device="cuda", dtype=torch.bfloat16)

@@ -24,7 +24,7 @@ programs would stream all the weights alone. The counters only ever grow (by SPL
 call), so they need no reset; they live in a zeroed buffer kept per device and stream.
 
 No host synchronisation anywhere: the call captures in a CUDA graph.
-Workspace: dG = [dGate | dUp], 2·T·I elements in the input dtype (T = 8192: 25 MB in bf16), plus the
+Workspace: dGate and dUp, 2·T·I elements in the input dtype (T = 8192: 25 MB in bf16), plus the
 fp32 partials of split tiles (at most a few MB; none when nothing is split).
 """
 
@@ -96,40 +96,6 @@ def _accumulate_product(
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
-    return acc
-
-
-@triton.jit
-def _accumulate_gate_up_product(
-    acc,  # [BLOCK_M, BLOCK_N] fp32 accumulator, returned updated
-    d_ptr,  # dG [T, 2I] = [dGate | dUp], row-major
-    gate_weight_ptr, up_weight_ptr,  # Wg, Wu [I, H]: together the [2I, H] operand [Wg; Wu]
-    T, H, I,
-    k_start, k_end,  # the slice of the 2I-long reduction this call covers (BLOCK_K-aligned)
-    off_t, off_h,  # first token / hidden column of this tile
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-):  # fmt: skip
-    """acc += dG[tile, k_start:k_end] · [Wg; Wu][k_start:k_end, tile] in one loop; needs I % BLOCK_K == 0."""
-    rows = off_t + tl.arange(0, BLOCK_M)
-    cols = off_h + tl.arange(0, BLOCK_N)
-    ks = tl.arange(0, BLOCK_K)
-    a_ptrs = d_ptr + rows[:, None].to(tl.int64) * (2 * I) + (k_start + ks)[None, :]
-    row_ok = rows[:, None] < T
-    col_ok = cols[None, :] < H
-    for k in range(k_start, k_end, BLOCK_K):
-        k_ok = k + ks < k_end
-        a = tl.load(a_ptrs, mask=row_ok & k_ok[None, :], other=0.0)
-        in_up = k >= I
-        weight_ptr = tl.where(in_up, up_weight_ptr, gate_weight_ptr)
-        weight_rows = k - I * in_up.to(tl.int32) + ks
-        b = tl.load(weight_ptr + weight_rows[:, None].to(tl.int64) * H + cols[None, :], mask=k_ok[:, None] & col_ok,
-                    other=0.0)  # fmt: skip
-        if UPCAST:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
-        a_ptrs += BLOCK_K
     return acc
 
 
@@ -226,9 +192,9 @@ def _d_intermediate_program(
     grad_output_ptr,  # dy [T, H]
     down_weight_ptr,  # Wd [H, I]
     gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr,  # saved forward, each [T, I]
-    d_gate_ptr, d_up_ptr,  # out: dGate, dUp [T, I], rows d_stride apart
+    d_gate_ptr, d_up_ptr,  # out: dGate, dUp [T, I]
     partials_ptr, counters_ptr,  # split-K workspace of this kind
-    T, H, I, d_stride,
+    T, H, I,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
     GROUP_M: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
@@ -240,26 +206,15 @@ def _d_intermediate_program(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc = _accumulate_product(acc, grad_output_ptr, H, 1, down_weight_ptr, I, 1, T, I, k_start, k_end,
                               off_t, off_i, BLOCK_M, BLOCK_N, BLOCK_K, UPCAST, PRECISION)  # fmt: skip
-    if SPLIT > 1:
-        # few tokens: fetch the saved tiles now, so that their latency hides behind the split's arrival count
-        gate_silu = _load_tile(gate_silu_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N)
-        s = _load_tile(gate_sigmoid_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N)
-        gate = _load_tile(gate_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N)
-        up = _load_tile(up_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N)
-        d_a, is_last = _combine_splits(acc, partials_ptr, counters_ptr, tile, split, BLOCK_M, BLOCK_N, SPLIT)
-        if is_last:
-            _store_tile(d_up_ptr, d_a * gate_silu, off_t, off_i, T, I, d_stride, BLOCK_M, BLOCK_N)
-            d_gate = d_a * up * s * (1.0 + gate * (1.0 - s))
-            _store_tile(d_gate_ptr, d_gate, off_t, off_i, T, I, d_stride, BLOCK_M, BLOCK_N)
-    else:
-        # large tiles: one saved tensor at a time, so that few [BLOCK_M, BLOCK_N] tiles are live at once
-        d_a = acc
+    d_a, is_last = _combine_splits(acc, partials_ptr, counters_ptr, tile, split, BLOCK_M, BLOCK_N, SPLIT)
+    if is_last:
+        # one saved tensor at a time, so that few [BLOCK_M, BLOCK_N] tiles are live at once
         d_up = d_a * _load_tile(gate_silu_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N)
-        _store_tile(d_up_ptr, d_up, off_t, off_i, T, I, d_stride, BLOCK_M, BLOCK_N)
+        _store_tile(d_up_ptr, d_up, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N)
         s = _load_tile(gate_sigmoid_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N)
         d_gate = d_a * s * (1.0 + _load_tile(gate_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N) * (1.0 - s))
         d_gate = d_gate * _load_tile(up_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N)
-        _store_tile(d_gate_ptr, d_gate, off_t, off_i, T, I, d_stride, BLOCK_M, BLOCK_N)
+        _store_tile(d_gate_ptr, d_gate, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -267,7 +222,7 @@ def _launch1_kernel(
     grad_output_ptr,  # dy [T, H]
     down_weight_ptr,  # Wd [H, I]
     gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, intermediate_ptr,  # saved forward, each [T, I]
-    d_gate_ptr, d_up_ptr,  # out (workspace): dGate, dUp [T, I], the two halves of rows of [T, 2I]
+    d_gate_ptr, d_up_ptr,  # out (workspace): dGate, dUp [T, I]
     grad_down_weight_ptr,  # out: dWd [H, I]
     da_partials_ptr, da_counters_ptr,  # split-K workspace of the dA tiles
     dwd_partials_ptr, dwd_counters_ptr,  # split-K workspace of the dWd tiles
@@ -285,14 +240,14 @@ def _launch1_kernel(
     else:
         _d_intermediate_program(pid - num_dwd_programs, grad_output_ptr, down_weight_ptr,
                                 gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, d_gate_ptr, d_up_ptr,
-                                da_partials_ptr, da_counters_ptr, T, H, I, 2 * I,
+                                da_partials_ptr, da_counters_ptr, T, H, I,
                                 DA_M, DA_N, DA_K, DA_SPLIT, GROUP_M, UPCAST, PRECISION)  # fmt: skip
 
 
 @triton.jit
 def _weight_grad_program(
     program,  # index of this program among this kind's (tile, split) programs
-    d_ptr,  # dGate or dUp [T, I], rows 2I apart
+    d_ptr,  # dGate or dUp [T, I]
     x_ptr,  # x [T, H]
     out_ptr,  # out: dWg or dWu [I, H]
     partials_ptr, counters_ptr,  # split-K workspace of this kind
@@ -306,7 +261,7 @@ def _weight_grad_program(
     off_i, off_h = tile_m * BLOCK_M, tile_n * BLOCK_N
     k_start, k_end = _split_range(split, T, SPLIT, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc = _accumulate_product(acc, d_ptr, 1, 2 * I, x_ptr, H, 1, I, H, k_start, k_end, off_i, off_h,
+    acc = _accumulate_product(acc, d_ptr, 1, I, x_ptr, H, 1, I, H, k_start, k_end, off_i, off_h,
                               BLOCK_M, BLOCK_N, BLOCK_K, UPCAST, PRECISION)  # fmt: skip
     total, is_last = _combine_splits(acc, partials_ptr, counters_ptr, tile, split, BLOCK_M, BLOCK_N, SPLIT)
     if is_last:
@@ -316,13 +271,13 @@ def _weight_grad_program(
 @triton.jit
 def _grad_x_program(
     program,  # index of this program among this kind's (tile, split) programs
-    d_gate_ptr, d_up_ptr,  # dGate, dUp [T, I]: the two halves of the rows of dG [T, 2I]
+    d_gate_ptr, d_up_ptr,  # dGate, dUp [T, I]
     gate_weight_ptr, up_weight_ptr,  # Wg, Wu [I, H]
     grad_x_ptr,  # out: dx [T, H]
     partials_ptr, counters_ptr,  # split-K workspace of this kind
     T, H, I,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
-    GROUP_M: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, ONE_LOOP: tl.constexpr,
+    GROUP_M: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     """dx = dGate · Wg + dUp · Wu for one tile: a reduction over the 2I rows of [Wg; Wu] (or a split of it)."""
     tile, split = program // SPLIT, program % SPLIT
@@ -330,16 +285,13 @@ def _grad_x_program(
     off_t, off_h = tile_m * BLOCK_M, tile_n * BLOCK_N
     k_start, k_end = _split_range(split, 2 * I, SPLIT, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if ONE_LOOP:  # I % BLOCK_K == 0: no block straddles the two weights, one pipelined loop over 2I
-        acc = _accumulate_gate_up_product(acc, d_gate_ptr, gate_weight_ptr, up_weight_ptr, T, H, I, k_start, k_end,
-                                          off_t, off_h, BLOCK_M, BLOCK_N, BLOCK_K, UPCAST, PRECISION)  # fmt: skip
-    else:  # the part of [k_start, k_end) below I runs over Wg, the part above over Wu
-        acc = _accumulate_product(acc, d_gate_ptr, 2 * I, 1, gate_weight_ptr, H, 1, T, H,
-                                  k_start, tl.minimum(k_end, I), off_t, off_h,
-                                  BLOCK_M, BLOCK_N, BLOCK_K, UPCAST, PRECISION)  # fmt: skip
-        acc = _accumulate_product(acc, d_up_ptr, 2 * I, 1, up_weight_ptr, H, 1, T, H,
-                                  tl.maximum(k_start, I) - I, k_end - I, off_t, off_h,
-                                  BLOCK_M, BLOCK_N, BLOCK_K, UPCAST, PRECISION)  # fmt: skip
+    # the part of [k_start, k_end) below I runs over Wg, the part above over Wu
+    acc = _accumulate_product(acc, d_gate_ptr, I, 1, gate_weight_ptr, H, 1, T, H,
+                              k_start, tl.minimum(k_end, I), off_t, off_h,
+                              BLOCK_M, BLOCK_N, BLOCK_K, UPCAST, PRECISION)  # fmt: skip
+    acc = _accumulate_product(acc, d_up_ptr, I, 1, up_weight_ptr, H, 1, T, H,
+                              tl.maximum(k_start, I) - I, k_end - I, off_t, off_h,
+                              BLOCK_M, BLOCK_N, BLOCK_K, UPCAST, PRECISION)  # fmt: skip
     total, is_last = _combine_splits(acc, partials_ptr, counters_ptr, tile, split, BLOCK_M, BLOCK_N, SPLIT)
     if is_last:
         _store_tile(grad_x_ptr, total, off_t, off_h, T, H, H, BLOCK_M, BLOCK_N)
@@ -349,7 +301,7 @@ def _grad_x_program(
 def _launch2_kernel(
     x_ptr,  # x [T, H]
     gate_weight_ptr, up_weight_ptr,  # Wg, Wu [I, H]
-    d_gate_ptr, d_up_ptr,  # dGate, dUp [T, I] from launch 1: the two halves of the rows of dG [T, 2I]
+    d_gate_ptr, d_up_ptr,  # dGate, dUp [T, I] from launch 1
     grad_x_ptr,  # out: dx [T, H]
     grad_gate_weight_ptr, grad_up_weight_ptr,  # out: dWg, dWu [I, H]
     dx_partials_ptr, dx_counters_ptr,  # split-K workspace of the dx tiles
@@ -358,7 +310,6 @@ def _launch2_kernel(
     DX_M: tl.constexpr, DX_N: tl.constexpr, DX_K: tl.constexpr, DX_SPLIT: tl.constexpr,
     DW_M: tl.constexpr, DW_N: tl.constexpr, DW_K: tl.constexpr, DW_SPLIT: tl.constexpr,
     GROUP_M: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-    DX_ONE_LOOP: tl.constexpr,  # I % DX_K == 0: dx runs one loop over the 2I rows of [Wg; Wu]
 ):  # fmt: skip
     pid = tl.program_id(0)
     num_dw_tiles = tl.cdiv(I, DW_M) * tl.cdiv(H, DW_N)  # per weight
@@ -374,7 +325,7 @@ def _launch2_kernel(
     else:
         _grad_x_program(pid - 2 * num_dw_programs, d_gate_ptr, d_up_ptr, gate_weight_ptr, up_weight_ptr,
                         grad_x_ptr, dx_partials_ptr, dx_counters_ptr,
-                        T, H, I, DX_M, DX_N, DX_K, DX_SPLIT, GROUP_M, UPCAST, PRECISION, DX_ONE_LOOP)  # fmt: skip
+                        T, H, I, DX_M, DX_N, DX_K, DX_SPLIT, GROUP_M, UPCAST, PRECISION)  # fmt: skip
 
 
 def _num_tiles(m: int, n: int, kind: tuple) -> int:
@@ -428,8 +379,8 @@ def swiglu_down_backward_triton(
     grad_gate_weight = torch.empty_like(gate_weight)
     grad_up_weight = torch.empty_like(up_weight)
     grad_down_weight = torch.empty_like(down_weight)
-    d_gate_up = torch.empty((T, 2 * I), dtype=x.dtype, device=x.device)  # [dGate | dUp]
-    d_gate, d_up = d_gate_up[:, :I], d_gate_up[:, I:]
+    d_gate = torch.empty((T, I), dtype=x.dtype, device=x.device)
+    d_up = torch.empty((T, I), dtype=x.dtype, device=x.device)
     launch_d_intermediate_and_grad_down(grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate,
                                         d_gate, d_up, grad_down_weight, config)  # fmt: skip
     launch_grad_x_and_grad_gate_up(x, gate_weight, up_weight, d_gate, d_up, grad_x, grad_gate_weight,
@@ -444,7 +395,7 @@ def _flags(x):
 
 def launch_d_intermediate_and_grad_down(grad_output, down_weight, gate, gate_sigmoid, gate_silu, up,
                                         intermediate, d_gate, d_up, grad_down_weight, config):  # fmt: skip
-    """Launch 1: dGate, dUp (through dA = dy · Wd) and dWd; d_gate, d_up are the halves of one [T, 2I]."""
+    """Launch 1: dGate, dUp (through dA = dy · Wd) and dWd."""
     T, H = grad_output.shape
     I = down_weight.shape[1]
     da_tiles, dwd_tiles = _num_tiles(T, I, config.d_intermediate), _num_tiles(H, I, config.grad_down)
@@ -461,7 +412,7 @@ def launch_d_intermediate_and_grad_down(grad_output, down_weight, gate, gate_sig
 
 def launch_grad_x_and_grad_gate_up(x, gate_weight, up_weight, d_gate, d_up, grad_x, grad_gate_weight,
                                    grad_up_weight, config):  # fmt: skip
-    """Launch 2: dx, dWg and dWu from dGate and dUp (the halves of one [T, 2I] tensor)."""
+    """Launch 2: dx, dWg and dWu from dGate and dUp."""
     T, H = x.shape
     I = gate_weight.shape[0]
     dx_tiles, dw_tiles = _num_tiles(T, H, config.grad_x), _num_tiles(I, H, config.grad_gate_up)
@@ -471,6 +422,6 @@ def launch_grad_x_and_grad_gate_up(x, gate_weight, up_weight, d_gate, d_up, grad
     _launch2_kernel[grid](
         x, gate_weight, up_weight, d_gate, d_up, grad_x, grad_gate_weight, grad_up_weight,
         *dx_workspace, *dw_workspace, T, H, I,
-        *config.grad_x, *config.grad_gate_up, config.group_m, *_flags(x), I % config.grad_x[2] == 0,
+        *config.grad_x, *config.grad_gate_up, config.group_m, *_flags(x),
         num_warps=config.warps[1], num_stages=config.stages[1],
     )  # fmt: skip
