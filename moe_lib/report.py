@@ -24,6 +24,7 @@ import json
 import logging
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -314,14 +315,35 @@ def execute_run(run: Run, folder: Path, kernel_name: str) -> None:
             run.status, run.error = "failed", last_line(f"HTML export: {type(error).__name__}: {error}")
 
 
+MATHJAX_FOLDER = "mathjax"  # in each report folder, beside the HTML pages
+MATHJAX_CONFIG = "TeX-AMS-MML_HTMLorMML-full,Safe"
+
+
+def copy_mathjax(folder: Path) -> bool:
+    """Copies MathJax (from the jupyter-server-mathjax package) into the report folder, so that the
+    pages' LaTeX renders offline too. Returns False when the package is missing (pages then load
+    MathJax from nbconvert's default CDN)."""
+    try:
+        import jupyter_server_mathjax
+    except ImportError:
+        return False
+    shutil.copytree(Path(jupyter_server_mathjax.__file__).parent / "static", folder / MATHJAX_FOLDER,
+                    dirs_exist_ok=True)  # fmt: skip
+    return True
+
+
 def write_html(ipynb: Path, html_path: Path, title: str) -> None:
-    """A self-contained HTML of an executed notebook: code shown, figures embedded as data URIs."""
+    """A self-contained HTML of an executed notebook: code shown, figures embedded as data URIs, LaTeX
+    rendered by the MathJax copy beside it when the report folder has one."""
     import nbconvert
     import nbformat
 
     quiet = logging.getLogger(f"{__name__}.nbconvert")
     quiet.setLevel(logging.ERROR)  # its per-image warning about missing alt text is noise here
-    exporter = nbconvert.HTMLExporter(template_name="lab", embed_images=True, log=quiet)
+    options = {}
+    if (html_path.parent / MATHJAX_FOLDER / "MathJax.js").is_file():
+        options["mathjax_url"] = f"{MATHJAX_FOLDER}/MathJax.js?config={MATHJAX_CONFIG}"
+    exporter = nbconvert.HTMLExporter(template_name="lab", embed_images=True, log=quiet, **options)
     body, _ = exporter.from_notebook_node(nbformat.read(ipynb, as_version=4), resources={"metadata": {"name": title}})
     html_path.write_text(body, encoding="utf-8")
 
@@ -472,6 +494,7 @@ def run_report(config, *, notebooks=None, notebooks_dir=NOTEBOOKS_DIR, out_dir=R
     check_kernel(kernel_name)
 
     folder.mkdir(parents=True, exist_ok=True)
+    copy_mathjax(folder)
     (folder / "config.yaml").write_text(config_text if config_text is not None else yaml.safe_dump(config))
     report = Report(folder=folder, runs=runs, run_id=run_id, config_source=config_source,
                     started=datetime.datetime.now().isoformat(timespec="seconds"))  # fmt: skip

@@ -147,6 +147,8 @@ def test_sweep_over_notebook_01_writes_notebooks_html_and_index(kernel_name, tmp
         assert f"seed = {seed}" in injected.source and "routing_num_tokens" not in injected.source
         page = (result.folder / f"{run.name}.html").read_text()
         assert "data:image/png;base64," in page  # the figure is embedded
+        assert 'src="mathjax/MathJax.js?config=' in page  # LaTeX rendered by the copy beside the page
+        assert (result.folder / "mathjax" / "MathJax.js").is_file()
         assert "every hand-derived step is checked against autograd here" in page  # the code is shown
         summary = json.loads((result.folder / run.name / "summary.json").read_text())
         assert summary["seed"] == seed and summary["sizes"]["hidden_size"] == tiny["hidden_size"]
