@@ -1,19 +1,21 @@
 """The notebooks: committed clean with one typed parameters cell; executed with tiny parameters, the numbers
-they write to summary.json agree with moe_lib and the autograd oracles recomputed here."""
+they write to summary.json agree with moe_lib, the committed result files and the autograd oracles recomputed here."""
 
 import ast
 import json
+import math
 import os
 import random
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from conftest import rel_error
 from oracles import moe_experts_grads, swiglu_expert_grads
 
 import moe_lib
-from moe_lib import problems
+from moe_lib import analysis, api, problems, roofline
 
 papermill = pytest.importorskip("papermill")
 nbformat = pytest.importorskip("nbformat")
@@ -25,9 +27,10 @@ P1_OUTPUTS = list(problems.load("swiglu_down_backward").outputs)
 P2_OUTPUTS = list(problems.load("moe_experts_backward").outputs)
 
 
-def test_the_derivation_notebooks_exist():
+def test_the_notebooks_exist():
     stems = {path.stem for path in NOTEBOOKS}
-    assert {"01_swiglu_backward_derivation", "02_moe_backward_derivation"} <= stems
+    assert {"01_swiglu_backward_derivation", "02_moe_backward_derivation", "03_roofline", "04_inside_the_kernels",
+            "05_benchmark_report"} <= stems  # fmt: skip
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda path: path.stem)
@@ -200,3 +203,169 @@ def test_p2_tokens_per_expert_match_route_tokens(p2_run):
     assert load["hot"]["max"] == T and load["hot"]["empty_experts"] == E - K
     for figure in summary["figures"]:
         assert (folder / figure).read_bytes()[:4] == b"\x89PNG", figure
+
+
+# ---------------------------------------------------------------- 03 · roofline
+
+H200_RESULTS = problems.DATA_DIR / "results" / "H200"
+
+
+def _committed_csvs() -> list[Path]:
+    """The benchmark harness's result files (the expert-parallel benchmark's sit beside them, other columns)."""
+    return sorted(path for path in H200_RESULTS.glob("*.csv") if path.with_suffix(".json").is_file()
+                  and json.loads(path.with_suffix(".json").read_text())["problem"] in problems.PROBLEM_NAMES)
+
+
+@pytest.fixture(scope="module")
+def roofline_run(kernel_name, tmp_path_factory):
+    parameters = dict(gpu="B200")  # not the GPU the committed points ran on: every point is projected
+    folder = tmp_path_factory.mktemp("roofline")
+    return parameters, _execute("03_roofline", parameters, folder, kernel_name), folder
+
+
+def _coefficients(name: str) -> tuple[int, int, int]:
+    """(FLOPs per token, bytes per token, fixed bytes) of a problem, written out from its definition."""
+    s = problems.load(name).sizes(0)
+    H, I, E, K = s["hidden_size"], s["intermediate_size"], s.get("num_experts"), s.get("top_k")
+    if name == "swiglu_down_backward":  # dy, x, dx [T, H]; five saved [T, I]; three weights and their grads; bf16
+        return 12 * H * I, 2 * (3 * H + 5 * I), 2 * 6 * I * H
+    item = 4 if name == "moe_experts_backward" else 2  # the bf16 variant keeps fp32 routing weights
+    per_token = item * 3 * H + 8 * K + 4 * K + 4 * K  # dy, x, dx; int64 indices; weights and their grads (fp32)
+    return 16 * K * H * I, per_token, item * 6 * E * I * H
+
+
+def test_roofline_crossings_match_a_hand_calculation(roofline_run):
+    parameters, summary, _ = roofline_run
+    spec = roofline.GPUS[parameters["gpu"]]
+    ridge = spec.bf16_dense_flops / spec.dram_bandwidth
+    assert summary["gpu"] == parameters["gpu"] and summary["ridge_flop_per_byte"] == pytest.approx(ridge)
+    for name in problems.PROBLEM_NAMES:
+        a, b, c = _coefficients(name)
+        crossing = ridge * c / (a - ridge * b)
+        assert summary["ridge_crossing_tokens"][name] == pytest.approx(crossing, rel=1e-12), name
+        below, above = (roofline.cost(name, t) for t in (math.ceil(crossing) - 1, math.ceil(crossing)))
+        assert below[0] / below[1] < ridge <= above[0] / above[1], name
+        compute_bound = [t for t in problems.load(name).suite if t >= crossing]
+        assert summary["compute_bound_cases"][name] == len(compute_bound), name
+        for t, t_sol in summary["t_sol_us"][name].items():
+            assert t_sol == pytest.approx(roofline.sol_time(name, int(t), parameters["gpu"]) * 1e6), (name, t)
+
+
+def test_roofline_plots_every_committed_point_projected(roofline_run):
+    _, summary, folder = roofline_run
+    ok_rows = sum(int((pd.read_csv(path)["status"] == "ok").sum()) for path in _committed_csvs())
+    assert summary["measured_points"] == ok_rows > 0
+    assert summary["projected_points"] == ok_rows  # measured on the H200, drawn for the B200
+    assert summary["result_files"] == [path.name for path in _ordered(_committed_csvs())]
+    for figure in summary["figures"]:
+        assert (folder / figure).read_bytes()[:4] == b"\x89PNG", figure
+
+
+# ---------------------------------------------------------------- 04 · inside the kernels
+
+KERNEL_PARAMETERS = dict(p1_num_tokens=3, p1_hidden_size=32, p1_intermediate_size=16, split_k=2, p2_num_tokens=10,
+                         p2_hidden_size=32, p2_intermediate_size=16, p2_num_experts=3, p2_top_k=2,
+                         diagram_num_tokens=16)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def kernels_run(kernel_name, tmp_path_factory):
+    parameters = dict(KERNEL_PARAMETERS, seed=_fresh_seed())
+    folder = tmp_path_factory.mktemp("kernels")
+    return parameters, _execute("04_inside_the_kernels", parameters, folder, kernel_name), folder
+
+
+def test_kernels_notebook_grids_are_those_of_moe_lib(kernels_run):
+    p, summary, folder = kernels_run
+    assert summary["interpret"] is True
+    config = analysis.p1_config(p["p1_num_tokens"], p["p1_hidden_size"], p["p1_intermediate_size"], interpreter=True)
+    plan = analysis.p1_launch_plan(p["p1_num_tokens"], p["p1_hidden_size"], p["p1_intermediate_size"], config)
+    assert summary["p1"]["grid"] == {f"launch {n}": int(plan[plan["launch"] == n]["programs"].sum()) for n in (1, 2)}
+    config = analysis.p2_config(p["p2_num_tokens"], p["p2_num_experts"], p["p2_top_k"], input_bytes=4,
+                                interpreter=True)  # fmt: skip
+    i_tiles, h_tiles = -(-p["p2_intermediate_size"] // config.block_i), -(-p["p2_hidden_size"] // config.block_h_out)
+    E, R = p["p2_num_experts"], config.row_split
+    assert summary["p2"]["grid"] == {"A": E * i_tiles * R, "B": E * h_tiles * R,
+                                     "C": p["p2_num_tokens"] * -(-p["p2_hidden_size"] // config.block_h_sum)}
+    assert sum(summary["p2"]["rows_per_expert"]) == p["p2_num_tokens"] * p["p2_top_k"]
+    sizes = problems.load("swiglu_down_backward").sizes(p["diagram_num_tokens"])
+    H, I = sizes["hidden_size"], sizes["intermediate_size"]
+    diagram = analysis.p1_launch_plan(p["diagram_num_tokens"], H, I,
+                                      analysis.p1_config(p["diagram_num_tokens"], H, I, interpreter=False))
+    assert summary["diagram"]["programs"]["launch 1"] == int(diagram[diagram["launch"] == 1]["programs"].sum())
+    for figure in summary["figures"]:
+        assert (folder / figure).read_bytes()[:4] == b"\x89PNG", figure
+
+
+def test_kernels_notebook_errors_agree_with_a_rerun(kernels_run):
+    p, summary, _ = kernels_run
+    assert summary["p1"]["max_rel_error"] < 1e-5  # fp32 products: rounding only
+    assert summary["p2"]["rel_errors"]["grad_topk_weights"] < 1e-4  # bf16x3 products
+    assert summary["p2"]["max_rel_error"] < 1e-2  # bf16 products for the rest
+    split = summary["split_k"]
+    assert split["bitwise_identical_runs"] and summary["p2"]["bitwise_identical_runs"]
+    assert split["partials_sum_rel_error"] < 1e-5 and max(split["rel_diff_vs_unsplit"].values()) < 1e-5
+    if not api.triton_interpreter_enabled():
+        pytest.skip("the rerun below compares interpreter numbers; this process runs Triton on CUDA")
+    p1 = problems.make_inputs("swiglu_down_backward", p["p1_num_tokens"], seed=p["seed"], dtype=torch.float32,
+                              hidden_size=p["p1_hidden_size"], intermediate_size=p["p1_intermediate_size"])
+    got = moe_lib.swiglu_down_backward(*p1.values(), impl="triton")
+    want = moe_lib.swiglu_down_backward(*p1.values(), impl="reference")
+    for name, g, w in zip(P1_OUTPUTS, got, want, strict=True):
+        assert summary["p1"]["rel_errors"][name] == pytest.approx(rel_error(g, w), rel=1e-6, abs=1e-12), name
+    p2 = problems.make_inputs("moe_experts_backward", p["p2_num_tokens"], seed=p["seed"],
+                              hidden_size=p["p2_hidden_size"], intermediate_size=p["p2_intermediate_size"],
+                              num_experts=p["p2_num_experts"], top_k=p["p2_top_k"])  # fmt: skip
+    got = moe_lib.moe_experts_backward(*p2.values(), impl="triton")
+    want = moe_lib.moe_experts_backward(*p2.values(), impl="reference")
+    for name, g, w in zip(P2_OUTPUTS, got, want, strict=True):
+        assert summary["p2"]["rel_errors"][name] == pytest.approx(rel_error(g, w), rel=1e-6, abs=1e-12), name
+
+
+# ---------------------------------------------------------------- 05 · benchmark report
+
+
+@pytest.fixture(scope="module")
+def report_run(kernel_name, tmp_path_factory):
+    # live=True without CUDA must fall back to the committed files and say so (with CUDA it would benchmark)
+    parameters = dict(live=not torch.cuda.is_available())
+    folder = tmp_path_factory.mktemp("report")
+    return parameters, _execute("05_benchmark_report", parameters, folder, kernel_name), folder
+
+
+def test_report_reads_the_committed_files(report_run):
+    parameters, summary, folder = report_run
+    assert summary["source"] == "committed" and summary["live_requested"] == parameters["live"]
+    assert summary["files"] == [path.name for path in _ordered(_committed_csvs())]
+    for path in _committed_csvs():
+        recorded = json.loads(path.with_suffix(".json").read_text())
+        for impl, values in recorded["summary"].items():
+            mine = summary["problems"][recorded["problem"]][impl]
+            assert mine == {"geomean_ms": values["geomean_ms"], "all_correct": values["all_correct"]}, impl
+    assert set(summary["flagged"]["moe_experts_backward"]) == {"grouped_mm", "liger"}  # fail the element rule
+    if parameters["live"]:
+        executed = nbformat.read(folder / "05_benchmark_report.ipynb", as_version=4)
+        printed = "".join(out.get("text", "") for cell in executed.cells for out in cell.get("outputs", []))
+        assert "no CUDA GPU" in printed
+    for figure in summary["figures"]:
+        assert (folder / figure).read_bytes()[:4] == b"\x89PNG", figure
+
+
+def test_report_targets_are_computed_from_the_files(report_run):
+    _, summary, _ = report_run
+    targets = {(t["problem"], t["target"]): t for t in summary["targets"]}
+    p1 = json.loads((H200_RESULTS / _ordered(_committed_csvs())[0].with_suffix(".json").name).read_text())
+    assert p1["problem"] == "swiglu_down_backward"
+    geomean_us = p1["summary"]["triton"]["geomean_ms"] * 1e3
+    target = targets[("P1", "geomean ≤ 30 µs")]
+    assert target["value"] == pytest.approx(geomean_us) and target["met"] == (geomean_us <= 30)
+    speedup = p1["summary"]["torch_compile"]["geomean_ms"] * 1e3 / geomean_us
+    target = targets[("P1", "≥ 1.9× faster than torch.compile (geomeans)")]
+    assert target["value"] == pytest.approx(speedup) and target["met"] == (speedup >= 1.9)
+    assert all(t["met"] in (True, False, None) for t in summary["targets"])
+
+
+def _ordered(paths: list[Path]) -> list[Path]:
+    """The result files in the report's order: P1, P2 fp32, P2 bf16."""
+    return sorted(paths, key=lambda path: problems.PROBLEM_NAMES.index(json.loads(path.with_suffix(".json")
+                                                                                   .read_text())["problem"]))
