@@ -163,27 +163,28 @@ def _load_tile(ptr, off_m, off_n, M, N, stride_m, BLOCK_M: tl.constexpr, BLOCK_N
 
 
 @triton.jit
-def _grad_down_program(
+def _token_reduction_program(
     program,  # index of this program among this kind's (tile, split) programs
-    grad_output_ptr,  # dy [T, H]
-    intermediate_ptr,  # intermediate [T, I]
-    grad_down_weight_ptr,  # out: dWd [H, I]
+    a_ptr,  # A [T, M], row-major
+    b_ptr,  # B [T, N], row-major
+    out_ptr,  # out: Aᵀ · B [M, N]
     partials_ptr, counters_ptr,  # split-K workspace of this kind
-    T, H, I,
+    T, M, N,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
     GROUP_M: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """dWd[h, i] = Σ_t dy[t, h] · intermediate[t, i] for one tile (or one split of it)."""
+    """out[m, n] = Σ_t A[t, m] · B[t, n] for one tile (or one split of it): the weight gradients
+    dWd = dyᵀ · intermediate, dWg = dGateᵀ · x and dWu = dUpᵀ · x."""
     tile, split = program // SPLIT, program % SPLIT
-    tile_m, tile_n = _tile_coordinates(tile, tl.cdiv(H, BLOCK_M), tl.cdiv(I, BLOCK_N), GROUP_M)
-    off_h, off_i = tile_m * BLOCK_M, tile_n * BLOCK_N
+    tile_m, tile_n = _tile_coordinates(tile, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    off_m, off_n = tile_m * BLOCK_M, tile_n * BLOCK_N
     k_start, k_end = _split_range(split, T, SPLIT, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc = _accumulate_product(acc, grad_output_ptr, 1, H, intermediate_ptr, I, 1, H, I, k_start, k_end,
-                              off_h, off_i, BLOCK_M, BLOCK_N, BLOCK_K, UPCAST, PRECISION)  # fmt: skip
+    acc = _accumulate_product(acc, a_ptr, 1, M, b_ptr, N, 1, M, N, k_start, k_end, off_m, off_n,
+                              BLOCK_M, BLOCK_N, BLOCK_K, UPCAST, PRECISION)  # fmt: skip
     total, is_last = _combine_splits(acc, partials_ptr, counters_ptr, tile, split, BLOCK_M, BLOCK_N, SPLIT)
     if is_last:
-        _store_tile(grad_down_weight_ptr, total, off_h, off_i, H, I, I, BLOCK_M, BLOCK_N)
+        _store_tile(out_ptr, total, off_m, off_n, M, N, N, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -234,38 +235,14 @@ def _launch1_kernel(
     pid = tl.program_id(0)
     num_dwd_programs = tl.cdiv(H, DWD_M) * tl.cdiv(I, DWD_N) * DWD_SPLIT
     if pid < num_dwd_programs:  # the long reductions over T first
-        _grad_down_program(pid, grad_output_ptr, intermediate_ptr, grad_down_weight_ptr,
-                           dwd_partials_ptr, dwd_counters_ptr, T, H, I,
-                           DWD_M, DWD_N, DWD_K, DWD_SPLIT, GROUP_M, UPCAST, PRECISION)  # fmt: skip
+        _token_reduction_program(pid, grad_output_ptr, intermediate_ptr, grad_down_weight_ptr,
+                                 dwd_partials_ptr, dwd_counters_ptr, T, H, I,
+                                 DWD_M, DWD_N, DWD_K, DWD_SPLIT, GROUP_M, UPCAST, PRECISION)  # fmt: skip
     else:
         _d_intermediate_program(pid - num_dwd_programs, grad_output_ptr, down_weight_ptr,
                                 gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, d_gate_ptr, d_up_ptr,
                                 da_partials_ptr, da_counters_ptr, T, H, I,
                                 DA_M, DA_N, DA_K, DA_SPLIT, GROUP_M, UPCAST, PRECISION)  # fmt: skip
-
-
-@triton.jit
-def _weight_grad_program(
-    program,  # index of this program among this kind's (tile, split) programs
-    d_ptr,  # dGate or dUp [T, I]
-    x_ptr,  # x [T, H]
-    out_ptr,  # out: dWg or dWu [I, H]
-    partials_ptr, counters_ptr,  # split-K workspace of this kind
-    T, H, I,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
-    GROUP_M: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-):  # fmt: skip
-    """out[i, h] = Σ_t d[t, i] · x[t, h] for one tile (or one split of it)."""
-    tile, split = program // SPLIT, program % SPLIT
-    tile_m, tile_n = _tile_coordinates(tile, tl.cdiv(I, BLOCK_M), tl.cdiv(H, BLOCK_N), GROUP_M)
-    off_i, off_h = tile_m * BLOCK_M, tile_n * BLOCK_N
-    k_start, k_end = _split_range(split, T, SPLIT, BLOCK_K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc = _accumulate_product(acc, d_ptr, 1, I, x_ptr, H, 1, I, H, k_start, k_end, off_i, off_h,
-                              BLOCK_M, BLOCK_N, BLOCK_K, UPCAST, PRECISION)  # fmt: skip
-    total, is_last = _combine_splits(acc, partials_ptr, counters_ptr, tile, split, BLOCK_M, BLOCK_N, SPLIT)
-    if is_last:
-        _store_tile(out_ptr, total, off_i, off_h, I, H, H, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -316,12 +293,12 @@ def _launch2_kernel(
     num_dw_programs = num_dw_tiles * DW_SPLIT
     up_partials_ptr = dw_partials_ptr + num_dw_tiles.to(tl.int64) * (DW_SPLIT * DW_M * DW_N)
     if pid < num_dw_programs:  # dWg = dGateᵀ · x (the long reductions over T first)
-        _weight_grad_program(pid, d_gate_ptr, x_ptr, grad_gate_weight_ptr, dw_partials_ptr, dw_counters_ptr,
-                             T, H, I, DW_M, DW_N, DW_K, DW_SPLIT, GROUP_M, UPCAST, PRECISION)  # fmt: skip
+        _token_reduction_program(pid, d_gate_ptr, x_ptr, grad_gate_weight_ptr, dw_partials_ptr, dw_counters_ptr,
+                                 T, I, H, DW_M, DW_N, DW_K, DW_SPLIT, GROUP_M, UPCAST, PRECISION)  # fmt: skip
     elif pid < 2 * num_dw_programs:  # dWu = dUpᵀ · x
-        _weight_grad_program(pid - num_dw_programs, d_up_ptr, x_ptr, grad_up_weight_ptr,
-                             up_partials_ptr, dw_counters_ptr + num_dw_tiles,
-                             T, H, I, DW_M, DW_N, DW_K, DW_SPLIT, GROUP_M, UPCAST, PRECISION)  # fmt: skip
+        _token_reduction_program(pid - num_dw_programs, d_up_ptr, x_ptr, grad_up_weight_ptr,
+                                 up_partials_ptr, dw_counters_ptr + num_dw_tiles,
+                                 T, I, H, DW_M, DW_N, DW_K, DW_SPLIT, GROUP_M, UPCAST, PRECISION)  # fmt: skip
     else:
         _grad_x_program(pid - 2 * num_dw_programs, d_gate_ptr, d_up_ptr, gate_weight_ptr, up_weight_ptr,
                         grad_x_ptr, dx_partials_ptr, dx_counters_ptr,
