@@ -16,6 +16,7 @@ from oracles import moe_experts_grads, swiglu_expert_grads
 
 import moe_lib
 from moe_lib import analysis, api, problems, roofline
+from moe_lib.distributed import expert_partition
 
 papermill = pytest.importorskip("papermill")
 nbformat = pytest.importorskip("nbformat")
@@ -30,7 +31,7 @@ P2_OUTPUTS = list(problems.load("moe_experts_backward").outputs)
 def test_the_notebooks_exist():
     stems = {path.stem for path in NOTEBOOKS}
     assert {"01_swiglu_backward_derivation", "02_moe_backward_derivation", "03_roofline", "04_inside_the_kernels",
-            "05_benchmark_report"} <= stems  # fmt: skip
+            "05_benchmark_report", "06_expert_parallelism"} <= stems  # fmt: skip
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda path: path.stem)
@@ -363,6 +364,90 @@ def test_report_targets_are_computed_from_the_files(report_run):
     target = targets[("P1", "≥ 1.9× faster than torch.compile (geomeans)")]
     assert target["value"] == pytest.approx(speedup) and target["met"] == (speedup >= 1.9)
     assert all(t["met"] in (True, False, None) for t in summary["targets"])
+
+
+# ---------------------------------------------------------------- 06 · expert parallelism
+
+PARALLEL_OUTPUTS = ["output", *P2_OUTPUTS]
+
+
+@pytest.fixture(scope="module")
+def parallel_run(kernel_name, tmp_path_factory):
+    # three ranks sharing five experts: an uneven partition (2, 2, 1) under skewed routing
+    parameters = dict(world_size=3, num_tokens_per_rank=4, hidden_size=8, intermediate_size=4, num_experts=5, top_k=2,
+                      routing="skewed", model_world_size=4, seed=_fresh_seed())  # fmt: skip
+    folder = tmp_path_factory.mktemp("parallel")
+    return parameters, _execute("06_expert_parallelism", parameters, folder, kernel_name), folder
+
+
+def test_parallel_live_run_matches_one_process_and_sends_the_routed_rows(parallel_run):
+    p, summary, folder = parallel_run
+    live = summary["live"]
+    assert live["sizes"] == {k: p[k] for k in ("world_size", "num_tokens_per_rank", "hidden_size", "intermediate_size",
+                                               "num_experts", "top_k", "routing")}  # fmt: skip
+    assert set(live["rel_errors"]) == set(PARALLEL_OUTPUTS)
+    assert live["max_rel_error"] == max(live["rel_errors"].values()) < 1e-10
+    partition = expert_partition(p["num_experts"], p["world_size"])
+    assert live["partition"] == [[block.start, block.stop] for block in partition] == [[0, 2], [2, 4], [4, 5]]
+    inputs = problems.make_inputs("moe_experts_backward", p["world_size"] * p["num_tokens_per_rank"], seed=p["seed"],
+                                  dtype=torch.float64, routing=p["routing"], hidden_size=p["hidden_size"],
+                                  intermediate_size=p["intermediate_size"], num_experts=p["num_experts"],
+                                  top_k=p["top_k"])  # fmt: skip
+    owner = torch.tensor([rank for rank, block in enumerate(partition) for _ in block])  # expert -> its rank
+    token_rank = inputs["topk_indices"].reshape(p["world_size"], -1)  # rank r's tokens are the r-th block
+    expected = [torch.bincount(owner[token_rank[rank]], minlength=p["world_size"]).tolist()
+                for rank in range(p["world_size"])]  # fmt: skip
+    assert live["rows_sent"] == expected
+    assert live["rows_received"] == [[row[rank] for row in expected] for rank in range(p["world_size"])]
+    for figure in summary["figures"]:
+        assert (folder / figure).read_bytes()[:4] == b"\x89PNG", figure
+
+
+def _parallel_files() -> list[Path]:
+    """The newest full-size result file of the expert-parallel benchmark per dtype, bfloat16 first."""
+    newest = {}
+    for path in sorted(H200_RESULTS.glob("*-moe_experts_parallel-*.csv")):  # dated names: the newest sorts last
+        document = json.loads(path.with_suffix(".json").read_text())
+        if not document["provenance"]["small"]:
+            newest[document["dtype"]] = path
+    return [newest[dtype] for dtype in ("bfloat16", "float32") if dtype in newest]
+
+
+def test_parallel_measured_numbers_are_those_of_the_committed_files(parallel_run):
+    _, summary, _ = parallel_run
+    measured = summary["measured"]
+    files = _parallel_files()
+    assert measured["files"] == [path.name for path in files] and files
+    for path in files:
+        frame = pd.read_csv(path).set_index("tokens_per_rank")
+        document = json.loads(path.with_suffix(".json").read_text())
+        provenance = document["provenance"]
+        assert measured["provenance"][path.name]["nccl"] == provenance["nccl"]
+        assert measured["provenance"][path.name]["git_commit"] == provenance["git_commit"]
+        cases = measured["cases"][document["dtype"]]
+        assert set(cases) == {str(t) for t in frame.index}
+        H, K = document["axes"]["hidden_size"], document["axes"]["top_k"]
+        W, E = provenance["world_size"], document["axes"]["num_experts"]
+        element = 2 if document["dtype"] == "bfloat16" else 4
+        counts = (W - 1) * (3 + -(-E // W)) * 8  # the int64 counts: 3 status columns and L_max expert columns
+        for case in document["cases"]:
+            tokens = case["tokens_per_rank"]
+            mine, row = cases[str(tokens)], frame.loc[tokens]
+            assert mine["all_to_all_share"] == pytest.approx(row["all_to_all_ms"] / row["total_ms"], rel=1e-12)
+            assert mine["total_ms"] == pytest.approx(row["total_ms"], rel=1e-12)
+            assert mine["max_rel_error"] == pytest.approx(row["max_rel_error"], rel=1e-12)
+            assert mine["correct"] == bool(row["correct"])
+            assert sum(map(sum, case["rows_sent_by_rank"])) == W * tokens * K == row["rows_sent_total"]
+            for rank in range(W):
+                out_rows = sum(case["rows_sent_by_rank"][rank]) - case["rows_sent_by_rank"][rank][rank]
+                in_rows = sum(case["rows_received_by_rank"][rank]) - case["rows_received_by_rank"][rank][rank]
+                # dispatch and backward combine carry a 4-byte routing weight (or its gradient) per row
+                sent = (out_rows + in_rows) * (2 * H * element + 4) + counts
+                seconds = case["times_by_rank"][rank]["all_to_all_ms"] / 1e3
+                assert mine["achieved_gb_per_s_out"][rank] == pytest.approx(sent / seconds / 1e9, rel=1e-9)
+        largest = cases[str(max(frame.index))]  # the model's link bandwidth: the best rank's at the largest case
+        link = summary["model"][document["dtype"]]["link_gb_per_s"]
+        assert link == pytest.approx(max(largest["achieved_gb_per_s_out"]))
 
 
 def _ordered(paths: list[Path]) -> list[Path]:

@@ -1,0 +1,701 @@
+"""The analysis behind notebook 06: the expert-parallel layer (:mod:`moe_lib.distributed`) explained,
+run live on the CPU, modelled, and measured on several GPUs.
+
+- **Live run**: :func:`run_live` spawns a small gloo group (one process per rank, ``file://`` rendezvous in a
+  temporary folder, bounded in time) that runs :func:`moe_lib.distributed.moe_experts_parallel` forward and
+  backward on float64 inputs drawn from one seed; :func:`single_process` runs ``moe_lib.moe_experts`` on the
+  same global inputs in one process, :func:`gather` puts the ranks' pieces back together to compare.
+- **Exchanges and cost model**: :func:`exchange_bytes` counts what one rank sends to and receives from the
+  other ranks in each exchange of a step, from its rows; :func:`model_step` is the cost model of a step
+  (all-to-all bytes over a link bandwidth against the expert work on a roofline).
+- **Measured runs**: :func:`load_parallel_results` reads the files of ``python -m moe_lib.distributed_bench``
+  (``data/results/<GPU>/<date>-moe_experts_parallel-<dtype>.csv`` and the JSON beside it); the tables and
+  figures are built from them.
+
+Times are in milliseconds (``*_ms``), bandwidths in B/s unless a column says GB/s (10⁹ B/s), rates in FLOP/s.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import torch
+import torch.distributed as dist
+from matplotlib import patches
+
+import moe_lib
+
+from . import problems, roofline
+from .analysis import resolve_path
+from .distributed import STATUS_COLUMNS, ExpertParallelStats, expert_partition, moe_experts_parallel
+from .distributed_bench import OUTPUT_NAMES, PROBLEM, PROBLEM_OF_DTYPE
+
+LIVE_TIMEOUT_S = 120  # the live run's ranks are stopped after this long
+GRAD_NAMES = OUTPUT_NAMES[1:]  # the gradients of hidden_states, topk_weights and the three expert weights
+TOKEN_OUTPUTS = OUTPUT_NAMES[:3]  # per token: stay on the token's rank
+EXPERT_OUTPUTS = OUTPUT_NAMES[3:]  # per expert: land on the expert's rank
+COUNT_BYTES = 8  # the counts exchange is int64
+# FLOPs per (token, slot) row, in units of H·I: the forward's g, u and down products (three GEMMs of 2·H·I) and
+# the backward's eight (moe_lib.roofline's convention for P2, its recomputed forward included)
+FORWARD_FLOPS_PER_ROW_HI = 6
+BACKWARD_FLOPS_PER_ROW_HI = 16
+STEP_FLOPS_PER_ROW_HI = FORWARD_FLOPS_PER_ROW_HI + BACKWARD_FLOPS_PER_ROW_HI
+# the expert work's DRAM traffic per step, in units of (local experts)·H·I weights and of rows·H: the forward
+# reads the three weights, the backward reads them again and writes their gradients; the forward reads the
+# received rows and writes their outputs, the backward reads dy and x rows and writes dx rows
+EXPERT_WEIGHT_PASSES = 9
+EXPERT_ROW_PASSES = 5
+PHASE_COLORS = {"all-to-all": "tab:red", "expert forward": "tab:blue", "expert backward": "tab:green",
+                "other": "tab:gray", "one GPU, same work": "tab:orange"}  # fmt: skip
+
+
+# ================================================================ the live run on CPU
+
+
+@dataclass(frozen=True)
+class LiveCase:
+    """A small expert-parallel case: every rank brings ``tokens_per_rank`` tokens; float64 throughout."""
+
+    world_size: int
+    tokens_per_rank: int
+    hidden_size: int
+    intermediate_size: int
+    num_experts: int
+    top_k: int
+    routing: str = "uniform"
+    seed: int = 0
+
+    @property
+    def partition(self) -> list[range]:
+        return expert_partition(self.num_experts, self.world_size)
+
+    def tokens_of(self, rank: int) -> slice:
+        """Rank r brings the r-th block of ``tokens_per_rank`` global tokens."""
+        return slice(rank * self.tokens_per_rank, (rank + 1) * self.tokens_per_rank)
+
+
+def live_inputs(case: LiveCase) -> dict:
+    """The global inputs of ``case`` (float64), identical in every process that draws them."""
+    return problems.make_inputs(
+        "moe_experts_backward", case.world_size * case.tokens_per_rank, seed=case.seed, dtype=torch.float64,
+        routing=case.routing, hidden_size=case.hidden_size, intermediate_size=case.intermediate_size,
+        num_experts=case.num_experts, top_k=case.top_k,
+    )  # fmt: skip
+
+
+def expected_rows_sent(topk_indices: torch.Tensor, num_experts: int, world_size: int) -> list[list[int]]:
+    """[W][W]: the (token, slot) rows rank r sends to rank s (its own rank included), when rank r holds the
+    r-th block of tokens and rank s the experts ``expert_partition(num_experts, W)[s]``."""
+    tokens_per_rank = topk_indices.shape[0] // world_size
+    table = []
+    for rank in range(world_size):
+        experts = topk_indices[rank * tokens_per_rank : (rank + 1) * tokens_per_rank].reshape(-1)
+        table.append([int(((experts >= block.start) & (experts < block.stop)).sum())
+                      for block in expert_partition(num_experts, world_size)])  # fmt: skip
+    return table
+
+
+def _live_rank(rank: int, case: LiveCase, init_file: str, folder: str) -> None:
+    """One rank of the live run: its forward and backward of the parallel layer, saved to ``folder``."""
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=case.world_size)
+        try:
+            inputs = live_inputs(case)
+            tokens, experts = case.tokens_of(rank), case.partition[rank]
+            hidden_states = inputs["hidden_states"][tokens].clone().requires_grad_()
+            topk_weights = inputs["topk_weights"][tokens].clone().requires_grad_()
+            shard = [inputs[name][experts.start : experts.stop].clone().requires_grad_()
+                     for name in ("gate_weights", "up_weights", "down_weights")]  # fmt: skip
+            stats = ExpertParallelStats()
+            output = moe_experts_parallel(hidden_states, inputs["topk_indices"][tokens], topk_weights, *shard,
+                                          impl="reference", num_experts=case.num_experts, stats=stats)  # fmt: skip
+            grads = torch.autograd.grad(output, [hidden_states, topk_weights, *shard], inputs["grad_output"][tokens])
+            results = dict(output=output.detach(), **dict(zip(GRAD_NAMES, grads, strict=True)),
+                           rows_sent=stats.rows_sent, rows_received=stats.rows_received)  # fmt: skip
+            torch.save(results, Path(folder) / f"rank{rank}.pt")
+        finally:
+            dist.destroy_process_group()
+    except BaseException:
+        (Path(folder) / f"rank{rank}.error").write_text(traceback.format_exc())
+        raise
+
+
+def run_live(case: LiveCase, timeout_s: float = LIVE_TIMEOUT_S) -> list[dict]:
+    """Runs ``case`` on ``case.world_size`` spawned gloo processes; each rank's results, in rank order.
+
+    Every process is joined, or killed once ``timeout_s`` has passed; the temporary folder (rendezvous file
+    and results) is removed. Raises RuntimeError with the failing rank's traceback if a rank fails or hangs.
+    """
+    context = multiprocessing.get_context("spawn")
+    with tempfile.TemporaryDirectory(prefix="moe-ep-live-") as folder:
+        init_file = str(Path(folder) / "init")
+        processes = [context.Process(target=_live_rank, args=(rank, case, init_file, folder), daemon=True)
+                     for rank in range(case.world_size)]  # fmt: skip
+        try:
+            for process in processes:
+                process.start()
+            deadline = time.monotonic() + timeout_s
+            for process in processes:
+                process.join(timeout=max(0.0, deadline - time.monotonic()))
+        finally:
+            hung = [rank for rank, process in enumerate(processes) if process.is_alive()]
+            for process in processes:
+                if process.is_alive():
+                    process.kill()
+                    process.join()
+        errors = {rank: (Path(folder) / f"rank{rank}.error").read_text()
+                  for rank in range(case.world_size) if (Path(folder) / f"rank{rank}.error").is_file()}  # fmt: skip
+        if errors or hung or any(process.exitcode != 0 for process in processes):
+            stopped = f"ranks {hung} stopped after {timeout_s} s; " if hung else ""
+            detail = "".join(f"\nrank {rank}:\n{text}" for rank, text in errors.items())
+            raise RuntimeError(f"the live run failed ({stopped}exit codes {[p.exitcode for p in processes]}){detail}")
+        return [torch.load(Path(folder) / f"rank{rank}.pt") for rank in range(case.world_size)]
+
+
+def single_process(case: LiveCase) -> dict[str, torch.Tensor]:
+    """``moe_lib.moe_experts`` forward and backward on the global inputs, in this process: output and gradients."""
+    inputs = live_inputs(case)
+    leaves = [inputs[name].clone().requires_grad_()
+              for name in ("hidden_states", "topk_weights", "gate_weights", "up_weights", "down_weights")]  # fmt: skip
+    x, w, gate, up, down = leaves
+    output = moe_lib.moe_experts(x, inputs["topk_indices"], w, gate, up, down, impl="reference")
+    grads = torch.autograd.grad(output, leaves, inputs["grad_output"])
+    return dict(output=output.detach(), **dict(zip(GRAD_NAMES, grads, strict=True)))
+
+
+def gather(per_rank: list[dict]) -> dict[str, torch.Tensor]:
+    """The ranks' outputs put together in rank order: the token outputs (ranks hold consecutive token blocks)
+    and the expert-weight gradients (ranks hold consecutive expert blocks) as the global tensors."""
+    return {name: torch.cat([results[name] for results in per_rank]) for name in OUTPUT_NAMES}
+
+
+def relative_errors(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> dict[str, float]:
+    """‖got − want‖ / ‖want‖ per output, in float64."""
+    errors = {}
+    for name in OUTPUT_NAMES:
+        diff, scale = (got[name].double() - want[name].double()).norm().item(), want[name].double().norm().item()
+        errors[name] = diff / scale if scale > 0 else diff
+    return errors
+
+
+def partition_table(cases) -> pd.DataFrame:
+    """``expert_partition(E, W)`` for each (E, W) of ``cases``: the experts each rank holds."""
+    rows = []
+    for num_experts, world_size in cases:
+        blocks = expert_partition(num_experts, world_size)
+        rows.append({"E": num_experts, "W": world_size,
+                     "experts per rank": " · ".join(str(len(block)) for block in blocks),
+                     "blocks (global ids)": " · ".join(f"{b.start}–{b.stop - 1}" if len(b) else "none"
+                                                       for b in blocks)})  # fmt: skip
+    return pd.DataFrame(rows).set_index(["E", "W"])
+
+
+# ================================================================ exchanges and the cost model
+
+
+def exchange_bytes(rows_sent: list[int], rows_received: list[int], rank: int, *, hidden_size: int,
+                   element_bytes: int, weight_bytes: int, max_local_experts: int) -> pd.DataFrame:  # fmt: skip
+    """What ``rank`` sends to and receives from the *other* ranks in each exchange of one forward + backward
+    step, from its rows (``ExpertParallelStats.rows_sent`` / ``rows_received``; the chunk to itself is a local
+    copy and not counted). S = rows to other ranks, R = rows from them; a hidden-state row is H·b bytes, a
+    routing weight (or its gradient) ``weight_bytes``; the counts are int64 [3 + L_max] per rank."""
+    world_size = len(rows_sent)
+    out_rows = sum(n for s, n in enumerate(rows_sent) if s != rank)
+    in_rows = sum(n for s, n in enumerate(rows_received) if s != rank)
+    row, row_and_weight = hidden_size * element_bytes, hidden_size * element_bytes + weight_bytes
+    counts = (world_size - 1) * (len(STATUS_COLUMNS) + max_local_experts) * COUNT_BYTES
+    table = [
+        ("counts_exchange", "forward", "status and rows per local expert, int64 [W, 3 + L_max]",
+         world_size - 1, counts, world_size - 1, counts),
+        ("dispatch", "forward", "hidden-state rows [S, H] and their routing weights [S]",
+         out_rows, out_rows * row_and_weight, in_rows, in_rows * row_and_weight),
+        ("combine", "forward", "weighted expert outputs [R, H] back to the token's rank",
+         in_rows, in_rows * row, out_rows, out_rows * row),
+        ("backward_dispatch", "backward", "output-gradient rows [S, H] to the expert's rank",
+         out_rows, out_rows * row, in_rows, in_rows * row),
+        ("backward_combine", "backward", "hidden-state gradient rows [R, H] and routing-weight gradients [R]",
+         in_rows, in_rows * row_and_weight, out_rows, out_rows * row_and_weight),
+    ]  # fmt: skip
+    columns = ["exchange", "pass", "what", "rows out", "bytes out", "rows in", "bytes in"]
+    return pd.DataFrame(table, columns=columns).set_index("exchange")
+
+
+def model_step(tokens_per_rank, *, world_size: int, hidden_size: int, intermediate_size: int, num_experts: int,
+               top_k: int, element_bytes: int, weight_bytes: int, link_bandwidth: float, flops_rate: float,
+               memory_bandwidth: float | None = None) -> dict:  # fmt: skip
+    """The cost model of one forward + backward step on one rank, under balanced routing (every rank sends
+    and receives T_r·K rows, a fraction (W − 1)/W of them to or from other ranks); arrays over
+    ``tokens_per_rank``:
+
+    - ``all_to_all_bytes`` = T_r·K·(W−1)/W · (4·H·b + 2·b_w) (the counts exchange left out);
+    - ``expert_flops`` = 22·T_r·K·H·I (forward 6, backward 16);
+    - ``expert_bytes`` = 9·L·H·I·b + 5·T_r·K·H·b with L = ⌈E/W⌉ local experts;
+    - ``all_to_all_s`` = bytes / link_bandwidth; ``expert_s`` = max(FLOPs / flops_rate, bytes /
+      memory_bandwidth) (the FLOPs alone when ``memory_bandwidth`` is None);
+    - ``share`` = all_to_all_s / (all_to_all_s + expert_s): the exchanges and the expert work run one after
+      the other, and the rest of the step (row gathers, sums over K, the host read) is left out.
+    """
+    tokens = np.asarray(tokens_per_rank, dtype=float)
+    rows = tokens * top_k
+    remote = rows * (world_size - 1) / world_size
+    all_to_all_bytes = remote * (4 * hidden_size * element_bytes + 2 * weight_bytes)
+    expert_flops = STEP_FLOPS_PER_ROW_HI * rows * hidden_size * intermediate_size
+    local_experts = -(-num_experts // world_size)
+    expert_bytes = (EXPERT_WEIGHT_PASSES * local_experts * hidden_size * intermediate_size * element_bytes
+                    + EXPERT_ROW_PASSES * rows * hidden_size * element_bytes)  # fmt: skip
+    all_to_all_s = all_to_all_bytes / link_bandwidth
+    expert_s = expert_flops / flops_rate
+    if memory_bandwidth is not None:
+        expert_s = np.maximum(expert_s, expert_bytes / memory_bandwidth)
+    return dict(tokens_per_rank=tokens, all_to_all_bytes=all_to_all_bytes, expert_flops=expert_flops,
+                expert_bytes=expert_bytes, all_to_all_s=all_to_all_s, expert_s=expert_s,
+                share=all_to_all_s / (all_to_all_s + expert_s))  # fmt: skip
+
+
+def asymptotic_share(*, world_size: int, intermediate_size: int, element_bytes: int, link_bandwidth: float,
+                     flops_rate: float) -> float:  # fmt: skip
+    """The model's share at large T_r (compute-bound, routing weights neglected): with
+    ρ = 4·b·(W−1)/W · F / (22 · I · B_link), share = ρ / (1 + ρ). H and T_r cancel."""
+    ratio = (4 * element_bytes * (world_size - 1) / world_size * flops_rate
+             / (STEP_FLOPS_PER_ROW_HI * intermediate_size * link_bandwidth))  # fmt: skip
+    return ratio / (1 + ratio)
+
+
+def model_curves(runs: dict, *, gpu_key: str, extra_world_size: int, tokens_grid) -> tuple[dict, dict]:
+    """The cost model over ``tokens_grid`` for each measured run (dtype), with the run's shapes and the link
+    bandwidth it achieved (the best rank's at its largest token count): experts at the rate the run measured
+    there (the run's world size), and at the datasheet roofline of ``gpu_key`` (bf16 tensor rate and HBM
+    bandwidth; the run's world size and ``extra_world_size``) when :data:`moe_lib.roofline.GPUS` has it.
+
+    Returns (curves: dtype → {label: :func:`model_step` result}, summary: dtype → the link bandwidth in GB/s,
+    the measured expert rate in TFLOP/s and the large-T_r share of each curve)."""
+    spec = roofline.GPUS.get(gpu_key)
+    curves, summary = {}, {}
+    for dtype, run in runs.items():
+        largest = max(run.cases)
+        link = bandwidth_table(run).loc[largest, "GB/s out"].max() * 1e9
+        measured_rate = expert_rate_table(run).loc[largest, "TFLOP/s"].max() * 1e12
+        settings = {f"W = {run.world_size}, experts at the measured {measured_rate / 1e12:.0f} TFLOP/s":
+                    dict(world_size=run.world_size, flops_rate=measured_rate)}  # fmt: skip
+        if spec is not None:
+            for world_size in dict.fromkeys((run.world_size, extra_world_size)):
+                settings[f"W = {world_size}, experts at the {gpu_key} roofline"] = dict(
+                    world_size=world_size, flops_rate=spec.bf16_dense_flops, memory_bandwidth=spec.dram_bandwidth
+                )
+        shapes = dict(hidden_size=run.axes["hidden_size"], intermediate_size=run.axes["intermediate_size"],
+                      num_experts=run.axes["num_experts"], top_k=run.axes["top_k"], element_bytes=run.element_bytes,
+                      weight_bytes=run.weight_bytes, link_bandwidth=link)  # fmt: skip
+        curves[dtype] = {label: model_step(tokens_grid, **shapes, **s) for label, s in settings.items()}
+        intermediate_size = run.axes["intermediate_size"]
+        asymptotes = {
+            label: asymptotic_share(world_size=s["world_size"], intermediate_size=intermediate_size,
+                                    element_bytes=run.element_bytes, link_bandwidth=link, flops_rate=s["flops_rate"])
+            for label, s in settings.items()
+        }  # fmt: skip
+        summary[dtype] = dict(tokens_per_rank=largest, link_gb_per_s=link / 1e9, asymptotic_share=asymptotes,
+                              measured_expert_tflop_per_s=measured_rate / 1e12)  # fmt: skip
+    return curves, summary
+
+
+# ================================================================ measured runs
+
+
+@dataclass(frozen=True)
+class ParallelRun:
+    """One run of ``moe_lib.distributed_bench`` for one dtype: its CSV (one row per token count) and JSON."""
+
+    csv: Path
+    frame: pd.DataFrame = field(repr=False)
+    meta: dict = field(repr=False)
+
+    @property
+    def dtype(self) -> str:
+        return self.meta["dtype"]
+
+    @property
+    def provenance(self) -> dict:
+        return self.meta.get("provenance", {})
+
+    @property
+    def axes(self) -> dict:
+        return dict(self.meta["axes"])
+
+    @property
+    def date(self) -> str:
+        return self.csv.stem[:10]
+
+    @property
+    def world_size(self) -> int:
+        return int(self.provenance.get("world_size") or self.frame["world_size"].iloc[0])
+
+    @property
+    def gpu_key(self) -> str:
+        return self.provenance.get("gpu_key") or self.csv.parent.name
+
+    @property
+    def element_bytes(self) -> int:
+        return getattr(torch, self.dtype).itemsize
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of one routing weight (and of its gradient): the problem definition's topk_weights dtype."""
+        name = problems.load(PROBLEM_OF_DTYPE[self.dtype]).inputs["topk_weights"]["dtype"]
+        return problems.DTYPES[name].itemsize
+
+    @property
+    def cases(self) -> dict[int, dict]:
+        """The JSON's per-case details (rows and per-rank medians) by tokens per rank."""
+        return {int(case["tokens_per_rank"]): case for case in self.meta["cases"]}
+
+    @property
+    def ok(self) -> pd.DataFrame:
+        """The CSV's rows that were timed, indexed by tokens per rank."""
+        return self.frame[self.frame["status"].str.startswith(("ok", "timed"))].set_index("tokens_per_rank")
+
+
+def load_parallel_results(results_dir="data/results", gpu_key: str = "H200") -> dict[str, ParallelRun]:
+    """The newest full-size run of each dtype in ``<results_dir>/<gpu_key>/`` (``results_dir`` relative to the
+    repository root unless absolute), keyed by dtype, bfloat16 first."""
+    folder = resolve_path(results_dir) / gpu_key
+    newest: dict[str, ParallelRun] = {}
+    for csv_path in sorted(folder.glob(f"*-{PROBLEM}-*.csv")):
+        json_path = csv_path.with_suffix(".json")
+        if not json_path.is_file():
+            continue
+        meta = json.loads(json_path.read_text())
+        if meta.get("problem") != PROBLEM or meta.get("provenance", {}).get("small"):
+            continue
+        run = ParallelRun(csv=csv_path, frame=pd.read_csv(csv_path), meta=meta)
+        if run.dtype not in newest or run.date >= newest[run.dtype].date:
+            newest[run.dtype] = run
+    if not newest:
+        raise FileNotFoundError(f"no {PROBLEM} results (CSV with its JSON) in {folder}")
+    return {dtype: newest[dtype] for dtype in sorted(newest, key=list(PROBLEM_OF_DTYPE).index)}
+
+
+def provenance_table(runs: dict[str, ParallelRun]) -> pd.DataFrame:
+    """Where, when and with what each file was measured: one column per file."""
+    rows = {}
+    for run in runs.values():
+        p = run.provenance
+        environment = p.get("environment") or {}
+        rows[run.csv.name] = {
+            "dtype": run.dtype,
+            "GPU": f"{p.get('gpu_name')} × {run.world_size}",
+            "driver": p.get("driver_version"),
+            "torch": p.get("torch"),
+            "CUDA": p.get("cuda"),
+            "NCCL": p.get("nccl"),
+            "triton": p.get("triton"),
+            "backend": p.get("backend"),
+            "world size": run.world_size,
+            "commit": (p.get("git_commit") or "unknown")[:10],
+            "date (UTC)": p.get("date_utc"),
+            "shapes": ", ".join(f"{k} {v}" for k, v in run.axes.items()),
+            "tokens per rank": ", ".join(str(t) for t in run.cases),
+            "routing · impl · seed": f"{p.get('routing')} · {p.get('impl')} · {p.get('seed')}",
+            "warm-up / reps": f"{p.get('warmup')} / {p.get('reps')}",
+            "environment": " ".join(f"{k}={v}" for k, v in environment.items() if v is not None),
+            "command": p.get("command"),
+        }
+    return pd.DataFrame.from_dict(rows, orient="index").T
+
+
+def measured_table(run: ParallelRun) -> pd.DataFrame:
+    """The CSV's times per token count (each the largest per-rank median, ms), the all-to-all share of the
+    step, the "one GPU, same work" time over the parallel layer's expert time, and correctness."""
+    ok = run.ok
+    return pd.DataFrame({
+        "total": ok["total_ms"],
+        "all-to-all": ok["all_to_all_ms"],
+        "expert fwd": ok["expert_forward_ms"],
+        "expert bwd": ok["expert_backward_ms"],
+        "other": ok["other_ms"],
+        "one GPU, same work": ok["single_gpu_same_work_ms"],
+        "all-to-all share": ok["all_to_all_ms"] / ok["total_ms"],
+        "one GPU / expert": ok["single_gpu_same_work_ms"] / ok["expert_ms"],
+        "max rel. error": ok["max_rel_error"],
+        "correct": ok["correct"],
+    }).rename_axis("tokens / rank")  # fmt: skip
+
+
+def error_table(runs: dict[str, ParallelRun]) -> pd.DataFrame:
+    """‖parallel − one GPU‖/‖one GPU‖ of each output (rows) per dtype and token count (columns), and the
+    run's bound for "correct"."""
+    columns = {}
+    for run in runs.values():
+        bound = (run.provenance.get("correct_rel_error") or {}).get(run.dtype, math.nan)
+        for tokens, row in run.ok.iterrows():
+            errors = {name: row[f"rel_error_{name}"] for name in OUTPUT_NAMES}
+            columns[(run.dtype, tokens)] = {**errors, "bound": bound}
+    table = pd.DataFrame(columns)
+    table.columns.names = ["dtype", "tokens / rank"]
+    return table
+
+
+def measured_summary(run: ParallelRun) -> dict:
+    """Per token count (as a string): the CSV's total and all-to-all time, the all-to-all share, the "one
+    GPU, same work" time, the correctness, and each rank's achieved bandwidth out (GB/s)."""
+    ok, bandwidth = run.ok, bandwidth_table(run)
+    return {
+        str(tokens): {
+            "total_ms": float(row["total_ms"]),
+            "all_to_all_ms": float(row["all_to_all_ms"]),
+            "all_to_all_share": float(row["all_to_all_ms"] / row["total_ms"]),
+            "single_gpu_same_work_ms": float(row["single_gpu_same_work_ms"]),
+            "max_rel_error": float(row["max_rel_error"]),
+            "correct": bool(row["correct"]),
+            "achieved_gb_per_s_out": [float(v) for v in bandwidth.loc[tokens, "GB/s out"]],
+        }
+        for tokens, row in ok.iterrows()
+    }
+
+
+def provenance_summary(run: ParallelRun) -> dict:
+    """The provenance entries that identify a run: GPU, driver, versions, world size, commit, date."""
+    keys = ("gpu_name", "driver_version", "torch", "cuda", "nccl", "world_size", "backend", "git_commit", "date_utc")
+    return {key: run.provenance.get(key) for key in keys}
+
+
+def per_rank_table(run: ParallelRun) -> pd.DataFrame:
+    """Each rank's medians (ms) per token count, from the JSON: the phases add up to the rank's total
+    (up to the medians being taken per metric), which the CSV's largest-over-ranks columns need not."""
+    rows = []
+    for tokens, case in run.cases.items():
+        for rank, times in enumerate(case.get("times_by_rank", [])):
+            rows.append({"tokens / rank": tokens, "rank": rank, "total": times["total_ms"],
+                         "all-to-all": times["all_to_all_ms"], "expert fwd": times["expert_forward_ms"],
+                         "expert bwd": times["expert_backward_ms"], "other": times["other_ms"],
+                         "one GPU, same work": case["single_gpu_same_work_ms_by_rank"][rank],
+                         "rows received": sum(case["rows_received_by_rank"][rank])})  # fmt: skip
+    return pd.DataFrame(rows).set_index(["tokens / rank", "rank"])
+
+
+def bandwidth_table(run: ParallelRun) -> pd.DataFrame:
+    """Per token count and rank: the bytes the rank sent to and received from the other ranks in one step
+    (:func:`exchange_bytes` on its rows), its all-to-all time, and the achieved bandwidth."""
+    max_local = max(len(block) for block in expert_partition(run.axes["num_experts"], run.world_size))
+    rows = []
+    for tokens, case in run.cases.items():
+        for rank, times in enumerate(case.get("times_by_rank", [])):
+            exchanges = exchange_bytes(case["rows_sent_by_rank"][rank], case["rows_received_by_rank"][rank], rank,
+                                       hidden_size=run.axes["hidden_size"], element_bytes=run.element_bytes,
+                                       weight_bytes=run.weight_bytes, max_local_experts=max_local)  # fmt: skip
+            out_bytes, in_bytes = int(exchanges["bytes out"].sum()), int(exchanges["bytes in"].sum())
+            seconds = times["all_to_all_ms"] / 1e3
+            rows.append({"tokens / rank": tokens, "rank": rank, "GB out": out_bytes / 1e9, "GB in": in_bytes / 1e9,
+                         "all-to-all ms": times["all_to_all_ms"], "GB/s out": out_bytes / seconds / 1e9,
+                         "GB/s out + in": (out_bytes + in_bytes) / seconds / 1e9})  # fmt: skip
+    return pd.DataFrame(rows).set_index(["tokens / rank", "rank"])
+
+
+def expert_rate_table(run: ParallelRun) -> pd.DataFrame:
+    """Per token count and rank: the expert work's FLOPs (22 · rows received · H · I) over its measured
+    time (forward + backward), in TFLOP/s."""
+    H, I = run.axes["hidden_size"], run.axes["intermediate_size"]
+    rows = []
+    for tokens, case in run.cases.items():
+        for rank, times in enumerate(case.get("times_by_rank", [])):
+            flops = STEP_FLOPS_PER_ROW_HI * sum(case["rows_received_by_rank"][rank]) * H * I
+            rows.append({"tokens / rank": tokens, "rank": rank, "TFLOP": flops / 1e12, "expert ms": times["expert_ms"],
+                         "TFLOP/s": flops / (times["expert_ms"] / 1e3) / 1e12})  # fmt: skip
+    return pd.DataFrame(rows).set_index(["tokens / rank", "rank"])
+
+
+def all_to_all_anomalies(run: ParallelRun) -> list[str]:
+    """The token counts whose all-to-all time (CSV) is larger than at the next larger count, each with what
+    the per-rank medians show: every rank's all-to-all and expert forward time."""
+    ok = run.ok.sort_index()
+    notes = []
+    for smaller, larger in zip(ok.index[:-1], ok.index[1:], strict=True):
+        if ok.loc[smaller, "all_to_all_ms"] <= ok.loc[larger, "all_to_all_ms"]:
+            continue
+        ranks = run.cases[int(smaller)].get("times_by_rank", [])
+        per_rank = "; ".join(f"rank {r}: all-to-all {t['all_to_all_ms']:.2f} ms, expert forward "
+                             f"{t['expert_forward_ms']:.2f} ms" for r, t in enumerate(ranks))  # fmt: skip
+        notes.append(f"{run.dtype}, {smaller} tokens/rank: all-to-all {ok.loc[smaller, 'all_to_all_ms']:.2f} ms, more "
+                     f"than the {ok.loc[larger, 'all_to_all_ms']:.2f} ms at {larger} ({per_rank})")  # fmt: skip
+    return notes
+
+
+def wait_table(run: ParallelRun) -> pd.DataFrame:
+    """Per token count and rank: how much longer the rank's all-to-all took than the fastest rank's, beside
+    how much less local work (expert forward + backward + other) it had than the slowest rank. An exchange
+    cannot finish on one rank before every rank has reached it, so a rank with less work waits inside it."""
+    rows = []
+    for tokens, case in run.cases.items():
+        times = case.get("times_by_rank", [])
+        if not times:
+            continue
+        work = [t["expert_ms"] + t["other_ms"] for t in times]
+        fastest = min(t["all_to_all_ms"] for t in times)
+        for rank, t in enumerate(times):
+            rows.append({"tokens / rank": tokens, "rank": rank, "all-to-all": t["all_to_all_ms"],
+                         "local work": work[rank], "all-to-all − fastest rank's": t["all_to_all_ms"] - fastest,
+                         "slowest rank's work − own": max(work) - work[rank]})  # fmt: skip
+    return pd.DataFrame(rows).set_index(["tokens / rank", "rank"])
+
+
+def styled_measured(run: ParallelRun):
+    """:func:`measured_table` formatted, with the file it comes from as the caption."""
+    table = measured_table(run)
+    formats = {name: "{:.2f}" for name in ("total", "all-to-all", "expert fwd", "expert bwd", "other",
+                                           "one GPU, same work")}  # fmt: skip
+    formats.update({"all-to-all share": "{:.1%}", "one GPU / expert": "{:.2f}×", "max rel. error": "{:.1e}"})
+    caption = (f"{run.csv.name}: ms, each column the largest median over the {run.world_size} ranks "
+               "(so the phases need not add up to the total)")  # fmt: skip
+    return table.style.format(formats).set_caption(caption)
+
+
+# ================================================================ figures
+
+
+def rows_matrix(ax, matrix, title: str) -> None:
+    """A W × W matrix of rows sent (source rank down, destination rank across), numbers in the cells."""
+    matrix = np.asarray(matrix)
+    ax.imshow(matrix, cmap="Blues", vmin=0, vmax=max(1, matrix.max()) * 2.5)
+    size = len(matrix)
+    for r in range(size):
+        for s in range(size):
+            ax.text(s, r, f"{matrix[r, s]:,}", ha="center", va="center", fontsize=9,
+                    weight="bold" if r == s else "normal")  # fmt: skip
+    ax.set(xticks=range(size), yticks=range(size), xlabel="to rank (holds the expert)",
+           ylabel="from rank (holds the token)")  # fmt: skip
+    ax.set_title(title, fontsize=9)
+
+
+def rows_figure(matrices: dict[str, list[list[int]]]):
+    """One rows-sent matrix per entry (title → matrix); the diagonal (bold) is each rank's own experts."""
+    fig, axes = plt.subplots(1, len(matrices), figsize=(3.6 * len(matrices), 3.6), layout="constrained")
+    for ax, (title, matrix) in zip(np.atleast_1d(axes), matrices.items(), strict=True):
+        rows_matrix(ax, matrix, title)
+    return fig
+
+
+def _format_bytes(value: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{value:.0f} B"
+
+
+def exchange_diagram(*, tokens_per_rank: int, world_size: int, hidden_size: int, intermediate_size: int,
+                     num_experts: int, top_k: int, element_bytes: int, weight_bytes: int):  # fmt: skip
+    """One step in two panels, forward above and backward below, each with the token's rank's lane above
+    the expert's rank's: the exchanges (arrows, with the bytes one rank sends to the other ranks under
+    balanced routing) and the local work (boxes)."""
+    rows = tokens_per_rank * top_k
+    remote = rows * (world_size - 1) / world_size
+    local = -(-num_experts // world_size)
+    row, row_w = hidden_size * element_bytes, hidden_size * element_bytes + weight_bytes
+    counts = (world_size - 1) * (len(STATUS_COLUMNS) + local) * COUNT_BYTES
+    fig, (forward, backward) = plt.subplots(2, 1, figsize=(13, 6.8))
+    top, bottom = 3.0, 0.8
+
+    def lanes(ax, title):
+        ax.set(xlim=(0, 12.4), ylim=(0.1, 4.0))
+        ax.axis("off")
+        ax.set_title(title, fontsize=11, weight="bold", loc="left")
+        ax.text(0.05, top, "token's rank\n(T_r tokens)", ha="left", va="center", fontsize=9.5, weight="bold")
+        ax.text(0.05, bottom, "expert's rank\n(L experts)", ha="left", va="center", fontsize=9.5, weight="bold")
+
+    def box(ax, x, y, text, color, width):
+        ax.add_patch(patches.FancyBboxPatch((x - width / 2, y - 0.5), width, 1.0, boxstyle="round,pad=0.05",
+                                            facecolor=color, alpha=0.2, edgecolor=color))  # fmt: skip
+        ax.text(x, y, text, ha="center", va="center", fontsize=9)
+
+    def exchange(ax, x, down, text, color="tab:red", both=False):
+        start, end = (top - 0.55, bottom + 0.55) if down else (bottom + 0.55, top - 0.55)
+        style = "<|-|>" if both else "-|>"
+        ax.annotate("", (x, end), (x, start), arrowprops=dict(arrowstyle=style, color=color, lw=2))
+        ax.text(x + 0.1, (top + bottom) / 2, text, ha="left", va="center", fontsize=9, color=color)
+
+    lanes(forward, "forward")
+    box(forward, 2.7, top, f"rows sorted by expert\nN = T_r·K = {rows:,}", "tab:gray", 2.2)
+    exchange(forward, 4.1, True, f"counts\nint64 [W, 3+L]\n{_format_bytes(counts)}", "tab:purple", both=True)
+    exchange(forward, 5.9, True, f"dispatch\nx [S, H], w [S]\n{_format_bytes(remote * row_w)}")
+    box(forward, 8.4, bottom, "local experts\nw · Wd(silu(Wg x) ⊙ Wu x)\n[R, H]", "tab:blue", 2.8)
+    exchange(forward, 9.9, False, f"combine\n[R, H]\n{_format_bytes(remote * row)}")
+    box(forward, 11.4, top, "y_t = Σ_k rows\n[T_r, H]", "tab:gray", 1.7)
+
+    lanes(backward, "backward: the adjoints, in reverse order")
+    box(backward, 2.7, top, "dy copied to each\ntoken's K rows [N, H]", "tab:gray", 2.2)
+    exchange(backward, 4.1, True, f"backward dispatch\ndy [S, H]\n{_format_bytes(remote * row)}")
+    box(backward, 7.2, bottom, "moe_experts_backward\ndX [R, H], dw [R]; dW_e (stay here)", "tab:green", 3.6)
+    exchange(backward, 9.3, False, f"backward combine\ndX [R, H], dw [R]\n{_format_bytes(remote * row_w)}")
+    box(backward, 11.4, top, "dx_t = Σ_k dX rows\ndw in slot order", "tab:gray", 1.7)
+
+    fig.text(0.01, 0.01, f"T_r = {tokens_per_rank:,} tokens per rank, W = {world_size}, H = {hidden_size}, "
+             f"I = {intermediate_size}, E = {num_experts} (L = {local} per rank), K = {top_k}; {element_bytes}-byte "
+             f"rows, {weight_bytes}-byte routing weights.\nBytes: what one rank sends to the other ranks in each "
+             f"exchange, with S = R = T_r·K·(W−1)/W = {remote:,.0f} rows (balanced routing).", fontsize=9)  # fmt: skip
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    return fig
+
+
+def measured_figure(runs: dict[str, ParallelRun]):
+    """Per dtype (rows) and token count (columns): each rank's step split into all-to-all, expert forward,
+    expert backward and other (its medians, from the JSON), beside the rank's "one GPU, same work" time."""
+    ncols = max(len(run.cases) for run in runs.values())
+    fig, axes = plt.subplots(len(runs), ncols, figsize=(3.9 * ncols, 3.6 * len(runs)), squeeze=False,
+                             layout="constrained")  # fmt: skip
+    phases = {"all-to-all": "all_to_all_ms", "expert forward": "expert_forward_ms",
+              "expert backward": "expert_backward_ms", "other": "other_ms"}  # fmt: skip
+    for row_axes, run in zip(axes, runs.values(), strict=True):
+        for ax, (tokens, case) in zip(row_axes, run.cases.items(), strict=False):
+            for rank, times in enumerate(case.get("times_by_rank", [])):
+                x = 2.6 * rank
+                bottom = 0.0
+                for label, key in phases.items():
+                    ax.bar(x, times[key], bottom=bottom, color=PHASE_COLORS[label], width=0.9,
+                           label=label if rank == 0 else None)  # fmt: skip
+                    bottom += times[key]
+                ax.bar(x + 1, case["single_gpu_same_work_ms_by_rank"][rank], color=PHASE_COLORS["one GPU, same work"],
+                       width=0.9, hatch="//", label="one GPU, same work" if rank == 0 else None)  # fmt: skip
+            ranks = len(case.get("times_by_rank", []))
+            ax.set_xticks([2.6 * r + dx for r in range(ranks) for dx in (0, 1)],
+                          [f"rank {r}\nparallel" if dx == 0 else f"rank {r}\none GPU" for r in range(ranks)
+                           for dx in (0, 1)], fontsize=8)  # fmt: skip
+            ax.set_title(f"{run.dtype} · {tokens} tokens / rank", fontsize=10)
+            ax.set_ylabel("ms (median)")
+            ax.grid(axis="y", alpha=0.3)
+        for ax in row_axes[len(run.cases) :]:
+            ax.axis("off")
+    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="outside lower center", ncols=len(PHASE_COLORS),
+               fontsize=9)  # fmt: skip
+    first = next(iter(runs.values()))
+    fig.suptitle(f"{PROBLEM} on {first.world_size} × {first.gpu_key}: forward + backward per rank", fontsize=11)
+    return fig
+
+
+def share_figure(curves: dict[str, dict], measured: dict[str, pd.Series]):
+    """The cost model's all-to-all share against tokens per rank (one panel per dtype): ``curves`` maps
+    dtype → {label: :func:`model_step` result}; ``measured`` maps dtype → the measured shares by token count."""
+    fig, axes = plt.subplots(1, len(curves), figsize=(6.5 * len(curves), 4.2), squeeze=False, layout="constrained")
+    styles = ["-", "--", ":", "-."]
+    for ax, (dtype, by_label) in zip(axes[0], curves.items(), strict=True):
+        for style, (label, model) in zip(styles, by_label.items(), strict=False):
+            ax.plot(model["tokens_per_rank"], model["share"], linestyle=style, color="black", label=label)
+        if dtype in measured:
+            shares = measured[dtype]
+            ax.plot(shares.index, shares.values, "o", color=PHASE_COLORS["all-to-all"], markersize=8,
+                    label="measured: all-to-all / total (CSV)")  # fmt: skip
+        highest = max([float(np.max(model["share"])) for model in by_label.values()]
+                      + [float(measured[dtype].max()) if dtype in measured else 0.0])  # fmt: skip
+        ax.set_xscale("log", base=2)
+        ax.set(xlabel="tokens per rank T_r", ylabel="all-to-all share of the step", title=dtype,
+               ylim=(0, min(1.0, 1.6 * highest)))  # fmt: skip
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8, loc="upper left")
+    return fig
