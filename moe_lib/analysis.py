@@ -29,7 +29,8 @@ import numpy as np
 import pandas as pd
 from matplotlib import patches
 
-from . import peers, problems, roofline
+from . import bench, peers, problems, roofline
+from .bench import geomean
 
 ROOT = problems.DATA_DIR.parent
 RESULTS_DIR = problems.DATA_DIR / "results"
@@ -61,23 +62,9 @@ def resolve_path(path) -> Path:
     return path if path.is_absolute() else ROOT / path
 
 
-def geomean(values) -> float:
-    """Geometric mean of positive values (NaN when empty or when any is not positive)."""
-    values = [float(v) for v in values]
-    if not values or any(not v > 0 for v in values):
-        return math.nan
-    return math.exp(sum(math.log(v) for v in values) / len(values))
-
-
 def format_ms(ms) -> str:
     """A time in ms as "12.3 µs", "4.56 ms" or "1.23 s"; "–" when missing."""
-    if ms is None or pd.isna(ms):
-        return "–"
-    if ms < 1:
-        return f"{ms * 1e3:.1f} µs"
-    if ms < 1000:
-        return f"{ms:.2f} ms"
-    return f"{ms / 1e3:.2f} s"
+    return bench.format_ms(ms, missing="–")
 
 
 # ================================================================ measured results

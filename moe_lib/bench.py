@@ -407,6 +407,7 @@ def run_case_impl(peer: peers.Peer | None, label: str, inputs: dict, references:
 
 
 def geomean(values) -> float:
+    """Geometric mean of positive values (NaN when empty or when any is not positive)."""
     values = [float(v) for v in values]
     if not values or any(not v > 0 for v in values):
         return math.nan
@@ -517,9 +518,10 @@ def _json_ready(value):
     return value
 
 
-def _format_ms(ms) -> str:
+def format_ms(ms, missing: str = "-") -> str:
+    """A time in ms as "12.3 µs", "4.56 ms" or "1.23 s"; ``missing`` when there is none."""
     if ms is None or pd.isna(ms):
-        return "-"
+        return missing
     if ms < 1:
         return f"{ms * 1e3:.1f} µs"
     if ms < 1000:
@@ -534,7 +536,7 @@ def _is_false(value) -> bool:
 def _cell(row) -> str:
     status = row["status"]
     if status == "ok":
-        return _format_ms(row["median_ms"]) + (" *" if _is_false(row["passes_element_rule"]) else "")
+        return format_ms(row["median_ms"]) + (" *" if _is_false(row["passes_element_rule"]) else "")
     return status.split(":")[0].upper()
 
 
@@ -545,10 +547,10 @@ def format_tables(frame: pd.DataFrame, summary: dict, baseline: dict, title: str
     order = list(dict.fromkeys(frame["num_tokens"]))
     per_case = per_case.reindex(index=order, columns=list(dict.fromkeys(frame["impl"])))
     sol = frame.drop_duplicates("num_tokens").set_index("num_tokens")["sol_ms"].reindex(order)
-    per_case["sol (measured)"] = sol.map(_format_ms)
+    per_case["sol (measured)"] = sol.map(format_ms)
     rows = []
     for label, s in summary.items():
-        rows.append(dict(impl=label, geomean=_format_ms(s["geomean_ms"]),
+        rows.append(dict(impl=label, geomean=format_ms(s["geomean_ms"]),
                          roofline_fraction="-" if pd.isna(s["geomean_ms"]) else f"{s['roofline_fraction']:.3f}",
                          score="-" if s["sol_score"] is None else f"{s['sol_score']:.3f}",
                          all_correct=s["all_correct"], element_rule=s["passes_element_rule"],
@@ -557,8 +559,8 @@ def format_tables(frame: pd.DataFrame, summary: dict, baseline: dict, title: str
     lines = [title, "", per_case.to_string(), "", table.to_string()]
     base = baseline["impl"]
     if base:
-        lines.append(f"score baseline: {base} ({_format_ms(baseline['geomean_ms'])} geomean), "
-                     f"T_sol geomean {_format_ms(baseline['sol_geomean_ms'])}")  # fmt: skip
+        lines.append(f"score baseline: {base} ({format_ms(baseline['geomean_ms'])} geomean), "
+                     f"T_sol geomean {format_ms(baseline['sol_geomean_ms'])}")  # fmt: skip
     else:
         lines.append("score baseline: none (no baseline peer correct on every case)")
     lines.append("* = passes the 5e-2 rule but fails the element rule; WRONG = not timed")
