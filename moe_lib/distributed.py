@@ -49,7 +49,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from . import api, reference
-from .validation import _float_tensor, _ndim, _same_device, _same_dtype, _shape, _tensor, check_impl
+from .validation import _float_tensor, _ndim, _same_device, _same_dtype, _shape, check_impl, check_routing
 
 STATUS_COLUMNS = ("local_experts", "index_out_of_range", "duplicate_expert")
 
@@ -207,29 +207,17 @@ def _check_inputs(hidden_states, topk_indices, topk_weights, gate, up, down) -> 
                   local_down_weights=down)  # fmt: skip
     for name, value in floats.items():
         _float_tensor(name, value)
-    _float_tensor("topk_weights", topk_weights)
-    _tensor("topk_indices", topk_indices)
-    if topk_indices.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"topk_indices: expected dtype torch.int64 or torch.int32, got {topk_indices.dtype}")
     _ndim("hidden_states", hidden_states, 2, "num_tokens, hidden_size")
-    _ndim("topk_indices", topk_indices, 2, "num_tokens, top_k")
     _ndim("local_gate_weights", gate, 3, "local_experts, intermediate_size, hidden_size")
+    K = check_routing(topk_indices, topk_weights, hidden_states)
     T, H = hidden_states.shape
     L, I = gate.shape[:2]
-    K = topk_indices.shape[1]
-    _shape("topk_indices", topk_indices, (T, K), ("num_tokens", "top_k"))
-    _shape("topk_weights", topk_weights, (T, K), ("num_tokens", "top_k"))
     _shape("local_gate_weights", gate, (L, I, H), ("local_experts", "intermediate_size", "hidden_size"))
     _shape("local_up_weights", up, (L, I, H), ("local_experts", "intermediate_size", "hidden_size"))
     _shape("local_down_weights", down, (L, H, I), ("local_experts", "hidden_size", "intermediate_size"))
     if K < 1:
         raise ValueError("topk_indices: expected top_k >= 1, got 0 columns")
     _same_dtype(floats)
-    if topk_weights.dtype not in (hidden_states.dtype, torch.float32):
-        raise TypeError(
-            f"topk_weights: expected dtype {hidden_states.dtype} (that of hidden_states) or torch.float32, "
-            f"got {topk_weights.dtype}"
-        )
     _same_device(dict(floats, topk_indices=topk_indices, topk_weights=topk_weights))
     return dict(num_tokens=T, hidden_size=H, intermediate_size=I, local_experts=L, top_k=K)
 

@@ -105,6 +105,24 @@ def check_swiglu_expert(x, gate_weight, up_weight, down_weight) -> dict:
     return dict(hidden_size=H, intermediate_size=I)
 
 
+def check_routing(topk_indices, topk_weights, hidden_states) -> int:
+    """Checks the routing tensors against hidden_states [T, H] (already checked); returns top_k."""
+    _float_tensor("topk_weights", topk_weights)
+    _tensor("topk_indices", topk_indices)
+    if topk_indices.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"topk_indices: expected dtype torch.int64 or torch.int32, got {topk_indices.dtype}")
+    _ndim("topk_indices", topk_indices, 2, "num_tokens, top_k")
+    T, K = hidden_states.shape[0], topk_indices.shape[1]
+    _shape("topk_indices", topk_indices, (T, K), ("num_tokens", "top_k"))
+    _shape("topk_weights", topk_weights, (T, K), ("num_tokens", "top_k"))
+    if topk_weights.dtype not in (hidden_states.dtype, torch.float32):
+        raise TypeError(
+            f"topk_weights: expected dtype {hidden_states.dtype} (that of hidden_states) or torch.float32, "
+            f"got {topk_weights.dtype}"
+        )
+    return K
+
+
 def check_moe_experts_backward(
     grad_output, hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights,
     *, validate: bool = True,
@@ -117,20 +135,12 @@ def check_moe_experts_backward(
     )  # fmt: skip
     for name, value in floats.items():
         _float_tensor(name, value)
-    _float_tensor("topk_weights", topk_weights)
-    _tensor("topk_indices", topk_indices)
-    if topk_indices.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"topk_indices: expected dtype torch.int64 or torch.int32, got {topk_indices.dtype}")
-
     _ndim("hidden_states", hidden_states, 2, "num_tokens, hidden_size")
     _ndim("gate_weights", gate_weights, 3, "num_experts, intermediate_size, hidden_size")
-    _ndim("topk_indices", topk_indices, 2, "num_tokens, top_k")
+    K = check_routing(topk_indices, topk_weights, hidden_states)
     T, H = hidden_states.shape
     E, I = gate_weights.shape[:2]
-    K = topk_indices.shape[1]
     _shape("grad_output", grad_output, (T, H), ("num_tokens", "hidden_size"))
-    _shape("topk_indices", topk_indices, (T, K), ("num_tokens", "top_k"))
-    _shape("topk_weights", topk_weights, (T, K), ("num_tokens", "top_k"))
     _shape("gate_weights", gate_weights, (E, I, H), ("num_experts", "intermediate_size", "hidden_size"))
     _shape("up_weights", up_weights, (E, I, H), ("num_experts", "intermediate_size", "hidden_size"))
     _shape("down_weights", down_weights, (E, H, I), ("num_experts", "hidden_size", "intermediate_size"))
@@ -138,11 +148,6 @@ def check_moe_experts_backward(
         raise ValueError(f"topk_indices: top_k={K} exceeds num_experts={E}: a token cannot pick an expert twice")
 
     _same_dtype(floats)
-    if topk_weights.dtype not in (hidden_states.dtype, torch.float32):
-        raise TypeError(
-            f"topk_weights: expected dtype {hidden_states.dtype} (that of hidden_states) or torch.float32, "
-            f"got {topk_weights.dtype}"
-        )
     _same_device(dict(floats, topk_indices=topk_indices, topk_weights=topk_weights))
 
     if validate and T > 0:
