@@ -930,23 +930,52 @@ def p2_config(num_tokens: int, num_experts: int, top_k: int, *, input_bytes: int
     return kernel.launch_config(num_tokens * top_k, num_experts, input_bytes=input_bytes, interpreter=interpreter)
 
 
+def p2_weight_grad_grids(hidden_size: int, intermediate_size: int, config) -> list[dict]:
+    """Kernel W's two launches under ``config``: dWg·dWu ([I, H] per expert) and dWd ([H, I]), each with
+    its tile (BLOCK_M, BLOCK_N, BLOCK_ROWS), M-tiles, N-tiles, N-tiles per program n and N-groups."""
+    H, I = hidden_size, intermediate_size
+    grids = []
+    for name, size_m, size_n, tile in (("dWg·dWu", I, H, config.grad_gate_up_tile),
+                                       ("dWd", H, I, config.grad_down_tile)):  # fmt: skip
+        m_tiles, n_tiles = _cdiv(size_m, tile[0]), _cdiv(size_n, tile[1])
+        n = min(config.n_tiles_per_program, n_tiles)
+        grids.append(dict(name=name, size_m=size_m, size_n=size_n, tile=tile, m_tiles=m_tiles, n_tiles=n_tiles,
+                          n=n, n_groups=_cdiv(n_tiles, n)))  # fmt: skip
+    return grids
+
+
 def p2_launch_plan(num_tokens: int, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int,
                    config) -> pd.DataFrame:  # fmt: skip
-    """The four steps of P2's backward under ``config`` (a LaunchConfig): grid and what one program does."""
+    """P2's backward under ``config`` (a LaunchConfig): routing, then kernels A, W (twice), D and C, each
+    with its grid, programs (0 where it is not launched: A, D and C need T·K > 0) and what one program does."""
     T, H, I, E, K = num_tokens, hidden_size, intermediate_size, num_experts, top_k
-    i_tiles, h_tiles, R = _cdiv(I, config.block_i), _cdiv(H, config.block_h_out), config.row_split
+    i_tiles, dx_tiles, R = _cdiv(I, config.block_i), _cdiv(H, config.block_h_dx), config.row_split
     sum_tiles = _cdiv(H, config.block_h_sum)
+    launched = T * K > 0
+    gate_up, down = p2_weight_grad_grids(H, I, config)
+
+    def weight_grad(grid, dims, outputs):
+        bm, bn, rows = grid["tile"]
+        m_tiles, n, n_groups = grid["m_tiles"], grid["n"], grid["n_groups"]
+        up_to = "up to " if grid["n_tiles"] % n else ""  # the last group of N-tiles has fewer
+        tiles = f"one tile of {bm}×{bn} ({dims})" if n == 1 else f"{up_to}{n} tiles of {bm}×{bn} ({dims}) in turn"
+        text = f"{outputs} on {tiles}, each reduced over all the expert's rows in steps of {rows}; exact zeros for an "
+        text += "expert with no rows"
+        return dict(grid=f"{E} × {m_tiles} × {n_groups}", programs=E * m_tiles * n_groups, one_program=text)
+
     rows = [
         dict(step="0 · routing", grid="torch ops on the device", programs=0,
              one_program="sort the T·K slots by expert (stable); expert_offsets by searchsorted"),
-        dict(step="A · per (expert, I-tile, r)", grid=f"{E} × {i_tiles} × {R}", programs=E * i_tiles * R,
-             one_program=f"g, u, Wdᵀdy over H in steps of {config.block_h} for row blocks r, r+R, … "
-                         f"({config.block_m} rows each) of one I-tile of {config.block_i}; dSwiGLU and "
+        dict(step="A · per (expert, I-tile, r)", grid=f"{E} × {i_tiles} × {R}", programs=E * i_tiles * R * launched,
+             one_program=f"gᵀ, uᵀ, (Wdᵀdy)ᵀ on an I-tile of {config.block_i} (M side) for row blocks r, r+R, … of "
+                         f"{config.block_m} rows (N side), over H in steps of {config.block_h}; dSwiGLU and "
                          "⟨Wdᵀdy, a⟩ in the epilogue"),
-        dict(step="B · per (expert, H-tile, r)", grid=f"{E} × {h_tiles} × {R}", programs=E * h_tiles * R,
-             one_program=f"dWg, dWu, dWd on an H-tile of {config.block_h_out} for I-tiles r, r+R, … (all the "
-                         "expert's rows; zeros for an empty expert), then dX_slot for row blocks r, r+R, …"),
-        dict(step="C · per (token, H-tile)", grid=f"{T} × {sum_tiles}", programs=T * sum_tiles if T * K else 0,
+        dict(step="W_gate_up · per (expert, I-tile, group of H-tiles)", **weight_grad(gate_up, "I×H", "dWg and dWu")),
+        dict(step="W_down · per (expert, H-tile, group of I-tiles)", **weight_grad(down, "H×I", "dWd")),
+        dict(step="D · per (expert, H-tile, r)", grid=f"{E} × {dx_tiles} × {R}", programs=E * dx_tiles * R * launched,
+             one_program=f"dX_slotᵀ = Wgᵀdgᵀ + Wuᵀduᵀ on an H-tile of {config.block_h_dx} (M side) for row blocks "
+                         f"r, r+R, … of {config.block_m} rows (N side), over I in steps of {config.block_i_dx}"),
+        dict(step="C · per (token, H-tile)", grid=f"{T} × {sum_tiles}", programs=T * sum_tiles * launched,
              one_program=f"grad_hidden_states[t] = Σ_k dX_slot[t·K + k] on {config.block_h_sum} columns; "
                          "grad_topk_weights summed over the I-tiles' partials"),
     ]  # fmt: skip
@@ -954,7 +983,8 @@ def p2_launch_plan(num_tokens: int, hidden_size: int, intermediate_size: int, nu
 
 
 def p2_grid_table(token_counts, problem: str = "moe_experts_backward", *, interpreter: bool = False) -> pd.DataFrame:
-    """Per token count at ``problem``'s shape: the row split R and the programs of kernels A, B, C."""
+    """Per token count at ``problem``'s shape: the row split R and the programs of each launch (kernel A,
+    kernel W_gate_up and W_down for the two launches of W, D and C), named after the plan's steps."""
     definition = problems.load(problem)
     input_bytes = 4 if definition.dtype == problems.DTYPES["float32"] else 2
     rows = {}
@@ -963,7 +993,8 @@ def p2_grid_table(token_counts, problem: str = "moe_experts_backward", *, interp
         config = p2_config(t, s["num_experts"], s["top_k"], input_bytes=input_bytes, interpreter=interpreter)
         plan = p2_launch_plan(t, s["hidden_size"], s["intermediate_size"], s["num_experts"], s["top_k"], config)
         rows[t] = {"slots per expert (mean)": t * s["top_k"] / s["num_experts"], "row split R": config.row_split,
-                   **{f"kernel {step[0]} programs": int(n) for step, n in plan["programs"].items() if step[0] != "0"}}
+                   **{f"kernel {step.split(' ')[0]} programs": int(n) for step, n in plan["programs"].items()
+                      if not step.startswith("0")}}  # fmt: skip
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "num_tokens"
     return table
@@ -1047,7 +1078,8 @@ def split_k_figure(split: int = 4):
 
 def p2_tiling_figure(topk_indices, num_experts: int, hidden_size: int, intermediate_size: int, config):
     """P2's dataflow for one routing: slots in token order and sorted by expert (with expert_offsets),
-    the row blocks of each expert and which row-split program r works on them, and the grids of A, B, C."""
+    the row blocks of each expert and which row-split program r of kernels A and D works on them, and the
+    grids of kernels A, W (its two launches in one panel), D and C."""
     from .kernels.routing import route_by_expert
 
     T, K = topk_indices.shape
@@ -1058,7 +1090,7 @@ def p2_tiling_figure(topk_indices, num_experts: int, hidden_size: int, intermedi
     experts_sorted = topk_indices.reshape(-1)[routing.sorted_slot.long()].tolist()
     cmap = plt.get_cmap("tab10" if E <= 10 else "tab20")
     fig = plt.figure(figsize=(13, 8.5))
-    grid = fig.add_gridspec(3, 3, height_ratios=[1.1, 1.8, 2.2], hspace=0.6, wspace=0.3)
+    grid = fig.add_gridspec(3, 4, height_ratios=[1.1, 1.8, 2.2], hspace=0.6, wspace=0.35)
 
     ax = fig.add_subplot(grid[0, :])
     for row_y, experts, title in ((1.2, experts_in_token_order, "slots s = t·K + k (token order)"),
@@ -1081,39 +1113,49 @@ def p2_tiling_figure(topk_indices, num_experts: int, hidden_size: int, intermedi
     for e in range(E):
         for b, start in enumerate(range(0, max(counts[e], 1), config.block_m)):
             if counts[e] == 0:
-                ax.text(0.5, e, "no rows: B still writes zeros to dWg, dWu, dWd", va="center", fontsize=7)
+                ax.text(0.5, e, "no rows: W still writes zeros to dWg, dWu, dWd", va="center", fontsize=7)
                 break
             rows = min(config.block_m, counts[e] - start)
             ax.barh(e, rows, left=start, color=block_colors(b % R), edgecolor="black", height=0.7)
             ax.text(start + rows / 2, e, f"r={b % R}", ha="center", va="center", fontsize=7)
     ax.set(yticks=range(E), yticklabels=[f"expert {e}" for e in range(E)], xlabel="rows of the expert (its slots)",
-           title=f"row blocks of {config.block_m} rows: program r = block mod R takes them (R = {R})")  # fmt: skip
+           title=f"row blocks of {config.block_m} rows: in kernels A and D, program r = block mod R takes them "
+                 f"(R = {R})")  # fmt: skip
     ax.invert_yaxis()
     ax.title.set_fontsize(10)
 
-    i_tiles, h_tiles = _cdiv(intermediate_size, config.block_i), _cdiv(hidden_size, config.block_h_out)
+    i_tiles, dx_tiles = _cdiv(intermediate_size, config.block_i), _cdiv(hidden_size, config.block_h_dx)
     sum_tiles = _cdiv(hidden_size, config.block_h_sum)
-    for col, (title, cols, rows_, label) in enumerate((
-        (f"kernel A: {E}×{i_tiles}×{R} programs", i_tiles, E, "I-tile"),
-        (f"kernel B: {E}×{h_tiles}×{R} programs", h_tiles, E, "H-tile"),
-        (f"kernel C: {T}×{sum_tiles} programs", sum_tiles, T, "H-tile"),
-    )):  # fmt: skip
+    gate_up, down = p2_weight_grad_grids(hidden_size, intermediate_size, config)
+    w_ticks = [(f"{m}·{g}", hatch) for grid_, hatch in ((gate_up, None), (down, "////"))
+               for m in range(grid_["m_tiles"]) for g in range(grid_["n_groups"])]  # fmt: skip
+    panels = (  # title, rows, (tick, hatch) per column, programs per cell, x label
+        (f"kernel A: {E}×{i_tiles}×{R} programs", E, [(str(j), None) for j in range(i_tiles)], R,
+         "I-tile (R programs each)"),
+        (f"kernel W: {E}×{gate_up['m_tiles']}×{gate_up['n_groups']} (dWg·dWu)\n"
+         f"+ {E}×{down['m_tiles']}×{down['n_groups']} (dWd, hatched) programs", E, w_ticks, 1,
+         "M-tile·N-group: dWg·dWu | dWd"),
+        (f"kernel D: {E}×{dx_tiles}×{R} programs", E, [(str(j), None) for j in range(dx_tiles)], R,
+         "H-tile (R programs each)"),
+        (f"kernel C: {T}×{sum_tiles} programs", T, [(str(j), None) for j in range(sum_tiles)], 1, "H-tile"),
+    )  # fmt: skip
+    for col, (title, rows_, ticks, split, xlabel) in enumerate(panels):
         ax = fig.add_subplot(grid[2, col])
         for i in range(rows_):
-            for j in range(cols):
-                if col < 2:
-                    for r in range(R):
-                        ax.add_patch(patches.Rectangle((j + r / R, i), 1 / R, 1, facecolor=cmap(i % cmap.N),
-                                                       alpha=0.35 + 0.5 * r / max(R, 1), edgecolor="white"))
-                        if rows_ * cols * R <= 64:
-                            ax.text(j + (r + 0.5) / R, i + 0.5, f"r{r}", ha="center", va="center", fontsize=7)
-                else:
-                    ax.add_patch(patches.Rectangle((j, i), 1, 1, facecolor="tab:gray", alpha=0.4, edgecolor="white"))
+            color = cmap(i % cmap.N) if col < 3 else "tab:gray"
+            for j, (_, hatch) in enumerate(ticks):
+                for r in range(split):
+                    ax.add_patch(patches.Rectangle((j + r / split, i), 1 / split, 1, facecolor=color, hatch=hatch,
+                                                   alpha=0.35 + 0.5 * r / split, edgecolor="white"))  # fmt: skip
+                    if split > 1 and rows_ * len(ticks) * split <= 64:
+                        ax.text(j + (r + 0.5) / split, i + 0.5, f"r{r}", ha="center", va="center", fontsize=7)
         step = max(1, rows_ // 16)
-        ax.set_xticks([j + 0.5 for j in range(cols)], [str(j) for j in range(cols)])
+        ax.set_xticks([j + 0.5 for j in range(len(ticks))], [tick for tick, _ in ticks])
         ax.set_yticks([i + 0.5 for i in range(0, rows_, step)], [str(i) for i in range(0, rows_, step)])
         ax.tick_params(labelsize=7)
-        xlabel = f"{label} (R programs each)" if col < 2 else label
-        ax.set(xlim=(0, cols), ylim=(rows_, 0), xlabel=xlabel, ylabel="expert" if col < 2 else "token", title=title)
+        ax.set(xlim=(0, len(ticks)), ylim=(rows_, 0), xlabel=xlabel, ylabel="expert" if col < 3 else "token",
+               title=title)  # fmt: skip
+        if col == 1:  # kernel W: its dWg·dWu launch, then its dWd launch
+            ax.axvline(gate_up["m_tiles"] * gate_up["n_groups"], color="black", lw=1.2)
         ax.title.set_fontsize(9)
     return fig

@@ -9,7 +9,8 @@
 # $OUT/bench.log; the tables are printed last. Liger-Kernel is installed from .whl/liger_kernel-*.whl
 # when that wheel is there (pure Python; it needs only torch and triton). Override the implementation
 # lists with P1_IMPLS, P2_FP32_IMPLS, P2_BF16_IMPLS (e.g. P2_FP32_IMPLS=reference,grouped_mm,liger,triton),
-# the per-run time limits with P1_SECONDS, P2_FP32_SECONDS, P2_BF16_SECONDS, the interpreter with PYTHON.
+# the per-run time limits with P1_SECONDS, P2_FP32_SECONDS, P2_BF16_SECONDS, the interpreter with PYTHON;
+# RUNS picks which of the three runs happen (default "p1 p2_fp32 p2_bf16").
 # Where the tree travels without .git, pass the commit for the provenance: GIT_COMMIT=<hash> bash ...
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +19,7 @@ PYTHON=${PYTHON:-python3}
 P1_IMPLS=${P1_IMPLS:-}  # empty: every implementation available for P1
 P2_FP32_IMPLS=${P2_FP32_IMPLS:-reference,grouped_mm,liger}
 P2_BF16_IMPLS=${P2_BF16_IMPLS:-reference,grouped_mm,liger}
+RUNS=${RUNS:-p1 p2_fp32 p2_bf16}
 
 if [ -n "${OUT:-}" ]; then
   RESULTS="$OUT/results"
@@ -66,11 +68,17 @@ bench() {  # bench NAME SECONDS ARGS...: one harness run, its table kept for the
   [ "$status" -eq 0 ] || failures=$((failures + 1))
 }
 
-bench "P1 swiglu_down_backward" "${P1_SECONDS:-240}" --problem swiglu_down_backward --suite ${P1_IMPLS:+--impl "$P1_IMPLS"}
-bench "P2 moe_experts_backward fp32" "${P2_FP32_SECONDS:-150}" --problem moe_experts_backward \
-  --tokens 2048,8192 --impl "$P2_FP32_IMPLS"
-bench "P2 moe_experts_backward_bf16" "${P2_BF16_SECONDS:-150}" --problem moe_experts_backward_bf16 \
-  --tokens 2048,8192,32768 --impl "$P2_BF16_IMPLS"
+case " $RUNS " in *" p1 "*)
+  bench "P1 swiglu_down_backward" "${P1_SECONDS:-240}" --problem swiglu_down_backward --suite ${P1_IMPLS:+--impl "$P1_IMPLS"}
+esac
+case " $RUNS " in *" p2_fp32 "*)
+  bench "P2 moe_experts_backward fp32" "${P2_FP32_SECONDS:-150}" --problem moe_experts_backward \
+    --tokens 2048,8192 --impl "$P2_FP32_IMPLS"
+esac
+case " $RUNS " in *" p2_bf16 "*)
+  bench "P2 moe_experts_backward_bf16" "${P2_BF16_SECONDS:-150}" --problem moe_experts_backward_bf16 \
+    --tokens 2048,8192,32768 --impl "$P2_BF16_IMPLS"
+esac
 
 echo "finished $(date -u +%Y-%m-%dT%H:%M:%SZ), $failures failed run(s); full log: $LOG" | tee -a "$LOG" "$TABLES"
 echo

@@ -240,14 +240,27 @@ def test_p1_launch_plan_by_hand():
     assert list(grid.index) == [1, 8192] and {"launch 1 programs", "launch 2 programs"} <= set(grid.columns)
 
 
+def _weight_grad_programs(E, size_m, size_n, tile, n_tiles_per_program):
+    """Kernel W's programs for one launch: E × M-tiles × groups of n N-tiles, n = min(n_tiles_per_program, N-tiles)."""
+    n_tiles = -(-size_n // tile[1])
+    return E * -(-size_m // tile[0]) * -(-n_tiles // min(n_tiles_per_program, n_tiles))
+
+
 def test_p2_launch_plan_by_hand():
     config = analysis.p2_config(2048, 256, 8, input_bytes=4, interpreter=False)
     plan = analysis.p2_launch_plan(2048, 4096, 2048, 256, 8, config)["programs"]
-    R = config.row_split
-    assert list(plan) == [0, 256 * (2048 // config.block_i) * R, 256 * (4096 // config.block_h_out) * R,
+    R, n = config.row_split, config.n_tiles_per_program
+    weight_grads = [_weight_grad_programs(256, 2048, 4096, config.grad_gate_up_tile, n),
+                    _weight_grad_programs(256, 4096, 2048, config.grad_down_tile, n)]  # fmt: skip
+    assert list(plan) == [0, 256 * (2048 // config.block_i) * R, *weight_grads, 256 * (4096 // config.block_h_dx) * R,
                           2048 * (4096 // config.block_h_sum)]  # fmt: skip
+    empty = analysis.p2_launch_plan(0, 4096, 2048, 256, 8, config)["programs"]  # W alone writes the zeros
+    assert list(empty) == [0, 0, *weight_grads, 0, 0]
     table = analysis.p2_grid_table([2048], P2)
     assert table.loc[2048, "row split R"] == R and table.loc[2048, "slots per expert (mean)"] == 64
+    kernels = ["A", "W_gate_up", "W_down", "D", "C"]
+    assert list(table.columns[2:]) == [f"kernel {k} programs" for k in kernels]
+    assert list(table.loc[2048].iloc[2:]) == list(plan)[1:]
 
 
 def test_figures_render(results):

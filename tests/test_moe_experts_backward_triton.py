@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import rel_error
+from oracles import moe_experts_grads
 
 import moe_lib
 from moe_lib import problems, reference
@@ -247,6 +248,27 @@ def test_gpu_full_size_bf16_against_fp32_reference(seed):
         stats = compare_output(g, w, ELEMENT_RULE)
         assert stats["finite"], f"{name}: NaN/Inf (unwritten elements?)"
         assert stats["rel_error"] <= BF16_TOLERANCE[name], f"{name}: {stats}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_layer_gradients_match_autograd_of_the_reference(dtype, seed):
+    """moe_lib.moe_experts(impl="triton"): its gradients against float64 autograd of the dense forward."""
+    sizes = dict(hidden_size=256, intermediate_size=128, num_experts=16, top_k=4)
+    inputs = problems.make_inputs("moe_experts_backward", 300, seed=seed, device=CUDA, routing="skewed", **sizes)
+    if dtype == torch.bfloat16:
+        inputs = to_bf16(inputs)
+    names = ("hidden_states", "topk_weights", "gate_weights", "up_weights", "down_weights")
+    leaves = [inputs[n].detach().clone().requires_grad_() for n in names]
+    x, w, wg, wu, wd = leaves
+    y = moe_lib.moe_experts(x, inputs["topk_indices"], w, wg, wu, wd, impl="triton")
+    got = torch.autograd.grad(y, leaves, inputs["grad_output"])
+    want = moe_experts_grads(*inputs.values())
+    tolerance = FP32_TOLERANCE if dtype == torch.float32 else BF16_TOLERANCE
+    for name, g, ref in zip(OUTPUT_NAMES, got, want, strict=True):
+        assert g.dtype == inputs[names[OUTPUT_NAMES.index(name)]].dtype, name
+        assert torch.isfinite(g).all(), name
+        assert rel_error(g, ref) <= tolerance[name], f"{name}: {rel_error(g, ref):.2e}"
 
 
 @pytest.mark.gpu

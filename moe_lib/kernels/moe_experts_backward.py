@@ -10,54 +10,57 @@ dy = grad_output[t]. Per slot (rows of the expert's GEMMs):
     dWg_e = Σ_slots dg xᵀ ;  dWu_e = Σ_slots du xᵀ ;  dWd_e = Σ_slots dy awᵀ
     grad_hidden_states[t] = Σ_k (Wg_eᵀ dg + Wu_eᵀ du)
 
-Dataflow, four steps, no host synchronisation (CUDA-graph capturable), no float atomics
+Dataflow, five steps, no host synchronisation (CUDA-graph capturable), no float atomics
 (deterministic: two calls give bitwise-equal results):
 
     0. routing (:mod:`.routing`, torch ops on the device): sorted_slot [T·K] = slots in expert
-       order, expert_offsets [E + 1] = where each expert's rows start in that order.
-    1. kernel A, programs (expert e, I-tile, row split r): for the expert's rows (sorted positions
-       p, gathered through sorted_slot inside the loads) accumulate g, u, dAp over H; epilogue:
-       dSwiGLU and the routing-weight gradient. Writes dg, du, aw to [T·K, I] workspaces (rows in
-       sorted order) and ⟨dAp, a⟩ restricted to the I-tile to a [n_I_tiles, T·K] workspace.
-    2. kernel B, programs (expert e, H-tile, row split r): the weight gradients dWg_e[:, H-tile],
-       dWu_e[:, H-tile], dWd_e[H-tile, :] for the I-tiles r, r + R, … (each reduced over all the
-       expert's rows; exact zeros for an expert with no rows, written here), and the per-slot
-       contribution dX_slot[s, H-tile] = dg·Wg_e[:, H-tile] + du·Wu_e[:, H-tile] for the row blocks
-       r, r + R, … (reduced over I), to a [T·K, H] fp32 workspace indexed by slot.
-    3. kernel C, programs (token t, H-tile): grad_hidden_states[t] = Σ_k dX_slot[t·K + k] and
+       order, expert_offsets [E + 1] = where each expert's rows start in that order. For fp32
+       inputs x and dy are also split once into bf16 hi + lo halves [T, H] (see Precision).
+    1. kernel A, programs (expert e, I-tile, row split r): the transposed products
+       gᵀ = Wg_e[I-tile, :]·xᵀ, uᵀ, dApᵀ = Wd_e[:, I-tile]ᵀ·dyᵀ over H for the expert's row blocks
+       r, r + R, … (rows gathered through sorted_slot inside the loads). The weight tile is the
+       large M side of the product and the expert's rows the small N side, so a row block can be
+       as narrow as the expert is busy. Epilogue: dSwiGLU and the routing-weight gradient. Writes
+       dg, du, aw to [T·K, I] workspaces (rows in sorted order) and ⟨dAp, a⟩ restricted to the
+       I-tile to a [n_I_tiles, T·K] workspace.
+    2. kernel W, programs (expert e, I-tile, H-tile): dWg_e, dWu_e and dWd_e on that tile, each
+       reduced over all the expert's rows, written once (exact zeros for an expert with no rows).
+    3. kernel D, programs (expert e, H-tile, row split r): dX_slotᵀ = Wg_e[:, H-tile]ᵀ·dgᵀ +
+       Wu_e[:, H-tile]ᵀ·duᵀ over I for the row blocks r, r + R, …, to a [T·K, H] fp32 workspace
+       indexed by slot.
+    4. kernel C, programs (token t, H-tile): grad_hidden_states[t] = Σ_k dX_slot[t·K + k] and
        grad_topk_weights[t, k] = Σ_tiles partial[tile, t·K + k], both summed in a fixed order.
 
-Grids depend on E, T·K, H, I and the tile sizes only. The R programs that share one expert's
-(tile of) weights are launched side by side, so while they stream the same weight tiles the
-second read comes from L2: each expert's weights are read from DRAM about once per kernel. Wg and
-Wu are read twice in all (kernel A for g and u, kernel B for dX): that second read is the known
-cost of this design (fp32: 16 GiB more than the floor of weights read once + gradients written
-once); a single-read design that also fuses dX into kernel A's programs is future work.
+Grids depend on E, T·K, H, I and the tile sizes only. Programs that share an expert's weight tile
+(the R row splits) or its gathered rows (its tiles) are adjacent in launch order, so they find them
+in L2: each expert's weights are read from DRAM about once per kernel. Wg and Wu are read twice in
+all (kernel A, then kernel D): dg needs the whole reduction over H before dX can use Wg again, and
+the slice of Wg a program sweeps meanwhile does not fit on chip. That second read is this design's
+known cost above the floor (fp32: 17.2 GB on top of 51.5 GB at the benchmark's shape).
 
 Precision. fp32 interface: g, u and dAp as bf16×3 products (v = hi + lo with hi = bf16(v),
 lo = bf16(v − hi); a·b ≈ hi·hi + hi·lo + lo·hi, fp32 accumulators), which grad_topk_weights needs
-to pass the benchmark's element rule; the weight gradients and dX use plain bf16 products with fp32
-accumulation (dg, du and aw are stored in bf16). 16-bit interfaces (bf16, fp16): plain products
-in the input dtype with fp32 accumulation everywhere. ``SPLIT_PRECISION`` selects the split.
-Under ``TRITON_INTERPRET=1`` (CPU) the interpreter's bf16 dot is wrong and its fp32→bf16 cast
-truncates, so ``INTERPRETER`` makes the kernels round to bf16 by hand and multiply the (already
-rounded) operands in fp32: the same numbers the GPU multiplies.
+to pass the benchmark's element rule; the weight gradients and dX use plain bf16 products (x, dy and
+the weights rounded to bf16) with fp32 accumulation (dg, du and aw are stored in bf16). 16-bit
+interfaces (bf16, fp16): plain products in the input dtype with fp32 accumulation everywhere.
+``SPLIT_PRECISION`` selects the split. Under ``TRITON_INTERPRET=1`` (CPU) the interpreter's bf16
+dot is wrong and its fp32→bf16 cast truncates, so ``INTERPRETER`` makes the kernels round to bf16
+by hand and multiply the (already rounded) operands in fp32: the same numbers the GPU multiplies.
 
 Workspace (freed when the call returns; outputs are freshly allocated and fully written):
     dg, du, aw        3 · T·K · I   in bf16 (the input dtype for 16-bit inputs)
     dX_slot           T·K · H       fp32
+    x, dy halves      4 · T · H     bf16, fp32 inputs only
     topk partials     cdiv(I, BLOCK_I) · T·K   fp32
     routing           T·K int32 + E + 1 int32, and torch.sort's int64 outputs (2 · T·K)
 At the benchmark's shape (H = 4096, I = 2048, E = 256, K = 8) and T = 8192 (T·K = 65536):
-768 MiB + 1 GiB + 8 MiB + 1.3 MiB ≈ 1.8 GiB; at T = 2048, ≈ 450 MiB.
+768 MiB + 1 GiB + 256 MiB + 8 MiB + 1.3 MiB ≈ 2.0 GiB; at T = 2048, ≈ 0.5 GiB.
 
-Predicted DRAM traffic, fp32 at T = 2048 (floor: every input read once and every output written
-once, 51.5 GB), assuming the R programs of one tile find each other's weight tiles in L2 and the
-I-tiles of one expert find its rows of x and dy there: A reads Wg, Wu, Wd (25.8 GB) and gathers
-x, dy (≤ 0.54 GB); B reads Wg, Wu (17.2 GB), writes dWg, dWu, dWd (25.8 GB), gathers x, dy
-(≤ 0.54 GB) and writes dX_slot (0.27 GB); the workspaces otherwise move ≈ 0.7 GB: ≈ 71 GB in all,
-1.37× the floor (16.8 ms at the H200's 4.21 TB/s copy rate). T = 8192: ≈ 77 GB, 1.5× the floor,
-where the 28·T·K·H·I FLOPs of bf16 tensor work (19.5 ms at 791 TFLOP/s) bound the time instead.
+Predicted DRAM traffic at the benchmark's shape, T = 2048, with the weights read once per kernel:
+fp32: A reads Wg, Wu, Wd (25.8 GB), W writes dWg, dWu, dWd (25.8 GB), D reads Wg, Wu (17.2 GB);
+the workspaces and activations add ≈ 1 GB: ≈ 70 GB, 1.35× the floor (≈ 16.5 ms at 4.2 TB/s).
+bf16: 12.9 + 12.9 + 8.6 + ≈ 0.6 GB ≈ 35 GB (≈ 8.3 ms). At T = 8192 in fp32 the 18·T·K·H·I FLOPs of
+kernel A's split products plus 10·T·K·H·I in W and D (15.4 TFLOP) bound the time instead.
 """
 
 from __future__ import annotations
@@ -79,31 +82,38 @@ allocate = torch.empty
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """Tile sizes and launch parameters of the three kernels."""
+    """Tile sizes and launch parameters of kernels A, W, D and C."""
 
-    block_m: int  # rows (slots of one expert) per tile, kernels A and B
-    block_i: int  # intermediate columns per tile (A: the I-tile a program owns; B: the reduction step)
-    block_h: int  # hidden columns per reduction step of kernel A
-    block_h_out: int  # hidden columns of the dW / dX_slot tiles one program of kernel B writes
-    block_h_sum: int  # hidden columns per program of kernel C
-    row_split: int  # R: programs per (expert, tile) that share its row blocks (and its weights via L2)
+    block_m: int  # rows (slots of one expert) per row block: the N side of kernels A and D
+    block_i: int  # A: intermediate columns per program (the M side)
+    block_h: int  # A: hidden columns per reduction step
+    grad_gate_up_tile: tuple[int, int, int]  # W: (I, H, rows per step) of the dWg and dWu tiles
+    grad_down_tile: tuple[int, int, int]  # W: (H, I, rows per step) of the dWd tiles
+    n_tiles_per_program: int  # W: tiles along the second dimension one program writes in turn
+    block_h_dx: int  # D: hidden columns per program (the M side)
+    block_i_dx: int  # D: intermediate columns per reduction step
+    block_h_sum: int  # C: hidden columns per program
+    row_split: int  # R: programs per (expert, tile) in A and D that share its row blocks (and weights via L2)
     warps_a: int = 8  # num_warps of kernel A
     stages_a: int = 3  # num_stages (software pipelining depth) of kernel A
-    warps_b: int = 8
-    stages_b: int = 3
+    warps_gu: int = 8  # kernel W's dWg, dWu launch
+    stages_gu: int = 3
+    warps_dn: int = 8  # kernel W's dWd launch
+    stages_dn: int = 3
+    warps_d: int = 8  # kernel D
+    stages_d: int = 3
 
 
 def launch_config(num_slots: int, num_experts: int, *, input_bytes: int = 4, interpreter: bool = False) -> LaunchConfig:
     """Tile sizes for T·K = ``num_slots`` slots over ``num_experts`` experts (the one place they are set).
 
-    GPU: 64-row tiles (one wgmma M-block), 64-wide I tiles, fp32 accumulators, 8 warps, 3 pipeline
-    stages. Kernel A keeps three [64, 64] accumulators (g, u, dAp) and per stage five operand tiles
-    (x, dy, Wg, Wu, Wd) of 32 hidden columns in fp32 (40 KB; 64 columns spill registers next to the
-    hi/lo splits) or 64 in 16-bit (40 KB). Kernel B writes [64, 64] gradient tiles. Compiled for
-    sm_90 with Triton 3.6 these use no local memory and ≤ 124 KB of shared memory; not yet tuned by
-    measurement.
+    GPU (measured on the H200, data/results/NOTES.md): kernel A and D tiles are 128 weight rows ×
+    64 expert rows (fp32 accumulators, 8 warps); kernel A reduces over 32 hidden columns per step in
+    fp32 (its three weight tiles are split to hi/lo in registers) and 64 in 16-bit; kernel W writes
+    128 × 128 tiles of dWg and dWu (one launch, x shared) and 128 × 256 tiles of dWd, 64 rows per
+    step, each program a whole row of tiles in turn, 2 pipeline stages.
     Interpreter: small tiles (16 is the smallest ``tl.dot`` takes), so that tiny test shapes still
-    have several row blocks, several I-tiles and masked edges.
+    have several row blocks, several tiles and masked edges.
     R, the row split, covers an expert with a few standard deviations more rows than the mean
     (uniform routing gives binomial counts): the rows of almost every expert are then worked on by
     R programs side by side, which read its weights from DRAM once; busier experts loop.
@@ -112,11 +122,14 @@ def launch_config(num_slots: int, num_experts: int, *, input_bytes: int = 4, int
     likely_max_rows = mean_rows + 4.0 * math.sqrt(mean_rows) + 1.0
     if interpreter:
         row_split = min(max(1, math.ceil(likely_max_rows / 16)), 3)
-        return LaunchConfig(16, 16, 32, 32, 32, row_split, 1, 1, 1, 1)
+        tiny = (16, 16, 16)
+        return LaunchConfig(16, 16, 32, tiny, tiny, 2, 32, 16, 32, row_split, 1, 1, 1, 1, 1, 1, 1, 1)
     block_m = 64
     row_split = min(max(1, math.ceil(likely_max_rows / block_m)), 8)
     block_h = 32 if input_bytes == 4 else 64
-    return LaunchConfig(block_m, 64, block_h, 64, 1024, row_split, 8, 3, 8, 3)
+    return LaunchConfig(
+        block_m, 128, block_h, (128, 128, 64), (128, 256, 64), 32, 128, 64, 1024, row_split, stages_gu=2, stages_dn=2
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -142,24 +155,22 @@ def _dot(a, b, acc, INTERPRETER: tl.constexpr):
 
 
 @triton.jit
-def _split(v, OPERAND_DTYPE: tl.constexpr, SPLIT_PRECISION: tl.constexpr, INTERPRETER: tl.constexpr):
-    """(hi, lo) with v ≈ hi + lo, both in OPERAND_DTYPE; lo = hi (unused) without SPLIT_PRECISION."""
-    v = v.to(tl.float32)
-    hi = _round(v, OPERAND_DTYPE, INTERPRETER)
-    if SPLIT_PRECISION:
-        lo = _round(v - hi.to(tl.float32), OPERAND_DTYPE, INTERPRETER)
-    else:
-        lo = hi
-    return hi, lo
+def _operand(v, OPERAND_DTYPE: tl.constexpr, INTERPRETER: tl.constexpr):
+    """v as a tensor-core operand: 16-bit inputs as they are, fp32 rounded to OPERAND_DTYPE."""
+    if v.dtype == OPERAND_DTYPE:
+        return v
+    return _round(v.to(tl.float32), OPERAND_DTYPE, INTERPRETER)
 
 
 @triton.jit
-def _split_dot(a_hi, a_lo, b_hi, b_lo, acc, SPLIT_PRECISION: tl.constexpr, INTERPRETER: tl.constexpr):
-    """acc + a·b: hi·hi + hi·lo + lo·hi with SPLIT_PRECISION, else hi·hi."""
+def _split(v, OPERAND_DTYPE: tl.constexpr, SPLIT_PRECISION: tl.constexpr, INTERPRETER: tl.constexpr):
+    """(hi, lo) with v ≈ hi + lo, both in OPERAND_DTYPE; lo = hi (unused) without SPLIT_PRECISION."""
+    hi = _operand(v, OPERAND_DTYPE, INTERPRETER)
     if SPLIT_PRECISION:
-        acc = _dot(a_lo, b_hi, acc, INTERPRETER)
-        acc = _dot(a_hi, b_lo, acc, INTERPRETER)
-    return _dot(a_hi, b_hi, acc, INTERPRETER)
+        lo = _round(v.to(tl.float32) - hi.to(tl.float32), OPERAND_DTYPE, INTERPRETER)
+    else:
+        lo = hi
+    return hi, lo
 
 
 @triton.jit
@@ -174,13 +185,15 @@ def _expert_tile(pid, num_tiles, ROW_SPLIT):
 
 
 # --------------------------------------------------------------------------------------------------
-# kernel A: recomputed forward, dA' = dy·Wd, dSwiGLU and the routing-weight gradient
+# kernel A: recomputed forward, dA' = Wdᵀ·dy, dSwiGLU and the routing-weight gradient (transposed tiles)
 
 
 @triton.jit
 def _swiglu_grad_kernel(
-    grad_output_ptr,  # [T, H] dy, input dtype
-    hidden_ptr,  # [T, H] x, input dtype
+    x_hi_ptr,  # [T, H] x, OPERAND_DTYPE (fp32 inputs: bf16(x); 16-bit inputs: x itself)
+    x_lo_ptr,  # [T, H] bf16(x − x_hi), read only with SPLIT_PRECISION
+    dy_hi_ptr,  # [T, H] dy, like x_hi
+    dy_lo_ptr,  # [T, H] like x_lo
     topk_weights_ptr,  # [T·K] w per slot, fp32 / input dtype
     gate_weights_ptr,  # [E, I, H] Wg
     up_weights_ptr,  # [E, I, H] Wu
@@ -200,7 +213,7 @@ def _swiglu_grad_kernel(
     OPERAND_DTYPE: tl.constexpr,  # dtype of the tensor-core operands (bf16 or fp16)
     SPLIT_PRECISION: tl.constexpr,  # bf16×3 products for g, u and dAp (fp32 interface)
     INTERPRETER: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_I: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr,
 ):  # fmt: skip
     expert, i_tile, r = _expert_tile(tl.program_id(0), num_i_tiles, ROW_SPLIT)
     row_begin = tl.load(expert_offsets_ptr + expert)
@@ -210,81 +223,155 @@ def _swiglu_grad_kernel(
     up_w = up_weights_ptr + e64 * inter_size * hidden_size
     down_w = down_weights_ptr + e64 * hidden_size * inter_size
 
-    cols = i_tile * BLOCK_I + tl.arange(0, BLOCK_I)  # this program's I-tile
+    cols = i_tile * BLOCK_I + tl.arange(0, BLOCK_I)  # this program's I-tile: the M side
     col_ok = cols < inter_size
     for m0 in range(row_begin + r * BLOCK_M, row_end, ROW_SPLIT * BLOCK_M):
-        rows = m0 + tl.arange(0, BLOCK_M)  # sorted positions
+        rows = m0 + tl.arange(0, BLOCK_M)  # sorted positions: the N side
         row_ok = rows < row_end
         slots = tl.load(sorted_slot_ptr + rows, mask=row_ok, other=0)
         tokens = (slots // top_k).to(tl.int64)
 
-        g = tl.zeros((BLOCK_M, BLOCK_I), tl.float32)
-        u = tl.zeros((BLOCK_M, BLOCK_I), tl.float32)
-        dap = tl.zeros((BLOCK_M, BLOCK_I), tl.float32)
+        g = tl.zeros((BLOCK_I, BLOCK_M), tl.float32)  # gᵀ: [I-tile, rows]
+        u = tl.zeros((BLOCK_I, BLOCK_M), tl.float32)
+        dap = tl.zeros((BLOCK_I, BLOCK_M), tl.float32)
         for h0 in range(0, hidden_size, BLOCK_H):
             hs = h0 + tl.arange(0, BLOCK_H)
             h_ok = hs < hidden_size
-            token_mask = row_ok[:, None] & h_ok[None, :]
-            weight_mask = h_ok[:, None] & col_ok[None, :]
-            x = tl.load(hidden_ptr + tokens[:, None] * hidden_size + hs[None, :], mask=token_mask, other=0.0)
-            dy = tl.load(grad_output_ptr + tokens[:, None] * hidden_size + hs[None, :], mask=token_mask, other=0.0)
-            # [BLOCK_H, BLOCK_I] tiles of Wgᵀ, Wuᵀ (Wg[e][i, h] at i·H + h) and of Wd (Wd[e][h, i] at h·I + i)
-            wg_t = tl.load(gate_w + cols[None, :] * hidden_size + hs[:, None], mask=weight_mask, other=0.0)
-            wu_t = tl.load(up_w + cols[None, :] * hidden_size + hs[:, None], mask=weight_mask, other=0.0)
-            wd = tl.load(down_w + hs[:, None] * inter_size + cols[None, :], mask=weight_mask, other=0.0)
+            weight_mask = col_ok[:, None] & h_ok[None, :]
+            # [BLOCK_I, BLOCK_H] tiles of Wg, Wu (Wg[e][i, h] at i·H + h) and of Wdᵀ (Wd[e][h, i] at h·I + i)
+            wg = tl.load(gate_w + cols[:, None] * hidden_size + hs[None, :], mask=weight_mask, other=0.0)
+            wu = tl.load(up_w + cols[:, None] * hidden_size + hs[None, :], mask=weight_mask, other=0.0)
+            wd_t = tl.load(down_w + hs[None, :] * inter_size + cols[:, None], mask=weight_mask, other=0.0)
+            # [BLOCK_H, BLOCK_M] tiles of xᵀ and dyᵀ, gathered by token
+            token_offsets = tokens[None, :] * hidden_size + hs[:, None]
+            token_mask = h_ok[:, None] & row_ok[None, :]
+            x_hi = tl.load(x_hi_ptr + token_offsets, mask=token_mask, other=0.0)
+            dy_hi = tl.load(dy_hi_ptr + token_offsets, mask=token_mask, other=0.0)
 
-            x_hi, x_lo = _split(x, OPERAND_DTYPE, SPLIT_PRECISION, INTERPRETER)
-            dy_hi, dy_lo = _split(dy, OPERAND_DTYPE, SPLIT_PRECISION, INTERPRETER)
-            wg_hi, wg_lo = _split(wg_t, OPERAND_DTYPE, SPLIT_PRECISION, INTERPRETER)
-            wu_hi, wu_lo = _split(wu_t, OPERAND_DTYPE, SPLIT_PRECISION, INTERPRETER)
-            wd_hi, wd_lo = _split(wd, OPERAND_DTYPE, SPLIT_PRECISION, INTERPRETER)
-            g = _split_dot(x_hi, x_lo, wg_hi, wg_lo, g, SPLIT_PRECISION, INTERPRETER)
-            u = _split_dot(x_hi, x_lo, wu_hi, wu_lo, u, SPLIT_PRECISION, INTERPRETER)
-            dap = _split_dot(dy_hi, dy_lo, wd_hi, wd_lo, dap, SPLIT_PRECISION, INTERPRETER)
+            wg_hi, wg_lo = _split(wg, OPERAND_DTYPE, SPLIT_PRECISION, INTERPRETER)
+            wu_hi, wu_lo = _split(wu, OPERAND_DTYPE, SPLIT_PRECISION, INTERPRETER)
+            wd_hi, wd_lo = _split(wd_t, OPERAND_DTYPE, SPLIT_PRECISION, INTERPRETER)
+            if SPLIT_PRECISION:  # the two small cross terms first
+                x_lo = tl.load(x_lo_ptr + token_offsets, mask=token_mask, other=0.0)
+                dy_lo = tl.load(dy_lo_ptr + token_offsets, mask=token_mask, other=0.0)
+                g = _dot(wg_lo, x_hi, g, INTERPRETER)
+                g = _dot(wg_hi, x_lo, g, INTERPRETER)
+                u = _dot(wu_lo, x_hi, u, INTERPRETER)
+                u = _dot(wu_hi, x_lo, u, INTERPRETER)
+                dap = _dot(wd_lo, dy_hi, dap, INTERPRETER)
+                dap = _dot(wd_hi, dy_lo, dap, INTERPRETER)
+            g = _dot(wg_hi, x_hi, g, INTERPRETER)
+            u = _dot(wu_hi, x_hi, u, INTERPRETER)
+            dap = _dot(wd_hi, dy_hi, dap, INTERPRETER)
 
-        # epilogue: padded rows and columns hold g = u = dAp = 0, so they add nothing to the row sums
+        # epilogue: padded rows and columns hold g = u = dAp = 0, so they add nothing to the sums over I
         w = tl.load(topk_weights_ptr + slots, mask=row_ok, other=0.0).to(tl.float32)
         sig = tl.sigmoid(g)
         silu = g * sig
         act = silu * u
-        tl.store(topk_partial_ptr + i_tile * num_slots + slots, tl.sum(dap * act, axis=1), mask=row_ok)
-        da = w[:, None] * dap
+        tl.store(topk_partial_ptr + i_tile * num_slots + slots, tl.sum(dap * act, axis=0), mask=row_ok)
+        da = w[None, :] * dap
         dg = da * u * sig * (1.0 + g * (1.0 - sig))
         du = da * silu
-        out_offsets = rows[:, None].to(tl.int64) * inter_size + cols[None, :]
-        out_mask = row_ok[:, None] & col_ok[None, :]
+        out_offsets = rows[None, :].to(tl.int64) * inter_size + cols[:, None]
+        out_mask = col_ok[:, None] & row_ok[None, :]
         tl.store(dgate_ptr + out_offsets, _round(dg, OPERAND_DTYPE, INTERPRETER), mask=out_mask)
         tl.store(dup_ptr + out_offsets, _round(du, OPERAND_DTYPE, INTERPRETER), mask=out_mask)
-        tl.store(scaled_act_ptr + out_offsets, _round(w[:, None] * act, OPERAND_DTYPE, INTERPRETER), mask=out_mask)
+        tl.store(scaled_act_ptr + out_offsets, _round(w[None, :] * act, OPERAND_DTYPE, INTERPRETER), mask=out_mask)
 
 
 # --------------------------------------------------------------------------------------------------
-# kernel B: weight gradients and per-slot dX contributions
+# kernel W: a weight gradient per expert, each tile reduced over all of the expert's rows
 
 
 @triton.jit
-def _weight_grad_kernel(
-    grad_output_ptr,  # [T, H] dy, input dtype
-    hidden_ptr,  # [T, H] x, input dtype
+def _expert_weight_grad_kernel(
+    a_ptr,  # rows of A, [*, size_m]: row = token (A_BY_TOKEN) or sorted position
+    a2_ptr,  # rows of a second A of the same shape (TWO_OUTPUTS), else unused
+    b_ptr,  # rows of B, [*, size_n]: row = token (B_BY_TOKEN) or sorted position
+    out_ptr,  # out [E, size_m, size_n]: out_e = Σ over the expert's rows of aᵀ b, output dtype
+    out2_ptr,  # out [E, size_m, size_n]: Σ a2ᵀ b (TWO_OUTPUTS), else unused
+    sorted_slot_ptr,  # [T·K] int32: slot ids in expert order
+    expert_offsets_ptr,  # [E + 1] int32: first sorted position of each expert
+    top_k,  # K
+    size_m,  # rows of each expert's output
+    size_n,  # columns of each expert's output
+    num_m_tiles,  # cdiv(size_m, BLOCK_M)
+    num_n_tiles,  # cdiv(size_n, BLOCK_N)
+    N_TILES_PER_PROGRAM,  # output tiles along N one program writes, one after the other
+    A_BY_TOKEN: tl.constexpr, B_BY_TOKEN: tl.constexpr, TWO_OUTPUTS: tl.constexpr, INTERPRETER: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+):  # fmt: skip
+    # Launched twice: dWg_e = Σ dgᵀ x and dWu_e = Σ duᵀ x (A = dg, A2 = du, B = x, [I, H]), then
+    # dWd_e = Σ dyᵀ aw (A = dy, B = aw, [H, I]). Program (expert, M-tile, N-group): the tiles of
+    # N_TILES_PER_PROGRAM N-tiles, each reduced over the expert's row blocks. One flat loop over
+    # (N-tile, row block) pairs lets the compiler fetch the next pair's operands while the current
+    # one multiplies; a tile is stored (and its accumulators cleared) after its last row block. An
+    # expert with no rows still takes one pass per tile (all loads masked): exact zeros are written.
+    pid = tl.program_id(0)
+    num_n_groups = tl.cdiv(num_n_tiles, N_TILES_PER_PROGRAM)
+    n_group = pid % num_n_groups
+    m_tile = (pid // num_n_groups) % num_m_tiles
+    expert = pid // (num_n_groups * num_m_tiles)  # an expert's programs are adjacent: its rows stay in L2
+    row_begin = tl.load(expert_offsets_ptr + expert)
+    row_end = tl.load(expert_offsets_ptr + expert + 1)
+    num_row_blocks = tl.maximum(tl.cdiv(row_end - row_begin, BLOCK_ROWS), 1)
+    first_n_tile = n_group * N_TILES_PER_PROGRAM
+    num_tiles = tl.minimum(N_TILES_PER_PROGRAM, num_n_tiles - first_n_tile)
+    out_offset = expert.to(tl.int64) * size_m * size_n
+    out_dtype = out_ptr.dtype.element_ty
+
+    ms = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_ok = ms < size_m
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    acc2 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for step in range(0, num_tiles * num_row_blocks):
+        block = step % num_row_blocks
+        ns = (first_n_tile + step // num_row_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = ns < size_n
+        rows = row_begin + block * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+        row_ok = rows < row_end
+        slots = tl.load(sorted_slot_ptr + rows, mask=row_ok, other=0)
+        tokens = (slots // top_k).to(tl.int64)
+        a_rows = tokens if A_BY_TOKEN else rows.to(tl.int64)
+        b_rows = tokens if B_BY_TOKEN else rows.to(tl.int64)
+        # [BLOCK_M, BLOCK_ROWS] transposed tile of A, [BLOCK_ROWS, BLOCK_N] tile of B
+        a_t_offsets = a_rows[None, :] * size_m + ms[:, None]
+        a_t_mask = m_ok[:, None] & row_ok[None, :]
+        b = tl.load(b_ptr + b_rows[:, None] * size_n + ns[None, :], mask=row_ok[:, None] & n_ok[None, :], other=0.0)
+        acc = _dot(tl.load(a_ptr + a_t_offsets, mask=a_t_mask, other=0.0), b, acc, INTERPRETER)
+        if TWO_OUTPUTS:
+            acc2 = _dot(tl.load(a2_ptr + a_t_offsets, mask=a_t_mask, other=0.0), b, acc2, INTERPRETER)
+        if block == num_row_blocks - 1:  # the tile is complete: write it once
+            out_offsets = out_offset + ms[:, None] * size_n + ns[None, :]
+            out_mask = m_ok[:, None] & n_ok[None, :]
+            tl.store(out_ptr + out_offsets, _round(acc, out_dtype, INTERPRETER), mask=out_mask)
+            if TWO_OUTPUTS:
+                tl.store(out2_ptr + out_offsets, _round(acc2, out_dtype, INTERPRETER), mask=out_mask)
+            acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+            acc2 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+
+
+# --------------------------------------------------------------------------------------------------
+# kernel D: per-slot dX contributions (transposed tiles)
+
+
+@triton.jit
+def _slot_grad_x_kernel(
     gate_weights_ptr,  # [E, I, H] Wg
     up_weights_ptr,  # [E, I, H] Wu
     sorted_slot_ptr,  # [T·K] int32: slot ids in expert order
     expert_offsets_ptr,  # [E + 1] int32: first sorted position of each expert
     dgate_ptr,  # [T·K, I] dg from kernel A, row = sorted position
     dup_ptr,  # [T·K, I] du from kernel A, row = sorted position
-    scaled_act_ptr,  # [T·K, I] aw from kernel A, row = sorted position
-    grad_gate_ptr,  # out [E, I, H] dWg, output dtype
-    grad_up_ptr,  # out [E, I, H] dWu, output dtype
-    grad_down_ptr,  # out [E, H, I] dWd, output dtype
     dx_slot_ptr,  # out [T·K, H] fp32: Wg_eᵀ dg + Wu_eᵀ du per slot, row = slot id
-    top_k,  # K
     hidden_size,  # H
     inter_size,  # I
-    num_h_tiles,  # cdiv(H, BLOCK_H_OUT)
+    num_h_tiles,  # cdiv(H, BLOCK_H)
     ROW_SPLIT,  # R
     OPERAND_DTYPE: tl.constexpr,  # dtype of the tensor-core operands (bf16 or fp16)
     INTERPRETER: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H_OUT: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr,
 ):  # fmt: skip
     expert, h_tile, r = _expert_tile(tl.program_id(0), num_h_tiles, ROW_SPLIT)
     row_begin = tl.load(expert_offsets_ptr + expert)
@@ -292,69 +379,31 @@ def _weight_grad_kernel(
     e64 = expert.to(tl.int64)
     gate_w = gate_weights_ptr + e64 * inter_size * hidden_size
     up_w = up_weights_ptr + e64 * inter_size * hidden_size
-    out_dtype = grad_gate_ptr.dtype.element_ty
 
-    hs = h_tile * BLOCK_H_OUT + tl.arange(0, BLOCK_H_OUT)  # this program's H-tile
+    hs = h_tile * BLOCK_H + tl.arange(0, BLOCK_H)  # this program's H-tile: the M side
     h_ok = hs < hidden_size
-    ms = tl.arange(0, BLOCK_M)
-
-    # dWg_e[i, h] = Σ_rows dg[row, i] x[row, h];  dWu_e likewise;  dWd_e[h, i] = Σ_rows dy[row, h] aw[row, i]
-    for i0 in range(r * BLOCK_I, inter_size, ROW_SPLIT * BLOCK_I):
-        cols = i0 + tl.arange(0, BLOCK_I)
-        col_ok = cols < inter_size
-        grad_gate = tl.zeros((BLOCK_I, BLOCK_H_OUT), tl.float32)
-        grad_up = tl.zeros((BLOCK_I, BLOCK_H_OUT), tl.float32)
-        grad_down = tl.zeros((BLOCK_H_OUT, BLOCK_I), tl.float32)
-        for m0 in range(row_begin, row_end, BLOCK_M):
-            rows = m0 + ms
-            row_ok = rows < row_end
-            slots = tl.load(sorted_slot_ptr + rows, mask=row_ok, other=0)
-            tokens = (slots // top_k).to(tl.int64)
-            token_mask = row_ok[:, None] & h_ok[None, :]
-            x = tl.load(hidden_ptr + tokens[:, None] * hidden_size + hs[None, :], mask=token_mask, other=0.0)
-            dy = tl.load(grad_output_ptr + tokens[:, None] * hidden_size + hs[None, :], mask=token_mask, other=0.0)
-            # [BLOCK_I, BLOCK_M] transposed tiles of dg and du; [BLOCK_M, BLOCK_I] of aw; [BLOCK_H_OUT, BLOCK_M] of dyᵀ
-            ws_t_offsets = rows[None, :].to(tl.int64) * inter_size + cols[:, None]
-            ws_t_mask = col_ok[:, None] & row_ok[None, :]
-            dg_t = tl.load(dgate_ptr + ws_t_offsets, mask=ws_t_mask, other=0.0)
-            du_t = tl.load(dup_ptr + ws_t_offsets, mask=ws_t_mask, other=0.0)
-            aw = tl.load(scaled_act_ptr + rows[:, None].to(tl.int64) * inter_size + cols[None, :],
-                         mask=row_ok[:, None] & col_ok[None, :], other=0.0)  # fmt: skip
-            x16 = _round(x.to(tl.float32), OPERAND_DTYPE, INTERPRETER)
-            dy16_t = tl.trans(_round(dy.to(tl.float32), OPERAND_DTYPE, INTERPRETER))
-            grad_gate = _dot(dg_t, x16, grad_gate, INTERPRETER)
-            grad_up = _dot(du_t, x16, grad_up, INTERPRETER)
-            grad_down = _dot(dy16_t, aw, grad_down, INTERPRETER)
-        # written for every expert, with or without rows: an expert no token chose gets exact zeros
-        ih_offsets = e64 * inter_size * hidden_size + cols[:, None] * hidden_size + hs[None, :]
-        ih_mask = col_ok[:, None] & h_ok[None, :]
-        tl.store(grad_gate_ptr + ih_offsets, _round(grad_gate, out_dtype, INTERPRETER), mask=ih_mask)
-        tl.store(grad_up_ptr + ih_offsets, _round(grad_up, out_dtype, INTERPRETER), mask=ih_mask)
-        hi_offsets = e64 * hidden_size * inter_size + hs[:, None] * inter_size + cols[None, :]
-        hi_mask = h_ok[:, None] & col_ok[None, :]
-        tl.store(grad_down_ptr + hi_offsets, _round(grad_down, out_dtype, INTERPRETER), mask=hi_mask)
-
-    # dX_slot[slot, h] = Σ_i dg[row, i] Wg_e[i, h] + du[row, i] Wu_e[i, h]
+    # dX_slotᵀ[h, row] = Σ_i Wg_e[i, h] dg[row, i] + Wu_e[i, h] du[row, i]
     for m0 in range(row_begin + r * BLOCK_M, row_end, ROW_SPLIT * BLOCK_M):
-        rows = m0 + ms
+        rows = m0 + tl.arange(0, BLOCK_M)
         row_ok = rows < row_end
         slots = tl.load(sorted_slot_ptr + rows, mask=row_ok, other=0)
-        grad_x = tl.zeros((BLOCK_M, BLOCK_H_OUT), tl.float32)
+        grad_x = tl.zeros((BLOCK_H, BLOCK_M), tl.float32)
         for i0 in range(0, inter_size, BLOCK_I):
             cols = i0 + tl.arange(0, BLOCK_I)
             col_ok = cols < inter_size
-            ws_offsets = rows[:, None].to(tl.int64) * inter_size + cols[None, :]
-            ws_mask = row_ok[:, None] & col_ok[None, :]
-            dg = tl.load(dgate_ptr + ws_offsets, mask=ws_mask, other=0.0)
-            du = tl.load(dup_ptr + ws_offsets, mask=ws_mask, other=0.0)
-            w_offsets = cols[:, None] * hidden_size + hs[None, :]
-            w_mask = col_ok[:, None] & h_ok[None, :]
-            wg = tl.load(gate_w + w_offsets, mask=w_mask, other=0.0)
-            wu = tl.load(up_w + w_offsets, mask=w_mask, other=0.0)
-            grad_x = _dot(dg, _round(wg.to(tl.float32), OPERAND_DTYPE, INTERPRETER), grad_x, INTERPRETER)
-            grad_x = _dot(du, _round(wu.to(tl.float32), OPERAND_DTYPE, INTERPRETER), grad_x, INTERPRETER)
-        tl.store(dx_slot_ptr + slots[:, None].to(tl.int64) * hidden_size + hs[None, :], grad_x,
-                 mask=row_ok[:, None] & h_ok[None, :])  # fmt: skip
+            # [BLOCK_H, BLOCK_I] tiles of Wgᵀ and Wuᵀ; [BLOCK_I, BLOCK_M] tiles of dgᵀ and duᵀ
+            w_offsets = cols[None, :] * hidden_size + hs[:, None]
+            w_mask = h_ok[:, None] & col_ok[None, :]
+            wg_t = tl.load(gate_w + w_offsets, mask=w_mask, other=0.0)
+            wu_t = tl.load(up_w + w_offsets, mask=w_mask, other=0.0)
+            ws_offsets = rows[None, :].to(tl.int64) * inter_size + cols[:, None]
+            ws_mask = col_ok[:, None] & row_ok[None, :]
+            dg_t = tl.load(dgate_ptr + ws_offsets, mask=ws_mask, other=0.0)
+            du_t = tl.load(dup_ptr + ws_offsets, mask=ws_mask, other=0.0)
+            grad_x = _dot(_operand(wg_t, OPERAND_DTYPE, INTERPRETER), dg_t, grad_x, INTERPRETER)
+            grad_x = _dot(_operand(wu_t, OPERAND_DTYPE, INTERPRETER), du_t, grad_x, INTERPRETER)
+        tl.store(dx_slot_ptr + slots[None, :].to(tl.int64) * hidden_size + hs[:, None], grad_x,
+                 mask=h_ok[:, None] & row_ok[None, :])  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------------
@@ -401,6 +450,12 @@ _OPERAND_DTYPES = {torch.float32: tl.bfloat16, torch.bfloat16: tl.bfloat16, torc
 _TORCH_DTYPES = {tl.bfloat16: torch.bfloat16, tl.float16: torch.float16}
 
 
+def split_halves(v: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hi, lo) in ``dtype`` with v ≈ hi + lo: hi = round(v), lo = round(v − hi) (both nearest-even)."""
+    hi = v.to(dtype)
+    return hi, (v - hi.to(v.dtype)).to(dtype)
+
+
 def moe_experts_backward_triton(
     grad_output, hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights,
     *, config: LaunchConfig | None = None,
@@ -423,7 +478,6 @@ def moe_experts_backward_triton(
     operand_dtype = _OPERAND_DTYPES[dtype]
     split_precision = dtype == torch.float32
     num_i_tiles = triton.cdiv(I, config.block_i)
-    num_h_tiles = triton.cdiv(H, config.block_h_out)
     R = config.row_split
 
     grad_hidden = allocate((T, H), dtype=dtype, device=device)
@@ -434,31 +488,56 @@ def moe_experts_backward_triton(
 
     routing = route_by_expert(topk_indices, E)
     ws_rows = max(num_slots, 1)  # kernels take no zero-size buffers
-    dgate = allocate((ws_rows, I), dtype=_TORCH_DTYPES[operand_dtype], device=device)
-    dup = allocate((ws_rows, I), dtype=_TORCH_DTYPES[operand_dtype], device=device)
-    scaled_act = allocate((ws_rows, I), dtype=_TORCH_DTYPES[operand_dtype], device=device)
+    workspace_dtype = _TORCH_DTYPES[operand_dtype]
+    dgate = allocate((ws_rows, I), dtype=workspace_dtype, device=device)
+    dup = allocate((ws_rows, I), dtype=workspace_dtype, device=device)
+    scaled_act = allocate((ws_rows, I), dtype=workspace_dtype, device=device)
     topk_partial = allocate((num_i_tiles, ws_rows), dtype=torch.float32, device=device)
     dx_slot = allocate((ws_rows, H), dtype=torch.float32, device=device)
     sorted_slot = routing.sorted_slot if num_slots > 0 else torch.zeros(1, dtype=torch.int32, device=device)
+    if split_precision:
+        x_hi, x_lo = split_halves(hidden_states, workspace_dtype)
+        dy_hi, dy_lo = split_halves(grad_output, workspace_dtype)
+    else:
+        x_hi = x_lo = hidden_states
+        dy_hi = dy_lo = grad_output
+    if T == 0:  # kernel W still writes the (zero) weight gradients; give it non-empty pointers
+        x_hi = dy_hi = torch.zeros(1, dtype=workspace_dtype, device=device)
 
     if num_slots > 0:
         _swiglu_grad_kernel[(E * num_i_tiles * R,)](
-            grad_output, hidden_states, topk_weights, gate_weights, up_weights, down_weights,
+            x_hi, x_lo, dy_hi, dy_lo, topk_weights, gate_weights, up_weights, down_weights,
             sorted_slot, routing.expert_offsets, dgate, dup, scaled_act, topk_partial,
             num_slots, K, H, I, num_i_tiles, R,
             OPERAND_DTYPE=operand_dtype, SPLIT_PRECISION=split_precision, INTERPRETER=interpreter,
-            BLOCK_M=config.block_m, BLOCK_I=config.block_i, BLOCK_H=config.block_h,
+            BLOCK_I=config.block_i, BLOCK_M=config.block_m, BLOCK_H=config.block_h,
             num_warps=config.warps_a, num_stages=config.stages_a,
         )  # fmt: skip
-    _weight_grad_kernel[(E * num_h_tiles * R,)](
-        grad_output, hidden_states, gate_weights, up_weights, sorted_slot, routing.expert_offsets,
-        dgate, dup, scaled_act, grad_gate, grad_up, grad_down, dx_slot,
-        K, H, I, num_h_tiles, R,
-        OPERAND_DTYPE=operand_dtype, INTERPRETER=interpreter,
-        BLOCK_M=config.block_m, BLOCK_I=config.block_i, BLOCK_H_OUT=config.block_h_out,
-        num_warps=config.warps_b, num_stages=config.stages_b,
-    )  # fmt: skip
+    # dWg, dWu = Σ dgᵀ x, Σ duᵀ x (one launch, x shared); dWd = Σ dyᵀ aw
+    for a, a2, b, out, out2, size_m, size_n, a_by_token, b_by_token, tile, warps, stages in (
+        (dgate, dup, x_hi, grad_gate, grad_up, I, H, False, True, config.grad_gate_up_tile,
+         config.warps_gu, config.stages_gu),
+        (dy_hi, dy_hi, scaled_act, grad_down, grad_down, H, I, True, False, config.grad_down_tile,
+         config.warps_dn, config.stages_dn),
+    ):  # fmt: skip
+        block_m, block_n, block_rows = tile
+        num_m_tiles, num_n_tiles = triton.cdiv(size_m, block_m), triton.cdiv(size_n, block_n)
+        n_tiles_per_program = min(config.n_tiles_per_program, num_n_tiles)
+        _expert_weight_grad_kernel[(E * num_m_tiles * triton.cdiv(num_n_tiles, n_tiles_per_program),)](
+            a, a2, b, out, out2, sorted_slot, routing.expert_offsets,
+            K, size_m, size_n, num_m_tiles, num_n_tiles, n_tiles_per_program,
+            A_BY_TOKEN=a_by_token, B_BY_TOKEN=b_by_token, TWO_OUTPUTS=out2 is not out, INTERPRETER=interpreter,
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_ROWS=block_rows, num_warps=warps, num_stages=stages,
+        )  # fmt: skip
     if num_slots > 0:
+        num_h_dx_tiles = triton.cdiv(H, config.block_h_dx)
+        _slot_grad_x_kernel[(E * num_h_dx_tiles * R,)](
+            gate_weights, up_weights, sorted_slot, routing.expert_offsets, dgate, dup, dx_slot,
+            H, I, num_h_dx_tiles, R,
+            OPERAND_DTYPE=operand_dtype, INTERPRETER=interpreter,
+            BLOCK_H=config.block_h_dx, BLOCK_M=config.block_m, BLOCK_I=config.block_i_dx,
+            num_warps=config.warps_d, num_stages=config.stages_d,
+        )  # fmt: skip
         _token_sum_kernel[(T, triton.cdiv(H, config.block_h_sum))](
             dx_slot, topk_partial, grad_hidden, grad_topk, num_slots, K, H, num_i_tiles,
             INTERPRETER=interpreter, BLOCK_H=config.block_h_sum, BLOCK_K=triton.next_power_of_2(K),
