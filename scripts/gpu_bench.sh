@@ -10,7 +10,8 @@
 # when that wheel is there (pure Python; it needs only torch and triton). Override the implementation
 # lists with P1_IMPLS, P2_FP32_IMPLS, P2_BF16_IMPLS (e.g. P2_FP32_IMPLS=reference,grouped_mm,liger,triton),
 # the per-run time limits with P1_SECONDS, P2_FP32_SECONDS, P2_BF16_SECONDS, the interpreter with PYTHON;
-# RUNS picks which of the three runs happen (default "p1 p2_fp32 p2_bf16").
+# RUNS picks which of the three runs happen (default "p1 p2_fp32 p2_bf16"), P2_FP32_TOKENS the fp32 token
+# counts ("suite" for the 16-case suite).
 # Where the tree travels without .git, pass the commit for the provenance: GIT_COMMIT=<hash> bash ...
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +21,8 @@ P1_IMPLS=${P1_IMPLS:-}  # empty: every implementation available for P1
 P2_FP32_IMPLS=${P2_FP32_IMPLS:-reference,grouped_mm,liger}
 P2_BF16_IMPLS=${P2_BF16_IMPLS:-reference,grouped_mm,liger}
 RUNS=${RUNS:-p1 p2_fp32 p2_bf16}
+P2_FP32_TOKENS=${P2_FP32_TOKENS:-2048,8192}
+if [ "$P2_FP32_TOKENS" = suite ]; then P2_FP32_CASES=(--suite); else P2_FP32_CASES=(--tokens "$P2_FP32_TOKENS"); fi
 
 if [ -n "${OUT:-}" ]; then
   RESULTS="$OUT/results"
@@ -73,7 +76,7 @@ case " $RUNS " in *" p1 "*)
 esac
 case " $RUNS " in *" p2_fp32 "*)
   bench "P2 moe_experts_backward fp32" "${P2_FP32_SECONDS:-150}" --problem moe_experts_backward \
-    --tokens 2048,8192 --impl "$P2_FP32_IMPLS"
+    "${P2_FP32_CASES[@]}" --impl "$P2_FP32_IMPLS"
 esac
 case " $RUNS " in *" p2_bf16 "*)
   bench "P2 moe_experts_backward_bf16" "${P2_BF16_SECONDS:-150}" --problem moe_experts_backward_bf16 \
