@@ -111,3 +111,14 @@ _P1_NAMES = (
 _P2_NAMES = (
     "grad_output", "hidden_states", "topk_indices", "topk_weights", "gate_weights", "up_weights", "down_weights",
 )  # fmt: skip
+
+
+def moe_experts_forward(hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights,
+                        *, impl: str = "auto"):  # fmt: skip
+    """P2's forward y [T, H] (no validation: for the layers): the Triton kernels where ``impl``
+    resolves to the Triton backward (bf16×3 for g and u with fp32 inputs, bf16 products for Wd·a),
+    the reference loop over experts otherwise."""
+    inputs = (hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights)
+    if resolve_impl("moe_experts_backward", impl, hidden_states.device, hidden_states.dtype) == "triton":
+        return importlib.import_module(TRITON_MODULES["moe_experts_backward"]).moe_experts_forward_triton(*inputs)
+    return reference.moe_experts_forward_reference(*inputs)

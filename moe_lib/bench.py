@@ -484,7 +484,8 @@ def provenance(args, device, ceilings, suite, reference_dtype, started) -> dict:
         liger_kernel=_version("liger-kernel"),
         cuda=torch.version.cuda,
         python=sys.version.split()[0],
-        git_commit=commit or os.environ.get("GIT_COMMIT"),  # GIT_COMMIT: for copies of the tree without .git
+        # GIT_COMMIT, when set, wins: a copy of the tree may carry a .git whose HEAD is not what runs
+        git_commit=os.environ.get("GIT_COMMIT") or commit,
         git_dirty=None if status is None else bool(status),
         date_utc=started.isoformat(timespec="seconds"),
         hostname=socket.gethostname(),

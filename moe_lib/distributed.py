@@ -363,7 +363,14 @@ class _ExpertParallelMoE(torch.autograd.Function):
             received_x = _all_to_all_rows(send_x, plan.receive_splits, plan.send_splits, group)
             received_w = _all_to_all_rows(send_w, plan.receive_splits, plan.send_splits, group)
         with stats.phase("expert_forward"):
-            expert_rows = _local_experts_forward(received_x, received_w, plan, gate, up, down)
+            if received_x.shape[0] > 0 and api.resolve_impl(
+                "moe_experts_backward", impl, received_x.device, received_x.dtype
+            ) == "triton":  # the same kernels as the single-device layer (one slot per received row)
+                expert_rows = api.moe_experts_forward(
+                    received_x, plan.received_local_expert[:, None], received_w[:, None], gate, up, down, impl=impl
+                )
+            else:
+                expert_rows = _local_experts_forward(received_x, received_w, plan, gate, up, down)
         with stats.phase("combine"):
             returned_rows = _all_to_all_rows(expert_rows, plan.send_splits, plan.receive_splits, group)
         ctx.save_for_backward(received_x, received_w, gate, up, down)

@@ -34,7 +34,7 @@ correctness marked skipped.
 Outputs, written by rank 0 under ``<out>/<gpu key>/`` (``H200``, ..., ``cpu``):
 ``<YYYY-MM-DD>-moe_experts_parallel-<dtype>[-small].csv`` (one row per token count, columns
 :data:`CSV_COLUMNS`) and a ``.json`` beside it with the provenance (GPU, driver, torch, world size,
-backend, date, git commit from ``git rev-parse`` or the environment's GIT_COMMIT, environment) and
+backend, date, git commit from the environment's GIT_COMMIT or else ``git rev-parse``, environment) and
 per case the rows each rank sent and received and each rank's phase medians.
 """
 
@@ -394,7 +394,7 @@ def provenance(args, device, world_size: int, backend: str, environment: dict, s
         python=sys.version.split()[0],
         world_size=world_size,
         backend=backend,
-        git_commit=bench._git("rev-parse", "HEAD") or os.environ.get("GIT_COMMIT"),
+        git_commit=os.environ.get("GIT_COMMIT") or bench._git("rev-parse", "HEAD"),
         date_utc=started.isoformat(timespec="seconds"),
         hostname=socket.gethostname(),
         command=shlex.join([sys.executable, "-m", "moe_lib.distributed_bench", *sys.argv[1:]]),

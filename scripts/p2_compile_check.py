@@ -22,7 +22,7 @@ from moe_lib.kernels import moe_experts_backward as kernels
 
 TOOLS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 INT_POINTERS = ("sorted_slot_ptr", "expert_offsets_ptr")
-SIZE_ARGS = ("hidden_size", "inter_size", "num_slots", "size_m", "size_n")
+SIZE_ARGS = ("hidden_size", "inter_size", "num_slots", "size_m", "size_n", "stride_i")
 FP32_POINTERS = ("topk_partial_ptr", "dx_slot_ptr", "topk_weights_ptr")
 OPERAND_POINTERS = ("x_hi_ptr", "x_lo_ptr", "dy_hi_ptr", "dy_lo_ptr", "dgate_ptr", "dup_ptr", "scaled_act_ptr")
 
@@ -34,12 +34,15 @@ def compile_for_hopper(kernel, constexprs: dict, input_type: str, warps: int, st
             signature[name] = "constexpr"
         elif name in INT_POINTERS:
             signature[name] = "*i32"
-        elif name in FP32_POINTERS:
+        elif name in FP32_POINTERS or name == "out_slot_ptr":
             signature[name] = "*fp32"
-        elif name in OPERAND_POINTERS or name in ("a_ptr", "a2_ptr", "b_ptr"):
+        elif name in OPERAND_POINTERS or name in ("a_ptr", "a2_ptr", "b_ptr", "rows1_ptr", "rows2_ptr"):
             signature[name] = "*bf16"
         elif name.endswith("_ptr"):
             signature[name] = input_type
+        elif name == "stride_h":  # kernel D's backward: Wgᵀ, Wuᵀ (1 is specialised away)
+            signature[name] = "constexpr"
+            constexprs[name] = 1
         else:
             signature[name] = "i32"
     aligned = [n for n in kernel.arg_names if n.endswith("_ptr") or n in SIZE_ARGS]
@@ -81,7 +84,7 @@ def main():
     input_type, split = ("*fp32", True) if args.dtype == "fp32" else ("*bf16", False)
     common = dict(INTERPRETER=False)
     launches = {
-        "A": (kernels._swiglu_grad_kernel, dict(OPERAND_DTYPE=tl.bfloat16, SPLIT_PRECISION=split,
+        "A": (kernels._swiglu_grad_kernel, dict(OPERAND_DTYPE=tl.bfloat16, SPLIT_PRECISION=split, FORWARD_ONLY=False,
                                                 BLOCK_I=config.block_i, BLOCK_M=config.block_m, BLOCK_H=config.block_h),
               config.warps_a, config.stages_a),
         "W dWg,dWu": (kernels._expert_weight_grad_kernel,
@@ -90,8 +93,9 @@ def main():
         "W dWd": (kernels._expert_weight_grad_kernel,
                   dict(A_BY_TOKEN=True, B_BY_TOKEN=False, TWO_OUTPUTS=False, **tile_sizes(config.grad_down_tile)),
                   config.warps_dn, config.stages_dn),
-        "D": (kernels._slot_grad_x_kernel, dict(OPERAND_DTYPE=tl.bfloat16, BLOCK_H=config.block_h_dx,
-                                                BLOCK_M=config.block_m, BLOCK_I=config.block_i_dx),
+        "D": (kernels._slot_projection_kernel, dict(TWO_TERMS=True, OPERAND_DTYPE=tl.bfloat16,
+                                                    BLOCK_H=config.block_h_dx, BLOCK_M=config.block_m,
+                                                    BLOCK_I=config.block_i_dx),
               config.warps_d, config.stages_d),
     }  # fmt: skip
     for name, (kernel, constexprs, warps, stages) in launches.items():

@@ -32,7 +32,7 @@ from moe_lib.bench import compare_output  # noqa: E402
 from moe_lib.kernels import moe_experts_backward as kernels  # noqa: E402
 
 # kernel name -> column; the weight-gradient kernel runs twice per call: dWg and dWu, then dWd
-KERNEL_NAMES = {"_swiglu_grad_kernel": "A", "_expert_weight_grad_kernel": ("Wgu", "Wd"), "_slot_grad_x_kernel": "D",
+KERNEL_NAMES = {"_swiglu_grad_kernel": "A", "_expert_weight_grad_kernel": ("Wgu", "Wd"), "_slot_projection_kernel": "D",
                 "_token_sum_kernel": "C"}  # fmt: skip
 COLUMNS = ("A", "Wgu", "Wd", "D", "C", "other")
 

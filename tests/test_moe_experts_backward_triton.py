@@ -96,6 +96,7 @@ def check_small_case(case: str, seed: int, device="cpu") -> dict:
         got = run_triton(inputs, row_split)
         seconds = time.perf_counter() - start
         again = run_triton(inputs, row_split)
+        forward = kernels.moe_experts_forward_triton(*list(inputs.values())[1:])
     finally:
         kernels.allocate = torch.empty
     chosen = torch.zeros(inputs["gate_weights"].shape[0], dtype=torch.bool, device=device)
@@ -112,6 +113,8 @@ def check_small_case(case: str, seed: int, device="cpu") -> dict:
         unchosen_experts_zero=all(int(torch.count_nonzero(g[~chosen])) == 0 for g in weight_grads),
         chosen_experts_nonzero=all(bool((g[chosen].flatten(1) != 0).any(dim=1).all()) for g in weight_grads),
         num_unchosen=int((~chosen).sum()),
+        forward_dtype=str(forward.dtype),
+        forward_rel_error=rel_error(forward, reference.moe_experts_forward_reference(*list(upcast.values())[1:])),
     )
 
 
@@ -131,6 +134,8 @@ def assert_small_case(case: str, result: dict) -> None:
     assert result["bitwise_repeatable"], f"{where} two calls gave different bits"
     assert result["unchosen_experts_zero"], f"{where} an expert no token chose got nonzero weight gradients"
     assert result["chosen_experts_nonzero"], f"{where} an expert with tokens got an all-zero weight gradient"
+    assert result["forward_dtype"] == f"torch.{SMALL_CASES[case][6]}", where
+    assert result["forward_rel_error"] <= tolerance["grad_hidden_states"], f"{where} forward: {result}"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -265,6 +270,9 @@ def test_gpu_layer_gradients_match_autograd_of_the_reference(dtype, seed):
     got = torch.autograd.grad(y, leaves, inputs["grad_output"])
     want = moe_experts_grads(*inputs.values())
     tolerance = FP32_TOLERANCE if dtype == torch.float32 else BF16_TOLERANCE
+    upcast = [inputs[n].double() if inputs[n].is_floating_point() else inputs[n] for n in list(inputs)[1:]]
+    y_want = reference.moe_experts_forward_reference(*upcast)
+    assert y.dtype == dtype and rel_error(y, y_want) <= tolerance["grad_hidden_states"], rel_error(y, y_want)
     for name, g, ref in zip(OUTPUT_NAMES, got, want, strict=True):
         assert g.dtype == inputs[names[OUTPUT_NAMES.index(name)]].dtype, name
         assert torch.isfinite(g).all(), name

@@ -212,6 +212,7 @@ def _swiglu_grad_kernel(
     ROW_SPLIT,  # R
     OPERAND_DTYPE: tl.constexpr,  # dtype of the tensor-core operands (bf16 or fp16)
     SPLIT_PRECISION: tl.constexpr,  # bf16×3 products for g, u and dAp (fp32 interface)
+    FORWARD_ONLY: tl.constexpr,  # the layer's forward: only aw = w·a is computed and stored (dy unused)
     INTERPRETER: tl.constexpr,
     BLOCK_I: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr,
 ):  # fmt: skip
@@ -241,42 +242,50 @@ def _swiglu_grad_kernel(
             # [BLOCK_I, BLOCK_H] tiles of Wg, Wu (Wg[e][i, h] at i·H + h) and of Wdᵀ (Wd[e][h, i] at h·I + i)
             wg = tl.load(gate_w + cols[:, None] * hidden_size + hs[None, :], mask=weight_mask, other=0.0)
             wu = tl.load(up_w + cols[:, None] * hidden_size + hs[None, :], mask=weight_mask, other=0.0)
-            wd_t = tl.load(down_w + hs[None, :] * inter_size + cols[:, None], mask=weight_mask, other=0.0)
+            if not FORWARD_ONLY:
+                wd_t = tl.load(down_w + hs[None, :] * inter_size + cols[:, None], mask=weight_mask, other=0.0)
             # [BLOCK_H, BLOCK_M] tiles of xᵀ and dyᵀ, gathered by token
             token_offsets = tokens[None, :] * hidden_size + hs[:, None]
             token_mask = h_ok[:, None] & row_ok[None, :]
             x_hi = tl.load(x_hi_ptr + token_offsets, mask=token_mask, other=0.0)
-            dy_hi = tl.load(dy_hi_ptr + token_offsets, mask=token_mask, other=0.0)
+            if not FORWARD_ONLY:
+                dy_hi = tl.load(dy_hi_ptr + token_offsets, mask=token_mask, other=0.0)
 
             wg_hi, wg_lo = _split(wg, OPERAND_DTYPE, SPLIT_PRECISION, INTERPRETER)
             wu_hi, wu_lo = _split(wu, OPERAND_DTYPE, SPLIT_PRECISION, INTERPRETER)
-            wd_hi, wd_lo = _split(wd_t, OPERAND_DTYPE, SPLIT_PRECISION, INTERPRETER)
+            if not FORWARD_ONLY:
+                wd_hi, wd_lo = _split(wd_t, OPERAND_DTYPE, SPLIT_PRECISION, INTERPRETER)
             if SPLIT_PRECISION:  # the two small cross terms first
                 x_lo = tl.load(x_lo_ptr + token_offsets, mask=token_mask, other=0.0)
-                dy_lo = tl.load(dy_lo_ptr + token_offsets, mask=token_mask, other=0.0)
+                if not FORWARD_ONLY:
+                    dy_lo = tl.load(dy_lo_ptr + token_offsets, mask=token_mask, other=0.0)
                 g = _dot(wg_lo, x_hi, g, INTERPRETER)
                 g = _dot(wg_hi, x_lo, g, INTERPRETER)
                 u = _dot(wu_lo, x_hi, u, INTERPRETER)
                 u = _dot(wu_hi, x_lo, u, INTERPRETER)
-                dap = _dot(wd_lo, dy_hi, dap, INTERPRETER)
-                dap = _dot(wd_hi, dy_lo, dap, INTERPRETER)
+                if not FORWARD_ONLY:
+                    dap = _dot(wd_lo, dy_hi, dap, INTERPRETER)
+                    dap = _dot(wd_hi, dy_lo, dap, INTERPRETER)
             g = _dot(wg_hi, x_hi, g, INTERPRETER)
             u = _dot(wu_hi, x_hi, u, INTERPRETER)
-            dap = _dot(wd_hi, dy_hi, dap, INTERPRETER)
+            if not FORWARD_ONLY:
+                dap = _dot(wd_hi, dy_hi, dap, INTERPRETER)
 
         # epilogue: padded rows and columns hold g = u = dAp = 0, so they add nothing to the sums over I
         w = tl.load(topk_weights_ptr + slots, mask=row_ok, other=0.0).to(tl.float32)
         sig = tl.sigmoid(g)
         silu = g * sig
         act = silu * u
-        tl.store(topk_partial_ptr + i_tile * num_slots + slots, tl.sum(dap * act, axis=0), mask=row_ok)
-        da = w[None, :] * dap
-        dg = da * u * sig * (1.0 + g * (1.0 - sig))
-        du = da * silu
+        if not FORWARD_ONLY:
+            tl.store(topk_partial_ptr + i_tile * num_slots + slots, tl.sum(dap * act, axis=0), mask=row_ok)
+            da = w[None, :] * dap
+            dg = da * u * sig * (1.0 + g * (1.0 - sig))
+            du = da * silu
         out_offsets = rows[None, :].to(tl.int64) * inter_size + cols[:, None]
         out_mask = col_ok[:, None] & row_ok[None, :]
-        tl.store(dgate_ptr + out_offsets, _round(dg, OPERAND_DTYPE, INTERPRETER), mask=out_mask)
-        tl.store(dup_ptr + out_offsets, _round(du, OPERAND_DTYPE, INTERPRETER), mask=out_mask)
+        if not FORWARD_ONLY:
+            tl.store(dgate_ptr + out_offsets, _round(dg, OPERAND_DTYPE, INTERPRETER), mask=out_mask)
+            tl.store(dup_ptr + out_offsets, _round(du, OPERAND_DTYPE, INTERPRETER), mask=out_mask)
         tl.store(scaled_act_ptr + out_offsets, _round(w[None, :] * act, OPERAND_DTYPE, INTERPRETER), mask=out_mask)
 
 
@@ -353,56 +362,64 @@ def _expert_weight_grad_kernel(
 
 
 # --------------------------------------------------------------------------------------------------
-# kernel D: per-slot dX contributions (transposed tiles)
+# kernel D: per-slot projections back to H (transposed tiles): dX contributions, and the forward's y
 
 
 @triton.jit
-def _slot_grad_x_kernel(
-    gate_weights_ptr,  # [E, I, H] Wg
-    up_weights_ptr,  # [E, I, H] Wu
+def _slot_projection_kernel(
+    weights1_ptr,  # [E, …] W1: element (h, i) of expert e at e·H·I + h·stride_h + i·stride_i
+    weights2_ptr,  # W2, laid out like W1 (TWO_TERMS), else unused
     sorted_slot_ptr,  # [T·K] int32: slot ids in expert order
     expert_offsets_ptr,  # [E + 1] int32: first sorted position of each expert
-    dgate_ptr,  # [T·K, I] dg from kernel A, row = sorted position
-    dup_ptr,  # [T·K, I] du from kernel A, row = sorted position
-    dx_slot_ptr,  # out [T·K, H] fp32: Wg_eᵀ dg + Wu_eᵀ du per slot, row = slot id
+    rows1_ptr,  # [T·K, I] v1 from kernel A, row = sorted position
+    rows2_ptr,  # [T·K, I] v2 (TWO_TERMS), else unused
+    out_slot_ptr,  # out [T·K, H] fp32: W1_e v1 (+ W2_e v2) per slot, row = slot id
     hidden_size,  # H
     inter_size,  # I
+    stride_h,  # distance between (h, i) and (h + 1, i) in one expert's weights
+    stride_i,  # distance between (h, i) and (h, i + 1)
     num_h_tiles,  # cdiv(H, BLOCK_H)
     ROW_SPLIT,  # R
+    TWO_TERMS: tl.constexpr,
     OPERAND_DTYPE: tl.constexpr,  # dtype of the tensor-core operands (bf16 or fp16)
     INTERPRETER: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr,
 ):  # fmt: skip
+    # Backward: W1 = Wgᵀ (Wg[e][i, h] at i·H + h), v1 = dg, W2 = Wuᵀ, v2 = du: dX_slot.
+    # Forward: W1 = Wd (Wd[e][h, i] at h·I + i), v1 = aw: y_slot.
     expert, h_tile, r = _expert_tile(tl.program_id(0), num_h_tiles, ROW_SPLIT)
     row_begin = tl.load(expert_offsets_ptr + expert)
     row_end = tl.load(expert_offsets_ptr + expert + 1)
-    e64 = expert.to(tl.int64)
-    gate_w = gate_weights_ptr + e64 * inter_size * hidden_size
-    up_w = up_weights_ptr + e64 * inter_size * hidden_size
+    expert_offset = expert.to(tl.int64) * inter_size * hidden_size
+    w1 = weights1_ptr + expert_offset
+    w2 = weights2_ptr + expert_offset
 
     hs = h_tile * BLOCK_H + tl.arange(0, BLOCK_H)  # this program's H-tile: the M side
     h_ok = hs < hidden_size
-    # dX_slotᵀ[h, row] = Σ_i Wg_e[i, h] dg[row, i] + Wu_e[i, h] du[row, i]
+    # out_slotᵀ[h, row] = Σ_i W1_e[h, i] v1[row, i] (+ W2_e[h, i] v2[row, i])
     for m0 in range(row_begin + r * BLOCK_M, row_end, ROW_SPLIT * BLOCK_M):
         rows = m0 + tl.arange(0, BLOCK_M)
         row_ok = rows < row_end
         slots = tl.load(sorted_slot_ptr + rows, mask=row_ok, other=0)
-        grad_x = tl.zeros((BLOCK_H, BLOCK_M), tl.float32)
+        acc = tl.zeros((BLOCK_H, BLOCK_M), tl.float32)
         for i0 in range(0, inter_size, BLOCK_I):
             cols = i0 + tl.arange(0, BLOCK_I)
             col_ok = cols < inter_size
-            # [BLOCK_H, BLOCK_I] tiles of Wgᵀ and Wuᵀ; [BLOCK_I, BLOCK_M] tiles of dgᵀ and duᵀ
-            w_offsets = cols[None, :] * hidden_size + hs[:, None]
+            # [BLOCK_H, BLOCK_I] tiles of the weights; [BLOCK_I, BLOCK_M] tiles of v1ᵀ, v2ᵀ
+            w_offsets = hs[:, None] * stride_h + cols[None, :] * stride_i
             w_mask = h_ok[:, None] & col_ok[None, :]
-            wg_t = tl.load(gate_w + w_offsets, mask=w_mask, other=0.0)
-            wu_t = tl.load(up_w + w_offsets, mask=w_mask, other=0.0)
             ws_offsets = rows[None, :].to(tl.int64) * inter_size + cols[:, None]
             ws_mask = col_ok[:, None] & row_ok[None, :]
-            dg_t = tl.load(dgate_ptr + ws_offsets, mask=ws_mask, other=0.0)
-            du_t = tl.load(dup_ptr + ws_offsets, mask=ws_mask, other=0.0)
-            grad_x = _dot(_operand(wg_t, OPERAND_DTYPE, INTERPRETER), dg_t, grad_x, INTERPRETER)
-            grad_x = _dot(_operand(wu_t, OPERAND_DTYPE, INTERPRETER), du_t, grad_x, INTERPRETER)
-        tl.store(dx_slot_ptr + slots[None, :].to(tl.int64) * hidden_size + hs[:, None], grad_x,
+            w1_tile = tl.load(w1 + w_offsets, mask=w_mask, other=0.0)
+            if TWO_TERMS:
+                w2_tile = tl.load(w2 + w_offsets, mask=w_mask, other=0.0)
+            v1_t = tl.load(rows1_ptr + ws_offsets, mask=ws_mask, other=0.0)
+            if TWO_TERMS:
+                v2_t = tl.load(rows2_ptr + ws_offsets, mask=ws_mask, other=0.0)
+            acc = _dot(_operand(w1_tile, OPERAND_DTYPE, INTERPRETER), v1_t, acc, INTERPRETER)
+            if TWO_TERMS:
+                acc = _dot(_operand(w2_tile, OPERAND_DTYPE, INTERPRETER), v2_t, acc, INTERPRETER)
+        tl.store(out_slot_ptr + slots[None, :].to(tl.int64) * hidden_size + hs[:, None], acc,
                  mask=h_ok[:, None] & row_ok[None, :])  # fmt: skip
 
 
@@ -420,6 +437,7 @@ def _token_sum_kernel(
     top_k,  # K
     hidden_size,  # H
     num_i_tiles,  # cdiv(I, BLOCK_I) of kernel A
+    WITH_TOPK: tl.constexpr,  # also sum grad_topk_weights (the backward; not the forward)
     INTERPRETER: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
@@ -433,7 +451,7 @@ def _token_sum_kernel(
     tl.store(grad_hidden_ptr + token * hidden_size + hs, _round(total, grad_hidden_ptr.dtype.element_ty, INTERPRETER),
              mask=h_ok)  # fmt: skip
 
-    if h_tile == 0:
+    if WITH_TOPK and h_tile == 0:
         ks = tl.arange(0, BLOCK_K)
         k_ok = ks < top_k
         grad_w = tl.zeros((BLOCK_K,), tl.float32)
@@ -509,8 +527,8 @@ def moe_experts_backward_triton(
             x_hi, x_lo, dy_hi, dy_lo, topk_weights, gate_weights, up_weights, down_weights,
             sorted_slot, routing.expert_offsets, dgate, dup, scaled_act, topk_partial,
             num_slots, K, H, I, num_i_tiles, R,
-            OPERAND_DTYPE=operand_dtype, SPLIT_PRECISION=split_precision, INTERPRETER=interpreter,
-            BLOCK_I=config.block_i, BLOCK_M=config.block_m, BLOCK_H=config.block_h,
+            OPERAND_DTYPE=operand_dtype, SPLIT_PRECISION=split_precision, FORWARD_ONLY=False,
+            INTERPRETER=interpreter, BLOCK_I=config.block_i, BLOCK_M=config.block_m, BLOCK_H=config.block_h,
             num_warps=config.warps_a, num_stages=config.stages_a,
         )  # fmt: skip
     # dWg, dWu = Σ dgᵀ x, Σ duᵀ x (one launch, x shared); dWd = Σ dyᵀ aw
@@ -531,16 +549,71 @@ def moe_experts_backward_triton(
         )  # fmt: skip
     if num_slots > 0:
         num_h_dx_tiles = triton.cdiv(H, config.block_h_dx)
-        _slot_grad_x_kernel[(E * num_h_dx_tiles * R,)](
+        _slot_projection_kernel[(E * num_h_dx_tiles * R,)](
             gate_weights, up_weights, sorted_slot, routing.expert_offsets, dgate, dup, dx_slot,
-            H, I, num_h_dx_tiles, R,
-            OPERAND_DTYPE=operand_dtype, INTERPRETER=interpreter,
+            H, I, 1, H, num_h_dx_tiles, R,
+            TWO_TERMS=True, OPERAND_DTYPE=operand_dtype, INTERPRETER=interpreter,
             BLOCK_H=config.block_h_dx, BLOCK_M=config.block_m, BLOCK_I=config.block_i_dx,
             num_warps=config.warps_d, num_stages=config.stages_d,
         )  # fmt: skip
         _token_sum_kernel[(T, triton.cdiv(H, config.block_h_sum))](
             dx_slot, topk_partial, grad_hidden, grad_topk, num_slots, K, H, num_i_tiles,
-            INTERPRETER=interpreter, BLOCK_H=config.block_h_sum, BLOCK_K=triton.next_power_of_2(K),
+            WITH_TOPK=True, INTERPRETER=interpreter, BLOCK_H=config.block_h_sum, BLOCK_K=triton.next_power_of_2(K),
             num_warps=4,
         )  # fmt: skip
     return grad_hidden, grad_topk, grad_gate, grad_up, grad_down
+
+
+def moe_experts_forward_triton(
+    hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights,
+    *, config: LaunchConfig | None = None,
+):  # fmt: skip
+    """The layer's forward y [T, H] (hidden dtype), y_t = Σ_k w_tk · Wd_e (silu(Wg_e x_t) ⊙ Wu_e x_t),
+    with the backward's kernels: A without dy (aw = w·a only), D with Wd in place of Wgᵀ and Wuᵀ
+    (y per slot), C without the routing-weight gradient. Same precision as the backward: fp32 inputs
+    get bf16×3 products for g and u, and a plain bf16 product (aw and Wd rounded) for Wd·aw.
+    """
+    T, H = hidden_states.shape
+    E, I, _ = gate_weights.shape
+    K = topk_indices.shape[1]
+    dtype, device = hidden_states.dtype, hidden_states.device
+    num_slots = T * K
+    interpreter = triton_interpreter_enabled()
+    if config is None:
+        config = launch_config(num_slots, E, input_bytes=hidden_states.element_size(), interpreter=interpreter)
+    y = allocate((T, H), dtype=dtype, device=device)
+    if num_slots == 0:
+        return y.zero_()
+    operand_dtype = _OPERAND_DTYPES[dtype]
+    split_precision = dtype == torch.float32
+    num_i_tiles = triton.cdiv(I, config.block_i)
+    num_h_tiles = triton.cdiv(H, config.block_h_dx)
+    R = config.row_split
+    routing = route_by_expert(topk_indices, E)
+    scaled_act = allocate((num_slots, I), dtype=_TORCH_DTYPES[operand_dtype], device=device)
+    y_slot = allocate((num_slots, H), dtype=torch.float32, device=device)
+    x_hi, x_lo = split_halves(hidden_states, scaled_act.dtype) if split_precision else (hidden_states, hidden_states)
+
+    # kernel A without dy: the dy, dg, du and top-k partial arguments are never touched
+    _swiglu_grad_kernel[(E * num_i_tiles * R,)](
+        x_hi, x_lo, x_hi, x_lo, topk_weights, gate_weights, up_weights, down_weights,
+        routing.sorted_slot, routing.expert_offsets, scaled_act, scaled_act, scaled_act, y_slot,
+        num_slots, K, H, I, num_i_tiles, R,
+        OPERAND_DTYPE=operand_dtype, SPLIT_PRECISION=split_precision, FORWARD_ONLY=True,
+        INTERPRETER=interpreter, BLOCK_I=config.block_i, BLOCK_M=config.block_m, BLOCK_H=config.block_h,
+        num_warps=config.warps_a, num_stages=config.stages_a,
+    )  # fmt: skip
+    # y_slot = Wd_e · aw: Wd[e][h, i] at h·I + i
+    _slot_projection_kernel[(E * num_h_tiles * R,)](
+        down_weights, down_weights, routing.sorted_slot, routing.expert_offsets, scaled_act, scaled_act, y_slot,
+        H, I, I, 1, num_h_tiles, R,
+        TWO_TERMS=False, OPERAND_DTYPE=operand_dtype, INTERPRETER=interpreter,
+        BLOCK_H=config.block_h_dx, BLOCK_M=config.block_m, BLOCK_I=config.block_i_dx,
+        num_warps=config.warps_d, num_stages=config.stages_d,
+    )  # fmt: skip
+    _token_sum_kernel[(T, triton.cdiv(H, config.block_h_sum))](
+        y_slot, y_slot, y, y, num_slots, K, H, 1,
+        WITH_TOPK=False, INTERPRETER=interpreter, BLOCK_H=config.block_h_sum, BLOCK_K=triton.next_power_of_2(K),
+        num_warps=4,
+    )  # fmt: skip
+    return y
