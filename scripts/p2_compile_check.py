@@ -9,18 +9,18 @@ Needs only the triton wheel (its ptxas and cuobjdump); a spill shows as a non-ze
 import argparse
 import dataclasses
 import os
-import re
-import subprocess
-import tempfile
+import sys
 
 import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from moe_lib.kernels import moe_experts_backward as kernels
+sys.path.insert(0, os.path.dirname(__file__))
+from p1_compile_check import resources  # noqa: E402
 
-TOOLS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+from moe_lib.kernels import moe_experts_backward as kernels  # noqa: E402
+
 INT_POINTERS = ("sorted_slot_ptr", "expert_offsets_ptr")
 SIZE_ARGS = ("hidden_size", "inter_size", "num_slots", "size_m", "size_n", "stride_i")
 FP32_POINTERS = ("topk_partial_ptr", "dx_slot_ptr", "topk_weights_ptr")
@@ -49,17 +49,6 @@ def compile_for_hopper(kernel, constexprs: dict, input_type: str, warps: int, st
     attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
     source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
-
-
-def resources(compiled) -> str:
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(compiled.asm["cubin"])
-        f.flush()
-        out = subprocess.run([os.path.join(TOOLS, "cuobjdump"), "--dump-resource-usage", f.name],
-                             capture_output=True, text=True).stdout  # fmt: skip
-    usage = re.search(r"REG:(\d+) STACK:(\d+)", out)
-    wgmma = compiled.asm["ptx"].count("wgmma.mma_async")
-    return f"{usage.group(0)} smem={compiled.metadata.shared // 1024}K wgmma={wgmma}"
 
 
 def parse_field(text: str) -> tuple[str, object]:

@@ -1,20 +1,22 @@
 """One call of the P2 Triton backward per case, for ncu (per-kernel time, DRAM bytes, stall reasons).
 
     PYTHONPATH=. ncu --clock-control none --section SpeedOfLight --section WarpStateStats \
-        --section LaunchStats --section Occupancy -k regex:_kernel python3 scripts/p2_profile.py \
+        --section LaunchStats --section Occupancy -k regex:"^_" python3 scripts/p2_profile.py \
         --cases fp32:2048,bf16:2048
 
-Each case is called twice (the first call compiles); ``--skip-first`` in ncu terms is
-``--launch-skip`` over the routing and compile launches, so profile the last launch of each
-kernel name (``--launch-skip`` / ``-c``) or all of them.
+Our kernels' names start with an underscore; ``-k regex:"^_"`` leaves out PyTorch's input generation.
 """
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
 
-from moe_lib import problems
-from moe_lib.kernels.moe_experts_backward import moe_experts_backward_triton
+sys.path.insert(0, str(Path(__file__).parent))
+from p2_gpu_check import make_case_inputs  # noqa: E402
+
+from moe_lib.kernels.moe_experts_backward import moe_experts_backward_triton  # noqa: E402
 
 
 def main():
@@ -23,10 +25,7 @@ def main():
     args = parser.parse_args()
     for case in args.cases.split(","):
         dtype, num_tokens = case.split(":")
-        inputs = problems.make_inputs("moe_experts_backward", int(num_tokens), seed=0, device="cuda")
-        if dtype == "bf16":
-            inputs = {k: (v.bfloat16() if v.is_floating_point() and k != "topk_weights" else v)
-                      for k, v in inputs.items()}  # fmt: skip
+        inputs = make_case_inputs(dtype, int(num_tokens), seed=0)
         torch.cuda.nvtx.range_push(f"{dtype}:{num_tokens}")
         moe_experts_backward_triton(*inputs.values())
         torch.cuda.synchronize()

@@ -474,6 +474,55 @@ def split_halves(v: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, tor
     return hi, (v - hi.to(v.dtype)).to(dtype)
 
 
+def _operand_halves(v: torch.Tensor, split_precision: bool, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kernel A's (hi, lo) view of x or dy: bf16 halves for fp32 inputs, the 16-bit tensor itself twice otherwise."""
+    return split_halves(v, dtype) if split_precision else (v, v)
+
+
+def _launch_swiglu_grad(config, routing, x_halves, dy_halves, topk_weights, gate_weights, up_weights, down_weights,
+                        dgate, dup, scaled_act, topk_partial, *, forward_only: bool):  # fmt: skip
+    """Kernel A over every (expert, I-tile, row split); ``forward_only`` stores aw alone (dy unused)."""
+    H = x_halves[0].shape[1]
+    E, I, _ = gate_weights.shape
+    num_slots, top_k = topk_weights.numel(), topk_weights.shape[1]
+    num_i_tiles = triton.cdiv(I, config.block_i)
+    _swiglu_grad_kernel[(E * num_i_tiles * config.row_split,)](
+        *x_halves, *dy_halves, topk_weights, gate_weights, up_weights, down_weights,
+        routing.sorted_slot, routing.expert_offsets, dgate, dup, scaled_act, topk_partial,
+        num_slots, top_k, H, I, num_i_tiles, config.row_split,
+        OPERAND_DTYPE=_OPERAND_DTYPES[x_halves[0].dtype], SPLIT_PRECISION=gate_weights.dtype == torch.float32,
+        FORWARD_ONLY=forward_only, INTERPRETER=triton_interpreter_enabled(),
+        BLOCK_I=config.block_i, BLOCK_M=config.block_m, BLOCK_H=config.block_h,
+        num_warps=config.warps_a, num_stages=config.stages_a,
+    )  # fmt: skip
+
+
+def _launch_slot_projection(config, routing, weights1, weights2, rows1, rows2, out_slot, stride_h, stride_i):
+    """Kernel D over every (expert, H-tile, row split): out_slot = W1_e v1 (+ W2_e v2 when given twice)."""
+    H, E, I = out_slot.shape[1], weights1.shape[0], rows1.shape[1]
+    num_h_tiles = triton.cdiv(H, config.block_h_dx)
+    _slot_projection_kernel[(E * num_h_tiles * config.row_split,)](
+        weights1, weights2, routing.sorted_slot, routing.expert_offsets, rows1, rows2, out_slot,
+        H, I, stride_h, stride_i, num_h_tiles, config.row_split,
+        TWO_TERMS=weights2 is not weights1, OPERAND_DTYPE=_OPERAND_DTYPES[rows1.dtype],
+        INTERPRETER=triton_interpreter_enabled(),
+        BLOCK_H=config.block_h_dx, BLOCK_M=config.block_m, BLOCK_I=config.block_i_dx,
+        num_warps=config.warps_d, num_stages=config.stages_d,
+    )  # fmt: skip
+
+
+def _launch_token_sum(config, out_slot, out, top_k, topk_partial=None, grad_topk=None):
+    """Kernel C: out[t] = Σ_k out_slot[t·K + k]; with ``grad_topk``, also the routing-weight sums."""
+    T, H = out.shape
+    with_topk = grad_topk is not None
+    _token_sum_kernel[(T, triton.cdiv(H, config.block_h_sum))](
+        out_slot, topk_partial if with_topk else out_slot, out, grad_topk if with_topk else out,
+        T * top_k, top_k, H, topk_partial.shape[0] if with_topk else 1,
+        WITH_TOPK=with_topk, INTERPRETER=triton_interpreter_enabled(), BLOCK_H=config.block_h_sum,
+        BLOCK_K=triton.next_power_of_2(top_k), num_warps=4,
+    )  # fmt: skip
+
+
 def moe_experts_backward_triton(
     grad_output, hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights,
     *, config: LaunchConfig | None = None,
@@ -493,10 +542,8 @@ def moe_experts_backward_triton(
     interpreter = triton_interpreter_enabled()
     if config is None:
         config = launch_config(num_slots, E, input_bytes=hidden_states.element_size(), interpreter=interpreter)
-    operand_dtype = _OPERAND_DTYPES[dtype]
     split_precision = dtype == torch.float32
     num_i_tiles = triton.cdiv(I, config.block_i)
-    R = config.row_split
 
     grad_hidden = allocate((T, H), dtype=dtype, device=device)
     grad_topk = allocate((T, K), dtype=topk_weights.dtype, device=device)
@@ -506,36 +553,24 @@ def moe_experts_backward_triton(
 
     routing = route_by_expert(topk_indices, E)
     ws_rows = max(num_slots, 1)  # kernels take no zero-size buffers
-    workspace_dtype = _TORCH_DTYPES[operand_dtype]
+    workspace_dtype = _TORCH_DTYPES[_OPERAND_DTYPES[dtype]]
     dgate = allocate((ws_rows, I), dtype=workspace_dtype, device=device)
     dup = allocate((ws_rows, I), dtype=workspace_dtype, device=device)
     scaled_act = allocate((ws_rows, I), dtype=workspace_dtype, device=device)
     topk_partial = allocate((num_i_tiles, ws_rows), dtype=torch.float32, device=device)
     dx_slot = allocate((ws_rows, H), dtype=torch.float32, device=device)
     sorted_slot = routing.sorted_slot if num_slots > 0 else torch.zeros(1, dtype=torch.int32, device=device)
-    if split_precision:
-        x_hi, x_lo = split_halves(hidden_states, workspace_dtype)
-        dy_hi, dy_lo = split_halves(grad_output, workspace_dtype)
-    else:
-        x_hi = x_lo = hidden_states
-        dy_hi = dy_lo = grad_output
-    if T == 0:  # kernel W still writes the (zero) weight gradients; give it non-empty pointers
-        x_hi = dy_hi = torch.zeros(1, dtype=workspace_dtype, device=device)
+    x_halves = _operand_halves(hidden_states, split_precision, workspace_dtype)
+    dy_halves = _operand_halves(grad_output, split_precision, workspace_dtype)
 
     if num_slots > 0:
-        _swiglu_grad_kernel[(E * num_i_tiles * R,)](
-            x_hi, x_lo, dy_hi, dy_lo, topk_weights, gate_weights, up_weights, down_weights,
-            sorted_slot, routing.expert_offsets, dgate, dup, scaled_act, topk_partial,
-            num_slots, K, H, I, num_i_tiles, R,
-            OPERAND_DTYPE=operand_dtype, SPLIT_PRECISION=split_precision, FORWARD_ONLY=False,
-            INTERPRETER=interpreter, BLOCK_I=config.block_i, BLOCK_M=config.block_m, BLOCK_H=config.block_h,
-            num_warps=config.warps_a, num_stages=config.stages_a,
-        )  # fmt: skip
+        _launch_swiglu_grad(config, routing, x_halves, dy_halves, topk_weights, gate_weights, up_weights,
+                            down_weights, dgate, dup, scaled_act, topk_partial, forward_only=False)  # fmt: skip
     # dWg, dWu = Σ dgᵀ x, Σ duᵀ x (one launch, x shared); dWd = Σ dyᵀ aw
     for a, a2, b, out, out2, size_m, size_n, a_by_token, b_by_token, tile, warps, stages in (
-        (dgate, dup, x_hi, grad_gate, grad_up, I, H, False, True, config.grad_gate_up_tile,
+        (dgate, dup, x_halves[0], grad_gate, grad_up, I, H, False, True, config.grad_gate_up_tile,
          config.warps_gu, config.stages_gu),
-        (dy_hi, dy_hi, scaled_act, grad_down, grad_down, H, I, True, False, config.grad_down_tile,
+        (dy_halves[0], dy_halves[0], scaled_act, grad_down, grad_down, H, I, True, False, config.grad_down_tile,
          config.warps_dn, config.stages_dn),
     ):  # fmt: skip
         block_m, block_n, block_rows = tile
@@ -548,19 +583,9 @@ def moe_experts_backward_triton(
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_ROWS=block_rows, num_warps=warps, num_stages=stages,
         )  # fmt: skip
     if num_slots > 0:
-        num_h_dx_tiles = triton.cdiv(H, config.block_h_dx)
-        _slot_projection_kernel[(E * num_h_dx_tiles * R,)](
-            gate_weights, up_weights, sorted_slot, routing.expert_offsets, dgate, dup, dx_slot,
-            H, I, 1, H, num_h_dx_tiles, R,
-            TWO_TERMS=True, OPERAND_DTYPE=operand_dtype, INTERPRETER=interpreter,
-            BLOCK_H=config.block_h_dx, BLOCK_M=config.block_m, BLOCK_I=config.block_i_dx,
-            num_warps=config.warps_d, num_stages=config.stages_d,
-        )  # fmt: skip
-        _token_sum_kernel[(T, triton.cdiv(H, config.block_h_sum))](
-            dx_slot, topk_partial, grad_hidden, grad_topk, num_slots, K, H, num_i_tiles,
-            WITH_TOPK=True, INTERPRETER=interpreter, BLOCK_H=config.block_h_sum, BLOCK_K=triton.next_power_of_2(K),
-            num_warps=4,
-        )  # fmt: skip
+        # dX_slot = Wg_eᵀ dg + Wu_eᵀ du: Wg[e][i, h] at i·H + h
+        _launch_slot_projection(config, routing, gate_weights, up_weights, dgate, dup, dx_slot, 1, H)
+        _launch_token_sum(config, dx_slot, grad_hidden, K, topk_partial, grad_topk)
     return grad_hidden, grad_topk, grad_gate, grad_up, grad_down
 
 
@@ -584,36 +609,15 @@ def moe_experts_forward_triton(
     y = allocate((T, H), dtype=dtype, device=device)
     if num_slots == 0:
         return y.zero_()
-    operand_dtype = _OPERAND_DTYPES[dtype]
-    split_precision = dtype == torch.float32
-    num_i_tiles = triton.cdiv(I, config.block_i)
-    num_h_tiles = triton.cdiv(H, config.block_h_dx)
-    R = config.row_split
     routing = route_by_expert(topk_indices, E)
-    scaled_act = allocate((num_slots, I), dtype=_TORCH_DTYPES[operand_dtype], device=device)
+    workspace_dtype = _TORCH_DTYPES[_OPERAND_DTYPES[dtype]]
+    scaled_act = allocate((num_slots, I), dtype=workspace_dtype, device=device)
     y_slot = allocate((num_slots, H), dtype=torch.float32, device=device)
-    x_hi, x_lo = split_halves(hidden_states, scaled_act.dtype) if split_precision else (hidden_states, hidden_states)
-
+    x_halves = _operand_halves(hidden_states, dtype == torch.float32, workspace_dtype)
     # kernel A without dy: the dy, dg, du and top-k partial arguments are never touched
-    _swiglu_grad_kernel[(E * num_i_tiles * R,)](
-        x_hi, x_lo, x_hi, x_lo, topk_weights, gate_weights, up_weights, down_weights,
-        routing.sorted_slot, routing.expert_offsets, scaled_act, scaled_act, scaled_act, y_slot,
-        num_slots, K, H, I, num_i_tiles, R,
-        OPERAND_DTYPE=operand_dtype, SPLIT_PRECISION=split_precision, FORWARD_ONLY=True,
-        INTERPRETER=interpreter, BLOCK_I=config.block_i, BLOCK_M=config.block_m, BLOCK_H=config.block_h,
-        num_warps=config.warps_a, num_stages=config.stages_a,
-    )  # fmt: skip
+    _launch_swiglu_grad(config, routing, x_halves, x_halves, topk_weights, gate_weights, up_weights, down_weights,
+                        scaled_act, scaled_act, scaled_act, y_slot, forward_only=True)  # fmt: skip
     # y_slot = Wd_e · aw: Wd[e][h, i] at h·I + i
-    _slot_projection_kernel[(E * num_h_tiles * R,)](
-        down_weights, down_weights, routing.sorted_slot, routing.expert_offsets, scaled_act, scaled_act, y_slot,
-        H, I, I, 1, num_h_tiles, R,
-        TWO_TERMS=False, OPERAND_DTYPE=operand_dtype, INTERPRETER=interpreter,
-        BLOCK_H=config.block_h_dx, BLOCK_M=config.block_m, BLOCK_I=config.block_i_dx,
-        num_warps=config.warps_d, num_stages=config.stages_d,
-    )  # fmt: skip
-    _token_sum_kernel[(T, triton.cdiv(H, config.block_h_sum))](
-        y_slot, y_slot, y, y, num_slots, K, H, 1,
-        WITH_TOPK=False, INTERPRETER=interpreter, BLOCK_H=config.block_h_sum, BLOCK_K=triton.next_power_of_2(K),
-        num_warps=4,
-    )  # fmt: skip
+    _launch_slot_projection(config, routing, down_weights, down_weights, scaled_act, scaled_act, y_slot, I, 1)
+    _launch_token_sum(config, y_slot, y, K)
     return y
