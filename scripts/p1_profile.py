@@ -40,7 +40,14 @@ def time_replays(fn, flush, reps=30):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--once", action="store_true", help="one call per token count (for ncu)")
+    parser.add_argument("--tokens", default=None, help="comma list (default: 1,16,128,1087,8192)")
+    parser.add_argument("--config", default=None, help="a candidate name of scripts/p1_tune.py (default: chosen)")
     args = parser.parse_args()
+    config = None
+    if args.config:
+        from p1_tune import CANDIDATES
+
+        config = CANDIDATES[args.config]
     buffer = torch.empty(128 * 2**20, dtype=torch.float32, device="cuda")
     total = torch.zeros((), device="cuda")
     flushes = {
@@ -48,14 +55,14 @@ def main():
         "clean (read)": lambda: total.copy_(buffer.sum()),
         "none (warm L2)": lambda: None,
     }
-    for T in TOKENS:
+    for T in [int(t) for t in args.tokens.split(",")] if args.tokens else TOKENS:
         inputs = list(problems.make_inputs("swiglu_down_backward", T, seed=0, device="cuda").values())
         if args.once:
-            swiglu_down_backward_triton(*inputs)
+            swiglu_down_backward_triton(*inputs, config=config)
             torch.cuda.synchronize()
             continue
-        cells = [f"{name} {time_replays(lambda a=inputs: swiglu_down_backward_triton(*a), flush):7.1f} us"
-                 for name, flush in flushes.items()]  # fmt: skip
+        call = lambda a=inputs: swiglu_down_backward_triton(*a, config=config)  # noqa: E731
+        cells = [f"{name} {time_replays(call, flush):7.1f} us" for name, flush in flushes.items()]
         print(f"T={T:5d}  " + "   ".join(cells))
 
 

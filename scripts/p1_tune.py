@@ -17,6 +17,7 @@ import torch
 
 from moe_lib import problems, reference
 from moe_lib.kernels.swiglu_down_backward import (
+    OneLaunchConfig,
     TileConfig,
     choose_config,
     launch_d_intermediate_and_grad_down,
@@ -41,6 +42,21 @@ CANDIDATES = {
                               (8, 8), (3, 3)),
     "l_mix": TileConfig((64, 128, 64, 1), (128, 256, 64, 1), (128, 256, 64, 1), (128, 256, 64, 1), (8, 8), (4, 4)),
     "l_128": TileConfig((128, 128, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1), (128, 256, 64, 1), (8, 8), (4, 4)),
+    # the one-launch path: (block_t, block_i, block_h_down, block_h, block_k, block_n, warps, stages)
+    "one_t16": OneLaunchConfig(16, 16, 32, 16, 128, 128, 4, 3),
+    "one_t32": OneLaunchConfig(32, 16, 32, 16, 128, 128, 4, 3),
+    "one_t64": OneLaunchConfig(64, 16, 32, 16, 128, 128, 4, 3),
+    "one_t128": OneLaunchConfig(128, 16, 32, 16, 64, 128, 4, 3),
+    "one_t64_h32": OneLaunchConfig(64, 16, 32, 32, 128, 128, 4, 3),
+    "one_t16_k256": OneLaunchConfig(16, 16, 32, 16, 256, 256, 4, 2),
+    "one_t16_w8": OneLaunchConfig(16, 16, 32, 16, 128, 128, 8, 3),
+    "one_t64_n64": OneLaunchConfig(64, 16, 32, 16, 64, 64, 4, 4),
+    "one_k512": OneLaunchConfig(16, 16, 32, 16, 512, 128, 4, 3),
+    "one_k256_s4": OneLaunchConfig(16, 16, 32, 16, 256, 128, 4, 4),
+    "one_i32_k256": OneLaunchConfig(16, 32, 32, 16, 256, 128, 4, 3),
+    "one_h32_k256": OneLaunchConfig(16, 16, 32, 32, 256, 128, 4, 3),
+    "one_k512_w8": OneLaunchConfig(16, 16, 32, 16, 512, 128, 8, 3),
+    "one_t64_k256": OneLaunchConfig(64, 16, 32, 16, 256, 128, 4, 3),
 }
 
 

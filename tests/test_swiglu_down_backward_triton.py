@@ -1,7 +1,8 @@
 """The Triton path of P1: ``swiglu_down_backward(..., impl="triton")`` and the ``swiglu_expert`` layer.
 
 CPU: the kernels run under the Triton interpreter (tests/conftest.py switches it on where there is
-no GPU) on small odd shapes, with every tile-kind split so the split-K path runs too.
+no GPU) on small odd shapes: the two launches with the interpreter's default tiles, with every tile
+kind split (the split-K path), and the one-launch path (phases as two launches there).
 GPU (``gpu`` marker): every benchmark case plus odd token counts in bf16 against the float64
 reference, each output's error at most 2× that of the careful PyTorch bf16 formulation + 1e-4;
 outputs poisoned before the call; determinism; CUDA-graph capture and replay with new inputs.
@@ -54,16 +55,27 @@ CPU_CASES = [
 ]
 
 
+def one_launch_odd_blocks_config():
+    """The one-launch path with blocks that leave ragged edges on every side of the small shapes."""
+    from moe_lib.kernels.swiglu_down_backward import OneLaunchConfig
+
+    return OneLaunchConfig(block_t=16, block_i=16, block_h_down=16, block_h=32, block_k=16, block_n=16,
+                           warps=1, stages=1)  # fmt: skip
+
+
+CONFIGS = {"default": lambda: None, "split": split_everything_config, "one-launch": one_launch_odd_blocks_config}
+
+
 @needs_triton
 @pytest.mark.parametrize("T, H, I, dtype", CPU_CASES)
-@pytest.mark.parametrize("split", [False, True], ids=["default", "split"])
-def test_small_shapes_match_float64_reference(T, H, I, dtype, split, seed):
+@pytest.mark.parametrize("config_name", list(CONFIGS))
+def test_small_shapes_match_float64_reference(T, H, I, dtype, config_name, seed):
     from moe_lib.kernels.swiglu_down_backward import swiglu_down_backward_triton
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device=device, dtype=dtype,
                                   hidden_size=H, intermediate_size=I)  # fmt: skip
-    config = split_everything_config() if split else None
+    config = CONFIGS[config_name]()
     got = swiglu_down_backward_triton(*inputs.values(), config=config)
     again = swiglu_down_backward_triton(*inputs.values(), config=config)
     want = float64_reference(inputs)
@@ -119,6 +131,23 @@ def test_gpu_benchmark_cases_accuracy_rule(T, seed):
     yardstick = careful_pytorch_errors(inputs, want)
     poison_allocator("cuda", 256 * 2**20)
     got = moe_lib.swiglu_down_backward(*inputs.values(), impl="triton", validate=False)
+    for name, g, w, y in zip(OUTPUTS, got, want, yardstick, strict=True):
+        assert torch.isfinite(g).all(), f"{name}: NaN/Inf (an unwritten element?)"
+        assert rel_error(g, w) <= 2 * y + 1e-4, f"{name}: {rel_error(g, w):.3g} vs careful PyTorch {y:.3g}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 16, 200, 1000])
+def test_gpu_one_launch_path(T, seed):
+    """The one-launch path (its grid barrier runs only on a GPU); at 200 and 1000 tokens every phase loops
+    over several token blocks."""
+    from moe_lib.kernels.swiglu_down_backward import OneLaunchConfig, swiglu_down_backward_triton
+
+    inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device="cuda")
+    want = float64_reference(inputs)
+    yardstick = careful_pytorch_errors(inputs, want)
+    poison_allocator("cuda", 256 * 2**20)
+    got = swiglu_down_backward_triton(*inputs.values(), config=OneLaunchConfig(block_t=64))
     for name, g, w, y in zip(OUTPUTS, got, want, yardstick, strict=True):
         assert torch.isfinite(g).all(), f"{name}: NaN/Inf (an unwritten element?)"
         assert rel_error(g, w) <= 2 * y + 1e-4, f"{name}: {rel_error(g, w):.3g} vs careful PyTorch {y:.3g}"

@@ -1,4 +1,4 @@
-"""Triton backward of one SwiGLU expert with down projection (P1), in two launches.
+"""Triton backward of one SwiGLU expert with down projection (P1): two launches, or one for few tokens.
 
 Dataflow (T tokens, H hidden, I intermediate; s = the saved gate_sigmoid):
 
@@ -22,6 +22,20 @@ on arrival order, so results are deterministic. Few tokens need this: the reduct
 (and over I of dx) is then long while there are few output tiles, and without a split a handful of
 programs would stream all the weights alone. The counters only ever grow (by SPLIT per tile per
 call), so they need no reset; they live in a zeroed buffer kept per device and stream.
+
+One launch for few tokens (:class:`OneLaunchConfig`): the same tiles in one persistent launch of at
+most one program per SM, in two phases around a grid barrier:
+
+    phase 1: programs [0, I/BI) own an I-slice: dA = dy · Wd[:, slice] → dGate, dUp (one token
+             block after another); programs [I/BI, +H/BHD) own H-rows of dWd = dyᵀ · intermediate
+    grid barrier (every program counts itself in on a counter, then waits for all)
+    phase 2: program r owns H-columns [r·BH, (r+1)·BH): dx[:, cols], dWg[:, cols], dWu[:, cols]
+
+so each weight is read once and each gradient written once, with no second launch and no split
+partials. The barrier needs every program resident at once, hence at most one program per SM; the
+interpreter runs programs one after another, so there the phases run as two launches instead. On
+the H200 it measured no faster than the two launches at 1–512 tokens (the time there is the chain of
+dependent loads in each program, not the launch count), so it is chosen only explicitly.
 
 No host synchronisation anywhere: the call captures in a CUDA graph.
 Workspace: dGate and dUp, 2·T·I elements in the input dtype (T = 8192: 25 MB in bf16), plus the
@@ -51,8 +65,39 @@ class TileConfig:
     group_m: int = 8  # row tiles grouped for L2 reuse of the column operand
 
 
+@dataclass(frozen=True)
+class OneLaunchConfig:
+    """Block sizes of the one-launch path (phase 1: dA by I-slices, dWd by H-rows; phase 2: H-columns)."""
+
+    block_t: int = 16  # tokens per step: the M side of dA and dx, the reduction step of dWd, dWg, dWu
+    block_i: int = 16  # I-columns of one dA program
+    block_h_down: int = 32  # H-rows of one dWd program
+    block_h: int = 16  # H-columns of one phase-2 program (dx, dWg, dWu)
+    block_k: int = 128  # reduction step over H (dA) and over I (dx)
+    block_n: int = 128  # I-columns per step of dWd, I-rows per step of dWg and dWu
+    warps: int = 4
+    stages: int = 3
+
+    def programs(self, hidden_size: int, intermediate_size: int) -> tuple[int, int, int]:
+        """(dA programs, dWd programs, phase-2 programs); the grid is the larger of phase 1's sum and phase 2."""
+        return (triton.cdiv(intermediate_size, self.block_i), triton.cdiv(hidden_size, self.block_h_down),
+                triton.cdiv(hidden_size, self.block_h))  # fmt: skip
+
+    def grid_size(self, hidden_size: int, intermediate_size: int) -> int:
+        num_da, num_dwd, num_phase2 = self.programs(hidden_size, intermediate_size)
+        return max(num_da + num_dwd, num_phase2)
+
+
+def _resident_programs(device: torch.device) -> int:
+    """Programs that are surely resident at once for a grid barrier: one per SM (any count under the interpreter)."""
+    if device.type != "cuda":
+        return 1 << 30
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def choose_config(num_tokens: int, hidden_size: int, intermediate_size: int) -> TileConfig:
-    """Tile shapes by token count (tuned on the H200 for H = 2048, I = 768)."""
+    """Tile shapes by token count (tuned on the H200 for H = 2048, I = 768). The one-launch path is
+    chosen only explicitly: on the H200 it measured no faster than the two launches (NOTES.md)."""
     if _interpreting():
         return TileConfig((16, 16, 16, 2), (16, 16, 16, 2), (16, 16, 16, 2), (16, 16, 16, 1), (1, 1), (1, 1), 2)
     if num_tokens <= 16:
@@ -305,6 +350,74 @@ def _launch2_kernel(
                         T, H, I, DX_M, DX_N, DX_K, DX_SPLIT, GROUP_M, UPCAST, PRECISION)  # fmt: skip
 
 
+@triton.jit
+def _grid_barrier(counter_ptr, num_programs):
+    """Return once all ``num_programs`` programs of this launch have called it (all must be resident).
+
+    The int64 counter only grows, by num_programs per launch, so it never needs a reset: a program
+    waits for the next multiple of num_programs above its own arrival. Stores before the barrier
+    are visible to every program after it (release on arrival, acquire while waiting)."""
+    tl.debug_barrier()  # every thread of this program has stored its phase-1 results
+    arrived = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
+    target = (arrived // num_programs + 1) * num_programs
+    seen = arrived + 1
+    while seen < target:
+        seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()
+
+
+@triton.jit
+def _one_launch_kernel(
+    grad_output_ptr,  # dy [T, H]
+    x_ptr,  # x [T, H]
+    gate_weight_ptr, up_weight_ptr,  # Wg, Wu [I, H]
+    down_weight_ptr,  # Wd [H, I]
+    gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, intermediate_ptr,  # saved forward, each [T, I]
+    d_gate_ptr, d_up_ptr,  # workspace: dGate, dUp [T, I], written in phase 1, read in phase 2
+    grad_x_ptr,  # out: dx [T, H]
+    grad_gate_weight_ptr, grad_up_weight_ptr,  # out: dWg, dWu [I, H]
+    grad_down_weight_ptr,  # out: dWd [H, I]
+    barrier_ptr,  # int64 grid-barrier counter (only grows)
+    T, H, I,
+    PHASE: tl.constexpr,  # 0: both phases around the grid barrier; 1 or 2: that phase alone (interpreter)
+    BLOCK_T: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H_DOWN: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    token_blocks = tl.cdiv(T, BLOCK_T)
+    num_da = tl.cdiv(I, BLOCK_I)
+    num_dwd = tl.cdiv(H, BLOCK_H_DOWN)
+    if PHASE != 2:
+        if pid < num_da:  # dA → dGate, dUp for I-columns [pid·BI, +BI), every token block
+            for t in range(token_blocks):
+                _d_intermediate_program(t * num_da + pid, grad_output_ptr, down_weight_ptr, gate_ptr,
+                                        gate_sigmoid_ptr, gate_silu_ptr, up_ptr, d_gate_ptr, d_up_ptr,
+                                        barrier_ptr, barrier_ptr, T, H, I,
+                                        BLOCK_T, BLOCK_I, BLOCK_K, 1, 1, UPCAST, PRECISION)  # fmt: skip
+        elif pid < num_da + num_dwd:  # dWd for H-rows [(pid − num_da)·BHD, +BHD), every I-block
+            n_blocks = tl.cdiv(I, BLOCK_N)
+            for n in range(n_blocks):
+                _token_reduction_program((pid - num_da) * n_blocks + n, grad_output_ptr, intermediate_ptr,
+                                         grad_down_weight_ptr, barrier_ptr, barrier_ptr, T, H, I,
+                                         BLOCK_H_DOWN, BLOCK_N, BLOCK_T, 1, 1, UPCAST, PRECISION)  # fmt: skip
+    if PHASE == 0:
+        _grid_barrier(barrier_ptr, tl.num_programs(0))
+    if PHASE != 1:
+        if pid < tl.cdiv(H, BLOCK_H):  # H-columns [pid·BH, +BH) of dx, dWg and dWu
+            num_h = tl.cdiv(H, BLOCK_H)
+            for t in range(token_blocks):
+                _grad_x_program(t * num_h + pid, d_gate_ptr, d_up_ptr, gate_weight_ptr, up_weight_ptr, grad_x_ptr,
+                                barrier_ptr, barrier_ptr, T, H, I, BLOCK_T, BLOCK_H, BLOCK_K, 1, 1,
+                                UPCAST, PRECISION)  # fmt: skip
+            for m in range(tl.cdiv(I, BLOCK_N)):
+                _token_reduction_program(m * num_h + pid, d_gate_ptr, x_ptr, grad_gate_weight_ptr,
+                                         barrier_ptr, barrier_ptr, T, I, H, BLOCK_N, BLOCK_H, BLOCK_T, 1, 1,
+                                         UPCAST, PRECISION)  # fmt: skip
+                _token_reduction_program(m * num_h + pid, d_up_ptr, x_ptr, grad_up_weight_ptr,
+                                         barrier_ptr, barrier_ptr, T, I, H, BLOCK_N, BLOCK_H, BLOCK_T, 1, 1,
+                                         UPCAST, PRECISION)  # fmt: skip
+
+
 def _num_tiles(m: int, n: int, kind: tuple) -> int:
     return triton.cdiv(m, kind[0]) * triton.cdiv(n, kind[1])
 
@@ -352,12 +465,21 @@ def swiglu_down_backward_triton(
     T, H = x.shape
     I = gate_weight.shape[0]
     config = config or choose_config(T, H, I)
+    if isinstance(config, OneLaunchConfig):
+        grid = config.grid_size(H, I)
+        if grid > _resident_programs(x.device):
+            raise ValueError(f"config: the one-launch grid ({grid} programs for H={H}, I={I}) exceeds one "
+                             f"program per SM ({_resident_programs(x.device)}); use larger blocks or a TileConfig")
     grad_x = torch.empty_like(x)
     grad_gate_weight = torch.empty_like(gate_weight)
     grad_up_weight = torch.empty_like(up_weight)
     grad_down_weight = torch.empty_like(down_weight)
     d_gate = torch.empty((T, I), dtype=x.dtype, device=x.device)
     d_up = torch.empty((T, I), dtype=x.dtype, device=x.device)
+    if isinstance(config, OneLaunchConfig):
+        launch_one(grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up,
+                   intermediate, d_gate, d_up, grad_x, grad_gate_weight, grad_up_weight, grad_down_weight, config)
+        return grad_x, grad_gate_weight, grad_up_weight, grad_down_weight
     launch_d_intermediate_and_grad_down(grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate,
                                         d_gate, d_up, grad_down_weight, config)  # fmt: skip
     launch_grad_x_and_grad_gate_up(x, gate_weight, up_weight, d_gate, d_up, grad_x, grad_gate_weight,
@@ -402,3 +524,22 @@ def launch_grad_x_and_grad_gate_up(x, gate_weight, up_weight, d_gate, d_up, grad
         *config.grad_x, *config.grad_gate_up, config.group_m, *_flags(x),
         num_warps=config.warps[1], num_stages=config.stages[1],
     )  # fmt: skip
+
+
+def launch_one(grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up,
+               intermediate, d_gate, d_up, grad_x, grad_gate_weight, grad_up_weight, grad_down_weight,
+               config: OneLaunchConfig):  # fmt: skip
+    """The one-launch path: both phases in one persistent launch (two launches under the interpreter)."""
+    T, H = x.shape
+    I = gate_weight.shape[0]
+    grid = config.grid_size(H, I)
+    # one counter per grid size: the barrier needs the counter at a multiple of the grid when a launch starts
+    barrier = _SplitWorkspace.counters(f"one-launch barrier, grid {grid}", 1, 1, x.device).view(torch.int64)
+    phases = (1, 2) if _interpreting() else (0,)
+    for phase in phases:
+        _one_launch_kernel[(grid,)](
+            grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate,
+            d_gate, d_up, grad_x, grad_gate_weight, grad_up_weight, grad_down_weight, barrier, T, H, I, phase,
+            config.block_t, config.block_i, config.block_h_down, config.block_h, config.block_k, config.block_n,
+            *_flags(x), num_warps=config.warps, num_stages=config.stages,
+        )  # fmt: skip
