@@ -36,7 +36,7 @@ def compile_for_hopper(kernel, constexprs: dict, input_type: str, warps: int, st
             signature[name] = "*i32"
         elif name in FP32_POINTERS or name == "out_slot_ptr":
             signature[name] = "*fp32"
-        elif name in OPERAND_POINTERS or name in ("a_ptr", "a2_ptr", "b_ptr", "rows1_ptr", "rows2_ptr"):
+        elif name in OPERAND_POINTERS or name in ("a_ptr", "a2_ptr", "b_ptr", "rows1_ptr", "rows2_ptr", "x_ptr"):
             signature[name] = "*bf16"
         elif name.endswith("_ptr"):
             signature[name] = input_type
@@ -72,6 +72,7 @@ def main():
     print(config)
     input_type, split = ("*fp32", True) if args.dtype == "fp32" else ("*bf16", False)
     common = dict(INTERPRETER=False)
+    g_tile = config.gate_up_dx_tile
     launches = {
         "A": (kernels._swiglu_grad_kernel, dict(OPERAND_DTYPE=tl.bfloat16, SPLIT_PRECISION=split, FORWARD_ONLY=False,
                                                 BLOCK_I=config.block_i, BLOCK_M=config.block_m, BLOCK_H=config.block_h),
@@ -82,6 +83,9 @@ def main():
         "W dWd": (kernels._expert_weight_grad_kernel,
                   dict(A_BY_TOKEN=True, B_BY_TOKEN=False, TWO_OUTPUTS=False, **tile_sizes(config.grad_down_tile)),
                   config.warps_dn, config.stages_dn),
+        "G": (kernels._gate_up_grad_kernel,
+              dict(OPERAND_DTYPE=tl.bfloat16, BLOCK_I=g_tile[0], BLOCK_H=g_tile[1], BLOCK_ROWS=g_tile[2]),
+              config.warps_g, config.stages_g),
         "D": (kernels._slot_projection_kernel, dict(TWO_TERMS=True, OPERAND_DTYPE=tl.bfloat16,
                                                     BLOCK_H=config.block_h_dx, BLOCK_M=config.block_m,
                                                     BLOCK_I=config.block_i_dx),

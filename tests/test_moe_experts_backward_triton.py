@@ -38,10 +38,11 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 FP32_TOLERANCE = dict.fromkeys(OUTPUT_NAMES, 5e-3) | {"grad_topk_weights": 1e-4}
 BF16_TOLERANCE = dict.fromkeys(OUTPUT_NAMES, 2e-2)  # also used for fp16
 
-# name: (T, H, I, E, K, routing, float dtype, topk_weights dtype, index dtype, row_split or None)
+# name: (T, H, I, E, K, routing, float dtype, topk_weights dtype, index dtype, LaunchConfig overrides or None)
 SMALL_CASES = {
     "odd": (13, 40, 24, 5, 2, "uniform", "float32", "float32", "int64", None),
-    "hot-looping": (40, 40, 24, 5, 2, "hot", "float32", "float32", "int64", 2),
+    "hot-looping": (40, 40, 24, 5, 2, "hot", "float32", "float32", "int64", {"row_split": 2}),
+    "unfused-dx": (40, 40, 24, 5, 2, "hot", "float32", "float32", "int64", {"row_split": 2, "fuse_dx": 0}),
     "skewed": (24, 24, 40, 7, 3, "skewed", "float32", "float32", "int64", None),
     "K1": (9, 16, 12, 5, 1, "uniform", "float32", "float32", "int64", None),
     "K=E": (11, 24, 16, 4, 4, "uniform", "float32", "float32", "int32", None),
@@ -68,17 +69,17 @@ def nan_filled(size, *, dtype, device):
     return torch.full(size, float("nan"), dtype=dtype, device=device)
 
 
-def run_triton(inputs: dict, row_split=None):
-    """The public entry point, or the kernel function itself when the row split is forced."""
+def run_triton(inputs: dict, overrides=None):
+    """The public entry point, or the kernel function itself when config fields are overridden."""
     from moe_lib.kernels import moe_experts_backward as kernels
 
-    if row_split is None:
+    if overrides is None:
         return moe_lib.moe_experts_backward(*inputs.values(), impl="triton")
     interpreter = inputs["hidden_states"].device.type != "cuda"
     T, K = inputs["topk_indices"].shape
     config = kernels.launch_config(T * K, inputs["gate_weights"].shape[0], interpreter=interpreter,
                                    input_bytes=inputs["hidden_states"].element_size())  # fmt: skip
-    config = dataclasses.replace(config, row_split=row_split)
+    config = dataclasses.replace(config, **overrides)
     return kernels.moe_experts_backward_triton(*inputs.values(), config=config)
 
 
@@ -89,13 +90,13 @@ def check_small_case(case: str, seed: int, device="cpu") -> dict:
     inputs = small_case_inputs(case, seed, device)
     upcast = {k: (v.double() if v.is_floating_point() else v) for k, v in inputs.items()}
     want = reference.moe_experts_backward_reference(*upcast.values())
-    row_split = SMALL_CASES[case][-1]
+    overrides = SMALL_CASES[case][-1]
     kernels.allocate = nan_filled
     try:
         start = time.perf_counter()
-        got = run_triton(inputs, row_split)
+        got = run_triton(inputs, overrides)
         seconds = time.perf_counter() - start
-        again = run_triton(inputs, row_split)
+        again = run_triton(inputs, overrides)
         forward = kernels.moe_experts_forward_triton(*list(inputs.values())[1:])
     finally:
         kernels.allocate = torch.empty

@@ -102,6 +102,11 @@ class LaunchConfig:
     stages_dn: int = 3
     warps_d: int = 8  # kernel D
     stages_d: int = 3
+    # kernel G (fuse_dx): dWg, dWu and, for experts with at most `rows` rows, their dX in the same pass
+    fuse_dx: int = 1  # 1: kernel G replaces kernel W's dWg·dWu launch; 0: W for dWg·dWu, D for every dX
+    gate_up_dx_tile: tuple[int, int, int] = (64, 128, 128)  # G: (I-columns per step, H-columns, rows)
+    warps_g: int = 8
+    stages_g: int = 2
 
 
 def launch_config(num_slots: int, num_experts: int, *, input_bytes: int = 4, interpreter: bool = False) -> LaunchConfig:
@@ -123,7 +128,8 @@ def launch_config(num_slots: int, num_experts: int, *, input_bytes: int = 4, int
     if interpreter:
         row_split = min(max(1, math.ceil(likely_max_rows / 16)), 3)
         tiny = (16, 16, 16)
-        return LaunchConfig(16, 16, 32, tiny, tiny, 2, 32, 16, 32, row_split, 1, 1, 1, 1, 1, 1, 1, 1)
+        return LaunchConfig(16, 16, 32, tiny, tiny, 2, 32, 16, 32, row_split, 1, 1, 1, 1, 1, 1, 1, 1,
+                            gate_up_dx_tile=(16, 16, 32), warps_g=1, stages_g=1)  # fmt: skip
     block_m = 64
     row_split = min(max(1, math.ceil(likely_max_rows / block_m)), 8)
     block_h = 32 if input_bytes == 4 else 64
@@ -362,6 +368,102 @@ def _expert_weight_grad_kernel(
 
 
 # --------------------------------------------------------------------------------------------------
+# kernel G: dWg and dWu per (expert, H-tile), with the expert's dX on that H-tile in the same pass
+
+
+@triton.jit
+def _gate_up_grad_kernel(
+    dgate_ptr,  # [T·K, I] dg from kernel A, row = sorted position, OPERAND_DTYPE
+    dup_ptr,  # [T·K, I] du, likewise
+    x_ptr,  # [T, H] x as an operand (fp32 inputs: bf16(x); 16-bit inputs: x itself)
+    gate_weights_ptr,  # [E, I, H] Wg
+    up_weights_ptr,  # [E, I, H] Wu
+    sorted_slot_ptr,  # [T·K] int32: slot ids in expert order
+    expert_offsets_ptr,  # [E + 1] int32: first sorted position of each expert
+    grad_gate_ptr,  # out [E, I, H] dWg, output dtype
+    grad_up_ptr,  # out [E, I, H] dWu
+    dx_slot_ptr,  # out [T·K, H] fp32: Wgᵀ dg + Wuᵀ du per slot, row = slot id (experts with ≤ BLOCK_ROWS rows)
+    top_k,  # K
+    hidden_size,  # H
+    inter_size,  # I
+    num_h_tiles,  # cdiv(H, BLOCK_H)
+    OPERAND_DTYPE: tl.constexpr,  # dtype of the tensor-core operands (bf16 or fp16)
+    INTERPRETER: tl.constexpr,
+    BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+):  # fmt: skip
+    # Program (expert, H-tile). An expert with at most BLOCK_ROWS rows (most of them while T·K/E is
+    # small) keeps its x rows [rows, H-tile] on chip and walks I once: per I-step it loads dg, du
+    # [rows, I-step] and the weight tiles Wg, Wu [I-step, H-tile], writes the finished dWg, dWu tiles
+    # (dgᵀ x, duᵀ x: the whole reduction over the rows at once) and adds dg·Wg + du·Wu to its dX rows,
+    # stored at the end. dg and du are read once for both, and kernel D has nothing left to do for
+    # this expert. A busier expert only gets its dWg and dWu here (each I-tile reduced over its row
+    # blocks in one flat loop, as in kernel W); kernel D computes its dX.
+    pid = tl.program_id(0)
+    h_tile = pid % num_h_tiles
+    expert = pid // num_h_tiles  # an expert's programs are adjacent: its rows of dg, du, x stay in L2
+    row_begin = tl.load(expert_offsets_ptr + expert)
+    row_end = tl.load(expert_offsets_ptr + expert + 1)
+    expert_offset = expert.to(tl.int64) * inter_size * hidden_size
+    gate_w = gate_weights_ptr + expert_offset
+    up_w = up_weights_ptr + expert_offset
+    out_dtype = grad_gate_ptr.dtype.element_ty
+    hs = h_tile * BLOCK_H + tl.arange(0, BLOCK_H)
+    h_ok = hs < hidden_size
+    if row_end - row_begin <= BLOCK_ROWS:  # one row block (also an expert with no rows: zeros written)
+        rows = row_begin + tl.arange(0, BLOCK_ROWS)
+        row_ok = rows < row_end
+        slots = tl.load(sorted_slot_ptr + rows, mask=row_ok, other=0)
+        tokens = (slots // top_k).to(tl.int64)
+        x_rows = tl.load(x_ptr + tokens[:, None] * hidden_size + hs[None, :], mask=row_ok[:, None] & h_ok[None, :],
+                         other=0.0)  # fmt: skip
+        dx = tl.zeros((BLOCK_ROWS, BLOCK_H), tl.float32)
+        for i0 in range(0, inter_size, BLOCK_I):
+            cols = i0 + tl.arange(0, BLOCK_I)
+            col_ok = cols < inter_size
+            ws_offsets = rows[:, None].to(tl.int64) * inter_size + cols[None, :]
+            ws_mask = row_ok[:, None] & col_ok[None, :]
+            dg = tl.load(dgate_ptr + ws_offsets, mask=ws_mask, other=0.0)  # [rows, I-step]
+            du = tl.load(dup_ptr + ws_offsets, mask=ws_mask, other=0.0)
+            w_offsets = cols[:, None] * hidden_size + hs[None, :]  # [I-step, H-tile] of Wg[e], Wu[e], dWg[e], dWu[e]
+            w_mask = col_ok[:, None] & h_ok[None, :]
+            wg = tl.load(gate_w + w_offsets, mask=w_mask, other=0.0)
+            wu = tl.load(up_w + w_offsets, mask=w_mask, other=0.0)
+            grad_g = _dot(tl.trans(dg), x_rows, tl.zeros((BLOCK_I, BLOCK_H), tl.float32), INTERPRETER)
+            grad_u = _dot(tl.trans(du), x_rows, tl.zeros((BLOCK_I, BLOCK_H), tl.float32), INTERPRETER)
+            tl.store(grad_gate_ptr + expert_offset + w_offsets, _round(grad_g, out_dtype, INTERPRETER), mask=w_mask)
+            tl.store(grad_up_ptr + expert_offset + w_offsets, _round(grad_u, out_dtype, INTERPRETER), mask=w_mask)
+            dx = _dot(dg, _operand(wg, OPERAND_DTYPE, INTERPRETER), dx, INTERPRETER)
+            dx = _dot(du, _operand(wu, OPERAND_DTYPE, INTERPRETER), dx, INTERPRETER)
+        tl.store(dx_slot_ptr + slots[:, None].to(tl.int64) * hidden_size + hs[None, :], dx,
+                 mask=row_ok[:, None] & h_ok[None, :])  # fmt: skip
+    else:
+        num_row_blocks = tl.cdiv(row_end - row_begin, BLOCK_ROWS)
+        grad_g = tl.zeros((BLOCK_I, BLOCK_H), tl.float32)
+        grad_u = tl.zeros((BLOCK_I, BLOCK_H), tl.float32)
+        for step in range(0, tl.cdiv(inter_size, BLOCK_I) * num_row_blocks):
+            block = step % num_row_blocks
+            cols = (step // num_row_blocks) * BLOCK_I + tl.arange(0, BLOCK_I)
+            col_ok = cols < inter_size
+            rows = row_begin + block * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+            row_ok = rows < row_end
+            slots = tl.load(sorted_slot_ptr + rows, mask=row_ok, other=0)
+            tokens = (slots // top_k).to(tl.int64)
+            x_rows = tl.load(x_ptr + tokens[:, None] * hidden_size + hs[None, :],
+                             mask=row_ok[:, None] & h_ok[None, :], other=0.0)  # fmt: skip
+            ws_t_offsets = rows[None, :].to(tl.int64) * inter_size + cols[:, None]  # [I-step, rows]: dgᵀ, duᵀ
+            ws_t_mask = col_ok[:, None] & row_ok[None, :]
+            grad_g = _dot(tl.load(dgate_ptr + ws_t_offsets, mask=ws_t_mask, other=0.0), x_rows, grad_g, INTERPRETER)
+            grad_u = _dot(tl.load(dup_ptr + ws_t_offsets, mask=ws_t_mask, other=0.0), x_rows, grad_u, INTERPRETER)
+            if block == num_row_blocks - 1:  # the tile is complete: write it once
+                w_offsets = expert_offset + cols[:, None] * hidden_size + hs[None, :]
+                w_mask = col_ok[:, None] & h_ok[None, :]
+                tl.store(grad_gate_ptr + w_offsets, _round(grad_g, out_dtype, INTERPRETER), mask=w_mask)
+                tl.store(grad_up_ptr + w_offsets, _round(grad_u, out_dtype, INTERPRETER), mask=w_mask)
+                grad_g = tl.zeros((BLOCK_I, BLOCK_H), tl.float32)
+                grad_u = tl.zeros((BLOCK_I, BLOCK_H), tl.float32)
+
+
+# --------------------------------------------------------------------------------------------------
 # kernel D: per-slot projections back to H (transposed tiles): dX contributions, and the forward's y
 
 
@@ -380,6 +482,7 @@ def _slot_projection_kernel(
     stride_i,  # distance between (h, i) and (h, i + 1)
     num_h_tiles,  # cdiv(H, BLOCK_H)
     ROW_SPLIT,  # R
+    done_rows,  # experts with at most this many rows are skipped (kernel G did their dX); −1: none
     TWO_TERMS: tl.constexpr,
     OPERAND_DTYPE: tl.constexpr,  # dtype of the tensor-core operands (bf16 or fp16)
     INTERPRETER: tl.constexpr,
@@ -390,6 +493,8 @@ def _slot_projection_kernel(
     expert, h_tile, r = _expert_tile(tl.program_id(0), num_h_tiles, ROW_SPLIT)
     row_begin = tl.load(expert_offsets_ptr + expert)
     row_end = tl.load(expert_offsets_ptr + expert + 1)
+    if row_end - row_begin <= done_rows:
+        row_end = row_begin  # nothing to do
     expert_offset = expert.to(tl.int64) * inter_size * hidden_size
     w1 = weights1_ptr + expert_offset
     w2 = weights2_ptr + expert_offset
@@ -497,13 +602,15 @@ def _launch_swiglu_grad(config, routing, x_halves, dy_halves, topk_weights, gate
     )  # fmt: skip
 
 
-def _launch_slot_projection(config, routing, weights1, weights2, rows1, rows2, out_slot, stride_h, stride_i):
-    """Kernel D over every (expert, H-tile, row split): out_slot = W1_e v1 (+ W2_e v2 when given twice)."""
+def _launch_slot_projection(config, routing, weights1, weights2, rows1, rows2, out_slot, stride_h, stride_i,
+                            done_rows=-1):  # fmt: skip
+    """Kernel D over every (expert, H-tile, row split): out_slot = W1_e v1 (+ W2_e v2 when given twice),
+    except for experts with at most ``done_rows`` rows."""
     H, E, I = out_slot.shape[1], weights1.shape[0], rows1.shape[1]
     num_h_tiles = triton.cdiv(H, config.block_h_dx)
     _slot_projection_kernel[(E * num_h_tiles * config.row_split,)](
         weights1, weights2, routing.sorted_slot, routing.expert_offsets, rows1, rows2, out_slot,
-        H, I, stride_h, stride_i, num_h_tiles, config.row_split,
+        H, I, stride_h, stride_i, num_h_tiles, config.row_split, done_rows,
         TWO_TERMS=weights2 is not weights1, OPERAND_DTYPE=_OPERAND_DTYPES[rows1.dtype],
         INTERPRETER=triton_interpreter_enabled(),
         BLOCK_H=config.block_h_dx, BLOCK_M=config.block_m, BLOCK_I=config.block_i_dx,
@@ -566,13 +673,24 @@ def moe_experts_backward_triton(
     if num_slots > 0:
         _launch_swiglu_grad(config, routing, x_halves, dy_halves, topk_weights, gate_weights, up_weights,
                             down_weights, dgate, dup, scaled_act, topk_partial, forward_only=False)  # fmt: skip
-    # dWg, dWu = Σ dgᵀ x, Σ duᵀ x (one launch, x shared); dWd = Σ dyᵀ aw
-    for a, a2, b, out, out2, size_m, size_n, a_by_token, b_by_token, tile, warps, stages in (
-        (dgate, dup, x_halves[0], grad_gate, grad_up, I, H, False, True, config.grad_gate_up_tile,
-         config.warps_gu, config.stages_gu),
-        (dy_halves[0], dy_halves[0], scaled_act, grad_down, grad_down, H, I, True, False, config.grad_down_tile,
-         config.warps_dn, config.stages_dn),
-    ):  # fmt: skip
+    # dWg, dWu = Σ dgᵀ x, Σ duᵀ x (one launch, x shared): kernel G (with the dX of experts of at most
+    # one row block) or kernel W; then dWd = Σ dyᵀ aw by kernel W
+    weight_grads = [(dy_halves[0], dy_halves[0], scaled_act, grad_down, grad_down, H, I, True, False,
+                     config.grad_down_tile, config.warps_dn, config.stages_dn)]  # fmt: skip
+    if config.fuse_dx:
+        block_i, block_h, block_rows = config.gate_up_dx_tile
+        num_h_tiles = triton.cdiv(H, block_h)
+        _gate_up_grad_kernel[(E * num_h_tiles,)](
+            dgate, dup, x_halves[0], gate_weights, up_weights, sorted_slot, routing.expert_offsets,
+            grad_gate, grad_up, dx_slot, K, H, I, num_h_tiles,
+            OPERAND_DTYPE=_OPERAND_DTYPES[dtype], INTERPRETER=interpreter,
+            BLOCK_I=block_i, BLOCK_H=block_h, BLOCK_ROWS=block_rows,
+            num_warps=config.warps_g, num_stages=config.stages_g,
+        )  # fmt: skip
+    else:
+        weight_grads.insert(0, (dgate, dup, x_halves[0], grad_gate, grad_up, I, H, False, True,
+                                config.grad_gate_up_tile, config.warps_gu, config.stages_gu))  # fmt: skip
+    for a, a2, b, out, out2, size_m, size_n, a_by_token, b_by_token, tile, warps, stages in weight_grads:
         block_m, block_n, block_rows = tile
         num_m_tiles, num_n_tiles = triton.cdiv(size_m, block_m), triton.cdiv(size_n, block_n)
         n_tiles_per_program = min(config.n_tiles_per_program, num_n_tiles)
@@ -583,8 +701,9 @@ def moe_experts_backward_triton(
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_ROWS=block_rows, num_warps=warps, num_stages=stages,
         )  # fmt: skip
     if num_slots > 0:
-        # dX_slot = Wg_eᵀ dg + Wu_eᵀ du: Wg[e][i, h] at i·H + h
-        _launch_slot_projection(config, routing, gate_weights, up_weights, dgate, dup, dx_slot, 1, H)
+        # dX_slot = Wg_eᵀ dg + Wu_eᵀ du: Wg[e][i, h] at i·H + h (for the experts kernel G left)
+        done_rows = config.gate_up_dx_tile[2] if config.fuse_dx else -1
+        _launch_slot_projection(config, routing, gate_weights, up_weights, dgate, dup, dx_slot, 1, H, done_rows)
         _launch_token_sum(config, dx_slot, grad_hidden, K, topk_partial, grad_topk)
     return grad_hidden, grad_topk, grad_gate, grad_up, grad_down
 
