@@ -42,7 +42,8 @@ BF16_TOLERANCE = dict.fromkeys(OUTPUT_NAMES, 2e-2)  # also used for fp16
 SMALL_CASES = {
     "odd": (13, 40, 24, 5, 2, "uniform", "float32", "float32", "int64", None),
     "hot-looping": (40, 40, 24, 5, 2, "hot", "float32", "float32", "int64", {"row_split": 2}),
-    "unfused-dx": (40, 40, 24, 5, 2, "hot", "float32", "float32", "int64", {"row_split": 2, "fuse_dx": 0}),
+    "fused-dx": (13, 40, 24, 5, 2, "uniform", "float32", "float32", "int64", {"fuse_dx": 1}),
+    "fused-dx-busy": (40, 40, 24, 5, 2, "hot", "bfloat16", "float32", "int64", {"row_split": 2, "fuse_dx": 1}),
     "skewed": (24, 24, 40, 7, 3, "skewed", "float32", "float32", "int64", None),
     "K1": (9, 16, 12, 5, 1, "uniform", "float32", "float32", "int64", None),
     "K=E": (11, 24, 16, 4, 4, "uniform", "float32", "float32", "int32", None),
