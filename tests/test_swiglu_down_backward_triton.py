@@ -154,6 +154,16 @@ def test_gpu_one_launch_path(T, seed):
 
 
 @pytest.mark.gpu
+def test_gpu_one_launch_grid_larger_than_the_sms_is_refused(seed):
+    from moe_lib.kernels.swiglu_down_backward import OneLaunchConfig, swiglu_down_backward_triton
+
+    inputs = problems.make_inputs("swiglu_down_backward", 4, seed=seed, device="cuda")
+    too_many = OneLaunchConfig(block_i=16, block_h_down=8, block_h=16)  # 48 + 256 programs in phase 1
+    with pytest.raises(ValueError, match="config: the one-launch grid"):
+        swiglu_down_backward_triton(*inputs.values(), config=too_many)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("T", [1, 16, 128, 1087, 8192])
 def test_gpu_deterministic(T, seed):
     inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device="cuda")

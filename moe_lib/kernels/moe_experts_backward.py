@@ -31,6 +31,11 @@ Dataflow, five steps, no host synchronisation (CUDA-graph capturable), no float 
     4. kernel C, programs (token t, H-tile): grad_hidden_states[t] = Σ_k dX_slot[t·K + k] and
        grad_topk_weights[t, k] = Σ_tiles partial[tile, t·K + k], both summed in a fixed order.
 
+An alternative to steps 2–3 (``fuse_dx=1``, measured no faster on the H200, so off by default):
+kernel G, programs (expert e, H-tile), writes dWg_e and dWu_e and, for an expert with at most one
+row block, its dX on that H-tile in the same walk over I (dg, du read once for both); kernel D then
+does only the busier experts, and kernel W only dWd.
+
 Grids depend on E, T·K, H, I and the tile sizes only. Programs that share an expert's weight tile
 (the R row splits) or its gathered rows (its tiles) are adjacent in launch order, so they find them
 in L2: each expert's weights are read from DRAM about once per kernel. Wg and Wu are read twice in
