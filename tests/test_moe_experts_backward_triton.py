@@ -258,6 +258,25 @@ def test_gpu_full_size_bf16_against_fp32_reference(seed):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("routing", ["uniform", "hot"])
+def test_gpu_busy_experts_bf16_against_float64(routing, seed):
+    """512+ rows per expert on average: the 128-row-block configuration of 16-bit inputs."""
+    from moe_lib.kernels.moe_experts_backward import launch_config
+
+    sizes = dict(hidden_size=512, intermediate_size=384, num_experts=8, top_k=2)
+    inputs = to_bf16(problems.make_inputs("moe_experts_backward", 3001, seed=seed, device=CUDA, routing=routing,
+                                          **sizes))  # fmt: skip
+    assert launch_config(3001 * 2, 8, input_bytes=2).block_m == 128
+    upcast = {k: (v.double() if v.is_floating_point() else v) for k, v in inputs.items()}
+    want = reference.moe_experts_backward_reference(*upcast.values())
+    poison_cuda_cache(64 << 20)
+    got = moe_lib.moe_experts_backward(*inputs.values(), impl="triton")
+    for name, g, w in zip(OUTPUT_NAMES, got, want, strict=True):
+        assert torch.isfinite(g).all(), f"{name}: NaN/Inf (unwritten elements?)"
+        assert rel_error(g, w) <= BF16_TOLERANCE[name], f"{name}: {rel_error(g, w):.2e}"
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gpu_layer_gradients_match_autograd_of_the_reference(dtype, seed):
     """moe_lib.moe_experts(impl="triton"): its gradients against float64 autograd of the dense forward."""
