@@ -1159,3 +1159,65 @@ def p2_tiling_figure(topk_indices, num_experts: int, hidden_size: int, intermedi
             ax.axvline(gate_up["m_tiles"] * gate_up["n_groups"], color="black", lw=1.2)
         ax.title.set_fontsize(9)
     return fig
+
+
+# ================================================================ kernel designs measured on the GPU
+
+TUNING_DIR = RESULTS_DIR / "H200" / "tuning"  # the tuning scripts' committed outputs (scripts/p1_tune.py, p2_tune.py)
+P2_KERNEL_COLUMNS = ("A", "G", "Wgu", "Wd", "D", "C", "other")  # scripts/p2_tune.py's per-kernel columns
+
+
+def _read_json(path) -> list[dict]:
+    return json.loads(resolve_path(path).read_text())
+
+
+def p1_design_times(path=TUNING_DIR / "2026-11-29-p1-tune-onelaunch.json") -> pd.DataFrame:
+    """A ``scripts/p1_tune.py`` run as the best time (µs) per token count of each P1 design and the config
+    that gave it: "one launch" (the ``one_*`` candidates) and "two launches" (the TileConfig ones). Only
+    named candidates count: what "default" stood for depended on the code of the day."""
+    rows = pd.DataFrame([r for r in _read_json(path) if "error" not in r and r["config"] != "default"])
+    rows = rows[rows["ok"]]
+    rows["design"] = np.where(rows["config"].str.startswith("one_"), "one launch", "two launches")
+    best = rows.loc[rows.groupby(["T", "design"])["median_us"].idxmin()]
+    table = best.pivot(index="T", columns="design", values=["median_us", "config"])
+    table.columns = [f"{design} µs" if what == "median_us" else f"{design}: config" for what, design in table.columns]
+    table.index.name = "num_tokens"
+    return table[sorted(table.columns, key=lambda c: ("config" in c, c))]
+
+
+def p2_kernel_times(path, labels: dict | None = None) -> pd.DataFrame:
+    """A ``scripts/p2_tune.py`` run as one row per (case, config): each kernel's median ms (0 where it
+    did not run), the whole call from a CUDA graph, and the worst element-rule pass fraction. With
+    ``labels`` (config name -> label) only those configs, in that order, named by their labels."""
+    rows = []
+    for r in _read_json(path):
+        if "error" in r or (labels is not None and r["config"] not in labels):
+            continue
+        row = {"case": r["case"], "config": labels[r["config"]] if labels else r["config"]}
+        row.update({k: r["kernels"].get(k, 0.0) for k in P2_KERNEL_COLUMNS})
+        row.update(graph_ms=r["graph_ms"], element_rule=r["element_rule"])
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    if labels:
+        order = {label: i for i, label in enumerate(labels.values())}
+        table = table.sort_values("config", key=lambda c: c.map(order), kind="stable")
+        table = table.sort_values("case", key=lambda c: c.map({v: i for i, v in enumerate(dict.fromkeys(c))}),
+                                  kind="stable")  # fmt: skip
+    return table.set_index(["case", "config"])
+
+
+def kernel_times_figure(table: pd.DataFrame, title: str):
+    """Stacked horizontal bars of :func:`p2_kernel_times`: where each (case, config)'s time goes."""
+    kernels = [k for k in P2_KERNEL_COLUMNS if table[k].any()]
+    fig, ax = plt.subplots(figsize=(11, 0.45 * len(table) + 1.2))
+    labels = [f"{case}  {config}" for case, config in table.index]
+    left = np.zeros(len(table))
+    for i, kernel in enumerate(kernels):
+        ax.barh(labels, table[kernel], left=left, color=plt.cm.tab10(i), label=kernel)
+        left += table[kernel].to_numpy()
+    ax.scatter(table["graph_ms"], labels, marker="|", s=200, color="black", label="whole call (graph)", zorder=3)
+    ax.invert_yaxis()
+    ax.set(xlabel="ms (median per kernel)", title=title)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    return fig

@@ -308,3 +308,20 @@ def test_run_benchmark_reads_back_what_the_harness_wrote(tmp_path, monkeypatch):
     loaded = analysis.run_benchmark(P1, "1,2", tmp_path)
     assert list(loaded) == ["swiglu_down_backward-bfloat16-small"]
     assert isinstance(next(iter(loaded.values())).frame, pd.DataFrame)
+
+
+def test_design_tables_read_the_committed_tuning_runs():
+    p1 = analysis.p1_design_times()
+    assert list(p1.index) == [1, 16, 128, 512]
+    assert p1.loc[1, "one launch µs"] == pytest.approx(22.2, abs=0.05)
+    assert p1.loc[128, "two launches: config"] == "mid_s4"
+    assert (p1["two launches µs"] <= p1["one launch µs"] + 0.5).all()  # what NOTES.md says: no gain
+    labels = {"unfused": "design 2", "g_s3": "design 3"}
+    p2 = analysis.p2_kernel_times(analysis.TUNING_DIR / "2026-11-29-p2-design3-tune.json", labels)
+    assert list(p2.index) == [(case, label) for case in ("fp32:2048", "bf16:2048", "fp32:8192") for label in
+                              ("design 2", "design 3")]  # fmt: skip
+    assert p2.loc[("bf16:2048", "design 2"), "graph_ms"] == pytest.approx(12.30, abs=0.01)
+    assert p2.loc[("bf16:2048", "design 2"), "G"] == 0 and p2.loc[("bf16:2048", "design 3"), "Wgu"] == 0
+    assert (p2["element_rule"] >= 0.99).all()
+    figure = analysis.kernel_times_figure(p2, "test")
+    assert len(figure.axes[0].patches) == 6 * len([k for k in analysis.P2_KERNEL_COLUMNS if p2[k].any()])

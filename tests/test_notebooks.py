@@ -313,6 +313,9 @@ def test_kernels_notebook_errors_agree_with_a_rerun(kernels_run):
     assert summary["p2"]["max_rel_error"] < 1e-2  # bf16 products for the rest
     split = summary["split_k"]
     assert split["bitwise_identical_runs"] and summary["p2"]["bitwise_identical_runs"]
+    # the alternatives set aside: the same products summed in another order
+    assert summary["alternatives"]["P1 one launch vs two launches"] < 1e-5
+    assert summary["alternatives"]["P2 kernel G vs kernels W + D"] < 1e-5
     assert split["partials_sum_rel_error"] < 1e-5 and max(split["rel_diff_vs_unsplit"].values()) < 1e-5
     if not api.triton_interpreter_enabled():
         pytest.skip("the rerun below compares interpreter numbers; this process runs Triton on CUDA")
