@@ -1187,8 +1187,8 @@ def p1_design_times(path=TUNING_DIR / "2026-11-29-p1-tune-onelaunch.json") -> pd
 
 def p2_kernel_times(path, labels: dict | None = None) -> pd.DataFrame:
     """A ``scripts/p2_tune.py`` run as one row per (case, config): each kernel's median ms (0 where it
-    did not run), the whole call from a CUDA graph, and the worst element-rule pass fraction. With
-    ``labels`` (config name -> label) only those configs, in that order, named by their labels."""
+    did not run), the whole call from a CUDA graph, and the worst element-rule pass fraction, in the
+    run's order. With ``labels`` (config name -> label) only those configs, named by their labels."""
     rows = []
     for r in _read_json(path):
         if "error" in r or (labels is not None and r["config"] not in labels):
@@ -1197,13 +1197,7 @@ def p2_kernel_times(path, labels: dict | None = None) -> pd.DataFrame:
         row.update({k: r["kernels"].get(k, 0.0) for k in P2_KERNEL_COLUMNS})
         row.update(graph_ms=r["graph_ms"], element_rule=r["element_rule"])
         rows.append(row)
-    table = pd.DataFrame(rows)
-    if labels:
-        order = {label: i for i, label in enumerate(labels.values())}
-        table = table.sort_values("config", key=lambda c: c.map(order), kind="stable")
-        table = table.sort_values("case", key=lambda c: c.map({v: i for i, v in enumerate(dict.fromkeys(c))}),
-                                  kind="stable")  # fmt: skip
-    return table.set_index(["case", "config"])
+    return pd.DataFrame(rows).set_index(["case", "config"])
 
 
 def kernel_times_figure(table: pd.DataFrame, title: str):

@@ -62,11 +62,8 @@ def kernel_times(call, reps=5) -> dict[str, float]:
     seen = defaultdict(int)
     events = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
                     key=lambda e: e.time_range.start)  # fmt: skip
-    fused = any(e.name == "_gate_up_grad_kernel" for e in events)  # kernel G: kernel W runs for dWd alone
     for event in events:
         column = KERNEL_NAMES.get(event.name, "other")
-        if isinstance(column, tuple) and fused:
-            column = column[-1]
         if isinstance(column, tuple):  # the n-th launch of a kernel within a call
             column, seen[event.name] = column[seen[event.name] % len(column)], seen[event.name] + 1
         times[column].append(event.device_time / 1e3)

@@ -31,10 +31,10 @@ Dataflow, five steps, no host synchronisation (CUDA-graph capturable), no float 
     4. kernel C, programs (token t, H-tile): grad_hidden_states[t] = Σ_k dX_slot[t·K + k] and
        grad_topk_weights[t, k] = Σ_tiles partial[tile, t·K + k], both summed in a fixed order.
 
-An alternative to steps 2–3 (``fuse_dx=1``, measured no faster on the H200, so off by default):
-kernel G, programs (expert e, H-tile), writes dWg_e and dWu_e and, for an expert with at most one
-row block, its dX on that H-tile in the same walk over I (dg, du read once for both); kernel D then
-does only the busier experts, and kernel W only dWd.
+An alternative for the experts with at most one row block (``fuse_dx=1``, measured no faster on
+the H200, so off by default): kernel G, programs (expert e, H-tile), writes their dWg_e, dWu_e and
+their dX on that H-tile in the same walk over I (dg, du read once for both); kernels W (its dWg·dWu
+launch) and D skip them and do the busier experts.
 
 Grids depend on E, T·K, H, I and the tile sizes only. Programs that share an expert's weight tile
 (the R row splits) or its gathered rows (its tiles) are adjacent in launch order, so they find them
@@ -107,9 +107,9 @@ class LaunchConfig:
     stages_dn: int = 3
     warps_d: int = 8  # kernel D
     stages_d: int = 3
-    # kernel G (fuse_dx): dWg, dWu and, for experts with at most `rows` rows, their dX in the same pass
-    # 1: kernel G replaces kernel W's dWg·dWu launch; 0: W for dWg·dWu, D for every dX. Measured on the
-    # H200 no faster at 2048 tokens and slower at 8192 (NOTES.md), so off by default.
+    # kernel G (fuse_dx): for experts with at most `rows` rows, dWg, dWu and dX in one pass (W and D
+    # skip them); 0: W for every dWg·dWu, D for every dX. Measured on the H200 no faster at 2048 tokens
+    # (NOTES.md), so off by default.
     fuse_dx: int = 0
     gate_up_dx_tile: tuple[int, int, int] = (32, 128, 128)  # G: (I-columns per step, H-columns, rows)
     warps_g: int = 8
@@ -328,6 +328,7 @@ def _expert_weight_grad_kernel(
     num_m_tiles,  # cdiv(size_m, BLOCK_M)
     num_n_tiles,  # cdiv(size_n, BLOCK_N)
     N_TILES_PER_PROGRAM,  # output tiles along N one program writes, one after the other
+    done_rows,  # experts with at most this many rows are skipped (kernel G wrote their tiles); −1: none
     A_BY_TOKEN: tl.constexpr, B_BY_TOKEN: tl.constexpr, TWO_OUTPUTS: tl.constexpr, INTERPRETER: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_ROWS: tl.constexpr,
 ):  # fmt: skip
@@ -347,6 +348,7 @@ def _expert_weight_grad_kernel(
     num_row_blocks = tl.maximum(tl.cdiv(row_end - row_begin, BLOCK_ROWS), 1)
     first_n_tile = n_group * N_TILES_PER_PROGRAM
     num_tiles = tl.minimum(N_TILES_PER_PROGRAM, num_n_tiles - first_n_tile)
+    num_tiles = tl.where(row_end - row_begin <= done_rows, 0, num_tiles)
     out_offset = expert.to(tl.int64) * size_m * size_n
     out_dtype = out_ptr.dtype.element_ty
 
@@ -396,7 +398,7 @@ def _gate_up_grad_kernel(
     expert_offsets_ptr,  # [E + 1] int32: first sorted position of each expert
     grad_gate_ptr,  # out [E, I, H] dWg, output dtype
     grad_up_ptr,  # out [E, I, H] dWu
-    dx_slot_ptr,  # out [T·K, H] fp32: Wgᵀ dg + Wuᵀ du per slot, row = slot id (experts with ≤ BLOCK_ROWS rows)
+    dx_slot_ptr,  # out [T·K, H] fp32: Wgᵀ dg + Wuᵀ du per slot, row = slot id
     top_k,  # K
     hidden_size,  # H
     inter_size,  # I
@@ -405,13 +407,13 @@ def _gate_up_grad_kernel(
     INTERPRETER: tl.constexpr,
     BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_ROWS: tl.constexpr,
 ):  # fmt: skip
-    # Program (expert, H-tile). An expert with at most BLOCK_ROWS rows (most of them while T·K/E is
-    # small) keeps its x rows [rows, H-tile] on chip and walks I once: per I-step it loads dg, du
-    # [rows, I-step] and the weight tiles Wg, Wu [I-step, H-tile], writes the finished dWg, dWu tiles
-    # (dgᵀ x, duᵀ x: the whole reduction over the rows at once) and adds dg·Wg + du·Wu to its dX rows,
-    # stored at the end. dg and du are read once for both, and kernel D has nothing left to do for
-    # this expert. A busier expert only gets its dWg and dWu here (each I-tile reduced over its row
-    # blocks in one flat loop, as in kernel W); kernel D computes its dX.
+    # Program (expert, H-tile), for the experts with at most BLOCK_ROWS rows (most of them while
+    # T·K/E is small; kernels W and D skip them): the expert's x rows [rows, H-tile] stay on chip while
+    # the program walks I once: per I-step it loads dg, du [rows, I-step] and the weight tiles Wg, Wu
+    # [I-step, H-tile], writes the finished dWg, dWu tiles (dgᵀ x, duᵀ x: the whole reduction over the
+    # rows at once) and adds dg·Wg + du·Wu to the expert's dX rows, stored at the end. dg and du are
+    # read once for both. Programs of busier experts do nothing: kernel W writes their dWg, dWu and
+    # kernel D their dX.
     pid = tl.program_id(0)
     h_tile = pid % num_h_tiles
     expert = pid // num_h_tiles  # an expert's programs are adjacent: its rows of dg, du, x stay in L2
@@ -450,31 +452,6 @@ def _gate_up_grad_kernel(
             dx = _dot(du, _operand(wu, OPERAND_DTYPE, INTERPRETER), dx, INTERPRETER)
         tl.store(dx_slot_ptr + slots[:, None].to(tl.int64) * hidden_size + hs[None, :], dx,
                  mask=row_ok[:, None] & h_ok[None, :])  # fmt: skip
-    else:
-        num_row_blocks = tl.cdiv(row_end - row_begin, BLOCK_ROWS)
-        grad_g = tl.zeros((BLOCK_I, BLOCK_H), tl.float32)
-        grad_u = tl.zeros((BLOCK_I, BLOCK_H), tl.float32)
-        for step in range(0, tl.cdiv(inter_size, BLOCK_I) * num_row_blocks):
-            block = step % num_row_blocks
-            cols = (step // num_row_blocks) * BLOCK_I + tl.arange(0, BLOCK_I)
-            col_ok = cols < inter_size
-            rows = row_begin + block * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-            row_ok = rows < row_end
-            slots = tl.load(sorted_slot_ptr + rows, mask=row_ok, other=0)
-            tokens = (slots // top_k).to(tl.int64)
-            x_rows = tl.load(x_ptr + tokens[:, None] * hidden_size + hs[None, :],
-                             mask=row_ok[:, None] & h_ok[None, :], other=0.0)  # fmt: skip
-            ws_t_offsets = rows[None, :].to(tl.int64) * inter_size + cols[:, None]  # [I-step, rows]: dgᵀ, duᵀ
-            ws_t_mask = col_ok[:, None] & row_ok[None, :]
-            grad_g = _dot(tl.load(dgate_ptr + ws_t_offsets, mask=ws_t_mask, other=0.0), x_rows, grad_g, INTERPRETER)
-            grad_u = _dot(tl.load(dup_ptr + ws_t_offsets, mask=ws_t_mask, other=0.0), x_rows, grad_u, INTERPRETER)
-            if block == num_row_blocks - 1:  # the tile is complete: write it once
-                w_offsets = expert_offset + cols[:, None] * hidden_size + hs[None, :]
-                w_mask = col_ok[:, None] & h_ok[None, :]
-                tl.store(grad_gate_ptr + w_offsets, _round(grad_g, out_dtype, INTERPRETER), mask=w_mask)
-                tl.store(grad_up_ptr + w_offsets, _round(grad_u, out_dtype, INTERPRETER), mask=w_mask)
-                grad_g = tl.zeros((BLOCK_I, BLOCK_H), tl.float32)
-                grad_u = tl.zeros((BLOCK_I, BLOCK_H), tl.float32)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -687,10 +664,8 @@ def moe_experts_backward_triton(
     if num_slots > 0:
         _launch_swiglu_grad(config, routing, x_halves, dy_halves, topk_weights, gate_weights, up_weights,
                             down_weights, dgate, dup, scaled_act, topk_partial, forward_only=False)  # fmt: skip
-    # dWg, dWu = Σ dgᵀ x, Σ duᵀ x (one launch, x shared): kernel G (with the dX of experts of at most
-    # one row block) or kernel W; then dWd = Σ dyᵀ aw by kernel W
-    weight_grads = [(dy_halves[0], dy_halves[0], scaled_act, grad_down, grad_down, H, I, True, False,
-                     config.grad_down_tile, config.warps_dn, config.stages_dn)]  # fmt: skip
+    # kernel G (fuse_dx): dWg, dWu and dX of the experts with at most one row block; W and D skip those
+    done_rows = config.gate_up_dx_tile[2] if config.fuse_dx else -1
     if config.fuse_dx:
         block_i, block_h, block_rows = config.gate_up_dx_tile
         num_h_tiles = triton.cdiv(H, block_h)
@@ -701,22 +676,24 @@ def moe_experts_backward_triton(
             BLOCK_I=block_i, BLOCK_H=block_h, BLOCK_ROWS=block_rows,
             num_warps=config.warps_g, num_stages=config.stages_g,
         )  # fmt: skip
-    else:
-        weight_grads.insert(0, (dgate, dup, x_halves[0], grad_gate, grad_up, I, H, False, True,
-                                config.grad_gate_up_tile, config.warps_gu, config.stages_gu))  # fmt: skip
-    for a, a2, b, out, out2, size_m, size_n, a_by_token, b_by_token, tile, warps, stages in weight_grads:
+    # kernel W: dWg, dWu = Σ dgᵀ x, Σ duᵀ x (one launch, x shared); then dWd = Σ dyᵀ aw (every expert)
+    for a, a2, b, out, out2, size_m, size_n, a_by_token, b_by_token, tile, warps, stages, skipped_rows in (
+        (dgate, dup, x_halves[0], grad_gate, grad_up, I, H, False, True, config.grad_gate_up_tile,
+         config.warps_gu, config.stages_gu, done_rows),
+        (dy_halves[0], dy_halves[0], scaled_act, grad_down, grad_down, H, I, True, False, config.grad_down_tile,
+         config.warps_dn, config.stages_dn, -1),
+    ):  # fmt: skip
         block_m, block_n, block_rows = tile
         num_m_tiles, num_n_tiles = triton.cdiv(size_m, block_m), triton.cdiv(size_n, block_n)
         n_tiles_per_program = min(config.n_tiles_per_program, num_n_tiles)
         _expert_weight_grad_kernel[(E * num_m_tiles * triton.cdiv(num_n_tiles, n_tiles_per_program),)](
             a, a2, b, out, out2, sorted_slot, routing.expert_offsets,
-            K, size_m, size_n, num_m_tiles, num_n_tiles, n_tiles_per_program,
+            K, size_m, size_n, num_m_tiles, num_n_tiles, n_tiles_per_program, skipped_rows,
             A_BY_TOKEN=a_by_token, B_BY_TOKEN=b_by_token, TWO_OUTPUTS=out2 is not out, INTERPRETER=interpreter,
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_ROWS=block_rows, num_warps=warps, num_stages=stages,
         )  # fmt: skip
     if num_slots > 0:
         # dX_slot = Wg_eᵀ dg + Wu_eᵀ du: Wg[e][i, h] at i·H + h (for the experts kernel G left)
-        done_rows = config.gate_up_dx_tile[2] if config.fuse_dx else -1
         _launch_slot_projection(config, routing, gate_weights, up_weights, dgate, dup, dx_slot, 1, H, done_rows)
         _launch_token_sum(config, dx_slot, grad_hidden, K, topk_partial, grad_topk)
     return grad_hidden, grad_topk, grad_gate, grad_up, grad_down
