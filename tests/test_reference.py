@@ -106,7 +106,10 @@ def test_swiglu_bf16_follows_the_benchmark_rounding(seed):
 
 @pytest.mark.parametrize("name", problems.PROBLEM_NAMES)
 def test_definition_reference_source_agrees_with_moe_lib(name, seed):
-    """The Python source stored in definition.json computes what moe_lib.reference computes."""
+    """The Python source stored in definition.json computes what moe_lib.reference computes.
+
+    Both compute in fp32 but spell dSiLU differently, so an fp32 value may land either side of a
+    16-bit rounding boundary: 16-bit outputs may differ by one unit in the last place, rarely."""
     problem = problems.load(name)
     namespace = {}
     exec(compile(problem.reference_source, f"{name}/definition.json", "exec"), namespace)
@@ -118,4 +121,8 @@ def test_definition_reference_source_agrees_with_moe_lib(name, seed):
     assert len(got) == len(problem.outputs)
     for (out_name, spec), g, w in zip(problem.outputs.items(), got, want, strict=True):
         assert problems.dtype_name(g.dtype) == spec["dtype"], out_name
-        assert rel_error(g, w) <= 1e-6, out_name
+        if g.dtype == torch.float32:
+            assert rel_error(g, w) <= 1e-6, out_name
+        else:
+            torch.testing.assert_close(g, w, rtol=torch.finfo(g.dtype).eps, atol=0, msg=out_name)
+            assert (g != w).float().mean().item() <= 0.01, out_name
