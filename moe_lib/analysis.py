@@ -71,16 +71,12 @@ def format_ms(ms) -> str:
 
 
 @dataclass(frozen=True)
-class ResultFile:
-    """One benchmark run: its long-form CSV (one row per implementation × case) and the JSON beside it."""
+class RunFiles:
+    """A measured run as committed: its CSV, named "<date>-...", and the JSON beside it (provenance)."""
 
     csv: Path
     frame: pd.DataFrame = field(repr=False)
     meta: dict = field(repr=False)
-
-    @property
-    def problem(self) -> str:
-        return self.meta["problem"]
 
     @property
     def dtype(self) -> str:
@@ -95,14 +91,23 @@ class ResultFile:
         return self.provenance.get("gpu_key") or self.csv.parent.name
 
     @property
+    def date(self) -> str:
+        return self.csv.stem[:10]
+
+
+@dataclass(frozen=True)
+class ResultFile(RunFiles):
+    """One benchmark run: its long-form CSV (one row per implementation × case) and the JSON beside it."""
+
+    @property
+    def problem(self) -> str:
+        return self.meta["problem"]
+
+    @property
     def key(self) -> str:
         """The file's stem without its date: "<problem>-<dtype>[-small][-<tag>]"."""
         match = re.fullmatch(r"\d{4}-\d{2}-\d{2}-(.+)", self.csv.stem)
         return match.group(1) if match else self.csv.stem
-
-    @property
-    def date(self) -> str:
-        return self.csv.stem[:10]
 
     @property
     def title(self) -> str:

@@ -23,7 +23,7 @@ import multiprocessing
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -36,7 +36,7 @@ from matplotlib import patches
 import moe_lib
 
 from . import problems, roofline
-from .analysis import resolve_path
+from .analysis import RunFiles, resolve_path
 from .distributed import STATUS_COLUMNS, ExpertParallelStats, expert_partition, moe_experts_parallel
 from .distributed_bench import OUTPUT_NAMES, PROBLEM, PROBLEM_OF_DTYPE
 
@@ -312,36 +312,16 @@ def model_curves(runs: dict, *, gpu_key: str, extra_world_size: int, tokens_grid
 
 
 @dataclass(frozen=True)
-class ParallelRun:
+class ParallelRun(RunFiles):
     """One run of ``moe_lib.distributed_bench`` for one dtype: its CSV (one row per token count) and JSON."""
-
-    csv: Path
-    frame: pd.DataFrame = field(repr=False)
-    meta: dict = field(repr=False)
-
-    @property
-    def dtype(self) -> str:
-        return self.meta["dtype"]
-
-    @property
-    def provenance(self) -> dict:
-        return self.meta.get("provenance", {})
 
     @property
     def axes(self) -> dict:
         return dict(self.meta["axes"])
 
     @property
-    def date(self) -> str:
-        return self.csv.stem[:10]
-
-    @property
     def world_size(self) -> int:
         return int(self.provenance.get("world_size") or self.frame["world_size"].iloc[0])
-
-    @property
-    def gpu_key(self) -> str:
-        return self.provenance.get("gpu_key") or self.csv.parent.name
 
     @property
     def element_bytes(self) -> int:
