@@ -26,19 +26,9 @@ import torch
 import triton
 import triton.language as tl
 
+from moe_lib.kernels.swiglu_down_backward import _tile_coordinates
+
 HIDDEN, INTERMEDIATE = 2048, 768
-
-
-@triton.jit
-def _tile_of(tile, num_m, num_n, GROUP_M: tl.constexpr):
-    """Grouped ordering: GROUP_M row-tiles share their column tiles in L2."""
-    per_group = GROUP_M * num_n
-    group = tile // per_group
-    first_m = group * GROUP_M
-    rows = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (tile % per_group) % rows
-    pid_n = (tile % per_group) // rows
-    return pid_m, pid_n
 
 
 @triton.jit
@@ -61,7 +51,7 @@ def _descriptor_gemm_kernel(
     num_n = tl.cdiv(N, BLOCK_N)
     k_steps = tl.cdiv(K, BLOCK_K)
     for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS, warp_specialize=WARP_SPECIALIZE):
-        pid_m, pid_n = _tile_of(tile, num_m, num_n, GROUP_M)
+        pid_m, pid_n = _tile_coordinates(tile, num_m, num_n, GROUP_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for step in range(k_steps):
             k = step * BLOCK_K
@@ -112,14 +102,14 @@ def launch(a, a_transposed, b, c, M, N, K, variant, num_programs):
 
 def compile_only():
     import os
-    import re
-    import subprocess
-    import tempfile
+    import sys
 
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    sys.path.insert(0, os.path.dirname(__file__))
+    from p1_compile_check import resources
+
     for a_transposed, variant in itertools.product((False, True), VARIANTS):
         bm, bn, bk, warps, stages, ws = variant
         signature = {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32"}
@@ -134,16 +124,10 @@ def compile_only():
         except Exception as exc:  # report and go on
             print(f"transposed={a_transposed} {variant}: FAIL {str(exc).strip().splitlines()[-1][:150]}")
             continue
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(compiled.asm["cubin"])
-            f.flush()
-            out = subprocess.run([os.path.join(tools, "cuobjdump"), "--dump-resource-usage", f.name],
-                                 capture_output=True, text=True).stdout  # fmt: skip
-        usage = re.search(r"REG:(\d+) STACK:(\d+)", out).group(0)
         ptx = compiled.asm["ptx"]
-        print(f"transposed={a_transposed} {variant}: {usage} smem={compiled.metadata.shared // 1024}K "
-              f"wgmma={ptx.count('wgmma.mma_async')} tma={ptx.count('cp.async.bulk.tensor')} "
-              f"setmaxnreg={ptx.count('setmaxnreg')} warps={compiled.metadata.num_warps}")  # fmt: skip
+        print(f"transposed={a_transposed} {variant}: {resources(compiled)} "
+              f"tma={ptx.count('cp.async.bulk.tensor')} setmaxnreg={ptx.count('setmaxnreg')} "
+              f"warps={compiled.metadata.num_warps}")  # fmt: skip
 
 
 def main():
