@@ -2,7 +2,7 @@
 #   make report   run every notebook through papermill into reports/<run-id>/ (CPU defaults without a GPU)
 #   make test     ruff + pytest (GPU tests skip without CUDA)
 #   make lab      JupyterLab on notebooks/ with the project's kernel
-#   make bench    benchmark implementations against the peers (see moe_lib/bench.py)
+#   make bench    benchmark implementations against the peers (python -m moe_lib.bench; see moe_lib/bench/)
 
 PYTHON ?= python3
 VENV ?= .venv

@@ -3,13 +3,17 @@
 - :func:`swiglu_down_backward` — one expert's backward from its saved forward tensors (P1).
 - :func:`moe_experts_backward` — all routed experts' backward, forward recomputed (P2).
 - :func:`swiglu_expert`, :func:`moe_experts` — differentiable layers whose backward runs them.
-- :mod:`moe_lib.problems` — the two problems as data, and seeded inputs.
+- :mod:`moe_lib.problems` — the problems as data, and seeded inputs.
 - :mod:`moe_lib.reference` — the readable PyTorch every fast path is checked against.
+
+One package per problem (``swiglu_down/``, ``moe_experts/``) holds its function, layer, checks,
+reference and kernels; ``bench/`` measures them; ``lab/`` serves the notebooks. docs/architecture.md
+walks through the house.
 """
 
 from . import problems, reference
-from .api import moe_experts_backward, swiglu_down_backward
-from .autograd import moe_experts, swiglu_expert
+from .moe_experts import moe_experts, moe_experts_backward
+from .swiglu_down import swiglu_down_backward, swiglu_expert
 
 __all__ = [
     "moe_experts",

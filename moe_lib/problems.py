@@ -1,14 +1,16 @@
-"""The two problems, defined once as data in ``data/problems/<name>/``.
+"""The problems, defined once as data in ``data/problems/<name>/``, and the code each one runs.
 
-Each problem folder holds a SOL-ExecBench-style ``definition.json`` (name, description, axes,
-inputs, outputs, reference source) and ``workloads.jsonl`` (one case per line). This module reads
-them and draws seeded inputs with the benchmark's distributions, on any device:
+Each problem folder holds
+- ``definition.json`` and ``workloads.jsonl`` in SOL-ExecBench's schema (name, description, axes,
+  inputs, outputs, reference source; one workload per line with its tolerance), so that the
+  benchmark's own harness reads them as they are;
+- ``lab.json``: what this project adds: which op computes it, its short name and title, where it
+  comes from, its element rule, its FLOP count, the scaled-down shapes of CPU runs and the precision of
+  the reference the harness checks against.
 
-- ``swiglu_down_backward`` (P1): weights ``randn/√fan_in``; x and grad_output ``randn/√H``; the
-  saved tensors from the forward, each rounded to the dtype.
-- ``moe_experts_backward`` (P2, fp32) and ``moe_experts_backward_bf16``: grad_output and
-  hidden_states ``randn``; each token picks K distinct experts uniformly; topk_weights
-  ``softmax(randn)`` over K; expert weights ``randn·0.02``.
+Everything problem-specific that the bench, roofline, reports and notebooks need is a field or method
+of :class:`Problem`; they loop over problems and never branch on a name. An op (the function a problem
+runs) is a package of ``moe_lib`` listed once in :data:`OPS`.
 
 >>> problem = load("swiglu_down_backward")
 >>> inputs = problem.make_inputs(num_tokens=4, seed=0, hidden_size=64, intermediate_size=32)
@@ -19,17 +21,17 @@ from __future__ import annotations
 import functools
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from . import reference
+from . import moe_experts, swiglu_down
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 PROBLEMS_DIR = DATA_DIR / "problems"
 PROBLEM_NAMES = ("swiglu_down_backward", "moe_experts_backward", "moe_experts_backward_bf16")
-ROUTINGS = ("uniform", "skewed", "hot")
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
           "float64": torch.float64, "int64": torch.int64, "int32": torch.int32}  # fmt: skip
@@ -40,18 +42,57 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 @dataclass(frozen=True)
-class Problem:
-    """One problem as its definition and workloads describe it."""
+class Op:
+    """The code of one op: its public function, its readable reference and its input generator."""
 
     name: str
-    op: str  # the moe_lib function that computes it
+    function: Callable  # the public backward: (*inputs, impl=..., validate=...) -> outputs tuple
+    reference: Callable  # the readable PyTorch: (*inputs) -> outputs tuple
+    make_inputs: Callable  # (sizes, dtype, device, generator, **options) -> dict name -> tensor
+    input_options: tuple = ()  # keyword options of make_inputs beyond the sizes ("routing" for P2)
+
+
+OPS = {
+    "swiglu_down_backward": Op("swiglu_down_backward", swiglu_down.swiglu_down_backward,
+                               swiglu_down.swiglu_down_backward_reference, swiglu_down.make_inputs, ("distribution",)),
+    "moe_experts_backward": Op("moe_experts_backward", moe_experts.moe_experts_backward,
+                               moe_experts.moe_experts_backward_reference, moe_experts.make_inputs, ("routing",)),
+}  # fmt: skip
+
+
+class ProblemFileError(ValueError):
+    """A problem's data file is missing, malformed or inconsistent (the message names the file)."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem as its definition, workloads and lab metadata describe it."""
+
+    name: str
+    op: str  # the moe_lib function that computes it (a key of OPS)
     description: str
     axes: dict
     inputs: dict
     outputs: dict
     reference_source: str
     workloads: list = field(repr=False)
+    short: str = ""  # "P1", "P2 fp32", ...
+    title: str = ""  # "P1 · swiglu_down_backward (bf16)"
+    source: str = ""  # where the problem comes from
     suite_provenance: str = "benchmark"  # "benchmark" or "assumed"
+    suite_note: str = ""
+    element_rule: dict | None = None  # dict(atol, rtol, required_fraction), or None: judged by relative error
+    flops_coefficient: int = 0  # FLOPs of one call = coefficient · Π flops_axes
+    flops_axes: tuple = ()
+    small_axes: dict = field(default_factory=dict)  # scaled-down shapes for CPU runs
+    small_suite: tuple = ()
+    reference_precision: dict = field(default_factory=dict)  # {"full": dtype name, "small": dtype name}
+    targets: tuple = ()  # the speeds the project must reach on this problem (lab/targets.py judges them)
+
+    @property
+    def spec(self) -> Op:
+        """The op's code: public function, reference, input generator."""
+        return OPS[self.op]
 
     @property
     def suite(self) -> list[int]:
@@ -63,39 +104,99 @@ class Problem:
         """The floating dtype of the problem's main inputs."""
         return DTYPES[next(iter(self.inputs.values()))["dtype"]]
 
+    @property
+    def input_names(self) -> list[str]:
+        return list(self.inputs)
+
+    @property
+    def output_names(self) -> list[str]:
+        return list(self.outputs)
+
     def sizes(self, num_tokens: int, **overrides) -> dict:
         """Every axis's value: the constants, ``num_tokens``, and any overrides (for small shapes)."""
         unknown = set(overrides) - set(self.axes)
         if unknown:
             raise ValueError(f"{sorted(unknown)}: not axes of {self.name} (axes: {sorted(self.axes)})")
-        if not isinstance(num_tokens, int) or num_tokens < 0:
+        if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 0:
             raise ValueError(f"num_tokens: expected an integer >= 0, got {num_tokens!r}")
         sizes = {name: axis["value"] for name, axis in self.axes.items() if axis["type"] == "const"}
         sizes["num_tokens"] = num_tokens
         for name, value in overrides.items():
-            if not isinstance(value, int) or value < 1:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}: expected a positive integer, got {value!r}")
         sizes.update(overrides)
         return sizes
 
-    def make_inputs(self, num_tokens: int, *, seed: int = 0, device="cpu", dtype=None,
-                    routing: str = "uniform", **axes) -> dict:  # fmt: skip
+    def element_rule_at(self, dtype: torch.dtype) -> dict | None:
+        """The element rule at ``dtype``: the problem's own at its own dtype, None otherwise (an overridden
+        dtype, or a problem judged by relative error alone)."""
+        return self.element_rule if dtype == self.dtype else None
+
+    def flops(self, num_tokens: int, **axes) -> int:
+        """GEMM FLOPs of one call (``lab.json``'s count: coefficient × the product of its axes)."""
+        sizes = self.sizes(num_tokens, **axes)
+        return self.flops_coefficient * math.prod(sizes[name] for name in self.flops_axes)
+
+    def reference_dtype(self, small: bool) -> torch.dtype:
+        """The precision of the reference outputs the harness checks against (float64 where it fits)."""
+        return DTYPES[self.reference_precision["small" if small else "full"]]
+
+    def make_inputs(self, num_tokens: int, *, seed: int = 0, device="cpu", dtype=None, routing: str | None = None,
+                    distribution: str | None = None, **axes) -> dict:  # fmt: skip
         """Seeded inputs with the benchmark's distributions, as an ordered dict name -> tensor.
 
         ``dtype`` overrides the floating dtype (e.g. float64 for exact checks); ``axes`` overrides
-        the constant axes (e.g. ``hidden_size=64``) to draw small cases. For P2, ``routing`` is
-        "uniform" (the benchmark's), "skewed" (Zipf-like expert popularity) or "hot" (every token on
-        the same K experts).
+        the constant axes (e.g. ``hidden_size=64``) to draw small cases. Problems with routing take
+        ``routing``: "uniform" (the benchmark's, the default), "skewed" (Zipf-like expert popularity)
+        or "hot" (every token on the same K experts). P1 takes ``distribution``: "forward" (the default:
+        activations at a real layer's scale, saved tensors from the forward) or "harness" (what
+        SOL-ExecBench's harness draws: std-1 activations and saved tensors, independent).
         """
         sizes = self.sizes(num_tokens, **axes)
         dtype = self.dtype if dtype is None else dtype
+        options = {}
+        for option, value in (("routing", routing), ("distribution", distribution)):
+            if value is None:
+                continue
+            if option not in self.spec.input_options:
+                raise ValueError(f"{option}: {self.name} has no {option} (got {option}={value!r})")
+            options[option] = value
         generator = torch.Generator(device=device).manual_seed(seed)
-        if self.op == "swiglu_down_backward":
-            return _swiglu_down_backward_inputs(sizes, dtype, device, generator)
-        if routing not in ROUTINGS:
-            raise ValueError(f"routing: expected one of {ROUTINGS}, got {routing!r}")
-        topk_dtype = torch.float32 if dtype == torch.bfloat16 else dtype
-        return _moe_experts_backward_inputs(sizes, dtype, topk_dtype, device, generator, routing)
+        return self.spec.make_inputs(sizes, dtype, device, generator, **options)
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise ProblemFileError(f"{path}: file not found") from exc
+    except json.JSONDecodeError as exc:
+        raise ProblemFileError(f"{path}: line {exc.lineno}: not valid JSON ({exc.msg})") from exc
+
+
+def _read_workloads(path: Path) -> list[dict]:
+    workloads = []
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError as exc:
+        raise ProblemFileError(f"{path}: file not found") from exc
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            workload = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ProblemFileError(f"{path}: line {number}: not valid JSON ({exc.msg})") from exc
+        if not isinstance(workload.get("axes"), dict) or not isinstance(workload["axes"].get("num_tokens"), int):
+            raise ProblemFileError(f"{path}: line {number}: expected axes.num_tokens, an integer")
+        workloads.append(workload)
+    return workloads
+
+
+def _field(document: dict, key: str, path: Path):
+    if key not in document:
+        raise ProblemFileError(f"{path}: missing key {key!r}")
+    return document[key]
 
 
 @functools.cache
@@ -104,79 +205,42 @@ def load(name: str) -> Problem:
     if name not in PROBLEM_NAMES:
         raise ValueError(f"problem: expected one of {PROBLEM_NAMES}, got {name!r}")
     folder = PROBLEMS_DIR / name
-    definition = json.loads((folder / "definition.json").read_text())
-    with open(folder / "workloads.jsonl") as lines:
-        workloads = [json.loads(line) for line in lines if line.strip()]
+    definition_path, lab_path = folder / "definition.json", folder / "lab.json"
+    definition = _read_json(definition_path)
+    lab = _read_json(lab_path)
+    workloads = _read_workloads(folder / "workloads.jsonl")
+    op = _field(lab, "op", lab_path)
+    if op not in OPS:
+        raise ProblemFileError(f"{lab_path}: op {op!r} is not one of {sorted(OPS)}")
+    rule = lab.get("element_rule")
+    element_rule = None if rule is None else dict(
+        atol=rule["max_atol"], rtol=rule["max_rtol"], required_fraction=rule["required_matched_ratio"])  # fmt: skip
+    flops = _field(lab, "flops", lab_path)
+    small = _field(lab, "small", lab_path)
     return Problem(
-        name=definition["name"],
-        op=definition["op"],
-        description=definition["description"],
-        axes=definition["axes"],
-        inputs=definition["inputs"],
-        outputs=definition["outputs"],
-        reference_source=definition["reference"],
+        name=_field(definition, "name", definition_path),
+        op=op,
+        description=definition.get("description", ""),
+        axes=_field(definition, "axes", definition_path),
+        inputs=_field(definition, "inputs", definition_path),
+        outputs=_field(definition, "outputs", definition_path),
+        reference_source=_field(definition, "reference", definition_path),
         workloads=workloads,
-        suite_provenance=definition.get("suite_provenance", "benchmark"),
+        short=lab.get("short", name),
+        title=lab.get("title", name),
+        source=lab.get("source", ""),
+        suite_provenance=lab.get("suite_provenance", "benchmark"),
+        suite_note=lab.get("suite_note", ""),
+        element_rule=element_rule,
+        flops_coefficient=int(flops["coefficient"]),
+        flops_axes=tuple(flops["times"]),
+        small_axes=dict(small["axes"]),
+        small_suite=tuple(small["suite"]),
+        reference_precision=dict(_field(lab, "reference_precision", lab_path)),
+        targets=tuple(lab.get("targets", ())),
     )
 
 
 def make_inputs(name: str, num_tokens: int, **kwargs) -> dict:
     """Shorthand for ``load(name).make_inputs(num_tokens, **kwargs)``."""
     return load(name).make_inputs(num_tokens, **kwargs)
-
-
-def _normal(shape, std, dtype, device, generator):
-    return torch.empty(shape, dtype=dtype, device=device).normal_(0.0, std, generator=generator)
-
-
-def _swiglu_down_backward_inputs(sizes, dtype, device, generator) -> dict:
-    T, H, I = sizes["num_tokens"], sizes["hidden_size"], sizes["intermediate_size"]
-    gate_weight = _normal((I, H), 1 / math.sqrt(H), dtype, device, generator)
-    up_weight = _normal((I, H), 1 / math.sqrt(H), dtype, device, generator)
-    down_weight = _normal((H, I), 1 / math.sqrt(I), dtype, device, generator)
-    x = _normal((T, H), 1 / math.sqrt(H), dtype, device, generator)
-    grad_output = _normal((T, H), 1 / math.sqrt(H), dtype, device, generator)
-    _, saved = reference.swiglu_expert_forward_reference(x, gate_weight, up_weight, down_weight)
-    return dict(grad_output=grad_output, x=x, gate_weight=gate_weight, up_weight=up_weight,
-                down_weight=down_weight, **saved)  # fmt: skip
-
-
-def route_tokens(num_tokens, num_experts, top_k, *, routing="uniform", device="cpu", generator=None,
-                 skew: float = 1.2) -> torch.Tensor:  # fmt: skip
-    """[num_tokens, top_k] int64 expert indices, K distinct experts per token.
-
-    "uniform": a random permutation's first K (the benchmark's); "skewed": Gumbel-top-k over
-    Zipf-like popularities ``rank^-skew`` (a few hot experts, many cold); "hot": every token on the
-    same K experts, in a random order per token.
-    """
-    if num_tokens == 0:
-        return torch.empty((0, top_k), dtype=torch.int64, device=device)
-    if routing == "hot":
-        chosen = torch.randperm(num_experts, generator=generator, device=device)[:top_k]
-        order = torch.rand((num_tokens, top_k), generator=generator, device=device).argsort(dim=1)
-        return chosen[order]
-    scores = torch.rand((num_tokens, num_experts), generator=generator, device=device)
-    if routing == "skewed":
-        rank = torch.arange(1, num_experts + 1, device=device, dtype=torch.float32)
-        gumbel = -torch.log(-torch.log(scores.clamp_min(1e-20)))
-        scores = -skew * torch.log(rank) + gumbel
-    return scores.argsort(dim=1, descending=True)[:, :top_k].contiguous()
-
-
-def _moe_experts_backward_inputs(sizes, dtype, topk_dtype, device, generator, routing) -> dict:
-    T, H, I = sizes["num_tokens"], sizes["hidden_size"], sizes["intermediate_size"]
-    E, K = sizes["num_experts"], sizes["top_k"]
-    if K > E:
-        raise ValueError(f"top_k: {K} exceeds num_experts={E}")
-    grad_output = _normal((T, H), 1.0, dtype, device, generator)
-    hidden_states = _normal((T, H), 1.0, dtype, device, generator)
-    topk_indices = route_tokens(T, E, K, routing=routing, device=device, generator=generator)
-    topk_logits = _normal((T, K), 1.0, torch.float32 if topk_dtype != torch.float64 else topk_dtype,
-                          device, generator)  # fmt: skip
-    topk_weights = torch.softmax(topk_logits, dim=-1).to(topk_dtype)
-    gate_weights = _normal((E, I, H), 0.02, dtype, device, generator)
-    up_weights = _normal((E, I, H), 0.02, dtype, device, generator)
-    down_weights = _normal((E, H, I), 0.02, dtype, device, generator)
-    return dict(grad_output=grad_output, hidden_states=hidden_states, topk_indices=topk_indices,
-                topk_weights=topk_weights, gate_weights=gate_weights, up_weights=up_weights,
-                down_weights=down_weights)  # fmt: skip

@@ -18,18 +18,18 @@ from __future__ import annotations
 import argparse
 import datetime
 import html
-import importlib.metadata
 import itertools
 import json
 import logging
 import platform
 import re
 import shutil
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from .bench import provenance
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS_DIR = ROOT / "notebooks"
@@ -348,28 +348,19 @@ def write_html(ipynb: Path, html_path: Path, title: str) -> None:
     html_path.write_text(body, encoding="utf-8")
 
 
-def _version(package: str) -> str:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
-
-
-def _git_revision() -> str:
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                                check=True, timeout=10).stdout.strip()  # fmt: skip
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True, check=True, timeout=10).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
+def git_revision() -> str:
+    """The short commit of the checkout, with "(uncommitted changes)" when the tree is dirty; "unknown" without git."""
+    commit = provenance.git("rev-parse", "--short", "HEAD")
+    if commit is None:
         return "unknown"
-    return f"{commit} (uncommitted changes)" if dirty else commit
+    return f"{commit} (uncommitted changes)" if provenance.git_dirty() else commit
 
 
 def environment() -> dict:
+    """What the report ran with: Python, platform, git revision and the versions of the packages that matter."""
     packages = ("torch", "triton", "papermill", "nbconvert")
-    return {"python": platform.python_version(), "platform": platform.platform(), "git": _git_revision(),
-            **{package: _version(package) for package in packages}}  # fmt: skip
+    return {"python": platform.python_version(), "platform": platform.platform(), "git": git_revision(),
+            **{package: provenance.package_version(package) or "not installed" for package in packages}}  # fmt: skip
 
 
 # ---------------------------------------------------------------- index and summary

@@ -2,11 +2,11 @@
 
 Conventions (those of the benchmark, SOL-ExecBench, and its roofline tool SOLAR):
 
-- FLOPs count the GEMMs only, two per multiply-add: P1 ``swiglu_down_backward`` does six GEMMs of
-  T·H·I multiply-adds (dWd, dA, dWg, dWu and the two halves of dx): **12·T·H·I**. P2
-  ``moe_experts_backward`` does eight per routed (token, slot) pair, the recomputed forward (g, u,
-  and o = Wd·a, whose dot with dy gives grad_topk_weights, taken as ``Wd_eᵀ·dy``) included:
-  **16·T·K·H·I**. Elementwise work is free.
+- FLOPs count the GEMMs only, two per multiply-add, as each problem's ``lab.json`` states: P1
+  ``swiglu_down_backward`` does six GEMMs of T·H·I multiply-adds (dWd, dA, dWg, dWu and the two halves
+  of dx): **12·T·H·I**. P2 ``moe_experts_backward`` does eight per routed (token, slot) pair, the
+  recomputed forward (g, u, and o = Wd·a, whose dot with dy gives grad_topk_weights, taken as
+  ``Wd_eᵀ·dy``) included: **16·T·K·H·I**. Elementwise work is free.
 - Bytes: every input read once plus every output written once, at the dtype of the problem's
   definition (or of the ``dtype`` override, which applies to every floating tensor); intermediates
   are free. For P2 this counts all E experts' weights and weight gradients, also for experts that no
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import statistics
 import time
 
@@ -51,6 +52,17 @@ class GPUSpec:
     sms: int | None = None
     memory_bytes: int | None = None
     source: str = ""
+    # how torch.cuda.get_device_name spells it: every one of name_all, at least one of name_any (if
+    # given), none of name_none (case-insensitive)
+    name_all: tuple = ()
+    name_any: tuple = ()
+    name_none: tuple = ()
+
+    def matches(self, device_name: str) -> bool:
+        upper = device_name.upper()
+        return (bool(self.name_all) and all(part in upper for part in self.name_all)
+                and (not self.name_any or any(part in upper for part in self.name_any))
+                and not any(part in upper for part in self.name_none))  # fmt: skip
 
     @classmethod
     def from_measured(cls, copy_bandwidth: float, bf16_rate: float, name: str = "measured") -> GPUSpec:
@@ -74,6 +86,8 @@ GPUS: dict[str, GPUSpec] = {
         memory_bytes=80 * GB,
         source="NVIDIA H100 Tensor Core GPU datasheet (SXM column, dense = half the sparse figure); "
         "SM count and 50 MB L2 from the NVIDIA H100 (Hopper) architecture whitepaper",
+        name_all=("H100",),
+        name_any=("HBM3", "SXM"),
     ),
     "H100-PCIe": GPUSpec(
         name="NVIDIA H100 PCIe 80GB",
@@ -86,6 +100,7 @@ GPUS: dict[str, GPUSpec] = {
         memory_bytes=80 * GB,
         source="NVIDIA H100 Tensor Core GPU datasheet (PCIe column, dense = half the sparse figure); "
         "SM count and L2 from the NVIDIA H100 (Hopper) architecture whitepaper",
+        name_all=("H100", "PCIE"),
     ),
     "H200": GPUSpec(
         name="NVIDIA H200 SXM 141GB",
@@ -99,6 +114,8 @@ GPUS: dict[str, GPUSpec] = {
         source="NVIDIA H200 Tensor Core GPU datasheet (SXM column; same tensor rates as the H100 SXM); "
         "132 SMs and 60 MB L2 as torch.cuda.get_device_properties reports on an H200 (the H100 SXM "
         "datasheet figure is 50 MB)",
+        name_all=("H200",),
+        name_none=("GH200",),
     ),
     "B200": GPUSpec(
         name="NVIDIA B200",
@@ -112,15 +129,30 @@ GPUS: dict[str, GPUSpec] = {
         source="bf16 rate and bandwidth: the B200 model of SOL-ExecBench (arXiv 2603.19173), whose "
         "leaderboard runs on B200; fp32/tf32 rates, memory, SMs and L2 approximate, from NVIDIA's "
         "HGX/DGX B200 datasheets (per GPU)",
+        name_all=("B200",),
+        name_none=("GB200",),
     ),
 }
+
+# the GPUs whose datasheet T_sol every result row carries beside the measured one
+DATASHEET_GPUS = ("H100-SXM", "H200")
+
+
+def gpu_key_from_name(name: str) -> str:
+    """The key of :data:`GPUS` whose spec matches a device name ("NVIDIA H200" -> "H200"); other GPUs get
+    their name with "NVIDIA" and punctuation dropped ("NVIDIA A100-SXM4-80GB" -> "A100-SXM4-80GB")."""
+    for key, spec in GPUS.items():
+        if spec.matches(name):
+            return key
+    return re.sub(r"[^A-Za-z0-9]+", "-", name.replace("NVIDIA", "")).strip("-") or "unknown-gpu"
+
 
 # bytes per element of the definition's dtype names
 _ITEMSIZE = {name: torch.empty((), dtype=dtype).element_size() for name, dtype in problems.DTYPES.items()}
 _FLOATING = {"bfloat16", "float16", "float32", "float64"}
 
 
-def _gpu_spec(gpu) -> GPUSpec:
+def gpu_spec(gpu) -> GPUSpec:
     if isinstance(gpu, GPUSpec):
         return gpu
     if gpu not in GPUS:
@@ -138,15 +170,8 @@ def _dtype_name(dtype) -> str | None:
 
 
 def flops(problem: str, num_tokens: int, **axes) -> int:
-    """GEMM FLOPs of one call: P1 12·T·H·I, P2 16·T·K·H·I (the recomputed forward included)."""
-    definition = problems.load(problem)
-    sizes = definition.sizes(num_tokens, **axes)
-    T, H, I = sizes["num_tokens"], sizes["hidden_size"], sizes["intermediate_size"]
-    if definition.op == "swiglu_down_backward":
-        return 12 * T * H * I
-    if definition.op == "moe_experts_backward":
-        return 16 * T * sizes["top_k"] * H * I
-    raise ValueError(f"problem: no FLOP count for {problem!r}")
+    """GEMM FLOPs of one call, as the problem's ``lab.json`` counts them (P1 12·T·H·I, P2 16·T·K·H·I)."""
+    return problems.load(problem).flops(num_tokens, **axes)
 
 
 def minimal_bytes(problem: str, num_tokens: int, dtype=None, **axes) -> int:
@@ -173,7 +198,7 @@ def cost(problem: str, num_tokens: int, dtype=None, **axes) -> tuple[int, int]:
 def sol_time(problem: str, num_tokens: int, gpu, dtype=None, **axes) -> float:
     """Roofline time in seconds: max(FLOPs / bf16 dense rate, bytes / DRAM bandwidth) on ``gpu``
     (a key of :data:`GPUS` or a :class:`GPUSpec`)."""
-    spec = _gpu_spec(gpu)
+    spec = gpu_spec(gpu)
     work, traffic = cost(problem, num_tokens, dtype, **axes)
     return max(work / spec.bf16_dense_flops, traffic / spec.dram_bandwidth)
 

@@ -1,74 +1,71 @@
 """Compile the P1 Triton launches for sm_90 without a GPU and report registers, stack and shared memory.
 
-    python scripts/p1_compile_check.py [candidate names from p1_tune.CANDIDATES]
+    PYTHONPATH=. python scripts/p1_compile_check.py [--precision faithful|fast] [candidate names]
 
-Needs only the triton wheel (its ptxas and cuobjdump); a spill shows as a non-zero STACK.
+Candidates are the two-launch tile configurations of ``moe_lib.bench.tuning.P1_CANDIDATES`` (default:
+all of them), compiled for bf16 inputs. Needs only the triton wheel (its ptxas and cuobjdump); a spill
+shows as a non-zero STACK.
 """
 
-import os
-import re
-import subprocess
-import sys
-import tempfile
+import argparse
 
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-from p1_tune import CANDIDATES  # noqa: E402
+from moe_lib.bench.sm90 import compile_for_sm90, constexpr_names, first_error_line, resources, runtime_names
+from moe_lib.bench.tuning import P1_CANDIDATES
+from moe_lib.swiglu_down import kernels
+from moe_lib.swiglu_down.checks import PRECISIONS
+from moe_lib.swiglu_down.launch import TileConfig, carries_low_halves
 
-from moe_lib.kernels import swiglu_down_backward as kernels  # noqa: E402
-
-TOOLS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-
-
-def compile_for_hopper(kernel, kinds, warps, stages, group_m):
-    names = kernel.arg_names
-    signature = {}
-    for name in names:
-        if name.endswith("partials_ptr"):
-            signature[name] = "*fp32"
-        elif name.endswith("counters_ptr"):
-            signature[name] = "*i32"
-        elif name.endswith("_ptr"):
-            signature[name] = "*bf16"
-        elif name in ("T", "H", "I"):
-            signature[name] = "i32"
-    constant_names = [n for n in names if n not in signature]
-    constant_values = [v for kind in kinds for v in kind] + [group_m, False, "tf32"]
-    constexprs = dict(zip(constant_names, constant_values, strict=True))
-    signature.update({n: "constexpr" for n in constant_names})
-    aligned = [n for n in names if n.endswith("_ptr") or n in ("H", "I")]
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
+# each launch's kernel, and the prefix of its constexprs -> the TileConfig field with (M, N, K, SPLIT)
+LAUNCHES = (
+    (kernels.d_intermediate_and_grad_down_kernel, {"DA": "d_intermediate", "DWD": "grad_down"}),
+    (kernels.grad_x_and_grad_gate_up_kernel, {"DX": "grad_x", "DW": "grad_gate_up"}),
+)
 
 
-def resources(compiled) -> str:
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(compiled.asm["cubin"])
-        f.flush()
-        out = subprocess.run([os.path.join(TOOLS, "cuobjdump"), "--dump-resource-usage", f.name],
-                             capture_output=True, text=True).stdout  # fmt: skip
-    usage = re.search(r"REG:(\d+) STACK:(\d+)", out)
-    wgmma = compiled.asm["ptx"].count("wgmma.mma_async")
-    return f"{usage.group(0)} smem={compiled.metadata.shared // 1024}K wgmma={wgmma}"
+def pointer_type(name: str) -> str:
+    """The Triton type of a pointer argument: fp32 split-K partials, int32 counters, bf16 tensors."""
+    if name.endswith("partials_ptr"):
+        return "*fp32"
+    if name.endswith("counters_ptr"):
+        return "*i32"
+    return "*bf16"
+
+
+def compile_launch(kernel, tiles: dict, config: TileConfig, launch: int, with_lo: bool):
+    """Compiles one of the two launches under ``config`` (bf16 inputs, as the GPU runs them)."""
+    constants = dict(GROUP_M=config.group_m, UPCAST=False, PRECISION="tf32", WITH_LO=with_lo)
+    for prefix, field in tiles.items():
+        constants.update(zip((f"{prefix}_M", f"{prefix}_N", f"{prefix}_K", f"{prefix}_SPLIT"), getattr(config, field),
+                             strict=True))  # fmt: skip
+    constexprs = {name: constants[name] for name in constexpr_names(kernel) if name in constants}
+    types = {name: pointer_type(name) if name.endswith("_ptr") else "i32" for name in runtime_names(kernel)}
+    aligned = [name for name in runtime_names(kernel) if name.endswith("_ptr") or name in ("H", "I")]
+    warps, stages = config.warps[launch], config.stages[launch]
+    return compile_for_sm90(kernel, types, constexprs, aligned, warps=warps, stages=stages)
 
 
 def main():
-    for name in sys.argv[1:] or list(CANDIDATES):
-        config = CANDIDATES[name]
-        launches = [(kernels._launch1_kernel, (config.d_intermediate, config.grad_down)),
-                    (kernels._launch2_kernel, (config.grad_x, config.grad_gate_up))]  # fmt: skip
+    two_launch = [name for name, config in P1_CANDIDATES.items() if isinstance(config, TileConfig)]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--precision", default=PRECISIONS[0], choices=PRECISIONS)
+    parser.add_argument("candidates", nargs="*", metavar="CANDIDATE",
+                        help=f"two-launch candidates (default: all): {', '.join(two_launch)}")  # fmt: skip
+    args = parser.parse_args()
+    unknown = [name for name in args.candidates if name not in two_launch]
+    if unknown:
+        parser.error(f"CANDIDATE: {unknown} are not two-launch candidates ({', '.join(two_launch)})")
+    with_lo = carries_low_halves(torch.bfloat16, args.precision)
+    for name in args.candidates or two_launch:
+        config = P1_CANDIDATES[name]
         report = []
-        for i, (kernel, kinds) in enumerate(launches):
+        for launch, (kernel, tiles) in enumerate(LAUNCHES):
             try:
-                report.append(resources(compile_for_hopper(kernel, kinds, config.warps[i], config.stages[i],
-                                                           config.group_m)))  # fmt: skip
+                report.append(resources(compile_launch(kernel, tiles, config, launch, with_lo)))
             except Exception as exc:  # report and go on with the other candidates
-                report.append("FAIL " + str(exc).strip().splitlines()[-1][:120])
-        print(f"{name:12s} launch1: {report[0]:40s} launch2: {report[1]}")
+                report.append("FAIL " + first_error_line(exc, 120))
+        print(f"{name:12s} launch1: {report[0]:40s} launch2: {report[1]}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """How fast can a Triton GEMM fed by TMA tensor descriptors run P1's four products on this GPU?
 
-    python scripts/p1_tma_probe.py [--tokens 8192] [--compile-only]
+    PYTHONPATH=. python scripts/p1_tma_probe.py [--tokens 8192] [--compile-only]
 
 P1's launches run pointer-based Triton GEMMs at 57–60% tensor-pipe activity where cuBLAS runs the
 same shapes 1.4–1.5x faster (NOTES.md). This probe times one persistent GEMM kernel whose operands
@@ -12,9 +12,9 @@ specialisation, against ``torch.mm`` on the four products of P1 at T tokens (H 2
     dx   = dGU · [Wg; Wu]         M=T,  N=H,  K=2I   A row-major
     dWgu = dGUᵀ · x               M=2I, N=H,  K=T    A stored transposed
 
-Each result is checked against torch.mm in fp32 (relative Frobenius error) before it is timed.
-With --compile-only it compiles every variant for sm_90 without a GPU and prints registers and
-shared memory.
+Each result is checked against torch.mm in fp32 (relative Frobenius error) before it is timed the
+benchmark's way (CUDA-graph replays, L2 flushed before each, median of 30). With --compile-only it
+compiles every variant for sm_90 without a GPU and prints registers and shared memory.
 """
 
 from __future__ import annotations
@@ -22,13 +22,18 @@ from __future__ import annotations
 import argparse
 import itertools
 
+import pandas as pd
 import torch
 import triton
 import triton.language as tl
 
-from moe_lib.kernels.swiglu_down_backward import _tile_coordinates
+from moe_lib import problems
+from moe_lib.bench import timing
+from moe_lib.bench.sm90 import compile_for_sm90, first_error_line, resources
+from moe_lib.swiglu_down.kernels import grouped_tile
 
-HIDDEN, INTERMEDIATE = 2048, 768
+_SIZES = problems.load("swiglu_down_backward").sizes(0)
+HIDDEN, INTERMEDIATE = _SIZES["hidden_size"], _SIZES["intermediate_size"]
 
 
 @triton.jit
@@ -51,7 +56,7 @@ def _descriptor_gemm_kernel(
     num_n = tl.cdiv(N, BLOCK_N)
     k_steps = tl.cdiv(K, BLOCK_K)
     for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS, warp_specialize=WARP_SPECIALIZE):
-        pid_m, pid_n = _tile_coordinates(tile, num_m, num_n, GROUP_M)
+        pid_m, pid_n = grouped_tile(tile, num_m, num_n, GROUP_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for step in range(k_steps):
             k = step * BLOCK_K
@@ -101,28 +106,16 @@ def launch(a, a_transposed, b, c, M, N, K, variant, num_programs):
 
 
 def compile_only():
-    import os
-    import sys
-
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    sys.path.insert(0, os.path.dirname(__file__))
-    from p1_compile_check import resources
-
+    types = {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32"}
     for a_transposed, variant in itertools.product((False, True), VARIANTS):
         bm, bn, bk, warps, stages, ws = variant
-        signature = {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32"}
         constexprs = dict(A_TRANSPOSED=a_transposed, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8,
                           NUM_PROGRAMS=132, WARP_SPECIALIZE=ws)  # fmt: skip
-        signature.update({n: "constexpr" for n in constexprs})
-        attrs = {(i,): [["tt.divisibility", 16]] for i in range(6)}
-        source = ASTSource(fn=_descriptor_gemm_kernel, signature=signature, constexprs=constexprs, attrs=attrs)
         try:
-            compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                                      options=dict(num_warps=warps, num_stages=stages))  # fmt: skip
+            compiled = compile_for_sm90(_descriptor_gemm_kernel, types, constexprs, list(types), warps=warps,
+                                        stages=stages)  # fmt: skip
         except Exception as exc:  # report and go on
-            print(f"transposed={a_transposed} {variant}: FAIL {str(exc).strip().splitlines()[-1][:150]}")
+            print(f"transposed={a_transposed} {variant}: FAIL {first_error_line(exc, 150)}")
             continue
         ptx = compiled.asm["ptx"]
         print(f"transposed={a_transposed} {variant}: {resources(compiled)} "
@@ -138,9 +131,8 @@ def main():
     if args.compile_only:
         return compile_only()
 
-    import pandas as pd
-
     device = torch.device("cuda")
+    flush = timing.L2Flusher(device)
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=device))
     num_sms = torch.cuda.get_device_properties(device).multi_processor_count
     rows = []
@@ -149,7 +141,7 @@ def main():
             want = (a.float().T if a_transposed else a.float()) @ b.float()
             flops = 2 * M * N * K
             a_op = a.T if a_transposed else a
-            ms = triton.testing.do_bench(lambda a_op=a_op, b=b: torch.mm(a_op, b), warmup=25, rep=200)
+            ms = timing.graph_median_ms(lambda a_op=a_op, b=b: torch.mm(a_op, b), flush)
             rows.append(dict(T=T, product=name, impl="torch.mm", us=ms * 1e3, tflops=flops / ms / 1e9, err=0.0))
             for variant in VARIANTS:
                 c = torch.full((M, N), float("nan"), device=device, dtype=torch.bfloat16)
@@ -162,10 +154,10 @@ def main():
                                      err=float("nan"), note=str(exc).strip().splitlines()[-1][:80]))  # fmt: skip
                     continue
                 err = ((c.float() - want).norm() / want.norm()).item()
-                ms = triton.testing.do_bench(
+                ms = timing.graph_median_ms(
                     lambda a=a, t=a_transposed, b=b, c=c, M=M, N=N, K=K, v=variant: launch(a, t, b, c, M, N, K, v,
                                                                                            num_sms),
-                    warmup=25, rep=200)  # fmt: skip
+                    flush)  # fmt: skip
                 rows.append(dict(T=T, product=name, impl=label, us=ms * 1e3, tflops=flops / ms / 1e9, err=err))
     table = pd.DataFrame(rows)
     pd.set_option("display.width", 200)

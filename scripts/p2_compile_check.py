@@ -1,60 +1,49 @@
 """Compile the P2 Triton kernels for sm_90 without a GPU and report registers, stack and shared memory.
 
-    python scripts/p2_compile_check.py [--dtype fp32|bf16] [--tokens 2048] [FIELD=VALUE ...]
+    PYTHONPATH=. python scripts/p2_compile_check.py [--dtype fp32|bf16] [--tokens 2048] [FIELD=VALUE ...]
 
-FIELD=VALUE overrides a field of the LaunchConfig that ``launch_config`` picks (e.g. block_m=32).
+FIELD=VALUE overrides a field of the LaunchConfig that ``launch_config`` picks (e.g. block_m=32), or of
+kernel G's (gate_up_dx_tile=32x128x128, warps_g, stages_g; ``moe_lib.bench.tuning.p2_configs``).
 Needs only the triton wheel (its ptxas and cuobjdump); a spill shows as a non-zero STACK.
 """
 
 import argparse
-import dataclasses
-import os
-import sys
 
-import triton
 import triton.language as tl
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 
-sys.path.insert(0, os.path.dirname(__file__))
-from p1_compile_check import resources  # noqa: E402
-
-from moe_lib.kernels import moe_experts_backward as kernels  # noqa: E402
+from moe_lib import problems
+from moe_lib.bench.sm90 import compile_for_sm90, first_error_line, resources, runtime_names
+from moe_lib.bench.tuning import p2_configs, parse_field
+from moe_lib.moe_experts import kernels
+from moe_lib.moe_experts.fused_dx import gate_up_grad_kernel
+from moe_lib.moe_experts.launch import launch_config
 
 INT_POINTERS = ("sorted_slot_ptr", "expert_offsets_ptr")
 SIZE_ARGS = ("hidden_size", "inter_size", "num_slots", "size_m", "size_n", "stride_i")
-FP32_POINTERS = ("topk_partial_ptr", "dx_slot_ptr", "topk_weights_ptr")
-OPERAND_POINTERS = ("x_hi_ptr", "x_lo_ptr", "dy_hi_ptr", "dy_lo_ptr", "dgate_ptr", "dup_ptr", "scaled_act_ptr")
+FP32_POINTERS = ("topk_partial_ptr", "dx_slot_ptr", "topk_weights_ptr", "out_slot_ptr")
+OPERAND_POINTERS = ("x_hi_ptr", "x_lo_ptr", "dy_hi_ptr", "dy_lo_ptr", "dgate_ptr", "dup_ptr", "scaled_act_ptr",
+                    "a_ptr", "a2_ptr", "b_ptr", "rows1_ptr", "rows2_ptr", "x_ptr")  # fmt: skip
 
 
-def compile_for_hopper(kernel, constexprs: dict, input_type: str, warps: int, stages: int):
-    signature = {}
-    for name in kernel.arg_names:
-        if name in constexprs:
-            signature[name] = "constexpr"
-        elif name in INT_POINTERS:
-            signature[name] = "*i32"
-        elif name in FP32_POINTERS or name == "out_slot_ptr":
-            signature[name] = "*fp32"
-        elif name in OPERAND_POINTERS or name in ("a_ptr", "a2_ptr", "b_ptr", "rows1_ptr", "rows2_ptr", "x_ptr"):
-            signature[name] = "*bf16"
-        elif name.endswith("_ptr"):
-            signature[name] = input_type
-        elif name == "stride_h":  # kernel D's backward: Wgᵀ, Wuᵀ (1 is specialised away)
-            signature[name] = "constexpr"
-            constexprs[name] = 1
-        else:
-            signature[name] = "i32"
-    aligned = [n for n in kernel.arg_names if n.endswith("_ptr") or n in SIZE_ARGS]
-    attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
+def argument_type(name: str, input_type: str) -> str:
+    """The Triton type of a run-time argument: int32 routing, fp32 workspaces, bf16 operands, the input
+    dtype for the other tensors (weights, gradients), i32 for sizes."""
+    if name in INT_POINTERS:
+        return "*i32"
+    if name in FP32_POINTERS:
+        return "*fp32"
+    if name in OPERAND_POINTERS:
+        return "*bf16"
+    return input_type if name.endswith("_ptr") else "i32"
 
 
-def parse_field(text: str) -> tuple[str, object]:
-    """FIELD=VALUE with VALUE an int, or ints joined by x for a tile (grad_down_tile=128x256x64)."""
-    name, _, value = text.partition("=")
-    return name, tuple(int(v) for v in value.split("x")) if "x" in value else int(value)
+def compile_kernel(kernel, constexprs: dict, input_type: str, warps: int, stages: int):
+    constexprs = dict(constexprs, INTERPRETER=False)
+    if "stride_h" in runtime_names(kernel):  # kernel D's backward: Wgᵀ, Wuᵀ (1 is specialised away)
+        constexprs["stride_h"] = 1
+    types = {name: argument_type(name, input_type) for name in runtime_names(kernel)}
+    aligned = [name for name in runtime_names(kernel) if name.endswith("_ptr") or name in SIZE_ARGS]
+    return compile_for_sm90(kernel, types, constexprs, aligned, warps=warps, stages=stages)
 
 
 def tile_sizes(tile) -> dict:
@@ -62,41 +51,46 @@ def tile_sizes(tile) -> dict:
 
 
 def main():
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
     parser.add_argument("--tokens", type=int, default=2048)
     parser.add_argument("overrides", nargs="*", help="FIELD=VALUE")
     args = parser.parse_args()
-    config = kernels.launch_config(args.tokens * 8, 256, input_bytes=4 if args.dtype == "fp32" else 2)
-    config = dataclasses.replace(config, **dict(parse_field(o) for o in args.overrides))
+    sizes = problems.load("moe_experts_backward").sizes(args.tokens)
+    input_bytes = 4 if args.dtype == "fp32" else 2
+    base = launch_config(args.tokens * sizes["top_k"], sizes["num_experts"], input_bytes=input_bytes)
+    try:
+        config, fused, _ = p2_configs(base, dict(parse_field(text) for text in args.overrides))
+    except ValueError as exc:
+        parser.error(f"overrides: {exc}")
     print(config)
+    print(fused)
     input_type, split = ("*fp32", True) if args.dtype == "fp32" else ("*bf16", False)
-    common = dict(INTERPRETER=False)
-    g_tile = config.gate_up_dx_tile
     launches = {
-        "A": (kernels._swiglu_grad_kernel, dict(OPERAND_DTYPE=tl.bfloat16, SPLIT_PRECISION=split, FORWARD_ONLY=False,
-                                                BLOCK_I=config.block_i, BLOCK_M=config.block_m, BLOCK_H=config.block_h),
+        "A": (kernels.swiglu_grad_kernel, dict(OPERAND_DTYPE=tl.bfloat16, SPLIT_PRECISION=split, FORWARD_ONLY=False,
+                                               BLOCK_I=config.block_i, BLOCK_M=config.block_m, BLOCK_H=config.block_h),
               config.warps_a, config.stages_a),
-        "W dWg,dWu": (kernels._expert_weight_grad_kernel,
+        "W dWg,dWu": (kernels.expert_weight_grad_kernel,
                       dict(A_BY_TOKEN=False, B_BY_TOKEN=True, TWO_OUTPUTS=True, **tile_sizes(config.grad_gate_up_tile)),
                       config.warps_gu, config.stages_gu),
-        "W dWd": (kernels._expert_weight_grad_kernel,
+        "W dWd": (kernels.expert_weight_grad_kernel,
                   dict(A_BY_TOKEN=True, B_BY_TOKEN=False, TWO_OUTPUTS=False, **tile_sizes(config.grad_down_tile)),
                   config.warps_dn, config.stages_dn),
-        "G": (kernels._gate_up_grad_kernel,
-              dict(OPERAND_DTYPE=tl.bfloat16, BLOCK_I=g_tile[0], BLOCK_H=g_tile[1], BLOCK_ROWS=g_tile[2]),
-              config.warps_g, config.stages_g),
-        "D": (kernels._slot_projection_kernel, dict(TWO_TERMS=True, OPERAND_DTYPE=tl.bfloat16,
-                                                    BLOCK_H=config.block_h_dx, BLOCK_M=config.block_m,
-                                                    BLOCK_I=config.block_i_dx),
+        "G": (gate_up_grad_kernel,
+              dict(OPERAND_DTYPE=tl.bfloat16, BLOCK_I=fused.block_i, BLOCK_H=fused.block_h,
+                   BLOCK_ROWS=fused.block_rows),
+              fused.warps, fused.stages),
+        "D": (kernels.slot_projection_kernel, dict(TWO_TERMS=True, OPERAND_DTYPE=tl.bfloat16,
+                                                   BLOCK_H=config.block_h_dx, BLOCK_M=config.block_m,
+                                                   BLOCK_I=config.block_i_dx),
               config.warps_d, config.stages_d),
     }  # fmt: skip
     for name, (kernel, constexprs, warps, stages) in launches.items():
         try:
-            report = resources(compile_for_hopper(kernel, common | constexprs, input_type, warps, stages))
+            report = resources(compile_kernel(kernel, constexprs, input_type, warps, stages))
         except Exception as exc:  # report and go on with the other kernels
-            report = "FAIL " + str(exc).strip().splitlines()[-1][:160]
-        print(f"kernel {name:10s}: {report}")
+            report = "FAIL " + first_error_line(exc)
+        print(f"kernel {name:10s}: {report}", flush=True)
 
 
 if __name__ == "__main__":

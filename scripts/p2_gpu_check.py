@@ -2,23 +2,27 @@
 
     PYTHONPATH=. python3 scripts/p2_gpu_check.py [--cases fp32:2048,fp32:8192,bf16:2048] [--reps 7]
 
-For each case (the benchmark's shape: H = 4096, I = 2048, E = 256, K = 8; uniform routing):
-1. correctness: the fp32 reference (TF32 off; for bf16, from the bf16-rounded inputs) against the
-   Triton path called with a NaN-filled allocator cache, per output: relative Frobenius error,
-   the benchmark's element rule (atol 0.11, rtol 1e-5; ≥ 99% of elements), NaN/Inf;
+A case is ``dtype:num_tokens``: the P2 problem whose inputs have that dtype (fp32: moe_experts_backward,
+bf16: moe_experts_backward_bf16) at its definition's shape (H = 4096, I = 2048, E = 256, K = 8), uniform
+routing. For each case:
+1. correctness: the harness's reference (fp32, TF32 off, from the inputs as they are) against the
+   Triton path called with a NaN-poisoned allocator cache, per output: relative Frobenius error
+   against this script's limits, the problem's element rule where it has one (P2 fp32: atol 0.11,
+   rtol 1e-5 on ≥ 99% of elements; the bf16 variant has none), NaN/Inf; and two calls bitwise equal;
 2. memory: the peak of torch.cuda.max_memory_allocated during one call, over what was allocated
    before it (outputs included) and without the outputs (the workspace);
-3. timing: the call captured in a CUDA graph; before each replay a 512 MB buffer is overwritten
-   (cold L2); median (and p20/p80) of the replays, timed with CUDA events.
-The floor is what the benchmark's roofline counts: every input read once and every output written
-once (fp32: 51.5 GB at T = 2048), and the achieved rate is that floor over the measured time.
-A full log is printed as it goes; the summary table comes last.
+3. timing: the call captured in a CUDA graph and replayed, L2 flushed before each replay (the
+   benchmark's way, ``moe_lib.bench.timing``); median and p20/p80.
+The floor is what the benchmark's roofline counts (``moe_lib.roofline.minimal_bytes``): every input read
+once and every output written once (fp32: 51.5 GB at T = 2048); the achieved rate is that floor over
+the measured time, and the floor fraction the floor's time at the copy bandwidth measured on this GPU
+over the measured time. A full log is printed as it goes; the summary table comes last.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import functools
 import sys
 import time
 
@@ -26,77 +30,45 @@ import torch
 import triton
 
 import moe_lib
-from moe_lib import problems, reference
-from moe_lib.bench import compare_output
+from moe_lib import problems, roofline
+from moe_lib.bench import timing
+from moe_lib.bench.checks import compare_output, reference_outputs
+from moe_lib.bench.tuning import parse_case
 
-OUTPUT_NAMES = ("grad_hidden_states", "grad_topk_weights", "grad_gate_weights", "grad_up_weights", "grad_down_weights")
-FP32_REL_LIMIT = {name: 5e-3 for name in OUTPUT_NAMES} | {"grad_topk_weights": 1e-4}
-BF16_REL_LIMIT = 2e-2
-COPY_BANDWIDTH_REFERENCE = 4.21e12  # B/s, device-to-device copy measured on the H200 (docs: measuring.md)
+# this script's acceptance limits on the relative error of each output, by input dtype (tighter than the
+# harness's 5e-2); grad_topk_weights of the fp32 interface has a tighter one still
+REL_LIMIT = {"float32": 5e-3, "bfloat16": 2e-2}
+REL_LIMIT_OVERRIDES = {"float32": {"grad_topk_weights": 1e-4}}
 
 
 def log(message: str) -> None:
     print(message, flush=True)
 
 
-ELEMENT_RULE = dict(atol=0.11, rtol=1e-5)  # the benchmark's, as reported for P2 fp32
-
-
-def floor_bytes(inputs: dict) -> int:
-    """Inputs read once + outputs written once (outputs have the shapes and dtypes of their inputs)."""
-    read = sum(t.numel() * t.element_size() for t in inputs.values())
-    written = sum(inputs[n].numel() * inputs[n].element_size()
-                  for n in ("hidden_states", "topk_weights", "gate_weights", "up_weights", "down_weights"))  # fmt: skip
-    return read + written
-
-
-def measure_copy_bandwidth() -> float:
-    """Device-to-device copy of 2 GiB, bytes read + written per second (best of 5)."""
-    src = torch.empty(1 << 29, device="cuda")
-    dst = torch.empty_like(src)
-    best = float("inf")
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        torch.cuda.synchronize()
-        best = min(best, start.elapsed_time(end) / 1e3)
-    del src, dst
-    return 2 * (1 << 31) / best
-
-
-def make_case_inputs(dtype: str, num_tokens: int, seed: int) -> dict:
-    inputs = problems.make_inputs("moe_experts_backward", num_tokens, seed=seed, device="cuda")
-    if dtype == "bf16":
-        inputs = {k: (v.bfloat16() if v.is_floating_point() and k != "topk_weights" else v) for k, v in inputs.items()}
-    return inputs
-
-
-def check_correctness(inputs: dict, dtype: str) -> tuple[bool, float]:
-    """Compares against the fp32 reference; returns (all checks passed, worst relative error)."""
-    upcast = {k: (v.float() if v.is_floating_point() else v) for k, v in inputs.items()}
+def check_correctness(problem: problems.Problem, inputs: dict) -> tuple[bool, float]:
+    """Compares against the harness's reference; returns (all checks passed, worst relative error)."""
+    dtype = problems.dtype_name(problem.dtype)
+    rule = problem.element_rule
     start = time.perf_counter()
-    with reference.tf32_disabled():
-        want = reference.moe_experts_backward_reference(*upcast.values())
+    want, _ = reference_outputs(problem, inputs, small=False)
     torch.cuda.synchronize()
     log(f"  reference: {time.perf_counter() - start:.2f} s")
-    del upcast
-    # NaN-fill a block as large as the outputs and workspace, and free it: the call allocates from it
-    poison = torch.full((sum(w.numel() for w in want) + (1 << 29),), float("nan"), device="cuda")
-    del poison
+    # NaN-fill cached memory as large as the outputs and the workspace: the call allocates from it
+    timing.poison_allocator("cuda", 4 * (sum(w.numel() for w in want) + (1 << 29)))
     start = time.perf_counter()
     got = moe_lib.moe_experts_backward(*inputs.values(), impl="triton")
     torch.cuda.synchronize()
     log(f"  triton (first call, compiles): {time.perf_counter() - start:.2f} s")
     ok, worst = True, 0.0
-    for name, g, w in zip(OUTPUT_NAMES, got, want, strict=True):
-        stats = compare_output(g, w, ELEMENT_RULE)
-        limit = FP32_REL_LIMIT[name] if dtype == "fp32" else BF16_REL_LIMIT
-        passed = stats["finite"] and stats["rel_error"] <= limit and (dtype == "bf16" or stats["pass_fraction"] >= 0.99)
+    for name, g, w in zip(problem.output_names, got, want, strict=True):
+        stats = compare_output(g, w, rule)
+        limit = REL_LIMIT_OVERRIDES.get(dtype, {}).get(name, REL_LIMIT[dtype])
+        element_ok = rule is None or stats["pass_fraction"] >= rule["required_fraction"]
+        passed = stats["finite"] and stats["rel_error"] <= limit and element_ok
         ok &= passed
         worst = max(worst, stats["rel_error"])
-        log(f"  {name:20s} rel {stats['rel']:.2e} (limit {limit:.0e})  element rule {stats['pass_fraction']:.4%}"
+        element = "-" if rule is None else f"{stats['pass_fraction']:.4%}"
+        log(f"  {name:20s} rel {stats['rel_error']:.2e} (limit {limit:.0e})  element rule {element}"
             f"  finite {stats['finite']}  {'ok' if passed else 'FAIL'}")  # fmt: skip
     again = moe_lib.moe_experts_backward(*inputs.values(), impl="triton")
     repeatable = all(torch.equal(a, b) for a, b in zip(got, again, strict=True))
@@ -117,32 +89,6 @@ def measure_memory(inputs: dict) -> tuple[float, float]:
     return peak / 2**30, (peak - outputs) / 2**30
 
 
-def time_graph_replays(inputs: dict, reps: int, warmup: int = 2) -> list[float]:
-    """Milliseconds per replay of the captured call, L2 overwritten before each."""
-    torch.cuda.empty_cache()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        moe_lib.moe_experts_backward(*inputs.values(), impl="triton", validate=False)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outputs = moe_lib.moe_experts_backward(*inputs.values(), impl="triton", validate=False)
-    flush = torch.empty(512 * 2**20, dtype=torch.uint8, device="cuda")
-    times = []
-    for i in range(warmup + reps):
-        flush.fill_(i % 256)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        if i >= warmup:
-            times.append(start.elapsed_time(end))
-    del graph, outputs, flush
-    return times
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default="fp32:2048,fp32:8192,bf16:2048", help="dtype:num_tokens, comma-separated")
@@ -150,30 +96,39 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
-    log(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
-    bandwidth = measure_copy_bandwidth()
-    log(f"device-to-device copy: {bandwidth / 1e12:.2f} TB/s (reference figure {COPY_BANDWIDTH_REFERENCE / 1e12} TB/s)")
+    name = torch.cuda.get_device_name()
+    log(f"GPU {name}, torch {torch.__version__}, triton {triton.__version__}")
+    bandwidth = roofline.measure_ceilings("cuda")["copy_bandwidth"]  # bytes read + written per second
+    datasheet = roofline.GPUS.get(roofline.gpu_key_from_name(name))
+    reference = f"datasheet {datasheet.dram_bandwidth / 1e12:.2f} TB/s" if datasheet else "no datasheet figure"
+    log(f"device-to-device copy: {bandwidth / 1e12:.2f} TB/s ({reference})")
+    flush = timing.L2Flusher("cuda")
+
+    try:
+        cases = [parse_case(case) for case in args.cases.split(",")]
+    except ValueError as exc:
+        parser.error(f"--cases: {exc}")
 
     rows = []
-    for case in args.cases.split(","):
-        dtype, num_tokens = case.split(":")
-        num_tokens = int(num_tokens)
-        log(f"\n== {dtype} T={num_tokens} ==")
-        inputs = make_case_inputs(dtype, num_tokens, args.seed)
-        ok, worst = check_correctness(inputs, dtype)
+    for problem, num_tokens in cases:
+        log(f"\n== {problem.name} T={num_tokens} ==")
+        inputs = problem.make_inputs(num_tokens, seed=args.seed, device="cuda")
+        ok, worst = check_correctness(problem, inputs)
         torch.cuda.empty_cache()
         peak_gib, workspace_gib = measure_memory(inputs)
         log(f"  peak extra memory {peak_gib:.2f} GiB (workspace {workspace_gib:.2f} GiB beyond the outputs)")
-        times = time_graph_replays(inputs, args.reps)
-        median = statistics.median(times)
-        quantiles = statistics.quantiles(times, n=5) if len(times) >= 2 else [median] * 4
-        floor = floor_bytes(inputs)
-        log(f"  replays (ms): {', '.join(f'{t:.2f}' for t in times)}")
-        rows.append(dict(case=f"{dtype} T={num_tokens}", ms=median, p20=quantiles[0], p80=quantiles[-1],
+        torch.cuda.empty_cache()
+        call = functools.partial(moe_lib.moe_experts_backward, *inputs.values(), impl="triton", validate=False)
+        stats = timing.time_graph(call, flush, warmup=2, reps=args.reps)
+        median = stats["median_ms"]
+        floor = roofline.minimal_bytes(problem.name, num_tokens)
+        log(f"  replays: median {median:.2f} ms, p20 {stats['p20_ms']:.2f}, p80 {stats['p80_ms']:.2f} "
+            f"({stats['reps']} replays)")  # fmt: skip
+        rows.append(dict(case=f"{problem.short} T={num_tokens}", ms=median, p20=stats["p20_ms"], p80=stats["p80_ms"],
                          floor_gb=floor / 1e9, rate=floor / (median / 1e3) / 1e9,
                          floor_fraction=floor / bandwidth / (median / 1e3), peak=peak_gib, ws=workspace_gib,
                          correct=ok, worst=worst))  # fmt: skip
-        del inputs
+        del inputs, call
         torch.cuda.empty_cache()
 
     log("\nsummary (floor = inputs read once + outputs written once; rate = floor / time; "

@@ -1,22 +1,21 @@
 """One call of the P2 Triton backward per case, for ncu (per-kernel time, DRAM bytes, stall reasons).
 
     PYTHONPATH=. ncu --clock-control none --section SpeedOfLight --section WarpStateStats \
-        --section LaunchStats --section Occupancy -k regex:"^_" python3 scripts/p2_profile.py \
-        --cases fp32:2048,bf16:2048
+        --section LaunchStats --section Occupancy \
+        -k regex:"^(swiglu_grad|expert_weight_grad|slot_projection|token_sum|gate_up_grad)_kernel$" \
+        python3 scripts/p2_profile.py --cases fp32:2048,bf16:2048
 
-Our kernels' names start with an underscore; ``-k regex:"^_"`` leaves out PyTorch's input generation.
+The ``-k`` filter keeps our kernels and leaves out PyTorch's input generation. A case is
+``dtype:num_tokens``: the P2 problem with inputs of that dtype (fp32: moe_experts_backward, bf16: its
+bf16 variant).
 """
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from p2_gpu_check import make_case_inputs  # noqa: E402
-
-from moe_lib.kernels.moe_experts_backward import moe_experts_backward_triton  # noqa: E402
+from moe_lib.bench.tuning import parse_case
+from moe_lib.moe_experts.launch import moe_experts_backward_triton
 
 
 def main():
@@ -24,9 +23,9 @@ def main():
     parser.add_argument("--cases", default="fp32:2048", help="dtype:num_tokens, comma-separated")
     args = parser.parse_args()
     for case in args.cases.split(","):
-        dtype, num_tokens = case.split(":")
-        inputs = make_case_inputs(dtype, int(num_tokens), seed=0)
-        torch.cuda.nvtx.range_push(f"{dtype}:{num_tokens}")
+        problem, num_tokens = parse_case(case)
+        inputs = problem.make_inputs(num_tokens, seed=0, device="cuda")
+        torch.cuda.nvtx.range_push(case)
         moe_experts_backward_triton(*inputs.values())
         torch.cuda.synchronize()
         torch.cuda.nvtx.range_pop()

@@ -4,16 +4,18 @@
         --configs "default;m32:block_m=32,block_i_dx=32;a_s2:stages_a=2"
 
 Each config is NAME:FIELD=VALUE,… over the LaunchConfig that ``launch_config`` picks ("default" alone
-is that config). Per case and config: the outputs against the fp32 reference (relative error, the
-element rule's pass fraction on the worst output), each kernel's median GPU time over 5 eager calls
-(torch.profiler; the weights are 10–50× the L2, so no flush is needed), and the whole call replayed
-from a CUDA graph (median of 5). A table is printed last and written as JSON to --out.
+is that config); ``fuse_dx=1`` adds kernel G, whose fields are gate_up_dx_tile=IxHxROWS, warps_g and
+stages_g (``moe_lib.bench.tuning.p2_configs``). A case is ``dtype:num_tokens``: the P2 problem with
+inputs of that dtype. Per case and config: the outputs against the fp32 reference (relative error,
+the problem's element rule's pass fraction on the worst output, "-" for a problem without one), each
+kernel's median GPU time over 5 eager calls (torch.profiler; the weights are 10–50× the L2, so no
+flush is needed), and the whole call replayed from a CUDA graph (median of 5). A table is printed
+last and written as JSON to --out.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import json
 import statistics
@@ -24,30 +26,23 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).parent))
-from p2_gpu_check import ELEMENT_RULE, OUTPUT_NAMES, make_case_inputs  # noqa: E402
-
-from moe_lib import reference  # noqa: E402
-from moe_lib.bench import compare_output  # noqa: E402
-from moe_lib.kernels import moe_experts_backward as kernels  # noqa: E402
+from moe_lib.bench import timing
+from moe_lib.bench.checks import compare_output, reference_outputs
+from moe_lib.bench.tuning import p2_configs, parse_case, parse_fields
+from moe_lib.moe_experts.launch import launch_config, moe_experts_backward_triton
 
 # kernel name -> column; the weight-gradient kernel runs twice per call: dWg and dWu, then dWd
-KERNEL_NAMES = {"_swiglu_grad_kernel": "A", "_expert_weight_grad_kernel": ("Wgu", "Wd"), "_slot_projection_kernel": "D",
-                "_token_sum_kernel": "C", "_gate_up_grad_kernel": "G"}  # fmt: skip
+KERNEL_NAMES = {"swiglu_grad_kernel": "A", "expert_weight_grad_kernel": ("Wgu", "Wd"), "slot_projection_kernel": "D",
+                "token_sum_kernel": "C", "gate_up_grad_kernel": "G"}  # fmt: skip
 COLUMNS = ("A", "G", "Wgu", "Wd", "D", "C", "other")
 
 
-def parse_field(text: str) -> tuple[str, object]:
-    """FIELD=VALUE with VALUE an int, or ints joined by x for a tile (grad_down_tile=128x256x64)."""
-    name, _, value = text.partition("=")
-    return name, tuple(int(v) for v in value.split("x")) if "x" in value else int(value)
-
-
 def parse_configs(text: str) -> dict[str, dict]:
+    """``NAME:FIELD=VALUE,…;NAME:…`` -> name -> fields."""
     configs = {}
     for item in text.split(";"):
         name, _, fields = item.partition(":")
-        configs[name] = dict(parse_field(f) for f in fields.split(",") if f)
+        configs[name] = parse_fields(fields)
     return configs
 
 
@@ -72,58 +67,36 @@ def kernel_times(call, reps=5) -> dict[str, float]:
     return out
 
 
-def graph_time(call, reps=5) -> float:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
-    times = []
-    for _ in range(reps + 1):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    del graph
-    return statistics.median(times[1:])
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default="fp32:2048")
     parser.add_argument("--configs", default="default")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    configs = parse_configs(args.configs)
     rows = []
     for case in args.cases.split(","):
-        dtype, num_tokens = case.split(":")
-        inputs = make_case_inputs(dtype, int(num_tokens), seed=0)
+        problem, num_tokens = parse_case(case)
+        inputs = problem.make_inputs(num_tokens, seed=0, device="cuda")
         T, K = inputs["topk_indices"].shape
         E = inputs["gate_weights"].shape[0]
-        upcast = {k: (v.float() if v.is_floating_point() else v) for k, v in inputs.items()}
-        with reference.tf32_disabled():
-            want = reference.moe_experts_backward_reference(*upcast.values())
-        del upcast
-        base = kernels.launch_config(T * K, E, input_bytes=inputs["hidden_states"].element_size())
-        for name, fields in parse_configs(args.configs).items():
-            config = dataclasses.replace(base, **fields)
-
-            call = functools.partial(kernels.moe_experts_backward_triton, *inputs.values(), config=config)
-
+        want, _ = reference_outputs(problem, inputs, small=False)  # fp32 with TF32 off
+        base = launch_config(T * K, E, input_bytes=inputs["hidden_states"].element_size())
+        for name, fields in configs.items():
+            call = None
             try:
+                config, fused_dx, fuse_dx = p2_configs(base, fields)
+                call = functools.partial(moe_experts_backward_triton, *inputs.values(), config=config,
+                                         fused_dx=fused_dx if fuse_dx else None)  # fmt: skip
                 got = call()
-                stats = [compare_output(g, w, ELEMENT_RULE) for g, w in zip(got, want, strict=True)]
+                stats = [compare_output(g, w, problem.element_rule) for g, w in zip(got, want, strict=True)]
                 del got
+                fractions = [s["pass_fraction"] for s in stats if s["pass_fraction"] is not None]
                 row = dict(case=case, config=name, fields=fields,
-                           rel={n: s["rel_error"] for n, s in zip(OUTPUT_NAMES, stats, strict=True)},
-                           element_rule=min(s["pass_fraction"] for s in stats),
+                           rel={n: s["rel_error"] for n, s in zip(problem.output_names, stats, strict=True)},
+                           element_rule=min(fractions) if fractions else None,
                            finite=all(s["finite"] for s in stats),
-                           kernels=kernel_times(call), graph_ms=graph_time(call))  # fmt: skip
+                           kernels=kernel_times(call), graph_ms=timing.graph_median_ms(call, None, reps=5))  # fmt: skip
             except Exception as exc:  # report and go on with the other configs
                 row = dict(case=case, config=name, fields=fields, error=str(exc).strip().splitlines()[-1][:200])
             rows.append(row)
@@ -140,8 +113,9 @@ def main() -> int:
             print(f"{r['case']:11s} {r['config']:14s} ERROR {r['error']}")
             continue
         k = r["kernels"]
+        element_rule = "-" if r["element_rule"] is None else f"{r['element_rule']:.4f}"
         print(f"{r['case']:11s} {r['config']:14s} " + " ".join(f"{k.get(c, 0):6.2f}" for c in COLUMNS)
-              + f" {r['graph_ms']:8.2f} {max(r['rel'].values()):9.1e} {r['element_rule']:9.4f}")  # fmt: skip
+              + f" {r['graph_ms']:8.2f} {max(r['rel'].values()):9.1e} {element_rule:>9s}")  # fmt: skip
     return 0
 
 

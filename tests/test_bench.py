@@ -7,10 +7,12 @@ import pandas as pd
 import pytest
 import torch
 
-from moe_lib import bench, peers, timing
+from moe_lib import problems, roofline
+from moe_lib.bench import checks, cli, peers, provenance, results, timing
 
 P1 = "swiglu_down_backward"
-P1_OUTPUTS = ["grad_x", "grad_gate_weight", "grad_up_weight", "grad_down_weight"]
+P1_OUTPUTS = problems.load(P1).output_names
+RESULTS_DIR = problems.DATA_DIR / "results"
 
 
 def _fake_peer(label, make_outputs, calls):
@@ -32,7 +34,7 @@ def _p1_shaped(inputs, fill):
 
 
 def _run(tmp_path, *argv):
-    return bench.main(["--out", str(tmp_path), "--device", "cpu", "--reps", "2", "--warmup", "1", *argv])
+    return cli.main(["--out", str(tmp_path), "--device", "cpu", "--reps", "2", "--warmup", "1", *argv])
 
 
 def test_cpu_run_writes_csv_and_json(tmp_path, capsys):
@@ -42,7 +44,7 @@ def test_cpu_run_writes_csv_and_json(tmp_path, capsys):
     assert result["json"] == result["csv"].with_suffix(".json")
 
     frame = pd.read_csv(result["csv"])
-    expected_columns = set(bench.CSV_COLUMNS) | {f"rel_error_{name}" for name in P1_OUTPUTS}
+    expected_columns = set(results.CSV_COLUMNS) | {f"rel_error_{name}" for name in P1_OUTPUTS}
     assert set(frame.columns) == expected_columns
     assert len(frame) == 4 and set(frame["impl"]) == {"reference", "torch_eager"}
     assert list(frame["num_tokens"].unique()) == [1, 16]
@@ -50,7 +52,8 @@ def test_cpu_run_writes_csv_and_json(tmp_path, capsys):
     assert (frame["timing"] == "cpu").all() and frame["small"].all() and (frame["device"] == "cpu").all()
     assert (frame["median_ms"] > 0).all() and (frame["p20_ms"] <= frame["p80_ms"]).all()
     assert (frame["rel_error"] < 1e-2).all() and (frame["element_pass_fraction"] >= 0.99).all()
-    assert (frame["sol_ms"] > 0).all() and (frame["sol_ms_datasheet_h200"] < frame["sol_ms_datasheet_h100"]).all()
+    assert {f"sol_ms_datasheet_{key}" for key in roofline.DATASHEET_GPUS} <= set(frame.columns)
+    assert (frame["sol_ms"] > 0).all() and (frame["sol_ms_datasheet_H200"] < frame["sol_ms_datasheet_H100-SXM"]).all()
     assert (frame["roofline_fraction"] - frame["sol_ms"] / frame["median_ms"]).abs().max() < 1e-9
 
     document = json.loads(result["json"].read_text())
@@ -131,45 +134,69 @@ def test_unavailable_peer_is_reported_with_its_reason(tmp_path):
 )
 def test_bad_arguments_get_clear_errors(argv, option, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        bench.parse_args(["--device", "cpu", *argv])
+        cli.parse_args(["--device", "cpu", *argv])
     assert exit_info.value.code == 2
     assert option in capsys.readouterr().err
 
 
 def test_arguments_defaults_on_cpu():
-    args = bench.parse_args(["--device", "cpu"])
+    args = cli.parse_args(["--device", "cpu"])
     assert args.small and args.problem == P1 and args.reps == 3 and args.warmup == 1
     assert args.impls[:2] == ["reference", "torch_eager"] and "liger" not in args.impls
-    args = bench.parse_args(["--device", "cpu", "--problem", "moe_experts_backward", "--dtype", "bf16"])
+    args = cli.parse_args(["--device", "cpu", "--problem", "moe_experts_backward", "--dtype", "bf16"])
     assert args.dtype == "bfloat16" and "liger" not in args.impls
 
 
 def test_gpu_keys():
-    assert bench.gpu_key_from_name("NVIDIA H200") == "H200"
-    assert bench.gpu_key_from_name("NVIDIA H100 80GB HBM3") == "H100-SXM"
-    assert bench.gpu_key_from_name("NVIDIA H100 PCIe") == "H100-PCIe"
-    assert bench.gpu_key_from_name("NVIDIA B200") == "B200"
-    assert bench.gpu_key_from_name("NVIDIA GH200 480GB") == "GH200-480GB"
-    assert bench.gpu_key(torch.device("cpu")) == "cpu"
+    assert roofline.gpu_key_from_name("NVIDIA H200") == "H200"
+    assert roofline.gpu_key_from_name("NVIDIA H100 80GB HBM3") == "H100-SXM"
+    assert roofline.gpu_key_from_name("NVIDIA H100 PCIe") == "H100-PCIe"
+    assert roofline.gpu_key_from_name("NVIDIA B200") == "B200"
+    assert roofline.gpu_key_from_name("NVIDIA GH200 480GB") == "GH200-480GB"
+    assert provenance.gpu_key(torch.device("cpu")) == "cpu"
 
 
 def test_compare_output_and_element_rule():
     ref = torch.linspace(-1, 1, 1001, dtype=torch.float64)
     rule = dict(atol=1e-2, rtol=1e-2, required_fraction=0.99)
-    exact = bench.compare_output(ref.float(), ref, rule)
+    exact = checks.compare_output(ref.float(), ref, rule)
     assert exact["finite"] and exact["rel_error"] < 1e-6 and exact["pass_fraction"] == 1.0
-    zeros = bench.compare_output(torch.zeros(1001), ref, rule)
+    zeros = checks.compare_output(torch.zeros(1001), ref, rule)
     assert zeros["rel_error"] == pytest.approx(1.0) and zeros["pass_fraction"] < 0.05
     poisoned = ref.clone()
     poisoned[7] = math.nan
-    assert bench.compare_output(poisoned, ref, rule)["rel_error"] == math.inf
-    assert bench.compare_output(ref, ref, None)["pass_fraction"] is None
+    assert checks.compare_output(poisoned, ref, rule)["rel_error"] == math.inf
+    assert checks.compare_output(ref, ref, None)["pass_fraction"] is None
     with pytest.raises(ValueError, match="shape"):
-        bench.compare_output(ref[:5], ref, rule)
-    assert bench.element_rule(P1, torch.bfloat16) == rule
-    assert bench.element_rule("moe_experts_backward", torch.float32)["atol"] == 0.11
-    assert bench.element_rule("moe_experts_backward", torch.bfloat16) is None
-    assert bench.element_rule("moe_experts_backward_bf16", torch.bfloat16) is None
+        checks.compare_output(ref[:5], ref, rule)
+    assert problems.load(P1).element_rule_at(torch.bfloat16) == rule
+    assert problems.load("moe_experts_backward").element_rule_at(torch.float32)["atol"] == 0.11
+    assert problems.load("moe_experts_backward").element_rule_at(torch.bfloat16) is None
+    assert problems.load("moe_experts_backward_bf16").element_rule_at(torch.bfloat16) is None
+
+
+def test_reference_outputs_follow_the_problems_precision():
+    for name, small, expected in (("swiglu_down_backward", False, "float64"), ("moe_experts_backward", True, "float64"),
+                                  ("moe_experts_backward", False, "float32")):  # fmt: skip
+        problem = problems.load(name)
+        inputs = problem.make_inputs(3, **problem.small_axes)
+        outputs, precision = checks.reference_outputs(problem, inputs, small)
+        assert precision == expected and all(out.dtype == getattr(torch, expected) for out in outputs), name
+        assert len(outputs) == len(problem.output_names)
+
+
+def test_committed_results_load():
+    """The committed harness CSVs load with pandas and carry the current columns (files written before the
+    datasheet columns were named by GPU key have them as sol_ms_datasheet_h100/h200)."""
+    files = [path for path in RESULTS_DIR.glob("*/*.csv") if any(path.name.endswith(f"-{name}-{dtype}.csv")
+             for name in problems.PROBLEM_NAMES for dtype in ("bfloat16", "float32"))]  # fmt: skip
+    assert files
+    for path in files:
+        frame = pd.read_csv(path)
+        missing = set(results.CSV_COLUMNS) - set(results.DATASHEET_COLUMNS) - set(frame.columns)
+        assert not missing and len(frame) > 0, (path, missing)
+        assert {"sol_ms_datasheet_h100", "sol_ms_datasheet_h200"} <= set(frame.columns) or \
+            set(results.DATASHEET_COLUMNS) <= set(frame.columns), path  # fmt: skip
 
 
 def test_repetitions_and_summary():
@@ -192,7 +219,8 @@ def test_scores_use_the_best_baseline_peer():
                              passes_element_rule=True))  # fmt: skip
     frame = pd.DataFrame(rows)
     frame["sol_ms"] = frame["num_tokens"].map({1: 0.25, 2: 1.0})
-    summary, baseline = bench.summarize_impls(frame, ["reference", "torch_eager", "triton"])
+    summary, baseline = results.summarize_impls(frame, ["reference", "torch_eager", "triton"],
+                                                peers.baseline_labels(P1))  # fmt: skip
     assert baseline["impl"] == "torch_eager" and baseline["geomean_ms"] == pytest.approx(4.0)
     assert baseline["sol_geomean_ms"] == pytest.approx(0.5)
     assert summary["torch_eager"]["sol_score"] == pytest.approx(0.5)
@@ -201,7 +229,7 @@ def test_scores_use_the_best_baseline_peer():
 
 
 def _cuda_run(tmp_path, *argv):
-    return bench.main(["--out", str(tmp_path), "--device", "cuda", "--small", "--reps", "3", "--warmup", "1", *argv])
+    return cli.main(["--out", str(tmp_path), "--device", "cuda", "--small", "--reps", "3", "--warmup", "1", *argv])
 
 
 @pytest.mark.gpu

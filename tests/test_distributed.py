@@ -29,7 +29,7 @@ from conftest import rel_error
 
 import moe_lib
 from moe_lib import problems
-from moe_lib.api import triton_interpreter_enabled
+from moe_lib.dispatch import interpreter_enabled
 from moe_lib.distributed import ExpertParallelStats, expert_partition, moe_experts_parallel
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -45,7 +45,7 @@ CASES_2 = {
     "uniform": dict(tokens=[5, 7], experts=8, top_k=2, routing="uniform", pass_num_experts=True),
     "hot_on_rank_1": dict(tokens=[6, 4], experts=8, top_k=3, routing="hot_on_rank_1", pass_num_experts=False),
 }
-if triton_interpreter_enabled():  # the Triton backward on CPU tensors (conftest switches the interpreter on)
+if interpreter_enabled():  # the Triton backward on CPU tensors (conftest switches the interpreter on)
     CASES_2["triton_float32"] = dict(tokens=[5, 7], experts=8, top_k=2, routing="uniform", pass_num_experts=True,
                                      dtype=torch.float32, impl="triton")  # fmt: skip
 CASES_4 = {
@@ -322,7 +322,7 @@ def test_bad_impl_raises_before_any_communication():
 
 
 def test_benchmark_entry_point_runs_two_ranks_on_cpu(tmp_path):
-    command = [sys.executable, "-m", "moe_lib.distributed_bench", "--nproc", "2", "--small", "--device", "cpu",
+    command = [sys.executable, "-m", "moe_lib.bench.parallel", "--nproc", "2", "--small", "--device", "cpu",
                "--out", str(tmp_path)]  # fmt: skip
     # its own session, so that on a timeout the benchmark and the ranks it spawned are stopped together
     process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

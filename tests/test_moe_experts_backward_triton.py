@@ -27,7 +27,8 @@ from oracles import moe_experts_grads
 
 import moe_lib
 from moe_lib import problems, reference
-from moe_lib.bench import compare_output
+from moe_lib.bench.checks import compare_output
+from moe_lib.moe_experts.inputs import route_tokens
 
 OUTPUT_NAMES = ("grad_hidden_states", "grad_topk_weights", "grad_gate_weights", "grad_up_weights", "grad_down_weights")
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -71,22 +72,28 @@ def nan_filled(size, *, dtype, device):
 
 
 def run_triton(inputs: dict, overrides=None):
-    """The public entry point, or the kernel function itself when config fields are overridden."""
-    from moe_lib.kernels import moe_experts_backward as kernels
+    """The public entry point, or the kernel function itself when config fields are overridden
+    (``fuse_dx`` selects the set-aside kernel G)."""
+    from moe_lib.moe_experts import launch
+    from moe_lib.moe_experts.fused_dx import FusedDxConfig
 
     if overrides is None:
         return moe_lib.moe_experts_backward(*inputs.values(), impl="triton")
+    overrides = dict(overrides)
     interpreter = inputs["hidden_states"].device.type != "cuda"
+    fused_dx = None
+    if overrides.pop("fuse_dx", 0):
+        fused_dx = FusedDxConfig.for_interpreter() if interpreter else FusedDxConfig()
     T, K = inputs["topk_indices"].shape
-    config = kernels.launch_config(T * K, inputs["gate_weights"].shape[0], interpreter=interpreter,
-                                   input_bytes=inputs["hidden_states"].element_size())  # fmt: skip
+    config = launch.launch_config(T * K, inputs["gate_weights"].shape[0], interpreter=interpreter,
+                                  input_bytes=inputs["hidden_states"].element_size())  # fmt: skip
     config = dataclasses.replace(config, **overrides)
-    return kernels.moe_experts_backward_triton(*inputs.values(), config=config)
+    return launch.moe_experts_backward_triton(*inputs.values(), config=config, fused_dx=fused_dx)
 
 
 def check_small_case(case: str, seed: int, device="cpu") -> dict:
     """Runs one small case twice with NaN-filled allocations; returns what the tests assert on."""
-    from moe_lib.kernels import moe_experts_backward as kernels
+    from moe_lib.moe_experts import launch as kernels
 
     inputs = small_case_inputs(case, seed, device)
     upcast = {k: (v.double() if v.is_floating_point() else v) for k, v in inputs.items()}
@@ -169,12 +176,12 @@ def test_interpreter_cases_cover_empty_experts(interpreter_results):
 
 
 def test_routing_groups_slots_by_expert(seed):
-    from moe_lib.kernels.routing import route_by_expert
+    from moe_lib.moe_experts.routing import route_by_expert
 
     generator = torch.Generator().manual_seed(seed)
     for T, E, K in ((0, 4, 2), (1, 3, 3), (37, 9, 4)):
         for dtype in (torch.int64, torch.int32):
-            indices = problems.route_tokens(T, E, K, routing="skewed", generator=generator).to(dtype)
+            indices = route_tokens(T, E, K, routing="skewed", generator=generator).to(dtype)
             routing = route_by_expert(indices, E)
             flat = indices.reshape(-1).tolist()
             want_order = [s for e in range(E) for s in range(T * K) if flat[s] == e]
@@ -185,7 +192,7 @@ def test_routing_groups_slots_by_expert(seed):
 
 
 def test_row_split_follows_the_mean_rows_per_expert():
-    from moe_lib.kernels.moe_experts_backward import launch_config
+    from moe_lib.moe_experts.launch import launch_config
 
     # the benchmark's shape: 64 rows per expert at T = 2048, 256 at T = 8192 (K = 8, E = 256)
     assert launch_config(2048 * 8, 256).row_split == 2
@@ -261,7 +268,7 @@ def test_gpu_full_size_bf16_against_fp32_reference(seed):
 @pytest.mark.parametrize("routing", ["uniform", "hot"])
 def test_gpu_busy_experts_bf16_against_float64(routing, seed):
     """512+ rows per expert on average: the 128-row-block configuration of 16-bit inputs."""
-    from moe_lib.kernels.moe_experts_backward import launch_config
+    from moe_lib.moe_experts.launch import launch_config
 
     sizes = dict(hidden_size=512, intermediate_size=384, num_experts=8, top_k=2)
     inputs = to_bf16(problems.make_inputs("moe_experts_backward", 3001, seed=seed, device=CUDA, routing=routing,
@@ -338,3 +345,32 @@ if __name__ == "__main__":
     torch.set_num_threads(1)
     results = {case: check_small_case(case, int(sys.argv[1])) for case in SMALL_CASES}
     print(json.dumps(results))
+
+
+@pytest.mark.parametrize("bad_index", [4, -1, 10**12])
+def test_out_of_range_slots_contribute_nothing_without_validation(bad_index, seed):
+    """validate=False skips the index checks; a slot whose expert lies outside [0, E) then belongs to
+    no expert and contributes nothing, as in the reference (never uninitialised workspace)."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    inputs = problems.make_inputs("moe_experts_backward", 6, seed=seed, device=device, hidden_size=32,
+                                  intermediate_size=16, num_experts=4, top_k=2)  # fmt: skip
+    inputs["topk_indices"][0, 0] = bad_index
+    want = moe_lib.moe_experts_backward(*inputs.values(), impl="reference", validate=False)
+    for _ in range(2):  # the second call reuses memory the first one freed
+        got = moe_lib.moe_experts_backward(*inputs.values(), impl="triton", validate=False)
+        for name, g, w in zip(OUTPUT_NAMES, got, want, strict=True):
+            assert rel_error(g, w) <= 1e-2, name
+        assert got[1][0, 0] == 0
+
+
+def test_zero_experts_per_token_gives_zero_gradients(seed):
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    inputs = problems.make_inputs("moe_experts_backward", 5, seed=seed, device=device, hidden_size=32,
+                                  intermediate_size=16, num_experts=4, top_k=2)  # fmt: skip
+    inputs["topk_indices"] = inputs["topk_indices"][:, :0].contiguous()
+    inputs["topk_weights"] = inputs["topk_weights"][:, :0].contiguous()
+    for impl in ("reference", "triton"):
+        for validate in (True, False):
+            grads = moe_lib.moe_experts_backward(*inputs.values(), impl=impl, validate=validate)
+            assert [tuple(g.shape) for g in grads] == [(5, 32), (5, 0), (4, 16, 32), (4, 16, 32), (4, 32, 16)]
+            assert all(torch.count_nonzero(g) == 0 for g in grads), (impl, validate)

@@ -15,8 +15,12 @@ from conftest import rel_error
 from oracles import moe_experts_grads, swiglu_expert_grads
 
 import moe_lib
-from moe_lib import analysis, api, problems, roofline
+from moe_lib import problems, roofline
+from moe_lib.dispatch import interpreter_enabled
 from moe_lib.distributed import expert_partition
+from moe_lib.moe_experts import launch as p2_launch
+from moe_lib.moe_experts.inputs import ROUTINGS, route_tokens
+from moe_lib.swiglu_down import launch as p1_launch
 
 papermill = pytest.importorskip("papermill")
 nbformat = pytest.importorskip("nbformat")
@@ -192,9 +196,9 @@ def test_p2_tokens_per_expert_match_route_tokens(p2_run):
     T, E, K = parameters["routing_num_tokens"], sizes["num_experts"], sizes["top_k"]
     assert load["sizes"] == {"num_tokens": T, "num_experts": E, "top_k": K}
     assert load["mean"] == T * K / E
-    for routing in problems.ROUTINGS:
+    for routing in ROUTINGS:
         generator = torch.Generator().manual_seed(parameters["seed"])
-        indices = problems.route_tokens(T, E, K, routing=routing, generator=generator)
+        indices = route_tokens(T, E, K, routing=routing, generator=generator)
         counts = torch.bincount(indices.flatten(), minlength=E)
         stats = load[routing]
         assert (stats["min"], stats["max"]) == (counts.min().item(), counts.max().item()), routing
@@ -279,11 +283,11 @@ def kernels_run(kernel_name, tmp_path_factory):
 def test_kernels_notebook_grids_are_those_of_moe_lib(kernels_run):
     p, summary, folder = kernels_run
     assert summary["interpret"] is True
-    config = analysis.p1_config(p["p1_num_tokens"], p["p1_hidden_size"], p["p1_intermediate_size"], interpreter=True)
-    plan = analysis.p1_launch_plan(p["p1_num_tokens"], p["p1_hidden_size"], p["p1_intermediate_size"], config)
-    assert summary["p1"]["grid"] == {f"launch {n}": int(plan[plan["launch"] == n]["programs"].sum()) for n in (1, 2)}
-    config = analysis.p2_config(p["p2_num_tokens"], p["p2_num_experts"], p["p2_top_k"], input_bytes=4,
-                                interpreter=True)  # fmt: skip
+    T, H, I = p["p1_num_tokens"], p["p1_hidden_size"], p["p1_intermediate_size"]
+    plan = p1_launch.launch_plan(T, H, I, p1_launch.choose_config(T, H, I, interpreter=True))
+    assert summary["p1"]["grid"] == {f"launch {n}": sum(k.programs for k in plan if k.launch == n) for n in (1, 2)}
+    config = p2_launch.launch_config(p["p2_num_tokens"] * p["p2_top_k"], p["p2_num_experts"], input_bytes=4,
+                                     interpreter=True)  # fmt: skip
     T, H, I = p["p2_num_tokens"], p["p2_hidden_size"], p["p2_intermediate_size"]
     E, R = p["p2_num_experts"], config.row_split
 
@@ -299,9 +303,9 @@ def test_kernels_notebook_grids_are_those_of_moe_lib(kernels_run):
     assert sum(summary["p2"]["rows_per_expert"]) == p["p2_num_tokens"] * p["p2_top_k"]
     sizes = problems.load("swiglu_down_backward").sizes(p["diagram_num_tokens"])
     H, I = sizes["hidden_size"], sizes["intermediate_size"]
-    diagram = analysis.p1_launch_plan(p["diagram_num_tokens"], H, I,
-                                      analysis.p1_config(p["diagram_num_tokens"], H, I, interpreter=False))
-    assert summary["diagram"]["programs"]["launch 1"] == int(diagram[diagram["launch"] == 1]["programs"].sum())
+    diagram = p1_launch.launch_plan(p["diagram_num_tokens"], H, I,
+                                    p1_launch.choose_config(p["diagram_num_tokens"], H, I, interpreter=False))
+    assert summary["diagram"]["programs"]["launch 1"] == sum(k.programs for k in diagram if k.launch == 1)
     for figure in summary["figures"]:
         assert (folder / figure).read_bytes()[:4] == b"\x89PNG", figure
 
@@ -317,7 +321,7 @@ def test_kernels_notebook_errors_agree_with_a_rerun(kernels_run):
     assert summary["alternatives"]["P1 one launch vs two launches"] < 1e-5
     assert summary["alternatives"]["P2 kernel G vs kernels W + D"] < 1e-5
     assert split["partials_sum_rel_error"] < 1e-5 and max(split["rel_diff_vs_unsplit"].values()) < 1e-5
-    if not api.triton_interpreter_enabled():
+    if not interpreter_enabled():
         pytest.skip("the rerun below compares interpreter numbers; this process runs Triton on CUDA")
     p1 = problems.make_inputs("swiglu_down_backward", p["p1_num_tokens"], seed=p["seed"], dtype=torch.float32,
                               hidden_size=p["p1_hidden_size"], intermediate_size=p["p1_intermediate_size"])

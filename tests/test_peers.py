@@ -4,20 +4,31 @@ import pytest
 import torch
 from conftest import rel_error
 
-from moe_lib import peers, problems, reference
+from moe_lib import problems, reference
+from moe_lib.bench import peers
 
 P1_SMALL = dict(hidden_size=256, intermediate_size=96)
 P2_SMALL = dict(hidden_size=64, intermediate_size=32, num_experts=8, top_k=3)
 
 
 def test_registry_lists_the_expected_labels():
-    assert peers.labels("swiglu_down_backward") == ["reference", "torch_eager", "torch_compile", "triton"]
+    p1_labels = ["reference", "torch_eager", "torch_compile", "triton", "triton_fast"]
+    assert peers.labels("swiglu_down_backward") == p1_labels
     assert peers.labels("moe_experts_backward") == ["reference", "grouped_mm", "liger", "triton"]
     assert peers.labels("moe_experts_backward_bf16") == peers.labels("moe_experts_backward")
     p1, p2 = peers.peers_for("swiglu_down_backward"), peers.peers_for("moe_experts_backward")
     assert p1["torch_eager"].capturable and p1["torch_compile"].capturable and p1["reference"].capturable
     assert not p2["reference"].capturable and not p2["grouped_mm"].capturable and not p2["liger"].capturable
     assert set(peers.BASELINE_LABELS) == {"reference", "torch_eager", "torch_compile", "grouped_mm", "liger"}
+    assert peers.baseline_labels("swiglu_down_backward") == ["reference", "torch_eager", "torch_compile"]
+    assert peers.baseline_labels("moe_experts_backward_bf16") == ["reference", "grouped_mm", "liger"]
+    assert all(peers.labels(name) for name in problems.PROBLEM_NAMES)  # every op has its peers
+
+
+def test_positional_follows_the_definition_order():
+    inputs = problems.make_inputs("swiglu_down_backward", 2, **P1_SMALL)
+    shuffled = dict(reversed(list(inputs.items())))
+    assert [id(t) for t in peers.positional("swiglu_down_backward", shuffled)] == [id(t) for t in inputs.values()]
 
 
 def test_registered_adds_and_restores():

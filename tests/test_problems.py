@@ -29,6 +29,67 @@ def test_definitions_follow_the_schema():
             workload = json.loads(line)
             assert set(workload) >= {"uuid", "axes", "inputs"}
             assert set(workload["inputs"]) == set(definition["inputs"])
+            # the benchmark harness's names: other keys would be silently ignored there
+            assert set(workload.get("tolerance", {})) <= {"max_atol", "max_rtol", "required_matched_ratio"}
+
+
+# the keys of SOL-ExecBench's Definition model; what the project adds lives in lab.json beside it
+HARNESS_DEFINITION_KEYS = {"name", "op_type", "axes", "custom_inputs_entrypoint", "inputs", "outputs", "reference",
+                           "tags", "description", "hf_id"}  # fmt: skip
+
+
+def test_definition_holds_only_the_harness_keys_and_lab_json_the_rest():
+    for name in problems.PROBLEM_NAMES:
+        definition = json.loads((problems.PROBLEMS_DIR / name / "definition.json").read_text())
+        assert set(definition) <= HARNESS_DEFINITION_KEYS, (name, set(definition) - HARNESS_DEFINITION_KEYS)
+        problem = problems.load(name)
+        assert problem.op in problems.OPS and problem.short and problem.title and problem.source
+        assert problem.flops(100) > 0 and problem.small_suite and problem.small_axes
+        assert problem.reference_dtype(small=True) == torch.float64
+
+
+def test_element_rules_as_the_benchmark_states_them():
+    p1, p2, bf16 = (problems.load(name) for name in problems.PROBLEM_NAMES)
+    assert p1.element_rule == dict(atol=1e-2, rtol=1e-2, required_fraction=0.99)
+    assert p2.element_rule == dict(atol=0.11, rtol=1e-5, required_fraction=0.99)
+    assert bf16.element_rule is None
+    assert p2.element_rule_at(torch.float32) == p2.element_rule and p2.element_rule_at(torch.bfloat16) is None
+    for workload in p2.workloads:
+        assert workload["tolerance"] == dict(max_atol=0.11, max_rtol=1e-5, required_matched_ratio=0.99)
+
+
+def test_flop_counts():
+    assert problems.load("swiglu_down_backward").flops(7) == 12 * 7 * 2048 * 768
+    assert problems.load("moe_experts_backward").flops(3, top_k=2) == 16 * 3 * 2 * 4096 * 2048
+
+
+def test_routing_is_refused_where_a_problem_has_none():
+    with pytest.raises(ValueError, match="routing: swiglu_down_backward has no routing"):
+        problems.make_inputs("swiglu_down_backward", 2, hidden_size=16, intermediate_size=8, routing="hot")
+    with pytest.raises(ValueError, match="routing: expected one of"):
+        problems.make_inputs("moe_experts_backward", 2, hidden_size=16, intermediate_size=8, num_experts=4, top_k=2,
+                             routing="zipf")  # fmt: skip
+
+
+def test_malformed_files_are_named_with_their_line(tmp_path, monkeypatch):
+    source = problems.PROBLEMS_DIR / "swiglu_down_backward"
+    folder = tmp_path / "swiglu_down_backward"
+    folder.mkdir()
+    for file in ("definition.json", "lab.json"):
+        (folder / file).write_text((source / file).read_text())
+    lines = (source / "workloads.jsonl").read_text().splitlines()
+    (folder / "workloads.jsonl").write_text("\n".join([lines[0], lines[1][:-5], *lines[2:]]) + "\n")
+    monkeypatch.setattr(problems, "PROBLEMS_DIR", tmp_path)
+    problems.load.cache_clear()
+    try:
+        with pytest.raises(problems.ProblemFileError, match=r"workloads.jsonl: line 2: not valid JSON"):
+            problems.load("swiglu_down_backward")
+        (folder / "workloads.jsonl").write_text("\n".join(lines) + "\n")
+        (folder / "lab.json").write_text("{\n  \"op\": \"nonsense\",\n")
+        with pytest.raises(problems.ProblemFileError, match=r"lab.json: line 3: not valid JSON"):
+            problems.load("swiglu_down_backward")
+    finally:
+        problems.load.cache_clear()
 
 
 def test_suites_and_provenance():

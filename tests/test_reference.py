@@ -113,11 +113,9 @@ def test_definition_reference_source_agrees_with_moe_lib(name, seed):
     problem = problems.load(name)
     namespace = {}
     exec(compile(problem.reference_source, f"{name}/definition.json", "exec"), namespace)
-    small = (dict(hidden_size=32, intermediate_size=16) if problem.op == "swiglu_down_backward"
-             else dict(hidden_size=32, intermediate_size=16, num_experts=5, top_k=2))  # fmt: skip
-    inputs = problem.make_inputs(9, seed=seed, **small)
+    inputs = problem.make_inputs(9, seed=seed, **problem.small_axes)
     got = namespace["run"](*inputs.values())
-    want = getattr(moe_lib, problem.op)(*inputs.values(), impl="reference")
+    want = problem.spec.function(*inputs.values(), impl="reference")
     assert len(got) == len(problem.outputs)
     for (out_name, spec), g, w in zip(problem.outputs.items(), got, want, strict=True):
         assert problems.dtype_name(g.dtype) == spec["dtype"], out_name

@@ -129,6 +129,20 @@ def test_cli_names_a_missing_config_and_a_used_run_id(toy_notebooks, tmp_path, c
     assert "already exists" in capsys.readouterr().err
 
 
+def test_environment_names_the_git_revision_and_the_versions(monkeypatch):
+    def git(*command):
+        return "abc1234" if command == ("rev-parse", "--short", "HEAD") else None
+
+    monkeypatch.setattr(report.provenance, "git", git)
+    monkeypatch.setattr(report.provenance, "git_dirty", lambda: True)
+    monkeypatch.setattr(report.provenance, "package_version", lambda name: None if name == "triton" else "1.0")
+    environment = report.environment()
+    assert environment["git"] == "abc1234 (uncommitted changes)"
+    assert environment["triton"] == "not installed" and environment["torch"] == environment["papermill"] == "1.0"
+    monkeypatch.setattr(report.provenance, "git", lambda *command: None)
+    assert report.environment()["git"] == "unknown"
+
+
 # ---------------------------------------------------------------- running
 
 

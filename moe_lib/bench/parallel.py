@@ -2,9 +2,9 @@
 
 Launch either way, from the repository root::
 
-    torchrun --nproc_per_node=2 -m moe_lib.distributed_bench
-    python -m moe_lib.distributed_bench --nproc 2                       # spawns its own ranks
-    python -m moe_lib.distributed_bench --nproc 2 --small --device cpu  # gloo, tiny shapes (the test)
+    torchrun --nproc_per_node=2 -m moe_lib.bench.parallel
+    python -m moe_lib.bench.parallel --nproc 2                       # spawns its own ranks
+    python -m moe_lib.bench.parallel --nproc 2 --small --device cpu  # gloo, tiny shapes (the test)
 
 NCCL on CUDA (rank r on GPU r, or on LOCAL_RANK under torchrun), gloo on CPU. Before the process
 group starts, NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and NVSHMEM_DISABLE_NVLS=1 are
@@ -42,13 +42,9 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import math
 import os
-import shlex
-import socket
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
@@ -56,29 +52,35 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
-import moe_lib
-
-from . import bench, problems
-from .distributed import (
+from .. import problems
+from ..dispatch import IMPLS
+from ..moe_experts import moe_experts
+from ..moe_experts.inputs import ROUTINGS
+from ..moe_experts.parallel import (
     ALL_TO_ALL_PHASES,
     ExpertParallelStats,
     PhaseTimer,
     expert_partition,
     moe_experts_parallel,
 )
+from .checks import error_sums, relative_error
+from .cli import DTYPE_ALIASES, non_negative, positive, problems_by_dtype, resolve_device, token_list
+from .provenance import gpu_key, run_context
+from .results import DEFAULT_OUT, result_paths, result_stem, write_json
 
 REQUIRED_ENVIRONMENT = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 PROBLEM = "moe_experts_parallel"
-PROBLEM_OF_DTYPE = {"bfloat16": "moe_experts_backward_bf16", "float32": "moe_experts_backward"}
-DTYPE_ALIASES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float32", "fp32": "float32"}
-FULL_AXES = dict(hidden_size=4096, intermediate_size=2048, num_experts=256, top_k=8)
+OP = "moe_experts_backward"  # the op whose layer is sharded
+# the problems of that op by the dtype of their inputs: "bfloat16" -> moe_experts_backward_bf16, "float32" -> P2
+PROBLEM_OF_DTYPE = {dtype: problem.name for dtype, problem in problems_by_dtype(OP).items()}
+FULL_AXES = {name: value for name, value in problems.load(OP).sizes(0).items() if name != "num_tokens"}
 SMALL_AXES = dict(hidden_size=32, intermediate_size=16, num_experts=8, top_k=2)
 FULL_TOKENS = [2048, 8192, 32768]
 SMALL_TOKENS = [16, 64]
 CORRECT_REL_ERROR = {"bfloat16": 3e-2, "float32": 1e-3}
 MEMORY_HEADROOM = 0.9  # use at most this fraction of the free memory
-OUTPUT_NAMES = ("output", "grad_hidden_states", "grad_topk_weights", "grad_gate_weights", "grad_up_weights",
-                "grad_down_weights")  # fmt: skip
+OUTPUT_NAMES = ("output", *problems.load(OP).output_names)  # the layer's output, then the op's gradients
+TOKEN_OUTPUTS = 3  # the first three are per token (output, grad_hidden_states, grad_topk_weights), the rest per expert
 TIME_COLUMNS = ("total_ms", "all_to_all_ms", "expert_ms", "expert_forward_ms", "expert_backward_ms", "other_ms")
 CSV_COLUMNS = [
     "problem", "dtype", "world_size", "tokens_per_rank", "global_tokens", "hidden_size", "intermediate_size",
@@ -106,36 +108,33 @@ def set_required_environment() -> dict[str, str]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m moe_lib.distributed_bench",
+        prog="python -m moe_lib.bench.parallel",
         description="Check and time the expert-parallel MoE layer (forward + backward) on W ranks; "
         "launch under torchrun, or give --nproc to spawn the ranks.",
     )
-    parser.add_argument("--nproc", type=bench._positive, help="spawn this many ranks (default: torchrun's)")
+    parser.add_argument("--nproc", type=positive, help="spawn this many ranks (default: torchrun's)")
     parser.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when available (NCCL), else cpu")
     parser.add_argument("--small", action="store_true", help="tiny shapes (H 32, I 16, E 8, K 2; 16 and 64 tokens)")
-    parser.add_argument("--tokens", type=bench._token_list, help="tokens per rank, comma-separated")
+    parser.add_argument("--tokens", type=token_list, help="tokens per rank, comma-separated")
     parser.add_argument("--dtypes", default="bfloat16,float32", help="comma-separated: bfloat16, float32")
-    parser.add_argument("--routing", default="uniform", choices=problems.ROUTINGS)
-    parser.add_argument("--impl", default="auto", choices=("auto", "reference", "triton"),
+    parser.add_argument("--routing", default="uniform", choices=ROUTINGS)
+    parser.add_argument("--impl", default="auto", choices=IMPLS,
                         help="the local expert backward (auto: triton on CUDA, the reference on CPU)")  # fmt: skip
-    parser.add_argument("--seed", type=bench._non_negative, default=0)
-    parser.add_argument("--warmup", type=bench._non_negative, help="untimed runs per case (default 2; CPU 1)")
-    parser.add_argument("--reps", type=bench._positive, help="timed runs per case (default 5; CPU 3)")
-    parser.add_argument("--out", type=Path, default=bench.DEFAULT_OUT, help="results root (default: data/results)")
+    parser.add_argument("--seed", type=non_negative, default=0)
+    parser.add_argument("--warmup", type=non_negative, help="untimed runs per case (default 2; CPU 1)")
+    parser.add_argument("--reps", type=positive, help="timed runs per case (default 5; CPU 3)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results root (default: data/results)")
     return parser
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.device is None:
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device: CUDA is not available on this machine")
+    args.device = resolve_device(parser, args.device).type
     args.dtypes = [DTYPE_ALIASES.get(name.strip(), name.strip()) for name in args.dtypes.split(",") if name.strip()]
     for name in args.dtypes:
         if name not in PROBLEM_OF_DTYPE:
-            parser.error(f"--dtypes: expected bfloat16 or float32, got {name!r}")
+            parser.error(f"--dtypes: expected {' or '.join(sorted(PROBLEM_OF_DTYPE))}, got {name!r}")
     if args.tokens is None:
         args.tokens = SMALL_TOKENS if args.small else FULL_TOKENS
     if args.warmup is None:
@@ -254,8 +253,8 @@ def time_same_work_on_one_gpu(share: dict, args, device) -> float:
     for step in range(args.warmup + args.reps):
         timer.reset()
         with timer.phase("total"):
-            output = moe_lib.moe_experts(rows["hidden_states"], rows["topk_indices"], rows["topk_weights"],
-                                         *share["shard"], impl=args.impl, validate=False)  # fmt: skip
+            output = moe_experts(rows["hidden_states"], rows["topk_indices"], rows["topk_weights"], *share["shard"],
+                                 impl=args.impl, validate=False)  # fmt: skip
             torch.autograd.grad(output, leaves, rows["grad_output"])
         if step >= args.warmup:
             samples.append(timer.totals_ms()["total"])
@@ -268,20 +267,10 @@ def single_gpu_outputs(dtype_name: str, tokens_per_rank: int, world_size: int, a
     inputs = global_inputs(dtype_name, tokens_per_rank, world_size, args, device)
     names = ("hidden_states", "topk_weights", "gate_weights", "up_weights", "down_weights")
     leaves = [inputs[name].requires_grad_() for name in names]
-    output = moe_lib.moe_experts(inputs["hidden_states"], inputs["topk_indices"], inputs["topk_weights"],
-                                 inputs["gate_weights"], inputs["up_weights"], inputs["down_weights"],
-                                 impl=args.impl)  # fmt: skip
+    output = moe_experts(inputs["hidden_states"], inputs["topk_indices"], inputs["topk_weights"],
+                         inputs["gate_weights"], inputs["up_weights"], inputs["down_weights"],
+                         impl=args.impl)  # fmt: skip
     return (output.detach(), *torch.autograd.grad(output, leaves, inputs["grad_output"]))
-
-
-def squared_error_sums(out: torch.Tensor, ref: torch.Tensor, chunk_rows: int = 16) -> tuple[float, float]:
-    """(Σ(out − ref)², Σref²) in float64, a few leading rows at a time (bounded temporaries)."""
-    error = norm = 0.0
-    for start in range(0, out.shape[0], chunk_rows):
-        o, r = out[start : start + chunk_rows].double(), ref[start : start + chunk_rows].double()
-        error += float((o - r).square().sum())
-        norm += float(r.square().sum())
-    return error, norm
 
 
 def gather_errors(outputs: tuple, reference: tuple | None, tokens_per_rank: int, partition: list[range],
@@ -290,7 +279,7 @@ def gather_errors(outputs: tuple, reference: tuple | None, tokens_per_rank: int,
     relative error against ``reference`` (token slices or expert blocks of the global tensors)."""
     errors = {}
     for index, name in enumerate(OUTPUT_NAMES):
-        on_tokens = index < 3
+        on_tokens = index < TOKEN_OUTPUTS
         error = norm = 0.0
         for source in range(world_size):
             if rank == 0:
@@ -302,11 +291,11 @@ def gather_errors(outputs: tuple, reference: tuple | None, tokens_per_rank: int,
                     dist.recv(piece, src=source)
                 block = (slice(source * tokens_per_rank, (source + 1) * tokens_per_rank) if on_tokens
                          else slice(partition[source].start, partition[source].stop))  # fmt: skip
-                piece_error, piece_norm = squared_error_sums(piece, reference[index][block])
-                error, norm = error + piece_error, norm + piece_norm
+                sums = error_sums(piece, reference[index][block])
+                error, norm = error + sums["diff_sq"], norm + sums["ref_sq"]
             elif rank == source:
                 dist.send(outputs[index].contiguous(), dst=0)
-        errors[name] = math.sqrt(error / norm) if norm > 0 else math.sqrt(error)
+        errors[name] = relative_error(error, norm)
     return errors
 
 
@@ -384,20 +373,10 @@ def run_case(dtype_name: str, tokens_per_rank: int, args, device, rank: int, wor
 def provenance(args, device, world_size: int, backend: str, environment: dict, started) -> dict:
     """Where, when and how the run was made."""
     return dict(
-        gpu_name=torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-        gpu_key=bench.gpu_key(device),
-        driver_version=bench._driver_version() if device.type == "cuda" else None,
-        torch=torch.__version__,
-        triton=bench._version("triton"),
-        cuda=torch.version.cuda,
+        run_context(device, started, "moe_lib.bench.parallel"),
         nccl=".".join(map(str, torch.cuda.nccl.version())) if device.type == "cuda" else None,
-        python=sys.version.split()[0],
         world_size=world_size,
         backend=backend,
-        git_commit=os.environ.get("GIT_COMMIT") or bench._git("rev-parse", "HEAD"),
-        date_utc=started.isoformat(timespec="seconds"),
-        hostname=socket.gethostname(),
-        command=shlex.join([sys.executable, "-m", "moe_lib.distributed_bench", *sys.argv[1:]]),
         seed=args.seed,
         routing=args.routing,
         impl=args.impl,
@@ -417,11 +396,10 @@ def format_table(frame: pd.DataFrame, title: str) -> str:
 
 def write_results(results: list[dict], dtype_name: str, args, device, world_size, backend, environment,
                   started) -> tuple[Path, Path]:  # fmt: skip
-    folder = Path(args.out) / bench.gpu_key(device)
-    folder.mkdir(parents=True, exist_ok=True)
-    stem = bench.result_stem(PROBLEM, dtype_name, small=args.small, tag=None, date=started.strftime("%Y-%m-%d"))
-    csv_path, json_path = folder / f"{stem}.csv", folder / f"{stem}.json"
-    frame = pd.DataFrame([dict(r["row"], backend=backend, device=device.type, gpu=bench.gpu_key(device),
+    """Rank 0: the CSV and JSON of one dtype's cases (and their table, printed); returns their paths."""
+    stem = result_stem(PROBLEM, dtype_name, small=args.small, tag=None, date=started.strftime("%Y-%m-%d"))
+    csv_path, json_path = result_paths(args.out, device, stem)
+    frame = pd.DataFrame([dict(r["row"], backend=backend, device=device.type, gpu=gpu_key(device),
                                small=args.small) for r in results]).reindex(columns=CSV_COLUMNS)  # fmt: skip
     frame.to_csv(csv_path, index=False)
     axes = SMALL_AXES if args.small else FULL_AXES
@@ -429,8 +407,8 @@ def write_results(results: list[dict], dtype_name: str, args, device, world_size
                     provenance=provenance(args, device, world_size, backend, environment, started),
                     cases=[dict(tokens_per_rank=r["row"]["tokens_per_rank"], status=r["row"]["status"], **r["detail"])
                            for r in results])  # fmt: skip
-    json_path.write_text(json.dumps(bench._json_ready(document), indent=2, ensure_ascii=False) + "\n")
-    title = f"{PROBLEM} · {dtype_name} · {bench.gpu_key(device)} × {world_size} · ms, largest median over ranks"
+    write_json(json_path, document)
+    title = f"{PROBLEM} · {dtype_name} · {gpu_key(device)} × {world_size} · ms, largest median over ranks"
     print(format_table(frame, title), flush=True)
     print(f"wrote {csv_path}\n      {json_path}", flush=True)
     return csv_path, json_path

@@ -12,10 +12,11 @@ import math
 import torch
 import torch.nn.functional as F
 
-from . import problems, reference
+from .. import problems, reference
+from ..moe_experts import route_tokens
 
-P1_OUTPUTS = ("grad_x", "grad_gate_weight", "grad_up_weight", "grad_down_weight")
-P2_OUTPUTS = ("grad_hidden_states", "grad_topk_weights", "grad_gate_weights", "grad_up_weights", "grad_down_weights")
+P1_OUTPUTS = tuple(problems.load("swiglu_down_backward").output_names)  # notebook 01's problem
+P2_OUTPUTS = tuple(problems.load("moe_experts_backward").output_names)  # notebook 02's problem
 
 
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -136,9 +137,10 @@ def swiglu_bf16_errors(inputs: dict) -> dict:
 
 
 def routing_load(num_tokens: int, num_experts: int, top_k: int, routing: str, seed: int) -> torch.Tensor:
-    """Tokens per expert ([num_experts] int64) for one draw of ``problems.route_tokens`` seeded with ``seed``."""
+    """Tokens per expert ([num_experts] int64) for one draw of :func:`moe_lib.moe_experts.route_tokens` seeded
+    with ``seed``."""
     generator = torch.Generator().manual_seed(seed)
-    topk_indices = problems.route_tokens(num_tokens, num_experts, top_k, routing=routing, generator=generator)
+    topk_indices = route_tokens(num_tokens, num_experts, top_k, routing=routing, generator=generator)
     return torch.bincount(topk_indices.reshape(-1), minlength=num_experts)
 
 

@@ -1,4 +1,4 @@
-"""Timing and memory-poisoning helpers of the benchmark harness.
+"""Timing and memory-poisoning helpers of the benchmark harness and the scripts.
 
 Three timers share one procedure (:func:`measure`: warm-up, an estimate, then timed repetitions):
 
@@ -10,6 +10,8 @@ Three timers share one procedure (:func:`measure`: warm-up, an estimate, then ti
 
 Before every timed run a 512 MiB buffer is overwritten (outside the timed window) so that each run
 starts with a cold L2. Samples are summarised by their median and 20th/80th percentiles.
+:func:`time_graph` (and its shorthand :func:`graph_median_ms`) captures a callable and times its
+replays in one call, for the harness and the tuning scripts alike.
 """
 
 from __future__ import annotations
@@ -208,6 +210,30 @@ def measure(fn, mode: str, flush: L2Flusher, *, warmup: int, reps: int) -> dict:
         run_and_time(fn, mode, flush, warmup - 2)
     samples = run_and_time(fn, mode, flush, repetitions(estimate, reps))
     return summarize(samples)
+
+
+def time_graph(fn, flush=None, *, warmup: int = 5, reps: int = 30, check_replay=None) -> dict:
+    """Captures ``fn`` in a CUDA graph (:func:`capture`) and times its replays with :func:`measure`.
+
+    ``flush`` runs before every replay, outside the timed window (an :class:`L2Flusher`, any callable,
+    or None for a warm L2). ``check_replay(outputs)``, when given, is called with the outputs the last
+    replay rewrote and returns a reason (str) when they are wrong. Returns :func:`summarize`'s dict
+    plus ``replay_wrong`` (that reason, or None).
+    """
+    flush = flush if flush is not None else (lambda: None)
+    graph, outputs = capture(fn)
+    try:
+        stats = measure(graph.replay, "graph", flush, warmup=warmup, reps=reps)
+        torch.cuda.synchronize()
+        replay_wrong = check_replay(outputs) if check_replay is not None else None
+    finally:
+        del graph, outputs
+    return dict(stats, replay_wrong=replay_wrong)
+
+
+def graph_median_ms(fn, flush=None, reps: int = 30) -> float:
+    """Median ms of CUDA-graph replays of ``fn`` (:func:`time_graph`, ``flush`` before each)."""
+    return time_graph(fn, flush, reps=reps)["median_ms"]
 
 
 def _first_line(exc: BaseException) -> str:

@@ -1,0 +1,13 @@
+"""The benchmark: check every implementation against the reference, then time it (``python -m moe_lib.bench``).
+
+    cli.py        the command line: options, their checks and defaults; main()
+    harness.py    the run loop: every case, every implementation, checked then timed
+    checks.py     errors against the high-precision reference, the element rule, the verdicts
+    timing.py     CUDA-graph, CUDA-event and wall-clock timers; L2 flush; NaN-poisoned allocator
+    results.py    the CSV and JSON files: columns, names, summaries, score, text tables
+    provenance.py versions, commit, driver, GPU key: where a measurement was made
+    peers/        every implementation under its label, one module per op
+    parallel.py   the expert-parallel benchmark on several GPUs (``python -m moe_lib.bench.parallel``)
+    tuning.py     what the tuning scripts share (candidate configs, field overrides, cases)
+    sm90.py       Triton kernels compiled for sm_90 without a GPU, and their resource usage
+"""

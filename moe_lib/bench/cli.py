@@ -1,0 +1,148 @@
+"""The command line of the benchmark: ``python -m moe_lib.bench --problem P [--impl a,b] [--tokens n,m | --suite] ...``
+
+:func:`parse_args` checks every option (errors name it) and fills in the defaults that depend on
+the machine; :func:`main` runs :func:`moe_lib.bench.harness.run` and prints its table. The option
+types (:func:`token_list`, :func:`non_negative`, :func:`positive`), :func:`resolve_device` and
+:func:`problems_by_dtype` serve the expert-parallel benchmark's and the scripts' command lines too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import torch
+
+from .. import problems
+from . import harness, peers
+from .results import DEFAULT_OUT
+
+DTYPE_ALIASES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
+                 "half": "float16", "float32": "float32", "fp32": "float32", "float": "float32"}  # fmt: skip
+
+
+def problems_by_dtype(op: str) -> dict[str, problems.Problem]:
+    """The problems that run ``op``, by the dtype name of their inputs (P2's: "float32" and "bfloat16")."""
+    return {problems.dtype_name(problem.dtype): problem
+            for problem in map(problems.load, problems.PROBLEM_NAMES) if problem.op == op}  # fmt: skip
+
+
+def token_list(text: str) -> list[int]:
+    """Comma-separated non-negative token counts, e.g. "1,128,8192"."""
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"expected comma-separated token counts, got {text!r}")
+    counts = []
+    for part in parts:
+        if not re.fullmatch(r"\d+", part):
+            raise argparse.ArgumentTypeError(f"expected non-negative integers separated by commas, got {part!r}")
+        counts.append(int(part))
+    return counts
+
+
+def non_negative(text: str) -> int:
+    if not re.fullmatch(r"\d+", text.strip()):
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return int(text)
+
+
+def positive(text: str) -> int:
+    value = non_negative(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def tag(text: str) -> str:
+    """A suffix of file names: letters, digits, '_', '.', '-'."""
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", text):
+        raise argparse.ArgumentTypeError(f"expected letters, digits, '_', '.', '-' only, got {text!r}")
+    return text
+
+
+def resolve_device(parser: argparse.ArgumentParser, text: str | None) -> torch.device:
+    """The ``--device`` option as a torch device: cuda when available and none is given, else cpu. A bad
+    name, or CUDA on a machine without it, is a parser error naming ``--device``."""
+    if text is None:
+        text = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(text)
+    except RuntimeError as exc:
+        parser.error(f"--device: {exc}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device: CUDA is not available on this machine")
+    return device
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m moe_lib.bench",
+        description="Check and time the implementations of one problem against its reference; "
+        "write a long-form CSV and a JSON summary under <out>/<gpu key>/.",
+    )
+    parser.add_argument("--problem", default="swiglu_down_backward", choices=problems.PROBLEM_NAMES)
+    parser.add_argument("--impl", help="comma-separated implementation labels (default: every one available)")
+    cases = parser.add_mutually_exclusive_group()
+    cases.add_argument("--tokens", type=token_list, help="comma-separated token counts, e.g. 1,128,8192")
+    cases.add_argument("--suite", action="store_true",
+                       help="the problem's workload suite (default; with --small, a three-case suite)")  # fmt: skip
+    parser.add_argument("--dtype", choices=sorted(DTYPE_ALIASES), help="override the problem's floating dtype")
+    parser.add_argument("--seed", type=non_negative, default=0)
+    parser.add_argument("--warmup", type=non_negative, help="warm-up runs per case (default 10 on CUDA, 1 on CPU)")
+    parser.add_argument("--reps", type=positive, help="timed runs per case (default 50 on CUDA, 3 on CPU)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results root (default: data/results)")
+    parser.add_argument("--tag", type=tag, help="suffix of the result file names")
+    parser.add_argument("--small", action="store_true", help="scaled-down shapes (automatic without CUDA)")
+    parser.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
+    return parser
+
+
+def _implementations(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """The labels ``--impl`` names (checked against the problem's peers), or every available one."""
+    if args.impl is None:
+        available = peers.available_labels(args.problem, args.device)
+        if not available:
+            parser.error(f"--impl: no implementation of {args.problem} is available on {args.device}")
+        return available
+    known = peers.labels(args.problem)
+    chosen = [label.strip() for label in args.impl.split(",") if label.strip()]
+    if not chosen:
+        parser.error(f"--impl: expected comma-separated labels among {known}, got {args.impl!r}")
+    for label in chosen:
+        if label not in known:
+            parser.error(f"--impl: unknown implementation {label!r} for {args.problem} (known: {', '.join(known)})")
+    if len(set(chosen)) != len(chosen):
+        parser.error(f"--impl: a label is repeated in {args.impl!r}")
+    return chosen
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """Parses and checks the command line; errors name the option."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.device = resolve_device(parser, args.device)
+    on_cuda = args.device.type == "cuda"
+    if on_cuda and args.device.index is None:
+        args.device = torch.device("cuda", torch.cuda.current_device())
+    if not on_cuda:
+        args.small = True
+    args.impls = _implementations(parser, args)
+    if args.tokens is not None and len(set(args.tokens)) != len(args.tokens):
+        parser.error(f"--tokens: a token count is repeated in {args.tokens}")
+    if args.dtype is not None:
+        args.dtype = DTYPE_ALIASES[args.dtype]
+    if args.warmup is None:
+        args.warmup = 10 if on_cuda else 1
+    if args.reps is None:
+        args.reps = 50 if on_cuda else 3
+    return args
+
+
+def main(argv=None) -> dict:
+    """Parses ``argv`` (default: the command line), runs the benchmark, prints its table and the files written."""
+    args = parse_args(argv)
+    result = harness.run(args)
+    print(result["table"])
+    print(f"\nwrote {result['csv']}\n      {result['json']}")
+    return result

@@ -1,0 +1,240 @@
+"""The benchmark's run loop: every case, every implementation, checked then timed (:func:`run`).
+
+For every case (a token count) it draws seeded inputs on the device with :mod:`moe_lib.problems`,
+computes the reference outputs once (:func:`~.checks.reference_outputs`), then for every
+implementation (:mod:`.peers`) runs :func:`run_case_impl`:
+
+1. check: the caching allocator is poisoned with NaN, the implementation runs once, and each output
+   is compared with the reference (:func:`~.checks.check_outputs`). A wrong implementation is not
+   timed; one that fails only the element rule is flagged in ``passes_element_rule`` and still timed.
+2. time (:func:`time_callable`): captured in a CUDA graph and replayed (``timing="graph"``) when the
+   peer declares itself capturable (a failed capture is an error, never a silent fallback; the
+   replayed outputs are checked again afterwards), else CUDA events around each call after a
+   synchronize (``"events"``); L2 flushed before each run; median and p20/p80 of ``--reps`` runs after
+   ``--warmup`` (cases over 10 ms: as many runs as fit in ~2 s, at least 5). Without CUDA: wall clock
+   (``"cpu"``), the problem's scaled-down shapes and three-case suite (``small=True``).
+
+Ceilings (copy bandwidth, bf16 GEMM rate) are measured in the same run (:mod:`moe_lib.roofline`);
+the files written are described in :mod:`.results`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import math
+import sys
+import time
+import traceback
+
+import torch
+from tqdm import tqdm
+
+from .. import problems, roofline
+from . import peers, results, timing
+from .checks import check_outputs, reference_outputs
+from .provenance import gpu_key
+
+# ---------------------------------------------------------------------------------------------
+# memory and messages
+
+
+def free_memory(device: torch.device) -> None:
+    """Collects garbage and, on CUDA, waits for the device and returns cached blocks to it."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def short_message(exc: BaseException) -> str:
+    """``<ExceptionType>: <first line>``, at most 300 characters (for a row's status)."""
+    lines = str(exc).strip().splitlines()
+    text = f"{type(exc).__name__}: {lines[0] if lines else ''}"
+    return text[:300]
+
+
+# ---------------------------------------------------------------------------------------------
+# one implementation on one case
+
+
+def time_callable(fn, capturable: bool, device: torch.device, flush: timing.L2Flusher, *, warmup: int, reps: int,
+                  check_replay=None) -> dict:  # fmt: skip
+    """Times ``fn``: graph replays when ``capturable`` on CUDA, events otherwise, wall clock on CPU.
+
+    ``check_replay(outputs)`` returns a reason (str) when the outputs of the replayed graph are wrong.
+    Returns :func:`timing.summarize`'s dict plus ``timing`` (the mode) and ``replay_wrong``.
+    """
+    if device.type != "cuda":
+        return dict(timing.measure(fn, "cpu", flush, warmup=warmup, reps=reps), timing="cpu", replay_wrong=None)
+    if not capturable:
+        return dict(timing.measure(fn, "events", flush, warmup=warmup, reps=reps), timing="events", replay_wrong=None)
+    return dict(timing.time_graph(fn, flush, warmup=warmup, reps=reps, check_replay=check_replay), timing="graph")
+
+
+def run_case_impl(peer: peers.Peer | None, label: str, inputs: dict, references: tuple, names: list[str], rule,
+                  device: torch.device, flush: timing.L2Flusher, *, warmup: int, reps: int, poison_bytes: int,
+                  log=print) -> dict:  # fmt: skip
+    """Checks, then times one implementation on one case; returns the row's measured fields."""
+    row = dict(impl=label, status="ok", timing=None, median_ms=math.nan, p20_ms=math.nan, p80_ms=math.nan,
+               reps=0, correct=False, passes_element_rule=None, rel_error=math.nan,
+               element_pass_fraction=math.nan, rel_errors={})  # fmt: skip
+    reason = peer.unavailable(device) if peer is not None else "not registered"
+    if reason is not None:
+        row["status"] = f"unavailable: {reason}"
+        return row
+    fn = None
+    try:
+        fn = peer.prepare(inputs)
+        synchronize(device)
+        timing.poison_allocator(device, poison_bytes)
+        outputs = fn()
+        synchronize(device)
+        check = check_outputs(outputs, references, names, rule)
+        del outputs
+    except Exception as exc:
+        log(f"[{label}] error while running:\n{traceback.format_exc()}")
+        row["status"] = f"error: {short_message(exc)}"
+        del fn
+        free_memory(device)
+        return row
+    row.update(correct=check["correct"], passes_element_rule=check["passes_element_rule"],
+               rel_error=check["rel_error"], element_pass_fraction=check["element_pass_fraction"],
+               rel_errors=check["rel_errors"])  # fmt: skip
+    if not check["correct"]:
+        row["status"] = f"wrong: {check['why']}"
+        del fn
+        free_memory(device)
+        return row
+
+    def check_replay(replayed):
+        result = check_outputs(replayed, references, names, rule)
+        return None if result["correct"] else result["why"]
+
+    try:
+        free_memory(device)
+        stats = time_callable(fn, peer.capturable, device, flush, warmup=warmup, reps=reps, check_replay=check_replay)
+    except Exception as exc:
+        log(f"[{label}] error while timing:\n{traceback.format_exc()}")
+        row["status"] = f"error: {short_message(exc)}"
+    else:
+        row["timing"] = stats["timing"]
+        if stats["replay_wrong"] is not None:
+            row.update(status=f"wrong: CUDA graph replay: {stats['replay_wrong']}", correct=False)
+        else:
+            row.update(median_ms=stats["median_ms"], p20_ms=stats["p20_ms"], p80_ms=stats["p80_ms"],
+                       reps=stats["reps"])  # fmt: skip
+    finally:
+        del fn
+        free_memory(device)
+    return row
+
+
+# ---------------------------------------------------------------------------------------------
+# a run
+
+
+def cases(problem: problems.Problem, args: argparse.Namespace) -> tuple[list[int], dict]:
+    """The token counts to run and the suite's description for the provenance: ``--tokens``, else the
+    problem's small suite with ``--small`` (unless ``--suite``), else its workload suite."""
+    if args.tokens is not None:
+        tokens, suite = args.tokens, dict(source="--tokens", provenance="custom")
+    elif args.small and not args.suite:
+        tokens, suite = list(problem.small_suite), dict(source="small suite", provenance="custom")
+    else:
+        tokens, suite = problem.suite, dict(source="workloads", provenance=problem.suite_provenance)
+    suite["tokens"] = list(tokens)
+    return tokens, suite
+
+
+def roofline_columns(problem: str, num_tokens: int, dtype: torch.dtype, measured: roofline.GPUSpec, axes: dict) -> dict:
+    """A case's FLOPs, bytes and T_sol in ms: on the measured ceilings (``sol_ms``) and on each datasheet."""
+    work, traffic = roofline.cost(problem, num_tokens, dtype, **axes)
+    columns = dict(flops=work, bytes=traffic)
+    for column, gpu in (("sol_ms", measured), *results.DATASHEET_COLUMNS.items()):
+        columns[column] = roofline.sol_time(problem, num_tokens, gpu, dtype, **axes) * 1e3
+    return columns
+
+
+def run(args: argparse.Namespace, log=None) -> dict:
+    """Runs the benchmark the parsed ``args`` describe (:func:`moe_lib.bench.cli.parse_args`); writes the CSV
+    and JSON; returns dict(csv=path, json=path, frame=DataFrame, summary=dict, baseline=dict, table=str)."""
+    log = log or (lambda message: tqdm.write(message, file=sys.stderr))
+    started = datetime.datetime.now(datetime.timezone.utc)
+    device = args.device
+    problem = problems.load(args.problem)
+    dtype = problem.dtype if args.dtype is None else problems.DTYPES[args.dtype]
+    dtype_label = problems.dtype_name(dtype)
+    axes = dict(problem.small_axes) if args.small else {}
+    tokens, suite = cases(problem, args)
+    names = problem.output_names
+    rule = problem.element_rule_at(dtype)
+    registry = peers.peers_for(args.problem)
+
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    log(f"measuring ceilings on {device} ...")
+    ceilings = roofline.measure_ceilings(device, reps=10 if device.type == "cuda" else 3)
+    measured = roofline.GPUSpec.from_measured(ceilings["copy_bandwidth"], ceilings["bf16_matmul_flops"],
+                                              name=f"measured on {device}")  # fmt: skip
+    flush = timing.L2Flusher(device)
+    stem = results.result_stem(args.problem, dtype_label, small=args.small, tag=args.tag,
+                               date=started.strftime("%Y-%m-%d"))  # fmt: skip
+    csv_path, json_path = results.result_paths(args.out, device, stem)
+    rows, reference_dtype = [], None
+    progress = tqdm(total=len(tokens) * len(args.impls), desc=args.problem, unit="run", file=sys.stderr)
+    for num_tokens in tokens:
+        case = dict(problem=args.problem, num_tokens=num_tokens, dtype=dtype_label, small=args.small,
+                    device=str(device), gpu=gpu_key(device),
+                    **roofline_columns(args.problem, num_tokens, dtype, measured, axes))  # fmt: skip
+        inputs = references = None
+        try:
+            inputs = problem.make_inputs(num_tokens, seed=args.seed, device=device, dtype=dtype, **axes)
+            references, reference_dtype = reference_outputs(problem, inputs, args.small)
+            poison_bytes = 2 * sum(r.numel() for r in references) * 4 + 256 * 2**20
+            free_memory(device)
+        except Exception as exc:
+            log(f"[case {num_tokens}] reference failed:\n{traceback.format_exc()}")
+            for label in args.impls:
+                rows.append(dict(case, impl=label, status=f"error: reference failed: {short_message(exc)}",
+                                 correct=False))  # fmt: skip
+                progress.update(1)
+            del inputs, references
+            free_memory(device)
+            continue
+        for label in args.impls:
+            progress.set_postfix_str(f"T={num_tokens} {label}")
+            wall_start = time.perf_counter()
+            measured_row = run_case_impl(registry.get(label), label, inputs, references, names, rule, device, flush,
+                                         warmup=args.warmup, reps=args.reps, poison_bytes=poison_bytes,
+                                         log=log)  # fmt: skip
+            rel_errors = measured_row.pop("rel_errors")
+            row = dict(case, **measured_row, wall_s=time.perf_counter() - wall_start)
+            row.update({f"rel_error_{name}": rel_errors.get(name, math.nan) for name in names})
+            row["roofline_fraction"] = row["sol_ms"] / row["median_ms"] if row["status"] == "ok" else math.nan
+            rows.append(row)
+            results.results_frame(rows, names).to_csv(csv_path, index=False)  # so far: survives a run cut short
+            progress.update(1)
+        del inputs, references
+        free_memory(device)
+    progress.close()
+
+    frame = results.results_frame(rows, names)
+    frame.to_csv(csv_path, index=False)
+    summary, baseline = results.summarize_impls(frame, args.impls, peers.baseline_labels(args.problem))
+    sizes = {name: value for name, value in problem.sizes(0, **axes).items() if name != "num_tokens"}
+    document = dict(problem=args.problem, dtype=dtype_label, axes=sizes, impls=args.impls, element_rule=rule,
+                    provenance=results.run_provenance(args, device, ceilings, suite, reference_dtype, started),
+                    baseline=baseline, summary=summary)  # fmt: skip
+    results.write_json(json_path, document)
+    clock = "wall clock" if device.type != "cuda" else "cold L2; graph replays or events: see timing"
+    shapes = " · small shapes" if args.small else ""
+    title = f"{args.problem} · {dtype_label} · {gpu_key(device)}{shapes} · median per case ({clock})"
+    table = results.format_tables(frame, summary, baseline, title)
+    return dict(csv=csv_path, json=json_path, frame=frame, summary=summary, baseline=baseline, table=table)

@@ -1,0 +1,132 @@
+"""Every implementation the benchmark harness can time, under the project's labels.
+
+A peer is a :class:`Peer`: ``prepare(inputs)`` does the untimed setup (weights concatenated once,
+a function compiled, indices converted) and returns a callable that does the timed work and returns
+the outputs tuple in the problem's order. ``capturable`` says whether that callable can be
+captured in a CUDA graph (no host sync inside); ``unavailable(device)`` gives the reason it cannot
+run on ``device``, or None; ``baseline`` marks the optimized PyTorch peers the score may take as its
+baseline (the harness picks the fastest of them that is correct on every case).
+
+Each op of :data:`moe_lib.problems.OPS` has one module here that registers its peers and says what
+each computes (:mod:`.swiglu_down`, :mod:`.moe_experts`): adding a peer is one :func:`register` there.
+Tests and experiments add theirs with :func:`register` (or the :func:`registered` context).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+from collections.abc import Callable
+
+import torch
+
+from ... import problems
+
+
+@dataclasses.dataclass(frozen=True)
+class Peer:
+    """One implementation of one problem op, as the harness runs it."""
+
+    label: str
+    op: str  # a key of moe_lib.problems.OPS
+    prepare: Callable[[dict], Callable[[], tuple]]
+    capturable: bool
+    description: str
+    unavailable: Callable[[torch.device], str | None] = lambda device: None
+    baseline: bool = False  # an optimized PyTorch implementation the score may use as its baseline
+
+
+_REGISTRY: dict[str, dict[str, Peer]] = {op: {} for op in problems.OPS}
+
+
+def register(peer: Peer) -> Peer:
+    """Adds (or replaces) ``peer`` under its op and label."""
+    if peer.op not in _REGISTRY:
+        raise ValueError(f"op: expected one of {tuple(_REGISTRY)}, got {peer.op!r}")
+    _REGISTRY[peer.op][peer.label] = peer
+    return peer
+
+
+def unregister(op: str, label: str) -> None:
+    """Removes the peer ``label`` of ``op`` (nothing happens when there is none)."""
+    _REGISTRY[op].pop(label, None)
+
+
+@contextlib.contextmanager
+def registered(peer: Peer):
+    """Registers ``peer`` for the duration of the block (restoring any peer it replaced)."""
+    previous = _REGISTRY.get(peer.op, {}).get(peer.label)
+    register(peer)
+    try:
+        yield peer
+    finally:
+        unregister(peer.op, peer.label)
+        if previous is not None:
+            register(previous)
+
+
+def peers_for(problem: str) -> dict[str, Peer]:
+    """Every registered peer of ``problem`` (a problem name: its op's peers), by label, in registration order."""
+    return dict(_REGISTRY[problems.load(problem).op])
+
+
+def labels(problem: str) -> list[str]:
+    return list(peers_for(problem))
+
+
+def available_labels(problem: str, device) -> list[str]:
+    """Labels of the peers of ``problem`` that can run on ``device``."""
+    device = torch.device(device)
+    return [label for label, peer in peers_for(problem).items() if peer.unavailable(device) is None]
+
+
+def baseline_labels(problem: str) -> list[str]:
+    """Labels of the peers of ``problem`` that are score baselines."""
+    return [label for label, peer in peers_for(problem).items() if peer.baseline]
+
+
+@functools.cache
+def _input_names(op: str) -> tuple[str, ...]:
+    """The input names of ``op``, in the order of its definition (that of the function's arguments)."""
+    return next(tuple(problem.input_names) for problem in map(problems.load, problems.PROBLEM_NAMES)
+                if problem.op == op)  # fmt: skip
+
+
+def positional(op: str, inputs: dict) -> tuple:
+    """``inputs`` (name -> tensor) as the positional arguments of ``op``'s functions."""
+    return tuple(inputs[name] for name in _input_names(op))
+
+
+def calling(op: str, function: Callable, **keywords) -> Callable[[dict], Callable[[], tuple]]:
+    """A ``prepare`` whose timed callable is ``function(*inputs in op's order, **keywords)``."""
+
+    def prepare(inputs: dict):
+        arguments = positional(op, inputs)
+        return lambda: function(*arguments, **keywords)
+
+    return prepare
+
+
+# each op's peers, registered as its module loads; it uses the definitions above
+from . import moe_experts, swiglu_down  # noqa: E402
+
+# the labels of the baseline peers registered with this package (every op's), for reading result files
+BASELINE_LABELS = tuple(dict.fromkeys(label for peers in _REGISTRY.values() for label, peer in peers.items()
+                                      if peer.baseline))  # fmt: skip
+
+__all__ = [
+    "BASELINE_LABELS",
+    "Peer",
+    "available_labels",
+    "baseline_labels",
+    "calling",
+    "labels",
+    "moe_experts",
+    "peers_for",
+    "positional",
+    "register",
+    "registered",
+    "swiglu_down",
+    "unregister",
+]

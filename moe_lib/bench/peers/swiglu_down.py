@@ -1,0 +1,84 @@
+"""The peers of P1 ``swiglu_down_backward`` (inputs bf16).
+
+- ``reference``: :func:`moe_lib.reference.swiglu_down_backward_reference`, the benchmark's code
+  (everything upcast to fp32, fp32 GEMMs with TF32 off, results rounded to bf16).
+- ``torch_eager``: ``dWd = dyᵀ·intermediate`` and ``dA = dy·Wd`` as bf16 GEMMs; dA upcast to fp32
+  for the elementwise dSwiGLU from the saved tensors; dGate‖dUp concatenated and rounded to bf16;
+  ``dx = [dGate‖dUp]·[Wg;Wu]`` and ``[dWg;dWu] = [dGate‖dUp]ᵀ·x`` as bf16 GEMMs. ``[Wg;Wu]`` is
+  concatenated once, in ``prepare``.
+- ``torch_compile``: ``torch.compile`` (default mode, ``dynamic=False``) of torch_eager's function,
+  compiled afresh for each case (``torch._dynamo.reset()``), so that 16 shapes never hit dynamo's
+  recompile limit.
+- ``triton``: ``moe_lib.swiglu_down_backward(..., impl="triton")``, the faithful path (dGate and dUp
+  carried as bf16 hi/lo pairs, so that the outputs follow the fp32 reference on inputs of any scale).
+- ``triton_fast``: the same with ``precision="fast"``: dGate and dUp rounded to bf16 before the dx, dWg
+  and dWu products, as torch_eager and torch_compile do.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...dispatch import triton_unavailable_reason
+from ...problems import OPS
+from . import Peer, calling, register
+
+OP = "swiglu_down_backward"
+
+
+def swiglu_down_backward_eager(dy, x, w_gate_up, w_down, gate, gate_sigmoid, gate_silu, up, intermediate):
+    """P1 the careful PyTorch way: GEMMs in the input dtype (bf16), the elementwise dSwiGLU in fp32.
+
+    ``w_gate_up`` is ``[Wg; Wu]`` [2I, H]. Returns (grad_x, grad_gate_weight, grad_up_weight,
+    grad_down_weight); the two I×H gradients are the halves of one [2I, H] product.
+    """
+    low = x.dtype
+    inter = gate.shape[1]
+    grad_down = dy.T @ intermediate  # [H, I]
+    d_a = (dy @ w_down).float()  # [T, I]
+    s = gate_sigmoid.float()
+    d_up = d_a * gate_silu.float()
+    d_gate = d_a * up.float() * s * (1 + gate.float() * (1 - s))
+    d_gate_up = torch.cat([d_gate, d_up], dim=1).to(low)  # [T, 2I]
+    grad_x = d_gate_up @ w_gate_up  # [T, H]
+    grad_gate_up = d_gate_up.T @ x  # [2I, H]
+    return grad_x, grad_gate_up[:inter], grad_gate_up[inter:], grad_down
+
+
+def eager_arguments(inputs: dict) -> tuple:
+    """The arguments of :func:`swiglu_down_backward_eager` from P1's inputs (``[Wg; Wu]`` concatenated here)."""
+    w_gate_up = torch.cat([inputs["gate_weight"], inputs["up_weight"]], dim=0)
+    return (inputs["grad_output"], inputs["x"], w_gate_up, inputs["down_weight"], inputs["gate"],
+            inputs["gate_sigmoid"], inputs["gate_silu"], inputs["up"], inputs["intermediate"])  # fmt: skip
+
+
+def _prepare_eager(inputs: dict):
+    arguments = eager_arguments(inputs)
+    return lambda: swiglu_down_backward_eager(*arguments)
+
+
+def _prepare_compile(inputs: dict):
+    arguments = eager_arguments(inputs)
+    torch._dynamo.reset()  # a fresh cache per case: static shapes, never the recompile limit
+    compiled = torch.compile(swiglu_down_backward_eager, dynamic=False)
+    return lambda: compiled(*arguments)
+
+
+def _compile_unavailable(device: torch.device) -> str | None:
+    return None if hasattr(torch, "compile") else f"torch {torch.__version__} has no torch.compile"
+
+
+for _peer in (
+    Peer("reference", OP, calling(OP, OPS[OP].reference), capturable=True, baseline=True,
+         description="benchmark reference: fp32 upcast, fp32 GEMMs (TF32 off), bf16 results"),
+    Peer("torch_eager", OP, _prepare_eager, capturable=True, baseline=True,
+         description="bf16 GEMMs, fp32 elementwise dSwiGLU, gate‖up concatenated once"),
+    Peer("torch_compile", OP, _prepare_compile, capturable=True, baseline=True,
+         description="torch.compile (default mode, static shapes) of torch_eager", unavailable=_compile_unavailable),
+    Peer("triton", OP, calling(OP, OPS[OP].function, impl="triton"), capturable=True,
+         description="moe_lib's Triton kernels, faithful to the fp32 reference", unavailable=triton_unavailable_reason),
+    Peer("triton_fast", OP, calling(OP, OPS[OP].function, impl="triton", precision="fast"), capturable=True,
+         description="moe_lib's Triton kernels, dGate and dUp rounded to bf16", unavailable=triton_unavailable_reason),
+):  # fmt: skip
+    register(_peer)
+del _peer

@@ -1,0 +1,200 @@
+"""The results files of the benchmark: schema, names, summaries and their text tables.
+
+Under ``<out>/<gpu key>/`` (``H200``, ``H100-SXM``, ..., ``cpu``), ``<YYYY-MM-DD>-<problem>-<dtype>[-small][-<tag>]``:
+
+- ``.csv``, long form, one row per implementation × case, with the columns of :data:`CSV_COLUMNS` plus
+  ``rel_error_<output>`` for each output after ``rel_error`` (``wall_s``: the wall-clock seconds the row
+  took, setup, compilation and autotuning included; ``sol_ms_datasheet_<gpu>``: T_sol on the datasheet
+  figures of each GPU of :data:`moe_lib.roofline.DATASHEET_GPUS`; files written before these columns were
+  named after the GPU keys call them ``sol_ms_datasheet_h100`` and ``sol_ms_datasheet_h200``);
+- ``.json``: provenance (:func:`run_provenance`) and per implementation geomean_ms (over its correct
+  cases), roofline_fraction (geomean of T_sol/T, measured ceilings), sol_score (geomeans of T, the best
+  baseline peer correct on every case, and T_sol), all_correct and n_cases.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from .. import problems, roofline
+from . import timing
+from .checks import WRONG_REL_ERROR
+from .provenance import git_dirty, gpu_key, package_version, run_context
+
+DEFAULT_OUT = problems.DATA_DIR / "results"
+RECORDED_ENVIRONMENT = ("LIGER_FUSED_MOE_AUTOTUNE", "TRITON_CACHE_AUTOTUNING", "TRITON_INTERPRET",
+                        "PYTORCH_CUDA_ALLOC_CONF", "CUDA_VISIBLE_DEVICES")  # fmt: skip
+# column -> GPU key of the datasheet T_sol it holds
+DATASHEET_COLUMNS = {f"sol_ms_datasheet_{key}": key for key in roofline.DATASHEET_GPUS}
+
+CSV_COLUMNS = [
+    "problem", "impl", "num_tokens", "dtype", "median_ms", "p20_ms", "p80_ms", "reps", "timing",
+    "sol_ms", "roofline_fraction", *DATASHEET_COLUMNS, "flops", "bytes",
+    "rel_error", "element_pass_fraction", "correct", "passes_element_rule", "status", "small", "device", "gpu",
+    "wall_s",
+]  # fmt: skip
+
+
+def geomean(values) -> float:
+    """Geometric mean of positive values (NaN when empty or when any is not positive)."""
+    values = [float(v) for v in values]
+    if not values or any(not v > 0 for v in values):
+        return math.nan
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def format_ms(ms, missing: str = "-") -> str:
+    """A time in ms as "12.3 µs", "4.56 ms" or "1.23 s"; ``missing`` when there is none."""
+    if ms is None or pd.isna(ms):
+        return missing
+    if ms < 1:
+        return f"{ms * 1e3:.1f} µs"
+    if ms < 1000:
+        return f"{ms:.2f} ms"
+    return f"{ms / 1e3:.2f} s"
+
+
+# ---------------------------------------------------------------------------------------------
+# files
+
+
+def result_stem(problem: str, dtype_name: str, *, small: bool, tag: str | None, date: str) -> str:
+    """``<YYYY-MM-DD>-<problem>-<dtype>[-small][-<tag>]``."""
+    return f"{date}-{problem}-{dtype_name}" + ("-small" if small else "") + (f"-{tag}" if tag else "")
+
+
+def result_paths(out, device: torch.device, stem: str) -> tuple[Path, Path]:
+    """(CSV, JSON) paths of ``stem`` in ``<out>/<gpu key of device>/``, the folder created."""
+    folder = Path(out) / gpu_key(device)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{stem}.csv", folder / f"{stem}.json"
+
+
+def json_ready(value):
+    """NaN/inf -> None, recursively, so the JSON is standard."""
+    if isinstance(value, dict):
+        return {k: json_ready(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_ready(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def write_json(path: Path, document: dict) -> None:
+    """Writes ``document`` as indented, standard JSON (NaN/inf as null)."""
+    path.write_text(json.dumps(json_ready(document), indent=2, ensure_ascii=False) + "\n")
+
+
+def results_frame(rows: list[dict], output_names: list[str]) -> pd.DataFrame:
+    """The long-form table: :data:`CSV_COLUMNS` with ``rel_error_<output>`` after ``rel_error``."""
+    split = CSV_COLUMNS.index("rel_error") + 1
+    columns = CSV_COLUMNS[:split] + [f"rel_error_{name}" for name in output_names] + CSV_COLUMNS[split:]
+    return pd.DataFrame(rows).reindex(columns=columns)
+
+
+def run_provenance(args, device: torch.device, ceilings: dict, suite: dict, reference_dtype, started) -> dict:
+    """Where, when and how a harness run was made (``args``: the parsed command line)."""
+    return dict(
+        run_context(device, started, "moe_lib.bench"),
+        device=str(device),
+        liger_kernel=package_version("liger-kernel"),
+        git_dirty=git_dirty(),
+        ceilings=ceilings,
+        seed=args.seed,
+        suite=suite,
+        small=args.small,
+        reference_precision=reference_dtype,
+        allow_tf32=torch.backends.cuda.matmul.allow_tf32,
+        timing=dict(
+            warmup=args.warmup,
+            reps=args.reps,
+            l2_flush_bytes=timing.L2_FLUSH_BYTES,
+            long_case_ms=timing.LONG_CASE_MS,
+            min_long_case_reps=timing.MIN_LONG_CASE_REPS,
+        ),
+        wrong_rel_error=WRONG_REL_ERROR,
+        environment={name: os.environ.get(name) for name in RECORDED_ENVIRONMENT},
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# summaries
+
+
+def summarize_impls(frame: pd.DataFrame, impls: list[str], baselines) -> tuple[dict, dict]:
+    """Per implementation: geomean_ms over its correct cases, roofline_fraction (geomean of T_sol/T),
+    sol_score against the fastest of ``baselines`` (labels) correct on every case, all_correct, n_cases.
+    Returns (per-impl summaries, baseline description)."""
+    summary = {}
+    sol_geomean = geomean(frame.drop_duplicates("num_tokens")["sol_ms"])
+    for label in impls:
+        rows = frame[frame["impl"] == label]
+        ok = rows[rows["status"] == "ok"]
+        element = [v for v in ok["passes_element_rule"] if v is not None and not pd.isna(v)]
+        summary[label] = dict(
+            geomean_ms=geomean(ok["median_ms"]),
+            roofline_fraction=geomean(ok["sol_ms"] / ok["median_ms"]),
+            sol_score=None,
+            all_correct=bool(len(rows) > 0 and len(ok) == len(rows)),
+            passes_element_rule=bool(all(element)) if element else None,
+            n_cases=int(len(rows)),
+            n_correct=int(len(ok)),
+            timing=sorted(set(ok["timing"].dropna())),
+        )
+    candidates = {label: s["geomean_ms"] for label, s in summary.items() if label in baselines and s["all_correct"]}
+    baseline = dict(impl=None, geomean_ms=None, sol_geomean_ms=sol_geomean)
+    if candidates:
+        best = min(candidates, key=candidates.get)
+        baseline.update(impl=best, geomean_ms=candidates[best])
+        for s in summary.values():
+            if s["all_correct"] and candidates[best] > sol_geomean:
+                s["sol_score"] = roofline.sol_score(s["geomean_ms"], candidates[best], sol_geomean)
+    return summary, baseline
+
+
+def _is_false(value) -> bool:
+    return value is not None and not pd.isna(value) and not bool(value)
+
+
+def _cell(row) -> str:
+    status = row["status"]
+    if status == "ok":
+        return format_ms(row["median_ms"]) + (" *" if _is_false(row["passes_element_rule"]) else "")
+    return status.split(":")[0].upper()
+
+
+def format_tables(frame: pd.DataFrame, summary: dict, baseline: dict, title: str) -> str:
+    """The per-case table (median per implementation) and the summary table, as text."""
+    cells = frame.assign(cell=frame.apply(_cell, axis=1))
+    per_case = cells.pivot(index="num_tokens", columns="impl", values="cell")
+    order = list(dict.fromkeys(frame["num_tokens"]))
+    per_case = per_case.reindex(index=order, columns=list(dict.fromkeys(frame["impl"])))
+    sol = frame.drop_duplicates("num_tokens").set_index("num_tokens")["sol_ms"].reindex(order)
+    per_case["sol (measured)"] = sol.map(format_ms)
+    rows = []
+    for label, s in summary.items():
+        rows.append(dict(impl=label, geomean=format_ms(s["geomean_ms"]),
+                         roofline_fraction="-" if pd.isna(s["geomean_ms"]) else f"{s['roofline_fraction']:.3f}",
+                         score="-" if s["sol_score"] is None else f"{s['sol_score']:.3f}",
+                         all_correct=s["all_correct"], element_rule=s["passes_element_rule"],
+                         cases=f"{s['n_correct']}/{s['n_cases']}", timing=",".join(s["timing"]) or "-"))  # fmt: skip
+    table = pd.DataFrame(rows).set_index("impl")
+    lines = [title, "", per_case.to_string(), "", table.to_string()]
+    base = baseline["impl"]
+    if base:
+        lines.append(f"score baseline: {base} ({format_ms(baseline['geomean_ms'])} geomean), "
+                     f"T_sol geomean {format_ms(baseline['sol_geomean_ms'])}")  # fmt: skip
+    else:
+        lines.append("score baseline: none (no baseline peer correct on every case)")
+    lines.append("* = passes the 5e-2 rule but fails the element rule; WRONG = not timed")
+    problems_found = frame[~frame["status"].isin(["ok"])]
+    for _, row in problems_found.iterrows():
+        lines.append(f"  {row['impl']} @ {row['num_tokens']}: {row['status']}")
+    return "\n".join(lines)

@@ -1,0 +1,66 @@
+"""Triton kernels compiled for sm_90 (Hopper) without a GPU, and the resources the compiled code uses.
+
+Needs only the triton wheel: its ptxas compiles, its cuobjdump reads the registers and stack of the
+cubin (a spill shows as a non-zero STACK). The scripts ``p1_compile_check.py``, ``p2_compile_check.py``
+and ``p1_tma_probe.py --compile-only`` report their kernels with :func:`compile_for_sm90` and
+:func:`resources`.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+HOPPER = GPUTarget("cuda", 90, 32)
+
+
+def constexpr_names(kernel) -> list[str]:
+    """The compile-time (``tl.constexpr``) arguments of a ``@triton.jit`` function, in order."""
+    return [param.name for param in kernel.params if param.is_constexpr]
+
+
+def runtime_names(kernel) -> list[str]:
+    """The run-time arguments (pointers and scalars) of a ``@triton.jit`` function, in order."""
+    return [param.name for param in kernel.params if not param.is_constexpr]
+
+
+def compile_for_sm90(kernel, types: dict, constexprs: dict, aligned, *, warps: int, stages: int):
+    """Compiles ``kernel`` (a ``@triton.jit`` function) for sm_90.
+
+    ``types`` gives each run-time argument's Triton type ("*bf16", "i32", ...), ``constexprs`` the value
+    of every compile-time argument (and of any run-time one specialised to a constant). ``aligned``
+    names the arguments specialised as divisible by 16 (pointers and sizes).
+    """
+    missing = [name for name in constexpr_names(kernel) if name not in constexprs]
+    missing += [name for name in runtime_names(kernel) if name not in types and name not in constexprs]
+    if missing:
+        raise ValueError(f"constexprs: no value or type for {missing} of {kernel.__name__}")
+    signature = {name: "constexpr" if name in constexprs else types[name] for name in kernel.arg_names}
+    attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(source, target=HOPPER, options=dict(num_warps=warps, num_stages=stages))
+
+
+def resources(compiled) -> str:
+    """"REG:<n> STACK:<n> smem=<KiB>K wgmma=<count>" of a compiled kernel (cuobjdump on its cubin)."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(compiled.asm["cubin"])
+        cubin.flush()
+        out = subprocess.run([str(TOOLS / "cuobjdump"), "--dump-resource-usage", cubin.name],
+                             capture_output=True, text=True).stdout  # fmt: skip
+    usage = re.search(r"REG:(\d+) STACK:(\d+)", out)
+    wgmma = compiled.asm["ptx"].count("wgmma.mma_async")
+    return f"{usage.group(0) if usage else 'REG:? STACK:?'} smem={compiled.metadata.shared // 1024}K wgmma={wgmma}"
+
+
+def first_error_line(exc: BaseException, limit: int = 160) -> str:
+    """The last line of a compiler error (where ptxas and Triton put the reason), cut to ``limit``."""
+    lines = str(exc).strip().splitlines()
+    return (lines[-1] if lines else type(exc).__name__)[:limit]

@@ -1,0 +1,119 @@
+"""What the tuning, profiling and checking scripts under ``scripts/`` share.
+
+- :data:`P1_CANDIDATES`: named tile configurations of P1's Triton backward that ``p1_tune.py`` times,
+  ``p1_compile_check.py`` compiles and ``p1_profile.py --config`` profiles.
+- ``FIELD=VALUE`` overrides of a launch config (:func:`parse_field`, :func:`replace_fields`), and P2's
+  split of them between its :class:`~moe_lib.moe_experts.launch.LaunchConfig` and kernel G's
+  :class:`~moe_lib.moe_experts.fused_dx.FusedDxConfig` (:func:`p2_configs`).
+- Cases written ``dtype:num_tokens`` (``fp32:2048``, ``bf16:8192``): the problem of an op whose inputs
+  have that dtype (:func:`parse_case`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .. import problems
+from ..moe_experts.fused_dx import FusedDxConfig
+from ..moe_experts.launch import LaunchConfig
+from ..swiglu_down.launch import TileConfig
+from ..swiglu_down.one_launch import OneLaunchConfig
+from .cli import DTYPE_ALIASES, problems_by_dtype
+
+# name -> tiles (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT) of dA, dWd, dx, dWg/dWu; warps; stages
+P1_CANDIDATES = {
+    "tiny_s8": TileConfig((16, 64, 128, 8), (64, 128, 16, 1), (16, 64, 128, 8), (64, 128, 16, 1), (4, 4), (3, 3)),
+    "tiny_s16": TileConfig((16, 32, 128, 16), (64, 128, 16, 1), (16, 128, 128, 16), (64, 128, 16, 1), (4, 4), (3, 3)),
+    "tiny_s4": TileConfig((16, 64, 256, 4), (64, 64, 16, 1), (16, 128, 256, 4), (64, 64, 16, 1), (4, 4), (3, 3)),
+    "tiny_s16b": TileConfig((16, 64, 64, 16), (32, 128, 16, 1), (16, 64, 64, 16), (32, 128, 16, 1), (4, 4), (2, 2)),
+    "mid_s4": TileConfig((64, 64, 64, 4), (64, 128, 64, 1), (64, 128, 64, 4), (64, 128, 64, 1), (4, 4), (3, 3)),
+    "mid_s2": TileConfig((64, 128, 64, 2), (128, 128, 64, 1), (64, 128, 64, 2), (128, 128, 64, 1), (4, 4), (3, 3)),
+    "mid_s2w": TileConfig((64, 64, 64, 2), (64, 128, 64, 2), (64, 128, 64, 2), (64, 128, 64, 2), (4, 4), (3, 3)),
+    "mid_s8": TileConfig((32, 64, 64, 8), (64, 128, 32, 1), (32, 128, 64, 8), (64, 128, 32, 1), (4, 4), (3, 3)),
+    "mid_w4s4": TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (64, 128, 64, 1), (64, 128, 64, 1), (4, 4), (4, 4)),
+    "l_dwsplit": TileConfig((64, 128, 64, 1), (64, 128, 64, 2), (128, 256, 64, 1), (128, 256, 64, 2), (4, 8), (4, 4)),
+    "wide2_w8s4": TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 256, 64, 1), (128, 256, 64, 1), (4, 8), (4, 4)),
+    "widedw_w8s3": TileConfig((128, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1),
+                              (8, 8), (3, 3)),
+    "l_mix": TileConfig((64, 128, 64, 1), (128, 256, 64, 1), (128, 256, 64, 1), (128, 256, 64, 1), (8, 8), (4, 4)),
+    "l_128": TileConfig((128, 128, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1), (128, 256, 64, 1), (8, 8), (4, 4)),
+    # for the faithful path (dGate, dUp as hi/lo pairs: a second A tile per step, and both halves stored)
+    "f_w8s3": TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 256, 64, 1), (128, 256, 64, 1), (8, 8), (4, 3)),
+    "f_dx128": TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1), (8, 8), (4, 3)),
+    "f_128s4": TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 128, 64, 1), (128, 128, 64, 1), (8, 8), (4, 4)),
+    "f_a64": TileConfig((64, 64, 64, 1), (64, 128, 64, 1), (128, 256, 64, 1), (128, 256, 64, 1), (4, 8), (4, 3)),
+    "f_mid": TileConfig((64, 64, 64, 2), (64, 128, 64, 1), (64, 128, 64, 2), (64, 128, 64, 1), (4, 4), (3, 3)),
+    "f_mid_w8": TileConfig((64, 128, 64, 2), (64, 128, 64, 1), (64, 128, 64, 2), (64, 128, 64, 1), (8, 8), (3, 3)),
+    # the one-launch path: (block_t, block_i, block_h_down, block_h, block_k, block_n, warps, stages)
+    "one_t16": OneLaunchConfig(16, 16, 32, 16, 128, 128, 4, 3),
+    "one_t32": OneLaunchConfig(32, 16, 32, 16, 128, 128, 4, 3),
+    "one_t64": OneLaunchConfig(64, 16, 32, 16, 128, 128, 4, 3),
+    "one_t128": OneLaunchConfig(128, 16, 32, 16, 64, 128, 4, 3),
+    "one_t64_h32": OneLaunchConfig(64, 16, 32, 32, 128, 128, 4, 3),
+    "one_t16_k256": OneLaunchConfig(16, 16, 32, 16, 256, 256, 4, 2),
+    "one_t16_w8": OneLaunchConfig(16, 16, 32, 16, 128, 128, 8, 3),
+    "one_t64_n64": OneLaunchConfig(64, 16, 32, 16, 64, 64, 4, 4),
+    "one_k512": OneLaunchConfig(16, 16, 32, 16, 512, 128, 4, 3),
+    "one_k256_s4": OneLaunchConfig(16, 16, 32, 16, 256, 128, 4, 4),
+    "one_i32_k256": OneLaunchConfig(16, 32, 32, 16, 256, 128, 4, 3),
+    "one_h32_k256": OneLaunchConfig(16, 16, 32, 32, 256, 128, 4, 3),
+    "one_k512_w8": OneLaunchConfig(16, 16, 32, 16, 512, 128, 8, 3),
+    "one_t64_k256": OneLaunchConfig(64, 16, 32, 16, 256, 128, 4, 3),
+}
+
+# kernel G's settings as the P2 scripts spell them (FIELD=VALUE), and the FusedDxConfig fields they set
+FUSED_DX_FIELDS = {"gate_up_dx_tile": ("block_i", "block_h", "block_rows"), "warps_g": ("warps",),
+                   "stages_g": ("stages",)}  # fmt: skip
+
+
+def parse_field(text: str) -> tuple[str, object]:
+    """``FIELD=VALUE`` with VALUE an int, or ints joined by x for a tile (``grad_down_tile=128x256x64``)."""
+    name, sign, value = text.partition("=")
+    try:
+        if not sign or not name:
+            raise ValueError
+        return name, tuple(int(v) for v in value.split("x")) if "x" in value else int(value)
+    except ValueError:
+        raise ValueError(f"field: expected FIELD=VALUE with an integer or ints joined by x, got {text!r}") from None
+
+
+def parse_fields(text: str) -> dict:
+    """Comma-separated ``FIELD=VALUE`` items as a dict (empty text: no fields)."""
+    return dict(parse_field(item) for item in text.split(",") if item)
+
+
+def replace_fields(config, fields: dict):
+    """``config`` (a dataclass) with ``fields`` replaced; an unknown field is an error naming it."""
+    known = {field.name for field in dataclasses.fields(config)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise ValueError(f"{unknown}: not fields of {type(config).__name__} (fields: {sorted(known)})")
+    return dataclasses.replace(config, **fields)
+
+
+def p2_configs(base: LaunchConfig, fields: dict) -> tuple[LaunchConfig, FusedDxConfig, bool]:
+    """P2's configs under ``fields``: (``base`` with its own fields replaced, kernel G's config with
+    ``gate_up_dx_tile``, ``warps_g``, ``stages_g`` applied, whether ``fuse_dx=1`` asks for kernel G)."""
+    fields = dict(fields)
+    fuse_dx = bool(fields.pop("fuse_dx", 0))
+    fused_fields = {}
+    for name, targets in FUSED_DX_FIELDS.items():
+        if name not in fields:
+            continue
+        value = fields.pop(name)
+        values = value if isinstance(value, tuple) else (value,)
+        if len(values) != len(targets):
+            raise ValueError(f"{name}: expected {len(targets)} value(s) joined by x, got {value!r}")
+        fused_fields.update(zip(targets, values, strict=True))
+    return replace_fields(base, fields), replace_fields(FusedDxConfig(), fused_fields), fuse_dx
+
+
+def parse_case(text: str, op: str = "moe_experts_backward") -> tuple[problems.Problem, int]:
+    """``dtype:num_tokens`` (``fp32:2048``) -> (the problem of ``op`` whose inputs have that dtype, num_tokens)."""
+    dtype, sign, count = text.partition(":")
+    by_dtype = problems_by_dtype(op)
+    name = DTYPE_ALIASES.get(dtype.strip())
+    if not sign or name not in by_dtype or not count.strip().isdigit():
+        raise ValueError(f"case: expected dtype:num_tokens with dtype in {sorted(by_dtype)} (or an alias such as "
+                         f"fp32, bf16) and num_tokens an integer, got {text!r}")  # fmt: skip
+    return by_dtype[name], int(count)

@@ -1,1 +1,0 @@
-"""Triton kernels, one file per kernel family."""

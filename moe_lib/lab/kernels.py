@@ -1,0 +1,327 @@
+"""Notebook 04: the Triton kernels' launches as tables and diagrams, and the designs measured on the GPU.
+
+Every grid comes from the kernel family's own ``launch_plan()`` (:mod:`moe_lib.swiglu_down.launch` for P1,
+:mod:`moe_lib.moe_experts.launch` for P2) under the config it chooses; this module only turns a plan into
+a table or a picture. Importing it imports triton: set ``TRITON_INTERPRET`` before, if at all.
+"""
+
+from __future__ import annotations
+
+import json
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib import patches
+
+from .. import problems
+from ..moe_experts import launch as p2_launch
+from ..moe_experts.routing import route_by_expert
+from ..swiglu_down import launch as p1_launch
+from .results import RESULTS_DIR, resolve_path
+
+TUNING_DIR = RESULTS_DIR / "H200" / "tuning"  # the tuning scripts' committed outputs (scripts/p1_tune.py, p2_tune.py)
+P2_KERNEL_COLUMNS = ("A", "G", "Wgu", "Wd", "D", "C", "other")  # scripts/p2_tune.py's per-kernel columns
+KIND_COLORS = {"dWd": "tab:blue", "dA": "tab:orange", "dWg": "tab:green", "dWu": "tab:olive", "dx": "tab:red"}
+
+
+def styled_plan(table: pd.DataFrame, caption: str):
+    """A plan table (:func:`p1_plan_table`, :func:`p2_plan_table`) styled, text left-aligned."""
+    text = [c for c in table.columns if not pd.api.types.is_numeric_dtype(table[c])]
+    return table.style.set_properties(subset=text, **{"text-align": "left"}).set_caption(caption)
+
+
+# ================================================================ P1: two launches of tile kinds
+
+
+def p1_plan_table(plan: list[p1_launch.TileKind]) -> pd.DataFrame:
+    """A P1 launch plan (:func:`moe_lib.swiglu_down.launch.launch_plan`) as one row per tile kind: launch,
+    kind, what it computes, output [M, N], reduction, tile (BLOCK_M×BLOCK_N×BLOCK_K), split, tiles,
+    programs and the first program id in its launch."""
+    return pd.DataFrame([dict(launch=k.launch, kind=k.kind, computes=k.computes, output=f"[{k.M}, {k.N}]",
+                              reduce=f"{k.reduce_name} = {k.reduce_length}",
+                              tile=f"{k.block_m}×{k.block_n}×{k.block_k}", split=k.split, tiles=k.tiles,
+                              programs=k.programs, first_program=k.first_program)
+                         for k in plan])  # fmt: skip
+
+
+def p1_grid_table(token_counts, hidden_size: int, intermediate_size: int, *, interpreter: bool = False) -> pd.DataFrame:
+    """Per token count: the tile shape and split of each kind and the programs of each launch, with the
+    configs :func:`moe_lib.swiglu_down.launch.choose_config` gives (GPU by default)."""
+    rows = {}
+    for t in token_counts:
+        config = p1_launch.choose_config(t, hidden_size, intermediate_size, interpreter=interpreter)
+        plan = p1_launch.launch_plan(t, hidden_size, intermediate_size, config)
+        row = {f"{k.kind} tile (split)": f"{k.block_m}×{k.block_n}×{k.block_k} ({k.split})"
+               for k in plan if k.kind != "dWu"}  # fmt: skip
+        row.update({f"launch {n} programs": programs for n, programs in p1_launch.grid_sizes(plan).items()})
+        rows[t] = row
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "num_tokens"
+    return table
+
+
+def rows_read(k_start: int, k_end: int, intermediate_size: int) -> str:
+    """Which weight a dx program's reduction range [k_start, k_end) over the 2I rows of [Wg; Wu] reads."""
+    if k_start >= k_end:
+        return "empty"
+    if k_end <= intermediate_size:
+        return "Wg"
+    return "Wu" if k_start >= intermediate_size else "Wg and Wu"
+
+
+def _draw_tile_kind(ax, kind: p1_launch.TileKind, max_tiles: int = 4096) -> None:
+    """One output matrix in element units (N across, M down) with its tile grid, hatched where split-K."""
+    color = KIND_COLORS.get(kind.kind, "tab:gray")
+    M, N, bm, bn = kind.M, kind.N, kind.block_m, kind.block_n
+    ax.add_patch(patches.Rectangle((0, 0), N, M, facecolor=color, alpha=0.18, edgecolor=color, lw=1.5))
+    if kind.tiles <= max_tiles:
+        for i in range(0, M, bm):
+            for j in range(0, N, bn):
+                ax.add_patch(patches.Rectangle((j, i), min(bn, N - j), min(bm, M - i), fill=False, edgecolor=color,
+                                               lw=0.6, hatch="///" if kind.split > 1 else None))  # fmt: skip
+    ax.set(xlim=(0, N), ylim=(M, 0), xticks=[0, N], yticks=[0, M])
+    ax.set_box_aspect(min(max(M / N, 0.08), 2.7))  # the matrix's shape, within reason
+    ax.tick_params(labelsize=7)
+    reduce = f"{kind.reduce_name} = {kind.reduce_length}"
+    split = f"split-K ×{kind.split} over {reduce}" if kind.split > 1 else f"reduces over {reduce}"
+    ax.set_title(f"{kind.computes}\n[{M}, {N}]: {kind.tiles} tiles of {bm}×{bn}\n{split}; "
+                 f"programs {kind.first_program}–{kind.first_program + kind.programs - 1}", fontsize=8)  # fmt: skip
+
+
+def p1_tiling_figure(num_tokens: int, hidden_size: int, intermediate_size: int, config: p1_launch.TileConfig):
+    """P1's two launches under ``config``: each tile kind's output matrix with its tile grid (hatched where
+    split-K), and a bar of the launch's program ids coloured by kind (the order the kernel hands them out)."""
+    plan = p1_launch.launch_plan(num_tokens, hidden_size, intermediate_size, config)
+    fig = plt.figure(figsize=(13, 10), layout="constrained")
+    for subfig, (n, total) in zip(fig.subfigures(2, 1, hspace=0.05), p1_launch.grid_sizes(plan).items(), strict=True):
+        kinds = [k for k in plan if k.launch == n]
+        grid = subfig.add_gridspec(2, len(kinds), height_ratios=[6, 1])
+        for column, kind in enumerate(kinds):
+            _draw_tile_kind(subfig.add_subplot(grid[0, column]), kind)
+        bar_ax = subfig.add_subplot(grid[1, :])
+        for kind in kinds:
+            bar_ax.barh(0, kind.programs, left=kind.first_program, color=KIND_COLORS[kind.kind], alpha=0.7,
+                        edgecolor="black", hatch="///" if kind.split > 1 else None)  # fmt: skip
+            bar_ax.text(kind.first_program + kind.programs / 2, 0, f"{kind.kind}: {kind.programs}", ha="center",
+                        va="center", fontsize=8)  # fmt: skip
+        bar_ax.set(xlim=(0, total), yticks=[], xlabel="program id, tl.program_id(0)")
+        subfig.suptitle(f"launch {n}: {total} programs  (T = {num_tokens}, H = {hidden_size}, I = {intermediate_size})",
+                        fontsize=11, x=0.01, ha="left")  # fmt: skip
+    return fig
+
+
+def split_k_figure(split: int = 4):
+    """How one tile's reduction is split over ``split`` programs and combined deterministically."""
+    fig, ax = plt.subplots(figsize=(12, 4.2))
+    ax.set(xlim=(0, 12), ylim=(0, 4.4))
+    ax.axis("off")
+
+    def box(x, y, w, h, text, color):
+        ax.add_patch(patches.FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.05", facecolor=color, alpha=0.25,
+                                            edgecolor=color))  # fmt: skip
+        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=8)
+
+    def arrow(x0, y0, x1, y1):
+        ax.annotate("", (x1, y1), (x0, y0), arrowprops=dict(arrowstyle="->", color="black", lw=0.8))
+
+    ax.text(0.1, 4.2, f"one output tile, its reduction over K split into {split} BLOCK_K-aligned ranges",
+            fontsize=9, weight="bold")  # fmt: skip
+    height = 3.4 / split
+    for s in range(split):
+        y = 3.6 - (s + 1) * height
+        box(0.1, y + 0.05, 3.0, height - 0.15, f"program (tile, split {s})\nacc = Σ over K-range {s}", "tab:blue")
+        box(4.0, y + 0.05, 2.2, height - 0.15, f"partials[tile, {s}] (fp32)", "tab:gray")
+        arrow(3.15, y + height / 2, 3.95, y + height / 2)
+        arrow(6.25, y + height / 2, 7.35, 1.9)
+    box(4.0, 3.75, 2.2, 0.35, "counter[tile] += 1 (atomic)", "tab:purple")
+    box(7.4, 1.2, 4.4, 1.4, "the program that counts in last:\n"
+        + " + ".join(f"p{s}" for s in range(split)) + "  (in split order,\nwhoever arrived when)\n→ epilogue → store",
+        "tab:red")  # fmt: skip
+    ax.text(7.4, 0.5, "The sum's order is fixed, so the result is the same bit for bit on every run;\n"
+            "the counters only grow (by SPLIT per call), so they never need a reset.", fontsize=8)  # fmt: skip
+    return fig
+
+
+# ================================================================ P2: routing, then kernels A, W, D, C
+
+
+def _grid_text(launch: p2_launch.KernelLaunch) -> str:
+    """A launch's grid as "4 × 2 × 1 (experts × I-tiles × row split)"."""
+    return f"{' × '.join(map(str, launch.grid.values()))} ({' × '.join(launch.grid)})"
+
+
+def p2_plan_table(plan: dict[str, p2_launch.KernelLaunch]) -> pd.DataFrame:
+    """A P2 launch plan (:func:`moe_lib.moe_experts.launch.launch_plan`) as one row per launch, in launch
+    order: its grid, its programs (0 where it is not launched) and what one program does."""
+    table = pd.DataFrame([dict(step=step, grid=_grid_text(launch), programs=launch.programs,
+                               one_program=launch.one_program) for step, launch in plan.items()])  # fmt: skip
+    return table.set_index("step")
+
+
+def p2_grid_table(token_counts, problem: str, *, interpreter: bool = False) -> pd.DataFrame:
+    """Per token count at ``problem``'s shape: the mean slots per expert, the row split R and the programs
+    of each launch of :func:`moe_lib.moe_experts.launch.launch_plan` under the config
+    :func:`~moe_lib.moe_experts.launch.launch_config` gives (GPU by default)."""
+    definition = problems.load(problem)
+    rows = {}
+    for t in token_counts:
+        s = definition.sizes(t)
+        config = p2_launch.launch_config(t * s["top_k"], s["num_experts"], input_bytes=definition.dtype.itemsize,
+                                         interpreter=interpreter)  # fmt: skip
+        plan = p2_launch.launch_plan(t, s["hidden_size"], s["intermediate_size"], s["num_experts"], s["top_k"], config)
+        rows[t] = {"slots per expert (mean)": t * s["top_k"] / s["num_experts"], "row split R": config.row_split,
+                   **{f"kernel {step} programs": launch.programs for step, launch in plan.items()}}  # fmt: skip
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "num_tokens"
+    return table
+
+
+def _routing_panel(ax, topk_indices, routing, cmap) -> None:
+    """The slots in token order and sorted by expert, each cell numbered with its expert, and expert_offsets."""
+    T, K = topk_indices.shape
+    offsets = routing.expert_offsets.tolist()
+    experts_in_token_order = topk_indices.reshape(-1).tolist()
+    experts_sorted = topk_indices.reshape(-1)[routing.sorted_slot.long()].tolist()
+    for row_y, experts, title in ((1.2, experts_in_token_order, "slots s = t·K + k (token order)"),
+                                  (0.0, experts_sorted, "sorted by expert (sorted_slot)")):  # fmt: skip
+        for p, e in enumerate(experts):
+            ax.add_patch(patches.Rectangle((p, row_y), 1, 0.8, facecolor=cmap(e % cmap.N), edgecolor="white"))
+            ax.text(p + 0.5, row_y + 0.4, str(e), ha="center", va="center", fontsize=7 if T * K <= 48 else 5)
+        ax.text(-0.5, row_y + 0.4, title, ha="right", va="center", fontsize=8)
+    for e, start in enumerate(offsets):
+        ax.axvline(start, ymin=0.0, ymax=0.4, color="black", lw=1.2)
+        if e < len(offsets) - 1:
+            ax.text(start, -0.35, f"off[{e}]={start}", fontsize=6, rotation=0, ha="left", va="top")
+    ax.set(xlim=(-0.2 * T * K - 2, T * K + 0.5), ylim=(-0.8, 2.2))
+    ax.axis("off")
+    ax.set_title("routing metadata: the number in each cell is its expert", fontsize=10, loc="left")
+
+
+def _row_blocks_panel(ax, counts: list[int], config: p2_launch.LaunchConfig) -> None:
+    """Each expert's rows cut into row blocks, labelled with the row-split program r that takes them."""
+    E, R = len(counts), config.row_split
+    block_colors = plt.get_cmap("Set2")
+    for e, count in enumerate(counts):
+        if count == 0:
+            ax.text(0.5, e, "no rows: W still writes zeros to dWg, dWu, dWd", va="center", fontsize=7)
+        for b, start in enumerate(range(0, count, config.block_m)):
+            rows = min(config.block_m, count - start)
+            ax.barh(e, rows, left=start, color=block_colors(b % R), edgecolor="black", height=0.7)
+            ax.text(start + rows / 2, e, f"r={b % R}", ha="center", va="center", fontsize=7)
+    ax.set(yticks=range(E), yticklabels=[f"expert {e}" for e in range(E)], xlabel="rows of the expert (its slots)",
+           title=f"row blocks of {config.block_m} rows: in kernels A and D, program r = block mod R takes them "
+                 f"(R = {R})")  # fmt: skip
+    ax.invert_yaxis()
+    ax.title.set_fontsize(10)
+
+
+def _grid_panel(ax, title: str, rows: int, ticks: list, split: int, xlabel: str, ylabel: str, cmap) -> None:
+    """A kernel's grid: ``rows`` × one column per (tick, hatch) of ``ticks``, each cell cut into ``split`` programs."""
+    for i in range(rows):
+        color = cmap(i % cmap.N) if ylabel == "expert" else "tab:gray"
+        for j, (_, hatch) in enumerate(ticks):
+            for r in range(split):
+                ax.add_patch(patches.Rectangle((j + r / split, i), 1 / split, 1, facecolor=color, hatch=hatch,
+                                               alpha=0.35 + 0.5 * r / split, edgecolor="white"))  # fmt: skip
+                if split > 1 and rows * len(ticks) * split <= 64:
+                    ax.text(j + (r + 0.5) / split, i + 0.5, f"r{r}", ha="center", va="center", fontsize=7)
+    step = max(1, rows // 16)
+    ax.set_xticks([j + 0.5 for j in range(len(ticks))], [tick for tick, _ in ticks])
+    ax.set_yticks([i + 0.5 for i in range(0, rows, step)], [str(i) for i in range(0, rows, step)])
+    ax.tick_params(labelsize=7)
+    ax.set(xlim=(0, len(ticks)), ylim=(rows, 0), xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.title.set_fontsize(9)
+
+
+def p2_tiling_figure(topk_indices, num_experts: int, hidden_size: int, intermediate_size: int,
+                     config: p2_launch.LaunchConfig):  # fmt: skip
+    """P2's dataflow for one routing under ``config``: slots in token order and sorted by expert (with
+    expert_offsets), the row blocks of each expert and which row-split program r of kernels A and D works
+    on them, and the grids of kernels A, W (its two launches in one panel), D and C from the launch plan."""
+    T, K = topk_indices.shape
+    E, R = num_experts, config.row_split
+    plan = p2_launch.launch_plan(T, hidden_size, intermediate_size, E, K, config)
+    routing = route_by_expert(topk_indices, E)
+    cmap = plt.get_cmap("tab10" if E <= 10 else "tab20")
+    fig = plt.figure(figsize=(13, 8.5))
+    grid = fig.add_gridspec(3, 4, height_ratios=[1.1, 1.8, 2.2], hspace=0.6, wspace=0.35)
+    _routing_panel(fig.add_subplot(grid[0, :]), topk_indices, routing, cmap)
+    _row_blocks_panel(fig.add_subplot(grid[1, :]), routing.counts.tolist(), config)
+
+    gate_up, down = plan["W_gate_up"].grid, plan["W_down"].grid
+    w_ticks = [(f"{m}·{g}", hatch) for w, hatch in ((gate_up, None), (down, "////"))
+               for m in range(w["M-tiles"]) for g in range(w["N-groups"])]  # fmt: skip
+
+    def count(step: str) -> str:
+        return "×".join(map(str, plan[step].grid.values()))
+
+    panels = (  # title, rows, (tick, hatch) per column, programs per cell, x label, y label
+        (f"kernel A: {count('A')} programs", E, [(str(j), None) for j in range(plan["A"].grid["I-tiles"])], R,
+         "I-tile (R programs each)", "expert"),
+        (f"kernel W: {count('W_gate_up')} (dWg·dWu)\n+ {count('W_down')} (dWd, hatched) programs", E, w_ticks, 1,
+         "M-tile·N-group: dWg·dWu | dWd", "expert"),
+        (f"kernel D: {count('D')} programs", E, [(str(j), None) for j in range(plan["D"].grid["H-tiles"])], R,
+         "H-tile (R programs each)", "expert"),
+        (f"kernel C: {count('C')} programs", T, [(str(j), None) for j in range(plan["C"].grid["H-tiles"])], 1,
+         "H-tile", "token"),
+    )  # fmt: skip
+    for column, panel in enumerate(panels):
+        ax = fig.add_subplot(grid[2, column])
+        _grid_panel(ax, *panel, cmap)
+        if column == 1:  # kernel W: its dWg·dWu launch, then its dWd launch
+            ax.axvline(gate_up["M-tiles"] * gate_up["N-groups"], color="black", lw=1.2)
+    return fig
+
+
+# ================================================================ kernel designs measured on the GPU
+
+
+def _read_json(path) -> list[dict]:
+    return json.loads(resolve_path(path).read_text())
+
+
+def p1_design_times(path=TUNING_DIR / "2026-11-29-p1-tune-onelaunch.json") -> pd.DataFrame:
+    """A ``scripts/p1_tune.py`` run as the best time (µs) per token count of each P1 design and the config
+    that gave it: "one launch" (the ``one_*`` candidates) and "two launches" (the TileConfig ones). Only
+    named candidates count: what "default" stood for depended on the code of the day."""
+    rows = pd.DataFrame([r for r in _read_json(path) if "error" not in r and r["config"] != "default"])
+    rows = rows[rows["ok"]]
+    rows["design"] = np.where(rows["config"].str.startswith("one_"), "one launch", "two launches")
+    best = rows.loc[rows.groupby(["T", "design"])["median_us"].idxmin()]
+    table = best.pivot(index="T", columns="design", values=["median_us", "config"])
+    table.columns = [f"{design} µs" if what == "median_us" else f"{design}: config" for what, design in table.columns]
+    table.index.name = "num_tokens"
+    return table[sorted(table.columns, key=lambda c: ("config" in c, c))]
+
+
+def p2_kernel_times(path, labels: dict | None = None) -> pd.DataFrame:
+    """A ``scripts/p2_tune.py`` run as one row per (case, config): each kernel's median ms (0 where it
+    did not run), the whole call from a CUDA graph, and the worst element-rule pass fraction, in the
+    run's order. With ``labels`` (config name -> label) only those configs, named by their labels."""
+    rows = []
+    for r in _read_json(path):
+        if "error" in r or (labels is not None and r["config"] not in labels):
+            continue
+        row = {"case": r["case"], "config": labels[r["config"]] if labels else r["config"]}
+        row.update({k: r["kernels"].get(k, 0.0) for k in P2_KERNEL_COLUMNS})
+        row.update(graph_ms=r["graph_ms"], element_rule=r["element_rule"])
+        rows.append(row)
+    return pd.DataFrame(rows).set_index(["case", "config"])
+
+
+def kernel_times_figure(table: pd.DataFrame, title: str):
+    """Stacked horizontal bars of :func:`p2_kernel_times`: where each (case, config)'s time goes."""
+    kernels = [k for k in P2_KERNEL_COLUMNS if table[k].any()]
+    fig, ax = plt.subplots(figsize=(11, 0.45 * len(table) + 1.2))
+    labels = [f"{case}  {config}" for case, config in table.index]
+    left = np.zeros(len(table))
+    for i, kernel in enumerate(kernels):
+        ax.barh(labels, table[kernel], left=left, color=plt.cm.tab10(i), label=kernel)
+        left += table[kernel].to_numpy()
+    ax.scatter(table["graph_ms"], labels, marker="|", s=200, color="black", label="whole call (graph)", zorder=3)
+    ax.invert_yaxis()
+    ax.set(xlabel="ms (median per kernel)", title=title)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,183 @@
+"""Notebook 05: the project's targets beside our numbers.
+
+Each problem lists its targets as data, the ``"targets"`` entry of ``data/problems/<name>/lab.json``:
+a ``name`` (what the table shows), a ``kind`` (one of :data:`KINDS`) with its thresholds, and an
+optional ``note``. :func:`targets_table` judges every target against the result file of its problem
+and adds, per result file, that ours is correct on every case (and passes the element rule where
+the problem has one).
+
+A target is met (True), not met (False), or not settled (None) where the files do not settle it: a
+case not measured, or a suite only partly measured for a target about the whole suite.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from .. import problems, roofline
+from ..bench.results import geomean
+from .results import OURS, ResultFile, find, format_ms, ok_rows, times_table
+
+NOT_MEASURED = (math.nan, "not measured", None)  # value, text, met of a target the files cannot judge
+
+
+def problem_targets(name: str) -> list[dict]:
+    """The targets of problem ``name``: the ``"targets"`` list of its ``lab.json`` (empty when it has none)."""
+    targets = list(problems.load(name).targets)
+    for target in targets:
+        if target.get("kind") not in KINDS:
+            raise ValueError(f"{problems.PROBLEMS_DIR / name / 'lab.json'}: target {target.get('name')!r} has kind "
+                             f"{target.get('kind')!r}, expected one of {sorted(KINDS)}")  # fmt: skip
+    return targets
+
+
+def precision_floor_ms(result: ResultFile, num_tokens: int, precision_flops_coefficient: int) -> float:
+    """The floor of ``result``'s problem at ``num_tokens`` with the run's measured ceilings when its
+    precision costs extra tensor work: max(bytes / copy bandwidth, FLOPs / bf16 rate), the FLOPs being
+    ``precision_flops_coefficient`` × the product of the problem's FLOP axes (its own count has its
+    ``flops_coefficient`` there)."""
+    spec = result.measured_spec
+    problem = result.definition
+    sizes = problem.sizes(num_tokens, **result.axes)
+    precision_flops = precision_flops_coefficient * math.prod(sizes[axis] for axis in problem.flops_axes)
+    traffic = roofline.minimal_bytes(result.problem, num_tokens, **result.axes)
+    return max(traffic / spec.dram_bandwidth, precision_flops / spec.bf16_dense_flops) * 1e3
+
+
+def _coverage(result: ResultFile) -> tuple[str, bool]:
+    """How much of the suite ``result`` measured, in words, and whether that is all of it at full size."""
+    n_suite = len(result.definition.suite)
+    text = f"over {len(result.tokens)} of the {n_suite} suite cases" + (" (small shapes)" if result.small else "")
+    return text, len(result.tokens) == n_suite and not result.small
+
+
+def _ours_by_tokens(result: ResultFile, impl: str) -> pd.DataFrame:
+    rows = ok_rows(result)
+    return rows[rows["impl"] == impl].set_index("num_tokens")
+
+
+def _geomean_us(target: dict, result: ResultFile, impl: str) -> tuple:
+    """The geomean over the suite at most ``at_most`` µs (settled only by the whole suite)."""
+    ours = times_table(result).get(impl)
+    cover, complete = _coverage(result)
+    geo = geomean(ours.dropna()) if ours is not None else math.nan
+    settled = complete and not math.isnan(geo)  # a geomean over part of the suite settles nothing
+    return geo * 1e3, f"{format_ms(geo)} {cover}", bool(geo * 1e3 <= target["at_most"]) if settled else None
+
+
+def _speedup_over(target: dict, result: ResultFile, impl: str) -> tuple:
+    """The ratio of geomeans, ``peer``'s over ours, at least ``at_least`` (settled only by the whole suite)."""
+    times = times_table(result)
+    ours, peer = times.get(impl), times.get(target["peer"])
+    if ours is None or peer is None:
+        return math.nan, f"{impl if ours is None else target['peer']} not measured", None
+    cover, complete = _coverage(result)
+    geo = geomean(ours.dropna())
+    ratio = geomean(peer.dropna()) / geo
+    settled = complete and not math.isnan(geo)
+    return ratio, f"{ratio:.2f}× {cover}", bool(ratio >= target["at_least"]) if settled else None
+
+
+def _no_case_slower_than(target: dict, result: ResultFile, impl: str) -> tuple:
+    """No case where ours is slower than ``peer`` (met only when the whole suite is measured)."""
+    times = times_table(result)
+    ours, peer = times.get(impl), times.get(target["peer"])
+    if ours is None or peer is None:
+        return math.nan, f"{impl if ours is None else target['peer']} not measured", None
+    slower = [int(t) for t in times.index if ours[t] > peer[t]]
+    text = f"{len(slower)} slower" + (f": T = {', '.join(map(str, slower))}" if slower else "")
+    return len(slower), text, False if slower else (True if _coverage(result)[1] else None)
+
+
+def _floor_ratio(target: dict, result: ResultFile, impl: str) -> tuple:
+    """Every case at most ``at_most`` × its :func:`precision_floor_ms`; the value is the worst ratio."""
+    if result.measured_spec is None:
+        return NOT_MEASURED
+    ours = _ours_by_tokens(result, impl)["median_ms"]
+    coefficient = target["precision_flops_coefficient"]
+    ratios = {t: ours[t] / precision_floor_ms(result, t, coefficient) for t in result.tokens if t in ours.index}
+    if not ratios:
+        return NOT_MEASURED
+    n_suite = len(result.definition.suite)
+    all_there = len(ratios) == n_suite and not result.small
+    met = False if any(r > target["at_most"] for r in ratios.values()) else (True if all_there else None)
+    text = ("; ".join(f"T={t}: {format_ms(ours[t])} = {r:.2f}× floor" for t, r in ratios.items())
+            + f" ({len(ratios)} of {n_suite} suite cases measured)")  # fmt: skip
+    return max(ratios.values()), text, met
+
+
+def _case_ms(target: dict, result: ResultFile, impl: str) -> tuple:
+    """The case ``num_tokens`` in at most ``at_most`` ms."""
+    ours = _ours_by_tokens(result, impl)
+    if target["num_tokens"] not in ours.index:
+        return NOT_MEASURED
+    ms = ours.loc[target["num_tokens"], "median_ms"]
+    return ms, format_ms(ms), bool(ms <= target["at_most"])
+
+
+def _case_tflops(target: dict, result: ResultFile, impl: str) -> tuple:
+    """The case ``num_tokens`` at least ``at_least`` TFLOP/s, counting the problem's own FLOPs."""
+    ours = _ours_by_tokens(result, impl)
+    if target["num_tokens"] not in ours.index:
+        return NOT_MEASURED
+    case = ours.loc[target["num_tokens"]]
+    rate = case["flops"] / (case["median_ms"] * 1e-3) / 1e12
+    return rate, f"{rate:.0f} TFLOP/s", bool(rate >= target["at_least"])
+
+
+KINDS = {  # kind -> (target, result file, impl) -> (value, text, met)
+    "geomean_us": _geomean_us,
+    "speedup_over": _speedup_over,
+    "no_case_slower_than": _no_case_slower_than,
+    "floor_ratio": _floor_ratio,
+    "case_ms": _case_ms,
+    "case_tflops": _case_tflops,
+}
+
+
+def _row(problem: str, target: str, value, text: str, met, note: str = "") -> dict:
+    return dict(problem=problem, target=target, ours=text, value=value, met=met, note=note)
+
+
+def targets_table(results: dict[str, ResultFile], impl: str = OURS) -> pd.DataFrame:
+    """Every problem's targets (:func:`problem_targets`) beside ``impl``'s numbers, then per result file
+    whether ``impl`` is correct on every case (and passes the element rule where the problem has one).
+
+    Columns: problem (its short name), target, ours (in words), value, met (True, False or None where
+    the files do not settle it) and note.
+    """
+    rows = []
+    for name in problems.PROBLEM_NAMES:
+        result = find(results, name)
+        for target in problem_targets(name):
+            value, text, met = NOT_MEASURED if result is None else KINDS[target["kind"]](target, result, impl)
+            rows.append(_row(problems.load(name).short, target["name"], value, text, met, target.get("note", "")))
+    for result in results.values():
+        mine = result.frame[result.frame["impl"] == impl]
+        if mine.empty:
+            continue
+        bad = mine[mine["status"] != "ok"]
+        rule_failures = mine[mine["passes_element_rule"].map(lambda v: v is False)]
+        has_rule = result.meta.get("element_rule") is not None
+        what = "correct on every case" + (" and passes the element rule" if has_rule else "")
+        text = f"{len(mine) - len(bad)}/{len(mine)} correct"
+        if has_rule:
+            text += f", {len(rule_failures)} fail the rule"
+        rows.append(_row(result.definition.short, what, len(bad) + len(rule_failures), text,
+                         bool(bad.empty and rule_failures.empty)))  # fmt: skip
+    table = pd.DataFrame(rows)
+    table["met"] = pd.Series([row["met"] for row in rows], dtype=object)  # True, False or None, as Python objects
+    return table
+
+
+def styled_targets(targets: pd.DataFrame):
+    """:func:`targets_table` styled: met in green, not met in red, not settled in grey."""
+    shown = targets.drop(columns=["value"]).copy()
+    shown["met"] = shown["met"].map(lambda v: "met" if v is True else "NOT MET" if v is False else "not settled")
+    colours = {"met": "color: #1a7f37; font-weight: bold", "NOT MET": "color: #cf222e; font-weight: bold",
+               "not settled": "color: #57606a"}  # fmt: skip
+    return (shown.style.map(lambda v: colours.get(v, ""), subset=["met"]).hide(axis="index")
+            .set_properties(**{"text-align": "left"})
+            .set_caption("The project's targets (data/problems/<name>/lab.json) beside our numbers"))  # fmt: skip

@@ -1,0 +1,323 @@
+"""P2's host side: launch configs, the launch plan, workspaces and the launches of :mod:`.kernels`.
+
+Workspace (freed when the call returns; outputs are freshly allocated and fully written):
+    dg, du, aw        3 · T·K · I   in bf16 (the input dtype for 16-bit inputs)
+    dX_slot           T·K · H       fp32
+    x, dy halves      4 · T · H     bf16, fp32 inputs only
+    topk partials     cdiv(I, BLOCK_I) · T·K   fp32
+    routing           T·K int32 + E + 1 int32, and torch.sort's int64 outputs (2 · T·K)
+At the benchmark's shape (H = 4096, I = 2048, E = 256, K = 8) and T = 8192 (T·K = 65536):
+768 MiB + 1 GiB + 256 MiB + 8 MiB + 1.3 MiB ≈ 2.0 GiB; at T = 2048, ≈ 0.5 GiB.
+
+Predicted DRAM traffic at the benchmark's shape, T = 2048, with the weights read once per kernel:
+fp32: A reads Wg, Wu, Wd (25.8 GB), W writes dWg, dWu, dWd (25.8 GB), D reads Wg, Wu (17.2 GB);
+the workspaces and activations add ≈ 1 GB: ≈ 70 GB, 1.35× the floor (≈ 16.5 ms at 4.2 TB/s).
+bf16: 12.9 + 12.9 + 8.6 + ≈ 0.6 GB ≈ 35 GB (≈ 8.3 ms). At T = 8192 in fp32 the 18·T·K·H·I FLOPs of
+kernel A's split products plus 10·T·K·H·I in W and D (15.4 TFLOP) bound the time instead.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import triton.language as tl
+
+from ..dispatch import interpreter_enabled
+from ..precision import split_halves
+from ..tiling import cdiv
+from . import kernels
+from .routing import route_by_expert
+
+# Every output and workspace is allocated through this function (tests replace it with one that
+# fills the memory with NaN, to prove that every element the kernels read or return was written).
+allocate = torch.empty
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Tile sizes and launch parameters of kernels A, W, D and C."""
+
+    block_m: int  # rows (slots of one expert) per row block: the N side of kernels A and D
+    block_i: int  # A: intermediate columns per program (the M side)
+    block_h: int  # A: hidden columns per reduction step
+    grad_gate_up_tile: tuple[int, int, int]  # W: (I, H, rows per step) of the dWg and dWu tiles
+    grad_down_tile: tuple[int, int, int]  # W: (H, I, rows per step) of the dWd tiles
+    n_tiles_per_program: int  # W: tiles along the second dimension one program writes in turn
+    block_h_dx: int  # D: hidden columns per program (the M side)
+    block_i_dx: int  # D: intermediate columns per reduction step
+    block_h_sum: int  # C: hidden columns per program
+    row_split: int  # R: programs per (expert, tile) in A and D that share its row blocks (and weights via L2)
+    warps_a: int = 8  # num_warps of kernel A
+    stages_a: int = 3  # num_stages (software pipelining depth) of kernel A
+    warps_gu: int = 8  # kernel W's dWg, dWu launch
+    stages_gu: int = 3
+    warps_dn: int = 8  # kernel W's dWd launch
+    stages_dn: int = 3
+    warps_d: int = 8  # kernel D
+    stages_d: int = 3
+
+
+def launch_config(num_slots: int, num_experts: int, *, input_bytes: int = 4, interpreter: bool = False) -> LaunchConfig:
+    """Tile sizes for T·K = ``num_slots`` slots over ``num_experts`` experts (the one place they are set).
+
+    GPU (measured on the H200, data/results/NOTES.md): kernel A and D tiles are 128 weight rows ×
+    64 expert rows (fp32 accumulators, 8 warps); kernel A reduces over 32 hidden columns per step in
+    fp32 (its three weight tiles are split to hi/lo in registers) and 64 in 16-bit; kernel W writes
+    128 × 128 tiles of dWg and dWu (one launch, x shared) and 128 × 256 tiles of dWd, 64 rows per
+    step, each program a whole row of tiles in turn, 2 pipeline stages. 16-bit inputs with 512 or
+    more rows per expert on average get 128-row blocks everywhere (A then takes 64 weight rows per
+    program, so its accumulators still fit); with fp32 inputs those W tiles would need more shared
+    memory than an SM has (fp32 output tiles), and A and D spill.
+    Interpreter: small tiles (16 is the smallest ``tl.dot`` takes), so that tiny test shapes still
+    have several row blocks, several tiles and masked edges.
+    R, the row split, covers an expert with a few standard deviations more rows than the mean
+    (uniform routing gives binomial counts): the rows of almost every expert are then worked on by
+    R programs side by side, which read its weights from DRAM once; busier experts loop.
+    """
+    mean_rows = num_slots / max(num_experts, 1)
+    likely_max_rows = mean_rows + 4.0 * math.sqrt(mean_rows) + 1.0
+    if interpreter:
+        row_split = min(max(1, math.ceil(likely_max_rows / 16)), 3)
+        tiny = (16, 16, 16)
+        return LaunchConfig(16, 16, 32, tiny, tiny, 2, 32, 16, 32, row_split, 1, 1, 1, 1, 1, 1, 1, 1)  # fmt: skip
+    block_h = 32 if input_bytes == 4 else 64
+    if mean_rows >= 512 and input_bytes == 2:  # busy experts: 128-row blocks (measured at 1024 rows: −11%)
+        row_split = min(max(1, math.ceil(likely_max_rows / 128)), 8)
+        return LaunchConfig(128, 64, block_h, (128, 128, 128), (128, 256, 128), 32, 128, 64, 1024, row_split,
+                            stages_gu=2, stages_dn=2)  # fmt: skip
+    block_m = 64
+    row_split = min(max(1, math.ceil(likely_max_rows / block_m)), 8)
+    return LaunchConfig(
+        block_m, 128, block_h, (128, 128, 64), (128, 256, 64), 32, 128, 64, 1024, row_split, stages_gu=2, stages_dn=2
+    )
+
+
+
+@dataclass(frozen=True)
+class KernelLaunch:
+    """One launch of the backward: its grid as named factors and what one program does."""
+
+    step: str  # "A", "W_gate_up", "W_down", "D", "C"
+    grid: dict = field(default_factory=dict)  # factor name -> size; the programs are their product
+    one_program: str = ""
+    launched: bool = True  # False where the launch is skipped (A, D and C need T·K > 0)
+
+    @property
+    def programs(self) -> int:
+        return math.prod(self.grid.values()) if self.launched else 0
+
+
+def weight_grad_grid(size_m: int, size_n: int, tile: tuple[int, int, int], n_tiles_per_program: int) -> dict:
+    """Kernel W's grid factors for one expert weight gradient [size_m, size_n] in ``tile``s (M, N, rows)."""
+    n_tiles = cdiv(size_n, tile[1])
+    per_program = min(n_tiles_per_program, n_tiles)
+    return {"M-tiles": cdiv(size_m, tile[0]), "N-groups": cdiv(n_tiles, per_program), "_n_tiles": n_tiles,
+            "_per_program": per_program}  # fmt: skip
+
+
+def launch_plan(num_tokens: int, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int,
+                config: LaunchConfig) -> dict[str, KernelLaunch]:  # fmt: skip
+    """P2's backward under ``config``: kernels A, W (twice), D and C, by step, in launch order."""
+    T, H, I, E, K = num_tokens, hidden_size, intermediate_size, num_experts, top_k
+    launched = T * K > 0
+    R = config.row_split
+    plan = {}
+    plan["A"] = KernelLaunch(
+        "A", {"experts": E, "I-tiles": cdiv(I, config.block_i), "row split": R},
+        f"gᵀ, uᵀ, (Wdᵀdy)ᵀ on an I-tile of {config.block_i} (M side) for row blocks r, r+R, … of "
+        f"{config.block_m} rows (N side), over H in steps of {config.block_h}; dSwiGLU and ⟨Wdᵀdy, a⟩ in the "
+        "epilogue", launched)  # fmt: skip
+    for step, size_m, size_n, tile, outputs, dims in (
+        ("W_gate_up", I, H, config.grad_gate_up_tile, "dWg and dWu", "I×H"),
+        ("W_down", H, I, config.grad_down_tile, "dWd", "H×I"),
+    ):  # fmt: skip
+        grid = weight_grad_grid(size_m, size_n, tile, config.n_tiles_per_program)
+        n, up_to = grid["_per_program"], "up to " if grid["_n_tiles"] % grid["_per_program"] else ""
+        tiles = f"one tile of {tile[0]}×{tile[1]} ({dims})" if n == 1 else \
+            f"{up_to}{n} tiles of {tile[0]}×{tile[1]} ({dims}) in turn"  # fmt: skip
+        plan[step] = KernelLaunch(
+            step, {"experts": E, "M-tiles": grid["M-tiles"], "N-groups": grid["N-groups"]},
+            f"{outputs} on {tiles}, each reduced over all the expert's rows in steps of {tile[2]}; exact zeros for "
+            "an expert with no rows")  # fmt: skip
+    plan["D"] = KernelLaunch(
+        "D", {"experts": E, "H-tiles": cdiv(H, config.block_h_dx), "row split": R},
+        f"dX_slotᵀ = Wgᵀdgᵀ + Wuᵀduᵀ on an H-tile of {config.block_h_dx} (M side) for row blocks r, r+R, … of "
+        f"{config.block_m} rows (N side), over I in steps of {config.block_i_dx}", launched)  # fmt: skip
+    plan["C"] = KernelLaunch(
+        "C", {"tokens": T, "H-tiles": cdiv(H, config.block_h_sum)},
+        f"grad_hidden_states[t] = Σ_k dX_slot[t·K + k] on {config.block_h_sum} columns; grad_topk_weights "
+        "summed over the I-tiles' partials", launched)  # fmt: skip
+    return plan
+
+
+OPERAND_DTYPES = {torch.float32: tl.bfloat16, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+WORKSPACE_DTYPES = {torch.float32: torch.bfloat16, torch.bfloat16: torch.bfloat16, torch.float16: torch.float16}
+
+
+def operand_halves(v: torch.Tensor, split_precision: bool, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kernel A's (hi, lo) view of x or dy: bf16 halves for fp32 inputs, the 16-bit tensor itself twice otherwise."""
+    return split_halves(v, dtype) if split_precision else (v, v)
+
+
+def launch_swiglu_grad(config, plan, routing, x_halves, dy_halves, topk_weights, gate_weights, up_weights,
+                       down_weights, dgate, dup, scaled_act, topk_partial, *, forward_only: bool):  # fmt: skip
+    """Kernel A over every (expert, I-tile, row split); ``forward_only`` stores aw alone (dy unused)."""
+    H = x_halves[0].shape[1]
+    I = gate_weights.shape[1]
+    num_slots, top_k = topk_weights.numel(), topk_weights.shape[1]
+    kernels.swiglu_grad_kernel[(plan["A"].programs,)](
+        *x_halves, *dy_halves, topk_weights, gate_weights, up_weights, down_weights,
+        routing.sorted_slot, routing.expert_offsets, dgate, dup, scaled_act, topk_partial,
+        num_slots, top_k, H, I, plan["A"].grid["I-tiles"], config.row_split,
+        OPERAND_DTYPE=OPERAND_DTYPES[x_halves[0].dtype], SPLIT_PRECISION=gate_weights.dtype == torch.float32,
+        FORWARD_ONLY=forward_only, INTERPRETER=interpreter_enabled(),
+        BLOCK_I=config.block_i, BLOCK_M=config.block_m, BLOCK_H=config.block_h,
+        num_warps=config.warps_a, num_stages=config.stages_a,
+    )  # fmt: skip
+
+
+def launch_weight_grads(config, plan, routing, sorted_slot, top_k, x_operand, dy_operand, dgate, dup, scaled_act,
+                        grad_gate, grad_up, grad_down, *, skip_rows: int = -1):  # fmt: skip
+    """Kernel W twice: dWg, dWu = Σ dgᵀ x, Σ duᵀ x (one launch, x shared), then dWd = Σ dyᵀ aw. The first
+    launch skips experts with at most ``skip_rows`` rows (a set-aside design wrote theirs; −1: none)."""
+    E, I, H = grad_gate.shape
+    for step, a, a2, b, out, out2, size_m, size_n, a_by_token, b_by_token, tile, warps, stages, skipped in (
+        ("W_gate_up", dgate, dup, x_operand, grad_gate, grad_up, I, H, False, True, config.grad_gate_up_tile,
+         config.warps_gu, config.stages_gu, skip_rows),
+        ("W_down", dy_operand, dy_operand, scaled_act, grad_down, grad_down, H, I, True, False,
+         config.grad_down_tile, config.warps_dn, config.stages_dn, -1),
+    ):  # fmt: skip
+        grid = weight_grad_grid(size_m, size_n, tile, config.n_tiles_per_program)
+        kernels.expert_weight_grad_kernel[(plan[step].programs,)](
+            a, a2, b, out, out2, sorted_slot, routing.expert_offsets,
+            max(top_k, 1), size_m, size_n, grid["M-tiles"], grid["_n_tiles"], grid["_per_program"], skipped,
+            A_BY_TOKEN=a_by_token, B_BY_TOKEN=b_by_token, TWO_OUTPUTS=out2 is not out,
+            INTERPRETER=interpreter_enabled(), BLOCK_M=tile[0], BLOCK_N=tile[1], BLOCK_ROWS=tile[2],
+            num_warps=warps, num_stages=stages,
+        )  # fmt: skip
+
+
+def launch_slot_projection(config, plan, routing, weights1, weights2, rows1, rows2, out_slot, stride_h, stride_i,
+                           skip_rows=-1):  # fmt: skip
+    """Kernel D over every (expert, H-tile, row split): out_slot = W1_e v1 (+ W2_e v2 when given twice),
+    except for experts with at most ``skip_rows`` rows."""
+    H, I = out_slot.shape[1], rows1.shape[1]
+    kernels.slot_projection_kernel[(plan["D"].programs,)](
+        weights1, weights2, routing.sorted_slot, routing.expert_offsets, rows1, rows2, out_slot,
+        H, I, stride_h, stride_i, plan["D"].grid["H-tiles"], config.row_split, skip_rows,
+        TWO_TERMS=weights2 is not weights1, OPERAND_DTYPE=OPERAND_DTYPES[rows1.dtype],
+        INTERPRETER=interpreter_enabled(),
+        BLOCK_H=config.block_h_dx, BLOCK_M=config.block_m, BLOCK_I=config.block_i_dx,
+        num_warps=config.warps_d, num_stages=config.stages_d,
+    )  # fmt: skip
+
+
+def launch_token_sum(config, plan, out_slot, topk_indices, num_experts, out, topk_partial=None, grad_topk=None):
+    """Kernel C: out[t] = Σ_k out_slot[t·K + k] over the slots routed to an expert in [0, E); with
+    ``grad_topk``, also the routing-weight sums."""
+    T, H = out.shape
+    top_k = topk_indices.shape[1]
+    with_topk = grad_topk is not None
+    kernels.token_sum_kernel[tuple(plan["C"].grid.values())](
+        out_slot, topk_partial if with_topk else out_slot, topk_indices, out, grad_topk if with_topk else out,
+        T * top_k, top_k, num_experts, H, topk_partial.shape[0] if with_topk else 1,
+        WITH_TOPK=with_topk, INTERPRETER=interpreter_enabled(), BLOCK_H=config.block_h_sum,
+        BLOCK_K=max(1, 1 << (top_k - 1).bit_length()), num_warps=4,
+    )  # fmt: skip
+
+
+def default_config(hidden_states: torch.Tensor, num_slots: int, num_experts: int) -> LaunchConfig:
+    return launch_config(num_slots, num_experts, input_bytes=hidden_states.element_size(),
+                         interpreter=interpreter_enabled())  # fmt: skip
+
+
+def moe_experts_backward_triton(
+    grad_output, hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights,
+    *, config: LaunchConfig | None = None, fused_dx=None,
+):  # fmt: skip
+    """P2 with the Triton kernels; inputs already validated and contiguous (see :mod:`.api`).
+
+    Returns freshly allocated (grad_hidden_states [T, H], grad_topk_weights [T, K],
+    grad_gate_weights [E, I, H], grad_up_weights [E, I, H], grad_down_weights [E, H, I]); the
+    routing-weight gradient in topk_weights' dtype, the rest in the hidden dtype. ``config``
+    overrides the tile sizes (default: :func:`launch_config`); ``fused_dx`` (a
+    :class:`~.fused_dx.FusedDxConfig`) runs the set-aside kernel G for the experts with few rows.
+    """
+    T, H = hidden_states.shape
+    E, I, _ = gate_weights.shape
+    K = topk_indices.shape[1]
+    dtype, device = hidden_states.dtype, hidden_states.device
+    num_slots = T * K
+    config = config or default_config(hidden_states, num_slots, E)
+    plan = launch_plan(T, H, I, E, K, config)
+    split_precision = dtype == torch.float32
+
+    grad_hidden = allocate((T, H), dtype=dtype, device=device)
+    grad_topk = allocate((T, K), dtype=topk_weights.dtype, device=device)
+    grad_gate = allocate((E, I, H), dtype=dtype, device=device)
+    grad_up = allocate((E, I, H), dtype=dtype, device=device)
+    grad_down = allocate((E, H, I), dtype=dtype, device=device)
+
+    routing = route_by_expert(topk_indices, E)
+    ws_rows = max(num_slots, 1)  # kernels take no zero-size buffers
+    workspace_dtype = WORKSPACE_DTYPES[dtype]
+    dgate = allocate((ws_rows, I), dtype=workspace_dtype, device=device)
+    dup = allocate((ws_rows, I), dtype=workspace_dtype, device=device)
+    scaled_act = allocate((ws_rows, I), dtype=workspace_dtype, device=device)
+    topk_partial = allocate((plan["A"].grid["I-tiles"], ws_rows), dtype=torch.float32, device=device)
+    dx_slot = allocate((ws_rows, H), dtype=torch.float32, device=device)
+    sorted_slot = routing.sorted_slot if num_slots > 0 else torch.zeros(1, dtype=torch.int32, device=device)
+    x_halves = operand_halves(hidden_states, split_precision, workspace_dtype)
+    dy_halves = operand_halves(grad_output, split_precision, workspace_dtype)
+
+    if num_slots > 0:
+        launch_swiglu_grad(config, plan, routing, x_halves, dy_halves, topk_weights, gate_weights, up_weights,
+                           down_weights, dgate, dup, scaled_act, topk_partial, forward_only=False)  # fmt: skip
+    skip_rows = -1
+    if fused_dx is not None:  # kernel G: dWg, dWu and dX of the experts with few rows; W and D skip those
+        skip_rows = fused_dx.launch(routing, sorted_slot, dgate, dup, x_halves[0], gate_weights, up_weights,
+                                    grad_gate, grad_up, dx_slot, K)  # fmt: skip
+    launch_weight_grads(config, plan, routing, sorted_slot, K, x_halves[0], dy_halves[0], dgate, dup, scaled_act,
+                        grad_gate, grad_up, grad_down, skip_rows=skip_rows)  # fmt: skip
+    if num_slots > 0:
+        # dX_slot = Wg_eᵀ dg + Wu_eᵀ du: Wg[e][i, h] at i·H + h
+        launch_slot_projection(config, plan, routing, gate_weights, up_weights, dgate, dup, dx_slot, 1, H, skip_rows)
+        launch_token_sum(config, plan, dx_slot, topk_indices, E, grad_hidden, topk_partial, grad_topk)
+    else:  # no slots at all (T = 0 or K = 0): nothing reaches grad_hidden_states
+        grad_hidden.zero_()
+    return grad_hidden, grad_topk, grad_gate, grad_up, grad_down
+
+
+def moe_experts_forward_triton(
+    hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights,
+    *, config: LaunchConfig | None = None,
+):  # fmt: skip
+    """The layer's forward y [T, H] (hidden dtype), y_t = Σ_k w_tk · Wd_e (silu(Wg_e x_t) ⊙ Wu_e x_t),
+    with the backward's kernels: A without dy (aw = w·a only), D with Wd in place of Wgᵀ and Wuᵀ
+    (y per slot), C without the routing-weight gradient. Same precision as the backward: fp32 inputs
+    get bf16×3 products for g and u, and a plain bf16 product (aw and Wd rounded) for Wd·aw.
+    """
+    T, H = hidden_states.shape
+    E, I, _ = gate_weights.shape
+    K = topk_indices.shape[1]
+    dtype, device = hidden_states.dtype, hidden_states.device
+    num_slots = T * K
+    config = config or default_config(hidden_states, num_slots, E)
+    y = allocate((T, H), dtype=dtype, device=device)
+    if num_slots == 0:
+        return y.zero_()
+    plan = launch_plan(T, H, I, E, K, config)
+    routing = route_by_expert(topk_indices, E)
+    workspace_dtype = WORKSPACE_DTYPES[dtype]
+    scaled_act = allocate((num_slots, I), dtype=workspace_dtype, device=device)
+    y_slot = allocate((num_slots, H), dtype=torch.float32, device=device)
+    x_halves = operand_halves(hidden_states, dtype == torch.float32, workspace_dtype)
+    # kernel A without dy: the dy, dg, du and top-k partial arguments are never touched
+    launch_swiglu_grad(config, plan, routing, x_halves, x_halves, topk_weights, gate_weights, up_weights,
+                       down_weights, scaled_act, scaled_act, scaled_act, y_slot, forward_only=True)  # fmt: skip
+    # y_slot = Wd_e · aw: Wd[e][h, i] at h·I + i
+    launch_slot_projection(config, plan, routing, down_weights, down_weights, scaled_act, scaled_act, y_slot, I, 1)
+    launch_token_sum(config, plan, y_slot, topk_indices, E, y)
+    return y

@@ -1,0 +1,404 @@
+"""Expert parallelism for the MoE expert layer (P2) on ``torch.distributed``.
+
+Who holds what. A process group of W ranks shares E experts: rank r holds the contiguous block
+``expert_partition(E, W)[r]`` of expert weights (its *local* experts, numbered 0..L_r − 1 there);
+when W does not divide E, the first E % W ranks hold one expert more. Each rank brings its own
+tokens: hidden_states [T_r, H], topk_indices [T_r, K] with *global* expert ids, topk_weights [T_r, K].
+T_r may differ between ranks (0 included). Outputs and the gradients of hidden_states and
+topk_weights stay on the token's rank; the gradients of the expert weights land on the expert's rank.
+
+Each (token, slot) pair is one *row*: rank r has N_r = T_r·K rows, and a row travels to the rank that
+holds its expert, together with its routing weight (the weights travel, so that the expert's rank
+runs the same backward as the single-device layer, :func:`moe_lib.moe_experts_backward`, which
+computes the routing-weight gradient ⟨Wd_eᵀ dy, a⟩ without forming the expert output). A row whose
+expert is on its own rank goes through ``all_to_all_single``'s chunk for the rank itself (a local
+copy in NCCL and gloo); the counts below include it.
+
+Exchanges, in order (every one an ``all_to_all_single``; S = rows this rank sends, R = rows it receives):
+
+    forward   counts    int64 [W, 3 + L_max] each way: per destination, this rank's status (local
+                        expert count, "an expert id out of range", "a token lists an expert twice")
+                        and how many of its rows go to each of the destination's local experts
+              dispatch  hidden-state rows [S, H] out, [R, H] in; routing weights [S] out, [R] in
+              combine   weighted expert outputs w·Wd_e(silu(Wg_e x) ⊙ Wu_e x): [R, H] out, [S, H] back
+    backward  dispatch  output-gradient rows [S, H] out, [R, H] in (the splits of the forward dispatch)
+              combine   hidden-state gradient rows [R, H] and routing-weight gradients [R] back to
+                        the token's rank ([S, H], [S]), where each token sums its K rows
+
+Rows leave in the order of their global expert id (so grouped by destination rank and, within it, by
+local expert); the expert's rank reads each row's local expert from the counts, with no id exchange.
+Sums over a token's K rows are taken in a fixed order (deterministic; no atomics).
+
+Host synchronisation: ``all_to_all_single`` takes its split sizes as Python ints, so the counts
+exchange is read back once per forward (one ``.tolist()``); that read also carries the status that
+lets every rank raise the same error for bad expert ids or a wrong number of local experts, instead of
+one rank raising while the others wait in a collective. There is no other host sync (with
+``num_experts`` given, and the Triton backward; the reference backward, meant for the CPU, has its
+own). Every rank of the group must call the forward and the backward together.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ..dispatch import check_impl, resolve_impl
+from ..precision import compute_dtype, tf32_disabled
+from ..validation import float_tensor, ndim, same_device, same_dtype, shape
+from .api import moe_experts_backward, moe_experts_forward
+from .checks import check_routing
+
+STATUS_COLUMNS = ("local_experts", "index_out_of_range", "duplicate_expert")
+
+
+def expert_partition(num_experts: int, world_size: int) -> list[range]:
+    """The global expert ids each rank holds: rank r gets a contiguous block; the first
+    ``num_experts % world_size`` ranks hold one expert more (ranks past ``num_experts`` hold none).
+
+    >>> expert_partition(6, 4)
+    [range(0, 2), range(2, 4), range(4, 5), range(5, 6)]
+    """
+    for name, value in (("num_experts", num_experts), ("world_size", world_size)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+    base, extra = divmod(num_experts, world_size)
+    ranges, start = [], 0
+    for rank in range(world_size):
+        count = base + (1 if rank < extra else 0)
+        ranges.append(range(start, start + count))
+        start += count
+    return ranges
+
+
+class PhaseTimer:
+    """Time spent in named phases of the layer, summed per name over everything recorded since the
+    last :meth:`reset`: CUDA events on a CUDA device (read after a synchronize), wall clock elsewhere."""
+
+    def __init__(self, device):
+        self.device = torch.device(device)
+        self._records: list[tuple[str, object, object]] = []
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        if self.device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end.record()
+        else:
+            start = time.perf_counter()
+            yield
+            end = time.perf_counter()
+        self._records.append((name, start, end))
+
+    def totals_ms(self) -> dict[str, float]:
+        """Milliseconds per phase name."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        totals: dict[str, float] = {}
+        for name, start, end in self._records:
+            elapsed = start.elapsed_time(end) if self.device.type == "cuda" else (end - start) * 1e3
+            totals[name] = totals.get(name, 0.0) + elapsed
+        return totals
+
+    def reset(self) -> None:
+        self._records.clear()
+
+
+# phase names, by kind, for readers of PhaseTimer.totals_ms()
+ALL_TO_ALL_PHASES = ("counts_exchange", "dispatch", "combine", "backward_dispatch", "backward_combine")
+EXPERT_PHASES = ("expert_forward", "expert_backward")
+
+
+@dataclass
+class ExpertParallelStats:
+    """Filled in by :func:`moe_experts_parallel` on the rank that passes it.
+
+    ``rows_sent[s]``: (token, slot) rows this rank sent to rank s (its own index included: rows for
+    its own experts, which go through all_to_all_single's chunk to itself); ``rows_received[s]``:
+    rows it received from rank s. With a ``timer``, the phases of the forward and backward are
+    recorded in it (names in :data:`ALL_TO_ALL_PHASES` and :data:`EXPERT_PHASES`).
+    """
+
+    rows_sent: list[int] = field(default_factory=list)
+    rows_received: list[int] = field(default_factory=list)
+    timer: PhaseTimer | None = None
+
+    def phase(self, name: str):
+        return self.timer.phase(name) if self.timer is not None else contextlib.nullcontext()
+
+
+@dataclass
+class _DispatchPlan:
+    """Where every row goes, worked out from the counts exchange (identical for forward and backward).
+
+    On the token's rank: ``send_slot[i]`` is the slot t·K + k of send row i (rows ordered by global
+    expert id), ``send_splits[s]`` how many rows go to rank s. On the expert's rank:
+    ``receive_splits[s]`` rows come from rank s; ``received_local_expert[j]`` is the local expert of
+    received row j, ``expert_order`` sorts the received rows by local expert and
+    ``expert_row_counts[e]`` is how many received rows local expert e has.
+    """
+
+    group: object
+    num_tokens: int
+    top_k: int
+    send_slot: torch.Tensor
+    send_splits: list[int]
+    receive_splits: list[int]
+    received_local_expert: torch.Tensor
+    expert_order: torch.Tensor
+    expert_row_counts: list[int]
+
+
+def moe_experts_parallel(
+    hidden_states, topk_indices, topk_weights, local_gate_weights, local_up_weights, local_down_weights,
+    *, group=None, impl: str = "auto", num_experts: int | None = None, stats: ExpertParallelStats | None = None,
+):  # fmt: skip
+    """Expert-parallel ``moe_lib.moe_experts``: y_t = Σ_k w_tk · Wd_e(silu(Wg_e x_t) ⊙ Wu_e x_t).
+
+    On every rank of ``group`` (default: the default group): hidden_states [T_r, H] (this rank's
+    tokens), topk_indices [T_r, K] global expert ids e (int64/int32, K distinct per token),
+    topk_weights [T_r, K]; local_gate_weights, local_up_weights [L_r, I, H] and local_down_weights
+    [L_r, H, I] are the experts ``expert_partition(num_experts, W)[rank]``. Returns y [T_r, H] for
+    this rank's tokens, differentiable in hidden_states, topk_weights (their gradients stay on this
+    rank) and the local expert weights (their gradients are this rank's experts'). The expert
+    forward runs here in the input dtype (fp32 with TF32 off); the backward runs
+    ``moe_lib.moe_experts_backward(impl=impl)`` on the rows this rank received ("reference" on CPU,
+    "auto"/"triton" on CUDA).
+
+    ``num_experts`` (E, the same on every rank): when None it is the sum of every rank's local count,
+    which costs one extra all_reduce and a host sync; pass it to avoid both. Host syncs otherwise: one ``.tolist()`` of
+    the counts exchange, which ``all_to_all_single`` needs as Python split sizes. ``stats``: an
+    :class:`ExpertParallelStats` to fill with the rows sent to / received from each rank (and phase
+    times when it has a timer).
+
+    Errors: shape, dtype and device problems raise ``ValueError``/``TypeError`` naming the argument
+    before any communication (they are local: give every rank consistent inputs); an expert id out
+    of range, a token listing an expert twice, or a local expert count that does not match the
+    partition raise the same ``ValueError`` on every rank, after the counts exchange.
+    """
+    check_impl(impl)
+    sizes = _check_inputs(hidden_states, topk_indices, topk_weights, local_gate_weights, local_up_weights,
+                          local_down_weights)  # fmt: skip
+    resolve_impl(impl, hidden_states.device, hidden_states.dtype)
+    if group is None:
+        group = dist.group.WORLD
+    if num_experts is None:
+        num_experts = _total_experts(sizes["local_experts"], hidden_states.device, group)
+    if not isinstance(num_experts, int) or isinstance(num_experts, bool) or num_experts < 1:
+        raise ValueError(f"num_experts: expected a positive integer, got {num_experts!r}")
+    if sizes["top_k"] > num_experts:
+        raise ValueError(f"topk_indices: top_k={sizes['top_k']} exceeds num_experts={num_experts}")
+    if stats is None:
+        stats = ExpertParallelStats()
+    plan = _plan_dispatch(topk_indices, num_experts, sizes["local_experts"], group, stats)
+    return _ExpertParallelMoE.apply(
+        hidden_states.contiguous(), topk_weights.contiguous(),
+        local_gate_weights, local_up_weights, local_down_weights, plan, impl, stats,
+    )  # fmt: skip
+
+
+def _check_inputs(hidden_states, topk_indices, topk_weights, gate, up, down) -> dict:
+    """Shape, dtype and device checks (metadata only); returns the sizes."""
+    floats = dict(hidden_states=hidden_states, local_gate_weights=gate, local_up_weights=up,
+                  local_down_weights=down)  # fmt: skip
+    for name, value in floats.items():
+        float_tensor(name, value)
+    ndim("hidden_states", hidden_states, 2, "num_tokens, hidden_size")
+    ndim("local_gate_weights", gate, 3, "local_experts, intermediate_size, hidden_size")
+    K = check_routing(topk_indices, topk_weights, hidden_states)
+    T, H = hidden_states.shape
+    L, I = gate.shape[:2]
+    shape("local_gate_weights", gate, (L, I, H), ("local_experts", "intermediate_size", "hidden_size"))
+    shape("local_up_weights", up, (L, I, H), ("local_experts", "intermediate_size", "hidden_size"))
+    shape("local_down_weights", down, (L, H, I), ("local_experts", "hidden_size", "intermediate_size"))
+    if K < 1:
+        raise ValueError("topk_indices: expected top_k >= 1, got 0 columns")
+    same_dtype(floats)
+    same_device(dict(floats, topk_indices=topk_indices, topk_weights=topk_weights))
+    return dict(num_tokens=T, hidden_size=H, intermediate_size=I, local_experts=L, top_k=K)
+
+
+def _total_experts(local_experts: int, device, group) -> int:
+    """E as the sum over ranks of their local expert counts (an all_reduce and a host sync)."""
+    total = torch.full((), local_experts, dtype=torch.int64, device=device)
+    dist.all_reduce(total, group=group)
+    return int(total)
+
+
+@functools.lru_cache(maxsize=64)
+def _message_columns(num_experts: int, world_size: int, device: torch.device) -> torch.Tensor:
+    """[E] int64: for global expert e on rank d as its local expert j, the position d·L_max + j in
+    the [W, L_max] table of per-expert row counts (built once per (E, W, device))."""
+    partition = expert_partition(num_experts, world_size)
+    max_local = max(len(block) for block in partition)
+    columns = [rank * max_local + j for rank, block in enumerate(partition) for j in range(len(block))]
+    return torch.tensor(columns, dtype=torch.int64, device=device)
+
+
+def _plan_dispatch(topk_indices, num_experts, local_experts, group, stats) -> _DispatchPlan:
+    """Orders this rank's rows by global expert, exchanges the per-expert counts with every rank
+    (the one host sync), checks every rank's status and works out both ranks' sides of the exchange."""
+    world_size, rank = dist.get_world_size(group), dist.get_rank(group)
+    partition = expert_partition(num_experts, world_size)
+    max_local = max(len(block) for block in partition)
+    device = topk_indices.device
+    num_tokens, top_k = topk_indices.shape
+
+    expert = topk_indices.reshape(-1).long()
+    out_of_range = ((expert < 0) | (expert >= num_experts)).any()
+    ordered = topk_indices.sort(dim=1).values
+    duplicate = (ordered[:, 1:] == ordered[:, :-1]).any()
+    position = _message_columns(num_experts, world_size, device)[expert.clamp(0, num_experts - 1)]
+    send_slot = torch.argsort(position, stable=True)
+    # scatter_add_ rather than bincount: bincount on CUDA reads the largest id back to the host
+    counts = torch.zeros(world_size * max_local, dtype=torch.int64, device=device)
+    counts = counts.scatter_add_(0, position, torch.ones_like(position)).view(world_size, max_local)
+
+    status = torch.stack([torch.full((), local_experts, dtype=torch.int64, device=device),
+                          out_of_range.long(), duplicate.long()])  # fmt: skip
+    message = torch.cat([status.expand(world_size, len(STATUS_COLUMNS)), counts], dim=1)
+    received = torch.empty_like(message)
+    with stats.phase("counts_exchange"):
+        dist.all_to_all_single(received, message, group=group)
+    sent_table, received_table = torch.stack([message, received]).tolist()  # the one host sync
+    _raise_for_status([row[: len(STATUS_COLUMNS)] for row in received_table], partition, topk_indices.dtype)
+
+    send_splits = [sum(row[len(STATUS_COLUMNS):]) for row in sent_table]
+    receive_splits = [sum(row[len(STATUS_COLUMNS):]) for row in received_table]
+    received_counts = received[:, len(STATUS_COLUMNS):]
+    received_local_expert = torch.repeat_interleave(
+        torch.arange(max_local, device=device).repeat(world_size), received_counts.reshape(-1),
+        output_size=sum(receive_splits),
+    )  # fmt: skip
+    expert_row_counts = [sum(row[len(STATUS_COLUMNS) + j] for row in received_table)
+                         for j in range(len(partition[rank]))]  # fmt: skip
+    stats.rows_sent, stats.rows_received = send_splits, receive_splits
+    return _DispatchPlan(
+        group=group, num_tokens=num_tokens, top_k=top_k, send_slot=send_slot, send_splits=send_splits,
+        receive_splits=receive_splits, received_local_expert=received_local_expert,
+        expert_order=torch.argsort(received_local_expert, stable=True), expert_row_counts=expert_row_counts,
+    )  # fmt: skip
+
+
+def _raise_for_status(status_by_rank: list[list[int]], partition: list[range], index_dtype) -> None:
+    """The same ValueError on every rank when any rank's status reports a problem."""
+    num_experts = partition[-1].stop
+    wrong_count = [r for r, status in enumerate(status_by_rank) if status[0] != len(partition[r])]
+    if wrong_count:
+        held = {r: status_by_rank[r][0] for r in wrong_count}
+        expected = {r: len(partition[r]) for r in wrong_count}
+        raise ValueError(
+            f"local_gate_weights: rank(s) {wrong_count} hold {held} experts, but expert_partition("
+            f"{num_experts}, {len(partition)}) gives them {expected}"
+        )
+    bad_index = [r for r, status in enumerate(status_by_rank) if status[1]]
+    if bad_index:
+        raise ValueError(f"topk_indices: an expert index out of range [0, {num_experts}) on rank(s) {bad_index}")
+    repeated = [r for r, status in enumerate(status_by_rank) if status[2]]
+    if repeated:
+        raise ValueError(
+            f"topk_indices: a token lists the same expert twice on rank(s) {repeated}; "
+            "each token's top_k experts must be distinct"
+        )
+
+
+def _all_to_all_rows(rows: torch.Tensor, output_splits: list[int], input_splits: list[int], group) -> torch.Tensor:
+    """``rows`` [sum(input_splits), ...] scattered to the ranks (input_splits[s] rows to rank s);
+    returns the rows received [sum(output_splits), ...] (output_splits[s] rows from rank s)."""
+    received = rows.new_empty((sum(output_splits), *rows.shape[1:]))
+    dist.all_to_all_single(received, rows.contiguous(), output_splits, input_splits, group=group)
+    return received
+
+
+def _rows_by_slot(rows: torch.Tensor, plan: _DispatchPlan) -> torch.Tensor:
+    """Send-ordered rows [T·K, ...] put back in slot order and viewed as [T, K, ...]."""
+    by_slot = torch.empty_like(rows)
+    by_slot[plan.send_slot] = rows
+    return by_slot.view(plan.num_tokens, plan.top_k, *rows.shape[1:])
+
+
+def _sum_over_slots(rows: torch.Tensor, plan: _DispatchPlan) -> torch.Tensor:
+    """[T, H]: each token's K send-ordered rows summed (in slot order, accumulated in the
+    references' compute dtype)."""
+    accumulate = compute_dtype(rows.dtype)
+    return _rows_by_slot(rows, plan).sum(dim=1, dtype=accumulate).to(rows.dtype)
+
+
+def _local_experts_forward(rows, row_weights, plan: _DispatchPlan, gate, up, down) -> torch.Tensor:
+    """On the expert's rank: w · Wd_e(silu(Wg_e x) ⊙ Wu_e x) for each received row x with routing
+    weight w and local expert e; [R, H] in the rows' dtype and order. Products in the input dtype
+    (fp32 with TF32 off), one expert at a time over its rows."""
+    by_expert = rows[plan.expert_order]
+    weights_by_expert = row_weights[plan.expert_order]
+    outputs = torch.empty_like(by_expert)
+    start = 0
+    with tf32_disabled():
+        for e, count in enumerate(plan.expert_row_counts):
+            if count == 0:
+                continue
+            x = by_expert[start : start + count]
+            activation = F.silu(x @ gate[e].T) * (x @ up[e].T)
+            weight = weights_by_expert[start : start + count, None]
+            outputs[start : start + count] = weight * (activation @ down[e].T)
+            start += count
+    unsorted = torch.empty_like(outputs)
+    unsorted[plan.expert_order] = outputs
+    return unsorted
+
+
+class _ExpertParallelMoE(torch.autograd.Function):
+    """Forward: dispatch, local experts, combine. Backward: the adjoint exchanges around the local
+    expert backward. Both run the same collectives in the same order on every rank."""
+
+    @staticmethod
+    def forward(ctx, hidden_states, topk_weights, gate, up, down, plan: _DispatchPlan, impl, stats):
+        group, top_k = plan.group, plan.top_k
+        send_x = hidden_states[plan.send_slot // top_k]
+        send_w = topk_weights.reshape(-1)[plan.send_slot]
+        with stats.phase("dispatch"):
+            received_x = _all_to_all_rows(send_x, plan.receive_splits, plan.send_splits, group)
+            received_w = _all_to_all_rows(send_w, plan.receive_splits, plan.send_splits, group)
+        with stats.phase("expert_forward"):
+            use_triton = resolve_impl(impl, received_x.device, received_x.dtype) == "triton"
+            if received_x.shape[0] > 0 and use_triton:  # the single-device layer's kernels (one slot per row)
+                expert_rows = moe_experts_forward(
+                    received_x, plan.received_local_expert[:, None], received_w[:, None], gate, up, down, impl=impl
+                )
+            else:
+                expert_rows = _local_experts_forward(received_x, received_w, plan, gate, up, down)
+        with stats.phase("combine"):
+            returned_rows = _all_to_all_rows(expert_rows, plan.send_splits, plan.receive_splits, group)
+        ctx.save_for_backward(received_x, received_w, gate, up, down)
+        ctx.plan, ctx.impl, ctx.stats = plan, impl, stats
+        return _sum_over_slots(returned_rows, plan)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        received_x, received_w, gate, up, down = ctx.saved_tensors
+        plan, stats, group = ctx.plan, ctx.stats, ctx.plan.group
+        send_dy = grad_output[plan.send_slot // plan.top_k]
+        with stats.phase("backward_dispatch"):
+            received_dy = _all_to_all_rows(send_dy, plan.receive_splits, plan.send_splits, group)
+        with stats.phase("expert_backward"):
+            if received_x.shape[0] == 0:  # no rows for this rank's experts: their gradients are zero
+                grad_x_rows = torch.zeros_like(received_x)
+                grad_w_rows = torch.zeros_like(received_w)
+                grad_gate, grad_up, grad_down = (torch.zeros_like(w) for w in (gate, up, down))
+            else:
+                grad_x_rows, grad_w_rows, grad_gate, grad_up, grad_down = moe_experts_backward(
+                    received_dy, received_x, plan.received_local_expert[:, None], received_w[:, None],
+                    gate, up, down, impl=ctx.impl, validate=False,
+                )  # fmt: skip
+        with stats.phase("backward_combine"):
+            returned_grad_x = _all_to_all_rows(grad_x_rows, plan.send_splits, plan.receive_splits, group)
+            returned_grad_w = _all_to_all_rows(grad_w_rows.reshape(-1), plan.send_splits, plan.receive_splits, group)
+        grad_hidden_states = _sum_over_slots(returned_grad_x, plan)
+        grad_topk_weights = _rows_by_slot(returned_grad_w, plan)
+        return grad_hidden_states, grad_topk_weights, grad_gate, grad_up, grad_down, None, None, None

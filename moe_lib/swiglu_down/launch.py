@@ -1,0 +1,211 @@
+"""P1's host side: tile configs, the launch plan, workspaces and the two launches of :mod:`.kernels`.
+
+:func:`launch_plan` describes every tile kind of both launches (output, reduction, tile, split,
+programs, first program id); the launcher takes its grids and workspace sizes from it, and notebook 04
+draws it. No host synchronisation anywhere: a call captures in a CUDA graph.
+Workspace: dGate and dUp, 2·T·I elements in the input dtype (T = 8192: 25 MB in bf16), twice that
+on the faithful path (hi/lo pairs), plus the fp32 partials of split tiles (at most a few MB; none when
+nothing is split).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..dispatch import interpreter_enabled
+from ..tiling import cdiv
+from . import kernels
+from .checks import check_precision
+
+
+def carries_low_halves(dtype: torch.dtype, precision: str) -> bool:
+    """Whether dGate and dUp travel as hi/lo pairs: the faithful path with 16-bit inputs."""
+    check_precision(precision)
+    return precision == "faithful" and dtype != torch.float32
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """Tile shapes of both launches: (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT) per tile kind."""
+
+    d_intermediate: tuple  # dA -> dGate, dUp tiles: [tokens, I] reducing over H
+    grad_down: tuple  # dWd tiles: [H, I] reducing over T
+    grad_x: tuple  # dx tiles: [tokens, H] reducing over 2I
+    grad_gate_up: tuple  # dWg, dWu tiles: [I, H] reducing over T
+    warps: tuple = (4, 4)  # num_warps of launch 1, launch 2
+    stages: tuple = (3, 3)  # num_stages of launch 1, launch 2
+    group_m: int = 8  # row tiles grouped for L2 reuse of the column operand
+
+
+def choose_config(num_tokens: int, hidden_size: int, intermediate_size: int, *, interpreter: bool,
+                  with_lo: bool = False) -> TileConfig:  # fmt: skip
+    """Tile shapes by token count (tuned on the H200 for H = 2048, I = 768); ``with_lo`` (the faithful
+    path) takes a second A tile per step in launch 2 and stores two halves in launch 1's epilogue, so from
+    257 tokens it gets tiles that keep both within the registers and shared memory (launch 1 on 8 warps,
+    dx on 128×128 tiles, 3 stages). Under the interpreter: 16-wide tiles split in two, so that tiny
+    test shapes still have several tiles, splits and edges."""
+    if interpreter:
+        return TileConfig((16, 16, 16, 2), (16, 16, 16, 2), (16, 16, 16, 2), (16, 16, 16, 1), (1, 1), (1, 1), 2)
+    if num_tokens <= 16:
+        return TileConfig((16, 64, 128, 8), (64, 128, 16, 1), (16, 64, 128, 8), (64, 128, 16, 1), (4, 4), (3, 3))
+    if num_tokens <= 256:
+        return TileConfig((64, 64, 64, 4), (64, 128, 64, 1), (64, 128, 64, 4), (64, 128, 64, 1), (4, 4), (3, 3))
+    if with_lo:
+        return TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1), (8, 8), (4, 3))
+    return TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 256, 64, 1), (128, 256, 64, 1), (4, 8), (4, 4))
+
+
+@dataclass(frozen=True)
+class TileKind:
+    """One kind of tile in one launch: what it computes and how the launch covers it."""
+
+    launch: int  # 1 or 2
+    kind: str  # "dWd", "dA", "dWg", "dWu", "dx"
+    computes: str
+    M: int  # output rows
+    N: int  # output columns
+    reduce_name: str  # what the reduction runs over ("T", "H", "2I")
+    reduce_length: int
+    block_m: int
+    block_n: int
+    block_k: int
+    split: int  # programs per tile, each one piece of the reduction
+    first_program: int  # program id of this kind's first program in its launch
+
+    @property
+    def tiles(self) -> int:
+        return cdiv(self.M, self.block_m) * cdiv(self.N, self.block_n)
+
+    @property
+    def programs(self) -> int:
+        return self.tiles * self.split
+
+
+def launch_plan(num_tokens: int, hidden_size: int, intermediate_size: int, config: TileConfig) -> list[TileKind]:
+    """Every tile kind of both launches under ``config``, in program order (the kernels put the
+    weight-gradient kinds, long reductions over T, first)."""
+    T, H, I = num_tokens, hidden_size, intermediate_size
+    kinds = [  # (launch, kind, computes, M, N, reduction name, reduction length, config field)
+        (1, "dWd", "dWd = dyᵀ · intermediate", H, I, "T", T, config.grad_down),
+        (1, "dA", "dA = dy · Wd, epilogue dGate, dUp", T, I, "H", H, config.d_intermediate),
+        (2, "dWg", "dWg = dGateᵀ · x", I, H, "T", T, config.grad_gate_up),
+        (2, "dWu", "dWu = dUpᵀ · x", I, H, "T", T, config.grad_gate_up),
+        (2, "dx", "dx = dGate · Wg + dUp · Wu", T, H, "2I", 2 * I, config.grad_x),
+    ]
+    plan, first = [], {1: 0, 2: 0}
+    for launch, kind, computes, m, n, reduce_name, reduce_length, (bm, bn, bk, split) in kinds:
+        tile_kind = TileKind(launch, kind, computes, m, n, reduce_name, reduce_length, bm, bn, bk, split, first[launch])
+        plan.append(tile_kind)
+        first[launch] += tile_kind.programs
+    return plan
+
+
+def grid_sizes(plan: list[TileKind]) -> dict[int, int]:
+    """Programs of each launch: {1: ..., 2: ...}."""
+    return {launch: sum(k.programs for k in plan if k.launch == launch) for launch in (1, 2)}
+
+
+class SplitWorkspace:
+    """fp32 partials (uninitialised, per call) and int32 arrival counters (zeroed once, kept) of one tile kind."""
+
+    # (device, stream, tile kind, SPLIT) -> int32 counters; each call adds SPLIT to every counter of the
+    # tiles it splits, so a counter is a multiple of its SPLIT whenever no call is running
+    _counters: dict = {}
+
+    @classmethod
+    def make(cls, slot: str, num_tiles: int, kind: TileKind, device: torch.device):
+        if kind.split == 1 or num_tiles == 0:
+            empty = torch.empty(1, dtype=torch.float32, device=device)
+            return empty, empty.view(torch.int32)
+        if kind.split & (kind.split - 1):
+            raise ValueError(f"config: SPLIT must be a power of two, got {kind.split}")
+        partials = torch.empty(num_tiles * kind.split * kind.block_m * kind.block_n, dtype=torch.float32,
+                               device=device)  # fmt: skip
+        return partials, cls.counters(slot, kind.split, num_tiles, device)
+
+    @classmethod
+    def counters(cls, slot: str, split: int, size: int, device: torch.device) -> torch.Tensor:
+        stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+        key = (str(device), stream, slot, split)
+        buffer = cls._counters.get(key)
+        if buffer is None or buffer.numel() < size:
+            buffer = torch.zeros(max(size, 1024), dtype=torch.int32, device=device)
+            capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+            if not capturing:  # memory of a graph's private pool must not outlive the graph
+                cls._counters[key] = buffer
+        return buffer
+
+
+def dot_flags(x: torch.Tensor) -> tuple[bool, str]:
+    """(UPCAST, PRECISION): fp32 dots under the interpreter (its bf16 dot is wrong); exact fp32 products
+    for fp32 inputs."""
+    return interpreter_enabled(), ("ieee" if x.dtype == torch.float32 else "tf32")
+
+
+def swiglu_down_backward_triton(
+    grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate,
+    *, config=None, precision: str = "faithful",
+):  # fmt: skip
+    """P1 backward on Triton; inputs already validated (same float dtype and device, contiguous).
+
+    Returns freshly allocated (grad_x, grad_gate_weight, grad_up_weight, grad_down_weight).
+    ``config`` overrides the tile shapes chosen by :func:`choose_config` (a :class:`TileConfig`, or the
+    set-aside one-launch design's :class:`~.one_launch.OneLaunchConfig`); ``precision`` is one of
+    :data:`~.checks.PRECISIONS`.
+    """
+    T, H = x.shape
+    I = gate_weight.shape[0]
+    with_lo = carries_low_halves(x.dtype, precision)
+    config = config or choose_config(T, H, I, interpreter=interpreter_enabled(), with_lo=with_lo)
+    grad_x = torch.empty_like(x)
+    grad_gate_weight = torch.empty_like(gate_weight)
+    grad_up_weight = torch.empty_like(up_weight)
+    grad_down_weight = torch.empty_like(down_weight)
+    outputs = (grad_x, grad_gate_weight, grad_up_weight, grad_down_weight)
+    if not isinstance(config, TileConfig):  # a set-aside design brings its own launcher
+        return config.run(grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up,
+                          intermediate, *outputs, with_lo=with_lo)  # fmt: skip
+    # dGate, dUp: [hi] or [hi, lo] halves of [T, I] each, in the input dtype
+    d_gate = torch.empty((2 if with_lo else 1, T, I), dtype=x.dtype, device=x.device)
+    d_up = torch.empty_like(d_gate)
+    plan = launch_plan(T, H, I, config)
+    launch_d_intermediate_and_grad_down(grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate,
+                                        d_gate, d_up, grad_down_weight, config, plan, with_lo)  # fmt: skip
+    launch_grad_x_and_grad_gate_up(x, gate_weight, up_weight, d_gate, d_up, grad_x, grad_gate_weight,
+                                   grad_up_weight, config, plan, with_lo)  # fmt: skip
+    return outputs
+
+
+def launch_d_intermediate_and_grad_down(grad_output, down_weight, gate, gate_sigmoid, gate_silu, up,
+                                        intermediate, d_gate, d_up, grad_down_weight, config, plan,
+                                        with_lo):  # fmt: skip
+    """Launch 1: dGate, dUp (through dA = dy · Wd; with ``with_lo`` as hi/lo pairs) and dWd."""
+    T, H = grad_output.shape
+    I = down_weight.shape[1]
+    kinds = {k.kind: k for k in plan}
+    da_workspace = SplitWorkspace.make("dA", kinds["dA"].tiles, kinds["dA"], grad_output.device)
+    dwd_workspace = SplitWorkspace.make("dWd", kinds["dWd"].tiles, kinds["dWd"], grad_output.device)
+    kernels.d_intermediate_and_grad_down_kernel[(grid_sizes(plan)[1],)](
+        grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate,
+        d_gate, d_up, T * I, grad_down_weight, *da_workspace, *dwd_workspace, T, H, I,
+        *config.d_intermediate, *config.grad_down, config.group_m, *dot_flags(grad_output), with_lo,
+        num_warps=config.warps[0], num_stages=config.stages[0],
+    )  # fmt: skip
+
+
+def launch_grad_x_and_grad_gate_up(x, gate_weight, up_weight, d_gate, d_up, grad_x, grad_gate_weight,
+                                   grad_up_weight, config, plan, with_lo):  # fmt: skip
+    """Launch 2: dx, dWg and dWu from dGate and dUp (with ``with_lo``, both halves of each)."""
+    T, H = x.shape
+    I = gate_weight.shape[0]
+    kinds = {k.kind: k for k in plan}
+    dx_workspace = SplitWorkspace.make("dx", kinds["dx"].tiles, kinds["dx"], x.device)
+    dw_workspace = SplitWorkspace.make("dWgu", 2 * kinds["dWg"].tiles, kinds["dWg"], x.device)
+    kernels.grad_x_and_grad_gate_up_kernel[(grid_sizes(plan)[2],)](
+        x, gate_weight, up_weight, d_gate, d_up, T * I, grad_x, grad_gate_weight, grad_up_weight,
+        *dx_workspace, *dw_workspace, T, H, I,
+        *config.grad_x, *config.grad_gate_up, config.group_m, *dot_flags(x), with_lo,
+        num_warps=config.warps[1], num_stages=config.stages[1],
+    )  # fmt: skip

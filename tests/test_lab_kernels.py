@@ -1,0 +1,110 @@
+"""moe_lib.lab.kernels: the kernels' launch plans as tables and diagrams, checked by hand; the tuning runs."""
+
+import matplotlib
+import pytest
+
+from moe_lib import problems
+from moe_lib.lab import kernels
+from moe_lib.moe_experts import launch as p2_launch
+from moe_lib.swiglu_down import launch as p1_launch
+from moe_lib.tiling import cdiv, split_ranges
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+P1, P2, P2_BF16 = problems.PROBLEM_NAMES
+PLAN_COLUMNS = ["launch", "kind", "computes", "output", "reduce", "tile", "split", "tiles", "programs", "first_program"]
+
+
+def test_rows_read_names_the_weight_of_each_split():
+    assert [kernels.rows_read(a, b, 16) for a, b in split_ranges(32, 4, 16)] == ["Wg", "Wu", "empty", "empty"]
+    assert kernels.rows_read(8, 24, 16) == "Wg and Wu"
+
+
+def test_p1_plan_table_by_hand():
+    T, H, I = 128, 2048, 768
+    config = p1_launch.choose_config(T, H, I, interpreter=False)
+    table = kernels.p1_plan_table(p1_launch.launch_plan(T, H, I, config))
+    assert list(table.columns) == PLAN_COLUMNS
+    table = table.set_index("kind")
+    bm, bn, bk, split = config.d_intermediate
+    assert table.loc["dA", "programs"] == cdiv(T, bm) * cdiv(I, bn) * split
+    assert table.loc["dA", "tile"] == f"{bm}×{bn}×{bk}" and table.loc["dA", "reduce"] == f"H = {H}"
+    bm, bn, _, split = config.grad_down
+    assert table.loc["dWd", "programs"] == cdiv(H, bm) * cdiv(I, bn) * split
+    assert table.loc["dWd", "output"] == f"[{H}, {I}]"
+    assert table.loc["dA", "first_program"] == table.loc["dWd", "programs"]  # weight gradients first
+    assert table.loc["dx", "first_program"] == 2 * table.loc["dWg", "programs"]
+    grid = kernels.p1_grid_table([1, 8192], H, I)
+    assert list(grid.index) == [1, 8192]
+    for t in grid.index:
+        plan = p1_launch.launch_plan(t, H, I, p1_launch.choose_config(t, H, I, interpreter=False))
+        launches = [grid.loc[t, f"launch {n} programs"] for n in (1, 2)]
+        assert launches == [sum(k.programs for k in plan if k.launch == n) for n in (1, 2)]
+    tiny = kernels.p1_grid_table([5], 32, 16, interpreter=True)
+    assert tiny.loc[5, "dA tile (split)"] == "16×16×16 (2)"
+
+
+def _weight_grad_programs(E, size_m, size_n, tile, n_tiles_per_program):
+    """Kernel W's programs for one launch: E × M-tiles × groups of n N-tiles, n = min(n_tiles_per_program, N-tiles)."""
+    n_tiles = cdiv(size_n, tile[1])
+    return E * cdiv(size_m, tile[0]) * cdiv(n_tiles, min(n_tiles_per_program, n_tiles))
+
+
+def test_p2_plan_and_grid_tables_by_hand():
+    T, H, I, E, K = 2048, 4096, 2048, 256, 8
+    config = p2_launch.launch_config(T * K, E, input_bytes=4, interpreter=False)
+    R, n = config.row_split, config.n_tiles_per_program
+    weight_grads = [_weight_grad_programs(E, I, H, config.grad_gate_up_tile, n),
+                    _weight_grad_programs(E, H, I, config.grad_down_tile, n)]  # fmt: skip
+    table = kernels.p2_plan_table(p2_launch.launch_plan(T, H, I, E, K, config))
+    assert list(table.index) == ["A", "W_gate_up", "W_down", "D", "C"]
+    assert list(table["programs"]) == [E * (I // config.block_i) * R, *weight_grads, E * (H // config.block_h_dx) * R,
+                                       T * (H // config.block_h_sum)]  # fmt: skip
+    assert table.loc["A", "grid"] == f"{E} × {I // config.block_i} × {R} (experts × I-tiles × row split)"
+    empty = kernels.p2_plan_table(p2_launch.launch_plan(0, H, I, E, K, config))  # W alone writes the zeros
+    assert list(empty["programs"]) == [0, *weight_grads, 0, 0]
+    grid = kernels.p2_grid_table([T], P2)
+    assert grid.loc[T, "row split R"] == R and grid.loc[T, "slots per expert (mean)"] == 64
+    assert list(grid.columns[2:]) == [f"kernel {step} programs" for step in table.index]
+    assert list(grid.loc[T].iloc[2:]) == list(table["programs"])
+    bf16 = kernels.p2_grid_table([T], P2_BF16)  # 16-bit inputs: other tiles where the experts are busy
+    bf16_config = p2_launch.launch_config(T * K, E, input_bytes=2, interpreter=False)
+    assert bf16.loc[T, "row split R"] == bf16_config.row_split
+
+
+def test_figures_render():
+    inputs = problems.make_inputs(P2, 12, hidden_size=32, intermediate_size=16, num_experts=4, top_k=2)
+    p2_config = p2_launch.launch_config(24, 4, input_bytes=4, interpreter=True)
+    figures = [
+        kernels.p1_tiling_figure(16, 2048, 768, p1_launch.choose_config(16, 2048, 768, interpreter=False)),
+        kernels.split_k_figure(4),
+        kernels.p2_tiling_figure(inputs["topk_indices"], 4, 32, 16, p2_config),
+    ]
+    for figure in figures:
+        assert isinstance(figure, matplotlib.figure.Figure) and figure.axes
+        plt.close(figure)
+    plan = p2_launch.launch_plan(12, 32, 16, 4, 2, p2_config)
+    a_title = figures[2].axes[2].get_title()
+    assert a_title == f"kernel A: {'×'.join(map(str, plan['A'].grid.values()))} programs"
+    pytest.importorskip("jinja2")
+    table = kernels.p2_plan_table(plan)
+    assert "text-align: left" in kernels.styled_plan(table, "tiny").to_html()
+
+
+def test_design_tables_read_the_committed_tuning_runs():
+    p1 = kernels.p1_design_times()
+    assert list(p1.index) == [1, 16, 128, 512]
+    assert p1.loc[1, "one launch µs"] == pytest.approx(22.2, abs=0.05)
+    assert p1.loc[128, "two launches: config"] == "mid_s4"
+    assert (p1["two launches µs"] <= p1["one launch µs"] + 0.5).all()  # what NOTES.md says: no gain
+    labels = {"unfused": "design 2", "g_s3": "design 3"}
+    p2 = kernels.p2_kernel_times(kernels.TUNING_DIR / "2026-11-29-p2-design3-tune.json", labels)
+    assert list(p2.index) == [(case, label) for case in ("fp32:2048", "bf16:2048", "fp32:8192") for label in
+                              ("design 2", "design 3")]  # fmt: skip
+    assert p2.loc[("bf16:2048", "design 2"), "graph_ms"] == pytest.approx(12.30, abs=0.01)
+    assert p2.loc[("bf16:2048", "design 2"), "G"] == 0 and p2.loc[("bf16:2048", "design 3"), "Wgu"] == 0
+    assert (p2["element_rule"] >= 0.99).all()
+    figure = kernels.kernel_times_figure(p2, "test")
+    assert len(figure.axes[0].patches) == 6 * len([k for k in kernels.P2_KERNEL_COLUMNS if p2[k].any()])
+    plt.close(figure)

@@ -1,0 +1,55 @@
+"""moe_lib.lab.parallel and .parallel_live: the committed multi-GPU runs, the exchanges and the cost model by hand."""
+
+import pytest
+import torch
+
+from moe_lib.lab import parallel, parallel_live
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return parallel.load_parallel_results()
+
+
+def test_committed_runs_load_narrowest_dtype_first(runs):
+    assert list(runs) == ["bfloat16", "float32"]
+    bf16 = runs["bfloat16"]
+    assert bf16.world_size == 2 and bf16.element_bytes == 2 and bf16.weight_bytes == 4  # fp32 routing weights
+    assert list(bf16.cases) == sorted(bf16.cases) and set(bf16.ok.index) <= set(bf16.cases)
+    with pytest.raises(FileNotFoundError, match="no moe_experts_parallel results"):
+        parallel.load_parallel_results("data/results", "B200")
+
+
+def test_exchange_bytes_count_only_the_other_ranks():
+    # rank 0 sends 3 + 1 rows to the other ranks and receives 4 + 2 from them (5 stay local)
+    table = parallel.exchange_bytes([5, 3, 1], [5, 4, 2], 0, hidden_size=8, element_bytes=2, weight_bytes=4,
+                                    max_local_experts=2)  # fmt: skip
+    row, row_and_weight = 8 * 2, 8 * 2 + 4
+    assert table.loc["dispatch", ["rows out", "bytes out", "rows in"]].tolist() == [4, 4 * row_and_weight, 6]
+    assert table.loc["combine", ["bytes out", "bytes in"]].tolist() == [6 * row, 4 * row]
+    assert table.loc["backward_dispatch", ["bytes out", "bytes in"]].tolist() == [4 * row, 6 * row]
+    assert table.loc["backward_combine", ["bytes out", "bytes in"]].tolist() == [6 * row_and_weight, 4 * row_and_weight]
+    assert table.loc["counts_exchange", "bytes out"] == 2 * (3 + 2) * 8  # two other ranks, int64 [3 + L_max]
+
+
+def test_model_tends_to_its_asymptotic_share():
+    shapes = dict(world_size=4, hidden_size=4096, intermediate_size=2048, num_experts=256, top_k=8, element_bytes=2,
+                  weight_bytes=0, link_bandwidth=100e9, flops_rate=500e12)  # fmt: skip
+    model = parallel.model_step([2**30], **shapes)
+    assert model["expert_flops"][0] == 22 * 2**30 * 8 * 4096 * 2048
+    share = parallel.asymptotic_share(world_size=4, intermediate_size=2048, element_bytes=2, link_bandwidth=100e9,
+                                      flops_rate=500e12)  # fmt: skip
+    assert model["share"][0] == pytest.approx(share, rel=1e-12)
+
+
+def test_live_case_partitions_experts_and_sends_the_routed_rows():
+    case = parallel_live.LiveCase(world_size=3, tokens_per_rank=4, hidden_size=8, intermediate_size=4, num_experts=5,
+                                  top_k=2, routing="skewed")  # fmt: skip
+    assert [(block.start, block.stop) for block in case.partition] == [(0, 2), (2, 4), (4, 5)]
+    indices = parallel_live.live_inputs(case)["topk_indices"]
+    sent = parallel_live.expected_rows_sent(indices, case.num_experts, case.world_size)
+    assert [sum(row) for row in sent] == [4 * 2] * 3
+    owner = torch.tensor([0, 0, 1, 1, 2])
+    assert sent[1] == torch.bincount(owner[indices[4:8].reshape(-1)], minlength=3).tolist()
+    errors = parallel_live.relative_errors(*[dict.fromkeys(parallel_live.OUTPUT_NAMES, torch.ones(2))] * 2)
+    assert set(errors.values()) == {0.0}

@@ -1,0 +1,96 @@
+"""moe_lib.lab.roofline: the roofline arithmetic by hand, the measured points and their projection."""
+
+import math
+
+import matplotlib
+import pytest
+
+from moe_lib import problems, roofline
+from moe_lib.lab import results
+from moe_lib.lab import roofline as lab_roofline
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+P1 = problems.PROBLEM_NAMES[0]
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return results.load_results()
+
+
+def test_ridge_point_and_p1_crossing_by_hand():
+    h200 = roofline.GPUS["H200"]
+    ridge = 989e12 / 4.8e12
+    assert lab_roofline.ridge_point("H200") == pytest.approx(ridge)
+    H, I = 2048, 768
+    a, b, c = 12 * H * I, 2 * (3 * H + 5 * I), 2 * 6 * I * H  # FLOPs per token, bytes per token, fixed bytes
+    assert lab_roofline.cost_coefficients(P1) == (a, b, c)
+    crossing = ridge * c / (a - ridge * b)
+    assert lab_roofline.ridge_crossing(P1, "H200") == pytest.approx(crossing)
+    assert 263 < crossing < 264
+    assert roofline.sol_time(P1, 263, h200) == pytest.approx(roofline.cost(P1, 263)[1] / h200.dram_bandwidth)
+    assert roofline.sol_time(P1, 264, h200) == pytest.approx(roofline.cost(P1, 264)[0] / h200.bf16_dense_flops)
+    slow_compute = roofline.GPUSpec.from_measured(copy_bandwidth=1e12, bf16_rate=1e15)  # ridge 1000 > a / b
+    assert lab_roofline.ridge_crossing(P1, slow_compute) == math.inf
+    table = lab_roofline.crossing_table({"H200": "H200"}, [P1])
+    assert table.loc[(P1, "H200"), "first_compute_bound"] == 264
+    assert table.loc[(P1, "H200"), "intensity_limit"] == pytest.approx(a / b)
+
+
+def test_cost_table_agrees_with_sol_time():
+    for name in problems.PROBLEM_NAMES:
+        table = lab_roofline.cost_table(name, "H100-SXM")
+        assert list(table.index) == sorted(problems.load(name).suite)
+        for t, row in table.iterrows():
+            assert row["t_sol_us"] == pytest.approx(roofline.sol_time(name, t, "H100-SXM") * 1e6)
+            assert row["bound"] == ("compute" if t >= lab_roofline.ridge_crossing(name, "H100-SXM") else "memory")
+
+
+def test_regime_table_shares_the_weight_bytes():
+    table = lab_roofline.regime_table([(P1, 1), (P1, 8192)], "H200")
+    _, b, c = lab_roofline.cost_coefficients(P1)
+    assert table.loc[(P1, 1), "weight_bytes_share"] == pytest.approx(c / (b + c))
+    assert list(table["bound"]) == ["memory", "compute"]
+
+
+def test_measured_points_and_their_projection(loaded):
+    points = lab_roofline.measured_points(loaded)
+    ok = sum(int((r.frame["status"] == "ok").sum()) for r in loaded.values())
+    assert len(points) == ok
+    assert (points["flop_rate"] == points["flops"] / (points["median_ms"] * 1e-3)).all()
+    projected = lab_roofline.project_points(points, "H100-SXM")
+    ridge_h200 = lab_roofline.ridge_point("H200")
+    memory = projected[projected["intensity"] < ridge_h200]  # memory-bound on both (the H100's ridge is higher)
+    assert len(memory) and memory["scale"].to_numpy() == pytest.approx(3.35 / 4.8)
+    compute = projected[projected["intensity"] > lab_roofline.ridge_point("H100-SXM")]
+    assert len(compute) and compute["scale"].to_numpy() == pytest.approx(1.0)  # same tensor rate
+    between = projected[(projected["intensity"] > ridge_h200) & (projected["intensity"] < 295)]
+    for _, row in between.iterrows():  # compute-bound on the H200, memory-bound on the H100: ratio of the roofs
+        assert row["scale"] == pytest.approx(row["intensity"] * 3.35e12 / 989e12)
+    same = lab_roofline.project_points(points, "H200")
+    assert (same["scale"] == 1).all() and not same["projected"].any()
+    b200 = lab_roofline.project_points(points, "B200")
+    compute = b200[b200["intensity"] > lab_roofline.ridge_point("B200")]
+    assert compute["scale"].to_numpy() == pytest.approx(1.81e15 / 989e12)
+    unknown = lab_roofline.project_points(points.assign(gpu="cpu"), "H200")
+    assert unknown["scale"].isna().all()
+    mine = lab_roofline.points_table(projected, "H100-SXM")
+    assert (mine["roofline fraction"] <= 1 + 1e-9).all()
+
+
+def test_tables_and_figures_render(loaded):
+    pytest.importorskip("jinja2")
+    measured = lab_roofline.measured_specs(loaded)
+    assert list(measured) == [f"H200 measured ({key})" for key in loaded]
+    table = lab_roofline.gpu_table(measured)
+    assert "ddf4ff" in lab_roofline.styled_gpu_table(table, highlight="H200").to_html()
+    assert isinstance(lab_roofline.styled_cost_table(lab_roofline.cost_table(P1, "H200"), "P1").to_html(), str)
+    points = lab_roofline.measured_points(loaded)
+    figures = [lab_roofline.roofline_figure("H100-SXM", points, loaded), lab_roofline.intensity_figure("H200")]
+    titles = [ax.get_title() for ax in figures[0].axes]
+    assert titles == [f"{problems.load(name).title} on H100-SXM" for name in problems.PROBLEM_NAMES]
+    for figure in figures:
+        assert isinstance(figure, matplotlib.figure.Figure) and figure.axes
+        plt.close(figure)
