@@ -216,9 +216,14 @@ H200_RESULTS = problems.DATA_DIR / "results" / "H200"
 
 
 def _committed_csvs() -> list[Path]:
-    """The benchmark harness's result files (the expert-parallel benchmark's sit beside them, other columns)."""
-    return sorted(path for path in H200_RESULTS.glob("*.csv") if path.with_suffix(".json").is_file()
-                  and json.loads(path.with_suffix(".json").read_text())["problem"] in problems.PROBLEM_NAMES)
+    """The benchmark harness's newest result file of each problem, as the notebooks read them (the
+    expert-parallel benchmark's sit beside them, other columns; older runs stay committed)."""
+    newest = {}
+    for path in sorted(H200_RESULTS.glob("*.csv")):  # named <date>-...: later dates sort later
+        meta = path.with_suffix(".json")
+        if meta.is_file() and (problem := json.loads(meta.read_text())["problem"]) in problems.PROBLEM_NAMES:
+            newest[problem] = path
+    return sorted(newest.values())
 
 
 @pytest.fixture(scope="module")
@@ -372,12 +377,10 @@ def test_report_targets_are_computed_from_the_files(report_run):
     targets = {(t["problem"], t["target"]): t for t in summary["targets"]}
     p1 = json.loads((H200_RESULTS / _ordered(_committed_csvs())[0].with_suffix(".json").name).read_text())
     assert p1["problem"] == "swiglu_down_backward"
-    geomean_us = p1["summary"]["triton"]["geomean_ms"] * 1e3
-    target = targets[("P1", "geomean ≤ 30 µs")]
-    assert target["value"] == pytest.approx(geomean_us) and target["met"] == (geomean_us <= 30)
-    speedup = p1["summary"]["torch_compile"]["geomean_ms"] * 1e3 / geomean_us
-    target = targets[("P1", "≥ 1.9× faster than torch.compile (geomeans)")]
-    assert target["value"] == pytest.approx(speedup) and target["met"] == (speedup >= 1.9)
+    fast_us = p1["summary"]["triton_fast"]["geomean_ms"] * 1e3
+    speedup = p1["summary"]["torch_compile"]["geomean_ms"] * 1e3 / fast_us
+    target = targets[("P1", "≥ 1.5× faster than torch.compile (geomeans) (triton_fast)")]
+    assert target["value"] == pytest.approx(speedup) and target["met"] == (speedup >= 1.5)
     assert all(t["met"] in (True, False, None) for t in summary["targets"])
 
 

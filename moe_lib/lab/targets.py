@@ -1,10 +1,10 @@
 """Notebook 05: the project's targets beside our numbers.
 
 Each problem lists its targets as data, the ``"targets"`` entry of ``data/problems/<name>/lab.json``:
-a ``name`` (what the table shows), a ``kind`` (one of :data:`KINDS`) with its thresholds, and an
-optional ``note``. :func:`targets_table` judges every target against the result file of its problem
-and adds, per result file, that ours is correct on every case (and passes the element rule where
-the problem has one).
+a ``name`` (what the table shows), a ``kind`` (one of :data:`KINDS`) with its thresholds, an optional
+``impl`` (the implementation judged, ours by default) and an optional ``note``. :func:`targets_table`
+judges every target against the result file of its problem and adds, per result file, that ours is
+correct on every case (and passes the element rule where the problem has one).
 
 A target is met (True), not met (False), or not settled (None) where the files do not settle it: a
 case not measured, or a suite only partly measured for a target about the whole suite.
@@ -117,6 +117,19 @@ def _case_ms(target: dict, result: ResultFile, impl: str) -> tuple:
     return ms, format_ms(ms), bool(ms <= target["at_most"])
 
 
+def _cases_up_to_us(target: dict, result: ResultFile, impl: str) -> tuple:
+    """Every measured case with at most ``max_tokens`` tokens in at most ``at_most`` µs; the value is the worst."""
+    ours = _ours_by_tokens(result, impl)
+    cases = ours[ours.index <= target["max_tokens"]]["median_ms"] * 1e3
+    wanted = [t for t in result.definition.suite if t <= target["max_tokens"]]
+    if cases.empty:
+        return NOT_MEASURED
+    worst = float(cases.max())
+    all_there = set(wanted) <= set(cases.index) and not result.small
+    met = False if worst > target["at_most"] else (True if all_there else None)
+    return worst, f"worst {worst:.1f} µs over T = {', '.join(map(str, sorted(cases.index)))}", met
+
+
 def _case_tflops(target: dict, result: ResultFile, impl: str) -> tuple:
     """The case ``num_tokens`` at least ``at_least`` TFLOP/s, counting the problem's own FLOPs."""
     ours = _ours_by_tokens(result, impl)
@@ -133,6 +146,7 @@ KINDS = {  # kind -> (target, result file, impl) -> (value, text, met)
     "no_case_slower_than": _no_case_slower_than,
     "floor_ratio": _floor_ratio,
     "case_ms": _case_ms,
+    "cases_up_to_us": _cases_up_to_us,
     "case_tflops": _case_tflops,
 }
 
@@ -142,8 +156,9 @@ def _row(problem: str, target: str, value, text: str, met, note: str = "") -> di
 
 
 def targets_table(results: dict[str, ResultFile], impl: str = OURS) -> pd.DataFrame:
-    """Every problem's targets (:func:`problem_targets`) beside ``impl``'s numbers, then per result file
-    whether ``impl`` is correct on every case (and passes the element rule where the problem has one).
+    """Every problem's targets (:func:`problem_targets`) beside ``impl``'s numbers (or those of the
+    implementation a target names, e.g. P1's fast path ``triton_fast``), then per result file whether
+    ``impl`` is correct on every case (and passes the element rule where the problem has one).
 
     Columns: problem (its short name), target, ours (in words), value, met (True, False or None where
     the files do not settle it) and note.
@@ -152,8 +167,10 @@ def targets_table(results: dict[str, ResultFile], impl: str = OURS) -> pd.DataFr
     for name in problems.PROBLEM_NAMES:
         result = find(results, name)
         for target in problem_targets(name):
-            value, text, met = NOT_MEASURED if result is None else KINDS[target["kind"]](target, result, impl)
-            rows.append(_row(problems.load(name).short, target["name"], value, text, met, target.get("note", "")))
+            judged = target.get("impl", impl)
+            value, text, met = NOT_MEASURED if result is None else KINDS[target["kind"]](target, result, judged)
+            label = target["name"] if judged == impl else f"{target['name']} ({judged})"
+            rows.append(_row(problems.load(name).short, label, value, text, met, target.get("note", "")))
     for result in results.values():
         mine = result.frame[result.frame["impl"] == impl]
         if mine.empty:
