@@ -1,7 +1,7 @@
 """The problems, defined once as data in ``data/problems/<name>/``, and the code each one runs.
 
 Each problem folder holds
-- ``definition.json`` and ``workloads.jsonl`` in SOL-ExecBench's schema (name, description, axes,
+- ``definition.json`` and ``workload.jsonl`` in SOL-ExecBench's schema (name, description, axes,
   inputs, outputs, reference source; one workload per line with its tolerance), so that the
   benchmark's own harness reads them as they are;
 - ``lab.json``: what this project adds: which op computes it, its short name and title, where it
@@ -208,7 +208,7 @@ def load(name: str) -> Problem:
     definition_path, lab_path = folder / "definition.json", folder / "lab.json"
     definition = _read_json(definition_path)
     lab = _read_json(lab_path)
-    workloads = _read_workloads(folder / "workloads.jsonl")
+    workloads = _read_workloads(folder / "workload.jsonl")
     op = _field(lab, "op", lab_path)
     if op not in OPS:
         raise ProblemFileError(f"{lab_path}: op {op!r} is not one of {sorted(OPS)}")

@@ -233,7 +233,7 @@ def test_targets_met_and_unsettled_when_the_numbers_say_so(loaded, p1):
 def test_a_target_of_an_unknown_kind_names_its_file(monkeypatch, tmp_path):
     source, folder = problems.PROBLEMS_DIR / P1, tmp_path / P1
     folder.mkdir()
-    for name in ("definition.json", "workloads.jsonl"):
+    for name in ("definition.json", "workload.jsonl"):
         (folder / name).write_text((source / name).read_text())
     lab = json.loads((source / "lab.json").read_text())
     (folder / "lab.json").write_text(json.dumps(dict(lab, targets=[{"name": "fast", "kind": "fastest"}])))

@@ -24,7 +24,7 @@ def test_definitions_follow_the_schema():
         for spec in list(definition["inputs"].values()) + list(definition["outputs"].values()):
             assert set(spec["shape"]) <= set(definition["axes"])
             assert spec["dtype"] in ("bfloat16", "float32", "int64")
-        lines = (problems.PROBLEMS_DIR / name / "workloads.jsonl").read_text().splitlines()
+        lines = (problems.PROBLEMS_DIR / name / "workload.jsonl").read_text().splitlines()
         for line in lines:
             workload = json.loads(line)
             assert set(workload) >= {"uuid", "axes", "inputs"}
@@ -77,14 +77,14 @@ def test_malformed_files_are_named_with_their_line(tmp_path, monkeypatch):
     folder.mkdir()
     for file in ("definition.json", "lab.json"):
         (folder / file).write_text((source / file).read_text())
-    lines = (source / "workloads.jsonl").read_text().splitlines()
-    (folder / "workloads.jsonl").write_text("\n".join([lines[0], lines[1][:-5], *lines[2:]]) + "\n")
+    lines = (source / "workload.jsonl").read_text().splitlines()
+    (folder / "workload.jsonl").write_text("\n".join([lines[0], lines[1][:-5], *lines[2:]]) + "\n")
     monkeypatch.setattr(problems, "PROBLEMS_DIR", tmp_path)
     problems.load.cache_clear()
     try:
-        with pytest.raises(problems.ProblemFileError, match=r"workloads.jsonl: line 2: not valid JSON"):
+        with pytest.raises(problems.ProblemFileError, match=r"workload.jsonl: line 2: not valid JSON"):
             problems.load("swiglu_down_backward")
-        (folder / "workloads.jsonl").write_text("\n".join(lines) + "\n")
+        (folder / "workload.jsonl").write_text("\n".join(lines) + "\n")
         (folder / "lab.json").write_text("{\n  \"op\": \"nonsense\",\n")
         with pytest.raises(problems.ProblemFileError, match=r"lab.json: line 3: not valid JSON"):
             problems.load("swiglu_down_backward")
