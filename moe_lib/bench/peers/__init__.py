@@ -2,7 +2,8 @@
 
 A peer is a :class:`Peer`: ``prepare(inputs)`` does the untimed setup (weights concatenated once,
 a function compiled, indices converted) and returns a callable that does the timed work and returns
-the outputs tuple in the problem's order. ``capturable`` says whether that callable can be
+the outputs tuple in the problem's order; ``call(*inputs)`` does both, as a harness that times every
+call in full (NVIDIA's) runs it. ``capturable`` says whether that callable can be
 captured in a CUDA graph (no host sync inside); ``unavailable(device)`` gives the reason it cannot
 run on ``device``, or None; ``baseline`` marks the optimized PyTorch peers the score may take as its
 baseline (the harness picks the fastest of them that is correct on every case).
@@ -35,6 +36,15 @@ class Peer:
     description: str
     unavailable: Callable[[torch.device], str | None] = lambda device: None
     baseline: bool = False  # an optimized PyTorch implementation the score may use as its baseline
+    # the whole call on the op's positional inputs, setup included, for callers that time every call in
+    # full (NVIDIA's harness, moe_lib.bench.official); None: prepare(inputs)() each time
+    run: Callable[..., tuple] | None = None
+
+    def call(self, *args) -> tuple:
+        """One call on the op's inputs (positional, in the definition's order), setup included."""
+        if self.run is not None:
+            return self.run(*args)
+        return self.prepare(dict(zip(input_names(self.op), args, strict=True)))()
 
 
 _REGISTRY: dict[str, dict[str, Peer]] = {op: {} for op in problems.OPS}
@@ -87,7 +97,7 @@ def baseline_labels(problem: str) -> list[str]:
 
 
 @functools.cache
-def _input_names(op: str) -> tuple[str, ...]:
+def input_names(op: str) -> tuple[str, ...]:
     """The input names of ``op``, in the order of its definition (that of the function's arguments)."""
     return next(tuple(problem.input_names) for problem in map(problems.load, problems.PROBLEM_NAMES)
                 if problem.op == op)  # fmt: skip
@@ -95,7 +105,7 @@ def _input_names(op: str) -> tuple[str, ...]:
 
 def positional(op: str, inputs: dict) -> tuple:
     """``inputs`` (name -> tensor) as the positional arguments of ``op``'s functions."""
-    return tuple(inputs[name] for name in _input_names(op))
+    return tuple(inputs[name] for name in input_names(op))
 
 
 def calling(op: str, function: Callable, **keywords) -> Callable[[dict], Callable[[], tuple]]:
@@ -121,6 +131,7 @@ __all__ = [
     "available_labels",
     "baseline_labels",
     "calling",
+    "input_names",
     "labels",
     "moe_experts",
     "peers_for",
