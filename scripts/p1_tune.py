@@ -30,6 +30,7 @@ from moe_lib.swiglu_down.launch import (
     launch_d_intermediate_and_grad_down,
     launch_grad_x_and_grad_gate_up,
     launch_plan,
+    resident_programs,
     swiglu_down_backward_triton,
 )
 
@@ -117,7 +118,7 @@ def main():
         sizes = problem.sizes(T)
         with_lo = carries_low_halves(torch.bfloat16, args.precision)
         default = choose_config(T, sizes["hidden_size"], sizes["intermediate_size"], interpreter=False,
-                                with_lo=with_lo)  # fmt: skip
+                                with_lo=with_lo, max_programs=resident_programs(torch.device("cuda")))  # fmt: skip
         for name in names + ["default"]:
             config = default if name == "default" else P1_CANDIDATES[name]
             t0 = time.time()
