@@ -46,7 +46,7 @@ class TileConfig:
 # the faithful path (the benchmark's function) runs in one launch up to this many tokens: in NVIDIA's
 # harness, which times a call from its first kernel's start to its last kernel's end, the host gap
 # between two launches cost 60–140 µs at 1–16 tokens (data/results/NOTES.md)
-ONE_LAUNCH_MAX_TOKENS = 16
+ONE_LAUNCH_MAX_TOKENS = 128
 
 
 def choose_config(num_tokens: int, hidden_size: int, intermediate_size: int, *, interpreter: bool,
@@ -65,8 +65,9 @@ def choose_config(num_tokens: int, hidden_size: int, intermediate_size: int, *, 
     if with_lo and num_tokens <= ONE_LAUNCH_MAX_TOKENS:
         from .one_launch import OneLaunchConfig  # it builds on this module's workspaces
 
-        one_launch = OneLaunchConfig(block_t=16, block_i=16, block_h_down=32, block_h=16, block_k=256, block_n=128,
-                                     warps=4, stages=4)  # fmt: skip
+        block_t, stages = (16, 4) if num_tokens <= 16 else (64, 3)
+        one_launch = OneLaunchConfig(block_t=block_t, block_i=16, block_h_down=32, block_h=16, block_k=256,
+                                     block_n=128, warps=4, stages=stages)  # fmt: skip
         if one_launch.grid_size(hidden_size, intermediate_size) <= max_programs:
             return one_launch
     if num_tokens <= 16:
