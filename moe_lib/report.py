@@ -9,8 +9,12 @@ gets its own folder, passed to the notebook as the parameter ``output_dir``, for
 figures. The whole plan is checked (config keys, notebook filter, parameters cells, parameter names and
 types) before the first notebook runs; a failing notebook does not stop the others.
 
-Report folder ``<out>/<run-id>/``: ``<run>.ipynb`` (executed), ``<run>.html``, ``<run>/`` (output_dir),
-``index.html``, ``report.json`` (the same as data) and ``config.yaml`` (the config as given).
+Report folder ``<out>/<run-id>/``: ``<run>.ipynb`` (executed), ``<run>.html`` (the page: cells tagged
+``remove-cell`` left out, the parameters as a table), ``<run>/`` (output_dir), ``index.html`` (the reading
+order, then every run), ``report.json`` (the same as data), ``config.yaml`` (the config as given) and
+``mathjax/`` (MathJax 2 with our font configuration, so that the pages render offline). Where a Chromium
+browser is installed, the command line then opens every page headless and checks that each formula
+rendered (:mod:`moe_lib.pagecheck`; ``math_check.json``); a math error fails the command like a failed run.
 """
 
 from __future__ import annotations
@@ -71,6 +75,8 @@ class Report:
     run_id: str
     config_source: str = ""
     started: str = ""
+    environment: dict = field(default_factory=dict)
+    math_check: dict | None = None  # what check_math found, once it ran
 
     @property
     def failed(self) -> list[Run]:
@@ -316,25 +322,99 @@ def execute_run(run: Run, folder: Path, kernel_name: str) -> None:
 
 
 MATHJAX_FOLDER = "mathjax"  # in each report folder, beside the HTML pages
-MATHJAX_CONFIG = "TeX-AMS-MML_HTMLorMML-full,Safe"
+# the combined TeX + HTML-CSS configuration, the Safe extension, and ours (MATHJAX_LOCAL_CONFIG)
+MATHJAX_CONFIG = "TeX-AMS-MML_HTMLorMML-full,Safe,local/report"
+# jupyter-server-mathjax ships MathJax 2 with the STIX-Web fonts only; left to its defaults HTML-CSS looks for
+# the TeX fonts, and some constructs (a prime, as in silu'(z)) end in "Math Processing Error"
+MATHJAX_LOCAL_CONFIG = """MathJax.Hub.Config({
+  "HTML-CSS": {availableFonts: [], preferredFont: null, webFont: "STIX-Web", imageFont: null},
+  SVG: {font: "STIX-Web"}
+});
+MathJax.Ajax.loadComplete("[MathJax]/config/local/report.js");
+"""
+HIDDEN_CELL_TAG = "remove-cell"  # cells that serve the report (summary.json), kept in the notebook, not on its page
 
 
 def copy_mathjax(folder: Path) -> bool:
-    """Copies MathJax (from the jupyter-server-mathjax package) into the report folder, so that the
-    pages' LaTeX renders offline too. Returns False when the package is missing (pages then load
-    MathJax from nbconvert's default CDN)."""
+    """Copies MathJax (from the jupyter-server-mathjax package) into the report folder, with our
+    configuration, so that the pages' LaTeX renders offline too. Returns False when the package is
+    missing (pages then load MathJax from nbconvert's default CDN)."""
     try:
         import jupyter_server_mathjax
     except ImportError:
         return False
-    shutil.copytree(Path(jupyter_server_mathjax.__file__).parent / "static", folder / MATHJAX_FOLDER,
-                    dirs_exist_ok=True)  # fmt: skip
+    target = folder / MATHJAX_FOLDER
+    shutil.copytree(Path(jupyter_server_mathjax.__file__).parent / "static", target, dirs_exist_ok=True)
+    (target / "config" / "local").mkdir(parents=True, exist_ok=True)
+    (target / "config" / "local" / "report.js").write_text(MATHJAX_LOCAL_CONFIG)
     return True
 
 
+def _assignments(source: str) -> dict:
+    """{name: value} of the literal assignments in a parameters cell (others are skipped)."""
+    import ast
+
+    values = {}
+    for statement in ast.parse(source).body:
+        if isinstance(statement, ast.AnnAssign) and statement.value is not None:
+            targets = [statement.target]
+        elif isinstance(statement, ast.Assign):
+            targets = statement.targets
+        else:
+            continue
+        try:
+            value = ast.literal_eval(statement.value)
+        except ValueError:
+            value = ast.unparse(statement.value)
+        values.update({target.id: value for target in targets if isinstance(target, ast.Name)})
+    return values
+
+
+def _comments(source: str) -> dict:
+    """{name: the comment on its line} in a parameters cell."""
+    found = {}
+    for line in source.splitlines():
+        match = re.match(r"\s*(\w+)\s*(?::[^=]*)?=.*?#\s*(.*)$", line)
+        if match:
+            found[match.group(1)] = match.group(2).strip()
+    return found
+
+
+def parameters_markdown(defaults_source: str, injected_source: str = "") -> str:
+    """The run's parameters as a markdown table: name, value (with the default where the run set another)
+    and the comment of the parameters cell. ``output_dir`` (set by the runner for every run) is left out."""
+    defaults, given, comments = _assignments(defaults_source), _assignments(injected_source), _comments(defaults_source)
+    rows = ["| parameter | value | what it is |", "|---|---|---|"]
+    for name, default in defaults.items():
+        if name in RUNNER_PARAMETERS:
+            continue
+        value = given.get(name, default)
+        shown = f"`{value!r}`" + (f" (default `{default!r}`)" if name in given and value != default else "")
+        comment = comments.get(name, "").replace("|", r"\|")
+        rows.append(f"| `{name}` | {shown} | {comment} |")
+    return "**Parameters of this page**\n\n" + "\n".join(rows)
+
+
+def page_notebook(notebook):
+    """The notebook as its HTML page shows it: the cells tagged ``remove-cell`` left out, and the parameters
+    cell with papermill's injected one replaced by a table of the values the run used."""
+    import nbformat
+
+    page = nbformat.from_dict(notebook)
+    tagged = {tag: [c for c in page.cells if tag in c.metadata.get("tags", [])]
+              for tag in ("parameters", "injected-parameters")}  # fmt: skip
+    if tagged["parameters"]:
+        injected = tagged["injected-parameters"][0].source if tagged["injected-parameters"] else ""
+        table = nbformat.v4.new_markdown_cell(parameters_markdown(tagged["parameters"][0].source, injected))
+        page.cells[page.cells.index(tagged["parameters"][0])] = table
+    hidden = ("injected-parameters", HIDDEN_CELL_TAG)
+    page.cells = [c for c in page.cells if not set(c.metadata.get("tags", [])) & set(hidden)]
+    return page
+
+
 def write_html(ipynb: Path, html_path: Path, title: str) -> None:
-    """A self-contained HTML of an executed notebook: code shown, figures embedded as data URIs, LaTeX
-    rendered by the MathJax copy beside it when the report folder has one."""
+    """A self-contained HTML of an executed notebook (as :func:`page_notebook` shows it): code shown,
+    figures embedded as data URIs, LaTeX rendered by the MathJax copy beside it when the report folder has one."""
     import nbconvert
     import nbformat
 
@@ -344,7 +424,8 @@ def write_html(ipynb: Path, html_path: Path, title: str) -> None:
     if (html_path.parent / MATHJAX_FOLDER / "MathJax.js").is_file():
         options["mathjax_url"] = f"{MATHJAX_FOLDER}/MathJax.js?config={MATHJAX_CONFIG}"
     exporter = nbconvert.HTMLExporter(template_name="lab", embed_images=True, log=quiet, **options)
-    body, _ = exporter.from_notebook_node(nbformat.read(ipynb, as_version=4), resources={"metadata": {"name": title}})
+    page = page_notebook(nbformat.read(ipynb, as_version=4))
+    body, _ = exporter.from_notebook_node(page, resources={"metadata": {"name": title}})
     html_path.write_text(body, encoding="utf-8")
 
 
@@ -382,6 +463,10 @@ code { font-size: 0.85rem; }
 .pending { color: #9a6700; }
 .error { color: #cf222e; font-family: monospace; font-size: 0.85rem; }
 .env td, .env th { border: none; padding: 0.1rem 0.6rem 0.1rem 0; font-size: 0.85rem; }
+ol.reading li { margin: 0 0 0.7rem; }
+ol.reading .what { color: #57606a; }
+.math-ok { color: #1a7f37; }
+.math-failed { color: #cf222e; font-weight: 600; }
 """
 
 
@@ -391,6 +476,57 @@ def _parameters_html(run: Run) -> str:
         return "<em>defaults</em>"
     return "".join(f'<code class="{"swept" if name in run.swept else ""}">{html.escape(f"{name}={value!r}")}</code>'
                    for name, value in shown.items())  # fmt: skip
+
+
+def notebook_info(path: Path) -> tuple[str, str]:
+    """(title, one line) of a notebook: its first heading, and its metadata's ``description`` (else the
+    first sentence after the heading)."""
+    import nbformat
+
+    notebook = nbformat.read(path, as_version=4)
+    first = next((cell.source for cell in notebook.cells if cell.cell_type == "markdown"), "")
+    lines = first.splitlines()
+    title = next((line.lstrip("#").strip() for line in lines if line.startswith("# ")), path.stem)
+    description = notebook.metadata.get("description", "")
+    if not description:
+        text = " ".join(line.strip() for line in lines if line.strip() and not line.startswith("#"))
+        description = re.split(r"(?<=[.:])\s", text, maxsplit=1)[0]
+    return title, description
+
+
+def _reading_order_html(report: Report) -> str:
+    """One item per notebook, in order: its title (linked to its first page), its one line, and its pages
+    when a sweep made several."""
+    items = []
+    for notebook in dict.fromkeys(run.notebook for run in report.runs):
+        runs = [run for run in report.runs if run.notebook == notebook]
+        title, description = notebook_info(notebook)
+        heading = f"<strong>{html.escape(title)}</strong>"
+        if (report.folder / f"{runs[0].name}.html").exists():
+            heading = f'<a href="{html.escape(runs[0].name)}.html">{heading}</a>'
+        pages = ""
+        if len(runs) > 1:
+            links = [f'<a href="{html.escape(run.name)}.html">'
+                     f"{html.escape(', '.join(f'{k} = {v}' for k, v in run.swept.items()))}</a>" for run in runs]
+            pages = f"<br>pages: {' · '.join(links)}"
+        failed = [run.name for run in runs if run.status == "failed"]
+        status = f' <span class="failed">failed: {html.escape(", ".join(failed))}</span>' if failed else ""
+        items.append(f'<li>{heading}{status}<br><span class="what">{html.escape(description)}</span>{pages}</li>')
+    return f'<ol class="reading">\n{chr(10).join(items)}\n</ol>'
+
+
+def _math_html(math_check: dict | None) -> str:
+    if not math_check:
+        return ""
+    if math_check.get("skipped"):
+        return f" · math not checked ({html.escape(math_check['skipped'])})"
+    failed = [page for page in math_check["pages"] if page["errors"]]
+    formulas = sum(page["formulas"] for page in math_check["pages"])
+    if failed:
+        return (f' · <span class="math-failed">math errors on {len(failed)} pages</span> '
+                f'(<a href="math_check.json">math_check.json</a>)')  # fmt: skip
+    return (f' · <span class="math-ok">{formulas} formulas rendered</span> in '
+            f"{html.escape(math_check['browser'])}")  # fmt: skip
 
 
 def index_html(report: Report, environment_info: dict) -> str:
@@ -420,7 +556,10 @@ def index_html(report: Report, environment_info: dict) -> str:
 <h1>moe-backward-lab report {html.escape(report.run_id)}</h1>
 <p class="meta">Started {html.escape(report.started)}
  · config <a href="config.yaml">{html.escape(report.config_source)}</a>
- · {len(report.runs)} runs: {tally} · <a href="report.json">report.json</a></p>
+ · {len(report.runs)} runs: {tally} · <a href="report.json">report.json</a>{_math_html(report.math_check)}</p>
+<h2>Reading order</h2>
+{_reading_order_html(report)}
+<h2>Runs</h2>
 <table>
 <thead><tr><th>#</th><th>run</th><th>parameters</th><th>status</th><th>time</th><th>files</th></tr></thead>
 <tbody>
@@ -432,11 +571,32 @@ def index_html(report: Report, environment_info: dict) -> str:
 """
 
 
-def write_index(report: Report, environment_info: dict) -> None:
-    report.index.write_text(index_html(report, environment_info), encoding="utf-8")
+def write_index(report: Report) -> None:
+    report.index.write_text(index_html(report, report.environment), encoding="utf-8")
     manifest = dict(run_id=report.run_id, started=report.started, config=report.config_source,
-                    environment=environment_info, runs=[run.to_json() for run in report.runs])  # fmt: skip
+                    environment=report.environment, runs=[run.to_json() for run in report.runs],
+                    math_check=report.math_check)  # fmt: skip
     (report.folder / "report.json").write_text(json.dumps(manifest, indent=2, default=str))
+
+
+def check_math(report: Report, browser: str | None = None) -> bool:
+    """Opens every page of the report in headless Chromium (:mod:`moe_lib.pagecheck`) and records what its
+    math came to in ``math_check.json``, ``report.json`` and the index. False when a formula failed; True
+    when all rendered, or when no browser is installed (the check is then recorded as skipped)."""
+    from . import pagecheck
+
+    browser = browser or pagecheck.find_browser()
+    if browser is None:
+        report.math_check = {"skipped": "no browser found"}
+        write_index(report)
+        return True
+    pages = [page for run in report.runs if (page := report.folder / f"{run.name}.html").is_file()]
+    results = pagecheck.check_pages(pages, browser)
+    report.math_check = {"browser": pagecheck.browser_version(browser), "pages": [r.to_json() for r in results]}
+    (report.folder / "math_check.json").write_text(json.dumps(report.math_check, indent=2))
+    write_index(report)
+    print(pagecheck.summary(results, report.math_check["browser"]))
+    return all(r.ok for r in results)
 
 
 def summary_table(report: Report) -> str:
@@ -489,13 +649,13 @@ def run_report(config, *, notebooks=None, notebooks_dir=NOTEBOOKS_DIR, out_dir=R
     (folder / "config.yaml").write_text(config_text if config_text is not None else yaml.safe_dump(config))
     report = Report(folder=folder, runs=runs, run_id=run_id, config_source=config_source,
                     started=datetime.datetime.now().isoformat(timespec="seconds"))  # fmt: skip
-    environment_info = environment()
-    write_index(report, environment_info)
+    report.environment = environment()
+    write_index(report)
     with tqdm(runs, desc="notebooks", unit="run", disable=not progress, file=sys.stderr) as bar:
         for run in bar:
             bar.set_postfix_str(run.name)
             execute_run(run, folder, kernel_name)
-            write_index(report, environment_info)
+            write_index(report)
             tqdm.write(f"{run.status:<6} {run.name} ({run.duration_s:.1f} s){'  ' + run.error if run.error else ''}",
                        file=sys.stderr)  # fmt: skip
     return report
@@ -513,6 +673,8 @@ def main(argv=None) -> int:
     parser.add_argument("--notebooks-dir", default=str(NOTEBOOKS_DIR), help="folder of the notebooks")
     parser.add_argument("--kernel", default=KERNEL_NAME, help="Jupyter kernel to run the notebooks with")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--no-math-check", action="store_true",
+                        help="skip the check of the pages' math in headless Chromium (python -m moe_lib.pagecheck)")
     args = parser.parse_args(argv)
     try:
         report = run_report(args.config, notebooks=args.notebooks, notebooks_dir=args.notebooks_dir,
@@ -522,7 +684,10 @@ def main(argv=None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(summary_table(report))
-    return 0 if report.ok else 1
+    math_ok = True if args.no_math_check else check_math(report)
+    if report.math_check and report.math_check.get("skipped"):
+        print(f"math check skipped: {report.math_check['skipped']} (install chromium to check the pages' math)")
+    return 0 if report.ok and math_ok else 1
 
 
 if __name__ == "__main__":

@@ -81,6 +81,11 @@ def test_figures_render():
         kernels.split_k_figure(4),
         kernels.p2_tiling_figure(inputs["topk_indices"], 4, 32, 16, p2_config),
     ]
+    matrices = figures[0].axes[0]  # P1: every output matrix in one axes of equal aspect, so all to one scale
+    assert matrices.get_aspect() == 1.0
+    plan = p1_launch.launch_plan(16, 2048, 768, p1_launch.choose_config(16, 2048, 768, interpreter=False))
+    outlines = [p for p in matrices.patches if p.get_fill()]  # one filled rectangle per matrix, [N wide, M high]
+    assert [(p.get_width(), p.get_height()) for p in outlines] == [(k.N, k.M) for k in plan]
     for figure in figures:
         assert isinstance(figure, matplotlib.figure.Figure) and figure.axes
         plt.close(figure)

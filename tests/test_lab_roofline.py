@@ -11,6 +11,7 @@ from moe_lib.lab import roofline as lab_roofline
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.text import Text  # noqa: E402
 
 P1 = problems.PROBLEM_NAMES[0]
 
@@ -66,14 +67,14 @@ def test_measured_points_and_their_projection(loaded):
     assert len(memory) and memory["scale"].to_numpy() == pytest.approx(3.35 / 4.8)
     compute = projected[projected["intensity"] > lab_roofline.ridge_point("H100-SXM")]
     assert len(compute) and compute["scale"].to_numpy() == pytest.approx(1.0)  # same tensor rate
-    between = projected[(projected["intensity"] > ridge_h200) & (projected["intensity"] < 295)]
-    for _, row in between.iterrows():  # compute-bound on the H200, memory-bound on the H100: ratio of the roofs
-        assert row["scale"] == pytest.approx(row["intensity"] * 3.35e12 / 989e12)
+    # compute-bound on the H200, memory-bound on the H100 (no committed point lies there): the ratio of the roofs
+    between = lab_roofline.project_points(points.head(3).assign(intensity=[210.0, 250.0, 290.0]), "H100-SXM")
+    assert between["scale"].to_numpy() == pytest.approx(between["intensity"].to_numpy() * 3.35e12 / 989e12)
     same = lab_roofline.project_points(points, "H200")
     assert (same["scale"] == 1).all() and not same["projected"].any()
     b200 = lab_roofline.project_points(points, "B200")
     compute = b200[b200["intensity"] > lab_roofline.ridge_point("B200")]
-    assert compute["scale"].to_numpy() == pytest.approx(1.81e15 / 989e12)
+    assert len(compute) and compute["scale"].to_numpy() == pytest.approx(1.81e15 / 989e12)
     unknown = lab_roofline.project_points(points.assign(gpu="cpu"), "H200")
     assert unknown["scale"].isna().all()
     mine = lab_roofline.points_table(projected, "H100-SXM")
@@ -86,7 +87,11 @@ def test_tables_and_figures_render(loaded):
     assert list(measured) == [f"H200 measured ({key})" for key in loaded]
     table = lab_roofline.gpu_table(measured)
     assert "ddf4ff" in lab_roofline.styled_gpu_table(table, highlight="H200").to_html()
-    assert isinstance(lab_roofline.styled_cost_table(lab_roofline.cost_table(P1, "H200"), "P1").to_html(), str)
+    costs = lab_roofline.cost_table(P1, "H200")
+    html = lab_roofline.styled_cost_table(costs, "P1").to_html()
+    assert all(f">{t}</th>" in html for t in costs.index) and "<caption>P1</caption>" in html
+    for bound, colour in (("memory", "#0969da"), ("compute", "#cf222e")):
+        assert (colour in html) == (costs["bound"] == bound).any(), bound
     points = lab_roofline.measured_points(loaded)
     figures = [lab_roofline.roofline_figure("H100-SXM", points, loaded), lab_roofline.intensity_figure("H200")]
     titles = [ax.get_title() for ax in figures[0].axes]
@@ -94,3 +99,31 @@ def test_tables_and_figures_render(loaded):
     for figure in figures:
         assert isinstance(figure, matplotlib.figure.Figure) and figure.axes
         plt.close(figure)
+
+
+def test_token_labels_keep_apart_and_cover_no_marker(loaded):
+    points = lab_roofline.project_points(lab_roofline.measured_points(loaded), "H100-SXM")
+    for name in problems.PROBLEM_NAMES:
+        ours = points[(points["problem"] == name) & (points["impl"] == results.OURS)].sort_values("num_tokens")
+        labelled = lab_roofline.labelled_points(ours)
+        assert {ours["num_tokens"].iloc[0], ours["num_tokens"].iloc[-1]} <= set(labelled["num_tokens"])
+        x = sorted(math.log10(i) for i in labelled["intensity"])
+        assert all(b - a >= 0.35 for a, b in zip(x, x[1:], strict=False)), name
+    figure = lab_roofline.roofline_figure("H100-SXM", lab_roofline.measured_points(loaded), loaded)
+    figure.canvas.draw()
+    for ax in figure.axes:
+        labels = [text for text in ax.texts if text.get_text().startswith("T=")]
+        assert labels, ax.get_title()
+        markers = [xy for collection in ax.collections for xy in ax.transData.transform(collection.get_offsets())]
+        for label in labels:
+            box = Text.get_window_extent(label).padded(4)  # the text alone (not its line), and a marker's radius
+            assert not any(box.contains(x, y) for x, y in markers), (ax.get_title(), label.get_text())
+    plt.close(figure)
+
+
+def test_intensity_legend_sits_beside_the_curves():
+    figure = lab_roofline.intensity_figure("H100-SXM")
+    figure.canvas.draw()
+    ax = figure.axes[0]
+    assert ax.get_legend().get_window_extent().x0 >= ax.get_window_extent().x1  # covers no curve
+    plt.close(figure)

@@ -1,11 +1,12 @@
 """The report runner: config planning and checks, a sweep over notebook 01, failures that do not stop the rest."""
 
+import html
 import json
 from pathlib import Path
 
 import pytest
 
-from moe_lib import report
+from moe_lib import pagecheck, report
 
 papermill = pytest.importorskip("papermill")
 nbformat = pytest.importorskip("nbformat")
@@ -143,6 +144,23 @@ def test_environment_names_the_git_revision_and_the_versions(monkeypatch):
     assert report.environment()["git"] == "unknown"
 
 
+def test_parameters_table_shows_the_values_the_run_used():
+    defaults = "\n".join(['gpu: str = "H100-SXM"  # the GPU | its key', "seed: int = 0  # seeds draws",
+                          'output_dir: str = "."  # outputs'])
+    injected = '# Parameters\ngpu = "H200"\noutput_dir = "/tmp/abs/path"\n'
+    table = report.parameters_markdown(defaults, injected)
+    assert "| `gpu` | `'H200'` (default `'H100-SXM'`) | the GPU \\| its key |" in table
+    assert "| `seed` | `0` | seeds draws |" in table
+    assert "output_dir" not in table and "/tmp/abs/path" not in table
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(defaults), nbformat.v4.new_code_cell(injected),
+                                               nbformat.v4.new_code_cell("print(1)"), nbformat.v4.new_code_cell("x")])
+    for cell, tags in zip(notebook.cells, (["parameters"], ["injected-parameters"], [], ["remove-cell"]), strict=True):
+        cell.metadata["tags"] = tags
+    page = report.page_notebook(notebook)
+    assert [c.cell_type for c in page.cells] == ["markdown", "code"] and page.cells[1].source == "print(1)"
+    assert len(notebook.cells) == 4  # the executed notebook itself keeps every cell
+
+
 # ---------------------------------------------------------------- running
 
 
@@ -164,12 +182,26 @@ def test_sweep_over_notebook_01_writes_notebooks_html_and_index(kernel_name, tmp
         assert 'src="mathjax/MathJax.js?config=' in page  # LaTeX rendered by the copy beside the page
         assert (result.folder / "mathjax" / "MathJax.js").is_file()
         assert "every hand-derived step is checked against autograd here" in page  # the code is shown
+        # the parameters as a table, papermill's injected cell (with its absolute output_dir) and the
+        # summary.json cell (tagged remove-cell) left out
+        assert "Parameters of this page" in page and f"<code>{seed}</code> (default <code>0</code>)" in page
+        assert run.parameters["output_dir"] not in page and "injected-parameters" not in page
+        assert "steps checked, worst relative error" not in page
+        assert "steps checked, worst relative error" in json.dumps(executed.cells[-1].outputs)  # still run
         summary = json.loads((result.folder / run.name / "summary.json").read_text())
         assert summary["seed"] == seed and summary["sizes"]["hidden_size"] == tiny["hidden_size"]
         assert (result.folder / run.name / "silu_and_gates.png").is_file()
         for target in (f"{run.name}.html", f"{run.name}.ipynb", f"{run.name}/summary.json"):
             assert f'href="{target}"' in index, target
     assert index.count('class="ok">ok<') == 2
+    title, description = report.notebook_info(report.NOTEBOOKS_DIR / f"{P1}.ipynb")
+    assert title.startswith("01 · ") and description  # the reading order: one line per notebook
+    assert "<h2>Reading order</h2>" in index and title in index and html.escape(description) in index
+    assert f'<a href="{P1}__seed-3.html">seed = 3</a>' in index
+    if pagecheck.find_browser():  # every formula of both pages rendered, recorded beside them
+        assert report.check_math(result)
+        assert "formulas rendered" in result.index.read_text()
+        assert all(not page["errors"] for page in json.loads((result.folder / "math_check.json").read_text())["pages"])
     manifest = json.loads((result.folder / "report.json").read_text())
     assert [run["status"] for run in manifest["runs"]] == ["ok", "ok"]
     assert yaml.safe_load((result.folder / "config.yaml").read_text()) == config

@@ -4,6 +4,7 @@
     results.py        03, 05: the benchmark's result files, the implementations' styles, per-case tables
     roofline.py       03: ridge points, cost per case, ridge crossings, measured points and their projection
     kernels.py        04: the kernels' launch plans as tables and diagrams, the designs measured on the GPU
+    tutorial.py       04: teaching kernels from naive to fused, run under the interpreter; kernels' sources for the page
     benchmark.py      05: times, speed-ups, scores, correctness and per-case figures of the result files
     targets.py        05: the project's targets (``data/problems/<name>/lab.json``) judged on the result files
     parallel.py       06: the exchanges, the cost model and the measured multi-GPU runs of expert parallelism

@@ -175,6 +175,18 @@ def correctness_table(result: ResultFile) -> pd.DataFrame:
     return table.set_index(["impl", "num_tokens"])
 
 
+def flag_summary(result: ResultFile) -> str:
+    """One line on :func:`correctness_table`'s flags: per flagged implementation, what and in how many cases."""
+    table = correctness_table(result)
+    flagged = table[table["flag"] != ""].reset_index()
+    cases = table.index.get_level_values("num_tokens").nunique()
+    if flagged.empty:
+        return f"{result.title}: nothing flagged, every implementation correct on every case"
+    groups = flagged.groupby(["impl", "flag"], sort=False)
+    parts = [f"{impl} {flag} in {len(rows)} of {cases} cases" for (impl, flag), rows in groups]
+    return f"{result.title}: " + "; ".join(parts)
+
+
 def correctness_pivot(result: ResultFile) -> pd.DataFrame:
     """Per case (rows) and implementation: worst relative error, and the element rule's worst pass fraction."""
     errors = pivot(result, "rel_error").add_suffix(" · rel. error")

@@ -70,44 +70,70 @@ def rows_read(k_start: int, k_end: int, intermediate_size: int) -> str:
     return "Wu" if k_start >= intermediate_size else "Wg and Wu"
 
 
-def _draw_tile_kind(ax, kind: p1_launch.TileKind, max_tiles: int = 4096) -> None:
-    """One output matrix in element units (N across, M down) with its tile grid, hatched where split-K."""
+def _draw_tile_kind(ax, kind: p1_launch.TileKind, x0: float, y0: float, max_tiles: int = 4096) -> None:
+    """One output matrix in element units (N across, M down) with its top-left corner at (x0, y0), its tile grid
+    (hatched where split-K) and its caption above it."""
     color = KIND_COLORS.get(kind.kind, "tab:gray")
     M, N, bm, bn = kind.M, kind.N, kind.block_m, kind.block_n
-    ax.add_patch(patches.Rectangle((0, 0), N, M, facecolor=color, alpha=0.18, edgecolor=color, lw=1.5))
+    ax.add_patch(patches.Rectangle((x0, y0), N, M, facecolor=color, alpha=0.18, edgecolor=color, lw=1.5))
     if kind.tiles <= max_tiles:
         for i in range(0, M, bm):
             for j in range(0, N, bn):
-                ax.add_patch(patches.Rectangle((j, i), min(bn, N - j), min(bm, M - i), fill=False, edgecolor=color,
-                                               lw=0.6, hatch="///" if kind.split > 1 else None))  # fmt: skip
-    ax.set(xlim=(0, N), ylim=(M, 0), xticks=[0, N], yticks=[0, M])
-    ax.set_box_aspect(min(max(M / N, 0.08), 2.7))  # the matrix's shape, within reason
-    ax.tick_params(labelsize=7)
+                ax.add_patch(patches.Rectangle((x0 + j, y0 + i), min(bn, N - j), min(bm, M - i), fill=False,
+                                               edgecolor=color, lw=0.5, hatch="///" if kind.split > 1 else None))
+    ax.annotate(_caption(kind), (x0, y0), xytext=(0, 4), textcoords="offset points", fontsize=8, ha="left",
+                va="bottom")
+
+
+def _caption(kind: p1_launch.TileKind) -> str:
     reduce = f"{kind.reduce_name} = {kind.reduce_length}"
     split = f"split-K ×{kind.split} over {reduce}" if kind.split > 1 else f"reduces over {reduce}"
-    ax.set_title(f"{kind.computes}\n[{M}, {N}]: {kind.tiles} tiles of {bm}×{bn}\n{split}; "
-                 f"programs {kind.first_program}–{kind.first_program + kind.programs - 1}", fontsize=8)  # fmt: skip
+    return (f"{kind.computes}\n[{kind.M}, {kind.N}]: {kind.tiles} tiles of {kind.block_m}×{kind.block_n}\n{split}; "
+            f"programs {kind.first_program}–{kind.first_program + kind.programs - 1}")
 
 
 def p1_tiling_figure(num_tokens: int, hidden_size: int, intermediate_size: int, config: p1_launch.TileConfig):
     """P1's two launches under ``config``: each tile kind's output matrix with its tile grid (hatched where
-    split-K), and a bar of the launch's program ids coloured by kind (the order the kernel hands them out)."""
+    split-K), every matrix to the same scale (one element is as wide in each), and per launch a bar of its
+    program ids coloured by kind (the order the kernel hands them out)."""
     plan = p1_launch.launch_plan(num_tokens, hidden_size, intermediate_size, config)
-    fig = plt.figure(figsize=(13, 10), layout="constrained")
-    for subfig, (n, total) in zip(fig.subfigures(2, 1, hspace=0.05), p1_launch.grid_sizes(plan).items(), strict=True):
-        kinds = [k for k in plan if k.launch == n]
-        grid = subfig.add_gridspec(2, len(kinds), height_ratios=[6, 1])
-        for column, kind in enumerate(kinds):
-            _draw_tile_kind(subfig.add_subplot(grid[0, column]), kind)
-        bar_ax = subfig.add_subplot(grid[1, :])
+    totals = p1_launch.grid_sizes(plan)
+    launches = {n: [k for k in plan if k.launch == n] for n in totals}
+    figure_width_pt = 13 * 72
+    width = max(sum(k.N for k in kinds) for kinds in launches.values())
+    for _ in range(3):  # each matrix takes the room of its caption at least: the captions' size depends on the scale
+        gap = 0.08 * width  # between matrices, and the room for each row's captions
+        caption = 8 * 0.62 * width / figure_width_pt  # data units per character of an 8-point caption
+        advance = {k.kind: max(k.N, caption * max(map(len, _caption(k).splitlines()))) + gap for k in plan}
+        width = max(sum(advance[k.kind] for k in kinds) - gap for kinds in launches.values())
+    heights = {n: max(k.M for k in kinds) for n, kinds in launches.items()}
+    height = sum(heights.values()) + 2.6 * gap * len(heights)
+
+    fig = plt.figure(figsize=(13, 1.6 + 12 * height / width), layout="constrained")
+    grid = fig.add_gridspec(1 + len(launches), 1, height_ratios=[12 * height / width] + [0.35] * len(launches))
+    ax = fig.add_subplot(grid[0])
+    y = 0.0
+    for n, kinds in launches.items():
+        y += 1.5 * gap
+        ax.text(0, y - 0.95 * gap, f"launch {n}: {totals[n]} programs", fontsize=11, weight="bold", va="bottom")
+        x = 0.0
+        for kind in kinds:
+            _draw_tile_kind(ax, kind, x, y)
+            x += advance[kind.kind]
+        y += heights[n] + 1.1 * gap
+    ax.set(xlim=(0, width), ylim=(y, 0))
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.set_title(f"T = {num_tokens}, H = {hidden_size}, I = {intermediate_size}: every matrix to the same scale",
+                 fontsize=10, loc="left")  # fmt: skip
+    for row, (n, kinds) in enumerate(launches.items(), 1):
+        bar_ax = fig.add_subplot(grid[row])
         for kind in kinds:
             bar_ax.barh(0, kind.programs, left=kind.first_program, color=KIND_COLORS[kind.kind], alpha=0.7,
                         edgecolor="black", hatch="///" if kind.split > 1 else None)  # fmt: skip
             bar_ax.text(kind.first_program + kind.programs / 2, 0, f"{kind.kind}: {kind.programs}", ha="center",
                         va="center", fontsize=8)  # fmt: skip
-        bar_ax.set(xlim=(0, total), yticks=[], xlabel="program id, tl.program_id(0)")
-        subfig.suptitle(f"launch {n}: {total} programs  (T = {num_tokens}, H = {hidden_size}, I = {intermediate_size})",
-                        fontsize=11, x=0.01, ha="left")  # fmt: skip
+        bar_ax.set(xlim=(0, totals[n]), yticks=[], xlabel=f"launch {n}: program id, tl.program_id(0)")
     return fig
 
 

@@ -218,13 +218,44 @@ def plot_roofline(ax, gpu: str, *, x_range=(0.5, 5000.0), measured: roofline.GPU
     ax.grid(alpha=0.3, which="both")
 
 
+def labelled_points(ours: pd.DataFrame, max_labels: int = 4, min_decades: float = 0.35) -> pd.DataFrame:
+    """The points of ``ours`` to label with their token count: the first and the last, then others from the middle
+    outwards, each at least ``min_decades`` of intensity (log10) from every label already taken, so that no two
+    labels collide."""
+    ours = ours.sort_values("num_tokens")
+    if ours.empty:
+        return ours
+    n = len(ours)
+    middle_out = sorted(range(1, n - 1), key=lambda i: abs(i - (n - 1) / 2))
+    taken = []
+    for i in [0, n - 1, *middle_out]:
+        x = math.log10(ours["intensity"].iloc[i])
+        if i not in taken and all(abs(x - math.log10(ours["intensity"].iloc[j])) >= min_decades for j in taken):
+            taken.append(i)
+        if len(taken) == max_labels:
+            break
+    return ours.iloc[sorted(taken)]
+
+
+def _label_token_counts(ax, points: pd.DataFrame) -> None:
+    """Our points' token counts (:func:`labelled_points`), each written below every marker near its intensity and
+    joined to its point by a thin line, so that no label covers a marker."""
+    color = IMPL_STYLE[OURS][0]
+    for _, row in labelled_points(points[points["impl"] == OURS]).iterrows():
+        near = points[(np.log10(points["intensity"]) - math.log10(row["intensity"])).abs() < 0.2]
+        y = near["projected_rate"].min() / 2.5
+        ax.annotate(f"T={row['num_tokens']}", (row["intensity"], row["projected_rate"]), xytext=(row["intensity"], y),
+                    fontsize=8, color=color, ha="center", va="top",
+                    arrowprops=dict(arrowstyle="-", color=color, lw=0.6, alpha=0.6, shrinkA=1, shrinkB=5))  # fmt: skip
+
+
 def roofline_figure(gpu: str, points: pd.DataFrame, results: dict[str, ResultFile] | None = None):
     """One roofline panel per problem with points: measured ones (filled) where they ran on ``gpu``,
     projected ones (hollow, labelled so) where they ran elsewhere. Returns the figure."""
     projected = project_points(points, gpu)
     names = [p for p in problems.PROBLEM_NAMES if p in set(points["problem"])] or list(problems.PROBLEM_NAMES)
     fig, axes = plt.subplots(len(names), 1, figsize=(10, 5.6 * len(names)), sharex=True, squeeze=False)
-    y_min = max(1e9, projected["projected_rate"].min() / 3) if len(projected) else 1e10
+    y_min = max(1e9, projected["projected_rate"].min() / 8) if len(projected) else 1e10  # room for the T labels
     for ax, problem in zip(axes[:, 0], names, strict=True):
         result = find(results, problem) if results else None
         same_gpu = result is not None and result.gpu_key == gpu
@@ -239,11 +270,7 @@ def roofline_figure(gpu: str, points: pd.DataFrame, results: dict[str, ResultFil
                 ax.scatter(group["intensity"], group["projected_rate"], color=color if not was_projected else "none",
                            edgecolors=color, marker=marker, s=70 if impl == OURS else 38, linewidths=1.2,
                            label=label, zorder=3)  # fmt: skip
-        ours = mine[mine["impl"] == OURS].sort_values("num_tokens")
-        shown = ours if len(ours) <= 4 else ours.iloc[[0, len(ours) // 2, len(ours) - 1]]
-        for _, row in shown.iterrows():
-            ax.annotate(f"T={row['num_tokens']}", (row["intensity"], row["projected_rate"]), textcoords="offset points",
-                        xytext=(5, -11), fontsize=8, color=IMPL_STYLE[OURS][0])  # fmt: skip
+        _label_token_counts(ax, mine)
         ax.set_ylim(y_min, _spec(gpu).bf16_dense_flops * 4)
         ax.set_title(f"{problems.load(problem).title} on {gpu}", fontsize=11)
         ax.legend(fontsize=8, loc="lower right")
@@ -255,7 +282,7 @@ def roofline_figure(gpu: str, points: pd.DataFrame, results: dict[str, ResultFil
 def intensity_figure(gpu: str, problem_names=problems.PROBLEM_NAMES, measured: dict | None = None):
     """Arithmetic intensity against token count for each problem, its suite cases marked, with the ridge
     of ``gpu`` (and of ``measured``: {label: GPUSpec}) and where each problem crosses it."""
-    fig, ax = plt.subplots(figsize=(9, 5))
+    fig, ax = plt.subplots(figsize=(12, 5), layout="constrained")
     colors = dict(zip(problems.PROBLEM_NAMES, PROBLEM_COLORS, strict=True))
     t = np.unique(np.logspace(0, math.log10(65536), 300).astype(int))
     ridges = {f"{gpu} ridge (datasheet)": _spec(gpu), **(measured or {})}
@@ -279,6 +306,5 @@ def intensity_figure(gpu: str, problem_names=problems.PROBLEM_NAMES, measured: d
     ax.set(xlabel="tokens T", ylabel="arithmetic intensity (FLOP / byte)",
            title=f"Where each problem turns compute-bound on {gpu}")  # fmt: skip
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8, loc="upper left", framealpha=0.95)
-    fig.tight_layout()
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: it covers no curve
     return fig
