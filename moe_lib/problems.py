@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from . import moe_experts, swiglu_down
+from .validation import fits_in_memory
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 PROBLEMS_DIR = DATA_DIR / "problems"
@@ -88,6 +89,8 @@ class Problem:
     small_suite: tuple = ()
     reference_precision: dict = field(default_factory=dict)  # {"full": dtype name, "small": dtype name}
     targets: tuple = ()  # the speeds the project must reach on this problem (lab/targets.py judges them)
+    # FLOPs of a training step of the problem's layer, per mode, in units of Π flops_axes (bench/modes.py)
+    layer_flops: dict = field(default_factory=dict)
 
     @property
     def spec(self) -> Op:
@@ -127,6 +130,15 @@ class Problem:
         sizes.update(overrides)
         return sizes
 
+    def input_bytes(self, sizes: dict, dtype: torch.dtype) -> int:
+        """Bytes of the inputs at ``sizes`` (from :meth:`sizes`), float inputs in ``dtype``."""
+        total = 0
+        for spec in self.inputs.values():
+            declared = DTYPES[spec["dtype"]]
+            itemsize = (dtype if declared.is_floating_point else declared).itemsize
+            total += itemsize * math.prod(sizes[axis] for axis in spec["shape"])
+        return total
+
     def element_rule_at(self, dtype: torch.dtype) -> dict | None:
         """The element rule at ``dtype``: the problem's own at its own dtype, None otherwise (an overridden
         dtype, or a problem judged by relative error alone)."""
@@ -153,7 +165,10 @@ class Problem:
         SOL-ExecBench's harness draws: std-1 activations and saved tensors, independent).
         """
         sizes = self.sizes(num_tokens, **axes)
-        dtype = self.dtype if dtype is None else dtype
+        dtype = self.dtype if dtype is None else _draw_dtype(dtype)
+        device = _draw_device(device)
+        _check_seed(seed)
+        fits_in_memory("num_tokens", self.input_bytes(sizes, dtype), device, f"the inputs of {num_tokens} tokens")
         options = {}
         for option, value in (("routing", routing), ("distribution", distribution)):
             if value is None:
@@ -163,6 +178,38 @@ class Problem:
             options[option] = value
         generator = torch.Generator(device=device).manual_seed(seed)
         return self.spec.make_inputs(sizes, dtype, device, generator, **options)
+
+
+DRAW_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _draw_dtype(dtype) -> torch.dtype:
+    if dtype not in DRAW_DTYPES:
+        raise TypeError(f"dtype: expected one of {DRAW_DTYPES} (or None: the problem's), got {dtype!r}")
+    return dtype
+
+
+def _draw_device(device) -> torch.device:
+    """``device`` as a torch.device on which inputs can be drawn (the CPU or an available CUDA device)."""
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise ValueError(f"device: expected 'cpu', 'cuda', 'cuda:<n>' or a torch.device, got {device!r}") from exc
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device: {device!r} asks for CUDA, which is not available here")
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise ValueError(f"device: {device!r}, but there are {torch.cuda.device_count()} CUDA devices")
+    elif parsed.type != "cpu":
+        raise ValueError(f"device: expected a CPU or CUDA device, got {device!r}")
+    return parsed
+
+
+def _check_seed(seed) -> None:
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(f"seed: expected an integer, got {seed!r}")
+    if not -(2**63) <= seed < 2**64:
+        raise ValueError(f"seed: expected an integer in [-2**63, 2**64), got {seed}")
 
 
 def _read_json(path: Path):
@@ -238,6 +285,7 @@ def load(name: str) -> Problem:
         small_suite=tuple(small["suite"]),
         reference_precision=dict(_field(lab, "reference_precision", lab_path)),
         targets=tuple(lab.get("targets", ())),
+        layer_flops=dict(lab.get("layer_flops", {})),
     )
 
 

@@ -117,8 +117,13 @@ def test_styled_tables_and_figures_render(loaded, p1):
     assert "×" in benchmark.styled_speedups(p1).to_html()
     assert "0." in benchmark.styled_fractions(p1).to_html() and "geomean" in benchmark.styled_summary(p1).to_html()
     assert "element rule" in benchmark.styled_correctness(p1).to_html()
-    shown = targets.styled_targets(targets.targets_table(loaded)).to_html()
-    assert "NOT MET" in shown or "met" in shown
+    table = targets.targets_table(loaded)
+    styler = targets.styled_targets(table)
+    words = {True: "met", False: "NOT MET", None: "not settled"}
+    assert list(styler.data["met"]) == [words[met] for met in table["met"]]
+    shown = styler.to_html()
+    for met, colour in ((True, "#1a7f37"), (False, "#cf222e"), (None, "#57606a")):
+        assert (colour in shown) == any(value is met for value in table["met"]), words[met]
     assert benchmark.provenance_table(loaded).loc[p1.csv.name, "driver"] == p1.provenance["driver_version"]
     assert json.dumps(benchmark.recorded_summary(p1))  # plain JSON
     figures = [benchmark.per_case_figure(loaded, "time"),

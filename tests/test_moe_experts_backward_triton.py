@@ -374,3 +374,30 @@ def test_zero_experts_per_token_gives_zero_gradients(seed):
             grads = moe_lib.moe_experts_backward(*inputs.values(), impl=impl, validate=validate)
             assert [tuple(g.shape) for g in grads] == [(5, 32), (5, 0), (4, 16, 32), (4, 16, 32), (4, 32, 16)]
             assert all(torch.count_nonzero(g) == 0 for g in grads), (impl, validate)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("save_activations", [False, True])
+def test_layer_with_and_without_saved_activations_against_float64(dtype, save_activations, seed):
+    """moe_experts(save_activations=True) keeps g and u from the forward and its backward reads them: the
+    same gradients as the recomputing backward (bitwise in fp32, where they are stored exactly), both
+    within the rule against float64 autograd of the reference layer."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    T, H, I, E, K = (300, 256, 128, 8, 2) if device == "cuda" else (13, 32, 16, 4, 2)
+    inputs = problems.make_inputs("moe_experts_backward", T, seed=seed, device=device, dtype=dtype, hidden_size=H,
+                                  intermediate_size=I, num_experts=E, top_k=K)  # fmt: skip
+    names = ("hidden_states", "topk_weights", "gate_weights", "up_weights", "down_weights")
+
+    def step(impl, save, convert=lambda t: t):
+        leaves = [convert(inputs[name]).detach().requires_grad_() for name in names]
+        y = moe_lib.moe_experts(leaves[0], inputs["topk_indices"], *leaves[1:], impl=impl, save_activations=save)
+        return (y.detach(), *torch.autograd.grad(y, leaves, convert(inputs["grad_output"]).to(y.dtype)))
+
+    got = step("triton", save_activations)
+    want = step("reference", False, lambda t: t.double())
+    tolerance = FP32_TOLERANCE if dtype == torch.float32 else BF16_TOLERANCE
+    for name, g, w in zip(("output", *names), got, want, strict=True):
+        limit = tolerance["grad_hidden_states" if name in ("output", "hidden_states") else f"grad_{name}"]
+        assert torch.isfinite(g).all() and rel_error(g, w) <= limit, (name, rel_error(g, w))
+    if dtype == torch.float32 and save_activations:
+        assert all(torch.equal(a, b) for a, b in zip(got, step("triton", False), strict=True))

@@ -115,13 +115,32 @@ def test_faithful_path_passes_the_element_rule_at_the_harness_scale(T, seed):
 
 
 @needs_triton
-def test_public_entry_point_uses_triton(seed):
+@pytest.mark.parametrize("T", [5, 37])
+def test_public_entry_point_uses_triton(T, seed, monkeypatch):
+    """impl="triton" runs the Triton launcher (a spy counts it; the reference would raise), whose outputs
+    and workspaces come from NaN-filled memory: what comes back was written by the kernels."""
+    from moe_lib.swiglu_down import api, launch
+
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    inputs = problems.make_inputs("swiglu_down_backward", 5, seed=seed, device=device, hidden_size=32,
+    inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device=device, hidden_size=32,
                                   intermediate_size=16)  # fmt: skip
+    calls, run_triton = [], launch.swiglu_down_backward_triton
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("precision"))
+        return run_triton(*args, **kwargs)
+
+    def no_reference(*args):
+        raise AssertionError("impl='triton' ran the reference")
+
+    monkeypatch.setattr(launch, "swiglu_down_backward_triton", spy)
+    monkeypatch.setattr(api, "swiglu_down_backward_reference", no_reference)
+    monkeypatch.setattr(launch, "allocate", lambda size, *, dtype, device: torch.full(size, float("nan"), dtype=dtype,
+                                                                                      device=device))  # fmt: skip
     got = moe_lib.swiglu_down_backward(*inputs.values(), impl="triton")
+    assert calls == ["faithful"]
     for g, w in zip(got, float64_reference(inputs), strict=True):
-        assert rel_error(g, w) <= 2e-2
+        assert torch.isfinite(g).all() and rel_error(g, w) <= 2e-2
 
 
 @needs_triton

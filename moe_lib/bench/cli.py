@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from .. import problems
-from . import harness, peers
+from . import harness, modes
 from .results import DEFAULT_OUT
 
 DTYPE_ALIASES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
         "write a long-form CSV and a JSON summary under <out>/<gpu key>/.",
     )
     parser.add_argument("--problem", default="swiglu_down_backward", choices=problems.PROBLEM_NAMES)
+    parser.add_argument("--mode", default="op", choices=modes.MODES,
+                        help="op: the problem's function (default); forward, forward_backward: a training step "
+                        "of its layer")  # fmt: skip
     parser.add_argument("--impl", help="comma-separated implementation labels (default: every one available)")
     cases = parser.add_mutually_exclusive_group()
     cases.add_argument("--tokens", type=token_list, help="comma-separated token counts, e.g. 1,128,8192")
@@ -100,18 +103,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _implementations(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
     """The labels ``--impl`` names (checked against the problem's peers), or every available one."""
+    registry = modes.mode_peers(args.problem, args.mode)
     if args.impl is None:
-        available = peers.available_labels(args.problem, args.device)
+        available = [label for label, peer in registry.items() if peer.unavailable(args.device) is None]
         if not available:
-            parser.error(f"--impl: no implementation of {args.problem} is available on {args.device}")
+            parser.error(f"--impl: no implementation of {args.problem} ({args.mode}) is available on {args.device}")
         return available
-    known = peers.labels(args.problem)
+    known = list(registry)
     chosen = [label.strip() for label in args.impl.split(",") if label.strip()]
     if not chosen:
         parser.error(f"--impl: expected comma-separated labels among {known}, got {args.impl!r}")
     for label in chosen:
         if label not in known:
-            parser.error(f"--impl: unknown implementation {label!r} for {args.problem} (known: {', '.join(known)})")
+            parser.error(f"--impl: unknown implementation {label!r} for {args.problem} in mode {args.mode} "
+                         f"(known: {', '.join(known)})")  # fmt: skip
     if len(set(chosen)) != len(chosen):
         parser.error(f"--impl: a label is repeated in {args.impl!r}")
     return chosen

@@ -32,7 +32,7 @@ import torch
 from tqdm import tqdm
 
 from .. import problems, roofline
-from . import peers, results, timing
+from . import modes, peers, results, timing
 from .checks import check_outputs, reference_outputs
 from .provenance import gpu_key
 
@@ -51,6 +51,21 @@ def free_memory(device: torch.device) -> None:
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def peak_memory_start(device: torch.device) -> int:
+    """Resets the device's peak-memory counter; returns the bytes allocated now (0 on CPU)."""
+    if device.type != "cuda":
+        return 0
+    torch.cuda.reset_peak_memory_stats(device)
+    return torch.cuda.memory_allocated(device)
+
+
+def peak_memory_gb(device: torch.device, before: int) -> float:
+    """The peak of allocated memory since :func:`peak_memory_start` beyond ``before``, in GB (NaN on CPU)."""
+    if device.type != "cuda":
+        return math.nan
+    return (torch.cuda.max_memory_allocated(device) - before) / 1e9
 
 
 def short_message(exc: BaseException) -> str:
@@ -83,7 +98,7 @@ def run_case_impl(peer: peers.Peer | None, label: str, inputs: dict, references:
                   log=print) -> dict:  # fmt: skip
     """Checks, then times one implementation on one case; returns the row's measured fields."""
     row = dict(impl=label, status="ok", timing=None, median_ms=math.nan, p20_ms=math.nan, p80_ms=math.nan,
-               reps=0, correct=False, passes_element_rule=None, rel_error=math.nan,
+               reps=0, peak_mem_gb=math.nan, correct=False, passes_element_rule=None, rel_error=math.nan,
                element_pass_fraction=math.nan, rel_errors={})  # fmt: skip
     reason = peer.unavailable(device) if peer is not None else "not registered"
     if reason is not None:
@@ -94,8 +109,10 @@ def run_case_impl(peer: peers.Peer | None, label: str, inputs: dict, references:
         fn = peer.prepare(inputs)
         synchronize(device)
         timing.poison_allocator(device, poison_bytes)
+        before = peak_memory_start(device)
         outputs = fn()
         synchronize(device)
+        row["peak_mem_gb"] = peak_memory_gb(device, before)
         check = check_outputs(outputs, references, names, rule)
         del outputs
     except Exception as exc:
@@ -162,6 +179,25 @@ def roofline_columns(problem: str, num_tokens: int, dtype: torch.dtype, measured
     return columns
 
 
+def mode_roofline_columns(problem: problems.Problem, mode: str, inputs: dict, references: tuple,
+                          measured: roofline.GPUSpec, axes: dict) -> dict:  # fmt: skip
+    """A training step's FLOPs, bytes and T_sol in ms (:func:`.modes.cost`), as :func:`roofline_columns` gives."""
+    work, traffic = modes.cost(problem, mode, inputs, references, **axes)
+    columns = dict(flops=work, bytes=traffic)
+    for column, gpu in (("sol_ms", measured), *results.DATASHEET_COLUMNS.items()):
+        spec = roofline.gpu_spec(gpu)
+        columns[column] = max(work / spec.bf16_dense_flops, traffic / spec.dram_bandwidth) * 1e3
+    return columns
+
+
+def case_references(problem: problems.Problem, mode: str, inputs: dict, small: bool) -> tuple[tuple, str]:
+    """The reference outputs of a case in ``mode`` and their precision's name (float64 where it fits)."""
+    if mode == "op":
+        return reference_outputs(problem, inputs, small)
+    precision = problem.reference_dtype(small)
+    return modes.reference_outputs(problem, inputs, mode, precision), problems.dtype_name(precision)
+
+
 def run(args: argparse.Namespace, log=None) -> dict:
     """Runs the benchmark the parsed ``args`` describe (:func:`moe_lib.bench.cli.parse_args`); writes the CSV
     and JSON; returns dict(csv=path, json=path, frame=DataFrame, summary=dict, baseline=dict, table=str)."""
@@ -173,9 +209,10 @@ def run(args: argparse.Namespace, log=None) -> dict:
     dtype_label = problems.dtype_name(dtype)
     axes = dict(problem.small_axes) if args.small else {}
     tokens, suite = cases(problem, args)
-    names = problem.output_names
-    rule = problem.element_rule_at(dtype)
-    registry = peers.peers_for(args.problem)
+    mode = getattr(args, "mode", "op")
+    names = modes.output_names(problem, mode)
+    rule = problem.element_rule_at(dtype) if mode == "op" else None  # the element rule is the function's
+    registry = modes.mode_peers(args.problem, mode)
 
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -185,18 +222,21 @@ def run(args: argparse.Namespace, log=None) -> dict:
                                               name=f"measured on {device}")  # fmt: skip
     flush = timing.L2Flusher(device)
     stem = results.result_stem(args.problem, dtype_label, small=args.small, tag=args.tag,
-                               date=started.strftime("%Y-%m-%d"))  # fmt: skip
+                               date=started.strftime("%Y-%m-%d"), mode=mode)  # fmt: skip
     csv_path, json_path = results.result_paths(args.out, device, stem)
     rows, reference_dtype = [], None
     progress = tqdm(total=len(tokens) * len(args.impls), desc=args.problem, unit="run", file=sys.stderr)
     for num_tokens in tokens:
-        case = dict(problem=args.problem, num_tokens=num_tokens, dtype=dtype_label, small=args.small,
-                    device=str(device), gpu=gpu_key(device),
-                    **roofline_columns(args.problem, num_tokens, dtype, measured, axes))  # fmt: skip
+        case = dict(problem=args.problem, mode=mode, num_tokens=num_tokens, dtype=dtype_label, small=args.small,
+                    device=str(device), gpu=gpu_key(device))  # fmt: skip
         inputs = references = None
         try:
             inputs = problem.make_inputs(num_tokens, seed=args.seed, device=device, dtype=dtype, **axes)
-            references, reference_dtype = reference_outputs(problem, inputs, args.small)
+            references, reference_dtype = case_references(problem, mode, inputs, args.small)
+            if mode == "op":
+                case.update(roofline_columns(args.problem, num_tokens, dtype, measured, axes))
+            else:
+                case.update(mode_roofline_columns(problem, mode, inputs, references, measured, axes))
             poison_bytes = 2 * sum(r.numel() for r in references) * 4 + 256 * 2**20
             free_memory(device)
         except Exception as exc:
@@ -227,14 +267,16 @@ def run(args: argparse.Namespace, log=None) -> dict:
 
     frame = results.results_frame(rows, names)
     frame.to_csv(csv_path, index=False)
-    summary, baseline = results.summarize_impls(frame, args.impls, peers.baseline_labels(args.problem))
+    baselines = [label for label, peer in registry.items() if peer.baseline]
+    summary, baseline = results.summarize_impls(frame, args.impls, baselines)
     sizes = {name: value for name, value in problem.sizes(0, **axes).items() if name != "num_tokens"}
-    document = dict(problem=args.problem, dtype=dtype_label, axes=sizes, impls=args.impls, element_rule=rule,
+    document = dict(problem=args.problem, mode=mode, dtype=dtype_label, axes=sizes, impls=args.impls, element_rule=rule,
                     provenance=results.run_provenance(args, device, ceilings, suite, reference_dtype, started),
                     baseline=baseline, summary=summary)  # fmt: skip
     results.write_json(json_path, document)
     clock = "wall clock" if device.type != "cuda" else "cold L2; graph replays or events: see timing"
     shapes = " · small shapes" if args.small else ""
-    title = f"{args.problem} · {dtype_label} · {gpu_key(device)}{shapes} · median per case ({clock})"
+    what = "" if mode == "op" else f" · layer {mode}"
+    title = f"{args.problem}{what} · {dtype_label} · {gpu_key(device)}{shapes} · median per case ({clock})"
     table = results.format_tables(frame, summary, baseline, title)
     return dict(csv=csv_path, json=json_path, frame=frame, summary=summary, baseline=baseline, table=table)

@@ -1,10 +1,12 @@
 """The results files of the benchmark: schema, names, summaries and their text tables.
 
-Under ``<out>/<gpu key>/`` (``H200``, ``H100-SXM``, ..., ``cpu``), ``<YYYY-MM-DD>-<problem>-<dtype>[-small][-<tag>]``:
+Under ``<out>/<gpu key>/`` (``H200``, ``H100-SXM``, ..., ``cpu``),
+``<YYYY-MM-DD>-<problem>-<dtype>[-<mode>][-small][-<tag>]`` (``mode``: what was timed, :mod:`.modes`):
 
 - ``.csv``, long form, one row per implementation × case, with the columns of :data:`CSV_COLUMNS` plus
   ``rel_error_<output>`` for each output after ``rel_error`` (``wall_s``: the wall-clock seconds the row
-  took, setup, compilation and autotuning included; ``sol_ms_datasheet_<gpu>``: T_sol on the datasheet
+  took, setup, compilation and autotuning included; ``peak_mem_gb``: the device memory one call
+  allocated beyond what was allocated before it, at its peak; ``sol_ms_datasheet_<gpu>``: T_sol on the datasheet
   figures of each GPU of :data:`moe_lib.roofline.DATASHEET_GPUS`; files written before these columns were
   named after the GPU keys call them ``sol_ms_datasheet_h100`` and ``sol_ms_datasheet_h200``);
 - ``.json``: provenance (:func:`run_provenance`) and per implementation geomean_ms (over its correct
@@ -34,7 +36,7 @@ RECORDED_ENVIRONMENT = ("LIGER_FUSED_MOE_AUTOTUNE", "TRITON_CACHE_AUTOTUNING", "
 DATASHEET_COLUMNS = {f"sol_ms_datasheet_{key}": key for key in roofline.DATASHEET_GPUS}
 
 CSV_COLUMNS = [
-    "problem", "impl", "num_tokens", "dtype", "median_ms", "p20_ms", "p80_ms", "reps", "timing",
+    "problem", "mode", "impl", "num_tokens", "dtype", "median_ms", "p20_ms", "p80_ms", "reps", "timing", "peak_mem_gb",
     "sol_ms", "roofline_fraction", *DATASHEET_COLUMNS, "flops", "bytes",
     "rel_error", "element_pass_fraction", "correct", "passes_element_rule", "status", "small", "device", "gpu",
     "wall_s",
@@ -64,9 +66,10 @@ def format_ms(ms, missing: str = "-") -> str:
 # files
 
 
-def result_stem(problem: str, dtype_name: str, *, small: bool, tag: str | None, date: str) -> str:
-    """``<YYYY-MM-DD>-<problem>-<dtype>[-small][-<tag>]``."""
-    return f"{date}-{problem}-{dtype_name}" + ("-small" if small else "") + (f"-{tag}" if tag else "")
+def result_stem(problem: str, dtype_name: str, *, small: bool, tag: str | None, date: str, mode: str = "op") -> str:
+    """``<YYYY-MM-DD>-<problem>-<dtype>[-<mode>][-small][-<tag>]`` (the mode named unless it is ``op``)."""
+    return (f"{date}-{problem}-{dtype_name}" + (f"-{mode}" if mode != "op" else "") + ("-small" if small else "")
+            + (f"-{tag}" if tag else ""))  # fmt: skip
 
 
 def result_paths(out, device: torch.device, stem: str) -> tuple[Path, Path]:

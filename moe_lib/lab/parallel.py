@@ -13,7 +13,6 @@ bandwidths in B/s unless a column says GB/s (10⁹ B/s), rates in FLOP/s.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 
@@ -26,7 +25,7 @@ from matplotlib import patches
 from .. import problems, roofline
 from ..bench.parallel import OUTPUT_NAMES, PROBLEM, PROBLEM_OF_DTYPE
 from ..moe_experts.parallel import STATUS_COLUMNS, expert_partition
-from .results import RunFiles, resolve_path
+from .results import RunFiles, read_run_csv, read_run_json, require_keys, resolve_path
 
 COUNT_BYTES = 8  # the counts exchange is int64
 # FLOPs per (token, slot) row, in units of H·I: the forward's g, u and down products (three GEMMs of 2·H·I) and
@@ -195,10 +194,11 @@ def load_parallel_results(results_dir="data/results", gpu_key: str = "H200") -> 
         json_path = csv_path.with_suffix(".json")
         if not json_path.is_file():
             continue
-        meta = json.loads(json_path.read_text())
+        meta = read_run_json(json_path)
         if meta.get("problem") != PROBLEM or meta.get("provenance", {}).get("small"):
             continue
-        run = ParallelRun(csv=csv_path, frame=pd.read_csv(csv_path), meta=meta)
+        require_keys(meta, ("dtype", "axes", "cases"), json_path)
+        run = ParallelRun(csv=csv_path, frame=read_run_csv(csv_path, ("tokens_per_rank", "status")), meta=meta)
         if run.dtype not in newest or run.date >= newest[run.dtype].date:
             newest[run.dtype] = run
     if not newest:

@@ -143,17 +143,65 @@ def _optional_bool(value):
     return bool(value)
 
 
+class ResultFileError(ValueError):
+    """A committed result file is malformed (the message names the file, and the line for JSON)."""
+
+
+def read_run_json(path: Path, keys=()) -> dict:
+    """The JSON object in ``path``, which must hold ``keys``; :class:`ResultFileError` naming the file
+    (and the line) when it does not parse or lacks one."""
+    try:
+        document = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as exc:
+        raise ResultFileError(f"{path}: line {exc.lineno}: not valid JSON ({exc.msg})") from exc
+    except UnicodeDecodeError as exc:
+        raise ResultFileError(f"{path}: not UTF-8 text ({exc.reason})") from exc
+    if not isinstance(document, dict):
+        raise ResultFileError(f"{path}: line 1: expected a JSON object, got {type(document).__name__}")
+    require_keys(document, keys, path)
+    return document
+
+
+def require_keys(document: dict, keys, path: Path) -> None:
+    """:class:`ResultFileError` naming ``path`` when ``document`` lacks one of ``keys``."""
+    missing = [key for key in keys if key not in document]
+    if missing:
+        raise ResultFileError(f"{path}: missing key(s) {missing}")
+
+
+def read_run_csv(path: Path, columns=()) -> pd.DataFrame:
+    """The CSV in ``path``, which must have ``columns``; :class:`ResultFileError` naming the file (pandas
+    names the line of a malformed row) when it does not parse or lacks one."""
+    try:
+        frame = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise ResultFileError(f"{path}: not a readable CSV ({str(exc).strip()})") from exc
+    missing = [column for column in columns if column not in frame.columns]
+    if missing:
+        raise ResultFileError(f"{path}: missing column(s) {missing}")
+    return frame
+
+
+RESULT_COLUMNS = ("impl", "num_tokens", "status", "median_ms", "correct", "passes_element_rule")
+RESULT_KEYS = ("problem", "dtype")
+
+
 def load_result_file(csv_path) -> ResultFile:
-    """One result file (``.csv`` with its ``.json`` beside it)."""
+    """One result file (``.csv`` with its ``.json`` beside it); :class:`ResultFileError` naming the file
+    when either is malformed."""
     csv_path = Path(csv_path)
     json_path = csv_path.with_suffix(".json")
     if not json_path.is_file():
         raise FileNotFoundError(f"{csv_path.name}: no {json_path.name} beside it (the run's provenance)")
-    frame = pd.read_csv(csv_path)
+    meta = read_run_json(json_path, RESULT_KEYS)
+    frame = read_run_csv(csv_path, RESULT_COLUMNS)
     frame["passes_element_rule"] = frame["passes_element_rule"].map(_optional_bool).astype(object)
     frame["correct"] = frame["correct"].map(_optional_bool).astype(object)
-    frame["num_tokens"] = frame["num_tokens"].astype(int)
-    return ResultFile(csv=csv_path, frame=frame, meta=json.loads(json_path.read_text()))
+    try:
+        frame["num_tokens"] = frame["num_tokens"].astype(int)
+    except (TypeError, ValueError) as exc:
+        raise ResultFileError(f"{csv_path}: column num_tokens: expected integers ({exc})") from exc
+    return ResultFile(csv=csv_path, frame=frame, meta=meta)
 
 
 def load_results(results_dir=RESULTS_DIR, gpu_key: str = "H200") -> dict[str, ResultFile]:
@@ -162,8 +210,9 @@ def load_results(results_dir=RESULTS_DIR, gpu_key: str = "H200") -> dict[str, Re
     before small ones).
 
     ``results_dir`` is relative to the repository root unless absolute. Only files of the problems in
-    :mod:`moe_lib.problems` with a JSON beside them are read: other measurements kept there (the
-    expert-parallel benchmark's, ``tuning/``) have other columns and are left out.
+    :mod:`moe_lib.problems` with a JSON beside them are read, and only runs of the problem's function
+    (mode ``op``): other measurements kept there (the training-step runs, the expert-parallel
+    benchmark's, NVIDIA's harness's traces, ``tuning/``) are left out.
     """
     root = resolve_path(results_dir)
     folder = root / gpu_key
@@ -173,8 +222,11 @@ def load_results(results_dir=RESULTS_DIR, gpu_key: str = "H200") -> dict[str, Re
     newest: dict[str, ResultFile] = {}
     for csv_path in sorted(folder.glob("*.csv")):
         json_path = csv_path.with_suffix(".json")
-        if not json_path.is_file() or json.loads(json_path.read_text()).get("problem") not in problems.PROBLEM_NAMES:
+        if not json_path.is_file():
             continue
+        meta = read_run_json(json_path)
+        if meta.get("problem") not in problems.PROBLEM_NAMES or meta.get("mode", "op") != "op":
+            continue  # the training-step runs (bench --mode) time layers, not the problem's function
         result = load_result_file(csv_path)
         if result.key not in newest or result.date >= newest[result.key].date:
             newest[result.key] = result

@@ -2,6 +2,7 @@
 
 Shape, dtype and device checks read metadata only and always run; the checks of index values (range,
 a token listing one expert twice) read the indices back to the host and run only with ``validate=True``.
+Meta tensors are refused for topk_indices: the routing reads its values on every path.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ def check_routing(topk_indices, topk_weights, hidden_states) -> int:
     if topk_indices.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"topk_indices: expected dtype torch.int64 or torch.int32, got {topk_indices.dtype}")
     ndim("topk_indices", topk_indices, 2, "num_tokens, top_k")
+    if topk_indices.device.type == "meta":
+        raise ValueError("topk_indices: expected a tensor with values (tokens are routed by them), got a meta tensor")
     T, K = hidden_states.shape[0], topk_indices.shape[1]
     shape("topk_indices", topk_indices, (T, K), ("num_tokens", "top_k"))
     shape("topk_weights", topk_weights, (T, K), ("num_tokens", "top_k"))

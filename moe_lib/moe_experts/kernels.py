@@ -123,6 +123,8 @@ def swiglu_grad_kernel(
     dup_ptr,  # out [T·K, I] du, row = sorted position, OPERAND_DTYPE
     scaled_act_ptr,  # out [T·K, I] aw = w·a, row = sorted position, OPERAND_DTYPE
     topk_partial_ptr,  # out [n_I_tiles, T·K] fp32: ⟨dAp, a⟩ over one I-tile, column = slot
+    gate_pre_ptr,  # [T·K, I] g = Wg_e x, row = sorted position, input dtype: written (PREACT 1) or read (2)
+    up_pre_ptr,  # [T·K, I] u = Wu_e x, likewise
     num_slots,  # T·K
     top_k,  # K
     hidden_size,  # H
@@ -132,6 +134,7 @@ def swiglu_grad_kernel(
     OPERAND_DTYPE: tl.constexpr,  # dtype of the tensor-core operands (bf16 or fp16)
     SPLIT_PRECISION: tl.constexpr,  # bf16×3 products for g, u and dAp (fp32 interface)
     FORWARD_ONLY: tl.constexpr,  # the layer's forward: only aw = w·a is computed and stored (dy unused)
+    PREACT: tl.constexpr,  # g and u: 0 computed; 1 computed and stored (a forward that saves them); 2 read back
     INTERPRETER: tl.constexpr,
     BLOCK_I: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr,
 ):  # fmt: skip
@@ -158,38 +161,53 @@ def swiglu_grad_kernel(
             hs = h0 + tl.arange(0, BLOCK_H)
             h_ok = hs < hidden_size
             weight_mask = col_ok[:, None] & h_ok[None, :]
-            # [BLOCK_I, BLOCK_H] tiles of Wg, Wu (Wg[e][i, h] at i·H + h) and of Wdᵀ (Wd[e][h, i] at h·I + i)
-            wg = tl.load(gate_w + cols[:, None] * hidden_size + hs[None, :], mask=weight_mask, other=0.0)
-            wu = tl.load(up_w + cols[:, None] * hidden_size + hs[None, :], mask=weight_mask, other=0.0)
+            # [BLOCK_I, BLOCK_H] tiles of Wg, Wu (Wg[e][i, h] at i·H + h) and of Wdᵀ (Wd[e][h, i] at h·I + i);
+            # g and u only where they are not read back (PREACT 2), dAp only in the backward
+            if PREACT != 2:
+                wg = tl.load(gate_w + cols[:, None] * hidden_size + hs[None, :], mask=weight_mask, other=0.0)
+                wu = tl.load(up_w + cols[:, None] * hidden_size + hs[None, :], mask=weight_mask, other=0.0)
             if not FORWARD_ONLY:
                 wd_t = tl.load(down_w + hs[None, :] * inter_size + cols[:, None], mask=weight_mask, other=0.0)
             # [BLOCK_H, BLOCK_M] tiles of xᵀ and dyᵀ, gathered by token
             token_offsets = tokens[None, :] * hidden_size + hs[:, None]
             token_mask = h_ok[:, None] & row_ok[None, :]
-            x_hi = tl.load(x_hi_ptr + token_offsets, mask=token_mask, other=0.0)
+            if PREACT != 2:
+                x_hi = tl.load(x_hi_ptr + token_offsets, mask=token_mask, other=0.0)
             if not FORWARD_ONLY:
                 dy_hi = tl.load(dy_hi_ptr + token_offsets, mask=token_mask, other=0.0)
 
-            wg_hi, wg_lo = split_operand(wg, OPERAND_DTYPE, SPLIT_PRECISION, INTERPRETER)
-            wu_hi, wu_lo = split_operand(wu, OPERAND_DTYPE, SPLIT_PRECISION, INTERPRETER)
+            if PREACT != 2:
+                wg_hi, wg_lo = split_operand(wg, OPERAND_DTYPE, SPLIT_PRECISION, INTERPRETER)
+                wu_hi, wu_lo = split_operand(wu, OPERAND_DTYPE, SPLIT_PRECISION, INTERPRETER)
             if not FORWARD_ONLY:
                 wd_hi, wd_lo = split_operand(wd_t, OPERAND_DTYPE, SPLIT_PRECISION, INTERPRETER)
             if SPLIT_PRECISION:  # the two small cross terms first
-                x_lo = tl.load(x_lo_ptr + token_offsets, mask=token_mask, other=0.0)
+                if PREACT != 2:
+                    x_lo = tl.load(x_lo_ptr + token_offsets, mask=token_mask, other=0.0)
                 if not FORWARD_ONLY:
                     dy_lo = tl.load(dy_lo_ptr + token_offsets, mask=token_mask, other=0.0)
-                g = dot16(wg_lo, x_hi, g, INTERPRETER)
-                g = dot16(wg_hi, x_lo, g, INTERPRETER)
-                u = dot16(wu_lo, x_hi, u, INTERPRETER)
-                u = dot16(wu_hi, x_lo, u, INTERPRETER)
+                if PREACT != 2:
+                    g = dot16(wg_lo, x_hi, g, INTERPRETER)
+                    g = dot16(wg_hi, x_lo, g, INTERPRETER)
+                    u = dot16(wu_lo, x_hi, u, INTERPRETER)
+                    u = dot16(wu_hi, x_lo, u, INTERPRETER)
                 if not FORWARD_ONLY:
                     dap = dot16(wd_lo, dy_hi, dap, INTERPRETER)
                     dap = dot16(wd_hi, dy_lo, dap, INTERPRETER)
-            g = dot16(wg_hi, x_hi, g, INTERPRETER)
-            u = dot16(wu_hi, x_hi, u, INTERPRETER)
+            if PREACT != 2:
+                g = dot16(wg_hi, x_hi, g, INTERPRETER)
+                u = dot16(wu_hi, x_hi, u, INTERPRETER)
             if not FORWARD_ONLY:
                 dap = dot16(wd_hi, dy_hi, dap, INTERPRETER)
 
+        out_offsets = rows[None, :].to(tl.int64) * inter_size + cols[:, None]
+        out_mask = col_ok[:, None] & row_ok[None, :]
+        if PREACT == 1:  # a forward that saves g and u for its backward
+            tl.store(gate_pre_ptr + out_offsets, round_to(g, gate_pre_ptr.dtype.element_ty, INTERPRETER), mask=out_mask)
+            tl.store(up_pre_ptr + out_offsets, round_to(u, up_pre_ptr.dtype.element_ty, INTERPRETER), mask=out_mask)
+        if PREACT == 2:  # the backward of such a forward: g and u read back instead of recomputed
+            g = tl.load(gate_pre_ptr + out_offsets, mask=out_mask, other=0.0).to(tl.float32)
+            u = tl.load(up_pre_ptr + out_offsets, mask=out_mask, other=0.0).to(tl.float32)
         # epilogue: padded rows and columns hold g = u = dAp = 0, so they add nothing to the sums over I
         w = tl.load(topk_weights_ptr + slots, mask=row_ok, other=0.0).to(tl.float32)
         sig = tl.sigmoid(g)
@@ -200,8 +218,6 @@ def swiglu_grad_kernel(
             da = w[None, :] * dap
             dg = da * u * sig * (1.0 + g * (1.0 - sig))
             du = da * silu
-        out_offsets = rows[None, :].to(tl.int64) * inter_size + cols[:, None]
-        out_mask = col_ok[:, None] & row_ok[None, :]
         if not FORWARD_ONLY:
             tl.store(dgate_ptr + out_offsets, round_to(dg, OPERAND_DTYPE, INTERPRETER), mask=out_mask)
             tl.store(dup_ptr + out_offsets, round_to(du, OPERAND_DTYPE, INTERPRETER), mask=out_mask)

@@ -27,6 +27,7 @@ import triton.language as tl
 from ..dispatch import interpreter_enabled
 from ..precision import split_halves
 from ..tiling import cdiv
+from ..validation import fits_in_memory
 from . import kernels
 from .routing import route_by_expert
 
@@ -161,18 +162,26 @@ def operand_halves(v: torch.Tensor, split_precision: bool, dtype: torch.dtype) -
     return split_halves(v, dtype) if split_precision else (v, v)
 
 
+# what kernel A does with the pre-activations g and u (its PREACT)
+PREACT_COMPUTED, PREACT_STORED, PREACT_READ = 0, 1, 2
+
+
 def launch_swiglu_grad(config, plan, routing, x_halves, dy_halves, topk_weights, gate_weights, up_weights,
-                       down_weights, dgate, dup, scaled_act, topk_partial, *, forward_only: bool):  # fmt: skip
-    """Kernel A over every (expert, I-tile, row split); ``forward_only`` stores aw alone (dy unused)."""
+                       down_weights, dgate, dup, scaled_act, topk_partial, *, forward_only: bool,
+                       preactivations=None, preact=PREACT_COMPUTED):  # fmt: skip
+    """Kernel A over every (expert, I-tile, row split); ``forward_only`` stores aw alone (dy unused);
+    ``preactivations`` (g, u), each [T·K, I] by sorted position, written (PREACT_STORED) or read
+    instead of recomputed (PREACT_READ)."""
     H = x_halves[0].shape[1]
     I = gate_weights.shape[1]
     num_slots, top_k = topk_weights.numel(), topk_weights.shape[1]
+    gate_pre, up_pre = preactivations if preactivations is not None else (scaled_act, scaled_act)
     kernels.swiglu_grad_kernel[(plan["A"].programs,)](
         *x_halves, *dy_halves, topk_weights, gate_weights, up_weights, down_weights,
-        routing.sorted_slot, routing.expert_offsets, dgate, dup, scaled_act, topk_partial,
+        routing.sorted_slot, routing.expert_offsets, dgate, dup, scaled_act, topk_partial, gate_pre, up_pre,
         num_slots, top_k, H, I, plan["A"].grid["I-tiles"], config.row_split,
         OPERAND_DTYPE=OPERAND_DTYPES[x_halves[0].dtype], SPLIT_PRECISION=gate_weights.dtype == torch.float32,
-        FORWARD_ONLY=forward_only, INTERPRETER=interpreter_enabled(),
+        FORWARD_ONLY=forward_only, PREACT=preact, INTERPRETER=interpreter_enabled(),
         BLOCK_I=config.block_i, BLOCK_M=config.block_m, BLOCK_H=config.block_h,
         num_warps=config.warps_a, num_stages=config.stages_a,
     )  # fmt: skip
@@ -228,6 +237,36 @@ def launch_token_sum(config, plan, out_slot, topk_indices, num_experts, out, top
     )  # fmt: skip
 
 
+def allocation_bytes(hidden_states, topk_indices, topk_weights, gate_weights, config: LaunchConfig,
+                     *, forward_only: bool = False, save_preactivations: bool = False) -> int:  # fmt: skip
+    """Bytes of the outputs and workspaces one call allocates (the table in this module's docstring; a
+    forward that saves the pre-activations adds 2 · T·K · I in the hidden dtype)."""
+    T, H = hidden_states.shape
+    E, I, _ = gate_weights.shape
+    K = topk_indices.shape[1]
+    slots = max(T * K, 1)
+    item = hidden_states.element_size()
+    workspace_item = torch.empty((), dtype=WORKSPACE_DTYPES[hidden_states.dtype]).element_size()
+    halves = 2 * T * H * workspace_item if hidden_states.dtype == torch.float32 else 0  # per split operand
+    routing = 4 * slots + 4 * (E + 1) + 16 * slots
+    if forward_only:  # y; aw; y per slot; x's halves; g and u where they are saved
+        saved = 2 * slots * I * item if save_preactivations else 0
+        return T * H * item + slots * I * workspace_item + slots * H * 4 + halves + routing + saved
+    outputs = (T * H + 3 * E * I * H) * item + T * K * topk_weights.element_size()
+    workspaces = 3 * slots * I * workspace_item + cdiv(I, config.block_i) * slots * 4 + slots * H * 4 + 2 * halves
+    return outputs + workspaces + routing
+
+
+def check_memory(hidden_states, topk_indices, topk_weights, gate_weights, config, *, forward_only=False,
+                 save_preactivations=False) -> None:  # fmt: skip
+    """Refuses, before anything is allocated, a call whose outputs and workspaces exceed the device's memory."""
+    T, K = topk_indices.shape
+    nbytes = allocation_bytes(hidden_states, topk_indices, topk_weights, gate_weights, config,
+                              forward_only=forward_only, save_preactivations=save_preactivations)  # fmt: skip
+    fits_in_memory("num_tokens", nbytes, hidden_states.device,
+                   f"the outputs and workspaces of {T} tokens ({T * K} routed slots)")
+
+
 def default_config(hidden_states: torch.Tensor, num_slots: int, num_experts: int) -> LaunchConfig:
     return launch_config(num_slots, num_experts, input_bytes=hidden_states.element_size(),
                          interpreter=interpreter_enabled())  # fmt: skip
@@ -235,7 +274,7 @@ def default_config(hidden_states: torch.Tensor, num_slots: int, num_experts: int
 
 def moe_experts_backward_triton(
     grad_output, hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights,
-    *, config: LaunchConfig | None = None, fused_dx=None,
+    *, config: LaunchConfig | None = None, fused_dx=None, preactivations=None,
 ):  # fmt: skip
     """P2 with the Triton kernels; inputs already validated and contiguous (see :mod:`.api`).
 
@@ -243,7 +282,9 @@ def moe_experts_backward_triton(
     grad_gate_weights [E, I, H], grad_up_weights [E, I, H], grad_down_weights [E, H, I]); the
     routing-weight gradient in topk_weights' dtype, the rest in the hidden dtype. ``config``
     overrides the tile sizes (default: :func:`launch_config`); ``fused_dx`` (a
-    :class:`~.fused_dx.FusedDxConfig`) runs the set-aside kernel G for the experts with few rows.
+    :class:`~.fused_dx.FusedDxConfig`) runs the set-aside kernel G for the experts with few rows;
+    ``preactivations`` (g, u) saved by :func:`moe_experts_forward_triton` on the same routing are read
+    instead of recomputed (kernel A then does one product of three).
     """
     T, H = hidden_states.shape
     E, I, _ = gate_weights.shape
@@ -253,6 +294,7 @@ def moe_experts_backward_triton(
     config = config or default_config(hidden_states, num_slots, E)
     plan = launch_plan(T, H, I, E, K, config)
     split_precision = dtype == torch.float32
+    check_memory(hidden_states, topk_indices, topk_weights, gate_weights, config)
 
     grad_hidden = allocate((T, H), dtype=dtype, device=device)
     grad_topk = allocate((T, K), dtype=topk_weights.dtype, device=device)
@@ -274,7 +316,9 @@ def moe_experts_backward_triton(
 
     if num_slots > 0:
         launch_swiglu_grad(config, plan, routing, x_halves, dy_halves, topk_weights, gate_weights, up_weights,
-                           down_weights, dgate, dup, scaled_act, topk_partial, forward_only=False)  # fmt: skip
+                           down_weights, dgate, dup, scaled_act, topk_partial, forward_only=False,
+                           preactivations=preactivations,
+                           preact=PREACT_COMPUTED if preactivations is None else PREACT_READ)  # fmt: skip
     skip_rows = -1
     if fused_dx is not None:  # kernel G: dWg, dWu and dX of the experts with few rows; W and D skip those
         skip_rows = fused_dx.launch(routing, sorted_slot, dgate, dup, x_halves[0], gate_weights, up_weights,
@@ -292,12 +336,14 @@ def moe_experts_backward_triton(
 
 def moe_experts_forward_triton(
     hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights,
-    *, config: LaunchConfig | None = None,
+    *, config: LaunchConfig | None = None, save_preactivations: bool = False,
 ):  # fmt: skip
     """The layer's forward y [T, H] (hidden dtype), y_t = Σ_k w_tk · Wd_e (silu(Wg_e x_t) ⊙ Wu_e x_t),
     with the backward's kernels: A without dy (aw = w·a only), D with Wd in place of Wgᵀ and Wuᵀ
     (y per slot), C without the routing-weight gradient. Same precision as the backward: fp32 inputs
     get bf16×3 products for g and u, and a plain bf16 product (aw and Wd rounded) for Wd·aw.
+    With ``save_preactivations`` returns (y, (g, u)): the pre-activations, [T·K, I] each in the hidden
+    dtype, rows in expert order, for :func:`moe_experts_backward_triton`'s ``preactivations``.
     """
     T, H = hidden_states.shape
     E, I, _ = gate_weights.shape
@@ -305,9 +351,15 @@ def moe_experts_forward_triton(
     dtype, device = hidden_states.dtype, hidden_states.device
     num_slots = T * K
     config = config or default_config(hidden_states, num_slots, E)
+    check_memory(hidden_states, topk_indices, topk_weights, gate_weights, config, forward_only=True,
+                 save_preactivations=save_preactivations)  # fmt: skip
     y = allocate((T, H), dtype=dtype, device=device)
+    preactivations = None
+    if save_preactivations:
+        preactivations = tuple(allocate((max(num_slots, 1), I), dtype=dtype, device=device) for _ in range(2))
     if num_slots == 0:
-        return y.zero_()
+        y.zero_()
+        return (y, preactivations) if save_preactivations else y
     plan = launch_plan(T, H, I, E, K, config)
     routing = route_by_expert(topk_indices, E)
     workspace_dtype = WORKSPACE_DTYPES[dtype]
@@ -316,8 +368,10 @@ def moe_experts_forward_triton(
     x_halves = operand_halves(hidden_states, dtype == torch.float32, workspace_dtype)
     # kernel A without dy: the dy, dg, du and top-k partial arguments are never touched
     launch_swiglu_grad(config, plan, routing, x_halves, x_halves, topk_weights, gate_weights, up_weights,
-                       down_weights, scaled_act, scaled_act, scaled_act, y_slot, forward_only=True)  # fmt: skip
+                       down_weights, scaled_act, scaled_act, scaled_act, y_slot, forward_only=True,
+                       preactivations=preactivations,
+                       preact=PREACT_STORED if save_preactivations else PREACT_COMPUTED)  # fmt: skip
     # y_slot = Wd_e · aw: Wd[e][h, i] at h·I + i
     launch_slot_projection(config, plan, routing, down_weights, down_weights, scaled_act, scaled_act, y_slot, I, 1)
     launch_token_sum(config, plan, y_slot, topk_indices, E, y)
-    return y
+    return (y, preactivations) if save_preactivations else y

@@ -14,11 +14,15 @@ computes the routing-weight gradient ⟨Wd_eᵀ dy, a⟩ without forming the exp
 expert is on its own rank goes through ``all_to_all_single``'s chunk for the rank itself (a local
 copy in NCCL and gloo); the counts below include it.
 
-Exchanges, in order (every one an ``all_to_all_single``; S = rows this rank sends, R = rows it receives):
+Exchanges, in order (S = rows this rank sends, R = rows it receives):
 
-    forward   counts    int64 [W, 3 + L_max] each way: per destination, this rank's status (local
-                        expert count, "an expert id out of range", "a token lists an expert twice")
-                        and how many of its rows go to each of the destination's local experts
+    forward   arguments int64 [W, 9 + 480] by ``all_gather``: each rank's outcome of its local argument
+                        checks (and the error message, when they failed), H, I, K, the dtypes of
+                        hidden_states and topk_weights, num_experts as given and its local expert count
+              counts    int64 [W, 3 + L_max] each way (``all_to_all_single``, as every exchange below):
+                        per destination, this rank's status (local expert count, "an expert id out of
+                        range", "a token lists an expert twice") and how many of its rows go to each
+                        of the destination's local experts
               dispatch  hidden-state rows [S, H] out, [R, H] in; routing weights [S] out, [R] in
               combine   weighted expert outputs w·Wd_e(silu(Wg_e x) ⊙ Wu_e x): [R, H] out, [S, H] back
     backward  dispatch  output-gradient rows [S, H] out, [R, H] in (the splits of the forward dispatch)
@@ -29,12 +33,20 @@ Rows leave in the order of their global expert id (so grouped by destination ran
 local expert); the expert's rank reads each row's local expert from the counts, with no id exchange.
 Sums over a token's K rows are taken in a fixed order (deterministic; no atomics).
 
-Host synchronisation: ``all_to_all_single`` takes its split sizes as Python ints, so the counts
-exchange is read back once per forward (one ``.tolist()``); that read also carries the status that
-lets every rank raise the same error for bad expert ids or a wrong number of local experts, instead of
-one rank raising while the others wait in a collective. There is no other host sync (with
-``num_experts`` given, and the Triton backward; the reference backward, meant for the CPU, has its
-own). Every rank of the group must call the forward and the backward together.
+Errors: no rank raises alone while the others wait in a collective. The arguments exchange comes
+before any data moves: a rank whose arguments fail their checks sends its error instead, and every rank
+then raises that same error (naming the rank); so do ranks that disagree on H, I, the dtypes or
+``num_experts``, which would otherwise exchange rows of different sizes (gloo aborts the process, NCCL
+may hang). The counts exchange carries each rank's status (bad expert ids, a wrong number of local
+experts) the same way.
+
+Host synchronisation: the arguments exchange is read back once per forward (one ``.tolist()``), and
+so is the counts exchange, since ``all_to_all_single`` takes its split sizes as Python ints. There is
+no other host sync (with the Triton backward; the reference backward, meant for the CPU, has its
+own). Every rank of the group must call the forward and the backward together. A rank that dies or
+never makes the call leaves the others waiting for the process group's ``timeout``
+(``torch.distributed.init_process_group(..., timeout=datetime.timedelta(seconds=...))``; 10 minutes
+for NCCL and 30 for gloo by default): set it to bound that wait.
 """
 
 from __future__ import annotations
@@ -50,11 +62,17 @@ import torch.nn.functional as F
 
 from ..dispatch import check_impl, resolve_impl
 from ..precision import compute_dtype, tf32_disabled
-from ..validation import float_tensor, ndim, same_device, same_dtype, shape
+from ..validation import finite, flag, float_tensor, ndim, same_device, same_dtype, shape
 from .api import moe_experts_backward, moe_experts_forward
 from .checks import check_routing
 
 STATUS_COLUMNS = ("local_experts", "index_out_of_range", "duplicate_expert")
+# the arguments exchange: one int64 row per rank, these fields, then the bytes of its error message
+ARGUMENT_FIELDS = ("error", "hidden_size", "intermediate_size", "top_k", "dtype", "topk_weights_dtype",
+                   "num_experts", "local_experts", "message_bytes")  # fmt: skip
+MESSAGE_BYTES = 480
+ERROR_KINDS = (None, ValueError, TypeError)  # the "error" field: 0 none, 1 ValueError, 2 TypeError
+EXCHANGED_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)  # others are sent as -1
 
 
 def expert_partition(num_experts: int, world_size: int) -> list[range]:
@@ -159,6 +177,7 @@ class _DispatchPlan:
 def moe_experts_parallel(
     hidden_states, topk_indices, topk_weights, local_gate_weights, local_up_weights, local_down_weights,
     *, group=None, impl: str = "auto", num_experts: int | None = None, stats: ExpertParallelStats | None = None,
+    check_finite: bool = False,
 ):  # fmt: skip
     """Expert-parallel ``moe_lib.moe_experts``: y_t = Σ_k w_tk · Wd_e(silu(Wg_e x_t) ⊙ Wu_e x_t).
 
@@ -172,29 +191,32 @@ def moe_experts_parallel(
     ``moe_lib.moe_experts_backward(impl=impl)`` on the rows this rank received ("reference" on CPU,
     "auto"/"triton" on CUDA).
 
-    ``num_experts`` (E, the same on every rank): when None it is the sum of every rank's local count,
-    which costs one extra all_reduce and a host sync; pass it to avoid both. Host syncs otherwise: one ``.tolist()`` of
-    the counts exchange, which ``all_to_all_single`` needs as Python split sizes. ``stats``: an
-    :class:`ExpertParallelStats` to fill with the rows sent to / received from each rank (and phase
-    times when it has a timer).
+    ``num_experts`` (E): when None on every rank it is the sum of every rank's local count; ranks that
+    give it must agree. K = 0 (no expert per token) gives y = 0 and zero gradients, as on one device.
+    Host syncs: one ``.tolist()`` of the arguments exchange and one of the counts exchange, which
+    ``all_to_all_single`` needs as Python split sizes. ``stats``: an :class:`ExpertParallelStats` to
+    fill with the rows sent to / received from each rank (and phase times when it has a timer).
+    NaN/Inf in the inputs pass through unchecked; ``check_finite=True`` checks this rank's inputs.
 
-    Errors: shape, dtype and device problems raise ``ValueError``/``TypeError`` naming the argument
-    before any communication (they are local: give every rank consistent inputs); an expert id out
-    of range, a token listing an expert twice, or a local expert count that does not match the
-    partition raise the same ``ValueError`` on every rank, after the counts exchange.
+    Errors, raised alike on every rank before any data moves (each rank's argument checks are
+    exchanged first): a ``ValueError``/``TypeError`` naming the argument and the rank whose arguments
+    failed; ranks that disagree on hidden_size, intermediate_size, dtypes or ``num_experts``. After the
+    counts exchange, alike on every rank: an expert id out of range, a token listing an expert twice,
+    or a local expert count that does not match the partition. Without an initialised process group the
+    argument checks raise here alone. A rank that dies or skips the call leaves the others waiting for
+    the process group's ``timeout`` (an argument of ``torch.distributed.init_process_group``).
     """
-    check_impl(impl)
-    sizes = _check_inputs(hidden_states, topk_indices, topk_weights, local_gate_weights, local_up_weights,
-                          local_down_weights)  # fmt: skip
-    resolve_impl(impl, hidden_states.device, hidden_states.dtype)
     if group is None:
         group = dist.group.WORLD
-    if num_experts is None:
-        num_experts = _total_experts(sizes["local_experts"], hidden_states.device, group)
-    if not isinstance(num_experts, int) or isinstance(num_experts, bool) or num_experts < 1:
-        raise ValueError(f"num_experts: expected a positive integer, got {num_experts!r}")
-    if sizes["top_k"] > num_experts:
-        raise ValueError(f"topk_indices: top_k={sizes['top_k']} exceeds num_experts={num_experts}")
+    sizes, local_error = None, None
+    try:
+        sizes = _check_call(hidden_states, topk_indices, topk_weights, local_gate_weights, local_up_weights,
+                            local_down_weights, impl, num_experts, stats, check_finite)  # fmt: skip
+    except (ValueError, TypeError) as exc:
+        if not dist.is_initialized():  # no other rank to tell
+            raise
+        local_error = exc
+    num_experts = _agree_on_arguments(sizes, local_error, num_experts, hidden_states, topk_weights, group)
     if stats is None:
         stats = ExpertParallelStats()
     plan = _plan_dispatch(topk_indices, num_experts, sizes["local_experts"], group, stats)
@@ -202,6 +224,26 @@ def moe_experts_parallel(
         hidden_states.contiguous(), topk_weights.contiguous(),
         local_gate_weights, local_up_weights, local_down_weights, plan, impl, stats,
     )  # fmt: skip
+
+
+def _check_call(hidden_states, topk_indices, topk_weights, gate, up, down, impl, num_experts, stats,
+                check_finite) -> dict:  # fmt: skip
+    """This rank's argument checks (values read only with ``check_finite``); returns the sizes."""
+    check_impl(impl)
+    flag("check_finite", check_finite)
+    sizes = _check_inputs(hidden_states, topk_indices, topk_weights, gate, up, down)
+    resolve_impl(impl, hidden_states.device, hidden_states.dtype)
+    if num_experts is not None:
+        if not isinstance(num_experts, int) or isinstance(num_experts, bool) or num_experts < 1:
+            raise ValueError(f"num_experts: expected a positive integer or None, got {num_experts!r}")
+        if sizes["top_k"] > num_experts:
+            raise ValueError(f"topk_indices: top_k={sizes['top_k']} exceeds num_experts={num_experts}")
+    if stats is not None and not isinstance(stats, ExpertParallelStats):
+        raise TypeError(f"stats: expected an ExpertParallelStats or None, got {type(stats).__name__}")
+    if check_finite:
+        finite(dict(hidden_states=hidden_states, topk_weights=topk_weights, local_gate_weights=gate,
+                    local_up_weights=up, local_down_weights=down))  # fmt: skip
+    return sizes
 
 
 def _check_inputs(hidden_states, topk_indices, topk_weights, gate, up, down) -> dict:
@@ -218,18 +260,65 @@ def _check_inputs(hidden_states, topk_indices, topk_weights, gate, up, down) -> 
     shape("local_gate_weights", gate, (L, I, H), ("local_experts", "intermediate_size", "hidden_size"))
     shape("local_up_weights", up, (L, I, H), ("local_experts", "intermediate_size", "hidden_size"))
     shape("local_down_weights", down, (L, H, I), ("local_experts", "hidden_size", "intermediate_size"))
-    if K < 1:
-        raise ValueError("topk_indices: expected top_k >= 1, got 0 columns")
     same_dtype(floats)
     same_device(dict(floats, topk_indices=topk_indices, topk_weights=topk_weights))
     return dict(num_tokens=T, hidden_size=H, intermediate_size=I, local_experts=L, top_k=K)
 
 
-def _total_experts(local_experts: int, device, group) -> int:
-    """E as the sum over ranks of their local expert counts (an all_reduce and a host sync)."""
-    total = torch.full((), local_experts, dtype=torch.int64, device=device)
-    dist.all_reduce(total, group=group)
-    return int(total)
+def _exchange_device(group) -> torch.device:
+    """Where the small exchanges' tensors live: the current CUDA device for NCCL, the CPU otherwise."""
+    if "nccl" in str(dist.get_backend(group)) and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _argument_row(sizes, local_error, num_experts, hidden_states, topk_weights) -> list[int]:
+    """This rank's row of the arguments exchange (see :data:`ARGUMENT_FIELDS`)."""
+    if local_error is not None:
+        message = str(local_error).encode()[:MESSAGE_BYTES].decode(errors="ignore").encode()
+        kind = ERROR_KINDS.index(TypeError if isinstance(local_error, TypeError) else ValueError)
+        row = [kind] + [-1] * (len(ARGUMENT_FIELDS) - 2) + [len(message)]
+        return row + list(message) + [0] * (MESSAGE_BYTES - len(message))
+    dtype_codes = [EXCHANGED_DTYPES.index(t.dtype) if t.dtype in EXCHANGED_DTYPES else -1
+                   for t in (hidden_states, topk_weights)]  # fmt: skip
+    row = [0, sizes["hidden_size"], sizes["intermediate_size"], sizes["top_k"], *dtype_codes,
+           -1 if num_experts is None else num_experts, sizes["local_experts"], 0]  # fmt: skip
+    return row + [0] * MESSAGE_BYTES
+
+
+def _agree_on_arguments(sizes, local_error, num_experts, hidden_states, topk_weights, group) -> int:
+    """Exchanges every rank's argument checks and sizes (an all_gather and one host sync) and raises the same
+    error on every rank when any rank's checks failed or the ranks disagree; returns num_experts."""
+    row = torch.tensor(_argument_row(sizes, local_error, num_experts, hidden_states, topk_weights),
+                       dtype=torch.int64, device=_exchange_device(group))  # fmt: skip
+    gathered = [torch.empty_like(row) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, row, group=group)
+    table = [dict(zip(ARGUMENT_FIELDS, values, strict=False)) | {"message": values[len(ARGUMENT_FIELDS):]}
+             for values in torch.stack(gathered).tolist()]  # fmt: skip
+    failed = [r for r, entry in enumerate(table) if entry["error"]]
+    if failed:
+        first = table[failed[0]]
+        message = bytes(first["message"][: first["message_bytes"]]).decode(errors="ignore")
+        others = f"; rank(s) {failed[1:]} failed their argument checks too" if len(failed) > 1 else ""
+        raise ERROR_KINDS[first["error"]](f"{message} (on rank {failed[0]}{others})") from local_error
+    for field_name, argument, error in (
+        ("hidden_size", "hidden_states", ValueError), ("dtype", "hidden_states", TypeError),
+        ("topk_weights_dtype", "topk_weights", TypeError), ("intermediate_size", "local_gate_weights", ValueError),
+    ):  # fmt: skip
+        by_rank = [entry[field_name] for entry in table]
+        if len(set(by_rank)) > 1:
+            if "dtype" in field_name:
+                by_rank = [str(EXCHANGED_DTYPES[c]) if c >= 0 else "another dtype" for c in by_rank]
+            what = field_name.removeprefix("topk_weights_")
+            raise error(f"{argument}: the ranks disagree on its {what} (by rank: {dict(enumerate(by_rank))})")
+    given = {r: entry["num_experts"] for r, entry in enumerate(table) if entry["num_experts"] != -1}
+    if len(set(given.values())) > 1:
+        raise ValueError(f"num_experts: the ranks disagree (by rank: {given})")
+    total = next(iter(given.values())) if given else sum(entry["local_experts"] for entry in table)
+    too_many = [r for r, entry in enumerate(table) if entry["top_k"] > total]
+    if too_many:
+        raise ValueError(f"topk_indices: top_k exceeds num_experts={total} on rank(s) {too_many}")
+    return total
 
 
 @functools.lru_cache(maxsize=64)

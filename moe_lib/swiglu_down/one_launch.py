@@ -24,6 +24,7 @@ import triton.language as tl
 
 from ..dispatch import interpreter_enabled
 from ..tiling import cdiv
+from . import launch
 from .kernels import d_intermediate_program, grad_x_program, token_reduction_program
 from .launch import SplitWorkspace, dot_flags, resident_programs
 
@@ -131,8 +132,8 @@ class OneLaunchConfig:
         if grid > resident_programs(x.device):
             raise ValueError(f"config: the one-launch grid ({grid} programs for H={H}, I={I}) exceeds one "
                              f"program per SM ({resident_programs(x.device)}); use larger blocks or a TileConfig")
-        d_gate = torch.empty((2 if with_lo else 1, T, I), dtype=x.dtype, device=x.device)
-        d_up = torch.empty_like(d_gate)
+        d_gate = launch.allocate((2 if with_lo else 1, T, I), dtype=x.dtype, device=x.device)
+        d_up = launch.allocate((2 if with_lo else 1, T, I), dtype=x.dtype, device=x.device)
         # one counter per grid size: the barrier needs the counter at a multiple of the grid when a launch starts
         barrier = SplitWorkspace.counters(f"one-launch barrier, grid {grid}", 1, 1, x.device).view(torch.int64)
         for phase in (1, 2) if interpreter_enabled() else (0,):

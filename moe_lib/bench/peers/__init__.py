@@ -47,7 +47,42 @@ class Peer:
         return self.prepare(dict(zip(input_names(self.op), args, strict=True)))()
 
 
+@dataclasses.dataclass(frozen=True)
+class LayerPeer:
+    """One implementation of one op's differentiable layer, as the training-step modes run it
+    (:mod:`moe_lib.bench.modes`): ``forward(inputs, leaves)`` returns the layer's output ``y`` from the
+    problem's inputs (a dict) and its leaves (the tensors it differentiates, requiring grad), recording
+    what its backward needs. A layer that keeps its weights in a layout of its own (gate and up
+    interleaved, say) builds its leaves from the inputs with ``parameters(inputs)`` (untimed, as a
+    model holds its parameters) and maps their gradients back to the layer's leaves in
+    ``gradients(grads, inputs)`` (views, or the gradient itself)."""
+
+    label: str
+    op: str  # a key of moe_lib.problems.OPS
+    forward: Callable[[dict, dict], torch.Tensor]
+    capturable: bool
+    description: str
+    unavailable: Callable[[torch.device], str | None] = lambda device: None
+    baseline: bool = False
+    parameters: Callable[[dict], dict] | None = None  # inputs -> its leaves (default: the layer's leaves)
+    gradients: Callable[[dict, dict], tuple] | None = None  # (its leaves' grads, inputs) -> grads of the layer's
+
+
 _REGISTRY: dict[str, dict[str, Peer]] = {op: {} for op in problems.OPS}
+_LAYER_REGISTRY: dict[str, dict[str, LayerPeer]] = {op: {} for op in problems.OPS}
+
+
+def register_layer(peer: LayerPeer) -> LayerPeer:
+    """Adds (or replaces) the layer implementation ``peer`` under its op and label."""
+    if peer.op not in _LAYER_REGISTRY:
+        raise ValueError(f"op: expected one of {tuple(_LAYER_REGISTRY)}, got {peer.op!r}")
+    _LAYER_REGISTRY[peer.op][peer.label] = peer
+    return peer
+
+
+def layer_peers_for(problem: str) -> dict[str, LayerPeer]:
+    """Every registered implementation of ``problem``'s layer, by label, in registration order."""
+    return dict(_LAYER_REGISTRY[problems.load(problem).op])
 
 
 def register(peer: Peer) -> Peer:
@@ -127,16 +162,19 @@ BASELINE_LABELS = tuple(dict.fromkeys(label for peers in _REGISTRY.values() for 
 
 __all__ = [
     "BASELINE_LABELS",
+    "LayerPeer",
     "Peer",
     "available_labels",
     "baseline_labels",
     "calling",
     "input_names",
     "labels",
+    "layer_peers_for",
     "moe_experts",
     "peers_for",
     "positional",
     "register",
+    "register_layer",
     "registered",
     "swiglu_down",
     "unregister",

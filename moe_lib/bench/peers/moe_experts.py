@@ -18,6 +18,18 @@
   kernels autotune 32 configs each on first use (minutes at P2's size); ``LIGER_FUSED_MOE_AUTOTUNE=0``
   in the environment before the import pins its default config instead (the harness records it).
 - ``triton``: ``moe_lib.moe_experts_backward(..., impl="triton", validate=False)``.
+- ``sonicmoe``: SonicMoE (Dao-AILab, CuTe DSL on QuACK grouped GEMMs; bf16 only) forward + backward
+  through ``moe_general_routing_inputs``, the routing flattened (token, expert, score per slot, in token
+  order), gate and up rows interleaved into its ``w1`` [2I, H, E] (row 2i gate i, 2i+1 up i) and ``Wd``
+  as its ``w2`` [H, I, E], both permuted views of tensors in our layout built once outside the timed
+  call; its gradients mapped back (de-interleaved views). "unavailable" with the reason where it does not
+  import (CPU, no CUDA, not installed): ``sonicmoe`` must be on the path (it needs the CuTe DSL stack).
+
+Its layer (the training-step modes of :mod:`moe_lib.bench.modes`): ``reference``
+(``moe_lib.moe_experts(impl="reference")``), ``grouped_mm`` (:func:`grouped_mm_forward` and autograd),
+``liger`` (its ``LigerFusedMoEFunction``, gate‖up held concatenated), ``sonicmoe`` (as above) and
+``triton`` (``moe_lib.moe_experts(impl="triton")``, which recomputes g and u in its backward) and
+``triton_saved`` (``save_activations=True``: g and u kept from the forward, as SonicMoE keeps them).
 """
 
 from __future__ import annotations
@@ -28,8 +40,9 @@ import torch
 import torch.nn.functional as F
 
 from ...dispatch import triton_unavailable_reason
+from ...moe_experts import moe_experts
 from ...problems import OPS
-from . import Peer, calling, register
+from . import LayerPeer, Peer, calling, register, register_layer
 
 OP = "moe_experts_backward"
 
@@ -39,35 +52,39 @@ def low_precision(dtype: torch.dtype) -> torch.dtype:
     return dtype if dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
 
 
-def moe_experts_backward_grouped_mm(grad_output, hidden_states, topk_indices, topk_weights, gate_weights,
-                                    up_weights, down_weights):  # fmt: skip
-    """P2 as torchtitan-style PyTorch does it: grouped GEMMs in bf16 and autograd.
-
-    Sorts the (token, slot) pairs by expert, recomputes the forward with ``torch._grouped_mm`` and
-    takes the gradients with ``torch.autograd.grad``. Returns the five gradients in the interface
-    dtypes (autograd casts each back to its leaf's dtype).
-    """
+def grouped_mm_forward(hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights):
+    """The layer's output y [T, H] (fp32) as torchtitan-style PyTorch computes it: the (token, slot) pairs
+    sorted by expert (``argsort``, counts by ``bincount``, which syncs with the host), rows gathered, the
+    three products by ``torch._grouped_mm`` in bf16 (the weights cast inside for the fp32 interface),
+    ``silu(g)·u``, scaled by the routing weights and combined with an fp32 ``index_add``. Differentiable."""
     num_tokens, top_k = topk_indices.shape
     num_experts = gate_weights.shape[0]
     low = low_precision(hidden_states.dtype)
-
     flat_experts = topk_indices.reshape(-1)
     order = torch.argsort(flat_experts, stable=True)  # sorted row -> flat (token, slot) index
     counts = torch.bincount(flat_experts, minlength=num_experts)  # syncs with the host
     offsets = torch.cumsum(counts, dim=0).to(torch.int32)  # end row of each expert's group
     token_of_row = order // top_k
+    x_rows = hidden_states.to(low)[token_of_row]  # [TK, H]
+    g = torch._grouped_mm(x_rows, gate_weights.to(low).transpose(-2, -1), offs=offsets, out_dtype=low)  # [TK, I]
+    u = torch._grouped_mm(x_rows, up_weights.to(low).transpose(-2, -1), offs=offsets, out_dtype=low)
+    a = F.silu(g) * u
+    o = torch._grouped_mm(a, down_weights.to(low).transpose(-2, -1), offs=offsets, out_dtype=low)  # [TK, H]
+    scaled = o.float() * topk_weights.reshape(-1)[order].float()[:, None]
+    return torch.zeros(num_tokens, o.shape[1], dtype=torch.float32, device=o.device).index_add(0, token_of_row, scaled)
 
+
+def moe_experts_backward_grouped_mm(grad_output, hidden_states, topk_indices, topk_weights, gate_weights,
+                                    up_weights, down_weights):  # fmt: skip
+    """P2 as torchtitan-style PyTorch does it: :func:`grouped_mm_forward` recomputed, gradients by autograd.
+
+    Returns the five gradients in the interface dtypes (autograd casts each back to its leaf's dtype).
+    """
     leaves = [t.detach().requires_grad_() for t in (hidden_states, topk_weights, gate_weights, up_weights,
                                                     down_weights)]  # fmt: skip
     x, routing, w_gate, w_up, w_down = leaves
     with torch.enable_grad():
-        x_rows = x.to(low)[token_of_row]  # [TK, H]
-        g = torch._grouped_mm(x_rows, w_gate.to(low).transpose(-2, -1), offs=offsets, out_dtype=low)  # [TK, I]
-        u = torch._grouped_mm(x_rows, w_up.to(low).transpose(-2, -1), offs=offsets, out_dtype=low)
-        a = F.silu(g) * u
-        o = torch._grouped_mm(a, w_down.to(low).transpose(-2, -1), offs=offsets, out_dtype=low)  # [TK, H]
-        scaled = o.float() * routing.reshape(-1)[order].float()[:, None]
-        y = torch.zeros(num_tokens, o.shape[1], dtype=torch.float32, device=o.device).index_add(0, token_of_row, scaled)
+        y = grouped_mm_forward(x, topk_indices, routing, w_gate, w_up, w_down)
         grads = torch.autograd.grad(y, leaves, grad_outputs=grad_output.float())
     grad_x, grad_routing, grad_gate, grad_up, grad_down = grads
     return grad_x, grad_routing, grad_gate, grad_up, grad_down
@@ -130,6 +147,111 @@ def _prepare_liger(inputs: dict):
     return run
 
 
+def _liger_parameters(inputs: dict) -> dict:
+    """Liger's leaves: x, gate‖up ([E, 2I, H], gate rows first), Wd in the GEMM dtype, and the routing weights."""
+    low = low_precision(inputs["hidden_states"].dtype)
+    gate_up = torch.cat([inputs["gate_weights"], inputs["up_weights"]], dim=1).to(low)
+    return dict(x=inputs["hidden_states"].to(low).detach().requires_grad_(), gate_up=gate_up.requires_grad_(),
+                down=inputs["down_weights"].to(low).detach().requires_grad_(),
+                routing=inputs["topk_weights"].detach().requires_grad_())  # fmt: skip
+
+
+def _liger_forward(inputs: dict, leaves: dict) -> torch.Tensor:
+    indices = inputs["topk_indices"].to(torch.int32)
+    return _liger_function().apply(leaves["x"], leaves["gate_up"], leaves["down"], indices, leaves["routing"])
+
+
+def _liger_gradients(grads: dict, inputs: dict) -> tuple:
+    inter = inputs["gate_weights"].shape[1]
+    dtype = inputs["hidden_states"].dtype
+    gate_up = grads["gate_up"]
+    return (grads["x"].to(dtype), grads["routing"].to(inputs["topk_weights"].dtype), gate_up[:, :inter].to(dtype),
+            gate_up[:, inter:].to(dtype), grads["down"].to(dtype))  # fmt: skip
+
+
+def _sonicmoe():
+    """(moe_general_routing_inputs, ActivationType) of the installed SonicMoE."""
+    sonicmoe = importlib.import_module("sonicmoe")
+    function = getattr(sonicmoe, "moe_general_routing_inputs", None)
+    if function is None:
+        function = importlib.import_module("sonicmoe.functional").moe_general_routing_inputs
+    return function, importlib.import_module("sonicmoe.enums").ActivationType
+
+
+def _sonicmoe_unavailable(device: torch.device) -> str | None:
+    if device.type != "cuda":
+        return f"needs CUDA: SonicMoE is CuTe DSL kernels for Hopper (running on {device.type})"
+    try:
+        _sonicmoe()
+    except Exception as exc:  # not installed, or its CuTe DSL stack missing
+        return f"sonicmoe not importable ({type(exc).__name__}: {exc})"
+    return None
+
+
+def sonicmoe_parameters(inputs: dict) -> dict:
+    """SonicMoE's leaves in its layout: x, the routing weights, w1 [E, 2I, H] with gate and up rows
+    interleaved (row 2i gate i, 2i+1 up i) and w2 = Wd [E, H, I]; it takes them as [2I, H, E] and
+    [H, I, E] views. bf16 inputs only, as its kernels."""
+    if inputs["hidden_states"].dtype != torch.bfloat16:
+        raise ValueError(f"hidden_states: SonicMoE runs bf16 inputs only, got {inputs['hidden_states'].dtype}")
+    gate, up = inputs["gate_weights"], inputs["up_weights"]
+    num_experts, inter, hidden = gate.shape
+    w1 = torch.stack([gate, up], dim=2).reshape(num_experts, 2 * inter, hidden)
+    return dict(x=inputs["hidden_states"].detach().requires_grad_(),
+                scores=inputs["topk_weights"].float().detach().requires_grad_(), w1=w1.requires_grad_(),
+                w2=inputs["down_weights"].detach().requires_grad_())  # fmt: skip
+
+
+def sonicmoe_forward(inputs: dict, leaves: dict) -> torch.Tensor:
+    """SonicMoE's layer on the flattened routing: slot s = t·K + k is (token t, expert topk_indices[t, k],
+    score topk_weights[t, k]), in token order."""
+    function, activation = _sonicmoe()
+    num_tokens, top_k = inputs["topk_indices"].shape
+    device = inputs["topk_indices"].device
+    token_idx = torch.arange(num_tokens, device=device, dtype=torch.int32).repeat_interleave(top_k)
+    expert_idx = inputs["topk_indices"].reshape(-1).to(torch.int32)
+    num_experts = leaves["w1"].shape[0]
+    output, _ = function(leaves["x"], leaves["scores"].reshape(-1), token_idx, expert_idx,
+                         leaves["w1"].permute(1, 2, 0), None, leaves["w2"].permute(1, 2, 0), None, num_experts, 0,
+                         activation.SWIGLU)  # fmt: skip
+    return output
+
+
+def sonicmoe_gradients(grads: dict, inputs: dict) -> tuple:
+    """Its gradients in our layout: w1's even rows are the gate's, its odd rows the up projection's."""
+    return (grads["x"], grads["scores"].reshape(inputs["topk_weights"].shape).to(inputs["topk_weights"].dtype),
+            grads["w1"][:, 0::2], grads["w1"][:, 1::2], grads["w2"])  # fmt: skip
+
+
+def _prepare_sonicmoe(inputs: dict):
+    """The op through SonicMoE's layer: forward + backward, the five gradients in our order."""
+    from ..modes import LAYERS, step
+
+    run = step(sonicmoe_forward, LAYERS[OP], "forward_backward", inputs, sonicmoe_parameters, sonicmoe_gradients)
+    return lambda: run()[1:]
+
+
+def _ours(save_activations: bool):
+    """Our layer's forward, saving the pre-activations for its backward or not."""
+
+    def forward(inputs: dict, leaves: dict) -> torch.Tensor:
+        return moe_experts(leaves["hidden_states"], inputs["topk_indices"], leaves["topk_weights"],
+                           leaves["gate_weights"], leaves["up_weights"], leaves["down_weights"], impl="triton",
+                           validate=False, save_activations=save_activations)  # fmt: skip
+
+    return forward
+
+
+def _reference_forward(inputs: dict, leaves: dict) -> torch.Tensor:
+    return moe_experts(leaves["hidden_states"], inputs["topk_indices"], leaves["topk_weights"], leaves["gate_weights"],
+                       leaves["up_weights"], leaves["down_weights"], impl="reference", validate=False)  # fmt: skip
+
+
+def _grouped_mm_layer(inputs: dict, leaves: dict) -> torch.Tensor:
+    return grouped_mm_forward(leaves["hidden_states"], inputs["topk_indices"], leaves["topk_weights"],
+                              leaves["gate_weights"], leaves["up_weights"], leaves["down_weights"])  # fmt: skip
+
+
 for _peer in (
     Peer("reference", OP, calling(OP, OPS[OP].reference), capturable=False, baseline=True,
          description="benchmark reference: loop over experts in fp32 (TF32 off)"),
@@ -140,6 +262,27 @@ for _peer in (
          description="Liger-Kernel 0.8.5 LigerFusedMoEFunction forward + backward", unavailable=_liger_unavailable),
     Peer("triton", OP, calling(OP, OPS[OP].function, impl="triton", validate=False), capturable=True,
          description="moe_lib's Triton kernels", unavailable=triton_unavailable_reason),
+    Peer("sonicmoe", OP, _prepare_sonicmoe, capturable=False,
+         description="SonicMoE forward + backward (CuTe DSL, bf16)", unavailable=_sonicmoe_unavailable),
 ):  # fmt: skip
     register(_peer)
 del _peer
+
+for _layer_peer in (
+    LayerPeer("reference", OP, _reference_forward, capturable=False,
+              description="loop over experts in fp32 (TF32 off), the reference backward"),
+    LayerPeer("grouped_mm", OP, _grouped_mm_layer, capturable=False, baseline=True, unavailable=_grouped_mm_unavailable,
+              description="torch._grouped_mm in bf16 + autograd (argsort/bincount routing)"),
+    LayerPeer("liger", OP, _liger_forward, capturable=False, baseline=True, unavailable=_liger_unavailable,
+              parameters=_liger_parameters, gradients=_liger_gradients,
+              description="Liger-Kernel LigerFusedMoEFunction, gate‖up held concatenated"),
+    LayerPeer("sonicmoe", OP, sonicmoe_forward, capturable=False, unavailable=_sonicmoe_unavailable,
+              parameters=sonicmoe_parameters, gradients=sonicmoe_gradients,
+              description="SonicMoE (CuTe DSL, bf16): w1 gate/up interleaved, saves its pre-activations"),
+    LayerPeer("triton", OP, _ours(False), capturable=True, unavailable=triton_unavailable_reason,
+              description="moe_lib.moe_experts: Triton forward, backward recomputing g and u"),
+    LayerPeer("triton_saved", OP, _ours(True), capturable=True, unavailable=triton_unavailable_reason,
+              description="moe_lib.moe_experts(save_activations=True): g and u kept from the forward"),
+):  # fmt: skip
+    register_layer(_layer_peer)
+del _layer_peer

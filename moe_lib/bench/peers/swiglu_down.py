@@ -13,6 +13,13 @@
   carried as bf16 hi/lo pairs, so that the outputs follow the fp32 reference on inputs of any scale).
 - ``triton_fast``: the same with ``precision="fast"``: dGate and dUp rounded to bf16 before the dx, dWg
   and dWu products, as torch_eager and torch_compile do.
+
+Its layer (the training-step modes of :mod:`moe_lib.bench.modes`), y = (silu(x·Wgᵀ) ⊙ x·Wuᵀ)·Wdᵀ:
+- ``reference``: ``moe_lib.swiglu_expert(impl="reference")``: PyTorch products in the input dtype, the
+  backward the reference function in fp32.
+- ``torch_eager``: the plain PyTorch expert (three bf16 products, ``F.silu``) and autograd.
+- ``torch_compile``: ``torch.compile`` of that expert (its backward compiled by AOTAutograd).
+- ``triton``: ``moe_lib.swiglu_expert(impl="triton")`` (its default ``precision="fast"``).
 """
 
 from __future__ import annotations
@@ -20,10 +27,12 @@ from __future__ import annotations
 import functools
 
 import torch
+import torch.nn.functional as F
 
 from ...dispatch import triton_unavailable_reason
 from ...problems import OPS
-from . import Peer, calling, input_names, register
+from ...swiglu_down import swiglu_expert
+from . import LayerPeer, Peer, calling, input_names, register, register_layer
 
 OP = "swiglu_down_backward"
 
@@ -88,6 +97,22 @@ def _run_eager(*args):
     return swiglu_down_backward_eager(*eager_arguments(dict(zip(input_names(OP), args, strict=True))))
 
 
+def plain_expert(x, gate_weight, up_weight, down_weight):
+    """The SwiGLU expert as plain PyTorch writes it: y = (silu(x·Wgᵀ) ⊙ x·Wuᵀ)·Wdᵀ, in the input dtype."""
+    return (F.silu(x @ gate_weight.T) * (x @ up_weight.T)) @ down_weight.T
+
+
+@functools.cache
+def _compiled_expert():
+    return torch.compile(plain_expert, dynamic=False)
+
+
+def _layer(function):
+    """A layer forward ``(inputs, leaves) -> y`` calling ``function(x, Wg, Wu, Wd)`` on the leaves."""
+    return lambda inputs, leaves: function(leaves["x"], leaves["gate_weight"], leaves["up_weight"],
+                                           leaves["down_weight"])  # fmt: skip
+
+
 def _compile_unavailable(device: torch.device) -> str | None:
     return None if hasattr(torch, "compile") else f"torch {torch.__version__} has no torch.compile"
 
@@ -106,3 +131,17 @@ for _peer in (
 ):  # fmt: skip
     register(_peer)
 del _peer
+
+for _layer_peer in (
+    LayerPeer("reference", OP, _layer(lambda *w: swiglu_expert(*w, impl="reference")), capturable=True,
+              description="PyTorch products, the reference backward in fp32"),
+    LayerPeer("torch_eager", OP, _layer(plain_expert), capturable=True, baseline=True,
+              description="plain PyTorch expert (bf16 products, F.silu) and autograd"),
+    LayerPeer("torch_compile", OP, _layer(lambda *w: _compiled_expert()(*w)), capturable=True, baseline=True,
+              description="torch.compile of the plain PyTorch expert", unavailable=_compile_unavailable),
+    LayerPeer("triton", OP, _layer(lambda *w: swiglu_expert(*w, impl="triton")), capturable=True,
+              description="moe_lib.swiglu_expert: PyTorch forward, Triton backward (fast)",
+              unavailable=triton_unavailable_reason),
+):  # fmt: skip
+    register_layer(_layer_peer)
+del _layer_peer

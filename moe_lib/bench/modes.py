@@ -1,0 +1,142 @@
+"""What a benchmark run times: the problem's function, or a training step of its layer (``--mode``).
+
+- ``op`` (the default): the benchmark's function, e.g. ``moe_experts_backward`` — the peers of
+  :mod:`.peers`.
+- ``forward``: a differentiable layer's forward, with autograd recording what its backward needs, as
+  in training: ``y = layer(...)``.
+- ``forward_backward``: that forward, then ``torch.autograd.grad`` of every input and weight the
+  layer differentiates (:attr:`Layer.leaves`) for the problem's ``grad_output`` — one training step
+  of the layer. The outputs checked are ``y`` and those gradients.
+
+Each op has one :class:`Layer` in :data:`LAYERS`: the inputs it differentiates, and its reference
+layer (readable PyTorch, the same references as the functions'). The implementations of a layer are
+:class:`~.peers.LayerPeer`\\ s registered beside the op's peers; :func:`mode_peer` turns one into a
+:class:`~.peers.Peer` that the harness checks and times like any other. FLOPs of a step count the
+layer's GEMMs as ``lab.json``'s ``layer_flops`` says (forward 6, forward + backward 18 per T·H·I for
+P1, per T·K·H·I for P2: a backward that recomputes the forward does more than it is credited for).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+import torch
+
+from .. import problems
+from ..moe_experts import moe_experts
+from ..swiglu_down import swiglu_expert
+from . import peers
+
+MODES = ("op", "forward", "forward_backward")
+
+
+@dataclasses.dataclass(frozen=True)
+class Layer:
+    """The differentiable layer of one op."""
+
+    leaves: tuple  # the inputs it differentiates, in the order of their gradients
+    reference: Callable  # the readable layer: (inputs dict, leaves dict) -> y
+
+
+def _swiglu_reference(inputs: dict, leaves: dict) -> torch.Tensor:
+    return swiglu_expert(leaves["x"], leaves["gate_weight"], leaves["up_weight"], leaves["down_weight"],
+                         impl="reference")  # fmt: skip
+
+
+def _moe_reference(inputs: dict, leaves: dict) -> torch.Tensor:
+    return moe_experts(leaves["hidden_states"], inputs["topk_indices"], leaves["topk_weights"], leaves["gate_weights"],
+                       leaves["up_weights"], leaves["down_weights"], impl="reference", validate=False)  # fmt: skip
+
+
+LAYERS = {
+    "swiglu_down_backward": Layer(("x", "gate_weight", "up_weight", "down_weight"), _swiglu_reference),
+    "moe_experts_backward": Layer(("hidden_states", "topk_weights", "gate_weights", "up_weights", "down_weights"),
+                                  _moe_reference),
+}  # fmt: skip
+
+
+def output_names(problem: problems.Problem, mode: str) -> list[str]:
+    """The outputs a run in ``mode`` checks: the problem's, ``output``, or ``output`` and a gradient per leaf."""
+    check_mode(mode)
+    if mode == "op":
+        return problem.output_names
+    names = ["output"]
+    if mode == "forward_backward":
+        names += [f"grad_{leaf}" for leaf in LAYERS[problem.op].leaves]
+    return names
+
+
+def check_mode(mode) -> None:
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+
+
+def step(forward: Callable, layer: Layer, mode: str, inputs: dict, parameters=None, gradients=None) -> Callable:
+    """The timed callable of one step on ``inputs``: ``forward(inputs, leaves)``'s output, and in
+    ``forward_backward`` the gradients for ``inputs["grad_output"]`` of the layer's leaves. The leaves are
+    built once, untimed: the layer's own (fresh tensors requiring grad), or ``parameters(inputs)`` for a
+    layout of the implementation's own, whose gradients ``gradients(grads, inputs)`` maps back."""
+    if parameters is None:
+        leaves = {name: inputs[name].detach().requires_grad_() for name in layer.leaves}
+    else:
+        leaves = parameters(inputs)
+    grad_output = inputs["grad_output"]
+
+    def run():
+        with torch.enable_grad():
+            y = forward(inputs, leaves)
+            if mode == "forward":
+                return (y,)
+            values = torch.autograd.grad(y, list(leaves.values()), grad_outputs=grad_output.to(y.dtype))
+            grads = dict(zip(leaves, values, strict=True))
+        mapped = tuple(grads[name] for name in layer.leaves) if gradients is None else gradients(grads, inputs)
+        return (y.detach(), *mapped)
+
+    return run
+
+
+def mode_peer(layer_peer: peers.LayerPeer, mode: str) -> peers.Peer:
+    """``layer_peer`` as a :class:`~.peers.Peer` of ``mode`` (``forward`` or ``forward_backward``)."""
+    layer = LAYERS[layer_peer.op]
+
+    def prepare(inputs):
+        return step(layer_peer.forward, layer, mode, inputs, layer_peer.parameters, layer_peer.gradients)
+
+    return peers.Peer(layer_peer.label, layer_peer.op, prepare, capturable=layer_peer.capturable,
+                      description=layer_peer.description, unavailable=layer_peer.unavailable,
+                      baseline=layer_peer.baseline)  # fmt: skip
+
+
+def mode_peers(problem: str, mode: str) -> dict[str, peers.Peer]:
+    """Every implementation of ``problem`` in ``mode``, by label: its peers (``op``) or its layers' peers."""
+    check_mode(mode)
+    if mode == "op":
+        return peers.peers_for(problem)
+    return {label: mode_peer(layer, mode) for label, layer in peers.layer_peers_for(problem).items()}
+
+
+def reference_outputs(problem: problems.Problem, inputs: dict, mode: str, precision: torch.dtype) -> tuple:
+    """The reference layer's outputs of one step in ``mode``, computed in ``precision`` (TF32 off)."""
+    from ..precision import tf32_disabled
+
+    upcast = {name: t.to(precision) if t.is_floating_point() else t for name, t in inputs.items()}
+    with tf32_disabled():
+        return tuple(t.detach() for t in step(LAYERS[problem.op].reference, LAYERS[problem.op], mode, upcast)())
+
+
+def cost(problem: problems.Problem, mode: str, inputs: dict, references: tuple, **axes) -> tuple[int, int]:
+    """(FLOPs, bytes) of one step: ``layer_flops`` of the problem's ``lab.json``, and every tensor the
+    step reads (the leaves, routing, and for the backward grad_output) or writes (y, the gradients) once."""
+    num_tokens = next(iter(inputs.values())).shape[0]
+    flops = problem.layer_flops[mode] * math.prod(problem.sizes(num_tokens, **axes)[a] for a in problem.flops_axes)
+    layer = LAYERS[problem.op]
+    read = [t for name, t in inputs.items() if name in layer.leaves or not t.is_floating_point()]
+    if mode == "forward_backward":
+        read.append(inputs["grad_output"])
+    # what the step writes, in the dtypes of the tensors it answers to (the references are upcast)
+    written = [(references[0].numel(), inputs["grad_output"].dtype)]
+    written += [(r.numel(), inputs[name].dtype) for name, r in zip(layer.leaves, references[1:], strict=False)]
+    return flops, sum(t.numel() * t.element_size() for t in read) + sum(
+        numel * torch.empty((), dtype=dtype).element_size() for numel, dtype in written)
