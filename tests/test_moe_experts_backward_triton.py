@@ -399,5 +399,8 @@ def test_layer_with_and_without_saved_activations_against_float64(dtype, save_ac
     for name, g, w in zip(("output", *names), got, want, strict=True):
         limit = tolerance["grad_hidden_states" if name in ("output", "hidden_states") else f"grad_{name}"]
         assert torch.isfinite(g).all() and rel_error(g, w) <= limit, (name, rel_error(g, w))
-    if dtype == torch.float32 and save_activations:
-        assert all(torch.equal(a, b) for a, b in zip(got, step("triton", False), strict=True))
+    if dtype == torch.float32 and save_activations:  # g and u are stored exactly: the same numbers, but for
+        # grad_topk_weights' sum over I, which the two compiled variants of kernel A may add in another order
+        recomputed = step("triton", False)
+        for name, a, b in zip(("output", *names), got, recomputed, strict=True):
+            assert torch.equal(a, b) or (name == "topk_weights" and rel_error(a, b) <= 1e-6), name
