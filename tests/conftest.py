@@ -38,3 +38,21 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     denom = ref.norm().item()
     diff = (out - ref).norm().item()
     return diff / denom if denom > 0 else diff
+
+
+def join_ranks(processes, timeout_s: float) -> None:
+    """Starts the rank processes and waits for all of them: fails naming the ranks that hang past
+    ``timeout_s`` (killed) or that exited with an error (an abort, or its traceback is above)."""
+    import time
+
+    for process in processes:
+        process.start()
+    deadline = time.monotonic() + timeout_s
+    for process in processes:
+        process.join(timeout=max(0.0, deadline - time.monotonic()))
+    hung = [rank for rank, process in enumerate(processes) if process.is_alive()]
+    for rank in hung:
+        processes[rank].kill()
+        processes[rank].join()
+    assert not hung, f"ranks {hung} did not finish within {timeout_s} s"
+    assert [p.exitcode for p in processes] == [0] * len(processes), "a rank died (an abort, or its traceback is above)"

@@ -17,7 +17,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 import traceback
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import pandas as pd
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import rel_error
+from conftest import join_ranks, rel_error
 
 import moe_lib
 from moe_lib import problems
@@ -172,17 +171,7 @@ def spawn_ranks(world_size: int, cases: dict, seed: int, folder: Path, *, with_e
                         args=(rank, world_size, str(init_file), str(folder), cases, seed, with_errors))
         for rank in range(world_size)
     ]  # fmt: skip
-    for process in processes:
-        process.start()
-    deadline = time.monotonic() + JOIN_TIMEOUT_S
-    for process in processes:
-        process.join(timeout=max(0.0, deadline - time.monotonic()))
-    hung = [rank for rank, process in enumerate(processes) if process.is_alive()]
-    for rank in hung:
-        processes[rank].kill()
-        processes[rank].join()
-    assert not hung, f"ranks {hung} did not finish within {JOIN_TIMEOUT_S} s"
-    assert [p.exitcode for p in processes] == [0] * world_size, "a rank failed (its traceback is above)"
+    join_ranks(processes, JOIN_TIMEOUT_S)
     return [torch.load(folder / f"rank{rank}.pt") for rank in range(world_size)]
 
 

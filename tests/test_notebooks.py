@@ -243,13 +243,15 @@ H200_RESULTS = problems.DATA_DIR / "results" / "H200"
 
 
 def _committed_csvs() -> list[Path]:
-    """The benchmark harness's newest result file of each problem, as the notebooks read them (the
-    expert-parallel benchmark's sit beside them, other columns; older runs stay committed)."""
+    """The benchmark harness's newest result file of each problem's function (mode op), as the notebooks
+    read them (the training-step runs and the expert-parallel benchmark's sit beside them; older runs stay
+    committed)."""
     newest = {}
     for path in sorted(H200_RESULTS.glob("*.csv")):  # named <date>-...: later dates sort later
-        meta = path.with_suffix(".json")
-        if meta.is_file() and (problem := json.loads(meta.read_text())["problem"]) in problems.PROBLEM_NAMES:
-            newest[problem] = path
+        meta_path = path.with_suffix(".json")
+        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+        if meta.get("problem") in problems.PROBLEM_NAMES and meta.get("mode", "op") == "op":
+            newest[meta["problem"]] = path
     return sorted(newest.values())
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import rel_error
+from conftest import join_ranks, rel_error
 
 import moe_lib
 from moe_lib import problems, reference
@@ -226,17 +226,7 @@ def two_rank_outcomes(tmp_path_factory):
     context = multiprocessing.get_context("spawn")
     processes = [context.Process(target=robustness_rank_main, args=(rank, str(folder / "init"), str(folder)))
                  for rank in range(2)]  # fmt: skip
-    for process in processes:
-        process.start()
-    deadline = time.monotonic() + JOIN_TIMEOUT_S
-    for process in processes:
-        process.join(timeout=max(0.0, deadline - time.monotonic()))
-    hung = [rank for rank, process in enumerate(processes) if process.is_alive()]
-    for rank in hung:
-        processes[rank].kill()
-        processes[rank].join()
-    assert not hung, f"ranks {hung} did not finish within {JOIN_TIMEOUT_S} s"
-    assert [p.exitcode for p in processes] == [0, 0], "a rank died (an abort, or its traceback is above)"
+    join_ranks(processes, JOIN_TIMEOUT_S)
     return [torch.load(folder / f"rank{rank}.pt") for rank in range(2)]
 
 
