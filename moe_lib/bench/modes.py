@@ -8,12 +8,13 @@
   layer differentiates (:attr:`Layer.leaves`) for the problem's ``grad_output`` — one training step
   of the layer. The outputs checked are ``y`` and those gradients.
 
-Each op has one :class:`Layer` in :data:`LAYERS`: the inputs it differentiates, and its reference
-layer (readable PyTorch, the same references as the functions'). The implementations of a layer are
-:class:`~.peers.LayerPeer`\\ s registered beside the op's peers; :func:`mode_peer` turns one into a
-:class:`~.peers.Peer` that the harness checks and times like any other. FLOPs of a step count the
-layer's GEMMs as ``lab.json``'s ``layer_flops`` says (forward 6, forward + backward 18 per T·H·I for
-P1, per T·K·H·I for P2: a backward that recomputes the forward does more than it is credited for).
+Each op has one :class:`Layer` in :data:`LAYERS`: the inputs it differentiates. The implementations
+of a layer are :class:`~.peers.LayerPeer`\\ s registered beside the op's peers, its reference among
+them (the one labelled ``reference``: readable PyTorch, the same references as the functions');
+:func:`mode_peer` turns one into a :class:`~.peers.Peer` that the harness checks and times like any
+other. FLOPs of a step count the layer's GEMMs as ``lab.json``'s ``layer_flops`` says (forward 6,
+forward + backward 18 per T·H·I for P1, per T·K·H·I for P2: a backward that recomputes the forward does
+more than it is credited for).
 """
 
 from __future__ import annotations
@@ -25,8 +26,6 @@ from collections.abc import Callable
 import torch
 
 from .. import problems
-from ..moe_experts import moe_experts
-from ..swiglu_down import swiglu_expert
 from . import peers
 
 MODES = ("op", "forward", "forward_backward")
@@ -34,27 +33,15 @@ MODES = ("op", "forward", "forward_backward")
 
 @dataclasses.dataclass(frozen=True)
 class Layer:
-    """The differentiable layer of one op."""
+    """The differentiable layer of one op (its reference is the layer peer labelled ``reference``)."""
 
     leaves: tuple  # the inputs it differentiates, in the order of their gradients
-    reference: Callable  # the readable layer: (inputs dict, leaves dict) -> y
-
-
-def _swiglu_reference(inputs: dict, leaves: dict) -> torch.Tensor:
-    return swiglu_expert(leaves["x"], leaves["gate_weight"], leaves["up_weight"], leaves["down_weight"],
-                         impl="reference")  # fmt: skip
-
-
-def _moe_reference(inputs: dict, leaves: dict) -> torch.Tensor:
-    return moe_experts(leaves["hidden_states"], inputs["topk_indices"], leaves["topk_weights"], leaves["gate_weights"],
-                       leaves["up_weights"], leaves["down_weights"], impl="reference", validate=False)  # fmt: skip
 
 
 LAYERS = {
-    "swiglu_down_backward": Layer(("x", "gate_weight", "up_weight", "down_weight"), _swiglu_reference),
-    "moe_experts_backward": Layer(("hidden_states", "topk_weights", "gate_weights", "up_weights", "down_weights"),
-                                  _moe_reference),
-}  # fmt: skip
+    "swiglu_down_backward": Layer(("x", "gate_weight", "up_weight", "down_weight")),
+    "moe_experts_backward": Layer(("hidden_states", "topk_weights", "gate_weights", "up_weights", "down_weights")),
+}
 
 
 def output_names(problem: problems.Problem, mode: str) -> list[str]:
@@ -118,12 +105,14 @@ def mode_peers(problem: str, mode: str) -> dict[str, peers.Peer]:
 
 
 def reference_outputs(problem: problems.Problem, inputs: dict, mode: str, precision: torch.dtype) -> tuple:
-    """The reference layer's outputs of one step in ``mode``, computed in ``precision`` (TF32 off)."""
+    """The reference layer's outputs of one step in ``mode`` (the layer peer ``reference``: readable
+    PyTorch), computed in ``precision`` (TF32 off)."""
     from ..precision import tf32_disabled
 
     upcast = {name: t.to(precision) if t.is_floating_point() else t for name, t in inputs.items()}
+    reference = peers.layer_peers_for(problem.name)["reference"].forward
     with tf32_disabled():
-        return tuple(t.detach() for t in step(LAYERS[problem.op].reference, LAYERS[problem.op], mode, upcast)())
+        return tuple(t.detach() for t in step(reference, LAYERS[problem.op], mode, upcast)())
 
 
 def cost(problem: problems.Problem, mode: str, inputs: dict, references: tuple, **axes) -> tuple[int, int]:

@@ -37,17 +37,24 @@ def moe_experts_backward(
     every input and one host sync).
     """
     check_impl(impl)
-    flag("check_finite", check_finite)
     args = (grad_output, hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights)
+    return _backward(args, impl=impl, validate=validate, check_finite=check_finite)
+
+
+def _backward(args: tuple, *, impl: str, validate: bool, check_finite: bool, preactivations=None):
+    """The checks, then the reference or the Triton kernels; ``preactivations`` (g, u), saved by the
+    layer's Triton forward, are read instead of recomputed (only the Triton path has them)."""
+    flag("check_finite", check_finite)
     check_moe_experts_backward(*args, validate=validate)
     if check_finite:
         finite(dict(zip(INPUT_NAMES, args, strict=True)))
+    hidden_states = args[1]
     if resolve_impl(impl, hidden_states.device, hidden_states.dtype) == "reference":
         return moe_experts_backward_reference(*args)
     check_contiguous(dict(zip(INPUT_NAMES, args, strict=True)))
     from .launch import moe_experts_backward_triton  # imports triton: only on this path
 
-    return moe_experts_backward_triton(*args)
+    return moe_experts_backward_triton(*args, preactivations=preactivations)
 
 
 def moe_experts_forward(hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights,
@@ -69,9 +76,8 @@ class _MoEExperts(torch.autograd.Function):
                 check_finite, save_activations):  # fmt: skip
         inputs = (hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights)
         ctx.impl, ctx.check_finite = impl, check_finite
-        ctx.saves_preactivations = save_activations and resolve_impl(
-            impl, hidden_states.device, hidden_states.dtype) == "triton"  # fmt: skip
-        if not ctx.saves_preactivations:  # the reference recomputes the forward in any case
+        on_triton = resolve_impl(impl, hidden_states.device, hidden_states.dtype) == "triton"
+        if not (save_activations and on_triton):  # the reference recomputes the forward in any case
             ctx.save_for_backward(*inputs)
             return moe_experts_forward(*inputs, impl=impl)
         from .launch import moe_experts_forward_triton
@@ -85,15 +91,9 @@ class _MoEExperts(torch.autograd.Function):
         hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights = ctx.saved_tensors[:6]
         args = (grad_output.contiguous(), hidden_states, topk_indices, topk_weights, gate_weights, up_weights,
                 down_weights)  # fmt: skip
-        if ctx.saves_preactivations:  # g and u read back: kernel A does one product of three
-            from .launch import moe_experts_backward_triton
-
-            if ctx.check_finite:
-                finite(dict(zip(INPUT_NAMES, args, strict=True)))
-            grads = moe_experts_backward_triton(*args, preactivations=tuple(ctx.saved_tensors[6:]))
-        else:
-            grads = moe_experts_backward(*args, impl=ctx.impl, validate=False, check_finite=ctx.check_finite)
-        (grad_x, grad_w, grad_gate, grad_up, grad_down) = grads
+        preactivations = tuple(ctx.saved_tensors[6:]) or None  # g and u, where the forward kept them
+        (grad_x, grad_w, grad_gate, grad_up, grad_down) = _backward(
+            args, impl=ctx.impl, validate=False, check_finite=ctx.check_finite, preactivations=preactivations)
         if resolve_impl(ctx.impl, hidden_states.device, hidden_states.dtype) == "triton":
             depends_on = (grad_output, hidden_states, topk_weights, gate_weights, up_weights, down_weights)
             grad_x, grad_w, grad_gate, grad_up, grad_down = not_differentiable_again(

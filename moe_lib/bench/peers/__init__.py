@@ -44,7 +44,7 @@ class Peer:
         """One call on the op's inputs (positional, in the definition's order), setup included."""
         if self.run is not None:
             return self.run(*args)
-        return self.prepare(dict(zip(input_names(self.op), args, strict=True)))()
+        return self.prepare(named(self.op, args))()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +143,11 @@ def positional(op: str, inputs: dict) -> tuple:
     return tuple(inputs[name] for name in input_names(op))
 
 
+def named(op: str, args: tuple) -> dict:
+    """``op``'s positional arguments as its inputs dict (name -> tensor): :func:`positional` undone."""
+    return dict(zip(input_names(op), args, strict=True))
+
+
 def calling(op: str, function: Callable, **keywords) -> Callable[[dict], Callable[[], tuple]]:
     """A ``prepare`` whose timed callable is ``function(*inputs in op's order, **keywords)``."""
 
@@ -171,6 +176,7 @@ __all__ = [
     "labels",
     "layer_peers_for",
     "moe_experts",
+    "named",
     "peers_for",
     "positional",
     "register",

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from ...dispatch import triton_unavailable_reason
 from ...problems import OPS
 from ...swiglu_down import swiglu_expert
-from . import LayerPeer, Peer, calling, input_names, register, register_layer
+from . import LayerPeer, Peer, calling, named, register, register_layer
 
 OP = "swiglu_down_backward"
 
@@ -90,11 +90,11 @@ def _compiled_eager():
 
 
 def _run_compile(*args):
-    return _compiled_eager()(*eager_arguments(dict(zip(input_names(OP), args, strict=True))))
+    return _compiled_eager()(*eager_arguments(named(OP, args)))
 
 
 def _run_eager(*args):
-    return swiglu_down_backward_eager(*eager_arguments(dict(zip(input_names(OP), args, strict=True))))
+    return swiglu_down_backward_eager(*eager_arguments(named(OP, args)))
 
 
 def plain_expert(x, gate_weight, up_weight, down_weight):
