@@ -100,15 +100,15 @@ def unregister(op: str, label: str) -> None:
 
 @contextlib.contextmanager
 def registered(peer: Peer):
-    """Registers ``peer`` for the duration of the block (restoring any peer it replaced)."""
-    previous = _REGISTRY.get(peer.op, {}).get(peer.label)
+    """Registers ``peer`` for the duration of the block; afterwards the op's peers are as before, in their
+    order (a peer it replaced back in its place)."""
+    before = dict(_REGISTRY.get(peer.op, {}))
     register(peer)
     try:
         yield peer
     finally:
-        unregister(peer.op, peer.label)
-        if previous is not None:
-            register(previous)
+        _REGISTRY[peer.op].clear()
+        _REGISTRY[peer.op].update(before)
 
 
 def peers_for(problem: str) -> dict[str, Peer]:
