@@ -31,6 +31,7 @@ from moe_lib.swiglu_down.launch import (
     launch_grad_x_and_grad_gate_up,
     launch_plan,
     resident_programs,
+    split_workspaces,
     swiglu_down_backward_triton,
 )
 
@@ -70,13 +71,14 @@ def time_parts(args, flush):
         for name in names:
             c = P1_CANDIDATES[name]
             plan = launch_plan(T, x.shape[1], I, c)
+            workspaces = split_workspaces(plan, x.device)
             try:
-                l1 = timing.graph_median_ms(lambda c=c, plan=plan: launch_d_intermediate_and_grad_down(
+                l1 = timing.graph_median_ms(lambda c=c, plan=plan, w=workspaces: launch_d_intermediate_and_grad_down(
                     dy, inp["down_weight"], inp["gate"], inp["gate_sigmoid"], inp["gate_silu"], inp["up"],
-                    inp["intermediate"], d_gate, d_up, outs[3], c, plan, with_lo), flush)
-                l2 = timing.graph_median_ms(lambda c=c, plan=plan: launch_grad_x_and_grad_gate_up(
+                    inp["intermediate"], d_gate, d_up, outs[3], c, plan, with_lo, w), flush)
+                l2 = timing.graph_median_ms(lambda c=c, plan=plan, w=workspaces: launch_grad_x_and_grad_gate_up(
                     x, inp["gate_weight"], inp["up_weight"], d_gate, d_up, outs[0], outs[1], outs[2], c, plan,
-                    with_lo), flush)
+                    with_lo, w), flush)
             except Exception as exc:
                 print(T, name, "ERROR", repr(exc)[:300], file=sys.stderr)
                 continue

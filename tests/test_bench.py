@@ -188,13 +188,15 @@ def test_reference_outputs_follow_the_problems_precision():
 def test_committed_results_load():
     """The committed harness CSVs load with pandas and carry the current columns (files written before the
     datasheet columns were named by GPU key have them as sol_ms_datasheet_h100/h200; files written before
-    the training-step modes have no mode, op implied, and no peak_mem_gb)."""
+    the training-step modes have no mode, op implied, and no peak_mem_gb; files written before the official
+    timing method have no official_* columns)."""
     files = [path for path in RESULTS_DIR.glob("*/*.csv") if any(path.name.endswith(f"-{name}-{dtype}.csv")
              for name in problems.PROBLEM_NAMES for dtype in ("bfloat16", "float32"))]  # fmt: skip
     assert files
     for path in files:
         frame = pd.read_csv(path)
-        newer = set(results.DATASHEET_COLUMNS) | {"mode", "peak_mem_gb"}
+        newer = set(results.DATASHEET_COLUMNS) | {"mode", "peak_mem_gb"} | {c for c in results.CSV_COLUMNS
+                                                                            if c.startswith("official_")}
         missing = set(results.CSV_COLUMNS) - newer - set(frame.columns)
         assert not missing and len(frame) > 0, (path, missing)
         assert {"sol_ms_datasheet_h100", "sol_ms_datasheet_h200"} <= set(frame.columns) or \

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from .. import problems
-from . import harness, modes
+from . import harness, modes, official_timing
 from .results import DEFAULT_OUT
 
 DTYPE_ALIASES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
@@ -98,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tag", type=tag, help="suffix of the result file names")
     parser.add_argument("--small", action="store_true", help="scaled-down shapes (automatic without CUDA)")
     parser.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
+    parser.add_argument("--official-timing", choices=("auto", "on", "off"), default="auto",
+                        help="also time every case the way NVIDIA's SOL-ExecBench harness does (eager calls on "
+                        "fresh input addresses, CUPTI span from first kernel start to last kernel end): auto = "
+                        "where CUDA and cupti-python are present (default)")  # fmt: skip
     return parser
 
 
@@ -137,6 +141,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--tokens: a token count is repeated in {args.tokens}")
     if args.dtype is not None:
         args.dtype = DTYPE_ALIASES[args.dtype]
+    reason = official_timing.unavailable(args.device)
+    if args.official_timing == "on" and reason is not None:
+        parser.error(f"--official-timing: {reason}")
+    args.official = args.official_timing != "off" and reason is None
     if args.warmup is None:
         args.warmup = 10 if on_cuda else 1
     if args.reps is None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import gc
 import math
 import sys
@@ -32,7 +33,7 @@ import torch
 from tqdm import tqdm
 
 from .. import problems, roofline
-from . import modes, peers, results, timing
+from . import modes, official_timing, peers, results, timing
 from .checks import check_outputs, reference_outputs
 from .provenance import gpu_key
 
@@ -93,13 +94,35 @@ def time_callable(fn, capturable: bool, device: torch.device, flush: timing.L2Fl
     return dict(timing.time_graph(fn, flush, warmup=warmup, reps=reps, check_replay=check_replay), timing="graph")
 
 
+def time_official(peer: peers.Peer, inputs: dict, device: torch.device, estimate_ms: float, *, warmup: int,
+                  reps: int, log=print) -> dict:  # fmt: skip
+    """The row's official-method fields (:mod:`.official_timing`): median and p20/p80 of eager calls on
+    fresh input addresses, CUPTI span; ``official_status`` "ok" or why there is no time."""
+    fields = dict(official_ms=math.nan, official_p20_ms=math.nan, official_p80_ms=math.nan)
+    if peer.run is not None:  # the whole call, its setup included, as the harness times it
+        def make_call(fresh):
+            return functools.partial(peer.call, *peers.positional(peer.op, fresh))
+    else:
+        make_call = peer.prepare
+    try:
+        measured = official_timing.time_official(make_call, inputs, device, warmup=min(warmup, 5),
+                                                 reps=timing.repetitions(estimate_ms, reps))  # fmt: skip
+    except Exception as exc:
+        log(f"[{peer.label}] error while timing the official way:\n{traceback.format_exc()}")
+        return dict(fields, official_status=f"error: {short_message(exc)}")
+    stats = timing.summarize(measured["samples_ms"])
+    return dict(official_ms=stats["median_ms"], official_p20_ms=stats["p20_ms"], official_p80_ms=stats["p80_ms"],
+                official_status="ok")  # fmt: skip
+
+
 def run_case_impl(peer: peers.Peer | None, label: str, inputs: dict, references: tuple, names: list[str], rule,
                   device: torch.device, flush: timing.L2Flusher, *, warmup: int, reps: int, poison_bytes: int,
-                  log=print) -> dict:  # fmt: skip
-    """Checks, then times one implementation on one case; returns the row's measured fields."""
+                  official: bool = False, log=print) -> dict:  # fmt: skip
+    """Checks, then times one implementation on one case (with ``official``, also the harness's way);
+    returns the row's measured fields."""
     row = dict(impl=label, status="ok", timing=None, median_ms=math.nan, p20_ms=math.nan, p80_ms=math.nan,
                reps=0, peak_mem_gb=math.nan, correct=False, passes_element_rule=None, rel_error=math.nan,
-               element_pass_fraction=math.nan, rel_errors={})  # fmt: skip
+               element_pass_fraction=math.nan, rel_errors={}, official_status="not measured")  # fmt: skip
     reason = peer.unavailable(device) if peer is not None else "not registered"
     if reason is not None:
         row["status"] = f"unavailable: {reason}"
@@ -147,6 +170,9 @@ def run_case_impl(peer: peers.Peer | None, label: str, inputs: dict, references:
         else:
             row.update(median_ms=stats["median_ms"], p20_ms=stats["p20_ms"], p80_ms=stats["p80_ms"],
                        reps=stats["reps"])  # fmt: skip
+            if official:
+                free_memory(device)
+                row.update(time_official(peer, inputs, device, stats["median_ms"], warmup=warmup, reps=reps, log=log))
     finally:
         del fn
         free_memory(device)
@@ -253,7 +279,7 @@ def run(args: argparse.Namespace, log=None) -> dict:
             wall_start = time.perf_counter()
             measured_row = run_case_impl(registry.get(label), label, inputs, references, names, rule, device, flush,
                                          warmup=args.warmup, reps=args.reps, poison_bytes=poison_bytes,
-                                         log=log)  # fmt: skip
+                                         official=getattr(args, "official", False), log=log)  # fmt: skip
             rel_errors = measured_row.pop("rel_errors")
             row = dict(case, **measured_row, wall_s=time.perf_counter() - wall_start)
             row.update({f"rel_error_{name}": rel_errors.get(name, math.nan) for name in names})

@@ -36,7 +36,8 @@ RECORDED_ENVIRONMENT = ("LIGER_FUSED_MOE_AUTOTUNE", "TRITON_CACHE_AUTOTUNING", "
 DATASHEET_COLUMNS = {f"sol_ms_datasheet_{key}": key for key in roofline.DATASHEET_GPUS}
 
 CSV_COLUMNS = [
-    "problem", "mode", "impl", "num_tokens", "dtype", "median_ms", "p20_ms", "p80_ms", "reps", "timing", "peak_mem_gb",
+    "problem", "mode", "impl", "num_tokens", "dtype", "median_ms", "p20_ms", "p80_ms", "reps", "timing",
+    "official_ms", "official_p20_ms", "official_p80_ms", "official_status", "peak_mem_gb",
     "sol_ms", "roofline_fraction", *DATASHEET_COLUMNS, "flops", "bytes",
     "rel_error", "element_pass_fraction", "correct", "passes_element_rule", "status", "small", "device", "gpu",
     "wall_s",
@@ -121,6 +122,7 @@ def run_provenance(args, device: torch.device, ceilings: dict, suite: dict, refe
             l2_flush_bytes=timing.L2_FLUSH_BYTES,
             long_case_ms=timing.LONG_CASE_MS,
             min_long_case_reps=timing.MIN_LONG_CASE_REPS,
+            official=bool(getattr(args, "official", False)),
         ),
         wrong_rel_error=WRONG_REL_ERROR,
         environment={name: os.environ.get(name) for name in RECORDED_ENVIRONMENT},
@@ -150,6 +152,7 @@ def summarize_impls(frame: pd.DataFrame, impls: list[str], baselines) -> tuple[d
             n_cases=int(len(rows)),
             n_correct=int(len(ok)),
             timing=sorted(set(ok["timing"].dropna())),
+            official_geomean_ms=geomean(ok["official_ms"]) if "official_ms" in ok else math.nan,
         )
     candidates = {label: s["geomean_ms"] for label, s in summary.items() if label in baselines and s["all_correct"]}
     baseline = dict(impl=None, geomean_ms=None, sol_geomean_ms=sol_geomean)
@@ -164,6 +167,15 @@ def summarize_impls(frame: pd.DataFrame, impls: list[str], baselines) -> tuple[d
 
 def _is_false(value) -> bool:
     return value is not None and not pd.isna(value) and not bool(value)
+
+
+def _official_table(frame: pd.DataFrame, order: list) -> pd.DataFrame | None:
+    """Per case and implementation, the official-method median (None when no row has one)."""
+    if "official_ms" not in frame or frame["official_ms"].isna().all():
+        return None
+    cells = frame.assign(cell=frame["official_ms"].map(format_ms))
+    table = cells.pivot(index="num_tokens", columns="impl", values="cell")
+    return table.reindex(index=order, columns=list(dict.fromkeys(frame["impl"])))
 
 
 def _cell(row) -> str:
@@ -181,15 +193,20 @@ def format_tables(frame: pd.DataFrame, summary: dict, baseline: dict, title: str
     per_case = per_case.reindex(index=order, columns=list(dict.fromkeys(frame["impl"])))
     sol = frame.drop_duplicates("num_tokens").set_index("num_tokens")["sol_ms"].reindex(order)
     per_case["sol (measured)"] = sol.map(format_ms)
+    official = _official_table(frame, order)
     rows = []
     for label, s in summary.items():
         rows.append(dict(impl=label, geomean=format_ms(s["geomean_ms"]),
                          roofline_fraction="-" if pd.isna(s["geomean_ms"]) else f"{s['roofline_fraction']:.3f}",
                          score="-" if s["sol_score"] is None else f"{s['sol_score']:.3f}",
                          all_correct=s["all_correct"], element_rule=s["passes_element_rule"],
-                         cases=f"{s['n_correct']}/{s['n_cases']}", timing=",".join(s["timing"]) or "-"))  # fmt: skip
+                         cases=f"{s['n_correct']}/{s['n_cases']}", timing=",".join(s["timing"]) or "-",
+                         official=format_ms(s.get("official_geomean_ms"))))  # fmt: skip
     table = pd.DataFrame(rows).set_index("impl")
     lines = [title, "", per_case.to_string(), "", table.to_string()]
+    if official is not None:
+        lines[3:3] = ["", "the same calls in NVIDIA's harness's method (eager, fresh input addresses, CUPTI span "
+                      "from first kernel start to last kernel end):", official.to_string()]
     base = baseline["impl"]
     if base:
         lines.append(f"score baseline: {base} ({format_ms(baseline['geomean_ms'])} geomean), "

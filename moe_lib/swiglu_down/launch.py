@@ -201,41 +201,44 @@ def swiglu_down_backward_triton(
     d_gate = allocate((2 if with_lo else 1, T, I), dtype=x.dtype, device=x.device)
     d_up = allocate((2 if with_lo else 1, T, I), dtype=x.dtype, device=x.device)
     plan = launch_plan(T, H, I, config)
+    # everything both launches need is allocated before the first: the second follows it with no other host work
+    workspaces = split_workspaces(plan, x.device)
     launch_d_intermediate_and_grad_down(grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate,
-                                        d_gate, d_up, grad_down_weight, config, plan, with_lo)  # fmt: skip
+                                        d_gate, d_up, grad_down_weight, config, plan, with_lo, workspaces)  # fmt: skip
     launch_grad_x_and_grad_gate_up(x, gate_weight, up_weight, d_gate, d_up, grad_x, grad_gate_weight,
-                                   grad_up_weight, config, plan, with_lo)  # fmt: skip
+                                   grad_up_weight, config, plan, with_lo, workspaces)  # fmt: skip
     return outputs
+
+
+def split_workspaces(plan: list[TileKind], device: torch.device) -> dict:
+    """The fp32 partials and arrival counters of every tile kind of both launches, by slot name."""
+    kinds = {k.kind: k for k in plan}
+    return {slot: SplitWorkspace.make(slot, tiles * kinds[kind].tiles, kinds[kind], device)
+            for slot, kind, tiles in (("dA", "dA", 1), ("dWd", "dWd", 1), ("dx", "dx", 1), ("dWgu", "dWg", 2))}
 
 
 def launch_d_intermediate_and_grad_down(grad_output, down_weight, gate, gate_sigmoid, gate_silu, up,
                                         intermediate, d_gate, d_up, grad_down_weight, config, plan,
-                                        with_lo):  # fmt: skip
+                                        with_lo, workspaces):  # fmt: skip
     """Launch 1: dGate, dUp (through dA = dy · Wd; with ``with_lo`` as hi/lo pairs) and dWd."""
     T, H = grad_output.shape
     I = down_weight.shape[1]
-    kinds = {k.kind: k for k in plan}
-    da_workspace = SplitWorkspace.make("dA", kinds["dA"].tiles, kinds["dA"], grad_output.device)
-    dwd_workspace = SplitWorkspace.make("dWd", kinds["dWd"].tiles, kinds["dWd"], grad_output.device)
     kernels.d_intermediate_and_grad_down_kernel[(grid_sizes(plan)[1],)](
         grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate,
-        d_gate, d_up, T * I, grad_down_weight, *da_workspace, *dwd_workspace, T, H, I,
+        d_gate, d_up, T * I, grad_down_weight, *workspaces["dA"], *workspaces["dWd"], T, H, I,
         *config.d_intermediate, *config.grad_down, config.group_m, *dot_flags(grad_output), with_lo,
         num_warps=config.warps[0], num_stages=config.stages[0],
     )  # fmt: skip
 
 
 def launch_grad_x_and_grad_gate_up(x, gate_weight, up_weight, d_gate, d_up, grad_x, grad_gate_weight,
-                                   grad_up_weight, config, plan, with_lo):  # fmt: skip
+                                   grad_up_weight, config, plan, with_lo, workspaces):  # fmt: skip
     """Launch 2: dx, dWg and dWu from dGate and dUp (with ``with_lo``, both halves of each)."""
     T, H = x.shape
     I = gate_weight.shape[0]
-    kinds = {k.kind: k for k in plan}
-    dx_workspace = SplitWorkspace.make("dx", kinds["dx"].tiles, kinds["dx"], x.device)
-    dw_workspace = SplitWorkspace.make("dWgu", 2 * kinds["dWg"].tiles, kinds["dWg"], x.device)
     kernels.grad_x_and_grad_gate_up_kernel[(grid_sizes(plan)[2],)](
         x, gate_weight, up_weight, d_gate, d_up, T * I, grad_x, grad_gate_weight, grad_up_weight,
-        *dx_workspace, *dw_workspace, T, H, I,
+        *workspaces["dx"], *workspaces["dWgu"], T, H, I,
         *config.grad_x, *config.grad_gate_up, config.group_m, *dot_flags(x), with_lo,
         num_warps=config.warps[1], num_stages=config.stages[1],
     )  # fmt: skip

@@ -1,0 +1,76 @@
+"""Where P1's time goes between graph replay and NVIDIA's method: the host's share of a call.
+
+    PYTHONPATH=. python scripts/p1_host_gap.py [--tokens 1,16,128,512,1087,2447,8192] [--precision faithful]
+
+Per token count: GPU time (graph replay, cold L2), the official span (eager calls on fresh input
+addresses, CUPTI first kernel start to last kernel end; :mod:`moe_lib.bench.official_timing`), their
+difference (the host's share), and the host time of one call (wall clock of the Python call alone,
+the GPU idle before it). Needs CUDA and
+cupti-python. Prints one table; with $OUT set, also writes it as JSON there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+
+from moe_lib import problems
+from moe_lib.bench import official_timing, timing
+from moe_lib.bench.cli import token_list
+from moe_lib.swiglu_down import swiglu_down_backward
+
+
+def host_us(call, reps: int = 50) -> float:
+    """Median wall-clock µs of the Python call alone (synchronised before each, so the queue is empty)."""
+    samples = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        out = call()
+        samples.append((time.perf_counter() - start) * 1e6)
+        del out
+    torch.cuda.synchronize()
+    return sorted(samples)[len(samples) // 2]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=token_list, default=[1, 16, 128, 512, 1087, 2447, 8192])
+    parser.add_argument("--precision", default="faithful", choices=("faithful", "fast"))
+    parser.add_argument("--reps", type=int, default=50)
+    args = parser.parse_args()
+    reason = official_timing.unavailable(torch.device("cuda"))
+    if reason:
+        raise SystemExit(f"official timing unavailable: {reason}")
+    problem = problems.load("swiglu_down_backward")
+    flush = timing.L2Flusher("cuda")
+    rows = []
+    for T in args.tokens:
+        inputs = problem.make_inputs(T, seed=T, device="cuda", distribution="harness")
+
+        def make_call(fresh):
+            return lambda: swiglu_down_backward(*fresh.values(), precision=args.precision)
+
+        row = dict(T=T, graph_us=timing.graph_median_ms(make_call(inputs), flush) * 1e3)
+        measured = official_timing.time_official(make_call, inputs, "cuda", warmup=5, reps=args.reps)
+        row["official_us"] = timing.summarize(measured["samples_ms"])["median_ms"] * 1e3
+        row["gap_us"] = row["official_us"] - row["graph_us"]
+        row["kernels"] = measured["activities"]
+        row["host_us"] = host_us(make_call(inputs))
+        rows.append(row)
+        print({k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
+    header = list(rows[0])
+    print("\n" + " ".join(f"{h:>18}" for h in header))
+    for row in rows:
+        print(" ".join(f"{row[h]:>18.1f}" if isinstance(row[h], float) else f"{row[h]:>18}" for h in header))
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "p1_host_gap.json"), "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
