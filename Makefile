@@ -35,6 +35,8 @@ $(STAMP): pyproject.toml
 	@echo "== setting up $(VENV): PyTorch ($(if $(HAS_GPU),CUDA,CPU) build), the project and its Jupyter kernel (minutes the first time)"
 ifeq ($(HAS_GPU),yes)
 	$(PIP) install "$(TORCH_GPU)"
+	@# CUPTI for the harness's official timing method (optional: without it that column is left out)
+	-$(PIP) install cupti-python
 else
 	@echo "== $(TORCH_CPU): from the local wheel cache if it has it, else from $(TORCH_CPU_INDEX)"
 	$(PIP) install "$(TORCH_CPU)" || $(PIP) install "$(TORCH_CPU)" --extra-index-url $(TORCH_CPU_INDEX)

@@ -6,6 +6,8 @@
     kernels.py        04: the kernels' launch plans as tables and diagrams, the designs measured on the GPU
     tutorial.py       04: teaching kernels from naive to fused, run under the interpreter; kernels' sources for the page
     benchmark.py      05: times, speed-ups, scores, correctness and per-case figures of the result files
+    official_runs.py         05: graph replay against NVIDIA's harness, per workload: the host's share of a call
+    training_step.py  05: the layers' forward and forward + backward runs, and what saved activations trade
     targets.py        05: the project's targets (``data/problems/<name>/lab.json``) judged on the result files
     parallel.py       06: the exchanges, the cost model and the measured multi-GPU runs of expert parallelism
     parallel_live.py  06: the expert-parallel layer run live on gloo processes, against one process

@@ -41,6 +41,12 @@ def resolve_path(path) -> Path:
     return path if path.is_absolute() else ROOT / path
 
 
+def shown_path(path) -> str:
+    """``path`` relative to the repository root where it is inside it (as the notebooks name files)."""
+    path = Path(path)
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def format_ms(ms) -> str:
     """A time in ms as "12.3 µs", "4.56 ms" or "1.23 s"; "–" when missing."""
     return bench_results.format_ms(ms, missing="–")
