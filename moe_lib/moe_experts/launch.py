@@ -3,11 +3,12 @@
 Workspace (freed when the call returns; outputs are freshly allocated and fully written):
     dg, du, aw        3 · T·K · I   in bf16 (the input dtype for 16-bit inputs)
     dX_slot           T·K · H       fp32
+    x, dy sorted      2 · T·K · H   bf16 (the input dtype for 16-bit inputs): kernel W's operands by TMA
     x, dy halves      4 · T · H     bf16, fp32 inputs only
     topk partials     cdiv(I, BLOCK_I) · T·K   fp32
     routing           T·K int32 + E + 1 int32, and torch.sort's int64 outputs (2 · T·K)
 At the benchmark's shape (H = 4096, I = 2048, E = 256, K = 8) and T = 8192 (T·K = 65536):
-768 MiB + 1 GiB + 256 MiB + 8 MiB + 1.3 MiB ≈ 2.0 GiB; at T = 2048, ≈ 0.5 GiB.
+768 MiB + 1 GiB + 1 GiB + 256 MiB + 8 MiB + 1.3 MiB ≈ 3.0 GiB; at T = 2048, ≈ 0.75 GiB.
 
 Predicted DRAM traffic at the benchmark's shape, T = 2048, with the weights read once per kernel:
 fp32: A reads Wg, Wu, Wd (25.8 GB), W writes dWg, dWu, dWd (25.8 GB), D reads Wg, Wu (17.2 GB);
@@ -30,6 +31,13 @@ from ..tiling import cdiv
 from ..validation import fits_in_memory
 from . import kernels
 from .routing import route_by_expert
+from .tma_weight_grad import (
+    TmaWeightGradConfig,
+    choose_tma_weight_grad_config,
+    gather_sorted_rows,
+    launch_weight_grads_tma,
+    tma_layout_fits,
+)
 
 # Every output and workspace is allocated through this function (tests replace it with one that
 # fills the memory with NaN, to prove that every element the kernels read or return was written).
@@ -58,6 +66,8 @@ class LaunchConfig:
     stages_dn: int = 3
     warps_d: int = 8  # kernel D
     stages_d: int = 3
+    # kernel W as a persistent TMA-fed grouped GEMM (:mod:`.tma_weight_grad`); None: the pointer-based kernel W
+    tma_weight_grad: TmaWeightGradConfig | None = None
 
 
 def launch_config(num_slots: int, num_experts: int, *, input_bytes: int = 4, interpreter: bool = False) -> LaunchConfig:
@@ -79,20 +89,20 @@ def launch_config(num_slots: int, num_experts: int, *, input_bytes: int = 4, int
     """
     mean_rows = num_slots / max(num_experts, 1)
     likely_max_rows = mean_rows + 4.0 * math.sqrt(mean_rows) + 1.0
+    tma = choose_tma_weight_grad_config(num_slots, num_experts, input_bytes, interpreter)
     if interpreter:
         row_split = min(max(1, math.ceil(likely_max_rows / 16)), 3)
         tiny = (16, 16, 16)
-        return LaunchConfig(16, 16, 32, tiny, tiny, 2, 32, 16, 32, row_split, 1, 1, 1, 1, 1, 1, 1, 1)  # fmt: skip
+        return LaunchConfig(16, 16, 32, tiny, tiny, 2, 32, 16, 32, row_split, 1, 1, 1, 1, 1, 1, 1, 1, tma)  # fmt: skip
     block_h = 32 if input_bytes == 4 else 64
     if mean_rows >= 512 and input_bytes == 2:  # busy experts: 128-row blocks (measured at 1024 rows: −11%)
         row_split = min(max(1, math.ceil(likely_max_rows / 128)), 8)
         return LaunchConfig(128, 64, block_h, (128, 128, 128), (128, 256, 128), 32, 128, 64, 1024, row_split,
-                            stages_gu=2, stages_dn=2)  # fmt: skip
+                            stages_gu=2, stages_dn=2, tma_weight_grad=tma)  # fmt: skip
     block_m = 64
     row_split = min(max(1, math.ceil(likely_max_rows / block_m)), 8)
-    return LaunchConfig(
-        block_m, 128, block_h, (128, 128, 64), (128, 256, 64), 32, 128, 64, 1024, row_split, stages_gu=2, stages_dn=2
-    )
+    return LaunchConfig(block_m, 128, block_h, (128, 128, 64), (128, 256, 64), 32, 128, 64, 1024, row_split,
+                        stages_gu=2, stages_dn=2, tma_weight_grad=tma)  # fmt: skip
 
 
 
@@ -254,6 +264,8 @@ def allocation_bytes(hidden_states, topk_indices, topk_weights, gate_weights, co
         return T * H * item + slots * I * workspace_item + slots * H * 4 + halves + routing + saved
     outputs = (T * H + 3 * E * I * H) * item + T * K * topk_weights.element_size()
     workspaces = 3 * slots * I * workspace_item + cdiv(I, config.block_i) * slots * 4 + slots * H * 4 + 2 * halves
+    if config.tma_weight_grad is not None:  # x and dy gathered into expert order for the TMA-fed kernel W
+        workspaces += 2 * slots * H * workspace_item
     return outputs + workspaces + routing
 
 
@@ -265,6 +277,13 @@ def check_memory(hidden_states, topk_indices, topk_weights, gate_weights, config
                               forward_only=forward_only, save_preactivations=save_preactivations)  # fmt: skip
     fits_in_memory("num_tokens", nbytes, hidden_states.device,
                    f"the outputs and workspaces of {T} tokens ({T * K} routed slots)")
+
+
+def persistent_programs(device: torch.device) -> int:
+    """Programs of a persistent launch: one per SM on the GPU, a few under the interpreter."""
+    if device.type != "cuda" or interpreter_enabled():
+        return 3
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def default_config(hidden_states: torch.Tensor, num_slots: int, num_experts: int) -> LaunchConfig:
@@ -323,8 +342,15 @@ def moe_experts_backward_triton(
     if fused_dx is not None:  # kernel G: dWg, dWu and dX of the experts with few rows; W and D skip those
         skip_rows = fused_dx.launch(routing, sorted_slot, dgate, dup, x_halves[0], gate_weights, up_weights,
                                     grad_gate, grad_up, dx_slot, K)  # fmt: skip
-    launch_weight_grads(config, plan, routing, sorted_slot, K, x_halves[0], dy_halves[0], dgate, dup, scaled_act,
-                        grad_gate, grad_up, grad_down, skip_rows=skip_rows)  # fmt: skip
+    if skip_rows < 0 and config.tma_weight_grad is not None and tma_layout_fits(H, I):
+        # x and dy rows gathered once into expert order, so that every operand of an expert is contiguous (TMA)
+        x_sorted = gather_sorted_rows(x_halves[0], sorted_slot[:num_slots], K)
+        dy_sorted = gather_sorted_rows(dy_halves[0], sorted_slot[:num_slots], K)
+        launch_weight_grads_tma(config.tma_weight_grad, routing.expert_offsets, x_sorted, dy_sorted, dgate, dup,
+                                scaled_act, grad_gate, grad_up, grad_down, num_programs=persistent_programs(device))
+    else:
+        launch_weight_grads(config, plan, routing, sorted_slot, K, x_halves[0], dy_halves[0], dgate, dup, scaled_act,
+                            grad_gate, grad_up, grad_down, skip_rows=skip_rows)  # fmt: skip
     if num_slots > 0:
         # dX_slot = Wg_eᵀ dg + Wu_eᵀ du: Wg[e][i, h] at i·H + h
         launch_slot_projection(config, plan, routing, gate_weights, up_weights, dgate, dup, dx_slot, 1, H, skip_rows)

@@ -1,0 +1,103 @@
+"""Compile the TMA-fed kernel W (``moe_experts.tma_weight_grad``) for sm_90 without a GPU and report its resources.
+
+    PYTHONPATH=. python scripts/p2_tma_compile_check.py [--cases bf16:2048,bf16:32768,fp32:2048] [--all-candidates]
+
+Per case (``dtype:num_tokens`` of the P2 benchmark shape) it compiles both launches (dWg·dWu, dWd)
+of the configuration ``choose_tma_weight_grad_config`` picks, and with ``--all-candidates`` every
+candidate that ``scripts/p2_tma_bench.py`` times. Per launch: registers and stack (a spill shows as a
+non-zero STACK), shared memory (flagged above the 227 KB a block may use), warps (12 where Triton's
+warp specialisation took effect: one producer and two consumer warp groups), and what the code
+contains: wgmma, TMA loads (``cp.async.bulk.tensor`` global → shared) and TMA stores in the PTX,
+``setmaxnreg`` (warp specialisation's register split), and their SASS forms UTMALDG, UTMASTG, HGMMA,
+USETMAXREG (cuobjdump). Needs only the triton wheel (its ptxas and cuobjdump).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import re
+import subprocess
+import tempfile
+
+from p2_tma_bench import CANDIDATES, NUM_SMS_H200
+
+from moe_lib import problems
+from moe_lib.bench.sm90 import TOOLS, compile_for_sm90, first_error_line, resources
+from moe_lib.moe_experts.tma_weight_grad import choose_tma_weight_grad_config, grouped_weight_grad_kernel
+
+INPUT_BYTES = {"bf16": 2, "fp32": 4}
+OUTPUT_TYPES = {"bf16": "*bf16", "fp32": "*fp32"}  # kernel W's operands are bf16 either way
+SASS_OPS = ("UTMALDG", "UTMASTG", "HGMMA", "USETMAXREG")
+SHARED_MEMORY_LIMIT = 232448  # bytes of shared memory one block may use on sm_90 (227 KB)
+
+
+def sass_counts(compiled) -> collections.Counter:
+    """How often each of :data:`SASS_OPS` occurs in the cubin's SASS."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(compiled.asm["cubin"])
+        cubin.flush()
+        sass = subprocess.run([str(TOOLS / "cuobjdump"), "--dump-sass", cubin.name], capture_output=True,
+                              text=True).stdout  # fmt: skip
+    return collections.Counter(re.findall(r"\b(" + "|".join(SASS_OPS) + r")\b", sass))
+
+
+def compile_family(config, two_outputs: bool, output_type: str):
+    """One launch of the kernel: the dWg·dWu family (two outputs) or the dWd family, as the launcher makes it."""
+    if two_outputs:
+        tile, warps, stages = config.gate_up_tile, config.warps_gate_up, config.stages_gate_up
+    else:
+        tile, warps, stages = config.down_tile, config.warps_down, config.stages_down
+    types = dict(a_ptr="*bf16", a2_ptr="*bf16", b_ptr="*bf16", out_ptr=output_type, out2_ptr=output_type,
+                 expert_offsets_ptr="*i32", num_experts="i32", size_m="i32", size_n="i32")  # fmt: skip
+    groups = config.expert_groups
+    constexprs = dict(TWO_OUTPUTS=two_outputs, NUM_PROGRAMS=NUM_SMS_H200 // groups * groups, EXPERT_GROUPS=groups,
+                      WARP_SPECIALIZE=config.warp_specialize,
+                      TMA_STORE=config.tma_store, INTERPRETER=False, BLOCK_M=tile[0], BLOCK_N=tile[1],
+                      BLOCK_ROWS=tile[2])  # fmt: skip
+    return compile_for_sm90(grouped_weight_grad_kernel, types, constexprs, list(types), warps=warps, stages=stages)
+
+
+def report(compiled) -> str:
+    ptx = compiled.asm["ptx"]
+    tma_loads = len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global", ptx))
+    tma_stores = len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared", ptx))
+    sass = sass_counts(compiled)
+    too_large = " (OVER 227K: will not launch)" if compiled.metadata.shared > SHARED_MEMORY_LIMIT else ""
+    return (f"{resources(compiled)}{too_large} warps={compiled.metadata.num_warps} ptx: tma_load={tma_loads} "
+            f"tma_store={tma_stores} setmaxnreg={ptx.count('setmaxnreg')} | sass: "
+            + " ".join(f"{op}={sass[op]}" for op in SASS_OPS))  # fmt: skip
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default="bf16:2048,bf16:32768,fp32:2048", help="dtype:num_tokens,…")
+    parser.add_argument("--all-candidates", action="store_true", help="also every candidate of p2_tma_bench.py")
+    args = parser.parse_args()
+    sizes = problems.load("moe_experts_backward").sizes(0)
+    slots_per_token, num_experts = sizes["top_k"], sizes["num_experts"]
+    names = list(CANDIDATES) if args.all_candidates else ["default"]
+    for case in args.cases.split(","):
+        dtype, _, tokens = case.partition(":")
+        if dtype not in INPUT_BYTES or not tokens.isdigit():
+            parser.error(f"--cases: expected dtype:num_tokens with dtype in {sorted(INPUT_BYTES)}, got {case!r}")
+        default = choose_tma_weight_grad_config(int(tokens) * slots_per_token, num_experts, INPUT_BYTES[dtype],
+                                                interpreter=False)  # fmt: skip
+        for name in names:
+            try:
+                config = dataclasses.replace(default, **CANDIDATES[name])
+            except ValueError as exc:
+                print(f"{case:11s} {name:14s} invalid: {exc}")
+                continue
+            print(f"{case:11s} {name:14s} {config}", flush=True)
+            for family, two_outputs in (("dWg·dWu", True), ("dWd", False)):
+                try:
+                    line = report(compile_family(config, two_outputs, OUTPUT_TYPES[dtype]))
+                except Exception as exc:  # report and go on with the other launches
+                    line = "FAIL " + first_error_line(exc)
+                print(f"    {family:8s} {line}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
