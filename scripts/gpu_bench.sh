@@ -3,7 +3,16 @@
 #   P1 swiglu_down_backward, its 16 cases, every available implementation (reference, torch_eager,
 #      torch_compile, and triton where its kernel exists);
 #   P2 moe_experts_backward (fp32 interface) at 2048 and 8192 tokens: reference, grouped_mm, liger;
-#   P2 moe_experts_backward_bf16 at 2048, 8192 and 32768 tokens: reference, grouped_mm, liger.
+#   P2 moe_experts_backward_bf16 at 2048, 8192 and 32768 tokens: reference, grouped_mm, liger;
+#   (RUNS p1_layer, p2_layer) the layers' training step (--mode forward_backward): P1's swiglu_expert
+#      against torch.compile over the 16 cases; P2's bf16 layer (ours recomputing and saving its
+#      pre-activations, grouped_mm, sonicmoe) at 2048, 8192 and 32768 tokens;
+#   (RUNS p1_official) NVIDIA's harness itself on P1's faithful path (python -m moe_lib.bench.official).
+# Every harness run also times each case the official way (eager, fresh addresses, CUPTI span) where
+# cupti-python is importable: it is installed from .whl/sol/*.whl when those wheels are there (with
+# pydantic for NVIDIA's harness, whose source must be in .sol-execbench/src for p1_official). SonicMoE
+# comes from .whl/sonicmoe-site.tar.xz when it is there (unpacked to /tmp/sonicmoe-site); on a fresh
+# machine run scripts/sonicmoe_warmup.py first (minutes of compilation, see its docstring).
 # Usage, from anywhere:  bash scripts/gpu_bench.sh
 # Results go to data/results/<gpu>/, or to $OUT/results/<gpu>/ when OUT is set, with the full log in
 # $OUT/bench.log; the tables are printed last. Liger-Kernel is installed from .whl/liger_kernel-*.whl
@@ -52,6 +61,24 @@ if [ -e "${wheels[0]}" ]; then
   fi
 fi
 
+sol_wheels=(.whl/sol/*.whl)
+if [ -e "${sol_wheels[0]}" ]; then
+  if "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/solsite \
+      "${sol_wheels[@]}" >>"$LOG" 2>&1; then
+    export PYTHONPATH="/tmp/solsite:$PYTHONPATH"
+  else
+    echo "installing ${sol_wheels[*]} failed: no official timing, no NVIDIA harness" | tee -a "$LOG"
+  fi
+fi
+if [ -e .whl/sonicmoe-site.tar.xz ]; then
+  if [ -d /tmp/sonicmoe-site ] || { mkdir -p /tmp/sonicmoe-site && tar -xJf .whl/sonicmoe-site.tar.xz -C /tmp/sonicmoe-site; }; then
+    export PYTHONPATH="/tmp/sonicmoe-site:/tmp/sonicmoe-site/nvidia_cutlass_dsl/python_packages:$PYTHONPATH"
+    export QUACK_CACHE_AUTOTUNING=1
+  else
+    echo "unpacking .whl/sonicmoe-site.tar.xz failed: sonicmoe will be reported unavailable" | tee -a "$LOG"
+  fi
+fi
+
 {
   date -u +"started %Y-%m-%dT%H:%M:%SZ"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
@@ -81,6 +108,24 @@ esac
 case " $RUNS " in *" p2_bf16 "*)
   bench "P2 moe_experts_backward_bf16" "${P2_BF16_SECONDS:-150}" --problem moe_experts_backward_bf16 \
     --tokens 2048,8192,32768 --impl "$P2_BF16_IMPLS"
+esac
+
+case " $RUNS " in *" p1_layer "*)
+  bench "P1 swiglu_expert layer, forward + backward" "${P1_LAYER_SECONDS:-240}" --problem swiglu_down_backward \
+    --mode forward_backward --suite --impl "${P1_LAYER_IMPLS:-triton,torch_compile}"
+esac
+case " $RUNS " in *" p2_layer "*)
+  bench "P2 moe_experts layer (bf16), forward + backward" "${P2_LAYER_SECONDS:-420}" --problem moe_experts_backward_bf16 \
+    --mode forward_backward --tokens 2048,8192,32768 --impl "${P2_LAYER_IMPLS:-triton,triton_saved,grouped_mm,sonicmoe}"
+esac
+case " $RUNS " in *" p1_official "*)
+  start=$SECONDS
+  echo "=== P1 in NVIDIA's harness: $PYTHON -m moe_lib.bench.official run --problem swiglu_down_backward --impl triton" | tee -a "$LOG"
+  timeout --kill-after=20 "${P1_OFFICIAL_SECONDS:-300}" "$PYTHON" -m moe_lib.bench.official run \
+    --problem swiglu_down_backward --impl "${P1_OFFICIAL_IMPL:-triton}" --results "$RESULTS" 2>>"$LOG" | tee -a "$LOG" >>"$TABLES"
+  status=${PIPESTATUS[0]}
+  echo "=== P1 in NVIDIA's harness: exit $status after $((SECONDS - start)) s" | tee -a "$LOG" "$TABLES"
+  [ "$status" -eq 0 ] || failures=$((failures + 1))
 esac
 
 echo "finished $(date -u +%Y-%m-%dT%H:%M:%SZ), $failures failed run(s); full log: $LOG" | tee -a "$LOG" "$TABLES"
