@@ -74,6 +74,8 @@ if [ -e .whl/sonicmoe-site.tar.xz ]; then
   if [ -d /tmp/sonicmoe-site ] || { mkdir -p /tmp/sonicmoe-site && tar -xJf .whl/sonicmoe-site.tar.xz -C /tmp/sonicmoe-site; }; then
     export PYTHONPATH="/tmp/sonicmoe-site:/tmp/sonicmoe-site/nvidia_cutlass_dsl/python_packages:$PYTHONPATH"
     export QUACK_CACHE_AUTOTUNING=1
+    # SonicMoE's compiled kernels and autotuning choices from an earlier machine (scripts/sonicmoe_warmup.py --pack)
+    [ -e .whl/quack-cache.tar.xz ] && tar -xJf .whl/quack-cache.tar.xz -C / >>"$LOG" 2>&1
   else
     echo "unpacking .whl/sonicmoe-site.tar.xz failed: sonicmoe will be reported unavailable" | tee -a "$LOG"
   fi

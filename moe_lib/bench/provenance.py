@@ -45,6 +45,12 @@ def git_dirty() -> bool | None:
     return None if status is None else bool(status)
 
 
+def git_status_lines(limit: int = 10) -> list[str] | None:
+    """The first ``limit`` lines of ``git status --porcelain`` (results folders left out): what makes a tree dirty."""
+    status = git("status", "--porcelain", "--", ".", ":(exclude)data/results")
+    return None if status is None else status.splitlines()[:limit]
+
+
 def driver_version() -> str | None:
     """The NVIDIA driver's version as nvidia-smi reports it; None without one."""
     try:

@@ -27,7 +27,7 @@ import torch
 from .. import problems, roofline
 from . import timing
 from .checks import WRONG_REL_ERROR
-from .provenance import git_dirty, gpu_key, package_version, run_context
+from .provenance import git_dirty, git_status_lines, gpu_key, package_version, run_context
 
 DEFAULT_OUT = problems.DATA_DIR / "results"
 RECORDED_ENVIRONMENT = ("LIGER_FUSED_MOE_AUTOTUNE", "TRITON_CACHE_AUTOTUNING", "TRITON_INTERPRET",
@@ -110,6 +110,7 @@ def run_provenance(args, device: torch.device, ceilings: dict, suite: dict, refe
         device=str(device),
         liger_kernel=package_version("liger-kernel"),
         git_dirty=git_dirty(),
+        git_status=git_status_lines(),
         ceilings=ceilings,
         seed=args.seed,
         suite=suite,

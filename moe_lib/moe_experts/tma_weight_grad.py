@@ -54,7 +54,8 @@ Two loop forms (``WARP_SPECIALIZE``) inside a program's loop over the experts:
 In both, the pipeline starts afresh at each expert the program visits (new descriptors).
 
 Outputs: written once, in the interface dtype (bf16, fp16 or fp32), by plain masked stores, or by
-TMA stores (``tma_store``) through a descriptor over the expert's [size_m, size_n] output. Nothing
+TMA stores (``tma_store``, refused on the GPU: there it wrote wrong tiles, data/results/NOTES.md; kept for
+the interpreter tests and compile checks) through a descriptor over the expert's [size_m, size_n] output. Nothing
 is accumulated across programs: no atomics, deterministic, no host synchronisation (the launcher
 only reads shapes), so the launches can be captured in a CUDA graph.
 
@@ -328,6 +329,10 @@ def launch_weight_grads_tma(config: TmaWeightGradConfig, expert_offsets, x_sorte
     if config.warp_specialize and x_sorted.is_cuda and not interpreter:
         raise NotImplementedError("config.warp_specialize: on the GPU (triton 3.6, H200) the warp-specialised form "
                                   "leaves output tiles unwritten (data/results/NOTES.md); use the flat form")
+    if config.tma_store and x_sorted.is_cuda and not interpreter:
+        raise NotImplementedError("config.tma_store: on the GPU (triton 3.6, H200) TMA stores of the dW tiles gave "
+                                  "wrong tiles (a store still reading the descriptor the next expert rewrites; "
+                                  "data/results/NOTES.md); use plain stores")
     if x_sorted.is_cuda and not interpreter:
         triton.set_allocator(_tma_allocator(x_sorted.device))
     groups = min(config.expert_groups, num_programs)

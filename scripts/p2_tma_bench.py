@@ -1,0 +1,285 @@
+"""Time the TMA-fed kernel W (``moe_experts.tma_weight_grad``) against the pointer-based kernel W.
+
+    PYTHONPATH=. python scripts/p2_tma_bench.py [--cases bf16:2048,bf16:8192,bf16:32768,fp32:2048]
+        [--configs default,rows128,...|NAME:FIELD=VALUE,...;...] [--routing uniform] [--list]
+
+Per case (``dtype:num_tokens``, the P2 benchmark shape: H 4096, I 2048, E 256, K 8) the script draws the
+inputs as the tests do (``Problem.make_inputs``, seed 0), runs the pipeline up to kernel W's workspaces
+(routing, x and dy as kernel W's bf16 operands, kernel A: dg, du, aw), then times, by CUDA-graph replay
+with the L2 flushed before each replay (``moe_lib.bench.timing.time_graph``):
+
+    (a) today's kernel W, ``launch_weight_grads`` (gathered-row pointer loads), the baseline;
+    gather  the host-side gather alone: x_s, dy_s = x[sorted_slot // K], dy[sorted_slot // K];
+    (b) per candidate config: the gather + ``launch_weight_grads_tma`` (one persistent launch per family).
+
+Every (b) is first checked against (a)'s outputs: relative Frobenius error of each of dWg, dWu, dWd
+(< 1e-2 for 16-bit outputs, < 1e-4 for fp32 ones, where both sum the same bf16 products in fp32), no
+NaN (its outputs are NaN-poisoned before the first call) and the same structure (an element that (a)
+leaves exactly zero is zero in (b), and whole experts are zero in both or neither). A config that fails to
+compile or run is reported by its first error line and the run goes on (a CUDA error that leaves the
+context unusable ends the run, with what was measured so far still written). Prints one table (case,
+config, ms, speedup over (a), worst relative error, check) and writes every row as JSON to
+``$OUT/p2_tma_bench.json`` when OUT is set (or to --out). ``--list`` prints the configs per case and exits
+(no GPU needed).
+
+A config is a name of :data:`CANDIDATES` or ``NAME:FIELD=VALUE,…`` over the case's default config
+(``choose_tma_weight_grad_config``); tiles are written ``128x128x64``, booleans 0/1. The warp-specialised
+and TMA-store forms are refused on the GPU (they leave tiles unwritten there: data/results/NOTES.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from moe_lib.bench import timing
+from moe_lib.bench.checks import compare_output
+from moe_lib.bench.tuning import parse_case, parse_fields, replace_fields
+from moe_lib.moe_experts import launch
+from moe_lib.moe_experts.routing import route_by_expert
+from moe_lib.moe_experts.tma_weight_grad import (
+    choose_tma_weight_grad_config,
+    gather_sorted_rows,
+    launch_weight_grads_tma,
+)
+
+NUM_SMS_H200 = 132  # the persistent grid where the device is not queried (scripts/p2_tma_compile_check.py)
+
+# name -> fields replaced in the case's default config (choose_tma_weight_grad_config); tiles are
+# (M, N, rows per step): dWg·dWu (I, H, rows), dWd (H, I, rows)
+ROWS_128 = dict(gate_up_tile=(128, 128, 128), down_tile=(128, 256, 128), stages_gate_up=2, stages_down=2)
+CANDIDATES = {
+    "default": {},
+    "rows128": ROWS_128,
+    "rows64_s4": dict(gate_up_tile=(128, 128, 64), down_tile=(128, 256, 64), stages_gate_up=4, stages_down=4),
+    "down128": dict(down_tile=(128, 128, 64)),
+    "groups1": dict(expert_groups=1),
+    "groups2": dict(expert_groups=2),
+    "groups4": dict(expert_groups=4),
+    "groups6": dict(expert_groups=6),
+}
+OUTPUT_NAMES = ("grad_gate", "grad_up", "grad_down")
+ALL_CASES = "bf16:2048,bf16:8192,bf16:32768,fp32:2048"
+
+
+def parse_configs(text: str) -> dict[str, dict]:
+    """``default,rows128`` (names of CANDIDATES) or ``NAME:FIELD=VALUE,…`` items, separated by ``;``:
+    name -> fields."""
+    configs = {}
+    for item in (part.strip() for part in text.split(";")):
+        if not item:
+            continue
+        if ":" in item:
+            name, _, fields = item.partition(":")
+            configs[name] = parse_fields(fields)
+            continue
+        for name in (n.strip() for n in item.split(",") if n.strip()):
+            if name not in CANDIDATES:
+                raise ValueError(f"config {name!r}: not one of {sorted(CANDIDATES)} (or write NAME:FIELD=VALUE,…)")
+            configs[name] = CANDIDATES[name]
+    return configs
+
+
+def default_config(num_slots: int, num_experts: int, input_bytes: int):
+    """The case's default TmaWeightGradConfig."""
+    return choose_tma_weight_grad_config(num_slots, num_experts, input_bytes, interpreter=False)
+
+
+def resolve(fields: dict, default):
+    """(the launcher, the config) of ``fields`` over the case's default config."""
+    return launch_weight_grads_tma, replace_fields(default, fields)
+
+
+def workspaces(inputs: dict) -> dict:
+    """Routing, kernel W's operands x and dy (bf16 hi halves for fp32 inputs) and kernel A's workspaces dg, du, aw,
+    made the way ``moe_experts_backward_triton`` makes them; the expert weights are dropped afterwards."""
+    x, dy = inputs["hidden_states"], inputs["grad_output"]
+    T, K = inputs["topk_indices"].shape
+    E, I, H = inputs["gate_weights"].shape
+    dtype, device = x.dtype, x.device
+    config = launch.launch_config(T * K, E, input_bytes=x.element_size())
+    plan = launch.launch_plan(T, H, I, E, K, config)
+    routing = route_by_expert(inputs["topk_indices"], E)
+    workspace_dtype = launch.WORKSPACE_DTYPES[dtype]
+    split = dtype == torch.float32
+    dgate, dup, scaled_act = (torch.empty((T * K, I), dtype=workspace_dtype, device=device) for _ in range(3))
+    topk_partial = torch.empty((plan["A"].grid["I-tiles"], T * K), dtype=torch.float32, device=device)
+    x_halves = launch.operand_halves(x, split, workspace_dtype)
+    dy_halves = launch.operand_halves(dy, split, workspace_dtype)
+    launch.launch_swiglu_grad(config, plan, routing, x_halves, dy_halves, inputs["topk_weights"],
+                              inputs["gate_weights"], inputs["up_weights"], inputs["down_weights"], dgate, dup,
+                              scaled_act, topk_partial, forward_only=False)  # fmt: skip
+    torch.cuda.synchronize()
+    return dict(config=config, plan=plan, routing=routing, K=K, E=E, I=I, H=H, dtype=dtype, x=x_halves[0],
+                dy=dy_halves[0], dgate=dgate, dup=dup, scaled_act=scaled_act)  # fmt: skip
+
+
+def weight_grad_outputs(w: dict, fill: float | None = None) -> tuple[torch.Tensor, ...]:
+    """dWg, dWu [E, I, H] and dWd [E, H, I] in the interface dtype (``fill``: poisoned with that value)."""
+    E, I, H, dtype, device = w["E"], w["I"], w["H"], w["dtype"], w["x"].device
+    make = (lambda shape: torch.empty(shape, dtype=dtype, device=device)) if fill is None else \
+        (lambda shape: torch.full(shape, fill, dtype=dtype, device=device))  # fmt: skip
+    return make((E, I, H)), make((E, I, H)), make((E, H, I))
+
+
+def structure_problems(got: torch.Tensor, want: torch.Tensor) -> int:
+    """How many elements are zero in ``want`` but not in ``got``, plus how many experts are all-zero in exactly
+    one of the two (expert by expert: bounded temporaries)."""
+    count = 0
+    for e in range(want.shape[0]):
+        want_zero, got_zero = want[e] == 0, got[e] == 0
+        count += int((want_zero & ~got_zero).sum())
+        count += int(bool(want_zero.all()) != bool(got_zero.all()))
+    return count
+
+
+def check(got, want, tolerance: float) -> dict:
+    stats = [compare_output(g, w, None) for g, w in zip(got, want, strict=True)]
+    rel = {name: s["rel_error"] for name, s in zip(OUTPUT_NAMES, stats, strict=True)}
+    finite = all(s["finite"] for s in stats)
+    structure = sum(structure_problems(g, w) for g, w in zip(got, want, strict=True))
+    ok = finite and structure == 0 and max(rel.values()) < tolerance
+    return dict(rel=rel, finite=finite, structure_problems=structure, ok=ok)
+
+
+def first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:200]
+
+
+def cuda_usable() -> bool:
+    """False after a sticky CUDA error (an illegal address, a trap): nothing more can run in this process."""
+    try:
+        torch.cuda.synchronize()
+        return True
+    except Exception:
+        return False
+
+
+def run_case(case: str, configs: dict, routing: str, flush, num_programs: int, reps: int) -> list[dict]:
+    problem, num_tokens = parse_case(case)
+    inputs = problem.make_inputs(num_tokens, seed=0, device="cuda", routing=routing)
+    w = workspaces(inputs)
+    del inputs  # the expert weights (up to 25.8 GB in fp32) are not needed any more
+    torch.cuda.empty_cache()
+    K, sorted_slot, offsets = w["K"], w["routing"].sorted_slot, w["routing"].expert_offsets
+    tolerance = 1e-4 if w["dtype"] == torch.float32 else 1e-2
+    rows = []
+
+    baseline = weight_grad_outputs(w)
+
+    def run_baseline():
+        launch.launch_weight_grads(w["config"], w["plan"], w["routing"], sorted_slot, K, w["x"], w["dy"], w["dgate"],
+                                   w["dup"], w["scaled_act"], *baseline)  # fmt: skip
+
+    run_baseline()
+    base_ms = timing.time_graph(run_baseline, flush, reps=reps)["median_ms"]
+    rows.append(dict(case=case, config="(a) launch_weight_grads", ms=base_ms, speedup=1.0))
+    print(json.dumps(rows[-1]), flush=True)
+
+    def gather():
+        return gather_sorted_rows(w["x"], sorted_slot, K), gather_sorted_rows(w["dy"], sorted_slot, K)
+
+    rows.append(dict(case=case, config="gather only", ms=timing.time_graph(gather, flush, reps=reps)["median_ms"]))
+    print(json.dumps(rows[-1]), flush=True)
+
+    defaults = default_config(num_tokens * K, w["E"], w["dtype"].itemsize)
+    for name, fields in configs.items():
+        as_json = {key: list(value) if isinstance(value, tuple) else value for key, value in fields.items()}
+        row = dict(case=case, config=name, fields=as_json)
+        outputs = None
+        try:
+            launcher, config = resolve(fields, defaults)
+            row["resolved"] = str(config)
+            outputs = weight_grad_outputs(w, fill=float("nan"))
+
+            def run_tma(launcher=launcher, config=config, outputs=outputs):
+                x_sorted, dy_sorted = gather()
+                launcher(config, offsets, x_sorted, dy_sorted, w["dgate"], w["dup"], w["scaled_act"], *outputs,
+                         num_programs=num_programs)  # fmt: skip
+
+            run_tma()
+            torch.cuda.synchronize()
+            row.update(check(outputs, baseline, tolerance))
+            ms = timing.time_graph(run_tma, flush, reps=reps)["median_ms"]
+            row.update(ms=ms, speedup=base_ms / ms)
+        except Exception as exc:  # report and go on with the other configs
+            row["error"] = first_line(exc)
+            print(f"{case} {name}: {row['error']}", flush=True)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del outputs
+        if "error" in row and not cuda_usable():
+            raise RuntimeError(f"{case} {name} left the CUDA context unusable: {row['error']}")
+        torch.cuda.empty_cache()
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    print(f"\n{'case':11s} {'config':24s} {'ms':>8s} {'speedup':>7s} {'worst rel':>9s}  check")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['case']:11s} {r['config']:24s} ERROR {r['error']}")
+            continue
+        speedup = f"{r['speedup']:7.2f}" if "speedup" in r else f"{'':7s}"
+        rel = f"{max(r['rel'].values()):9.1e}" if "rel" in r else f"{'':9s}"
+        verdict = ""
+        if "ok" in r:
+            verdict = "ok" if r["ok"] else f"WRONG (finite={r['finite']}, structure={r['structure_problems']})"
+        print(f"{r['case']:11s} {r['config']:24s} {r['ms']:8.3f} {speedup} {rel}  {verdict}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default=ALL_CASES, help="dtype:num_tokens,… (default: %(default)s)")
+    parser.add_argument("--configs", default=",".join(CANDIDATES),
+                        help="names of CANDIDATES, or NAME:FIELD=VALUE,… items separated by ';' "
+                        "(default: all candidates)")  # fmt: skip
+    parser.add_argument("--routing", default="uniform", choices=("uniform", "skewed", "hot"))
+    parser.add_argument("--reps", type=int, default=30, help="timed replays per measurement (fewer past 10 ms)")
+    parser.add_argument("--out", default=None, help="JSON file (default: $OUT/p2_tma_bench.json where OUT is set)")
+    parser.add_argument("--list", action="store_true", help="print the configs of every case and exit")
+    args = parser.parse_args(argv)
+    try:
+        configs = parse_configs(args.configs)
+        cases = [(case, parse_case(case)) for case in args.cases.split(",") if case]
+    except ValueError as exc:
+        parser.error(str(exc))
+
+    if args.list:
+        for case, (problem, num_tokens) in cases:
+            sizes = problem.sizes(num_tokens)
+            input_bytes = problem.dtype.itemsize
+            defaults = default_config(num_tokens * sizes["top_k"], sizes["num_experts"], input_bytes)
+            for name, fields in configs.items():
+                try:
+                    print(f"{case:11s} {name:16s} {resolve(fields, defaults)[1]}")
+                except ValueError as exc:
+                    print(f"{case:11s} {name:16s} invalid: {exc}")
+        return 0
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA GPU (use --list to see the configs)")
+
+    flush = timing.L2Flusher("cuda")
+    num_programs = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    rows = []
+    try:
+        for case, _ in cases:
+            rows += run_case(case, configs, args.routing, flush, num_programs, args.reps)
+    except RuntimeError as exc:  # a sticky CUDA error: keep what was measured
+        print(f"stopped: {exc}", flush=True)
+    finally:
+        out = args.out or (os.path.join(os.environ["OUT"], "p2_tma_bench.json") if os.environ.get("OUT") else None)
+        if out:
+            Path(out).write_text(json.dumps(rows, indent=1))
+        print_table(rows)
+    return 0 if all(r.get("ok", True) and "error" not in r for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
