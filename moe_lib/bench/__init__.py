@@ -4,6 +4,8 @@
     harness.py    the run loop: every case, every implementation, checked then timed
     checks.py     errors against the high-precision reference, the element rule, the verdicts
     timing.py     CUDA-graph, CUDA-event and wall-clock timers; L2 flush; NaN-poisoned allocator
+    official_timing.py  NVIDIA's method: eager calls on fresh input addresses, CUPTI span (official_ms)
+    official.py   NVIDIA's harness itself: any implementation exported as its solution, its CLI run
     results.py    the CSV and JSON files: columns, names, summaries, score, text tables
     provenance.py versions, commit, driver, GPU key: where a measurement was made
     peers/        every implementation under its label, one module per op

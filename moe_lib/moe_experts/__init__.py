@@ -6,6 +6,7 @@
     routing.py    slots grouped by expert on the device (no host sync)
     launch.py     Triton host side: launch configs, launch_plan(), workspaces, the launches
     kernels.py    the @triton.jit kernels A, W, D, C
+    tma_weight_grad.py  kernel W as a persistent TMA-fed grouped GEMM (the backward's default)
     fused_dx.py   a set-aside design (kernel G)
     parallel.py   expert parallelism over torch.distributed (``moe_lib.distributed``)
 """
