@@ -31,6 +31,12 @@ from ..tiling import cdiv
 from ..validation import fits_in_memory
 from . import kernels
 from .routing import route_by_expert
+from .tma_slot_projection import (
+    TmaSlotProjectionConfig,
+    choose_tma_slot_projection_config,
+    launch_slot_projection_tma,
+    tma_slot_projection_fits,
+)
 from .tma_weight_grad import (
     TmaWeightGradConfig,
     choose_tma_weight_grad_config,
@@ -68,6 +74,8 @@ class LaunchConfig:
     stages_d: int = 3
     # kernel W as a persistent TMA-fed grouped GEMM (:mod:`.tma_weight_grad`); None: the pointer-based kernel W
     tma_weight_grad: TmaWeightGradConfig | None = None
+    # kernel D likewise (:mod:`.tma_slot_projection`); None: the pointer-based kernel D
+    tma_slot_projection: TmaSlotProjectionConfig | None = None
 
 
 def launch_config(num_slots: int, num_experts: int, *, input_bytes: int = 4, interpreter: bool = False) -> LaunchConfig:
@@ -90,19 +98,21 @@ def launch_config(num_slots: int, num_experts: int, *, input_bytes: int = 4, int
     mean_rows = num_slots / max(num_experts, 1)
     likely_max_rows = mean_rows + 4.0 * math.sqrt(mean_rows) + 1.0
     tma = choose_tma_weight_grad_config(num_slots, num_experts, input_bytes, interpreter)
+    tma_d = choose_tma_slot_projection_config(num_slots, num_experts, input_bytes, interpreter)
     if interpreter:
         row_split = min(max(1, math.ceil(likely_max_rows / 16)), 3)
         tiny = (16, 16, 16)
-        return LaunchConfig(16, 16, 32, tiny, tiny, 2, 32, 16, 32, row_split, 1, 1, 1, 1, 1, 1, 1, 1, tma)  # fmt: skip
+        return LaunchConfig(16, 16, 32, tiny, tiny, 2, 32, 16, 32, row_split, 1, 1, 1, 1, 1, 1, 1, 1, tma,
+                            tma_d)  # fmt: skip
     block_h = 32 if input_bytes == 4 else 64
     if mean_rows >= 512 and input_bytes == 2:  # busy experts: 128-row blocks (measured at 1024 rows: −11%)
         row_split = min(max(1, math.ceil(likely_max_rows / 128)), 8)
         return LaunchConfig(128, 64, block_h, (128, 128, 128), (128, 256, 128), 32, 128, 64, 1024, row_split,
-                            stages_gu=2, stages_dn=2, tma_weight_grad=tma)  # fmt: skip
+                            stages_gu=2, stages_dn=2, tma_weight_grad=tma, tma_slot_projection=tma_d)  # fmt: skip
     block_m = 64
     row_split = min(max(1, math.ceil(likely_max_rows / block_m)), 8)
     return LaunchConfig(block_m, 128, block_h, (128, 128, 64), (128, 256, 64), 32, 128, 64, 1024, row_split,
-                        stages_gu=2, stages_dn=2, tma_weight_grad=tma)  # fmt: skip
+                        stages_gu=2, stages_dn=2, tma_weight_grad=tma, tma_slot_projection=tma_d)  # fmt: skip
 
 
 
@@ -233,6 +243,25 @@ def launch_slot_projection(config, plan, routing, weights1, weights2, rows1, row
     )  # fmt: skip
 
 
+def project_slots(config, plan, routing, weights1, weights2, rows1, rows2, out_slot, *, transposed_weights: bool,
+                  skip_rows: int = -1) -> None:  # fmt: skip
+    """Kernel D: out_slot = W1_eᵀ v1 + W2_eᵀ v2 (backward: Wg, Wu, dg, du, ``transposed_weights``) or W1_e v1
+    (forward: Wd, aw), by the TMA-fed kernel where the config has one and TMA can address the rows, else the
+    pointer-based one."""
+    H, I = out_slot.shape[1], rows1.shape[1]
+    weight_bytes = weights1.element_size()
+    if config.tma_slot_projection is not None and tma_slot_projection_fits(H, I, weight_bytes, transposed_weights):
+        programs = persistent_programs(out_slot.device)
+        launch_slot_projection_tma(config.tma_slot_projection, routing, weights1, weights2, rows1, rows2, out_slot,
+                                   transposed_weights=transposed_weights, num_programs=programs,
+                                   skip_rows=skip_rows)  # fmt: skip
+        return
+    strides = (1, H) if transposed_weights else (I, 1)  # (stride over H, stride over I) of one expert's weights
+    two = weights2 if weights2 is not None else weights1
+    launch_slot_projection(config, plan, routing, weights1, two, rows1, rows2 if rows2 is not None else rows1,
+                           out_slot, *strides, skip_rows)  # fmt: skip
+
+
 def launch_token_sum(config, plan, out_slot, topk_indices, num_experts, out, topk_partial=None, grad_topk=None):
     """Kernel C: out[t] = Σ_k out_slot[t·K + k] over the slots routed to an expert in [0, E); with
     ``grad_topk``, also the routing-weight sums."""
@@ -353,7 +382,8 @@ def moe_experts_backward_triton(
                             grad_gate, grad_up, grad_down, skip_rows=skip_rows)  # fmt: skip
     if num_slots > 0:
         # dX_slot = Wg_eᵀ dg + Wu_eᵀ du: Wg[e][i, h] at i·H + h
-        launch_slot_projection(config, plan, routing, gate_weights, up_weights, dgate, dup, dx_slot, 1, H, skip_rows)
+        project_slots(config, plan, routing, gate_weights, up_weights, dgate, dup, dx_slot, transposed_weights=True,
+                      skip_rows=skip_rows)  # fmt: skip
         launch_token_sum(config, plan, dx_slot, topk_indices, E, grad_hidden, topk_partial, grad_topk)
     else:  # no slots at all (T = 0 or K = 0): nothing reaches grad_hidden_states
         grad_hidden.zero_()
@@ -398,6 +428,6 @@ def moe_experts_forward_triton(
                        preactivations=preactivations,
                        preact=PREACT_STORED if save_preactivations else PREACT_COMPUTED)  # fmt: skip
     # y_slot = Wd_e · aw: Wd[e][h, i] at h·I + i
-    launch_slot_projection(config, plan, routing, down_weights, down_weights, scaled_act, scaled_act, y_slot, I, 1)
+    project_slots(config, plan, routing, down_weights, None, scaled_act, None, y_slot, transposed_weights=False)
     launch_token_sum(config, plan, y_slot, topk_indices, E, y)
     return (y, preactivations) if save_preactivations else y
