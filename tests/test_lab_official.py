@@ -269,6 +269,9 @@ def test_layer_table_and_figure(layer):
     two = pd.concat([runs, runs.assign(problem="swiglu_down_backward", file="other.csv")])
     with pytest.raises(ValueError, match="expected one problem's runs"):
         training_step.layer_table(two)
+    twice = pd.concat([runs, runs.assign(file="again.csv")])  # the same implementations timed in two files
+    with pytest.raises(ValueError, match="each implementation of a mode from one file"):
+        training_step.layer_table(twice)
 
 
 def test_saved_activations_trade_memory_for_recompute(layer):

@@ -27,7 +27,15 @@ import torch
 from .. import problems, roofline
 from . import timing
 from .checks import WRONG_REL_ERROR
-from .provenance import git_dirty, git_status_lines, gpu_key, package_version, run_context
+from .provenance import (
+    git_commit,
+    git_dirty,
+    git_status_lines,
+    gpu_key,
+    package_version,
+    recorded_commit,
+    run_context,
+)
 
 DEFAULT_OUT = problems.DATA_DIR / "results"
 RECORDED_ENVIRONMENT = ("LIGER_FUSED_MOE_AUTOTUNE", "TRITON_CACHE_AUTOTUNING", "TRITON_INTERPRET",
@@ -103,14 +111,23 @@ def results_frame(rows: list[dict], output_names: list[str]) -> pd.DataFrame:
     return pd.DataFrame(rows).reindex(columns=columns)
 
 
+def working_tree_state() -> dict:
+    """``git_dirty`` and ``git_status`` of the tree that runs; both None where the commit recorded
+    (``GIT_COMMIT``) is not the HEAD of the .git beside it (a copy of the tree whose .git is older): what
+    git would compare against is then not the commit that runs."""
+    commit, head = recorded_commit(), git_commit()
+    if commit is not None and head is not None and commit != head:
+        return dict(git_dirty=None, git_status=None)
+    return dict(git_dirty=git_dirty(), git_status=git_status_lines())
+
+
 def run_provenance(args, device: torch.device, ceilings: dict, suite: dict, reference_dtype, started) -> dict:
     """Where, when and how a harness run was made (``args``: the parsed command line)."""
     return dict(
         run_context(device, started, "moe_lib.bench"),
         device=str(device),
         liger_kernel=package_version("liger-kernel"),
-        git_dirty=git_dirty(),
-        git_status=git_status_lines(),
+        **working_tree_state(),
         ceilings=ceilings,
         seed=args.seed,
         suite=suite,

@@ -121,11 +121,12 @@ def layer_overview(layer: pd.DataFrame) -> list[str]:
 
 
 def _one_problem(layer: pd.DataFrame) -> None:
-    """ValueError unless ``layer`` holds one file per mode (one problem's runs: ``load_layer_runs(problem=...)``)."""
-    files = layer.groupby("mode")["file"].unique()
-    if layer["problem"].nunique() > 1 or any(len(names) > 1 for names in files):
-        raise ValueError(f"layer: expected one problem's runs, one file per mode, got {sorted(set(layer['file']))} "
-                         "(select one with load_layer_runs(problem=...))")  # fmt: skip
+    """ValueError unless ``layer`` holds one problem's runs (``load_layer_runs(problem=...)``) in which each
+    implementation of a mode comes from one file (a peer may have a run of its own, e.g. a tagged file)."""
+    files_per_impl = layer.groupby(["mode", "impl"])["file"].nunique()
+    if layer["problem"].nunique() > 1 or (files_per_impl > 1).any():
+        raise ValueError(f"layer: expected one problem's runs, each implementation of a mode from one file, got "
+                         f"{sorted(set(layer['file']))} (select one with load_layer_runs(problem=...))")  # fmt: skip
 
 
 def layer_table(layer: pd.DataFrame, column: str = "median_ms") -> pd.DataFrame:
