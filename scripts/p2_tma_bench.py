@@ -39,9 +39,14 @@ import torch
 
 from moe_lib.bench import timing
 from moe_lib.bench.checks import compare_output
-from moe_lib.bench.tuning import parse_case, parse_fields, replace_fields
+from moe_lib.bench.tuning import (
+    check_and_time,
+    p2_kernel_a_workspaces,
+    parse_case,
+    parse_fields,
+    replace_fields,
+)
 from moe_lib.moe_experts import launch
-from moe_lib.moe_experts.routing import route_by_expert
 from moe_lib.moe_experts.tma_weight_grad import (
     choose_tma_weight_grad_config,
     gather_sorted_rows,
@@ -95,30 +100,6 @@ def resolve(fields: dict, default):
     return launch_weight_grads_tma, replace_fields(default, fields)
 
 
-def workspaces(inputs: dict) -> dict:
-    """Routing, kernel W's operands x and dy (bf16 hi halves for fp32 inputs) and kernel A's workspaces dg, du, aw,
-    made the way ``moe_experts_backward_triton`` makes them; the expert weights are dropped afterwards."""
-    x, dy = inputs["hidden_states"], inputs["grad_output"]
-    T, K = inputs["topk_indices"].shape
-    E, I, H = inputs["gate_weights"].shape
-    dtype, device = x.dtype, x.device
-    config = launch.launch_config(T * K, E, input_bytes=x.element_size())
-    plan = launch.launch_plan(T, H, I, E, K, config)
-    routing = route_by_expert(inputs["topk_indices"], E)
-    workspace_dtype = launch.WORKSPACE_DTYPES[dtype]
-    split = dtype == torch.float32
-    dgate, dup, scaled_act = (torch.empty((T * K, I), dtype=workspace_dtype, device=device) for _ in range(3))
-    topk_partial = torch.empty((plan["A"].grid["I-tiles"], T * K), dtype=torch.float32, device=device)
-    x_halves = launch.operand_halves(x, split, workspace_dtype)
-    dy_halves = launch.operand_halves(dy, split, workspace_dtype)
-    launch.launch_swiglu_grad(config, plan, routing, x_halves, dy_halves, inputs["topk_weights"],
-                              inputs["gate_weights"], inputs["up_weights"], inputs["down_weights"], dgate, dup,
-                              scaled_act, topk_partial, forward_only=False)  # fmt: skip
-    torch.cuda.synchronize()
-    return dict(config=config, plan=plan, routing=routing, K=K, E=E, I=I, H=H, dtype=dtype, x=x_halves[0],
-                dy=dy_halves[0], dgate=dgate, dup=dup, scaled_act=scaled_act)  # fmt: skip
-
-
 def weight_grad_outputs(w: dict, fill: float | None = None) -> tuple[torch.Tensor, ...]:
     """dWg, dWu [E, I, H] and dWd [E, H, I] in the interface dtype (``fill``: poisoned with that value)."""
     E, I, H, dtype, device = w["E"], w["I"], w["H"], w["dtype"], w["x"].device
@@ -147,24 +128,10 @@ def check(got, want, tolerance: float) -> dict:
     return dict(rel=rel, finite=finite, structure_problems=structure, ok=ok)
 
 
-def first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:200]
-
-
-def cuda_usable() -> bool:
-    """False after a sticky CUDA error (an illegal address, a trap): nothing more can run in this process."""
-    try:
-        torch.cuda.synchronize()
-        return True
-    except Exception:
-        return False
-
-
 def run_case(case: str, configs: dict, routing: str, flush, num_programs: int, reps: int) -> list[dict]:
     problem, num_tokens = parse_case(case)
     inputs = problem.make_inputs(num_tokens, seed=0, device="cuda", routing=routing)
-    w = workspaces(inputs)
+    w = p2_kernel_a_workspaces(inputs)
     del inputs  # the expert weights (up to 25.8 GB in fp32) are not needed any more
     torch.cuda.empty_cache()
     K, sorted_slot, offsets = w["K"], w["routing"].sorted_slot, w["routing"].expert_offsets
@@ -192,31 +159,20 @@ def run_case(case: str, configs: dict, routing: str, flush, num_programs: int, r
     for name, fields in configs.items():
         as_json = {key: list(value) if isinstance(value, tuple) else value for key, value in fields.items()}
         row = dict(case=case, config=name, fields=as_json)
-        outputs = None
-        try:
+
+        def prepare(fields=fields, row=row):
             launcher, config = resolve(fields, defaults)
             row["resolved"] = str(config)
             outputs = weight_grad_outputs(w, fill=float("nan"))
 
-            def run_tma(launcher=launcher, config=config, outputs=outputs):
+            def run_tma():
                 x_sorted, dy_sorted = gather()
                 launcher(config, offsets, x_sorted, dy_sorted, w["dgate"], w["dup"], w["scaled_act"], *outputs,
                          num_programs=num_programs)  # fmt: skip
 
-            run_tma()
-            torch.cuda.synchronize()
-            row.update(check(outputs, baseline, tolerance))
-            ms = timing.time_graph(run_tma, flush, reps=reps)["median_ms"]
-            row.update(ms=ms, speedup=base_ms / ms)
-        except Exception as exc:  # report and go on with the other configs
-            row["error"] = first_line(exc)
-            print(f"{case} {name}: {row['error']}", flush=True)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-        del outputs
-        if "error" in row and not cuda_usable():
-            raise RuntimeError(f"{case} {name} left the CUDA context unusable: {row['error']}")
-        torch.cuda.empty_cache()
+            return run_tma, lambda: check(outputs, baseline, tolerance)
+
+        rows.append(check_and_time(row, prepare, flush=flush, reps=reps, base_ms=base_ms, label=f"{case} {name}"))
     return rows
 
 

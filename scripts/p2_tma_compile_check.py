@@ -15,32 +15,24 @@ USETMAXREG (cuobjdump). Needs only the triton wheel (its ptxas and cuobjdump).
 from __future__ import annotations
 
 import argparse
-import collections
 import dataclasses
 import re
-import subprocess
-import tempfile
 
 from p2_tma_bench import CANDIDATES, NUM_SMS_H200
 
 from moe_lib import problems
-from moe_lib.bench.sm90 import TOOLS, compile_for_sm90, first_error_line, resources
+from moe_lib.bench.sm90 import (
+    compile_for_sm90,
+    first_error_line,
+    over_limit,
+    resources,
+    sass_counts,
+)
 from moe_lib.moe_experts.tma_weight_grad import choose_tma_weight_grad_config, grouped_weight_grad_kernel
 
 INPUT_BYTES = {"bf16": 2, "fp32": 4}
 OUTPUT_TYPES = {"bf16": "*bf16", "fp32": "*fp32"}  # kernel W's operands are bf16 either way
 SASS_OPS = ("UTMALDG", "UTMASTG", "HGMMA", "USETMAXREG")
-SHARED_MEMORY_LIMIT = 232448  # bytes of shared memory one block may use on sm_90 (227 KB)
-
-
-def sass_counts(compiled) -> collections.Counter:
-    """How often each of :data:`SASS_OPS` occurs in the cubin's SASS."""
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
-        cubin.write(compiled.asm["cubin"])
-        cubin.flush()
-        sass = subprocess.run([str(TOOLS / "cuobjdump"), "--dump-sass", cubin.name], capture_output=True,
-                              text=True).stdout  # fmt: skip
-    return collections.Counter(re.findall(r"\b(" + "|".join(SASS_OPS) + r")\b", sass))
 
 
 def compile_family(config, two_outputs: bool, output_type: str):
@@ -63,8 +55,8 @@ def report(compiled) -> str:
     ptx = compiled.asm["ptx"]
     tma_loads = len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global", ptx))
     tma_stores = len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared", ptx))
-    sass = sass_counts(compiled)
-    too_large = " (OVER 227K: will not launch)" if compiled.metadata.shared > SHARED_MEMORY_LIMIT else ""
+    sass = sass_counts(compiled, SASS_OPS)
+    too_large = over_limit(compiled)
     return (f"{resources(compiled)}{too_large} warps={compiled.metadata.num_warps} ptx: tma_load={tma_loads} "
             f"tma_store={tma_stores} setmaxnreg={ptx.count('setmaxnreg')} | sass: "
             + " ".join(f"{op}={sass[op]}" for op in SASS_OPS))  # fmt: skip

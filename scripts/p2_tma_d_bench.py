@@ -43,9 +43,14 @@ import torch
 
 from moe_lib.bench import timing
 from moe_lib.bench.checks import compare_output
-from moe_lib.bench.tuning import parse_case, parse_fields, replace_fields
+from moe_lib.bench.tuning import (
+    check_and_time,
+    p2_kernel_a_workspaces,
+    parse_case,
+    parse_fields,
+    replace_fields,
+)
 from moe_lib.moe_experts import launch
-from moe_lib.moe_experts.routing import route_by_expert
 from moe_lib.moe_experts.tma_slot_projection import (
     choose_tma_slot_projection_config,
     launch_slot_projection_tma,
@@ -114,31 +119,6 @@ def parse_configs(text: str) -> dict[str, dict]:
     return configs
 
 
-def workspaces(inputs: dict) -> dict:
-    """Routing and kernel A's workspaces dg, du, aw (rows in sorted order), made the way
-    ``moe_experts_backward_triton`` makes them; the weights are kept (kernel D reads Wg, Wu or Wd)."""
-    x, dy = inputs["hidden_states"], inputs["grad_output"]
-    T, K = inputs["topk_indices"].shape
-    E, I, H = inputs["gate_weights"].shape
-    dtype, device = x.dtype, x.device
-    config = launch.launch_config(T * K, E, input_bytes=x.element_size())
-    plan = launch.launch_plan(T, H, I, E, K, config)
-    routing = route_by_expert(inputs["topk_indices"], E)
-    workspace_dtype = launch.WORKSPACE_DTYPES[dtype]
-    split = dtype == torch.float32
-    dgate, dup, scaled_act = (torch.empty((T * K, I), dtype=workspace_dtype, device=device) for _ in range(3))
-    topk_partial = torch.empty((plan["A"].grid["I-tiles"], T * K), dtype=torch.float32, device=device)
-    x_halves = launch.operand_halves(x, split, workspace_dtype)
-    dy_halves = launch.operand_halves(dy, split, workspace_dtype)
-    launch.launch_swiglu_grad(config, plan, routing, x_halves, dy_halves, inputs["topk_weights"],
-                              inputs["gate_weights"], inputs["up_weights"], inputs["down_weights"], dgate, dup,
-                              scaled_act, topk_partial, forward_only=False)  # fmt: skip
-    torch.cuda.synchronize()
-    return dict(config=config, plan=plan, routing=routing, T=T, K=K, E=E, I=I, H=H, dtype=dtype,
-                gate=inputs["gate_weights"], up=inputs["up_weights"], down=inputs["down_weights"], dgate=dgate,
-                dup=dup, scaled_act=scaled_act)  # fmt: skip
-
-
 def use_operands(w: dict, use: str) -> tuple:
     """(weights1, weights2, rows1, rows2) of a use; weights2 and rows2 None for the one-term forward."""
     if use == "backward":
@@ -169,24 +149,10 @@ def check(got: torch.Tensor, want: torch.Tensor, tolerance: float) -> dict:
     return dict(rel=stats["rel_error"], finite=bool(stats["finite"]), structure_problems=structure, ok=ok)
 
 
-def first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:200]
-
-
-def cuda_usable() -> bool:
-    """False after a sticky CUDA error (an illegal address, a trap): nothing more can run in this process."""
-    try:
-        torch.cuda.synchronize()
-        return True
-    except Exception:
-        return False
-
-
 def run_case(case: str, uses, configs: dict, routing: str, flush, num_programs: int, reps: int) -> list[dict]:
     problem, num_tokens = parse_case(case)
     inputs = problem.make_inputs(num_tokens, seed=0, device="cuda", routing=routing)
-    w = workspaces(inputs)
+    w = p2_kernel_a_workspaces(inputs)
     del inputs
     torch.cuda.empty_cache()
     tolerance = 1e-2
@@ -205,33 +171,23 @@ def run_case(case: str, uses, configs: dict, routing: str, flush, num_programs: 
         for name, fields in configs.items():
             as_json = {key: list(value) if isinstance(value, tuple) else value for key, value in fields.items()}
             row = dict(case=case, use=use, routing=routing, config=name, fields=as_json)
-            out = None
-            try:
+
+            def prepare(fields=fields, row=row, w1=w1, w2=w2, r1=r1, r2=r2, use=use, baseline=baseline):
                 config = replace_fields(default, fields)
                 row["resolved"] = str(config)
                 out = slot_output(w)
+                if use == "backward":  # the two terms through one descriptor, or the paired fallback
+                    row["terms"] = two_term_form(config, w1, w2, r1, r2)
 
-                def run_tma(config=config, out=out, w1=w1, w2=w2, r1=r1, r2=r2, use=use):
+                def run_tma():
                     launch_slot_projection_tma(config, w["routing"], w1, w2, r1, r2, out,
                                                transposed_weights=use == "backward",
                                                num_programs=num_programs)  # fmt: skip
 
-                if use == "backward":  # the two terms through one descriptor, or the paired fallback
-                    row["terms"] = two_term_form(config, w1, w2, r1, r2)
-                run_tma()
-                torch.cuda.synchronize()
-                row.update(check(out, baseline, tolerance))
-                ms = timing.time_graph(run_tma, flush, reps=reps)["median_ms"]
-                row.update(ms=ms, speedup=base_ms / ms)
-            except Exception as exc:  # report and go on with the other configs
-                row["error"] = first_line(exc)
-                print(f"{case} {use} {name}: {row['error']}", flush=True)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-            del out
-            if "error" in row and not cuda_usable():
-                raise RuntimeError(f"{case} {use} {name} left the CUDA context unusable: {row['error']}")
-            torch.cuda.empty_cache()
+                return run_tma, lambda: check(out, baseline, tolerance)
+
+            rows.append(check_and_time(row, prepare, flush=flush, reps=reps, base_ms=base_ms,
+                                       label=f"{case} {use} {name}"))  # fmt: skip
         del baseline
     return rows
 

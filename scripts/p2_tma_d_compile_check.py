@@ -17,18 +17,21 @@ Needs only the triton wheel (its ptxas and cuobjdump).
 from __future__ import annotations
 
 import argparse
-import collections
 import dataclasses
 import re
-import subprocess
-import tempfile
-from pathlib import Path
 
 import triton.language as tl
 from p2_tma_d_bench import CANDIDATES, NUM_SMS_H200
 
 from moe_lib import problems
-from moe_lib.bench.sm90 import TOOLS, compile_for_sm90, first_error_line, resources
+from moe_lib.bench.sm90 import (
+    compile_for_sm90,
+    first_error_line,
+    over_limit,
+    resources,
+    sass_counts,
+    wgmma_serialized,
+)
 from moe_lib.moe_experts.tma_slot_projection import (
     choose_tma_slot_projection_config,
     slot_projection_tma_kernel,
@@ -38,18 +41,7 @@ from moe_lib.moe_experts.tma_slot_projection import (
 INPUT_BYTES = {"bf16": 2, "fp32": 4}
 WEIGHT_TYPES = {"bf16": "*bf16", "fp32": "*fp32"}  # kernel D's rows are bf16 either way
 SASS_OPS = ("HGMMA", "UTMALDG", "LDGSTS")
-SHARED_MEMORY_LIMIT = 232448  # bytes of shared memory one block may use on sm_90 (227 KB)
 USES = ("backward", "forward")
-
-
-def sass_counts(compiled) -> collections.Counter:
-    """How often each of :data:`SASS_OPS` occurs in the cubin's SASS."""
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
-        cubin.write(compiled.asm["cubin"])
-        cubin.flush()
-        sass = subprocess.run([str(TOOLS / "cuobjdump"), "--dump-sass", cubin.name], capture_output=True,
-                              text=True).stdout  # fmt: skip
-    return collections.Counter(re.findall(r"\b(" + "|".join(SASS_OPS) + r")\b", sass))
 
 
 def compile_use(config, use: str, dtype: str, num_experts: int, paired: bool = False):
@@ -73,24 +65,12 @@ def compile_use(config, use: str, dtype: str, num_experts: int, paired: bool = F
     return compile_for_sm90(slot_projection_tma_kernel, types, constexprs, aligned, warps=warps, stages=stages)
 
 
-def wgmma_serialized(compiled) -> str:
-    """ptxas's reason where it serialises the wgmma instructions (each waits for the previous one: the tensor
-    cores idle between them), else "no"."""
-    with tempfile.TemporaryDirectory() as tmp:
-        ptx = Path(tmp) / "kernel.ptx"
-        ptx.write_text(compiled.asm["ptx"])
-        out = subprocess.run([str(TOOLS / "ptxas"), "-arch=sm_90a", "-v", str(ptx), "-o", str(Path(tmp) / "k.o")],
-                             capture_output=True, text=True)  # fmt: skip
-    found = re.search(r"serialized due to (.*?) in the function", out.stdout + out.stderr)
-    return "SERIALIZED (" + " ".join(found.group(1).split()) + ")" if found else "no"
-
-
 def report(compiled) -> str:
     ptx = compiled.asm["ptx"]
     tma_loads = len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global", ptx))
     cp_async = len(re.findall(r"cp\.async\.c[ag]\.shared\.global", ptx))
-    sass = sass_counts(compiled)
-    too_large = " (OVER 227K: will not launch)" if compiled.metadata.shared > SHARED_MEMORY_LIMIT else ""
+    sass = sass_counts(compiled, SASS_OPS)
+    too_large = over_limit(compiled)
     return (f"{resources(compiled)}{too_large} warps={compiled.metadata.num_warps} ptx: tma_load={tma_loads} "
             f"cp.async={cp_async} | sass: " + " ".join(f"{op}={sass[op]}" for op in SASS_OPS)
             + f" | wgmma serialized: {wgmma_serialized(compiled)}")  # fmt: skip

@@ -8,6 +8,7 @@ and ``p1_tma_probe.py --compile-only`` report their kernels with :func:`compile_
 
 from __future__ import annotations
 
+import collections
 import re
 import subprocess
 import tempfile
@@ -19,6 +20,7 @@ from triton.compiler import ASTSource
 
 TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 HOPPER = GPUTarget("cuda", 90, 32)
+SHARED_MEMORY_LIMIT = 232448  # bytes of shared memory one block may use on sm_90 (227 KB)
 
 
 def constexpr_names(kernel) -> list[str]:
@@ -58,6 +60,33 @@ def resources(compiled) -> str:
     usage = re.search(r"REG:(\d+) STACK:(\d+)", out)
     wgmma = compiled.asm["ptx"].count("wgmma.mma_async")
     return f"{usage.group(0) if usage else 'REG:? STACK:?'} smem={compiled.metadata.shared // 1024}K wgmma={wgmma}"
+
+
+def sass_counts(compiled, ops) -> collections.Counter:
+    """How often each SASS instruction in ``ops`` (e.g. "HGMMA", "UTMALDG") occurs in the cubin (cuobjdump)."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(compiled.asm["cubin"])
+        cubin.flush()
+        sass = subprocess.run([str(TOOLS / "cuobjdump"), "--dump-sass", cubin.name], capture_output=True,
+                              text=True).stdout  # fmt: skip
+    return collections.Counter(re.findall(r"\b(" + "|".join(ops) + r")\b", sass))
+
+
+def wgmma_serialized(compiled) -> str:
+    """ptxas's reason where it serialises the wgmma instructions (each waits for the previous one: the tensor
+    cores idle between them), else "no"."""
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = Path(tmp) / "kernel.ptx"
+        ptx.write_text(compiled.asm["ptx"])
+        out = subprocess.run([str(TOOLS / "ptxas"), "-arch=sm_90a", "-v", str(ptx), "-o", str(Path(tmp) / "k.o")],
+                             capture_output=True, text=True)  # fmt: skip
+    found = re.search(r"serialized due to (.*?) in the function", out.stdout + out.stderr)
+    return "SERIALIZED (" + " ".join(found.group(1).split()) + ")" if found else "no"
+
+
+def over_limit(compiled) -> str:
+    """" (OVER 227K: will not launch)" where the kernel needs more shared memory than an SM has, else ""."""
+    return " (OVER 227K: will not launch)" if compiled.metadata.shared > SHARED_MEMORY_LIMIT else ""
 
 
 def first_error_line(exc: BaseException, limit: int = 160) -> str:

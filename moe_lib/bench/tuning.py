@@ -123,3 +123,85 @@ def parse_case(text: str, op: str = "moe_experts_backward") -> tuple[problems.Pr
         raise ValueError(f"case: expected dtype:num_tokens with dtype in {sorted(by_dtype)} (or an alias such as "
                          f"fp32, bf16) and num_tokens an integer, got {text!r}")  # fmt: skip
     return by_dtype[name], int(count)
+
+
+# --------------------------------------------------------------------------------------------------
+# what the GPU kernel benchmarks share
+
+
+def first_line(exc: BaseException) -> str:
+    """``<ExceptionType>: <first line>``, at most 200 characters (a failed candidate's row)."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:200]
+
+
+def cuda_usable() -> bool:
+    """False after a sticky CUDA error (an illegal address, a trap): nothing more can run in this process."""
+    import torch
+
+    try:
+        torch.cuda.synchronize()
+        return True
+    except Exception:
+        return False
+
+
+def p2_kernel_a_workspaces(inputs: dict) -> dict:
+    """P2's routing and kernel A's workspaces dg, du, aw (rows in sorted order), made the way
+    ``moe_experts_backward_triton`` makes them, for benchmarks of the kernels that follow A: dict of the
+    launch config and plan, the routing, sizes (T, K, E, I, H), the interface dtype, kernel W's operands x
+    and dy (bf16 hi halves for fp32 inputs), the weights, and dgate, dup, scaled_act."""
+    import torch
+
+    from ..moe_experts import launch
+    from ..moe_experts.routing import route_by_expert
+
+    x, dy = inputs["hidden_states"], inputs["grad_output"]
+    T, K = inputs["topk_indices"].shape
+    E, I, H = inputs["gate_weights"].shape
+    dtype, device = x.dtype, x.device
+    config = launch.launch_config(T * K, E, input_bytes=x.element_size())
+    plan = launch.launch_plan(T, H, I, E, K, config)
+    routing = route_by_expert(inputs["topk_indices"], E)
+    workspace_dtype = launch.WORKSPACE_DTYPES[dtype]
+    split = dtype == torch.float32
+    dgate, dup, scaled_act = (torch.empty((T * K, I), dtype=workspace_dtype, device=device) for _ in range(3))
+    topk_partial = torch.empty((plan["A"].grid["I-tiles"], T * K), dtype=torch.float32, device=device)
+    x_halves = launch.operand_halves(x, split, workspace_dtype)
+    dy_halves = launch.operand_halves(dy, split, workspace_dtype)
+    launch.launch_swiglu_grad(config, plan, routing, x_halves, dy_halves, inputs["topk_weights"],
+                              inputs["gate_weights"], inputs["up_weights"], inputs["down_weights"], dgate, dup,
+                              scaled_act, topk_partial, forward_only=False)  # fmt: skip
+    torch.cuda.synchronize()
+    return dict(config=config, plan=plan, routing=routing, T=T, K=K, E=E, I=I, H=H, dtype=dtype, x=x_halves[0],
+                dy=dy_halves[0], gate=inputs["gate_weights"], up=inputs["up_weights"], down=inputs["down_weights"],
+                dgate=dgate, dup=dup, scaled_act=scaled_act)  # fmt: skip
+
+
+def check_and_time(row: dict, prepare, *, flush, reps: int, base_ms: float, label: str) -> dict:
+    """One candidate of a kernel benchmark, recorded in ``row``: ``prepare()`` returns (run, check) — the
+    launch to time and a function returning the check's fields —; ``run`` goes once, its check is merged
+    into ``row``, then its CUDA-graph replays are timed (``ms``, ``speedup`` over ``base_ms``). A failure is
+    kept as ``row["error"]`` (its first line) and printed, and the benchmark goes on with the next candidate,
+    unless the failure left the CUDA context unusable (then RuntimeError). Prints the row as JSON."""
+    import json
+
+    import torch
+
+    from . import timing
+
+    try:
+        run, check = prepare()
+        run()
+        torch.cuda.synchronize()
+        row.update(check())
+        ms = timing.time_graph(run, flush, reps=reps)["median_ms"]
+        row.update(ms=ms, speedup=base_ms / ms)
+    except Exception as exc:  # report and go on with the other candidates
+        row["error"] = first_line(exc)
+        print(f"{label}: {row['error']}", flush=True)
+    print(json.dumps(row), flush=True)
+    if "error" in row and not cuda_usable():
+        raise RuntimeError(f"{label} left the CUDA context unusable: {row['error']}")
+    torch.cuda.empty_cache()
+    return row
