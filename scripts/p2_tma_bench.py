@@ -141,7 +141,7 @@ def run_case(case: str, configs: dict, routing: str, flush, num_programs: int, r
     baseline = weight_grad_outputs(w)
 
     def run_baseline():
-        launch.launch_weight_grads(w["config"], w["plan"], w["routing"], sorted_slot, K, w["x"], w["dy"], w["dgate"],
+        launch.launch_weight_grads(w["config"], w["routing"], sorted_slot, K, w["x"], w["dy"], w["dgate"],
                                    w["dup"], w["scaled_act"], *baseline)  # fmt: skip
 
     run_baseline()

@@ -135,9 +135,9 @@ def run_existing(w: dict, use: str, out: torch.Tensor) -> None:
     """Today's kernel D: Wg[e][i, h] at i·H + h (backward: stride_h 1, stride_i H); Wd[e][h, i] at h·I + i."""
     w1, w2, r1, r2 = use_operands(w, use)
     if use == "backward":
-        launch.launch_slot_projection(w["config"], w["plan"], w["routing"], w1, w2, r1, r2, out, 1, w["H"])
+        launch.launch_slot_projection(w["config"], w["routing"], w1, w2, r1, r2, out, 1, w["H"])
     else:
-        launch.launch_slot_projection(w["config"], w["plan"], w["routing"], w1, w1, r1, r1, out, w["I"], 1)
+        launch.launch_slot_projection(w["config"], w["routing"], w1, w1, r1, r1, out, w["I"], 1)
 
 
 def check(got: torch.Tensor, want: torch.Tensor, tolerance: float) -> dict:

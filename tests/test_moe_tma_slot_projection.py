@@ -271,13 +271,12 @@ def existing_kernel_d(case: dict, use: str) -> torch.Tensor:
 
     T, H, I, E, K, dtype = (case[k] for k in ("T", "H", "I", "E", "K", "dtype"))
     config = launch.launch_config(T * K, E, input_bytes=dtype.itemsize)
-    plan = launch.launch_plan(T, H, I, E, K, config)
     out = torch.full((T * K, H), float("nan"), device="cuda")
     if use == "backward":
-        launch.launch_slot_projection(config, plan, case["routing"], case["gate"], case["up"], case["dgate"],
+        launch.launch_slot_projection(config, case["routing"], case["gate"], case["up"], case["dgate"],
                                       case["dup"], out, 1, H)  # fmt: skip
     else:
-        launch.launch_slot_projection(config, plan, case["routing"], case["down"], case["down"], case["scaled_act"],
+        launch.launch_slot_projection(config, case["routing"], case["down"], case["down"], case["scaled_act"],
                                       case["scaled_act"], out, I, 1)  # fmt: skip
     return out
 

@@ -206,10 +206,9 @@ def existing_kernel_w(case: dict) -> tuple[torch.Tensor, ...]:
 
     T, H, I, E, K, dtype = (case[k] for k in ("T", "H", "I", "E", "K", "dtype"))
     config = launch.launch_config(T * K, E, input_bytes=dtype.itemsize)
-    plan = launch.launch_plan(T, H, I, E, K, config)
     outputs = (torch.empty((E, I, H), dtype=dtype, device="cuda"), torch.empty((E, I, H), dtype=dtype, device="cuda"),
                torch.empty((E, H, I), dtype=dtype, device="cuda"))  # fmt: skip
-    launch.launch_weight_grads(config, plan, case["routing"], case["routing"].sorted_slot, K, case["x"], case["dy"],
+    launch.launch_weight_grads(config, case["routing"], case["routing"].sorted_slot, K, case["x"], case["dy"],
                                case["dgate"], case["dup"], case["scaled_act"], *outputs)  # fmt: skip
     return outputs
 

@@ -324,14 +324,10 @@ def test_kernels_notebook_grids_are_those_of_moe_lib(kernels_run):
     T, H, I = p["p2_num_tokens"], p["p2_hidden_size"], p["p2_intermediate_size"]
     E, R = p["p2_num_experts"], config.row_split
 
-    def weight_grad_programs(size_m, size_n, tile):  # E × M-tiles × groups of n N-tiles
-        n_tiles = -(-size_n // tile[1])
-        return E * -(-size_m // tile[0]) * -(-n_tiles // min(config.n_tiles_per_program, n_tiles))
-
-    assert summary["p2"]["grid"] == {"A": E * -(-I // config.block_i) * R,
-                                     "W_gate_up": weight_grad_programs(I, H, config.grad_gate_up_tile),
-                                     "W_down": weight_grad_programs(H, I, config.grad_down_tile),
-                                     "D": E * -(-H // config.block_h_dx) * R,
+    persistent = p2_launch.default_persistent_programs()  # kernels W and D, TMA-fed: programs loop over tiles
+    assert config.tma_weight_grad is not None and config.tma_slot_projection is not None
+    assert summary["p2"]["grid"] == {"A": E * -(-I // config.block_i) * R, "W_gate_up": persistent,
+                                     "W_down": persistent, "D": persistent,
                                      "C": T * -(-H // config.block_h_sum)}  # fmt: skip
     assert sum(summary["p2"]["rows_per_expert"]) == p["p2_num_tokens"] * p["p2_top_k"]
     sizes = problems.load("swiglu_down_backward").sizes(p["diagram_num_tokens"])

@@ -173,8 +173,12 @@ def split_k_figure(split: int = 4):
 
 
 def _grid_text(launch: p2_launch.KernelLaunch) -> str:
-    """A launch's grid as "4 × 2 × 1 (experts × I-tiles × row split)"."""
-    return f"{' × '.join(map(str, launch.grid.values()))} ({' × '.join(launch.grid)})"
+    """A launch's grid as "4 × 2 × 1 (experts × I-tiles × row split)"; a persistent launch's as its programs
+    and the tiles they loop over."""
+    text = f"{' × '.join(map(str, launch.grid.values()))} ({' × '.join(launch.grid)})"
+    if launch.tiles:
+        text += f", looping over {' × '.join(map(str, launch.tiles.values()))} tiles ({' × '.join(launch.tiles)})"
+    return text
 
 
 def p2_plan_table(plan: dict[str, p2_launch.KernelLaunch]) -> pd.DataFrame:
@@ -185,17 +189,19 @@ def p2_plan_table(plan: dict[str, p2_launch.KernelLaunch]) -> pd.DataFrame:
     return table.set_index("step")
 
 
-def p2_grid_table(token_counts, problem: str, *, interpreter: bool = False) -> pd.DataFrame:
+def p2_grid_table(token_counts, problem: str, *, interpreter: bool = False, num_programs: int = 132) -> pd.DataFrame:
     """Per token count at ``problem``'s shape: the mean slots per expert, the row split R and the programs
     of each launch of :func:`moe_lib.moe_experts.launch.launch_plan` under the config
-    :func:`~moe_lib.moe_experts.launch.launch_config` gives (GPU by default)."""
+    :func:`~moe_lib.moe_experts.launch.launch_config` gives (GPU by default; its persistent launches with
+    ``num_programs`` programs, the 132 SMs of an H100 or H200)."""
     definition = problems.load(problem)
     rows = {}
     for t in token_counts:
         s = definition.sizes(t)
         config = p2_launch.launch_config(t * s["top_k"], s["num_experts"], input_bytes=definition.dtype.itemsize,
                                          interpreter=interpreter)  # fmt: skip
-        plan = p2_launch.launch_plan(t, s["hidden_size"], s["intermediate_size"], s["num_experts"], s["top_k"], config)
+        plan = p2_launch.launch_plan(t, s["hidden_size"], s["intermediate_size"], s["num_experts"], s["top_k"], config,
+                                     num_programs=num_programs, weight_bytes=definition.dtype.itemsize)  # fmt: skip
         rows[t] = {"slots per expert (mean)": t * s["top_k"] / s["num_experts"], "row split R": config.row_split,
                    **{f"kernel {step} programs": launch.programs for step, launch in plan.items()}}  # fmt: skip
     table = pd.DataFrame.from_dict(rows, orient="index")
@@ -236,8 +242,8 @@ def _row_blocks_panel(ax, counts: list[int], config: p2_launch.LaunchConfig) -> 
             ax.barh(e, rows, left=start, color=block_colors(b % R), edgecolor="black", height=0.7)
             ax.text(start + rows / 2, e, f"r={b % R}", ha="center", va="center", fontsize=7)
     ax.set(yticks=range(E), yticklabels=[f"expert {e}" for e in range(E)], xlabel="rows of the expert (its slots)",
-           title=f"row blocks of {config.block_m} rows: in kernels A and D, program r = block mod R takes them "
-                 f"(R = {R})")  # fmt: skip
+           title=f"row blocks of {config.block_m} rows: in kernel A (and the pointer-based kernel D), program "
+                 f"r = block mod R takes them (R = {R})")  # fmt: skip
     ax.invert_yaxis()
     ax.title.set_fontsize(10)
 
@@ -263,8 +269,9 @@ def _grid_panel(ax, title: str, rows: int, ticks: list, split: int, xlabel: str,
 def p2_tiling_figure(topk_indices, num_experts: int, hidden_size: int, intermediate_size: int,
                      config: p2_launch.LaunchConfig):  # fmt: skip
     """P2's dataflow for one routing under ``config``: slots in token order and sorted by expert (with
-    expert_offsets), the row blocks of each expert and which row-split program r of kernels A and D works
-    on them, and the grids of kernels A, W (its two launches in one panel), D and C from the launch plan."""
+    expert_offsets), the row blocks of each expert and which row-split program r of kernel A works on them,
+    and the grids of kernels A, W (its two launches in one panel), D and C from the launch plan (the tiles
+    of a persistent launch, which its programs loop over)."""
     T, K = topk_indices.shape
     E, R = num_experts, config.row_split
     plan = p2_launch.launch_plan(T, hidden_size, intermediate_size, E, K, config)
@@ -275,28 +282,35 @@ def p2_tiling_figure(topk_indices, num_experts: int, hidden_size: int, intermedi
     _routing_panel(fig.add_subplot(grid[0, :]), topk_indices, routing, cmap)
     _row_blocks_panel(fig.add_subplot(grid[1, :]), routing.counts.tolist(), config)
 
-    gate_up, down = plan["W_gate_up"].grid, plan["W_down"].grid
+    # a persistent launch (kernels W and D in their TMA-fed form) draws its tiles, which its programs loop over
+    gate_up, down = (plan[step].tiles or plan[step].grid for step in ("W_gate_up", "W_down"))
+    n_key = "N-tiles" if "N-tiles" in gate_up else "N-groups"
     w_ticks = [(f"{m}·{g}", hatch) for w, hatch in ((gate_up, None), (down, "////"))
-               for m in range(w["M-tiles"]) for g in range(w["N-groups"])]  # fmt: skip
+               for m in range(w["M-tiles"]) for g in range(w[n_key])]  # fmt: skip
+    d_tiles = plan["D"].tiles or plan["D"].grid
+    d_split = 1 if plan["D"].tiles else R
 
     def count(step: str) -> str:
-        return "×".join(map(str, plan[step].grid.values()))
+        launch = plan[step]
+        if launch.tiles:
+            return f"{launch.programs} persistent programs over {'×'.join(map(str, launch.tiles.values()))} tiles"
+        return "×".join(map(str, launch.grid.values())) + " programs"
 
     panels = (  # title, rows, (tick, hatch) per column, programs per cell, x label, y label
-        (f"kernel A: {count('A')} programs", E, [(str(j), None) for j in range(plan["A"].grid["I-tiles"])], R,
+        (f"kernel A: {count('A')}", E, [(str(j), None) for j in range(plan["A"].grid["I-tiles"])], R,
          "I-tile (R programs each)", "expert"),
-        (f"kernel W: {count('W_gate_up')} (dWg·dWu)\n+ {count('W_down')} (dWd, hatched) programs", E, w_ticks, 1,
-         "M-tile·N-group: dWg·dWu | dWd", "expert"),
-        (f"kernel D: {count('D')} programs", E, [(str(j), None) for j in range(plan["D"].grid["H-tiles"])], R,
-         "H-tile (R programs each)", "expert"),
-        (f"kernel C: {count('C')} programs", T, [(str(j), None) for j in range(plan["C"].grid["H-tiles"])], 1,
+        (f"kernel W: {count('W_gate_up')} (dWg·dWu)\n+ {count('W_down')} (dWd, hatched)", E, w_ticks, 1,
+         f"M-tile·{n_key[:-1]}: dWg·dWu | dWd", "expert"),
+        (f"kernel D: {count('D')}", E, [(str(j), None) for j in range(d_tiles["H-tiles"])], d_split,
+         "H-tile" + ("" if plan["D"].tiles else " (R programs each)"), "expert"),
+        (f"kernel C: {count('C')}", T, [(str(j), None) for j in range(plan["C"].grid["H-tiles"])], 1,
          "H-tile", "token"),
     )  # fmt: skip
     for column, panel in enumerate(panels):
         ax = fig.add_subplot(grid[2, column])
         _grid_panel(ax, *panel, cmap)
         if column == 1:  # kernel W: its dWg·dWu launch, then its dWd launch
-            ax.axvline(gate_up["M-tiles"] * gate_up["N-groups"], color="black", lw=1.2)
+            ax.axvline(gate_up["M-tiles"] * gate_up[n_key], color="black", lw=1.2)
     return fig
 
 

@@ -124,6 +124,8 @@ class KernelLaunch:
     grid: dict = field(default_factory=dict)  # factor name -> size; the programs are their product
     one_program: str = ""
     launched: bool = True  # False where the launch is skipped (A, D and C need T·K > 0)
+    # a persistent launch's work items as named factors (its programs loop over them); empty: one tile per program
+    tiles: dict = field(default_factory=dict)
 
     @property
     def programs(self) -> int:
@@ -139,21 +141,38 @@ def weight_grad_grid(size_m: int, size_n: int, tile: tuple[int, int, int], n_til
 
 
 def launch_plan(num_tokens: int, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int,
-                config: LaunchConfig) -> dict[str, KernelLaunch]:  # fmt: skip
-    """P2's backward under ``config``: kernels A, W (twice), D and C, by step, in launch order."""
+                config: LaunchConfig, *, num_programs: int | None = None,
+                weight_bytes: int = 2) -> dict[str, KernelLaunch]:  # fmt: skip
+    """P2's backward under ``config``: kernels A, W (twice), D and C, by step, in launch order.
+
+    Kernels W and D run persistent (``num_programs`` programs looping over their tiles: one per SM, by
+    default :func:`default_persistent_programs`) where the config has their TMA-fed form and TMA can address
+    the rows (``weight_bytes``: the weights' element size, 4 for the fp32 interface); else one program per
+    tile (group)."""
     T, H, I, E, K = num_tokens, hidden_size, intermediate_size, num_experts, top_k
     launched = T * K > 0
     R = config.row_split
+    programs = {"programs (one per SM)": num_programs or default_persistent_programs()}
     plan = {}
     plan["A"] = KernelLaunch(
         "A", {"experts": E, "I-tiles": cdiv(I, config.block_i), "row split": R},
         f"gᵀ, uᵀ, (Wdᵀdy)ᵀ on an I-tile of {config.block_i} (M side) for row blocks r, r+R, … of "
         f"{config.block_m} rows (N side), over H in steps of {config.block_h}; dSwiGLU and ⟨Wdᵀdy, a⟩ in the "
         "epilogue", launched)  # fmt: skip
+    tma_w = config.tma_weight_grad if tma_layout_fits(H, I) else None
     for step, size_m, size_n, tile, outputs, dims in (
         ("W_gate_up", I, H, config.grad_gate_up_tile, "dWg and dWu", "I×H"),
         ("W_down", H, I, config.grad_down_tile, "dWd", "H×I"),
     ):  # fmt: skip
+        if tma_w is not None:
+            tile = tma_w.gate_up_tile if step == "W_gate_up" else tma_w.down_tile
+            plan[step] = KernelLaunch(
+                step, programs,
+                f"{outputs} tiles of {tile[0]}×{tile[1]} ({dims}), dealt round-robin expert by expert, each reduced "
+                f"over all the expert's rows (gathered into expert order once) in steps of {tile[2]} that arrive "
+                "by TMA; exact zeros for an expert with no rows",
+                tiles={"experts": E, "M-tiles": cdiv(size_m, tile[0]), "N-tiles": cdiv(size_n, tile[1])})  # fmt: skip
+            continue
         grid = weight_grad_grid(size_m, size_n, tile, config.n_tiles_per_program)
         n, up_to = grid["_per_program"], "up to " if grid["_n_tiles"] % grid["_per_program"] else ""
         tiles = f"one tile of {tile[0]}×{tile[1]} ({dims})" if n == 1 else \
@@ -162,10 +181,19 @@ def launch_plan(num_tokens: int, hidden_size: int, intermediate_size: int, num_e
             step, {"experts": E, "M-tiles": grid["M-tiles"], "N-groups": grid["N-groups"]},
             f"{outputs} on {tiles}, each reduced over all the expert's rows in steps of {tile[2]}; exact zeros for "
             "an expert with no rows")  # fmt: skip
-    plan["D"] = KernelLaunch(
-        "D", {"experts": E, "H-tiles": cdiv(H, config.block_h_dx), "row split": R},
-        f"dX_slotᵀ = Wgᵀdgᵀ + Wuᵀduᵀ on an H-tile of {config.block_h_dx} (M side) for row blocks r, r+R, … of "
-        f"{config.block_m} rows (N side), over I in steps of {config.block_i_dx}", launched)  # fmt: skip
+    tma_d = config.tma_slot_projection if tma_slot_projection_fits(H, I, weight_bytes) else None
+    if tma_d is not None:
+        block_h, block_rows, block_i = tma_d.backward_tile
+        plan["D"] = KernelLaunch(
+            "D", programs,
+            f"dX_slotᵀ = Wgᵀdgᵀ + Wuᵀduᵀ on tiles of {block_h} weight rows (an H-tile, M side) × {block_rows} of "
+            f"the expert's rows (N side), expert by expert, over I in steps of {block_i} that arrive by TMA",
+            launched, tiles={"experts": E, "H-tiles": cdiv(H, block_h)})  # fmt: skip
+    else:
+        plan["D"] = KernelLaunch(
+            "D", {"experts": E, "H-tiles": cdiv(H, config.block_h_dx), "row split": R},
+            f"dX_slotᵀ = Wgᵀdgᵀ + Wuᵀduᵀ on an H-tile of {config.block_h_dx} (M side) for row blocks r, r+R, … of "
+            f"{config.block_m} rows (N side), over I in steps of {config.block_i_dx}", launched)  # fmt: skip
     plan["C"] = KernelLaunch(
         "C", {"tokens": T, "H-tiles": cdiv(H, config.block_h_sum)},
         f"grad_hidden_states[t] = Σ_k dX_slot[t·K + k] on {config.block_h_sum} columns; grad_topk_weights "
@@ -207,19 +235,20 @@ def launch_swiglu_grad(config, plan, routing, x_halves, dy_halves, topk_weights,
     )  # fmt: skip
 
 
-def launch_weight_grads(config, plan, routing, sorted_slot, top_k, x_operand, dy_operand, dgate, dup, scaled_act,
+def launch_weight_grads(config, routing, sorted_slot, top_k, x_operand, dy_operand, dgate, dup, scaled_act,
                         grad_gate, grad_up, grad_down, *, skip_rows: int = -1):  # fmt: skip
     """Kernel W twice: dWg, dWu = Σ dgᵀ x, Σ duᵀ x (one launch, x shared), then dWd = Σ dyᵀ aw. The first
     launch skips experts with at most ``skip_rows`` rows (a set-aside design wrote theirs; −1: none)."""
     E, I, H = grad_gate.shape
-    for step, a, a2, b, out, out2, size_m, size_n, a_by_token, b_by_token, tile, warps, stages, skipped in (
-        ("W_gate_up", dgate, dup, x_operand, grad_gate, grad_up, I, H, False, True, config.grad_gate_up_tile,
+    for a, a2, b, out, out2, size_m, size_n, a_by_token, b_by_token, tile, warps, stages, skipped in (
+        (dgate, dup, x_operand, grad_gate, grad_up, I, H, False, True, config.grad_gate_up_tile,
          config.warps_gu, config.stages_gu, skip_rows),
-        ("W_down", dy_operand, dy_operand, scaled_act, grad_down, grad_down, H, I, True, False,
+        (dy_operand, dy_operand, scaled_act, grad_down, grad_down, H, I, True, False,
          config.grad_down_tile, config.warps_dn, config.stages_dn, -1),
     ):  # fmt: skip
         grid = weight_grad_grid(size_m, size_n, tile, config.n_tiles_per_program)
-        kernels.expert_weight_grad_kernel[(plan[step].programs,)](
+        programs = E * grid["M-tiles"] * grid["N-groups"]  # one per (expert, M-tile, group of N-tiles)
+        kernels.expert_weight_grad_kernel[(programs,)](
             a, a2, b, out, out2, sorted_slot, routing.expert_offsets,
             max(top_k, 1), size_m, size_n, grid["M-tiles"], grid["_n_tiles"], grid["_per_program"], skipped,
             A_BY_TOKEN=a_by_token, B_BY_TOKEN=b_by_token, TWO_OUTPUTS=out2 is not out,
@@ -228,14 +257,15 @@ def launch_weight_grads(config, plan, routing, sorted_slot, top_k, x_operand, dy
         )  # fmt: skip
 
 
-def launch_slot_projection(config, plan, routing, weights1, weights2, rows1, rows2, out_slot, stride_h, stride_i,
+def launch_slot_projection(config, routing, weights1, weights2, rows1, rows2, out_slot, stride_h, stride_i,
                            skip_rows=-1):  # fmt: skip
     """Kernel D over every (expert, H-tile, row split): out_slot = W1_e v1 (+ W2_e v2 when given twice),
     except for experts with at most ``skip_rows`` rows."""
     H, I = out_slot.shape[1], rows1.shape[1]
-    kernels.slot_projection_kernel[(plan["D"].programs,)](
+    E, h_tiles = weights1.shape[0], cdiv(H, config.block_h_dx)
+    kernels.slot_projection_kernel[(E * h_tiles * config.row_split,)](
         weights1, weights2, routing.sorted_slot, routing.expert_offsets, rows1, rows2, out_slot,
-        H, I, stride_h, stride_i, plan["D"].grid["H-tiles"], config.row_split, skip_rows,
+        H, I, stride_h, stride_i, h_tiles, config.row_split, skip_rows,
         TWO_TERMS=weights2 is not weights1, OPERAND_DTYPE=OPERAND_DTYPES[rows1.dtype],
         INTERPRETER=interpreter_enabled(),
         BLOCK_H=config.block_h_dx, BLOCK_M=config.block_m, BLOCK_I=config.block_i_dx,
@@ -243,7 +273,7 @@ def launch_slot_projection(config, plan, routing, weights1, weights2, rows1, row
     )  # fmt: skip
 
 
-def project_slots(config, plan, routing, weights1, weights2, rows1, rows2, out_slot, *, transposed_weights: bool,
+def project_slots(config, routing, weights1, weights2, rows1, rows2, out_slot, *, transposed_weights: bool,
                   skip_rows: int = -1) -> None:  # fmt: skip
     """Kernel D: out_slot = W1_eᵀ v1 + W2_eᵀ v2 (backward: Wg, Wu, dg, du, ``transposed_weights``) or W1_e v1
     (forward: Wd, aw), by the TMA-fed kernel where the config has one and TMA can address the rows, else the
@@ -258,7 +288,7 @@ def project_slots(config, plan, routing, weights1, weights2, rows1, rows2, out_s
         return
     strides = (1, H) if transposed_weights else (I, 1)  # (stride over H, stride over I) of one expert's weights
     two = weights2 if weights2 is not None else weights1
-    launch_slot_projection(config, plan, routing, weights1, two, rows1, rows2 if rows2 is not None else rows1,
+    launch_slot_projection(config, routing, weights1, two, rows1, rows2 if rows2 is not None else rows1,
                            out_slot, *strides, skip_rows)  # fmt: skip
 
 
@@ -308,10 +338,16 @@ def check_memory(hidden_states, topk_indices, topk_weights, gate_weights, config
                    f"the outputs and workspaces of {T} tokens ({T * K} routed slots)")
 
 
+def default_persistent_programs() -> int:
+    """Programs of a persistent launch where no device is at hand: a few under the interpreter, else the
+    132 SMs of an H100 or H200."""
+    return 3 if interpreter_enabled() else 132
+
+
 def persistent_programs(device: torch.device) -> int:
     """Programs of a persistent launch: one per SM on the GPU, a few under the interpreter."""
     if device.type != "cuda" or interpreter_enabled():
-        return 3
+        return default_persistent_programs()
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
@@ -340,7 +376,8 @@ def moe_experts_backward_triton(
     dtype, device = hidden_states.dtype, hidden_states.device
     num_slots = T * K
     config = config or default_config(hidden_states, num_slots, E)
-    plan = launch_plan(T, H, I, E, K, config)
+    plan = launch_plan(T, H, I, E, K, config, num_programs=persistent_programs(device),
+                       weight_bytes=gate_weights.element_size())  # fmt: skip
     split_precision = dtype == torch.float32
     check_memory(hidden_states, topk_indices, topk_weights, gate_weights, config)
 
@@ -378,11 +415,11 @@ def moe_experts_backward_triton(
         launch_weight_grads_tma(config.tma_weight_grad, routing.expert_offsets, x_sorted, dy_sorted, dgate, dup,
                                 scaled_act, grad_gate, grad_up, grad_down, num_programs=persistent_programs(device))
     else:
-        launch_weight_grads(config, plan, routing, sorted_slot, K, x_halves[0], dy_halves[0], dgate, dup, scaled_act,
+        launch_weight_grads(config, routing, sorted_slot, K, x_halves[0], dy_halves[0], dgate, dup, scaled_act,
                             grad_gate, grad_up, grad_down, skip_rows=skip_rows)  # fmt: skip
     if num_slots > 0:
         # dX_slot = Wg_eᵀ dg + Wu_eᵀ du: Wg[e][i, h] at i·H + h
-        project_slots(config, plan, routing, gate_weights, up_weights, dgate, dup, dx_slot, transposed_weights=True,
+        project_slots(config, routing, gate_weights, up_weights, dgate, dup, dx_slot, transposed_weights=True,
                       skip_rows=skip_rows)  # fmt: skip
         launch_token_sum(config, plan, dx_slot, topk_indices, E, grad_hidden, topk_partial, grad_topk)
     else:  # no slots at all (T = 0 or K = 0): nothing reaches grad_hidden_states
@@ -416,7 +453,8 @@ def moe_experts_forward_triton(
     if num_slots == 0:
         y.zero_()
         return (y, preactivations) if save_preactivations else y
-    plan = launch_plan(T, H, I, E, K, config)
+    plan = launch_plan(T, H, I, E, K, config, num_programs=persistent_programs(device),
+                       weight_bytes=gate_weights.element_size())  # fmt: skip
     routing = route_by_expert(topk_indices, E)
     workspace_dtype = WORKSPACE_DTYPES[dtype]
     scaled_act = allocate((num_slots, I), dtype=workspace_dtype, device=device)
@@ -428,6 +466,6 @@ def moe_experts_forward_triton(
                        preactivations=preactivations,
                        preact=PREACT_STORED if save_preactivations else PREACT_COMPUTED)  # fmt: skip
     # y_slot = Wd_e · aw: Wd[e][h, i] at h·I + i
-    project_slots(config, plan, routing, down_weights, None, scaled_act, None, y_slot, transposed_weights=False)
+    project_slots(config, routing, down_weights, None, scaled_act, None, y_slot, transposed_weights=False)
     launch_token_sum(config, plan, y_slot, topk_indices, E, y)
     return (y, preactivations) if save_preactivations else y
