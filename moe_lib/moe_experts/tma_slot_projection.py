@@ -90,6 +90,7 @@ import triton.language as tl
 
 from ..dispatch import interpreter_enabled
 from .kernels import dot16, operand
+from .tma_weight_grad import install_tma_allocator
 
 # --------------------------------------------------------------------------------------------------
 # kernels
@@ -344,15 +345,6 @@ def tma_slot_projection_fits(hidden_size: int, intermediate_size: int, weight_by
     return intermediate_size * 2 % 16 == 0 and inner * weight_bytes % 16 == 0
 
 
-def _tma_allocator(device: torch.device):
-    """Global scratch for the descriptors the kernel builds on the device (torch-backed, graph-capturable)."""
-
-    def allocate(size: int, alignment: int, stream):
-        return torch.empty(size, dtype=torch.int8, device=device)
-
-    return allocate
-
-
 OPERAND_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 TMA_STRIDE_LIMIT = 2**40  # bytes: a TMA global stride is below 2⁴⁰ and a multiple of 16
 
@@ -443,7 +435,7 @@ def launch_slot_projection_tma(config: TmaSlotProjectionConfig, routing, weights
         else:  # paired: term 1's tensors at their signed distance from term 0's
             weights_stride, rows_stride = weights_delta, rows_delta
     if rows1.is_cuda and not interpreter:
-        triton.set_allocator(_tma_allocator(rows1.device))
+        install_tma_allocator(rows1.device)
     paired = two_terms and not concat
     tile, warps, stages = config.launch_params(two_terms, paired=paired)
     block_h, block_rows, block_i = tile

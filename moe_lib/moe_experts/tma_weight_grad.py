@@ -291,13 +291,15 @@ def _check_tma_layout(operands: dict, outputs: dict, tma_store: bool) -> None:
                 raise ValueError(f"{name}: rows of {t.shape[2]} × {t.element_size()} B are not a multiple of 16 B")
 
 
-def _tma_allocator(device: torch.device):
-    """Global scratch for the descriptors the kernel builds on the device (torch-backed, graph-capturable)."""
+def install_tma_allocator(device: torch.device) -> None:
+    """Gives Triton a torch-backed allocator (graph-capturable) for the descriptors kernels build on the
+    device. Set on every launch: Triton keeps it per context, and autograd runs a backward in a thread of
+    its own (this replaces an allocator the caller set in that context, any of which would serve)."""
 
     def allocate(size: int, alignment: int, stream):
         return torch.empty(size, dtype=torch.int8, device=device)
 
-    return allocate
+    triton.set_allocator(allocate)
 
 
 def _at_least_one_row(t: torch.Tensor) -> torch.Tensor:
@@ -334,7 +336,7 @@ def launch_weight_grads_tma(config: TmaWeightGradConfig, expert_offsets, x_sorte
                                   "wrong tiles (a store still reading the descriptor the next expert rewrites; "
                                   "data/results/NOTES.md); use plain stores")
     if x_sorted.is_cuda and not interpreter:
-        triton.set_allocator(_tma_allocator(x_sorted.device))
+        install_tma_allocator(x_sorted.device)
     groups = min(config.expert_groups, num_programs)
     num_programs = num_programs // groups * groups  # G groups of equal size
     for a, a2, b, out, out2, size_m, size_n, tile, warps, stages in (
