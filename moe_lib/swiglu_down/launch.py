@@ -46,8 +46,8 @@ class TileConfig:
 # the faithful path (the benchmark's function) runs in one launch up to this many tokens: in NVIDIA's
 # harness, which times a call from its first kernel's start to its last kernel's end, the second launch's
 # host work shows as a gap wherever the first kernel is shorter than it: at 1–16 tokens two launches took
-# 49–55 µs in that method against 20–27 µs for one, even with every workspace allocated before the first
-# launch (data/results/NOTES.md)
+# about 50 µs in that method (the fast path) against 20–27 µs for one, even with every workspace allocated
+# before the first launch (data/results/NOTES.md)
 ONE_LAUNCH_MAX_TOKENS = 128
 
 
