@@ -40,10 +40,11 @@ import torch
 from moe_lib.bench import timing
 from moe_lib.bench.checks import compare_output
 from moe_lib.bench.tuning import (
+    candidate_verdict,
     check_and_time,
     p2_kernel_a_workspaces,
+    parse_candidates,
     parse_case,
-    parse_fields,
     replace_fields,
 )
 from moe_lib.moe_experts import launch
@@ -70,34 +71,6 @@ CANDIDATES = {
 }
 OUTPUT_NAMES = ("grad_gate", "grad_up", "grad_down")
 ALL_CASES = "bf16:2048,bf16:8192,bf16:32768,fp32:2048"
-
-
-def parse_configs(text: str) -> dict[str, dict]:
-    """``default,rows128`` (names of CANDIDATES) or ``NAME:FIELD=VALUE,…`` items, separated by ``;``:
-    name -> fields."""
-    configs = {}
-    for item in (part.strip() for part in text.split(";")):
-        if not item:
-            continue
-        if ":" in item:
-            name, _, fields = item.partition(":")
-            configs[name] = parse_fields(fields)
-            continue
-        for name in (n.strip() for n in item.split(",") if n.strip()):
-            if name not in CANDIDATES:
-                raise ValueError(f"config {name!r}: not one of {sorted(CANDIDATES)} (or write NAME:FIELD=VALUE,…)")
-            configs[name] = CANDIDATES[name]
-    return configs
-
-
-def default_config(num_slots: int, num_experts: int, input_bytes: int):
-    """The case's default TmaWeightGradConfig."""
-    return choose_tma_weight_grad_config(num_slots, num_experts, input_bytes, interpreter=False)
-
-
-def resolve(fields: dict, default):
-    """(the launcher, the config) of ``fields`` over the case's default config."""
-    return launch_weight_grads_tma, replace_fields(default, fields)
 
 
 def weight_grad_outputs(w: dict, fill: float | None = None) -> tuple[torch.Tensor, ...]:
@@ -155,20 +128,20 @@ def run_case(case: str, configs: dict, routing: str, flush, num_programs: int, r
     rows.append(dict(case=case, config="gather only", ms=timing.time_graph(gather, flush, reps=reps)["median_ms"]))
     print(json.dumps(rows[-1]), flush=True)
 
-    defaults = default_config(num_tokens * K, w["E"], w["dtype"].itemsize)
+    default = choose_tma_weight_grad_config(num_tokens * K, w["E"], w["dtype"].itemsize, interpreter=False)
     for name, fields in configs.items():
         as_json = {key: list(value) if isinstance(value, tuple) else value for key, value in fields.items()}
         row = dict(case=case, config=name, fields=as_json)
 
         def prepare(fields=fields, row=row):
-            launcher, config = resolve(fields, defaults)
+            config = replace_fields(default, fields)
             row["resolved"] = str(config)
             outputs = weight_grad_outputs(w, fill=float("nan"))
 
             def run_tma():
                 x_sorted, dy_sorted = gather()
-                launcher(config, offsets, x_sorted, dy_sorted, w["dgate"], w["dup"], w["scaled_act"], *outputs,
-                         num_programs=num_programs)  # fmt: skip
+                launch_weight_grads_tma(config, offsets, x_sorted, dy_sorted, w["dgate"], w["dup"], w["scaled_act"],
+                                        *outputs, num_programs=num_programs)  # fmt: skip
 
             return run_tma, lambda: check(outputs, baseline, tolerance)
 
@@ -184,10 +157,7 @@ def print_table(rows: list[dict]) -> None:
             continue
         speedup = f"{r['speedup']:7.2f}" if "speedup" in r else f"{'':7s}"
         rel = f"{max(r['rel'].values()):9.1e}" if "rel" in r else f"{'':9s}"
-        verdict = ""
-        if "ok" in r:
-            verdict = "ok" if r["ok"] else f"WRONG (finite={r['finite']}, structure={r['structure_problems']})"
-        print(f"{r['case']:11s} {r['config']:24s} {r['ms']:8.3f} {speedup} {rel}  {verdict}")
+        print(f"{r['case']:11s} {r['config']:24s} {r['ms']:8.3f} {speedup} {rel}  {candidate_verdict(r)}")
 
 
 def main(argv=None) -> int:
@@ -202,7 +172,7 @@ def main(argv=None) -> int:
     parser.add_argument("--list", action="store_true", help="print the configs of every case and exit")
     args = parser.parse_args(argv)
     try:
-        configs = parse_configs(args.configs)
+        configs = parse_candidates(args.configs, CANDIDATES)
         cases = [(case, parse_case(case)) for case in args.cases.split(",") if case]
     except ValueError as exc:
         parser.error(str(exc))
@@ -211,10 +181,11 @@ def main(argv=None) -> int:
         for case, (problem, num_tokens) in cases:
             sizes = problem.sizes(num_tokens)
             input_bytes = problem.dtype.itemsize
-            defaults = default_config(num_tokens * sizes["top_k"], sizes["num_experts"], input_bytes)
+            default = choose_tma_weight_grad_config(num_tokens * sizes["top_k"], sizes["num_experts"], input_bytes,
+                                                    interpreter=False)  # fmt: skip
             for name, fields in configs.items():
                 try:
-                    print(f"{case:11s} {name:16s} {resolve(fields, defaults)[1]}")
+                    print(f"{case:11s} {name:16s} {replace_fields(default, fields)}")
                 except ValueError as exc:
                     print(f"{case:11s} {name:16s} invalid: {exc}")
         return 0

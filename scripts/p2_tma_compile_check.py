@@ -28,9 +28,9 @@ from moe_lib.bench.sm90 import (
     resources,
     sass_counts,
 )
+from moe_lib.bench.tuning import parse_case
 from moe_lib.moe_experts.tma_weight_grad import choose_tma_weight_grad_config, grouped_weight_grad_kernel
 
-INPUT_BYTES = {"bf16": 2, "fp32": 4}
 OUTPUT_TYPES = {"bf16": "*bf16", "fp32": "*fp32"}  # kernel W's operands are bf16 either way
 SASS_OPS = ("UTMALDG", "UTMASTG", "HGMMA", "USETMAXREG")
 
@@ -71,10 +71,13 @@ def main():
     slots_per_token, num_experts = sizes["top_k"], sizes["num_experts"]
     names = list(CANDIDATES) if args.all_candidates else ["default"]
     for case in args.cases.split(","):
-        dtype, _, tokens = case.partition(":")
-        if dtype not in INPUT_BYTES or not tokens.isdigit():
-            parser.error(f"--cases: expected dtype:num_tokens with dtype in {sorted(INPUT_BYTES)}, got {case!r}")
-        default = choose_tma_weight_grad_config(int(tokens) * slots_per_token, num_experts, INPUT_BYTES[dtype],
+        try:
+            problem, num_tokens = parse_case(case)
+        except ValueError as exc:
+            parser.error(f"--cases: {exc}")
+        input_bytes = problem.dtype.itemsize
+        dtype = "fp32" if input_bytes == 4 else "bf16"
+        default = choose_tma_weight_grad_config(num_tokens * slots_per_token, num_experts, input_bytes,
                                                 interpreter=False)  # fmt: skip
         for name in names:
             try:

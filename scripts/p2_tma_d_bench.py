@@ -44,10 +44,11 @@ import torch
 from moe_lib.bench import timing
 from moe_lib.bench.checks import compare_output
 from moe_lib.bench.tuning import (
+    candidate_verdict,
     check_and_time,
     p2_kernel_a_workspaces,
+    parse_candidates,
     parse_case,
-    parse_fields,
     replace_fields,
 )
 from moe_lib.moe_experts import launch
@@ -100,23 +101,6 @@ CANDIDATES = {
 }
 ALL_CASES = "bf16:2048,bf16:8192,bf16:32768,fp32:2048"
 USES = ("backward", "forward")
-
-
-def parse_configs(text: str) -> dict[str, dict]:
-    """``default,r128_s3`` (names of CANDIDATES) or ``NAME:FIELD=VALUE,…`` items, separated by ``;``: name -> fields."""
-    configs = {}
-    for item in (part.strip() for part in text.split(";")):
-        if not item:
-            continue
-        if ":" in item:
-            name, _, fields = item.partition(":")
-            configs[name] = parse_fields(fields)
-            continue
-        for name in (n.strip() for n in item.split(",") if n.strip()):
-            if name not in CANDIDATES:
-                raise ValueError(f"config {name!r}: not one of {sorted(CANDIDATES)} (or write NAME:FIELD=VALUE,…)")
-            configs[name] = CANDIDATES[name]
-    return configs
 
 
 def use_operands(w: dict, use: str) -> tuple:
@@ -200,11 +184,9 @@ def print_table(rows: list[dict]) -> None:
             continue
         speedup = f"{r['speedup']:7.2f}" if "speedup" in r else f"{'':7s}"
         rel = f"{r['rel']:9.1e}" if "rel" in r else f"{'':9s}"
-        verdict = ""
-        if "ok" in r:
-            verdict = "ok" if r["ok"] else f"WRONG (finite={r['finite']}, structure={r['structure_problems']})"
         terms = f" [{r['terms']}]" if r.get("terms") == "paired" else ""
-        print(f"{r['case']:11s} {r['use']:8s} {r['config']:28s} {r['ms']:8.3f} {speedup} {rel}  {verdict}{terms}")
+        print(f"{r['case']:11s} {r['use']:8s} {r['config']:28s} {r['ms']:8.3f} {speedup} {rel}  "
+              f"{candidate_verdict(r)}{terms}")  # fmt: skip
 
 
 def main(argv=None) -> int:
@@ -219,7 +201,7 @@ def main(argv=None) -> int:
     parser.add_argument("--list", action="store_true", help="print the configs of every case and exit")
     args = parser.parse_args(argv)
     try:
-        configs = parse_configs(args.configs)
+        configs = parse_candidates(args.configs, CANDIDATES)
         cases = [(case, parse_case(case)) for case in args.cases.split(",") if case]
         uses = [u.strip() for u in args.uses.split(",") if u.strip()]
         if not uses or set(uses) - set(USES):

@@ -32,13 +32,13 @@ from moe_lib.bench.sm90 import (
     sass_counts,
     wgmma_serialized,
 )
+from moe_lib.bench.tuning import parse_case
 from moe_lib.moe_experts.tma_slot_projection import (
     choose_tma_slot_projection_config,
     slot_projection_tma_kernel,
     tile_offsets_kernel,
 )
 
-INPUT_BYTES = {"bf16": 2, "fp32": 4}
 WEIGHT_TYPES = {"bf16": "*bf16", "fp32": "*fp32"}  # kernel D's rows are bf16 either way
 SASS_OPS = ("HGMMA", "UTMALDG", "LDGSTS")
 USES = ("backward", "forward")
@@ -100,10 +100,13 @@ def main():
     except Exception as exc:
         print(f"tile_offsets_kernel FAIL {first_error_line(exc)}", flush=True)
     for case in args.cases.split(","):
-        dtype, _, tokens = case.partition(":")
-        if dtype not in INPUT_BYTES or not tokens.isdigit():
-            parser.error(f"--cases: expected dtype:num_tokens with dtype in {sorted(INPUT_BYTES)}, got {case!r}")
-        default = choose_tma_slot_projection_config(int(tokens) * slots_per_token, num_experts, INPUT_BYTES[dtype],
+        try:
+            problem, num_tokens = parse_case(case)
+        except ValueError as exc:
+            parser.error(f"--cases: {exc}")
+        input_bytes = problem.dtype.itemsize
+        dtype = "fp32" if input_bytes == 4 else "bf16"
+        default = choose_tma_slot_projection_config(num_tokens * slots_per_token, num_experts, input_bytes,
                                                     interpreter=False)  # fmt: skip
         for name in names:
             try:

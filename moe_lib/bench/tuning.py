@@ -88,6 +88,24 @@ def parse_fields(text: str) -> dict:
     return dict(parse_field(item) for item in text.split(",") if item)
 
 
+def parse_candidates(text: str, candidates: dict[str, dict]) -> dict[str, dict]:
+    """A kernel benchmark's ``--configs``: names of ``candidates`` (comma-separated) or ``NAME:FIELD=VALUE,…``
+    items, separated by ``;`` -> name -> the fields it replaces in the case's default config."""
+    configs = {}
+    for item in (part.strip() for part in text.split(";")):
+        if not item:
+            continue
+        if ":" in item:
+            name, _, fields = item.partition(":")
+            configs[name] = parse_fields(fields)
+            continue
+        for name in (n.strip() for n in item.split(",") if n.strip()):
+            if name not in candidates:
+                raise ValueError(f"config {name!r}: not one of {sorted(candidates)} (or write NAME:FIELD=VALUE,…)")
+            configs[name] = candidates[name]
+    return configs
+
+
 def replace_fields(config, fields: dict):
     """``config`` (a dataclass) with ``fields`` replaced; an unknown field is an error naming it."""
     known = {field.name for field in dataclasses.fields(config)}
@@ -176,6 +194,13 @@ def p2_kernel_a_workspaces(inputs: dict) -> dict:
     return dict(config=config, plan=plan, routing=routing, T=T, K=K, E=E, I=I, H=H, dtype=dtype, x=x_halves[0],
                 dy=dy_halves[0], gate=inputs["gate_weights"], up=inputs["up_weights"], down=inputs["down_weights"],
                 dgate=dgate, dup=dup, scaled_act=scaled_act)  # fmt: skip
+
+
+def candidate_verdict(row: dict) -> str:
+    """The check column of a candidate's row: "ok", "WRONG (...)", or "" where it was not checked."""
+    if "ok" not in row:
+        return ""
+    return "ok" if row["ok"] else f"WRONG (finite={row['finite']}, structure={row['structure_problems']})"
 
 
 def check_and_time(row: dict, prepare, *, flush, reps: int, base_ms: float, label: str) -> dict:
