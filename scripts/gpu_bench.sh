@@ -51,25 +51,19 @@ export TRITON_CACHE_AUTOTUNING=1  # a later process reuses the autotuning of an 
 # pin its one default config, the library's own switch; LIGER_FUSED_MOE_AUTOTUNE=1 to autotune.
 export LIGER_FUSED_MOE_AUTOTUNE=${LIGER_FUSED_MOE_AUTOTUNE:-0}
 
-wheels=(.whl/liger_kernel-*.whl)
-if [ -e "${wheels[0]}" ]; then
-  if "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-      "${wheels[@]}" >>"$LOG" 2>&1; then
-    export PYTHONPATH="/tmp/site:$PYTHONPATH"
+install_wheels() {  # install_wheels TARGET WHAT-FAILS GLOB...: the wheels matched (if any) onto PYTHONPATH
+  local target=$1 failing=$2
+  shift 2
+  [ -e "$1" ] || return 0
+  if "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$target" \
+      "$@" >>"$LOG" 2>&1; then
+    export PYTHONPATH="$target:$PYTHONPATH"
   else
-    echo "installing ${wheels[*]} failed: liger will be reported unavailable" | tee -a "$LOG"
+    echo "installing $* failed: $failing" | tee -a "$LOG"
   fi
-fi
-
-sol_wheels=(.whl/sol/*.whl)
-if [ -e "${sol_wheels[0]}" ]; then
-  if "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/solsite \
-      "${sol_wheels[@]}" >>"$LOG" 2>&1; then
-    export PYTHONPATH="/tmp/solsite:$PYTHONPATH"
-  else
-    echo "installing ${sol_wheels[*]} failed: no official timing, no NVIDIA harness" | tee -a "$LOG"
-  fi
-fi
+}
+install_wheels /tmp/site "liger will be reported unavailable" .whl/liger_kernel-*.whl
+install_wheels /tmp/solsite "no official timing, no NVIDIA harness" .whl/sol/*.whl
 if [ -e .whl/sonicmoe-site.tar.xz ]; then
   if [ -d /tmp/sonicmoe-site ] || { mkdir -p /tmp/sonicmoe-site && tar -xJf .whl/sonicmoe-site.tar.xz -C /tmp/sonicmoe-site; }; then
     export PYTHONPATH="/tmp/sonicmoe-site:/tmp/sonicmoe-site/nvidia_cutlass_dsl/python_packages:$PYTHONPATH"
