@@ -49,21 +49,36 @@ class TileConfig:
 # about 50 µs in that method (the fast path) against 20–27 µs for one, even with every workspace allocated
 # before the first launch (data/results/NOTES.md)
 ONE_LAUNCH_MAX_TOKENS = 128
+# up to this many tokens both paths run the few-token design (:mod:`.few_tokens`): on the H200 at 1–16 tokens
+# it took 19–21 µs by graph replay against 23–32 µs for the two-launch (fast) and one-launch (faithful)
+# designs, and 14–16 µs against 20–27 µs in NVIDIA's timing; at 64 tokens it was slower than both
+# (data/results/NOTES.md)
+FEW_TOKENS_MAX_TOKENS = 16
 
 
 def choose_config(num_tokens: int, hidden_size: int, intermediate_size: int, *, interpreter: bool,
-                  with_lo: bool = False, max_programs: int = 0):  # fmt: skip
+                  with_lo: bool = False, max_programs: int = 0, element_bytes: int = 2):  # fmt: skip
     """Tile shapes by token count (tuned on the H200 for H = 2048, I = 768).
 
     ``with_lo`` (the faithful path) takes a second A tile per step in launch 2 and stores two halves in
     launch 1's epilogue, so from 257 tokens it gets tiles that keep both within the registers and shared
-    memory (launch 1 on 8 warps, dx on 128×128 tiles, 3 stages); up to :data:`ONE_LAUNCH_MAX_TOKENS` it
-    runs the one-launch design (:class:`~.one_launch.OneLaunchConfig`) where its grid fits in
-    ``max_programs`` (the programs surely resident at once: one per SM, :func:`resident_programs`).
+    memory (launch 1 on 8 warps, dx on 128×128 tiles, 3 stages). Where its grid fits in ``max_programs``
+    (the programs surely resident at once: one per SM, :func:`resident_programs`), both paths run the
+    few-token design (:class:`~.few_tokens.FewTokensConfig`) up to :data:`FEW_TOKENS_MAX_TOKENS` with 16-bit
+    inputs (``element_bytes``; its tiles are sized for them), and the
+    faithful path the one-launch design (:class:`~.one_launch.OneLaunchConfig`) up to
+    :data:`ONE_LAUNCH_MAX_TOKENS`.
     Under the interpreter: 16-wide tiles split in two, so that tiny test shapes still have several
     tiles, splits and edges."""
     if interpreter:
         return TileConfig((16, 16, 16, 2), (16, 16, 16, 2), (16, 16, 16, 2), (16, 16, 16, 1), (1, 1), (1, 1), 2)
+    if num_tokens <= FEW_TOKENS_MAX_TOKENS and element_bytes == 2:
+        from .few_tokens import choose_few_tokens_config  # it builds on this module's workspaces
+
+        few_tokens = choose_few_tokens_config(num_tokens, hidden_size, intermediate_size, interpreter=False,
+                                              with_lo=with_lo, max_programs=max_programs)  # fmt: skip
+        if few_tokens.grid_size(hidden_size, intermediate_size) <= max_programs:
+            return few_tokens
     if with_lo and num_tokens <= ONE_LAUNCH_MAX_TOKENS:
         from .one_launch import OneLaunchConfig  # it builds on this module's workspaces
 
@@ -182,21 +197,23 @@ def swiglu_down_backward_triton(
     """P1 backward on Triton; inputs already validated (same float dtype and device, contiguous).
 
     Returns freshly allocated (grad_x, grad_gate_weight, grad_up_weight, grad_down_weight).
-    ``config`` overrides the tile shapes chosen by :func:`choose_config` (a :class:`TileConfig`, or the
-    set-aside one-launch design's :class:`~.one_launch.OneLaunchConfig`); ``precision`` is one of
+    ``config`` overrides the tile shapes chosen by :func:`choose_config` (a :class:`TileConfig`, or a
+    one-launch design's :class:`~.few_tokens.FewTokensConfig` or :class:`~.one_launch.OneLaunchConfig`);
+    ``precision`` is one of
     :data:`~.checks.PRECISIONS`.
     """
     T, H = x.shape
     I = gate_weight.shape[0]
     with_lo = carries_low_halves(x.dtype, precision)
     config = config or choose_config(T, H, I, interpreter=interpreter_enabled(), with_lo=with_lo,
-                                     max_programs=resident_programs(x.device))  # fmt: skip
+                                     max_programs=resident_programs(x.device),
+                                     element_bytes=x.element_size())  # fmt: skip
     grad_x = allocate(x.shape, dtype=x.dtype, device=x.device)
     grad_gate_weight = allocate(gate_weight.shape, dtype=x.dtype, device=x.device)
     grad_up_weight = allocate(up_weight.shape, dtype=x.dtype, device=x.device)
     grad_down_weight = allocate(down_weight.shape, dtype=x.dtype, device=x.device)
     outputs = (grad_x, grad_gate_weight, grad_up_weight, grad_down_weight)
-    if not isinstance(config, TileConfig):  # a set-aside design brings its own launcher
+    if not isinstance(config, TileConfig):  # a one-launch design brings its own launcher
         return config.run(grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up,
                           intermediate, *outputs, with_lo=with_lo)  # fmt: skip
     # dGate, dUp: [hi] or [hi, lo] halves of [T, I] each, in the input dtype

@@ -1,0 +1,413 @@
+"""A P1 design for few tokens (design 5): one launch, 2-D weight tiles with wide rows, waits per I-block.
+
+    phase 1, tile (c, b) of Wd [H, I] (rows h ∈ block c, columns i ∈ block b):
+        dWd[c, b]   = dy[:, c]ᵀ · intermediate[:, b]              written directly
+        dA_c[:, b]  = dy[:, c] · Wd[c, b]                         fp32 partial → workspace
+    phase 2, tile (b, c) of Wg, Wu [I, H] (rows i ∈ block b, columns h ∈ block c), once the phase-1
+    tiles of I-block b have all arrived:
+        dA[:, b]    = Σ_c' dA_c'[:, b]                            (c' = 0, 1, …: a fixed order)
+        dGate, dUp  = dA ⊙ up ⊙ s ⊙ (1 + gate ⊙ (1 − s)),  dA ⊙ gate_silu    (fp32, s = gate_sigmoid)
+        dWg[b, c]   = dGateᵀ · x[:, c] ;  dWu[b, c] = dUpᵀ · x[:, c]            written directly
+        dx_b[:, c]  = dGate · Wg[b, c] + dUp · Wu[b, c]           fp32 partial → workspace
+    the last tile of column block c to arrive:  dx[:, c] = Σ_b' dx_b'[:, c]   (b' = 0, 1, …)
+
+Why: at few tokens the work is the weights, 9.4 MB read and 9.4 MB of weight gradients written (H =
+2048, I = 768, bf16), and design 3 (:mod:`.one_launch`) spent its time in chains of dependent narrow
+loads (32 bytes per weight row). Here every program holds one phase-1 and one phase-2 tile whose rows
+are ≥ 128 contiguous bytes, and sets the loads of all its weight tiles going at its start (Wd into
+registers; Wg, Wu either into registers too or prefetched into L2, ``weights_ahead``), so the memory
+system is busy from the first cycle. Between the phases a program waits only for the phase-1 tiles of
+its own I-block (an arrival counter per phase-2 I-block), not for the whole grid.
+
+The products are fp32 accumulations on the tensor cores. With ``with_lo`` (the faithful path) dGate
+and dUp enter dx, dWg and dWu as 16-bit hi/lo pairs (hi = bf16(v), lo = bf16(v − hi)): both halves
+multiply the same weight or x tile, as ``kernels.accumulate_product(..., A_HAS_LO)`` does; without it
+they are rounded to the input dtype (the fast path). fp32 inputs: exact fp32 products.
+
+What the time depends on in Triton (read off the TTGIR and PTX for sm_90, ``scripts/p1_few_tokens_check.py``):
+- every product puts the weight (or x) tile on the M side and the few tokens on the N side: dAᵀ = Wdᵀ·dyᵀ,
+  dx_bᵀ = Wgᵀ·dGateᵀ + Wuᵀ·dUpᵀ, dWgᵀ = xᵀ·dGate. They run as wgmma with dGate, dUp taken from shared
+  memory; with dGate as a register operand Triton gave every tile it was computed from (the partials,
+  the saved tensors) that operand's layout, each load then converted through shared memory in turn.
+- Triton moves a dot operand into shared memory where the operand is defined: for a loaded tile, a wait
+  for the load right there, before any later load is issued. Every dot operand goes through :func:`once`
+  at its point of use instead, so all independent loads are on their way first.
+- a scalar atomic's result is broadcast with a CTA barrier on the spot; :func:`arrive` keeps it in one
+  thread until it is needed, so the dWg, dWu stores do not wait for the dx arrival's round trip.
+
+Waiting needs every program resident at once: at most one program per SM (:func:`.launch.resident_programs`),
+and nothing else running beside the launch. The interpreter runs programs one after another, so there
+the phases run as two launches (``PHASE``). Counters (int64, zeroed once, never reset):
+    [0]                  +1 per program and launch: program p's launch number g = (its arrival) // grid
+    [1 + b]              +1 per phase-1 tile overlapping phase-2 I-block b: block b is ready in launch g
+                         once it reaches (g + 1) · (the tiles overlapping b)
+    [1 + N_I2 + c]       +1 per phase-2 tile of column block c: arrival N_I2 − 1 (mod N_I2) is the last
+Sums run in a fixed order whatever the arrival order, so results are deterministic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ..dispatch import interpreter_enabled
+from ..tiling import cdiv
+from . import launch
+from .kernels import store_tile
+from .launch import SplitWorkspace, dot_flags, resident_programs
+
+# how the Wg, Wu tiles get on their way before the wait (WEIGHTS_AHEAD)
+WEIGHTS_AHEAD = {"after_phase1": 0, "prefetch": 1, "registers": 2}
+
+
+@triton.jit
+def load_block(ptr, off_m, off_n, M, N, stride_m, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """ptr[m, n] in ptr's dtype for the [BLOCK_M, BLOCK_N] block at (off_m, off_n); 0 outside [M, N]."""
+    rows = off_m + tl.arange(0, BLOCK_M)
+    cols = off_n + tl.arange(0, BLOCK_N)
+    ptrs = ptr + rows[:, None].to(tl.int64) * stride_m + cols[None, :]
+    return tl.load(ptrs, mask=(rows[:, None] < M) & (cols[None, :] < N), other=0.0)
+
+
+@triton.jit
+def prefetch_block_to_l2(ptr, off_m, off_n, M, N, stride_m, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Asks L2 for the 128-byte lines of the [BLOCK_M, BLOCK_N] block at (off_m, off_n) (GPU only): one
+    ``prefetch.global.L2`` per line, no registers held, nothing waited for. Indices are clamped into
+    [M, N] (an empty block prefetches the matrix's last line again; harmless)."""
+    LINE: tl.constexpr = 1024 // ptr.dtype.element_ty.primitive_bitwidth  # elements per 128 bytes
+    LINES: tl.constexpr = (BLOCK_N + LINE - 1) // LINE
+    rows = tl.minimum(off_m + tl.arange(0, BLOCK_M), M - 1)
+    cols = tl.minimum(off_n + tl.arange(0, LINES) * LINE, N - 1)
+    ptrs = ptr + rows[:, None].to(tl.int64) * stride_m + cols[None, :]
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)  # fmt: skip
+
+
+@triton.jit
+def mma(a, b, acc, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+    """acc + a · b on the tensor cores (fp32 operands under the interpreter, whose bf16 dot is wrong)."""
+    if UPCAST:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return tl.dot(a, b, acc, input_precision=PRECISION)
+
+
+@triton.jit
+def mma_halves(acc, other, d, D_TRANSPOSED: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+               WITH_LO: tl.constexpr):  # fmt: skip
+    """acc + other · dᵀ (D_TRANSPOSED) or acc + other · d, with d [tokens, n] fp32 taken in other's dtype:
+    hi = d rounded, and with WITH_LO also lo = what that rounding lost (acc + other·hi + other·lo).
+    The weight or x tile is the left operand (the M side), dGate, dUp the right one: a right operand
+    reaches the tensor cores through shared memory from whatever layout it is in, so the elementwise
+    work on dGate, dUp and the loads it reads keep their ordinary layouts."""
+    hi = d.to(other.dtype)
+    lo = (d - hi.to(tl.float32)).to(other.dtype)
+    if D_TRANSPOSED:
+        hi = tl.trans(hi)
+        lo = tl.trans(lo)
+    acc = mma(other, hi, acc, UPCAST, PRECISION)
+    if WITH_LO:
+        acc = mma(other, lo, acc, UPCAST, PRECISION)
+    return acc
+
+
+@triton.jit
+def swiglu_grads(d_a, gate, s, gate_silu, up):
+    """(dGate, dUp) in fp32 from dA and the saved tiles: dA ⊙ up ⊙ s ⊙ (1 + gate ⊙ (1 − s)), dA ⊙ gate_silu."""
+    gate, s, gate_silu, up = gate.to(tl.float32), s.to(tl.float32), gate_silu.to(tl.float32), up.to(tl.float32)
+    d_gate = d_a * s * (1.0 + gate * (1.0 - s)) * up
+    return d_gate, d_a * gate_silu
+
+
+@triton.jit
+def summed_partials(partials_ptr, part_stride, off_m, off_n, M, N, stride_m,
+                    PARTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """Σ_p partials[p][block] for p = 0, 1, …, PARTS − 1 in that order (fp32, ``part_stride`` elements apart),
+    read past L1 (other programs wrote them). Unrolled: all PARTS loads are in flight together."""
+    rows = off_m + tl.arange(0, BLOCK_M)
+    cols = off_n + tl.arange(0, BLOCK_N)
+    ptrs = partials_ptr + rows[:, None].to(tl.int64) * stride_m + cols[None, :]
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for p in tl.static_range(PARTS):
+        total += tl.load(ptrs + p * part_stride, mask=mask, other=0.0, cache_modifier=".cg")
+    return total
+
+
+@triton.jit
+def wait_for(counter_ptr, target):
+    """Returns once the int64 counter has reached ``target`` (acquire: what was stored before the
+    arrivals it counts is visible to every thread of this program afterwards)."""
+    seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+    while seen < target:
+        seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()
+
+
+@triton.jit
+def arrive(counter_ptr, active, SEM: tl.constexpr, THREADS: tl.constexpr):
+    """Adds 1 to an int64 counter, once for the program (where ``active``); returns the count it found as
+    element 0 of a [THREADS] tensor (read it with :func:`first`). One element per thread, so that no
+    barrier waits for the atomic here: a scalar atomic's result is broadcast on the spot, this one only
+    where it is used."""
+    lanes = tl.arange(0, THREADS)
+    return tl.atomic_add(counter_ptr + lanes * 0, tl.full((THREADS,), 1, tl.int64), mask=(lanes == 0) & active,
+                         sem=SEM, scope="gpu")  # fmt: skip
+
+
+@triton.jit
+def first(values):
+    """Element 0 of a 1-D tensor, as a scalar every thread holds."""
+    return tl.sum(tl.where(tl.arange(0, values.shape[0]) == 0, values, 0))
+
+
+@triton.jit
+def once(tile, ready):
+    """``tile`` as a value defined here, where ``ready`` (a run-time true) is known. Triton moves a dot operand
+    into shared memory right where the operand is defined, and for a loaded tile that means waiting for
+    the load there; passed through this, the wait happens at the point of use, after every load issued
+    above it is on its way."""
+    return tl.where(ready, tile, tl.zeros_like(tile))
+
+
+@triton.jit
+def few_tokens_kernel(
+    grad_output_ptr,  # dy [T, H]
+    x_ptr,  # x [T, H]
+    gate_weight_ptr, up_weight_ptr,  # Wg, Wu [I, H]
+    down_weight_ptr,  # Wd [H, I]
+    gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, intermediate_ptr,  # saved forward, each [T, I]
+    grad_x_ptr,  # out: dx [T, H]
+    grad_gate_weight_ptr, grad_up_weight_ptr,  # out: dWg, dWu [I, H]
+    grad_down_weight_ptr,  # out: dWd [H, I]
+    da_partials_ptr,  # fp32 workspace [N_H1, T, I]: dA_c, the partial dA of phase-1 H-block c
+    dx_partials_ptr,  # fp32 workspace [N_I2, T, H]: dx_b, the partial dx of phase-2 I-block b
+    counters_ptr,  # int64 [1 + N_I2 + N_H2]: launches, dA arrivals per phase-2 I-block, dx arrivals per H-block
+    T, H, I,
+    PHASE: tl.constexpr,  # 0: both phases, waiting between them; 1 or 2: that phase alone (interpreter)
+    BLOCK_T: tl.constexpr,  # tokens per step (the N side of dA and dx, the reduction step of dWd, dWg, dWu)
+    BLOCK_H1: tl.constexpr, BLOCK_I1: tl.constexpr,  # a phase-1 tile: Wd rows (H) × columns (I)
+    BLOCK_I2: tl.constexpr, BLOCK_H2: tl.constexpr,  # a phase-2 tile: Wg, Wu rows (I) × columns (H)
+    N_H1: tl.constexpr, N_I1: tl.constexpr,  # phase-1 tiles along H and I: cdiv(H, BLOCK_H1), cdiv(I, BLOCK_I1)
+    N_I2: tl.constexpr, N_H2: tl.constexpr,  # phase-2 tiles along I and H: cdiv(I, BLOCK_I2), cdiv(H, BLOCK_H2)
+    SINGLE_BLOCK: tl.constexpr,  # T ≤ BLOCK_T: no token loops; every activation tile is loaded at the start
+    WEIGHTS_AHEAD: tl.constexpr,  # Wg, Wu tiles: 0 loaded after phase 1 (before the wait), 1 the same and
+                                  # prefetched into L2 at the start, 2 loaded into registers at the start
+    THREADS: tl.constexpr,  # 32 · num_warps (see arrive)
+    UPCAST: tl.constexpr,  # fp32 dots (the interpreter's bf16 dot is wrong)
+    PRECISION: tl.constexpr,  # tl.dot input_precision for fp32 operands
+    WITH_LO: tl.constexpr,  # dGate, dUp as hi/lo pairs in every product (the faithful path)
+):  # fmt: skip
+    pid = tl.program_id(0)
+    # this program's tiles; past a phase's tile count the tile lies beyond I (b ≥ N_I): every load and
+    # store of it is masked off, and it arrives nowhere
+    c1, b1 = pid % N_H1, pid // N_H1
+    b2, c2 = pid // N_H2, pid % N_H2
+    has_tile1 = pid < N_H1 * N_I1
+    has_tile2 = pid < N_I2 * N_H2
+    off_h1, off_i1 = c1 * BLOCK_H1, b1 * BLOCK_I1
+    off_i2, off_h2 = b2 * BLOCK_I2, c2 * BLOCK_H2
+    TI = T * I
+
+    # ---- every load that depends on nothing, set going at the start; nothing waits for them here
+    if PHASE != 2:
+        w_down = load_block(down_weight_ptr, off_h1, off_i1, H, I, I, BLOCK_H1, BLOCK_I1)
+        if SINGLE_BLOCK:
+            dy = load_block(grad_output_ptr, 0, off_h1, T, H, H, BLOCK_T, BLOCK_H1)
+            inter = load_block(intermediate_ptr, 0, off_i1, T, I, I, BLOCK_T, BLOCK_I1)
+    if PHASE != 1:
+        if WEIGHTS_AHEAD == 1:
+            prefetch_block_to_l2(gate_weight_ptr, off_i2, off_h2, I, H, H, BLOCK_I2, BLOCK_H2)
+            prefetch_block_to_l2(up_weight_ptr, off_i2, off_h2, I, H, H, BLOCK_I2, BLOCK_H2)
+        if WEIGHTS_AHEAD == 2:
+            w_gate = load_block(gate_weight_ptr, off_i2, off_h2, I, H, H, BLOCK_I2, BLOCK_H2)
+            w_up = load_block(up_weight_ptr, off_i2, off_h2, I, H, H, BLOCK_I2, BLOCK_H2)
+        if SINGLE_BLOCK:
+            x_block = load_block(x_ptr, 0, off_h2, T, H, H, BLOCK_T, BLOCK_H2)
+            gate = load_block(gate_ptr, 0, off_i2, T, I, I, BLOCK_T, BLOCK_I2)
+            s = load_block(gate_sigmoid_ptr, 0, off_i2, T, I, I, BLOCK_T, BLOCK_I2)
+            gate_silu = load_block(gate_silu_ptr, 0, off_i2, T, I, I, BLOCK_T, BLOCK_I2)
+            up = load_block(up_ptr, 0, off_i2, T, I, I, BLOCK_T, BLOCK_I2)
+    if PHASE == 0:  # this launch's number: the launch counter grows by the grid size per launch
+        launch_number = first(arrive(counters_ptr, True, "relaxed", THREADS)) // tl.num_programs(0)
+        ready = launch_number >= 0
+    else:
+        ready = T >= 0
+
+    # ---- phase 1: the partial dA_c1[:, b1] = dy · Wd[c1, b1], then dWd[c1, b1] = dyᵀ · intermediate
+    if PHASE != 2:
+        w_down_t = tl.trans(once(w_down, ready))  # the M side of dAᵀ = Wdᵀ · dyᵀ (see mma_halves)
+        if SINGLE_BLOCK:
+            dy = once(dy, ready)
+            d_a = mma(w_down_t, tl.trans(dy), tl.zeros((BLOCK_I1, BLOCK_T), dtype=tl.float32), UPCAST, PRECISION)
+            store_tile(da_partials_ptr + c1 * TI, tl.trans(d_a), 0, off_i1, T, I, I, BLOCK_T, BLOCK_I1)
+        else:
+            for t in range(0, T, BLOCK_T):
+                dy = load_block(grad_output_ptr, t, off_h1, T, H, H, BLOCK_T, BLOCK_H1)
+                d_a = mma(w_down_t, tl.trans(dy), tl.zeros((BLOCK_I1, BLOCK_T), dtype=tl.float32), UPCAST,
+                          PRECISION)  # fmt: skip
+                store_tile(da_partials_ptr + c1 * TI, tl.trans(d_a), t, off_i1, T, I, I, BLOCK_T, BLOCK_I1)
+        tl.debug_barrier()  # every thread's partial is stored before the arrivals are counted
+        # one arrival on each phase-2 I-block this tile overlaps (release: the partial goes with it)
+        for b in range(off_i1 // BLOCK_I2, (tl.minimum(off_i1 + BLOCK_I1, I) - 1) // BLOCK_I2 + 1):
+            tl.atomic_add(counters_ptr + 1 + b, 1, mask=has_tile1, sem="release", scope="gpu")
+        # dWd after the arrivals: off the path that other programs wait on
+        if SINGLE_BLOCK:
+            acc_down = mma(tl.trans(dy), once(inter, ready), tl.zeros((BLOCK_H1, BLOCK_I1), dtype=tl.float32),
+                           UPCAST, PRECISION)  # fmt: skip
+        else:
+            acc_down = tl.zeros((BLOCK_H1, BLOCK_I1), dtype=tl.float32)
+            for t in range(0, T, BLOCK_T):  # dy again (L2 hits), beside intermediate
+                dy = load_block(grad_output_ptr, t, off_h1, T, H, H, BLOCK_T, BLOCK_H1)
+                inter = load_block(intermediate_ptr, t, off_i1, T, I, I, BLOCK_T, BLOCK_I1)
+                acc_down = mma(tl.trans(dy), inter, acc_down, UPCAST, PRECISION)
+        store_tile(grad_down_weight_ptr, acc_down, off_h1, off_i1, H, I, I, BLOCK_H1, BLOCK_I1)
+
+    if PHASE != 1:
+        if WEIGHTS_AHEAD != 2:
+            w_gate = load_block(gate_weight_ptr, off_i2, off_h2, I, H, H, BLOCK_I2, BLOCK_H2)
+            w_up = load_block(up_weight_ptr, off_i2, off_h2, I, H, H, BLOCK_I2, BLOCK_H2)
+        if PHASE == 0:  # wait for the phase-1 tiles overlapping I-block b2 (none of the others)
+            overlapping = (tl.minimum(off_i2 + BLOCK_I2, I) - 1) // BLOCK_I1 - off_i2 // BLOCK_I1 + 1
+            if has_tile2:
+                wait_for(counters_ptr + 1 + b2, (launch_number + 1) * (N_H1 * overlapping))
+
+        # ---- phase 2: the partial dx_b2[:, c2], then dWg[b2, c2] = dGateᵀ · x and dWu[b2, c2] = dUpᵀ · x
+        dx_partial_ptr = dx_partials_ptr + b2 * (T * H)
+        t_end = tl.where(has_tile2, T, 0)  # no partial from a program without a phase-2 tile
+        if SINGLE_BLOCK:
+            d_a = summed_partials(da_partials_ptr, TI, 0, off_i2, T, I, I, N_H1, BLOCK_T, BLOCK_I2)
+            # the M sides of dx_bᵀ = Wgᵀ · dGateᵀ + Wuᵀ · dUpᵀ, once the partials are on their way
+            w_gate_t = tl.trans(once(w_gate, ready))
+            w_up_t = tl.trans(once(w_up, ready))
+            d_gate, d_up = swiglu_grads(d_a, gate, s, gate_silu, up)
+            acc_x = tl.zeros((BLOCK_H2, BLOCK_T), dtype=tl.float32)
+            acc_x = mma_halves(acc_x, w_gate_t, d_gate, True, UPCAST, PRECISION, WITH_LO)
+            acc_x = mma_halves(acc_x, w_up_t, d_up, True, UPCAST, PRECISION, WITH_LO)
+            store_tile(dx_partial_ptr, tl.trans(acc_x), 0, off_h2, t_end, H, H, BLOCK_T, BLOCK_H2)
+            tl.debug_barrier()
+            arrived = arrive(counters_ptr + 1 + N_I2 + c2, has_tile2, "acq_rel", THREADS)
+            x_t = tl.trans(once(x_block, ready))  # the M side of dWgᵀ = xᵀ · dGate, dWuᵀ = xᵀ · dUp
+            acc_w = mma_halves(tl.zeros((BLOCK_H2, BLOCK_I2), dtype=tl.float32), x_t, d_gate, False, UPCAST,
+                               PRECISION, WITH_LO)  # fmt: skip
+            store_tile(grad_gate_weight_ptr, tl.trans(acc_w), off_i2, off_h2, I, H, H, BLOCK_I2, BLOCK_H2)
+            acc_w = mma_halves(tl.zeros((BLOCK_H2, BLOCK_I2), dtype=tl.float32), x_t, d_up, False, UPCAST,
+                               PRECISION, WITH_LO)  # fmt: skip
+            store_tile(grad_up_weight_ptr, tl.trans(acc_w), off_i2, off_h2, I, H, H, BLOCK_I2, BLOCK_H2)
+        else:
+            w_gate_t = tl.trans(once(w_gate, ready))
+            w_up_t = tl.trans(once(w_up, ready))
+            for t in range(0, T, BLOCK_T):
+                d_a = summed_partials(da_partials_ptr, TI, t, off_i2, T, I, I, N_H1, BLOCK_T, BLOCK_I2)
+                d_gate, d_up = swiglu_grads(
+                    d_a, load_block(gate_ptr, t, off_i2, T, I, I, BLOCK_T, BLOCK_I2),
+                    load_block(gate_sigmoid_ptr, t, off_i2, T, I, I, BLOCK_T, BLOCK_I2),
+                    load_block(gate_silu_ptr, t, off_i2, T, I, I, BLOCK_T, BLOCK_I2),
+                    load_block(up_ptr, t, off_i2, T, I, I, BLOCK_T, BLOCK_I2))  # fmt: skip
+                acc_x = tl.zeros((BLOCK_H2, BLOCK_T), dtype=tl.float32)
+                acc_x = mma_halves(acc_x, w_gate_t, d_gate, True, UPCAST, PRECISION, WITH_LO)
+                acc_x = mma_halves(acc_x, w_up_t, d_up, True, UPCAST, PRECISION, WITH_LO)
+                store_tile(dx_partial_ptr, tl.trans(acc_x), t, off_h2, t_end, H, H, BLOCK_T, BLOCK_H2)
+            tl.debug_barrier()
+            arrived = arrive(counters_ptr + 1 + N_I2 + c2, has_tile2, "acq_rel", THREADS)
+            # dWg, dWu over every token block (dGate, dUp computed again from the partials: L2 hits)
+            acc_g = tl.zeros((BLOCK_H2, BLOCK_I2), dtype=tl.float32)  # dWgᵀ
+            acc_u = tl.zeros((BLOCK_H2, BLOCK_I2), dtype=tl.float32)  # dWuᵀ
+            for t in range(0, T, BLOCK_T):
+                d_a = summed_partials(da_partials_ptr, TI, t, off_i2, T, I, I, N_H1, BLOCK_T, BLOCK_I2)
+                d_gate, d_up = swiglu_grads(
+                    d_a, load_block(gate_ptr, t, off_i2, T, I, I, BLOCK_T, BLOCK_I2),
+                    load_block(gate_sigmoid_ptr, t, off_i2, T, I, I, BLOCK_T, BLOCK_I2),
+                    load_block(gate_silu_ptr, t, off_i2, T, I, I, BLOCK_T, BLOCK_I2),
+                    load_block(up_ptr, t, off_i2, T, I, I, BLOCK_T, BLOCK_I2))  # fmt: skip
+                x_t = tl.trans(load_block(x_ptr, t, off_h2, T, H, H, BLOCK_T, BLOCK_H2))
+                acc_g = mma_halves(acc_g, x_t, d_gate, False, UPCAST, PRECISION, WITH_LO)
+                acc_u = mma_halves(acc_u, x_t, d_up, False, UPCAST, PRECISION, WITH_LO)
+            store_tile(grad_gate_weight_ptr, tl.trans(acc_g), off_i2, off_h2, I, H, H, BLOCK_I2, BLOCK_H2)
+            store_tile(grad_up_weight_ptr, tl.trans(acc_u), off_i2, off_h2, I, H, H, BLOCK_I2, BLOCK_H2)
+
+        # ---- the last phase-2 tile of column block c2 to arrive: dx[:, c2] = Σ_b dx_b[:, c2] in b order
+        if has_tile2 & (first(arrived) % N_I2 == N_I2 - 1):
+            for t in range(0, T, BLOCK_T):
+                total = summed_partials(dx_partials_ptr, T * H, t, off_h2, T, H, H, N_I2, BLOCK_T, BLOCK_H2)
+                store_tile(grad_x_ptr, total, t, off_h2, T, H, H, BLOCK_T, BLOCK_H2)
+
+
+@dataclass(frozen=True)
+class FewTokensConfig:
+    """Tiles of the few-token design: phase 1 over Wd [H, I], phase 2 over Wg, Wu [I, H] (see the module)."""
+
+    block_t: int = 16  # tokens per step (≥ 16 on the GPU: the K side of the dWd, dWg, dWu products)
+    block_h1: int = 256  # Wd rows (H) of a phase-1 tile
+    block_i1: int = 64  # Wd columns (I) of a phase-1 tile: 128 contiguous bytes per row in bf16
+    block_i2: int = 128  # Wg, Wu rows (I) of a phase-2 tile
+    block_h2: int = 128  # Wg, Wu columns (H) of a phase-2 tile: 256 contiguous bytes per row in bf16
+    weights_ahead: str = "registers"  # Wg, Wu before the wait: "after_phase1", "prefetch" (L2) or "registers"
+    warps: int = 8
+    stages: int = 1
+
+    def tiles(self, hidden_size: int, intermediate_size: int) -> tuple[int, int, int, int]:
+        """(N_H1, N_I1, N_I2, N_H2): phase-1 tiles along H and I, phase-2 tiles along I and H."""
+        H, I = hidden_size, intermediate_size
+        return cdiv(H, self.block_h1), cdiv(I, self.block_i1), cdiv(I, self.block_i2), cdiv(H, self.block_h2)
+
+    def grid_size(self, hidden_size: int, intermediate_size: int) -> int:
+        """Programs of the launch: one phase-1 tile and one phase-2 tile each, the larger count of the two."""
+        n_h1, n_i1, n_i2, n_h2 = self.tiles(hidden_size, intermediate_size)
+        return max(n_h1 * n_i1, n_i2 * n_h2)
+
+    def run(self, grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up,
+            intermediate, grad_x, grad_gate_weight, grad_up_weight, grad_down_weight, *, with_lo: bool):  # fmt: skip
+        """One launch (two phases as two launches under the interpreter); returns the outputs.
+        ``with_lo``: dGate and dUp enter the products as hi/lo pairs (the faithful path)."""
+        T, H = x.shape
+        I = gate_weight.shape[0]
+        n_h1, n_i1, n_i2, n_h2 = self.tiles(H, I)
+        grid = self.grid_size(H, I)
+        interpreter = interpreter_enabled()
+        if grid > resident_programs(x.device):
+            raise ValueError(f"config: the few-token grid ({grid} programs for H={H}, I={I}) exceeds one "
+                             f"program per SM ({resident_programs(x.device)}); use larger blocks")  # fmt: skip
+        if self.weights_ahead not in WEIGHTS_AHEAD:
+            raise ValueError(f"config: weights_ahead must be one of {list(WEIGHTS_AHEAD)}, got {self.weights_ahead!r}")
+        da_partials = launch.allocate((n_h1, T, I), dtype=torch.float32, device=x.device)
+        dx_partials = launch.allocate((n_i2, T, H), dtype=torch.float32, device=x.device)
+        # one counter set per tiling: the counts per launch depend on it
+        blocks = (self.block_h1, self.block_i1, self.block_i2, self.block_h2)
+        slot = f"few-tokens counters H={H} I={I} blocks {blocks}"
+        counters = SplitWorkspace.counters(slot, 1, 2 * (1 + n_i2 + n_h2), x.device).view(torch.int64)
+        ahead = WEIGHTS_AHEAD[self.weights_ahead]
+        if interpreter and self.weights_ahead == "prefetch":  # the interpreter runs no inline PTX
+            ahead = WEIGHTS_AHEAD["after_phase1"]
+        for phase in (1, 2) if interpreter else (0,):
+            few_tokens_kernel[(grid,)](
+                grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up,
+                intermediate, grad_x, grad_gate_weight, grad_up_weight, grad_down_weight, da_partials, dx_partials,
+                counters, T, H, I, phase, self.block_t, self.block_h1, self.block_i1, self.block_i2, self.block_h2,
+                n_h1, n_i1, n_i2, n_h2, T <= self.block_t, ahead, 32 * self.warps, *dot_flags(x), with_lo,
+                num_warps=self.warps, num_stages=self.stages,
+            )  # fmt: skip
+        return grad_x, grad_gate_weight, grad_up_weight, grad_down_weight
+
+
+def choose_few_tokens_config(num_tokens: int, hidden_size: int, intermediate_size: int, *, interpreter: bool,
+                             with_lo: bool, max_programs: int = 132) -> FewTokensConfig:  # fmt: skip
+    """Tiles for ``num_tokens`` (H = 2048, I = 768 in mind: 96 programs, each a 256×64 Wd tile and a 128×128
+    Wg/Wu tile; the Wg, Wu tiles loaded into registers at the start: on the H200, 0.4–0.8 µs faster at 1–16
+    tokens than prefetching them into L2, data/results/NOTES.md). Up to 32 tokens in one token block (the
+    straight-line form: no spill at 8 warps when compiled for sm_90, ``scripts/p1_few_tokens_check.py
+    --compile-only``), beyond that 16-token steps (32-token steps spill in the loop form). Blocks along H
+    grow until the grid fits in ``max_programs`` (one program per SM: 132 on an H200). ``with_lo`` (the
+    faithful path) takes the same tiles. Under the interpreter: 32-wide tiles, so that tiny test shapes
+    have several tiles along every axis and few programs to interpret."""
+    if interpreter:
+        return FewTokensConfig(block_t=16, block_h1=32, block_i1=32, block_i2=32, block_h2=32,
+                               weights_ahead="after_phase1", warps=1, stages=1)  # fmt: skip
+    config = FewTokensConfig(block_t=16 if num_tokens <= 16 or num_tokens > 32 else 32)
+    while config.grid_size(hidden_size, intermediate_size) > max_programs and config.block_h1 < hidden_size:
+        config = dataclasses.replace(config, block_h1=2 * config.block_h1, block_h2=2 * config.block_h2)
+    return config

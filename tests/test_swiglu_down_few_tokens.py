@@ -1,0 +1,239 @@
+"""P1's few-token design (``moe_lib/swiglu_down/few_tokens.py``): one launch, 2-D weight tiles, waits per I-block.
+
+CPU: the kernel under the Triton interpreter (its two phases as two launches there) on small shapes whose
+tiles leave ragged edges along H and I, with several tiles along each: against the float64 reference,
+both precisions, both input distributions (``inputs.py``), every output and workspace from NaN-filled
+memory, two calls bitwise equal (the arrival counters carry over from call to call). The straight-line
+form (T ≤ block_t) and the token-loop form (T > block_t); tilings where phase-1 tiles straddle phase-2
+I-blocks and the other way round, with programs that hold a tile of one phase only.
+GPU (``gpu`` marker): the benchmark's shape at few tokens against float64, with the rules of the
+existing P1 tests; determinism; CUDA-graph replay with new inputs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import rel_error
+
+from moe_lib import problems
+from moe_lib.bench.checks import compare_output
+from moe_lib.dispatch import interpreter_enabled
+
+needs_triton = pytest.mark.skipif(
+    not torch.cuda.is_available() and not interpreter_enabled(), reason="needs CUDA or the Triton interpreter"
+)
+OUTPUTS = ("grad_x", "grad_gate_weight", "grad_up_weight", "grad_down_weight")
+ELEMENT_RULE = problems.load("swiglu_down_backward").element_rule
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+H, I = 72, 56  # with 32-wide blocks: 3 tiles along H (the last 8 wide), 2 along I (the last 24 wide)
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    """Every output and workspace the launcher allocates starts as NaN: what comes back was written."""
+    from moe_lib.swiglu_down import launch
+
+    def nan_filled(size, *, dtype, device):
+        return torch.full(size, float("nan"), dtype=dtype, device=device)
+
+    monkeypatch.setattr(launch, "allocate", nan_filled)
+
+
+def float64_reference(inputs: dict):
+    from moe_lib import reference
+
+    return reference.swiglu_down_backward_reference(*[t.double() for t in inputs.values()])
+
+
+def run(inputs: dict, config, precision: str):
+    from moe_lib.swiglu_down.launch import swiglu_down_backward_triton
+
+    return swiglu_down_backward_triton(*inputs.values(), config=config, precision=precision)
+
+
+def interpreter_config():
+    from moe_lib.swiglu_down.few_tokens import choose_few_tokens_config
+
+    return choose_few_tokens_config(1, H, I, interpreter=True, with_lo=True)
+
+
+def check_small(got, again, want, precision: str, dtype=torch.bfloat16) -> list[float]:
+    """The CPU rules: finite, two calls bitwise equal, relative error ≤ 2e-2 in bf16 (1e-5 in fp32) and, on
+    the faithful path, the benchmark's element rule. Returns the relative errors."""
+    errors = []
+    for name, g, a, w in zip(OUTPUTS, got, again, want, strict=True):
+        assert g.dtype == dtype and g.shape == w.shape, name
+        assert torch.equal(g, a), f"{name}: two calls differ"
+        error = rel_error(g, w)
+        assert error <= (1e-5 if dtype == torch.float32 else 2e-2), f"{name}: {error:.3g}"
+        if precision == "faithful" and dtype != torch.float32:
+            result = compare_output(g, w, ELEMENT_RULE)
+            assert result["pass_fraction"] >= ELEMENT_RULE["required_fraction"], f"{name}: {result}"
+        errors.append(error)
+    return errors
+
+
+@needs_triton
+@pytest.mark.parametrize("distribution", ["forward", "harness"])
+@pytest.mark.parametrize("T", [1, 3, 16, 20])
+def test_matches_float64_reference(T, distribution, seed, poisoned):
+    """16-token blocks: T ≤ 16 runs the straight-line form, T = 20 the token loops (two blocks, the second
+    ragged). Faithful twice (bitwise equal), fast twice; at the harness's scale the faithful path is at
+    least as close as the fast one."""
+    inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device=DEVICE, hidden_size=H,
+                                  intermediate_size=I, distribution=distribution)  # fmt: skip
+    want = float64_reference(inputs)
+    config = interpreter_config()
+    errors = {}
+    for precision in ("faithful", "fast"):
+        got, again = run(inputs, config, precision), run(inputs, config, precision)
+        errors[precision] = check_small(got, again, want, precision)
+    if distribution == "harness":
+        for name, faithful, fast in zip(OUTPUTS, errors["faithful"], errors["fast"], strict=True):
+            assert faithful <= fast + 1e-7, name
+
+
+def other_tilings():
+    from moe_lib.swiglu_down.few_tokens import FewTokensConfig
+
+    return {
+        # 16-wide phase-1 I-blocks, two in each 32-wide phase-2 I-block; 12 phase-1 tiles, 6 phase-2 ones
+        "straddled": FewTokensConfig(
+            block_t=16, block_h1=32, block_i1=16, block_i2=32, block_h2=32, weights_ahead="after_phase1", warps=1
+        ),
+        # 32-wide phase-1 I-blocks arriving on two 16-wide phase-2 I-blocks each; 6 phase-1 tiles, 12 phase-2
+        "straddling": FewTokensConfig(
+            block_t=16, block_h1=32, block_i1=32, block_i2=16, block_h2=32, weights_ahead="after_phase1", warps=1
+        ),
+        # Wg, Wu loaded into registers at the start
+        "registers": FewTokensConfig(
+            block_t=16, block_h1=32, block_i1=32, block_i2=32, block_h2=32, weights_ahead="registers", warps=1
+        ),
+    }
+
+
+@needs_triton
+@pytest.mark.parametrize("T, tiling", [(5, "straddled"), (3, "straddling"), (20, "registers")])
+def test_other_tilings(T, tiling, seed, poisoned):
+    """Tile counts that differ between the phases (programs with one phase's tile only), I-blocks of the two
+    phases that do not line up, Wg, Wu loaded at the start with T = 20 (the loop form): faithful, harness inputs."""
+    config = other_tilings()[tiling]
+    n_h1, n_i1, n_i2, n_h2 = config.tiles(H, I)
+    assert n_h1 * n_i1 != n_i2 * n_h2 or tiling == "registers"
+    inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device=DEVICE, hidden_size=H,
+                                  intermediate_size=I, distribution="harness")  # fmt: skip
+    got, again = run(inputs, config, "faithful"), run(inputs, config, "faithful")
+    check_small(got, again, float64_reference(inputs), "faithful")
+
+
+@needs_triton
+def test_fp32_inputs_are_exact(seed, poisoned):
+    inputs = problems.make_inputs("swiglu_down_backward", 7, seed=seed, device=DEVICE, dtype=torch.float32,
+                                  hidden_size=H, intermediate_size=I)  # fmt: skip
+    config = interpreter_config()
+    got, again = run(inputs, config, "faithful"), run(inputs, config, "faithful")
+    check_small(got, again, float64_reference(inputs), "faithful", dtype=torch.float32)
+
+
+@needs_triton
+def test_no_tokens(seed, poisoned):
+    inputs = problems.make_inputs("swiglu_down_backward", 0, seed=seed, device=DEVICE, hidden_size=H,
+                                  intermediate_size=I)  # fmt: skip
+    grad_x, *weight_grads = run(inputs, interpreter_config(), "faithful")
+    assert grad_x.shape == (0, H)
+    for grad in weight_grads:
+        assert torch.count_nonzero(grad) == 0
+
+
+def test_choose_few_tokens_config():
+    from moe_lib.swiglu_down.few_tokens import choose_few_tokens_config
+
+    for T in (1, 16, 17, 32, 33, 128):
+        config = choose_few_tokens_config(T, 2048, 768, interpreter=False, with_lo=True)
+        assert config.grid_size(2048, 768) == 96
+        assert config.block_t >= min(T, 32) or T > 32
+        assert config.block_i1 * 2 >= 128 and config.block_h2 * 2 >= 128  # ≥ 128 contiguous bytes per weight row
+    narrow = choose_few_tokens_config(1, 2048, 768, interpreter=False, with_lo=True, max_programs=60)
+    assert narrow.grid_size(2048, 768) <= 60
+
+
+def test_swiglu_down_backward_chooses_it_for_few_16_bit_tokens():
+    from moe_lib.swiglu_down.few_tokens import FewTokensConfig
+    from moe_lib.swiglu_down.launch import FEW_TOKENS_MAX_TOKENS, TileConfig, choose_config
+
+    for with_lo in (True, False):
+        for T in (1, FEW_TOKENS_MAX_TOKENS):
+            config = choose_config(T, 2048, 768, interpreter=False, with_lo=with_lo, max_programs=132)
+            assert isinstance(config, FewTokensConfig), (T, with_lo)
+        beyond = choose_config(FEW_TOKENS_MAX_TOKENS + 1, 2048, 768, interpreter=False, with_lo=with_lo,
+                               max_programs=132)  # fmt: skip
+        assert not isinstance(beyond, FewTokensConfig)
+    # fp32 inputs, a GPU too small for the grid, and the interpreter take the tiled launches
+    assert isinstance(choose_config(1, 2048, 768, interpreter=False, max_programs=132, element_bytes=4), TileConfig)
+    assert isinstance(choose_config(1, 2048, 768, interpreter=False, with_lo=True, max_programs=0), TileConfig)
+    assert isinstance(choose_config(1, 2048, 768, interpreter=True, max_programs=132), TileConfig)
+
+
+def test_unknown_weights_ahead_is_refused():
+    from moe_lib.swiglu_down.few_tokens import FewTokensConfig
+
+    inputs = problems.make_inputs("swiglu_down_backward", 1, hidden_size=H, intermediate_size=I)
+    outputs = [torch.empty_like(inputs[k]) for k in ("x", "gate_weight", "up_weight", "down_weight")]
+    with pytest.raises(ValueError, match="weights_ahead"):
+        FewTokensConfig(weights_ahead="soon").run(*inputs.values(), *outputs, with_lo=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU
+
+
+def gpu_config(T: int, precision: str):
+    from moe_lib.swiglu_down.few_tokens import choose_few_tokens_config
+
+    return choose_few_tokens_config(T, 2048, 768, interpreter=False, with_lo=precision == "faithful")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 2, 4, 8, 16, 3, 100])
+@pytest.mark.parametrize("distribution", ["forward", "harness"])
+@pytest.mark.parametrize("precision", ["faithful", "fast"])
+def test_gpu_benchmark_shape_against_float64(T, distribution, precision, seed):
+    from test_swiglu_down_backward_triton import check_against_float64
+
+    from moe_lib.bench.timing import poison_allocator
+
+    inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device="cuda", distribution=distribution)
+    poison_allocator("cuda", 256 * 2**20)
+    got = run(inputs, gpu_config(T, precision), precision)
+    check_against_float64(inputs, got, precision)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 16, 100])
+def test_gpu_deterministic(T, seed):
+    inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device="cuda", distribution="harness")
+    config = gpu_config(T, "faithful")
+    first, second = run(inputs, config, "faithful"), run(inputs, config, "faithful")
+    for name, a, b in zip(OUTPUTS, first, second, strict=True):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [4, 16])
+def test_gpu_cuda_graph_replay_with_new_inputs(T, seed):
+    from moe_lib.bench.timing import capture
+
+    inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device="cuda")
+    static = {k: v.clone() for k, v in inputs.items()}
+    config = gpu_config(T, "faithful")
+    graph, outputs = capture(lambda: run(static, config, "faithful"))
+    fresh = problems.make_inputs("swiglu_down_backward", T, seed=seed + 1, device="cuda")
+    for name, tensor in fresh.items():
+        static[name].copy_(tensor)
+    for _ in range(3):  # the counters move on with every replay
+        graph.replay()
+    torch.cuda.synchronize()
+    eager = run(fresh, config, "faithful")
+    for name, g, e in zip(OUTPUTS, outputs, eager, strict=True):
+        assert torch.equal(g, e), name
