@@ -122,3 +122,20 @@ def test_design_tables_read_the_committed_tuning_runs():
     figure = kernels.kernel_times_figure(p2, "test")
     assert len(figure.axes[0].patches) == 6 * len([k for k in kernels.P2_KERNEL_COLUMNS if p2[k].any()])
     plt.close(figure)
+
+
+def test_few_tokens_table_reads_the_committed_check_run():
+    graph, floor = kernels.p1_few_tokens_times()
+    assert list(graph.columns[:1]) == [kernels.FEW_TOKENS_BEFORE] and "a_reg" in graph.columns
+    assert list(graph.index) == [(p, t) for p in ("faithful", "fast") for t in (1, 4, 16, 64)]
+    assert graph.loc[("faithful", 1), "a_reg"] == pytest.approx(19.2, abs=0.05)
+    assert 3 < floor < 6
+    # what NOTES.md and the default say: the chosen tiles ahead up to 16 tokens, behind at 64
+    few, more = graph.xs(16, level="num_tokens"), graph.xs(64, level="num_tokens")
+    assert (few["a_reg"] < few[kernels.FEW_TOKENS_BEFORE]).all()
+    assert (more["a_reg"] > more[kernels.FEW_TOKENS_BEFORE]).all()
+    official, _ = kernels.p1_few_tokens_times(column="official_us")
+    assert official.loc[("faithful", 1), "a_reg"] == pytest.approx(14.6, abs=0.05)
+    figure = kernels.few_tokens_figure(graph, floor, chosen="a_reg")
+    assert len(figure.axes) == 2 and len(figure.axes[0].lines) == len(graph.columns) + 1
+    plt.close(figure)

@@ -342,7 +342,8 @@ def test_kernels_notebook_grids_are_those_of_moe_lib(kernels_run):
     shown = "".join(out.get("data", {}).get("text/html", "") for out in outputs)
     for kernel in ("rowwise_matmul_kernel", "tiled_matmul_kernel", "fused_dswiglu_kernel",
                    "grouped_gather_matmul_kernel", "accumulate_product", "d_intermediate_program", "combine_splits",
-                   "swiglu_grad_kernel", "expert_weight_grad_kernel", "slot_projection_kernel", "token_sum_kernel"):
+                   "swiglu_grad_kernel", "expert_weight_grad_kernel", "slot_projection_kernel", "token_sum_kernel",
+                   "arrive", "wait_for", "summed_partials"):
         assert f'<span class="nf">{kernel}</span>' in shown, kernel
 
 
@@ -354,6 +355,7 @@ def test_kernels_notebook_errors_agree_with_a_rerun(kernels_run):
     split = summary["split_k"]
     assert split["bitwise_identical_runs"] and summary["p2"]["bitwise_identical_runs"]
     # the alternatives set aside: the same products summed in another order
+    assert summary["few_tokens"]["max_rel_error"] < 1e-5 and summary["few_tokens"]["programs"] >= 2
     assert summary["alternatives"]["P1 one launch vs two launches"] < 1e-5
     assert summary["alternatives"]["P2 kernel G vs kernels W + D"] < 1e-5
     assert split["partials_sum_rel_error"] < 1e-5 and max(split["rel_diff_vs_unsplit"].values()) < 1e-5

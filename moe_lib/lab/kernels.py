@@ -335,6 +335,47 @@ def p1_design_times(path=TUNING_DIR / "2026-11-29-p1-tune-onelaunch.json") -> pd
     return table[sorted(table.columns, key=lambda c: ("config" in c, c))]
 
 
+# what "default" ran in scripts/p1_few_tokens_check.py's committed run: the paths before the few-token design
+FEW_TOKENS_BEFORE = "before: one launch (faithful), two launches (fast)"
+
+
+def p1_few_tokens_times(path=TUNING_DIR / "2026-11-30-p1-few-tokens-check.json", *, column: str = "graph_us"):
+    """A ``scripts/p1_few_tokens_check.py`` run as µs per (precision, num_tokens) and candidate (``column``:
+    "graph_us" for graph replay, "official_us" for NVIDIA's method), the path that ran before the design as
+    :data:`FEW_TOKENS_BEFORE`; a candidate that was wrong or failed is left empty. Returns (table, floor µs:
+    a graph replay of one tiny kernel in the same run)."""
+    run = json.loads(resolve_path(path).read_text())
+    rows = pd.DataFrame([r for r in run["rows"] if r.get("ok") and column in r])
+    rows["config"] = rows["config"].replace({"default": FEW_TOKENS_BEFORE})
+    table = rows.pivot_table(index=["precision", "T"], columns="config", values=column, sort=False)
+    table.index.names = ["precision", "num_tokens"]
+    ordered = [FEW_TOKENS_BEFORE] + [c for c in rows["config"].unique() if c != FEW_TOKENS_BEFORE]
+    return table[ordered], run["floor_us"]
+
+
+def few_tokens_figure(table: pd.DataFrame, floor_us: float, chosen: str):
+    """One panel per precision: µs against token count for each candidate of :func:`p1_few_tokens_times`,
+    the path before it dashed, ``chosen`` bold, and the floor of one tiny kernel dotted."""
+    precisions = list(dict.fromkeys(table.index.get_level_values("precision")))
+    fig, axes = plt.subplots(1, len(precisions), figsize=(5.5 * len(precisions), 3.8), sharey=True, squeeze=False)
+    for ax, precision in zip(axes[0], precisions, strict=True):
+        part = table.loc[precision]
+        for config in part.columns:
+            style = dict(lw=1, alpha=0.6, marker=".")
+            if config == FEW_TOKENS_BEFORE:
+                style = dict(lw=2, ls="--", color="black", marker="o")
+            elif config == chosen:
+                style = dict(lw=2.5, color="tab:red", marker="o")
+            ax.plot(part.index, part[config], label=config, **style)
+        ax.axhline(floor_us, ls=":", color="grey", label="one tiny kernel (floor of the method)")
+        ax.set(xscale="log", xlabel="tokens", title=f"{precision} path", ylim=(0, None))
+        ax.set_xticks(list(part.index), [str(t) for t in part.index])
+    axes[0][0].set_ylabel("µs (graph replay, L2 flushed)")
+    axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    return fig
+
+
 def p2_kernel_times(path, labels: dict | None = None) -> pd.DataFrame:
     """A ``scripts/p2_tune.py`` run as one row per (case, config): each kernel's median ms (0 where it
     did not run), the whole call from a CUDA graph, and the worst element-rule pass fraction, in the
