@@ -7,7 +7,9 @@
 #   (RUNS p1_layer, p2_layer) the layers' training step (--mode forward_backward): P1's swiglu_expert
 #      against torch.compile over the 16 cases; P2's bf16 layer (ours recomputing and saving its
 #      pre-activations, grouped_mm, sonicmoe) at 2048, 8192 and 32768 tokens;
-#   (RUNS p1_official) NVIDIA's harness itself on P1's faithful path (python -m moe_lib.bench.official).
+#   (RUNS p1_official) NVIDIA's harness itself on P1's faithful path (python -m moe_lib.bench.official);
+#   (RUNS p2_official) the same on P2's fp32 interface (P2_OFFICIAL_PROBLEM=moe_experts_backward_bf16 for
+#      bf16), only the workloads of P2_OFFICIAL_TOKENS where set (a comma list: the suite in parts).
 # Every harness run also times each case the official way (eager, fresh addresses, CUPTI span) where
 # cupti-python is importable: it is installed from .whl/sol/*.whl when those wheels are there (with
 # pydantic for NVIDIA's harness, whose source must be in .sol-execbench/src for p1_official). SonicMoE
@@ -121,6 +123,18 @@ case " $RUNS " in *" p1_official "*)
     --problem swiglu_down_backward --impl "${P1_OFFICIAL_IMPL:-triton}" --results "$RESULTS" 2>>"$LOG" | tee -a "$LOG" >>"$TABLES"
   status=${PIPESTATUS[0]}
   echo "=== P1 in NVIDIA's harness: exit $status after $((SECONDS - start)) s" | tee -a "$LOG" "$TABLES"
+  [ "$status" -eq 0 ] || failures=$((failures + 1))
+esac
+
+case " $RUNS " in *" p2_official "*)
+  start=$SECONDS
+  P2_OFFICIAL_PROBLEM=${P2_OFFICIAL_PROBLEM:-moe_experts_backward}
+  echo "=== P2 in NVIDIA's harness: $P2_OFFICIAL_PROBLEM ${P2_OFFICIAL_TOKENS:+tokens $P2_OFFICIAL_TOKENS}" | tee -a "$LOG"
+  timeout --kill-after=20 "${P2_OFFICIAL_SECONDS:-540}" "$PYTHON" -m moe_lib.bench.official run \
+    --problem "$P2_OFFICIAL_PROBLEM" --impl triton ${P2_OFFICIAL_TOKENS:+--tokens "$P2_OFFICIAL_TOKENS"} \
+    --results "$RESULTS" 2>>"$LOG" | tee -a "$LOG" >>"$TABLES"
+  status=${PIPESTATUS[0]}
+  echo "=== P2 in NVIDIA's harness: exit $status after $((SECONDS - start)) s" | tee -a "$LOG" "$TABLES"
   [ "$status" -eq 0 ] || failures=$((failures + 1))
 esac
 
