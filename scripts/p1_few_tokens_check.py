@@ -40,10 +40,19 @@ CANDIDATES = {
     "c_pf": dict(block_h1=512, block_i1=32, block_i2=128, block_h2=128, weights_ahead="prefetch"),
     # 96 programs: 64-row phase-2 tiles (12 dx partials of 512 B rows)
     "d_pf": dict(block_h1=256, block_i1=64, block_i2=64, block_h2=256, weights_ahead="prefetch"),
+    # 132 programs, one per SM of an H200: 11 phase-1 tiles of 187 rows along H (256-row blocks, the rest masked)
+    # × 12 of 64 columns; phase 2 in 6 × 22 tiles of 128 rows × 94 columns, or 12 × 11 tiles of 64 × 187.
+    # The run-time H bounds cost registers: 72–168 bytes of stack at 16 tokens (a_reg: none), 700 with 187 columns
+    "a_reg_132": dict(block_h1=256, span_h1=187, block_i1=64, block_i2=128, block_h2=128, span_h2=94,
+                      weights_ahead="registers"),
+    "a_pf_132": dict(block_h1=256, span_h1=187, block_i1=64, block_i2=128, block_h2=128, span_h2=94,
+                     weights_ahead="prefetch"),
+    "a_reg_132b": dict(block_h1=256, span_h1=187, block_i1=64, block_i2=64, block_h2=256, span_h2=187,
+                       weights_ahead="registers"),
     # 48 programs with twice the weight bytes each (fewer, larger tiles), for comparison
     "e_pf": dict(block_h1=256, block_i1=128, block_i2=128, block_h2=256, weights_ahead="prefetch"),
 }
-DEFAULT_CANDIDATES = ["a_pf", "a_reg", "a_late", "b_pf", "c_pf", "d_pf"]  # a_pf_w4 and e_pf spill (--compile-only)
+DEFAULT_CANDIDATES = ["a_reg", "a_reg_132", "a_pf_132", "a_reg_132b", "a_pf"]  # a_pf_w4 and e_pf spill (--compile-only)
 DEFAULT_TOKENS = [1, 2, 4, 8, 16, 32, 64, 128]
 
 
@@ -65,7 +74,9 @@ def compile_candidate(config, *, with_lo: bool, single_block: bool):
     from moe_lib.swiglu_down.few_tokens import WEIGHTS_AHEAD, few_tokens_kernel
 
     n_h1, n_i1, n_i2, n_h2 = config.tiles(H, I)
+    span_h1, span_h2 = config.spans
     constexprs = dict(PHASE=0, BLOCK_T=config.block_t, BLOCK_H1=config.block_h1, BLOCK_I1=config.block_i1,
+                      SPAN_H1=span_h1, SPAN_H2=span_h2,
                       BLOCK_I2=config.block_i2, BLOCK_H2=config.block_h2, N_H1=n_h1, N_I1=n_i1, N_I2=n_i2, N_H2=n_h2,
                       SINGLE_BLOCK=single_block, WEIGHTS_AHEAD=WEIGHTS_AHEAD[config.weights_ahead],
                       THREADS=32 * config.warps, UPCAST=False, PRECISION="tf32", WITH_LO=with_lo)  # fmt: skip

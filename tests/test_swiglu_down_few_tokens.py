@@ -106,6 +106,12 @@ def other_tilings():
         "straddling": FewTokensConfig(
             block_t=16, block_h1=32, block_i1=32, block_i2=16, block_h2=32, weights_ahead="after_phase1", warps=1
         ),
+        # H covered in spans shorter than the blocks: 4 phase-1 tiles of 20 rows in 32-row blocks, 3 phase-2
+        # tiles of 28 columns (the last one 16): a block's masked rows belong to the next tile
+        "spans": FewTokensConfig(
+            block_t=16, block_h1=32, block_i1=32, block_i2=32, block_h2=32, weights_ahead="after_phase1", warps=1,
+            span_h1=20, span_h2=28,
+        ),
         # Wg, Wu loaded into registers at the start
         "registers": FewTokensConfig(
             block_t=16, block_h1=32, block_i1=32, block_i2=32, block_h2=32, weights_ahead="registers", warps=1
@@ -114,13 +120,15 @@ def other_tilings():
 
 
 @needs_triton
-@pytest.mark.parametrize("T, tiling", [(5, "straddled"), (3, "straddling"), (20, "registers")])
+@pytest.mark.parametrize("T, tiling", [(5, "straddled"), (3, "straddling"), (20, "registers"), (4, "spans"),
+                                        (18, "spans")])
 def test_other_tilings(T, tiling, seed, poisoned):
     """Tile counts that differ between the phases (programs with one phase's tile only), I-blocks of the two
     phases that do not line up, Wg, Wu loaded at the start with T = 20 (the loop form): faithful, harness inputs."""
     config = other_tilings()[tiling]
     n_h1, n_i1, n_i2, n_h2 = config.tiles(H, I)
     assert n_h1 * n_i1 != n_i2 * n_h2 or tiling == "registers"
+    assert tiling != "spans" or (n_h1, n_h2) == (4, 3)
     inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device=DEVICE, hidden_size=H,
                                   intermediate_size=I, distribution="harness")  # fmt: skip
     got, again = run(inputs, config, "faithful"), run(inputs, config, "faithful")
@@ -175,6 +183,15 @@ def test_swiglu_down_backward_chooses_it_for_few_16_bit_tokens():
     assert isinstance(choose_config(1, 2048, 768, interpreter=True, max_programs=132), TileConfig)
 
 
+def test_spans_longer_than_their_blocks_are_refused():
+    from moe_lib.swiglu_down.few_tokens import FewTokensConfig
+
+    inputs = problems.make_inputs("swiglu_down_backward", 1, hidden_size=H, intermediate_size=I)
+    outputs = [torch.empty_like(inputs[k]) for k in ("x", "gate_weight", "up_weight", "down_weight")]
+    with pytest.raises(ValueError, match="span_h2 must be between 1 and its block"):
+        FewTokensConfig(block_h2=32, span_h2=33).run(*inputs.values(), *outputs, with_lo=True)
+
+
 def test_unknown_weights_ahead_is_refused():
     from moe_lib.swiglu_down.few_tokens import FewTokensConfig
 
@@ -207,6 +224,30 @@ def test_gpu_benchmark_shape_against_float64(T, distribution, precision, seed):
     poison_allocator("cuda", 256 * 2**20)
     got = run(inputs, gpu_config(T, precision), precision)
     check_against_float64(inputs, got, precision)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 16])
+@pytest.mark.parametrize("precision", ["faithful", "fast"])
+def test_gpu_spans_fill_the_sms(T, precision, seed):
+    """132 programs with H in spans shorter than the blocks. The interpreter runs the programs in order, so a
+    block's masked rows written over the next tile's would be overwritten again there: only the GPU, where
+    the tiles race, shows such a store."""
+    from test_swiglu_down_backward_triton import check_against_float64
+
+    from moe_lib.bench.timing import poison_allocator
+    from moe_lib.swiglu_down.few_tokens import FewTokensConfig
+
+    config = FewTokensConfig(block_h1=256, span_h1=187, block_i1=64, block_i2=128, block_h2=128, span_h2=94)
+    if config.grid_size(2048, 768) > torch.cuda.get_device_properties(0).multi_processor_count:
+        pytest.skip("fewer SMs than the 132 programs")
+    inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device="cuda", distribution="harness")
+    poison_allocator("cuda", 256 * 2**20)
+    got = run(inputs, config, precision)
+    check_against_float64(inputs, got, precision)
+    again = run(inputs, config, precision)
+    for name, a, b in zip(OUTPUTS, got, again, strict=True):
+        assert torch.equal(a, b), name
 
 
 @pytest.mark.gpu

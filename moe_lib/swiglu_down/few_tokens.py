@@ -192,8 +192,9 @@ def few_tokens_kernel(
     BLOCK_T: tl.constexpr,  # tokens per step (the N side of dA and dx, the reduction step of dWd, dWg, dWu)
     BLOCK_H1: tl.constexpr, BLOCK_I1: tl.constexpr,  # a phase-1 tile: Wd rows (H) × columns (I)
     BLOCK_I2: tl.constexpr, BLOCK_H2: tl.constexpr,  # a phase-2 tile: Wg, Wu rows (I) × columns (H)
-    N_H1: tl.constexpr, N_I1: tl.constexpr,  # phase-1 tiles along H and I: cdiv(H, BLOCK_H1), cdiv(I, BLOCK_I1)
-    N_I2: tl.constexpr, N_H2: tl.constexpr,  # phase-2 tiles along I and H: cdiv(I, BLOCK_I2), cdiv(H, BLOCK_H2)
+    SPAN_H1: tl.constexpr, SPAN_H2: tl.constexpr,  # the H a tile covers (≤ its block, which is a power of two)
+    N_H1: tl.constexpr, N_I1: tl.constexpr,  # phase-1 tiles along H and I: cdiv(H, SPAN_H1), cdiv(I, BLOCK_I1)
+    N_I2: tl.constexpr, N_H2: tl.constexpr,  # phase-2 tiles along I and H: cdiv(I, BLOCK_I2), cdiv(H, SPAN_H2)
     SINGLE_BLOCK: tl.constexpr,  # T ≤ BLOCK_T: no token loops; every activation tile is loaded at the start
     WEIGHTS_AHEAD: tl.constexpr,  # Wg, Wu tiles: 0 loaded after phase 1 (before the wait), 1 the same and
                                   # prefetched into L2 at the start, 2 loaded into registers at the start
@@ -209,25 +210,27 @@ def few_tokens_kernel(
     b2, c2 = pid // N_H2, pid % N_H2
     has_tile1 = pid < N_H1 * N_I1
     has_tile2 = pid < N_I2 * N_H2
-    off_h1, off_i1 = c1 * BLOCK_H1, b1 * BLOCK_I1
-    off_i2, off_h2 = b2 * BLOCK_I2, c2 * BLOCK_H2
+    off_h1, off_i1 = c1 * SPAN_H1, b1 * BLOCK_I1
+    off_i2, off_h2 = b2 * BLOCK_I2, c2 * SPAN_H2
+    h1_end = tl.minimum(off_h1 + SPAN_H1, H)  # a tile's H ends here: the block's rows or columns past it are masked
+    h2_end = tl.minimum(off_h2 + SPAN_H2, H)
     TI = T * I
 
     # ---- every load that depends on nothing, set going at the start; nothing waits for them here
     if PHASE != 2:
-        w_down = load_block(down_weight_ptr, off_h1, off_i1, H, I, I, BLOCK_H1, BLOCK_I1)
+        w_down = load_block(down_weight_ptr, off_h1, off_i1, h1_end, I, I, BLOCK_H1, BLOCK_I1)
         if SINGLE_BLOCK:
-            dy = load_block(grad_output_ptr, 0, off_h1, T, H, H, BLOCK_T, BLOCK_H1)
+            dy = load_block(grad_output_ptr, 0, off_h1, T, h1_end, H, BLOCK_T, BLOCK_H1)
             inter = load_block(intermediate_ptr, 0, off_i1, T, I, I, BLOCK_T, BLOCK_I1)
     if PHASE != 1:
         if WEIGHTS_AHEAD == 1:
-            prefetch_block_to_l2(gate_weight_ptr, off_i2, off_h2, I, H, H, BLOCK_I2, BLOCK_H2)
-            prefetch_block_to_l2(up_weight_ptr, off_i2, off_h2, I, H, H, BLOCK_I2, BLOCK_H2)
+            prefetch_block_to_l2(gate_weight_ptr, off_i2, off_h2, I, h2_end, H, BLOCK_I2, BLOCK_H2)
+            prefetch_block_to_l2(up_weight_ptr, off_i2, off_h2, I, h2_end, H, BLOCK_I2, BLOCK_H2)
         if WEIGHTS_AHEAD == 2:
-            w_gate = load_block(gate_weight_ptr, off_i2, off_h2, I, H, H, BLOCK_I2, BLOCK_H2)
-            w_up = load_block(up_weight_ptr, off_i2, off_h2, I, H, H, BLOCK_I2, BLOCK_H2)
+            w_gate = load_block(gate_weight_ptr, off_i2, off_h2, I, h2_end, H, BLOCK_I2, BLOCK_H2)
+            w_up = load_block(up_weight_ptr, off_i2, off_h2, I, h2_end, H, BLOCK_I2, BLOCK_H2)
         if SINGLE_BLOCK:
-            x_block = load_block(x_ptr, 0, off_h2, T, H, H, BLOCK_T, BLOCK_H2)
+            x_block = load_block(x_ptr, 0, off_h2, T, h2_end, H, BLOCK_T, BLOCK_H2)
             gate = load_block(gate_ptr, 0, off_i2, T, I, I, BLOCK_T, BLOCK_I2)
             s = load_block(gate_sigmoid_ptr, 0, off_i2, T, I, I, BLOCK_T, BLOCK_I2)
             gate_silu = load_block(gate_silu_ptr, 0, off_i2, T, I, I, BLOCK_T, BLOCK_I2)
@@ -247,7 +250,7 @@ def few_tokens_kernel(
             store_tile(da_partials_ptr + c1 * TI, tl.trans(d_a), 0, off_i1, T, I, I, BLOCK_T, BLOCK_I1)
         else:
             for t in range(0, T, BLOCK_T):
-                dy = load_block(grad_output_ptr, t, off_h1, T, H, H, BLOCK_T, BLOCK_H1)
+                dy = load_block(grad_output_ptr, t, off_h1, T, h1_end, H, BLOCK_T, BLOCK_H1)
                 d_a = mma(w_down_t, tl.trans(dy), tl.zeros((BLOCK_I1, BLOCK_T), dtype=tl.float32), UPCAST,
                           PRECISION)  # fmt: skip
                 store_tile(da_partials_ptr + c1 * TI, tl.trans(d_a), t, off_i1, T, I, I, BLOCK_T, BLOCK_I1)
@@ -262,15 +265,15 @@ def few_tokens_kernel(
         else:
             acc_down = tl.zeros((BLOCK_H1, BLOCK_I1), dtype=tl.float32)
             for t in range(0, T, BLOCK_T):  # dy again (L2 hits), beside intermediate
-                dy = load_block(grad_output_ptr, t, off_h1, T, H, H, BLOCK_T, BLOCK_H1)
+                dy = load_block(grad_output_ptr, t, off_h1, T, h1_end, H, BLOCK_T, BLOCK_H1)
                 inter = load_block(intermediate_ptr, t, off_i1, T, I, I, BLOCK_T, BLOCK_I1)
                 acc_down = mma(tl.trans(dy), inter, acc_down, UPCAST, PRECISION)
-        store_tile(grad_down_weight_ptr, acc_down, off_h1, off_i1, H, I, I, BLOCK_H1, BLOCK_I1)
+        store_tile(grad_down_weight_ptr, acc_down, off_h1, off_i1, h1_end, I, I, BLOCK_H1, BLOCK_I1)
 
     if PHASE != 1:
         if WEIGHTS_AHEAD != 2:
-            w_gate = load_block(gate_weight_ptr, off_i2, off_h2, I, H, H, BLOCK_I2, BLOCK_H2)
-            w_up = load_block(up_weight_ptr, off_i2, off_h2, I, H, H, BLOCK_I2, BLOCK_H2)
+            w_gate = load_block(gate_weight_ptr, off_i2, off_h2, I, h2_end, H, BLOCK_I2, BLOCK_H2)
+            w_up = load_block(up_weight_ptr, off_i2, off_h2, I, h2_end, H, BLOCK_I2, BLOCK_H2)
         if PHASE == 0:  # wait for the phase-1 tiles overlapping I-block b2 (none of the others)
             overlapping = (tl.minimum(off_i2 + BLOCK_I2, I) - 1) // BLOCK_I1 - off_i2 // BLOCK_I1 + 1
             if has_tile2:
@@ -288,16 +291,16 @@ def few_tokens_kernel(
             acc_x = tl.zeros((BLOCK_H2, BLOCK_T), dtype=tl.float32)
             acc_x = mma_halves(acc_x, w_gate_t, d_gate, True, UPCAST, PRECISION, WITH_LO)
             acc_x = mma_halves(acc_x, w_up_t, d_up, True, UPCAST, PRECISION, WITH_LO)
-            store_tile(dx_partial_ptr, tl.trans(acc_x), 0, off_h2, t_end, H, H, BLOCK_T, BLOCK_H2)
+            store_tile(dx_partial_ptr, tl.trans(acc_x), 0, off_h2, t_end, h2_end, H, BLOCK_T, BLOCK_H2)
             tl.debug_barrier()
             arrived = arrive(counters_ptr + 1 + N_I2 + c2, has_tile2, "acq_rel", THREADS)
             x_t = tl.trans(once(x_block, ready))  # the M side of dWgᵀ = xᵀ · dGate, dWuᵀ = xᵀ · dUp
             acc_w = mma_halves(tl.zeros((BLOCK_H2, BLOCK_I2), dtype=tl.float32), x_t, d_gate, False, UPCAST,
                                PRECISION, WITH_LO)  # fmt: skip
-            store_tile(grad_gate_weight_ptr, tl.trans(acc_w), off_i2, off_h2, I, H, H, BLOCK_I2, BLOCK_H2)
+            store_tile(grad_gate_weight_ptr, tl.trans(acc_w), off_i2, off_h2, I, h2_end, H, BLOCK_I2, BLOCK_H2)
             acc_w = mma_halves(tl.zeros((BLOCK_H2, BLOCK_I2), dtype=tl.float32), x_t, d_up, False, UPCAST,
                                PRECISION, WITH_LO)  # fmt: skip
-            store_tile(grad_up_weight_ptr, tl.trans(acc_w), off_i2, off_h2, I, H, H, BLOCK_I2, BLOCK_H2)
+            store_tile(grad_up_weight_ptr, tl.trans(acc_w), off_i2, off_h2, I, h2_end, H, BLOCK_I2, BLOCK_H2)
         else:
             w_gate_t = tl.trans(once(w_gate, ready))
             w_up_t = tl.trans(once(w_up, ready))
@@ -311,7 +314,7 @@ def few_tokens_kernel(
                 acc_x = tl.zeros((BLOCK_H2, BLOCK_T), dtype=tl.float32)
                 acc_x = mma_halves(acc_x, w_gate_t, d_gate, True, UPCAST, PRECISION, WITH_LO)
                 acc_x = mma_halves(acc_x, w_up_t, d_up, True, UPCAST, PRECISION, WITH_LO)
-                store_tile(dx_partial_ptr, tl.trans(acc_x), t, off_h2, t_end, H, H, BLOCK_T, BLOCK_H2)
+                store_tile(dx_partial_ptr, tl.trans(acc_x), t, off_h2, t_end, h2_end, H, BLOCK_T, BLOCK_H2)
             tl.debug_barrier()
             arrived = arrive(counters_ptr + 1 + N_I2 + c2, has_tile2, "acq_rel", THREADS)
             # dWg, dWu over every token block (dGate, dUp computed again from the partials: L2 hits)
@@ -324,17 +327,17 @@ def few_tokens_kernel(
                     load_block(gate_sigmoid_ptr, t, off_i2, T, I, I, BLOCK_T, BLOCK_I2),
                     load_block(gate_silu_ptr, t, off_i2, T, I, I, BLOCK_T, BLOCK_I2),
                     load_block(up_ptr, t, off_i2, T, I, I, BLOCK_T, BLOCK_I2))  # fmt: skip
-                x_t = tl.trans(load_block(x_ptr, t, off_h2, T, H, H, BLOCK_T, BLOCK_H2))
+                x_t = tl.trans(load_block(x_ptr, t, off_h2, T, h2_end, H, BLOCK_T, BLOCK_H2))
                 acc_g = mma_halves(acc_g, x_t, d_gate, False, UPCAST, PRECISION, WITH_LO)
                 acc_u = mma_halves(acc_u, x_t, d_up, False, UPCAST, PRECISION, WITH_LO)
-            store_tile(grad_gate_weight_ptr, tl.trans(acc_g), off_i2, off_h2, I, H, H, BLOCK_I2, BLOCK_H2)
-            store_tile(grad_up_weight_ptr, tl.trans(acc_u), off_i2, off_h2, I, H, H, BLOCK_I2, BLOCK_H2)
+            store_tile(grad_gate_weight_ptr, tl.trans(acc_g), off_i2, off_h2, I, h2_end, H, BLOCK_I2, BLOCK_H2)
+            store_tile(grad_up_weight_ptr, tl.trans(acc_u), off_i2, off_h2, I, h2_end, H, BLOCK_I2, BLOCK_H2)
 
         # ---- the last phase-2 tile of column block c2 to arrive: dx[:, c2] = Σ_b dx_b[:, c2] in b order
         if has_tile2 & (first(arrived) % N_I2 == N_I2 - 1):
             for t in range(0, T, BLOCK_T):
-                total = summed_partials(dx_partials_ptr, T * H, t, off_h2, T, H, H, N_I2, BLOCK_T, BLOCK_H2)
-                store_tile(grad_x_ptr, total, t, off_h2, T, H, H, BLOCK_T, BLOCK_H2)
+                total = summed_partials(dx_partials_ptr, T * H, t, off_h2, T, h2_end, H, N_I2, BLOCK_T, BLOCK_H2)
+                store_tile(grad_x_ptr, total, t, off_h2, T, h2_end, H, BLOCK_T, BLOCK_H2)
 
 
 @dataclass(frozen=True)
@@ -349,11 +352,22 @@ class FewTokensConfig:
     weights_ahead: str = "registers"  # Wg, Wu before the wait: "after_phase1", "prefetch" (L2) or "registers"
     warps: int = 8
     stages: int = 1
+    # the H a phase-1 / phase-2 tile covers, at most its block (0: the block). Blocks are powers of two; a span
+    # lets the tile counts along H be anything, e.g. 11 phase-1 tiles of 187 rows in 256-row blocks, so that
+    # 11 × 12 = 132 programs fill an H200's SMs at H = 2048, I = 768 (the rest of each block is masked off)
+    span_h1: int = 0
+    span_h2: int = 0
+
+    @property
+    def spans(self) -> tuple[int, int]:
+        """(SPAN_H1, SPAN_H2): the H each phase's tile covers."""
+        return self.span_h1 or self.block_h1, self.span_h2 or self.block_h2
 
     def tiles(self, hidden_size: int, intermediate_size: int) -> tuple[int, int, int, int]:
         """(N_H1, N_I1, N_I2, N_H2): phase-1 tiles along H and I, phase-2 tiles along I and H."""
         H, I = hidden_size, intermediate_size
-        return cdiv(H, self.block_h1), cdiv(I, self.block_i1), cdiv(I, self.block_i2), cdiv(H, self.block_h2)
+        span_h1, span_h2 = self.spans
+        return cdiv(H, span_h1), cdiv(I, self.block_i1), cdiv(I, self.block_i2), cdiv(H, span_h2)
 
     def grid_size(self, hidden_size: int, intermediate_size: int) -> int:
         """Programs of the launch: one phase-1 tile and one phase-2 tile each, the larger count of the two."""
@@ -366,19 +380,23 @@ class FewTokensConfig:
         ``with_lo``: dGate and dUp enter the products as hi/lo pairs (the faithful path)."""
         T, H = x.shape
         I = gate_weight.shape[0]
+        if self.weights_ahead not in WEIGHTS_AHEAD:
+            raise ValueError(f"config: weights_ahead must be one of {list(WEIGHTS_AHEAD)}, got {self.weights_ahead!r}")
+        for name, span, block in (("span_h1", self.span_h1, self.block_h1), ("span_h2", self.span_h2, self.block_h2)):
+            if not 0 <= span <= block:
+                raise ValueError(f"config: {name} must be between 1 and its block ({block}), or 0 for the block; "
+                                 f"got {span}")  # fmt: skip
         n_h1, n_i1, n_i2, n_h2 = self.tiles(H, I)
         grid = self.grid_size(H, I)
         interpreter = interpreter_enabled()
         if grid > resident_programs(x.device):
             raise ValueError(f"config: the few-token grid ({grid} programs for H={H}, I={I}) exceeds one "
                              f"program per SM ({resident_programs(x.device)}); use larger blocks")  # fmt: skip
-        if self.weights_ahead not in WEIGHTS_AHEAD:
-            raise ValueError(f"config: weights_ahead must be one of {list(WEIGHTS_AHEAD)}, got {self.weights_ahead!r}")
         da_partials = launch.allocate((n_h1, T, I), dtype=torch.float32, device=x.device)
         dx_partials = launch.allocate((n_i2, T, H), dtype=torch.float32, device=x.device)
         # one counter set per tiling: the counts per launch depend on it
         blocks = (self.block_h1, self.block_i1, self.block_i2, self.block_h2)
-        slot = f"few-tokens counters H={H} I={I} blocks {blocks}"
+        slot = f"few-tokens counters H={H} I={I} blocks {blocks} spans {self.spans}"
         counters = SplitWorkspace.counters(slot, 1, 2 * (1 + n_i2 + n_h2), x.device).view(torch.int64)
         ahead = WEIGHTS_AHEAD[self.weights_ahead]
         if interpreter and self.weights_ahead == "prefetch":  # the interpreter runs no inline PTX
@@ -388,8 +406,8 @@ class FewTokensConfig:
                 grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up,
                 intermediate, grad_x, grad_gate_weight, grad_up_weight, grad_down_weight, da_partials, dx_partials,
                 counters, T, H, I, phase, self.block_t, self.block_h1, self.block_i1, self.block_i2, self.block_h2,
-                n_h1, n_i1, n_i2, n_h2, T <= self.block_t, ahead, 32 * self.warps, *dot_flags(x), with_lo,
-                num_warps=self.warps, num_stages=self.stages,
+                *self.spans, n_h1, n_i1, n_i2, n_h2, T <= self.block_t, ahead, 32 * self.warps, *dot_flags(x),
+                with_lo, num_warps=self.warps, num_stages=self.stages,
             )  # fmt: skip
         return grad_x, grad_gate_weight, grad_up_weight, grad_down_weight
 
