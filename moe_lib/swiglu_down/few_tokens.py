@@ -18,6 +18,8 @@ are ≥ 128 contiguous bytes, and sets the loads of all its weight tiles going a
 registers; Wg, Wu either into registers too or prefetched into L2, ``weights_ahead``), so the memory
 system is busy from the first cycle. Between the phases a program waits only for the phase-1 tiles of
 its own I-block (an arrival counter per phase-2 I-block), not for the whole grid.
+Blocks are powers of two; a tile may cover fewer H rows or columns than its block (``span_h1``, ``span_h2``,
+the rest masked off), so that the tile counts can match the number of SMs.
 
 The products are fp32 accumulations on the tensor cores. With ``with_lo`` (the faithful path) dGate
 and dUp enter dx, dWg and dWu as 16-bit hi/lo pairs (hi = bf16(v), lo = bf16(v − hi)): both halves
