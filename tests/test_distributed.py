@@ -43,15 +43,28 @@ GRAD_NAMES = ("grad_hidden_states", "grad_topk_weights", "grad_gate_weights", "g
 CASES_2 = {
     "uniform": dict(tokens=[5, 7], experts=8, top_k=2, routing="uniform", pass_num_experts=True),
     "hot_on_rank_1": dict(tokens=[6, 4], experts=8, top_k=3, routing="hot_on_rank_1", pass_num_experts=False),
+    # overlapped exchanges: chunk counts 2-4, one rank with fewer tokens than chunks (empty chunks)
+    "uniform_chunks3": dict(tokens=[5, 7], experts=8, top_k=2, routing="uniform", pass_num_experts=True, chunks=3),
+    "hot_on_rank_1_chunks4": dict(tokens=[6, 3], experts=8, top_k=3, routing="hot_on_rank_1", pass_num_experts=True,
+                                  chunks=4),
 }
 if interpreter_enabled():  # the Triton backward on CPU tensors (conftest switches the interpreter on)
     CASES_2["triton_float32"] = dict(tokens=[5, 7], experts=8, top_k=2, routing="uniform", pass_num_experts=True,
                                      dtype=torch.float32, impl="triton")  # fmt: skip
+    CASES_2["triton_float32_chunks2"] = dict(tokens=[5, 7], experts=8, top_k=2, routing="uniform",
+                                             pass_num_experts=True, dtype=torch.float32, impl="triton", chunks=2)
 CASES_4 = {
     "uneven_skewed": dict(tokens=[3, 0, 5, 2], experts=6, top_k=2, routing="skewed", pass_num_experts=True),
     "hot_on_rank_0": dict(tokens=[4, 3, 0, 2], experts=6, top_k=2, routing="hot_on_rank_0", pass_num_experts=True),
     "uniform_top3": dict(tokens=[4, 4, 4, 4], experts=6, top_k=3, routing="uniform", pass_num_experts=False),
     "fewer_experts_than_ranks": dict(tokens=[2, 3, 1, 2], experts=3, top_k=2, routing="uniform", pass_num_experts=True),
+    # overlapped exchanges: a rank without tokens, ranks with fewer tokens than chunks, skewed and hot routing
+    "uneven_skewed_chunks2": dict(tokens=[3, 0, 5, 2], experts=6, top_k=2, routing="skewed", pass_num_experts=True,
+                                  chunks=2),
+    "hot_on_rank_0_chunks4": dict(tokens=[4, 3, 0, 6], experts=6, top_k=2, routing="hot_on_rank_0",
+                                  pass_num_experts=True, chunks=4),
+    "uniform_top3_chunks3": dict(tokens=[4, 4, 4, 4], experts=6, top_k=3, routing="uniform", pass_num_experts=False,
+                                 chunks=3),
 }
 
 
@@ -105,7 +118,7 @@ def run_case_on_rank(case: dict, seed: int, rank: int) -> dict:
     stats = ExpertParallelStats()
     output = moe_experts_parallel(
         hidden_states, inputs["topk_indices"][tokens], topk_weights, *shards, impl=case.get("impl", "reference"),
-        stats=stats,
+        stats=stats, chunks=case.get("chunks", 1),
         num_experts=case["experts"] if case["pass_num_experts"] else None,
     )  # fmt: skip
     grads = torch.autograd.grad(output, [hidden_states, topk_weights, *shards], inputs["grad_output"][tokens])
@@ -136,6 +149,9 @@ def errors_on_rank(seed: int, rank: int) -> dict:
                                                                impl="reference", num_experts=8),
         "duplicate_on_rank_0": lambda: moe_experts_parallel(x, duplicate_on_rank_0, w, *shards,
                                                             impl="reference", num_experts=8),
+        # each rank would run a different number of exchanges
+        "chunks_disagree": lambda: moe_experts_parallel(x, inputs["topk_indices"][tokens], w, *shards,
+                                                        impl="reference", num_experts=8, chunks=1 + rank),
     }  # fmt: skip
     errors = {}
     for name, call in calls.items():
@@ -260,6 +276,8 @@ def test_errors_are_raised_on_every_rank_alike(two_ranks):
     assert kind == "ValueError" and message.startswith("topk_indices:") and "rank(s) [1]" in message
     kind, message = errors[0]["duplicate_on_rank_0"]
     assert kind == "ValueError" and message.startswith("topk_indices:") and "rank(s) [0]" in message
+    kind, message = errors[0]["chunks_disagree"]
+    assert kind == "ValueError" and message == "chunks: the ranks disagree (by rank: {0: 1, 1: 2})"
 
 
 def test_expert_partition():
@@ -303,6 +321,25 @@ def test_bad_arguments_raise_before_any_communication(argument, bad, error):
         moe_experts_parallel(**arguments, impl="reference", num_experts=8)
 
 
+@pytest.mark.parametrize("chunks", [0, -1, 1.5, True, "2"])
+def test_bad_chunks_raise_before_any_communication(chunks):
+    with pytest.raises(ValueError, match="^chunks: expected a positive integer"):
+        moe_experts_parallel(**_local_call_arguments(), impl="reference", num_experts=8, chunks=chunks)
+
+
+def test_token_chunks_cover_the_tokens_in_order():
+    from moe_lib.moe_experts.parallel import token_chunks
+
+    assert token_chunks(10, 3) == [range(0, 3), range(3, 6), range(6, 10)]
+    assert token_chunks(2, 4) == [range(0, 0), range(0, 1), range(1, 1), range(1, 2)]
+    assert token_chunks(0, 2) == [range(0, 0), range(0, 0)]
+    for tokens in range(9):
+        for chunks in range(1, 6):
+            pieces = token_chunks(tokens, chunks)
+            assert [t for piece in pieces for t in piece] == list(range(tokens))
+            assert max(map(len, pieces)) - min(map(len, pieces)) <= 1
+
+
 def test_bad_impl_raises_before_any_communication():
     with pytest.raises(ValueError, match="^impl:"):
         moe_experts_parallel(**_local_call_arguments(), impl="cuda", num_experts=8)
@@ -312,7 +349,7 @@ def test_bad_impl_raises_before_any_communication():
 
 def test_benchmark_entry_point_runs_two_ranks_on_cpu(tmp_path):
     command = [sys.executable, "-m", "moe_lib.bench.parallel", "--nproc", "2", "--small", "--device", "cpu",
-               "--out", str(tmp_path)]  # fmt: skip
+               "--chunks", "1,2", "--out", str(tmp_path)]  # fmt: skip
     # its own session, so that on a timeout the benchmark and the ranks it spawned are stopped together
     process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True)  # fmt: skip
@@ -329,8 +366,9 @@ def test_benchmark_entry_point_runs_two_ranks_on_cpu(tmp_path):
     for dtype in ("bfloat16", "float32"):
         [csv] = (tmp_path / "cpu").glob(f"*-moe_experts_parallel-{dtype}-small.csv")
         frame = pd.read_csv(csv)
-        assert list(frame["tokens_per_rank"]) == [16, 64]
+        assert list(frame["tokens_per_rank"]) == [16, 16, 64, 64] and list(frame["chunks"]) == [1, 2, 1, 2]
         assert (frame["status"] == "ok").all() and frame["correct"].all(), frame.to_string()
+        assert ((frame["exchange_share"] > 0) & (frame["exchange_share"] < 1)).all()
         assert (frame["world_size"] == 2).all() and (frame["max_rel_error"] < 1e-2).all()
         assert (frame["total_ms"] > 0).all() and (frame["all_to_all_ms"] > 0).all() and (frame["expert_ms"] > 0).all()
         assert (frame["single_gpu_same_work_ms"] > 0).all()
@@ -342,4 +380,11 @@ def test_benchmark_entry_point_runs_two_ranks_on_cpu(tmp_path):
             assert key in provenance, key
         assert provenance["world_size"] == 2 and provenance["backend"] == "gloo"
         assert provenance["environment"]["NCCL_NVLS_ENABLE"] == "0"
-        assert len(document["cases"]) == 2 and len(document["cases"][0]["rows_received_by_rank"]) == 2
+        assert len(document["cases"]) == 4 and len(document["cases"][0]["rows_received_by_rank"]) == 2
+        # the last step's timeline per rank: with 2 chunks, two dispatches issued in the forward, each waited for
+        timeline = document["cases"][1]["timelines_by_rank"][0]
+        names = [entry["name"] for entry in timeline]
+        assert document["cases"][1]["chunks"] == 2
+        assert names.count("dispatch issued") == 2 and names.count("dispatch") == 2
+        assert names.count("backward_combine issued") == 2 and names.count("expert_backward") == 2
+        assert all(0 <= entry["start_ms"] <= entry["end_ms"] for entry in timeline)

@@ -5,6 +5,7 @@ Launch either way, from the repository root::
     torchrun --nproc_per_node=2 -m moe_lib.bench.parallel
     python -m moe_lib.bench.parallel --nproc 2                       # spawns its own ranks
     python -m moe_lib.bench.parallel --nproc 2 --small --device cpu  # gloo, tiny shapes (the test)
+    python -m moe_lib.bench.parallel --nproc 4 --chunks 1,2,4        # overlapped exchanges, per chunk count
 
 NCCL on CUDA (rank r on GPU r, or on LOCAL_RANK under torchrun), gloo on CPU. Before the process
 group starts, NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and NVSHMEM_DISABLE_NVLS=1 are
@@ -20,7 +21,9 @@ draws the same global inputs from ``--seed``, keeps its T_r tokens and its exper
    each after a barrier: CUDA events around the whole step and around each phase (the all-to-all
    exchanges, the local expert forward and backward; "other" is the rest: the row gathers, the
    sums over each token's K rows and the host read of the counts). Each rank takes the median of
-   each metric; the CSV reports the largest of those medians over the ranks.
+   each metric; the CSV reports the largest of those medians over the ranks. With ``--chunks`` each
+   case runs once per chunk count (the layer's ``chunks``): an exchange's time is then what the compute
+   stream waited for it, the part the overlap did not hide; ``exchange_share`` is that over the step.
 2. times the same per-rank work on one GPU with no communication: ``moe_lib.moe_experts`` with the
    rank's E/W experts on the rows the rank receives (one expert per row), forward + backward.
 3. checks correctness: rank 0 runs the single-GPU layer ``moe_lib.moe_experts`` on the global
@@ -35,7 +38,8 @@ Outputs, written by rank 0 under ``<out>/<gpu key>/`` (``H200``, ..., ``cpu``):
 ``<YYYY-MM-DD>-moe_experts_parallel-<dtype>[-small].csv`` (one row per token count, columns
 :data:`CSV_COLUMNS`) and a ``.json`` beside it with the provenance (GPU, driver, torch, world size,
 backend, date, git commit from the environment's GIT_COMMIT or else ``git rev-parse``, environment) and
-per case the rows each rank sent and received and each rank's phase medians.
+per case the rows each rank sent and received, each rank's phase medians and each rank's timeline of its
+last step (phases and the marks of each exchange's issue, ms from the step's start).
 """
 
 from __future__ import annotations
@@ -84,7 +88,7 @@ TOKEN_OUTPUTS = 3  # the first three are per token (output, grad_hidden_states, 
 TIME_COLUMNS = ("total_ms", "all_to_all_ms", "expert_ms", "expert_forward_ms", "expert_backward_ms", "other_ms")
 CSV_COLUMNS = [
     "problem", "dtype", "world_size", "tokens_per_rank", "global_tokens", "hidden_size", "intermediate_size",
-    "num_experts", "top_k", "routing", "impl", *TIME_COLUMNS, "single_gpu_same_work_ms",
+    "num_experts", "top_k", "routing", "impl", "chunks", *TIME_COLUMNS, "exchange_share", "single_gpu_same_work_ms",
     "rows_sent_total", "rows_remote_total", "max_rows_received",
     *(f"rel_error_{name}" for name in OUTPUT_NAMES), "max_rel_error", "correct", "status",
     "warmup", "reps", "backend", "device", "gpu", "small",
@@ -120,11 +124,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--routing", default="uniform", choices=ROUTINGS)
     parser.add_argument("--impl", default="auto", choices=IMPLS,
                         help="the local expert backward (auto: triton on CUDA, the reference on CPU)")  # fmt: skip
+    parser.add_argument("--chunks", type=chunk_list, default=[1],
+                        help="chunk counts of the overlapped exchange, comma-separated; one run each (default 1)")
     parser.add_argument("--seed", type=non_negative, default=0)
     parser.add_argument("--warmup", type=non_negative, help="untimed runs per case (default 2; CPU 1)")
     parser.add_argument("--reps", type=positive, help="timed runs per case (default 5; CPU 3)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results root (default: data/results)")
     return parser
+
+
+def chunk_list(text: str) -> list[int]:
+    """Comma-separated positive chunk counts, e.g. "1,2,4"."""
+    counts = token_list(text)
+    if 0 in counts:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return counts
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -206,11 +220,11 @@ def local_share(inputs: dict, rank: int, world_size: int, tokens_per_rank: int) 
     )  # fmt: skip
 
 
-def parallel_step(share: dict, num_experts: int, impl: str, stats: ExpertParallelStats) -> tuple:
+def parallel_step(share: dict, num_experts: int, impl: str, stats: ExpertParallelStats, chunks: int = 1) -> tuple:
     """Forward + backward of the parallel layer on this rank: (output, *gradients)."""
     leaves = [share["hidden_states"], share["topk_weights"], *share["shard"]]
     output = moe_experts_parallel(share["hidden_states"], share["topk_indices"], share["topk_weights"], *share["shard"],
-                                  impl=impl, num_experts=num_experts, stats=stats)  # fmt: skip
+                                  impl=impl, num_experts=num_experts, stats=stats, chunks=chunks)  # fmt: skip
     return (output.detach(), *torch.autograd.grad(output, leaves, share["grad_output"]))
 
 
@@ -223,9 +237,9 @@ def phase_times(totals: dict[str, float]) -> dict[str, float]:
                 other_ms=totals["total"] - all_to_all - forward - backward)  # fmt: skip
 
 
-def time_parallel(share: dict, num_experts: int, args, device) -> tuple[dict, tuple, ExpertParallelStats]:
-    """Median phase times of this rank over ``args.reps`` steps after ``args.warmup``; the last
-    step's outputs and stats."""
+def time_parallel(share: dict, num_experts: int, args, device, chunks: int = 1):
+    """Median phase times of this rank over ``args.reps`` steps after ``args.warmup``; the last step's
+    outputs, stats and timeline (:meth:`PhaseTimer.timeline_ms`)."""
     timer = PhaseTimer(device)
     stats = ExpertParallelStats(timer=timer)
     samples, outputs = [], None
@@ -234,12 +248,12 @@ def time_parallel(share: dict, num_experts: int, args, device) -> tuple[dict, tu
         dist.barrier()
         timer.reset()
         with timer.phase("total"):
-            outputs = parallel_step(share, num_experts, args.impl, stats)
+            outputs = parallel_step(share, num_experts, args.impl, stats, chunks)
         times = phase_times(timer.totals_ms())
         if step >= args.warmup:
             samples.append(times)
     medians = {name: statistics.median(sample[name] for sample in samples) for name in TIME_COLUMNS}
-    return medians, outputs, stats
+    return medians, outputs, stats, timer.timeline_ms()
 
 
 def time_same_work_on_one_gpu(share: dict, args, device) -> float:
@@ -306,12 +320,13 @@ def all_ranks_agree(flag: bool, device) -> bool:
     return bool(value.item())
 
 
-def run_case(dtype_name: str, tokens_per_rank: int, args, device, rank: int, world_size: int, log) -> dict:
-    """One (dtype, tokens per rank) case on every rank; rank 0's return value is the full result."""
+def run_case(dtype_name: str, tokens_per_rank: int, args, device, rank: int, world_size: int, log,
+             chunks: int = 1) -> dict:  # fmt: skip
+    """One (dtype, tokens per rank, chunks) case on every rank; rank 0's return value is the full result."""
     axes = SMALL_AXES if args.small else FULL_AXES
     row = dict(problem=PROBLEM, dtype=dtype_name, world_size=world_size, tokens_per_rank=tokens_per_rank,
                global_tokens=world_size * tokens_per_rank, **axes, routing=args.routing, impl=args.impl,
-               warmup=args.warmup, reps=args.reps)  # fmt: skip
+               chunks=chunks, warmup=args.warmup, reps=args.reps)  # fmt: skip
     detail = {}
     needed = memory_needed(tokens_per_rank, world_size, getattr(torch, dtype_name).itemsize, axes)
     free = math.inf
@@ -328,20 +343,21 @@ def run_case(dtype_name: str, tokens_per_rank: int, args, device, rank: int, wor
     num_experts = inputs["gate_weights"].shape[0]
     del inputs
 
-    medians, outputs, stats = time_parallel(share, num_experts, args, device)
+    medians, outputs, stats, timeline = time_parallel(share, num_experts, args, device, chunks)
     same_work_ms = time_same_work_on_one_gpu(share, args, device)
     del share["received_rows"]
     gathered = [None] * world_size
-    dist.all_gather_object(gathered, dict(times=medians, rows_sent=stats.rows_sent,
+    dist.all_gather_object(gathered, dict(times=medians, rows_sent=stats.rows_sent, timeline=timeline,
                                           rows_received=stats.rows_received, same_work_ms=same_work_ms))  # fmt: skip
     row.update({name: max(g["times"][name] for g in gathered) for name in TIME_COLUMNS})
+    row["exchange_share"] = row["all_to_all_ms"] / row["total_ms"] if row["total_ms"] > 0 else math.nan
     row["single_gpu_same_work_ms"] = max(g["same_work_ms"] for g in gathered)
     sent = [g["rows_sent"] for g in gathered]
     row["rows_sent_total"] = sum(map(sum, sent))
     row["rows_remote_total"] = row["rows_sent_total"] - sum(sent[r][r] for r in range(world_size))
     row["max_rows_received"] = max(sum(g["rows_received"]) for g in gathered)
     detail.update(rows_sent_by_rank=sent, rows_received_by_rank=[g["rows_received"] for g in gathered],
-                  times_by_rank=[g["times"] for g in gathered],
+                  times_by_rank=[g["times"] for g in gathered], timelines_by_rank=[g["timeline"] for g in gathered],
                   single_gpu_same_work_ms_by_rank=[g["same_work_ms"] for g in gathered])  # fmt: skip
 
     del share
@@ -390,7 +406,8 @@ def provenance(args, device, world_size: int, backend: str, environment: dict, s
 
 
 def format_table(frame: pd.DataFrame, title: str) -> str:
-    shown = frame[["tokens_per_rank", *TIME_COLUMNS, "single_gpu_same_work_ms", "max_rel_error", "status"]]
+    shown = frame[["tokens_per_rank", "chunks", *TIME_COLUMNS, "exchange_share", "single_gpu_same_work_ms",
+                   "max_rel_error", "status"]]  # fmt: skip
     return title + "\n" + shown.to_string(index=False, float_format=lambda value: f"{value:.4g}")
 
 
@@ -405,8 +422,9 @@ def write_results(results: list[dict], dtype_name: str, args, device, world_size
     axes = SMALL_AXES if args.small else FULL_AXES
     document = dict(problem=PROBLEM, dtype=dtype_name, axes=axes, tokens_per_rank=args.tokens,
                     provenance=provenance(args, device, world_size, backend, environment, started),
-                    cases=[dict(tokens_per_rank=r["row"]["tokens_per_rank"], status=r["row"]["status"], **r["detail"])
-                           for r in results])  # fmt: skip
+                    chunks=args.chunks,
+                    cases=[dict(tokens_per_rank=r["row"]["tokens_per_rank"], chunks=r["row"]["chunks"],
+                                status=r["row"]["status"], **r["detail"]) for r in results])  # fmt: skip
     write_json(json_path, document)
     title = f"{PROBLEM} · {dtype_name} · {gpu_key(device)} × {world_size} · ms, largest median over ranks"
     print(format_table(frame, title), flush=True)
@@ -434,10 +452,12 @@ def run_rank(rank: int, local_rank: int, world_size: int, init_method: str, args
             print(message, flush=True)
 
     log("environment: " + " ".join(f"{name}={value}" for name, value in environment.items()))
-    log(f"{world_size} ranks, {backend} on {device.type}; tokens per rank {args.tokens}; dtypes {args.dtypes}")
+    log(f"{world_size} ranks, {backend} on {device.type}; tokens per rank {args.tokens}; chunks {args.chunks}; "
+        f"dtypes {args.dtypes}")
     try:
         for dtype_name in args.dtypes:
-            results = [run_case(dtype_name, tokens, args, device, rank, world_size, log) for tokens in args.tokens]
+            results = [run_case(dtype_name, tokens, args, device, rank, world_size, log, chunks)
+                       for tokens in args.tokens for chunks in args.chunks]  # fmt: skip
             if rank == 0:
                 write_results(results, dtype_name, args, device, world_size, backend, environment, started)
     finally:

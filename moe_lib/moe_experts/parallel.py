@@ -33,6 +33,20 @@ Rows leave in the order of their global expert id (so grouped by destination ran
 local expert); the expert's rank reads each row's local expert from the counts, with no id exchange.
 Sums over a token's K rows are taken in a fixed order (deterministic; no atomics).
 
+Overlap (``chunks`` = C > 1). Each rank cuts its tokens into C contiguous chunks, and every exchange above
+after the arguments runs once per chunk, asynchronously: while the experts compute chunk i, chunk i + 1's
+dispatch and chunk i − 1's combine are in flight (NCCL runs them on its own stream; gloo on its own thread).
+In the forward:
+
+    start dispatch(0); for i: start dispatch(i + 1), wait dispatch(i), experts(i), start combine(i);
+    then wait every combine and sum each token's K rows
+
+and the backward runs the same schedule around the local expert backward, adding each chunk's expert
+weight gradients in chunk order (in fp32, or the inputs' dtype when wider). The chunks' counts exchanges
+all run first (one host sync each). Every rank must pass the same C (checked with the arguments). The
+expert kernels then run C times on fewer rows each, so overlap pays only where the exchange is long
+against that cost: measure it (``python -m moe_lib.bench.parallel --chunks 1,2,4``).
+
 Errors: no rank raises alone while the others wait in a collective. The arguments exchange comes
 before any data moves: a rank whose arguments fail their checks sends its error instead, and every rank
 then raises that same error (naming the rank); so do ranks that disagree on H, I, the dtypes or
@@ -69,7 +83,7 @@ from .checks import check_routing
 STATUS_COLUMNS = ("local_experts", "index_out_of_range", "duplicate_expert")
 # the arguments exchange: one int64 row per rank, these fields, then the bytes of its error message
 ARGUMENT_FIELDS = ("error", "hidden_size", "intermediate_size", "top_k", "dtype", "topk_weights_dtype",
-                   "num_experts", "local_experts", "message_bytes")  # fmt: skip
+                   "num_experts", "local_experts", "chunks", "message_bytes")  # fmt: skip
 MESSAGE_BYTES = 480
 ERROR_KINDS = (None, ValueError, TypeError)  # the "error" field: 0 none, 1 ValueError, 2 TypeError
 EXCHANGED_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)  # others are sent as -1
@@ -115,6 +129,31 @@ class PhaseTimer:
             end = time.perf_counter()
         self._records.append((name, start, end))
 
+    def mark(self, name: str) -> None:
+        """Records an instant (a phase of zero length): when the host issued something, on the stream's clock."""
+        if self.device.type == "cuda":
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+        else:
+            event = time.perf_counter()
+        self._records.append((name, event, event))
+
+    def timeline_ms(self) -> list[dict]:
+        """Every phase and mark recorded since the last :meth:`reset`, in the order they ended (a phase is
+        recorded when it ends): dict(name, start_ms, end_ms) from the earliest start."""
+        if not self._records:
+            return []
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        origin = self._records[0][1]
+
+        def since(event) -> float:
+            return origin.elapsed_time(event) if self.device.type == "cuda" else (event - origin) * 1e3
+
+        spans = [(name, since(start), since(end)) for name, start, end in self._records]
+        earliest = min(start for _, start, _ in spans)
+        return [dict(name=name, start_ms=start - earliest, end_ms=end - earliest) for name, start, end in spans]
+
     def totals_ms(self) -> dict[str, float]:
         """Milliseconds per phase name."""
         if self.device.type == "cuda":
@@ -141,7 +180,9 @@ class ExpertParallelStats:
     ``rows_sent[s]``: (token, slot) rows this rank sent to rank s (its own index included: rows for
     its own experts, which go through all_to_all_single's chunk to itself); ``rows_received[s]``:
     rows it received from rank s. With a ``timer``, the phases of the forward and backward are
-    recorded in it (names in :data:`ALL_TO_ALL_PHASES` and :data:`EXPERT_PHASES`).
+    recorded in it (names in :data:`ALL_TO_ALL_PHASES` and :data:`EXPERT_PHASES`). An exchange phase is
+    the compute stream's wait for that exchange (all of it without overlap, what is left of it with
+    ``chunks`` > 1); each exchange's issue is marked "<phase> issued" (:meth:`PhaseTimer.timeline_ms`).
     """
 
     rows_sent: list[int] = field(default_factory=list)
@@ -151,19 +192,25 @@ class ExpertParallelStats:
     def phase(self, name: str):
         return self.timer.phase(name) if self.timer is not None else contextlib.nullcontext()
 
+    def mark(self, name: str) -> None:
+        if self.timer is not None:
+            self.timer.mark(name)
+
 
 @dataclass
 class _DispatchPlan:
     """Where every row goes, worked out from the counts exchange (identical for forward and backward).
 
-    On the token's rank: ``send_slot[i]`` is the slot t·K + k of send row i (rows ordered by global
-    expert id), ``send_splits[s]`` how many rows go to rank s. On the expert's rank:
-    ``receive_splits[s]`` rows come from rank s; ``received_local_expert[j]`` is the local expert of
+    One plan per chunk of this rank's tokens. On the token's rank: ``send_slot[i]`` is the slot t·K + k
+    (t counted from the chunk's first token) of send row i (rows ordered by global expert id),
+    ``send_splits[s]`` how many rows go to rank s. On the expert's rank: ``receive_splits[s]`` rows come
+    from rank s; ``received_local_expert[j]`` is the local expert of
     received row j, ``expert_order`` sorts the received rows by local expert and
     ``expert_row_counts[e]`` is how many received rows local expert e has.
     """
 
     group: object
+    token_start: int  # the plan's first token among this rank's (its chunk's start)
     num_tokens: int
     top_k: int
     send_slot: torch.Tensor
@@ -177,7 +224,7 @@ class _DispatchPlan:
 def moe_experts_parallel(
     hidden_states, topk_indices, topk_weights, local_gate_weights, local_up_weights, local_down_weights,
     *, group=None, impl: str = "auto", num_experts: int | None = None, stats: ExpertParallelStats | None = None,
-    check_finite: bool = False,
+    check_finite: bool = False, chunks: int = 1,
 ):  # fmt: skip
     """Expert-parallel ``moe_lib.moe_experts``: y_t = Σ_k w_tk · Wd_e(silu(Wg_e x_t) ⊙ Wu_e x_t).
 
@@ -197,6 +244,9 @@ def moe_experts_parallel(
     ``all_to_all_single`` needs as Python split sizes. ``stats``: an :class:`ExpertParallelStats` to
     fill with the rows sent to / received from each rank (and phase times when it has a timer).
     NaN/Inf in the inputs pass through unchecked; ``check_finite=True`` checks this rank's inputs.
+    ``chunks``: cut this rank's tokens into that many chunks whose exchanges overlap the expert compute of
+    their neighbours (module docstring, "Overlap"); every rank must pass the same number. 1 (the default):
+    each exchange whole, before and after the experts.
 
     Errors, raised alike on every rank before any data moves (each rank's argument checks are
     exchanged first): a ``ValueError``/``TypeError`` naming the argument and the rank whose arguments
@@ -211,26 +261,42 @@ def moe_experts_parallel(
     sizes, local_error = None, None
     try:
         sizes = _check_call(hidden_states, topk_indices, topk_weights, local_gate_weights, local_up_weights,
-                            local_down_weights, impl, num_experts, stats, check_finite)  # fmt: skip
+                            local_down_weights, impl, num_experts, stats, check_finite, chunks)  # fmt: skip
     except (ValueError, TypeError) as exc:
         if not dist.is_initialized():  # no other rank to tell
             raise
         local_error = exc
-    num_experts = _agree_on_arguments(sizes, local_error, num_experts, hidden_states, topk_weights, group)
+    num_experts = _agree_on_arguments(sizes, local_error, num_experts, hidden_states, topk_weights, chunks, group)
     if stats is None:
         stats = ExpertParallelStats()
-    plan = _plan_dispatch(topk_indices, num_experts, sizes["local_experts"], group, stats)
+    plans = [_plan_dispatch(topk_indices, tokens, num_experts, sizes["local_experts"], group, stats)
+             for tokens in token_chunks(sizes["num_tokens"], chunks)]  # fmt: skip
+    stats.rows_sent = [sum(column) for column in zip(*(plan.send_splits for plan in plans), strict=True)]
+    stats.rows_received = [sum(column) for column in zip(*(plan.receive_splits for plan in plans), strict=True)]
     return _ExpertParallelMoE.apply(
         hidden_states.contiguous(), topk_weights.contiguous(),
-        local_gate_weights, local_up_weights, local_down_weights, plan, impl, stats,
+        local_gate_weights, local_up_weights, local_down_weights, plans, impl, stats,
     )  # fmt: skip
 
 
+def token_chunks(num_tokens: int, chunks: int) -> list[range]:
+    """``chunks`` contiguous ranges of token indices covering 0..num_tokens − 1, sizes differing by at most one
+    (empty ranges when there are fewer tokens than chunks).
+
+    >>> token_chunks(10, 3)
+    [range(0, 3), range(3, 6), range(6, 10)]
+    """
+    bounds = [num_tokens * c // chunks for c in range(chunks + 1)]
+    return [range(start, stop) for start, stop in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
 def _check_call(hidden_states, topk_indices, topk_weights, gate, up, down, impl, num_experts, stats,
-                check_finite) -> dict:  # fmt: skip
+                check_finite, chunks) -> dict:  # fmt: skip
     """This rank's argument checks (values read only with ``check_finite``); returns the sizes."""
     check_impl(impl)
     flag("check_finite", check_finite)
+    if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks < 1:
+        raise ValueError(f"chunks: expected a positive integer, got {chunks!r}")
     sizes = _check_inputs(hidden_states, topk_indices, topk_weights, gate, up, down)
     resolve_impl(impl, hidden_states.device, hidden_states.dtype)
     if num_experts is not None:
@@ -272,7 +338,7 @@ def _exchange_device(group) -> torch.device:
     return torch.device("cpu")
 
 
-def _argument_row(sizes, local_error, num_experts, hidden_states, topk_weights) -> list[int]:
+def _argument_row(sizes, local_error, num_experts, hidden_states, topk_weights, chunks) -> list[int]:
     """This rank's row of the arguments exchange (see :data:`ARGUMENT_FIELDS`)."""
     if local_error is not None:
         message = str(local_error).encode()[:MESSAGE_BYTES].decode(errors="ignore").encode()
@@ -282,14 +348,14 @@ def _argument_row(sizes, local_error, num_experts, hidden_states, topk_weights) 
     dtype_codes = [EXCHANGED_DTYPES.index(t.dtype) if t.dtype in EXCHANGED_DTYPES else -1
                    for t in (hidden_states, topk_weights)]  # fmt: skip
     row = [0, sizes["hidden_size"], sizes["intermediate_size"], sizes["top_k"], *dtype_codes,
-           -1 if num_experts is None else num_experts, sizes["local_experts"], 0]  # fmt: skip
+           -1 if num_experts is None else num_experts, sizes["local_experts"], chunks, 0]  # fmt: skip
     return row + [0] * MESSAGE_BYTES
 
 
-def _agree_on_arguments(sizes, local_error, num_experts, hidden_states, topk_weights, group) -> int:
+def _agree_on_arguments(sizes, local_error, num_experts, hidden_states, topk_weights, chunks, group) -> int:
     """Exchanges every rank's argument checks and sizes (an all_gather and one host sync) and raises the same
     error on every rank when any rank's checks failed or the ranks disagree; returns num_experts."""
-    row = torch.tensor(_argument_row(sizes, local_error, num_experts, hidden_states, topk_weights),
+    row = torch.tensor(_argument_row(sizes, local_error, num_experts, hidden_states, topk_weights, chunks),
                        dtype=torch.int64, device=_exchange_device(group))  # fmt: skip
     gathered = [torch.empty_like(row) for _ in range(dist.get_world_size(group))]
     dist.all_gather(gathered, row, group=group)
@@ -311,6 +377,9 @@ def _agree_on_arguments(sizes, local_error, num_experts, hidden_states, topk_wei
                 by_rank = [str(EXCHANGED_DTYPES[c]) if c >= 0 else "another dtype" for c in by_rank]
             what = field_name.removeprefix("topk_weights_")
             raise error(f"{argument}: the ranks disagree on its {what} (by rank: {dict(enumerate(by_rank))})")
+    by_rank = {r: entry["chunks"] for r, entry in enumerate(table)}
+    if len(set(by_rank.values())) > 1:  # each rank would run a different number of exchanges
+        raise ValueError(f"chunks: the ranks disagree (by rank: {by_rank})")
     given = {r: entry["num_experts"] for r, entry in enumerate(table) if entry["num_experts"] != -1}
     if len(set(given.values())) > 1:
         raise ValueError(f"num_experts: the ranks disagree (by rank: {given})")
@@ -331,13 +400,14 @@ def _message_columns(num_experts: int, world_size: int, device: torch.device) ->
     return torch.tensor(columns, dtype=torch.int64, device=device)
 
 
-def _plan_dispatch(topk_indices, num_experts, local_experts, group, stats) -> _DispatchPlan:
-    """Orders this rank's rows by global expert, exchanges the per-expert counts with every rank
-    (the one host sync), checks every rank's status and works out both ranks' sides of the exchange."""
+def _plan_dispatch(topk_indices, tokens: range, num_experts, local_experts, group, stats) -> _DispatchPlan:
+    """Orders the rows of this rank's ``tokens`` (a chunk) by global expert, exchanges the per-expert counts
+    with every rank (one host sync), checks every rank's status and works out both sides of the exchange."""
     world_size, rank = dist.get_world_size(group), dist.get_rank(group)
     partition = expert_partition(num_experts, world_size)
     max_local = max(len(block) for block in partition)
     device = topk_indices.device
+    topk_indices = topk_indices[tokens.start : tokens.stop]
     num_tokens, top_k = topk_indices.shape
 
     expert = topk_indices.reshape(-1).long()
@@ -368,9 +438,9 @@ def _plan_dispatch(topk_indices, num_experts, local_experts, group, stats) -> _D
     )  # fmt: skip
     expert_row_counts = [sum(row[len(STATUS_COLUMNS) + j] for row in received_table)
                          for j in range(len(partition[rank]))]  # fmt: skip
-    stats.rows_sent, stats.rows_received = send_splits, receive_splits
     return _DispatchPlan(
-        group=group, num_tokens=num_tokens, top_k=top_k, send_slot=send_slot, send_splits=send_splits,
+        group=group, token_start=tokens.start, num_tokens=num_tokens, top_k=top_k, send_slot=send_slot,
+        send_splits=send_splits,
         receive_splits=receive_splits, received_local_expert=received_local_expert,
         expert_order=torch.argsort(received_local_expert, stable=True), expert_row_counts=expert_row_counts,
     )  # fmt: skip
@@ -398,12 +468,21 @@ def _raise_for_status(status_by_rank: list[list[int]], partition: list[range], i
         )
 
 
-def _all_to_all_rows(rows: torch.Tensor, output_splits: list[int], input_splits: list[int], group) -> torch.Tensor:
-    """``rows`` [sum(input_splits), ...] scattered to the ranks (input_splits[s] rows to rank s);
-    returns the rows received [sum(output_splits), ...] (output_splits[s] rows from rank s)."""
+def _start_all_to_all(rows: torch.Tensor, output_splits: list[int], input_splits: list[int], group):
+    """Starts scattering ``rows`` [sum(input_splits), ...] to the ranks (input_splits[s] rows to rank s);
+    returns (the buffer that receives [sum(output_splits), ...], output_splits[s] rows from rank s, and the
+    collective's work: ``.wait()`` before reading the buffer)."""
     received = rows.new_empty((sum(output_splits), *rows.shape[1:]))
-    dist.all_to_all_single(received, rows.contiguous(), output_splits, input_splits, group=group)
-    return received
+    work = dist.all_to_all_single(received, rows.contiguous(), output_splits, input_splits, group=group,
+                                  async_op=True)  # fmt: skip
+    return received, work
+
+
+def _finish(started: list) -> list[torch.Tensor]:
+    """Waits for every (buffer, work) of ``started``; returns the buffers."""
+    for _, work in started:
+        work.wait()
+    return [buffer for buffer, _ in started]
 
 
 def _rows_by_slot(rows: torch.Tensor, plan: _DispatchPlan) -> torch.Tensor:
@@ -442,52 +521,97 @@ def _local_experts_forward(rows, row_weights, plan: _DispatchPlan, gate, up, dow
     return unsorted
 
 
+def _expert_forward(received_x, received_w, plan: _DispatchPlan, gate, up, down, impl) -> torch.Tensor:
+    """The weighted outputs of this rank's experts for the rows it received (one slot per row)."""
+    use_triton = resolve_impl(impl, received_x.device, received_x.dtype) == "triton"
+    if received_x.shape[0] > 0 and use_triton:  # the single-device layer's kernels
+        return moe_experts_forward(received_x, plan.received_local_expert[:, None], received_w[:, None], gate, up,
+                                   down, impl=impl)  # fmt: skip
+    return _local_experts_forward(received_x, received_w, plan, gate, up, down)
+
+
+def _expert_backward(received_dy, received_x, received_w, plan: _DispatchPlan, gate, up, down, impl):
+    """(dx rows, routing-weight gradient rows, dWg, dWu, dWd) of this rank's experts for one chunk's rows."""
+    if received_x.shape[0] == 0:  # no rows for this rank's experts: their gradients are zero
+        return (torch.zeros_like(received_x), torch.zeros_like(received_w),
+                *(torch.zeros_like(w) for w in (gate, up, down)))  # fmt: skip
+    grad_x_rows, grad_w_rows, *weight_grads = moe_experts_backward(
+        received_dy, received_x, plan.received_local_expert[:, None], received_w[:, None], gate, up, down,
+        impl=impl, validate=False,
+    )  # fmt: skip
+    return grad_x_rows, grad_w_rows.reshape(-1), *weight_grads
+
+
 class _ExpertParallelMoE(torch.autograd.Function):
-    """Forward: dispatch, local experts, combine. Backward: the adjoint exchanges around the local
-    expert backward. Both run the same collectives in the same order on every rank."""
+    """Forward: dispatch, local experts, combine, chunk by chunk with each chunk's exchanges overlapping its
+    neighbours' expert compute. Backward: the adjoint exchanges around the local expert backward, on the
+    same schedule. Both run the same collectives in the same order on every rank."""
 
     @staticmethod
-    def forward(ctx, hidden_states, topk_weights, gate, up, down, plan: _DispatchPlan, impl, stats):
-        group, top_k = plan.group, plan.top_k
-        send_x = hidden_states[plan.send_slot // top_k]
-        send_w = topk_weights.reshape(-1)[plan.send_slot]
-        with stats.phase("dispatch"):
-            received_x = _all_to_all_rows(send_x, plan.receive_splits, plan.send_splits, group)
-            received_w = _all_to_all_rows(send_w, plan.receive_splits, plan.send_splits, group)
-        with stats.phase("expert_forward"):
-            use_triton = resolve_impl(impl, received_x.device, received_x.dtype) == "triton"
-            if received_x.shape[0] > 0 and use_triton:  # the single-device layer's kernels (one slot per row)
-                expert_rows = moe_experts_forward(
-                    received_x, plan.received_local_expert[:, None], received_w[:, None], gate, up, down, impl=impl
-                )
-            else:
-                expert_rows = _local_experts_forward(received_x, received_w, plan, gate, up, down)
+    def forward(ctx, hidden_states, topk_weights, gate, up, down, plans: list[_DispatchPlan], impl, stats):
+        group = plans[0].group
+
+        def start_dispatch(plan):
+            stats.mark("dispatch issued")
+            tokens = slice(plan.token_start, plan.token_start + plan.num_tokens)
+            send_x = hidden_states[tokens][plan.send_slot // plan.top_k]
+            send_w = topk_weights[tokens].reshape(-1)[plan.send_slot]
+            return [_start_all_to_all(rows, plan.receive_splits, plan.send_splits, group) for rows in (send_x, send_w)]
+
+        received, combines = [], []
+        in_flight = start_dispatch(plans[0])
+        for i, plan in enumerate(plans):
+            following = start_dispatch(plans[i + 1]) if i + 1 < len(plans) else None
+            with stats.phase("dispatch"):  # the compute stream's wait for this chunk's rows
+                received_x, received_w = _finish(in_flight)
+            with stats.phase("expert_forward"):
+                expert_rows = _expert_forward(received_x, received_w, plan, gate, up, down, impl)
+            stats.mark("combine issued")
+            combines.append(_start_all_to_all(expert_rows, plan.send_splits, plan.receive_splits, group))
+            received += [received_x, received_w]
+            in_flight = following
         with stats.phase("combine"):
-            returned_rows = _all_to_all_rows(expert_rows, plan.send_splits, plan.receive_splits, group)
-        ctx.save_for_backward(received_x, received_w, gate, up, down)
-        ctx.plan, ctx.impl, ctx.stats = plan, impl, stats
-        return _sum_over_slots(returned_rows, plan)
+            returned = _finish(combines)
+        ctx.save_for_backward(gate, up, down, *received)
+        ctx.plans, ctx.impl, ctx.stats = plans, impl, stats
+        return torch.cat([_sum_over_slots(rows, plan) for rows, plan in zip(returned, plans, strict=True)])
 
     @staticmethod
     def backward(ctx, grad_output):
-        received_x, received_w, gate, up, down = ctx.saved_tensors
-        plan, stats, group = ctx.plan, ctx.stats, ctx.plan.group
-        send_dy = grad_output[plan.send_slot // plan.top_k]
-        with stats.phase("backward_dispatch"):
-            received_dy = _all_to_all_rows(send_dy, plan.receive_splits, plan.send_splits, group)
-        with stats.phase("expert_backward"):
-            if received_x.shape[0] == 0:  # no rows for this rank's experts: their gradients are zero
-                grad_x_rows = torch.zeros_like(received_x)
-                grad_w_rows = torch.zeros_like(received_w)
-                grad_gate, grad_up, grad_down = (torch.zeros_like(w) for w in (gate, up, down))
-            else:
-                grad_x_rows, grad_w_rows, grad_gate, grad_up, grad_down = moe_experts_backward(
-                    received_dy, received_x, plan.received_local_expert[:, None], received_w[:, None],
-                    gate, up, down, impl=ctx.impl, validate=False,
-                )  # fmt: skip
+        gate, up, down, *received = ctx.saved_tensors
+        plans, stats, group = ctx.plans, ctx.stats, ctx.plans[0].group
+
+        def start_dispatch(plan):
+            stats.mark("backward_dispatch issued")
+            send_dy = grad_output[plan.token_start : plan.token_start + plan.num_tokens][plan.send_slot // plan.top_k]
+            return [_start_all_to_all(send_dy, plan.receive_splits, plan.send_splits, group)]
+
+        combines, weight_grads = [], None
+        in_flight = start_dispatch(plans[0])
+        for i, plan in enumerate(plans):
+            following = start_dispatch(plans[i + 1]) if i + 1 < len(plans) else None
+            with stats.phase("backward_dispatch"):
+                [received_dy] = _finish(in_flight)
+            with stats.phase("expert_backward"):
+                grad_x_rows, grad_w_rows, *chunk_grads = _expert_backward(
+                    received_dy, received[2 * i], received[2 * i + 1], plan, gate, up, down, ctx.impl
+                )
+                if len(plans) == 1:
+                    weight_grads = chunk_grads
+                elif weight_grads is None:  # the chunks' sum, in chunk order, in fp32 (or wider)
+                    weight_grads = [g.to(torch.promote_types(g.dtype, torch.float32)) for g in chunk_grads]
+                else:
+                    for total, g in zip(weight_grads, chunk_grads, strict=True):
+                        total.add_(g)
+            stats.mark("backward_combine issued")
+            combines.append([_start_all_to_all(rows, plan.send_splits, plan.receive_splits, group)
+                             for rows in (grad_x_rows, grad_w_rows)])  # fmt: skip
+            in_flight = following
         with stats.phase("backward_combine"):
-            returned_grad_x = _all_to_all_rows(grad_x_rows, plan.send_splits, plan.receive_splits, group)
-            returned_grad_w = _all_to_all_rows(grad_w_rows.reshape(-1), plan.send_splits, plan.receive_splits, group)
-        grad_hidden_states = _sum_over_slots(returned_grad_x, plan)
-        grad_topk_weights = _rows_by_slot(returned_grad_w, plan)
+            returned = [_finish(started) for started in combines]
+        grad_hidden_states = torch.cat([_sum_over_slots(grad_x, plan)
+                                        for (grad_x, _), plan in zip(returned, plans, strict=True)])  # fmt: skip
+        grad_topk_weights = torch.cat([_rows_by_slot(grad_w, plan)
+                                       for (_, grad_w), plan in zip(returned, plans, strict=True)])  # fmt: skip
+        grad_gate, grad_up, grad_down = (g.to(w.dtype) for g, w in zip(weight_grads, (gate, up, down), strict=True))
         return grad_hidden_states, grad_topk_weights, grad_gate, grad_up, grad_down, None, None, None
