@@ -42,6 +42,20 @@ def test_model_tends_to_its_asymptotic_share():
     assert model["share"][0] == pytest.approx(share, rel=1e-12)
 
 
+def test_model_of_overlapped_chunks():
+    shapes = dict(world_size=4, hidden_size=4096, intermediate_size=2048, num_experts=256, top_k=8, element_bytes=2,
+                  weight_bytes=4, link_bandwidth=50e9, flops_rate=500e12, memory_bandwidth=4e12)  # fmt: skip
+    one, four = parallel.model_step([512, 32768], **shapes), parallel.model_step([512, 32768], **shapes, chunks=4)
+    a, x = one["all_to_all_s"], one["expert_s"]
+    assert one["step_s"] == pytest.approx(a + x) and one["share"] == pytest.approx(a / (a + x))
+    assert (four["all_to_all_s"] == a).all() and (four["expert_bytes"] > one["expert_bytes"]).all()
+    a4, x4 = four["all_to_all_s"], four["expert_s"]
+    assert four["step_s"] == pytest.approx([max(p, q) + min(p, q) / 4 for p, q in zip(a4, x4, strict=True)])
+    assert (four["share"] < one["share"]).all()  # at these sizes the exchange hides behind the experts
+    with pytest.raises(ValueError, match="chunks: expected a positive integer"):
+        parallel.model_step([512], **shapes, chunks=0)
+
+
 def test_live_case_partitions_experts_and_sends_the_routed_rows():
     case = parallel_live.LiveCase(world_size=3, tokens_per_rank=4, hidden_size=8, intermediate_size=4, num_experts=5,
                                   top_k=2, routing="skewed")  # fmt: skip

@@ -74,18 +74,22 @@ def exchange_bytes(rows_sent: list[int], rows_received: list[int], rank: int, *,
 
 def model_step(tokens_per_rank, *, world_size: int, hidden_size: int, intermediate_size: int, num_experts: int,
                top_k: int, element_bytes: int, weight_bytes: int, link_bandwidth: float, flops_rate: float,
-               memory_bandwidth: float | None = None) -> dict:  # fmt: skip
+               memory_bandwidth: float | None = None, chunks: int = 1) -> dict:  # fmt: skip
     """The cost model of one forward + backward step on one rank, under balanced routing (every rank sends
     and receives T_r·K rows, a fraction (W − 1)/W of them to or from other ranks); arrays over
     ``tokens_per_rank``:
 
     - ``all_to_all_bytes`` = T_r·K·(W−1)/W · (4·H·b + 2·b_w) (the counts exchange left out);
     - ``expert_flops`` = 22·T_r·K·H·I (forward 6, backward 16);
-    - ``expert_bytes`` = 9·L·H·I·b + 5·T_r·K·H·b with L = ⌈E/W⌉ local experts;
+    - ``expert_bytes`` = 9·C·L·H·I·b + 5·T_r·K·H·b with L = ⌈E/W⌉ local experts (each of the C chunks reads the
+      weights again);
     - ``all_to_all_s`` = bytes / link_bandwidth; ``expert_s`` = max(FLOPs / flops_rate, bytes /
       memory_bandwidth) (the FLOPs alone when ``memory_bandwidth`` is None);
-    - ``share`` = all_to_all_s / (all_to_all_s + expert_s): the exchanges and the expert work run one after
-      the other, and the rest of the step (row gathers, sums over K, the host read) is left out.
+    - ``step_s`` = max(A, X) + min(A, X) / C for A = all_to_all_s and X = expert_s: C = 1 runs the exchanges
+      and the expert work one after the other (A + X); with C chunks (``moe_experts_parallel(chunks=C)``) the
+      two streams form a pipeline of C stages in which only one stage of the shorter of the two stays exposed;
+    - ``share`` = (step_s − expert_s) / step_s, the exposed exchange's share of the step. The rest of the step
+      (row gathers, sums over K, the host read) is left out.
     """
     tokens = np.asarray(tokens_per_rank, dtype=float)
     rows = tokens * top_k
@@ -93,15 +97,18 @@ def model_step(tokens_per_rank, *, world_size: int, hidden_size: int, intermedia
     all_to_all_bytes = remote * (4 * hidden_size * element_bytes + 2 * weight_bytes)
     expert_flops = STEP_FLOPS_PER_ROW_HI * rows * hidden_size * intermediate_size
     local_experts = -(-num_experts // world_size)
-    expert_bytes = (EXPERT_WEIGHT_PASSES * local_experts * hidden_size * intermediate_size * element_bytes
+    if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks < 1:
+        raise ValueError(f"chunks: expected a positive integer, got {chunks!r}")
+    expert_bytes = (EXPERT_WEIGHT_PASSES * chunks * local_experts * hidden_size * intermediate_size * element_bytes
                     + EXPERT_ROW_PASSES * rows * hidden_size * element_bytes)  # fmt: skip
     all_to_all_s = all_to_all_bytes / link_bandwidth
     expert_s = expert_flops / flops_rate
     if memory_bandwidth is not None:
         expert_s = np.maximum(expert_s, expert_bytes / memory_bandwidth)
+    step_s = np.maximum(all_to_all_s, expert_s) + np.minimum(all_to_all_s, expert_s) / chunks
     return dict(tokens_per_rank=tokens, all_to_all_bytes=all_to_all_bytes, expert_flops=expert_flops,
-                expert_bytes=expert_bytes, all_to_all_s=all_to_all_s, expert_s=expert_s,
-                share=all_to_all_s / (all_to_all_s + expert_s))  # fmt: skip
+                expert_bytes=expert_bytes, all_to_all_s=all_to_all_s, expert_s=expert_s, step_s=step_s,
+                share=(step_s - expert_s) / step_s)  # fmt: skip
 
 
 def asymptotic_share(*, world_size: int, intermediate_size: int, element_bytes: int, link_bandwidth: float,
