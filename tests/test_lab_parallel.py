@@ -1,5 +1,6 @@
 """moe_lib.lab.parallel and .parallel_live: the committed multi-GPU runs, the exchanges and the cost model by hand."""
 
+import matplotlib.pyplot as plt
 import pytest
 import torch
 
@@ -67,3 +68,20 @@ def test_live_case_partitions_experts_and_sends_the_routed_rows():
     assert sent[1] == torch.bincount(owner[indices[4:8].reshape(-1)], minlength=3).tolist()
     errors = parallel_live.relative_errors(*[dict.fromkeys(parallel_live.OUTPUT_NAMES, torch.ones(2))] * 2)
     assert set(errors.values()) == {0.0}
+
+
+def test_overlap_curves_from_the_committed_runs(runs):
+    grid = [256, 4096, 65536]
+    curves = parallel.overlap_curves(runs, gpu_key="H200", world_size=8, chunk_counts=(1, 2, 4), tokens_grid=grid)
+    assert list(curves) == list(runs)
+    for models in curves.values():
+        assert list(models) == [1, 2, 4] and (models[1]["relative_step"] == 1).all()
+        # chunking costs at few tokens (the weights read again per chunk) and pays at many
+        assert models[4]["relative_step"][0] > 1 > models[4]["relative_step"][-1]
+    figure = parallel.overlap_figure(curves, "test")
+    assert len(figure.axes) == len(runs) and len(figure.axes[0].lines) == 3 + 1
+    plt.close(figure)
+    # the runs made before the layer had chunks: every row is a chunks-1 row
+    for run in runs.values():
+        assert list(run.chunked.index.get_level_values("chunks").unique()) == [1]
+        assert len(run.chunked) == len(run.ok)

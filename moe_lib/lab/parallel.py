@@ -183,13 +183,25 @@ class ParallelRun(RunFiles):
 
     @property
     def cases(self) -> dict[int, dict]:
-        """The JSON's per-case details (rows and per-rank medians) by tokens per rank."""
-        return {int(case["tokens_per_rank"]): case for case in self.meta["cases"]}
+        """The JSON's per-case details (rows and per-rank medians) by tokens per rank, without overlap (chunks 1;
+        a run made before the layer had chunks has only those)."""
+        return {int(case["tokens_per_rank"]): case for case in self.meta["cases"] if case.get("chunks", 1) == 1}
 
     @property
     def ok(self) -> pd.DataFrame:
-        """The CSV's rows that were timed, indexed by tokens per rank."""
-        return self.frame[self.frame["status"].str.startswith(("ok", "timed"))].set_index("tokens_per_rank")
+        """The CSV's rows that were timed without overlap (chunks 1), indexed by tokens per rank."""
+        timed = self.frame[self.frame["status"].str.startswith(("ok", "timed"))]
+        if "chunks" in timed:
+            timed = timed[timed["chunks"] == 1]
+        return timed.set_index("tokens_per_rank")
+
+    @property
+    def chunked(self) -> pd.DataFrame:
+        """Every timed row, indexed by (tokens per rank, chunks): the overlap's runs beside the plain ones."""
+        timed = self.frame[self.frame["status"].str.startswith(("ok", "timed"))].copy()
+        if "chunks" not in timed:
+            timed["chunks"] = 1
+        return timed.set_index(["tokens_per_rank", "chunks"]).sort_index()
 
 
 def load_parallel_results(results_dir="data/results", gpu_key: str = "H200") -> dict[str, ParallelRun]:
@@ -505,6 +517,46 @@ def measured_figure(runs: dict[str, ParallelRun]):
                fontsize=9)  # fmt: skip
     first = next(iter(runs.values()))
     fig.suptitle(f"{PROBLEM} on {first.world_size} × {first.gpu_key}: forward + backward per rank", fontsize=11)
+    return fig
+
+
+def overlap_curves(runs: dict, *, gpu_key: str, world_size: int, chunk_counts, tokens_grid) -> dict:
+    """The cost model of the overlapped exchange (:func:`model_step` with ``chunks``) for each measured run's
+    shapes and achieved link bandwidth (as :func:`model_curves`), ``world_size`` ranks, experts at the datasheet
+    roofline of ``gpu_key`` (at the run's measured rate where :data:`moe_lib.roofline.GPUS` lacks it).
+    Returns dtype → {chunks: model}, each model with ``relative_step``: its step time over the C = 1 step's."""
+    spec = roofline.GPUS.get(gpu_key)
+    curves = {}
+    for dtype, run in runs.items():
+        largest = max(run.cases)
+        link = bandwidth_table(run).loc[largest, "GB/s out"].max() * 1e9
+        if spec is not None:
+            rates = dict(flops_rate=spec.bf16_dense_flops, memory_bandwidth=spec.dram_bandwidth)
+        else:
+            rates = dict(flops_rate=expert_rate_table(run).loc[largest, "TFLOP/s"].max() * 1e12)
+        shapes = dict(hidden_size=run.axes["hidden_size"], intermediate_size=run.axes["intermediate_size"],
+                      num_experts=run.axes["num_experts"], top_k=run.axes["top_k"], element_bytes=run.element_bytes,
+                      weight_bytes=run.weight_bytes, link_bandwidth=link, world_size=world_size, **rates)  # fmt: skip
+        models = {chunks: model_step(tokens_grid, **shapes, chunks=chunks) for chunks in chunk_counts}
+        plain = models[min(models)]["step_s"]
+        for model in models.values():
+            model["relative_step"] = model["step_s"] / plain
+        curves[dtype] = models
+    return curves
+
+
+def overlap_figure(curves: dict[str, dict], title: str):
+    """:func:`overlap_curves` as step time relative to no overlap against tokens per rank, one panel per dtype:
+    below 1 the overlap pays, above it the chunks' extra weight reads cost more than the exchange it hides."""
+    fig, axes = plt.subplots(1, len(curves), figsize=(6.5 * len(curves), 4.0), squeeze=False, layout="constrained")
+    for ax, (dtype, models) in zip(axes[0], curves.items(), strict=True):
+        for chunks, model in models.items():
+            ax.plot(model["tokens_per_rank"], model["relative_step"], marker=".", label=f"C = {chunks}")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set(xlabel="tokens per rank T_r", ylabel="step time / step without overlap", title=f"{dtype}: {title}")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
     return fig
 
 

@@ -44,6 +44,7 @@ class LiveCase:
     top_k: int
     routing: str = "uniform"
     seed: int = 0
+    chunks: int = 1  # the layer's chunks: the exchanges in that many overlapped pieces
 
     @property
     def partition(self) -> list[range]:
@@ -89,7 +90,8 @@ def _live_rank(rank: int, case: LiveCase, init_file: str, folder: str) -> None:
                      for name in ("gate_weights", "up_weights", "down_weights")]  # fmt: skip
             stats = ExpertParallelStats()
             output = moe_experts_parallel(hidden_states, inputs["topk_indices"][tokens], topk_weights, *shard,
-                                          impl="reference", num_experts=case.num_experts, stats=stats)  # fmt: skip
+                                          impl="reference", num_experts=case.num_experts, stats=stats,
+                                          chunks=case.chunks)  # fmt: skip
             grads = torch.autograd.grad(output, [hidden_states, topk_weights, *shard], inputs["grad_output"][tokens])
             results = dict(output=output.detach(), **dict(zip(GRAD_NAMES, grads, strict=True)),
                            rows_sent=stats.rows_sent, rows_received=stats.rows_received)  # fmt: skip
