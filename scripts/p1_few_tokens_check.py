@@ -45,6 +45,9 @@ CANDIDATES = {
     # The run-time H bounds cost registers: 72–168 bytes of stack at 16 tokens (a_reg: none), 700 with 187 columns
     "a_reg_132": dict(block_h1=256, span_h1=187, block_i1=64, block_i2=128, block_h2=128, span_h2=94,
                       weights_ahead="registers"),
+    # a_reg as a cooperative launch (CUDA guarantees every program resident, or refuses the launch)
+    "a_reg_coop": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="registers",
+                       cooperative=True),
     "a_pf_132": dict(block_h1=256, span_h1=187, block_i1=64, block_i2=128, block_h2=128, span_h2=94,
                      weights_ahead="prefetch"),
     "a_reg_132b": dict(block_h1=256, span_h1=187, block_i1=64, block_i2=64, block_h2=256, span_h2=187,
@@ -52,7 +55,7 @@ CANDIDATES = {
     # 48 programs with twice the weight bytes each (fewer, larger tiles), for comparison
     "e_pf": dict(block_h1=256, block_i1=128, block_i2=128, block_h2=256, weights_ahead="prefetch"),
 }
-DEFAULT_CANDIDATES = ["a_reg", "a_reg_132", "a_pf_132", "a_reg_132b", "a_pf"]  # a_pf_w4 and e_pf spill (--compile-only)
+DEFAULT_CANDIDATES = ["a_reg", "a_reg_coop", "a_reg_132", "a_pf_132", "a_reg_132b"]  # a_pf_w4 and e_pf spill (--compile-only)
 DEFAULT_TOKENS = [1, 2, 4, 8, 16, 32, 64, 128]
 
 

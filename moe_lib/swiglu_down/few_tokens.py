@@ -38,8 +38,10 @@ What the time depends on in Triton (read off the TTGIR and PTX for sm_90, ``scri
   thread until it is needed, so the dWg, dWu stores do not wait for the dx arrival's round trip.
 
 Waiting needs every program resident at once: at most one program per SM (:func:`.launch.resident_programs`),
-and nothing else running beside the launch. The interpreter runs programs one after another, so there
-the phases run as two launches (``PHASE``). Counters (int64, zeroed once, never reset):
+and nothing else running beside the launch, or a cooperative launch (``cooperative``), with which CUDA
+guarantees residency (or refuses the launch) even beside kernels on other streams. The interpreter runs
+programs one after another, so there the phases run as two launches (``PHASE``). Counters (int64, zeroed
+once, never reset):
     [0]                  +1 per program and launch: program p's launch number g = (its arrival) // grid
     [1 + b]              +1 per phase-1 tile overlapping phase-2 I-block b: block b is ready in launch g
                          once it reaches (g + 1) · (the tiles overlapping b)
@@ -359,6 +361,9 @@ class FewTokensConfig:
     # 11 × 12 = 132 programs fill an H200's SMs at H = 2048, I = 768 (the rest of each block is masked off)
     span_h1: int = 0
     span_h2: int = 0
+    # a cooperative launch (CUDA's guarantee that every program is resident at once, or a launch error): the
+    # waits between programs cannot hang when another kernel holds SMs beside this one (another stream)
+    cooperative: bool = False
 
     @property
     def spans(self) -> tuple[int, int]:
@@ -410,6 +415,7 @@ class FewTokensConfig:
                 counters, T, H, I, phase, self.block_t, self.block_h1, self.block_i1, self.block_i2, self.block_h2,
                 *self.spans, n_h1, n_i1, n_i2, n_h2, T <= self.block_t, ahead, 32 * self.warps, *dot_flags(x),
                 with_lo, num_warps=self.warps, num_stages=self.stages,
+                **({"launch_cooperative_grid": True} if self.cooperative and not interpreter else {}),
             )  # fmt: skip
         return grad_x, grad_gate_weight, grad_up_weight, grad_down_weight
 
