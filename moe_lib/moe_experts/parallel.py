@@ -521,6 +521,11 @@ def _local_experts_forward(rows, row_weights, plan: _DispatchPlan, gate, up, dow
     return unsorted
 
 
+def _joined(pieces: list[torch.Tensor]) -> torch.Tensor:
+    """The chunks' token rows in order (the one piece itself when there is one chunk: no copy)."""
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+
+
 def _expert_forward(received_x, received_w, plan: _DispatchPlan, gate, up, down, impl) -> torch.Tensor:
     """The weighted outputs of this rank's experts for the rows it received (one slot per row)."""
     use_triton = resolve_impl(impl, received_x.device, received_x.dtype) == "triton"
@@ -574,7 +579,7 @@ class _ExpertParallelMoE(torch.autograd.Function):
             returned = _finish(combines)
         ctx.save_for_backward(gate, up, down, *received)
         ctx.plans, ctx.impl, ctx.stats = plans, impl, stats
-        return torch.cat([_sum_over_slots(rows, plan) for rows, plan in zip(returned, plans, strict=True)])
+        return _joined([_sum_over_slots(rows, plan) for rows, plan in zip(returned, plans, strict=True)])
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -609,9 +614,9 @@ class _ExpertParallelMoE(torch.autograd.Function):
             in_flight = following
         with stats.phase("backward_combine"):
             returned = [_finish(started) for started in combines]
-        grad_hidden_states = torch.cat([_sum_over_slots(grad_x, plan)
-                                        for (grad_x, _), plan in zip(returned, plans, strict=True)])  # fmt: skip
-        grad_topk_weights = torch.cat([_rows_by_slot(grad_w, plan)
-                                       for (_, grad_w), plan in zip(returned, plans, strict=True)])  # fmt: skip
+        grad_hidden_states = _joined([_sum_over_slots(grad_x, plan)
+                                      for (grad_x, _), plan in zip(returned, plans, strict=True)])  # fmt: skip
+        grad_topk_weights = _joined([_rows_by_slot(grad_w, plan)
+                                     for (_, grad_w), plan in zip(returned, plans, strict=True)])  # fmt: skip
         grad_gate, grad_up, grad_down = (g.to(w.dtype) for g, w in zip(weight_grads, (gate, up, down), strict=True))
         return grad_hidden_states, grad_topk_weights, grad_gate, grad_up, grad_down, None, None, None
