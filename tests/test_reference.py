@@ -109,7 +109,9 @@ def test_definition_reference_source_agrees_with_moe_lib(name, seed):
     """The Python source stored in definition.json computes what moe_lib.reference computes.
 
     Both compute in fp32 but spell dSiLU differently, so an fp32 value may land either side of a
-    16-bit rounding boundary: 16-bit outputs may differ by one unit in the last place, rarely."""
+    16-bit rounding boundary: 16-bit outputs may differ by one unit in the last place, rarely; and an
+    element that cancels to almost nothing carries the fp32 rounding of its terms, relative to the output's
+    scale rather than to itself (an absolute 1e-6 of the largest element)."""
     problem = problems.load(name)
     namespace = {}
     exec(compile(problem.reference_source, f"{name}/definition.json", "exec"), namespace)
@@ -122,5 +124,6 @@ def test_definition_reference_source_agrees_with_moe_lib(name, seed):
         if g.dtype == torch.float32:
             assert rel_error(g, w) <= 1e-6, out_name
         else:
-            torch.testing.assert_close(g, w, rtol=torch.finfo(g.dtype).eps, atol=0, msg=out_name)
+            scale = w.abs().max().item()
+            torch.testing.assert_close(g, w, rtol=torch.finfo(g.dtype).eps, atol=1e-6 * scale, msg=out_name)
             assert (g != w).float().mean().item() <= 0.01, out_name
