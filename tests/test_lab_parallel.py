@@ -85,3 +85,24 @@ def test_overlap_curves_from_the_committed_runs(runs):
     for run in runs.values():
         assert list(run.chunked.index.get_level_values("chunks").unique()) == [1]
         assert len(run.chunked) == len(run.ok)
+
+
+def test_step_timeline_pairs_each_exchange_with_its_wait():
+    timeline = [dict(name="dispatch issued", start_ms=0.0, end_ms=0.0), dict(name="dispatch issued", start_ms=0.1,
+                                                                           end_ms=0.1),
+                dict(name="dispatch", start_ms=0.2, end_ms=1.0), dict(name="expert_forward", start_ms=1.0, end_ms=3.0),
+                dict(name="combine issued", start_ms=3.0, end_ms=3.0), dict(name="dispatch", start_ms=3.0, end_ms=3.0),
+                dict(name="expert_forward", start_ms=3.0, end_ms=5.0),
+                dict(name="combine issued", start_ms=5.0, end_ms=5.0), dict(name="combine", start_ms=5.0, end_ms=6.0),
+                dict(name="total", start_ms=0.0, end_ms=6.5)]  # fmt: skip
+    spans = parallel.step_timeline(timeline)
+    assert spans[spans["lane"] == "experts"][["start_ms", "end_ms"]].values.tolist() == [[1.0, 3.0], [3.0, 5.0]]
+    # a wait of zero length (the second dispatch had arrived) is no span; "total" is no phase of the layer
+    assert spans[spans["lane"] == "waits"]["name"].tolist() == ["dispatch", "combine"]
+    flight = spans[spans["lane"] == "in flight"].set_index(["name", "start_ms"])["end_ms"]
+    assert flight[("dispatch", 0.0)] == 1.0 and flight[("dispatch", 0.1)] == 3.0  # each dispatch until its wait
+    assert flight[("combine", 3.0)] == 6.0 and flight[("combine", 5.0)] == 6.0  # every combine until the last wait
+    figure = parallel.timeline_figure([timeline, timeline], "test")
+    assert [t.get_text() for t in figure.axes[0].get_yticklabels()][:3] == ["rank 0: experts", "rank 0: waits",
+                                                                             "rank 0: in flight"]  # fmt: skip
+    plt.close(figure)

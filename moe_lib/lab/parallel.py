@@ -24,7 +24,7 @@ from matplotlib import patches
 
 from .. import problems, roofline
 from ..bench.parallel import OUTPUT_NAMES, PROBLEM, PROBLEM_OF_DTYPE
-from ..moe_experts.parallel import STATUS_COLUMNS, expert_partition
+from ..moe_experts.parallel import ALL_TO_ALL_PHASES, EXPERT_PHASES, STATUS_COLUMNS, expert_partition
 from .results import RunFiles, read_run_csv, read_run_json, require_keys, resolve_path
 
 COUNT_BYTES = 8  # the counts exchange is int64
@@ -557,6 +557,58 @@ def overlap_figure(curves: dict[str, dict], title: str):
         ax.set(xlabel="tokens per rank T_r", ylabel="step time / step without overlap", title=f"{dtype}: {title}")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
+    return fig
+
+
+def step_timeline(timeline: list[dict]) -> pd.DataFrame:
+    """One rank's timeline of a step (``moe_lib.bench.parallel``'s ``timelines_by_rank`` entry: phases and the
+    "<exchange> issued" marks, ms from the step's start) as spans: columns lane ("experts", "waits" or
+    "in flight"), name, start_ms, end_ms. An exchange is in flight from its issue to the end of the compute
+    stream's wait for it (an upper bound of its time on the wire): per dispatch its own wait, per combine the
+    one wait for every chunk's combine that follows the last chunk."""
+    spans = []
+    waits = {name: [entry for entry in timeline if entry["name"] == name] for name in ALL_TO_ALL_PHASES}
+    for entry in timeline:
+        if entry["name"] in EXPERT_PHASES:
+            spans.append(dict(lane="experts", name=entry["name"], start_ms=entry["start_ms"], end_ms=entry["end_ms"]))
+        elif entry["name"] in ALL_TO_ALL_PHASES and entry["end_ms"] > entry["start_ms"]:
+            spans.append(dict(lane="waits", name=entry["name"], start_ms=entry["start_ms"], end_ms=entry["end_ms"]))
+    for name, ends in waits.items():
+        issued = [entry["start_ms"] for entry in timeline if entry["name"] == f"{name} issued"]
+        for k, start in enumerate(issued):
+            if not ends:
+                break
+            end = ends[min(k, len(ends) - 1)]["end_ms"]  # dispatches: one wait each; combines: the last wait
+            spans.append(dict(lane="in flight", name=name, start_ms=start, end_ms=end))
+    return pd.DataFrame(spans, columns=["lane", "name", "start_ms", "end_ms"])
+
+
+TIMELINE_COLORS = {"expert_forward": "tab:blue", "expert_backward": "tab:green", "dispatch": "tab:red",
+                   "combine": "tab:purple", "backward_dispatch": "tab:orange", "backward_combine": "tab:brown",
+                   "counts_exchange": "tab:gray"}  # fmt: skip
+
+
+def timeline_figure(timelines_by_rank: list[list[dict]], title: str):
+    """Every rank's step as three lanes (:func:`step_timeline`): the experts' compute, the compute stream's
+    waits for exchanges, and the exchanges in flight (translucent: they overlap one another)."""
+    lanes = ("experts", "waits", "in flight")
+    fig, ax = plt.subplots(figsize=(11, 0.9 + 0.75 * len(lanes) * len(timelines_by_rank)), layout="constrained")
+    labels, seen = [], set()
+    for rank, timeline in enumerate(timelines_by_rank):
+        spans = step_timeline(timeline)
+        for lane in lanes:
+            y = len(labels)
+            labels.append(f"rank {rank}: {lane}")
+            for span in spans[spans["lane"] == lane].itertuples():
+                label = span.name if span.name not in seen else None
+                seen.add(span.name)
+                ax.barh(y, span.end_ms - span.start_ms, left=span.start_ms, height=0.6,
+                        color=TIMELINE_COLORS.get(span.name, "black"), alpha=0.35 if lane == "in flight" else 0.9,
+                        edgecolor="black", linewidth=0.3, label=label)  # fmt: skip
+    ax.set_yticks(range(len(labels)), labels)
+    ax.invert_yaxis()
+    ax.set(xlabel="ms from the step's start", title=title)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     return fig
 
 
