@@ -281,13 +281,15 @@ def test_gpu_cuda_graph_replay_with_new_inputs(T, seed):
 
 
 CONCURRENT_SCRIPT = """
+import sys
 import torch
 from moe_lib import problems
 from moe_lib.swiglu_down.few_tokens import FewTokensConfig
+from moe_lib.swiglu_down.one_launch import OneLaunchConfig
 from moe_lib.swiglu_down.launch import swiglu_down_backward_triton
 
-inputs = problems.make_inputs("swiglu_down_backward", 8, seed=0, device="cuda", distribution="harness")
-config = FewTokensConfig(cooperative=True)
+num_tokens, config = int(sys.argv[1]), eval(sys.argv[2])
+inputs = problems.make_inputs("swiglu_down_backward", num_tokens, seed=0, device="cuda", distribution="harness")
 want = swiglu_down_backward_triton(*inputs.values(), config=config)
 a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
 busy, other = torch.cuda.Stream(), torch.cuda.Stream()
@@ -303,13 +305,19 @@ print("ok")
 
 
 @pytest.mark.gpu
-def test_gpu_cooperative_launch_beside_another_stream():
+@pytest.mark.parametrize("num_tokens, config", [
+    (8, "FewTokensConfig(cooperative=True)"),
+    (100, "OneLaunchConfig(64, 16, 32, 16, 256, 128, 4, 3, cooperative=True)"),
+])  # fmt: skip
+def test_gpu_cooperative_launch_beside_another_stream(num_tokens, config):
     """The waits between programs need every program resident: with another stream's kernel holding SMs, a
-    cooperative launch still completes (run in a child process, so that a hang fails the test)."""
+    cooperative launch of either one-launch design still completes (in a child process, so that a hang fails
+    the test)."""
     import subprocess
     import sys
     from pathlib import Path
 
-    done = subprocess.run([sys.executable, "-c", CONCURRENT_SCRIPT], cwd=Path(__file__).resolve().parent.parent,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", CONCURRENT_SCRIPT, str(num_tokens), config],
+                          cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]

@@ -65,6 +65,8 @@ P1_CANDIDATES = {
     "one_h32_k256": OneLaunchConfig(16, 16, 32, 32, 256, 128, 4, 3),
     "one_k512_w8": OneLaunchConfig(16, 16, 32, 16, 512, 128, 8, 3),
     "one_t64_k256": OneLaunchConfig(64, 16, 32, 16, 256, 128, 4, 3),
+    # the faithful path's default from 17 to 128 tokens as a cooperative launch (CUDA guarantees residency)
+    "one_t64_k256_coop": OneLaunchConfig(64, 16, 32, 16, 256, 128, 4, 3, cooperative=True),
 }
 
 # kernel G's settings as the P2 scripts spell them (FIELD=VALUE), and the FusedDxConfig fields they set

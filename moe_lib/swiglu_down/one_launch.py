@@ -112,6 +112,9 @@ class OneLaunchConfig:
     block_n: int = 128  # I-columns per step of dWd, I-rows per step of dWg and dWu
     warps: int = 4
     stages: int = 3
+    # a cooperative launch: CUDA guarantees every program resident (or refuses the launch), so the grid
+    # barrier cannot hang beside another stream's kernel (as :class:`~.few_tokens.FewTokensConfig`'s)
+    cooperative: bool = False
 
     def programs(self, hidden_size: int, intermediate_size: int) -> tuple[int, int, int]:
         """(dA programs, dWd programs, phase-2 programs); the grid is the larger of phase 1's sum and phase 2."""
@@ -136,11 +139,13 @@ class OneLaunchConfig:
         d_up = launch.allocate((2 if with_lo else 1, T, I), dtype=x.dtype, device=x.device)
         # one counter per grid size: the barrier needs the counter at a multiple of the grid when a launch starts
         barrier = SplitWorkspace.counters(f"one-launch barrier, grid {grid}", 1, 1, x.device).view(torch.int64)
-        for phase in (1, 2) if interpreter_enabled() else (0,):
+        interpreter = interpreter_enabled()
+        for phase in (1, 2) if interpreter else (0,):
             one_launch_kernel[(grid,)](
                 grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up,
                 intermediate, d_gate, d_up, T * I, grad_x, grad_gate_weight, grad_up_weight, grad_down_weight, barrier,
                 T, H, I, phase, self.block_t, self.block_i, self.block_h_down, self.block_h, self.block_k,
                 self.block_n, *dot_flags(x), with_lo, num_warps=self.warps, num_stages=self.stages,
+                **({"launch_cooperative_grid": True} if self.cooperative and not interpreter else {}),
             )  # fmt: skip
         return grad_x, grad_gate_weight, grad_up_weight, grad_down_weight
