@@ -31,9 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-from pathlib import Path
 
 import torch
 
@@ -45,7 +43,9 @@ from moe_lib.bench.tuning import (
     p2_kernel_a_workspaces,
     parse_candidates,
     parse_case,
+    print_configs,
     replace_fields,
+    run_cases,
 )
 from moe_lib.moe_experts import launch
 from moe_lib.moe_experts.tma_weight_grad import (
@@ -178,34 +178,15 @@ def main(argv=None) -> int:
         parser.error(str(exc))
 
     if args.list:
-        for case, (problem, num_tokens) in cases:
-            sizes = problem.sizes(num_tokens)
-            input_bytes = problem.dtype.itemsize
-            default = choose_tma_weight_grad_config(num_tokens * sizes["top_k"], sizes["num_experts"], input_bytes,
-                                                    interpreter=False)  # fmt: skip
-            for name, fields in configs.items():
-                try:
-                    print(f"{case:11s} {name:16s} {replace_fields(default, fields)}")
-                except ValueError as exc:
-                    print(f"{case:11s} {name:16s} invalid: {exc}")
+        print_configs(cases, configs, choose_tma_weight_grad_config)
         return 0
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU (use --list to see the configs)")
 
     flush = timing.L2Flusher("cuda")
     num_programs = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    rows = []
-    try:
-        for case, _ in cases:
-            rows += run_case(case, configs, args.routing, flush, num_programs, args.reps)
-    except RuntimeError as exc:  # a sticky CUDA error: keep what was measured
-        print(f"stopped: {exc}", flush=True)
-    finally:
-        out = args.out or (os.path.join(os.environ["OUT"], "p2_tma_bench.json") if os.environ.get("OUT") else None)
-        if out:
-            Path(out).write_text(json.dumps(rows, indent=1))
-        print_table(rows)
-    return 0 if all(r.get("ok", True) and "error" not in r for r in rows) else 1
+    return run_cases(lambda case: run_case(case, configs, args.routing, flush, num_programs, args.reps), cases,
+                     out=args.out, out_name="p2_tma_bench.json", print_table=print_table)  # fmt: skip
 
 
 if __name__ == "__main__":

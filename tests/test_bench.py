@@ -276,3 +276,24 @@ def test_cuda_p2_peers_are_timed_with_events(tmp_path):
     assert frame.loc["reference", "status"] == "ok" and frame.loc["reference", "timing"] == "events"
     assert frame.loc["grouped_mm", "status"] == "ok" and frame.loc["grouped_mm", "timing"] == "events"
     assert frame.loc["liger", "status"] == "ok" or frame.loc["liger", "status"].startswith("unavailable")
+
+
+def test_kernel_benchmark_run_keeps_what_was_measured(tmp_path, capsys, monkeypatch):
+    from moe_lib.bench.tuning import run_cases
+
+    monkeypatch.delenv("OUT", raising=False)
+
+    def run_case(case):
+        if case == "bf16:32768":
+            raise RuntimeError("the CUDA context is unusable")
+        return [dict(case=case, ok=True)]
+
+    cases = [("bf16:2048", None), ("bf16:32768", None), ("bf16:8192", None)]
+    shown = []
+    code = run_cases(run_case, cases, out=str(tmp_path / "rows.json"), out_name="unused.json", print_table=shown.append)
+    assert code == 0 and "stopped: the CUDA context is unusable" in capsys.readouterr().out
+    assert shown == [[dict(case="bf16:2048", ok=True)]]
+    assert json.loads((tmp_path / "rows.json").read_text()) == shown[0]
+    wrong = run_cases(lambda case: [dict(case=case, ok=False)], cases[:1], out=None, out_name="x.json",
+                      print_table=lambda rows: None)  # fmt: skip
+    assert wrong == 1

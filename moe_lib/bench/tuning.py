@@ -7,6 +7,9 @@
   :class:`~moe_lib.moe_experts.fused_dx.FusedDxConfig` (:func:`p2_configs`).
 - Cases written ``dtype:num_tokens`` (``fp32:2048``, ``bf16:8192``): the problem of an op whose inputs
   have that dtype (:func:`parse_case`).
+- The kernel benchmarks' frame: one candidate checked and timed (:func:`check_and_time`), the configs of
+  ``--list`` (:func:`print_configs`), and the run over the cases that keeps what was measured
+  (:func:`run_cases`).
 """
 
 from __future__ import annotations
@@ -232,3 +235,42 @@ def check_and_time(row: dict, prepare, *, flush, reps: int, base_ms: float, labe
         raise RuntimeError(f"{label} left the CUDA context unusable: {row['error']}")
     torch.cuda.empty_cache()
     return row
+
+
+def print_configs(cases, configs: dict[str, dict], choose_config, name_width: int = 16) -> None:
+    """A P2 kernel benchmark's ``--list``: per case (``(text, (problem, num_tokens))``) each named candidate's
+    fields over the case's default, ``choose_config(T·K, E, input bytes, interpreter=False)``, resolved, or
+    why they are invalid."""
+    for case, (problem, num_tokens) in cases:
+        sizes = problem.sizes(num_tokens)
+        default = choose_config(num_tokens * sizes["top_k"], sizes["num_experts"], problem.dtype.itemsize,
+                                interpreter=False)  # fmt: skip
+        for name, fields in configs.items():
+            try:
+                print(f"{case:11s} {name:{name_width}s} {replace_fields(default, fields)}")
+            except ValueError as exc:
+                print(f"{case:11s} {name:{name_width}s} invalid: {exc}")
+
+
+def run_cases(run_case, cases, *, out: str | None, out_name: str, print_table) -> int:
+    """A kernel benchmark's run: ``run_case(case)`` rows for every case, stopping early where a CUDA error
+    left the context unusable (RuntimeError) but keeping what was measured: the rows go as JSON to ``out``
+    (default ``$OUT/<out_name>`` where OUT is set) and to ``print_table``. Returns the exit code: 0 when
+    every row is correct and ran."""
+    import json
+    import os
+    from pathlib import Path
+
+    rows = []
+    try:
+        for case, _ in cases:
+            rows += run_case(case)
+    except RuntimeError as exc:  # a sticky CUDA error: keep what was measured
+        print(f"stopped: {exc}", flush=True)
+    finally:
+        path = out or (os.path.join(os.environ["OUT"], out_name) if os.environ.get("OUT") else None)
+        if path:
+            Path(path).write_text(json.dumps(rows, indent=1))
+        print_table(rows)
+    return 0 if all(r.get("ok", True) and "error" not in r for r in rows) else 1
+
