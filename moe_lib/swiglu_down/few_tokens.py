@@ -61,20 +61,11 @@ import triton.language as tl
 from ..dispatch import interpreter_enabled
 from ..tiling import cdiv
 from . import launch
-from .kernels import store_tile
+from .kernels import load_block, store_tile
 from .launch import SplitWorkspace, dot_flags, resident_programs
 
 # how the Wg, Wu tiles get on their way before the wait (WEIGHTS_AHEAD)
 WEIGHTS_AHEAD = {"after_phase1": 0, "prefetch": 1, "registers": 2}
-
-
-@triton.jit
-def load_block(ptr, off_m, off_n, M, N, stride_m, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """ptr[m, n] in ptr's dtype for the [BLOCK_M, BLOCK_N] block at (off_m, off_n); 0 outside [M, N]."""
-    rows = off_m + tl.arange(0, BLOCK_M)
-    cols = off_n + tl.arange(0, BLOCK_N)
-    ptrs = ptr + rows[:, None].to(tl.int64) * stride_m + cols[None, :]
-    return tl.load(ptrs, mask=(rows[:, None] < M) & (cols[None, :] < N), other=0.0)
 
 
 @triton.jit
@@ -125,6 +116,16 @@ def swiglu_grads(d_a, gate, s, gate_silu, up):
     gate, s, gate_silu, up = gate.to(tl.float32), s.to(tl.float32), gate_silu.to(tl.float32), up.to(tl.float32)
     d_gate = d_a * s * (1.0 + gate * (1.0 - s)) * up
     return d_gate, d_a * gate_silu
+
+
+@triton.jit
+def swiglu_grads_at(d_a, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, off_t, off_i, T, I,
+                    BLOCK_T: tl.constexpr, BLOCK_I: tl.constexpr):  # fmt: skip
+    """:func:`swiglu_grads` of the [BLOCK_T, BLOCK_I] block at (off_t, off_i), its saved tiles loaded here."""
+    return swiglu_grads(d_a, load_block(gate_ptr, off_t, off_i, T, I, I, BLOCK_T, BLOCK_I),
+                        load_block(gate_sigmoid_ptr, off_t, off_i, T, I, I, BLOCK_T, BLOCK_I),
+                        load_block(gate_silu_ptr, off_t, off_i, T, I, I, BLOCK_T, BLOCK_I),
+                        load_block(up_ptr, off_t, off_i, T, I, I, BLOCK_T, BLOCK_I))  # fmt: skip
 
 
 @triton.jit
@@ -310,11 +311,8 @@ def few_tokens_kernel(
             w_up_t = tl.trans(once(w_up, ready))
             for t in range(0, T, BLOCK_T):
                 d_a = summed_partials(da_partials_ptr, TI, t, off_i2, T, I, I, N_H1, BLOCK_T, BLOCK_I2)
-                d_gate, d_up = swiglu_grads(
-                    d_a, load_block(gate_ptr, t, off_i2, T, I, I, BLOCK_T, BLOCK_I2),
-                    load_block(gate_sigmoid_ptr, t, off_i2, T, I, I, BLOCK_T, BLOCK_I2),
-                    load_block(gate_silu_ptr, t, off_i2, T, I, I, BLOCK_T, BLOCK_I2),
-                    load_block(up_ptr, t, off_i2, T, I, I, BLOCK_T, BLOCK_I2))  # fmt: skip
+                d_gate, d_up = swiglu_grads_at(d_a, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, t, off_i2, T, I,
+                                               BLOCK_T, BLOCK_I2)  # fmt: skip
                 acc_x = tl.zeros((BLOCK_H2, BLOCK_T), dtype=tl.float32)
                 acc_x = mma_halves(acc_x, w_gate_t, d_gate, True, UPCAST, PRECISION, WITH_LO)
                 acc_x = mma_halves(acc_x, w_up_t, d_up, True, UPCAST, PRECISION, WITH_LO)
@@ -326,11 +324,8 @@ def few_tokens_kernel(
             acc_u = tl.zeros((BLOCK_H2, BLOCK_I2), dtype=tl.float32)  # dWuᵀ
             for t in range(0, T, BLOCK_T):
                 d_a = summed_partials(da_partials_ptr, TI, t, off_i2, T, I, I, N_H1, BLOCK_T, BLOCK_I2)
-                d_gate, d_up = swiglu_grads(
-                    d_a, load_block(gate_ptr, t, off_i2, T, I, I, BLOCK_T, BLOCK_I2),
-                    load_block(gate_sigmoid_ptr, t, off_i2, T, I, I, BLOCK_T, BLOCK_I2),
-                    load_block(gate_silu_ptr, t, off_i2, T, I, I, BLOCK_T, BLOCK_I2),
-                    load_block(up_ptr, t, off_i2, T, I, I, BLOCK_T, BLOCK_I2))  # fmt: skip
+                d_gate, d_up = swiglu_grads_at(d_a, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, t, off_i2, T, I,
+                                               BLOCK_T, BLOCK_I2)  # fmt: skip
                 x_t = tl.trans(load_block(x_ptr, t, off_h2, T, h2_end, H, BLOCK_T, BLOCK_H2))
                 acc_g = mma_halves(acc_g, x_t, d_gate, False, UPCAST, PRECISION, WITH_LO)
                 acc_u = mma_halves(acc_u, x_t, d_up, False, UPCAST, PRECISION, WITH_LO)

@@ -133,12 +133,18 @@ def store_tile_halves(ptr, lo_offset, values, off_m, off_n, M, N, stride_m,
 
 
 @triton.jit
-def load_tile(ptr, off_m, off_n, M, N, stride_m, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """ptr[m, n] as fp32 for the [BLOCK_M, BLOCK_N] tile at (off_m, off_n); 0 outside [M, N]."""
+def load_block(ptr, off_m, off_n, M, N, stride_m, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """ptr[m, n] in ptr's dtype for the [BLOCK_M, BLOCK_N] block at (off_m, off_n); 0 outside [M, N]."""
     rows = off_m + tl.arange(0, BLOCK_M)
     cols = off_n + tl.arange(0, BLOCK_N)
     ptrs = ptr + rows[:, None].to(tl.int64) * stride_m + cols[None, :]
-    return tl.load(ptrs, mask=(rows[:, None] < M) & (cols[None, :] < N), other=0.0).to(tl.float32)
+    return tl.load(ptrs, mask=(rows[:, None] < M) & (cols[None, :] < N), other=0.0)
+
+
+@triton.jit
+def load_tile(ptr, off_m, off_n, M, N, stride_m, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """ptr[m, n] as fp32 for the [BLOCK_M, BLOCK_N] tile at (off_m, off_n); 0 outside [M, N]."""
+    return load_block(ptr, off_m, off_n, M, N, stride_m, BLOCK_M, BLOCK_N).to(tl.float32)
 
 
 @triton.jit
