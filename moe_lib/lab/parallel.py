@@ -120,6 +120,19 @@ def asymptotic_share(*, world_size: int, intermediate_size: int, element_bytes: 
     return ratio / (1 + ratio)
 
 
+def measured_model_inputs(run) -> tuple[int, float, float, dict]:
+    """What the cost model takes from a measured run, at its largest token count: (that count, the link
+    bandwidth its best rank achieved in B/s, the expert rate its best rank measured in FLOP/s, and the run's
+    shapes with that link bandwidth as :func:`model_step` keywords)."""
+    largest = max(run.cases)
+    link = bandwidth_table(run).loc[largest, "GB/s out"].max() * 1e9
+    measured_rate = expert_rate_table(run).loc[largest, "TFLOP/s"].max() * 1e12
+    shapes = dict(hidden_size=run.axes["hidden_size"], intermediate_size=run.axes["intermediate_size"],
+                  num_experts=run.axes["num_experts"], top_k=run.axes["top_k"], element_bytes=run.element_bytes,
+                  weight_bytes=run.weight_bytes, link_bandwidth=link)  # fmt: skip
+    return largest, link, measured_rate, shapes
+
+
 def model_curves(runs: dict, *, gpu_key: str, extra_world_size: int, tokens_grid) -> tuple[dict, dict]:
     """The cost model over ``tokens_grid`` for each measured run (dtype), with the run's shapes and the link
     bandwidth it achieved (the best rank's at its largest token count): experts at the rate the run measured
@@ -131,9 +144,7 @@ def model_curves(runs: dict, *, gpu_key: str, extra_world_size: int, tokens_grid
     spec = roofline.GPUS.get(gpu_key)
     curves, summary = {}, {}
     for dtype, run in runs.items():
-        largest = max(run.cases)
-        link = bandwidth_table(run).loc[largest, "GB/s out"].max() * 1e9
-        measured_rate = expert_rate_table(run).loc[largest, "TFLOP/s"].max() * 1e12
+        largest, link, measured_rate, shapes = measured_model_inputs(run)
         settings = {f"W = {run.world_size}, experts at the measured {measured_rate / 1e12:.0f} TFLOP/s":
                     dict(world_size=run.world_size, flops_rate=measured_rate)}  # fmt: skip
         if spec is not None:
@@ -141,9 +152,6 @@ def model_curves(runs: dict, *, gpu_key: str, extra_world_size: int, tokens_grid
                 settings[f"W = {world_size}, experts at the {gpu_key} roofline"] = dict(
                     world_size=world_size, flops_rate=spec.bf16_dense_flops, memory_bandwidth=spec.dram_bandwidth
                 )
-        shapes = dict(hidden_size=run.axes["hidden_size"], intermediate_size=run.axes["intermediate_size"],
-                      num_experts=run.axes["num_experts"], top_k=run.axes["top_k"], element_bytes=run.element_bytes,
-                      weight_bytes=run.weight_bytes, link_bandwidth=link)  # fmt: skip
         curves[dtype] = {label: model_step(tokens_grid, **shapes, **s) for label, s in settings.items()}
         intermediate_size = run.axes["intermediate_size"]
         asymptotes = {
@@ -528,16 +536,13 @@ def overlap_curves(runs: dict, *, gpu_key: str, world_size: int, chunk_counts, t
     spec = roofline.GPUS.get(gpu_key)
     curves = {}
     for dtype, run in runs.items():
-        largest = max(run.cases)
-        link = bandwidth_table(run).loc[largest, "GB/s out"].max() * 1e9
+        _, _, measured_rate, shapes = measured_model_inputs(run)
         if spec is not None:
             rates = dict(flops_rate=spec.bf16_dense_flops, memory_bandwidth=spec.dram_bandwidth)
         else:
-            rates = dict(flops_rate=expert_rate_table(run).loc[largest, "TFLOP/s"].max() * 1e12)
-        shapes = dict(hidden_size=run.axes["hidden_size"], intermediate_size=run.axes["intermediate_size"],
-                      num_experts=run.axes["num_experts"], top_k=run.axes["top_k"], element_bytes=run.element_bytes,
-                      weight_bytes=run.weight_bytes, link_bandwidth=link, world_size=world_size, **rates)  # fmt: skip
-        models = {chunks: model_step(tokens_grid, **shapes, chunks=chunks) for chunks in chunk_counts}
+            rates = dict(flops_rate=measured_rate)
+        models = {chunks: model_step(tokens_grid, **shapes, world_size=world_size, **rates, chunks=chunks)
+                  for chunks in chunk_counts}  # fmt: skip
         plain = models[min(models)]["step_s"]
         for model in models.values():
             model["relative_step"] = model["step_s"] / plain
