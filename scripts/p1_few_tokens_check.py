@@ -55,7 +55,8 @@ CANDIDATES = {
     # 48 programs with twice the weight bytes each (fewer, larger tiles), for comparison
     "e_pf": dict(block_h1=256, block_i1=128, block_i2=128, block_h2=256, weights_ahead="prefetch"),
 }
-DEFAULT_CANDIDATES = ["a_reg", "a_reg_coop", "a_reg_132", "a_pf_132", "a_reg_132b"]  # a_pf_w4 and e_pf spill (--compile-only)
+# a_pf_w4 and e_pf spill (see --compile-only)
+DEFAULT_CANDIDATES = ["a_reg", "a_reg_coop", "a_reg_132", "a_pf_132", "a_reg_132b"]
 DEFAULT_TOKENS = [1, 2, 4, 8, 16, 32, 64, 128]
 
 
