@@ -1,0 +1,96 @@
+"""The P2 ledger (moe_lib/lab/ledger.py): its steps agree with the problem's counts and with the kernels' design."""
+
+import math
+
+import matplotlib
+import numpy as np
+import pytest
+
+from moe_lib import problems, roofline
+from moe_lib.lab import ledger
+
+matplotlib.use("Agg")
+
+SPEC = roofline.GPUSpec.from_measured(4.2e12, 780e12, name="test ceilings")
+
+
+def _sizes(num_tokens):
+    return problems.load("moe_experts_backward").sizes(num_tokens)
+
+
+@pytest.mark.parametrize("dtype, coefficient", [("bfloat16", 16), ("float16", 16), ("float32", 28)])
+@pytest.mark.parametrize("num_tokens", [1, 2048, 8192])
+def test_the_steps_do_the_problems_tensor_work(dtype, coefficient, num_tokens):
+    # 16·T·K·H·I as lab.json counts it; the fp32 interface's bf16×3 products for g, u and Wdᵀdy make it 28
+    s = _sizes(num_tokens)
+    work = coefficient * num_tokens * s["top_k"] * s["hidden_size"] * s["intermediate_size"]
+    assert sum(step.flops for step in ledger.p2_backward_steps(num_tokens, dtype)) == work
+    if coefficient == 16:
+        assert work == problems.load("moe_experts_backward_bf16").flops(num_tokens)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_eight_weight_passes_where_the_problem_has_six(dtype):
+    s = _sizes(2048)
+    weight_bytes = s["num_experts"] * s["intermediate_size"] * s["hidden_size"] * (4 if dtype == "float32" else 2)
+    steps = ledger.p2_backward_steps(2048, dtype)
+    assert sum(step.weight_passes for step in steps) == 8
+    shared = ledger.p2_backward_steps(2048, dtype, weights_shared_by_a_and_d=True)
+    assert sum(step.weight_passes for step in shared) == 6
+    moved = sum(step.read_bytes + step.written_bytes for step in steps)
+    assert moved - sum(step.read_bytes + step.written_bytes for step in shared) == 2 * weight_bytes
+    # the weight-sized passes alone are at least that many weight tensors' bytes
+    assert moved >= 8 * weight_bytes
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("num_tokens", [16, 2048, 32768])
+def test_the_decomposition_never_beats_the_problems_floor(dtype, num_tokens):
+    problem = "moe_experts_backward" if dtype == "float32" else "moe_experts_backward_bf16"
+    steps = ledger.p2_backward_steps(num_tokens, dtype)
+    assert sum(s.read_bytes + s.written_bytes for s in steps) > roofline.minimal_bytes(problem, num_tokens, dtype)
+    floor_ms = 1e3 * roofline.sol_time(problem, num_tokens, SPEC, dtype)
+    assert sum(s.floor_ms(SPEC) for s in steps) >= floor_ms * (1 - 1e-12)
+
+
+def test_only_fp32_inputs_are_split():
+    assert [s.name for s in ledger.p2_backward_steps(2048, "bfloat16")][0] == "A"
+    assert [s.name for s in ledger.p2_backward_steps(2048, "float32")][0] == "split x, dy"
+
+
+def test_a_step_is_bound_by_the_larger_of_its_two_times():
+    step = ledger.Step("x", "", read_bytes=2.1e12, written_bytes=2.1e12, flops=0.0)
+    assert step.bound(SPEC) == "memory" and math.isclose(step.floor_ms(SPEC), 1e3)
+    step = ledger.Step("y", "", read_bytes=0.0, written_bytes=0.0, flops=780e12)
+    assert step.bound(SPEC) == "tensor" and math.isclose(step.floor_ms(SPEC), 1e3)
+
+
+def test_the_table_totals_its_steps():
+    table = ledger.ledger_table(4096, "float32", SPEC)
+    steps = table.drop(index="total")
+    for column in ("read (GB)", "written (GB)", "TFLOP", "weight passes", "floor (ms)"):
+        assert math.isclose(table.loc["total", column], steps[column].sum())
+    assert set(steps["bound by"]) <= {"memory", "tensor"}
+
+
+def test_summary_and_figure_without_measurements():
+    cases = [("bfloat16", 2048), ("float32", 2048)]
+    summary = ledger.summary_table(cases, SPEC, {})
+    assert summary["measured (ms)"].isna().all()
+    assert summary.loc[("float32", 2048), "target (ms)"] == 15.3  # the problems' case targets (lab.json)
+    assert summary.loc[("bfloat16", 2048), "target (ms)"] == 7.5
+    assert np.isnan(ledger.case_target_ms("moe_experts_backward_bf16", 8192))  # none set there
+    # ≥ 600 TFLOP/s at 32768 tokens, counting 16·T·K·H·I: the time that rate gives
+    flops = problems.load("moe_experts_backward_bf16").flops(32768)
+    assert math.isclose(ledger.case_target_ms("moe_experts_backward_bf16", 32768), 1e3 * flops / 600e12)
+    row = summary.loc[("float32", 2048)]
+    assert row["problem floor (ms)"] <= row["… D sharing A's weight read (ms)"] <= row["decomposition floor (ms)"]
+    fig = ledger.ledger_figure(cases, SPEC, summary)
+    assert len(fig.axes) == 1
+
+
+@pytest.mark.parametrize("kwargs, message", [(dict(num_tokens=2048, dtype="float64"), "dtype"),
+                                             (dict(num_tokens=0, dtype="float32"), "num_tokens")])  # fmt: skip
+def test_bad_arguments_are_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ledger.p2_backward_steps(**kwargs)
