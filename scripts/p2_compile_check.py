@@ -16,7 +16,7 @@ from moe_lib.bench.sm90 import compile_for_sm90, first_error_line, resources, ru
 from moe_lib.bench.tuning import p2_configs, parse_field
 from moe_lib.moe_experts import kernels
 from moe_lib.moe_experts.fused_dx import gate_up_grad_kernel
-from moe_lib.moe_experts.launch import launch_config
+from moe_lib.moe_experts.launch import PREACT_COMPUTED, launch_config
 
 INT_POINTERS = ("sorted_slot_ptr", "expert_offsets_ptr")
 SIZE_ARGS = ("hidden_size", "inter_size", "num_slots", "size_m", "size_n", "stride_i")
@@ -68,7 +68,8 @@ def main():
     input_type, split = ("*fp32", True) if args.dtype == "fp32" else ("*bf16", False)
     launches = {
         "A": (kernels.swiglu_grad_kernel, dict(OPERAND_DTYPE=tl.bfloat16, SPLIT_PRECISION=split, FORWARD_ONLY=False,
-                                               BLOCK_I=config.block_i, BLOCK_M=config.block_m, BLOCK_H=config.block_h),
+                                               PREACT=PREACT_COMPUTED, BLOCK_I=config.block_i, BLOCK_M=config.block_m,
+                                               BLOCK_H=config.block_h),
               config.warps_a, config.stages_a),
         "W dWg,dWu": (kernels.expert_weight_grad_kernel,
                       dict(A_BY_TOKEN=False, B_BY_TOKEN=True, TWO_OUTPUTS=True, **tile_sizes(config.grad_gate_up_tile)),
