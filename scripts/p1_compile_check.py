@@ -3,8 +3,9 @@
     PYTHONPATH=. python scripts/p1_compile_check.py [--precision faithful|fast] [candidate names]
 
 Candidates are the two-launch tile configurations of ``moe_lib.bench.tuning.P1_CANDIDATES`` (default:
-all of them), compiled for bf16 inputs. Needs only the triton wheel (its ptxas and cuobjdump); a spill
-shows as a non-zero STACK.
+all of them), compiled for bf16 inputs; then the ``swiglu_expert`` layer's elementwise step
+(``swiglu_activation_kernel``, forward and backward forms). Needs only the triton wheel (its ptxas and
+cuobjdump); a spill shows as a non-zero STACK.
 """
 
 import argparse
@@ -15,7 +16,7 @@ from moe_lib.bench.sm90 import compile_for_sm90, constexpr_names, first_error_li
 from moe_lib.bench.tuning import P1_CANDIDATES
 from moe_lib.swiglu_down import kernels
 from moe_lib.swiglu_down.checks import PRECISIONS
-from moe_lib.swiglu_down.launch import TileConfig, carries_low_halves
+from moe_lib.swiglu_down.launch import ACTIVATION_BLOCK, TileConfig, carries_low_halves
 
 # each launch's kernel, and the prefix of its constexprs -> the TileConfig field with (M, N, K, SPLIT)
 LAUNCHES = (
@@ -66,6 +67,15 @@ def main():
             except Exception as exc:  # report and go on with the other candidates
                 report.append("FAIL " + first_error_line(exc, 120))
         print(f"{name:12s} launch1: {report[0]:40s} launch2: {report[1]}", flush=True)
+    kernel = kernels.swiglu_activation_kernel
+    types = {name: "*bf16" if name.endswith("_ptr") else "i32" for name in runtime_names(kernel)}
+    for with_saved in (False, True):
+        constexprs = dict(WITH_SAVED=with_saved, INTERPRETER=False, BLOCK=ACTIVATION_BLOCK)
+        try:
+            report = resources(compile_for_sm90(kernel, types, constexprs, list(types), warps=4, stages=1))
+        except Exception as exc:  # report it
+            report = "FAIL " + first_error_line(exc, 120)
+        print(f"{'activation':12s} {'backward' if with_saved else 'forward':8s}: {report}", flush=True)
 
 
 if __name__ == "__main__":

@@ -256,3 +256,101 @@ def test_gpu_layer_bf16_against_autograd(seed):
     want = swiglu_expert_grads(inputs["grad_output"], *leaves)
     for name, leaf, w in zip(("x", "gate_weight", "up_weight", "down_weight"), leaves, want, strict=True):
         assert rel_error(leaf.grad, w) <= 3e-2, name
+
+
+# ---------------------------------------------------------------------------------------------
+# the layer's elementwise step (kernels.swiglu_activation_kernel)
+
+
+def _poisoned(shape, dtype, device):
+    return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+
+def _activation_inputs(shape, dtype, seed, device):
+    generator = torch.Generator(device=device).manual_seed(seed)
+    gate = 4 * torch.randn(shape, generator=generator, device=device)
+    edges = torch.tensor([-200.0, 200.0, 0.0, -0.0], device=device)  # exp(−gate) overflows; σ = 0, 1, ½
+    gate.view(-1)[: min(4, gate.numel())] = edges[: gate.numel()]
+    up = torch.randn(shape, generator=generator, device=device)
+    return gate.to(dtype), up.to(dtype)
+
+
+def check_activation(got, gate, up, *, exact: bool):
+    """σ, silu and the intermediate against the layer's PyTorch ops (api._swiglu_saved): 16-bit inputs
+    bitwise under the interpreter and within one unit in the last place on ≤ 0.1% of the elements on the
+    GPU (CUDA's exp beside PyTorch's); fp32 within 1e-6 relative."""
+    from moe_lib.swiglu_down.api import _swiglu_saved
+
+    for name, g, w in zip(("gate_sigmoid", "gate_silu", "intermediate"), got, _swiglu_saved(gate, up), strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape, name
+        assert torch.isfinite(g).all(), f"{name}: NaN/Inf (an unwritten element?)"
+        if g.dtype == torch.float32:
+            assert rel_error(g, w) <= 1e-6, name
+        elif exact:
+            assert torch.equal(g, w), name
+        else:
+            ulp = torch.finfo(g.dtype).eps * w.float().abs().clamp_min(torch.finfo(g.dtype).tiny)
+            differ = g != w
+            assert differ.float().mean() <= 1e-3, name
+            assert ((g.float() - w.float()).abs() <= ulp)[differ].all(), name
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("shape", [(1, 1), (37, 53), (3, 1024), (5, 700)])
+def test_activation_rounds_as_the_layers_forward(dtype, shape, seed, monkeypatch):
+    from moe_lib.swiglu_down import launch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    monkeypatch.setattr(launch, "allocate", _poisoned)
+    gate, up = _activation_inputs(shape, dtype, seed, device)
+    saved = launch.swiglu_activation(gate, up, with_saved=True)
+    check_activation(saved, gate, up, exact=not torch.cuda.is_available())
+    intermediate = launch.swiglu_activation(gate, up, with_saved=False)
+    assert torch.equal(intermediate, saved[2])
+
+
+@needs_triton
+def test_activation_of_no_elements():
+    from moe_lib.swiglu_down.launch import swiglu_activation
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    empty = torch.empty((0, 16), dtype=torch.bfloat16, device=device)
+    assert [t.shape for t in swiglu_activation(empty, empty, with_saved=True)] == [(0, 16)] * 3
+
+
+@needs_triton
+def test_layer_runs_the_elementwise_step_in_one_launch_each_way(seed, monkeypatch):
+    """The Triton layer's forward and backward each take σ, silu and the intermediate from the one launch,
+    never from PyTorch's eager ops."""
+    from moe_lib.swiglu_down import api, launch
+
+    calls = []
+    real = launch.swiglu_activation
+    monkeypatch.setattr(launch, "swiglu_activation", lambda *a, **k: calls.append(k["with_saved"]) or real(*a, **k))
+
+    def no_eager(*args):
+        raise AssertionError("the Triton layer ran the eager elementwise ops")
+
+    monkeypatch.setattr(api, "_swiglu_saved", no_eager)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    inputs = problems.make_inputs("swiglu_down_backward", 7, seed=seed, device=device, dtype=torch.float32,
+                                  hidden_size=40, intermediate_size=24)  # fmt: skip
+    leaves = [inputs[k].clone().requires_grad_() for k in ("x", "gate_weight", "up_weight", "down_weight")]
+    y = moe_lib.swiglu_expert(*leaves, impl="triton")
+    y.backward(inputs["grad_output"])
+    assert calls == [False, True]
+    monkeypatch.undo()
+    want = swiglu_expert_grads(inputs["grad_output"], *leaves)
+    for name, leaf, w in zip(("x", "gate_weight", "up_weight", "down_weight"), leaves, want, strict=True):
+        assert rel_error(leaf.grad, w) <= 1e-5, name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_gpu_activation_at_the_layers_sizes(dtype, seed):
+    from moe_lib.swiglu_down import launch
+
+    poison_allocator("cuda", 256 * 2**20)
+    gate, up = _activation_inputs((8192, 768), dtype, seed, "cuda")
+    check_activation(launch.swiglu_activation(gate, up, with_saved=True), gate, up, exact=False)

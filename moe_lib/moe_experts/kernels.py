@@ -51,18 +51,10 @@ by hand and multiply the (already rounded) operands in fp32: the same numbers th
 import triton
 import triton.language as tl
 
+from ..rounding import round_to
+
 # --------------------------------------------------------------------------------------------------
 # helpers
-
-
-@triton.jit
-def round_to(x, DTYPE: tl.constexpr, INTERPRETER: tl.constexpr):
-    """x (fp32) rounded to nearest-even in DTYPE (the interpreter's own fp32→bf16 cast truncates)."""
-    if INTERPRETER and DTYPE == tl.bfloat16:
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
-        x = bits.to(tl.float32, bitcast=True)
-    return x.to(DTYPE)
 
 
 @triton.jit

@@ -5,6 +5,8 @@
 - :func:`swiglu_expert`: y = (silu(x·Wgᵀ) ⊙ x·Wuᵀ)·Wdᵀ whose backward runs that function. It saves x,
   gate and up ([T, H] + 2·[T, I]) and recomputes σ(gate), silu(gate) and the intermediate in the
   backward: elementwise work that costs far less than storing and re-reading three more [T, I] tensors.
+  On the Triton path that elementwise step is one launch in the forward and one in the backward
+  (:func:`.launch.swiglu_activation`), where PyTorch's eager ops take several.
 
 NaN and Inf in the inputs are not looked for (that would cost a pass over every input and a host sync):
 they flow into the outputs as the arithmetic carries them. ``check_finite=True`` opts into that check.
@@ -57,9 +59,15 @@ def swiglu_down_backward(
 class _SwiGLUExpert(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, gate_weight, up_weight, down_weight, impl, precision, check_finite):
+        on_triton = resolve_impl(impl, x.device, x.dtype) == "triton"
         gate = x @ gate_weight.T
         up = x @ up_weight.T
-        intermediate = _swiglu_saved(gate, up)[2]
+        if on_triton:  # one launch for the elementwise step
+            from .launch import swiglu_activation  # imports triton: only on this path
+
+            intermediate = swiglu_activation(gate, up, with_saved=False)
+        else:
+            intermediate = _swiglu_saved(gate, up)[2]
         ctx.save_for_backward(x, gate_weight, up_weight, down_weight, gate, up)
         ctx.impl, ctx.precision, ctx.check_finite = impl, precision, check_finite
         return intermediate @ down_weight.T
@@ -72,7 +80,12 @@ class _SwiGLUExpert(torch.autograd.Function):
             # create_graph=True on the reference path: gate and up recomputed where autograd sees them, so
             # that the gradients are differentiable again (exactly, through the reference's PyTorch ops)
             gate, up = x @ gate_weight.T, x @ up_weight.T
-        gate_sigmoid, gate_silu, intermediate = _swiglu_saved(gate, up)
+        if on_triton:  # the saved tensors in one launch
+            from .launch import swiglu_activation
+
+            gate_sigmoid, gate_silu, intermediate = swiglu_activation(gate, up, with_saved=True)
+        else:
+            gate_sigmoid, gate_silu, intermediate = _swiglu_saved(gate, up)
         grads = swiglu_down_backward(
             grad_output.contiguous(), x, gate_weight, up_weight, down_weight,
             gate, gate_sigmoid, gate_silu, up, intermediate, impl=ctx.impl, precision=ctx.precision,

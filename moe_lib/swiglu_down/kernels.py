@@ -20,10 +20,20 @@ fp32 partial in a workspace and counts itself in on a per-tile counter; the prog
 last adds the SPLIT partials in split order and runs the epilogue. The sum's order never depends
 on arrival order, so results are deterministic. The counters only ever grow (by SPLIT per tile per
 call), so they need no reset.
+
+The ``swiglu_expert`` layer's elementwise step (swiglu_activation_kernel), one pass over gate and up:
+
+    σ = round(sigmoid(gate)),  silu = round(gate ⊙ σ),  intermediate = round(silu ⊙ up)
+
+each computed in fp32 and rounded to the input dtype as the benchmark's forward rounds it (its forward
+writes the intermediate; its backward also σ and silu, the saved tensors the two launches read).
 """
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import libdevice
+
+from ..rounding import round_to
 
 
 @triton.jit
@@ -296,3 +306,33 @@ def grad_x_and_grad_gate_up_kernel(
         grad_x_program(pid - 2 * num_dw_programs, d_gate_ptr, d_up_ptr, lo_offset, gate_weight_ptr, up_weight_ptr,
                        grad_x_ptr, dx_partials_ptr, dx_counters_ptr,
                        T, H, I, DX_M, DX_N, DX_K, DX_SPLIT, GROUP_M, UPCAST, PRECISION, WITH_LO)  # fmt: skip
+
+
+@triton.jit
+def swiglu_activation_kernel(
+    gate_ptr,  # [N] gate = x·Wgᵀ, contiguous, input dtype
+    up_ptr,  # [N] up = x·Wuᵀ, like gate
+    gate_sigmoid_ptr,  # out [N] σ(gate), input dtype (written with WITH_SAVED)
+    gate_silu_ptr,  # out [N] silu(gate) = gate ⊙ σ(gate), input dtype (written with WITH_SAVED)
+    intermediate_ptr,  # out [N] silu(gate) ⊙ up, input dtype
+    num_elements,  # N
+    WITH_SAVED: tl.constexpr,  # also write σ and silu (the backward's saved tensors)
+    INTERPRETER: tl.constexpr,  # CPU interpreter: numpy's exp, and bf16 rounded by hand (its cast truncates)
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < num_elements
+    gate = tl.load(gate_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(up_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    DTYPE: tl.constexpr = intermediate_ptr.dtype.element_ty
+    if INTERPRETER:
+        e = tl.exp(-gate)
+    else:  # CUDA's expf and an IEEE division, as PyTorch's sigmoid (exp(−gate) = inf gives σ = 0)
+        e = libdevice.exp(-gate)
+    sigmoid = round_to(tl.math.div_rn(tl.zeros_like(gate) + 1.0, 1.0 + e), DTYPE, INTERPRETER)
+    silu = round_to(gate * sigmoid.to(tl.float32), DTYPE, INTERPRETER)
+    intermediate = round_to(silu.to(tl.float32) * up, DTYPE, INTERPRETER)
+    if WITH_SAVED:
+        tl.store(gate_sigmoid_ptr + offsets, sigmoid, mask=mask)
+        tl.store(gate_silu_ptr + offsets, silu, mask=mask)
+    tl.store(intermediate_ptr + offsets, intermediate, mask=mask)

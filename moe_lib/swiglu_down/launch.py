@@ -261,3 +261,26 @@ def launch_grad_x_and_grad_gate_up(x, gate_weight, up_weight, d_gate, d_up, grad
         *config.grad_x, *config.grad_gate_up, config.group_m, *dot_flags(x), with_lo,
         num_warps=config.warps[1], num_stages=config.stages[1],
     )  # fmt: skip
+
+
+ACTIVATION_BLOCK = 1024  # elements per program of the layer's elementwise step
+
+
+def swiglu_activation(gate: torch.Tensor, up: torch.Tensor, *, with_saved: bool):
+    """The layer's elementwise step in one launch (:func:`.kernels.swiglu_activation_kernel`): the
+    intermediate silu(gate) ⊙ up, and with ``with_saved`` (σ(gate), silu(gate), intermediate), each
+    rounded to the input dtype as the benchmark's forward rounds it. ``gate`` and ``up`` contiguous, of
+    one shape, float dtype and device."""
+    intermediate = allocate(gate.shape, dtype=gate.dtype, device=gate.device)
+    if with_saved:
+        saved = (allocate(gate.shape, dtype=gate.dtype, device=gate.device),
+                 allocate(gate.shape, dtype=gate.dtype, device=gate.device))  # fmt: skip
+    else:
+        saved = (intermediate, intermediate)  # not written
+    n = gate.numel()
+    if n:
+        kernels.swiglu_activation_kernel[(cdiv(n, ACTIVATION_BLOCK),)](
+            gate, up, *saved, intermediate, n, with_saved, interpreter_enabled(), BLOCK=ACTIVATION_BLOCK,
+            num_warps=4,
+        )  # fmt: skip
+    return (*saved, intermediate) if with_saved else intermediate
