@@ -19,6 +19,7 @@ import moe_lib
 from moe_lib import problems, roofline
 from moe_lib.dispatch import interpreter_enabled
 from moe_lib.distributed import expert_partition
+from moe_lib.lab import derivations
 from moe_lib.lab import results as lab_results
 from moe_lib.lab import targets as lab_targets
 from moe_lib.moe_experts import launch as p2_launch
@@ -169,6 +170,17 @@ def test_p1_bf16_errors_match_a_recomputation(p1_run):
     assert recomputed["grad_x"] > 1e-5 and recomputed["grad_gate_weight"] > 1e-5
     assert bf16["gate"]["std"] == pytest.approx(inputs["gate"].double().std().item(), rel=1e-9)
     assert (folder / "silu_and_gates.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_p1_element_rule_table_matches_a_recomputation(p1_run):
+    parameters, summary, folder = p1_run
+    rows = derivations.representation_pass_fractions(parameters["bf16_num_tokens"], scales=(1.0, 4.0),
+                                                     seed=parameters["seed"])  # fmt: skip
+    assert summary["element_rule"] == rows
+    for row in rows:  # the faithful path's hi/lo pairs keep every output within the rule at both scales
+        if row["representation"] == "bf16 hi/lo":
+            assert min(row[f"{output} pass"] for output in ("dx", "dWg", "dWu")) >= 0.99, row
+    assert (folder / "element_rule.png").read_bytes()[:4] == b"\x89PNG"
 
 
 # ---------------------------------------------------------------- 02 · MoE experts backward

@@ -2,7 +2,8 @@
 
 The notebooks write each backward step by hand; this module gives them float64 autograd
 gradients of every forward tensor (not only of the inputs), relative errors, a step log, the
-bf16 error table of P1 and the tokens-per-expert counts of P2's routings.
+bf16 error table of P1, what the benchmark's element rule asks of P1's dGate and dUp
+(:func:`representation_pass_fractions`) and the tokens-per-expert counts of P2's routings.
 """
 
 from __future__ import annotations
@@ -134,6 +135,84 @@ def swiglu_bf16_errors(inputs: dict) -> dict:
     }
     return {column: {name: relative_error(g, w) for name, g, w in zip(P1_OUTPUTS, got, want, strict=True)}
             for column, (got, want) in columns.items()}  # fmt: skip
+
+
+E4M3_MAX = 448.0  # the largest finite float8 e4m3 value
+
+
+def _bf16(v: torch.Tensor) -> torch.Tensor:
+    return v.to(torch.bfloat16).to(torch.float64)
+
+
+def _fp8(v: torch.Tensor, dim: int | None) -> torch.Tensor:
+    """v through fp8 e4m3 with one power-of-two scale per slice along ``dim`` (None: one for the whole
+    tensor), back in float64: what an fp8 operand with its scale outside the product carries."""
+    amax = v.abs().amax() if dim is None else v.abs().amax(dim=dim, keepdim=True)
+    scale = torch.exp2(torch.floor(torch.log2(E4M3_MAX / amax.clamp_min(1e-300))))
+    return (v * scale).to(torch.float8_e4m3fn).to(torch.float64) / scale
+
+
+# how dGate and dUp can enter the dx, dWg and dWu products, and the tensor work each costs (bf16 products
+# per product; an fp8 product runs at twice the bf16 rate on Hopper)
+REPRESENTATIONS = {
+    "bf16": 1.0,  # rounded to bf16 (the fast path, and torch.compile)
+    "fp16": 1.0,  # rounded to fp16, the other operand in fp16 too
+    "bf16 hi/lo": 2.0,  # hi = bf16(v), lo = bf16(v − hi), both multiplied (the faithful path)
+    "hi + fp8 lo": 1.5,  # hi in bf16; lo in fp8 e4m3 against an fp8 copy of x or of the weights
+}
+
+
+def _represented_products(dg: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> dict:
+    """name -> (dg·w, dgᵀ·x) under each of :data:`REPRESENTATIONS` (float64 products of the represented
+    operands). dx = dg·w reduces over I, so its fp8 scales are per token and per column of w; dW = dgᵀ·x
+    reduces over T, so its are per column of dg and of x: every scale lies outside its product."""
+    hi = _bf16(dg)
+    lo = dg - hi
+    half = dg.to(torch.float16).double()
+    return {
+        "bf16": (hi @ w, hi.T @ x),
+        "fp16": (half @ w.to(torch.float16).double(), half.T @ x.to(torch.float16).double()),
+        "bf16 hi/lo": ((hi + _bf16(lo)) @ w, (hi + _bf16(lo)).T @ x),
+        "hi + fp8 lo": (hi @ w + _fp8(lo, dim=1) @ _fp8(w, dim=0), hi.T @ x + _fp8(lo, dim=0).T @ _fp8(x, dim=0)),
+    }
+
+
+def representation_pass_fractions(num_tokens: int, scales=(1.0,), seed: int = 0, **axes) -> list[dict]:
+    """What the benchmark's element rule asks of P1's dGate and dUp: per activation scale and representation
+    (:data:`REPRESENTATIONS`), the fraction of dx, dWg and dWu elements within |out − ref| ≤ atol + rtol·|ref|.
+
+    Inputs as NVIDIA's harness draws them (std-1 activations), the activations (x, dy and the saved tensors)
+    multiplied by each of ``scales`` and rounded to bf16; dGate, dUp exact from them, then represented; the
+    products exact (float64: a stand-in for fp32 accumulation, whose error is far below these roundings)
+    from the represented operands and rounded to bf16 like the outputs; ``ref`` the exact products. Rows:
+    tokens, scale, representation, tensor work, "<output> pass" and "<output> rel err" per output."""
+    problem = problems.load("swiglu_down_backward")
+    rule = problem.element_rule
+    weights = ("gate_weight", "up_weight", "down_weight")
+    drawn = problem.make_inputs(num_tokens, seed=seed, dtype=torch.float32, distribution="harness", **axes)
+    rows = []
+    for scale in scales:
+        v = {name: _bf16(t.double() * (1.0 if name in weights else scale)) for name, t in drawn.items()}
+        s = v["gate_sigmoid"]
+        d_a = v["grad_output"] @ v["down_weight"]
+        d_gate = d_a * s * (1 + v["gate"] * (1 - s)) * v["up"]
+        d_up = d_a * v["gate_silu"]
+        gate_terms = _represented_products(d_gate, v["x"], v["gate_weight"])
+        up_terms = _represented_products(d_up, v["x"], v["up_weight"])
+        exact = {"dx": d_gate @ v["gate_weight"] + d_up @ v["up_weight"], "dWg": d_gate.T @ v["x"],
+                 "dWu": d_up.T @ v["x"]}  # fmt: skip
+        for name, work in REPRESENTATIONS.items():
+            got = {"dx": gate_terms[name][0] + up_terms[name][0], "dWg": gate_terms[name][1],
+                   "dWu": up_terms[name][1]}  # fmt: skip
+            row = {"tokens": num_tokens, "scale": float(scale), "representation": name, "tensor work": work}
+            for output, ref in exact.items():
+                out = _bf16(got[output])
+                ok = (out - ref).abs() <= rule["atol"] + rule["rtol"] * ref.abs()
+                row[f"{output} pass"] = ok.double().mean().item()
+                error = relative_error(out, ref)
+                row[f"{output} rel err"] = error if math.isfinite(error) else math.inf  # inf: the format overflowed
+            rows.append(row)
+    return rows
 
 
 def routing_load(num_tokens: int, num_experts: int, top_k: int, routing: str, seed: int) -> torch.Tensor:
