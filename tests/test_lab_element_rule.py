@@ -37,11 +37,19 @@ def test_bf16_fails_the_weight_gradients_and_hi_lo_passes_everything(rows):
                 assert rows[scale, representation][f"{output} rel err"] < rows[scale, "bf16"][f"{output} rel err"]
 
 
-def test_fp8_round_trip_keeps_three_mantissa_bits_under_its_scale():
-    v = torch.randn(64, 32, dtype=torch.float64) * torch.logspace(-6, 2, 32, dtype=torch.float64)
-    for dim in (0, 1, None):
-        got = derivations._fp8(v, dim)
-        # per-slice scales: every element within 2⁻⁴ of itself, except those far below its slice's largest
-        scale_of = v.abs().amax() if dim is None else v.abs().amax(dim=dim, keepdim=True)
-        normal = v.abs() >= scale_of * 2.0**-8
-        assert ((got - v).abs() <= 2.0**-4 * v.abs())[normal].all(), dim
+def test_fp8_blocks_keep_three_mantissa_bits_under_their_scale():
+    v = torch.randn(200, 96, dtype=torch.float64) * torch.logspace(-6, 2, 96, dtype=torch.float64)
+    for block in ((1, 32), (64, 1), (64, 32), (256, 128)):
+        got = derivations._fp8(v, block)
+        assert got.shape == v.shape
+        # each tile's largest element sets its scale (to between 224 and 448): e4m3's normal numbers, from 2⁻⁶,
+        # then reach down to 2⁻¹³·⁸ of that largest and keep 2⁻⁴ of themselves
+        bm, bn = block
+        tile_max = torch.zeros_like(v)
+        for i in range(0, v.shape[0], bm):
+            for j in range(0, v.shape[1], bn):
+                tile_max[i : i + bm, j : j + bn] = v[i : i + bm, j : j + bn].abs().max()
+        normal = v.abs() >= tile_max * 2.0**-13
+        assert ((got - v).abs() <= 2.0**-4 * v.abs())[normal].all(), block
+        # below that, fp8's subnormal steps: at most half of 2⁻⁹ of the scale, ≤ 2⁻¹⁷ of the tile's largest
+        assert ((got - v).abs() <= 2.0**-17 * tile_max)[~normal].all(), block

@@ -144,12 +144,16 @@ def _bf16(v: torch.Tensor) -> torch.Tensor:
     return v.to(torch.bfloat16).to(torch.float64)
 
 
-def _fp8(v: torch.Tensor, dim: int | None) -> torch.Tensor:
-    """v through fp8 e4m3 with one power-of-two scale per slice along ``dim`` (None: one for the whole
-    tensor), back in float64: what an fp8 operand with its scale outside the product carries."""
-    amax = v.abs().amax() if dim is None else v.abs().amax(dim=dim, keepdim=True)
+def _fp8(v: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """v [M, N] through fp8 e4m3 with one power-of-two scale per ``block`` (rows, columns) tile, back in
+    float64: what a block-scaled fp8 operand carries (each tile's largest element near the format's top)."""
+    (m, n), (bm, bn) = v.shape, block
+    padded = torch.nn.functional.pad(v, (0, -n % bn, 0, -m % bm))
+    tiles = padded.reshape(padded.shape[0] // bm, bm, padded.shape[1] // bn, bn)
+    amax = tiles.abs().amax(dim=(1, 3), keepdim=True)
     scale = torch.exp2(torch.floor(torch.log2(E4M3_MAX / amax.clamp_min(1e-300))))
-    return (v * scale).to(torch.float8_e4m3fn).to(torch.float64) / scale
+    rounded = (tiles * scale).to(torch.float8_e4m3fn).to(torch.float64) / scale
+    return rounded.reshape(padded.shape)[:m, :n]
 
 
 # how dGate and dUp can enter the dx, dWg and dWu products, and the tensor work each costs (bf16 products
@@ -160,20 +164,24 @@ REPRESENTATIONS = {
     "bf16 hi/lo": 2.0,  # hi = bf16(v), lo = bf16(v − hi), both multiplied (the faithful path)
     "hi + fp8 lo": 1.5,  # hi in bf16; lo in fp8 e4m3 against an fp8 copy of x or of the weights
 }
+FP8_BLOCK = 128  # elements of the reduction under one fp8 scale
 
 
 def _represented_products(dg: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> dict:
     """name -> (dg·w, dgᵀ·x) under each of :data:`REPRESENTATIONS` (float64 products of the represented
-    operands). dx = dg·w reduces over I, so its fp8 scales are per token and per column of w; dW = dgᵀ·x
-    reduces over T, so its are per column of dg and of x: every scale lies outside its product."""
+    operands). The fp8 operands are block-scaled as a kernel can scale them: a scale per FP8_BLOCK elements
+    of the reduction (dx = dg·w reduces over I: lo per token × 128 columns, w per 128 × 128 tile; dW = dgᵀ·x
+    reduces over T: lo per 128 tokens × column, x per 128 × 128 tile), each K-block's product scaled into
+    the fp32 accumulator."""
     hi = _bf16(dg)
     lo = dg - hi
     half = dg.to(torch.float16).double()
+    B = FP8_BLOCK
     return {
         "bf16": (hi @ w, hi.T @ x),
         "fp16": (half @ w.to(torch.float16).double(), half.T @ x.to(torch.float16).double()),
         "bf16 hi/lo": ((hi + _bf16(lo)) @ w, (hi + _bf16(lo)).T @ x),
-        "hi + fp8 lo": (hi @ w + _fp8(lo, dim=1) @ _fp8(w, dim=0), hi.T @ x + _fp8(lo, dim=0).T @ _fp8(x, dim=0)),
+        "hi + fp8 lo": (hi @ w + _fp8(lo, (1, B)) @ _fp8(w, (B, B)), hi.T @ x + _fp8(lo, (B, 1)).T @ _fp8(x, (B, B))),
     }
 
 
