@@ -94,3 +94,17 @@ def test_summary_and_figure_without_measurements():
 def test_bad_arguments_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         ledger.p2_backward_steps(**kwargs)
+
+
+def test_p1_floors_order_the_arithmetics_and_end_in_geomeans():
+    table = ledger.p1_floor_table(SPEC, None, launch_floor_us=3.0, tokens=[1, 128, 8192])
+    assert list(table.index) == [1, 128, 8192, "geomean"]
+    fast, fp8, hi_lo = (table[name] for name in ledger.P1_ARITHMETIC)
+    assert (fast <= fp8).all() and (fp8 <= hi_lo).all()
+    # at 8192 tokens all three are tensor-bound: their floors stand as their work, 12 : 16 : 20
+    assert (hi_lo[8192] - 3.0) / (fast[8192] - 3.0) == pytest.approx(20 / 12)
+    # at 1 token all three are the weights' traffic, plus the launch
+    bytes_1 = roofline.minimal_bytes("swiglu_down_backward", 1)
+    assert fast[1] == hi_lo[1] == pytest.approx(1e6 * bytes_1 / SPEC.dram_bandwidth + 3.0)
+    assert table["measured fast"].isna().all()
+    assert table.loc["geomean", "fast (bf16 dGate, dUp)"] == pytest.approx(float(np.exp(np.log(fast[:3]).mean())))

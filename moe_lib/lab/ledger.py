@@ -179,3 +179,35 @@ def ledger_figure(cases, spec: roofline.GPUSpec, summary: pd.DataFrame):
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     return fig
+
+
+# --------------------------------------------------------------------------------------------------
+# P1: the floor of each arithmetic, case by case
+
+# GEMM work of P1's backward per arithmetic, in units of T·H·I FLOPs (bf16-rate equivalents): six products
+# of 2·T·H·I each; the faithful path multiplies dGate, dUp twice (hi and lo) in dx, dWg and dWu (+8); with an
+# fp8 lo half those second products run at twice the rate (+4)
+P1_ARITHMETIC = {"fast (bf16 dGate, dUp)": 12, "faithful, bf16 hi + fp8 lo": 16, "faithful, bf16 hi/lo": 20}
+
+
+def p1_floor_table(spec: roofline.GPUSpec, result: ResultFile | None = None, launch_floor_us: float = 0.0,
+                   tokens=None) -> pd.DataFrame:  # fmt: skip
+    """Per P1 case (the suite unless ``tokens``): its floor in µs under each of :data:`P1_ARITHMETIC` — max(bytes
+    / bandwidth, work / bf16 rate) at ``spec``, plus ``launch_floor_us`` (what one launch costs in the timing
+    method at hand) — and, from ``result``, the measured graph-replay µs of the fast (``triton_fast``) and
+    faithful (``triton``) paths; a last row holds the geomeans."""
+    problem = problems.load("swiglu_down_backward")
+    rows = {}
+    for num_tokens in sorted(tokens or problem.suite):
+        s = problem.sizes(num_tokens)
+        work = num_tokens * s["hidden_size"] * s["intermediate_size"]
+        moved = roofline.minimal_bytes("swiglu_down_backward", num_tokens)
+        row = {name: 1e6 * max(moved / spec.dram_bandwidth, units * work / spec.bf16_dense_flops) + launch_floor_us
+               for name, units in P1_ARITHMETIC.items()}  # fmt: skip
+        row["measured fast"] = 1e3 * measured_ms(result, num_tokens, "triton_fast")
+        row["measured faithful"] = 1e3 * measured_ms(result, num_tokens, OURS)
+        rows[num_tokens] = row
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "tokens"
+    table.loc["geomean"] = np.exp(np.log(table).mean())  # NaN where a case was not measured
+    return table
