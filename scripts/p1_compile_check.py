@@ -3,8 +3,9 @@
     PYTHONPATH=. python scripts/p1_compile_check.py [--precision faithful|fast] [candidate names]
 
 Candidates are the two-launch tile configurations of ``moe_lib.bench.tuning.P1_CANDIDATES`` (default:
-all of them), compiled for bf16 inputs; then the ``swiglu_expert`` layer's elementwise step
-(``swiglu_activation_kernel``, forward and backward forms). Needs only the triton wheel (its ptxas and
+all of them), compiled for bf16 inputs; then the TMA-fed second launch (``tma_second_launch.py``) of the
+candidates that have one, and the ``swiglu_expert`` layer's elementwise step (``swiglu_activation_kernel``,
+forward and backward forms). Needs only the triton wheel (its ptxas and
 cuobjdump); a spill shows as a non-zero STACK.
 """
 
@@ -12,9 +13,17 @@ import argparse
 
 import torch
 
-from moe_lib.bench.sm90 import compile_for_sm90, constexpr_names, first_error_line, resources, runtime_names
+from moe_lib.bench.sm90 import (
+    compile_for_sm90,
+    constexpr_names,
+    first_error_line,
+    over_limit,
+    resources,
+    runtime_names,
+    wgmma_serialized,
+)
 from moe_lib.bench.tuning import P1_CANDIDATES
-from moe_lib.swiglu_down import kernels
+from moe_lib.swiglu_down import kernels, tma_second_launch
 from moe_lib.swiglu_down.checks import PRECISIONS
 from moe_lib.swiglu_down.launch import ACTIVATION_BLOCK, TileConfig, carries_low_halves
 
@@ -47,6 +56,20 @@ def compile_launch(kernel, tiles: dict, config: TileConfig, launch: int, with_lo
     return compile_for_sm90(kernel, types, constexprs, aligned, warps=warps, stages=stages)
 
 
+def compile_tma_second_launch(config, with_lo: bool):
+    """The TMA-fed second launch under ``config`` (bf16 inputs, 132 programs); its PTX must hold TMA copies."""
+    kernel = tma_second_launch.tma_grad_x_and_grad_gate_up_kernel
+    types = {name: pointer_type(name) if name.endswith("_ptr") else "i32" for name in runtime_names(kernel)}
+    constexprs = dict(zip(("DX_M", "DX_N", "DX_K"), config.dx_tile, strict=True))
+    constexprs.update(zip(("DW_M", "DW_N", "DW_K"), config.dw_tile, strict=True))
+    constexprs.update(GROUP_M=config.group_m, NUM_PROGRAMS=132, UPCAST=False, PRECISION="tf32", WITH_LO=with_lo)
+    aligned = [name for name in runtime_names(kernel) if name.endswith("_ptr") or name in ("H", "I", "lo_offset")]
+    compiled = compile_for_sm90(kernel, types, constexprs, aligned, warps=config.warps, stages=config.stages)
+    if "cp.async.bulk.tensor" not in compiled.asm["ptx"]:
+        raise RuntimeError("no TMA copy in the PTX")
+    return compiled
+
+
 def main():
     two_launch = [name for name, config in P1_CANDIDATES.items() if isinstance(config, TileConfig)]
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -67,6 +90,14 @@ def main():
             except Exception as exc:  # report and go on with the other candidates
                 report.append("FAIL " + first_error_line(exc, 120))
         print(f"{name:12s} launch1: {report[0]:40s} launch2: {report[1]}", flush=True)
+    tma_candidates = [name for name in args.candidates or two_launch if P1_CANDIDATES[name].tma_second_launch]
+    for name in tma_candidates:
+        try:
+            compiled = compile_tma_second_launch(P1_CANDIDATES[name].tma_second_launch, with_lo)
+            report = f"{resources(compiled)}{over_limit(compiled)} wgmma serialised: {wgmma_serialized(compiled)}"
+        except Exception as exc:  # report and go on
+            report = "FAIL " + first_error_line(exc, 120)
+        print(f"{name:12s} TMA launch2: {report}", flush=True)
     kernel = kernels.swiglu_activation_kernel
     types = {name: "*bf16" if name.endswith("_ptr") else "i32" for name in runtime_names(kernel)}
     for with_saved in (False, True):

@@ -89,8 +89,8 @@ import triton
 import triton.language as tl
 
 from ..dispatch import interpreter_enabled
+from ..tma import install_tma_allocator
 from .kernels import dot16, operand
-from .tma_weight_grad import install_tma_allocator
 
 # --------------------------------------------------------------------------------------------------
 # kernels

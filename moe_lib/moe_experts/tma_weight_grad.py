@@ -77,6 +77,7 @@ import triton
 import triton.language as tl
 
 from ..dispatch import interpreter_enabled
+from ..tma import install_tma_allocator
 from .kernels import dot16, round_to
 
 # --------------------------------------------------------------------------------------------------
@@ -289,17 +290,6 @@ def _check_tma_layout(operands: dict, outputs: dict, tma_store: bool) -> None:
         for name, t in outputs.items():
             if t.shape[2] * t.element_size() % 16:
                 raise ValueError(f"{name}: rows of {t.shape[2]} × {t.element_size()} B are not a multiple of 16 B")
-
-
-def install_tma_allocator(device: torch.device) -> None:
-    """Gives Triton a torch-backed allocator (graph-capturable) for the descriptors kernels build on the
-    device. Set on every launch: Triton keeps it per context, and autograd runs a backward in a thread of
-    its own (this replaces an allocator the caller set in that context, any of which would serve)."""
-
-    def allocate(size: int, alignment: int, stream):
-        return torch.empty(size, dtype=torch.int8, device=device)
-
-    triton.set_allocator(allocate)
 
 
 def _at_least_one_row(t: torch.Tensor) -> torch.Tensor:

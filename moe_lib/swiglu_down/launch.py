@@ -18,6 +18,7 @@ from ..dispatch import interpreter_enabled
 from ..tiling import cdiv
 from . import kernels
 from .checks import check_precision
+from .tma_second_launch import TmaSecondLaunchConfig, fits, launch_second_launch_tma
 
 # Every output and workspace is allocated through this function (tests replace it with one that
 # fills the memory with NaN, to prove that every element the kernels read or return was written).
@@ -41,6 +42,9 @@ class TileConfig:
     warps: tuple = (4, 4)  # num_warps of launch 1, launch 2
     stages: tuple = (3, 3)  # num_stages of launch 1, launch 2
     group_m: int = 8  # row tiles grouped for L2 reuse of the column operand
+    # launch 2 as one persistent TMA-fed kernel (:mod:`.tma_second_launch`, its own tiles; grad_x and
+    # grad_gate_up above then unused) where TMA can address the rows; None: the pointer-based launch 2
+    tma_second_launch: TmaSecondLaunchConfig | None = None
 
 
 # the faithful path (the benchmark's function) runs in one launch up to this many tokens: in NVIDIA's
@@ -224,8 +228,13 @@ def swiglu_down_backward_triton(
     workspaces = split_workspaces(plan, x.device)
     launch_d_intermediate_and_grad_down(grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate,
                                         d_gate, d_up, grad_down_weight, config, plan, with_lo, workspaces)  # fmt: skip
-    launch_grad_x_and_grad_gate_up(x, gate_weight, up_weight, d_gate, d_up, grad_x, grad_gate_weight,
-                                   grad_up_weight, config, plan, with_lo, workspaces)  # fmt: skip
+    if config.tma_second_launch is not None and T > 0 and fits(x, gate_weight):
+        launch_second_launch_tma(config.tma_second_launch, x, gate_weight, up_weight, d_gate, d_up, grad_x,
+                                 grad_gate_weight, grad_up_weight, with_lo=with_lo,
+                                 num_programs=resident_programs(x.device))  # fmt: skip
+    else:
+        launch_grad_x_and_grad_gate_up(x, gate_weight, up_weight, d_gate, d_up, grad_x, grad_gate_weight,
+                                       grad_up_weight, config, plan, with_lo, workspaces)  # fmt: skip
     return outputs
 
 
