@@ -3,8 +3,8 @@
     PYTHONPATH=. python scripts/p1_compile_check.py [--precision faithful|fast] [candidate names]
 
 Candidates are the two-launch tile configurations of ``moe_lib.bench.tuning.P1_CANDIDATES`` (default:
-all of them), compiled for bf16 inputs; then the TMA-fed second launch (``tma_second_launch.py``) of the
-candidates that have one, and the ``swiglu_expert`` layer's elementwise step (``swiglu_activation_kernel``,
+all of them), compiled for bf16 inputs; then the TMA-fed launches (``tma_launches.py``) of the
+candidates that have them, and the ``swiglu_expert`` layer's elementwise step (``swiglu_activation_kernel``,
 forward and backward forms). Needs only the triton wheel (its ptxas and
 cuobjdump); a spill shows as a non-zero STACK.
 """
@@ -23,7 +23,7 @@ from moe_lib.bench.sm90 import (
     wgmma_serialized,
 )
 from moe_lib.bench.tuning import P1_CANDIDATES
-from moe_lib.swiglu_down import kernels, tma_second_launch
+from moe_lib.swiglu_down import kernels, tma_launches
 from moe_lib.swiglu_down.checks import PRECISIONS
 from moe_lib.swiglu_down.launch import ACTIVATION_BLOCK, TileConfig, carries_low_halves
 
@@ -56,12 +56,17 @@ def compile_launch(kernel, tiles: dict, config: TileConfig, launch: int, with_lo
     return compile_for_sm90(kernel, types, constexprs, aligned, warps=warps, stages=stages)
 
 
-def compile_tma_second_launch(config, with_lo: bool):
-    """The TMA-fed second launch under ``config`` (bf16 inputs, 132 programs); its PTX must hold TMA copies."""
-    kernel = tma_second_launch.tma_grad_x_and_grad_gate_up_kernel
+def compile_tma_launch(launch: int, config, with_lo: bool):
+    """A TMA-fed launch (1 or 2) under ``config`` (bf16 inputs, 132 programs); its PTX must hold TMA copies."""
+    if launch == 1:
+        kernel = tma_launches.tma_d_intermediate_and_grad_down_kernel
+        tiles = {"DA": config.da_tile, "DWD": config.dwd_tile}
+    else:
+        kernel = tma_launches.tma_grad_x_and_grad_gate_up_kernel
+        tiles = {"DX": config.dx_tile, "DW": config.dw_tile}
     types = {name: pointer_type(name) if name.endswith("_ptr") else "i32" for name in runtime_names(kernel)}
-    constexprs = dict(zip(("DX_M", "DX_N", "DX_K"), config.dx_tile, strict=True))
-    constexprs.update(zip(("DW_M", "DW_N", "DW_K"), config.dw_tile, strict=True))
+    constexprs = {f"{prefix}_{axis}": size
+                  for prefix, tile in tiles.items() for axis, size in zip("MNK", tile, strict=True)}  # fmt: skip
     constexprs.update(GROUP_M=config.group_m, NUM_PROGRAMS=132, UPCAST=False, PRECISION="tf32", WITH_LO=with_lo)
     aligned = [name for name in runtime_names(kernel) if name.endswith("_ptr") or name in ("H", "I", "lo_offset")]
     compiled = compile_for_sm90(kernel, types, constexprs, aligned, warps=config.warps, stages=config.stages)
@@ -90,14 +95,16 @@ def main():
             except Exception as exc:  # report and go on with the other candidates
                 report.append("FAIL " + first_error_line(exc, 120))
         print(f"{name:12s} launch1: {report[0]:40s} launch2: {report[1]}", flush=True)
-    tma_candidates = [name for name in args.candidates or two_launch if P1_CANDIDATES[name].tma_second_launch]
-    for name in tma_candidates:
-        try:
-            compiled = compile_tma_second_launch(P1_CANDIDATES[name].tma_second_launch, with_lo)
-            report = f"{resources(compiled)}{over_limit(compiled)} wgmma serialised: {wgmma_serialized(compiled)}"
-        except Exception as exc:  # report and go on
-            report = "FAIL " + first_error_line(exc, 120)
-        print(f"{name:12s} TMA launch2: {report}", flush=True)
+    for name in args.candidates or two_launch:
+        for launch, tma in enumerate((P1_CANDIDATES[name].tma_first_launch, P1_CANDIDATES[name].tma_second_launch), 1):
+            if tma is None:
+                continue
+            try:
+                compiled = compile_tma_launch(launch, tma, with_lo)
+                report = f"{resources(compiled)}{over_limit(compiled)} wgmma serialised: {wgmma_serialized(compiled)}"
+            except Exception as exc:  # report and go on
+                report = "FAIL " + first_error_line(exc, 120)
+            print(f"{name:12s} TMA launch{launch}: {report}", flush=True)
     kernel = kernels.swiglu_activation_kernel
     types = {name: "*bf16" if name.endswith("_ptr") else "i32" for name in runtime_names(kernel)}
     for with_saved in (False, True):

@@ -357,74 +357,92 @@ def test_gpu_activation_at_the_layers_sizes(dtype, seed):
 
 
 # ---------------------------------------------------------------------------------------------
-# launch 2 fed by TMA (tma_second_launch.py)
+# the launches fed by TMA (tma_launches.py)
+
+TMA_LAUNCHES = {"first": (True, False), "second": (False, True), "both": (True, True)}
 
 
-def _with_tma_second_launch(T, H, I, tma_config):
+def _with_tma_launches(T, H, I, which: str):
+    """The two-launch design's tiles for T, with the launches ``which`` names fed by TMA (interpreter-sized
+    tiles on the CPU)."""
     import dataclasses
 
     from moe_lib.swiglu_down.launch import choose_config
+    from moe_lib.swiglu_down.tma_launches import TmaFirstLaunchConfig, TmaSecondLaunchConfig
 
     interpreter = not torch.cuda.is_available()
     base = choose_config(T, H, I, interpreter=interpreter, max_programs=0)  # the two-launch design
-    return dataclasses.replace(base, tma_second_launch=tma_config)
+    first, second = TMA_LAUNCHES.get(which, (False, False))
+    return dataclasses.replace(
+        base,
+        tma_first_launch=(TmaFirstLaunchConfig.for_interpreter() if interpreter else TmaFirstLaunchConfig()) if first
+        else None,
+        tma_second_launch=(TmaSecondLaunchConfig.for_interpreter() if interpreter else TmaSecondLaunchConfig())
+        if second else None,
+    )  # fmt: skip
 
 
 @needs_triton
 @pytest.mark.parametrize("T, H, I, dtype", [(1, 40, 24, torch.bfloat16), (13, 40, 24, torch.float32),
                                              (37, 48, 32, torch.bfloat16), (70, 32, 40, torch.float16)])  # fmt: skip
 @pytest.mark.parametrize("precision", ["faithful", "fast"])
-def test_tma_second_launch_matches_float64(T, H, I, dtype, precision, seed, monkeypatch):
-    """dx, dWg and dWu from the TMA-fed launch 2 (ragged edges on every side, NaN-filled allocations), against
-    float64 and against the pointer-based launch 2 (the same products: equal up to summation order)."""
+@pytest.mark.parametrize("which", list(TMA_LAUNCHES))
+def test_tma_launches_match_float64(T, H, I, dtype, precision, which, seed, monkeypatch):
+    """The outputs with one or both launches fed by TMA (ragged edges on every side, NaN-filled allocations),
+    against float64 and against the pointer-based launches (the same products: equal up to summation order)."""
     from moe_lib.swiglu_down import launch
-    from moe_lib.swiglu_down.tma_second_launch import TmaSecondLaunchConfig
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     calls = []
-    real = launch.launch_second_launch_tma
-    monkeypatch.setattr(launch, "launch_second_launch_tma", lambda *a, **k: calls.append(k) or real(*a, **k))
+
+    def spy(name):
+        real = getattr(launch, name)
+        return lambda *args, **kwargs: calls.append((name, kwargs)) or real(*args, **kwargs)
+
+    for name in ("launch_first_launch_tma", "launch_second_launch_tma"):
+        monkeypatch.setattr(launch, name, spy(name))
     monkeypatch.setattr(launch, "allocate", _poisoned)
     inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device=device, dtype=dtype, hidden_size=H,
                                   intermediate_size=I)  # fmt: skip
-    tma_config = TmaSecondLaunchConfig.for_interpreter() if device == "cpu" else TmaSecondLaunchConfig()
-    config = _with_tma_second_launch(T, H, I, tma_config)
-    got = launch.swiglu_down_backward_triton(*inputs.values(), config=config, precision=precision)
-    assert len(calls) == 1 and calls[0]["with_lo"] == launch.carries_low_halves(dtype, precision)
-    pointer = launch.swiglu_down_backward_triton(*inputs.values(), config=_with_tma_second_launch(T, H, I, None),
+    got = launch.swiglu_down_backward_triton(*inputs.values(), config=_with_tma_launches(T, H, I, which),
+                                             precision=precision)  # fmt: skip
+    with_lo = launch.carries_low_halves(dtype, precision)
+    expected = [name for name, on in zip(("launch_first_launch_tma", "launch_second_launch_tma"), TMA_LAUNCHES[which],
+                                         strict=True) if on]  # fmt: skip
+    assert [name for name, _ in calls] == expected and all(k["with_lo"] == with_lo for _, k in calls)
+    pointer = launch.swiglu_down_backward_triton(*inputs.values(), config=_with_tma_launches(T, H, I, "none"),
                                                  precision=precision)  # fmt: skip
     want = float64_reference(inputs)
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     for name, g, p, w in zip(OUTPUTS, got, pointer, want, strict=True):
         assert torch.isfinite(g).all(), f"{name}: NaN/Inf (an unwritten element?)"
         assert rel_error(g, w) <= tolerance, name
-        # the same products in the same order but for dx's split-K under the interpreter: 16-bit outputs a few
-        # roundings apart at most (on the GPU the tensor cores' own order within a block differs as well)
+        # the same products in the same order but for the pointer-based split-K under the interpreter: 16-bit
+        # outputs a few roundings apart at most (on the GPU the tensor cores' order within a block differs too)
         same_products = 1e-6 if dtype == torch.float32 else 1e-4 if device == "cpu" else 2e-3
         assert rel_error(g, p) <= same_products, name
 
 
 @needs_triton
-def test_tma_second_launch_steps_aside_where_tma_cannot_address_the_rows(seed, monkeypatch):
-    """Rows of H = 33 bf16 elements (66 B) are no 16-byte multiple: the pointer-based launch 2 runs instead."""
+def test_tma_launches_step_aside_where_tma_cannot_address_the_rows(seed, monkeypatch):
+    """Rows of H = 33 bf16 elements (66 B) are no 16-byte multiple: the pointer-based launches run instead."""
     from moe_lib.swiglu_down import launch
-    from moe_lib.swiglu_down.tma_second_launch import TmaSecondLaunchConfig
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    monkeypatch.setattr(launch, "launch_second_launch_tma", lambda *a, **k: pytest.fail("TMA launch 2 ran"))
+    for name in ("launch_first_launch_tma", "launch_second_launch_tma"):
+        monkeypatch.setattr(launch, name, lambda *a, **k: pytest.fail("a TMA launch ran"))
     inputs = problems.make_inputs("swiglu_down_backward", 9, seed=seed, device=device, hidden_size=33,
                                   intermediate_size=24)  # fmt: skip
-    config = _with_tma_second_launch(9, 33, 24, TmaSecondLaunchConfig.for_interpreter())
-    got = launch.swiglu_down_backward_triton(*inputs.values(), config=config)
+    got = launch.swiglu_down_backward_triton(*inputs.values(), config=_with_tma_launches(9, 33, 24, "both"))
     for name, g, w in zip(OUTPUTS, got, float64_reference(inputs), strict=True):
         assert rel_error(g, w) <= 2e-2, name
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [1087, 5000, 8192])
-@pytest.mark.parametrize("candidate", ["tma_128", "tma_256"])
+@pytest.mark.parametrize("candidate", ["tma_128", "tma_256", "tma12_a", "tma12_b", "tma12_c"])
 @pytest.mark.parametrize("precision", ["faithful", "fast"])
-def test_gpu_tma_second_launch_at_both_input_scales(T, candidate, precision, seed):
+def test_gpu_tma_launches_at_both_input_scales(T, candidate, precision, seed):
     from moe_lib.bench.tuning import P1_CANDIDATES
     from moe_lib.swiglu_down.launch import swiglu_down_backward_triton
 

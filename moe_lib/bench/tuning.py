@@ -21,7 +21,7 @@ from ..moe_experts.fused_dx import FusedDxConfig
 from ..moe_experts.launch import LaunchConfig
 from ..swiglu_down.launch import TileConfig
 from ..swiglu_down.one_launch import OneLaunchConfig
-from ..swiglu_down.tma_second_launch import TmaSecondLaunchConfig
+from ..swiglu_down.tma_launches import TmaFirstLaunchConfig, TmaSecondLaunchConfig
 from .cli import DTYPE_ALIASES, problems_by_dtype
 
 # name -> tiles (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT) of dA, dWd, dx, dWg/dWu; warps; stages
@@ -51,7 +51,7 @@ P1_CANDIDATES = {
     "f_a4": TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1), (4, 8), (4, 3)),
     "f_a4_gu": TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1), (4, 8), (3, 3)),
     "f_gusplit": TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 128, 64, 1), (128, 256, 64, 2), (8, 8), (4, 3)),
-    # launch 2 as one persistent TMA-fed kernel (tma_second_launch.py), launch 1 as f_w8s3 has it. Compiled for
+    # launch 2 as one persistent TMA-fed kernel (tma_launches.py), launch 1 as f_w8s3 has it. Compiled for
     # sm_90 (scripts/p1_compile_check.py): 128×128 tiles on 8 warps serialise their wgmma, on 4 warps they do not
     "tma_128": TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 256, 64, 1), (128, 256, 64, 1), (8, 8), (4, 3),
                           tma_second_launch=TmaSecondLaunchConfig((128, 128, 64), (128, 128, 64), 4, 3)),
@@ -61,6 +61,17 @@ P1_CANDIDATES = {
                           tma_second_launch=TmaSecondLaunchConfig((128, 256, 64), (128, 256, 64), 8, 3)),
     "tma_256dx": TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 256, 64, 1), (128, 256, 64, 1), (8, 8), (4, 3),
                             tma_second_launch=TmaSecondLaunchConfig((128, 256, 64), (128, 128, 64), 8, 3)),
+    # both launches fed by TMA: launch 1's 128×128 dA tiles need 8 warps (on 4 they spill 1.3 KB; with the hi/lo
+    # epilogue 96 B on 8), its 64×128 ones fit 4
+    "tma12_a": TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 256, 64, 1), (128, 256, 64, 1), (8, 8), (4, 3),
+                          tma_first_launch=TmaFirstLaunchConfig((128, 128, 64), (128, 128, 64), 8, 3),
+                          tma_second_launch=TmaSecondLaunchConfig((128, 128, 64), (128, 128, 64), 4, 3)),
+    "tma12_b": TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 256, 64, 1), (128, 256, 64, 1), (8, 8), (4, 3),
+                          tma_first_launch=TmaFirstLaunchConfig((128, 128, 64), (128, 256, 64), 8, 3),
+                          tma_second_launch=TmaSecondLaunchConfig((128, 256, 64), (128, 256, 64), 8, 3)),
+    "tma12_c": TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 256, 64, 1), (128, 256, 64, 1), (8, 8), (4, 3),
+                          tma_first_launch=TmaFirstLaunchConfig((64, 128, 64), (128, 128, 64), 4, 3),
+                          tma_second_launch=TmaSecondLaunchConfig((128, 256, 64), (128, 128, 64), 8, 3)),
     "f_128s3": TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 128, 64, 1), (128, 128, 64, 1), (8, 8), (4, 3)),
     "f_wide_a": TileConfig((128, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1), (8, 8), (3, 3)),
     "f_gu128k": TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 128, 64, 1), (128, 128, 128, 1), (8, 8), (4, 2)),

@@ -18,7 +18,13 @@ from ..dispatch import interpreter_enabled
 from ..tiling import cdiv
 from . import kernels
 from .checks import check_precision
-from .tma_second_launch import TmaSecondLaunchConfig, fits, launch_second_launch_tma
+from .tma_launches import (
+    TmaFirstLaunchConfig,
+    TmaSecondLaunchConfig,
+    fits,
+    launch_first_launch_tma,
+    launch_second_launch_tma,
+)
 
 # Every output and workspace is allocated through this function (tests replace it with one that
 # fills the memory with NaN, to prove that every element the kernels read or return was written).
@@ -42,8 +48,9 @@ class TileConfig:
     warps: tuple = (4, 4)  # num_warps of launch 1, launch 2
     stages: tuple = (3, 3)  # num_stages of launch 1, launch 2
     group_m: int = 8  # row tiles grouped for L2 reuse of the column operand
-    # launch 2 as one persistent TMA-fed kernel (:mod:`.tma_second_launch`, its own tiles; grad_x and
-    # grad_gate_up above then unused) where TMA can address the rows; None: the pointer-based launch 2
+    # launch 1 / launch 2 as one persistent TMA-fed kernel each (:mod:`.tma_launches`, with their own tiles: the
+    # fields above for that launch then unused) where TMA can address the rows; None: the pointer-based launch
+    tma_first_launch: TmaFirstLaunchConfig | None = None
     tma_second_launch: TmaSecondLaunchConfig | None = None
 
 
@@ -226,9 +233,16 @@ def swiglu_down_backward_triton(
     plan = launch_plan(T, H, I, config)
     # everything both launches need is allocated before the first: the second follows it with no other host work
     workspaces = split_workspaces(plan, x.device)
-    launch_d_intermediate_and_grad_down(grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate,
-                                        d_gate, d_up, grad_down_weight, config, plan, with_lo, workspaces)  # fmt: skip
-    if config.tma_second_launch is not None and T > 0 and fits(x, gate_weight):
+    tma = T > 0 and fits(H, I, x.element_size())  # TMA can address every operand (a descriptor needs T ≥ 1)
+    if config.tma_first_launch is not None and tma:
+        launch_first_launch_tma(config.tma_first_launch, grad_output, down_weight, gate, gate_sigmoid, gate_silu,
+                                up, intermediate, d_gate, d_up, grad_down_weight, with_lo=with_lo,
+                                num_programs=resident_programs(x.device))  # fmt: skip
+    else:
+        launch_d_intermediate_and_grad_down(grad_output, down_weight, gate, gate_sigmoid, gate_silu, up,
+                                            intermediate, d_gate, d_up, grad_down_weight, config, plan, with_lo,
+                                            workspaces)  # fmt: skip
+    if config.tma_second_launch is not None and tma:
         launch_second_launch_tma(config.tma_second_launch, x, gate_weight, up_weight, d_gate, d_up, grad_x,
                                  grad_gate_weight, grad_up_weight, with_lo=with_lo,
                                  num_programs=resident_programs(x.device))  # fmt: skip
