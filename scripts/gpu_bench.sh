@@ -9,7 +9,11 @@
 #      pre-activations, grouped_mm, sonicmoe) at 2048, 8192 and 32768 tokens;
 #   (RUNS p1_official) NVIDIA's harness itself on P1's faithful path (python -m moe_lib.bench.official);
 #   (RUNS p2_official) the same on P2's fp32 interface (P2_OFFICIAL_PROBLEM=moe_experts_backward_bf16 for
-#      bf16), only the workloads of P2_OFFICIAL_TOKENS where set (a comma list: the suite in parts).
+#      bf16), only the workloads of P2_OFFICIAL_TOKENS where set (a comma list: the suite in parts);
+#   (RUNS p1_few, p1_tma, p2_tune) the tuning checks of the designs not yet measured, each candidate checked
+#      against float64 before it is timed: scripts/p1_few_tokens_check.py (P1_FEW_ARGS), scripts/p1_tune.py
+#      on the TMA-fed launches in both precisions (P1_TMA_TOKENS, P1_TMA_CONFIGS), scripts/p2_tune.py
+#      (P2_TUNE_CASES, P2_TUNE_CONFIGS); their JSON goes to $OUT/tuning (or /tmp/tuning).
 # Every harness run also times each case the official way (eager, fresh addresses, CUPTI span) where
 # cupti-python is importable: it is installed from .whl/sol/*.whl when those wheels are there (with
 # pydantic for NVIDIA's harness, whose source must be in .sol-execbench/src for p1_official). SonicMoE
@@ -136,6 +140,39 @@ case " $RUNS " in *" p2_official "*)
   status=${PIPESTATUS[0]}
   echo "=== P2 in NVIDIA's harness: exit $status after $((SECONDS - start)) s" | tee -a "$LOG" "$TABLES"
   [ "$status" -eq 0 ] || failures=$((failures + 1))
+esac
+
+TUNING=${OUT:-/tmp}/tuning
+check() {  # check NAME SECONDS SCRIPT ARGS...: one tuning script, its printed table kept for the end
+  local name=$1 limit=$2
+  shift 2
+  local start=$SECONDS
+  mkdir -p "$TUNING"
+  echo "=== $name: $PYTHON $*" | tee -a "$LOG"
+  OUT="$TUNING" timeout --kill-after=20 "$limit" "$PYTHON" "$@" 2>>"$LOG" | tee -a "$LOG" >>"$TABLES"
+  local status=${PIPESTATUS[0]}
+  echo "=== $name: exit $status after $((SECONDS - start)) s" | tee -a "$LOG" "$TABLES"
+  echo >>"$TABLES"
+  [ "$status" -eq 0 ] || failures=$((failures + 1))
+}
+
+case " $RUNS " in *" p1_few "*)
+  # shellcheck disable=SC2086  # the arguments are words
+  check "P1 few-token candidates" "${P1_FEW_SECONDS:-240}" scripts/p1_few_tokens_check.py \
+    ${P1_FEW_ARGS:---tokens 1,4,16,64,128 a_reg a_reg_coop a_reg_132 a_pf_132 a_reg_132b two_launches}
+esac
+case " $RUNS " in *" p1_tma "*)
+  for precision in faithful fast; do
+    mkdir -p "$TUNING/p1_tma_$precision"
+    check "P1 TMA-fed launches, $precision" "${P1_TMA_SECONDS:-240}" scripts/p1_tune.py --precision "$precision" \
+      --tokens "${P1_TMA_TOKENS:-1087,2447,4093,8192}" \
+      --configs "${P1_TMA_CONFIGS:-f_w8s3,l_128,tma_128,tma_256,tma12_a,tma12_b,tma12_c}" --out "$TUNING/p1_tma_$precision"
+  done
+esac
+case " $RUNS " in *" p2_tune "*)
+  check "P2 kernel configs" "${P2_TUNE_SECONDS:-300}" scripts/p2_tune.py \
+    --cases "${P2_TUNE_CASES:-bf16:2048,bf16:32768,fp32:2048}" --out "$TUNING/p2_tune.json" \
+    --configs "${P2_TUNE_CONFIGS:-default;a_s2:stages_a=2;a_m32:block_m=32;rows_a:sorted_rows_from_a=1}"
 esac
 
 echo "finished $(date -u +%Y-%m-%dT%H:%M:%SZ), $failures failed run(s); full log: $LOG" | tee -a "$LOG" "$TABLES"
