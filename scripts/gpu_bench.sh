@@ -165,7 +165,7 @@ case " $RUNS " in *" p1_tma "*)
   for precision in faithful fast; do
     mkdir -p "$TUNING/p1_tma_$precision"
     check "P1 TMA-fed launches, $precision" "${P1_TMA_SECONDS:-240}" scripts/p1_tune.py --precision "$precision" \
-      --tokens "${P1_TMA_TOKENS:-1087,2447,4093,8192}" \
+      --tokens "${P1_TMA_TOKENS:-128,512,1087,2447,4093,8192}" \
       --configs "${P1_TMA_CONFIGS:-f_w8s3,l_128,tma_128,tma_256,tma12_a,tma12_b,tma12_c}" --out "$TUNING/p1_tma_$precision"
   done
 esac
