@@ -206,6 +206,21 @@ def test_targets_on_the_committed_files(loaded, p1):
     assert table.loc[("P1", "correct on every case and passes the element rule"), "met"] is True
 
 
+def test_p2_case_targets_name_the_floor_of_todays_decomposition(loaded):
+    from moe_lib.lab import ledger
+
+    table = targets.targets_table(loaded).set_index(["problem", "target"])
+    p2 = results.find(loaded, P2)
+    floor = ledger.decomposition_floor_ms(P2, 2048, p2.measured_spec)
+    assert 15.3 < floor < 2 * 15.3  # eight weight-sized passes of fp32 weights: more than the target allows
+    note = table.loc[("P2 fp32", "T = 2048 in ≤ 15.3 ms"), "note"]
+    assert f"≥ {floor:.2f} ms" in note and "above the target" in note
+    note = table.loc[("P2 bf16", "T = 32768 at ≥ 600 TFLOP/s (16·T·K·H·I)"), "note"]
+    assert "today's decomposition" in note and "above the target" not in note  # compute-bound: within reach
+    assert ledger.decomposition_floor_ms(P1, 2048, p2.measured_spec) is None
+    assert all("decomposition" not in n for n in table.loc["P1", "note"])
+
+
 def test_precision_floor_counts_the_precision_flops(loaded):
     p2 = results.find(loaded, P2)
     spec = p2.measured_spec

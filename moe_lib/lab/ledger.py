@@ -96,6 +96,16 @@ def p2_backward_steps(num_tokens: int, dtype: str = "float32", *, weights_shared
     return steps
 
 
+def decomposition_floor_ms(problem: str, num_tokens: int, spec: roofline.GPUSpec) -> float | None:
+    """The floor of today's decomposition (the sum of :func:`p2_backward_steps`' floors) for a P2 ``problem``
+    at ``num_tokens`` on ``spec``, in its interface dtype; None for a problem of another op."""
+    definition = problems.load(problem)
+    if definition.op != "moe_experts_backward":
+        return None
+    steps = p2_backward_steps(num_tokens, problems.dtype_name(definition.dtype))
+    return sum(step.floor_ms(spec) for step in steps)
+
+
 def ledger_table(num_tokens: int, dtype: str, spec: roofline.GPUSpec, **axes) -> pd.DataFrame:
     """One row per step of :func:`p2_backward_steps`: GB read and written, TFLOP, weight passes, floor (ms)
     and what bounds it, with a total row."""

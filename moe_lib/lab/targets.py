@@ -155,6 +155,22 @@ def _row(problem: str, target: str, value, text: str, met, note: str = "") -> di
     return dict(problem=problem, target=target, ours=text, value=value, met=met, note=note)
 
 
+def _structure_note(name: str, target: dict, result: ResultFile | None) -> str:
+    """For a target on one case of P2: the floor of today's decomposition into kernels at the run's ceilings
+    (:func:`.ledger.decomposition_floor_ms`, notebook 04), and whether the target lies below it."""
+    from .ledger import case_target_ms, decomposition_floor_ms
+
+    if result is None or result.measured_spec is None or "num_tokens" not in target:
+        return ""
+    floor = decomposition_floor_ms(name, target["num_tokens"], result.measured_spec)
+    if floor is None:
+        return ""
+    note = f"today's decomposition: ≥ {floor:.2f} ms at the run's ceilings"
+    if floor > case_target_ms(name, target["num_tokens"]):
+        note += ", above the target: only a change of structure can meet it"
+    return note
+
+
 def targets_table(results: dict[str, ResultFile], impl: str = OURS) -> pd.DataFrame:
     """Every problem's targets (:func:`problem_targets`) beside ``impl``'s numbers (or those of the
     implementation a target names, e.g. P1's fast path ``triton_fast``), then per result file whether
@@ -170,7 +186,8 @@ def targets_table(results: dict[str, ResultFile], impl: str = OURS) -> pd.DataFr
             judged = target.get("impl", impl)
             value, text, met = NOT_MEASURED if result is None else KINDS[target["kind"]](target, result, judged)
             label = target["name"] if judged == impl else f"{target['name']} ({judged})"
-            rows.append(_row(problems.load(name).short, label, value, text, met, target.get("note", "")))
+            notes = [target.get("note", ""), _structure_note(name, target, result)]
+            rows.append(_row(problems.load(name).short, label, value, text, met, "; ".join(filter(None, notes))))
     for result in results.values():
         mine = result.frame[result.frame["impl"] == impl]
         if mine.empty:
