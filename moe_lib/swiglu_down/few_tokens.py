@@ -61,7 +61,7 @@ import triton.language as tl
 from ..dispatch import interpreter_enabled
 from ..tiling import cdiv
 from . import launch
-from .kernels import load_block, store_tile
+from .kernels import load_block, mma, store_tile
 from .launch import SplitWorkspace, dot_flags, resident_programs
 
 # how the Wg, Wu tiles get on their way before the wait (WEIGHTS_AHEAD)
@@ -80,15 +80,6 @@ def prefetch_block_to_l2(ptr, off_m, off_n, M, N, stride_m, BLOCK_M: tl.constexp
     ptrs = ptr + rows[:, None].to(tl.int64) * stride_m + cols[None, :]
     tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
                               is_pure=False, pack=1)  # fmt: skip
-
-
-@triton.jit
-def mma(a, b, acc, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
-    """acc + a · b on the tensor cores (fp32 operands under the interpreter, whose bf16 dot is wrong)."""
-    if UPCAST:
-        a = a.to(tl.float32)
-        b = b.to(tl.float32)
-    return tl.dot(a, b, acc, input_precision=PRECISION)
 
 
 @triton.jit

@@ -78,6 +78,15 @@ def accumulate_product(
 
 
 @triton.jit
+def mma(a, b, acc, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+    """acc + a · b on the tensor cores (fp32 operands under the interpreter, whose bf16 dot is wrong)."""
+    if UPCAST:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return tl.dot(a, b, acc, input_precision=PRECISION)
+
+
+@triton.jit
 def split_range(split, K, SPLIT: tl.constexpr, BLOCK_K: tl.constexpr):
     """[k_start, k_end) of split number `split` of a reduction of length K (BLOCK_K-aligned pieces)."""
     per_split = tl.cdiv(tl.cdiv(K, SPLIT), BLOCK_K) * BLOCK_K

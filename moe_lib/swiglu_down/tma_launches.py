@@ -34,23 +34,15 @@ import triton.language as tl
 from ..dispatch import interpreter_enabled
 from ..tiling import cdiv
 from ..tma import install_tma_allocator
-from .kernels import grouped_tile, load_tile, store_tile, store_tile_halves
-
-
-@triton.jit
-def mma(a, b, acc, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
-    """acc + a · b on the tensor cores (fp32 operands under the interpreter, whose bf16 dot is wrong)."""
-    if UPCAST:
-        a = a.to(tl.float32)
-        b = b.to(tl.float32)
-    return tl.dot(a, b, acc, input_precision=PRECISION)
+from .kernels import grouped_tile, load_tile, mma, store_tile, store_tile_halves
 
 
 @triton.jit
 def weight_grad_tile(tile, a_desc, a_lo_desc, b_desc, out_ptr, T, M, N,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                      UPCAST: tl.constexpr, PRECISION: tl.constexpr, WITH_LO: tl.constexpr):  # fmt: skip
-    """out[tile] = Aᵀ · B over the T rows of A [T, M] (and of its lo half) and B [T, N]: one tile of dWg or dWu."""
+    """out[tile] = Aᵀ · B over the T rows of A [T, M] (and of its lo half) and B [T, N]: one tile of a weight
+    gradient (dWd, dWg or dWu)."""
     tile_m, tile_n = grouped_tile(tile, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     off_m, off_n = tile_m * BLOCK_M, tile_n * BLOCK_N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -197,7 +189,7 @@ class TmaFirstLaunchConfig:
 
     da_tile: tuple[int, int, int] = (128, 128, 64)  # (tokens, I, step over H)
     dwd_tile: tuple[int, int, int] = (128, 128, 64)  # (H, I, step over T)
-    warps: int = 4
+    warps: int = 8  # 128×128 dA tiles spill on 4 (their epilogue's saved tiles)
     stages: int = 3  # TMA blocks in flight per operand
     group_m: int = 8
 
