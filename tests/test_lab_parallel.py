@@ -106,3 +106,20 @@ def test_step_timeline_pairs_each_exchange_with_its_wait():
     assert [t.get_text() for t in figure.axes[0].get_yticklabels()][:3] == ["rank 0: experts", "rank 0: waits",
                                                                              "rank 0: in flight"]  # fmt: skip
     plt.close(figure)
+
+
+def test_forward_scaling_shows_the_host_bound_forward_of_the_committed_runs(runs):
+    table = parallel.forward_scaling_table(runs["bfloat16"])
+    case = runs["bfloat16"].cases[2048]
+    assert list(table.loc[2048, "rows received"]) == [sum(r) for r in case["rows_received_by_rank"]]
+    assert table.loc[(2048, 0), "expert forward ms"] == case["times_by_rank"][0]["expert_forward_ms"]
+    rows_0 = sum(case["rows_received_by_rank"][0])
+    assert table.loc[(2048, 0), "forward ms / 1000 rows"] == pytest.approx(1e3 * case["times_by_rank"][0][
+        "expert_forward_ms"] / rows_0)  # fmt: skip
+    # four times the rows, about the same forward time: the host's loop over the experts, not the GPU's work
+    forward = table["expert forward ms"]
+    assert forward.loc[(8192, 0)] == pytest.approx(forward.loc[(2048, 0)], rel=0.05)
+    assert table.loc[(8192, 0), "rows received"] > 3.5 * table.loc[(2048, 0), "rows received"]
+    # at 2048 tokens rank 0's forward was > 20% slower than rank 1's for a few per cent more rows
+    assert forward.loc[(2048, 0)] > 1.2 * forward.loc[(2048, 1)]
+    assert table.loc[(2048, 0), "rows received"] < 1.05 * table.loc[(2048, 1), "rows received"]

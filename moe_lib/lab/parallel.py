@@ -396,6 +396,22 @@ def wait_table(run: ParallelRun) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index(["tokens / rank", "rank"])
 
 
+def forward_scaling_table(run: ParallelRun) -> pd.DataFrame:
+    """Per token count and rank: the rows the rank's experts received, its expert forward and backward ms, and
+    each per thousand rows. A phase whose time does not grow with its rows is bound by the host (its launches
+    and host syncs), not by the GPU, and its speed can differ between two ranks' processes."""
+    rows = []
+    for tokens, case in sorted(run.cases.items()):
+        times, received = case.get("times_by_rank", []), case.get("rows_received_by_rank", [])
+        for rank, t in enumerate(times):
+            n = sum(received[rank]) if rank < len(received) else float("nan")
+            rows.append({"tokens / rank": tokens, "rank": rank, "rows received": n,
+                         "expert forward ms": t["expert_forward_ms"], "expert backward ms": t["expert_backward_ms"],
+                         "forward ms / 1000 rows": 1e3 * t["expert_forward_ms"] / n,
+                         "backward ms / 1000 rows": 1e3 * t["expert_backward_ms"] / n})  # fmt: skip
+    return pd.DataFrame(rows).set_index(["tokens / rank", "rank"])
+
+
 def styled_measured(run: ParallelRun):
     """:func:`measured_table` formatted, with the file it comes from as the caption."""
     table = measured_table(run)
