@@ -35,3 +35,27 @@ def moe_experts_grads(grad_output, hidden_states, topk_indices, topk_weights, ga
     y = moe_experts_forward_dense(x, topk_indices, w, wg, wu, wd)
     grads = torch.autograd.grad(y, leaves, grad_output.double(), allow_unused=True)
     return tuple(torch.zeros_like(leaf) if g is None else g for g, leaf in zip(grads, leaves, strict=True))
+
+
+def moe_experts_term_bounds(grad_output, hidden_states, topk_indices, topk_weights, gate_weights, up_weights,
+                            down_weights):  # fmt: skip
+    """(grad_hidden_states, grad_gate, grad_up, grad_down) of P2 with every product term taken by its absolute
+    value, in float64: Σ_slots |Wg_eᵀ dg| + |Wu_eᵀ du| per token, Σ |dg| |x|ᵀ, Σ |du| |x|ᵀ, Σ |dy| |w·a|ᵀ per
+    expert. An implementation whose every product term is off by a relative ε is within ε times these."""
+    x, dy, w = hidden_states.double(), grad_output.double(), topk_weights.double()
+    wg, wu, wd = gate_weights.double()[topk_indices], up_weights.double()[topk_indices], down_weights.double()[
+        topk_indices]  # fmt: skip
+    g = torch.einsum("tkih,th->tki", wg, x)
+    u = torch.einsum("tkih,th->tki", wu, x)
+    s = torch.sigmoid(g)
+    d_a = w[..., None] * torch.einsum("tkhi,th->tki", wd, dy)
+    d_gate = d_a * u * s * (1 + g * (1 - s))
+    d_up = d_a * g * s
+    scaled_act = w[..., None] * g * s * u
+    experts = F.one_hot(topk_indices.long(), gate_weights.shape[0]).double()  # [T, K, E]
+    grad_x = (torch.einsum("tkih,tki->th", wg.abs(), d_gate.abs())
+              + torch.einsum("tkih,tki->th", wu.abs(), d_up.abs()))  # fmt: skip
+    grad_gate = torch.einsum("tke,tki,th->eih", experts, d_gate.abs(), x.abs())
+    grad_up = torch.einsum("tke,tki,th->eih", experts, d_up.abs(), x.abs())
+    grad_down = torch.einsum("tke,th,tki->ehi", experts, dy.abs(), scaled_act.abs())
+    return grad_x, grad_gate, grad_up, grad_down
