@@ -52,8 +52,7 @@ SMALL_CASES = {
     "bf16": (13, 40, 24, 5, 2, "uniform", "bfloat16", "float32", "int64", None),
     "bf16-int32-bf16-topk": (10, 24, 40, 6, 3, "skewed", "bfloat16", "bfloat16", "int32", None),
     "fp16": (7, 24, 16, 3, 2, "uniform", "float16", "float16", "int64", None),
-    # kernel W's expert-sorted x, dy rows stored by kernel A instead of gathered afterwards
-    "rows-from-A": (13, 40, 24, 5, 2, "uniform", "float32", "float32", "int64", {"sorted_rows_from_a": True}),
+    # kernel W's expert-sorted x, dy rows stored by kernel A instead of gathered afterwards (fp32: below)
     "rows-from-A-bf16-hot": (40, 40, 24, 5, 2, "hot", "bfloat16", "float32", "int64",
                              {"sorted_rows_from_a": True, "row_split": 2}),
 }
