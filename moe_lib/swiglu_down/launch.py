@@ -237,7 +237,7 @@ def swiglu_down_backward_triton(
     if config.tma_first_launch is not None and tma:
         launch_first_launch_tma(config.tma_first_launch, grad_output, down_weight, gate, gate_sigmoid, gate_silu,
                                 up, intermediate, d_gate, d_up, grad_down_weight, with_lo=with_lo,
-                                num_programs=resident_programs(x.device))  # fmt: skip
+                                num_programs=resident_programs(x.device), dot_flags=dot_flags(x))  # fmt: skip
     else:
         launch_d_intermediate_and_grad_down(grad_output, down_weight, gate, gate_sigmoid, gate_silu, up,
                                             intermediate, d_gate, d_up, grad_down_weight, config, plan, with_lo,
@@ -245,7 +245,7 @@ def swiglu_down_backward_triton(
     if config.tma_second_launch is not None and tma:
         launch_second_launch_tma(config.tma_second_launch, x, gate_weight, up_weight, d_gate, d_up, grad_x,
                                  grad_gate_weight, grad_up_weight, with_lo=with_lo,
-                                 num_programs=resident_programs(x.device))  # fmt: skip
+                                 num_programs=resident_programs(x.device), dot_flags=dot_flags(x))  # fmt: skip
     else:
         launch_grad_x_and_grad_gate_up(x, gate_weight, up_weight, d_gate, d_up, grad_x, grad_gate_weight,
                                        grad_up_weight, config, plan, with_lo, workspaces)  # fmt: skip

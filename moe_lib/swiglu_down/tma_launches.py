@@ -27,14 +27,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 import triton
 import triton.language as tl
 
 from ..dispatch import interpreter_enabled
 from ..tiling import cdiv
 from ..tma import install_tma_allocator
-from .kernels import grouped_tile, load_tile, mma, store_tile, store_tile_halves
+from .kernels import grouped_tile, mma, store_swiglu_grads, store_tile
 
 
 @triton.jit
@@ -87,13 +86,8 @@ def d_intermediate_tile(tile, dy_desc, wd_desc, gate_ptr, gate_sigmoid_ptr, gate
     d_a = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, H, BLOCK_K):
         d_a = mma(dy_desc.load([off_t, k]), wd_desc.load([k, off_i]), d_a, UPCAST, PRECISION)
-    # one saved tensor at a time, so that few [BLOCK_M, BLOCK_N] tiles are live at once
-    d_up = d_a * load_tile(gate_silu_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N)
-    store_tile_halves(d_up_ptr, lo_offset, d_up, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N, WITH_LO)
-    s = load_tile(gate_sigmoid_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N)
-    d_gate = d_a * s * (1.0 + load_tile(gate_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N) * (1.0 - s))
-    d_gate = d_gate * load_tile(up_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N)
-    store_tile_halves(d_gate_ptr, lo_offset, d_gate, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N, WITH_LO)
+    store_swiglu_grads(d_a, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, d_gate_ptr, d_up_ptr, lo_offset,
+                       off_t, off_i, T, I, BLOCK_M, BLOCK_N, WITH_LO)  # fmt: skip
 
 
 @triton.jit
@@ -232,17 +226,12 @@ def fits(hidden_size: int, intermediate_size: int, element_bytes: int) -> bool:
     return (hidden_size * element_bytes) % 16 == 0 and (intermediate_size * element_bytes) % 16 == 0
 
 
-def dot_flags(x: torch.Tensor) -> tuple[bool, str]:
-    """(UPCAST, PRECISION): fp32 dots under the interpreter (its bf16 dot is wrong); exact fp32 products for fp32
-    inputs."""
-    return interpreter_enabled(), ("ieee" if x.dtype == torch.float32 else "tf32")
-
-
 def launch_first_launch_tma(config: TmaFirstLaunchConfig, grad_output, down_weight, gate, gate_sigmoid, gate_silu,
-                            up, intermediate, d_gate, d_up, grad_down_weight, *, with_lo: bool,
-                            num_programs: int) -> None:  # fmt: skip
+                            up, intermediate, d_gate, d_up, grad_down_weight, *, with_lo: bool, num_programs: int,
+                            dot_flags: tuple[bool, str]) -> None:  # fmt: skip
     """dGate, dUp ([1 or 2, T, I]: hi, and with ``with_lo`` lo) and dWd in one persistent launch of at most
-    ``num_programs`` programs. Contiguous operands whose rows :func:`fits`; no host synchronisation."""
+    ``num_programs`` programs, the products under ``dot_flags`` (UPCAST, PRECISION: :func:`.launch.dot_flags`).
+    Contiguous operands whose rows :func:`fits`; no host synchronisation."""
     T, H = grad_output.shape
     I = down_weight.shape[1]
     if not fits(H, I, grad_output.element_size()):
@@ -253,16 +242,17 @@ def launch_first_launch_tma(config: TmaFirstLaunchConfig, grad_output, down_weig
     grid = max(1, min(num_programs, config.tiles(T, H, I)))
     tma_d_intermediate_and_grad_down_kernel[(grid,)](
         grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate, d_gate, d_up, T * I,
-        grad_down_weight, T, H, I, *config.da_tile, *config.dwd_tile, config.group_m, grid, *dot_flags(grad_output),
+        grad_down_weight, T, H, I, *config.da_tile, *config.dwd_tile, config.group_m, grid, *dot_flags,
         with_lo, num_warps=config.warps, num_stages=config.stages,
     )  # fmt: skip
 
 
 def launch_second_launch_tma(config: TmaSecondLaunchConfig, x, gate_weight, up_weight, d_gate, d_up, grad_x,
-                             grad_gate_weight, grad_up_weight, *, with_lo: bool,
-                             num_programs: int) -> None:  # fmt: skip
+                             grad_gate_weight, grad_up_weight, *, with_lo: bool, num_programs: int,
+                             dot_flags: tuple[bool, str]) -> None:  # fmt: skip
     """dx, dWg and dWu from dGate, dUp ([1 or 2, T, I]: hi, and with ``with_lo`` lo) in one persistent launch of
-    at most ``num_programs`` programs. Contiguous operands whose rows :func:`fits`; no host synchronisation."""
+    at most ``num_programs`` programs, the products under ``dot_flags`` (UPCAST, PRECISION:
+    :func:`.launch.dot_flags`). Contiguous operands whose rows :func:`fits`; no host synchronisation."""
     T, H = x.shape
     I = gate_weight.shape[0]
     if not fits(H, I, x.element_size()):
@@ -273,6 +263,6 @@ def launch_second_launch_tma(config: TmaSecondLaunchConfig, x, gate_weight, up_w
     grid = max(1, min(num_programs, config.tiles(T, H, I)))
     tma_grad_x_and_grad_gate_up_kernel[(grid,)](
         x, gate_weight, up_weight, d_gate, d_up, T * I, grad_x, grad_gate_weight, grad_up_weight, T, H, I,
-        *config.dx_tile, *config.dw_tile, config.group_m, grid, *dot_flags(x), with_lo,
+        *config.dx_tile, *config.dw_tile, config.group_m, grid, *dot_flags, with_lo,
         num_warps=config.warps, num_stages=config.stages,
     )  # fmt: skip
