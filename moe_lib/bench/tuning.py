@@ -20,6 +20,7 @@ from .. import problems
 from ..moe_experts.fused_dx import FusedDxConfig
 from ..moe_experts.launch import LaunchConfig
 from ..swiglu_down.launch import TileConfig
+from ..swiglu_down.library_gemms import LibraryGemmsConfig
 from ..swiglu_down.one_launch import OneLaunchConfig
 from ..swiglu_down.tma_launches import TmaFirstLaunchConfig, TmaSecondLaunchConfig
 from .cli import DTYPE_ALIASES, problems_by_dtype
@@ -75,6 +76,11 @@ P1_CANDIDATES = {
     "f_128s3": TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 128, 64, 1), (128, 128, 64, 1), (8, 8), (4, 3)),
     "f_wide_a": TileConfig((128, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1), (8, 8), (3, 3)),
     "f_gu128k": TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 128, 64, 1), (128, 128, 128, 1), (8, 8), (4, 2)),
+    # the design on cuBLAS GEMMs (library_gemms.py): dA in fp32 or in the input dtype, one stream or two
+    "lib": LibraryGemmsConfig(d_a_fp32=True, streams=False),
+    "lib_s": LibraryGemmsConfig(d_a_fp32=True, streams=True),
+    "lib_b": LibraryGemmsConfig(d_a_fp32=False, streams=False),
+    "lib_bs": LibraryGemmsConfig(d_a_fp32=False, streams=True),
     # the one-launch path: (block_t, block_i, block_h_down, block_h, block_k, block_n, warps, stages)
     "one_t16": OneLaunchConfig(16, 16, 32, 16, 128, 128, 4, 3),
     "one_t32": OneLaunchConfig(32, 16, 32, 16, 128, 128, 4, 3),

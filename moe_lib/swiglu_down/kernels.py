@@ -21,6 +21,9 @@ last adds the SPLIT partials in split order and runs the epilogue. The sum's ord
 on arrival order, so results are deterministic. The counters only ever grow (by SPLIT per tile per
 call), so they need no reset.
 
+The same epilogue as a pass of its own (swiglu_grads_kernel) for the design on cuBLAS GEMMs
+(library_gemms.py): dA read from memory, [dGate | dUp] written side by side in each row.
+
 The ``swiglu_expert`` layer's elementwise step (swiglu_activation_kernel), one pass over gate and up:
 
     σ = round(sigmoid(gate)),  silu = round(gate ⊙ σ),  intermediate = round(silu ⊙ up)
@@ -194,17 +197,18 @@ def token_reduction_program(
 
 @triton.jit
 def store_swiglu_grads(d_a, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, d_gate_ptr, d_up_ptr, lo_offset,
-                       off_t, off_i, T, I, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       d_stride, off_t, off_i, T, I, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        WITH_LO: tl.constexpr):  # fmt: skip
     """The dA tile's epilogue: dUp = dA ⊙ gate_silu and dGate = dA ⊙ up ⊙ s ⊙ (1 + gate ⊙ (1 − s)) from the saved
-    tiles at (off_t, off_i), stored (with WITH_LO as hi/lo pairs, ``lo_offset`` elements apart)."""
+    tiles at (off_t, off_i), stored in rows ``d_stride`` elements apart (with WITH_LO as hi/lo pairs,
+    ``lo_offset`` elements apart)."""
     # one saved tensor at a time, so that few [BLOCK_M, BLOCK_N] tiles are live at once
     d_up = d_a * load_tile(gate_silu_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N)
-    store_tile_halves(d_up_ptr, lo_offset, d_up, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N, WITH_LO)
+    store_tile_halves(d_up_ptr, lo_offset, d_up, off_t, off_i, T, I, d_stride, BLOCK_M, BLOCK_N, WITH_LO)
     s = load_tile(gate_sigmoid_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N)
     d_gate = d_a * s * (1.0 + load_tile(gate_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N) * (1.0 - s))
     d_gate = d_gate * load_tile(up_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N)
-    store_tile_halves(d_gate_ptr, lo_offset, d_gate, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N, WITH_LO)
+    store_tile_halves(d_gate_ptr, lo_offset, d_gate, off_t, off_i, T, I, d_stride, BLOCK_M, BLOCK_N, WITH_LO)
 
 
 @triton.jit
@@ -231,7 +235,7 @@ def d_intermediate_program(
     d_a, is_last = combine_splits(acc, partials_ptr, counters_ptr, tile, split, BLOCK_M, BLOCK_N, SPLIT)
     if is_last:
         store_swiglu_grads(d_a, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, d_gate_ptr, d_up_ptr, lo_offset,
-                           off_t, off_i, T, I, BLOCK_M, BLOCK_N, WITH_LO)  # fmt: skip
+                           I, off_t, off_i, T, I, BLOCK_M, BLOCK_N, WITH_LO)  # fmt: skip
 
 
 @triton.jit
@@ -355,3 +359,22 @@ def swiglu_activation_kernel(
         tl.store(gate_sigmoid_ptr + offsets, sigmoid, mask=mask)
         tl.store(gate_silu_ptr + offsets, silu, mask=mask)
     tl.store(intermediate_ptr + offsets, intermediate, mask=mask)
+
+
+@triton.jit
+def swiglu_grads_kernel(
+    d_a_ptr,  # dA = dy · Wd [T, I], fp32 or the input dtype
+    gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr,  # saved forward, each [T, I]
+    d_gate_up_ptr,  # out: [T, 2I] rows dGate | dUp; with WITH_LO [T, 4I] rows dGate_hi | dUp_hi | dGate_lo | dUp_lo
+    T, I,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    WITH_LO: tl.constexpr,  # store hi/lo pairs (the faithful path); else hi alone
+):  # fmt: skip
+    """The dA tile's epilogue as a pass of its own (library_gemms.py: dA comes from cuBLAS): dGate and dUp
+    side by side in each row, the layout that lets dx and [dWg; dWu] each be one GEMM."""
+    off_t = tl.program_id(0) * BLOCK_M
+    off_i = tl.program_id(1) * BLOCK_N
+    d_a = load_tile(d_a_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N)
+    row = 4 * I if WITH_LO else 2 * I
+    store_swiglu_grads(d_a, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, d_gate_up_ptr, d_gate_up_ptr + I,
+                       2 * I, row, off_t, off_i, T, I, BLOCK_M, BLOCK_N, WITH_LO)  # fmt: skip

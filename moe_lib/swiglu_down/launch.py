@@ -208,8 +208,9 @@ def swiglu_down_backward_triton(
     """P1 backward on Triton; inputs already validated (same float dtype and device, contiguous).
 
     Returns freshly allocated (grad_x, grad_gate_weight, grad_up_weight, grad_down_weight).
-    ``config`` overrides the tile shapes chosen by :func:`choose_config` (a :class:`TileConfig`, or a
-    one-launch design's :class:`~.few_tokens.FewTokensConfig` or :class:`~.one_launch.OneLaunchConfig`);
+    ``config`` overrides the tile shapes chosen by :func:`choose_config` (a :class:`TileConfig`, a
+    one-launch design's :class:`~.few_tokens.FewTokensConfig` or :class:`~.one_launch.OneLaunchConfig`, or
+    the design on cuBLAS GEMMs, :class:`~.library_gemms.LibraryGemmsConfig`);
     ``precision`` is one of
     :data:`~.checks.PRECISIONS`.
     """
@@ -219,6 +220,11 @@ def swiglu_down_backward_triton(
     config = config or choose_config(T, H, I, interpreter=interpreter_enabled(), with_lo=with_lo,
                                      max_programs=resident_programs(x.device),
                                      element_bytes=x.element_size())  # fmt: skip
+    from .library_gemms import LibraryGemmsConfig  # it builds on this module's allocation
+
+    if isinstance(config, LibraryGemmsConfig):  # it allocates its own outputs ([dWg; dWu] as one)
+        return config.run(grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up,
+                          intermediate, with_lo=with_lo)  # fmt: skip
     grad_x = allocate(x.shape, dtype=x.dtype, device=x.device)
     grad_gate_weight = allocate(gate_weight.shape, dtype=x.dtype, device=x.device)
     grad_up_weight = allocate(up_weight.shape, dtype=x.dtype, device=x.device)

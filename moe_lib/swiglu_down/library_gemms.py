@@ -1,0 +1,120 @@
+"""P1 on the vendor's GEMMs (cuBLAS, through ``torch.mm``) with the dSwiGLU step as one Triton pass.
+
+Dataflow (T tokens, H hidden, I intermediate; s = the saved gate_sigmoid), 16-bit inputs:
+
+    dA           = dy · Wd                     [T, I]   cuBLAS, fp32 out (``d_a_fp32``; else the input dtype)
+    dWd          = dyᵀ · intermediate          [H, I]   cuBLAS (on a second stream with ``streams``)
+    [dG | dU]    = dSwiGLU(dA, saved)          [T, 2I]  one Triton pass (kernels.swiglu_grads_kernel):
+                   dG = dA ⊙ up ⊙ s ⊙ (1 + gate ⊙ (1 − s)),  dU = dA ⊙ gate_silu, side by side in each row
+    dx           = [dG | dU] · [Wg; Wu]        [T, H]   one cuBLAS GEMM over K = 2I
+    [dWg; dWu]   = [dG | dU]ᵀ · x              [2I, H]  one cuBLAS GEMM with M = 2I (on the second stream with
+                                                        ``streams``); dWg and dWu are its two row halves
+
+The faithful path (``with_lo``) keeps dG and dU as hi/lo pairs, each row [dG_hi | dU_hi | dG_lo | dU_lo]
+([T, 4I]): dx is one GEMM over K = 4I against [Wg; Wu; Wg; Wu], and [dWg; dWu] the sum of the hi and lo
+row halves of one fp32 GEMM with M = 4I. dA is then always kept in fp32.
+
+Against the two Triton launches (:mod:`.kernels`): dA and dGate/dUp make a round trip through memory
+(2·T·I·4 + 2·T·2I·2 bytes more), and the weights Wg, Wu are stacked once per call (6 MB at H = 2048,
+I = 768); in exchange every product runs at cuBLAS's rate, with two products (dx's two halves, dWg and dWu)
+each merged into one larger GEMM, as ``torch.compile``'s code does not merge them. No host synchronisation:
+a call captures in a CUDA graph (the second stream forks from and joins the caller's stream).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..tiling import cdiv
+from . import kernels, launch
+
+SWIGLU_GRADS_BLOCK = (16, 128)  # [tokens, I] block of one program of the dSwiGLU pass
+
+
+@dataclass(frozen=True)
+class LibraryGemmsConfig:
+    """P1's design on cuBLAS GEMMs (this module's docstring)."""
+
+    d_a_fp32: bool = True  # dA in fp32 (the faithful path always); else in the input dtype, as torch.compile's
+    streams: bool = False  # dWd beside dA, and [dWg; dWu] beside dx, on a second CUDA stream
+
+    def run(self, grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up,
+            intermediate, *, with_lo: bool):  # fmt: skip
+        """The four gradients (grad_x, grad_gate_weight, grad_up_weight, grad_down_weight); the two weight
+        gradients are the row halves of one [2I, H] allocation."""
+        T, H = x.shape
+        I = gate_weight.shape[0]
+        grad_x = launch.allocate(x.shape, dtype=x.dtype, device=x.device)
+        grad_gate_up = launch.allocate((2 * I, H), dtype=x.dtype, device=x.device)
+        grad_down_weight = launch.allocate(down_weight.shape, dtype=x.dtype, device=x.device)
+        halves = 2 if with_lo else 1
+        d_gate_up = launch.allocate((T, 2 * halves * I), dtype=x.dtype, device=x.device)
+        side = SideStream(x.device) if self.streams and x.is_cuda else None
+
+        with branch(side):  # dWd = dyᵀ · intermediate
+            torch.mm(grad_output.T, intermediate, out=grad_down_weight)
+        d_a = mm_fp32(grad_output, down_weight) if self.d_a_fp32 or with_lo else grad_output @ down_weight
+        if T > 0:
+            grid = (cdiv(T, SWIGLU_GRADS_BLOCK[0]), cdiv(I, SWIGLU_GRADS_BLOCK[1]))
+            kernels.swiglu_grads_kernel[grid](
+                d_a, gate, gate_sigmoid, gate_silu, up, d_gate_up, T, I, *SWIGLU_GRADS_BLOCK, with_lo,
+                num_warps=4,
+            )  # fmt: skip
+        stacked = [gate_weight, up_weight] * halves
+        with branch(side):  # [dWg; dWu] = [dG | dU]ᵀ · x
+            if with_lo:
+                torch.add(*mm_fp32(d_gate_up.T, x).split(2 * I), out=grad_gate_up)
+            else:
+                torch.mm(d_gate_up.T, x, out=grad_gate_up)
+        torch.mm(d_gate_up, torch.cat(stacked), out=grad_x)
+        if side is not None:
+            side.join()
+        return grad_x, grad_gate_up[:I], grad_gate_up[I:], grad_down_weight
+
+
+def mm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a · b in fp32 from 16-bit operands: cuBLAS's fp32 output on CUDA; the fp32 product elsewhere."""
+    if a.is_cuda:
+        return torch.mm(a, b, out_dtype=torch.float32)
+    return torch.mm(a.float(), b.float())
+
+
+class SideStream:
+    """A second CUDA stream per device that forks from the caller's stream and joins it again."""
+
+    _streams: dict = {}
+
+    def __init__(self, device: torch.device):
+        self.main = torch.cuda.current_stream(device)
+        key = str(device)
+        if key not in self._streams:
+            self._streams[key] = torch.cuda.Stream(device)
+        self.stream = self._streams[key]
+        self.forked = False
+
+    def join(self):
+        if self.forked:
+            self.main.wait_stream(self.stream)
+
+
+class branch:
+    """``with branch(side):`` runs its body on the side stream after everything queued so far on the
+    caller's stream (``side`` None: on the caller's stream)."""
+
+    def __init__(self, side: SideStream | None):
+        self.side = side
+
+    def __enter__(self):
+        if self.side is not None:
+            self.side.stream.wait_stream(self.side.main)
+            self.side.forked = True
+            self.context = torch.cuda.stream(self.side.stream)
+            self.context.__enter__()
+
+    def __exit__(self, *exc):
+        if self.side is not None:
+            self.context.__exit__(*exc)
+        return False
+
