@@ -26,7 +26,7 @@ from moe_lib.swiglu_down.checks import PRECISIONS
 from moe_lib.swiglu_down.launch import (
     TileConfig,
     carries_low_halves,
-    choose_config,
+    choose_design,
     launch_d_intermediate_and_grad_down,
     launch_grad_x_and_grad_gate_up,
     launch_plan,
@@ -119,7 +119,7 @@ def main():
         yardstick = rel_errors(careful.prepare(inputs)(), want)
         sizes = problem.sizes(T)
         with_lo = carries_low_halves(torch.bfloat16, args.precision)
-        default = choose_config(T, sizes["hidden_size"], sizes["intermediate_size"], interpreter=False,
+        default = choose_design(T, sizes["hidden_size"], sizes["intermediate_size"], interpreter=False,
                                 with_lo=with_lo, max_programs=resident_programs(torch.device("cuda")))  # fmt: skip
         for name in names + ["default"]:
             config = default if name == "default" else P1_CANDIDATES[name]

@@ -67,6 +67,30 @@ ONE_LAUNCH_MAX_TOKENS = 128
 FEW_TOKENS_MAX_TOKENS = 16
 
 
+# from these token counts the design on cuBLAS GEMMs (:mod:`.library_gemms`) runs instead of the Triton
+# launches, with 16-bit inputs: on the H200 (data/results/NOTES.md, design 7) it took 29.8 against 37.0 µs at
+# 128 tokens and 242 against 315 µs at 8192 on the fast path (graph replay); on the faithful path it lost at
+# 512 and 1087 tokens (62.2 against 61.6, 82.8 against 80.3 µs) and won from 1321 (94.6 against 105.1 µs)
+LIBRARY_GEMMS_MIN_TOKENS = {"fast": FEW_TOKENS_MAX_TOKENS + 1, "faithful": 1321}
+# from here on the fast path keeps dA in the input dtype, as torch.compile's code does (236.7 against
+# 242.2 µs at 8192 tokens, tied at 2447); below, in fp32
+LIBRARY_GEMMS_16BIT_DA_MIN_TOKENS = 2560
+
+
+def choose_design(num_tokens: int, hidden_size: int, intermediate_size: int, *, interpreter: bool,
+                  with_lo: bool = False, max_programs: int = 0, element_bytes: int = 2):  # fmt: skip
+    """What ``swiglu_down_backward`` runs: from :data:`LIBRARY_GEMMS_MIN_TOKENS` with 16-bit inputs the
+    design on cuBLAS GEMMs (:class:`~.library_gemms.LibraryGemmsConfig`, two streams), else the Triton
+    designs of :func:`choose_config` (same arguments)."""
+    precision = "faithful" if with_lo else "fast"
+    if not interpreter and element_bytes == 2 and num_tokens >= LIBRARY_GEMMS_MIN_TOKENS[precision]:
+        from .library_gemms import LibraryGemmsConfig  # it builds on this module's allocation
+
+        return LibraryGemmsConfig(d_a_fp32=with_lo or num_tokens < LIBRARY_GEMMS_16BIT_DA_MIN_TOKENS, streams=True)
+    return choose_config(num_tokens, hidden_size, intermediate_size, interpreter=interpreter, with_lo=with_lo,
+                         max_programs=max_programs, element_bytes=element_bytes)  # fmt: skip
+
+
 def choose_config(num_tokens: int, hidden_size: int, intermediate_size: int, *, interpreter: bool,
                   with_lo: bool = False, max_programs: int = 0, element_bytes: int = 2):  # fmt: skip
     """Tile shapes by token count (tuned on the H200 for H = 2048, I = 768).
@@ -208,7 +232,7 @@ def swiglu_down_backward_triton(
     """P1 backward on Triton; inputs already validated (same float dtype and device, contiguous).
 
     Returns freshly allocated (grad_x, grad_gate_weight, grad_up_weight, grad_down_weight).
-    ``config`` overrides the tile shapes chosen by :func:`choose_config` (a :class:`TileConfig`, a
+    ``config`` overrides the design chosen by :func:`choose_design` (a :class:`TileConfig`, a
     one-launch design's :class:`~.few_tokens.FewTokensConfig` or :class:`~.one_launch.OneLaunchConfig`, or
     the design on cuBLAS GEMMs, :class:`~.library_gemms.LibraryGemmsConfig`);
     ``precision`` is one of
@@ -217,7 +241,7 @@ def swiglu_down_backward_triton(
     T, H = x.shape
     I = gate_weight.shape[0]
     with_lo = carries_low_halves(x.dtype, precision)
-    config = config or choose_config(T, H, I, interpreter=interpreter_enabled(), with_lo=with_lo,
+    config = config or choose_design(T, H, I, interpreter=interpreter_enabled(), with_lo=with_lo,
                                      max_programs=resident_programs(x.device),
                                      element_bytes=x.element_size())  # fmt: skip
     from .library_gemms import LibraryGemmsConfig  # it builds on this module's allocation
