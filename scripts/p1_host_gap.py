@@ -1,12 +1,14 @@
 """Where P1's time goes between graph replay and NVIDIA's method: the host's share of a call.
 
     PYTHONPATH=. python scripts/p1_host_gap.py [--tokens 1,16,128,512,1087,2447,8192] [--precision faithful]
+        [--configs default,lib,lib_s]
 
-Per token count: GPU time (graph replay, cold L2), the official span (eager calls on fresh input
-addresses, CUPTI first kernel start to last kernel end; :mod:`moe_lib.bench.official_timing`), their
-difference (the host's share), and the host time of one call (wall clock of the Python call alone,
-the GPU idle before it). Needs CUDA and
-cupti-python. Prints one table; with $OUT set, also writes it as JSON there.
+Per token count and design (``--configs``: "default", the one ``swiglu_down_backward`` picks, or names
+of ``moe_lib.bench.tuning.P1_CANDIDATES``): GPU time (graph replay, cold L2), the official span (eager
+calls on fresh input addresses, CUPTI first kernel start to last kernel end;
+:mod:`moe_lib.bench.official_timing`), their difference (the host's share), and the host time of one
+call (wall clock of the Python call alone, the GPU idle before it). Needs CUDA and cupti-python.
+Prints one table; with $OUT set, also writes it as JSON there.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ import torch
 from moe_lib import problems
 from moe_lib.bench import official_timing, timing
 from moe_lib.bench.cli import token_list
+from moe_lib.bench.tuning import P1_CANDIDATES
 from moe_lib.swiglu_down import swiglu_down_backward
+from moe_lib.swiglu_down.launch import swiglu_down_backward_triton
 
 
 def host_us(call, reps: int = 50) -> float:
@@ -42,6 +46,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=token_list, default=[1, 16, 128, 512, 1087, 2447, 8192])
     parser.add_argument("--precision", default="faithful", choices=("faithful", "fast"))
     parser.add_argument("--reps", type=int, default=50)
+    parser.add_argument("--configs", default="default", help="comma list: default and/or P1_CANDIDATES names")
     args = parser.parse_args()
     reason = official_timing.unavailable(torch.device("cuda"))
     if reason:
@@ -51,18 +56,21 @@ def main() -> None:
     rows = []
     for T in args.tokens:
         inputs = problem.make_inputs(T, seed=T, device="cuda", distribution="harness")
+        for name in args.configs.split(","):
 
-        def make_call(fresh):
-            return lambda: swiglu_down_backward(*fresh.values(), precision=args.precision)
+            def make_call(fresh, config=None if name == "default" else P1_CANDIDATES[name]):
+                if config is None:
+                    return lambda: swiglu_down_backward(*fresh.values(), precision=args.precision)
+                return lambda: swiglu_down_backward_triton(*fresh.values(), config=config, precision=args.precision)
 
-        row = dict(T=T, graph_us=timing.graph_median_ms(make_call(inputs), flush) * 1e3)
-        measured = official_timing.time_official(make_call, inputs, "cuda", warmup=5, reps=args.reps)
-        row["official_us"] = timing.summarize(measured["samples_ms"])["median_ms"] * 1e3
-        row["gap_us"] = row["official_us"] - row["graph_us"]
-        row["kernels"] = measured["activities"]
-        row["host_us"] = host_us(make_call(inputs))
-        rows.append(row)
-        print({k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
+            row = dict(T=T, config=name, graph_us=timing.graph_median_ms(make_call(inputs), flush) * 1e3)
+            measured = official_timing.time_official(make_call, inputs, "cuda", warmup=5, reps=args.reps)
+            row["official_us"] = timing.summarize(measured["samples_ms"])["median_ms"] * 1e3
+            row["gap_us"] = row["official_us"] - row["graph_us"]
+            row["kernels"] = measured["activities"]
+            row["host_us"] = host_us(make_call(inputs))
+            rows.append(row)
+            print({k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
     header = list(rows[0])
     print("\n" + " ".join(f"{h:>18}" for h in header))
     for row in rows:

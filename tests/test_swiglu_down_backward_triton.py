@@ -191,20 +191,20 @@ def test_library_gemms_design_poisoned_and_at_the_harness_scale(T, precision, se
 
 
 def test_design_by_token_count():
-    """The design on cuBLAS GEMMs from LIBRARY_GEMMS_MIN_TOKENS on, with 16-bit inputs on a GPU only; the
-    Triton designs below, with fp32 inputs and under the interpreter."""
+    """The fast path on cuBLAS GEMMs from LIBRARY_GEMMS_MIN_TOKENS on, with 16-bit inputs on a GPU only; the
+    Triton designs below, with fp32 inputs, under the interpreter, and always on the faithful path."""
     from moe_lib.swiglu_down.launch import LIBRARY_GEMMS_MIN_TOKENS, choose_config, choose_design
     from moe_lib.swiglu_down.library_gemms import LibraryGemmsConfig
 
-    for precision, with_lo in (("fast", False), ("faithful", True)):
-        first = LIBRARY_GEMMS_MIN_TOKENS[precision]
-        for T in (first, first + 1, 8192):
-            design = choose_design(T, 2048, 768, interpreter=False, with_lo=with_lo, max_programs=132)
-            assert isinstance(design, LibraryGemmsConfig) and design.streams, (precision, T)
-            assert design.d_a_fp32 or (not with_lo and T >= 2560), (precision, T)
-        for T, kwargs in ((first - 1, {}), (8192, dict(element_bytes=4)), (8192, dict(interpreter=True))):
-            args = dict(interpreter=False, with_lo=with_lo, max_programs=132) | kwargs
-            assert choose_design(T, 2048, 768, **args) == choose_config(T, 2048, 768, **args), (precision, T, kwargs)
+    first = LIBRARY_GEMMS_MIN_TOKENS["fast"]
+    for T in (first, first + 1, 8192):
+        design = choose_design(T, 2048, 768, interpreter=False, max_programs=132)
+        assert isinstance(design, LibraryGemmsConfig) and design.streams, T
+        assert design.d_a_fp32 == (T < 2560), T
+    for T, kwargs in ((first - 1, {}), (8192, dict(element_bytes=4)), (8192, dict(interpreter=True)),
+                      (1, dict(with_lo=True)), (8192, dict(with_lo=True))):  # fmt: skip
+        args = dict(interpreter=False, max_programs=132) | kwargs
+        assert choose_design(T, 2048, 768, **args) == choose_config(T, 2048, 768, **args), (T, kwargs)
 
 
 # ---------------------------------------------------------------------------------------------

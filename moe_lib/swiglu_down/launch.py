@@ -67,11 +67,13 @@ ONE_LAUNCH_MAX_TOKENS = 128
 FEW_TOKENS_MAX_TOKENS = 16
 
 
-# from these token counts the design on cuBLAS GEMMs (:mod:`.library_gemms`) runs instead of the Triton
-# launches, with 16-bit inputs: on the H200 (data/results/NOTES.md, design 7) it took 29.8 against 37.0 µs at
-# 128 tokens and 242 against 315 µs at 8192 on the fast path (graph replay); on the faithful path it lost at
-# 512 and 1087 tokens (62.2 against 61.6, 82.8 against 80.3 µs) and won from 1321 (94.6 against 105.1 µs)
-LIBRARY_GEMMS_MIN_TOKENS = {"fast": FEW_TOKENS_MAX_TOKENS + 1, "faithful": 1321}
+# from this many tokens the fast path runs the design on cuBLAS GEMMs (:mod:`.library_gemms`) instead of the
+# Triton launches, with 16-bit inputs: on the H200 (data/results/NOTES.md, design 7) it took 29.8 against
+# 37.0 µs at 128 tokens and 242 against 315 µs at 8192 by graph replay. The faithful path never does: in
+# NVIDIA's method (eager calls, CUPTI span) its seven host-side operations left gaps between the kernels,
+# 449 against 148 µs at 1321 tokens (95.6 against 107.8 µs by graph replay), and that method is the one the
+# faithful path is judged by
+LIBRARY_GEMMS_MIN_TOKENS = {"fast": FEW_TOKENS_MAX_TOKENS + 1}
 # from here on the fast path keeps dA in the input dtype, as torch.compile's code does (236.7 against
 # 242.2 µs at 8192 tokens, tied at 2447); below, in fp32
 LIBRARY_GEMMS_16BIT_DA_MIN_TOKENS = 2560
@@ -79,14 +81,14 @@ LIBRARY_GEMMS_16BIT_DA_MIN_TOKENS = 2560
 
 def choose_design(num_tokens: int, hidden_size: int, intermediate_size: int, *, interpreter: bool,
                   with_lo: bool = False, max_programs: int = 0, element_bytes: int = 2):  # fmt: skip
-    """What ``swiglu_down_backward`` runs: from :data:`LIBRARY_GEMMS_MIN_TOKENS` with 16-bit inputs the
-    design on cuBLAS GEMMs (:class:`~.library_gemms.LibraryGemmsConfig`, two streams), else the Triton
-    designs of :func:`choose_config` (same arguments)."""
-    precision = "faithful" if with_lo else "fast"
-    if not interpreter and element_bytes == 2 and num_tokens >= LIBRARY_GEMMS_MIN_TOKENS[precision]:
+    """What ``swiglu_down_backward`` runs: on the fast path from :data:`LIBRARY_GEMMS_MIN_TOKENS` with 16-bit
+    inputs the design on cuBLAS GEMMs (:class:`~.library_gemms.LibraryGemmsConfig`, two streams), else the
+    Triton designs of :func:`choose_config` (same arguments)."""
+    first = LIBRARY_GEMMS_MIN_TOKENS.get("faithful" if with_lo else "fast")
+    if not interpreter and element_bytes == 2 and first is not None and num_tokens >= first:
         from .library_gemms import LibraryGemmsConfig  # it builds on this module's allocation
 
-        return LibraryGemmsConfig(d_a_fp32=with_lo or num_tokens < LIBRARY_GEMMS_16BIT_DA_MIN_TOKENS, streams=True)
+        return LibraryGemmsConfig(d_a_fp32=num_tokens < LIBRARY_GEMMS_16BIT_DA_MIN_TOKENS, streams=True)
     return choose_config(num_tokens, hidden_size, intermediate_size, interpreter=interpreter, with_lo=with_lo,
                          max_programs=max_programs, element_bytes=element_bytes)  # fmt: skip
 
