@@ -33,7 +33,9 @@ from moe_lib.moe_experts.launch import launch_config, moe_experts_backward_trito
 
 # kernel name -> column; the weight-gradient kernel runs twice per call: dWg and dWu, then dWd
 KERNEL_NAMES = {"swiglu_grad_kernel": "A", "expert_weight_grad_kernel": ("Wgu", "Wd"), "slot_projection_kernel": "D",
-                "token_sum_kernel": "C", "gate_up_grad_kernel": "G"}  # fmt: skip
+                "token_sum_kernel": "C", "gate_up_grad_kernel": "G",
+                # the persistent TMA-fed forms of W and D (tma_weight_grad.py, tma_slot_projection.py)
+                "grouped_weight_grad_kernel": ("Wgu", "Wd"), "slot_projection_tma_kernel": "D"}  # fmt: skip
 COLUMNS = ("A", "G", "Wgu", "Wd", "D", "C", "other")
 
 

@@ -70,7 +70,8 @@ FEW_TOKENS_MAX_TOKENS = 16
 # from this many tokens the fast path runs the design on cuBLAS GEMMs (:mod:`.library_gemms`) instead of the
 # Triton launches, with 16-bit inputs: on the H200 (data/results/NOTES.md, design 7) it took 29.8 against
 # 37.0 µs at 128 tokens and 242 against 315 µs at 8192 by graph replay. The faithful path never does: in
-# NVIDIA's method (eager calls, CUPTI span) its seven host-side operations left gaps between the kernels,
+# NVIDIA's method (eager calls, CUPTI span) its host-side operations (four GEMM calls, the weight stacking, a
+# Triton launch, allocations, the stream fork and join) left gaps between the kernels,
 # 449 against 148 µs at 1321 tokens (95.6 against 107.8 µs by graph replay), and that method is the one the
 # faithful path is judged by
 LIBRARY_GEMMS_MIN_TOKENS = {"fast": FEW_TOKENS_MAX_TOKENS + 1}
