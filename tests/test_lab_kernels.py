@@ -139,3 +139,23 @@ def test_few_tokens_table_reads_the_committed_check_run():
     figure = kernels.few_tokens_figure(graph, floor, chosen="a_reg")
     assert len(figure.axes) == 2 and len(figure.axes[0].lines) == len(graph.columns) + 1
     plt.close(figure)
+
+
+def test_p1_design_by_tokens_follows_choose_design():
+    table = kernels.p1_design_by_tokens([1, 16, 17, 128, 8192], 2048, 768)
+    assert list(table.columns) == ["fast", "faithful"]
+    assert table.loc[1, "fast"] == table.loc[1, "faithful"] == "few tokens: one launch, waits per block"
+    assert table.loc[17, "fast"].startswith("cuBLAS GEMMs") and table.loc[8192, "fast"].startswith("cuBLAS GEMMs")
+    assert table.loc[128, "faithful"] == "one launch, grid barrier"
+    assert table.loc[8192, "faithful"] == "two Triton launches"
+
+
+def test_p1_tune_times_and_speedup_figure():
+    table = kernels.p1_tune_times(kernels.TUNING_DIR / "2026-12-01-p1-tune-library-fast.json",
+                                  default_label="Triton launches")  # fmt: skip
+    assert table.columns[0] == "Triton launches" and {"lib", "lib_s", "lib_b", "lib_bs"} <= set(table.columns)
+    assert table.index.name == "num_tokens" and 8192 in table.index
+    assert (table > 0).all().all()
+    fig = kernels.speedup_figure(table, "Triton launches", "test")
+    assert len(fig.axes[0].lines) == len(table.columns)  # every candidate and the line at 1
+    plt.close(fig)

@@ -376,6 +376,56 @@ def few_tokens_figure(table: pd.DataFrame, floor_us: float, chosen: str):
     return fig
 
 
+def p1_design_name(config) -> str:
+    """A short name of the P1 design a config stands for (:func:`~moe_lib.swiglu_down.launch.choose_design`)."""
+    from ..swiglu_down.few_tokens import FewTokensConfig
+    from ..swiglu_down.library_gemms import LibraryGemmsConfig
+    from ..swiglu_down.one_launch import OneLaunchConfig
+
+    if isinstance(config, LibraryGemmsConfig):
+        return "cuBLAS GEMMs + one dSwiGLU pass" + (", two streams" if config.streams else "")
+    if isinstance(config, FewTokensConfig):
+        return "few tokens: one launch, waits per block"
+    if isinstance(config, OneLaunchConfig):
+        return "one launch, grid barrier"
+    return "two Triton launches"
+
+
+def p1_design_by_tokens(token_counts, hidden_size: int, intermediate_size: int, *, max_programs: int = 132):
+    """Which design ``swiglu_down_backward`` runs on a GPU of ``max_programs`` SMs, per token count and path."""
+    rows = {}
+    for T in token_counts:
+        rows[T] = {path: p1_design_name(p1_launch.choose_design(T, hidden_size, intermediate_size, interpreter=False,
+                                                                with_lo=path == "faithful",
+                                                                max_programs=max_programs))  # fmt: skip
+                   for path in ("fast", "faithful")}
+    return pd.DataFrame.from_dict(rows, orient="index").rename_axis("num_tokens")
+
+
+def p1_tune_times(path, *, default_label: str) -> pd.DataFrame:
+    """A ``scripts/p1_tune.py`` run as µs per token count (rows) and candidate (columns), the run's "default"
+    renamed ``default_label`` (what it stood for depended on the code of the day); failed or wrong candidates
+    left out."""
+    rows = pd.DataFrame([r for r in _read_json(path) if "error" not in r and r.get("ok")])
+    rows["config"] = rows["config"].replace({"default": default_label})
+    table = rows.pivot(index="T", columns="config", values="median_us").rename_axis("num_tokens")
+    return table[[default_label] + [c for c in table.columns if c != default_label]]
+
+
+def speedup_figure(table: pd.DataFrame, baseline: str, title: str):
+    """Each column of a :func:`p1_tune_times` table as the speed-up over ``baseline`` (its time / theirs)
+    against the token count; 1 dotted."""
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    for config in table.columns:
+        if config != baseline:
+            ax.plot(table.index, table[baseline] / table[config], marker=".", label=config)
+    ax.axhline(1.0, ls=":", color="grey")
+    ax.set(xscale="log", xlabel="tokens", ylabel=f"speed-up over {baseline}", title=title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
 def p2_kernel_times(path, labels: dict | None = None) -> pd.DataFrame:
     """A ``scripts/p2_tune.py`` run as one row per (case, config): each kernel's median ms (0 where it
     did not run), the whole call from a CUDA graph, and the worst element-rule pass fraction, in the

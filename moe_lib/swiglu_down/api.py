@@ -37,7 +37,10 @@ def swiglu_down_backward(
     ``precision`` (Triton path, 16-bit inputs): "faithful" (default) keeps dGate and dUp to about 16
     significant bits, as the benchmark's fp32 reference does, so the outputs pass its element rule on
     inputs of any scale; "fast" rounds them to the input dtype first (as torch.compile does), at about
-    half the tensor work of the dx, dWg and dWu products.
+    half the tensor work of the dx, dWg and dWu products. The design follows the token count
+    (:func:`.launch.choose_design`): one Triton launch up to 16 tokens on both paths; then the fast path runs
+    its four products on cuBLAS around one Triton dSwiGLU pass (:mod:`.library_gemms`), and the faithful path
+    one or two Triton launches (NVIDIA's harness times it eagerly, where fewer host-side steps count).
     NaN/Inf in the inputs pass through unchecked; ``check_finite=True`` raises a ``ValueError`` naming the
     first input that holds one (a pass over every input and one host sync).
     """
