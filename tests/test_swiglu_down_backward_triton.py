@@ -72,8 +72,14 @@ def library_gemms_config():
     return LibraryGemmsConfig(d_a_fp32=False)
 
 
+def library_gemms_dx_in_two_config():
+    from moe_lib.swiglu_down.library_gemms import LibraryGemmsConfig
+
+    return LibraryGemmsConfig(dx_in_two=True)
+
+
 CONFIGS = {"default": lambda: None, "split": split_everything_config, "one-launch": one_launch_odd_blocks_config,
-           "library": library_gemms_config}  # fmt: skip
+           "library": library_gemms_config, "library-dx-in-two": library_gemms_dx_in_two_config}  # fmt: skip
 
 
 @needs_triton
@@ -188,6 +194,30 @@ def test_library_gemms_design_poisoned_and_at_the_harness_scale(T, precision, se
         if precision == "faithful":
             assert result["pass_fraction"] >= rule["required_fraction"], (name, result)
         assert result["rel_error"] <= 2e-2, name
+
+
+@needs_triton
+def test_library_gemms_design_takes_adjacent_gate_up_weights_without_a_copy(seed):
+    """Wg and Wu as the two row halves of one buffer (a fused gate-up weight): [Wg; Wu] is a view of it, and
+    the gradients are those of the same weights held apart."""
+    from moe_lib.swiglu_down.launch import swiglu_down_backward_triton
+    from moe_lib.swiglu_down.library_gemms import LibraryGemmsConfig, gate_up_stacked
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    inputs = problems.make_inputs("swiglu_down_backward", 21, seed=seed, device=device, hidden_size=40,
+                                  intermediate_size=24)  # fmt: skip
+    fused = torch.cat([inputs["gate_weight"], inputs["up_weight"]])
+    view = gate_up_stacked(fused[:24], fused[24:])
+    assert view.data_ptr() == fused.data_ptr() and torch.equal(view, fused)
+    copy = gate_up_stacked(inputs["gate_weight"], inputs["up_weight"])
+    assert copy.data_ptr() != inputs["gate_weight"].data_ptr() and torch.equal(copy, fused)
+    assert gate_up_stacked(fused[24:], fused[:24]).data_ptr() != fused.data_ptr()  # halves in the wrong order
+    for config in (LibraryGemmsConfig(), LibraryGemmsConfig(dx_in_two=True)):
+        apart = swiglu_down_backward_triton(*inputs.values(), config=config, precision="fast")
+        together = swiglu_down_backward_triton(*(inputs | dict(gate_weight=fused[:24], up_weight=fused[24:])).values(),
+                                               config=config, precision="fast")  # fmt: skip
+        for name, a, b in zip(OUTPUTS, apart, together, strict=True):
+            assert rel_error(a, b) <= 1e-2, name
 
 
 def test_design_by_token_count():
@@ -535,7 +565,7 @@ def test_gpu_tma_launches_deterministic_and_replayed_from_a_graph(candidate, see
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [1, 3, 128, 1087, 5000, 8192, 12288])
-@pytest.mark.parametrize("candidate", ["lib", "lib_s", "lib_b", "lib_bs"])
+@pytest.mark.parametrize("candidate", ["lib", "lib_s", "lib_b", "lib_bs", "lib_s2", "lib_bs2"])
 @pytest.mark.parametrize("precision", ["faithful", "fast"])
 def test_gpu_library_gemms_design_at_both_input_scales(T, candidate, precision, seed):
     from moe_lib.bench.tuning import P1_CANDIDATES

@@ -15,9 +15,9 @@ The faithful path (``with_lo``) keeps dG and dU as hi/lo pairs, each row [dG_hi 
 row halves of one fp32 GEMM with M = 4I. dA is then always kept in fp32.
 
 Against the two Triton launches (:mod:`.kernels`): dA and dGate/dUp make a round trip through memory
-(2·T·I·4 + 2·T·2I·2 bytes more), and the weights Wg, Wu are stacked once per call (6 MB at H = 2048,
-I = 768); in exchange every product runs at cuBLAS's rate, with two products (dx's two halves, dWg and dWu)
-each merged into one larger GEMM, as ``torch.compile``'s code does not merge them. No host synchronisation:
+(2·T·I·4 + 2·T·2I·2 bytes more), and Wg, Wu are stacked once per call (6 MB at H = 2048, I = 768; no copy
+where they are the two halves of one buffer, or with ``dx_in_two``); in exchange every product runs at
+cuBLAS's rate, dx's two halves and dWg, dWu each merged into one larger GEMM. No host synchronisation:
 a call captures in a CUDA graph (the second stream forks from and joins the caller's stream).
 """
 
@@ -39,6 +39,9 @@ class LibraryGemmsConfig:
 
     d_a_fp32: bool = True  # dA in fp32 (the faithful path always); else in the input dtype, as torch.compile's
     streams: bool = False  # dWd beside dA, and [dWg; dWu] beside dx, on a second CUDA stream
+    # fast path: dx as dGate · Wg, then + dUp · Wu accumulated onto it (the first half rounded once more), where
+    # [Wg; Wu] would have to be stacked; no 2I × H copy per call
+    dx_in_two: bool = False
 
     def run(self, grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up,
             intermediate, *, with_lo: bool):  # fmt: skip
@@ -62,16 +65,36 @@ class LibraryGemmsConfig:
                 d_a, gate, gate_sigmoid, gate_silu, up, d_gate_up, T, I, *SWIGLU_GRADS_BLOCK, with_lo,
                 num_warps=4,
             )  # fmt: skip
-        stacked = [gate_weight, up_weight] * halves
         with branch(side):  # [dWg; dWu] = [dG | dU]ᵀ · x
             if with_lo:
                 torch.add(*mm_fp32(d_gate_up.T, x).split(2 * I), out=grad_gate_up)
             else:
                 torch.mm(d_gate_up.T, x, out=grad_gate_up)
-        torch.mm(d_gate_up, torch.cat(stacked), out=grad_x)
+        gate_up_weight = gate_up_stacked(gate_weight, up_weight)
+        if with_lo:  # [dG_hi | dU_hi | dG_lo | dU_lo] · [Wg; Wu; Wg; Wu]
+            torch.mm(d_gate_up, torch.cat([gate_up_weight, gate_up_weight]), out=grad_x)
+        elif self.dx_in_two and gate_up_weight.data_ptr() != gate_weight.data_ptr():  # a copy would be needed
+            torch.mm(d_gate_up[:, :I], gate_weight, out=grad_x)
+            grad_x.addmm_(d_gate_up[:, I:], up_weight)
+        else:
+            torch.mm(d_gate_up, gate_up_weight, out=grad_x)
         if side is not None:
             side.join()
         return grad_x, grad_gate_up[:I], grad_gate_up[I:], grad_down_weight
+
+
+def gate_up_stacked(gate_weight: torch.Tensor, up_weight: torch.Tensor) -> torch.Tensor:
+    """[Wg; Wu] as one [2I, H] matrix: a view where the two are the row halves of one buffer (a fused gate-up
+    weight split in two, as many models keep it), else a copy."""
+    I, H = gate_weight.shape
+    adjacent = (
+        gate_weight.is_contiguous() and up_weight.is_contiguous()
+        and up_weight.untyped_storage().data_ptr() == gate_weight.untyped_storage().data_ptr()
+        and up_weight.storage_offset() == gate_weight.storage_offset() + I * H
+    )  # fmt: skip
+    if adjacent:
+        return gate_weight.as_strided((2 * I, H), (H, 1))
+    return torch.cat([gate_weight, up_weight])
 
 
 def mm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
