@@ -102,9 +102,12 @@ def test_scores_recomputed_equal_the_files(loaded):
 
 
 def test_correctness_flags_peers_that_fail_the_element_rule(loaded):
-    table = benchmark.correctness_table(results.find(loaded, P2))
+    result = results.find(loaded, P2)
+    table = benchmark.correctness_table(result)
     flagged = table[table["flag"] != ""]
-    assert set(flagged.index.get_level_values("impl")) == {"grouped_mm", "liger"}
+    failing = set(result.frame.loc[result.frame["passes_element_rule"].eq(False), "impl"])
+    assert set(flagged.index.get_level_values("impl")) == failing
+    assert "grouped_mm" in failing and "triton" not in failing  # bf16 GEMMs fail it; ours must pass
     assert all(flag == "fails the element rule (peer)" for flag in flagged["flag"])
     pivot = benchmark.correctness_pivot(results.find(loaded, P2_BF16))
     assert not any(c.endswith("elements passing") for c in pivot.columns)  # no element rule for bf16
