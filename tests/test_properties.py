@@ -81,6 +81,8 @@ def p1_cases(draw):
         layout=draw(st.sampled_from(["contiguous", "column-major", "strided"])),
         relaid=draw(st.sets(st.sampled_from(problems.load(P1).input_names), max_size=3)),
         seed=draw(st.integers(0, 2**31 - 1)),
+        # Triton: the design chosen by token count, or the design on cuBLAS GEMMs with its options drawn
+        library=draw(st.none() | st.tuples(st.booleans(), st.booleans())),
     )  # fmt: skip
 
 
@@ -98,7 +100,15 @@ def test_p1_every_path_matches_float64(case):
         with pytest.raises(ValueError, match=f"^{strided[0]}: expected a contiguous tensor"):
             moe_lib.swiglu_down_backward(*relaid.values(), impl="triton", precision=case["precision"])
         relaid = inputs
-    got = moe_lib.swiglu_down_backward(*relaid.values(), impl=case["impl"], precision=case["precision"])
+    if case["impl"] == "triton" and case["library"] is not None:
+        from moe_lib.swiglu_down.launch import swiglu_down_backward_triton
+        from moe_lib.swiglu_down.library_gemms import LibraryGemmsConfig
+
+        d_a_fp32, dx_in_two = case["library"]
+        config = LibraryGemmsConfig(d_a_fp32=d_a_fp32, dx_in_two=dx_in_two)
+        got = swiglu_down_backward_triton(*relaid.values(), config=config, precision=case["precision"])
+    else:
+        got = moe_lib.swiglu_down_backward(*relaid.values(), impl=case["impl"], precision=case["precision"])
     assert all(g.dtype == case["dtype"] for g in got), where
     close(got, want, TOLERANCE[(case["impl"], case["dtype"])], where)
 
