@@ -10,7 +10,7 @@
 #   (RUNS p1_official) NVIDIA's harness itself on P1's faithful path (python -m moe_lib.bench.official);
 #   (RUNS p2_official) the same on P2's fp32 interface (P2_OFFICIAL_PROBLEM=moe_experts_backward_bf16 for
 #      bf16), only the workloads of P2_OFFICIAL_TOKENS where set (a comma list: the suite in parts);
-#   (RUNS p1_few, p1_tma, p2_tune) the tuning checks of the designs not yet measured, each candidate checked
+#   (RUNS p1_few, p1_tma, p1_lib, p2_tune) the tuning checks of the designs not yet measured, each candidate checked
 #      against float64 before it is timed: scripts/p1_few_tokens_check.py (P1_FEW_ARGS), scripts/p1_tune.py
 #      on the TMA-fed launches in both precisions (P1_TMA_TOKENS, P1_TMA_CONFIGS), scripts/p2_tune.py
 #      (P2_TUNE_CASES, P2_TUNE_CONFIGS); their JSON goes to $OUT/tuning (or /tmp/tuning).
@@ -168,6 +168,14 @@ case " $RUNS " in *" p1_tma "*)
       --tokens "${P1_TMA_TOKENS:-128,512,1087,2447,4093,8192}" \
       --configs "${P1_TMA_CONFIGS:-f_w8s3,l_128,tma_128,tma_256,tma12_a,tma12_b,tma12_c}" --out "$TUNING/p1_tma_$precision"
   done
+esac
+case " $RUNS " in *" p1_lib "*)
+  # the fast path's design on cuBLAS GEMMs: its candidates by graph replay, then their host side in NVIDIA's method
+  mkdir -p "$TUNING/p1_lib"
+  check "P1 design on cuBLAS GEMMs" "${P1_LIB_SECONDS:-150}" scripts/p1_tune.py --precision fast \
+    --configs "${P1_LIB_CONFIGS:-lib_s,lib_bs,lib_s2,lib_bs2}" --out "$TUNING/p1_lib"
+  check "P1 host side of the designs" "${P1_GAP_SECONDS:-120}" scripts/p1_host_gap.py --precision fast \
+    --configs default,lib,lib_s,lib_s2 --tokens "${P1_GAP_TOKENS:-128,512,1087,2767}"
 esac
 case " $RUNS " in *" p2_tune "*)
   check "P2 kernel configs" "${P2_TUNE_SECONDS:-300}" scripts/p2_tune.py \

@@ -123,7 +123,8 @@ def swiglu_expert(x, gate_weight, up_weight, down_weight, *, impl: str = "auto",
     Twice differentiable (``create_graph=True``) on the reference path; differentiating the Triton
     path's gradients again raises a ``RuntimeError``. NaN/Inf pass through unchecked;
     ``check_finite=True`` raises a ``ValueError`` naming the first non-finite input (in the backward:
-    grad_output and the saved tensors).
+    grad_output and the saved tensors). Passing ``gate_weight`` and ``up_weight`` as the two row halves of one
+    [2I, H] tensor (``w[:I]``, ``w[I:]``) spares the fast backward a copy of both per call.
     """
     check_impl(impl)
     check_precision(precision)
