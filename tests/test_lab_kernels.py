@@ -156,6 +156,6 @@ def test_p1_tune_times_and_speedup_figure():
     assert table.columns[0] == "Triton launches" and {"lib", "lib_s", "lib_b", "lib_bs"} <= set(table.columns)
     assert table.index.name == "num_tokens" and 8192 in table.index
     assert (table > 0).all().all()
-    fig = kernels.speedup_figure(table, "Triton launches", "test")
-    assert len(fig.axes[0].lines) == len(table.columns)  # every candidate and the line at 1
+    fig = kernels.speedup_figure(table, "Triton launches", "test", switch=17)
+    assert len(fig.axes[0].lines) == len(table.columns) + 1  # every candidate, the line at 1 and the switch
     plt.close(fig)

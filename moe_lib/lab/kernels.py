@@ -412,14 +412,16 @@ def p1_tune_times(path, *, default_label: str) -> pd.DataFrame:
     return table[[default_label] + [c for c in table.columns if c != default_label]]
 
 
-def speedup_figure(table: pd.DataFrame, baseline: str, title: str):
+def speedup_figure(table: pd.DataFrame, baseline: str, title: str, *, switch: int | None = None):
     """Each column of a :func:`p1_tune_times` table as the speed-up over ``baseline`` (its time / theirs)
-    against the token count; 1 dotted."""
+    against the token count; 1 dotted; ``switch``: the token count from which the default changes, dashed."""
     fig, ax = plt.subplots(figsize=(8, 3.8))
     for config in table.columns:
         if config != baseline:
             ax.plot(table.index, table[baseline] / table[config], marker=".", label=config)
     ax.axhline(1.0, ls=":", color="grey")
+    if switch is not None:
+        ax.axvline(switch, ls="--", color="black", lw=1, label=f"the default switches ({switch} tokens)")
     ax.set(xscale="log", xlabel="tokens", ylabel=f"speed-up over {baseline}", title=title)
     ax.legend(fontsize=8)
     fig.tight_layout()
