@@ -521,53 +521,9 @@ def test_tma_launches_step_aside_where_tma_cannot_address_the_rows(seed, monkeyp
         assert rel_error(g, w) <= 2e-2, name
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("T", [1087, 5000, 8192])
-@pytest.mark.parametrize("candidate", ["tma_128", "tma_256", "tma12_a", "tma12_b", "tma12_c"])
-@pytest.mark.parametrize("precision", ["faithful", "fast"])
-def test_gpu_tma_launches_at_both_input_scales(T, candidate, precision, seed):
-    from moe_lib.bench.tuning import P1_CANDIDATES
-    from moe_lib.swiglu_down.launch import swiglu_down_backward_triton
-
-    for distribution in ("forward", "harness"):
-        inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device="cuda", distribution=distribution)
-        poison_allocator("cuda", 256 * 2**20)
-        got = swiglu_down_backward_triton(*inputs.values(), config=P1_CANDIDATES[candidate], precision=precision)
-        check_against_float64(inputs, got, precision)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("candidate", ["tma_128", "tma12_a"])
-def test_gpu_tma_launches_deterministic_and_replayed_from_a_graph(candidate, seed):
-    """Two calls bitwise equal; captured in a CUDA graph (the descriptors' scratch memory comes from torch's
-    allocator) and replayed on new inputs, the same outputs as an eager call."""
-    from moe_lib.bench.timing import capture
-    from moe_lib.bench.tuning import P1_CANDIDATES
-    from moe_lib.swiglu_down.launch import swiglu_down_backward_triton
-
-    config, T = P1_CANDIDATES[candidate], 1087
-    inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device="cuda")
-    first = swiglu_down_backward_triton(*inputs.values(), config=config)
-    second = swiglu_down_backward_triton(*inputs.values(), config=config)
-    for name, a, b in zip(OUTPUTS, first, second, strict=True):
-        assert torch.equal(a, b), name
-    static = {k: v.clone() for k, v in inputs.items()}
-    graph, outputs = capture(lambda: swiglu_down_backward_triton(*static.values(), config=config))
-    fresh = problems.make_inputs("swiglu_down_backward", T, seed=seed + 1, device="cuda")
-    for name, tensor in fresh.items():
-        static[name].copy_(tensor)
-    graph.replay()
-    torch.cuda.synchronize()
-    eager = swiglu_down_backward_triton(*fresh.values(), config=config)
-    for name, g, e in zip(OUTPUTS, outputs, eager, strict=True):
-        assert torch.equal(g, e), name
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("T", [1, 3, 128, 1087, 5000, 8192, 12288])
-@pytest.mark.parametrize("candidate", ["lib", "lib_s", "lib_b", "lib_bs", "lib_s2", "lib_bs2"])
-@pytest.mark.parametrize("precision", ["faithful", "fast"])
-def test_gpu_library_gemms_design_at_both_input_scales(T, candidate, precision, seed):
+def check_candidate_at_both_scales(candidate: str, T: int, precision: str, seed: int) -> None:
+    """A candidate of ``P1_CANDIDATES`` from poisoned memory, at our generator's scale and at the harness's,
+    against float64 under its precision's rule."""
     from moe_lib.bench.tuning import P1_CANDIDATES
     from moe_lib.swiglu_down.launch import swiglu_down_backward_triton
 
@@ -579,28 +535,55 @@ def test_gpu_library_gemms_design_at_both_input_scales(T, candidate, precision, 
         check_against_float64(inputs, got, precision)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("candidate", ["lib", "lib_bs"])
-def test_gpu_library_gemms_design_deterministic_and_replayed_from_a_graph(candidate, seed):
-    """Two calls bitwise equal; captured in a CUDA graph (with ``streams``: forked to a second stream and
-    joined inside the capture) and replayed on new inputs, the same outputs as an eager call."""
+def check_deterministic_and_replayed(candidate: str, precision: str, seed: int, T: int = 1087) -> None:
+    """Two calls of a candidate bitwise equal; captured in a CUDA graph and replayed on new inputs, the same
+    outputs as an eager call."""
     from moe_lib.bench.timing import capture
     from moe_lib.bench.tuning import P1_CANDIDATES
     from moe_lib.swiglu_down.launch import swiglu_down_backward_triton
 
-    config, T = P1_CANDIDATES[candidate], 1087
+    def run(inputs):
+        return swiglu_down_backward_triton(*inputs.values(), config=P1_CANDIDATES[candidate], precision=precision)
+
     inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device="cuda")
-    first = swiglu_down_backward_triton(*inputs.values(), config=config, precision="fast")
-    second = swiglu_down_backward_triton(*inputs.values(), config=config, precision="fast")
-    for name, a, b in zip(OUTPUTS, first, second, strict=True):
+    for name, a, b in zip(OUTPUTS, run(inputs), run(inputs), strict=True):
         assert torch.equal(a, b), name
     static = {k: v.clone() for k, v in inputs.items()}
-    graph, outputs = capture(lambda: swiglu_down_backward_triton(*static.values(), config=config, precision="fast"))
+    graph, outputs = capture(lambda: run(static))
     fresh = problems.make_inputs("swiglu_down_backward", T, seed=seed + 1, device="cuda")
     for name, tensor in fresh.items():
         static[name].copy_(tensor)
     graph.replay()
     torch.cuda.synchronize()
-    eager = swiglu_down_backward_triton(*fresh.values(), config=config, precision="fast")
-    for name, g, e in zip(OUTPUTS, outputs, eager, strict=True):
+    for name, g, e in zip(OUTPUTS, outputs, run(fresh), strict=True):
         assert torch.equal(g, e), name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1087, 5000, 8192])
+@pytest.mark.parametrize("candidate", ["tma_128", "tma_256", "tma12_a", "tma12_b", "tma12_c"])
+@pytest.mark.parametrize("precision", ["faithful", "fast"])
+def test_gpu_tma_launches_at_both_input_scales(T, candidate, precision, seed):
+    check_candidate_at_both_scales(candidate, T, precision, seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("candidate", ["tma_128", "tma12_a"])
+def test_gpu_tma_launches_deterministic_and_replayed_from_a_graph(candidate, seed):
+    """The descriptors' scratch memory comes from torch's allocator, so the launches capture in a graph."""
+    check_deterministic_and_replayed(candidate, "faithful", seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 3, 128, 1087, 5000, 8192, 12288])
+@pytest.mark.parametrize("candidate", ["lib", "lib_s", "lib_b", "lib_bs", "lib_s2", "lib_bs2"])
+@pytest.mark.parametrize("precision", ["faithful", "fast"])
+def test_gpu_library_gemms_design_at_both_input_scales(T, candidate, precision, seed):
+    check_candidate_at_both_scales(candidate, T, precision, seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("candidate", ["lib", "lib_bs"])
+def test_gpu_library_gemms_design_deterministic_and_replayed_from_a_graph(candidate, seed):
+    """With ``streams`` the capture forks to a second stream and joins it again."""
+    check_deterministic_and_replayed(candidate, "fast", seed)

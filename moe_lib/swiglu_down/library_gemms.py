@@ -23,6 +23,7 @@ a call captures in a CUDA graph (the second stream forks from and joins the call
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -122,22 +123,15 @@ class SideStream:
             self.main.wait_stream(self.stream)
 
 
-class branch:
+@contextlib.contextmanager
+def branch(side: SideStream | None):
     """``with branch(side):`` runs its body on the side stream after everything queued so far on the
     caller's stream (``side`` None: on the caller's stream)."""
-
-    def __init__(self, side: SideStream | None):
-        self.side = side
-
-    def __enter__(self):
-        if self.side is not None:
-            self.side.stream.wait_stream(self.side.main)
-            self.side.forked = True
-            self.context = torch.cuda.stream(self.side.stream)
-            self.context.__enter__()
-
-    def __exit__(self, *exc):
-        if self.side is not None:
-            self.context.__exit__(*exc)
-        return False
+    if side is None:
+        yield
+        return
+    side.stream.wait_stream(side.main)
+    side.forked = True
+    with torch.cuda.stream(side.stream):
+        yield
 
