@@ -10,6 +10,7 @@
 #   (RUNS p1_official) NVIDIA's harness itself on P1's faithful path (python -m moe_lib.bench.official);
 #   (RUNS p2_official) the same on P2's fp32 interface (P2_OFFICIAL_PROBLEM=moe_experts_backward_bf16 for
 #      bf16), only the workloads of P2_OFFICIAL_TOKENS where set (a comma list: the suite in parts);
+#   (RUNS p1_probe) where P1's time goes: scripts/p1_few_tokens_trace.py, scripts/p1_kernel_times.py;
 #   (RUNS p1_few, p1_tma, p1_lib, p2_tune) the tuning checks of the designs not yet measured, each candidate checked
 #      against float64 before it is timed: scripts/p1_few_tokens_check.py (P1_FEW_ARGS), scripts/p1_tune.py
 #      on the TMA-fed launches in both precisions (P1_TMA_TOKENS, P1_TMA_CONFIGS), scripts/p2_tune.py
@@ -172,10 +173,18 @@ esac
 case " $RUNS " in *" p1_lib "*)
   # the fast path's design on cuBLAS GEMMs: its candidates by graph replay, then their host side in NVIDIA's method
   mkdir -p "$TUNING/p1_lib"
-  check "P1 design on cuBLAS GEMMs" "${P1_LIB_SECONDS:-150}" scripts/p1_tune.py --precision fast \
-    --configs "${P1_LIB_CONFIGS:-lib_s,lib_bs,lib_s2,lib_bs2}" --out "$TUNING/p1_lib"
+  check "P1 design on cuBLAS GEMMs" "${P1_LIB_SECONDS:-240}" scripts/p1_tune.py --precision fast \
+    --configs "${P1_LIB_CONFIGS:-lib_s,lib_bs,lib_s2,lib_bs2,lib_s3,lib_bs3}" --out "$TUNING/p1_lib"
   check "P1 host side of the designs" "${P1_GAP_SECONDS:-120}" scripts/p1_host_gap.py --precision fast \
-    --configs default,lib,lib_s,lib_s2 --tokens "${P1_GAP_TOKENS:-128,512,1087,2767}"
+    --configs default,lib_s,lib_s2,lib_s3 --tokens "${P1_GAP_TOKENS:-128,512,1087,2767}"
+esac
+case " $RUNS " in *" p1_probe "*)
+  # where the time goes: the few-token launch's programs stamped at each step, and each kernel of the fast
+  # path's designs on cuBLAS GEMMs beside torch.compile's
+  check "P1 few-token launch, traced" "${P1_TRACE_SECONDS:-120}" scripts/p1_few_tokens_trace.py \
+    --tokens "${P1_TRACE_TOKENS:-1,16}"
+  check "P1 kernels of a call" "${P1_KERNELS_SECONDS:-180}" scripts/p1_kernel_times.py \
+    --tokens "${P1_KERNELS_TOKENS:-128,1321}" --configs "${P1_KERNELS_CONFIGS:-lib_s,lib_s2,lib_s3}"
 esac
 case " $RUNS " in *" p2_tune "*)
   check "P2 kernel configs" "${P2_TUNE_SECONDS:-300}" scripts/p2_tune.py \

@@ -79,7 +79,7 @@ def candidate_config(name: str, num_tokens: int, precision: str = "faithful"):
 # offline compile
 
 
-def compile_candidate(config, *, with_lo: bool, single_block: bool):
+def compile_candidate(config, *, with_lo: bool, single_block: bool, trace: bool = False):
     """The kernel of ``config`` for bf16 inputs at H × I, compiled for sm_90 (PHASE 0, as the GPU runs it)."""
     from moe_lib.bench.sm90 import compile_for_sm90, runtime_names
     from moe_lib.swiglu_down.few_tokens import WEIGHTS_AHEAD, few_tokens_kernel
@@ -90,12 +90,13 @@ def compile_candidate(config, *, with_lo: bool, single_block: bool):
                       SPAN_H1=span_h1, SPAN_H2=span_h2,
                       BLOCK_I2=config.block_i2, BLOCK_H2=config.block_h2, N_H1=n_h1, N_I1=n_i1, N_I2=n_i2, N_H2=n_h2,
                       SINGLE_BLOCK=single_block, WEIGHTS_AHEAD=WEIGHTS_AHEAD[config.weights_ahead],
-                      THREADS=32 * config.warps, UPCAST=False, PRECISION="tf32", WITH_LO=with_lo)  # fmt: skip
+                      THREADS=32 * config.warps, UPCAST=False, PRECISION="tf32", WITH_LO=with_lo,
+                      TRACE=trace)  # fmt: skip
 
     def kind(name: str) -> str:
         if name.endswith("partials_ptr"):
             return "*fp32"
-        if name == "counters_ptr":
+        if name in ("counters_ptr", "trace_ptr"):
             return "*i64"
         return "*bf16" if name.endswith("_ptr") else "i32"
 

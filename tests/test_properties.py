@@ -82,7 +82,7 @@ def p1_cases(draw):
         relaid=draw(st.sets(st.sampled_from(problems.load(P1).input_names), max_size=3)),
         seed=draw(st.integers(0, 2**31 - 1)),
         # Triton: the design chosen by token count, or the design on cuBLAS GEMMs with its options drawn
-        library=draw(st.none() | st.tuples(st.booleans(), st.booleans())),
+        library=draw(st.none() | st.tuples(st.booleans(), st.booleans(), st.booleans())),
     )  # fmt: skip
 
 
@@ -104,8 +104,8 @@ def test_p1_every_path_matches_float64(case):
         from moe_lib.swiglu_down.launch import swiglu_down_backward_triton
         from moe_lib.swiglu_down.library_gemms import LibraryGemmsConfig
 
-        d_a_fp32, dx_in_two = case["library"]
-        config = LibraryGemmsConfig(d_a_fp32=d_a_fp32, dx_in_two=dx_in_two)
+        d_a_fp32, dx_in_two, stack_aside = case["library"]
+        config = LibraryGemmsConfig(d_a_fp32=d_a_fp32, dx_in_two=dx_in_two, stack_aside=stack_aside)
         got = swiglu_down_backward_triton(*relaid.values(), config=config, precision=case["precision"])
     else:
         got = moe_lib.swiglu_down_backward(*relaid.values(), impl=case["impl"], precision=case["precision"])

@@ -201,18 +201,17 @@ def test_library_gemms_design_takes_adjacent_gate_up_weights_without_a_copy(seed
     """Wg and Wu as the two row halves of one buffer (a fused gate-up weight): [Wg; Wu] is a view of it, and
     the gradients are those of the same weights held apart."""
     from moe_lib.swiglu_down.launch import swiglu_down_backward_triton
-    from moe_lib.swiglu_down.library_gemms import LibraryGemmsConfig, gate_up_stacked
+    from moe_lib.swiglu_down.library_gemms import LibraryGemmsConfig, gate_up_view
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     inputs = problems.make_inputs("swiglu_down_backward", 21, seed=seed, device=device, hidden_size=40,
                                   intermediate_size=24)  # fmt: skip
     fused = torch.cat([inputs["gate_weight"], inputs["up_weight"]])
-    view = gate_up_stacked(fused[:24], fused[24:])
+    view = gate_up_view(fused[:24], fused[24:])
     assert view.data_ptr() == fused.data_ptr() and torch.equal(view, fused)
-    copy = gate_up_stacked(inputs["gate_weight"], inputs["up_weight"])
-    assert copy.data_ptr() != inputs["gate_weight"].data_ptr() and torch.equal(copy, fused)
-    assert gate_up_stacked(fused[24:], fused[:24]).data_ptr() != fused.data_ptr()  # halves in the wrong order
-    for config in (LibraryGemmsConfig(), LibraryGemmsConfig(dx_in_two=True)):
+    assert gate_up_view(inputs["gate_weight"], inputs["up_weight"]) is None
+    assert gate_up_view(fused[24:], fused[:24]) is None  # halves in the wrong order
+    for config in (LibraryGemmsConfig(), LibraryGemmsConfig(dx_in_two=True), LibraryGemmsConfig(stack_aside=True)):
         apart = swiglu_down_backward_triton(*inputs.values(), config=config, precision="fast")
         together = swiglu_down_backward_triton(*(inputs | dict(gate_weight=fused[:24], up_weight=fused[24:])).values(),
                                                config=config, precision="fast")  # fmt: skip
@@ -576,14 +575,15 @@ def test_gpu_tma_launches_deterministic_and_replayed_from_a_graph(candidate, see
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [1, 3, 128, 1087, 5000, 8192, 12288])
-@pytest.mark.parametrize("candidate", ["lib", "lib_s", "lib_b", "lib_bs", "lib_s2", "lib_bs2"])
+@pytest.mark.parametrize("candidate", ["lib", "lib_s", "lib_b", "lib_bs", "lib_s2", "lib_bs2", "lib_s3", "lib_bs3"])
 @pytest.mark.parametrize("precision", ["faithful", "fast"])
 def test_gpu_library_gemms_design_at_both_input_scales(T, candidate, precision, seed):
     check_candidate_at_both_scales(candidate, T, precision, seed)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("candidate", ["lib", "lib_bs"])
+@pytest.mark.parametrize("candidate", ["lib", "lib_bs", "lib_bs2", "lib_bs3"])
 def test_gpu_library_gemms_design_deterministic_and_replayed_from_a_graph(candidate, seed):
-    """With ``streams`` the capture forks to a second stream and joins it again."""
+    """With ``streams`` the capture forks to a second stream and joins it again (with ``stack_aside`` the
+    caller's stream also waits for the copy made there)."""
     check_deterministic_and_replayed(candidate, "fast", seed)

@@ -201,6 +201,16 @@ def test_unknown_weights_ahead_is_refused():
         FewTokensConfig(weights_ahead="soon").run(*inputs.values(), *outputs, with_lo=True)
 
 
+def test_trace_is_refused_under_the_interpreter_or_in_the_wrong_shape():
+    from moe_lib.swiglu_down.few_tokens import TRACE_SLOTS
+
+    inputs = problems.make_inputs("swiglu_down_backward", 1, hidden_size=H, intermediate_size=I)
+    outputs = [torch.empty_like(inputs[k]) for k in ("x", "gate_weight", "up_weight", "down_weight")]
+    trace = torch.zeros((1, TRACE_SLOTS), dtype=torch.int64, device=DEVICE)
+    with pytest.raises(ValueError, match="^trace: expected an int64 tensor"):
+        interpreter_config().run(*inputs.values(), *outputs, with_lo=True, trace=trace)
+
+
 # ---------------------------------------------------------------------------------------------
 # GPU
 
@@ -278,6 +288,25 @@ def test_gpu_cuda_graph_replay_with_new_inputs(T, seed):
     eager = run(fresh, config, "faithful")
     for name, g, e in zip(OUTPUTS, outputs, eager, strict=True):
         assert torch.equal(g, e), name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 16])
+def test_gpu_trace_stamps_in_order_and_changes_nothing(T, seed):
+    """Traced, the launch gives the same outputs bitwise, and every program stamps every point, in order."""
+    from moe_lib.swiglu_down.few_tokens import TRACE_POINTS, TRACE_SLOTS
+
+    inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device="cuda", distribution="harness")
+    config = gpu_config(T, "faithful")
+    plain = run(inputs, config, "faithful")
+    trace = torch.zeros((config.grid_size(2048, 768), TRACE_SLOTS), dtype=torch.int64, device="cuda")
+    outputs = [torch.empty_like(inputs[k]) for k in ("x", "gate_weight", "up_weight", "down_weight")]
+    traced = config.run(*inputs.values(), *outputs, with_lo=True, trace=trace)
+    for name, a, b in zip(OUTPUTS, plain, traced, strict=True):
+        assert torch.equal(a, b), name
+    times = trace[:, : len(TRACE_POINTS)].cpu()
+    assert (times > 0).all() and (times.diff(dim=1) >= 0).all()
+    assert (trace[:, -1] < torch.cuda.get_device_properties(0).multi_processor_count).all()  # an SM's number
 
 
 CONCURRENT_SCRIPT = """

@@ -84,6 +84,9 @@ P1_CANDIDATES = {
     # dx as two GEMMs, the second accumulating onto the first, instead of stacking [Wg; Wu] per call
     "lib_s2": LibraryGemmsConfig(d_a_fp32=True, streams=True, dx_in_two=True),
     "lib_bs2": LibraryGemmsConfig(d_a_fp32=False, streams=True, dx_in_two=True),
+    # [Wg; Wu] stacked on the second stream beside dA and the dSwiGLU pass
+    "lib_s3": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True),
+    "lib_bs3": LibraryGemmsConfig(d_a_fp32=False, streams=True, stack_aside=True),
     # the one-launch path: (block_t, block_i, block_h_down, block_h, block_k, block_n, warps, stages)
     "one_t16": OneLaunchConfig(16, 16, 32, 16, 128, 128, 4, 3),
     "one_t32": OneLaunchConfig(32, 16, 32, 16, 128, 128, 4, 3),

@@ -170,6 +170,41 @@ def once(tile, ready):
     return tl.where(ready, tile, tl.zeros_like(tile))
 
 
+# what each slot of a program's trace holds (TRACE): %globaltimer in ns at these points, then the SM it ran on
+TRACE_POINTS = ("start", "dA partial stored", "dWd stored", "dA ready", "dx partial stored", "dWg, dWu stored",
+                "end")  # fmt: skip
+TRACE_SLOTS = len(TRACE_POINTS) + 1
+TRACE_END = tl.constexpr(len(TRACE_POINTS) - 1)  # the slot of "end"; the SM's number follows it, the last slot
+
+
+@triton.jit
+def stamp(trace_ptr, slot, TRACE: tl.constexpr):
+    """With TRACE: the GPU's global clock (ns) into ``trace_ptr[slot]``, once every thread of the program got
+    here (GPU only: inline PTX). The stores issued above are on their way, not necessarily done; the last
+    stamp (``fence``) waits for them."""
+    if TRACE:
+        tl.debug_barrier()
+        now = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [slot], dtype=tl.int64,
+                                        is_pure=False, pack=1)  # fmt: skip
+        tl.store(trace_ptr + slot, now)
+
+
+@triton.jit
+def stamp_sm(trace_ptr, slot, TRACE: tl.constexpr):
+    """With TRACE: the number of the SM this program runs on into ``trace_ptr[slot]``."""
+    if TRACE:
+        sm = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [slot], dtype=tl.int32, is_pure=False, pack=1)
+        tl.store(trace_ptr + slot, sm.to(tl.int64))
+
+
+@triton.jit
+def fence(TRACE: tl.constexpr):
+    """With TRACE: waits until this thread's stores so far are visible to the whole GPU."""
+    if TRACE:
+        tl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tmov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False,
+                                  pack=1)  # fmt: skip
+
+
 @triton.jit
 def few_tokens_kernel(
     grad_output_ptr,  # dy [T, H]
@@ -183,6 +218,7 @@ def few_tokens_kernel(
     da_partials_ptr,  # fp32 workspace [N_H1, T, I]: dA_c, the partial dA of phase-1 H-block c
     dx_partials_ptr,  # fp32 workspace [N_I2, T, H]: dx_b, the partial dx of phase-2 I-block b
     counters_ptr,  # int64 [1 + N_I2 + N_H2]: launches, dA arrivals per phase-2 I-block, dx arrivals per H-block
+    trace_ptr,  # int64 [grid, TRACE_SLOTS] (TRACE): when each program reached each of TRACE_POINTS, and its SM
     T, H, I,
     PHASE: tl.constexpr,  # 0: both phases, waiting between them; 1 or 2: that phase alone (interpreter)
     BLOCK_T: tl.constexpr,  # tokens per step (the N side of dA and dx, the reduction step of dWd, dWg, dWu)
@@ -198,8 +234,12 @@ def few_tokens_kernel(
     UPCAST: tl.constexpr,  # fp32 dots (the interpreter's bf16 dot is wrong)
     PRECISION: tl.constexpr,  # tl.dot input_precision for fp32 operands
     WITH_LO: tl.constexpr,  # dGate, dUp as hi/lo pairs in every product (the faithful path)
+    TRACE: tl.constexpr,  # stamp the global clock at each of TRACE_POINTS into trace_ptr (GPU only)
 ):  # fmt: skip
     pid = tl.program_id(0)
+    trace_ptr += pid * (TRACE_END + 2)
+    stamp(trace_ptr, 0, TRACE)
+    stamp_sm(trace_ptr, TRACE_END + 1, TRACE)
     # this program's tiles; past a phase's tile count the tile lies beyond I (b ≥ N_I): every load and
     # store of it is masked off, and it arrives nowhere
     c1, b1 = pid % N_H1, pid // N_H1
@@ -251,6 +291,7 @@ def few_tokens_kernel(
                           PRECISION)  # fmt: skip
                 store_tile(da_partials_ptr + c1 * TI, tl.trans(d_a), t, off_i1, T, I, I, BLOCK_T, BLOCK_I1)
         tl.debug_barrier()  # every thread's partial is stored before the arrivals are counted
+        stamp(trace_ptr, 1, TRACE)
         # one arrival on each phase-2 I-block this tile overlaps (release: the partial goes with it)
         for b in range(off_i1 // BLOCK_I2, (tl.minimum(off_i1 + BLOCK_I1, I) - 1) // BLOCK_I2 + 1):
             tl.atomic_add(counters_ptr + 1 + b, 1, mask=has_tile1, sem="release", scope="gpu")
@@ -265,6 +306,7 @@ def few_tokens_kernel(
                 inter = load_block(intermediate_ptr, t, off_i1, T, I, I, BLOCK_T, BLOCK_I1)
                 acc_down = mma(tl.trans(dy), inter, acc_down, UPCAST, PRECISION)
         store_tile(grad_down_weight_ptr, acc_down, off_h1, off_i1, h1_end, I, I, BLOCK_H1, BLOCK_I1)
+        stamp(trace_ptr, 2, TRACE)
 
     if PHASE != 1:
         if WEIGHTS_AHEAD != 2:
@@ -274,6 +316,7 @@ def few_tokens_kernel(
             overlapping = (tl.minimum(off_i2 + BLOCK_I2, I) - 1) // BLOCK_I1 - off_i2 // BLOCK_I1 + 1
             if has_tile2:
                 wait_for(counters_ptr + 1 + b2, (launch_number + 1) * (N_H1 * overlapping))
+            stamp(trace_ptr, 3, TRACE)
 
         # ---- phase 2: the partial dx_b2[:, c2], then dWg[b2, c2] = dGateᵀ · x and dWu[b2, c2] = dUpᵀ · x
         dx_partial_ptr = dx_partials_ptr + b2 * (T * H)
@@ -290,6 +333,7 @@ def few_tokens_kernel(
             store_tile(dx_partial_ptr, tl.trans(acc_x), 0, off_h2, t_end, h2_end, H, BLOCK_T, BLOCK_H2)
             tl.debug_barrier()
             arrived = arrive(counters_ptr + 1 + N_I2 + c2, has_tile2, "acq_rel", THREADS)
+            stamp(trace_ptr, 4, TRACE)
             x_t = tl.trans(once(x_block, ready))  # the M side of dWgᵀ = xᵀ · dGate, dWuᵀ = xᵀ · dUp
             acc_w = mma_halves(tl.zeros((BLOCK_H2, BLOCK_I2), dtype=tl.float32), x_t, d_gate, False, UPCAST,
                                PRECISION, WITH_LO)  # fmt: skip
@@ -297,6 +341,7 @@ def few_tokens_kernel(
             acc_w = mma_halves(tl.zeros((BLOCK_H2, BLOCK_I2), dtype=tl.float32), x_t, d_up, False, UPCAST,
                                PRECISION, WITH_LO)  # fmt: skip
             store_tile(grad_up_weight_ptr, tl.trans(acc_w), off_i2, off_h2, I, h2_end, H, BLOCK_I2, BLOCK_H2)
+            stamp(trace_ptr, 5, TRACE)
         else:
             w_gate_t = tl.trans(once(w_gate, ready))
             w_up_t = tl.trans(once(w_up, ready))
@@ -328,6 +373,8 @@ def few_tokens_kernel(
             for t in range(0, T, BLOCK_T):
                 total = summed_partials(dx_partials_ptr, T * H, t, off_h2, T, h2_end, H, N_I2, BLOCK_T, BLOCK_H2)
                 store_tile(grad_x_ptr, total, t, off_h2, T, h2_end, H, BLOCK_T, BLOCK_H2)
+    fence(TRACE)
+    stamp(trace_ptr, TRACE_END, TRACE)
 
 
 @dataclass(frozen=True)
@@ -368,9 +415,12 @@ class FewTokensConfig:
         return max(n_h1 * n_i1, n_i2 * n_h2)
 
     def run(self, grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up,
-            intermediate, grad_x, grad_gate_weight, grad_up_weight, grad_down_weight, *, with_lo: bool):  # fmt: skip
+            intermediate, grad_x, grad_gate_weight, grad_up_weight, grad_down_weight, *, with_lo: bool,
+            trace: torch.Tensor | None = None):  # fmt: skip
         """One launch (two phases as two launches under the interpreter); returns the outputs.
-        ``with_lo``: dGate and dUp enter the products as hi/lo pairs (the faithful path)."""
+        ``with_lo``: dGate and dUp enter the products as hi/lo pairs (the faithful path). ``trace`` (GPU
+        only): an int64 [grid, TRACE_SLOTS] tensor that gets each program's clock at each of TRACE_POINTS
+        and its SM (:func:`trace_table` reads it)."""
         T, H = x.shape
         I = gate_weight.shape[0]
         if self.weights_ahead not in WEIGHTS_AHEAD:
@@ -382,6 +432,9 @@ class FewTokensConfig:
         n_h1, n_i1, n_i2, n_h2 = self.tiles(H, I)
         grid = self.grid_size(H, I)
         interpreter = interpreter_enabled()
+        if trace is not None and (interpreter or trace.shape != (grid, TRACE_SLOTS) or trace.dtype != torch.int64):
+            raise ValueError(f"trace: expected an int64 tensor of shape ({grid}, {TRACE_SLOTS}) on a GPU, got "
+                             f"{tuple(trace.shape)} {trace.dtype} under {'the interpreter' if interpreter else 'CUDA'}")
         if grid > resident_programs(x.device):
             raise ValueError(f"config: the few-token grid ({grid} programs for H={H}, I={I}) exceeds one "
                              f"program per SM ({resident_programs(x.device)}); use larger blocks")  # fmt: skip
@@ -398,9 +451,10 @@ class FewTokensConfig:
             few_tokens_kernel[(grid,)](
                 grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up,
                 intermediate, grad_x, grad_gate_weight, grad_up_weight, grad_down_weight, da_partials, dx_partials,
-                counters, T, H, I, phase, self.block_t, self.block_h1, self.block_i1, self.block_i2, self.block_h2,
+                counters, counters if trace is None else trace,  # no trace: a pointer never written
+                T, H, I, phase, self.block_t, self.block_h1, self.block_i1, self.block_i2, self.block_h2,
                 *self.spans, n_h1, n_i1, n_i2, n_h2, T <= self.block_t, ahead, 32 * self.warps, *dot_flags(x),
-                with_lo, num_warps=self.warps, num_stages=self.stages,
+                with_lo, trace is not None, num_warps=self.warps, num_stages=self.stages,
                 **({"launch_cooperative_grid": True} if self.cooperative and not interpreter else {}),
             )  # fmt: skip
         return grad_x, grad_gate_weight, grad_up_weight, grad_down_weight
@@ -423,3 +477,16 @@ def choose_few_tokens_config(num_tokens: int, hidden_size: int, intermediate_siz
     while config.grid_size(hidden_size, intermediate_size) > max_programs and config.block_h1 < hidden_size:
         config = dataclasses.replace(config, block_h1=2 * config.block_h1, block_h2=2 * config.block_h2)
     return config
+
+
+def trace_timeline(traces: torch.Tensor) -> dict[str, tuple[float, float]]:
+    """What a traced launch spent where: ``traces`` int64 [runs, grid, TRACE_SLOTS] (``run(..., trace=)`` of
+    several runs, zero where a program never reached a point). For each of TRACE_POINTS, (the median program,
+    the latest program) in µs since the run's first program started, each the median over the runs."""
+    times = traces[..., : len(TRACE_POINTS)].double()
+    times = torch.where(traces[..., : len(TRACE_POINTS)] > 0, times, torch.nan)
+    since_start = (times - times[..., 0].amin(dim=1)[:, None, None]) / 1e3  # [runs, grid, points], µs
+    median_program = since_start.nanquantile(0.5, dim=1).nanmedian(dim=0).values
+    latest_program = torch.where(since_start.isnan(), -torch.inf, since_start).amax(dim=1).nanmedian(dim=0).values
+    return {point: (float(m), float(latest)) for point, m, latest in zip(TRACE_POINTS, median_program, latest_program,
+                                                                         strict=True)}  # fmt: skip

@@ -16,7 +16,8 @@ row halves of one fp32 GEMM with M = 4I. dA is then always kept in fp32.
 
 Against the two Triton launches (:mod:`.kernels`): dA and dGate/dUp make a round trip through memory
 (2·T·I·4 + 2·T·2I·2 bytes more), and Wg, Wu are stacked once per call (6 MB at H = 2048, I = 768; no copy
-where they are the two halves of one buffer, or with ``dx_in_two``); in exchange every product runs at
+where they are the two halves of one buffer, or with ``dx_in_two``; with ``stack_aside`` the copy runs on the
+second stream beside dA); in exchange every product runs at
 cuBLAS's rate, dx's two halves and dWg, dWu each merged into one larger GEMM. No host synchronisation:
 a call captures in a CUDA graph (the second stream forks from and joins the caller's stream).
 """
@@ -43,6 +44,9 @@ class LibraryGemmsConfig:
     # fast path: dx as dGate · Wg, then + dUp · Wu accumulated onto it (the first half rounded once more), where
     # [Wg; Wu] would have to be stacked; no 2I × H copy per call
     dx_in_two: bool = False
+    # where [Wg; Wu] has to be stacked (and dx is one GEMM): the copy runs first thing on the second stream (with
+    # ``streams``), beside dA and the dSwiGLU pass, instead of on the caller's stream just before dx
+    stack_aside: bool = False
 
     def run(self, grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up,
             intermediate, *, with_lo: bool):  # fmt: skip
@@ -56,8 +60,18 @@ class LibraryGemmsConfig:
         halves = 2 if with_lo else 1
         d_gate_up = launch.allocate((T, 2 * halves * I), dtype=x.dtype, device=x.device)
         side = SideStream(x.device) if self.streams and x.is_cuda else None
+        # [Wg; Wu] as one [2I, H] operand of dx: a view where Wg and Wu are adjacent halves of one buffer, else
+        # a copy (or none: dx in two GEMMs)
+        gate_up_weight = gate_up_view(gate_weight, up_weight)
+        copy_needed = gate_up_weight is None and not (self.dx_in_two and not with_lo)
+        if copy_needed:
+            gate_up_weight = launch.allocate((2 * I, H), dtype=x.dtype, device=x.device)
+        stacked = None  # the side stream's mark once its copy is made (stack_aside)
 
-        with branch(side):  # dWd = dyᵀ · intermediate
+        with branch(side):  # first on the side stream: the copy (stack_aside), then dWd = dyᵀ · intermediate
+            if copy_needed and self.stack_aside:
+                torch.cat([gate_weight, up_weight], out=gate_up_weight)
+                stacked = side.mark() if side is not None else None
             torch.mm(grad_output.T, intermediate, out=grad_down_weight)
         d_a = mm_fp32(grad_output, down_weight) if self.d_a_fp32 or with_lo else grad_output @ down_weight
         if T > 0:
@@ -71,10 +85,13 @@ class LibraryGemmsConfig:
                 torch.add(*mm_fp32(d_gate_up.T, x).split(2 * I), out=grad_gate_up)
             else:
                 torch.mm(d_gate_up.T, x, out=grad_gate_up)
-        gate_up_weight = gate_up_stacked(gate_weight, up_weight)
+        if copy_needed and not self.stack_aside:
+            torch.cat([gate_weight, up_weight], out=gate_up_weight)
+        if stacked is not None:
+            torch.cuda.current_stream(x.device).wait_event(stacked)
         if with_lo:  # [dG_hi | dU_hi | dG_lo | dU_lo] · [Wg; Wu; Wg; Wu]
             torch.mm(d_gate_up, torch.cat([gate_up_weight, gate_up_weight]), out=grad_x)
-        elif self.dx_in_two and gate_up_weight.data_ptr() != gate_weight.data_ptr():  # a copy would be needed
+        elif gate_up_weight is None:  # dx_in_two, where a copy would be needed
             torch.mm(d_gate_up[:, :I], gate_weight, out=grad_x)
             grad_x.addmm_(d_gate_up[:, I:], up_weight)
         else:
@@ -84,18 +101,16 @@ class LibraryGemmsConfig:
         return grad_x, grad_gate_up[:I], grad_gate_up[I:], grad_down_weight
 
 
-def gate_up_stacked(gate_weight: torch.Tensor, up_weight: torch.Tensor) -> torch.Tensor:
-    """[Wg; Wu] as one [2I, H] matrix: a view where the two are the row halves of one buffer (a fused gate-up
-    weight split in two, as many models keep it), else a copy."""
+def gate_up_view(gate_weight: torch.Tensor, up_weight: torch.Tensor) -> torch.Tensor | None:
+    """[Wg; Wu] as a [2I, H] view where the two are the row halves of one buffer (a fused gate-up weight split
+    in two, as many models keep it); None where they are not."""
     I, H = gate_weight.shape
     adjacent = (
         gate_weight.is_contiguous() and up_weight.is_contiguous()
         and up_weight.untyped_storage().data_ptr() == gate_weight.untyped_storage().data_ptr()
         and up_weight.storage_offset() == gate_weight.storage_offset() + I * H
     )  # fmt: skip
-    if adjacent:
-        return gate_weight.as_strided((2 * I, H), (H, 1))
-    return torch.cat([gate_weight, up_weight])
+    return gate_weight.as_strided((2 * I, H), (H, 1)) if adjacent else None
 
 
 def mm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -117,6 +132,12 @@ class SideStream:
             self._streams[key] = torch.cuda.Stream(device)
         self.stream = self._streams[key]
         self.forked = False
+
+    def mark(self) -> torch.cuda.Event:
+        """An event recorded on the side stream now: the caller's stream can wait for what is queued there so far."""
+        event = torch.cuda.Event()
+        event.record(self.stream)
+        return event
 
     def join(self):
         if self.forked:

@@ -1,0 +1,80 @@
+"""Where P1's few-token launch (design 5, ``moe_lib/swiglu_down/few_tokens.py``) spends its time, program by program.
+
+    PYTHONPATH=. python scripts/p1_few_tokens_trace.py [--tokens 1,16] [--runs 30]
+
+On a GPU, per token count and precision, the default few-token config runs with ``trace=`` (each program stamps
+the GPU's global clock at each of ``TRACE_POINTS``), captured in a CUDA graph and replayed after an L2 flush, as
+the benchmark times it. Prints, per point, the median and the latest program in µs since the first program
+started (the median of ``--runs`` replays), the launch's graph-replay time with and without the stamps, and the
+SMs the programs ran on. With $OUT set, writes every run's raw stamps as JSON there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+
+from moe_lib import problems
+from moe_lib.bench import timing
+from moe_lib.swiglu_down.few_tokens import TRACE_POINTS, TRACE_SLOTS, choose_few_tokens_config, trace_timeline
+from moe_lib.swiglu_down.launch import carries_low_halves
+
+H, I = 2048, 768
+
+
+def traced_runs(T: int, precision: str, runs: int) -> dict:
+    problem = problems.load("swiglu_down_backward")
+    inputs = problem.make_inputs(T, seed=T, device="cuda", distribution="harness")
+    with_lo = carries_low_halves(inputs["x"].dtype, precision)
+    config = choose_few_tokens_config(T, H, I, interpreter=False, with_lo=with_lo)
+    outputs = [torch.empty_like(inputs[k]) for k in ("x", "gate_weight", "up_weight", "down_weight")]
+    trace = torch.zeros((config.grid_size(H, I), TRACE_SLOTS), dtype=torch.int64, device="cuda")
+    flush = timing.L2Flusher("cuda")
+
+    def call(with_trace: bool):
+        return lambda: config.run(*inputs.values(), *outputs, with_lo=with_lo, trace=trace if with_trace else None)
+
+    graph, _ = timing.capture(call(True))
+    stamps = []
+    for _ in range(runs):
+        trace.zero_()
+        flush()
+        graph.replay()
+        torch.cuda.synchronize()
+        stamps.append(trace.clone())
+    stamps = torch.stack(stamps).cpu()
+    return dict(
+        T=T, precision=precision, config=str(config), timeline=trace_timeline(stamps),
+        graph_us=timing.graph_median_ms(call(False), flush) * 1e3,
+        graph_traced_us=timing.graph_median_ms(call(True), flush) * 1e3,
+        sms=len(set(stamps[0, :, -1].tolist())), stamps=stamps.tolist(),
+    )  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", default="1,16", help="comma list of token counts (≤ 32: one token block)")
+    parser.add_argument("--runs", type=int, default=30)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA GPU (the stamps are inline PTX)")
+    results = [traced_runs(int(T), precision, args.runs) for T in args.tokens.split(",")
+               for precision in ("faithful", "fast")]  # fmt: skip
+    print(f"\nµs since the first program started: median program / latest program (median of {args.runs} runs)")
+    print(f"{'point':20s} " + " ".join(f"{r['precision'][:4]} T={r['T']:<5d}".rjust(14) for r in results))
+    for point in TRACE_POINTS:
+        print(f"{point:20s} " + " ".join(f"{r['timeline'][point][0]:6.2f}/{r['timeline'][point][1]:6.2f}".rjust(14)
+                                         for r in results))  # fmt: skip
+    print(f"{'graph replay':20s} " + " ".join(f"{r['graph_us']:.2f}".rjust(14) for r in results))
+    print(f"{'graph, traced':20s} " + " ".join(f"{r['graph_traced_us']:.2f}".rjust(14) for r in results))
+    print(f"{'SMs used':20s} " + " ".join(f"{r['sms']}".rjust(14) for r in results))
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "p1_few_tokens_trace.json"), "w") as f:
+            json.dump(dict(points=TRACE_POINTS, device=torch.cuda.get_device_name(), results=results), f)
+
+
+if __name__ == "__main__":
+    main()

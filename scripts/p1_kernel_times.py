@@ -1,0 +1,111 @@
+"""Each kernel of a P1 call and how long it ran: our candidates beside ``torch.compile``, from one profiler trace.
+
+    PYTHONPATH=. python scripts/p1_kernel_times.py [--tokens 128,1321] [--configs lib_s,lib_s2,lib_s3]
+
+On a GPU, per token count: every candidate of ``moe_lib.bench.tuning.P1_CANDIDATES`` named (fast path) and the
+``torch_compile`` peer are captured in a CUDA graph; ``--runs`` replays, each after an L2 flush, run under
+``torch.profiler``. Prints, per candidate, the median span of a call (first kernel's start to last kernel's end)
+and each kernel in launch order with its median start (µs after the call's first kernel), duration and stream.
+Tells where one design's chain of kernels loses time against another's. With $OUT set, writes the table as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from moe_lib import problems
+from moe_lib.bench import timing
+from moe_lib.bench.peers.swiglu_down import eager_arguments, swiglu_down_backward_eager
+from moe_lib.bench.tuning import P1_CANDIDATES
+from moe_lib.swiglu_down.launch import swiglu_down_backward_triton
+
+FLUSH_KERNEL = "FillFunctor"  # the L2 flush between calls (timing.L2Flusher fills a buffer)
+
+
+def call_of(name: str, inputs: dict):
+    if name == "torch_compile":
+        torch._dynamo.reset()
+        compiled = torch.compile(swiglu_down_backward_eager, dynamic=False)
+        arguments = eager_arguments(inputs)
+        return lambda: compiled(*arguments)
+    config = P1_CANDIDATES[name]
+    return lambda: swiglu_down_backward_triton(*inputs.values(), config=config, precision="fast")
+
+
+def kernels_per_call(fn, runs: int) -> list[list[dict]]:
+    """The kernels of each of ``runs`` graph replays of ``fn`` (each after an L2 flush), in start order."""
+    flush = timing.L2Flusher("cuda")
+    graph, _ = timing.capture(fn)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(runs):
+            flush()
+            graph.replay()
+        torch.cuda.synchronize()
+    events = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                    key=lambda e: e.time_range.start)  # fmt: skip
+    calls, current = [], []
+    for event in events:
+        if FLUSH_KERNEL in event.name:
+            if current:
+                calls.append(current)
+            current = []
+            continue
+        current.append(dict(name=event.name, start=event.time_range.start, end=event.time_range.end,
+                            stream=getattr(event, "thread", None)))  # fmt: skip
+    if current:
+        calls.append(current)
+    return calls
+
+
+def summary(calls: list[list[dict]]) -> dict:
+    """Median span and, per kernel position, median start offset and duration (µs)."""
+    counts = [len(c) for c in calls]
+    usual = statistics.mode(counts)
+    calls = [c for c in calls if len(c) == usual]
+    spans = [max(k["end"] for k in c) - c[0]["start"] for c in calls]
+    kernels = []
+    for i in range(usual):
+        kernels.append(dict(
+            name=calls[0][i]["name"], stream=calls[0][i]["stream"],
+            start_us=statistics.median(c[i]["start"] - c[0]["start"] for c in calls),
+            duration_us=statistics.median(c[i]["end"] - c[i]["start"] for c in calls),
+        ))  # fmt: skip
+    return dict(span_us=statistics.median(spans), calls=len(calls), kernels=kernels)
+
+
+def short(name: str, width: int = 60) -> str:
+    name = name.replace("void ", "")
+    return name if len(name) <= width else name[: width - 1] + "…"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", default="128,1321")
+    parser.add_argument("--configs", default="lib_s,lib_s2,lib_s3")
+    parser.add_argument("--runs", type=int, default=20)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA GPU")
+    problem = problems.load("swiglu_down_backward")
+    rows = []
+    for T in [int(t) for t in args.tokens.split(",")]:
+        inputs = problem.make_inputs(T, seed=T, device="cuda")
+        for name in [*args.configs.split(","), "torch_compile"]:
+            result = summary(kernels_per_call(call_of(name, inputs), args.runs)) | dict(T=T, impl=name)
+            rows.append(result)
+            print(f"\nT={T} {name}: span {result['span_us']:.1f} µs (median of {result['calls']} calls)")
+            for k in result["kernels"]:
+                print(f"  +{k['start_us']:6.1f} {k['duration_us']:6.1f} µs  stream {k['stream']}  {short(k['name'])}")
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "p1_kernel_times.json"), "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
