@@ -1,8 +1,9 @@
 """Where P1's few-token launch (design 5, ``moe_lib/swiglu_down/few_tokens.py``) spends its time, program by program.
 
-    PYTHONPATH=. python scripts/p1_few_tokens_trace.py [--tokens 1,16] [--runs 30]
+    PYTHONPATH=. python scripts/p1_few_tokens_trace.py [--tokens 1,16] [--runs 30] [--candidates a_reg,a_late]
 
-On a GPU, per token count and precision, the default few-token config runs with ``trace=`` (each program stamps
+On a GPU, per token count and precision, the default few-token config (or each named candidate of
+``scripts/p1_few_tokens_check.py``, faithful path only) runs with ``trace=`` (each program stamps
 the GPU's global clock at each of ``TRACE_POINTS``), captured in a CUDA graph and replayed after an L2 flush, as
 the benchmark times it. Prints, per point, the median and the latest program in µs since the first program
 started (the median of ``--runs`` replays), the launch's graph-replay time with and without the stamps, and the
@@ -25,11 +26,15 @@ from moe_lib.swiglu_down.launch import carries_low_halves
 H, I = 2048, 768
 
 
-def traced_runs(T: int, precision: str, runs: int) -> dict:
+def traced_runs(T: int, precision: str, runs: int, candidate: str | None = None) -> dict:
     problem = problems.load("swiglu_down_backward")
     inputs = problem.make_inputs(T, seed=T, device="cuda", distribution="harness")
     with_lo = carries_low_halves(inputs["x"].dtype, precision)
     config = choose_few_tokens_config(T, H, I, interpreter=False, with_lo=with_lo)
+    if candidate is not None:
+        from p1_few_tokens_check import candidate_config  # this script's folder is on the path
+
+        config = candidate_config(candidate, T, precision)
     outputs = [torch.empty_like(inputs[k]) for k in ("x", "gate_weight", "up_weight", "down_weight")]
     trace = torch.zeros((config.grid_size(H, I), TRACE_SLOTS), dtype=torch.int64, device="cuda")
     flush = timing.L2Flusher("cuda")
@@ -47,7 +52,7 @@ def traced_runs(T: int, precision: str, runs: int) -> dict:
         stamps.append(trace.clone())
     stamps = torch.stack(stamps).cpu()
     return dict(
-        T=T, precision=precision, config=str(config), timeline=trace_timeline(stamps),
+        T=T, precision=precision, label=candidate or precision, config=str(config), timeline=trace_timeline(stamps),
         graph_us=timing.graph_median_ms(call(False), flush) * 1e3,
         graph_traced_us=timing.graph_median_ms(call(True), flush) * 1e3,
         sms=len(set(stamps[0, :, -1].tolist())), stamps=stamps.tolist(),
@@ -58,13 +63,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", default="1,16", help="comma list of token counts (≤ 32: one token block)")
     parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--candidates", default="", help="comma list of scripts/p1_few_tokens_check.py candidates")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU (the stamps are inline PTX)")
-    results = [traced_runs(int(T), precision, args.runs) for T in args.tokens.split(",")
-               for precision in ("faithful", "fast")]  # fmt: skip
+    tokens = [int(T) for T in args.tokens.split(",")]
+    if args.candidates:
+        results = [traced_runs(T, "faithful", args.runs, name) for T in tokens for name in args.candidates.split(",")]
+    else:
+        results = [traced_runs(T, precision, args.runs) for T in tokens for precision in ("faithful", "fast")]
     print(f"\nµs since the first program started: median program / latest program (median of {args.runs} runs)")
-    print(f"{'point':20s} " + " ".join(f"{r['precision'][:4]} T={r['T']:<5d}".rjust(14) for r in results))
+    print(f"{'point':20s} " + " ".join(f"{r['label'][:6]} T={r['T']:<3d}".rjust(14) for r in results))
     for point in TRACE_POINTS:
         print(f"{point:20s} " + " ".join(f"{r['timeline'][point][0]:6.2f}/{r['timeline'][point][1]:6.2f}".rjust(14)
                                          for r in results))  # fmt: skip

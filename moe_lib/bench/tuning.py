@@ -87,6 +87,13 @@ P1_CANDIDATES = {
     # [Wg; Wu] stacked on the second stream beside dA and the dSwiGLU pass
     "lib_s3": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True),
     "lib_bs3": LibraryGemmsConfig(d_a_fp32=False, streams=True, stack_aside=True),
+    # the dSwiGLU pass in smaller blocks (more programs at few tokens) or larger ones
+    "lib_s3_g8": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True, grads_block=(8, 128)),
+    "lib_s3_g32": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True, grads_block=(32, 128),
+                                     grads_warps=8),
+    "lib_bs3_g8": LibraryGemmsConfig(d_a_fp32=False, streams=True, stack_aside=True, grads_block=(8, 128)),
+    "lib_bs3_g32": LibraryGemmsConfig(d_a_fp32=False, streams=True, stack_aside=True, grads_block=(32, 128),
+                                      grads_warps=8),
     # the one-launch path: (block_t, block_i, block_h_down, block_h, block_k, block_n, warps, stages)
     "one_t16": OneLaunchConfig(16, 16, 32, 16, 128, 128, 4, 3),
     "one_t32": OneLaunchConfig(32, 16, 32, 16, 128, 128, 4, 3),

@@ -61,7 +61,7 @@ import triton.language as tl
 from ..dispatch import interpreter_enabled
 from ..tiling import cdiv
 from . import launch
-from .kernels import load_block, mma, store_tile
+from .kernels import load_block, mma, store_tile, swiglu_grads
 from .launch import SplitWorkspace, dot_flags, resident_programs
 
 # how the Wg, Wu tiles get on their way before the wait (WEIGHTS_AHEAD)
@@ -99,14 +99,6 @@ def mma_halves(acc, other, d, D_TRANSPOSED: tl.constexpr, UPCAST: tl.constexpr, 
     if WITH_LO:
         acc = mma(other, lo, acc, UPCAST, PRECISION)
     return acc
-
-
-@triton.jit
-def swiglu_grads(d_a, gate, s, gate_silu, up):
-    """(dGate, dUp) in fp32 from dA and the saved tiles: dA ⊙ up ⊙ s ⊙ (1 + gate ⊙ (1 − s)), dA ⊙ gate_silu."""
-    gate, s, gate_silu, up = gate.to(tl.float32), s.to(tl.float32), gate_silu.to(tl.float32), up.to(tl.float32)
-    d_gate = d_a * s * (1.0 + gate * (1.0 - s)) * up
-    return d_gate, d_a * gate_silu
 
 
 @triton.jit

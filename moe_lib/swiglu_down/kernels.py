@@ -196,6 +196,14 @@ def token_reduction_program(
 
 
 @triton.jit
+def swiglu_grads(d_a, gate, s, gate_silu, up):
+    """(dGate, dUp) in fp32 from dA and the saved tiles: dA ⊙ up ⊙ s ⊙ (1 + gate ⊙ (1 − s)), dA ⊙ gate_silu."""
+    gate, s, gate_silu, up = gate.to(tl.float32), s.to(tl.float32), gate_silu.to(tl.float32), up.to(tl.float32)
+    d_gate = d_a * s * (1.0 + gate * (1.0 - s)) * up
+    return d_gate, d_a * gate_silu
+
+
+@triton.jit
 def store_swiglu_grads(d_a, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, d_gate_ptr, d_up_ptr, lo_offset,
                        d_stride, off_t, off_i, T, I, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        WITH_LO: tl.constexpr):  # fmt: skip
@@ -371,10 +379,16 @@ def swiglu_grads_kernel(
     WITH_LO: tl.constexpr,  # store hi/lo pairs (the faithful path); else hi alone
 ):  # fmt: skip
     """The dA tile's epilogue as a pass of its own (library_gemms.py: dA comes from cuBLAS): dGate and dUp
-    side by side in each row, the layout that lets dx and [dWg; dWu] each be one GEMM."""
+    side by side in each row, the layout that lets dx and [dWg; dWu] each be one GEMM. Every tile is loaded
+    before anything is stored, so a program makes one round trip to memory (the compiler may not move a load
+    above a store it cannot prove apart)."""
     off_t = tl.program_id(0) * BLOCK_M
     off_i = tl.program_id(1) * BLOCK_N
-    d_a = load_tile(d_a_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N)
+    d_gate, d_up = swiglu_grads(load_tile(d_a_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N),
+                                load_block(gate_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N),
+                                load_block(gate_sigmoid_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N),
+                                load_block(gate_silu_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N),
+                                load_block(up_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N))  # fmt: skip
     row = 4 * I if WITH_LO else 2 * I
-    store_swiglu_grads(d_a, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, d_gate_up_ptr, d_gate_up_ptr + I,
-                       2 * I, row, off_t, off_i, T, I, BLOCK_M, BLOCK_N, WITH_LO)  # fmt: skip
+    store_tile_halves(d_gate_up_ptr, 2 * I, d_gate, off_t, off_i, T, I, row, BLOCK_M, BLOCK_N, WITH_LO)
+    store_tile_halves(d_gate_up_ptr + I, 2 * I, d_up, off_t, off_i, T, I, row, BLOCK_M, BLOCK_N, WITH_LO)

@@ -32,8 +32,6 @@ import torch
 from ..tiling import cdiv
 from . import kernels, launch
 
-SWIGLU_GRADS_BLOCK = (16, 128)  # [tokens, I] block of one program of the dSwiGLU pass
-
 
 @dataclass(frozen=True)
 class LibraryGemmsConfig:
@@ -47,6 +45,8 @@ class LibraryGemmsConfig:
     # where [Wg; Wu] has to be stacked (and dx is one GEMM): the copy runs first thing on the second stream (with
     # ``streams``), beside dA and the dSwiGLU pass, instead of on the caller's stream just before dx
     stack_aside: bool = False
+    grads_block: tuple[int, int] = (16, 128)  # [tokens, I] block of one program of the dSwiGLU pass
+    grads_warps: int = 4
 
     def run(self, grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up,
             intermediate, *, with_lo: bool):  # fmt: skip
@@ -75,10 +75,10 @@ class LibraryGemmsConfig:
             torch.mm(grad_output.T, intermediate, out=grad_down_weight)
         d_a = mm_fp32(grad_output, down_weight) if self.d_a_fp32 or with_lo else grad_output @ down_weight
         if T > 0:
-            grid = (cdiv(T, SWIGLU_GRADS_BLOCK[0]), cdiv(I, SWIGLU_GRADS_BLOCK[1]))
+            grid = (cdiv(T, self.grads_block[0]), cdiv(I, self.grads_block[1]))
             kernels.swiglu_grads_kernel[grid](
-                d_a, gate, gate_sigmoid, gate_silu, up, d_gate_up, T, I, *SWIGLU_GRADS_BLOCK, with_lo,
-                num_warps=4,
+                d_a, gate, gate_sigmoid, gate_silu, up, d_gate_up, T, I, *self.grads_block, with_lo,
+                num_warps=self.grads_warps,
             )  # fmt: skip
         with branch(side):  # [dWg; dWu] = [dG | dU]ᵀ · x
             if with_lo:
