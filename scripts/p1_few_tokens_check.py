@@ -48,6 +48,10 @@ CANDIDATES = {
     # a_reg as a cooperative launch (CUDA guarantees every program resident, or refuses the launch)
     "a_reg_coop": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="registers",
                        cooperative=True),
+    # a_reg on 16 warps: half the instructions per warp, four warps per scheduler to hide each other's latency
+    # (ncu at 1 token: ≈ 2200 instructions per warp at 9 cycles each on 8 warps, two per scheduler)
+    "a_reg_w16": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="registers", warps=16),
+    "a_pf_w16": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="prefetch", warps=16),
     "a_pf_132": dict(block_h1=256, span_h1=187, block_i1=64, block_i2=128, block_h2=128, span_h2=94,
                      weights_ahead="prefetch"),
     "a_reg_132b": dict(block_h1=256, span_h1=187, block_i1=64, block_i2=64, block_h2=256, span_h2=187,
