@@ -6,8 +6,9 @@ On a GPU, per token count and precision, the default few-token config (or each n
 ``scripts/p1_few_tokens_check.py``, faithful path only) runs with ``trace=`` (each program stamps
 the GPU's global clock at each of ``TRACE_POINTS``), captured in a CUDA graph and replayed after an L2 flush, as
 the benchmark times it. Prints, per point, the median and the latest program in µs since the first program
-started (the median of ``--runs`` replays), the launch's graph-replay time with and without the stamps, and the
-SMs the programs ran on. With $OUT set, writes every run's raw stamps as JSON there.
+started (the median of ``--runs`` replays; ``--flush`` says what precedes each), the launch's graph-replay time
+with and without the stamps, and the SMs the programs ran on. With $OUT set, writes every run's raw stamps as JSON
+there.
 """
 
 from __future__ import annotations
@@ -26,7 +27,15 @@ from moe_lib.swiglu_down.launch import carries_low_halves
 H, I = 2048, 768
 
 
-def traced_runs(T: int, precision: str, runs: int, candidate: str | None = None) -> dict:
+def flusher(kind: str):
+    """Before each replay: "dirty" overwrites a buffer larger than the L2 (the benchmark's flush: the L2 is left full
+    of dirty lines, which the launch writes back as it evicts them), "clean" reads it, "none" leaves the L2 warm."""
+    dirty = timing.L2Flusher("cuda")
+    total = torch.zeros((), device="cuda")
+    return {"dirty": dirty, "clean": lambda: total.copy_(dirty.buffer.sum()), "none": lambda: None}[kind]
+
+
+def traced_runs(T: int, precision: str, runs: int, candidate: str | None = None, flush_kind: str = "dirty") -> dict:
     problem = problems.load("swiglu_down_backward")
     inputs = problem.make_inputs(T, seed=T, device="cuda", distribution="harness")
     with_lo = carries_low_halves(inputs["x"].dtype, precision)
@@ -37,7 +46,7 @@ def traced_runs(T: int, precision: str, runs: int, candidate: str | None = None)
         config = candidate_config(candidate, T, precision)
     outputs = [torch.empty_like(inputs[k]) for k in ("x", "gate_weight", "up_weight", "down_weight")]
     trace = torch.zeros((config.grid_size(H, I), TRACE_SLOTS), dtype=torch.int64, device="cuda")
-    flush = timing.L2Flusher("cuda")
+    flush = flusher(flush_kind)
 
     def call(with_trace: bool):
         return lambda: config.run(*inputs.values(), *outputs, with_lo=with_lo, trace=trace if with_trace else None)
@@ -52,7 +61,8 @@ def traced_runs(T: int, precision: str, runs: int, candidate: str | None = None)
         stamps.append(trace.clone())
     stamps = torch.stack(stamps).cpu()
     return dict(
-        T=T, precision=precision, label=candidate or precision, config=str(config), timeline=trace_timeline(stamps),
+        T=T, precision=precision, label=f"{candidate or precision} {flush_kind}", config=str(config),
+        timeline=trace_timeline(stamps),
         graph_us=timing.graph_median_ms(call(False), flush) * 1e3,
         graph_traced_us=timing.graph_median_ms(call(True), flush) * 1e3,
         sms=len(set(stamps[0, :, -1].tolist())), stamps=stamps.tolist(),
@@ -64,16 +74,20 @@ def main() -> None:
     parser.add_argument("--tokens", default="1,16", help="comma list of token counts (≤ 32: one token block)")
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--candidates", default="", help="comma list of scripts/p1_few_tokens_check.py candidates")
+    parser.add_argument("--flush", default="dirty", help="comma list of dirty, clean, none (see flusher)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU (the stamps are inline PTX)")
     tokens = [int(T) for T in args.tokens.split(",")]
+    flushes = args.flush.split(",")
     if args.candidates:
-        results = [traced_runs(T, "faithful", args.runs, name) for T in tokens for name in args.candidates.split(",")]
+        results = [traced_runs(T, "faithful", args.runs, name, f) for T in tokens for f in flushes
+                   for name in args.candidates.split(",")]  # fmt: skip
     else:
-        results = [traced_runs(T, precision, args.runs) for T in tokens for precision in ("faithful", "fast")]
+        results = [traced_runs(T, precision, args.runs, None, f) for T in tokens for f in flushes
+                   for precision in ("faithful", "fast")]  # fmt: skip
     print(f"\nµs since the first program started: median program / latest program (median of {args.runs} runs)")
-    print(f"{'point':20s} " + " ".join(f"{r['label'][:6]} T={r['T']:<3d}".rjust(14) for r in results))
+    print(f"{'point':20s} " + " ".join(f"{r['label'][:11]} {r['T']}".rjust(14) for r in results))
     for point in TRACE_POINTS:
         print(f"{point:20s} " + " ".join(f"{r['timeline'][point][0]:6.2f}/{r['timeline'][point][1]:6.2f}".rjust(14)
                                          for r in results))  # fmt: skip

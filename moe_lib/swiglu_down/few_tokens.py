@@ -227,6 +227,7 @@ def few_tokens_kernel(
     PRECISION: tl.constexpr,  # tl.dot input_precision for fp32 operands
     WITH_LO: tl.constexpr,  # dGate, dUp as hi/lo pairs in every product (the faithful path)
     TRACE: tl.constexpr,  # stamp the global clock at each of TRACE_POINTS into trace_ptr (GPU only)
+    COUNT_LATE: tl.constexpr,  # read the launch count (an atomic's round trip) just before the wait, not at the start
 ):  # fmt: skip
     pid = tl.program_id(0)
     trace_ptr += pid * (TRACE_END + 2)
@@ -264,8 +265,12 @@ def few_tokens_kernel(
             gate_silu = load_block(gate_silu_ptr, 0, off_i2, T, I, I, BLOCK_T, BLOCK_I2)
             up = load_block(up_ptr, 0, off_i2, T, I, I, BLOCK_T, BLOCK_I2)
     if PHASE == 0:  # this launch's number: the launch counter grows by the grid size per launch
-        launch_number = first(arrive(counters_ptr, True, "relaxed", THREADS)) // tl.num_programs(0)
-        ready = launch_number >= 0
+        launch_arrival = arrive(counters_ptr, True, "relaxed", THREADS)
+        if COUNT_LATE:  # the launch count's round trip is waited for at the wait only
+            ready = I > 0
+        else:
+            launch_number = first(launch_arrival) // tl.num_programs(0)
+            ready = launch_number >= 0
     else:
         ready = T >= 0
 
@@ -306,6 +311,8 @@ def few_tokens_kernel(
             w_up = load_block(up_weight_ptr, off_i2, off_h2, I, h2_end, H, BLOCK_I2, BLOCK_H2)
         if PHASE == 0:  # wait for the phase-1 tiles overlapping I-block b2 (none of the others)
             overlapping = (tl.minimum(off_i2 + BLOCK_I2, I) - 1) // BLOCK_I1 - off_i2 // BLOCK_I1 + 1
+            if COUNT_LATE:
+                launch_number = first(launch_arrival) // tl.num_programs(0)
             if has_tile2:
                 wait_for(counters_ptr + 1 + b2, (launch_number + 1) * (N_H1 * overlapping))
             stamp(trace_ptr, 3, TRACE)
@@ -389,6 +396,9 @@ class FewTokensConfig:
     # a cooperative launch (CUDA's guarantee that every program is resident at once, or a launch error): the
     # waits between programs cannot hang when another kernel holds SMs beside this one (another stream)
     cooperative: bool = False
+    # the launch count (one atomic per program on one counter) read just before the wait between the phases; else
+    # at the start, where the dot operands' staging waits for it (``once``)
+    count_late: bool = False
 
     @property
     def spans(self) -> tuple[int, int]:
@@ -446,7 +456,7 @@ class FewTokensConfig:
                 counters, counters if trace is None else trace,  # no trace: a pointer never written
                 T, H, I, phase, self.block_t, self.block_h1, self.block_i1, self.block_i2, self.block_h2,
                 *self.spans, n_h1, n_i1, n_i2, n_h2, T <= self.block_t, ahead, 32 * self.warps, *dot_flags(x),
-                with_lo, trace is not None, num_warps=self.warps, num_stages=self.stages,
+                with_lo, trace is not None, self.count_late, num_warps=self.warps, num_stages=self.stages,
                 **({"launch_cooperative_grid": True} if self.cooperative and not interpreter else {}),
             )  # fmt: skip
         return grad_x, grad_gate_weight, grad_up_weight, grad_down_weight
