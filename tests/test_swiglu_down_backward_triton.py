@@ -222,14 +222,22 @@ def test_library_gemms_design_takes_adjacent_gate_up_weights_without_a_copy(seed
 def test_design_by_token_count():
     """The fast path on cuBLAS GEMMs from LIBRARY_GEMMS_MIN_TOKENS on, with 16-bit inputs on a GPU only; the
     Triton designs below, with fp32 inputs, under the interpreter, and always on the faithful path."""
-    from moe_lib.swiglu_down.launch import LIBRARY_GEMMS_MIN_TOKENS, choose_config, choose_design
+    from moe_lib.swiglu_down.launch import (
+        LIBRARY_GEMMS_16BIT_DA_MIN_TOKENS,
+        LIBRARY_GEMMS_MIN_TOKENS,
+        LIBRARY_GEMMS_STACK_ON_CALLER_STREAM,
+        choose_config,
+        choose_design,
+    )
     from moe_lib.swiglu_down.library_gemms import LibraryGemmsConfig
 
     first = LIBRARY_GEMMS_MIN_TOKENS["fast"]
-    for T in (first, first + 1, 8192):
+    band = LIBRARY_GEMMS_STACK_ON_CALLER_STREAM
+    for T in (first, first + 1, 1023, 1024, band.stop - 1, band.stop, 8192):
         design = choose_design(T, 2048, 768, interpreter=False, max_programs=132)
         assert isinstance(design, LibraryGemmsConfig) and design.streams, T
-        assert design.d_a_fp32 == (T < 2560), T
+        assert design.d_a_fp32 == (T < LIBRARY_GEMMS_16BIT_DA_MIN_TOKENS), T
+        assert design.stack_aside == (T not in band), T
     for T, kwargs in ((first - 1, {}), (8192, dict(element_bytes=4)), (8192, dict(interpreter=True)),
                       (1, dict(with_lo=True)), (8192, dict(with_lo=True))):  # fmt: skip
         args = dict(interpreter=False, max_programs=132) | kwargs

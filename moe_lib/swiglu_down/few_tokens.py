@@ -228,6 +228,7 @@ def few_tokens_kernel(
     WITH_LO: tl.constexpr,  # dGate, dUp as hi/lo pairs in every product (the faithful path)
     TRACE: tl.constexpr,  # stamp the global clock at each of TRACE_POINTS into trace_ptr (GPU only)
     COUNT_LATE: tl.constexpr,  # read the launch count (an atomic's round trip) just before the wait, not at the start
+    STAGE_EARLY: tl.constexpr,  # SINGLE_BLOCK: stage phase 2's Wg, Wu and x tiles for the tensor cores before the wait
 ):  # fmt: skip
     pid = tl.program_id(0)
     trace_ptr += pid * (TRACE_END + 2)
@@ -309,6 +310,10 @@ def few_tokens_kernel(
         if WEIGHTS_AHEAD != 2:
             w_gate = load_block(gate_weight_ptr, off_i2, off_h2, I, h2_end, H, BLOCK_I2, BLOCK_H2)
             w_up = load_block(up_weight_ptr, off_i2, off_h2, I, h2_end, H, BLOCK_I2, BLOCK_H2)
+        if STAGE_EARLY and SINGLE_BLOCK:  # the phase-2 operands staged for the tensor cores while the wait spins
+            w_gate_t = tl.trans(once(w_gate, ready))
+            w_up_t = tl.trans(once(w_up, ready))
+            x_t = tl.trans(once(x_block, ready))
         if PHASE == 0:  # wait for the phase-1 tiles overlapping I-block b2 (none of the others)
             overlapping = (tl.minimum(off_i2 + BLOCK_I2, I) - 1) // BLOCK_I1 - off_i2 // BLOCK_I1 + 1
             if COUNT_LATE:
@@ -322,9 +327,9 @@ def few_tokens_kernel(
         t_end = tl.where(has_tile2, T, 0)  # no partial from a program without a phase-2 tile
         if SINGLE_BLOCK:
             d_a = summed_partials(da_partials_ptr, TI, 0, off_i2, T, I, I, N_H1, BLOCK_T, BLOCK_I2)
-            # the M sides of dx_bᵀ = Wgᵀ · dGateᵀ + Wuᵀ · dUpᵀ, once the partials are on their way
-            w_gate_t = tl.trans(once(w_gate, ready))
-            w_up_t = tl.trans(once(w_up, ready))
+            if not STAGE_EARLY:  # the M sides of dx_bᵀ = Wgᵀ · dGateᵀ + Wuᵀ · dUpᵀ, once the partials are on their way
+                w_gate_t = tl.trans(once(w_gate, ready))
+                w_up_t = tl.trans(once(w_up, ready))
             d_gate, d_up = swiglu_grads(d_a, gate, s, gate_silu, up)
             acc_x = tl.zeros((BLOCK_H2, BLOCK_T), dtype=tl.float32)
             acc_x = mma_halves(acc_x, w_gate_t, d_gate, True, UPCAST, PRECISION, WITH_LO)
@@ -333,7 +338,8 @@ def few_tokens_kernel(
             tl.debug_barrier()
             arrived = arrive(counters_ptr + 1 + N_I2 + c2, has_tile2, "acq_rel", THREADS)
             stamp(trace_ptr, 4, TRACE)
-            x_t = tl.trans(once(x_block, ready))  # the M side of dWgᵀ = xᵀ · dGate, dWuᵀ = xᵀ · dUp
+            if not STAGE_EARLY:
+                x_t = tl.trans(once(x_block, ready))  # the M side of dWgᵀ = xᵀ · dGate, dWuᵀ = xᵀ · dUp
             acc_w = mma_halves(tl.zeros((BLOCK_H2, BLOCK_I2), dtype=tl.float32), x_t, d_gate, False, UPCAST,
                                PRECISION, WITH_LO)  # fmt: skip
             store_tile(grad_gate_weight_ptr, tl.trans(acc_w), off_i2, off_h2, I, h2_end, H, BLOCK_I2, BLOCK_H2)
@@ -399,6 +405,9 @@ class FewTokensConfig:
     # the launch count (one atomic per program on one counter) read just before the wait between the phases; else
     # at the start, where the dot operands' staging waits for it (``once``)
     count_late: bool = False
+    # phase 2's Wg, Wu and x tiles staged in shared memory for the tensor cores before the wait (while it spins);
+    # else after it, beside the loads of the dA partials (one token block only)
+    stage_before_wait: bool = False
 
     @property
     def spans(self) -> tuple[int, int]:
@@ -456,7 +465,8 @@ class FewTokensConfig:
                 counters, counters if trace is None else trace,  # no trace: a pointer never written
                 T, H, I, phase, self.block_t, self.block_h1, self.block_i1, self.block_i2, self.block_h2,
                 *self.spans, n_h1, n_i1, n_i2, n_h2, T <= self.block_t, ahead, 32 * self.warps, *dot_flags(x),
-                with_lo, trace is not None, self.count_late, num_warps=self.warps, num_stages=self.stages,
+                with_lo, trace is not None, self.count_late, self.stage_before_wait, num_warps=self.warps,
+                num_stages=self.stages,
                 **({"launch_cooperative_grid": True} if self.cooperative and not interpreter else {}),
             )  # fmt: skip
         return grad_x, grad_gate_weight, grad_up_weight, grad_down_weight

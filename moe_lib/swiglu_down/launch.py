@@ -76,8 +76,13 @@ FEW_TOKENS_MAX_TOKENS = 16
 # faithful path is judged by
 LIBRARY_GEMMS_MIN_TOKENS = {"fast": FEW_TOKENS_MAX_TOKENS + 1}
 # from here on the fast path keeps dA in the input dtype, as torch.compile's code does (236.7 against
-# 242.2 µs at 8192 tokens, tied at 2447); below, in fp32
-LIBRARY_GEMMS_16BIT_DA_MIN_TOKENS = 2560
+# 242.2 µs at 8192 tokens; within 1 µs of fp32 from 1087 to 2447); below, in fp32
+LIBRARY_GEMMS_16BIT_DA_MIN_TOKENS = 1024
+# in this band the copy of [Wg; Wu] runs on the caller's stream just before dx; outside it, first thing on the
+# second stream, beside dA and the dSwiGLU pass (``stack_aside``): on the H200, 28.4–29.1 against 29.5–29.9 µs
+# at 128 tokens, 36.8 against 38.4–38.8 at 512, 211–213 against 216–217 at 7168; slower by 1–3 µs at 1087,
+# 1321 and 4093 (two tuning runs, data/results/NOTES.md)
+LIBRARY_GEMMS_STACK_ON_CALLER_STREAM = range(1024, 6144)
 
 
 def choose_design(num_tokens: int, hidden_size: int, intermediate_size: int, *, interpreter: bool,
@@ -89,7 +94,8 @@ def choose_design(num_tokens: int, hidden_size: int, intermediate_size: int, *, 
     if not interpreter and element_bytes == 2 and first is not None and num_tokens >= first:
         from .library_gemms import LibraryGemmsConfig  # it builds on this module's allocation
 
-        return LibraryGemmsConfig(d_a_fp32=num_tokens < LIBRARY_GEMMS_16BIT_DA_MIN_TOKENS, streams=True)
+        return LibraryGemmsConfig(d_a_fp32=num_tokens < LIBRARY_GEMMS_16BIT_DA_MIN_TOKENS, streams=True,
+                                  stack_aside=num_tokens not in LIBRARY_GEMMS_STACK_ON_CALLER_STREAM)  # fmt: skip
     return choose_config(num_tokens, hidden_size, intermediate_size, interpreter=interpreter, with_lo=with_lo,
                          max_programs=max_programs, element_bytes=element_bytes)  # fmt: skip
 
