@@ -69,12 +69,13 @@ FEW_TOKENS_MAX_TOKENS = 16
 
 # from this many tokens the fast path runs the design on cuBLAS GEMMs (:mod:`.library_gemms`) instead of the
 # Triton launches, with 16-bit inputs: on the H200 (data/results/NOTES.md, design 7) it took 29.8 against
-# 37.0 µs at 128 tokens and 242 against 315 µs at 8192 by graph replay. The faithful path never does: in
-# NVIDIA's method (eager calls, CUPTI span) its host-side operations (four GEMM calls, the weight stacking, a
-# Triton launch, allocations, the stream fork and join) left gaps between the kernels,
-# 449 against 148 µs at 1321 tokens (95.6 against 107.8 µs by graph replay), and that method is the one the
-# faithful path is judged by
-LIBRARY_GEMMS_MIN_TOKENS = {"fast": FEW_TOKENS_MAX_TOKENS + 1}
+# 37.0 µs at 128 tokens and 242 against 315 µs at 8192 by graph replay. The faithful path only where its GPU
+# time outlasts its host time: in NVIDIA's method (eager calls, CUPTI span) the design's host-side operations
+# (four GEMM calls, the weight stacking, a Triton launch, allocations) take 140–500 µs a call and left gaps
+# between the kernels, 449 against 148 µs at 1321 tokens (95.6 against 107.8 µs by graph replay), and that
+# method is the one the faithful path is judged by; from 6144 tokens its GPU time (≈ 340–390 µs, against 395–440
+# for the Triton launches) covers them. One stream there: two cost more host time (NOTES)
+LIBRARY_GEMMS_MIN_TOKENS = {"fast": FEW_TOKENS_MAX_TOKENS + 1, "faithful": 6144}
 # from here on the fast path keeps dA in the input dtype, as torch.compile's code does (236.7 against
 # 242.2 µs at 8192 tokens; within 1 µs of fp32 from 1087 to 2447); below, in fp32
 LIBRARY_GEMMS_16BIT_DA_MIN_TOKENS = 1024
@@ -87,13 +88,15 @@ LIBRARY_GEMMS_STACK_ON_CALLER_STREAM = range(1024, 6144)
 
 def choose_design(num_tokens: int, hidden_size: int, intermediate_size: int, *, interpreter: bool,
                   with_lo: bool = False, max_programs: int = 0, element_bytes: int = 2):  # fmt: skip
-    """What ``swiglu_down_backward`` runs: on the fast path from :data:`LIBRARY_GEMMS_MIN_TOKENS` with 16-bit
-    inputs the design on cuBLAS GEMMs (:class:`~.library_gemms.LibraryGemmsConfig`, two streams), else the
-    Triton designs of :func:`choose_config` (same arguments)."""
+    """What ``swiglu_down_backward`` runs: from :data:`LIBRARY_GEMMS_MIN_TOKENS` with 16-bit inputs the design on
+    cuBLAS GEMMs (:class:`~.library_gemms.LibraryGemmsConfig`: on the fast path two streams, on the faithful
+    path one), else the Triton designs of :func:`choose_config` (same arguments)."""
     first = LIBRARY_GEMMS_MIN_TOKENS.get("faithful" if with_lo else "fast")
     if not interpreter and element_bytes == 2 and first is not None and num_tokens >= first:
         from .library_gemms import LibraryGemmsConfig  # it builds on this module's allocation
 
+        if with_lo:
+            return LibraryGemmsConfig(d_a_fp32=True, streams=False)
         return LibraryGemmsConfig(d_a_fp32=num_tokens < LIBRARY_GEMMS_16BIT_DA_MIN_TOKENS, streams=True,
                                   stack_aside=num_tokens not in LIBRARY_GEMMS_STACK_ON_CALLER_STREAM)  # fmt: skip
     return choose_config(num_tokens, hidden_size, intermediate_size, interpreter=interpreter, with_lo=with_lo,

@@ -61,9 +61,9 @@ class LibraryGemmsConfig:
         d_gate_up = launch.allocate((T, 2 * halves * I), dtype=x.dtype, device=x.device)
         side = SideStream(x.device) if self.streams and x.is_cuda else None
         # [Wg; Wu] as one [2I, H] operand of dx: a view where Wg and Wu are adjacent halves of one buffer, else
-        # a copy (or none: dx in two GEMMs)
+        # a copy (or none: dx in two GEMMs; with_lo stacks [Wg; Wu; Wg; Wu] in one copy below)
         gate_up_weight = gate_up_view(gate_weight, up_weight)
-        copy_needed = gate_up_weight is None and not (self.dx_in_two and not with_lo)
+        copy_needed = gate_up_weight is None and not with_lo and not self.dx_in_two
         if copy_needed:
             gate_up_weight = launch.allocate((2 * I, H), dtype=x.dtype, device=x.device)
         stacked = None  # the side stream's mark once its copy is made (stack_aside)
@@ -90,7 +90,8 @@ class LibraryGemmsConfig:
         if stacked is not None:
             torch.cuda.current_stream(x.device).wait_event(stacked)
         if with_lo:  # [dG_hi | dU_hi | dG_lo | dU_lo] · [Wg; Wu; Wg; Wu]
-            torch.mm(d_gate_up, torch.cat([gate_up_weight, gate_up_weight]), out=grad_x)
+            weights = [gate_up_weight] if gate_up_weight is not None else [gate_weight, up_weight]
+            torch.mm(d_gate_up, torch.cat(weights * 2), out=grad_x)
         elif gate_up_weight is None:  # dx_in_two, where a copy would be needed
             torch.mm(d_gate_up[:, :I], gate_weight, out=grad_x)
             grad_x.addmm_(d_gate_up[:, I:], up_weight)
