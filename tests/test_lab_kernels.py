@@ -3,6 +3,7 @@
 import dataclasses
 
 import matplotlib
+import numpy as np
 import pytest
 
 from moe_lib import problems
@@ -147,7 +148,7 @@ def test_p1_design_by_tokens_follows_choose_design():
     assert table.loc[1, "fast"] == table.loc[1, "faithful"] == "few tokens: one launch, waits per block"
     assert table.loc[17, "fast"].startswith("cuBLAS GEMMs") and table.loc[8192, "fast"].startswith("cuBLAS GEMMs")
     assert table.loc[128, "faithful"] == "one launch, grid barrier"
-    assert table.loc[8192, "faithful"] == "two Triton launches"
+    assert table.loc[8192, "faithful"] == "cuBLAS GEMMs + one dSwiGLU pass, one stream"
 
 
 def test_p1_tune_times_and_speedup_figure():
@@ -158,4 +159,24 @@ def test_p1_tune_times_and_speedup_figure():
     assert (table > 0).all().all()
     fig = kernels.speedup_figure(table, "Triton launches", "test", switch=17)
     assert len(fig.axes[0].lines) == len(table.columns) + 1  # every candidate, the line at 1 and the switch
+    plt.close(fig)
+
+
+def test_few_tokens_traces_and_timeline_figure():
+    """The committed traces: every program stamps its steps in order, and the default's two moves (the launch
+    count read late, phase 2 staged before the wait) end the median program earlier than the design before."""
+    traces = kernels.few_tokens_traces()
+    steps = list(kernels.TRACE_STRETCHES)
+    assert (traces[steps].diff(axis=1).iloc[:, 1:] >= 0).all().all()
+    for stamps in traces.stamps:
+        times = np.asarray(stamps)[:, : len(steps) + 1]
+        assert (np.diff(times, axis=1) >= 0).all() and len(times) == 96
+    before = traces[(traces.label == "a_reg dirty") & (traces.commit == "c44c149")].iloc[0]
+    now = traces[(traces.label == "a_reg_cl_st dirty")].iloc[0]
+    assert now["end"] < before["end"] and now.graph_us < before.graph_us
+    warm = traces[traces.label == "a_reg_cl none"].iloc[0]
+    assert warm["end"] < now["end"] and warm["dx partial stored"] - warm["dA ready"] > 2  # phase 2's chain
+    fig = kernels.few_tokens_timeline_figure(traces, [("a_reg_cl_st dirty", 1, "0329f39"),
+                                                      ("a_reg_cl none", 1, "c44c149")])  # fmt: skip
+    assert len(fig.axes) == 2
     plt.close(fig)

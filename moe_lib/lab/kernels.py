@@ -376,6 +376,53 @@ def few_tokens_figure(table: pd.DataFrame, floor_us: float, chosen: str):
     return fig
 
 
+def few_tokens_traces(path=TUNING_DIR / "2026-12-01-p1-few-tokens-trace.json") -> pd.DataFrame:
+    """The traced few-token launches of a ``scripts/p1_few_tokens_trace.py`` file: one row per traced launch
+    (label: candidate and L2 flush; tokens; the commit it ran at), the µs since the first program started at
+    which the median program reached each step, the graph-replay time, and one replay's raw stamps."""
+    rows = []
+    for run in _read_json(path)["runs"]:
+        for result in run["results"]:
+            steps = {point: result["timeline"][point][0] for point in run["points"]}
+            rows.append(dict(label=result["label"], num_tokens=result["T"], commit=run["commit"][:7], **steps,
+                             graph_us=result["graph_us"], stamps=result["stamps_median_run"]))  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+# the stretch between two stamps of a traced few-token program, named by where it ends (few_tokens.TRACE_POINTS)
+TRACE_STRETCHES = {
+    "dA partial stored": ("phase 1: Wd tile → dA partial", "tab:blue"),
+    "dWd stored": ("dWd tile", "tab:cyan"),
+    "dA ready": ("wait for the I-block's partials", "lightgrey"),
+    "dx partial stored": ("phase 2: dGate, dUp → dx partial", "tab:orange"),
+    "dWg, dWu stored": ("dWg, dWu tiles", "tab:red"),
+    "end": ("last dx sum, stores visible", "tab:purple"),
+}
+
+
+def few_tokens_timeline_figure(traces: pd.DataFrame, labels: list[tuple[str, int, str]]):
+    """One panel per (label, tokens, commit) of :func:`few_tokens_traces`: each program of one replay as a row
+    (sorted by its start), each stretch between its stamps as a bar coloured by :data:`TRACE_STRETCHES`, µs
+    since the first program started; the graph-replay time of the launch in the title."""
+    fig, axes = plt.subplots(len(labels), 1, figsize=(9, 2.6 * len(labels)), sharex=True, squeeze=False)
+    points = list(TRACE_STRETCHES)
+    for ax, (label, tokens, commit) in zip(axes[:, 0], labels, strict=True):
+        row = traces[(traces.label == label) & (traces.num_tokens == tokens) & (traces.commit == commit)].iloc[0]
+        stamps = np.asarray(row.stamps, dtype=np.float64)[:, : len(points) + 1]  # start, then each point
+        stamps = (stamps - stamps[:, 0].min()) / 1e3
+        for y, program in enumerate(stamps[np.argsort(stamps[:, 0])]):
+            for i, point in enumerate(points):
+                ax.broken_barh([(program[i], program[i + 1] - program[i])], (y, 0.9), color=TRACE_STRETCHES[point][1])
+        ax.set(ylabel="program", ylim=(0, len(stamps)),
+               title=f"{label}, {tokens} token{'s' if tokens > 1 else ''} (commit {commit}): "
+                     f"{row.graph_us:.1f} µs by graph replay")  # fmt: skip
+    handles = [patches.Patch(color=color, label=name) for name, color in TRACE_STRETCHES.values()]
+    axes[0, 0].legend(handles=handles, fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    axes[-1, 0].set_xlabel("µs since the first program started")
+    fig.tight_layout()
+    return fig
+
+
 def p1_design_name(config) -> str:
     """A short name of the P1 design a config stands for (:func:`~moe_lib.swiglu_down.launch.choose_design`)."""
     from ..swiglu_down.few_tokens import FewTokensConfig
@@ -383,7 +430,7 @@ def p1_design_name(config) -> str:
     from ..swiglu_down.one_launch import OneLaunchConfig
 
     if isinstance(config, LibraryGemmsConfig):
-        return "cuBLAS GEMMs + one dSwiGLU pass" + (", two streams" if config.streams else "")
+        return "cuBLAS GEMMs + one dSwiGLU pass" + (", two streams" if config.streams else ", one stream")
     if isinstance(config, FewTokensConfig):
         return "few tokens: one launch, waits per block"
     if isinstance(config, OneLaunchConfig):
