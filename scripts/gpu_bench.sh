@@ -160,7 +160,7 @@ check() {  # check NAME SECONDS SCRIPT ARGS...: one tuning script, its printed t
 case " $RUNS " in *" p1_few "*)
   # shellcheck disable=SC2086  # the arguments are words
   check "P1 few-token candidates" "${P1_FEW_SECONDS:-240}" scripts/p1_few_tokens_check.py \
-    ${P1_FEW_ARGS:---tokens 1,4,16,64,128 a_reg a_reg_coop a_reg_132 a_pf_132 a_reg_132b two_launches}
+    ${P1_FEW_ARGS:---tokens 1,2,4,8,16 a_reg_cl_st a_reg_cl_st_mv a_reg_cl_st_coop}
 esac
 case " $RUNS " in *" p1_tma "*)
   for precision in faithful fast; do

