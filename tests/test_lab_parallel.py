@@ -57,6 +57,47 @@ def test_model_of_overlapped_chunks():
         parallel.model_step([512], **shapes, chunks=0)
 
 
+def test_model_of_two_levels_of_links():
+    """Ranks in nodes: the rows to the same node cross the link, the rest the network, both at once."""
+    shapes = dict(hidden_size=4096, intermediate_size=2048, num_experts=256, top_k=8, element_bytes=2,
+                  weight_bytes=4, link_bandwidth=300e9, flops_rate=500e12)  # fmt: skip
+    row_bytes = 4 * 4096 * 2 + 2 * 4
+    rows = 8192 * 8
+    one_node = parallel.model_step([8192], world_size=8, **shapes)
+    assert one_node["all_to_all_s"][0] == pytest.approx(rows * 7 / 8 * row_bytes / 300e9)
+    assert one_node["network_s"][0] == 0
+    two = parallel.model_step([8192], world_size=16, gpus_per_node=8, network_bandwidth=50e9, **shapes)
+    assert two["network_s"][0] == pytest.approx(rows * 8 / 16 * row_bytes / 50e9)
+    assert two["all_to_all_s"][0] == two["network_s"][0] > rows * 7 / 16 * row_bytes / 300e9
+    assert two["all_to_all_bytes"][0] == pytest.approx(rows * 15 / 16 * row_bytes)
+    assert two["share"][0] > one_node["share"][0]
+    # a fast enough network leaves the link the longer leg
+    fast = parallel.model_step([8192], world_size=16, gpus_per_node=8, network_bandwidth=1e15, **shapes)
+    assert fast["all_to_all_s"][0] == pytest.approx(rows * 7 / 16 * row_bytes / 300e9)
+    with pytest.raises(ValueError, match="^network_bandwidth: expected a positive bandwidth"):
+        parallel.model_step([8192], world_size=16, gpus_per_node=8, **shapes)
+    with pytest.raises(ValueError, match="^gpus_per_node: expected an integer from 1 to world_size"):
+        parallel.model_step([8192], world_size=4, gpus_per_node=8, network_bandwidth=50e9, **shapes)
+
+
+def test_node_scaling_table_from_the_committed_runs(runs):
+    table = parallel.node_scaling_table(runs, gpu_key="H200", tokens_per_rank=8192, gpus_per_node=8,
+                                        network_bandwidth=50e9)  # fmt: skip
+    assert set(table.dtype) == set(runs) and set(table.chunks) == {1, 4}
+    settings = list(dict.fromkeys(table.setting))
+    assert [setting.split(",")[0] for setting in settings] == ["W = 2", "W = 8", "W = 16"]
+    share = table.pivot_table(index="setting", columns=["dtype", "experts", "chunks"], values="share")
+    assert (share.loc[settings[2]] > share.loc[settings[1]]).all()  # two nodes: the network leg
+    assert (share.loc[settings[1]] > share.loc[settings[0]]).all()  # more ranks: more rows leave the rank
+    assert table[table.setting == settings[2]].network_bound.all() and not table.network_bound[
+        table.setting != settings[2]].any()
+    for dtype, run in runs.items():  # the measured world size reproduces the run's share within a few points
+        measured = run.ok.loc[8192, "all_to_all_ms"] / run.ok.loc[8192, "total_ms"]
+        row = table[(table.setting == settings[0]) & (table.dtype == dtype) & (table.experts == "as measured")
+                    & (table.chunks == 1)]  # fmt: skip
+        assert abs(row.share.iloc[0] - measured) < 0.05, dtype
+
+
 def test_live_case_partitions_experts_and_sends_the_routed_rows():
     case = parallel_live.LiveCase(world_size=3, tokens_per_rank=4, hidden_size=8, intermediate_size=4, num_experts=5,
                                   top_k=2, routing="skewed")  # fmt: skip

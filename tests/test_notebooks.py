@@ -520,6 +520,9 @@ def test_parallel_measured_numbers_are_those_of_the_committed_files(parallel_run
         largest = cases[str(max(frame.index))]  # the model's link bandwidth: the best rank's at the largest case
         link = summary["model"][document["dtype"]]["link_gb_per_s"]
         assert link == pytest.approx(max(largest["achieved_gb_per_s_out"]))
+        # the table for one and two nodes takes the same link bandwidth
+        node_rows = [r for r in summary["node_scaling"]["rows"] if r["dtype"] == document["dtype"]]
+        assert node_rows and all(r["link_gb_per_s"] == pytest.approx(link) for r in node_rows)
 
 
 def _ordered(paths: list[Path]) -> list[Path]:

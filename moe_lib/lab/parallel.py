@@ -74,7 +74,8 @@ def exchange_bytes(rows_sent: list[int], rows_received: list[int], rank: int, *,
 
 def model_step(tokens_per_rank, *, world_size: int, hidden_size: int, intermediate_size: int, num_experts: int,
                top_k: int, element_bytes: int, weight_bytes: int, link_bandwidth: float, flops_rate: float,
-               memory_bandwidth: float | None = None, chunks: int = 1) -> dict:  # fmt: skip
+               memory_bandwidth: float | None = None, chunks: int = 1, gpus_per_node: int | None = None,
+               network_bandwidth: float | None = None) -> dict:  # fmt: skip
     """The cost model of one forward + backward step on one rank, under balanced routing (every rank sends
     and receives T_r·K rows, a fraction (W − 1)/W of them to or from other ranks); arrays over
     ``tokens_per_rank``:
@@ -85,6 +86,9 @@ def model_step(tokens_per_rank, *, world_size: int, hidden_size: int, intermedia
       weights again);
     - ``all_to_all_s`` = bytes / link_bandwidth; ``expert_s`` = max(FLOPs / flops_rate, bytes /
       memory_bandwidth) (the FLOPs alone when ``memory_bandwidth`` is None);
+    - with ``gpus_per_node`` G < W, the ranks in nodes of G: the rows to ranks of the same node (a fraction
+      (G − 1)/W) cross ``link_bandwidth`` (NVLink), those to other nodes ((W − G)/W) ``network_bandwidth`` (the
+      GPU's network port), both at once, so ``all_to_all_s`` = the longer of the two (``network_s`` the second);
     - ``step_s`` = max(A, X) + min(A, X) / C for A = all_to_all_s and X = expert_s: C = 1 runs the exchanges
       and the expert work one after the other (A + X); with C chunks (``moe_experts_parallel(chunks=C)``) the
       two streams form a pipeline of C stages in which only one stage of the shorter of the two stays exposed;
@@ -94,21 +98,30 @@ def model_step(tokens_per_rank, *, world_size: int, hidden_size: int, intermedia
     tokens = np.asarray(tokens_per_rank, dtype=float)
     rows = tokens * top_k
     remote = rows * (world_size - 1) / world_size
-    all_to_all_bytes = remote * (4 * hidden_size * element_bytes + 2 * weight_bytes)
+    row_bytes = 4 * hidden_size * element_bytes + 2 * weight_bytes
+    all_to_all_bytes = remote * row_bytes
+    node = world_size if gpus_per_node is None else gpus_per_node
+    if not isinstance(node, int) or isinstance(node, bool) or not 1 <= node <= world_size:
+        raise ValueError(f"gpus_per_node: expected an integer from 1 to world_size ({world_size}), "
+                         f"got {gpus_per_node!r}")  # fmt: skip
+    if node < world_size and not (network_bandwidth and network_bandwidth > 0):
+        raise ValueError(f"network_bandwidth: expected a positive bandwidth in B/s for {world_size} ranks in nodes of "
+                         f"{node}, got {network_bandwidth!r}")  # fmt: skip
     expert_flops = STEP_FLOPS_PER_ROW_HI * rows * hidden_size * intermediate_size
     local_experts = -(-num_experts // world_size)
     if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks < 1:
         raise ValueError(f"chunks: expected a positive integer, got {chunks!r}")
     expert_bytes = (EXPERT_WEIGHT_PASSES * chunks * local_experts * hidden_size * intermediate_size * element_bytes
                     + EXPERT_ROW_PASSES * rows * hidden_size * element_bytes)  # fmt: skip
-    all_to_all_s = all_to_all_bytes / link_bandwidth
+    network_s = rows * (world_size - node) / world_size * row_bytes / (network_bandwidth or 1.0)
+    all_to_all_s = np.maximum(rows * (node - 1) / world_size * row_bytes / link_bandwidth, network_s)
     expert_s = expert_flops / flops_rate
     if memory_bandwidth is not None:
         expert_s = np.maximum(expert_s, expert_bytes / memory_bandwidth)
     step_s = np.maximum(all_to_all_s, expert_s) + np.minimum(all_to_all_s, expert_s) / chunks
     return dict(tokens_per_rank=tokens, all_to_all_bytes=all_to_all_bytes, expert_flops=expert_flops,
-                expert_bytes=expert_bytes, all_to_all_s=all_to_all_s, expert_s=expert_s, step_s=step_s,
-                share=(step_s - expert_s) / step_s)  # fmt: skip
+                expert_bytes=expert_bytes, all_to_all_s=all_to_all_s, network_s=network_s, expert_s=expert_s,
+                step_s=step_s, share=(step_s - expert_s) / step_s)  # fmt: skip
 
 
 def asymptotic_share(*, world_size: int, intermediate_size: int, element_bytes: int, link_bandwidth: float,
@@ -564,6 +577,39 @@ def overlap_curves(runs: dict, *, gpu_key: str, world_size: int, chunk_counts, t
             model["relative_step"] = model["step_s"] / plain
         curves[dtype] = models
     return curves
+
+
+def node_scaling_table(runs: dict, *, gpu_key: str, tokens_per_rank: int, gpus_per_node: int,
+                       network_bandwidth: float, chunk_counts=(1, 4)) -> pd.DataFrame:  # fmt: skip
+    """The cost model's exposed exchange share of a step at ``tokens_per_rank``, from each measured run (its
+    shapes and achieved link bandwidth, as :func:`model_curves`), for the run's world size, one node of
+    ``gpus_per_node`` ranks (the measured link between them) and two such nodes (``network_bandwidth`` per GPU
+    between nodes); experts at the rate the run measured and at the datasheet roofline of ``gpu_key`` (bf16
+    tensor rate and HBM bandwidth, as :func:`model_curves`; where :data:`moe_lib.roofline.GPUS` has it); per chunk
+    count of ``chunk_counts``. One row per setting, dtype, expert rate and chunk count (tidy: pivot it to show),
+    with the link bandwidth the run achieved and whether the network is the longer leg of the exchange."""
+    spec = roofline.GPUS.get(gpu_key)
+    rows = []
+    for dtype, run in runs.items():
+        _, link, measured_rate, shapes = measured_model_inputs(run)
+        rates = {"as measured": dict(flops_rate=measured_rate)}
+        if spec is not None:
+            rates[f"{gpu_key} roofline"] = dict(flops_rate=spec.bf16_dense_flops, memory_bandwidth=spec.dram_bandwidth)
+        settings = {
+            f"W = {run.world_size}, as measured": dict(world_size=run.world_size),
+            f"W = {gpus_per_node}, one node": dict(world_size=gpus_per_node),
+            f"W = {2 * gpus_per_node}, two nodes ({network_bandwidth / 1e9:.0f} GB/s network per GPU)":
+                dict(world_size=2 * gpus_per_node, gpus_per_node=gpus_per_node, network_bandwidth=network_bandwidth),
+        }  # fmt: skip
+        for setting, where in settings.items():
+            for experts, rate in rates.items():
+                for chunks in chunk_counts:
+                    model = model_step([tokens_per_rank], **shapes, **where, **rate, chunks=chunks)
+                    network_bound = bool(model["network_s"][0] >= model["all_to_all_s"][0] > 0)
+                    rows.append(dict(setting=setting, dtype=dtype, link_gb_per_s=link / 1e9, experts=experts,
+                                     chunks=chunks, share=float(model["share"][0]),
+                                     step_ms=float(model["step_s"][0]) * 1e3, network_bound=network_bound))  # fmt: skip
+    return pd.DataFrame(rows)
 
 
 def overlap_figure(curves: dict[str, dict], title: str):
