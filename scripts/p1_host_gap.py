@@ -48,6 +48,10 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=50)
     parser.add_argument("--configs", default="default", help="comma list: default and/or P1_CANDIDATES names")
     args = parser.parse_args()
+    names = args.configs.split(",")
+    unknown = [name for name in names if name != "default" and name not in P1_CANDIDATES]
+    if unknown:
+        raise SystemExit(f"--configs: unknown candidate(s) {unknown}; see moe_lib.bench.tuning.P1_CANDIDATES")
     reason = official_timing.unavailable(torch.device("cuda"))
     if reason:
         raise SystemExit(f"official timing unavailable: {reason}")
@@ -56,24 +60,32 @@ def main() -> None:
     rows = []
     for T in args.tokens:
         inputs = problem.make_inputs(T, seed=T, device="cuda", distribution="harness")
-        for name in args.configs.split(","):
+        for name in names:
 
             def make_call(fresh, config=None if name == "default" else P1_CANDIDATES[name]):
                 if config is None:
                     return lambda: swiglu_down_backward(*fresh.values(), precision=args.precision)
                 return lambda: swiglu_down_backward_triton(*fresh.values(), config=config, precision=args.precision)
 
-            row = dict(T=T, config=name, graph_us=timing.graph_median_ms(make_call(inputs), flush) * 1e3)
-            measured = official_timing.time_official(make_call, inputs, "cuda", warmup=5, reps=args.reps)
-            row["official_us"] = timing.summarize(measured["samples_ms"])["median_ms"] * 1e3
-            row["gap_us"] = row["official_us"] - row["graph_us"]
-            row["kernels"] = measured["activities"]
-            row["host_us"] = host_us(make_call(inputs))
+            row = dict(T=T, config=name)
+            try:
+                row["graph_us"] = timing.graph_median_ms(make_call(inputs), flush) * 1e3
+                measured = official_timing.time_official(make_call, inputs, "cuda", warmup=5, reps=args.reps)
+                row["official_us"] = timing.summarize(measured["samples_ms"])["median_ms"] * 1e3
+                row["gap_us"] = row["official_us"] - row["graph_us"]
+                row["kernels"] = measured["activities"]
+                row["host_us"] = host_us(make_call(inputs))
+            except Exception as exc:  # a candidate that cannot run here (e.g. too much shared memory): say so, go on
+                lines = str(exc).strip().splitlines() or [""]
+                row["error"] = f"{type(exc).__name__}: {lines[-1][:160]}"
             rows.append(row)
             print({k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
-    header = list(rows[0])
+    header = ["T", "config", "graph_us", "official_us", "gap_us", "kernels", "host_us"]
     print("\n" + " ".join(f"{h:>18}" for h in header))
     for row in rows:
+        if "error" in row:
+            print(f"{row['T']:>18} {row['config']:>18} failed: {row['error']}")
+            continue
         print(" ".join(f"{row[h]:>18.1f}" if isinstance(row[h], float) else f"{row[h]:>18}" for h in header))
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "p1_host_gap.json"), "w") as f:
