@@ -76,10 +76,17 @@ def main() -> None:
     parser.add_argument("--candidates", default="", help="comma list of scripts/p1_few_tokens_check.py candidates")
     parser.add_argument("--flush", default="dirty", help="comma list of dirty, clean, none (see flusher)")
     args = parser.parse_args()
+    from p1_few_tokens_check import CANDIDATES  # this script's folder is on the path
+
+    unknown = [name for name in filter(None, args.candidates.split(",")) if name not in CANDIDATES]
+    if unknown:
+        raise SystemExit(f"--candidates: unknown candidate(s) {unknown}; see scripts/p1_few_tokens_check.py")
+    flushes = args.flush.split(",")
+    if not set(flushes) <= {"dirty", "clean", "none"}:
+        raise SystemExit(f"--flush: expected a comma list of dirty, clean, none; got {args.flush!r}")
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU (the stamps are inline PTX)")
     tokens = [int(T) for T in args.tokens.split(",")]
-    flushes = args.flush.split(",")
     if args.candidates:
         results = [traced_runs(T, "faithful", args.runs, name, f) for T in tokens for f in flushes
                    for name in args.candidates.split(",")]  # fmt: skip

@@ -90,6 +90,9 @@ def main() -> None:
     parser.add_argument("--configs", default="lib_s,lib_s2,lib_s3")
     parser.add_argument("--runs", type=int, default=20)
     args = parser.parse_args()
+    unknown = [name for name in args.configs.split(",") if name not in P1_CANDIDATES]
+    if unknown:
+        raise SystemExit(f"--configs: unknown candidate(s) {unknown}; see moe_lib.bench.tuning.P1_CANDIDATES")
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
     problem = problems.load("swiglu_down_backward")

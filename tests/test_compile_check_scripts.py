@@ -27,7 +27,7 @@ CASES = {
     "p2_tma_d_compile_check.py --cases bf16:2048 --uses backward,forward": 3,
     "p1_compile_check.py --precision faithful": 2,
     "p1_compile_check.py --precision fast": 2,
-    "p1_few_tokens_check.py --compile-only a_reg a_reg_132": 4,
+    "p1_few_tokens_check.py --compile-only a_reg a_reg_132 a_reg_cl_st_mv": 4,
     "p1_tma_probe.py --compile-only": 2,
 }
 

@@ -1,0 +1,26 @@
+"""The GPU scripts in scripts/ name a bad argument before any work (here, on a machine without a GPU)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CASES = {
+    "p1_host_gap.py --configs default,nope": "--configs: unknown candidate(s) ['nope']",
+    "p1_kernel_times.py --configs lib_s,nope": "--configs: unknown candidate(s) ['nope']",
+    "p1_few_tokens_trace.py --candidates a_reg,nope": "--candidates: unknown candidate(s) ['nope']",
+    "p1_few_tokens_trace.py --flush warm": "--flush: expected a comma list of dirty, clean, none",
+}
+
+
+@pytest.mark.parametrize("command", list(CASES))
+def test_bad_argument_is_named_before_any_work(command):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / command.split()[0]), *command.split()[1:]],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)  # fmt: skip
+    assert done.returncode != 0
+    assert CASES[command] in done.stderr, done.stderr
