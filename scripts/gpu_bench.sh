@@ -10,7 +10,8 @@
 #   (RUNS p1_official) NVIDIA's harness itself on P1's faithful path (python -m moe_lib.bench.official);
 #   (RUNS p2_official) the same on P2's fp32 interface (P2_OFFICIAL_PROBLEM=moe_experts_backward_bf16 for
 #      bf16), only the workloads of P2_OFFICIAL_TOKENS where set (a comma list: the suite in parts);
-#   (RUNS p1_probe) where P1's time goes: scripts/p1_few_tokens_trace.py, scripts/p1_kernel_times.py;
+#   (RUNS p1_probe) where P1's time goes: scripts/p1_few_tokens_trace.py, scripts/p1_kernel_times.py,
+#      scripts/launch_floor_probe.py;
 #   (RUNS p1_few, p1_tma, p1_lib, p2_tune) the tuning checks of the designs not yet measured, each candidate checked
 #      against float64 before it is timed: scripts/p1_few_tokens_check.py (P1_FEW_ARGS), scripts/p1_tune.py
 #      on the TMA-fed launches in both precisions (P1_TMA_TOKENS, P1_TMA_CONFIGS), scripts/p2_tune.py
@@ -160,7 +161,7 @@ check() {  # check NAME SECONDS SCRIPT ARGS...: one tuning script, its printed t
 case " $RUNS " in *" p1_few "*)
   # shellcheck disable=SC2086  # the arguments are words
   check "P1 few-token candidates" "${P1_FEW_SECONDS:-240}" scripts/p1_few_tokens_check.py \
-    ${P1_FEW_ARGS:---tokens 1,2,4,8,16 a_reg_cl_st a_reg_cl_st_mv a_reg_cl_st_coop}
+    ${P1_FEW_ARGS:---tokens 1,2,4,8,16 a_reg_cl_st a_reg_cl_st_mv a_pf_cl_st_mv a_reg_cl_st_coop}
 esac
 case " $RUNS " in *" p1_tma "*)
   for precision in faithful fast; do
@@ -185,6 +186,7 @@ case " $RUNS " in *" p1_probe "*)
     --tokens "${P1_TRACE_TOKENS:-1,16}"
   check "P1 kernels of a call" "${P1_KERNELS_SECONDS:-180}" scripts/p1_kernel_times.py \
     --tokens "${P1_KERNELS_TOKENS:-128,1321}" --configs "${P1_KERNELS_CONFIGS:-lib_s,lib_s2,lib_s3}"
+  check "The floor of a launch" "${P1_FLOOR_SECONDS:-120}" scripts/launch_floor_probe.py
 esac
 case " $RUNS " in *" p2_tune "*)
   check "P2 kernel configs" "${P2_TUNE_SECONDS:-300}" scripts/p2_tune.py \

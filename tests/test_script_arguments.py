@@ -14,6 +14,7 @@ CASES = {
     "p1_kernel_times.py --configs lib_s,nope": "--configs: unknown candidate(s) ['nope']",
     "p1_few_tokens_trace.py --candidates a_reg,nope": "--candidates: unknown candidate(s) ['nope']",
     "p1_few_tokens_trace.py --flush warm": "--flush: expected a comma list of dirty, clean, none",
+    "launch_floor_probe.py --reps 0": "--reps and --programs: expected positive integers",
 }
 
 
