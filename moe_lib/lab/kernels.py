@@ -400,13 +400,13 @@ TRACE_STRETCHES = {
 }
 
 
-def few_tokens_timeline_figure(traces: pd.DataFrame, labels: list[tuple[str, int, str]]):
-    """One panel per (label, tokens, commit) of :func:`few_tokens_traces`: each program of one replay as a row
-    (sorted by its start), each stretch between its stamps as a bar coloured by :data:`TRACE_STRETCHES`, µs
-    since the first program started; the graph-replay time of the launch in the title."""
+def few_tokens_timeline_figure(traces: pd.DataFrame, labels: list[tuple]):
+    """One panel per (label, tokens, commit[, title]) of :func:`few_tokens_traces`: each program of one replay as
+    a row (sorted by its start), each stretch between its stamps as a bar coloured by :data:`TRACE_STRETCHES`, µs
+    since the first program started; the title (else the label) and the launch's graph-replay time above it."""
     fig, axes = plt.subplots(len(labels), 1, figsize=(9, 2.6 * len(labels)), sharex=True, squeeze=False)
     points = list(TRACE_STRETCHES)
-    for ax, (label, tokens, commit) in zip(axes[:, 0], labels, strict=True):
+    for ax, (label, tokens, commit, *title) in zip(axes[:, 0], labels, strict=True):
         row = traces[(traces.label == label) & (traces.num_tokens == tokens) & (traces.commit == commit)].iloc[0]
         stamps = np.asarray(row.stamps, dtype=np.float64)[:, : len(points) + 1]  # start, then each point
         stamps = (stamps - stamps[:, 0].min()) / 1e3
@@ -414,7 +414,7 @@ def few_tokens_timeline_figure(traces: pd.DataFrame, labels: list[tuple[str, int
             for i, point in enumerate(points):
                 ax.broken_barh([(program[i], program[i + 1] - program[i])], (y, 0.9), color=TRACE_STRETCHES[point][1])
         ax.set(ylabel="program", ylim=(0, len(stamps)),
-               title=f"{label}, {tokens} token{'s' if tokens > 1 else ''} (commit {commit}): "
+               title=f"{title[0] if title else label}, {tokens} token{'s' if tokens > 1 else ''} (commit {commit}): "
                      f"{row.graph_us:.1f} µs by graph replay")  # fmt: skip
     handles = [patches.Patch(color=color, label=name) for name, color in TRACE_STRETCHES.values()]
     axes[0, 0].legend(handles=handles, fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
