@@ -47,6 +47,10 @@ once, never reset):
                          once it reaches (g + 1) · (the tiles overlapping b)
     [1 + N_I2 + c]       +1 per phase-2 tile of column block c: arrival N_I2 − 1 (mod N_I2) is the last
 Sums run in a fixed order whatever the arrival order, so results are deterministic.
+
+Seeing where the time goes: ``run(..., trace=)`` (GPU only) has every program stamp the GPU's global clock at each
+of :data:`TRACE_POINTS` and note its SM; ``scripts/p1_few_tokens_trace.py`` runs it and :func:`trace_timeline`
+sums it up (notebook 04 draws the programs' timelines).
 """
 
 from __future__ import annotations

@@ -17,9 +17,9 @@ row halves of one fp32 GEMM with M = 4I. dA is then always kept in fp32.
 Against the two Triton launches (:mod:`.kernels`): dA and dGate/dUp make a round trip through memory
 (2·T·I·4 + 2·T·2I·2 bytes more), and Wg, Wu are stacked once per call (6 MB at H = 2048, I = 768; no copy
 where they are the two halves of one buffer, or with ``dx_in_two``; with ``stack_aside`` the copy runs on the
-second stream beside dA); in exchange every product runs at
-cuBLAS's rate, dx's two halves and dWg, dWu each merged into one larger GEMM. No host synchronisation:
-a call captures in a CUDA graph (the second stream forks from and joins the caller's stream).
+second stream beside dA); in exchange every product runs at cuBLAS's rate, dx's two halves and dWg, dWu each
+merged into one larger GEMM. No host synchronisation: a call captures in a CUDA graph (the second stream forks
+from and joins the caller's stream).
 """
 
 from __future__ import annotations
