@@ -444,7 +444,7 @@ class FewTokensConfig:
         """One launch (two phases as two launches under the interpreter); returns the outputs.
         ``with_lo``: dGate and dUp enter the products as hi/lo pairs (the faithful path). ``trace`` (GPU
         only): an int64 [grid, TRACE_SLOTS] tensor that gets each program's clock at each of TRACE_POINTS
-        and its SM (:func:`trace_table` reads it)."""
+        and its SM (:func:`trace_timeline` sums runs of it up)."""
         T, H = x.shape
         I = gate_weight.shape[0]
         if self.weights_ahead not in WEIGHTS_AHEAD:

@@ -205,18 +205,17 @@ def swiglu_grads(d_a, gate, s, gate_silu, up):
 
 @triton.jit
 def store_swiglu_grads(d_a, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, d_gate_ptr, d_up_ptr, lo_offset,
-                       d_stride, off_t, off_i, T, I, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       off_t, off_i, T, I, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        WITH_LO: tl.constexpr):  # fmt: skip
     """The dA tile's epilogue: dUp = dA ⊙ gate_silu and dGate = dA ⊙ up ⊙ s ⊙ (1 + gate ⊙ (1 − s)) from the saved
-    tiles at (off_t, off_i), stored in rows ``d_stride`` elements apart (with WITH_LO as hi/lo pairs,
-    ``lo_offset`` elements apart)."""
+    tiles at (off_t, off_i), stored as [T, I] rows (with WITH_LO as hi/lo pairs, ``lo_offset`` elements apart)."""
     # one saved tensor at a time, so that few [BLOCK_M, BLOCK_N] tiles are live at once
     d_up = d_a * load_tile(gate_silu_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N)
-    store_tile_halves(d_up_ptr, lo_offset, d_up, off_t, off_i, T, I, d_stride, BLOCK_M, BLOCK_N, WITH_LO)
+    store_tile_halves(d_up_ptr, lo_offset, d_up, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N, WITH_LO)
     s = load_tile(gate_sigmoid_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N)
     d_gate = d_a * s * (1.0 + load_tile(gate_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N) * (1.0 - s))
     d_gate = d_gate * load_tile(up_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N)
-    store_tile_halves(d_gate_ptr, lo_offset, d_gate, off_t, off_i, T, I, d_stride, BLOCK_M, BLOCK_N, WITH_LO)
+    store_tile_halves(d_gate_ptr, lo_offset, d_gate, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N, WITH_LO)
 
 
 @triton.jit
@@ -243,7 +242,7 @@ def d_intermediate_program(
     d_a, is_last = combine_splits(acc, partials_ptr, counters_ptr, tile, split, BLOCK_M, BLOCK_N, SPLIT)
     if is_last:
         store_swiglu_grads(d_a, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, d_gate_ptr, d_up_ptr, lo_offset,
-                           I, off_t, off_i, T, I, BLOCK_M, BLOCK_N, WITH_LO)  # fmt: skip
+                           off_t, off_i, T, I, BLOCK_M, BLOCK_N, WITH_LO)  # fmt: skip
 
 
 @triton.jit

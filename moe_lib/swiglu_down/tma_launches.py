@@ -86,7 +86,7 @@ def d_intermediate_tile(tile, dy_desc, wd_desc, gate_ptr, gate_sigmoid_ptr, gate
     d_a = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, H, BLOCK_K):
         d_a = mma(dy_desc.load([off_t, k]), wd_desc.load([k, off_i]), d_a, UPCAST, PRECISION)
-    store_swiglu_grads(d_a, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, d_gate_ptr, d_up_ptr, lo_offset, I,
+    store_swiglu_grads(d_a, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, d_gate_ptr, d_up_ptr, lo_offset,
                        off_t, off_i, T, I, BLOCK_M, BLOCK_N, WITH_LO)  # fmt: skip
 
 
