@@ -3,7 +3,8 @@
     PYTHONPATH=. python scripts/p1_compile_check.py [--precision faithful|fast] [candidate names]
 
 Candidates are the two-launch tile configurations of ``moe_lib.bench.tuning.P1_CANDIDATES`` (default:
-all of them), compiled for bf16 inputs; then the TMA-fed launches (``tma_launches.py``) of the
+all of them), compiled for bf16 inputs, and its chained launches (``chained.py``: both launches' tiles in one
+kernel); then the TMA-fed launches (``tma_launches.py``) of the
 candidates that have them, and the ``swiglu_expert`` layer's elementwise step (``swiglu_activation_kernel``,
 forward and backward forms). Needs only the triton wheel (its ptxas and
 cuobjdump); a spill shows as a non-zero STACK.
@@ -23,7 +24,8 @@ from moe_lib.bench.sm90 import (
     wgmma_serialized,
 )
 from moe_lib.bench.tuning import P1_CANDIDATES
-from moe_lib.swiglu_down import kernels, tma_launches
+from moe_lib.swiglu_down import chained, kernels, tma_launches
+from moe_lib.swiglu_down.chained import ChainedConfig
 from moe_lib.swiglu_down.checks import PRECISIONS
 from moe_lib.swiglu_down.launch import ACTIVATION_BLOCK, TileConfig, carries_low_halves
 
@@ -40,11 +42,14 @@ def pointer_type(name: str) -> str:
         return "*fp32"
     if name.endswith("counters_ptr"):
         return "*i32"
+    if name == "tickets_ptr":
+        return "*i64"
     return "*bf16"
 
 
-def compile_launch(kernel, tiles: dict, config: TileConfig, launch: int, with_lo: bool):
-    """Compiles one of the two launches under ``config`` (bf16 inputs, as the GPU runs them)."""
+def compile_launch(kernel, tiles: dict, config: TileConfig, launch: int, with_lo: bool, warps_stages=None):
+    """Compiles one of the two launches under ``config`` (bf16 inputs, as the GPU runs them); ``warps_stages``
+    overrides the launch's (the chained launch's own)."""
     constants = dict(GROUP_M=config.group_m, UPCAST=False, PRECISION="tf32", WITH_LO=with_lo)
     for prefix, field in tiles.items():
         constants.update(zip((f"{prefix}_M", f"{prefix}_N", f"{prefix}_K", f"{prefix}_SPLIT"), getattr(config, field),
@@ -52,7 +57,7 @@ def compile_launch(kernel, tiles: dict, config: TileConfig, launch: int, with_lo
     constexprs = {name: constants[name] for name in constexpr_names(kernel) if name in constants}
     types = {name: pointer_type(name) if name.endswith("_ptr") else "i32" for name in runtime_names(kernel)}
     aligned = [name for name in runtime_names(kernel) if name.endswith("_ptr") or name in ("H", "I")]
-    warps, stages = config.warps[launch], config.stages[launch]
+    warps, stages = warps_stages or (config.warps[launch], config.stages[launch])
     return compile_for_sm90(kernel, types, constexprs, aligned, warps=warps, stages=stages)
 
 
@@ -76,7 +81,7 @@ def compile_tma_launch(launch: int, config, with_lo: bool):
 
 
 def main():
-    two_launch = [name for name, config in P1_CANDIDATES.items() if isinstance(config, TileConfig)]
+    two_launch = [name for name, config in P1_CANDIDATES.items() if isinstance(config, TileConfig | ChainedConfig)]
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--precision", default=PRECISIONS[0], choices=PRECISIONS)
     parser.add_argument("candidates", nargs="*", metavar="CANDIDATE",
@@ -88,6 +93,15 @@ def main():
     with_lo = carries_low_halves(torch.bfloat16, args.precision)
     for name in args.candidates or two_launch:
         config = P1_CANDIDATES[name]
+        if isinstance(config, ChainedConfig):
+            tiles = {prefix: field for _, fields in LAUNCHES for prefix, field in fields.items()}
+            try:
+                report = resources(compile_launch(chained.chained_kernel, tiles, config.tiles, 0, with_lo,
+                                                  (config.warps, config.stages)))  # fmt: skip
+            except Exception as exc:  # report and go on with the other candidates
+                report = "FAIL " + first_error_line(exc, 120)
+            print(f"{name:12s} chained: {report}", flush=True)
+            continue
         report = []
         for launch, (kernel, tiles) in enumerate(LAUNCHES):
             try:
@@ -96,6 +110,8 @@ def main():
                 report.append("FAIL " + first_error_line(exc, 120))
         print(f"{name:12s} launch1: {report[0]:40s} launch2: {report[1]}", flush=True)
     for name in args.candidates or two_launch:
+        if isinstance(P1_CANDIDATES[name], ChainedConfig):
+            continue
         for launch, tma in enumerate((P1_CANDIDATES[name].tma_first_launch, P1_CANDIDATES[name].tma_second_launch), 1):
             if tma is None:
                 continue

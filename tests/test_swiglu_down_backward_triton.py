@@ -10,6 +10,8 @@ outputs poisoned before the call; determinism; CUDA-graph capture and replay wit
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from conftest import rel_error
@@ -78,8 +80,23 @@ def library_gemms_dx_in_two_config():
     return LibraryGemmsConfig(dx_in_two=True)
 
 
+def chained_config():
+    """The two launches' interpreter tiles chained into one launch by tickets."""
+    from moe_lib.swiglu_down.chained import ChainedConfig
+    from moe_lib.swiglu_down.launch import choose_config
+
+    return ChainedConfig(choose_config(1, 1, 1, interpreter=True), warps=1, stages=1)
+
+
+def chained_split_config():
+    from moe_lib.swiglu_down.chained import ChainedConfig
+
+    return ChainedConfig(split_everything_config(), warps=1, stages=1)
+
+
 CONFIGS = {"default": lambda: None, "split": split_everything_config, "one-launch": one_launch_odd_blocks_config,
-           "library": library_gemms_config, "library-dx-in-two": library_gemms_dx_in_two_config}  # fmt: skip
+           "library": library_gemms_config, "library-dx-in-two": library_gemms_dx_in_two_config,
+           "chained": chained_config, "chained-split": chained_split_config}  # fmt: skip
 
 
 @needs_triton
@@ -217,6 +234,39 @@ def test_library_gemms_design_takes_adjacent_gate_up_weights_without_a_copy(seed
                                                config=config, precision="fast")  # fmt: skip
         for name, a, b in zip(OUTPUTS, apart, together, strict=True):
             assert rel_error(a, b) <= 1e-2, name
+
+
+@needs_triton
+@pytest.mark.parametrize("precision", ["faithful", "fast"])
+def test_chained_launch_equals_the_two_launches_bitwise(precision, seed, monkeypatch):
+    """The chained launch runs the two launches' tiles in their arithmetic order: from NaN-filled memory, the
+    same bits as the two launches with the same tiles, and twice in a row the same (its ticket counters carry
+    over from call to call)."""
+    from moe_lib.swiglu_down import launch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    inputs = problems.make_inputs("swiglu_down_backward", 37, seed=seed, device=device, hidden_size=33,
+                                  intermediate_size=19, distribution="harness")  # fmt: skip
+    monkeypatch.setattr(launch, "allocate", lambda size, *, dtype, device: torch.full(size, float("nan"), dtype=dtype,
+                                                                                      device=device))  # fmt: skip
+    chained = chained_split_config()
+    two = launch.swiglu_down_backward_triton(*inputs.values(), config=chained.tiles, precision=precision)
+    for _ in range(2):
+        one = launch.swiglu_down_backward_triton(*inputs.values(), config=chained, precision=precision)
+        for name, a, b in zip(OUTPUTS, one, two, strict=True):
+            assert torch.isfinite(a).all() and torch.equal(a, b), name
+
+
+def test_chained_launch_refuses_tma_tiles():
+    from moe_lib.swiglu_down.chained import ChainedConfig
+    from moe_lib.swiglu_down.launch import swiglu_down_backward_triton
+    from moe_lib.swiglu_down.tma_launches import TmaSecondLaunchConfig
+
+    inputs = problems.make_inputs("swiglu_down_backward", 3, seed=0, hidden_size=32, intermediate_size=16)
+    tiles = split_everything_config()
+    config = ChainedConfig(dataclasses.replace(tiles, tma_second_launch=TmaSecondLaunchConfig()))
+    with pytest.raises(ValueError, match="config: a chained launch"):
+        swiglu_down_backward_triton(*inputs.values(), config=config)
 
 
 def test_design_by_token_count():
@@ -599,3 +649,52 @@ def test_gpu_library_gemms_design_deterministic_and_replayed_from_a_graph(candid
     """With ``streams`` the capture forks to a second stream and joins it again (with ``stack_aside`` the
     caller's stream also waits for the copy made there)."""
     check_deterministic_and_replayed(candidate, "fast", seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 100, 999, 5000])
+@pytest.mark.parametrize("candidate", ["chain_mid8", "chain_f"])
+def test_gpu_chained_launch(T, candidate, seed):
+    """The chained launch over one to many waves of programs, while a matmul on another stream holds SMs: within
+    the element rule at the harness's scale, and the same bits as the two launches with the same tiles, warps
+    and stages."""
+    from moe_lib.bench.tuning import P1_CANDIDATES
+    from moe_lib.swiglu_down.launch import swiglu_down_backward_triton
+
+    config = P1_CANDIDATES[candidate]
+    inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device="cuda", distribution="harness")
+    big = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    poison_allocator("cuda", 256 * 2**20)
+    with torch.cuda.stream(side):
+        busy = big @ big
+    got = swiglu_down_backward_triton(*inputs.values(), config=config)
+    torch.cuda.synchronize()
+    assert torch.isfinite(busy).all()
+    check_against_float64(inputs, got, "faithful")
+    tiles = dataclasses.replace(config.tiles, warps=(config.warps,) * 2, stages=(config.stages,) * 2)
+    two = swiglu_down_backward_triton(*inputs.values(), config=tiles)
+    for name, a, b in zip(OUTPUTS, got, two, strict=True):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.gpu
+def test_gpu_chained_launch_graph_replay_with_new_inputs(seed):
+    from moe_lib.bench.timing import capture
+    from moe_lib.bench.tuning import P1_CANDIDATES
+    from moe_lib.swiglu_down.launch import swiglu_down_backward_triton
+
+    config = P1_CANDIDATES["chain_f"]
+    inputs = problems.make_inputs("swiglu_down_backward", 700, seed=seed, device="cuda")
+    static = {k: v.clone() for k, v in inputs.items()}
+    graph, outputs = capture(lambda: swiglu_down_backward_triton(*static.values(), config=config))
+    fresh = problems.make_inputs("swiglu_down_backward", 700, seed=seed + 1, device="cuda")
+    for name, tensor in fresh.items():
+        static[name].copy_(tensor)
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    eager = swiglu_down_backward_triton(*fresh.values(), config=config)
+    for name, g, e in zip(OUTPUTS, outputs, eager, strict=True):
+        assert torch.equal(g, e), name

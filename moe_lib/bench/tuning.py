@@ -19,6 +19,7 @@ import dataclasses
 from .. import problems
 from ..moe_experts.fused_dx import FusedDxConfig
 from ..moe_experts.launch import LaunchConfig
+from ..swiglu_down.chained import ChainedConfig
 from ..swiglu_down.launch import TileConfig
 from ..swiglu_down.library_gemms import LibraryGemmsConfig
 from ..swiglu_down.one_launch import OneLaunchConfig
@@ -111,6 +112,17 @@ P1_CANDIDATES = {
     "one_t64_k256": OneLaunchConfig(64, 16, 32, 16, 256, 128, 4, 3),
     # the faithful path's default from 17 to 128 tokens as a cooperative launch (CUDA guarantees residency)
     "one_t64_k256_coop": OneLaunchConfig(64, 16, 32, 16, 256, 128, 4, 3, cooperative=True),
+    # the two launches chained into one by tickets (chained.py): (tiles, warps, stages). The tiles of the
+    # defaults up to 256 tokens, of the faithful path above, and of the fast path above
+    "chain_mid": ChainedConfig(TileConfig((64, 64, 64, 4), (64, 128, 64, 1), (64, 128, 64, 4), (64, 128, 64, 1)), 4, 3),
+    "chain_mid8": ChainedConfig(TileConfig((64, 64, 64, 4), (64, 128, 64, 1), (64, 128, 64, 4), (64, 128, 64, 1)), 8,
+                                3),
+    "chain_f": ChainedConfig(TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1)),
+                             8, 3),
+    "chain_f4": ChainedConfig(TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1)),
+                              8, 4),
+    "chain_wide": ChainedConfig(TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 256, 64, 1), (128, 256, 64, 1)),
+                                8, 4),
 }
 
 # kernel G's settings as the P2 scripts spell them (FIELD=VALUE), and the FusedDxConfig fields they set

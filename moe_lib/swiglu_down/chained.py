@@ -1,0 +1,141 @@
+"""A P1 design (design 8): the two launches of :mod:`.kernels` chained into one, programs ordered by tickets.
+
+    every program first takes a ticket t (an atomic counter: tickets go out in the order programs start)
+    t ∈ [0, nA)                 a dA tile:  dA = dy · Wd → dGate, dUp stored; then counts itself done
+    t ∈ [nA, nA + nWd)          a dWd tile: dWd = dyᵀ · intermediate
+    t ∈ [nA + nWd, grid)        waits until all nA dA programs of this launch are done, then launch 2's tile:
+                                dWg = dGateᵀ · x,  dWu = dUpᵀ · x,  dx = dGate · Wg + dUp · Wu
+
+The tiles, split-K partials and epilogues are those of the two launches (:func:`.kernels.d_intermediate_program`,
+:func:`.kernels.token_reduction_program`, :func:`.kernels.grad_x_program`); only the order and the wait are new.
+
+Why: where a call is timed from its first kernel's start to its last kernel's end with the host issuing each
+launch as the call runs (NVIDIA's harness), the host work of the second launch shows as a gap whenever the first
+launch is shorter than it (at 512 tokens the faithful path's two launches took 105 µs there against 62 µs by graph
+replay, ``data/results/NOTES.md``). One launch has no such gap. And launch 2's tiles start as soon as dA is done,
+beside the tail of the dWd tiles, where the second launch waited for every tile of the first.
+
+Why tickets and not program ids: a program waits only for programs holding smaller tickets, which had started
+before it took its own, and those never wait; so the wait cannot hang, whatever the grid size, however many
+programs are resident at once, and whatever else runs beside the launch. No residency guarantee is needed (the
+grid may be many waves). Counters (int64, zeroed once, never reset, one pair per grid size):
+    [0]   +1 per program: its ticket is (the count it found) mod grid, its launch number g = that count // grid
+    [1]   +1 per dA program once its tile is stored: this launch's dA is complete once it reaches (g + 1) · nA
+The interpreter runs programs one after another in program order, so tickets come out as program ids and every
+wait is already satisfied when it is reached.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from . import launch
+from .kernels import d_intermediate_program, grad_x_program, token_reduction_program
+from .launch import SplitWorkspace, TileConfig, dot_flags
+
+
+@triton.jit
+def chained_kernel(
+    grad_output_ptr,  # dy [T, H]
+    x_ptr,  # x [T, H]
+    gate_weight_ptr, up_weight_ptr,  # Wg, Wu [I, H]
+    down_weight_ptr,  # Wd [H, I]
+    gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, intermediate_ptr,  # saved forward, each [T, I]
+    d_gate_ptr, d_up_ptr,  # workspace: dGate, dUp [T, I], each followed by its lo half with WITH_LO
+    lo_offset,  # T·I: where the lo halves start, in elements after dGate, dUp
+    grad_x_ptr,  # out: dx [T, H]
+    grad_gate_weight_ptr, grad_up_weight_ptr,  # out: dWg, dWu [I, H]
+    grad_down_weight_ptr,  # out: dWd [H, I]
+    da_partials_ptr, da_counters_ptr,  # split-K workspace of the dA tiles
+    dwd_partials_ptr, dwd_counters_ptr,  # split-K workspace of the dWd tiles
+    dx_partials_ptr, dx_counters_ptr,  # split-K workspace of the dx tiles
+    dw_partials_ptr, dw_counters_ptr,  # split-K workspace of the dWg tiles, then the dWu tiles
+    tickets_ptr,  # int64 [2]: [0] tickets handed out, [1] dA programs done (both summed over launches)
+    T, H, I,
+    DA_M: tl.constexpr, DA_N: tl.constexpr, DA_K: tl.constexpr, DA_SPLIT: tl.constexpr,
+    DWD_M: tl.constexpr, DWD_N: tl.constexpr, DWD_K: tl.constexpr, DWD_SPLIT: tl.constexpr,
+    DX_M: tl.constexpr, DX_N: tl.constexpr, DX_K: tl.constexpr, DX_SPLIT: tl.constexpr,
+    DW_M: tl.constexpr, DW_N: tl.constexpr, DW_K: tl.constexpr, DW_SPLIT: tl.constexpr,
+    GROUP_M: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    WITH_LO: tl.constexpr,  # dGate, dUp as hi/lo pairs (the faithful path); else hi alone
+):  # fmt: skip
+    grid = tl.num_programs(0)
+    arrival = tl.atomic_add(tickets_ptr, 1, sem="relaxed", scope="gpu")
+    ticket = (arrival % grid).to(tl.int32)
+    num_da = tl.cdiv(T, DA_M) * tl.cdiv(I, DA_N) * DA_SPLIT
+    num_dwd = tl.cdiv(H, DWD_M) * tl.cdiv(I, DWD_N) * DWD_SPLIT
+    if ticket < num_da:  # dA first: launch 2's tiles wait for these alone
+        d_intermediate_program(ticket, grad_output_ptr, down_weight_ptr, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr,
+                               up_ptr, d_gate_ptr, d_up_ptr, lo_offset, da_partials_ptr, da_counters_ptr, T, H, I,
+                               DA_M, DA_N, DA_K, DA_SPLIT, GROUP_M, UPCAST, PRECISION, WITH_LO)  # fmt: skip
+        tl.debug_barrier()  # every thread's dGate, dUp stores come before the count
+        tl.atomic_add(tickets_ptr + 1, 1, sem="release", scope="gpu")
+    elif ticket < num_da + num_dwd:
+        token_reduction_program(ticket - num_da, grad_output_ptr, 0, intermediate_ptr, grad_down_weight_ptr,
+                                dwd_partials_ptr, dwd_counters_ptr, T, H, I,
+                                DWD_M, DWD_N, DWD_K, DWD_SPLIT, GROUP_M, UPCAST, PRECISION, False)  # fmt: skip
+    else:
+        target = (arrival // grid + 1) * num_da
+        seen = tl.atomic_add(tickets_ptr + 1, 0, sem="acquire", scope="gpu")
+        while seen < target:
+            seen = tl.atomic_add(tickets_ptr + 1, 0, sem="acquire", scope="gpu")
+        tl.debug_barrier()
+        program = ticket - num_da - num_dwd
+        num_dw_tiles = tl.cdiv(I, DW_M) * tl.cdiv(H, DW_N)  # per weight
+        num_dw_programs = num_dw_tiles * DW_SPLIT
+        up_partials_ptr = dw_partials_ptr + num_dw_tiles.to(tl.int64) * (DW_SPLIT * DW_M * DW_N)
+        if program < num_dw_programs:  # dWg = dGateᵀ · x (the long reductions over T first)
+            token_reduction_program(program, d_gate_ptr, lo_offset, x_ptr, grad_gate_weight_ptr, dw_partials_ptr,
+                                    dw_counters_ptr, T, I, H, DW_M, DW_N, DW_K, DW_SPLIT, GROUP_M, UPCAST, PRECISION,
+                                    WITH_LO)  # fmt: skip
+        elif program < 2 * num_dw_programs:  # dWu = dUpᵀ · x
+            token_reduction_program(program - num_dw_programs, d_up_ptr, lo_offset, x_ptr, grad_up_weight_ptr,
+                                    up_partials_ptr, dw_counters_ptr + num_dw_tiles, T, I, H,
+                                    DW_M, DW_N, DW_K, DW_SPLIT, GROUP_M, UPCAST, PRECISION, WITH_LO)  # fmt: skip
+        else:
+            grad_x_program(program - 2 * num_dw_programs, d_gate_ptr, d_up_ptr, lo_offset, gate_weight_ptr,
+                           up_weight_ptr, grad_x_ptr, dx_partials_ptr, dx_counters_ptr, T, H, I,
+                           DX_M, DX_N, DX_K, DX_SPLIT, GROUP_M, UPCAST, PRECISION, WITH_LO)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ChainedConfig:
+    """The two launches' tiles (a :class:`~.launch.TileConfig` without TMA launches) run as one launch."""
+
+    tiles: TileConfig
+    warps: int = 8
+    stages: int = 3
+
+    def programs(self, num_tokens: int, hidden_size: int, intermediate_size: int) -> dict[int, int]:
+        """Programs of launch 1's tiles and of launch 2's: {1: ..., 2: ...}; the grid is their sum."""
+        return launch.grid_sizes(launch.launch_plan(num_tokens, hidden_size, intermediate_size, self.tiles))
+
+    def run(self, grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up,
+            intermediate, grad_x, grad_gate_weight, grad_up_weight, grad_down_weight, *, with_lo: bool):  # fmt: skip
+        """One launch; returns the outputs. ``with_lo``: dGate and dUp carried as hi/lo pairs (the faithful path)."""
+        if self.tiles.tma_first_launch is not None or self.tiles.tma_second_launch is not None:
+            raise ValueError("config: a chained launch runs the pointer-based tiles; its TileConfig must name no "
+                             "TMA launch")  # fmt: skip
+        T, H = x.shape
+        I = gate_weight.shape[0]
+        plan = launch.launch_plan(T, H, I, self.tiles)
+        grid = sum(launch.grid_sizes(plan).values())
+        d_gate = launch.allocate((2 if with_lo else 1, T, I), dtype=x.dtype, device=x.device)
+        d_up = launch.allocate((2 if with_lo else 1, T, I), dtype=x.dtype, device=x.device)
+        workspaces = launch.split_workspaces(plan, x.device)
+        # one pair per grid size: a launch needs the ticket counter at a multiple of its grid when it starts
+        tickets = SplitWorkspace.counters(f"chained tickets, grid {grid}", 1, 4, x.device).view(torch.int64)
+        tiles = self.tiles
+        chained_kernel[(grid,)](
+            grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate,
+            d_gate, d_up, T * I, grad_x, grad_gate_weight, grad_up_weight, grad_down_weight,
+            *workspaces["dA"], *workspaces["dWd"], *workspaces["dx"], *workspaces["dWgu"], tickets, T, H, I,
+            *tiles.d_intermediate, *tiles.grad_down, *tiles.grad_x, *tiles.grad_gate_up, tiles.group_m,
+            *dot_flags(x), with_lo, num_warps=self.warps, num_stages=self.stages,
+        )  # fmt: skip
+        return grad_x, grad_gate_weight, grad_up_weight, grad_down_weight
+
