@@ -12,6 +12,7 @@
 #      bf16), only the workloads of P2_OFFICIAL_TOKENS where set (a comma list: the suite in parts);
 #   (RUNS p1_probe) where P1's time goes: scripts/p1_few_tokens_trace.py, scripts/p1_kernel_times.py,
 #      scripts/launch_floor_probe.py;
+#   (RUNS p1_chain) the chained launch (design 8) against the faithful path's defaults: p1_tune.py, p1_host_gap.py;
 #   (RUNS p1_few, p1_tma, p1_lib, p2_tune) the tuning checks of the designs not yet measured, each candidate checked
 #      against float64 before it is timed: scripts/p1_few_tokens_check.py (P1_FEW_ARGS), scripts/p1_tune.py
 #      on the TMA-fed launches in both precisions (P1_TMA_TOKENS, P1_TMA_CONFIGS), scripts/p2_tune.py
@@ -158,10 +159,21 @@ check() {  # check NAME SECONDS SCRIPT ARGS...: one tuning script, its printed t
   [ "$status" -eq 0 ] || failures=$((failures + 1))
 }
 
+case " $RUNS " in *" p1_chain "*)
+  # the two launches chained into one (chained.py) against the faithful path's default designs, by graph replay
+  # and in NVIDIA's method
+  mkdir -p "$TUNING/p1_chain"
+  check "P1 chained launch, graph replay" "${P1_CHAIN_SECONDS:-240}" scripts/p1_tune.py --precision faithful \
+    --out "$TUNING/p1_chain" --tokens "${P1_CHAIN_TOKENS:-64,128,512,1087,1321,2767,4093}" \
+    --configs "${P1_CHAIN_CONFIGS:-chain_mid8,chain_f,chain_f4}"
+  check "P1 chained launch, host gap" "${P1_CHAIN_GAP_SECONDS:-180}" scripts/p1_host_gap.py --precision faithful \
+    --tokens "${P1_CHAIN_GAP_TOKENS:-128,512,1087,2767}" --configs "default,${P1_CHAIN_GAP_CONFIGS:-chain_mid8,chain_f}"
+esac
 case " $RUNS " in *" p1_few "*)
   # shellcheck disable=SC2086  # the arguments are words
   check "P1 few-token candidates" "${P1_FEW_SECONDS:-240}" scripts/p1_few_tokens_check.py \
     ${P1_FEW_ARGS:---tokens 1,2,4,8,16 a_reg_cl_st a_reg_cl_st_mv a_pf_cl_st_mv a_reg_cl_st_coop}
+  check "The floor of a launch" "${P1_FLOOR_SECONDS:-120}" scripts/launch_floor_probe.py
 esac
 case " $RUNS " in *" p1_tma "*)
   for precision in faithful fast; do
