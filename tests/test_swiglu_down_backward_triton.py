@@ -269,6 +269,26 @@ def test_chained_launch_refuses_tma_tiles():
         swiglu_down_backward_triton(*inputs.values(), config=config)
 
 
+def test_faithful_path_chains_its_launches_in_its_band():
+    """The faithful path: design 3's one launch up to ONE_LAUNCH_MAX_TOKENS, the chained launch in
+    CHAINED_LAUNCH_TOKENS, the two launches above; the fast path never chains (its own designs there)."""
+    from moe_lib.swiglu_down.chained import ChainedConfig
+    from moe_lib.swiglu_down.launch import CHAINED_LAUNCH_TOKENS, ONE_LAUNCH_MAX_TOKENS, TileConfig, choose_config
+    from moe_lib.swiglu_down.one_launch import OneLaunchConfig
+
+    def config(T, **kwargs):
+        return choose_config(T, 2048, 768, **(dict(interpreter=False, with_lo=True, max_programs=132) | kwargs))
+
+    band = CHAINED_LAUNCH_TOKENS
+    assert band.start == ONE_LAUNCH_MAX_TOKENS + 1
+    for T in (band.start, 128, 512, 1087, band.stop - 1):
+        assert isinstance(config(T), ChainedConfig), T
+        assert not isinstance(config(T, with_lo=False), ChainedConfig), T
+        assert isinstance(config(T, interpreter=True), TileConfig), T
+    assert isinstance(config(ONE_LAUNCH_MAX_TOKENS), OneLaunchConfig)
+    assert isinstance(config(band.stop), TileConfig)
+
+
 def test_design_by_token_count():
     """Both paths on cuBLAS GEMMs from their LIBRARY_GEMMS_MIN_TOKENS on, with 16-bit inputs on a GPU only; the
     Triton designs below, with fp32 inputs and under the interpreter."""

@@ -59,7 +59,14 @@ class TileConfig:
 # host work shows as a gap wherever the first kernel is shorter than it: at 1–16 tokens two launches took
 # about 50 µs in that method (the fast path) against 20–27 µs for one, even with every workspace allocated
 # before the first launch (data/results/NOTES.md)
-ONE_LAUNCH_MAX_TOKENS = 128
+ONE_LAUNCH_MAX_TOKENS = 64
+# in this band the faithful path runs both launches' tiles as one launch (:mod:`.chained`, the tiles it has from
+# 257 tokens): on the H200 in NVIDIA's method 45.9 against 57.2 µs at 128 tokens (design 3's one launch), 61.3
+# against 112.1 at 512 and 81.7 against 123.0 at 1087 (the two launches: the second one's host work showed as a
+# gap); by graph replay it is slower by 4–5 µs at 512–1087 and by 10–42 µs from 1321 tokens, where the first
+# launch outlasts the second one's host work anyway (data/results/NOTES.md, design 8)
+CHAINED_LAUNCH_TOKENS = range(ONE_LAUNCH_MAX_TOKENS + 1, 1200)
+CHAINED_TILES = TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1))
 # up to this many tokens both paths run the few-token design (:mod:`.few_tokens`): on the H200 at 1–16 tokens
 # it took 19–21 µs by graph replay against 23–32 µs for the two-launch (fast) and one-launch (faithful)
 # designs, and 14–16 µs against 20–27 µs in NVIDIA's timing; at 64 tokens it was slower than both
@@ -115,7 +122,8 @@ def choose_config(num_tokens: int, hidden_size: int, intermediate_size: int, *, 
     few-token design (:class:`~.few_tokens.FewTokensConfig`) up to :data:`FEW_TOKENS_MAX_TOKENS` with 16-bit
     inputs (``element_bytes``; its tiles are sized for them), and the
     faithful path the one-launch design (:class:`~.one_launch.OneLaunchConfig`) up to
-    :data:`ONE_LAUNCH_MAX_TOKENS`.
+    :data:`ONE_LAUNCH_MAX_TOKENS`, then in :data:`CHAINED_LAUNCH_TOKENS` the two launches' tiles chained into one
+    launch (:class:`~.chained.ChainedConfig`; any grid size: it needs no residency).
     Under the interpreter: 16-wide tiles split in two, so that tiny test shapes still have several
     tiles, splits and edges."""
     if interpreter:
@@ -127,6 +135,10 @@ def choose_config(num_tokens: int, hidden_size: int, intermediate_size: int, *, 
                                               with_lo=with_lo, max_programs=max_programs)  # fmt: skip
         if few_tokens.grid_size(hidden_size, intermediate_size) <= max_programs:
             return few_tokens
+    if with_lo and num_tokens in CHAINED_LAUNCH_TOKENS:
+        from .chained import ChainedConfig  # it builds on this module's workspaces
+
+        return ChainedConfig(CHAINED_TILES, warps=8, stages=3)
     if with_lo and num_tokens <= ONE_LAUNCH_MAX_TOKENS:
         from .one_launch import OneLaunchConfig  # it builds on this module's workspaces
 
