@@ -290,8 +290,8 @@ def test_faithful_path_chains_its_launches_in_its_band():
 
 
 def test_design_by_token_count():
-    """Both paths on cuBLAS GEMMs from their LIBRARY_GEMMS_MIN_TOKENS on, with 16-bit inputs on a GPU only; the
-    Triton designs below, with fp32 inputs and under the interpreter."""
+    """The fast path on cuBLAS GEMMs from LIBRARY_GEMMS_MIN_TOKENS on, with 16-bit inputs on a GPU only; the
+    Triton designs below, with fp32 inputs, under the interpreter and on the faithful path."""
     from moe_lib.swiglu_down.launch import (
         LIBRARY_GEMMS_16BIT_DA_MIN_TOKENS,
         LIBRARY_GEMMS_MIN_TOKENS,
@@ -308,12 +308,9 @@ def test_design_by_token_count():
         assert isinstance(design, LibraryGemmsConfig) and design.streams, T
         assert design.d_a_fp32 == (T < LIBRARY_GEMMS_16BIT_DA_MIN_TOKENS), T
         assert design.stack_aside == (T not in band), T
-    faithful = LIBRARY_GEMMS_MIN_TOKENS["faithful"]
-    for T in (faithful, 8192):  # the faithful path on one stream, where its GPU time covers its host time
-        design = choose_design(T, 2048, 768, interpreter=False, with_lo=True, max_programs=132)
-        assert isinstance(design, LibraryGemmsConfig) and not design.streams and design.d_a_fp32, T
+    assert "faithful" not in LIBRARY_GEMMS_MIN_TOKENS  # its host work would show in NVIDIA's method
     for T, kwargs in ((first - 1, {}), (8192, dict(element_bytes=4)), (8192, dict(interpreter=True)),
-                      (1, dict(with_lo=True)), (faithful - 1, dict(with_lo=True))):  # fmt: skip
+                      (1, dict(with_lo=True)), (1087, dict(with_lo=True)), (8192, dict(with_lo=True))):  # fmt: skip
         args = dict(interpreter=False, max_programs=132) | kwargs
         assert choose_design(T, 2048, 768, **args) == choose_config(T, 2048, 768, **args), (T, kwargs)
 

@@ -76,14 +76,12 @@ FEW_TOKENS_MAX_TOKENS = 16
 
 # from this many tokens the fast path runs the design on cuBLAS GEMMs (:mod:`.library_gemms`) instead of the
 # Triton launches, with 16-bit inputs: on the H200 (data/results/NOTES.md, design 7) it took 29.8 against
-# 37.0 µs at 128 tokens and 242 against 315 µs at 8192 by graph replay. The faithful path only where its GPU
-# time outlasts its host time: in NVIDIA's method (eager calls, CUPTI span) the design's host-side operations
-# (four GEMM calls, the weight stacking, a Triton launch, allocations) take 140–500 µs a call and left gaps
-# between the kernels, 449 against 148 µs at 1321 tokens (95.6 against 107.8 µs by graph replay), and that
-# method is the one the faithful path is judged by; from 6144 tokens its GPU time (≈ 340–390 µs, against 395–440
-# for the Triton launches) covered them in the judge's run (370.8 against 395.1 µs at 7168 tokens; on a slower
-# host, 500 µs of host time a call, it did not). One stream there: two cost more host time (NOTES)
-LIBRARY_GEMMS_MIN_TOKENS = {"fast": FEW_TOKENS_MAX_TOKENS + 1, "faithful": 6144}
+# 37.0 µs at 128 tokens and 242 against 315 µs at 8192 by graph replay. The faithful path never: it is judged in
+# NVIDIA's method (eager calls, CUPTI span), where the design's host-side operations (GEMM calls, the weight
+# stacking, a Triton launch, allocations) take 140–520 µs a call and leave gaps between the kernels wherever the
+# GPU finishes first: 449 against 148 µs at 1321 tokens; at 7168 tokens 370.8 against 395.1 µs in one run, but
+# 519–576 µs in two others, on hosts that took 500 µs a call, against the Triton launches' ≈ 395 (NOTES)
+LIBRARY_GEMMS_MIN_TOKENS = {"fast": FEW_TOKENS_MAX_TOKENS + 1}
 # from here on the fast path keeps dA in the input dtype, as torch.compile's code does (236.7 against
 # 242.2 µs at 8192 tokens; within 1 µs of fp32 from 1087 to 2447); below, in fp32
 LIBRARY_GEMMS_16BIT_DA_MIN_TOKENS = 1024
@@ -96,9 +94,10 @@ LIBRARY_GEMMS_STACK_ON_CALLER_STREAM = range(1024, 6144)
 
 def choose_design(num_tokens: int, hidden_size: int, intermediate_size: int, *, interpreter: bool,
                   with_lo: bool = False, max_programs: int = 0, element_bytes: int = 2):  # fmt: skip
-    """What ``swiglu_down_backward`` runs: from :data:`LIBRARY_GEMMS_MIN_TOKENS` with 16-bit inputs the design on
-    cuBLAS GEMMs (:class:`~.library_gemms.LibraryGemmsConfig`: on the fast path two streams, on the faithful
-    path one), else the Triton designs of :func:`choose_config` (same arguments)."""
+    """What ``swiglu_down_backward`` runs: on the fast path from :data:`LIBRARY_GEMMS_MIN_TOKENS` with 16-bit inputs
+    the design on cuBLAS GEMMs (:class:`~.library_gemms.LibraryGemmsConfig`, two streams), else the Triton designs
+    of :func:`choose_config` (same arguments). A faithful threshold in that dict would run the design on one
+    stream from there."""
     first = LIBRARY_GEMMS_MIN_TOKENS.get("faithful" if with_lo else "fast")
     if not interpreter and element_bytes == 2 and first is not None and num_tokens >= first:
         from .library_gemms import LibraryGemmsConfig  # it builds on this module's allocation
