@@ -47,10 +47,11 @@ def pointer_type(name: str) -> str:
     return "*bf16"
 
 
-def compile_launch(kernel, tiles: dict, config: TileConfig, launch: int, with_lo: bool, warps_stages=None):
+def compile_launch(kernel, tiles: dict, config: TileConfig, launch: int, with_lo: bool, warps_stages=None,
+                   extra_constants=None):  # fmt: skip
     """Compiles one of the two launches under ``config`` (bf16 inputs, as the GPU runs them); ``warps_stages``
-    overrides the launch's (the chained launch's own)."""
-    constants = dict(GROUP_M=config.group_m, UPCAST=False, PRECISION="tf32", WITH_LO=with_lo)
+    overrides the launch's and ``extra_constants`` adds constexprs (the chained launch's own)."""
+    constants = dict(GROUP_M=config.group_m, UPCAST=False, PRECISION="tf32", WITH_LO=with_lo) | (extra_constants or {})
     for prefix, field in tiles.items():
         constants.update(zip((f"{prefix}_M", f"{prefix}_N", f"{prefix}_K", f"{prefix}_SPLIT"), getattr(config, field),
                              strict=True))  # fmt: skip
@@ -97,7 +98,8 @@ def main():
             tiles = {prefix: field for _, fields in LAUNCHES for prefix, field in fields.items()}
             try:
                 report = resources(compile_launch(chained.chained_kernel, tiles, config.tiles, 0, with_lo,
-                                                  (config.warps, config.stages)))  # fmt: skip
+                                                  (config.warps, config.stages),
+                                                  {"GRAD_DOWN_FIRST": config.grad_down_first}))  # fmt: skip
             except Exception as exc:  # report and go on with the other candidates
                 report = "FAIL " + first_error_line(exc, 120)
             print(f"{name:12s} chained: {report}", flush=True)

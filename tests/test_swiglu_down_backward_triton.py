@@ -94,9 +94,16 @@ def chained_split_config():
     return ChainedConfig(split_everything_config(), warps=1, stages=1)
 
 
+def chained_grad_down_first_config():
+    from moe_lib.swiglu_down.chained import ChainedConfig
+
+    return ChainedConfig(split_everything_config(), warps=1, stages=1, grad_down_first=True)
+
+
 CONFIGS = {"default": lambda: None, "split": split_everything_config, "one-launch": one_launch_odd_blocks_config,
            "library": library_gemms_config, "library-dx-in-two": library_gemms_dx_in_two_config,
-           "chained": chained_config, "chained-split": chained_split_config}  # fmt: skip
+           "chained": chained_config, "chained-split": chained_split_config,
+           "chained-dwd-first": chained_grad_down_first_config}  # fmt: skip
 
 
 @needs_triton
@@ -251,8 +258,8 @@ def test_chained_launch_equals_the_two_launches_bitwise(precision, seed, monkeyp
                                                                                       device=device))  # fmt: skip
     chained = chained_split_config()
     two = launch.swiglu_down_backward_triton(*inputs.values(), config=chained.tiles, precision=precision)
-    for _ in range(2):
-        one = launch.swiglu_down_backward_triton(*inputs.values(), config=chained, precision=precision)
+    for config in (chained, chained, chained_grad_down_first_config()):
+        one = launch.swiglu_down_backward_triton(*inputs.values(), config=config, precision=precision)
         for name, a, b in zip(OUTPUTS, one, two, strict=True):
             assert torch.isfinite(a).all() and torch.equal(a, b), name
 

@@ -121,6 +121,13 @@ P1_CANDIDATES = {
                              8, 3),
     "chain_f4": ChainedConfig(TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1)),
                               8, 4),
+    # the dWd tiles first (as in launch 1), 2 stages, and the ≤ 256-token tiles with the dWd tiles first
+    "chain_f_dwd": ChainedConfig(TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1)),
+                                 8, 3, grad_down_first=True),
+    "chain_f_s2": ChainedConfig(TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1)),
+                                8, 2),
+    "chain_mid8_dwd": ChainedConfig(TileConfig((64, 64, 64, 4), (64, 128, 64, 1), (64, 128, 64, 4), (64, 128, 64, 1)),
+                                    8, 3, grad_down_first=True),
     "chain_wide": ChainedConfig(TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 256, 64, 1), (128, 256, 64, 1)),
                                 8, 4),
 }

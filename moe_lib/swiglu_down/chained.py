@@ -5,6 +5,7 @@
     t ∈ [nA, nA + nWd)          a dWd tile: dWd = dyᵀ · intermediate
     t ∈ [nA + nWd, grid)        waits until all nA dA programs of this launch are done, then launch 2's tile:
                                 dWg = dGateᵀ · x,  dWu = dUpᵀ · x,  dx = dGate · Wg + dUp · Wu
+    (with ``grad_down_first`` the dWd tiles take the first nWd tickets and the dA tiles the next nA, as in launch 1)
 
 The tiles, split-K partials and epilogues are those of the two launches (:func:`.kernels.d_intermediate_program`,
 :func:`.kernels.token_reduction_program`, :func:`.kernels.grad_x_program`); only the order and the wait are new.
@@ -62,20 +63,24 @@ def chained_kernel(
     DW_M: tl.constexpr, DW_N: tl.constexpr, DW_K: tl.constexpr, DW_SPLIT: tl.constexpr,
     GROUP_M: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
     WITH_LO: tl.constexpr,  # dGate, dUp as hi/lo pairs (the faithful path); else hi alone
+    GRAD_DOWN_FIRST: tl.constexpr,  # the dWd tiles' tickets before the dA tiles' (else after)
 ):  # fmt: skip
     grid = tl.num_programs(0)
     arrival = tl.atomic_add(tickets_ptr, 1, sem="relaxed", scope="gpu")
     ticket = (arrival % grid).to(tl.int32)
     num_da = tl.cdiv(T, DA_M) * tl.cdiv(I, DA_N) * DA_SPLIT
     num_dwd = tl.cdiv(H, DWD_M) * tl.cdiv(I, DWD_N) * DWD_SPLIT
-    if ticket < num_da:  # dA first: launch 2's tiles wait for these alone
-        d_intermediate_program(ticket, grad_output_ptr, down_weight_ptr, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr,
+    # launch 1's tiles in the order asked for: tickets [dA | dWd] or [dWd | dA]
+    da_program = ticket - num_dwd if GRAD_DOWN_FIRST else ticket
+    dwd_program = ticket if GRAD_DOWN_FIRST else ticket - num_da
+    if (da_program >= 0) & (da_program < num_da):  # launch 2's tiles wait for these alone
+        d_intermediate_program(da_program, grad_output_ptr, down_weight_ptr, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr,
                                up_ptr, d_gate_ptr, d_up_ptr, lo_offset, da_partials_ptr, da_counters_ptr, T, H, I,
                                DA_M, DA_N, DA_K, DA_SPLIT, GROUP_M, UPCAST, PRECISION, WITH_LO)  # fmt: skip
         tl.debug_barrier()  # every thread's dGate, dUp stores come before the count
         tl.atomic_add(tickets_ptr + 1, 1, sem="release", scope="gpu")
     elif ticket < num_da + num_dwd:
-        token_reduction_program(ticket - num_da, grad_output_ptr, 0, intermediate_ptr, grad_down_weight_ptr,
+        token_reduction_program(dwd_program, grad_output_ptr, 0, intermediate_ptr, grad_down_weight_ptr,
                                 dwd_partials_ptr, dwd_counters_ptr, T, H, I,
                                 DWD_M, DWD_N, DWD_K, DWD_SPLIT, GROUP_M, UPCAST, PRECISION, False)  # fmt: skip
     else:
@@ -109,6 +114,9 @@ class ChainedConfig:
     tiles: TileConfig
     warps: int = 8
     stages: int = 3
+    # the dWd tiles (long reductions over T) take their tickets before the dA tiles, as they run first in launch 1;
+    # else after them, so that launch 2's tiles, which wait for dA alone, can start sooner
+    grad_down_first: bool = False
 
     def programs(self, num_tokens: int, hidden_size: int, intermediate_size: int) -> dict[int, int]:
         """Programs of launch 1's tiles and of launch 2's: {1: ..., 2: ...}; the grid is their sum."""
@@ -135,7 +143,7 @@ class ChainedConfig:
             d_gate, d_up, T * I, grad_x, grad_gate_weight, grad_up_weight, grad_down_weight,
             *workspaces["dA"], *workspaces["dWd"], *workspaces["dx"], *workspaces["dWgu"], tickets, T, H, I,
             *tiles.d_intermediate, *tiles.grad_down, *tiles.grad_x, *tiles.grad_gate_up, tiles.group_m,
-            *dot_flags(x), with_lo, num_warps=self.warps, num_stages=self.stages,
+            *dot_flags(x), with_lo, self.grad_down_first, num_warps=self.warps, num_stages=self.stages,
         )  # fmt: skip
         return grad_x, grad_gate_weight, grad_up_weight, grad_down_weight
 
