@@ -128,6 +128,13 @@ P1_CANDIDATES = {
                                 8, 2),
     "chain_mid8_dwd": ChainedConfig(TileConfig((64, 64, 64, 4), (64, 128, 64, 1), (64, 128, 64, 4), (64, 128, 64, 1)),
                                     8, 3, grad_down_first=True),
+    # launch 1's tiles as wide as launch 2's (the launch holds one program per SM for launch 2's tiles anyway)
+    "chain_fa": ChainedConfig(TileConfig((128, 64, 64, 1), (128, 128, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1)),
+                              8, 3),
+    "chain_fa2": ChainedConfig(TileConfig((128, 64, 64, 1), (128, 256, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1)),
+                               8, 3),
+    "chain_fa3": ChainedConfig(TileConfig((64, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1)),
+                               8, 3),
     "chain_wide": ChainedConfig(TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 256, 64, 1), (128, 256, 64, 1)),
                                 8, 4),
 }
