@@ -292,6 +292,7 @@ def test_faithful_path_chains_its_launches_in_its_band():
         assert isinstance(config(T), ChainedConfig), T
         assert not isinstance(config(T, with_lo=False), ChainedConfig), T
         assert isinstance(config(T, interpreter=True), TileConfig), T
+    assert config(128).tiles.grad_down == (64, 128, 64, 1) and config(1087).tiles.grad_down == (128, 256, 64, 1)
     assert isinstance(config(ONE_LAUNCH_MAX_TOKENS), OneLaunchConfig)
     assert isinstance(config(band.stop), TileConfig)
 

@@ -40,7 +40,7 @@ def swiglu_down_backward(
     half the tensor work of the dx, dWg and dWu products. The design follows the token count
     (:func:`.launch.choose_design`): one Triton launch up to 16 tokens on both paths; then the fast path runs
     its four products on cuBLAS around one Triton dSwiGLU pass (:mod:`.library_gemms`), and the faithful path
-    Triton launches: one up to 1199 tokens (NVIDIA's harness times it eagerly, where the host work before a
+    Triton launches: one up to 1599 tokens (NVIDIA's harness times it eagerly, where the host work before a
     second launch would count), two above.
     NaN/Inf in the inputs pass through unchecked; ``check_finite=True`` raises a ``ValueError`` naming the
     first input that holds one (a pass over every input and one host sync).

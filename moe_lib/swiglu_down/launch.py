@@ -60,13 +60,19 @@ class TileConfig:
 # about 50 µs in that method (the fast path) against 20–27 µs for one, even with every workspace allocated
 # before the first launch (data/results/NOTES.md)
 ONE_LAUNCH_MAX_TOKENS = 64
-# in this band the faithful path runs both launches' tiles as one launch (:mod:`.chained`, the tiles it has from
-# 257 tokens): on the H200 in NVIDIA's method 45.9 against 57.2 µs at 128 tokens (design 3's one launch), 61.3
-# against 112.1 at 512 and 81.7 against 123.0 at 1087 (the two launches: the second one's host work showed as a
-# gap); by graph replay it is slower by 4–5 µs at 512–1087 and by 10–42 µs from 1321 tokens, where the first
-# launch outlasts the second one's host work anyway (data/results/NOTES.md, design 8)
-CHAINED_LAUNCH_TOKENS = range(ONE_LAUNCH_MAX_TOKENS + 1, 1200)
-CHAINED_TILES = TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1))
+# in this band the faithful path runs both launches' tiles as one launch (:mod:`.chained`): on the H200 in NVIDIA's
+# method 45.9 against 57.2 µs at 128 tokens (design 3's one launch), 61.3 against 112.1 at 512 and 81.7 against
+# 123.0 at 1087 (the two launches: the second one's host work showed as a gap). The launch holds launch 2's
+# registers and shared memory for every program, one per SM, so launch 1's tiles are twice as wide as in the two
+# launches (128×256 dWd tiles) from 512 tokens: by graph replay then within 1 µs of the two launches at 512 and
+# 1321 tokens, 6 µs faster at 1087, and slower from 2767 (185.5 against 172.7 µs), where the first launch outlasts
+# the second one's host work anyway; below 512, 64×128 dWd tiles (measured at 128 tokens: 50.8 µs by graph replay
+# against design 3's 62.3) (data/results/NOTES.md, design 8)
+CHAINED_LAUNCH_TOKENS = range(ONE_LAUNCH_MAX_TOKENS + 1, 1600)
+CHAINED_TILES = {  # from this many tokens: these tiles
+    0: TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1)),
+    512: TileConfig((64, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1)),
+}
 # up to this many tokens both paths run the few-token design (:mod:`.few_tokens`): on the H200 at 1–16 tokens
 # it took 19–21 µs by graph replay against 23–32 µs for the two-launch (fast) and one-launch (faithful)
 # designs, and 14–16 µs against 20–27 µs in NVIDIA's timing; at 64 tokens it was slower than both
@@ -137,7 +143,8 @@ def choose_config(num_tokens: int, hidden_size: int, intermediate_size: int, *, 
     if with_lo and num_tokens in CHAINED_LAUNCH_TOKENS:
         from .chained import ChainedConfig  # it builds on this module's workspaces
 
-        return ChainedConfig(CHAINED_TILES, warps=8, stages=3)
+        tiles = CHAINED_TILES[max(first for first in CHAINED_TILES if first <= num_tokens)]
+        return ChainedConfig(tiles, warps=8, stages=3)
     if with_lo and num_tokens <= ONE_LAUNCH_MAX_TOKENS:
         from .one_launch import OneLaunchConfig  # it builds on this module's workspaces
 
