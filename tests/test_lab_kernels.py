@@ -147,8 +147,24 @@ def test_p1_design_by_tokens_follows_choose_design():
     assert list(table.columns) == ["fast", "faithful"]
     assert table.loc[1, "fast"] == table.loc[1, "faithful"] == "few tokens: one launch, waits per block"
     assert table.loc[17, "fast"].startswith("cuBLAS GEMMs") and table.loc[8192, "fast"].startswith("cuBLAS GEMMs")
-    assert table.loc[128, "faithful"] == "one launch, grid barrier"
-    assert table.loc[8192, "faithful"] == "cuBLAS GEMMs + one dSwiGLU pass, one stream"
+    table = kernels.p1_design_by_tokens([1, 16, 17, 64, 128, 1087, 8192], 2048, 768)
+    assert table.loc[64, "faithful"] == "one launch, grid barrier"
+    assert table.loc[128, "faithful"] == table.loc[1087, "faithful"] == "the two launches' tiles chained in one launch"
+    assert table.loc[8192, "faithful"] == "two Triton launches"
+
+
+def test_p1_host_gap_times_and_figure():
+    path = kernels.TUNING_DIR / "2026-12-01-p1-host-gap-chained.json"
+    labels = {"default": "before", "chain_f": "chained"}
+    table = kernels.p1_host_gap_times(path, labels)
+    assert list(table.columns) == ["graph", "official", "gap"]
+    assert list(table.index.get_level_values("design").unique()) == ["before", "chained"]
+    assert table.loc[(512, "before"), "official"] == pytest.approx(112.1, abs=0.05)
+    assert table.loc[(512, "chained"), "gap"] < 0 < table.loc[(512, "before"), "gap"]
+    assert len(kernels.p1_host_gap_times(path)) == 12  # every design of the run without labels
+    figure = kernels.host_gap_figure(table, "test")
+    assert len(figure.axes[0].patches) == 2 * 2 * len(table.index.get_level_values("num_tokens").unique())
+    plt.close(figure)
 
 
 def test_p1_tune_times_and_speedup_figure():

@@ -355,7 +355,7 @@ def test_kernels_notebook_grids_are_those_of_moe_lib(kernels_run):
     for kernel in ("rowwise_matmul_kernel", "tiled_matmul_kernel", "fused_dswiglu_kernel",
                    "grouped_gather_matmul_kernel", "accumulate_product", "d_intermediate_program", "combine_splits",
                    "swiglu_grad_kernel", "expert_weight_grad_kernel", "slot_projection_kernel", "token_sum_kernel",
-                   "arrive", "wait_for", "summed_partials"):
+                   "arrive", "wait_for", "summed_partials", "chained_kernel"):
         assert f'<span class="nf">{kernel}</span>' in shown, kernel
 
 
@@ -369,6 +369,9 @@ def test_kernels_notebook_errors_agree_with_a_rerun(kernels_run):
     # the alternatives set aside: the same products summed in another order
     assert summary["few_tokens"]["max_rel_error"] < 1e-5 and summary["few_tokens"]["programs"] >= 2
     assert summary["alternatives"]["P1 one launch vs two launches"] < 1e-5
+    # the chained launch: the two launches' tiles in one launch, the same bits
+    assert summary["chained"]["bitwise_equal_to_two_launches"] is True
+    assert summary["chained"]["programs"]["1"] >= 2 and summary["chained"]["programs"]["2"] >= 2
     assert summary["alternatives"]["P2 kernel G vs kernels W + D"] < 1e-5
     assert split["partials_sum_rel_error"] < 1e-5 and max(split["rel_diff_vs_unsplit"].values()) < 1e-5
     # the teaching kernels, naive → tiled → fused for P1 and per expert → grouped for P2, against float64

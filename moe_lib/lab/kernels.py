@@ -425,10 +425,13 @@ def few_tokens_timeline_figure(traces: pd.DataFrame, labels: list[tuple]):
 
 def p1_design_name(config) -> str:
     """A short name of the P1 design a config stands for (:func:`~moe_lib.swiglu_down.launch.choose_design`)."""
+    from ..swiglu_down.chained import ChainedConfig
     from ..swiglu_down.few_tokens import FewTokensConfig
     from ..swiglu_down.library_gemms import LibraryGemmsConfig
     from ..swiglu_down.one_launch import OneLaunchConfig
 
+    if isinstance(config, ChainedConfig):
+        return "the two launches' tiles chained in one launch"
     if isinstance(config, LibraryGemmsConfig):
         return "cuBLAS GEMMs + one dSwiGLU pass" + (", two streams" if config.streams else ", one stream")
     if isinstance(config, FewTokensConfig):
@@ -471,6 +474,43 @@ def speedup_figure(table: pd.DataFrame, baseline: str, title: str, *, switch: in
         ax.axvline(switch, ls="--", color="black", lw=1, label=f"the default switches ({switch} tokens)")
     ax.set(xscale="log", xlabel="tokens", ylabel=f"speed-up over {baseline}", title=title)
     ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def p1_host_gap_times(path, labels: dict | None = None) -> pd.DataFrame:
+    """A ``scripts/p1_host_gap.py`` run as one row per (token count, design): µs by graph replay ("graph") and in
+    NVIDIA's method ("official": eager calls, first kernel start to last kernel end), and the host's share between
+    them ("gap"); designs renamed by ``labels`` (its run's "default" stood for the code of the day) and kept in
+    that order, the others left out."""
+    rows = pd.DataFrame(_read_json(path))
+    if labels is not None:
+        rows = rows[rows["config"].isin(labels)]
+        rows = rows.assign(config=pd.Categorical(rows["config"].map(labels), categories=list(labels.values())))
+    table = rows.rename(columns={"T": "num_tokens", "config": "design", "graph_us": "graph",
+                                 "official_us": "official"})  # fmt: skip
+    table["gap"] = table["official"] - table["graph"]
+    return table.set_index(["num_tokens", "design"])[["graph", "official", "gap"]].sort_index()
+
+
+def host_gap_figure(table: pd.DataFrame, title: str):
+    """A :func:`p1_host_gap_times` table as bars per token count: each design by graph replay (hatched) and in
+    NVIDIA's method (solid) side by side."""
+    designs = list(table.index.get_level_values("design").unique())
+    tokens = list(table.index.get_level_values("num_tokens").unique())
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    width = 0.8 / (2 * len(designs))
+    colors = plt.get_cmap("tab10")
+    methods = (("graph", "//", "graph replay"), ("official", None, "NVIDIA's method"))
+    for d, design in enumerate(designs):
+        for m, (method, hatch, name) in enumerate(methods):
+            values = [table.loc[(t, design), method] if (t, design) in table.index else float("nan") for t in tokens]
+            offsets = [i + (2 * d + m - len(designs) + 0.5) * width for i in range(len(tokens))]
+            ax.bar(offsets, values, width, color=colors(d), hatch=hatch, alpha=0.55 if hatch else 0.9,
+                   edgecolor="black", lw=0.4, label=f"{design}, {name}")  # fmt: skip
+    ax.set_xticks(range(len(tokens)), [str(t) for t in tokens])
+    ax.set(xlabel="tokens", ylabel="µs per call", title=title)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
 
