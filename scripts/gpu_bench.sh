@@ -12,6 +12,7 @@
 #      bf16), only the workloads of P2_OFFICIAL_TOKENS where set (a comma list: the suite in parts);
 #   (RUNS p1_probe) where P1's time goes: scripts/p1_few_tokens_trace.py, scripts/p1_kernel_times.py,
 #      scripts/launch_floor_probe.py;
+#   (RUNS p1_lib_da) the fast path's cuBLAS design with dA and the dSwiGLU pass as one Triton launch: p1_tune.py;
 #   (RUNS p1_chain) the chained launch (design 8) against the faithful path's defaults: p1_tune.py, p1_host_gap.py;
 #   (RUNS p1_few, p1_tma, p1_lib, p2_tune) the tuning checks of the designs not yet measured, each candidate checked
 #      against float64 before it is timed: scripts/p1_few_tokens_check.py (P1_FEW_ARGS), scripts/p1_tune.py
@@ -168,6 +169,13 @@ case " $RUNS " in *" p1_chain "*)
     --configs "${P1_CHAIN_CONFIGS:-chain_mid8,chain_f,chain_f4}"
   check "P1 chained launch, host gap" "${P1_CHAIN_GAP_SECONDS:-180}" scripts/p1_host_gap.py --precision faithful \
     --tokens "${P1_CHAIN_GAP_TOKENS:-128,512,1087,2767}" --configs "default,${P1_CHAIN_GAP_CONFIGS:-chain_mid8,chain_f}"
+esac
+case " $RUNS " in *" p1_lib_da "*)
+  # the fast path's design on cuBLAS GEMMs with dA and the dSwiGLU pass as one Triton launch (d_a_tile)
+  mkdir -p "$TUNING/p1_lib_da"
+  check "P1 cuBLAS design with Triton dA" "${P1_LIB_DA_SECONDS:-240}" scripts/p1_tune.py --precision fast \
+    --out "$TUNING/p1_lib_da" --tokens "${P1_LIB_DA_TOKENS:-128,512,1087,1321,2447,4093}" \
+    --configs "${P1_LIB_DA_CONFIGS:-lib_s3,lib_bs,lib_s3_da,lib_s3_da2,lib_s3_da8,lib_bs_da,lib_bs_da2}"
 esac
 case " $RUNS " in *" p1_few "*)
   # shellcheck disable=SC2086  # the arguments are words

@@ -80,6 +80,13 @@ def library_gemms_dx_in_two_config():
     return LibraryGemmsConfig(dx_in_two=True)
 
 
+def library_gemms_d_a_tile_config():
+    """dA and the dSwiGLU pass as one Triton launch (split-K tiles), the rest on cuBLAS (torch.mm on the CPU)."""
+    from moe_lib.swiglu_down.library_gemms import LibraryGemmsConfig
+
+    return LibraryGemmsConfig(d_a_tile=(16, 16, 16, 2))
+
+
 def chained_config():
     """The two launches' interpreter tiles chained into one launch by tickets."""
     from moe_lib.swiglu_down.chained import ChainedConfig
@@ -103,7 +110,8 @@ def chained_grad_down_first_config():
 CONFIGS = {"default": lambda: None, "split": split_everything_config, "one-launch": one_launch_odd_blocks_config,
            "library": library_gemms_config, "library-dx-in-two": library_gemms_dx_in_two_config,
            "chained": chained_config, "chained-split": chained_split_config,
-           "chained-dwd-first": chained_grad_down_first_config}  # fmt: skip
+           "chained-dwd-first": chained_grad_down_first_config,
+           "library-d-a-tile": library_gemms_d_a_tile_config}  # fmt: skip
 
 
 @needs_triton
@@ -197,7 +205,8 @@ def test_layer_gradients_match_autograd(seed):
 @needs_triton
 @pytest.mark.parametrize("T", [1, 37])
 @pytest.mark.parametrize("precision", ["faithful", "fast"])
-def test_library_gemms_design_poisoned_and_at_the_harness_scale(T, precision, seed, monkeypatch):
+@pytest.mark.parametrize("d_a_tile", [None, (16, 16, 16, 4)], ids=["cublas-d-a", "triton-d-a"])
+def test_library_gemms_design_poisoned_and_at_the_harness_scale(T, precision, d_a_tile, seed, monkeypatch):
     """The design on cuBLAS GEMMs from NaN-filled memory, at the harness's std-1 scale: the faithful path
     passes the element rule (its hi/lo rows through one GEMM each), the fast path stays within 2e-2; the
     two weight gradients come back as [I, H] halves of one allocation."""
@@ -209,7 +218,8 @@ def test_library_gemms_design_poisoned_and_at_the_harness_scale(T, precision, se
                                   intermediate_size=48, distribution="harness")  # fmt: skip
     monkeypatch.setattr(launch, "allocate", lambda size, *, dtype, device: torch.full(size, float("nan"), dtype=dtype,
                                                                                       device=device))  # fmt: skip
-    got = launch.swiglu_down_backward_triton(*inputs.values(), config=LibraryGemmsConfig(), precision=precision)
+    got = launch.swiglu_down_backward_triton(*inputs.values(), config=LibraryGemmsConfig(d_a_tile=d_a_tile),
+                                             precision=precision)  # fmt: skip
     rule = problems.load("swiglu_down_backward").element_rule
     for name, g, w in zip(OUTPUTS, got, float64_reference(inputs), strict=True):
         assert g.shape == w.shape and g.is_contiguous(), name
@@ -723,3 +733,20 @@ def test_gpu_chained_launch_graph_replay_with_new_inputs(seed):
     eager = swiglu_down_backward_triton(*fresh.values(), config=config)
     for name, g, e in zip(OUTPUTS, outputs, eager, strict=True):
         assert torch.equal(g, e), name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [17, 128, 1087, 5000])
+@pytest.mark.parametrize("distribution", ["forward", "harness"])
+@pytest.mark.parametrize("candidate", ["lib_s3_da", "lib_bs_da"])
+def test_gpu_library_gemms_with_triton_d_a(T, distribution, candidate, seed):
+    """The design on cuBLAS GEMMs with dA and the dSwiGLU pass as one Triton launch: both paths within their rules,
+    from poisoned memory."""
+    from moe_lib.bench.tuning import P1_CANDIDATES
+    from moe_lib.swiglu_down.launch import swiglu_down_backward_triton
+
+    inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device="cuda", distribution=distribution)
+    for precision in ("faithful", "fast"):
+        poison_allocator("cuda", 256 * 2**20)
+        got = swiglu_down_backward_triton(*inputs.values(), config=P1_CANDIDATES[candidate], precision=precision)
+        check_against_float64(inputs, got, precision)

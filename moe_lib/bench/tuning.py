@@ -95,6 +95,13 @@ P1_CANDIDATES = {
     "lib_bs3_g8": LibraryGemmsConfig(d_a_fp32=False, streams=True, stack_aside=True, grads_block=(8, 128)),
     "lib_bs3_g32": LibraryGemmsConfig(d_a_fp32=False, streams=True, stack_aside=True, grads_block=(32, 128),
                                       grads_warps=8),
+    # dA and the dSwiGLU pass as one Triton launch (d_a_tile: dA's split-K tiles with the pass as their epilogue)
+    "lib_s3_da": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True, d_a_tile=(64, 64, 64, 4)),
+    "lib_s3_da2": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True, d_a_tile=(64, 64, 64, 2)),
+    "lib_s3_da8": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True, d_a_tile=(64, 64, 64, 8)),
+    "lib_bs_da": LibraryGemmsConfig(d_a_fp32=False, streams=True, d_a_tile=(64, 128, 64, 1), d_a_warps=8,
+                                    d_a_stages=4),
+    "lib_bs_da2": LibraryGemmsConfig(d_a_fp32=False, streams=True, d_a_tile=(64, 64, 64, 2)),
     # the one-launch path: (block_t, block_i, block_h_down, block_h, block_k, block_n, warps, stages)
     "one_t16": OneLaunchConfig(16, 16, 32, 16, 128, 128, 4, 3),
     "one_t32": OneLaunchConfig(32, 16, 32, 16, 128, 128, 4, 3),

@@ -22,7 +22,8 @@ on arrival order, so results are deterministic. The counters only ever grow (by 
 call), so they need no reset.
 
 The same epilogue as a pass of its own (swiglu_grads_kernel) for the design on cuBLAS GEMMs
-(library_gemms.py): dA read from memory, [dGate | dUp] written side by side in each row.
+(library_gemms.py): dA read from memory, [dGate | dUp] written side by side in each row; or, as an option of that
+design, after dA's own tiles in one launch (d_intermediate_rows_kernel), dA never stored.
 
 The ``swiglu_expert`` layer's elementwise step (swiglu_activation_kernel), one pass over gate and up:
 
@@ -219,6 +220,29 @@ def store_swiglu_grads(d_a, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, d
 
 
 @triton.jit
+def d_a_tile(
+    program,  # index of this program among the dA (tile, split) programs
+    grad_output_ptr,  # dy [T, H]
+    down_weight_ptr,  # Wd [H, I]
+    partials_ptr, counters_ptr,  # split-K workspace of the dA tiles
+    T, H, I,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+    GROUP_M: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """(dA, is_last, off_t, off_i): the fp32 tile of dA = dy · Wd at (off_t, off_i) [BLOCK_M, BLOCK_N], complete in the
+    program that gets is_last (with SPLIT > 1 the last of its splits to arrive, :func:`combine_splits`)."""
+    tile, split = program // SPLIT, program % SPLIT
+    tile_m, tile_n = grouped_tile(tile, tl.cdiv(T, BLOCK_M), tl.cdiv(I, BLOCK_N), GROUP_M)
+    off_t, off_i = tile_m * BLOCK_M, tile_n * BLOCK_N
+    k_start, k_end = split_range(split, H, SPLIT, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = accumulate_product(acc, grad_output_ptr, H, 1, 0, down_weight_ptr, I, 1, T, I, k_start, k_end,
+                             off_t, off_i, BLOCK_M, BLOCK_N, BLOCK_K, UPCAST, PRECISION, False)  # fmt: skip
+    d_a, is_last = combine_splits(acc, partials_ptr, counters_ptr, tile, split, BLOCK_M, BLOCK_N, SPLIT)
+    return d_a, is_last, off_t, off_i
+
+
+@triton.jit
 def d_intermediate_program(
     program,  # index of this program among this kind's (tile, split) programs
     grad_output_ptr,  # dy [T, H]
@@ -232,14 +256,9 @@ def d_intermediate_program(
     GROUP_M: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, WITH_LO: tl.constexpr,
 ):  # fmt: skip
     """dA = dy · Wd for one tile, then dUp = dA ⊙ gate_silu and dGate = dA ⊙ up ⊙ s ⊙ (1 + gate ⊙ (1 − s))."""
-    tile, split = program // SPLIT, program % SPLIT
-    tile_m, tile_n = grouped_tile(tile, tl.cdiv(T, BLOCK_M), tl.cdiv(I, BLOCK_N), GROUP_M)
-    off_t, off_i = tile_m * BLOCK_M, tile_n * BLOCK_N
-    k_start, k_end = split_range(split, H, SPLIT, BLOCK_K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc = accumulate_product(acc, grad_output_ptr, H, 1, 0, down_weight_ptr, I, 1, T, I, k_start, k_end,
-                             off_t, off_i, BLOCK_M, BLOCK_N, BLOCK_K, UPCAST, PRECISION, False)  # fmt: skip
-    d_a, is_last = combine_splits(acc, partials_ptr, counters_ptr, tile, split, BLOCK_M, BLOCK_N, SPLIT)
+    d_a, is_last, off_t, off_i = d_a_tile(program, grad_output_ptr, down_weight_ptr, partials_ptr, counters_ptr,
+                                          T, H, I, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, GROUP_M, UPCAST,
+                                          PRECISION)  # fmt: skip
     if is_last:
         store_swiglu_grads(d_a, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, d_gate_ptr, d_up_ptr, lo_offset,
                            off_t, off_i, T, I, BLOCK_M, BLOCK_N, WITH_LO)  # fmt: skip
@@ -369,6 +388,22 @@ def swiglu_activation_kernel(
 
 
 @triton.jit
+def store_swiglu_grads_rows(d_a, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, d_gate_up_ptr, off_t, off_i, T, I,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WITH_LO: tl.constexpr):  # fmt: skip
+    """dGate and dUp of the fp32 dA tile at (off_t, off_i) from the saved tiles, stored side by side in each row of
+    ``d_gate_up_ptr``: [T, 2I] rows dGate | dUp; with WITH_LO [T, 4I] rows dGate_hi | dUp_hi | dGate_lo | dUp_lo.
+    Every saved tile is loaded before anything is stored, so a program makes one round trip to memory (the
+    compiler may not move a load above a store it cannot prove apart)."""
+    d_gate, d_up = swiglu_grads(d_a, load_block(gate_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N),
+                                load_block(gate_sigmoid_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N),
+                                load_block(gate_silu_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N),
+                                load_block(up_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N))  # fmt: skip
+    row = 4 * I if WITH_LO else 2 * I
+    store_tile_halves(d_gate_up_ptr, 2 * I, d_gate, off_t, off_i, T, I, row, BLOCK_M, BLOCK_N, WITH_LO)
+    store_tile_halves(d_gate_up_ptr + I, 2 * I, d_up, off_t, off_i, T, I, row, BLOCK_M, BLOCK_N, WITH_LO)
+
+
+@triton.jit
 def swiglu_grads_kernel(
     d_a_ptr,  # dA = dy · Wd [T, I], fp32 or the input dtype
     gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr,  # saved forward, each [T, I]
@@ -378,16 +413,32 @@ def swiglu_grads_kernel(
     WITH_LO: tl.constexpr,  # store hi/lo pairs (the faithful path); else hi alone
 ):  # fmt: skip
     """The dA tile's epilogue as a pass of its own (library_gemms.py: dA comes from cuBLAS): dGate and dUp
-    side by side in each row, the layout that lets dx and [dWg; dWu] each be one GEMM. Every tile is loaded
-    before anything is stored, so a program makes one round trip to memory (the compiler may not move a load
-    above a store it cannot prove apart)."""
+    side by side in each row, the layout that lets dx and [dWg; dWu] each be one GEMM."""
     off_t = tl.program_id(0) * BLOCK_M
     off_i = tl.program_id(1) * BLOCK_N
-    d_gate, d_up = swiglu_grads(load_tile(d_a_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N),
-                                load_block(gate_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N),
-                                load_block(gate_sigmoid_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N),
-                                load_block(gate_silu_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N),
-                                load_block(up_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N))  # fmt: skip
-    row = 4 * I if WITH_LO else 2 * I
-    store_tile_halves(d_gate_up_ptr, 2 * I, d_gate, off_t, off_i, T, I, row, BLOCK_M, BLOCK_N, WITH_LO)
-    store_tile_halves(d_gate_up_ptr + I, 2 * I, d_up, off_t, off_i, T, I, row, BLOCK_M, BLOCK_N, WITH_LO)
+    store_swiglu_grads_rows(load_tile(d_a_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N), gate_ptr, gate_sigmoid_ptr,
+                            gate_silu_ptr, up_ptr, d_gate_up_ptr, off_t, off_i, T, I, BLOCK_M, BLOCK_N,
+                            WITH_LO)  # fmt: skip
+
+
+@triton.jit
+def d_intermediate_rows_kernel(
+    grad_output_ptr,  # dy [T, H]
+    down_weight_ptr,  # Wd [H, I]
+    gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr,  # saved forward, each [T, I]
+    d_gate_up_ptr,  # out: rows as swiglu_grads_kernel stores them
+    partials_ptr, counters_ptr,  # split-K workspace of the dA tiles
+    T, H, I,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+    GROUP_M: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    WITH_LO: tl.constexpr,  # store hi/lo pairs (the faithful path); else hi alone
+):  # fmt: skip
+    """dA = dy · Wd for one tile (or one split of its reduction over H), then in the program that completes the
+    tile the epilogue of swiglu_grads_kernel: dA's GEMM and the dSwiGLU pass in one launch, dA never stored
+    (library_gemms.py with ``d_a_tile``)."""
+    d_a, is_last, off_t, off_i = d_a_tile(tl.program_id(0), grad_output_ptr, down_weight_ptr, partials_ptr,
+                                          counters_ptr, T, H, I, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, GROUP_M, UPCAST,
+                                          PRECISION)  # fmt: skip
+    if is_last:
+        store_swiglu_grads_rows(d_a, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, d_gate_up_ptr, off_t, off_i,
+                                T, I, BLOCK_M, BLOCK_N, WITH_LO)  # fmt: skip

@@ -6,6 +6,9 @@ Dataflow (T tokens, H hidden, I intermediate; s = the saved gate_sigmoid), 16-bi
     dWd          = dyᵀ · intermediate          [H, I]   cuBLAS (on a second stream with ``streams``)
     [dG | dU]    = dSwiGLU(dA, saved)          [T, 2I]  one Triton pass (kernels.swiglu_grads_kernel):
                    dG = dA ⊙ up ⊙ s ⊙ (1 + gate ⊙ (1 − s)),  dU = dA ⊙ gate_silu, side by side in each row
+                   (with ``d_a_tile`` dA and this pass are one Triton launch instead,
+                   kernels.d_intermediate_rows_kernel: dA's tiles, then the pass's epilogue on each, dA never
+                   stored)
     dx           = [dG | dU] · [Wg; Wu]        [T, H]   one cuBLAS GEMM over K = 2I
     [dWg; dWu]   = [dG | dU]ᵀ · x              [2I, H]  one cuBLAS GEMM with M = 2I (on the second stream with
                                                         ``streams``); dWg and dWu are its two row halves
@@ -47,6 +50,12 @@ class LibraryGemmsConfig:
     stack_aside: bool = False
     grads_block: tuple[int, int] = (16, 128)  # [tokens, I] block of one program of the dSwiGLU pass
     grads_warps: int = 4
+    # dA and the dSwiGLU pass as one Triton launch of dA tiles (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT) with the pass as
+    # their epilogue, instead of cuBLAS's dA and the pass (one launch and dA's round trip through memory fewer);
+    # None: cuBLAS and the pass. dA then stays in fp32 registers whatever ``d_a_fp32`` says
+    d_a_tile: tuple[int, int, int, int] | None = None
+    d_a_warps: int = 4
+    d_a_stages: int = 3
 
     def run(self, grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up,
             intermediate, *, with_lo: bool):  # fmt: skip
@@ -73,8 +82,11 @@ class LibraryGemmsConfig:
                 torch.cat([gate_weight, up_weight], out=gate_up_weight)
                 stacked = side.mark() if side is not None else None
             torch.mm(grad_output.T, intermediate, out=grad_down_weight)
-        d_a = mm_fp32(grad_output, down_weight) if self.d_a_fp32 or with_lo else grad_output @ down_weight
-        if T > 0:
+        if self.d_a_tile is not None:
+            self.d_a_and_swiglu_grads(grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, d_gate_up,
+                                      with_lo=with_lo)  # fmt: skip
+        elif T > 0:
+            d_a = mm_fp32(grad_output, down_weight) if self.d_a_fp32 or with_lo else grad_output @ down_weight
             grid = (cdiv(T, self.grads_block[0]), cdiv(I, self.grads_block[1]))
             kernels.swiglu_grads_kernel[grid](
                 d_a, gate, gate_sigmoid, gate_silu, up, d_gate_up, T, I, *self.grads_block, with_lo,
@@ -100,6 +112,22 @@ class LibraryGemmsConfig:
         if side is not None:
             side.join()
         return grad_x, grad_gate_up[:I], grad_gate_up[I:], grad_down_weight
+
+    def d_a_and_swiglu_grads(self, grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, d_gate_up, *,
+                             with_lo: bool):  # fmt: skip
+        """[dG | dU] rows into ``d_gate_up`` from dA's Triton tiles (``d_a_tile``), in one launch."""
+        T, H = grad_output.shape
+        I = down_weight.shape[1]
+        block_m, block_n, block_k, split = self.d_a_tile
+        kind = launch.TileKind(1, "dA", "dA = dy · Wd, epilogue dGate, dUp rows", T, I, "H", H, block_m, block_n,
+                               block_k, split, 0)  # fmt: skip
+        partials, counters = launch.SplitWorkspace.make("dA rows", kind.tiles, kind, grad_output.device)
+        if kind.programs:
+            kernels.d_intermediate_rows_kernel[(kind.programs,)](
+                grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, d_gate_up, partials, counters, T, H, I,
+                *self.d_a_tile, 8, *launch.dot_flags(grad_output), with_lo, num_warps=self.d_a_warps,
+                num_stages=self.d_a_stages,
+            )  # fmt: skip
 
 
 def gate_up_view(gate_weight: torch.Tensor, up_weight: torch.Tensor) -> torch.Tensor | None:
