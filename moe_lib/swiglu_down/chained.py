@@ -14,7 +14,9 @@ Why: where a call is timed from its first kernel's start to its last kernel's en
 launch as the call runs (NVIDIA's harness), the host work of the second launch shows as a gap whenever the first
 launch is shorter than it (at 512 tokens the faithful path's two launches took 105 µs there against 62 µs by graph
 replay, ``data/results/NOTES.md``). One launch has no such gap. And launch 2's tiles start as soon as dA is done,
-beside the tail of the dWd tiles, where the second launch waited for every tile of the first.
+beside the tail of the dWd tiles, where the second launch waited for every tile of the first. The price: one
+launch holds the registers and shared memory of its largest branch for every program (on the faithful path launch
+2's, one program per SM), so launch 1's tiles should be as wide as that allows (``launch.CHAINED_TILES``).
 
 Why tickets and not program ids: a program waits only for programs holding smaller tickets, which had started
 before it took its own, and those never wait; so the wait cannot hang, whatever the grid size, however many
@@ -35,6 +37,7 @@ import triton
 import triton.language as tl
 
 from . import launch
+from .few_tokens import wait_for
 from .kernels import d_intermediate_program, grad_x_program, token_reduction_program
 from .launch import SplitWorkspace, TileConfig, dot_flags
 
@@ -84,11 +87,7 @@ def chained_kernel(
                                 dwd_partials_ptr, dwd_counters_ptr, T, H, I,
                                 DWD_M, DWD_N, DWD_K, DWD_SPLIT, GROUP_M, UPCAST, PRECISION, False)  # fmt: skip
     else:
-        target = (arrival // grid + 1) * num_da
-        seen = tl.atomic_add(tickets_ptr + 1, 0, sem="acquire", scope="gpu")
-        while seen < target:
-            seen = tl.atomic_add(tickets_ptr + 1, 0, sem="acquire", scope="gpu")
-        tl.debug_barrier()
+        wait_for(tickets_ptr + 1, (arrival // grid + 1) * num_da)  # this launch's dA, stored and visible
         program = ticket - num_da - num_dwd
         num_dw_tiles = tl.cdiv(I, DW_M) * tl.cdiv(H, DW_N)  # per weight
         num_dw_programs = num_dw_tiles * DW_SPLIT
