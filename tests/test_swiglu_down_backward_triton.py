@@ -87,6 +87,13 @@ def library_gemms_d_a_tile_config():
     return LibraryGemmsConfig(d_a_tile=(16, 16, 16, 2))
 
 
+def library_gemms_d_a_and_grad_down_tiles_config():
+    """dA, the dSwiGLU pass and dWd as one Triton launch (split-K tiles of both), dx and [dWg; dWu] on cuBLAS."""
+    from moe_lib.swiglu_down.library_gemms import LibraryGemmsConfig
+
+    return LibraryGemmsConfig(d_a_tile=(16, 16, 16, 2), grad_down_tile=(16, 32, 16, 2))
+
+
 def chained_config():
     """The two launches' interpreter tiles chained into one launch by tickets."""
     from moe_lib.swiglu_down.chained import ChainedConfig
@@ -111,7 +118,8 @@ CONFIGS = {"default": lambda: None, "split": split_everything_config, "one-launc
            "library": library_gemms_config, "library-dx-in-two": library_gemms_dx_in_two_config,
            "chained": chained_config, "chained-split": chained_split_config,
            "chained-dwd-first": chained_grad_down_first_config,
-           "library-d-a-tile": library_gemms_d_a_tile_config}  # fmt: skip
+           "library-d-a-tile": library_gemms_d_a_tile_config,
+           "library-d-a-dwd-tiles": library_gemms_d_a_and_grad_down_tiles_config}  # fmt: skip
 
 
 @needs_triton
@@ -205,8 +213,10 @@ def test_layer_gradients_match_autograd(seed):
 @needs_triton
 @pytest.mark.parametrize("T", [1, 37])
 @pytest.mark.parametrize("precision", ["faithful", "fast"])
-@pytest.mark.parametrize("d_a_tile", [None, (16, 16, 16, 4)], ids=["cublas-d-a", "triton-d-a"])
-def test_library_gemms_design_poisoned_and_at_the_harness_scale(T, precision, d_a_tile, seed, monkeypatch):
+@pytest.mark.parametrize("tiles", [{}, dict(d_a_tile=(16, 16, 16, 4)),
+                                   dict(d_a_tile=(16, 16, 16, 4), grad_down_tile=(16, 16, 16, 2))],
+                         ids=["cublas-d-a", "triton-d-a", "triton-d-a-dwd"])  # fmt: skip
+def test_library_gemms_design_poisoned_and_at_the_harness_scale(T, precision, tiles, seed, monkeypatch):
     """The design on cuBLAS GEMMs from NaN-filled memory, at the harness's std-1 scale: the faithful path
     passes the element rule (its hi/lo rows through one GEMM each), the fast path stays within 2e-2; the
     two weight gradients come back as [I, H] halves of one allocation."""
@@ -218,7 +228,7 @@ def test_library_gemms_design_poisoned_and_at_the_harness_scale(T, precision, d_
                                   intermediate_size=48, distribution="harness")  # fmt: skip
     monkeypatch.setattr(launch, "allocate", lambda size, *, dtype, device: torch.full(size, float("nan"), dtype=dtype,
                                                                                       device=device))  # fmt: skip
-    got = launch.swiglu_down_backward_triton(*inputs.values(), config=LibraryGemmsConfig(d_a_tile=d_a_tile),
+    got = launch.swiglu_down_backward_triton(*inputs.values(), config=LibraryGemmsConfig(**tiles),
                                              precision=precision)  # fmt: skip
     rule = problems.load("swiglu_down_backward").element_rule
     for name, g, w in zip(OUTPUTS, got, float64_reference(inputs), strict=True):
@@ -735,10 +745,17 @@ def test_gpu_chained_launch_graph_replay_with_new_inputs(seed):
         assert torch.equal(g, e), name
 
 
+def test_library_gemms_grad_down_tile_needs_d_a_tile():
+    from moe_lib.swiglu_down.library_gemms import LibraryGemmsConfig
+
+    with pytest.raises(ValueError, match="config: grad_down_tile .* needs d_a_tile"):
+        LibraryGemmsConfig(grad_down_tile=(64, 128, 64, 1))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [17, 128, 1087, 5000])
 @pytest.mark.parametrize("distribution", ["forward", "harness"])
-@pytest.mark.parametrize("candidate", ["lib_s3_da", "lib_bs_da"])
+@pytest.mark.parametrize("candidate", ["lib_s3_da", "lib_bs_da", "lib_s3_da_dwd"])
 def test_gpu_library_gemms_with_triton_d_a(T, distribution, candidate, seed):
     """The design on cuBLAS GEMMs with dA and the dSwiGLU pass as one Triton launch: both paths within their rules,
     from poisoned memory."""

@@ -102,6 +102,11 @@ P1_CANDIDATES = {
     "lib_bs_da": LibraryGemmsConfig(d_a_fp32=False, streams=True, d_a_tile=(64, 128, 64, 1), d_a_warps=8,
                                     d_a_stages=4),
     "lib_bs_da2": LibraryGemmsConfig(d_a_fp32=False, streams=True, d_a_tile=(64, 64, 64, 2)),
+    # ... and dWd's tiles in that launch too, instead of cuBLAS's dWd on the second stream
+    "lib_s3_da_dwd": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True, d_a_tile=(64, 64, 64, 4),
+                                        grad_down_tile=(64, 128, 64, 1)),
+    "lib_s3_da8_dwd": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True, d_a_tile=(64, 64, 64, 8),
+                                         grad_down_tile=(64, 128, 64, 1)),
     # the one-launch path: (block_t, block_i, block_h_down, block_h, block_k, block_n, warps, stages)
     "one_t16": OneLaunchConfig(16, 16, 32, 16, 128, 128, 4, 3),
     "one_t32": OneLaunchConfig(32, 16, 32, 16, 128, 128, 4, 3),

@@ -425,20 +425,32 @@ def swiglu_grads_kernel(
 def d_intermediate_rows_kernel(
     grad_output_ptr,  # dy [T, H]
     down_weight_ptr,  # Wd [H, I]
-    gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr,  # saved forward, each [T, I]
+    gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, intermediate_ptr,  # saved forward, each [T, I]
     d_gate_up_ptr,  # out: rows as swiglu_grads_kernel stores them
-    partials_ptr, counters_ptr,  # split-K workspace of the dA tiles
+    grad_down_weight_ptr,  # out (with WITH_GRAD_DOWN): dWd [H, I]
+    da_partials_ptr, da_counters_ptr,  # split-K workspace of the dA tiles
+    dwd_partials_ptr, dwd_counters_ptr,  # split-K workspace of the dWd tiles (with WITH_GRAD_DOWN)
     T, H, I,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+    DA_M: tl.constexpr, DA_N: tl.constexpr, DA_K: tl.constexpr, DA_SPLIT: tl.constexpr,
+    DWD_M: tl.constexpr, DWD_N: tl.constexpr, DWD_K: tl.constexpr, DWD_SPLIT: tl.constexpr,
     GROUP_M: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
     WITH_LO: tl.constexpr,  # store hi/lo pairs (the faithful path); else hi alone
+    WITH_GRAD_DOWN: tl.constexpr,  # the dWd tiles too, as launch 1 has them (their programs first)
 ):  # fmt: skip
     """dA = dy · Wd for one tile (or one split of its reduction over H), then in the program that completes the
     tile the epilogue of swiglu_grads_kernel: dA's GEMM and the dSwiGLU pass in one launch, dA never stored
-    (library_gemms.py with ``d_a_tile``)."""
-    d_a, is_last, off_t, off_i = d_a_tile(tl.program_id(0), grad_output_ptr, down_weight_ptr, partials_ptr,
-                                          counters_ptr, T, H, I, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, GROUP_M, UPCAST,
-                                          PRECISION)  # fmt: skip
-    if is_last:
-        store_swiglu_grads_rows(d_a, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, d_gate_up_ptr, off_t, off_i,
-                                T, I, BLOCK_M, BLOCK_N, WITH_LO)  # fmt: skip
+    (library_gemms.py with ``d_a_tile``); with WITH_GRAD_DOWN, dWd = dyᵀ · intermediate beside them
+    (``grad_down_tile``)."""
+    pid = tl.program_id(0)
+    num_dwd_programs = tl.cdiv(H, DWD_M) * tl.cdiv(I, DWD_N) * DWD_SPLIT if WITH_GRAD_DOWN else 0
+    if pid < num_dwd_programs:
+        token_reduction_program(pid, grad_output_ptr, 0, intermediate_ptr, grad_down_weight_ptr, dwd_partials_ptr,
+                                dwd_counters_ptr, T, H, I, DWD_M, DWD_N, DWD_K, DWD_SPLIT, GROUP_M, UPCAST, PRECISION,
+                                False)  # fmt: skip
+    else:
+        d_a, is_last, off_t, off_i = d_a_tile(pid - num_dwd_programs, grad_output_ptr, down_weight_ptr,
+                                              da_partials_ptr, da_counters_ptr, T, H, I, DA_M, DA_N, DA_K, DA_SPLIT,
+                                              GROUP_M, UPCAST, PRECISION)  # fmt: skip
+        if is_last:
+            store_swiglu_grads_rows(d_a, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, d_gate_up_ptr, off_t,
+                                    off_i, T, I, DA_M, DA_N, WITH_LO)  # fmt: skip

@@ -56,6 +56,13 @@ class LibraryGemmsConfig:
     d_a_tile: tuple[int, int, int, int] | None = None
     d_a_warps: int = 4
     d_a_stages: int = 3
+    # with ``d_a_tile``: dWd's tiles (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT) in that same launch, instead of cuBLAS's dWd
+    # (at few tokens dWd is a short reduction, and its tiles fill the SMs that dA's few tiles leave idle)
+    grad_down_tile: tuple[int, int, int, int] | None = None
+
+    def __post_init__(self):
+        if self.grad_down_tile is not None and self.d_a_tile is None:
+            raise ValueError("config: grad_down_tile puts dWd in the launch of dA's Triton tiles; it needs d_a_tile")
 
     def run(self, grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up,
             intermediate, *, with_lo: bool):  # fmt: skip
@@ -81,10 +88,11 @@ class LibraryGemmsConfig:
             if copy_needed and self.stack_aside:
                 torch.cat([gate_weight, up_weight], out=gate_up_weight)
                 stacked = side.mark() if side is not None else None
-            torch.mm(grad_output.T, intermediate, out=grad_down_weight)
+            if self.grad_down_tile is None:
+                torch.mm(grad_output.T, intermediate, out=grad_down_weight)
         if self.d_a_tile is not None:
-            self.d_a_and_swiglu_grads(grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, d_gate_up,
-                                      with_lo=with_lo)  # fmt: skip
+            self.d_a_and_swiglu_grads(grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate,
+                                      d_gate_up, grad_down_weight, with_lo=with_lo)  # fmt: skip
         elif T > 0:
             d_a = mm_fp32(grad_output, down_weight) if self.d_a_fp32 or with_lo else grad_output @ down_weight
             grid = (cdiv(T, self.grads_block[0]), cdiv(I, self.grads_block[1]))
@@ -113,19 +121,24 @@ class LibraryGemmsConfig:
             side.join()
         return grad_x, grad_gate_up[:I], grad_gate_up[I:], grad_down_weight
 
-    def d_a_and_swiglu_grads(self, grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, d_gate_up, *,
-                             with_lo: bool):  # fmt: skip
-        """[dG | dU] rows into ``d_gate_up`` from dA's Triton tiles (``d_a_tile``), in one launch."""
+    def d_a_and_swiglu_grads(self, grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate,
+                             d_gate_up, grad_down_weight, *, with_lo: bool):  # fmt: skip
+        """[dG | dU] rows into ``d_gate_up`` from dA's Triton tiles (``d_a_tile``), in one launch; with
+        ``grad_down_tile`` dWd into ``grad_down_weight`` in that launch too."""
         T, H = grad_output.shape
         I = down_weight.shape[1]
-        block_m, block_n, block_k, split = self.d_a_tile
-        kind = launch.TileKind(1, "dA", "dA = dy · Wd, epilogue dGate, dUp rows", T, I, "H", H, block_m, block_n,
-                               block_k, split, 0)  # fmt: skip
-        partials, counters = launch.SplitWorkspace.make("dA rows", kind.tiles, kind, grad_output.device)
-        if kind.programs:
-            kernels.d_intermediate_rows_kernel[(kind.programs,)](
-                grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, d_gate_up, partials, counters, T, H, I,
-                *self.d_a_tile, 8, *launch.dot_flags(grad_output), with_lo, num_warps=self.d_a_warps,
+        grad_down_tile = self.grad_down_tile or (64, 64, 64, 1)  # unused without grad_down_tile
+        plan = launch.launch_plan(T, H, I, launch.TileConfig(self.d_a_tile, grad_down_tile, (16, 16, 16, 1),
+                                                             (16, 16, 16, 1)))  # fmt: skip
+        grad_down, d_a = (kind for kind in plan if kind.launch == 1)
+        da_workspace = launch.SplitWorkspace.make("dA rows", d_a.tiles, d_a, grad_output.device)
+        dwd_workspace = launch.SplitWorkspace.make("dWd beside dA rows", grad_down.tiles, grad_down, grad_output.device)
+        programs = d_a.programs + (grad_down.programs if self.grad_down_tile else 0)
+        if programs:
+            kernels.d_intermediate_rows_kernel[(programs,)](
+                grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate, d_gate_up, grad_down_weight,
+                *da_workspace, *dwd_workspace, T, H, I, *self.d_a_tile, *grad_down_tile, 8,
+                *launch.dot_flags(grad_output), with_lo, self.grad_down_tile is not None, num_warps=self.d_a_warps,
                 num_stages=self.d_a_stages,
             )  # fmt: skip
 
