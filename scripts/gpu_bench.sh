@@ -176,6 +176,8 @@ case " $RUNS " in *" p1_lib_da "*)
   check "P1 cuBLAS design with Triton dA" "${P1_LIB_DA_SECONDS:-240}" scripts/p1_tune.py --precision fast \
     --out "$TUNING/p1_lib_da" --tokens "${P1_LIB_DA_TOKENS:-128,512,1087,1321,2447,4093}" \
     --configs "${P1_LIB_DA_CONFIGS:-lib_s3,lib_bs,lib_s3_da,lib_s3_da2,lib_s3_da8,lib_bs_da,lib_bs_da2,lib_s3_da_dwd,lib_s3_da8_dwd}"
+  check "P1 kernels of a call, Triton dA" "${P1_KERNELS_SECONDS:-180}" scripts/p1_kernel_times.py \
+    --tokens "${P1_KERNELS_TOKENS:-128,512}" --configs "${P1_KERNELS_CONFIGS:-lib_s3,lib_s3_da,lib_s3_da_dwd}"
 esac
 case " $RUNS " in *" p1_few "*)
   # shellcheck disable=SC2086  # the arguments are words
