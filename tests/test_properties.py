@@ -81,8 +81,12 @@ def p1_cases(draw):
         layout=draw(st.sampled_from(["contiguous", "column-major", "strided"])),
         relaid=draw(st.sets(st.sampled_from(problems.load(P1).input_names), max_size=3)),
         seed=draw(st.integers(0, 2**31 - 1)),
-        # Triton: the design chosen by token count, or the design on cuBLAS GEMMs with its options drawn
-        library=draw(st.none() | st.tuples(st.booleans(), st.booleans(), st.booleans())),
+        # Triton: the design chosen by token count, or the design on cuBLAS GEMMs with its options drawn (dA by
+        # cuBLAS, or by Triton tiles with the dSwiGLU pass as their epilogue, with or without dWd's tiles beside)
+        library=draw(st.none() | st.tuples(st.booleans(), st.booleans(), st.booleans(),
+                                           st.sampled_from([None, "d_a", "d_a_and_grad_down"]))),
+        # Triton, where no library design is drawn: the interpreter's tiles chained into one launch by tickets
+        chained=draw(st.booleans()),
     )  # fmt: skip
 
 
@@ -104,8 +108,16 @@ def test_p1_every_path_matches_float64(case):
         from moe_lib.swiglu_down.launch import swiglu_down_backward_triton
         from moe_lib.swiglu_down.library_gemms import LibraryGemmsConfig
 
-        d_a_fp32, dx_in_two, stack_aside = case["library"]
-        config = LibraryGemmsConfig(d_a_fp32=d_a_fp32, dx_in_two=dx_in_two, stack_aside=stack_aside)
+        d_a_fp32, dx_in_two, stack_aside, triton_tiles = case["library"]
+        tiles = {None: {}, "d_a": dict(d_a_tile=(16, 16, 16, 2)),
+                 "d_a_and_grad_down": dict(d_a_tile=(16, 16, 16, 2), grad_down_tile=(16, 16, 16, 2))}[triton_tiles]
+        config = LibraryGemmsConfig(d_a_fp32=d_a_fp32, dx_in_two=dx_in_two, stack_aside=stack_aside, **tiles)
+        got = swiglu_down_backward_triton(*relaid.values(), config=config, precision=case["precision"])
+    elif case["impl"] == "triton" and case["chained"]:
+        from moe_lib.swiglu_down.chained import ChainedConfig
+        from moe_lib.swiglu_down.launch import choose_config, swiglu_down_backward_triton
+
+        config = ChainedConfig(choose_config(case["T"], case["H"], case["I"], interpreter=True), warps=1, stages=1)
         got = swiglu_down_backward_triton(*relaid.values(), config=config, precision=case["precision"])
     else:
         got = moe_lib.swiglu_down_backward(*relaid.values(), impl=case["impl"], precision=case["precision"])

@@ -11,6 +11,8 @@ outputs poisoned before the call; determinism; CUDA-graph capture and replay wit
 from __future__ import annotations
 
 import dataclasses
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,6 +30,7 @@ needs_triton = pytest.mark.skipif(
     not torch.cuda.is_available() and not interpreter_enabled(), reason="needs CUDA or the Triton interpreter"
 )
 OUTPUTS = ("grad_x", "grad_gate_weight", "grad_up_weight", "grad_down_weight")
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def float64_reference(inputs: dict):
@@ -282,6 +285,38 @@ def test_chained_launch_equals_the_two_launches_bitwise(precision, seed, monkeyp
         one = launch.swiglu_down_backward_triton(*inputs.values(), config=config, precision=precision)
         for name, a, b in zip(OUTPUTS, one, two, strict=True):
             assert torch.isfinite(a).all() and torch.equal(a, b), name
+
+
+CHAINED_SHAPES_OF_ONE_GRID = """
+import torch
+from moe_lib import problems
+from moe_lib.swiglu_down.chained import ChainedConfig
+from moe_lib.swiglu_down.launch import choose_config, swiglu_down_backward_triton
+
+device = "cuda" if torch.cuda.is_available() else "cpu"
+config = ChainedConfig(choose_config(1, 1, 1, interpreter=True), warps=1, stages=1)
+# 14 programs each: 2 dA programs at H = 32, I = 16, then 4 at H = 16, I = 32, then 2 again
+for H, I in ((32, 16), (16, 32), (32, 16)):
+    inputs = problems.make_inputs("swiglu_down_backward", 1, seed=H, device=device, hidden_size=H,
+                                  intermediate_size=I)
+    got = swiglu_down_backward_triton(*inputs.values(), config=config)
+    want = swiglu_down_backward_triton(*inputs.values(), config=config.tiles)
+    assert all(torch.equal(g, w) for g, w in zip(got, want)), (H, I)
+print("ok")
+"""
+
+
+@needs_triton
+def test_chained_launches_of_one_grid_size_and_other_shapes_do_not_hang():
+    """Two shapes whose chained launches have the same grid but different dA program counts, one after the other:
+    each waits for its own dA count (a counter shared by grid size alone made the second wait forever). In a child
+    process with a time limit, so that a hang fails the test."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", CHAINED_SHAPES_OF_ONE_GRID], capture_output=True, text=True,
+                            timeout=300, env=os.environ | {"PYTHONPATH": str(REPO_ROOT)})  # fmt: skip
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
 
 
 def test_chained_launch_refuses_tma_tiles():

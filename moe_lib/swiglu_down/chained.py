@@ -21,7 +21,7 @@ launch holds the registers and shared memory of its largest branch for every pro
 Why tickets and not program ids: a program waits only for programs holding smaller tickets, which had started
 before it took its own, and those never wait; so the wait cannot hang, whatever the grid size, however many
 programs are resident at once, and whatever else runs beside the launch. No residency guarantee is needed (the
-grid may be many waves). Counters (int64, zeroed once, never reset, one pair per grid size):
+grid may be many waves). Counters (int64, zeroed once, never reset, one pair per grid size and dA program count):
     [0]   +1 per program: its ticket is (the count it found) mod grid, its launch number g = that count // grid
     [1]   +1 per dA program once its tile is stored: this launch's dA is complete once it reaches (g + 1) · nA
 The interpreter runs programs one after another in program order, so tickets come out as program ids and every
@@ -134,8 +134,11 @@ class ChainedConfig:
         d_gate = launch.allocate((2 if with_lo else 1, T, I), dtype=x.dtype, device=x.device)
         d_up = launch.allocate((2 if with_lo else 1, T, I), dtype=x.dtype, device=x.device)
         workspaces = launch.split_workspaces(plan, x.device)
-        # one pair per grid size: a launch needs the ticket counter at a multiple of its grid when it starts
-        tickets = SplitWorkspace.counters(f"chained tickets, grid {grid}", 1, 4, x.device).view(torch.int64)
+        # one pair per (grid, dA programs): a launch needs the ticket counter at a multiple of its grid and the dA
+        # count at the same multiple of its dA programs when it starts (launches of other shapes may share a grid)
+        num_da = next(kind.programs for kind in plan if kind.kind == "dA")
+        slot = f"chained tickets, grid {grid}, dA programs {num_da}"
+        tickets = SplitWorkspace.counters(slot, 1, 4, x.device).view(torch.int64)
         tiles = self.tiles
         chained_kernel[(grid,)](
             grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate,
