@@ -8,7 +8,8 @@
     (with ``grad_down_first`` the dWd tiles take the first nWd tickets and the dA tiles the next nA, as in launch 1)
 
 The tiles, split-K partials and epilogues are those of the two launches (:func:`.kernels.d_intermediate_program`,
-:func:`.kernels.token_reduction_program`, :func:`.kernels.grad_x_program`); only the order and the wait are new.
+:func:`.kernels.token_reduction_program`, :func:`.kernels.grad_x_and_grad_gate_up_program`); only the order and the
+wait are new.
 
 Why: where a call is timed from its first kernel's start to its last kernel's end with the host issuing each
 launch as the call runs (NVIDIA's harness), the host work of the second launch shows as a gap whenever the first
@@ -38,7 +39,7 @@ import triton.language as tl
 
 from . import launch
 from .few_tokens import wait_for
-from .kernels import d_intermediate_program, grad_x_program, token_reduction_program
+from .kernels import d_intermediate_program, grad_x_and_grad_gate_up_program, token_reduction_program
 from .launch import SplitWorkspace, TileConfig, dot_flags
 
 
@@ -88,23 +89,11 @@ def chained_kernel(
                                 DWD_M, DWD_N, DWD_K, DWD_SPLIT, GROUP_M, UPCAST, PRECISION, False)  # fmt: skip
     else:
         wait_for(tickets_ptr + 1, (arrival // grid + 1) * num_da)  # this launch's dA, stored and visible
-        program = ticket - num_da - num_dwd
-        num_dw_tiles = tl.cdiv(I, DW_M) * tl.cdiv(H, DW_N)  # per weight
-        num_dw_programs = num_dw_tiles * DW_SPLIT
-        up_partials_ptr = dw_partials_ptr + num_dw_tiles.to(tl.int64) * (DW_SPLIT * DW_M * DW_N)
-        if program < num_dw_programs:  # dWg = dGateᵀ · x (the long reductions over T first)
-            token_reduction_program(program, d_gate_ptr, lo_offset, x_ptr, grad_gate_weight_ptr, dw_partials_ptr,
-                                    dw_counters_ptr, T, I, H, DW_M, DW_N, DW_K, DW_SPLIT, GROUP_M, UPCAST, PRECISION,
-                                    WITH_LO)  # fmt: skip
-        elif program < 2 * num_dw_programs:  # dWu = dUpᵀ · x
-            token_reduction_program(program - num_dw_programs, d_up_ptr, lo_offset, x_ptr, grad_up_weight_ptr,
-                                    up_partials_ptr, dw_counters_ptr + num_dw_tiles, T, I, H,
-                                    DW_M, DW_N, DW_K, DW_SPLIT, GROUP_M, UPCAST, PRECISION, WITH_LO)  # fmt: skip
-        else:
-            grad_x_program(program - 2 * num_dw_programs, d_gate_ptr, d_up_ptr, lo_offset, gate_weight_ptr,
-                           up_weight_ptr, grad_x_ptr, dx_partials_ptr, dx_counters_ptr, T, H, I,
-                           DX_M, DX_N, DX_K, DX_SPLIT, GROUP_M, UPCAST, PRECISION, WITH_LO)  # fmt: skip
-
+        grad_x_and_grad_gate_up_program(ticket - num_da - num_dwd, x_ptr, gate_weight_ptr, up_weight_ptr, d_gate_ptr,
+                                        d_up_ptr, lo_offset, grad_x_ptr, grad_gate_weight_ptr, grad_up_weight_ptr,
+                                        dx_partials_ptr, dx_counters_ptr, dw_partials_ptr, dw_counters_ptr, T, H, I,
+                                        DX_M, DX_N, DX_K, DX_SPLIT, DW_M, DW_N, DW_K, DW_SPLIT, GROUP_M, UPCAST,
+                                        PRECISION, WITH_LO)  # fmt: skip
 
 @dataclass(frozen=True)
 class ChainedConfig:

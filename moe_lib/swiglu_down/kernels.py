@@ -339,21 +339,38 @@ def grad_x_and_grad_gate_up_kernel(
     GROUP_M: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
     WITH_LO: tl.constexpr,  # dGate, dUp are hi/lo pairs (the faithful path): every product takes both halves
 ):  # fmt: skip
-    pid = tl.program_id(0)
+    grad_x_and_grad_gate_up_program(tl.program_id(0), x_ptr, gate_weight_ptr, up_weight_ptr, d_gate_ptr, d_up_ptr,
+                                    lo_offset, grad_x_ptr, grad_gate_weight_ptr, grad_up_weight_ptr, dx_partials_ptr,
+                                    dx_counters_ptr, dw_partials_ptr, dw_counters_ptr, T, H, I,
+                                    DX_M, DX_N, DX_K, DX_SPLIT, DW_M, DW_N, DW_K, DW_SPLIT, GROUP_M, UPCAST,
+                                    PRECISION, WITH_LO)  # fmt: skip
+
+
+@triton.jit
+def grad_x_and_grad_gate_up_program(
+    program,  # index of this program among launch 2's: the dWg tiles', then the dWu tiles', then the dx tiles'
+    x_ptr, gate_weight_ptr, up_weight_ptr, d_gate_ptr, d_up_ptr, lo_offset, grad_x_ptr, grad_gate_weight_ptr,
+    grad_up_weight_ptr, dx_partials_ptr, dx_counters_ptr, dw_partials_ptr, dw_counters_ptr,  # as the kernel's
+    T, H, I,
+    DX_M: tl.constexpr, DX_N: tl.constexpr, DX_K: tl.constexpr, DX_SPLIT: tl.constexpr,
+    DW_M: tl.constexpr, DW_N: tl.constexpr, DW_K: tl.constexpr, DW_SPLIT: tl.constexpr,
+    GROUP_M: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, WITH_LO: tl.constexpr,
+):  # fmt: skip
+    """One program of launch 2 (grad_x_and_grad_gate_up_kernel; the chained launch runs them too)."""
     num_dw_tiles = tl.cdiv(I, DW_M) * tl.cdiv(H, DW_N)  # per weight
     num_dw_programs = num_dw_tiles * DW_SPLIT
     up_partials_ptr = dw_partials_ptr + num_dw_tiles.to(tl.int64) * (DW_SPLIT * DW_M * DW_N)
-    if pid < num_dw_programs:  # dWg = dGateᵀ · x (the long reductions over T first)
-        token_reduction_program(pid, d_gate_ptr, lo_offset, x_ptr, grad_gate_weight_ptr, dw_partials_ptr,
+    if program < num_dw_programs:  # dWg = dGateᵀ · x (the long reductions over T first)
+        token_reduction_program(program, d_gate_ptr, lo_offset, x_ptr, grad_gate_weight_ptr, dw_partials_ptr,
                                 dw_counters_ptr, T, I, H, DW_M, DW_N, DW_K, DW_SPLIT, GROUP_M, UPCAST, PRECISION,
                                 WITH_LO)  # fmt: skip
-    elif pid < 2 * num_dw_programs:  # dWu = dUpᵀ · x
-        token_reduction_program(pid - num_dw_programs, d_up_ptr, lo_offset, x_ptr, grad_up_weight_ptr,
+    elif program < 2 * num_dw_programs:  # dWu = dUpᵀ · x
+        token_reduction_program(program - num_dw_programs, d_up_ptr, lo_offset, x_ptr, grad_up_weight_ptr,
                                 up_partials_ptr, dw_counters_ptr + num_dw_tiles,
                                 T, I, H, DW_M, DW_N, DW_K, DW_SPLIT, GROUP_M, UPCAST, PRECISION, WITH_LO)  # fmt: skip
     else:
-        grad_x_program(pid - 2 * num_dw_programs, d_gate_ptr, d_up_ptr, lo_offset, gate_weight_ptr, up_weight_ptr,
-                       grad_x_ptr, dx_partials_ptr, dx_counters_ptr,
+        grad_x_program(program - 2 * num_dw_programs, d_gate_ptr, d_up_ptr, lo_offset, gate_weight_ptr,
+                       up_weight_ptr, grad_x_ptr, dx_partials_ptr, dx_counters_ptr,
                        T, H, I, DX_M, DX_N, DX_K, DX_SPLIT, GROUP_M, UPCAST, PRECISION, WITH_LO)  # fmt: skip
 
 
