@@ -12,6 +12,7 @@
 #      bf16), only the workloads of P2_OFFICIAL_TOKENS where set (a comma list: the suite in parts);
 #   (RUNS p1_probe) where P1's time goes: scripts/p1_few_tokens_trace.py, scripts/p1_kernel_times.py,
 #      scripts/launch_floor_probe.py;
+#   (RUNS p1_pass) the fast path's dSwiGLU pass by blocks or by flat runs: scripts/p1_pass_bench.py, p1_tune.py;
 #   (RUNS p1_lib_da) the fast path's cuBLAS design with dA and the dSwiGLU pass as one Triton launch: p1_tune.py;
 #   (RUNS p1_chain) the chained launch (design 8) against the faithful path's defaults: p1_tune.py, p1_host_gap.py;
 #   (RUNS p1_few, p1_tma, p1_lib, p2_tune) the tuning checks of the designs not yet measured, each candidate checked
@@ -178,6 +179,15 @@ case " $RUNS " in *" p1_lib_da "*)
     --configs "${P1_LIB_DA_CONFIGS:-lib_s3,lib_bs,lib_s3_da,lib_s3_da2,lib_s3_da8,lib_bs_da,lib_bs_da2,lib_s3_da_dwd,lib_s3_da8_dwd}"
   check "P1 kernels of a call, Triton dA" "${P1_KERNELS_SECONDS:-180}" scripts/p1_kernel_times.py \
     --tokens "${P1_KERNELS_TOKENS:-128,512}" --configs "${P1_KERNELS_CONFIGS:-lib_s3,lib_s3_da,lib_s3_da_dwd}"
+esac
+case " $RUNS " in *" p1_pass "*)
+  # the fast path's dSwiGLU pass by [tokens, I] blocks or by runs of consecutive elements: alone beside Inductor's
+  # fused kernel, then in the whole call at every suite size the design runs
+  check "P1 dSwiGLU pass alone" "${P1_PASS_SECONDS:-180}" scripts/p1_pass_bench.py
+  mkdir -p "$TUNING/p1_pass"
+  check "P1 cuBLAS design with the flat pass" "${P1_PASS_TUNE_SECONDS:-300}" scripts/p1_tune.py --precision fast \
+    --out "$TUNING/p1_pass" --tokens "${P1_PASS_TOKENS:-128,512,1087,1321,1571,2447,2767,3089,4093,7168,8192}" \
+    --configs "${P1_PASS_CONFIGS:-lib_s3,lib_bs,lib_bs3,lib_s3_fl512,lib_s3_fl1024,lib_s3_fl2048w8,lib_bs_fl512,lib_bs_fl1024,lib_bs_fl2048w8,lib_bs3_fl512,lib_bs3_fl1024,lib_bs3_fl2048w8}"
 esac
 case " $RUNS " in *" p1_few "*)
   # shellcheck disable=SC2086  # the arguments are words

@@ -77,6 +77,13 @@ def library_gemms_config():
     return LibraryGemmsConfig(d_a_fp32=False)
 
 
+def library_gemms_flat_pass_config():
+    """The dSwiGLU pass by runs of 64 consecutive elements: several programs and a ragged last run on tiny shapes."""
+    from moe_lib.swiglu_down.library_gemms import LibraryGemmsConfig
+
+    return LibraryGemmsConfig(d_a_fp32=False, grads_flat_block=64)
+
+
 def library_gemms_dx_in_two_config():
     from moe_lib.swiglu_down.library_gemms import LibraryGemmsConfig
 
@@ -118,7 +125,8 @@ def chained_grad_down_first_config():
 
 
 CONFIGS = {"default": lambda: None, "split": split_everything_config, "one-launch": one_launch_odd_blocks_config,
-           "library": library_gemms_config, "library-dx-in-two": library_gemms_dx_in_two_config,
+           "library": library_gemms_config, "library-flat-pass": library_gemms_flat_pass_config,
+           "library-dx-in-two": library_gemms_dx_in_two_config,
            "chained": chained_config, "chained-split": chained_split_config,
            "chained-dwd-first": chained_grad_down_first_config,
            "library-d-a-tile": library_gemms_d_a_tile_config,
@@ -216,9 +224,9 @@ def test_layer_gradients_match_autograd(seed):
 @needs_triton
 @pytest.mark.parametrize("T", [1, 37])
 @pytest.mark.parametrize("precision", ["faithful", "fast"])
-@pytest.mark.parametrize("tiles", [{}, dict(d_a_tile=(16, 16, 16, 4)),
+@pytest.mark.parametrize("tiles", [{}, dict(grads_flat_block=64), dict(d_a_tile=(16, 16, 16, 4)),
                                    dict(d_a_tile=(16, 16, 16, 4), grad_down_tile=(16, 16, 16, 2))],
-                         ids=["cublas-d-a", "triton-d-a", "triton-d-a-dwd"])  # fmt: skip
+                         ids=["cublas-d-a", "cublas-d-a-flat-pass", "triton-d-a", "triton-d-a-dwd"])  # fmt: skip
 def test_library_gemms_design_poisoned_and_at_the_harness_scale(T, precision, tiles, seed, monkeypatch):
     """The design on cuBLAS GEMMs from NaN-filled memory, at the harness's std-1 scale: the faithful path
     passes the element rule (its hi/lo rows through one GEMM each), the fast path stays within 2e-2; the
@@ -785,6 +793,16 @@ def test_library_gemms_grad_down_tile_needs_d_a_tile():
 
     with pytest.raises(ValueError, match="config: grad_down_tile .* needs d_a_tile"):
         LibraryGemmsConfig(grad_down_tile=(64, 128, 64, 1))
+
+
+@pytest.mark.parametrize("fields, message", [(dict(grads_flat_block=96), "power of two, got 96"),
+                                             (dict(grads_flat_block=0), "power of two, got 0"),
+                                             (dict(grads_flat_block=64, d_a_tile=(64, 64, 64, 1)), "folds")])
+def test_library_gemms_flat_pass_refuses_what_it_cannot_cut(fields, message):
+    from moe_lib.swiglu_down.library_gemms import LibraryGemmsConfig
+
+    with pytest.raises(ValueError, match=f"config: grads_flat_block .*{message}"):
+        LibraryGemmsConfig(**fields)
 
 
 @pytest.mark.gpu

@@ -95,6 +95,11 @@ P1_CANDIDATES = {
     "lib_bs3_g8": LibraryGemmsConfig(d_a_fp32=False, streams=True, stack_aside=True, grads_block=(8, 128)),
     "lib_bs3_g32": LibraryGemmsConfig(d_a_fp32=False, streams=True, stack_aside=True, grads_block=(32, 128),
                                       grads_warps=8),
+    # the dSwiGLU pass by runs of consecutive elements (grads_flat_block), beside each default of the design
+    **{f"{name}_fl{block}{'' if warps == 4 else f'w{warps}'}": LibraryGemmsConfig(
+        d_a_fp32=name == "lib_s3", streams=True, stack_aside=name != "lib_bs", grads_flat_block=block,
+        grads_warps=warps)
+       for name in ("lib_s3", "lib_bs", "lib_bs3") for block, warps in ((512, 4), (1024, 4), (2048, 8))},
     # dA and the dSwiGLU pass as one Triton launch (d_a_tile: dA's split-K tiles with the pass as their epilogue)
     "lib_s3_da": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True, d_a_tile=(64, 64, 64, 4)),
     "lib_s3_da2": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True, d_a_tile=(64, 64, 64, 2)),

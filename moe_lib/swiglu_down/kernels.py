@@ -21,8 +21,9 @@ last adds the SPLIT partials in split order and runs the epilogue. The sum's ord
 on arrival order, so results are deterministic. The counters only ever grow (by SPLIT per tile per
 call), so they need no reset.
 
-The same epilogue as a pass of its own (swiglu_grads_kernel) for the design on cuBLAS GEMMs
-(library_gemms.py): dA read from memory, [dGate | dUp] written side by side in each row; or, as an option of that
+The same epilogue as a pass of its own (swiglu_grads_kernel, by [tokens, I] blocks, or swiglu_grads_flat_kernel, by
+runs of consecutive elements) for the design on cuBLAS GEMMs (library_gemms.py): dA read from memory,
+[dGate | dUp] written side by side in each row; or, as an option of that
 design, after dA's own tiles in one launch (d_intermediate_rows_kernel), dA never stored.
 
 The ``swiglu_expert`` layer's elementwise step (swiglu_activation_kernel), one pass over gate and up:
@@ -436,6 +437,36 @@ def swiglu_grads_kernel(
     store_swiglu_grads_rows(load_tile(d_a_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N), gate_ptr, gate_sigmoid_ptr,
                             gate_silu_ptr, up_ptr, d_gate_up_ptr, off_t, off_i, T, I, BLOCK_M, BLOCK_N,
                             WITH_LO)  # fmt: skip
+
+
+@triton.jit
+def swiglu_grads_flat_kernel(
+    d_a_ptr,  # dA = dy · Wd [T, I], contiguous, fp32 or the input dtype
+    gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr,  # saved forward, each [T, I], contiguous
+    d_gate_up_ptr,  # out: rows as swiglu_grads_kernel stores them
+    num_elements,  # T · I
+    I: tl.constexpr,  # the row length, fixed at compile time: the compiler then sees which runs of a block are rows
+    BLOCK: tl.constexpr,  # elements of [T, I], in memory order, per program
+    WITH_LO: tl.constexpr,  # store hi/lo pairs (the faithful path); else hi alone
+):  # fmt: skip
+    """swiglu_grads_kernel's pass with [T, I] read as one flat run of T · I elements: each program takes BLOCK
+    consecutive ones, however many rows that spans, so that every load is as wide as the program."""
+    flat = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inside = flat < num_elements
+    d_a = tl.load(d_a_ptr + flat, mask=inside, other=0.0).to(tl.float32)
+    d_gate, d_up = swiglu_grads(d_a, tl.load(gate_ptr + flat, mask=inside, other=0.0),
+                                tl.load(gate_sigmoid_ptr + flat, mask=inside, other=0.0),
+                                tl.load(gate_silu_ptr + flat, mask=inside, other=0.0),
+                                tl.load(up_ptr + flat, mask=inside, other=0.0))  # fmt: skip
+    # element (t, i) goes to row t of rows 2I long (4I with lo halves): t · 2I + i = flat + t · I
+    out = d_gate_up_ptr + flat + (flat // I) * (3 * I if WITH_LO else I)
+    d_gate_hi = d_gate.to(d_gate_up_ptr.dtype.element_ty)
+    d_up_hi = d_up.to(d_gate_up_ptr.dtype.element_ty)
+    tl.store(out, d_gate_hi, mask=inside)
+    tl.store(out + I, d_up_hi, mask=inside)
+    if WITH_LO:
+        tl.store(out + 2 * I, (d_gate - d_gate_hi.to(tl.float32)).to(d_gate_hi.dtype), mask=inside)
+        tl.store(out + 3 * I, (d_up - d_up_hi.to(tl.float32)).to(d_up_hi.dtype), mask=inside)
 
 
 @triton.jit

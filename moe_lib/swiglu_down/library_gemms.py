@@ -50,6 +50,9 @@ class LibraryGemmsConfig:
     stack_aside: bool = False
     grads_block: tuple[int, int] = (16, 128)  # [tokens, I] block of one program of the dSwiGLU pass
     grads_warps: int = 4
+    # the dSwiGLU pass by runs of this many consecutive elements of [T, I] per program (swiglu_grads_flat_kernel)
+    # instead of [tokens, I] blocks; None: by blocks
+    grads_flat_block: int | None = None
     # dA and the dSwiGLU pass as one Triton launch of dA tiles (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT) with the pass as
     # their epilogue, instead of cuBLAS's dA and the pass (one launch and dA's round trip through memory fewer);
     # None: cuBLAS and the pass. dA then stays in fp32 registers whatever ``d_a_fp32`` says
@@ -63,6 +66,11 @@ class LibraryGemmsConfig:
     def __post_init__(self):
         if self.grad_down_tile is not None and self.d_a_tile is None:
             raise ValueError("config: grad_down_tile puts dWd in the launch of dA's Triton tiles; it needs d_a_tile")
+        if self.grads_flat_block is not None:
+            if self.grads_flat_block < 1 or self.grads_flat_block & (self.grads_flat_block - 1):
+                raise ValueError(f"config: grads_flat_block must be a power of two, got {self.grads_flat_block}")
+            if self.d_a_tile is not None:
+                raise ValueError("config: grads_flat_block cuts the dSwiGLU pass, which d_a_tile folds into dA's tiles")
 
     def run(self, grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up,
             intermediate, *, with_lo: bool):  # fmt: skip
@@ -95,11 +103,17 @@ class LibraryGemmsConfig:
                                       d_gate_up, grad_down_weight, with_lo=with_lo)  # fmt: skip
         elif T > 0:
             d_a = mm_fp32(grad_output, down_weight) if self.d_a_fp32 or with_lo else grad_output @ down_weight
-            grid = (cdiv(T, self.grads_block[0]), cdiv(I, self.grads_block[1]))
-            kernels.swiglu_grads_kernel[grid](
-                d_a, gate, gate_sigmoid, gate_silu, up, d_gate_up, T, I, *self.grads_block, with_lo,
-                num_warps=self.grads_warps,
-            )  # fmt: skip
+            if self.grads_flat_block is not None:
+                kernels.swiglu_grads_flat_kernel[(cdiv(T * I, self.grads_flat_block),)](
+                    d_a, gate, gate_sigmoid, gate_silu, up, d_gate_up, T * I, I, self.grads_flat_block, with_lo,
+                    num_warps=self.grads_warps,
+                )  # fmt: skip
+            else:
+                grid = (cdiv(T, self.grads_block[0]), cdiv(I, self.grads_block[1]))
+                kernels.swiglu_grads_kernel[grid](
+                    d_a, gate, gate_sigmoid, gate_silu, up, d_gate_up, T, I, *self.grads_block, with_lo,
+                    num_warps=self.grads_warps,
+                )  # fmt: skip
         with branch(side):  # [dWg; dWu] = [dG | dU]ᵀ · x
             if with_lo:
                 torch.add(*mm_fp32(d_gate_up.T, x).split(2 * I), out=grad_gate_up)
