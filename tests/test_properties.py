@@ -109,7 +109,8 @@ def test_p1_every_path_matches_float64(case):
         from moe_lib.swiglu_down.library_gemms import LibraryGemmsConfig
 
         d_a_fp32, dx_in_two, stack_aside, triton_tiles = case["library"]
-        tiles = {None: {}, "flat_pass": dict(grads_flat_block=32), "d_a": dict(d_a_tile=(16, 16, 16, 2)),
+        tiles = {None: {}, "flat_pass": dict(grads_flat_block=32, stack_by_memcpy=True),
+                 "d_a": dict(d_a_tile=(16, 16, 16, 2)),
                  "d_a_and_grad_down": dict(d_a_tile=(16, 16, 16, 2), grad_down_tile=(16, 16, 16, 2))}[triton_tiles]
         config = LibraryGemmsConfig(d_a_fp32=d_a_fp32, dx_in_two=dx_in_two, stack_aside=stack_aside, **tiles)
         got = swiglu_down_backward_triton(*relaid.values(), config=config, precision=case["precision"])

@@ -224,9 +224,9 @@ def test_layer_gradients_match_autograd(seed):
 @needs_triton
 @pytest.mark.parametrize("T", [1, 37])
 @pytest.mark.parametrize("precision", ["faithful", "fast"])
-@pytest.mark.parametrize("tiles", [{}, dict(grads_flat_block=64), dict(d_a_tile=(16, 16, 16, 4)),
+@pytest.mark.parametrize("tiles", [{}, dict(grads_flat_block=64, stack_by_memcpy=True), dict(d_a_tile=(16, 16, 16, 4)),
                                    dict(d_a_tile=(16, 16, 16, 4), grad_down_tile=(16, 16, 16, 2))],
-                         ids=["cublas-d-a", "cublas-d-a-flat-pass", "triton-d-a", "triton-d-a-dwd"])  # fmt: skip
+                         ids=["cublas-d-a", "cublas-d-a-flat-pass-memcpy", "triton-d-a", "triton-d-a-dwd"])  # fmt: skip
 def test_library_gemms_design_poisoned_and_at_the_harness_scale(T, precision, tiles, seed, monkeypatch):
     """The design on cuBLAS GEMMs from NaN-filled memory, at the harness's std-1 scale: the faithful path
     passes the element rule (its hi/lo rows through one GEMM each), the fast path stays within 2e-2; the
@@ -266,7 +266,8 @@ def test_library_gemms_design_takes_adjacent_gate_up_weights_without_a_copy(seed
     assert view.data_ptr() == fused.data_ptr() and torch.equal(view, fused)
     assert gate_up_view(inputs["gate_weight"], inputs["up_weight"]) is None
     assert gate_up_view(fused[24:], fused[:24]) is None  # halves in the wrong order
-    for config in (LibraryGemmsConfig(), LibraryGemmsConfig(dx_in_two=True), LibraryGemmsConfig(stack_aside=True)):
+    for config in (LibraryGemmsConfig(), LibraryGemmsConfig(dx_in_two=True), LibraryGemmsConfig(stack_aside=True),
+                   LibraryGemmsConfig(stack_aside=True, stack_by_memcpy=True)):
         apart = swiglu_down_backward_triton(*inputs.values(), config=config, precision="fast")
         together = swiglu_down_backward_triton(*(inputs | dict(gate_weight=fused[:24], up_weight=fused[24:])).values(),
                                                config=config, precision="fast")  # fmt: skip

@@ -100,6 +100,14 @@ P1_CANDIDATES = {
         d_a_fp32=name == "lib_s3", streams=True, stack_aside=name != "lib_bs", grads_flat_block=block,
         grads_warps=warps)
        for name in ("lib_s3", "lib_bs", "lib_bs3") for block, warps in ((512, 4), (1024, 4), (2048, 8))},
+    # [Wg; Wu] stacked by two device-to-device memcpys instead of a copy kernel, beside each default of the design
+    "lib_s3_mc": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True, stack_by_memcpy=True),
+    "lib_bs_mc": LibraryGemmsConfig(d_a_fp32=False, streams=True, stack_by_memcpy=True),
+    "lib_bs3_mc": LibraryGemmsConfig(d_a_fp32=False, streams=True, stack_aside=True, stack_by_memcpy=True),
+    "lib_s3_mc_fl512": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True, stack_by_memcpy=True,
+                                          grads_flat_block=512),
+    "lib_bs3_mc_fl2048w8": LibraryGemmsConfig(d_a_fp32=False, streams=True, stack_aside=True, stack_by_memcpy=True,
+                                              grads_flat_block=2048, grads_warps=8),
     # dA and the dSwiGLU pass as one Triton launch (d_a_tile: dA's split-K tiles with the pass as their epilogue)
     "lib_s3_da": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True, d_a_tile=(64, 64, 64, 4)),
     "lib_s3_da2": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True, d_a_tile=(64, 64, 64, 2)),

@@ -17,12 +17,12 @@ The faithful path (``with_lo``) keeps dG and dU as hi/lo pairs, each row [dG_hi 
 ([T, 4I]): dx is one GEMM over K = 4I against [Wg; Wu; Wg; Wu], and [dWg; dWu] the sum of the hi and lo
 row halves of one fp32 GEMM with M = 4I. dA is then always kept in fp32.
 
-Against the two Triton launches (:mod:`.kernels`): dA and dGate/dUp make a round trip through memory
-(2·T·I·4 + 2·T·2I·2 bytes more), and Wg, Wu are stacked once per call (6 MB at H = 2048, I = 768; no copy
-where they are the two halves of one buffer, or with ``dx_in_two``; with ``stack_aside`` the copy runs on the
-second stream beside dA); in exchange every product runs at cuBLAS's rate, dx's two halves and dWg, dWu each
-merged into one larger GEMM. No host synchronisation: a call captures in a CUDA graph (the second stream forks
-from and joins the caller's stream).
+Against the two Triton launches (:mod:`.kernels`): dA and dGate/dUp make a round trip through memory (2·T·I·4 +
+2·T·2I·2 bytes more), and Wg, Wu are stacked once per call (6 MB at H = 2048, I = 768; no copy where they are the
+two halves of one buffer, or with ``dx_in_two``; with ``stack_aside`` the copy runs on the second stream beside dA;
+with ``stack_by_memcpy`` it is two device-to-device memcpys); in exchange every product runs at cuBLAS's rate, dx's
+two halves and dWg, dWu each merged into one larger GEMM. No host synchronisation: a call captures in a CUDA graph
+(the second stream forks from and joins the caller's stream).
 """
 
 from __future__ import annotations
@@ -48,6 +48,9 @@ class LibraryGemmsConfig:
     # where [Wg; Wu] has to be stacked (and dx is one GEMM): the copy runs first thing on the second stream (with
     # ``streams``), beside dA and the dSwiGLU pass, instead of on the caller's stream just before dx
     stack_aside: bool = False
+    # where [Wg; Wu] has to be stacked: by two device-to-device memcpys (the GPU's copy engines, not its SMs, where
+    # the driver gives them the copy) instead of a copy kernel
+    stack_by_memcpy: bool = False
     grads_block: tuple[int, int] = (16, 128)  # [tokens, I] block of one program of the dSwiGLU pass
     grads_warps: int = 4
     # the dSwiGLU pass by runs of this many consecutive elements of [T, I] per program (swiglu_grads_flat_kernel)
@@ -94,7 +97,7 @@ class LibraryGemmsConfig:
 
         with branch(side):  # first on the side stream: the copy (stack_aside), then dWd = dyᵀ · intermediate
             if copy_needed and self.stack_aside:
-                torch.cat([gate_weight, up_weight], out=gate_up_weight)
+                self.stack(gate_weight, up_weight, gate_up_weight)
                 stacked = side.mark() if side is not None else None
             if self.grad_down_tile is None:
                 torch.mm(grad_output.T, intermediate, out=grad_down_weight)
@@ -120,7 +123,7 @@ class LibraryGemmsConfig:
             else:
                 torch.mm(d_gate_up.T, x, out=grad_gate_up)
         if copy_needed and not self.stack_aside:
-            torch.cat([gate_weight, up_weight], out=gate_up_weight)
+            self.stack(gate_weight, up_weight, gate_up_weight)
         if stacked is not None:
             torch.cuda.current_stream(x.device).wait_event(stacked)
         if with_lo:  # [dG_hi | dU_hi | dG_lo | dU_lo] · [Wg; Wu; Wg; Wu]
@@ -134,6 +137,14 @@ class LibraryGemmsConfig:
         if side is not None:
             side.join()
         return grad_x, grad_gate_up[:I], grad_gate_up[I:], grad_down_weight
+
+    def stack(self, gate_weight, up_weight, gate_up_weight):
+        """[Wg; Wu] into ``gate_up_weight`` [2I, H]."""
+        if self.stack_by_memcpy:  # a contiguous same-dtype copy_ is a cudaMemcpyAsync, device to device
+            gate_up_weight[: gate_weight.shape[0]].copy_(gate_weight)
+            gate_up_weight[gate_weight.shape[0] :].copy_(up_weight)
+        else:
+            torch.cat([gate_weight, up_weight], out=gate_up_weight)
 
     def d_a_and_swiglu_grads(self, grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate,
                              d_gate_up, grad_down_weight, *, with_lo: bool):  # fmt: skip
