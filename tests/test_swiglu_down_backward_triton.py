@@ -366,20 +366,20 @@ def test_design_by_token_count():
     Triton designs below, with fp32 inputs, under the interpreter and on the faithful path."""
     from moe_lib.swiglu_down.launch import (
         LIBRARY_GEMMS_16BIT_DA_MIN_TOKENS,
+        LIBRARY_GEMMS_MEMCPY_STACK_MIN_TOKENS,
         LIBRARY_GEMMS_MIN_TOKENS,
-        LIBRARY_GEMMS_STACK_ON_CALLER_STREAM,
         choose_config,
         choose_design,
     )
     from moe_lib.swiglu_down.library_gemms import LibraryGemmsConfig
 
     first = LIBRARY_GEMMS_MIN_TOKENS["fast"]
-    band = LIBRARY_GEMMS_STACK_ON_CALLER_STREAM
-    for T in (first, first + 1, 1023, 1024, band.stop - 1, band.stop, 8192):
+    memcpy = LIBRARY_GEMMS_MEMCPY_STACK_MIN_TOKENS
+    for T in (first, first + 1, 1023, 1024, memcpy - 1, memcpy, 8192):
         design = choose_design(T, 2048, 768, interpreter=False, max_programs=132)
-        assert isinstance(design, LibraryGemmsConfig) and design.streams, T
+        assert isinstance(design, LibraryGemmsConfig) and design.streams and design.stack_aside, T
         assert design.d_a_fp32 == (T < LIBRARY_GEMMS_16BIT_DA_MIN_TOKENS), T
-        assert design.stack_aside == (T not in band), T
+        assert design.stack_by_memcpy == (T >= memcpy), T
     assert "faithful" not in LIBRARY_GEMMS_MIN_TOKENS  # its host work would show in NVIDIA's method
     for T, kwargs in ((first - 1, {}), (8192, dict(element_bytes=4)), (8192, dict(interpreter=True)),
                       (1, dict(with_lo=True)), (1087, dict(with_lo=True)), (8192, dict(with_lo=True))):  # fmt: skip

@@ -91,11 +91,13 @@ LIBRARY_GEMMS_MIN_TOKENS = {"fast": FEW_TOKENS_MAX_TOKENS + 1}
 # from here on the fast path keeps dA in the input dtype, as torch.compile's code does (236.7 against
 # 242.2 µs at 8192 tokens; within 1 µs of fp32 from 1087 to 2447); below, in fp32
 LIBRARY_GEMMS_16BIT_DA_MIN_TOKENS = 1024
-# in this band the copy of [Wg; Wu] runs on the caller's stream just before dx; outside it, first thing on the
-# second stream, beside dA and the dSwiGLU pass (``stack_aside``): on the H200, 28.4–29.1 against 29.5–29.9 µs
-# at 128 tokens, 36.8 against 38.4–38.8 at 512, 211–213 against 216–217 at 7168; slower by 1–3 µs at 1087,
-# 1321 and 4093 (two tuning runs, data/results/NOTES.md)
-LIBRARY_GEMMS_STACK_ON_CALLER_STREAM = range(1024, 6144)
+# the copy of [Wg; Wu] runs first thing on the second stream, beside dA and the dSwiGLU pass (``stack_aside``); from
+# here on as two device-to-device memcpys (``stack_by_memcpy``: the copy engines, leaving every SM to the GEMMs),
+# below as a copy kernel (the memcpys are slower, 8 µs for the 6 MB, and at few tokens dx waits for them). On the
+# H200 by graph replay (data/results/NOTES.md): the kernel aside 28.3 against 29.1–29.7 µs at 128 tokens; the
+# memcpys aside 50.6 against 52.0–53.4 at 1087, 57.9 against 60.1–60.6 at 1321, 104.0 against 106.0 at 3089,
+# within 1 µs of the kernel at 4093–8192
+LIBRARY_GEMMS_MEMCPY_STACK_MIN_TOKENS = 1024
 
 
 def choose_design(num_tokens: int, hidden_size: int, intermediate_size: int, *, interpreter: bool,
@@ -111,7 +113,8 @@ def choose_design(num_tokens: int, hidden_size: int, intermediate_size: int, *, 
         if with_lo:
             return LibraryGemmsConfig(d_a_fp32=True, streams=False)
         return LibraryGemmsConfig(d_a_fp32=num_tokens < LIBRARY_GEMMS_16BIT_DA_MIN_TOKENS, streams=True,
-                                  stack_aside=num_tokens not in LIBRARY_GEMMS_STACK_ON_CALLER_STREAM)  # fmt: skip
+                                  stack_aside=True,
+                                  stack_by_memcpy=num_tokens >= LIBRARY_GEMMS_MEMCPY_STACK_MIN_TOKENS)  # fmt: skip
     return choose_config(num_tokens, hidden_size, intermediate_size, interpreter=interpreter, with_lo=with_lo,
                          max_programs=max_programs, element_bytes=element_bytes)  # fmt: skip
 
