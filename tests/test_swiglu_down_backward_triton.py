@@ -267,7 +267,8 @@ def test_library_gemms_design_takes_adjacent_gate_up_weights_without_a_copy(seed
     assert gate_up_view(inputs["gate_weight"], inputs["up_weight"]) is None
     assert gate_up_view(fused[24:], fused[:24]) is None  # halves in the wrong order
     for config in (LibraryGemmsConfig(), LibraryGemmsConfig(dx_in_two=True), LibraryGemmsConfig(stack_aside=True),
-                   LibraryGemmsConfig(stack_aside=True, stack_by_memcpy=True)):
+                   LibraryGemmsConfig(stack_aside=True, stack_by_memcpy=True, grad_down_when="after_grad_gate_up"),
+                   LibraryGemmsConfig(streams=True, grad_down_when="last")):
         apart = swiglu_down_backward_triton(*inputs.values(), config=config, precision="fast")
         together = swiglu_down_backward_triton(*(inputs | dict(gate_weight=fused[:24], up_weight=fused[24:])).values(),
                                                config=config, precision="fast")  # fmt: skip
@@ -727,7 +728,7 @@ def test_gpu_tma_launches_deterministic_and_replayed_from_a_graph(candidate, see
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [1, 3, 128, 1087, 5000, 8192, 12288])
 @pytest.mark.parametrize("candidate", ["lib", "lib_s", "lib_b", "lib_bs", "lib_s2", "lib_bs2", "lib_s3", "lib_bs3",
-                                       "lib_bs3_mc", "lib_s3_mc_fl512"])
+                                       "lib_bs3_mc", "lib_s3_mc_fl512", "lib_s3_dl", "lib_bs3_mc_dx"])
 @pytest.mark.parametrize("precision", ["faithful", "fast"])
 def test_gpu_library_gemms_design_at_both_input_scales(T, candidate, precision, seed):
     check_candidate_at_both_scales(candidate, T, precision, seed)
@@ -797,13 +798,16 @@ def test_library_gemms_grad_down_tile_needs_d_a_tile():
         LibraryGemmsConfig(grad_down_tile=(64, 128, 64, 1))
 
 
-@pytest.mark.parametrize("fields, message", [(dict(grads_flat_block=96), "power of two, got 96"),
+@pytest.mark.parametrize("fields, message", [(dict(grad_down_when="never"), "grad_down_when must be one of"),
+                                             (dict(grad_down_when="last", d_a_tile=(64, 64, 64, 1),
+                                                   grad_down_tile=(64, 64, 64, 1)), "grad_down_when places"),
+                                             (dict(grads_flat_block=96), "power of two, got 96"),
                                              (dict(grads_flat_block=0), "power of two, got 0"),
                                              (dict(grads_flat_block=64, d_a_tile=(64, 64, 64, 1)), "folds")])
-def test_library_gemms_flat_pass_refuses_what_it_cannot_cut(fields, message):
+def test_library_gemms_config_refuses_what_it_cannot_do(fields, message):
     from moe_lib.swiglu_down.library_gemms import LibraryGemmsConfig
 
-    with pytest.raises(ValueError, match=f"config: grads_flat_block .*{message}"):
+    with pytest.raises(ValueError, match=f"config: .*{message}"):
         LibraryGemmsConfig(**fields)
 
 

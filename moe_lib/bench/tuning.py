@@ -108,6 +108,13 @@ P1_CANDIDATES = {
                                           grads_flat_block=512),
     "lib_bs3_mc_fl2048w8": LibraryGemmsConfig(d_a_fp32=False, streams=True, stack_aside=True, stack_by_memcpy=True,
                                               grads_flat_block=2048, grads_warps=8),
+    # cuBLAS's dWd after [dWg; dWu] on the second stream, or last on the caller's stream, instead of beside dA
+    "lib_s3_dl": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True, grad_down_when="after_grad_gate_up"),
+    "lib_s3_dx": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True, grad_down_when="last"),
+    "lib_bs3_mc_dl": LibraryGemmsConfig(d_a_fp32=False, streams=True, stack_aside=True, stack_by_memcpy=True,
+                                        grad_down_when="after_grad_gate_up"),
+    "lib_bs3_mc_dx": LibraryGemmsConfig(d_a_fp32=False, streams=True, stack_aside=True, stack_by_memcpy=True,
+                                        grad_down_when="last"),
     # dA and the dSwiGLU pass as one Triton launch (d_a_tile: dA's split-K tiles with the pass as their epilogue)
     "lib_s3_da": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True, d_a_tile=(64, 64, 64, 4)),
     "lib_s3_da2": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True, d_a_tile=(64, 64, 64, 2)),

@@ -35,6 +35,8 @@ import torch
 from ..tiling import cdiv
 from . import kernels, launch
 
+GRAD_DOWN_WHEN = ("first", "after_grad_gate_up", "last")
+
 
 @dataclass(frozen=True)
 class LibraryGemmsConfig:
@@ -48,6 +50,10 @@ class LibraryGemmsConfig:
     # where [Wg; Wu] has to be stacked (and dx is one GEMM): the copy runs first thing on the second stream (with
     # ``streams``), beside dA and the dSwiGLU pass, instead of on the caller's stream just before dx
     stack_aside: bool = False
+    # when cuBLAS's dWd runs: "first" on the second stream (with ``streams``), beside dA; "after_grad_gate_up" on
+    # the second stream after [dWg; dWu], so that it never holds SMs that dx and [dWg; dWu] wait for; "last" on the
+    # caller's stream after dx
+    grad_down_when: str = "first"
     # where [Wg; Wu] has to be stacked: by two device-to-device memcpys (the GPU's copy engines, not its SMs, where
     # the driver gives them the copy) instead of a copy kernel
     stack_by_memcpy: bool = False
@@ -69,6 +75,10 @@ class LibraryGemmsConfig:
     def __post_init__(self):
         if self.grad_down_tile is not None and self.d_a_tile is None:
             raise ValueError("config: grad_down_tile puts dWd in the launch of dA's Triton tiles; it needs d_a_tile")
+        if self.grad_down_when not in GRAD_DOWN_WHEN:
+            raise ValueError(f"config: grad_down_when must be one of {GRAD_DOWN_WHEN}, got {self.grad_down_when!r}")
+        if self.grad_down_when != "first" and self.grad_down_tile is not None:
+            raise ValueError("config: grad_down_when places cuBLAS's dWd, which grad_down_tile replaces")
         if self.grads_flat_block is not None:
             if self.grads_flat_block < 1 or self.grads_flat_block & (self.grads_flat_block - 1):
                 raise ValueError(f"config: grads_flat_block must be a power of two, got {self.grads_flat_block}")
@@ -99,7 +109,7 @@ class LibraryGemmsConfig:
             if copy_needed and self.stack_aside:
                 self.stack(gate_weight, up_weight, gate_up_weight)
                 stacked = side.mark() if side is not None else None
-            if self.grad_down_tile is None:
+            if self.grad_down_tile is None and self.grad_down_when == "first":
                 torch.mm(grad_output.T, intermediate, out=grad_down_weight)
         if self.d_a_tile is not None:
             self.d_a_and_swiglu_grads(grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate,
@@ -122,6 +132,8 @@ class LibraryGemmsConfig:
                 torch.add(*mm_fp32(d_gate_up.T, x).split(2 * I), out=grad_gate_up)
             else:
                 torch.mm(d_gate_up.T, x, out=grad_gate_up)
+            if self.grad_down_when == "after_grad_gate_up":
+                torch.mm(grad_output.T, intermediate, out=grad_down_weight)
         if copy_needed and not self.stack_aside:
             self.stack(gate_weight, up_weight, gate_up_weight)
         if stacked is not None:
@@ -134,6 +146,8 @@ class LibraryGemmsConfig:
             grad_x.addmm_(d_gate_up[:, I:], up_weight)
         else:
             torch.mm(d_gate_up, gate_up_weight, out=grad_x)
+        if self.grad_down_when == "last":
+            torch.mm(grad_output.T, intermediate, out=grad_down_weight)
         if side is not None:
             side.join()
         return grad_x, grad_gate_up[:I], grad_gate_up[I:], grad_down_weight
