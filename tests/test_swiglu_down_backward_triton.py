@@ -728,14 +728,14 @@ def test_gpu_tma_launches_deterministic_and_replayed_from_a_graph(candidate, see
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [1, 3, 128, 1087, 5000, 8192, 12288])
 @pytest.mark.parametrize("candidate", ["lib", "lib_s", "lib_b", "lib_bs", "lib_s2", "lib_bs2", "lib_s3", "lib_bs3",
-                                       "lib_bs3_mc", "lib_s3_mc_fl512", "lib_s3_dl", "lib_bs3_mc_dx"])
+                                       "lib_bs3_mc", "lib_s3_mc_fl512", "lib_s3_dl", "lib_bs3_mc_dx", "lib_s3_hp"])
 @pytest.mark.parametrize("precision", ["faithful", "fast"])
 def test_gpu_library_gemms_design_at_both_input_scales(T, candidate, precision, seed):
     check_candidate_at_both_scales(candidate, T, precision, seed)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("candidate", ["lib", "lib_bs", "lib_bs2", "lib_bs3", "lib_bs3_mc"])
+@pytest.mark.parametrize("candidate", ["lib", "lib_bs", "lib_bs2", "lib_bs3", "lib_bs3_mc", "lib_bs3_mc_hp"])
 def test_gpu_library_gemms_design_deterministic_and_replayed_from_a_graph(candidate, seed):
     """With ``streams`` the capture forks to a second stream and joins it again (with ``stack_aside`` the
     caller's stream also waits for the copy made there, with ``stack_by_memcpy`` two memcpy nodes)."""

@@ -115,6 +115,12 @@ P1_CANDIDATES = {
                                         grad_down_when="after_grad_gate_up"),
     "lib_bs3_mc_dx": LibraryGemmsConfig(d_a_fp32=False, streams=True, stack_aside=True, stack_by_memcpy=True,
                                         grad_down_when="last"),
+    # the chain dA, pass, dx on a stream of the highest priority
+    "lib_s3_hp": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True, critical_priority=True),
+    "lib_bs3_mc_hp": LibraryGemmsConfig(d_a_fp32=False, streams=True, stack_aside=True, stack_by_memcpy=True,
+                                        critical_priority=True),
+    "lib_s3_hp_dl": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True, critical_priority=True,
+                                       grad_down_when="after_grad_gate_up"),
     # dA and the dSwiGLU pass as one Triton launch (d_a_tile: dA's split-K tiles with the pass as their epilogue)
     "lib_s3_da": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True, d_a_tile=(64, 64, 64, 4)),
     "lib_s3_da2": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True, d_a_tile=(64, 64, 64, 2)),

@@ -50,6 +50,10 @@ class LibraryGemmsConfig:
     # where [Wg; Wu] has to be stacked (and dx is one GEMM): the copy runs first thing on the second stream (with
     # ``streams``), beside dA and the dSwiGLU pass, instead of on the caller's stream just before dx
     stack_aside: bool = False
+    # with ``streams``: the chain dA, pass, dx on a stream of the highest priority (forked from the caller's and
+    # joined back), so that the GPU gives its blocks the SMs before the second stream's (a captured graph keeps
+    # each kernel's priority)
+    critical_priority: bool = False
     # when cuBLAS's dWd runs: "first" on the second stream (with ``streams``), beside dA; "after_grad_gate_up" on
     # the second stream after [dWg; dWu], so that it never holds SMs that dx and [dWg; dWu] wait for; "last" on the
     # caller's stream after dx
@@ -89,6 +93,19 @@ class LibraryGemmsConfig:
             intermediate, *, with_lo: bool):  # fmt: skip
         """The four gradients (grad_x, grad_gate_weight, grad_up_weight, grad_down_weight); the two weight
         gradients are the row halves of one [2I, H] allocation."""
+        critical = self.critical_priority and self.streams and x.is_cuda
+        caller = torch.cuda.current_stream(x.device) if critical else None
+        with critical_path(critical, x.device):
+            grads = self.run_streams(grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid,
+                                     gate_silu, up, intermediate, with_lo=with_lo)  # fmt: skip
+        if critical and not torch.cuda.is_current_stream_capturing():
+            for grad in grads:  # allocated on the critical stream, used on the caller's from here on
+                grad.record_stream(caller)
+        return grads
+
+    def run_streams(self, grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up,
+                    intermediate, *, with_lo: bool):  # fmt: skip
+        """:meth:`run` on the current stream (the chain dA, pass, dx) and the side stream."""
         T, H = x.shape
         I = gate_weight.shape[0]
         grad_x = launch.allocate(x.shape, dtype=x.dtype, device=x.device)
@@ -223,6 +240,29 @@ class SideStream:
     def join(self):
         if self.forked:
             self.main.wait_stream(self.stream)
+
+
+@contextlib.contextmanager
+def critical_path(enabled: bool, device: torch.device):
+    """``with critical_path(True, device):`` runs its body on a stream of the highest priority that forks from the
+    caller's stream and that the caller's stream then waits for (False: on the caller's stream)."""
+    if not enabled:
+        yield
+        return
+    caller = torch.cuda.current_stream(device)
+    key = str(device)
+    if key not in CRITICAL_STREAMS:
+        CRITICAL_STREAMS[key] = torch.cuda.Stream(device, priority=torch.cuda.Stream.priority_range()[1])
+    critical = CRITICAL_STREAMS[key]
+    critical.wait_stream(caller)
+    try:
+        with torch.cuda.stream(critical):
+            yield
+    finally:
+        caller.wait_stream(critical)
+
+
+CRITICAL_STREAMS: dict = {}
 
 
 @contextlib.contextmanager
