@@ -268,7 +268,7 @@ def test_library_gemms_design_takes_adjacent_gate_up_weights_without_a_copy(seed
     assert gate_up_view(fused[24:], fused[:24]) is None  # halves in the wrong order
     for config in (LibraryGemmsConfig(), LibraryGemmsConfig(dx_in_two=True), LibraryGemmsConfig(stack_aside=True),
                    LibraryGemmsConfig(stack_aside=True, stack_by_memcpy=True, grad_down_when="after_grad_gate_up"),
-                   LibraryGemmsConfig(streams=True, grad_down_when="last")):
+                   LibraryGemmsConfig(streams=True, grad_down_when="last"), LibraryGemmsConfig(stack_programs=3)):
         apart = swiglu_down_backward_triton(*inputs.values(), config=config, precision="fast")
         together = swiglu_down_backward_triton(*(inputs | dict(gate_weight=fused[:24], up_weight=fused[24:])).values(),
                                                config=config, precision="fast")  # fmt: skip
@@ -728,7 +728,8 @@ def test_gpu_tma_launches_deterministic_and_replayed_from_a_graph(candidate, see
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [1, 3, 128, 1087, 5000, 8192, 12288])
 @pytest.mark.parametrize("candidate", ["lib", "lib_s", "lib_b", "lib_bs", "lib_s2", "lib_bs2", "lib_s3", "lib_bs3",
-                                       "lib_bs3_mc", "lib_s3_mc_fl512", "lib_s3_dl", "lib_bs3_mc_dx", "lib_s3_hp"])
+                                       "lib_bs3_mc", "lib_s3_mc_fl512", "lib_s3_dl", "lib_bs3_mc_dx", "lib_s3_hp",
+                                       "lib_s3_sp32"])
 @pytest.mark.parametrize("precision", ["faithful", "fast"])
 def test_gpu_library_gemms_design_at_both_input_scales(T, candidate, precision, seed):
     check_candidate_at_both_scales(candidate, T, precision, seed)
@@ -799,6 +800,7 @@ def test_library_gemms_grad_down_tile_needs_d_a_tile():
 
 
 @pytest.mark.parametrize("fields, message", [(dict(grad_down_when="never"), "grad_down_when must be one of"),
+                                             (dict(stack_programs=0), "stack_programs must be at least 1"),
                                              (dict(grad_down_when="last", d_a_tile=(64, 64, 64, 1),
                                                    grad_down_tile=(64, 64, 64, 1)), "grad_down_when places"),
                                              (dict(grads_flat_block=96), "power of two, got 96"),
@@ -826,3 +828,16 @@ def test_gpu_library_gemms_with_triton_d_a(T, distribution, candidate, seed):
         poison_allocator("cuda", 256 * 2**20)
         got = swiglu_down_backward_triton(*inputs.values(), config=P1_CANDIDATES[candidate], precision=precision)
         check_against_float64(inputs, got, precision)
+
+
+@needs_triton
+def test_stack_kernel_copies_both_halves_in_few_programs():
+    """[Wg; Wu] from three programs that step over ragged 16-element blocks, into NaN-filled memory: exact."""
+    from moe_lib.swiglu_down import kernels
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    top = torch.randn(7, 9, device=device).to(torch.bfloat16)
+    bottom = torch.randn(7, 9, device=device).to(torch.bfloat16)
+    stacked = torch.full((14, 9), float("nan"), device=device, dtype=torch.bfloat16)
+    kernels.stack_kernel[(3,)](top, bottom, stacked, top.numel(), 16, 3)
+    assert torch.equal(stacked, torch.cat([top, bottom]))

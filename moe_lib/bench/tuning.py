@@ -115,6 +115,9 @@ P1_CANDIDATES = {
                                         grad_down_when="after_grad_gate_up"),
     "lib_bs3_mc_dx": LibraryGemmsConfig(d_a_fp32=False, streams=True, stack_aside=True, stack_by_memcpy=True,
                                         grad_down_when="last"),
+    # [Wg; Wu] stacked by a Triton copy of a few programs beside dA
+    **{f"lib_s3_sp{programs}": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True,
+                                                  stack_programs=programs) for programs in (16, 32, 64)},
     # the chain dA, pass, dx on a stream of the highest priority
     "lib_s3_hp": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True, critical_priority=True),
     "lib_bs3_mc_hp": LibraryGemmsConfig(d_a_fp32=False, streams=True, stack_aside=True, stack_by_memcpy=True,

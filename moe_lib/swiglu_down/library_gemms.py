@@ -36,6 +36,7 @@ from ..tiling import cdiv
 from . import kernels, launch
 
 GRAD_DOWN_WHEN = ("first", "after_grad_gate_up", "last")
+STACK_BLOCK = 32768  # elements a program of kernels.stack_kernel copies per step: 64 KB in flight per program
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,9 @@ class LibraryGemmsConfig:
     # where [Wg; Wu] has to be stacked: by two device-to-device memcpys (the GPU's copy engines, not its SMs, where
     # the driver gives them the copy) instead of a copy kernel
     stack_by_memcpy: bool = False
+    # where [Wg; Wu] has to be stacked and ``stack_by_memcpy`` is off: by a Triton copy of this many programs
+    # (kernels.stack_kernel), so that dA beside it keeps the other SMs; None: a copy kernel over the whole GPU
+    stack_programs: int | None = None
     grads_block: tuple[int, int] = (16, 128)  # [tokens, I] block of one program of the dSwiGLU pass
     grads_warps: int = 4
     # the dSwiGLU pass by runs of this many consecutive elements of [T, I] per program (swiglu_grads_flat_kernel)
@@ -79,6 +83,8 @@ class LibraryGemmsConfig:
     def __post_init__(self):
         if self.grad_down_tile is not None and self.d_a_tile is None:
             raise ValueError("config: grad_down_tile puts dWd in the launch of dA's Triton tiles; it needs d_a_tile")
+        if self.stack_programs is not None and self.stack_programs < 1:
+            raise ValueError(f"config: stack_programs must be at least 1, got {self.stack_programs}")
         if self.grad_down_when not in GRAD_DOWN_WHEN:
             raise ValueError(f"config: grad_down_when must be one of {GRAD_DOWN_WHEN}, got {self.grad_down_when!r}")
         if self.grad_down_when != "first" and self.grad_down_tile is not None:
@@ -174,6 +180,9 @@ class LibraryGemmsConfig:
         if self.stack_by_memcpy:  # a contiguous same-dtype copy_ is a cudaMemcpyAsync, device to device
             gate_up_weight[: gate_weight.shape[0]].copy_(gate_weight)
             gate_up_weight[gate_weight.shape[0] :].copy_(up_weight)
+        elif self.stack_programs is not None:
+            kernels.stack_kernel[(self.stack_programs,)](gate_weight, up_weight, gate_up_weight, gate_weight.numel(),
+                                                         STACK_BLOCK, self.stack_programs, num_warps=8)  # fmt: skip
         else:
             torch.cat([gate_weight, up_weight], out=gate_up_weight)
 
