@@ -5,8 +5,9 @@
 On a GPU, per token count: every candidate of ``moe_lib.bench.tuning.P1_CANDIDATES`` named (fast path) and the
 ``torch_compile`` peer are captured in a CUDA graph; ``--runs`` replays, each after an L2 flush, run under
 ``torch.profiler``. Prints, per candidate, the median span of a call (first kernel's start to last kernel's end)
-and each kernel in launch order with its median start (µs after the call's first kernel), duration and stream.
-Tells where one design's chain of kernels loses time against another's. With $OUT set, writes the table as JSON.
+and each kernel (known by its name and occurrence in the call) in order of its median start (µs after the call's
+first kernel), with its median duration and its stream. Tells where one design's chain of kernels loses time
+against another's. With $OUT set, writes the table as JSON.
 """
 
 from __future__ import annotations
@@ -57,25 +58,31 @@ def kernels_per_call(fn, runs: int) -> list[list[dict]]:
             current = []
             continue
         current.append(dict(name=event.name, start=event.time_range.start, end=event.time_range.end,
-                            stream=getattr(event, "thread", None)))  # fmt: skip
+                            stream=getattr(event, "device_resource_id", None)))  # fmt: skip
     if current:
         calls.append(current)
     return calls
 
 
 def summary(calls: list[list[dict]]) -> dict:
-    """Median span and, per kernel position, median start offset and duration (µs)."""
-    counts = [len(c) for c in calls]
-    usual = statistics.mode(counts)
-    calls = [c for c in calls if len(c) == usual]
+    """Median span and, per kernel, median start offset and duration (µs), in order of median start.
+
+    A kernel is known by its name and how many kernels of that name came before it in its call: with two streams
+    the order in which kernels start changes from call to call, so the i-th kernel of one call need not be the
+    i-th of another. A kernel missing from some calls is summarised over the calls that have it (``calls``)."""
     spans = [max(k["end"] for k in c) - c[0]["start"] for c in calls]
-    kernels = []
-    for i in range(usual):
-        kernels.append(dict(
-            name=calls[0][i]["name"], stream=calls[0][i]["stream"],
-            start_us=statistics.median(c[i]["start"] - c[0]["start"] for c in calls),
-            duration_us=statistics.median(c[i]["end"] - c[i]["start"] for c in calls),
-        ))  # fmt: skip
+    seen: dict[tuple[str, int], list[dict]] = {}
+    for call in calls:
+        occurrences: dict[str, int] = {}
+        for kernel in call:
+            index = occurrences.get(kernel["name"], 0)
+            occurrences[kernel["name"]] = index + 1
+            seen.setdefault((kernel["name"], index), []).append(dict(kernel, offset=kernel["start"] - call[0]["start"]))
+    kernels = [dict(name=name, stream=found[0]["stream"], calls=len(found),
+                    start_us=statistics.median(k["offset"] for k in found),
+                    duration_us=statistics.median(k["end"] - k["start"] for k in found))
+               for (name, _), found in seen.items()]  # fmt: skip
+    kernels.sort(key=lambda k: k["start_us"])
     return dict(span_us=statistics.median(spans), calls=len(calls), kernels=kernels)
 
 

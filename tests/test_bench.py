@@ -297,3 +297,21 @@ def test_kernel_benchmark_run_keeps_what_was_measured(tmp_path, capsys, monkeypa
     wrong = run_cases(lambda case: [dict(case=case, ok=False)], cases[:1], out=None, out_name="x.json",
                       print_table=lambda rows: None)  # fmt: skip
     assert wrong == 1
+
+
+def test_kernel_times_match_kernels_by_name_when_streams_reorder_them():
+    """Two streams start their kernels in another order from call to call: each kernel's median start and
+    duration must still be its own, not a mix of whichever kernels came i-th."""
+    import runpy
+    from pathlib import Path
+
+    script = runpy.run_path(str(Path(__file__).parent.parent / "scripts" / "p1_kernel_times.py"), run_name="test")
+    gemm = lambda start, end: dict(name="gemm", start=start, end=end, stream=7)  # noqa: E731
+    copy = lambda start, end: dict(name="copy", start=start, end=end, stream=8)  # noqa: E731
+    calls = [[gemm(0, 6), copy(1, 4), gemm(7, 9)],   # the copy started second
+             [copy(100, 103), gemm(101, 107), gemm(108, 110)],  # the copy started first
+             [copy(200, 203), gemm(201, 207), gemm(208, 210)]]  # the copy started first
+    got = script["summary"](calls)
+    assert got["span_us"] == 10 and got["calls"] == 3
+    assert [(k["name"], k["start_us"], k["duration_us"], k["stream"], k["calls"]) for k in got["kernels"]] == [
+        ("copy", 0, 3, 8, 3), ("gemm", 1, 6, 7, 3), ("gemm", 8, 2, 7, 3)]  # fmt: skip
