@@ -118,6 +118,11 @@ P1_CANDIDATES = {
     # [Wg; Wu] stacked by a Triton copy of a few programs beside dA
     **{f"lib_s3_sp{programs}": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True,
                                                   stack_programs=programs) for programs in (16, 32, 64)},
+    # only the copy of [Wg; Wu] on the second stream, every GEMM on the caller's (dWd first, after [dWg; dWu], last)
+    **{f"lib_{'s' if fp32 else 'b'}1_{stack}_d{when[0]}": LibraryGemmsConfig(
+        d_a_fp32=fp32, streams=True, stack_aside=True, stack_by_memcpy=stack == "mc", side_gemms=False,
+        grad_down_when=when)
+       for fp32, stack in ((True, "cat"), (False, "mc")) for when in ("first", "after_grad_gate_up", "last")},
     # the chain dA, pass, dx on a stream of the highest priority
     "lib_s3_hp": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True, critical_priority=True),
     "lib_bs3_mc_hp": LibraryGemmsConfig(d_a_fp32=False, streams=True, stack_aside=True, stack_by_memcpy=True,

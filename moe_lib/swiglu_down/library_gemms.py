@@ -55,6 +55,9 @@ class LibraryGemmsConfig:
     # joined back), so that the GPU gives its blocks the SMs before the second stream's (a captured graph keeps
     # each kernel's priority)
     critical_priority: bool = False
+    # with ``streams``: dWd and [dWg; dWu] on the second stream; False: only the copy of [Wg; Wu] there
+    # (``stack_aside``), every GEMM on the caller's stream one after another, as torch.compile's code runs them
+    side_gemms: bool = True
     # when cuBLAS's dWd runs: "first" on the second stream (with ``streams``), beside dA; "after_grad_gate_up" on
     # the second stream after [dWg; dWu], so that it never holds SMs that dx and [dWg; dWu] wait for; "last" on the
     # caller's stream after dx
@@ -128,10 +131,12 @@ class LibraryGemmsConfig:
             gate_up_weight = launch.allocate((2 * I, H), dtype=x.dtype, device=x.device)
         stacked = None  # the side stream's mark once its copy is made (stack_aside)
 
-        with branch(side):  # first on the side stream: the copy (stack_aside), then dWd = dyᵀ · intermediate
+        gemms_side = side if self.side_gemms else None  # where dWd and [dWg; dWu] run
+        with branch(side):  # first on the side stream: the copy (stack_aside)
             if copy_needed and self.stack_aside:
                 self.stack(gate_weight, up_weight, gate_up_weight)
                 stacked = side.mark() if side is not None else None
+        with branch(gemms_side):  # then dWd = dyᵀ · intermediate, beside dA
             if self.grad_down_tile is None and self.grad_down_when == "first":
                 torch.mm(grad_output.T, intermediate, out=grad_down_weight)
         if self.d_a_tile is not None:
@@ -150,7 +155,7 @@ class LibraryGemmsConfig:
                     d_a, gate, gate_sigmoid, gate_silu, up, d_gate_up, T, I, *self.grads_block, with_lo,
                     num_warps=self.grads_warps,
                 )  # fmt: skip
-        with branch(side):  # [dWg; dWu] = [dG | dU]ᵀ · x
+        with branch(gemms_side):  # [dWg; dWu] = [dG | dU]ᵀ · x
             if with_lo:
                 torch.add(*mm_fp32(d_gate_up.T, x).split(2 * I), out=grad_gate_up)
             else:
