@@ -269,7 +269,8 @@ def test_library_gemms_design_takes_adjacent_gate_up_weights_without_a_copy(seed
     for config in (LibraryGemmsConfig(), LibraryGemmsConfig(dx_in_two=True), LibraryGemmsConfig(stack_aside=True),
                    LibraryGemmsConfig(stack_aside=True, stack_by_memcpy=True, grad_down_when="after_grad_gate_up"),
                    LibraryGemmsConfig(streams=True, grad_down_when="last"), LibraryGemmsConfig(stack_programs=3),
-                   LibraryGemmsConfig(streams=True, stack_aside=True, side_gemms=False, grad_down_when="last")):
+                   LibraryGemmsConfig(streams=True, stack_aside=True, side_gemms=False, grad_down_when="last"),
+                   LibraryGemmsConfig(streams=True, stack_aside=True, stack_on_own_stream=True)):
         apart = swiglu_down_backward_triton(*inputs.values(), config=config, precision="fast")
         together = swiglu_down_backward_triton(*(inputs | dict(gate_weight=fused[:24], up_weight=fused[24:])).values(),
                                                config=config, precision="fast")  # fmt: skip
@@ -730,7 +731,8 @@ def test_gpu_tma_launches_deterministic_and_replayed_from_a_graph(candidate, see
 @pytest.mark.parametrize("T", [1, 3, 128, 1087, 5000, 8192, 12288])
 @pytest.mark.parametrize("candidate", ["lib", "lib_s", "lib_b", "lib_bs", "lib_s2", "lib_bs2", "lib_s3", "lib_bs3",
                                        "lib_bs3_mc", "lib_s3_mc_fl512", "lib_s3_dl", "lib_bs3_mc_dx", "lib_s3_hp",
-                                       "lib_s3_sp32", "lib_b1_mc_da", "lib_s1_cat_da"])
+                                       "lib_s3_sp32", "lib_b1_mc_da", "lib_s1_cat_da", "lib_s3_own",
+                                       "lib_s3_mc_own"])
 @pytest.mark.parametrize("precision", ["faithful", "fast"])
 def test_gpu_library_gemms_design_at_both_input_scales(T, candidate, precision, seed):
     check_candidate_at_both_scales(candidate, T, precision, seed)
@@ -738,7 +740,7 @@ def test_gpu_library_gemms_design_at_both_input_scales(T, candidate, precision, 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("candidate", ["lib", "lib_bs", "lib_bs2", "lib_bs3", "lib_bs3_mc", "lib_bs3_mc_hp",
-                                       "lib_b1_mc_dl"])
+                                       "lib_b1_mc_dl", "lib_bs3_mc_own"])
 def test_gpu_library_gemms_design_deterministic_and_replayed_from_a_graph(candidate, seed):
     """With ``streams`` the capture forks to a second stream and joins it again (with ``stack_aside`` the
     caller's stream also waits for the copy made there, with ``stack_by_memcpy`` two memcpy nodes)."""

@@ -123,6 +123,12 @@ P1_CANDIDATES = {
         d_a_fp32=fp32, streams=True, stack_aside=True, stack_by_memcpy=stack == "mc", side_gemms=False,
         grad_down_when=when)
        for fp32, stack in ((True, "cat"), (False, "mc")) for when in ("first", "after_grad_gate_up", "last")},
+    # the copy of [Wg; Wu] on a third stream, dWd beside dA from the start
+    "lib_s3_own": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True, stack_on_own_stream=True),
+    "lib_s3_mc_own": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True, stack_by_memcpy=True,
+                                        stack_on_own_stream=True),
+    "lib_bs3_mc_own": LibraryGemmsConfig(d_a_fp32=False, streams=True, stack_aside=True, stack_by_memcpy=True,
+                                         stack_on_own_stream=True),
     # the chain dA, pass, dx on a stream of the highest priority
     "lib_s3_hp": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True, critical_priority=True),
     "lib_bs3_mc_hp": LibraryGemmsConfig(d_a_fp32=False, streams=True, stack_aside=True, stack_by_memcpy=True,

@@ -55,6 +55,9 @@ class LibraryGemmsConfig:
     # joined back), so that the GPU gives its blocks the SMs before the second stream's (a captured graph keeps
     # each kernel's priority)
     critical_priority: bool = False
+    # with ``streams`` and ``stack_aside``: the copy of [Wg; Wu] on a third stream of its own, so that dWd starts on
+    # the second stream beside dA instead of after the copy
+    stack_on_own_stream: bool = False
     # with ``streams``: dWd and [dWg; dWu] on the second stream; False: only the copy of [Wg; Wu] there
     # (``stack_aside``), every GEMM on the caller's stream one after another, as torch.compile's code runs them
     side_gemms: bool = True
@@ -132,10 +135,11 @@ class LibraryGemmsConfig:
         stacked = None  # the side stream's mark once its copy is made (stack_aside)
 
         gemms_side = side if self.side_gemms else None  # where dWd and [dWg; dWu] run
-        with branch(side):  # first on the side stream: the copy (stack_aside)
+        copy_side = SideStream(x.device, "copy") if side is not None and self.stack_on_own_stream else side
+        with branch(copy_side):  # first on the side stream (or a third one): the copy (stack_aside)
             if copy_needed and self.stack_aside:
                 self.stack(gate_weight, up_weight, gate_up_weight)
-                stacked = side.mark() if side is not None else None
+                stacked = copy_side.mark() if copy_side is not None else None
         with branch(gemms_side):  # then dWd = dyᵀ · intermediate, beside dA
             if self.grad_down_tile is None and self.grad_down_when == "first":
                 torch.mm(grad_output.T, intermediate, out=grad_down_weight)
@@ -178,6 +182,8 @@ class LibraryGemmsConfig:
             torch.mm(grad_output.T, intermediate, out=grad_down_weight)
         if side is not None:
             side.join()
+        if copy_side is not side:
+            copy_side.join()
         return grad_x, grad_gate_up[:I], grad_gate_up[I:], grad_down_weight
 
     def stack(self, gate_weight, up_weight, gate_up_weight):
@@ -237,9 +243,9 @@ class SideStream:
 
     _streams: dict = {}
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, name: str = "side"):
         self.main = torch.cuda.current_stream(device)
-        key = str(device)
+        key = f"{device}/{name}"
         if key not in self._streams:
             self._streams[key] = torch.cuda.Stream(device)
         self.stream = self._streams[key]
