@@ -196,3 +196,26 @@ def test_few_tokens_traces_and_timeline_figure():
                                                       ("a_reg_cl none", 1, "c44c149")])  # fmt: skip
     assert len(fig.axes) == 2
     plt.close(fig)
+
+
+def test_p1_call_kernels_and_timeline_figure():
+    """The committed kernels of a call: ours and torch.compile's run the same cuBLAS GEMMs, ours with its copy of
+    [Wg; Wu] (a kernel below 1024 tokens, the copy engines from there); one bar per kernel."""
+    table = kernels.p1_call_kernels(labels={"lib_s3": "ours below 1024", "lib_bs3_mc": "ours from 1024",
+                                            "torch_compile": "torch.compile"})  # fmt: skip
+    assert set(table.num_tokens) == {128, 512, 1321, 4093}
+    compiled = table[table.impl == "torch.compile"]
+    assert (compiled.groupby("num_tokens").kind.apply(list).map(sorted)
+            == [["cuBLAS GEMM"] * 4 + ["dSwiGLU pass (Inductor)"]] * 4).all()  # fmt: skip
+    assert set(table[table.impl == "ours below 1024"].kind) >= {"copy of [Wg; Wu], kernel", "dSwiGLU pass (ours)"}
+    assert (table[table.impl == "ours from 1024"].kind == "copy of [Wg; Wu], copy engine").sum() == 2 * 4
+    assert (table.start_us >= 0).all() and (table.start_us < table.span_us).all()  # medians: no tighter bound
+    assert kernels.call_kernel_kind("some_new_kernel") == ("other", "tab:grey")
+    defaults = kernels.p1_call_kernels(defaults_only=True)
+    assert set(defaults.impl) == {"ours", "torch.compile"}
+    ours = defaults[defaults.impl == "ours"].groupby("num_tokens").kind.apply(set)
+    assert "copy of [Wg; Wu], kernel" in ours[128] and "copy of [Wg; Wu], copy engine" in ours[4093]
+    fig = kernels.call_timeline_figure(table[table.num_tokens.isin([128, 4093])], "test")
+    assert len(fig.axes) == 2
+    assert sum(len(ax.collections) for ax in fig.axes) == len(table[table.num_tokens.isin([128, 4093])])
+    plt.close(fig)

@@ -545,3 +545,74 @@ def kernel_times_figure(table: pd.DataFrame, title: str):
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     return fig
+
+
+# what each kernel of a P1 fast-path call does, from its name (scripts/p1_kernel_times.py), and its colour
+CALL_KERNEL_KINDS = (
+    ("nvjet", "cuBLAS GEMM", "tab:blue"),
+    ("swiglu_grads", "dSwiGLU pass (ours)", "tab:orange"),
+    ("triton_poi", "dSwiGLU pass (Inductor)", "gold"),
+    ("CatArray", "copy of [Wg; Wu], kernel", "tab:red"),
+    ("Memcpy", "copy of [Wg; Wu], copy engine", "tab:pink"),
+)
+
+
+def call_kernel_kind(name: str) -> tuple[str, str]:
+    """(what it does, colour) of a kernel of a P1 fast-path call, from its name; ("other", grey) if unknown."""
+    for part, kind, color in CALL_KERNEL_KINDS:
+        if part in name:
+            return kind, color
+    return "other", "tab:grey"
+
+
+def p1_call_kernels(path=TUNING_DIR / "2026-12-01-p1-kernel-times-defaults.json", labels: dict | None = None, *,
+                    defaults_only: bool = False) -> pd.DataFrame:  # fmt: skip
+    """A ``scripts/p1_kernel_times.py`` file as one row per kernel of a call: token count, implementation (renamed
+    by ``labels``, others left out where given), what the kernel does (:func:`call_kernel_kind`), its stream, its
+    median start (µs after the call's first kernel) and duration, and the call's median span. ``defaults_only``:
+    per token count only ``torch_compile`` and the candidate that is the fast path's design there today
+    (``launch.choose_design`` at H = 2048, I = 768 on 132 SMs), named "ours"."""
+    from ..bench.tuning import P1_CANDIDATES
+
+    data = _read_json(path)
+    rows = []
+    for run in data["rows"] if isinstance(data, dict) else data:
+        if defaults_only:
+            design = p1_launch.choose_design(run["T"], 2048, 768, interpreter=False, max_programs=132)
+            if run["impl"] != "torch_compile" and P1_CANDIDATES.get(run["impl"]) != design:
+                continue
+            labels = {run["impl"]: "ours" if run["impl"] != "torch_compile" else "torch.compile"}
+        elif labels is not None and run["impl"] not in labels:
+            continue
+        for kernel in run["kernels"]:
+            rows.append(dict(num_tokens=run["T"], impl=labels[run["impl"]] if labels else run["impl"],
+                             kind=call_kernel_kind(kernel["name"])[0], stream=kernel["stream"],
+                             start_us=kernel["start_us"], duration_us=kernel["duration_us"],
+                             span_us=run["span_us"]))  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def call_timeline_figure(table: pd.DataFrame, title: str):
+    """A :func:`p1_call_kernels` table as one panel per token count: each implementation's call as a block of rows,
+    one kernel per row in order of its start, a bar from its start for its duration coloured by what it does."""
+    tokens = list(table.num_tokens.unique())
+    fig, axes = plt.subplots(len(tokens), 1, figsize=(9, 2.4 * len(tokens)), squeeze=False)
+    for ax, T in zip(axes[:, 0], tokens, strict=True):
+        rows, names = 0, []
+        for impl, call in table[table.num_tokens == T].groupby("impl", sort=False):
+            for kernel in call.sort_values("start_us").itertuples():
+                ax.broken_barh([(kernel.start_us, kernel.duration_us)], (rows, 0.8),
+                               color=call_kernel_kind_color(kernel.kind))  # fmt: skip
+                rows += 1
+            names.append((rows - len(call) / 2, f"{impl}\n{call.span_us.iloc[0]:.1f} µs"))
+            ax.axhline(rows - 0.1, color="lightgrey", lw=0.8)
+        ax.set_yticks([y for y, _ in names], [name for _, name in names], fontsize=8)
+        ax.set(ylim=(rows, 0), title=f"{title}: {T} tokens", xlabel="µs after the call's first kernel")
+    handles = [patches.Patch(color=color, label=kind) for _, kind, color in CALL_KERNEL_KINDS]
+    axes[0, 0].legend(handles=handles, fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    return fig
+
+
+def call_kernel_kind_color(kind: str) -> str:
+    return next((color for _, name, color in CALL_KERNEL_KINDS if name == kind), "tab:grey")
