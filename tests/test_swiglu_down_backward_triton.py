@@ -732,7 +732,7 @@ def test_gpu_tma_launches_deterministic_and_replayed_from_a_graph(candidate, see
 @pytest.mark.parametrize("candidate", ["lib", "lib_s", "lib_b", "lib_bs", "lib_s2", "lib_bs2", "lib_s3", "lib_bs3",
                                        "lib_bs3_mc", "lib_s3_mc_fl512", "lib_s3_dl", "lib_bs3_mc_dx", "lib_s3_hp",
                                        "lib_s3_sp32", "lib_b1_mc_da", "lib_s1_cat_da", "lib_s3_own",
-                                       "lib_s3_mc_own"])
+                                       "lib_s3_mc_own", "lib_s3_cv66"])
 @pytest.mark.parametrize("precision", ["faithful", "fast"])
 def test_gpu_library_gemms_design_at_both_input_scales(T, candidate, precision, seed):
     check_candidate_at_both_scales(candidate, T, precision, seed)
@@ -805,6 +805,7 @@ def test_library_gemms_grad_down_tile_needs_d_a_tile():
 
 @pytest.mark.parametrize("fields, message", [(dict(grad_down_when="never"), "grad_down_when must be one of"),
                                              (dict(stack_programs=0), "stack_programs must be at least 1"),
+                                             (dict(grad_down_sm_carveout=0), "grad_down_sm_carveout must be at least"),
                                              (dict(grad_down_when="last", d_a_tile=(64, 64, 64, 1),
                                                    grad_down_tile=(64, 64, 64, 1)), "grad_down_when places"),
                                              (dict(grads_flat_block=96), "power of two, got 96"),
@@ -845,3 +846,20 @@ def test_stack_kernel_copies_both_halves_in_few_programs():
     stacked = torch.full((14, 9), float("nan"), device=device, dtype=torch.bfloat16)
     kernels.stack_kernel[(3,)](top, bottom, stacked, top.numel(), 16, 3)
     assert torch.equal(stacked, torch.cat([top, bottom]))
+
+
+@pytest.mark.gpu
+def test_gpu_grad_down_sm_carveout_is_restored(seed):
+    """The SM carveout is torch's process-wide setting: the call sets it around its dWd alone and leaves it as
+    it found it, also when it was set."""
+    from moe_lib.bench.tuning import P1_CANDIDATES
+    from moe_lib.swiglu_down.launch import swiglu_down_backward_triton
+
+    inputs = problems.make_inputs("swiglu_down_backward", 128, seed=seed, device="cuda")
+    for found in (None, 8):
+        torch._C._set_sm_carveout_experimental(found)
+        try:
+            swiglu_down_backward_triton(*inputs.values(), config=P1_CANDIDATES["lib_s3_cv66"], precision="fast")
+            assert torch._C._get_sm_carveout_experimental() == found
+        finally:
+            torch._C._set_sm_carveout_experimental(None)

@@ -123,6 +123,11 @@ P1_CANDIDATES = {
         d_a_fp32=fp32, streams=True, stack_aside=True, stack_by_memcpy=stack == "mc", side_gemms=False,
         grad_down_when=when)
        for fp32, stack in ((True, "cat"), (False, "mc")) for when in ("first", "after_grad_gate_up", "last")},
+    # cuBLAS's dWd on fewer SMs (torch's SM carveout), beside the chain dA, pass, dx
+    **{f"lib_s3_cv{carveout}": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True,
+                                                  grad_down_sm_carveout=carveout) for carveout in (32, 66, 100)},
+    "lib_bs3_mc_cv66": LibraryGemmsConfig(d_a_fp32=False, streams=True, stack_aside=True, stack_by_memcpy=True,
+                                          grad_down_sm_carveout=66),
     # the copy of [Wg; Wu] on a third stream, dWd beside dA from the start
     "lib_s3_own": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True, stack_on_own_stream=True),
     "lib_s3_mc_own": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True, stack_by_memcpy=True,

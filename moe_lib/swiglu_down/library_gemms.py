@@ -58,6 +58,9 @@ class LibraryGemmsConfig:
     # with ``streams`` and ``stack_aside``: the copy of [Wg; Wu] on a third stream of its own, so that dWd starts on
     # the second stream beside dA instead of after the copy
     stack_on_own_stream: bool = False
+    # cuBLAS's dWd on all SMs but this many (torch's SM carveout for cuBLAS, set around that one call), so that the
+    # chain dA, pass, dx beside it keeps them; None: on every SM
+    grad_down_sm_carveout: int | None = None
     # with ``streams``: dWd and [dWg; dWu] on the second stream; False: only the copy of [Wg; Wu] there
     # (``stack_aside``), every GEMM on the caller's stream one after another, as torch.compile's code runs them
     side_gemms: bool = True
@@ -89,6 +92,8 @@ class LibraryGemmsConfig:
     def __post_init__(self):
         if self.grad_down_tile is not None and self.d_a_tile is None:
             raise ValueError("config: grad_down_tile puts dWd in the launch of dA's Triton tiles; it needs d_a_tile")
+        if self.grad_down_sm_carveout is not None and self.grad_down_sm_carveout < 1:
+            raise ValueError(f"config: grad_down_sm_carveout must be at least 1, got {self.grad_down_sm_carveout}")
         if self.stack_programs is not None and self.stack_programs < 1:
             raise ValueError(f"config: stack_programs must be at least 1, got {self.stack_programs}")
         if self.grad_down_when not in GRAD_DOWN_WHEN:
@@ -142,7 +147,7 @@ class LibraryGemmsConfig:
                 stacked = copy_side.mark() if copy_side is not None else None
         with branch(gemms_side):  # then dWd = dyᵀ · intermediate, beside dA
             if self.grad_down_tile is None and self.grad_down_when == "first":
-                torch.mm(grad_output.T, intermediate, out=grad_down_weight)
+                self.grad_down(grad_output, intermediate, grad_down_weight)
         if self.d_a_tile is not None:
             self.d_a_and_swiglu_grads(grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate,
                                       d_gate_up, grad_down_weight, with_lo=with_lo)  # fmt: skip
@@ -165,7 +170,7 @@ class LibraryGemmsConfig:
             else:
                 torch.mm(d_gate_up.T, x, out=grad_gate_up)
             if self.grad_down_when == "after_grad_gate_up":
-                torch.mm(grad_output.T, intermediate, out=grad_down_weight)
+                self.grad_down(grad_output, intermediate, grad_down_weight)
         if copy_needed and not self.stack_aside:
             self.stack(gate_weight, up_weight, gate_up_weight)
         if stacked is not None:
@@ -179,12 +184,24 @@ class LibraryGemmsConfig:
         else:
             torch.mm(d_gate_up, gate_up_weight, out=grad_x)
         if self.grad_down_when == "last":
-            torch.mm(grad_output.T, intermediate, out=grad_down_weight)
+            self.grad_down(grad_output, intermediate, grad_down_weight)
         if side is not None:
             side.join()
         if copy_side is not side:
             copy_side.join()
         return grad_x, grad_gate_up[:I], grad_gate_up[I:], grad_down_weight
+
+    def grad_down(self, grad_output, intermediate, grad_down_weight):
+        """dWd = dyᵀ · intermediate on cuBLAS (with ``grad_down_sm_carveout``: on fewer SMs)."""
+        if self.grad_down_sm_carveout is None or not grad_output.is_cuda:
+            torch.mm(grad_output.T, intermediate, out=grad_down_weight)
+            return
+        before = torch._C._get_sm_carveout_experimental()
+        torch._C._set_sm_carveout_experimental(self.grad_down_sm_carveout)
+        try:
+            torch.mm(grad_output.T, intermediate, out=grad_down_weight)
+        finally:
+            torch._C._set_sm_carveout_experimental(before)
 
     def stack(self, gate_weight, up_weight, gate_up_weight):
         """[Wg; Wu] into ``gate_up_weight`` [2I, H]."""
