@@ -84,7 +84,8 @@ def p1_cases(draw):
         # Triton: the design chosen by token count, or the design on cuBLAS GEMMs with its options drawn (dA by
         # cuBLAS, or by Triton tiles with the dSwiGLU pass as their epilogue, with or without dWd's tiles beside)
         library=draw(st.none() | st.tuples(st.booleans(), st.booleans(), st.booleans(),
-                                           st.sampled_from([None, "flat_pass", "d_a", "d_a_and_grad_down"]))),
+                                           st.sampled_from([None, "flat_pass", "triton_dx", "d_a",
+                                                            "d_a_and_grad_down"]))),
         # Triton, where no library design is drawn: the interpreter's tiles chained into one launch by tickets
         chained=draw(st.booleans()),
     )  # fmt: skip
@@ -110,6 +111,7 @@ def test_p1_every_path_matches_float64(case):
 
         d_a_fp32, dx_in_two, stack_aside, triton_tiles = case["library"]
         tiles = {None: {}, "flat_pass": dict(grads_flat_block=32, stack_by_memcpy=True),
+                 "triton_dx": dict(grad_x_tile=(16, 16, 16, 2)),
                  "d_a": dict(d_a_tile=(16, 16, 16, 2)),
                  "d_a_and_grad_down": dict(d_a_tile=(16, 16, 16, 2), grad_down_tile=(16, 16, 16, 2))}[triton_tiles]
         config = LibraryGemmsConfig(d_a_fp32=d_a_fp32, dx_in_two=dx_in_two, stack_aside=stack_aside, **tiles)

@@ -224,9 +224,11 @@ def test_layer_gradients_match_autograd(seed):
 @needs_triton
 @pytest.mark.parametrize("T", [1, 37])
 @pytest.mark.parametrize("precision", ["faithful", "fast"])
-@pytest.mark.parametrize("tiles", [{}, dict(grads_flat_block=64, stack_by_memcpy=True), dict(d_a_tile=(16, 16, 16, 4)),
+@pytest.mark.parametrize("tiles", [{}, dict(grads_flat_block=64, stack_by_memcpy=True),
+                                   dict(grad_x_tile=(16, 16, 16, 4)), dict(d_a_tile=(16, 16, 16, 4)),
                                    dict(d_a_tile=(16, 16, 16, 4), grad_down_tile=(16, 16, 16, 2))],
-                         ids=["cublas-d-a", "cublas-d-a-flat-pass-memcpy", "triton-d-a", "triton-d-a-dwd"])  # fmt: skip
+                         ids=["cublas-d-a", "cublas-d-a-flat-pass-memcpy", "triton-dx", "triton-d-a",
+                              "triton-d-a-dwd"])  # fmt: skip
 def test_library_gemms_design_poisoned_and_at_the_harness_scale(T, precision, tiles, seed, monkeypatch):
     """The design on cuBLAS GEMMs from NaN-filled memory, at the harness's std-1 scale: the faithful path
     passes the element rule (its hi/lo rows through one GEMM each), the fast path stays within 2e-2; the
@@ -270,7 +272,8 @@ def test_library_gemms_design_takes_adjacent_gate_up_weights_without_a_copy(seed
                    LibraryGemmsConfig(stack_aside=True, stack_by_memcpy=True, grad_down_when="after_grad_gate_up"),
                    LibraryGemmsConfig(streams=True, grad_down_when="last"), LibraryGemmsConfig(stack_programs=3),
                    LibraryGemmsConfig(streams=True, stack_aside=True, side_gemms=False, grad_down_when="last"),
-                   LibraryGemmsConfig(streams=True, stack_aside=True, stack_on_own_stream=True)):
+                   LibraryGemmsConfig(streams=True, stack_aside=True, stack_on_own_stream=True),
+                   LibraryGemmsConfig(grad_x_tile=(16, 16, 16, 2))):
         apart = swiglu_down_backward_triton(*inputs.values(), config=config, precision="fast")
         together = swiglu_down_backward_triton(*(inputs | dict(gate_weight=fused[:24], up_weight=fused[24:])).values(),
                                                config=config, precision="fast")  # fmt: skip
@@ -732,7 +735,7 @@ def test_gpu_tma_launches_deterministic_and_replayed_from_a_graph(candidate, see
 @pytest.mark.parametrize("candidate", ["lib", "lib_s", "lib_b", "lib_bs", "lib_s2", "lib_bs2", "lib_s3", "lib_bs3",
                                        "lib_bs3_mc", "lib_s3_mc_fl512", "lib_s3_dl", "lib_bs3_mc_dx", "lib_s3_hp",
                                        "lib_s3_sp32", "lib_b1_mc_da", "lib_s1_cat_da", "lib_s3_own",
-                                       "lib_s3_mc_own", "lib_s3_cv66"])
+                                       "lib_s3_mc_own", "lib_s3_cv66", "lib_s_gx"])
 @pytest.mark.parametrize("precision", ["faithful", "fast"])
 def test_gpu_library_gemms_design_at_both_input_scales(T, candidate, precision, seed):
     check_candidate_at_both_scales(candidate, T, precision, seed)

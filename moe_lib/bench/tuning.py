@@ -123,6 +123,11 @@ P1_CANDIDATES = {
         d_a_fp32=fp32, streams=True, stack_aside=True, stack_by_memcpy=stack == "mc", side_gemms=False,
         grad_down_when=when)
        for fp32, stack in ((True, "cat"), (False, "mc")) for when in ("first", "after_grad_gate_up", "last")},
+    # dx by Triton's split-K tiles reading Wg and Wu where they lie: no copy of [Wg; Wu]
+    "lib_s_gx": LibraryGemmsConfig(d_a_fp32=True, streams=True, grad_x_tile=(64, 64, 64, 4)),
+    "lib_s_gx8": LibraryGemmsConfig(d_a_fp32=True, streams=True, grad_x_tile=(64, 64, 64, 8)),
+    "lib_s_gx128": LibraryGemmsConfig(d_a_fp32=True, streams=True, grad_x_tile=(128, 64, 64, 4), grad_x_warps=8),
+    "lib_s_gx2": LibraryGemmsConfig(d_a_fp32=True, streams=True, grad_x_tile=(64, 128, 64, 2), grad_x_warps=8),
     # cuBLAS's dWd on fewer SMs (torch's SM carveout), beside the chain dA, pass, dx
     **{f"lib_s3_cv{carveout}": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True,
                                                   grad_down_sm_carveout=carveout) for carveout in (32, 66, 100)},

@@ -297,7 +297,8 @@ def d_intermediate_and_grad_down_kernel(
 @triton.jit
 def grad_x_program(
     program,  # index of this program among this kind's (tile, split) programs
-    d_gate_ptr, d_up_ptr,  # dGate, dUp [T, I]
+    d_gate_ptr, d_up_ptr,  # dGate, dUp [T, I], rows stride_d elements apart
+    stride_d,  # I where dGate, dUp are arrays of their own; 2I (4I with lo halves) in [dG | dU] rows
     lo_offset,  # with A_HAS_LO: where their lo halves start, in elements after dGate, dUp
     gate_weight_ptr, up_weight_ptr,  # Wg, Wu [I, H]
     grad_x_ptr,  # out: dx [T, H]
@@ -313,10 +314,10 @@ def grad_x_program(
     k_start, k_end = split_range(split, 2 * I, SPLIT, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     # the part of [k_start, k_end) below I runs over Wg, the part above over Wu
-    acc = accumulate_product(acc, d_gate_ptr, I, 1, lo_offset, gate_weight_ptr, H, 1, T, H,
+    acc = accumulate_product(acc, d_gate_ptr, stride_d, 1, lo_offset, gate_weight_ptr, H, 1, T, H,
                              k_start, tl.minimum(k_end, I), off_t, off_h,
                              BLOCK_M, BLOCK_N, BLOCK_K, UPCAST, PRECISION, A_HAS_LO)  # fmt: skip
-    acc = accumulate_product(acc, d_up_ptr, I, 1, lo_offset, up_weight_ptr, H, 1, T, H,
+    acc = accumulate_product(acc, d_up_ptr, stride_d, 1, lo_offset, up_weight_ptr, H, 1, T, H,
                              tl.maximum(k_start, I) - I, k_end - I, off_t, off_h,
                              BLOCK_M, BLOCK_N, BLOCK_K, UPCAST, PRECISION, A_HAS_LO)  # fmt: skip
     total, is_last = combine_splits(acc, partials_ptr, counters_ptr, tile, split, BLOCK_M, BLOCK_N, SPLIT)
@@ -370,7 +371,7 @@ def grad_x_and_grad_gate_up_program(
                                 up_partials_ptr, dw_counters_ptr + num_dw_tiles,
                                 T, I, H, DW_M, DW_N, DW_K, DW_SPLIT, GROUP_M, UPCAST, PRECISION, WITH_LO)  # fmt: skip
     else:
-        grad_x_program(program - 2 * num_dw_programs, d_gate_ptr, d_up_ptr, lo_offset, gate_weight_ptr,
+        grad_x_program(program - 2 * num_dw_programs, d_gate_ptr, d_up_ptr, I, lo_offset, gate_weight_ptr,
                        up_weight_ptr, grad_x_ptr, dx_partials_ptr, dx_counters_ptr,
                        T, H, I, DX_M, DX_N, DX_K, DX_SPLIT, GROUP_M, UPCAST, PRECISION, WITH_LO)  # fmt: skip
 
@@ -467,6 +468,24 @@ def swiglu_grads_flat_kernel(
     if WITH_LO:
         tl.store(out + 2 * I, (d_gate - d_gate_hi.to(tl.float32)).to(d_gate_hi.dtype), mask=inside)
         tl.store(out + 3 * I, (d_up - d_up_hi.to(tl.float32)).to(d_up_hi.dtype), mask=inside)
+
+
+@triton.jit
+def grad_x_rows_kernel(
+    d_gate_up_ptr,  # [dG | dU] rows [T, 2I] (with WITH_LO [T, 4I]: dG_hi | dU_hi | dG_lo | dU_lo), as the pass wrote
+    gate_weight_ptr, up_weight_ptr,  # Wg, Wu [I, H]: read where they lie, never stacked
+    grad_x_ptr,  # out: dx [T, H]
+    partials_ptr, counters_ptr,  # split-K workspace of the dx tiles
+    T, H, I,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+    GROUP_M: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, WITH_LO: tl.constexpr,
+):  # fmt: skip
+    """dx = dG · Wg + dU · Wu by launch 2's dx tiles alone, from the cuBLAS design's [dG | dU] rows
+    (library_gemms.py, ``grad_x_tile``): no copy of [Wg; Wu] per call."""
+    row = 4 * I if WITH_LO else 2 * I
+    grad_x_program(tl.program_id(0), d_gate_up_ptr, d_gate_up_ptr + I, row, 2 * I, gate_weight_ptr, up_weight_ptr,
+                   grad_x_ptr, partials_ptr, counters_ptr, T, H, I, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, GROUP_M,
+                   UPCAST, PRECISION, WITH_LO)  # fmt: skip
 
 
 @triton.jit

@@ -55,6 +55,11 @@ class LibraryGemmsConfig:
     # joined back), so that the GPU gives its blocks the SMs before the second stream's (a captured graph keeps
     # each kernel's priority)
     critical_priority: bool = False
+    # dx by Triton tiles (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT) that read Wg and Wu where they lie
+    # (kernels.grad_x_rows_kernel) instead of cuBLAS over a stacked [Wg; Wu]: no copy per call; None: cuBLAS
+    grad_x_tile: tuple[int, int, int, int] | None = None
+    grad_x_warps: int = 4
+    grad_x_stages: int = 3
     # with ``streams`` and ``stack_aside``: the copy of [Wg; Wu] on a third stream of its own, so that dWd starts on
     # the second stream beside dA instead of after the copy
     stack_on_own_stream: bool = False
@@ -134,7 +139,7 @@ class LibraryGemmsConfig:
         # [Wg; Wu] as one [2I, H] operand of dx: a view where Wg and Wu are adjacent halves of one buffer, else
         # a copy (or none: dx in two GEMMs; with_lo stacks [Wg; Wu; Wg; Wu] in one copy below)
         gate_up_weight = gate_up_view(gate_weight, up_weight)
-        copy_needed = gate_up_weight is None and not with_lo and not self.dx_in_two
+        copy_needed = gate_up_weight is None and not with_lo and not self.dx_in_two and self.grad_x_tile is None
         if copy_needed:
             gate_up_weight = launch.allocate((2 * I, H), dtype=x.dtype, device=x.device)
         stacked = None  # the side stream's mark once its copy is made (stack_aside)
@@ -175,7 +180,9 @@ class LibraryGemmsConfig:
             self.stack(gate_weight, up_weight, gate_up_weight)
         if stacked is not None:
             torch.cuda.current_stream(x.device).wait_event(stacked)
-        if with_lo:  # [dG_hi | dU_hi | dG_lo | dU_lo] · [Wg; Wu; Wg; Wu]
+        if self.grad_x_tile is not None:
+            self.grad_x_rows(d_gate_up, gate_weight, up_weight, grad_x, with_lo=with_lo)
+        elif with_lo:  # [dG_hi | dU_hi | dG_lo | dU_lo] · [Wg; Wu; Wg; Wu]
             weights = [gate_up_weight] if gate_up_weight is not None else [gate_weight, up_weight]
             torch.mm(d_gate_up, torch.cat(weights * 2), out=grad_x)
         elif gate_up_weight is None:  # dx_in_two, where a copy would be needed
@@ -233,6 +240,22 @@ class LibraryGemmsConfig:
                 *da_workspace, *dwd_workspace, T, H, I, *self.d_a_tile, *grad_down_tile, 8,
                 *launch.dot_flags(grad_output), with_lo, self.grad_down_tile is not None, num_warps=self.d_a_warps,
                 num_stages=self.d_a_stages,
+            )  # fmt: skip
+
+
+    def grad_x_rows(self, d_gate_up, gate_weight, up_weight, grad_x, *, with_lo: bool):
+        """dx into ``grad_x`` from the [dG | dU] rows by Triton's split-K tiles (``grad_x_tile``), Wg and Wu read
+        where they lie."""
+        T, H = grad_x.shape
+        I = gate_weight.shape[0]
+        plan = launch.launch_plan(T, H, I, launch.TileConfig((16, 16, 16, 1), (16, 16, 16, 1), self.grad_x_tile,
+                                                             (16, 16, 16, 1)))  # fmt: skip
+        (grad_x_kind,) = (kind for kind in plan if kind.kind == "dx")
+        workspace = launch.SplitWorkspace.make("dx rows", grad_x_kind.tiles, grad_x_kind, grad_x.device)
+        if grad_x_kind.programs:
+            kernels.grad_x_rows_kernel[(grad_x_kind.programs,)](
+                d_gate_up, gate_weight, up_weight, grad_x, *workspace, T, H, I, *self.grad_x_tile, 8,
+                *launch.dot_flags(grad_x), with_lo, num_warps=self.grad_x_warps, num_stages=self.grad_x_stages,
             )  # fmt: skip
 
 

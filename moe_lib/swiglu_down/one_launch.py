@@ -87,7 +87,7 @@ def one_launch_kernel(
         if pid < tl.cdiv(H, BLOCK_H):  # H-columns [pid·BH, +BH) of dx, dWg and dWu
             num_h = tl.cdiv(H, BLOCK_H)
             for t in range(token_blocks):
-                grad_x_program(t * num_h + pid, d_gate_ptr, d_up_ptr, lo_offset, gate_weight_ptr, up_weight_ptr,
+                grad_x_program(t * num_h + pid, d_gate_ptr, d_up_ptr, I, lo_offset, gate_weight_ptr, up_weight_ptr,
                                grad_x_ptr, barrier_ptr, barrier_ptr, T, H, I, BLOCK_T, BLOCK_H, BLOCK_K, 1, 1,
                                UPCAST, PRECISION, WITH_LO)  # fmt: skip
             for m in range(tl.cdiv(I, BLOCK_N)):
