@@ -27,6 +27,8 @@ def main():
     parser.add_argument("--tokens", default=None, help="comma list (default: 1,16,128,1087,8192)")
     parser.add_argument("--config", default=None, choices=sorted(P1_CANDIDATES),
                         help="a candidate of moe_lib.bench.tuning.P1_CANDIDATES (default: chosen)")  # fmt: skip
+    parser.add_argument("--precision", default="faithful", choices=["faithful", "fast"],
+                        help="the path: faithful (the benchmark function's default) or fast")  # fmt: skip
     args = parser.parse_args()
     config = P1_CANDIDATES[args.config] if args.config else None
     dirty = timing.L2Flusher("cuda")  # the benchmark's flush: overwrites 512 MiB
@@ -39,10 +41,10 @@ def main():
     for T in [int(t) for t in args.tokens.split(",")] if args.tokens else TOKENS:
         inputs = list(problems.make_inputs("swiglu_down_backward", T, seed=0, device="cuda").values())
         if args.once:
-            swiglu_down_backward_triton(*inputs, config=config)
+            swiglu_down_backward_triton(*inputs, config=config, precision=args.precision)
             torch.cuda.synchronize()
             continue
-        call = lambda a=inputs: swiglu_down_backward_triton(*a, config=config)  # noqa: E731
+        call = lambda a=inputs: swiglu_down_backward_triton(*a, config=config, precision=args.precision)  # noqa: E731
         cells = [f"{name} {timing.graph_median_ms(call, flush) * 1e3:7.1f} us" for name, flush in flushes.items()]
         print(f"T={T:5d}  " + "   ".join(cells))
 
