@@ -9,7 +9,12 @@ On a GPU, each probe captured alone in a graph and replayed after the benchmark'
   and store the product, with 16 to 96 KB of shared memory (``TILE_SHAPES``) (the shared memory a launch asks for
   makes the SM set its L1 / shared-memory split; the flush's fill kernel asks for none);
 - ``copy``: ``torch`` copying 9.4 MB into another buffer (P1's weights at H = 2048, I = 768), then 18.8 MB;
+- ``stream``: 96 programs that each copy their 96 KB share of a 9.4 MB buffer (P1's weights) into another, as the
+  few-token launch reads its weight tiles and writes their gradients: by pointer loads into registers (all three
+  32 KB blocks asked for before the first store), and by TMA in Gluon (three bulk copies into shared memory on one
+  barrier, one wait, three bulk stores): whether TMA streams a program's share faster than register loads;
 - the few-token launch at 1 token (both paths), for comparison.
+``--compile-only`` compiles the two stream kernels for sm_90 on the CPU and prints their resources.
 Prints one table (µs, the shared memory each launch used); with $OUT set, writes it as JSON there.
 """
 
@@ -22,6 +27,10 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from moe_lib import problems
 from moe_lib.bench import timing
@@ -51,6 +60,89 @@ def tile_dot_kernel(a_ptr, b_ptr, c_ptr,  # a [BLOCK_M, BLOCK_K], b [BLOCK_K, BL
     tl.store(c_ptr + tl.program_id(0) * BLOCK_M * BLOCK_N + rows_m[:, None] * BLOCK_N + cols_n[None, :], c)
 
 
+STREAM_BLOCK = (128, 128)  # rows × bf16 columns of one block of the stream probes: 32 KB, 256-byte rows
+STREAM_BLOCKS = 3  # blocks per program: 96 KB, a few-token program's share of the weights
+
+
+@triton.jit
+def register_stream_kernel(source_ptr, target_ptr,  # [rows, BLOCK_COLS] each, contiguous
+                           BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):  # fmt: skip
+    """Three consecutive [BLOCK_ROWS, BLOCK_COLS] blocks of this program copied through registers, all three loads
+    issued before the first store."""
+    offsets = (tl.arange(0, BLOCK_ROWS)[:, None] * BLOCK_COLS + tl.arange(0, BLOCK_COLS)[None, :]).to(tl.int64)
+    first = tl.program_id(0).to(tl.int64) * 3 * BLOCK_ROWS * BLOCK_COLS
+    block_0 = tl.load(source_ptr + first + offsets)
+    block_1 = tl.load(source_ptr + first + BLOCK_ROWS * BLOCK_COLS + offsets)
+    block_2 = tl.load(source_ptr + first + 2 * BLOCK_ROWS * BLOCK_COLS + offsets)
+    tl.store(target_ptr + first + offsets, block_0)
+    tl.store(target_ptr + first + BLOCK_ROWS * BLOCK_COLS + offsets, block_1)
+    tl.store(target_ptr + first + 2 * BLOCK_ROWS * BLOCK_COLS + offsets, block_2)
+
+
+@gluon.jit
+def tma_stream_kernel(source_desc, target_desc,  # TMA descriptors over [rows, cols], block [BLOCK_ROWS, cols]
+                      BLOCKS: gl.constexpr):  # fmt: skip
+    """BLOCKS consecutive blocks of this program copied through shared memory: every TMA load issued at once onto
+    one barrier, one wait, then every TMA store."""
+    BLOCK_ROWS: gl.constexpr = source_desc.block_type.shape[0]
+    buffers = gl.allocate_shared_memory(source_desc.dtype, [BLOCKS] + source_desc.block_type.shape,
+                                        source_desc.layout)  # fmt: skip
+    loaded = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(loaded, count=1)
+    fence_async_shared()  # the barrier's initialisation before the TMA unit sees it
+    first = gl.program_id(0) * BLOCKS * BLOCK_ROWS
+    mbarrier.expect(loaded, BLOCKS * source_desc.block_type.nbytes)
+    for block in gl.static_range(BLOCKS):
+        tma.async_copy_global_to_shared(source_desc, [first + block * BLOCK_ROWS, 0], loaded, buffers.index(block))
+    mbarrier.wait(loaded, 0)
+    for block in gl.static_range(BLOCKS):
+        tma.async_copy_shared_to_global(target_desc, [first + block * BLOCK_ROWS, 0], buffers.index(block))
+    tma.store_wait(0)
+    mbarrier.invalidate(loaded)
+
+
+def stream_descriptors(source: torch.Tensor, target: torch.Tensor) -> tuple:
+    """TMA descriptors over the [rows, STREAM_BLOCK[1]] views of two bf16 buffers, one block per copy."""
+    layout = gl.NVMMASharedLayout.get_default_for(list(STREAM_BLOCK), gl.bfloat16)
+    return tuple(TensorDescriptor.from_tensor(t.view(-1, STREAM_BLOCK[1]), list(STREAM_BLOCK), layout)
+                 for t in (source, target))  # fmt: skip
+
+
+def stream_programs(source: torch.Tensor) -> int:
+    rows = source.numel() // STREAM_BLOCK[1]
+    if rows % (STREAM_BLOCKS * STREAM_BLOCK[0]):
+        raise ValueError(f"stream probe: {rows} rows are not a whole number of {STREAM_BLOCKS}-block shares")
+    return rows // (STREAM_BLOCKS * STREAM_BLOCK[0])
+
+
+def compile_stream_kernels() -> None:
+    """Both stream kernels compiled for sm_90 without a GPU (registers, stack, shared memory, bulk copies)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import create_function_from_signature
+
+    from moe_lib.bench.sm90 import compile_for_sm90, resources
+
+    compiled = compile_for_sm90(register_stream_kernel, {"source_ptr": "*bf16", "target_ptr": "*bf16"},
+                                {"BLOCK_ROWS": STREAM_BLOCK[0], "BLOCK_COLS": STREAM_BLOCK[1]},
+                                ["source_ptr", "target_ptr"], warps=8, stages=1)  # fmt: skip
+    print("register_stream_kernel", resources(compiled), compiled.asm["ptx"].count("ld.global"), "global loads")
+    source = torch.empty(WEIGHT_BYTES // 2, dtype=torch.bfloat16)
+    target = torch.empty_like(source)
+    target_gpu = GPUTarget("cuda", 90, 32)
+    backend = make_backend(target_gpu)
+    binder = create_function_from_signature(tma_stream_kernel.signature, tma_stream_kernel.params, backend)
+    bound_args, specialization, options = binder(*stream_descriptors(source, target), STREAM_BLOCKS, num_warps=4)
+    options, signature, constexprs, attrs = tma_stream_kernel._pack_args(backend, {"num_warps": 4}, bound_args,
+                                                                         specialization, options)  # fmt: skip
+    compiled = triton.compile(GluonASTSource(tma_stream_kernel, signature, constexprs, attrs), target=target_gpu,
+                              options=options.__dict__)  # fmt: skip
+    ptx = compiled.asm["ptx"]
+    print("tma_stream_kernel", resources(compiled), ptx.count("cp.async.bulk.tensor"), "bulk copies,",
+          ptx.count("mbarrier.try_wait"), "waits")
+
+
 def probes(programs: int) -> dict:
     """name -> (call, shared memory in KB or None)."""
     found = {}
@@ -73,6 +165,14 @@ def probes(programs: int) -> dict:
         source = torch.randn(scale * WEIGHT_BYTES // 2, device="cuda", dtype=torch.bfloat16)
         target = torch.empty_like(source)
         found[f"copy {scale * WEIGHT_BYTES / 1e6:.1f} MB"] = (lambda s=source, t=target: t.copy_(s), None)
+    source = torch.randn(WEIGHT_BYTES // 2, device="cuda", dtype=torch.bfloat16)
+    target = torch.empty_like(source)
+    shares = stream_programs(source)
+    found[f"stream {WEIGHT_BYTES / 1e6:.1f} MB, {shares} programs, registers"] = (
+        lambda: register_stream_kernel[(shares,)](source, target, *STREAM_BLOCK, num_warps=8), None)
+    descriptors = stream_descriptors(source, target)
+    found[f"stream {WEIGHT_BYTES / 1e6:.1f} MB, {shares} programs, TMA"] = (
+        lambda: tma_stream_kernel[(shares,)](*descriptors, STREAM_BLOCKS, num_warps=4), None)
     for precision in ("faithful", "fast"):
         inputs = problems.make_inputs("swiglu_down_backward", 1, seed=0, device="cuda", distribution="harness")
         found[f"few-token launch, 1 token, {precision}"] = (
@@ -84,7 +184,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=50)
     parser.add_argument("--programs", type=int, default=96, help="programs of the empty and tile-dot launches")
+    parser.add_argument("--compile-only", action="store_true", help="compile the stream kernels for sm_90 (CPU)")
     args = parser.parse_args()
+    if args.compile_only:
+        compile_stream_kernels()
+        return
     if args.reps < 1 or args.programs < 1:
         raise SystemExit(f"--reps and --programs: expected positive integers, got {args.reps}, {args.programs}")
     if not torch.cuda.is_available():
