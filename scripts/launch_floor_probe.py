@@ -13,8 +13,11 @@ On a GPU, each probe captured alone in a graph and replayed after the benchmark'
   few-token launch reads its weight tiles and writes their gradients: by pointer loads into registers (all three
   32 KB blocks asked for before the first store), and by TMA in Gluon (three bulk copies into shared memory on one
   barrier, one wait, three bulk stores): whether TMA streams a program's share faster than register loads;
+- ``shared``: 96 programs of 8 warps that do the same tiny work (one 256-byte row through shared memory) while
+  holding 1 to 128 KB of shared memory (``SHARED_KB``): what the shared memory a launch asks for costs by itself,
+  apart from the loads and products that grow with it in the tile-dot probes;
 - the few-token launch at 1 token (both paths), for comparison.
-``--compile-only`` compiles the two stream kernels for sm_90 on the CPU and prints their resources.
+``--compile-only`` compiles the stream and shared-memory kernels for sm_90 on the CPU and prints their resources.
 Prints one table (µs, the shared memory each launch used); with $OUT set, writes it as JSON there.
 """
 
@@ -101,6 +104,31 @@ def tma_stream_kernel(source_desc, target_desc,  # TMA descriptors over [rows, c
     mbarrier.invalidate(loaded)
 
 
+SHARED_KB = (1, 16, 32, 64, 128)  # shared memory held by the programs of the shared-memory probes (powers of two)
+SHARED_ROW = 128  # bf16 elements per row of that shared memory: 256 bytes
+
+
+@gluon.jit
+def shared_memory_kernel(out_ptr,  # [programs, ROW] bf16, written
+                         ROWS: gl.constexpr, ROW: gl.constexpr):  # fmt: skip
+    """One row of out through the last row of a [ROWS, ROW] bf16 buffer in shared memory: a launch whose only
+    difference from its neighbours is the shared memory it holds."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [8, 1], [1, 0])
+    shared_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    buffer = gl.allocate_shared_memory(gl.bfloat16, [ROWS, ROW], shared_layout)
+    columns = gl.arange(0, ROW, layout=gl.SliceLayout(0, layout))
+    row = gl.full([1, ROW], 1.0, gl.bfloat16, layout) + gl.program_id(0).to(gl.bfloat16)
+    buffer.slice(ROWS - 1, 1).store(row)
+    gl.thread_barrier()
+    value = buffer.slice(ROWS - 1, 1).load(layout)
+    gl.store(out_ptr + gl.program_id(0) * ROW + columns[None, :], value)
+
+
+def shared_memory_rows(kilobytes: int) -> int:
+    """Rows of SHARED_ROW bf16 in a buffer of ``kilobytes``."""
+    return kilobytes * 1024 // (2 * SHARED_ROW)
+
+
 def stream_descriptors(source: torch.Tensor, target: torch.Tensor) -> tuple:
     """TMA descriptors over the [rows, STREAM_BLOCK[1]] views of two bf16 buffers, one block per copy."""
     layout = gl.NVMMASharedLayout.get_default_for(list(STREAM_BLOCK), gl.bfloat16)
@@ -141,6 +169,15 @@ def compile_stream_kernels() -> None:
     ptx = compiled.asm["ptx"]
     print("tma_stream_kernel", resources(compiled), ptx.count("cp.async.bulk.tensor"), "bulk copies,",
           ptx.count("mbarrier.try_wait"), "waits")
+    out = torch.empty(96, SHARED_ROW, dtype=torch.bfloat16)
+    for kilobytes in SHARED_KB:
+        binder = create_function_from_signature(shared_memory_kernel.signature, shared_memory_kernel.params, backend)
+        bound_args, specialization, options = binder(out, shared_memory_rows(kilobytes), SHARED_ROW, num_warps=8)
+        options, signature, constexprs, attrs = shared_memory_kernel._pack_args(backend, {"num_warps": 8}, bound_args,
+                                                                                specialization, options)  # fmt: skip
+        compiled = triton.compile(GluonASTSource(shared_memory_kernel, signature, constexprs, attrs),
+                                  target=target_gpu, options=options.__dict__)  # fmt: skip
+        print(f"shared_memory_kernel, {kilobytes} KB asked:", resources(compiled))
 
 
 def probes(programs: int) -> dict:
@@ -165,6 +202,11 @@ def probes(programs: int) -> dict:
         source = torch.randn(scale * WEIGHT_BYTES // 2, device="cuda", dtype=torch.bfloat16)
         target = torch.empty_like(source)
         found[f"copy {scale * WEIGHT_BYTES / 1e6:.1f} MB"] = (lambda s=source, t=target: t.copy_(s), None)
+    out = torch.empty(programs, SHARED_ROW, device="cuda", dtype=torch.bfloat16)
+    for kilobytes in SHARED_KB:
+        rows = shared_memory_rows(kilobytes)
+        found[f"shared, {programs} programs of 8 warps holding {kilobytes} KB"] = (
+            lambda rows=rows: shared_memory_kernel[(programs,)](out, rows, SHARED_ROW, num_warps=8), kilobytes)
     source = torch.randn(WEIGHT_BYTES // 2, device="cuda", dtype=torch.bfloat16)
     target = torch.empty_like(source)
     shares = stream_programs(source)
