@@ -269,10 +269,7 @@ def test_library_gemms_design_takes_adjacent_gate_up_weights_without_a_copy(seed
     assert gate_up_view(inputs["gate_weight"], inputs["up_weight"]) is None
     assert gate_up_view(fused[24:], fused[:24]) is None  # halves in the wrong order
     for config in (LibraryGemmsConfig(), LibraryGemmsConfig(dx_in_two=True), LibraryGemmsConfig(stack_aside=True),
-                   LibraryGemmsConfig(stack_aside=True, stack_by_memcpy=True, grad_down_when="after_grad_gate_up"),
-                   LibraryGemmsConfig(streams=True, grad_down_when="last"), LibraryGemmsConfig(stack_programs=3),
-                   LibraryGemmsConfig(streams=True, stack_aside=True, side_gemms=False, grad_down_when="last"),
-                   LibraryGemmsConfig(streams=True, stack_aside=True, stack_on_own_stream=True),
+                   LibraryGemmsConfig(streams=True, stack_aside=True, stack_by_memcpy=True),
                    LibraryGemmsConfig(grad_x_tile=(16, 16, 16, 2))):
         apart = swiglu_down_backward_triton(*inputs.values(), config=config, precision="fast")
         together = swiglu_down_backward_triton(*(inputs | dict(gate_weight=fused[:24], up_weight=fused[24:])).values(),
@@ -733,20 +730,18 @@ def test_gpu_tma_launches_deterministic_and_replayed_from_a_graph(candidate, see
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [1, 3, 128, 1087, 5000, 8192, 12288])
 @pytest.mark.parametrize("candidate", ["lib", "lib_s", "lib_b", "lib_bs", "lib_s2", "lib_bs2", "lib_s3", "lib_bs3",
-                                       "lib_bs3_mc", "lib_s3_mc_fl512", "lib_s3_dl", "lib_bs3_mc_dx", "lib_s3_hp",
-                                       "lib_s3_sp32", "lib_b1_mc_da", "lib_s1_cat_da", "lib_s3_own",
-                                       "lib_s3_mc_own", "lib_s3_cv66", "lib_s_gx"])
+                                       "lib_bs3_mc", "lib_s3_mc_fl512", "lib_s_gx"])
 @pytest.mark.parametrize("precision", ["faithful", "fast"])
 def test_gpu_library_gemms_design_at_both_input_scales(T, candidate, precision, seed):
     check_candidate_at_both_scales(candidate, T, precision, seed)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("candidate", ["lib", "lib_bs", "lib_bs2", "lib_bs3", "lib_bs3_mc", "lib_bs3_mc_hp",
-                                       "lib_b1_mc_dl", "lib_bs3_mc_own"])
+@pytest.mark.parametrize("candidate", ["lib", "lib_bs", "lib_bs2", "lib_bs3", "lib_bs3_mc", "lib_s_gx"])
 def test_gpu_library_gemms_design_deterministic_and_replayed_from_a_graph(candidate, seed):
     """With ``streams`` the capture forks to a second stream and joins it again (with ``stack_aside`` the
-    caller's stream also waits for the copy made there, with ``stack_by_memcpy`` two memcpy nodes)."""
+    caller's stream also waits for the copy made there, with ``stack_by_memcpy`` two memcpy nodes; with
+    ``grad_x_tile`` dx's split-K counters carry over from replay to replay)."""
     check_deterministic_and_replayed(candidate, "fast", seed)
 
 
@@ -806,12 +801,7 @@ def test_library_gemms_grad_down_tile_needs_d_a_tile():
         LibraryGemmsConfig(grad_down_tile=(64, 128, 64, 1))
 
 
-@pytest.mark.parametrize("fields, message", [(dict(grad_down_when="never"), "grad_down_when must be one of"),
-                                             (dict(stack_programs=0), "stack_programs must be at least 1"),
-                                             (dict(grad_down_sm_carveout=0), "grad_down_sm_carveout must be at least"),
-                                             (dict(grad_down_when="last", d_a_tile=(64, 64, 64, 1),
-                                                   grad_down_tile=(64, 64, 64, 1)), "grad_down_when places"),
-                                             (dict(grads_flat_block=96), "power of two, got 96"),
+@pytest.mark.parametrize("fields, message", [(dict(grads_flat_block=96), "power of two, got 96"),
                                              (dict(grads_flat_block=0), "power of two, got 0"),
                                              (dict(grads_flat_block=64, d_a_tile=(64, 64, 64, 1)), "folds")])
 def test_library_gemms_config_refuses_what_it_cannot_do(fields, message):
@@ -838,31 +828,3 @@ def test_gpu_library_gemms_with_triton_d_a(T, distribution, candidate, seed):
         check_against_float64(inputs, got, precision)
 
 
-@needs_triton
-def test_stack_kernel_copies_both_halves_in_few_programs():
-    """[Wg; Wu] from three programs that step over ragged 16-element blocks, into NaN-filled memory: exact."""
-    from moe_lib.swiglu_down import kernels
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    top = torch.randn(7, 9, device=device).to(torch.bfloat16)
-    bottom = torch.randn(7, 9, device=device).to(torch.bfloat16)
-    stacked = torch.full((14, 9), float("nan"), device=device, dtype=torch.bfloat16)
-    kernels.stack_kernel[(3,)](top, bottom, stacked, top.numel(), 16, 3)
-    assert torch.equal(stacked, torch.cat([top, bottom]))
-
-
-@pytest.mark.gpu
-def test_gpu_grad_down_sm_carveout_is_restored(seed):
-    """The SM carveout is torch's process-wide setting: the call sets it around its dWd alone and leaves it as
-    it found it, also when it was set."""
-    from moe_lib.bench.tuning import P1_CANDIDATES
-    from moe_lib.swiglu_down.launch import swiglu_down_backward_triton
-
-    inputs = problems.make_inputs("swiglu_down_backward", 128, seed=seed, device="cuda")
-    for found in (None, 8):
-        torch._C._set_sm_carveout_experimental(found)
-        try:
-            swiglu_down_backward_triton(*inputs.values(), config=P1_CANDIDATES["lib_s3_cv66"], precision="fast")
-            assert torch._C._get_sm_carveout_experimental() == found
-        finally:
-            torch._C._set_sm_carveout_experimental(None)

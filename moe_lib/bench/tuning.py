@@ -108,43 +108,11 @@ P1_CANDIDATES = {
                                           grads_flat_block=512),
     "lib_bs3_mc_fl2048w8": LibraryGemmsConfig(d_a_fp32=False, streams=True, stack_aside=True, stack_by_memcpy=True,
                                               grads_flat_block=2048, grads_warps=8),
-    # cuBLAS's dWd after [dWg; dWu] on the second stream, or last on the caller's stream, instead of beside dA
-    "lib_s3_dl": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True, grad_down_when="after_grad_gate_up"),
-    "lib_s3_dx": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True, grad_down_when="last"),
-    "lib_bs3_mc_dl": LibraryGemmsConfig(d_a_fp32=False, streams=True, stack_aside=True, stack_by_memcpy=True,
-                                        grad_down_when="after_grad_gate_up"),
-    "lib_bs3_mc_dx": LibraryGemmsConfig(d_a_fp32=False, streams=True, stack_aside=True, stack_by_memcpy=True,
-                                        grad_down_when="last"),
-    # [Wg; Wu] stacked by a Triton copy of a few programs beside dA
-    **{f"lib_s3_sp{programs}": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True,
-                                                  stack_programs=programs) for programs in (16, 32, 64)},
-    # only the copy of [Wg; Wu] on the second stream, every GEMM on the caller's (dWd first, after [dWg; dWu], last)
-    **{f"lib_{'s' if fp32 else 'b'}1_{stack}_d{when[0]}": LibraryGemmsConfig(
-        d_a_fp32=fp32, streams=True, stack_aside=True, stack_by_memcpy=stack == "mc", side_gemms=False,
-        grad_down_when=when)
-       for fp32, stack in ((True, "cat"), (False, "mc")) for when in ("first", "after_grad_gate_up", "last")},
     # dx by Triton's split-K tiles reading Wg and Wu where they lie: no copy of [Wg; Wu]
     "lib_s_gx": LibraryGemmsConfig(d_a_fp32=True, streams=True, grad_x_tile=(64, 64, 64, 4)),
     "lib_s_gx8": LibraryGemmsConfig(d_a_fp32=True, streams=True, grad_x_tile=(64, 64, 64, 8)),
     "lib_s_gx128": LibraryGemmsConfig(d_a_fp32=True, streams=True, grad_x_tile=(128, 64, 64, 4), grad_x_warps=8),
     "lib_s_gx2": LibraryGemmsConfig(d_a_fp32=True, streams=True, grad_x_tile=(64, 128, 64, 2), grad_x_warps=8),
-    # cuBLAS's dWd on fewer SMs (torch's SM carveout), beside the chain dA, pass, dx
-    **{f"lib_s3_cv{carveout}": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True,
-                                                  grad_down_sm_carveout=carveout) for carveout in (32, 66, 100)},
-    "lib_bs3_mc_cv66": LibraryGemmsConfig(d_a_fp32=False, streams=True, stack_aside=True, stack_by_memcpy=True,
-                                          grad_down_sm_carveout=66),
-    # the copy of [Wg; Wu] on a third stream, dWd beside dA from the start
-    "lib_s3_own": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True, stack_on_own_stream=True),
-    "lib_s3_mc_own": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True, stack_by_memcpy=True,
-                                        stack_on_own_stream=True),
-    "lib_bs3_mc_own": LibraryGemmsConfig(d_a_fp32=False, streams=True, stack_aside=True, stack_by_memcpy=True,
-                                         stack_on_own_stream=True),
-    # the chain dA, pass, dx on a stream of the highest priority
-    "lib_s3_hp": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True, critical_priority=True),
-    "lib_bs3_mc_hp": LibraryGemmsConfig(d_a_fp32=False, streams=True, stack_aside=True, stack_by_memcpy=True,
-                                        critical_priority=True),
-    "lib_s3_hp_dl": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True, critical_priority=True,
-                                       grad_down_when="after_grad_gate_up"),
     # dA and the dSwiGLU pass as one Triton launch (d_a_tile: dA's split-K tiles with the pass as their epilogue)
     "lib_s3_da": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True, d_a_tile=(64, 64, 64, 4)),
     "lib_s3_da2": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True, d_a_tile=(64, 64, 64, 2)),

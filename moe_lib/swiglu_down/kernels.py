@@ -489,30 +489,6 @@ def grad_x_rows_kernel(
 
 
 @triton.jit
-def copy_share(source_ptr, destination_ptr, num_elements, BLOCK: tl.constexpr, PROGRAMS: tl.constexpr):
-    """This program's share of destination[:num_elements] = source[:num_elements]: every PROGRAMS-th block."""
-    for start in range(tl.program_id(0) * BLOCK, num_elements, PROGRAMS * BLOCK):
-        offsets = start + tl.arange(0, BLOCK).to(tl.int64)
-        inside = offsets < num_elements
-        tl.store(destination_ptr + offsets, tl.load(source_ptr + offsets, mask=inside), mask=inside)
-
-
-@triton.jit
-def stack_kernel(
-    top_ptr,  # Wg [I, H], contiguous
-    bottom_ptr,  # Wu [I, H], contiguous
-    stacked_ptr,  # out: [Wg; Wu] [2I, H]
-    num_elements,  # I · H, of each
-    BLOCK: tl.constexpr,  # elements per step of a program
-    PROGRAMS: tl.constexpr,  # the grid: few programs, so that a GEMM beside it keeps most SMs
-):  # fmt: skip
-    """[Wg; Wu] stacked by a few programs that each stream their share of both (library_gemms.py, ``stack_programs``),
-    where a copy kernel over the whole GPU would hold every SM while dA waits for them."""
-    copy_share(top_ptr, stacked_ptr, num_elements, BLOCK, PROGRAMS)
-    copy_share(bottom_ptr, stacked_ptr + num_elements, num_elements, BLOCK, PROGRAMS)
-
-
-@triton.jit
 def d_intermediate_rows_kernel(
     grad_output_ptr,  # dy [T, H]
     down_weight_ptr,  # Wd [H, I]

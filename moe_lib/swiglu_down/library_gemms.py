@@ -35,9 +35,6 @@ import torch
 from ..tiling import cdiv
 from . import kernels, launch
 
-GRAD_DOWN_WHEN = ("first", "after_grad_gate_up", "last")
-STACK_BLOCK = 32768  # elements a program of kernels.stack_kernel copies per step: 64 KB in flight per program
-
 
 @dataclass(frozen=True)
 class LibraryGemmsConfig:
@@ -51,34 +48,14 @@ class LibraryGemmsConfig:
     # where [Wg; Wu] has to be stacked (and dx is one GEMM): the copy runs first thing on the second stream (with
     # ``streams``), beside dA and the dSwiGLU pass, instead of on the caller's stream just before dx
     stack_aside: bool = False
-    # with ``streams``: the chain dA, pass, dx on a stream of the highest priority (forked from the caller's and
-    # joined back), so that the GPU gives its blocks the SMs before the second stream's (a captured graph keeps
-    # each kernel's priority)
-    critical_priority: bool = False
     # dx by Triton tiles (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT) that read Wg and Wu where they lie
     # (kernels.grad_x_rows_kernel) instead of cuBLAS over a stacked [Wg; Wu]: no copy per call; None: cuBLAS
     grad_x_tile: tuple[int, int, int, int] | None = None
     grad_x_warps: int = 4
     grad_x_stages: int = 3
-    # with ``streams`` and ``stack_aside``: the copy of [Wg; Wu] on a third stream of its own, so that dWd starts on
-    # the second stream beside dA instead of after the copy
-    stack_on_own_stream: bool = False
-    # cuBLAS's dWd on all SMs but this many (torch's SM carveout for cuBLAS, set around that one call), so that the
-    # chain dA, pass, dx beside it keeps them; None: on every SM
-    grad_down_sm_carveout: int | None = None
-    # with ``streams``: dWd and [dWg; dWu] on the second stream; False: only the copy of [Wg; Wu] there
-    # (``stack_aside``), every GEMM on the caller's stream one after another, as torch.compile's code runs them
-    side_gemms: bool = True
-    # when cuBLAS's dWd runs: "first" on the second stream (with ``streams``), beside dA; "after_grad_gate_up" on
-    # the second stream after [dWg; dWu], so that it never holds SMs that dx and [dWg; dWu] wait for; "last" on the
-    # caller's stream after dx
-    grad_down_when: str = "first"
     # where [Wg; Wu] has to be stacked: by two device-to-device memcpys (the GPU's copy engines, not its SMs, where
     # the driver gives them the copy) instead of a copy kernel
     stack_by_memcpy: bool = False
-    # where [Wg; Wu] has to be stacked and ``stack_by_memcpy`` is off: by a Triton copy of this many programs
-    # (kernels.stack_kernel), so that dA beside it keeps the other SMs; None: a copy kernel over the whole GPU
-    stack_programs: int | None = None
     grads_block: tuple[int, int] = (16, 128)  # [tokens, I] block of one program of the dSwiGLU pass
     grads_warps: int = 4
     # the dSwiGLU pass by runs of this many consecutive elements of [T, I] per program (swiglu_grads_flat_kernel)
@@ -97,14 +74,6 @@ class LibraryGemmsConfig:
     def __post_init__(self):
         if self.grad_down_tile is not None and self.d_a_tile is None:
             raise ValueError("config: grad_down_tile puts dWd in the launch of dA's Triton tiles; it needs d_a_tile")
-        if self.grad_down_sm_carveout is not None and self.grad_down_sm_carveout < 1:
-            raise ValueError(f"config: grad_down_sm_carveout must be at least 1, got {self.grad_down_sm_carveout}")
-        if self.stack_programs is not None and self.stack_programs < 1:
-            raise ValueError(f"config: stack_programs must be at least 1, got {self.stack_programs}")
-        if self.grad_down_when not in GRAD_DOWN_WHEN:
-            raise ValueError(f"config: grad_down_when must be one of {GRAD_DOWN_WHEN}, got {self.grad_down_when!r}")
-        if self.grad_down_when != "first" and self.grad_down_tile is not None:
-            raise ValueError("config: grad_down_when places cuBLAS's dWd, which grad_down_tile replaces")
         if self.grads_flat_block is not None:
             if self.grads_flat_block < 1 or self.grads_flat_block & (self.grads_flat_block - 1):
                 raise ValueError(f"config: grads_flat_block must be a power of two, got {self.grads_flat_block}")
@@ -115,19 +84,6 @@ class LibraryGemmsConfig:
             intermediate, *, with_lo: bool):  # fmt: skip
         """The four gradients (grad_x, grad_gate_weight, grad_up_weight, grad_down_weight); the two weight
         gradients are the row halves of one [2I, H] allocation."""
-        critical = self.critical_priority and self.streams and x.is_cuda
-        caller = torch.cuda.current_stream(x.device) if critical else None
-        with critical_path(critical, x.device):
-            grads = self.run_streams(grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid,
-                                     gate_silu, up, intermediate, with_lo=with_lo)  # fmt: skip
-        if critical and not torch.cuda.is_current_stream_capturing():
-            for grad in grads:  # allocated on the critical stream, used on the caller's from here on
-                grad.record_stream(caller)
-        return grads
-
-    def run_streams(self, grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up,
-                    intermediate, *, with_lo: bool):  # fmt: skip
-        """:meth:`run` on the current stream (the chain dA, pass, dx) and the side stream."""
         T, H = x.shape
         I = gate_weight.shape[0]
         grad_x = launch.allocate(x.shape, dtype=x.dtype, device=x.device)
@@ -144,15 +100,12 @@ class LibraryGemmsConfig:
             gate_up_weight = launch.allocate((2 * I, H), dtype=x.dtype, device=x.device)
         stacked = None  # the side stream's mark once its copy is made (stack_aside)
 
-        gemms_side = side if self.side_gemms else None  # where dWd and [dWg; dWu] run
-        copy_side = SideStream(x.device, "copy") if side is not None and self.stack_on_own_stream else side
-        with branch(copy_side):  # first on the side stream (or a third one): the copy (stack_aside)
+        with branch(side):  # first on the side stream: the copy (stack_aside), then dWd = dyᵀ · intermediate
             if copy_needed and self.stack_aside:
                 self.stack(gate_weight, up_weight, gate_up_weight)
-                stacked = copy_side.mark() if copy_side is not None else None
-        with branch(gemms_side):  # then dWd = dyᵀ · intermediate, beside dA
-            if self.grad_down_tile is None and self.grad_down_when == "first":
-                self.grad_down(grad_output, intermediate, grad_down_weight)
+                stacked = side.mark() if side is not None else None
+            if self.grad_down_tile is None:
+                torch.mm(grad_output.T, intermediate, out=grad_down_weight)
         if self.d_a_tile is not None:
             self.d_a_and_swiglu_grads(grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate,
                                       d_gate_up, grad_down_weight, with_lo=with_lo)  # fmt: skip
@@ -169,13 +122,11 @@ class LibraryGemmsConfig:
                     d_a, gate, gate_sigmoid, gate_silu, up, d_gate_up, T, I, *self.grads_block, with_lo,
                     num_warps=self.grads_warps,
                 )  # fmt: skip
-        with branch(gemms_side):  # [dWg; dWu] = [dG | dU]ᵀ · x
+        with branch(side):  # [dWg; dWu] = [dG | dU]ᵀ · x
             if with_lo:
                 torch.add(*mm_fp32(d_gate_up.T, x).split(2 * I), out=grad_gate_up)
             else:
                 torch.mm(d_gate_up.T, x, out=grad_gate_up)
-            if self.grad_down_when == "after_grad_gate_up":
-                self.grad_down(grad_output, intermediate, grad_down_weight)
         if copy_needed and not self.stack_aside:
             self.stack(gate_weight, up_weight, gate_up_weight)
         if stacked is not None:
@@ -190,34 +141,15 @@ class LibraryGemmsConfig:
             grad_x.addmm_(d_gate_up[:, I:], up_weight)
         else:
             torch.mm(d_gate_up, gate_up_weight, out=grad_x)
-        if self.grad_down_when == "last":
-            self.grad_down(grad_output, intermediate, grad_down_weight)
         if side is not None:
             side.join()
-        if copy_side is not side:
-            copy_side.join()
         return grad_x, grad_gate_up[:I], grad_gate_up[I:], grad_down_weight
-
-    def grad_down(self, grad_output, intermediate, grad_down_weight):
-        """dWd = dyᵀ · intermediate on cuBLAS (with ``grad_down_sm_carveout``: on fewer SMs)."""
-        if self.grad_down_sm_carveout is None or not grad_output.is_cuda:
-            torch.mm(grad_output.T, intermediate, out=grad_down_weight)
-            return
-        before = torch._C._get_sm_carveout_experimental()
-        torch._C._set_sm_carveout_experimental(self.grad_down_sm_carveout)
-        try:
-            torch.mm(grad_output.T, intermediate, out=grad_down_weight)
-        finally:
-            torch._C._set_sm_carveout_experimental(before)
 
     def stack(self, gate_weight, up_weight, gate_up_weight):
         """[Wg; Wu] into ``gate_up_weight`` [2I, H]."""
         if self.stack_by_memcpy:  # a contiguous same-dtype copy_ is a cudaMemcpyAsync, device to device
             gate_up_weight[: gate_weight.shape[0]].copy_(gate_weight)
             gate_up_weight[gate_weight.shape[0] :].copy_(up_weight)
-        elif self.stack_programs is not None:
-            kernels.stack_kernel[(self.stack_programs,)](gate_weight, up_weight, gate_up_weight, gate_weight.numel(),
-                                                         STACK_BLOCK, self.stack_programs, num_warps=8)  # fmt: skip
         else:
             torch.cat([gate_weight, up_weight], out=gate_up_weight)
 
@@ -241,7 +173,6 @@ class LibraryGemmsConfig:
                 *launch.dot_flags(grad_output), with_lo, self.grad_down_tile is not None, num_warps=self.d_a_warps,
                 num_stages=self.d_a_stages,
             )  # fmt: skip
-
 
     def grad_x_rows(self, d_gate_up, gate_weight, up_weight, grad_x, *, with_lo: bool):
         """dx into ``grad_x`` from the [dG | dU] rows by Triton's split-K tiles (``grad_x_tile``), Wg and Wu read
@@ -283,9 +214,9 @@ class SideStream:
 
     _streams: dict = {}
 
-    def __init__(self, device: torch.device, name: str = "side"):
+    def __init__(self, device: torch.device):
         self.main = torch.cuda.current_stream(device)
-        key = f"{device}/{name}"
+        key = str(device)
         if key not in self._streams:
             self._streams[key] = torch.cuda.Stream(device)
         self.stream = self._streams[key]
@@ -300,29 +231,6 @@ class SideStream:
     def join(self):
         if self.forked:
             self.main.wait_stream(self.stream)
-
-
-@contextlib.contextmanager
-def critical_path(enabled: bool, device: torch.device):
-    """``with critical_path(True, device):`` runs its body on a stream of the highest priority that forks from the
-    caller's stream and that the caller's stream then waits for (False: on the caller's stream)."""
-    if not enabled:
-        yield
-        return
-    caller = torch.cuda.current_stream(device)
-    key = str(device)
-    if key not in CRITICAL_STREAMS:
-        CRITICAL_STREAMS[key] = torch.cuda.Stream(device, priority=torch.cuda.Stream.priority_range()[1])
-    critical = CRITICAL_STREAMS[key]
-    critical.wait_stream(caller)
-    try:
-        with torch.cuda.stream(critical):
-            yield
-    finally:
-        caller.wait_stream(critical)
-
-
-CRITICAL_STREAMS: dict = {}
 
 
 @contextlib.contextmanager
