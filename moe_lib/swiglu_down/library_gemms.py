@@ -9,7 +9,9 @@ Dataflow (T tokens, H hidden, I intermediate; s = the saved gate_sigmoid), 16-bi
                    (with ``d_a_tile`` dA and this pass are one Triton launch instead,
                    kernels.d_intermediate_rows_kernel: dA's tiles, then the pass's epilogue on each, dA never
                    stored)
-    dx           = [dG | dU] · [Wg; Wu]        [T, H]   one cuBLAS GEMM over K = 2I
+    dx           = [dG | dU] · [Wg; Wu]        [T, H]   one cuBLAS GEMM over K = 2I (with ``grad_x_tile`` Triton's
+                                                        split-K tiles, kernels.grad_x_rows_kernel, reading Wg and
+                                                        Wu where they lie: nothing stacked)
     [dWg; dWu]   = [dG | dU]ᵀ · x              [2I, H]  one cuBLAS GEMM with M = 2I (on the second stream with
                                                         ``streams``); dWg and dWu are its two row halves
 
