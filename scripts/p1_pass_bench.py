@@ -20,6 +20,7 @@ import torch
 
 from moe_lib import problems
 from moe_lib.bench import timing
+from moe_lib.bench.peers.swiglu_down import swiglu_grads_eager
 from moe_lib.bench.provenance import recorded_commit
 from moe_lib.swiglu_down import kernels
 from moe_lib.swiglu_down.launch import LIBRARY_GEMMS_16BIT_DA_MIN_TOKENS
@@ -37,14 +38,6 @@ VARIANTS = {
     "flat2048_w8": ("flat", 2048, 8),
     "flat4096_w8": ("flat", 4096, 8),
 }
-
-
-def swiglu_grads_torch(d_a, gate, gate_sigmoid, gate_silu, up):
-    """[dGate | dUp] rows in the inputs' dtype, computed in fp32 (torch_compile's call computes it so)."""
-    s = gate_sigmoid.float()
-    d_up = d_a.float() * gate_silu.float()
-    d_gate = d_a.float() * up.float() * s * (1 + gate.float() * (1 - s))
-    return torch.cat([d_gate, d_up], dim=1).to(gate.dtype)
 
 
 def run_variant(spec, d_a, saved, out):
@@ -78,10 +71,10 @@ def main() -> int:
         product = inputs["grad_output"].float() @ inputs["down_weight"].float()
         d_a = product if T < LIBRARY_GEMMS_16BIT_DA_MIN_TOKENS else product.to(torch.bfloat16)
         saved = [inputs[name] for name in ("gate", "gate_sigmoid", "gate_silu", "up")]
-        exact = swiglu_grads_torch(d_a.double(), *(t.double() for t in saved))  # float64 throughout
+        exact = swiglu_grads_eager(d_a.double(), *(t.double() for t in saved))  # float64 throughout
         bound = exact.abs() * 2.0**-8 + exact.abs().max() * 2.0**-20  # one bf16 rounding, and fp32 cancellation
         torch._dynamo.reset()
-        compiled = torch.compile(swiglu_grads_torch, dynamic=False)
+        compiled = torch.compile(swiglu_grads_eager, dynamic=False)
         calls = {"inductor": lambda: compiled(d_a, *saved)}
         out = torch.empty((T, 2 * d_a.shape[1]), dtype=torch.bfloat16, device="cuda")
         for name in names:

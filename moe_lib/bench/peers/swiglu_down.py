@@ -43,17 +43,22 @@ def swiglu_down_backward_eager(dy, x, w_gate_up, w_down, gate, gate_sigmoid, gat
     ``w_gate_up`` is ``[Wg; Wu]`` [2I, H]. Returns (grad_x, grad_gate_weight, grad_up_weight,
     grad_down_weight); the two I×H gradients are the halves of one [2I, H] product.
     """
-    low = x.dtype
     inter = gate.shape[1]
     grad_down = dy.T @ intermediate  # [H, I]
-    d_a = (dy @ w_down).float()  # [T, I]
-    s = gate_sigmoid.float()
-    d_up = d_a * gate_silu.float()
-    d_gate = d_a * up.float() * s * (1 + gate.float() * (1 - s))
-    d_gate_up = torch.cat([d_gate, d_up], dim=1).to(low)  # [T, 2I]
+    d_gate_up = swiglu_grads_eager(dy @ w_down, gate, gate_sigmoid, gate_silu, up)  # [T, 2I]
     grad_x = d_gate_up @ w_gate_up  # [T, H]
     grad_gate_up = d_gate_up.T @ x  # [2I, H]
     return grad_x, grad_gate_up[:inter], grad_gate_up[inter:], grad_down
+
+
+def swiglu_grads_eager(d_a, gate, gate_sigmoid, gate_silu, up):
+    """[dGate | dUp] rows [T, 2I] in the saved tensors' dtype, computed in fp32 (or wider, for float64 inputs) from
+    dA and the saved tensors: dGate = dA ⊙ up ⊙ s ⊙ (1 + gate ⊙ (1 − s)), dUp = dA ⊙ gate_silu."""
+    wide = torch.promote_types(d_a.dtype, torch.float32)
+    d_a, s = d_a.to(wide), gate_sigmoid.to(wide)
+    d_up = d_a * gate_silu.to(wide)
+    d_gate = d_a * up.to(wide) * s * (1 + gate.to(wide) * (1 - s))
+    return torch.cat([d_gate, d_up], dim=1).to(gate.dtype)
 
 
 def eager_arguments(inputs: dict) -> tuple:
