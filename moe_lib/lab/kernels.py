@@ -557,6 +557,9 @@ CALL_KERNEL_KINDS = (
 )
 
 
+CALL_KERNEL_COLORS = {kind: color for _, kind, color in CALL_KERNEL_KINDS}
+
+
 def call_kernel_kind(name: str) -> tuple[str, str]:
     """(what it does, colour) of a kernel of a P1 fast-path call, from its name; ("other", grey) if unknown."""
     for part, kind, color in CALL_KERNEL_KINDS:
@@ -577,15 +580,21 @@ def p1_call_kernels(path=TUNING_DIR / "2026-12-01-p1-kernel-times-defaults.json"
     data = _read_json(path)
     rows = []
     for run in data["rows"] if isinstance(data, dict) else data:
+        impl = run["impl"]
         if defaults_only:
-            design = p1_launch.choose_design(run["T"], 2048, 768, interpreter=False, max_programs=132)
-            if run["impl"] != "torch_compile" and P1_CANDIDATES.get(run["impl"]) != design:
+            if impl == "torch_compile":
+                impl = "torch.compile"
+            elif P1_CANDIDATES.get(impl) == p1_launch.choose_design(run["T"], 2048, 768, interpreter=False,
+                                                                    max_programs=132):  # fmt: skip
+                impl = "ours"
+            else:
                 continue
-            labels = {run["impl"]: "ours" if run["impl"] != "torch_compile" else "torch.compile"}
-        elif labels is not None and run["impl"] not in labels:
-            continue
+        elif labels is not None:
+            if impl not in labels:
+                continue
+            impl = labels[impl]
         for kernel in run["kernels"]:
-            rows.append(dict(num_tokens=run["T"], impl=labels[run["impl"]] if labels else run["impl"],
+            rows.append(dict(num_tokens=run["T"], impl=impl,
                              kind=call_kernel_kind(kernel["name"])[0], stream=kernel["stream"],
                              start_us=kernel["start_us"], duration_us=kernel["duration_us"],
                              span_us=run["span_us"]))  # fmt: skip
@@ -602,7 +611,7 @@ def call_timeline_figure(table: pd.DataFrame, title: str):
         for impl, call in table[table.num_tokens == T].groupby("impl", sort=False):
             for kernel in call.sort_values("start_us").itertuples():
                 ax.broken_barh([(kernel.start_us, kernel.duration_us)], (rows, 0.8),
-                               color=call_kernel_kind_color(kernel.kind))  # fmt: skip
+                               color=CALL_KERNEL_COLORS.get(kernel.kind, "tab:grey"))  # fmt: skip
                 rows += 1
             names.append((rows - len(call) / 2, f"{impl}\n{call.span_us.iloc[0]:.1f} µs"))
             ax.axhline(rows - 0.1, color="lightgrey", lw=0.8)
@@ -612,7 +621,3 @@ def call_timeline_figure(table: pd.DataFrame, title: str):
     axes[0, 0].legend(handles=handles, fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     return fig
-
-
-def call_kernel_kind_color(kind: str) -> str:
-    return next((color for _, name, color in CALL_KERNEL_KINDS if name == kind), "tab:grey")
