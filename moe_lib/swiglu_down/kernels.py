@@ -146,6 +146,16 @@ def store_tile(ptr, values, off_m, off_n, M, N, stride_m,
 
 
 @triton.jit
+def store_halves(ptrs, lo_offset, values, mask, WITH_LO: tl.constexpr):
+    """:func:`store_tile_halves` at pointers of any shape: fp32 ``values`` in the pointers' dtype, and with WITH_LO
+    what that rounding lost ``lo_offset`` elements further on."""
+    hi = values.to(ptrs.dtype.element_ty)
+    tl.store(ptrs, hi, mask=mask)
+    if WITH_LO:
+        tl.store(ptrs + lo_offset, (values - hi.to(tl.float32)).to(hi.dtype), mask=mask)
+
+
+@triton.jit
 def store_tile_halves(ptr, lo_offset, values, off_m, off_n, M, N, stride_m,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WITH_LO: tl.constexpr):  # fmt: skip
     """Stores fp32 ``values`` in ptr's dtype; WITH_LO also stores what that rounding lost, lo = values − hi,
@@ -461,13 +471,8 @@ def swiglu_grads_flat_kernel(
                                 tl.load(up_ptr + flat, mask=inside, other=0.0))  # fmt: skip
     # element (t, i) goes to row t of rows 2I long (4I with lo halves): t · 2I + i = flat + t · I
     out = d_gate_up_ptr + flat + (flat // I) * (3 * I if WITH_LO else I)
-    d_gate_hi = d_gate.to(d_gate_up_ptr.dtype.element_ty)
-    d_up_hi = d_up.to(d_gate_up_ptr.dtype.element_ty)
-    tl.store(out, d_gate_hi, mask=inside)
-    tl.store(out + I, d_up_hi, mask=inside)
-    if WITH_LO:
-        tl.store(out + 2 * I, (d_gate - d_gate_hi.to(tl.float32)).to(d_gate_hi.dtype), mask=inside)
-        tl.store(out + 3 * I, (d_up - d_up_hi.to(tl.float32)).to(d_up_hi.dtype), mask=inside)
+    store_halves(out, 2 * I, d_gate, inside, WITH_LO)
+    store_halves(out + I, 2 * I, d_up, inside, WITH_LO)
 
 
 @triton.jit
