@@ -143,13 +143,27 @@ def stream_programs(source: torch.Tensor) -> int:
     return rows // (STREAM_BLOCKS * STREAM_BLOCK[0])
 
 
-def compile_stream_kernels() -> None:
-    """Both stream kernels compiled for sm_90 without a GPU (registers, stack, shared memory, bulk copies)."""
+def compile_gluon_for_sm90(kernel, *args, num_warps: int):
+    """A Gluon kernel compiled for sm_90 without a GPU, its arguments (CPU tensors, descriptors over them,
+    constexprs) specialised as the runtime would; ``.asm["ptx"]``, ``.metadata`` as for a launch."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import make_backend
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import create_function_from_signature
 
+    target = GPUTarget("cuda", 90, 32)
+    backend = make_backend(target)
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    bound_args, specialization, options = binder(*args, num_warps=num_warps)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, {"num_warps": num_warps}, bound_args,
+                                                              specialization, options)  # fmt: skip
+    return triton.compile(GluonASTSource(kernel, signature, constexprs, attrs), target=target,
+                          options=options.__dict__)  # fmt: skip
+
+
+def compile_stream_kernels() -> None:
+    """The stream and shared-memory kernels compiled for sm_90 without a GPU (registers, stack, shared memory,
+    bulk copies)."""
     from moe_lib.bench.sm90 import compile_for_sm90, resources
 
     compiled = compile_for_sm90(register_stream_kernel, {"source_ptr": "*bf16", "target_ptr": "*bf16"},
@@ -157,26 +171,15 @@ def compile_stream_kernels() -> None:
                                 ["source_ptr", "target_ptr"], warps=8, stages=1)  # fmt: skip
     print("register_stream_kernel", resources(compiled), compiled.asm["ptx"].count("ld.global"), "global loads")
     source = torch.empty(WEIGHT_BYTES // 2, dtype=torch.bfloat16)
-    target = torch.empty_like(source)
-    target_gpu = GPUTarget("cuda", 90, 32)
-    backend = make_backend(target_gpu)
-    binder = create_function_from_signature(tma_stream_kernel.signature, tma_stream_kernel.params, backend)
-    bound_args, specialization, options = binder(*stream_descriptors(source, target), STREAM_BLOCKS, num_warps=4)
-    options, signature, constexprs, attrs = tma_stream_kernel._pack_args(backend, {"num_warps": 4}, bound_args,
-                                                                         specialization, options)  # fmt: skip
-    compiled = triton.compile(GluonASTSource(tma_stream_kernel, signature, constexprs, attrs), target=target_gpu,
-                              options=options.__dict__)  # fmt: skip
+    compiled = compile_gluon_for_sm90(tma_stream_kernel, *stream_descriptors(source, torch.empty_like(source)),
+                                      STREAM_BLOCKS, num_warps=4)  # fmt: skip
     ptx = compiled.asm["ptx"]
     print("tma_stream_kernel", resources(compiled), ptx.count("cp.async.bulk.tensor"), "bulk copies,",
           ptx.count("mbarrier.try_wait"), "waits")
     out = torch.empty(96, SHARED_ROW, dtype=torch.bfloat16)
     for kilobytes in SHARED_KB:
-        binder = create_function_from_signature(shared_memory_kernel.signature, shared_memory_kernel.params, backend)
-        bound_args, specialization, options = binder(out, shared_memory_rows(kilobytes), SHARED_ROW, num_warps=8)
-        options, signature, constexprs, attrs = shared_memory_kernel._pack_args(backend, {"num_warps": 8}, bound_args,
-                                                                                specialization, options)  # fmt: skip
-        compiled = triton.compile(GluonASTSource(shared_memory_kernel, signature, constexprs, attrs),
-                                  target=target_gpu, options=options.__dict__)  # fmt: skip
+        compiled = compile_gluon_for_sm90(shared_memory_kernel, out, shared_memory_rows(kilobytes), SHARED_ROW,
+                                          num_warps=8)  # fmt: skip
         print(f"shared_memory_kernel, {kilobytes} KB asked:", resources(compiled))
 
 
