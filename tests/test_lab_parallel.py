@@ -7,6 +7,9 @@ import torch
 from moe_lib.lab import parallel, parallel_live
 
 
+FIRST_RUN_DATE = "2026-11-29"  # the first run on GPUs, whose forward looped over the experts in PyTorch
+
+
 @pytest.fixture(scope="module")
 def runs():
     return parallel.load_parallel_results()
@@ -19,6 +22,8 @@ def test_committed_runs_load_narrowest_dtype_first(runs):
     assert list(bf16.cases) == sorted(bf16.cases) and set(bf16.ok.index) <= set(bf16.cases)
     with pytest.raises(FileNotFoundError, match="no moe_experts_parallel results"):
         parallel.load_parallel_results("data/results", "B200")
+    with pytest.raises(FileNotFoundError, match="dated 1999-01-01"):
+        parallel.load_parallel_results(date="1999-01-01")
 
 
 def test_exchange_bytes_count_only_the_other_ranks():
@@ -122,10 +127,11 @@ def test_overlap_curves_from_the_committed_runs(runs):
     figure = parallel.overlap_figure(curves, "test")
     assert len(figure.axes) == len(runs) and len(figure.axes[0].lines) == 3 + 1
     plt.close(figure)
-    # the runs made before the layer had chunks: every row is a chunks-1 row
+    # the rows without overlap (chunks 1) are the plain table's rows; the other chunk counts come beside them
     for run in runs.values():
-        assert list(run.chunked.index.get_level_values("chunks").unique()) == [1]
-        assert len(run.chunked) == len(run.ok)
+        plain = run.chunked.xs(1, level="chunks")
+        assert plain.index.equals(run.ok.index) and (plain["total_ms"] == run.ok["total_ms"]).all()
+        assert len(run.chunked) >= len(run.ok)
 
 
 def test_step_timeline_pairs_each_exchange_with_its_wait():
@@ -149,9 +155,10 @@ def test_step_timeline_pairs_each_exchange_with_its_wait():
     plt.close(figure)
 
 
-def test_forward_scaling_shows_the_host_bound_forward_of_the_committed_runs(runs):
-    table = parallel.forward_scaling_table(runs["bfloat16"])
-    case = runs["bfloat16"].cases[2048]
+def test_forward_scaling_shows_the_host_bound_forward_of_the_first_run():
+    first = parallel.load_parallel_results(date=FIRST_RUN_DATE)["bfloat16"]  # before the Triton forward
+    table = parallel.forward_scaling_table(first)
+    case = first.cases[2048]
     assert list(table.loc[2048, "rows received"]) == [sum(r) for r in case["rows_received_by_rank"]]
     assert table.loc[(2048, 0), "expert forward ms"] == case["times_by_rank"][0]["expert_forward_ms"]
     rows_0 = sum(case["rows_received_by_rank"][0])
@@ -164,3 +171,13 @@ def test_forward_scaling_shows_the_host_bound_forward_of_the_committed_runs(runs
     # at 2048 tokens rank 0's forward was > 20% slower than rank 1's for a few per cent more rows
     assert forward.loc[(2048, 0)] > 1.2 * forward.loc[(2048, 1)]
     assert table.loc[(2048, 0), "rows received"] < 1.05 * table.loc[(2048, 1), "rows received"]
+
+
+def test_forward_scales_with_its_rows_in_the_newest_run(runs):
+    table = parallel.forward_scaling_table(runs["bfloat16"])
+    forward, rows = table["expert forward ms"], table["rows received"]
+    for rank in range(runs["bfloat16"].world_size):  # the Triton forward: time follows the rows
+        assert forward.loc[(8192, rank)] > 2 * forward.loc[(2048, rank)]
+        assert rows.loc[(8192, rank)] > 3.5 * rows.loc[(2048, rank)]
+    # and the ranks agree: no rank's forward is 20% slower than another's at 2048 tokens per rank
+    assert forward.loc[2048].max() < 1.2 * forward.loc[2048].min()

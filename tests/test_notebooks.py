@@ -494,7 +494,10 @@ def test_parallel_measured_numbers_are_those_of_the_committed_files(parallel_run
     files = _parallel_files()
     assert measured["files"] == [path.name for path in files] and files
     for path in files:
-        frame = pd.read_csv(path).set_index("tokens_per_rank")
+        frame = pd.read_csv(path)
+        if "chunks" in frame:  # the summary speaks of the runs without overlap
+            frame = frame[frame["chunks"] == 1]
+        frame = frame.set_index("tokens_per_rank")
         document = json.loads(path.with_suffix(".json").read_text())
         provenance = document["provenance"]
         assert measured["provenance"][path.name]["nccl"] == provenance["nccl"]
@@ -505,7 +508,7 @@ def test_parallel_measured_numbers_are_those_of_the_committed_files(parallel_run
         W, E = provenance["world_size"], document["axes"]["num_experts"]
         element = 2 if document["dtype"] == "bfloat16" else 4
         counts = (W - 1) * (3 + -(-E // W)) * 8  # the int64 counts: 3 status columns and L_max expert columns
-        for case in document["cases"]:
+        for case in (case for case in document["cases"] if case.get("chunks", 1) == 1):
             tokens = case["tokens_per_rank"]
             mine, row = cases[str(tokens)], frame.loc[tokens]
             assert mine["all_to_all_share"] == pytest.approx(row["all_to_all_ms"] / row["total_ms"], rel=1e-12)

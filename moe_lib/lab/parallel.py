@@ -225,9 +225,11 @@ class ParallelRun(RunFiles):
         return timed.set_index(["tokens_per_rank", "chunks"]).sort_index()
 
 
-def load_parallel_results(results_dir="data/results", gpu_key: str = "H200") -> dict[str, ParallelRun]:
+def load_parallel_results(results_dir="data/results", gpu_key: str = "H200", date: str | None = None
+                          ) -> dict[str, ParallelRun]:  # fmt: skip
     """The newest full-size run of each dtype in ``<results_dir>/<gpu_key>/`` (``results_dir`` relative to the
-    repository root unless absolute), keyed by dtype, the narrowest first (bfloat16, then float32)."""
+    repository root unless absolute), keyed by dtype, the narrowest first (bfloat16, then float32); with
+    ``date`` ("YYYY-MM-DD"), the runs of that day instead."""
     folder = resolve_path(results_dir) / gpu_key
     newest: dict[str, ParallelRun] = {}
     for csv_path in sorted(folder.glob(f"*-{PROBLEM}-*.csv")):
@@ -237,12 +239,15 @@ def load_parallel_results(results_dir="data/results", gpu_key: str = "H200") -> 
         meta = read_run_json(json_path)
         if meta.get("problem") != PROBLEM or meta.get("provenance", {}).get("small"):
             continue
+        if date is not None and not csv_path.name.startswith(date):
+            continue
         require_keys(meta, ("dtype", "axes", "cases"), json_path)
         run = ParallelRun(csv=csv_path, frame=read_run_csv(csv_path, ("tokens_per_rank", "status")), meta=meta)
         if run.dtype not in newest or run.date >= newest[run.dtype].date:
             newest[run.dtype] = run
     if not newest:
-        raise FileNotFoundError(f"no {PROBLEM} results (CSV with its JSON) in {folder}")
+        raise FileNotFoundError(f"no {PROBLEM} results (CSV with its JSON) in {folder}"
+                                + (f" dated {date}" if date else ""))  # fmt: skip
     return {run.dtype: run for run in sorted(newest.values(), key=lambda run: (run.element_bytes, run.dtype))}
 
 
