@@ -253,6 +253,22 @@ def test_two_ranks_match_the_single_device_layer(two_ranks, module_seed, name):
         assert all(float(per_rank[0][grad].abs().max()) == 0.0 for grad in GRAD_NAMES[2:])
 
 
+# (chunked case, the same case without chunks): each expert's rows all fall in one chunk, in the same order
+CHUNKED_TWINS_2 = [("uniform_chunks3", "uniform")] + ([("triton_float32_chunks2", "triton_float32")]
+                                                       if interpreter_enabled() else [])  # fmt: skip
+CHUNKED_TWINS_4 = [("uneven_skewed_chunks2", "uneven_skewed"), ("uniform_top3_chunks3", "uniform_top3")]
+
+
+@pytest.mark.parametrize("chunked, plain", CHUNKED_TWINS_2 + CHUNKED_TWINS_4)
+def test_chunks_leave_every_result_bit_for_bit_unchanged(two_ranks, four_ranks, chunked, plain):
+    per_rank = two_ranks if (chunked, plain) in CHUNKED_TWINS_2 else four_ranks
+    cases = CASES_2 if (chunked, plain) in CHUNKED_TWINS_2 else CASES_4
+    assert {k: v for k, v in cases[chunked].items() if k != "chunks"} == cases[plain]
+    for rank, results in enumerate(per_rank):
+        for name in ("output", *GRAD_NAMES):
+            assert torch.equal(results[chunked][name], results[plain][name]), f"rank {rank}: {name}"
+
+
 @pytest.mark.parametrize("name", list(CASES_4))
 def test_four_ranks_match_the_single_device_layer(four_ranks, module_seed, name):
     per_rank = [results[name] for results in four_ranks]
@@ -327,16 +343,16 @@ def test_bad_chunks_raise_before_any_communication(chunks):
         moe_experts_parallel(**_local_call_arguments(), impl="reference", num_experts=8, chunks=chunks)
 
 
-def test_token_chunks_cover_the_tokens_in_order():
-    from moe_lib.moe_experts.parallel import token_chunks
+def test_expert_chunks_cover_the_local_experts_in_order():
+    from moe_lib.moe_experts.parallel import expert_chunks
 
-    assert token_chunks(10, 3) == [range(0, 3), range(3, 6), range(6, 10)]
-    assert token_chunks(2, 4) == [range(0, 0), range(0, 1), range(1, 1), range(1, 2)]
-    assert token_chunks(0, 2) == [range(0, 0), range(0, 0)]
-    for tokens in range(9):
+    assert expert_chunks(10, 3) == [range(0, 3), range(3, 6), range(6, 10)]
+    assert expert_chunks(2, 4) == [range(0, 0), range(0, 1), range(1, 1), range(1, 2)]
+    assert expert_chunks(0, 2) == [range(0, 0), range(0, 0)]
+    for experts in range(9):
         for chunks in range(1, 6):
-            pieces = token_chunks(tokens, chunks)
-            assert [t for piece in pieces for t in piece] == list(range(tokens))
+            pieces = expert_chunks(experts, chunks)
+            assert [e for piece in pieces for e in piece] == list(range(experts))
             assert max(map(len, pieces)) - min(map(len, pieces)) <= 1
 
 

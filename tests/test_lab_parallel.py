@@ -6,7 +6,6 @@ import torch
 
 from moe_lib.lab import parallel, parallel_live
 
-
 FIRST_RUN_DATE = "2026-11-29"  # the first run on GPUs, whose forward looped over the experts in PyTorch
 
 

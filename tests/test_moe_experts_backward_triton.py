@@ -435,3 +435,27 @@ def test_layer_with_and_without_saved_activations_against_float64(dtype, save_ac
         recomputed = step("triton", False)
         for name, a, b in zip(("output", *names), got, recomputed, strict=True):
             assert torch.equal(a, b) or (name == "topk_weights" and rel_error(a, b) <= 1e-6), name
+
+
+@pytest.mark.parametrize("bad", ["shape", "dtype", "strides", "count"])
+def test_weight_grads_out_that_does_not_fit_is_refused_before_any_work(bad, seed):
+    from moe_lib.moe_experts import launch
+
+    inputs = small_case_inputs("odd", seed)
+    gate, down = inputs["gate_weights"], inputs["down_weights"]
+    out = [torch.empty_like(gate), torch.empty_like(gate), torch.empty_like(down)]
+    if bad == "shape":
+        out[1] = torch.empty_like(gate[1:])
+    elif bad == "dtype":
+        out[2] = torch.empty_like(down, dtype=torch.float64)
+    elif bad == "strides":
+        out[0] = torch.empty_like(gate).transpose(1, 2).contiguous().transpose(1, 2)
+    else:
+        out = out[:2]
+    allocated = []
+    with pytest.MonkeyPatch.context() as patch:  # nothing may be allocated (or launched) before the refusal
+        patch.setattr(launch, "allocate", lambda *a, **k: allocated.append(a) or torch.empty(*a, **k))
+        with pytest.raises(ValueError, match="^weight_grads_out: "):
+            launch.moe_experts_backward_triton(*(inputs[name] for name in problems.load("moe_experts_backward")
+                                                 .input_names), weight_grads_out=out)  # fmt: skip
+    assert allocated == []

@@ -344,6 +344,22 @@ def check_memory(hidden_states, topk_indices, topk_weights, gate_weights, config
                    f"the outputs and workspaces of {T} tokens ({T * K} routed slots)")
 
 
+def check_weight_grads_out(weight_grads_out, gate_weights, down_weights) -> tuple:
+    """``weight_grads_out`` as (grad_gate, grad_up, grad_down) when each is a contiguous tensor of its weight's
+    shape, dtype and device; a ValueError naming the first that is not."""
+    expected = (gate_weights, gate_weights, down_weights)
+    if not isinstance(weight_grads_out, (tuple, list)) or len(weight_grads_out) != 3:
+        raise ValueError(f"weight_grads_out: expected three tensors (gate, up, down), got {type(weight_grads_out)}")
+    for name, out, weights in zip(("gate", "up", "down"), weight_grads_out, expected, strict=True):
+        if not (isinstance(out, torch.Tensor) and out.shape == weights.shape and out.dtype == weights.dtype
+                and out.device == weights.device and out.is_contiguous()):  # fmt: skip
+            got = (f"{tuple(out.shape)} {out.dtype} on {out.device}, contiguous={out.is_contiguous()}"
+                   if isinstance(out, torch.Tensor) else type(out).__name__)  # fmt: skip
+            raise ValueError(f"weight_grads_out: the {name} gradient must be a contiguous {tuple(weights.shape)} "
+                             f"{weights.dtype} tensor on {weights.device}, got {got}")  # fmt: skip
+    return tuple(weight_grads_out)
+
+
 def default_persistent_programs() -> int:
     """Programs of a persistent launch where no device is at hand: a few under the interpreter, else the
     132 SMs of an H100 or H200."""
@@ -364,13 +380,15 @@ def default_config(hidden_states: torch.Tensor, num_slots: int, num_experts: int
 
 def moe_experts_backward_triton(
     grad_output, hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights,
-    *, config: LaunchConfig | None = None, fused_dx=None, preactivations=None,
+    *, config: LaunchConfig | None = None, fused_dx=None, preactivations=None, weight_grads_out=None,
 ):  # fmt: skip
     """P2 with the Triton kernels; inputs already validated and contiguous (see :mod:`.api`).
 
     Returns freshly allocated (grad_hidden_states [T, H], grad_topk_weights [T, K],
     grad_gate_weights [E, I, H], grad_up_weights [E, I, H], grad_down_weights [E, H, I]); the
-    routing-weight gradient in topk_weights' dtype, the rest in the hidden dtype. ``config``
+    routing-weight gradient in topk_weights' dtype, the rest in the hidden dtype.
+    ``weight_grads_out``: three contiguous tensors of those shapes and dtype (e.g. views of a larger
+    set of experts' gradients) that the weight gradients are written into and returned as. ``config``
     overrides the tile sizes (default: :func:`launch_config`); ``fused_dx`` (a
     :class:`~.fused_dx.FusedDxConfig`) runs the set-aside kernel G for the experts with few rows;
     ``preactivations`` (g, u) saved by :func:`moe_experts_forward_triton` on the same routing are read
@@ -387,11 +405,14 @@ def moe_experts_backward_triton(
     split_precision = dtype == torch.float32
     check_memory(hidden_states, topk_indices, topk_weights, gate_weights, config)
 
+    if weight_grads_out is None:
+        grad_gate = allocate((E, I, H), dtype=dtype, device=device)
+        grad_up = allocate((E, I, H), dtype=dtype, device=device)
+        grad_down = allocate((E, H, I), dtype=dtype, device=device)
+    else:
+        grad_gate, grad_up, grad_down = check_weight_grads_out(weight_grads_out, gate_weights, down_weights)
     grad_hidden = allocate((T, H), dtype=dtype, device=device)
     grad_topk = allocate((T, K), dtype=topk_weights.dtype, device=device)
-    grad_gate = allocate((E, I, H), dtype=dtype, device=device)
-    grad_up = allocate((E, I, H), dtype=dtype, device=device)
-    grad_down = allocate((E, H, I), dtype=dtype, device=device)
 
     routing = route_by_expert(topk_indices, E)
     ws_rows = max(num_slots, 1)  # kernels take no zero-size buffers

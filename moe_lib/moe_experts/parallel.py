@@ -33,19 +33,21 @@ Rows leave in the order of their global expert id (so grouped by destination ran
 local expert); the expert's rank reads each row's local expert from the counts, with no id exchange.
 Sums over a token's K rows are taken in a fixed order (deterministic; no atomics).
 
-Overlap (``chunks`` = C > 1). Each rank cuts its tokens into C contiguous chunks, and every exchange above
-after the arguments runs once per chunk, asynchronously: while the experts compute chunk i, chunk i + 1's
-dispatch and chunk i − 1's combine are in flight (NCCL runs them on its own stream; gloo on its own thread).
-In the forward:
+Overlap (``chunks`` = C > 1). The rows are cut into C chunks by their expert: chunk c holds the rows routed
+to the c-th of C contiguous groups of each rank's local experts (``expert_chunks(L_d, C)[c]`` on rank d), and
+every exchange above after the arguments runs once per chunk, asynchronously: while the experts compute chunk
+i, chunk i + 1's dispatch and chunk i − 1's combine are in flight (NCCL runs them on its own stream; gloo on
+its own thread). In the forward:
 
-    start dispatch(0); for i: start dispatch(i + 1), wait dispatch(i), experts(i), start combine(i);
+    start dispatch(0); for i: start dispatch(i + 1), wait dispatch(i), experts of group i, start combine(i);
     then wait every combine and sum each token's K rows
 
-and the backward runs the same schedule around the local expert backward, adding each chunk's expert
-weight gradients in chunk order (in fp32, or the inputs' dtype when wider). The chunks' counts exchanges
-all run first (one host sync each). Every rank must pass the same C (checked with the arguments). The
-expert kernels then run C times on fewer rows each, so overlap pays only where the exchange is long
-against that cost: measure it (``python -m moe_lib.bench.parallel --chunks 1,2,4``).
+and the backward runs the same schedule around the local expert backward. Each expert's rows all fall in one
+chunk, so every expert's weights are read once per pass and its weight gradients are computed once, over the
+same rows in the same order as without chunks: the results do not depend on C. One counts exchange (one host
+sync) serves every chunk. Every rank must pass the same C (checked with the arguments). What chunks cost:
+C times the kernel launches and exchange calls, each on fewer rows; measure it (``python -m
+moe_lib.bench.parallel --chunks 1,2,4``).
 
 Errors: no rank raises alone while the others wait in a collective. The arguments exchange comes
 before any data moves: a rank whose arguments fail their checks sends its error instead, and every rank
@@ -198,27 +200,36 @@ class ExpertParallelStats:
 
 
 @dataclass
-class _DispatchPlan:
-    """Where every row goes, worked out from the counts exchange (identical for forward and backward).
+class _ChunkPlan:
+    """One chunk of the exchange: the rows routed to one group of every rank's local experts
+    (``expert_chunks(L_d, C)[c]`` on rank d).
 
-    One plan per chunk of this rank's tokens. On the token's rank: ``send_slot[i]`` is the slot t·K + k
-    (t counted from the chunk's first token) of send row i (rows ordered by global expert id),
-    ``send_splits[s]`` how many rows go to rank s. On the expert's rank: ``receive_splits[s]`` rows come
-    from rank s; ``received_local_expert[j]`` is the local expert of
-    received row j, ``expert_order`` sorts the received rows by local expert and
-    ``expert_row_counts[e]`` is how many received rows local expert e has.
+    On the token's rank: ``send_slot[i]`` is the slot t·K + k of the chunk's send row i (rows ordered by
+    global expert id), ``send_splits[s]`` how many of them go to rank s. On the expert's rank:
+    ``experts`` are this rank's local experts in the chunk, ``receive_splits[s]`` rows come from rank s,
+    ``received_local_expert[j]`` is received row j's expert counted from ``experts.start``,
+    ``expert_order`` sorts the received rows by that expert and ``expert_row_counts[e]`` is how many
+    received rows the chunk's e-th expert has.
     """
 
-    group: object
-    token_start: int  # the plan's first token among this rank's (its chunk's start)
-    num_tokens: int
-    top_k: int
     send_slot: torch.Tensor
     send_splits: list[int]
+    experts: range
     receive_splits: list[int]
     received_local_expert: torch.Tensor
     expert_order: torch.Tensor
     expert_row_counts: list[int]
+
+
+@dataclass
+class _DispatchPlan:
+    """Where every row goes, worked out from the counts exchange (identical for forward and backward):
+    this rank's T tokens of K slots each, in ``chunks`` (one :class:`_ChunkPlan` each)."""
+
+    group: object
+    num_tokens: int
+    top_k: int
+    chunks: list[_ChunkPlan]
 
 
 def moe_experts_parallel(
@@ -269,24 +280,23 @@ def moe_experts_parallel(
     num_experts = _agree_on_arguments(sizes, local_error, num_experts, hidden_states, topk_weights, chunks, group)
     if stats is None:
         stats = ExpertParallelStats()
-    plans = [_plan_dispatch(topk_indices, tokens, num_experts, sizes["local_experts"], group, stats)
-             for tokens in token_chunks(sizes["num_tokens"], chunks)]  # fmt: skip
-    stats.rows_sent = [sum(column) for column in zip(*(plan.send_splits for plan in plans), strict=True)]
-    stats.rows_received = [sum(column) for column in zip(*(plan.receive_splits for plan in plans), strict=True)]
+    plan = _plan_dispatch(topk_indices, num_experts, sizes["local_experts"], chunks, group, stats)
+    stats.rows_sent = [sum(column) for column in zip(*(c.send_splits for c in plan.chunks), strict=True)]
+    stats.rows_received = [sum(column) for column in zip(*(c.receive_splits for c in plan.chunks), strict=True)]
     return _ExpertParallelMoE.apply(
         hidden_states.contiguous(), topk_weights.contiguous(),
-        local_gate_weights, local_up_weights, local_down_weights, plans, impl, stats,
+        local_gate_weights, local_up_weights, local_down_weights, plan, impl, stats,
     )  # fmt: skip
 
 
-def token_chunks(num_tokens: int, chunks: int) -> list[range]:
-    """``chunks`` contiguous ranges of token indices covering 0..num_tokens − 1, sizes differing by at most one
-    (empty ranges when there are fewer tokens than chunks).
+def expert_chunks(local_experts: int, chunks: int) -> list[range]:
+    """``chunks`` contiguous ranges of local expert indices covering 0..local_experts − 1, sizes differing by at
+    most one (empty ranges when a rank holds fewer experts than chunks).
 
-    >>> token_chunks(10, 3)
+    >>> expert_chunks(10, 3)
     [range(0, 3), range(3, 6), range(6, 10)]
     """
-    bounds = [num_tokens * c // chunks for c in range(chunks + 1)]
+    bounds = [local_experts * c // chunks for c in range(chunks + 1)]
     return [range(start, stop) for start, stop in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
@@ -400,14 +410,13 @@ def _message_columns(num_experts: int, world_size: int, device: torch.device) ->
     return torch.tensor(columns, dtype=torch.int64, device=device)
 
 
-def _plan_dispatch(topk_indices, tokens: range, num_experts, local_experts, group, stats) -> _DispatchPlan:
-    """Orders the rows of this rank's ``tokens`` (a chunk) by global expert, exchanges the per-expert counts
-    with every rank (one host sync), checks every rank's status and works out both sides of the exchange."""
+def _plan_dispatch(topk_indices, num_experts, local_experts, chunks, group, stats) -> _DispatchPlan:
+    """Orders this rank's rows by global expert, exchanges the per-expert counts with every rank (one host
+    sync), checks every rank's status and works out both sides of each chunk's exchange."""
     world_size, rank = dist.get_world_size(group), dist.get_rank(group)
     partition = expert_partition(num_experts, world_size)
     max_local = max(len(block) for block in partition)
     device = topk_indices.device
-    topk_indices = topk_indices[tokens.start : tokens.stop]
     num_tokens, top_k = topk_indices.shape
 
     expert = topk_indices.reshape(-1).long()
@@ -428,22 +437,34 @@ def _plan_dispatch(topk_indices, tokens: range, num_experts, local_experts, grou
         dist.all_to_all_single(received, message, group=group)
     sent_table, received_table = torch.stack([message, received]).tolist()  # the one host sync
     _raise_for_status([row[: len(STATUS_COLUMNS)] for row in received_table], partition, topk_indices.dtype)
+    sent_counts = [row[len(STATUS_COLUMNS):] for row in sent_table]  # [s][j]: rows to rank s's local expert j
+    received_counts = [row[len(STATUS_COLUMNS):] for row in received_table]  # [s][j]: rows from rank s
 
-    send_splits = [sum(row[len(STATUS_COLUMNS):]) for row in sent_table]
-    receive_splits = [sum(row[len(STATUS_COLUMNS):]) for row in received_table]
-    received_counts = received[:, len(STATUS_COLUMNS):]
-    received_local_expert = torch.repeat_interleave(
-        torch.arange(max_local, device=device).repeat(world_size), received_counts.reshape(-1),
-        output_size=sum(receive_splits),
-    )  # fmt: skip
-    expert_row_counts = [sum(row[len(STATUS_COLUMNS) + j] for row in received_table)
-                         for j in range(len(partition[rank]))]  # fmt: skip
-    return _DispatchPlan(
-        group=group, token_start=tokens.start, num_tokens=num_tokens, top_k=top_k, send_slot=send_slot,
-        send_splits=send_splits,
-        receive_splits=receive_splits, received_local_expert=received_local_expert,
-        expert_order=torch.argsort(received_local_expert, stable=True), expert_row_counts=expert_row_counts,
-    )  # fmt: skip
+    # send rows are ordered by (destination rank, its local expert): chunk c's rows to rank s are one range
+    rank_start = [sum(map(sum, sent_counts[:s])) for s in range(world_size)]
+    plans = []
+    for c in range(chunks):
+        groups = [expert_chunks(len(partition[s]), chunks)[c] for s in range(world_size)]
+        ranges = [(rank_start[s] + sum(sent_counts[s][: g.start]), rank_start[s] + sum(sent_counts[s][: g.stop]))
+                  for s, g in enumerate(groups)]  # fmt: skip
+        if chunks == 1:
+            chunk_slot = send_slot
+        else:
+            chunk_slot = send_slot[torch.cat([torch.arange(a, b, device=device) for a, b in ranges])]
+        mine = groups[rank]
+        rows_by_source = [received_counts[s][mine.start : mine.stop] for s in range(world_size)]
+        local_expert = torch.arange(len(mine), device=device).repeat(world_size)
+        received_local_expert = torch.repeat_interleave(
+            local_expert, torch.tensor([n for row in rows_by_source for n in row], dtype=torch.int64, device=device),
+            output_size=sum(map(sum, rows_by_source)),
+        )  # fmt: skip
+        plans.append(_ChunkPlan(
+            send_slot=chunk_slot, send_splits=[b - a for a, b in ranges], experts=mine,
+            receive_splits=[sum(row) for row in rows_by_source], received_local_expert=received_local_expert,
+            expert_order=torch.argsort(received_local_expert, stable=True),
+            expert_row_counts=[sum(column) for column in zip(*rows_by_source, strict=True)] if len(mine) else [],
+        ))  # fmt: skip
+    return _DispatchPlan(group=group, num_tokens=num_tokens, top_k=top_k, chunks=plans)
 
 
 def _raise_for_status(status_by_rank: list[list[int]], partition: list[range], index_dtype) -> None:
@@ -485,30 +506,32 @@ def _finish(started: list) -> list[torch.Tensor]:
     return [buffer for buffer, _ in started]
 
 
-def _rows_by_slot(rows: torch.Tensor, plan: _DispatchPlan) -> torch.Tensor:
-    """Send-ordered rows [T·K, ...] put back in slot order and viewed as [T, K, ...]."""
-    by_slot = torch.empty_like(rows)
-    by_slot[plan.send_slot] = rows
-    return by_slot.view(plan.num_tokens, plan.top_k, *rows.shape[1:])
+def _rows_by_slot(pieces: list[torch.Tensor], plan: _DispatchPlan) -> torch.Tensor:
+    """The chunks' send-ordered rows (chunk c's [S_c, ...] in its send order) put back in slot order and viewed
+    as [T, K, ...]."""
+    by_slot = pieces[0].new_empty((plan.num_tokens * plan.top_k, *pieces[0].shape[1:]))
+    for rows, chunk in zip(pieces, plan.chunks, strict=True):
+        by_slot[chunk.send_slot] = rows
+    return by_slot.view(plan.num_tokens, plan.top_k, *by_slot.shape[1:])
 
 
-def _sum_over_slots(rows: torch.Tensor, plan: _DispatchPlan) -> torch.Tensor:
-    """[T, H]: each token's K send-ordered rows summed (in slot order, accumulated in the
-    references' compute dtype)."""
-    accumulate = compute_dtype(rows.dtype)
-    return _rows_by_slot(rows, plan).sum(dim=1, dtype=accumulate).to(rows.dtype)
+def _sum_over_slots(pieces: list[torch.Tensor], plan: _DispatchPlan) -> torch.Tensor:
+    """[T, H]: each token's K rows (from the chunks' send-ordered pieces) summed in slot order, accumulated in
+    the references' compute dtype."""
+    accumulate = compute_dtype(pieces[0].dtype)
+    return _rows_by_slot(pieces, plan).sum(dim=1, dtype=accumulate).to(pieces[0].dtype)
 
 
-def _local_experts_forward(rows, row_weights, plan: _DispatchPlan, gate, up, down) -> torch.Tensor:
+def _local_experts_forward(rows, row_weights, chunk: _ChunkPlan, gate, up, down) -> torch.Tensor:
     """On the expert's rank: w · Wd_e(silu(Wg_e x) ⊙ Wu_e x) for each received row x with routing
-    weight w and local expert e; [R, H] in the rows' dtype and order. Products in the input dtype
-    (fp32 with TF32 off), one expert at a time over its rows."""
-    by_expert = rows[plan.expert_order]
-    weights_by_expert = row_weights[plan.expert_order]
+    weight w and expert e (of the chunk's ``gate``, ``up``, ``down``); [R, H] in the rows' dtype and order.
+    Products in the input dtype (fp32 with TF32 off), one expert at a time over its rows."""
+    by_expert = rows[chunk.expert_order]
+    weights_by_expert = row_weights[chunk.expert_order]
     outputs = torch.empty_like(by_expert)
     start = 0
     with tf32_disabled():
-        for e, count in enumerate(plan.expert_row_counts):
+        for e, count in enumerate(chunk.expert_row_counts):
             if count == 0:
                 continue
             x = by_expert[start : start + count]
@@ -517,34 +540,44 @@ def _local_experts_forward(rows, row_weights, plan: _DispatchPlan, gate, up, dow
             outputs[start : start + count] = weight * (activation @ down[e].T)
             start += count
     unsorted = torch.empty_like(outputs)
-    unsorted[plan.expert_order] = outputs
+    unsorted[chunk.expert_order] = outputs
     return unsorted
 
 
-def _joined(pieces: list[torch.Tensor]) -> torch.Tensor:
-    """The chunks' token rows in order (the one piece itself when there is one chunk: no copy)."""
-    return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
-
-
-def _expert_forward(received_x, received_w, plan: _DispatchPlan, gate, up, down, impl) -> torch.Tensor:
-    """The weighted outputs of this rank's experts for the rows it received (one slot per row)."""
+def _expert_forward(received_x, received_w, chunk: _ChunkPlan, gate, up, down, impl) -> torch.Tensor:
+    """The weighted outputs of the chunk's experts (``gate``, ``up``, ``down``: their weights) for the rows
+    this rank received (one slot per row)."""
     use_triton = resolve_impl(impl, received_x.device, received_x.dtype) == "triton"
     if received_x.shape[0] > 0 and use_triton:  # the single-device layer's kernels
-        return moe_experts_forward(received_x, plan.received_local_expert[:, None], received_w[:, None], gate, up,
+        return moe_experts_forward(received_x, chunk.received_local_expert[:, None], received_w[:, None], gate, up,
                                    down, impl=impl)  # fmt: skip
-    return _local_experts_forward(received_x, received_w, plan, gate, up, down)
+    return _local_experts_forward(received_x, received_w, chunk, gate, up, down)
 
 
-def _expert_backward(received_dy, received_x, received_w, plan: _DispatchPlan, gate, up, down, impl):
-    """(dx rows, routing-weight gradient rows, dWg, dWu, dWd) of this rank's experts for one chunk's rows."""
-    if received_x.shape[0] == 0:  # no rows for this rank's experts: their gradients are zero
-        return (torch.zeros_like(received_x), torch.zeros_like(received_w),
-                *(torch.zeros_like(w) for w in (gate, up, down)))  # fmt: skip
-    grad_x_rows, grad_w_rows, *weight_grads = moe_experts_backward(
-        received_dy, received_x, plan.received_local_expert[:, None], received_w[:, None], gate, up, down,
-        impl=impl, validate=False,
-    )  # fmt: skip
+def _expert_backward(received_dy, received_x, received_w, chunk: _ChunkPlan, gate, up, down, impl,
+                     weight_grads_out=None) -> tuple:  # fmt: skip
+    """(dx rows, routing-weight gradient rows, dWg, dWu, dWd) of the chunk's experts (``gate``, ``up``, ``down``:
+    their weights) for the rows this rank received; the weight gradients written into ``weight_grads_out``
+    (views of every local expert's gradients) when given."""
+    if received_x.shape[0] == 0:  # no rows for these experts: their gradients are zero
+        grads = weight_grads_out or tuple(torch.empty_like(w) for w in (gate, up, down))
+        return torch.zeros_like(received_x), torch.zeros_like(received_w), *(g.zero_() for g in grads)
+    arguments = (received_dy, received_x, chunk.received_local_expert[:, None], received_w[:, None], gate, up, down)
+    if resolve_impl(impl, received_x.device, received_x.dtype) == "triton":
+        from .launch import moe_experts_backward_triton  # imports triton: only on this path
+
+        grad_x_rows, grad_w_rows, *weight_grads = moe_experts_backward_triton(
+            *arguments, weight_grads_out=weight_grads_out)
+    else:
+        grad_x_rows, grad_w_rows, *weight_grads = moe_experts_backward(*arguments, impl=impl, validate=False)
+        if weight_grads_out is not None:
+            weight_grads = [out.copy_(g) for out, g in zip(weight_grads_out, weight_grads, strict=True)]
     return grad_x_rows, grad_w_rows.reshape(-1), *weight_grads
+
+
+def _chunk_weights(chunk: _ChunkPlan, *weights: torch.Tensor) -> list[torch.Tensor]:
+    """The chunk's experts' blocks of each local weight tensor (views)."""
+    return [w[chunk.experts.start : chunk.experts.stop] for w in weights]
 
 
 class _ExpertParallelMoE(torch.autograd.Function):
@@ -553,70 +586,67 @@ class _ExpertParallelMoE(torch.autograd.Function):
     same schedule. Both run the same collectives in the same order on every rank."""
 
     @staticmethod
-    def forward(ctx, hidden_states, topk_weights, gate, up, down, plans: list[_DispatchPlan], impl, stats):
-        group = plans[0].group
+    def forward(ctx, hidden_states, topk_weights, gate, up, down, plan: _DispatchPlan, impl, stats):
+        group = plan.group
 
-        def start_dispatch(plan):
+        def start_dispatch(chunk):
             stats.mark("dispatch issued")
-            tokens = slice(plan.token_start, plan.token_start + plan.num_tokens)
-            send_x = hidden_states[tokens][plan.send_slot // plan.top_k]
-            send_w = topk_weights[tokens].reshape(-1)[plan.send_slot]
-            return [_start_all_to_all(rows, plan.receive_splits, plan.send_splits, group) for rows in (send_x, send_w)]
+            send_x = hidden_states[chunk.send_slot // plan.top_k]
+            send_w = topk_weights.reshape(-1)[chunk.send_slot]
+            return [_start_all_to_all(rows, chunk.receive_splits, chunk.send_splits, group)
+                    for rows in (send_x, send_w)]  # fmt: skip
 
         received, combines = [], []
-        in_flight = start_dispatch(plans[0])
-        for i, plan in enumerate(plans):
-            following = start_dispatch(plans[i + 1]) if i + 1 < len(plans) else None
+        in_flight = start_dispatch(plan.chunks[0])
+        for i, chunk in enumerate(plan.chunks):
+            following = start_dispatch(plan.chunks[i + 1]) if i + 1 < len(plan.chunks) else None
             with stats.phase("dispatch"):  # the compute stream's wait for this chunk's rows
                 received_x, received_w = _finish(in_flight)
             with stats.phase("expert_forward"):
-                expert_rows = _expert_forward(received_x, received_w, plan, gate, up, down, impl)
+                expert_rows = _expert_forward(received_x, received_w, chunk, *_chunk_weights(chunk, gate, up, down),
+                                              impl)  # fmt: skip
             stats.mark("combine issued")
-            combines.append(_start_all_to_all(expert_rows, plan.send_splits, plan.receive_splits, group))
+            combines.append(_start_all_to_all(expert_rows, chunk.send_splits, chunk.receive_splits, group))
             received += [received_x, received_w]
             in_flight = following
         with stats.phase("combine"):
             returned = _finish(combines)
         ctx.save_for_backward(gate, up, down, *received)
-        ctx.plans, ctx.impl, ctx.stats = plans, impl, stats
-        return _joined([_sum_over_slots(rows, plan) for rows, plan in zip(returned, plans, strict=True)])
+        ctx.plan, ctx.impl, ctx.stats = plan, impl, stats
+        return _sum_over_slots(returned, plan)
 
     @staticmethod
     def backward(ctx, grad_output):
         gate, up, down, *received = ctx.saved_tensors
-        plans, stats, group = ctx.plans, ctx.stats, ctx.plans[0].group
+        plan, stats, group = ctx.plan, ctx.stats, ctx.plan.group
 
-        def start_dispatch(plan):
+        def start_dispatch(chunk):
             stats.mark("backward_dispatch issued")
-            send_dy = grad_output[plan.token_start : plan.token_start + plan.num_tokens][plan.send_slot // plan.top_k]
-            return [_start_all_to_all(send_dy, plan.receive_splits, plan.send_splits, group)]
+            send_dy = grad_output[chunk.send_slot // plan.top_k]
+            return [_start_all_to_all(send_dy, chunk.receive_splits, chunk.send_splits, group)]
 
-        combines, weight_grads = [], None
-        in_flight = start_dispatch(plans[0])
-        for i, plan in enumerate(plans):
-            following = start_dispatch(plans[i + 1]) if i + 1 < len(plans) else None
+        # one chunk: the backward's own weight gradients; several: each chunk's experts' block of these
+        weight_grads = None if len(plan.chunks) == 1 else [torch.empty_like(w) for w in (gate, up, down)]
+        combines = []
+        in_flight = start_dispatch(plan.chunks[0])
+        for i, chunk in enumerate(plan.chunks):
+            following = start_dispatch(plan.chunks[i + 1]) if i + 1 < len(plan.chunks) else None
             with stats.phase("backward_dispatch"):
                 [received_dy] = _finish(in_flight)
             with stats.phase("expert_backward"):
+                out = None if weight_grads is None else _chunk_weights(chunk, *weight_grads)
                 grad_x_rows, grad_w_rows, *chunk_grads = _expert_backward(
-                    received_dy, received[2 * i], received[2 * i + 1], plan, gate, up, down, ctx.impl
-                )
-                if len(plans) == 1:
+                    received_dy, received[2 * i], received[2 * i + 1], chunk, *_chunk_weights(chunk, gate, up, down),
+                    ctx.impl, out,
+                )  # fmt: skip
+                if weight_grads is None:
                     weight_grads = chunk_grads
-                elif weight_grads is None:  # the chunks' sum, in chunk order, in fp32 (or wider)
-                    weight_grads = [g.to(torch.promote_types(g.dtype, torch.float32)) for g in chunk_grads]
-                else:
-                    for total, g in zip(weight_grads, chunk_grads, strict=True):
-                        total.add_(g)
             stats.mark("backward_combine issued")
-            combines.append([_start_all_to_all(rows, plan.send_splits, plan.receive_splits, group)
+            combines.append([_start_all_to_all(rows, chunk.send_splits, chunk.receive_splits, group)
                              for rows in (grad_x_rows, grad_w_rows)])  # fmt: skip
             in_flight = following
         with stats.phase("backward_combine"):
             returned = [_finish(started) for started in combines]
-        grad_hidden_states = _joined([_sum_over_slots(grad_x, plan)
-                                      for (grad_x, _), plan in zip(returned, plans, strict=True)])  # fmt: skip
-        grad_topk_weights = _joined([_rows_by_slot(grad_w, plan)
-                                     for (_, grad_w), plan in zip(returned, plans, strict=True)])  # fmt: skip
-        grad_gate, grad_up, grad_down = (g.to(w.dtype) for g, w in zip(weight_grads, (gate, up, down), strict=True))
-        return grad_hidden_states, grad_topk_weights, grad_gate, grad_up, grad_down, None, None, None
+        grad_hidden_states = _sum_over_slots([grad_x for grad_x, _ in returned], plan)
+        grad_topk_weights = _rows_by_slot([grad_w for _, grad_w in returned], plan)
+        return grad_hidden_states, grad_topk_weights, *weight_grads, None, None, None
