@@ -47,6 +47,8 @@ CASES_2 = {
     "uniform_chunks3": dict(tokens=[5, 7], experts=8, top_k=2, routing="uniform", pass_num_experts=True, chunks=3),
     "hot_on_rank_1_chunks4": dict(tokens=[6, 3], experts=8, top_k=3, routing="hot_on_rank_1", pass_num_experts=True,
                                   chunks=4),
+    # chunks=None: two chunks once the mean rows per rank reach AUTO_CHUNKS_MIN_ROWS (65536), here 65540
+    "auto_two_chunks": dict(tokens=[32768, 32772], experts=4, top_k=2, routing="uniform", pass_num_experts=True),
 }
 if interpreter_enabled():  # the Triton backward on CPU tensors (conftest switches the interpreter on)
     CASES_2["triton_float32"] = dict(tokens=[5, 7], experts=8, top_k=2, routing="uniform", pass_num_experts=True,
@@ -118,12 +120,12 @@ def run_case_on_rank(case: dict, seed: int, rank: int) -> dict:
     stats = ExpertParallelStats()
     output = moe_experts_parallel(
         hidden_states, inputs["topk_indices"][tokens], topk_weights, *shards, impl=case.get("impl", "reference"),
-        stats=stats, chunks=case.get("chunks", 1),
+        stats=stats, chunks=case.get("chunks"),
         num_experts=case["experts"] if case["pass_num_experts"] else None,
     )  # fmt: skip
     grads = torch.autograd.grad(output, [hidden_states, topk_weights, *shards], inputs["grad_output"][tokens])
     return dict(output=output.detach(), **dict(zip(GRAD_NAMES, grads, strict=True)),
-                rows_sent=stats.rows_sent, rows_received=stats.rows_received)  # fmt: skip
+                rows_sent=stats.rows_sent, rows_received=stats.rows_received, chunks=stats.chunks)  # fmt: skip
 
 
 def errors_on_rank(seed: int, rank: int) -> dict:
@@ -247,6 +249,8 @@ def test_two_ranks_match_the_single_device_layer(two_ranks, module_seed, name):
     per_rank = [results[name] for results in two_ranks]
     check_against_single_device(CASES_2[name], module_seed, per_rank)
     sent = check_rows(CASES_2[name], module_seed, per_rank)
+    expected_chunks = CASES_2[name].get("chunks") or (2 if name == "auto_two_chunks" else 1)
+    assert [results["chunks"] for results in per_rank] == [expected_chunks] * 2
     if name == "hot_on_rank_1":  # rank 0's experts get nothing; all of rank 0's rows cross to rank 1
         assert sent[0][0] == 0 and sent[1][0] == 0 and per_rank[0]["rows_received"] == [0, 0]
         assert sent[0][1] == 6 * 3
@@ -339,7 +343,7 @@ def test_bad_arguments_raise_before_any_communication(argument, bad, error):
 
 @pytest.mark.parametrize("chunks", [0, -1, 1.5, True, "2"])
 def test_bad_chunks_raise_before_any_communication(chunks):
-    with pytest.raises(ValueError, match="^chunks: expected a positive integer"):
+    with pytest.raises(ValueError, match="^chunks: expected a positive integer or None"):
         moe_experts_parallel(**_local_call_arguments(), impl="reference", num_experts=8, chunks=chunks)
 
 

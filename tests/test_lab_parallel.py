@@ -1,5 +1,7 @@
 """moe_lib.lab.parallel and .parallel_live: the committed multi-GPU runs, the exchanges and the cost model by hand."""
 
+import statistics
+
 import matplotlib.pyplot as plt
 import pytest
 import torch
@@ -53,10 +55,13 @@ def test_model_of_overlapped_chunks():
     one, four = parallel.model_step([512, 32768], **shapes), parallel.model_step([512, 32768], **shapes, chunks=4)
     a, x = one["all_to_all_s"], one["expert_s"]
     assert one["step_s"] == pytest.approx(a + x) and one["share"] == pytest.approx(a / (a + x))
-    assert (four["all_to_all_s"] == a).all() and (four["expert_bytes"] > one["expert_bytes"]).all()
+    # chunks by expert group read each weight once: the same bytes and FLOPs, only the exchange overlaps
+    assert (four["all_to_all_s"] == a).all() and (four["expert_bytes"] == one["expert_bytes"]).all()
     a4, x4 = four["all_to_all_s"], four["expert_s"]
     assert four["step_s"] == pytest.approx([max(p, q) + min(p, q) / 4 for p, q in zip(a4, x4, strict=True)])
     assert (four["share"] < one["share"]).all()  # at these sizes the exchange hides behind the experts
+    costly = parallel.model_step([512, 32768], **shapes, chunks=4, chunk_overhead_s=1e-3)
+    assert costly["step_s"] == pytest.approx(four["step_s"] + 3e-3)
     with pytest.raises(ValueError, match="chunks: expected a positive integer"):
         parallel.model_step([512], **shapes, chunks=0)
 
@@ -121,7 +126,7 @@ def test_overlap_curves_from_the_committed_runs(runs):
     assert list(curves) == list(runs)
     for models in curves.values():
         assert list(models) == [1, 2, 4] and (models[1]["relative_step"] == 1).all()
-        # chunking costs at few tokens (the weights read again per chunk) and pays at many
+        # chunking costs at few tokens (each further chunk's launches and calls) and pays at many
         assert models[4]["relative_step"][0] > 1 > models[4]["relative_step"][-1]
     figure = parallel.overlap_figure(curves, "test")
     assert len(figure.axes) == len(runs) and len(figure.axes[0].lines) == 3 + 1
@@ -180,3 +185,22 @@ def test_forward_scales_with_its_rows_in_the_newest_run(runs):
         assert rows.loc[(8192, rank)] > 3.5 * rows.loc[(2048, rank)]
     # and the ranks agree: no rank's forward is 20% slower than another's at 2048 tokens per rank
     assert forward.loc[2048].max() < 1.2 * forward.loc[2048].min()
+
+
+def test_chunk_overhead_and_overlap_table_from_the_committed_runs(runs):
+    for run in runs.values():
+        table = parallel.overlap_table(run)
+        assert list(table["total ms"].columns) == [1, 2, 4]
+        assert (table["vs one chunk"][1] == 1).all()
+        plain = run.ok
+        assert (table["total ms"][1] == plain["total_ms"]).all()
+        # by hand: each chunked case's excess over the ideal pipeline, per further chunk; their median
+        samples = []
+        for tokens in plain.index:
+            a = plain.loc[tokens, "all_to_all_ms"]
+            x = plain.loc[tokens, "total_ms"] - a
+            samples += [(table["total ms"].loc[tokens, c] - max(a, x) - min(a, x) / c) / (c - 1) / 1e3 for c in (2, 4)]
+        assert parallel.chunk_overhead(run) == pytest.approx(statistics.median(samples), rel=1e-12)
+        assert 0 < parallel.chunk_overhead(run) < 0.01
+    first = parallel.load_parallel_results(date=FIRST_RUN_DATE)["bfloat16"]  # no chunked cases
+    assert parallel.chunk_overhead(first) == 0.0

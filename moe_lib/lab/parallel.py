@@ -74,24 +74,26 @@ def exchange_bytes(rows_sent: list[int], rows_received: list[int], rank: int, *,
 
 def model_step(tokens_per_rank, *, world_size: int, hidden_size: int, intermediate_size: int, num_experts: int,
                top_k: int, element_bytes: int, weight_bytes: int, link_bandwidth: float, flops_rate: float,
-               memory_bandwidth: float | None = None, chunks: int = 1, gpus_per_node: int | None = None,
-               network_bandwidth: float | None = None) -> dict:  # fmt: skip
+               memory_bandwidth: float | None = None, chunks: int = 1, chunk_overhead_s: float = 0.0,
+               gpus_per_node: int | None = None, network_bandwidth: float | None = None) -> dict:  # fmt: skip
     """The cost model of one forward + backward step on one rank, under balanced routing (every rank sends
     and receives T_r·K rows, a fraction (W − 1)/W of them to or from other ranks); arrays over
     ``tokens_per_rank``:
 
     - ``all_to_all_bytes`` = T_r·K·(W−1)/W · (4·H·b + 2·b_w) (the counts exchange left out);
     - ``expert_flops`` = 22·T_r·K·H·I (forward 6, backward 16);
-    - ``expert_bytes`` = 9·C·L·H·I·b + 5·T_r·K·H·b with L = ⌈E/W⌉ local experts (each of the C chunks reads the
-      weights again);
+    - ``expert_bytes`` = 9·L·H·I·b + 5·T_r·K·H·b with L = ⌈E/W⌉ local experts (the weights read in the forward,
+      read again and their gradients written in the backward; chunks by expert group read each weight once);
     - ``all_to_all_s`` = bytes / link_bandwidth; ``expert_s`` = max(FLOPs / flops_rate, bytes /
       memory_bandwidth) (the FLOPs alone when ``memory_bandwidth`` is None);
     - with ``gpus_per_node`` G < W, the ranks in nodes of G: the rows to ranks of the same node (a fraction
       (G − 1)/W) cross ``link_bandwidth`` (NVLink), those to other nodes ((W − G)/W) ``network_bandwidth`` (the
       GPU's network port), both at once, so ``all_to_all_s`` = the longer of the two (``network_s`` the second);
-    - ``step_s`` = max(A, X) + min(A, X) / C for A = all_to_all_s and X = expert_s: C = 1 runs the exchanges
-      and the expert work one after the other (A + X); with C chunks (``moe_experts_parallel(chunks=C)``) the
-      two streams form a pipeline of C stages in which only one stage of the shorter of the two stays exposed;
+    - ``step_s`` = max(A, X) + min(A, X) / C + (C − 1)·τ for A = all_to_all_s and X = expert_s: C = 1 runs the
+      exchanges and the expert work one after the other (A + X); with C chunks (``moe_experts_parallel(chunks=C)``)
+      the two streams form a pipeline of C stages in which only one stage of the shorter of the two stays exposed,
+      and each further chunk costs τ = ``chunk_overhead_s`` (its launches and exchange calls: fit it to a measured
+      run with :func:`chunk_overhead`);
     - ``share`` = (step_s − expert_s) / step_s, the exposed exchange's share of the step. The rest of the step
       (row gathers, sums over K, the host read) is left out.
     """
@@ -111,7 +113,7 @@ def model_step(tokens_per_rank, *, world_size: int, hidden_size: int, intermedia
     local_experts = -(-num_experts // world_size)
     if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks < 1:
         raise ValueError(f"chunks: expected a positive integer, got {chunks!r}")
-    expert_bytes = (EXPERT_WEIGHT_PASSES * chunks * local_experts * hidden_size * intermediate_size * element_bytes
+    expert_bytes = (EXPERT_WEIGHT_PASSES * local_experts * hidden_size * intermediate_size * element_bytes
                     + EXPERT_ROW_PASSES * rows * hidden_size * element_bytes)  # fmt: skip
     network_s = rows * (world_size - node) / world_size * row_bytes / (network_bandwidth or 1.0)
     all_to_all_s = np.maximum(rows * (node - 1) / world_size * row_bytes / link_bandwidth, network_s)
@@ -119,6 +121,7 @@ def model_step(tokens_per_rank, *, world_size: int, hidden_size: int, intermedia
     if memory_bandwidth is not None:
         expert_s = np.maximum(expert_s, expert_bytes / memory_bandwidth)
     step_s = np.maximum(all_to_all_s, expert_s) + np.minimum(all_to_all_s, expert_s) / chunks
+    step_s = step_s + (chunks - 1) * chunk_overhead_s
     return dict(tokens_per_rank=tokens, all_to_all_bytes=all_to_all_bytes, expert_flops=expert_flops,
                 expert_bytes=expert_bytes, all_to_all_s=all_to_all_s, network_s=network_s, expert_s=expert_s,
                 step_s=step_s, share=(step_s - expert_s) / step_s)  # fmt: skip
@@ -144,6 +147,62 @@ def measured_model_inputs(run) -> tuple[int, float, float, dict]:
                   num_experts=run.axes["num_experts"], top_k=run.axes["top_k"], element_bytes=run.element_bytes,
                   weight_bytes=run.weight_bytes, link_bandwidth=link)  # fmt: skip
     return largest, link, measured_rate, shapes
+
+
+def chunk_overhead(run) -> float:
+    """τ of :func:`model_step` fitted to a measured run with several chunk counts (seconds): per timed case with
+    C > 1, what its total exceeds the ideal pipeline max(A, X) + min(A, X)/C by, per further chunk, with A the
+    case's exchange time and X the rest of its step at C = 1; the median over the cases. 0 for a run with no
+    chunked cases."""
+    table = run.chunked
+    samples = []
+    for (tokens, chunks), row in table.iterrows():
+        if chunks == 1 or (tokens, 1) not in table.index:
+            continue
+        plain = table.loc[(tokens, 1)]
+        a, x = plain["all_to_all_ms"], plain["total_ms"] - plain["all_to_all_ms"]
+        samples.append((row["total_ms"] - max(a, x) - min(a, x) / chunks) / (chunks - 1) / 1e3)
+    return float(np.median(samples)) if samples else 0.0
+
+
+def overlap_table(run) -> pd.DataFrame:
+    """The measured step per token count (rows) and chunk count (columns): total ms, its ratio to one chunk's,
+    and the exchange share (the exchange time the compute stream still waited, over the step)."""
+    table = run.chunked
+    total = table["total_ms"].unstack("chunks")
+    return pd.concat({"total ms": total, "vs one chunk": total.div(total[1], axis=0),
+                      "exchange share": (table["all_to_all_ms"] / table["total_ms"]).unstack("chunks")},
+                     axis=1).rename_axis("tokens / rank")  # fmt: skip
+
+
+def scaling_table(runs: dict) -> pd.DataFrame:
+    """Weak scaling, one row per (dtype, world size, tokens per rank) of the given runs: the global tokens, the
+    step without overlap and its exchange share, the fastest chunk count measured with its step and share, and
+    the same per-rank work on one GPU alone (``moe_lib.moe_experts`` on the rows a rank receives, no exchange)."""
+    rows = []
+    for dtype, run in runs.items():
+        table = run.chunked
+        for tokens, plain in run.ok.iterrows():
+            by_chunks = table.xs(tokens, level="tokens_per_rank")
+            best = int(by_chunks["total_ms"].idxmin())
+            fastest = by_chunks.loc[best]
+            rows.append({"dtype": dtype, "world size": run.world_size, "tokens / rank": tokens,
+                         "global tokens": int(plain["global_tokens"]), "step ms": plain["total_ms"],
+                         "exchange share": plain["all_to_all_ms"] / plain["total_ms"], "fastest chunks": best,
+                         "step ms, fastest": fastest["total_ms"],
+                         "exchange share, fastest": fastest["all_to_all_ms"] / fastest["total_ms"],
+                         "one GPU, same work ms": plain["single_gpu_same_work_ms"]})  # fmt: skip
+    return pd.DataFrame(rows).set_index(["dtype", "world size", "tokens / rank"])
+
+
+def timeline_of(run, tokens_per_rank: int, chunks: int) -> list[list[dict]]:
+    """Every rank's timeline of the last timed step of one measured case (``timelines_by_rank`` of the JSON)."""
+    for case in run.meta["cases"]:
+        if case["tokens_per_rank"] == tokens_per_rank and case.get("chunks", 1) == chunks:
+            if not case.get("timelines_by_rank"):
+                break
+            return case["timelines_by_rank"]
+    raise KeyError(f"{run.csv.name}: no timeline of {tokens_per_rank} tokens per rank in {chunks} chunk(s)")
 
 
 def model_curves(runs: dict, *, gpu_key: str, extra_world_size: int, tokens_grid) -> tuple[dict, dict]:
@@ -565,7 +624,8 @@ def measured_figure(runs: dict[str, ParallelRun]):
 def overlap_curves(runs: dict, *, gpu_key: str, world_size: int, chunk_counts, tokens_grid) -> dict:
     """The cost model of the overlapped exchange (:func:`model_step` with ``chunks``) for each measured run's
     shapes and achieved link bandwidth (as :func:`model_curves`), ``world_size`` ranks, experts at the datasheet
-    roofline of ``gpu_key`` (at the run's measured rate where :data:`moe_lib.roofline.GPUS` lacks it).
+    roofline of ``gpu_key`` (at the run's measured rate where :data:`moe_lib.roofline.GPUS` lacks it), each further
+    chunk at the cost :func:`chunk_overhead` fits to the run.
     Returns dtype → {chunks: model}, each model with ``relative_step``: its step time over the C = 1 step's."""
     spec = roofline.GPUS.get(gpu_key)
     curves = {}
@@ -575,7 +635,8 @@ def overlap_curves(runs: dict, *, gpu_key: str, world_size: int, chunk_counts, t
             rates = dict(flops_rate=spec.bf16_dense_flops, memory_bandwidth=spec.dram_bandwidth)
         else:
             rates = dict(flops_rate=measured_rate)
-        models = {chunks: model_step(tokens_grid, **shapes, world_size=world_size, **rates, chunks=chunks)
+        models = {chunks: model_step(tokens_grid, **shapes, world_size=world_size, **rates, chunks=chunks,
+                                     chunk_overhead_s=chunk_overhead(run))
                   for chunks in chunk_counts}  # fmt: skip
         plain = models[min(models)]["step_s"]
         for model in models.values():
@@ -592,7 +653,8 @@ def node_scaling_table(runs: dict, *, gpu_key: str, tokens_per_rank: int, gpus_p
     between nodes); experts at the rate the run measured and at the datasheet roofline of ``gpu_key`` (bf16
     tensor rate and HBM bandwidth, as :func:`model_curves`; where :data:`moe_lib.roofline.GPUS` has it); per chunk
     count of ``chunk_counts``. One row per setting, dtype, expert rate and chunk count (tidy: pivot it to show),
-    with the link bandwidth the run achieved and whether the network is the longer leg of the exchange."""
+    with the link bandwidth the run achieved and whether the network is the longer leg of the exchange; each further
+    chunk at the cost :func:`chunk_overhead` fits to the run, which counts in the share."""
     spec = roofline.GPUS.get(gpu_key)
     rows = []
     for dtype, run in runs.items():
@@ -609,7 +671,8 @@ def node_scaling_table(runs: dict, *, gpu_key: str, tokens_per_rank: int, gpus_p
         for setting, where in settings.items():
             for experts, rate in rates.items():
                 for chunks in chunk_counts:
-                    model = model_step([tokens_per_rank], **shapes, **where, **rate, chunks=chunks)
+                    model = model_step([tokens_per_rank], **shapes, **where, **rate, chunks=chunks,
+                                       chunk_overhead_s=chunk_overhead(run))
                     network_bound = bool(model["network_s"][0] >= model["all_to_all_s"][0] > 0)
                     rows.append(dict(setting=setting, dtype=dtype, link_gb_per_s=link / 1e9, experts=experts,
                                      chunks=chunks, share=float(model["share"][0]),
@@ -619,7 +682,7 @@ def node_scaling_table(runs: dict, *, gpu_key: str, tokens_per_rank: int, gpus_p
 
 def overlap_figure(curves: dict[str, dict], title: str):
     """:func:`overlap_curves` as step time relative to no overlap against tokens per rank, one panel per dtype:
-    below 1 the overlap pays, above it the chunks' extra weight reads cost more than the exchange it hides."""
+    below 1 the overlap pays, above it the further chunks' own cost exceeds the exchange they hide."""
     fig, axes = plt.subplots(1, len(curves), figsize=(6.5 * len(curves), 4.0), squeeze=False, layout="constrained")
     for ax, (dtype, models) in zip(axes[0], curves.items(), strict=True):
         for chunks, model in models.items():

@@ -16,9 +16,10 @@ copy in NCCL and gloo); the counts below include it.
 
 Exchanges, in order (S = rows this rank sends, R = rows it receives):
 
-    forward   arguments int64 [W, 9 + 480] by ``all_gather``: each rank's outcome of its local argument
+    forward   arguments int64 [W, 11 + 480] by ``all_gather``: each rank's outcome of its local argument
                         checks (and the error message, when they failed), H, I, K, the dtypes of
-                        hidden_states and topk_weights, num_experts as given and its local expert count
+                        hidden_states and topk_weights, num_experts as given, its local expert count,
+                        its ``chunks`` (0 for None) and its rows T_r·K
               counts    int64 [W, 3 + L_max] each way (``all_to_all_single``, as every exchange below):
                         per destination, this rank's status (local expert count, "an expert id out of
                         range", "a token lists an expert twice") and how many of its rows go to each
@@ -45,7 +46,8 @@ its own thread). In the forward:
 and the backward runs the same schedule around the local expert backward. Each expert's rows all fall in one
 chunk, so every expert's weights are read once per pass and its weight gradients are computed once, over the
 same rows in the same order as without chunks: the results do not depend on C. One counts exchange (one host
-sync) serves every chunk. Every rank must pass the same C (checked with the arguments). What chunks cost:
+sync) serves every chunk. Every rank must pass the same C (checked with the arguments); the default, None,
+takes 2 where the group's mean rows per rank reach :data:`AUTO_CHUNKS_MIN_ROWS`, else 1. What chunks cost:
 C times the kernel launches and exchange calls, each on fewer rows; measure it (``python -m
 moe_lib.bench.parallel --chunks 1,2,4``).
 
@@ -85,8 +87,12 @@ from .checks import check_routing
 STATUS_COLUMNS = ("local_experts", "index_out_of_range", "duplicate_expert")
 # the arguments exchange: one int64 row per rank, these fields, then the bytes of its error message
 ARGUMENT_FIELDS = ("error", "hidden_size", "intermediate_size", "top_k", "dtype", "topk_weights_dtype",
-                   "num_experts", "local_experts", "chunks", "message_bytes")  # fmt: skip
+                   "num_experts", "local_experts", "chunks", "rows", "message_bytes")  # fmt: skip
 MESSAGE_BYTES = 480
+# chunks=None: two chunks when the group's mean rows per rank (tokens · K) reach this, else one. Measured on two
+# H200s at P2's shape (data/results/NOTES.md, "Overlapped exchange"): two chunks 4-7% faster in bf16 from 8192
+# tokens per rank (65536 rows), within 1% in fp32 there and 2% faster at 32768; slower at 2048 (+2 to +15%).
+AUTO_CHUNKS_MIN_ROWS = 65536
 ERROR_KINDS = (None, ValueError, TypeError)  # the "error" field: 0 none, 1 ValueError, 2 TypeError
 EXCHANGED_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)  # others are sent as -1
 
@@ -189,6 +195,7 @@ class ExpertParallelStats:
 
     rows_sent: list[int] = field(default_factory=list)
     rows_received: list[int] = field(default_factory=list)
+    chunks: int = 0  # the chunk count the call ran with (its ``chunks``, or the one None chose)
     timer: PhaseTimer | None = None
 
     def phase(self, name: str):
@@ -235,7 +242,7 @@ class _DispatchPlan:
 def moe_experts_parallel(
     hidden_states, topk_indices, topk_weights, local_gate_weights, local_up_weights, local_down_weights,
     *, group=None, impl: str = "auto", num_experts: int | None = None, stats: ExpertParallelStats | None = None,
-    check_finite: bool = False, chunks: int = 1,
+    check_finite: bool = False, chunks: int | None = None,
 ):  # fmt: skip
     """Expert-parallel ``moe_lib.moe_experts``: y_t = Σ_k w_tk · Wd_e(silu(Wg_e x_t) ⊙ Wu_e x_t).
 
@@ -255,9 +262,10 @@ def moe_experts_parallel(
     ``all_to_all_single`` needs as Python split sizes. ``stats``: an :class:`ExpertParallelStats` to
     fill with the rows sent to / received from each rank (and phase times when it has a timer).
     NaN/Inf in the inputs pass through unchecked; ``check_finite=True`` checks this rank's inputs.
-    ``chunks``: cut this rank's tokens into that many chunks whose exchanges overlap the expert compute of
-    their neighbours (module docstring, "Overlap"); every rank must pass the same number. 1 (the default):
-    each exchange whole, before and after the experts.
+    ``chunks``: cut the rows into that many chunks (by expert group) whose exchanges overlap the expert compute
+    of their neighbours (module docstring, "Overlap"); every rank must pass the same value. 1: each exchange
+    whole, before and after the experts. None (the default): 2 where the group's mean rows per rank (T_r·K)
+    reach :data:`AUTO_CHUNKS_MIN_ROWS`, else 1.
 
     Errors, raised alike on every rank before any data moves (each rank's argument checks are
     exchanged first): a ``ValueError``/``TypeError`` naming the argument and the rank whose arguments
@@ -277,10 +285,12 @@ def moe_experts_parallel(
         if not dist.is_initialized():  # no other rank to tell
             raise
         local_error = exc
-    num_experts = _agree_on_arguments(sizes, local_error, num_experts, hidden_states, topk_weights, chunks, group)
+    num_experts, chunks = _agree_on_arguments(sizes, local_error, num_experts, hidden_states, topk_weights, chunks,
+                                              group)  # fmt: skip
     if stats is None:
         stats = ExpertParallelStats()
     plan = _plan_dispatch(topk_indices, num_experts, sizes["local_experts"], chunks, group, stats)
+    stats.chunks = chunks
     stats.rows_sent = [sum(column) for column in zip(*(c.send_splits for c in plan.chunks), strict=True)]
     stats.rows_received = [sum(column) for column in zip(*(c.receive_splits for c in plan.chunks), strict=True)]
     return _ExpertParallelMoE.apply(
@@ -305,8 +315,8 @@ def _check_call(hidden_states, topk_indices, topk_weights, gate, up, down, impl,
     """This rank's argument checks (values read only with ``check_finite``); returns the sizes."""
     check_impl(impl)
     flag("check_finite", check_finite)
-    if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks < 1:
-        raise ValueError(f"chunks: expected a positive integer, got {chunks!r}")
+    if chunks is not None and (not isinstance(chunks, int) or isinstance(chunks, bool) or chunks < 1):
+        raise ValueError(f"chunks: expected a positive integer or None, got {chunks!r}")
     sizes = _check_inputs(hidden_states, topk_indices, topk_weights, gate, up, down)
     resolve_impl(impl, hidden_states.device, hidden_states.dtype)
     if num_experts is not None:
@@ -358,13 +368,15 @@ def _argument_row(sizes, local_error, num_experts, hidden_states, topk_weights, 
     dtype_codes = [EXCHANGED_DTYPES.index(t.dtype) if t.dtype in EXCHANGED_DTYPES else -1
                    for t in (hidden_states, topk_weights)]  # fmt: skip
     row = [0, sizes["hidden_size"], sizes["intermediate_size"], sizes["top_k"], *dtype_codes,
-           -1 if num_experts is None else num_experts, sizes["local_experts"], chunks, 0]  # fmt: skip
+           -1 if num_experts is None else num_experts, sizes["local_experts"], 0 if chunks is None else chunks,
+           sizes["num_tokens"] * sizes["top_k"], 0]  # fmt: skip
     return row + [0] * MESSAGE_BYTES
 
 
-def _agree_on_arguments(sizes, local_error, num_experts, hidden_states, topk_weights, chunks, group) -> int:
+def _agree_on_arguments(sizes, local_error, num_experts, hidden_states, topk_weights, chunks, group
+                        ) -> tuple[int, int]:  # fmt: skip
     """Exchanges every rank's argument checks and sizes (an all_gather and one host sync) and raises the same
-    error on every rank when any rank's checks failed or the ranks disagree; returns num_experts."""
+    error on every rank when any rank's checks failed or the ranks disagree; returns (num_experts, chunks)."""
     row = torch.tensor(_argument_row(sizes, local_error, num_experts, hidden_states, topk_weights, chunks),
                        dtype=torch.int64, device=_exchange_device(group))  # fmt: skip
     gathered = [torch.empty_like(row) for _ in range(dist.get_world_size(group))]
@@ -387,9 +399,11 @@ def _agree_on_arguments(sizes, local_error, num_experts, hidden_states, topk_wei
                 by_rank = [str(EXCHANGED_DTYPES[c]) if c >= 0 else "another dtype" for c in by_rank]
             what = field_name.removeprefix("topk_weights_")
             raise error(f"{argument}: the ranks disagree on its {what} (by rank: {dict(enumerate(by_rank))})")
-    by_rank = {r: entry["chunks"] for r, entry in enumerate(table)}
+    by_rank = {r: entry["chunks"] or None for r, entry in enumerate(table)}
     if len(set(by_rank.values())) > 1:  # each rank would run a different number of exchanges
         raise ValueError(f"chunks: the ranks disagree (by rank: {by_rank})")
+    mean_rows = sum(entry["rows"] for entry in table) / len(table)
+    chunks = by_rank[0] or (2 if mean_rows >= AUTO_CHUNKS_MIN_ROWS else 1)
     given = {r: entry["num_experts"] for r, entry in enumerate(table) if entry["num_experts"] != -1}
     if len(set(given.values())) > 1:
         raise ValueError(f"num_experts: the ranks disagree (by rank: {given})")
@@ -397,7 +411,7 @@ def _agree_on_arguments(sizes, local_error, num_experts, hidden_states, topk_wei
     too_many = [r for r, entry in enumerate(table) if entry["top_k"] > total]
     if too_many:
         raise ValueError(f"topk_indices: top_k exceeds num_experts={total} on rank(s) {too_many}")
-    return total
+    return total, chunks
 
 
 @functools.lru_cache(maxsize=64)
