@@ -79,7 +79,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..dispatch import check_impl, resolve_impl
-from ..precision import compute_dtype, tf32_disabled
+from ..precision import tf32_disabled
 from ..validation import finite, flag, float_tensor, ndim, same_device, same_dtype, shape
 from .api import moe_experts_backward, moe_experts_forward
 from .checks import check_routing
@@ -231,12 +231,15 @@ class _ChunkPlan:
 @dataclass
 class _DispatchPlan:
     """Where every row goes, worked out from the counts exchange (identical for forward and backward):
-    this rank's T tokens of K slots each, in ``chunks`` (one :class:`_ChunkPlan` each)."""
+    this rank's T tokens of K slots each, in ``chunks`` (one :class:`_ChunkPlan` each). The combines return the
+    chunks' rows one after the other, each chunk's in its send order: ``row_of_slot[t·K + k]`` is where slot
+    (t, k)'s row lands in that buffer."""
 
     group: object
     num_tokens: int
     top_k: int
     chunks: list[_ChunkPlan]
+    row_of_slot: torch.Tensor
 
 
 def moe_experts_parallel(
@@ -478,7 +481,10 @@ def _plan_dispatch(topk_indices, num_experts, local_experts, chunks, group, stat
             expert_order=torch.argsort(received_local_expert, stable=True),
             expert_row_counts=[sum(column) for column in zip(*rows_by_source, strict=True)] if len(mine) else [],
         ))  # fmt: skip
-    return _DispatchPlan(group=group, num_tokens=num_tokens, top_k=top_k, chunks=plans)
+    sent_slots = torch.cat([chunk.send_slot for chunk in plans])
+    row_of_slot = torch.empty_like(sent_slots)
+    row_of_slot[sent_slots] = torch.arange(len(sent_slots), device=device)
+    return _DispatchPlan(group=group, num_tokens=num_tokens, top_k=top_k, chunks=plans, row_of_slot=row_of_slot)
 
 
 def _raise_for_status(status_by_rank: list[list[int]], partition: list[range], index_dtype) -> None:
@@ -503,11 +509,12 @@ def _raise_for_status(status_by_rank: list[list[int]], partition: list[range], i
         )
 
 
-def _start_all_to_all(rows: torch.Tensor, output_splits: list[int], input_splits: list[int], group):
+def _start_all_to_all(rows: torch.Tensor, output_splits: list[int], input_splits: list[int], group, out=None):
     """Starts scattering ``rows`` [sum(input_splits), ...] to the ranks (input_splits[s] rows to rank s);
-    returns (the buffer that receives [sum(output_splits), ...], output_splits[s] rows from rank s, and the
-    collective's work: ``.wait()`` before reading the buffer)."""
-    received = rows.new_empty((sum(output_splits), *rows.shape[1:]))
+    returns (the buffer that receives [sum(output_splits), ...], output_splits[s] rows from rank s: ``out``
+    where given, a contiguous tensor of that shape; and the collective's work: ``.wait()`` before reading the
+    buffer)."""
+    received = rows.new_empty((sum(output_splits), *rows.shape[1:])) if out is None else out
     work = dist.all_to_all_single(received, rows.contiguous(), output_splits, input_splits, group=group,
                                   async_op=True)  # fmt: skip
     return received, work
@@ -520,20 +527,24 @@ def _finish(started: list) -> list[torch.Tensor]:
     return [buffer for buffer, _ in started]
 
 
-def _rows_by_slot(pieces: list[torch.Tensor], plan: _DispatchPlan) -> torch.Tensor:
-    """The chunks' send-ordered rows (chunk c's [S_c, ...] in its send order) put back in slot order and viewed
-    as [T, K, ...]."""
-    by_slot = pieces[0].new_empty((plan.num_tokens * plan.top_k, *pieces[0].shape[1:]))
-    for rows, chunk in zip(pieces, plan.chunks, strict=True):
-        by_slot[chunk.send_slot] = rows
-    return by_slot.view(plan.num_tokens, plan.top_k, *by_slot.shape[1:])
+def _combined_rows(like: torch.Tensor, plan: _DispatchPlan) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The buffer [S, ...] that receives every chunk's combine (S = the rows this rank sent), and its slice for
+    each chunk."""
+    sizes = [sum(chunk.send_splits) for chunk in plan.chunks]
+    rows = like.new_empty((sum(sizes), *like.shape[1:]))
+    return rows, list(rows.split(sizes))
 
 
-def _sum_over_slots(pieces: list[torch.Tensor], plan: _DispatchPlan) -> torch.Tensor:
-    """[T, H]: each token's K rows (from the chunks' send-ordered pieces) summed in slot order, accumulated in
-    the references' compute dtype."""
-    accumulate = compute_dtype(pieces[0].dtype)
-    return _rows_by_slot(pieces, plan).sum(dim=1, dtype=accumulate).to(pieces[0].dtype)
+def _rows_by_slot(rows: torch.Tensor, plan: _DispatchPlan) -> torch.Tensor:
+    """The combined rows [S, ...] in slot order, viewed as [T, K, ...]."""
+    return rows[plan.row_of_slot].view(plan.num_tokens, plan.top_k, *rows.shape[1:])
+
+
+def _sum_over_slots(rows: torch.Tensor, plan: _DispatchPlan) -> torch.Tensor:
+    """[T, H]: each token's K combined rows summed in slot order (:mod:`.slot_sum`)."""
+    from .slot_sum import sum_slot_rows  # imports triton: not before the layer runs
+
+    return sum_slot_rows(rows, plan.row_of_slot, plan.num_tokens, plan.top_k)
 
 
 def _local_experts_forward(rows, row_weights, chunk: _ChunkPlan, gate, up, down) -> torch.Tensor:
@@ -610,7 +621,7 @@ class _ExpertParallelMoE(torch.autograd.Function):
             return [_start_all_to_all(rows, chunk.receive_splits, chunk.send_splits, group)
                     for rows in (send_x, send_w)]  # fmt: skip
 
-        received, combines = [], []
+        received, combines, returned, returned_by_chunk = [], [], None, None
         in_flight = start_dispatch(plan.chunks[0])
         for i, chunk in enumerate(plan.chunks):
             following = start_dispatch(plan.chunks[i + 1]) if i + 1 < len(plan.chunks) else None
@@ -619,12 +630,15 @@ class _ExpertParallelMoE(torch.autograd.Function):
             with stats.phase("expert_forward"):
                 expert_rows = _expert_forward(received_x, received_w, chunk, *_chunk_weights(chunk, gate, up, down),
                                               impl)  # fmt: skip
+            if returned is None:
+                returned, returned_by_chunk = _combined_rows(expert_rows, plan)
             stats.mark("combine issued")
-            combines.append(_start_all_to_all(expert_rows, chunk.send_splits, chunk.receive_splits, group))
+            combines.append(_start_all_to_all(expert_rows, chunk.send_splits, chunk.receive_splits, group,
+                                              out=returned_by_chunk[i]))  # fmt: skip
             received += [received_x, received_w]
             in_flight = following
         with stats.phase("combine"):
-            returned = _finish(combines)
+            _finish(combines)
         ctx.save_for_backward(gate, up, down, *received)
         ctx.plan, ctx.impl, ctx.stats = plan, impl, stats
         return _sum_over_slots(returned, plan)
@@ -641,7 +655,7 @@ class _ExpertParallelMoE(torch.autograd.Function):
 
         # one chunk: the backward's own weight gradients; several: each chunk's experts' block of these
         weight_grads = None if len(plan.chunks) == 1 else [torch.empty_like(w) for w in (gate, up, down)]
-        combines = []
+        combines, returned = [], None
         in_flight = start_dispatch(plan.chunks[0])
         for i, chunk in enumerate(plan.chunks):
             following = start_dispatch(plan.chunks[i + 1]) if i + 1 < len(plan.chunks) else None
@@ -655,12 +669,15 @@ class _ExpertParallelMoE(torch.autograd.Function):
                 )  # fmt: skip
                 if weight_grads is None:
                     weight_grads = chunk_grads
+            if returned is None:
+                returned = [_combined_rows(rows, plan) for rows in (grad_x_rows, grad_w_rows)]
             stats.mark("backward_combine issued")
-            combines.append([_start_all_to_all(rows, chunk.send_splits, chunk.receive_splits, group)
-                             for rows in (grad_x_rows, grad_w_rows)])  # fmt: skip
+            combines += [_start_all_to_all(rows, chunk.send_splits, chunk.receive_splits, group, out=by_chunk[i])
+                         for rows, (_, by_chunk) in zip((grad_x_rows, grad_w_rows), returned, strict=True)]  # fmt: skip
             in_flight = following
         with stats.phase("backward_combine"):
-            returned = [_finish(started) for started in combines]
-        grad_hidden_states = _sum_over_slots([grad_x for grad_x, _ in returned], plan)
-        grad_topk_weights = _rows_by_slot([grad_w for _, grad_w in returned], plan)
+            _finish(combines)
+        (grad_x_all, _), (grad_w_all, _) = returned
+        grad_hidden_states = _sum_over_slots(grad_x_all, plan)
+        grad_topk_weights = _rows_by_slot(grad_w_all, plan)
         return grad_hidden_states, grad_topk_weights, *weight_grads, None, None, None

@@ -1,0 +1,54 @@
+"""moe_lib.moe_experts.slot_sum: each token's K rows summed where the combine left them, kernel against float64."""
+
+import pytest
+import torch
+
+from moe_lib.moe_experts import slot_sum
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def nan_filled(*size, dtype, device):
+    return torch.full(size, float("nan"), dtype=dtype, device=device)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("num_tokens", "top_k", "hidden_size"), [(5, 3, 40), (1, 1, 16), (7, 2, 9)])
+def test_kernel_matches_the_float64_sum_in_slot_order(dtype, num_tokens, top_k, hidden_size, seed, monkeypatch):
+    generator = torch.Generator().manual_seed(seed)
+    spare = 3  # rows no slot points at: the kernel must not read them into any sum
+    rows = torch.randn((num_tokens * top_k + spare, hidden_size), generator=generator).to(dtype)
+    row_of_slot = torch.randperm(num_tokens * top_k + spare, generator=generator)[: num_tokens * top_k]
+    monkeypatch.setattr(slot_sum, "allocate", lambda size, **kw: nan_filled(*size, **kw))
+    out = slot_sum.sum_slot_rows_triton(rows, row_of_slot, num_tokens, top_k)
+    by_slot = rows.double()[row_of_slot].view(num_tokens, top_k, hidden_size)
+    exact, magnitude = by_slot.sum(dim=1), by_slot.abs().sum(dim=1)
+    assert out.dtype == dtype and out.shape == (num_tokens, hidden_size) and not out.isnan().any()
+    # the fp32 sum's K roundings (relative to the rows' magnitudes), then one rounding to the output dtype
+    ulp = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}[dtype]
+    assert ((out.double() - exact).abs() <= ulp * exact.abs() + top_k * 2.0**-24 * magnitude).all()
+    # the readable form agrees (it sums in fp32 too, in the same slot order)
+    reference = slot_sum.sum_slot_rows_reference(rows, row_of_slot, num_tokens, top_k)
+    assert torch.allclose(out.double(), reference.double(), rtol=ulp, atol=0)
+
+
+def test_cpu_rows_take_the_reference():
+    rows = torch.arange(12, dtype=torch.float64).view(6, 2)
+    row_of_slot = torch.tensor([5, 0, 1, 4, 2, 3])
+    out = slot_sum.sum_slot_rows(rows, row_of_slot, 3, 2)
+    assert out.tolist() == [[10.0, 12.0], [10.0, 12.0], [10.0, 12.0]]
+    assert slot_sum.sum_slot_rows(rows[:0], row_of_slot[:0], 0, 2).shape == (0, 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_kernel_matches_the_reference_at_the_layer_shape(dtype, seed):
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    num_tokens, top_k, hidden_size = 4096, 8, 4096
+    rows = torch.randn((num_tokens * top_k, hidden_size), generator=generator, device="cuda").to(dtype)
+    row_of_slot = torch.randperm(num_tokens * top_k, generator=generator, device="cuda")
+    out = slot_sum.sum_slot_rows(rows, row_of_slot, num_tokens, top_k)
+    reference = slot_sum.sum_slot_rows_reference(rows, row_of_slot, num_tokens, top_k)
+    ulp = {torch.float32: 2.0**-22, torch.bfloat16: 2.0**-7}[dtype]
+    assert not out.isnan().any()
+    assert ((out.double() - reference.double()).abs() <= ulp * reference.double().abs() + 1e-5).all()
