@@ -384,7 +384,7 @@ def test_benchmark_entry_point_runs_two_ranks_on_cpu(tmp_path):
         assert name in output
 
     for dtype in ("bfloat16", "float32"):
-        [csv] = (tmp_path / "cpu").glob(f"*-moe_experts_parallel-{dtype}-small.csv")
+        [csv] = (tmp_path / "cpu").glob(f"*-moe_experts_parallel-{dtype}-small-2gpus.csv")
         frame = pd.read_csv(csv)
         assert list(frame["tokens_per_rank"]) == [16, 16, 64, 64] and list(frame["chunks"]) == [1, 2, 1, 2]
         assert (frame["status"] == "ok").all() and frame["correct"].all(), frame.to_string()

@@ -1,8 +1,11 @@
 """moe_lib.lab.parallel and .parallel_live: the committed multi-GPU runs, the exchanges and the cost model by hand."""
 
+import json
+import shutil
 import statistics
 
 import matplotlib.pyplot as plt
+import pandas as pd
 import pytest
 import torch
 
@@ -204,3 +207,30 @@ def test_chunk_overhead_and_overlap_table_from_the_committed_runs(runs):
         assert 0 < parallel.chunk_overhead(run) < 0.01
     first = parallel.load_parallel_results(date=FIRST_RUN_DATE)["bfloat16"]  # no chunked cases
     assert parallel.chunk_overhead(first) == 0.0
+
+
+def test_scaling_runs_keep_the_newest_run_of_each_world_size(tmp_path):
+    from moe_lib.lab.results import ROOT
+
+    source = ROOT / "data" / "results" / "H200"
+    folder = tmp_path / "H200"
+    folder.mkdir()
+    stem = "2026-12-01-moe_experts_parallel-bfloat16"
+    for suffix in (".csv", ".json"):  # the committed 2-GPU run, and the same numbers as if from 4 GPUs a day later
+        shutil.copy(source / f"{stem}{suffix}", folder / f"{stem}{suffix}")
+    four = "2026-12-02-moe_experts_parallel-bfloat16-4gpus"
+    document = json.loads((source / f"{stem}.json").read_text())
+    document["provenance"]["world_size"] = 4
+    (folder / f"{four}.json").write_text(json.dumps(document))
+    frame = pd.read_csv(source / f"{stem}.csv").assign(world_size=4)
+    frame.to_csv(folder / f"{four}.csv", index=False)
+
+    series = parallel.load_scaling_runs(tmp_path, "H200")
+    assert list(series) == [("bfloat16", 2), ("bfloat16", 4)]
+    assert parallel.load_parallel_results(tmp_path, "H200")["bfloat16"].world_size == 4  # the newest
+    assert parallel.load_parallel_results(tmp_path, "H200", world_size=2)["bfloat16"].csv.name == f"{stem}.csv"
+    with pytest.raises(FileNotFoundError, match="on 8 GPUs"):
+        parallel.load_parallel_results(tmp_path, "H200", world_size=8)
+    table = parallel.scaling_table(series)
+    assert list(table.index.get_level_values("world size").unique()) == [2, 4]
+    assert table.xs(4, level="world size")["step ms"].tolist() == table.xs(2, level="world size")["step ms"].tolist()

@@ -35,7 +35,7 @@ ranks agree); when only rank 0's single-GPU reference does not fit, the case is 
 correctness marked skipped.
 
 Outputs, written by rank 0 under ``<out>/<gpu key>/`` (``H200``, ..., ``cpu``):
-``<YYYY-MM-DD>-moe_experts_parallel-<dtype>[-small].csv`` (one row per token count, columns
+``<YYYY-MM-DD>-moe_experts_parallel-<dtype>[-small]-<W>gpus.csv`` (one row per token count, columns
 :data:`CSV_COLUMNS`) and a ``.json`` beside it with the provenance (GPU, driver, torch, world size,
 backend, date, git commit from the environment's GIT_COMMIT or else ``git rev-parse``, environment) and
 per case the rows each rank sent and received, each rank's phase medians and each rank's timeline of its
@@ -414,7 +414,8 @@ def format_table(frame: pd.DataFrame, title: str) -> str:
 def write_results(results: list[dict], dtype_name: str, args, device, world_size, backend, environment,
                   started) -> tuple[Path, Path]:  # fmt: skip
     """Rank 0: the CSV and JSON of one dtype's cases (and their table, printed); returns their paths."""
-    stem = result_stem(PROBLEM, dtype_name, small=args.small, tag=None, date=started.strftime("%Y-%m-%d"))
+    stem = result_stem(PROBLEM, dtype_name, small=args.small, tag=f"{world_size}gpus",
+                       date=started.strftime("%Y-%m-%d"))  # fmt: skip
     csv_path, json_path = result_paths(args.out, device, stem)
     frame = pd.DataFrame([dict(r["row"], backend=backend, device=device.type, gpu=gpu_key(device),
                                small=args.small) for r in results]).reindex(columns=CSV_COLUMNS)  # fmt: skip

@@ -176,11 +176,13 @@ def overlap_table(run) -> pd.DataFrame:
 
 
 def scaling_table(runs: dict) -> pd.DataFrame:
-    """Weak scaling, one row per (dtype, world size, tokens per rank) of the given runs: the global tokens, the
-    step without overlap and its exchange share, the fastest chunk count measured with its step and share, and
-    the same per-rank work on one GPU alone (``moe_lib.moe_experts`` on the rows a rank receives, no exchange)."""
+    """Weak scaling, one row per (dtype, world size, tokens per rank) of the given runs (any dict of them, e.g.
+    :func:`load_scaling_runs`): the global tokens, the step without overlap and its exchange share, the fastest
+    chunk count measured with its step and share, and the same per-rank work on one GPU alone
+    (``moe_lib.moe_experts`` on the rows a rank receives, no exchange)."""
     rows = []
-    for dtype, run in runs.items():
+    for run in runs.values():
+        dtype = run.dtype
         table = run.chunked
         for tokens, plain in run.ok.iterrows():
             by_chunks = table.xs(tokens, level="tokens_per_rank")
@@ -284,13 +286,11 @@ class ParallelRun(RunFiles):
         return timed.set_index(["tokens_per_rank", "chunks"]).sort_index()
 
 
-def load_parallel_results(results_dir="data/results", gpu_key: str = "H200", date: str | None = None
-                          ) -> dict[str, ParallelRun]:  # fmt: skip
-    """The newest full-size run of each dtype in ``<results_dir>/<gpu_key>/`` (``results_dir`` relative to the
-    repository root unless absolute), keyed by dtype, the narrowest first (bfloat16, then float32); with
-    ``date`` ("YYYY-MM-DD"), the runs of that day instead."""
+def _full_size_runs(results_dir, gpu_key: str) -> list[ParallelRun]:
+    """Every full-size run in ``<results_dir>/<gpu_key>/`` (``results_dir`` relative to the repository root unless
+    absolute), oldest first."""
     folder = resolve_path(results_dir) / gpu_key
-    newest: dict[str, ParallelRun] = {}
+    runs = []
     for csv_path in sorted(folder.glob(f"*-{PROBLEM}-*.csv")):
         json_path = csv_path.with_suffix(".json")
         if not json_path.is_file():
@@ -298,16 +298,35 @@ def load_parallel_results(results_dir="data/results", gpu_key: str = "H200", dat
         meta = read_run_json(json_path)
         if meta.get("problem") != PROBLEM or meta.get("provenance", {}).get("small"):
             continue
-        if date is not None and not csv_path.name.startswith(date):
-            continue
         require_keys(meta, ("dtype", "axes", "cases"), json_path)
-        run = ParallelRun(csv=csv_path, frame=read_run_csv(csv_path, ("tokens_per_rank", "status")), meta=meta)
-        if run.dtype not in newest or run.date >= newest[run.dtype].date:
-            newest[run.dtype] = run
+        runs.append(ParallelRun(csv=csv_path, frame=read_run_csv(csv_path, ("tokens_per_rank", "status")), meta=meta))
+    return sorted(runs, key=lambda run: run.date)
+
+
+def load_parallel_results(results_dir="data/results", gpu_key: str = "H200", date: str | None = None,
+                          world_size: int | None = None) -> dict[str, ParallelRun]:  # fmt: skip
+    """The newest full-size run of each dtype in ``<results_dir>/<gpu_key>/`` (``results_dir`` relative to the
+    repository root unless absolute), keyed by dtype, the narrowest first (bfloat16, then float32); with
+    ``date`` ("YYYY-MM-DD"), the runs of that day; with ``world_size``, the runs on that many GPUs."""
+    newest: dict[str, ParallelRun] = {}
+    for run in _full_size_runs(results_dir, gpu_key):
+        if (date is None or run.date == date) and (world_size is None or run.world_size == world_size):
+            newest[run.dtype] = run  # oldest first: the newest stays
     if not newest:
-        raise FileNotFoundError(f"no {PROBLEM} results (CSV with its JSON) in {folder}"
-                                + (f" dated {date}" if date else ""))  # fmt: skip
+        conditions = (f" dated {date}" if date else "") + (f" on {world_size} GPUs" if world_size else "")
+        raise FileNotFoundError(f"no {PROBLEM} results (CSV with its JSON) in {resolve_path(results_dir) / gpu_key}"
+                                + conditions)  # fmt: skip
     return {run.dtype: run for run in sorted(newest.values(), key=lambda run: (run.element_bytes, run.dtype))}
+
+
+def load_scaling_runs(results_dir="data/results", gpu_key: str = "H200") -> dict[tuple[str, int], ParallelRun]:
+    """The newest full-size run of each (dtype, world size) in ``<results_dir>/<gpu_key>/``, ordered by dtype (the
+    narrowest first), then world size: the weak-scaling series (:func:`scaling_table`)."""
+    newest = {(run.dtype, run.world_size): run for run in _full_size_runs(results_dir, gpu_key)}
+    if not newest:
+        raise FileNotFoundError(f"no {PROBLEM} results (CSV with its JSON) in {resolve_path(results_dir) / gpu_key}")
+    order = sorted(newest, key=lambda key: (newest[key].element_bytes, key))
+    return {key: newest[key] for key in order}
 
 
 def provenance_table(runs: dict[str, ParallelRun]) -> pd.DataFrame:
