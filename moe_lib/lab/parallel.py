@@ -4,7 +4,7 @@
   other ranks in each exchange of a step, from its rows; :func:`model_step` is the cost model of a step
   (all-to-all bytes over a link bandwidth against the expert work on a roofline).
 - **Measured runs**: :func:`load_parallel_results` reads the files of ``python -m moe_lib.bench.parallel``
-  (``data/results/<GPU>/<date>-moe_experts_parallel-<dtype>.csv`` and the JSON beside it); the tables and
+  (``data/results/<GPU>/<date>-moe_experts_parallel-<dtype>[-<W>gpus].csv`` and the JSON beside it); the tables and
   figures are built from them.
 
 The live run of the layer on CPU processes is in :mod:`.parallel_live`. Times are in milliseconds (``*_ms``),
