@@ -26,6 +26,7 @@ from moe_lib.bench.provenance import recorded_commit
 from moe_lib.moe_experts.slot_sum import sum_slot_rows_reference, sum_slot_rows_triton
 
 HIDDEN_SIZE, TOP_K = 4096, 8
+DTYPES = ("bfloat16", "float32", "float16")
 
 
 def scatter_sum(rows, send_slot, num_tokens, top_k):
@@ -62,8 +63,14 @@ def main() -> None:
     parser.add_argument("--tokens", type=token_list, default=[2048, 8192, 32768])
     parser.add_argument("--dtypes", default="bfloat16,float32")
     args = parser.parse_args()
+    dtypes = [name.strip() for name in args.dtypes.split(",") if name.strip()]
+    unknown = [name for name in dtypes if name not in DTYPES]
+    if unknown or not dtypes:
+        parser.error(f"--dtypes: expected a comma list of {', '.join(DTYPES)}, got {args.dtypes!r}")
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA GPU (the kernel and the timing run there)")
     flush = timing.L2Flusher(torch.device("cuda"))
-    results = [row for dtype_name in args.dtypes.split(",") for num_tokens in args.tokens
+    results = [row for dtype_name in dtypes for num_tokens in args.tokens
                for row in time_case(dtype_name, num_tokens, flush)]  # fmt: skip
     frame = pd.DataFrame(results)
     print(frame.pivot_table(index=["dtype", "tokens"], columns="variant", values="ms", sort=False).round(3))

@@ -15,6 +15,7 @@ CASES = {
     "p1_few_tokens_trace.py --candidates a_reg,nope": "--candidates: unknown candidate(s) ['nope']",
     "p1_few_tokens_trace.py --flush warm": "--flush: expected a comma list of dirty, clean, none",
     "launch_floor_probe.py --reps 0": "--reps and --programs: expected positive integers",
+    "slot_sum_bench.py --dtypes bfloat16,int8": "--dtypes: expected a comma list of bfloat16, float32, float16",
 }
 
 
