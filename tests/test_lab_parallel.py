@@ -225,8 +225,15 @@ def test_scaling_runs_keep_the_newest_run_of_each_world_size(tmp_path):
     frame = pd.read_csv(source / f"{stem}.csv").assign(world_size=4)
     frame.to_csv(folder / f"{four}.csv", index=False)
 
+    one = "2026-12-03-moe_experts_parallel-bfloat16-1gpus"  # newest of all, but on one GPU: no exchange to model
+    document["provenance"]["world_size"] = 1
+    (folder / f"{one}.json").write_text(json.dumps(document))
+    frame.assign(world_size=1).to_csv(folder / f"{one}.csv", index=False)
+
     series = parallel.load_scaling_runs(tmp_path, "H200")
-    assert list(series) == [("bfloat16", 2), ("bfloat16", 4)]
+    assert list(series) == [("bfloat16", 1), ("bfloat16", 2), ("bfloat16", 4)]
+    assert parallel.load_parallel_results(tmp_path, "H200", world_size=1)["bfloat16"].csv.name == f"{one}.csv"
+    series.pop(("bfloat16", 1))
     assert parallel.load_parallel_results(tmp_path, "H200")["bfloat16"].world_size == 4  # the newest
     assert parallel.load_parallel_results(tmp_path, "H200", world_size=2)["bfloat16"].csv.name == f"{stem}.csv"
     with pytest.raises(FileNotFoundError, match="on 8 GPUs"):

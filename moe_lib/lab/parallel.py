@@ -307,10 +307,12 @@ def load_parallel_results(results_dir="data/results", gpu_key: str = "H200", dat
                           world_size: int | None = None) -> dict[str, ParallelRun]:  # fmt: skip
     """The newest full-size run of each dtype in ``<results_dir>/<gpu_key>/`` (``results_dir`` relative to the
     repository root unless absolute), keyed by dtype, the narrowest first (bfloat16, then float32); with
-    ``date`` ("YYYY-MM-DD"), the runs of that day; with ``world_size``, the runs on that many GPUs."""
+    ``date`` ("YYYY-MM-DD"), the runs of that day; with ``world_size``, the runs on that many GPUs (by default
+    on two or more: a run on one GPU has no exchange between GPUs to model)."""
     newest: dict[str, ParallelRun] = {}
     for run in _full_size_runs(results_dir, gpu_key):
-        if (date is None or run.date == date) and (world_size is None or run.world_size == world_size):
+        on_gpus = run.world_size >= 2 if world_size is None else run.world_size == world_size
+        if (date is None or run.date == date) and on_gpus:
             newest[run.dtype] = run  # oldest first: the newest stays
     if not newest:
         conditions = (f" dated {date}" if date else "") + (f" on {world_size} GPUs" if world_size else "")
