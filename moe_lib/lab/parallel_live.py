@@ -157,6 +157,11 @@ def relative_errors(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor])
     return {name: relative_error(got[name], want[name]) for name in OUTPUT_NAMES}
 
 
+def equal_outputs(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> dict[str, bool]:
+    """Per output: whether the two runs' tensors are equal bit for bit."""
+    return {name: torch.equal(got[name], want[name]) for name in OUTPUT_NAMES}
+
+
 def partition_table(cases) -> pd.DataFrame:
     """``expert_partition(E, W)`` for each (E, W) of ``cases``: the experts each rank holds."""
     rows = []
