@@ -113,7 +113,7 @@ def compile_candidate(config, *, with_lo: bool, single_block: bool, trace: bool 
                       SINGLE_BLOCK=single_block, WEIGHTS_AHEAD=WEIGHTS_AHEAD[config.weights_ahead],
                       THREADS=32 * config.warps, UPCAST=False, PRECISION="tf32", WITH_LO=with_lo,
                       TRACE=trace, COUNT_LATE=config.count_late, STAGE_EARLY=config.stage_before_wait,
-                      ONCE_BY_MOVE=config.once_by_move)  # fmt: skip
+                      ONCE_BY_MOVE=config.once_by_move, H=H, I=I)  # fmt: skip
 
     def kind(name: str) -> str:
         if name.endswith("partials_ptr"):
@@ -124,7 +124,7 @@ def compile_candidate(config, *, with_lo: bool, single_block: bool, trace: bool 
 
     names = runtime_names(few_tokens_kernel)
     types = {name: kind(name) for name in names}
-    aligned = [name for name in names if name.endswith("_ptr") or name in ("H", "I")]
+    aligned = [name for name in names if name.endswith("_ptr")]
     return compile_for_sm90(few_tokens_kernel, types, constexprs, aligned, warps=config.warps, stages=config.stages)
 
 

@@ -219,7 +219,8 @@ def few_tokens_kernel(
     dx_partials_ptr,  # fp32 workspace [N_I2, T, H]: dx_b, the partial dx of phase-2 I-block b
     counters_ptr,  # int64 [1 + N_I2 + N_H2]: launches, dA arrivals per phase-2 I-block, dx arrivals per H-block
     trace_ptr,  # int64 [grid, TRACE_SLOTS] (TRACE): when each program reached each of TRACE_POINTS, and its SM
-    T, H, I,
+    T,  # tokens
+    H: tl.constexpr, I: tl.constexpr,  # hidden and intermediate size, compiled in: index arithmetic and bounds fold
     PHASE: tl.constexpr,  # 0: both phases, waiting between them; 1 or 2: that phase alone (interpreter)
     BLOCK_T: tl.constexpr,  # tokens per step (the N side of dA and dx, the reduction step of dWd, dWg, dWu)
     BLOCK_H1: tl.constexpr, BLOCK_I1: tl.constexpr,  # a phase-1 tile: Wd rows (H) × columns (I)
