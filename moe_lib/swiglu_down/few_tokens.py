@@ -498,7 +498,8 @@ def choose_few_tokens_config(num_tokens: int, hidden_size: int, intermediate_siz
     faithful path) takes the same tiles. The launch count is read just before the wait, and phase 2's operands
     are staged for the tensor cores before it (``count_late``, ``stage_before_wait``: together 0.4–0.8 µs
     faster at 1–16 tokens on the H200, both paths, by graph replay and in NVIDIA's timing), placed by identity
-    moves (``once_by_move``: another 0.4–0.6 µs, 18% fewer instructions), and launched cooperatively (CUDA
+    moves (``once_by_move``: another 0.4–0.6 µs, 18% fewer instructions; H and I compiled in: another 0.2–0.6 µs),
+    and launched cooperatively (CUDA
     guarantees every program resident, or refuses the launch, even beside another stream's kernels; within
     0.3 µs of a plain launch). Under the
     interpreter: 32-wide tiles, so that tiny test shapes have several tiles along every axis and few programs
