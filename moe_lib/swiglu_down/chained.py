@@ -88,8 +88,7 @@ def chained_kernel(
                                 dwd_partials_ptr, dwd_counters_ptr, T, H, I,
                                 DWD_M, DWD_N, DWD_K, DWD_SPLIT, GROUP_M, UPCAST, PRECISION, False)  # fmt: skip
     else:
-        # this launch's dA, stored and visible (UPCAST is set exactly under the interpreter: launch.dot_flags)
-        wait_for(tickets_ptr + 1, (arrival // grid + 1) * num_da, UPCAST)
+        wait_for(tickets_ptr + 1, (arrival // grid + 1) * num_da)  # this launch's dA, stored and visible
         grad_x_and_grad_gate_up_program(ticket - num_da - num_dwd, x_ptr, gate_weight_ptr, up_weight_ptr, d_gate_ptr,
                                         d_up_ptr, lo_offset, grad_x_ptr, grad_gate_weight_ptr, grad_up_weight_ptr,
                                         dx_partials_ptr, dx_counters_ptr, dw_partials_ptr, dw_counters_ptr, T, H, I,

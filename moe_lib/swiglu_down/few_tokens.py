@@ -131,21 +131,12 @@ def summed_partials(partials_ptr, part_stride, off_m, off_n, M, N, stride_m,
 
 
 @triton.jit
-def wait_for(counter_ptr, target, INTERPRETER: tl.constexpr):
+def wait_for(counter_ptr, target):
     """Returns once the int64 counter has reached ``target`` (acquire: what was stored before the
-    arrivals it counts is visible to every thread of this program afterwards). On the GPU the polls are relaxed
-    reads, so that none waits on a fence, and one ``fence.acq_rel.gpu`` after the last makes them an acquire (PTX's
-    acquire pattern: a strong read, then a fence)."""
-    if INTERPRETER:
+    arrivals it counts is visible to every thread of this program afterwards)."""
+    seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+    while seen < target:
         seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
-        while seen < target:
-            seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
-    else:
-        seen = tl.atomic_add(counter_ptr, 0, sem="relaxed", scope="gpu")
-        while seen < target:
-            seen = tl.atomic_add(counter_ptr, 0, sem="relaxed", scope="gpu")
-        tl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tmov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False,
-                                  pack=1)  # fmt: skip
     tl.debug_barrier()
 
 
@@ -338,8 +329,7 @@ def few_tokens_kernel(
             if COUNT_LATE:
                 launch_number = first(launch_arrival) // tl.num_programs(0)
             if has_tile2:
-                # UPCAST is set exactly under the interpreter (launch.dot_flags)
-                wait_for(counters_ptr + 1 + b2, (launch_number + 1) * (N_H1 * overlapping), UPCAST)
+                wait_for(counters_ptr + 1 + b2, (launch_number + 1) * (N_H1 * overlapping))
             stamp(trace_ptr, 3, TRACE)
 
         # ---- phase 2: the partial dx_b2[:, c2], then dWg[b2, c2] = dGateᵀ · x and dWu[b2, c2] = dUpᵀ · x
