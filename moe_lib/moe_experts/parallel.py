@@ -459,9 +459,10 @@ def _plan_dispatch(topk_indices, num_experts, local_experts, chunks, group, stat
 
     # send rows are ordered by (destination rank, its local expert): chunk c's rows to rank s are one range
     rank_start = [sum(map(sum, sent_counts[:s])) for s in range(world_size)]
+    groups_by_rank = [expert_chunks(len(block), chunks) for block in partition]
     plans = []
     for c in range(chunks):
-        groups = [expert_chunks(len(partition[s]), chunks)[c] for s in range(world_size)]
+        groups = [groups_by_rank[s][c] for s in range(world_size)]
         ranges = [(rank_start[s] + sum(sent_counts[s][: g.start]), rank_start[s] + sum(sent_counts[s][: g.stop]))
                   for s, g in enumerate(groups)]  # fmt: skip
         if chunks == 1:
@@ -470,9 +471,9 @@ def _plan_dispatch(topk_indices, num_experts, local_experts, chunks, group, stat
             chunk_slot = send_slot[torch.cat([torch.arange(a, b, device=device) for a, b in ranges])]
         mine = groups[rank]
         rows_by_source = [received_counts[s][mine.start : mine.stop] for s in range(world_size)]
-        local_expert = torch.arange(len(mine), device=device).repeat(world_size)
+        counts_by_source = received[:, len(STATUS_COLUMNS) + mine.start : len(STATUS_COLUMNS) + mine.stop]
         received_local_expert = torch.repeat_interleave(
-            local_expert, torch.tensor([n for row in rows_by_source for n in row], dtype=torch.int64, device=device),
+            torch.arange(len(mine), device=device).repeat(world_size), counts_by_source.reshape(-1),
             output_size=sum(map(sum, rows_by_source)),
         )  # fmt: skip
         plans.append(_ChunkPlan(
