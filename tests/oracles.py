@@ -40,22 +40,32 @@ def moe_experts_grads(grad_output, hidden_states, topk_indices, topk_weights, ga
 def moe_experts_term_bounds(grad_output, hidden_states, topk_indices, topk_weights, gate_weights, up_weights,
                             down_weights):  # fmt: skip
     """(grad_hidden_states, grad_gate, grad_up, grad_down) of P2 with every product term taken by its absolute
-    value, in float64: Σ_slots |Wg_eᵀ dg| + |Wu_eᵀ du| per token, Σ |dg| |x|ᵀ, Σ |du| |x|ᵀ, Σ |dy| |w·a|ᵀ per
-    expert. An implementation whose every product term is off by a relative ε is within ε times these."""
+    value, in float64, through the intermediates too: an implementation whose every product term is off by a
+    relative ε, the products that make g = Wg_e x, u = Wu_e x and dA = w Wd_eᵀ dy included, is within ε times
+    these (to first order in ε).
+
+    Each intermediate v enters as |v| plus what its own terms' errors move it by: g, u and dA are off by at most
+    ε·G, ε·U, ε·DA with G = |Wg_e| |x|, U = |Wu_e| |x|, DA = |w| |Wd_e|ᵀ |dy| (where they cancel, that is far more
+    than ε·|v|), and they reach dGate = dA u silu'(g), dUp = dA silu(g) and the scaled activation w silu(g) u
+    through first derivatives bounded by |silu'| ≤ 1.1 and |silu''| ≤ 0.5."""
     x, dy, w = hidden_states.double(), grad_output.double(), topk_weights.double()
     wg, wu, wd = gate_weights.double()[topk_indices], up_weights.double()[topk_indices], down_weights.double()[
         topk_indices]  # fmt: skip
     g = torch.einsum("tkih,th->tki", wg, x)
     u = torch.einsum("tkih,th->tki", wu, x)
     s = torch.sigmoid(g)
+    silu, d_silu = g * s, s * (1 + g * (1 - s))
     d_a = w[..., None] * torch.einsum("tkhi,th->tki", wd, dy)
-    d_gate = d_a * u * s * (1 + g * (1 - s))
-    d_up = d_a * g * s
-    scaled_act = w[..., None] * g * s * u
+    g_terms = torch.einsum("tkih,th->tki", wg.abs(), x.abs())
+    u_terms = torch.einsum("tkih,th->tki", wu.abs(), x.abs())
+    d_a_terms = w.abs()[..., None] * torch.einsum("tkhi,th->tki", wd.abs(), dy.abs())
+    d_gate = ((d_a * u * d_silu).abs() + (u * d_silu).abs() * d_a_terms + (d_a * d_silu).abs() * u_terms
+              + 0.5 * (d_a * u).abs() * g_terms)  # fmt: skip
+    d_up = (d_a * silu).abs() + silu.abs() * d_a_terms + 1.1 * d_a.abs() * g_terms
+    scaled_act = w.abs()[..., None] * ((silu * u).abs() + silu.abs() * u_terms + 1.1 * u.abs() * g_terms)
     experts = F.one_hot(topk_indices.long(), gate_weights.shape[0]).double()  # [T, K, E]
-    grad_x = (torch.einsum("tkih,tki->th", wg.abs(), d_gate.abs())
-              + torch.einsum("tkih,tki->th", wu.abs(), d_up.abs()))  # fmt: skip
-    grad_gate = torch.einsum("tke,tki,th->eih", experts, d_gate.abs(), x.abs())
-    grad_up = torch.einsum("tke,tki,th->eih", experts, d_up.abs(), x.abs())
-    grad_down = torch.einsum("tke,th,tki->ehi", experts, dy.abs(), scaled_act.abs())
+    grad_x = torch.einsum("tkih,tki->th", wg.abs(), d_gate) + torch.einsum("tkih,tki->th", wu.abs(), d_up)
+    grad_gate = torch.einsum("tke,tki,th->eih", experts, d_gate, x.abs())
+    grad_up = torch.einsum("tke,tki,th->eih", experts, d_up, x.abs())
+    grad_down = torch.einsum("tke,th,tki->ehi", experts, dy.abs(), scaled_act)
     return grad_x, grad_gate, grad_up, grad_down
