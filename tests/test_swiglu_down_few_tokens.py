@@ -141,27 +141,25 @@ def test_other_tilings(T, tiling, seed, poisoned):
     check_small(got, again, float64_reference(inputs), "faithful")
 
 
-def cuda_core_config(T: int, tiling: str = "even"):
-    """The CUDA-core form at the interpreter's 32-wide tiles (or a tiling whose phases' I-blocks do not line up),
-    block_t the tokens rounded up to a power of two."""
+def one_token_config(tiling: str = "even"):
+    """The one-token CUDA-core form at the interpreter's 32-wide tiles (or a tiling whose phases' I-blocks do not
+    line up)."""
     import dataclasses
 
-    import triton
-
     base = interpreter_config() if tiling == "even" else other_tilings()[tiling]
-    return dataclasses.replace(base, block_t=triton.next_power_of_2(T), cuda_cores=True)
+    return dataclasses.replace(base, cuda_cores=True)
 
 
 @needs_triton
 @pytest.mark.parametrize("distribution", ["forward", "harness"])
-@pytest.mark.parametrize("T, tiling", [(1, "even"), (2, "even"), (3, "even"), (4, "straddled"), (2, "straddling")])
-def test_cuda_cores_match_float64_reference(T, tiling, distribution, seed, poisoned):
+@pytest.mark.parametrize("tiling", ["even", "straddled", "straddling"])
+def test_one_token_on_cuda_cores_matches_float64_reference(tiling, distribution, seed, poisoned):
     """Every product on the CUDA cores in fp32: both paths the same bits, twice, and within the faithful path's
     rules at either scale (the products are exact; only the outputs' rounding is left)."""
-    inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device=DEVICE, hidden_size=H,
+    inputs = problems.make_inputs("swiglu_down_backward", 1, seed=seed, device=DEVICE, hidden_size=H,
                                   intermediate_size=I, distribution=distribution)  # fmt: skip
     want = float64_reference(inputs)
-    config = cuda_core_config(T, tiling)
+    config = one_token_config(tiling)
     faithful, again = run(inputs, config, "faithful"), run(inputs, config, "faithful")
     errors = check_small(faithful, again, want, "faithful")
     fast = run(inputs, config, "fast")
@@ -171,18 +169,28 @@ def test_cuda_cores_match_float64_reference(T, tiling, distribution, seed, poiso
         assert error <= 4e-3, f"{name}: {error:.3g} (bf16 rounding of the outputs alone is ≈ 2e-3)"
 
 
-def test_cuda_cores_refuse_more_tokens_than_their_block():
+@needs_triton
+def test_one_token_on_cuda_cores_without_tokens(seed, poisoned):
+    inputs = problems.make_inputs("swiglu_down_backward", 0, seed=seed, device=DEVICE, hidden_size=H,
+                                  intermediate_size=I)  # fmt: skip
+    grad_x, *weight_grads = run(inputs, one_token_config(), "faithful")
+    assert grad_x.shape == (0, H)
+    for grad in weight_grads:
+        assert torch.count_nonzero(grad) == 0
+
+
+def test_cuda_cores_refuse_more_than_one_token():
     import dataclasses
 
     from moe_lib.swiglu_down.few_tokens import FewTokensConfig
 
-    inputs = problems.make_inputs("swiglu_down_backward", 3, hidden_size=H, intermediate_size=I)
+    inputs = problems.make_inputs("swiglu_down_backward", 2, hidden_size=H, intermediate_size=I)
     outputs = [torch.empty_like(inputs[k]) for k in ("x", "gate_weight", "up_weight", "down_weight")]
-    config = FewTokensConfig(block_t=2, block_h1=32, block_i1=32, block_i2=32, block_h2=32, cuda_cores=True)
-    with pytest.raises(ValueError, match="cuda_cores takes at most block_t = 2 tokens"):
+    config = FewTokensConfig(block_h1=32, block_i1=32, block_i2=32, block_h2=32, cuda_cores=True)
+    with pytest.raises(ValueError, match=r"cuda_cores takes one token \(got 2\)"):
         config.run(*inputs.values(), *outputs, with_lo=True)
     with pytest.raises(ValueError, match="and whole blocks"):
-        dataclasses.replace(config, block_t=4, span_h1=20).run(*inputs.values(), *outputs, with_lo=True)
+        dataclasses.replace(config, span_h1=20).run(*inputs.values(), *outputs, with_lo=True)
 
 
 @needs_triton
@@ -288,20 +296,18 @@ def test_gpu_benchmark_shape_against_float64(T, distribution, precision, seed):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("T", [1, 2, 3, 4])
 @pytest.mark.parametrize("distribution", ["forward", "harness"])
-def test_gpu_cuda_cores_against_float64(T, distribution, seed):
-    """The CUDA-core form at the benchmark's shape: within both paths' rules, both paths the same bits, twice, and
-    replayed from a CUDA graph on new inputs as called eagerly."""
+def test_gpu_one_token_on_cuda_cores_against_float64(distribution, seed):
+    """The one-token CUDA-core form at the benchmark's shape: within both paths' rules, both paths the same bits,
+    twice, and replayed from a CUDA graph on new inputs as called eagerly."""
     import dataclasses
 
-    import triton
     from test_swiglu_down_backward_triton import check_against_float64
 
     from moe_lib.bench.timing import capture, poison_allocator
 
-    config = dataclasses.replace(gpu_config(T, "faithful"), block_t=triton.next_power_of_2(T), cuda_cores=True)
-    inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device="cuda", distribution=distribution)
+    config = dataclasses.replace(gpu_config(1, "faithful"), cuda_cores=True)
+    inputs = problems.make_inputs("swiglu_down_backward", 1, seed=seed, device="cuda", distribution=distribution)
     poison_allocator("cuda", 256 * 2**20)
     got = run(inputs, config, "faithful")
     for precision in ("faithful", "fast"):
@@ -310,7 +316,7 @@ def test_gpu_cuda_cores_against_float64(T, distribution, seed):
         assert torch.equal(a, b) and torch.equal(a, c), name
     static = {k: v.clone() for k, v in inputs.items()}
     graph, outputs = capture(lambda: run(static, config, "faithful"))
-    fresh = problems.make_inputs("swiglu_down_backward", T, seed=seed + 1, device="cuda", distribution=distribution)
+    fresh = problems.make_inputs("swiglu_down_backward", 1, seed=seed + 1, device="cuda", distribution=distribution)
     for name, tensor in fresh.items():
         static[name].copy_(tensor)
     for _ in range(3):

@@ -24,10 +24,10 @@ the rest masked off), so that the tile counts can match the number of SMs.
 The products are fp32 accumulations on the tensor cores. With ``with_lo`` (the faithful path) dGate
 and dUp enter dx, dWg and dWu as 16-bit hi/lo pairs (hi = bf16(v), lo = bf16(v − hi)): both halves
 multiply the same weight or x tile, as ``kernels.accumulate_product(..., A_HAS_LO)`` does; without it
-they are rounded to the input dtype (the fast path). fp32 inputs: exact fp32 products. With ``cuda_cores``
-(:func:`few_tokens_fma_kernel`), the same tiles and exchange take every product on the CUDA cores in fp32, token by
-token: for a token or two a few hundred FMAs per thread, no operand staged in shared memory, no output tile
-transposed, exact products (both paths then give the same result).
+they are rounded to the input dtype (the fast path). fp32 inputs: exact fp32 products. For one token,
+``cuda_cores`` (:func:`one_token_kernel`) keeps the tiles and the exchange and takes every product on the CUDA cores
+in fp32: a few hundred FMAs per thread, no operand staged in shared memory, no output tile transposed, exact
+products (both paths then give the same result).
 
 What the time depends on in Triton (read off the TTGIR and PTX for sm_90, ``scripts/p1_few_tokens_check.py``):
 - every product puts the weight (or x) tile on the M side and the few tokens on the N side: dAᵀ = Wdᵀ·dyᵀ,
@@ -410,23 +410,22 @@ def store_row(ptr, row, values, off_n, M, N, stride_m, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def few_tokens_fma_kernel(
-    grad_output_ptr,  # dy [T, H]
-    x_ptr,  # x [T, H]
+def one_token_kernel(
+    grad_output_ptr,  # dy [1, H]
+    x_ptr,  # x [1, H]
     gate_weight_ptr, up_weight_ptr,  # Wg, Wu [I, H]
     down_weight_ptr,  # Wd [H, I]
-    gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, intermediate_ptr,  # saved forward, each [T, I]
-    grad_x_ptr,  # out: dx [T, H]
+    gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, intermediate_ptr,  # saved forward, each [1, I]
+    grad_x_ptr,  # out: dx [1, H]
     grad_gate_weight_ptr, grad_up_weight_ptr,  # out: dWg, dWu [I, H]
     grad_down_weight_ptr,  # out: dWd [H, I]
-    da_partials_ptr,  # fp32 workspace [N_H1, T, I]: dA_c, the partial dA of phase-1 H-block c
-    dx_partials_ptr,  # fp32 workspace [N_I2, T, H]: dx_b, the partial dx of phase-2 I-block b
+    da_partials_ptr,  # fp32 workspace [N_H1, 1, I]: dA_c, the partial dA of phase-1 H-block c
+    dx_partials_ptr,  # fp32 workspace [N_I2, 1, H]: dx_b, the partial dx of phase-2 I-block b
     counters_ptr,  # int64 [1 + N_I2 + N_H2]: launches, dA arrivals per phase-2 I-block, dx arrivals per H-block
     trace_ptr,  # int64 [grid, TRACE_SLOTS] (TRACE): when each program reached each of TRACE_POINTS, and its SM
-    T,  # tokens, at most BLOCK_T
+    T,  # tokens: 1 (0: nothing to add, every output written as zeros)
     H: tl.constexpr, I: tl.constexpr,  # hidden and intermediate size
     PHASE: tl.constexpr,  # 0: both phases, waiting between them; 1 or 2: that phase alone (interpreter)
-    BLOCK_T: tl.constexpr,  # token rows walked (unrolled): T rounded up
     BLOCK_H1: tl.constexpr, BLOCK_I1: tl.constexpr,  # a phase-1 tile: Wd rows (H) × columns (I)
     BLOCK_I2: tl.constexpr, BLOCK_H2: tl.constexpr,  # a phase-2 tile: Wg, Wu rows (I) × columns (H)
     N_H1: tl.constexpr, N_I1: tl.constexpr,  # phase-1 tiles along H and I
@@ -434,18 +433,17 @@ def few_tokens_fma_kernel(
     THREADS: tl.constexpr,  # 32 · num_warps (see arrive)
     TRACE: tl.constexpr,  # stamp the global clock at each of TRACE_POINTS into trace_ptr (GPU only)
 ):  # fmt: skip
-    """:func:`few_tokens_kernel`'s tiles, exchange and waits with every product on the CUDA cores, token by token
-    (the tokens, at most a few, are walked in an unrolled loop; each one's rows are loaded where they are used):
+    """:func:`few_tokens_kernel`'s tiles, exchange and waits for one token, every product on the CUDA cores:
 
-        phase 1:  dA_c1[t, b1]  = Σ_h Wd[h, b1] dy[t, h]      a sum down the Wd tile's rows, in the tile's layout
-                  dWd[c1, b1]   = Σ_t dy[t, c1]ᵀ ⊗ intermediate[t, b1]      outer products, stored as they lie
-        phase 2:  dx_b2[t, c2]  = Σ_i Wg[i, c2] dGate[t, i] + Wu[i, c2] dUp[t, i]
-                  dWg[b2, c2]   = Σ_t dGate[t, b2]ᵀ ⊗ x[t, c2],  dWu likewise
+        phase 1:  dA_c1[b1]   = Σ_h Wd[h, b1] dy[h]           a sum down the Wd tile's rows, in the tile's layout
+                  dWd[c1, b1] = dy[c1] ⊗ intermediate[b1]     an outer product, stored as it lies
+        phase 2:  dx_b2[c2]   = Σ_i Wg[i, c2] dGate[i] + Wu[i, c2] dUp[i]
+                  dWg[b2, c2] = dGate[b2] ⊗ x[c2],  dWu[b2, c2] = dUp[b2] ⊗ x[c2]
 
-    Products in fp32 from the 16-bit weights and the fp32 dGate, dUp: exact products, so both paths (faithful and
-    fast) get the same, more precise result. No operand is staged in shared memory and no output tile is
-    transposed: the weight tiles stay in the registers they were loaded into, and only the sums down their rows
-    cross threads."""
+    Everything that depends on no other program (the weight tiles, the token's rows) is loaded at the start. Products
+    in fp32 from the 16-bit weights and the fp32 dGate, dUp: exact, so both paths (faithful and fast) get the same,
+    more precise result. No operand is staged in shared memory and no output tile is transposed: the weight tiles
+    stay in the registers they were loaded into, and only the sums down their rows cross threads."""
     pid = tl.program_id(0)
     trace_ptr += pid * (TRACE_END + 2)
     stamp(trace_ptr, 0, TRACE)
@@ -458,31 +456,33 @@ def few_tokens_fma_kernel(
     off_i2, off_h2 = b2 * BLOCK_I2, c2 * BLOCK_H2
     TI = T * I
 
-    # ---- the weight tiles into registers at the start; nothing waits for them here
+    # ---- every load that depends on no other program, at the start; nothing waits for them here
     if PHASE != 2:
         w_down = load_block(down_weight_ptr, off_h1, off_i1, H, I, I, BLOCK_H1, BLOCK_I1)
+        dy = load_row(grad_output_ptr, 0, off_h1, T, H, H, BLOCK_H1)
+        inter = load_row(intermediate_ptr, 0, off_i1, T, I, I, BLOCK_I1)
     if PHASE != 1:
         w_gate = load_block(gate_weight_ptr, off_i2, off_h2, I, H, H, BLOCK_I2, BLOCK_H2)
         w_up = load_block(up_weight_ptr, off_i2, off_h2, I, H, H, BLOCK_I2, BLOCK_H2)
+        x = load_row(x_ptr, 0, off_h2, T, H, H, BLOCK_H2)
+        gate = load_row(gate_ptr, 0, off_i2, T, I, I, BLOCK_I2)
+        s = load_row(gate_sigmoid_ptr, 0, off_i2, T, I, I, BLOCK_I2)
+        gate_silu = load_row(gate_silu_ptr, 0, off_i2, T, I, I, BLOCK_I2)
+        up = load_row(up_ptr, 0, off_i2, T, I, I, BLOCK_I2)
     if PHASE == 0:
         launch_arrival = arrive(counters_ptr, True, "relaxed", THREADS)
 
-    # ---- phase 1: the partial dA_c1[:, b1], then dWd[c1, b1]
+    # ---- phase 1: the partial dA_c1[b1], then dWd[c1, b1]
     if PHASE != 2:
-        for t in tl.static_range(BLOCK_T):
-            dy_t = load_row(grad_output_ptr, t, off_h1, T, H, H, BLOCK_H1).to(tl.float32)
-            d_a_t = tl.sum(w_down.to(tl.float32) * dy_t[:, None], axis=0)
-            store_row(da_partials_ptr + c1 * TI, t, d_a_t, off_i1, T, I, I, BLOCK_I1)
+        dy = dy.to(tl.float32)
+        d_a = tl.sum(w_down.to(tl.float32) * dy[:, None], axis=0)
+        store_row(da_partials_ptr + c1 * TI, 0, d_a, off_i1, T, I, I, BLOCK_I1)
         tl.debug_barrier()  # every thread's partial is stored before the arrivals are counted
         stamp(trace_ptr, 1, TRACE)
         for b in range(off_i1 // BLOCK_I2, (tl.minimum(off_i1 + BLOCK_I1, I) - 1) // BLOCK_I2 + 1):
             tl.atomic_add(counters_ptr + 1 + b, 1, mask=has_tile1, sem="release", scope="gpu")
-        acc_down = tl.zeros((BLOCK_H1, BLOCK_I1), dtype=tl.float32)
-        for t in tl.static_range(BLOCK_T):
-            dy_t = load_row(grad_output_ptr, t, off_h1, T, H, H, BLOCK_H1).to(tl.float32)
-            inter_t = load_row(intermediate_ptr, t, off_i1, T, I, I, BLOCK_I1).to(tl.float32)
-            acc_down += dy_t[:, None] * inter_t[None, :]
-        store_tile(grad_down_weight_ptr, acc_down, off_h1, off_i1, H, I, I, BLOCK_H1, BLOCK_I1)
+        store_tile(grad_down_weight_ptr, dy[:, None] * inter.to(tl.float32)[None, :], off_h1, off_i1, H, I, I,
+                   BLOCK_H1, BLOCK_I1)  # fmt: skip
         stamp(trace_ptr, 2, TRACE)
 
     if PHASE != 1:
@@ -493,37 +493,26 @@ def few_tokens_fma_kernel(
                 wait_for(counters_ptr + 1 + b2, (launch_number + 1) * (N_H1 * overlapping))
             stamp(trace_ptr, 3, TRACE)
 
-        # ---- phase 2: the partial dx_b2[:, c2], then dWg[b2, c2] and dWu[b2, c2]
-        dx_partial_ptr = dx_partials_ptr + b2 * (T * H)
-        t_end = tl.where(has_tile2, T, 0)  # no partial from a program without a phase-2 tile
-        acc_gate = tl.zeros((BLOCK_I2, BLOCK_H2), dtype=tl.float32)
-        acc_up = tl.zeros((BLOCK_I2, BLOCK_H2), dtype=tl.float32)
-        for t in tl.static_range(BLOCK_T):
-            d_a_t = tl.zeros((BLOCK_I2,), dtype=tl.float32)
-            for c in tl.static_range(N_H1):  # the partials in a fixed order, read past L1 (other programs wrote them)
-                cols = off_i2 + tl.arange(0, BLOCK_I2)
-                d_a_t += tl.load(da_partials_ptr + c * TI + t * I + cols, mask=(t < T) & (cols < I), other=0.0,
-                                 cache_modifier=".cg")  # fmt: skip
-            d_gate_t, d_up_t = swiglu_grads(d_a_t, load_row(gate_ptr, t, off_i2, T, I, I, BLOCK_I2),
-                                            load_row(gate_sigmoid_ptr, t, off_i2, T, I, I, BLOCK_I2),
-                                            load_row(gate_silu_ptr, t, off_i2, T, I, I, BLOCK_I2),
-                                            load_row(up_ptr, t, off_i2, T, I, I, BLOCK_I2))  # fmt: skip
-            dx_t = tl.sum(w_gate.to(tl.float32) * d_gate_t[:, None] + w_up.to(tl.float32) * d_up_t[:, None], axis=0)
-            store_row(dx_partial_ptr, t, dx_t, off_h2, t_end, H, H, BLOCK_H2)
-            x_t = load_row(x_ptr, t, off_h2, T, H, H, BLOCK_H2).to(tl.float32)
-            acc_gate += d_gate_t[:, None] * x_t[None, :]
-            acc_up += d_up_t[:, None] * x_t[None, :]
+        # ---- phase 2: the partial dx_b2[c2], then dWg[b2, c2] and dWu[b2, c2]
+        d_a = tl.zeros((BLOCK_I2,), dtype=tl.float32)
+        cols = off_i2 + tl.arange(0, BLOCK_I2)
+        for c in tl.static_range(N_H1):  # the partials in a fixed order, read past L1 (other programs wrote them)
+            d_a += tl.load(da_partials_ptr + c * TI + cols, mask=(T > 0) & (cols < I), other=0.0, cache_modifier=".cg")
+        d_gate, d_up = swiglu_grads(d_a, gate, s, gate_silu, up)
+        dx = tl.sum(w_gate.to(tl.float32) * d_gate[:, None] + w_up.to(tl.float32) * d_up[:, None], axis=0)
+        store_row(dx_partials_ptr + b2 * (T * H), 0, dx, off_h2, tl.where(has_tile2, T, 0), H, H, BLOCK_H2)
         tl.debug_barrier()
         arrived = arrive(counters_ptr + 1 + N_I2 + c2, has_tile2, "acq_rel", THREADS)
         stamp(trace_ptr, 4, TRACE)
-        store_tile(grad_gate_weight_ptr, acc_gate, off_i2, off_h2, I, H, H, BLOCK_I2, BLOCK_H2)
-        store_tile(grad_up_weight_ptr, acc_up, off_i2, off_h2, I, H, H, BLOCK_I2, BLOCK_H2)
+        x = x.to(tl.float32)
+        store_tile(grad_gate_weight_ptr, d_gate[:, None] * x[None, :], off_i2, off_h2, I, H, H, BLOCK_I2, BLOCK_H2)
+        store_tile(grad_up_weight_ptr, d_up[:, None] * x[None, :], off_i2, off_h2, I, H, H, BLOCK_I2, BLOCK_H2)
         stamp(trace_ptr, 5, TRACE)
 
-        # ---- the last phase-2 tile of column block c2 to arrive: dx[:, c2] = Σ_b dx_b[:, c2] in b order
+        # ---- the last phase-2 tile of column block c2 to arrive: dx[c2] = Σ_b dx_b[c2] in b order
         if has_tile2 & (first(arrived) % N_I2 == N_I2 - 1):
-            total = summed_partials(dx_partials_ptr, T * H, 0, off_h2, T, H, H, N_I2, BLOCK_T, BLOCK_H2)
-            store_tile(grad_x_ptr, total, 0, off_h2, T, H, H, BLOCK_T, BLOCK_H2)
+            total = summed_partials(dx_partials_ptr, T * H, 0, off_h2, T, H, H, N_I2, 1, BLOCK_H2)
+            store_tile(grad_x_ptr, total, 0, off_h2, T, H, H, 1, BLOCK_H2)
     fence(TRACE)
     stamp(trace_ptr, TRACE_END, TRACE)
 
@@ -558,9 +547,9 @@ class FewTokensConfig:
     # (``once``): compiled for sm_90 at 16 tokens, 2160 instructions instead of 2640 (faithful; the selects and the
     # byte permutes around them go); not under the interpreter, which runs no inline PTX
     once_by_move: bool = False
-    # every product on the CUDA cores in fp32, token by token (:func:`few_tokens_fma_kernel`): block_t is then the
-    # tokens rounded up to a power of two and at least T, and the fields above that place the tensor cores'
-    # operands (weights_ahead, count_late, stage_before_wait, once_by_move) and the spans do not apply
+    # one token, every product on the CUDA cores in fp32 (:func:`one_token_kernel`): the fields above that place the
+    # tensor cores' operands (block_t, weights_ahead, count_late, stage_before_wait, once_by_move) and the spans do
+    # not apply
     cuda_cores: bool = False
 
     @property
@@ -600,9 +589,8 @@ class FewTokensConfig:
         if trace is not None and (interpreter or trace.shape != (grid, TRACE_SLOTS) or trace.dtype != torch.int64):
             raise ValueError(f"trace: expected an int64 tensor of shape ({grid}, {TRACE_SLOTS}) on a GPU, got "
                              f"{tuple(trace.shape)} {trace.dtype} under {'the interpreter' if interpreter else 'CUDA'}")
-        if self.cuda_cores and (T > self.block_t or self.spans != (self.block_h1, self.block_h2)):
-            raise ValueError(f"config: cuda_cores takes at most block_t = {self.block_t} tokens (got {T}) and whole "
-                             f"blocks (spans {self.spans})")  # fmt: skip
+        if self.cuda_cores and (T > 1 or self.spans != (self.block_h1, self.block_h2)):
+            raise ValueError(f"config: cuda_cores takes one token (got {T}) and whole blocks (spans {self.spans})")
         if grid > resident_programs(x.device):
             raise ValueError(f"config: the few-token grid ({grid} programs for H={H}, I={I}) exceeds one "
                              f"program per SM ({resident_programs(x.device)}); use larger blocks")  # fmt: skip
@@ -619,12 +607,12 @@ class FewTokensConfig:
                               **({"launch_cooperative_grid": True} if self.cooperative and not interpreter else {}))
         for phase in (1, 2) if interpreter else (0,):
             if self.cuda_cores:
-                few_tokens_fma_kernel[(grid,)](
+                one_token_kernel[(grid,)](
                     grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up,
                     intermediate, grad_x, grad_gate_weight, grad_up_weight, grad_down_weight, da_partials,
-                    dx_partials, counters, counters if trace is None else trace, T, H, I, phase, self.block_t,
-                    self.block_h1, self.block_i1, self.block_i2, self.block_h2, n_h1, n_i1, n_i2, n_h2,
-                    32 * self.warps, trace is not None, **launch_options,
+                    dx_partials, counters, counters if trace is None else trace, T, H, I, phase, self.block_h1,
+                    self.block_i1, self.block_i2, self.block_h2, n_h1, n_i1, n_i2, n_h2, 32 * self.warps,
+                    trace is not None, **launch_options,
                 )  # fmt: skip
                 continue
             few_tokens_kernel[(grid,)](
