@@ -437,15 +437,12 @@ def one_token_kernel(
 
         phase 1:  dA_c1[b1]   = Σ_h Wd[h, b1] dy[h]           a sum down the Wd tile's rows, in the tile's layout
                   dWd[c1, b1] = dy[c1] ⊗ intermediate[b1]     an outer product, stored as it lies
-        phase 2:  dGate = dA ⊙ g',  dUp = dA ⊙ silu   with g' = up ⊙ s ⊙ (1 + gate ⊙ (1 − s)), silu = gate_silu
-                  dx_b2[c2]   = Σ_i dA[i] M[i, c2]  with  M = g' ⊙ Wg[b2, c2] + silu ⊙ Wu[b2, c2]   (rows scaled)
+        phase 2:  dx_b2[c2]   = Σ_i Wg[i, c2] dGate[i] + Wu[i, c2] dUp[i]
                   dWg[b2, c2] = dGate[b2] ⊗ x[c2],  dWu[b2, c2] = dUp[b2] ⊗ x[c2]
 
-    Everything that depends on no other program is done before the wait: the weight tiles and the token's rows
-    loaded, and M formed in fp32 (dGate and dUp are dA times factors known from the start, so dx is one sum down M's
-    rows), which leaves the wait's chain one multiply-add per element of M and the outer products. Products in
-    fp32 from the 16-bit weights and saved tensors: both paths (faithful and fast) get the same result, within fp32
-    rounding of the exact one. No operand is staged in shared memory and no output tile is transposed: the tiles
+    Everything that depends on no other program (the weight tiles, the token's rows) is loaded at the start. Products
+    in fp32 from the 16-bit weights and the fp32 dGate, dUp: exact, so both paths (faithful and fast) get the same,
+    more precise result. No operand is staged in shared memory and no output tile is transposed: the weight tiles
     stay in the registers they were loaded into, and only the sums down their rows cross threads."""
     pid = tl.program_id(0)
     trace_ptr += pid * (TRACE_END + 2)
@@ -468,12 +465,10 @@ def one_token_kernel(
         w_gate = load_block(gate_weight_ptr, off_i2, off_h2, I, H, H, BLOCK_I2, BLOCK_H2)
         w_up = load_block(up_weight_ptr, off_i2, off_h2, I, H, H, BLOCK_I2, BLOCK_H2)
         x = load_row(x_ptr, 0, off_h2, T, H, H, BLOCK_H2)
-        # dGate = dA ⊙ gate_factor, dUp = dA ⊙ up_factor (swiglu_grads with dA = 1)
-        gate_factor, up_factor = swiglu_grads(tl.full((BLOCK_I2,), 1.0, tl.float32),
-                                              load_row(gate_ptr, 0, off_i2, T, I, I, BLOCK_I2),
-                                              load_row(gate_sigmoid_ptr, 0, off_i2, T, I, I, BLOCK_I2),
-                                              load_row(gate_silu_ptr, 0, off_i2, T, I, I, BLOCK_I2),
-                                              load_row(up_ptr, 0, off_i2, T, I, I, BLOCK_I2))  # fmt: skip
+        gate = load_row(gate_ptr, 0, off_i2, T, I, I, BLOCK_I2)
+        s = load_row(gate_sigmoid_ptr, 0, off_i2, T, I, I, BLOCK_I2)
+        gate_silu = load_row(gate_silu_ptr, 0, off_i2, T, I, I, BLOCK_I2)
+        up = load_row(up_ptr, 0, off_i2, T, I, I, BLOCK_I2)
     if PHASE == 0:
         launch_arrival = arrive(counters_ptr, True, "relaxed", THREADS)
 
@@ -491,8 +486,6 @@ def one_token_kernel(
         stamp(trace_ptr, 2, TRACE)
 
     if PHASE != 1:
-        # M = gate_factor ⊙ Wg + up_factor ⊙ Wu (rows scaled), formed before the wait: then dx_b2 = Σ_i dA[i] M[i]
-        scaled_weights = (gate_factor[:, None] * w_gate.to(tl.float32) + up_factor[:, None] * w_up.to(tl.float32))
         if PHASE == 0:  # wait for the phase-1 tiles overlapping I-block b2
             overlapping = (tl.minimum(off_i2 + BLOCK_I2, I) - 1) // BLOCK_I1 - off_i2 // BLOCK_I1 + 1
             launch_number = first(launch_arrival) // tl.num_programs(0)
@@ -505,8 +498,8 @@ def one_token_kernel(
         cols = off_i2 + tl.arange(0, BLOCK_I2)
         for c in tl.static_range(N_H1):  # the partials in a fixed order, read past L1 (other programs wrote them)
             d_a += tl.load(da_partials_ptr + c * TI + cols, mask=(T > 0) & (cols < I), other=0.0, cache_modifier=".cg")
-        d_gate, d_up = d_a * gate_factor, d_a * up_factor
-        dx = tl.sum(scaled_weights * d_a[:, None], axis=0)
+        d_gate, d_up = swiglu_grads(d_a, gate, s, gate_silu, up)
+        dx = tl.sum(w_gate.to(tl.float32) * d_gate[:, None] + w_up.to(tl.float32) * d_up[:, None], axis=0)
         store_row(dx_partials_ptr + b2 * (T * H), 0, dx, off_h2, tl.where(has_tile2, T, 0), H, H, BLOCK_H2)
         tl.debug_barrier()
         arrived = arrive(counters_ptr + 1 + N_I2 + c2, has_tile2, "acq_rel", THREADS)
