@@ -75,6 +75,12 @@ CANDIDATES = {
     "fma_w16": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, cooperative=True, cuda_cores=True, warps=16),
     # 64-row phase-2 tiles (512 B rows): shorter sums down the rows for dx, 12 dx partials to add at the end
     "fma_d": dict(block_h1=256, block_i1=64, block_i2=64, block_h2=256, cooperative=True, cuda_cores=True),
+    # 128 and 132 programs, a smaller share of the weights each (72 and 71 KB against 96): 96 of 128 columns of I per
+    # tile (16 × 8 tiles in both phases), or 187 of 256 rows of H (11 × 12 and 12 × 11)
+    "fma_128": dict(block_h1=128, block_i1=128, span_i1=96, block_i2=128, span_i2=96, block_h2=128, cooperative=True,
+                    cuda_cores=True),
+    "fma_132": dict(block_h1=256, span_h1=187, block_i1=64, block_i2=64, block_h2=256, span_h2=187, cooperative=True,
+                    cuda_cores=True),
     "a_pf_132": dict(block_h1=256, span_h1=187, block_i1=64, block_i2=128, block_h2=128, span_h2=94,
                      weights_ahead="prefetch"),
     "a_reg_132b": dict(block_h1=256, span_h1=187, block_i1=64, block_i2=64, block_h2=256, span_h2=187,
@@ -116,7 +122,8 @@ def compile_candidate(config, *, with_lo: bool, single_block: bool, trace: bool 
     kernel = one_token_kernel if config.cuda_cores else few_tokens_kernel
     if config.cuda_cores:  # one form (T ≤ block_t), one precision (exact fp32 products)
         constexprs = dict(PHASE=0, BLOCK_H1=config.block_h1, BLOCK_I1=config.block_i1, BLOCK_I2=config.block_i2,
-                          BLOCK_H2=config.block_h2, N_H1=n_h1, N_I1=n_i1, N_I2=n_i2, N_H2=n_h2,
+                          BLOCK_H2=config.block_h2, SPAN_H1=span_h1, SPAN_I1=config.i_spans[0],
+                          SPAN_I2=config.i_spans[1], SPAN_H2=span_h2, N_H1=n_h1, N_I1=n_i1, N_I2=n_i2, N_H2=n_h2,
                           THREADS=32 * config.warps, TRACE=trace, H=H, I=I)  # fmt: skip
     else:
         constexprs = dict(PHASE=0, BLOCK_T=config.block_t, BLOCK_H1=config.block_h1, BLOCK_I1=config.block_i1,

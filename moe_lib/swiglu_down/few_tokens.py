@@ -428,8 +428,10 @@ def one_token_kernel(
     PHASE: tl.constexpr,  # 0: both phases, waiting between them; 1 or 2: that phase alone (interpreter)
     BLOCK_H1: tl.constexpr, BLOCK_I1: tl.constexpr,  # a phase-1 tile: Wd rows (H) × columns (I)
     BLOCK_I2: tl.constexpr, BLOCK_H2: tl.constexpr,  # a phase-2 tile: Wg, Wu rows (I) × columns (H)
-    N_H1: tl.constexpr, N_I1: tl.constexpr,  # phase-1 tiles along H and I
-    N_I2: tl.constexpr, N_H2: tl.constexpr,  # phase-2 tiles along I and H
+    SPAN_H1: tl.constexpr, SPAN_I1: tl.constexpr,  # the H and I a phase-1 tile covers (≤ its block)
+    SPAN_I2: tl.constexpr, SPAN_H2: tl.constexpr,  # the I and H a phase-2 tile covers (≤ its block)
+    N_H1: tl.constexpr, N_I1: tl.constexpr,  # phase-1 tiles along H and I: cdiv(H, SPAN_H1), cdiv(I, SPAN_I1)
+    N_I2: tl.constexpr, N_H2: tl.constexpr,  # phase-2 tiles along I and H: cdiv(I, SPAN_I2), cdiv(H, SPAN_H2)
     THREADS: tl.constexpr,  # 32 · num_warps (see arrive)
     TRACE: tl.constexpr,  # stamp the global clock at each of TRACE_POINTS into trace_ptr (GPU only)
 ):  # fmt: skip
@@ -452,23 +454,26 @@ def one_token_kernel(
     b2, c2 = pid // N_H2, pid % N_H2
     has_tile1 = pid < N_H1 * N_I1
     has_tile2 = pid < N_I2 * N_H2
-    off_h1, off_i1 = c1 * BLOCK_H1, b1 * BLOCK_I1
-    off_i2, off_h2 = b2 * BLOCK_I2, c2 * BLOCK_H2
+    off_h1, off_i1 = c1 * SPAN_H1, b1 * SPAN_I1
+    off_i2, off_h2 = b2 * SPAN_I2, c2 * SPAN_H2
+    # where each tile ends: the rest of its block is masked off (spans shorter than the blocks)
+    h1_end, i1_end = tl.minimum(off_h1 + SPAN_H1, H), tl.minimum(off_i1 + SPAN_I1, I)
+    i2_end, h2_end = tl.minimum(off_i2 + SPAN_I2, I), tl.minimum(off_h2 + SPAN_H2, H)
     TI = T * I
 
     # ---- every load that depends on no other program, at the start; nothing waits for them here
     if PHASE != 2:
-        w_down = load_block(down_weight_ptr, off_h1, off_i1, H, I, I, BLOCK_H1, BLOCK_I1)
-        dy = load_row(grad_output_ptr, 0, off_h1, T, H, H, BLOCK_H1)
-        inter = load_row(intermediate_ptr, 0, off_i1, T, I, I, BLOCK_I1)
+        w_down = load_block(down_weight_ptr, off_h1, off_i1, h1_end, i1_end, I, BLOCK_H1, BLOCK_I1)
+        dy = load_row(grad_output_ptr, 0, off_h1, T, h1_end, H, BLOCK_H1)
+        inter = load_row(intermediate_ptr, 0, off_i1, T, i1_end, I, BLOCK_I1)
     if PHASE != 1:
-        w_gate = load_block(gate_weight_ptr, off_i2, off_h2, I, H, H, BLOCK_I2, BLOCK_H2)
-        w_up = load_block(up_weight_ptr, off_i2, off_h2, I, H, H, BLOCK_I2, BLOCK_H2)
-        x = load_row(x_ptr, 0, off_h2, T, H, H, BLOCK_H2)
-        gate = load_row(gate_ptr, 0, off_i2, T, I, I, BLOCK_I2)
-        s = load_row(gate_sigmoid_ptr, 0, off_i2, T, I, I, BLOCK_I2)
-        gate_silu = load_row(gate_silu_ptr, 0, off_i2, T, I, I, BLOCK_I2)
-        up = load_row(up_ptr, 0, off_i2, T, I, I, BLOCK_I2)
+        w_gate = load_block(gate_weight_ptr, off_i2, off_h2, i2_end, h2_end, H, BLOCK_I2, BLOCK_H2)
+        w_up = load_block(up_weight_ptr, off_i2, off_h2, i2_end, h2_end, H, BLOCK_I2, BLOCK_H2)
+        x = load_row(x_ptr, 0, off_h2, T, h2_end, H, BLOCK_H2)
+        gate = load_row(gate_ptr, 0, off_i2, T, i2_end, I, BLOCK_I2)
+        s = load_row(gate_sigmoid_ptr, 0, off_i2, T, i2_end, I, BLOCK_I2)
+        gate_silu = load_row(gate_silu_ptr, 0, off_i2, T, i2_end, I, BLOCK_I2)
+        up = load_row(up_ptr, 0, off_i2, T, i2_end, I, BLOCK_I2)
     if PHASE == 0:
         launch_arrival = arrive(counters_ptr, True, "relaxed", THREADS)
 
@@ -476,18 +481,18 @@ def one_token_kernel(
     if PHASE != 2:
         dy = dy.to(tl.float32)
         d_a = tl.sum(w_down.to(tl.float32) * dy[:, None], axis=0)
-        store_row(da_partials_ptr + c1 * TI, 0, d_a, off_i1, T, I, I, BLOCK_I1)
+        store_row(da_partials_ptr + c1 * TI, 0, d_a, off_i1, tl.where(has_tile1, T, 0), i1_end, I, BLOCK_I1)
         tl.debug_barrier()  # every thread's partial is stored before the arrivals are counted
         stamp(trace_ptr, 1, TRACE)
-        for b in range(off_i1 // BLOCK_I2, (tl.minimum(off_i1 + BLOCK_I1, I) - 1) // BLOCK_I2 + 1):
+        for b in range(off_i1 // SPAN_I2, (i1_end - 1) // SPAN_I2 + 1):
             tl.atomic_add(counters_ptr + 1 + b, 1, mask=has_tile1, sem="release", scope="gpu")
-        store_tile(grad_down_weight_ptr, dy[:, None] * inter.to(tl.float32)[None, :], off_h1, off_i1, H, I, I,
-                   BLOCK_H1, BLOCK_I1)  # fmt: skip
+        store_tile(grad_down_weight_ptr, dy[:, None] * inter.to(tl.float32)[None, :], off_h1, off_i1, h1_end, i1_end,
+                   I, BLOCK_H1, BLOCK_I1)  # fmt: skip
         stamp(trace_ptr, 2, TRACE)
 
     if PHASE != 1:
         if PHASE == 0:  # wait for the phase-1 tiles overlapping I-block b2
-            overlapping = (tl.minimum(off_i2 + BLOCK_I2, I) - 1) // BLOCK_I1 - off_i2 // BLOCK_I1 + 1
+            overlapping = (i2_end - 1) // SPAN_I1 - off_i2 // SPAN_I1 + 1
             launch_number = first(launch_arrival) // tl.num_programs(0)
             if has_tile2:
                 wait_for(counters_ptr + 1 + b2, (launch_number + 1) * (N_H1 * overlapping))
@@ -497,22 +502,25 @@ def one_token_kernel(
         d_a = tl.zeros((BLOCK_I2,), dtype=tl.float32)
         cols = off_i2 + tl.arange(0, BLOCK_I2)
         for c in tl.static_range(N_H1):  # the partials in a fixed order, read past L1 (other programs wrote them)
-            d_a += tl.load(da_partials_ptr + c * TI + cols, mask=(T > 0) & (cols < I), other=0.0, cache_modifier=".cg")
+            d_a += tl.load(da_partials_ptr + c * TI + cols, mask=(T > 0) & (cols < i2_end), other=0.0,
+                           cache_modifier=".cg")  # fmt: skip
         d_gate, d_up = swiglu_grads(d_a, gate, s, gate_silu, up)
         dx = tl.sum(w_gate.to(tl.float32) * d_gate[:, None] + w_up.to(tl.float32) * d_up[:, None], axis=0)
-        store_row(dx_partials_ptr + b2 * (T * H), 0, dx, off_h2, tl.where(has_tile2, T, 0), H, H, BLOCK_H2)
+        store_row(dx_partials_ptr + b2 * (T * H), 0, dx, off_h2, tl.where(has_tile2, T, 0), h2_end, H, BLOCK_H2)
         tl.debug_barrier()
         arrived = arrive(counters_ptr + 1 + N_I2 + c2, has_tile2, "acq_rel", THREADS)
         stamp(trace_ptr, 4, TRACE)
         x = x.to(tl.float32)
-        store_tile(grad_gate_weight_ptr, d_gate[:, None] * x[None, :], off_i2, off_h2, I, H, H, BLOCK_I2, BLOCK_H2)
-        store_tile(grad_up_weight_ptr, d_up[:, None] * x[None, :], off_i2, off_h2, I, H, H, BLOCK_I2, BLOCK_H2)
+        store_tile(grad_gate_weight_ptr, d_gate[:, None] * x[None, :], off_i2, off_h2, i2_end, h2_end, H, BLOCK_I2,
+                   BLOCK_H2)  # fmt: skip
+        store_tile(grad_up_weight_ptr, d_up[:, None] * x[None, :], off_i2, off_h2, i2_end, h2_end, H, BLOCK_I2,
+                   BLOCK_H2)  # fmt: skip
         stamp(trace_ptr, 5, TRACE)
 
         # ---- the last phase-2 tile of column block c2 to arrive: dx[c2] = Σ_b dx_b[c2] in b order
         if has_tile2 & (first(arrived) % N_I2 == N_I2 - 1):
-            total = summed_partials(dx_partials_ptr, T * H, 0, off_h2, T, H, H, N_I2, 1, BLOCK_H2)
-            store_tile(grad_x_ptr, total, 0, off_h2, T, H, H, 1, BLOCK_H2)
+            total = summed_partials(dx_partials_ptr, T * H, 0, off_h2, T, h2_end, H, N_I2, 1, BLOCK_H2)
+            store_tile(grad_x_ptr, total, 0, off_h2, T, h2_end, H, 1, BLOCK_H2)
     fence(TRACE)
     stamp(trace_ptr, TRACE_END, TRACE)
 
@@ -548,20 +556,28 @@ class FewTokensConfig:
     # byte permutes around them go); not under the interpreter, which runs no inline PTX
     once_by_move: bool = False
     # one token, every product on the CUDA cores in fp32 (:func:`one_token_kernel`): the fields above that place the
-    # tensor cores' operands (block_t, weights_ahead, count_late, stage_before_wait, once_by_move) and the spans do
-    # not apply
+    # tensor cores' operands (block_t, weights_ahead, count_late, stage_before_wait, once_by_move) do not apply
     cuda_cores: bool = False
+    # with cuda_cores, the I a phase-1 / phase-2 tile covers, at most its block (0: the block): e.g. 96 columns of
+    # 128-wide blocks, so that 16 × 8 = 128 programs share H = 2048, I = 768 (the tensor-core form takes whole blocks)
+    span_i1: int = 0
+    span_i2: int = 0
 
     @property
     def spans(self) -> tuple[int, int]:
         """(SPAN_H1, SPAN_H2): the H each phase's tile covers."""
         return self.span_h1 or self.block_h1, self.span_h2 or self.block_h2
 
+    @property
+    def i_spans(self) -> tuple[int, int]:
+        """(SPAN_I1, SPAN_I2): the I each phase's tile covers (shorter than its block with ``cuda_cores`` only)."""
+        return self.span_i1 or self.block_i1, self.span_i2 or self.block_i2
+
     def tiles(self, hidden_size: int, intermediate_size: int) -> tuple[int, int, int, int]:
         """(N_H1, N_I1, N_I2, N_H2): phase-1 tiles along H and I, phase-2 tiles along I and H."""
         H, I = hidden_size, intermediate_size
-        span_h1, span_h2 = self.spans
-        return cdiv(H, span_h1), cdiv(I, self.block_i1), cdiv(I, self.block_i2), cdiv(H, span_h2)
+        (span_h1, span_h2), (span_i1, span_i2) = self.spans, self.i_spans
+        return cdiv(H, span_h1), cdiv(I, span_i1), cdiv(I, span_i2), cdiv(H, span_h2)
 
     def grid_size(self, hidden_size: int, intermediate_size: int) -> int:
         """Programs of the launch: one phase-1 tile and one phase-2 tile each, the larger count of the two."""
@@ -579,7 +595,8 @@ class FewTokensConfig:
         I = gate_weight.shape[0]
         if self.weights_ahead not in WEIGHTS_AHEAD:
             raise ValueError(f"config: weights_ahead must be one of {list(WEIGHTS_AHEAD)}, got {self.weights_ahead!r}")
-        for name, span, block in (("span_h1", self.span_h1, self.block_h1), ("span_h2", self.span_h2, self.block_h2)):
+        for name, span, block in (("span_h1", self.span_h1, self.block_h1), ("span_h2", self.span_h2, self.block_h2),
+                                  ("span_i1", self.span_i1, self.block_i1), ("span_i2", self.span_i2, self.block_i2)):
             if not 0 <= span <= block:
                 raise ValueError(f"config: {name} must be between 1 and its block ({block}), or 0 for the block; "
                                  f"got {span}")  # fmt: skip
@@ -589,8 +606,11 @@ class FewTokensConfig:
         if trace is not None and (interpreter or trace.shape != (grid, TRACE_SLOTS) or trace.dtype != torch.int64):
             raise ValueError(f"trace: expected an int64 tensor of shape ({grid}, {TRACE_SLOTS}) on a GPU, got "
                              f"{tuple(trace.shape)} {trace.dtype} under {'the interpreter' if interpreter else 'CUDA'}")
-        if self.cuda_cores and (T > 1 or self.spans != (self.block_h1, self.block_h2)):
-            raise ValueError(f"config: cuda_cores takes one token (got {T}) and whole blocks (spans {self.spans})")
+        if self.cuda_cores and T > 1:
+            raise ValueError(f"config: cuda_cores takes one token, got {T}")
+        if not self.cuda_cores and (self.span_i1 or self.span_i2):
+            raise ValueError(f"config: span_i1, span_i2 need cuda_cores (the tensor-core form takes whole I-blocks), "
+                             f"got {self.span_i1}, {self.span_i2}")  # fmt: skip
         if grid > resident_programs(x.device):
             raise ValueError(f"config: the few-token grid ({grid} programs for H={H}, I={I}) exceeds one "
                              f"program per SM ({resident_programs(x.device)}); use larger blocks")  # fmt: skip
@@ -598,7 +618,7 @@ class FewTokensConfig:
         dx_partials = launch.allocate((n_i2, T, H), dtype=torch.float32, device=x.device)
         # one counter set per tiling: the counts per launch depend on it
         blocks = (self.block_h1, self.block_i1, self.block_i2, self.block_h2)
-        slot = f"few-tokens counters H={H} I={I} blocks {blocks} spans {self.spans}"
+        slot = f"few-tokens counters H={H} I={I} blocks {blocks} spans {self.spans} {self.i_spans}"
         counters = SplitWorkspace.counters(slot, 1, 2 * (1 + n_i2 + n_h2), x.device).view(torch.int64)
         ahead = WEIGHTS_AHEAD[self.weights_ahead]
         if interpreter and self.weights_ahead == "prefetch":  # the interpreter runs no inline PTX
@@ -611,8 +631,8 @@ class FewTokensConfig:
                     grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up,
                     intermediate, grad_x, grad_gate_weight, grad_up_weight, grad_down_weight, da_partials,
                     dx_partials, counters, counters if trace is None else trace, T, H, I, phase, self.block_h1,
-                    self.block_i1, self.block_i2, self.block_h2, n_h1, n_i1, n_i2, n_h2, 32 * self.warps,
-                    trace is not None, **launch_options,
+                    self.block_i1, self.block_i2, self.block_h2, self.spans[0], self.i_spans[0], self.i_spans[1],
+                    self.spans[1], n_h1, n_i1, n_i2, n_h2, 32 * self.warps, trace is not None, **launch_options,
                 )  # fmt: skip
                 continue
             few_tokens_kernel[(grid,)](
