@@ -663,13 +663,17 @@ def choose_few_tokens_config(num_tokens: int, hidden_size: int, intermediate_siz
     guarantees every program resident, or refuses the launch, even beside another stream's kernels; within
     0.3 µs of a plain launch). Under the
     interpreter: 32-wide tiles, so that tiny test shapes have several tiles along every axis and few programs
-    to interpret."""
+    to interpret. One token takes the same tiles with every product on the CUDA cores (``cuda_cores``: 16.3-16.5 µs
+    against 17.6-18.2 on the H200, both paths; exact fp32 products)."""
     if interpreter:
         return FewTokensConfig(block_t=16, block_h1=32, block_i1=32, block_i2=32, block_h2=32,
                                weights_ahead="after_phase1", warps=1, stages=1, count_late=True,
                                stage_before_wait=True)  # fmt: skip
-    config = FewTokensConfig(block_t=16 if num_tokens <= 16 or num_tokens > 32 else 32, count_late=True,
-                             stage_before_wait=True, once_by_move=True, cooperative=True)  # fmt: skip
+    if num_tokens == 1:  # every product on the CUDA cores (one_token_kernel): 1.2-1.9 us faster on the H200
+        config = FewTokensConfig(cuda_cores=True, cooperative=True)
+    else:
+        config = FewTokensConfig(block_t=16 if num_tokens <= 16 or num_tokens > 32 else 32, count_late=True,
+                                 stage_before_wait=True, once_by_move=True, cooperative=True)  # fmt: skip
     while config.grid_size(hidden_size, intermediate_size) > max_programs and config.block_h1 < hidden_size:
         config = dataclasses.replace(config, block_h1=2 * config.block_h1, block_h2=2 * config.block_h2)
     return config
