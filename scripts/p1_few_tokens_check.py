@@ -26,8 +26,6 @@ import os
 import sys
 import threading
 
-import triton
-
 H, I = 2048, 768
 
 # name -> FewTokensConfig fields (block_t is set per token count where the name does not fix it)
@@ -71,11 +69,9 @@ CANDIDATES = {
     # the default as a cooperative launch (CUDA guarantees residency: no hang beside another stream's kernel)
     "a_reg_cl_st_coop": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="registers",
                              count_late=True, stage_before_wait=True, cooperative=True),
-    # the default's tiles with every product on the CUDA cores (fp32 FMAs, one kernel per token count up to 4): no
-    # staging of operands in shared memory, no transposed tiles converted before their stores
+    # one token: the default's tiles with every product on the CUDA cores (fp32 FMAs): no staging of operands in
+    # shared memory, no transposed tiles converted before their stores (refuses more tokens)
     "fma": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, cooperative=True, cuda_cores=True),
-    "fma_pf": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, cooperative=True, cuda_cores=True,
-                   rows_ahead="prefetch"),
     "fma_w16": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, cooperative=True, cuda_cores=True, warps=16),
     # 64-row phase-2 tiles (512 B rows): shorter sums down the rows for dx, 12 dx partials to add at the end
     "fma_d": dict(block_h1=256, block_i1=64, block_i2=64, block_h2=256, cooperative=True, cuda_cores=True),
@@ -119,18 +115,16 @@ def candidate_config(name: str, num_tokens: int, precision: str = "faithful"):
 def compile_candidate(config, *, with_lo: bool, single_block: bool, trace: bool = False):
     """The kernel of ``config`` for bf16 inputs at H × I, compiled for sm_90 (PHASE 0, as the GPU runs it)."""
     from moe_lib.bench.sm90 import compile_for_sm90, runtime_names
-    from moe_lib.swiglu_down.few_tokens import WEIGHTS_AHEAD, cuda_cores_kernel, few_tokens_kernel
+    from moe_lib.swiglu_down.few_tokens import WEIGHTS_AHEAD, few_tokens_kernel, one_token_kernel
 
     n_h1, n_i1, n_i2, n_h2 = config.tiles(H, I)
     span_h1, span_h2 = config.spans
-    kernel = cuda_cores_kernel if config.cuda_cores else few_tokens_kernel
+    kernel = one_token_kernel if config.cuda_cores else few_tokens_kernel
     if config.cuda_cores:  # one form (T ≤ block_t), one precision (exact fp32 products)
-        constexprs = dict(PHASE=0, T=config.block_t, T_BLOCK=triton.next_power_of_2(config.block_t),
-                          BLOCK_H1=config.block_h1, BLOCK_I1=config.block_i1, BLOCK_I2=config.block_i2,
+        constexprs = dict(PHASE=0, BLOCK_H1=config.block_h1, BLOCK_I1=config.block_i1, BLOCK_I2=config.block_i2,
                           BLOCK_H2=config.block_h2, SPAN_H1=span_h1, SPAN_I1=config.i_spans[0],
                           SPAN_I2=config.i_spans[1], SPAN_H2=span_h2, N_H1=n_h1, N_I1=n_i1, N_I2=n_i2, N_H2=n_h2,
-                          THREADS=32 * config.warps, TRACE=trace, H=H, I=I,
-                          ROWS_AHEAD=2 if config.rows_ahead == "registers" else 1)  # fmt: skip
+                          THREADS=32 * config.warps, TRACE=trace, H=H, I=I)  # fmt: skip
     else:
         constexprs = dict(PHASE=0, BLOCK_T=config.block_t, BLOCK_H1=config.block_h1, BLOCK_I1=config.block_i1,
                           SPAN_H1=span_h1, SPAN_H2=span_h2, BLOCK_I2=config.block_i2, BLOCK_H2=config.block_h2,
@@ -159,7 +153,7 @@ def compile_only(names: list[str]) -> None:
     print(f"H={H} I={I} bf16, sm_90; forms: T ≤ block_t (straight line) and T > block_t (token loops)")
     print(f"{'candidate':10s} {'grid':>4s} {'block_t':>7s} {'precision':9s} {'form':8s} resources")
     for name in names:
-        for block_t in (1, 2, 4) if CANDIDATES[name].get("cuda_cores") else (16, 32, 64):
+        for block_t in (1,) if CANDIDATES[name].get("cuda_cores") else (16, 32, 64):
             config = dataclasses.replace(candidate_config(name, 1), block_t=block_t)
             for precision, with_lo in (("faithful", True), ("fast", False)):
                 if CANDIDATES[name].get("cuda_cores") and not with_lo:

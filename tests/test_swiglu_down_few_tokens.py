@@ -141,8 +141,8 @@ def test_other_tilings(T, tiling, seed, poisoned):
     check_small(got, again, float64_reference(inputs), "faithful")
 
 
-def cuda_core_config(tiling: str = "even"):
-    """The CUDA-core form at the interpreter's 32-wide tiles, a tiling whose phases' I-blocks do not line
+def one_token_config(tiling: str = "even"):
+    """The one-token CUDA-core form at the interpreter's 32-wide tiles, a tiling whose phases' I-blocks do not line
     up, or tiles covering less than their blocks along both H and I (20 and 28 rows of H, 24 and 20 columns of I in
     32-wide blocks: phase-1 I-tiles straddle the phase-2 ones)."""
     import dataclasses
@@ -158,19 +158,17 @@ def cuda_core_config(tiling: str = "even"):
 
 @needs_triton
 @pytest.mark.parametrize("distribution", ["forward", "harness"])
-@pytest.mark.parametrize("T, tiling, rows_ahead", [(1, "even", "registers"), (2, "even", "prefetch"),
-                                                  (3, "straddled", "registers"), (1, "straddling", "registers"),
-                                                  (4, "spans", "prefetch")])
-def test_cuda_cores_match_float64_reference(T, tiling, rows_ahead, distribution, seed, poisoned):
+@pytest.mark.parametrize("tiling", ["even", "straddled", "straddling", "spans"])
+def test_one_token_on_cuda_cores_matches_float64_reference(tiling, distribution, seed, poisoned):
     """Every product on the CUDA cores in fp32: both paths the same bits, twice, within the faithful path's rules at
     either scale, and as close to float64 as the tensor-core form's faithful path (hi/lo products) on the same tiles
     (both leave little more than the outputs' rounding)."""
     import dataclasses
 
-    inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device=DEVICE, hidden_size=H,
+    inputs = problems.make_inputs("swiglu_down_backward", 1, seed=seed, device=DEVICE, hidden_size=H,
                                   intermediate_size=I, distribution=distribution)  # fmt: skip
     want = float64_reference(inputs)
-    config = dataclasses.replace(cuda_core_config(tiling), rows_ahead=rows_ahead)
+    config = one_token_config(tiling)
     faithful, again = run(inputs, config, "faithful"), run(inputs, config, "faithful")
     errors = check_small(faithful, again, want, "faithful")
     fast = run(inputs, config, "fast")
@@ -184,32 +182,29 @@ def test_cuda_cores_match_float64_reference(T, tiling, rows_ahead, distribution,
 
 
 @needs_triton
-def test_cuda_cores_without_tokens(seed, poisoned):
+def test_one_token_on_cuda_cores_without_tokens(seed, poisoned):
     inputs = problems.make_inputs("swiglu_down_backward", 0, seed=seed, device=DEVICE, hidden_size=H,
                                   intermediate_size=I)  # fmt: skip
-    grad_x, *weight_grads = run(inputs, cuda_core_config(), "faithful")
+    grad_x, *weight_grads = run(inputs, one_token_config(), "faithful")
     assert grad_x.shape == (0, H)
     for grad in weight_grads:
         assert torch.count_nonzero(grad) == 0
 
 
-def test_cuda_cores_refuse_too_many_tokens_and_odd_spans():
+def test_cuda_cores_refuse_more_than_one_token_and_odd_spans():
     import dataclasses
 
-    from moe_lib.swiglu_down.few_tokens import CUDA_CORES_MAX_TOKENS, FewTokensConfig
+    from moe_lib.swiglu_down.few_tokens import FewTokensConfig
 
-    T = CUDA_CORES_MAX_TOKENS + 1
-    inputs = problems.make_inputs("swiglu_down_backward", T, hidden_size=H, intermediate_size=I)
+    inputs = problems.make_inputs("swiglu_down_backward", 2, hidden_size=H, intermediate_size=I)
     outputs = [torch.empty_like(inputs[k]) for k in ("x", "gate_weight", "up_weight", "down_weight")]
     config = FewTokensConfig(block_h1=32, block_i1=32, block_i2=32, block_h2=32, cuda_cores=True)
-    with pytest.raises(ValueError, match=f"cuda_cores takes at most {T - 1} tokens, got {T}"):
+    with pytest.raises(ValueError, match="cuda_cores takes one token, got 2"):
         config.run(*inputs.values(), *outputs, with_lo=True)
     with pytest.raises(ValueError, match="span_i1, span_i2 need cuda_cores"):
         dataclasses.replace(config, cuda_cores=False, span_i1=20).run(*inputs.values(), *outputs, with_lo=True)
     with pytest.raises(ValueError, match="span_i2 must be between 1 and its block"):
         dataclasses.replace(config, span_i2=33).run(*inputs.values(), *outputs, with_lo=True)
-    with pytest.raises(ValueError, match="rows_ahead must be 'registers' or 'prefetch'"):
-        dataclasses.replace(config, rows_ahead="later").run(*inputs.values(), *outputs, with_lo=True)
 
 
 @needs_triton
@@ -316,11 +311,9 @@ def test_gpu_benchmark_shape_against_float64(T, distribution, precision, seed):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("T, rows_ahead", [(1, "registers"), (1, "prefetch"), (2, "registers"), (2, "prefetch"),
-                                           (3, "prefetch"), (4, "registers")])
 @pytest.mark.parametrize("distribution", ["forward", "harness"])
-def test_gpu_cuda_cores_against_float64(T, rows_ahead, distribution, seed):
-    """The CUDA-core form at the benchmark's shape: within both paths' rules, both paths the same bits,
+def test_gpu_one_token_on_cuda_cores_against_float64(distribution, seed):
+    """The one-token CUDA-core form at the benchmark's shape: within both paths' rules, both paths the same bits,
     twice, and replayed from a CUDA graph on new inputs as called eagerly."""
     import dataclasses
 
@@ -328,8 +321,8 @@ def test_gpu_cuda_cores_against_float64(T, rows_ahead, distribution, seed):
 
     from moe_lib.bench.timing import capture, poison_allocator
 
-    config = dataclasses.replace(gpu_config(1, "faithful"), cuda_cores=True, rows_ahead=rows_ahead)
-    inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device="cuda", distribution=distribution)
+    config = dataclasses.replace(gpu_config(1, "faithful"), cuda_cores=True)
+    inputs = problems.make_inputs("swiglu_down_backward", 1, seed=seed, device="cuda", distribution=distribution)
     poison_allocator("cuda", 256 * 2**20)
     got = run(inputs, config, "faithful")
     for precision in ("faithful", "fast"):
@@ -338,7 +331,7 @@ def test_gpu_cuda_cores_against_float64(T, rows_ahead, distribution, seed):
         assert torch.equal(a, b) and torch.equal(a, c), name
     static = {k: v.clone() for k, v in inputs.items()}
     graph, outputs = capture(lambda: run(static, config, "faithful"))
-    fresh = problems.make_inputs("swiglu_down_backward", T, seed=seed + 1, device="cuda", distribution=distribution)
+    fresh = problems.make_inputs("swiglu_down_backward", 1, seed=seed + 1, device="cuda", distribution=distribution)
     for name, tensor in fresh.items():
         static[name].copy_(tensor)
     for _ in range(3):

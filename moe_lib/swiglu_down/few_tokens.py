@@ -24,10 +24,10 @@ the rest masked off), so that the tile counts can match the number of SMs.
 The products are fp32 accumulations on the tensor cores. With ``with_lo`` (the faithful path) dGate
 and dUp enter dx, dWg and dWu as 16-bit hi/lo pairs (hi = bf16(v), lo = bf16(v − hi)): both halves
 multiply the same weight or x tile, as ``kernels.accumulate_product(..., A_HAS_LO)`` does; without it
-they are rounded to the input dtype (the fast path). fp32 inputs: exact fp32 products. For a token or
-a few, ``cuda_cores`` (:func:`cuda_cores_kernel`) keeps the tiles and the exchange and takes every product on the CUDA
-cores in fp32: a few hundred FMAs per thread and token, no operand staged in shared memory, no output tile
-transposed, exact products (both paths then give the same result).
+they are rounded to the input dtype (the fast path). fp32 inputs: exact fp32 products. For one token,
+``cuda_cores`` (:func:`one_token_kernel`) keeps the tiles and the exchange and takes every product on the CUDA cores
+in fp32: a few hundred FMAs per thread, no operand staged in shared memory, no output tile transposed, exact
+products (both paths then give the same result).
 
 What the time depends on in Triton (read off the TTGIR and PTX for sm_90, ``scripts/p1_few_tokens_check.py``):
 - every product puts the weight (or x) tile on the M side and the few tokens on the N side: dAᵀ = Wdᵀ·dyᵀ,
@@ -72,9 +72,6 @@ from .kernels import load_block, mma, store_tile, swiglu_grads
 from .launch import SplitWorkspace, dot_flags, resident_programs
 
 # how the Wg, Wu tiles get on their way before the wait (WEIGHTS_AHEAD)
-# the most tokens the CUDA-core form takes (FewTokensConfig.cuda_cores): one kernel per token count, every token's rows
-# in registers from the start
-CUDA_CORES_MAX_TOKENS = 4
 WEIGHTS_AHEAD = {"after_phase1": 0, "prefetch": 1, "registers": 2}
 
 
@@ -413,30 +410,20 @@ def store_row(ptr, row, values, off_n, M, N, stride_m, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def rows_of(ptr, off_n, N, stride_m, TOKENS: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The TOKENS rows ptr[t, off_n : off_n + BLOCK_N] (0 past N) as a tuple of 1-D blocks, every load issued here."""
-    rows = ()
-    for t in tl.static_range(TOKENS):
-        rows = rows + (load_row(ptr, t, off_n, TOKENS, N, stride_m, BLOCK_N),)
-    return rows
-
-
-@triton.jit
-def cuda_cores_kernel(
-    grad_output_ptr,  # dy [T, H]
-    x_ptr,  # x [T, H]
+def one_token_kernel(
+    grad_output_ptr,  # dy [1, H]
+    x_ptr,  # x [1, H]
     gate_weight_ptr, up_weight_ptr,  # Wg, Wu [I, H]
     down_weight_ptr,  # Wd [H, I]
-    gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, intermediate_ptr,  # saved forward, each [T, I]
-    grad_x_ptr,  # out: dx [T, H]
+    gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, intermediate_ptr,  # saved forward, each [1, I]
+    grad_x_ptr,  # out: dx [1, H]
     grad_gate_weight_ptr, grad_up_weight_ptr,  # out: dWg, dWu [I, H]
     grad_down_weight_ptr,  # out: dWd [H, I]
-    da_partials_ptr,  # fp32 workspace [N_H1, T, I]: dA_c, the partial dA of phase-1 H-block c
-    dx_partials_ptr,  # fp32 workspace [N_I2, T, H]: dx_b, the partial dx of phase-2 I-block b
+    da_partials_ptr,  # fp32 workspace [N_H1, 1, I]: dA_c, the partial dA of phase-1 H-block c
+    dx_partials_ptr,  # fp32 workspace [N_I2, 1, H]: dx_b, the partial dx of phase-2 I-block b
     counters_ptr,  # int64 [1 + N_I2 + N_H2]: launches, dA arrivals per phase-2 I-block, dx arrivals per H-block
     trace_ptr,  # int64 [grid, TRACE_SLOTS] (TRACE): when each program reached each of TRACE_POINTS, and its SM
-    T: tl.constexpr,  # tokens, compiled in: each token's rows are a tuple entry (0: every output written as zeros)
-    T_BLOCK: tl.constexpr,  # T rounded up to a power of two: the last dx sum takes every token's row in one block
+    T,  # tokens: 1 (0: nothing to add, every output written as zeros)
     H: tl.constexpr, I: tl.constexpr,  # hidden and intermediate size
     PHASE: tl.constexpr,  # 0: both phases, waiting between them; 1 or 2: that phase alone (interpreter)
     BLOCK_H1: tl.constexpr, BLOCK_I1: tl.constexpr,  # a phase-1 tile: Wd rows (H) × columns (I)
@@ -447,23 +434,18 @@ def cuda_cores_kernel(
     N_I2: tl.constexpr, N_H2: tl.constexpr,  # phase-2 tiles along I and H: cdiv(I, SPAN_I2), cdiv(H, SPAN_H2)
     THREADS: tl.constexpr,  # 32 · num_warps (see arrive)
     TRACE: tl.constexpr,  # stamp the global clock at each of TRACE_POINTS into trace_ptr (GPU only)
-    ROWS_AHEAD: tl.constexpr,  # phase 2's token rows: 2 loaded at the start (registers held through phase 1), 1
-                               # prefetched into L2 at the start (GPU only) and loaded after the wait, 0 loaded then
 ):  # fmt: skip
-    """:func:`few_tokens_kernel`'s tiles, exchange and waits for a few tokens, every product on the CUDA cores, token
-    by token (t = 0 … T − 1, unrolled):
+    """:func:`few_tokens_kernel`'s tiles, exchange and waits for one token, every product on the CUDA cores:
 
-        phase 1:  dA_c1[t, b1]  = Σ_h Wd[h, b1] dy[t, h]     a sum down the Wd tile's rows, in the tile's layout
-                  dWd[c1, b1]   = Σ_t dy[t, c1] ⊗ intermediate[t, b1]     outer products, stored as they lie
-        phase 2:  dx_b2[t, c2]  = Σ_i Wg[i, c2] dGate[t, i] + Wu[i, c2] dUp[t, i]
-                  dWg[b2, c2]   = Σ_t dGate[t, b2] ⊗ x[t, c2],  dWu likewise
+        phase 1:  dA_c1[b1]   = Σ_h Wd[h, b1] dy[h]           a sum down the Wd tile's rows, in the tile's layout
+                  dWd[c1, b1] = dy[c1] ⊗ intermediate[b1]     an outer product, stored as it lies
+        phase 2:  dx_b2[c2]   = Σ_i Wg[i, c2] dGate[i] + Wu[i, c2] dUp[i]
+                  dWg[b2, c2] = dGate[b2] ⊗ x[c2],  dWu[b2, c2] = dUp[b2] ⊗ x[c2]
 
-    Everything that depends on no other program is loaded at the start: the weight tiles, and every token's rows
-    (tuples of 1-D blocks, one entry per token; phase 2's may instead come from L2 after the wait, ``ROWS_AHEAD``,
-    which holds fewer registers through phase 1); after the wait, every token's dA partials are loaded before any is
-    used. Products in fp32 from the 16-bit weights and the fp32 dGate, dUp: exact, so both paths (faithful and fast)
-    get the same, more precise result. No operand is staged in shared memory and no output tile is transposed: the
-    weight tiles stay in the registers they were loaded into, and only the sums down their rows cross threads."""
+    Everything that depends on no other program (the weight tiles, the token's rows) is loaded at the start. Products
+    in fp32 from the 16-bit weights and the fp32 dGate, dUp: exact, so both paths (faithful and fast) get the same,
+    more precise result. No operand is staged in shared memory and no output tile is transposed: the weight tiles
+    stay in the registers they were loaded into, and only the sums down their rows cross threads."""
     pid = tl.program_id(0)
     trace_ptr += pid * (TRACE_END + 2)
     stamp(trace_ptr, 0, TRACE)
@@ -477,44 +459,35 @@ def cuda_cores_kernel(
     # where each tile ends: the rest of its block is masked off (spans shorter than the blocks)
     h1_end, i1_end = tl.minimum(off_h1 + SPAN_H1, H), tl.minimum(off_i1 + SPAN_I1, I)
     i2_end, h2_end = tl.minimum(off_i2 + SPAN_I2, I), tl.minimum(off_h2 + SPAN_H2, H)
-    TI: tl.constexpr = T * I
+    TI = T * I
 
     # ---- every load that depends on no other program, at the start; nothing waits for them here
     if PHASE != 2:
         w_down = load_block(down_weight_ptr, off_h1, off_i1, h1_end, i1_end, I, BLOCK_H1, BLOCK_I1)
-        dy = rows_of(grad_output_ptr, off_h1, h1_end, H, T, BLOCK_H1)
-        inter = rows_of(intermediate_ptr, off_i1, i1_end, I, T, BLOCK_I1)
+        dy = load_row(grad_output_ptr, 0, off_h1, T, h1_end, H, BLOCK_H1)
+        inter = load_row(intermediate_ptr, 0, off_i1, T, i1_end, I, BLOCK_I1)
     if PHASE != 1:
         w_gate = load_block(gate_weight_ptr, off_i2, off_h2, i2_end, h2_end, H, BLOCK_I2, BLOCK_H2)
         w_up = load_block(up_weight_ptr, off_i2, off_h2, i2_end, h2_end, H, BLOCK_I2, BLOCK_H2)
-        if ROWS_AHEAD == 2:
-            x = rows_of(x_ptr, off_h2, h2_end, H, T, BLOCK_H2)
-            gate = rows_of(gate_ptr, off_i2, i2_end, I, T, BLOCK_I2)
-            s = rows_of(gate_sigmoid_ptr, off_i2, i2_end, I, T, BLOCK_I2)
-            gate_silu = rows_of(gate_silu_ptr, off_i2, i2_end, I, T, BLOCK_I2)
-            up = rows_of(up_ptr, off_i2, i2_end, I, T, BLOCK_I2)
-        if ROWS_AHEAD == 1 and T > 0:
-            prefetch_block_to_l2(x_ptr, 0, off_h2, T, h2_end, H, T_BLOCK, BLOCK_H2)
-            prefetch_block_to_l2(gate_ptr, 0, off_i2, T, i2_end, I, T_BLOCK, BLOCK_I2)
-            prefetch_block_to_l2(gate_sigmoid_ptr, 0, off_i2, T, i2_end, I, T_BLOCK, BLOCK_I2)
-            prefetch_block_to_l2(gate_silu_ptr, 0, off_i2, T, i2_end, I, T_BLOCK, BLOCK_I2)
-            prefetch_block_to_l2(up_ptr, 0, off_i2, T, i2_end, I, T_BLOCK, BLOCK_I2)
+        x = load_row(x_ptr, 0, off_h2, T, h2_end, H, BLOCK_H2)
+        gate = load_row(gate_ptr, 0, off_i2, T, i2_end, I, BLOCK_I2)
+        s = load_row(gate_sigmoid_ptr, 0, off_i2, T, i2_end, I, BLOCK_I2)
+        gate_silu = load_row(gate_silu_ptr, 0, off_i2, T, i2_end, I, BLOCK_I2)
+        up = load_row(up_ptr, 0, off_i2, T, i2_end, I, BLOCK_I2)
     if PHASE == 0:
         launch_arrival = arrive(counters_ptr, True, "relaxed", THREADS)
 
-    # ---- phase 1: the partials dA_c1[t, b1], then dWd[c1, b1]
+    # ---- phase 1: the partial dA_c1[b1], then dWd[c1, b1]
     if PHASE != 2:
-        for t in tl.static_range(T):
-            d_a = tl.sum(w_down.to(tl.float32) * dy[t].to(tl.float32)[:, None], axis=0)
-            store_row(da_partials_ptr + c1 * TI, t, d_a, off_i1, tl.where(has_tile1, T, 0), i1_end, I, BLOCK_I1)
+        dy = dy.to(tl.float32)
+        d_a = tl.sum(w_down.to(tl.float32) * dy[:, None], axis=0)
+        store_row(da_partials_ptr + c1 * TI, 0, d_a, off_i1, tl.where(has_tile1, T, 0), i1_end, I, BLOCK_I1)
         tl.debug_barrier()  # every thread's partial is stored before the arrivals are counted
         stamp(trace_ptr, 1, TRACE)
         for b in range(off_i1 // SPAN_I2, (i1_end - 1) // SPAN_I2 + 1):
             tl.atomic_add(counters_ptr + 1 + b, 1, mask=has_tile1, sem="release", scope="gpu")
-        acc_down = tl.zeros((BLOCK_H1, BLOCK_I1), dtype=tl.float32)
-        for t in tl.static_range(T):
-            acc_down += dy[t].to(tl.float32)[:, None] * inter[t].to(tl.float32)[None, :]
-        store_tile(grad_down_weight_ptr, acc_down, off_h1, off_i1, h1_end, i1_end, I, BLOCK_H1, BLOCK_I1)
+        store_tile(grad_down_weight_ptr, dy[:, None] * inter.to(tl.float32)[None, :], off_h1, off_i1, h1_end, i1_end,
+                   I, BLOCK_H1, BLOCK_I1)  # fmt: skip
         stamp(trace_ptr, 2, TRACE)
 
     if PHASE != 1:
@@ -525,45 +498,29 @@ def cuda_cores_kernel(
                 wait_for(counters_ptr + 1 + b2, (launch_number + 1) * (N_H1 * overlapping))
             stamp(trace_ptr, 3, TRACE)
 
-        # ---- phase 2: the partials dx_b2[t, c2], then dWg[b2, c2] and dWu[b2, c2]
+        # ---- phase 2: the partial dx_b2[c2], then dWg[b2, c2] and dWu[b2, c2]
+        d_a = tl.zeros((BLOCK_I2,), dtype=tl.float32)
         cols = off_i2 + tl.arange(0, BLOCK_I2)
-        d_a = ()
-        for t in tl.static_range(T):  # every token's dA before any store: all the partials' loads in flight together
-            d_a_t = tl.zeros((BLOCK_I2,), dtype=tl.float32)
-            for c in tl.static_range(N_H1):  # in a fixed order, read past L1 (other programs wrote them)
-                d_a_t += tl.load(da_partials_ptr + c * TI + t * I + cols, mask=cols < i2_end, other=0.0,
-                                 cache_modifier=".cg")  # fmt: skip
-            d_a = d_a + (d_a_t,)
-        if ROWS_AHEAD != 2:  # in the partials' round trip
-            x = rows_of(x_ptr, off_h2, h2_end, H, T, BLOCK_H2)
-            gate = rows_of(gate_ptr, off_i2, i2_end, I, T, BLOCK_I2)
-            s = rows_of(gate_sigmoid_ptr, off_i2, i2_end, I, T, BLOCK_I2)
-            gate_silu = rows_of(gate_silu_ptr, off_i2, i2_end, I, T, BLOCK_I2)
-            up = rows_of(up_ptr, off_i2, i2_end, I, T, BLOCK_I2)
-        d_gate, d_up = (), ()
-        for t in tl.static_range(T):
-            d_gate_t, d_up_t = swiglu_grads(d_a[t], gate[t], s[t], gate_silu[t], up[t])
-            dx = tl.sum(w_gate.to(tl.float32) * d_gate_t[:, None] + w_up.to(tl.float32) * d_up_t[:, None], axis=0)
-            store_row(dx_partials_ptr + b2 * (T * H), t, dx, off_h2, tl.where(has_tile2, T, 0), h2_end, H, BLOCK_H2)
-            d_gate, d_up = d_gate + (d_gate_t,), d_up + (d_up_t,)
+        for c in tl.static_range(N_H1):  # the partials in a fixed order, read past L1 (other programs wrote them)
+            d_a += tl.load(da_partials_ptr + c * TI + cols, mask=(T > 0) & (cols < i2_end), other=0.0,
+                           cache_modifier=".cg")  # fmt: skip
+        d_gate, d_up = swiglu_grads(d_a, gate, s, gate_silu, up)
+        dx = tl.sum(w_gate.to(tl.float32) * d_gate[:, None] + w_up.to(tl.float32) * d_up[:, None], axis=0)
+        store_row(dx_partials_ptr + b2 * (T * H), 0, dx, off_h2, tl.where(has_tile2, T, 0), h2_end, H, BLOCK_H2)
         tl.debug_barrier()
         arrived = arrive(counters_ptr + 1 + N_I2 + c2, has_tile2, "acq_rel", THREADS)
         stamp(trace_ptr, 4, TRACE)
-        # the weight gradients one after the other, once the weight tiles are no longer held: one accumulator at a time
-        acc = tl.zeros((BLOCK_I2, BLOCK_H2), dtype=tl.float32)
-        for t in tl.static_range(T):
-            acc += d_gate[t][:, None] * x[t].to(tl.float32)[None, :]
-        store_tile(grad_gate_weight_ptr, acc, off_i2, off_h2, i2_end, h2_end, H, BLOCK_I2, BLOCK_H2)
-        acc = tl.zeros((BLOCK_I2, BLOCK_H2), dtype=tl.float32)
-        for t in tl.static_range(T):
-            acc += d_up[t][:, None] * x[t].to(tl.float32)[None, :]
-        store_tile(grad_up_weight_ptr, acc, off_i2, off_h2, i2_end, h2_end, H, BLOCK_I2, BLOCK_H2)
+        x = x.to(tl.float32)
+        store_tile(grad_gate_weight_ptr, d_gate[:, None] * x[None, :], off_i2, off_h2, i2_end, h2_end, H, BLOCK_I2,
+                   BLOCK_H2)  # fmt: skip
+        store_tile(grad_up_weight_ptr, d_up[:, None] * x[None, :], off_i2, off_h2, i2_end, h2_end, H, BLOCK_I2,
+                   BLOCK_H2)  # fmt: skip
         stamp(trace_ptr, 5, TRACE)
 
-        # ---- the last phase-2 tile of column block c2 to arrive: dx[t, c2] = Σ_b dx_b[t, c2] in b order
+        # ---- the last phase-2 tile of column block c2 to arrive: dx[c2] = Σ_b dx_b[c2] in b order
         if has_tile2 & (first(arrived) % N_I2 == N_I2 - 1):
-            dx_sum = summed_partials(dx_partials_ptr, T * H, 0, off_h2, T, h2_end, H, N_I2, T_BLOCK, BLOCK_H2)
-            store_tile(grad_x_ptr, dx_sum, 0, off_h2, T, h2_end, H, T_BLOCK, BLOCK_H2)
+            total = summed_partials(dx_partials_ptr, T * H, 0, off_h2, T, h2_end, H, N_I2, 1, BLOCK_H2)
+            store_tile(grad_x_ptr, total, 0, off_h2, T, h2_end, H, 1, BLOCK_H2)
     fence(TRACE)
     stamp(trace_ptr, TRACE_END, TRACE)
 
@@ -598,17 +555,13 @@ class FewTokensConfig:
     # (``once``): compiled for sm_90 at 16 tokens, 2160 instructions instead of 2640 (faithful; the selects and the
     # byte permutes around them go); not under the interpreter, which runs no inline PTX
     once_by_move: bool = False
-    # every product on the CUDA cores in fp32 (:func:`cuda_cores_kernel`), for at most CUDA_CORES_MAX_TOKENS tokens
-    # (compiled per token count): the fields above that place the tensor cores' operands (block_t, weights_ahead,
-    # count_late, stage_before_wait, once_by_move) do not apply
+    # one token, every product on the CUDA cores in fp32 (:func:`one_token_kernel`): the fields above that place the
+    # tensor cores' operands (block_t, weights_ahead, count_late, stage_before_wait, once_by_move) do not apply
     cuda_cores: bool = False
     # with cuda_cores, the I a phase-1 / phase-2 tile covers, at most its block (0: the block): e.g. 96 columns of
     # 128-wide blocks, so that 16 × 8 = 128 programs share H = 2048, I = 768 (the tensor-core form takes whole blocks)
     span_i1: int = 0
     span_i2: int = 0
-    # with cuda_cores, where phase 2's token rows (x and the saved tensors) wait for the wait: "registers" (loaded at
-    # the start, held through phase 1) or "prefetch" (into L2 at the start, loaded beside the dA partials after it)
-    rows_ahead: str = "registers"
 
     @property
     def spans(self) -> tuple[int, int]:
@@ -653,10 +606,8 @@ class FewTokensConfig:
         if trace is not None and (interpreter or trace.shape != (grid, TRACE_SLOTS) or trace.dtype != torch.int64):
             raise ValueError(f"trace: expected an int64 tensor of shape ({grid}, {TRACE_SLOTS}) on a GPU, got "
                              f"{tuple(trace.shape)} {trace.dtype} under {'the interpreter' if interpreter else 'CUDA'}")
-        if self.rows_ahead not in ("registers", "prefetch"):
-            raise ValueError(f"config: rows_ahead must be 'registers' or 'prefetch', got {self.rows_ahead!r}")
-        if self.cuda_cores and T > CUDA_CORES_MAX_TOKENS:
-            raise ValueError(f"config: cuda_cores takes at most {CUDA_CORES_MAX_TOKENS} tokens, got {T}")
+        if self.cuda_cores and T > 1:
+            raise ValueError(f"config: cuda_cores takes one token, got {T}")
         if not self.cuda_cores and (self.span_i1 or self.span_i2):
             raise ValueError(f"config: span_i1, span_i2 need cuda_cores (the tensor-core form takes whole I-blocks), "
                              f"got {self.span_i1}, {self.span_i2}")  # fmt: skip
@@ -672,18 +623,16 @@ class FewTokensConfig:
         ahead = WEIGHTS_AHEAD[self.weights_ahead]
         if interpreter and self.weights_ahead == "prefetch":  # the interpreter runs no inline PTX
             ahead = WEIGHTS_AHEAD["after_phase1"]
-        rows_ahead = 2 if self.rows_ahead == "registers" else 0 if interpreter else 1  # no inline PTX there
         launch_options = dict(num_warps=self.warps, num_stages=self.stages,
                               **({"launch_cooperative_grid": True} if self.cooperative and not interpreter else {}))
         for phase in (1, 2) if interpreter else (0,):
             if self.cuda_cores:
-                cuda_cores_kernel[(grid,)](
+                one_token_kernel[(grid,)](
                     grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up,
                     intermediate, grad_x, grad_gate_weight, grad_up_weight, grad_down_weight, da_partials,
-                    dx_partials, counters, counters if trace is None else trace, T, max(1, triton.next_power_of_2(T)),
-                    H, I, phase, self.block_h1, self.block_i1, self.block_i2, self.block_h2, self.spans[0],
-                    self.i_spans[0], self.i_spans[1], self.spans[1], n_h1, n_i1, n_i2, n_h2, 32 * self.warps,
-                    trace is not None, rows_ahead, **launch_options,
+                    dx_partials, counters, counters if trace is None else trace, T, H, I, phase, self.block_h1,
+                    self.block_i1, self.block_i2, self.block_h2, self.spans[0], self.i_spans[0], self.i_spans[1],
+                    self.spans[1], n_h1, n_i1, n_i2, n_h2, 32 * self.warps, trace is not None, **launch_options,
                 )  # fmt: skip
                 continue
             few_tokens_kernel[(grid,)](
@@ -720,7 +669,7 @@ def choose_few_tokens_config(num_tokens: int, hidden_size: int, intermediate_siz
         return FewTokensConfig(block_t=16, block_h1=32, block_i1=32, block_i2=32, block_h2=32,
                                weights_ahead="after_phase1", warps=1, stages=1, count_late=True,
                                stage_before_wait=True)  # fmt: skip
-    if num_tokens == 1:  # every product on the CUDA cores (cuda_cores_kernel): 1.2-1.9 us faster on the H200
+    if num_tokens == 1:  # every product on the CUDA cores (one_token_kernel): 1.2-1.9 us faster on the H200
         config = FewTokensConfig(cuda_cores=True, cooperative=True)
     else:
         config = FewTokensConfig(block_t=16 if num_tokens <= 16 or num_tokens > 32 else 32, count_late=True,
