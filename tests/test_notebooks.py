@@ -355,7 +355,7 @@ def test_kernels_notebook_grids_are_those_of_moe_lib(kernels_run):
     for kernel in ("rowwise_matmul_kernel", "tiled_matmul_kernel", "fused_dswiglu_kernel",
                    "grouped_gather_matmul_kernel", "accumulate_product", "d_intermediate_program", "combine_splits",
                    "swiglu_grad_kernel", "expert_weight_grad_kernel", "slot_projection_kernel", "token_sum_kernel",
-                   "arrive", "wait_for", "summed_partials", "chained_kernel"):
+                   "arrive", "wait_for", "summed_partials", "chained_kernel", "one_token_kernel"):
         assert f'<span class="nf">{kernel}</span>' in shown, kernel
 
 
@@ -368,6 +368,11 @@ def test_kernels_notebook_errors_agree_with_a_rerun(kernels_run):
     assert split["bitwise_identical_runs"] and summary["p2"]["bitwise_identical_runs"]
     # the alternatives set aside: the same products summed in another order
     assert summary["few_tokens"]["max_rel_error"] < 1e-5 and summary["few_tokens"]["programs"] >= 2
+    # one token on the CUDA cores: both paths the same bits, as close as the tensor cores' faithful path (bf16 outputs)
+    one_token = summary["one_token"]
+    assert one_token["same_bits_both_paths"] is True and one_token["max_rel_error"] < 1e-2
+    for output, errors in one_token["rel_errors"].items():
+        assert errors["CUDA cores, faithful"] <= errors["tensor cores, faithful"] + 2e-4, output
     assert summary["alternatives"]["P1 one launch vs two launches"] < 1e-5
     # the chained launch: the two launches' tiles in one launch, the same bits
     assert summary["chained"]["bitwise_equal_to_two_launches"] is True
