@@ -66,10 +66,6 @@ CANDIDATES = {
     # fewer bytes of its own: 5.1 against 5.9 µs to the dA partial in the trace, before count_late)
     "a_pf_cl_st_mv": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="prefetch",
                           count_late=True, stage_before_wait=True, once_by_move=True),
-    # the default with its dWg, dWu tiles stored by TMA through tensor descriptors (ncu at 2 tokens: 28% of the
-    # stall samples from the dx arrival through the transposed dWg, dWu stores)
-    "a_tma_st": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="registers", count_late=True,
-                     stage_before_wait=True, once_by_move=True, cooperative=True, tma_weight_grad_stores=True),
     # the default as a cooperative launch (CUDA guarantees residency: no hang beside another stream's kernel)
     "a_reg_cl_st_coop": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="registers",
                              count_late=True, stage_before_wait=True, cooperative=True),
@@ -136,8 +132,7 @@ def compile_candidate(config, *, with_lo: bool, single_block: bool, trace: bool 
                           SINGLE_BLOCK=single_block, WEIGHTS_AHEAD=WEIGHTS_AHEAD[config.weights_ahead],
                           THREADS=32 * config.warps, UPCAST=False, PRECISION="tf32", WITH_LO=with_lo,
                           TRACE=trace, COUNT_LATE=config.count_late, STAGE_EARLY=config.stage_before_wait,
-                          ONCE_BY_MOVE=config.once_by_move, TMA_STORES=config.tma_weight_grad_stores, H=H,
-                          I=I)  # fmt: skip
+                          ONCE_BY_MOVE=config.once_by_move, H=H, I=I)  # fmt: skip
 
     def kind(name: str) -> str:
         if name.endswith("partials_ptr"):

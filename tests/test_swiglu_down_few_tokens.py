@@ -118,11 +118,6 @@ def other_tilings():
         ),
         # the GPU-only staging by identity moves asked for (the interpreter keeps the selects), with the launch
         # count read late and phase 2 staged before the wait
-        # the dWg, dWu tiles stored by TMA through tensor descriptors made on the device
-        "tma_stores": FewTokensConfig(
-            block_t=16, block_h1=32, block_i1=32, block_i2=32, block_h2=32, weights_ahead="registers", warps=1,
-            tma_weight_grad_stores=True,
-        ),
         "moves": FewTokensConfig(
             block_t=16, block_h1=32, block_i1=32, block_i2=32, block_h2=32, weights_ahead="registers", warps=1,
             count_late=True, stage_before_wait=True, once_by_move=True,
@@ -132,13 +127,13 @@ def other_tilings():
 
 @needs_triton
 @pytest.mark.parametrize("T, tiling", [(5, "straddled"), (3, "straddling"), (20, "registers"), (4, "spans"),
-                                        (18, "spans"), (3, "moves"), (3, "tma_stores"), (20, "tma_stores")])
+                                        (18, "spans"), (3, "moves")])
 def test_other_tilings(T, tiling, seed, poisoned):
     """Tile counts that differ between the phases (programs with one phase's tile only), I-blocks of the two
     phases that do not line up, Wg, Wu loaded at the start with T = 20 (the loop form): faithful, harness inputs."""
     config = other_tilings()[tiling]
     n_h1, n_i1, n_i2, n_h2 = config.tiles(H, I)
-    assert n_h1 * n_i1 != n_i2 * n_h2 or tiling in ("registers", "moves", "tma_stores")
+    assert n_h1 * n_i1 != n_i2 * n_h2 or tiling in ("registers", "moves")
     assert tiling != "spans" or (n_h1, n_h2) == (4, 3)
     inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device=DEVICE, hidden_size=H,
                                   intermediate_size=I, distribution="harness")  # fmt: skip

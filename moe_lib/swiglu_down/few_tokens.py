@@ -67,7 +67,6 @@ import triton.language as tl
 
 from ..dispatch import interpreter_enabled
 from ..tiling import cdiv
-from ..tma import install_tma_allocator
 from . import launch
 from .kernels import load_block, mma, store_tile, swiglu_grads
 from .launch import SplitWorkspace, dot_flags, resident_programs
@@ -117,20 +116,6 @@ def swiglu_grads_at(d_a, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, off_
                         load_block(gate_sigmoid_ptr, off_t, off_i, T, I, I, BLOCK_T, BLOCK_I),
                         load_block(gate_silu_ptr, off_t, off_i, T, I, I, BLOCK_T, BLOCK_I),
                         load_block(up_ptr, off_t, off_i, T, I, I, BLOCK_T, BLOCK_I))  # fmt: skip
-
-
-@triton.jit
-def store_weight_grad(ptr, tile, off_i, off_h, h_end, I: tl.constexpr, H: tl.constexpr, BLOCK_I: tl.constexpr,
-                      BLOCK_H: tl.constexpr, BY_TMA: tl.constexpr):  # fmt: skip
-    """ptr[off_i : off_i + BLOCK_I, off_h : min(off_h + BLOCK_H, h_end)] = tile (fp32, stored in ptr's dtype) of a
-    row-major [I, H] weight gradient. BY_TMA: one bulk store through a tensor descriptor (the tile goes to shared
-    memory once and the TMA unit writes it out, clipped at I and H; the tile must then cover its whole block of H,
-    h_end = min(off_h + BLOCK_H, H)); else pointer stores from registers."""
-    if BY_TMA:
-        descriptor = tl.make_tensor_descriptor(ptr, shape=[I, H], strides=[H, 1], block_shape=[BLOCK_I, BLOCK_H])
-        descriptor.store([off_i, off_h], tile.to(ptr.dtype.element_ty))
-    else:
-        store_tile(ptr, tile, off_i, off_h, I, h_end, H, BLOCK_I, BLOCK_H)
 
 
 @triton.jit
@@ -257,7 +242,6 @@ def few_tokens_kernel(
     COUNT_LATE: tl.constexpr,  # read the launch count (an atomic's round trip) just before the wait, not at the start
     STAGE_EARLY: tl.constexpr,  # SINGLE_BLOCK: stage phase 2's Wg, Wu and x tiles for the tensor cores before the wait
     ONCE_BY_MOVE: tl.constexpr,  # once() by an identity move in inline PTX, not a select (GPU only)
-    TMA_STORES: tl.constexpr,  # dWg, dWu tiles by bulk stores through tensor descriptors (see store_weight_grad)
 ):  # fmt: skip
     pid = tl.program_id(0)
     trace_ptr += pid * (TRACE_END + 2)
@@ -371,12 +355,10 @@ def few_tokens_kernel(
                 x_t = tl.trans(once(x_block, ready, ONCE_BY_MOVE))  # the M side of dWgᵀ = xᵀ · dGate, dWuᵀ = xᵀ · dUp
             acc_w = mma_halves(tl.zeros((BLOCK_H2, BLOCK_I2), dtype=tl.float32), x_t, d_gate, False, UPCAST,
                                PRECISION, WITH_LO)  # fmt: skip
-            store_weight_grad(grad_gate_weight_ptr, tl.trans(acc_w), off_i2, off_h2, h2_end, I, H, BLOCK_I2, BLOCK_H2,
-                              TMA_STORES)  # fmt: skip
+            store_tile(grad_gate_weight_ptr, tl.trans(acc_w), off_i2, off_h2, I, h2_end, H, BLOCK_I2, BLOCK_H2)
             acc_w = mma_halves(tl.zeros((BLOCK_H2, BLOCK_I2), dtype=tl.float32), x_t, d_up, False, UPCAST,
                                PRECISION, WITH_LO)  # fmt: skip
-            store_weight_grad(grad_up_weight_ptr, tl.trans(acc_w), off_i2, off_h2, h2_end, I, H, BLOCK_I2, BLOCK_H2,
-                              TMA_STORES)  # fmt: skip
+            store_tile(grad_up_weight_ptr, tl.trans(acc_w), off_i2, off_h2, I, h2_end, H, BLOCK_I2, BLOCK_H2)
             stamp(trace_ptr, 5, TRACE)
         else:
             w_gate_t = tl.trans(once(w_gate, ready, ONCE_BY_MOVE))
@@ -401,10 +383,8 @@ def few_tokens_kernel(
                 x_t = tl.trans(load_block(x_ptr, t, off_h2, T, h2_end, H, BLOCK_T, BLOCK_H2))
                 acc_g = mma_halves(acc_g, x_t, d_gate, False, UPCAST, PRECISION, WITH_LO)
                 acc_u = mma_halves(acc_u, x_t, d_up, False, UPCAST, PRECISION, WITH_LO)
-            store_weight_grad(grad_gate_weight_ptr, tl.trans(acc_g), off_i2, off_h2, h2_end, I, H, BLOCK_I2, BLOCK_H2,
-                              TMA_STORES)  # fmt: skip
-            store_weight_grad(grad_up_weight_ptr, tl.trans(acc_u), off_i2, off_h2, h2_end, I, H, BLOCK_I2, BLOCK_H2,
-                              TMA_STORES)  # fmt: skip
+            store_tile(grad_gate_weight_ptr, tl.trans(acc_g), off_i2, off_h2, I, h2_end, H, BLOCK_I2, BLOCK_H2)
+            store_tile(grad_up_weight_ptr, tl.trans(acc_u), off_i2, off_h2, I, h2_end, H, BLOCK_I2, BLOCK_H2)
 
         # ---- the last phase-2 tile of column block c2 to arrive: dx[:, c2] = Σ_b dx_b[:, c2] in b order
         if has_tile2 & (first(arrived) % N_I2 == N_I2 - 1):
@@ -578,9 +558,6 @@ class FewTokensConfig:
     # one token, every product on the CUDA cores in fp32 (:func:`one_token_kernel`): the fields above that place the
     # tensor cores' operands (block_t, weights_ahead, count_late, stage_before_wait, once_by_move) do not apply
     cuda_cores: bool = False
-    # the tensor-core form's dWg, dWu tiles by TMA bulk stores through tensor descriptors made on the device, instead
-    # of pointer stores from registers (needs whole H-blocks: span_h2 0)
-    tma_weight_grad_stores: bool = False
     # with cuda_cores, the I a phase-1 / phase-2 tile covers, at most its block (0: the block): e.g. 96 columns of
     # 128-wide blocks, so that 16 × 8 = 128 programs share H = 2048, I = 768 (the tensor-core form takes whole blocks)
     span_i1: int = 0
@@ -631,9 +608,6 @@ class FewTokensConfig:
                              f"{tuple(trace.shape)} {trace.dtype} under {'the interpreter' if interpreter else 'CUDA'}")
         if self.cuda_cores and T > 1:
             raise ValueError(f"config: cuda_cores takes one token, got {T}")
-        if self.tma_weight_grad_stores and self.span_h2:
-            raise ValueError(f"config: tma_weight_grad_stores needs whole H-blocks in phase 2 (span_h2 0), got "
-                             f"{self.span_h2}")  # fmt: skip
         if not self.cuda_cores and (self.span_i1 or self.span_i2):
             raise ValueError(f"config: span_i1, span_i2 need cuda_cores (the tensor-core form takes whole I-blocks), "
                              f"got {self.span_i1}, {self.span_i2}")  # fmt: skip
@@ -651,8 +625,6 @@ class FewTokensConfig:
             ahead = WEIGHTS_AHEAD["after_phase1"]
         launch_options = dict(num_warps=self.warps, num_stages=self.stages,
                               **({"launch_cooperative_grid": True} if self.cooperative and not interpreter else {}))
-        if self.tma_weight_grad_stores:
-            install_tma_allocator(x.device)
         for phase in (1, 2) if interpreter else (0,):
             if self.cuda_cores:
                 one_token_kernel[(grid,)](
@@ -670,7 +642,7 @@ class FewTokensConfig:
                 T, H, I, phase, self.block_t, self.block_h1, self.block_i1, self.block_i2, self.block_h2,
                 *self.spans, n_h1, n_i1, n_i2, n_h2, T <= self.block_t, ahead, 32 * self.warps, *dot_flags(x),
                 with_lo, trace is not None, self.count_late, self.stage_before_wait,
-                self.once_by_move and not interpreter, self.tma_weight_grad_stores, **launch_options,
+                self.once_by_move and not interpreter, **launch_options,
             )  # fmt: skip
         return grad_x, grad_gate_weight, grad_up_weight, grad_down_weight
 
