@@ -181,16 +181,6 @@ def test_one_token_on_cuda_cores_matches_float64_reference(tiling, distribution,
         assert error <= rel_error(g, w) + 2e-4, f"{name}: {error:.3g} against the tensor cores' {rel_error(g, w):.3g}"
 
 
-@needs_triton
-def test_one_token_on_cuda_cores_without_tokens(seed, poisoned):
-    inputs = problems.make_inputs("swiglu_down_backward", 0, seed=seed, device=DEVICE, hidden_size=H,
-                                  intermediate_size=I)  # fmt: skip
-    grad_x, *weight_grads = run(inputs, one_token_config(), "faithful")
-    assert grad_x.shape == (0, H)
-    for grad in weight_grads:
-        assert torch.count_nonzero(grad) == 0
-
-
 def test_cuda_cores_refuse_more_than_one_token_and_odd_spans():
     import dataclasses
 
@@ -217,10 +207,12 @@ def test_fp32_inputs_are_exact(seed, poisoned):
 
 
 @needs_triton
-def test_no_tokens(seed, poisoned):
+@pytest.mark.parametrize("cuda_cores", [False, True])
+def test_no_tokens(cuda_cores, seed, poisoned):
     inputs = problems.make_inputs("swiglu_down_backward", 0, seed=seed, device=DEVICE, hidden_size=H,
                                   intermediate_size=I)  # fmt: skip
-    grad_x, *weight_grads = run(inputs, interpreter_config(), "faithful")
+    config = one_token_config() if cuda_cores else interpreter_config()
+    grad_x, *weight_grads = run(inputs, config, "faithful")
     assert grad_x.shape == (0, H)
     for grad in weight_grads:
         assert torch.count_nonzero(grad) == 0

@@ -119,6 +119,26 @@ def swiglu_grads_at(d_a, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, off_
 
 
 @triton.jit
+def phase1_tile(pid, H, I, SPAN_H1: tl.constexpr, SPAN_I1: tl.constexpr, N_H1: tl.constexpr, N_I1: tl.constexpr):
+    """(c1, has_tile, off_h1, off_i1, h1_end, i1_end) of program ``pid``'s phase-1 tile (c1, b1) = (pid mod N_H1,
+    pid div N_H1) of Wd: its H-block, whether it has one (past the tile count the tile lies beyond I: every load and
+    store of it is masked off, and it arrives nowhere), where it starts and where it ends (a block's rows or columns
+    past its span are masked off)."""
+    c1, b1 = pid % N_H1, pid // N_H1
+    off_h1, off_i1 = c1 * SPAN_H1, b1 * SPAN_I1
+    return c1, pid < N_H1 * N_I1, off_h1, off_i1, tl.minimum(off_h1 + SPAN_H1, H), tl.minimum(off_i1 + SPAN_I1, I)
+
+
+@triton.jit
+def phase2_tile(pid, H, I, SPAN_I2: tl.constexpr, SPAN_H2: tl.constexpr, N_I2: tl.constexpr, N_H2: tl.constexpr):
+    """(b2, c2, has_tile, off_i2, off_h2, i2_end, h2_end) of program ``pid``'s phase-2 tile (b2, c2) = (pid div N_H2,
+    pid mod N_H2) of Wg, Wu, as :func:`phase1_tile`."""
+    b2, c2 = pid // N_H2, pid % N_H2
+    off_i2, off_h2 = b2 * SPAN_I2, c2 * SPAN_H2
+    return b2, c2, pid < N_I2 * N_H2, off_i2, off_h2, tl.minimum(off_i2 + SPAN_I2, I), tl.minimum(off_h2 + SPAN_H2, H)
+
+
+@triton.jit
 def summed_partials(partials_ptr, part_stride, off_m, off_n, M, N, stride_m,
                     PARTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
     """Σ_p partials[p][block] for p = 0, 1, …, PARTS − 1 in that order (fp32, ``part_stride`` elements apart),
@@ -247,16 +267,9 @@ def few_tokens_kernel(
     trace_ptr += pid * (TRACE_END + 2)
     stamp(trace_ptr, 0, TRACE)
     stamp_sm(trace_ptr, TRACE_END + 1, TRACE)
-    # this program's tiles; past a phase's tile count the tile lies beyond I (b ≥ N_I): every load and
-    # store of it is masked off, and it arrives nowhere
-    c1, b1 = pid % N_H1, pid // N_H1
-    b2, c2 = pid // N_H2, pid % N_H2
-    has_tile1 = pid < N_H1 * N_I1
-    has_tile2 = pid < N_I2 * N_H2
-    off_h1, off_i1 = c1 * SPAN_H1, b1 * BLOCK_I1
-    off_i2, off_h2 = b2 * BLOCK_I2, c2 * SPAN_H2
-    h1_end = tl.minimum(off_h1 + SPAN_H1, H)  # a tile's H ends here: the block's rows or columns past it are masked
-    h2_end = tl.minimum(off_h2 + SPAN_H2, H)
+    # this program's tiles (whole blocks along I)
+    c1, has_tile1, off_h1, off_i1, h1_end, _ = phase1_tile(pid, H, I, SPAN_H1, BLOCK_I1, N_H1, N_I1)
+    b2, c2, has_tile2, off_i2, off_h2, _, h2_end = phase2_tile(pid, H, I, BLOCK_I2, SPAN_H2, N_I2, N_H2)
     TI = T * I
 
     # ---- every load that depends on nothing, set going at the start; nothing waits for them here
@@ -450,15 +463,8 @@ def one_token_kernel(
     trace_ptr += pid * (TRACE_END + 2)
     stamp(trace_ptr, 0, TRACE)
     stamp_sm(trace_ptr, TRACE_END + 1, TRACE)
-    c1, b1 = pid % N_H1, pid // N_H1
-    b2, c2 = pid // N_H2, pid % N_H2
-    has_tile1 = pid < N_H1 * N_I1
-    has_tile2 = pid < N_I2 * N_H2
-    off_h1, off_i1 = c1 * SPAN_H1, b1 * SPAN_I1
-    off_i2, off_h2 = b2 * SPAN_I2, c2 * SPAN_H2
-    # where each tile ends: the rest of its block is masked off (spans shorter than the blocks)
-    h1_end, i1_end = tl.minimum(off_h1 + SPAN_H1, H), tl.minimum(off_i1 + SPAN_I1, I)
-    i2_end, h2_end = tl.minimum(off_i2 + SPAN_I2, I), tl.minimum(off_h2 + SPAN_H2, H)
+    c1, has_tile1, off_h1, off_i1, h1_end, i1_end = phase1_tile(pid, H, I, SPAN_H1, SPAN_I1, N_H1, N_I1)
+    b2, c2, has_tile2, off_i2, off_h2, i2_end, h2_end = phase2_tile(pid, H, I, SPAN_I2, SPAN_H2, N_I2, N_H2)
     TI = T * I
 
     # ---- every load that depends on no other program, at the start; nothing waits for them here
