@@ -69,6 +69,20 @@ CANDIDATES = {
     # the default as a cooperative launch (CUDA guarantees residency: no hang beside another stream's kernel)
     "a_reg_cl_st_coop": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="registers",
                              count_late=True, stage_before_wait=True, cooperative=True),
+    # the default with its token loops (more tokens than block_t) software-pipelined by Triton (num_stages=2: every
+    # load of a loop issued one token block ahead, into shared memory by cp.async); compiled for sm_90 no spill, 152 KB
+    "a_mv_s2": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="registers",
+                    count_late=True, stage_before_wait=True, once_by_move=True, stages=2),
+    # the same with phase 2's token loop done in one pass (dx partial and dWg, dWu from each block's dGate, dUp);
+    # compiled for sm_90 no spill on the fast path, 104 B of stack on the faithful one
+    "a_mv_s2_1p": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="registers",
+                       count_late=True, stage_before_wait=True, once_by_move=True, stages=2, one_pass=True),
+    # a_mv_s2 with Wg, Wu prefetched into L2 at the start instead of held in registers through phase 1
+    "a_pf_mv_s2": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="prefetch",
+                       count_late=True, stage_before_wait=True, once_by_move=True, stages=2),
+    # up to 64 tokens in one straight-line block (compiled for sm_90: 24-32 B of stack)
+    "a_mv_t64": dict(block_t=64, block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="registers",
+                     count_late=True, stage_before_wait=True, once_by_move=True),
     # one token: the default's tiles with every product on the CUDA cores (fp32 FMAs): no staging of operands in
     # shared memory, no transposed tiles converted before their stores (refuses more tokens)
     "fma": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, cooperative=True, cuda_cores=True),
@@ -132,7 +146,7 @@ def compile_candidate(config, *, with_lo: bool, single_block: bool, trace: bool 
                           SINGLE_BLOCK=single_block, WEIGHTS_AHEAD=WEIGHTS_AHEAD[config.weights_ahead],
                           THREADS=32 * config.warps, UPCAST=False, PRECISION="tf32", WITH_LO=with_lo,
                           TRACE=trace, COUNT_LATE=config.count_late, STAGE_EARLY=config.stage_before_wait,
-                          ONCE_BY_MOVE=config.once_by_move, H=H, I=I)  # fmt: skip
+                          ONCE_BY_MOVE=config.once_by_move, ONE_PASS=config.one_pass, H=H, I=I)  # fmt: skip
 
     def kind(name: str) -> str:
         if name.endswith("partials_ptr"):

@@ -344,11 +344,12 @@ def test_chained_launch_refuses_tma_tiles():
 
 
 def test_faithful_path_chains_its_launches_in_its_band():
-    """The faithful path: design 3's one launch up to ONE_LAUNCH_MAX_TOKENS, the chained launch in
-    CHAINED_LAUNCH_TOKENS, the two launches above; the fast path never chains (its own designs there)."""
+    """The faithful path: one launch up to ONE_LAUNCH_MAX_TOKENS (the few-token design at the benchmark's shape),
+    the chained launch in CHAINED_LAUNCH_TOKENS, the two launches above; the fast path never chains (its own
+    designs there)."""
     from moe_lib.swiglu_down.chained import ChainedConfig
+    from moe_lib.swiglu_down.few_tokens import FewTokensConfig
     from moe_lib.swiglu_down.launch import CHAINED_LAUNCH_TOKENS, ONE_LAUNCH_MAX_TOKENS, TileConfig, choose_config
-    from moe_lib.swiglu_down.one_launch import OneLaunchConfig
 
     def config(T, **kwargs):
         return choose_config(T, 2048, 768, **(dict(interpreter=False, with_lo=True, max_programs=132) | kwargs))
@@ -360,7 +361,7 @@ def test_faithful_path_chains_its_launches_in_its_band():
         assert not isinstance(config(T, with_lo=False), ChainedConfig), T
         assert isinstance(config(T, interpreter=True), TileConfig), T
     assert config(128).tiles.grad_down == (64, 128, 64, 1) and config(1087).tiles.grad_down == (128, 256, 64, 1)
-    assert isinstance(config(ONE_LAUNCH_MAX_TOKENS), OneLaunchConfig)
+    assert isinstance(config(ONE_LAUNCH_MAX_TOKENS), FewTokensConfig)
     assert isinstance(config(band.stop), TileConfig)
 
 

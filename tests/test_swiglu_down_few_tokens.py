@@ -122,15 +122,21 @@ def other_tilings():
             block_t=16, block_h1=32, block_i1=32, block_i2=32, block_h2=32, weights_ahead="registers", warps=1,
             count_late=True, stage_before_wait=True, once_by_move=True,
         ),
+        # the token loops in one pass: each token block's dGate, dUp into the dx partial and into dWg, dWu
+        "one pass": FewTokensConfig(
+            block_t=16, block_h1=32, block_i1=16, block_i2=32, block_h2=32, weights_ahead="registers", warps=1,
+            count_late=True, stage_before_wait=True, one_pass=True, stages=2,
+        ),
     }
 
 
 @needs_triton
 @pytest.mark.parametrize("T, tiling", [(5, "straddled"), (3, "straddling"), (20, "registers"), (4, "spans"),
-                                        (18, "spans"), (3, "moves")])
+                                        (18, "spans"), (3, "moves"), (37, "one pass")])
 def test_other_tilings(T, tiling, seed, poisoned):
     """Tile counts that differ between the phases (programs with one phase's tile only), I-blocks of the two
-    phases that do not line up, Wg, Wu loaded at the start with T = 20 (the loop form): faithful, harness inputs."""
+    phases that do not line up, Wg, Wu loaded at the start with T = 20 (the loop form), the loop form in one pass
+    over three token blocks (the last one partial): faithful, harness inputs."""
     config = other_tilings()[tiling]
     n_h1, n_i1, n_i2, n_h2 = config.tiles(H, I)
     assert n_h1 * n_i1 != n_i2 * n_h2 or tiling in ("registers", "moves")
@@ -221,10 +227,10 @@ def test_no_tokens(cuda_cores, seed, poisoned):
 def test_choose_few_tokens_config():
     from moe_lib.swiglu_down.few_tokens import choose_few_tokens_config
 
-    for T in (1, 16, 17, 32, 33, 128):
+    for T in (1, 16, 17, 32, 33, 64, 65, 128):
         config = choose_few_tokens_config(T, 2048, 768, interpreter=False, with_lo=True)
         assert config.grid_size(2048, 768) == 96
-        assert config.block_t >= min(T, 32) or T > 32
+        assert config.block_t >= T if T <= 64 else (config.block_t, config.one_pass) == (16, True)
         assert config.block_i1 * 2 >= 128 and config.block_h2 * 2 >= 128  # ≥ 128 contiguous bytes per weight row
         assert config.cooperative and config.cuda_cores == (T == 1)
         assert config.cuda_cores or (config.count_late and config.stage_before_wait and config.once_by_move)
@@ -236,12 +242,13 @@ def test_swiglu_down_backward_chooses_it_for_few_16_bit_tokens():
     from moe_lib.swiglu_down.few_tokens import FewTokensConfig
     from moe_lib.swiglu_down.launch import FEW_TOKENS_MAX_TOKENS, TileConfig, choose_config
 
-    for with_lo in (True, False):
-        for T in (1, FEW_TOKENS_MAX_TOKENS):
+    assert FEW_TOKENS_MAX_TOKENS == {"fast": 32, "faithful": 64}
+    for with_lo, last in ((True, FEW_TOKENS_MAX_TOKENS["faithful"]), (False, FEW_TOKENS_MAX_TOKENS["fast"])):
+        for T in (1, 16, 17, last):
             config = choose_config(T, 2048, 768, interpreter=False, with_lo=with_lo, max_programs=132)
             assert isinstance(config, FewTokensConfig), (T, with_lo)
-        beyond = choose_config(FEW_TOKENS_MAX_TOKENS + 1, 2048, 768, interpreter=False, with_lo=with_lo,
-                               max_programs=132)  # fmt: skip
+            assert T <= config.block_t <= max(16, 2 * T)  # one token block, at most twice the tokens
+        beyond = choose_config(last + 1, 2048, 768, interpreter=False, with_lo=with_lo, max_programs=132)
         assert not isinstance(beyond, FewTokensConfig)
     # fp32 inputs, a GPU too small for the grid, and the interpreter take the tiled launches
     assert isinstance(choose_config(1, 2048, 768, interpreter=False, max_programs=132, element_bytes=4), TileConfig)
@@ -288,7 +295,7 @@ def gpu_config(T: int, precision: str):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("T", [1, 2, 4, 8, 16, 3, 100])
+@pytest.mark.parametrize("T", [1, 2, 4, 8, 16, 3, 17, 32, 33, 64, 100])
 @pytest.mark.parametrize("distribution", ["forward", "harness"])
 @pytest.mark.parametrize("precision", ["faithful", "fast"])
 def test_gpu_benchmark_shape_against_float64(T, distribution, precision, seed):

@@ -262,6 +262,7 @@ def few_tokens_kernel(
     COUNT_LATE: tl.constexpr,  # read the launch count (an atomic's round trip) just before the wait, not at the start
     STAGE_EARLY: tl.constexpr,  # SINGLE_BLOCK: stage phase 2's Wg, Wu and x tiles for the tensor cores before the wait
     ONCE_BY_MOVE: tl.constexpr,  # once() by an identity move in inline PTX, not a select (GPU only)
+    ONE_PASS: tl.constexpr,  # token loops: dx_b and dWg, dWu in one pass over the token blocks, not two
 ):  # fmt: skip
     pid = tl.program_id(0)
     trace_ptr += pid * (TRACE_END + 2)
@@ -376,6 +377,8 @@ def few_tokens_kernel(
         else:
             w_gate_t = tl.trans(once(w_gate, ready, ONCE_BY_MOVE))
             w_up_t = tl.trans(once(w_up, ready, ONCE_BY_MOVE))
+            acc_g = tl.zeros((BLOCK_H2, BLOCK_I2), dtype=tl.float32)  # dWgᵀ
+            acc_u = tl.zeros((BLOCK_H2, BLOCK_I2), dtype=tl.float32)  # dWuᵀ
             for t in range(0, T, BLOCK_T):
                 d_a = summed_partials(da_partials_ptr, TI, t, off_i2, T, I, I, N_H1, BLOCK_T, BLOCK_I2)
                 d_gate, d_up = swiglu_grads_at(d_a, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, t, off_i2, T, I,
@@ -384,18 +387,20 @@ def few_tokens_kernel(
                 acc_x = mma_halves(acc_x, w_gate_t, d_gate, True, UPCAST, PRECISION, WITH_LO)
                 acc_x = mma_halves(acc_x, w_up_t, d_up, True, UPCAST, PRECISION, WITH_LO)
                 store_tile(dx_partial_ptr, tl.trans(acc_x), t, off_h2, t_end, h2_end, H, BLOCK_T, BLOCK_H2)
+                if ONE_PASS:  # the block's dGate, dUp into dWg, dWu while they are at hand
+                    x_t = tl.trans(load_block(x_ptr, t, off_h2, T, h2_end, H, BLOCK_T, BLOCK_H2))
+                    acc_g = mma_halves(acc_g, x_t, d_gate, False, UPCAST, PRECISION, WITH_LO)
+                    acc_u = mma_halves(acc_u, x_t, d_up, False, UPCAST, PRECISION, WITH_LO)
             tl.debug_barrier()
             arrived = arrive(counters_ptr + 1 + N_I2 + c2, has_tile2, "acq_rel", THREADS)
-            # dWg, dWu over every token block (dGate, dUp computed again from the partials: L2 hits)
-            acc_g = tl.zeros((BLOCK_H2, BLOCK_I2), dtype=tl.float32)  # dWgᵀ
-            acc_u = tl.zeros((BLOCK_H2, BLOCK_I2), dtype=tl.float32)  # dWuᵀ
-            for t in range(0, T, BLOCK_T):
-                d_a = summed_partials(da_partials_ptr, TI, t, off_i2, T, I, I, N_H1, BLOCK_T, BLOCK_I2)
-                d_gate, d_up = swiglu_grads_at(d_a, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, t, off_i2, T, I,
-                                               BLOCK_T, BLOCK_I2)  # fmt: skip
-                x_t = tl.trans(load_block(x_ptr, t, off_h2, T, h2_end, H, BLOCK_T, BLOCK_H2))
-                acc_g = mma_halves(acc_g, x_t, d_gate, False, UPCAST, PRECISION, WITH_LO)
-                acc_u = mma_halves(acc_u, x_t, d_up, False, UPCAST, PRECISION, WITH_LO)
+            if not ONE_PASS:  # dWg, dWu over every token block (dGate, dUp computed again from the partials: L2 hits)
+                for t in range(0, T, BLOCK_T):
+                    d_a = summed_partials(da_partials_ptr, TI, t, off_i2, T, I, I, N_H1, BLOCK_T, BLOCK_I2)
+                    d_gate, d_up = swiglu_grads_at(d_a, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, t, off_i2,
+                                                   T, I, BLOCK_T, BLOCK_I2)  # fmt: skip
+                    x_t = tl.trans(load_block(x_ptr, t, off_h2, T, h2_end, H, BLOCK_T, BLOCK_H2))
+                    acc_g = mma_halves(acc_g, x_t, d_gate, False, UPCAST, PRECISION, WITH_LO)
+                    acc_u = mma_halves(acc_u, x_t, d_up, False, UPCAST, PRECISION, WITH_LO)
             store_tile(grad_gate_weight_ptr, tl.trans(acc_g), off_i2, off_h2, I, h2_end, H, BLOCK_I2, BLOCK_H2)
             store_tile(grad_up_weight_ptr, tl.trans(acc_u), off_i2, off_h2, I, h2_end, H, BLOCK_I2, BLOCK_H2)
 
@@ -561,6 +566,9 @@ class FewTokensConfig:
     # (``once``): compiled for sm_90 at 16 tokens, 2160 instructions instead of 2640 (faithful; the selects and the
     # byte permutes around them go); not under the interpreter, which runs no inline PTX
     once_by_move: bool = False
+    # token loops (more tokens than block_t): each token block's dGate, dUp go into the dx partial and into dWg, dWu
+    # in one pass; else dWg, dWu take a second pass after the dx arrival, computing dGate, dUp again
+    one_pass: bool = False
     # one token, every product on the CUDA cores in fp32 (:func:`one_token_kernel`): the fields above that place the
     # tensor cores' operands (block_t, weights_ahead, count_late, stage_before_wait, once_by_move) do not apply
     cuda_cores: bool = False
@@ -648,7 +656,7 @@ class FewTokensConfig:
                 T, H, I, phase, self.block_t, self.block_h1, self.block_i1, self.block_i2, self.block_h2,
                 *self.spans, n_h1, n_i1, n_i2, n_h2, T <= self.block_t, ahead, 32 * self.warps, *dot_flags(x),
                 with_lo, trace is not None, self.count_late, self.stage_before_wait,
-                self.once_by_move and not interpreter, **launch_options,
+                self.once_by_move and not interpreter, self.one_pass, **launch_options,
             )  # fmt: skip
         return grad_x, grad_gate_weight, grad_up_weight, grad_down_weight
 
@@ -657,9 +665,11 @@ def choose_few_tokens_config(num_tokens: int, hidden_size: int, intermediate_siz
                              with_lo: bool, max_programs: int = 132) -> FewTokensConfig:  # fmt: skip
     """Tiles for ``num_tokens`` (H = 2048, I = 768 in mind: 96 programs, each a 256×64 Wd tile and a 128×128
     Wg/Wu tile; the Wg, Wu tiles loaded into registers at the start: on the H200, 0.4–0.8 µs faster at 1–16
-    tokens than prefetching them into L2, data/results/NOTES.md). Up to 32 tokens in one token block (the
-    straight-line form: no spill at 8 warps when compiled for sm_90, ``scripts/p1_few_tokens_check.py
-    --compile-only``), beyond that 16-token steps (32-token steps spill in the loop form). Blocks along H
+    tokens than prefetching them into L2, data/results/NOTES.md). Up to 64 tokens in one token block of 16, 32
+    or 64 (the straight-line form; compiled for sm_90 at 8 warps no spill up to 32, 24–32 bytes of stack at 64,
+    ``scripts/p1_few_tokens_check.py --compile-only``), on the H200 by graph replay 8–12 µs faster than 16-token
+    steps at 48–64 tokens; beyond that 16-token steps (32-token steps spill in the loop form), one pass over them
+    software-pipelined by Triton (``one_pass``, ``stages=2``: 61 against 74 µs at 128 tokens, fast path). Blocks along H
     grow until the grid fits in ``max_programs`` (one program per SM: 132 on an H200). ``with_lo`` (the
     faithful path) takes the same tiles. The launch count is read just before the wait, and phase 2's operands
     are staged for the tensor cores before it (``count_late``, ``stage_before_wait``: together 0.4–0.8 µs
@@ -677,9 +687,12 @@ def choose_few_tokens_config(num_tokens: int, hidden_size: int, intermediate_siz
                                stage_before_wait=True)  # fmt: skip
     if num_tokens == 1:  # every product on the CUDA cores (one_token_kernel): 1.2-1.9 us faster on the H200
         config = FewTokensConfig(cuda_cores=True, cooperative=True)
-    else:
-        config = FewTokensConfig(block_t=16 if num_tokens <= 16 or num_tokens > 32 else 32, count_late=True,
+    elif num_tokens <= 64:  # one token block
+        config = FewTokensConfig(block_t=max(16, triton.next_power_of_2(num_tokens)), count_late=True,
                                  stage_before_wait=True, once_by_move=True, cooperative=True)  # fmt: skip
+    else:  # token loops
+        config = FewTokensConfig(block_t=16, count_late=True, stage_before_wait=True, once_by_move=True,
+                                 cooperative=True, one_pass=True, stages=2)  # fmt: skip
     while config.grid_size(hidden_size, intermediate_size) > max_programs and config.block_h1 < hidden_size:
         config = dataclasses.replace(config, block_h1=2 * config.block_h1, block_h2=2 * config.block_h2)
     return config

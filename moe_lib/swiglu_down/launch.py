@@ -73,11 +73,14 @@ CHAINED_TILES = {  # from this many tokens: these tiles
     0: TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1)),
     512: TileConfig((64, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1)),
 }
-# up to this many tokens both paths run the few-token design (:mod:`.few_tokens`): on the H200 at 1–16 tokens
-# it took 19–21 µs by graph replay against 23–32 µs for the two-launch (fast) and one-launch (faithful)
-# designs, and 14–16 µs against 20–27 µs in NVIDIA's timing; at 64 tokens it was slower than both
-# (data/results/NOTES.md)
-FEW_TOKENS_MAX_TOKENS = 16
+# up to this many tokens each path runs the few-token design (:mod:`.few_tokens`), its tokens in one block of up to 64
+# (data/results/NOTES.md, designs 5 and 10; on the H200 by graph replay): at 1–16 tokens 19–21 µs against 23–32 µs
+# for the two-launch (fast) and one-launch (faithful) designs, and 14–16 µs against 20–27 µs in NVIDIA's timing; at
+# 24 and 32 tokens (one 32-token block) 22.7–23.6 µs faithful against the one launch's 40.2–42.0, and 21.8–22.7 fast
+# against the cuBLAS design's 25.8–26.2; at 48 and 64 tokens (one 64-token block) 29.6–30.3 µs faithful against
+# 41.8–42.8 (24.4–27.3 against 36.8–37.7 in NVIDIA's timing), but 27.6–28.5 fast against cuBLAS's 25.7–26.5. Beyond
+# one block its token loops are slower than every other design (74 µs fast at 128 tokens against cuBLAS's 28.7)
+FEW_TOKENS_MAX_TOKENS = {"fast": 32, "faithful": 64}
 
 
 # from this many tokens the fast path runs the design on cuBLAS GEMMs (:mod:`.library_gemms`) instead of the
@@ -87,7 +90,7 @@ FEW_TOKENS_MAX_TOKENS = 16
 # stacking, a Triton launch, allocations) take 140–520 µs a call and leave gaps between the kernels wherever the
 # GPU finishes first: 449 against 148 µs at 1321 tokens; at 7168 tokens 370.8 against 395.1 µs in one run, but
 # 519–576 µs in two others, on hosts that took 500 µs a call, against the Triton launches' ≈ 395 (NOTES)
-LIBRARY_GEMMS_MIN_TOKENS = {"fast": FEW_TOKENS_MAX_TOKENS + 1}
+LIBRARY_GEMMS_MIN_TOKENS = {"fast": FEW_TOKENS_MAX_TOKENS["fast"] + 1}
 # from here on the fast path keeps dA in the input dtype, as torch.compile's code does (236.7 against
 # 242.2 µs at 8192 tokens; within 1 µs of fp32 from 1087 to 2447); below, in fp32
 LIBRARY_GEMMS_16BIT_DA_MIN_TOKENS = 1024
@@ -127,16 +130,16 @@ def choose_config(num_tokens: int, hidden_size: int, intermediate_size: int, *, 
     launch 1's epilogue, so from 257 tokens it gets tiles that keep both within the registers and shared
     memory (launch 1 on 8 warps, dx on 128×128 tiles, 3 stages). Where its grid fits in ``max_programs``
     (the programs surely resident at once: one per SM, :func:`resident_programs`), both paths run the
-    few-token design (:class:`~.few_tokens.FewTokensConfig`) up to :data:`FEW_TOKENS_MAX_TOKENS` with 16-bit
-    inputs (``element_bytes``; its tiles are sized for them), and the
-    faithful path the one-launch design (:class:`~.one_launch.OneLaunchConfig`) up to
-    :data:`ONE_LAUNCH_MAX_TOKENS`, then in :data:`CHAINED_LAUNCH_TOKENS` the two launches' tiles chained into one
+    few-token design (:class:`~.few_tokens.FewTokensConfig`) up to :data:`FEW_TOKENS_MAX_TOKENS` (per path) with
+    16-bit inputs (``element_bytes``; its tiles are sized for them); where its grid does not fit, the
+    faithful path takes the one-launch design (:class:`~.one_launch.OneLaunchConfig`) up to
+    :data:`ONE_LAUNCH_MAX_TOKENS`; then in :data:`CHAINED_LAUNCH_TOKENS` the two launches' tiles chained into one
     launch (:class:`~.chained.ChainedConfig`; any grid size: it needs no residency).
     Under the interpreter: 16-wide tiles split in two, so that tiny test shapes still have several
     tiles, splits and edges."""
     if interpreter:
         return TileConfig((16, 16, 16, 2), (16, 16, 16, 2), (16, 16, 16, 2), (16, 16, 16, 1), (1, 1), (1, 1), 2)
-    if num_tokens <= FEW_TOKENS_MAX_TOKENS and element_bytes == 2:
+    if num_tokens <= FEW_TOKENS_MAX_TOKENS["faithful" if with_lo else "fast"] and element_bytes == 2:
         from .few_tokens import choose_few_tokens_config  # it builds on this module's workspaces
 
         few_tokens = choose_few_tokens_config(num_tokens, hidden_size, intermediate_size, interpreter=False,
