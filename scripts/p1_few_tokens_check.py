@@ -77,12 +77,21 @@ CANDIDATES = {
     # compiled for sm_90 no spill on the fast path, 104 B of stack on the faithful one
     "a_mv_s2_1p": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="registers",
                        count_late=True, stage_before_wait=True, once_by_move=True, stages=2, one_pass=True),
+    # the one pass without the pipelining (compiled for sm_90: 152 B of stack on the faithful path)
+    "a_mv_1p": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="registers",
+                    count_late=True, stage_before_wait=True, once_by_move=True, one_pass=True),
     # a_mv_s2 with Wg, Wu prefetched into L2 at the start instead of held in registers through phase 1
     "a_pf_mv_s2": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="prefetch",
                        count_late=True, stage_before_wait=True, once_by_move=True, stages=2),
     # up to 64 tokens in one straight-line block (compiled for sm_90: 24-32 B of stack)
     "a_mv_t64": dict(block_t=64, block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="registers",
                      count_late=True, stage_before_wait=True, once_by_move=True),
+    # up to 128 tokens in one straight-line block (compiled for sm_90: 700 B of stack on 8 warps; 400-530 B on 16)
+    "a_mv_t128": dict(block_t=128, block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="registers",
+                      count_late=True, stage_before_wait=True, once_by_move=True),
+    "a_mv_t128_w16": dict(block_t=128, block_h1=256, block_i1=64, block_i2=128, block_h2=128,
+                          weights_ahead="registers", count_late=True, stage_before_wait=True, once_by_move=True,
+                          warps=16),
     # one token: the default's tiles with every product on the CUDA cores (fp32 FMAs): no staging of operands in
     # shared memory, no transposed tiles converted before their stores (refuses more tokens)
     "fma": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, cooperative=True, cuda_cores=True),
