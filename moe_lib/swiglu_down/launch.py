@@ -78,9 +78,11 @@ CHAINED_TILES = {  # from this many tokens: these tiles
 # for the two-launch (fast) and one-launch (faithful) designs, and 14–16 µs against 20–27 µs in NVIDIA's timing; at
 # 24 and 32 tokens (one 32-token block) 22.7–23.6 µs faithful against the one launch's 40.2–42.0, and 21.8–22.7 fast
 # against the cuBLAS design's 25.8–26.2; at 48 and 64 tokens (one 64-token block) 29.6–30.3 µs faithful against
-# 41.8–42.8 (24.4–27.3 against 36.8–37.7 in NVIDIA's timing), but 27.6–28.5 fast against cuBLAS's 25.7–26.5. Beyond
-# one block its token loops are slower than every other design (74 µs fast at 128 tokens against cuBLAS's 28.7)
-FEW_TOKENS_MAX_TOKENS = {"fast": 32, "faithful": 64}
+# 41.8–42.8 (24.4–27.3 against 36.8–37.7 in NVIDIA's timing), but 27.6–28.5 fast against cuBLAS's 25.7–26.5; at 65
+# and 96 tokens (one 128-token block) 43.8 and 49.1 µs faithful against the chained launch's 49.6 and 50.2, at 128
+# tokens 55.8 against 50.4. Beyond one block its token loops are slower than every other design (63–75 µs at 128
+# tokens)
+FEW_TOKENS_MAX_TOKENS = {"fast": 32, "faithful": 96}
 
 
 # from this many tokens the fast path runs the design on cuBLAS GEMMs (:mod:`.library_gemms`) instead of the
