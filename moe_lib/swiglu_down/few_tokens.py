@@ -263,6 +263,7 @@ def few_tokens_kernel(
     STAGE_EARLY: tl.constexpr,  # SINGLE_BLOCK: stage phase 2's Wg, Wu and x tiles for the tensor cores before the wait
     ONCE_BY_MOVE: tl.constexpr,  # once() by an identity move in inline PTX, not a select (GPU only)
     ONE_PASS: tl.constexpr,  # token loops: dx_b and dWg, dWu in one pass over the token blocks, not two
+    SAVED_LATE: tl.constexpr,  # SINGLE_BLOCK: the saved gate, s, silu, up tiles loaded after phase 1, not at the start
 ):  # fmt: skip
     pid = tl.program_id(0)
     trace_ptr += pid * (TRACE_END + 2)
@@ -288,10 +289,11 @@ def few_tokens_kernel(
             w_up = load_block(up_weight_ptr, off_i2, off_h2, I, h2_end, H, BLOCK_I2, BLOCK_H2)
         if SINGLE_BLOCK:
             x_block = load_block(x_ptr, 0, off_h2, T, h2_end, H, BLOCK_T, BLOCK_H2)
-            gate = load_block(gate_ptr, 0, off_i2, T, I, I, BLOCK_T, BLOCK_I2)
-            s = load_block(gate_sigmoid_ptr, 0, off_i2, T, I, I, BLOCK_T, BLOCK_I2)
-            gate_silu = load_block(gate_silu_ptr, 0, off_i2, T, I, I, BLOCK_T, BLOCK_I2)
-            up = load_block(up_ptr, 0, off_i2, T, I, I, BLOCK_T, BLOCK_I2)
+            if not SAVED_LATE:
+                gate = load_block(gate_ptr, 0, off_i2, T, I, I, BLOCK_T, BLOCK_I2)
+                s = load_block(gate_sigmoid_ptr, 0, off_i2, T, I, I, BLOCK_T, BLOCK_I2)
+                gate_silu = load_block(gate_silu_ptr, 0, off_i2, T, I, I, BLOCK_T, BLOCK_I2)
+                up = load_block(up_ptr, 0, off_i2, T, I, I, BLOCK_T, BLOCK_I2)
     if PHASE == 0:  # this launch's number: the launch counter grows by the grid size per launch
         launch_arrival = arrive(counters_ptr, True, "relaxed", THREADS)
         if COUNT_LATE:  # the launch count's round trip is waited for at the wait only
@@ -337,6 +339,11 @@ def few_tokens_kernel(
         if WEIGHTS_AHEAD != 2:
             w_gate = load_block(gate_weight_ptr, off_i2, off_h2, I, h2_end, H, BLOCK_I2, BLOCK_H2)
             w_up = load_block(up_weight_ptr, off_i2, off_h2, I, h2_end, H, BLOCK_I2, BLOCK_H2)
+        if SINGLE_BLOCK and SAVED_LATE:  # the saved tiles after phase 1, on their way during the wait
+            gate = load_block(gate_ptr, 0, off_i2, T, I, I, BLOCK_T, BLOCK_I2)
+            s = load_block(gate_sigmoid_ptr, 0, off_i2, T, I, I, BLOCK_T, BLOCK_I2)
+            gate_silu = load_block(gate_silu_ptr, 0, off_i2, T, I, I, BLOCK_T, BLOCK_I2)
+            up = load_block(up_ptr, 0, off_i2, T, I, I, BLOCK_T, BLOCK_I2)
         if STAGE_EARLY and SINGLE_BLOCK:  # the phase-2 operands staged for the tensor cores while the wait spins
             w_gate_t = tl.trans(once(w_gate, ready, ONCE_BY_MOVE))
             w_up_t = tl.trans(once(w_up, ready, ONCE_BY_MOVE))
@@ -569,6 +576,9 @@ class FewTokensConfig:
     # token loops (more tokens than block_t): each token block's dGate, dUp go into the dx partial and into dWg, dWu
     # in one pass; else dWg, dWu take a second pass after the dx arrival, computing dGate, dUp again
     one_pass: bool = False
+    # one token block: the saved gate, gate_sigmoid, gate_silu and up tiles loaded after phase 1 (on their way during
+    # the wait) instead of at the start, where they hold registers through phase 1
+    saved_late: bool = False
     # one token, every product on the CUDA cores in fp32 (:func:`one_token_kernel`): the fields above that place the
     # tensor cores' operands (block_t, weights_ahead, count_late, stage_before_wait, once_by_move) do not apply
     cuda_cores: bool = False
@@ -656,7 +666,7 @@ class FewTokensConfig:
                 T, H, I, phase, self.block_t, self.block_h1, self.block_i1, self.block_i2, self.block_h2,
                 *self.spans, n_h1, n_i1, n_i2, n_h2, T <= self.block_t, ahead, 32 * self.warps, *dot_flags(x),
                 with_lo, trace is not None, self.count_late, self.stage_before_wait,
-                self.once_by_move and not interpreter, self.one_pass, **launch_options,
+                self.once_by_move and not interpreter, self.one_pass, self.saved_late, **launch_options,
             )  # fmt: skip
         return grad_x, grad_gate_weight, grad_up_weight, grad_down_weight
 
