@@ -345,7 +345,7 @@ def test_chained_launch_refuses_tma_tiles():
 
 def test_faithful_path_chains_its_launches_in_its_band():
     """The faithful path: one launch up to ONE_LAUNCH_MAX_TOKENS (the few-token design at the benchmark's shape,
-    to 96 tokens), the chained launch in CHAINED_LAUNCH_TOKENS beyond that, the two launches above; the fast path
+    to 128 tokens), the chained launch in CHAINED_LAUNCH_TOKENS beyond that, the two launches above; the fast path
     never chains (its own designs there)."""
     from moe_lib.swiglu_down.chained import ChainedConfig
     from moe_lib.swiglu_down.few_tokens import FewTokensConfig
@@ -356,13 +356,14 @@ def test_faithful_path_chains_its_launches_in_its_band():
 
     band = CHAINED_LAUNCH_TOKENS
     assert band.start == ONE_LAUNCH_MAX_TOKENS + 1
-    assert isinstance(config(band.start), FewTokensConfig) and isinstance(config(96), FewTokensConfig)
+    assert isinstance(config(band.start), FewTokensConfig) and isinstance(config(128), FewTokensConfig)
     assert isinstance(config(band.start, max_programs=11), ChainedConfig)  # where the few-token grid does not fit
-    for T in (97, 128, 512, 1087, band.stop - 1):
+    assert isinstance(config(128, max_programs=11), ChainedConfig)
+    for T in (129, 512, 1087, band.stop - 1):
         assert isinstance(config(T), ChainedConfig), T
         assert not isinstance(config(T, with_lo=False), ChainedConfig), T
         assert isinstance(config(T, interpreter=True), TileConfig), T
-    assert config(128).tiles.grad_down == (64, 128, 64, 1) and config(1087).tiles.grad_down == (128, 256, 64, 1)
+    assert config(129).tiles.grad_down == (64, 128, 64, 1) and config(1087).tiles.grad_down == (128, 256, 64, 1)
     assert isinstance(config(ONE_LAUNCH_MAX_TOKENS), FewTokensConfig)
     assert isinstance(config(band.stop), TileConfig)
 

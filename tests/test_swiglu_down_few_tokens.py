@@ -231,6 +231,7 @@ def test_choose_few_tokens_config():
         config = choose_few_tokens_config(T, 2048, 768, interpreter=False, with_lo=True)
         assert config.grid_size(2048, 768) == 96
         assert config.block_t >= T if T <= 128 else (config.block_t, config.one_pass) == (16, True)
+        assert config.saved_late == (32 < T <= 128)
         assert config.block_i1 * 2 >= 128 and config.block_h2 * 2 >= 128  # ≥ 128 contiguous bytes per weight row
         assert config.cooperative and config.cuda_cores == (T == 1)
         assert config.cuda_cores or (config.count_late and config.stage_before_wait and config.once_by_move)
@@ -242,7 +243,7 @@ def test_swiglu_down_backward_chooses_it_for_few_16_bit_tokens():
     from moe_lib.swiglu_down.few_tokens import FewTokensConfig
     from moe_lib.swiglu_down.launch import FEW_TOKENS_MAX_TOKENS, TileConfig, choose_config
 
-    assert FEW_TOKENS_MAX_TOKENS == {"fast": 32, "faithful": 96}
+    assert FEW_TOKENS_MAX_TOKENS == {"fast": 32, "faithful": 128}
     for with_lo, last in ((True, FEW_TOKENS_MAX_TOKENS["faithful"]), (False, FEW_TOKENS_MAX_TOKENS["fast"])):
         for T in (1, 16, 17, last):
             config = choose_config(T, 2048, 768, interpreter=False, with_lo=with_lo, max_programs=132)
@@ -295,7 +296,7 @@ def gpu_config(T: int, precision: str):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("T", [1, 2, 4, 8, 16, 3, 17, 32, 33, 64, 65, 96, 100])
+@pytest.mark.parametrize("T", [1, 2, 4, 8, 16, 3, 17, 32, 33, 64, 65, 100, 128])
 @pytest.mark.parametrize("distribution", ["forward", "harness"])
 @pytest.mark.parametrize("precision", ["faithful", "fast"])
 def test_gpu_benchmark_shape_against_float64(T, distribution, precision, seed):

@@ -678,10 +678,12 @@ def choose_few_tokens_config(num_tokens: int, hidden_size: int, intermediate_siz
     tokens than prefetching them into L2, data/results/NOTES.md). Up to 128 tokens in one token block of 16, 32,
     64 or 128 (the straight-line form; compiled for sm_90 at 8 warps no spill up to 32, 24–32 bytes of stack at
     64, 700 at 128, ``scripts/p1_few_tokens_check.py --compile-only``), on the H200 by graph replay 8–12 µs faster
-    than 16-token steps at 48–64 tokens and 19–20 at 128; beyond that 16-token steps (32-token steps spill in the
-    loop form), one pass over them software-pipelined by Triton (``one_pass``, ``stages=2``: 62.6 against 75.3 µs
-    at 128 tokens on the fast path, 217.8 against 291.5 at 512). Blocks along H
-    grow until the grid fits in ``max_programs`` (one program per SM: 132 on an H200). ``with_lo`` (the
+    than 16-token steps at 48–64 tokens and 19–20 at 128; from 33 tokens with the saved tiles loaded after phase 1
+    (``saved_late``: no stack at 64, 88 bytes at 128; faithful at 96 tokens 43.9 µs against 48.9 with them loaded
+    at the start). Beyond that 16-token steps (32-token steps spill in the loop form), one pass over them
+    software-pipelined by Triton (``one_pass``, ``stages=2``: 62.6 against 75.3 µs at 128 tokens on the fast path,
+    217.8 against 291.5 at 512). Blocks along H grow until the grid fits in ``max_programs`` (one program per SM:
+    132 on an H200). ``with_lo`` (the
     faithful path) takes the same tiles. The launch count is read just before the wait, and phase 2's operands
     are staged for the tensor cores before it (``count_late``, ``stage_before_wait``: together 0.4–0.8 µs
     faster at 1–16 tokens on the H200, both paths, by graph replay and in NVIDIA's timing), placed by identity
@@ -700,7 +702,8 @@ def choose_few_tokens_config(num_tokens: int, hidden_size: int, intermediate_siz
         config = FewTokensConfig(cuda_cores=True, cooperative=True)
     elif num_tokens <= 128:  # one token block
         config = FewTokensConfig(block_t=max(16, triton.next_power_of_2(num_tokens)), count_late=True,
-                                 stage_before_wait=True, once_by_move=True, cooperative=True)  # fmt: skip
+                                 stage_before_wait=True, once_by_move=True, cooperative=True,
+                                 saved_late=num_tokens > 32)  # fmt: skip
     else:  # token loops
         config = FewTokensConfig(block_t=16, count_late=True, stage_before_wait=True, once_by_move=True,
                                  cooperative=True, one_pass=True, stages=2)  # fmt: skip
