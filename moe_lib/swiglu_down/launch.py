@@ -79,10 +79,10 @@ CHAINED_TILES = {  # from this many tokens: these tiles
 # 24 and 32 tokens (one 32-token block) 22.7–23.6 µs faithful against the one launch's 40.2–42.0, and 21.8–22.7 fast
 # against the cuBLAS design's 25.8–26.2; at 48 and 64 tokens (one 64-token block) 29.6–30.3 µs faithful against
 # 41.8–42.8 (24.4–27.3 against 36.8–37.7 in NVIDIA's timing), but 27.6–28.5 fast against cuBLAS's 25.7–26.5; at 65
-# to 128 tokens (one 128-token block, the saved tiles loaded after phase 1) faithful 43.9 µs against the chained
-# launch's 48.9 at 96 tokens, and at 128 49.2 against 49.0 by graph replay but 42.5 against 45.4 in NVIDIA's timing,
-# which judges the faithful path (fast: 46.0 against cuBLAS's 29.6). Beyond one block its token loops are slower
-# than every other design (63–75 µs at 128 tokens)
+# to 128 tokens (one 128-token block, the saved tiles loaded after phase 1) faithful 42.3–44.2 µs against the chained
+# launch's 49.4–50.0 at 65–96 tokens (37.9–39.7 against 44.7–45.4 in NVIDIA's timing), a tie at 128 (49.8–50.2
+# against 50.3–50.5; 45.2–45.4 against 45.2–45.3); on the fast path 46.0 against cuBLAS's 29.6 at 128. Beyond one
+# block its token loops are slower than every other design (63–75 µs at 128 tokens)
 FEW_TOKENS_MAX_TOKENS = {"fast": 32, "faithful": 128}
 
 
