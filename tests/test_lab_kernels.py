@@ -143,13 +143,14 @@ def test_few_tokens_table_reads_the_committed_check_run():
 
 
 def test_p1_design_by_tokens_follows_choose_design():
-    table = kernels.p1_design_by_tokens([1, 16, 17, 128, 8192], 2048, 768)
+    few = "few tokens: one launch, waits per block"
+    table = kernels.p1_design_by_tokens([1, 16, 32, 33, 128, 8192], 2048, 768)
     assert list(table.columns) == ["fast", "faithful"]
-    assert table.loc[1, "fast"] == table.loc[1, "faithful"] == "few tokens: one launch, waits per block"
-    assert table.loc[17, "fast"].startswith("cuBLAS GEMMs") and table.loc[8192, "fast"].startswith("cuBLAS GEMMs")
-    table = kernels.p1_design_by_tokens([1, 16, 17, 64, 128, 1087, 8192], 2048, 768)
-    assert table.loc[64, "faithful"] == "one launch, grid barrier"
-    assert table.loc[128, "faithful"] == table.loc[1087, "faithful"] == "the two launches' tiles chained in one launch"
+    assert table.loc[1, "fast"] == table.loc[1, "faithful"] == table.loc[32, "fast"] == few
+    assert table.loc[33, "fast"].startswith("cuBLAS GEMMs") and table.loc[8192, "fast"].startswith("cuBLAS GEMMs")
+    table = kernels.p1_design_by_tokens([1, 16, 17, 64, 128, 129, 1087, 8192], 2048, 768)
+    assert table.loc[64, "faithful"] == table.loc[128, "faithful"] == few
+    assert table.loc[129, "faithful"] == table.loc[1087, "faithful"] == "the two launches' tiles chained in one launch"
     assert table.loc[8192, "faithful"] == "two Triton launches"
 
 
@@ -219,3 +220,26 @@ def test_p1_call_kernels_and_timeline_figure():
     assert len(fig.axes) == 2
     assert sum(len(ax.collections) for ax in fig.axes) == len(table[table.num_tokens.isin([128, 4093])])
     plt.close(fig)
+
+
+def test_one_block_table_reads_the_committed_runs_of_both_trees():
+    table, floor = kernels.p1_one_block_times()
+    assert list(table.columns) == [kernels.ONE_BLOCK_BEFORE, kernels.ONE_BLOCK_SAVED_FIRST, kernels.ONE_BLOCK_NOW]
+    assert 3 < floor < 6
+    faithful, fast = table.loc["faithful"], table.loc["fast"]
+    # what NOTES.md (design 10) and FEW_TOKENS_MAX_TOKENS say: the faithful path faster at 17-96 tokens, a tie at 128
+    now = faithful[kernels.ONE_BLOCK_NOW].dropna()
+    assert list(now.index) == [17, 24, 32, 33, 64, 96, 128]
+    assert (now.loc[:96] < faithful.loc[now.loc[:96].index, kernels.ONE_BLOCK_BEFORE] - 5).all()
+    assert abs(now.loc[128] - faithful.loc[128, kernels.ONE_BLOCK_BEFORE]) < 1.5
+    assert faithful.loc[32, kernels.ONE_BLOCK_NOW] == pytest.approx(23.6, abs=0.05)
+    # the fast path: the one block ahead up to 32 tokens, cuBLAS ahead from 48
+    assert (fast[kernels.ONE_BLOCK_NOW].dropna() < fast[kernels.ONE_BLOCK_BEFORE].loc[[17, 24, 32]]).all()
+    assert (fast.loc[[48, 64], kernels.ONE_BLOCK_SAVED_FIRST] > fast.loc[[48, 64], kernels.ONE_BLOCK_BEFORE]).all()
+    official, _ = kernels.p1_one_block_times(column="official_us")
+    at_96 = official.loc[("faithful", 96)]
+    assert at_96[kernels.ONE_BLOCK_NOW] < at_96[kernels.ONE_BLOCK_BEFORE]
+    figure = kernels.few_tokens_figure(table, floor, chosen=kernels.ONE_BLOCK_NOW, before=kernels.ONE_BLOCK_BEFORE,
+                                       xscale="linear", ticks=[17, 64, 128])  # fmt: skip
+    assert len(figure.axes) == 2 and len(figure.axes[0].lines) == len(table.columns) + 1
+    plt.close(figure)

@@ -369,6 +369,15 @@ def test_kernels_notebook_errors_agree_with_a_rerun(kernels_run):
     # the alternatives set aside: the same products summed in another order
     assert summary["few_tokens"]["max_rel_error"] < 1e-5 and summary["few_tokens"]["programs"] >= 2
     # one token on the CUDA cores: both paths the same bits, as close as the tensor cores' faithful path (bf16 outputs)
+    # the committed runs behind the few-token launch's one block: the faithful path faster than before at 17-96
+    # tokens (a tie at 128), the fast path faster at 17-32
+    one_block = summary["one_block"]
+    assert sorted(map(int, one_block["fast"])) == [17, 24, 32]
+    assert sorted(map(int, one_block["faithful"])) == [17, 24, 32, 33, 64, 96, 128]
+    for precision, rows in one_block.items():
+        for tokens, row in rows.items():
+            if int(tokens) < 128:
+                assert row["now_us"] < row["before_us"] - 2, (precision, tokens, row)
     one_token = summary["one_token"]
     assert one_token["same_bits_both_paths"] is True and one_token["max_rel_error"] < 1e-2
     for output, errors in one_token["rel_errors"].items():

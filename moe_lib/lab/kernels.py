@@ -353,23 +353,76 @@ def p1_few_tokens_times(path=TUNING_DIR / "2026-11-30-p1-few-tokens-check.json",
     return table[ordered], run["floor_us"]
 
 
-def few_tokens_figure(table: pd.DataFrame, floor_us: float, chosen: str):
-    """One panel per precision: µs against token count for each candidate of :func:`p1_few_tokens_times`,
-    the path before it dashed, ``chosen`` bold, and the floor of one tiny kernel dotted."""
+# the series of p1_one_block_times: the default paths before, and the few-token launch with all tokens in one block
+ONE_BLOCK_BEFORE = "before: one launch, chained launch (faithful); cuBLAS (fast)"
+ONE_BLOCK_SAVED_FIRST = "one block, the saved tiles loaded at the start"
+ONE_BLOCK_NOW = "one block, the default (the saved tiles after phase 1 from 33 tokens)"
+ONE_BLOCK_FILES = (TUNING_DIR / "2026-12-01-p1-few-tokens-one-block.json",
+                   TUNING_DIR / "2026-12-01-p1-few-tokens-to-128.json")  # fmt: skip
+# commit → what its "default" ran beyond 32 tokens on the faithful path (at most 32 tokens every newer commit runs
+# today's default; the fast path's default beyond 32 tokens is cuBLAS in every one of them)
+ONE_BLOCK_COMMITS = {"aa4a161": ONE_BLOCK_BEFORE, "01719e9": ONE_BLOCK_SAVED_FIRST, "d72efcf": ONE_BLOCK_SAVED_FIRST,
+                     "621fb5e": ONE_BLOCK_NOW}  # fmt: skip
+
+
+def _one_block_series(commit: str, config: str, precision: str, tokens: int) -> str | None:
+    """Which series of :func:`p1_one_block_times` a check row belongs to (None: none of them)."""
+    ran = ONE_BLOCK_COMMITS.get(commit[:7])
+    if config == "a_mv_t64" and 32 < tokens <= 64:  # the 64-token block, saved tiles at the start
+        return ONE_BLOCK_SAVED_FIRST
+    if config != "default" or ran is None:
+        return None
+    if ran == ONE_BLOCK_BEFORE:
+        return ran
+    if tokens <= 32:
+        return ONE_BLOCK_NOW
+    return ran if precision == "faithful" else None  # the fast path beyond 32 tokens: cuBLAS, as before
+
+
+def p1_one_block_times(paths=ONE_BLOCK_FILES, *, column: str = "graph_us"):
+    """The few-token launch with all tokens in one block (17–128 tokens) against the default paths before it, from
+    the committed ``scripts/p1_few_tokens_check.py`` runs of both trees: µs per (precision, num_tokens) and series
+    (:data:`ONE_BLOCK_BEFORE`, :data:`ONE_BLOCK_SAVED_FIRST`, :data:`ONE_BLOCK_NOW`), the median over the runs that
+    measured it (``column``: "graph_us" or "official_us"). Returns (table, the median floor of the runs, µs)."""
+    rows, floors = [], []
+    for path in paths:
+        data = _read_json(path)
+        provenance = data["provenance"]
+        for run in data.get("rounds") or data["runs"]:
+            commit = run.get("commit") or provenance[f"{run['tree']}_commit"]
+            floors.append(run["floor_us"])
+            for row in run["rows"]:
+                series = _one_block_series(commit, row["config"], row["precision"], row["T"])
+                if series is not None and row.get("ok") and column in row:
+                    rows.append(dict(precision=row["precision"], num_tokens=row["T"], series=series, us=row[column]))
+    table = pd.DataFrame(rows).pivot_table(index=["precision", "num_tokens"], columns="series", values="us",
+                                           aggfunc="median")  # fmt: skip
+    return table[[ONE_BLOCK_BEFORE, ONE_BLOCK_SAVED_FIRST, ONE_BLOCK_NOW]], float(np.median(floors))
+
+
+def few_tokens_figure(table: pd.DataFrame, floor_us: float, chosen: str, before: str = FEW_TOKENS_BEFORE, *,
+                      xscale: str = "log", ticks=None):  # fmt: skip
+    """One panel per precision: µs against token count for each candidate of :func:`p1_few_tokens_times` (or
+    series of :func:`p1_one_block_times`), the path before it (``before``) dashed, ``chosen`` bold, and the floor
+    of one tiny kernel dotted; a candidate not measured at some token counts is drawn where it was. ``ticks``: the
+    token counts labelled (default: every one measured)."""
     precisions = list(dict.fromkeys(table.index.get_level_values("precision")))
     fig, axes = plt.subplots(1, len(precisions), figsize=(5.5 * len(precisions), 3.8), sharey=True, squeeze=False)
     for ax, precision in zip(axes[0], precisions, strict=True):
         part = table.loc[precision]
         for config in part.columns:
             style = dict(lw=1, alpha=0.6, marker=".")
-            if config == FEW_TOKENS_BEFORE:
+            if config == before:
                 style = dict(lw=2, ls="--", color="black", marker="o")
             elif config == chosen:
                 style = dict(lw=2.5, color="tab:red", marker="o")
-            ax.plot(part.index, part[config], label=config, **style)
+            measured = part[config].dropna()
+            ax.plot(measured.index, measured, label=config, **style)
         ax.axhline(floor_us, ls=":", color="grey", label="one tiny kernel (floor of the method)")
-        ax.set(xscale="log", xlabel="tokens", title=f"{precision} path", ylim=(0, None))
-        ax.set_xticks(list(part.index), [str(t) for t in part.index])
+        ax.set(xscale=xscale, xlabel="tokens", title=f"{precision} path", ylim=(0, None))
+        ax.minorticks_off()
+        labelled = list(part.index) if ticks is None else list(ticks)
+        ax.set_xticks(labelled, [str(t) for t in labelled])
     axes[0][0].set_ylabel("µs (graph replay, L2 flushed)")
     axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
