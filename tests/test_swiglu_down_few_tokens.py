@@ -127,19 +127,24 @@ def other_tilings():
             block_t=16, block_h1=32, block_i1=16, block_i2=32, block_h2=32, weights_ahead="registers", warps=1,
             count_late=True, stage_before_wait=True, one_pass=True, stages=2,
         ),
+        # one token block, the saved gate, sigmoid, silu, up tiles loaded after phase 1
+        "saved late": FewTokensConfig(
+            block_t=16, block_h1=32, block_i1=16, block_i2=32, block_h2=32, weights_ahead="registers", warps=1,
+            count_late=True, stage_before_wait=True, saved_late=True,
+        ),
     }
 
 
 @needs_triton
 @pytest.mark.parametrize("T, tiling", [(5, "straddled"), (3, "straddling"), (20, "registers"), (4, "spans"),
-                                        (18, "spans"), (3, "moves"), (37, "one pass")])
+                                        (18, "spans"), (3, "moves"), (37, "one pass"), (11, "saved late")])
 def test_other_tilings(T, tiling, seed, poisoned):
     """Tile counts that differ between the phases (programs with one phase's tile only), I-blocks of the two
     phases that do not line up, Wg, Wu loaded at the start with T = 20 (the loop form), the loop form in one pass
-    over three token blocks (the last one partial): faithful, harness inputs."""
+    over three token blocks (the last one partial), the saved tiles loaded after phase 1: faithful, harness inputs."""
     config = other_tilings()[tiling]
     n_h1, n_i1, n_i2, n_h2 = config.tiles(H, I)
-    assert n_h1 * n_i1 != n_i2 * n_h2 or tiling in ("registers", "moves")
+    assert n_h1 * n_i1 != n_i2 * n_h2 or tiling in ("registers", "moves", "saved late")
     assert tiling != "spans" or (n_h1, n_h2) == (4, 3)
     inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device=DEVICE, hidden_size=H,
                                   intermediate_size=I, distribution="harness")  # fmt: skip
