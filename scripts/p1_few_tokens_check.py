@@ -99,10 +99,6 @@ CANDIDATES = {
     # the same with Wg, Wu prefetched into L2 at the start (72 B of stack at 128 tokens; 122 registers at 16)
     "a_pf_late": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="prefetch",
                       count_late=True, stage_before_wait=True, once_by_move=True, saved_late=True),
-    # the default (one block, saved tiles after phase 1) with dA summed and dGate, dUp formed once per phase-2 I-block
-    # by the last phase-1 tile to arrive on it, instead of in each of its 16 phase-2 programs from 8 partials
-    "a_late_once": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="registers",
-                        count_late=True, stage_before_wait=True, once_by_move=True, saved_late=True, sum_once=True),
     # one token: the default's tiles with every product on the CUDA cores (fp32 FMAs): no staging of operands in
     # shared memory, no transposed tiles converted before their stores (refuses more tokens)
     "fma": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, cooperative=True, cuda_cores=True),
@@ -166,11 +162,11 @@ def compile_candidate(config, *, with_lo: bool, single_block: bool, trace: bool 
                           SINGLE_BLOCK=single_block, WEIGHTS_AHEAD=WEIGHTS_AHEAD[config.weights_ahead],
                           THREADS=32 * config.warps, UPCAST=False, PRECISION="tf32", WITH_LO=with_lo,
                           TRACE=trace, COUNT_LATE=config.count_late, STAGE_EARLY=config.stage_before_wait,
-                          ONCE_BY_MOVE=config.once_by_move, ONE_PASS=config.one_pass, SAVED_LATE=config.saved_late,
-                          SUM_ONCE=config.sum_once, H=H, I=I)  # fmt: skip
+                          ONCE_BY_MOVE=config.once_by_move, ONE_PASS=config.one_pass, SAVED_LATE=config.saved_late, H=H,
+                          I=I)  # fmt: skip
 
     def kind(name: str) -> str:
-        if name.endswith("partials_ptr") or name == "d_gate_up_ptr":
+        if name.endswith("partials_ptr"):
             return "*fp32"
         if name in ("counters_ptr", "trace_ptr"):
             return "*i64"

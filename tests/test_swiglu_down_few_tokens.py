@@ -132,28 +132,16 @@ def other_tilings():
             block_t=16, block_h1=32, block_i1=16, block_i2=32, block_h2=32, weights_ahead="registers", warps=1,
             count_late=True, stage_before_wait=True, saved_late=True,
         ),
-        # dGate, dUp formed once per phase-2 I-block by the last phase-1 tile to arrive on it: two phase-1 I-blocks in
-        # each phase-2 one, or each phase-1 tile arriving on two phase-2 I-blocks
-        "sum once": FewTokensConfig(
-            block_t=16, block_h1=32, block_i1=16, block_i2=32, block_h2=32, weights_ahead="registers", warps=1,
-            count_late=True, stage_before_wait=True, saved_late=True, sum_once=True,
-        ),
-        "sum once straddling": FewTokensConfig(
-            block_t=16, block_h1=32, block_i1=32, block_i2=16, block_h2=32, weights_ahead="after_phase1", warps=1,
-            sum_once=True,
-        ),
     }
 
 
 @needs_triton
 @pytest.mark.parametrize("T, tiling", [(5, "straddled"), (3, "straddling"), (20, "registers"), (4, "spans"),
-                                        (18, "spans"), (3, "moves"), (37, "one pass"), (11, "saved late"),
-                                        (13, "sum once"), (2, "sum once straddling")])
+                                        (18, "spans"), (3, "moves"), (37, "one pass"), (11, "saved late")])
 def test_other_tilings(T, tiling, seed, poisoned):
     """Tile counts that differ between the phases (programs with one phase's tile only), I-blocks of the two
     phases that do not line up, Wg, Wu loaded at the start with T = 20 (the loop form), the loop form in one pass
-    over three token blocks (the last one partial), the saved tiles loaded after phase 1, dGate and dUp formed once per
-    I-block: faithful, harness inputs."""
+    over three token blocks (the last one partial), the saved tiles loaded after phase 1: faithful, harness inputs."""
     config = other_tilings()[tiling]
     n_h1, n_i1, n_i2, n_h2 = config.tiles(H, I)
     assert n_h1 * n_i1 != n_i2 * n_h2 or tiling in ("registers", "moves", "saved late")
@@ -272,15 +260,6 @@ def test_swiglu_down_backward_chooses_it_for_few_16_bit_tokens():
     assert isinstance(choose_config(1, 2048, 768, interpreter=False, max_programs=132, element_bytes=4), TileConfig)
     assert isinstance(choose_config(1, 2048, 768, interpreter=False, with_lo=True, max_programs=0), TileConfig)
     assert isinstance(choose_config(1, 2048, 768, interpreter=True, max_programs=132), TileConfig)
-
-
-def test_sum_once_needs_the_tokens_in_one_block():
-    from moe_lib.swiglu_down.few_tokens import FewTokensConfig
-
-    inputs = problems.make_inputs("swiglu_down_backward", 17, hidden_size=H, intermediate_size=I)
-    outputs = [torch.empty_like(inputs[k]) for k in ("x", "gate_weight", "up_weight", "down_weight")]
-    with pytest.raises(ValueError, match="sum_once needs the tokens in one tensor-core block"):
-        FewTokensConfig(block_t=16, sum_once=True).run(*inputs.values(), *outputs, with_lo=True)
 
 
 def test_spans_longer_than_their_blocks_are_refused():

@@ -154,22 +154,6 @@ def summed_partials(partials_ptr, part_stride, off_m, off_n, M, N, stride_m,
 
 
 @triton.jit
-def d_gate_up_of_block(da_partials_ptr, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, d_gate_up_ptr, b, T, I,
-                       N_H1: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_I2: tl.constexpr):  # fmt: skip
-    """dGate, dUp of I-block ``b`` (BLOCK_I2 columns, every token) into ``d_gate_up_ptr`` (fp32 [2, T, I]): dA summed
-    from its N_H1 partials in a fixed order, then the dSwiGLU step on the saved tiles (``sum_once``); 32 token rows
-    at a time, so that the sums and saved tiles take few registers beside the program's own tiles."""
-    off_i = b * BLOCK_I2
-    ROWS: tl.constexpr = min(BLOCK_T, 32)
-    for t in tl.static_range(0, BLOCK_T, ROWS):
-        d_a = summed_partials(da_partials_ptr, T * I, t, off_i, T, I, I, N_H1, ROWS, BLOCK_I2)
-        d_gate, d_up = swiglu_grads_at(d_a, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, t, off_i, T, I, ROWS,
-                                       BLOCK_I2)  # fmt: skip
-        store_tile(d_gate_up_ptr, d_gate, t, off_i, T, I, I, ROWS, BLOCK_I2)
-        store_tile(d_gate_up_ptr + T * I, d_up, t, off_i, T, I, I, ROWS, BLOCK_I2)
-
-
-@triton.jit
 def wait_for(counter_ptr, target):
     """Returns once the int64 counter has reached ``target`` (acquire: what was stored before the
     arrivals it counts is visible to every thread of this program afterwards)."""
@@ -256,10 +240,8 @@ def few_tokens_kernel(
     grad_down_weight_ptr,  # out: dWd [H, I]
     da_partials_ptr,  # fp32 workspace [N_H1, T, I]: dA_c, the partial dA of phase-1 H-block c
     dx_partials_ptr,  # fp32 workspace [N_I2, T, H]: dx_b, the partial dx of phase-2 I-block b
-    counters_ptr,  # int64 [1 + N_I2 + N_H2 (+ N_I2 with SUM_ONCE)]: launches, dA arrivals per phase-2 I-block, dx
-                   # arrivals per H-block (and with SUM_ONCE: dGate, dUp of each phase-2 I-block stored)
+    counters_ptr,  # int64 [1 + N_I2 + N_H2]: launches, dA arrivals per phase-2 I-block, dx arrivals per H-block
     trace_ptr,  # int64 [grid, TRACE_SLOTS] (TRACE): when each program reached each of TRACE_POINTS, and its SM
-    d_gate_up_ptr,  # fp32 workspace [2, T, I] (SUM_ONCE): dGate, dUp
     T,  # tokens
     H: tl.constexpr, I: tl.constexpr,  # hidden and intermediate size, compiled in: index arithmetic and bounds fold
     PHASE: tl.constexpr,  # 0: both phases, waiting between them; 1 or 2: that phase alone (interpreter)
@@ -282,8 +264,6 @@ def few_tokens_kernel(
     ONCE_BY_MOVE: tl.constexpr,  # once() by an identity move in inline PTX, not a select (GPU only)
     ONE_PASS: tl.constexpr,  # token loops: dx_b and dWg, dWu in one pass over the token blocks, not two
     SAVED_LATE: tl.constexpr,  # SINGLE_BLOCK: the saved gate, s, silu, up tiles loaded after phase 1, not at the start
-    SUM_ONCE: tl.constexpr,  # SINGLE_BLOCK: the last phase-1 tile to arrive on a phase-2 I-block sums its dA and stores
-                             # dGate, dUp once; phase 2 loads them (not N_H1 partials and the saved tiles per program)
 ):  # fmt: skip
     pid = tl.program_id(0)
     trace_ptr += pid * (TRACE_END + 2)
@@ -309,7 +289,7 @@ def few_tokens_kernel(
             w_up = load_block(up_weight_ptr, off_i2, off_h2, I, h2_end, H, BLOCK_I2, BLOCK_H2)
         if SINGLE_BLOCK:
             x_block = load_block(x_ptr, 0, off_h2, T, h2_end, H, BLOCK_T, BLOCK_H2)
-            if not SAVED_LATE and not SUM_ONCE:
+            if not SAVED_LATE:
                 gate = load_block(gate_ptr, 0, off_i2, T, I, I, BLOCK_T, BLOCK_I2)
                 s = load_block(gate_sigmoid_ptr, 0, off_i2, T, I, I, BLOCK_T, BLOCK_I2)
                 gate_silu = load_block(gate_silu_ptr, 0, off_i2, T, I, I, BLOCK_T, BLOCK_I2)
@@ -341,16 +321,7 @@ def few_tokens_kernel(
         stamp(trace_ptr, 1, TRACE)
         # one arrival on each phase-2 I-block this tile overlaps (release: the partial goes with it)
         for b in range(off_i1 // BLOCK_I2, (tl.minimum(off_i1 + BLOCK_I1, I) - 1) // BLOCK_I2 + 1):
-            if SUM_ONCE:  # the last of the block's phase-1 tiles to arrive sums its dA (acquire: the others' partials)
-                arrived_b = arrive(counters_ptr + 1 + b, has_tile1, "acq_rel", THREADS)
-                tiles_b = N_H1 * ((tl.minimum((b + 1) * BLOCK_I2, I) - 1) // BLOCK_I1 - (b * BLOCK_I2) // BLOCK_I1 + 1)
-                if has_tile1 & (first(arrived_b) % tiles_b == tiles_b - 1):
-                    d_gate_up_of_block(da_partials_ptr, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr,
-                                       d_gate_up_ptr, b, T, I, N_H1, BLOCK_T, BLOCK_I2)  # fmt: skip
-                    tl.debug_barrier()  # every thread's dGate, dUp stored before the release
-                    tl.atomic_add(counters_ptr + 1 + N_I2 + N_H2 + b, 1, sem="release", scope="gpu")
-            else:
-                tl.atomic_add(counters_ptr + 1 + b, 1, mask=has_tile1, sem="release", scope="gpu")
+            tl.atomic_add(counters_ptr + 1 + b, 1, mask=has_tile1, sem="release", scope="gpu")
         # dWd after the arrivals: off the path that other programs wait on
         if SINGLE_BLOCK:
             acc_down = mma(tl.trans(dy), once(inter, ready, ONCE_BY_MOVE),
@@ -368,7 +339,7 @@ def few_tokens_kernel(
         if WEIGHTS_AHEAD != 2:
             w_gate = load_block(gate_weight_ptr, off_i2, off_h2, I, h2_end, H, BLOCK_I2, BLOCK_H2)
             w_up = load_block(up_weight_ptr, off_i2, off_h2, I, h2_end, H, BLOCK_I2, BLOCK_H2)
-        if SINGLE_BLOCK and SAVED_LATE and not SUM_ONCE:  # the saved tiles after phase 1, on their way during the wait
+        if SINGLE_BLOCK and SAVED_LATE:  # the saved tiles after phase 1, on their way during the wait
             gate = load_block(gate_ptr, 0, off_i2, T, I, I, BLOCK_T, BLOCK_I2)
             s = load_block(gate_sigmoid_ptr, 0, off_i2, T, I, I, BLOCK_T, BLOCK_I2)
             gate_silu = load_block(gate_silu_ptr, 0, off_i2, T, I, I, BLOCK_T, BLOCK_I2)
@@ -382,26 +353,18 @@ def few_tokens_kernel(
             if COUNT_LATE:
                 launch_number = first(launch_arrival) // tl.num_programs(0)
             if has_tile2:
-                if SUM_ONCE:  # dGate, dUp of I-block b2 stored, once per launch
-                    wait_for(counters_ptr + 1 + N_I2 + N_H2 + b2, launch_number + 1)
-                else:
-                    wait_for(counters_ptr + 1 + b2, (launch_number + 1) * (N_H1 * overlapping))
+                wait_for(counters_ptr + 1 + b2, (launch_number + 1) * (N_H1 * overlapping))
             stamp(trace_ptr, 3, TRACE)
 
         # ---- phase 2: the partial dx_b2[:, c2], then dWg[b2, c2] = dGateᵀ · x and dWu[b2, c2] = dUpᵀ · x
         dx_partial_ptr = dx_partials_ptr + b2 * (T * H)
         t_end = tl.where(has_tile2, T, 0)  # no partial from a program without a phase-2 tile
         if SINGLE_BLOCK:
-            if SUM_ONCE:  # read past L1 (another program wrote them)
-                d_gate = summed_partials(d_gate_up_ptr, 0, 0, off_i2, T, I, I, 1, BLOCK_T, BLOCK_I2)
-                d_up = summed_partials(d_gate_up_ptr + TI, 0, 0, off_i2, T, I, I, 1, BLOCK_T, BLOCK_I2)
-            else:
-                d_a = summed_partials(da_partials_ptr, TI, 0, off_i2, T, I, I, N_H1, BLOCK_T, BLOCK_I2)
+            d_a = summed_partials(da_partials_ptr, TI, 0, off_i2, T, I, I, N_H1, BLOCK_T, BLOCK_I2)
             if not STAGE_EARLY:  # the M sides of dx_bᵀ = Wgᵀ · dGateᵀ + Wuᵀ · dUpᵀ, once the partials are on their way
                 w_gate_t = tl.trans(once(w_gate, ready, ONCE_BY_MOVE))
                 w_up_t = tl.trans(once(w_up, ready, ONCE_BY_MOVE))
-            if not SUM_ONCE:
-                d_gate, d_up = swiglu_grads(d_a, gate, s, gate_silu, up)
+            d_gate, d_up = swiglu_grads(d_a, gate, s, gate_silu, up)
             acc_x = tl.zeros((BLOCK_H2, BLOCK_T), dtype=tl.float32)
             acc_x = mma_halves(acc_x, w_gate_t, d_gate, True, UPCAST, PRECISION, WITH_LO)
             acc_x = mma_halves(acc_x, w_up_t, d_up, True, UPCAST, PRECISION, WITH_LO)
@@ -616,9 +579,6 @@ class FewTokensConfig:
     # one token block: the saved gate, gate_sigmoid, gate_silu and up tiles loaded after phase 1 (on their way during
     # the wait) instead of at the start, where they hold registers through phase 1
     saved_late: bool = False
-    # one token block: dA summed and dGate, dUp formed once per phase-2 I-block, by the last phase-1 tile to arrive on
-    # it (stored in fp32), instead of in each of the block's phase-2 programs from every partial (N_H2 times over)
-    sum_once: bool = False
     # one token, every product on the CUDA cores in fp32 (:func:`one_token_kernel`): the fields above that place the
     # tensor cores' operands (block_t, weights_ahead, count_late, stage_before_wait, once_by_move) do not apply
     cuda_cores: bool = False
@@ -675,9 +635,6 @@ class FewTokensConfig:
         if not self.cuda_cores and (self.span_i1 or self.span_i2):
             raise ValueError(f"config: span_i1, span_i2 need cuda_cores (the tensor-core form takes whole I-blocks), "
                              f"got {self.span_i1}, {self.span_i2}")  # fmt: skip
-        if self.sum_once and (self.cuda_cores or T > self.block_t):
-            raise ValueError(f"config: sum_once needs the tokens in one tensor-core block (T ≤ block_t = "
-                             f"{self.block_t}, no cuda_cores), got T = {T}")  # fmt: skip
         if grid > resident_programs(x.device):
             raise ValueError(f"config: the few-token grid ({grid} programs for H={H}, I={I}) exceeds one "
                              f"program per SM ({resident_programs(x.device)}); use larger blocks")  # fmt: skip
@@ -685,9 +642,8 @@ class FewTokensConfig:
         dx_partials = launch.allocate((n_i2, T, H), dtype=torch.float32, device=x.device)
         # one counter set per tiling: the counts per launch depend on it
         blocks = (self.block_h1, self.block_i1, self.block_i2, self.block_h2)
-        slot = f"few-tokens counters H={H} I={I} blocks {blocks} spans {self.spans} {self.i_spans} {self.sum_once}"
-        counters = SplitWorkspace.counters(slot, 1, 2 * (1 + 2 * n_i2 + n_h2), x.device).view(torch.int64)
-        d_gate_up = launch.allocate((2, T, I), dtype=torch.float32, device=x.device) if self.sum_once else da_partials
+        slot = f"few-tokens counters H={H} I={I} blocks {blocks} spans {self.spans} {self.i_spans}"
+        counters = SplitWorkspace.counters(slot, 1, 2 * (1 + n_i2 + n_h2), x.device).view(torch.int64)
         ahead = WEIGHTS_AHEAD[self.weights_ahead]
         if interpreter and self.weights_ahead == "prefetch":  # the interpreter runs no inline PTX
             ahead = WEIGHTS_AHEAD["after_phase1"]
@@ -707,12 +663,10 @@ class FewTokensConfig:
                 grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up,
                 intermediate, grad_x, grad_gate_weight, grad_up_weight, grad_down_weight, da_partials, dx_partials,
                 counters, counters if trace is None else trace,  # no trace: a pointer never written
-                d_gate_up,
                 T, H, I, phase, self.block_t, self.block_h1, self.block_i1, self.block_i2, self.block_h2,
                 *self.spans, n_h1, n_i1, n_i2, n_h2, T <= self.block_t, ahead, 32 * self.warps, *dot_flags(x),
                 with_lo, trace is not None, self.count_late, self.stage_before_wait,
-                self.once_by_move and not interpreter, self.one_pass, self.saved_late, self.sum_once,
-                **launch_options,
+                self.once_by_move and not interpreter, self.one_pass, self.saved_late, **launch_options,
             )  # fmt: skip
         return grad_x, grad_gate_weight, grad_up_weight, grad_down_weight
 
