@@ -109,13 +109,22 @@ def mma_halves(acc, other, d, D_TRANSPOSED: tl.constexpr, UPCAST: tl.constexpr, 
 
 
 @triton.jit
+def saved_tiles(gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, off_t, off_i, T, I,
+                BLOCK_T: tl.constexpr, BLOCK_I: tl.constexpr):  # fmt: skip
+    """The saved gate, gate_sigmoid, gate_silu and up tiles of the [BLOCK_T, BLOCK_I] block at (off_t, off_i)."""
+    return (load_block(gate_ptr, off_t, off_i, T, I, I, BLOCK_T, BLOCK_I),
+            load_block(gate_sigmoid_ptr, off_t, off_i, T, I, I, BLOCK_T, BLOCK_I),
+            load_block(gate_silu_ptr, off_t, off_i, T, I, I, BLOCK_T, BLOCK_I),
+            load_block(up_ptr, off_t, off_i, T, I, I, BLOCK_T, BLOCK_I))  # fmt: skip
+
+
+@triton.jit
 def swiglu_grads_at(d_a, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, off_t, off_i, T, I,
                     BLOCK_T: tl.constexpr, BLOCK_I: tl.constexpr):  # fmt: skip
     """:func:`swiglu_grads` of the [BLOCK_T, BLOCK_I] block at (off_t, off_i), its saved tiles loaded here."""
-    return swiglu_grads(d_a, load_block(gate_ptr, off_t, off_i, T, I, I, BLOCK_T, BLOCK_I),
-                        load_block(gate_sigmoid_ptr, off_t, off_i, T, I, I, BLOCK_T, BLOCK_I),
-                        load_block(gate_silu_ptr, off_t, off_i, T, I, I, BLOCK_T, BLOCK_I),
-                        load_block(up_ptr, off_t, off_i, T, I, I, BLOCK_T, BLOCK_I))  # fmt: skip
+    gate, s, gate_silu, up = saved_tiles(gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, off_t, off_i, T, I,
+                                         BLOCK_T, BLOCK_I)  # fmt: skip
+    return swiglu_grads(d_a, gate, s, gate_silu, up)
 
 
 @triton.jit
@@ -290,10 +299,8 @@ def few_tokens_kernel(
         if SINGLE_BLOCK:
             x_block = load_block(x_ptr, 0, off_h2, T, h2_end, H, BLOCK_T, BLOCK_H2)
             if not SAVED_LATE:
-                gate = load_block(gate_ptr, 0, off_i2, T, I, I, BLOCK_T, BLOCK_I2)
-                s = load_block(gate_sigmoid_ptr, 0, off_i2, T, I, I, BLOCK_T, BLOCK_I2)
-                gate_silu = load_block(gate_silu_ptr, 0, off_i2, T, I, I, BLOCK_T, BLOCK_I2)
-                up = load_block(up_ptr, 0, off_i2, T, I, I, BLOCK_T, BLOCK_I2)
+                gate, s, gate_silu, up = saved_tiles(gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, 0, off_i2, T,
+                                                     I, BLOCK_T, BLOCK_I2)  # fmt: skip
     if PHASE == 0:  # this launch's number: the launch counter grows by the grid size per launch
         launch_arrival = arrive(counters_ptr, True, "relaxed", THREADS)
         if COUNT_LATE:  # the launch count's round trip is waited for at the wait only
@@ -340,10 +347,8 @@ def few_tokens_kernel(
             w_gate = load_block(gate_weight_ptr, off_i2, off_h2, I, h2_end, H, BLOCK_I2, BLOCK_H2)
             w_up = load_block(up_weight_ptr, off_i2, off_h2, I, h2_end, H, BLOCK_I2, BLOCK_H2)
         if SINGLE_BLOCK and SAVED_LATE:  # the saved tiles after phase 1, on their way during the wait
-            gate = load_block(gate_ptr, 0, off_i2, T, I, I, BLOCK_T, BLOCK_I2)
-            s = load_block(gate_sigmoid_ptr, 0, off_i2, T, I, I, BLOCK_T, BLOCK_I2)
-            gate_silu = load_block(gate_silu_ptr, 0, off_i2, T, I, I, BLOCK_T, BLOCK_I2)
-            up = load_block(up_ptr, 0, off_i2, T, I, I, BLOCK_T, BLOCK_I2)
+            gate, s, gate_silu, up = saved_tiles(gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, 0, off_i2, T, I,
+                                                 BLOCK_T, BLOCK_I2)  # fmt: skip
         if STAGE_EARLY and SINGLE_BLOCK:  # the phase-2 operands staged for the tensor cores while the wait spins
             w_gate_t = tl.trans(once(w_gate, ready, ONCE_BY_MOVE))
             w_up_t = tl.trans(once(w_up, ready, ONCE_BY_MOVE))
