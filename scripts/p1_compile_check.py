@@ -51,7 +51,8 @@ def compile_launch(kernel, tiles: dict, config: TileConfig, launch: int, with_lo
                    extra_constants=None):  # fmt: skip
     """Compiles one of the two launches under ``config`` (bf16 inputs, as the GPU runs them); ``warps_stages``
     overrides the launch's and ``extra_constants`` adds constexprs (the chained launch's own)."""
-    constants = dict(GROUP_M=config.group_m, UPCAST=False, PRECISION="tf32", WITH_LO=with_lo) | (extra_constants or {})
+    constants = dict(GROUP_M=config.group_m, UPCAST=False, PRECISION="tf32", WITH_LO=with_lo,
+                     GRAD_X_FIRST=config.grad_x_first) | (extra_constants or {})
     for prefix, field in tiles.items():
         constants.update(zip((f"{prefix}_M", f"{prefix}_N", f"{prefix}_K", f"{prefix}_SPLIT"), getattr(config, field),
                              strict=True))  # fmt: skip

@@ -124,11 +124,21 @@ def chained_grad_down_first_config():
     return ChainedConfig(split_everything_config(), warps=1, stages=1, grad_down_first=True)
 
 
+def chained_grad_x_first_config():
+    """Launch 2's dx tiles before its dWg, dWu tiles, chained."""
+    import dataclasses
+
+    from moe_lib.swiglu_down.chained import ChainedConfig
+
+    return ChainedConfig(dataclasses.replace(split_everything_config(), grad_x_first=True), warps=1, stages=1)
+
+
 CONFIGS = {"default": lambda: None, "split": split_everything_config, "one-launch": one_launch_odd_blocks_config,
            "library": library_gemms_config, "library-flat-pass": library_gemms_flat_pass_config,
            "library-dx-in-two": library_gemms_dx_in_two_config,
            "chained": chained_config, "chained-split": chained_split_config,
-           "chained-dwd-first": chained_grad_down_first_config,
+           "chained-dwd-first": chained_grad_down_first_config, "chained-dx-first": chained_grad_x_first_config,
+           "dx-first": lambda: chained_grad_x_first_config().tiles,
            "library-d-a-tile": library_gemms_d_a_tile_config,
            "library-d-a-dwd-tiles": library_gemms_d_a_and_grad_down_tiles_config}  # fmt: skip
 
@@ -283,7 +293,7 @@ def test_library_gemms_design_takes_adjacent_gate_up_weights_without_a_copy(seed
 def test_chained_launch_equals_the_two_launches_bitwise(precision, seed, monkeypatch):
     """The chained launch runs the two launches' tiles in their arithmetic order: from NaN-filled memory, the
     same bits as the two launches with the same tiles, and twice in a row the same (its ticket counters carry
-    over from call to call)."""
+    over from call to call); so do both with launch 2's dx tiles first."""
     from moe_lib.swiglu_down import launch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -293,7 +303,8 @@ def test_chained_launch_equals_the_two_launches_bitwise(precision, seed, monkeyp
                                                                                       device=device))  # fmt: skip
     chained = chained_split_config()
     two = launch.swiglu_down_backward_triton(*inputs.values(), config=chained.tiles, precision=precision)
-    for config in (chained, chained, chained_grad_down_first_config()):
+    dx_first = chained_grad_x_first_config()
+    for config in (chained, chained, chained_grad_down_first_config(), dx_first, dx_first.tiles):
         one = launch.swiglu_down_backward_triton(*inputs.values(), config=config, precision=precision)
         for name, a, b in zip(OUTPUTS, one, two, strict=True):
             assert torch.isfinite(a).all() and torch.equal(a, b), name

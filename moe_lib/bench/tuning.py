@@ -165,6 +165,16 @@ P1_CANDIDATES = {
                                8, 3),
     "chain_fa3": ChainedConfig(TileConfig((64, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1)),
                                8, 3),
+    # launch 2's dx tiles first (the longest tiles of a few waves first), with 128×128 dWg, dWu tiles or their
+    # reduction split in two (more, shorter tiles: a shorter tail)
+    "chain_fa3_dxf": ChainedConfig(TileConfig((64, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 1),
+                                              (128, 256, 64, 1), grad_x_first=True), 8, 3),
+    "chain_fa3_gu128": ChainedConfig(TileConfig((64, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 1),
+                                                (128, 128, 64, 1)), 8, 3),
+    "chain_fa3_gu128_dxf": ChainedConfig(TileConfig((64, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 1),
+                                                    (128, 128, 64, 1), grad_x_first=True), 8, 3),
+    "chain_fa3_gus2_dxf": ChainedConfig(TileConfig((64, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 1),
+                                                   (128, 256, 64, 2), grad_x_first=True), 8, 3),
     "chain_wide": ChainedConfig(TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 256, 64, 1), (128, 256, 64, 1)),
                                 8, 4),
 }

@@ -5,6 +5,7 @@
     t ∈ [nA, nA + nWd)          a dWd tile: dWd = dyᵀ · intermediate
     t ∈ [nA + nWd, grid)        waits until all nA dA programs of this launch are done, then launch 2's tile:
                                 dWg = dGateᵀ · x,  dWu = dUpᵀ · x,  dx = dGate · Wg + dUp · Wu
+                                (in the order of launch 2's program ids: dx first with ``grad_x_first``)
     (with ``grad_down_first`` the dWd tiles take the first nWd tickets and the dA tiles the next nA, as in launch 1)
 
 The tiles, split-K partials and epilogues are those of the two launches (:func:`.kernels.d_intermediate_program`,
@@ -68,6 +69,7 @@ def chained_kernel(
     GROUP_M: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
     WITH_LO: tl.constexpr,  # dGate, dUp as hi/lo pairs (the faithful path); else hi alone
     GRAD_DOWN_FIRST: tl.constexpr,  # the dWd tiles' tickets before the dA tiles' (else after)
+    GRAD_X_FIRST: tl.constexpr,  # launch 2's dx tiles' tickets before its dWg, dWu tiles' (else after)
 ):  # fmt: skip
     grid = tl.num_programs(0)
     arrival = tl.atomic_add(tickets_ptr, 1, sem="relaxed", scope="gpu")
@@ -93,7 +95,7 @@ def chained_kernel(
                                         d_up_ptr, lo_offset, grad_x_ptr, grad_gate_weight_ptr, grad_up_weight_ptr,
                                         dx_partials_ptr, dx_counters_ptr, dw_partials_ptr, dw_counters_ptr, T, H, I,
                                         DX_M, DX_N, DX_K, DX_SPLIT, DW_M, DW_N, DW_K, DW_SPLIT, GROUP_M, UPCAST,
-                                        PRECISION, WITH_LO)  # fmt: skip
+                                        PRECISION, WITH_LO, GRAD_X_FIRST)  # fmt: skip
 
 @dataclass(frozen=True)
 class ChainedConfig:
@@ -134,7 +136,8 @@ class ChainedConfig:
             d_gate, d_up, T * I, grad_x, grad_gate_weight, grad_up_weight, grad_down_weight,
             *workspaces["dA"], *workspaces["dWd"], *workspaces["dx"], *workspaces["dWgu"], tickets, T, H, I,
             *tiles.d_intermediate, *tiles.grad_down, *tiles.grad_x, *tiles.grad_gate_up, tiles.group_m,
-            *dot_flags(x), with_lo, self.grad_down_first, num_warps=self.warps, num_stages=self.stages,
+            *dot_flags(x), with_lo, self.grad_down_first, tiles.grad_x_first, num_warps=self.warps,
+            num_stages=self.stages,
         )  # fmt: skip
         return grad_x, grad_gate_weight, grad_up_weight, grad_down_weight
 

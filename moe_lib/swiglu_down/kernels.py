@@ -13,7 +13,8 @@ Dataflow (T tokens, H hidden, I intermediate; s = the saved gate_sigmoid):
 
 All products accumulate in fp32 on the tensor cores (bf16 operands for bf16 inputs; exact fp32
 for fp32 inputs). Tiles of different kinds share a launch, so that the weight-gradient GEMMs (few
-output tiles, long reductions over T) run beside the token-parallel ones; they are scheduled first.
+output tiles, long reductions over T) run beside the token-parallel ones; they are scheduled first, or
+after the dx tiles (``GRAD_X_FIRST``: where launch 2 is a few waves of tiles, the longer dx tiles first).
 
 Split-K: a tile kind can split its reduction over SPLIT programs (powers of two). Each parks its
 fp32 partial in a workspace and counts itself in on a per-tile counter; the program that arrives
@@ -350,28 +351,34 @@ def grad_x_and_grad_gate_up_kernel(
     DW_M: tl.constexpr, DW_N: tl.constexpr, DW_K: tl.constexpr, DW_SPLIT: tl.constexpr,
     GROUP_M: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
     WITH_LO: tl.constexpr,  # dGate, dUp are hi/lo pairs (the faithful path): every product takes both halves
+    GRAD_X_FIRST: tl.constexpr,  # the dx tiles take the first program ids (else the dWg, dWu tiles do)
 ):  # fmt: skip
     grad_x_and_grad_gate_up_program(tl.program_id(0), x_ptr, gate_weight_ptr, up_weight_ptr, d_gate_ptr, d_up_ptr,
                                     lo_offset, grad_x_ptr, grad_gate_weight_ptr, grad_up_weight_ptr, dx_partials_ptr,
                                     dx_counters_ptr, dw_partials_ptr, dw_counters_ptr, T, H, I,
                                     DX_M, DX_N, DX_K, DX_SPLIT, DW_M, DW_N, DW_K, DW_SPLIT, GROUP_M, UPCAST,
-                                    PRECISION, WITH_LO)  # fmt: skip
+                                    PRECISION, WITH_LO, GRAD_X_FIRST)  # fmt: skip
 
 
 @triton.jit
 def grad_x_and_grad_gate_up_program(
-    program,  # index of this program among launch 2's: the dWg tiles', then the dWu tiles', then the dx tiles'
+    program,  # index of this program among launch 2's: the dWg tiles', the dWu tiles', the dx tiles' (or dx first)
     x_ptr, gate_weight_ptr, up_weight_ptr, d_gate_ptr, d_up_ptr, lo_offset, grad_x_ptr, grad_gate_weight_ptr,
     grad_up_weight_ptr, dx_partials_ptr, dx_counters_ptr, dw_partials_ptr, dw_counters_ptr,  # as the kernel's
     T, H, I,
     DX_M: tl.constexpr, DX_N: tl.constexpr, DX_K: tl.constexpr, DX_SPLIT: tl.constexpr,
     DW_M: tl.constexpr, DW_N: tl.constexpr, DW_K: tl.constexpr, DW_SPLIT: tl.constexpr,
     GROUP_M: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, WITH_LO: tl.constexpr,
+    GRAD_X_FIRST: tl.constexpr,  # program ids [dx | dWg | dWu] instead of [dWg | dWu | dx]
 ):  # fmt: skip
     """One program of launch 2 (grad_x_and_grad_gate_up_kernel; the chained launch runs them too)."""
     num_dw_tiles = tl.cdiv(I, DW_M) * tl.cdiv(H, DW_N)  # per weight
     num_dw_programs = num_dw_tiles * DW_SPLIT
     up_partials_ptr = dw_partials_ptr + num_dw_tiles.to(tl.int64) * (DW_SPLIT * DW_M * DW_N)
+    if GRAD_X_FIRST:  # ids [dx | dWg | dWu] -> [dWg | dWu | dx] (the branches below in this order keep the launch's
+        # shared memory at its largest branch's; taken the other way round, the compiler gave each its own)
+        num_dx_programs = tl.cdiv(T, DX_M) * tl.cdiv(H, DX_N) * DX_SPLIT
+        program = program - num_dx_programs if program >= num_dx_programs else program + 2 * num_dw_programs
     if program < num_dw_programs:  # dWg = dGateᵀ · x (the long reductions over T first)
         token_reduction_program(program, d_gate_ptr, lo_offset, x_ptr, grad_gate_weight_ptr, dw_partials_ptr,
                                 dw_counters_ptr, T, I, H, DW_M, DW_N, DW_K, DW_SPLIT, GROUP_M, UPCAST, PRECISION,

@@ -52,6 +52,9 @@ class TileConfig:
     # fields above for that launch then unused) where TMA can address the rows; None: the pointer-based launch
     tma_first_launch: TmaFirstLaunchConfig | None = None
     tma_second_launch: TmaSecondLaunchConfig | None = None
+    # launch 2's dx tiles take its first program ids (else the dWg, dWu tiles do): where launch 2 is a few waves of
+    # tiles of unequal length, the longest first leaves a shorter tail
+    grad_x_first: bool = False
 
 
 # the faithful path (the benchmark's function) runs in one launch up to this many tokens: in NVIDIA's
@@ -206,14 +209,16 @@ class TileKind:
 
 def launch_plan(num_tokens: int, hidden_size: int, intermediate_size: int, config: TileConfig) -> list[TileKind]:
     """Every tile kind of both launches under ``config``, in program order (the kernels put the
-    weight-gradient kinds, long reductions over T, first)."""
+    weight-gradient kinds, long reductions over T, first; launch 2's dx tiles first with ``grad_x_first``)."""
     T, H, I = num_tokens, hidden_size, intermediate_size
+    grad_x = (2, "dx", "dx = dGate · Wg + dUp · Wu", T, H, "2I", 2 * I, config.grad_x)
     kinds = [  # (launch, kind, computes, M, N, reduction name, reduction length, config field)
         (1, "dWd", "dWd = dyᵀ · intermediate", H, I, "T", T, config.grad_down),
         (1, "dA", "dA = dy · Wd, epilogue dGate, dUp", T, I, "H", H, config.d_intermediate),
+        *([grad_x] if config.grad_x_first else []),
         (2, "dWg", "dWg = dGateᵀ · x", I, H, "T", T, config.grad_gate_up),
         (2, "dWu", "dWu = dUpᵀ · x", I, H, "T", T, config.grad_gate_up),
-        (2, "dx", "dx = dGate · Wg + dUp · Wu", T, H, "2I", 2 * I, config.grad_x),
+        *([] if config.grad_x_first else [grad_x]),
     ]
     plan, first = [], {1: 0, 2: 0}
     for launch, kind, computes, m, n, reduce_name, reduce_length, (bm, bn, bk, split) in kinds:
@@ -351,7 +356,7 @@ def launch_grad_x_and_grad_gate_up(x, gate_weight, up_weight, d_gate, d_up, grad
     kernels.grad_x_and_grad_gate_up_kernel[(grid_sizes(plan)[2],)](
         x, gate_weight, up_weight, d_gate, d_up, T * I, grad_x, grad_gate_weight, grad_up_weight,
         *workspaces["dx"], *workspaces["dWgu"], T, H, I,
-        *config.grad_x, *config.grad_gate_up, config.group_m, *dot_flags(x), with_lo,
+        *config.grad_x, *config.grad_gate_up, config.group_m, *dot_flags(x), with_lo, config.grad_x_first,
         num_warps=config.warps[1], num_stages=config.stages[1],
     )  # fmt: skip
 
