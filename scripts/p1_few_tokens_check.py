@@ -99,6 +99,16 @@ CANDIDATES = {
     # the same with Wg, Wu prefetched into L2 at the start (72 B of stack at 128 tokens; 122 registers at 16)
     "a_pf_late": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="prefetch",
                       count_late=True, stage_before_wait=True, once_by_move=True, saved_late=True),
+    # dx's sum over the I-blocks split by rows over 2 or 4 programs of each column block instead of the last to arrive
+    # summing all of them (at 128 tokens the last arrival's 393 KB sum took 10 µs, "Design 10" in NOTES)
+    "a_mv_late_s2": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="registers",
+                         count_late=True, stage_before_wait=True, once_by_move=True, saved_late=True, dx_sum_slices=2,
+                         cooperative=True),
+    "a_mv_late_s4": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="registers",
+                         count_late=True, stage_before_wait=True, once_by_move=True, saved_late=True, dx_sum_slices=4,
+                         cooperative=True),
+    "a_mv_s4": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="registers",
+                    count_late=True, stage_before_wait=True, once_by_move=True, dx_sum_slices=4, cooperative=True),
     # one token: the default's tiles with every product on the CUDA cores (fp32 FMAs): no staging of operands in
     # shared memory, no transposed tiles converted before their stores (refuses more tokens)
     "fma": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, cooperative=True, cuda_cores=True),
@@ -162,8 +172,8 @@ def compile_candidate(config, *, with_lo: bool, single_block: bool, trace: bool 
                           SINGLE_BLOCK=single_block, WEIGHTS_AHEAD=WEIGHTS_AHEAD[config.weights_ahead],
                           THREADS=32 * config.warps, UPCAST=False, PRECISION="tf32", WITH_LO=with_lo,
                           TRACE=trace, COUNT_LATE=config.count_late, STAGE_EARLY=config.stage_before_wait,
-                          ONCE_BY_MOVE=config.once_by_move, ONE_PASS=config.one_pass, SAVED_LATE=config.saved_late, H=H,
-                          I=I)  # fmt: skip
+                          ONCE_BY_MOVE=config.once_by_move, ONE_PASS=config.one_pass, SAVED_LATE=config.saved_late,
+                          DX_SUM_SLICES=config.dx_sum_slices if single_block else 1, H=H, I=I)  # fmt: skip
 
     def kind(name: str) -> str:
         if name.endswith("partials_ptr"):

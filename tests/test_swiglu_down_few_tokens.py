@@ -132,19 +132,31 @@ def other_tilings():
             block_t=16, block_h1=32, block_i1=16, block_i2=32, block_h2=32, weights_ahead="registers", warps=1,
             count_late=True, stage_before_wait=True, saved_late=True,
         ),
+        # one token block, dx's sum over the I-blocks split by rows: over 2 programs per column block (8 rows each of
+        # a 16-token block), or over 4 of the 4 I-blocks of 16 rows (4 rows each; the last I-block 8 wide)
+        "sliced sum": FewTokensConfig(
+            block_t=16, block_h1=32, block_i1=32, block_i2=32, block_h2=32, weights_ahead="registers", warps=1,
+            count_late=True, stage_before_wait=True, dx_sum_slices=2,
+        ),
+        "sliced sum 4": FewTokensConfig(
+            block_t=16, block_h1=32, block_i1=16, block_i2=16, block_h2=32, weights_ahead="registers", warps=1,
+            count_late=True, stage_before_wait=True, saved_late=True, dx_sum_slices=4,
+        ),
     }
 
 
 @needs_triton
 @pytest.mark.parametrize("T, tiling", [(5, "straddled"), (3, "straddling"), (20, "registers"), (4, "spans"),
-                                        (18, "spans"), (3, "moves"), (37, "one pass"), (11, "saved late")])
+                                        (18, "spans"), (3, "moves"), (37, "one pass"), (11, "saved late"),
+                                        (11, "sliced sum"), (13, "sliced sum 4"), (37, "sliced sum")])
 def test_other_tilings(T, tiling, seed, poisoned):
     """Tile counts that differ between the phases (programs with one phase's tile only), I-blocks of the two
     phases that do not line up, Wg, Wu loaded at the start with T = 20 (the loop form), the loop form in one pass
-    over three token blocks (the last one partial), the saved tiles loaded after phase 1: faithful, harness inputs."""
+    over three token blocks (the last one partial), the saved tiles loaded after phase 1, dx's sum split by rows (and
+    with more tokens than a block, where the last arrival sums it all): faithful, harness inputs."""
     config = other_tilings()[tiling]
     n_h1, n_i1, n_i2, n_h2 = config.tiles(H, I)
-    assert n_h1 * n_i1 != n_i2 * n_h2 or tiling in ("registers", "moves", "saved late")
+    assert n_h1 * n_i1 != n_i2 * n_h2 or tiling in ("registers", "moves", "saved late", "sliced sum", "sliced sum 4")
     assert tiling != "spans" or (n_h1, n_h2) == (4, 3)
     inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device=DEVICE, hidden_size=H,
                                   intermediate_size=I, distribution="harness")  # fmt: skip
@@ -269,6 +281,18 @@ def test_spans_longer_than_their_blocks_are_refused():
     outputs = [torch.empty_like(inputs[k]) for k in ("x", "gate_weight", "up_weight", "down_weight")]
     with pytest.raises(ValueError, match="span_h2 must be between 1 and its block"):
         FewTokensConfig(block_h2=32, span_h2=33).run(*inputs.values(), *outputs, with_lo=True)
+
+
+@pytest.mark.parametrize("slices", [0, 3, 4])
+def test_dx_sum_slices_out_of_range_are_refused(slices):
+    """Not a power of two, or more slices than the phase-2 I-blocks (2 at I = 56 in 32-row blocks)."""
+    import dataclasses
+
+    inputs = problems.make_inputs("swiglu_down_backward", 1, hidden_size=H, intermediate_size=I)
+    outputs = [torch.empty_like(inputs[k]) for k in ("x", "gate_weight", "up_weight", "down_weight")]
+    config = dataclasses.replace(interpreter_config(), dx_sum_slices=slices)
+    with pytest.raises(ValueError, match="^config: dx_sum_slices must be a power of two"):
+        config.run(*inputs.values(), *outputs, with_lo=True)
 
 
 def test_unknown_weights_ahead_is_refused():

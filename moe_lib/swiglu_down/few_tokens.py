@@ -10,6 +10,8 @@
         dWg[b, c]   = dGateᵀ · x[:, c] ;  dWu[b, c] = dUpᵀ · x[:, c]            written directly
         dx_b[:, c]  = dGate · Wg[b, c] + dUp · Wu[b, c]           fp32 partial → workspace
     the last tile of column block c to arrive:  dx[:, c] = Σ_b' dx_b'[:, c]   (b' = 0, 1, …)
+    or, with ``dx_sum_slices`` = S (one token block), tiles (b, c) with b < S once all of column block c have
+    arrived:                                    dx[rows of slice b, c] = Σ_b' dx_b'[rows of slice b, c]
 
 Why: at few tokens the work is the weights, 9.4 MB read and 9.4 MB of weight gradients written (H =
 2048, I = 768, bf16), and design 3 (:mod:`.one_launch`) spent its time in chains of dependent narrow
@@ -43,7 +45,8 @@ What the time depends on in Triton (read off the TTGIR and PTX for sm_90, ``scri
 Waiting needs every program resident at once: at most one program per SM (:func:`.launch.resident_programs`),
 and nothing else running beside the launch, or a cooperative launch (``cooperative``), with which CUDA
 guarantees residency (or refuses the launch) even beside kernels on other streams. The interpreter runs
-programs one after another, so there the phases run as two launches (``PHASE``). Counters (int64, zeroed
+programs one after another, so there the phases run as two launches (``PHASE``), and a sliced dx sum as a third
+(:func:`dx_slices_kernel`). Counters (int64, zeroed
 once, never reset):
     [0]                  +1 per program and launch: program p's launch number g = (its arrival) // grid
     [1 + b]              +1 per phase-1 tile overlapping phase-2 I-block b: block b is ready in launch g
@@ -273,6 +276,8 @@ def few_tokens_kernel(
     ONCE_BY_MOVE: tl.constexpr,  # once() by an identity move in inline PTX, not a select (GPU only)
     ONE_PASS: tl.constexpr,  # token loops: dx_b and dWg, dWu in one pass over the token blocks, not two
     SAVED_LATE: tl.constexpr,  # SINGLE_BLOCK: the saved gate, s, silu, up tiles loaded after phase 1, not at the start
+    DX_SUM_SLICES: tl.constexpr,  # SINGLE_BLOCK: dx's sum over the I-blocks split by rows over the first this many
+                                  # phase-2 programs of each column block (1: the last to arrive sums it all)
 ):  # fmt: skip
     pid = tl.program_id(0)
     trace_ptr += pid * (TRACE_END + 2)
@@ -416,13 +421,47 @@ def few_tokens_kernel(
             store_tile(grad_gate_weight_ptr, tl.trans(acc_g), off_i2, off_h2, I, h2_end, H, BLOCK_I2, BLOCK_H2)
             store_tile(grad_up_weight_ptr, tl.trans(acc_u), off_i2, off_h2, I, h2_end, H, BLOCK_I2, BLOCK_H2)
 
-        # ---- the last phase-2 tile of column block c2 to arrive: dx[:, c2] = Σ_b dx_b[:, c2] in b order
-        if has_tile2 & (first(arrived) % N_I2 == N_I2 - 1):
-            for t in range(0, T, BLOCK_T):
-                total = summed_partials(dx_partials_ptr, T * H, t, off_h2, T, h2_end, H, N_I2, BLOCK_T, BLOCK_H2)
-                store_tile(grad_x_ptr, total, t, off_h2, T, h2_end, H, BLOCK_T, BLOCK_H2)
+        # ---- dx[:, c2] = Σ_b dx_b[:, c2] in b order
+        if (DX_SUM_SLICES == 1) or (not SINGLE_BLOCK):  # by the last phase-2 tile of column block c2 to arrive
+            if has_tile2 & (first(arrived) % N_I2 == N_I2 - 1):
+                for t in range(0, T, BLOCK_T):
+                    total = summed_partials(dx_partials_ptr, T * H, t, off_h2, T, h2_end, H, N_I2, BLOCK_T, BLOCK_H2)
+                    store_tile(grad_x_ptr, total, t, off_h2, T, h2_end, H, BLOCK_T, BLOCK_H2)
+        elif PHASE == 0:  # by rows, over the block's first DX_SUM_SLICES programs, once every partial has arrived
+            if has_tile2 & (b2 < DX_SUM_SLICES):
+                wait_for(counters_ptr + 1 + N_I2 + c2, (launch_number + 1) * N_I2)
+                dx_slice_sum(dx_partials_ptr, grad_x_ptr, b2, off_h2, h2_end, T, H, N_I2, BLOCK_T // DX_SUM_SLICES,
+                             BLOCK_H2)  # fmt: skip
     fence(TRACE)
     stamp(trace_ptr, TRACE_END, TRACE)
+
+
+@triton.jit
+def dx_slice_sum(dx_partials_ptr, grad_x_ptr, slice_index, off_h, h_end, T, H: tl.constexpr, N_I2: tl.constexpr,
+                 SLICE_T: tl.constexpr, BLOCK_H: tl.constexpr):  # fmt: skip
+    """dx[rows, off_h : h_end] = Σ_b dx_b[rows, off_h : h_end] (b = 0, 1, …, N_I2 − 1 in that order) for the SLICE_T
+    rows of slice ``slice_index`` (rows past T masked off)."""
+    off_t = slice_index * SLICE_T
+    total = summed_partials(dx_partials_ptr, T * H, off_t, off_h, T, h_end, H, N_I2, SLICE_T, BLOCK_H)
+    store_tile(grad_x_ptr, total, off_t, off_h, T, h_end, H, SLICE_T, BLOCK_H)
+
+
+@triton.jit
+def dx_slices_kernel(
+    dx_partials_ptr,  # fp32 [N_I2, T, H]: dx_b, the partial dx of phase-2 I-block b (written by phase 2)
+    grad_x_ptr,  # out: dx [T, H]
+    T,
+    H: tl.constexpr, N_I2: tl.constexpr, N_H2: tl.constexpr, SPAN_H2: tl.constexpr,
+    SLICES: tl.constexpr, SLICE_T: tl.constexpr, BLOCK_H2: tl.constexpr,
+):  # fmt: skip
+    """The sliced dx sum of :func:`few_tokens_kernel` (``DX_SUM_SLICES``) as a launch of its own, after phase 2, for
+    the interpreter (which runs programs one after another, so none could wait for another): program p sums slice
+    p // N_H2 of column block p % N_H2, as the launch's phase-2 program (slice, column block) does on the GPU."""
+    pid = tl.program_id(0)
+    slice_index, c2 = pid // N_H2, pid % N_H2
+    off_h2 = c2 * SPAN_H2
+    dx_slice_sum(dx_partials_ptr, grad_x_ptr, slice_index, off_h2, tl.minimum(off_h2 + SPAN_H2, H), T, H, N_I2,
+                 SLICE_T, BLOCK_H2)  # fmt: skip
 
 
 @triton.jit
@@ -584,6 +623,10 @@ class FewTokensConfig:
     # one token block: the saved gate, gate_sigmoid, gate_silu and up tiles loaded after phase 1 (on their way during
     # the wait) instead of at the start, where they hold registers through phase 1
     saved_late: bool = False
+    # one token block: dx's sum over the I-blocks' partials split by rows over this many phase-2 programs of each
+    # column block (a power of two, at most block_t and the I-blocks), each waiting for the block's last partial;
+    # else (1) the last program of the block to arrive sums every row alone
+    dx_sum_slices: int = 1
     # one token, every product on the CUDA cores in fp32 (:func:`one_token_kernel`): the fields above that place the
     # tensor cores' operands (block_t, weights_ahead, count_late, stage_before_wait, once_by_move) do not apply
     cuda_cores: bool = False
@@ -640,6 +683,11 @@ class FewTokensConfig:
         if not self.cuda_cores and (self.span_i1 or self.span_i2):
             raise ValueError(f"config: span_i1, span_i2 need cuda_cores (the tensor-core form takes whole I-blocks), "
                              f"got {self.span_i1}, {self.span_i2}")  # fmt: skip
+        slices = self.dx_sum_slices
+        if slices < 1 or slices & (slices - 1) or slices > min(self.block_t, n_i2):
+            raise ValueError(f"config: dx_sum_slices must be a power of two between 1 and block_t ({self.block_t}) "
+                             f"and the phase-2 I-blocks ({n_i2}), got {slices}")  # fmt: skip
+        slices = slices if T <= self.block_t and not self.cuda_cores else 1  # one token block only
         if grid > resident_programs(x.device):
             raise ValueError(f"config: the few-token grid ({grid} programs for H={H}, I={I}) exceeds one "
                              f"program per SM ({resident_programs(x.device)}); use larger blocks")  # fmt: skip
@@ -671,8 +719,11 @@ class FewTokensConfig:
                 T, H, I, phase, self.block_t, self.block_h1, self.block_i1, self.block_i2, self.block_h2,
                 *self.spans, n_h1, n_i1, n_i2, n_h2, T <= self.block_t, ahead, 32 * self.warps, *dot_flags(x),
                 with_lo, trace is not None, self.count_late, self.stage_before_wait,
-                self.once_by_move and not interpreter, self.one_pass, self.saved_late, **launch_options,
+                self.once_by_move and not interpreter, self.one_pass, self.saved_late, slices, **launch_options,
             )  # fmt: skip
+        if interpreter and slices > 1 and T > 0:  # the sliced dx sum after phase 2 (on the GPU: inside the launch)
+            dx_slices_kernel[(slices * n_h2,)](dx_partials, grad_x, T, H, n_i2, n_h2, self.spans[1], slices,
+                                               self.block_t // slices, self.block_h2, num_warps=self.warps)  # fmt: skip
         return grad_x, grad_gate_weight, grad_up_weight, grad_down_weight
 
 
