@@ -727,6 +727,14 @@ class FewTokensConfig:
         return grad_x, grad_gate_weight, grad_up_weight, grad_down_weight
 
 
+# one token block: dx's sum over the phase-2 I-blocks split by rows over this many programs of each column block (fewer
+# where there are fewer I-blocks). On the H200 by graph replay, two rounds (data/results/NOTES.md, design 11): faithful
+# 40.5-41.4 us against 46.9-47.5 at 128 tokens, 37.4-38.2 against 42.0-42.1 at 96, 28.6-28.7 against 31.5-31.9 at 64,
+# 21.8-22.0 against 23.5-23.6 at 32, 19.5-19.7 against 20.1 at 16; fast 20.9-21.1 against 22.3-22.4 at 32, 19.0-19.1
+# against 19.5-19.8 at 16; 2 slices took half of that gain
+DX_SUM_SLICES = 4
+
+
 def choose_few_tokens_config(num_tokens: int, hidden_size: int, intermediate_size: int, *, interpreter: bool,
                              with_lo: bool, max_programs: int = 132) -> FewTokensConfig:  # fmt: skip
     """Tiles for ``num_tokens`` (H = 2048, I = 768 in mind: 96 programs, each a 256×64 Wd tile and a 128×128
@@ -749,7 +757,8 @@ def choose_few_tokens_config(num_tokens: int, hidden_size: int, intermediate_siz
     0.3 µs of a plain launch). Under the
     interpreter: 32-wide tiles, so that tiny test shapes have several tiles along every axis and few programs
     to interpret. One token takes the same tiles with every product on the CUDA cores (``cuda_cores``: 16.3-16.5 µs
-    against 17.6-18.2 on the H200, both paths; exact fp32 products)."""
+    against 17.6-18.2 on the H200, both paths; exact fp32 products). In one token block, dx's sum is split by rows
+    over :data:`DX_SUM_SLICES` programs of each column block (``dx_sum_slices``)."""
     if interpreter:
         return FewTokensConfig(block_t=16, block_h1=32, block_i1=32, block_i2=32, block_h2=32,
                                weights_ahead="after_phase1", warps=1, stages=1, count_late=True,
@@ -759,12 +768,15 @@ def choose_few_tokens_config(num_tokens: int, hidden_size: int, intermediate_siz
     elif num_tokens <= 128:  # one token block
         config = FewTokensConfig(block_t=max(16, triton.next_power_of_2(num_tokens)), count_late=True,
                                  stage_before_wait=True, once_by_move=True, cooperative=True,
-                                 saved_late=num_tokens > 32)  # fmt: skip
+                                 saved_late=num_tokens > 32, dx_sum_slices=DX_SUM_SLICES)  # fmt: skip
     else:  # token loops
         config = FewTokensConfig(block_t=16, count_late=True, stage_before_wait=True, once_by_move=True,
                                  cooperative=True, one_pass=True, stages=2)  # fmt: skip
     while config.grid_size(hidden_size, intermediate_size) > max_programs and config.block_h1 < hidden_size:
         config = dataclasses.replace(config, block_h1=2 * config.block_h1, block_h2=2 * config.block_h2)
+    phase2_i_blocks = config.tiles(hidden_size, intermediate_size)[2]
+    while config.dx_sum_slices > min(phase2_i_blocks, config.block_t):  # as many as there are I-blocks to sum
+        config = dataclasses.replace(config, dx_sum_slices=config.dx_sum_slices // 2)
     return config
 
 

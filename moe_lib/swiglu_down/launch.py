@@ -72,9 +72,13 @@ ONE_LAUNCH_MAX_TOKENS = 64
 # the second one's host work anyway; below 512, 64×128 dWd tiles (measured at 128 tokens: 50.8 µs by graph replay
 # against design 3's 62.3) (data/results/NOTES.md, design 8)
 CHAINED_LAUNCH_TOKENS = range(ONE_LAUNCH_MAX_TOKENS + 1, 1600)
+# From 512 tokens launch 2's dx tiles take their tickets before the dWg, dWu tiles (``grad_x_first``): there launch 2
+# is one to two waves of tiles, the dx tiles the longest (with the hi/lo halves 1.5x a dWg tile's products at 512
+# tokens), and started last they ran as a tail: 56.1 against 65.5 us at 512 tokens by graph replay, within 0.7 us at
+# 1087-1571 (data/results/NOTES.md, design 8, third round)
 CHAINED_TILES = {  # from this many tokens: these tiles
     0: TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1)),
-    512: TileConfig((64, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1)),
+    512: TileConfig((64, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1), grad_x_first=True),
 }
 # up to this many tokens each path runs the few-token design (:mod:`.few_tokens`), its tokens in one block of up to 64
 # (data/results/NOTES.md, designs 5 and 10; on the H200 by graph replay): at 1–16 tokens 19–21 µs against 23–32 µs
@@ -85,7 +89,9 @@ CHAINED_TILES = {  # from this many tokens: these tiles
 # to 128 tokens (one 128-token block, the saved tiles loaded after phase 1) faithful 42.3–44.2 µs against the chained
 # launch's 49.4–50.0 at 65–96 tokens (37.9–39.7 against 44.7–45.4 in NVIDIA's timing), a tie at 128 (49.8–50.2
 # against 50.3–50.5; 45.2–45.4 against 45.2–45.3); on the fast path 46.0 against cuBLAS's 29.6 at 128. Beyond one
-# block its token loops are slower than every other design (63–75 µs at 128 tokens)
+# block its token loops are slower than every other design (63–75 µs at 128 tokens). With dx's sum split by rows
+# (``few_tokens.DX_SUM_SLICES``) 40.5–41.4 µs faithful at 128 tokens (37.8–38.4 in NVIDIA's timing), and on the
+# fast path 26.9–27.1 against cuBLAS's 25.5–25.7 at 64: the fast path keeps cuBLAS from 33 tokens
 FEW_TOKENS_MAX_TOKENS = {"fast": 32, "faithful": 128}
 
 
