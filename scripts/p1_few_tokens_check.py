@@ -108,8 +108,8 @@ CANDIDATES = {
                          count_late=True, stage_before_wait=True, once_by_move=True, saved_late=True, dx_sum_slices=4,
                          cooperative=True),
     # the same with 4 phase-1 tiles along H instead of 8 (512×32 Wd tiles, 64 B rows): half the dA partials for each
-    # phase-2 program to sum (at 128 tokens 256 KB against 512); compiled for sm_90 its Wd tile spills (152 B of stack at
-    # 64 tokens, 1.2 KB at 128): not run
+    # phase-2 program to sum (at 128 tokens 256 KB against 512); compiled for sm_90 its Wd tile spills (152 B of stack
+    # at 64 tokens, 1.2 KB at 128): not run
     "c_late_s4": dict(block_h1=512, block_i1=32, block_i2=128, block_h2=128, weights_ahead="registers",
                       count_late=True, stage_before_wait=True, once_by_move=True, saved_late=True, dx_sum_slices=4,
                       cooperative=True),

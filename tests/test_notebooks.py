@@ -313,7 +313,7 @@ def test_roofline_plots_every_committed_point_projected(roofline_run):
 
 # ---------------------------------------------------------------- 04 · inside the kernels
 
-KERNEL_PARAMETERS = dict(p1_num_tokens=3, p1_hidden_size=32, p1_intermediate_size=16, split_k=2, p2_num_tokens=10,
+KERNEL_PARAMETERS = dict(p1_num_tokens=3, p1_hidden_size=32, p1_intermediate_size=32, split_k=2, p2_num_tokens=10,
                          p2_hidden_size=32, p2_intermediate_size=16, p2_num_experts=3, p2_top_k=2,
                          diagram_num_tokens=16)  # fmt: skip
 
@@ -371,6 +371,11 @@ def test_kernels_notebook_errors_agree_with_a_rerun(kernels_run):
     # one token on the CUDA cores: both paths the same bits, as close as the tensor cores' faithful path (bf16 outputs)
     # the committed runs behind the few-token launch's one block: the faithful path faster than before at 17-96
     # tokens (a tie at 128), the fast path faster at 17-32
+    # dx's sum split by rows: the same bits on the tiny launch; at 128 tokens on the H200 faster than one program's sum
+    sliced = summary["dx_sum_slices"]
+    assert sliced["same_bits"] is True and sliced["slices"] == 2  # I = 32: two 16-row I-blocks
+    times = sliced["graph_us_128_tokens"]
+    assert times["a_mv_late_s4 dirty"] < times["a_mv_late dirty"]
     one_block = summary["one_block"]
     assert sorted(map(int, one_block["fast"])) == [17, 24, 32]
     assert sorted(map(int, one_block["faithful"])) == [17, 24, 32, 33, 64, 96, 128]

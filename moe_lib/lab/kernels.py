@@ -449,7 +449,7 @@ TRACE_STRETCHES = {
     "dA ready": ("wait for the I-block's partials", "lightgrey"),
     "dx partial stored": ("phase 2: dGate, dUp → dx partial", "tab:orange"),
     "dWg, dWu stored": ("dWg, dWu tiles", "tab:red"),
-    "end": ("last dx sum, stores visible", "tab:purple"),
+    "end": ("dx sum (the last program, or a slice each), stores visible", "tab:purple"),
 }
 
 
