@@ -175,6 +175,12 @@ P1_CANDIDATES = {
                                                     (128, 128, 64, 1), grad_x_first=True), 8, 3),
     "chain_fa3_gus2_dxf": ChainedConfig(TileConfig((64, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 1),
                                                    (128, 256, 64, 2), grad_x_first=True), 8, 3),
+    # dx's reduction split in two (dGate · Wg and dUp · Wu as two programs, summed by the later one): more, shorter
+    # tiles for the launch's last wave, the dWg, dWu tiles first or after them
+    "chain_fa3_dx2": ChainedConfig(TileConfig((64, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 2),
+                                              (128, 256, 64, 1)), 8, 3),
+    "chain_fa3_dx2_dxf": ChainedConfig(TileConfig((64, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 2),
+                                                  (128, 256, 64, 1), grad_x_first=True), 8, 3),
     "chain_wide": ChainedConfig(TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 256, 64, 1), (128, 256, 64, 1)),
                                 8, 4),
 }
