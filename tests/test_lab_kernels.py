@@ -243,3 +243,25 @@ def test_one_block_table_reads_the_committed_runs_of_both_trees():
                                        xscale="linear", ticks=[17, 64, 128])  # fmt: skip
     assert len(figure.axes) == 2 and len(figure.axes[0].lines) == len(table.columns) + 1
     plt.close(figure)
+
+
+def test_chained_schedule_keeps_every_sm_busy_with_one_tile_at_a_time():
+    """The model of the chained launch's tickets: every program placed once, no two tiles on one SM at once,
+    launch 2's tiles after the last dA tile, and the total work that of the plan's products."""
+    T, H, I = 512, 2048, 768
+    tiles = p1_launch.CHAINED_TILES[512]
+    plan = p1_launch.launch_plan(T, H, I, tiles)
+    for first in (False, True):
+        schedule = kernels.chained_schedule(T, H, I, dataclasses.replace(tiles, grad_x_first=first))
+        assert len(schedule) == sum(k.programs for k in plan)
+        for _, rows in schedule.sort_values("start").groupby("sm"):
+            assert (rows.start.to_numpy()[1:] >= rows.end.to_numpy()[:-1] - 1e-9).all()
+        d_a_end = schedule[schedule.kind == "dA"].end.max()
+        assert schedule[schedule.kind.isin(["dx", "dWg", "dWu"])].start.min() >= d_a_end
+        work = sum(2 * k.block_m * k.block_n * k.reduce_length * k.tiles * (2 if k.launch == 2 else 1)
+                   for k in plan) / 1e6
+        assert abs((schedule.end - schedule.start).sum() - work) < 1e-6 * work
+    # the longest tiles first leave the shorter tail at 512 tokens
+    spans = {first: kernels.chained_schedule(T, H, I, dataclasses.replace(tiles, grad_x_first=first)).end.max()
+             for first in (False, True)}
+    assert spans[True] < spans[False]

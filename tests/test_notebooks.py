@@ -371,6 +371,9 @@ def test_kernels_notebook_errors_agree_with_a_rerun(kernels_run):
     # one token on the CUDA cores: both paths the same bits, as close as the tensor cores' faithful path (bf16 outputs)
     # the committed runs behind the few-token launch's one block: the faithful path faster than before at 17-96
     # tokens (a tie at 128), the fast path faster at 17-32
+    # the chained launch's tile order at 512 tokens: the dx tiles first, shorter in the model and on the H200
+    order = summary["chained_order"]["512"]
+    assert order["dx first (µs)"] < order["dWg, dWu first (µs)"] and order["model: dx first / dWg, dWu first"] < 1
     # dx's sum split by rows: the same bits on the tiny launch; at 128 tokens on the H200 faster than one program's sum
     sliced = summary["dx_sum_slices"]
     assert sliced["same_bits"] is True and sliced["slices"] == 2  # I = 32: two 16-row I-blocks

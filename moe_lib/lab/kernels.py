@@ -7,6 +7,7 @@ a table or a picture. Importing it imports triton: set ``TRITON_INTERPRET`` befo
 
 from __future__ import annotations
 
+import heapq
 import json
 
 import matplotlib.pyplot as plt
@@ -466,9 +467,9 @@ def few_tokens_timeline_figure(traces: pd.DataFrame, labels: list[tuple]):
         for y, program in enumerate(stamps[np.argsort(stamps[:, 0])]):
             for i, point in enumerate(points):
                 ax.broken_barh([(program[i], program[i + 1] - program[i])], (y, 0.9), color=TRACE_STRETCHES[point][1])
-        ax.set(ylabel="program", ylim=(0, len(stamps)),
-               title=f"{title[0] if title else label}, {tokens} token{'s' if tokens > 1 else ''} (commit {commit}): "
-                     f"{row.graph_us:.1f} µs by graph replay")  # fmt: skip
+        ax.set(ylabel="program", ylim=(0, len(stamps)))
+        ax.set_title(f"{title[0] if title else label}, {tokens} token{'s' if tokens > 1 else ''} (commit {commit}): "
+                     f"{row.graph_us:.1f} µs by graph replay", fontsize=9, loc="left")  # fmt: skip
     handles = [patches.Patch(color=color, label=name) for name, color in TRACE_STRETCHES.values()]
     axes[0, 0].legend(handles=handles, fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     axes[-1, 0].set_xlabel("µs since the first program started")
@@ -529,6 +530,64 @@ def speedup_figure(table: pd.DataFrame, baseline: str, title: str, *, switch: in
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def chained_schedule(num_tokens: int, hidden_size: int, intermediate_size: int, tiles: p1_launch.TileConfig, *,
+                     programs_at_once: int = 132, with_lo: bool = True) -> pd.DataFrame:  # fmt: skip
+    """A model of the chained launch's tickets (:mod:`moe_lib.swiglu_down.chained`), one program per SM: the tickets
+    go out in the launch's order (dA tiles, dWd tiles, then launch 2's in ``launch_plan``'s order); an SM that is free
+    takes the next one; a tile takes as long as its multiply-adds (launch 2's twice over with ``with_lo``: the hi/lo
+    halves), and launch 2's tiles start no sooner than the last dA tile ends. Returns one row per program: kind, sm,
+    start and end in MFLOP of one SM's work. A model: it knows nothing of a tile's efficiency (wider tiles do more per
+    cycle) or of what a split costs beyond its products."""
+    plan = p1_launch.launch_plan(num_tokens, hidden_size, intermediate_size, tiles)
+    order = ([k for k in plan if k.kind == "dA"] + [k for k in plan if k.kind == "dWd"]
+             + [k for k in plan if k.launch == 2])  # fmt: skip
+    free = [(0.0, sm) for sm in range(programs_at_once)]
+    heapq.heapify(free)
+    d_a_done, rows = 0.0, []
+    for kind in order:
+        work = 2 * kind.block_m * kind.block_n * kind.reduce_length / kind.split / 1e6
+        work *= 2 if with_lo and kind.launch == 2 else 1
+        for _ in range(kind.programs):
+            start, sm = heapq.heappop(free)
+            if kind.launch == 2:
+                start = max(start, d_a_done)
+            end = start + work
+            if kind.kind == "dA":
+                d_a_done = max(d_a_done, end)
+            rows.append(dict(kind=kind.kind, sm=sm, start=start, end=end))
+            heapq.heappush(free, (end, sm))
+    return pd.DataFrame(rows)
+
+
+def schedule_figure(schedules: dict[str, pd.DataFrame]):
+    """One panel per :func:`chained_schedule` (by title): each SM a row, each tile a bar coloured by its kind; the
+    makespan against the mean work per SM (the makespan of a perfect balance) in the title."""
+    fig, axes = plt.subplots(len(schedules), 1, figsize=(9, 2.4 * len(schedules)), sharex=True, squeeze=False)
+    for ax, (title, schedule) in zip(axes[:, 0], schedules.items(), strict=True):
+        for kind, rows in schedule.groupby("kind"):
+            for row in rows.itertuples():
+                ax.broken_barh([(row.start, row.end - row.start)], (row.sm, 0.9), color=KIND_COLORS[kind])
+        makespan = schedule.end.max()
+        balance = (schedule.end - schedule.start).sum() / (schedule.sm.max() + 1)
+        ax.set(ylabel="SM", ylim=(0, schedule.sm.max() + 1))
+        ax.set_title(f"{title}: last tile ends at {makespan:.0f}, a perfect balance at {balance:.0f} "
+                     f"({balance / makespan:.0%})", fontsize=9, loc="left")  # fmt: skip
+    handles = [patches.Patch(color=color, label=kind) for kind, color in KIND_COLORS.items()]
+    axes[0, 0].legend(handles=handles, fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    axes[-1, 0].set_xlabel("MFLOP of one SM's work since the launch started (the model's time)")
+    fig.tight_layout()
+    return fig
+
+
+def p1_tune_runs(path) -> pd.DataFrame:
+    """A committed tuning file of ``scripts/p1_tune.py`` runs (``{"runs": [{"round": …, "rows": […]}]}``) as µs per
+    token count (rows) and (candidate, round) (columns); failed or wrong candidates left out."""
+    rows = [dict(row, round=run["round"]) for run in _read_json(path)["runs"] for row in run["rows"]
+            if "error" not in row and row.get("ok")]  # fmt: skip
+    return pd.DataFrame(rows).pivot_table(index="T", columns=["config", "round"], values="median_us").rename_axis(
+        "num_tokens")
 
 
 def p1_host_gap_times(path, labels: dict | None = None) -> pd.DataFrame:
