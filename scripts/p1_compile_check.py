@@ -101,7 +101,8 @@ def main():
             try:
                 report = resources(compile_launch(chained.chained_kernel, tiles, config.tiles, 0, with_lo,
                                                   (config.warps, config.stages),
-                                                  {"GRAD_DOWN_FIRST": config.grad_down_first}))  # fmt: skip
+                                                  {"GRAD_DOWN_FIRST": config.grad_down_first,
+                                                   "GRAD_DOWN_LAST": config.grad_down_last}))  # fmt: skip
             except Exception as exc:  # report and go on with the other candidates
                 report = "FAIL " + first_error_line(exc, 120)
             print(f"{name:12s} chained: {report}", flush=True)

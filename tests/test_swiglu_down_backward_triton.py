@@ -124,6 +124,16 @@ def chained_grad_down_first_config():
     return ChainedConfig(split_everything_config(), warps=1, stages=1, grad_down_first=True)
 
 
+def chained_grad_down_last_config():
+    """The dWd tiles' tickets after launch 2's, with launch 2's dx tiles first."""
+    import dataclasses
+
+    from moe_lib.swiglu_down.chained import ChainedConfig
+
+    return ChainedConfig(dataclasses.replace(split_everything_config(), grad_x_first=True), warps=1, stages=1,
+                         grad_down_last=True)  # fmt: skip
+
+
 def chained_grad_x_first_config():
     """Launch 2's dx tiles before its dWg, dWu tiles, chained."""
     import dataclasses
@@ -138,6 +148,7 @@ CONFIGS = {"default": lambda: None, "split": split_everything_config, "one-launc
            "library-dx-in-two": library_gemms_dx_in_two_config,
            "chained": chained_config, "chained-split": chained_split_config,
            "chained-dwd-first": chained_grad_down_first_config, "chained-dx-first": chained_grad_x_first_config,
+           "chained-dwd-last": chained_grad_down_last_config,
            "dx-first": lambda: chained_grad_x_first_config().tiles,
            "library-d-a-tile": library_gemms_d_a_tile_config,
            "library-d-a-dwd-tiles": library_gemms_d_a_and_grad_down_tiles_config}  # fmt: skip
@@ -304,7 +315,8 @@ def test_chained_launch_equals_the_two_launches_bitwise(precision, seed, monkeyp
     chained = chained_split_config()
     two = launch.swiglu_down_backward_triton(*inputs.values(), config=chained.tiles, precision=precision)
     dx_first = chained_grad_x_first_config()
-    for config in (chained, chained, chained_grad_down_first_config(), dx_first, dx_first.tiles):
+    for config in (chained, chained, chained_grad_down_first_config(), dx_first, dx_first.tiles,
+                   chained_grad_down_last_config()):
         one = launch.swiglu_down_backward_triton(*inputs.values(), config=config, precision=precision)
         for name, a, b in zip(OUTPUTS, one, two, strict=True):
             assert torch.isfinite(a).all() and torch.equal(a, b), name
@@ -843,3 +855,14 @@ def test_gpu_library_gemms_with_triton_d_a(T, distribution, candidate, seed):
         check_against_float64(inputs, got, precision)
 
 
+
+
+def test_chained_launch_refuses_dwd_first_and_last_at_once():
+    import dataclasses
+
+    from moe_lib.swiglu_down import launch
+
+    inputs = problems.make_inputs("swiglu_down_backward", 3, hidden_size=16, intermediate_size=16)
+    config = dataclasses.replace(chained_grad_down_last_config(), grad_down_first=True)
+    with pytest.raises(ValueError, match="^config: grad_down_first and grad_down_last exclude each other"):
+        launch.swiglu_down_backward_triton(*inputs.values(), config=config)

@@ -181,6 +181,11 @@ P1_CANDIDATES = {
                                               (128, 256, 64, 1)), 8, 3),
     "chain_fa3_dx2_dxf": ChainedConfig(TileConfig((64, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 2),
                                                   (128, 256, 64, 1), grad_x_first=True), 8, 3),
+    # the dWd tiles' tickets last, after launch 2's (they depend on nothing: filler for launch 2's last wave)
+    "chain_fa3_dxf_dwdl": ChainedConfig(TileConfig((64, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 1),
+                                                   (128, 256, 64, 1), grad_x_first=True), 8, 3, grad_down_last=True),
+    "chain_fa3_dwdl": ChainedConfig(TileConfig((64, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 1),
+                                               (128, 256, 64, 1)), 8, 3, grad_down_last=True),
     "chain_wide": ChainedConfig(TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 256, 64, 1), (128, 256, 64, 1)),
                                 8, 4),
 }

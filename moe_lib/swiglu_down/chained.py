@@ -6,7 +6,8 @@
     t ∈ [nA + nWd, grid)        waits until all nA dA programs of this launch are done, then launch 2's tile:
                                 dWg = dGateᵀ · x,  dWu = dUpᵀ · x,  dx = dGate · Wg + dUp · Wu
                                 (in the order of launch 2's program ids: dx first with ``grad_x_first``)
-    (with ``grad_down_first`` the dWd tiles take the first nWd tickets and the dA tiles the next nA, as in launch 1)
+    (with ``grad_down_first`` the dWd tiles take the first nWd tickets and the dA tiles the next nA, as in launch 1;
+    with ``grad_down_last`` the dWd tiles take the last nWd tickets, after launch 2's)
 
 The tiles, split-K partials and epilogues are those of the two launches (:func:`.kernels.d_intermediate_program`,
 :func:`.kernels.token_reduction_program`, :func:`.kernels.grad_x_and_grad_gate_up_program`); only the order and the
@@ -69,6 +70,7 @@ def chained_kernel(
     GROUP_M: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
     WITH_LO: tl.constexpr,  # dGate, dUp as hi/lo pairs (the faithful path); else hi alone
     GRAD_DOWN_FIRST: tl.constexpr,  # the dWd tiles' tickets before the dA tiles' (else after)
+    GRAD_DOWN_LAST: tl.constexpr,  # the dWd tiles' tickets after launch 2's (else before)
     GRAD_X_FIRST: tl.constexpr,  # launch 2's dx tiles' tickets before its dWg, dWu tiles' (else after)
 ):  # fmt: skip
     grid = tl.num_programs(0)
@@ -76,22 +78,26 @@ def chained_kernel(
     ticket = (arrival % grid).to(tl.int32)
     num_da = tl.cdiv(T, DA_M) * tl.cdiv(I, DA_N) * DA_SPLIT
     num_dwd = tl.cdiv(H, DWD_M) * tl.cdiv(I, DWD_N) * DWD_SPLIT
-    # launch 1's tiles in the order asked for: tickets [dA | dWd] or [dWd | dA]
-    da_program = ticket - num_dwd if GRAD_DOWN_FIRST else ticket
-    dwd_program = ticket if GRAD_DOWN_FIRST else ticket - num_da
+    # the tiles in the order asked for: tickets [dA | dWd | launch 2], [dWd | dA | launch 2] or [dA | launch 2 | dWd]
+    if GRAD_DOWN_FIRST:
+        da_program, dwd_program, second_program = ticket - num_dwd, ticket, ticket - num_da - num_dwd
+    elif GRAD_DOWN_LAST:
+        da_program, dwd_program, second_program = ticket, ticket - (grid - num_dwd), ticket - num_da
+    else:
+        da_program, dwd_program, second_program = ticket, ticket - num_da, ticket - num_da - num_dwd
     if (da_program >= 0) & (da_program < num_da):  # launch 2's tiles wait for these alone
         d_intermediate_program(da_program, grad_output_ptr, down_weight_ptr, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr,
                                up_ptr, d_gate_ptr, d_up_ptr, lo_offset, da_partials_ptr, da_counters_ptr, T, H, I,
                                DA_M, DA_N, DA_K, DA_SPLIT, GROUP_M, UPCAST, PRECISION, WITH_LO)  # fmt: skip
         tl.debug_barrier()  # every thread's dGate, dUp stores come before the count
         tl.atomic_add(tickets_ptr + 1, 1, sem="release", scope="gpu")
-    elif ticket < num_da + num_dwd:
+    elif (dwd_program >= 0) & (dwd_program < num_dwd):
         token_reduction_program(dwd_program, grad_output_ptr, 0, intermediate_ptr, grad_down_weight_ptr,
                                 dwd_partials_ptr, dwd_counters_ptr, T, H, I,
                                 DWD_M, DWD_N, DWD_K, DWD_SPLIT, GROUP_M, UPCAST, PRECISION, False)  # fmt: skip
     else:
         wait_for(tickets_ptr + 1, (arrival // grid + 1) * num_da)  # this launch's dA, stored and visible
-        grad_x_and_grad_gate_up_program(ticket - num_da - num_dwd, x_ptr, gate_weight_ptr, up_weight_ptr, d_gate_ptr,
+        grad_x_and_grad_gate_up_program(second_program, x_ptr, gate_weight_ptr, up_weight_ptr, d_gate_ptr,
                                         d_up_ptr, lo_offset, grad_x_ptr, grad_gate_weight_ptr, grad_up_weight_ptr,
                                         dx_partials_ptr, dx_counters_ptr, dw_partials_ptr, dw_counters_ptr, T, H, I,
                                         DX_M, DX_N, DX_K, DX_SPLIT, DW_M, DW_N, DW_K, DW_SPLIT, GROUP_M, UPCAST,
@@ -107,6 +113,9 @@ class ChainedConfig:
     # the dWd tiles (long reductions over T) take their tickets before the dA tiles, as they run first in launch 1;
     # else after them, so that launch 2's tiles, which wait for dA alone, can start sooner
     grad_down_first: bool = False
+    # the dWd tiles take the last tickets, after launch 2's: they depend on nothing, so they fill the SMs that launch
+    # 2's last wave leaves free (not with grad_down_first)
+    grad_down_last: bool = False
 
     def programs(self, num_tokens: int, hidden_size: int, intermediate_size: int) -> dict[int, int]:
         """Programs of launch 1's tiles and of launch 2's: {1: ..., 2: ...}; the grid is their sum."""
@@ -115,6 +124,8 @@ class ChainedConfig:
     def run(self, grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up,
             intermediate, grad_x, grad_gate_weight, grad_up_weight, grad_down_weight, *, with_lo: bool):  # fmt: skip
         """One launch; returns the outputs. ``with_lo``: dGate and dUp carried as hi/lo pairs (the faithful path)."""
+        if self.grad_down_first and self.grad_down_last:
+            raise ValueError("config: grad_down_first and grad_down_last exclude each other")
         if self.tiles.tma_first_launch is not None or self.tiles.tma_second_launch is not None:
             raise ValueError("config: a chained launch runs the pointer-based tiles; its TileConfig must name no "
                              "TMA launch")  # fmt: skip
@@ -136,7 +147,7 @@ class ChainedConfig:
             d_gate, d_up, T * I, grad_x, grad_gate_weight, grad_up_weight, grad_down_weight,
             *workspaces["dA"], *workspaces["dWd"], *workspaces["dx"], *workspaces["dWgu"], tickets, T, H, I,
             *tiles.d_intermediate, *tiles.grad_down, *tiles.grad_x, *tiles.grad_gate_up, tiles.group_m,
-            *dot_flags(x), with_lo, self.grad_down_first, tiles.grad_x_first, num_warps=self.warps,
+            *dot_flags(x), with_lo, self.grad_down_first, self.grad_down_last, tiles.grad_x_first, num_warps=self.warps,
             num_stages=self.stages,
         )  # fmt: skip
         return grad_x, grad_gate_weight, grad_up_weight, grad_down_weight
