@@ -76,10 +76,18 @@ CHAINED_LAUNCH_TOKENS = range(ONE_LAUNCH_MAX_TOKENS + 1, 1600)
 # is one to two waves of tiles, the dx tiles the longest (with the hi/lo halves 1.5x a dWg tile's products at 512
 # tokens), and started last they ran as a tail: 56.1 against 65.5 us at 512 tokens by graph replay, within 0.7 us at
 # 1087-1571 (data/results/NOTES.md, design 8, third round)
+# From 1153 tokens (dx in 10 or more 128-row blocks) the dWd tiles take the last tickets instead, after launch 2's
+# tiles, which go in their usual order (dWg, dWu first): the dWd tiles depend on nothing, so they fill the SMs that
+# launch 2's last wave leaves free (``CHAINED_GRAD_DOWN_LAST_MIN_TOKENS``). On the H200 by graph replay, two rounds:
+# 92.5-93.0 against 94.8-95.4 us at 1170-1200 tokens, 101.1-101.9 against 107.1-107.7 at 1300-1321, 122.1-124.9
+# against 127.2-130.0 at 1450-1500, a tie at 1550-1599; at 1087-1150 tokens 5-7 us slower (data/results/NOTES.md,
+# design 8, third round)
 CHAINED_TILES = {  # from this many tokens: these tiles
     0: TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1)),
     512: TileConfig((64, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1), grad_x_first=True),
+    1153: TileConfig((64, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1)),
 }
+CHAINED_GRAD_DOWN_LAST_MIN_TOKENS = 1153
 # up to this many tokens each path runs the few-token design (:mod:`.few_tokens`), its tokens in one block of up to 64
 # (data/results/NOTES.md, designs 5 and 10; on the H200 by graph replay): at 1–16 tokens 19–21 µs against 23–32 µs
 # for the two-launch (fast) and one-launch (faithful) designs, and 14–16 µs against 20–27 µs in NVIDIA's timing; at
@@ -162,7 +170,7 @@ def choose_config(num_tokens: int, hidden_size: int, intermediate_size: int, *, 
         from .chained import ChainedConfig  # it builds on this module's workspaces
 
         tiles = CHAINED_TILES[max(first for first in CHAINED_TILES if first <= num_tokens)]
-        return ChainedConfig(tiles, warps=8, stages=3)
+        return ChainedConfig(tiles, warps=8, stages=3, grad_down_last=num_tokens >= CHAINED_GRAD_DOWN_LAST_MIN_TOKENS)
     if with_lo and num_tokens <= ONE_LAUNCH_MAX_TOKENS:
         from .one_launch import OneLaunchConfig  # it builds on this module's workspaces
 
