@@ -265,3 +265,9 @@ def test_chained_schedule_keeps_every_sm_busy_with_one_tile_at_a_time():
     spans = {first: kernels.chained_schedule(T, H, I, dataclasses.replace(tiles, grad_x_first=first)).end.max()
              for first in (False, True)}
     assert spans[True] < spans[False]
+    # the dWd tiles last: the same work, after launch 2's tiles in the tickets; a shorter tail at 1321 tokens
+    last = kernels.chained_schedule(1321, H, I, p1_launch.CHAINED_TILES[1153], grad_down_last=True)
+    before = kernels.chained_schedule(1321, H, I, p1_launch.CHAINED_TILES[1153])
+    assert abs((last.end - last.start).sum() - (before.end - before.start).sum()) < 1e-6 * last.end.sum()
+    assert last[last.kind == "dWd"].start.min() >= last[last.kind.isin(["dx", "dWg", "dWu"])].start.min()
+    assert last.end.max() < before.end.max()

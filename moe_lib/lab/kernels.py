@@ -533,16 +533,18 @@ def speedup_figure(table: pd.DataFrame, baseline: str, title: str, *, switch: in
 
 
 def chained_schedule(num_tokens: int, hidden_size: int, intermediate_size: int, tiles: p1_launch.TileConfig, *,
-                     programs_at_once: int = 132, with_lo: bool = True) -> pd.DataFrame:  # fmt: skip
+                     programs_at_once: int = 132, with_lo: bool = True,
+                     grad_down_last: bool = False) -> pd.DataFrame:  # fmt: skip
     """A model of the chained launch's tickets (:mod:`moe_lib.swiglu_down.chained`), one program per SM: the tickets
-    go out in the launch's order (dA tiles, dWd tiles, then launch 2's in ``launch_plan``'s order); an SM that is free
+    go out in the launch's order (dA tiles, dWd tiles, then launch 2's in ``launch_plan``'s order; with
+    ``grad_down_last`` the dWd tiles after launch 2's); an SM that is free
     takes the next one; a tile takes as long as its multiply-adds (launch 2's twice over with ``with_lo``: the hi/lo
     halves), and launch 2's tiles start no sooner than the last dA tile ends. Returns one row per program: kind, sm,
     start and end in MFLOP of one SM's work. A model: it knows nothing of a tile's efficiency (wider tiles do more per
     cycle) or of what a split costs beyond its products."""
     plan = p1_launch.launch_plan(num_tokens, hidden_size, intermediate_size, tiles)
-    order = ([k for k in plan if k.kind == "dA"] + [k for k in plan if k.kind == "dWd"]
-             + [k for k in plan if k.launch == 2])  # fmt: skip
+    grad_down, second = [k for k in plan if k.kind == "dWd"], [k for k in plan if k.launch == 2]
+    order = [k for k in plan if k.kind == "dA"] + (second + grad_down if grad_down_last else grad_down + second)
     free = [(0.0, sm) for sm in range(programs_at_once)]
     heapq.heapify(free)
     d_a_done, rows = 0.0, []
