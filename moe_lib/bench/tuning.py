@@ -186,6 +186,10 @@ P1_CANDIDATES = {
                                                    (128, 256, 64, 1), grad_x_first=True), 8, 3, grad_down_last=True),
     "chain_fa3_dwdl": ChainedConfig(TileConfig((64, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 1),
                                                (128, 256, 64, 1)), 8, 3, grad_down_last=True),
+    # the dWd tiles' tickets first and launch 2's dWg, dWu tiles before its dx tiles, beyond 1600 tokens where the
+    # faithful path runs two launches (one launch has no host gap in NVIDIA's method)
+    "chain_fa3_dwdf": ChainedConfig(TileConfig((64, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 1),
+                                               (128, 256, 64, 1)), 8, 3, grad_down_first=True),
     "chain_wide": ChainedConfig(TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 256, 64, 1), (128, 256, 64, 1)),
                                 8, 4),
 }
