@@ -147,9 +147,7 @@ CONFIGS = {"default": lambda: None, "split": split_everything_config, "one-launc
            "library": library_gemms_config, "library-flat-pass": library_gemms_flat_pass_config,
            "library-dx-in-two": library_gemms_dx_in_two_config,
            "chained": chained_config, "chained-split": chained_split_config,
-           "chained-dwd-first": chained_grad_down_first_config, "chained-dx-first": chained_grad_x_first_config,
-           "chained-dwd-last": chained_grad_down_last_config,
-           "dx-first": lambda: chained_grad_x_first_config().tiles,
+           "chained-dwd-first": chained_grad_down_first_config,
            "library-d-a-tile": library_gemms_d_a_tile_config,
            "library-d-a-dwd-tiles": library_gemms_d_a_and_grad_down_tiles_config}  # fmt: skip
 
@@ -304,7 +302,8 @@ def test_library_gemms_design_takes_adjacent_gate_up_weights_without_a_copy(seed
 def test_chained_launch_equals_the_two_launches_bitwise(precision, seed, monkeypatch):
     """The chained launch runs the two launches' tiles in their arithmetic order: from NaN-filled memory, the
     same bits as the two launches with the same tiles, and twice in a row the same (its ticket counters carry
-    over from call to call); so do both with launch 2's dx tiles first."""
+    over from call to call); so do both with launch 2's dx tiles first, and the chained launch with its tickets in
+    the other orders (dWd first, dWd last). The two launches' tiles match float64 in test_small_shapes_...[split]."""
     from moe_lib.swiglu_down import launch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
