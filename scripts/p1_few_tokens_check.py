@@ -113,6 +113,11 @@ CANDIDATES = {
     "c_late_s4": dict(block_h1=512, block_i1=32, block_i2=128, block_h2=128, weights_ahead="registers",
                       count_late=True, stage_before_wait=True, once_by_move=True, saved_late=True, dx_sum_slices=4,
                       cooperative=True),
+    # 64-row phase-2 tiles of 256 columns (12 × 8): each phase-2 program sums half the dA partial bytes (the same 8
+    # H-blocks, 64 of I's columns instead of 128), dx's sum over 12 I-blocks split by rows over 8 programs
+    "d_late_s8": dict(block_h1=256, block_i1=64, block_i2=64, block_h2=256, weights_ahead="registers",
+                      count_late=True, stage_before_wait=True, once_by_move=True, saved_late=True, dx_sum_slices=8,
+                      cooperative=True),
     "a_mv_s4": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="registers",
                     count_late=True, stage_before_wait=True, once_by_move=True, dx_sum_slices=4, cooperative=True),
     # one token: the default's tiles with every product on the CUDA cores (fp32 FMAs): no staging of operands in
