@@ -75,7 +75,8 @@ def compile_tma_launch(launch: int, config, with_lo: bool):
     types = {name: pointer_type(name) if name.endswith("_ptr") else "i32" for name in runtime_names(kernel)}
     constexprs = {f"{prefix}_{axis}": size
                   for prefix, tile in tiles.items() for axis, size in zip("MNK", tile, strict=True)}  # fmt: skip
-    constexprs.update(GROUP_M=config.group_m, NUM_PROGRAMS=132, UPCAST=False, PRECISION="tf32", WITH_LO=with_lo)
+    constexprs.update(GROUP_M=config.group_m, NUM_PROGRAMS=132 if config.persistent else 0, UPCAST=False,
+                      PRECISION="tf32", WITH_LO=with_lo)
     aligned = [name for name in runtime_names(kernel) if name.endswith("_ptr") or name in ("H", "I", "lo_offset")]
     compiled = compile_for_sm90(kernel, types, constexprs, aligned, warps=config.warps, stages=config.stages)
     if "cp.async.bulk.tensor" not in compiled.asm["ptx"]:

@@ -624,7 +624,8 @@ def test_gpu_activation_at_the_layers_sizes(dtype, seed):
 # ---------------------------------------------------------------------------------------------
 # the launches fed by TMA (tma_launches.py)
 
-TMA_LAUNCHES = {"first": (True, False), "second": (False, True), "both": (True, True)}
+TMA_LAUNCHES = {"first": (True, False), "second": (False, True), "both": (True, True),
+                "both, one tile per program": (True, True)}
 
 
 def _with_tma_launches(T, H, I, which: str):
@@ -638,20 +639,20 @@ def _with_tma_launches(T, H, I, which: str):
     interpreter = not torch.cuda.is_available()
     base = choose_config(T, H, I, interpreter=interpreter, max_programs=0)  # the two-launch design
     first, second = TMA_LAUNCHES.get(which, (False, False))
-    return dataclasses.replace(
-        base,
-        tma_first_launch=(TmaFirstLaunchConfig.for_interpreter() if interpreter else TmaFirstLaunchConfig()) if first
-        else None,
-        tma_second_launch=(TmaSecondLaunchConfig.for_interpreter() if interpreter else TmaSecondLaunchConfig())
-        if second else None,
-    )  # fmt: skip
+    persistent = dict(persistent=which != "both, one tile per program")
+    first_config = dataclasses.replace(TmaFirstLaunchConfig.for_interpreter() if interpreter
+                                       else TmaFirstLaunchConfig(), **persistent)  # fmt: skip
+    second_config = dataclasses.replace(TmaSecondLaunchConfig.for_interpreter() if interpreter
+                                        else TmaSecondLaunchConfig(), **persistent)  # fmt: skip
+    return dataclasses.replace(base, tma_first_launch=first_config if first else None,
+                               tma_second_launch=second_config if second else None)  # fmt: skip
 
 
 @needs_triton
 @pytest.mark.parametrize("T, H, I, dtype, which", [
     (21, 48, 32, torch.bfloat16, "first"), (21, 48, 32, torch.bfloat16, "second"),
     (21, 48, 32, torch.bfloat16, "both"), (1, 40, 24, torch.bfloat16, "both"), (13, 40, 24, torch.float32, "both"),
-    (40, 32, 40, torch.float16, "both"),
+    (40, 32, 40, torch.float16, "both"), (21, 48, 32, torch.bfloat16, "both, one tile per program"),
 ])  # fmt: skip
 @pytest.mark.parametrize("precision", ["faithful", "fast"])
 def test_tma_launches_match_float64(T, H, I, dtype, which, precision, seed, monkeypatch):
@@ -745,7 +746,8 @@ def check_deterministic_and_replayed(candidate: str, precision: str, seed: int, 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [1087, 5000, 8192])
-@pytest.mark.parametrize("candidate", ["tma_128", "tma_256", "tma12_a", "tma12_b", "tma12_c"])
+@pytest.mark.parametrize("candidate", ["tma_128", "tma_256", "tma12_a", "tma12_b", "tma12_c", "tma_256_np",
+                                       "tma12_b_np"])
 @pytest.mark.parametrize("precision", ["faithful", "fast"])
 def test_gpu_tma_launches_at_both_input_scales(T, candidate, precision, seed):
     check_candidate_at_both_scales(candidate, T, precision, seed)

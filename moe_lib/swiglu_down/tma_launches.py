@@ -10,7 +10,8 @@ and dUp stored and multiplied as hi + lo halves, the lo half ``lo_offset`` eleme
 differs is how the operands get to the tensor cores: every operand block comes by a TMA copy through a tensor
 descriptor (``tl.make_tensor_descriptor``, made once per program on the device) instead of pointer loads, and
 each grid is persistent — one program per SM walking its launch's tiles, the reductions over T first,
-NUM_PROGRAMS apart — so the pipeline's loads of a tile's next blocks run behind the current block's products.
+NUM_PROGRAMS apart — so the pipeline's loads of a tile's next blocks run behind the current block's products;
+or, with ``persistent=False`` (NUM_PROGRAMS = 0), one program per tile as the pointer-based launches have it.
 Aᵀ operands (dyᵀ, dGateᵀ, dUpᵀ) are read as [K, M] blocks of the row-major [T, ·] tensors and transposed on the
 way to the tensor cores. TMA zero-fills what lies past a tensor's edge, so no operand block needs a mask; the
 saved tensors of the dSwiGLU epilogue and every output tile go through masked pointer loads and stores. No
@@ -34,6 +35,15 @@ from ..dispatch import interpreter_enabled
 from ..tiling import cdiv
 from ..tma import install_tma_allocator
 from .kernels import grouped_tile, mma, store_swiglu_grads, store_tile
+
+
+@triton.jit
+def tile_range(num_tiles, NUM_PROGRAMS: tl.constexpr):
+    """(first, end, step) of this program's tiles: every NUM_PROGRAMS-th from its id (a persistent grid), or its
+    id alone with NUM_PROGRAMS = 0 (a grid of one program per tile)."""
+    if NUM_PROGRAMS == 0:
+        return tl.program_id(0), tl.program_id(0) + 1, 1
+    return tl.program_id(0), num_tiles, NUM_PROGRAMS
 
 
 @triton.jit
@@ -102,7 +112,7 @@ def tma_d_intermediate_and_grad_down_kernel(
     DA_M: tl.constexpr, DA_N: tl.constexpr, DA_K: tl.constexpr,  # a dA tile [tokens, I] and its step over H
     DWD_M: tl.constexpr, DWD_N: tl.constexpr, DWD_K: tl.constexpr,  # a dWd tile [H, I] and its step over T
     GROUP_M: tl.constexpr,  # row tiles grouped for L2 reuse of the column operand
-    NUM_PROGRAMS: tl.constexpr,  # the persistent grid
+    NUM_PROGRAMS: tl.constexpr,  # the persistent grid; 0: one tile per program (the grid covers every tile)
     UPCAST: tl.constexpr, PRECISION: tl.constexpr,
     WITH_LO: tl.constexpr,  # store dGate, dUp as hi/lo pairs (the faithful path); else hi alone
 ):  # fmt: skip
@@ -114,7 +124,9 @@ def tma_d_intermediate_and_grad_down_kernel(
     da_wd = tl.make_tensor_descriptor(down_weight_ptr, shape=[H, I], strides=[I, 1], block_shape=[DA_K, DA_N])
     num_dwd_tiles = tl.cdiv(H, DWD_M) * tl.cdiv(I, DWD_N)
     num_tiles = num_dwd_tiles + tl.cdiv(T, DA_M) * tl.cdiv(I, DA_N)
-    for tile in range(tl.program_id(0), num_tiles, NUM_PROGRAMS):  # dWd's long reductions over T first
+    # dWd's long reductions over T first; one tile per program, or NUM_PROGRAMS apart
+    first_tile, end, step = tile_range(num_tiles, NUM_PROGRAMS)
+    for tile in range(first_tile, end, step):
         if tile < num_dwd_tiles:
             weight_grad_tile(tile, dwd_dy, dwd_dy, dwd_inter, grad_down_weight_ptr, T, H, I,
                              DWD_M, DWD_N, DWD_K, GROUP_M, UPCAST, PRECISION, False)  # fmt: skip
@@ -136,7 +148,7 @@ def tma_grad_x_and_grad_gate_up_kernel(
     DX_M: tl.constexpr, DX_N: tl.constexpr, DX_K: tl.constexpr,  # a dx tile [tokens, H] and its step over 2I
     DW_M: tl.constexpr, DW_N: tl.constexpr, DW_K: tl.constexpr,  # a dWg or dWu tile [I, H] and its step over T
     GROUP_M: tl.constexpr,  # row tiles grouped for L2 reuse of the column operand
-    NUM_PROGRAMS: tl.constexpr,  # the persistent grid
+    NUM_PROGRAMS: tl.constexpr,  # the persistent grid; 0: one tile per program (the grid covers every tile)
     UPCAST: tl.constexpr, PRECISION: tl.constexpr,
     WITH_LO: tl.constexpr,  # dGate, dUp are hi/lo pairs (the faithful path): every product takes both halves
 ):  # fmt: skip
@@ -160,8 +172,10 @@ def tma_grad_x_and_grad_gate_up_kernel(
 
     num_dw_tiles = tl.cdiv(I, DW_M) * tl.cdiv(H, DW_N)  # per weight
     num_tiles = 2 * num_dw_tiles + tl.cdiv(T, DX_M) * tl.cdiv(H, DX_N)
-    # the long reductions over T first, so that the dx tiles fill in behind them
-    for tile in range(tl.program_id(0), num_tiles, NUM_PROGRAMS):
+    # the long reductions over T first, so that the dx tiles fill in behind them; one tile per program, or
+    # NUM_PROGRAMS apart
+    first_tile, end, step = tile_range(num_tiles, NUM_PROGRAMS)
+    for tile in range(first_tile, end, step):
         if tile < num_dw_tiles:
             weight_grad_tile(tile, dw_gate, dw_gate_lo, dw_x, grad_gate_weight_ptr, T, I, H,
                              DW_M, DW_N, DW_K, GROUP_M, UPCAST, PRECISION, WITH_LO)  # fmt: skip
@@ -186,6 +200,9 @@ class TmaFirstLaunchConfig:
     warps: int = 8  # 128×128 dA tiles spill on 4 (their epilogue's saved tiles)
     stages: int = 3  # TMA blocks in flight per operand
     group_m: int = 8
+    # one program per SM walking the tiles; else one program per tile, as the pointer-based launch (each program's
+    # pipeline fills once, and the next program's loads start while this one's epilogue runs on the same SM)
+    persistent: bool = True
 
     @classmethod
     def for_interpreter(cls) -> TmaFirstLaunchConfig:
@@ -208,6 +225,8 @@ class TmaSecondLaunchConfig:
     warps: int = 8
     stages: int = 3  # TMA blocks in flight per operand
     group_m: int = 8
+    # one program per SM walking the tiles; else one program per tile (see TmaFirstLaunchConfig.persistent)
+    persistent: bool = True
 
     @classmethod
     def for_interpreter(cls) -> TmaSecondLaunchConfig:
@@ -229,9 +248,10 @@ def fits(hidden_size: int, intermediate_size: int, element_bytes: int) -> bool:
 def launch_first_launch_tma(config: TmaFirstLaunchConfig, grad_output, down_weight, gate, gate_sigmoid, gate_silu,
                             up, intermediate, d_gate, d_up, grad_down_weight, *, with_lo: bool, num_programs: int,
                             dot_flags: tuple[bool, str]) -> None:  # fmt: skip
-    """dGate, dUp ([1 or 2, T, I]: hi, and with ``with_lo`` lo) and dWd in one persistent launch of at most
-    ``num_programs`` programs, the products under ``dot_flags`` (UPCAST, PRECISION: :func:`.launch.dot_flags`).
-    Contiguous operands whose rows :func:`fits`; no host synchronisation."""
+    """dGate, dUp ([1 or 2, T, I]: hi, and with ``with_lo`` lo) and dWd in one launch, persistent (at most
+    ``num_programs`` programs) or of one program per tile (``config.persistent``), the products under
+    ``dot_flags`` (UPCAST, PRECISION: :func:`.launch.dot_flags`). Contiguous operands whose rows :func:`fits`; no
+    host synchronisation."""
     T, H = grad_output.shape
     I = down_weight.shape[1]
     if not fits(H, I, grad_output.element_size()):
@@ -239,10 +259,12 @@ def launch_first_launch_tma(config: TmaFirstLaunchConfig, grad_output, down_weig
                          f"{grad_output.element_size()} B must be 16-byte multiples for TMA")  # fmt: skip
     if grad_output.is_cuda and not interpreter_enabled():
         install_tma_allocator(grad_output.device)
-    grid = max(1, min(num_programs, config.tiles(T, H, I)))
+    tiles = config.tiles(T, H, I)
+    grid = max(1, min(num_programs, tiles) if config.persistent else tiles)
     tma_d_intermediate_and_grad_down_kernel[(grid,)](
         grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate, d_gate, d_up, T * I,
-        grad_down_weight, T, H, I, *config.da_tile, *config.dwd_tile, config.group_m, grid, *dot_flags,
+        grad_down_weight, T, H, I, *config.da_tile, *config.dwd_tile, config.group_m,
+        grid if config.persistent else 0, *dot_flags,
         with_lo, num_warps=config.warps, num_stages=config.stages,
     )  # fmt: skip
 
@@ -250,9 +272,10 @@ def launch_first_launch_tma(config: TmaFirstLaunchConfig, grad_output, down_weig
 def launch_second_launch_tma(config: TmaSecondLaunchConfig, x, gate_weight, up_weight, d_gate, d_up, grad_x,
                              grad_gate_weight, grad_up_weight, *, with_lo: bool, num_programs: int,
                              dot_flags: tuple[bool, str]) -> None:  # fmt: skip
-    """dx, dWg and dWu from dGate, dUp ([1 or 2, T, I]: hi, and with ``with_lo`` lo) in one persistent launch of
-    at most ``num_programs`` programs, the products under ``dot_flags`` (UPCAST, PRECISION:
-    :func:`.launch.dot_flags`). Contiguous operands whose rows :func:`fits`; no host synchronisation."""
+    """dx, dWg and dWu from dGate, dUp ([1 or 2, T, I]: hi, and with ``with_lo`` lo) in one launch, persistent (at
+    most ``num_programs`` programs) or of one program per tile (``config.persistent``), the products under
+    ``dot_flags`` (UPCAST, PRECISION: :func:`.launch.dot_flags`). Contiguous operands whose rows :func:`fits`; no
+    host synchronisation."""
     T, H = x.shape
     I = gate_weight.shape[0]
     if not fits(H, I, x.element_size()):
@@ -260,9 +283,10 @@ def launch_second_launch_tma(config: TmaSecondLaunchConfig, x, gate_weight, up_w
                          "16-byte multiples for TMA")  # fmt: skip
     if x.is_cuda and not interpreter_enabled():
         install_tma_allocator(x.device)
-    grid = max(1, min(num_programs, config.tiles(T, H, I)))
+    tiles = config.tiles(T, H, I)
+    grid = max(1, min(num_programs, tiles) if config.persistent else tiles)
     tma_grad_x_and_grad_gate_up_kernel[(grid,)](
         x, gate_weight, up_weight, d_gate, d_up, T * I, grad_x, grad_gate_weight, grad_up_weight, T, H, I,
-        *config.dx_tile, *config.dw_tile, config.group_m, grid, *dot_flags, with_lo,
+        *config.dx_tile, *config.dw_tile, config.group_m, grid if config.persistent else 0, *dot_flags, with_lo,
         num_warps=config.warps, num_stages=config.stages,
     )  # fmt: skip
