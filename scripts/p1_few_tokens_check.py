@@ -28,6 +28,9 @@ import threading
 
 H, I = 2048, 768
 
+# the default's tiles and the staging of its operands (a_reg_cl_st_mv below): what the later candidates vary
+MOVES = dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="registers", count_late=True,
+             stage_before_wait=True, once_by_move=True)
 # name -> FewTokensConfig fields (block_t is set per token count where the name does not fix it)
 CANDIDATES = {
     # 96 programs: a 256×64 Wd tile (128 B rows) and a 128×128 Wg/Wu tile (256 B rows) each
@@ -71,55 +74,36 @@ CANDIDATES = {
                              count_late=True, stage_before_wait=True, cooperative=True),
     # the default with its token loops (more tokens than block_t) software-pipelined by Triton (num_stages=2: every
     # load of a loop issued one token block ahead, into shared memory by cp.async); compiled for sm_90 no spill, 152 KB
-    "a_mv_s2": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="registers",
-                    count_late=True, stage_before_wait=True, once_by_move=True, stages=2),
+    "a_mv_s2": dict(MOVES, stages=2),
     # the same with phase 2's token loop done in one pass (dx partial and dWg, dWu from each block's dGate, dUp);
     # compiled for sm_90 no spill on the fast path, 104 B of stack on the faithful one
-    "a_mv_s2_1p": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="registers",
-                       count_late=True, stage_before_wait=True, once_by_move=True, stages=2, one_pass=True),
+    "a_mv_s2_1p": dict(MOVES, stages=2, one_pass=True),
     # the one pass without the pipelining (compiled for sm_90: 152 B of stack on the faithful path)
-    "a_mv_1p": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="registers",
-                    count_late=True, stage_before_wait=True, once_by_move=True, one_pass=True),
+    "a_mv_1p": dict(MOVES, one_pass=True),
     # a_mv_s2 with Wg, Wu prefetched into L2 at the start instead of held in registers through phase 1
-    "a_pf_mv_s2": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="prefetch",
-                       count_late=True, stage_before_wait=True, once_by_move=True, stages=2),
+    "a_pf_mv_s2": dict(MOVES, weights_ahead="prefetch", stages=2),
     # up to 64 tokens in one straight-line block (compiled for sm_90: 24-32 B of stack)
-    "a_mv_t64": dict(block_t=64, block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="registers",
-                     count_late=True, stage_before_wait=True, once_by_move=True),
+    "a_mv_t64": dict(MOVES, block_t=64),
     # up to 128 tokens in one straight-line block (compiled for sm_90: 700 B of stack on 8 warps; 400-530 B on 16)
-    "a_mv_t128": dict(block_t=128, block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="registers",
-                      count_late=True, stage_before_wait=True, once_by_move=True),
-    "a_mv_t128_w16": dict(block_t=128, block_h1=256, block_i1=64, block_i2=128, block_h2=128,
-                          weights_ahead="registers", count_late=True, stage_before_wait=True, once_by_move=True,
-                          warps=16),
+    "a_mv_t128": dict(MOVES, block_t=128),
+    "a_mv_t128_w16": dict(MOVES, block_t=128, warps=16),
     # the default (all tokens in one block to 128) with the saved gate, sigmoid, silu, up tiles loaded after phase 1
     # instead of at the start: compiled for sm_90, 88 B of stack at 128 tokens (700 without), none at 64 (24-32)
-    "a_mv_late": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="registers",
-                      count_late=True, stage_before_wait=True, once_by_move=True, saved_late=True),
+    "a_mv_late": dict(MOVES, saved_late=True),
     # the same with Wg, Wu prefetched into L2 at the start (72 B of stack at 128 tokens; 122 registers at 16)
-    "a_pf_late": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="prefetch",
-                      count_late=True, stage_before_wait=True, once_by_move=True, saved_late=True),
+    "a_pf_late": dict(MOVES, weights_ahead="prefetch", saved_late=True),
     # dx's sum over the I-blocks split by rows over 2 or 4 programs of each column block instead of the last to arrive
     # summing all of them (at 128 tokens the last arrival's 393 KB sum took 10 µs, "Design 10" in NOTES)
-    "a_mv_late_s2": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="registers",
-                         count_late=True, stage_before_wait=True, once_by_move=True, saved_late=True, dx_sum_slices=2,
-                         cooperative=True),
-    "a_mv_late_s4": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="registers",
-                         count_late=True, stage_before_wait=True, once_by_move=True, saved_late=True, dx_sum_slices=4,
-                         cooperative=True),
+    "a_mv_late_s2": dict(MOVES, saved_late=True, dx_sum_slices=2, cooperative=True),
+    "a_mv_late_s4": dict(MOVES, saved_late=True, dx_sum_slices=4, cooperative=True),
     # the same with 4 phase-1 tiles along H instead of 8 (512×32 Wd tiles, 64 B rows): half the dA partials for each
     # phase-2 program to sum (at 128 tokens 256 KB against 512); compiled for sm_90 its Wd tile spills (152 B of stack
     # at 64 tokens, 1.2 KB at 128): not run
-    "c_late_s4": dict(block_h1=512, block_i1=32, block_i2=128, block_h2=128, weights_ahead="registers",
-                      count_late=True, stage_before_wait=True, once_by_move=True, saved_late=True, dx_sum_slices=4,
-                      cooperative=True),
+    "c_late_s4": dict(MOVES, block_h1=512, block_i1=32, saved_late=True, dx_sum_slices=4, cooperative=True),
     # 64-row phase-2 tiles of 256 columns (12 × 8): each phase-2 program sums half the dA partial bytes (the same 8
     # H-blocks, 64 of I's columns instead of 128), dx's sum over 12 I-blocks split by rows over 8 programs
-    "d_late_s8": dict(block_h1=256, block_i1=64, block_i2=64, block_h2=256, weights_ahead="registers",
-                      count_late=True, stage_before_wait=True, once_by_move=True, saved_late=True, dx_sum_slices=8,
-                      cooperative=True),
-    "a_mv_s4": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="registers",
-                    count_late=True, stage_before_wait=True, once_by_move=True, dx_sum_slices=4, cooperative=True),
+    "d_late_s8": dict(MOVES, block_i2=64, block_h2=256, saved_late=True, dx_sum_slices=8, cooperative=True),
+    "a_mv_s4": dict(MOVES, dx_sum_slices=4, cooperative=True),
     # one token: the default's tiles with every product on the CUDA cores (fp32 FMAs): no staging of operands in
     # shared memory, no transposed tiles converted before their stores (refuses more tokens)
     "fma": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, cooperative=True, cuda_cores=True),

@@ -26,6 +26,9 @@ from ..swiglu_down.one_launch import OneLaunchConfig
 from ..swiglu_down.tma_launches import TmaFirstLaunchConfig, TmaSecondLaunchConfig
 from .cli import DTYPE_ALIASES, problems_by_dtype
 
+# the chained launch's tiles from 512 tokens (64×128 dA, 128×256 dWd, 128×128 dx, 128×256 dWg/dWu): what the
+# chained candidates below vary
+CHAIN_FA3 = TileConfig((64, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1))
 # name -> tiles (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT) of dA, dWd, dx, dWg/dWu; warps; stages
 P1_CANDIDATES = {
     "tiny_s8": TileConfig((16, 64, 128, 8), (64, 128, 16, 1), (16, 64, 128, 8), (64, 128, 16, 1), (4, 4), (3, 3)),
@@ -74,19 +77,6 @@ P1_CANDIDATES = {
     "tma12_c": TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 256, 64, 1), (128, 256, 64, 1), (8, 8), (4, 3),
                           tma_first_launch=TmaFirstLaunchConfig((64, 128, 64), (128, 128, 64), 4, 3),
                           tma_second_launch=TmaSecondLaunchConfig((128, 256, 64), (128, 128, 64), 8, 3)),
-    # the same TMA-fed launches with one program per tile instead of a persistent grid (each program's pipeline fills
-    # once, as in the pointer-based launches; what is left is TMA against pointer loads)
-    "tma_256_np": TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 256, 64, 1), (128, 256, 64, 1), (8, 8), (4, 3),
-                             tma_second_launch=TmaSecondLaunchConfig((128, 256, 64), (128, 256, 64), 8, 3,
-                                                                     persistent=False)),
-    "tma_256dx_np": TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 256, 64, 1), (128, 256, 64, 1), (8, 8),
-                               (4, 3), tma_second_launch=TmaSecondLaunchConfig((128, 256, 64), (128, 128, 64), 8, 3,
-                                                                               persistent=False)),
-    "tma12_b_np": TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 256, 64, 1), (128, 256, 64, 1), (8, 8), (4, 3),
-                             tma_first_launch=TmaFirstLaunchConfig((128, 128, 64), (128, 256, 64), 8, 3,
-                                                                   persistent=False),
-                             tma_second_launch=TmaSecondLaunchConfig((128, 256, 64), (128, 256, 64), 8, 3,
-                                                                     persistent=False)),
     "f_128s3": TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 128, 64, 1), (128, 128, 64, 1), (8, 8), (4, 3)),
     "f_wide_a": TileConfig((128, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1), (8, 8), (3, 3)),
     "f_gu128k": TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 128, 64, 1), (128, 128, 128, 1), (8, 8), (4, 2)),
@@ -176,36 +166,43 @@ P1_CANDIDATES = {
                               8, 3),
     "chain_fa2": ChainedConfig(TileConfig((128, 64, 64, 1), (128, 256, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1)),
                                8, 3),
-    "chain_fa3": ChainedConfig(TileConfig((64, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1)),
-                               8, 3),
+    "chain_fa3": ChainedConfig(CHAIN_FA3, 8, 3),
     # launch 2's dx tiles first (the longest tiles of a few waves first), with 128×128 dWg, dWu tiles or their
     # reduction split in two (more, shorter tiles: a shorter tail)
-    "chain_fa3_dxf": ChainedConfig(TileConfig((64, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 1),
-                                              (128, 256, 64, 1), grad_x_first=True), 8, 3),
-    "chain_fa3_gu128": ChainedConfig(TileConfig((64, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 1),
-                                                (128, 128, 64, 1)), 8, 3),
-    "chain_fa3_gu128_dxf": ChainedConfig(TileConfig((64, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 1),
-                                                    (128, 128, 64, 1), grad_x_first=True), 8, 3),
-    "chain_fa3_gus2_dxf": ChainedConfig(TileConfig((64, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 1),
-                                                   (128, 256, 64, 2), grad_x_first=True), 8, 3),
+    "chain_fa3_dxf": ChainedConfig(dataclasses.replace(CHAIN_FA3, grad_x_first=True), 8, 3),
+    "chain_fa3_gu128": ChainedConfig(dataclasses.replace(CHAIN_FA3, grad_gate_up=(128, 128, 64, 1)), 8, 3),
+    "chain_fa3_gu128_dxf": ChainedConfig(dataclasses.replace(CHAIN_FA3, grad_gate_up=(128, 128, 64, 1),
+                                                             grad_x_first=True), 8, 3),  # fmt: skip
+    "chain_fa3_gus2_dxf": ChainedConfig(dataclasses.replace(CHAIN_FA3, grad_gate_up=(128, 256, 64, 2),
+                                                            grad_x_first=True), 8, 3),  # fmt: skip
     # dx's reduction split in two (dGate · Wg and dUp · Wu as two programs, summed by the later one): more, shorter
     # tiles for the launch's last wave, the dWg, dWu tiles first or after them
-    "chain_fa3_dx2": ChainedConfig(TileConfig((64, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 2),
-                                              (128, 256, 64, 1)), 8, 3),
-    "chain_fa3_dx2_dxf": ChainedConfig(TileConfig((64, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 2),
-                                                  (128, 256, 64, 1), grad_x_first=True), 8, 3),
+    "chain_fa3_dx2": ChainedConfig(dataclasses.replace(CHAIN_FA3, grad_x=(128, 128, 64, 2)), 8, 3),
+    "chain_fa3_dx2_dxf": ChainedConfig(dataclasses.replace(CHAIN_FA3, grad_x=(128, 128, 64, 2), grad_x_first=True),
+                                       8, 3),  # fmt: skip
     # the dWd tiles' tickets last, after launch 2's (they depend on nothing: filler for launch 2's last wave)
-    "chain_fa3_dxf_dwdl": ChainedConfig(TileConfig((64, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 1),
-                                                   (128, 256, 64, 1), grad_x_first=True), 8, 3, grad_down_last=True),
-    "chain_fa3_dwdl": ChainedConfig(TileConfig((64, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 1),
-                                               (128, 256, 64, 1)), 8, 3, grad_down_last=True),
+    "chain_fa3_dxf_dwdl": ChainedConfig(dataclasses.replace(CHAIN_FA3, grad_x_first=True), 8, 3, grad_down_last=True),
+    "chain_fa3_dwdl": ChainedConfig(CHAIN_FA3, 8, 3, grad_down_last=True),
     # the dWd tiles' tickets first and launch 2's dWg, dWu tiles before its dx tiles, beyond 1600 tokens where the
     # faithful path runs two launches (one launch has no host gap in NVIDIA's method)
-    "chain_fa3_dwdf": ChainedConfig(TileConfig((64, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 1),
-                                               (128, 256, 64, 1)), 8, 3, grad_down_first=True),
+    "chain_fa3_dwdf": ChainedConfig(CHAIN_FA3, 8, 3, grad_down_first=True),
     "chain_wide": ChainedConfig(TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 256, 64, 1), (128, 256, 64, 1)),
                                 8, 4),
 }
+
+
+def one_tile_per_program(config: TileConfig) -> TileConfig:
+    """``config`` with its TMA-fed launches run as one program per tile instead of a persistent grid (each program's
+    pipeline fills once, as in the pointer-based launches; what is left is TMA against pointer loads)."""
+    first, second = config.tma_first_launch, config.tma_second_launch
+    return dataclasses.replace(
+        config, tma_first_launch=None if first is None else dataclasses.replace(first, persistent=False),
+        tma_second_launch=None if second is None else dataclasses.replace(second, persistent=False))  # fmt: skip
+
+
+# the TMA-fed candidates with one program per tile (``_np``)
+P1_CANDIDATES.update({f"{name}_np": one_tile_per_program(P1_CANDIDATES[name])
+                      for name in ("tma_256", "tma_256dx", "tma12_b")})  # fmt: skip
 
 # kernel G's settings as the P2 scripts spell them (FIELD=VALUE), and the FusedDxConfig fields they set
 FUSED_DX_FIELDS = {"gate_up_dx_tile": ("block_i", "block_h", "block_rows"), "warps_g": ("warps",),

@@ -10,6 +10,7 @@ nothing is split).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -82,12 +83,13 @@ CHAINED_LAUNCH_TOKENS = range(ONE_LAUNCH_MAX_TOKENS + 1, 1600)
 # 92.5-93.0 against 94.8-95.4 us at 1170-1200 tokens, 101.1-101.9 against 107.1-107.7 at 1300-1321, 122.1-124.9
 # against 127.2-130.0 at 1450-1500, a tie at 1550-1599; at 1087-1150 tokens 5-7 us slower (data/results/NOTES.md,
 # design 8, third round)
+CHAINED_GRAD_DOWN_LAST_MIN_TOKENS = 1153
+_CHAINED_WIDE_TILES = TileConfig((64, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1))
 CHAINED_TILES = {  # from this many tokens: these tiles
     0: TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1)),
-    512: TileConfig((64, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1), grad_x_first=True),
-    1153: TileConfig((64, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1)),
+    512: dataclasses.replace(_CHAINED_WIDE_TILES, grad_x_first=True),
+    CHAINED_GRAD_DOWN_LAST_MIN_TOKENS: _CHAINED_WIDE_TILES,
 }
-CHAINED_GRAD_DOWN_LAST_MIN_TOKENS = 1153
 # up to this many tokens each path runs the few-token design (:mod:`.few_tokens`), its tokens in one block of up to 64
 # (data/results/NOTES.md, designs 5 and 10; on the H200 by graph replay): at 1–16 tokens 19–21 µs against 23–32 µs
 # for the two-launch (fast) and one-launch (faithful) designs, and 14–16 µs against 20–27 µs in NVIDIA's timing; at
