@@ -103,6 +103,9 @@ CANDIDATES = {
     # 64-row phase-2 tiles of 256 columns (12 × 8): each phase-2 program sums half the dA partial bytes (the same 8
     # H-blocks, 64 of I's columns instead of 128), dx's sum over 12 I-blocks split by rows over 8 programs
     "d_late_s8": dict(MOVES, block_i2=64, block_h2=256, saved_late=True, dx_sum_slices=8, cooperative=True),
+    # the same with the saved tiles loaded at the start (the default's placement up to 32 tokens), or dx's sum over 4
+    "d_s8": dict(MOVES, block_i2=64, block_h2=256, dx_sum_slices=8, cooperative=True),
+    "d_late_s4": dict(MOVES, block_i2=64, block_h2=256, saved_late=True, dx_sum_slices=4, cooperative=True),
     "a_mv_s4": dict(MOVES, dx_sum_slices=4, cooperative=True),
     # one token: the default's tiles with every product on the CUDA cores (fp32 FMAs): no staging of operands in
     # shared memory, no transposed tiles converted before their stores (refuses more tokens)

@@ -14,8 +14,11 @@ Prints one table; with $OUT set, also writes it as JSON there.
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
 import os
+import pstats
 import time
 
 import torch
@@ -41,12 +44,28 @@ def host_us(call, reps: int = 50) -> float:
     return sorted(samples)[len(samples) // 2]
 
 
+def profile_calls(call, calls: int) -> str:
+    """cProfile's table of ``calls`` calls (after one warm-up call), the 25 costliest functions by own time."""
+    call()
+    torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        call()
+    profiler.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
+    return text.getvalue()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=token_list, default=[1, 16, 128, 512, 1087, 2447, 8192])
     parser.add_argument("--precision", default="faithful", choices=("faithful", "fast"))
     parser.add_argument("--reps", type=int, default=50)
     parser.add_argument("--configs", default="default", help="comma list: default and/or P1_CANDIDATES names")
+    parser.add_argument("--profile", type=int, default=0, help="profile this many calls per design instead")
     args = parser.parse_args()
     names = args.configs.split(",")
     unknown = [name for name in names if name != "default" and name not in P1_CANDIDATES]
@@ -67,6 +86,10 @@ def main() -> None:
                     return lambda: swiglu_down_backward(*fresh.values(), precision=args.precision)
                 return lambda: swiglu_down_backward_triton(*fresh.values(), config=config, precision=args.precision)
 
+            if args.profile:
+                print(f"=== T={T} {name}: {args.profile} calls, by own time")
+                print(profile_calls(make_call(inputs), args.profile), flush=True)
+                continue
             row = dict(T=T, config=name)
             try:
                 row["graph_us"] = timing.graph_median_ms(make_call(inputs), flush) * 1e3
