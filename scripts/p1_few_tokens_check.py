@@ -106,6 +106,10 @@ CANDIDATES = {
     # the same with the saved tiles loaded at the start (the default's placement up to 32 tokens), or dx's sum over 4
     "d_s8": dict(MOVES, block_i2=64, block_h2=256, dx_sum_slices=8, cooperative=True),
     "d_late_s4": dict(MOVES, block_i2=64, block_h2=256, saved_late=True, dx_sum_slices=4, cooperative=True),
+    # 32-row phase-2 tiles of 512 columns (24 × 4): a quarter of the default's dA partial bytes per program, dx's sum
+    # over 24 I-blocks split by rows over 8 or 16 programs
+    "e_late_s8": dict(MOVES, block_i2=32, block_h2=512, saved_late=True, dx_sum_slices=8, cooperative=True),
+    "e_late_s16": dict(MOVES, block_i2=32, block_h2=512, saved_late=True, dx_sum_slices=16, cooperative=True),
     "a_mv_s4": dict(MOVES, dx_sum_slices=4, cooperative=True),
     # one token: the default's tiles with every product on the CUDA cores (fp32 FMAs): no staging of operands in
     # shared memory, no transposed tiles converted before their stores (refuses more tokens)

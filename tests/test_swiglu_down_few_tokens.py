@@ -248,16 +248,18 @@ def test_choose_few_tokens_config():
         config = choose_few_tokens_config(T, 2048, 768, interpreter=False, with_lo=True)
         assert config.grid_size(2048, 768) == 96
         assert config.block_t >= T if T <= 128 else (config.block_t, config.one_pass) == (16, True)
-        assert config.saved_late == (32 < T <= 128)
-        assert config.dx_sum_slices == (4 if 2 <= T <= 128 else 1)  # 6 I-blocks of 128 rows: 4 slices
+        one_block = 2 <= T <= 128
+        assert config.saved_late == one_block
+        assert config.dx_sum_slices == (8 if one_block else 1)  # 12 I-blocks of 64 rows: 8 slices
+        assert (config.block_i2, config.block_h2) == ((64, 256) if one_block else (128, 128))
         assert config.block_i1 * 2 >= 128 and config.block_h2 * 2 >= 128  # ≥ 128 contiguous bytes per weight row
         assert config.cooperative and config.cuda_cores == (T == 1)
         assert config.cuda_cores or (config.count_late and config.stage_before_wait and config.once_by_move)
     narrow = choose_few_tokens_config(1, 2048, 768, interpreter=False, with_lo=True, max_programs=60)
     assert narrow.grid_size(2048, 768) <= 60
-    # no more slices than I-blocks to sum: 2 at I = 256 (128-row blocks), 1 at I = 128
-    assert choose_few_tokens_config(8, 2048, 256, interpreter=False, with_lo=True).dx_sum_slices == 2
-    assert choose_few_tokens_config(8, 2048, 128, interpreter=False, with_lo=True).dx_sum_slices == 1
+    # no more slices than I-blocks to sum: 4 at I = 256 (64-row phase-2 blocks), 2 at I = 128
+    assert choose_few_tokens_config(8, 2048, 256, interpreter=False, with_lo=True).dx_sum_slices == 4
+    assert choose_few_tokens_config(8, 2048, 128, interpreter=False, with_lo=True).dx_sum_slices == 2
 
 
 def test_swiglu_down_backward_chooses_it_for_few_16_bit_tokens():

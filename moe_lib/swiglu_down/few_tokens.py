@@ -728,37 +728,43 @@ class FewTokensConfig:
 
 
 # one token block: dx's sum over the phase-2 I-blocks split by rows over this many programs of each column block (fewer
-# where there are fewer I-blocks). On the H200 by graph replay, two rounds (data/results/NOTES.md, design 11): faithful
-# 40.5-41.4 us against 46.9-47.5 at 128 tokens, 37.4-38.2 against 42.0-42.1 at 96, 28.6-28.7 against 31.5-31.9 at 64,
-# 21.8-22.0 against 23.5-23.6 at 32, 19.5-19.7 against 20.1 at 16; fast 20.9-21.1 against 22.3-22.4 at 32, 19.0-19.1
-# against 19.5-19.8 at 16; 2 slices took half of that gain
-DX_SUM_SLICES = 4
+# where there are fewer I-blocks). On the H200 by graph replay, two rounds (data/results/NOTES.md, design 11), with the
+# 128-row phase-2 tiles and 4 slices: faithful 40.5-41.4 us against 46.9-47.5 at 128 tokens, 37.4-38.2 against
+# 42.0-42.1 at 96, 28.6-28.7 against 31.5-31.9 at 64, 21.8-22.0 against 23.5-23.6 at 32, 19.5-19.7 against 20.1 at
+# 16; fast 20.9-21.1 against 22.3-22.4 at 32, 19.0-19.1 against 19.5-19.8 at 16; 2 slices took half of that gain.
+# With the 64-row tiles (ONE_BLOCK_PHASE2_TILE, 12 I-blocks) 8 slices, 4 were 0.3-1.6 us slower at 16-64 tokens
+DX_SUM_SLICES = 8
+# one token block: phase 2's tiles (Wg, Wu rows of I, columns of H): 64 × 256 instead of 128 × 128, so that each
+# program sums half the dA partial bytes (64 of I's columns over the same 8 H-blocks; at 128 tokens 256 KB against
+# 512 KB, which ncu showed the launch waiting on) and dx's rows get 12 partials from 8 column blocks. On the H200 by
+# graph replay, two runs (NOTES.md, design 12): faithful 18.7-18.9 us against 19.5-19.6 at 16 tokens, 20.2-21.2
+# against 22.1-22.2 at 32, 24.7 against 26.4 at 48, 27.1-27.6 against 28.3 at 64, a tie at 2 and 96-128; fast 17.1
+# against 17.6 at 4, 18.2-18.6 against 18.9-19.0 at 16, 19.6-20.6 against 21.2 at 32
+ONE_BLOCK_PHASE2_TILE = (64, 256)
 
 
 def choose_few_tokens_config(num_tokens: int, hidden_size: int, intermediate_size: int, *, interpreter: bool,
                              with_lo: bool, max_programs: int = 132) -> FewTokensConfig:  # fmt: skip
-    """Tiles for ``num_tokens`` (H = 2048, I = 768 in mind: 96 programs, each a 256×64 Wd tile and a 128×128
-    Wg/Wu tile; the Wg, Wu tiles loaded into registers at the start: on the H200, 0.4–0.8 µs faster at 1–16
-    tokens than prefetching them into L2, data/results/NOTES.md). Up to 128 tokens in one token block of 16, 32,
-    64 or 128 (the straight-line form; compiled for sm_90 at 8 warps no spill up to 32, 24–32 bytes of stack at
-    64, 700 at 128, ``scripts/p1_few_tokens_check.py --compile-only``), on the H200 by graph replay 8–12 µs faster
-    than 16-token steps at 48–64 tokens and 19–20 at 128; from 33 tokens with the saved tiles loaded after phase 1
-    (``saved_late``: no stack at 64, 88 bytes at 128; faithful at 96 tokens 43.9 µs against 48.9 with them loaded
-    at the start). Beyond that 16-token steps (32-token steps spill in the loop form), one pass over them
-    software-pipelined by Triton (``one_pass``, ``stages=2``: 62.6 against 75.3 µs at 128 tokens on the fast path,
-    217.8 against 291.5 at 512). Blocks along H grow until the grid fits in ``max_programs`` (one program per SM:
-    132 on an H200). ``with_lo`` (the
-    faithful path) takes the same tiles. The launch count is read just before the wait, and phase 2's operands
-    are staged for the tensor cores before it (``count_late``, ``stage_before_wait``: together 0.4–0.8 µs
-    faster at 1–16 tokens on the H200, both paths, by graph replay and in NVIDIA's timing), placed by identity
-    moves (``once_by_move``: another 0.4–0.6 µs, 18% fewer instructions; H and I compiled in: another 0.2–0.6 µs),
-    and launched cooperatively (CUDA
-    guarantees every program resident, or refuses the launch, even beside another stream's kernels; within
-    0.3 µs of a plain launch). Under the
-    interpreter: 32-wide tiles, so that tiny test shapes have several tiles along every axis and few programs
-    to interpret. One token takes the same tiles with every product on the CUDA cores (``cuda_cores``: 16.3-16.5 µs
-    against 17.6-18.2 on the H200, both paths; exact fp32 products). In one token block, dx's sum is split by rows
-    over :data:`DX_SUM_SLICES` programs of each column block (``dx_sum_slices``)."""
+    """Tiles for ``num_tokens`` (H = 2048, I = 768 in mind: 96 programs, each a 256×64 Wd tile in phase 1; the Wg,
+    Wu tiles loaded into registers at the start: on the H200, 0.4–0.8 µs faster at 1–16 tokens than prefetching them
+    into L2, data/results/NOTES.md). Up to 128 tokens in one token block of 16, 32, 64 or 128 (the straight-line
+    form), on the H200 by graph replay 8–12 µs faster than 16-token steps at 48–64 tokens and 19–20 at 128, with
+    phase-2 tiles of :data:`ONE_BLOCK_PHASE2_TILE` (64 × 256: half the dA partial bytes per program of 128 × 128
+    tiles), the saved gate, sigmoid, silu and up tiles loaded after phase 1 (``saved_late``: on their way during the
+    wait; compiled for sm_90 at 8 warps no stack up to 64 tokens, ``scripts/p1_few_tokens_check.py --compile-only``)
+    and dx's sum split by rows over :data:`DX_SUM_SLICES` programs of each column block (``dx_sum_slices``).
+    Beyond that 16-token steps over 128 × 128 phase-2 tiles (32-token steps spill in the loop form), one pass over
+    them software-pipelined by Triton (``one_pass``, ``stages=2``: 62.6 against 75.3 µs at 128 tokens on the fast
+    path, 217.8 against 291.5 at 512). Blocks along H grow until the grid fits in ``max_programs`` (one program per
+    SM: 132 on an H200). ``with_lo`` (the faithful path) takes the same tiles. The launch count is read just before
+    the wait, and phase 2's operands are staged for the tensor cores before it (``count_late``,
+    ``stage_before_wait``: together 0.4–0.8 µs faster at 1–16 tokens on the H200, both paths, by graph replay and in
+    NVIDIA's timing), placed by identity moves (``once_by_move``: another 0.4–0.6 µs, 18% fewer instructions; H and
+    I compiled in: another 0.2–0.6 µs), and launched cooperatively (CUDA guarantees every program resident, or
+    refuses the launch, even beside another stream's kernels; within 0.3 µs of a plain launch). Under the
+    interpreter: 32-wide tiles, so that tiny test shapes have several tiles along every axis and few programs to
+    interpret. One token takes the default 128 × 128 phase-2 tiles with every product on the CUDA cores
+    (``cuda_cores``: 16.3-16.5 µs against 17.6-18.2 on the H200, both paths; exact fp32 products)."""
     if interpreter:
         return FewTokensConfig(block_t=16, block_h1=32, block_i1=32, block_i2=32, block_h2=32,
                                weights_ahead="after_phase1", warps=1, stages=1, count_late=True,
@@ -766,9 +772,10 @@ def choose_few_tokens_config(num_tokens: int, hidden_size: int, intermediate_siz
     if num_tokens == 1:  # every product on the CUDA cores (one_token_kernel): 1.2-1.9 us faster on the H200
         config = FewTokensConfig(cuda_cores=True, cooperative=True)
     elif num_tokens <= 128:  # one token block
-        config = FewTokensConfig(block_t=max(16, triton.next_power_of_2(num_tokens)), count_late=True,
-                                 stage_before_wait=True, once_by_move=True, cooperative=True,
-                                 saved_late=num_tokens > 32, dx_sum_slices=DX_SUM_SLICES)  # fmt: skip
+        block_i2, block_h2 = ONE_BLOCK_PHASE2_TILE
+        config = FewTokensConfig(block_t=max(16, triton.next_power_of_2(num_tokens)), block_i2=block_i2,
+                                 block_h2=block_h2, count_late=True, stage_before_wait=True, once_by_move=True,
+                                 cooperative=True, saved_late=True, dx_sum_slices=DX_SUM_SLICES)  # fmt: skip
     else:  # token loops
         config = FewTokensConfig(block_t=16, count_late=True, stage_before_wait=True, once_by_move=True,
                                  cooperative=True, one_pass=True, stages=2)  # fmt: skip
