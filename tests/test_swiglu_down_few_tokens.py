@@ -266,7 +266,7 @@ def test_swiglu_down_backward_chooses_it_for_few_16_bit_tokens():
     from moe_lib.swiglu_down.few_tokens import FewTokensConfig
     from moe_lib.swiglu_down.launch import FEW_TOKENS_MAX_TOKENS, TileConfig, choose_config
 
-    assert FEW_TOKENS_MAX_TOKENS == {"fast": 32, "faithful": 128}
+    assert FEW_TOKENS_MAX_TOKENS == {"fast": 64, "faithful": 128}
     for with_lo, last in ((True, FEW_TOKENS_MAX_TOKENS["faithful"]), (False, FEW_TOKENS_MAX_TOKENS["fast"])):
         for T in (1, 16, 17, last):
             config = choose_config(T, 2048, 768, interpreter=False, with_lo=with_lo, max_programs=132)

@@ -38,10 +38,10 @@ def swiglu_down_backward(
     significant bits, as the benchmark's fp32 reference does, so the outputs pass its element rule on
     inputs of any scale; "fast" rounds them to the input dtype first (as torch.compile does), at about
     half the tensor work of the dx, dWg and dWu products. The design follows the token count
-    (:func:`.launch.choose_design`): one Triton launch up to 16 tokens on both paths; then the fast path runs
-    its four products on cuBLAS around one Triton dSwiGLU pass (:mod:`.library_gemms`), and the faithful path
-    Triton launches: one up to 1599 tokens (NVIDIA's harness times it eagerly, where the host work before a
-    second launch would count), two above.
+    (:func:`.launch.choose_design`): one Triton launch up to 64 tokens on the fast path and 128 on the faithful one
+    (:mod:`.few_tokens`); then the fast path runs its four products on cuBLAS around one Triton dSwiGLU pass
+    (:mod:`.library_gemms`), and the faithful path Triton launches: one up to 1599 tokens (NVIDIA's harness times
+    it eagerly, where the host work before a second launch would count), two above.
     NaN/Inf in the inputs pass through unchecked; ``check_finite=True`` raises a ``ValueError`` naming the
     first input that holds one (a pass over every input and one host sync).
     """

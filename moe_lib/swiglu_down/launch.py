@@ -101,8 +101,12 @@ CHAINED_TILES = {  # from this many tokens: these tiles
 # against 50.3–50.5; 45.2–45.4 against 45.2–45.3); on the fast path 46.0 against cuBLAS's 29.6 at 128. Beyond one
 # block its token loops are slower than every other design (63–75 µs at 128 tokens). With dx's sum split by rows
 # (``few_tokens.DX_SUM_SLICES``) 40.5–41.4 µs faithful at 128 tokens (37.8–38.4 in NVIDIA's timing), and on the
-# fast path 26.9–27.1 against cuBLAS's 25.5–25.7 at 64: the fast path keeps cuBLAS from 33 tokens
-FEW_TOKENS_MAX_TOKENS = {"fast": 32, "faithful": 128}
+# fast path 26.9–27.1 against cuBLAS's 25.5–25.7 at 64. With 64 × 256 phase-2 tiles
+# (``few_tokens.ONE_BLOCK_PHASE2_TILE``) and the saved tiles loaded late, the fast path in two runs 23.7–24.1
+# against cuBLAS's 26.5–26.9 at 48 tokens and a tie at 64 (25.6–26.4 against 26.0–26.4); eagerly 21–23 µs against
+# the cuBLAS design's 290–490 (its host work): the fast path keeps cuBLAS from 65 tokens (at 96 and 128 34.6–41.2
+# against 28.0–28.7)
+FEW_TOKENS_MAX_TOKENS = {"fast": 64, "faithful": 128}
 
 
 # from this many tokens the fast path runs the design on cuBLAS GEMMs (:mod:`.library_gemms`) instead of the
