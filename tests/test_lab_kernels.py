@@ -271,3 +271,27 @@ def test_chained_schedule_keeps_every_sm_busy_with_one_tile_at_a_time():
     assert abs((last.end - last.start).sum() - (before.end - before.start).sum()) < 1e-6 * last.end.sum()
     assert last[last.kind == "dWd"].start.min() >= last[last.kind.isin(["dx", "dWg", "dWu"])].start.min()
     assert last.end.max() < before.end.max()
+
+
+def test_phase2_tile_table_reads_the_committed_runs():
+    table, floor = kernels.p1_phase2_tile_times()
+    before, now, cublas = kernels.PHASE2_TILES_BEFORE, kernels.PHASE2_TILES_NOW, kernels.PHASE2_TILES_CUBLAS
+    assert list(table.columns[:3]) == [before, now, cublas]
+    assert 3 < floor < 6
+    for precision in ("faithful", "fast"):
+        part = table.loc[precision]
+        # what NOTES.md (design 12) says: the 64 × 256 tiles ahead at 4–32 tokens on both paths, within 1.5 µs above
+        assert (part.loc[[4, 8, 16, 32], now] < part.loc[[4, 8, 16, 32], before]).all()
+        both = part[[before, now]].loc[48:]
+        assert (both.diff(axis=1).iloc[:, 1].abs() < 1.5).all()
+    # cuBLAS measured on the fast path only, from 33 tokens: behind the one block at 48, ahead from 96
+    measured = table[cublas].dropna()
+    assert set(measured.index.get_level_values("precision")) == {"fast"}
+    assert min(measured.index.get_level_values("num_tokens")) > 32
+    fast = table.loc["fast"]
+    assert fast.loc[48, now] < fast.loc[48, cublas]
+    assert (fast.loc[[96, 128], cublas] < fast.loc[[96, 128], now]).all()
+    figure = kernels.few_tokens_figure(table, floor, chosen=now, before=before, xscale="linear",
+                                       ticks=[2, 16, 32, 64, 128])
+    assert len(figure.axes) == 2
+    plt.close(figure)

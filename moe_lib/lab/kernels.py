@@ -401,6 +401,47 @@ def p1_one_block_times(paths=ONE_BLOCK_FILES, *, column: str = "graph_us"):
     return table[[ONE_BLOCK_BEFORE, ONE_BLOCK_SAVED_FIRST, ONE_BLOCK_NOW]], float(np.median(floors))
 
 
+PHASE2_TILES_BEFORE = "128 × 128 phase-2 tiles (before)"
+PHASE2_TILES_NOW = "64 × 256 phase-2 tiles (the default now)"
+PHASE2_TILES_CUBLAS = "the cuBLAS design (fast path)"
+PHASE2_TILES_FILE = TUNING_DIR / "2026-12-01-p1-few-tokens-phase2-64x256.json"
+
+
+def _phase2_tiles_series(round_number: int, config: str, precision: str, tokens: int) -> str | None:
+    """The series of one row of :data:`PHASE2_TILES_FILE`: rounds 1–2 ran at the old default (128 × 128 tiles; the
+    fast path on cuBLAS from 33 tokens) beside the new tiles as ``d_late_s8``; round 3 at the new default beside the
+    old tiles as ``a_mv_s4`` (to 32 tokens) and ``a_mv_late_s4`` (above). The old tiles with the saved tiles placed
+    otherwise than the old default: None (left out); other candidates keep their names."""
+    few_token_default = precision == "faithful" or tokens <= 32  # the fast path's default above: cuBLAS
+    if config == "default":
+        if not few_token_default:
+            return PHASE2_TILES_CUBLAS
+        return PHASE2_TILES_NOW if round_number >= 3 else PHASE2_TILES_BEFORE
+    if config == "d_late_s8" and round_number < 3:
+        return PHASE2_TILES_NOW
+    if round_number >= 3 and config == ("a_mv_s4" if tokens <= 32 else "a_mv_late_s4"):
+        return PHASE2_TILES_BEFORE
+    return None if config.startswith("a_mv") else config
+
+
+def p1_phase2_tile_times(path=PHASE2_TILES_FILE, *, column: str = "graph_us"):
+    """The one token block's phase-2 tiles, 128 × 128 against 64 × 256 (``few_tokens.ONE_BLOCK_PHASE2_TILE``), from
+    the committed ``scripts/p1_few_tokens_check.py`` runs: µs per (precision, num_tokens) and series, the median over
+    the runs that measured it. Returns (table, the median floor of the runs, µs)."""
+    data = _read_json(path)
+    rows, floors = [], []
+    for run in data["runs"]:
+        floors.append(run["floor_us"])
+        for row in run["rows"]:
+            series = _phase2_tiles_series(run["round"], row["config"], row["precision"], row["T"])
+            if series is not None and row.get("ok") and column in row:
+                rows.append(dict(precision=row["precision"], num_tokens=row["T"], series=series, us=row[column]))
+    table = pd.DataFrame(rows).pivot_table(index=["precision", "num_tokens"], columns="series", values="us",
+                                           aggfunc="median")  # fmt: skip
+    first = [PHASE2_TILES_BEFORE, PHASE2_TILES_NOW, PHASE2_TILES_CUBLAS]
+    return table[first + sorted(c for c in table.columns if c not in first)], float(np.median(floors))
+
+
 def few_tokens_figure(table: pd.DataFrame, floor_us: float, chosen: str, before: str = FEW_TOKENS_BEFORE, *,
                       xscale: str = "log", ticks=None):  # fmt: skip
     """One panel per precision: µs against token count for each candidate of :func:`p1_few_tokens_times` (or
