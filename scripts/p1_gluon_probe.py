@@ -38,28 +38,34 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 H, I = 2048, 768
-# name -> (BLOCK_M, BLOCK_N, BLOCK_K, buffers, warps of the MMA partition, maxnreg)
+# name -> (BLOCK_M, BLOCK_N, BLOCK_K, buffers, warps of the MMA partition, maxnreg, K steps of MMAs kept in flight)
 VARIANTS = {
-    "m128n256k64b2": (128, 256, 64, 2, 8, 168),
-    "m128n256k32b4": (128, 256, 32, 4, 8, 168),
-    "m128n128k64b4": (128, 128, 64, 4, 8, 168),
-    "m128n128k64b4w4": (128, 128, 64, 4, 4, 232),
+    "m128n256k64b2": (128, 256, 64, 2, 8, 168, 1),
+    "m128n256k32b4": (128, 256, 32, 4, 8, 168, 1),
+    "m128n256k32b4f2": (128, 256, 32, 4, 8, 168, 2),
+    "m128n128k64b4": (128, 128, 64, 4, 8, 168, 1),
+    "m128n128k64b4f2": (128, 128, 64, 4, 8, 168, 2),
+    "m128n128k64b4w4": (128, 128, 64, 4, 4, 232, 1),
 }
+# the variants tried as one launch of both products' tiles (--launch2)
+LAUNCH2_VARIANTS = ["m128n256k32b4", "m128n256k32b4f2", "m128n128k64b4", "m128n128k64b4f2"]
 
 
 @gluon.jit
 def load_partition(a_desc, a_lo_desc, b_desc, a_bufs, a_lo_bufs, b_bufs, ready, empty, off_m, off_n, k_steps,
-                   A_K_MAJOR: gl.constexpr, WITH_LO: gl.constexpr):  # fmt: skip
-    """One warp: for each K step, wait until the ring's next buffer is free, then load A (and A_lo) and B into it."""
+                   A_K_MAJOR: gl.constexpr, WITH_LO: gl.constexpr, step0=0):  # fmt: skip
+    """One warp: for each K step, wait until the ring's next buffer is free, then load A (and A_lo) and B into it
+    (``step0``: the ring's steps before this tile)."""
     BUFFERS: gl.constexpr = a_bufs.type.shape[0]
     BLOCK_K: gl.constexpr = b_desc.block_type.shape[0]
     STEP_BYTES: gl.constexpr = b_desc.block_type.nbytes + a_desc.block_type.nbytes * (1 + WITH_LO)
-    for i in range(k_steps):
+    for step in range(k_steps):
+        i = step0 + step
         slot = i % BUFFERS
         mbarrier.wait(empty.index(slot), ((i // BUFFERS) & 1) ^ 1)  # a fresh barrier counts as released
         bar = ready.index(slot)
         mbarrier.expect(bar, STEP_BYTES)
-        k = i * BLOCK_K
+        k = step * BLOCK_K
         if A_K_MAJOR:  # A [M, K] row-major: tile [BLOCK_M, BLOCK_K]
             tma.async_copy_global_to_shared(a_desc, [off_m, k], bar, a_bufs.index(slot))
             if WITH_LO:
@@ -72,16 +78,13 @@ def load_partition(a_desc, a_lo_desc, b_desc, a_bufs, a_lo_bufs, b_bufs, ready, 
 
 
 @gluon.jit
-def mma_partition(a_bufs, a_lo_bufs, b_bufs, ready, empty, c_desc, c_smem, off_m, off_n, k_steps,
-                  A_K_MAJOR: gl.constexpr, WITH_LO: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
-    """The warpgroups: per K step acc += A·B (and A_lo·B), keep one step's MMAs in flight, free the step before."""
+def mma_steps(a_bufs, a_lo_bufs, b_bufs, ready, empty, k_steps, acc, A_K_MAJOR: gl.constexpr,
+              WITH_LO: gl.constexpr, IN_FLIGHT: gl.constexpr, step0=0):  # fmt: skip
+    """acc += A·B (and A_lo·B) over the ring's next ``k_steps`` buffers, keeping IN_FLIGHT steps' MMAs running and
+    handing each buffer back once its MMAs are done; the last IN_FLIGHT buffers are handed back by the caller."""
     BUFFERS: gl.constexpr = a_bufs.type.shape[0]
-    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
-    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                     instr_shape=[16, BLOCK_N, 16])  # fmt: skip
-    acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
-    for i in range(k_steps):
+    for step in range(k_steps):
+        i = step0 + step
         slot = i % BUFFERS
         mbarrier.wait(ready.index(slot), (i // BUFFERS) & 1)
         if A_K_MAJOR:
@@ -92,18 +95,41 @@ def mma_partition(a_bufs, a_lo_bufs, b_bufs, ready, empty, c_desc, c_smem, off_m
             acc = warpgroup_mma(a_bufs.index(slot).permute((1, 0)), b_bufs.index(slot), acc, is_async=True)
             if WITH_LO:
                 acc = warpgroup_mma(a_lo_bufs.index(slot).permute((1, 0)), b_bufs.index(slot), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=1 + WITH_LO, deps=(acc,))  # this step's MMAs may still run
-        mbarrier.arrive(empty.index((i + BUFFERS - 1) % BUFFERS), count=1, pred=i > 0)
+        acc = warpgroup_mma_wait(num_outstanding=IN_FLIGHT * (1 + WITH_LO), deps=(acc,))
+        mbarrier.arrive(empty.index((i + BUFFERS - IN_FLIGHT) % BUFFERS), count=1, pred=step >= IN_FLIGHT)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    for j in gl.static_range(IN_FLIGHT):  # the last steps' buffers
+        last = step0 + k_steps - IN_FLIGHT + j
+        mbarrier.arrive(empty.index(last % BUFFERS), count=1, pred=last >= step0)
+    return acc
+
+
+@gluon.jit
+def store_tile(acc, c_desc, c_smem, off_m, off_n):
+    tma.store_wait(pendings=0)  # the tile before has left c_smem
     c_smem.store(acc.to(c_desc.dtype))
     fence_async_shared()
     tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)
+
+
+@gluon.jit
+def mma_partition(a_bufs, a_lo_bufs, b_bufs, ready, empty, c_desc, c_smem, off_m, off_n, k_steps,
+                  A_K_MAJOR: gl.constexpr, WITH_LO: gl.constexpr, IN_FLIGHT: gl.constexpr,
+                  num_warps: gl.constexpr):  # fmt: skip
+    """The warpgroups: per K step acc += A·B (and A_lo·B), IN_FLIGHT steps' MMAs in flight, then the tile's store."""
+    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                     instr_shape=[16, BLOCK_N, 16])  # fmt: skip
+    acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
+    acc = mma_steps(a_bufs, a_lo_bufs, b_bufs, ready, empty, k_steps, acc, A_K_MAJOR, WITH_LO, IN_FLIGHT)
+    store_tile(acc, c_desc, c_smem, off_m, off_n)
     tma.store_wait(pendings=0)
 
 
 @gluon.jit
 def hilo_gemm_kernel(a_desc, a_lo_desc, b_desc, c_desc, K, A_K_MAJOR: gl.constexpr, WITH_LO: gl.constexpr,
-                     BUFFERS: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
+                     BUFFERS: gl.constexpr, IN_FLIGHT: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
     """C[M, N] = A·B (+ A_lo·B), one [BLOCK_M, BLOCK_N] tile per program, tiles in column-major order (the programs
     running at once share their B columns)."""
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
@@ -128,10 +154,91 @@ def hilo_gemm_kernel(a_desc, a_lo_desc, b_desc, c_desc, K, A_K_MAJOR: gl.constex
     k_steps = gl.cdiv(K, BLOCK_K)
     gl.warp_specialize([
         (mma_partition, (a_bufs, a_lo_bufs, b_bufs, ready, empty, c_desc, c_smem, off_m, off_n, k_steps, A_K_MAJOR,
-                         WITH_LO, num_warps)),
+                         WITH_LO, IN_FLIGHT, num_warps)),
         (load_partition, (a_desc, a_lo_desc, b_desc, a_bufs, a_lo_bufs, b_bufs, ready, empty, off_m, off_n, k_steps,
                           A_K_MAJOR, WITH_LO)),
     ], [1], [40])  # fmt: skip
+
+
+@gluon.jit
+def launch2_load_partition(gu_a, gu_a_lo, x_desc, dx_a, dx_a_lo, w_desc, a_mk_bufs, a_lo_mk_bufs, a_km_bufs,
+                           a_lo_km_bufs, b_bufs, ready, empty, is_dx, off_m, off_n, k_steps):  # fmt: skip
+    if is_dx:
+        load_partition(dx_a, dx_a_lo, w_desc, a_mk_bufs, a_lo_mk_bufs, b_bufs, ready, empty, off_m, off_n, k_steps,
+                       True, 1)  # fmt: skip
+    else:
+        load_partition(gu_a, gu_a_lo, x_desc, a_km_bufs, a_lo_km_bufs, b_bufs, ready, empty, off_m, off_n, k_steps,
+                       False, 1)  # fmt: skip
+
+
+@gluon.jit
+def launch2_mma_partition(a_mk_bufs, a_lo_mk_bufs, a_km_bufs, a_lo_km_bufs, b_bufs, ready, empty, gu_c, dx_c, c_smem,
+                          is_dx, off_m, off_n, k_steps, IN_FLIGHT: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
+    BLOCK_M: gl.constexpr = gu_c.block_type.shape[0]
+    BLOCK_N: gl.constexpr = gu_c.block_type.shape[1]
+    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                     instr_shape=[16, BLOCK_N, 16])  # fmt: skip
+    acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
+    if is_dx:
+        acc = mma_steps(a_mk_bufs, a_lo_mk_bufs, b_bufs, ready, empty, k_steps, acc, True, 1, IN_FLIGHT)
+        store_tile(acc, dx_c, c_smem, off_m, off_n)
+    else:
+        acc = mma_steps(a_km_bufs, a_lo_km_bufs, b_bufs, ready, empty, k_steps, acc, False, 1, IN_FLIGHT)
+        store_tile(acc, gu_c, c_smem, off_m, off_n)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def launch2_kernel(gu_a, gu_a_lo, x_desc, gu_c, dx_a, dx_a_lo, w_desc, dx_c, T, BUFFERS: gl.constexpr,
+                   IN_FLIGHT: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
+    """Launch 2 with both halves: [dWg; dWu] = hiᵀ·x + loᵀ·x tiles first (K = T), then dx = hi·W + lo·W tiles
+    (K = 2I), one tile per program; the A buffers are one allocation seen as [BLOCK_M, BLOCK_K] tiles (dx) or
+    [BLOCK_K, BLOCK_M] tiles (the weight gradients)."""
+    BLOCK_M: gl.constexpr = gu_c.block_type.shape[0]
+    BLOCK_N: gl.constexpr = gu_c.block_type.shape[1]
+    BLOCK_K: gl.constexpr = x_desc.block_type.shape[0]
+    gu_tiles_m = gl.cdiv(gu_c.shape[0], BLOCK_M)
+    gu_tiles = gu_tiles_m * gl.cdiv(gu_c.shape[1], BLOCK_N)
+    dx_tiles_m = gl.cdiv(dx_c.shape[0], BLOCK_M)
+    pid = gl.program_id(0)
+    is_dx = pid >= gu_tiles
+    tile = gl.where(is_dx, pid - gu_tiles, pid)
+    tiles_m = gl.where(is_dx, dx_tiles_m, gu_tiles_m)
+    off_m = (tile % tiles_m) * BLOCK_M
+    off_n = (tile // tiles_m) * BLOCK_N
+    k_steps = gl.where(is_dx, gl.cdiv(dx_a.shape[1], BLOCK_K), gl.cdiv(T, BLOCK_K))
+    a_mk_bufs = gl.allocate_shared_memory(dx_a.dtype, [BUFFERS] + dx_a.block_type.shape, dx_a.layout)
+    a_lo_mk_bufs = gl.allocate_shared_memory(dx_a.dtype, [BUFFERS] + dx_a.block_type.shape, dx_a.layout)
+    a_km_bufs = a_mk_bufs._reinterpret(gu_a.dtype, [BUFFERS] + gu_a.block_type.shape, gu_a.layout)
+    a_lo_km_bufs = a_lo_mk_bufs._reinterpret(gu_a.dtype, [BUFFERS] + gu_a.block_type.shape, gu_a.layout)
+    b_bufs = gl.allocate_shared_memory(x_desc.dtype, [BUFFERS] + x_desc.block_type.shape, x_desc.layout)
+    c_smem = gl.allocate_shared_memory(gu_c.dtype, gu_c.block_type.shape, gu_c.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [BUFFERS, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [BUFFERS, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(BUFFERS):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    fence_async_shared()
+    gl.warp_specialize([
+        (launch2_mma_partition, (a_mk_bufs, a_lo_mk_bufs, a_km_bufs, a_lo_km_bufs, b_bufs, ready, empty, gu_c, dx_c,
+                                 c_smem, is_dx, off_m, off_n, k_steps, IN_FLIGHT, num_warps)),
+        (launch2_load_partition, (gu_a, gu_a_lo, x_desc, dx_a, dx_a_lo, w_desc, a_mk_bufs, a_lo_mk_bufs, a_km_bufs,
+                                  a_lo_km_bufs, b_bufs, ready, empty, is_dx, off_m, off_n, k_steps)),
+    ], [1], [40])  # fmt: skip
+
+
+def launch2_descriptors(hi, lo, x, w, grad_gate_up, grad_x, block):
+    gu = descriptors(hi, lo, x, grad_gate_up, False, block)
+    dx = descriptors(hi, lo, w, grad_x, True, block)
+    return (*gu, *dx)
+
+
+def launch2(hi, lo, x, w, grad_gate_up, grad_x, *, variant: str):
+    """[dWg; dWu] = (hi + lo)ᵀ·x and dx = (hi + lo)·W in one launch; hi, lo [T, 2I], x [T, H], W [2I, H]."""
+    block_m, block_n, block_k, buffers, warps, maxnreg, in_flight = VARIANTS[variant]
+    descs = launch2_descriptors(hi, lo, x, w, grad_gate_up, grad_x, (block_m, block_n, block_k))
+    tiles = sum(triton.cdiv(c.shape[0], block_m) * triton.cdiv(c.shape[1], block_n) for c in (grad_gate_up, grad_x))
+    launch2_kernel[(tiles,)](*descs, x.shape[0], buffers, in_flight, num_warps=warps, maxnreg=maxnreg)
 
 
 def descriptors(a, a_lo, b, c, a_k_major: bool, block):
@@ -147,12 +254,12 @@ def descriptors(a, a_lo, b, c, a_k_major: bool, block):
 
 def hilo_gemm(a, a_lo, b, c, *, a_k_major: bool, variant: str):
     """c = a·b (+ a_lo·b); ``a`` [M, K] when ``a_k_major``, else given as aᵀ [K, M]; all bf16, row-major."""
-    block_m, block_n, block_k, buffers, warps, maxnreg = VARIANTS[variant]
+    block_m, block_n, block_k, buffers, warps, maxnreg, in_flight = VARIANTS[variant]
     a_desc, a_lo_desc, b_desc, c_desc = descriptors(a, a_lo, b, c, a_k_major, (block_m, block_n, block_k))
     K = a.shape[1] if a_k_major else a.shape[0]
     grid = (triton.cdiv(c.shape[0], block_m) * triton.cdiv(c.shape[1], block_n),)
     hilo_gemm_kernel[grid](a_desc, a_lo_desc, b_desc, c_desc, K, a_k_major, int(a_lo is not None), buffers,
-                           num_warps=warps, maxnreg=maxnreg)  # fmt: skip
+                           in_flight, num_warps=warps, maxnreg=maxnreg)  # fmt: skip
     return c
 
 
@@ -170,7 +277,7 @@ def compile_only() -> None:
 
     T = 256
     print(f"{'variant':18s} {'product':5s} {'lo':3s} resources")
-    for variant, (block_m, block_n, block_k, buffers, warps, maxnreg) in VARIANTS.items():
+    for variant, (block_m, block_n, block_k, buffers, warps, maxnreg, in_flight) in VARIANTS.items():
         for product, (M, N, K, a_k_major) in products(T).items():
             a = torch.empty((M, K) if a_k_major else (K, M), dtype=torch.bfloat16)
             b = torch.empty((K, N), dtype=torch.bfloat16)
@@ -181,8 +288,9 @@ def compile_only() -> None:
                 signature = {n: native_specialize_impl(BaseBackend, d, False, True, True)[0]
                              for n, d in zip(names, descs, strict=True)}  # fmt: skip
                 signature.update(K="i32", A_K_MAJOR="constexpr", WITH_LO="constexpr", BUFFERS="constexpr",
-                                 num_warps="constexpr")  # fmt: skip
-                constexprs = {"A_K_MAJOR": a_k_major, "WITH_LO": with_lo, "BUFFERS": buffers, "num_warps": warps}
+                                 IN_FLIGHT="constexpr", num_warps="constexpr")  # fmt: skip
+                constexprs = {"A_K_MAJOR": a_k_major, "WITH_LO": with_lo, "BUFFERS": buffers, "IN_FLIGHT": in_flight,
+                              "num_warps": warps}  # fmt: skip
                 source = GluonASTSource(hilo_gemm_kernel, signature, constexprs)
                 try:
                     compiled = triton.compile(source, target=HOPPER,
@@ -193,6 +301,89 @@ def compile_only() -> None:
                     lines = [line for line in str(exc).splitlines() if line.strip()]
                     report = "FAIL " + (lines[-1] if lines else type(exc).__name__)[:300]
                 print(f"{variant:18s} {product:5s} {with_lo:3d} {report}", flush=True)
+    for variant in LAUNCH2_VARIANTS:
+        block_m, block_n, block_k, buffers, warps, maxnreg, in_flight = VARIANTS[variant]
+        hi = torch.empty((T, 2 * I), dtype=torch.bfloat16)
+        x, w = torch.empty((T, H), dtype=torch.bfloat16), torch.empty((2 * I, H), dtype=torch.bfloat16)
+        descs = launch2_descriptors(hi, hi, x, w, torch.empty_like(w), torch.empty_like(x), (block_m, block_n, block_k))
+        names = ["gu_a", "gu_a_lo", "x_desc", "gu_c", "dx_a", "dx_a_lo", "w_desc", "dx_c"]
+        signature = {n: native_specialize_impl(BaseBackend, d, False, True, True)[0]
+                     for n, d in zip(names, descs, strict=True)}  # fmt: skip
+        signature.update(T="i32", BUFFERS="constexpr", IN_FLIGHT="constexpr", num_warps="constexpr")
+        constexprs = {"BUFFERS": buffers, "IN_FLIGHT": in_flight, "num_warps": warps}
+        try:
+            compiled = triton.compile(GluonASTSource(launch2_kernel, signature, constexprs), target=HOPPER,
+                                      options=dict(num_warps=warps, maxnreg=maxnreg))  # fmt: skip
+            sass = sass_counts(compiled, ["HGMMA", "UTMALDG"])
+            report = f"{resources(compiled)} HGMMA={sass['HGMMA']} UTMALDG={sass['UTMALDG']}"
+        except Exception as exc:  # report and go on
+            lines = [line for line in str(exc).splitlines() if line.strip()]
+            report = "FAIL " + (lines[-1] if lines else type(exc).__name__)[:300]
+        print(f"{variant:18s} launch 2 (both products, both halves) {report}", flush=True)
+
+
+def time_launch2(tokens, variants, flush) -> list[dict]:
+    """Both products with both halves: the Gluon launch 2 against the faithful path's Triton launch 2 (the default
+    tiles for the token count) and cuBLAS's two GEMMs with the same arithmetic, every one checked against float64."""
+    from moe_lib.bench import timing
+    from moe_lib.swiglu_down.launch import (
+        choose_config,
+        launch_grad_x_and_grad_gate_up,
+        launch_plan,
+        split_workspaces,
+    )
+
+    rows = []
+    for T in tokens:
+        gen = torch.Generator(device="cuda").manual_seed(T)
+        full = torch.randn((T, 2 * I), device="cuda", generator=gen)
+        hi = full.to(torch.bfloat16)
+        lo = (full - hi.float()).to(torch.bfloat16)
+        x = torch.randn((T, H), device="cuda", generator=gen).to(torch.bfloat16)
+        w = (torch.randn((2 * I, H), device="cuda", generator=gen) / H**0.5).to(torch.bfloat16)
+        a64 = hi.double() + lo.double()
+        want_gu, want_dx = a64.T @ x.double(), a64 @ w.double()
+        grad_gate_up = torch.empty((2 * I, H), device="cuda", dtype=torch.bfloat16)
+        grad_x = torch.empty((T, H), device="cuda", dtype=torch.bfloat16)
+        d_gate = torch.stack([hi[:, :I], lo[:, :I]]).contiguous()
+        d_up = torch.stack([hi[:, I:], lo[:, I:]]).contiguous()
+        config = choose_config(T, H, I, interpreter=False, with_lo=True, max_programs=132)
+        plan = launch_plan(T, H, I, config)
+        workspaces = split_workspaces(plan, torch.device("cuda"))
+        stacked_gu_a, stacked_gu_b = torch.cat([hi, lo]).T, torch.cat([x, x])
+        stacked_dx_a, stacked_dx_b = torch.cat([hi, lo], dim=1), torch.cat([w, w])
+
+        def cublas():
+            torch.mm(stacked_gu_a, stacked_gu_b, out=grad_gate_up)
+            torch.mm(stacked_dx_a, stacked_dx_b, out=grad_x)
+
+        def triton_launch2():
+            launch_grad_x_and_grad_gate_up(x, w[:I], w[I:], d_gate, d_up, grad_x, grad_gate_up[:I], grad_gate_up[I:],
+                                           config, plan, True, workspaces)  # fmt: skip
+
+        calls = {"cublas, two GEMMs": cublas, "triton launch 2 (default)": triton_launch2}
+        for variant in variants:
+            calls[f"gluon {variant}"] = lambda v=variant: launch2(hi, lo, x, w, grad_gate_up, grad_x, variant=v)
+        for name, call in calls.items():
+            row = dict(T=T, product="launch 2", impl=name)
+            try:
+                grad_gate_up.fill_(float("nan"))
+                grad_x.fill_(float("nan"))
+                call()
+                torch.cuda.synchronize()
+                err = max(((got.double() - want).abs().max() / want.abs().max()).item()
+                          for got, want in ((grad_gate_up, want_gu), (grad_x, want_dx)))  # fmt: skip
+                row["max_err"] = err
+                if not (err < 2e-2):
+                    raise RuntimeError(f"wrong: relative error {err:.3g}")
+                row["us"] = timing.graph_median_ms(call, flush) * 1e3
+                row["tflops"] = 2 * 2 * (2 * 2 * I * H * T) / (row["us"] * 1e6)
+            except Exception as exc:  # report and go on
+                lines = [line for line in str(exc).splitlines() if line.strip()]
+                row["error"] = (lines[-1] if lines else type(exc).__name__)[:200]
+            rows.append(row)
+            print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
+    return rows
 
 
 def main() -> None:
@@ -200,6 +391,8 @@ def main() -> None:
     parser.add_argument("--compile-only", action="store_true")
     parser.add_argument("--tokens", default="2447,8192")
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--launch2", action="store_true",
+                        help="both products in one launch against the faithful path's Triton launch 2")  # fmt: skip
     args = parser.parse_args()
     if args.compile_only:
         return compile_only()
@@ -209,7 +402,10 @@ def main() -> None:
 
     flush = timing.L2Flusher("cuda")
     rows = []
-    for T in [int(t) for t in args.tokens.split(",")]:
+    if args.launch2:
+        rows = time_launch2([int(t) for t in args.tokens.split(",")], args.variants.split(","), flush)
+        args.tokens = ""
+    for T in [int(t) for t in args.tokens.split(",") if t]:
         gen = torch.Generator(device="cuda").manual_seed(T)
         for product, (M, N, K, a_k_major) in products(T).items():
             full = torch.randn((M, K) if a_k_major else (K, M), device="cuda", generator=gen, dtype=torch.float32)
