@@ -227,18 +227,106 @@ def launch2_kernel(gu_a, gu_a_lo, x_desc, gu_c, dx_a, dx_a_lo, w_desc, dx_c, T, 
     ], [1], [40])  # fmt: skip
 
 
+@gluon.jit
+def tile_of(t, gu_tiles, gu_tiles_m, dx_tiles_m, gu_k_steps, dx_k_steps, BLOCK_M: gl.constexpr,
+            BLOCK_N: gl.constexpr):  # fmt: skip
+    """Tile ``t`` of launch 2: (is a dx tile, first row, first column, K steps); the weight-gradient tiles first."""
+    is_dx = t >= gu_tiles
+    tile = gl.where(is_dx, t - gu_tiles, t)
+    tiles_m = gl.where(is_dx, dx_tiles_m, gu_tiles_m)
+    return is_dx, (tile % tiles_m) * BLOCK_M, (tile // tiles_m) * BLOCK_N, gl.where(is_dx, dx_k_steps, gu_k_steps)
+
+
+@gluon.jit
+def persistent_load_partition(gu_a, gu_a_lo, x_desc, dx_a, dx_a_lo, w_desc, a_mk_bufs, a_lo_mk_bufs, a_km_bufs,
+                              a_lo_km_bufs, b_bufs, ready, empty, tile_counts):  # fmt: skip
+    """The loading warp of every tile this program takes (tiles pid, pid + programs, ...): it runs ahead into the
+    next tile's K steps while the warpgroups store the last one."""
+    BLOCK_M: gl.constexpr = gu_a.block_type.shape[1]
+    BLOCK_N: gl.constexpr = x_desc.block_type.shape[1]
+    tiles, gu_tiles, gu_tiles_m, dx_tiles_m, gu_k_steps, dx_k_steps = tile_counts
+    step0 = 0
+    for t in range(gl.program_id(0), tiles, gl.num_programs(0)):
+        is_dx, off_m, off_n, k_steps = tile_of(t, gu_tiles, gu_tiles_m, dx_tiles_m, gu_k_steps, dx_k_steps, BLOCK_M,
+                                               BLOCK_N)  # fmt: skip
+        if is_dx:
+            load_partition(dx_a, dx_a_lo, w_desc, a_mk_bufs, a_lo_mk_bufs, b_bufs, ready, empty, off_m, off_n, k_steps,
+                           True, 1, step0)  # fmt: skip
+        else:
+            load_partition(gu_a, gu_a_lo, x_desc, a_km_bufs, a_lo_km_bufs, b_bufs, ready, empty, off_m, off_n,
+                           k_steps, False, 1, step0)  # fmt: skip
+        step0 += k_steps
+
+
+@gluon.jit
+def persistent_mma_partition(a_mk_bufs, a_lo_mk_bufs, a_km_bufs, a_lo_km_bufs, b_bufs, ready, empty, gu_c, dx_c,
+                             c_smem, tile_counts, IN_FLIGHT: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
+    BLOCK_M: gl.constexpr = gu_c.block_type.shape[0]
+    BLOCK_N: gl.constexpr = gu_c.block_type.shape[1]
+    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                     instr_shape=[16, BLOCK_N, 16])  # fmt: skip
+    tiles, gu_tiles, gu_tiles_m, dx_tiles_m, gu_k_steps, dx_k_steps = tile_counts
+    step0 = 0
+    for t in range(gl.program_id(0), tiles, gl.num_programs(0)):
+        is_dx, off_m, off_n, k_steps = tile_of(t, gu_tiles, gu_tiles_m, dx_tiles_m, gu_k_steps, dx_k_steps, BLOCK_M,
+                                               BLOCK_N)  # fmt: skip
+        acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
+        if is_dx:
+            acc = mma_steps(a_mk_bufs, a_lo_mk_bufs, b_bufs, ready, empty, k_steps, acc, True, 1, IN_FLIGHT, step0)
+            store_tile(acc, dx_c, c_smem, off_m, off_n)
+        else:
+            acc = mma_steps(a_km_bufs, a_lo_km_bufs, b_bufs, ready, empty, k_steps, acc, False, 1, IN_FLIGHT, step0)
+            store_tile(acc, gu_c, c_smem, off_m, off_n)
+        step0 += k_steps
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def launch2_persistent_kernel(gu_a, gu_a_lo, x_desc, gu_c, dx_a, dx_a_lo, w_desc, dx_c, T, BUFFERS: gl.constexpr,
+                              IN_FLIGHT: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
+    """:func:`launch2_kernel` on a persistent grid: each program takes tiles pid, pid + programs, ... in turn."""
+    BLOCK_M: gl.constexpr = gu_c.block_type.shape[0]
+    BLOCK_N: gl.constexpr = gu_c.block_type.shape[1]
+    BLOCK_K: gl.constexpr = x_desc.block_type.shape[0]
+    gu_tiles_m = gl.cdiv(gu_c.shape[0], BLOCK_M)
+    gu_tiles = gu_tiles_m * gl.cdiv(gu_c.shape[1], BLOCK_N)
+    dx_tiles_m = gl.cdiv(dx_c.shape[0], BLOCK_M)
+    tiles = gu_tiles + dx_tiles_m * gl.cdiv(dx_c.shape[1], BLOCK_N)
+    tile_counts = (tiles, gu_tiles, gu_tiles_m, dx_tiles_m, gl.cdiv(T, BLOCK_K), gl.cdiv(dx_a.shape[1], BLOCK_K))
+    a_mk_bufs = gl.allocate_shared_memory(dx_a.dtype, [BUFFERS] + dx_a.block_type.shape, dx_a.layout)
+    a_lo_mk_bufs = gl.allocate_shared_memory(dx_a.dtype, [BUFFERS] + dx_a.block_type.shape, dx_a.layout)
+    a_km_bufs = a_mk_bufs._reinterpret(gu_a.dtype, [BUFFERS] + gu_a.block_type.shape, gu_a.layout)
+    a_lo_km_bufs = a_lo_mk_bufs._reinterpret(gu_a.dtype, [BUFFERS] + gu_a.block_type.shape, gu_a.layout)
+    b_bufs = gl.allocate_shared_memory(x_desc.dtype, [BUFFERS] + x_desc.block_type.shape, x_desc.layout)
+    c_smem = gl.allocate_shared_memory(gu_c.dtype, gu_c.block_type.shape, gu_c.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [BUFFERS, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [BUFFERS, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(BUFFERS):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    fence_async_shared()
+    gl.warp_specialize([
+        (persistent_mma_partition, (a_mk_bufs, a_lo_mk_bufs, a_km_bufs, a_lo_km_bufs, b_bufs, ready, empty, gu_c,
+                                    dx_c, c_smem, tile_counts, IN_FLIGHT, num_warps)),
+        (persistent_load_partition, (gu_a, gu_a_lo, x_desc, dx_a, dx_a_lo, w_desc, a_mk_bufs, a_lo_mk_bufs,
+                                     a_km_bufs, a_lo_km_bufs, b_bufs, ready, empty, tile_counts)),
+    ], [1], [40])  # fmt: skip
+
+
 def launch2_descriptors(hi, lo, x, w, grad_gate_up, grad_x, block):
     gu = descriptors(hi, lo, x, grad_gate_up, False, block)
     dx = descriptors(hi, lo, w, grad_x, True, block)
     return (*gu, *dx)
 
 
-def launch2(hi, lo, x, w, grad_gate_up, grad_x, *, variant: str):
+def launch2(hi, lo, x, w, grad_gate_up, grad_x, *, variant: str, persistent: bool = False):
     """[dWg; dWu] = (hi + lo)ᵀ·x and dx = (hi + lo)·W in one launch; hi, lo [T, 2I], x [T, H], W [2I, H]."""
     block_m, block_n, block_k, buffers, warps, maxnreg, in_flight = VARIANTS[variant]
     descs = launch2_descriptors(hi, lo, x, w, grad_gate_up, grad_x, (block_m, block_n, block_k))
     tiles = sum(triton.cdiv(c.shape[0], block_m) * triton.cdiv(c.shape[1], block_n) for c in (grad_gate_up, grad_x))
-    launch2_kernel[(tiles,)](*descs, x.shape[0], buffers, in_flight, num_warps=warps, maxnreg=maxnreg)
+    kernel = launch2_persistent_kernel if persistent else launch2_kernel
+    grid = (min(tiles, torch.cuda.get_device_properties(hi.device).multi_processor_count) if persistent else tiles,)
+    kernel[grid](*descs, x.shape[0], buffers, in_flight, num_warps=warps, maxnreg=maxnreg)
 
 
 def descriptors(a, a_lo, b, c, a_k_major: bool, block):
@@ -311,15 +399,16 @@ def compile_only() -> None:
                      for n, d in zip(names, descs, strict=True)}  # fmt: skip
         signature.update(T="i32", BUFFERS="constexpr", IN_FLIGHT="constexpr", num_warps="constexpr")
         constexprs = {"BUFFERS": buffers, "IN_FLIGHT": in_flight, "num_warps": warps}
-        try:
-            compiled = triton.compile(GluonASTSource(launch2_kernel, signature, constexprs), target=HOPPER,
-                                      options=dict(num_warps=warps, maxnreg=maxnreg))  # fmt: skip
-            sass = sass_counts(compiled, ["HGMMA", "UTMALDG"])
-            report = f"{resources(compiled)} HGMMA={sass['HGMMA']} UTMALDG={sass['UTMALDG']}"
-        except Exception as exc:  # report and go on
-            lines = [line for line in str(exc).splitlines() if line.strip()]
-            report = "FAIL " + (lines[-1] if lines else type(exc).__name__)[:300]
-        print(f"{variant:18s} launch 2 (both products, both halves) {report}", flush=True)
+        for kernel in (launch2_kernel, launch2_persistent_kernel):
+            try:
+                compiled = triton.compile(GluonASTSource(kernel, signature, constexprs), target=HOPPER,
+                                          options=dict(num_warps=warps, maxnreg=maxnreg))  # fmt: skip
+                sass = sass_counts(compiled, ["HGMMA", "UTMALDG"])
+                report = f"{resources(compiled)} HGMMA={sass['HGMMA']} UTMALDG={sass['UTMALDG']}"
+            except Exception as exc:  # report and go on
+                lines = [line for line in str(exc).splitlines() if line.strip()]
+                report = "FAIL " + (lines[-1] if lines else type(exc).__name__)[:300]
+            print(f"{variant:18s} {kernel.__name__} {report}", flush=True)
 
 
 def time_launch2(tokens, variants, flush) -> list[dict]:
@@ -364,6 +453,8 @@ def time_launch2(tokens, variants, flush) -> list[dict]:
         calls = {"cublas, two GEMMs": cublas, "triton launch 2 (default)": triton_launch2}
         for variant in variants:
             calls[f"gluon {variant}"] = lambda v=variant: launch2(hi, lo, x, w, grad_gate_up, grad_x, variant=v)
+            calls[f"gluon {variant} persistent"] = lambda v=variant: launch2(hi, lo, x, w, grad_gate_up, grad_x,
+                                                                             variant=v, persistent=True)  # fmt: skip
         for name, call in calls.items():
             row = dict(T=T, product="launch 2", impl=name)
             try:
