@@ -47,6 +47,14 @@ VARIANTS = {
     "m128n128k64b4f2": (128, 128, 64, 4, 8, 168, 2),
     "m128n128k64b4w4": (128, 128, 64, 4, 4, 232, 1),
 }
+# the ping-pong launch's: (BLOCK_M, BLOCK_N, BLOCK_K, buffers, 4 warps per MMA warpgroup, maxnreg, in flight);
+# each warpgroup holds a BLOCK_M × BLOCK_N fp32 accumulator (128 registers a thread at 128 × 128 or 64 × 256)
+PINGPONG_VARIANTS = {
+    "pp_m128n128k64b3": (128, 128, 64, 3, 4, 168, 1),
+    "pp_m64n256k64b3": (64, 256, 64, 3, 4, 168, 1),
+    "pp_m128n128k32b6": (128, 128, 32, 6, 4, 168, 1),
+}
+VARIANTS.update(PINGPONG_VARIANTS)
 # the variants tried as one launch of both products' tiles (--launch2)
 LAUNCH2_VARIANTS = ["m128n256k32b4", "m128n256k32b4f2", "m128n128k64b4", "m128n128k64b4f2"]
 
@@ -313,6 +321,84 @@ def launch2_persistent_kernel(gu_a, gu_a_lo, x_desc, gu_c, dx_a, dx_a_lo, w_desc
     ], [1], [40])  # fmt: skip
 
 
+@gluon.jit
+def pingpong_consumer(a_mk_bufs, a_lo_mk_bufs, a_km_bufs, a_lo_km_bufs, b_bufs, ready, empty, gu_c, dx_c, c_smem,
+                      order, tile_counts, CONSUMER: gl.constexpr, IN_FLIGHT: gl.constexpr):  # fmt: skip
+    """One warpgroup of the ping-pong launch: of this program's tiles (pid, pid + programs, ...) the ones whose
+    place in that list has CONSUMER's parity; its epilogue runs while the other warpgroup multiplies. The two take
+    turns at the main loop (``order``: each waits for the other's last main loop to end), so that neither waits on
+    a ring buffer more than one use ahead, where a barrier's phase parity could not tell the uses apart."""
+    BLOCK_M: gl.constexpr = gu_c.block_type.shape[0]
+    BLOCK_N: gl.constexpr = gu_c.block_type.shape[1]
+    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                     instr_shape=[16, BLOCK_N, 16])  # fmt: skip
+    tiles, gu_tiles, gu_tiles_m, dx_tiles_m, gu_k_steps, dx_k_steps = tile_counts
+    step0 = 0
+    place = 0
+    turn = 0
+    for t in range(gl.program_id(0), tiles, gl.num_programs(0)):
+        is_dx, off_m, off_n, k_steps = tile_of(t, gu_tiles, gu_tiles_m, dx_tiles_m, gu_k_steps, dx_k_steps, BLOCK_M,
+                                               BLOCK_N)  # fmt: skip
+        if place % 2 == CONSUMER:
+            # consumer 0's first wait passes on the fresh barrier; consumer 1's waits for consumer 0's first turn
+            mbarrier.wait(order.index(CONSUMER), (turn & 1) ^ (1 - CONSUMER))
+            acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
+            if is_dx:
+                acc = mma_steps(a_mk_bufs, a_lo_mk_bufs, b_bufs, ready, empty, k_steps, acc, True, 1, IN_FLIGHT,
+                                step0)  # fmt: skip
+                mbarrier.arrive(order.index(1 - CONSUMER), count=1)
+                store_tile(acc, dx_c, c_smem, off_m, off_n)
+            else:
+                acc = mma_steps(a_km_bufs, a_lo_km_bufs, b_bufs, ready, empty, k_steps, acc, False, 1, IN_FLIGHT,
+                                step0)  # fmt: skip
+                mbarrier.arrive(order.index(1 - CONSUMER), count=1)
+                store_tile(acc, gu_c, c_smem, off_m, off_n)
+            turn += 1
+        step0 += k_steps
+        place += 1
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def launch2_pingpong_kernel(gu_a, gu_a_lo, x_desc, gu_c, dx_a, dx_a_lo, w_desc, dx_c, T, BUFFERS: gl.constexpr,
+                            IN_FLIGHT: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
+    """:func:`launch2_persistent_kernel` with two MMA warpgroups (num_warps = 4 each) taking the program's tiles in
+    turn, each with its own accumulator and output buffer, and one loading warp feeding both from one ring."""
+    gl.static_assert(num_warps == 4, "the default partition is one of the two MMA warpgroups")
+    BLOCK_M: gl.constexpr = gu_c.block_type.shape[0]
+    BLOCK_N: gl.constexpr = gu_c.block_type.shape[1]
+    BLOCK_K: gl.constexpr = x_desc.block_type.shape[0]
+    gu_tiles_m = gl.cdiv(gu_c.shape[0], BLOCK_M)
+    gu_tiles = gu_tiles_m * gl.cdiv(gu_c.shape[1], BLOCK_N)
+    dx_tiles_m = gl.cdiv(dx_c.shape[0], BLOCK_M)
+    tiles = gu_tiles + dx_tiles_m * gl.cdiv(dx_c.shape[1], BLOCK_N)
+    tile_counts = (tiles, gu_tiles, gu_tiles_m, dx_tiles_m, gl.cdiv(T, BLOCK_K), gl.cdiv(dx_a.shape[1], BLOCK_K))
+    a_mk_bufs = gl.allocate_shared_memory(dx_a.dtype, [BUFFERS] + dx_a.block_type.shape, dx_a.layout)
+    a_lo_mk_bufs = gl.allocate_shared_memory(dx_a.dtype, [BUFFERS] + dx_a.block_type.shape, dx_a.layout)
+    a_km_bufs = a_mk_bufs._reinterpret(gu_a.dtype, [BUFFERS] + gu_a.block_type.shape, gu_a.layout)
+    a_lo_km_bufs = a_lo_mk_bufs._reinterpret(gu_a.dtype, [BUFFERS] + gu_a.block_type.shape, gu_a.layout)
+    b_bufs = gl.allocate_shared_memory(x_desc.dtype, [BUFFERS] + x_desc.block_type.shape, x_desc.layout)
+    c_smem_0 = gl.allocate_shared_memory(gu_c.dtype, gu_c.block_type.shape, gu_c.layout)
+    c_smem_1 = gl.allocate_shared_memory(gu_c.dtype, gu_c.block_type.shape, gu_c.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [BUFFERS, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [BUFFERS, 1], mbarrier.MBarrierLayout())
+    order = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(BUFFERS):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(order.index(i), count=1)
+    fence_async_shared()
+    gl.warp_specialize([
+        (pingpong_consumer, (a_mk_bufs, a_lo_mk_bufs, a_km_bufs, a_lo_km_bufs, b_bufs, ready, empty, gu_c, dx_c,
+                             c_smem_0, order, tile_counts, 0, IN_FLIGHT)),
+        (pingpong_consumer, (a_mk_bufs, a_lo_mk_bufs, a_km_bufs, a_lo_km_bufs, b_bufs, ready, empty, gu_c, dx_c,
+                             c_smem_1, order, tile_counts, 1, IN_FLIGHT)),
+        (persistent_load_partition, (gu_a, gu_a_lo, x_desc, dx_a, dx_a_lo, w_desc, a_mk_bufs, a_lo_mk_bufs,
+                                     a_km_bufs, a_lo_km_bufs, b_bufs, ready, empty, tile_counts)),
+    ], [4, 1], [232, 40])  # fmt: skip
+
+
 def launch2_descriptors(hi, lo, x, w, grad_gate_up, grad_x, block):
     gu = descriptors(hi, lo, x, grad_gate_up, False, block)
     dx = descriptors(hi, lo, w, grad_x, True, block)
@@ -324,7 +410,9 @@ def launch2(hi, lo, x, w, grad_gate_up, grad_x, *, variant: str, persistent: boo
     block_m, block_n, block_k, buffers, warps, maxnreg, in_flight = VARIANTS[variant]
     descs = launch2_descriptors(hi, lo, x, w, grad_gate_up, grad_x, (block_m, block_n, block_k))
     tiles = sum(triton.cdiv(c.shape[0], block_m) * triton.cdiv(c.shape[1], block_n) for c in (grad_gate_up, grad_x))
-    kernel = launch2_persistent_kernel if persistent else launch2_kernel
+    pingpong = variant in PINGPONG_VARIANTS
+    kernel = launch2_pingpong_kernel if pingpong else launch2_persistent_kernel if persistent else launch2_kernel
+    persistent = persistent or pingpong
     grid = (min(tiles, torch.cuda.get_device_properties(hi.device).multi_processor_count) if persistent else tiles,)
     kernel[grid](*descs, x.shape[0], buffers, in_flight, num_warps=warps, maxnreg=maxnreg)
 
@@ -356,7 +444,7 @@ def products(T: int):
     return {"dWgu": (2 * I, H, T, False), "dx": (T, H, 2 * I, True)}
 
 
-def compile_only() -> None:
+def compile_only(names: list[str]) -> None:
     from triton._C.libtriton import native_specialize_impl
     from triton.backends.compiler import BaseBackend
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -366,6 +454,8 @@ def compile_only() -> None:
     T = 256
     print(f"{'variant':18s} {'product':5s} {'lo':3s} resources")
     for variant, (block_m, block_n, block_k, buffers, warps, maxnreg, in_flight) in VARIANTS.items():
+        if variant in PINGPONG_VARIANTS or variant not in names:
+            continue  # the ping-pong: a launch-2 design only (below)
         for product, (M, N, K, a_k_major) in products(T).items():
             a = torch.empty((M, K) if a_k_major else (K, M), dtype=torch.bfloat16)
             b = torch.empty((K, N), dtype=torch.bfloat16)
@@ -389,7 +479,7 @@ def compile_only() -> None:
                     lines = [line for line in str(exc).splitlines() if line.strip()]
                     report = "FAIL " + (lines[-1] if lines else type(exc).__name__)[:300]
                 print(f"{variant:18s} {product:5s} {with_lo:3d} {report}", flush=True)
-    for variant in LAUNCH2_VARIANTS:
+    for variant in [name for name in LAUNCH2_VARIANTS + list(PINGPONG_VARIANTS) if name in names]:
         block_m, block_n, block_k, buffers, warps, maxnreg, in_flight = VARIANTS[variant]
         hi = torch.empty((T, 2 * I), dtype=torch.bfloat16)
         x, w = torch.empty((T, H), dtype=torch.bfloat16), torch.empty((2 * I, H), dtype=torch.bfloat16)
@@ -399,7 +489,9 @@ def compile_only() -> None:
                      for n, d in zip(names, descs, strict=True)}  # fmt: skip
         signature.update(T="i32", BUFFERS="constexpr", IN_FLIGHT="constexpr", num_warps="constexpr")
         constexprs = {"BUFFERS": buffers, "IN_FLIGHT": in_flight, "num_warps": warps}
-        for kernel in (launch2_kernel, launch2_persistent_kernel):
+        kernels = (launch2_pingpong_kernel,) if variant in PINGPONG_VARIANTS else (launch2_kernel,
+                                                                                     launch2_persistent_kernel)
+        for kernel in kernels:
             try:
                 compiled = triton.compile(GluonASTSource(kernel, signature, constexprs), target=HOPPER,
                                           options=dict(num_warps=warps, maxnreg=maxnreg))  # fmt: skip
@@ -453,8 +545,9 @@ def time_launch2(tokens, variants, flush) -> list[dict]:
         calls = {"cublas, two GEMMs": cublas, "triton launch 2 (default)": triton_launch2}
         for variant in variants:
             calls[f"gluon {variant}"] = lambda v=variant: launch2(hi, lo, x, w, grad_gate_up, grad_x, variant=v)
-            calls[f"gluon {variant} persistent"] = lambda v=variant: launch2(hi, lo, x, w, grad_gate_up, grad_x,
-                                                                             variant=v, persistent=True)  # fmt: skip
+            if variant not in PINGPONG_VARIANTS:
+                calls[f"gluon {variant} persistent"] = lambda v=variant: launch2(
+                    hi, lo, x, w, grad_gate_up, grad_x, variant=v, persistent=True)
         for name, call in calls.items():
             row = dict(T=T, product="launch 2", impl=name)
             try:
@@ -486,7 +579,7 @@ def main() -> None:
                         help="both products in one launch against the faithful path's Triton launch 2")  # fmt: skip
     args = parser.parse_args()
     if args.compile_only:
-        return compile_only()
+        return compile_only(args.variants.split(","))
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU (or --compile-only)")
     from moe_lib.bench import timing
