@@ -462,9 +462,9 @@ def compile_only(names: list[str]) -> None:
             c = torch.empty((M, N), dtype=torch.bfloat16)
             descs = descriptors(a, a, b, c, a_k_major, (block_m, block_n, block_k))
             for with_lo in (1, 0):
-                names = ["a_desc", "a_lo_desc", "b_desc", "c_desc"]
+                arg_names = ["a_desc", "a_lo_desc", "b_desc", "c_desc"]
                 signature = {n: native_specialize_impl(BaseBackend, d, False, True, True)[0]
-                             for n, d in zip(names, descs, strict=True)}  # fmt: skip
+                             for n, d in zip(arg_names, descs, strict=True)}  # fmt: skip
                 signature.update(K="i32", A_K_MAJOR="constexpr", WITH_LO="constexpr", BUFFERS="constexpr",
                                  IN_FLIGHT="constexpr", num_warps="constexpr")  # fmt: skip
                 constexprs = {"A_K_MAJOR": a_k_major, "WITH_LO": with_lo, "BUFFERS": buffers, "IN_FLIGHT": in_flight,
@@ -484,9 +484,9 @@ def compile_only(names: list[str]) -> None:
         hi = torch.empty((T, 2 * I), dtype=torch.bfloat16)
         x, w = torch.empty((T, H), dtype=torch.bfloat16), torch.empty((2 * I, H), dtype=torch.bfloat16)
         descs = launch2_descriptors(hi, hi, x, w, torch.empty_like(w), torch.empty_like(x), (block_m, block_n, block_k))
-        names = ["gu_a", "gu_a_lo", "x_desc", "gu_c", "dx_a", "dx_a_lo", "w_desc", "dx_c"]
+        arg_names = ["gu_a", "gu_a_lo", "x_desc", "gu_c", "dx_a", "dx_a_lo", "w_desc", "dx_c"]
         signature = {n: native_specialize_impl(BaseBackend, d, False, True, True)[0]
-                     for n, d in zip(names, descs, strict=True)}  # fmt: skip
+                     for n, d in zip(arg_names, descs, strict=True)}  # fmt: skip
         signature.update(T="i32", BUFFERS="constexpr", IN_FLIGHT="constexpr", num_warps="constexpr")
         constexprs = {"BUFFERS": buffers, "IN_FLIGHT": in_flight, "num_warps": warps}
         kernels = (launch2_pingpong_kernel,) if variant in PINGPONG_VARIANTS else (launch2_kernel,
@@ -578,6 +578,11 @@ def main() -> None:
     parser.add_argument("--launch2", action="store_true",
                         help="both products in one launch against the faithful path's Triton launch 2")  # fmt: skip
     args = parser.parse_args()
+    unknown = [name for name in args.variants.split(",") if name not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"--variants: unknown variant(s) {unknown}; choose from {', '.join(VARIANTS)}")
+    if not all(t.strip().isdigit() and int(t) > 0 for t in args.tokens.split(",")):
+        raise SystemExit(f"--tokens: expected a comma list of positive integers, got {args.tokens!r}")
     if args.compile_only:
         return compile_only(args.variants.split(","))
     if not torch.cuda.is_available():
