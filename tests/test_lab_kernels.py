@@ -144,10 +144,10 @@ def test_few_tokens_table_reads_the_committed_check_run():
 
 def test_p1_design_by_tokens_follows_choose_design():
     few = "few tokens: one launch, waits per block"
-    table = kernels.p1_design_by_tokens([1, 16, 32, 33, 128, 8192], 2048, 768)
+    table = kernels.p1_design_by_tokens([1, 16, 32, 64, 65, 128, 8192], 2048, 768)
     assert list(table.columns) == ["fast", "faithful"]
-    assert table.loc[1, "fast"] == table.loc[1, "faithful"] == table.loc[32, "fast"] == few
-    assert table.loc[33, "fast"].startswith("cuBLAS GEMMs") and table.loc[8192, "fast"].startswith("cuBLAS GEMMs")
+    assert table.loc[1, "fast"] == table.loc[1, "faithful"] == table.loc[64, "fast"] == few
+    assert table.loc[65, "fast"].startswith("cuBLAS GEMMs") and table.loc[8192, "fast"].startswith("cuBLAS GEMMs")
     table = kernels.p1_design_by_tokens([1, 16, 17, 64, 128, 129, 1087, 8192], 2048, 768)
     assert table.loc[64, "faithful"] == table.loc[128, "faithful"] == few
     assert table.loc[129, "faithful"] == table.loc[1087, "faithful"] == "the two launches' tiles chained in one launch"
