@@ -55,6 +55,10 @@ PINGPONG_VARIANTS = {
     "pp_m128n128k32b6": (128, 128, 32, 6, 4, 168, 1),
 }
 VARIANTS.update(PINGPONG_VARIANTS)
+# launch 2's variants whose output tile is staged in the ring's B buffers once the main loop is done, instead of
+# a buffer of its own (64 KB at 128 × 256): room for 3 buffers of 64-deep K steps (192 KB)
+C_IN_RING_VARIANTS = {"m128n256k64b3r": (128, 256, 64, 3, 8, 168, 1)}
+VARIANTS.update(C_IN_RING_VARIANTS)
 # the variants tried as one launch of both products' tiles (--launch2)
 LAUNCH2_VARIANTS = ["m128n256k32b4", "m128n256k32b4f2", "m128n128k64b4", "m128n128k64b4f2"]
 
@@ -198,7 +202,7 @@ def launch2_mma_partition(a_mk_bufs, a_lo_mk_bufs, a_km_bufs, a_lo_km_bufs, b_bu
 
 @gluon.jit
 def launch2_kernel(gu_a, gu_a_lo, x_desc, gu_c, dx_a, dx_a_lo, w_desc, dx_c, T, BUFFERS: gl.constexpr,
-                   IN_FLIGHT: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
+                   IN_FLIGHT: gl.constexpr, num_warps: gl.constexpr, C_IN_RING: gl.constexpr = False):  # fmt: skip
     """Launch 2 with both halves: [dWg; dWu] = hiᵀ·x + loᵀ·x tiles first (K = T), then dx = hi·W + lo·W tiles
     (K = 2I), one tile per program; the A buffers are one allocation seen as [BLOCK_M, BLOCK_K] tiles (dx) or
     [BLOCK_K, BLOCK_M] tiles (the weight gradients)."""
@@ -220,7 +224,10 @@ def launch2_kernel(gu_a, gu_a_lo, x_desc, gu_c, dx_a, dx_a_lo, w_desc, dx_c, T, 
     a_km_bufs = a_mk_bufs._reinterpret(gu_a.dtype, [BUFFERS] + gu_a.block_type.shape, gu_a.layout)
     a_lo_km_bufs = a_lo_mk_bufs._reinterpret(gu_a.dtype, [BUFFERS] + gu_a.block_type.shape, gu_a.layout)
     b_bufs = gl.allocate_shared_memory(x_desc.dtype, [BUFFERS] + x_desc.block_type.shape, x_desc.layout)
-    c_smem = gl.allocate_shared_memory(gu_c.dtype, gu_c.block_type.shape, gu_c.layout)
+    if C_IN_RING:  # every load has landed and every MMA is done before the tile is stored
+        c_smem = b_bufs._reinterpret(gu_c.dtype, gu_c.block_type.shape, gu_c.layout)
+    else:
+        c_smem = gl.allocate_shared_memory(gu_c.dtype, gu_c.block_type.shape, gu_c.layout)
     ready = gl.allocate_shared_memory(gl.int64, [BUFFERS, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [BUFFERS, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(BUFFERS):
@@ -414,7 +421,10 @@ def launch2(hi, lo, x, w, grad_gate_up, grad_x, *, variant: str, persistent: boo
     kernel = launch2_pingpong_kernel if pingpong else launch2_persistent_kernel if persistent else launch2_kernel
     persistent = persistent or pingpong
     grid = (min(tiles, torch.cuda.get_device_properties(hi.device).multi_processor_count) if persistent else tiles,)
-    kernel[grid](*descs, x.shape[0], buffers, in_flight, num_warps=warps, maxnreg=maxnreg)
+    if variant in C_IN_RING_VARIANTS:
+        launch2_kernel[grid](*descs, x.shape[0], buffers, in_flight, C_IN_RING=True, num_warps=warps, maxnreg=maxnreg)
+    else:
+        kernel[grid](*descs, x.shape[0], buffers, in_flight, num_warps=warps, maxnreg=maxnreg)
 
 
 def descriptors(a, a_lo, b, c, a_k_major: bool, block):
@@ -454,7 +464,7 @@ def compile_only(names: list[str]) -> None:
     T = 256
     print(f"{'variant':18s} {'product':5s} {'lo':3s} resources")
     for variant, (block_m, block_n, block_k, buffers, warps, maxnreg, in_flight) in VARIANTS.items():
-        if variant in PINGPONG_VARIANTS or variant not in names:
+        if variant in PINGPONG_VARIANTS or variant in C_IN_RING_VARIANTS or variant not in names:
             continue  # the ping-pong: a launch-2 design only (below)
         for product, (M, N, K, a_k_major) in products(T).items():
             a = torch.empty((M, K) if a_k_major else (K, M), dtype=torch.bfloat16)
@@ -479,7 +489,8 @@ def compile_only(names: list[str]) -> None:
                     lines = [line for line in str(exc).splitlines() if line.strip()]
                     report = "FAIL " + (lines[-1] if lines else type(exc).__name__)[:300]
                 print(f"{variant:18s} {product:5s} {with_lo:3d} {report}", flush=True)
-    for variant in [name for name in LAUNCH2_VARIANTS + list(PINGPONG_VARIANTS) if name in names]:
+    launch2_names = LAUNCH2_VARIANTS + list(PINGPONG_VARIANTS) + list(C_IN_RING_VARIANTS)
+    for variant in [name for name in launch2_names if name in names]:
         block_m, block_n, block_k, buffers, warps, maxnreg, in_flight = VARIANTS[variant]
         hi = torch.empty((T, 2 * I), dtype=torch.bfloat16)
         x, w = torch.empty((T, H), dtype=torch.bfloat16), torch.empty((2 * I, H), dtype=torch.bfloat16)
@@ -489,9 +500,13 @@ def compile_only(names: list[str]) -> None:
                      for n, d in zip(arg_names, descs, strict=True)}  # fmt: skip
         signature.update(T="i32", BUFFERS="constexpr", IN_FLIGHT="constexpr", num_warps="constexpr")
         constexprs = {"BUFFERS": buffers, "IN_FLIGHT": in_flight, "num_warps": warps}
-        kernels = (launch2_pingpong_kernel,) if variant in PINGPONG_VARIANTS else (launch2_kernel,
-                                                                                     launch2_persistent_kernel)
+        kernels = ((launch2_pingpong_kernel,) if variant in PINGPONG_VARIANTS else (launch2_kernel,)
+                   if variant in C_IN_RING_VARIANTS else (launch2_kernel, launch2_persistent_kernel))  # fmt: skip
         for kernel in kernels:
+            if kernel is launch2_kernel:  # where the output tile is staged
+                signature["C_IN_RING"], constexprs["C_IN_RING"] = "constexpr", variant in C_IN_RING_VARIANTS
+            else:
+                signature.pop("C_IN_RING", None), constexprs.pop("C_IN_RING", None)
             try:
                 compiled = triton.compile(GluonASTSource(kernel, signature, constexprs), target=HOPPER,
                                           options=dict(num_warps=warps, maxnreg=maxnreg))  # fmt: skip
@@ -610,7 +625,7 @@ def main() -> None:
             stacked_a = torch.cat([hi_mk, lo_mk], dim=1).contiguous() if a_k_major else torch.cat([hi, lo]).T
             stacked_b = torch.cat([b, b])
             calls = {"cublas hi+lo": lambda: torch.mm(stacked_a, stacked_b), "cublas hi": lambda: torch.mm(hi_mk, b)}
-            for variant in args.variants.split(","):
+            for variant in [v for v in args.variants.split(",") if v not in PINGPONG_VARIANTS | C_IN_RING_VARIANTS]:
                 out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
                 calls[f"gluon {variant}"] = (lambda v=variant, o=out: hilo_gemm(hi, lo, b, o, a_k_major=a_k_major,
                                                                                  variant=v))  # fmt: skip
