@@ -295,3 +295,20 @@ def test_phase2_tile_table_reads_the_committed_runs():
                                        ticks=[2, 16, 32, 64, 128])
     assert len(figure.axes) == 2
     plt.close(figure)
+
+
+def test_gluon_launch2_table_reads_the_committed_probe_runs():
+    labels = {"triton launch 2 (default)": "Triton", "gluon m128n256k32b4": "Gluon", "cublas, two GEMMs": "cuBLAS"}
+    table = kernels.p1_gluon_launch2_times(labels=labels)
+    assert list(table.columns) == ["Triton", "Gluon", "cuBLAS"]
+    assert list(table.index) == [2447, 4093, 8192]
+    # what NOTES.md (design 13) says: the Gluon probe at the Triton launch's rate (-5% to +4%), cuBLAS taking 14-22%
+    # less time than either
+    assert ((table["Gluon"] / table["Triton"] - 1).abs() < 0.06).all()
+    assert (table["cuBLAS"] < 0.87 * table[["Triton", "Gluon"]].min(axis=1)).all()
+    assert table.loc[8192, "Triton"] == pytest.approx(310.7, abs=0.5)  # the median of the runs that measured it
+    every = kernels.p1_gluon_launch2_times()
+    assert "gluon pp_m64n256k64b3" in every.columns and every.shape[1] > table.shape[1]
+    figure = kernels.launch2_figure(table, "test")
+    assert len(figure.axes[0].patches) == table.size
+    plt.close(figure)

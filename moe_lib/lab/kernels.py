@@ -670,6 +670,36 @@ def host_gap_figure(table: pd.DataFrame, title: str):
     return fig
 
 
+GLUON_PROBE_FILE = TUNING_DIR / "2026-12-01-p1-gluon-launch2-probe.json"
+
+
+def p1_gluon_launch2_times(path=GLUON_PROBE_FILE, labels: dict | None = None) -> pd.DataFrame:
+    """Launch 2 of the faithful path (dx, dWg, dWu with the hi/lo halves) per implementation of the committed
+    ``scripts/p1_gluon_probe.py --launch2`` runs: µs by graph replay per num_tokens (rows) and implementation
+    (columns, renamed by ``labels`` where given; the others left out when ``labels`` is given), the median over
+    the runs that measured it."""
+    rows = [dict(num_tokens=row["T"], impl=row["impl"], us=row["us"])
+            for run in _read_json(path)["runs"] for row in run["rows"]
+            if row.get("product") == "launch 2" and "us" in row]  # fmt: skip
+    table = pd.DataFrame(rows).pivot_table(index="num_tokens", columns="impl", values="us", aggfunc="median")
+    if labels:
+        table = table[[impl for impl in labels if impl in table.columns]].rename(columns=labels)
+    return table
+
+
+def launch2_figure(table: pd.DataFrame, title: str):
+    """A :func:`p1_gluon_launch2_times` table as bars per token count, each implementation's µs relative to the
+    first column's (the first column at 1)."""
+    relative = table.div(table.iloc[:, 0], axis=0)
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    relative.plot.bar(ax=ax, rot=0, width=0.8, edgecolor="black", lw=0.4)
+    ax.axhline(1, color="black", lw=0.8, ls=":")
+    ax.set(xlabel="tokens", ylabel=f"time / {table.columns[0]}", title=title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
 def p2_kernel_times(path, labels: dict | None = None) -> pd.DataFrame:
     """A ``scripts/p2_tune.py`` run as one row per (case, config): each kernel's median ms (0 where it
     did not run), the whole call from a CUDA graph, and the worst element-rule pass fraction, in the
