@@ -847,7 +847,7 @@ def test_library_gemms_config_refuses_what_it_cannot_do(fields, message):
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [17, 128, 1087, 5000])
 @pytest.mark.parametrize("distribution", ["forward", "harness"])
-@pytest.mark.parametrize("candidate", ["lib_s3_da", "lib_bs_da", "lib_s3_da_dwd"])
+@pytest.mark.parametrize("candidate", ["lib_s3_da", "lib_bs_da", "lib_s3_da_dwd", "lib_f_rows"])
 def test_gpu_library_gemms_with_triton_d_a(T, distribution, candidate, seed):
     """The design on cuBLAS GEMMs with dA and the dSwiGLU pass as one Triton launch: both paths within their rules,
     from poisoned memory."""

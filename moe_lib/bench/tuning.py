@@ -128,6 +128,11 @@ P1_CANDIDATES = {
                                         grad_down_tile=(64, 128, 64, 1)),
     "lib_s3_da8_dwd": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True, d_a_tile=(64, 64, 64, 8),
                                          grad_down_tile=(64, 128, 64, 1)),
+    # the faithful path from 1600 tokens: launch 1's tiles as they are (dA with the dSwiGLU epilogue, hi/lo halves
+    # in [T, 4I] rows, beside dWd; compiled for sm_90 at 8 warps, 4 stages: 169 registers, 96 KB, no stack), then
+    # cuBLAS for dx and [dWg; dWu] (one stream: its host work shows in NVIDIA's method)
+    "lib_f_rows": LibraryGemmsConfig(d_a_fp32=True, d_a_tile=(64, 128, 64, 1), d_a_warps=8, d_a_stages=4,
+                                     grad_down_tile=(64, 128, 64, 1)),
     # the one-launch path: (block_t, block_i, block_h_down, block_h, block_k, block_n, warps, stages)
     "one_t16": OneLaunchConfig(16, 16, 32, 16, 128, 128, 4, 3),
     "one_t32": OneLaunchConfig(32, 16, 32, 16, 128, 128, 4, 3),
