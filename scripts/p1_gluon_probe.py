@@ -125,6 +125,24 @@ def store_tile(acc, c_desc, c_smem, off_m, off_n):
 
 
 @gluon.jit
+def mma_and_store(a_bufs, a_lo_bufs, b_bufs, ready, empty, c_desc, c_smem, off_m, off_n, k_steps,
+                  A_K_MAJOR: gl.constexpr, IN_FLIGHT: gl.constexpr, num_warps: gl.constexpr, step0=0,
+                  WAIT_STORE: gl.constexpr = True):  # fmt: skip
+    """One tile with both halves: its accumulator lives and dies here, so that no branch of the caller hands it on
+    (a value merged out of a branch puts moves between the wgmma of a pipeline stage, and ptxas then serialises
+    them: each wgmma waits for the one before)."""
+    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                     instr_shape=[16, BLOCK_N, 16])  # fmt: skip
+    acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
+    acc = mma_steps(a_bufs, a_lo_bufs, b_bufs, ready, empty, k_steps, acc, A_K_MAJOR, 1, IN_FLIGHT, step0)
+    store_tile(acc, c_desc, c_smem, off_m, off_n)
+    if WAIT_STORE:  # the program's last tile: its store must leave shared memory before the program ends
+        tma.store_wait(pendings=0)
+
+
+@gluon.jit
 def mma_partition(a_bufs, a_lo_bufs, b_bufs, ready, empty, c_desc, c_smem, off_m, off_n, k_steps,
                   A_K_MAJOR: gl.constexpr, WITH_LO: gl.constexpr, IN_FLIGHT: gl.constexpr,
                   num_warps: gl.constexpr):  # fmt: skip
@@ -173,34 +191,6 @@ def hilo_gemm_kernel(a_desc, a_lo_desc, b_desc, c_desc, K, A_K_MAJOR: gl.constex
 
 
 @gluon.jit
-def launch2_load_partition(gu_a, gu_a_lo, x_desc, dx_a, dx_a_lo, w_desc, a_mk_bufs, a_lo_mk_bufs, a_km_bufs,
-                           a_lo_km_bufs, b_bufs, ready, empty, is_dx, off_m, off_n, k_steps):  # fmt: skip
-    if is_dx:
-        load_partition(dx_a, dx_a_lo, w_desc, a_mk_bufs, a_lo_mk_bufs, b_bufs, ready, empty, off_m, off_n, k_steps,
-                       True, 1)  # fmt: skip
-    else:
-        load_partition(gu_a, gu_a_lo, x_desc, a_km_bufs, a_lo_km_bufs, b_bufs, ready, empty, off_m, off_n, k_steps,
-                       False, 1)  # fmt: skip
-
-
-@gluon.jit
-def launch2_mma_partition(a_mk_bufs, a_lo_mk_bufs, a_km_bufs, a_lo_km_bufs, b_bufs, ready, empty, gu_c, dx_c, c_smem,
-                          is_dx, off_m, off_n, k_steps, IN_FLIGHT: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
-    BLOCK_M: gl.constexpr = gu_c.block_type.shape[0]
-    BLOCK_N: gl.constexpr = gu_c.block_type.shape[1]
-    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                     instr_shape=[16, BLOCK_N, 16])  # fmt: skip
-    acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
-    if is_dx:
-        acc = mma_steps(a_mk_bufs, a_lo_mk_bufs, b_bufs, ready, empty, k_steps, acc, True, 1, IN_FLIGHT)
-        store_tile(acc, dx_c, c_smem, off_m, off_n)
-    else:
-        acc = mma_steps(a_km_bufs, a_lo_km_bufs, b_bufs, ready, empty, k_steps, acc, False, 1, IN_FLIGHT)
-        store_tile(acc, gu_c, c_smem, off_m, off_n)
-    tma.store_wait(pendings=0)
-
-
-@gluon.jit
 def launch2_kernel(gu_a, gu_a_lo, x_desc, gu_c, dx_a, dx_a_lo, w_desc, dx_c, T, BUFFERS: gl.constexpr,
                    IN_FLIGHT: gl.constexpr, num_warps: gl.constexpr, C_IN_RING: gl.constexpr = False):  # fmt: skip
     """Launch 2 with both halves: [dWg; dWu] = hiᵀ·x + loᵀ·x tiles first (K = T), then dx = hi·W + lo·W tiles
@@ -234,12 +224,22 @@ def launch2_kernel(gu_a, gu_a_lo, x_desc, gu_c, dx_a, dx_a_lo, w_desc, dx_c, T, 
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
     fence_async_shared()
-    gl.warp_specialize([
-        (launch2_mma_partition, (a_mk_bufs, a_lo_mk_bufs, a_km_bufs, a_lo_km_bufs, b_bufs, ready, empty, gu_c, dx_c,
-                                 c_smem, is_dx, off_m, off_n, k_steps, IN_FLIGHT, num_warps)),
-        (launch2_load_partition, (gu_a, gu_a_lo, x_desc, dx_a, dx_a_lo, w_desc, a_mk_bufs, a_lo_mk_bufs, a_km_bufs,
-                                  a_lo_km_bufs, b_bufs, ready, empty, is_dx, off_m, off_n, k_steps)),
-    ], [1], [40])  # fmt: skip
+    # one warp-specialised region per tile kind, chosen at run time: with both kinds' loops in one region the merged
+    # values put moves between the wgmma of a pipeline stage, and ptxas serialises them (compiled for sm_90)
+    if is_dx:
+        gl.warp_specialize([
+            (mma_and_store, (a_mk_bufs, a_lo_mk_bufs, b_bufs, ready, empty, dx_c, c_smem, off_m, off_n, k_steps, True,
+                             IN_FLIGHT, num_warps)),
+            (load_partition, (dx_a, dx_a_lo, w_desc, a_mk_bufs, a_lo_mk_bufs, b_bufs, ready, empty, off_m, off_n,
+                              k_steps, True, 1)),
+        ], [1], [40])  # fmt: skip
+    else:
+        gl.warp_specialize([
+            (mma_and_store, (a_km_bufs, a_lo_km_bufs, b_bufs, ready, empty, gu_c, c_smem, off_m, off_n, k_steps,
+                             False, IN_FLIGHT, num_warps)),
+            (load_partition, (gu_a, gu_a_lo, x_desc, a_km_bufs, a_lo_km_bufs, b_bufs, ready, empty, off_m, off_n,
+                              k_steps, False, 1)),
+        ], [1], [40])  # fmt: skip
 
 
 @gluon.jit
@@ -278,20 +278,17 @@ def persistent_mma_partition(a_mk_bufs, a_lo_mk_bufs, a_km_bufs, a_lo_km_bufs, b
                              c_smem, tile_counts, IN_FLIGHT: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
     BLOCK_M: gl.constexpr = gu_c.block_type.shape[0]
     BLOCK_N: gl.constexpr = gu_c.block_type.shape[1]
-    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                     instr_shape=[16, BLOCK_N, 16])  # fmt: skip
     tiles, gu_tiles, gu_tiles_m, dx_tiles_m, gu_k_steps, dx_k_steps = tile_counts
     step0 = 0
     for t in range(gl.program_id(0), tiles, gl.num_programs(0)):
         is_dx, off_m, off_n, k_steps = tile_of(t, gu_tiles, gu_tiles_m, dx_tiles_m, gu_k_steps, dx_k_steps, BLOCK_M,
                                                BLOCK_N)  # fmt: skip
-        acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
         if is_dx:
-            acc = mma_steps(a_mk_bufs, a_lo_mk_bufs, b_bufs, ready, empty, k_steps, acc, True, 1, IN_FLIGHT, step0)
-            store_tile(acc, dx_c, c_smem, off_m, off_n)
+            mma_and_store(a_mk_bufs, a_lo_mk_bufs, b_bufs, ready, empty, dx_c, c_smem, off_m, off_n, k_steps, True,
+                          IN_FLIGHT, num_warps, step0, False)  # fmt: skip
         else:
-            acc = mma_steps(a_km_bufs, a_lo_km_bufs, b_bufs, ready, empty, k_steps, acc, False, 1, IN_FLIGHT, step0)
-            store_tile(acc, gu_c, c_smem, off_m, off_n)
+            mma_and_store(a_km_bufs, a_lo_km_bufs, b_bufs, ready, empty, gu_c, c_smem, off_m, off_n, k_steps, False,
+                          IN_FLIGHT, num_warps, step0, False)  # fmt: skip
         step0 += k_steps
     tma.store_wait(pendings=0)
 
@@ -459,7 +456,7 @@ def compile_only(names: list[str]) -> None:
     from triton.backends.compiler import BaseBackend
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from moe_lib.bench.sm90 import HOPPER, resources, sass_counts
+    from moe_lib.bench.sm90 import HOPPER, resources, sass_counts, wgmma_serialized
 
     T = 256
     print(f"{'variant':18s} {'product':5s} {'lo':3s} resources")
@@ -484,7 +481,8 @@ def compile_only(names: list[str]) -> None:
                     compiled = triton.compile(source, target=HOPPER,
                                               options=dict(num_warps=warps, maxnreg=maxnreg))  # fmt: skip
                     sass = sass_counts(compiled, ["HGMMA", "UTMALDG", "UTMASTG", "SYNCS"])
-                    report = f"{resources(compiled)} HGMMA={sass['HGMMA']} UTMALDG={sass['UTMALDG']}"
+                    report = (f"{resources(compiled)} HGMMA={sass['HGMMA']} UTMALDG={sass['UTMALDG']} wgmma "
+                              f"serialised: {wgmma_serialized(compiled)}")  # fmt: skip
                 except Exception as exc:  # report and go on
                     lines = [line for line in str(exc).splitlines() if line.strip()]
                     report = "FAIL " + (lines[-1] if lines else type(exc).__name__)[:300]
@@ -511,7 +509,8 @@ def compile_only(names: list[str]) -> None:
                 compiled = triton.compile(GluonASTSource(kernel, signature, constexprs), target=HOPPER,
                                           options=dict(num_warps=warps, maxnreg=maxnreg))  # fmt: skip
                 sass = sass_counts(compiled, ["HGMMA", "UTMALDG"])
-                report = f"{resources(compiled)} HGMMA={sass['HGMMA']} UTMALDG={sass['UTMALDG']}"
+                report = (f"{resources(compiled)} HGMMA={sass['HGMMA']} UTMALDG={sass['UTMALDG']} wgmma serialised: "
+                          f"{wgmma_serialized(compiled)}")  # fmt: skip
             except Exception as exc:  # report and go on
                 lines = [line for line in str(exc).splitlines() if line.strip()]
                 report = "FAIL " + (lines[-1] if lines else type(exc).__name__)[:300]
