@@ -253,10 +253,81 @@ def tile_of(t, gu_tiles, gu_tiles_m, dx_tiles_m, gu_k_steps, dx_k_steps, BLOCK_M
 
 
 @gluon.jit
-def persistent_load_partition(gu_a, gu_a_lo, x_desc, dx_a, dx_a_lo, w_desc, a_mk_bufs, a_lo_mk_bufs, a_km_bufs,
-                              a_lo_km_bufs, b_bufs, ready, empty, tile_counts):  # fmt: skip
-    """The loading warp of every tile this program takes (tiles pid, pid + programs, ...): it runs ahead into the
-    next tile's K steps while the warpgroups store the last one."""
+def kind_load_partition(a_desc, a_lo_desc, b_desc, a_bufs, a_lo_bufs, b_bufs, ready, empty, first, tiles, stride,
+                        tiles_m, k_steps, A_K_MAJOR: gl.constexpr, BLOCK_M: gl.constexpr,
+                        BLOCK_N: gl.constexpr):  # fmt: skip
+    """The loading warp of a persistent program's tiles of one kind (first, first + stride, ...): it runs ahead into
+    the next tile's K steps while the warpgroups store the last one."""
+    step0 = 0
+    for t in range(first, tiles, stride):
+        load_partition(a_desc, a_lo_desc, b_desc, a_bufs, a_lo_bufs, b_bufs, ready, empty, (t % tiles_m) * BLOCK_M,
+                       (t // tiles_m) * BLOCK_N, k_steps, A_K_MAJOR, 1, step0)  # fmt: skip
+        step0 += k_steps
+
+
+@gluon.jit
+def kind_mma_partition(a_bufs, a_lo_bufs, b_bufs, ready, empty, c_desc, c_smem, first, tiles, stride, tiles_m, k_steps,
+                       A_K_MAJOR: gl.constexpr, IN_FLIGHT: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
+    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+    step0 = 0
+    for t in range(first, tiles, stride):
+        mma_and_store(a_bufs, a_lo_bufs, b_bufs, ready, empty, c_desc, c_smem, (t % tiles_m) * BLOCK_M,
+                      (t // tiles_m) * BLOCK_N, k_steps, A_K_MAJOR, IN_FLIGHT, num_warps, step0, False)  # fmt: skip
+        step0 += k_steps
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def launch2_persistent_kernel(gu_a, gu_a_lo, x_desc, gu_c, dx_a, dx_a_lo, w_desc, dx_c, T, gu_programs,
+                              BUFFERS: gl.constexpr, IN_FLIGHT: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
+    """:func:`launch2_kernel` on a persistent grid: the first ``gu_programs`` programs take the weight-gradient tiles
+    in turn, the others the dx tiles (each program one tile kind, so one warp-specialised region whose wgmma ptxas
+    leaves unserialised)."""
+    BLOCK_M: gl.constexpr = gu_c.block_type.shape[0]
+    BLOCK_N: gl.constexpr = gu_c.block_type.shape[1]
+    BLOCK_K: gl.constexpr = x_desc.block_type.shape[0]
+    gu_tiles_m = gl.cdiv(gu_c.shape[0], BLOCK_M)
+    dx_tiles_m = gl.cdiv(dx_c.shape[0], BLOCK_M)
+    a_mk_bufs = gl.allocate_shared_memory(dx_a.dtype, [BUFFERS] + dx_a.block_type.shape, dx_a.layout)
+    a_lo_mk_bufs = gl.allocate_shared_memory(dx_a.dtype, [BUFFERS] + dx_a.block_type.shape, dx_a.layout)
+    a_km_bufs = a_mk_bufs._reinterpret(gu_a.dtype, [BUFFERS] + gu_a.block_type.shape, gu_a.layout)
+    a_lo_km_bufs = a_lo_mk_bufs._reinterpret(gu_a.dtype, [BUFFERS] + gu_a.block_type.shape, gu_a.layout)
+    b_bufs = gl.allocate_shared_memory(x_desc.dtype, [BUFFERS] + x_desc.block_type.shape, x_desc.layout)
+    c_smem = gl.allocate_shared_memory(gu_c.dtype, gu_c.block_type.shape, gu_c.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [BUFFERS, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [BUFFERS, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(BUFFERS):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    fence_async_shared()
+    pid = gl.program_id(0)
+    if pid < gu_programs:
+        tiles = gu_tiles_m * gl.cdiv(gu_c.shape[1], BLOCK_N)
+        k_steps = gl.cdiv(T, BLOCK_K)
+        gl.warp_specialize([
+            (kind_mma_partition, (a_km_bufs, a_lo_km_bufs, b_bufs, ready, empty, gu_c, c_smem, pid, tiles, gu_programs,
+                                  gu_tiles_m, k_steps, False, IN_FLIGHT, num_warps)),
+            (kind_load_partition, (gu_a, gu_a_lo, x_desc, a_km_bufs, a_lo_km_bufs, b_bufs, ready, empty, pid, tiles,
+                                   gu_programs, gu_tiles_m, k_steps, False, BLOCK_M, BLOCK_N)),
+        ], [1], [40])  # fmt: skip
+    else:
+        tiles = dx_tiles_m * gl.cdiv(dx_c.shape[1], BLOCK_N)
+        k_steps = gl.cdiv(dx_a.shape[1], BLOCK_K)
+        first = pid - gu_programs
+        stride = gl.num_programs(0) - gu_programs
+        gl.warp_specialize([
+            (kind_mma_partition, (a_mk_bufs, a_lo_mk_bufs, b_bufs, ready, empty, dx_c, c_smem, first, tiles, stride,
+                                  dx_tiles_m, k_steps, True, IN_FLIGHT, num_warps)),
+            (kind_load_partition, (dx_a, dx_a_lo, w_desc, a_mk_bufs, a_lo_mk_bufs, b_bufs, ready, empty, first, tiles,
+                                   stride, dx_tiles_m, k_steps, True, BLOCK_M, BLOCK_N)),
+        ], [1], [40])  # fmt: skip
+
+
+@gluon.jit
+def pingpong_load_partition(gu_a, gu_a_lo, x_desc, dx_a, dx_a_lo, w_desc, a_mk_bufs, a_lo_mk_bufs, a_km_bufs,
+                            a_lo_km_bufs, b_bufs, ready, empty, tile_counts):  # fmt: skip
+    """The ping-pong launch's loading warp: every tile of the program (pid, pid + programs, ...), of either kind."""
     BLOCK_M: gl.constexpr = gu_a.block_type.shape[1]
     BLOCK_N: gl.constexpr = x_desc.block_type.shape[1]
     tiles, gu_tiles, gu_tiles_m, dx_tiles_m, gu_k_steps, dx_k_steps = tile_counts
@@ -271,58 +342,6 @@ def persistent_load_partition(gu_a, gu_a_lo, x_desc, dx_a, dx_a_lo, w_desc, a_mk
             load_partition(gu_a, gu_a_lo, x_desc, a_km_bufs, a_lo_km_bufs, b_bufs, ready, empty, off_m, off_n,
                            k_steps, False, 1, step0)  # fmt: skip
         step0 += k_steps
-
-
-@gluon.jit
-def persistent_mma_partition(a_mk_bufs, a_lo_mk_bufs, a_km_bufs, a_lo_km_bufs, b_bufs, ready, empty, gu_c, dx_c,
-                             c_smem, tile_counts, IN_FLIGHT: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
-    BLOCK_M: gl.constexpr = gu_c.block_type.shape[0]
-    BLOCK_N: gl.constexpr = gu_c.block_type.shape[1]
-    tiles, gu_tiles, gu_tiles_m, dx_tiles_m, gu_k_steps, dx_k_steps = tile_counts
-    step0 = 0
-    for t in range(gl.program_id(0), tiles, gl.num_programs(0)):
-        is_dx, off_m, off_n, k_steps = tile_of(t, gu_tiles, gu_tiles_m, dx_tiles_m, gu_k_steps, dx_k_steps, BLOCK_M,
-                                               BLOCK_N)  # fmt: skip
-        if is_dx:
-            mma_and_store(a_mk_bufs, a_lo_mk_bufs, b_bufs, ready, empty, dx_c, c_smem, off_m, off_n, k_steps, True,
-                          IN_FLIGHT, num_warps, step0, False)  # fmt: skip
-        else:
-            mma_and_store(a_km_bufs, a_lo_km_bufs, b_bufs, ready, empty, gu_c, c_smem, off_m, off_n, k_steps, False,
-                          IN_FLIGHT, num_warps, step0, False)  # fmt: skip
-        step0 += k_steps
-    tma.store_wait(pendings=0)
-
-
-@gluon.jit
-def launch2_persistent_kernel(gu_a, gu_a_lo, x_desc, gu_c, dx_a, dx_a_lo, w_desc, dx_c, T, BUFFERS: gl.constexpr,
-                              IN_FLIGHT: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
-    """:func:`launch2_kernel` on a persistent grid: each program takes tiles pid, pid + programs, ... in turn."""
-    BLOCK_M: gl.constexpr = gu_c.block_type.shape[0]
-    BLOCK_N: gl.constexpr = gu_c.block_type.shape[1]
-    BLOCK_K: gl.constexpr = x_desc.block_type.shape[0]
-    gu_tiles_m = gl.cdiv(gu_c.shape[0], BLOCK_M)
-    gu_tiles = gu_tiles_m * gl.cdiv(gu_c.shape[1], BLOCK_N)
-    dx_tiles_m = gl.cdiv(dx_c.shape[0], BLOCK_M)
-    tiles = gu_tiles + dx_tiles_m * gl.cdiv(dx_c.shape[1], BLOCK_N)
-    tile_counts = (tiles, gu_tiles, gu_tiles_m, dx_tiles_m, gl.cdiv(T, BLOCK_K), gl.cdiv(dx_a.shape[1], BLOCK_K))
-    a_mk_bufs = gl.allocate_shared_memory(dx_a.dtype, [BUFFERS] + dx_a.block_type.shape, dx_a.layout)
-    a_lo_mk_bufs = gl.allocate_shared_memory(dx_a.dtype, [BUFFERS] + dx_a.block_type.shape, dx_a.layout)
-    a_km_bufs = a_mk_bufs._reinterpret(gu_a.dtype, [BUFFERS] + gu_a.block_type.shape, gu_a.layout)
-    a_lo_km_bufs = a_lo_mk_bufs._reinterpret(gu_a.dtype, [BUFFERS] + gu_a.block_type.shape, gu_a.layout)
-    b_bufs = gl.allocate_shared_memory(x_desc.dtype, [BUFFERS] + x_desc.block_type.shape, x_desc.layout)
-    c_smem = gl.allocate_shared_memory(gu_c.dtype, gu_c.block_type.shape, gu_c.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [BUFFERS, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [BUFFERS, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(BUFFERS):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    fence_async_shared()
-    gl.warp_specialize([
-        (persistent_mma_partition, (a_mk_bufs, a_lo_mk_bufs, a_km_bufs, a_lo_km_bufs, b_bufs, ready, empty, gu_c,
-                                    dx_c, c_smem, tile_counts, IN_FLIGHT, num_warps)),
-        (persistent_load_partition, (gu_a, gu_a_lo, x_desc, dx_a, dx_a_lo, w_desc, a_mk_bufs, a_lo_mk_bufs,
-                                     a_km_bufs, a_lo_km_bufs, b_bufs, ready, empty, tile_counts)),
-    ], [1], [40])  # fmt: skip
 
 
 @gluon.jit
@@ -398,8 +417,8 @@ def launch2_pingpong_kernel(gu_a, gu_a_lo, x_desc, gu_c, dx_a, dx_a_lo, w_desc, 
                              c_smem_0, order, tile_counts, 0, IN_FLIGHT)),
         (pingpong_consumer, (a_mk_bufs, a_lo_mk_bufs, a_km_bufs, a_lo_km_bufs, b_bufs, ready, empty, gu_c, dx_c,
                              c_smem_1, order, tile_counts, 1, IN_FLIGHT)),
-        (persistent_load_partition, (gu_a, gu_a_lo, x_desc, dx_a, dx_a_lo, w_desc, a_mk_bufs, a_lo_mk_bufs,
-                                     a_km_bufs, a_lo_km_bufs, b_bufs, ready, empty, tile_counts)),
+        (pingpong_load_partition, (gu_a, gu_a_lo, x_desc, dx_a, dx_a_lo, w_desc, a_mk_bufs, a_lo_mk_bufs,
+                                   a_km_bufs, a_lo_km_bufs, b_bufs, ready, empty, tile_counts)),
     ], [4, 1], [232, 40])  # fmt: skip
 
 
@@ -414,14 +433,29 @@ def launch2(hi, lo, x, w, grad_gate_up, grad_x, *, variant: str, persistent: boo
     block_m, block_n, block_k, buffers, warps, maxnreg, in_flight = VARIANTS[variant]
     descs = launch2_descriptors(hi, lo, x, w, grad_gate_up, grad_x, (block_m, block_n, block_k))
     tiles = sum(triton.cdiv(c.shape[0], block_m) * triton.cdiv(c.shape[1], block_n) for c in (grad_gate_up, grad_x))
-    pingpong = variant in PINGPONG_VARIANTS
-    kernel = launch2_pingpong_kernel if pingpong else launch2_persistent_kernel if persistent else launch2_kernel
-    persistent = persistent or pingpong
-    grid = (min(tiles, torch.cuda.get_device_properties(hi.device).multi_processor_count) if persistent else tiles,)
-    if variant in C_IN_RING_VARIANTS:
-        launch2_kernel[grid](*descs, x.shape[0], buffers, in_flight, C_IN_RING=True, num_warps=warps, maxnreg=maxnreg)
+    programs = min(tiles, torch.cuda.get_device_properties(hi.device).multi_processor_count)
+    if variant in PINGPONG_VARIANTS:
+        launch2_pingpong_kernel[(programs,)](*descs, x.shape[0], buffers, in_flight, num_warps=warps, maxnreg=maxnreg)
+    elif persistent:
+        launch2_persistent_kernel[(programs,)](*descs, x.shape[0], persistent_split(x.shape[0], block_m, block_n,
+                                               block_k, programs), buffers, in_flight, num_warps=warps,
+                                               maxnreg=maxnreg)  # fmt: skip
     else:
-        kernel[grid](*descs, x.shape[0], buffers, in_flight, num_warps=warps, maxnreg=maxnreg)
+        launch2_kernel[(tiles,)](*descs, x.shape[0], buffers, in_flight, C_IN_RING=variant in C_IN_RING_VARIANTS,
+                                 num_warps=warps, maxnreg=maxnreg)  # fmt: skip
+
+
+def persistent_split(T: int, block_m: int, block_n: int, block_k: int, programs: int) -> int:
+    """How many of the persistent launch's programs take the weight-gradient tiles: the split whose busiest program
+    has the fewest K steps (each kind's tiles dealt out in turn to its programs), at least one program per kind."""
+    gu_tiles = triton.cdiv(2 * I, block_m) * triton.cdiv(H, block_n)
+    dx_tiles = triton.cdiv(T, block_m) * triton.cdiv(H, block_n)
+
+    def busiest(gu_programs: int) -> int:
+        return max(triton.cdiv(gu_tiles, gu_programs) * triton.cdiv(T, block_k),
+                   triton.cdiv(dx_tiles, programs - gu_programs) * triton.cdiv(2 * I, block_k))  # fmt: skip
+
+    return min(range(1, programs), key=busiest)
 
 
 def descriptors(a, a_lo, b, c, a_k_major: bool, block):
@@ -496,7 +530,7 @@ def compile_only(names: list[str]) -> None:
         arg_names = ["gu_a", "gu_a_lo", "x_desc", "gu_c", "dx_a", "dx_a_lo", "w_desc", "dx_c"]
         signature = {n: native_specialize_impl(BaseBackend, d, False, True, True)[0]
                      for n, d in zip(arg_names, descs, strict=True)}  # fmt: skip
-        signature.update(T="i32", BUFFERS="constexpr", IN_FLIGHT="constexpr", num_warps="constexpr")
+        signature.update(T="i32", gu_programs="i32", BUFFERS="constexpr", IN_FLIGHT="constexpr", num_warps="constexpr")
         constexprs = {"BUFFERS": buffers, "IN_FLIGHT": in_flight, "num_warps": warps}
         kernels = ((launch2_pingpong_kernel,) if variant in PINGPONG_VARIANTS else (launch2_kernel,)
                    if variant in C_IN_RING_VARIANTS else (launch2_kernel, launch2_persistent_kernel))  # fmt: skip
@@ -505,8 +539,9 @@ def compile_only(names: list[str]) -> None:
                 signature["C_IN_RING"], constexprs["C_IN_RING"] = "constexpr", variant in C_IN_RING_VARIANTS
             else:
                 signature.pop("C_IN_RING", None), constexprs.pop("C_IN_RING", None)
+            kernel_signature = {name: kind for name, kind in signature.items() if name in kernel.arg_names}
             try:
-                compiled = triton.compile(GluonASTSource(kernel, signature, constexprs), target=HOPPER,
+                compiled = triton.compile(GluonASTSource(kernel, kernel_signature, constexprs), target=HOPPER,
                                           options=dict(num_warps=warps, maxnreg=maxnreg))  # fmt: skip
                 sass = sass_counts(compiled, ["HGMMA", "UTMALDG"])
                 report = (f"{resources(compiled)} HGMMA={sass['HGMMA']} UTMALDG={sass['UTMALDG']} wgmma serialised: "
@@ -559,7 +594,7 @@ def time_launch2(tokens, variants, flush) -> list[dict]:
         calls = {"cublas, two GEMMs": cublas, "triton launch 2 (default)": triton_launch2}
         for variant in variants:
             calls[f"gluon {variant}"] = lambda v=variant: launch2(hi, lo, x, w, grad_gate_up, grad_x, variant=v)
-            if variant not in PINGPONG_VARIANTS:
+            if variant not in PINGPONG_VARIANTS | C_IN_RING_VARIANTS:  # the persistent form has its own out buffer
                 calls[f"gluon {variant} persistent"] = lambda v=variant: launch2(
                     hi, lo, x, w, grad_gate_up, grad_x, variant=v, persistent=True)
         for name, call in calls.items():
