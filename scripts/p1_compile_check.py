@@ -7,7 +7,8 @@ all of them), compiled for bf16 inputs, and its chained launches (``chained.py``
 kernel); then the TMA-fed launches (``tma_launches.py``) of the
 candidates that have them, and the ``swiglu_expert`` layer's elementwise step (``swiglu_activation_kernel``,
 forward and backward forms). Needs only the triton wheel (its ptxas and
-cuobjdump); a spill shows as a non-zero STACK.
+cuobjdump); a spill shows as a non-zero STACK, and ptxas's serialisation of the wgmma (each waiting for the one
+before) is named where it happens.
 """
 
 import argparse
@@ -100,10 +101,11 @@ def main():
         if isinstance(config, ChainedConfig):
             tiles = {prefix: field for _, fields in LAUNCHES for prefix, field in fields.items()}
             try:
-                report = resources(compile_launch(chained.chained_kernel, tiles, config.tiles, 0, with_lo,
-                                                  (config.warps, config.stages),
-                                                  {"GRAD_DOWN_FIRST": config.grad_down_first,
-                                                   "GRAD_DOWN_LAST": config.grad_down_last}))  # fmt: skip
+                compiled = compile_launch(chained.chained_kernel, tiles, config.tiles, 0, with_lo,
+                                          (config.warps, config.stages),
+                                          {"GRAD_DOWN_FIRST": config.grad_down_first,
+                                           "GRAD_DOWN_LAST": config.grad_down_last})  # fmt: skip
+                report = f"{resources(compiled)} wgmma serialised: {wgmma_serialized(compiled)}"
             except Exception as exc:  # report and go on with the other candidates
                 report = "FAIL " + first_error_line(exc, 120)
             print(f"{name:12s} chained: {report}", flush=True)
@@ -111,7 +113,9 @@ def main():
         report = []
         for launch, (kernel, tiles) in enumerate(LAUNCHES):
             try:
-                report.append(resources(compile_launch(kernel, tiles, config, launch, with_lo)))
+                compiled = compile_launch(kernel, tiles, config, launch, with_lo)
+                serialised = wgmma_serialized(compiled)
+                report.append(resources(compiled) + ("" if serialised == "no" else f" wgmma {serialised}"))
             except Exception as exc:  # report and go on with the other candidates
                 report.append("FAIL " + first_error_line(exc, 120))
         print(f"{name:12s} launch1: {report[0]:40s} launch2: {report[1]}", flush=True)
