@@ -100,6 +100,11 @@ def main():
     parser.add_argument("--precision", default="faithful", choices=PRECISIONS,
                         help="the path to tune (--parts takes its own: faithful)")  # fmt: skip
     args = parser.parse_args()
+    unknown = [name for name in (args.configs or "").split(",") if name and name not in P1_CANDIDATES]
+    if unknown:
+        sys.exit(f"--configs: unknown candidate(s) {unknown}; see moe_lib.bench.tuning.P1_CANDIDATES")
+    if not torch.cuda.is_available():
+        sys.exit("needs a CUDA GPU: it times every candidate there")
     flush = timing.L2Flusher("cuda")
     if args.parts:
         return time_parts(args, flush)

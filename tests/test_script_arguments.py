@@ -17,6 +17,7 @@ CASES = {
     "launch_floor_probe.py --reps 0": "--reps and --programs: expected positive integers",
     "slot_sum_bench.py --dtypes bfloat16,int8": "--dtypes: expected a comma list of bfloat16, float32, float16",
     "p1_gluon_probe.py --variants m128n256k32b4,nope": "--variants: unknown variant(s) ['nope']",
+    "p1_tune.py --configs lib_f_rows,nope": "--configs: unknown candidate(s) ['nope']",
     "p1_gluon_probe.py --tokens 8192,0": "--tokens: expected a comma list of positive integers",
 }
 
