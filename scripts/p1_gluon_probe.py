@@ -1,7 +1,8 @@
 """A probe for launch 2's products in Gluon: warp-specialised TMA loads and warpgroup MMAs, with the hi/lo halves.
 
-    PYTHONPATH=. python scripts/p1_gluon_probe.py --compile-only      # sm_90 on the CPU: registers, shared memory
-    PYTHONPATH=. python scripts/p1_gluon_probe.py [--tokens 2447,8192] # on a GPU: check, then time beside cuBLAS
+    PYTHONPATH=. python scripts/p1_gluon_probe.py --compile-only [--variants ...]  # sm_90 on the CPU
+    PYTHONPATH=. python scripts/p1_gluon_probe.py [--tokens 2447,8192]          # on a GPU: each product alone
+    PYTHONPATH=. python scripts/p1_gluon_probe.py --launch2 [--tokens ...]      # on a GPU: launch 2 whole
 
 The faithful path's launch 2 runs two products with both halves of dGate, dUp (``data/results/NOTES.md``, design 4):
 
@@ -12,9 +13,13 @@ ncu put the Triton version (cp.async pipeline, every warp loading and multiplyin
 with 29–31% of its stalls on the pipeline's CTA barrier. Here one warp only issues TMA loads into a ring of shared
 memory buffers (``ready``/``empty`` mbarriers per buffer), and two warpgroups only issue wgmma: per K step
 ``acc += A_hi·B`` and ``acc += A_lo·B`` on the same B tile, then wait until the step before is done and hand its
-buffer back. One output tile per program, stored by TMA. Each product is checked against float64 of (hi + lo)·B
-and timed by CUDA-graph replay after an L2 flush, beside cuBLAS running the same arithmetic as one bf16 GEMM
-([hi | lo] against [B; B]) and the hi half alone. Prints one table; with $OUT set, writes it as JSON there.
+buffer back; each output tile stored by TMA. Launch 2 whole (``--launch2``) runs the weight-gradient tiles, then the
+dx tiles, one per program (``launch2_kernel``), or on a persistent grid with one tile kind per program, or with two
+warpgroups taking tiles in turn (ping-pong). Each program's tile kind gets its own warp-specialised region: with
+both kinds' loops in one region ptxas serialises the wgmma (``--compile-only`` reports it, as it reports registers,
+stack and shared memory). Every output is checked against float64 of (hi + lo)·B and timed by CUDA-graph replay after
+an L2 flush, beside cuBLAS running the same arithmetic as one bf16 GEMM per product ([hi | lo] against [B; B]) and,
+for launch 2 whole, the faithful path's Triton launch 2. Prints one table; with $OUT set, writes it as JSON there.
 """
 
 from __future__ import annotations
