@@ -15,8 +15,8 @@
 #   (RUNS p1_pass) the fast path's dSwiGLU pass by blocks or by flat runs: scripts/p1_pass_bench.py, p1_tune.py;
 #   (RUNS p1_lib_da) the fast path's cuBLAS design with dA and the dSwiGLU pass as one Triton launch: p1_tune.py;
 #   (RUNS p1_chain) the chained launch (design 8) against the faithful path's defaults: p1_tune.py, p1_host_gap.py;
-#   (RUNS p1_launch2) the faithful path's launch 2 in Gluon (p1_gluon_probe.py) and on cuBLAS behind launch 1
-#      (candidate lib_f_rows: p1_tune.py, p1_host_gap.py);
+#   (RUNS p1_launch2) the faithful path's launch 2 in Gluon (p1_gluon_probe.py, and candidate gluon2 in the whole
+#      call) and on cuBLAS behind launch 1 (candidate lib_f_rows): p1_tune.py, p1_host_gap.py;
 #   (RUNS p1_few, p1_tma, p1_lib, p2_tune) the tuning checks of the designs not yet measured, each candidate checked
 #      against float64 before it is timed: scripts/p1_few_tokens_check.py (P1_FEW_ARGS), scripts/p1_tune.py
 #      on the TMA-fed launches in both precisions (P1_TMA_TOKENS, P1_TMA_CONFIGS), scripts/p2_tune.py
@@ -224,15 +224,15 @@ case " $RUNS " in *" p1_probe "*)
 esac
 case " $RUNS " in *" p1_launch2 "*)
   # the faithful path's launch 2 from 1600 tokens: the Gluon probe's variants (one TMA warp, MMA warpgroups) beside
-  # the Triton launch and cuBLAS, then launch 2 on cuBLAS behind launch 1 as it is (lib_f_rows) in the whole call,
-  # by graph replay and in NVIDIA's method
+  # the Triton launch and cuBLAS, then in the whole call launch 2 in Gluon (gluon2) and on cuBLAS behind launch 1 as
+  # it is (lib_f_rows), by graph replay and in NVIDIA's method
   check "P1 launch 2 in Gluon" "${P1_GLUON_SECONDS:-180}" scripts/p1_gluon_probe.py --launch2 \
     --tokens "${P1_LAUNCH2_TOKENS:-2447,4093,8192}" --variants "${P1_GLUON_VARIANTS:-m128n256k32b4,m128n256k64b3r}"
   mkdir -p "$TUNING/p1_launch2"
   check "P1 launch 2 on cuBLAS, graph replay" "${P1_LAUNCH2_SECONDS:-180}" scripts/p1_tune.py --precision faithful \
-    --out "$TUNING/p1_launch2" --tokens "${P1_LAUNCH2_TOKENS:-2447,4093,8192}" --configs "${P1_LAUNCH2_CONFIGS:-lib_f_rows,lib}"
+    --out "$TUNING/p1_launch2" --tokens "${P1_LAUNCH2_TOKENS:-2447,4093,8192}" --configs "${P1_LAUNCH2_CONFIGS:-gluon2,lib_f_rows,lib}"
   check "P1 launch 2 on cuBLAS, host gap" "${P1_LAUNCH2_GAP_SECONDS:-180}" scripts/p1_host_gap.py --precision faithful \
-    --tokens "${P1_LAUNCH2_GAP_TOKENS:-2447,2767,4093,8192}" --configs "default,${P1_LAUNCH2_CONFIGS:-lib_f_rows}"
+    --tokens "${P1_LAUNCH2_GAP_TOKENS:-2447,2767,4093,8192}" --configs "default,${P1_LAUNCH2_GAP_CONFIGS:-gluon2,lib_f_rows}"
 esac
 case " $RUNS " in *" p2_tune "*)
   check "P2 kernel configs" "${P2_TUNE_SECONDS:-300}" scripts/p2_tune.py \

@@ -5,7 +5,8 @@
 Candidates are the two-launch tile configurations of ``moe_lib.bench.tuning.P1_CANDIDATES`` (default:
 all of them), compiled for bf16 inputs, and its chained launches (``chained.py``: both launches' tiles in one
 kernel); then the TMA-fed launches (``tma_launches.py``) of the
-candidates that have them, and the ``swiglu_expert`` layer's elementwise step (``swiglu_activation_kernel``,
+candidates that have them, launch 2 in Gluon (``gluon_launch2.py``, its default tiles), and the ``swiglu_expert``
+layer's elementwise step (``swiglu_activation_kernel``,
 forward and backward forms). Needs only the triton wheel (its ptxas and
 cuobjdump); a spill shows as a non-zero STACK, and ptxas's serialisation of the wgmma (each waiting for the one
 before) is named where it happens.
@@ -14,8 +15,10 @@ before) is named where it happens.
 import argparse
 
 import torch
+import triton
 
 from moe_lib.bench.sm90 import (
+    HOPPER,
     compile_for_sm90,
     constexpr_names,
     first_error_line,
@@ -25,9 +28,10 @@ from moe_lib.bench.sm90 import (
     wgmma_serialized,
 )
 from moe_lib.bench.tuning import P1_CANDIDATES
-from moe_lib.swiglu_down import chained, kernels, tma_launches
+from moe_lib.swiglu_down import chained, gluon_launch2, kernels, tma_launches
 from moe_lib.swiglu_down.chained import ChainedConfig
 from moe_lib.swiglu_down.checks import PRECISIONS
+from moe_lib.swiglu_down.gluon_launch2 import GluonSecondLaunchConfig
 from moe_lib.swiglu_down.launch import ACTIVATION_BLOCK, TileConfig, carries_low_halves
 
 # each launch's kernel, and the prefix of its constexprs -> the TileConfig field with (M, N, K, SPLIT)
@@ -85,6 +89,28 @@ def compile_tma_launch(launch: int, config, with_lo: bool):
     return compiled
 
 
+def compile_gluon_second_launch(config, with_lo: bool, num_tokens: int = 256):
+    """Launch 2 in Gluon (:mod:`.gluon_launch2`) under ``config`` for bf16 operands at H = 2048, I = 768: its
+    descriptors' types taken from descriptors on CPU tensors of those shapes."""
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    T, H, I = num_tokens, 2048, 768
+    x = torch.empty((T, H), dtype=torch.bfloat16)
+    weight = torch.empty((I, H), dtype=torch.bfloat16)
+    halves = torch.empty((2 if with_lo else 1, T, I), dtype=torch.bfloat16)
+    descs = config.descriptors(x, weight, weight, halves, halves, x, weight, weight)
+    kernel = gluon_launch2.second_launch_kernel
+    names = [name for name in kernel.arg_names if name.endswith("_desc")]
+    signature = {name: native_specialize_impl(BaseBackend, desc, False, True, True)[0]
+                 for name, desc in zip(names, descs, strict=True)}  # fmt: skip
+    constexprs = dict(WITH_LO=with_lo, BUFFERS=config.buffers, num_warps=config.warps)
+    signature.update(T="i32", I="i32", **dict.fromkeys(constexprs, "constexpr"))
+    return triton.compile(GluonASTSource(kernel, signature, constexprs), target=HOPPER,
+                          options=dict(num_warps=config.warps, maxnreg=config.maxnreg))  # fmt: skip
+
+
 def main():
     two_launch = [name for name, config in P1_CANDIDATES.items() if isinstance(config, TileConfig | ChainedConfig)]
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -131,6 +157,12 @@ def main():
             except Exception as exc:  # report and go on
                 report = "FAIL " + first_error_line(exc, 120)
             print(f"{name:12s} TMA launch{launch}: {report}", flush=True)
+    try:
+        compiled = compile_gluon_second_launch(GluonSecondLaunchConfig(), with_lo)
+        report = f"{resources(compiled)}{over_limit(compiled)} wgmma serialised: {wgmma_serialized(compiled)}"
+    except Exception as exc:  # report and go on
+        report = "FAIL " + first_error_line(exc, 120)
+    print(f"{'gluon':12s} launch2: {report}", flush=True)
     kernel = kernels.swiglu_activation_kernel
     types = {name: "*bf16" if name.endswith("_ptr") else "i32" for name in runtime_names(kernel)}
     for with_saved in (False, True):

@@ -37,10 +37,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
     tma,
-    warpgroup_mma,
-    warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from moe_lib.swiglu_down.gluon_launch2 import load_steps, mma_steps, ring_barriers, store_tile
 
 H, I = 2048, 768
 # name -> (BLOCK_M, BLOCK_N, BLOCK_K, buffers, warps of the MMA partition, maxnreg, K steps of MMAs kept in flight)
@@ -72,61 +72,9 @@ LAUNCH2_VARIANTS = ["m128n256k32b4", "m128n256k32b4f2", "m128n128k64b4", "m128n1
 def load_partition(a_desc, a_lo_desc, b_desc, a_bufs, a_lo_bufs, b_bufs, ready, empty, off_m, off_n, k_steps,
                    A_K_MAJOR: gl.constexpr, WITH_LO: gl.constexpr, step0=0):  # fmt: skip
     """One warp: for each K step, wait until the ring's next buffer is free, then load A (and A_lo) and B into it
-    (``step0``: the ring's steps before this tile)."""
-    BUFFERS: gl.constexpr = a_bufs.type.shape[0]
-    BLOCK_K: gl.constexpr = b_desc.block_type.shape[0]
-    STEP_BYTES: gl.constexpr = b_desc.block_type.nbytes + a_desc.block_type.nbytes * (1 + WITH_LO)
-    for step in range(k_steps):
-        i = step0 + step
-        slot = i % BUFFERS
-        mbarrier.wait(empty.index(slot), ((i // BUFFERS) & 1) ^ 1)  # a fresh barrier counts as released
-        bar = ready.index(slot)
-        mbarrier.expect(bar, STEP_BYTES)
-        k = step * BLOCK_K
-        if A_K_MAJOR:  # A [M, K] row-major: tile [BLOCK_M, BLOCK_K]
-            tma.async_copy_global_to_shared(a_desc, [off_m, k], bar, a_bufs.index(slot))
-            if WITH_LO:
-                tma.async_copy_global_to_shared(a_lo_desc, [off_m, k], bar, a_lo_bufs.index(slot))
-        else:  # A given as Aᵀ [K, M] row-major: tile [BLOCK_K, BLOCK_M], multiplied through a transposed view
-            tma.async_copy_global_to_shared(a_desc, [k, off_m], bar, a_bufs.index(slot))
-            if WITH_LO:
-                tma.async_copy_global_to_shared(a_lo_desc, [k, off_m], bar, a_lo_bufs.index(slot))
-        tma.async_copy_global_to_shared(b_desc, [k, off_n], bar, b_bufs.index(slot))
-
-
-@gluon.jit
-def mma_steps(a_bufs, a_lo_bufs, b_bufs, ready, empty, k_steps, acc, A_K_MAJOR: gl.constexpr,
-              WITH_LO: gl.constexpr, IN_FLIGHT: gl.constexpr, step0=0):  # fmt: skip
-    """acc += A·B (and A_lo·B) over the ring's next ``k_steps`` buffers, keeping IN_FLIGHT steps' MMAs running and
-    handing each buffer back once its MMAs are done; the last IN_FLIGHT buffers are handed back by the caller."""
-    BUFFERS: gl.constexpr = a_bufs.type.shape[0]
-    for step in range(k_steps):
-        i = step0 + step
-        slot = i % BUFFERS
-        mbarrier.wait(ready.index(slot), (i // BUFFERS) & 1)
-        if A_K_MAJOR:
-            acc = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot), acc, is_async=True)
-            if WITH_LO:
-                acc = warpgroup_mma(a_lo_bufs.index(slot), b_bufs.index(slot), acc, is_async=True)
-        else:
-            acc = warpgroup_mma(a_bufs.index(slot).permute((1, 0)), b_bufs.index(slot), acc, is_async=True)
-            if WITH_LO:
-                acc = warpgroup_mma(a_lo_bufs.index(slot).permute((1, 0)), b_bufs.index(slot), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=IN_FLIGHT * (1 + WITH_LO), deps=(acc,))
-        mbarrier.arrive(empty.index((i + BUFFERS - IN_FLIGHT) % BUFFERS), count=1, pred=step >= IN_FLIGHT)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    for j in gl.static_range(IN_FLIGHT):  # the last steps' buffers
-        last = step0 + k_steps - IN_FLIGHT + j
-        mbarrier.arrive(empty.index(last % BUFFERS), count=1, pred=last >= step0)
-    return acc
-
-
-@gluon.jit
-def store_tile(acc, c_desc, c_smem, off_m, off_n):
-    tma.store_wait(pendings=0)  # the tile before has left c_smem
-    c_smem.store(acc.to(c_desc.dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)
+    (``step0``: the ring's steps before this tile; :func:`moe_lib.swiglu_down.gluon_launch2.load_steps`)."""
+    load_steps(a_desc, a_lo_desc, b_desc, a_bufs, a_lo_bufs, b_bufs, ready, empty, off_m, off_n, k_steps, step0,
+               A_K_MAJOR, WITH_LO)  # fmt: skip
 
 
 @gluon.jit
@@ -180,12 +128,7 @@ def hilo_gemm_kernel(a_desc, a_lo_desc, b_desc, c_desc, K, A_K_MAJOR: gl.constex
                                           a_lo_desc.layout)  # fmt: skip
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [BUFFERS] + b_desc.block_type.shape, b_desc.layout)
     c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [BUFFERS, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [BUFFERS, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(BUFFERS):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    fence_async_shared()
+    ready, empty = ring_barriers(BUFFERS)
     k_steps = gl.cdiv(K, BLOCK_K)
     gl.warp_specialize([
         (mma_partition, (a_bufs, a_lo_bufs, b_bufs, ready, empty, c_desc, c_smem, off_m, off_n, k_steps, A_K_MAJOR,
@@ -223,12 +166,7 @@ def launch2_kernel(gu_a, gu_a_lo, x_desc, gu_c, dx_a, dx_a_lo, w_desc, dx_c, T, 
         c_smem = b_bufs._reinterpret(gu_c.dtype, gu_c.block_type.shape, gu_c.layout)
     else:
         c_smem = gl.allocate_shared_memory(gu_c.dtype, gu_c.block_type.shape, gu_c.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [BUFFERS, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [BUFFERS, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(BUFFERS):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    fence_async_shared()
+    ready, empty = ring_barriers(BUFFERS)
     # one warp-specialised region per tile kind, chosen at run time: with both kinds' loops in one region the merged
     # values put moves between the wgmma of a pipeline stage, and ptxas serialises them (compiled for sm_90)
     if is_dx:
@@ -300,12 +238,7 @@ def launch2_persistent_kernel(gu_a, gu_a_lo, x_desc, gu_c, dx_a, dx_a_lo, w_desc
     a_lo_km_bufs = a_lo_mk_bufs._reinterpret(gu_a.dtype, [BUFFERS] + gu_a.block_type.shape, gu_a.layout)
     b_bufs = gl.allocate_shared_memory(x_desc.dtype, [BUFFERS] + x_desc.block_type.shape, x_desc.layout)
     c_smem = gl.allocate_shared_memory(gu_c.dtype, gu_c.block_type.shape, gu_c.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [BUFFERS, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [BUFFERS, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(BUFFERS):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    fence_async_shared()
+    ready, empty = ring_barriers(BUFFERS)
     pid = gl.program_id(0)
     if pid < gu_programs:
         tiles = gu_tiles_m * gl.cdiv(gu_c.shape[1], BLOCK_N)

@@ -353,16 +353,39 @@ def test_chained_launches_of_one_grid_size_and_other_shapes_do_not_hang():
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
 
 
-def test_chained_launch_refuses_tma_tiles():
+@pytest.mark.parametrize("second", ["tma", "gluon"])
+def test_chained_launch_refuses_tma_and_gluon_tiles(second):
     from moe_lib.swiglu_down.chained import ChainedConfig
+    from moe_lib.swiglu_down.gluon_launch2 import GluonSecondLaunchConfig
     from moe_lib.swiglu_down.launch import swiglu_down_backward_triton
     from moe_lib.swiglu_down.tma_launches import TmaSecondLaunchConfig
 
     inputs = problems.make_inputs("swiglu_down_backward", 3, seed=0, hidden_size=32, intermediate_size=16)
     tiles = split_everything_config()
-    config = ChainedConfig(dataclasses.replace(tiles, tma_second_launch=TmaSecondLaunchConfig()))
-    with pytest.raises(ValueError, match="config: a chained launch"):
+    fields = (dict(tma_second_launch=TmaSecondLaunchConfig()) if second == "tma"
+              else dict(gluon_second_launch=GluonSecondLaunchConfig()))  # fmt: skip
+    config = ChainedConfig(dataclasses.replace(tiles, **fields))
+    with pytest.raises(ValueError, match="config: a chained launch .* no TMA or Gluon launch"):
         swiglu_down_backward_triton(*inputs.values(), config=config)
+
+
+@needs_triton
+@pytest.mark.parametrize("precision", ["faithful", "fast"])
+def test_gluon_second_launch_steps_aside_where_it_cannot_run(precision, seed):
+    """Off a Hopper GPU (here: the interpreter) a TileConfig naming launch 2 in Gluon runs the Triton launch 2: the
+    same bits as the same tiles without it."""
+    from moe_lib.swiglu_down.gluon_launch2 import GluonSecondLaunchConfig
+    from moe_lib.swiglu_down.launch import swiglu_down_backward_triton
+
+    if torch.cuda.is_available() and not interpreter_enabled():
+        pytest.skip("on a GPU the Gluon launch runs (test_gpu_gluon_second_launch_*)")
+    inputs = problems.make_inputs("swiglu_down_backward", 21, seed=seed, hidden_size=40, intermediate_size=24)
+    tiles = split_everything_config()
+    with_gluon = dataclasses.replace(tiles, gluon_second_launch=GluonSecondLaunchConfig())
+    got = swiglu_down_backward_triton(*inputs.values(), config=with_gluon, precision=precision)
+    want = swiglu_down_backward_triton(*inputs.values(), config=tiles, precision=precision)
+    for name, g, w in zip(OUTPUTS, got, want, strict=True):
+        assert torch.equal(g, w), name
 
 
 def test_faithful_path_chains_its_launches_in_its_band():
@@ -758,6 +781,21 @@ def test_gpu_tma_launches_at_both_input_scales(T, candidate, precision, seed):
 def test_gpu_tma_launches_deterministic_and_replayed_from_a_graph(candidate, seed):
     """The descriptors' scratch memory comes from torch's allocator, so the launches capture in a graph."""
     check_deterministic_and_replayed(candidate, "faithful", seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 3, 128, 1087, 2447, 5000, 8192, 12288])
+@pytest.mark.parametrize("precision", ["faithful", "fast"])
+def test_gpu_gluon_second_launch_at_both_input_scales(T, precision, seed):
+    """Launch 2 in Gluon (one TMA warp, two MMA warpgroups) from poisoned memory, both input scales, within the
+    precision's rule of float64: partial tiles along T, I and the ring's last K steps filled with zeros by TMA."""
+    check_candidate_at_both_scales("gluon2", T, precision, seed)
+
+
+@pytest.mark.gpu
+def test_gpu_gluon_second_launch_deterministic_and_replayed_from_a_graph(seed):
+    """The descriptors are built on the host per call and passed by value: a captured graph replays them."""
+    check_deterministic_and_replayed("gluon2", "faithful", seed)
 
 
 @pytest.mark.gpu

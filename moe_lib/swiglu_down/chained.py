@@ -126,9 +126,10 @@ class ChainedConfig:
         """One launch; returns the outputs. ``with_lo``: dGate and dUp carried as hi/lo pairs (the faithful path)."""
         if self.grad_down_first and self.grad_down_last:
             raise ValueError("config: grad_down_first and grad_down_last exclude each other")
-        if self.tiles.tma_first_launch is not None or self.tiles.tma_second_launch is not None:
+        if (self.tiles.tma_first_launch is not None or self.tiles.tma_second_launch is not None
+                or self.tiles.gluon_second_launch is not None):  # fmt: skip
             raise ValueError("config: a chained launch runs the pointer-based tiles; its TileConfig must name no "
-                             "TMA launch")  # fmt: skip
+                             "TMA or Gluon launch")  # fmt: skip
         T, H = x.shape
         I = gate_weight.shape[0]
         plan = launch.launch_plan(T, H, I, self.tiles)

@@ -19,6 +19,7 @@ from ..dispatch import interpreter_enabled
 from ..tiling import cdiv
 from . import kernels
 from .checks import check_precision
+from .gluon_launch2 import GluonSecondLaunchConfig, launch_second_launch_gluon
 from .tma_launches import (
     TmaFirstLaunchConfig,
     TmaSecondLaunchConfig,
@@ -53,6 +54,9 @@ class TileConfig:
     # fields above for that launch then unused) where TMA can address the rows; None: the pointer-based launch
     tma_first_launch: TmaFirstLaunchConfig | None = None
     tma_second_launch: TmaSecondLaunchConfig | None = None
+    # launch 2 in Gluon (:mod:`.gluon_launch2`: one TMA-loading warp, two warpgroups issuing wgmma) on a Hopper GPU
+    # with 16-bit operands whose rows TMA can address; elsewhere, and under the interpreter, launch 2 as above
+    gluon_second_launch: GluonSecondLaunchConfig | None = None
     # launch 2's dx tiles take its first program ids (else the dWg, dWu tiles do): where launch 2 is a few waves of
     # tiles of unequal length, the longest first leaves a shorter tail
     grad_x_first: bool = False
@@ -337,7 +341,10 @@ def swiglu_down_backward_triton(
         launch_d_intermediate_and_grad_down(grad_output, down_weight, gate, gate_sigmoid, gate_silu, up,
                                             intermediate, d_gate, d_up, grad_down_weight, config, plan, with_lo,
                                             workspaces)  # fmt: skip
-    if config.tma_second_launch is not None and tma:
+    if config.gluon_second_launch is not None and tma and gluon_runs_here(x):
+        launch_second_launch_gluon(config.gluon_second_launch, x, gate_weight, up_weight, d_gate, d_up, grad_x,
+                                   grad_gate_weight, grad_up_weight, with_lo=with_lo)  # fmt: skip
+    elif config.tma_second_launch is not None and tma:
         launch_second_launch_tma(config.tma_second_launch, x, gate_weight, up_weight, d_gate, d_up, grad_x,
                                  grad_gate_weight, grad_up_weight, with_lo=with_lo,
                                  num_programs=resident_programs(x.device), dot_flags=dot_flags(x))  # fmt: skip
@@ -345,6 +352,12 @@ def swiglu_down_backward_triton(
         launch_grad_x_and_grad_gate_up(x, gate_weight, up_weight, d_gate, d_up, grad_x, grad_gate_weight,
                                        grad_up_weight, config, plan, with_lo, workspaces)  # fmt: skip
     return outputs
+
+
+def gluon_runs_here(x: torch.Tensor) -> bool:
+    """Whether :mod:`.gluon_launch2` can run on ``x``'s device: a Hopper GPU (sm_90), not the interpreter, 16-bit."""
+    return (x.is_cuda and not interpreter_enabled() and x.dtype in (torch.bfloat16, torch.float16)
+            and torch.cuda.get_device_capability(x.device)[0] == 9)  # fmt: skip
 
 
 def split_workspaces(plan: list[TileKind], device: torch.device) -> dict:

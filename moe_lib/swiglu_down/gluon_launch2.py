@@ -1,0 +1,253 @@
+"""P1's launch 2 in Gluon: one warp issues TMA copies, two warpgroups issue wgmma (opt-in: not yet measured).
+
+Dataflow (T tokens, H hidden, I intermediate; dG, dU from launch 1, each [T, I] as hi and, with WITH_LO, lo halves):
+
+    dWg = dG_hiᵀ · x + dG_loᵀ · x                  tiles [BLOCK_M of I, BLOCK_N of H], K = T   (A read transposed)
+    dWu = dU_hiᵀ · x + dU_loᵀ · x                  likewise
+    dx  = dG_hi · Wg + dG_lo · Wg + dU_hi · Wu + dU_lo · Wu
+                                                   tiles [BLOCK_M of T, BLOCK_N of H], K = 2I: the K steps over
+                                                   I of dG with Wg's rows, then of dU with Wu's
+
+Each program takes one output tile (the weight-gradient tiles first: their reductions over T are the long ones).
+Its loading warp copies each K step's A tile (and its lo half) and B tile by TMA into the next buffer of a ring in
+shared memory: a `ready` mbarrier per buffer (completed by the copy engine when the bytes have landed) and an
+`empty` one (completed by the multiplying warps when their MMAs on it are done). The two warpgroups wait on `ready`,
+issue `acc += A_hi·B` and `acc += A_lo·B` on the same B tile asynchronously, wait only for the step before, and hand
+its buffer back; at the end the tile goes out through shared memory by TMA. Each tile kind has its own
+warp-specialised region, chosen at run time: with several kinds' loops in one region ptxas serialises the wgmma
+(each waiting for the one before; ``scripts/p1_gluon_probe.py --compile-only`` reports it).
+
+The readable version of the same arithmetic is launch 2 of :mod:`.kernels` (``grad_x_and_grad_gate_up_kernel``):
+under the interpreter, on a CPU, and wherever TMA cannot address the rows, :func:`launch_second_launch_gluon` is not
+used (see ``TileConfig.gluon_second_launch``). Measured in the probe with its wgmma serialised: at the Triton
+launch's rate (``data/results/NOTES.md``, design 13); unserialised, not yet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+
+@gluon.jit
+def ring_barriers(BUFFERS: gl.constexpr):
+    """The ring's (ready, empty) mbarriers, one of each per buffer, initialised (count 1) and fenced."""
+    ready = gl.allocate_shared_memory(gl.int64, [BUFFERS, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [BUFFERS, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(BUFFERS):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    fence_async_shared()
+    return ready, empty
+
+
+@gluon.jit
+def load_steps(a_desc, a_lo_desc, b_desc, a_bufs, a_lo_bufs, b_bufs, ready, empty, off_m, off_n, k_steps, step0,
+               A_K_MAJOR: gl.constexpr, WITH_LO: gl.constexpr):  # fmt: skip
+    """The loading warp: K steps 0 .. k_steps − 1 of A (its lo half with WITH_LO) and B into the ring's buffers,
+    the ring's steps ``step0`` on. A [M, K] row-major when A_K_MAJOR, else given as Aᵀ [K, M]; B [K, N]."""
+    BUFFERS: gl.constexpr = a_bufs.type.shape[0]
+    BLOCK_K: gl.constexpr = b_desc.block_type.shape[0]
+    STEP_BYTES: gl.constexpr = b_desc.block_type.nbytes + a_desc.block_type.nbytes * (1 + WITH_LO)
+    for step in range(k_steps):
+        i = step0 + step
+        slot = i % BUFFERS
+        mbarrier.wait(empty.index(slot), ((i // BUFFERS) & 1) ^ 1)  # a fresh barrier counts as released
+        bar = ready.index(slot)
+        mbarrier.expect(bar, STEP_BYTES)
+        k = step * BLOCK_K
+        if A_K_MAJOR:
+            tma.async_copy_global_to_shared(a_desc, [off_m, k], bar, a_bufs.index(slot))
+            if WITH_LO:
+                tma.async_copy_global_to_shared(a_lo_desc, [off_m, k], bar, a_lo_bufs.index(slot))
+        else:
+            tma.async_copy_global_to_shared(a_desc, [k, off_m], bar, a_bufs.index(slot))
+            if WITH_LO:
+                tma.async_copy_global_to_shared(a_lo_desc, [k, off_m], bar, a_lo_bufs.index(slot))
+        tma.async_copy_global_to_shared(b_desc, [k, off_n], bar, b_bufs.index(slot))
+
+
+@gluon.jit
+def mma_steps(a_bufs, a_lo_bufs, b_bufs, ready, empty, k_steps, acc, A_K_MAJOR: gl.constexpr,
+              WITH_LO: gl.constexpr, IN_FLIGHT: gl.constexpr = 1, step0=0):  # fmt: skip
+    """acc += A·B (and A_lo·B) over the ring's next ``k_steps`` buffers (the ring's steps ``step0`` on), IN_FLIGHT
+    steps' MMAs running while the next is issued, each buffer handed back once its MMAs are done."""
+    BUFFERS: gl.constexpr = a_bufs.type.shape[0]
+    for step in range(k_steps):
+        i = step0 + step
+        slot = i % BUFFERS
+        mbarrier.wait(ready.index(slot), (i // BUFFERS) & 1)
+        if A_K_MAJOR:
+            acc = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot), acc, is_async=True)
+            if WITH_LO:
+                acc = warpgroup_mma(a_lo_bufs.index(slot), b_bufs.index(slot), acc, is_async=True)
+        else:
+            acc = warpgroup_mma(a_bufs.index(slot).permute((1, 0)), b_bufs.index(slot), acc, is_async=True)
+            if WITH_LO:
+                acc = warpgroup_mma(a_lo_bufs.index(slot).permute((1, 0)), b_bufs.index(slot), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=IN_FLIGHT * (1 + WITH_LO), deps=(acc,))
+        mbarrier.arrive(empty.index((i + BUFFERS - IN_FLIGHT) % BUFFERS), count=1, pred=step >= IN_FLIGHT)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    for j in gl.static_range(IN_FLIGHT):  # the last steps' buffers
+        last = step0 + k_steps - IN_FLIGHT + j
+        mbarrier.arrive(empty.index(last % BUFFERS), count=1, pred=last >= step0)
+    return acc
+
+
+@gluon.jit
+def store_tile(acc, c_desc, c_smem, off_m, off_n):
+    """The fp32 tile into c_desc's dtype, out through shared memory by TMA (waiting for the tile before)."""
+    tma.store_wait(pendings=0)
+    c_smem.store(acc.to(c_desc.dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)
+
+
+@gluon.jit
+def mma_partition(a_bufs, a_lo_bufs, b_bufs, ready, empty, c_desc, c_smem, off_m, off_n, k_steps,
+                  A_K_MAJOR: gl.constexpr, WITH_LO: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
+    """The two warpgroups: one tile, its accumulator living and dying here, then its store."""
+    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                     instr_shape=[16, BLOCK_N, 16])  # fmt: skip
+    acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
+    acc = mma_steps(a_bufs, a_lo_bufs, b_bufs, ready, empty, k_steps, acc, A_K_MAJOR, WITH_LO)
+    store_tile(acc, c_desc, c_smem, off_m, off_n)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def weight_grad_load_partition(a_desc, a_lo_desc, x_desc, a_bufs, a_lo_bufs, b_bufs, ready, empty, off_m, off_n,
+                               k_steps, WITH_LO: gl.constexpr):  # fmt: skip
+    load_steps(a_desc, a_lo_desc, x_desc, a_bufs, a_lo_bufs, b_bufs, ready, empty, off_m, off_n, k_steps, 0, False,
+               WITH_LO)  # fmt: skip
+
+
+@gluon.jit
+def grad_x_load_partition(dg_desc, dg_lo_desc, wg_desc, du_desc, du_lo_desc, wu_desc, a_bufs, a_lo_bufs, b_bufs,
+                          ready, empty, off_m, off_n, half_steps, WITH_LO: gl.constexpr):  # fmt: skip
+    """dx's K steps: over I of dG against Wg's rows, then of dU against Wu's (TMA fills the last step's rows beyond I
+    with zeros in both operands)."""
+    load_steps(dg_desc, dg_lo_desc, wg_desc, a_bufs, a_lo_bufs, b_bufs, ready, empty, off_m, off_n, half_steps, 0,
+               True, WITH_LO)  # fmt: skip
+    load_steps(du_desc, du_lo_desc, wu_desc, a_bufs, a_lo_bufs, b_bufs, ready, empty, off_m, off_n, half_steps,
+               half_steps, True, WITH_LO)  # fmt: skip
+
+
+@gluon.jit
+def weight_grad_region(a_t_desc, a_lo_t_desc, x_desc, c_desc, a_t_bufs, a_lo_t_bufs, b_bufs, ready, empty, c_smem,
+                       off_m, off_n, k_steps, WITH_LO: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
+    """One weight-gradient tile (dWg's or dWu's, by the descriptors given) as its own warp-specialised region."""
+    gl.warp_specialize([
+        (mma_partition, (a_t_bufs, a_lo_t_bufs, b_bufs, ready, empty, c_desc, c_smem, off_m, off_n, k_steps, False,
+                         WITH_LO, num_warps)),
+        (weight_grad_load_partition, (a_t_desc, a_lo_t_desc, x_desc, a_t_bufs, a_lo_t_bufs, b_bufs, ready, empty,
+                                      off_m, off_n, k_steps, WITH_LO)),
+    ], [1], [40])  # fmt: skip
+
+
+@gluon.jit
+def second_launch_kernel(
+    dg_t_desc, dg_lo_t_desc, du_t_desc, du_lo_t_desc,  # dG, dU hi and lo [T, I] as [BLOCK_K, BLOCK_M] tiles (Aᵀ)
+    dg_desc, dg_lo_desc, du_desc, du_lo_desc,  # the same tensors as [BLOCK_M, BLOCK_K] tiles (A)
+    x_desc,  # x [T, H] as [BLOCK_K, BLOCK_N] tiles
+    wg_desc, wu_desc,  # Wg, Wu [I, H] as [BLOCK_K, BLOCK_N] tiles
+    dwg_desc, dwu_desc, dx_desc,  # out: dWg, dWu [I, H] and dx [T, H] as [BLOCK_M, BLOCK_N] tiles
+    T, I,
+    WITH_LO: gl.constexpr,  # both halves of dG, dU (the faithful path); else the hi halves alone
+    BUFFERS: gl.constexpr,  # buffers of the ring
+    num_warps: gl.constexpr,  # of the multiplying partition (8: two warpgroups)
+):  # fmt: skip
+    BLOCK_M: gl.constexpr = dx_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = dx_desc.block_type.shape[1]
+    BLOCK_K: gl.constexpr = x_desc.block_type.shape[0]
+    LO_BUFFERS: gl.constexpr = BUFFERS if WITH_LO else 1
+    tiles_n = gl.cdiv(dx_desc.shape[1], BLOCK_N)
+    weight_tiles = gl.cdiv(I, BLOCK_M) * tiles_n  # of dWg, and as many of dWu
+    pid = gl.program_id(0)
+    a_bufs = gl.allocate_shared_memory(dg_desc.dtype, [BUFFERS] + dg_desc.block_type.shape, dg_desc.layout)
+    a_lo_bufs = gl.allocate_shared_memory(dg_desc.dtype, [LO_BUFFERS] + dg_desc.block_type.shape, dg_desc.layout)
+    a_t_bufs = a_bufs._reinterpret(dg_t_desc.dtype, [BUFFERS] + dg_t_desc.block_type.shape, dg_t_desc.layout)
+    a_lo_t_bufs = a_lo_bufs._reinterpret(dg_t_desc.dtype, [LO_BUFFERS] + dg_t_desc.block_type.shape,
+                                         dg_t_desc.layout)  # fmt: skip
+    b_bufs = gl.allocate_shared_memory(x_desc.dtype, [BUFFERS] + x_desc.block_type.shape, x_desc.layout)
+    c_smem = gl.allocate_shared_memory(dx_desc.dtype, dx_desc.block_type.shape, dx_desc.layout)
+    ready, empty = ring_barriers(BUFFERS)
+    if pid < 2 * weight_tiles:  # dWg's tiles, then dWu's: Σ_t A[t, m] x[t, n] over the T tokens
+        tile = pid % weight_tiles
+        off_m = (tile // tiles_n) * BLOCK_M
+        off_n = (tile % tiles_n) * BLOCK_N
+        k_steps = gl.cdiv(T, BLOCK_K)
+        if pid < weight_tiles:
+            weight_grad_region(dg_t_desc, dg_lo_t_desc, x_desc, dwg_desc, a_t_bufs, a_lo_t_bufs, b_bufs, ready, empty,
+                               c_smem, off_m, off_n, k_steps, WITH_LO, num_warps)  # fmt: skip
+        else:
+            weight_grad_region(du_t_desc, du_lo_t_desc, x_desc, dwu_desc, a_t_bufs, a_lo_t_bufs, b_bufs, ready, empty,
+                               c_smem, off_m, off_n, k_steps, WITH_LO, num_warps)  # fmt: skip
+    else:  # dx's tiles: Σ_k dG[t, k] Wg[k, n] + Σ_k dU[t, k] Wu[k, n]
+        tile = pid - 2 * weight_tiles
+        off_m = (tile % gl.cdiv(T, BLOCK_M)) * BLOCK_M  # row blocks fastest: the programs at once share Wg, Wu tiles
+        off_n = (tile // gl.cdiv(T, BLOCK_M)) * BLOCK_N
+        half_steps = gl.cdiv(I, BLOCK_K)
+        gl.warp_specialize([
+            (mma_partition, (a_bufs, a_lo_bufs, b_bufs, ready, empty, dx_desc, c_smem, off_m, off_n, 2 * half_steps,
+                             True, WITH_LO, num_warps)),
+            (grad_x_load_partition, (dg_desc, dg_lo_desc, wg_desc, du_desc, du_lo_desc, wu_desc, a_bufs, a_lo_bufs,
+                                     b_bufs, ready, empty, off_m, off_n, half_steps, WITH_LO)),
+        ], [1], [40])  # fmt: skip
+
+
+@dataclass(frozen=True)
+class GluonSecondLaunchConfig:
+    """Tiles of :func:`second_launch_kernel` (the probe's fastest before its wgmma were unserialised)."""
+
+    block_m: int = 128
+    block_n: int = 256
+    block_k: int = 32
+    buffers: int = 4  # at 128 × 256 × 32 with lo halves: 4 × 32 KB, plus 64 KB for the output tile
+    warps: int = 8  # of the multiplying partition: two warpgroups, each 64 rows of the tile
+    maxnreg: int = 168  # registers a thread at launch (12 warps with the loading one's warpgroup: 64.5 K of 64 K)
+
+    def programs(self, num_tokens: int, hidden_size: int, intermediate_size: int) -> int:
+        """Tiles of the launch: dWg's and dWu's, then dx's."""
+        tiles_n = triton.cdiv(hidden_size, self.block_n)
+        return (2 * triton.cdiv(intermediate_size, self.block_m) + triton.cdiv(num_tokens, self.block_m)) * tiles_n
+
+    def descriptors(self, x, gate_weight, up_weight, d_gate, d_up, grad_x, grad_gate_weight, grad_up_weight):
+        """The kernel's 14 TMA descriptors, in its argument order (lo descriptors repeat hi ones without lo halves)."""
+        bm, bn, bk = self.block_m, self.block_n, self.block_k
+        dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[x.dtype]
+
+        def desc(tensor, block):
+            return TensorDescriptor.from_tensor(tensor, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
+
+        dg_hi, dg_lo = d_gate[0], d_gate[-1]
+        du_hi, du_lo = d_up[0], d_up[-1]
+        return (desc(dg_hi, [bk, bm]), desc(dg_lo, [bk, bm]), desc(du_hi, [bk, bm]), desc(du_lo, [bk, bm]),
+                desc(dg_hi, [bm, bk]), desc(dg_lo, [bm, bk]), desc(du_hi, [bm, bk]), desc(du_lo, [bm, bk]),
+                desc(x, [bk, bn]), desc(gate_weight, [bk, bn]), desc(up_weight, [bk, bn]),
+                desc(grad_gate_weight, [bm, bn]), desc(grad_up_weight, [bm, bn]), desc(grad_x, [bm, bn]))  # fmt: skip
+
+
+def launch_second_launch_gluon(config: GluonSecondLaunchConfig, x, gate_weight, up_weight, d_gate, d_up, grad_x,
+                               grad_gate_weight, grad_up_weight, *, with_lo: bool) -> None:  # fmt: skip
+    """dx, dWg and dWu from dGate, dUp ([1 or 2, T, I]: hi, and with ``with_lo`` lo) in one launch on a Hopper GPU;
+    16-bit contiguous operands whose rows TMA can address (``tma_launches.fits``), T ≥ 1. No host synchronisation."""
+    T, H = x.shape
+    I = gate_weight.shape[0]
+    descs = config.descriptors(x, gate_weight, up_weight, d_gate, d_up, grad_x, grad_gate_weight, grad_up_weight)
+    second_launch_kernel[(config.programs(T, H, I),)](*descs, T, I, with_lo, config.buffers, num_warps=config.warps,
+                                                      maxnreg=config.maxnreg)  # fmt: skip
