@@ -15,11 +15,10 @@ before) is named where it happens.
 import argparse
 
 import torch
-import triton
 
 from moe_lib.bench.sm90 import (
-    HOPPER,
     compile_for_sm90,
+    compile_gluon_for_sm90,
     constexpr_names,
     first_error_line,
     over_limit,
@@ -92,23 +91,17 @@ def compile_tma_launch(launch: int, config, with_lo: bool):
 def compile_gluon_second_launch(config, with_lo: bool, num_tokens: int = 256):
     """Launch 2 in Gluon (:mod:`.gluon_launch2`) under ``config`` for bf16 operands at H = 2048, I = 768: its
     descriptors' types taken from descriptors on CPU tensors of those shapes."""
-    from triton._C.libtriton import native_specialize_impl
-    from triton.backends.compiler import BaseBackend
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     T, H, I = num_tokens, 2048, 768
     x = torch.empty((T, H), dtype=torch.bfloat16)
     weight = torch.empty((I, H), dtype=torch.bfloat16)
     halves = torch.empty((2 if with_lo else 1, T, I), dtype=torch.bfloat16)
-    descs = config.descriptors(x, weight, weight, halves, halves, x, weight, weight)
     kernel = gluon_launch2.second_launch_kernel
     names = [name for name in kernel.arg_names if name.endswith("_desc")]
-    signature = {name: native_specialize_impl(BaseBackend, desc, False, True, True)[0]
-                 for name, desc in zip(names, descs, strict=True)}  # fmt: skip
-    constexprs = dict(WITH_LO=with_lo, BUFFERS=config.buffers, num_warps=config.warps)
-    signature.update(T="i32", I="i32", **dict.fromkeys(constexprs, "constexpr"))
-    return triton.compile(GluonASTSource(kernel, signature, constexprs), target=HOPPER,
-                          options=dict(num_warps=config.warps, maxnreg=config.maxnreg))  # fmt: skip
+    descs = config.descriptors(x, weight, weight, halves, halves, x, weight, weight)
+    arguments = dict(zip(names, descs, strict=True)) | dict(T="i32", I="i32")
+    return compile_gluon_for_sm90(kernel, arguments, dict(WITH_LO=with_lo, BUFFERS=config.buffers,
+                                                          num_warps=config.warps),
+                                  warps=config.warps, maxnreg=config.maxnreg)  # fmt: skip
 
 
 def main():

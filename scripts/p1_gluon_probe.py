@@ -139,6 +139,18 @@ def hilo_gemm_kernel(a_desc, a_lo_desc, b_desc, c_desc, K, A_K_MAJOR: gl.constex
 
 
 @gluon.jit
+def launch2_rings(gu_a, dx_a, x_desc, BUFFERS: gl.constexpr):
+    """Launch 2's ring buffers: A and A_lo as one allocation each, seen as [BLOCK_M, BLOCK_K] tiles (dx) or
+    [BLOCK_K, BLOCK_M] tiles (the weight gradients), and B."""
+    a_mk_bufs = gl.allocate_shared_memory(dx_a.dtype, [BUFFERS] + dx_a.block_type.shape, dx_a.layout)
+    a_lo_mk_bufs = gl.allocate_shared_memory(dx_a.dtype, [BUFFERS] + dx_a.block_type.shape, dx_a.layout)
+    a_km_bufs = a_mk_bufs._reinterpret(gu_a.dtype, [BUFFERS] + gu_a.block_type.shape, gu_a.layout)
+    a_lo_km_bufs = a_lo_mk_bufs._reinterpret(gu_a.dtype, [BUFFERS] + gu_a.block_type.shape, gu_a.layout)
+    b_bufs = gl.allocate_shared_memory(x_desc.dtype, [BUFFERS] + x_desc.block_type.shape, x_desc.layout)
+    return a_mk_bufs, a_lo_mk_bufs, a_km_bufs, a_lo_km_bufs, b_bufs
+
+
+@gluon.jit
 def launch2_kernel(gu_a, gu_a_lo, x_desc, gu_c, dx_a, dx_a_lo, w_desc, dx_c, T, BUFFERS: gl.constexpr,
                    IN_FLIGHT: gl.constexpr, num_warps: gl.constexpr, C_IN_RING: gl.constexpr = False):  # fmt: skip
     """Launch 2 with both halves: [dWg; dWu] = hiᵀ·x + loᵀ·x tiles first (K = T), then dx = hi·W + lo·W tiles
@@ -150,18 +162,9 @@ def launch2_kernel(gu_a, gu_a_lo, x_desc, gu_c, dx_a, dx_a_lo, w_desc, dx_c, T, 
     gu_tiles_m = gl.cdiv(gu_c.shape[0], BLOCK_M)
     gu_tiles = gu_tiles_m * gl.cdiv(gu_c.shape[1], BLOCK_N)
     dx_tiles_m = gl.cdiv(dx_c.shape[0], BLOCK_M)
-    pid = gl.program_id(0)
-    is_dx = pid >= gu_tiles
-    tile = gl.where(is_dx, pid - gu_tiles, pid)
-    tiles_m = gl.where(is_dx, dx_tiles_m, gu_tiles_m)
-    off_m = (tile % tiles_m) * BLOCK_M
-    off_n = (tile // tiles_m) * BLOCK_N
-    k_steps = gl.where(is_dx, gl.cdiv(dx_a.shape[1], BLOCK_K), gl.cdiv(T, BLOCK_K))
-    a_mk_bufs = gl.allocate_shared_memory(dx_a.dtype, [BUFFERS] + dx_a.block_type.shape, dx_a.layout)
-    a_lo_mk_bufs = gl.allocate_shared_memory(dx_a.dtype, [BUFFERS] + dx_a.block_type.shape, dx_a.layout)
-    a_km_bufs = a_mk_bufs._reinterpret(gu_a.dtype, [BUFFERS] + gu_a.block_type.shape, gu_a.layout)
-    a_lo_km_bufs = a_lo_mk_bufs._reinterpret(gu_a.dtype, [BUFFERS] + gu_a.block_type.shape, gu_a.layout)
-    b_bufs = gl.allocate_shared_memory(x_desc.dtype, [BUFFERS] + x_desc.block_type.shape, x_desc.layout)
+    is_dx, off_m, off_n, k_steps = tile_of(gl.program_id(0), gu_tiles, gu_tiles_m, dx_tiles_m, gl.cdiv(T, BLOCK_K),
+                                           gl.cdiv(dx_a.shape[1], BLOCK_K), BLOCK_M, BLOCK_N)  # fmt: skip
+    a_mk_bufs, a_lo_mk_bufs, a_km_bufs, a_lo_km_bufs, b_bufs = launch2_rings(gu_a, dx_a, x_desc, BUFFERS)
     if C_IN_RING:  # every load has landed and every MMA is done before the tile is stored
         c_smem = b_bufs._reinterpret(gu_c.dtype, gu_c.block_type.shape, gu_c.layout)
     else:
@@ -232,11 +235,7 @@ def launch2_persistent_kernel(gu_a, gu_a_lo, x_desc, gu_c, dx_a, dx_a_lo, w_desc
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[0]
     gu_tiles_m = gl.cdiv(gu_c.shape[0], BLOCK_M)
     dx_tiles_m = gl.cdiv(dx_c.shape[0], BLOCK_M)
-    a_mk_bufs = gl.allocate_shared_memory(dx_a.dtype, [BUFFERS] + dx_a.block_type.shape, dx_a.layout)
-    a_lo_mk_bufs = gl.allocate_shared_memory(dx_a.dtype, [BUFFERS] + dx_a.block_type.shape, dx_a.layout)
-    a_km_bufs = a_mk_bufs._reinterpret(gu_a.dtype, [BUFFERS] + gu_a.block_type.shape, gu_a.layout)
-    a_lo_km_bufs = a_lo_mk_bufs._reinterpret(gu_a.dtype, [BUFFERS] + gu_a.block_type.shape, gu_a.layout)
-    b_bufs = gl.allocate_shared_memory(x_desc.dtype, [BUFFERS] + x_desc.block_type.shape, x_desc.layout)
+    a_mk_bufs, a_lo_mk_bufs, a_km_bufs, a_lo_km_bufs, b_bufs = launch2_rings(gu_a, dx_a, x_desc, BUFFERS)
     c_smem = gl.allocate_shared_memory(gu_c.dtype, gu_c.block_type.shape, gu_c.layout)
     ready, empty = ring_barriers(BUFFERS)
     pid = gl.program_id(0)
@@ -334,11 +333,7 @@ def launch2_pingpong_kernel(gu_a, gu_a_lo, x_desc, gu_c, dx_a, dx_a_lo, w_desc, 
     dx_tiles_m = gl.cdiv(dx_c.shape[0], BLOCK_M)
     tiles = gu_tiles + dx_tiles_m * gl.cdiv(dx_c.shape[1], BLOCK_N)
     tile_counts = (tiles, gu_tiles, gu_tiles_m, dx_tiles_m, gl.cdiv(T, BLOCK_K), gl.cdiv(dx_a.shape[1], BLOCK_K))
-    a_mk_bufs = gl.allocate_shared_memory(dx_a.dtype, [BUFFERS] + dx_a.block_type.shape, dx_a.layout)
-    a_lo_mk_bufs = gl.allocate_shared_memory(dx_a.dtype, [BUFFERS] + dx_a.block_type.shape, dx_a.layout)
-    a_km_bufs = a_mk_bufs._reinterpret(gu_a.dtype, [BUFFERS] + gu_a.block_type.shape, gu_a.layout)
-    a_lo_km_bufs = a_lo_mk_bufs._reinterpret(gu_a.dtype, [BUFFERS] + gu_a.block_type.shape, gu_a.layout)
-    b_bufs = gl.allocate_shared_memory(x_desc.dtype, [BUFFERS] + x_desc.block_type.shape, x_desc.layout)
+    a_mk_bufs, a_lo_mk_bufs, a_km_bufs, a_lo_km_bufs, b_bufs = launch2_rings(gu_a, dx_a, x_desc, BUFFERS)
     c_smem_0 = gl.allocate_shared_memory(gu_c.dtype, gu_c.block_type.shape, gu_c.layout)
     c_smem_1 = gl.allocate_shared_memory(gu_c.dtype, gu_c.block_type.shape, gu_c.layout)
     ready = gl.allocate_shared_memory(gl.int64, [BUFFERS, 1], mbarrier.MBarrierLayout())
@@ -423,13 +418,21 @@ def products(T: int):
     return {"dWgu": (2 * I, H, T, False), "dx": (T, H, 2 * I, True)}
 
 
+def compile_report(kernel, arguments: dict, constexprs: dict, warps: int, maxnreg: int) -> str:
+    """Registers, stack, shared memory, HGMMA and TMA-load counts and ptxas's serialisation of one kernel compiled
+    for sm_90, or the compiler's last line where it fails."""
+    from moe_lib.bench.sm90 import compile_gluon_for_sm90, first_error_line, resources, sass_counts, wgmma_serialized
+
+    try:
+        compiled = compile_gluon_for_sm90(kernel, arguments, constexprs, warps=warps, maxnreg=maxnreg)
+    except Exception as exc:  # report and go on
+        return "FAIL " + first_error_line(exc, 300)
+    sass = sass_counts(compiled, ["HGMMA", "UTMALDG"])
+    return (f"{resources(compiled)} HGMMA={sass['HGMMA']} UTMALDG={sass['UTMALDG']} wgmma serialised: "
+            f"{wgmma_serialized(compiled)}")  # fmt: skip
+
+
 def compile_only(names: list[str]) -> None:
-    from triton._C.libtriton import native_specialize_impl
-    from triton.backends.compiler import BaseBackend
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    from moe_lib.bench.sm90 import HOPPER, resources, sass_counts, wgmma_serialized
-
     T = 256
     print(f"{'variant':18s} {'product':5s} {'lo':3s} resources")
     for variant, (block_m, block_n, block_k, buffers, warps, maxnreg, in_flight) in VARIANTS.items():
@@ -440,24 +443,11 @@ def compile_only(names: list[str]) -> None:
             b = torch.empty((K, N), dtype=torch.bfloat16)
             c = torch.empty((M, N), dtype=torch.bfloat16)
             descs = descriptors(a, a, b, c, a_k_major, (block_m, block_n, block_k))
+            arguments = dict(zip(["a_desc", "a_lo_desc", "b_desc", "c_desc"], descs, strict=True), K="i32")
             for with_lo in (1, 0):
-                arg_names = ["a_desc", "a_lo_desc", "b_desc", "c_desc"]
-                signature = {n: native_specialize_impl(BaseBackend, d, False, True, True)[0]
-                             for n, d in zip(arg_names, descs, strict=True)}  # fmt: skip
-                signature.update(K="i32", A_K_MAJOR="constexpr", WITH_LO="constexpr", BUFFERS="constexpr",
-                                 IN_FLIGHT="constexpr", num_warps="constexpr")  # fmt: skip
                 constexprs = {"A_K_MAJOR": a_k_major, "WITH_LO": with_lo, "BUFFERS": buffers, "IN_FLIGHT": in_flight,
                               "num_warps": warps}  # fmt: skip
-                source = GluonASTSource(hilo_gemm_kernel, signature, constexprs)
-                try:
-                    compiled = triton.compile(source, target=HOPPER,
-                                              options=dict(num_warps=warps, maxnreg=maxnreg))  # fmt: skip
-                    sass = sass_counts(compiled, ["HGMMA", "UTMALDG", "UTMASTG", "SYNCS"])
-                    report = (f"{resources(compiled)} HGMMA={sass['HGMMA']} UTMALDG={sass['UTMALDG']} wgmma "
-                              f"serialised: {wgmma_serialized(compiled)}")  # fmt: skip
-                except Exception as exc:  # report and go on
-                    lines = [line for line in str(exc).splitlines() if line.strip()]
-                    report = "FAIL " + (lines[-1] if lines else type(exc).__name__)[:300]
+                report = compile_report(hilo_gemm_kernel, arguments, constexprs, warps, maxnreg)
                 print(f"{variant:18s} {product:5s} {with_lo:3d} {report}", flush=True)
     launch2_names = LAUNCH2_VARIANTS + list(PINGPONG_VARIANTS) + list(C_IN_RING_VARIANTS)
     for variant in [name for name in launch2_names if name in names]:
@@ -466,27 +456,13 @@ def compile_only(names: list[str]) -> None:
         x, w = torch.empty((T, H), dtype=torch.bfloat16), torch.empty((2 * I, H), dtype=torch.bfloat16)
         descs = launch2_descriptors(hi, hi, x, w, torch.empty_like(w), torch.empty_like(x), (block_m, block_n, block_k))
         arg_names = ["gu_a", "gu_a_lo", "x_desc", "gu_c", "dx_a", "dx_a_lo", "w_desc", "dx_c"]
-        signature = {n: native_specialize_impl(BaseBackend, d, False, True, True)[0]
-                     for n, d in zip(arg_names, descs, strict=True)}  # fmt: skip
-        signature.update(T="i32", gu_programs="i32", BUFFERS="constexpr", IN_FLIGHT="constexpr", num_warps="constexpr")
-        constexprs = {"BUFFERS": buffers, "IN_FLIGHT": in_flight, "num_warps": warps}
+        arguments = dict(zip(arg_names, descs, strict=True), T="i32", gu_programs="i32")
+        constexprs = {"BUFFERS": buffers, "IN_FLIGHT": in_flight, "num_warps": warps,
+                      "C_IN_RING": variant in C_IN_RING_VARIANTS}  # fmt: skip
         kernels = ((launch2_pingpong_kernel,) if variant in PINGPONG_VARIANTS else (launch2_kernel,)
                    if variant in C_IN_RING_VARIANTS else (launch2_kernel, launch2_persistent_kernel))  # fmt: skip
         for kernel in kernels:
-            if kernel is launch2_kernel:  # where the output tile is staged
-                signature["C_IN_RING"], constexprs["C_IN_RING"] = "constexpr", variant in C_IN_RING_VARIANTS
-            else:
-                signature.pop("C_IN_RING", None), constexprs.pop("C_IN_RING", None)
-            kernel_signature = {name: kind for name, kind in signature.items() if name in kernel.arg_names}
-            try:
-                compiled = triton.compile(GluonASTSource(kernel, kernel_signature, constexprs), target=HOPPER,
-                                          options=dict(num_warps=warps, maxnreg=maxnreg))  # fmt: skip
-                sass = sass_counts(compiled, ["HGMMA", "UTMALDG"])
-                report = (f"{resources(compiled)} HGMMA={sass['HGMMA']} UTMALDG={sass['UTMALDG']} wgmma serialised: "
-                          f"{wgmma_serialized(compiled)}")  # fmt: skip
-            except Exception as exc:  # report and go on
-                lines = [line for line in str(exc).splitlines() if line.strip()]
-                report = "FAIL " + (lines[-1] if lines else type(exc).__name__)[:300]
+            report = compile_report(kernel, arguments, constexprs, warps, maxnreg)
             print(f"{variant:18s} {kernel.__name__} {report}", flush=True)
 
 

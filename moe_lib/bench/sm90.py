@@ -50,6 +50,28 @@ def compile_for_sm90(kernel, types: dict, constexprs: dict, aligned, *, warps: i
     return triton.compile(source, target=HOPPER, options=dict(num_warps=warps, num_stages=stages))
 
 
+def compile_gluon_for_sm90(kernel, arguments: dict, constexprs: dict, *, warps: int, maxnreg: int):
+    """Compiles ``kernel`` (a ``@gluon.jit`` function) for sm_90.
+
+    ``arguments`` gives each run-time argument a host tensor descriptor (its type read off it, as the launcher
+    reads it) or a Triton type ("i32"); ``constexprs`` the compile-time values. Names the kernel does not take are
+    left out, so one set of arguments serves kernels that take different parts of it.
+    """
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    constexprs = {name: value for name, value in constexprs.items() if name in kernel.arg_names}
+    missing = [name for name in kernel.arg_names if name not in constexprs and name not in arguments]
+    if missing:
+        raise ValueError(f"arguments: no descriptor, type or value for {missing} of {kernel.__name__}")
+    signature = {name: "constexpr" if name in constexprs else arguments[name] if isinstance(arguments[name], str)
+                 else native_specialize_impl(BaseBackend, arguments[name], False, True, True)[0]
+                 for name in kernel.arg_names}  # fmt: skip
+    return triton.compile(GluonASTSource(kernel, signature, constexprs), target=HOPPER,
+                          options=dict(num_warps=warps, maxnreg=maxnreg))  # fmt: skip
+
+
 def resources(compiled) -> str:
     """"REG:<n> STACK:<n> smem=<KiB>K wgmma=<count>" of a compiled kernel (cuobjdump on its cubin)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
