@@ -250,12 +250,11 @@ class GluonSecondLaunchConfig:
                 desc(grad_gate_weight, [bm, bn]), desc(grad_up_weight, [bm, bn]), desc(grad_x, [bm, bn]))  # fmt: skip
 
 
-def launch_second_launch_gluon(config: GluonSecondLaunchConfig, x, gate_weight, up_weight, d_gate, d_up, grad_x,
-                               grad_gate_weight, grad_up_weight, *, with_lo: bool) -> None:  # fmt: skip
-    """dx, dWg and dWu from dGate, dUp ([1 or 2, T, I]: hi, and with ``with_lo`` lo) in one launch on a Hopper GPU;
-    16-bit contiguous operands whose rows TMA can address (``tma_launches.fits``), T ≥ 1. No host synchronisation."""
-    T, H = x.shape
-    I = gate_weight.shape[0]
-    descs = config.descriptors(x, gate_weight, up_weight, d_gate, d_up, grad_x, grad_gate_weight, grad_up_weight)
-    second_launch_kernel[(config.programs(T, H, I),)](*descs, T, I, with_lo, config.buffers, num_warps=config.warps,
-                                                      maxnreg=config.maxnreg)  # fmt: skip
+def launch_second_launch_gluon(config: GluonSecondLaunchConfig, descriptors: tuple, T: int, H: int, I: int, *,
+                               with_lo: bool) -> None:  # fmt: skip
+    """dx, dWg and dWu in one launch on a Hopper GPU, from ``config.descriptors(...)`` of dGate, dUp ([1 or 2, T, I]:
+    hi, and with ``with_lo`` lo), x, Wg, Wu and the outputs: 16-bit contiguous operands whose rows TMA can address
+    (``tma_launches.fits``), T ≥ 1. The caller builds the descriptors before launch 1, so that only this launch
+    stands between the two. No host synchronisation."""
+    second_launch_kernel[(config.programs(T, H, I),)](*descriptors, T, I, with_lo, config.buffers,
+                                                      num_warps=config.warps, maxnreg=config.maxnreg)  # fmt: skip

@@ -333,6 +333,12 @@ def swiglu_down_backward_triton(
     # everything both launches need is allocated before the first: the second follows it with no other host work
     workspaces = split_workspaces(plan, x.device)
     tma = T > 0 and fits(H, I, x.element_size())  # TMA can address every operand (a descriptor needs T ≥ 1)
+    gluon_launch2 = config.gluon_second_launch
+    if gluon_launch2 is not None and not (tma and gluon_runs_here(x)):
+        gluon_launch2 = None  # the Triton launch 2 instead
+    if gluon_launch2 is not None:  # its descriptors built before launch 1: between the launches only the launch
+        launch2_descriptors = gluon_launch2.descriptors(x, gate_weight, up_weight, d_gate, d_up, grad_x,
+                                                        grad_gate_weight, grad_up_weight)  # fmt: skip
     if config.tma_first_launch is not None and tma:
         launch_first_launch_tma(config.tma_first_launch, grad_output, down_weight, gate, gate_sigmoid, gate_silu,
                                 up, intermediate, d_gate, d_up, grad_down_weight, with_lo=with_lo,
@@ -341,9 +347,8 @@ def swiglu_down_backward_triton(
         launch_d_intermediate_and_grad_down(grad_output, down_weight, gate, gate_sigmoid, gate_silu, up,
                                             intermediate, d_gate, d_up, grad_down_weight, config, plan, with_lo,
                                             workspaces)  # fmt: skip
-    if config.gluon_second_launch is not None and tma and gluon_runs_here(x):
-        launch_second_launch_gluon(config.gluon_second_launch, x, gate_weight, up_weight, d_gate, d_up, grad_x,
-                                   grad_gate_weight, grad_up_weight, with_lo=with_lo)  # fmt: skip
+    if gluon_launch2 is not None:
+        launch_second_launch_gluon(gluon_launch2, launch2_descriptors, T, H, I, with_lo=with_lo)
     elif config.tma_second_launch is not None and tma:
         launch_second_launch_tma(config.tma_second_launch, x, gate_weight, up_weight, d_gate, d_up, grad_x,
                                  grad_gate_weight, grad_up_weight, with_lo=with_lo,
