@@ -77,7 +77,7 @@ def main() -> None:
     pieces = {
         "14 descriptors": lambda: launch2.descriptors(*descriptor_args),
         "launch 2 via the JIT": lambda: second_launch_kernel[grid](*descriptors, *scalars, **options),
-        "launch 2 via the compiled kernel": lambda: compiled[(grid[0], 1, 1)](*descriptors, *scalars),
+        "launch 2 via the compiled kernel": lambda: compiled[(grid[0], 1, 1)](*descriptors, *scalars, launch2.warps),
         "whole call, gluon2": lambda: swiglu_down_backward_triton(*inputs.values(), config=config),
         "whole call, default": lambda: swiglu_down_backward_triton(*inputs.values()),
     }

@@ -910,3 +910,15 @@ def test_chained_launch_refuses_dwd_first_and_last_at_once():
     config = dataclasses.replace(chained_grad_down_last_config(), grad_down_first=True)
     with pytest.raises(ValueError, match="^config: grad_down_first and grad_down_last exclude each other"):
         launch.swiglu_down_backward_triton(*inputs.values(), config=config)
+
+
+@pytest.mark.gpu
+def test_gpu_gluon_second_launch_reuses_one_compiled_kernel_across_token_counts(seed):
+    """After the first call launch 2 goes through the kernel compiled then (no JIT binding): one kernel per device,
+    dtype and precision serves token counts with and without 16 | T, each within the rule of float64."""
+    from moe_lib.swiglu_down import gluon_launch2
+
+    gluon_launch2.COMPILED_KERNELS.clear()
+    for T in (128, 1087, 3, 2448):
+        check_candidate_at_both_scales("gluon2", T, "faithful", seed + T)
+    assert len(gluon_launch2.COMPILED_KERNELS) == 1
