@@ -3,9 +3,10 @@
     PYTHONPATH=. python scripts/p1_gluon_host_probe.py [--tokens 2447] [--calls 200]
 
 In NVIDIA's method every host microsecond between launch 1 and launch 2 beyond launch 1's GPU time shows in the
-span. Per piece (the 14 descriptors, the launch through Triton's JIT, the same launch through the compiled kernel,
-the whole faithful call with launch 2 in Gluon and the default call): mean host µs per call over ``--calls`` calls
-issued back to back, once plain and once with CUPTI recording runtime, driver and kernel activity as the harness
+span. Per piece (the 14 descriptors; the launch through Triton's JIT; the same launch through the compiled kernel;
+the descriptors encoded for Triton's C launcher and the launch from those, as the library does; the whole faithful
+call with launch 2 in Gluon and the default call): mean host µs per call over ``--calls`` calls issued back to
+back, once plain and once with CUPTI recording runtime, driver and kernel activity as the harness
 does. Needs a Hopper GPU and cupti-python.
 """
 
@@ -18,7 +19,7 @@ import torch
 
 from moe_lib import problems
 from moe_lib.bench.tuning import P1_CANDIDATES
-from moe_lib.swiglu_down.gluon_launch2 import second_launch_kernel
+from moe_lib.swiglu_down.gluon_launch2 import EncodedLaunch, second_launch_kernel
 from moe_lib.swiglu_down.launch import swiglu_down_backward_triton
 
 
@@ -73,11 +74,16 @@ def main() -> None:
     scalars = (T, I, True, launch2.buffers)
     options = dict(num_warps=launch2.warps, maxnreg=launch2.maxnreg)
     compiled = second_launch_kernel[grid](*descriptors, *scalars, **options)
+    encoded = EncodedLaunch(compiled)
+    arguments = encoded.encode(descriptors, *scalars, launch2.warps)
+    stream = torch.cuda.current_stream().cuda_stream
 
     pieces = {
         "14 descriptors": lambda: launch2.descriptors(*descriptor_args),
         "launch 2 via the JIT": lambda: second_launch_kernel[grid](*descriptors, *scalars, **options),
         "launch 2 via the compiled kernel": lambda: compiled[(grid[0], 1, 1)](*descriptors, *scalars, launch2.warps),
+        "14 descriptors encoded": lambda: encoded.encode(descriptors, *scalars, launch2.warps),
+        "launch 2, encoded ahead": lambda: encoded.launch(grid[0], arguments, stream),
         "whole call, gluon2": lambda: swiglu_down_backward_triton(*inputs.values(), config=config),
         "whole call, default": lambda: swiglu_down_backward_triton(*inputs.values()),
     }

@@ -914,11 +914,12 @@ def test_chained_launch_refuses_dwd_first_and_last_at_once():
 
 @pytest.mark.gpu
 def test_gpu_gluon_second_launch_reuses_one_compiled_kernel_across_token_counts(seed):
-    """After the first call launch 2 goes through the kernel compiled then (no JIT binding): one kernel per device,
-    dtype and precision serves token counts with and without 16 | T, each within the rule of float64."""
+    """After the first call launch 2 goes straight to the launcher of the kernel compiled then, its descriptors
+    encoded before launch 1: one kernel per device, dtype and precision serves token counts with and without 16 | T,
+    each within the rule of float64."""
     from moe_lib.swiglu_down import gluon_launch2
 
-    gluon_launch2.COMPILED_KERNELS.clear()
+    gluon_launch2.ENCODED_LAUNCHES.clear()
     for T in (128, 1087, 3, 2448):
         check_candidate_at_both_scales("gluon2", T, "faithful", seed + T)
-    assert len(gluon_launch2.COMPILED_KERNELS) == 1
+    assert len(gluon_launch2.ENCODED_LAUNCHES) == 1

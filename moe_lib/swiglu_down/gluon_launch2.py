@@ -18,7 +18,7 @@ warp-specialised region, chosen at run time: with several kinds' loops in one re
 (each waiting for the one before; ``scripts/p1_gluon_probe.py --compile-only`` reports it).
 
 The readable version of the same arithmetic is launch 2 of :mod:`.kernels` (``grad_x_and_grad_gate_up_kernel``):
-under the interpreter, on a CPU, and wherever TMA cannot address the rows, :func:`launch_second_launch_gluon` is not
+under the interpreter, on a CPU, and wherever TMA cannot address the rows, :func:`prepare_second_launch_gluon` is not
 used (see ``TileConfig.gluon_second_launch``). Measured in the probe with its wgmma serialised: at the Triton
 launch's rate (``data/results/NOTES.md``, design 13); unserialised, not yet.
 """
@@ -161,7 +161,7 @@ def weight_grad_region(a_t_desc, a_lo_t_desc, x_desc, c_desc, a_t_bufs, a_lo_t_b
     ], [1], [40])  # fmt: skip
 
 
-@gluon.jit(do_not_specialize=("T", "I"))  # one compiled kernel for every T, I: see launch_second_launch_gluon
+@gluon.jit(do_not_specialize=("T", "I"))  # one compiled kernel for every T, I: see prepare_second_launch_gluon
 def second_launch_kernel(
     dg_t_desc, dg_lo_t_desc, du_t_desc, du_lo_t_desc,  # dG, dU hi and lo [T, I] as [BLOCK_K, BLOCK_M] tiles (Aᵀ)
     dg_desc, dg_lo_desc, du_desc, du_lo_desc,  # the same tensors as [BLOCK_M, BLOCK_K] tiles (A)
@@ -251,27 +251,76 @@ class GluonSecondLaunchConfig:
                 desc(grad_gate_weight, [bm, bn]), desc(grad_up_weight, [bm, bn]), desc(grad_x, [bm, bn]))  # fmt: skip
 
 
-COMPILED_KERNELS: dict = {}  # (device, dtype, with_lo, config) → second_launch_kernel compiled for them
+class EncodedLaunch:
+    """:func:`second_launch_kernel` once compiled, launched in two steps: :meth:`encode` turns the call's arguments
+    into what Triton's C launcher takes (each descriptor a CUtensorMap, encoded by Triton's own encoder, followed by
+    its shape and strides) and :meth:`launch` hands them to that launcher. Triton's ``kernel[grid](...)`` does both
+    at once, after binding and specialising every argument again."""
+
+    def __init__(self, compiled):
+        from triton.backends.nvidia import driver as cuda_driver  # the launcher Triton builds for this kernel
+        from triton.runtime.build import compile_module_from_src
+
+        compiled._init_handles()
+        metadata = compiled.metadata
+        if metadata.global_scratch_size or metadata.profile_scratch_size:
+            raise RuntimeError("second_launch_kernel now needs scratch memory: EncodedLaunch does not allocate it")
+        source, names = compiled.src, compiled.src.fn.arg_names
+        constants = {(names.index(k),) if isinstance(k, str) else k: v for k, v in source.constants.items()}
+        self.descriptor_metadata = metadata.tensordesc_meta  # per descriptor argument: swizzle, element type, block
+        launcher_source = cuda_driver.make_launcher(constants, dict(source.signature), self.descriptor_metadata)
+        self.c_launch = compile_module_from_src(src=launcher_source, name="__triton_launcher",
+                                                library_dirs=cuda_driver.library_dirs(),
+                                                include_dirs=cuda_driver.include_dirs,
+                                                libraries=cuda_driver.libraries).launch  # fmt: skip
+        self.encode_descriptor = cuda_driver.make_tensordesc_arg
+        self.function, self.packed_metadata = compiled.function, compiled.packed_metadata
+        self.cooperative, self.pdl = metadata.launch_cooperative_grid, metadata.launch_pdl
+
+    def encode(self, descriptors: tuple, *other_arguments) -> list:
+        """The launcher's arguments: every descriptor encoded, then the other arguments (constexprs included)."""
+        encoded = []
+        for descriptor, metadata in zip(descriptors, self.descriptor_metadata, strict=True):
+            encoded.extend(self.encode_descriptor(descriptor, metadata))
+        return encoded + list(other_arguments)
+
+    def launch(self, programs: int, arguments: list, stream: int) -> None:
+        """One launch of ``programs`` programs on ``stream`` (a CUDA stream handle), no launch hooks."""
+        self.c_launch(programs, 1, 1, stream, self.function, self.cooperative, self.pdl, None, None,
+                      self.packed_metadata, None, None, None, *arguments)  # fmt: skip
 
 
-def launch_second_launch_gluon(config: GluonSecondLaunchConfig, descriptors: tuple, T: int, H: int, I: int, *,
-                               with_lo: bool) -> None:  # fmt: skip
-    """dx, dWg and dWu in one launch on a Hopper GPU, from ``config.descriptors(...)`` of dGate, dUp ([1 or 2, T, I]:
-    hi, and with ``with_lo`` lo), x, Wg, Wu and the outputs: 16-bit contiguous operands whose rows TMA can address
-    (``tma_launches.fits``), T ≥ 1. No host synchronisation.
+ENCODED_LAUNCHES: dict = {}  # (device, dtype, with_lo, config) → EncodedLaunch of the kernel compiled for them
 
-    In NVIDIA's method the host time between launch 1 and this launch shows in the span wherever it exceeds launch
-    1's GPU time. So the caller builds the descriptors before launch 1, and after the first call the launch goes
-    through the compiled kernel, kept per device, dtype, ``with_lo`` and config: Triton's JIT would bind and
-    specialise the 14 descriptors again on every call (~85 µs of host time on the H200's machine against ~10 for the
-    launch itself). Every specialisation is fixed by that key (T and I are not specialised; the descriptors' block
-    shapes and layouts follow from the config and dtype)."""
-    grid = (config.programs(T, H, I), 1, 1)
-    base = descriptors[0].base
-    key = (base.device, base.dtype, with_lo, config)
-    compiled = COMPILED_KERNELS.get(key)
-    if compiled is None:
-        COMPILED_KERNELS[key] = second_launch_kernel[grid](*descriptors, T, I, with_lo, config.buffers,
-                                                           num_warps=config.warps, maxnreg=config.maxnreg)  # fmt: skip
-    else:  # every argument, constexprs included, in the kernel's order
-        compiled[grid](*descriptors, T, I, with_lo, config.buffers, config.warps)
+
+def prepare_second_launch_gluon(config: GluonSecondLaunchConfig, x, gate_weight, up_weight, d_gate, d_up, grad_x,
+                                grad_gate_weight, grad_up_weight, *, with_lo: bool):  # fmt: skip
+    """Launch 2 in Gluon made ready before launch 1: returns the callable that launches it (dx, dWg and dWu from
+    dGate, dUp: [1 or 2, T, I], hi and with ``with_lo`` lo). On a Hopper GPU; 16-bit contiguous operands whose rows
+    TMA can address (``tma_launches.fits``), T ≥ 1. No host synchronisation.
+
+    In NVIDIA's method the host time between launch 1 and launch 2 shows in the span wherever it exceeds launch 1's
+    GPU time. Triton's ``kernel[grid](...)`` builds, binds and specialises the 14 descriptors and encodes them on the
+    host each call (~180 µs on the H200's machine; ~20 µs for a Triton launch of pointers): so here the descriptors
+    are built and, after the first call, encoded now, and what is left for after launch 1 is one call into the
+    launcher of the kernel compiled on the first call (:class:`EncodedLaunch`), kept per device, dtype, ``with_lo``
+    and config, which fix every specialisation (T and I are not specialised; the descriptors' block shapes and
+    layouts follow from the config and dtype)."""
+    T, H = x.shape
+    I = gate_weight.shape[0]
+    descriptors = config.descriptors(x, gate_weight, up_weight, d_gate, d_up, grad_x, grad_gate_weight,
+                                     grad_up_weight)  # fmt: skip
+    programs = config.programs(T, H, I)
+    key = (x.device, x.dtype, with_lo, config)
+    encoded = ENCODED_LAUNCHES.get(key)
+    if encoded is None:  # the first call: through Triton's JIT, which compiles the kernel
+
+        def first_launch():
+            compiled = second_launch_kernel[(programs,)](*descriptors, T, I, with_lo, config.buffers,
+                                                         num_warps=config.warps, maxnreg=config.maxnreg)  # fmt: skip
+            ENCODED_LAUNCHES[key] = EncodedLaunch(compiled)
+
+        return first_launch
+    arguments = encoded.encode(descriptors, T, I, with_lo, config.buffers, config.warps)
+    stream = torch.cuda.current_stream(x.device).cuda_stream
+    return lambda: encoded.launch(programs, arguments, stream)

@@ -19,7 +19,7 @@ from ..dispatch import interpreter_enabled
 from ..tiling import cdiv
 from . import kernels
 from .checks import check_precision
-from .gluon_launch2 import GluonSecondLaunchConfig, launch_second_launch_gluon
+from .gluon_launch2 import GluonSecondLaunchConfig, prepare_second_launch_gluon
 from .tma_launches import (
     TmaFirstLaunchConfig,
     TmaSecondLaunchConfig,
@@ -336,9 +336,10 @@ def swiglu_down_backward_triton(
     gluon_launch2 = config.gluon_second_launch
     if gluon_launch2 is not None and not (tma and gluon_runs_here(x)):
         gluon_launch2 = None  # the Triton launch 2 instead
-    if gluon_launch2 is not None:  # its descriptors built before launch 1: between the launches only the launch
-        launch2_descriptors = gluon_launch2.descriptors(x, gate_weight, up_weight, d_gate, d_up, grad_x,
-                                                        grad_gate_weight, grad_up_weight)  # fmt: skip
+    if gluon_launch2 is not None:  # made ready before launch 1: between the launches only the launch
+        launch_gluon_second_launch = prepare_second_launch_gluon(gluon_launch2, x, gate_weight, up_weight, d_gate,
+                                                                 d_up, grad_x, grad_gate_weight, grad_up_weight,
+                                                                 with_lo=with_lo)  # fmt: skip
     if config.tma_first_launch is not None and tma:
         launch_first_launch_tma(config.tma_first_launch, grad_output, down_weight, gate, gate_sigmoid, gate_silu,
                                 up, intermediate, d_gate, d_up, grad_down_weight, with_lo=with_lo,
@@ -348,7 +349,7 @@ def swiglu_down_backward_triton(
                                             intermediate, d_gate, d_up, grad_down_weight, config, plan, with_lo,
                                             workspaces)  # fmt: skip
     if gluon_launch2 is not None:
-        launch_second_launch_gluon(gluon_launch2, launch2_descriptors, T, H, I, with_lo=with_lo)
+        launch_gluon_second_launch()
     elif config.tma_second_launch is not None and tma:
         launch_second_launch_tma(config.tma_second_launch, x, gate_weight, up_weight, d_gate, d_up, grad_x,
                                  grad_gate_weight, grad_up_weight, with_lo=with_lo,
