@@ -75,8 +75,10 @@ ONE_LAUNCH_MAX_TOKENS = 64
 # launches (128×256 dWd tiles) from 512 tokens: by graph replay then within 1 µs of the two launches at 512 and
 # 1321 tokens, 6 µs faster at 1087, and slower from 2767 (185.5 against 172.7 µs), where the first launch outlasts
 # the second one's host work anyway; below 512, 64×128 dWd tiles (measured at 128 tokens: 50.8 µs by graph replay
-# against design 3's 62.3) (data/results/NOTES.md, design 8)
-CHAINED_LAUNCH_TOKENS = range(ONE_LAUNCH_MAX_TOKENS + 1, 1600)
+# against design 3's 62.3) (data/results/NOTES.md, design 8). It ends where the two launches with launch 2 in Gluon
+# (gluon_launch2.py) pass it: by graph replay 100.3 against 101.7 µs at 1321 tokens, 104.1 against 121.3 at 1450 and
+# 106.7 against 130.0 at 1571 (design 13)
+CHAINED_LAUNCH_TOKENS = range(ONE_LAUNCH_MAX_TOKENS + 1, 1400)
 # From 512 tokens launch 2's dx tiles take their tickets before the dWg, dWu tiles (``grad_x_first``): there launch 2
 # is one to two waves of tiles, the dx tiles the longest (with the hi/lo halves 1.5x a dWg tile's products at 512
 # tokens), and started last they ran as a tail: 56.1 against 65.5 us at 512 tokens by graph replay, within 0.7 us at
@@ -194,7 +196,7 @@ def choose_config(num_tokens: int, hidden_size: int, intermediate_size: int, *, 
         return TileConfig((16, 64, 128, 8), (64, 128, 16, 1), (16, 64, 128, 8), (64, 128, 16, 1), (4, 4), (3, 3))
     if num_tokens <= 256:
         return TileConfig((64, 64, 64, 4), (64, 128, 64, 1), (64, 128, 64, 4), (64, 128, 64, 1), (4, 4), (3, 3))
-    if with_lo:  # on a Hopper GPU launch 2 in Gluon (gluon_launch2.py): 6-19% faster at 1600-8192 tokens (H200)
+    if with_lo:  # on a Hopper GPU launch 2 in Gluon (gluon_launch2.py): 6-19% faster at 1450-8192 tokens (H200)
         return TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1), (8, 8), (4, 3),
                           gluon_second_launch=GluonSecondLaunchConfig())  # fmt: skip
     return TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 256, 64, 1), (128, 256, 64, 1), (4, 8), (4, 4))
