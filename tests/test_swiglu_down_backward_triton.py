@@ -410,12 +410,13 @@ def test_faithful_path_chains_its_launches_in_its_band():
         assert isinstance(config(T, interpreter=True), TileConfig), T
     assert config(129).tiles.grad_down == (64, 128, 64, 1) and config(1087).tiles.grad_down == (128, 256, 64, 1)
     # the order of the tickets: launch 2's dx tiles first at 512-1152 tokens, the dWd tiles last from 1153
-    orders = {T: (config(T).tiles.grad_x_first, config(T).grad_down_last) for T in (129, 511, 512, 1152, 1153, 1599)}
+    last = band.stop - 1
+    orders = {T: (config(T).tiles.grad_x_first, config(T).grad_down_last) for T in (129, 511, 512, 1152, 1153, last)}
     assert orders == {129: (False, False), 511: (False, False), 512: (True, False), 1152: (True, False),
-                      1153: (False, True), 1599: (False, True)}
+                      1153: (False, True), last: (False, True)}
     assert not any(config(T).grad_down_first for T in (129, 512, 1153))
     assert isinstance(config(ONE_LAUNCH_MAX_TOKENS), FewTokensConfig)
-    assert isinstance(config(band.stop), TileConfig)
+    assert isinstance(config(band.stop), TileConfig) and config(band.stop).gluon_second_launch is not None
 
 
 def test_design_by_token_count():
