@@ -27,9 +27,10 @@ from moe_lib.bench.sm90 import (
     wgmma_serialized,
 )
 from moe_lib.bench.tuning import P1_CANDIDATES
-from moe_lib.swiglu_down import chained, gluon_launch2, kernels, tma_launches
+from moe_lib.swiglu_down import chained, gluon_launch1, gluon_launch2, kernels, tma_launches
 from moe_lib.swiglu_down.chained import ChainedConfig
 from moe_lib.swiglu_down.checks import PRECISIONS
+from moe_lib.swiglu_down.gluon_launch1 import GluonFirstLaunchConfig
 from moe_lib.swiglu_down.gluon_launch2 import GluonSecondLaunchConfig
 from moe_lib.swiglu_down.launch import ACTIVATION_BLOCK, TileConfig, carries_low_halves
 
@@ -104,6 +105,24 @@ def compile_gluon_second_launch(config, with_lo: bool, num_tokens: int = 256):
                                   warps=config.warps, maxnreg=config.maxnreg)  # fmt: skip
 
 
+def compile_gluon_first_launch(config, with_lo: bool, num_tokens: int = 256):
+    """Launch 1 in Gluon (:mod:`.gluon_launch1`) under ``config`` for bf16 operands at H = 2048, I = 768: its
+    descriptors' types taken from descriptors on CPU tensors of those shapes."""
+    T, H, I = num_tokens, 2048, 768
+    grad_output = torch.empty((T, H), dtype=torch.bfloat16)
+    down_weight = torch.empty((H, I), dtype=torch.bfloat16)
+    intermediate = torch.empty((T, I), dtype=torch.bfloat16)
+    halves = torch.empty((2 if with_lo else 1, T, I), dtype=torch.bfloat16)
+    kernel = gluon_launch1.first_launch_kernel
+    descs = config.descriptors(grad_output, down_weight, intermediate, intermediate, intermediate, intermediate,
+                               intermediate, halves, halves, down_weight)  # fmt: skip
+    names = [name for name in kernel.arg_names if name.endswith("_desc")]
+    arguments = dict(zip(names, descs, strict=True)) | dict(T="i32", I="i32")
+    return compile_gluon_for_sm90(kernel, arguments, dict(WITH_LO=with_lo, BUFFERS=config.buffers,
+                                                          num_warps=config.warps),
+                                  warps=config.warps, maxnreg=config.maxnreg)  # fmt: skip
+
+
 def main():
     two_launch = [name for name, config in P1_CANDIDATES.items() if isinstance(config, TileConfig | ChainedConfig)]
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -156,6 +175,12 @@ def main():
     except Exception as exc:  # report and go on
         report = "FAIL " + first_error_line(exc, 120)
     print(f"{'gluon':12s} launch2: {report}", flush=True)
+    try:
+        compiled = compile_gluon_first_launch(GluonFirstLaunchConfig(), with_lo)
+        report = f"{resources(compiled)}{over_limit(compiled)} wgmma serialised: {wgmma_serialized(compiled)}"
+    except Exception as exc:  # report and go on
+        report = "FAIL " + first_error_line(exc, 120)
+    print(f"{'gluon':12s} launch1: {report}", flush=True)
     kernel = kernels.swiglu_activation_kernel
     types = {name: "*bf16" if name.endswith("_ptr") else "i32" for name in runtime_names(kernel)}
     for with_saved in (False, True):

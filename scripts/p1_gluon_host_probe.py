@@ -19,7 +19,8 @@ import torch
 
 from moe_lib import problems
 from moe_lib.bench.tuning import P1_CANDIDATES
-from moe_lib.swiglu_down.gluon_launch2 import EncodedLaunch, second_launch_kernel
+from moe_lib.encoded_launch import EncodedLaunch
+from moe_lib.swiglu_down.gluon_launch2 import second_launch_kernel
 from moe_lib.swiglu_down.launch import swiglu_down_backward_triton
 
 
@@ -75,14 +76,14 @@ def main() -> None:
     options = dict(num_warps=launch2.warps, maxnreg=launch2.maxnreg)
     compiled = second_launch_kernel[grid](*descriptors, *scalars, **options)
     encoded = EncodedLaunch(compiled)
-    arguments = encoded.encode(descriptors, *scalars, launch2.warps)
+    arguments = encoded.encode(*descriptors, *scalars, launch2.warps)
     stream = torch.cuda.current_stream().cuda_stream
 
     pieces = {
         "14 descriptors": lambda: launch2.descriptors(*descriptor_args),
         "launch 2 via the JIT": lambda: second_launch_kernel[grid](*descriptors, *scalars, **options),
         "launch 2 via the compiled kernel": lambda: compiled[(grid[0], 1, 1)](*descriptors, *scalars, launch2.warps),
-        "14 descriptors encoded": lambda: encoded.encode(descriptors, *scalars, launch2.warps),
+        "14 descriptors encoded": lambda: encoded.encode(*descriptors, *scalars, launch2.warps),
         "launch 2, encoded ahead": lambda: encoded.launch(grid[0], arguments, stream),
         "whole call, gluon2": lambda: swiglu_down_backward_triton(*inputs.values(), config=config),
         "whole call, default": lambda: swiglu_down_backward_triton(*inputs.values()),

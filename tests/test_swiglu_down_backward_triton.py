@@ -353,17 +353,19 @@ def test_chained_launches_of_one_grid_size_and_other_shapes_do_not_hang():
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
 
 
-@pytest.mark.parametrize("second", ["tma", "gluon"])
-def test_chained_launch_refuses_tma_and_gluon_tiles(second):
+@pytest.mark.parametrize("launch", ["tma", "gluon1", "gluon2"])
+def test_chained_launch_refuses_tma_and_gluon_tiles(launch):
     from moe_lib.swiglu_down.chained import ChainedConfig
+    from moe_lib.swiglu_down.gluon_launch1 import GluonFirstLaunchConfig
     from moe_lib.swiglu_down.gluon_launch2 import GluonSecondLaunchConfig
     from moe_lib.swiglu_down.launch import swiglu_down_backward_triton
     from moe_lib.swiglu_down.tma_launches import TmaSecondLaunchConfig
 
     inputs = problems.make_inputs("swiglu_down_backward", 3, seed=0, hidden_size=32, intermediate_size=16)
     tiles = split_everything_config()
-    fields = (dict(tma_second_launch=TmaSecondLaunchConfig()) if second == "tma"
-              else dict(gluon_second_launch=GluonSecondLaunchConfig()))  # fmt: skip
+    fields = {"tma": dict(tma_second_launch=TmaSecondLaunchConfig()),
+              "gluon1": dict(gluon_first_launch=GluonFirstLaunchConfig()),
+              "gluon2": dict(gluon_second_launch=GluonSecondLaunchConfig())}[launch]  # fmt: skip
     config = ChainedConfig(dataclasses.replace(tiles, **fields))
     with pytest.raises(ValueError, match="config: a chained launch .* no TMA or Gluon launch"):
         swiglu_down_backward_triton(*inputs.values(), config=config)
@@ -371,17 +373,19 @@ def test_chained_launch_refuses_tma_and_gluon_tiles(second):
 
 @needs_triton
 @pytest.mark.parametrize("precision", ["faithful", "fast"])
-def test_gluon_second_launch_steps_aside_where_it_cannot_run(precision, seed):
-    """Off a Hopper GPU (here: the interpreter) a TileConfig naming launch 2 in Gluon runs the Triton launch 2: the
-    same bits as the same tiles without it."""
+def test_gluon_launches_step_aside_where_they_cannot_run(precision, seed):
+    """Off a Hopper GPU (here: the interpreter) a TileConfig naming launches in Gluon runs the Triton launches: the
+    same bits as the same tiles without them."""
+    from moe_lib.swiglu_down.gluon_launch1 import GluonFirstLaunchConfig
     from moe_lib.swiglu_down.gluon_launch2 import GluonSecondLaunchConfig
     from moe_lib.swiglu_down.launch import swiglu_down_backward_triton
 
     if torch.cuda.is_available() and not interpreter_enabled():
-        pytest.skip("on a GPU the Gluon launch runs (test_gpu_gluon_second_launch_*)")
+        pytest.skip("on a GPU the Gluon launches run (test_gpu_gluon_*)")
     inputs = problems.make_inputs("swiglu_down_backward", 21, seed=seed, hidden_size=40, intermediate_size=24)
     tiles = split_everything_config()
-    with_gluon = dataclasses.replace(tiles, gluon_second_launch=GluonSecondLaunchConfig())
+    with_gluon = dataclasses.replace(tiles, gluon_first_launch=GluonFirstLaunchConfig(),
+                                     gluon_second_launch=GluonSecondLaunchConfig())  # fmt: skip
     got = swiglu_down_backward_triton(*inputs.values(), config=with_gluon, precision=precision)
     want = swiglu_down_backward_triton(*inputs.values(), config=tiles, precision=precision)
     for name, g, w in zip(OUTPUTS, got, want, strict=True):
@@ -924,3 +928,18 @@ def test_gpu_gluon_second_launch_reuses_one_compiled_kernel_across_token_counts(
     for T in (128, 1087, 3, 2448):
         check_candidate_at_both_scales("gluon2", T, "faithful", seed + T)
     assert len(gluon_launch2.ENCODED_LAUNCHES) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 3, 128, 1087, 2447, 5000, 8192, 12288])
+@pytest.mark.parametrize("precision", ["faithful", "fast"])
+def test_gpu_gluon_first_launch_at_both_input_scales(T, precision, seed):
+    """Both launches in Gluon (launch 1: dWd's tiles, dA's with the dSwiGLU epilogue from saved tiles staged in the
+    ring) from poisoned memory, both input scales, within the precision's rule of float64: partial tiles along T and
+    I, the saved tiles' rows beyond T filled with zeros by TMA."""
+    check_candidate_at_both_scales("gluon12", T, precision, seed)
+
+
+@pytest.mark.gpu
+def test_gpu_gluon_first_launch_deterministic_and_replayed_from_a_graph(seed):
+    check_deterministic_and_replayed("gluon12", "faithful", seed)

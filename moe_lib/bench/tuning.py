@@ -20,6 +20,7 @@ from .. import problems
 from ..moe_experts.fused_dx import FusedDxConfig
 from ..moe_experts.launch import LaunchConfig
 from ..swiglu_down.chained import ChainedConfig
+from ..swiglu_down.gluon_launch1 import GluonFirstLaunchConfig
 from ..swiglu_down.gluon_launch2 import GluonSecondLaunchConfig
 from ..swiglu_down.launch import TileConfig
 from ..swiglu_down.library_gemms import LibraryGemmsConfig
@@ -213,6 +214,8 @@ P1_CANDIDATES.update({f"{name}_np": one_tile_per_program(P1_CANDIDATES[name])
 # launch 2 in Gluon (gluon_launch2.py: one TMA-loading warp, two warpgroups issuing wgmma, its wgmma unserialised by
 # ptxas), launch 1 as f_w8s3 has it; compiled for sm_90: 168 registers, 192 KB (faithful), no stack
 P1_CANDIDATES["gluon2"] = dataclasses.replace(P1_CANDIDATES["f_w8s3"], gluon_second_launch=GluonSecondLaunchConfig())
+# both launches in Gluon (gluon_launch1.py: dWd's tiles and dA's with the dSwiGLU epilogue, 128 × 128 × 64 tiles)
+P1_CANDIDATES["gluon12"] = dataclasses.replace(P1_CANDIDATES["gluon2"], gluon_first_launch=GluonFirstLaunchConfig())
 
 # kernel G's settings as the P2 scripts spell them (FIELD=VALUE), and the FusedDxConfig fields they set
 FUSED_DX_FIELDS = {"gate_up_dx_tile": ("block_i", "block_h", "block_rows"), "warps_g": ("warps",),

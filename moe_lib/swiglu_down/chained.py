@@ -126,8 +126,9 @@ class ChainedConfig:
         """One launch; returns the outputs. ``with_lo``: dGate and dUp carried as hi/lo pairs (the faithful path)."""
         if self.grad_down_first and self.grad_down_last:
             raise ValueError("config: grad_down_first and grad_down_last exclude each other")
-        if (self.tiles.tma_first_launch is not None or self.tiles.tma_second_launch is not None
-                or self.tiles.gluon_second_launch is not None):  # fmt: skip
+        other_launches = (self.tiles.tma_first_launch, self.tiles.tma_second_launch, self.tiles.gluon_first_launch,
+                          self.tiles.gluon_second_launch)  # fmt: skip
+        if any(other is not None for other in other_launches):
             raise ValueError("config: a chained launch runs the pointer-based tiles; its TileConfig must name no "
                              "TMA or Gluon launch")  # fmt: skip
         T, H = x.shape

@@ -26,10 +26,8 @@ Triton launch 2; the faithful path's second launch from 1400 tokens.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
-import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -39,8 +37,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from ..encoded_launch import descriptor, prepared_launch
 from ..tiling import cdiv
 
 
@@ -213,13 +211,6 @@ def second_launch_kernel(
         ], [1], [40])  # fmt: skip
 
 
-@functools.cache
-def shared_layout(block: tuple[int, int], dtype: gl.dtype) -> gl.NVMMASharedLayout:
-    """The swizzled shared-memory layout of a TMA block, built once: building it takes ~20 µs of host time, and a
-    call makes 14 descriptors."""
-    return gl.NVMMASharedLayout.get_default_for(list(block), dtype)
-
-
 @dataclass(frozen=True)
 class GluonSecondLaunchConfig:
     """Tiles of :func:`second_launch_kernel` (the probe's fastest before its wgmma were unserialised)."""
@@ -239,56 +230,14 @@ class GluonSecondLaunchConfig:
     def descriptors(self, x, gate_weight, up_weight, d_gate, d_up, grad_x, grad_gate_weight, grad_up_weight):
         """The kernel's 14 TMA descriptors, in its argument order (lo descriptors repeat hi ones without lo halves)."""
         bm, bn, bk = self.block_m, self.block_n, self.block_k
-        dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[x.dtype]
-
-        def desc(tensor, block):
-            return TensorDescriptor.from_tensor(tensor, block, shared_layout(tuple(block), dtype))
-
         dg_hi, dg_lo = d_gate[0], d_gate[-1]
         du_hi, du_lo = d_up[0], d_up[-1]
-        return (desc(dg_hi, [bk, bm]), desc(dg_lo, [bk, bm]), desc(du_hi, [bk, bm]), desc(du_lo, [bk, bm]),
-                desc(dg_hi, [bm, bk]), desc(dg_lo, [bm, bk]), desc(du_hi, [bm, bk]), desc(du_lo, [bm, bk]),
-                desc(x, [bk, bn]), desc(gate_weight, [bk, bn]), desc(up_weight, [bk, bn]),
-                desc(grad_gate_weight, [bm, bn]), desc(grad_up_weight, [bm, bn]), desc(grad_x, [bm, bn]))  # fmt: skip
-
-
-class EncodedLaunch:
-    """:func:`second_launch_kernel` once compiled, launched in two steps: :meth:`encode` turns the call's arguments
-    into what Triton's C launcher takes (each descriptor a CUtensorMap, encoded by Triton's own encoder, followed by
-    its shape and strides) and :meth:`launch` hands them to that launcher. Triton's ``kernel[grid](...)`` does both
-    at once, after binding and specialising every argument again."""
-
-    def __init__(self, compiled):
-        from triton.backends.nvidia import driver as cuda_driver  # the launcher Triton builds for this kernel
-        from triton.runtime.build import compile_module_from_src
-
-        compiled._init_handles()
-        metadata = compiled.metadata
-        if metadata.global_scratch_size or metadata.profile_scratch_size:
-            raise RuntimeError("second_launch_kernel now needs scratch memory: EncodedLaunch does not allocate it")
-        source, names = compiled.src, compiled.src.fn.arg_names
-        constants = {(names.index(k),) if isinstance(k, str) else k: v for k, v in source.constants.items()}
-        self.descriptor_metadata = metadata.tensordesc_meta  # per descriptor argument: swizzle, element type, block
-        launcher_source = cuda_driver.make_launcher(constants, dict(source.signature), self.descriptor_metadata)
-        self.c_launch = compile_module_from_src(src=launcher_source, name="__triton_launcher",
-                                                library_dirs=cuda_driver.library_dirs(),
-                                                include_dirs=cuda_driver.include_dirs,
-                                                libraries=cuda_driver.libraries).launch  # fmt: skip
-        self.encode_descriptor = cuda_driver.make_tensordesc_arg
-        self.function, self.packed_metadata = compiled.function, compiled.packed_metadata
-        self.cooperative, self.pdl = metadata.launch_cooperative_grid, metadata.launch_pdl
-
-    def encode(self, descriptors: tuple, *other_arguments) -> list:
-        """The launcher's arguments: every descriptor encoded, then the other arguments (constexprs included)."""
-        encoded = []
-        for descriptor, metadata in zip(descriptors, self.descriptor_metadata, strict=True):
-            encoded.extend(self.encode_descriptor(descriptor, metadata))
-        return encoded + list(other_arguments)
-
-    def launch(self, programs: int, arguments: list, stream: int) -> None:
-        """One launch of ``programs`` programs on ``stream`` (a CUDA stream handle), no launch hooks."""
-        self.c_launch(programs, 1, 1, stream, self.function, self.cooperative, self.pdl, None, None,
-                      self.packed_metadata, None, None, None, *arguments)  # fmt: skip
+        return (descriptor(dg_hi, (bk, bm)), descriptor(dg_lo, (bk, bm)), descriptor(du_hi, (bk, bm)),
+                descriptor(du_lo, (bk, bm)), descriptor(dg_hi, (bm, bk)), descriptor(dg_lo, (bm, bk)),
+                descriptor(du_hi, (bm, bk)), descriptor(du_lo, (bm, bk)), descriptor(x, (bk, bn)),
+                descriptor(gate_weight, (bk, bn)), descriptor(up_weight, (bk, bn)),
+                descriptor(grad_gate_weight, (bm, bn)), descriptor(grad_up_weight, (bm, bn)),
+                descriptor(grad_x, (bm, bn)))  # fmt: skip
 
 
 ENCODED_LAUNCHES: dict = {}  # (device, dtype, with_lo, config) → EncodedLaunch of the kernel compiled for them
@@ -304,24 +253,14 @@ def prepare_second_launch_gluon(config: GluonSecondLaunchConfig, x, gate_weight,
     GPU time. Triton's ``kernel[grid](...)`` builds, binds and specialises the 14 descriptors and encodes them on the
     host each call (~180 µs on the H200's machine; ~20 µs for a Triton launch of pointers): so here the descriptors
     are built and, after the first call, encoded now, and what is left for after launch 1 is one call into the
-    launcher of the kernel compiled on the first call (:class:`EncodedLaunch`), kept per device, dtype, ``with_lo``
-    and config, which fix every specialisation (T and I are not specialised; the descriptors' block shapes and
-    layouts follow from the config and dtype)."""
+    launcher of the kernel compiled on the first call (:func:`~moe_lib.encoded_launch.prepared_launch`), kept per
+    device, dtype, ``with_lo`` and config, which fix every specialisation (T and I are not specialised; the
+    descriptors' block shapes and layouts follow from the config and dtype)."""
     T, H = x.shape
     I = gate_weight.shape[0]
     descriptors = config.descriptors(x, gate_weight, up_weight, d_gate, d_up, grad_x, grad_gate_weight,
                                      grad_up_weight)  # fmt: skip
-    programs = config.programs(T, H, I)
     key = (x.device, x.dtype, with_lo, config)
-    encoded = ENCODED_LAUNCHES.get(key)
-    if encoded is None:  # the first call: through Triton's JIT, which compiles the kernel
-
-        def first_launch():
-            compiled = second_launch_kernel[(programs,)](*descriptors, T, I, with_lo, config.buffers,
-                                                         num_warps=config.warps, maxnreg=config.maxnreg)  # fmt: skip
-            ENCODED_LAUNCHES[key] = EncodedLaunch(compiled)
-
-        return first_launch
-    arguments = encoded.encode(descriptors, T, I, with_lo, config.buffers, config.warps)
-    stream = torch.cuda.current_stream(x.device).cuda_stream
-    return lambda: encoded.launch(programs, arguments, stream)
+    return prepared_launch(ENCODED_LAUNCHES, key, second_launch_kernel, config.programs(T, H, I),
+                           (*descriptors, T, I, with_lo, config.buffers), warps=config.warps, maxnreg=config.maxnreg,
+                           device=x.device)  # fmt: skip

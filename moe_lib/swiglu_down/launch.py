@@ -19,6 +19,7 @@ from ..dispatch import interpreter_enabled
 from ..tiling import cdiv
 from . import kernels
 from .checks import check_precision
+from .gluon_launch1 import GluonFirstLaunchConfig, prepare_first_launch_gluon
 from .gluon_launch2 import GluonSecondLaunchConfig, prepare_second_launch_gluon
 from .tma_launches import (
     TmaFirstLaunchConfig,
@@ -57,6 +58,8 @@ class TileConfig:
     # launch 2 in Gluon (:mod:`.gluon_launch2`: one TMA-loading warp, two warpgroups issuing wgmma) on a Hopper GPU
     # with 16-bit operands whose rows TMA can address; elsewhere, and under the interpreter, launch 2 as above
     gluon_second_launch: GluonSecondLaunchConfig | None = None
+    # launch 1 likewise (:mod:`.gluon_launch1`: dWd's tiles and dA's with the dSwiGLU epilogue)
+    gluon_first_launch: GluonFirstLaunchConfig | None = None
     # launch 2's dx tiles take its first program ids (else the dWg, dWu tiles do): where launch 2 is a few waves of
     # tiles of unequal length, the longest first leaves a shorter tail
     grad_x_first: bool = False
@@ -337,14 +340,17 @@ def swiglu_down_backward_triton(
     # everything both launches need is allocated before the first: the second follows it with no other host work
     workspaces = split_workspaces(plan, x.device)
     tma = T > 0 and fits(H, I, x.element_size())  # TMA can address every operand (a descriptor needs T ≥ 1)
-    gluon_launch2 = config.gluon_second_launch
-    if gluon_launch2 is not None and not (tma and gluon_runs_here(x)):
-        gluon_launch2 = None  # the Triton launch 2 instead
+    gluon_launch1, gluon_launch2 = config.gluon_first_launch, config.gluon_second_launch
+    if (gluon_launch1 is not None or gluon_launch2 is not None) and not (tma and gluon_runs_here(x)):
+        gluon_launch1 = gluon_launch2 = None  # the Triton launches instead
     if gluon_launch2 is not None:  # made ready before launch 1: between the launches only the launch
         launch_gluon_second_launch = prepare_second_launch_gluon(gluon_launch2, x, gate_weight, up_weight, d_gate,
                                                                  d_up, grad_x, grad_gate_weight, grad_up_weight,
                                                                  with_lo=with_lo)  # fmt: skip
-    if config.tma_first_launch is not None and tma:
+    if gluon_launch1 is not None:
+        prepare_first_launch_gluon(gluon_launch1, grad_output, down_weight, gate, gate_sigmoid, gate_silu, up,
+                                   intermediate, d_gate, d_up, grad_down_weight, with_lo=with_lo)()  # fmt: skip
+    elif config.tma_first_launch is not None and tma:
         launch_first_launch_tma(config.tma_first_launch, grad_output, down_weight, gate, gate_sigmoid, gate_silu,
                                 up, intermediate, d_gate, d_up, grad_down_weight, with_lo=with_lo,
                                 num_programs=resident_programs(x.device), dot_flags=dot_flags(x))  # fmt: skip
@@ -365,7 +371,8 @@ def swiglu_down_backward_triton(
 
 
 def gluon_runs_here(x: torch.Tensor) -> bool:
-    """Whether :mod:`.gluon_launch2` can run on ``x``'s device: a Hopper GPU (sm_90), not the interpreter, 16-bit."""
+    """Whether :mod:`.gluon_launch1` and :mod:`.gluon_launch2` can run on ``x``'s device: a Hopper GPU (sm_90), not
+    the interpreter, 16-bit."""
     return (x.is_cuda and not interpreter_enabled() and x.dtype in (torch.bfloat16, torch.float16)
             and torch.cuda.get_device_capability(x.device)[0] == 9)  # fmt: skip
 

@@ -1,0 +1,93 @@
+"""A compiled Gluon kernel launched in two steps, so that little host work falls between two launches.
+
+NVIDIA's harness times eager calls from the first kernel's start to the last one's end: where a call issues a
+second kernel, the host time between the two launch calls beyond the first kernel's GPU time shows in that span.
+Triton's ``kernel[grid](...)`` binds and specialises every argument and encodes each host TMA descriptor (a
+CUtensorMap) on every call: ~180 µs for 14 descriptors on the H200's machine. :class:`EncodedLaunch` splits that
+into :meth:`~EncodedLaunch.encode` (the arguments as Triton's C launcher takes them; run it before the first kernel
+is issued) and :meth:`~EncodedLaunch.launch` (one call into that launcher, ~10 µs), from the kernel Triton compiled
+on its first call. It uses Triton's own launcher and descriptor encoder (``triton.backends.nvidia.driver``, triton 3.6).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+
+@functools.cache
+def shared_layout(block: tuple[int, ...], dtype: gl.dtype) -> gl.NVMMASharedLayout:
+    """The swizzled shared-memory layout of a TMA block, built once: building it takes ~20 µs of host time."""
+    return gl.NVMMASharedLayout.get_default_for(list(block), dtype)
+
+
+def descriptor(tensor, block: tuple[int, ...]) -> TensorDescriptor:
+    """A host TMA descriptor of a 16-bit contiguous ``tensor`` in ``block`` tiles, in the swizzled layout."""
+    dtype = {"torch.bfloat16": gl.bfloat16, "torch.float16": gl.float16}[str(tensor.dtype)]
+    return TensorDescriptor.from_tensor(tensor, list(block), shared_layout(tuple(block), dtype))
+
+
+class EncodedLaunch:
+    """A kernel once compiled (what ``kernel[grid](...)`` returned), launched in two steps: :meth:`encode` turns a
+    call's arguments into what Triton's C launcher takes (each host descriptor a CUtensorMap encoded by Triton's own
+    encoder, followed by its shape and strides) and :meth:`launch` hands them to that launcher."""
+
+    def __init__(self, compiled):
+        from triton.backends.nvidia import driver as cuda_driver  # the launcher Triton builds for this kernel
+        from triton.runtime.build import compile_module_from_src
+
+        compiled._init_handles()
+        metadata = compiled.metadata
+        if metadata.global_scratch_size or metadata.profile_scratch_size:
+            raise RuntimeError(f"{compiled.name} needs scratch memory: EncodedLaunch does not allocate it")
+        source, names = compiled.src, compiled.src.fn.arg_names
+        constants = {(names.index(k),) if isinstance(k, str) else k: v for k, v in source.constants.items()}
+        self.descriptor_metadata = metadata.tensordesc_meta  # per descriptor argument: swizzle, element type, block
+        launcher_source = cuda_driver.make_launcher(constants, dict(source.signature), self.descriptor_metadata)
+        self.c_launch = compile_module_from_src(src=launcher_source, name="__triton_launcher",
+                                                library_dirs=cuda_driver.library_dirs(),
+                                                include_dirs=cuda_driver.include_dirs,
+                                                libraries=cuda_driver.libraries).launch  # fmt: skip
+        self.encode_descriptor = cuda_driver.make_tensordesc_arg
+        self.function, self.packed_metadata = compiled.function, compiled.packed_metadata
+        self.cooperative, self.pdl = metadata.launch_cooperative_grid, metadata.launch_pdl
+
+    def encode(self, *arguments) -> list:
+        """The launcher's arguments from the kernel's, in its order (constexprs included): each host descriptor
+        encoded, tensors and scalars as they are."""
+        encoded, metadata = [], iter(self.descriptor_metadata)
+        for argument in arguments:
+            if isinstance(argument, TensorDescriptor):
+                encoded.extend(self.encode_descriptor(argument, next(metadata)))
+            else:
+                encoded.append(argument)
+        if next(metadata, None) is not None:
+            raise ValueError("arguments: fewer descriptors than the kernel takes")
+        return encoded
+
+    def launch(self, programs: int, arguments: list, stream: int) -> None:
+        """One launch of ``programs`` programs on ``stream`` (a CUDA stream handle), no launch hooks."""
+        self.c_launch(programs, 1, 1, stream, self.function, self.cooperative, self.pdl, None, None,
+                      self.packed_metadata, None, None, None, *arguments)  # fmt: skip
+
+
+def prepared_launch(cache: dict, key, kernel, programs: int, arguments: tuple, *, warps: int, maxnreg: int, device):
+    """The callable that runs ``kernel[(programs,)](*arguments, num_warps=warps, maxnreg=maxnreg)`` on ``device``'s
+    current stream, made ready now. ``arguments``: every kernel argument in order except its last, ``num_warps``.
+    The first call per ``key`` goes through Triton's JIT (which compiles the kernel) and keeps an
+    :class:`EncodedLaunch` of it in ``cache``; later calls encode the arguments now and launch through it. ``key``
+    must fix everything the JIT specialises on (dtypes, descriptor blocks and layouts, pointer alignment, the
+    integers it is not told not to specialise)."""
+    encoded = cache.get(key)
+    if encoded is None:
+
+        def first_launch():
+            cache[key] = EncodedLaunch(kernel[(programs,)](*arguments, num_warps=warps, maxnreg=maxnreg))
+
+        return first_launch
+    encoded_arguments = encoded.encode(*arguments, warps)
+    stream = torch.cuda.current_stream(device).cuda_stream
+    return lambda: encoded.launch(programs, encoded_arguments, stream)

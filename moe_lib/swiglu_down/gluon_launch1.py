@@ -1,0 +1,179 @@
+"""P1's launch 1 in Gluon: one warp issues TMA copies, two warpgroups issue wgmma (opt-in: not yet measured).
+
+Dataflow (T tokens, H hidden, I intermediate; s = the saved gate_sigmoid):
+
+    dWd = dyᵀ · intermediate                         tiles [BLOCK_M of H, BLOCK_N of I], K = T   (A read transposed)
+    dA  = dy · Wd                                    tiles [BLOCK_M of T, BLOCK_N of I], K = H
+          epilogue: dUp = dA ⊙ gate_silu,  dGate = dA ⊙ s ⊙ (1 + gate ⊙ (1 − s)) ⊙ up
+          -> stored in the input dtype as hi and, with WITH_LO, lo = value − hi (dA never leaves the chip)
+
+Each program takes one output tile (the dWd tiles first: their reductions over T are the long ones). The machinery
+is launch 2's (:mod:`.gluon_launch2`): a loading warp copies each K step's A and B tiles by TMA into a ring of
+shared-memory buffers with `ready` and `empty` mbarriers, two warpgroups issue the wgmma, one warp-specialised region
+per tile kind (so that ptxas does not serialise the wgmma). A dWd tile is launch 2's weight-gradient region with dy
+for dG and the intermediate for x. A dA tile ends in the dSwiGLU epilogue: once its main loop is done, the four
+saved tiles arrive by TMA into the ring's buffers (free by then), each is read into the accumulator's register
+layout in turn, and dUp's, then dGate's halves go out through shared memory by TMA.
+
+The readable version of the same arithmetic is launch 1 of :mod:`.kernels` (``d_intermediate_and_grad_down_kernel``):
+under the interpreter, on a CPU, and wherever TMA cannot address the rows, :func:`prepare_first_launch_gluon` is not
+used (see ``TileConfig.gluon_first_launch``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+
+from ..encoded_launch import descriptor, prepared_launch
+from ..tiling import cdiv
+from .gluon_launch2 import load_steps, mma_steps, ring_barriers, store_tile, weight_grad_region
+
+
+@gluon.jit
+def store_halves(value, hi_desc, lo_desc, c_smem, off_m, off_n, WITH_LO: gl.constexpr):
+    """An fp32 tile out as hi = round(value) and, with WITH_LO, lo = round(value − hi), through ``c_smem`` by TMA."""
+    hi = value.to(hi_desc.dtype)
+    store_tile(hi, hi_desc, c_smem, off_m, off_n)
+    if WITH_LO:
+        store_tile(value - hi.to(gl.float32), lo_desc, c_smem, off_m, off_n)
+
+
+@gluon.jit
+def d_intermediate_partition(a_bufs, b_bufs, ready, empty, saved_ready, gate_desc, gate_sigmoid_desc, gate_silu_desc,
+                             up_desc, dg_desc, dg_lo_desc, du_desc, du_lo_desc, c_smem, off_m, off_n, k_steps,
+                             WITH_LO: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
+    """The two warpgroups of a dA tile: dA = Σ_h dy[t, h] Wd[h, i] over the ring, then the dSwiGLU epilogue."""
+    BLOCK_M: gl.constexpr = dg_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = dg_desc.block_type.shape[1]
+    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                     instr_shape=[16, BLOCK_N, 16])  # fmt: skip
+    d_a = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
+    d_a = mma_steps(a_bufs, a_bufs, b_bufs, ready, empty, k_steps, d_a, True, False)
+    # the ring is free now (every load landed and every MMA on it is done): two saved tiles into each half of it
+    A_ELEMENTS: gl.constexpr = a_bufs.type.shape[0] * a_bufs.type.shape[1] * a_bufs.type.shape[2]
+    B_ELEMENTS: gl.constexpr = b_bufs.type.shape[0] * b_bufs.type.shape[1] * b_bufs.type.shape[2]
+    gl.static_assert(A_ELEMENTS >= 2 * BLOCK_M * BLOCK_N and B_ELEMENTS >= 2 * BLOCK_M * BLOCK_N,
+                     "the ring holds four saved tiles")  # fmt: skip
+    saved_a = a_bufs._reinterpret(gate_desc.dtype, [2] + gate_desc.block_type.shape, gate_desc.layout)
+    saved_b = b_bufs._reinterpret(gate_desc.dtype, [2] + gate_desc.block_type.shape, gate_desc.layout)
+    gl.thread_barrier()  # both warpgroups past their last MMA before TMA overwrites its operands
+    mbarrier.expect(saved_ready, 4 * gate_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(gate_silu_desc, [off_m, off_n], saved_ready, saved_a.index(0))
+    tma.async_copy_global_to_shared(gate_sigmoid_desc, [off_m, off_n], saved_ready, saved_a.index(1))
+    tma.async_copy_global_to_shared(gate_desc, [off_m, off_n], saved_ready, saved_b.index(0))
+    tma.async_copy_global_to_shared(up_desc, [off_m, off_n], saved_ready, saved_b.index(1))
+    mbarrier.wait(saved_ready, 0)
+    # one saved tile at a time into registers, in the accumulator's layout (the order of kernels.store_swiglu_grads)
+    d_up = d_a * saved_a.index(0).load(layout).to(gl.float32)
+    store_halves(d_up, du_desc, du_lo_desc, c_smem, off_m, off_n, WITH_LO)
+    s = saved_a.index(1).load(layout).to(gl.float32)
+    d_gate = d_a * s * (1.0 + saved_b.index(0).load(layout).to(gl.float32) * (1.0 - s))
+    d_gate = d_gate * saved_b.index(1).load(layout).to(gl.float32)
+    store_halves(d_gate, dg_desc, dg_lo_desc, c_smem, off_m, off_n, WITH_LO)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def d_intermediate_load_partition(dy_desc, wd_desc, a_bufs, b_bufs, ready, empty, off_m, off_n, k_steps):
+    """dA's K steps over H: dy's [BLOCK_M, BLOCK_K] tiles as they lie, Wd's [BLOCK_K, BLOCK_N] ones."""
+    load_steps(dy_desc, dy_desc, wd_desc, a_bufs, a_bufs, b_bufs, ready, empty, off_m, off_n, k_steps, 0, True, False)
+
+
+@gluon.jit(do_not_specialize=("T", "I"))  # one compiled kernel for every T, I: see prepare_first_launch_gluon
+def first_launch_kernel(
+    dy_t_desc,  # dy [T, H] as [BLOCK_K, BLOCK_M] tiles (Aᵀ of dWd)
+    intermediate_desc,  # intermediate [T, I] as [BLOCK_K, BLOCK_N] tiles (B of dWd)
+    dy_desc,  # dy [T, H] as [BLOCK_M, BLOCK_K] tiles (A of dA)
+    wd_desc,  # Wd [H, I] as [BLOCK_K, BLOCK_N] tiles (B of dA)
+    gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc,  # saved forward [T, I] as [BLOCK_M, BLOCK_N] tiles
+    dg_desc, dg_lo_desc, du_desc, du_lo_desc,  # out: dGate, dUp [T, I] hi and lo as [BLOCK_M, BLOCK_N] tiles
+    dwd_desc,  # out: dWd [H, I] as [BLOCK_M, BLOCK_N] tiles
+    T, I,
+    WITH_LO: gl.constexpr,  # store dGate, dUp as hi/lo pairs (the faithful path); else hi alone
+    BUFFERS: gl.constexpr,  # buffers of the ring
+    num_warps: gl.constexpr,  # of the multiplying partition (8: two warpgroups)
+):  # fmt: skip
+    BLOCK_M: gl.constexpr = dwd_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = dwd_desc.block_type.shape[1]
+    BLOCK_K: gl.constexpr = wd_desc.block_type.shape[0]
+    tiles_n = gl.cdiv(I, BLOCK_N)
+    grad_down_tiles = gl.cdiv(dy_desc.shape[1], BLOCK_M) * tiles_n
+    pid = gl.program_id(0)
+    a_bufs = gl.allocate_shared_memory(dy_desc.dtype, [BUFFERS] + dy_desc.block_type.shape, dy_desc.layout)
+    a_t_bufs = a_bufs._reinterpret(dy_t_desc.dtype, [BUFFERS] + dy_t_desc.block_type.shape, dy_t_desc.layout)
+    b_bufs = gl.allocate_shared_memory(wd_desc.dtype, [BUFFERS] + wd_desc.block_type.shape, wd_desc.layout)
+    c_smem = gl.allocate_shared_memory(dwd_desc.dtype, dwd_desc.block_type.shape, dwd_desc.layout)
+    ready, empty = ring_barriers(BUFFERS)
+    saved_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(saved_ready, count=1)
+    fence_async_shared()
+    if pid < grad_down_tiles:  # dWd's tiles: Σ_t dy[t, h] intermediate[t, i] over the T tokens
+        off_m = (pid // tiles_n) * BLOCK_M
+        off_n = (pid % tiles_n) * BLOCK_N
+        weight_grad_region(dy_t_desc, dy_t_desc, intermediate_desc, dwd_desc, a_t_bufs, a_t_bufs, b_bufs, ready,
+                           empty, c_smem, off_m, off_n, gl.cdiv(T, BLOCK_K), False, num_warps)  # fmt: skip
+    else:  # dA's tiles, then dGate, dUp from them
+        tile = pid - grad_down_tiles
+        off_m = (tile % gl.cdiv(T, BLOCK_M)) * BLOCK_M  # row blocks fastest: the programs at once share Wd's tiles
+        off_n = (tile // gl.cdiv(T, BLOCK_M)) * BLOCK_N
+        k_steps = gl.cdiv(dy_desc.shape[1], BLOCK_K)
+        gl.warp_specialize([
+            (d_intermediate_partition, (a_bufs, b_bufs, ready, empty, saved_ready, gate_desc, gate_sigmoid_desc,
+                                        gate_silu_desc, up_desc, dg_desc, dg_lo_desc, du_desc, du_lo_desc, c_smem,
+                                        off_m, off_n, k_steps, WITH_LO, num_warps)),
+            (d_intermediate_load_partition, (dy_desc, wd_desc, a_bufs, b_bufs, ready, empty, off_m, off_n, k_steps)),
+        ], [1], [40])  # fmt: skip
+
+
+@dataclass(frozen=True)
+class GluonFirstLaunchConfig:
+    """Tiles of :func:`first_launch_kernel` (one shape for both tile kinds: they share the ring and the output
+    buffer)."""
+
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 64
+    buffers: int = 4  # 4 × 32 KB, plus 32 KB for the output tile
+    warps: int = 8  # of the multiplying partition: two warpgroups, each 64 rows of the tile
+    maxnreg: int = 168  # registers a thread at launch (12 warps with the loading one's warpgroup)
+
+    def programs(self, num_tokens: int, hidden_size: int, intermediate_size: int) -> int:
+        """Tiles of the launch: dWd's, then dA's."""
+        return (cdiv(hidden_size, self.block_m) + cdiv(num_tokens, self.block_m)) * cdiv(intermediate_size,
+                                                                                          self.block_n)  # fmt: skip
+
+    def descriptors(self, grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate, d_gate, d_up,
+                    grad_down_weight):  # fmt: skip
+        """The kernel's 13 descriptors in its argument order: dyᵀ, intermediate, dy, Wd; the saved gate, σ, silu, up;
+        dG hi, dG lo, dU hi, dU lo, dWd (lo descriptors repeat hi ones without lo halves)."""
+        bm, bn, bk = self.block_m, self.block_n, self.block_k
+        return (descriptor(grad_output, (bk, bm)), descriptor(intermediate, (bk, bn)),
+                descriptor(grad_output, (bm, bk)), descriptor(down_weight, (bk, bn)),
+                *(descriptor(saved, (bm, bn)) for saved in (gate, gate_sigmoid, gate_silu, up)),
+                descriptor(d_gate[0], (bm, bn)), descriptor(d_gate[-1], (bm, bn)), descriptor(d_up[0], (bm, bn)),
+                descriptor(d_up[-1], (bm, bn)), descriptor(grad_down_weight, (bm, bn)))  # fmt: skip
+
+
+ENCODED_LAUNCHES: dict = {}  # (device, dtype, with_lo, config) → EncodedLaunch of the kernel compiled for them
+
+
+def prepare_first_launch_gluon(config: GluonFirstLaunchConfig, grad_output, down_weight, gate, gate_sigmoid,
+                               gate_silu, up, intermediate, d_gate, d_up, grad_down_weight, *,
+                               with_lo: bool):  # fmt: skip
+    """Launch 1 in Gluon made ready: returns the callable that launches it (dGate, dUp into [1 or 2, T, I], hi and
+    with ``with_lo`` lo; dWd). On a Hopper GPU; 16-bit contiguous operands whose rows TMA can address
+    (``tma_launches.fits``), T ≥ 1. No host synchronisation. As for launch 2
+    (:func:`.gluon_launch2.prepare_second_launch_gluon`), the first call per device, dtype, ``with_lo`` and config
+    compiles through Triton's JIT, later ones go to the compiled kernel's launcher."""
+    T, H = grad_output.shape
+    I = down_weight.shape[1]
+    descriptors = config.descriptors(grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate,
+                                     d_gate, d_up, grad_down_weight)  # fmt: skip
+    key = (grad_output.device, grad_output.dtype, with_lo, config)
+    return prepared_launch(ENCODED_LAUNCHES, key, first_launch_kernel, config.programs(T, H, I),
+                           (*descriptors, T, I, with_lo, config.buffers), warps=config.warps, maxnreg=config.maxnreg,
+                           device=grad_output.device)  # fmt: skip
