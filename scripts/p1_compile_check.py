@@ -169,18 +169,21 @@ def main():
             except Exception as exc:  # report and go on
                 report = "FAIL " + first_error_line(exc, 120)
             print(f"{name:12s} TMA launch{launch}: {report}", flush=True)
-    try:
-        compiled = compile_gluon_second_launch(GluonSecondLaunchConfig(), with_lo)
-        report = f"{resources(compiled)}{over_limit(compiled)} wgmma serialised: {wgmma_serialized(compiled)}"
-    except Exception as exc:  # report and go on
-        report = "FAIL " + first_error_line(exc, 120)
-    print(f"{'gluon':12s} launch2: {report}", flush=True)
-    try:
-        compiled = compile_gluon_first_launch(GluonFirstLaunchConfig(), with_lo)
-        report = f"{resources(compiled)}{over_limit(compiled)} wgmma serialised: {wgmma_serialized(compiled)}"
-    except Exception as exc:  # report and go on
-        report = "FAIL " + first_error_line(exc, 120)
-    print(f"{'gluon':12s} launch1: {report}", flush=True)
+    # the Gluon launches: their default tiles and those the candidates name
+    gluon_configs = {("launch2", GluonSecondLaunchConfig()), ("launch1", GluonFirstLaunchConfig())}
+    for name in args.candidates or two_launch:
+        tiles = P1_CANDIDATES[name]
+        if isinstance(tiles, TileConfig):
+            gluon_configs |= {(launch, config) for launch, config in (("launch2", tiles.gluon_second_launch),
+                                                                      ("launch1", tiles.gluon_first_launch)) if config}
+    for launch, config in sorted(gluon_configs, key=repr):
+        compile_gluon = compile_gluon_second_launch if launch == "launch2" else compile_gluon_first_launch
+        try:
+            compiled = compile_gluon(config, with_lo)
+            report = f"{resources(compiled)}{over_limit(compiled)} wgmma serialised: {wgmma_serialized(compiled)}"
+        except Exception as exc:  # report and go on
+            report = "FAIL " + first_error_line(exc, 120)
+        print(f"{'gluon':12s} {launch}: {report}  {config}", flush=True)
     kernel = kernels.swiglu_activation_kernel
     types = {name: "*bf16" if name.endswith("_ptr") else "i32" for name in runtime_names(kernel)}
     for with_saved in (False, True):

@@ -216,6 +216,11 @@ P1_CANDIDATES.update({f"{name}_np": one_tile_per_program(P1_CANDIDATES[name])
 P1_CANDIDATES["gluon2"] = dataclasses.replace(P1_CANDIDATES["f_w8s3"], gluon_second_launch=GluonSecondLaunchConfig())
 # both launches in Gluon (gluon_launch1.py: dWd's tiles and dA's with the dSwiGLU epilogue, 128 × 128 × 64 tiles)
 P1_CANDIDATES["gluon12"] = dataclasses.replace(P1_CANDIDATES["gluon2"], gluon_first_launch=GluonFirstLaunchConfig())
+# launch 2's dWg, dWu tiles 128 wide (192 of them at H = 2048, I = 768, more than the SMs) beside 128 × 256 dx tiles
+P1_CANDIDATES["gluon2_w128"] = dataclasses.replace(P1_CANDIDATES["f_w8s3"],
+                                                   gluon_second_launch=GluonSecondLaunchConfig(weight_block_n=128))
+P1_CANDIDATES["gluon12_w128"] = dataclasses.replace(P1_CANDIDATES["gluon2_w128"],
+                                                    gluon_first_launch=GluonFirstLaunchConfig())
 
 # kernel G's settings as the P2 scripts spell them (FIELD=VALUE), and the FusedDxConfig fields they set
 FUSED_DX_FIELDS = {"gate_up_dx_tile": ("block_i", "block_h", "block_rows"), "warps_g": ("warps",),

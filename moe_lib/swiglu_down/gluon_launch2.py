@@ -164,9 +164,10 @@ def weight_grad_region(a_t_desc, a_lo_t_desc, x_desc, c_desc, a_t_bufs, a_lo_t_b
 def second_launch_kernel(
     dg_t_desc, dg_lo_t_desc, du_t_desc, du_lo_t_desc,  # dG, dU hi and lo [T, I] as [BLOCK_K, BLOCK_M] tiles (Aᵀ)
     dg_desc, dg_lo_desc, du_desc, du_lo_desc,  # the same tensors as [BLOCK_M, BLOCK_K] tiles (A)
-    x_desc,  # x [T, H] as [BLOCK_K, BLOCK_N] tiles
+    x_desc,  # x [T, H] as [BLOCK_K, WEIGHT_N] tiles
     wg_desc, wu_desc,  # Wg, Wu [I, H] as [BLOCK_K, BLOCK_N] tiles
-    dwg_desc, dwu_desc, dx_desc,  # out: dWg, dWu [I, H] and dx [T, H] as [BLOCK_M, BLOCK_N] tiles
+    dwg_desc, dwu_desc,  # out: dWg, dWu [I, H] as [BLOCK_M, WEIGHT_N] tiles (WEIGHT_N = BLOCK_N or a divisor of it)
+    dx_desc,  # out: dx [T, H] as [BLOCK_M, BLOCK_N] tiles
     T, I,
     WITH_LO: gl.constexpr,  # both halves of dG, dU (the faithful path); else the hi halves alone
     BUFFERS: gl.constexpr,  # buffers of the ring
@@ -176,28 +177,34 @@ def second_launch_kernel(
     BLOCK_N: gl.constexpr = dx_desc.block_type.shape[1]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[0]
     LO_BUFFERS: gl.constexpr = BUFFERS if WITH_LO else 1
-    tiles_n = gl.cdiv(dx_desc.shape[1], BLOCK_N)
-    weight_tiles = gl.cdiv(I, BLOCK_M) * tiles_n  # of dWg, and as many of dWu
+    WEIGHT_N: gl.constexpr = dwg_desc.block_type.shape[1]
+    gl.static_assert(BLOCK_N % WEIGHT_N == 0, "the weight-gradient tiles' width divides the dx tiles'")
+    weight_tiles_n = gl.cdiv(dx_desc.shape[1], WEIGHT_N)
+    weight_tiles = gl.cdiv(I, BLOCK_M) * weight_tiles_n  # of dWg, and as many of dWu
     pid = gl.program_id(0)
     a_bufs = gl.allocate_shared_memory(dg_desc.dtype, [BUFFERS] + dg_desc.block_type.shape, dg_desc.layout)
     a_lo_bufs = gl.allocate_shared_memory(dg_desc.dtype, [LO_BUFFERS] + dg_desc.block_type.shape, dg_desc.layout)
     a_t_bufs = a_bufs._reinterpret(dg_t_desc.dtype, [BUFFERS] + dg_t_desc.block_type.shape, dg_t_desc.layout)
     a_lo_t_bufs = a_lo_bufs._reinterpret(dg_t_desc.dtype, [LO_BUFFERS] + dg_t_desc.block_type.shape,
                                          dg_t_desc.layout)  # fmt: skip
-    b_bufs = gl.allocate_shared_memory(x_desc.dtype, [BUFFERS] + x_desc.block_type.shape, x_desc.layout)
+    b_bufs = gl.allocate_shared_memory(wg_desc.dtype, [BUFFERS] + wg_desc.block_type.shape, wg_desc.layout)
     c_smem = gl.allocate_shared_memory(dx_desc.dtype, dx_desc.block_type.shape, dx_desc.layout)
+    # the weight-gradient tiles see the same bytes in their own (possibly narrower) tile shape
+    WIDTHS: gl.constexpr = BLOCK_N // WEIGHT_N
+    x_bufs = b_bufs._reinterpret(x_desc.dtype, [BUFFERS * WIDTHS] + x_desc.block_type.shape, x_desc.layout)
+    weight_c_smem = c_smem._reinterpret(dwg_desc.dtype, [WIDTHS] + dwg_desc.block_type.shape, dwg_desc.layout)
     ready, empty = ring_barriers(BUFFERS)
     if pid < 2 * weight_tiles:  # dWg's tiles, then dWu's: Σ_t A[t, m] x[t, n] over the T tokens
         tile = pid % weight_tiles
-        off_m = (tile // tiles_n) * BLOCK_M
-        off_n = (tile % tiles_n) * BLOCK_N
+        off_m = (tile // weight_tiles_n) * BLOCK_M
+        off_n = (tile % weight_tiles_n) * WEIGHT_N
         k_steps = gl.cdiv(T, BLOCK_K)
         if pid < weight_tiles:
-            weight_grad_region(dg_t_desc, dg_lo_t_desc, x_desc, dwg_desc, a_t_bufs, a_lo_t_bufs, b_bufs, ready, empty,
-                               c_smem, off_m, off_n, k_steps, WITH_LO, num_warps)  # fmt: skip
+            weight_grad_region(dg_t_desc, dg_lo_t_desc, x_desc, dwg_desc, a_t_bufs, a_lo_t_bufs, x_bufs, ready, empty,
+                               weight_c_smem.index(0), off_m, off_n, k_steps, WITH_LO, num_warps)  # fmt: skip
         else:
-            weight_grad_region(du_t_desc, du_lo_t_desc, x_desc, dwu_desc, a_t_bufs, a_lo_t_bufs, b_bufs, ready, empty,
-                               c_smem, off_m, off_n, k_steps, WITH_LO, num_warps)  # fmt: skip
+            weight_grad_region(du_t_desc, du_lo_t_desc, x_desc, dwu_desc, a_t_bufs, a_lo_t_bufs, x_bufs, ready, empty,
+                               weight_c_smem.index(0), off_m, off_n, k_steps, WITH_LO, num_warps)  # fmt: skip
     else:  # dx's tiles: Σ_k dG[t, k] Wg[k, n] + Σ_k dU[t, k] Wu[k, n]
         tile = pid - 2 * weight_tiles
         off_m = (tile % gl.cdiv(T, BLOCK_M)) * BLOCK_M  # row blocks fastest: the programs at once share Wg, Wu tiles
@@ -221,22 +228,26 @@ class GluonSecondLaunchConfig:
     buffers: int = 4  # at 128 × 256 × 32 with lo halves: 4 × 32 KB, plus 64 KB for the output tile
     warps: int = 8  # of the multiplying partition: two warpgroups, each 64 rows of the tile
     maxnreg: int = 168  # registers a thread at launch (12 warps with the loading one's warpgroup: 64.5 K of 64 K)
+    # width of the dWg, dWu tiles (block_n or a divisor): narrower ones, twice as many, shorten the launch's critical
+    # path where its 96 weight-gradient tiles of 128 × 256, fewer than the SMs, each reduce over all T tokens
+    weight_block_n: int = 256
 
     def programs(self, num_tokens: int, hidden_size: int, intermediate_size: int) -> int:
         """Tiles of the launch: dWg's and dWu's, then dx's."""
-        tiles_n = cdiv(hidden_size, self.block_n)  # not triton.cdiv: a constexpr function, ~3 µs a call on the host
-        return (2 * cdiv(intermediate_size, self.block_m) + cdiv(num_tokens, self.block_m)) * tiles_n
+        # not triton.cdiv: a constexpr function, ~3 µs a call on the host
+        weight_tiles = cdiv(intermediate_size, self.block_m) * cdiv(hidden_size, self.weight_block_n)
+        return 2 * weight_tiles + cdiv(num_tokens, self.block_m) * cdiv(hidden_size, self.block_n)
 
     def descriptors(self, x, gate_weight, up_weight, d_gate, d_up, grad_x, grad_gate_weight, grad_up_weight):
         """The kernel's 14 TMA descriptors, in its argument order (lo descriptors repeat hi ones without lo halves)."""
-        bm, bn, bk = self.block_m, self.block_n, self.block_k
+        bm, bn, bk, wn = self.block_m, self.block_n, self.block_k, self.weight_block_n
         dg_hi, dg_lo = d_gate[0], d_gate[-1]
         du_hi, du_lo = d_up[0], d_up[-1]
         return (descriptor(dg_hi, (bk, bm)), descriptor(dg_lo, (bk, bm)), descriptor(du_hi, (bk, bm)),
                 descriptor(du_lo, (bk, bm)), descriptor(dg_hi, (bm, bk)), descriptor(dg_lo, (bm, bk)),
-                descriptor(du_hi, (bm, bk)), descriptor(du_lo, (bm, bk)), descriptor(x, (bk, bn)),
+                descriptor(du_hi, (bm, bk)), descriptor(du_lo, (bm, bk)), descriptor(x, (bk, wn)),
                 descriptor(gate_weight, (bk, bn)), descriptor(up_weight, (bk, bn)),
-                descriptor(grad_gate_weight, (bm, bn)), descriptor(grad_up_weight, (bm, bn)),
+                descriptor(grad_gate_weight, (bm, wn)), descriptor(grad_up_weight, (bm, wn)),
                 descriptor(grad_x, (bm, bn)))  # fmt: skip
 
 
