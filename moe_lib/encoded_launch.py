@@ -26,7 +26,9 @@ def shared_layout(block: tuple[int, ...], dtype: gl.dtype) -> gl.NVMMASharedLayo
 
 def descriptor(tensor, block: tuple[int, ...]) -> TensorDescriptor:
     """A host TMA descriptor of a 16-bit contiguous ``tensor`` in ``block`` tiles, in the swizzled layout."""
-    dtype = {"torch.bfloat16": gl.bfloat16, "torch.float16": gl.float16}[str(tensor.dtype)]
+    dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}.get(tensor.dtype)
+    if dtype is None:
+        raise ValueError(f"tensor: the Gluon launches take bf16 or fp16 operands, not {tensor.dtype}")
     return TensorDescriptor.from_tensor(tensor, list(block), shared_layout(tuple(block), dtype))
 
 
@@ -58,14 +60,15 @@ class EncodedLaunch:
     def encode(self, *arguments) -> list:
         """The launcher's arguments from the kernel's, in its order (constexprs included): each host descriptor
         encoded, tensors and scalars as they are."""
+        descriptors = sum(isinstance(argument, TensorDescriptor) for argument in arguments)
+        if descriptors != len(self.descriptor_metadata):
+            raise ValueError(f"arguments: {descriptors} descriptors, the kernel takes {len(self.descriptor_metadata)}")
         encoded, metadata = [], iter(self.descriptor_metadata)
         for argument in arguments:
             if isinstance(argument, TensorDescriptor):
                 encoded.extend(self.encode_descriptor(argument, next(metadata)))
             else:
                 encoded.append(argument)
-        if next(metadata, None) is not None:
-            raise ValueError("arguments: fewer descriptors than the kernel takes")
         return encoded
 
     def launch(self, programs: int, arguments: list, stream: int) -> None:

@@ -1,0 +1,86 @@
+"""The two-step Gluon launch on the host (moe_lib/encoded_launch.py): descriptors, caching, argument encoding.
+
+The launch itself needs a Hopper GPU (test_gpu_gluon_* in test_swiglu_down_backward_triton.py); here the host logic
+runs against stand-ins for the compiled kernel and Triton's launcher.
+"""
+
+import pytest
+import torch
+
+from moe_lib import encoded_launch
+from moe_lib.encoded_launch import EncodedLaunch, descriptor, prepared_launch, shared_layout
+
+
+def test_descriptor_of_a_tensor_in_its_blocks_with_one_layout_per_block_and_dtype():
+    x = torch.empty((300, 256), dtype=torch.bfloat16)
+    desc = descriptor(x, (64, 128))
+    assert list(desc.shape) == [300, 256] and list(desc.strides) == [256, 1] and list(desc.block_shape) == [64, 128]
+    assert desc.base is x
+    assert descriptor(torch.empty((8, 64), dtype=torch.bfloat16), (64, 128)).layout is desc.layout  # cached
+    assert descriptor(torch.empty((8, 64), dtype=torch.float16), (64, 128)).layout is not desc.layout
+    assert shared_layout((64, 128), encoded_launch.gl.bfloat16) is desc.layout
+
+
+def test_descriptor_refuses_a_dtype_the_gluon_launches_do_not_take():
+    with pytest.raises(ValueError, match="tensor: the Gluon launches take bf16 or fp16 operands, not torch.float32"):
+        descriptor(torch.empty((8, 64), dtype=torch.float32), (8, 64))
+
+
+class StandInKernel:
+    """``kernel[grid](*arguments, **options)`` as Triton's JIT takes it: records each call, returns a stand-in
+    compiled kernel."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getitem__(self, grid):
+        def run(*arguments, **options):
+            self.calls.append((grid, arguments, options))
+            return "compiled"
+
+        return run
+
+
+class StandInEncodedLaunch:
+    """EncodedLaunch's interface: what it encoded, what it launched."""
+
+    def __init__(self, compiled):
+        assert compiled == "compiled"
+        self.launches = []
+
+    def encode(self, *arguments):
+        return ["encoded", *arguments]
+
+    def launch(self, programs, arguments, stream):
+        self.launches.append((programs, arguments, stream))
+
+
+def test_prepared_launch_compiles_through_the_jit_once_then_launches_encoded_arguments(monkeypatch):
+    monkeypatch.setattr(encoded_launch, "EncodedLaunch", StandInEncodedLaunch)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: type("Stream", (), {"cuda_stream": 7})())
+    kernel, cache = StandInKernel(), {}
+    first = prepared_launch(cache, "key", kernel, 12, ("a", 3), warps=8, maxnreg=168, device="cuda")
+    assert not kernel.calls and not cache  # nothing runs until the callable is called
+    first()
+    assert kernel.calls == [((12,), ("a", 3), dict(num_warps=8, maxnreg=168))]
+    encoded = cache["key"]
+    later = prepared_launch(cache, "key", kernel, 5, ("b", 4), warps=8, maxnreg=168, device="cuda")
+    assert not encoded.launches  # encoded now, launched only when called
+    later()
+    assert encoded.launches == [(5, ["encoded", "b", 4, 8], 7)]  # num_warps appended, the stream's handle
+    assert len(kernel.calls) == 1  # no second pass through the JIT
+    prepared_launch(cache, "other key", kernel, 5, ("b", 4), warps=8, maxnreg=168, device="cuda")()
+    assert len(kernel.calls) == 2 and set(cache) == {"key", "other key"}
+
+
+def test_encode_expands_each_descriptor_with_its_metadata_and_passes_the_rest(monkeypatch):
+    launch = object.__new__(EncodedLaunch)  # its launcher and encoder replaced by stand-ins
+    launch.descriptor_metadata = ["meta0", "meta1"]
+    launch.encode_descriptor = lambda desc, meta: [f"map({desc.block_shape[0]},{meta})", *desc.shape]
+    x = torch.empty((40, 64), dtype=torch.bfloat16)
+    first, second = descriptor(x, (8, 64)), descriptor(x, (16, 64))
+    assert launch.encode(first, x, 3, second, True) == ["map(8,meta0)", 40, 64, x, 3, "map(16,meta1)", 40, 64, True]
+    with pytest.raises(ValueError, match="arguments: 1 descriptors, the kernel takes 2"):
+        launch.encode(first, x, 3)
+    with pytest.raises(ValueError, match="arguments: 3 descriptors, the kernel takes 2"):
+        launch.encode(first, second, first)
