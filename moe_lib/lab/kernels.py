@@ -670,6 +670,32 @@ def host_gap_figure(table: pd.DataFrame, title: str):
     return fig
 
 
+GLUON_HOST_GAP_FILE = TUNING_DIR / "2026-12-01-p1-gluon-launch2-host-gap.json"
+
+
+def p1_host_gap_runs(path=GLUON_HOST_GAP_FILE, config: str = "gluon2", labels: dict | None = None) -> pd.DataFrame:
+    """One design's host gap in NVIDIA's method (its official span minus graph replay, µs) per token count (rows)
+    in each run of a file of ``scripts/p1_host_gap.py`` runs (columns: the run numbers, or ``labels[run]``)."""
+    rows = [dict(num_tokens=row["T"], run=(labels or {}).get(run["run"], run["run"]), gap=row["gap_us"])
+            for run in _read_json(path)["runs"] for row in run["rows"]
+            if row["config"] == config and "gap_us" in row]  # fmt: skip
+    table = pd.DataFrame(rows).pivot_table(index="num_tokens", columns="run", values="gap")
+    return table[list(dict.fromkeys(r["run"] for r in rows))]  # the runs in their order
+
+
+def host_gap_steps_figure(table: pd.DataFrame, title: str):
+    """A :func:`p1_host_gap_runs` table as one line per token count across the runs (the steps taken)."""
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    for tokens, gaps in table.iterrows():
+        ax.plot(range(len(gaps)), gaps.to_numpy(), marker="o", label=f"{tokens} tokens")
+    ax.set_xticks(range(len(table.columns)), [str(c) for c in table.columns], fontsize=7)
+    ax.axhline(0, color="black", lw=0.8, ls=":")
+    ax.set(ylabel="NVIDIA's span − graph replay (µs)", title=title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
 GLUON_PROBE_FILE = TUNING_DIR / "2026-12-01-p1-gluon-launch2-probe.json"
 
 
