@@ -533,6 +533,9 @@ def p1_design_name(config) -> str:
         return "few tokens: one launch, waits per block"
     if isinstance(config, OneLaunchConfig):
         return "one launch, grid barrier"
+    gluon = [n for n, c in (("1", config.gluon_first_launch), ("2", config.gluon_second_launch)) if c is not None]
+    if gluon:
+        return f"two launches, {' and '.join(gluon)} in Gluon on Hopper"
     return "two Triton launches"
 
 
