@@ -945,3 +945,31 @@ def test_gpu_gluon_first_launch_at_both_input_scales(T, precision, seed):
 @pytest.mark.gpu
 def test_gpu_gluon_first_launch_deterministic_and_replayed_from_a_graph(seed):
     check_deterministic_and_replayed("gluon12", "faithful", seed)
+
+
+def test_tma_needs_every_input_to_start_on_a_16_byte_boundary():
+    from moe_lib.swiglu_down.tma_launches import aligned
+
+    storage = torch.zeros(64, dtype=torch.bfloat16)
+    assert aligned(storage, storage[8:])
+    assert not aligned(storage, storage[1:]) and not aligned(storage[4:])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("candidate", ["gluon2", "gluon12", "tma12_a"])
+def test_gpu_inputs_off_a_16_byte_boundary_take_the_pointer_launches(candidate, seed):
+    """An input starting off a 16-byte boundary (a view into a larger tensor) cannot be a TMA operand: the call runs
+    the pointer-based Triton launches instead, within the rule of float64."""
+    from moe_lib.bench.tuning import P1_CANDIDATES
+    from moe_lib.swiglu_down.launch import swiglu_down_backward_triton
+
+    inputs = problems.make_inputs("swiglu_down_backward", 1087, seed=seed, device="cuda", distribution="harness")
+    for name in ("x", "gate_silu"):
+        tensor = inputs[name]
+        shifted = torch.empty(tensor.numel() + 1, dtype=tensor.dtype, device="cuda")[1:].view(tensor.shape)
+        inputs[name] = shifted.copy_(tensor)
+        assert inputs[name].data_ptr() % 16 != 0
+    poison_allocator("cuda", 256 * 2**20)
+    got = swiglu_down_backward_triton(*inputs.values(), config=P1_CANDIDATES[candidate], precision="faithful")
+    torch.cuda.synchronize()
+    check_against_float64(inputs, got, "faithful")

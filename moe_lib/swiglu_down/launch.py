@@ -24,6 +24,7 @@ from .gluon_launch2 import GluonSecondLaunchConfig, prepare_second_launch_gluon
 from .tma_launches import (
     TmaFirstLaunchConfig,
     TmaSecondLaunchConfig,
+    aligned,
     fits,
     launch_first_launch_tma,
     launch_second_launch_tma,
@@ -339,7 +340,9 @@ def swiglu_down_backward_triton(
     plan = launch_plan(T, H, I, config)
     # everything both launches need is allocated before the first: the second follows it with no other host work
     workspaces = split_workspaces(plan, x.device)
-    tma = T > 0 and fits(H, I, x.element_size())  # TMA can address every operand (a descriptor needs T ≥ 1)
+    # TMA can address every operand (a descriptor needs T ≥ 1; our outputs and workspaces start aligned)
+    tma = T > 0 and fits(H, I, x.element_size()) and aligned(grad_output, x, gate_weight, up_weight, down_weight, gate,
+                                                              gate_sigmoid, gate_silu, up, intermediate)  # fmt: skip
     gluon_launch1, gluon_launch2 = config.gluon_first_launch, config.gluon_second_launch
     if (gluon_launch1 is not None or gluon_launch2 is not None) and not (tma and gluon_runs_here(x)):
         gluon_launch1 = gluon_launch2 = None  # the Triton launches instead

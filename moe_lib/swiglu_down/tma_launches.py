@@ -245,6 +245,12 @@ def fits(hidden_size: int, intermediate_size: int, element_bytes: int) -> bool:
     return (hidden_size * element_bytes) % 16 == 0 and (intermediate_size * element_bytes) % 16 == 0
 
 
+def aligned(*tensors) -> bool:
+    """Whether each tensor starts on a 16-byte boundary, as a TMA copy's global address must (a view into a larger
+    tensor need not)."""
+    return all(tensor.data_ptr() % 16 == 0 for tensor in tensors)
+
+
 def launch_first_launch_tma(config: TmaFirstLaunchConfig, grad_output, down_weight, gate, gate_sigmoid, gate_silu,
                             up, intermediate, d_gate, d_up, grad_down_weight, *, with_lo: bool, num_programs: int,
                             dot_flags: tuple[bool, str]) -> None:  # fmt: skip
