@@ -243,7 +243,7 @@ case " $RUNS " in *" p1_gluon1 "*)
   for precision in faithful fast; do
     check "P1 launch 1 in Gluon, $precision, graph replay" "${P1_GLUON1_SECONDS:-150}" scripts/p1_tune.py \
       --precision "$precision" --out "$TUNING/p1_gluon1_$precision" \
-      --tokens "${P1_GLUON1_TOKENS:-1087,1571,2447,4093,8192}" --configs "${P1_GLUON1_CONFIGS:-gluon12,gluon2,gluon2_w128,gluon12_w128}"
+      --tokens "${P1_GLUON1_TOKENS:-1087,1571,2447,4093,8192}" --configs "${P1_GLUON1_CONFIGS:-gluon12,gluon12_d64,gluon2,gluon2_w128,gluon12_w128}"
   done
   check "P1 launch 1 in Gluon, host gap" "${P1_GLUON1_GAP_SECONDS:-150}" scripts/p1_host_gap.py --precision faithful \
     --tokens "${P1_GLUON1_GAP_TOKENS:-1571,2447,4093,8192}" --configs default,gluon12,gluon2_w128

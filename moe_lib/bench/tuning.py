@@ -221,6 +221,9 @@ P1_CANDIDATES["gluon2_w128"] = dataclasses.replace(P1_CANDIDATES["f_w8s3"],
                                                    gluon_second_launch=GluonSecondLaunchConfig(weight_block_n=128))
 P1_CANDIDATES["gluon12_w128"] = dataclasses.replace(P1_CANDIDATES["gluon2_w128"],
                                                     gluon_first_launch=GluonFirstLaunchConfig())
+# launch 1's dWd tiles 64 wide (192 of them) beside 128 × 128 dA tiles
+P1_CANDIDATES["gluon12_d64"] = dataclasses.replace(P1_CANDIDATES["gluon2"],
+                                                   gluon_first_launch=GluonFirstLaunchConfig(grad_down_block_n=64))
 
 # kernel G's settings as the P2 scripts spell them (FIELD=VALUE), and the FusedDxConfig fields they set
 FUSED_DX_FIELDS = {"gate_up_dx_tile": ("block_i", "block_h", "block_rows"), "warps_g": ("warps",),

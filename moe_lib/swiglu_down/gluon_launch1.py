@@ -86,36 +86,45 @@ def d_intermediate_load_partition(dy_desc, wd_desc, a_bufs, b_bufs, ready, empty
 @gluon.jit(do_not_specialize=("T", "I"))  # one compiled kernel for every T, I: see prepare_first_launch_gluon
 def first_launch_kernel(
     dy_t_desc,  # dy [T, H] as [BLOCK_K, BLOCK_M] tiles (Aᵀ of dWd)
-    intermediate_desc,  # intermediate [T, I] as [BLOCK_K, BLOCK_N] tiles (B of dWd)
+    intermediate_desc,  # intermediate [T, I] as [BLOCK_K, GRAD_DOWN_N] tiles (B of dWd)
     dy_desc,  # dy [T, H] as [BLOCK_M, BLOCK_K] tiles (A of dA)
     wd_desc,  # Wd [H, I] as [BLOCK_K, BLOCK_N] tiles (B of dA)
     gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc,  # saved forward [T, I] as [BLOCK_M, BLOCK_N] tiles
     dg_desc, dg_lo_desc, du_desc, du_lo_desc,  # out: dGate, dUp [T, I] hi and lo as [BLOCK_M, BLOCK_N] tiles
-    dwd_desc,  # out: dWd [H, I] as [BLOCK_M, BLOCK_N] tiles
+    dwd_desc,  # out: dWd [H, I] as [BLOCK_M, GRAD_DOWN_N] tiles (GRAD_DOWN_N = BLOCK_N or a divisor of it)
     T, I,
     WITH_LO: gl.constexpr,  # store dGate, dUp as hi/lo pairs (the faithful path); else hi alone
     BUFFERS: gl.constexpr,  # buffers of the ring
     num_warps: gl.constexpr,  # of the multiplying partition (8: two warpgroups)
 ):  # fmt: skip
-    BLOCK_M: gl.constexpr = dwd_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = dwd_desc.block_type.shape[1]
+    BLOCK_M: gl.constexpr = dg_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = dg_desc.block_type.shape[1]
     BLOCK_K: gl.constexpr = wd_desc.block_type.shape[0]
-    tiles_n = gl.cdiv(I, BLOCK_N)
-    grad_down_tiles = gl.cdiv(dy_desc.shape[1], BLOCK_M) * tiles_n
+    GRAD_DOWN_N: gl.constexpr = dwd_desc.block_type.shape[1]
+    gl.static_assert(BLOCK_N % GRAD_DOWN_N == 0, "the dWd tiles' width divides the dA tiles'")
+    grad_down_tiles_n = gl.cdiv(I, GRAD_DOWN_N)
+    grad_down_tiles = gl.cdiv(dy_desc.shape[1], BLOCK_M) * grad_down_tiles_n
     pid = gl.program_id(0)
     a_bufs = gl.allocate_shared_memory(dy_desc.dtype, [BUFFERS] + dy_desc.block_type.shape, dy_desc.layout)
     a_t_bufs = a_bufs._reinterpret(dy_t_desc.dtype, [BUFFERS] + dy_t_desc.block_type.shape, dy_t_desc.layout)
     b_bufs = gl.allocate_shared_memory(wd_desc.dtype, [BUFFERS] + wd_desc.block_type.shape, wd_desc.layout)
-    c_smem = gl.allocate_shared_memory(dwd_desc.dtype, dwd_desc.block_type.shape, dwd_desc.layout)
+    c_smem = gl.allocate_shared_memory(dg_desc.dtype, dg_desc.block_type.shape, dg_desc.layout)
+    # the dWd tiles see the same bytes in their own (possibly narrower) tile shape
+    WIDTHS: gl.constexpr = BLOCK_N // GRAD_DOWN_N
+    intermediate_bufs = b_bufs._reinterpret(intermediate_desc.dtype,
+                                            [BUFFERS * WIDTHS] + intermediate_desc.block_type.shape,
+                                            intermediate_desc.layout)  # fmt: skip
+    grad_down_c_smem = c_smem._reinterpret(dwd_desc.dtype, [WIDTHS] + dwd_desc.block_type.shape, dwd_desc.layout)
     ready, empty = ring_barriers(BUFFERS)
     saved_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(saved_ready, count=1)
     fence_async_shared()
     if pid < grad_down_tiles:  # dWd's tiles: Σ_t dy[t, h] intermediate[t, i] over the T tokens
-        off_m = (pid // tiles_n) * BLOCK_M
-        off_n = (pid % tiles_n) * BLOCK_N
-        weight_grad_region(dy_t_desc, dy_t_desc, intermediate_desc, dwd_desc, a_t_bufs, a_t_bufs, b_bufs, ready,
-                           empty, c_smem, off_m, off_n, gl.cdiv(T, BLOCK_K), False, num_warps)  # fmt: skip
+        off_m = (pid // grad_down_tiles_n) * BLOCK_M
+        off_n = (pid % grad_down_tiles_n) * GRAD_DOWN_N
+        weight_grad_region(dy_t_desc, dy_t_desc, intermediate_desc, dwd_desc, a_t_bufs, a_t_bufs, intermediate_bufs,
+                           ready, empty, grad_down_c_smem.index(0), off_m, off_n, gl.cdiv(T, BLOCK_K), False,
+                           num_warps)  # fmt: skip
     else:  # dA's tiles, then dGate, dUp from them
         tile = pid - grad_down_tiles
         off_m = (tile % gl.cdiv(T, BLOCK_M)) * BLOCK_M  # row blocks fastest: the programs at once share Wd's tiles
@@ -140,22 +149,25 @@ class GluonFirstLaunchConfig:
     buffers: int = 4  # 4 × 32 KB, plus 32 KB for the output tile
     warps: int = 8  # of the multiplying partition: two warpgroups, each 64 rows of the tile
     maxnreg: int = 168  # registers a thread at launch (12 warps with the loading one's warpgroup)
+    # width of the dWd tiles (block_n or a divisor): narrower ones, more of them, shorten the launch's critical path
+    # where its dWd tiles, fewer than the SMs at 128 × 128 (96 at H = 2048, I = 768), each reduce over all T tokens
+    grad_down_block_n: int = 128
 
     def programs(self, num_tokens: int, hidden_size: int, intermediate_size: int) -> int:
         """Tiles of the launch: dWd's, then dA's."""
-        return (cdiv(hidden_size, self.block_m) + cdiv(num_tokens, self.block_m)) * cdiv(intermediate_size,
-                                                                                          self.block_n)  # fmt: skip
+        grad_down_tiles = cdiv(hidden_size, self.block_m) * cdiv(intermediate_size, self.grad_down_block_n)
+        return grad_down_tiles + cdiv(num_tokens, self.block_m) * cdiv(intermediate_size, self.block_n)
 
     def descriptors(self, grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate, d_gate, d_up,
                     grad_down_weight):  # fmt: skip
         """The kernel's 13 descriptors in its argument order: dyᵀ, intermediate, dy, Wd; the saved gate, σ, silu, up;
         dG hi, dG lo, dU hi, dU lo, dWd (lo descriptors repeat hi ones without lo halves)."""
-        bm, bn, bk = self.block_m, self.block_n, self.block_k
-        return (descriptor(grad_output, (bk, bm)), descriptor(intermediate, (bk, bn)),
+        bm, bn, bk, dn = self.block_m, self.block_n, self.block_k, self.grad_down_block_n
+        return (descriptor(grad_output, (bk, bm)), descriptor(intermediate, (bk, dn)),
                 descriptor(grad_output, (bm, bk)), descriptor(down_weight, (bk, bn)),
                 *(descriptor(saved, (bm, bn)) for saved in (gate, gate_sigmoid, gate_silu, up)),
                 descriptor(d_gate[0], (bm, bn)), descriptor(d_gate[-1], (bm, bn)), descriptor(d_up[0], (bm, bn)),
-                descriptor(d_up[-1], (bm, bn)), descriptor(grad_down_weight, (bm, bn)))  # fmt: skip
+                descriptor(d_up[-1], (bm, bn)), descriptor(grad_down_weight, (bm, dn)))  # fmt: skip
 
 
 ENCODED_LAUNCHES: dict = {}  # (device, dtype, with_lo, config) → EncodedLaunch of the kernel compiled for them
