@@ -2,7 +2,7 @@
 
 Dataflow (T tokens, H hidden, I intermediate; s = the saved gate_sigmoid):
 
-    dWd = dyᵀ · intermediate                         tiles [BLOCK_M of H, BLOCK_N of I], K = T   (A read transposed)
+    dWd = dyᵀ · intermediate                         tiles [BLOCK_M of H, GRAD_DOWN_N of I], K = T (A read transposed)
     dA  = dy · Wd                                    tiles [BLOCK_M of T, BLOCK_N of I], K = H
           epilogue: dUp = dA ⊙ gate_silu,  dGate = dA ⊙ s ⊙ (1 + gate ⊙ (1 − s)) ⊙ up
           -> stored in the input dtype as hi and, with WITH_LO, lo = value − hi (dA never leaves the chip)
