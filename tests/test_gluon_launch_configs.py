@@ -1,0 +1,65 @@
+"""The Gluon launches' host side on the CPU: their descriptors match their kernels' arguments, and their grids
+count every tile once (the kernels themselves run on a Hopper GPU: test_gpu_gluon_* in
+test_swiglu_down_backward_triton.py)."""
+
+import pytest
+import torch
+
+from moe_lib.swiglu_down.gluon_launch1 import GluonFirstLaunchConfig, first_launch_kernel
+from moe_lib.swiglu_down.gluon_launch2 import GluonSecondLaunchConfig, second_launch_kernel
+
+T, H, I = 300, 512, 384  # every tile kind with a partial tile along T
+
+
+def descriptor_arguments(kernel):
+    return [name for name in kernel.arg_names if name.endswith("_desc")]
+
+
+def bf16(*shape):
+    return torch.empty(shape, dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("grad_down_block_n", [128, 64])
+@pytest.mark.parametrize("halves", [1, 2])
+def test_first_launch_descriptors_in_the_kernels_order(grad_down_block_n, halves):
+    config = GluonFirstLaunchConfig(grad_down_block_n=grad_down_block_n)
+    grad_output, down_weight, saved, intermediate = bf16(T, H), bf16(H, I), bf16(T, I), bf16(T, I)
+    d_gate, d_up, grad_down_weight = bf16(halves, T, I), bf16(halves, T, I), bf16(H, I)
+    descriptors = config.descriptors(grad_output, down_weight, saved, saved, saved, saved, intermediate, d_gate, d_up,
+                                     grad_down_weight)  # fmt: skip
+    names = descriptor_arguments(first_launch_kernel)
+    assert len(descriptors) == len(names) == 13
+    by_name = dict(zip(names, descriptors, strict=True))
+    bm, bn, bk, dn = config.block_m, config.block_n, config.block_k, grad_down_block_n
+    assert by_name["dy_t_desc"].base is grad_output and list(by_name["dy_t_desc"].block_shape) == [bk, bm]
+    assert by_name["dy_desc"].base is grad_output and list(by_name["dy_desc"].block_shape) == [bm, bk]
+    assert list(by_name["intermediate_desc"].block_shape) == [bk, dn]
+    assert list(by_name["dwd_desc"].block_shape) == [bm, dn] and by_name["dwd_desc"].base is grad_down_weight
+    assert list(by_name["dg_desc"].block_shape) == [bm, bn] and list(by_name["gate_desc"].block_shape) == [bm, bn]
+    assert by_name["dg_desc"].base.data_ptr() == d_gate[0].data_ptr()
+    assert by_name["dg_lo_desc"].base.data_ptr() == d_gate[halves - 1].data_ptr()
+    assert by_name["du_lo_desc"].base.data_ptr() == d_up[halves - 1].data_ptr()
+
+
+@pytest.mark.parametrize("weight_block_n", [256, 128])
+def test_second_launch_descriptors_in_the_kernels_order(weight_block_n):
+    config = GluonSecondLaunchConfig(weight_block_n=weight_block_n)
+    x, weight, halves = bf16(T, H), bf16(I, H), bf16(2, T, I)
+    descriptors = config.descriptors(x, weight, weight, halves, halves, x, weight, weight)
+    names = descriptor_arguments(second_launch_kernel)
+    assert len(descriptors) == len(names) == 14
+    by_name = dict(zip(names, descriptors, strict=True))
+    bm, bn, bk, wn = config.block_m, config.block_n, config.block_k, weight_block_n
+    assert list(by_name["x_desc"].block_shape) == [bk, wn] and list(by_name["dwg_desc"].block_shape) == [bm, wn]
+    assert list(by_name["wg_desc"].block_shape) == [bk, bn] and list(by_name["dx_desc"].block_shape) == [bm, bn]
+    assert list(by_name["dg_t_desc"].block_shape) == [bk, bm] and list(by_name["dg_desc"].block_shape) == [bm, bk]
+
+
+def test_grids_count_every_tile_once():
+    # launch 1: dWd tiles of [128 of H, 128 or 64 of I], then dA tiles of [128 of T, 128 of I]
+    assert GluonFirstLaunchConfig().programs(2447, 2048, 768) == 16 * 6 + 20 * 6
+    assert GluonFirstLaunchConfig(grad_down_block_n=64).programs(2447, 2048, 768) == 16 * 12 + 20 * 6
+    # launch 2: dWg and dWu tiles of [128 of I, 256 or 128 of H], then dx tiles of [128 of T, 256 of H]
+    assert GluonSecondLaunchConfig().programs(2447, 2048, 768) == 2 * 6 * 8 + 20 * 8
+    assert GluonSecondLaunchConfig(weight_block_n=128).programs(2447, 2048, 768) == 2 * 6 * 16 + 20 * 8
+    assert GluonSecondLaunchConfig().programs(1, 2048, 768) == 2 * 6 * 8 + 8
