@@ -50,13 +50,12 @@ def compile_for_sm90(kernel, types: dict, constexprs: dict, aligned, *, warps: i
     return triton.compile(source, target=HOPPER, options=dict(num_warps=warps, num_stages=stages))
 
 
-def compile_gluon_for_sm90(kernel, arguments: dict, constexprs: dict, *, warps: int, maxnreg: int, aligned=()):
+def compile_gluon_for_sm90(kernel, arguments: dict, constexprs: dict, *, warps: int, maxnreg: int):
     """Compiles ``kernel`` (a ``@gluon.jit`` function) for sm_90.
 
     ``arguments`` gives each run-time argument a host tensor descriptor (its type read off it, as the launcher
-    reads it) or a Triton type ("i32", "*bf16"); ``constexprs`` the compile-time values; ``aligned`` names the
-    arguments specialised as divisible by 16, as the JIT specialises 16-byte aligned pointers. Names the kernel does
-    not take are left out, so one set of arguments serves kernels that take different parts of it.
+    reads it) or a Triton type ("i32"); ``constexprs`` the compile-time values. Names the kernel does not take are
+    left out, so one set of arguments serves kernels that take different parts of it.
     """
     from triton._C.libtriton import native_specialize_impl
     from triton.backends.compiler import BaseBackend
@@ -69,8 +68,7 @@ def compile_gluon_for_sm90(kernel, arguments: dict, constexprs: dict, *, warps: 
     signature = {name: "constexpr" if name in constexprs else arguments[name] if isinstance(arguments[name], str)
                  else native_specialize_impl(BaseBackend, arguments[name], False, True, True)[0]
                  for name in kernel.arg_names}  # fmt: skip
-    attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
-    return triton.compile(GluonASTSource(kernel, signature, constexprs, attrs), target=HOPPER,
+    return triton.compile(GluonASTSource(kernel, signature, constexprs), target=HOPPER,
                           options=dict(num_warps=warps, maxnreg=maxnreg))  # fmt: skip
 
 

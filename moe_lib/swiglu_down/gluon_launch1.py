@@ -30,7 +30,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from ..encoded_launch import descriptor, prepared_launch
 from ..tiling import cdiv
-from .gluon_launch2 import load_steps, mma_steps, ring_barriers, store_tile, weight_grad_region
+from .gluon_launch2 import load_steps, ring_barriers, store_tile, tile_product, weight_grad_region
 
 
 @gluon.jit
@@ -49,10 +49,8 @@ def d_intermediate_partition(a_bufs, b_bufs, ready, empty, saved_ready, gate_des
     """The two warpgroups of a dA tile: dA = Σ_h dy[t, h] Wd[h, i] over the ring, then the dSwiGLU epilogue."""
     BLOCK_M: gl.constexpr = dg_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = dg_desc.block_type.shape[1]
-    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                     instr_shape=[16, BLOCK_N, 16])  # fmt: skip
-    d_a = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
-    d_a = mma_steps(a_bufs, a_bufs, b_bufs, ready, empty, k_steps, d_a, True, False)
+    d_a = tile_product(a_bufs, a_bufs, b_bufs, ready, empty, k_steps, BLOCK_M, BLOCK_N, True, False, num_warps)
+    layout: gl.constexpr = d_a.type.layout
     # the ring is free now (every load landed and every MMA on it is done): two saved tiles into each half of it
     A_ELEMENTS: gl.constexpr = a_bufs.type.shape[0] * a_bufs.type.shape[1] * a_bufs.type.shape[2]
     B_ELEMENTS: gl.constexpr = b_bufs.type.shape[0] * b_bufs.type.shape[1] * b_bufs.type.shape[2]

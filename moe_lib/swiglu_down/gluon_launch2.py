@@ -117,15 +117,22 @@ def store_tile(acc, c_desc, c_smem, off_m, off_n):
 
 
 @gluon.jit
-def mma_partition(a_bufs, a_lo_bufs, b_bufs, ready, empty, c_desc, c_smem, off_m, off_n, k_steps,
-                  A_K_MAJOR: gl.constexpr, WITH_LO: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
-    """The two warpgroups: one tile, its accumulator living and dying here, then its store."""
-    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+def tile_product(a_bufs, a_lo_bufs, b_bufs, ready, empty, k_steps, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                 A_K_MAJOR: gl.constexpr, WITH_LO: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
+    """The fp32 [BLOCK_M, BLOCK_N] tile Σ A·B (and A_lo·B) over the ring's next ``k_steps`` buffers, in the layout of
+    the warpgroups' wgmma (``num_warps`` warps, each warpgroup 64 rows)."""
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                      instr_shape=[16, BLOCK_N, 16])  # fmt: skip
     acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
-    acc = mma_steps(a_bufs, a_lo_bufs, b_bufs, ready, empty, k_steps, acc, A_K_MAJOR, WITH_LO)
+    return mma_steps(a_bufs, a_lo_bufs, b_bufs, ready, empty, k_steps, acc, A_K_MAJOR, WITH_LO)
+
+
+@gluon.jit
+def mma_partition(a_bufs, a_lo_bufs, b_bufs, ready, empty, c_desc, c_smem, off_m, off_n, k_steps,
+                  A_K_MAJOR: gl.constexpr, WITH_LO: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
+    """The two warpgroups: one tile, its accumulator living and dying here, then its store."""
+    acc = tile_product(a_bufs, a_lo_bufs, b_bufs, ready, empty, k_steps, c_desc.block_type.shape[0],
+                       c_desc.block_type.shape[1], A_K_MAJOR, WITH_LO, num_warps)  # fmt: skip
     store_tile(acc, c_desc, c_smem, off_m, off_n)
     tma.store_wait(pendings=0)
 
