@@ -420,7 +420,10 @@ def test_faithful_path_chains_its_launches_in_its_band():
                       1153: (False, True), last: (False, True)}
     assert not any(config(T).grad_down_first for T in (129, 512, 1153))
     assert isinstance(config(ONE_LAUNCH_MAX_TOKENS), FewTokensConfig)
-    assert isinstance(config(band.stop), TileConfig) and config(band.stop).gluon_second_launch is not None
+    after = config(band.stop)  # beyond the band both launches in Gluon on a Hopper GPU
+    assert isinstance(after, TileConfig)
+    assert after.gluon_first_launch is not None and after.gluon_second_launch is not None
+    assert config(band.stop, with_lo=False).gluon_first_launch is None  # the fast path: cuBLAS's GEMMs
 
 
 def test_design_by_token_count():

@@ -534,8 +534,10 @@ def p1_design_name(config) -> str:
     if isinstance(config, OneLaunchConfig):
         return "one launch, grid barrier"
     gluon = [n for n, c in (("1", config.gluon_first_launch), ("2", config.gluon_second_launch)) if c is not None]
+    if len(gluon) == 2:
+        return "two launches, both in Gluon on Hopper"
     if gluon:
-        return f"two launches, {' and '.join(gluon)} in Gluon on Hopper"
+        return f"two launches, {gluon[0]} in Gluon on Hopper"
     return "two Triton launches"
 
 

@@ -171,7 +171,8 @@ def choose_config(num_tokens: int, hidden_size: int, intermediate_size: int, *, 
     faithful path takes the one-launch design (:class:`~.one_launch.OneLaunchConfig`) up to
     :data:`ONE_LAUNCH_MAX_TOKENS`; then in :data:`CHAINED_LAUNCH_TOKENS` the two launches' tiles chained into one
     launch (:class:`~.chained.ChainedConfig`; any grid size: it needs no residency); beyond, two launches, the
-    faithful path's second in Gluon on a Hopper GPU (:mod:`.gluon_launch2`; elsewhere the Triton launch 2).
+    faithful path's both in Gluon on a Hopper GPU (:mod:`.gluon_launch1`, :mod:`.gluon_launch2`; elsewhere, or
+    with inputs off a 16-byte boundary, the Triton launches).
     Under the interpreter: 16-wide tiles split in two, so that tiny test shapes still have several
     tiles, splits and edges."""
     if interpreter:
@@ -200,8 +201,10 @@ def choose_config(num_tokens: int, hidden_size: int, intermediate_size: int, *, 
         return TileConfig((16, 64, 128, 8), (64, 128, 16, 1), (16, 64, 128, 8), (64, 128, 16, 1), (4, 4), (3, 3))
     if num_tokens <= 256:
         return TileConfig((64, 64, 64, 4), (64, 128, 64, 1), (64, 128, 64, 4), (64, 128, 64, 1), (4, 4), (3, 3))
-    if with_lo:  # on a Hopper GPU launch 2 in Gluon (gluon_launch2.py): 6-19% faster at 1450-8192 tokens (H200)
+    if with_lo:  # on a Hopper GPU both launches in Gluon (gluon_launch1.py, gluon_launch2.py): against the Triton
+        # launches 12-14% faster at 1571-8192 tokens, against launch 1 in Triton 3-6% (H200)
         return TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1), (8, 8), (4, 3),
+                          gluon_first_launch=GluonFirstLaunchConfig(),
                           gluon_second_launch=GluonSecondLaunchConfig())  # fmt: skip
     return TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 256, 64, 1), (128, 256, 64, 1), (4, 8), (4, 4))
 
