@@ -938,17 +938,19 @@ def test_gpu_gluon_second_launch_reuses_one_compiled_kernel_across_token_counts(
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [1, 3, 128, 1087, 2447, 5000, 8192, 12288])
 @pytest.mark.parametrize("precision", ["faithful", "fast"])
-@pytest.mark.parametrize("candidate", ["gluon12", "gluon12_d64"])
+@pytest.mark.parametrize("candidate", ["gluon12", "gluon12_d64", "gluon12_sa", "gluon12_sa_k32"])
 def test_gpu_gluon_first_launch_at_both_input_scales(T, precision, candidate, seed):
     """Both launches in Gluon (launch 1: dWd's tiles, as wide as dA's or half as wide, and dA's with the dSwiGLU
-    epilogue from saved tiles staged in the ring) from poisoned memory, both input scales, within the precision's
-    rule of float64: partial tiles along T and I, the saved tiles' rows beyond T filled with zeros by TMA."""
+    epilogue from saved tiles staged in the ring, or in buffers of their own asked for first) from poisoned memory,
+    both input scales, within the precision's rule of float64: partial tiles along T and I, the saved tiles' rows
+    beyond T filled with zeros by TMA."""
     check_candidate_at_both_scales(candidate, T, precision, seed)
 
 
 @pytest.mark.gpu
-def test_gpu_gluon_first_launch_deterministic_and_replayed_from_a_graph(seed):
-    check_deterministic_and_replayed("gluon12", "faithful", seed)
+@pytest.mark.parametrize("candidate", ["gluon12", "gluon12_sa"])
+def test_gpu_gluon_first_launch_deterministic_and_replayed_from_a_graph(candidate, seed):
+    check_deterministic_and_replayed(candidate, "faithful", seed)
 
 
 def test_tma_needs_every_input_to_start_on_a_16_byte_boundary():
