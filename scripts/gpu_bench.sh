@@ -238,7 +238,7 @@ case " $RUNS " in *" p1_launch2 "*)
 esac
 case " $RUNS " in *" p1_gluon1 "*)
   # both launches in Gluon (gluon12: launch 1's dWd tiles and dA tiles with the dSwiGLU epilogue) against launch 2
-  # alone in Gluon (gluon2, the faithful default from 1400 tokens), both paths, by graph replay and in NVIDIA's method
+  # alone in Gluon (gluon2), both paths, by graph replay and in NVIDIA's method
   mkdir -p "$TUNING/p1_gluon1_faithful" "$TUNING/p1_gluon1_fast"
   for precision in faithful fast; do
     check "P1 launch 1 in Gluon, $precision, graph replay" "${P1_GLUON1_SECONDS:-150}" scripts/p1_tune.py \

@@ -59,7 +59,13 @@ def test_grids_count_every_tile_once():
     # launch 1: dWd tiles of [128 of H, 128 or 64 of I], then dA tiles of [128 of T, 128 of I]
     assert GluonFirstLaunchConfig().programs(2447, 2048, 768) == 16 * 6 + 20 * 6
     assert GluonFirstLaunchConfig(grad_down_block_n=64).programs(2447, 2048, 768) == 16 * 12 + 20 * 6
+    assert GluonFirstLaunchConfig(d_a_block_n=256).programs(2447, 2048, 768) == 16 * 6 + 20 * 3
     # launch 2: dWg and dWu tiles of [128 of I, 256 or 128 of H], then dx tiles of [128 of T, 256 of H]
     assert GluonSecondLaunchConfig().programs(2447, 2048, 768) == 2 * 6 * 8 + 20 * 8
     assert GluonSecondLaunchConfig(weight_block_n=128).programs(2447, 2048, 768) == 2 * 6 * 16 + 20 * 8
     assert GluonSecondLaunchConfig().programs(1, 2048, 768) == 2 * 6 * 8 + 8
+
+
+def test_first_launch_dA_tiles_one_or_two_halves_wide():
+    with pytest.raises(ValueError, match="d_a_block_n"):
+        GluonFirstLaunchConfig(d_a_block_n=192)

@@ -398,7 +398,13 @@ def test_faithful_path_chains_its_launches_in_its_band():
     never chains (its own designs there)."""
     from moe_lib.swiglu_down.chained import ChainedConfig
     from moe_lib.swiglu_down.few_tokens import FewTokensConfig
-    from moe_lib.swiglu_down.launch import CHAINED_LAUNCH_TOKENS, ONE_LAUNCH_MAX_TOKENS, TileConfig, choose_config
+    from moe_lib.swiglu_down.launch import (
+        CHAINED_LAUNCH_TOKENS,
+        GLUON_WIDE_D_A_MIN_TOKENS,
+        ONE_LAUNCH_MAX_TOKENS,
+        TileConfig,
+        choose_config,
+    )
 
     def config(T, **kwargs):
         return choose_config(T, 2048, 768, **(dict(interpreter=False, with_lo=True, max_programs=132) | kwargs))
@@ -424,6 +430,8 @@ def test_faithful_path_chains_its_launches_in_its_band():
     assert isinstance(after, TileConfig)
     assert after.gluon_first_launch is not None and after.gluon_second_launch is not None
     assert config(band.stop, with_lo=False).gluon_first_launch is None  # the fast path: cuBLAS's GEMMs
+    assert after.gluon_first_launch.d_a_block_n == 128 and config(8192).gluon_first_launch.d_a_block_n == 256
+    assert config(GLUON_WIDE_D_A_MIN_TOKENS - 1).gluon_first_launch.d_a_block_n == 128
 
 
 def test_design_by_token_count():
@@ -938,17 +946,36 @@ def test_gpu_gluon_second_launch_reuses_one_compiled_kernel_across_token_counts(
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [1, 3, 128, 1087, 2447, 5000, 8192, 12288])
 @pytest.mark.parametrize("precision", ["faithful", "fast"])
-@pytest.mark.parametrize("candidate", ["gluon12", "gluon12_d64", "gluon12_sa", "gluon12_sa_k32"])
+@pytest.mark.parametrize("candidate", ["gluon12", "gluon12_d64", "gluon12_a256"])
 def test_gpu_gluon_first_launch_at_both_input_scales(T, precision, candidate, seed):
     """Both launches in Gluon (launch 1: dWd's tiles, as wide as dA's or half as wide, and dA's with the dSwiGLU
-    epilogue from saved tiles staged in the ring, or in buffers of their own asked for first) from poisoned memory,
-    both input scales, within the precision's rule of float64: partial tiles along T and I, the saved tiles' rows
-    beyond T filled with zeros by TMA."""
+    epilogue from saved tiles staged in the ring, one or two 128-wide halves a tile) from poisoned memory, both input
+    scales, within the precision's rule of float64: partial tiles along T and I, the saved tiles' rows beyond T
+    filled with zeros by TMA."""
     check_candidate_at_both_scales(candidate, T, precision, seed)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("candidate", ["gluon12", "gluon12_sa"])
+@pytest.mark.parametrize("candidate", ["gluon12", "gluon12_a256"])
+@pytest.mark.parametrize("precision", ["faithful", "fast"])
+def test_gpu_gluon_first_launch_with_partial_tiles_along_i_and_h(candidate, precision, seed):
+    """A shape off the benchmark's (I = 384: the 256-wide dA tiles' right halves wholly beyond I; H = 320: a partial
+    dWd row block and a partial K step of dA), from poisoned memory, within the precision's rule of float64."""
+    from moe_lib.bench.tuning import P1_CANDIDATES
+    from moe_lib.swiglu_down.inputs import make_inputs
+    from moe_lib.swiglu_down.launch import swiglu_down_backward_triton
+
+    generator = torch.Generator("cuda").manual_seed(seed)
+    sizes = dict(num_tokens=300, hidden_size=320, intermediate_size=384)
+    inputs = make_inputs(sizes, torch.bfloat16, "cuda", generator, distribution="harness")
+    poison_allocator("cuda", 256 * 2**20)
+    got = swiglu_down_backward_triton(*inputs.values(), config=P1_CANDIDATES[candidate], precision=precision)
+    torch.cuda.synchronize()
+    check_against_float64(inputs, got, precision)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("candidate", ["gluon12", "gluon12_a256"])
 def test_gpu_gluon_first_launch_deterministic_and_replayed_from_a_graph(candidate, seed):
     check_deterministic_and_replayed(candidate, "faithful", seed)
 

@@ -224,12 +224,10 @@ P1_CANDIDATES["gluon12_w128"] = dataclasses.replace(P1_CANDIDATES["gluon2_w128"]
 # launch 1's dWd tiles 64 wide (192 of them) beside 128 × 128 dA tiles
 P1_CANDIDATES["gluon12_d64"] = dataclasses.replace(P1_CANDIDATES["gluon2"],
                                                    gluon_first_launch=GluonFirstLaunchConfig(grad_down_block_n=64))
-# launch 1's saved tiles asked for when a dA tile starts, into buffers of their own, and its halves stored without
-# waiting on one another: its ring 3 buffers of 64-deep steps, or 6 of 32-deep ones (224 KB of shared memory)
-P1_CANDIDATES["gluon12_sa"] = dataclasses.replace(
-    P1_CANDIDATES["gluon2"], gluon_first_launch=GluonFirstLaunchConfig(buffers=3, saved_ahead=True))
-P1_CANDIDATES["gluon12_sa_k32"] = dataclasses.replace(
-    P1_CANDIDATES["gluon2"], gluon_first_launch=GluonFirstLaunchConfig(block_k=32, buffers=6, saved_ahead=True))
+# launch 1's dA tiles 256 wide (two 128 × 128 accumulators over one dy tile per K step: 43 products per byte brought
+# in against 32), their epilogues one after the other; the ring 4 × 48 KB, 224 KB in all
+P1_CANDIDATES["gluon12_a256"] = dataclasses.replace(P1_CANDIDATES["gluon2"],
+                                                    gluon_first_launch=GluonFirstLaunchConfig(d_a_block_n=256))
 
 # kernel G's settings as the P2 scripts spell them (FIELD=VALUE), and the FusedDxConfig fields they set
 FUSED_DX_FIELDS = {"gate_up_dx_tile": ("block_i", "block_h", "block_rows"), "warps_g": ("warps",),

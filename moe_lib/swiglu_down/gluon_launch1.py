@@ -13,10 +13,9 @@ shared-memory buffers with `ready` and `empty` mbarriers, two warpgroups issue t
 per tile kind (so that ptxas does not serialise the wgmma). A dWd tile is launch 2's weight-gradient region with dy
 for dG and the intermediate for x. A dA tile ends in the dSwiGLU epilogue: once its main loop is done, the four
 saved tiles arrive by TMA into the ring's buffers (free by then), each is read into the accumulator's register
-layout in turn, and dUp's, then dGate's halves go out through shared memory by TMA. With ``saved_ahead`` the four
-saved tiles have buffers of their own and are asked for when the tile starts, so that they arrive while its main
-loop runs (the ring one buffer shorter to make room), and the halves go out through the ring's buffers and the
-first saved tile's, each store issued without waiting for the one before.
+layout in turn, and dUp's, then dGate's halves go out through shared memory by TMA. With ``d_a_block_n`` twice
+``block_n`` a dA tile is two such tiles side by side over one A tile per K step (two accumulators, each step's A
+read once for both: more products per byte brought in), whose epilogues run one after the other.
 
 The readable version of the same arithmetic is launch 1 of :mod:`.kernels` (``d_intermediate_and_grad_down_kernel``):
 under the interpreter, on a CPU, and wherever TMA cannot address the rows, :func:`prepare_first_launch_gluon` is not
@@ -29,7 +28,13 @@ from dataclasses import dataclass
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
 from ..encoded_launch import descriptor, prepared_launch
 from ..tiling import cdiv
@@ -46,28 +51,19 @@ def store_halves(value, hi_desc, lo_desc, c_smem, off_m, off_n, WITH_LO: gl.cons
 
 
 @gluon.jit
-def d_intermediate_partition(a_bufs, b_bufs, ready, empty, saved_ready, gate_desc, gate_sigmoid_desc, gate_silu_desc,
-                             up_desc, dg_desc, dg_lo_desc, du_desc, du_lo_desc, c_smem, off_m, off_n, k_steps,
-                             WITH_LO: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
-    """The two warpgroups of a dA tile: dA = Σ_h dy[t, h] Wd[h, i] over the ring, then the dSwiGLU epilogue."""
-    BLOCK_M: gl.constexpr = dg_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = dg_desc.block_type.shape[1]
-    d_a = tile_product(a_bufs, a_bufs, b_bufs, ready, empty, k_steps, BLOCK_M, BLOCK_N, True, False, num_warps)
+def swiglu_epilogue(d_a, saved_a, saved_b, saved_ready, phase, gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc,
+                    dg_desc, dg_lo_desc, du_desc, du_lo_desc, c_smem, off_m, off_n, WITH_LO: gl.constexpr):  # fmt: skip
+    """dGate, dUp of one [BLOCK_M, BLOCK_N] dA tile (in registers) from the four saved tiles, which TMA brings into the
+    ring's buffers (``saved_a``: silu, σ; ``saved_b``: gate, up) once nothing else needs them; ``phase`` is this
+    epilogue's parity on ``saved_ready``."""
     layout: gl.constexpr = d_a.type.layout
-    # the ring is free now (every load landed and every MMA on it is done): two saved tiles into each half of it
-    A_ELEMENTS: gl.constexpr = a_bufs.type.shape[0] * a_bufs.type.shape[1] * a_bufs.type.shape[2]
-    B_ELEMENTS: gl.constexpr = b_bufs.type.shape[0] * b_bufs.type.shape[1] * b_bufs.type.shape[2]
-    gl.static_assert(A_ELEMENTS >= 2 * BLOCK_M * BLOCK_N and B_ELEMENTS >= 2 * BLOCK_M * BLOCK_N,
-                     "the ring holds four saved tiles")  # fmt: skip
-    saved_a = a_bufs._reinterpret(gate_desc.dtype, [2] + gate_desc.block_type.shape, gate_desc.layout)
-    saved_b = b_bufs._reinterpret(gate_desc.dtype, [2] + gate_desc.block_type.shape, gate_desc.layout)
-    gl.thread_barrier()  # both warpgroups past their last MMA before TMA overwrites its operands
+    gl.thread_barrier()  # both warpgroups past their last MMA (and reads of earlier saved tiles) before TMA overwrites
     mbarrier.expect(saved_ready, 4 * gate_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(gate_silu_desc, [off_m, off_n], saved_ready, saved_a.index(0))
     tma.async_copy_global_to_shared(gate_sigmoid_desc, [off_m, off_n], saved_ready, saved_a.index(1))
     tma.async_copy_global_to_shared(gate_desc, [off_m, off_n], saved_ready, saved_b.index(0))
     tma.async_copy_global_to_shared(up_desc, [off_m, off_n], saved_ready, saved_b.index(1))
-    mbarrier.wait(saved_ready, 0)
+    mbarrier.wait(saved_ready, phase)
     # one saved tile at a time into registers, in the accumulator's layout (the order of kernels.store_swiglu_grads)
     d_up = d_a * saved_a.index(0).load(layout).to(gl.float32)
     store_halves(d_up, du_desc, du_lo_desc, c_smem, off_m, off_n, WITH_LO)
@@ -75,52 +71,69 @@ def d_intermediate_partition(a_bufs, b_bufs, ready, empty, saved_ready, gate_des
     d_gate = d_a * s * (1.0 + saved_b.index(0).load(layout).to(gl.float32) * (1.0 - s))
     d_gate = d_gate * saved_b.index(1).load(layout).to(gl.float32)
     store_halves(d_gate, dg_desc, dg_lo_desc, c_smem, off_m, off_n, WITH_LO)
-    tma.store_wait(pendings=0)
 
 
 @gluon.jit
-def store_ahead(value, desc, smem, off_m, off_n):
-    """An fp32 tile out in desc's dtype through its own shared-memory buffer by TMA, not waiting for earlier stores."""
-    smem.store(value.to(desc.dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(desc, [off_m, off_n], smem)
-
-
-@gluon.jit
-def d_intermediate_saved_ahead_partition(a_bufs, b_bufs, saved_a, saved_b, ready, empty, saved_ready, gate_desc,
-                                         gate_sigmoid_desc, gate_silu_desc, up_desc, dg_desc, dg_lo_desc, du_desc,
-                                         du_lo_desc, off_m, off_n, k_steps, WITH_LO: gl.constexpr,
-                                         num_warps: gl.constexpr):  # fmt: skip
-    """:func:`d_intermediate_partition` with the saved tiles asked for first, into ``saved`` (four buffers of their
-    own: silu and σ in ``saved_a``, gate and up in ``saved_b``), and the halves stored through the ring's A and B
-    buffers, then the silu and σ tiles' buffers."""
+def d_intermediate_partition(a_bufs, b_bufs, ready, empty, saved_a, saved_b, saved_ready, gate_desc,
+                             gate_sigmoid_desc, gate_silu_desc, up_desc, dg_desc, dg_lo_desc, du_desc, du_lo_desc,
+                             c_smem, off_m, off_n, k_steps, WITH_LO: gl.constexpr,
+                             num_warps: gl.constexpr):  # fmt: skip
+    """The two warpgroups of a dA tile: dA = Σ_h dy[t, h] Wd[h, i] over the ring, then the dSwiGLU epilogue."""
     BLOCK_M: gl.constexpr = dg_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = dg_desc.block_type.shape[1]
-    mbarrier.expect(saved_ready, 4 * gate_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(gate_silu_desc, [off_m, off_n], saved_ready, saved_a.index(0))
-    tma.async_copy_global_to_shared(gate_sigmoid_desc, [off_m, off_n], saved_ready, saved_a.index(1))
-    tma.async_copy_global_to_shared(gate_desc, [off_m, off_n], saved_ready, saved_b.index(0))
-    tma.async_copy_global_to_shared(up_desc, [off_m, off_n], saved_ready, saved_b.index(1))
     d_a = tile_product(a_bufs, a_bufs, b_bufs, ready, empty, k_steps, BLOCK_M, BLOCK_N, True, False, num_warps)
-    layout: gl.constexpr = d_a.type.layout
-    mbarrier.wait(saved_ready, 0)
-    d_up = d_a * saved_a.index(0).load(layout).to(gl.float32)  # the order of kernels.store_swiglu_grads
-    gl.thread_barrier()  # both warpgroups past their last MMA and their reads of the silu tile
-    hi = d_up.to(du_desc.dtype)
-    out_shape: gl.constexpr = [1] + du_desc.block_type.shape
-    store_ahead(hi, du_desc, a_bufs._reinterpret(du_desc.dtype, out_shape, du_desc.layout).index(0), off_m, off_n)
-    if WITH_LO:
-        store_ahead(d_up - hi.to(gl.float32), du_lo_desc,
-                    b_bufs._reinterpret(du_desc.dtype, out_shape, du_desc.layout).index(0), off_m, off_n)
-    s = saved_a.index(1).load(layout).to(gl.float32)
-    d_gate = d_a * s * (1.0 + saved_b.index(0).load(layout).to(gl.float32) * (1.0 - s))
-    d_gate = d_gate * saved_b.index(1).load(layout).to(gl.float32)
-    hi = d_gate.to(dg_desc.dtype)
-    store_ahead(hi, dg_desc, saved_a.index(0), off_m, off_n)
-    if WITH_LO:
-        gl.thread_barrier()  # both warpgroups past their reads of the σ tile
-        store_ahead(d_gate - hi.to(gl.float32), dg_lo_desc, saved_a.index(1), off_m, off_n)
+    swiglu_epilogue(d_a, saved_a, saved_b, saved_ready, 0, gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc,
+                    dg_desc, dg_lo_desc, du_desc, du_lo_desc, c_smem, off_m, off_n, WITH_LO)  # fmt: skip
     tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def d_intermediate_wide_partition(a_bufs, b_bufs, ready, empty, saved_a, saved_b, saved_ready, gate_desc,
+                                  gate_sigmoid_desc, gate_silu_desc, up_desc, dg_desc, dg_lo_desc, du_desc, du_lo_desc,
+                                  c_smem, off_m, off_n, k_steps, WITH_LO: gl.constexpr,
+                                  num_warps: gl.constexpr):  # fmt: skip
+    """A dA tile of two [BLOCK_M, BLOCK_N] halves side by side: each K step's A tile (``a_bufs``) against the step's
+    two B tiles (``b_bufs`` 2·slot and 2·slot + 1) into two accumulators, then each half's dSwiGLU epilogue."""
+    BLOCK_M: gl.constexpr = dg_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = dg_desc.block_type.shape[1]
+    BUFFERS: gl.constexpr = a_bufs.type.shape[0]
+    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                     instr_shape=[16, BLOCK_N, 16])  # fmt: skip
+    left = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
+    right = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
+    for step in range(k_steps):
+        slot = step % BUFFERS
+        mbarrier.wait(ready.index(slot), (step // BUFFERS) & 1)
+        left = warpgroup_mma(a_bufs.index(slot), b_bufs.index(2 * slot), left, is_async=True)
+        right = warpgroup_mma(a_bufs.index(slot), b_bufs.index(2 * slot + 1), right, is_async=True)
+        left, right = warpgroup_mma_wait(num_outstanding=2, deps=(left, right))  # the step before is done
+        mbarrier.arrive(empty.index((step + BUFFERS - 1) % BUFFERS), count=1, pred=step >= 1)
+    left, right = warpgroup_mma_wait(num_outstanding=0, deps=(left, right))
+    mbarrier.arrive(empty.index((k_steps + BUFFERS - 1) % BUFFERS), count=1, pred=k_steps >= 1)
+    swiglu_epilogue(left, saved_a, saved_b, saved_ready, 0, gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc,
+                    dg_desc, dg_lo_desc, du_desc, du_lo_desc, c_smem, off_m, off_n, WITH_LO)  # fmt: skip
+    swiglu_epilogue(right, saved_a, saved_b, saved_ready, 1, gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc,
+                    dg_desc, dg_lo_desc, du_desc, du_lo_desc, c_smem, off_m, off_n + BLOCK_N, WITH_LO)  # fmt: skip
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def d_intermediate_wide_load_partition(dy_desc, wd_desc, a_bufs, b_bufs, ready, empty, off_m, off_n, k_steps):
+    """The wide dA tile's K steps over H: dy's [BLOCK_M, BLOCK_K] tile and Wd's two [BLOCK_K, BLOCK_N] tiles side by
+    side (beyond I TMA fills them with zeros)."""
+    BUFFERS: gl.constexpr = a_bufs.type.shape[0]
+    BLOCK_K: gl.constexpr = wd_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = wd_desc.block_type.shape[1]
+    STEP_BYTES: gl.constexpr = dy_desc.block_type.nbytes + 2 * wd_desc.block_type.nbytes
+    for step in range(k_steps):
+        slot = step % BUFFERS
+        mbarrier.wait(empty.index(slot), ((step // BUFFERS) & 1) ^ 1)  # a fresh barrier counts as released
+        bar = ready.index(slot)
+        mbarrier.expect(bar, STEP_BYTES)
+        k = step * BLOCK_K
+        tma.async_copy_global_to_shared(dy_desc, [off_m, k], bar, a_bufs.index(slot))
+        tma.async_copy_global_to_shared(wd_desc, [k, off_n], bar, b_bufs.index(2 * slot))
+        tma.async_copy_global_to_shared(wd_desc, [k, off_n + BLOCK_N], bar, b_bufs.index(2 * slot + 1))
 
 
 @gluon.jit
@@ -140,8 +153,8 @@ def first_launch_kernel(
     dwd_desc,  # out: dWd [H, I] as [BLOCK_M, GRAD_DOWN_N] tiles (GRAD_DOWN_N = BLOCK_N or a divisor of it)
     T, I,
     WITH_LO: gl.constexpr,  # store dGate, dUp as hi/lo pairs (the faithful path); else hi alone
-    BUFFERS: gl.constexpr,  # buffers of the ring (of the dA tiles' ring with SAVED_AHEAD)
-    SAVED_AHEAD: gl.constexpr,  # the saved tiles in buffers of their own, asked for when a dA tile starts
+    BUFFERS: gl.constexpr,  # buffers of the ring
+    D_A_HALVES: gl.constexpr,  # BLOCK_N-wide halves of a dA tile: 1, or 2 side by side (two B tiles per K step)
     num_warps: gl.constexpr,  # of the multiplying partition (8: two warpgroups)
 ):  # fmt: skip
     BLOCK_M: gl.constexpr = dg_desc.block_type.shape[0]
@@ -152,39 +165,25 @@ def first_launch_kernel(
     grad_down_tiles_n = gl.cdiv(I, GRAD_DOWN_N)
     grad_down_tiles = gl.cdiv(dy_desc.shape[1], BLOCK_M) * grad_down_tiles_n
     pid = gl.program_id(0)
+    a_bufs = gl.allocate_shared_memory(dy_desc.dtype, [BUFFERS] + dy_desc.block_type.shape, dy_desc.layout)
+    a_t_bufs = a_bufs._reinterpret(dy_t_desc.dtype, [BUFFERS] + dy_t_desc.block_type.shape, dy_t_desc.layout)
+    b_bufs = gl.allocate_shared_memory(wd_desc.dtype, [BUFFERS * D_A_HALVES] + wd_desc.block_type.shape,
+                                       wd_desc.layout)  # fmt: skip
+    c_smem = gl.allocate_shared_memory(dg_desc.dtype, dg_desc.block_type.shape, dg_desc.layout)
+    # the dWd tiles see the same bytes in their own (possibly narrower) tile shape
     WIDTHS: gl.constexpr = BLOCK_N // GRAD_DOWN_N
-    if SAVED_AHEAD:
-        # the dA tiles' ring and the four saved tiles; the dWd tiles (no saved tiles) take the saved tiles' bytes as
-        # their ring (as many buffers as the other form's) and the ring's as their output tile
-        gl.static_assert(BLOCK_M == BLOCK_N, "a ring buffer of A or B tiles holds half an output tile")
-        a_bufs = gl.allocate_shared_memory(dy_desc.dtype, [BUFFERS] + dy_desc.block_type.shape, dy_desc.layout)
-        b_bufs = gl.allocate_shared_memory(wd_desc.dtype, [BUFFERS] + wd_desc.block_type.shape, wd_desc.layout)
-        saved_a = gl.allocate_shared_memory(gate_desc.dtype, [2] + gate_desc.block_type.shape, gate_desc.layout)
-        saved_b = gl.allocate_shared_memory(gate_desc.dtype, [2] + gate_desc.block_type.shape, gate_desc.layout)
-        GRAD_DOWN_BUFFERS: gl.constexpr = 2 * BLOCK_N // BLOCK_K
-        a_t_bufs = saved_a._reinterpret(dy_t_desc.dtype, [GRAD_DOWN_BUFFERS] + dy_t_desc.block_type.shape,
-                                        dy_t_desc.layout)  # fmt: skip
-        intermediate_bufs = saved_b._reinterpret(intermediate_desc.dtype,
-                                                 [GRAD_DOWN_BUFFERS * WIDTHS] + intermediate_desc.block_type.shape,
-                                                 intermediate_desc.layout)  # fmt: skip
-        grad_down_c_smem = a_bufs._reinterpret(dwd_desc.dtype, [WIDTHS] + dwd_desc.block_type.shape, dwd_desc.layout)
-        c_smem = saved_a.index(0)  # unused by this form's dA tiles
-        ready, empty = ring_barriers(GRAD_DOWN_BUFFERS)
-        d_ready, d_empty = ring_barriers(BUFFERS)
-    else:
-        a_bufs = gl.allocate_shared_memory(dy_desc.dtype, [BUFFERS] + dy_desc.block_type.shape, dy_desc.layout)
-        a_t_bufs = a_bufs._reinterpret(dy_t_desc.dtype, [BUFFERS] + dy_t_desc.block_type.shape, dy_t_desc.layout)
-        b_bufs = gl.allocate_shared_memory(wd_desc.dtype, [BUFFERS] + wd_desc.block_type.shape, wd_desc.layout)
-        c_smem = gl.allocate_shared_memory(dg_desc.dtype, dg_desc.block_type.shape, dg_desc.layout)
-        # the dWd tiles see the same bytes in their own (possibly narrower) tile shape
-        intermediate_bufs = b_bufs._reinterpret(intermediate_desc.dtype,
-                                                [BUFFERS * WIDTHS] + intermediate_desc.block_type.shape,
-                                                intermediate_desc.layout)  # fmt: skip
-        grad_down_c_smem = c_smem._reinterpret(dwd_desc.dtype, [WIDTHS] + dwd_desc.block_type.shape, dwd_desc.layout)
-        saved_a = a_bufs  # unused by this form
-        saved_b = b_bufs
-        ready, empty = ring_barriers(BUFFERS)
-        d_ready, d_empty = ready, empty
+    intermediate_bufs = b_bufs._reinterpret(intermediate_desc.dtype,
+                                            [BUFFERS * D_A_HALVES * WIDTHS] + intermediate_desc.block_type.shape,
+                                            intermediate_desc.layout)  # fmt: skip
+    # after a dA tile's main loop the ring holds its four saved tiles: two in the A buffers, two in the B buffers
+    gl.static_assert(BUFFERS * BLOCK_K >= 2 * BLOCK_N, "the ring holds four saved tiles")
+    saved_a = a_bufs._reinterpret(gate_desc.dtype, [BUFFERS * BLOCK_K // BLOCK_N] + gate_desc.block_type.shape,
+                                  gate_desc.layout)  # fmt: skip
+    saved_b = b_bufs._reinterpret(gate_desc.dtype,
+                                  [BUFFERS * D_A_HALVES * BLOCK_K // BLOCK_M] + gate_desc.block_type.shape,
+                                  gate_desc.layout)  # fmt: skip
+    grad_down_c_smem = c_smem._reinterpret(dwd_desc.dtype, [WIDTHS] + dwd_desc.block_type.shape, dwd_desc.layout)
+    ready, empty = ring_barriers(BUFFERS)
     saved_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(saved_ready, count=1)
     fence_async_shared()
@@ -197,22 +196,22 @@ def first_launch_kernel(
     else:  # dA's tiles, then dGate, dUp from them
         tile = pid - grad_down_tiles
         off_m = (tile % gl.cdiv(T, BLOCK_M)) * BLOCK_M  # row blocks fastest: the programs at once share Wd's tiles
-        off_n = (tile // gl.cdiv(T, BLOCK_M)) * BLOCK_N
+        off_n = (tile // gl.cdiv(T, BLOCK_M)) * BLOCK_N * D_A_HALVES
         k_steps = gl.cdiv(dy_desc.shape[1], BLOCK_K)
-        if SAVED_AHEAD:
+        if D_A_HALVES == 2:
             gl.warp_specialize([
-                (d_intermediate_saved_ahead_partition, (a_bufs, b_bufs, saved_a, saved_b, d_ready, d_empty, saved_ready,
-                                                        gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc, dg_desc,
-                                                        dg_lo_desc, du_desc, du_lo_desc, off_m, off_n, k_steps,
-                                                        WITH_LO, num_warps)),
-                (d_intermediate_load_partition, (dy_desc, wd_desc, a_bufs, b_bufs, d_ready, d_empty, off_m, off_n,
-                                                 k_steps)),
+                (d_intermediate_wide_partition, (a_bufs, b_bufs, ready, empty, saved_a, saved_b, saved_ready, gate_desc,
+                                                 gate_sigmoid_desc, gate_silu_desc, up_desc, dg_desc, dg_lo_desc,
+                                                 du_desc, du_lo_desc, c_smem, off_m, off_n, k_steps, WITH_LO,
+                                                 num_warps)),
+                (d_intermediate_wide_load_partition, (dy_desc, wd_desc, a_bufs, b_bufs, ready, empty, off_m, off_n,
+                                                      k_steps)),
             ], [1], [40])  # fmt: skip
         else:
             gl.warp_specialize([
-                (d_intermediate_partition, (a_bufs, b_bufs, ready, empty, saved_ready, gate_desc, gate_sigmoid_desc,
-                                            gate_silu_desc, up_desc, dg_desc, dg_lo_desc, du_desc, du_lo_desc, c_smem,
-                                            off_m, off_n, k_steps, WITH_LO, num_warps)),
+                (d_intermediate_partition, (a_bufs, b_bufs, ready, empty, saved_a, saved_b, saved_ready, gate_desc,
+                                            gate_sigmoid_desc, gate_silu_desc, up_desc, dg_desc, dg_lo_desc, du_desc,
+                                            du_lo_desc, c_smem, off_m, off_n, k_steps, WITH_LO, num_warps)),
                 (d_intermediate_load_partition, (dy_desc, wd_desc, a_bufs, b_bufs, ready, empty, off_m, off_n,
                                                  k_steps)),
             ], [1], [40])  # fmt: skip
@@ -232,14 +231,17 @@ class GluonFirstLaunchConfig:
     # width of the dWd tiles (block_n or a divisor): narrower ones, more of them, shorten the launch's critical path
     # where its dWd tiles, fewer than the SMs at 128 × 128 (96 at H = 2048, I = 768), each reduce over all T tokens
     grad_down_block_n: int = 128
-    # the saved tiles in buffers of their own, asked for when a dA tile starts (its ring ``buffers`` long, the dWd
-    # tiles' ring as long as the shared memory allows), the halves stored without waiting on one another
-    saved_ahead: bool = False
+    # width of the dA tiles: block_n, or twice it (two accumulators over one A tile per K step)
+    d_a_block_n: int = 128
+
+    def __post_init__(self):
+        if self.d_a_block_n not in (self.block_n, 2 * self.block_n):
+            raise ValueError(f"config: d_a_block_n must be block_n or twice it, got {self.d_a_block_n}")
 
     def programs(self, num_tokens: int, hidden_size: int, intermediate_size: int) -> int:
         """Tiles of the launch: dWd's, then dA's."""
         grad_down_tiles = cdiv(hidden_size, self.block_m) * cdiv(intermediate_size, self.grad_down_block_n)
-        return grad_down_tiles + cdiv(num_tokens, self.block_m) * cdiv(intermediate_size, self.block_n)
+        return grad_down_tiles + cdiv(num_tokens, self.block_m) * cdiv(intermediate_size, self.d_a_block_n)
 
     def descriptors(self, grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate, d_gate, d_up,
                     grad_down_weight):  # fmt: skip
@@ -270,6 +272,6 @@ def prepare_first_launch_gluon(config: GluonFirstLaunchConfig, grad_output, down
                                      d_gate, d_up, grad_down_weight)  # fmt: skip
     key = (grad_output.device, grad_output.dtype, with_lo, config)
     return prepared_launch(ENCODED_LAUNCHES, key, first_launch_kernel, config.programs(T, H, I),
-                           (*descriptors, T, I, with_lo, config.buffers, config.saved_ahead), warps=config.warps,
-                           maxnreg=config.maxnreg,
+                           (*descriptors, T, I, with_lo, config.buffers, config.d_a_block_n // config.block_n),
+                           warps=config.warps, maxnreg=config.maxnreg,
                            device=grad_output.device)  # fmt: skip

@@ -79,10 +79,14 @@ ONE_LAUNCH_MAX_TOKENS = 64
 # launches (128×256 dWd tiles) from 512 tokens: by graph replay then within 1 µs of the two launches at 512 and
 # 1321 tokens, 6 µs faster at 1087, and slower from 2767 (185.5 against 172.7 µs), where the first launch outlasts
 # the second one's host work anyway; below 512, 64×128 dWd tiles (measured at 128 tokens: 50.8 µs by graph replay
-# against design 3's 62.3) (data/results/NOTES.md, design 8). It ends where the two launches with launch 2 in Gluon
-# (gluon_launch2.py) pass it: by graph replay 100.3 against 101.7 µs at 1321 tokens, 104.1 against 121.3 at 1450 and
-# 106.7 against 130.0 at 1571 (design 13)
-CHAINED_LAUNCH_TOKENS = range(ONE_LAUNCH_MAX_TOKENS + 1, 1400)
+# against design 3's 62.3) (data/results/NOTES.md, design 8). It ends where the two launches in Gluon
+# (gluon_launch1.py, gluon_launch2.py) pass it: by graph replay a tie at 1200 tokens (93.1 against 92.7 µs), 96.3-96.9
+# against 101.0 at 1321 (design 14)
+CHAINED_LAUNCH_TOKENS = range(ONE_LAUNCH_MAX_TOKENS + 1, 1250)
+# From here the faithful path's launch 1 in Gluon takes 256-wide dA tiles (two accumulators over one dy tile a K step):
+# by graph replay 1.4-2.4% faster at 5000-8192 tokens, a tie at 4093, 5-12% slower at 1321-2447 where its fewer,
+# longer tiles leave SMs idle at the end (H200; data/results/NOTES.md, design 14)
+GLUON_WIDE_D_A_MIN_TOKENS = 4608
 # From 512 tokens launch 2's dx tiles take their tickets before the dWg, dWu tiles (``grad_x_first``): there launch 2
 # is one to two waves of tiles, the dx tiles the longest (with the hi/lo halves 1.5x a dWg tile's products at 512
 # tokens), and started last they ran as a tail: 56.1 against 65.5 us at 512 tokens by graph replay, within 0.7 us at
@@ -202,9 +206,10 @@ def choose_config(num_tokens: int, hidden_size: int, intermediate_size: int, *, 
     if num_tokens <= 256:
         return TileConfig((64, 64, 64, 4), (64, 128, 64, 1), (64, 128, 64, 4), (64, 128, 64, 1), (4, 4), (3, 3))
     if with_lo:  # on a Hopper GPU both launches in Gluon (gluon_launch1.py, gluon_launch2.py): against the Triton
-        # launches 12-14% faster at 1571-8192 tokens, against launch 1 in Triton 3-6% (H200)
+        # launches 10-20% faster at 1571-8192 tokens, than launch 2 alone in Gluon 3-6% (H200)
+        d_a_block_n = 256 if num_tokens >= GLUON_WIDE_D_A_MIN_TOKENS else 128
         return TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1), (8, 8), (4, 3),
-                          gluon_first_launch=GluonFirstLaunchConfig(),
+                          gluon_first_launch=GluonFirstLaunchConfig(d_a_block_n=d_a_block_n),
                           gluon_second_launch=GluonSecondLaunchConfig())  # fmt: skip
     return TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 256, 64, 1), (128, 256, 64, 1), (4, 8), (4, 4))
 
