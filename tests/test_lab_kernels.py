@@ -324,3 +324,22 @@ def test_gluon_launch2_table_reads_the_committed_probe_runs():
     figure = kernels.launch2_figure(table, "test")
     assert len(figure.axes[0].patches) == table.size
     plt.close(figure)
+
+
+def test_gluon_launch1_table_reads_the_committed_tune_runs():
+    labels = {"gluon2": "launch 2 in Gluon", "gluon12": "both", "gluon12_a256": "both, 256-wide dA"}
+    table = kernels.p1_tune_runs_times(labels=labels)
+    assert list(table.columns) == list(labels.values())
+    assert {1321, 1571, 2447, 4093, 8192} <= set(table.index)
+    # what NOTES.md (design 14) says: launch 1 in Gluon 3-7% faster from 1571 tokens; 256-wide dA tiles faster from
+    # 5000 tokens, slower at 1321-2447
+    many = [1571, 2447, 4093, 8192]
+    assert (table.loc[many, "both"] < 0.975 * table.loc[many, "launch 2 in Gluon"]).all()
+    most = [5000, 6144, 7168, 8192]
+    assert (table.loc[most, "both, 256-wide dA"] < table.loc[most, "both"]).all()
+    assert (table.loc[[1321, 1571, 2447], "both, 256-wide dA"] > 1.04 * table.loc[[1321, 1571, 2447], "both"]).all()
+    fast = kernels.p1_tune_runs_times(precision="fast", labels=labels)
+    assert fast.loc[8192, "both"] < table.loc[8192, "both"]  # no lo halves: less tensor work
+    figure = kernels.speedup_figure(table, "launch 2 in Gluon", "test", switch=4608)
+    assert len(figure.axes[0].lines) == table.shape[1] - 1 + 2  # a line per other column, the 1 and the switch
+    plt.close(figure)

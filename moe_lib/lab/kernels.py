@@ -718,6 +718,23 @@ def p1_gluon_launch2_times(path=GLUON_PROBE_FILE, labels: dict | None = None) ->
     return table
 
 
+GLUON_LAUNCH1_FILE = TUNING_DIR / "2026-12-01-p1-gluon-launch1.json"
+
+
+def p1_tune_runs_times(path=GLUON_LAUNCH1_FILE, precision: str = "faithful", labels: dict | None = None):
+    """Whole calls by graph replay from a file of several ``scripts/p1_tune.py`` runs (as :func:`p1_tune_times` for
+    one): µs per num_tokens (rows) and candidate (columns, renamed by ``labels`` where given and the others left
+    out), the median over the runs of ``precision`` that measured it (runs without a "precision" field count as
+    faithful); "default" (which changed between runs) and failed or wrong candidates left out."""
+    rows = [dict(num_tokens=row["T"], config=row["config"], us=row["median_us"])
+            for run in _read_json(path)["runs"] if run.get("precision", "faithful") == precision
+            for row in run["rows"] if row.get("ok") and row["config"] != "default"]  # fmt: skip
+    table = pd.DataFrame(rows).pivot_table(index="num_tokens", columns="config", values="us", aggfunc="median")
+    if labels:
+        table = table[[config for config in labels if config in table.columns]].rename(columns=labels)
+    return table
+
+
 def launch2_figure(table: pd.DataFrame, title: str):
     """A :func:`p1_gluon_launch2_times` table as bars per token count, each implementation's µs relative to the
     first column's (the first column at 1)."""
