@@ -400,7 +400,6 @@ def test_faithful_path_chains_its_launches_in_its_band():
     from moe_lib.swiglu_down.few_tokens import FewTokensConfig
     from moe_lib.swiglu_down.launch import (
         CHAINED_LAUNCH_TOKENS,
-        GLUON_WIDE_D_A_MIN_TOKENS,
         ONE_LAUNCH_MAX_TOKENS,
         TileConfig,
         choose_config,
@@ -430,8 +429,7 @@ def test_faithful_path_chains_its_launches_in_its_band():
     assert isinstance(after, TileConfig)
     assert after.gluon_first_launch is not None and after.gluon_second_launch is not None
     assert config(band.stop, with_lo=False).gluon_first_launch is None  # the fast path: cuBLAS's GEMMs
-    assert after.gluon_first_launch.d_a_block_n == 128 and config(8192).gluon_first_launch.d_a_block_n == 256
-    assert config(GLUON_WIDE_D_A_MIN_TOKENS - 1).gluon_first_launch.d_a_block_n == 128
+    assert after.gluon_first_launch.buffers == config(8192).gluon_first_launch.buffers == 6
 
 
 def test_design_by_token_count():
@@ -946,7 +944,7 @@ def test_gpu_gluon_second_launch_reuses_one_compiled_kernel_across_token_counts(
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [1, 3, 128, 1087, 2447, 5000, 8192, 12288])
 @pytest.mark.parametrize("precision", ["faithful", "fast"])
-@pytest.mark.parametrize("candidate", ["gluon12", "gluon12_d64", "gluon12_a256"])
+@pytest.mark.parametrize("candidate", ["gluon12", "gluon12_d64", "gluon12_a256", "gluon12_b6"])
 def test_gpu_gluon_first_launch_at_both_input_scales(T, precision, candidate, seed):
     """Both launches in Gluon (launch 1: dWd's tiles, as wide as dA's or half as wide, and dA's with the dSwiGLU
     epilogue from saved tiles staged in the ring, one or two 128-wide halves a tile) from poisoned memory, both input

@@ -224,6 +224,11 @@ P1_CANDIDATES["gluon12_w128"] = dataclasses.replace(P1_CANDIDATES["gluon2_w128"]
 # launch 1's dWd tiles 64 wide (192 of them) beside 128 × 128 dA tiles
 P1_CANDIDATES["gluon12_d64"] = dataclasses.replace(P1_CANDIDATES["gluon2"],
                                                    gluon_first_launch=GluonFirstLaunchConfig(grad_down_block_n=64))
+# launch 1's ring 5 or 6 buffers deep (192 or 224 KB with the output tile)
+P1_CANDIDATES["gluon12_b5"] = dataclasses.replace(P1_CANDIDATES["gluon2"],
+                                                  gluon_first_launch=GluonFirstLaunchConfig(buffers=5))
+P1_CANDIDATES["gluon12_b6"] = dataclasses.replace(P1_CANDIDATES["gluon2"],
+                                                  gluon_first_launch=GluonFirstLaunchConfig(buffers=6))
 # launch 1's dA tiles 256 wide (two 128 × 128 accumulators over one dy tile per K step: 43 products per byte brought
 # in against 32), their epilogues one after the other; the ring 4 × 48 KB, 224 KB in all
 P1_CANDIDATES["gluon12_a256"] = dataclasses.replace(P1_CANDIDATES["gluon2"],

@@ -83,10 +83,6 @@ ONE_LAUNCH_MAX_TOKENS = 64
 # (gluon_launch1.py, gluon_launch2.py) pass it: by graph replay a tie at 1200 tokens (93.1 against 92.7 µs), 96.3-96.9
 # against 101.0 at 1321 (design 14)
 CHAINED_LAUNCH_TOKENS = range(ONE_LAUNCH_MAX_TOKENS + 1, 1250)
-# From here the faithful path's launch 1 in Gluon takes 256-wide dA tiles (two accumulators over one dy tile a K step):
-# by graph replay 1.4-2.4% faster at 5000-8192 tokens, a tie at 4093, 5-12% slower at 1321-2447 where its fewer,
-# longer tiles leave SMs idle at the end (H200; data/results/NOTES.md, design 14)
-GLUON_WIDE_D_A_MIN_TOKENS = 4608
 # From 512 tokens launch 2's dx tiles take their tickets before the dWg, dWu tiles (``grad_x_first``): there launch 2
 # is one to two waves of tiles, the dx tiles the longest (with the hi/lo halves 1.5x a dWg tile's products at 512
 # tokens), and started last they ran as a tail: 56.1 against 65.5 us at 512 tokens by graph replay, within 0.7 us at
@@ -207,9 +203,9 @@ def choose_config(num_tokens: int, hidden_size: int, intermediate_size: int, *, 
         return TileConfig((64, 64, 64, 4), (64, 128, 64, 1), (64, 128, 64, 4), (64, 128, 64, 1), (4, 4), (3, 3))
     if with_lo:  # on a Hopper GPU both launches in Gluon (gluon_launch1.py, gluon_launch2.py): against the Triton
         # launches 10-20% faster at 1571-8192 tokens, than launch 2 alone in Gluon 3-6% (H200)
-        d_a_block_n = 256 if num_tokens >= GLUON_WIDE_D_A_MIN_TOKENS else 128
+        # launch 1's ring 6 buffers deep: 1.3-2.9% faster than 4 at 1321-8192 tokens, ahead of 256-wide dA tiles
         return TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1), (8, 8), (4, 3),
-                          gluon_first_launch=GluonFirstLaunchConfig(d_a_block_n=d_a_block_n),
+                          gluon_first_launch=GluonFirstLaunchConfig(buffers=6),
                           gluon_second_launch=GluonSecondLaunchConfig())  # fmt: skip
     return TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 256, 64, 1), (128, 256, 64, 1), (4, 8), (4, 4))
 
