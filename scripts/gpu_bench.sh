@@ -17,8 +17,9 @@
 #   (RUNS p1_chain) the chained launch (design 8) against the faithful path's defaults: p1_tune.py, p1_host_gap.py;
 #   (RUNS p1_launch2) the faithful path's launch 2 in Gluon (p1_gluon_probe.py, and candidate gluon2 in the whole
 #      call) and on cuBLAS behind launch 1 (candidate lib_f_rows): p1_tune.py, p1_host_gap.py;
-#   (RUNS p1_gluon1) launch 1 in Gluon as well (candidate gluon12) against launch 2 alone in Gluon (gluon2), both
-#      precisions by graph replay (p1_tune.py), and the faithful path's host gap (p1_host_gap.py);
+#   (RUNS p1_gluon1) the Gluon launches' forms (P1_GLUON1_CONFIGS: by default launch 1's ring 4 or 6 deep, launch 2's
+#      4 or 5 deep, 256-wide dA tiles), both precisions by graph replay (p1_tune.py), and the faithful path's host
+#      gap (p1_host_gap.py);
 #   (RUNS p1_few, p1_tma, p1_lib, p2_tune) the tuning checks of the designs not yet measured, each candidate checked
 #      against float64 before it is timed: scripts/p1_few_tokens_check.py (P1_FEW_ARGS), scripts/p1_tune.py
 #      on the TMA-fed launches in both precisions (P1_TMA_TOKENS, P1_TMA_CONFIGS), scripts/p2_tune.py
@@ -237,16 +238,16 @@ case " $RUNS " in *" p1_launch2 "*)
     --tokens "${P1_LAUNCH2_GAP_TOKENS:-2447,2767,4093,8192}" --configs "default,${P1_LAUNCH2_GAP_CONFIGS:-gluon2,lib_f_rows}"
 esac
 case " $RUNS " in *" p1_gluon1 "*)
-  # both launches in Gluon (gluon12: launch 1's dWd tiles and dA tiles with the dSwiGLU epilogue) against launch 2
-  # alone in Gluon (gluon2), both paths, by graph replay and in NVIDIA's method
+  # the forms of the two Gluon launches (gluon_launch1.py, gluon_launch2.py), both paths, by graph replay and in
+  # NVIDIA's method
   mkdir -p "$TUNING/p1_gluon1_faithful" "$TUNING/p1_gluon1_fast"
   for precision in faithful fast; do
     check "P1 launch 1 in Gluon, $precision, graph replay" "${P1_GLUON1_SECONDS:-150}" scripts/p1_tune.py \
       --precision "$precision" --out "$TUNING/p1_gluon1_$precision" \
-      --tokens "${P1_GLUON1_TOKENS:-1087,1571,2447,4093,8192}" --configs "${P1_GLUON1_CONFIGS:-gluon12,gluon12_d64,gluon2,gluon2_w128,gluon12_w128}"
+      --tokens "${P1_GLUON1_TOKENS:-1087,1571,2447,4093,8192}" --configs "${P1_GLUON1_CONFIGS:-gluon12,gluon12_b6,gluon12_b6_l2b5,gluon12_a256}"
   done
   check "P1 launch 1 in Gluon, host gap" "${P1_GLUON1_GAP_SECONDS:-150}" scripts/p1_host_gap.py --precision faithful \
-    --tokens "${P1_GLUON1_GAP_TOKENS:-1571,2447,4093,8192}" --configs default,gluon12,gluon2_w128
+    --tokens "${P1_GLUON1_GAP_TOKENS:-1571,2447,4093,8192}" --configs default,gluon12_b6_l2b5
 esac
 case " $RUNS " in *" p2_tune "*)
   check "P2 kernel configs" "${P2_TUNE_SECONDS:-300}" scripts/p2_tune.py \

@@ -229,6 +229,9 @@ P1_CANDIDATES["gluon12_b5"] = dataclasses.replace(P1_CANDIDATES["gluon2"],
                                                   gluon_first_launch=GluonFirstLaunchConfig(buffers=5))
 P1_CANDIDATES["gluon12_b6"] = dataclasses.replace(P1_CANDIDATES["gluon2"],
                                                   gluon_first_launch=GluonFirstLaunchConfig(buffers=6))
+# the faithful default from 1250 tokens with launch 2's ring 5 buffers deep too (224 KB)
+P1_CANDIDATES["gluon12_b6_l2b5"] = dataclasses.replace(P1_CANDIDATES["gluon12_b6"],
+                                                       gluon_second_launch=GluonSecondLaunchConfig(buffers=5))
 # launch 1's dA tiles 256 wide (two 128 × 128 accumulators over one dy tile per K step: 43 products per byte brought
 # in against 32), their epilogues one after the other; the ring 4 × 48 KB, 224 KB in all
 P1_CANDIDATES["gluon12_a256"] = dataclasses.replace(P1_CANDIDATES["gluon2"],
