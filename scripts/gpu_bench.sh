@@ -18,8 +18,8 @@
 #   (RUNS p1_launch2) the faithful path's launch 2 in Gluon (p1_gluon_probe.py, and candidate gluon2 in the whole
 #      call) and on cuBLAS behind launch 1 (candidate lib_f_rows): p1_tune.py, p1_host_gap.py;
 #   (RUNS p1_gluon1) the Gluon launches' forms (P1_GLUON1_CONFIGS: by default launch 1's ring 4 or 6 deep, launch 2's
-#      4 or 5 deep, 256-wide dA tiles), both precisions by graph replay (p1_tune.py), and the faithful path's host
-#      gap (p1_host_gap.py);
+#      4 or 5 deep, launch 2's tiles 64 rows tall), both precisions by graph replay (p1_tune.py), and the faithful
+#      path's host gap (p1_host_gap.py);
 #   (RUNS p1_few, p1_tma, p1_lib, p2_tune) the tuning checks of the designs not yet measured, each candidate checked
 #      against float64 before it is timed: scripts/p1_few_tokens_check.py (P1_FEW_ARGS), scripts/p1_tune.py
 #      on the TMA-fed launches in both precisions (P1_TMA_TOKENS, P1_TMA_CONFIGS), scripts/p2_tune.py
@@ -244,7 +244,8 @@ case " $RUNS " in *" p1_gluon1 "*)
   for precision in faithful fast; do
     check "P1 launch 1 in Gluon, $precision, graph replay" "${P1_GLUON1_SECONDS:-150}" scripts/p1_tune.py \
       --precision "$precision" --out "$TUNING/p1_gluon1_$precision" \
-      --tokens "${P1_GLUON1_TOKENS:-1087,1571,2447,4093,8192}" --configs "${P1_GLUON1_CONFIGS:-gluon12,gluon12_b6,gluon12_b6_l2b5,gluon12_a256}"
+      --tokens "${P1_GLUON1_TOKENS:-1087,1200,1321,1571,2447,4093,8192}" \
+      --configs "${P1_GLUON1_CONFIGS:-gluon12,gluon12_b6,gluon12_b6_l2b5,gluon12_k32b12,gluon12_b6_l2m64,gluon12_b6_l2m64b6}"
   done
   check "P1 launch 1 in Gluon, host gap" "${P1_GLUON1_GAP_SECONDS:-150}" scripts/p1_host_gap.py --precision faithful \
     --tokens "${P1_GLUON1_GAP_TOKENS:-1571,2447,4093,8192}" --configs default,gluon12_b6_l2b5

@@ -229,9 +229,18 @@ P1_CANDIDATES["gluon12_b5"] = dataclasses.replace(P1_CANDIDATES["gluon2"],
                                                   gluon_first_launch=GluonFirstLaunchConfig(buffers=5))
 P1_CANDIDATES["gluon12_b6"] = dataclasses.replace(P1_CANDIDATES["gluon2"],
                                                   gluon_first_launch=GluonFirstLaunchConfig(buffers=6))
+# launch 1's ring as deep in bytes with 32-deep K steps: 12 buffers of 16 KB (224 KB with the output tile)
+P1_CANDIDATES["gluon12_k32b12"] = dataclasses.replace(
+    P1_CANDIDATES["gluon2"], gluon_first_launch=GluonFirstLaunchConfig(block_k=32, buffers=12))
 # the faithful default from 1250 tokens with launch 2's ring 5 buffers deep too (224 KB)
 P1_CANDIDATES["gluon12_b6_l2b5"] = dataclasses.replace(P1_CANDIDATES["gluon12_b6"],
                                                        gluon_second_launch=GluonSecondLaunchConfig(buffers=5))
+# launch 2's tiles 64 rows tall (one warpgroup): twice as many dx and weight-gradient tiles, for the band where its
+# 128-row tiles come in one wave and a bit (1087 tokens: 72 dx and 96 weight tiles on 132 SMs)
+P1_CANDIDATES["gluon12_b6_l2m64"] = dataclasses.replace(
+    P1_CANDIDATES["gluon12_b6"], gluon_second_launch=GluonSecondLaunchConfig(block_m=64, warps=4))
+P1_CANDIDATES["gluon12_b6_l2m64b6"] = dataclasses.replace(
+    P1_CANDIDATES["gluon12_b6"], gluon_second_launch=GluonSecondLaunchConfig(block_m=64, warps=4, buffers=6))
 # launch 1's dA tiles 256 wide (two 128 × 128 accumulators over one dy tile per K step: 43 products per byte brought
 # in against 32), their epilogues one after the other; the ring 4 × 48 KB, 224 KB in all
 P1_CANDIDATES["gluon12_a256"] = dataclasses.replace(P1_CANDIDATES["gluon2"],
