@@ -41,9 +41,10 @@ def test_first_launch_descriptors_in_the_kernels_order(grad_down_block_n, halves
     assert by_name["du_lo_desc"].base.data_ptr() == d_up[halves - 1].data_ptr()
 
 
+@pytest.mark.parametrize("block_m", [128, 64])
 @pytest.mark.parametrize("weight_block_n", [256, 128])
-def test_second_launch_descriptors_in_the_kernels_order(weight_block_n):
-    config = GluonSecondLaunchConfig(weight_block_n=weight_block_n)
+def test_second_launch_descriptors_in_the_kernels_order(weight_block_n, block_m):
+    config = GluonSecondLaunchConfig(weight_block_n=weight_block_n, block_m=block_m, warps=block_m // 16)
     x, weight, halves = bf16(T, H), bf16(I, H), bf16(2, T, I)
     descriptors = config.descriptors(x, weight, weight, halves, halves, x, weight, weight)
     names = descriptor_arguments(second_launch_kernel)
@@ -60,6 +61,9 @@ def test_grids_count_every_tile_once():
     assert GluonFirstLaunchConfig().programs(2447, 2048, 768) == 16 * 6 + 20 * 6
     assert GluonFirstLaunchConfig(grad_down_block_n=64).programs(2447, 2048, 768) == 16 * 12 + 20 * 6
     assert GluonFirstLaunchConfig(d_a_block_n=256).programs(2447, 2048, 768) == 16 * 6 + 20 * 3
+    # launch 2: dWg and dWu tiles of [128 or 64 of I, 256 of H], then dx tiles of [128 or 64 of T, 256 of H]
+    assert GluonSecondLaunchConfig().programs(1087, 2048, 768) == 2 * 6 * 8 + 9 * 8
+    assert GluonSecondLaunchConfig(block_m=64, warps=4).programs(1087, 2048, 768) == 2 * 12 * 8 + 17 * 8
     # launch 2: dWg and dWu tiles of [128 of I, 256 or 128 of H], then dx tiles of [128 of T, 256 of H]
     assert GluonSecondLaunchConfig().programs(2447, 2048, 768) == 2 * 6 * 8 + 20 * 8
     assert GluonSecondLaunchConfig(weight_block_n=128).programs(2447, 2048, 768) == 2 * 6 * 16 + 20 * 8

@@ -800,7 +800,7 @@ def test_gpu_tma_launches_deterministic_and_replayed_from_a_graph(candidate, see
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [1, 3, 128, 1087, 2447, 5000, 8192, 12288])
 @pytest.mark.parametrize("precision", ["faithful", "fast"])
-@pytest.mark.parametrize("candidate", ["gluon2", "gluon2_w128"])
+@pytest.mark.parametrize("candidate", ["gluon2", "gluon2_w128", "gluon12_b6_l2m64"])
 def test_gpu_gluon_second_launch_at_both_input_scales(T, precision, candidate, seed):
     """Launch 2 in Gluon (one TMA warp, two MMA warpgroups; its dWg, dWu tiles as wide as dx's or half as wide) from
     poisoned memory, both input scales, within the precision's rule of float64: partial tiles along T, I and the
