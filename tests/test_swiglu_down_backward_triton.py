@@ -803,9 +803,8 @@ def test_gpu_tma_launches_deterministic_and_replayed_from_a_graph(candidate, see
 @pytest.mark.parametrize("candidate", ["gluon2", "gluon2_w128", "gluon12_b6_l2m64"])
 def test_gpu_gluon_second_launch_at_both_input_scales(T, precision, candidate, seed):
     """Launch 2 in Gluon (one TMA warp, two MMA warpgroups or one with 64-row tiles; its dWg, dWu tiles as wide as
-    dx's or half as wide) from
-    poisoned memory, both input scales, within the precision's rule of float64: partial tiles along T, I and the
-    ring's last K steps filled with zeros by TMA."""
+    dx's or half as wide) from poisoned memory, both input scales, within the precision's rule of float64: partial
+    tiles along T, I and the ring's last K steps filled with zeros by TMA."""
     check_candidate_at_both_scales(candidate, T, precision, seed)
 
 
