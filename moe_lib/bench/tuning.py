@@ -241,6 +241,9 @@ P1_CANDIDATES["gluon12_b6_l2m64"] = dataclasses.replace(
     P1_CANDIDATES["gluon12_b6"], gluon_second_launch=GluonSecondLaunchConfig(block_m=64, warps=4))
 P1_CANDIDATES["gluon12_b6_l2m64b6"] = dataclasses.replace(
     P1_CANDIDATES["gluon12_b6"], gluon_second_launch=GluonSecondLaunchConfig(block_m=64, warps=4, buffers=6))
+# both launches' tiles 64 rows tall (launch 1: dA tiles of [64 of T, 128 of I], dWd tiles of [64 of H, 128 of I])
+P1_CANDIDATES["gluon12_m64"] = dataclasses.replace(
+    P1_CANDIDATES["gluon12_b6_l2m64b6"], gluon_first_launch=GluonFirstLaunchConfig(block_m=64, warps=4, buffers=6))
 # launch 1's dA tiles 256 wide (two 128 × 128 accumulators over one dy tile per K step: 43 products per byte brought
 # in against 32), their epilogues one after the other; the ring 4 × 48 KB, 224 KB in all
 P1_CANDIDATES["gluon12_a256"] = dataclasses.replace(P1_CANDIDATES["gluon2"],
