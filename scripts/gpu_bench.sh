@@ -244,7 +244,7 @@ case " $RUNS " in *" p1_gluon1 "*)
   for precision in faithful fast; do
     check "P1 launch 1 in Gluon, $precision, graph replay" "${P1_GLUON1_SECONDS:-150}" scripts/p1_tune.py \
       --precision "$precision" --out "$TUNING/p1_gluon1_$precision" \
-      --tokens "${P1_GLUON1_TOKENS:-512,1087,1200,1321,1571,2447,4093,8192}" \
+      --tokens "${P1_GLUON1_TOKENS:-128,512,1087,1200,1321,1571,2447,4093,8192}" \
       --configs "${P1_GLUON1_CONFIGS:-gluon12,gluon12_b6,gluon12_b6_l2b5,gluon12_k32b12,gluon12_b6_l2m64,gluon12_b6_l2m64b6,gluon12_m64}"
   done
   check "P1 launch 1 in Gluon, host gap" "${P1_GLUON1_GAP_SECONDS:-150}" scripts/p1_host_gap.py --precision faithful \
