@@ -563,12 +563,14 @@ def p1_tune_times(path, *, default_label: str) -> pd.DataFrame:
 
 
 def speedup_figure(table: pd.DataFrame, baseline: str, title: str, *, switch: int | None = None):
-    """Each column of a :func:`p1_tune_times` table as the speed-up over ``baseline`` (its time / theirs)
-    against the token count; 1 dotted; ``switch``: the token count from which the default changes, dashed."""
+    """Each column of a :func:`p1_tune_times` (or :func:`p1_tune_runs_times`) table as the speed-up over ``baseline``
+    (its time / theirs) against the token count; 1 dotted; ``switch``: the token count from which the default
+    changes, dashed."""
     fig, ax = plt.subplots(figsize=(8, 3.8))
     for config in table.columns:
         if config != baseline:
-            ax.plot(table.index, table[baseline] / table[config], marker=".", label=config)
+            speedup = (table[baseline] / table[config]).dropna()  # a line through the counts both measured
+            ax.plot(speedup.index, speedup, marker=".", label=config)
     ax.axhline(1.0, ls=":", color="grey")
     if switch is not None:
         ax.axvline(switch, ls="--", color="black", lw=1, label=f"the default switches ({switch} tokens)")
