@@ -238,6 +238,11 @@ class GluonFirstLaunchConfig:
         if self.d_a_block_n not in (self.block_n, 2 * self.block_n):
             raise ValueError(f"config: d_a_block_n must be block_n or twice it, got {self.d_a_block_n}")
 
+    @property
+    def d_a_halves(self) -> int:
+        """``block_n``-wide halves of a dA tile (the kernel's D_A_HALVES): 1 or 2."""
+        return self.d_a_block_n // self.block_n
+
     def programs(self, num_tokens: int, hidden_size: int, intermediate_size: int) -> int:
         """Tiles of the launch: dWd's, then dA's."""
         grad_down_tiles = cdiv(hidden_size, self.block_m) * cdiv(intermediate_size, self.grad_down_block_n)
@@ -272,6 +277,6 @@ def prepare_first_launch_gluon(config: GluonFirstLaunchConfig, grad_output, down
                                      d_gate, d_up, grad_down_weight)  # fmt: skip
     key = (grad_output.device, grad_output.dtype, with_lo, config)
     return prepared_launch(ENCODED_LAUNCHES, key, first_launch_kernel, config.programs(T, H, I),
-                           (*descriptors, T, I, with_lo, config.buffers, config.d_a_block_n // config.block_n),
+                           (*descriptors, T, I, with_lo, config.buffers, config.d_a_halves),
                            warps=config.warps, maxnreg=config.maxnreg,
                            device=grad_output.device)  # fmt: skip
