@@ -393,9 +393,9 @@ def test_gluon_launches_step_aside_where_they_cannot_run(precision, seed):
 
 
 def test_faithful_path_chains_its_launches_in_its_band():
-    """The faithful path: one launch up to ONE_LAUNCH_MAX_TOKENS (the few-token design at the benchmark's shape,
-    to 128 tokens), the chained launch in CHAINED_LAUNCH_TOKENS beyond that, the two launches above; the fast path
-    never chains (its own designs there)."""
+    """Where the Gluon launches cannot run, the faithful path: one launch up to ONE_LAUNCH_MAX_TOKENS (the few-token
+    design at the benchmark's shape, to 128 tokens), the chained launch in CHAINED_LAUNCH_TOKENS beyond that, the two
+    launches above; the fast path never chains (its own designs there)."""
     from moe_lib.swiglu_down.chained import ChainedConfig
     from moe_lib.swiglu_down.few_tokens import FewTokensConfig
     from moe_lib.swiglu_down.launch import (
@@ -406,7 +406,8 @@ def test_faithful_path_chains_its_launches_in_its_band():
     )
 
     def config(T, **kwargs):
-        return choose_config(T, 2048, 768, **(dict(interpreter=False, with_lo=True, max_programs=132) | kwargs))
+        args = dict(interpreter=False, with_lo=True, max_programs=132, gluon=False)
+        return choose_config(T, 2048, 768, **(args | kwargs))
 
     band = CHAINED_LAUNCH_TOKENS
     assert band.start == ONE_LAUNCH_MAX_TOKENS + 1
@@ -425,11 +426,42 @@ def test_faithful_path_chains_its_launches_in_its_band():
                       1153: (False, True), last: (False, True)}
     assert not any(config(T).grad_down_first for T in (129, 512, 1153))
     assert isinstance(config(ONE_LAUNCH_MAX_TOKENS), FewTokensConfig)
-    after = config(band.stop)  # beyond the band both launches in Gluon on a Hopper GPU
-    assert isinstance(after, TileConfig)
-    assert after.gluon_first_launch is not None and after.gluon_second_launch is not None
-    assert config(band.stop, with_lo=False).gluon_first_launch is None  # the fast path: cuBLAS's GEMMs
-    assert after.gluon_first_launch.buffers == config(8192).gluon_first_launch.buffers == 6
+    for T in (band.stop, 8192):  # beyond the band the Triton launches
+        assert isinstance(config(T), TileConfig) and config(T).gluon_first_launch is None, T
+
+
+def test_faithful_path_takes_the_gluon_forms_where_they_run():
+    """Where the Gluon launches run (a Hopper GPU, 16-bit operands TMA can address: ``gluon``), the faithful path
+    takes them from the end of the one-launch designs on, in the forms of GLUON_FORMS (64-row tiles in both launches
+    to 1499 tokens, then in launch 2 alone in two bands); the chained launch not at all."""
+    from moe_lib.swiglu_down.few_tokens import FewTokensConfig
+    from moe_lib.swiglu_down.launch import (
+        CHAINED_LAUNCH_TOKENS,
+        GLUON_FORMS,
+        TileConfig,
+        choose_config,
+    )
+
+    def config(T, **kwargs):
+        return choose_config(T, 2048, 768, **(dict(interpreter=False, with_lo=True, max_programs=132) | kwargs))
+
+    assert isinstance(config(128), FewTokensConfig)  # the few-token design first where its grid fits
+    rows = {}
+    for T in (CHAINED_LAUNCH_TOKENS.start, 129, 512, 1499, 1500, 2299, 2300, 3300, 4600, 8192, 12288):
+        for max_programs in (132, 11):
+            if T <= 128 and max_programs == 132:
+                continue
+            tiles = config(T, max_programs=max_programs)
+            assert isinstance(tiles, TileConfig), T
+            assert None not in (tiles.gluon_first_launch, tiles.gluon_second_launch), T
+            rows[T] = (tiles.gluon_first_launch.block_m, tiles.gluon_second_launch.block_m)
+            assert (tiles.gluon_first_launch, tiles.gluon_second_launch) == GLUON_FORMS[
+                max(first for first in GLUON_FORMS if first <= T)], T
+        assert config(T, with_lo=False).gluon_first_launch is None, T  # the fast path: its own designs
+        assert config(T, interpreter=True).gluon_first_launch is None, T
+    assert rows == {65: (64, 64), 129: (64, 64), 512: (64, 64), 1499: (64, 64), 1500: (128, 64), 2299: (128, 64),
+                    2300: (128, 128), 3300: (128, 64), 4600: (128, 128), 8192: (128, 128), 12288: (128, 128)}
+    assert config(1087).gluon_first_launch.buffers == 8 and config(8192).gluon_first_launch.buffers == 6
 
 
 def test_design_by_token_count():
@@ -944,7 +976,8 @@ def test_gpu_gluon_second_launch_reuses_one_compiled_kernel_across_token_counts(
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [1, 3, 128, 1087, 2447, 5000, 8192, 12288])
 @pytest.mark.parametrize("precision", ["faithful", "fast"])
-@pytest.mark.parametrize("candidate", ["gluon12", "gluon12_d64", "gluon12_a256", "gluon12_b6", "gluon12_m64"])
+@pytest.mark.parametrize("candidate", ["gluon12", "gluon12_d64", "gluon12_a256", "gluon12_b6", "gluon12_m64",
+                                       "gluon12_m64_l1b8", "gluon12_m64_l2b3"])
 def test_gpu_gluon_first_launch_at_both_input_scales(T, precision, candidate, seed):
     """Both launches in Gluon (launch 1: dWd's tiles, as wide as dA's or half as wide, and dA's with the dSwiGLU
     epilogue from saved tiles staged in the ring, one or two 128-wide halves a tile) from poisoned memory, both input
@@ -954,7 +987,7 @@ def test_gpu_gluon_first_launch_at_both_input_scales(T, precision, candidate, se
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("candidate", ["gluon12", "gluon12_a256"])
+@pytest.mark.parametrize("candidate", ["gluon12", "gluon12_a256", "gluon12_m64_l1b8"])
 @pytest.mark.parametrize("precision", ["faithful", "fast"])
 def test_gpu_gluon_first_launch_with_partial_tiles_along_i_and_h(candidate, precision, seed):
     """A shape off the benchmark's (I = 384: the 256-wide dA tiles' right halves wholly beyond I; H = 320: a partial
@@ -973,7 +1006,7 @@ def test_gpu_gluon_first_launch_with_partial_tiles_along_i_and_h(candidate, prec
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("candidate", ["gluon12", "gluon12_a256"])
+@pytest.mark.parametrize("candidate", ["gluon12", "gluon12_a256", "gluon12_m64_l1b8"])
 def test_gpu_gluon_first_launch_deterministic_and_replayed_from_a_graph(candidate, seed):
     check_deterministic_and_replayed(candidate, "faithful", seed)
 

@@ -244,6 +244,18 @@ P1_CANDIDATES["gluon12_b6_l2m64b6"] = dataclasses.replace(
 # both launches' tiles 64 rows tall (launch 1: dA tiles of [64 of T, 128 of I], dWd tiles of [64 of H, 128 of I])
 P1_CANDIDATES["gluon12_m64"] = dataclasses.replace(
     P1_CANDIDATES["gluon12_b6_l2m64b6"], gluon_first_launch=GluonFirstLaunchConfig(block_m=64, warps=4, buffers=6))
+# gluon12_m64 with deeper rings (64-row tiles: 24 KB a buffer in either launch) or launch 1's dA tiles 256 wide
+P1_CANDIDATES["gluon12_m64_l1b8"] = dataclasses.replace(
+    P1_CANDIDATES["gluon12_m64"], gluon_first_launch=GluonFirstLaunchConfig(block_m=64, warps=4, buffers=8))
+P1_CANDIDATES["gluon12_m64_l2b8"] = dataclasses.replace(
+    P1_CANDIDATES["gluon12_m64"], gluon_second_launch=GluonSecondLaunchConfig(block_m=64, warps=4, buffers=8))
+# gluon12_m64 with launch 2's ring 3 buffers deep (104 KB: two programs to an SM; launch 1's ring holds four saved
+# tiles, so it cannot be as short)
+P1_CANDIDATES["gluon12_m64_l2b3"] = dataclasses.replace(
+    P1_CANDIDATES["gluon12_m64"], gluon_second_launch=GluonSecondLaunchConfig(block_m=64, warps=4, buffers=3))
+P1_CANDIDATES["gluon12_m64_a256"] = dataclasses.replace(
+    P1_CANDIDATES["gluon12_m64"], gluon_first_launch=GluonFirstLaunchConfig(block_m=64, warps=4, buffers=5,
+                                                                          d_a_block_n=256))
 # launch 1's dA tiles 256 wide (two 128 × 128 accumulators over one dy tile per K step: 43 products per byte brought
 # in against 32), their epilogues one after the other; the ring 4 × 48 KB, 224 KB in all
 P1_CANDIDATES["gluon12_a256"] = dataclasses.replace(P1_CANDIDATES["gluon2"],

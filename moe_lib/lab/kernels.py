@@ -535,7 +535,10 @@ def p1_design_name(config) -> str:
         return "one launch, grid barrier"
     gluon = [n for n, c in (("1", config.gluon_first_launch), ("2", config.gluon_second_launch)) if c is not None]
     if len(gluon) == 2:
-        return "two launches, both in Gluon on Hopper"
+        tall = [n for n, c in (("1", config.gluon_first_launch), ("2", config.gluon_second_launch)) if c.block_m == 64]
+        if len(tall) == 2:
+            return "two launches, both in Gluon on Hopper, tiles 64 rows tall"
+        return "two launches, both in Gluon on Hopper" + "".join(f", launch {n}'s tiles 64 rows tall" for n in tall)
     if gluon:
         return f"two launches, {gluon[0]} in Gluon on Hopper"
     return "two Triton launches"

@@ -76,13 +76,35 @@ ONE_LAUNCH_MAX_TOKENS = 64
 # method 45.9 against 57.2 µs at 128 tokens (design 3's one launch), 61.3 against 112.1 at 512 and 81.7 against
 # 123.0 at 1087 (the two launches: the second one's host work showed as a gap). The launch holds launch 2's
 # registers and shared memory for every program, one per SM, so launch 1's tiles are twice as wide as in the two
-# launches (128×256 dWd tiles) from 512 tokens: by graph replay then within 1 µs of the two launches at 512 and
+# launches (128×256 dWd tiles) from 512 tokens: by graph replay then within 1 µs of the two Triton launches at 512 and
 # 1321 tokens, 6 µs faster at 1087, and slower from 2767 (185.5 against 172.7 µs), where the first launch outlasts
 # the second one's host work anyway; below 512, 64×128 dWd tiles (measured at 128 tokens: 50.8 µs by graph replay
 # against design 3's 62.3) (data/results/NOTES.md, design 8). It ends where the two launches in Gluon
-# (gluon_launch1.py, gluon_launch2.py) pass it: by graph replay a tie at 1200 tokens (93.1 against 92.7 µs), 96.3-96.9
-# against 101.0 at 1321 (design 14)
+# (gluon_launch1.py, gluon_launch2.py) with 128-row tiles pass it: by graph replay a tie at 1200 tokens (93.1 against
+# 92.7 µs), 96.3-96.9 against 101.0 at 1321 (design 14). Where the Gluon launches run, their 64-row forms pass it
+# everywhere (GLUON_FORMS), so there the band is not used.
 CHAINED_LAUNCH_TOKENS = range(ONE_LAUNCH_MAX_TOKENS + 1, 1250)
+# The faithful path's two launches in Gluon where they run (a Hopper GPU, 16-bit operands whose rows TMA can address),
+# from CHAINED_LAUNCH_TOKENS.start on (below that, and up to FEW_TOKENS_MAX_TOKENS, the one-launch designs), their
+# forms by token count. Tiles 64 rows tall (one warpgroup) make twice as many tiles, each half as long, so where the
+# 128-row tiles fill the 132 SMs in one wave and a bit their last wave is short; with 128-row tiles the tensor cores
+# are busier per tile. Measured on the H200 by graph replay (data/results/NOTES.md, design 15), µs, against the
+# designs before (the chained launch to 1249 tokens, then both launches 128 rows tall):
+#   both launches 64 rows, launch 1's ring 8 deep: 256 tokens 43.2 against 51.3, 512 47.4 against 56.3, 1087 76.1
+#     against 79.3, 1321 82.0 against 95.2; in NVIDIA's method (its host work between the launches counted) 41.5
+#     against 46.5 at 256, 45.6 against 51.6 at 512, a tie at 1087 (75.5 against 74.9 with launch 1's ring 6 deep);
+#   launch 2 alone 64 rows: 1571 89.5 against 102.5, 2047 114.0 against 114.2, 3500 176.0 against 181.1, 4093 202.7
+#     against 212.1; slower at 2447-3089 (129.1 against 126.3, 151.4 against 146.3) and 5000-6000 (249.9 against
+#     242.7, 289.0 against 281.1), a tie at 7168, 6% slower at 12288: where the 128-row tiles end in a full wave.
+_GLUON_WIDE = GluonFirstLaunchConfig(buffers=6)
+_GLUON_TALL = GluonSecondLaunchConfig(block_m=64, warps=4, buffers=6)
+GLUON_FORMS = {  # from this many tokens: (launch 1, launch 2)
+    0: (GluonFirstLaunchConfig(block_m=64, warps=4, buffers=8), _GLUON_TALL),
+    1500: (_GLUON_WIDE, _GLUON_TALL),
+    2300: (_GLUON_WIDE, GluonSecondLaunchConfig()),
+    3300: (_GLUON_WIDE, _GLUON_TALL),
+    4600: (_GLUON_WIDE, GluonSecondLaunchConfig()),
+}
 # From 512 tokens launch 2's dx tiles take their tickets before the dWg, dWu tiles (``grad_x_first``): there launch 2
 # is one to two waves of tiles, the dx tiles the longest (with the hi/lo halves 1.5x a dWg tile's products at 512
 # tokens), and started last they ran as a tail: 56.1 against 65.5 us at 512 tokens by graph replay, within 0.7 us at
@@ -140,11 +162,12 @@ LIBRARY_GEMMS_MEMCPY_STACK_MIN_TOKENS = 1024
 
 
 def choose_design(num_tokens: int, hidden_size: int, intermediate_size: int, *, interpreter: bool,
-                  with_lo: bool = False, max_programs: int = 0, element_bytes: int = 2):  # fmt: skip
+                  with_lo: bool = False, max_programs: int = 0, element_bytes: int = 2,
+                  gluon: bool = True):  # fmt: skip
     """What ``swiglu_down_backward`` runs: on the fast path from :data:`LIBRARY_GEMMS_MIN_TOKENS` with 16-bit inputs
     the design on cuBLAS GEMMs (:class:`~.library_gemms.LibraryGemmsConfig`, two streams), else the Triton designs
-    of :func:`choose_config` (same arguments). A faithful threshold in that dict would run the design on one
-    stream from there."""
+    of :func:`choose_config` (same arguments; ``gluon``: the Gluon launches can run, see there). A faithful threshold
+    in that dict would run the design on one stream from there."""
     first = LIBRARY_GEMMS_MIN_TOKENS.get("faithful" if with_lo else "fast")
     if not interpreter and element_bytes == 2 and first is not None and num_tokens >= first:
         from .library_gemms import LibraryGemmsConfig  # it builds on this module's allocation
@@ -155,11 +178,12 @@ def choose_design(num_tokens: int, hidden_size: int, intermediate_size: int, *, 
                                   stack_aside=True,
                                   stack_by_memcpy=num_tokens >= LIBRARY_GEMMS_MEMCPY_STACK_MIN_TOKENS)  # fmt: skip
     return choose_config(num_tokens, hidden_size, intermediate_size, interpreter=interpreter, with_lo=with_lo,
-                         max_programs=max_programs, element_bytes=element_bytes)  # fmt: skip
+                         max_programs=max_programs, element_bytes=element_bytes, gluon=gluon)  # fmt: skip
 
 
 def choose_config(num_tokens: int, hidden_size: int, intermediate_size: int, *, interpreter: bool,
-                  with_lo: bool = False, max_programs: int = 0, element_bytes: int = 2):  # fmt: skip
+                  with_lo: bool = False, max_programs: int = 0, element_bytes: int = 2,
+                  gluon: bool = True):  # fmt: skip
     """Tile shapes by token count (tuned on the H200 for H = 2048, I = 768).
 
     ``with_lo`` (the faithful path) takes a second A tile per step in launch 2 and stores two halves in
@@ -169,10 +193,11 @@ def choose_config(num_tokens: int, hidden_size: int, intermediate_size: int, *, 
     few-token design (:class:`~.few_tokens.FewTokensConfig`) up to :data:`FEW_TOKENS_MAX_TOKENS` (per path) with
     16-bit inputs (``element_bytes``; its tiles are sized for them); where its grid does not fit, the
     faithful path takes the one-launch design (:class:`~.one_launch.OneLaunchConfig`) up to
-    :data:`ONE_LAUNCH_MAX_TOKENS`; then in :data:`CHAINED_LAUNCH_TOKENS` the two launches' tiles chained into one
-    launch (:class:`~.chained.ChainedConfig`; any grid size: it needs no residency); beyond, two launches, the
-    faithful path's both in Gluon on a Hopper GPU (:mod:`.gluon_launch1`, :mod:`.gluon_launch2`; elsewhere, or
-    with inputs off a 16-byte boundary, the Triton launches).
+    :data:`ONE_LAUNCH_MAX_TOKENS`; beyond, where ``gluon`` (the Gluon launches run on the call's device and operands:
+    a Hopper GPU, 16-bit, rows TMA can address), both launches in Gluon (:mod:`.gluon_launch1`,
+    :mod:`.gluon_launch2`) in the forms of :data:`GLUON_FORMS`; elsewhere in :data:`CHAINED_LAUNCH_TOKENS` the two
+    launches' tiles chained into one launch (:class:`~.chained.ChainedConfig`; any grid size: it needs no
+    residency), beyond that the two Triton launches.
     Under the interpreter: 16-wide tiles split in two, so that tiny test shapes still have several
     tiles, splits and edges."""
     if interpreter:
@@ -184,6 +209,11 @@ def choose_config(num_tokens: int, hidden_size: int, intermediate_size: int, *, 
                                               with_lo=with_lo, max_programs=max_programs)  # fmt: skip
         if few_tokens.grid_size(hidden_size, intermediate_size) <= max_programs:
             return few_tokens
+    faithful_tiles = TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1), (8, 8),
+                                (4, 3))  # fmt: skip
+    if with_lo and gluon and num_tokens >= CHAINED_LAUNCH_TOKENS.start:
+        launch1, launch2 = GLUON_FORMS[max(first for first in GLUON_FORMS if first <= num_tokens)]
+        return dataclasses.replace(faithful_tiles, gluon_first_launch=launch1, gluon_second_launch=launch2)
     if with_lo and num_tokens in CHAINED_LAUNCH_TOKENS:
         from .chained import ChainedConfig  # it builds on this module's workspaces
 
@@ -201,12 +231,8 @@ def choose_config(num_tokens: int, hidden_size: int, intermediate_size: int, *, 
         return TileConfig((16, 64, 128, 8), (64, 128, 16, 1), (16, 64, 128, 8), (64, 128, 16, 1), (4, 4), (3, 3))
     if num_tokens <= 256:
         return TileConfig((64, 64, 64, 4), (64, 128, 64, 1), (64, 128, 64, 4), (64, 128, 64, 1), (4, 4), (3, 3))
-    if with_lo:  # on a Hopper GPU both launches in Gluon (gluon_launch1.py, gluon_launch2.py): against the Triton
-        # launches 10-20% faster at 1571-8192 tokens, than launch 2 alone in Gluon 3-6% (H200)
-        # launch 1's ring 6 buffers deep: 1.3-2.9% faster than 4 at 1321-8192 tokens, ahead of 256-wide dA tiles
-        return TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1), (8, 8), (4, 3),
-                          gluon_first_launch=GluonFirstLaunchConfig(buffers=6),
-                          gluon_second_launch=GluonSecondLaunchConfig())  # fmt: skip
+    if with_lo:
+        return faithful_tiles
     return TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 256, 64, 1), (128, 256, 64, 1), (4, 8), (4, 4))
 
 
@@ -322,9 +348,13 @@ def swiglu_down_backward_triton(
     T, H = x.shape
     I = gate_weight.shape[0]
     with_lo = carries_low_halves(x.dtype, precision)
+    # TMA can address every operand (a descriptor needs T ≥ 1; our outputs and workspaces start aligned)
+    tma = T > 0 and fits(H, I, x.element_size()) and aligned(grad_output, x, gate_weight, up_weight, down_weight, gate,
+                                                              gate_sigmoid, gate_silu, up, intermediate)  # fmt: skip
+    gluon = tma and gluon_runs_here(x)
     config = config or choose_design(T, H, I, interpreter=interpreter_enabled(), with_lo=with_lo,
-                                     max_programs=resident_programs(x.device),
-                                     element_bytes=x.element_size())  # fmt: skip
+                                     max_programs=resident_programs(x.device), element_bytes=x.element_size(),
+                                     gluon=gluon)  # fmt: skip
     from .library_gemms import LibraryGemmsConfig  # it builds on this module's allocation
 
     if isinstance(config, LibraryGemmsConfig):  # it allocates its own outputs ([dWg; dWu] as one)
@@ -344,11 +374,8 @@ def swiglu_down_backward_triton(
     plan = launch_plan(T, H, I, config)
     # everything both launches need is allocated before the first: the second follows it with no other host work
     workspaces = split_workspaces(plan, x.device)
-    # TMA can address every operand (a descriptor needs T ≥ 1; our outputs and workspaces start aligned)
-    tma = T > 0 and fits(H, I, x.element_size()) and aligned(grad_output, x, gate_weight, up_weight, down_weight, gate,
-                                                              gate_sigmoid, gate_silu, up, intermediate)  # fmt: skip
     gluon_launch1, gluon_launch2 = config.gluon_first_launch, config.gluon_second_launch
-    if (gluon_launch1 is not None or gluon_launch2 is not None) and not (tma and gluon_runs_here(x)):
+    if (gluon_launch1 is not None or gluon_launch2 is not None) and not gluon:
         gluon_launch1 = gluon_launch2 = None  # the Triton launches instead
     if gluon_launch2 is not None:  # made ready before launch 1: between the launches only the launch
         launch_gluon_second_launch = prepare_second_launch_gluon(gluon_launch2, x, gate_weight, up_weight, d_gate,
