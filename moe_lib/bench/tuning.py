@@ -249,6 +249,27 @@ P1_CANDIDATES["gluon12_m64_l1b8"] = dataclasses.replace(
     P1_CANDIDATES["gluon12_m64"], gluon_first_launch=GluonFirstLaunchConfig(block_m=64, warps=4, buffers=8))
 P1_CANDIDATES["gluon12_m64_l2b8"] = dataclasses.replace(
     P1_CANDIDATES["gluon12_m64"], gluon_second_launch=GluonSecondLaunchConfig(block_m=64, warps=4, buffers=8))
+# gluon12_m64_l1b8 with launch 1's ring in 32-deep K steps (16 buffers of 12 KB), or launch 2's in 64-deep ones (4 of
+# 48 KB)
+P1_CANDIDATES["gluon12_m64_k32b16"] = dataclasses.replace(
+    P1_CANDIDATES["gluon12_m64"], gluon_first_launch=GluonFirstLaunchConfig(block_m=64, block_k=32, warps=4,
+                                                                          buffers=16))
+P1_CANDIDATES["gluon12_m64_l1b8_l2k64"] = dataclasses.replace(
+    P1_CANDIDATES["gluon12_m64_l1b8"], gluon_second_launch=GluonSecondLaunchConfig(block_m=64, block_k=64, warps=4,
+                                                                                   buffers=4))
+# gluon12_m64_l1b8 with the long tiles first: launch 2's dx tiles (K = 2I) and/or launch 1's dA tiles (K = H) take
+# the first program ids, ahead of the weight-gradient tiles (K = T)
+_M64_L1B8 = P1_CANDIDATES["gluon12_m64_l1b8"]
+P1_CANDIDATES["gluon12_m64_dxf"] = dataclasses.replace(
+    _M64_L1B8, gluon_second_launch=dataclasses.replace(_M64_L1B8.gluon_second_launch, grad_x_first=True))
+P1_CANDIDATES["gluon12_m64_daf"] = dataclasses.replace(
+    _M64_L1B8, gluon_first_launch=dataclasses.replace(_M64_L1B8.gluon_first_launch, d_a_first=True))
+P1_CANDIDATES["gluon12_m64_lf"] = dataclasses.replace(
+    P1_CANDIDATES["gluon12_m64_dxf"], gluon_first_launch=P1_CANDIDATES["gluon12_m64_daf"].gluon_first_launch)
+P1_CANDIDATES["gluon12_l2m64_daf"] = dataclasses.replace(
+    P1_CANDIDATES["gluon12_b6_l2m64b6"], gluon_first_launch=GluonFirstLaunchConfig(buffers=6, d_a_first=True))
+P1_CANDIDATES["gluon12_b6_daf"] = dataclasses.replace(
+    P1_CANDIDATES["gluon12_b6"], gluon_first_launch=GluonFirstLaunchConfig(buffers=6, d_a_first=True))
 # gluon12_m64 with launch 2's ring 3 buffers deep (104 KB: two programs to an SM; launch 1's ring holds four saved
 # tiles, so it cannot be as short)
 P1_CANDIDATES["gluon12_m64_l2b3"] = dataclasses.replace(

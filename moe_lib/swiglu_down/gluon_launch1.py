@@ -155,6 +155,7 @@ def first_launch_kernel(
     WITH_LO: gl.constexpr,  # store dGate, dUp as hi/lo pairs (the faithful path); else hi alone
     BUFFERS: gl.constexpr,  # buffers of the ring
     D_A_HALVES: gl.constexpr,  # BLOCK_N-wide halves of a dA tile: 1, or 2 side by side (two B tiles per K step)
+    D_A_FIRST: gl.constexpr,  # dA's tiles take the first program ids (else dWd's do)
     num_warps: gl.constexpr,  # of the multiplying partition (8: two warpgroups)
 ):  # fmt: skip
     BLOCK_M: gl.constexpr = dg_desc.block_type.shape[0]
@@ -165,6 +166,8 @@ def first_launch_kernel(
     grad_down_tiles_n = gl.cdiv(I, GRAD_DOWN_N)
     grad_down_tiles = gl.cdiv(dy_desc.shape[1], BLOCK_M) * grad_down_tiles_n
     pid = gl.program_id(0)
+    if D_A_FIRST:  # programs 0 .. dA tiles − 1 take dA's tiles, the rest dWd's
+        pid = (pid + grad_down_tiles) % gl.num_programs(0)
     a_bufs = gl.allocate_shared_memory(dy_desc.dtype, [BUFFERS] + dy_desc.block_type.shape, dy_desc.layout)
     a_t_bufs = a_bufs._reinterpret(dy_t_desc.dtype, [BUFFERS] + dy_t_desc.block_type.shape, dy_t_desc.layout)
     b_bufs = gl.allocate_shared_memory(wd_desc.dtype, [BUFFERS * D_A_HALVES] + wd_desc.block_type.shape,
@@ -233,6 +236,9 @@ class GluonFirstLaunchConfig:
     grad_down_block_n: int = 128
     # width of the dA tiles: block_n, or twice it (two accumulators over one A tile per K step)
     d_a_block_n: int = 128
+    # dA's tiles take the first program ids: where they are the launch's longest (K = H against T) and come in more
+    # than one wave with the dWd tiles, started first they leave no tail of their own
+    d_a_first: bool = False
 
     def __post_init__(self):
         if self.d_a_block_n not in (self.block_n, 2 * self.block_n):
@@ -277,6 +283,6 @@ def prepare_first_launch_gluon(config: GluonFirstLaunchConfig, grad_output, down
                                      d_gate, d_up, grad_down_weight)  # fmt: skip
     key = (grad_output.device, grad_output.dtype, with_lo, config)
     return prepared_launch(ENCODED_LAUNCHES, key, first_launch_kernel, config.programs(T, H, I),
-                           (*descriptors, T, I, with_lo, config.buffers, config.d_a_halves),
+                           (*descriptors, T, I, with_lo, config.buffers, config.d_a_halves, config.d_a_first),
                            warps=config.warps, maxnreg=config.maxnreg,
                            device=grad_output.device)  # fmt: skip

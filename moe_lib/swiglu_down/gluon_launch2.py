@@ -178,6 +178,7 @@ def second_launch_kernel(
     T, I,
     WITH_LO: gl.constexpr,  # both halves of dG, dU (the faithful path); else the hi halves alone
     BUFFERS: gl.constexpr,  # buffers of the ring
+    GRAD_X_FIRST: gl.constexpr,  # dx's tiles take the first program ids (else dWg's and dWu's do)
     num_warps: gl.constexpr,  # of the multiplying partition (8: two warpgroups)
 ):  # fmt: skip
     BLOCK_M: gl.constexpr = dx_desc.block_type.shape[0]
@@ -189,6 +190,8 @@ def second_launch_kernel(
     weight_tiles_n = gl.cdiv(dx_desc.shape[1], WEIGHT_N)
     weight_tiles = gl.cdiv(I, BLOCK_M) * weight_tiles_n  # of dWg, and as many of dWu
     pid = gl.program_id(0)
+    if GRAD_X_FIRST:  # programs 0 .. dx tiles − 1 take dx's tiles, the rest the weight-gradient ones
+        pid = (pid + 2 * weight_tiles) % gl.num_programs(0)
     a_bufs = gl.allocate_shared_memory(dg_desc.dtype, [BUFFERS] + dg_desc.block_type.shape, dg_desc.layout)
     a_lo_bufs = gl.allocate_shared_memory(dg_desc.dtype, [LO_BUFFERS] + dg_desc.block_type.shape, dg_desc.layout)
     a_t_bufs = a_bufs._reinterpret(dg_t_desc.dtype, [BUFFERS] + dg_t_desc.block_type.shape, dg_t_desc.layout)
@@ -238,6 +241,9 @@ class GluonSecondLaunchConfig:
     # width of the dWg, dWu tiles (block_n or a divisor): narrower ones, twice as many, shorten the launch's critical
     # path where its 96 weight-gradient tiles of 128 × 256, fewer than the SMs, each reduce over all T tokens
     weight_block_n: int = 256
+    # dx's tiles take the first program ids: where they are the launch's longest (K = 2I against T) and come in
+    # more than one wave with the weight-gradient tiles, started first they leave no tail of their own
+    grad_x_first: bool = False
 
     def programs(self, num_tokens: int, hidden_size: int, intermediate_size: int) -> int:
         """Tiles of the launch: dWg's and dWu's, then dx's."""
@@ -280,5 +286,5 @@ def prepare_second_launch_gluon(config: GluonSecondLaunchConfig, x, gate_weight,
                                      grad_up_weight)  # fmt: skip
     key = (x.device, x.dtype, with_lo, config)
     return prepared_launch(ENCODED_LAUNCHES, key, second_launch_kernel, config.programs(T, H, I),
-                           (*descriptors, T, I, with_lo, config.buffers), warps=config.warps, maxnreg=config.maxnreg,
-                           device=x.device)  # fmt: skip
+                           (*descriptors, T, I, with_lo, config.buffers, config.grad_x_first), warps=config.warps,
+                           maxnreg=config.maxnreg, device=x.device)  # fmt: skip
