@@ -433,7 +433,7 @@ def test_faithful_path_chains_its_launches_in_its_band():
 def test_faithful_path_takes_the_gluon_forms_where_they_run():
     """Where the Gluon launches run (a Hopper GPU, 16-bit operands TMA can address: ``gluon``), the faithful path
     takes them from the end of the one-launch designs on, in the forms of GLUON_FORMS (64-row tiles in both launches
-    to 1499 tokens, then in launch 2 alone in two bands); the chained launch not at all."""
+    to 1149 tokens, then in launch 2 alone in two bands); the chained launch not at all."""
     from moe_lib.swiglu_down.few_tokens import FewTokensConfig
     from moe_lib.swiglu_down.launch import (
         CHAINED_LAUNCH_TOKENS,
@@ -447,7 +447,7 @@ def test_faithful_path_takes_the_gluon_forms_where_they_run():
 
     assert isinstance(config(128), FewTokensConfig)  # the few-token design first where its grid fits
     rows = {}
-    for T in (CHAINED_LAUNCH_TOKENS.start, 129, 512, 1499, 1500, 2299, 2300, 3300, 4600, 8192, 12288):
+    for T in (CHAINED_LAUNCH_TOKENS.start, 129, 512, 1149, 1150, 2299, 2300, 3300, 4600, 8192, 12288):
         for max_programs in (132, 11):
             if T <= 128 and max_programs == 132:
                 continue
@@ -459,9 +459,14 @@ def test_faithful_path_takes_the_gluon_forms_where_they_run():
                 max(first for first in GLUON_FORMS if first <= T)], T
         assert config(T, with_lo=False).gluon_first_launch is None, T  # the fast path: its own designs
         assert config(T, interpreter=True).gluon_first_launch is None, T
-    assert rows == {65: (64, 64), 129: (64, 64), 512: (64, 64), 1499: (64, 64), 1500: (128, 64), 2299: (128, 64),
+    assert rows == {65: (64, 64), 129: (64, 64), 512: (64, 64), 1149: (64, 64), 1150: (128, 64), 2299: (128, 64),
                     2300: (128, 128), 3300: (128, 64), 4600: (128, 128), 8192: (128, 128), 12288: (128, 128)}
     assert config(1087).gluon_first_launch.buffers == 8 and config(8192).gluon_first_launch.buffers == 6
+    # the long tiles first: both launches' at 64 rows, launch 1's to 2299 tokens, neither beyond
+    first = {T: (config(T).gluon_first_launch.d_a_first, config(T).gluon_second_launch.grad_x_first)
+             for T in (129, 1149, 1150, 2299, 2300, 3300, 8192)}  # fmt: skip
+    assert first == {129: (True, True), 1149: (True, True), 1150: (True, False), 2299: (True, False),
+                     2300: (False, False), 3300: (False, False), 8192: (False, False)}
 
 
 def test_design_by_token_count():

@@ -88,19 +88,26 @@ CHAINED_LAUNCH_TOKENS = range(ONE_LAUNCH_MAX_TOKENS + 1, 1250)
 # from CHAINED_LAUNCH_TOKENS.start on (below that, and up to FEW_TOKENS_MAX_TOKENS, the one-launch designs), their
 # forms by token count. Tiles 64 rows tall (one warpgroup) make twice as many tiles, each half as long, so where the
 # 128-row tiles fill the 132 SMs in one wave and a bit their last wave is short; with 128-row tiles the tensor cores
-# are busier per tile. Measured on the H200 by graph replay (data/results/NOTES.md, design 15), µs, against the
-# designs before (the chained launch to 1249 tokens, then both launches 128 rows tall):
-#   both launches 64 rows, launch 1's ring 8 deep: 256 tokens 43.2 against 51.3, 512 47.4 against 56.3, 1087 76.1
-#     against 79.3, 1321 82.0 against 95.2; in NVIDIA's method (its host work between the launches counted) 41.5
-#     against 46.5 at 256, 45.6 against 51.6 at 512, a tie at 1087 (75.5 against 74.9 with launch 1's ring 6 deep);
-#   launch 2 alone 64 rows: 1571 89.5 against 102.5, 2047 114.0 against 114.2, 3500 176.0 against 181.1, 4093 202.7
-#     against 212.1; slower at 2447-3089 (129.1 against 126.3, 151.4 against 146.3) and 5000-6000 (249.9 against
-#     242.7, 289.0 against 281.1), a tie at 7168, 6% slower at 12288: where the 128-row tiles end in a full wave.
+# are busier per tile. Where the tiles of K = H (dA) or K = 2I (dx) are a launch's longest, they take the first
+# program ids (``d_a_first``, ``grad_x_first``), so that the tiles reducing over the T tokens fill in around them
+# instead of leaving them as a tail. Measured on the H200 by graph replay (data/results/NOTES.md, design 15), µs,
+# against the designs before (the chained launch to 1249 tokens, then both launches 128 rows tall, dWd's and the
+# weight-gradient tiles first):
+#   both launches 64 rows, the long tiles first, launch 1's ring 8 deep: 256 tokens 34.8 against 51.3, 512 40.8
+#     against 56.3, 768 51.5 against 70.7, 1087 69.1 against 79.3; in NVIDIA's method (its host work between the two
+#     launches counted, which the one-launch designs do not pay) 38.3 against 46.5 at 256, 42.1 against 51.6 at 512,
+#     but 38.0 against 37.5 at 128 and 38.2 against 31.3 at 65: the few-token launch keeps its band;
+#   launch 2 alone 64 rows, launch 1's dA tiles first: 1200 74.1 against 78.8 (75.6 with both launches 64 rows), 1321
+#     76.4 against 95.2, 1571 82.7 against 102.5, 1800 108.6 against 109.5;
+#   launch 2 alone 64 rows, in its usual order: 3500 176.0 against 181.1, 4093 201.5-202.7 against 212.1; slower at
+#     2447-3089 (129.0 against 125.6, 150.7 against 145.8) and 5000-6000 (249.9 against 242.7, 289.0 against 281.1), a
+#     tie at 7168, 6% slower at 12288: where the 128-row tiles end in a full wave.
 _GLUON_WIDE = GluonFirstLaunchConfig(buffers=6)
 _GLUON_TALL = GluonSecondLaunchConfig(block_m=64, warps=4, buffers=6)
 GLUON_FORMS = {  # from this many tokens: (launch 1, launch 2)
-    0: (GluonFirstLaunchConfig(block_m=64, warps=4, buffers=8), _GLUON_TALL),
-    1500: (_GLUON_WIDE, _GLUON_TALL),
+    0: (GluonFirstLaunchConfig(block_m=64, warps=4, buffers=8, d_a_first=True),
+        GluonSecondLaunchConfig(block_m=64, warps=4, buffers=6, grad_x_first=True)),
+    1150: (GluonFirstLaunchConfig(buffers=6, d_a_first=True), _GLUON_TALL),
     2300: (_GLUON_WIDE, GluonSecondLaunchConfig()),
     3300: (_GLUON_WIDE, _GLUON_TALL),
     4600: (_GLUON_WIDE, GluonSecondLaunchConfig()),
