@@ -275,6 +275,54 @@ def test_chained_schedule_keeps_every_sm_busy_with_one_tile_at_a_time():
     assert last.end.max() < before.end.max()
 
 
+def test_gluon_launch_schedule_places_every_tile_and_the_long_ones_first_shorten_the_tail():
+    """The model of a Gluon launch's program order: every tile placed once, one at a time per SM, the work that of
+    its products (launch 2's twice with the lo halves); with the long tiles first they start at 0 and, at 512 tokens
+    on 64-row tiles, the launch ends sooner, in both launches."""
+    T, H, I = 512, 2048, 768
+    launch1, launch2 = p1_launch.GLUON_FORMS[0]
+    spans = {}
+    for form, flag, long_kind in ((launch1, "d_a_first", "dA"), (launch2, "grad_x_first", "dx")):
+        for first in (False, True):
+            schedule = kernels.gluon_launch_schedule(T, H, I, dataclasses.replace(form, **{flag: first}))
+            for _, rows in schedule.sort_values("start").groupby("sm"):
+                assert (rows.start.to_numpy()[1:] >= rows.end.to_numpy()[:-1] - 1e-9).all()
+            if form is launch1:
+                tiles = {"dWd": (cdiv(H, 64) * cdiv(I, 128), 64 * 128 * T), "dA": (cdiv(T, 64) * cdiv(I, 128),
+                                                                                   64 * 128 * H)}  # fmt: skip
+            else:
+                weight = (cdiv(I, 64) * cdiv(H, 256), 64 * 256 * T * 2)
+                tiles = {"dWg": weight, "dWu": weight, "dx": (cdiv(T, 64) * cdiv(H, 256), 64 * 256 * 2 * I * 2)}
+            assert schedule.kind.value_counts().to_dict() == {kind: n for kind, (n, _) in tiles.items()}
+            work = sum(2 * n * multiply_adds for n, multiply_adds in tiles.values()) / 1e6
+            assert abs((schedule.end - schedule.start).sum() - work) < 1e-6 * work
+            assert (schedule[schedule.kind == long_kind].start.min() == 0) == first
+            spans[long_kind, first] = schedule.end.max()
+        assert spans[long_kind, True] < 0.85 * spans[long_kind, False], long_kind
+
+
+def test_gluon_forms_table_follows_the_bands():
+    table = kernels.gluon_forms_table([64, 128, 129, 1149, 1150, 2300, 3300, 8192], 2048, 768)
+    assert list(table.index) == [129, 1149, 1150, 2300, 3300, 8192]  # the one-launch designs' counts left out
+    assert table.loc[129].to_dict() == {"launch 1 rows": 64, "launch 1 ring": 8, "dA tiles first": True,
+                                        "launch 2 rows": 64, "launch 2 ring": 6, "dx tiles first": True}
+    assert table.loc[1150, "launch 1 rows"] == 128 and table.loc[1150, "dA tiles first"]
+    assert table.loc[3300, "launch 2 rows"] == 64 and table.loc[8192, "launch 2 rows"] == 128
+    assert not table.loc[8192, ["dA tiles first", "dx tiles first"]].any()
+
+
+def test_gluon_forms_file_holds_the_measured_gains():
+    """The committed tuning runs behind GLUON_FORMS: what NOTES.md (design 15) says of them."""
+    times = kernels.p1_tune_runs_times(kernels.GLUON_FORMS_FILE, labels=kernels.GLUON_FORM_LABELS)
+    assert list(times.columns) == list(kernels.GLUON_FORM_LABELS.values())
+    long_first, wide = times["both at 64 rows, long tiles first"], times["128 rows"]
+    assert long_first[512] < 0.8 * wide[512] and long_first[1087] < 0.85 * wide[1087]
+    assert wide[8192] < times["launch 2 at 64 rows"][8192]  # the 128-row tiles from 4600 tokens
+    figure = kernels.speedup_figure(times, "128 rows", "test")
+    assert len(figure.axes[0].lines) == len(times.columns)  # four lines and the dotted 1
+    plt.close(figure)
+
+
 def test_phase2_tile_table_reads_the_committed_runs():
     table, floor = kernels.p1_phase2_tile_times()
     before, now, cublas = kernels.PHASE2_TILES_BEFORE, kernels.PHASE2_TILES_NOW, kernels.PHASE2_TILES_CUBLAS

@@ -232,7 +232,7 @@ P1_CANDIDATES["gluon12_b6"] = dataclasses.replace(P1_CANDIDATES["gluon2"],
 # launch 1's ring as deep in bytes with 32-deep K steps: 12 buffers of 16 KB (224 KB with the output tile)
 P1_CANDIDATES["gluon12_k32b12"] = dataclasses.replace(
     P1_CANDIDATES["gluon2"], gluon_first_launch=GluonFirstLaunchConfig(block_k=32, buffers=12))
-# the faithful default from 1250 tokens with launch 2's ring 5 buffers deep too (224 KB)
+# gluon12_b6 (the faithful default at 2300-3299 tokens and from 4600) with launch 2's ring 5 buffers deep too (224 KB)
 P1_CANDIDATES["gluon12_b6_l2b5"] = dataclasses.replace(P1_CANDIDATES["gluon12_b6"],
                                                        gluon_second_launch=GluonSecondLaunchConfig(buffers=5))
 # launch 2's tiles 64 rows tall (one warpgroup): twice as many dx and weight-gradient tiles, for the band where its
@@ -268,6 +268,11 @@ P1_CANDIDATES["gluon12_m64_lf"] = dataclasses.replace(
     P1_CANDIDATES["gluon12_m64_dxf"], gluon_first_launch=P1_CANDIDATES["gluon12_m64_daf"].gluon_first_launch)
 P1_CANDIDATES["gluon12_l2m64_daf"] = dataclasses.replace(
     P1_CANDIDATES["gluon12_b6_l2m64b6"], gluon_first_launch=GluonFirstLaunchConfig(buffers=6, d_a_first=True))
+# the 1150-2299 band's form (gluon12_l2m64_daf) with launch 2's dx tiles first too: the order model
+# (lab.kernels.gluon_launch_schedule) puts launch 2 5% shorter at 1321 tokens, no shorter at 1571
+P1_CANDIDATES["gluon12_l2m64_lf"] = dataclasses.replace(
+    P1_CANDIDATES["gluon12_l2m64_daf"], gluon_second_launch=GluonSecondLaunchConfig(block_m=64, warps=4, buffers=6,
+                                                                                    grad_x_first=True))
 P1_CANDIDATES["gluon12_b6_daf"] = dataclasses.replace(
     P1_CANDIDATES["gluon12_b6"], gluon_first_launch=GluonFirstLaunchConfig(buffers=6, d_a_first=True))
 # gluon12_m64 with launch 2's ring 3 buffers deep (104 KB: two programs to an SM; launch 1's ring holds four saved

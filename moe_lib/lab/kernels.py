@@ -614,6 +614,41 @@ def chained_schedule(num_tokens: int, hidden_size: int, intermediate_size: int, 
     return pd.DataFrame(rows)
 
 
+def gluon_launch_schedule(num_tokens: int, hidden_size: int, intermediate_size: int, form, *,
+                          programs_at_once: int = 132, with_lo: bool = True) -> pd.DataFrame:  # fmt: skip
+    """A model of one Gluon launch of the faithful path (``form``: a :class:`~moe_lib.swiglu_down.gluon_launch1.
+    GluonFirstLaunchConfig` or :class:`~moe_lib.swiglu_down.gluon_launch2.GluonSecondLaunchConfig`), one program per
+    tile handed out in program-id order to whichever SM is free first: launch 1's dWd tiles (K = T) then its dA tiles
+    (K = H), or the dA tiles first with ``d_a_first``; launch 2's dWg, dWu tiles (K = T) then its dx tiles (K = 2I),
+    or dx first with ``grad_x_first``; a tile takes as long as its multiply-adds (launch 2's twice over with
+    ``with_lo``). Rows as :func:`chained_schedule`'s (kind, sm, start, end in MFLOP of one SM's work), for
+    :func:`schedule_figure`. A model: every tile at one rate, whatever its height (a 64-row tile runs on one
+    warpgroup, a 128-row one on two)."""
+    T, H, I = num_tokens, hidden_size, intermediate_size
+    bm = form.block_m
+    if isinstance(form, p1_launch.GluonFirstLaunchConfig):
+        grad_down = ("dWd", -(-H // bm) * -(-I // form.grad_down_block_n), bm * form.grad_down_block_n * T)
+        d_a = ("dA", -(-T // bm) * -(-I // form.d_a_block_n), bm * form.d_a_block_n * H)
+        order = [d_a, grad_down] if form.d_a_first else [grad_down, d_a]
+    else:
+        halves = 2 if with_lo else 1
+        weight_tiles = -(-I // bm) * -(-H // form.weight_block_n)
+        weight = bm * form.weight_block_n * T * halves
+        grad_x = ("dx", -(-T // bm) * -(-H // form.block_n), bm * form.block_n * 2 * I * halves)
+        order = [("dWg", weight_tiles, weight), ("dWu", weight_tiles, weight)]
+        order = [grad_x] + order if form.grad_x_first else order + [grad_x]
+    free = [(0.0, sm) for sm in range(programs_at_once)]
+    heapq.heapify(free)
+    rows = []
+    for kind, tiles, multiply_adds in order:
+        for _ in range(tiles):
+            start, sm = heapq.heappop(free)
+            end = start + 2 * multiply_adds / 1e6
+            rows.append(dict(kind=kind, sm=sm, start=start, end=end))
+            heapq.heappush(free, (end, sm))
+    return pd.DataFrame(rows)
+
+
 def schedule_figure(schedules: dict[str, pd.DataFrame]):
     """One panel per :func:`chained_schedule` (by title): each SM a row, each tile a bar coloured by its kind; the
     makespan against the mean work per SM (the makespan of a perfect balance) in the title."""
@@ -724,6 +759,28 @@ def p1_gluon_launch2_times(path=GLUON_PROBE_FILE, labels: dict | None = None) ->
 
 
 GLUON_LAUNCH1_FILE = TUNING_DIR / "2026-12-01-p1-gluon-launch1.json"
+GLUON_FORMS_FILE = TUNING_DIR / "2026-12-02-p1-gluon-forms.json"
+# the candidates of GLUON_FORMS_FILE that became forms of launch.GLUON_FORMS (or led to them), by what they change
+GLUON_FORM_LABELS = {"gluon12_b6": "128 rows", "gluon12_b6_l2m64b6": "launch 2 at 64 rows",
+                     "gluon12_l2m64_daf": "launch 2 at 64 rows, dA tiles first",
+                     "gluon12_m64_l1b8": "both at 64 rows", "gluon12_m64_lf": "both at 64 rows, long tiles first"}
+
+
+def gluon_forms_table(token_counts, hidden_size: int, intermediate_size: int) -> pd.DataFrame:
+    """The form of the Gluon launches the faithful path takes per token count where they run
+    (:data:`~moe_lib.swiglu_down.launch.GLUON_FORMS`): each launch's tile height, ring depth, and whether its tiles of
+    fixed length (dA's, dx's) take the first program ids. Token counts the one-launch designs take are left out."""
+    rows = {}
+    for T in token_counts:
+        config = p1_launch.choose_config(T, hidden_size, intermediate_size, interpreter=False, with_lo=True,
+                                         max_programs=132, gluon=True)  # fmt: skip
+        first, second = getattr(config, "gluon_first_launch", None), getattr(config, "gluon_second_launch", None)
+        if first is None or second is None:
+            continue
+        rows[T] = {"launch 1 rows": first.block_m, "launch 1 ring": first.buffers, "dA tiles first": first.d_a_first,
+                   "launch 2 rows": second.block_m, "launch 2 ring": second.buffers,
+                   "dx tiles first": second.grad_x_first}  # fmt: skip
+    return pd.DataFrame.from_dict(rows, orient="index").rename_axis("num_tokens")
 
 
 def p1_tune_runs_times(path=GLUON_LAUNCH1_FILE, precision: str = "faithful", labels: dict | None = None):

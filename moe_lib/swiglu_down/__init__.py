@@ -6,7 +6,9 @@
     launch.py      Triton host side: tile configs, launch_plan(), workspaces, the two launches
     kernels.py     the @triton.jit kernels
     one_launch.py  one persistent launch around a grid barrier (the faithful path up to 64 tokens)
-    chained.py     the two launches' tiles as one launch, programs ordered by tickets (the faithful path, 65–1249)
+    chained.py     the two launches' tiles as one launch, programs ordered by tickets (the faithful path, 65–1249,
+                   where the Gluon launches cannot run)
+    gluon_launch1.py, gluon_launch2.py  the two launches in Gluon (the faithful path from 129 tokens on Hopper)
 """
 
 from .api import swiglu_down_backward, swiglu_expert

@@ -40,10 +40,11 @@ def swiglu_down_backward(
     half the tensor work of the dx, dWg and dWu products. The design follows the token count
     (:func:`.launch.choose_design`): one Triton launch up to 64 tokens on the fast path and 128 on the faithful one
     (:mod:`.few_tokens`); then the fast path runs its four products on cuBLAS around one Triton dSwiGLU pass
-    (:mod:`.library_gemms`), and the faithful path Triton launches: one up to 1249 tokens (NVIDIA's harness times
-    it eagerly, where the host work before a second launch would count), two above, both in Gluon on a Hopper
-    GPU (:mod:`.gluon_launch1`, :mod:`.gluon_launch2`; the second made ready before the first so that no host work
-    stands between them).
+    (:mod:`.library_gemms`), and the faithful path two launches, both in Gluon on a Hopper
+    GPU (:mod:`.gluon_launch1`, :mod:`.gluon_launch2`; the second made ready before the first so that little host
+    work stands between them; their forms by token count, :data:`.launch.GLUON_FORMS`); where those cannot run, the
+    two Triton launches as one up to 1249 tokens (NVIDIA's harness times a call eagerly, where the host work before
+    a second launch would count) and two above.
     NaN/Inf in the inputs pass through unchecked; ``check_finite=True`` raises a ``ValueError`` naming the
     first input that holds one (a pass over every input and one host sync).
     """

@@ -21,7 +21,7 @@ The readable version of the same arithmetic is launch 2 of :mod:`.kernels` (``gr
 under the interpreter, on a CPU, and wherever TMA cannot address the rows, :func:`prepare_second_launch_gluon` is not
 used (see ``TileConfig.gluon_second_launch``). Measured on the H200 (``data/results/NOTES.md``, design 13): 89.7 µs
 at 2447 tokens and 270.2 at 8192, against 86.2 and 262.5 for cuBLAS's same arithmetic and 107.1 and 310.0 for the
-Triton launch 2; the faithful path's second launch from 1250 tokens.
+Triton launch 2; the faithful path's second launch from 129 tokens (its forms by token count: ``launch.GLUON_FORMS``).
 """
 
 from __future__ import annotations

@@ -98,7 +98,7 @@ CHAINED_LAUNCH_TOKENS = range(ONE_LAUNCH_MAX_TOKENS + 1, 1250)
 #     launches counted, which the one-launch designs do not pay) 38.3 against 46.5 at 256, 42.1 against 51.6 at 512,
 #     but 38.0 against 37.5 at 128 and 38.2 against 31.3 at 65: the few-token launch keeps its band;
 #   launch 2 alone 64 rows, launch 1's dA tiles first: 1200 74.1 against 78.8 (75.6 with both launches 64 rows), 1321
-#     76.4 against 95.2, 1571 82.7 against 102.5, 1800 108.6 against 109.5;
+#     76.4 against 95.2, 1571 82.7 against 102.5, a tie at 1800 (108.6 against 108.3);
 #   launch 2 alone 64 rows, in its usual order: 3500 176.0 against 181.1, 4093 201.5-202.7 against 212.1; slower at
 #     2447-3089 (129.0 against 125.6, 150.7 against 145.8) and 5000-6000 (249.9 against 242.7, 289.0 against 281.1), a
 #     tie at 7168, 6% slower at 12288: where the 128-row tiles end in a full wave.
