@@ -77,9 +77,12 @@ class EncodedLaunch:
                       self.packed_metadata, None, None, None, *arguments)  # fmt: skip
 
 
-def prepared_launch(cache: dict, key, kernel, programs: int, arguments: tuple, *, warps: int, maxnreg: int, device):
-    """The callable that runs ``kernel[(programs,)](*arguments, num_warps=warps, maxnreg=maxnreg)`` on ``device``'s
-    current stream, made ready now. ``arguments``: every kernel argument in order except its last, ``num_warps``.
+def prepared_launch(cache: dict, key, kernel, programs: int, arguments: tuple, *, warps: int, maxnreg: int, device,
+                    options: dict | None = None):  # fmt: skip
+    """The callable that runs ``kernel[(programs,)](*arguments, num_warps=warps, maxnreg=maxnreg, **options)`` on
+    ``device``'s current stream, made ready now. ``arguments``: every kernel argument in order except its last,
+    ``num_warps``; ``options``: further compile options (``launch_pdl=True``: issued by programmatic dependent
+    launch, which the compiled kernel's launcher then keeps).
     The first call per ``key`` goes through Triton's JIT (which compiles the kernel) and keeps an
     :class:`EncodedLaunch` of it in ``cache``; later calls encode the arguments now and launch through it. ``key``
     must fix everything the JIT specialises on (dtypes, descriptor blocks and layouts, pointer alignment, the
@@ -88,7 +91,8 @@ def prepared_launch(cache: dict, key, kernel, programs: int, arguments: tuple, *
     if encoded is None:
 
         def first_launch():
-            cache[key] = EncodedLaunch(kernel[(programs,)](*arguments, num_warps=warps, maxnreg=maxnreg))
+            cache[key] = EncodedLaunch(kernel[(programs,)](*arguments, num_warps=warps, maxnreg=maxnreg,
+                                                           **(options or {})))  # fmt: skip
 
         return first_launch
     encoded_arguments = encoded.encode(*arguments, warps)

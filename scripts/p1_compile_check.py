@@ -101,7 +101,8 @@ def compile_gluon_second_launch(config, with_lo: bool, num_tokens: int = 256):
     descs = config.descriptors(x, weight, weight, halves, halves, x, weight, weight)
     arguments = dict(zip(names, descs, strict=True)) | dict(T="i32", I="i32")
     return compile_gluon_for_sm90(kernel, arguments, dict(WITH_LO=with_lo, BUFFERS=config.buffers,
-                                                          GRAD_X_FIRST=config.grad_x_first, num_warps=config.warps),
+                                                          GRAD_X_FIRST=config.grad_x_first,
+                                                          PROGRAMMATIC=config.programmatic, num_warps=config.warps),
                                   warps=config.warps, maxnreg=config.maxnreg)  # fmt: skip
 
 
@@ -120,6 +121,7 @@ def compile_gluon_first_launch(config, with_lo: bool, num_tokens: int = 256):
     arguments = dict(zip(names, descs, strict=True)) | dict(T="i32", I="i32")
     return compile_gluon_for_sm90(kernel, arguments, dict(WITH_LO=with_lo, BUFFERS=config.buffers,
                                                           D_A_HALVES=config.d_a_halves, D_A_FIRST=config.d_a_first,
+                                                          EARLY_DEPENDENTS=config.early_dependents,
                                                           num_warps=config.warps),
                                   warps=config.warps, maxnreg=config.maxnreg)  # fmt: skip
 

@@ -982,7 +982,8 @@ def test_gpu_gluon_second_launch_reuses_one_compiled_kernel_across_token_counts(
 @pytest.mark.parametrize("T", [1, 3, 128, 1087, 2447, 5000, 8192, 12288])
 @pytest.mark.parametrize("precision", ["faithful", "fast"])
 @pytest.mark.parametrize("candidate", ["gluon12", "gluon12_d64", "gluon12_a256", "gluon12_b6", "gluon12_m64",
-                                       "gluon12_m64_l1b8", "gluon12_m64_l2b3", "gluon12_m64_lf"])
+                                       "gluon12_m64_l1b8", "gluon12_m64_l2b3", "gluon12_m64_lf", "gluon12_m64_lf_pdl",
+                                       "gluon12_l2m64_daf", "gluon12_l2m64_lf", "gluon12_b6_pdl"])
 def test_gpu_gluon_first_launch_at_both_input_scales(T, precision, candidate, seed):
     """Both launches in Gluon (launch 1: dWd's tiles, as wide as dA's or half as wide, and dA's with the dSwiGLU
     epilogue from saved tiles staged in the ring, one or two 128-wide halves a tile) from poisoned memory, both input
@@ -1011,7 +1012,8 @@ def test_gpu_gluon_first_launch_with_partial_tiles_along_i_and_h(candidate, prec
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("candidate", ["gluon12", "gluon12_a256", "gluon12_m64_l1b8", "gluon12_m64_lf"])
+@pytest.mark.parametrize("candidate", ["gluon12", "gluon12_a256", "gluon12_m64_l1b8", "gluon12_m64_lf",
+                                       "gluon12_m64_lf_pdl", "gluon12_m64_lf_pdl_end"])
 def test_gpu_gluon_first_launch_deterministic_and_replayed_from_a_graph(candidate, seed):
     check_deterministic_and_replayed(candidate, "faithful", seed)
 

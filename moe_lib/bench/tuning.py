@@ -287,6 +287,20 @@ P1_CANDIDATES["gluon12_m64_a256"] = dataclasses.replace(
 P1_CANDIDATES["gluon12_a256"] = dataclasses.replace(P1_CANDIDATES["gluon2"],
                                                     gluon_first_launch=GluonFirstLaunchConfig(d_a_block_n=256))
 
+# the default forms with launch 2 issued by programmatic dependent launch (``_pdl``: from launch 1's last wave on,
+# launch 1 letting it start as each of its programs starts; ``_pdl_end``: once launch 1's programs have all ended)
+def programmatic(config: TileConfig, *, early: bool) -> TileConfig:
+    """``config``'s Gluon launch 2 issued by programmatic dependent launch, launch 1 letting it start early or not."""
+    return dataclasses.replace(
+        config, gluon_first_launch=dataclasses.replace(config.gluon_first_launch, early_dependents=early),
+        gluon_second_launch=dataclasses.replace(config.gluon_second_launch, programmatic=True))  # fmt: skip
+
+
+P1_CANDIDATES.update({f"{name}_pdl": programmatic(P1_CANDIDATES[name], early=True)
+                      for name in ("gluon12_m64_lf", "gluon12_l2m64_daf", "gluon12_b6",
+                                   "gluon12_b6_l2m64b6")})  # fmt: skip
+P1_CANDIDATES["gluon12_m64_lf_pdl_end"] = programmatic(P1_CANDIDATES["gluon12_m64_lf"], early=False)
+
 # kernel G's settings as the P2 scripts spell them (FIELD=VALUE), and the FusedDxConfig fields they set
 FUSED_DX_FIELDS = {"gate_up_dx_tile": ("block_i", "block_h", "block_rows"), "warps_g": ("warps",),
                    "stages_g": ("stages",)}  # fmt: skip
@@ -488,4 +502,3 @@ def run_cases(run_case, cases, *, out: str | None, out_name: str, print_table) -
             Path(path).write_text(json.dumps(rows, indent=1))
         print_table(rows)
     return 0 if all(r.get("ok", True) and "error" not in r for r in rows) else 1
-

@@ -38,7 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from ..encoded_launch import descriptor, prepared_launch
 from ..tiling import cdiv
-from .gluon_launch2 import load_steps, ring_barriers, store_tile, tile_product, weight_grad_region
+from .gluon_launch2 import allow_next_grid, load_steps, ring_barriers, store_tile, tile_product, weight_grad_region
 
 
 @gluon.jit
@@ -156,6 +156,7 @@ def first_launch_kernel(
     BUFFERS: gl.constexpr,  # buffers of the ring
     D_A_HALVES: gl.constexpr,  # BLOCK_N-wide halves of a dA tile: 1, or 2 side by side (two B tiles per K step)
     D_A_FIRST: gl.constexpr,  # dA's tiles take the first program ids (else dWd's do)
+    EARLY_DEPENDENTS: gl.constexpr,  # let a launch 2 issued by programmatic dependent launch start from here on
     num_warps: gl.constexpr,  # of the multiplying partition (8: two warpgroups)
 ):  # fmt: skip
     BLOCK_M: gl.constexpr = dg_desc.block_type.shape[0]
@@ -166,6 +167,8 @@ def first_launch_kernel(
     grad_down_tiles_n = gl.cdiv(I, GRAD_DOWN_N)
     grad_down_tiles = gl.cdiv(dy_desc.shape[1], BLOCK_M) * grad_down_tiles_n
     pid = gl.program_id(0)
+    if EARLY_DEPENDENTS:  # once every program has started: launch 2's programs then wait for this launch's end
+        allow_next_grid()
     if D_A_FIRST:  # programs 0 .. dA tiles − 1 take dA's tiles, the rest dWd's
         pid = (pid + grad_down_tiles) % gl.num_programs(0)
     a_bufs = gl.allocate_shared_memory(dy_desc.dtype, [BUFFERS] + dy_desc.block_type.shape, dy_desc.layout)
@@ -239,6 +242,9 @@ class GluonFirstLaunchConfig:
     # dA's tiles take the first program ids: where they are the launch's longest (K = H against T) and come in more
     # than one wave with the dWd tiles, started first they leave no tail of their own
     d_a_first: bool = False
+    # a launch 2 issued by programmatic dependent launch (``GluonSecondLaunchConfig.programmatic``) may start once
+    # every program of this launch has started (else once they have all ended)
+    early_dependents: bool = False
 
     def __post_init__(self):
         if self.d_a_block_n not in (self.block_n, 2 * self.block_n):
@@ -283,6 +289,7 @@ def prepare_first_launch_gluon(config: GluonFirstLaunchConfig, grad_output, down
                                      d_gate, d_up, grad_down_weight)  # fmt: skip
     key = (grad_output.device, grad_output.dtype, with_lo, config)
     return prepared_launch(ENCODED_LAUNCHES, key, first_launch_kernel, config.programs(T, H, I),
-                           (*descriptors, T, I, with_lo, config.buffers, config.d_a_halves, config.d_a_first),
+                           (*descriptors, T, I, with_lo, config.buffers, config.d_a_halves, config.d_a_first,
+                            config.early_dependents),
                            warps=config.warps, maxnreg=config.maxnreg,
                            device=grad_output.device)  # fmt: skip

@@ -55,6 +55,21 @@ def ring_barriers(BUFFERS: gl.constexpr):
 
 
 @gluon.jit
+def wait_for_prior_grid():
+    """``griddepcontrol.wait``: in a launch issued by programmatic dependent launch, wait until the launch before it
+    on the stream has completed and its writes are visible (at once otherwise)."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def allow_next_grid():
+    """``griddepcontrol.launch_dependents``: a launch issued after this one by programmatic dependent launch may start
+    once every program of this one has passed here or ended (a hint; nothing happens without such a launch)."""
+    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
+                              pack=1)  # fmt: skip
+
+
+@gluon.jit
 def load_steps(a_desc, a_lo_desc, b_desc, a_bufs, a_lo_bufs, b_bufs, ready, empty, off_m, off_n, k_steps, step0,
                A_K_MAJOR: gl.constexpr, WITH_LO: gl.constexpr):  # fmt: skip
     """The loading warp: K steps 0 .. k_steps − 1 of A (its lo half with WITH_LO) and B into the ring's buffers,
@@ -179,6 +194,7 @@ def second_launch_kernel(
     WITH_LO: gl.constexpr,  # both halves of dG, dU (the faithful path); else the hi halves alone
     BUFFERS: gl.constexpr,  # buffers of the ring
     GRAD_X_FIRST: gl.constexpr,  # dx's tiles take the first program ids (else dWg's and dWu's do)
+    PROGRAMMATIC: gl.constexpr,  # issued by programmatic dependent launch: wait for launch 1 before anything else
     num_warps: gl.constexpr,  # of the multiplying partition (8: two warpgroups)
 ):  # fmt: skip
     BLOCK_M: gl.constexpr = dx_desc.block_type.shape[0]
@@ -204,6 +220,8 @@ def second_launch_kernel(
     x_bufs = b_bufs._reinterpret(x_desc.dtype, [BUFFERS * WIDTHS] + x_desc.block_type.shape, x_desc.layout)
     weight_c_smem = c_smem._reinterpret(dwg_desc.dtype, [WIDTHS] + dwg_desc.block_type.shape, dwg_desc.layout)
     ready, empty = ring_barriers(BUFFERS)
+    if PROGRAMMATIC:  # the ring is set up; dG, dU are launch 1's
+        wait_for_prior_grid()
     if pid < 2 * weight_tiles:  # dWg's tiles, then dWu's: Σ_t A[t, m] x[t, n] over the T tokens
         tile = pid % weight_tiles
         off_m = (tile // weight_tiles_n) * BLOCK_M
@@ -244,6 +262,10 @@ class GluonSecondLaunchConfig:
     # dx's tiles take the first program ids: where they are the launch's longest (K = 2I against T) and come in
     # more than one wave with the weight-gradient tiles, started first they leave no tail of their own
     grad_x_first: bool = False
+    # issued by programmatic dependent launch: its programs may start on the SMs launch 1's last ones leave free, set
+    # up their ring and wait there (``griddepcontrol.wait``) until launch 1 has completed, so that the launch's own
+    # start-up overlaps launch 1's tail (with ``GluonFirstLaunchConfig.early_dependents`` from launch 1's last wave on)
+    programmatic: bool = False
 
     def programs(self, num_tokens: int, hidden_size: int, intermediate_size: int) -> int:
         """Tiles of the launch: dWg's and dWu's, then dx's."""
@@ -286,5 +308,6 @@ def prepare_second_launch_gluon(config: GluonSecondLaunchConfig, x, gate_weight,
                                      grad_up_weight)  # fmt: skip
     key = (x.device, x.dtype, with_lo, config)
     return prepared_launch(ENCODED_LAUNCHES, key, second_launch_kernel, config.programs(T, H, I),
-                           (*descriptors, T, I, with_lo, config.buffers, config.grad_x_first), warps=config.warps,
-                           maxnreg=config.maxnreg, device=x.device)  # fmt: skip
+                           (*descriptors, T, I, with_lo, config.buffers, config.grad_x_first, config.programmatic),
+                           warps=config.warps, maxnreg=config.maxnreg, device=x.device,
+                           options=dict(launch_pdl=True) if config.programmatic else None)  # fmt: skip
