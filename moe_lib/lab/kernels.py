@@ -19,6 +19,7 @@ from .. import problems
 from ..moe_experts import launch as p2_launch
 from ..moe_experts.routing import route_by_expert
 from ..swiglu_down import launch as p1_launch
+from ..tiling import cdiv
 from .results import RESULTS_DIR, resolve_path
 
 TUNING_DIR = RESULTS_DIR / "H200" / "tuning"  # the tuning scripts' committed outputs (scripts/p1_tune.py, p2_tune.py)
@@ -533,9 +534,10 @@ def p1_design_name(config) -> str:
         return "few tokens: one launch, waits per block"
     if isinstance(config, OneLaunchConfig):
         return "one launch, grid barrier"
-    gluon = [n for n, c in (("1", config.gluon_first_launch), ("2", config.gluon_second_launch)) if c is not None]
+    launches = (("1", config.gluon_first_launch), ("2", config.gluon_second_launch))
+    gluon = [n for n, c in launches if c is not None]
     if len(gluon) == 2:
-        tall = [n for n, c in (("1", config.gluon_first_launch), ("2", config.gluon_second_launch)) if c.block_m == 64]
+        tall = [n for n, c in launches if c.block_m == 64]
         if len(tall) == 2:
             return "two launches, both in Gluon on Hopper, tiles 64 rows tall"
         return "two launches, both in Gluon on Hopper" + "".join(f", launch {n}'s tiles 64 rows tall" for n in tall)
@@ -627,14 +629,14 @@ def gluon_launch_schedule(num_tokens: int, hidden_size: int, intermediate_size: 
     T, H, I = num_tokens, hidden_size, intermediate_size
     bm = form.block_m
     if isinstance(form, p1_launch.GluonFirstLaunchConfig):
-        grad_down = ("dWd", -(-H // bm) * -(-I // form.grad_down_block_n), bm * form.grad_down_block_n * T)
-        d_a = ("dA", -(-T // bm) * -(-I // form.d_a_block_n), bm * form.d_a_block_n * H)
+        grad_down = ("dWd", cdiv(H, bm) * cdiv(I, form.grad_down_block_n), bm * form.grad_down_block_n * T)
+        d_a = ("dA", cdiv(T, bm) * cdiv(I, form.d_a_block_n), bm * form.d_a_block_n * H)
         order = [d_a, grad_down] if form.d_a_first else [grad_down, d_a]
     else:
         halves = 2 if with_lo else 1
-        weight_tiles = -(-I // bm) * -(-H // form.weight_block_n)
+        weight_tiles = cdiv(I, bm) * cdiv(H, form.weight_block_n)
         weight = bm * form.weight_block_n * T * halves
-        grad_x = ("dx", -(-T // bm) * -(-H // form.block_n), bm * form.block_n * 2 * I * halves)
+        grad_x = ("dx", cdiv(T, bm) * cdiv(H, form.block_n), bm * form.block_n * 2 * I * halves)
         order = [("dWg", weight_tiles, weight), ("dWu", weight_tiles, weight)]
         order = [grad_x] + order if form.grad_x_first else order + [grad_x]
     free = [(0.0, sm) for sm in range(programs_at_once)]

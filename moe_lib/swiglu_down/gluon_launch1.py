@@ -35,10 +35,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+from triton.language.extra.cuda import gdc_launch_dependents  # griddepcontrol.launch_dependents
 
 from ..encoded_launch import descriptor, prepared_launch
 from ..tiling import cdiv
-from .gluon_launch2 import allow_next_grid, load_steps, ring_barriers, store_tile, tile_product, weight_grad_region
+from .gluon_launch2 import load_steps, ring_barriers, store_tile, tile_product, weight_grad_region
 
 
 @gluon.jit
@@ -168,7 +169,7 @@ def first_launch_kernel(
     grad_down_tiles = gl.cdiv(dy_desc.shape[1], BLOCK_M) * grad_down_tiles_n
     pid = gl.program_id(0)
     if EARLY_DEPENDENTS:  # once every program has started: launch 2's programs then wait for this launch's end
-        allow_next_grid()
+        gdc_launch_dependents()
     if D_A_FIRST:  # programs 0 .. dA tiles − 1 take dA's tiles, the rest dWd's
         pid = (pid + grad_down_tiles) % gl.num_programs(0)
     a_bufs = gl.allocate_shared_memory(dy_desc.dtype, [BUFFERS] + dy_desc.block_type.shape, dy_desc.layout)

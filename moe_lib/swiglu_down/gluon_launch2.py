@@ -37,6 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+from triton.language.extra.cuda import gdc_wait  # griddepcontrol.wait
 
 from ..encoded_launch import descriptor, prepared_launch
 from ..tiling import cdiv
@@ -52,21 +53,6 @@ def ring_barriers(BUFFERS: gl.constexpr):
         mbarrier.init(empty.index(i), count=1)
     fence_async_shared()
     return ready, empty
-
-
-@gluon.jit
-def wait_for_prior_grid():
-    """``griddepcontrol.wait``: in a launch issued by programmatic dependent launch, wait until the launch before it
-    on the stream has completed and its writes are visible (at once otherwise)."""
-    gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def allow_next_grid():
-    """``griddepcontrol.launch_dependents``: a launch issued after this one by programmatic dependent launch may start
-    once every program of this one has passed here or ended (a hint; nothing happens without such a launch)."""
-    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
-                              pack=1)  # fmt: skip
 
 
 @gluon.jit
@@ -220,8 +206,8 @@ def second_launch_kernel(
     x_bufs = b_bufs._reinterpret(x_desc.dtype, [BUFFERS * WIDTHS] + x_desc.block_type.shape, x_desc.layout)
     weight_c_smem = c_smem._reinterpret(dwg_desc.dtype, [WIDTHS] + dwg_desc.block_type.shape, dwg_desc.layout)
     ready, empty = ring_barriers(BUFFERS)
-    if PROGRAMMATIC:  # the ring is set up; dG, dU are launch 1's
-        wait_for_prior_grid()
+    if PROGRAMMATIC:  # the ring is set up; dG, dU are launch 1's: wait until its writes are visible
+        gdc_wait()
     if pid < 2 * weight_tiles:  # dWg's tiles, then dWu's: Σ_t A[t, m] x[t, n] over the T tokens
         tile = pid % weight_tiles
         off_m = (tile // weight_tiles_n) * BLOCK_M

@@ -102,6 +102,9 @@ CHAINED_LAUNCH_TOKENS = range(ONE_LAUNCH_MAX_TOKENS + 1, 1250)
 #   launch 2 alone 64 rows, in its usual order: 3500 176.0 against 181.1, 4093 201.5-202.7 against 212.1; slower at
 #     2447-3089 (129.0 against 125.6, 150.7 against 145.8) and 5000-6000 (249.9 against 242.7, 289.0 against 281.1), a
 #     tie at 7168, 6% slower at 12288: where the 128-row tiles end in a full wave.
+# the faithful path's Triton tiles beyond the chained launch's band where the Gluon launches cannot run, and the
+# Triton fields of GLUON_FORMS' configs (what an explicit Gluon config falls back to on operands TMA cannot address)
+FAITHFUL_TILES = TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1), (8, 8), (4, 3))
 _GLUON_WIDE = GluonFirstLaunchConfig(buffers=6)
 _GLUON_TALL = GluonSecondLaunchConfig(block_m=64, warps=4, buffers=6)
 GLUON_FORMS = {  # from this many tokens: (launch 1, launch 2)
@@ -216,11 +219,9 @@ def choose_config(num_tokens: int, hidden_size: int, intermediate_size: int, *, 
                                               with_lo=with_lo, max_programs=max_programs)  # fmt: skip
         if few_tokens.grid_size(hidden_size, intermediate_size) <= max_programs:
             return few_tokens
-    faithful_tiles = TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1), (8, 8),
-                                (4, 3))  # fmt: skip
     if with_lo and gluon and num_tokens >= CHAINED_LAUNCH_TOKENS.start:
         launch1, launch2 = GLUON_FORMS[max(first for first in GLUON_FORMS if first <= num_tokens)]
-        return dataclasses.replace(faithful_tiles, gluon_first_launch=launch1, gluon_second_launch=launch2)
+        return dataclasses.replace(FAITHFUL_TILES, gluon_first_launch=launch1, gluon_second_launch=launch2)
     if with_lo and num_tokens in CHAINED_LAUNCH_TOKENS:
         from .chained import ChainedConfig  # it builds on this module's workspaces
 
@@ -239,7 +240,7 @@ def choose_config(num_tokens: int, hidden_size: int, intermediate_size: int, *, 
     if num_tokens <= 256:
         return TileConfig((64, 64, 64, 4), (64, 128, 64, 1), (64, 128, 64, 4), (64, 128, 64, 1), (4, 4), (3, 3))
     if with_lo:
-        return faithful_tiles
+        return FAITHFUL_TILES
     return TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 256, 64, 1), (128, 256, 64, 1), (4, 8), (4, 4))
 
 
