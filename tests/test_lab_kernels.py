@@ -4,6 +4,7 @@ import dataclasses
 
 import matplotlib
 import numpy as np
+import pandas as pd
 import pytest
 
 from moe_lib import problems
@@ -302,11 +303,13 @@ def test_gluon_launch_schedule_places_every_tile_and_the_long_ones_first_shorten
 
 
 def test_gluon_forms_table_follows_the_bands():
-    table = kernels.gluon_forms_table([64, 128, 129, 1149, 1150, 2300, 3300, 8192], 2048, 768)
-    assert list(table.index) == [129, 1149, 1150, 2300, 3300, 8192]  # the one-launch designs' counts left out
+    table = kernels.gluon_forms_table([64, 128, 129, 1099, 1100, 1400, 2300, 3300, 8192], 2048, 768)
+    assert list(table.index) == [129, 1099, 1100, 1400, 2300, 3300, 8192]  # the one-launch designs' counts left out
     assert table.loc[129].to_dict() == {"launch 1 rows": 64, "launch 1 ring": 8, "dA tiles first": True,
-                                        "launch 2 rows": 64, "launch 2 ring": 6, "dx tiles first": True}
-    assert table.loc[1150, "launch 1 rows"] == 128 and table.loc[1150, "dA tiles first"]
+                                        "launch 2 rows": 64, "launch 2 ring": 6, "dx tiles first": True,
+                                        "launch 2 early": True}
+    assert table.loc[1100, "launch 1 rows"] == 128 and table.loc[1100, "dA tiles first"]
+    assert table.loc[1100, "dx tiles first"] and not table.loc[1400, "dx tiles first"]
     assert table.loc[3300, "launch 2 rows"] == 64 and table.loc[8192, "launch 2 rows"] == 128
     assert not table.loc[8192, ["dA tiles first", "dx tiles first"]].any()
 
@@ -321,6 +324,19 @@ def test_gluon_forms_file_holds_the_measured_gains():
     figure = kernels.speedup_figure(times, "128 rows", "test")
     assert len(figure.axes[0].lines) == len(times.columns)  # four lines and the dotted 1
     plt.close(figure)
+
+
+def test_programmatic_launch_gains_pair_each_form_with_its_pdl_candidate():
+    """The committed PDL runs: every form measured both ways, and launch 2 by programmatic dependent launch faster
+    in each band's form where it is the default (what launch.GLUON_FORMS' comment and NOTES.md say: 0.6-1.2 µs by
+    graph replay), and in most of the other cases."""
+    gains = kernels.programmatic_launch_gains()
+    assert set(gains.columns) == {"gluon12_m64_lf", "gluon12_l2m64_daf", "gluon12_b6", "gluon12_b6_l2m64b6"}
+    bands = {"gluon12_m64_lf": [129, 256, 512, 1087], "gluon12_l2m64_daf": [1321, 1571],
+             "gluon12_b6": [2447, 8192], "gluon12_b6_l2m64b6": [4093]}  # fmt: skip
+    in_bands = pd.concat([gains.loc[tokens, form] for form, tokens in bands.items()])
+    assert len(in_bands) == 9 and in_bands.between(0.55, 1.25).all()
+    assert (gains.stack() > 0).mean() > 0.9
 
 
 def test_phase2_tile_table_reads_the_committed_runs():

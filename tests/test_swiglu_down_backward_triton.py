@@ -433,7 +433,8 @@ def test_faithful_path_chains_its_launches_in_its_band():
 def test_faithful_path_takes_the_gluon_forms_where_they_run():
     """Where the Gluon launches run (a Hopper GPU, 16-bit operands TMA can address: ``gluon``), the faithful path
     takes them from the end of the one-launch designs on, in the forms of GLUON_FORMS (64-row tiles in both launches
-    to 1149 tokens, then in launch 2 alone in two bands); the chained launch not at all."""
+    to 1099 tokens, then in launch 2 alone in three bands), launch 2 always by programmatic dependent launch; the
+    chained launch not at all."""
     from moe_lib.swiglu_down.few_tokens import FewTokensConfig
     from moe_lib.swiglu_down.launch import (
         CHAINED_LAUNCH_TOKENS,
@@ -447,7 +448,7 @@ def test_faithful_path_takes_the_gluon_forms_where_they_run():
 
     assert isinstance(config(128), FewTokensConfig)  # the few-token design first where its grid fits
     rows = {}
-    for T in (CHAINED_LAUNCH_TOKENS.start, 129, 512, 1149, 1150, 2299, 2300, 3300, 4600, 8192, 12288):
+    for T in (CHAINED_LAUNCH_TOKENS.start, 129, 512, 1099, 1100, 1399, 1400, 2299, 2300, 3300, 4600, 8192, 12288):
         for max_programs in (132, 11):
             if T <= 128 and max_programs == 132:
                 continue
@@ -455,18 +456,21 @@ def test_faithful_path_takes_the_gluon_forms_where_they_run():
             assert isinstance(tiles, TileConfig), T
             assert None not in (tiles.gluon_first_launch, tiles.gluon_second_launch), T
             rows[T] = (tiles.gluon_first_launch.block_m, tiles.gluon_second_launch.block_m)
+            assert tiles.gluon_first_launch.early_dependents and tiles.gluon_second_launch.programmatic, T
             assert (tiles.gluon_first_launch, tiles.gluon_second_launch) == GLUON_FORMS[
                 max(first for first in GLUON_FORMS if first <= T)], T
         assert config(T, with_lo=False).gluon_first_launch is None, T  # the fast path: its own designs
         assert config(T, interpreter=True).gluon_first_launch is None, T
-    assert rows == {65: (64, 64), 129: (64, 64), 512: (64, 64), 1149: (64, 64), 1150: (128, 64), 2299: (128, 64),
-                    2300: (128, 128), 3300: (128, 64), 4600: (128, 128), 8192: (128, 128), 12288: (128, 128)}
+    assert rows == {65: (64, 64), 129: (64, 64), 512: (64, 64), 1099: (64, 64), 1100: (128, 64), 1399: (128, 64),
+                    1400: (128, 64), 2299: (128, 64), 2300: (128, 128), 3300: (128, 64), 4600: (128, 128),
+                    8192: (128, 128), 12288: (128, 128)}
     assert config(1087).gluon_first_launch.buffers == 8 and config(8192).gluon_first_launch.buffers == 6
-    # the long tiles first: both launches' at 64 rows, launch 1's to 2299 tokens, neither beyond
+    # the long tiles first: both launches' to 1399 tokens, launch 1's to 2299, neither beyond
     first = {T: (config(T).gluon_first_launch.d_a_first, config(T).gluon_second_launch.grad_x_first)
-             for T in (129, 1149, 1150, 2299, 2300, 3300, 8192)}  # fmt: skip
-    assert first == {129: (True, True), 1149: (True, True), 1150: (True, False), 2299: (True, False),
-                     2300: (False, False), 3300: (False, False), 8192: (False, False)}
+             for T in (129, 1099, 1100, 1399, 1400, 2299, 2300, 3300, 8192)}  # fmt: skip
+    assert first == {129: (True, True), 1099: (True, True), 1100: (True, True), 1399: (True, True),
+                     1400: (True, False), 2299: (True, False), 2300: (False, False), 3300: (False, False),
+                     8192: (False, False)}
 
 
 def test_design_by_token_count():
@@ -983,7 +987,8 @@ def test_gpu_gluon_second_launch_reuses_one_compiled_kernel_across_token_counts(
 @pytest.mark.parametrize("precision", ["faithful", "fast"])
 @pytest.mark.parametrize("candidate", ["gluon12", "gluon12_d64", "gluon12_a256", "gluon12_b6", "gluon12_m64",
                                        "gluon12_m64_l1b8", "gluon12_m64_l2b3", "gluon12_m64_lf", "gluon12_m64_lf_pdl",
-                                       "gluon12_l2m64_daf", "gluon12_l2m64_lf", "gluon12_b6_pdl"])
+                                       "gluon12_l2m64_daf", "gluon12_l2m64_lf", "gluon12_l2m64_lf_pdl",
+                                       "gluon12_b6_pdl"])
 def test_gpu_gluon_first_launch_at_both_input_scales(T, precision, candidate, seed):
     """Both launches in Gluon (launch 1: dWd's tiles, as wide as dA's or half as wide, and dA's with the dSwiGLU
     epilogue from saved tiles staged in the ring, one or two 128-wide halves a tile) from poisoned memory, both input
@@ -1013,7 +1018,8 @@ def test_gpu_gluon_first_launch_with_partial_tiles_along_i_and_h(candidate, prec
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("candidate", ["gluon12", "gluon12_a256", "gluon12_m64_l1b8", "gluon12_m64_lf",
-                                       "gluon12_m64_lf_pdl", "gluon12_m64_lf_pdl_end"])
+                                       "gluon12_m64_lf_pdl", "gluon12_m64_lf_pdl_end", "gluon12_l2m64_lf_pdl",
+                                       "gluon12_b6_pdl"])
 def test_gpu_gluon_first_launch_deterministic_and_replayed_from_a_graph(candidate, seed):
     check_deterministic_and_replayed(candidate, "faithful", seed)
 

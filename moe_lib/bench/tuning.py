@@ -297,7 +297,7 @@ def programmatic(config: TileConfig, *, early: bool) -> TileConfig:
 
 
 P1_CANDIDATES.update({f"{name}_pdl": programmatic(P1_CANDIDATES[name], early=True)
-                      for name in ("gluon12_m64_lf", "gluon12_l2m64_daf", "gluon12_b6",
+                      for name in ("gluon12_m64_lf", "gluon12_l2m64_daf", "gluon12_l2m64_lf", "gluon12_b6",
                                    "gluon12_b6_l2m64b6")})  # fmt: skip
 P1_CANDIDATES["gluon12_m64_lf_pdl_end"] = programmatic(P1_CANDIDATES["gluon12_m64_lf"], early=False)
 

@@ -768,10 +768,25 @@ GLUON_FORM_LABELS = {"gluon12_b6": "128 rows", "gluon12_b6_l2m64b6": "launch 2 a
                      "gluon12_m64_l1b8": "both at 64 rows", "gluon12_m64_lf": "both at 64 rows, long tiles first"}
 
 
+PROGRAMMATIC_LAUNCH_FILE = TUNING_DIR / "2026-12-02-p1-programmatic-launch.json"
+
+
+def programmatic_launch_gains(path=PROGRAMMATIC_LAUNCH_FILE) -> pd.DataFrame:
+    """What issuing launch 2 by programmatic dependent launch saves each Gluon form: per num_tokens (rows) and form
+    (columns), the form's µs by graph replay plainly issued minus its ``_pdl`` candidate's (launch 1 letting launch 2
+    start as each of its programs starts), from the committed ``scripts/p1_tune.py`` runs; forms measured only one
+    way left out."""
+    times = p1_tune_runs_times(path)
+    forms = [name for name in times.columns if f"{name}_pdl" in times.columns]
+    return pd.DataFrame({name: times[name] - times[f"{name}_pdl"] for name in forms}).dropna(how="all")
+
+
 def gluon_forms_table(token_counts, hidden_size: int, intermediate_size: int) -> pd.DataFrame:
     """The form of the Gluon launches the faithful path takes per token count where they run
     (:data:`~moe_lib.swiglu_down.launch.GLUON_FORMS`): each launch's tile height, ring depth, and whether its tiles of
-    fixed length (dA's, dx's) take the first program ids. Token counts the one-launch designs take are left out."""
+    fixed length (dA's, dx's) take the first program ids, and whether launch 2 is issued by programmatic dependent
+    launch (its programs started on the SMs launch 1's last wave frees, waiting there for launch 1's end). Token
+    counts the one-launch designs take are left out."""
     rows = {}
     for T in token_counts:
         config = p1_launch.choose_config(T, hidden_size, intermediate_size, interpreter=False, with_lo=True,
@@ -781,7 +796,7 @@ def gluon_forms_table(token_counts, hidden_size: int, intermediate_size: int) ->
             continue
         rows[T] = {"launch 1 rows": first.block_m, "launch 1 ring": first.buffers, "dA tiles first": first.d_a_first,
                    "launch 2 rows": second.block_m, "launch 2 ring": second.buffers,
-                   "dx tiles first": second.grad_x_first}  # fmt: skip
+                   "dx tiles first": second.grad_x_first, "launch 2 early": second.programmatic}  # fmt: skip
     return pd.DataFrame.from_dict(rows, orient="index").rename_axis("num_tokens")
 
 

@@ -102,19 +102,30 @@ CHAINED_LAUNCH_TOKENS = range(ONE_LAUNCH_MAX_TOKENS + 1, 1250)
 #   launch 2 alone 64 rows, in its usual order: 3500 176.0 against 181.1, 4093 201.5-202.7 against 212.1; slower at
 #     2447-3089 (129.0 against 125.6, 150.7 against 145.8) and 5000-6000 (249.9 against 242.7, 289.0 against 281.1), a
 #     tie at 7168, 6% slower at 12288: where the 128-row tiles end in a full wave.
+#   launch 2's dx tiles first too (launch 1 at 128 rows, dA first): 1100 68.5 against 72.1 (both launches 64 rows),
+#     1150 69.1 against 72.2 (dx tiles in their usual order), 1200 70.9 against 73.6, 1321 74.3 against 75.5; a tie at
+#     1400, slower from 1571 (83.8 against 83.2, 2047 118.7 against 113.9).
+# Launch 2 is issued by programmatic dependent launch (``GluonSecondLaunchConfig.programmatic``): its programs start on
+# the SMs launch 1's last wave leaves free and wait on the device for launch 1's end and writes
+# (``griddepcontrol.wait``), which launch 1 allows as each of its programs starts (``early_dependents``): 0.6-1.2 µs
+# off each band's form at 129-8192 tokens by graph replay (512 40.1 against 40.8, 1321 75.6 against 76.6, 8192 377.0
+# against 377.5); launch 1 allowing it only as its programs end gave nothing (34.5 against 34.7 at 129).
+_GLUON_WIDE = GluonFirstLaunchConfig(buffers=6, early_dependents=True)
+_GLUON_WIDE_D_A_FIRST = GluonFirstLaunchConfig(buffers=6, d_a_first=True, early_dependents=True)
+_GLUON_TALL = GluonSecondLaunchConfig(block_m=64, warps=4, buffers=6, programmatic=True)
+_GLUON_TALL_GRAD_X_FIRST = GluonSecondLaunchConfig(block_m=64, warps=4, buffers=6, grad_x_first=True, programmatic=True)
+GLUON_FORMS = {  # from this many tokens: (launch 1, launch 2)
+    0: (GluonFirstLaunchConfig(block_m=64, warps=4, buffers=8, d_a_first=True, early_dependents=True),
+        _GLUON_TALL_GRAD_X_FIRST),
+    1100: (_GLUON_WIDE_D_A_FIRST, _GLUON_TALL_GRAD_X_FIRST),
+    1400: (_GLUON_WIDE_D_A_FIRST, _GLUON_TALL),
+    2300: (_GLUON_WIDE, GluonSecondLaunchConfig(programmatic=True)),
+    3300: (_GLUON_WIDE, _GLUON_TALL),
+    4600: (_GLUON_WIDE, GluonSecondLaunchConfig(programmatic=True)),
+}
 # the faithful path's Triton tiles beyond the chained launch's band where the Gluon launches cannot run, and the
 # Triton fields of GLUON_FORMS' configs (what an explicit Gluon config falls back to on operands TMA cannot address)
 FAITHFUL_TILES = TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1), (8, 8), (4, 3))
-_GLUON_WIDE = GluonFirstLaunchConfig(buffers=6)
-_GLUON_TALL = GluonSecondLaunchConfig(block_m=64, warps=4, buffers=6)
-GLUON_FORMS = {  # from this many tokens: (launch 1, launch 2)
-    0: (GluonFirstLaunchConfig(block_m=64, warps=4, buffers=8, d_a_first=True),
-        GluonSecondLaunchConfig(block_m=64, warps=4, buffers=6, grad_x_first=True)),
-    1150: (GluonFirstLaunchConfig(buffers=6, d_a_first=True), _GLUON_TALL),
-    2300: (_GLUON_WIDE, GluonSecondLaunchConfig()),
-    3300: (_GLUON_WIDE, _GLUON_TALL),
-    4600: (_GLUON_WIDE, GluonSecondLaunchConfig()),
-}
 # From 512 tokens launch 2's dx tiles take their tickets before the dWg, dWu tiles (``grad_x_first``): there launch 2
 # is one to two waves of tiles, the dx tiles the longest (with the hi/lo halves 1.5x a dWg tile's products at 512
 # tokens), and started last they ran as a tail: 56.1 against 65.5 us at 512 tokens by graph replay, within 0.7 us at
