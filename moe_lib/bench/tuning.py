@@ -301,6 +301,17 @@ P1_CANDIDATES.update({f"{name}_pdl": programmatic(P1_CANDIDATES[name], early=Tru
                                    "gluon12_b6_l2m64b6")})  # fmt: skip
 P1_CANDIDATES["gluon12_m64_lf_pdl_end"] = programmatic(P1_CANDIDATES["gluon12_m64_lf"], early=False)
 
+# launch 1 at 64 rows with a 4-deep ring (112 KB: two programs an SM, one's epilogue beside the other's products),
+# with the default's launch 2 of each band, issued by programmatic dependent launch
+_LAUNCH1_TWO_AN_SM = GluonFirstLaunchConfig(block_m=64, warps=4, buffers=4, early_dependents=True)
+for _name, _base in (("gluon12_b6_l1m64b4", "gluon12_b6_pdl"), ("gluon12_m64_lf_l1b4", "gluon12_m64_lf_pdl"),
+                     ("gluon12_l2m64_lf_l1m64b4", "gluon12_l2m64_lf_pdl"),
+                     ("gluon12_b6_l2m64b6_l1m64b4", "gluon12_b6_l2m64b6_pdl")):
+    _first = dataclasses.replace(_LAUNCH1_TWO_AN_SM, d_a_first=P1_CANDIDATES[_base].gluon_first_launch.d_a_first)
+    P1_CANDIDATES[_name] = dataclasses.replace(P1_CANDIDATES[_base], gluon_first_launch=_first)
+P1_CANDIDATES["gluon12_b6_l1m64b4_daf"] = dataclasses.replace(
+    P1_CANDIDATES["gluon12_b6_pdl"], gluon_first_launch=dataclasses.replace(_LAUNCH1_TWO_AN_SM, d_a_first=True))
+
 # kernel G's settings as the P2 scripts spell them (FIELD=VALUE), and the FusedDxConfig fields they set
 FUSED_DX_FIELDS = {"gate_up_dx_tile": ("block_i", "block_h", "block_rows"), "warps_g": ("warps",),
                    "stages_g": ("stages",)}  # fmt: skip
