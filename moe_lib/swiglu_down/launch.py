@@ -102,9 +102,9 @@ CHAINED_LAUNCH_TOKENS = range(ONE_LAUNCH_MAX_TOKENS + 1, 1250)
 #   launch 2 alone 64 rows, in its usual order: 3500 176.0 against 181.1, 4093 201.5-202.7 against 212.1; slower at
 #     2447-3089 (129.0 against 125.6, 150.7 against 145.8) and 5000-6000 (249.9 against 242.7, 289.0 against 281.1), a
 #     tie at 7168, 6% slower at 12288: where the 128-row tiles end in a full wave.
-#   launch 2's dx tiles first too (launch 1 at 128 rows, dA first): 1100 68.5 against 72.1 (both launches 64 rows),
-#     1150 69.1 against 72.2 (dx tiles in their usual order), 1200 70.9 against 73.6, 1321 74.3 against 75.5; a tie at
-#     1400, slower from 1571 (83.8 against 83.2, 2047 118.7 against 113.9).
+#   launch 2's dx tiles first too (launch 1 at 128 rows, dA first), both by PDL: 1100 68.8 against 72.5 (both
+#     launches 64 rows), 1150 69.4 against 72.4 (dx tiles in their usual order), 1200 71.0 against 73.9, 1321 74.8
+#     against 75.8; a tie at 1400, slower from 1571 (83.8 against 83.2, 2047 118.7 against 113.9, plainly issued).
 # Launch 2 is issued by programmatic dependent launch (``GluonSecondLaunchConfig.programmatic``): its programs start on
 # the SMs launch 1's last wave leaves free and wait on the device for launch 1's end and writes
 # (``griddepcontrol.wait``), which launch 1 allows as each of its programs starts (``early_dependents``): 0.6-1.2 µs
