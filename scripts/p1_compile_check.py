@@ -122,6 +122,7 @@ def compile_gluon_first_launch(config, with_lo: bool, num_tokens: int = 256):
     return compile_gluon_for_sm90(kernel, arguments, dict(WITH_LO=with_lo, BUFFERS=config.buffers,
                                                           D_A_HALVES=config.d_a_halves, D_A_FIRST=config.d_a_first,
                                                           EARLY_DEPENDENTS=config.early_dependents,
+                                                          STORES_IN_FLIGHT=config.stores_in_flight,
                                                           num_warps=config.warps),
                                   warps=config.warps, maxnreg=config.maxnreg)  # fmt: skip
 

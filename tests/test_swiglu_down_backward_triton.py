@@ -988,7 +988,8 @@ def test_gpu_gluon_second_launch_reuses_one_compiled_kernel_across_token_counts(
 @pytest.mark.parametrize("candidate", ["gluon12", "gluon12_d64", "gluon12_a256", "gluon12_b6", "gluon12_m64",
                                        "gluon12_m64_l1b8", "gluon12_m64_l2b3", "gluon12_m64_lf", "gluon12_m64_lf_pdl",
                                        "gluon12_l2m64_daf", "gluon12_l2m64_lf", "gluon12_l2m64_lf_pdl",
-                                       "gluon12_b6_pdl"])
+                                       "gluon12_b6_pdl", "gluon12_b6_pdl_sif", "gluon12_m64_lf_pdl_sif",
+                                       "gluon12_a256_sif"])
 def test_gpu_gluon_first_launch_at_both_input_scales(T, precision, candidate, seed):
     """Both launches in Gluon (launch 1: dWd's tiles, as wide as dA's or half as wide, and dA's with the dSwiGLU
     epilogue from saved tiles staged in the ring, one or two 128-wide halves a tile) from poisoned memory, both input
@@ -998,7 +999,8 @@ def test_gpu_gluon_first_launch_at_both_input_scales(T, precision, candidate, se
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("candidate", ["gluon12", "gluon12_a256", "gluon12_m64_l1b8"])
+@pytest.mark.parametrize("candidate", ["gluon12", "gluon12_a256", "gluon12_m64_l1b8", "gluon12_a256_sif",
+                                       "gluon12_m64_lf_pdl_sif"])
 @pytest.mark.parametrize("precision", ["faithful", "fast"])
 def test_gpu_gluon_first_launch_with_partial_tiles_along_i_and_h(candidate, precision, seed):
     """A shape off the benchmark's (I = 384: the 256-wide dA tiles' right halves wholly beyond I; H = 320: a partial
@@ -1019,7 +1021,7 @@ def test_gpu_gluon_first_launch_with_partial_tiles_along_i_and_h(candidate, prec
 @pytest.mark.gpu
 @pytest.mark.parametrize("candidate", ["gluon12", "gluon12_a256", "gluon12_m64_l1b8", "gluon12_m64_lf",
                                        "gluon12_m64_lf_pdl", "gluon12_m64_lf_pdl_end", "gluon12_l2m64_lf_pdl",
-                                       "gluon12_b6_pdl"])
+                                       "gluon12_b6_pdl", "gluon12_b6_pdl_sif", "gluon12_a256_sif"])
 def test_gpu_gluon_first_launch_deterministic_and_replayed_from_a_graph(candidate, seed):
     check_deterministic_and_replayed(candidate, "faithful", seed)
 

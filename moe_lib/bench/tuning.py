@@ -312,6 +312,15 @@ for _name, _base in (("gluon12_b6_l1m64b4", "gluon12_b6_pdl"), ("gluon12_m64_lf_
 P1_CANDIDATES["gluon12_b6_l1m64b4_daf"] = dataclasses.replace(
     P1_CANDIDATES["gluon12_b6_pdl"], gluon_first_launch=dataclasses.replace(_LAUNCH1_TWO_AN_SM, d_a_first=True))
 
+# each band's default (launch 2 by PDL) with launch 1's dSwiGLU epilogue storing its four output halves at once, each
+# through a saved tile's buffer (``stores_in_flight``), instead of one after the other through one output buffer
+for _base in ("gluon12_m64_lf_pdl", "gluon12_l2m64_lf_pdl", "gluon12_l2m64_daf_pdl", "gluon12_b6_pdl",
+              "gluon12_b6_l2m64b6_pdl"):
+    P1_CANDIDATES[f"{_base}_sif"] = dataclasses.replace(P1_CANDIDATES[_base], gluon_first_launch=dataclasses.replace(
+        P1_CANDIDATES[_base].gluon_first_launch, stores_in_flight=True))
+P1_CANDIDATES["gluon12_a256_sif"] = dataclasses.replace(P1_CANDIDATES["gluon12_a256"], gluon_first_launch=(
+    dataclasses.replace(P1_CANDIDATES["gluon12_a256"].gluon_first_launch, stores_in_flight=True)))
+
 # kernel G's settings as the P2 scripts spell them (FIELD=VALUE), and the FusedDxConfig fields they set
 FUSED_DX_FIELDS = {"gate_up_dx_tile": ("block_i", "block_h", "block_rows"), "warps_g": ("warps",),
                    "stages_g": ("stages",)}  # fmt: skip

@@ -52,12 +52,26 @@ def store_halves(value, hi_desc, lo_desc, c_smem, off_m, off_n, WITH_LO: gl.cons
 
 
 @gluon.jit
+def stage_and_store(value, buffer, desc, off_m, off_n):
+    """A tile in ``desc``'s dtype (or fp32, rounded to it), out by TMA through ``buffer`` (shared memory no store is
+    reading)."""
+    buffer.store(value.to(desc.dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(desc, [off_m, off_n], buffer)
+
+
+@gluon.jit
 def swiglu_epilogue(d_a, saved_a, saved_b, saved_ready, phase, gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc,
-                    dg_desc, dg_lo_desc, du_desc, du_lo_desc, c_smem, off_m, off_n, WITH_LO: gl.constexpr):  # fmt: skip
+                    dg_desc, dg_lo_desc, du_desc, du_lo_desc, c_smem, off_m, off_n, WITH_LO: gl.constexpr,
+                    STORES_IN_FLIGHT: gl.constexpr = False):  # fmt: skip
     """dGate, dUp of one [BLOCK_M, BLOCK_N] dA tile (in registers) from the four saved tiles, which TMA brings into the
     ring's buffers (``saved_a``: silu, σ; ``saved_b``: gate, up) once nothing else needs them; ``phase`` is this
-    epilogue's parity on ``saved_ready``."""
+    epilogue's parity on ``saved_ready``. The output halves go out through ``c_smem`` one after the other, or with
+    STORES_IN_FLIGHT each through a saved tile's buffer once that tile is read (dU hi through silu's, dG hi through
+    σ's, dG lo through the gate's; dU lo through ``c_smem``), all four stores in flight at once."""
     layout: gl.constexpr = d_a.type.layout
+    if STORES_IN_FLIGHT:
+        tma.store_wait(pendings=0)  # a wide tile's first half: its stores read the buffers the loads below overwrite
     gl.thread_barrier()  # both warpgroups past their last MMA (and reads of earlier saved tiles) before TMA overwrites
     mbarrier.expect(saved_ready, 4 * gate_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(gate_silu_desc, [off_m, off_n], saved_ready, saved_a.index(0))
@@ -67,24 +81,39 @@ def swiglu_epilogue(d_a, saved_a, saved_b, saved_ready, phase, gate_desc, gate_s
     mbarrier.wait(saved_ready, phase)
     # one saved tile at a time into registers, in the accumulator's layout (the order of kernels.store_swiglu_grads)
     d_up = d_a * saved_a.index(0).load(layout).to(gl.float32)
-    store_halves(d_up, du_desc, du_lo_desc, c_smem, off_m, off_n, WITH_LO)
+    if STORES_IN_FLIGHT:
+        gl.thread_barrier()  # every warp has read silu before its buffer takes dU
+        d_up_hi = d_up.to(du_desc.dtype)
+        stage_and_store(d_up_hi, saved_a.index(0), du_desc, off_m, off_n)
+        if WITH_LO:
+            stage_and_store(d_up - d_up_hi.to(gl.float32), c_smem, du_lo_desc, off_m, off_n)
+    else:
+        store_halves(d_up, du_desc, du_lo_desc, c_smem, off_m, off_n, WITH_LO)
     s = saved_a.index(1).load(layout).to(gl.float32)
     d_gate = d_a * s * (1.0 + saved_b.index(0).load(layout).to(gl.float32) * (1.0 - s))
     d_gate = d_gate * saved_b.index(1).load(layout).to(gl.float32)
-    store_halves(d_gate, dg_desc, dg_lo_desc, c_smem, off_m, off_n, WITH_LO)
+    if STORES_IN_FLIGHT:
+        gl.thread_barrier()  # every warp has read σ and the gate before their buffers take dG
+        d_gate_hi = d_gate.to(dg_desc.dtype)
+        stage_and_store(d_gate_hi, saved_a.index(1), dg_desc, off_m, off_n)
+        if WITH_LO:
+            stage_and_store(d_gate - d_gate_hi.to(gl.float32), saved_b.index(0), dg_lo_desc, off_m, off_n)
+    else:
+        store_halves(d_gate, dg_desc, dg_lo_desc, c_smem, off_m, off_n, WITH_LO)
 
 
 @gluon.jit
 def d_intermediate_partition(a_bufs, b_bufs, ready, empty, saved_a, saved_b, saved_ready, gate_desc,
                              gate_sigmoid_desc, gate_silu_desc, up_desc, dg_desc, dg_lo_desc, du_desc, du_lo_desc,
-                             c_smem, off_m, off_n, k_steps, WITH_LO: gl.constexpr,
+                             c_smem, off_m, off_n, k_steps, WITH_LO: gl.constexpr, STORES_IN_FLIGHT: gl.constexpr,
                              num_warps: gl.constexpr):  # fmt: skip
     """The two warpgroups of a dA tile: dA = Σ_h dy[t, h] Wd[h, i] over the ring, then the dSwiGLU epilogue."""
     BLOCK_M: gl.constexpr = dg_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = dg_desc.block_type.shape[1]
     d_a = tile_product(a_bufs, a_bufs, b_bufs, ready, empty, k_steps, BLOCK_M, BLOCK_N, True, False, num_warps)
     swiglu_epilogue(d_a, saved_a, saved_b, saved_ready, 0, gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc,
-                    dg_desc, dg_lo_desc, du_desc, du_lo_desc, c_smem, off_m, off_n, WITH_LO)  # fmt: skip
+                    dg_desc, dg_lo_desc, du_desc, du_lo_desc, c_smem, off_m, off_n, WITH_LO,
+                    STORES_IN_FLIGHT)  # fmt: skip
     tma.store_wait(pendings=0)
 
 
@@ -92,7 +121,7 @@ def d_intermediate_partition(a_bufs, b_bufs, ready, empty, saved_a, saved_b, sav
 def d_intermediate_wide_partition(a_bufs, b_bufs, ready, empty, saved_a, saved_b, saved_ready, gate_desc,
                                   gate_sigmoid_desc, gate_silu_desc, up_desc, dg_desc, dg_lo_desc, du_desc, du_lo_desc,
                                   c_smem, off_m, off_n, k_steps, WITH_LO: gl.constexpr,
-                                  num_warps: gl.constexpr):  # fmt: skip
+                                  STORES_IN_FLIGHT: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
     """A dA tile of two [BLOCK_M, BLOCK_N] halves side by side: each K step's A tile (``a_bufs``) against the step's
     two B tiles (``b_bufs`` 2·slot and 2·slot + 1) into two accumulators, then each half's dSwiGLU epilogue."""
     BLOCK_M: gl.constexpr = dg_desc.block_type.shape[0]
@@ -112,9 +141,11 @@ def d_intermediate_wide_partition(a_bufs, b_bufs, ready, empty, saved_a, saved_b
     left, right = warpgroup_mma_wait(num_outstanding=0, deps=(left, right))
     mbarrier.arrive(empty.index((k_steps + BUFFERS - 1) % BUFFERS), count=1, pred=k_steps >= 1)
     swiglu_epilogue(left, saved_a, saved_b, saved_ready, 0, gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc,
-                    dg_desc, dg_lo_desc, du_desc, du_lo_desc, c_smem, off_m, off_n, WITH_LO)  # fmt: skip
+                    dg_desc, dg_lo_desc, du_desc, du_lo_desc, c_smem, off_m, off_n, WITH_LO,
+                    STORES_IN_FLIGHT)  # fmt: skip
     swiglu_epilogue(right, saved_a, saved_b, saved_ready, 1, gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc,
-                    dg_desc, dg_lo_desc, du_desc, du_lo_desc, c_smem, off_m, off_n + BLOCK_N, WITH_LO)  # fmt: skip
+                    dg_desc, dg_lo_desc, du_desc, du_lo_desc, c_smem, off_m, off_n + BLOCK_N, WITH_LO,
+                    STORES_IN_FLIGHT)  # fmt: skip
     tma.store_wait(pendings=0)
 
 
@@ -158,6 +189,7 @@ def first_launch_kernel(
     D_A_HALVES: gl.constexpr,  # BLOCK_N-wide halves of a dA tile: 1, or 2 side by side (two B tiles per K step)
     D_A_FIRST: gl.constexpr,  # dA's tiles take the first program ids (else dWd's do)
     EARLY_DEPENDENTS: gl.constexpr,  # let a launch 2 issued by programmatic dependent launch start from here on
+    STORES_IN_FLIGHT: gl.constexpr,  # the dSwiGLU epilogue's four stores at once, through the saved tiles' buffers
     num_warps: gl.constexpr,  # of the multiplying partition (8: two warpgroups)
 ):  # fmt: skip
     BLOCK_M: gl.constexpr = dg_desc.block_type.shape[0]
@@ -210,7 +242,7 @@ def first_launch_kernel(
                 (d_intermediate_wide_partition, (a_bufs, b_bufs, ready, empty, saved_a, saved_b, saved_ready, gate_desc,
                                                  gate_sigmoid_desc, gate_silu_desc, up_desc, dg_desc, dg_lo_desc,
                                                  du_desc, du_lo_desc, c_smem, off_m, off_n, k_steps, WITH_LO,
-                                                 num_warps)),
+                                                 STORES_IN_FLIGHT, num_warps)),
                 (d_intermediate_wide_load_partition, (dy_desc, wd_desc, a_bufs, b_bufs, ready, empty, off_m, off_n,
                                                       k_steps)),
             ], [1], [40])  # fmt: skip
@@ -218,7 +250,8 @@ def first_launch_kernel(
             gl.warp_specialize([
                 (d_intermediate_partition, (a_bufs, b_bufs, ready, empty, saved_a, saved_b, saved_ready, gate_desc,
                                             gate_sigmoid_desc, gate_silu_desc, up_desc, dg_desc, dg_lo_desc, du_desc,
-                                            du_lo_desc, c_smem, off_m, off_n, k_steps, WITH_LO, num_warps)),
+                                            du_lo_desc, c_smem, off_m, off_n, k_steps, WITH_LO, STORES_IN_FLIGHT,
+                                            num_warps)),
                 (d_intermediate_load_partition, (dy_desc, wd_desc, a_bufs, b_bufs, ready, empty, off_m, off_n,
                                                  k_steps)),
             ], [1], [40])  # fmt: skip
@@ -246,6 +279,9 @@ class GluonFirstLaunchConfig:
     # a launch 2 issued by programmatic dependent launch (``GluonSecondLaunchConfig.programmatic``) may start once
     # every program of this launch has started (else once they have all ended)
     early_dependents: bool = False
+    # the dSwiGLU epilogue's four output halves stored at once, each through a saved tile's buffer once that tile is
+    # read (else one after the other through the one output buffer, each waiting for the store before)
+    stores_in_flight: bool = False
 
     def __post_init__(self):
         if self.d_a_block_n not in (self.block_n, 2 * self.block_n):
@@ -291,6 +327,6 @@ def prepare_first_launch_gluon(config: GluonFirstLaunchConfig, grad_output, down
     key = (grad_output.device, grad_output.dtype, with_lo, config)
     return prepared_launch(ENCODED_LAUNCHES, key, first_launch_kernel, config.programs(T, H, I),
                            (*descriptors, T, I, with_lo, config.buffers, config.d_a_halves, config.d_a_first,
-                            config.early_dependents),
+                            config.early_dependents, config.stores_in_flight),
                            warps=config.warps, maxnreg=config.maxnreg,
                            device=grad_output.device)  # fmt: skip
