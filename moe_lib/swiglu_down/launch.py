@@ -110,13 +110,17 @@ CHAINED_LAUNCH_TOKENS = range(ONE_LAUNCH_MAX_TOKENS + 1, 1250)
 # (``griddepcontrol.wait``), which launch 1 allows as each of its programs starts (``early_dependents``): 0.6-1.2 µs
 # off each band's form at 129-8192 tokens by graph replay (512 40.1 against 40.8, 1321 75.6 against 76.6, 8192 377.0
 # against 377.5); launch 1 allowing it only as its programs end gave nothing (34.5 against 34.7 at 129).
-_GLUON_WIDE = GluonFirstLaunchConfig(buffers=6, early_dependents=True)
-_GLUON_WIDE_D_A_FIRST = GluonFirstLaunchConfig(buffers=6, d_a_first=True, early_dependents=True)
+# Launch 1's dSwiGLU epilogue stores its four output halves at once, each through a saved tile's buffer once read
+# (``stores_in_flight``): 0.2-1.8 µs off at 129-8192 tokens by graph replay (4093 201.9 against 202.9 and 210.5
+# against 212.3, 8192 381.6 against 383.3), a tie at 1087 and 1571 (within ±0.3).
+_GLUON_WIDE = GluonFirstLaunchConfig(buffers=6, early_dependents=True, stores_in_flight=True)
+_GLUON_WIDE_D_A_FIRST = GluonFirstLaunchConfig(buffers=6, d_a_first=True, early_dependents=True,
+                                               stores_in_flight=True)
 _GLUON_TALL = GluonSecondLaunchConfig(block_m=64, warps=4, buffers=6, programmatic=True)
 _GLUON_TALL_GRAD_X_FIRST = GluonSecondLaunchConfig(block_m=64, warps=4, buffers=6, grad_x_first=True, programmatic=True)
 GLUON_FORMS = {  # from this many tokens: (launch 1, launch 2)
-    0: (GluonFirstLaunchConfig(block_m=64, warps=4, buffers=8, d_a_first=True, early_dependents=True),
-        _GLUON_TALL_GRAD_X_FIRST),
+    0: (GluonFirstLaunchConfig(block_m=64, warps=4, buffers=8, d_a_first=True, early_dependents=True,
+                               stores_in_flight=True), _GLUON_TALL_GRAD_X_FIRST),
     1100: (_GLUON_WIDE_D_A_FIRST, _GLUON_TALL_GRAD_X_FIRST),
     1400: (_GLUON_WIDE_D_A_FIRST, _GLUON_TALL),
     2300: (_GLUON_WIDE, GluonSecondLaunchConfig(programmatic=True)),
