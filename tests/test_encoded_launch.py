@@ -68,6 +68,9 @@ def test_prepared_launch_compiles_through_the_jit_once_then_launches_encoded_arg
     assert not encoded.launches  # encoded now, launched only when called
     later()
     assert encoded.launches == [(5, ["encoded", "b", 4, 8], 7)]  # num_warps appended, the stream's handle
+    later(9)  # on another stream (a side stream being captured)
+    assert encoded.launches[-1][2] == 9
+    assert later.compiled and not hasattr(first, "compiled")  # only a compiled kernel's launch can be captured
     assert len(kernel.calls) == 1  # no second pass through the JIT
     prepared_launch(cache, "other key", kernel, 5, ("b", 4), warps=8, maxnreg=168, device="cuda")()
     assert len(kernel.calls) == 2 and set(cache) == {"key", "other key"}
@@ -84,3 +87,91 @@ def test_encode_expands_each_descriptor_with_its_metadata_and_passes_the_rest(mo
         launch.encode(first, x, 3)
     with pytest.raises(ValueError, match="arguments: 3 descriptors, the kernel takes 2"):
         launch.encode(first, second, first)
+
+
+class StandInDriver:
+    """The libcuda functions :func:`launch_as_one_graph` calls, recording them; graphs and executables are ints."""
+
+    def __init__(self, update_result=0):
+        self.calls, self.update_result, self.next_handle = [], update_result, 100
+
+    def _handle(self, out):
+        self.next_handle += 1
+        out._obj.value = self.next_handle
+        return self.next_handle
+
+    def cuStreamBeginCapture_v2(self, stream, mode):
+        self.calls.append(("begin", stream.value, mode))
+        return 0
+
+    def cuStreamEndCapture(self, stream, graph):
+        self.calls.append(("end", stream.value, self._handle(graph)))
+        return 0
+
+    def cuGraphInstantiateWithFlags(self, executable, graph, flags):
+        self.calls.append(("instantiate", graph.value, self._handle(executable)))
+        return 0
+
+    def cuGraphExecUpdate_v2(self, executable, graph, info):
+        self.calls.append(("update", executable.value, graph.value))
+        return self.update_result
+
+    def cuGraphLaunch(self, executable, stream):
+        self.calls.append(("launch", executable.value, stream.value))
+        return 0
+
+    def cuGraphDestroy(self, graph):
+        self.calls.append(("destroy graph", graph.value))
+        return 0
+
+    def cuGraphExecDestroy(self, executable):
+        self.calls.append(("destroy executable", executable.value))
+        return 0
+
+
+@pytest.fixture
+def stand_in_driver(monkeypatch):
+    driver = StandInDriver()
+    monkeypatch.setattr(encoded_launch, "cuda_driver_api", lambda: driver)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: type("Stream", (), {"cuda_stream": 5})())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: type("Stream", (), {"cuda_stream": 7})())
+    monkeypatch.setattr(encoded_launch, "GRAPH_EXECS", encoded_launch.collections.OrderedDict())
+    monkeypatch.setattr(encoded_launch, "_SIDE_STREAMS", {})
+    return driver
+
+
+def test_launch_as_one_graph_captures_on_a_side_stream_then_updates_one_kept_executable(stand_in_driver):
+    launched = []
+    launches = (lambda stream: launched.append(("launch 1", stream)),
+                lambda stream: launched.append(("launch 2", stream)))
+    encoded_launch.launch_as_one_graph("key", launches, "cuda:0")
+    assert launched == [("launch 1", 5), ("launch 2", 5)]  # captured on the side stream, in order
+    assert stand_in_driver.calls == [("begin", 5, encoded_launch.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+                                     ("end", 5, 101), ("instantiate", 101, 102), ("launch", 102, 7),
+                                     ("destroy graph", 101)]  # launched on the caller's stream
+    stand_in_driver.calls.clear()
+    encoded_launch.launch_as_one_graph("key", launches, "cuda:0")  # the same key: the kept executable, updated
+    assert stand_in_driver.calls[2:] == [("update", 102, 103), ("launch", 102, 7), ("destroy graph", 103)]
+    stand_in_driver.update_result = 1  # an update the driver refuses: instantiated anew, the old one destroyed
+    stand_in_driver.calls.clear()
+    encoded_launch.launch_as_one_graph("key", launches, "cuda:0")
+    assert stand_in_driver.calls[2:] == [("update", 102, 104), ("destroy executable", 102), ("instantiate", 104, 105),
+                                         ("launch", 105, 7), ("destroy graph", 104)]  # fmt: skip
+
+
+def test_launch_as_one_graph_keeps_a_bounded_number_of_executables(stand_in_driver, monkeypatch):
+    monkeypatch.setattr(encoded_launch, "GRAPH_EXECS_KEPT", 2)
+    for key in ("a", "b", "c"):
+        encoded_launch.launch_as_one_graph(key, (lambda stream: None,), "cuda:0")
+    assert list(encoded_launch.GRAPH_EXECS) == ["b", "c"]
+    assert ("destroy executable", 102) in stand_in_driver.calls  # "a"'s, the oldest
+
+
+def test_launch_as_one_graph_ends_the_capture_when_a_launch_fails(stand_in_driver):
+    def failing(stream):
+        raise RuntimeError("launch failed")
+
+    with pytest.raises(RuntimeError, match="launch failed"):
+        encoded_launch.launch_as_one_graph("key", (failing,), "cuda:0")
+    assert [call[0] for call in stand_in_driver.calls] == ["begin", "end"]  # the side stream no longer capturing
+    assert not encoded_launch.GRAPH_EXECS

@@ -990,13 +990,26 @@ def test_gpu_gluon_second_launch_reuses_one_compiled_kernel_across_token_counts(
                                        "gluon12_m64_l1b8", "gluon12_m64_l2b3", "gluon12_m64_lf", "gluon12_m64_lf_pdl",
                                        "gluon12_l2m64_daf", "gluon12_l2m64_lf", "gluon12_l2m64_lf_pdl",
                                        "gluon12_b6_pdl", "gluon12_b6_pdl_sif", "gluon12_m64_lf_pdl_sif",
-                                       "gluon12_a256_sif"])
+                                       "gluon12_a256_sif", "gluon12_m64_lf_pdl_sif_graph"])
 def test_gpu_gluon_first_launch_at_both_input_scales(T, precision, candidate, seed):
     """Both launches in Gluon (launch 1: dWd's tiles, as wide as dA's or half as wide, and dA's with the dSwiGLU
     epilogue from saved tiles staged in the ring, one or two 128-wide halves a tile) from poisoned memory, both input
     scales, within the precision's rule of float64: partial tiles along T and I, the saved tiles' rows beyond T
     filled with zeros by TMA."""
     check_candidate_at_both_scales(candidate, T, precision, seed)
+
+
+@pytest.mark.gpu
+def test_gpu_gluon_launches_as_one_graph_in_eager_calls(seed):
+    """With ``gluon_as_one_graph`` an eager call whose kernels are compiled submits both launches as one CUDA graph,
+    one kept executable per token count, brought up to each call's inputs: within the rule of float64 on fresh
+    inputs every call."""
+    from moe_lib import encoded_launch
+
+    encoded_launch.GRAPH_EXECS.clear()
+    for T in (200, 200, 1087):  # check_candidate_at_both_scales calls twice: compiled by the first call at the latest
+        check_candidate_at_both_scales("gluon12_m64_lf_pdl_sif_graph", T, "faithful", seed + T)
+    assert len(encoded_launch.GRAPH_EXECS) == 2
 
 
 @pytest.mark.gpu
@@ -1022,7 +1035,8 @@ def test_gpu_gluon_first_launch_with_partial_tiles_along_i_and_h(candidate, prec
 @pytest.mark.gpu
 @pytest.mark.parametrize("candidate", ["gluon12", "gluon12_a256", "gluon12_m64_l1b8", "gluon12_m64_lf",
                                        "gluon12_m64_lf_pdl", "gluon12_m64_lf_pdl_end", "gluon12_l2m64_lf_pdl",
-                                       "gluon12_b6_pdl", "gluon12_b6_pdl_sif", "gluon12_a256_sif"])
+                                       "gluon12_b6_pdl", "gluon12_b6_pdl_sif", "gluon12_a256_sif",
+                                       "gluon12_m64_lf_pdl_sif_graph", "gluon12_l2m64_lf_pdl_sif_graph"])
 def test_gpu_gluon_first_launch_deterministic_and_replayed_from_a_graph(candidate, seed):
     check_deterministic_and_replayed(candidate, "faithful", seed)
 

@@ -321,6 +321,10 @@ for _base in ("gluon12_m64_lf_pdl", "gluon12_l2m64_lf_pdl", "gluon12_l2m64_daf_p
 P1_CANDIDATES["gluon12_a256_sif"] = dataclasses.replace(P1_CANDIDATES["gluon12_a256"], gluon_first_launch=(
     dataclasses.replace(P1_CANDIDATES["gluon12_a256"].gluon_first_launch, stores_in_flight=True)))
 
+# the day's default forms at 129-1099 and 1100-1399 tokens with both launches submitted as one CUDA graph in eager calls
+for _base in ("gluon12_m64_lf_pdl_sif", "gluon12_l2m64_lf_pdl_sif"):
+    P1_CANDIDATES[f"{_base}_graph"] = dataclasses.replace(P1_CANDIDATES[_base], gluon_as_one_graph=True)
+
 # kernel G's settings as the P2 scripts spell them (FIELD=VALUE), and the FusedDxConfig fields they set
 FUSED_DX_FIELDS = {"gate_up_dx_tile": ("block_i", "block_h", "block_rows"), "warps_g": ("warps",),
                    "stages_g": ("stages",)}  # fmt: skip

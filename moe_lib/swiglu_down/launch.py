@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from ..dispatch import interpreter_enabled
+from ..encoded_launch import launch_as_one_graph
 from ..tiling import cdiv
 from . import kernels
 from .checks import check_precision
@@ -64,6 +65,9 @@ class TileConfig:
     # launch 2's dx tiles take its first program ids (else the dWg, dWu tiles do): where launch 2 is a few waves of
     # tiles of unequal length, the longest first leaves a shorter tail
     grad_x_first: bool = False
+    # the two Gluon launches submitted as one CUDA graph in eager calls (:func:`~moe_lib.encoded_launch.
+    # launch_as_one_graph`): both reach the GPU before the first starts, whatever the host's time between them
+    gluon_as_one_graph: bool = False
 
 
 # the faithful path (the benchmark's function) runs in one launch up to this many tokens: in NVIDIA's
@@ -405,8 +409,16 @@ def swiglu_down_backward_triton(
                                                                  d_up, grad_x, grad_gate_weight, grad_up_weight,
                                                                  with_lo=with_lo)  # fmt: skip
     if gluon_launch1 is not None:
-        prepare_first_launch_gluon(gluon_launch1, grad_output, down_weight, gate, gate_sigmoid, gate_silu, up,
-                                   intermediate, d_gate, d_up, grad_down_weight, with_lo=with_lo)()  # fmt: skip
+        launch_gluon_first_launch = prepare_first_launch_gluon(gluon_launch1, grad_output, down_weight, gate,
+                                                               gate_sigmoid, gate_silu, up, intermediate, d_gate, d_up,
+                                                               grad_down_weight, with_lo=with_lo)  # fmt: skip
+        both = (launch_gluon_first_launch, launch_gluon_second_launch) if gluon_launch2 is not None else ()
+        if (config.gluon_as_one_graph and both and all(getattr(launch, "compiled", False) for launch in both)
+                and not torch.cuda.is_current_stream_capturing()):  # a caller's capture takes the launches as they are
+            key = (x.device, x.dtype, with_lo, gluon_launch1, gluon_launch2, T, H, I)
+            launch_as_one_graph(key, both, x.device)
+            return outputs
+        launch_gluon_first_launch()
     elif config.tma_first_launch is not None and tma:
         launch_first_launch_tma(config.tma_first_launch, grad_output, down_weight, gate, gate_sigmoid, gate_silu,
                                 up, intermediate, d_gate, d_up, grad_down_weight, with_lo=with_lo,
