@@ -149,10 +149,10 @@ def test_p1_design_by_tokens_follows_choose_design():
     assert list(table.columns) == ["fast", "faithful"]
     assert table.loc[1, "fast"] == table.loc[1, "faithful"] == table.loc[64, "fast"] == few
     assert table.loc[65, "fast"].startswith("cuBLAS GEMMs") and table.loc[8192, "fast"].startswith("cuBLAS GEMMs")
-    table = kernels.p1_design_by_tokens([1, 16, 17, 64, 128, 129, 1087, 8192], 2048, 768)
-    assert table.loc[64, "faithful"] == table.loc[128, "faithful"] == few
+    table = kernels.p1_design_by_tokens([1, 16, 17, 64, 65, 128, 129, 1087, 8192], 2048, 768)
+    assert table.loc[17, "faithful"] == table.loc[64, "faithful"] == few
     tall = "two launches, both in Gluon on Hopper, tiles 64 rows tall"
-    assert table.loc[129, "faithful"] == table.loc[1087, "faithful"] == tall
+    assert table.loc[65, "faithful"] == table.loc[128, "faithful"] == table.loc[1087, "faithful"] == tall
     assert table.loc[8192, "faithful"] == "two launches, both in Gluon on Hopper"
     assert table.loc[8192, "fast"].startswith("cuBLAS GEMMs")
 
@@ -304,7 +304,7 @@ def test_gluon_launch_schedule_places_every_tile_and_the_long_ones_first_shorten
 
 def test_gluon_forms_table_follows_the_bands():
     table = kernels.gluon_forms_table([64, 128, 129, 1099, 1100, 1400, 2300, 3300, 8192], 2048, 768)
-    assert list(table.index) == [129, 1099, 1100, 1400, 2300, 3300, 8192]  # the one-launch designs' counts left out
+    assert list(table.index) == [128, 129, 1099, 1100, 1400, 2300, 3300, 8192]  # the few-token launch's left out
     assert table.loc[129].to_dict() == {"launch 1 rows": 64, "launch 1 ring": 8, "dA tiles first": True,
                                         "launch 2 rows": 64, "launch 2 ring": 6, "dx tiles first": True,
                                         "launch 2 early": True}

@@ -446,12 +446,13 @@ def test_faithful_path_takes_the_gluon_forms_where_they_run():
     def config(T, **kwargs):
         return choose_config(T, 2048, 768, **(dict(interpreter=False, with_lo=True, max_programs=132) | kwargs))
 
-    assert isinstance(config(128), FewTokensConfig)  # the few-token design first where its grid fits
+    assert isinstance(config(64), FewTokensConfig)  # the few-token design first where its grid fits, to 64 tokens
+    assert isinstance(config(128, gluon=False), FewTokensConfig)  # to 128 where the Gluon launches cannot run
+    for T in (65, 128, 8192):  # both launches submitted as one CUDA graph in eager calls
+        assert config(T).gluon_as_one_graph and not getattr(config(T, gluon=False), "gluon_as_one_graph", False), T
     rows = {}
     for T in (CHAINED_LAUNCH_TOKENS.start, 129, 512, 1099, 1100, 1399, 1400, 2299, 2300, 3300, 4600, 8192, 12288):
         for max_programs in (132, 11):
-            if T <= 128 and max_programs == 132:
-                continue
             tiles = config(T, max_programs=max_programs)
             assert isinstance(tiles, TileConfig), T
             assert None not in (tiles.gluon_first_launch, tiles.gluon_second_launch), T

@@ -264,15 +264,16 @@ def test_choose_few_tokens_config():
 
 def test_swiglu_down_backward_chooses_it_for_few_16_bit_tokens():
     from moe_lib.swiglu_down.few_tokens import FewTokensConfig
-    from moe_lib.swiglu_down.launch import FEW_TOKENS_MAX_TOKENS, TileConfig, choose_config
+    from moe_lib.swiglu_down.launch import FEW_TOKENS_MAX_TOKENS, GLUON_MIN_TOKENS, TileConfig, choose_config
 
-    assert FEW_TOKENS_MAX_TOKENS == {"fast": 64, "faithful": 128}
-    for with_lo, last in ((True, FEW_TOKENS_MAX_TOKENS["faithful"]), (False, FEW_TOKENS_MAX_TOKENS["fast"])):
+    assert FEW_TOKENS_MAX_TOKENS == {"fast": 64, "faithful": 128} and GLUON_MIN_TOKENS == 65
+    for with_lo, gluon, last in ((True, False, FEW_TOKENS_MAX_TOKENS["faithful"]), (True, True, GLUON_MIN_TOKENS - 1),
+                                 (False, True, FEW_TOKENS_MAX_TOKENS["fast"])):  # fmt: skip
         for T in (1, 16, 17, last):
-            config = choose_config(T, 2048, 768, interpreter=False, with_lo=with_lo, max_programs=132)
-            assert isinstance(config, FewTokensConfig), (T, with_lo)
+            config = choose_config(T, 2048, 768, interpreter=False, with_lo=with_lo, max_programs=132, gluon=gluon)
+            assert isinstance(config, FewTokensConfig), (T, with_lo, gluon)
             assert T <= config.block_t <= max(16, 2 * T)  # one token block, at most twice the tokens
-        beyond = choose_config(last + 1, 2048, 768, interpreter=False, with_lo=with_lo, max_programs=132)
+        beyond = choose_config(last + 1, 2048, 768, interpreter=False, with_lo=with_lo, max_programs=132, gluon=gluon)
         assert not isinstance(beyond, FewTokensConfig)
     # fp32 inputs, a GPU too small for the grid, and the interpreter take the tiled launches
     assert isinstance(choose_config(1, 2048, 768, interpreter=False, max_programs=132, element_bytes=4), TileConfig)

@@ -100,7 +100,8 @@ CHAINED_LAUNCH_TOKENS = range(ONE_LAUNCH_MAX_TOKENS + 1, 1250)
 #   both launches 64 rows, the long tiles first, launch 1's ring 8 deep: 256 tokens 34.8 against 51.3, 512 40.8
 #     against 56.3, 768 51.5 against 70.7, 1087 69.1 against 79.3; in NVIDIA's method (its host work between the two
 #     launches counted, which the one-launch designs do not pay) 38.3 against 46.5 at 256, 42.1 against 51.6 at 512,
-#     but 38.0 against 37.5 at 128 and 38.2 against 31.3 at 65: the few-token launch keeps its band;
+#     but 38.0 against 37.5 at 128 and 38.2 against 31.3 at 65 (submitted one after the other; as one CUDA graph
+#     they pass the few-token launch from 65 tokens: GLUON_MIN_TOKENS);
 #   launch 2 alone 64 rows, launch 1's dA tiles first: 1200 74.1 against 78.8 (75.6 with both launches 64 rows), 1321
 #     76.4 against 95.2, 1571 82.7 against 102.5, a tie at 1800 (108.6 against 108.3);
 #   launch 2 alone 64 rows, in its usual order: 3500 176.0 against 181.1, 4093 201.5-202.7 against 212.1; slower at
@@ -168,6 +169,12 @@ CHAINED_TILES = {  # from this many tokens: these tiles
 # the cuBLAS design's 290–490 (its host work): the fast path keeps cuBLAS from 65 tokens (at 96 and 128 34.6–41.2
 # against 28.0–28.7)
 FEW_TOKENS_MAX_TOKENS = {"fast": 64, "faithful": 128}
+# Where the Gluon launches run, the faithful path takes them from this many tokens instead of the few-token launch:
+# submitted as one CUDA graph (``TileConfig.gluon_as_one_graph``), the two launches no longer show the host's time
+# between them in NVIDIA's method. On the H200 (data/results/NOTES.md, design 16), NVIDIA's method: 29.2 µs against
+# the few-token launch's 31.0 at 65 tokens, 29.6 against 34.7 at 100, 29.7 against 37.8 at 128 (graph replay 32.7–32.9
+# against 34.9–41.7); the few-token launch's 64-token block stays ahead below (23.2 µs at 64)
+GLUON_MIN_TOKENS = 65
 
 
 # from this many tokens the fast path runs the design on cuBLAS GEMMs (:mod:`.library_gemms`) instead of the
@@ -219,8 +226,9 @@ def choose_config(num_tokens: int, hidden_size: int, intermediate_size: int, *, 
     launch 1's epilogue, so from 257 tokens it gets tiles that keep both within the registers and shared
     memory (launch 1 on 8 warps, dx on 128×128 tiles, 3 stages). Where its grid fits in ``max_programs``
     (the programs surely resident at once: one per SM, :func:`resident_programs`), both paths run the
-    few-token design (:class:`~.few_tokens.FewTokensConfig`) up to :data:`FEW_TOKENS_MAX_TOKENS` (per path) with
-    16-bit inputs (``element_bytes``; its tiles are sized for them); where its grid does not fit, the
+    few-token design (:class:`~.few_tokens.FewTokensConfig`) up to :data:`FEW_TOKENS_MAX_TOKENS` (per path; the
+    faithful path below :data:`GLUON_MIN_TOKENS` where the Gluon launches run) with 16-bit inputs
+    (``element_bytes``; its tiles are sized for them); where its grid does not fit, the
     faithful path takes the one-launch design (:class:`~.one_launch.OneLaunchConfig`) up to
     :data:`ONE_LAUNCH_MAX_TOKENS`; beyond, where ``gluon`` (the Gluon launches run on the call's device and operands:
     a Hopper GPU, 16-bit, rows TMA can address), both launches in Gluon (:mod:`.gluon_launch1`,
@@ -231,16 +239,20 @@ def choose_config(num_tokens: int, hidden_size: int, intermediate_size: int, *, 
     tiles, splits and edges."""
     if interpreter:
         return TileConfig((16, 16, 16, 2), (16, 16, 16, 2), (16, 16, 16, 2), (16, 16, 16, 1), (1, 1), (1, 1), 2)
-    if num_tokens <= FEW_TOKENS_MAX_TOKENS["faithful" if with_lo else "fast"] and element_bytes == 2:
+    few_tokens_max = FEW_TOKENS_MAX_TOKENS["faithful" if with_lo else "fast"]
+    if with_lo and gluon and element_bytes == 2:
+        few_tokens_max = min(few_tokens_max, GLUON_MIN_TOKENS - 1)
+    if num_tokens <= few_tokens_max and element_bytes == 2:
         from .few_tokens import choose_few_tokens_config  # it builds on this module's workspaces
 
         few_tokens = choose_few_tokens_config(num_tokens, hidden_size, intermediate_size, interpreter=False,
                                               with_lo=with_lo, max_programs=max_programs)  # fmt: skip
         if few_tokens.grid_size(hidden_size, intermediate_size) <= max_programs:
             return few_tokens
-    if with_lo and gluon and num_tokens >= CHAINED_LAUNCH_TOKENS.start:
+    if with_lo and gluon and num_tokens >= GLUON_MIN_TOKENS:
         launch1, launch2 = GLUON_FORMS[max(first for first in GLUON_FORMS if first <= num_tokens)]
-        return dataclasses.replace(FAITHFUL_TILES, gluon_first_launch=launch1, gluon_second_launch=launch2)
+        return dataclasses.replace(FAITHFUL_TILES, gluon_first_launch=launch1, gluon_second_launch=launch2,
+                                   gluon_as_one_graph=True)  # fmt: skip
     if with_lo and num_tokens in CHAINED_LAUNCH_TOKENS:
         from .chained import ChainedConfig  # it builds on this module's workspaces
 
