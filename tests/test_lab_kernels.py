@@ -157,6 +157,18 @@ def test_p1_design_by_tokens_follows_choose_design():
     assert table.loc[8192, "fast"].startswith("cuBLAS GEMMs")
 
 
+def test_one_graph_host_gap_file_holds_what_notes_say():
+    """The two Gluon launches as one CUDA graph: their span in NVIDIA's method under graph replay at every count
+    (NOTES.md, design 16), ahead of the few-token launch from 65 tokens."""
+    table = kernels.p1_host_gap_times(kernels.ONE_GRAPH_HOST_GAP_FILE, kernels.ONE_GRAPH_LABELS)
+    graph = table.xs("two launches as one CUDA graph", level="design")
+    assert list(graph.index) == [65, 100, 128, 256, 512, 1087, 1321]
+    assert (graph["gap"] < -2).all()
+    few = table.xs("few-token launch to 128, then two launches", level="design")
+    assert (graph.loc[[65, 100, 128], "official"] < few.loc[[65, 100, 128], "official"]).all()
+    assert graph.loc[128, "official"] == pytest.approx(29.7, abs=0.05)
+
+
 def test_p1_host_gap_times_and_figure():
     path = kernels.TUNING_DIR / "2026-12-01-p1-host-gap-chained.json"
     labels = {"default": "before", "chain_f": "chained"}

@@ -685,7 +685,8 @@ def p1_host_gap_times(path, labels: dict | None = None) -> pd.DataFrame:
     NVIDIA's method ("official": eager calls, first kernel start to last kernel end), and the host's share between
     them ("gap"); designs renamed by ``labels`` (its run's "default" stood for the code of the day) and kept in
     that order, the others left out."""
-    rows = pd.DataFrame(_read_json(path))
+    data = _read_json(path)  # one run's rows, or {"runs": [{"rows": [...]}, ...]}
+    rows = pd.DataFrame(data if isinstance(data, list) else [row for run in data["runs"] for row in run["rows"]])
     if labels is not None:
         rows = rows[rows["config"].isin(labels)]
         rows = rows.assign(config=pd.Categorical(rows["config"].map(labels), categories=list(labels.values())))
@@ -718,6 +719,11 @@ def host_gap_figure(table: pd.DataFrame, title: str):
 
 
 GLUON_HOST_GAP_FILE = TUNING_DIR / "2026-12-01-p1-gluon-launch2-host-gap.json"
+ONE_GRAPH_HOST_GAP_FILE = TUNING_DIR / "2026-12-02-p1-host-gap-one-graph.json"
+# its designs: the few-token launch's band before (to 128 tokens), and the Gluon launches issued either way
+ONE_GRAPH_LABELS = {"default": "few-token launch to 128, then two launches",
+                    "gluon12_m64_lf_pdl_sif": "two launches, one after the other",
+                    "gluon12_m64_lf_pdl_sif_graph": "two launches as one CUDA graph"}
 
 
 def p1_host_gap_runs(path=GLUON_HOST_GAP_FILE, config: str = "gluon2", labels: dict | None = None) -> pd.DataFrame:
