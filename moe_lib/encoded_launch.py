@@ -14,6 +14,8 @@ from __future__ import annotations
 import collections
 import ctypes
 import functools
+import threading
+import warnings
 
 import torch
 from triton.experimental.gluon import language as gl
@@ -124,7 +126,8 @@ class _GraphExecUpdateResultInfo(ctypes.Structure):  # CUgraphExecUpdateResultIn
 
 @functools.cache
 def cuda_driver_api():
-    """libcuda's graph and capture functions, typed."""
+    """libcuda's graph and capture functions, typed (OSError or AttributeError where libcuda or one of them is
+    missing: see :func:`one_graph_available`)."""
     lib = ctypes.CDLL("libcuda.so.1")
     handle, pointer = ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)
     for name, argtypes in (("cuStreamBeginCapture_v2", [handle, ctypes.c_int]),
@@ -138,13 +141,28 @@ def cuda_driver_api():
     return lib
 
 
+@functools.cache
+def one_graph_available() -> bool:
+    """Whether this machine's CUDA driver has what :func:`launch_as_one_graph` calls (CUDA 12's graph updates); where
+    not, a warning once, and the callers issue their launches one after the other (the same results)."""
+    try:
+        cuda_driver_api()
+    except (OSError, AttributeError) as exc:
+        warnings.warn(f"the CUDA driver cannot update graphs ({exc}): kernel launches go one after the other",
+                      RuntimeWarning, stacklevel=2)  # fmt: skip
+        return False
+    return True
+
+
 def _check(result: int, call: str) -> None:
     if result != 0:
         raise RuntimeError(f"{call} failed with CUresult {result}")
 
 
 GRAPH_EXECS: collections.OrderedDict = collections.OrderedDict()  # key → CUgraphExec handle
-_SIDE_STREAMS: dict = {}  # device → the stream graphs are captured on
+_SIDE_STREAMS: dict = {}  # (device, thread) → the stream graphs are captured on (one capture per stream at a time)
+# held from a kept executable's update to its launch: another thread's update in between would launch its arguments
+_GRAPH_EXECS_LOCK = threading.Lock()
 
 
 def launch_as_one_graph(key, launches, device) -> None:
@@ -152,9 +170,9 @@ def launch_as_one_graph(key, launches, device) -> None:
     in order as one CUDA graph on ``device``'s current stream. ``key`` names the graph's shape (which kernels, how
     many programs each): calls with the same key update one kept executable graph."""
     driver = cuda_driver_api()
-    side = _SIDE_STREAMS.get(device)
+    side = _SIDE_STREAMS.get((device, threading.get_ident()))
     if side is None:
-        side = _SIDE_STREAMS[device] = torch.cuda.Stream(device)
+        side = _SIDE_STREAMS[device, threading.get_ident()] = torch.cuda.Stream(device)
     capture = ctypes.c_void_p(side.cuda_stream)
     _check(driver.cuStreamBeginCapture_v2(capture, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture")
     graph = ctypes.c_void_p()
@@ -165,18 +183,19 @@ def launch_as_one_graph(key, launches, device) -> None:
         ended = driver.cuStreamEndCapture(capture, ctypes.byref(graph))
     _check(ended, "cuStreamEndCapture")
     try:
-        executable = GRAPH_EXECS.pop(key, None)
-        update = _GraphExecUpdateResultInfo()
-        if executable is not None and driver.cuGraphExecUpdate_v2(executable, graph, ctypes.byref(update)) != 0:
-            driver.cuGraphExecDestroy(executable)
-            executable = None
-        if executable is None:
-            executable = ctypes.c_void_p()
-            _check(driver.cuGraphInstantiateWithFlags(ctypes.byref(executable), graph, 0), "cuGraphInstantiate")
-        GRAPH_EXECS[key] = executable
-        while len(GRAPH_EXECS) > GRAPH_EXECS_KEPT:
-            driver.cuGraphExecDestroy(GRAPH_EXECS.popitem(last=False)[1])
-        _check(driver.cuGraphLaunch(executable, ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream)),
-               "cuGraphLaunch")  # fmt: skip
+        with _GRAPH_EXECS_LOCK:
+            executable = GRAPH_EXECS.pop(key, None)
+            update = _GraphExecUpdateResultInfo()
+            if executable is not None and driver.cuGraphExecUpdate_v2(executable, graph, ctypes.byref(update)) != 0:
+                driver.cuGraphExecDestroy(executable)  # a shape the update cannot take: instantiated anew below
+                executable = None
+            if executable is None:
+                executable = ctypes.c_void_p()
+                _check(driver.cuGraphInstantiateWithFlags(ctypes.byref(executable), graph, 0), "cuGraphInstantiate")
+            GRAPH_EXECS[key] = executable
+            while len(GRAPH_EXECS) > GRAPH_EXECS_KEPT:  # an evicted one still running is freed when it completes
+                driver.cuGraphExecDestroy(GRAPH_EXECS.popitem(last=False)[1])
+            stream = ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream)
+            _check(driver.cuGraphLaunch(executable, stream), "cuGraphLaunch")
     finally:
         driver.cuGraphDestroy(graph)

@@ -175,3 +175,32 @@ def test_launch_as_one_graph_ends_the_capture_when_a_launch_fails(stand_in_drive
         encoded_launch.launch_as_one_graph("key", (failing,), "cuda:0")
     assert [call[0] for call in stand_in_driver.calls] == ["begin", "end"]  # the side stream no longer capturing
     assert not encoded_launch.GRAPH_EXECS
+
+
+def test_one_graph_available_warns_once_where_the_driver_lacks_graph_updates(monkeypatch):
+    def missing():
+        raise AttributeError("libcuda.so.1: undefined symbol: cuGraphExecUpdate_v2")
+
+    monkeypatch.setattr(encoded_launch, "cuda_driver_api", missing)
+    encoded_launch.one_graph_available.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="cannot update graphs .*undefined symbol: cuGraphExecUpdate_v2"):
+            assert not encoded_launch.one_graph_available()
+        assert not encoded_launch.one_graph_available()  # decided once: no second warning
+    finally:
+        encoded_launch.one_graph_available.cache_clear()
+
+
+def test_launch_as_one_graph_captures_on_one_side_stream_per_thread(stand_in_driver, monkeypatch):
+    import threading
+
+    streams = iter((5, 6))
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: type("Stream", (), {"cuda_stream": next(streams)})())
+    seen = []
+    launch = (lambda stream: seen.append(stream),)
+    encoded_launch.launch_as_one_graph("key", launch, "cuda:0")
+    worker = threading.Thread(target=encoded_launch.launch_as_one_graph, args=("key", launch, "cuda:0"))
+    worker.start()
+    worker.join()
+    encoded_launch.launch_as_one_graph("key", launch, "cuda:0")
+    assert seen == [5, 6, 5]  # a capture never meets another thread's on the same stream

@@ -1014,6 +1014,25 @@ def test_gpu_gluon_launches_as_one_graph_in_eager_calls(seed):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("T", [100, 1321])
+def test_gpu_graph_in_eager_calls_back_to_back_each_with_its_own_inputs(T, seed):
+    """The default's calls issued one after another with no synchronisation between them, each on inputs of its own:
+    the kept executable graph is brought up to a call's arguments while the one before may still run (CUDA applies an
+    update to later launches only), so every call's outputs must match float64 on its own inputs."""
+    from moe_lib.swiglu_down.launch import swiglu_down_backward_triton
+
+    calls = [problems.make_inputs("swiglu_down_backward", T, seed=seed + i, device="cuda", distribution="harness")
+             for i in range(4)]  # fmt: skip
+    swiglu_down_backward_triton(*calls[0].values())  # compiled before the calls under test
+    torch.cuda.synchronize()
+    poison_allocator("cuda", 256 * 2**20)
+    outputs = [swiglu_down_backward_triton(*inputs.values()) for inputs in calls]
+    torch.cuda.synchronize()
+    for inputs, got in zip(calls, outputs, strict=True):
+        check_against_float64(inputs, got, "faithful")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("candidate", ["gluon12", "gluon12_a256", "gluon12_m64_l1b8", "gluon12_a256_sif",
                                        "gluon12_m64_lf_pdl_sif"])
 @pytest.mark.parametrize("precision", ["faithful", "fast"])

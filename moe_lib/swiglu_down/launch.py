@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from ..dispatch import interpreter_enabled
-from ..encoded_launch import launch_as_one_graph
+from ..encoded_launch import launch_as_one_graph, one_graph_available
 from ..tiling import cdiv
 from . import kernels
 from .checks import check_precision
@@ -426,7 +426,8 @@ def swiglu_down_backward_triton(
                                                                grad_down_weight, with_lo=with_lo)  # fmt: skip
         both = (launch_gluon_first_launch, launch_gluon_second_launch) if gluon_launch2 is not None else ()
         if (config.gluon_as_one_graph and both and all(getattr(launch, "compiled", False) for launch in both)
-                and not torch.cuda.is_current_stream_capturing()):  # a caller's capture takes the launches as they are
+                and not torch.cuda.is_current_stream_capturing()  # a caller's capture takes the launches as they are
+                and one_graph_available()):
             key = (x.device, x.dtype, with_lo, gluon_launch1, gluon_launch2, T, H, I)
             launch_as_one_graph(key, both, x.device)
             return outputs
