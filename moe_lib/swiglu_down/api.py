@@ -38,13 +38,13 @@ def swiglu_down_backward(
     significant bits, as the benchmark's fp32 reference does, so the outputs pass its element rule on
     inputs of any scale; "fast" rounds them to the input dtype first (as torch.compile does), at about
     half the tensor work of the dx, dWg and dWu products. The design follows the token count
-    (:func:`.launch.choose_design`): one Triton launch up to 64 tokens on the fast path and 128 on the faithful one
-    (:mod:`.few_tokens`); then the fast path runs its four products on cuBLAS around one Triton dSwiGLU pass
-    (:mod:`.library_gemms`), and the faithful path two launches, both in Gluon on a Hopper
-    GPU (:mod:`.gluon_launch1`, :mod:`.gluon_launch2`; the second made ready before the first so that little host
-    work stands between them; their forms by token count, :data:`.launch.GLUON_FORMS`); where those cannot run, the
-    two Triton launches as one up to 1249 tokens (NVIDIA's harness times a call eagerly, where the host work before
-    a second launch would count) and two above.
+    (:func:`.launch.choose_design`): one Triton launch up to 64 tokens (:mod:`.few_tokens`); then the fast path
+    runs its four products on cuBLAS around one Triton dSwiGLU pass (:mod:`.library_gemms`), and the faithful path
+    two launches, both in Gluon on a Hopper GPU (:mod:`.gluon_launch1`, :mod:`.gluon_launch2`; both made ready
+    before the first and, in eager calls, submitted as one CUDA graph, so that no host work stands between them;
+    their forms by token count, :data:`.launch.GLUON_FORMS`); where those cannot run, the faithful path keeps the
+    one launch up to 128 tokens, then the two Triton launches as one up to 1249 tokens (NVIDIA's harness times a
+    call eagerly, where the host work before a second launch would count) and two above.
     NaN/Inf in the inputs pass through unchecked; ``check_finite=True`` raises a ``ValueError`` naming the
     first input that holds one (a pass over every input and one host sync).
     """
