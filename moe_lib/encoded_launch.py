@@ -154,6 +154,14 @@ def one_graph_available() -> bool:
     return True
 
 
+def can_launch_as_one_graph(launches) -> bool:
+    """Whether :func:`launch_as_one_graph` can take ``launches`` now: each of a compiled kernel (a first call compiles
+    through Triton's JIT, which cannot be captured), the current stream not being captured by the caller (whose graph
+    then takes the launches as they are), and a driver that updates graphs."""
+    return (all(getattr(launch, "compiled", False) for launch in launches)
+            and not torch.cuda.is_current_stream_capturing() and one_graph_available())  # fmt: skip
+
+
 def _check(result: int, call: str) -> None:
     if result != 0:
         raise RuntimeError(f"{call} failed with CUresult {result}")

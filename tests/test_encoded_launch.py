@@ -204,3 +204,19 @@ def test_launch_as_one_graph_captures_on_one_side_stream_per_thread(stand_in_dri
     worker.join()
     encoded_launch.launch_as_one_graph("key", launch, "cuda:0")
     assert seen == [5, 6, 5]  # a capture never meets another thread's on the same stream
+
+
+def test_can_launch_as_one_graph_only_compiled_launches_outside_a_capture_with_a_driver_that_updates(monkeypatch):
+    def compiled(stream=None):
+        pass
+
+    compiled.compiled = True
+    capturing, available = [False], [True]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    monkeypatch.setattr(encoded_launch, "one_graph_available", lambda: available[0])
+    assert encoded_launch.can_launch_as_one_graph((compiled, compiled))
+    assert not encoded_launch.can_launch_as_one_graph((compiled, lambda: None))  # a first call: it compiles
+    capturing[0] = True
+    assert not encoded_launch.can_launch_as_one_graph((compiled, compiled))  # the caller's capture takes them
+    capturing[0], available[0] = False, False
+    assert not encoded_launch.can_launch_as_one_graph((compiled, compiled))

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from ..dispatch import interpreter_enabled
-from ..encoded_launch import launch_as_one_graph, one_graph_available
+from ..encoded_launch import can_launch_as_one_graph, launch_as_one_graph
 from ..tiling import cdiv
 from . import kernels
 from .checks import check_precision
@@ -239,20 +239,17 @@ def choose_config(num_tokens: int, hidden_size: int, intermediate_size: int, *, 
     tiles, splits and edges."""
     if interpreter:
         return TileConfig((16, 16, 16, 2), (16, 16, 16, 2), (16, 16, 16, 2), (16, 16, 16, 1), (1, 1), (1, 1), 2)
-    few_tokens_max = FEW_TOKENS_MAX_TOKENS["faithful" if with_lo else "fast"]
-    if with_lo and gluon and element_bytes == 2:
-        few_tokens_max = min(few_tokens_max, GLUON_MIN_TOKENS - 1)
-    if num_tokens <= few_tokens_max and element_bytes == 2:
+    if with_lo and gluon and num_tokens >= GLUON_MIN_TOKENS:
+        launch1, launch2 = GLUON_FORMS[max(first for first in GLUON_FORMS if first <= num_tokens)]
+        return dataclasses.replace(FAITHFUL_TILES, gluon_first_launch=launch1, gluon_second_launch=launch2,
+                                   gluon_as_one_graph=True)  # fmt: skip
+    if num_tokens <= FEW_TOKENS_MAX_TOKENS["faithful" if with_lo else "fast"] and element_bytes == 2:
         from .few_tokens import choose_few_tokens_config  # it builds on this module's workspaces
 
         few_tokens = choose_few_tokens_config(num_tokens, hidden_size, intermediate_size, interpreter=False,
                                               with_lo=with_lo, max_programs=max_programs)  # fmt: skip
         if few_tokens.grid_size(hidden_size, intermediate_size) <= max_programs:
             return few_tokens
-    if with_lo and gluon and num_tokens >= GLUON_MIN_TOKENS:
-        launch1, launch2 = GLUON_FORMS[max(first for first in GLUON_FORMS if first <= num_tokens)]
-        return dataclasses.replace(FAITHFUL_TILES, gluon_first_launch=launch1, gluon_second_launch=launch2,
-                                   gluon_as_one_graph=True)  # fmt: skip
     if with_lo and num_tokens in CHAINED_LAUNCH_TOKENS:
         from .chained import ChainedConfig  # it builds on this module's workspaces
 
@@ -424,13 +421,11 @@ def swiglu_down_backward_triton(
         launch_gluon_first_launch = prepare_first_launch_gluon(gluon_launch1, grad_output, down_weight, gate,
                                                                gate_sigmoid, gate_silu, up, intermediate, d_gate, d_up,
                                                                grad_down_weight, with_lo=with_lo)  # fmt: skip
-        both = (launch_gluon_first_launch, launch_gluon_second_launch) if gluon_launch2 is not None else ()
-        if (config.gluon_as_one_graph and both and all(getattr(launch, "compiled", False) for launch in both)
-                and not torch.cuda.is_current_stream_capturing()  # a caller's capture takes the launches as they are
-                and one_graph_available()):
-            key = (x.device, x.dtype, with_lo, gluon_launch1, gluon_launch2, T, H, I)
-            launch_as_one_graph(key, both, x.device)
-            return outputs
+        if config.gluon_as_one_graph and gluon_launch2 is not None:
+            both = (launch_gluon_first_launch, launch_gluon_second_launch)
+            if can_launch_as_one_graph(both):
+                launch_as_one_graph((x.device, x.dtype, with_lo, gluon_launch1, gluon_launch2, T, H, I), both, x.device)
+                return outputs
         launch_gluon_first_launch()
     elif config.tma_first_launch is not None and tma:
         launch_first_launch_tma(config.tma_first_launch, grad_output, down_weight, gate, gate_sigmoid, gate_silu,
