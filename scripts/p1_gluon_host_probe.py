@@ -72,7 +72,9 @@ def main() -> None:
     descriptor_args = (x, gate_weight, up_weight, d_gate, d_up, *outputs)
     descriptors = launch2.descriptors(*descriptor_args)
     grid = (launch2.programs(T, H, I),)
-    scalars = (T, I, True, launch2.buffers, launch2.grad_x_first, launch2.programmatic)
+    unsplit = torch.empty(1, device="cuda", dtype=torch.float32)  # the dx splits' workspace, unused unsplit
+    scalars = (unsplit, unsplit.view(torch.int32), T, I, True, launch2.buffers, launch2.grad_x_first,
+               launch2.programmatic, launch2.grad_x_splits)
     options = dict(num_warps=launch2.warps, maxnreg=launch2.maxnreg)
     compiled = second_launch_kernel[grid](*descriptors, *scalars, **options)
     encoded = EncodedLaunch(compiled)

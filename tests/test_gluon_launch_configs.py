@@ -73,3 +73,25 @@ def test_grids_count_every_tile_once():
 def test_first_launch_dA_tiles_one_or_two_halves_wide():
     with pytest.raises(ValueError, match="d_a_block_n"):
         GluonFirstLaunchConfig(d_a_block_n=192)
+
+
+def test_split_tiles_count_one_program_a_split():
+    # launch 1 at 64 rows, 128 tokens: dWd tiles 32 × 6, then 2 × 6 dA tiles, each 4 programs
+    assert GluonFirstLaunchConfig(block_m=64, warps=4, d_a_splits=4).programs(128, 2048, 768) == 32 * 6 + 2 * 6 * 4
+    assert GluonFirstLaunchConfig(block_m=64, warps=4, d_a_splits=4).d_a_tiles(128, 768) == 12
+    # launch 2 at 64 rows, 128 tokens: dWg and dWu tiles 12 × 8 each, then 2 × 8 dx tiles, each 2 programs
+    config = GluonSecondLaunchConfig(block_m=64, warps=4, grad_x_splits=2)
+    assert config.programs(128, 2048, 768) == 2 * 12 * 8 + 2 * 8 * 2 and config.grad_x_tiles(128, 2048) == 16
+
+
+@pytest.mark.parametrize("splits", [0, 3, 6])
+def test_splits_are_powers_of_two(splits):
+    with pytest.raises(ValueError, match="d_a_splits"):
+        GluonFirstLaunchConfig(d_a_splits=splits)
+    with pytest.raises(ValueError, match="grad_x_splits"):
+        GluonSecondLaunchConfig(grad_x_splits=splits)
+
+
+def test_wide_dA_tiles_are_not_split():
+    with pytest.raises(ValueError, match="not split"):
+        GluonFirstLaunchConfig(d_a_block_n=256, d_a_splits=2)

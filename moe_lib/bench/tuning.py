@@ -325,6 +325,15 @@ P1_CANDIDATES["gluon12_a256_sif"] = dataclasses.replace(P1_CANDIDATES["gluon12_a
 for _base in ("gluon12_m64_lf_pdl_sif", "gluon12_l2m64_lf_pdl_sif"):
     P1_CANDIDATES[f"{_base}_graph"] = dataclasses.replace(P1_CANDIDATES[_base], gluon_as_one_graph=True)
 
+# the 65-1099 token band's default (gluon12_m64_lf_pdl_sif_graph) with dA's reduction over H and/or dx's over 2I split
+# over 2, 4 or 8 programs a tile (``d_a_splits``, ``grad_x_splits``), each tile's sum in split order by the program
+# that arrives last: there the few dA and dx tiles each stream their whole reduction's operands through one SM
+_M64_DEFAULT = P1_CANDIDATES["gluon12_m64_lf_pdl_sif_graph"]
+for _d_a, _d_x in ((2, 1), (4, 1), (1, 2), (1, 4), (2, 2), (2, 4), (4, 2), (4, 4), (8, 4)):
+    P1_CANDIDATES[f"gluon12_m64_da{_d_a}_dx{_d_x}"] = dataclasses.replace(
+        _M64_DEFAULT, gluon_first_launch=dataclasses.replace(_M64_DEFAULT.gluon_first_launch, d_a_splits=_d_a),
+        gluon_second_launch=dataclasses.replace(_M64_DEFAULT.gluon_second_launch, grad_x_splits=_d_x))  # fmt: skip
+
 # kernel G's settings as the P2 scripts spell them (FIELD=VALUE), and the FusedDxConfig fields they set
 FUSED_DX_FIELDS = {"gate_up_dx_tile": ("block_i", "block_h", "block_rows"), "warps_g": ("warps",),
                    "stages_g": ("stages",)}  # fmt: skip

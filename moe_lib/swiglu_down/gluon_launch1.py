@@ -39,7 +39,15 @@ from triton.language.extra.cuda import gdc_launch_dependents  # griddepcontrol.l
 
 from ..encoded_launch import descriptor, prepared_launch
 from ..tiling import cdiv
-from .gluon_launch2 import load_steps, ring_barriers, store_tile, tile_product, weight_grad_region
+from .gluon_launch2 import (
+    count_in_partial,
+    load_steps,
+    ring_barriers,
+    store_tile,
+    sum_partials,
+    tile_product,
+    weight_grad_region,
+)
 
 
 @gluon.jit
@@ -105,15 +113,25 @@ def swiglu_epilogue(d_a, saved_a, saved_b, saved_ready, phase, gate_desc, gate_s
 @gluon.jit
 def d_intermediate_partition(a_bufs, b_bufs, ready, empty, saved_a, saved_b, saved_ready, gate_desc,
                              gate_sigmoid_desc, gate_silu_desc, up_desc, dg_desc, dg_lo_desc, du_desc, du_lo_desc,
-                             c_smem, off_m, off_n, k_steps, WITH_LO: gl.constexpr, STORES_IN_FLIGHT: gl.constexpr,
+                             c_smem, off_m, off_n, k_steps, partials_ptr, counters_ptr, tile, split,
+                             WITH_LO: gl.constexpr, STORES_IN_FLIGHT: gl.constexpr, SPLITS: gl.constexpr,
                              num_warps: gl.constexpr):  # fmt: skip
-    """The two warpgroups of a dA tile: dA = Σ_h dy[t, h] Wd[h, i] over the ring, then the dSwiGLU epilogue."""
+    """The two warpgroups of a dA tile: dA = Σ_h dy[t, h] Wd[h, i] over the ring, then the dSwiGLU epilogue; with
+    SPLITS > 1 this program's piece of the sum over H, parked and counted in, and the epilogue on the sum of all the
+    pieces by the split that arrives last."""
     BLOCK_M: gl.constexpr = dg_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = dg_desc.block_type.shape[1]
     d_a = tile_product(a_bufs, a_bufs, b_bufs, ready, empty, k_steps, BLOCK_M, BLOCK_N, True, False, num_warps)
-    swiglu_epilogue(d_a, saved_a, saved_b, saved_ready, 0, gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc,
-                    dg_desc, dg_lo_desc, du_desc, du_lo_desc, c_smem, off_m, off_n, WITH_LO,
-                    STORES_IN_FLIGHT)  # fmt: skip
+    if SPLITS == 1:
+        swiglu_epilogue(d_a, saved_a, saved_b, saved_ready, 0, gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc,
+                        dg_desc, dg_lo_desc, du_desc, du_lo_desc, c_smem, off_m, off_n, WITH_LO,
+                        STORES_IN_FLIGHT)  # fmt: skip
+    elif count_in_partial(d_a, partials_ptr, counters_ptr, tile, split, SPLITS):
+        layout: gl.constexpr = d_a.type.layout
+        d_a = sum_partials(partials_ptr, tile, SPLITS, BLOCK_M, BLOCK_N, layout)
+        swiglu_epilogue(d_a, saved_a, saved_b, saved_ready, 0, gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc,
+                        dg_desc, dg_lo_desc, du_desc, du_lo_desc, c_smem, off_m, off_n, WITH_LO,
+                        STORES_IN_FLIGHT)  # fmt: skip
     tma.store_wait(pendings=0)
 
 
@@ -169,9 +187,11 @@ def d_intermediate_wide_load_partition(dy_desc, wd_desc, a_bufs, b_bufs, ready, 
 
 
 @gluon.jit
-def d_intermediate_load_partition(dy_desc, wd_desc, a_bufs, b_bufs, ready, empty, off_m, off_n, k_steps):
-    """dA's K steps over H: dy's [BLOCK_M, BLOCK_K] tiles as they lie, Wd's [BLOCK_K, BLOCK_N] ones."""
-    load_steps(dy_desc, dy_desc, wd_desc, a_bufs, a_bufs, b_bufs, ready, empty, off_m, off_n, k_steps, 0, True, False)
+def d_intermediate_load_partition(dy_desc, wd_desc, a_bufs, b_bufs, ready, empty, off_m, off_n, k_steps, k_first):
+    """dA's K steps over H from element ``k_first`` on: dy's [BLOCK_M, BLOCK_K] tiles as they lie, Wd's
+    [BLOCK_K, BLOCK_N] ones."""
+    load_steps(dy_desc, dy_desc, wd_desc, a_bufs, a_bufs, b_bufs, ready, empty, off_m, off_n, k_steps, 0, True, False,
+               k_first)  # fmt: skip
 
 
 @gluon.jit(do_not_specialize=("T", "I"))  # one compiled kernel for every T, I: see prepare_first_launch_gluon
@@ -183,6 +203,8 @@ def first_launch_kernel(
     gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc,  # saved forward [T, I] as [BLOCK_M, BLOCK_N] tiles
     dg_desc, dg_lo_desc, du_desc, du_lo_desc,  # out: dGate, dUp [T, I] hi and lo as [BLOCK_M, BLOCK_N] tiles
     dwd_desc,  # out: dWd [H, I] as [BLOCK_M, GRAD_DOWN_N] tiles (GRAD_DOWN_N = BLOCK_N or a divisor of it)
+    d_a_partials_ptr,  # with D_A_SPLITS > 1: fp32 workspace [dA tiles, D_A_SPLITS, BLOCK_M, BLOCK_N]
+    d_a_counters_ptr,  # with D_A_SPLITS > 1: int32 arrival counters, one per dA tile (they only grow)
     T, I,
     WITH_LO: gl.constexpr,  # store dGate, dUp as hi/lo pairs (the faithful path); else hi alone
     BUFFERS: gl.constexpr,  # buffers of the ring
@@ -190,6 +212,7 @@ def first_launch_kernel(
     D_A_FIRST: gl.constexpr,  # dA's tiles take the first program ids (else dWd's do)
     EARLY_DEPENDENTS: gl.constexpr,  # let a launch 2 issued by programmatic dependent launch start from here on
     STORES_IN_FLIGHT: gl.constexpr,  # the dSwiGLU epilogue's four stores at once, through the saved tiles' buffers
+    D_A_SPLITS: gl.constexpr,  # programs a dA tile, each a piece of its K steps over H (a power of two; 1 if wide)
     num_warps: gl.constexpr,  # of the multiplying partition (8: two warpgroups)
 ):  # fmt: skip
     BLOCK_M: gl.constexpr = dg_desc.block_type.shape[0]
@@ -232,12 +255,16 @@ def first_launch_kernel(
         weight_grad_region(dy_t_desc, dy_t_desc, intermediate_desc, dwd_desc, a_t_bufs, a_t_bufs, intermediate_bufs,
                            ready, empty, grad_down_c_smem.index(0), off_m, off_n, gl.cdiv(T, BLOCK_K), False,
                            num_warps)  # fmt: skip
-    else:  # dA's tiles, then dGate, dUp from them
-        tile = pid - grad_down_tiles
+    else:  # dA's tiles, then dGate, dUp from them, each tile over D_A_SPLITS programs in turn
+        tile = (pid - grad_down_tiles) // D_A_SPLITS
+        split = (pid - grad_down_tiles) % D_A_SPLITS
         off_m = (tile % gl.cdiv(T, BLOCK_M)) * BLOCK_M  # row blocks fastest: the programs at once share Wd's tiles
         off_n = (tile // gl.cdiv(T, BLOCK_M)) * BLOCK_N * D_A_HALVES
         k_steps = gl.cdiv(dy_desc.shape[1], BLOCK_K)
+        split_steps = gl.cdiv(k_steps, D_A_SPLITS)
+        first_step = split * split_steps
         if D_A_HALVES == 2:
+            gl.static_assert(D_A_SPLITS == 1, "the wide dA tiles are not split")
             gl.warp_specialize([
                 (d_intermediate_wide_partition, (a_bufs, b_bufs, ready, empty, saved_a, saved_b, saved_ready, gate_desc,
                                                  gate_sigmoid_desc, gate_silu_desc, up_desc, dg_desc, dg_lo_desc,
@@ -247,13 +274,15 @@ def first_launch_kernel(
                                                       k_steps)),
             ], [1], [40])  # fmt: skip
         else:
+            split_steps_here = gl.maximum(gl.minimum(split_steps, k_steps - first_step), 0)
             gl.warp_specialize([
                 (d_intermediate_partition, (a_bufs, b_bufs, ready, empty, saved_a, saved_b, saved_ready, gate_desc,
                                             gate_sigmoid_desc, gate_silu_desc, up_desc, dg_desc, dg_lo_desc, du_desc,
-                                            du_lo_desc, c_smem, off_m, off_n, k_steps, WITH_LO, STORES_IN_FLIGHT,
+                                            du_lo_desc, c_smem, off_m, off_n, split_steps_here, d_a_partials_ptr,
+                                            d_a_counters_ptr, tile, split, WITH_LO, STORES_IN_FLIGHT, D_A_SPLITS,
                                             num_warps)),
                 (d_intermediate_load_partition, (dy_desc, wd_desc, a_bufs, b_bufs, ready, empty, off_m, off_n,
-                                                 k_steps)),
+                                                 split_steps_here, first_step * BLOCK_K)),
             ], [1], [40])  # fmt: skip
 
 
@@ -282,20 +311,33 @@ class GluonFirstLaunchConfig:
     # the dSwiGLU epilogue's four output halves stored at once, each through a saved tile's buffer once that tile is
     # read (else one after the other through the one output buffer, each waiting for the store before)
     stores_in_flight: bool = False
+    # programs a dA tile, each a piece of its K = H steps, the dSwiGLU epilogue run on their sum (in split order) by
+    # the one that arrives last (a power of two; dA tiles block_n wide): where the few dA tiles (at 128 tokens 12 of
+    # 64 × 128) each stream ~0.8 MB of operands through one SM, their reduction spread over more SMs shortens the
+    # launch's critical path
+    d_a_splits: int = 1
 
     def __post_init__(self):
         if self.d_a_block_n not in (self.block_n, 2 * self.block_n):
             raise ValueError(f"config: d_a_block_n must be block_n or twice it, got {self.d_a_block_n}")
+        if self.d_a_splits < 1 or self.d_a_splits & (self.d_a_splits - 1):
+            raise ValueError(f"config: d_a_splits must be a power of two, got {self.d_a_splits}")
+        if self.d_a_splits > 1 and self.d_a_block_n != self.block_n:
+            raise ValueError("config: the wide dA tiles (d_a_block_n twice block_n) are not split: d_a_splits 1")
 
     @property
     def d_a_halves(self) -> int:
         """``block_n``-wide halves of a dA tile (the kernel's D_A_HALVES): 1 or 2."""
         return self.d_a_block_n // self.block_n
 
+    def d_a_tiles(self, num_tokens: int, intermediate_size: int) -> int:
+        """dA's output tiles (each ``d_a_splits`` programs)."""
+        return cdiv(num_tokens, self.block_m) * cdiv(intermediate_size, self.d_a_block_n)
+
     def programs(self, num_tokens: int, hidden_size: int, intermediate_size: int) -> int:
-        """Tiles of the launch: dWd's, then dA's."""
+        """Programs of the launch: dWd's tiles, then dA's tiles' splits."""
         grad_down_tiles = cdiv(hidden_size, self.block_m) * cdiv(intermediate_size, self.grad_down_block_n)
-        return grad_down_tiles + cdiv(num_tokens, self.block_m) * cdiv(intermediate_size, self.d_a_block_n)
+        return grad_down_tiles + self.d_a_tiles(num_tokens, intermediate_size) * self.d_a_splits
 
     def descriptors(self, grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate, d_gate, d_up,
                     grad_down_weight):  # fmt: skip
@@ -313,11 +355,12 @@ ENCODED_LAUNCHES: dict = {}  # (device, dtype, with_lo, config) → EncodedLaunc
 
 
 def prepare_first_launch_gluon(config: GluonFirstLaunchConfig, grad_output, down_weight, gate, gate_sigmoid,
-                               gate_silu, up, intermediate, d_gate, d_up, grad_down_weight, *,
+                               gate_silu, up, intermediate, d_gate, d_up, grad_down_weight, d_a_workspace, *,
                                with_lo: bool):  # fmt: skip
     """Launch 1 in Gluon made ready: returns the callable that launches it (dGate, dUp into [1 or 2, T, I], hi and
     with ``with_lo`` lo; dWd). On a Hopper GPU; 16-bit contiguous operands whose rows TMA can address
-    (``tma_launches.fits``), T ≥ 1. No host synchronisation. As for launch 2
+    (``tma_launches.fits``), T ≥ 1. No host synchronisation. ``d_a_workspace``: (fp32 partials, int32 counters) of
+    the dA tiles' splits (``launch.SplitWorkspace``; unused with ``d_a_splits`` 1). As for launch 2
     (:func:`.gluon_launch2.prepare_second_launch_gluon`), the first call per device, dtype, ``with_lo`` and config
     compiles through Triton's JIT, later ones go to the compiled kernel's launcher."""
     T, H = grad_output.shape
@@ -326,7 +369,7 @@ def prepare_first_launch_gluon(config: GluonFirstLaunchConfig, grad_output, down
                                      d_gate, d_up, grad_down_weight)  # fmt: skip
     key = (grad_output.device, grad_output.dtype, with_lo, config)
     return prepared_launch(ENCODED_LAUNCHES, key, first_launch_kernel, config.programs(T, H, I),
-                           (*descriptors, T, I, with_lo, config.buffers, config.d_a_halves, config.d_a_first,
-                            config.early_dependents, config.stores_in_flight),
+                           (*descriptors, *d_a_workspace, T, I, with_lo, config.buffers, config.d_a_halves,
+                            config.d_a_first, config.early_dependents, config.stores_in_flight, config.d_a_splits),
                            warps=config.warps, maxnreg=config.maxnreg,
                            device=grad_output.device)  # fmt: skip

@@ -57,9 +57,10 @@ def ring_barriers(BUFFERS: gl.constexpr):
 
 @gluon.jit
 def load_steps(a_desc, a_lo_desc, b_desc, a_bufs, a_lo_bufs, b_bufs, ready, empty, off_m, off_n, k_steps, step0,
-               A_K_MAJOR: gl.constexpr, WITH_LO: gl.constexpr):  # fmt: skip
-    """The loading warp: K steps 0 .. k_steps − 1 of A (its lo half with WITH_LO) and B into the ring's buffers,
-    the ring's steps ``step0`` on. A [M, K] row-major when A_K_MAJOR, else given as Aᵀ [K, M]; B [K, N]."""
+               A_K_MAJOR: gl.constexpr, WITH_LO: gl.constexpr, k_first=0):  # fmt: skip
+    """The loading warp: K steps 0 .. k_steps − 1 of A (its lo half with WITH_LO) and B, from element ``k_first`` of
+    the reduction on, into the ring's buffers, the ring's steps ``step0`` on. A [M, K] row-major when A_K_MAJOR, else
+    given as Aᵀ [K, M]; B [K, N]."""
     BUFFERS: gl.constexpr = a_bufs.type.shape[0]
     BLOCK_K: gl.constexpr = b_desc.block_type.shape[0]
     STEP_BYTES: gl.constexpr = b_desc.block_type.nbytes + a_desc.block_type.nbytes * (1 + WITH_LO)
@@ -69,7 +70,7 @@ def load_steps(a_desc, a_lo_desc, b_desc, a_bufs, a_lo_bufs, b_bufs, ready, empt
         mbarrier.wait(empty.index(slot), ((i // BUFFERS) & 1) ^ 1)  # a fresh barrier counts as released
         bar = ready.index(slot)
         mbarrier.expect(bar, STEP_BYTES)
-        k = step * BLOCK_K
+        k = k_first + step * BLOCK_K
         if A_K_MAJOR:
             tma.async_copy_global_to_shared(a_desc, [off_m, k], bar, a_bufs.index(slot))
             if WITH_LO:
@@ -118,6 +119,37 @@ def store_tile(acc, c_desc, c_smem, off_m, off_n):
 
 
 @gluon.jit
+def count_in_partial(acc, partials_ptr, counters_ptr, tile, split, SPLITS: gl.constexpr):
+    """Split ``split`` of output tile ``tile`` parks its fp32 partial ``acc`` in the workspace (``partials_ptr``:
+    [tiles, SPLITS, BLOCK_M, BLOCK_N]) and counts itself in on the tile's counter; returns whether it arrived last.
+    The counters only grow (by SPLITS a tile a call), so the last is the one that sees a count ≡ SPLITS − 1 (mod
+    SPLITS, a power of two). The readable version: ``kernels.combine_splits``."""
+    BLOCK_M: gl.constexpr = acc.shape[0]
+    BLOCK_N: gl.constexpr = acc.shape[1]
+    layout: gl.constexpr = acc.type.layout
+    offsets = (gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))[:, None] * BLOCK_N
+               + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))[None, :])  # fmt: skip
+    tile_partials = partials_ptr + tile.to(gl.int64) * (SPLITS * BLOCK_M * BLOCK_N)
+    gl.store(tile_partials + split * (BLOCK_M * BLOCK_N) + offsets, acc)
+    gl.thread_barrier()  # every thread's part of the partial is stored before the arrival is counted
+    arrived = gl.atomic_add(counters_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    return (arrived & (SPLITS - 1)) == SPLITS - 1
+
+
+@gluon.jit
+def sum_partials(partials_ptr, tile, SPLITS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                 layout: gl.constexpr):  # fmt: skip
+    """Σ_s partial_s of tile ``tile`` in split order, so the same sum whichever split arrived last (in ``layout``)."""
+    offsets = (gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))[:, None] * BLOCK_N
+               + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))[None, :])  # fmt: skip
+    tile_partials = partials_ptr + tile.to(gl.int64) * (SPLITS * BLOCK_M * BLOCK_N)
+    total = gl.load(tile_partials + offsets, cache_modifier=".cg")
+    for s in range(1, SPLITS):  # a loop, not unrolled: one partial in flight beside the sum, so nothing spills
+        total += gl.load(tile_partials + s * (BLOCK_M * BLOCK_N) + offsets, cache_modifier=".cg")
+    return total
+
+
+@gluon.jit
 def tile_product(a_bufs, a_lo_bufs, b_bufs, ready, empty, k_steps, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                  A_K_MAJOR: gl.constexpr, WITH_LO: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
     """The fp32 [BLOCK_M, BLOCK_N] tile Σ A·B (and A_lo·B) over the ring's next ``k_steps`` buffers, in the layout of
@@ -146,14 +178,36 @@ def weight_grad_load_partition(a_desc, a_lo_desc, x_desc, a_bufs, a_lo_bufs, b_b
 
 
 @gluon.jit
+def grad_x_partition(a_bufs, a_lo_bufs, b_bufs, ready, empty, dx_desc, c_smem, off_m, off_n, k_steps, partials_ptr,
+                     counters_ptr, tile, split, WITH_LO: gl.constexpr, SPLITS: gl.constexpr,
+                     num_warps: gl.constexpr):  # fmt: skip
+    """The two warpgroups of a dx tile: its K steps (with SPLITS > 1 one split's), then its store; a split parks its
+    partial and counts itself in, and the split that arrives last stores the sum of all of them."""
+    acc = tile_product(a_bufs, a_lo_bufs, b_bufs, ready, empty, k_steps, dx_desc.block_type.shape[0],
+                       dx_desc.block_type.shape[1], True, WITH_LO, num_warps)  # fmt: skip
+    if SPLITS == 1:
+        store_tile(acc, dx_desc, c_smem, off_m, off_n)
+    elif count_in_partial(acc, partials_ptr, counters_ptr, tile, split, SPLITS):
+        layout: gl.constexpr = acc.type.layout
+        total = sum_partials(partials_ptr, tile, SPLITS, acc.shape[0], acc.shape[1], layout)
+        store_tile(total, dx_desc, c_smem, off_m, off_n)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
 def grad_x_load_partition(dg_desc, dg_lo_desc, wg_desc, du_desc, du_lo_desc, wu_desc, a_bufs, a_lo_bufs, b_bufs,
-                          ready, empty, off_m, off_n, half_steps, WITH_LO: gl.constexpr):  # fmt: skip
-    """dx's K steps: over I of dG against Wg's rows, then of dU against Wu's (TMA fills the last step's rows beyond I
-    with zeros in both operands)."""
-    load_steps(dg_desc, dg_lo_desc, wg_desc, a_bufs, a_lo_bufs, b_bufs, ready, empty, off_m, off_n, half_steps, 0,
-               True, WITH_LO)  # fmt: skip
-    load_steps(du_desc, du_lo_desc, wu_desc, a_bufs, a_lo_bufs, b_bufs, ready, empty, off_m, off_n, half_steps,
-               half_steps, True, WITH_LO)  # fmt: skip
+                          ready, empty, off_m, off_n, half_steps, first_step, end_step,
+                          WITH_LO: gl.constexpr):  # fmt: skip
+    """dx's K steps ``first_step`` .. ``end_step`` − 1 of 2 · ``half_steps``: those below ``half_steps`` over I of dG
+    against Wg's rows, the rest of dU against Wu's (TMA fills the last step's rows beyond I with zeros in both
+    operands)."""
+    BLOCK_K: gl.constexpr = wg_desc.block_type.shape[0]
+    gate_steps = gl.maximum(gl.minimum(end_step, half_steps) - first_step, 0)
+    up_first = gl.maximum(first_step, half_steps)
+    load_steps(dg_desc, dg_lo_desc, wg_desc, a_bufs, a_lo_bufs, b_bufs, ready, empty, off_m, off_n, gate_steps, 0,
+               True, WITH_LO, first_step * BLOCK_K)  # fmt: skip
+    load_steps(du_desc, du_lo_desc, wu_desc, a_bufs, a_lo_bufs, b_bufs, ready, empty, off_m, off_n,
+               gl.maximum(end_step - up_first, 0), gate_steps, True, WITH_LO, (up_first - half_steps) * BLOCK_K)
 
 
 @gluon.jit
@@ -176,11 +230,14 @@ def second_launch_kernel(
     wg_desc, wu_desc,  # Wg, Wu [I, H] as [BLOCK_K, BLOCK_N] tiles
     dwg_desc, dwu_desc,  # out: dWg, dWu [I, H] as [BLOCK_M, WEIGHT_N] tiles (WEIGHT_N = BLOCK_N or a divisor of it)
     dx_desc,  # out: dx [T, H] as [BLOCK_M, BLOCK_N] tiles
+    dx_partials_ptr,  # with GRAD_X_SPLITS > 1: fp32 workspace [dx tiles, GRAD_X_SPLITS, BLOCK_M, BLOCK_N]
+    dx_counters_ptr,  # with GRAD_X_SPLITS > 1: int32 arrival counters, one per dx tile (they only grow)
     T, I,
     WITH_LO: gl.constexpr,  # both halves of dG, dU (the faithful path); else the hi halves alone
     BUFFERS: gl.constexpr,  # buffers of the ring
     GRAD_X_FIRST: gl.constexpr,  # dx's tiles take the first program ids (else dWg's and dWu's do)
     PROGRAMMATIC: gl.constexpr,  # issued by programmatic dependent launch: wait for launch 1 before anything else
+    GRAD_X_SPLITS: gl.constexpr,  # programs a dx tile, each a piece of its K steps (a power of two)
     num_warps: gl.constexpr,  # of the multiplying partition (8: two warpgroups)
 ):  # fmt: skip
     BLOCK_M: gl.constexpr = dx_desc.block_type.shape[0]
@@ -219,16 +276,21 @@ def second_launch_kernel(
         else:
             weight_grad_region(du_t_desc, du_lo_t_desc, x_desc, dwu_desc, a_t_bufs, a_lo_t_bufs, x_bufs, ready, empty,
                                weight_c_smem.index(0), off_m, off_n, k_steps, WITH_LO, num_warps)  # fmt: skip
-    else:  # dx's tiles: Σ_k dG[t, k] Wg[k, n] + Σ_k dU[t, k] Wu[k, n]
-        tile = pid - 2 * weight_tiles
+    else:  # dx's tiles: Σ_k dG[t, k] Wg[k, n] + Σ_k dU[t, k] Wu[k, n], each over GRAD_X_SPLITS programs in turn
+        tile = (pid - 2 * weight_tiles) // GRAD_X_SPLITS
+        split = (pid - 2 * weight_tiles) % GRAD_X_SPLITS
         off_m = (tile % gl.cdiv(T, BLOCK_M)) * BLOCK_M  # row blocks fastest: the programs at once share Wg, Wu tiles
         off_n = (tile // gl.cdiv(T, BLOCK_M)) * BLOCK_N
         half_steps = gl.cdiv(I, BLOCK_K)
+        split_steps = gl.cdiv(2 * half_steps, GRAD_X_SPLITS)
+        first_step = split * split_steps
+        end_step = gl.minimum(first_step + split_steps, 2 * half_steps)
         gl.warp_specialize([
-            (mma_partition, (a_bufs, a_lo_bufs, b_bufs, ready, empty, dx_desc, c_smem, off_m, off_n, 2 * half_steps,
-                             True, WITH_LO, num_warps)),
+            (grad_x_partition, (a_bufs, a_lo_bufs, b_bufs, ready, empty, dx_desc, c_smem, off_m, off_n,
+                                gl.maximum(end_step - first_step, 0), dx_partials_ptr, dx_counters_ptr, tile, split,
+                                WITH_LO, GRAD_X_SPLITS, num_warps)),
             (grad_x_load_partition, (dg_desc, dg_lo_desc, wg_desc, du_desc, du_lo_desc, wu_desc, a_bufs, a_lo_bufs,
-                                     b_bufs, ready, empty, off_m, off_n, half_steps, WITH_LO)),
+                                     b_bufs, ready, empty, off_m, off_n, half_steps, first_step, end_step, WITH_LO)),
         ], [1], [40])  # fmt: skip
 
 
@@ -252,12 +314,24 @@ class GluonSecondLaunchConfig:
     # up their ring and wait there (``griddepcontrol.wait``) until launch 1 has completed, so that the launch's own
     # start-up overlaps launch 1's tail (with ``GluonFirstLaunchConfig.early_dependents`` from launch 1's last wave on)
     programmatic: bool = False
+    # programs a dx tile, each a piece of its K = 2I steps, summed in split order by the one that arrives last (a
+    # power of two): where the few dx tiles (at 128 tokens 16 of 64 × 256) each stream ~1 MB of operands through one
+    # SM, their reduction spread over more SMs shortens the launch's critical path
+    grad_x_splits: int = 1
+
+    def __post_init__(self):
+        if self.grad_x_splits < 1 or self.grad_x_splits & (self.grad_x_splits - 1):
+            raise ValueError(f"config: grad_x_splits must be a power of two, got {self.grad_x_splits}")
+
+    def grad_x_tiles(self, num_tokens: int, hidden_size: int) -> int:
+        """dx's output tiles (each ``grad_x_splits`` programs)."""
+        return cdiv(num_tokens, self.block_m) * cdiv(hidden_size, self.block_n)
 
     def programs(self, num_tokens: int, hidden_size: int, intermediate_size: int) -> int:
-        """Tiles of the launch: dWg's and dWu's, then dx's."""
+        """Programs of the launch: dWg's and dWu's tiles, then dx's tiles' splits."""
         # not triton.cdiv: a constexpr function, ~3 µs a call on the host
         weight_tiles = cdiv(intermediate_size, self.block_m) * cdiv(hidden_size, self.weight_block_n)
-        return 2 * weight_tiles + cdiv(num_tokens, self.block_m) * cdiv(hidden_size, self.block_n)
+        return 2 * weight_tiles + self.grad_x_tiles(num_tokens, hidden_size) * self.grad_x_splits
 
     def descriptors(self, x, gate_weight, up_weight, d_gate, d_up, grad_x, grad_gate_weight, grad_up_weight):
         """The kernel's 14 TMA descriptors, in its argument order (lo descriptors repeat hi ones without lo halves)."""
@@ -276,10 +350,11 @@ ENCODED_LAUNCHES: dict = {}  # (device, dtype, with_lo, config) → EncodedLaunc
 
 
 def prepare_second_launch_gluon(config: GluonSecondLaunchConfig, x, gate_weight, up_weight, d_gate, d_up, grad_x,
-                                grad_gate_weight, grad_up_weight, *, with_lo: bool):  # fmt: skip
+                                grad_gate_weight, grad_up_weight, grad_x_workspace, *, with_lo: bool):  # fmt: skip
     """Launch 2 in Gluon made ready before launch 1: returns the callable that launches it (dx, dWg and dWu from
     dGate, dUp: [1 or 2, T, I], hi and with ``with_lo`` lo). On a Hopper GPU; 16-bit contiguous operands whose rows
-    TMA can address (``tma_launches.fits``), T ≥ 1. No host synchronisation.
+    TMA can address (``tma_launches.fits``), T ≥ 1. No host synchronisation. ``grad_x_workspace``: (fp32 partials,
+    int32 counters) of the dx tiles' splits (``launch.SplitWorkspace``; unused with ``grad_x_splits`` 1).
 
     In NVIDIA's method the host time between launch 1 and launch 2 shows in the span wherever it exceeds launch 1's
     GPU time. Triton's ``kernel[grid](...)`` builds, binds and specialises the 14 descriptors and encodes them on the
@@ -294,6 +369,7 @@ def prepare_second_launch_gluon(config: GluonSecondLaunchConfig, x, gate_weight,
                                      grad_up_weight)  # fmt: skip
     key = (x.device, x.dtype, with_lo, config)
     return prepared_launch(ENCODED_LAUNCHES, key, second_launch_kernel, config.programs(T, H, I),
-                           (*descriptors, T, I, with_lo, config.buffers, config.grad_x_first, config.programmatic),
+                           (*descriptors, *grad_x_workspace, T, I, with_lo, config.buffers, config.grad_x_first,
+                            config.programmatic, config.grad_x_splits),
                            warps=config.warps, maxnreg=config.maxnreg, device=x.device,
                            options=dict(launch_pdl=True) if config.programmatic else None)  # fmt: skip

@@ -340,14 +340,19 @@ class SplitWorkspace:
 
     @classmethod
     def make(cls, slot: str, num_tiles: int, kind: TileKind, device: torch.device):
-        if kind.split == 1 or num_tiles == 0:
+        return cls.for_tiles(slot, num_tiles, kind.split, kind.block_m, kind.block_n, device)
+
+    @classmethod
+    def for_tiles(cls, slot: str, num_tiles: int, split: int, block_m: int, block_n: int, device: torch.device):
+        """(partials, counters) of ``num_tiles`` tiles of [block_m, block_n], each split over ``split`` programs
+        (one-element placeholders where nothing is split)."""
+        if split == 1 or num_tiles == 0:
             empty = allocate((1,), dtype=torch.float32, device=device)
             return empty, empty.view(torch.int32)
-        if kind.split & (kind.split - 1):
-            raise ValueError(f"config: SPLIT must be a power of two, got {kind.split}")
-        partials = allocate((num_tiles * kind.split * kind.block_m * kind.block_n,), dtype=torch.float32,
-                            device=device)  # fmt: skip
-        return partials, cls.counters(slot, kind.split, num_tiles, device)
+        if split & (split - 1):
+            raise ValueError(f"config: SPLIT must be a power of two, got {split}")
+        partials = allocate((num_tiles * split * block_m * block_n,), dtype=torch.float32, device=device)
+        return partials, cls.counters(slot, split, num_tiles, device)
 
     @classmethod
     def counters(cls, slot: str, split: int, size: int, device: torch.device) -> torch.Tensor:
@@ -414,13 +419,19 @@ def swiglu_down_backward_triton(
     if (gluon_launch1 is not None or gluon_launch2 is not None) and not gluon:
         gluon_launch1 = gluon_launch2 = None  # the Triton launches instead
     if gluon_launch2 is not None:  # made ready before launch 1: between the launches only the launch
+        grad_x_workspace = SplitWorkspace.for_tiles("gluon dx", gluon_launch2.grad_x_tiles(T, H),
+                                                    gluon_launch2.grad_x_splits, gluon_launch2.block_m,
+                                                    gluon_launch2.block_n, x.device)  # fmt: skip
         launch_gluon_second_launch = prepare_second_launch_gluon(gluon_launch2, x, gate_weight, up_weight, d_gate,
                                                                  d_up, grad_x, grad_gate_weight, grad_up_weight,
-                                                                 with_lo=with_lo)  # fmt: skip
+                                                                 grad_x_workspace, with_lo=with_lo)  # fmt: skip
     if gluon_launch1 is not None:
+        d_a_workspace = SplitWorkspace.for_tiles("gluon dA", gluon_launch1.d_a_tiles(T, I), gluon_launch1.d_a_splits,
+                                                 gluon_launch1.block_m, gluon_launch1.block_n, x.device)  # fmt: skip
         launch_gluon_first_launch = prepare_first_launch_gluon(gluon_launch1, grad_output, down_weight, gate,
                                                                gate_sigmoid, gate_silu, up, intermediate, d_gate, d_up,
-                                                               grad_down_weight, with_lo=with_lo)  # fmt: skip
+                                                               grad_down_weight, d_a_workspace,
+                                                               with_lo=with_lo)  # fmt: skip
         if config.gluon_as_one_graph and gluon_launch2 is not None:
             both = (launch_gluon_first_launch, launch_gluon_second_launch)
             if can_launch_as_one_graph(both):
