@@ -127,6 +127,7 @@ def compile_gluon_first_launch(config, with_lo: bool, num_tokens: int = 256):
                                                           EARLY_DEPENDENTS=config.early_dependents,
                                                           STORES_IN_FLIGHT=config.stores_in_flight,
                                                           D_A_SPLITS=config.d_a_splits,
+                                                          SAVED_EARLY=config.saved_tiles_early,
                                                           num_warps=config.warps),
                                   warps=config.warps, maxnreg=config.maxnreg)  # fmt: skip
 

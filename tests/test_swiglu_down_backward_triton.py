@@ -992,7 +992,8 @@ def test_gpu_gluon_second_launch_reuses_one_compiled_kernel_across_token_counts(
                                        "gluon12_l2m64_daf", "gluon12_l2m64_lf", "gluon12_l2m64_lf_pdl",
                                        "gluon12_b6_pdl", "gluon12_b6_pdl_sif", "gluon12_m64_lf_pdl_sif",
                                        "gluon12_a256_sif", "gluon12_m64_lf_pdl_sif_graph", "gluon12_m64_da2_dx2",
-                                       "gluon12_m64_da4_dx4", "gluon12_m64_da8_dx4"])
+                                       "gluon12_m64_da4_dx4", "gluon12_m64_da8_dx4",
+                                       "gluon12_m64_lf_pdl_sif_graph_early", "gluon12_b6_pdl_sif_graph_early"])
 def test_gpu_gluon_first_launch_at_both_input_scales(T, precision, candidate, seed):
     """Both launches in Gluon (launch 1: dWd's tiles, as wide as dA's or half as wide, and dA's with the dSwiGLU
     epilogue from saved tiles staged in the ring, one or two 128-wide halves a tile) from poisoned memory, both input

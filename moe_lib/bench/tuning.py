@@ -344,6 +344,15 @@ for _d_a, _d_x in ((1, 1), (2, 2), (4, 2), (4, 4), (8, 4)):
         _M128, gluon_first_launch=dataclasses.replace(_M128.gluon_first_launch, d_a_splits=_d_a),
         gluon_second_launch=dataclasses.replace(_M128.gluon_second_launch, grad_x_splits=_d_x))  # fmt: skip
 
+# each band's default form (launch.GLUON_FORMS, submitted as one graph) with launch 1's saved tiles asked for by the
+# loading warp as the main loop frees their buffers (``saved_tiles_early``)
+for _base in ("gluon12_l2m64_daf_pdl_sif", "gluon12_b6_pdl_sif", "gluon12_b6_l2m64b6_pdl_sif"):
+    P1_CANDIDATES[f"{_base}_graph"] = dataclasses.replace(P1_CANDIDATES[_base], gluon_as_one_graph=True)
+for _base in ("gluon12_m64_lf_pdl_sif_graph", "gluon12_l2m64_lf_pdl_sif_graph", "gluon12_l2m64_daf_pdl_sif_graph",
+              "gluon12_b6_pdl_sif_graph", "gluon12_b6_l2m64b6_pdl_sif_graph"):
+    P1_CANDIDATES[f"{_base}_early"] = dataclasses.replace(P1_CANDIDATES[_base], gluon_first_launch=dataclasses.replace(
+        P1_CANDIDATES[_base].gluon_first_launch, saved_tiles_early=True))
+
 # kernel G's settings as the P2 scripts spell them (FIELD=VALUE), and the FusedDxConfig fields they set
 FUSED_DX_FIELDS = {"gate_up_dx_tile": ("block_i", "block_h", "block_rows"), "warps_g": ("warps",),
                    "stages_g": ("stages",)}  # fmt: skip

@@ -69,23 +69,34 @@ def stage_and_store(value, buffer, desc, off_m, off_n):
 
 
 @gluon.jit
-def swiglu_epilogue(d_a, saved_a, saved_b, saved_ready, phase, gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc,
-                    dg_desc, dg_lo_desc, du_desc, du_lo_desc, c_smem, off_m, off_n, WITH_LO: gl.constexpr,
-                    STORES_IN_FLIGHT: gl.constexpr = False):  # fmt: skip
-    """dGate, dUp of one [BLOCK_M, BLOCK_N] dA tile (in registers) from the four saved tiles, which TMA brings into the
-    ring's buffers (``saved_a``: silu, σ; ``saved_b``: gate, up) once nothing else needs them; ``phase`` is this
-    epilogue's parity on ``saved_ready``. The output halves go out through ``c_smem`` one after the other, or with
-    STORES_IN_FLIGHT each through a saved tile's buffer once that tile is read (dU hi through silu's, dG hi through
-    σ's, dG lo through the gate's; dU lo through ``c_smem``), all four stores in flight at once."""
-    layout: gl.constexpr = d_a.type.layout
-    if STORES_IN_FLIGHT:
-        tma.store_wait(pendings=0)  # a wide tile's first half: its stores read the buffers the loads below overwrite
-    gl.thread_barrier()  # both warpgroups past their last MMA (and reads of earlier saved tiles) before TMA overwrites
+def load_saved_tiles(saved_a, saved_b, saved_ready, gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc, off_m,
+                     off_n):  # fmt: skip
+    """The four saved [BLOCK_M, BLOCK_N] tiles of a dA tile by TMA into the ring's buffers (``saved_a``: silu, σ;
+    ``saved_b``: gate, up), completing ``saved_ready``."""
     mbarrier.expect(saved_ready, 4 * gate_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(gate_silu_desc, [off_m, off_n], saved_ready, saved_a.index(0))
     tma.async_copy_global_to_shared(gate_sigmoid_desc, [off_m, off_n], saved_ready, saved_a.index(1))
     tma.async_copy_global_to_shared(gate_desc, [off_m, off_n], saved_ready, saved_b.index(0))
     tma.async_copy_global_to_shared(up_desc, [off_m, off_n], saved_ready, saved_b.index(1))
+
+
+@gluon.jit
+def swiglu_epilogue(d_a, saved_a, saved_b, saved_ready, phase, gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc,
+                    dg_desc, dg_lo_desc, du_desc, du_lo_desc, c_smem, off_m, off_n, WITH_LO: gl.constexpr,
+                    STORES_IN_FLIGHT: gl.constexpr = False, LOADED_AHEAD: gl.constexpr = False):  # fmt: skip
+    """dGate, dUp of one [BLOCK_M, BLOCK_N] dA tile (in registers) from the four saved tiles, which TMA brings into the
+    ring's buffers (``saved_a``: silu, σ; ``saved_b``: gate, up) once nothing else needs them (asked for here, or with
+    LOADED_AHEAD by the loading warp as the main loop frees their buffers); ``phase`` is this epilogue's parity on
+    ``saved_ready``. The output halves go out through ``c_smem`` one after the other, or with STORES_IN_FLIGHT each
+    through a saved tile's buffer once that tile is read (dU hi through silu's, dG hi through σ's, dG lo through the
+    gate's; dU lo through ``c_smem``), all four stores in flight at once."""
+    layout: gl.constexpr = d_a.type.layout
+    if not LOADED_AHEAD:
+        if STORES_IN_FLIGHT:
+            tma.store_wait(pendings=0)  # a wide tile's first half: its stores read the buffers the loads overwrite
+        gl.thread_barrier()  # both warpgroups past their last MMA (and reads of earlier saved tiles) before TMA writes
+        load_saved_tiles(saved_a, saved_b, saved_ready, gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc, off_m,
+                         off_n)  # fmt: skip
     mbarrier.wait(saved_ready, phase)
     # one saved tile at a time into registers, in the accumulator's layout (the order of kernels.store_swiglu_grads)
     d_up = d_a * saved_a.index(0).load(layout).to(gl.float32)
@@ -113,19 +124,20 @@ def swiglu_epilogue(d_a, saved_a, saved_b, saved_ready, phase, gate_desc, gate_s
 @gluon.jit
 def d_intermediate_partition(a_bufs, b_bufs, ready, empty, saved_a, saved_b, saved_ready, gate_desc,
                              gate_sigmoid_desc, gate_silu_desc, up_desc, dg_desc, dg_lo_desc, du_desc, du_lo_desc,
-                             c_smem, off_m, off_n, k_steps, partials_ptr, counters_ptr, tile, split,
+                             c_smem, off_m, off_n, k_steps, step0, partials_ptr, counters_ptr, tile, split,
                              WITH_LO: gl.constexpr, STORES_IN_FLIGHT: gl.constexpr, SPLITS: gl.constexpr,
-                             num_warps: gl.constexpr):  # fmt: skip
+                             SAVED_EARLY: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
     """The two warpgroups of a dA tile: dA = Σ_h dy[t, h] Wd[h, i] over the ring, then the dSwiGLU epilogue; with
     SPLITS > 1 this program's piece of the sum over H, parked and counted in, and the epilogue on the sum of all the
-    pieces by the split that arrives last."""
+    pieces by the split that arrives last. The ring's steps from ``step0`` on; with SAVED_EARLY the loading warp has
+    asked for the saved tiles."""
     BLOCK_M: gl.constexpr = dg_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = dg_desc.block_type.shape[1]
-    d_a = tile_product(a_bufs, a_bufs, b_bufs, ready, empty, k_steps, BLOCK_M, BLOCK_N, True, False, num_warps)
+    d_a = tile_product(a_bufs, a_bufs, b_bufs, ready, empty, k_steps, BLOCK_M, BLOCK_N, True, False, num_warps, step0)
     if SPLITS == 1:
         swiglu_epilogue(d_a, saved_a, saved_b, saved_ready, 0, gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc,
-                        dg_desc, dg_lo_desc, du_desc, du_lo_desc, c_smem, off_m, off_n, WITH_LO,
-                        STORES_IN_FLIGHT)  # fmt: skip
+                        dg_desc, dg_lo_desc, du_desc, du_lo_desc, c_smem, off_m, off_n, WITH_LO, STORES_IN_FLIGHT,
+                        SAVED_EARLY)  # fmt: skip
     elif count_in_partial(d_a, partials_ptr, counters_ptr, tile, split, SPLITS):
         layout: gl.constexpr = d_a.type.layout
         d_a = sum_partials(partials_ptr, tile, SPLITS, BLOCK_M, BLOCK_N, layout)
@@ -187,11 +199,29 @@ def d_intermediate_wide_load_partition(dy_desc, wd_desc, a_bufs, b_bufs, ready, 
 
 
 @gluon.jit
-def d_intermediate_load_partition(dy_desc, wd_desc, a_bufs, b_bufs, ready, empty, off_m, off_n, k_steps, k_first):
-    """dA's K steps over H from element ``k_first`` on: dy's [BLOCK_M, BLOCK_K] tiles as they lie, Wd's
-    [BLOCK_K, BLOCK_N] ones."""
-    load_steps(dy_desc, dy_desc, wd_desc, a_bufs, a_bufs, b_bufs, ready, empty, off_m, off_n, k_steps, 0, True, False,
-               k_first)  # fmt: skip
+def d_intermediate_load_partition(dy_desc, wd_desc, a_bufs, b_bufs, ready, empty, off_m, off_n, k_steps, k_first,
+                                  step0, saved_a, saved_b, saved_ready, gate_desc, gate_sigmoid_desc, gate_silu_desc,
+                                  up_desc, SAVED_EARLY: gl.constexpr):  # fmt: skip
+    """dA's K steps over H from element ``k_first`` on, the ring's steps ``step0`` on: dy's [BLOCK_M, BLOCK_K] tiles as
+    they lie, Wd's [BLOCK_K, BLOCK_N] ones. With SAVED_EARLY then the saved tiles, into the ring's first buffers as
+    soon as the main loop has released them: ``step0`` puts the last K steps in the ring's last buffers, so that the
+    first ones are free a few steps before the main loop ends."""
+    load_steps(dy_desc, dy_desc, wd_desc, a_bufs, a_bufs, b_bufs, ready, empty, off_m, off_n, k_steps, step0, True,
+               False, k_first)  # fmt: skip
+    if SAVED_EARLY:
+        BUFFERS: gl.constexpr = a_bufs.type.shape[0]
+        # the ring buffers the four saved tiles cover: two tiles [BLOCK_M, BLOCK_N] in A's [BLOCK_M, BLOCK_K] buffers
+        # and two in B's [BLOCK_K, BLOCK_N] ones
+        A_COVERED: gl.constexpr = 2 * saved_a.type.shape[2] // a_bufs.type.shape[2]
+        B_COVERED: gl.constexpr = 2 * saved_b.type.shape[1] // b_bufs.type.shape[1]
+        COVERED: gl.constexpr = A_COVERED if A_COVERED > B_COVERED else B_COVERED
+        end = step0 + k_steps
+        for slot in gl.static_range(COVERED):
+            last = end - 1 - (end - 1 - slot + BUFFERS) % BUFFERS  # the ring step that used this buffer last
+            # its release by the multiplying warps (a buffer the loop never used counts as released)
+            mbarrier.wait(empty.index(slot), gl.where(last >= step0, (last // BUFFERS) & 1, 1))
+        load_saved_tiles(saved_a, saved_b, saved_ready, gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc, off_m,
+                         off_n)  # fmt: skip
 
 
 @gluon.jit(do_not_specialize=("T", "I"))  # one compiled kernel for every T, I: see prepare_first_launch_gluon
@@ -212,6 +242,7 @@ def first_launch_kernel(
     D_A_FIRST: gl.constexpr,  # dA's tiles take the first program ids (else dWd's do)
     EARLY_DEPENDENTS: gl.constexpr,  # let a launch 2 issued by programmatic dependent launch start from here on
     STORES_IN_FLIGHT: gl.constexpr,  # the dSwiGLU epilogue's four stores at once, through the saved tiles' buffers
+    SAVED_EARLY: gl.constexpr,  # the loading warp asks for the saved tiles as the main loop frees their buffers
     D_A_SPLITS: gl.constexpr,  # programs a dA tile, each a piece of its K steps over H (a power of two; 1 if wide)
     num_warps: gl.constexpr,  # of the multiplying partition (8: two warpgroups)
 ):  # fmt: skip
@@ -275,14 +306,19 @@ def first_launch_kernel(
             ], [1], [40])  # fmt: skip
         else:
             split_steps_here = gl.maximum(gl.minimum(split_steps, k_steps - first_step), 0)
+            # with the saved tiles asked for early, the ring starts where its last step falls in its last buffer
+            EARLY: gl.constexpr = SAVED_EARLY and D_A_SPLITS == 1
+            step0 = (BUFFERS - split_steps_here % BUFFERS) % BUFFERS if EARLY else 0
             gl.warp_specialize([
                 (d_intermediate_partition, (a_bufs, b_bufs, ready, empty, saved_a, saved_b, saved_ready, gate_desc,
                                             gate_sigmoid_desc, gate_silu_desc, up_desc, dg_desc, dg_lo_desc, du_desc,
-                                            du_lo_desc, c_smem, off_m, off_n, split_steps_here, d_a_partials_ptr,
-                                            d_a_counters_ptr, tile, split, WITH_LO, STORES_IN_FLIGHT, D_A_SPLITS,
-                                            num_warps)),
+                                            du_lo_desc, c_smem, off_m, off_n, split_steps_here, step0,
+                                            d_a_partials_ptr, d_a_counters_ptr, tile, split, WITH_LO,
+                                            STORES_IN_FLIGHT, D_A_SPLITS, EARLY, num_warps)),
                 (d_intermediate_load_partition, (dy_desc, wd_desc, a_bufs, b_bufs, ready, empty, off_m, off_n,
-                                                 split_steps_here, first_step * BLOCK_K)),
+                                                 split_steps_here, first_step * BLOCK_K, step0, saved_a, saved_b,
+                                                 saved_ready, gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc,
+                                                 EARLY)),
             ], [1], [40])  # fmt: skip
 
 
@@ -316,6 +352,10 @@ class GluonFirstLaunchConfig:
     # 64 × 128) each stream ~0.8 MB of operands through one SM, their reduction spread over more SMs shortens the
     # launch's critical path
     d_a_splits: int = 1
+    # the loading warp asks for a dA tile's four saved tiles as soon as the main loop has released the ring buffers
+    # they go into (the ring started where its last steps fall in its last buffers), instead of the multiplying warps
+    # once the main loop has ended: their arrival overlaps the last K steps (dA tiles block_n wide, not split)
+    saved_tiles_early: bool = False
 
     def __post_init__(self):
         if self.d_a_block_n not in (self.block_n, 2 * self.block_n):
@@ -370,6 +410,7 @@ def prepare_first_launch_gluon(config: GluonFirstLaunchConfig, grad_output, down
     key = (grad_output.device, grad_output.dtype, with_lo, config)
     return prepared_launch(ENCODED_LAUNCHES, key, first_launch_kernel, config.programs(T, H, I),
                            (*descriptors, *d_a_workspace, T, I, with_lo, config.buffers, config.d_a_halves,
-                            config.d_a_first, config.early_dependents, config.stores_in_flight, config.d_a_splits),
+                            config.d_a_first, config.early_dependents, config.stores_in_flight,
+                            config.saved_tiles_early, config.d_a_splits),
                            warps=config.warps, maxnreg=config.maxnreg,
                            device=grad_output.device)  # fmt: skip

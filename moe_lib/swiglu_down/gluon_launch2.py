@@ -151,13 +151,13 @@ def sum_partials(partials_ptr, tile, SPLITS: gl.constexpr, BLOCK_M: gl.constexpr
 
 @gluon.jit
 def tile_product(a_bufs, a_lo_bufs, b_bufs, ready, empty, k_steps, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                 A_K_MAJOR: gl.constexpr, WITH_LO: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
-    """The fp32 [BLOCK_M, BLOCK_N] tile Σ A·B (and A_lo·B) over the ring's next ``k_steps`` buffers, in the layout of
-    the warpgroups' wgmma (``num_warps`` warps, each warpgroup 64 rows)."""
+                 A_K_MAJOR: gl.constexpr, WITH_LO: gl.constexpr, num_warps: gl.constexpr, step0=0):  # fmt: skip
+    """The fp32 [BLOCK_M, BLOCK_N] tile Σ A·B (and A_lo·B) over the ring's next ``k_steps`` buffers (the ring's steps
+    ``step0`` on), in the layout of the warpgroups' wgmma (``num_warps`` warps, each warpgroup 64 rows)."""
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                      instr_shape=[16, BLOCK_N, 16])  # fmt: skip
     acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
-    return mma_steps(a_bufs, a_lo_bufs, b_bufs, ready, empty, k_steps, acc, A_K_MAJOR, WITH_LO)
+    return mma_steps(a_bufs, a_lo_bufs, b_bufs, ready, empty, k_steps, acc, A_K_MAJOR, WITH_LO, 1, step0)
 
 
 @gluon.jit
