@@ -124,16 +124,17 @@ def swiglu_epilogue(d_a, saved_a, saved_b, saved_ready, phase, gate_desc, gate_s
 @gluon.jit
 def d_intermediate_partition(a_bufs, b_bufs, ready, empty, saved_a, saved_b, saved_ready, gate_desc,
                              gate_sigmoid_desc, gate_silu_desc, up_desc, dg_desc, dg_lo_desc, du_desc, du_lo_desc,
-                             c_smem, off_m, off_n, k_steps, step0, partials_ptr, counters_ptr, tile, split,
+                             c_smem, off_m, off_n, k_steps, rotation, partials_ptr, counters_ptr, tile, split,
                              WITH_LO: gl.constexpr, STORES_IN_FLIGHT: gl.constexpr, SPLITS: gl.constexpr,
                              SAVED_EARLY: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
     """The two warpgroups of a dA tile: dA = Σ_h dy[t, h] Wd[h, i] over the ring, then the dSwiGLU epilogue; with
     SPLITS > 1 this program's piece of the sum over H, parked and counted in, and the epilogue on the sum of all the
-    pieces by the split that arrives last. The ring's steps from ``step0`` on; with SAVED_EARLY the loading warp has
-    asked for the saved tiles."""
+    pieces by the split that arrives last. K step i in the ring's buffer (i + ``rotation``) mod BUFFERS; with
+    SAVED_EARLY the loading warp has asked for the saved tiles."""
     BLOCK_M: gl.constexpr = dg_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = dg_desc.block_type.shape[1]
-    d_a = tile_product(a_bufs, a_bufs, b_bufs, ready, empty, k_steps, BLOCK_M, BLOCK_N, True, False, num_warps, step0)
+    d_a = tile_product(a_bufs, a_bufs, b_bufs, ready, empty, k_steps, BLOCK_M, BLOCK_N, True, False, num_warps,
+                       rotation)  # fmt: skip
     if SPLITS == 1:
         swiglu_epilogue(d_a, saved_a, saved_b, saved_ready, 0, gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc,
                         dg_desc, dg_lo_desc, du_desc, du_lo_desc, c_smem, off_m, off_n, WITH_LO, STORES_IN_FLIGHT,
@@ -200,14 +201,14 @@ def d_intermediate_wide_load_partition(dy_desc, wd_desc, a_bufs, b_bufs, ready, 
 
 @gluon.jit
 def d_intermediate_load_partition(dy_desc, wd_desc, a_bufs, b_bufs, ready, empty, off_m, off_n, k_steps, k_first,
-                                  step0, saved_a, saved_b, saved_ready, gate_desc, gate_sigmoid_desc, gate_silu_desc,
+                                  rotation, saved_a, saved_b, saved_ready, gate_desc, gate_sigmoid_desc, gate_silu_desc,
                                   up_desc, SAVED_EARLY: gl.constexpr):  # fmt: skip
-    """dA's K steps over H from element ``k_first`` on, the ring's steps ``step0`` on: dy's [BLOCK_M, BLOCK_K] tiles as
-    they lie, Wd's [BLOCK_K, BLOCK_N] ones. With SAVED_EARLY then the saved tiles, into the ring's first buffers as
-    soon as the main loop has released them: ``step0`` puts the last K steps in the ring's last buffers, so that the
-    first ones are free a few steps before the main loop ends."""
-    load_steps(dy_desc, dy_desc, wd_desc, a_bufs, a_bufs, b_bufs, ready, empty, off_m, off_n, k_steps, step0, True,
-               False, k_first)  # fmt: skip
+    """dA's K steps over H from element ``k_first`` on, step i in the ring's buffer (i + ``rotation``) mod BUFFERS:
+    dy's [BLOCK_M, BLOCK_K] tiles as they lie, Wd's [BLOCK_K, BLOCK_N] ones. With SAVED_EARLY then the saved tiles,
+    into the ring's first buffers as soon as the main loop has released them: ``rotation`` puts the last K steps in the
+    ring's last buffers, so that the first ones are free a few steps before the main loop ends."""
+    load_steps(dy_desc, dy_desc, wd_desc, a_bufs, a_bufs, b_bufs, ready, empty, off_m, off_n, k_steps, 0, True,
+               False, k_first, rotation)  # fmt: skip
     if SAVED_EARLY:
         BUFFERS: gl.constexpr = a_bufs.type.shape[0]
         # the ring buffers the four saved tiles cover: two tiles [BLOCK_M, BLOCK_N] in A's [BLOCK_M, BLOCK_K] buffers
@@ -215,11 +216,12 @@ def d_intermediate_load_partition(dy_desc, wd_desc, a_bufs, b_bufs, ready, empty
         A_COVERED: gl.constexpr = 2 * saved_a.type.shape[2] // a_bufs.type.shape[2]
         B_COVERED: gl.constexpr = 2 * saved_b.type.shape[1] // b_bufs.type.shape[1]
         COVERED: gl.constexpr = A_COVERED if A_COVERED > B_COVERED else B_COVERED
-        end = step0 + k_steps
         for slot in gl.static_range(COVERED):
-            last = end - 1 - (end - 1 - slot + BUFFERS) % BUFFERS  # the ring step that used this buffer last
-            # its release by the multiplying warps (a buffer the loop never used counts as released)
-            mbarrier.wait(empty.index(slot), gl.where(last >= step0, (last // BUFFERS) & 1, 1))
+            # the K step that used this buffer last: the last i < k_steps with (i + rotation) mod BUFFERS = slot
+            last = k_steps - 1 - (k_steps - 1 + rotation - slot + BUFFERS) % BUFFERS
+            # its release by the multiplying warps: phase i // BUFFERS of the buffer's `empty` barrier (a buffer the
+            # loop never used counts as released)
+            mbarrier.wait(empty.index(slot), gl.where(last >= 0, (last // BUFFERS) & 1, 1))
         load_saved_tiles(saved_a, saved_b, saved_ready, gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc, off_m,
                          off_n)  # fmt: skip
 
@@ -308,15 +310,15 @@ def first_launch_kernel(
             split_steps_here = gl.maximum(gl.minimum(split_steps, k_steps - first_step), 0)
             # with the saved tiles asked for early, the ring starts where its last step falls in its last buffer
             EARLY: gl.constexpr = SAVED_EARLY and D_A_SPLITS == 1
-            step0 = (BUFFERS - split_steps_here % BUFFERS) % BUFFERS if EARLY else 0
+            rotation = (BUFFERS - split_steps_here % BUFFERS) % BUFFERS if EARLY else 0
             gl.warp_specialize([
                 (d_intermediate_partition, (a_bufs, b_bufs, ready, empty, saved_a, saved_b, saved_ready, gate_desc,
                                             gate_sigmoid_desc, gate_silu_desc, up_desc, dg_desc, dg_lo_desc, du_desc,
-                                            du_lo_desc, c_smem, off_m, off_n, split_steps_here, step0,
+                                            du_lo_desc, c_smem, off_m, off_n, split_steps_here, rotation,
                                             d_a_partials_ptr, d_a_counters_ptr, tile, split, WITH_LO,
                                             STORES_IN_FLIGHT, D_A_SPLITS, EARLY, num_warps)),
                 (d_intermediate_load_partition, (dy_desc, wd_desc, a_bufs, b_bufs, ready, empty, off_m, off_n,
-                                                 split_steps_here, first_step * BLOCK_K, step0, saved_a, saved_b,
+                                                 split_steps_here, first_step * BLOCK_K, rotation, saved_a, saved_b,
                                                  saved_ready, gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc,
                                                  EARLY)),
             ], [1], [40])  # fmt: skip

@@ -57,16 +57,16 @@ def ring_barriers(BUFFERS: gl.constexpr):
 
 @gluon.jit
 def load_steps(a_desc, a_lo_desc, b_desc, a_bufs, a_lo_bufs, b_bufs, ready, empty, off_m, off_n, k_steps, step0,
-               A_K_MAJOR: gl.constexpr, WITH_LO: gl.constexpr, k_first=0):  # fmt: skip
+               A_K_MAJOR: gl.constexpr, WITH_LO: gl.constexpr, k_first=0, rotation=0):  # fmt: skip
     """The loading warp: K steps 0 .. k_steps − 1 of A (its lo half with WITH_LO) and B, from element ``k_first`` of
-    the reduction on, into the ring's buffers, the ring's steps ``step0`` on. A [M, K] row-major when A_K_MAJOR, else
-    given as Aᵀ [K, M]; B [K, N]."""
+    the reduction on, into the ring's buffers, the ring's steps ``step0`` on (ring step i in buffer (i + ``rotation``)
+    mod BUFFERS, its phase that of i). A [M, K] row-major when A_K_MAJOR, else given as Aᵀ [K, M]; B [K, N]."""
     BUFFERS: gl.constexpr = a_bufs.type.shape[0]
     BLOCK_K: gl.constexpr = b_desc.block_type.shape[0]
     STEP_BYTES: gl.constexpr = b_desc.block_type.nbytes + a_desc.block_type.nbytes * (1 + WITH_LO)
     for step in range(k_steps):
         i = step0 + step
-        slot = i % BUFFERS
+        slot = (i + rotation) % BUFFERS
         mbarrier.wait(empty.index(slot), ((i // BUFFERS) & 1) ^ 1)  # a fresh barrier counts as released
         bar = ready.index(slot)
         mbarrier.expect(bar, STEP_BYTES)
@@ -84,13 +84,14 @@ def load_steps(a_desc, a_lo_desc, b_desc, a_bufs, a_lo_bufs, b_bufs, ready, empt
 
 @gluon.jit
 def mma_steps(a_bufs, a_lo_bufs, b_bufs, ready, empty, k_steps, acc, A_K_MAJOR: gl.constexpr,
-              WITH_LO: gl.constexpr, IN_FLIGHT: gl.constexpr = 1, step0=0):  # fmt: skip
-    """acc += A·B (and A_lo·B) over the ring's next ``k_steps`` buffers (the ring's steps ``step0`` on), IN_FLIGHT
+              WITH_LO: gl.constexpr, IN_FLIGHT: gl.constexpr = 1, step0=0, rotation=0):  # fmt: skip
+    """acc += A·B (and A_lo·B) over the ring's next ``k_steps`` buffers (the ring's steps ``step0`` on, ``rotation`` as
+    in :func:`load_steps`), IN_FLIGHT
     steps' MMAs running while the next is issued, each buffer handed back once its MMAs are done."""
     BUFFERS: gl.constexpr = a_bufs.type.shape[0]
     for step in range(k_steps):
         i = step0 + step
-        slot = i % BUFFERS
+        slot = (i + rotation) % BUFFERS
         mbarrier.wait(ready.index(slot), (i // BUFFERS) & 1)
         if A_K_MAJOR:
             acc = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot), acc, is_async=True)
@@ -101,11 +102,11 @@ def mma_steps(a_bufs, a_lo_bufs, b_bufs, ready, empty, k_steps, acc, A_K_MAJOR: 
             if WITH_LO:
                 acc = warpgroup_mma(a_lo_bufs.index(slot).permute((1, 0)), b_bufs.index(slot), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=IN_FLIGHT * (1 + WITH_LO), deps=(acc,))
-        mbarrier.arrive(empty.index((i + BUFFERS - IN_FLIGHT) % BUFFERS), count=1, pred=step >= IN_FLIGHT)
+        mbarrier.arrive(empty.index((i + rotation + BUFFERS - IN_FLIGHT) % BUFFERS), count=1, pred=step >= IN_FLIGHT)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     for j in gl.static_range(IN_FLIGHT):  # the last steps' buffers
         last = step0 + k_steps - IN_FLIGHT + j
-        mbarrier.arrive(empty.index(last % BUFFERS), count=1, pred=last >= step0)
+        mbarrier.arrive(empty.index((last + rotation) % BUFFERS), count=1, pred=last >= step0)
     return acc
 
 
@@ -151,13 +152,14 @@ def sum_partials(partials_ptr, tile, SPLITS: gl.constexpr, BLOCK_M: gl.constexpr
 
 @gluon.jit
 def tile_product(a_bufs, a_lo_bufs, b_bufs, ready, empty, k_steps, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                 A_K_MAJOR: gl.constexpr, WITH_LO: gl.constexpr, num_warps: gl.constexpr, step0=0):  # fmt: skip
-    """The fp32 [BLOCK_M, BLOCK_N] tile Σ A·B (and A_lo·B) over the ring's next ``k_steps`` buffers (the ring's steps
-    ``step0`` on), in the layout of the warpgroups' wgmma (``num_warps`` warps, each warpgroup 64 rows)."""
+                 A_K_MAJOR: gl.constexpr, WITH_LO: gl.constexpr, num_warps: gl.constexpr, rotation=0):  # fmt: skip
+    """The fp32 [BLOCK_M, BLOCK_N] tile Σ A·B (and A_lo·B) over the ring's first ``k_steps`` steps (step i in buffer
+    (i + ``rotation``) mod BUFFERS), in the layout of the warpgroups' wgmma (``num_warps`` warps, each warpgroup 64
+    rows)."""
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                      instr_shape=[16, BLOCK_N, 16])  # fmt: skip
     acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
-    return mma_steps(a_bufs, a_lo_bufs, b_bufs, ready, empty, k_steps, acc, A_K_MAJOR, WITH_LO, 1, step0)
+    return mma_steps(a_bufs, a_lo_bufs, b_bufs, ready, empty, k_steps, acc, A_K_MAJOR, WITH_LO, 1, 0, rotation)
 
 
 @gluon.jit
