@@ -458,7 +458,7 @@ def test_faithful_path_takes_the_gluon_forms_where_they_run():
             assert None not in (tiles.gluon_first_launch, tiles.gluon_second_launch), T
             rows[T] = (tiles.gluon_first_launch.block_m, tiles.gluon_second_launch.block_m)
             assert tiles.gluon_first_launch.early_dependents and tiles.gluon_second_launch.programmatic, T
-            assert tiles.gluon_first_launch.stores_in_flight, T
+            assert tiles.gluon_first_launch.stores_in_flight and tiles.gluon_first_launch.saved_tiles_early, T
             assert (tiles.gluon_first_launch, tiles.gluon_second_launch) == GLUON_FORMS[
                 max(first for first in GLUON_FORMS if first <= T)], T
         assert config(T, with_lo=False).gluon_first_launch is None, T  # the fast path: its own designs

@@ -118,14 +118,19 @@ CHAINED_LAUNCH_TOKENS = range(ONE_LAUNCH_MAX_TOKENS + 1, 1250)
 # Launch 1's dSwiGLU epilogue stores its four output halves at once, each through a saved tile's buffer once read
 # (``stores_in_flight``): 0.2-1.8 µs off at 129-8192 tokens by graph replay (4093 201.9 against 202.9 and 210.5
 # against 212.3, 8192 381.6 against 383.3), a tie at 1087 and 1571 (within ±0.3).
-_GLUON_WIDE = GluonFirstLaunchConfig(buffers=6, early_dependents=True, stores_in_flight=True)
+# Launch 1's loading warp asks for a dA tile's four saved tiles as soon as the main loop has released their buffers
+# (``saved_tiles_early``, the ring rotated so that its last K steps fall in its last buffers): ncu had the dSwiGLU
+# epilogue waiting for them 5% of launch 1's time at 8192 tokens. By graph replay, two runs, 0.1-1.3 µs off in 14 of
+# 17 pairs (4093 199.5 and 199.2 against 200.3 and 199.9, 7168 330.0 against 330.8, 8192 375.5 and 377.3 against
+# 376.8 and 377.6, 512 39.2 against 39.8), ties within ±0.3 in the rest (1321, 2447, a second 512).
+_GLUON_WIDE = GluonFirstLaunchConfig(buffers=6, early_dependents=True, stores_in_flight=True, saved_tiles_early=True)
 _GLUON_WIDE_D_A_FIRST = GluonFirstLaunchConfig(buffers=6, d_a_first=True, early_dependents=True,
-                                               stores_in_flight=True)
+                                               stores_in_flight=True, saved_tiles_early=True)
 _GLUON_TALL = GluonSecondLaunchConfig(block_m=64, warps=4, buffers=6, programmatic=True)
 _GLUON_TALL_GRAD_X_FIRST = GluonSecondLaunchConfig(block_m=64, warps=4, buffers=6, grad_x_first=True, programmatic=True)
 GLUON_FORMS = {  # from this many tokens: (launch 1, launch 2)
     0: (GluonFirstLaunchConfig(block_m=64, warps=4, buffers=8, d_a_first=True, early_dependents=True,
-                               stores_in_flight=True), _GLUON_TALL_GRAD_X_FIRST),
+                               stores_in_flight=True, saved_tiles_early=True), _GLUON_TALL_GRAD_X_FIRST),
     1100: (_GLUON_WIDE_D_A_FIRST, _GLUON_TALL_GRAD_X_FIRST),
     1400: (_GLUON_WIDE_D_A_FIRST, _GLUON_TALL),
     2300: (_GLUON_WIDE, GluonSecondLaunchConfig(programmatic=True)),
