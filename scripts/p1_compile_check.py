@@ -100,11 +100,12 @@ def compile_gluon_second_launch(config, with_lo: bool, num_tokens: int = 256):
     names = [name for name in kernel.arg_names if name.endswith("_desc")]
     descs = config.descriptors(x, weight, weight, halves, halves, x, weight, weight)
     arguments = dict(zip(names, descs, strict=True)) | dict(T="i32", I="i32", dx_partials_ptr="*fp32",
-                                                            dx_counters_ptr="*i32")  # fmt: skip
+                                                            dx_counters_ptr="*i32", trace_ptr="*i32")  # fmt: skip
     return compile_gluon_for_sm90(kernel, arguments, dict(WITH_LO=with_lo, BUFFERS=config.buffers,
                                                           GRAD_X_FIRST=config.grad_x_first,
                                                           PROGRAMMATIC=config.programmatic,
-                                                          GRAD_X_SPLITS=config.grad_x_splits, num_warps=config.warps),
+                                                          GRAD_X_SPLITS=config.grad_x_splits, TRACE=False,
+                                                          num_warps=config.warps),
                                   warps=config.warps, maxnreg=config.maxnreg)  # fmt: skip
 
 
@@ -121,13 +122,13 @@ def compile_gluon_first_launch(config, with_lo: bool, num_tokens: int = 256):
                                intermediate, halves, halves, down_weight)  # fmt: skip
     names = [name for name in kernel.arg_names if name.endswith("_desc")]
     arguments = dict(zip(names, descs, strict=True)) | dict(T="i32", I="i32", d_a_partials_ptr="*fp32",
-                                                            d_a_counters_ptr="*i32")  # fmt: skip
+                                                            d_a_counters_ptr="*i32", trace_ptr="*i32")  # fmt: skip
     return compile_gluon_for_sm90(kernel, arguments, dict(WITH_LO=with_lo, BUFFERS=config.buffers,
                                                           D_A_HALVES=config.d_a_halves, D_A_FIRST=config.d_a_first,
                                                           EARLY_DEPENDENTS=config.early_dependents,
                                                           STORES_IN_FLIGHT=config.stores_in_flight,
                                                           D_A_SPLITS=config.d_a_splits,
-                                                          SAVED_EARLY=config.saved_tiles_early,
+                                                          SAVED_EARLY=config.saved_tiles_early, TRACE=False,
                                                           num_warps=config.warps),
                                   warps=config.warps, maxnreg=config.maxnreg)  # fmt: skip
 

@@ -73,8 +73,9 @@ def main() -> None:
     descriptors = launch2.descriptors(*descriptor_args)
     grid = (launch2.programs(T, H, I),)
     unsplit = torch.empty(1, device="cuda", dtype=torch.float32)  # the dx splits' workspace, unused unsplit
-    scalars = (unsplit, unsplit.view(torch.int32), T, I, True, launch2.buffers, launch2.grad_x_first,
-               launch2.programmatic, launch2.grad_x_splits)
+    untraced = unsplit.view(torch.int32)  # the trace's placeholder (TRACE off)
+    scalars = (unsplit, unsplit.view(torch.int32), untraced, T, I, True, launch2.buffers, launch2.grad_x_first,
+               launch2.programmatic, launch2.grad_x_splits, False)
     options = dict(num_warps=launch2.warps, maxnreg=launch2.maxnreg)
     compiled = second_launch_kernel[grid](*descriptors, *scalars, **options)
     encoded = EncodedLaunch(compiled)

@@ -1012,6 +1012,55 @@ def test_gpu_gluon_split_tiles_deterministic_and_replayed_from_a_graph(candidate
     check_deterministic_and_replayed(candidate, "faithful", seed, T)
 
 
+def test_traced_programs_collects_only_gluon_launches_and_does_not_nest():
+    """The program-tracing context: calls of designs without Gluon launches (here, on the CPU) append nothing, and it
+    refuses to be entered twice."""
+    from moe_lib.swiglu_down.launch import swiglu_down_backward_triton, traced_programs
+
+    inputs = problems.make_inputs("swiglu_down_backward", 3, seed=0, hidden_size=32, intermediate_size=16)
+    with traced_programs() as traces:
+        if not torch.cuda.is_available():
+            swiglu_down_backward_triton(*inputs.values())
+            assert traces == []
+        with pytest.raises(RuntimeError, match="already inside"), traced_programs():
+            pass
+    with traced_programs() as again:  # usable again after the first has ended
+        assert again == []
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [128, 2447])
+def test_gpu_traced_programs_record_every_program_and_keep_the_results(T, seed):
+    """Under traced_programs the default's Gluon launches record one row per program (start ≤ proceed ≤ end on the
+    GPU's clock, an SM, a tile kind counted as the tiles are), and the call still matches float64."""
+    from moe_lib.swiglu_down.gluon_launch2 import TRACE_FIELDS
+    from moe_lib.swiglu_down.launch import choose_design, swiglu_down_backward_triton, traced_programs
+
+    inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device="cuda", distribution="harness")
+    H, I = inputs["x"].shape[1], inputs["gate_weight"].shape[0]
+    config = choose_design(T, H, I, interpreter=False, with_lo=True, max_programs=132)
+    with traced_programs() as traces:
+        for _ in range(2):  # the first call compiles the traced build
+            poison_allocator("cuda", 256 * 2**20)
+            got = swiglu_down_backward_triton(*inputs.values())
+        torch.cuda.synchronize()
+    check_against_float64(inputs, got, "faithful")
+    assert len(traces) == 2 and set(traces[-1]) == {"launch 1", "launch 2"}
+    expected = {"launch 1": (config.gluon_first_launch, H * I // (config.gluon_first_launch.block_m
+                                                                  * config.gluon_first_launch.grad_down_block_n)),
+                "launch 2": (config.gluon_second_launch, 2 * I * H // (config.gluon_second_launch.block_m
+                                                                      * config.gluon_second_launch.weight_block_n))}
+    for name, rows in traces[-1].items():
+        launch, weight_tiles = expected[name]
+        rows = rows.cpu()
+        fields = {field: rows[:, i] for i, field in enumerate(TRACE_FIELDS)}
+        assert rows.shape[0] == launch.programs(T, H, I), name
+        assert (fields["start_ns"] > 0).all() and (fields["proceed_ns"] >= fields["start_ns"]).all(), name
+        assert (fields["end_ns"] >= fields["proceed_ns"]).all(), name
+        assert ((fields["sm"] >= 0) & (fields["sm"] < 256)).all(), name
+        assert int((fields["kind"] == 0).sum()) == weight_tiles, name
+
+
 @pytest.mark.gpu
 def test_gpu_gluon_launches_as_one_graph_in_eager_calls(seed):
     """With ``gluon_as_one_graph`` an eager call whose kernels are compiled submits both launches as one CUDA graph,

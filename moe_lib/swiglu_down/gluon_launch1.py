@@ -40,8 +40,10 @@ from triton.language.extra.cuda import gdc_launch_dependents  # griddepcontrol.l
 from ..encoded_launch import descriptor, prepared_launch
 from ..tiling import cdiv
 from .gluon_launch2 import (
+    clock_stamp,
     count_in_partial,
     load_steps,
+    record_program,
     ring_barriers,
     store_tile,
     sum_partials,
@@ -237,6 +239,7 @@ def first_launch_kernel(
     dwd_desc,  # out: dWd [H, I] as [BLOCK_M, GRAD_DOWN_N] tiles (GRAD_DOWN_N = BLOCK_N or a divisor of it)
     d_a_partials_ptr,  # with D_A_SPLITS > 1: fp32 workspace [dA tiles, D_A_SPLITS, BLOCK_M, BLOCK_N]
     d_a_counters_ptr,  # with D_A_SPLITS > 1: int32 arrival counters, one per dA tile (they only grow)
+    trace_ptr,  # with TRACE: int64 [programs, 5], a row of gluon_launch2.TRACE_FIELDS per program
     T, I,
     WITH_LO: gl.constexpr,  # store dGate, dUp as hi/lo pairs (the faithful path); else hi alone
     BUFFERS: gl.constexpr,  # buffers of the ring
@@ -246,6 +249,7 @@ def first_launch_kernel(
     STORES_IN_FLIGHT: gl.constexpr,  # the dSwiGLU epilogue's four stores at once, through the saved tiles' buffers
     SAVED_EARLY: gl.constexpr,  # the loading warp asks for the saved tiles as the main loop frees their buffers
     D_A_SPLITS: gl.constexpr,  # programs a dA tile, each a piece of its K steps over H (a power of two; 1 if wide)
+    TRACE: gl.constexpr,  # record each program's start, end and SM (a diagnostic build: scripts/p1_program_trace.py)
     num_warps: gl.constexpr,  # of the multiplying partition (8: two warpgroups)
 ):  # fmt: skip
     BLOCK_M: gl.constexpr = dg_desc.block_type.shape[0]
@@ -256,6 +260,8 @@ def first_launch_kernel(
     grad_down_tiles_n = gl.cdiv(I, GRAD_DOWN_N)
     grad_down_tiles = gl.cdiv(dy_desc.shape[1], BLOCK_M) * grad_down_tiles_n
     pid = gl.program_id(0)
+    if TRACE:
+        start, sm = clock_stamp(pid)
     if EARLY_DEPENDENTS:  # once every program has started: launch 2's programs then wait for this launch's end
         gdc_launch_dependents()
     if D_A_FIRST:  # programs 0 .. dA tiles − 1 take dA's tiles, the rest dWd's
@@ -322,6 +328,8 @@ def first_launch_kernel(
                                                  saved_ready, gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc,
                                                  EARLY)),
             ], [1], [40])  # fmt: skip
+    if TRACE:
+        record_program(trace_ptr, gl.program_id(0), start, start, sm, (pid >= grad_down_tiles).to(gl.int32))
 
 
 @dataclass(frozen=True)
@@ -398,21 +406,23 @@ ENCODED_LAUNCHES: dict = {}  # (device, dtype, with_lo, config) → EncodedLaunc
 
 def prepare_first_launch_gluon(config: GluonFirstLaunchConfig, grad_output, down_weight, gate, gate_sigmoid,
                                gate_silu, up, intermediate, d_gate, d_up, grad_down_weight, d_a_workspace, *,
-                               with_lo: bool):  # fmt: skip
+                               with_lo: bool, trace=None):  # fmt: skip
     """Launch 1 in Gluon made ready: returns the callable that launches it (dGate, dUp into [1 or 2, T, I], hi and
     with ``with_lo`` lo; dWd). On a Hopper GPU; 16-bit contiguous operands whose rows TMA can address
     (``tma_launches.fits``), T ≥ 1. No host synchronisation. ``d_a_workspace``: (fp32 partials, int32 counters) of
-    the dA tiles' splits (``launch.SplitWorkspace``; unused with ``d_a_splits`` 1). As for launch 2
+    the dA tiles' splits (``launch.SplitWorkspace``; unused with ``d_a_splits`` 1). ``trace``: an int64 [programs, 5]
+    tensor for a row of ``gluon_launch2.TRACE_FIELDS`` per program (a build that records them), or None. As for launch 2
     (:func:`.gluon_launch2.prepare_second_launch_gluon`), the first call per device, dtype, ``with_lo`` and config
     compiles through Triton's JIT, later ones go to the compiled kernel's launcher."""
     T, H = grad_output.shape
     I = down_weight.shape[1]
     descriptors = config.descriptors(grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate,
                                      d_gate, d_up, grad_down_weight)  # fmt: skip
-    key = (grad_output.device, grad_output.dtype, with_lo, config)
+    key = (grad_output.device, grad_output.dtype, with_lo, config, trace is not None)
+    trace_or_placeholder = d_a_workspace[1] if trace is None else trace
     return prepared_launch(ENCODED_LAUNCHES, key, first_launch_kernel, config.programs(T, H, I),
-                           (*descriptors, *d_a_workspace, T, I, with_lo, config.buffers, config.d_a_halves,
-                            config.d_a_first, config.early_dependents, config.stores_in_flight,
-                            config.saved_tiles_early, config.d_a_splits),
+                           (*descriptors, *d_a_workspace, trace_or_placeholder, T, I, with_lo, config.buffers,
+                            config.d_a_halves, config.d_a_first, config.early_dependents, config.stores_in_flight,
+                            config.saved_tiles_early, config.d_a_splits, trace is not None),
                            warps=config.warps, maxnreg=config.maxnreg,
                            device=grad_output.device)  # fmt: skip

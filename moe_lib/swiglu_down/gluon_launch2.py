@@ -42,6 +42,31 @@ from triton.language.extra.cuda import gdc_wait  # griddepcontrol.wait
 from ..encoded_launch import descriptor, prepared_launch
 from ..tiling import cdiv
 
+TRACE_FIELDS = ("start_ns", "proceed_ns", "end_ns", "sm", "kind")  # a traced program's row (see record_program)
+
+
+@gluon.jit
+def clock_stamp(anchor):
+    """(the GPU's global timer in ns, this program's SM); ``anchor``: any int32 scalar (the asm's input)."""
+    now = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [anchor], dtype=gl.int64, is_pure=False,
+                                    pack=1)  # fmt: skip
+    sm = gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [anchor], dtype=gl.int32, is_pure=True, pack=1)
+    return now, sm
+
+
+@gluon.jit
+def record_program(trace_ptr, program, start, proceed, sm, kind):
+    """A traced program's row of TRACE_FIELDS: when it started, when it could go on (launch 2 issued by programmatic
+    dependent launch: past its wait for launch 1), when it ended (now), its SM and its tile kind (0: the
+    weight-gradient tiles that reduce over T, 1: the tiles of fixed length, dA's or dx's)."""
+    end, _ = clock_stamp(program)
+    row = trace_ptr + program.to(gl.int64) * 5
+    gl.store(row, start)
+    gl.store(row + 1, proceed)
+    gl.store(row + 2, end)
+    gl.store(row + 3, sm.to(gl.int64))
+    gl.store(row + 4, kind.to(gl.int64))
+
 
 @gluon.jit
 def ring_barriers(BUFFERS: gl.constexpr):
@@ -234,12 +259,14 @@ def second_launch_kernel(
     dx_desc,  # out: dx [T, H] as [BLOCK_M, BLOCK_N] tiles
     dx_partials_ptr,  # with GRAD_X_SPLITS > 1: fp32 workspace [dx tiles, GRAD_X_SPLITS, BLOCK_M, BLOCK_N]
     dx_counters_ptr,  # with GRAD_X_SPLITS > 1: int32 arrival counters, one per dx tile (they only grow)
+    trace_ptr,  # with TRACE: int64 [programs, 5], a row of TRACE_FIELDS per program
     T, I,
     WITH_LO: gl.constexpr,  # both halves of dG, dU (the faithful path); else the hi halves alone
     BUFFERS: gl.constexpr,  # buffers of the ring
     GRAD_X_FIRST: gl.constexpr,  # dx's tiles take the first program ids (else dWg's and dWu's do)
     PROGRAMMATIC: gl.constexpr,  # issued by programmatic dependent launch: wait for launch 1 before anything else
     GRAD_X_SPLITS: gl.constexpr,  # programs a dx tile, each a piece of its K steps (a power of two)
+    TRACE: gl.constexpr,  # record each program's start, end and SM (a diagnostic build: scripts/p1_program_trace.py)
     num_warps: gl.constexpr,  # of the multiplying partition (8: two warpgroups)
 ):  # fmt: skip
     BLOCK_M: gl.constexpr = dx_desc.block_type.shape[0]
@@ -251,6 +278,9 @@ def second_launch_kernel(
     weight_tiles_n = gl.cdiv(dx_desc.shape[1], WEIGHT_N)
     weight_tiles = gl.cdiv(I, BLOCK_M) * weight_tiles_n  # of dWg, and as many of dWu
     pid = gl.program_id(0)
+    if TRACE:
+        start, sm = clock_stamp(pid)
+        proceed = start
     if GRAD_X_FIRST:  # programs 0 .. dx tiles − 1 take dx's tiles, the rest the weight-gradient ones
         pid = (pid + 2 * weight_tiles) % gl.num_programs(0)
     a_bufs = gl.allocate_shared_memory(dg_desc.dtype, [BUFFERS] + dg_desc.block_type.shape, dg_desc.layout)
@@ -267,6 +297,8 @@ def second_launch_kernel(
     ready, empty = ring_barriers(BUFFERS)
     if PROGRAMMATIC:  # the ring is set up; dG, dU are launch 1's: wait until its writes are visible
         gdc_wait()
+        if TRACE:
+            proceed, _ = clock_stamp(pid)
     if pid < 2 * weight_tiles:  # dWg's tiles, then dWu's: Σ_t A[t, m] x[t, n] over the T tokens
         tile = pid % weight_tiles
         off_m = (tile // weight_tiles_n) * BLOCK_M
@@ -294,6 +326,8 @@ def second_launch_kernel(
             (grad_x_load_partition, (dg_desc, dg_lo_desc, wg_desc, du_desc, du_lo_desc, wu_desc, a_bufs, a_lo_bufs,
                                      b_bufs, ready, empty, off_m, off_n, half_steps, first_step, end_step, WITH_LO)),
         ], [1], [40])  # fmt: skip
+    if TRACE:
+        record_program(trace_ptr, gl.program_id(0), start, proceed, sm, (pid >= 2 * weight_tiles).to(gl.int32))
 
 
 @dataclass(frozen=True)
@@ -352,11 +386,13 @@ ENCODED_LAUNCHES: dict = {}  # (device, dtype, with_lo, config) → EncodedLaunc
 
 
 def prepare_second_launch_gluon(config: GluonSecondLaunchConfig, x, gate_weight, up_weight, d_gate, d_up, grad_x,
-                                grad_gate_weight, grad_up_weight, grad_x_workspace, *, with_lo: bool):  # fmt: skip
+                                grad_gate_weight, grad_up_weight, grad_x_workspace, *, with_lo: bool,
+                                trace=None):  # fmt: skip
     """Launch 2 in Gluon made ready before launch 1: returns the callable that launches it (dx, dWg and dWu from
     dGate, dUp: [1 or 2, T, I], hi and with ``with_lo`` lo). On a Hopper GPU; 16-bit contiguous operands whose rows
     TMA can address (``tma_launches.fits``), T ≥ 1. No host synchronisation. ``grad_x_workspace``: (fp32 partials,
-    int32 counters) of the dx tiles' splits (``launch.SplitWorkspace``; unused with ``grad_x_splits`` 1).
+    int32 counters) of the dx tiles' splits (``launch.SplitWorkspace``; unused with ``grad_x_splits`` 1). ``trace``: an
+    int64 [programs, 5] tensor for a row of TRACE_FIELDS per program (a build of the kernel that records them), or None.
 
     In NVIDIA's method the host time between launch 1 and launch 2 shows in the span wherever it exceeds launch 1's
     GPU time. Triton's ``kernel[grid](...)`` builds, binds and specialises the 14 descriptors and encodes them on the
@@ -369,9 +405,10 @@ def prepare_second_launch_gluon(config: GluonSecondLaunchConfig, x, gate_weight,
     I = gate_weight.shape[0]
     descriptors = config.descriptors(x, gate_weight, up_weight, d_gate, d_up, grad_x, grad_gate_weight,
                                      grad_up_weight)  # fmt: skip
-    key = (x.device, x.dtype, with_lo, config)
+    key = (x.device, x.dtype, with_lo, config, trace is not None)
+    trace_or_placeholder = grad_x_workspace[1] if trace is None else trace
     return prepared_launch(ENCODED_LAUNCHES, key, second_launch_kernel, config.programs(T, H, I),
-                           (*descriptors, *grad_x_workspace, T, I, with_lo, config.buffers, config.grad_x_first,
-                            config.programmatic, config.grad_x_splits),
+                           (*descriptors, *grad_x_workspace, trace_or_placeholder, T, I, with_lo, config.buffers,
+                            config.grad_x_first, config.programmatic, config.grad_x_splits, trace is not None),
                            warps=config.warps, maxnreg=config.maxnreg, device=x.device,
                            options=dict(launch_pdl=True) if config.programmatic else None)  # fmt: skip

@@ -10,6 +10,7 @@ nothing is split).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass
 
@@ -21,7 +22,7 @@ from ..tiling import cdiv
 from . import kernels
 from .checks import check_precision
 from .gluon_launch1 import GluonFirstLaunchConfig, prepare_first_launch_gluon
-from .gluon_launch2 import GluonSecondLaunchConfig, prepare_second_launch_gluon
+from .gluon_launch2 import TRACE_FIELDS, GluonSecondLaunchConfig, prepare_second_launch_gluon
 from .tma_launches import (
     TmaFirstLaunchConfig,
     TmaSecondLaunchConfig,
@@ -378,6 +379,27 @@ def dot_flags(x: torch.Tensor) -> tuple[bool, str]:
     return interpreter_enabled(), ("ieee" if x.dtype == torch.float32 else "tf32")
 
 
+_PROGRAM_TRACES: list | None = None  # set inside traced_programs(): where the calls' program traces go
+
+
+@contextlib.contextmanager
+def traced_programs():
+    """A diagnostic: inside it, the faithful path's Gluon launches run a build that records, per program, when it
+    started, when it could go on (launch 2: past its wait for launch 1), when it ended (the GPU's global timer, ns), its
+    SM and its tile kind (0: the weight-gradient tiles, 1: dA's or dx's). Yields a list; each call inside appends
+    {"launch 1": tensor, "launch 2": tensor}, int64 [programs, len(TRACE_FIELDS)], filled as the launches run (on the
+    device, so read them after a synchronisation). Calls of other designs append nothing.
+    ``scripts/p1_program_trace.py`` reads them."""
+    global _PROGRAM_TRACES
+    if _PROGRAM_TRACES is not None:
+        raise RuntimeError("traced_programs: already inside one")
+    _PROGRAM_TRACES = []
+    try:
+        yield _PROGRAM_TRACES
+    finally:
+        _PROGRAM_TRACES = None
+
+
 def swiglu_down_backward_triton(
     grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate,
     *, config=None, precision: str = "faithful",
@@ -423,24 +445,34 @@ def swiglu_down_backward_triton(
     gluon_launch1, gluon_launch2 = config.gluon_first_launch, config.gluon_second_launch
     if (gluon_launch1 is not None or gluon_launch2 is not None) and not gluon:
         gluon_launch1 = gluon_launch2 = None  # the Triton launches instead
+    traces = {}  # with traced_programs(): a row per program of each Gluon launch
+    if _PROGRAM_TRACES is not None:
+        for name, launch in (("launch 1", gluon_launch1), ("launch 2", gluon_launch2)):
+            if launch is not None:
+                traces[name] = torch.zeros((launch.programs(T, H, I), len(TRACE_FIELDS)), dtype=torch.int64,
+                                           device=x.device)  # fmt: skip
+        if traces:
+            _PROGRAM_TRACES.append(traces)
     if gluon_launch2 is not None:  # made ready before launch 1: between the launches only the launch
         grad_x_workspace = SplitWorkspace.for_tiles("gluon dx", gluon_launch2.grad_x_tiles(T, H),
                                                     gluon_launch2.grad_x_splits, gluon_launch2.block_m,
                                                     gluon_launch2.block_n, x.device)  # fmt: skip
         launch_gluon_second_launch = prepare_second_launch_gluon(gluon_launch2, x, gate_weight, up_weight, d_gate,
                                                                  d_up, grad_x, grad_gate_weight, grad_up_weight,
-                                                                 grad_x_workspace, with_lo=with_lo)  # fmt: skip
+                                                                 grad_x_workspace, with_lo=with_lo,
+                                                                 trace=traces.get("launch 2"))  # fmt: skip
     if gluon_launch1 is not None:
         d_a_workspace = SplitWorkspace.for_tiles("gluon dA", gluon_launch1.d_a_tiles(T, I), gluon_launch1.d_a_splits,
                                                  gluon_launch1.block_m, gluon_launch1.block_n, x.device)  # fmt: skip
         launch_gluon_first_launch = prepare_first_launch_gluon(gluon_launch1, grad_output, down_weight, gate,
                                                                gate_sigmoid, gate_silu, up, intermediate, d_gate, d_up,
-                                                               grad_down_weight, d_a_workspace,
-                                                               with_lo=with_lo)  # fmt: skip
+                                                               grad_down_weight, d_a_workspace, with_lo=with_lo,
+                                                               trace=traces.get("launch 1"))  # fmt: skip
         if config.gluon_as_one_graph and gluon_launch2 is not None:
             both = (launch_gluon_first_launch, launch_gluon_second_launch)
             if can_launch_as_one_graph(both):
-                launch_as_one_graph((x.device, x.dtype, with_lo, gluon_launch1, gluon_launch2, T, H, I), both, x.device)
+                launch_as_one_graph((x.device, x.dtype, with_lo, gluon_launch1, gluon_launch2, T, H, I, bool(traces)),
+                                    both, x.device)  # fmt: skip
                 return outputs
         launch_gluon_first_launch()
     elif config.tma_first_launch is not None and tma:
