@@ -787,6 +787,29 @@ def programmatic_launch_gains(path=PROGRAMMATIC_LAUNCH_FILE) -> pd.DataFrame:
     return pd.DataFrame({name: times[name] - times[f"{name}_pdl"] for name in forms}).dropna(how="all")
 
 
+SAVED_TILES_EARLY_FILE = TUNING_DIR / "2026-12-02-p1-saved-tiles-early.json"
+SPLIT_TILES_FILE = TUNING_DIR / "2026-12-02-p1-split-tiles.json"
+
+
+def saved_tiles_early_gains(path=SAVED_TILES_EARLY_FILE) -> pd.DataFrame:
+    """What asking for launch 1's saved tiles from the loading warp, as the main loop frees their buffers, saves each
+    Gluon form: per num_tokens (rows) and form (columns), the form's µs by graph replay minus its ``_early``
+    candidate's (the median over the committed runs); forms measured only one way left out."""
+    times = p1_tune_runs_times(path)
+    forms = [name for name in times.columns if f"{name}_early" in times.columns]
+    return pd.DataFrame({name: times[name] - times[f"{name}_early"] for name in forms}).dropna(how="all")
+
+
+def split_tiles_slowdown(path=SPLIT_TILES_FILE) -> pd.DataFrame:
+    """dA's and dx's reductions split over programs, against the 65-1099 band's form unsplit: per num_tokens (rows)
+    and split candidate (columns, ``gluon12_m64_daA_dxX`` on 64-row tiles, ``gluon12_m128_*`` on 128-row tiles), the
+    candidate's µs by graph replay over the unsplit form's (above 1: slower)."""
+    times = p1_tune_runs_times(path)
+    base = times["gluon12_m64_lf_pdl_sif_graph"]
+    splits = [name for name in times.columns if "_da" in name]
+    return times[splits].div(base, axis=0)
+
+
 def gluon_forms_table(token_counts, hidden_size: int, intermediate_size: int) -> pd.DataFrame:
     """The form of the Gluon launches the faithful path takes per token count where they run
     (:data:`~moe_lib.swiglu_down.launch.GLUON_FORMS`): each launch's tile height, ring depth, and whether its tiles of
@@ -802,7 +825,8 @@ def gluon_forms_table(token_counts, hidden_size: int, intermediate_size: int) ->
             continue
         rows[T] = {"launch 1 rows": first.block_m, "launch 1 ring": first.buffers, "dA tiles first": first.d_a_first,
                    "launch 2 rows": second.block_m, "launch 2 ring": second.buffers,
-                   "dx tiles first": second.grad_x_first, "launch 2 early": second.programmatic}  # fmt: skip
+                   "dx tiles first": second.grad_x_first, "launch 2 early": second.programmatic,
+                   "saved tiles early": first.saved_tiles_early}  # fmt: skip
     return pd.DataFrame.from_dict(rows, orient="index").rename_axis("num_tokens")
 
 
