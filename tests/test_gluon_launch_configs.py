@@ -95,3 +95,10 @@ def test_splits_are_powers_of_two(splits):
 def test_wide_dA_tiles_are_not_split():
     with pytest.raises(ValueError, match="not split"):
         GluonFirstLaunchConfig(d_a_block_n=256, d_a_splits=2)
+
+
+@pytest.mark.parametrize("fields", [dict(d_a_splits=2), dict(d_a_block_n=256)])
+def test_saved_tiles_early_only_on_unsplit_dA_tiles_block_n_wide(fields):
+    with pytest.raises(ValueError, match="saved_tiles_early"):
+        GluonFirstLaunchConfig(saved_tiles_early=True, **fields)
+    assert GluonFirstLaunchConfig(saved_tiles_early=True).saved_tiles_early

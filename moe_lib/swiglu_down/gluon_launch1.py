@@ -374,6 +374,9 @@ class GluonFirstLaunchConfig:
             raise ValueError(f"config: d_a_splits must be a power of two, got {self.d_a_splits}")
         if self.d_a_splits > 1 and self.d_a_block_n != self.block_n:
             raise ValueError("config: the wide dA tiles (d_a_block_n twice block_n) are not split: d_a_splits 1")
+        if self.saved_tiles_early and (self.d_a_splits > 1 or self.d_a_block_n != self.block_n):
+            raise ValueError("config: saved_tiles_early takes dA tiles block_n wide and unsplit (only the split that "
+                             "arrives last, or each half of a wide tile in turn, asks for saved tiles)")  # fmt: skip
 
     @property
     def d_a_halves(self) -> int:
