@@ -111,8 +111,8 @@ def load_steps(a_desc, a_lo_desc, b_desc, a_bufs, a_lo_bufs, b_bufs, ready, empt
 def mma_steps(a_bufs, a_lo_bufs, b_bufs, ready, empty, k_steps, acc, A_K_MAJOR: gl.constexpr,
               WITH_LO: gl.constexpr, IN_FLIGHT: gl.constexpr = 1, step0=0, rotation=0):  # fmt: skip
     """acc += A·B (and A_lo·B) over the ring's next ``k_steps`` buffers (the ring's steps ``step0`` on, ``rotation`` as
-    in :func:`load_steps`), IN_FLIGHT
-    steps' MMAs running while the next is issued, each buffer handed back once its MMAs are done."""
+    in :func:`load_steps`), IN_FLIGHT steps' MMAs running while the next is issued, each buffer handed back once its
+    MMAs are done."""
     BUFFERS: gl.constexpr = a_bufs.type.shape[0]
     for step in range(k_steps):
         i = step0 + step
