@@ -351,14 +351,28 @@ class SplitWorkspace:
     @classmethod
     def for_tiles(cls, slot: str, num_tiles: int, split: int, block_m: int, block_n: int, device: torch.device):
         """(partials, counters) of ``num_tiles`` tiles of [block_m, block_n], each split over ``split`` programs
-        (one-element placeholders where nothing is split)."""
+        (one-element placeholders, which no kernel reads or writes, where nothing is split)."""
         if split == 1 or num_tiles == 0:
-            empty = allocate((1,), dtype=torch.float32, device=device)
-            return empty, empty.view(torch.int32)
+            return cls.placeholders(device)
         if split & (split - 1):
             raise ValueError(f"config: SPLIT must be a power of two, got {split}")
         partials = allocate((num_tiles * split * block_m * block_n,), dtype=torch.float32, device=device)
         return partials, cls.counters(slot, split, num_tiles, device)
+
+    _placeholders: dict = {}  # str(device) -> (one fp32 element, the same as int32), kept
+
+    @classmethod
+    def placeholders(cls, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The workspace arguments of a tile kind that is not split: one element, allocated once per device (not
+        every call: an unsplit kind's kernel arguments are never dereferenced)."""
+        pair = cls._placeholders.get(str(device))
+        if pair is None:
+            empty = allocate((1,), dtype=torch.float32, device=device)
+            pair = (empty, empty.view(torch.int32))
+            capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+            if not capturing:  # memory of a graph's private pool must not outlive the graph
+                cls._placeholders[str(device)] = pair
+        return pair
 
     @classmethod
     def counters(cls, slot: str, split: int, size: int, device: torch.device) -> torch.Tensor:
