@@ -315,18 +315,18 @@ def first_launch_kernel(
         else:
             split_steps_here = gl.maximum(gl.minimum(split_steps, k_steps - first_step), 0)
             # with the saved tiles asked for early, the ring starts where its last step falls in its last buffer
-            EARLY: gl.constexpr = SAVED_EARLY and D_A_SPLITS == 1
-            rotation = (BUFFERS - split_steps_here % BUFFERS) % BUFFERS if EARLY else 0
+            gl.static_assert(not (SAVED_EARLY and D_A_SPLITS > 1), "split dA tiles ask for their saved tiles late")
+            rotation = (BUFFERS - split_steps_here % BUFFERS) % BUFFERS if SAVED_EARLY else 0
             gl.warp_specialize([
                 (d_intermediate_partition, (a_bufs, b_bufs, ready, empty, saved_a, saved_b, saved_ready, gate_desc,
                                             gate_sigmoid_desc, gate_silu_desc, up_desc, dg_desc, dg_lo_desc, du_desc,
                                             du_lo_desc, c_smem, off_m, off_n, split_steps_here, rotation,
                                             d_a_partials_ptr, d_a_counters_ptr, tile, split, WITH_LO,
-                                            STORES_IN_FLIGHT, D_A_SPLITS, EARLY, num_warps)),
+                                            STORES_IN_FLIGHT, D_A_SPLITS, SAVED_EARLY, num_warps)),
                 (d_intermediate_load_partition, (dy_desc, wd_desc, a_bufs, b_bufs, ready, empty, off_m, off_n,
                                                  split_steps_here, first_step * BLOCK_K, rotation, saved_a, saved_b,
                                                  saved_ready, gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc,
-                                                 EARLY)),
+                                                 SAVED_EARLY)),
             ], [1], [40])  # fmt: skip
     if TRACE:
         record_program(trace_ptr, gl.program_id(0), start, start, sm, (pid >= grad_down_tiles).to(gl.int32))

@@ -145,6 +145,16 @@ def store_tile(acc, c_desc, c_smem, off_m, off_n):
 
 
 @gluon.jit
+def partial_offsets(partials_ptr, tile, SPLITS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                    layout: gl.constexpr):  # fmt: skip
+    """(tile ``tile``'s first partial in the workspace [tiles, SPLITS, BLOCK_M, BLOCK_N], a partial's element offsets
+    in ``layout``)."""
+    offsets = (gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))[:, None] * BLOCK_N
+               + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))[None, :])  # fmt: skip
+    return partials_ptr + tile.to(gl.int64) * (SPLITS * BLOCK_M * BLOCK_N), offsets
+
+
+@gluon.jit
 def count_in_partial(acc, partials_ptr, counters_ptr, tile, split, SPLITS: gl.constexpr):
     """Split ``split`` of output tile ``tile`` parks its fp32 partial ``acc`` in the workspace (``partials_ptr``:
     [tiles, SPLITS, BLOCK_M, BLOCK_N]) and counts itself in on the tile's counter; returns whether it arrived last.
@@ -153,9 +163,7 @@ def count_in_partial(acc, partials_ptr, counters_ptr, tile, split, SPLITS: gl.co
     BLOCK_M: gl.constexpr = acc.shape[0]
     BLOCK_N: gl.constexpr = acc.shape[1]
     layout: gl.constexpr = acc.type.layout
-    offsets = (gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))[:, None] * BLOCK_N
-               + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))[None, :])  # fmt: skip
-    tile_partials = partials_ptr + tile.to(gl.int64) * (SPLITS * BLOCK_M * BLOCK_N)
+    tile_partials, offsets = partial_offsets(partials_ptr, tile, SPLITS, BLOCK_M, BLOCK_N, layout)
     gl.store(tile_partials + split * (BLOCK_M * BLOCK_N) + offsets, acc)
     gl.thread_barrier()  # every thread's part of the partial is stored before the arrival is counted
     arrived = gl.atomic_add(counters_ptr + tile, 1, sem="acq_rel", scope="gpu")
@@ -166,9 +174,7 @@ def count_in_partial(acc, partials_ptr, counters_ptr, tile, split, SPLITS: gl.co
 def sum_partials(partials_ptr, tile, SPLITS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                  layout: gl.constexpr):  # fmt: skip
     """Σ_s partial_s of tile ``tile`` in split order, so the same sum whichever split arrived last (in ``layout``)."""
-    offsets = (gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))[:, None] * BLOCK_N
-               + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))[None, :])  # fmt: skip
-    tile_partials = partials_ptr + tile.to(gl.int64) * (SPLITS * BLOCK_M * BLOCK_N)
+    tile_partials, offsets = partial_offsets(partials_ptr, tile, SPLITS, BLOCK_M, BLOCK_N, layout)
     total = gl.load(tile_partials + offsets, cache_modifier=".cg")
     for s in range(1, SPLITS):  # a loop, not unrolled: one partial in flight beside the sum, so nothing spills
         total += gl.load(tile_partials + s * (BLOCK_M * BLOCK_N) + offsets, cache_modifier=".cg")
