@@ -782,9 +782,16 @@ def programmatic_launch_gains(path=PROGRAMMATIC_LAUNCH_FILE) -> pd.DataFrame:
     (columns), the form's µs by graph replay plainly issued minus its ``_pdl`` candidate's (launch 1 letting launch 2
     start as each of its programs starts), from the committed ``scripts/p1_tune.py`` runs; forms measured only one
     way left out."""
+    return gains_of_variant(path, "_pdl")
+
+
+def gains_of_variant(path, suffix: str) -> pd.DataFrame:
+    """Per num_tokens (rows) and form (columns), the form's µs by graph replay minus its variant's (the candidate named
+    as the form with ``suffix``), the median over a file's ``scripts/p1_tune.py`` runs; forms measured only one way
+    left out."""
     times = p1_tune_runs_times(path)
-    forms = [name for name in times.columns if f"{name}_pdl" in times.columns]
-    return pd.DataFrame({name: times[name] - times[f"{name}_pdl"] for name in forms}).dropna(how="all")
+    forms = [name for name in times.columns if f"{name}{suffix}" in times.columns]
+    return pd.DataFrame({name: times[name] - times[f"{name}{suffix}"] for name in forms}).dropna(how="all")
 
 
 SAVED_TILES_EARLY_FILE = TUNING_DIR / "2026-12-02-p1-saved-tiles-early.json"
@@ -795,9 +802,7 @@ def saved_tiles_early_gains(path=SAVED_TILES_EARLY_FILE) -> pd.DataFrame:
     """What asking for launch 1's saved tiles from the loading warp, as the main loop frees their buffers, saves each
     Gluon form: per num_tokens (rows) and form (columns), the form's µs by graph replay minus its ``_early``
     candidate's (the median over the committed runs); forms measured only one way left out."""
-    times = p1_tune_runs_times(path)
-    forms = [name for name in times.columns if f"{name}_early" in times.columns]
-    return pd.DataFrame({name: times[name] - times[f"{name}_early"] for name in forms}).dropna(how="all")
+    return gains_of_variant(path, "_early")
 
 
 def split_tiles_slowdown(path=SPLIT_TILES_FILE) -> pd.DataFrame:
