@@ -68,7 +68,10 @@ def compile_gluon_for_sm90(kernel, arguments: dict, constexprs: dict, *, warps: 
     signature = {name: "constexpr" if name in constexprs else arguments[name] if isinstance(arguments[name], str)
                  else native_specialize_impl(BaseBackend, arguments[name], False, True, True)[0]
                  for name in kernel.arg_names}  # fmt: skip
-    return triton.compile(GluonASTSource(kernel, signature, constexprs), target=HOPPER,
+    # pointers 16-byte aligned, as the JIT specialises the arguments of torch's allocations (vector loads need it)
+    aligned = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]]
+               for name, kind in signature.items() if kind.startswith("*")}  # fmt: skip
+    return triton.compile(GluonASTSource(kernel, signature, constexprs, aligned), target=HOPPER,
                           options=dict(num_warps=warps, maxnreg=maxnreg))  # fmt: skip
 
 

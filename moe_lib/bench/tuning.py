@@ -353,6 +353,14 @@ for _base in ("gluon12_m64_lf_pdl_sif_graph", "gluon12_l2m64_lf_pdl_sif_graph", 
     P1_CANDIDATES[f"{_base}_early"] = dataclasses.replace(P1_CANDIDATES[_base], gluon_first_launch=dataclasses.replace(
         P1_CANDIDATES[_base].gluon_first_launch, saved_tiles_early=True))
 
+# the 65-1099 token band's default (early saved tiles) with dx's reduction over 2I split over 2, 4 or 8 programs a tile,
+# the last to arrive summing the partials row block by row block in 16-byte loads: at 65-256 tokens the 16 dx tiles
+# each run the whole K = 2I (hi and lo) on one SM and end the call ~9 us after launch 2's other tiles
+_M64_EARLY = P1_CANDIDATES["gluon12_m64_lf_pdl_sif_graph_early"]
+for _d_x in (2, 4, 8):
+    P1_CANDIDATES[f"gluon12_m64_early_dx{_d_x}"] = dataclasses.replace(_M64_EARLY, gluon_second_launch=(
+        dataclasses.replace(_M64_EARLY.gluon_second_launch, grad_x_splits=_d_x)))
+
 # kernel G's settings as the P2 scripts spell them (FIELD=VALUE), and the FusedDxConfig fields they set
 FUSED_DX_FIELDS = {"gate_up_dx_tile": ("block_i", "block_h", "block_rows"), "warps_g": ("warps",),
                    "stages_g": ("stages",)}  # fmt: skip

@@ -182,6 +182,34 @@ def sum_partials(partials_ptr, tile, SPLITS: gl.constexpr, BLOCK_M: gl.constexpr
 
 
 @gluon.jit
+def store_sum_of_partials(partials_ptr, tile, c_desc, c_smem, off_m, off_n, SPLITS: gl.constexpr,
+                          num_warps: gl.constexpr):  # fmt: skip
+    """The last split of output tile ``tile`` to arrive: Σ_s partial_s in split order (the same bits as
+    :func:`sum_partials`) into ``c_smem`` in c_desc's dtype, then out by TMA. Row block by row block, each thread's
+    16-byte loads of every split's block in flight at once, so the sum needs no more registers than the tile
+    (``num_warps`` warps: 128 fp32 a thread a block; the whole tile in the wgmma layout beside one partial would take
+    twice that, and the loads then go out a few at a time)."""
+    BLOCK_M: gl.constexpr = c_smem.type.shape[0]
+    BLOCK_N: gl.constexpr = c_smem.type.shape[1]
+    FITTING_ROWS: gl.constexpr = 128 * 32 * num_warps // (SPLITS * BLOCK_N)
+    ROWS: gl.constexpr = BLOCK_M if FITTING_ROWS > BLOCK_M else FITTING_ROWS
+    gl.static_assert(BLOCK_M % ROWS == 0, "the row blocks tile the output tile")
+    layout: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [num_warps, 1], [1, 0])
+    offsets = (gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))[:, None] * BLOCK_N
+               + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))[None, :])  # fmt: skip
+    tile_partials = partials_ptr + tile.to(gl.int64) * (SPLITS * BLOCK_M * BLOCK_N)
+    tma.store_wait(pendings=0)  # c_smem is free
+    for row in gl.static_range(0, BLOCK_M, ROWS):
+        block = tile_partials + row * BLOCK_N + offsets
+        total = gl.load(block, cache_modifier=".cg")
+        for s in gl.static_range(1, SPLITS):
+            total += gl.load(block + s * (BLOCK_M * BLOCK_N), cache_modifier=".cg")
+        c_smem.slice(row, ROWS, dim=0).store(total.to(c_desc.dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)
+
+
+@gluon.jit
 def tile_product(a_bufs, a_lo_bufs, b_bufs, ready, empty, k_steps, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                  A_K_MAJOR: gl.constexpr, WITH_LO: gl.constexpr, num_warps: gl.constexpr, rotation=0):  # fmt: skip
     """The fp32 [BLOCK_M, BLOCK_N] tile Σ A·B (and A_lo·B) over the ring's first ``k_steps`` steps (step i in buffer
@@ -221,9 +249,7 @@ def grad_x_partition(a_bufs, a_lo_bufs, b_bufs, ready, empty, dx_desc, c_smem, o
     if SPLITS == 1:
         store_tile(acc, dx_desc, c_smem, off_m, off_n)
     elif count_in_partial(acc, partials_ptr, counters_ptr, tile, split, SPLITS):
-        layout: gl.constexpr = acc.type.layout
-        total = sum_partials(partials_ptr, tile, SPLITS, acc.shape[0], acc.shape[1], layout)
-        store_tile(total, dx_desc, c_smem, off_m, off_n)
+        store_sum_of_partials(partials_ptr, tile, dx_desc, c_smem, off_m, off_n, SPLITS, num_warps)
     tma.store_wait(pendings=0)
 
 
