@@ -461,8 +461,11 @@ def test_faithful_path_takes_the_gluon_forms_where_they_run():
             assert tiles.gluon_first_launch.stores_in_flight and tiles.gluon_first_launch.saved_tiles_early, T
             assert (tiles.gluon_first_launch, tiles.gluon_second_launch) == GLUON_FORMS[
                 max(first for first in GLUON_FORMS if first <= T)], T
-        assert config(T, with_lo=False).gluon_first_launch is None, T  # the fast path: its own designs
+        # the fast path: the same forms without the lo halves to 256 tokens, its own designs beyond
+        assert (config(T, with_lo=False).gluon_first_launch is None) == (T > 256), T
         assert config(T, interpreter=True).gluon_first_launch is None, T
+    splits = {T: config(T).gluon_second_launch.grad_x_splits for T in (65, 128, 129, 256, 257, 8192)}
+    assert splits == {65: 4, 128: 4, 129: 2, 256: 2, 257: 1, 8192: 1}  # dx's K split where its tiles are few
     assert rows == {65: (64, 64), 129: (64, 64), 512: (64, 64), 1099: (64, 64), 1100: (128, 64), 1399: (128, 64),
                     1400: (128, 64), 2299: (128, 64), 2300: (128, 128), 3300: (128, 64), 4600: (128, 128),
                     8192: (128, 128), 12288: (128, 128)}
@@ -476,9 +479,11 @@ def test_faithful_path_takes_the_gluon_forms_where_they_run():
 
 
 def test_design_by_token_count():
-    """The fast path on cuBLAS GEMMs from LIBRARY_GEMMS_MIN_TOKENS on, with 16-bit inputs on a GPU only; the
-    Triton designs below, with fp32 inputs, under the interpreter and on the faithful path."""
+    """The fast path on cuBLAS GEMMs from LIBRARY_GEMMS_MIN_TOKENS on, with 16-bit inputs on a GPU only, but in
+    GLUON_FAST_TOKENS on the Gluon launches where they run; the Triton designs below, with fp32 inputs, under the
+    interpreter and on the faithful path."""
     from moe_lib.swiglu_down.launch import (
+        GLUON_FAST_TOKENS,
         LIBRARY_GEMMS_16BIT_DA_MIN_TOKENS,
         LIBRARY_GEMMS_MEMCPY_STACK_MIN_TOKENS,
         LIBRARY_GEMMS_MIN_TOKENS,
@@ -489,8 +494,14 @@ def test_design_by_token_count():
 
     first = LIBRARY_GEMMS_MIN_TOKENS["fast"]
     memcpy = LIBRARY_GEMMS_MEMCPY_STACK_MIN_TOKENS
-    for T in (first, first + 1, 1023, 1024, memcpy - 1, memcpy, 8192):
+    assert first == GLUON_FAST_TOKENS.start  # where the Gluon launches run, the fast path takes them first
+    for T in (first, first + 1, GLUON_FAST_TOKENS.stop - 1):
         design = choose_design(T, 2048, 768, interpreter=False, max_programs=132)
+        assert design == choose_config(T, 2048, 768, interpreter=False, max_programs=132), T
+        assert design.gluon_first_launch is not None and design.gluon_second_launch is not None, T
+    for T, gluon in ((first, False), (first + 1, False), (GLUON_FAST_TOKENS.stop, True), (1023, True),
+                     (1024, True), (memcpy - 1, True), (memcpy, True), (8192, True)):  # fmt: skip
+        design = choose_design(T, 2048, 768, interpreter=False, max_programs=132, gluon=gluon)
         assert isinstance(design, LibraryGemmsConfig) and design.streams and design.stack_aside, T
         assert design.d_a_fp32 == (T < LIBRARY_GEMMS_16BIT_DA_MIN_TOKENS), T
         assert design.stack_by_memcpy == (T >= memcpy), T

@@ -920,8 +920,9 @@ def p1_call_kernels(path=TUNING_DIR / "2026-12-01-p1-kernel-times-defaults.json"
     """A ``scripts/p1_kernel_times.py`` file as one row per kernel of a call: token count, implementation (renamed
     by ``labels``, others left out where given), what the kernel does (:func:`call_kernel_kind`), its stream, its
     median start (µs after the call's first kernel) and duration, and the call's median span. ``defaults_only``:
-    per token count only ``torch_compile`` and the candidate that is the fast path's design there today
-    (``launch.choose_design`` at H = 2048, I = 768 on 132 SMs), named "ours"."""
+    per token count only ``torch_compile`` and the candidate that is the fast path's design on cuBLAS GEMMs there
+    today (``launch.choose_design`` at H = 2048, I = 768 on 132 SMs where the Gluon launches do not run: on Hopper
+    the fast path takes those at 65-256 tokens), named "ours"."""
     from ..bench.tuning import P1_CANDIDATES
 
     data = _read_json(path)
@@ -932,7 +933,7 @@ def p1_call_kernels(path=TUNING_DIR / "2026-12-01-p1-kernel-times-defaults.json"
             if impl == "torch_compile":
                 impl = "torch.compile"
             elif P1_CANDIDATES.get(impl) == p1_launch.choose_design(run["T"], 2048, 768, interpreter=False,
-                                                                    max_programs=132):  # fmt: skip
+                                                                    max_programs=132, gluon=False):  # fmt: skip
                 impl = "ours"
             else:
                 continue

@@ -129,9 +129,17 @@ _GLUON_WIDE_D_A_FIRST = GluonFirstLaunchConfig(buffers=6, d_a_first=True, early_
                                                stores_in_flight=True, saved_tiles_early=True)
 _GLUON_TALL = GluonSecondLaunchConfig(block_m=64, warps=4, buffers=6, programmatic=True)
 _GLUON_TALL_GRAD_X_FIRST = GluonSecondLaunchConfig(block_m=64, warps=4, buffers=6, grad_x_first=True, programmatic=True)
+# To 256 tokens dx's reduction over 2I is split over programs (``grad_x_splits``: 4 a tile to 128 tokens, 2 to 256,
+# at most 64 programs), the last of a tile's splits to arrive summing the partials in split order: there launch 2's
+# 16-32 dx tiles each ran the whole K on one SM and ended the call ~9 µs after its other tiles (program traces,
+# ``scripts/p1_program_trace.py``). By graph replay (NOTES, design 18), faithful: 65-128 tokens 28.5-28.9 against
+# 32.3-32.4 µs, 192 30.4 against 32.8, 256 32.3 against 33.1; slower from 384 (38.8 against 35.0).
+_GLUON_TALL_64 = GluonFirstLaunchConfig(block_m=64, warps=4, buffers=8, d_a_first=True, early_dependents=True,
+                                        stores_in_flight=True, saved_tiles_early=True)  # fmt: skip
 GLUON_FORMS = {  # from this many tokens: (launch 1, launch 2)
-    0: (GluonFirstLaunchConfig(block_m=64, warps=4, buffers=8, d_a_first=True, early_dependents=True,
-                               stores_in_flight=True, saved_tiles_early=True), _GLUON_TALL_GRAD_X_FIRST),
+    0: (_GLUON_TALL_64, dataclasses.replace(_GLUON_TALL_GRAD_X_FIRST, grad_x_splits=4)),
+    129: (_GLUON_TALL_64, dataclasses.replace(_GLUON_TALL_GRAD_X_FIRST, grad_x_splits=2)),
+    257: (_GLUON_TALL_64, _GLUON_TALL_GRAD_X_FIRST),
     1100: (_GLUON_WIDE_D_A_FIRST, _GLUON_TALL_GRAD_X_FIRST),
     1400: (_GLUON_WIDE_D_A_FIRST, _GLUON_TALL),
     2300: (_GLUON_WIDE, GluonSecondLaunchConfig(programmatic=True)),
@@ -191,6 +199,10 @@ GLUON_MIN_TOKENS = 65
 # GPU finishes first: 449 against 148 µs at 1321 tokens; at 7168 tokens 370.8 against 395.1 µs in one run, but
 # 519–576 µs in two others, on hosts that took 500 µs a call, against the Triton launches' ≈ 395 (NOTES)
 LIBRARY_GEMMS_MIN_TOKENS = {"fast": FEW_TOKENS_MAX_TOKENS["fast"] + 1}
+# except in this band where the Gluon launches run: there the fast path takes them too (their forms of GLUON_FORMS,
+# without the lo halves), by graph replay on the H200 (NOTES, design 18) 26.7 against 28.3-29.4 µs at 65-128 tokens,
+# 27.3 against 30.0 at 192, 28.6 against 31.8 at 256; at 512 they trail (38.4 against 37.3)
+GLUON_FAST_TOKENS = range(FEW_TOKENS_MAX_TOKENS["fast"] + 1, 257)
 # from here on the fast path keeps dA in the input dtype, as torch.compile's code does (236.7 against
 # 242.2 µs at 8192 tokens; within 1 µs of fp32 from 1087 to 2447); below, in fp32
 LIBRARY_GEMMS_16BIT_DA_MIN_TOKENS = 1024
@@ -211,7 +223,8 @@ def choose_design(num_tokens: int, hidden_size: int, intermediate_size: int, *, 
     of :func:`choose_config` (same arguments; ``gluon``: the Gluon launches can run, see there). A faithful threshold
     in that dict would run the design on one stream from there."""
     first = LIBRARY_GEMMS_MIN_TOKENS.get("faithful" if with_lo else "fast")
-    if not interpreter and element_bytes == 2 and first is not None and num_tokens >= first:
+    gluon_band = gluon and not with_lo and num_tokens in GLUON_FAST_TOKENS
+    if not interpreter and element_bytes == 2 and first is not None and num_tokens >= first and not gluon_band:
         from .library_gemms import LibraryGemmsConfig  # it builds on this module's allocation
 
         if with_lo:
@@ -245,7 +258,7 @@ def choose_config(num_tokens: int, hidden_size: int, intermediate_size: int, *, 
     tiles, splits and edges."""
     if interpreter:
         return TileConfig((16, 16, 16, 2), (16, 16, 16, 2), (16, 16, 16, 2), (16, 16, 16, 1), (1, 1), (1, 1), 2)
-    if with_lo and gluon and num_tokens >= GLUON_MIN_TOKENS:
+    if gluon and num_tokens >= GLUON_MIN_TOKENS and (with_lo or num_tokens in GLUON_FAST_TOKENS):
         launch1, launch2 = GLUON_FORMS[max(first for first in GLUON_FORMS if first <= num_tokens)]
         return dataclasses.replace(FAITHFUL_TILES, gluon_first_launch=launch1, gluon_second_launch=launch2,
                                    gluon_as_one_graph=True)  # fmt: skip
