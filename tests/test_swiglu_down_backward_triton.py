@@ -461,8 +461,11 @@ def test_faithful_path_takes_the_gluon_forms_where_they_run():
             assert tiles.gluon_first_launch.stores_in_flight and tiles.gluon_first_launch.saved_tiles_early, T
             assert (tiles.gluon_first_launch, tiles.gluon_second_launch) == GLUON_FORMS[
                 max(first for first in GLUON_FORMS if first <= T)], T
-        # the fast path: the same forms without the lo halves to 256 tokens, its own designs beyond
-        assert (config(T, with_lo=False).gluon_first_launch is None) == (T > 256), T
+        # the fast path: the same forms without the lo halves (dx's tiles unsplit) to 959 tokens, its own beyond
+        assert (config(T, with_lo=False).gluon_first_launch is None) == (T > 959), T
+        if T <= 959:
+            assert config(T, with_lo=False).gluon_second_launch == dataclasses.replace(
+                config(T).gluon_second_launch, grad_x_splits=1), T
         assert config(T, interpreter=True).gluon_first_launch is None, T
     splits = {T: config(T).gluon_second_launch.grad_x_splits for T in (65, 128, 129, 256, 257, 8192)}
     assert splits == {65: 4, 128: 4, 129: 2, 256: 2, 257: 1, 8192: 1}  # dx's K split where its tiles are few

@@ -199,10 +199,11 @@ GLUON_MIN_TOKENS = 65
 # GPU finishes first: 449 against 148 µs at 1321 tokens; at 7168 tokens 370.8 against 395.1 µs in one run, but
 # 519–576 µs in two others, on hosts that took 500 µs a call, against the Triton launches' ≈ 395 (NOTES)
 LIBRARY_GEMMS_MIN_TOKENS = {"fast": FEW_TOKENS_MAX_TOKENS["fast"] + 1}
-# except in this band where the Gluon launches run: there the fast path takes them too (their forms of GLUON_FORMS,
-# without the lo halves), by graph replay on the H200 (NOTES, design 18) 26.7 against 28.3-29.4 µs at 65-128 tokens,
-# 27.3 against 30.0 at 192, 28.6 against 31.8 at 256; at 512 they trail (38.4 against 37.3)
-GLUON_FAST_TOKENS = range(FEW_TOKENS_MAX_TOKENS["fast"] + 1, 257)
+# except in this band where the Gluon launches run: there the fast path takes them too (the forms of GLUON_FORMS
+# without the lo halves, dx's tiles unsplit: half as long, they end with the rest), by graph replay on the H200
+# (NOTES, design 18) 26.6-27.2 against 28.1-29.7 µs at 65-160 tokens, 33.2 against 37.3 at 512, 36.7 against 39.4 at
+# 640, 47.4 against 49.6 at 896; from 1024 tokens cuBLAS leads (48.8 against 50.7, 1321 57.9 against 62.6)
+GLUON_FAST_TOKENS = range(FEW_TOKENS_MAX_TOKENS["fast"] + 1, 960)
 # from here on the fast path keeps dA in the input dtype, as torch.compile's code does (236.7 against
 # 242.2 µs at 8192 tokens; within 1 µs of fp32 from 1087 to 2447); below, in fp32
 LIBRARY_GEMMS_16BIT_DA_MIN_TOKENS = 1024
@@ -260,6 +261,8 @@ def choose_config(num_tokens: int, hidden_size: int, intermediate_size: int, *, 
         return TileConfig((16, 16, 16, 2), (16, 16, 16, 2), (16, 16, 16, 2), (16, 16, 16, 1), (1, 1), (1, 1), 2)
     if gluon and num_tokens >= GLUON_MIN_TOKENS and (with_lo or num_tokens in GLUON_FAST_TOKENS):
         launch1, launch2 = GLUON_FORMS[max(first for first in GLUON_FORMS if first <= num_tokens)]
+        if not with_lo:
+            launch2 = dataclasses.replace(launch2, grad_x_splits=1)
         return dataclasses.replace(FAITHFUL_TILES, gluon_first_launch=launch1, gluon_second_launch=launch2,
                                    gluon_as_one_graph=True)  # fmt: skip
     if num_tokens <= FEW_TOKENS_MAX_TOKENS["faithful" if with_lo else "fast"] and element_bytes == 2:
