@@ -20,6 +20,7 @@ from moe_lib import problems
 from moe_lib.bench import timing
 from moe_lib.bench.checks import check_outputs, reference_outputs
 from moe_lib.bench.tuning import P1_CANDIDATES
+from moe_lib.lab import kernels
 from moe_lib.swiglu_down.gluon_launch2 import TRACE_FIELDS
 from moe_lib.swiglu_down.launch import swiglu_down_backward_triton, traced_programs
 
@@ -68,39 +69,14 @@ def traced_rows(num_tokens: int, config, seed: int) -> pd.DataFrame:
     return rows.drop(columns=["start_ns", "proceed_ns", "end_ns", "kind"])
 
 
-def summary(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per launch and tile kind: programs, first start, median and last end, median and longest run, and how busy
-    the SMs are over the launch's span (Σ runs / (span × SMs))."""
-    table = rows.groupby(["T", "launch", "tiles"], sort=False).agg(
-        programs=("program", "size"), first_start=("start_us", "min"), median_start=("start_us", "median"),
-        last_end=("end_us", "max"), median_run=("run_us", "median"), longest_run=("run_us", "max"),
-        median_wait=("wait_us", "median"))  # fmt: skip
-    spans = rows.groupby(["T", "launch"]).agg(span_start=("start_us", "min"), span_end=("end_us", "max"),
-                                              busy=("run_us", "sum"), sms=("sm", "nunique"))  # fmt: skip
-    spans["sm_busy"] = spans.busy / ((spans.span_end - spans.span_start) * 132)
-    table = table.join(spans[["sm_busy"]], on=["T", "launch"])
-    return table.round(2)
-
-
 def timeline(rows: pd.DataFrame, path: Path) -> None:
-    """One horizontal line per program from its start to its end at its SM, by launch and tile kind."""
+    """One line per program from its start to its end at its SM, by launch and tile kind (a PNG at ``path``)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(10, 6))
-    colours = {"dWd": "tab:blue", "dA": "tab:orange", "dWg, dWu": "tab:green", "dx": "tab:red"}
-    for tiles, part in rows.groupby("tiles"):
-        ax.hlines(part.sm + (part.launch == "launch 2") * 0.4, part.start_us, part.end_us, colors=colours[tiles],
-                  label=tiles, linewidth=1.5)  # fmt: skip
-        waited = part[part.wait_us > 0.5]
-        ax.hlines(waited.sm + 0.4, waited.start_us, waited.proceed_us, colors="lightgrey", linewidth=1.5)
-    ax.set_xlabel("µs from launch 1's first program")
-    ax.set_ylabel("SM")
-    ax.set_title(f"P1 faithful call, {int(rows['T'].iloc[0])} tokens: each Gluon program (grey: launch 2 waiting)")
-    ax.legend(loc="upper right")
-    fig.tight_layout()
+    fig = kernels.program_timeline_figure({f"P1 faithful call, {int(rows['T'].iloc[0])} tokens": rows})
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
@@ -125,7 +101,7 @@ def main():
     rows = pd.concat(frames, ignore_index=True)
     rows.to_csv(out / "p1_program_trace.csv", index=False)
     with pd.option_context("display.width", 200, "display.max_columns", 20):
-        print(summary(rows).to_string())
+        print(kernels.program_trace_summary(rows).to_string())
     print(f"wrote {out / 'p1_program_trace.csv'} and a timeline per token count")
 
 

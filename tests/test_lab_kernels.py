@@ -443,3 +443,33 @@ def test_gluon_launch1_table_reads_the_committed_tune_runs():
     figure = kernels.speedup_figure(table, "launch 2 in Gluon", "test", switch=4608)
     assert len(figure.axes[0].lines) == table.shape[1] - 1 + 2  # a line per other column, the 1 and the switch
     plt.close(figure)
+
+
+def test_program_traces_show_the_dx_tiles_ending_the_call_until_split():
+    """The committed program traces at 128 tokens (what NOTES.md, design 18, says of them): with dx unsplit its 16 tiles
+    end the call ~9 µs after the weight-gradient tiles; split over 4 programs with the combine in 16-byte loads, they
+    end with them, ≥ 3 µs sooner; design 17's combine spent the split's gain (its last split ran ≥ 6 µs past the
+    others). One panel per call in the timeline."""
+    traces = kernels.program_traces()
+    assert {"commit", "config", "T", "launch", "program", "sm", "tiles", "start_us", "proceed_us", "end_us"} <= set(
+        traces.columns)
+    assert (traces.start_us <= traces.proceed_us + 1e-9).all() and (traces.proceed_us <= traces.end_us).all()
+    at_128 = traces[traces["T"] == 128]
+
+    def call(commit, config):
+        return at_128[at_128.commit.str.startswith(commit) & (at_128.config == config)]
+
+    unsplit, split = call("d06a8bf", "default"), call("8392274", "default")
+    last_end = {name: rows.groupby("tiles").end_us.max() for name, rows in (("unsplit", unsplit), ("split", split))}
+    assert last_end["unsplit"]["dx"] > last_end["unsplit"]["dWg, dWu"] + 5
+    assert abs(last_end["split"]["dx"] - last_end["split"]["dWg, dWu"]) < 2
+    assert last_end["split"]["dx"] < last_end["unsplit"]["dx"] - 3
+    assert (split.tiles == "dx").sum() == 4 * (unsplit.tiles == "dx").sum()
+    old_combine = call("d06a8bf", "gluon12_m64_da1_dx4")
+    dx_ends = old_combine[old_combine.tiles == "dx"].end_us.sort_values()
+    assert dx_ends.iloc[-1] - dx_ends.iloc[len(dx_ends) // 2] > 6
+    summary = kernels.program_trace_summary(split)
+    assert summary.programs.sum() == len(split) and summary.sm_busy.between(0, 1).all()
+    fig = kernels.program_timeline_figure({"unsplit": unsplit, "split": split})
+    assert len(fig.axes) == 2
+    plt.close(fig)

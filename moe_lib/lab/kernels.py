@@ -969,3 +969,47 @@ def call_timeline_figure(table: pd.DataFrame, title: str):
     axes[0, 0].legend(handles=handles, fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     return fig
+
+
+# Program traces of the faithful path's two Gluon launches (scripts/p1_program_trace.py under launch.traced_programs()):
+# one row per program, times in µs from launch 1's first program's start, each run's commit and config beside it
+PROGRAM_TRACES_FILE = TUNING_DIR / "2026-12-02-p1-program-traces.csv"
+TRACE_TILE_COLORS = {"dWd": "tab:blue", "dA": "tab:orange", "dWg, dWu": "tab:green", "dx": "tab:red"}
+
+
+def program_traces(path=PROGRAM_TRACES_FILE) -> pd.DataFrame:
+    """A committed file of program traces: per program its run (commit, config), token count T, launch, program id,
+    SM, tile kind, start, end of its wait for launch 1 (proceed) and end in µs, its run and wait."""
+    return pd.read_csv(resolve_path(path))
+
+
+def program_trace_summary(rows: pd.DataFrame, sms: int = 132) -> pd.DataFrame:
+    """Per token count, launch and tile kind: programs, first start, median start and last end, median and longest
+    run, median wait, and how busy the ``sms`` SMs are over the launch's span (Σ runs / (span × SMs))."""
+    table = rows.groupby(["T", "launch", "tiles"], sort=False).agg(
+        programs=("program", "size"), first_start=("start_us", "min"), median_start=("start_us", "median"),
+        last_end=("end_us", "max"), median_run=("run_us", "median"), longest_run=("run_us", "max"),
+        median_wait=("wait_us", "median"))  # fmt: skip
+    spans = rows.groupby(["T", "launch"]).agg(span_start=("start_us", "min"), span_end=("end_us", "max"),
+                                              busy=("run_us", "sum"))  # fmt: skip
+    spans["sm_busy"] = spans.busy / ((spans.span_end - spans.span_start) * sms)
+    return table.join(spans[["sm_busy"]], on=["T", "launch"]).round(2)
+
+
+def program_timeline_figure(panels: dict):
+    """One panel per entry of ``panels`` (title → one call's trace rows): a line per program from its start to its
+    end at its SM (launch 2's a little above launch 1's), coloured by tile kind, grey while launch 2's program waits
+    for launch 1."""
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 3.2 * len(panels)), squeeze=False, sharex=True)
+    for ax, (title, rows) in zip(axes[:, 0], panels.items(), strict=True):
+        for tiles, part in rows.groupby("tiles"):
+            ax.hlines(part.sm + (part.launch == "launch 2") * 0.4, part.start_us, part.end_us,
+                      colors=TRACE_TILE_COLORS[tiles], label=tiles, linewidth=1.2)  # fmt: skip
+            waited = part[part.wait_us > 0.5]
+            ax.hlines(waited.sm + 0.4, waited.start_us, waited.proceed_us, colors="lightgrey", linewidth=1.2)
+        ax.axvline(rows.end_us.max(), color="black", lw=0.8, ls=":")
+        ax.set(title=f"{title}: last program ends at {rows.end_us.max():.1f} µs", ylabel="SM")
+    axes[-1, 0].set_xlabel("µs from launch 1's first program's start")
+    axes[0, 0].legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
+    fig.tight_layout()
+    return fig
