@@ -361,6 +361,17 @@ for _d_x in (2, 4, 8):
     P1_CANDIDATES[f"gluon12_m64_early_dx{_d_x}"] = dataclasses.replace(_M64_EARLY, gluon_second_launch=(
         dataclasses.replace(_M64_EARLY.gluon_second_launch, grad_x_splits=_d_x)))
 
+# at 257-1099 tokens launch 2 is two waves of unequal tiles (at 512: 64 dx tiles end at 30.5 µs, the 192
+# weight-gradient tiles behind them at 35.5): dx split in 2 behind the weight-gradient tiles (``_wfirst``: the short
+# splits fill the second wave), and/or the weight-gradient tiles 128 wide (``_w128``: 96 of each kind, each twice as
+# many K steps per byte of output)
+_M64_EARLY_LAUNCH2 = _M64_EARLY.gluon_second_launch
+for _name, _fields in (("dx2_wfirst", dict(grad_x_splits=2, grad_x_first=False)), ("w128", dict(weight_block_n=128)),
+                       ("dx2_w128", dict(grad_x_splits=2, weight_block_n=128)),
+                       ("dx2_wfirst_w128", dict(grad_x_splits=2, grad_x_first=False, weight_block_n=128))):
+    P1_CANDIDATES[f"gluon12_m64_early_{_name}"] = dataclasses.replace(_M64_EARLY, gluon_second_launch=(
+        dataclasses.replace(_M64_EARLY_LAUNCH2, **_fields)))
+
 # kernel G's settings as the P2 scripts spell them (FIELD=VALUE), and the FusedDxConfig fields they set
 FUSED_DX_FIELDS = {"gate_up_dx_tile": ("block_i", "block_h", "block_rows"), "warps_g": ("warps",),
                    "stages_g": ("stages",)}  # fmt: skip
