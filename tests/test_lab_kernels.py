@@ -321,12 +321,13 @@ def test_gluon_forms_table_follows_the_bands():
     assert list(table.index) == [128, 129, 1099, 1100, 1400, 2300, 3300, 8192]  # the few-token launch's left out
     assert table.loc[129].to_dict() == {"launch 1 rows": 64, "launch 1 ring": 8, "dA tiles first": True,
                                         "launch 2 rows": 64, "launch 2 ring": 6, "dx tiles first": True,
-                                        "launch 2 early": True, "saved tiles early": True}
+                                        "launch 2 early": True, "saved tiles early": True, "dx splits": 2}
     assert table.loc[1100, "launch 1 rows"] == 128 and table.loc[1100, "dA tiles first"]
     assert table.loc[1100, "dx tiles first"] and not table.loc[1400, "dx tiles first"]
     assert table.loc[3300, "launch 2 rows"] == 64 and table.loc[8192, "launch 2 rows"] == 128
     assert not table.loc[8192, ["dA tiles first", "dx tiles first"]].any()
     assert table["saved tiles early"].all()
+    assert table.loc[128, "dx splits"] == 4 and (table.loc[[1099, 1100, 8192], "dx splits"] == 1).all()
 
 
 def test_gluon_forms_file_holds_the_measured_gains():

@@ -819,7 +819,8 @@ def gluon_forms_table(token_counts, hidden_size: int, intermediate_size: int) ->
     """The form of the Gluon launches the faithful path takes per token count where they run
     (:data:`~moe_lib.swiglu_down.launch.GLUON_FORMS`): each launch's tile height, ring depth, and whether its tiles of
     fixed length (dA's, dx's) take the first program ids, and whether launch 2 is issued by programmatic dependent
-    launch (its programs started on the SMs launch 1's last wave frees, waiting there for launch 1's end). Token
+    launch (its programs started on the SMs launch 1's last wave frees, waiting there for launch 1's end), whether
+    launch 1's saved tiles are asked for early, and over how many programs a dx tile's reduction is split. Token
     counts the one-launch designs take are left out."""
     rows = {}
     for T in token_counts:
@@ -831,7 +832,8 @@ def gluon_forms_table(token_counts, hidden_size: int, intermediate_size: int) ->
         rows[T] = {"launch 1 rows": first.block_m, "launch 1 ring": first.buffers, "dA tiles first": first.d_a_first,
                    "launch 2 rows": second.block_m, "launch 2 ring": second.buffers,
                    "dx tiles first": second.grad_x_first, "launch 2 early": second.programmatic,
-                   "saved tiles early": first.saved_tiles_early}  # fmt: skip
+                   "saved tiles early": first.saved_tiles_early,
+                   "dx splits": second.grad_x_splits}  # fmt: skip
     return pd.DataFrame.from_dict(rows, orient="index").rename_axis("num_tokens")
 
 
