@@ -97,6 +97,14 @@ def test_wide_dA_tiles_are_not_split():
         GluonFirstLaunchConfig(d_a_block_n=256, d_a_splits=2)
 
 
+def test_split_dA_tiles_need_room_for_their_sum_in_the_ring():
+    """The last split sums the partials into the ring's B buffers beside two saved tiles (fp32: two more tiles)."""
+    with pytest.raises(ValueError, match=r"d_a_splits > 1 needs buffers · block_k ≥ 4 · block_m, got 6 · 64 < 4 · 128"):
+        GluonFirstLaunchConfig(buffers=6, d_a_splits=2)
+    assert GluonFirstLaunchConfig(block_m=64, warps=4, buffers=8, d_a_splits=4).d_a_splits == 4
+    assert GluonFirstLaunchConfig(buffers=8, d_a_splits=2).d_a_splits == 2
+
+
 @pytest.mark.parametrize("fields", [dict(d_a_splits=2), dict(d_a_block_n=256)])
 def test_saved_tiles_early_only_on_unsplit_dA_tiles_block_n_wide(fields):
     with pytest.raises(ValueError, match="saved_tiles_early"):

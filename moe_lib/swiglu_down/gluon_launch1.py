@@ -46,7 +46,7 @@ from .gluon_launch2 import (
     record_program,
     ring_barriers,
     store_tile,
-    sum_partials,
+    sum_partials_into,
     tile_product,
     weight_grad_region,
 )
@@ -59,6 +59,12 @@ def store_halves(value, hi_desc, lo_desc, c_smem, off_m, off_n, WITH_LO: gl.cons
     store_tile(hi, hi_desc, c_smem, off_m, off_n)
     if WITH_LO:
         store_tile(value - hi.to(gl.float32), lo_desc, c_smem, off_m, off_n)
+
+
+# the split dA tiles' sum in shared memory: 16-byte units of a row swizzled by the row's index, so that the row
+# blocks' stores (a warp a row) and the reads in the accumulator's layout (8 rows a warp, 8 bytes a thread) both run
+# without bank conflicts
+SUM_LAYOUT = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])
 
 
 @gluon.jit
@@ -142,11 +148,20 @@ def d_intermediate_partition(a_bufs, b_bufs, ready, empty, saved_a, saved_b, sav
                         dg_desc, dg_lo_desc, du_desc, du_lo_desc, c_smem, off_m, off_n, WITH_LO, STORES_IN_FLIGHT,
                         SAVED_EARLY)  # fmt: skip
     elif count_in_partial(d_a, partials_ptr, counters_ptr, tile, split, SPLITS):
-        layout: gl.constexpr = d_a.type.layout
-        d_a = sum_partials(partials_ptr, tile, SPLITS, BLOCK_M, BLOCK_N, layout)
+        # the last split: the saved tiles on their way while the partials are summed into the ring's buffers after
+        # saved_b's two, then read back in the accumulator's layout
+        gl.thread_barrier()  # both warpgroups past their last MMA before TMA writes the ring
+        load_saved_tiles(saved_a, saved_b, saved_ready, gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc, off_m,
+                         off_n)  # fmt: skip
+        gl.static_assert(saved_b.type.shape[0] >= 4, "the ring's B buffers hold the sum beside two saved tiles")
+        d_a_sum = saved_b._reinterpret(gl.float32, [saved_b.type.shape[0] // 2, BLOCK_M, BLOCK_N],
+                                       SUM_LAYOUT).index(1)  # fmt: skip
+        sum_partials_into(partials_ptr, tile, d_a_sum, SPLITS, num_warps)
+        gl.thread_barrier()  # every row block is in shared memory before any warp reads another's
+        d_a = d_a_sum.load(d_a.type.layout)
         swiglu_epilogue(d_a, saved_a, saved_b, saved_ready, 0, gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc,
-                        dg_desc, dg_lo_desc, du_desc, du_lo_desc, c_smem, off_m, off_n, WITH_LO,
-                        STORES_IN_FLIGHT)  # fmt: skip
+                        dg_desc, dg_lo_desc, du_desc, du_lo_desc, c_smem, off_m, off_n, WITH_LO, STORES_IN_FLIGHT,
+                        True)  # fmt: skip
     tma.store_wait(pendings=0)
 
 
@@ -377,6 +392,10 @@ class GluonFirstLaunchConfig:
         if self.saved_tiles_early and (self.d_a_splits > 1 or self.d_a_block_n != self.block_n):
             raise ValueError("config: saved_tiles_early takes dA tiles block_n wide and unsplit (only the split that "
                              "arrives last, or each half of a wide tile in turn, asks for saved tiles)")  # fmt: skip
+        if self.d_a_splits > 1 and self.buffers * self.block_k < 4 * self.block_m:
+            raise ValueError(f"config: split dA tiles sum their partials in the ring's B buffers beside two saved "
+                             f"tiles: d_a_splits > 1 needs buffers · block_k ≥ 4 · block_m, got {self.buffers} · "
+                             f"{self.block_k} < 4 · {self.block_m}")  # fmt: skip
 
     @property
     def d_a_halves(self) -> int:

@@ -145,16 +145,6 @@ def store_tile(acc, c_desc, c_smem, off_m, off_n):
 
 
 @gluon.jit
-def partial_offsets(partials_ptr, tile, SPLITS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                    layout: gl.constexpr):  # fmt: skip
-    """(tile ``tile``'s first partial in the workspace [tiles, SPLITS, BLOCK_M, BLOCK_N], a partial's element offsets
-    in ``layout``)."""
-    offsets = (gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))[:, None] * BLOCK_N
-               + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))[None, :])  # fmt: skip
-    return partials_ptr + tile.to(gl.int64) * (SPLITS * BLOCK_M * BLOCK_N), offsets
-
-
-@gluon.jit
 def count_in_partial(acc, partials_ptr, counters_ptr, tile, split, SPLITS: gl.constexpr):
     """Split ``split`` of output tile ``tile`` parks its fp32 partial ``acc`` in the workspace (``partials_ptr``:
     [tiles, SPLITS, BLOCK_M, BLOCK_N]) and counts itself in on the tile's counter; returns whether it arrived last.
@@ -163,34 +153,25 @@ def count_in_partial(acc, partials_ptr, counters_ptr, tile, split, SPLITS: gl.co
     BLOCK_M: gl.constexpr = acc.shape[0]
     BLOCK_N: gl.constexpr = acc.shape[1]
     layout: gl.constexpr = acc.type.layout
-    tile_partials, offsets = partial_offsets(partials_ptr, tile, SPLITS, BLOCK_M, BLOCK_N, layout)
-    gl.store(tile_partials + split * (BLOCK_M * BLOCK_N) + offsets, acc)
+    offsets = (gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))[:, None] * BLOCK_N
+               + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))[None, :])  # fmt: skip
+    partial = partials_ptr + (tile.to(gl.int64) * SPLITS + split) * (BLOCK_M * BLOCK_N)
+    gl.store(partial + offsets, acc)
     gl.thread_barrier()  # every thread's part of the partial is stored before the arrival is counted
     arrived = gl.atomic_add(counters_ptr + tile, 1, sem="acq_rel", scope="gpu")
     return (arrived & (SPLITS - 1)) == SPLITS - 1
 
 
 @gluon.jit
-def sum_partials(partials_ptr, tile, SPLITS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                 layout: gl.constexpr):  # fmt: skip
-    """Σ_s partial_s of tile ``tile`` in split order, so the same sum whichever split arrived last (in ``layout``)."""
-    tile_partials, offsets = partial_offsets(partials_ptr, tile, SPLITS, BLOCK_M, BLOCK_N, layout)
-    total = gl.load(tile_partials + offsets, cache_modifier=".cg")
-    for s in range(1, SPLITS):  # a loop, not unrolled: one partial in flight beside the sum, so nothing spills
-        total += gl.load(tile_partials + s * (BLOCK_M * BLOCK_N) + offsets, cache_modifier=".cg")
-    return total
-
-
-@gluon.jit
-def store_sum_of_partials(partials_ptr, tile, c_desc, c_smem, off_m, off_n, SPLITS: gl.constexpr,
-                          num_warps: gl.constexpr):  # fmt: skip
-    """The last split of output tile ``tile`` to arrive: Σ_s partial_s in split order (the same bits as
-    :func:`sum_partials`) into ``c_smem`` in c_desc's dtype, then out by TMA. Row block by row block, each thread's
-    16-byte loads of every split's block in flight at once, so the sum needs no more registers than the tile
-    (``num_warps`` warps: 128 fp32 a thread a block; the whole tile in the wgmma layout beside one partial would take
-    twice that, and the loads then go out a few at a time)."""
-    BLOCK_M: gl.constexpr = c_smem.type.shape[0]
-    BLOCK_N: gl.constexpr = c_smem.type.shape[1]
+def sum_partials_into(partials_ptr, tile, destination, SPLITS: gl.constexpr, num_warps: gl.constexpr):
+    """Σ_s partial_s of tile ``tile`` (the workspace [tiles, SPLITS, BLOCK_M, BLOCK_N] at ``partials_ptr``) in split
+    order, so the same sum whichever split arrived last, into the [BLOCK_M, BLOCK_N] shared-memory tile
+    ``destination`` in its dtype. Row block by row block, each thread's 16-byte loads of every split's block in flight
+    at once, so the sum needs no more registers than a 64 × 256 tile in the wgmma layout (``num_warps`` warps: 128
+    fp32 a thread a block): the whole tile beside one partial would take twice that, and its loads would then go out
+    a few at a time. The readable version: ``kernels.combine_splits``."""
+    BLOCK_M: gl.constexpr = destination.type.shape[0]
+    BLOCK_N: gl.constexpr = destination.type.shape[1]
     FITTING_ROWS: gl.constexpr = 128 * 32 * num_warps // (SPLITS * BLOCK_N)
     ROWS: gl.constexpr = BLOCK_M if FITTING_ROWS > BLOCK_M else FITTING_ROWS
     gl.static_assert(BLOCK_M % ROWS == 0, "the row blocks tile the output tile")
@@ -198,13 +179,21 @@ def store_sum_of_partials(partials_ptr, tile, c_desc, c_smem, off_m, off_n, SPLI
     offsets = (gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))[:, None] * BLOCK_N
                + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))[None, :])  # fmt: skip
     tile_partials = partials_ptr + tile.to(gl.int64) * (SPLITS * BLOCK_M * BLOCK_N)
-    tma.store_wait(pendings=0)  # c_smem is free
     for row in gl.static_range(0, BLOCK_M, ROWS):
         block = tile_partials + row * BLOCK_N + offsets
         total = gl.load(block, cache_modifier=".cg")
         for s in gl.static_range(1, SPLITS):
             total += gl.load(block + s * (BLOCK_M * BLOCK_N), cache_modifier=".cg")
-        c_smem.slice(row, ROWS, dim=0).store(total.to(c_desc.dtype))
+        destination.slice(row, ROWS, dim=0).store(total.to(destination.dtype))
+
+
+@gluon.jit
+def store_sum_of_partials(partials_ptr, tile, c_desc, c_smem, off_m, off_n, SPLITS: gl.constexpr,
+                          num_warps: gl.constexpr):  # fmt: skip
+    """The last split of output tile ``tile`` to arrive: the partials' sum (:func:`sum_partials_into`) into ``c_smem``
+    in c_desc's dtype, then out by TMA."""
+    tma.store_wait(pendings=0)  # c_smem is free
+    sum_partials_into(partials_ptr, tile, c_smem, SPLITS, num_warps)
     fence_async_shared()
     tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)
 
