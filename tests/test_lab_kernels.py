@@ -474,3 +474,20 @@ def test_program_traces_show_the_dx_tiles_ending_the_call_until_split():
     fig = kernels.program_timeline_figure({"unsplit": unsplit, "split": split})
     assert len(fig.axes) == 2
     plt.close(fig)
+
+
+def test_fast_path_gluon_times_hold_the_band_of_gluon_fast_tokens():
+    """What launch.GLUON_FAST_TOKENS' comment and NOTES.md (design 18) say: the Gluon launches (dx unsplit) ahead of
+    the fast path's cuBLAS design at 65-896 tokens where both ran, behind from 1024; dx in 4 no better than unsplit
+    without the lo halves from 160 tokens."""
+    table = kernels.fast_path_gluon_times()
+    gluon, cublas = table["Gluon launches, dx unsplit"], table["cuBLAS"]
+    both = table.dropna(subset=["Gluon launches, dx unsplit", "cuBLAS"]).index
+    assert set(both) >= {65, 128, 640, 896, 1024, 1321}
+    for T in both:
+        assert (gluon[T] < cublas[T]) == (T < p1_launch.GLUON_FAST_TOKENS.stop), T
+    assert (table.loc[[160, 192], "Gluon launches, dx in 4"] > gluon[[160, 192]]).all()
+    fig = kernels.speedup_figure(table[["cuBLAS", "Gluon launches, dx unsplit"]], "cuBLAS", "test",
+                                 switch=p1_launch.GLUON_FAST_TOKENS.stop)  # fmt: skip
+    assert len(fig.axes[0].lines) == 3
+    plt.close(fig)

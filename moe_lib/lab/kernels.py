@@ -776,6 +776,22 @@ GLUON_FORM_LABELS = {"gluon12_b6": "128 rows", "gluon12_b6_l2m64b6": "launch 2 a
 
 PROGRAMMATIC_LAUNCH_FILE = TUNING_DIR / "2026-12-02-p1-programmatic-launch.json"
 
+# dx split over programs in the Gluon launches, and the fast path on them (launch.GLUON_FAST_TOKENS)
+SPLIT_DX_FILE = TUNING_DIR / "2026-12-02-p1-split-dx.json"
+FAST_PATH_GLUON_LABELS = {"gluon12_m64_lf_pdl_sif_graph_early": "Gluon launches, dx unsplit",
+                          "gluon12_m64_early_dx4": "Gluon launches, dx in 4",
+                          "lib_s3": "cuBLAS, copy kernel", "lib_bs3_mc": "cuBLAS, memcpys"}  # fmt: skip
+
+
+def fast_path_gluon_times(path=SPLIT_DX_FILE) -> pd.DataFrame:
+    """The fast path's designs by graph replay (µs per token count, median over the runs that measured each): the
+    Gluon launches without the lo halves, dx unsplit (its design at 65-959 tokens on Hopper) or split in 4, and its
+    design on cuBLAS GEMMs (the [Wg; Wu] copy by a kernel, or by the copy engines with dA in bf16), plus "cuBLAS", the
+    faster of the two where both ran."""
+    table = p1_tune_runs_times(path, precision="fast", labels=FAST_PATH_GLUON_LABELS)
+    table["cuBLAS"] = table[["cuBLAS, copy kernel", "cuBLAS, memcpys"]].min(axis=1, skipna=False)
+    return table
+
 
 def programmatic_launch_gains(path=PROGRAMMATIC_LAUNCH_FILE) -> pd.DataFrame:
     """What issuing launch 2 by programmatic dependent launch saves each Gluon form: per num_tokens (rows) and form
