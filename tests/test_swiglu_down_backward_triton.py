@@ -607,8 +607,9 @@ def test_gpu_cuda_graph_replay_with_new_inputs(T, seed):
 
 
 @pytest.mark.gpu
-def test_gpu_layer_bf16_against_autograd(seed):
-    inputs = problems.make_inputs("swiglu_down_backward", 300, seed=seed, device="cuda")
+@pytest.mark.parametrize("T", [40, 300, 2447])  # the fast path's few-token launch, Gluon launches, cuBLAS design
+def test_gpu_layer_bf16_against_autograd(T, seed):
+    inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device="cuda")
     leaves = [inputs[k].clone().requires_grad_() for k in ("x", "gate_weight", "up_weight", "down_weight")]
     y = moe_lib.swiglu_expert(*leaves)
     y.backward(inputs["grad_output"])
