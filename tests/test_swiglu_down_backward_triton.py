@@ -463,6 +463,7 @@ def test_faithful_path_takes_the_gluon_forms_where_they_run():
                 max(first for first in GLUON_FORMS if first <= T)], T
         # the fast path: the same forms without the lo halves (dx's tiles unsplit) to 959 tokens, its own beyond
         assert (config(T, with_lo=False).gluon_first_launch is None) == (T > 959), T
+        assert getattr(config(T, with_lo=False, element_bytes=4), "gluon_first_launch", None) is None, T  # 16-bit
         if T <= 959:
             assert config(T, with_lo=False).gluon_second_launch == dataclasses.replace(
                 config(T).gluon_second_launch, grad_x_splits=1), T

@@ -259,7 +259,7 @@ def choose_config(num_tokens: int, hidden_size: int, intermediate_size: int, *, 
     tiles, splits and edges."""
     if interpreter:
         return TileConfig((16, 16, 16, 2), (16, 16, 16, 2), (16, 16, 16, 2), (16, 16, 16, 1), (1, 1), (1, 1), 2)
-    if gluon and num_tokens >= GLUON_MIN_TOKENS and (with_lo or num_tokens in GLUON_FAST_TOKENS):
+    if gluon and element_bytes == 2 and num_tokens >= GLUON_MIN_TOKENS and (with_lo or num_tokens in GLUON_FAST_TOKENS):
         launch1, launch2 = GLUON_FORMS[max(first for first in GLUON_FORMS if first <= num_tokens)]
         if not with_lo:
             launch2 = dataclasses.replace(launch2, grad_x_splits=1)
