@@ -104,7 +104,9 @@ def compile_gluon_second_launch(config, with_lo: bool, num_tokens: int = 256):
     return compile_gluon_for_sm90(kernel, arguments, dict(WITH_LO=with_lo, BUFFERS=config.buffers,
                                                           GRAD_X_FIRST=config.grad_x_first,
                                                           PROGRAMMATIC=config.programmatic,
-                                                          GRAD_X_SPLITS=config.grad_x_splits, TRACE=False,
+                                                          GRAD_X_SPLITS=config.grad_x_splits,
+                                                          WEIGHT_GRAD_PERSISTENT=config.weight_grad_programs > 0,
+                                                          TRACE=False,
                                                           num_warps=config.warps),
                                   warps=config.warps, maxnreg=config.maxnreg)  # fmt: skip
 

@@ -84,6 +84,16 @@ def test_split_tiles_count_one_program_a_split():
     assert config.programs(128, 2048, 768) == 2 * 12 * 8 + 2 * 8 * 2 and config.grad_x_tiles(128, 2048) == 16
 
 
+def test_weight_grad_programs_take_the_tiles_in_turn():
+    # launch 2 at 64 rows, 128 tokens: 2 × 12 × 8 weight-gradient tiles on at most 68 programs, dx's 16 tiles in 4
+    config = GluonSecondLaunchConfig(block_m=64, warps=4, grad_x_splits=4, weight_grad_programs=68)
+    assert config.weight_grad_programs_for(2048, 768) == 68 and config.programs(128, 2048, 768) == 68 + 16 * 4
+    assert GluonSecondLaunchConfig(weight_grad_programs=500).weight_grad_programs_for(2048, 768) == 2 * 6 * 8
+    assert GluonSecondLaunchConfig().weight_grad_programs_for(2048, 768) == 2 * 6 * 8  # 0: one a tile
+    with pytest.raises(ValueError, match="weight_grad_programs"):
+        GluonSecondLaunchConfig(weight_grad_programs=-1)
+
+
 @pytest.mark.parametrize("splits", [0, 3, 6])
 def test_splits_are_powers_of_two(splits):
     with pytest.raises(ValueError, match="d_a_splits"):

@@ -200,14 +200,15 @@ def store_sum_of_partials(partials_ptr, tile, c_desc, c_smem, off_m, off_n, SPLI
 
 @gluon.jit
 def tile_product(a_bufs, a_lo_bufs, b_bufs, ready, empty, k_steps, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                 A_K_MAJOR: gl.constexpr, WITH_LO: gl.constexpr, num_warps: gl.constexpr, rotation=0):  # fmt: skip
-    """The fp32 [BLOCK_M, BLOCK_N] tile Σ A·B (and A_lo·B) over the ring's first ``k_steps`` steps (step i in buffer
-    (i + ``rotation``) mod BUFFERS), in the layout of the warpgroups' wgmma (``num_warps`` warps, each warpgroup 64
-    rows)."""
+                 A_K_MAJOR: gl.constexpr, WITH_LO: gl.constexpr, num_warps: gl.constexpr, rotation=0,
+                 step0=0):  # fmt: skip
+    """The fp32 [BLOCK_M, BLOCK_N] tile Σ A·B (and A_lo·B) over the ring's ``k_steps`` steps from ``step0`` on (step i
+    in buffer (i + ``rotation``) mod BUFFERS), in the layout of the warpgroups' wgmma (``num_warps`` warps, each
+    warpgroup 64 rows)."""
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                      instr_shape=[16, BLOCK_N, 16])  # fmt: skip
     acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
-    return mma_steps(a_bufs, a_lo_bufs, b_bufs, ready, empty, k_steps, acc, A_K_MAJOR, WITH_LO, 1, 0, rotation)
+    return mma_steps(a_bufs, a_lo_bufs, b_bufs, ready, empty, k_steps, acc, A_K_MAJOR, WITH_LO, 1, step0, rotation)
 
 
 @gluon.jit
@@ -270,6 +271,55 @@ def weight_grad_region(a_t_desc, a_lo_t_desc, x_desc, c_desc, a_t_bufs, a_lo_t_b
     ], [1], [40])  # fmt: skip
 
 
+@gluon.jit
+def weight_grad_tile_origin(t, weight_tiles, weight_tiles_n, BLOCK_M: gl.constexpr, WEIGHT_N: gl.constexpr):
+    """(row, column) of weight-gradient tile ``t``: dWg's tiles 0 .. weight_tiles − 1, then dWu's."""
+    tile = t % weight_tiles
+    return (tile // weight_tiles_n) * BLOCK_M, (tile % weight_tiles_n) * WEIGHT_N
+
+
+@gluon.jit
+def weight_grad_tiles_partition(a_bufs, a_lo_bufs, b_bufs, ready, empty, dwg_desc, dwu_desc, c_smem, first, stride,
+                                weight_tiles, weight_tiles_n, k_steps, WITH_LO: gl.constexpr,
+                                num_warps: gl.constexpr):  # fmt: skip
+    """The two warpgroups of a program that takes weight-gradient tiles ``first``, ``first`` + ``stride``, ...: each
+    tile's K steps (the ring's count running on from tile to tile), then its store, which drains while the next
+    tile's products run."""
+    BLOCK_M: gl.constexpr = dwg_desc.block_type.shape[0]
+    WEIGHT_N: gl.constexpr = dwg_desc.block_type.shape[1]
+    step0 = 0
+    for t in range(first, 2 * weight_tiles, stride):
+        off_m, off_n = weight_grad_tile_origin(t, weight_tiles, weight_tiles_n, BLOCK_M, WEIGHT_N)
+        acc = tile_product(a_bufs, a_lo_bufs, b_bufs, ready, empty, k_steps, BLOCK_M, WEIGHT_N, False, WITH_LO,
+                           num_warps, 0, step0)  # fmt: skip
+        if t < weight_tiles:
+            store_tile(acc, dwg_desc, c_smem, off_m, off_n)
+        else:
+            store_tile(acc, dwu_desc, c_smem, off_m, off_n)
+        step0 += k_steps
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def weight_grad_tiles_load_partition(dg_t_desc, dg_lo_t_desc, du_t_desc, du_lo_t_desc, x_desc, a_bufs, a_lo_bufs,
+                                     b_bufs, ready, empty, first, stride, weight_tiles, weight_tiles_n, k_steps,
+                                     WITH_LO: gl.constexpr):  # fmt: skip
+    """The loading warp of the same program: each of its tiles' K steps in turn, running ahead into the next tile's
+    while the last one's are multiplied and stored."""
+    BLOCK_M: gl.constexpr = dg_t_desc.block_type.shape[1]
+    WEIGHT_N: gl.constexpr = x_desc.block_type.shape[1]
+    step0 = 0
+    for t in range(first, 2 * weight_tiles, stride):
+        off_m, off_n = weight_grad_tile_origin(t, weight_tiles, weight_tiles_n, BLOCK_M, WEIGHT_N)
+        if t < weight_tiles:
+            load_steps(dg_t_desc, dg_lo_t_desc, x_desc, a_bufs, a_lo_bufs, b_bufs, ready, empty, off_m, off_n,
+                       k_steps, step0, False, WITH_LO)  # fmt: skip
+        else:
+            load_steps(du_t_desc, du_lo_t_desc, x_desc, a_bufs, a_lo_bufs, b_bufs, ready, empty, off_m, off_n,
+                       k_steps, step0, False, WITH_LO)  # fmt: skip
+        step0 += k_steps
+
+
 @gluon.jit(do_not_specialize=("T", "I"))  # one compiled kernel for every T, I: see prepare_second_launch_gluon
 def second_launch_kernel(
     dg_t_desc, dg_lo_t_desc, du_t_desc, du_lo_t_desc,  # dG, dU hi and lo [T, I] as [BLOCK_K, BLOCK_M] tiles (Aᵀ)
@@ -287,6 +337,7 @@ def second_launch_kernel(
     GRAD_X_FIRST: gl.constexpr,  # dx's tiles take the first program ids (else dWg's and dWu's do)
     PROGRAMMATIC: gl.constexpr,  # issued by programmatic dependent launch: wait for launch 1 before anything else
     GRAD_X_SPLITS: gl.constexpr,  # programs a dx tile, each a piece of its K steps (a power of two)
+    WEIGHT_GRAD_PERSISTENT: gl.constexpr,  # the grid's programs beyond dx's take the weight-gradient tiles in turn
     TRACE: gl.constexpr,  # record each program's start, end and SM (a diagnostic build: scripts/p1_program_trace.py)
     num_warps: gl.constexpr,  # of the multiplying partition (8: two warpgroups)
 ):  # fmt: skip
@@ -298,12 +349,18 @@ def second_launch_kernel(
     gl.static_assert(BLOCK_N % WEIGHT_N == 0, "the weight-gradient tiles' width divides the dx tiles'")
     weight_tiles_n = gl.cdiv(dx_desc.shape[1], WEIGHT_N)
     weight_tiles = gl.cdiv(I, BLOCK_M) * weight_tiles_n  # of dWg, and as many of dWu
+    # programs taking weight-gradient tiles: one a tile, or with WEIGHT_GRAD_PERSISTENT those the grid has beyond
+    # dx's, each taking tiles p, p + programs, ...
+    if WEIGHT_GRAD_PERSISTENT:
+        weight_programs = gl.num_programs(0) - gl.cdiv(T, BLOCK_M) * gl.cdiv(dx_desc.shape[1], BLOCK_N) * GRAD_X_SPLITS
+    else:
+        weight_programs = 2 * weight_tiles
     pid = gl.program_id(0)
     if TRACE:
         start, sm = clock_stamp(pid)
         proceed = start
     if GRAD_X_FIRST:  # programs 0 .. dx tiles − 1 take dx's tiles, the rest the weight-gradient ones
-        pid = (pid + 2 * weight_tiles) % gl.num_programs(0)
+        pid = (pid + weight_programs) % gl.num_programs(0)
     a_bufs = gl.allocate_shared_memory(dg_desc.dtype, [BUFFERS] + dg_desc.block_type.shape, dg_desc.layout)
     a_lo_bufs = gl.allocate_shared_memory(dg_desc.dtype, [LO_BUFFERS] + dg_desc.block_type.shape, dg_desc.layout)
     a_t_bufs = a_bufs._reinterpret(dg_t_desc.dtype, [BUFFERS] + dg_t_desc.block_type.shape, dg_t_desc.layout)
@@ -320,20 +377,30 @@ def second_launch_kernel(
         gdc_wait()
         if TRACE:
             proceed, _ = clock_stamp(pid)
-    if pid < 2 * weight_tiles:  # dWg's tiles, then dWu's: Σ_t A[t, m] x[t, n] over the T tokens
-        tile = pid % weight_tiles
-        off_m = (tile // weight_tiles_n) * BLOCK_M
-        off_n = (tile % weight_tiles_n) * WEIGHT_N
+    if pid < weight_programs:  # dWg's tiles, then dWu's: Σ_t A[t, m] x[t, n] over the T tokens
         k_steps = gl.cdiv(T, BLOCK_K)
-        if pid < weight_tiles:
-            weight_grad_region(dg_t_desc, dg_lo_t_desc, x_desc, dwg_desc, a_t_bufs, a_lo_t_bufs, x_bufs, ready, empty,
-                               weight_c_smem.index(0), off_m, off_n, k_steps, WITH_LO, num_warps)  # fmt: skip
-        else:
-            weight_grad_region(du_t_desc, du_lo_t_desc, x_desc, dwu_desc, a_t_bufs, a_lo_t_bufs, x_bufs, ready, empty,
-                               weight_c_smem.index(0), off_m, off_n, k_steps, WITH_LO, num_warps)  # fmt: skip
+        if WEIGHT_GRAD_PERSISTENT:  # tiles pid, pid + weight_programs, ...
+            gl.warp_specialize([
+                (weight_grad_tiles_partition, (a_t_bufs, a_lo_t_bufs, x_bufs, ready, empty, dwg_desc, dwu_desc,
+                                               weight_c_smem.index(0), pid, weight_programs, weight_tiles,
+                                               weight_tiles_n, k_steps, WITH_LO, num_warps)),
+                (weight_grad_tiles_load_partition, (dg_t_desc, dg_lo_t_desc, du_t_desc, du_lo_t_desc, x_desc,
+                                                    a_t_bufs, a_lo_t_bufs, x_bufs, ready, empty, pid, weight_programs,
+                                                    weight_tiles, weight_tiles_n, k_steps, WITH_LO)),
+            ], [1], [40])  # fmt: skip
+        else:  # tile pid
+            off_m, off_n = weight_grad_tile_origin(pid, weight_tiles, weight_tiles_n, BLOCK_M, WEIGHT_N)
+            if pid < weight_tiles:
+                weight_grad_region(dg_t_desc, dg_lo_t_desc, x_desc, dwg_desc, a_t_bufs, a_lo_t_bufs, x_bufs, ready,
+                                   empty, weight_c_smem.index(0), off_m, off_n, k_steps, WITH_LO,
+                                   num_warps)  # fmt: skip
+            else:
+                weight_grad_region(du_t_desc, du_lo_t_desc, x_desc, dwu_desc, a_t_bufs, a_lo_t_bufs, x_bufs, ready,
+                                   empty, weight_c_smem.index(0), off_m, off_n, k_steps, WITH_LO,
+                                   num_warps)  # fmt: skip
     else:  # dx's tiles: Σ_k dG[t, k] Wg[k, n] + Σ_k dU[t, k] Wu[k, n], each over GRAD_X_SPLITS programs in turn
-        tile = (pid - 2 * weight_tiles) // GRAD_X_SPLITS
-        split = (pid - 2 * weight_tiles) % GRAD_X_SPLITS
+        tile = (pid - weight_programs) // GRAD_X_SPLITS
+        split = (pid - weight_programs) % GRAD_X_SPLITS
         off_m = (tile % gl.cdiv(T, BLOCK_M)) * BLOCK_M  # row blocks fastest: the programs at once share Wg, Wu tiles
         off_n = (tile // gl.cdiv(T, BLOCK_M)) * BLOCK_N
         half_steps = gl.cdiv(I, BLOCK_K)
@@ -348,7 +415,7 @@ def second_launch_kernel(
                                      b_bufs, ready, empty, off_m, off_n, half_steps, first_step, end_step, WITH_LO)),
         ], [1], [40])  # fmt: skip
     if TRACE:
-        record_program(trace_ptr, gl.program_id(0), start, proceed, sm, (pid >= 2 * weight_tiles).to(gl.int32))
+        record_program(trace_ptr, gl.program_id(0), start, proceed, sm, (pid >= weight_programs).to(gl.int32))
 
 
 @dataclass(frozen=True)
@@ -375,20 +442,33 @@ class GluonSecondLaunchConfig:
     # power of two): where the few dx tiles (at 128 tokens 16 of 64 × 256) each stream ~1 MB of operands through one
     # SM, their reduction spread over more SMs shortens the launch's critical path
     grad_x_splits: int = 1
+    # programs for the dWg and dWu tiles: 0, one a tile; else at most this many, each taking tiles p, p + programs,
+    # ... with its loading warp running into the next tile's K steps while the last is multiplied and stored (where
+    # the weight-gradient tiles are short and come in several waves beside the dx tiles, each program's fixed cost
+    # is paid once instead of once a tile)
+    weight_grad_programs: int = 0
 
     def __post_init__(self):
         if self.grad_x_splits < 1 or self.grad_x_splits & (self.grad_x_splits - 1):
             raise ValueError(f"config: grad_x_splits must be a power of two, got {self.grad_x_splits}")
+        if self.weight_grad_programs < 0:
+            raise ValueError(f"config: weight_grad_programs must be 0 (one a tile) or more, got "
+                             f"{self.weight_grad_programs}")  # fmt: skip
 
     def grad_x_tiles(self, num_tokens: int, hidden_size: int) -> int:
         """dx's output tiles (each ``grad_x_splits`` programs)."""
         return cdiv(num_tokens, self.block_m) * cdiv(hidden_size, self.block_n)
 
-    def programs(self, num_tokens: int, hidden_size: int, intermediate_size: int) -> int:
-        """Programs of the launch: dWg's and dWu's tiles, then dx's tiles' splits."""
+    def weight_grad_programs_for(self, hidden_size: int, intermediate_size: int) -> int:
+        """Programs taking dWg's and dWu's tiles: one a tile, or at most ``weight_grad_programs``."""
         # not triton.cdiv: a constexpr function, ~3 µs a call on the host
-        weight_tiles = cdiv(intermediate_size, self.block_m) * cdiv(hidden_size, self.weight_block_n)
-        return 2 * weight_tiles + self.grad_x_tiles(num_tokens, hidden_size) * self.grad_x_splits
+        tiles = 2 * cdiv(intermediate_size, self.block_m) * cdiv(hidden_size, self.weight_block_n)
+        return min(tiles, self.weight_grad_programs) if self.weight_grad_programs else tiles
+
+    def programs(self, num_tokens: int, hidden_size: int, intermediate_size: int) -> int:
+        """Programs of the launch: those of dWg's and dWu's tiles, then dx's tiles' splits."""
+        return (self.weight_grad_programs_for(hidden_size, intermediate_size)
+                + self.grad_x_tiles(num_tokens, hidden_size) * self.grad_x_splits)  # fmt: skip
 
     def descriptors(self, x, gate_weight, up_weight, d_gate, d_up, grad_x, grad_gate_weight, grad_up_weight):
         """The kernel's 14 TMA descriptors, in its argument order (lo descriptors repeat hi ones without lo halves)."""
@@ -430,6 +510,7 @@ def prepare_second_launch_gluon(config: GluonSecondLaunchConfig, x, gate_weight,
     trace_or_placeholder = grad_x_workspace[1] if trace is None else trace
     return prepared_launch(ENCODED_LAUNCHES, key, second_launch_kernel, config.programs(T, H, I),
                            (*descriptors, *grad_x_workspace, trace_or_placeholder, T, I, with_lo, config.buffers,
-                            config.grad_x_first, config.programmatic, config.grad_x_splits, trace is not None),
+                            config.grad_x_first, config.programmatic, config.grad_x_splits,
+                            config.weight_grad_programs > 0, trace is not None),
                            warps=config.warps, maxnreg=config.maxnreg, device=x.device,
                            options=dict(launch_pdl=True) if config.programmatic else None)  # fmt: skip
