@@ -382,6 +382,12 @@ for _d_x in (1, 2, 4):
             _M64_EARLY, gluon_second_launch=dataclasses.replace(_M64_EARLY_LAUNCH2, grad_x_splits=_d_x,
                                                                 weight_grad_programs=_programs))  # fmt: skip
 
+# the 65-1099 band's form with launch 1's K steps twice as deep (128, 4 buffers: the same ring bytes): at 65-256
+# tokens each dA tile streams its 768 KB of operands through one SM at about the SM's share of the L2, in 32 steps
+# of 24 KB; 16 of 48 KB halve the copies issued and waited on
+P1_CANDIDATES["gluon12_m64_early_l1k128b4"] = dataclasses.replace(_M64_EARLY, gluon_first_launch=dataclasses.replace(
+    _M64_EARLY.gluon_first_launch, block_k=128, buffers=4))
+
 # kernel G's settings as the P2 scripts spell them (FIELD=VALUE), and the FusedDxConfig fields they set
 FUSED_DX_FIELDS = {"gate_up_dx_tile": ("block_i", "block_h", "block_rows"), "warps_g": ("warps",),
                    "stages_g": ("stages",)}  # fmt: skip
