@@ -252,7 +252,8 @@ def choose_config(num_tokens: int, hidden_size: int, intermediate_size: int, *, 
     faithful path takes the one-launch design (:class:`~.one_launch.OneLaunchConfig`) up to
     :data:`ONE_LAUNCH_MAX_TOKENS`; beyond, where ``gluon`` (the Gluon launches run on the call's device and operands:
     a Hopper GPU, 16-bit, rows TMA can address), both launches in Gluon (:mod:`.gluon_launch1`,
-    :mod:`.gluon_launch2`) in the forms of :data:`GLUON_FORMS`; elsewhere in :data:`CHAINED_LAUNCH_TOKENS` the two
+    :mod:`.gluon_launch2`) in the forms of :data:`GLUON_FORMS` (the fast path only in :data:`GLUON_FAST_TOKENS`,
+    without the lo halves and with dx's tiles unsplit); elsewhere in :data:`CHAINED_LAUNCH_TOKENS` the two
     launches' tiles chained into one launch (:class:`~.chained.ChainedConfig`; any grid size: it needs no
     residency), beyond that the two Triton launches.
     Under the interpreter: 16-wide tiles split in two, so that tiny test shapes still have several
