@@ -381,6 +381,11 @@ for _d_x in (1, 2, 4):
         P1_CANDIDATES[f"gluon12_m64_early_dx{_d_x}_wp{_programs}"] = dataclasses.replace(
             _M64_EARLY, gluon_second_launch=dataclasses.replace(_M64_EARLY_LAUNCH2, grad_x_splits=_d_x,
                                                                 weight_grad_programs=_programs))  # fmt: skip
+# the same with the weight-gradient tiles 128 wide (twice as many, half as long: finer pieces to fill the SMs around
+# dx's tiles, their fixed cost paid once a program)
+P1_CANDIDATES["gluon12_m64_early_dx1_w128_wp68"] = dataclasses.replace(
+    _M64_EARLY, gluon_second_launch=dataclasses.replace(_M64_EARLY_LAUNCH2, weight_block_n=128,
+                                                        weight_grad_programs=68))  # fmt: skip
 
 # the 65-1099 band's form with launch 1's K steps twice as deep (128, 4 buffers: the same ring bytes): at 65-256
 # tokens each dA tile streams its 768 KB of operands through one SM at about the SM's share of the L2, in 32 steps
