@@ -101,13 +101,7 @@ def compile_gluon_second_launch(config, with_lo: bool, num_tokens: int = 256):
     descs = config.descriptors(x, weight, weight, halves, halves, x, weight, weight)
     arguments = dict(zip(names, descs, strict=True)) | dict(T="i32", I="i32", dx_partials_ptr="*fp32",
                                                             dx_counters_ptr="*i32", trace_ptr="*i32")  # fmt: skip
-    return compile_gluon_for_sm90(kernel, arguments, dict(WITH_LO=with_lo, BUFFERS=config.buffers,
-                                                          GRAD_X_FIRST=config.grad_x_first,
-                                                          PROGRAMMATIC=config.programmatic,
-                                                          GRAD_X_SPLITS=config.grad_x_splits,
-                                                          WEIGHT_GRAD_PERSISTENT=config.weight_grad_programs > 0,
-                                                          TRACE=False,
-                                                          num_warps=config.warps),
+    return compile_gluon_for_sm90(kernel, arguments, config.constexprs(with_lo) | dict(num_warps=config.warps),
                                   warps=config.warps, maxnreg=config.maxnreg)  # fmt: skip
 
 
@@ -125,13 +119,7 @@ def compile_gluon_first_launch(config, with_lo: bool, num_tokens: int = 256):
     names = [name for name in kernel.arg_names if name.endswith("_desc")]
     arguments = dict(zip(names, descs, strict=True)) | dict(T="i32", I="i32", d_a_partials_ptr="*fp32",
                                                             d_a_counters_ptr="*i32", trace_ptr="*i32")  # fmt: skip
-    return compile_gluon_for_sm90(kernel, arguments, dict(WITH_LO=with_lo, BUFFERS=config.buffers,
-                                                          D_A_HALVES=config.d_a_halves, D_A_FIRST=config.d_a_first,
-                                                          EARLY_DEPENDENTS=config.early_dependents,
-                                                          STORES_IN_FLIGHT=config.stores_in_flight,
-                                                          D_A_SPLITS=config.d_a_splits,
-                                                          SAVED_EARLY=config.saved_tiles_early, TRACE=False,
-                                                          num_warps=config.warps),
+    return compile_gluon_for_sm90(kernel, arguments, config.constexprs(with_lo) | dict(num_warps=config.warps),
                                   warps=config.warps, maxnreg=config.maxnreg)  # fmt: skip
 
 

@@ -21,7 +21,7 @@ from moe_lib import problems
 from moe_lib.bench.tuning import P1_CANDIDATES
 from moe_lib.encoded_launch import EncodedLaunch
 from moe_lib.swiglu_down.gluon_launch2 import second_launch_kernel
-from moe_lib.swiglu_down.launch import swiglu_down_backward_triton
+from moe_lib.swiglu_down.launch import SplitWorkspace, swiglu_down_backward_triton
 
 
 def mean_host_us(piece, calls: int) -> float:
@@ -72,10 +72,9 @@ def main() -> None:
     descriptor_args = (x, gate_weight, up_weight, d_gate, d_up, *outputs)
     descriptors = launch2.descriptors(*descriptor_args)
     grid = (launch2.programs(T, H, I),)
-    unsplit = torch.empty(1, device="cuda", dtype=torch.float32)  # the dx splits' workspace, unused unsplit
-    untraced = unsplit.view(torch.int32)  # the trace's placeholder (TRACE off)
-    scalars = (unsplit, unsplit.view(torch.int32), untraced, T, I, True, launch2.buffers, launch2.grad_x_first,
-               launch2.programmatic, launch2.grad_x_splits, False)
+    unsplit = SplitWorkspace.placeholders(x.device)  # the dx splits' workspace, unused unsplit
+    untraced = unsplit[1]  # the trace's placeholder (TRACE off)
+    scalars = (*unsplit, untraced, T, I, *launch2.constexprs(with_lo=True).values())
     options = dict(num_warps=launch2.warps, maxnreg=launch2.maxnreg)
     compiled = second_launch_kernel[grid](*descriptors, *scalars, **options)
     encoded = EncodedLaunch(compiled)

@@ -120,3 +120,16 @@ def test_saved_tiles_early_only_on_unsplit_dA_tiles_block_n_wide(fields):
     with pytest.raises(ValueError, match="saved_tiles_early"):
         GluonFirstLaunchConfig(saved_tiles_early=True, **fields)
     assert GluonFirstLaunchConfig(saved_tiles_early=True).saved_tiles_early
+
+
+@pytest.mark.parametrize("config", [GluonFirstLaunchConfig(block_m=64, warps=4, buffers=8, d_a_splits=2),
+                                    GluonSecondLaunchConfig(grad_x_splits=2, weight_grad_programs=68)])
+def test_constexprs_follow_the_kernels_arguments(config):
+    """What the host passes after T and I is the kernel's compile-time arguments in their order (num_warps aside)."""
+    from moe_lib.swiglu_down import gluon_launch1, gluon_launch2
+
+    kernel = (gluon_launch1.first_launch_kernel if isinstance(config, GluonFirstLaunchConfig)
+              else gluon_launch2.second_launch_kernel)  # fmt: skip
+    names = kernel.arg_names
+    assert list(config.constexprs(True, traced=True)) == names[names.index("I") + 1:names.index("num_warps")]
+    assert config.constexprs(False)["WITH_LO"] is False and config.constexprs(True)["TRACE"] is False

@@ -411,6 +411,12 @@ class GluonFirstLaunchConfig:
         grad_down_tiles = cdiv(hidden_size, self.block_m) * cdiv(intermediate_size, self.grad_down_block_n)
         return grad_down_tiles + self.d_a_tiles(num_tokens, intermediate_size) * self.d_a_splits
 
+    def constexprs(self, with_lo: bool, traced: bool = False) -> dict:
+        """The kernel's compile-time arguments after T and I, by name in its argument order (``num_warps`` aside)."""
+        return dict(WITH_LO=with_lo, BUFFERS=self.buffers, D_A_HALVES=self.d_a_halves, D_A_FIRST=self.d_a_first,
+                    EARLY_DEPENDENTS=self.early_dependents, STORES_IN_FLIGHT=self.stores_in_flight,
+                    SAVED_EARLY=self.saved_tiles_early, D_A_SPLITS=self.d_a_splits, TRACE=traced)  # fmt: skip
+
     def descriptors(self, grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate, d_gate, d_up,
                     grad_down_weight):  # fmt: skip
         """The kernel's 13 descriptors in its argument order: dyᵀ, intermediate, dy, Wd; the saved gate, σ, silu, up;
@@ -443,8 +449,7 @@ def prepare_first_launch_gluon(config: GluonFirstLaunchConfig, grad_output, down
     key = (grad_output.device, grad_output.dtype, with_lo, config, trace is not None)
     trace_or_placeholder = d_a_workspace[1] if trace is None else trace
     return prepared_launch(ENCODED_LAUNCHES, key, first_launch_kernel, config.programs(T, H, I),
-                           (*descriptors, *d_a_workspace, trace_or_placeholder, T, I, with_lo, config.buffers,
-                            config.d_a_halves, config.d_a_first, config.early_dependents, config.stores_in_flight,
-                            config.saved_tiles_early, config.d_a_splits, trace is not None),
+                           (*descriptors, *d_a_workspace, trace_or_placeholder, T, I,
+                            *config.constexprs(with_lo, trace is not None).values()),
                            warps=config.warps, maxnreg=config.maxnreg,
                            device=grad_output.device)  # fmt: skip

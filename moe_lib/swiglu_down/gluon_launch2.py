@@ -470,6 +470,12 @@ class GluonSecondLaunchConfig:
         return (self.weight_grad_programs_for(hidden_size, intermediate_size)
                 + self.grad_x_tiles(num_tokens, hidden_size) * self.grad_x_splits)  # fmt: skip
 
+    def constexprs(self, with_lo: bool, traced: bool = False) -> dict:
+        """The kernel's compile-time arguments after T and I, by name in its argument order (``num_warps`` aside)."""
+        return dict(WITH_LO=with_lo, BUFFERS=self.buffers, GRAD_X_FIRST=self.grad_x_first,
+                    PROGRAMMATIC=self.programmatic, GRAD_X_SPLITS=self.grad_x_splits,
+                    WEIGHT_GRAD_PERSISTENT=self.weight_grad_programs > 0, TRACE=traced)  # fmt: skip
+
     def descriptors(self, x, gate_weight, up_weight, d_gate, d_up, grad_x, grad_gate_weight, grad_up_weight):
         """The kernel's 14 TMA descriptors, in its argument order (lo descriptors repeat hi ones without lo halves)."""
         bm, bn, bk, wn = self.block_m, self.block_n, self.block_k, self.weight_block_n
@@ -509,8 +515,7 @@ def prepare_second_launch_gluon(config: GluonSecondLaunchConfig, x, gate_weight,
     key = (x.device, x.dtype, with_lo, config, trace is not None)
     trace_or_placeholder = grad_x_workspace[1] if trace is None else trace
     return prepared_launch(ENCODED_LAUNCHES, key, second_launch_kernel, config.programs(T, H, I),
-                           (*descriptors, *grad_x_workspace, trace_or_placeholder, T, I, with_lo, config.buffers,
-                            config.grad_x_first, config.programmatic, config.grad_x_splits,
-                            config.weight_grad_programs > 0, trace is not None),
+                           (*descriptors, *grad_x_workspace, trace_or_placeholder, T, I,
+                            *config.constexprs(with_lo, trace is not None).values()),
                            warps=config.warps, maxnreg=config.maxnreg, device=x.device,
                            options=dict(launch_pdl=True) if config.programmatic else None)  # fmt: skip
