@@ -13,6 +13,7 @@ rows (CSV) and a timeline per token count (PNG, one line per program at its SM) 
 import argparse
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
@@ -71,11 +72,6 @@ def traced_rows(num_tokens: int, config, seed: int) -> pd.DataFrame:
 
 def timeline(rows: pd.DataFrame, path: Path) -> None:
     """One line per program from its start to its end at its SM, by launch and tile kind (a PNG at ``path``)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     fig = kernels.program_timeline_figure({f"P1 faithful call, {int(rows['T'].iloc[0])} tokens": rows})
     fig.savefig(path, dpi=120)
     plt.close(fig)

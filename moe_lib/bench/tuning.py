@@ -358,15 +358,15 @@ for _base in ("gluon12_m64_lf_pdl_sif_graph", "gluon12_l2m64_lf_pdl_sif_graph", 
 # the last to arrive summing the partials row block by row block in 16-byte loads: at 65-256 tokens the 16 dx tiles
 # each run the whole K = 2I (hi and lo) on one SM and end the call ~9 us after launch 2's other tiles
 _M64_EARLY = P1_CANDIDATES["gluon12_m64_lf_pdl_sif_graph_early"]
+_M64_EARLY_LAUNCH2 = _M64_EARLY.gluon_second_launch
 for _d_x in (2, 4, 8):
     P1_CANDIDATES[f"gluon12_m64_early_dx{_d_x}"] = dataclasses.replace(_M64_EARLY, gluon_second_launch=(
-        dataclasses.replace(_M64_EARLY.gluon_second_launch, grad_x_splits=_d_x)))
+        dataclasses.replace(_M64_EARLY_LAUNCH2, grad_x_splits=_d_x)))
 
 # at 257-1099 tokens launch 2 is two waves of unequal tiles (at 512: 64 dx tiles end at 30.5 µs, the 192
 # weight-gradient tiles behind them at 35.5): dx split in 2 behind the weight-gradient tiles (``_wfirst``: the short
 # splits fill the second wave), and/or the weight-gradient tiles 128 wide (``_w128``: 96 of each kind, each twice as
 # many K steps per byte of output)
-_M64_EARLY_LAUNCH2 = _M64_EARLY.gluon_second_launch
 for _name, _fields in (("dx2_wfirst", dict(grad_x_splits=2, grad_x_first=False)), ("w128", dict(weight_block_n=128)),
                        ("dx2_w128", dict(grad_x_splits=2, weight_block_n=128)),
                        ("dx2_wfirst_w128", dict(grad_x_splits=2, grad_x_first=False, weight_block_n=128))):
