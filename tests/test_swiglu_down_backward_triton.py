@@ -459,17 +459,30 @@ def test_faithful_path_takes_the_gluon_forms_where_they_run():
             rows[T] = (tiles.gluon_first_launch.block_m, tiles.gluon_second_launch.block_m)
             assert tiles.gluon_first_launch.early_dependents and tiles.gluon_second_launch.programmatic, T
             assert tiles.gluon_first_launch.stores_in_flight and tiles.gluon_first_launch.saved_tiles_early, T
-            assert (tiles.gluon_first_launch, tiles.gluon_second_launch) == GLUON_FORMS[
-                max(first for first in GLUON_FORMS if first <= T)], T
+            launch1, launch2 = GLUON_FORMS[max(first for first in GLUON_FORMS if first <= T)]
+            assert tiles.gluon_first_launch == launch1, T
+            # the persistent weight-gradient programs capped so that they fit beside dx's on the SMs
+            dx_programs = launch2.grad_x_tiles(T, 2048) * launch2.grad_x_splits
+            programs = max(1, min(launch2.weight_grad_programs, max_programs - dx_programs))
+            assert tiles.gluon_second_launch == dataclasses.replace(
+                launch2, weight_grad_programs=programs if launch2.weight_grad_programs else 0), T
         # the fast path: the same forms without the lo halves (dx's tiles unsplit) to 959 tokens, its own beyond
         assert (config(T, with_lo=False).gluon_first_launch is None) == (T > 959), T
         assert getattr(config(T, with_lo=False, element_bytes=4), "gluon_first_launch", None) is None, T  # 16-bit
         if T <= 959:
             assert config(T, with_lo=False).gluon_second_launch == dataclasses.replace(
-                config(T).gluon_second_launch, grad_x_splits=1), T
+                config(T).gluon_second_launch, grad_x_splits=1,
+                weight_grad_programs=config(T, with_lo=False).gluon_second_launch.weight_grad_programs), T
         assert config(T, interpreter=True).gluon_first_launch is None, T
     splits = {T: config(T).gluon_second_launch.grad_x_splits for T in (65, 128, 129, 256, 257, 8192)}
     assert splits == {65: 4, 128: 4, 129: 2, 256: 2, 257: 1, 8192: 1}  # dx's K split where its tiles are few
+    # dWg's and dWu's 192 tiles taken in turn by the programs beside dx's to 639 tokens: 68 where dx has 64 (the
+    # 132 SMs full), fewer where dx has more, one a tile from 640
+    weight_programs = {T: (config(T).gluon_second_launch.weight_grad_programs,
+                           config(T, with_lo=False).gluon_second_launch.weight_grad_programs)
+                       for T in (65, 128, 256, 384, 512, 600, 639, 640, 959)}  # fmt: skip
+    assert weight_programs == {65: (68, 68), 128: (68, 68), 256: (68, 68), 384: (68, 68), 512: (68, 68),
+                               600: (52, 52), 639: (52, 52), 640: (0, 0), 959: (0, 0)}  # fmt: skip
     assert rows == {65: (64, 64), 129: (64, 64), 512: (64, 64), 1099: (64, 64), 1100: (128, 64), 1399: (128, 64),
                     1400: (128, 64), 2299: (128, 64), 2300: (128, 128), 3300: (128, 64), 4600: (128, 128),
                     8192: (128, 128), 12288: (128, 128)}

@@ -377,7 +377,7 @@ for _name, _fields in (("dx2_wfirst", dict(grad_x_splits=2, grad_x_first=False))
 # (``weight_grad_programs``: at 65-512 tokens 40-64 dx programs and 192 weight-gradient tiles, each ~3 µs of fixed
 # cost beside 1-4.5 µs of products; 68 programs fill the 132 SMs with dx's 64, 34 take six tiles each)
 for _d_x in (1, 2, 4):
-    for _programs in (34, 68):
+    for _programs in (34, 52, 68):
         P1_CANDIDATES[f"gluon12_m64_early_dx{_d_x}_wp{_programs}"] = dataclasses.replace(
             _M64_EARLY, gluon_second_launch=dataclasses.replace(_M64_EARLY_LAUNCH2, grad_x_splits=_d_x,
                                                                 weight_grad_programs=_programs))  # fmt: skip

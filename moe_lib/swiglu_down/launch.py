@@ -136,10 +136,19 @@ _GLUON_TALL_GRAD_X_FIRST = GluonSecondLaunchConfig(block_m=64, warps=4, buffers=
 # 32.3-32.4 µs, 192 30.4 against 32.8, 256 32.3 against 33.1; slower from 384 (38.8 against 35.0).
 _GLUON_TALL_64 = GluonFirstLaunchConfig(block_m=64, warps=4, buffers=8, d_a_first=True, early_dependents=True,
                                         stores_in_flight=True, saved_tiles_early=True)  # fmt: skip
+# To 639 tokens launch 2's 192 weight-gradient tiles go to 68 programs that take them in turn
+# (``weight_grad_programs``), which with dx's 64 programs (at most) fill the 132 SMs: one tile a program, they ran as
+# three waves beside dx's tiles and ended the call 5 µs after them at 512 tokens (program traces); each program's
+# set-up, first round trip and store drain are now paid once. By graph replay (NOTES, design 19), faithful: 512 tokens
+# 36.0 against 39.6 µs, 384 33.9 against 34.9, 256 30.9 against 32.9, 65-128 28.4-28.6 against 28.7-29.0; fast (dx
+# unsplit) 512 30.4 against 33.3, 65-384 0.3-0.7 µs off. From 768 tokens (96 dx tiles: the persistent programs no
+# longer fit beside them) 12-14 µs slower.
+_PERSISTENT_WEIGHT_GRAD = dataclasses.replace(_GLUON_TALL_GRAD_X_FIRST, weight_grad_programs=68)
 GLUON_FORMS = {  # from this many tokens: (launch 1, launch 2)
-    0: (_GLUON_TALL_64, dataclasses.replace(_GLUON_TALL_GRAD_X_FIRST, grad_x_splits=4)),
-    129: (_GLUON_TALL_64, dataclasses.replace(_GLUON_TALL_GRAD_X_FIRST, grad_x_splits=2)),
-    257: (_GLUON_TALL_64, _GLUON_TALL_GRAD_X_FIRST),
+    0: (_GLUON_TALL_64, dataclasses.replace(_PERSISTENT_WEIGHT_GRAD, grad_x_splits=4)),
+    129: (_GLUON_TALL_64, dataclasses.replace(_PERSISTENT_WEIGHT_GRAD, grad_x_splits=2)),
+    257: (_GLUON_TALL_64, _PERSISTENT_WEIGHT_GRAD),
+    640: (_GLUON_TALL_64, _GLUON_TALL_GRAD_X_FIRST),
     1100: (_GLUON_WIDE_D_A_FIRST, _GLUON_TALL_GRAD_X_FIRST),
     1400: (_GLUON_WIDE_D_A_FIRST, _GLUON_TALL),
     2300: (_GLUON_WIDE, GluonSecondLaunchConfig(programmatic=True)),
@@ -264,6 +273,10 @@ def choose_config(num_tokens: int, hidden_size: int, intermediate_size: int, *, 
         launch1, launch2 = GLUON_FORMS[max(first for first in GLUON_FORMS if first <= num_tokens)]
         if not with_lo:
             launch2 = dataclasses.replace(launch2, grad_x_splits=1)
+        if launch2.weight_grad_programs and max_programs:  # the persistent programs beside dx's, all resident
+            dx_programs = launch2.grad_x_tiles(num_tokens, hidden_size) * launch2.grad_x_splits
+            launch2 = dataclasses.replace(launch2, weight_grad_programs=max(
+                1, min(launch2.weight_grad_programs, max_programs - dx_programs)))
         return dataclasses.replace(FAITHFUL_TILES, gluon_first_launch=launch1, gluon_second_launch=launch2,
                                    gluon_as_one_graph=True)  # fmt: skip
     if num_tokens <= FEW_TOKENS_MAX_TOKENS["faithful" if with_lo else "fast"] and element_bytes == 2:
