@@ -485,9 +485,9 @@ def test_fast_path_gluon_times_hold_the_band_of_gluon_fast_tokens():
     both = table.dropna(subset=["Gluon launches, dx unsplit", "cuBLAS"]).index
     assert set(both) >= {65, 128, 640, 896, 1024, 1321}
     for T in both:
-        assert (gluon[T] < cublas[T]) == (T < p1_launch.GLUON_FAST_TOKENS.stop), T
+        assert (gluon[T] < cublas[T]) == (T < p1_launch.GLUON_FAST_TOKENS[0].stop), T
     assert (table.loc[[160, 192], "Gluon launches, dx in 4"] > gluon[[160, 192]]).all()
     fig = kernels.speedup_figure(table[["cuBLAS", "Gluon launches, dx unsplit"]], "cuBLAS", "test",
-                                 switch=p1_launch.GLUON_FAST_TOKENS.stop)  # fmt: skip
+                                 switch=p1_launch.GLUON_FAST_TOKENS[0].stop)  # fmt: skip
     assert len(fig.axes[0].lines) == 3
     plt.close(fig)

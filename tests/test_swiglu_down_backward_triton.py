@@ -441,6 +441,7 @@ def test_faithful_path_takes_the_gluon_forms_where_they_run():
         GLUON_FORMS,
         TileConfig,
         choose_config,
+        fast_path_on_gluon,
     )
 
     def config(T, **kwargs):
@@ -466,23 +467,24 @@ def test_faithful_path_takes_the_gluon_forms_where_they_run():
             programs = max(1, min(launch2.weight_grad_programs, max_programs - dx_programs))
             assert tiles.gluon_second_launch == dataclasses.replace(
                 launch2, weight_grad_programs=programs if launch2.weight_grad_programs else 0), T
-        # the fast path: the same forms without the lo halves (dx's tiles unsplit) to 959 tokens, its own beyond
-        assert (config(T, with_lo=False).gluon_first_launch is None) == (T > 959), T
+        # the fast path: the same forms without the lo halves (dx's tiles unsplit) in its bands, its own elsewhere
+        assert (config(T, with_lo=False).gluon_first_launch is None) == (not fast_path_on_gluon(T)), T
         assert getattr(config(T, with_lo=False, element_bytes=4), "gluon_first_launch", None) is None, T  # 16-bit
-        if T <= 959:
+        if fast_path_on_gluon(T):
             assert config(T, with_lo=False).gluon_second_launch == dataclasses.replace(
                 config(T).gluon_second_launch, grad_x_splits=1,
                 weight_grad_programs=config(T, with_lo=False).gluon_second_launch.weight_grad_programs), T
         assert config(T, interpreter=True).gluon_first_launch is None, T
     splits = {T: config(T).gluon_second_launch.grad_x_splits for T in (65, 128, 129, 256, 257, 8192)}
     assert splits == {65: 4, 128: 4, 129: 2, 256: 2, 257: 1, 8192: 1}  # dx's K split where its tiles are few
-    # dWg's and dWu's 192 tiles taken in turn by the programs beside dx's to 639 tokens: 68 where dx has 64 (the
-    # 132 SMs full), fewer where dx has more, one a tile from 640
+    # dWg's and dWu's 192 tiles taken in turn by 68 programs beside dx's to 512 tokens (the 132 SMs full with dx's 64
+    # programs), fewer where fewer SMs are left, one a tile from 513
     weight_programs = {T: (config(T).gluon_second_launch.weight_grad_programs,
-                           config(T, with_lo=False).gluon_second_launch.weight_grad_programs)
-                       for T in (65, 128, 256, 384, 512, 600, 639, 640, 959)}  # fmt: skip
-    assert weight_programs == {65: (68, 68), 128: (68, 68), 256: (68, 68), 384: (68, 68), 512: (68, 68),
-                               600: (52, 52), 639: (52, 52), 640: (0, 0), 959: (0, 0)}  # fmt: skip
+                           config(T, with_lo=False).gluon_second_launch.weight_grad_programs,
+                           config(T, max_programs=100).gluon_second_launch.weight_grad_programs)
+                       for T in (65, 128, 256, 384, 512, 513, 959)}  # fmt: skip
+    assert weight_programs == {65: (68, 68, 36), 128: (68, 68, 36), 256: (68, 68, 36), 384: (68, 68, 52),
+                               512: (68, 68, 36), 513: (0, 0, 0), 959: (0, 0, 0)}  # fmt: skip
     assert rows == {65: (64, 64), 129: (64, 64), 512: (64, 64), 1099: (64, 64), 1100: (128, 64), 1399: (128, 64),
                     1400: (128, 64), 2299: (128, 64), 2300: (128, 128), 3300: (128, 64), 4600: (128, 128),
                     8192: (128, 128), 12288: (128, 128)}
@@ -511,13 +513,14 @@ def test_design_by_token_count():
 
     first = LIBRARY_GEMMS_MIN_TOKENS["fast"]
     memcpy = LIBRARY_GEMMS_MEMCPY_STACK_MIN_TOKENS
-    assert first == GLUON_FAST_TOKENS.start  # where the Gluon launches run, the fast path takes them first
-    for T in (first, first + 1, GLUON_FAST_TOKENS.stop - 1):
+    assert first == GLUON_FAST_TOKENS[0].start  # where the Gluon launches run, the fast path takes them first
+    for T in [T for band in GLUON_FAST_TOKENS for T in (band.start, band.start + 1, band.stop - 1)]:
         design = choose_design(T, 2048, 768, interpreter=False, max_programs=132)
         assert design == choose_config(T, 2048, 768, interpreter=False, max_programs=132), T
         assert design.gluon_first_launch is not None and design.gluon_second_launch is not None, T
-    for T, gluon in ((first, False), (first + 1, False), (GLUON_FAST_TOKENS.stop, True), (1023, True),
-                     (1024, True), (memcpy - 1, True), (memcpy, True), (8192, True)):  # fmt: skip
+    for T, gluon in ((first, False), (first + 1, False), (GLUON_FAST_TOKENS[0].stop, True), (1023, True),
+                     (1024, True), (memcpy - 1, True), (memcpy, True), (2299, True), (2300, False),
+                     (GLUON_FAST_TOKENS[1].stop, True), (8192, True)):  # fmt: skip
         design = choose_design(T, 2048, 768, interpreter=False, max_programs=132, gluon=gluon)
         assert isinstance(design, LibraryGemmsConfig) and design.streams and design.stack_aside, T
         assert design.d_a_fp32 == (T < LIBRARY_GEMMS_16BIT_DA_MIN_TOKENS), T
@@ -1065,7 +1068,7 @@ def test_traced_programs_collects_only_gluon_launches_and_does_not_nest():
 @pytest.mark.parametrize("T", [128, 2447])
 def test_gpu_traced_programs_record_every_program_and_keep_the_results(T, seed):
     """Under traced_programs the default's Gluon launches record one row per program (start ≤ proceed ≤ end on the
-    GPU's clock, an SM, a tile kind counted as the tiles are), and the call still matches float64."""
+    GPU's clock, an SM, a tile kind counted as the programs are), and the call still matches float64."""
     from moe_lib.swiglu_down.gluon_launch2 import TRACE_FIELDS
     from moe_lib.swiglu_down.launch import choose_design, swiglu_down_backward_triton, traced_programs
 
@@ -1081,8 +1084,8 @@ def test_gpu_traced_programs_record_every_program_and_keep_the_results(T, seed):
     assert len(traces) == 2 and set(traces[-1]) == {"launch 1", "launch 2"}
     expected = {"launch 1": (config.gluon_first_launch, H * I // (config.gluon_first_launch.block_m
                                                                   * config.gluon_first_launch.grad_down_block_n)),
-                "launch 2": (config.gluon_second_launch, 2 * I * H // (config.gluon_second_launch.block_m
-                                                                      * config.gluon_second_launch.weight_block_n))}
+                # one row a weight-gradient program: one a tile, or fewer taking the tiles in turn
+                "launch 2": (config.gluon_second_launch, config.gluon_second_launch.weight_grad_programs_for(H, I))}
     for name, rows in traces[-1].items():
         launch, weight_tiles = expected[name]
         rows = rows.cpu()

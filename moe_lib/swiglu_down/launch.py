@@ -136,19 +136,19 @@ _GLUON_TALL_GRAD_X_FIRST = GluonSecondLaunchConfig(block_m=64, warps=4, buffers=
 # 32.3-32.4 µs, 192 30.4 against 32.8, 256 32.3 against 33.1; slower from 384 (38.8 against 35.0).
 _GLUON_TALL_64 = GluonFirstLaunchConfig(block_m=64, warps=4, buffers=8, d_a_first=True, early_dependents=True,
                                         stores_in_flight=True, saved_tiles_early=True)  # fmt: skip
-# To 639 tokens launch 2's 192 weight-gradient tiles go to 68 programs that take them in turn
+# To 512 tokens launch 2's 192 weight-gradient tiles go to 68 programs that take them in turn
 # (``weight_grad_programs``), which with dx's 64 programs (at most) fill the 132 SMs: one tile a program, they ran as
 # three waves beside dx's tiles and ended the call 5 µs after them at 512 tokens (program traces); each program's
 # set-up, first round trip and store drain are now paid once. By graph replay (NOTES, design 19), faithful: 512 tokens
 # 36.0 against 39.6 µs, 384 33.9 against 34.9, 256 30.9 against 32.9, 65-128 28.4-28.6 against 28.7-29.0; fast (dx
-# unsplit) 512 30.4 against 33.3, 65-384 0.3-0.7 µs off. From 768 tokens (96 dx tiles: the persistent programs no
-# longer fit beside them) 12-14 µs slower.
+# unsplit) 512 30.2-30.4 against 32.7-33.3, 65-384 0.3-0.7 µs off. From 576 tokens (72 or more dx programs: fewer
+# persistent programs fit beside them) slower: faithful 43.7 against 42.8 at 576, 46.9 against 44.4 at 639.
 _PERSISTENT_WEIGHT_GRAD = dataclasses.replace(_GLUON_TALL_GRAD_X_FIRST, weight_grad_programs=68)
 GLUON_FORMS = {  # from this many tokens: (launch 1, launch 2)
     0: (_GLUON_TALL_64, dataclasses.replace(_PERSISTENT_WEIGHT_GRAD, grad_x_splits=4)),
     129: (_GLUON_TALL_64, dataclasses.replace(_PERSISTENT_WEIGHT_GRAD, grad_x_splits=2)),
     257: (_GLUON_TALL_64, _PERSISTENT_WEIGHT_GRAD),
-    640: (_GLUON_TALL_64, _GLUON_TALL_GRAD_X_FIRST),
+    513: (_GLUON_TALL_64, _GLUON_TALL_GRAD_X_FIRST),
     1100: (_GLUON_WIDE_D_A_FIRST, _GLUON_TALL_GRAD_X_FIRST),
     1400: (_GLUON_WIDE_D_A_FIRST, _GLUON_TALL),
     2300: (_GLUON_WIDE, GluonSecondLaunchConfig(programmatic=True)),
@@ -208,11 +208,21 @@ GLUON_MIN_TOKENS = 65
 # GPU finishes first: 449 against 148 µs at 1321 tokens; at 7168 tokens 370.8 against 395.1 µs in one run, but
 # 519–576 µs in two others, on hosts that took 500 µs a call, against the Triton launches' ≈ 395 (NOTES)
 LIBRARY_GEMMS_MIN_TOKENS = {"fast": FEW_TOKENS_MAX_TOKENS["fast"] + 1}
-# except in this band where the Gluon launches run: there the fast path takes them too (the forms of GLUON_FORMS
+# except in these bands where the Gluon launches run: there the fast path takes them too (the forms of GLUON_FORMS
 # without the lo halves, dx's tiles unsplit: half as long, they end with the rest), by graph replay on the H200
 # (NOTES, design 18) 26.6-27.2 against 28.1-29.7 µs at 65-160 tokens, 33.2 against 37.3 at 512, 36.7 against 39.4 at
-# 640, 47.4 against 49.6 at 896; from 1024 tokens cuBLAS leads (48.8 against 50.7, 1321 57.9 against 62.6)
-GLUON_FAST_TOKENS = range(FEW_TOKENS_MAX_TOKENS["fast"] + 1, 960)
+# 640, 47.4 against 49.6 at 896; from 1024 tokens cuBLAS leads (48.8 against 50.7, 1321 57.9 against 62.6). Again at
+# 2300-3299 tokens (the band's form with 128-row tiles in both launches; NOTES, design 19, two runs): 2447 84.7-84.8
+# against 85.5-86.2, 3089 97.6-98.3 against 103.9-105.0, a tie at 2767 (94.4-94.7 against 93.8-94.7); cuBLAS ahead
+# at 1087-1571 (by 1-5%), 3300 (109.6 against 115.7) and 4093-7168
+GLUON_FAST_TOKENS = (range(FEW_TOKENS_MAX_TOKENS["fast"] + 1, 960), range(2300, 3300))
+
+
+def fast_path_on_gluon(num_tokens: int) -> bool:
+    """Whether the fast path takes the Gluon launches (where they run) at this many tokens (GLUON_FAST_TOKENS)."""
+    return any(num_tokens in band for band in GLUON_FAST_TOKENS)
+
+
 # from here on the fast path keeps dA in the input dtype, as torch.compile's code does (236.7 against
 # 242.2 µs at 8192 tokens; within 1 µs of fp32 from 1087 to 2447); below, in fp32
 LIBRARY_GEMMS_16BIT_DA_MIN_TOKENS = 1024
@@ -233,7 +243,7 @@ def choose_design(num_tokens: int, hidden_size: int, intermediate_size: int, *, 
     of :func:`choose_config` (same arguments; ``gluon``: the Gluon launches can run, see there). A faithful threshold
     in that dict would run the design on one stream from there."""
     first = LIBRARY_GEMMS_MIN_TOKENS.get("faithful" if with_lo else "fast")
-    gluon_band = gluon and not with_lo and num_tokens in GLUON_FAST_TOKENS
+    gluon_band = gluon and not with_lo and fast_path_on_gluon(num_tokens)
     if not interpreter and element_bytes == 2 and first is not None and num_tokens >= first and not gluon_band:
         from .library_gemms import LibraryGemmsConfig  # it builds on this module's allocation
 
@@ -269,7 +279,7 @@ def choose_config(num_tokens: int, hidden_size: int, intermediate_size: int, *, 
     tiles, splits and edges."""
     if interpreter:
         return TileConfig((16, 16, 16, 2), (16, 16, 16, 2), (16, 16, 16, 2), (16, 16, 16, 1), (1, 1), (1, 1), 2)
-    if gluon and element_bytes == 2 and num_tokens >= GLUON_MIN_TOKENS and (with_lo or num_tokens in GLUON_FAST_TOKENS):
+    if gluon and element_bytes == 2 and num_tokens >= GLUON_MIN_TOKENS and (with_lo or fast_path_on_gluon(num_tokens)):
         launch1, launch2 = GLUON_FORMS[max(first for first in GLUON_FORMS if first <= num_tokens)]
         if not with_lo:
             launch2 = dataclasses.replace(launch2, grad_x_splits=1)
