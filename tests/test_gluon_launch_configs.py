@@ -94,6 +94,13 @@ def test_weight_grad_programs_take_the_tiles_in_turn():
         GluonSecondLaunchConfig(weight_grad_programs=-1)
 
 
+def test_inputs_before_the_wait_need_a_wait():
+    # the loading warps' early x, Wg, Wu tiles go out before the wait for launch 1: only where launch 2 waits at all
+    assert GluonSecondLaunchConfig(programmatic=True, inputs_before_wait=True).constexprs(True)["INPUTS_BEFORE_WAIT"]
+    with pytest.raises(ValueError, match="^config: inputs_before_wait needs programmatic"):
+        GluonSecondLaunchConfig(inputs_before_wait=True)
+
+
 @pytest.mark.parametrize("splits", [0, 3, 6])
 def test_splits_are_powers_of_two(splits):
     with pytest.raises(ValueError, match="d_a_splits"):

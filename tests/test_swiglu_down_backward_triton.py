@@ -1028,7 +1028,10 @@ def test_gpu_gluon_second_launch_reuses_one_compiled_kernel_across_token_counts(
                                        "gluon12_m64_lf_pdl_sif_graph_early", "gluon12_b6_pdl_sif_graph_early",
                                        "gluon12_m64_early_dx2", "gluon12_m64_early_dx4", "gluon12_m64_early_dx8",
                                        "gluon12_m64_early_dx1_wp68", "gluon12_m64_early_dx4_wp34",
-                                       "gluon12_m64_early_l1k128b4", "gluon12_m64_early_dx1_w128_wp68"])
+                                       "gluon12_m64_early_l1k128b4", "gluon12_m64_early_dx1_w128_wp68",
+                                       "gluon12_m64_early_dx4_wp68_ibw", "gluon12_m64_early_dx1_wp68_ibw",
+                                       "gluon12_m64_lf_pdl_sif_graph_early_ibw", "gluon12_b6_pdl_sif_graph_early_ibw",
+                                       "gluon12_b6_l2m64b6_pdl_sif_graph_early_ibw"])
 def test_gpu_gluon_first_launch_at_both_input_scales(T, precision, candidate, seed):
     """Both launches in Gluon (launch 1: dWd's tiles, as wide as dA's or half as wide, and dA's with the dSwiGLU
     epilogue from saved tiles staged in the ring, one or two 128-wide halves a tile) from poisoned memory, both input
@@ -1040,7 +1043,7 @@ def test_gpu_gluon_first_launch_at_both_input_scales(T, precision, candidate, se
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [100, 1087])
 @pytest.mark.parametrize("candidate", ["gluon12_m64_da4_dx4", "gluon12_m64_da8_dx4", "gluon12_m64_early_dx4",
-                                       "gluon12_m64_early_dx4_wp68"])
+                                       "gluon12_m64_early_dx4_wp68", "gluon12_m64_early_dx4_wp68_ibw"])
 def test_gpu_gluon_split_tiles_deterministic_and_replayed_from_a_graph(candidate, T, seed):
     """dA's and dx's tiles split over programs (the last to arrive sums the partials in split order and runs the
     epilogue): bitwise the same outputs call after call, whichever split arrives last, and the same from a replayed

@@ -594,3 +594,21 @@ def run_cases(run_case, cases, *, out: str | None, out_name: str, print_table) -
             Path(path).write_text(json.dumps(rows, indent=1))
         print_table(rows)
     return 0 if all(r.get("ok", True) and "error" not in r for r in rows) else 1
+
+# each band's form with launch 2's loading warps sending their first K steps' tiles of the call's inputs (x, Wg, Wu)
+# before the wait for launch 1 (``inputs_before_wait``): at 65-512 tokens launch 2's programs wait 3-6 µs for launch 1
+# (program traces), then start every K step's loads from nothing
+for _name in ("gluon12_m64_early_dx4_wp68", "gluon12_m64_early_dx2_wp68", "gluon12_m64_early_dx1_wp68",
+              "gluon12_m64_lf_pdl_sif_graph_early", "gluon12_l2m64_daf_pdl_sif_graph_early",
+              "gluon12_l2m64_lf_pdl_sif_graph_early", "gluon12_b6_pdl_sif_graph_early",
+              "gluon12_b6_l2m64b6_pdl_sif_graph_early"):
+    P1_CANDIDATES[f"{_name}_ibw"] = dataclasses.replace(P1_CANDIDATES[_name], gluon_second_launch=dataclasses.replace(
+        P1_CANDIDATES[_name].gluon_second_launch, inputs_before_wait=True))
+# the fast path's launch 2 (no lo halves: 24 KB a K step at 128 x 256 x 32) on a ring of 6 instead of 4, and the
+# 64-row form's on 9 instead of 6
+P1_CANDIDATES["gluon12_b6_l2b6_fast"] = dataclasses.replace(
+    P1_CANDIDATES["gluon12_b6_pdl_sif_graph_early"], gluon_second_launch=dataclasses.replace(
+        P1_CANDIDATES["gluon12_b6_pdl_sif_graph_early"].gluon_second_launch, buffers=6))
+P1_CANDIDATES["gluon12_b6_l2m64b9_fast"] = dataclasses.replace(
+    P1_CANDIDATES["gluon12_b6_l2m64b6_pdl_sif_graph_early"], gluon_second_launch=dataclasses.replace(
+        P1_CANDIDATES["gluon12_b6_l2m64b6_pdl_sif_graph_early"].gluon_second_launch, buffers=9))

@@ -307,7 +307,7 @@ def first_launch_kernel(
         off_m = (pid // grad_down_tiles_n) * BLOCK_M
         off_n = (pid % grad_down_tiles_n) * GRAD_DOWN_N
         weight_grad_region(dy_t_desc, dy_t_desc, intermediate_desc, dwd_desc, a_t_bufs, a_t_bufs, intermediate_bufs,
-                           ready, empty, grad_down_c_smem.index(0), off_m, off_n, gl.cdiv(T, BLOCK_K), False,
+                           ready, empty, grad_down_c_smem.index(0), off_m, off_n, gl.cdiv(T, BLOCK_K), False, False,
                            num_warps)  # fmt: skip
     else:  # dA's tiles, then dGate, dUp from them, each tile over D_A_SPLITS programs in turn
         tile = (pid - grad_down_tiles) // D_A_SPLITS

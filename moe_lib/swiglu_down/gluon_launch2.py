@@ -81,29 +81,54 @@ def ring_barriers(BUFFERS: gl.constexpr):
 
 
 @gluon.jit
+def load_a_step(a_desc, a_lo_desc, a_bufs, a_lo_bufs, bar, slot, off_m, k, A_K_MAJOR: gl.constexpr,
+                WITH_LO: gl.constexpr):  # fmt: skip
+    """One K step's A tile (and its lo half) into buffer ``slot``, completing ``bar``."""
+    if A_K_MAJOR:
+        tma.async_copy_global_to_shared(a_desc, [off_m, k], bar, a_bufs.index(slot))
+        if WITH_LO:
+            tma.async_copy_global_to_shared(a_lo_desc, [off_m, k], bar, a_lo_bufs.index(slot))
+    else:
+        tma.async_copy_global_to_shared(a_desc, [k, off_m], bar, a_bufs.index(slot))
+        if WITH_LO:
+            tma.async_copy_global_to_shared(a_lo_desc, [k, off_m], bar, a_lo_bufs.index(slot))
+
+
+@gluon.jit
 def load_steps(a_desc, a_lo_desc, b_desc, a_bufs, a_lo_bufs, b_bufs, ready, empty, off_m, off_n, k_steps, step0,
-               A_K_MAJOR: gl.constexpr, WITH_LO: gl.constexpr, k_first=0, rotation=0):  # fmt: skip
+               A_K_MAJOR: gl.constexpr, WITH_LO: gl.constexpr, k_first=0, rotation=0,
+               B_BEFORE_WAIT: gl.constexpr = False):  # fmt: skip
     """The loading warp: K steps 0 .. k_steps − 1 of A (its lo half with WITH_LO) and B, from element ``k_first`` of
     the reduction on, into the ring's buffers, the ring's steps ``step0`` on (ring step i in buffer (i + ``rotation``)
-    mod BUFFERS, its phase that of i). A [M, K] row-major when A_K_MAJOR, else given as Aᵀ [K, M]; B [K, N]."""
+    mod BUFFERS, its phase that of i). A [M, K] row-major when A_K_MAJOR, else given as Aᵀ [K, M]; B [K, N].
+    With B_BEFORE_WAIT (B an input of the call, A launch 1's): the first steps' B tiles, as many as the ring holds,
+    go out before the wait for launch 1 (``griddepcontrol.wait``), their A tiles after it."""
     BUFFERS: gl.constexpr = a_bufs.type.shape[0]
     BLOCK_K: gl.constexpr = b_desc.block_type.shape[0]
     STEP_BYTES: gl.constexpr = b_desc.block_type.nbytes + a_desc.block_type.nbytes * (1 + WITH_LO)
-    for step in range(k_steps):
+    early = 0
+    if B_BEFORE_WAIT:
+        early = gl.minimum(k_steps, BUFFERS)
+        for step in range(early):
+            i = step0 + step
+            slot = (i + rotation) % BUFFERS
+            mbarrier.wait(empty.index(slot), ((i // BUFFERS) & 1) ^ 1)
+            mbarrier.expect(ready.index(slot), STEP_BYTES)
+            tma.async_copy_global_to_shared(b_desc, [k_first + step * BLOCK_K, off_n], ready.index(slot),
+                                            b_bufs.index(slot))  # fmt: skip
+        gdc_wait()
+        for step in range(early):
+            slot = (step0 + step + rotation) % BUFFERS
+            load_a_step(a_desc, a_lo_desc, a_bufs, a_lo_bufs, ready.index(slot), slot, off_m,
+                        k_first + step * BLOCK_K, A_K_MAJOR, WITH_LO)  # fmt: skip
+    for step in range(early, k_steps):
         i = step0 + step
         slot = (i + rotation) % BUFFERS
         mbarrier.wait(empty.index(slot), ((i // BUFFERS) & 1) ^ 1)  # a fresh barrier counts as released
         bar = ready.index(slot)
         mbarrier.expect(bar, STEP_BYTES)
         k = k_first + step * BLOCK_K
-        if A_K_MAJOR:
-            tma.async_copy_global_to_shared(a_desc, [off_m, k], bar, a_bufs.index(slot))
-            if WITH_LO:
-                tma.async_copy_global_to_shared(a_lo_desc, [off_m, k], bar, a_lo_bufs.index(slot))
-        else:
-            tma.async_copy_global_to_shared(a_desc, [k, off_m], bar, a_bufs.index(slot))
-            if WITH_LO:
-                tma.async_copy_global_to_shared(a_lo_desc, [k, off_m], bar, a_lo_bufs.index(slot))
+        load_a_step(a_desc, a_lo_desc, a_bufs, a_lo_bufs, bar, slot, off_m, k, A_K_MAJOR, WITH_LO)
         tma.async_copy_global_to_shared(b_desc, [k, off_n], bar, b_bufs.index(slot))
 
 
@@ -223,9 +248,9 @@ def mma_partition(a_bufs, a_lo_bufs, b_bufs, ready, empty, c_desc, c_smem, off_m
 
 @gluon.jit
 def weight_grad_load_partition(a_desc, a_lo_desc, x_desc, a_bufs, a_lo_bufs, b_bufs, ready, empty, off_m, off_n,
-                               k_steps, WITH_LO: gl.constexpr):  # fmt: skip
+                               k_steps, WITH_LO: gl.constexpr, INPUTS_BEFORE_WAIT: gl.constexpr):  # fmt: skip
     load_steps(a_desc, a_lo_desc, x_desc, a_bufs, a_lo_bufs, b_bufs, ready, empty, off_m, off_n, k_steps, 0, False,
-               WITH_LO)  # fmt: skip
+               WITH_LO, B_BEFORE_WAIT=INPUTS_BEFORE_WAIT)  # fmt: skip
 
 
 @gluon.jit
@@ -245,29 +270,55 @@ def grad_x_partition(a_bufs, a_lo_bufs, b_bufs, ready, empty, dx_desc, c_smem, o
 
 @gluon.jit
 def grad_x_load_partition(dg_desc, dg_lo_desc, wg_desc, du_desc, du_lo_desc, wu_desc, a_bufs, a_lo_bufs, b_bufs,
-                          ready, empty, off_m, off_n, half_steps, first_step, end_step,
-                          WITH_LO: gl.constexpr):  # fmt: skip
+                          ready, empty, off_m, off_n, half_steps, first_step, end_step, WITH_LO: gl.constexpr,
+                          INPUTS_BEFORE_WAIT: gl.constexpr):  # fmt: skip
     """dx's K steps ``first_step`` .. ``end_step`` − 1 of 2 · ``half_steps``: those below ``half_steps`` over I of dG
     against Wg's rows, the rest of dU against Wu's (TMA fills the last step's rows beyond I with zeros in both
-    operands)."""
+    operands). With INPUTS_BEFORE_WAIT the first steps' Wg, Wu tiles (as many as the ring holds) go out before the
+    wait for launch 1, their dG, dU tiles after it."""
+    BUFFERS: gl.constexpr = a_bufs.type.shape[0]
     BLOCK_K: gl.constexpr = wg_desc.block_type.shape[0]
-    gate_steps = gl.maximum(gl.minimum(end_step, half_steps) - first_step, 0)
-    up_first = gl.maximum(first_step, half_steps)
-    load_steps(dg_desc, dg_lo_desc, wg_desc, a_bufs, a_lo_bufs, b_bufs, ready, empty, off_m, off_n, gate_steps, 0,
-               True, WITH_LO, first_step * BLOCK_K)  # fmt: skip
+    STEP_BYTES: gl.constexpr = wg_desc.block_type.nbytes + dg_desc.block_type.nbytes * (1 + WITH_LO)
+    first = first_step
+    if INPUTS_BEFORE_WAIT:  # a fresh ring: its first BUFFERS steps are free
+        early = gl.minimum(end_step - first_step, BUFFERS)
+        for step in range(early):
+            j = first_step + step
+            mbarrier.expect(ready.index(step), STEP_BYTES)
+            if j < half_steps:
+                tma.async_copy_global_to_shared(wg_desc, [j * BLOCK_K, off_n], ready.index(step), b_bufs.index(step))
+            else:
+                tma.async_copy_global_to_shared(wu_desc, [(j - half_steps) * BLOCK_K, off_n], ready.index(step),
+                                                b_bufs.index(step))  # fmt: skip
+        gdc_wait()
+        for step in range(early):
+            j = first_step + step
+            if j < half_steps:
+                load_a_step(dg_desc, dg_lo_desc, a_bufs, a_lo_bufs, ready.index(step), step, off_m, j * BLOCK_K, True,
+                            WITH_LO)  # fmt: skip
+            else:
+                load_a_step(du_desc, du_lo_desc, a_bufs, a_lo_bufs, ready.index(step), step, off_m,
+                            (j - half_steps) * BLOCK_K, True, WITH_LO)  # fmt: skip
+        first = first_step + gl.maximum(early, 0)
+    gate_steps = gl.maximum(gl.minimum(end_step, half_steps) - first, 0)
+    up_first = gl.maximum(first, half_steps)
+    load_steps(dg_desc, dg_lo_desc, wg_desc, a_bufs, a_lo_bufs, b_bufs, ready, empty, off_m, off_n, gate_steps,
+               first - first_step, True, WITH_LO, first * BLOCK_K)  # fmt: skip
     load_steps(du_desc, du_lo_desc, wu_desc, a_bufs, a_lo_bufs, b_bufs, ready, empty, off_m, off_n,
-               gl.maximum(end_step - up_first, 0), gate_steps, True, WITH_LO, (up_first - half_steps) * BLOCK_K)
+               gl.maximum(end_step - up_first, 0), first - first_step + gate_steps, True, WITH_LO,
+               (up_first - half_steps) * BLOCK_K)  # fmt: skip
 
 
 @gluon.jit
 def weight_grad_region(a_t_desc, a_lo_t_desc, x_desc, c_desc, a_t_bufs, a_lo_t_bufs, b_bufs, ready, empty, c_smem,
-                       off_m, off_n, k_steps, WITH_LO: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
+                       off_m, off_n, k_steps, WITH_LO: gl.constexpr, INPUTS_BEFORE_WAIT: gl.constexpr,
+                       num_warps: gl.constexpr):  # fmt: skip
     """One weight-gradient tile (dWg's or dWu's, by the descriptors given) as its own warp-specialised region."""
     gl.warp_specialize([
         (mma_partition, (a_t_bufs, a_lo_t_bufs, b_bufs, ready, empty, c_desc, c_smem, off_m, off_n, k_steps, False,
                          WITH_LO, num_warps)),
         (weight_grad_load_partition, (a_t_desc, a_lo_t_desc, x_desc, a_t_bufs, a_lo_t_bufs, b_bufs, ready, empty,
-                                      off_m, off_n, k_steps, WITH_LO)),
+                                      off_m, off_n, k_steps, WITH_LO, INPUTS_BEFORE_WAIT)),
     ], [1], [40])  # fmt: skip
 
 
@@ -301,22 +352,38 @@ def weight_grad_tiles_partition(a_bufs, a_lo_bufs, b_bufs, ready, empty, dwg_des
 
 
 @gluon.jit
-def weight_grad_tiles_load_partition(dg_t_desc, dg_lo_t_desc, du_t_desc, du_lo_t_desc, x_desc, a_bufs, a_lo_bufs,
-                                     b_bufs, ready, empty, first, stride, weight_tiles, weight_tiles_n, k_steps,
-                                     WITH_LO: gl.constexpr):  # fmt: skip
-    """The loading warp of the same program: each of its tiles' K steps in turn, running ahead into the next tile's
-    while the last one's are multiplied and stored."""
+def load_weight_grad_tile(dg_t_desc, dg_lo_t_desc, du_t_desc, du_lo_t_desc, x_desc, a_bufs, a_lo_bufs, b_bufs, ready,
+                          empty, t, weight_tiles, weight_tiles_n, k_steps, step0, WITH_LO: gl.constexpr,
+                          B_BEFORE_WAIT: gl.constexpr):  # fmt: skip
+    """Weight-gradient tile ``t``'s K steps (dWg's from dG, else dWu's from dU) into the ring from step ``step0``."""
     BLOCK_M: gl.constexpr = dg_t_desc.block_type.shape[1]
     WEIGHT_N: gl.constexpr = x_desc.block_type.shape[1]
+    off_m, off_n = weight_grad_tile_origin(t, weight_tiles, weight_tiles_n, BLOCK_M, WEIGHT_N)
+    if t < weight_tiles:
+        load_steps(dg_t_desc, dg_lo_t_desc, x_desc, a_bufs, a_lo_bufs, b_bufs, ready, empty, off_m, off_n, k_steps,
+                   step0, False, WITH_LO, B_BEFORE_WAIT=B_BEFORE_WAIT)  # fmt: skip
+    else:
+        load_steps(du_t_desc, du_lo_t_desc, x_desc, a_bufs, a_lo_bufs, b_bufs, ready, empty, off_m, off_n, k_steps,
+                   step0, False, WITH_LO, B_BEFORE_WAIT=B_BEFORE_WAIT)  # fmt: skip
+
+
+@gluon.jit
+def weight_grad_tiles_load_partition(dg_t_desc, dg_lo_t_desc, du_t_desc, du_lo_t_desc, x_desc, a_bufs, a_lo_bufs,
+                                     b_bufs, ready, empty, first, stride, weight_tiles, weight_tiles_n, k_steps,
+                                     WITH_LO: gl.constexpr, INPUTS_BEFORE_WAIT: gl.constexpr):  # fmt: skip
+    """The loading warp of the same program: each of its tiles' K steps in turn, running ahead into the next tile's
+    while the last one's are multiplied and stored (with INPUTS_BEFORE_WAIT the first tile's first x tiles before the
+    wait for launch 1)."""
     step0 = 0
-    for t in range(first, 2 * weight_tiles, stride):
-        off_m, off_n = weight_grad_tile_origin(t, weight_tiles, weight_tiles_n, BLOCK_M, WEIGHT_N)
-        if t < weight_tiles:
-            load_steps(dg_t_desc, dg_lo_t_desc, x_desc, a_bufs, a_lo_bufs, b_bufs, ready, empty, off_m, off_n,
-                       k_steps, step0, False, WITH_LO)  # fmt: skip
-        else:
-            load_steps(du_t_desc, du_lo_t_desc, x_desc, a_bufs, a_lo_bufs, b_bufs, ready, empty, off_m, off_n,
-                       k_steps, step0, False, WITH_LO)  # fmt: skip
+    t0 = first
+    if INPUTS_BEFORE_WAIT:
+        load_weight_grad_tile(dg_t_desc, dg_lo_t_desc, du_t_desc, du_lo_t_desc, x_desc, a_bufs, a_lo_bufs, b_bufs,
+                              ready, empty, first, weight_tiles, weight_tiles_n, k_steps, 0, WITH_LO, True)
+        step0 = k_steps
+        t0 = first + stride
+    for t in range(t0, 2 * weight_tiles, stride):
+        load_weight_grad_tile(dg_t_desc, dg_lo_t_desc, du_t_desc, du_lo_t_desc, x_desc, a_bufs, a_lo_bufs, b_bufs,
+                              ready, empty, t, weight_tiles, weight_tiles_n, k_steps, step0, WITH_LO, False)
         step0 += k_steps
 
 
@@ -338,6 +405,7 @@ def second_launch_kernel(
     PROGRAMMATIC: gl.constexpr,  # issued by programmatic dependent launch: wait for launch 1 before anything else
     GRAD_X_SPLITS: gl.constexpr,  # programs a dx tile, each a piece of its K steps (a power of two)
     WEIGHT_GRAD_PERSISTENT: gl.constexpr,  # the grid's programs beyond dx's take the weight-gradient tiles in turn
+    INPUTS_BEFORE_WAIT: gl.constexpr,  # with PROGRAMMATIC: the loading warp's first x, Wg, Wu tiles before the wait
     TRACE: gl.constexpr,  # record each program's start, end and SM (a diagnostic build: scripts/p1_program_trace.py)
     num_warps: gl.constexpr,  # of the multiplying partition (8: two warpgroups)
 ):  # fmt: skip
@@ -373,7 +441,7 @@ def second_launch_kernel(
     x_bufs = b_bufs._reinterpret(x_desc.dtype, [BUFFERS * WIDTHS] + x_desc.block_type.shape, x_desc.layout)
     weight_c_smem = c_smem._reinterpret(dwg_desc.dtype, [WIDTHS] + dwg_desc.block_type.shape, dwg_desc.layout)
     ready, empty = ring_barriers(BUFFERS)
-    if PROGRAMMATIC:  # the ring is set up; dG, dU are launch 1's: wait until its writes are visible
+    if PROGRAMMATIC and not INPUTS_BEFORE_WAIT:  # the ring is set up; dG, dU are launch 1's: wait for its writes
         gdc_wait()
         if TRACE:
             proceed, _ = clock_stamp(pid)
@@ -386,17 +454,18 @@ def second_launch_kernel(
                                                weight_tiles_n, k_steps, WITH_LO, num_warps)),
                 (weight_grad_tiles_load_partition, (dg_t_desc, dg_lo_t_desc, du_t_desc, du_lo_t_desc, x_desc,
                                                     a_t_bufs, a_lo_t_bufs, x_bufs, ready, empty, pid, weight_programs,
-                                                    weight_tiles, weight_tiles_n, k_steps, WITH_LO)),
+                                                    weight_tiles, weight_tiles_n, k_steps, WITH_LO,
+                                                    INPUTS_BEFORE_WAIT)),
             ], [1], [40])  # fmt: skip
         else:  # tile pid
             off_m, off_n = weight_grad_tile_origin(pid, weight_tiles, weight_tiles_n, BLOCK_M, WEIGHT_N)
             if pid < weight_tiles:
                 weight_grad_region(dg_t_desc, dg_lo_t_desc, x_desc, dwg_desc, a_t_bufs, a_lo_t_bufs, x_bufs, ready,
-                                   empty, weight_c_smem.index(0), off_m, off_n, k_steps, WITH_LO,
+                                   empty, weight_c_smem.index(0), off_m, off_n, k_steps, WITH_LO, INPUTS_BEFORE_WAIT,
                                    num_warps)  # fmt: skip
             else:
                 weight_grad_region(du_t_desc, du_lo_t_desc, x_desc, dwu_desc, a_t_bufs, a_lo_t_bufs, x_bufs, ready,
-                                   empty, weight_c_smem.index(0), off_m, off_n, k_steps, WITH_LO,
+                                   empty, weight_c_smem.index(0), off_m, off_n, k_steps, WITH_LO, INPUTS_BEFORE_WAIT,
                                    num_warps)  # fmt: skip
     else:  # dx's tiles: Σ_k dG[t, k] Wg[k, n] + Σ_k dU[t, k] Wu[k, n], each over GRAD_X_SPLITS programs in turn
         tile = (pid - weight_programs) // GRAD_X_SPLITS
@@ -412,7 +481,8 @@ def second_launch_kernel(
                                 gl.maximum(end_step - first_step, 0), dx_partials_ptr, dx_counters_ptr, tile, split,
                                 WITH_LO, GRAD_X_SPLITS, num_warps)),
             (grad_x_load_partition, (dg_desc, dg_lo_desc, wg_desc, du_desc, du_lo_desc, wu_desc, a_bufs, a_lo_bufs,
-                                     b_bufs, ready, empty, off_m, off_n, half_steps, first_step, end_step, WITH_LO)),
+                                     b_bufs, ready, empty, off_m, off_n, half_steps, first_step, end_step, WITH_LO,
+                                     INPUTS_BEFORE_WAIT)),
         ], [1], [40])  # fmt: skip
     if TRACE:
         record_program(trace_ptr, gl.program_id(0), start, proceed, sm, (pid >= weight_programs).to(gl.int32))
@@ -447,10 +517,16 @@ class GluonSecondLaunchConfig:
     # the weight-gradient tiles are short and come in several waves beside the dx tiles, each program's fixed cost
     # is paid once instead of once a tile)
     weight_grad_programs: int = 0
+    # with ``programmatic``: each program's loading warp sends its first K steps' tiles of the call's inputs (x, Wg,
+    # Wu: launch 1 writes none of them) before its wait for launch 1, and their dG, dU tiles after it, so that those
+    # loads' round trips overlap launch 1's tail instead of following it (the multiplying warps wait on the ring)
+    inputs_before_wait: bool = False
 
     def __post_init__(self):
         if self.grad_x_splits < 1 or self.grad_x_splits & (self.grad_x_splits - 1):
             raise ValueError(f"config: grad_x_splits must be a power of two, got {self.grad_x_splits}")
+        if self.inputs_before_wait and not self.programmatic:
+            raise ValueError("config: inputs_before_wait needs programmatic (a wait for launch 1 to go before)")
         if self.weight_grad_programs < 0:
             raise ValueError(f"config: weight_grad_programs must be 0 (one a tile) or more, got "
                              f"{self.weight_grad_programs}")  # fmt: skip
@@ -474,7 +550,8 @@ class GluonSecondLaunchConfig:
         """The kernel's compile-time arguments after T and I, by name in its argument order (``num_warps`` aside)."""
         return dict(WITH_LO=with_lo, BUFFERS=self.buffers, GRAD_X_FIRST=self.grad_x_first,
                     PROGRAMMATIC=self.programmatic, GRAD_X_SPLITS=self.grad_x_splits,
-                    WEIGHT_GRAD_PERSISTENT=self.weight_grad_programs > 0, TRACE=traced)  # fmt: skip
+                    WEIGHT_GRAD_PERSISTENT=self.weight_grad_programs > 0, INPUTS_BEFORE_WAIT=self.inputs_before_wait,
+                    TRACE=traced)  # fmt: skip
 
     def descriptors(self, x, gate_weight, up_weight, d_gate, d_up, grad_x, grad_gate_weight, grad_up_weight):
         """The kernel's 14 TMA descriptors, in its argument order (lo descriptors repeat hi ones without lo halves)."""
