@@ -143,7 +143,12 @@ _GLUON_TALL_64 = GluonFirstLaunchConfig(block_m=64, warps=4, buffers=8, d_a_firs
 # 36.0 against 39.6 µs, 384 33.9 against 34.9, 256 30.9 against 32.9, 65-128 28.4-28.6 against 28.7-29.0; fast (dx
 # unsplit) 512 30.2-30.4 against 32.7-33.3, 65-384 0.3-0.7 µs off. From 576 tokens (72 or more dx programs: fewer
 # persistent programs fit beside them) slower: faithful 43.7 against 42.8 at 576, 46.9 against 44.4 at 639.
-_PERSISTENT_WEIGHT_GRAD = dataclasses.replace(_GLUON_TALL_GRAD_X_FIRST, weight_grad_programs=68)
+# There too the loading warps send their first K steps' tiles of the call's inputs (x, Wg, Wu) before the wait for
+# launch 1 (``inputs_before_wait``), where launch 2's programs wait 3-6 µs for it: by graph replay (NOTES, design 19)
+# faithful 65 tokens 27.3 against 28.8 µs, 256 30.1 against 31.0, 384 32.7 against 33.9, 128 and 512 within 0.3; fast
+# 128-512 0.7-0.9 µs off; from 768 tokens, where few programs wait, within ±1.3 either way.
+_PERSISTENT_WEIGHT_GRAD = dataclasses.replace(_GLUON_TALL_GRAD_X_FIRST, weight_grad_programs=68,
+                                              inputs_before_wait=True)  # fmt: skip
 GLUON_FORMS = {  # from this many tokens: (launch 1, launch 2)
     0: (_GLUON_TALL_64, dataclasses.replace(_PERSISTENT_WEIGHT_GRAD, grad_x_splits=4)),
     129: (_GLUON_TALL_64, dataclasses.replace(_PERSISTENT_WEIGHT_GRAD, grad_x_splits=2)),
