@@ -476,6 +476,19 @@ def test_program_traces_show_the_dx_tiles_ending_the_call_until_split():
     plt.close(fig)
 
 
+def test_program_traces_show_the_persistent_weight_gradient_programs_ending_with_dx():
+    """The committed traces at 512 tokens (NOTES.md, design 19; notebook 04): with one program a weight-gradient tile
+    those tiles end the call ~5 µs after dx's; taken in turn by 68 programs they end with dx's, ≥ 2 µs sooner."""
+    traces = kernels.program_traces()
+    at_512 = traces[(traces["T"] == 512) & (traces.config == "default")]
+    before, after = (at_512[at_512.commit.str.startswith(commit)] for commit in ("8392274", "fc6a297"))
+    ends = {name: rows.groupby("tiles").end_us.max() for name, rows in (("before", before), ("after", after))}
+    assert ends["before"]["dWg, dWu"] > ends["before"]["dx"] + 4
+    assert abs(ends["after"]["dWg, dWu"] - ends["after"]["dx"]) < 2
+    assert ends["after"]["dWg, dWu"] < ends["before"]["dWg, dWu"] - 2
+    assert (before.tiles == "dWg, dWu").sum() == 192 and (after.tiles == "dWg, dWu").sum() == 68
+
+
 def test_fast_path_gluon_times_hold_the_band_of_gluon_fast_tokens():
     """What launch.GLUON_FAST_TOKENS' comment and NOTES.md (design 18) say: the Gluon launches (dx unsplit) ahead of
     the fast path's cuBLAS design at 65-896 tokens where both ran, behind from 1024; dx in 4 no better than unsplit
