@@ -1029,7 +1029,8 @@ def test_gpu_gluon_second_launch_reuses_one_compiled_kernel_across_token_counts(
                                        "gluon12_m64_early_dx2", "gluon12_m64_early_dx4", "gluon12_m64_early_dx8",
                                        "gluon12_m64_early_dx1_wp68", "gluon12_m64_early_dx4_wp34",
                                        "gluon12_m64_early_l1k128b4", "gluon12_m64_early_dx1_w128_wp68",
-                                       "gluon12_m64_early_dx4_wp68_ibw", "gluon12_m64_early_dx1_wp68_ibw",
+                                       "gluon12_m64_early_dx4_wp68_ibw", "gluon12_m64_early_dx2_wp68_ibw",
+                                       "gluon12_m64_early_dx1_wp68_ibw",
                                        "gluon12_m64_lf_pdl_sif_graph_early_ibw", "gluon12_b6_pdl_sif_graph_early_ibw",
                                        "gluon12_b6_l2m64b6_pdl_sif_graph_early_ibw"])
 def test_gpu_gluon_first_launch_at_both_input_scales(T, precision, candidate, seed):
