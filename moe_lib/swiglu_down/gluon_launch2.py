@@ -57,8 +57,9 @@ def clock_stamp(anchor):
 @gluon.jit
 def record_program(trace_ptr, program, start, proceed, sm, kind):
     """A traced program's row of TRACE_FIELDS: when it started, when it could go on (launch 2 issued by programmatic
-    dependent launch: past its wait for launch 1), when it ended (now), its SM and its tile kind (0: the
-    weight-gradient tiles that reduce over T, 1: the tiles of fixed length, dA's or dx's)."""
+    dependent launch: past its wait for launch 1; with INPUTS_BEFORE_WAIT the loading warp waits instead, and the
+    row shows its start), when it ended (now), its SM and its tile kind (0: the weight-gradient tiles that reduce over
+    T, 1: the tiles of fixed length, dA's or dx's)."""
     end, _ = clock_stamp(program)
     row = trace_ptr + program.to(gl.int64) * 5
     gl.store(row, start)
