@@ -489,6 +489,23 @@ def test_program_traces_show_the_persistent_weight_gradient_programs_ending_with
     assert (before.tiles == "dWg, dWu").sum() == 192 and (after.tiles == "dWg, dWu").sum() == 68
 
 
+def test_fast_path_gluon_large_times_hold_the_second_band_of_gluon_fast_tokens():
+    """What launch.GLUON_FAST_TOKENS' comment and NOTES.md (design 19) say: beyond 959 tokens the 2300-3299 band's
+    Gluon form without the lo halves is ahead of the fast path's cuBLAS design at 2447 and 3089 tokens (by ≥ 0.5% and
+    ≥ 5%) and behind at 1087-1571, 3300, 4093; the other bands' forms behind cuBLAS wherever they ran."""
+    table = kernels.fast_path_gluon_large_times()
+    band, cublas = table["Gluon, the 2300-3299 form"], table["cuBLAS"]
+    assert band[2447] < 0.995 * cublas[2447] and band[3089] < 0.95 * cublas[3089]
+    assert all(band[T] > cublas[T] for T in (1087, 1321, 1571, 3300, 4093)) and all(
+        p1_launch.fast_path_on_gluon(T) == (band[T] < cublas[T]) for T in table.index if T != 2767)
+    for form in ("Gluon, the 1100-1399 form", "Gluon, the 1400-2299 form", "Gluon, the 3300-4599 form"):
+        both = table[[form, "cuBLAS"]].dropna()
+        assert (both[form] > both["cuBLAS"]).all(), form
+    fig = kernels.launch2_figure(table, "test")
+    assert len(fig.axes) == 1
+    plt.close(fig)
+
+
 def test_fast_path_gluon_times_hold_the_band_of_gluon_fast_tokens():
     """What launch.GLUON_FAST_TOKENS' comment and NOTES.md (design 18) say: the Gluon launches (dx unsplit) ahead of
     the fast path's cuBLAS design at 65-896 tokens where both ran, behind from 1024; dx in 4 no better than unsplit

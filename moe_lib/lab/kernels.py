@@ -793,6 +793,20 @@ def fast_path_gluon_times(path=SPLIT_DX_FILE) -> pd.DataFrame:
     return table
 
 
+FAST_GLUON_LARGE_FILE = TUNING_DIR / "2026-12-02-p1-fast-gluon-large.json"
+FAST_GLUON_LARGE_LABELS = {"lib_bs3_mc": "cuBLAS",
+                           "gluon12_l2m64_lf_pdl_sif_graph_early": "Gluon, the 1100-1399 form",
+                           "gluon12_l2m64_daf_pdl_sif_graph_early": "Gluon, the 1400-2299 form",
+                           "gluon12_b6_pdl_sif_graph_early": "Gluon, the 2300-3299 form",
+                           "gluon12_b6_l2m64b6_pdl_sif_graph_early": "Gluon, the 3300-4599 form"}  # fmt: skip
+
+
+def fast_path_gluon_large_times(path=FAST_GLUON_LARGE_FILE) -> pd.DataFrame:
+    """The fast path beyond 959 tokens by graph replay (µs per token count, median over the runs that measured each):
+    its design on cuBLAS GEMMs and each band's Gluon form (``launch.GLUON_FORMS``) without the lo halves."""
+    return p1_tune_runs_times(path, precision="fast", labels=FAST_GLUON_LARGE_LABELS)
+
+
 def programmatic_launch_gains(path=PROGRAMMATIC_LAUNCH_FILE) -> pd.DataFrame:
     """What issuing launch 2 by programmatic dependent launch saves each Gluon form: per num_tokens (rows) and form
     (columns), the form's µs by graph replay plainly issued minus its ``_pdl`` candidate's (launch 1 letting launch 2
