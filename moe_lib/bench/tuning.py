@@ -612,3 +612,11 @@ P1_CANDIDATES["gluon12_b6_l2b6_fast"] = dataclasses.replace(
 P1_CANDIDATES["gluon12_b6_l2m64b9_fast"] = dataclasses.replace(
     P1_CANDIDATES["gluon12_b6_l2m64b6_pdl_sif_graph_early"], gluon_second_launch=dataclasses.replace(
         P1_CANDIDATES["gluon12_b6_l2m64b6_pdl_sif_graph_early"].gluon_second_launch, buffers=9))
+# the forms to 512 tokens with launch 1's K steps half as deep on twice the buffers (32 x 16 and 32 x 12: more, smaller
+# copies in flight): at 128 tokens each dA tile's 768 KB streams through one SM, and 4 copies of 48 KB in flight
+# were 4 µs slower than 8 of 24 KB (gluon12_m64_early_l1k128b4)
+for _name in ("gluon12_m64_early_dx4_wp68_ibw", "gluon12_m64_early_dx2_wp68_ibw", "gluon12_m64_early_dx1_wp68_ibw"):
+    for _buffers in (12, 16):
+        P1_CANDIDATES[f"{_name}_l1k32b{_buffers}"] = dataclasses.replace(
+            P1_CANDIDATES[_name], gluon_first_launch=dataclasses.replace(
+                P1_CANDIDATES[_name].gluon_first_launch, block_k=32, buffers=_buffers))
