@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -93,18 +94,22 @@ def time_parts(args, flush):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default=None)
+    parser.add_argument("--out", default=None, help="folder for p1_tune.json (or p1_parts.csv), made if missing")
     parser.add_argument("--tokens", default=None, help="comma list (default: the benchmark suite)")
     parser.add_argument("--configs", default=None, help="comma list of candidate names")
     parser.add_argument("--parts", action="store_true", help="time each launch alone, beside cuBLAS")
     parser.add_argument("--precision", default="faithful", choices=PRECISIONS,
                         help="the path to tune (--parts takes its own: faithful)")  # fmt: skip
     args = parser.parse_args()
+    if args.tokens and not all(t.strip().isdigit() and int(t) > 0 for t in args.tokens.split(",")):
+        sys.exit(f"--tokens: a comma list of positive token counts, got {args.tokens!r}")
     unknown = [name for name in (args.configs or "").split(",") if name and name not in P1_CANDIDATES]
     if unknown:
         sys.exit(f"--configs: unknown candidate(s) {unknown}; see moe_lib.bench.tuning.P1_CANDIDATES")
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU: it times every candidate there")
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
     flush = timing.L2Flusher("cuda")
     if args.parts:
         return time_parts(args, flush)

@@ -1,0 +1,20 @@
+"""scripts/p1_tune.py refuses bad arguments by name before it needs a GPU or times anything."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(("arguments", "message"), [
+    (["--tokens", "12,x"], "--tokens: a comma list of positive token counts, got '12,x'"),
+    (["--tokens", "0"], "--tokens: a comma list of positive token counts, got '0'"),
+    (["--tokens", "12", "--configs", "no_such_candidate"], "--configs: unknown candidate(s) ['no_such_candidate']"),
+])  # fmt: skip
+def test_p1_tune_refuses_bad_arguments_by_name(arguments, message):
+    done = subprocess.run([sys.executable, "scripts/p1_tune.py", *arguments], cwd=ROOT, capture_output=True, text=True,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=300)  # fmt: skip
+    assert done.returncode != 0 and message in done.stderr, done.stderr[-2000:]
