@@ -15,7 +15,10 @@ shared memory: a `ready` mbarrier per buffer (completed by the copy engine when 
 issue `acc += A_hi·B` and `acc += A_lo·B` on the same B tile asynchronously, wait only for the step before, and hand
 its buffer back; at the end the tile goes out through shared memory by TMA. Each tile kind has its own
 warp-specialised region, chosen at run time: with several kinds' loops in one region ptxas serialises the wgmma
-(each waiting for the one before; ``scripts/p1_gluon_probe.py --compile-only`` reports it).
+(each waiting for the one before; ``scripts/p1_gluon_probe.py --compile-only`` reports it). Where the weight-gradient
+tiles are short (to 512 tokens) a fixed number of programs take them in turn instead (``weight_grad_programs``), and
+issued by programmatic dependent launch the loading warp may send its first steps' tiles of x, Wg, Wu (inputs of the
+call, not launch 1's) before its wait for launch 1 (``inputs_before_wait``).
 
 The readable version of the same arithmetic is launch 2 of :mod:`.kernels` (``grad_x_and_grad_gate_up_kernel``):
 under the interpreter, on a CPU, and wherever TMA cannot address the rows, :func:`prepare_second_launch_gluon` is not
