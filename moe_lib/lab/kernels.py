@@ -954,7 +954,7 @@ def p1_call_kernels(path=TUNING_DIR / "2026-12-01-p1-kernel-times-defaults.json"
     median start (µs after the call's first kernel) and duration, and the call's median span. ``defaults_only``:
     per token count only ``torch_compile`` and the candidate that is the fast path's design on cuBLAS GEMMs there
     today (``launch.choose_design`` at H = 2048, I = 768 on 132 SMs where the Gluon launches do not run: on Hopper
-    the fast path takes those at 65-959 tokens), named "ours"."""
+    the fast path takes those at 65-959 and 2300-3299 tokens), named "ours"."""
     from ..bench.tuning import P1_CANDIDATES
 
     data = _read_json(path)

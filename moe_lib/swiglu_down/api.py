@@ -39,8 +39,8 @@ def swiglu_down_backward(
     inputs of any scale; "fast" rounds them to the input dtype first (as torch.compile does), at about
     half the tensor work of the dx, dWg and dWu products. The design follows the token count
     (:func:`.launch.choose_design`): one Triton launch up to 64 tokens (:mod:`.few_tokens`); then the fast path
-    runs its four products on cuBLAS around one Triton dSwiGLU pass (:mod:`.library_gemms`) but at 65-959 tokens on
-    a Hopper GPU the faithful path's launches without the lo halves, and the faithful path
+    runs its four products on cuBLAS around one Triton dSwiGLU pass (:mod:`.library_gemms`) but at 65-959 and
+    2300-3299 tokens on a Hopper GPU the faithful path's launches without the lo halves, and the faithful path
     two launches, both in Gluon on a Hopper GPU (:mod:`.gluon_launch1`, :mod:`.gluon_launch2`; both made ready
     before the first and, in eager calls, submitted as one CUDA graph, so that no host work stands between them;
     their forms by token count, :data:`.launch.GLUON_FORMS`); where those cannot run, the faithful path keeps the
