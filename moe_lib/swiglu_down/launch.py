@@ -288,10 +288,11 @@ def choose_config(num_tokens: int, hidden_size: int, intermediate_size: int, *, 
         launch1, launch2 = GLUON_FORMS[max(first for first in GLUON_FORMS if first <= num_tokens)]
         if not with_lo:
             launch2 = dataclasses.replace(launch2, grad_x_splits=1)
-        if launch2.weight_grad_programs and max_programs:  # the persistent programs beside dx's, all resident
-            dx_programs = launch2.grad_x_tiles(num_tokens, hidden_size) * launch2.grad_x_splits
-            launch2 = dataclasses.replace(launch2, weight_grad_programs=max(
-                1, min(launch2.weight_grad_programs, max_programs - dx_programs)))
+        dx_programs = launch2.grad_x_tiles(num_tokens, hidden_size) * launch2.grad_x_splits
+        if max_programs and dx_programs + launch2.weight_grad_programs > max_programs:
+            # the persistent programs only where all of them fit beside dx's on the SMs: fewer were slower than one
+            # program a tile (NOTES, design 19: 34 at 512 tokens, 52-60 at 576-639)
+            launch2 = dataclasses.replace(launch2, weight_grad_programs=0)
         return dataclasses.replace(FAITHFUL_TILES, gluon_first_launch=launch1, gluon_second_launch=launch2,
                                    gluon_as_one_graph=True)  # fmt: skip
     if num_tokens <= FEW_TOKENS_MAX_TOKENS["faithful" if with_lo else "fast"] and element_bytes == 2:
