@@ -354,14 +354,22 @@ for _base in ("gluon12_m64_lf_pdl_sif_graph", "gluon12_l2m64_lf_pdl_sif_graph", 
     P1_CANDIDATES[f"{_base}_early"] = dataclasses.replace(P1_CANDIDATES[_base], gluon_first_launch=dataclasses.replace(
         P1_CANDIDATES[_base].gluon_first_launch, saved_tiles_early=True))
 
+def with_first_launch(config: TileConfig, **fields) -> TileConfig:
+    """``config`` with these fields of its Gluon launch 1 changed."""
+    return dataclasses.replace(config, gluon_first_launch=dataclasses.replace(config.gluon_first_launch, **fields))
+
+
+def with_second_launch(config: TileConfig, **fields) -> TileConfig:
+    """``config`` with these fields of its Gluon launch 2 changed."""
+    return dataclasses.replace(config, gluon_second_launch=dataclasses.replace(config.gluon_second_launch, **fields))
+
+
 # the 65-1099 token band's default (early saved tiles) with dx's reduction over 2I split over 2, 4 or 8 programs a tile,
 # the last to arrive summing the partials row block by row block in 16-byte loads: at 65-256 tokens the 16 dx tiles
 # each run the whole K = 2I (hi and lo) on one SM and end the call ~9 us after launch 2's other tiles
 _M64_EARLY = P1_CANDIDATES["gluon12_m64_lf_pdl_sif_graph_early"]
-_M64_EARLY_LAUNCH2 = _M64_EARLY.gluon_second_launch
 for _d_x in (2, 4, 8):
-    P1_CANDIDATES[f"gluon12_m64_early_dx{_d_x}"] = dataclasses.replace(_M64_EARLY, gluon_second_launch=(
-        dataclasses.replace(_M64_EARLY_LAUNCH2, grad_x_splits=_d_x)))
+    P1_CANDIDATES[f"gluon12_m64_early_dx{_d_x}"] = with_second_launch(_M64_EARLY, grad_x_splits=_d_x)
 
 # at 257-1099 tokens launch 2 is two waves of unequal tiles (at 512: 64 dx tiles end at 30.5 µs, the 192
 # weight-gradient tiles behind them at 35.5): dx split in 2 behind the weight-gradient tiles (``_wfirst``: the short
@@ -370,28 +378,46 @@ for _d_x in (2, 4, 8):
 for _name, _fields in (("dx2_wfirst", dict(grad_x_splits=2, grad_x_first=False)), ("w128", dict(weight_block_n=128)),
                        ("dx2_w128", dict(grad_x_splits=2, weight_block_n=128)),
                        ("dx2_wfirst_w128", dict(grad_x_splits=2, grad_x_first=False, weight_block_n=128))):
-    P1_CANDIDATES[f"gluon12_m64_early_{_name}"] = dataclasses.replace(_M64_EARLY, gluon_second_launch=(
-        dataclasses.replace(_M64_EARLY_LAUNCH2, **_fields)))
+    P1_CANDIDATES[f"gluon12_m64_early_{_name}"] = with_second_launch(_M64_EARLY, **_fields)
 
 # the 65-1099 band's forms with the weight-gradient tiles taken in turn by the programs the grid has beside dx's
 # (``weight_grad_programs``: at 65-512 tokens 40-64 dx programs and 192 weight-gradient tiles, each ~3 µs of fixed
 # cost beside 1-4.5 µs of products; 68 programs fill the 132 SMs with dx's 64, 34 take six tiles each)
 for _d_x in (1, 2, 4):
     for _programs in (34, 52, 68):
-        P1_CANDIDATES[f"gluon12_m64_early_dx{_d_x}_wp{_programs}"] = dataclasses.replace(
-            _M64_EARLY, gluon_second_launch=dataclasses.replace(_M64_EARLY_LAUNCH2, grad_x_splits=_d_x,
-                                                                weight_grad_programs=_programs))  # fmt: skip
+        P1_CANDIDATES[f"gluon12_m64_early_dx{_d_x}_wp{_programs}"] = with_second_launch(
+            _M64_EARLY, grad_x_splits=_d_x, weight_grad_programs=_programs)
 # the same with the weight-gradient tiles 128 wide (twice as many, half as long: finer pieces to fill the SMs around
 # dx's tiles, their fixed cost paid once a program)
-P1_CANDIDATES["gluon12_m64_early_dx1_w128_wp68"] = dataclasses.replace(
-    _M64_EARLY, gluon_second_launch=dataclasses.replace(_M64_EARLY_LAUNCH2, weight_block_n=128,
-                                                        weight_grad_programs=68))  # fmt: skip
+P1_CANDIDATES["gluon12_m64_early_dx1_w128_wp68"] = with_second_launch(_M64_EARLY, weight_block_n=128,
+                                                                      weight_grad_programs=68)  # fmt: skip
 
 # the 65-1099 band's form with launch 1's K steps twice as deep (128, 4 buffers: the same ring bytes): at 65-256
 # tokens each dA tile streams its 768 KB of operands through one SM at about the SM's share of the L2, in 32 steps
 # of 24 KB; 16 of 48 KB halve the copies issued and waited on
-P1_CANDIDATES["gluon12_m64_early_l1k128b4"] = dataclasses.replace(_M64_EARLY, gluon_first_launch=dataclasses.replace(
-    _M64_EARLY.gluon_first_launch, block_k=128, buffers=4))
+P1_CANDIDATES["gluon12_m64_early_l1k128b4"] = with_first_launch(_M64_EARLY, block_k=128, buffers=4)
+
+# each band's form with launch 2's loading warps sending their first K steps' tiles of the call's inputs (x, Wg, Wu)
+# before the wait for launch 1 (``inputs_before_wait``): at 65-512 tokens launch 2's programs wait 3-6 µs for launch 1
+# (program traces), then start every K step's loads from nothing
+for _name in ("gluon12_m64_early_dx4_wp68", "gluon12_m64_early_dx2_wp68", "gluon12_m64_early_dx1_wp68",
+              "gluon12_m64_lf_pdl_sif_graph_early", "gluon12_l2m64_daf_pdl_sif_graph_early",
+              "gluon12_l2m64_lf_pdl_sif_graph_early", "gluon12_b6_pdl_sif_graph_early",
+              "gluon12_b6_l2m64b6_pdl_sif_graph_early"):
+    P1_CANDIDATES[f"{_name}_ibw"] = with_second_launch(P1_CANDIDATES[_name], inputs_before_wait=True)
+# the fast path's launch 2 (no lo halves: 24 KB a K step at 128 x 256 x 32) on a ring of 6 instead of 4, and the
+# 64-row form's on 9 instead of 6
+P1_CANDIDATES["gluon12_b6_l2b6_fast"] = with_second_launch(P1_CANDIDATES["gluon12_b6_pdl_sif_graph_early"], buffers=6)
+P1_CANDIDATES["gluon12_b6_l2m64b9_fast"] = with_second_launch(P1_CANDIDATES["gluon12_b6_l2m64b6_pdl_sif_graph_early"],
+                                                              buffers=9)  # fmt: skip
+# the forms to 512 tokens with launch 1's K steps half as deep on twice the buffers (32 x 16 and 32 x 12: more, smaller
+# copies in flight; gluon12_m64_k32b16 measured the same on the forms before, 3-5% slower): at 128 tokens each dA
+# tile's 768 KB streams through one SM, and 4 copies of 48 KB in flight were 4 µs slower than 8 of 24 KB
+# (gluon12_m64_early_l1k128b4)
+for _name in ("gluon12_m64_early_dx4_wp68_ibw", "gluon12_m64_early_dx2_wp68_ibw", "gluon12_m64_early_dx1_wp68_ibw"):
+    for _buffers in (12, 16):
+        P1_CANDIDATES[f"{_name}_l1k32b{_buffers}"] = with_first_launch(P1_CANDIDATES[_name], block_k=32,
+                                                                       buffers=_buffers)  # fmt: skip
 
 # kernel G's settings as the P2 scripts spell them (FIELD=VALUE), and the FusedDxConfig fields they set
 FUSED_DX_FIELDS = {"gate_up_dx_tile": ("block_i", "block_h", "block_rows"), "warps_g": ("warps",),
@@ -594,29 +620,3 @@ def run_cases(run_case, cases, *, out: str | None, out_name: str, print_table) -
             Path(path).write_text(json.dumps(rows, indent=1))
         print_table(rows)
     return 0 if all(r.get("ok", True) and "error" not in r for r in rows) else 1
-
-# each band's form with launch 2's loading warps sending their first K steps' tiles of the call's inputs (x, Wg, Wu)
-# before the wait for launch 1 (``inputs_before_wait``): at 65-512 tokens launch 2's programs wait 3-6 µs for launch 1
-# (program traces), then start every K step's loads from nothing
-for _name in ("gluon12_m64_early_dx4_wp68", "gluon12_m64_early_dx2_wp68", "gluon12_m64_early_dx1_wp68",
-              "gluon12_m64_lf_pdl_sif_graph_early", "gluon12_l2m64_daf_pdl_sif_graph_early",
-              "gluon12_l2m64_lf_pdl_sif_graph_early", "gluon12_b6_pdl_sif_graph_early",
-              "gluon12_b6_l2m64b6_pdl_sif_graph_early"):
-    P1_CANDIDATES[f"{_name}_ibw"] = dataclasses.replace(P1_CANDIDATES[_name], gluon_second_launch=dataclasses.replace(
-        P1_CANDIDATES[_name].gluon_second_launch, inputs_before_wait=True))
-# the fast path's launch 2 (no lo halves: 24 KB a K step at 128 x 256 x 32) on a ring of 6 instead of 4, and the
-# 64-row form's on 9 instead of 6
-P1_CANDIDATES["gluon12_b6_l2b6_fast"] = dataclasses.replace(
-    P1_CANDIDATES["gluon12_b6_pdl_sif_graph_early"], gluon_second_launch=dataclasses.replace(
-        P1_CANDIDATES["gluon12_b6_pdl_sif_graph_early"].gluon_second_launch, buffers=6))
-P1_CANDIDATES["gluon12_b6_l2m64b9_fast"] = dataclasses.replace(
-    P1_CANDIDATES["gluon12_b6_l2m64b6_pdl_sif_graph_early"], gluon_second_launch=dataclasses.replace(
-        P1_CANDIDATES["gluon12_b6_l2m64b6_pdl_sif_graph_early"].gluon_second_launch, buffers=9))
-# the forms to 512 tokens with launch 1's K steps half as deep on twice the buffers (32 x 16 and 32 x 12: more, smaller
-# copies in flight): at 128 tokens each dA tile's 768 KB streams through one SM, and 4 copies of 48 KB in flight
-# were 4 µs slower than 8 of 24 KB (gluon12_m64_early_l1k128b4)
-for _name in ("gluon12_m64_early_dx4_wp68_ibw", "gluon12_m64_early_dx2_wp68_ibw", "gluon12_m64_early_dx1_wp68_ibw"):
-    for _buffers in (12, 16):
-        P1_CANDIDATES[f"{_name}_l1k32b{_buffers}"] = dataclasses.replace(
-            P1_CANDIDATES[_name], gluon_first_launch=dataclasses.replace(
-                P1_CANDIDATES[_name].gluon_first_launch, block_k=32, buffers=_buffers))
