@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -240,6 +241,7 @@ LIBRARY_GEMMS_16BIT_DA_MIN_TOKENS = 1024
 LIBRARY_GEMMS_MEMCPY_STACK_MIN_TOKENS = 1024
 
 
+@functools.lru_cache(maxsize=4096)  # a pure function of its arguments, called on every call: 10-30 µs of host work
 def choose_design(num_tokens: int, hidden_size: int, intermediate_size: int, *, interpreter: bool,
                   with_lo: bool = False, max_programs: int = 0, element_bytes: int = 2,
                   gluon: bool = True):  # fmt: skip
@@ -289,7 +291,7 @@ def choose_config(num_tokens: int, hidden_size: int, intermediate_size: int, *, 
         if not with_lo:
             launch2 = dataclasses.replace(launch2, grad_x_splits=1)
         dx_programs = launch2.grad_x_tiles(num_tokens, hidden_size) * launch2.grad_x_splits
-        if max_programs and dx_programs + launch2.weight_grad_programs > max_programs:
+        if launch2.weight_grad_programs and max_programs and dx_programs + launch2.weight_grad_programs > max_programs:
             # the persistent programs only where all of them fit beside dx's on the SMs: fewer were slower than one
             # program a tile (NOTES, design 19: 34 at 512 tokens, 52-60 at 576-639)
             launch2 = dataclasses.replace(launch2, weight_grad_programs=0)
