@@ -419,6 +419,18 @@ for _name in ("gluon12_m64_early_dx4_wp68_ibw", "gluon12_m64_early_dx2_wp68_ibw"
         P1_CANDIDATES[f"{_name}_l1k32b{_buffers}"] = with_first_launch(P1_CANDIDATES[_name], block_k=32,
                                                                        buffers=_buffers)  # fmt: skip
 
+# the forms to 512 tokens with launch 1's dA tiles 64 wide instead of 128 (`_n64`): at 65-256 tokens launch 2 waits for
+# launch 1's 12-24 dA tiles, each streaming 768 KB (dy's 64 rows over H, 256 KB, and Wd's 128 columns, 512 KB) through
+# one SM; 64 wide, twice as many tiles stream 512 KB each. The dWd tiles stay 128 wide (`grad_down_block_n` twice
+# block_n: the ring's B buffers twice as many), or go 64 wide with them (`_n64d64`: twice as many dWd tiles); `_b12`:
+# the ring 12 deep (a K step of 64 x 64 tiles is 16 KB against 24)
+for _name in ("gluon12_m64_early_dx4_wp68_ibw", "gluon12_m64_early_dx2_wp68_ibw", "gluon12_m64_early_dx1_wp68_ibw"):
+    _narrow = dict(block_n=64, d_a_block_n=64)
+    P1_CANDIDATES[f"{_name}_n64"] = with_first_launch(P1_CANDIDATES[_name], **_narrow, grad_down_block_n=128)
+    P1_CANDIDATES[f"{_name}_n64d64"] = with_first_launch(P1_CANDIDATES[_name], **_narrow, grad_down_block_n=64)
+    P1_CANDIDATES[f"{_name}_n64d64_b12"] = with_first_launch(P1_CANDIDATES[_name], **_narrow, grad_down_block_n=64,
+                                                             buffers=12)  # fmt: skip
+
 # kernel G's settings as the P2 scripts spell them (FIELD=VALUE), and the FusedDxConfig fields they set
 FUSED_DX_FIELDS = {"gate_up_dx_tile": ("block_i", "block_h", "block_rows"), "warps_g": ("warps",),
                    "stages_g": ("stages",)}  # fmt: skip

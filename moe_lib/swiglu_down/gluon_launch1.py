@@ -271,7 +271,11 @@ def first_launch_kernel(
     BLOCK_N: gl.constexpr = dg_desc.block_type.shape[1]
     BLOCK_K: gl.constexpr = wd_desc.block_type.shape[0]
     GRAD_DOWN_N: gl.constexpr = dwd_desc.block_type.shape[1]
-    gl.static_assert(BLOCK_N % GRAD_DOWN_N == 0, "the dWd tiles' width divides the dA tiles'")
+    gl.static_assert(BLOCK_N % GRAD_DOWN_N == 0 or GRAD_DOWN_N == 2 * BLOCK_N,
+                     "the dWd tiles' width divides the dA tiles' or is twice it")  # fmt: skip
+    # B tiles of the dA ring a K step's dWd B tile covers (2 for dWd tiles twice as wide as the dA tiles)
+    GRAD_DOWN_B_TILES: gl.constexpr = 2 if GRAD_DOWN_N == 2 * BLOCK_N else 1
+    B_TILES: gl.constexpr = D_A_HALVES if D_A_HALVES > GRAD_DOWN_B_TILES else GRAD_DOWN_B_TILES
     grad_down_tiles_n = gl.cdiv(I, GRAD_DOWN_N)
     grad_down_tiles = gl.cdiv(dy_desc.shape[1], BLOCK_M) * grad_down_tiles_n
     pid = gl.program_id(0)
@@ -283,22 +287,27 @@ def first_launch_kernel(
         pid = (pid + grad_down_tiles) % gl.num_programs(0)
     a_bufs = gl.allocate_shared_memory(dy_desc.dtype, [BUFFERS] + dy_desc.block_type.shape, dy_desc.layout)
     a_t_bufs = a_bufs._reinterpret(dy_t_desc.dtype, [BUFFERS] + dy_t_desc.block_type.shape, dy_t_desc.layout)
-    b_bufs = gl.allocate_shared_memory(wd_desc.dtype, [BUFFERS * D_A_HALVES] + wd_desc.block_type.shape,
+    b_bufs = gl.allocate_shared_memory(wd_desc.dtype, [BUFFERS * B_TILES] + wd_desc.block_type.shape,
                                        wd_desc.layout)  # fmt: skip
-    c_smem = gl.allocate_shared_memory(dg_desc.dtype, dg_desc.block_type.shape, dg_desc.layout)
-    # the dWd tiles see the same bytes in their own (possibly narrower) tile shape
-    WIDTHS: gl.constexpr = BLOCK_N // GRAD_DOWN_N
+    # the output tile's buffer: the dA epilogue's [BLOCK_M, BLOCK_N] and dWd's [BLOCK_M, GRAD_DOWN_N] share its bytes
+    if GRAD_DOWN_B_TILES == 2:
+        grad_down_c_smem = gl.allocate_shared_memory(dwd_desc.dtype, dwd_desc.block_type.shape, dwd_desc.layout)
+        c_smem = grad_down_c_smem._reinterpret(dg_desc.dtype, [2] + dg_desc.block_type.shape, dg_desc.layout).index(0)
+    else:
+        c_smem = gl.allocate_shared_memory(dg_desc.dtype, dg_desc.block_type.shape, dg_desc.layout)
+        grad_down_c_smem = c_smem._reinterpret(dwd_desc.dtype, [BLOCK_N // GRAD_DOWN_N] + dwd_desc.block_type.shape,
+                                               dwd_desc.layout).index(0)  # fmt: skip
+    # the dWd tiles see the same bytes in their own tile shape (narrower than the dA ring's B tiles, or twice as wide)
     intermediate_bufs = b_bufs._reinterpret(intermediate_desc.dtype,
-                                            [BUFFERS * D_A_HALVES * WIDTHS] + intermediate_desc.block_type.shape,
-                                            intermediate_desc.layout)  # fmt: skip
+                                            [BUFFERS * B_TILES * BLOCK_N // GRAD_DOWN_N]
+                                            + intermediate_desc.block_type.shape, intermediate_desc.layout)  # fmt: skip
     # after a dA tile's main loop the ring holds its four saved tiles: two in the A buffers, two in the B buffers
     gl.static_assert(BUFFERS * BLOCK_K >= 2 * BLOCK_N, "the ring holds four saved tiles")
     saved_a = a_bufs._reinterpret(gate_desc.dtype, [BUFFERS * BLOCK_K // BLOCK_N] + gate_desc.block_type.shape,
                                   gate_desc.layout)  # fmt: skip
     saved_b = b_bufs._reinterpret(gate_desc.dtype,
-                                  [BUFFERS * D_A_HALVES * BLOCK_K // BLOCK_M] + gate_desc.block_type.shape,
+                                  [BUFFERS * B_TILES * BLOCK_K // BLOCK_M] + gate_desc.block_type.shape,
                                   gate_desc.layout)  # fmt: skip
-    grad_down_c_smem = c_smem._reinterpret(dwd_desc.dtype, [WIDTHS] + dwd_desc.block_type.shape, dwd_desc.layout)
     ready, empty = ring_barriers(BUFFERS)
     saved_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(saved_ready, count=1)
@@ -307,7 +316,7 @@ def first_launch_kernel(
         off_m = (pid // grad_down_tiles_n) * BLOCK_M
         off_n = (pid % grad_down_tiles_n) * GRAD_DOWN_N
         weight_grad_region(dy_t_desc, dy_t_desc, intermediate_desc, dwd_desc, a_t_bufs, a_t_bufs, intermediate_bufs,
-                           ready, empty, grad_down_c_smem.index(0), off_m, off_n, gl.cdiv(T, BLOCK_K), False, False,
+                           ready, empty, grad_down_c_smem, off_m, off_n, gl.cdiv(T, BLOCK_K), False, False,
                            num_warps)  # fmt: skip
     else:  # dA's tiles, then dGate, dUp from them, each tile over D_A_SPLITS programs in turn
         tile = (pid - grad_down_tiles) // D_A_SPLITS
@@ -359,7 +368,9 @@ class GluonFirstLaunchConfig:
     warps: int = 8  # of the multiplying partition: two warpgroups, each 64 rows of the tile
     maxnreg: int = 168  # registers a thread at launch (12 warps with the loading one's warpgroup)
     # width of the dWd tiles (block_n or a divisor): narrower ones, more of them, shorten the launch's critical path
-    # where its dWd tiles, fewer than the SMs at 128 × 128 (96 at H = 2048, I = 768), each reduce over all T tokens
+    # where its dWd tiles, fewer than the SMs at 128 × 128 (96 at H = 2048, I = 768), each reduce over all T tokens;
+    # or twice block_n, where the dA tiles are narrow (each K step's dWd B tile then covers two of the dA ring's B
+    # buffers, and the ring's B buffers are twice as many)
     grad_down_block_n: int = 128
     # width of the dA tiles: block_n, or twice it (two accumulators over one A tile per K step)
     d_a_block_n: int = 128
@@ -383,6 +394,9 @@ class GluonFirstLaunchConfig:
     saved_tiles_early: bool = False
 
     def __post_init__(self):
+        if self.block_n % self.grad_down_block_n and self.grad_down_block_n != 2 * self.block_n:
+            raise ValueError(f"config: grad_down_block_n must divide block_n ({self.block_n}) or be twice it, got "
+                             f"{self.grad_down_block_n}")  # fmt: skip
         if self.d_a_block_n not in (self.block_n, 2 * self.block_n):
             raise ValueError(f"config: d_a_block_n must be block_n or twice it, got {self.d_a_block_n}")
         if self.d_a_splits < 1 or self.d_a_splits & (self.d_a_splits - 1):
