@@ -98,7 +98,8 @@ def compile_gluon_second_launch(config, with_lo: bool, num_tokens: int = 256):
     halves = torch.empty((2 if with_lo else 1, T, I), dtype=torch.bfloat16)
     kernel = gluon_launch2.second_launch_kernel
     names = [name for name in kernel.arg_names if name.endswith("_desc")]
-    descs = config.descriptors(x, weight, weight, halves, halves, x, weight, weight)
+    intermediate, down_weight = torch.empty((T, I), dtype=torch.bfloat16), torch.empty((H, I), dtype=torch.bfloat16)
+    descs = config.descriptors(x, weight, weight, halves, halves, x, weight, weight, x, intermediate, down_weight)
     arguments = dict(zip(names, descs, strict=True)) | dict(T="i32", I="i32", dx_partials_ptr="*fp32",
                                                             dx_counters_ptr="*i32", trace_ptr="*i32")  # fmt: skip
     return compile_gluon_for_sm90(kernel, arguments, config.constexprs(with_lo) | dict(num_warps=config.warps),

@@ -69,7 +69,8 @@ def main() -> None:
     launch2 = config.gluon_second_launch
     d_gate, d_up = (torch.randn(2, T, I, device="cuda", dtype=x.dtype) for _ in range(2))
     outputs = (torch.empty_like(x), torch.empty_like(gate_weight), torch.empty_like(up_weight))
-    descriptor_args = (x, gate_weight, up_weight, d_gate, d_up, *outputs)
+    descriptor_args = (x, gate_weight, up_weight, d_gate, d_up, *outputs, inputs["grad_output"],
+                       inputs["intermediate"], torch.empty_like(inputs["down_weight"]))  # fmt: skip
     descriptors = launch2.descriptors(*descriptor_args)
     grid = (launch2.programs(T, H, I),)
     unsplit = SplitWorkspace.placeholders(x.device)  # the dx splits' workspace, unused unsplit
@@ -82,10 +83,10 @@ def main() -> None:
     stream = torch.cuda.current_stream().cuda_stream
 
     pieces = {
-        "14 descriptors": lambda: launch2.descriptors(*descriptor_args),
+        "17 descriptors": lambda: launch2.descriptors(*descriptor_args),
         "launch 2 via the JIT": lambda: second_launch_kernel[grid](*descriptors, *scalars, **options),
         "launch 2 via the compiled kernel": lambda: compiled[(grid[0], 1, 1)](*descriptors, *scalars, launch2.warps),
-        "14 descriptors encoded": lambda: encoded.encode(*descriptors, *scalars, launch2.warps),
+        "17 descriptors encoded": lambda: encoded.encode(*descriptors, *scalars, launch2.warps),
         "launch 2, encoded ahead": lambda: encoded.launch(grid[0], arguments, stream),
         "whole call, gluon2": lambda: swiglu_down_backward_triton(*inputs.values(), config=config),
         "whole call, default": lambda: swiglu_down_backward_triton(*inputs.values()),

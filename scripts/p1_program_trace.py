@@ -27,7 +27,8 @@ from moe_lib.swiglu_down.launch import swiglu_down_backward_triton, traced_progr
 
 PROBLEM = "swiglu_down_backward"
 
-KINDS = {("launch 1", 0): "dWd", ("launch 1", 1): "dA", ("launch 2", 0): "dWg, dWu", ("launch 2", 1): "dx"}
+KINDS = {("launch 1", 0): "dWd", ("launch 1", 1): "dA", ("launch 2", 0): "dWg, dWu", ("launch 2", 1): "dx",
+         ("launch 2", 2): "dWd"}
 
 
 def traced_rows(num_tokens: int, config, seed: int) -> pd.DataFrame:

@@ -2,6 +2,8 @@
 count every tile once (the kernels themselves run on a Hopper GPU: test_gpu_gluon_* in
 test_swiglu_down_backward_triton.py)."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -46,11 +48,18 @@ def test_first_launch_descriptors_in_the_kernels_order(grad_down_block_n, halves
 def test_second_launch_descriptors_in_the_kernels_order(weight_block_n, block_m):
     config = GluonSecondLaunchConfig(weight_block_n=weight_block_n, block_m=block_m, warps=block_m // 16)
     x, weight, halves = bf16(T, H), bf16(I, H), bf16(2, T, I)
-    descriptors = config.descriptors(x, weight, weight, halves, halves, x, weight, weight)
+    intermediate, grad_down_weight = bf16(T, I), bf16(H, I)
+    descriptors = config.descriptors(x, weight, weight, halves, halves, x, weight, weight, x, intermediate,
+                                     grad_down_weight)  # fmt: skip
     names = descriptor_arguments(second_launch_kernel)
-    assert len(descriptors) == len(names) == 14
+    assert len(descriptors) == len(names) == 17
     by_name = dict(zip(names, descriptors, strict=True))
     bm, bn, bk, wn = config.block_m, config.block_n, config.block_k, weight_block_n
+    # dWd's tiles, where launch 2 takes them, in its weight-gradient tiles' shape: [BLOCK_M of H, WEIGHT_N of I]
+    assert by_name["dy_t_desc"].base is x and list(by_name["dy_t_desc"].block_shape) == [bk, bm]
+    assert by_name["intermediate_desc"].base is intermediate
+    assert list(by_name["intermediate_desc"].block_shape) == [bk, wn]
+    assert by_name["dwd_desc"].base is grad_down_weight and list(by_name["dwd_desc"].block_shape) == [bm, wn]
     assert list(by_name["x_desc"].block_shape) == [bk, wn] and list(by_name["dwg_desc"].block_shape) == [bm, wn]
     assert list(by_name["wg_desc"].block_shape) == [bk, bn] and list(by_name["dx_desc"].block_shape) == [bm, bn]
     assert list(by_name["dg_t_desc"].block_shape) == [bk, bm] and list(by_name["dg_desc"].block_shape) == [bm, bk]
@@ -68,6 +77,34 @@ def test_grids_count_every_tile_once():
     assert GluonSecondLaunchConfig().programs(2447, 2048, 768) == 2 * 6 * 8 + 20 * 8
     assert GluonSecondLaunchConfig(weight_block_n=128).programs(2447, 2048, 768) == 2 * 6 * 16 + 20 * 8
     assert GluonSecondLaunchConfig().programs(1, 2048, 768) == 2 * 6 * 8 + 8
+
+
+def test_grad_down_tiles_counted_in_the_launch_that_takes_them():
+    # dWd in launch 2: launch 1 is dA's tiles alone, launch 2 has dWd's [128 of H, 256 of I] tiles first
+    assert GluonFirstLaunchConfig(grad_down_tiles=False).programs(2447, 2048, 768) == 20 * 6
+    assert GluonSecondLaunchConfig(grad_down_tiles=True).programs(2447, 2048, 768) == 16 * 3 + 2 * 6 * 8 + 20 * 8
+    assert GluonSecondLaunchConfig(block_m=64, warps=4, grad_down_tiles=True).programs(1087, 2048, 768) == (
+        32 * 3 + 2 * 12 * 8 + 17 * 8)
+
+
+def test_grad_down_tiles_in_exactly_one_launch():
+    from moe_lib.swiglu_down.launch import GLUON_FORMS, choose_config
+
+    base = choose_config(8192, 2048, 768, interpreter=False, with_lo=True)
+    for first, second in ((GluonFirstLaunchConfig(grad_down_tiles=False), GluonSecondLaunchConfig()),
+                          (GluonFirstLaunchConfig(), GluonSecondLaunchConfig(grad_down_tiles=True)),
+                          (None, GluonSecondLaunchConfig(grad_down_tiles=True))):
+        with pytest.raises(ValueError, match="dWd's tiles go in exactly one launch"):
+            dataclasses.replace(base, gluon_first_launch=first, gluon_second_launch=second)
+    for launch1, launch2 in GLUON_FORMS.values():  # every form puts them in one place
+        assert launch1.grad_down_tiles != launch2.grad_down_tiles
+
+
+def test_wide_grad_down_tiles_twice_block_n_or_a_divisor():
+    assert GluonFirstLaunchConfig(block_n=64, d_a_block_n=64, grad_down_block_n=128).programs(128, 2048, 768) == (
+        16 * 6 + 1 * 12)
+    with pytest.raises(ValueError, match="grad_down_block_n"):
+        GluonFirstLaunchConfig(block_n=64, d_a_block_n=64, grad_down_block_n=256)
 
 
 def test_first_launch_dA_tiles_one_or_two_halves_wide():

@@ -1035,12 +1035,13 @@ def test_gpu_gluon_second_launch_reuses_one_compiled_kernel_across_token_counts(
                                        "gluon12_b6_l2m64b6_pdl_sif_graph_early_ibw",
                                        "gluon12_m64_early_dx4_wp68_ibw_n64", "gluon12_m64_early_dx4_wp68_ibw_n64d64",
                                        "gluon12_m64_early_dx4_wp68_ibw_n64d64_b12",
-                                       "gluon12_m64_early_dx1_wp68_ibw_n64"])
+                                       "gluon12_m64_early_dx1_wp68_ibw_n64", "gluon_dwd2_from513",
+                                       "gluon_dwd2_from1100", "gluon_dwd2_from2300", "gluon_dwd2_from2300_a256"])
 def test_gpu_gluon_first_launch_at_both_input_scales(T, precision, candidate, seed):
-    """Both launches in Gluon (launch 1: dWd's tiles, as wide as dA's, half as wide or twice, and dA's with the dSwiGLU
-    epilogue from saved tiles staged in the ring, one or two 128-wide halves a tile) from poisoned memory, both input
-    scales, within the precision's rule of float64: partial tiles along T and I, the saved tiles' rows beyond T
-    filled with zeros by TMA."""
+    """Both launches in Gluon (launch 1: dWd's tiles, as wide as dA's, half as wide or twice, or none of them where
+    launch 2 takes them; and dA's with the dSwiGLU epilogue from saved tiles staged in the ring, one or two 128-wide
+    halves a tile) from poisoned memory, both input scales, within the precision's rule of float64: partial tiles
+    along T and I, the saved tiles' rows beyond T filled with zeros by TMA."""
     check_candidate_at_both_scales(candidate, T, precision, seed)
 
 

@@ -22,7 +22,7 @@ from ..moe_experts.launch import LaunchConfig
 from ..swiglu_down.chained import ChainedConfig
 from ..swiglu_down.gluon_launch1 import GluonFirstLaunchConfig
 from ..swiglu_down.gluon_launch2 import GluonSecondLaunchConfig
-from ..swiglu_down.launch import TileConfig
+from ..swiglu_down.launch import TileConfig, choose_config
 from ..swiglu_down.library_gemms import LibraryGemmsConfig
 from ..swiglu_down.one_launch import OneLaunchConfig
 from ..swiglu_down.tma_launches import TmaFirstLaunchConfig, TmaSecondLaunchConfig
@@ -430,6 +430,22 @@ for _name in ("gluon12_m64_early_dx4_wp68_ibw", "gluon12_m64_early_dx2_wp68_ibw"
     P1_CANDIDATES[f"{_name}_n64d64"] = with_first_launch(P1_CANDIDATES[_name], **_narrow, grad_down_block_n=64)
     P1_CANDIDATES[f"{_name}_n64d64_b12"] = with_first_launch(P1_CANDIDATES[_name], **_narrow, grad_down_block_n=64,
                                                              buffers=12)  # fmt: skip
+
+# each band's faithful form from 513 tokens with dWd's tiles in launch 2 instead of launch 1 (`gluon_dwd2_from<band>`):
+# dWd reads only the call's inputs, so in launch 2 its tiles wait for nothing, start on the SMs launch 1's last wave
+# leaves free, and take launch 2's tile shape (128 x 256 from 2300 tokens) where launch 1's 128 x 128 tiles ran at
+# 58-62% of the tensor pipe (ncu at 8192 tokens, design 14); launch 1 is then dA's tiles alone. `_a256`: launch 1's
+# dA tiles 256 wide too (two accumulators over one dy tile a K step, on a ring of 4: 43 products a byte against 32)
+for _band in (513, 1100, 1400, 2300, 3300, 4600):
+    _form = choose_config(_band, 2048, 768, interpreter=False, with_lo=True)
+    _moved = dataclasses.replace(_form, gluon_first_launch=dataclasses.replace(_form.gluon_first_launch,
+                                                                               grad_down_tiles=False),
+                                 gluon_second_launch=dataclasses.replace(_form.gluon_second_launch,
+                                                                         grad_down_tiles=True))  # fmt: skip
+    P1_CANDIDATES[f"gluon_dwd2_from{_band}"] = _moved
+    if _form.gluon_first_launch.block_m == 128:
+        P1_CANDIDATES[f"gluon_dwd2_from{_band}_a256"] = with_first_launch(_moved, d_a_block_n=256, buffers=4,
+                                                                                  saved_tiles_early=False)
 
 # kernel G's settings as the P2 scripts spell them (FIELD=VALUE), and the FusedDxConfig fields they set
 FUSED_DX_FIELDS = {"gate_up_dx_tile": ("block_i", "block_h", "block_rows"), "warps_g": ("warps",),

@@ -2,7 +2,8 @@
 
 Dataflow (T tokens, H hidden, I intermediate; s = the saved gate_sigmoid):
 
-    dWd = dyᵀ · intermediate                         tiles [BLOCK_M of H, GRAD_DOWN_N of I], K = T (A read transposed)
+    dWd = dyᵀ · intermediate                         tiles [BLOCK_M of H, GRAD_DOWN_N of I], K = T (A read transposed;
+                                                     or in launch 2, ``grad_down_tiles`` False)
     dA  = dy · Wd                                    tiles [BLOCK_M of T, BLOCK_N of I], K = H
           epilogue: dUp = dA ⊙ gate_silu,  dGate = dA ⊙ s ⊙ (1 + gate ⊙ (1 − s)) ⊙ up
           -> stored in the input dtype as hi and, with WITH_LO, lo = value − hi (dA never leaves the chip)
@@ -263,6 +264,7 @@ def first_launch_kernel(
     EARLY_DEPENDENTS: gl.constexpr,  # let a launch 2 issued by programmatic dependent launch start from here on
     STORES_IN_FLIGHT: gl.constexpr,  # the dSwiGLU epilogue's four stores at once, through the saved tiles' buffers
     SAVED_EARLY: gl.constexpr,  # the loading warp asks for the saved tiles as the main loop frees their buffers
+    WITH_GRAD_DOWN: gl.constexpr,  # dWd's tiles in this launch (else launch 2 takes them and the dWd arguments idle)
     D_A_SPLITS: gl.constexpr,  # programs a dA tile, each a piece of its K steps over H (a power of two; 1 if wide)
     TRACE: gl.constexpr,  # record each program's start, end and SM (a diagnostic build: scripts/p1_program_trace.py)
     num_warps: gl.constexpr,  # of the multiplying partition (8: two warpgroups)
@@ -277,7 +279,7 @@ def first_launch_kernel(
     GRAD_DOWN_B_TILES: gl.constexpr = 2 if GRAD_DOWN_N == 2 * BLOCK_N else 1
     B_TILES: gl.constexpr = D_A_HALVES if D_A_HALVES > GRAD_DOWN_B_TILES else GRAD_DOWN_B_TILES
     grad_down_tiles_n = gl.cdiv(I, GRAD_DOWN_N)
-    grad_down_tiles = gl.cdiv(dy_desc.shape[1], BLOCK_M) * grad_down_tiles_n
+    grad_down_tiles = gl.cdiv(dy_desc.shape[1], BLOCK_M) * grad_down_tiles_n if WITH_GRAD_DOWN else 0
     pid = gl.program_id(0)
     if TRACE:
         start, sm = clock_stamp(pid)
@@ -392,6 +394,9 @@ class GluonFirstLaunchConfig:
     # they go into (the ring started where its last steps fall in its last buffers), instead of the multiplying warps
     # once the main loop has ended: their arrival overlaps the last K steps (dA tiles block_n wide, not split)
     saved_tiles_early: bool = False
+    # dWd's tiles in this launch; False: launch 2 takes them (``GluonSecondLaunchConfig.grad_down_tiles``), where they
+    # need not wait for this launch and fill the SMs its last wave leaves, and this launch is dA's tiles alone
+    grad_down_tiles: bool = True
 
     def __post_init__(self):
         if self.block_n % self.grad_down_block_n and self.grad_down_block_n != 2 * self.block_n:
@@ -421,15 +426,17 @@ class GluonFirstLaunchConfig:
         return cdiv(num_tokens, self.block_m) * cdiv(intermediate_size, self.d_a_block_n)
 
     def programs(self, num_tokens: int, hidden_size: int, intermediate_size: int) -> int:
-        """Programs of the launch: dWd's tiles, then dA's tiles' splits."""
+        """Programs of the launch: dWd's tiles (unless launch 2 takes them), then dA's tiles' splits."""
         grad_down_tiles = cdiv(hidden_size, self.block_m) * cdiv(intermediate_size, self.grad_down_block_n)
+        grad_down_tiles *= self.grad_down_tiles
         return grad_down_tiles + self.d_a_tiles(num_tokens, intermediate_size) * self.d_a_splits
 
     def constexprs(self, with_lo: bool, traced: bool = False) -> dict:
         """The kernel's compile-time arguments after T and I, by name in its argument order (``num_warps`` aside)."""
         return dict(WITH_LO=with_lo, BUFFERS=self.buffers, D_A_HALVES=self.d_a_halves, D_A_FIRST=self.d_a_first,
                     EARLY_DEPENDENTS=self.early_dependents, STORES_IN_FLIGHT=self.stores_in_flight,
-                    SAVED_EARLY=self.saved_tiles_early, D_A_SPLITS=self.d_a_splits, TRACE=traced)  # fmt: skip
+                    SAVED_EARLY=self.saved_tiles_early, WITH_GRAD_DOWN=self.grad_down_tiles,
+                    D_A_SPLITS=self.d_a_splits, TRACE=traced)  # fmt: skip
 
     def descriptors(self, grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate, d_gate, d_up,
                     grad_down_weight):  # fmt: skip

@@ -7,6 +7,8 @@ Dataflow (T tokens, H hidden, I intermediate; dG, dU from launch 1, each [T, I] 
     dx  = dG_hi · Wg + dG_lo · Wg + dU_hi · Wu + dU_lo · Wu
                                                    tiles [BLOCK_M of T, BLOCK_N of H], K = 2I: the K steps over
                                                    I of dG with Wg's rows, then of dU with Wu's
+    dWd = dyᵀ · intermediate                       with ``grad_down_tiles`` (launch 1 then has none): tiles
+                                                   [BLOCK_M of H, WEIGHT_N of I], K = T, waiting for nothing
 
 Each program takes one output tile (the weight-gradient tiles first: their reductions over T are the long ones).
 Its loading warp copies each K step's A tile (and its lo half) and B tile by TMA into the next buffer of a ring in
@@ -62,7 +64,7 @@ def record_program(trace_ptr, program, start, proceed, sm, kind):
     """A traced program's row of TRACE_FIELDS: when it started, when it could go on (launch 2 issued by programmatic
     dependent launch: past its wait for launch 1; with INPUTS_BEFORE_WAIT the loading warp waits instead, and the
     row shows its start), when it ended (now), its SM and its tile kind (0: the weight-gradient tiles that reduce over
-    T, 1: the tiles of fixed length, dA's or dx's)."""
+    T, 1: the tiles of fixed length, dA's or dx's, 2: dWd's tiles in launch 2)."""
     end, _ = clock_stamp(program)
     row = trace_ptr + program.to(gl.int64) * 5
     gl.store(row, start)
@@ -399,6 +401,9 @@ def second_launch_kernel(
     wg_desc, wu_desc,  # Wg, Wu [I, H] as [BLOCK_K, BLOCK_N] tiles
     dwg_desc, dwu_desc,  # out: dWg, dWu [I, H] as [BLOCK_M, WEIGHT_N] tiles (WEIGHT_N = BLOCK_N or a divisor of it)
     dx_desc,  # out: dx [T, H] as [BLOCK_M, BLOCK_N] tiles
+    dy_t_desc,  # with GRAD_DOWN: dy [T, H] as [BLOCK_K, BLOCK_M] tiles (Aᵀ of dWd)
+    intermediate_desc,  # with GRAD_DOWN: intermediate [T, I] as [BLOCK_K, WEIGHT_N] tiles (B of dWd)
+    dwd_desc,  # with GRAD_DOWN, out: dWd [H, I] as [BLOCK_M, WEIGHT_N] tiles
     dx_partials_ptr,  # with GRAD_X_SPLITS > 1: fp32 workspace [dx tiles, GRAD_X_SPLITS, BLOCK_M, BLOCK_N]
     dx_counters_ptr,  # with GRAD_X_SPLITS > 1: int32 arrival counters, one per dx tile (they only grow)
     trace_ptr,  # with TRACE: int64 [programs, 5], a row of TRACE_FIELDS per program
@@ -410,6 +415,7 @@ def second_launch_kernel(
     GRAD_X_SPLITS: gl.constexpr,  # programs a dx tile, each a piece of its K steps (a power of two)
     WEIGHT_GRAD_PERSISTENT: gl.constexpr,  # the grid's programs beyond dx's take the weight-gradient tiles in turn
     INPUTS_BEFORE_WAIT: gl.constexpr,  # with PROGRAMMATIC: the loading warp's first x, Wg, Wu tiles before the wait
+    GRAD_DOWN: gl.constexpr,  # dWd's tiles here (launch 1 has none), on the first program ids, waiting for nothing
     TRACE: gl.constexpr,  # record each program's start, end and SM (a diagnostic build: scripts/p1_program_trace.py)
     num_warps: gl.constexpr,  # of the multiplying partition (8: two warpgroups)
 ):  # fmt: skip
@@ -421,18 +427,27 @@ def second_launch_kernel(
     gl.static_assert(BLOCK_N % WEIGHT_N == 0, "the weight-gradient tiles' width divides the dx tiles'")
     weight_tiles_n = gl.cdiv(dx_desc.shape[1], WEIGHT_N)
     weight_tiles = gl.cdiv(I, BLOCK_M) * weight_tiles_n  # of dWg, and as many of dWu
+    # with GRAD_DOWN dWd's tiles take programs 0 .. grad_down_tiles − 1, and the rest of the grid is laid out below
+    grad_down_tiles_n = gl.cdiv(I, WEIGHT_N)
+    grad_down_tiles = gl.cdiv(dx_desc.shape[1], BLOCK_M) * grad_down_tiles_n if GRAD_DOWN else 0
+    programs = gl.num_programs(0) - grad_down_tiles
     # programs taking weight-gradient tiles: one a tile, or with WEIGHT_GRAD_PERSISTENT those the grid has beyond
     # dx's, each taking tiles p, p + programs, ...
     if WEIGHT_GRAD_PERSISTENT:
-        weight_programs = gl.num_programs(0) - gl.cdiv(T, BLOCK_M) * gl.cdiv(dx_desc.shape[1], BLOCK_N) * GRAD_X_SPLITS
+        weight_programs = programs - gl.cdiv(T, BLOCK_M) * gl.cdiv(dx_desc.shape[1], BLOCK_N) * GRAD_X_SPLITS
     else:
         weight_programs = 2 * weight_tiles
     pid = gl.program_id(0)
     if TRACE:
         start, sm = clock_stamp(pid)
         proceed = start
+    if GRAD_DOWN:
+        grad_down = pid < grad_down_tiles
+    else:
+        grad_down: gl.constexpr = False  # so that nothing of dWd's tiles is compiled in
+    pid = pid - grad_down_tiles  # dWd's tiles aside: the weight-gradient and dx tiles' program id
     if GRAD_X_FIRST:  # programs 0 .. dx tiles − 1 take dx's tiles, the rest the weight-gradient ones
-        pid = (pid + weight_programs) % gl.num_programs(0)
+        pid = (pid + weight_programs) % programs
     a_bufs = gl.allocate_shared_memory(dg_desc.dtype, [BUFFERS] + dg_desc.block_type.shape, dg_desc.layout)
     a_lo_bufs = gl.allocate_shared_memory(dg_desc.dtype, [LO_BUFFERS] + dg_desc.block_type.shape, dg_desc.layout)
     a_t_bufs = a_bufs._reinterpret(dg_t_desc.dtype, [BUFFERS] + dg_t_desc.block_type.shape, dg_t_desc.layout)
@@ -445,11 +460,17 @@ def second_launch_kernel(
     x_bufs = b_bufs._reinterpret(x_desc.dtype, [BUFFERS * WIDTHS] + x_desc.block_type.shape, x_desc.layout)
     weight_c_smem = c_smem._reinterpret(dwg_desc.dtype, [WIDTHS] + dwg_desc.block_type.shape, dwg_desc.layout)
     ready, empty = ring_barriers(BUFFERS)
-    if PROGRAMMATIC and not INPUTS_BEFORE_WAIT:  # the ring is set up; dG, dU are launch 1's: wait for its writes
+    if PROGRAMMATIC and not INPUTS_BEFORE_WAIT and not grad_down:  # dG, dU are launch 1's: wait for its writes
         gdc_wait()
         if TRACE:
             proceed, _ = clock_stamp(pid)
-    if pid < weight_programs:  # dWg's tiles, then dWu's: Σ_t A[t, m] x[t, n] over the T tokens
+    if grad_down:  # dWd's tiles: Σ_t dy[t, h] intermediate[t, i] over the T tokens, from the call's inputs alone
+        tile = gl.program_id(0)
+        weight_grad_region(dy_t_desc, dy_t_desc, intermediate_desc, dwd_desc, a_t_bufs, a_t_bufs, x_bufs, ready,
+                           empty, weight_c_smem.index(0), (tile // grad_down_tiles_n) * BLOCK_M,
+                           (tile % grad_down_tiles_n) * WEIGHT_N, gl.cdiv(T, BLOCK_K), False, False,
+                           num_warps)  # fmt: skip
+    elif pid < weight_programs:  # dWg's tiles, then dWu's: Σ_t A[t, m] x[t, n] over the T tokens
         k_steps = gl.cdiv(T, BLOCK_K)
         if WEIGHT_GRAD_PERSISTENT:  # tiles pid, pid + weight_programs, ...
             gl.warp_specialize([
@@ -489,7 +510,10 @@ def second_launch_kernel(
                                      INPUTS_BEFORE_WAIT)),
         ], [1], [40])  # fmt: skip
     if TRACE:
-        record_program(trace_ptr, gl.program_id(0), start, proceed, sm, (pid >= weight_programs).to(gl.int32))
+        kind = (pid >= weight_programs).to(gl.int32)
+        if GRAD_DOWN:
+            kind = gl.where(grad_down, 2, kind)
+        record_program(trace_ptr, gl.program_id(0), start, proceed, sm, kind)
 
 
 @dataclass(frozen=True)
@@ -525,6 +549,10 @@ class GluonSecondLaunchConfig:
     # Wu: launch 1 writes none of them) before its wait for launch 1, and their dG, dU tiles after it, so that those
     # loads' round trips overlap launch 1's tail instead of following it (the multiplying warps wait on the ring)
     inputs_before_wait: bool = False
+    # dWd's tiles here, on the first program ids, instead of in launch 1 (``GluonFirstLaunchConfig.grad_down_tiles``
+    # False): they read only the call's inputs (dy, the intermediate), so they wait for nothing and start on the SMs
+    # launch 1's last wave leaves free, as weight-gradient tiles of launch 2's shape (BLOCK_M of H, WEIGHT_N of I)
+    grad_down_tiles: bool = False
 
     def __post_init__(self):
         if self.grad_x_splits < 1 or self.grad_x_splits & (self.grad_x_splits - 1):
@@ -545,9 +573,15 @@ class GluonSecondLaunchConfig:
         tiles = 2 * cdiv(intermediate_size, self.block_m) * cdiv(hidden_size, self.weight_block_n)
         return min(tiles, self.weight_grad_programs) if self.weight_grad_programs else tiles
 
+    def grad_down_tile_count(self, hidden_size: int, intermediate_size: int) -> int:
+        """dWd's tiles in this launch (none unless ``grad_down_tiles``)."""
+        return cdiv(hidden_size, self.block_m) * cdiv(intermediate_size, self.weight_block_n) * self.grad_down_tiles
+
     def programs(self, num_tokens: int, hidden_size: int, intermediate_size: int) -> int:
-        """Programs of the launch: those of dWg's and dWu's tiles, then dx's tiles' splits."""
-        return (self.weight_grad_programs_for(hidden_size, intermediate_size)
+        """Programs of the launch: dWd's tiles (with ``grad_down_tiles``), those of dWg's and dWu's tiles, then dx's
+        tiles' splits."""
+        return (self.grad_down_tile_count(hidden_size, intermediate_size)
+                + self.weight_grad_programs_for(hidden_size, intermediate_size)
                 + self.grad_x_tiles(num_tokens, hidden_size) * self.grad_x_splits)  # fmt: skip
 
     def constexprs(self, with_lo: bool, traced: bool = False) -> dict:
@@ -555,10 +589,12 @@ class GluonSecondLaunchConfig:
         return dict(WITH_LO=with_lo, BUFFERS=self.buffers, GRAD_X_FIRST=self.grad_x_first,
                     PROGRAMMATIC=self.programmatic, GRAD_X_SPLITS=self.grad_x_splits,
                     WEIGHT_GRAD_PERSISTENT=self.weight_grad_programs > 0, INPUTS_BEFORE_WAIT=self.inputs_before_wait,
-                    TRACE=traced)  # fmt: skip
+                    GRAD_DOWN=self.grad_down_tiles, TRACE=traced)  # fmt: skip
 
-    def descriptors(self, x, gate_weight, up_weight, d_gate, d_up, grad_x, grad_gate_weight, grad_up_weight):
-        """The kernel's 14 TMA descriptors, in its argument order (lo descriptors repeat hi ones without lo halves)."""
+    def descriptors(self, x, gate_weight, up_weight, d_gate, d_up, grad_x, grad_gate_weight, grad_up_weight,
+                    grad_output, intermediate, grad_down_weight):  # fmt: skip
+        """The kernel's 17 TMA descriptors, in its argument order (lo descriptors repeat hi ones without lo halves;
+        the last three, dWd's, are made whether or not the launch takes dWd's tiles)."""
         bm, bn, bk, wn = self.block_m, self.block_n, self.block_k, self.weight_block_n
         dg_hi, dg_lo = d_gate[0], d_gate[-1]
         du_hi, du_lo = d_up[0], d_up[-1]
@@ -567,7 +603,8 @@ class GluonSecondLaunchConfig:
                 descriptor(du_hi, (bm, bk)), descriptor(du_lo, (bm, bk)), descriptor(x, (bk, wn)),
                 descriptor(gate_weight, (bk, bn)), descriptor(up_weight, (bk, bn)),
                 descriptor(grad_gate_weight, (bm, wn)), descriptor(grad_up_weight, (bm, wn)),
-                descriptor(grad_x, (bm, bn)))  # fmt: skip
+                descriptor(grad_x, (bm, bn)), descriptor(grad_output, (bk, bm)), descriptor(intermediate, (bk, wn)),
+                descriptor(grad_down_weight, (bm, wn)))  # fmt: skip
 
 
 ENCODED_LAUNCHES: dict = {}  # (device, dtype, with_lo, config) → EncodedLaunch of the kernel compiled for them
@@ -575,11 +612,13 @@ ENCODED_LAUNCHES: dict = {}  # (device, dtype, with_lo, config) → EncodedLaunc
 
 def prepare_second_launch_gluon(config: GluonSecondLaunchConfig, x, gate_weight, up_weight, d_gate, d_up, grad_x,
                                 grad_gate_weight, grad_up_weight, grad_x_workspace, *, with_lo: bool,
-                                trace=None):  # fmt: skip
+                                grad_down_operands, trace=None):  # fmt: skip
     """Launch 2 in Gluon made ready before launch 1: returns the callable that launches it (dx, dWg and dWu from
     dGate, dUp: [1 or 2, T, I], hi and with ``with_lo`` lo). On a Hopper GPU; 16-bit contiguous operands whose rows
     TMA can address (``tma_launches.fits``), T ≥ 1. No host synchronisation. ``grad_x_workspace``: (fp32 partials,
-    int32 counters) of the dx tiles' splits (``launch.SplitWorkspace``; unused with ``grad_x_splits`` 1). ``trace``: an
+    int32 counters) of the dx tiles' splits (``launch.SplitWorkspace``; unused with ``grad_x_splits`` 1).
+    ``grad_down_operands``: (dy, intermediate, dWd) for dWd's tiles (read and written only with ``grad_down_tiles``).
+    ``trace``: an
     int64 [programs, 5] tensor for a row of TRACE_FIELDS per program (a build of the kernel that records them), or None.
 
     In NVIDIA's method the host time between launch 1 and launch 2 shows in the span wherever it exceeds launch 1's
@@ -592,7 +631,7 @@ def prepare_second_launch_gluon(config: GluonSecondLaunchConfig, x, gate_weight,
     T, H = x.shape
     I = gate_weight.shape[0]
     descriptors = config.descriptors(x, gate_weight, up_weight, d_gate, d_up, grad_x, grad_gate_weight,
-                                     grad_up_weight)  # fmt: skip
+                                     grad_up_weight, *grad_down_operands)  # fmt: skip
     key = (x.device, x.dtype, with_lo, config, trace is not None)
     trace_or_placeholder = grad_x_workspace[1] if trace is None else trace
     return prepared_launch(ENCODED_LAUNCHES, key, second_launch_kernel, config.programs(T, H, I),

@@ -71,6 +71,15 @@ class TileConfig:
     # launch_as_one_graph`): both reach the GPU before the first starts, whatever the host's time between them
     gluon_as_one_graph: bool = False
 
+    def __post_init__(self):
+        first, second = self.gluon_first_launch, self.gluon_second_launch
+        second_takes_grad_down = second is not None and second.grad_down_tiles
+        first_leaves_grad_down = first is not None and not first.grad_down_tiles
+        if second_takes_grad_down != first_leaves_grad_down:
+            raise ValueError("config: dWd's tiles go in exactly one launch: gluon_second_launch.grad_down_tiles "
+                             "needs a gluon_first_launch with grad_down_tiles False, and the other way round")
+        # (where the Gluon launches cannot run, both give way together to the Triton launches, which compute dWd)
+
 
 # the faithful path (the benchmark's function) runs in one launch up to this many tokens: in NVIDIA's
 # harness, which times a call from its first kernel's start to its last kernel's end, the second launch's
@@ -522,6 +531,8 @@ def swiglu_down_backward_triton(
         launch_gluon_second_launch = prepare_second_launch_gluon(gluon_launch2, x, gate_weight, up_weight, d_gate,
                                                                  d_up, grad_x, grad_gate_weight, grad_up_weight,
                                                                  grad_x_workspace, with_lo=with_lo,
+                                                                 grad_down_operands=(grad_output, intermediate,
+                                                                                     grad_down_weight),
                                                                  trace=traces.get("launch 2"))  # fmt: skip
     if gluon_launch1 is not None:
         d_a_workspace = SplitWorkspace.for_tiles("gluon dA", gluon_launch1.d_a_tiles(T, I), gluon_launch1.d_a_splits,
