@@ -295,7 +295,7 @@ def test_gluon_launch_schedule_places_every_tile_and_the_long_ones_first_shorten
     its products (launch 2's twice with the lo halves); with the long tiles first they start at 0 and, at 512 tokens
     on 64-row tiles, the launch ends sooner, in both launches."""
     T, H, I = 512, 2048, 768
-    launch1, launch2 = p1_launch.GLUON_FORMS[0]
+    launch1, launch2 = p1_launch.GLUON_FORMS[257]  # the band of 512 tokens
     spans = {}
     for form, flag, long_kind in ((launch1, "d_a_first", "dA"), (launch2, "grad_x_first", "dx")):
         for first in (False, True):

@@ -452,14 +452,19 @@ def test_faithful_path_takes_the_gluon_forms_where_they_run():
     for T in (65, 128, 8192):  # both launches submitted as one CUDA graph in eager calls
         assert config(T).gluon_as_one_graph and not getattr(config(T, gluon=False), "gluon_as_one_graph", False), T
     rows = {}
-    for T in (CHAINED_LAUNCH_TOKENS.start, 129, 512, 1099, 1100, 1399, 1400, 2299, 2300, 3300, 4600, 8192, 12288):
+    for T in (CHAINED_LAUNCH_TOKENS.start, 129, 512, 1099, 1100, 1399, 1400, 2299, 2300, 3300, 4093, 4600, 8192,
+              12288):  # fmt: skip
         for max_programs in (132, 11):
             tiles = config(T, max_programs=max_programs)
             assert isinstance(tiles, TileConfig), T
             assert None not in (tiles.gluon_first_launch, tiles.gluon_second_launch), T
             rows[T] = (tiles.gluon_first_launch.block_m, tiles.gluon_second_launch.block_m)
             assert tiles.gluon_first_launch.early_dependents and tiles.gluon_second_launch.programmatic, T
-            assert tiles.gluon_first_launch.stores_in_flight and tiles.gluon_first_launch.saved_tiles_early, T
+            # the saved tiles asked for early wherever a dA tile is one accumulator wide
+            assert tiles.gluon_first_launch.stores_in_flight, T
+            assert tiles.gluon_first_launch.saved_tiles_early or tiles.gluon_first_launch.d_a_halves == 2, T
+            # dWd's tiles in one of the two launches
+            assert tiles.gluon_first_launch.grad_down_tiles != tiles.gluon_second_launch.grad_down_tiles, T
             launch1, launch2 = GLUON_FORMS[max(first for first in GLUON_FORMS if first <= T)]
             assert tiles.gluon_first_launch == launch1, T
             # the persistent weight-gradient programs only where all of them fit beside dx's on the SMs
@@ -486,8 +491,15 @@ def test_faithful_path_takes_the_gluon_forms_where_they_run():
     assert weight_programs == {65: (68, 68, 0), 128: (68, 68, 0), 256: (68, 68, 0), 384: (68, 68, 0),
                                512: (68, 68, 0), 513: (0, 0, 0), 959: (0, 0, 0)}  # fmt: skip
     assert rows == {65: (64, 64), 129: (64, 64), 512: (64, 64), 1099: (64, 64), 1100: (128, 64), 1399: (128, 64),
-                    1400: (128, 64), 2299: (128, 64), 2300: (128, 128), 3300: (128, 64), 4600: (128, 128),
-                    8192: (128, 128), 12288: (128, 128)}
+                    1400: (128, 64), 2299: (128, 64), 2300: (128, 128), 3300: (128, 64), 4093: (128, 128),
+                    4600: (128, 128), 8192: (128, 128), 12288: (128, 128)}
+    # launch 1's dA tiles 64 wide to 256 tokens, 256 wide at 3500-5599; dWd's tiles in launch 2 at 513-1099 and
+    # 3500-5599
+    shapes = {T: (config(T).gluon_first_launch.d_a_block_n, config(T).gluon_second_launch.grad_down_tiles)
+              for T in (65, 256, 257, 512, 513, 1099, 1100, 3499, 3500, 5599, 5600)}  # fmt: skip
+    assert shapes == {65: (64, False), 256: (64, False), 257: (128, False), 512: (128, False), 513: (128, True),
+                      1099: (128, True), 1100: (128, False), 3499: (128, False), 3500: (256, True),
+                      5599: (256, True), 5600: (128, False)}  # fmt: skip
     assert config(1087).gluon_first_launch.buffers == 8 and config(8192).gluon_first_launch.buffers == 6
     # the long tiles first: both launches' to 1399 tokens, launch 1's to 2299, neither beyond
     first = {T: (config(T).gluon_first_launch.d_a_first, config(T).gluon_second_launch.grad_x_first)
@@ -1139,7 +1151,8 @@ def test_gpu_graph_in_eager_calls_back_to_back_each_with_its_own_inputs(T, seed)
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("candidate", ["gluon12", "gluon12_a256", "gluon12_m64_l1b8", "gluon12_a256_sif",
-                                       "gluon12_m64_lf_pdl_sif"])
+                                       "gluon12_m64_lf_pdl_sif", "gluon12_m64_early_dx4_wp68_ibw_n64",
+                                       "gluon_dwd2_from513", "gluon_dwd2_from4600_a256"])
 @pytest.mark.parametrize("precision", ["faithful", "fast"])
 def test_gpu_gluon_first_launch_with_partial_tiles_along_i_and_h(candidate, precision, seed):
     """A shape off the benchmark's (I = 384: the 256-wide dA tiles' right halves wholly beyond I; H = 320: a partial
@@ -1161,7 +1174,9 @@ def test_gpu_gluon_first_launch_with_partial_tiles_along_i_and_h(candidate, prec
 @pytest.mark.parametrize("candidate", ["gluon12", "gluon12_a256", "gluon12_m64_l1b8", "gluon12_m64_lf",
                                        "gluon12_m64_lf_pdl", "gluon12_m64_lf_pdl_end", "gluon12_l2m64_lf_pdl",
                                        "gluon12_b6_pdl", "gluon12_b6_pdl_sif", "gluon12_a256_sif",
-                                       "gluon12_m64_lf_pdl_sif_graph", "gluon12_l2m64_lf_pdl_sif_graph"])
+                                       "gluon12_m64_lf_pdl_sif_graph", "gluon12_l2m64_lf_pdl_sif_graph",
+                                       "gluon12_m64_early_dx4_wp68_ibw_n64", "gluon_dwd2_from513",
+                                       "gluon_dwd2_from4600_a256"])
 def test_gpu_gluon_first_launch_deterministic_and_replayed_from_a_graph(candidate, seed):
     check_deterministic_and_replayed(candidate, "faithful", seed)
 

@@ -22,7 +22,7 @@ from ..moe_experts.launch import LaunchConfig
 from ..swiglu_down.chained import ChainedConfig
 from ..swiglu_down.gluon_launch1 import GluonFirstLaunchConfig
 from ..swiglu_down.gluon_launch2 import GluonSecondLaunchConfig
-from ..swiglu_down.launch import TileConfig, choose_config
+from ..swiglu_down.launch import TileConfig
 from ..swiglu_down.library_gemms import LibraryGemmsConfig
 from ..swiglu_down.one_launch import OneLaunchConfig
 from ..swiglu_down.tma_launches import TmaFirstLaunchConfig, TmaSecondLaunchConfig
@@ -431,13 +431,16 @@ for _name in ("gluon12_m64_early_dx4_wp68_ibw", "gluon12_m64_early_dx2_wp68_ibw"
     P1_CANDIDATES[f"{_name}_n64d64_b12"] = with_first_launch(P1_CANDIDATES[_name], **_narrow, grad_down_block_n=64,
                                                              buffers=12)  # fmt: skip
 
-# each band's faithful form from 513 tokens with dWd's tiles in launch 2 instead of launch 1 (`gluon_dwd2_from<band>`):
-# dWd reads only the call's inputs, so in launch 2 its tiles wait for nothing, start on the SMs launch 1's last wave
-# leaves free, and take launch 2's tile shape (128 x 256 from 2300 tokens) where launch 1's 128 x 128 tiles ran at
-# 58-62% of the tensor pipe (ncu at 8192 tokens, design 14); launch 1 is then dA's tiles alone. `_a256`: launch 1's
-# dA tiles 256 wide too (two accumulators over one dy tile a K step, on a ring of 4: 43 products a byte against 32)
-for _band in (513, 1100, 1400, 2300, 3300, 4600):
-    _form = choose_config(_band, 2048, 768, interpreter=False, with_lo=True)
+# each band's faithful form from 513 tokens (as it was before these candidates) with dWd's tiles in launch 2 instead of
+# launch 1 (`gluon_dwd2_from<band>`): dWd reads only the call's inputs, so in launch 2 its tiles wait for nothing,
+# start on the SMs launch 1's last wave leaves free, and take launch 2's tile shape (128 x 256 from 2300 tokens) where
+# launch 1's 128 x 128 tiles ran at 58-62% of the tensor pipe (ncu at 8192 tokens, design 14); launch 1 is then dA's
+# tiles alone. `_a256`: launch 1's dA tiles 256 wide too (two accumulators over one dy tile a K step, on a ring of 4:
+# 43 products a byte against 32)
+for _band, _name in ((513, "gluon12_m64_lf_pdl_sif_graph_early"), (1100, "gluon12_l2m64_lf_pdl_sif_graph_early"),
+                     (1400, "gluon12_l2m64_daf_pdl_sif_graph_early"), (2300, "gluon12_b6_pdl_sif_graph_early"),
+                     (3300, "gluon12_b6_l2m64b6_pdl_sif_graph_early"), (4600, "gluon12_b6_pdl_sif_graph_early")):
+    _form = P1_CANDIDATES[_name]  # the band's form before (launch.GLUON_FORMS on 2026-12-02)
     _moved = dataclasses.replace(_form, gluon_first_launch=dataclasses.replace(_form.gluon_first_launch,
                                                                                grad_down_tiles=False),
                                  gluon_second_launch=dataclasses.replace(_form.gluon_second_launch,
