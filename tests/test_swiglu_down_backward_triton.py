@@ -493,13 +493,13 @@ def test_faithful_path_takes_the_gluon_forms_where_they_run():
     assert rows == {65: (64, 64), 129: (64, 64), 512: (64, 64), 1099: (64, 64), 1100: (128, 64), 1399: (128, 64),
                     1400: (128, 64), 2299: (128, 64), 2300: (128, 128), 3300: (128, 64), 4093: (128, 128),
                     4600: (128, 128), 8192: (128, 128), 12288: (128, 128)}
-    # launch 1's dA tiles 64 wide to 256 tokens, 256 wide at 3500-5599; dWd's tiles in launch 2 at 513-1099 and
-    # 3500-5599
+    # launch 1's dA tiles 64 wide to 256 tokens, 256 wide at 3600-5199; dWd's tiles in launch 2 at 513-1099 and
+    # 3600-5199
     shapes = {T: (config(T).gluon_first_launch.d_a_block_n, config(T).gluon_second_launch.grad_down_tiles)
-              for T in (65, 256, 257, 512, 513, 1099, 1100, 3499, 3500, 5599, 5600)}  # fmt: skip
+              for T in (65, 256, 257, 512, 513, 1099, 1100, 3599, 3600, 5199, 5200)}  # fmt: skip
     assert shapes == {65: (64, False), 256: (64, False), 257: (128, False), 512: (128, False), 513: (128, True),
-                      1099: (128, True), 1100: (128, False), 3499: (128, False), 3500: (256, True),
-                      5599: (256, True), 5600: (128, False)}  # fmt: skip
+                      1099: (128, True), 1100: (128, False), 3599: (128, False), 3600: (256, True),
+                      5199: (256, True), 5200: (128, False)}  # fmt: skip
     assert config(1087).gluon_first_launch.buffers == 8 and config(8192).gluon_first_launch.buffers == 6
     # the long tiles first: both launches' to 1399 tokens, launch 1's to 2299, neither beyond
     first = {T: (config(T).gluon_first_launch.d_a_first, config(T).gluon_second_launch.grad_x_first)

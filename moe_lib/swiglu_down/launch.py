@@ -165,14 +165,15 @@ _PERSISTENT_WEIGHT_GRAD = dataclasses.replace(_GLUON_TALL_GRAD_X_FIRST, weight_g
 # tokens 24.7-25.2 against 27.0-28.1 µs, 160-256 26.8-28.6 against 28.9-30.1; fast 65-192 24.3-24.6 against
 # 25.4-26.3, a tie at 256; slower from 320 (more dA tiles than SMs beside the dWd tiles).
 _GLUON_NARROW_D_A = dataclasses.replace(_GLUON_TALL_64, block_n=64, d_a_block_n=64, grad_down_block_n=128)
-# From 513 tokens to 1099 and again at 3500-5599 dWd's tiles run in launch 2 (``grad_down_tiles``): they read only the
+# From 513 tokens to 1099 and again at 3600-5199 dWd's tiles run in launch 2 (``grad_down_tiles``): they read only the
 # call's inputs, so there they wait for nothing, start on the SMs launch 1's last wave leaves free, and launch 1 is
 # dA's tiles alone. By graph replay (NOTES, design 20), faithful: 640 tokens 43.2 against 44.4 µs, 896 56.1 against
 # 60.9, 1087 63.7 against 67.4-67.5, 1099 67.3 against 71.2 (a tie at 1150, slower at 1200); fast 640-896 0.8-4.6 µs
-# off. At 3500-5599 with launch 2's 128-row tiles and launch 1's dA tiles 256 wide: 3600 181.5 against 186.3, 4093
-# 191.9-192.1 against 198.7-198.8, 4500 203.2 against 221.1, 5000 230.1 against 237.8; slower at 3300 (173.0 against
-# 166.5) and 6144 (298.4 against 278.1); at 8192 a tie, as dWd's 48 tiles of 128 x 256 (84 µs each) hold 48 SMs while
-# launch 2's 96 weight-gradient tiles want the rest and more (program traces).
+# off. At 3600-5199 with launch 2's 128-row tiles and launch 1's dA tiles 256 wide: 3600 181.2-181.5 against
+# 186.2-186.3, 4093 191.9-193.0 against 198.6-198.8, 4500 203.2 against 221.1, 5000 230.0-230.9 against 237.8-238.4;
+# slower at 3300 (173.0 against 166.5), 3500 (178.2 against 173.0), 5300 (251.6 against 244.8) and 6144 (297.4 against
+# 277.9); at 8192 a tie, as dWd's 48 tiles of 128 x 256 (84 µs each) hold 48 SMs while launch 2's 96
+# weight-gradient tiles want the rest and more (program traces).
 _NO_GRAD_DOWN = dict(grad_down_tiles=False)
 _WITH_GRAD_DOWN = dict(grad_down_tiles=True)
 GLUON_FORMS = {  # from this many tokens: (launch 1, launch 2)
@@ -185,9 +186,9 @@ GLUON_FORMS = {  # from this many tokens: (launch 1, launch 2)
     1400: (_GLUON_WIDE_D_A_FIRST, _GLUON_TALL),
     2300: (_GLUON_WIDE, GluonSecondLaunchConfig(programmatic=True)),
     3300: (_GLUON_WIDE, _GLUON_TALL),
-    3500: (dataclasses.replace(_GLUON_WIDE, d_a_block_n=256, buffers=4, saved_tiles_early=False, **_NO_GRAD_DOWN),
+    3600: (dataclasses.replace(_GLUON_WIDE, d_a_block_n=256, buffers=4, saved_tiles_early=False, **_NO_GRAD_DOWN),
            GluonSecondLaunchConfig(programmatic=True, **_WITH_GRAD_DOWN)),
-    5600: (_GLUON_WIDE, GluonSecondLaunchConfig(programmatic=True)),
+    5200: (_GLUON_WIDE, GluonSecondLaunchConfig(programmatic=True)),
 }
 # the faithful path's Triton tiles beyond the chained launch's band where the Gluon launches cannot run, and the
 # Triton fields of GLUON_FORMS' configs (what an explicit Gluon config falls back to on operands TMA cannot address)
