@@ -249,8 +249,11 @@ LIBRARY_GEMMS_MIN_TOKENS = {"fast": FEW_TOKENS_MAX_TOKENS["fast"] + 1}
 # 640, 47.4 against 49.6 at 896; from 1024 tokens cuBLAS leads (48.8 against 50.7, 1321 57.9 against 62.6). Again at
 # 2300-3299 tokens (the band's form with 128-row tiles in both launches; NOTES, design 19, two runs): 2447 84.7-84.8
 # against 85.5-86.2, 3089 97.6-98.3 against 103.9-105.0, a tie at 2767 (94.4-94.7 against 93.8-94.7); cuBLAS ahead
-# at 1087-1571 (by 1-5%), 3300 (109.6 against 115.7) and 4093-7168
-GLUON_FAST_TOKENS = (range(FEW_TOKENS_MAX_TOKENS["fast"] + 1, 960), range(2300, 3300))
+# at 1087-1571 (by 1-5%), 3300 (109.6 against 115.7) and 4093-7168. With dWd's tiles in launch 2 (the forms at
+# 513-1099 and 3600-5199; NOTES, design 20) the Gluon launches lead at 960-1099 too (960 44.7 against 51.8, 1024 47.2
+# against 49.1, 1087 48.4 against 50.6; a tie at 1150, cuBLAS ahead from 1200) and at 3600-4299 (3600 117.2 against
+# 118.6, 4093 124.7 against 128.9; cuBLAS ahead at 4500 and 5000)
+GLUON_FAST_TOKENS = (range(FEW_TOKENS_MAX_TOKENS["fast"] + 1, 1100), range(2300, 3300), range(3600, 4300))
 
 
 def fast_path_on_gluon(num_tokens: int) -> bool:
