@@ -530,9 +530,9 @@ def test_design_by_token_count():
         design = choose_design(T, 2048, 768, interpreter=False, max_programs=132)
         assert design == choose_config(T, 2048, 768, interpreter=False, max_programs=132), T
         assert design.gluon_first_launch is not None and design.gluon_second_launch is not None, T
-    for T, gluon in ((first, False), (first + 1, False), (GLUON_FAST_TOKENS[0].stop, True), (1023, True),
-                     (1024, True), (memcpy - 1, True), (memcpy, True), (2299, True), (2300, False),
-                     (GLUON_FAST_TOKENS[1].stop, True), (8192, True)):  # fmt: skip
+    for T, gluon in ((first, False), (first + 1, False), (GLUON_FAST_TOKENS[0].stop, True), (1023, False),
+                     (1024, False), (memcpy - 1, False), (memcpy, False), (1200, True), (2299, True), (2300, False),
+                     (GLUON_FAST_TOKENS[1].stop, True), (GLUON_FAST_TOKENS[2].stop, True), (8192, True)):  # fmt: skip
         design = choose_design(T, 2048, 768, interpreter=False, max_programs=132, gluon=gluon)
         assert isinstance(design, LibraryGemmsConfig) and design.streams and design.stack_aside, T
         assert design.d_a_fp32 == (T < LIBRARY_GEMMS_16BIT_DA_MIN_TOKENS), T
