@@ -450,6 +450,12 @@ for _band, _name in ((513, "gluon12_m64_lf_pdl_sif_graph_early"), (1100, "gluon1
         P1_CANDIDATES[f"gluon_dwd2_from{_band}_a256"] = with_first_launch(_moved, d_a_block_n=256, buffers=4,
                                                                                   saved_tiles_early=False)
 
+# the 3600-5199 form (and the same without 256-wide dA tiles) with dWd's programs after the weight-gradient tiles'
+# (`_late`): at 8192 tokens dWd's 48 tiles first held 48 SMs for 84 µs, and 12 of the 96 weight-gradient tiles (163 µs
+# each) started only when they ended (program traces, design 20)
+for _name in ("gluon_dwd2_from4600", "gluon_dwd2_from4600_a256"):
+    P1_CANDIDATES[f"{_name}_late"] = with_second_launch(P1_CANDIDATES[_name], grad_down_after_weight_grad=True)
+
 # kernel G's settings as the P2 scripts spell them (FIELD=VALUE), and the FusedDxConfig fields they set
 FUSED_DX_FIELDS = {"gate_up_dx_tile": ("block_i", "block_h", "block_rows"), "warps_g": ("warps",),
                    "stages_g": ("stages",)}  # fmt: skip

@@ -813,6 +813,48 @@ def fast_path_gluon_large_times(path=FAST_GLUON_LARGE_FILE) -> pd.DataFrame:
     return p1_tune_runs_times(path, precision="fast", labels=FAST_GLUON_LARGE_LABELS)
 
 
+# Design 20 (NOTES): launch 1's dA tiles 64 wide to 256 tokens, dWd's tiles in launch 2 at 513-1099 and 3600-5199,
+# and the fast path on those forms. In the runs at f60a2bd "default" was the forms before; in the fast path's run at
+# c69b21c beyond 959 tokens, its cuBLAS design (the later runs' "default" is design 20's own choice: left out)
+DESIGN20_FILE = TUNING_DIR / "2026-12-02-p1-narrow-da-grad-down-in-launch2.json"
+DESIGN20_DEFAULTS = {"f60a2bd69c996e378063ecac7301131e0c75ba69": "forms before",
+                     "c69b21cd1dddad02f942e8e2327dab51d1b1237b": "cuBLAS"}  # fmt: skip
+DESIGN20_LABELS = {
+    "faithful": {"gluon12_m64_early_dx4_wp68_ibw": "dx in 4 (before)",
+                 "gluon12_m64_early_dx2_wp68_ibw": "dx in 2 (before)",
+                 "gluon12_m64_early_dx4_wp68_ibw_n64": "dA 64 wide, dx in 4",
+                 "gluon12_m64_early_dx2_wp68_ibw_n64": "dA 64 wide, dx in 2",
+                 "gluon12_m64_early_dx4_wp68_ibw_n64d64": "dA and dWd 64 wide, dx in 4",
+                 "gluon_dwd2_from513": "dWd in launch 2, 64-row launch 2",
+                 "gluon_dwd2_from4600": "dWd in launch 2, 128-row launch 2",
+                 "gluon_dwd2_from4600_a256": "dWd in launch 2, 128-row launch 2, dA 256 wide"},
+    "fast": {"lib_bs3_mc": "cuBLAS", "gluon12_m64_early_dx1_wp68_ibw": "forms before",
+             "gluon12_m64_early_dx1_wp68_ibw_n64": "dA 64 wide",
+             "gluon_dwd2_from513": "dWd in launch 2, 64-row launch 2",
+             "gluon_dwd2_from4600": "dWd in launch 2, 128-row launch 2",
+             "gluon_dwd2_from4600_a256": "dWd in launch 2, 128-row launch 2, dA 256 wide"},
+}
+
+
+def design20_times(precision: str = "faithful", path=DESIGN20_FILE) -> pd.DataFrame:
+    """Design 20's runs by graph replay (µs per token count and form, the median over the runs that measured it):
+    the forms before it, launch 1's 64-wide dA tiles and dWd's tiles in launch 2 (``DESIGN20_LABELS``), and on the
+    fast path its cuBLAS design; "default" rows only where they name a form (``DESIGN20_DEFAULTS``)."""
+    labels = DESIGN20_LABELS[precision]
+    rows = []
+    for run in _read_json(path)["runs"]:
+        if run["precision"] != precision:
+            continue
+        for row in run["rows"]:
+            config = row["config"]
+            label = DESIGN20_DEFAULTS.get(run["commit"]) if config == "default" else labels.get(config)
+            if row.get("ok") and label is not None:
+                rows.append(dict(num_tokens=row["T"], form=label, us=row["median_us"]))
+    table = pd.DataFrame(rows).pivot_table(index="num_tokens", columns="form", values="us", aggfunc="median")
+    order = ["forms before", "cuBLAS"] + [label for label in labels.values() if label not in ("forms before", "cuBLAS")]
+    return table[[label for label in dict.fromkeys(order) if label in table.columns]]
+
+
 def programmatic_launch_gains(path=PROGRAMMATIC_LAUNCH_FILE) -> pd.DataFrame:
     """What issuing launch 2 by programmatic dependent launch saves each Gluon form: per num_tokens (rows) and form
     (columns), the form's µs by graph replay plainly issued minus its ``_pdl`` candidate's (launch 1 letting launch 2

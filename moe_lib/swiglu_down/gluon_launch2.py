@@ -416,6 +416,7 @@ def second_launch_kernel(
     WEIGHT_GRAD_PERSISTENT: gl.constexpr,  # the grid's programs beyond dx's take the weight-gradient tiles in turn
     INPUTS_BEFORE_WAIT: gl.constexpr,  # with PROGRAMMATIC: the loading warp's first x, Wg, Wu tiles before the wait
     GRAD_DOWN: gl.constexpr,  # dWd's tiles here (launch 1 has none), on the first program ids, waiting for nothing
+    GRAD_DOWN_AFTER_WEIGHT_GRAD: gl.constexpr,  # with GRAD_DOWN: dWd's programs after dWg's and dWu's, not first
     TRACE: gl.constexpr,  # record each program's start, end and SM (a diagnostic build: scripts/p1_program_trace.py)
     num_warps: gl.constexpr,  # of the multiplying partition (8: two warpgroups)
 ):  # fmt: skip
@@ -441,11 +442,18 @@ def second_launch_kernel(
     if TRACE:
         start, sm = clock_stamp(pid)
         proceed = start
+    grad_down_tile = pid
     if GRAD_DOWN:
-        grad_down = pid < grad_down_tiles
+        if GRAD_DOWN_AFTER_WEIGHT_GRAD:  # the weight-gradient tiles' programs, then dWd's, then dx's
+            grad_down_tile = pid - weight_programs
+            grad_down = (grad_down_tile >= 0) & (grad_down_tile < grad_down_tiles)
+            pid = gl.where(pid < weight_programs, pid, pid - grad_down_tiles)
+        else:  # dWd's programs first
+            grad_down = pid < grad_down_tiles
+            pid = pid - grad_down_tiles
     else:
         grad_down: gl.constexpr = False  # so that nothing of dWd's tiles is compiled in
-    pid = pid - grad_down_tiles  # dWd's tiles aside: the weight-gradient and dx tiles' program id
+    # pid: the weight-gradient and dx tiles' program id (dWd's tiles aside)
     if GRAD_X_FIRST:  # programs 0 .. dx tiles − 1 take dx's tiles, the rest the weight-gradient ones
         pid = (pid + weight_programs) % programs
     a_bufs = gl.allocate_shared_memory(dg_desc.dtype, [BUFFERS] + dg_desc.block_type.shape, dg_desc.layout)
@@ -465,10 +473,9 @@ def second_launch_kernel(
         if TRACE:
             proceed, _ = clock_stamp(pid)
     if grad_down:  # dWd's tiles: Σ_t dy[t, h] intermediate[t, i] over the T tokens, from the call's inputs alone
-        tile = gl.program_id(0)
         weight_grad_region(dy_t_desc, dy_t_desc, intermediate_desc, dwd_desc, a_t_bufs, a_t_bufs, x_bufs, ready,
-                           empty, weight_c_smem.index(0), (tile // grad_down_tiles_n) * BLOCK_M,
-                           (tile % grad_down_tiles_n) * WEIGHT_N, gl.cdiv(T, BLOCK_K), False, False,
+                           empty, weight_c_smem.index(0), (grad_down_tile // grad_down_tiles_n) * BLOCK_M,
+                           (grad_down_tile % grad_down_tiles_n) * WEIGHT_N, gl.cdiv(T, BLOCK_K), False, False,
                            num_warps)  # fmt: skip
     elif pid < weight_programs:  # dWg's tiles, then dWu's: Σ_t A[t, m] x[t, n] over the T tokens
         k_steps = gl.cdiv(T, BLOCK_K)
@@ -553,12 +560,20 @@ class GluonSecondLaunchConfig:
     # False): they read only the call's inputs (dy, the intermediate), so they wait for nothing and start on the SMs
     # launch 1's last wave leaves free, as weight-gradient tiles of launch 2's shape (BLOCK_M of H, WEIGHT_N of I)
     grad_down_tiles: bool = False
+    # with ``grad_down_tiles``: dWd's tiles take the program ids after the weight-gradient tiles' instead of the first
+    # ones, so that where the weight-gradient tiles are long (K = T) they all start as launch 1 ends and dWd's fill
+    # the SMs left (the weight-gradient tiles first: not with ``grad_x_first``, nor with persistent programs)
+    grad_down_after_weight_grad: bool = False
 
     def __post_init__(self):
         if self.grad_x_splits < 1 or self.grad_x_splits & (self.grad_x_splits - 1):
             raise ValueError(f"config: grad_x_splits must be a power of two, got {self.grad_x_splits}")
         if self.inputs_before_wait and not self.programmatic:
             raise ValueError("config: inputs_before_wait needs programmatic (a wait for launch 1 to go before)")
+        if self.grad_down_after_weight_grad and not (self.grad_down_tiles and not self.grad_x_first
+                                                     and not self.weight_grad_programs):
+            raise ValueError("config: grad_down_after_weight_grad needs grad_down_tiles, the weight-gradient tiles "
+                             "first (not grad_x_first) and one program a tile (weight_grad_programs 0)")
         if self.weight_grad_programs < 0:
             raise ValueError(f"config: weight_grad_programs must be 0 (one a tile) or more, got "
                              f"{self.weight_grad_programs}")  # fmt: skip
@@ -589,7 +604,8 @@ class GluonSecondLaunchConfig:
         return dict(WITH_LO=with_lo, BUFFERS=self.buffers, GRAD_X_FIRST=self.grad_x_first,
                     PROGRAMMATIC=self.programmatic, GRAD_X_SPLITS=self.grad_x_splits,
                     WEIGHT_GRAD_PERSISTENT=self.weight_grad_programs > 0, INPUTS_BEFORE_WAIT=self.inputs_before_wait,
-                    GRAD_DOWN=self.grad_down_tiles, TRACE=traced)  # fmt: skip
+                    GRAD_DOWN=self.grad_down_tiles, GRAD_DOWN_AFTER_WEIGHT_GRAD=self.grad_down_after_weight_grad,
+                    TRACE=traced)  # fmt: skip
 
     def descriptors(self, x, gate_weight, up_weight, d_gate, d_up, grad_x, grad_gate_weight, grad_up_weight,
                     grad_output, intermediate, grad_down_weight):  # fmt: skip
