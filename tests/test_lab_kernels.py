@@ -523,3 +523,44 @@ def test_fast_path_gluon_times_hold_the_band_of_gluon_fast_tokens():
                                  switch=p1_launch.GLUON_FAST_TOKENS[0].stop)  # fmt: skip
     assert len(fig.axes[0].lines) == 3
     plt.close(fig)
+
+
+def test_design20_times_hold_its_forms():
+    """What launch.GLUON_FORMS' and GLUON_FAST_TOKENS' comments and NOTES.md (design 20) say: launch 1's 64-wide dA
+    tiles ahead of the forms before at 65-256 tokens (by ≥ 2 µs to 128) and behind from 320, with 64-wide dWd tiles
+    behind 128-wide ones; dWd's tiles in launch 2 ahead at 576-1099 and 3600-5000 tokens, behind at 1200, 3300 and
+    6144, not ahead at 8192; the fast path on those forms ahead of its cuBLAS design at 960-1087 and 3600-4093, behind
+    from 1200 and at 4500-5000; and the forms chosen follow."""
+    from moe_lib.swiglu_down.launch import choose_config, fast_path_on_gluon
+
+    table = kernels.design20_times("faithful")
+    before = table["forms before"]
+    narrow = table[["dA 64 wide, dx in 4", "dA 64 wide, dx in 2"]].min(axis=1)
+    assert all(table["dA 64 wide, dx in 4"][T] < before[T] - 2 for T in (65, 96, 128))
+    assert all(table["dA 64 wide, dx in 2"][T] < before[T] - 1 for T in (160, 192, 224, 256))
+    assert all(narrow[T] > before[T] for T in (320, 384, 512))
+    both = table[["dA and dWd 64 wide, dx in 4", "dA 64 wide, dx in 4"]].dropna()
+    assert (both.iloc[:, 0] > both.iloc[:, 1]).all()
+    moved, wide = table["dWd in launch 2, 64-row launch 2"], table["dWd in launch 2, 128-row launch 2, dA 256 wide"]
+    assert all(moved[T] < before[T] for T in (576, 640, 768, 896, 1024, 1087, 1099)) and moved[1200] > before[1200]
+    assert all(wide[T] < 0.98 * before[T] for T in (3600, 4093, 4500, 5000))
+    assert all(wide[T] > before[T] for T in (3300, 6144)) and wide[8192] > 0.995 * before[8192]
+
+    def form(T):
+        return choose_config(T, 2048, 768, interpreter=False, with_lo=True, max_programs=132)
+
+    assert all(form(T).gluon_first_launch.d_a_block_n == 64 for T in (65, 128, 192, 256))
+    assert all(form(T).gluon_first_launch.d_a_block_n == 128 for T in (320, 384, 512))
+    assert all(form(T).gluon_second_launch.grad_down_tiles for T in (576, 1087, 1099, 3600, 4093, 5000))
+    assert not any(form(T).gluon_second_launch.grad_down_tiles for T in (512, 1200, 3300, 6144, 8192))
+    fast = kernels.design20_times("fast")
+    gluon = fast[["dA 64 wide", "dWd in launch 2, 64-row launch 2", "dWd in launch 2, 128-row launch 2, dA 256 wide"]]
+    gluon = gluon.min(axis=1)
+    assert all(gluon[T] < fast["forms before"][T] for T in (65, 128, 192))
+    assert all(gluon[T] < fast["cuBLAS"][T] for T in (960, 1024, 1087, 3600, 4093))
+    assert all(gluon[T] > fast["cuBLAS"][T] for T in (1200, 1321, 4500, 5000))
+    assert all(fast_path_on_gluon(T) for T in (960, 1024, 1087, 3600, 4093))
+    assert not any(fast_path_on_gluon(T) for T in (1200, 1321, 4500, 5000))
+    fig = kernels.launch2_figure(table.loc[[65, 128, 256], ["forms before", "dA 64 wide, dx in 4"]], "test")
+    assert len(fig.axes) == 1
+    plt.close(fig)
