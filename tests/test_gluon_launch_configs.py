@@ -100,11 +100,18 @@ def test_grad_down_tiles_in_exactly_one_launch():
         assert launch1.grad_down_tiles != launch2.grad_down_tiles
 
 
-def test_wide_grad_down_tiles_twice_block_n_or_a_divisor():
+def test_wide_grad_down_tiles_a_divisor_of_block_n_or_two_or_four_times_it():
     assert GluonFirstLaunchConfig(block_n=64, d_a_block_n=64, grad_down_block_n=128).programs(128, 2048, 768) == (
         16 * 6 + 1 * 12)
     with pytest.raises(ValueError, match="grad_down_block_n"):
-        GluonFirstLaunchConfig(block_n=64, d_a_block_n=64, grad_down_block_n=256)
+        GluonFirstLaunchConfig(block_n=64, d_a_block_n=64, grad_down_block_n=192)
+    assert GluonFirstLaunchConfig(block_n=32, d_a_block_n=32, grad_down_block_n=128).programs(128, 2048, 768) == (
+        16 * 6 + 1 * 24)
+    # launch 2's dWd tiles narrower than its weight-gradient tiles: 128 wide, twice as many
+    narrow = GluonSecondLaunchConfig(grad_down_tiles=True, grad_down_block_n=128)
+    assert narrow.programs(8192, 2048, 768) == 16 * 6 + 2 * 6 * 8 + 64 * 8
+    with pytest.raises(ValueError, match="grad_down_block_n"):
+        GluonSecondLaunchConfig(grad_down_tiles=True, grad_down_block_n=96)
 
 
 def test_first_launch_dA_tiles_one_or_two_halves_wide():

@@ -456,6 +456,17 @@ for _band, _name in ((513, "gluon12_m64_lf_pdl_sif_graph_early"), (1100, "gluon1
 for _name in ("gluon_dwd2_from4600", "gluon_dwd2_from4600_a256"):
     P1_CANDIDATES[f"{_name}_late"] = with_second_launch(P1_CANDIDATES[_name], grad_down_after_weight_grad=True)
 
+# the 3600-5199 form with dWd's tiles in launch 2 128 wide (`_d128`: 96 tiles of 128 x 128, ~42 µs each at 8192
+# tokens, instead of 48 of 128 x 256, so that with the 96 weight-gradient tiles they fit the SMs' first wave), and the
+# 2300-3299 and 4600 forms likewise (dWd's tiles in launch 2, 128 wide)
+for _name in ("gluon_dwd2_from4600_a256", "gluon_dwd2_from4600", "gluon_dwd2_from2300"):
+    P1_CANDIDATES[f"{_name}_d128"] = with_second_launch(P1_CANDIDATES[_name], grad_down_block_n=128)
+# the forms to 256 tokens with launch 1's dA tiles 32 wide (`_n32`: four times the tiles of the 128-wide ones, 384 KB
+# each through its SM) and its dWd tiles still 128 wide (four of the ring's B buffers a K step)
+for _name in ("gluon12_m64_early_dx4_wp68_ibw", "gluon12_m64_early_dx2_wp68_ibw", "gluon12_m64_early_dx1_wp68_ibw"):
+    P1_CANDIDATES[f"{_name}_n32"] = with_first_launch(P1_CANDIDATES[_name], block_n=32, d_a_block_n=32,
+                                                      grad_down_block_n=128)  # fmt: skip
+
 # kernel G's settings as the P2 scripts spell them (FIELD=VALUE), and the FusedDxConfig fields they set
 FUSED_DX_FIELDS = {"gate_up_dx_tile": ("block_i", "block_h", "block_rows"), "warps_g": ("warps",),
                    "stages_g": ("stages",)}  # fmt: skip

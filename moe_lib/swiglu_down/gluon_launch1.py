@@ -273,10 +273,10 @@ def first_launch_kernel(
     BLOCK_N: gl.constexpr = dg_desc.block_type.shape[1]
     BLOCK_K: gl.constexpr = wd_desc.block_type.shape[0]
     GRAD_DOWN_N: gl.constexpr = dwd_desc.block_type.shape[1]
-    gl.static_assert(BLOCK_N % GRAD_DOWN_N == 0 or GRAD_DOWN_N == 2 * BLOCK_N,
-                     "the dWd tiles' width divides the dA tiles' or is twice it")  # fmt: skip
-    # B tiles of the dA ring a K step's dWd B tile covers (2 for dWd tiles twice as wide as the dA tiles)
-    GRAD_DOWN_B_TILES: gl.constexpr = 2 if GRAD_DOWN_N == 2 * BLOCK_N else 1
+    gl.static_assert(BLOCK_N % GRAD_DOWN_N == 0 or GRAD_DOWN_N == 2 * BLOCK_N or GRAD_DOWN_N == 4 * BLOCK_N,
+                     "the dWd tiles' width divides the dA tiles' or is twice or four times it")  # fmt: skip
+    # B tiles of the dA ring a K step's dWd B tile covers (2 or 4 for dWd tiles wider than the dA tiles)
+    GRAD_DOWN_B_TILES: gl.constexpr = GRAD_DOWN_N // BLOCK_N if GRAD_DOWN_N > BLOCK_N else 1
     B_TILES: gl.constexpr = D_A_HALVES if D_A_HALVES > GRAD_DOWN_B_TILES else GRAD_DOWN_B_TILES
     grad_down_tiles_n = gl.cdiv(I, GRAD_DOWN_N)
     grad_down_tiles = gl.cdiv(dy_desc.shape[1], BLOCK_M) * grad_down_tiles_n if WITH_GRAD_DOWN else 0
@@ -292,9 +292,10 @@ def first_launch_kernel(
     b_bufs = gl.allocate_shared_memory(wd_desc.dtype, [BUFFERS * B_TILES] + wd_desc.block_type.shape,
                                        wd_desc.layout)  # fmt: skip
     # the output tile's buffer: the dA epilogue's [BLOCK_M, BLOCK_N] and dWd's [BLOCK_M, GRAD_DOWN_N] share its bytes
-    if GRAD_DOWN_B_TILES == 2:
+    if GRAD_DOWN_B_TILES > 1:
         grad_down_c_smem = gl.allocate_shared_memory(dwd_desc.dtype, dwd_desc.block_type.shape, dwd_desc.layout)
-        c_smem = grad_down_c_smem._reinterpret(dg_desc.dtype, [2] + dg_desc.block_type.shape, dg_desc.layout).index(0)
+        c_smem = grad_down_c_smem._reinterpret(dg_desc.dtype, [GRAD_DOWN_B_TILES] + dg_desc.block_type.shape,
+                                               dg_desc.layout).index(0)  # fmt: skip
     else:
         c_smem = gl.allocate_shared_memory(dg_desc.dtype, dg_desc.block_type.shape, dg_desc.layout)
         grad_down_c_smem = c_smem._reinterpret(dwd_desc.dtype, [BLOCK_N // GRAD_DOWN_N] + dwd_desc.block_type.shape,
@@ -371,8 +372,8 @@ class GluonFirstLaunchConfig:
     maxnreg: int = 168  # registers a thread at launch (12 warps with the loading one's warpgroup)
     # width of the dWd tiles (block_n or a divisor): narrower ones, more of them, shorten the launch's critical path
     # where its dWd tiles, fewer than the SMs at 128 × 128 (96 at H = 2048, I = 768), each reduce over all T tokens;
-    # or twice block_n, where the dA tiles are narrow (each K step's dWd B tile then covers two of the dA ring's B
-    # buffers, and the ring's B buffers are twice as many)
+    # or twice or four times block_n, where the dA tiles are narrow (each K step's dWd B tile then covers two or four
+    # of the dA ring's B buffers, and the ring's B buffers are as many times more)
     grad_down_block_n: int = 128
     # width of the dA tiles: block_n, or twice it (two accumulators over one A tile per K step)
     d_a_block_n: int = 128
@@ -399,8 +400,9 @@ class GluonFirstLaunchConfig:
     grad_down_tiles: bool = True
 
     def __post_init__(self):
-        if self.block_n % self.grad_down_block_n and self.grad_down_block_n != 2 * self.block_n:
-            raise ValueError(f"config: grad_down_block_n must divide block_n ({self.block_n}) or be twice it, got "
+        if self.block_n % self.grad_down_block_n and self.grad_down_block_n not in (2 * self.block_n, 4 * self.block_n):
+            raise ValueError(f"config: grad_down_block_n must divide block_n ({self.block_n}) or be twice or four "
+                             f"times it, got "
                              f"{self.grad_down_block_n}")  # fmt: skip
         if self.d_a_block_n not in (self.block_n, 2 * self.block_n):
             raise ValueError(f"config: d_a_block_n must be block_n or twice it, got {self.d_a_block_n}")

@@ -402,8 +402,8 @@ def second_launch_kernel(
     dwg_desc, dwu_desc,  # out: dWg, dWu [I, H] as [BLOCK_M, WEIGHT_N] tiles (WEIGHT_N = BLOCK_N or a divisor of it)
     dx_desc,  # out: dx [T, H] as [BLOCK_M, BLOCK_N] tiles
     dy_t_desc,  # with GRAD_DOWN: dy [T, H] as [BLOCK_K, BLOCK_M] tiles (Aᵀ of dWd)
-    intermediate_desc,  # with GRAD_DOWN: intermediate [T, I] as [BLOCK_K, WEIGHT_N] tiles (B of dWd)
-    dwd_desc,  # with GRAD_DOWN, out: dWd [H, I] as [BLOCK_M, WEIGHT_N] tiles
+    intermediate_desc,  # with GRAD_DOWN: intermediate [T, I] as [BLOCK_K, GRAD_DOWN_N] tiles (B of dWd)
+    dwd_desc,  # with GRAD_DOWN, out: dWd [H, I] as [BLOCK_M, GRAD_DOWN_N] tiles (GRAD_DOWN_N: WEIGHT_N or a divisor)
     dx_partials_ptr,  # with GRAD_X_SPLITS > 1: fp32 workspace [dx tiles, GRAD_X_SPLITS, BLOCK_M, BLOCK_N]
     dx_counters_ptr,  # with GRAD_X_SPLITS > 1: int32 arrival counters, one per dx tile (they only grow)
     trace_ptr,  # with TRACE: int64 [programs, 5], a row of TRACE_FIELDS per program
@@ -429,7 +429,9 @@ def second_launch_kernel(
     weight_tiles_n = gl.cdiv(dx_desc.shape[1], WEIGHT_N)
     weight_tiles = gl.cdiv(I, BLOCK_M) * weight_tiles_n  # of dWg, and as many of dWu
     # with GRAD_DOWN dWd's tiles take programs 0 .. grad_down_tiles − 1, and the rest of the grid is laid out below
-    grad_down_tiles_n = gl.cdiv(I, WEIGHT_N)
+    GRAD_DOWN_N: gl.constexpr = dwd_desc.block_type.shape[1]  # dWd's tiles' width (WEIGHT_N or a divisor of it)
+    gl.static_assert(WEIGHT_N % GRAD_DOWN_N == 0, "dWd's tiles' width divides the weight-gradient tiles'")
+    grad_down_tiles_n = gl.cdiv(I, GRAD_DOWN_N)
     grad_down_tiles = gl.cdiv(dx_desc.shape[1], BLOCK_M) * grad_down_tiles_n if GRAD_DOWN else 0
     programs = gl.num_programs(0) - grad_down_tiles
     # programs taking weight-gradient tiles: one a tile, or with WEIGHT_GRAD_PERSISTENT those the grid has beyond
@@ -473,9 +475,15 @@ def second_launch_kernel(
         if TRACE:
             proceed, _ = clock_stamp(pid)
     if grad_down:  # dWd's tiles: Σ_t dy[t, h] intermediate[t, i] over the T tokens, from the call's inputs alone
-        weight_grad_region(dy_t_desc, dy_t_desc, intermediate_desc, dwd_desc, a_t_bufs, a_t_bufs, x_bufs, ready,
-                           empty, weight_c_smem.index(0), (grad_down_tile // grad_down_tiles_n) * BLOCK_M,
-                           (grad_down_tile % grad_down_tiles_n) * WEIGHT_N, gl.cdiv(T, BLOCK_K), False, False,
+        # the intermediate's and dWd's tiles in the ring's B buffers and the output buffer, in their own width
+        intermediate_bufs = b_bufs._reinterpret(intermediate_desc.dtype,
+                                                [BUFFERS * BLOCK_N // GRAD_DOWN_N] + intermediate_desc.block_type.shape,
+                                                intermediate_desc.layout)  # fmt: skip
+        grad_down_c_smem = c_smem._reinterpret(dwd_desc.dtype, [BLOCK_N // GRAD_DOWN_N] + dwd_desc.block_type.shape,
+                                               dwd_desc.layout)  # fmt: skip
+        weight_grad_region(dy_t_desc, dy_t_desc, intermediate_desc, dwd_desc, a_t_bufs, a_t_bufs, intermediate_bufs,
+                           ready, empty, grad_down_c_smem.index(0), (grad_down_tile // grad_down_tiles_n) * BLOCK_M,
+                           (grad_down_tile % grad_down_tiles_n) * GRAD_DOWN_N, gl.cdiv(T, BLOCK_K), False, False,
                            num_warps)  # fmt: skip
     elif pid < weight_programs:  # dWg's tiles, then dWu's: Σ_t A[t, m] x[t, n] over the T tokens
         k_steps = gl.cdiv(T, BLOCK_K)
@@ -564,6 +572,9 @@ class GluonSecondLaunchConfig:
     # ones, so that where the weight-gradient tiles are long (K = T) they all start as launch 1 ends and dWd's fill
     # the SMs left (the weight-gradient tiles first: not with ``grad_x_first``, nor with persistent programs)
     grad_down_after_weight_grad: bool = False
+    # with ``grad_down_tiles``: the width of dWd's tiles (0: ``weight_block_n``; else it or a divisor), narrower ones
+    # more and shorter (at 8192 tokens 48 tiles of 128 × 256 held 48 SMs for 84 µs beside the 96 weight-gradient tiles)
+    grad_down_block_n: int = 0
 
     def __post_init__(self):
         if self.grad_x_splits < 1 or self.grad_x_splits & (self.grad_x_splits - 1):
@@ -574,6 +585,9 @@ class GluonSecondLaunchConfig:
                                                      and not self.weight_grad_programs):
             raise ValueError("config: grad_down_after_weight_grad needs grad_down_tiles, the weight-gradient tiles "
                              "first (not grad_x_first) and one program a tile (weight_grad_programs 0)")
+        if self.grad_down_block_n and self.weight_block_n % self.grad_down_block_n:
+            raise ValueError(f"config: grad_down_block_n must be 0 or divide weight_block_n ({self.weight_block_n}), "
+                             f"got {self.grad_down_block_n}")  # fmt: skip
         if self.weight_grad_programs < 0:
             raise ValueError(f"config: weight_grad_programs must be 0 (one a tile) or more, got "
                              f"{self.weight_grad_programs}")  # fmt: skip
@@ -588,9 +602,14 @@ class GluonSecondLaunchConfig:
         tiles = 2 * cdiv(intermediate_size, self.block_m) * cdiv(hidden_size, self.weight_block_n)
         return min(tiles, self.weight_grad_programs) if self.weight_grad_programs else tiles
 
+    @property
+    def grad_down_width(self) -> int:
+        """The width of dWd's tiles here: ``grad_down_block_n``, or ``weight_block_n`` where that is 0."""
+        return self.grad_down_block_n or self.weight_block_n
+
     def grad_down_tile_count(self, hidden_size: int, intermediate_size: int) -> int:
         """dWd's tiles in this launch (none unless ``grad_down_tiles``)."""
-        return cdiv(hidden_size, self.block_m) * cdiv(intermediate_size, self.weight_block_n) * self.grad_down_tiles
+        return cdiv(hidden_size, self.block_m) * cdiv(intermediate_size, self.grad_down_width) * self.grad_down_tiles
 
     def programs(self, num_tokens: int, hidden_size: int, intermediate_size: int) -> int:
         """Programs of the launch: dWd's tiles (with ``grad_down_tiles``), those of dWg's and dWu's tiles, then dx's
@@ -619,8 +638,9 @@ class GluonSecondLaunchConfig:
                 descriptor(du_hi, (bm, bk)), descriptor(du_lo, (bm, bk)), descriptor(x, (bk, wn)),
                 descriptor(gate_weight, (bk, bn)), descriptor(up_weight, (bk, bn)),
                 descriptor(grad_gate_weight, (bm, wn)), descriptor(grad_up_weight, (bm, wn)),
-                descriptor(grad_x, (bm, bn)), descriptor(grad_output, (bk, bm)), descriptor(intermediate, (bk, wn)),
-                descriptor(grad_down_weight, (bm, wn)))  # fmt: skip
+                descriptor(grad_x, (bm, bn)), descriptor(grad_output, (bk, bm)),
+                descriptor(intermediate, (bk, self.grad_down_width)),
+                descriptor(grad_down_weight, (bm, self.grad_down_width)))  # fmt: skip
 
 
 ENCODED_LAUNCHES: dict = {}  # (device, dtype, with_lo, config) → EncodedLaunch of the kernel compiled for them
