@@ -564,3 +564,22 @@ def test_design20_times_hold_its_forms():
     fig = kernels.launch2_figure(table.loc[[65, 128, 256], ["forms before", "dA 64 wide, dx in 4"]], "test")
     assert len(fig.axes) == 1
     plt.close(fig)
+
+
+def test_gluon_launch_schedule_places_grad_down_tiles_where_launch_2_takes_them():
+    """With dWd's tiles in launch 2 the model of a launch puts them first (or after dWg's and dWu's), in their own
+    width, and launch 1 has none; the work is the same products either way."""
+    from moe_lib.bench.tuning import P1_CANDIDATES
+
+    T, H, I = 8192, 2048, 768
+    for name, width, after in (("gluon_dwd2_from4600_a256", 256, False), ("gluon_dwd2_from4600_a256_d128", 128, False),
+                               ("gluon_dwd2_from4600_a256_late", 256, True)):  # fmt: skip
+        config = P1_CANDIDATES[name]
+        launch1 = kernels.gluon_launch_schedule(T, H, I, config.gluon_first_launch)
+        launch2 = kernels.gluon_launch_schedule(T, H, I, config.gluon_second_launch)
+        assert set(launch1.kind) == {"dA"}
+        kinds = list(dict.fromkeys(launch2.kind))  # in program-id order
+        assert kinds == (["dWg", "dWu", "dWd", "dx"] if after else ["dWd", "dWg", "dWu", "dx"]), name
+        assert (launch2.kind == "dWd").sum() == cdiv(H, 128) * cdiv(I, width), name
+        grad_down_work = ((launch2.end - launch2.start)[launch2.kind == "dWd"]).sum()
+        assert abs(grad_down_work - 2 * H * I * T / 1e6) < 1e-6 * grad_down_work, name

@@ -622,11 +622,11 @@ def gluon_launch_schedule(num_tokens: int, hidden_size: int, intermediate_size: 
     GluonFirstLaunchConfig` or :class:`~moe_lib.swiglu_down.gluon_launch2.GluonSecondLaunchConfig`), one program per
     tile handed out in program-id order to whichever SM is free first: launch 1's dWd tiles (K = T) then its dA tiles
     (K = H), or the dA tiles first with ``d_a_first``; launch 2's dWg, dWu tiles (K = T) then its dx tiles (K = 2I),
-    or dx first with ``grad_x_first``; with ``grad_down_tiles`` (launch 2's) dWd's tiles go first in launch 2 and
-    none in launch 1; a tile takes as long as its multiply-adds (launch 2's twice over with
-    ``with_lo``). Rows as :func:`chained_schedule`'s (kind, sm, start, end in MFLOP of one SM's work), for
-    :func:`schedule_figure`. A model: every tile at one rate, whatever its height (a 64-row tile runs on one
-    warpgroup, a 128-row one on two)."""
+    or dx first with ``grad_x_first``; with ``grad_down_tiles`` (launch 2's) dWd's tiles go first in launch 2 (after
+    dWg's and dWu's with ``grad_down_after_weight_grad``) and none in launch 1; a tile takes as long as its
+    multiply-adds (launch 2's twice over with ``with_lo``). Rows as :func:`chained_schedule`'s (kind, sm, start, end
+    in MFLOP of one SM's work), for :func:`schedule_figure`. A model: every tile at one rate, whatever its height (a
+    64-row tile runs on one warpgroup, a 128-row one on two) and whatever runs beside it."""
     T, H, I = num_tokens, hidden_size, intermediate_size
     bm = form.block_m
     if isinstance(form, p1_launch.GluonFirstLaunchConfig):
@@ -642,9 +642,10 @@ def gluon_launch_schedule(num_tokens: int, hidden_size: int, intermediate_size: 
         grad_x = ("dx", cdiv(T, bm) * cdiv(H, form.block_n), bm * form.block_n * 2 * I * halves)
         order = [("dWg", weight_tiles, weight), ("dWu", weight_tiles, weight)]
         order = [grad_x] + order if form.grad_x_first else order + [grad_x]
-        if form.grad_down_tiles:  # dWd's tiles first, in the weight-gradient tiles' shape, with no lo halves
-            grad_down_tiles = cdiv(H, bm) * cdiv(I, form.weight_block_n)
-            order = [("dWd", grad_down_tiles, bm * form.weight_block_n * T)] + order
+        if form.grad_down_tiles:  # dWd's tiles first (or after dWg's and dWu's), no lo halves, their own width
+            width = form.grad_down_width
+            grad_down = ("dWd", cdiv(H, bm) * cdiv(I, width), bm * width * T)
+            order = order[:2] + [grad_down] + order[2:] if form.grad_down_after_weight_grad else [grad_down] + order
     free = [(0.0, sm) for sm in range(programs_at_once)]
     heapq.heapify(free)
     rows = []
