@@ -46,7 +46,8 @@ def test_first_launch_descriptors_in_the_kernels_order(grad_down_block_n, halves
 @pytest.mark.parametrize("block_m", [128, 64])
 @pytest.mark.parametrize("weight_block_n", [256, 128])
 def test_second_launch_descriptors_in_the_kernels_order(weight_block_n, block_m):
-    config = GluonSecondLaunchConfig(weight_block_n=weight_block_n, block_m=block_m, warps=block_m // 16)
+    config = GluonSecondLaunchConfig(weight_block_n=weight_block_n, block_m=block_m, warps=block_m // 16,
+                                     grad_down_tiles=True)  # fmt: skip
     x, weight, halves = bf16(T, H), bf16(I, H), bf16(2, T, I)
     intermediate, grad_down_weight = bf16(T, I), bf16(H, I)
     descriptors = config.descriptors(x, weight, weight, halves, halves, x, weight, weight, x, intermediate,
@@ -63,6 +64,12 @@ def test_second_launch_descriptors_in_the_kernels_order(weight_block_n, block_m)
     assert list(by_name["x_desc"].block_shape) == [bk, wn] and list(by_name["dwg_desc"].block_shape) == [bm, wn]
     assert list(by_name["wg_desc"].block_shape) == [bk, bn] and list(by_name["dx_desc"].block_shape) == [bm, bn]
     assert list(by_name["dg_t_desc"].block_shape) == [bk, bm] and list(by_name["dg_desc"].block_shape) == [bm, bk]
+    # without dWd's tiles their three descriptors, unused, repeat others instead of being made each call
+    unused = dict(zip(names, dataclasses.replace(config, grad_down_tiles=False).descriptors(
+        x, weight, weight, halves, halves, x, weight, weight, x, intermediate, grad_down_weight), strict=True))
+    assert unused["dy_t_desc"] is unused["dg_t_desc"] and unused["intermediate_desc"] is unused["x_desc"]
+    assert unused["dwd_desc"] is unused["dwg_desc"]
+
 
 
 def test_grids_count_every_tile_once():
