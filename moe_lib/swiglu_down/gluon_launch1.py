@@ -402,8 +402,7 @@ class GluonFirstLaunchConfig:
     def __post_init__(self):
         if self.block_n % self.grad_down_block_n and self.grad_down_block_n not in (2 * self.block_n, 4 * self.block_n):
             raise ValueError(f"config: grad_down_block_n must divide block_n ({self.block_n}) or be twice or four "
-                             f"times it, got "
-                             f"{self.grad_down_block_n}")  # fmt: skip
+                             f"times it, got {self.grad_down_block_n}")  # fmt: skip
         if self.d_a_block_n not in (self.block_n, 2 * self.block_n):
             raise ValueError(f"config: d_a_block_n must be block_n or twice it, got {self.d_a_block_n}")
         if self.d_a_splits < 1 or self.d_a_splits & (self.d_a_splits - 1):

@@ -174,20 +174,18 @@ _GLUON_NARROW_D_A = dataclasses.replace(_GLUON_TALL_64, block_n=64, d_a_block_n=
 # slower at 3300 (173.0 against 166.5), 3500 (178.2 against 173.0), 5300 (251.6 against 244.8) and 6144 (297.4 against
 # 277.9); at 8192 a tie, as dWd's 48 tiles of 128 x 256 (84 µs each) hold 48 SMs while launch 2's 96
 # weight-gradient tiles want the rest and more (program traces).
-_NO_GRAD_DOWN = dict(grad_down_tiles=False)
-_WITH_GRAD_DOWN = dict(grad_down_tiles=True)
 GLUON_FORMS = {  # from this many tokens: (launch 1, launch 2)
     0: (_GLUON_NARROW_D_A, dataclasses.replace(_PERSISTENT_WEIGHT_GRAD, grad_x_splits=4)),
     129: (_GLUON_NARROW_D_A, dataclasses.replace(_PERSISTENT_WEIGHT_GRAD, grad_x_splits=2)),
     257: (_GLUON_TALL_64, _PERSISTENT_WEIGHT_GRAD),
-    513: (dataclasses.replace(_GLUON_TALL_64, **_NO_GRAD_DOWN),
-          dataclasses.replace(_GLUON_TALL_GRAD_X_FIRST, **_WITH_GRAD_DOWN)),
+    513: (dataclasses.replace(_GLUON_TALL_64, grad_down_tiles=False),
+          dataclasses.replace(_GLUON_TALL_GRAD_X_FIRST, grad_down_tiles=True)),
     1100: (_GLUON_WIDE_D_A_FIRST, _GLUON_TALL_GRAD_X_FIRST),
     1400: (_GLUON_WIDE_D_A_FIRST, _GLUON_TALL),
     2300: (_GLUON_WIDE, GluonSecondLaunchConfig(programmatic=True)),
     3300: (_GLUON_WIDE, _GLUON_TALL),
-    3600: (dataclasses.replace(_GLUON_WIDE, d_a_block_n=256, buffers=4, saved_tiles_early=False, **_NO_GRAD_DOWN),
-           GluonSecondLaunchConfig(programmatic=True, **_WITH_GRAD_DOWN)),
+    3600: (dataclasses.replace(_GLUON_WIDE, d_a_block_n=256, buffers=4, saved_tiles_early=False, grad_down_tiles=False),
+           GluonSecondLaunchConfig(programmatic=True, grad_down_tiles=True)),
     5200: (_GLUON_WIDE, GluonSecondLaunchConfig(programmatic=True)),
 }
 # the faithful path's Triton tiles beyond the chained launch's band where the Gluon launches cannot run, and the
