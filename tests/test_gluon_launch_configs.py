@@ -41,6 +41,13 @@ def test_first_launch_descriptors_in_the_kernels_order(grad_down_block_n, halves
     assert by_name["dg_desc"].base.data_ptr() == d_gate[0].data_ptr()
     assert by_name["dg_lo_desc"].base.data_ptr() == d_gate[halves - 1].data_ptr()
     assert by_name["du_lo_desc"].base.data_ptr() == d_up[halves - 1].data_ptr()
+    assert (by_name["dg_lo_desc"] is by_name["dg_desc"]) == (halves == 1)  # no lo halves: one descriptor for both
+    # without dWd's tiles (launch 2 takes them) their three descriptors, unused, repeat others instead of being made
+    unused = dict(zip(names, dataclasses.replace(config, grad_down_tiles=False).descriptors(
+        grad_output, down_weight, saved, saved, saved, saved, intermediate, d_gate, d_up, grad_down_weight),
+        strict=True))  # fmt: skip
+    assert unused["dy_t_desc"] is unused["dy_desc"] and unused["intermediate_desc"] is unused["wd_desc"]
+    assert unused["dwd_desc"] is unused["dg_desc"]
 
 
 @pytest.mark.parametrize("block_m", [128, 64])

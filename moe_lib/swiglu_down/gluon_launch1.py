@@ -246,13 +246,13 @@ def d_intermediate_load_partition(dy_desc, wd_desc, a_bufs, b_bufs, ready, empty
 
 @gluon.jit(do_not_specialize=("T", "I"))  # one compiled kernel for every T, I: see prepare_first_launch_gluon
 def first_launch_kernel(
-    dy_t_desc,  # dy [T, H] as [BLOCK_K, BLOCK_M] tiles (Aᵀ of dWd)
-    intermediate_desc,  # intermediate [T, I] as [BLOCK_K, GRAD_DOWN_N] tiles (B of dWd)
+    dy_t_desc,  # with WITH_GRAD_DOWN: dy [T, H] as [BLOCK_K, BLOCK_M] tiles (Aᵀ of dWd)
+    intermediate_desc,  # with WITH_GRAD_DOWN: intermediate [T, I] as [BLOCK_K, GRAD_DOWN_N] tiles (B of dWd)
     dy_desc,  # dy [T, H] as [BLOCK_M, BLOCK_K] tiles (A of dA)
     wd_desc,  # Wd [H, I] as [BLOCK_K, BLOCK_N] tiles (B of dA)
     gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc,  # saved forward [T, I] as [BLOCK_M, BLOCK_N] tiles
     dg_desc, dg_lo_desc, du_desc, du_lo_desc,  # out: dGate, dUp [T, I] hi and lo as [BLOCK_M, BLOCK_N] tiles
-    dwd_desc,  # out: dWd [H, I] as [BLOCK_M, GRAD_DOWN_N] tiles (GRAD_DOWN_N = BLOCK_N or a divisor of it)
+    dwd_desc,  # with WITH_GRAD_DOWN, out: dWd [H, I] as [BLOCK_M, GRAD_DOWN_N] tiles (GRAD_DOWN_N: see the config)
     d_a_partials_ptr,  # with D_A_SPLITS > 1: fp32 workspace [dA tiles, D_A_SPLITS, BLOCK_M, BLOCK_N]
     d_a_counters_ptr,  # with D_A_SPLITS > 1: int32 arrival counters, one per dA tile (they only grow)
     trace_ptr,  # with TRACE: int64 [programs, 5], a row of gluon_launch2.TRACE_FIELDS per program
@@ -272,23 +272,26 @@ def first_launch_kernel(
     BLOCK_M: gl.constexpr = dg_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = dg_desc.block_type.shape[1]
     BLOCK_K: gl.constexpr = wd_desc.block_type.shape[0]
-    GRAD_DOWN_N: gl.constexpr = dwd_desc.block_type.shape[1]
-    gl.static_assert(BLOCK_N % GRAD_DOWN_N == 0 or GRAD_DOWN_N == 2 * BLOCK_N or GRAD_DOWN_N == 4 * BLOCK_N,
-                     "the dWd tiles' width divides the dA tiles' or is twice or four times it")  # fmt: skip
-    # B tiles of the dA ring a K step's dWd B tile covers (2 or 4 for dWd tiles wider than the dA tiles)
-    GRAD_DOWN_B_TILES: gl.constexpr = GRAD_DOWN_N // BLOCK_N if GRAD_DOWN_N > BLOCK_N else 1
+    if WITH_GRAD_DOWN:
+        GRAD_DOWN_N: gl.constexpr = dwd_desc.block_type.shape[1]
+        gl.static_assert(BLOCK_N % GRAD_DOWN_N == 0 or GRAD_DOWN_N == 2 * BLOCK_N or GRAD_DOWN_N == 4 * BLOCK_N,
+                         "the dWd tiles' width divides the dA tiles' or is twice or four times it")  # fmt: skip
+        # B tiles of the dA ring a K step's dWd B tile covers (2 or 4 for dWd tiles wider than the dA tiles)
+        GRAD_DOWN_B_TILES: gl.constexpr = GRAD_DOWN_N // BLOCK_N if GRAD_DOWN_N > BLOCK_N else 1
+        grad_down_tiles_n = gl.cdiv(I, GRAD_DOWN_N)
+        grad_down_tiles = gl.cdiv(dy_desc.shape[1], BLOCK_M) * grad_down_tiles_n
+    else:  # nothing of dWd's tiles is compiled in, and their three descriptors may repeat others
+        GRAD_DOWN_B_TILES: gl.constexpr = 1
+        grad_down_tiles: gl.constexpr = 0
     B_TILES: gl.constexpr = D_A_HALVES if D_A_HALVES > GRAD_DOWN_B_TILES else GRAD_DOWN_B_TILES
-    grad_down_tiles_n = gl.cdiv(I, GRAD_DOWN_N)
-    grad_down_tiles = gl.cdiv(dy_desc.shape[1], BLOCK_M) * grad_down_tiles_n if WITH_GRAD_DOWN else 0
     pid = gl.program_id(0)
     if TRACE:
         start, sm = clock_stamp(pid)
     if EARLY_DEPENDENTS:  # once every program has started: launch 2's programs then wait for this launch's end
         gdc_launch_dependents()
-    if D_A_FIRST:  # programs 0 .. dA tiles − 1 take dA's tiles, the rest dWd's
+    if D_A_FIRST and WITH_GRAD_DOWN:  # programs 0 .. dA tiles − 1 take dA's tiles, the rest dWd's
         pid = (pid + grad_down_tiles) % gl.num_programs(0)
     a_bufs = gl.allocate_shared_memory(dy_desc.dtype, [BUFFERS] + dy_desc.block_type.shape, dy_desc.layout)
-    a_t_bufs = a_bufs._reinterpret(dy_t_desc.dtype, [BUFFERS] + dy_t_desc.block_type.shape, dy_t_desc.layout)
     b_bufs = gl.allocate_shared_memory(wd_desc.dtype, [BUFFERS * B_TILES] + wd_desc.block_type.shape,
                                        wd_desc.layout)  # fmt: skip
     # the output tile's buffer: the dA epilogue's [BLOCK_M, BLOCK_N] and dWd's [BLOCK_M, GRAD_DOWN_N] share its bytes
@@ -298,12 +301,6 @@ def first_launch_kernel(
                                                dg_desc.layout).index(0)  # fmt: skip
     else:
         c_smem = gl.allocate_shared_memory(dg_desc.dtype, dg_desc.block_type.shape, dg_desc.layout)
-        grad_down_c_smem = c_smem._reinterpret(dwd_desc.dtype, [BLOCK_N // GRAD_DOWN_N] + dwd_desc.block_type.shape,
-                                               dwd_desc.layout).index(0)  # fmt: skip
-    # the dWd tiles see the same bytes in their own tile shape (narrower than the dA ring's B tiles, or twice as wide)
-    intermediate_bufs = b_bufs._reinterpret(intermediate_desc.dtype,
-                                            [BUFFERS * B_TILES * BLOCK_N // GRAD_DOWN_N]
-                                            + intermediate_desc.block_type.shape, intermediate_desc.layout)  # fmt: skip
     # after a dA tile's main loop the ring holds its four saved tiles: two in the A buffers, two in the B buffers
     gl.static_assert(BUFFERS * BLOCK_K >= 2 * BLOCK_N, "the ring holds four saved tiles")
     saved_a = a_bufs._reinterpret(gate_desc.dtype, [BUFFERS * BLOCK_K // BLOCK_N] + gate_desc.block_type.shape,
@@ -315,7 +312,21 @@ def first_launch_kernel(
     saved_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(saved_ready, count=1)
     fence_async_shared()
-    if pid < grad_down_tiles:  # dWd's tiles: Σ_t dy[t, h] intermediate[t, i] over the T tokens
+    if WITH_GRAD_DOWN:
+        grad_down = pid < grad_down_tiles
+    else:
+        grad_down: gl.constexpr = False
+    if grad_down:  # dWd's tiles: Σ_t dy[t, h] intermediate[t, i] over the T tokens
+        a_t_bufs = a_bufs._reinterpret(dy_t_desc.dtype, [BUFFERS] + dy_t_desc.block_type.shape, dy_t_desc.layout)
+        if GRAD_DOWN_B_TILES == 1:
+            grad_down_c_smem = c_smem._reinterpret(dwd_desc.dtype,
+                                                   [BLOCK_N // GRAD_DOWN_N] + dwd_desc.block_type.shape,
+                                                   dwd_desc.layout).index(0)  # fmt: skip
+        # the dWd tiles see the ring's bytes in their own tile shape (narrower than its B tiles, or twice as wide)
+        intermediate_bufs = b_bufs._reinterpret(intermediate_desc.dtype,
+                                                [BUFFERS * B_TILES * BLOCK_N // GRAD_DOWN_N]
+                                                + intermediate_desc.block_type.shape,
+                                                intermediate_desc.layout)  # fmt: skip
         off_m = (pid // grad_down_tiles_n) * BLOCK_M
         off_n = (pid % grad_down_tiles_n) * GRAD_DOWN_N
         weight_grad_region(dy_t_desc, dy_t_desc, intermediate_desc, dwd_desc, a_t_bufs, a_t_bufs, intermediate_bufs,
@@ -442,13 +453,20 @@ class GluonFirstLaunchConfig:
     def descriptors(self, grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate, d_gate, d_up,
                     grad_down_weight):  # fmt: skip
         """The kernel's 13 descriptors in its argument order: dyᵀ, intermediate, dy, Wd; the saved gate, σ, silu, up;
-        dG hi, dG lo, dU hi, dU lo, dWd (lo descriptors repeat hi ones without lo halves)."""
+        dG hi, dG lo, dU hi, dU lo, dWd (lo descriptors repeat hi ones without lo halves; without ``grad_down_tiles``
+        dWd's three, unused, repeat dy's, Wd's and dG hi's: each descriptor is ≈ 6 µs of host work a call)."""
         bm, bn, bk, dn = self.block_m, self.block_n, self.block_k, self.grad_down_block_n
-        return (descriptor(grad_output, (bk, bm)), descriptor(intermediate, (bk, dn)),
-                descriptor(grad_output, (bm, bk)), descriptor(down_weight, (bk, bn)),
-                *(descriptor(saved, (bm, bn)) for saved in (gate, gate_sigmoid, gate_silu, up)),
-                descriptor(d_gate[0], (bm, bn)), descriptor(d_gate[-1], (bm, bn)), descriptor(d_up[0], (bm, bn)),
-                descriptor(d_up[-1], (bm, bn)), descriptor(grad_down_weight, (bm, dn)))  # fmt: skip
+        dy, wd = descriptor(grad_output, (bm, bk)), descriptor(down_weight, (bk, bn))
+        saved = [descriptor(tensor, (bm, bn)) for tensor in (gate, gate_sigmoid, gate_silu, up)]
+        dg_hi, du_hi = descriptor(d_gate[0], (bm, bn)), descriptor(d_up[0], (bm, bn))
+        dg_lo = descriptor(d_gate[-1], (bm, bn)) if len(d_gate) > 1 else dg_hi
+        du_lo = descriptor(d_up[-1], (bm, bn)) if len(d_up) > 1 else du_hi
+        if self.grad_down_tiles:
+            dy_t, grad_down_b, dwd = (descriptor(grad_output, (bk, bm)), descriptor(intermediate, (bk, dn)),
+                                      descriptor(grad_down_weight, (bm, dn)))  # fmt: skip
+        else:
+            dy_t, grad_down_b, dwd = dy, wd, dg_hi
+        return (dy_t, grad_down_b, dy, wd, *saved, dg_hi, dg_lo, du_hi, du_lo, dwd)
 
 
 ENCODED_LAUNCHES: dict = {}  # (device, dtype, with_lo, config) → EncodedLaunch of the kernel compiled for them
