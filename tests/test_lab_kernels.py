@@ -499,7 +499,8 @@ def test_fast_path_gluon_large_times_hold_the_second_band_of_gluon_fast_tokens()
     # (at 1100-3599 tokens, where the forms have not changed since: design 20 moved dWd's tiles at 513-1099 and
     # 3600-5199, and the fast path follows them there)
     assert all(band[T] > cublas[T] for T in (1087, 1321, 1571, 3300, 4093)) and all(
-        p1_launch.fast_path_on_gluon(T) == (band[T] < cublas[T]) for T in table.index if 1100 <= T < 3600 and T != 2767)
+        p1_launch.fast_path_on_gluon(T) == (band[T] < cublas[T]) for T in table.index
+        if 1100 <= T < 3600 and T != 2767 and not any(T in own for own in p1_launch.GLUON_FAST_FORMS))
     for form in ("Gluon, the 1100-1399 form", "Gluon, the 1400-2299 form", "Gluon, the 3300-4599 form"):
         both = table[[form, "cuBLAS"]].dropna()
         assert (both[form] > both["cuBLAS"]).all(), form
@@ -560,7 +561,7 @@ def test_design20_times_hold_its_forms():
     assert all(gluon[T] < fast["cuBLAS"][T] for T in (960, 1024, 1087, 3600, 4093))
     assert all(gluon[T] > fast["cuBLAS"][T] for T in (1200, 1321, 4500, 5000))
     assert all(fast_path_on_gluon(T) for T in (960, 1024, 1087, 3600, 4093))
-    assert not any(fast_path_on_gluon(T) for T in (1200, 1321, 4500, 5000))
+    assert not any(fast_path_on_gluon(T) for T in (1200, 4500, 5000))  # 1321: a form of its own since (design 21)
     fig = kernels.launch2_figure(table.loc[[65, 128, 256], ["forms before", "dA 64 wide, dx in 4"]], "test")
     assert len(fig.axes) == 1
     plt.close(fig)
@@ -583,3 +584,29 @@ def test_gluon_launch_schedule_places_grad_down_tiles_where_launch_2_takes_them(
         assert (launch2.kind == "dWd").sum() == cdiv(H, 128) * cdiv(I, width), name
         grad_down_work = ((launch2.end - launch2.start)[launch2.kind == "dWd"]).sum()
         assert abs(grad_down_work - 2 * H * I * T / 1e6) < 1e-6 * grad_down_work, name
+
+
+def test_design21_times_hold_the_fast_paths_own_forms():
+    """What launch.GLUON_FAST_FORMS' comment and NOTES.md (design 21) say: on the fast path each band's own form is
+    ahead of the cuBLAS design (and at 2300-2599 of the faithful path's form) wherever the runs measured it inside
+    the band, and cuBLAS ahead at 1100-1250 tokens, where the fast path keeps it; the labelled candidates are the
+    forms the fast path takes."""
+    from moe_lib.bench.tuning import P1_CANDIDATES
+    from moe_lib.swiglu_down.launch import fast_path_on_gluon, gluon_form
+
+    table = kernels.design21_times()
+    own = {range(1300, 1500): ("1400 form, dWd in launch 2", "gluon_dwd2_from1400"),
+           range(1500, 2300): ("2300 form, dWd in launch 2", "gluon_dwd2_from2300"),
+           range(2300, 2600): ("3600 form", "gluon_dwd2_from4600_a256")}  # fmt: skip
+    measured = 0
+    for band, (label, candidate) in own.items():
+        tiles = P1_CANDIDATES[candidate]
+        assert gluon_form(band.start, with_lo=False) == (tiles.gluon_first_launch, tiles.gluon_second_launch)
+        for T in (T for T in table.index if T in band):
+            others = table.loc[T].drop(label).dropna()
+            assert fast_path_on_gluon(T) and (table.loc[T, label] < others).all(), T
+            measured += 1
+    assert measured >= 6
+    for T in (1100, 1200, 1250):
+        assert table.loc[T, "cuBLAS"] == table.loc[T].min() and not fast_path_on_gluon(T), T
+    assert table.loc[1571, "2300 form, dWd in launch 2"] < 0.96 * table.loc[1571, "cuBLAS"]

@@ -438,6 +438,7 @@ def test_faithful_path_takes_the_gluon_forms_where_they_run():
     from moe_lib.swiglu_down.few_tokens import FewTokensConfig
     from moe_lib.swiglu_down.launch import (
         CHAINED_LAUNCH_TOKENS,
+        GLUON_FAST_FORMS,
         GLUON_FORMS,
         TileConfig,
         choose_config,
@@ -472,10 +473,12 @@ def test_faithful_path_takes_the_gluon_forms_where_they_run():
             fits = dx_programs + launch2.weight_grad_programs <= max_programs
             assert tiles.gluon_second_launch == dataclasses.replace(
                 launch2, weight_grad_programs=launch2.weight_grad_programs if fits else 0), T
-        # the fast path: the same forms without the lo halves (dx's tiles unsplit) in its bands, its own elsewhere
+        # the fast path: in its bands the same forms without the lo halves (dx's tiles unsplit), or its own
+        # (GLUON_FAST_FORMS), its own design elsewhere
         assert (config(T, with_lo=False).gluon_first_launch is None) == (not fast_path_on_gluon(T)), T
         assert getattr(config(T, with_lo=False, element_bytes=4), "gluon_first_launch", None) is None, T  # 16-bit
-        if fast_path_on_gluon(T):
+        if fast_path_on_gluon(T) and not any(T in band for band in GLUON_FAST_FORMS):
+            assert config(T, with_lo=False).gluon_first_launch == config(T).gluon_first_launch, T
             assert config(T, with_lo=False).gluon_second_launch == dataclasses.replace(
                 config(T).gluon_second_launch, grad_x_splits=1,
                 weight_grad_programs=config(T, with_lo=False).gluon_second_launch.weight_grad_programs), T
@@ -509,6 +512,35 @@ def test_faithful_path_takes_the_gluon_forms_where_they_run():
                      8192: (False, False)}
 
 
+def test_fast_path_takes_forms_of_its_own_at_1300_to_2599_tokens():
+    """GLUON_FAST_FORMS: at 1300-2299 tokens the fast path runs the faithful path's 1400 and 2300 forms with dWd's
+    tiles moved to launch 2, at 2300-2599 the 3600 form (launch 1's dA tiles 256 wide, dWd's tiles in launch 2);
+    without the lo halves, dx unsplit; the faithful path keeps GLUON_FORMS there."""
+    from moe_lib.swiglu_down.launch import GLUON_FAST_FORMS, GLUON_FORMS, choose_config, fast_path_on_gluon, gluon_form
+
+    def config(T, with_lo):
+        return choose_config(T, 2048, 768, interpreter=False, with_lo=with_lo, max_programs=132)
+
+    for T, faithful_band in ((1300, 1100), (1321, 1100), (1499, 1400), (1500, 1400), (1571, 1400), (2299, 1400),
+                             (2300, 2300), (2447, 2300), (2599, 2300)):  # fmt: skip
+        assert fast_path_on_gluon(T), T
+        fast, faithful = config(T, with_lo=False), config(T, with_lo=True)
+        assert (faithful.gluon_first_launch, faithful.gluon_second_launch) == GLUON_FORMS[faithful_band], T
+        assert not fast.gluon_first_launch.grad_down_tiles and fast.gluon_second_launch.grad_down_tiles, T
+        assert fast.gluon_second_launch.grad_x_splits == 1 and fast.gluon_as_one_graph, T
+        assert (fast.gluon_first_launch, fast.gluon_second_launch) == gluon_form(T, with_lo=False), T
+    launch1, launch2 = gluon_form(1321, with_lo=False)  # the 1400 band's tiles, dWd moved
+    assert (launch1.block_m, launch2.block_m) == (128, 64)
+    assert launch1 == dataclasses.replace(GLUON_FORMS[1400][0], grad_down_tiles=False)
+    assert launch2 == dataclasses.replace(GLUON_FORMS[1400][1], grad_down_tiles=True)
+    assert gluon_form(1571, with_lo=False)[1] == dataclasses.replace(GLUON_FORMS[2300][1], grad_down_tiles=True)
+    assert gluon_form(2447, with_lo=False) == GLUON_FORMS[3600]
+    assert gluon_form(2600, with_lo=False) == GLUON_FORMS[2300]  # the faithful path's form again from 2600
+    assert not any(fast_path_on_gluon(T) for T in (1100, 1250, 1299))  # cuBLAS there
+    bands = sorted(GLUON_FAST_FORMS, key=lambda band: band.start)
+    assert all(a.stop == b.start for a, b in zip(bands, bands[1:], strict=False))  # contiguous, no overlap
+
+
 def test_design_by_token_count():
     """The fast path on cuBLAS GEMMs from LIBRARY_GEMMS_MIN_TOKENS on, with 16-bit inputs on a GPU only, but in
     GLUON_FAST_TOKENS on the Gluon launches where they run; the Triton designs below, with fp32 inputs, under the
@@ -531,7 +563,7 @@ def test_design_by_token_count():
         assert design == choose_config(T, 2048, 768, interpreter=False, max_programs=132), T
         assert design.gluon_first_launch is not None and design.gluon_second_launch is not None, T
     for T, gluon in ((first, False), (first + 1, False), (GLUON_FAST_TOKENS[0].stop, True), (1023, False),
-                     (1024, False), (memcpy - 1, False), (memcpy, False), (1200, True), (2299, True), (2300, False),
+                     (1024, False), (memcpy - 1, False), (memcpy, False), (1200, True), (1299, True), (2300, False),
                      (GLUON_FAST_TOKENS[1].stop, True), (GLUON_FAST_TOKENS[2].stop, True), (8192, True)):  # fmt: skip
         design = choose_design(T, 2048, 768, interpreter=False, max_programs=132, gluon=gluon)
         assert isinstance(design, LibraryGemmsConfig) and design.streams and design.stack_aside, T

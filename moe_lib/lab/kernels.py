@@ -856,6 +856,32 @@ def design20_times(precision: str = "faithful", path=DESIGN20_FILE) -> pd.DataFr
     return table[[label for label in dict.fromkeys(order) if label in table.columns]]
 
 
+DESIGN21_FILE = TUNING_DIR / "2026-12-02-p1-fast-own-forms.json"
+# the fast path's forms of its own (launch.GLUON_FAST_FORMS) and the cuBLAS design they replace, by candidate name
+# (gluon_dwd2_from2300 and gluon_dwd2_from4600 are the same form: the 2300 and 4600 bands' forms were equal)
+DESIGN21_LABELS = {"default": "cuBLAS", "lib_bs3_mc": "cuBLAS",
+                   "gluon_dwd2_from1400": "1400 form, dWd in launch 2",
+                   "gluon_dwd2_from2300": "2300 form, dWd in launch 2",
+                   "gluon_dwd2_from4600": "2300 form, dWd in launch 2",
+                   "gluon_dwd2_from4600_a256": "3600 form"}  # fmt: skip
+
+
+def design21_times(path=DESIGN21_FILE) -> pd.DataFrame:
+    """The fast path's forms of its own at 1100-5000 tokens by graph replay against its cuBLAS design (µs per token
+    count and form, the median over the runs and the candidates that measured it). The runs' "default" was the cuBLAS
+    design at 1100-2299 tokens and counts as cuBLAS there; from 2300 it is the column "default then" (the faithful
+    path's form at 2300-3299 and 3600-4299 tokens, cuBLAS elsewhere)."""
+    def label(config, num_tokens):
+        return "default then" if config == "default" and num_tokens >= 2300 else DESIGN21_LABELS[config]
+
+    rows = [dict(num_tokens=row["T"], form=label(row["config"], row["T"]), us=row["median_us"])
+            for run in _read_json(path)["runs"] for row in run["rows"]
+            if row.get("ok") and row["config"] in DESIGN21_LABELS]  # fmt: skip
+    table = pd.DataFrame(rows).pivot_table(index="num_tokens", columns="form", values="us", aggfunc="median")
+    order = ["default then", *DESIGN21_LABELS.values()]
+    return table[[label for label in dict.fromkeys(order) if label in table.columns]]
+
+
 def programmatic_launch_gains(path=PROGRAMMATIC_LAUNCH_FILE) -> pd.DataFrame:
     """What issuing launch 2 by programmatic dependent launch saves each Gluon form: per num_tokens (rows) and form
     (columns), the form's µs by graph replay plainly issued minus its ``_pdl`` candidate's (launch 1 letting launch 2

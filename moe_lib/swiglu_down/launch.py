@@ -250,13 +250,44 @@ LIBRARY_GEMMS_MIN_TOKENS = {"fast": FEW_TOKENS_MAX_TOKENS["fast"] + 1}
 # at 1087-1571 (by 1-5%), 3300 (109.6 against 115.7) and 4093-7168. With dWd's tiles in launch 2 (the forms at
 # 513-1099 and 3600-5199; NOTES, design 20) the Gluon launches lead at 960-1099 too (960 44.7 against 51.8, 1024 47.2
 # against 49.1, 1087 48.4 against 50.6; a tie at 1150, cuBLAS ahead from 1200) and at 3600-4299 (3600 117.2 against
-# 118.6, 4093 124.7 against 128.9; cuBLAS ahead at 4500 and 5000)
-GLUON_FAST_TOKENS = (range(FEW_TOKENS_MAX_TOKENS["fast"] + 1, 1100), range(2300, 3300), range(3600, 4300))
+# 118.6, 4093 124.7 against 128.9; cuBLAS ahead at 4500 and 5000). At 1300-2599 the fast path has forms of its own
+# (GLUON_FAST_FORMS).
+GLUON_FAST_TOKENS = (range(FEW_TOKENS_MAX_TOKENS["fast"] + 1, 1100), range(1300, 3300), range(3600, 4300))
+
+
+def _grad_down_in_second_launch(form):
+    """A (launch 1, launch 2) form with dWd's tiles moved to launch 2."""
+    launch1, launch2 = form
+    return (dataclasses.replace(launch1, grad_down_tiles=False), dataclasses.replace(launch2, grad_down_tiles=True))
+
+
+# The fast path's own forms where they are not the faithful path's of the same token count: dWd's tiles in launch 2
+# (where they wait for nothing) with the 1400 band's tiles at 1300-1499 and the 2300 band's at 1500-2299, and the
+# 3600 band's form at 2300-2599. By graph replay on the H200 (NOTES, design 21), against cuBLAS's design: 1321 tokens
+# 56.2 against 58.9 µs, 1400 57.5 against 58.7, 1571 60.1-60.2 against 63.6-63.9, 1800 63.6-63.9 against 69.9-71.2,
+# 2047 69.6-70.0 against 74.5-75.3; against the 2300 band's form 2447 82.7 against 84.0 (2300 80.1 against 80.5, a tie
+# at 2767, slower at 3089); cuBLAS ahead at 1100-1250 (1250 54.5 against 55.4)
+GLUON_FAST_FORMS = {
+    range(1300, 1500): _grad_down_in_second_launch(GLUON_FORMS[1400]),
+    range(1500, 2300): _grad_down_in_second_launch(GLUON_FORMS[2300]),
+    range(2300, 2600): GLUON_FORMS[3600],
+}
 
 
 def fast_path_on_gluon(num_tokens: int) -> bool:
     """Whether the fast path takes the Gluon launches (where they run) at this many tokens (GLUON_FAST_TOKENS)."""
     return any(num_tokens in band for band in GLUON_FAST_TOKENS)
+
+
+def gluon_form(num_tokens: int, with_lo: bool):
+    """The Gluon launches' (launch 1, launch 2) configs at this many tokens: the faithful path's form of
+    :data:`GLUON_FORMS`, or on the fast path its own where :data:`GLUON_FAST_FORMS` has one (lo halves and dx's split
+    are set by :func:`choose_config`)."""
+    if not with_lo:
+        for band, form in GLUON_FAST_FORMS.items():
+            if num_tokens in band:
+                return form
+    return GLUON_FORMS[max(first for first in GLUON_FORMS if first <= num_tokens)]
 
 
 # from here on the fast path keeps dA in the input dtype, as torch.compile's code does (236.7 against
@@ -309,15 +340,15 @@ def choose_config(num_tokens: int, hidden_size: int, intermediate_size: int, *, 
     :data:`ONE_LAUNCH_MAX_TOKENS`; beyond, where ``gluon`` (the Gluon launches run on the call's device and operands:
     a Hopper GPU, 16-bit, rows TMA can address), both launches in Gluon (:mod:`.gluon_launch1`,
     :mod:`.gluon_launch2`) in the forms of :data:`GLUON_FORMS` (the fast path only in :data:`GLUON_FAST_TOKENS`,
-    without the lo halves and with dx's tiles unsplit); elsewhere in :data:`CHAINED_LAUNCH_TOKENS` the two
-    launches' tiles chained into one launch (:class:`~.chained.ChainedConfig`; any grid size: it needs no
-    residency), beyond that the two Triton launches.
+    without the lo halves and with dx's tiles unsplit, in forms of its own where :data:`GLUON_FAST_FORMS` has them);
+    elsewhere in :data:`CHAINED_LAUNCH_TOKENS` the two launches' tiles chained into one launch
+    (:class:`~.chained.ChainedConfig`; any grid size: it needs no residency), beyond that the two Triton launches.
     Under the interpreter: 16-wide tiles split in two, so that tiny test shapes still have several
     tiles, splits and edges."""
     if interpreter:
         return TileConfig((16, 16, 16, 2), (16, 16, 16, 2), (16, 16, 16, 2), (16, 16, 16, 1), (1, 1), (1, 1), 2)
     if gluon and element_bytes == 2 and num_tokens >= GLUON_MIN_TOKENS and (with_lo or fast_path_on_gluon(num_tokens)):
-        launch1, launch2 = GLUON_FORMS[max(first for first in GLUON_FORMS if first <= num_tokens)]
+        launch1, launch2 = gluon_form(num_tokens, with_lo)
         if not with_lo:
             launch2 = dataclasses.replace(launch2, grad_x_splits=1)
         dx_programs = launch2.grad_x_tiles(num_tokens, hidden_size) * launch2.grad_x_splits
