@@ -467,6 +467,13 @@ for _name in ("gluon12_m64_early_dx4_wp68_ibw", "gluon12_m64_early_dx2_wp68_ibw"
     P1_CANDIDATES[f"{_name}_n32"] = with_first_launch(P1_CANDIDATES[_name], block_n=32, d_a_block_n=32,
                                                       grad_down_block_n=128)  # fmt: skip
 
+# the forms with dWd's tiles in launch 2 and launch 1's dA tiles 64 wide (`_n64`): launch 1 is then dA's tiles alone,
+# and at 1100-1399 tokens its 128-row tiles 128 wide are 54-66, half the SMs; 64 wide, twice as many, each streaming
+# 768 KB instead of 1 MB (dy's 128 rows over H, Wd's columns), beside dWd's tiles of launch 2 on the SMs left
+for _name in ("gluon_dwd2_from513", "gluon_dwd2_from1100", "gluon_dwd2_from1400", "gluon_dwd2_from2300"):
+    P1_CANDIDATES[f"{_name}_n64"] = with_first_launch(P1_CANDIDATES[_name], block_n=64, d_a_block_n=64,
+                                                      grad_down_block_n=128)  # fmt: skip
+
 # kernel G's settings as the P2 scripts spell them (FIELD=VALUE), and the FusedDxConfig fields they set
 FUSED_DX_FIELDS = {"gate_up_dx_tile": ("block_i", "block_h", "block_rows"), "warps_g": ("warps",),
                    "stages_g": ("stages",)}  # fmt: skip
