@@ -587,15 +587,17 @@ def test_gluon_launch_schedule_places_grad_down_tiles_where_launch_2_takes_them(
 
 
 def test_design21_times_hold_the_fast_paths_own_forms():
-    """What launch.GLUON_FAST_FORMS' comment and NOTES.md (design 21) say: on the fast path each band's own form is
-    ahead of the cuBLAS design (and at 2300-2599 of the faithful path's form) wherever the runs measured it inside
-    the band, and cuBLAS ahead at 1100-1250 tokens, where the fast path keeps it; the labelled candidates are the
-    forms the fast path takes."""
+    """What launch.GLUON_FAST_FORMS' and GLUON_FORMS' comments and NOTES.md (design 21) say: on the fast path each
+    band's own form is ahead of the cuBLAS design (and at 2300-2599 of the faithful path's form) wherever the runs
+    measured it inside the band, cuBLAS ahead at 1100-1200 tokens, where the fast path keeps it; the faithful path's
+    1500 form (the 1400 band's with dWd's tiles in launch 2) ahead of the forms before at 1571-2200; the labelled
+    candidates are the forms the paths take."""
     from moe_lib.bench.tuning import P1_CANDIDATES
     from moe_lib.swiglu_down.launch import fast_path_on_gluon, gluon_form
 
-    table = kernels.design21_times()
-    own = {range(1300, 1500): ("1400 form, dWd in launch 2", "gluon_dwd2_from1400"),
+    table = kernels.design21_times("fast")
+    own = {range(1250, 1408): ("2300 form, dWd in launch 2, dA 64 wide", "gluon_dwd2_from2300_n64"),
+           range(1408, 1500): ("1400 form, dWd in launch 2", "gluon_dwd2_from1400"),
            range(1500, 2300): ("2300 form, dWd in launch 2", "gluon_dwd2_from2300"),
            range(2300, 2600): ("3600 form", "gluon_dwd2_from4600_a256")}  # fmt: skip
     measured = 0
@@ -606,7 +608,18 @@ def test_design21_times_hold_the_fast_paths_own_forms():
             others = table.loc[T].drop(label).dropna()
             assert fast_path_on_gluon(T) and (table.loc[T, label] < others).all(), T
             measured += 1
-    assert measured >= 6
-    for T in (1100, 1200, 1250):
+    assert measured >= 9
+    for T in (1100, 1200):
         assert table.loc[T, "cuBLAS"] == table.loc[T].min() and not fast_path_on_gluon(T), T
+    assert table.loc[1321, "2300 form, dWd in launch 2, dA 64 wide"] < 0.95 * table.loc[1321, "cuBLAS"]
     assert table.loc[1571, "2300 form, dWd in launch 2"] < 0.96 * table.loc[1571, "cuBLAS"]
+    # beyond 1407 tokens the 64-wide dA tiles come in two waves
+    wide, narrow = table["1400 form, dWd in launch 2"], table["2300 form, dWd in launch 2, dA 64 wide"]
+    assert narrow[1450] > 1.05 * wide[1450]
+    faithful = kernels.design21_times("faithful")
+    tiles = P1_CANDIDATES["gluon_dwd2_from1400"]
+    assert gluon_form(1500, with_lo=True) == (tiles.gluon_first_launch, tiles.gluon_second_launch)
+    moved, before = faithful["1400 form, dWd in launch 2"], faithful["forms before"]
+    assert all(moved[T] < before[T] for T in (1571, 1700, 1800, 2047, 2200))
+    assert all(moved[T] < 0.95 * before[T] for T in (1800, 2047))
+    assert all(moved[T] > before[T] for T in (1087, 1200, 1321))  # not below 1500, where the 1100 band's form runs

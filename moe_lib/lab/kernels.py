@@ -857,28 +857,58 @@ def design20_times(precision: str = "faithful", path=DESIGN20_FILE) -> pd.DataFr
 
 
 DESIGN21_FILE = TUNING_DIR / "2026-12-02-p1-fast-own-forms.json"
-# the fast path's forms of its own (launch.GLUON_FAST_FORMS) and the cuBLAS design they replace, by candidate name
-# (gluon_dwd2_from2300 and gluon_dwd2_from4600 are the same form: the 2300 and 4600 bands' forms were equal)
-DESIGN21_LABELS = {"default": "cuBLAS", "lib_bs3_mc": "cuBLAS",
-                   "gluon_dwd2_from1400": "1400 form, dWd in launch 2",
-                   "gluon_dwd2_from2300": "2300 form, dWd in launch 2",
-                   "gluon_dwd2_from4600": "2300 form, dWd in launch 2",
-                   "gluon_dwd2_from4600_a256": "3600 form"}  # fmt: skip
+# the candidates behind the fast path's forms of its own (launch.GLUON_FAST_FORMS), the faithful path's 1500 form
+# (launch.GLUON_FORMS) and those they were measured against, by precision (gluon_dwd2_from2300 and gluon_dwd2_from4600
+# are the same form: the 2300 and 4600 bands' forms were equal)
+DESIGN21_LABELS = {
+    "fast": {"lib_bs3_mc": "cuBLAS", "gluon_dwd2_from1400": "1400 form, dWd in launch 2",
+             "gluon_dwd2_from2300": "2300 form, dWd in launch 2", "gluon_dwd2_from4600": "2300 form, dWd in launch 2",
+             "gluon_dwd2_from2300_n64": "2300 form, dWd in launch 2, dA 64 wide",
+             "gluon_dwd2_from4600_a256": "3600 form"},
+    "faithful": {"gluon_dwd2_from1100": "1100 form, dWd in launch 2",
+                 "gluon_dwd2_from1400": "1400 form, dWd in launch 2",
+                 "gluon_dwd2_from1100_n64": "1100 form, dWd in launch 2, dA 64 wide",
+                 "gluon_dwd2_from1400_n64": "1400 form, dWd in launch 2, dA 64 wide"},
+}
+# what "default" ran in those runs, by precision and commit, as a label of the table by token count (None: a form
+# not in the table): at b8c31d3 the fast path's cuBLAS design below 2300 tokens ("default then" above: the faithful
+# path's form or cuBLAS); at 6e47ee6 its own forms of then (the 1400 and 2300 bands' with dWd in launch 2 at 1300-1499
+# and 1500-2299, the 3600 form at 2300-2599), and the faithful path's forms before its 1500 form
 
 
-def design21_times(path=DESIGN21_FILE) -> pd.DataFrame:
-    """The fast path's forms of its own at 1100-5000 tokens by graph replay against its cuBLAS design (µs per token
-    count and form, the median over the runs and the candidates that measured it). The runs' "default" was the cuBLAS
-    design at 1100-2299 tokens and counts as cuBLAS there; from 2300 it is the column "default then" (the faithful
-    path's form at 2300-3299 and 3600-4299 tokens, cuBLAS elsewhere)."""
-    def label(config, num_tokens):
-        return "default then" if config == "default" and num_tokens >= 2300 else DESIGN21_LABELS[config]
+def _fast_forms_then(num_tokens: int):
+    bands = ((1100, None), (1300, "cuBLAS"), (1500, "1400 form, dWd in launch 2"),
+             (2300, "2300 form, dWd in launch 2"), (2600, "3600 form"))  # fmt: skip
+    return next((label for stop, label in bands if num_tokens < stop), "default then")
 
-    rows = [dict(num_tokens=row["T"], form=label(row["config"], row["T"]), us=row["median_us"])
-            for run in _read_json(path)["runs"] for row in run["rows"]
-            if row.get("ok") and row["config"] in DESIGN21_LABELS]  # fmt: skip
-    table = pd.DataFrame(rows).pivot_table(index="num_tokens", columns="form", values="us", aggfunc="median")
-    order = ["default then", *DESIGN21_LABELS.values()]
+
+DESIGN21_DEFAULTS = {
+    ("fast", "b8c31d3d5527ddfbff905d58e82b5e636a51a07a"): lambda tokens: "cuBLAS" if tokens < 2300 else "default then",
+    ("fast", "6e47ee6cc5a18184860b07aaebbb2503e996d081"): _fast_forms_then,
+    ("faithful", "6e47ee6cc5a18184860b07aaebbb2503e996d081"): lambda num_tokens: "forms before",
+}
+
+
+def design21_times(precision: str = "fast", path=DESIGN21_FILE) -> pd.DataFrame:
+    """Design 21's runs by graph replay, µs per token count and form (the median over the runs and the candidates
+    that measured it, ``DESIGN21_LABELS``): on the fast path its forms of its own at 1087-5000 tokens against its
+    cuBLAS design ("default then" for the default of the first runs from 2300 tokens: the faithful path's form at
+    2300-3299 and 3600-4299, cuBLAS elsewhere); on the faithful path the 1100 and 1400 bands' forms with dWd's tiles
+    in launch 2 against the forms before ("forms before")."""
+    labels = DESIGN21_LABELS[precision]
+
+    def label(run, config, num_tokens):
+        if config != "default":
+            return labels.get(config)
+        default = DESIGN21_DEFAULTS.get((precision, run["commit"]))
+        return default and default(num_tokens)
+
+    rows = [dict(num_tokens=row["T"], form=label(run, row["config"], row["T"]), us=row["median_us"])
+            for run in _read_json(path)["runs"] if run["precision"] == precision for row in run["rows"]
+            if row.get("ok")]  # fmt: skip
+    table = pd.DataFrame([row for row in rows if row["form"] is not None])
+    table = table.pivot_table(index="num_tokens", columns="form", values="us", aggfunc="median")
+    order = ["default then", "forms before", *labels.values()]
     return table[[label for label in dict.fromkeys(order) if label in table.columns]]
 
 

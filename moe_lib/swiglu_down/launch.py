@@ -174,6 +174,15 @@ _GLUON_NARROW_D_A = dataclasses.replace(_GLUON_TALL_64, block_n=64, d_a_block_n=
 # slower at 3300 (173.0 against 166.5), 3500 (178.2 against 173.0), 5300 (251.6 against 244.8) and 6144 (297.4 against
 # 277.9); at 8192 a tie, as dWd's 48 tiles of 128 x 256 (84 µs each) hold 48 SMs while launch 2's 96
 # weight-gradient tiles want the rest and more (program traces).
+# At 1500-2299 tokens the same with the 1400 band's tiles (NOTES, design 21; two runs at 2047): 1571 81.9-82.0 against
+# 82.4 µs, 1700 96.6 against 101.2, 1800 100.1 against 107.8, 2047 106.2-106.3 against 112.4-113.0, 2200 117.5 against
+# 119.9.
+def _grad_down_in_second_launch(form):
+    """A (launch 1, launch 2) form with dWd's tiles moved to launch 2."""
+    launch1, launch2 = form
+    return (dataclasses.replace(launch1, grad_down_tiles=False), dataclasses.replace(launch2, grad_down_tiles=True))
+
+
 GLUON_FORMS = {  # from this many tokens: (launch 1, launch 2)
     0: (_GLUON_NARROW_D_A, dataclasses.replace(_PERSISTENT_WEIGHT_GRAD, grad_x_splits=4)),
     129: (_GLUON_NARROW_D_A, dataclasses.replace(_PERSISTENT_WEIGHT_GRAD, grad_x_splits=2)),
@@ -182,6 +191,7 @@ GLUON_FORMS = {  # from this many tokens: (launch 1, launch 2)
           dataclasses.replace(_GLUON_TALL_GRAD_X_FIRST, grad_down_tiles=True)),
     1100: (_GLUON_WIDE_D_A_FIRST, _GLUON_TALL_GRAD_X_FIRST),
     1400: (_GLUON_WIDE_D_A_FIRST, _GLUON_TALL),
+    1500: _grad_down_in_second_launch((_GLUON_WIDE_D_A_FIRST, _GLUON_TALL)),
     2300: (_GLUON_WIDE, GluonSecondLaunchConfig(programmatic=True)),
     3300: (_GLUON_WIDE, _GLUON_TALL),
     3600: (dataclasses.replace(_GLUON_WIDE, d_a_block_n=256, buffers=4, saved_tiles_early=False, grad_down_tiles=False),
@@ -250,25 +260,25 @@ LIBRARY_GEMMS_MIN_TOKENS = {"fast": FEW_TOKENS_MAX_TOKENS["fast"] + 1}
 # at 1087-1571 (by 1-5%), 3300 (109.6 against 115.7) and 4093-7168. With dWd's tiles in launch 2 (the forms at
 # 513-1099 and 3600-5199; NOTES, design 20) the Gluon launches lead at 960-1099 too (960 44.7 against 51.8, 1024 47.2
 # against 49.1, 1087 48.4 against 50.6; a tie at 1150, cuBLAS ahead from 1200) and at 3600-4299 (3600 117.2 against
-# 118.6, 4093 124.7 against 128.9; cuBLAS ahead at 4500 and 5000). At 1300-2599 the fast path has forms of its own
+# 118.6, 4093 124.7 against 128.9; cuBLAS ahead at 4500 and 5000). At 1250-2599 the fast path has forms of its own
 # (GLUON_FAST_FORMS).
-GLUON_FAST_TOKENS = (range(FEW_TOKENS_MAX_TOKENS["fast"] + 1, 1100), range(1300, 3300), range(3600, 4300))
-
-
-def _grad_down_in_second_launch(form):
-    """A (launch 1, launch 2) form with dWd's tiles moved to launch 2."""
-    launch1, launch2 = form
-    return (dataclasses.replace(launch1, grad_down_tiles=False), dataclasses.replace(launch2, grad_down_tiles=True))
+GLUON_FAST_TOKENS = (range(FEW_TOKENS_MAX_TOKENS["fast"] + 1, 1100), range(1250, 3300), range(3600, 4300))
 
 
 # The fast path's own forms where they are not the faithful path's of the same token count: dWd's tiles in launch 2
-# (where they wait for nothing) with the 1400 band's tiles at 1300-1499 and the 2300 band's at 1500-2299, and the
-# 3600 band's form at 2300-2599. By graph replay on the H200 (NOTES, design 21), against cuBLAS's design: 1321 tokens
-# 56.2 against 58.9 µs, 1400 57.5 against 58.7, 1571 60.1-60.2 against 63.6-63.9, 1800 63.6-63.9 against 69.9-71.2,
-# 2047 69.6-70.0 against 74.5-75.3; against the 2300 band's form 2447 82.7 against 84.0 (2300 80.1 against 80.5, a tie
-# at 2767, slower at 3089); cuBLAS ahead at 1100-1250 (1250 54.5 against 55.4)
+# (where they wait for nothing) with the 2300 band's tiles and launch 1's dA tiles 64 wide at 1250-1407 tokens (there
+# those are at most 11 × 12 = 132, one wave), the 1400 band's tiles at 1408-1499 and the 2300 band's at 1500-2299;
+# and the 3600 band's form at 2300-2599. By graph replay on the H200 (NOTES, design 21), against cuBLAS's design:
+# 1250 tokens 52.5 against 54.6-54.9 µs, 1321 54.0-54.4 against 57.6-58.9, 1400 53.8-54.1 against 58.7-60.0 (the 1400
+# band's tiles with dWd in launch 2 56.2-57.5 at 1321-1400; from 1450 the 64-wide dA tiles come in two waves: 1450
+# 64.0 against 60.5), 1571 60.1-61.2 against 62.8-63.9, 1800 63.6-63.9 against 69.9-72.4, 2047 69.6-70.0 against
+# 74.2-75.3; against the 2300 band's form 2447 82.7 against 84.0 (2300 80.1 against 80.5, a tie at 2767, slower at
+# 3089); cuBLAS ahead at 1100-1200 (1200 53.9-54.4 against 54.6-55.8 with dWd's tiles in launch 2; the 64-wide dA
+# tiles were not measured below 1250, and at 1087 were 3 µs behind the 513 band's form)
 GLUON_FAST_FORMS = {
-    range(1300, 1500): _grad_down_in_second_launch(GLUON_FORMS[1400]),
+    range(1250, 1408): _grad_down_in_second_launch(
+        (dataclasses.replace(GLUON_FORMS[2300][0], block_n=64, d_a_block_n=64), GLUON_FORMS[2300][1])),
+    range(1408, 1500): _grad_down_in_second_launch(GLUON_FORMS[1400]),
     range(1500, 2300): _grad_down_in_second_launch(GLUON_FORMS[2300]),
     range(2300, 2600): GLUON_FORMS[3600],
 }
