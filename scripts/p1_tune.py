@@ -1,10 +1,12 @@
 """Try tile configurations of the P1 Triton backward on every benchmark case; print the best per case.
 
-Run on a CUDA machine from the repository root:  PYTHONPATH=. python3 scripts/p1_tune.py [--out DIR]
-The candidates are ``moe_lib.bench.tuning.P1_CANDIDATES`` and the default config. Each is checked
-against the float64 reference before it is timed (CUDA-graph replay, L2 flushed before every replay,
-median of 30). With --parts: each launch of a few two-launch candidates alone, beside cuBLAS GEMMs of
-the same shapes.
+Run on a CUDA machine from the repository root:
+    PYTHONPATH=. python3 scripts/p1_tune.py --configs NAME,NAME [--tokens T,T] [--precision fast] [--out DIR]
+The candidates are named in ``moe_lib.bench.tuning.P1_CANDIDATES``; the library's own choice ("default") is
+always timed beside them, and alone without --configs (``--configs all`` times every candidate: hundreds, minutes
+of GPU time per token count). Each is checked against the float64 reference before it is timed (CUDA-graph replay,
+L2 flushed before every replay, median of 30). With --parts: each launch of a few two-launch candidates alone,
+beside cuBLAS GEMMs of the same shapes.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import time
 
 import pandas as pd
 import torch
+from tqdm import tqdm
 
 from moe_lib import problems
 from moe_lib.bench import peers, timing
@@ -45,11 +48,20 @@ def rel_errors(outputs, references) -> list[float]:
     return [compare_output(out, ref, None)["rel_error"] for out, ref in zip(outputs, references, strict=True)]
 
 
+def candidate_names(configs: str | None) -> list[str]:
+    """The candidates --configs names ("all": every one of P1_CANDIDATES; none: none, only the default), each once;
+    "default" is timed anyway."""
+    if configs == "all":
+        return list(P1_CANDIDATES)
+    names = [name.strip() for name in (configs or "").split(",") if name.strip() and name.strip() != "default"]
+    return list(dict.fromkeys(names))
+
+
 def time_parts(args, flush):
     """Each launch alone for a few configs and token counts, beside cuBLAS GEMMs of the same shapes."""
     problem = problems.load(PROBLEM)
-    names = args.configs.split(",") if args.configs else list(P1_CANDIDATES)
-    names = [name for name in names if isinstance(P1_CANDIDATES[name], TileConfig)]  # launches of their own
+    names = [name for name in candidate_names(args.configs) or list(P1_CANDIDATES)
+             if isinstance(P1_CANDIDATES[name], TileConfig)]  # launches of their own  # fmt: skip
     rows = []
     for T in [int(t) for t in (args.tokens or PARTS_TOKENS).split(",")]:
         inp = problem.make_inputs(T, seed=T, device="cuda")
@@ -96,14 +108,16 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None, help="folder for p1_tune.json (or p1_parts.csv), made if missing")
     parser.add_argument("--tokens", default=None, help="comma list (default: the benchmark suite)")
-    parser.add_argument("--configs", default=None, help="comma list of candidate names")
+    parser.add_argument("--configs", default=None,
+                        help="comma list of candidate names (moe_lib.bench.tuning.P1_CANDIDATES), or 'all'; the "
+                             "library's own choice ('default') is always timed")  # fmt: skip
     parser.add_argument("--parts", action="store_true", help="time each launch alone, beside cuBLAS")
     parser.add_argument("--precision", default="faithful", choices=PRECISIONS,
                         help="the path to tune (--parts takes its own: faithful)")  # fmt: skip
     args = parser.parse_args()
     if args.tokens and not all(t.strip().isdigit() and int(t) > 0 for t in args.tokens.split(",")):
         sys.exit(f"--tokens: a comma list of positive token counts, got {args.tokens!r}")
-    unknown = [name for name in (args.configs or "").split(",") if name and name not in P1_CANDIDATES]
+    unknown = [name for name in candidate_names(args.configs) if name not in P1_CANDIDATES]
     if unknown:
         sys.exit(f"--configs: unknown candidate(s) {unknown}; see moe_lib.bench.tuning.P1_CANDIDATES")
     if not torch.cuda.is_available():
@@ -115,8 +129,9 @@ def main():
         return time_parts(args, flush)
     problem = problems.load(PROBLEM)
     suite = [int(t) for t in args.tokens.split(",")] if args.tokens else problem.suite
-    names = args.configs.split(",") if args.configs else list(P1_CANDIDATES)
+    names = candidate_names(args.configs)
     print(torch.cuda.get_device_name(), torch.__version__, file=sys.stderr)
+    progress = tqdm(total=len(suite) * (len(names) + 1), desc="checked and timed", unit="call", file=sys.stderr)
 
     rows = []
     scratch = torch.zeros(1, device="cuda")
@@ -145,12 +160,15 @@ def main():
                     *a, config=c, precision=args.precision), flush)
             except Exception as exc:  # a config that fails to compile or run is reported, not fatal
                 rows.append(dict(T=T, config=name, error=repr(exc)[:200]))
-                print(T, name, "ERROR", repr(exc)[:300], file=sys.stderr)
+                progress.write(f"{T} {name} ERROR {repr(exc)[:300]}", file=sys.stderr)
+                progress.update()
                 continue
             rows.append(dict(T=T, config=name, median_us=ms["median_ms"] * 1e3, p20_us=ms["p20_ms"] * 1e3,
                              p80_us=ms["p80_ms"] * 1e3, ok=ok, max_err=max(errors), yardstick=max(yardstick),
                              secs=time.time() - t0))  # fmt: skip
-            print(rows[-1], file=sys.stderr)
+            progress.write(str(rows[-1]), file=sys.stderr)
+            progress.update()
+    progress.close()
     if args.out:
         with open(f"{args.out}/p1_tune.json", "w") as f:
             json.dump(rows, f, indent=1)

@@ -18,3 +18,18 @@ def test_p1_tune_refuses_bad_arguments_by_name(arguments, message):
     done = subprocess.run([sys.executable, "scripts/p1_tune.py", *arguments], cwd=ROOT, capture_output=True, text=True,
                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=300)  # fmt: skip
     assert done.returncode != 0 and message in done.stderr, done.stderr[-2000:]
+
+
+def test_p1_tune_times_the_named_candidates_each_once_and_every_one_only_when_asked():
+    """Without --configs only the library's own choice is timed (every candidate would take minutes of GPU time per
+    token count); 'all' names every candidate; 'default' and repeats in the list are taken once."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from p1_tune import candidate_names
+
+        from moe_lib.bench.tuning import P1_CANDIDATES
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    assert candidate_names(None) == [] and candidate_names("") == []
+    assert candidate_names("default,gluon12, gluon2,gluon12") == ["gluon12", "gluon2"]
+    assert candidate_names("all") == list(P1_CANDIDATES) and len(P1_CANDIDATES) > 100
