@@ -154,9 +154,28 @@ def test_p1_design_by_tokens_follows_choose_design():
     table = kernels.p1_design_by_tokens([1, 16, 17, 64, 65, 128, 129, 1087, 8192], 2048, 768)
     assert table.loc[17, "faithful"] == table.loc[64, "faithful"] == few
     tall = "two launches, both in Gluon on Hopper, tiles 64 rows tall"
-    assert table.loc[65, "faithful"] == table.loc[128, "faithful"] == table.loc[1087, "faithful"] == tall
+    assert table.loc[65, "faithful"] == table.loc[128, "faithful"] == tall
+    assert table.loc[1087, "faithful"] == tall + ", dWd's tiles in launch 2"
     assert table.loc[8192, "faithful"] == "two launches, both in Gluon on Hopper"
     assert table.loc[8192, "fast"].startswith("cuBLAS GEMMs")
+
+
+def test_p1_design_map_draws_every_run_of_the_design_choice():
+    """The design map: per path, runs of equal designs that cover 1..max_tokens without gaps, each the name of what
+    choose_design returns at its first and last token count."""
+    assert kernels.design_runs(["a", "a", "b", "a"]) == [(1, 3, "a"), (3, 4, "b"), (4, 5, "a")]
+    fig = kernels.p1_design_map_figure(2048, 768, max_tokens=4096, marks=(128, 1087))
+    assert list(fig.paths) == ["fast", "faithful"] and len(fig.axes) == 2
+    for path, runs in fig.paths.items():
+        assert runs[0][0] == 1 and runs[-1][1] == 4097
+        assert all(a[1] == b[0] and a[2] != b[2] for a, b in zip(runs, runs[1:], strict=False))
+        table = kernels.p1_design_by_tokens([start for start, _, _ in runs] + [stop - 1 for _, stop, _ in runs],
+                                            2048, 768)  # fmt: skip
+        for start, stop, name in runs:
+            assert table.loc[start, path] == table.loc[stop - 1, path] == name, (path, start)
+    fast = {name for _, _, name in fig.paths["fast"]}
+    assert "few tokens: one launch, waits per block" in fast and any(name.startswith("cuBLAS") for name in fast)
+    plt.close(fig)
 
 
 def test_one_graph_host_gap_file_holds_what_notes_say():

@@ -538,9 +538,11 @@ def p1_design_name(config) -> str:
     gluon = [n for n, c in launches if c is not None]
     if len(gluon) == 2:
         tall = [n for n, c in launches if c.block_m == 64]
+        grad_down = ", dWd's tiles in launch 2" if config.gluon_second_launch.grad_down_tiles else ""
         if len(tall) == 2:
-            return "two launches, both in Gluon on Hopper, tiles 64 rows tall"
-        return "two launches, both in Gluon on Hopper" + "".join(f", launch {n}'s tiles 64 rows tall" for n in tall)
+            return "two launches, both in Gluon on Hopper, tiles 64 rows tall" + grad_down
+        return ("two launches, both in Gluon on Hopper" + "".join(f", launch {n}'s tiles 64 rows tall" for n in tall)
+                + grad_down)  # fmt: skip
     if gluon:
         return f"two launches, {gluon[0]} in Gluon on Hopper"
     return "two Triton launches"
@@ -555,6 +557,53 @@ def p1_design_by_tokens(token_counts, hidden_size: int, intermediate_size: int, 
                                                                 max_programs=max_programs))  # fmt: skip
                    for path in ("fast", "faithful")}
     return pd.DataFrame.from_dict(rows, orient="index").rename_axis("num_tokens")
+
+
+def design_runs(names: list[str], first: int = 1) -> list[tuple[int, int, str]]:
+    """Runs of equal names in a list indexed from ``first``: (start, stop, name), stop excluded."""
+    runs = []
+    for index, name in enumerate(names, start=first):
+        if runs and runs[-1][2] == name:
+            runs[-1] = (runs[-1][0], index + 1, name)
+        else:
+            runs.append((index, index + 1, name))
+    return runs
+
+
+def p1_design_map_figure(hidden_size: int, intermediate_size: int, *, max_tokens: int = 12288,
+                         max_programs: int = 132, marks=(), marks_label: str = "the benchmark's token counts"):
+    """Which design ``swiglu_down_backward`` runs at every token count from 1 to ``max_tokens`` on a Hopper GPU of
+    ``max_programs`` SMs (:func:`~moe_lib.swiglu_down.launch.choose_design`), one bar per path (to 1024 tokens on a log
+    axis, beyond on a linear one), a colour per design; ``marks``: token counts drawn as dotted lines."""
+    paths = {}
+    for path in ("fast", "faithful"):
+        names = [p1_design_name(p1_launch.choose_design(T, hidden_size, intermediate_size, interpreter=False,
+                                                        with_lo=path == "faithful", max_programs=max_programs))
+                 for T in range(1, max_tokens + 1)]  # fmt: skip
+        paths[path] = design_runs(names)
+    designs = list(dict.fromkeys(name for runs in paths.values() for _, _, name in runs))
+    colors = dict(zip(designs, plt.get_cmap("tab10" if len(designs) <= 10 else "tab20").colors, strict=False))
+    # few tokens on a log axis, the rest on a linear one, where the bands are
+    split = min(1024, max_tokens)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 1.9 + 0.2 * len(designs)), sharey=True,
+                             gridspec_kw=dict(width_ratios=(1, 2)))  # fmt: skip
+    for ax, (low, high, scale) in zip(axes, ((1, split, "log"), (split, max_tokens + 1, "linear")), strict=True):
+        for row, runs in enumerate(paths.values()):
+            for start, stop, name in runs:
+                ax.broken_barh([(start, stop - start)], (row - 0.35, 0.7), color=colors[name], edgecolor="black",
+                               lw=0.3)  # fmt: skip
+        for T in marks:
+            ax.axvline(T, color="black", lw=0.6, ls=":")
+        ax.set(xscale=scale, xlim=(low, high), xlabel="tokens")
+    axes[0].set(yticks=range(len(paths)), yticklabels=list(paths))
+    dotted = f"; dotted: {marks_label}" if marks else ""
+    fig.suptitle(f"P1: the design swiglu_down_backward runs by token count (H = {hidden_size}, "
+                 f"I = {intermediate_size}, {max_programs} SMs, Hopper{dotted})", fontsize=9)  # fmt: skip
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colors[name]) for name in designs]
+    fig.legend(handles, designs, fontsize=7, loc="lower center", ncol=2, frameon=False)
+    fig.tight_layout(rect=(0, 0.06 + 0.045 * len(designs) / 2, 1, 1))
+    fig.paths = paths  # the runs drawn, per path: (first token count, last + 1, design)
+    return fig
 
 
 def p1_tune_times(path, *, default_label: str) -> pd.DataFrame:
