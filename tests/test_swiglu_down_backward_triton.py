@@ -1089,7 +1089,7 @@ def test_gpu_gluon_second_launch_reuses_one_compiled_kernel_across_token_counts(
                                        "gluon_dwd2_from4600_a256_late", "gluon12_m64_early_dx4_wp68_ibw_n32",
                                        "gluon12_m64_early_dx2_wp68_ibw_n32", "gluon_dwd2_from4600_a256_d128",
                                        "gluon_dwd2_from2300_d128", "gluon_dwd2_from513_n64",
-                                       "gluon_dwd2_from1400_n64"])
+                                       "gluon_dwd2_from1400_n64", "gluon_dwd2_from2300_n64", "gluon_dwd2_from1400"])
 def test_gpu_gluon_first_launch_at_both_input_scales(T, precision, candidate, seed):
     """Both launches in Gluon (launch 1: dWd's tiles, as wide as dA's, half as wide or twice, or none of them where
     launch 2 takes them; and dA's with the dSwiGLU epilogue from saved tiles staged in the ring, one or two 128-wide
@@ -1193,7 +1193,8 @@ def test_gpu_graph_in_eager_calls_back_to_back_each_with_its_own_inputs(T, seed)
 @pytest.mark.gpu
 @pytest.mark.parametrize("candidate", ["gluon12", "gluon12_a256", "gluon12_m64_l1b8", "gluon12_a256_sif",
                                        "gluon12_m64_lf_pdl_sif", "gluon12_m64_early_dx4_wp68_ibw_n64",
-                                       "gluon_dwd2_from513", "gluon_dwd2_from4600_a256"])
+                                       "gluon_dwd2_from513", "gluon_dwd2_from4600_a256", "gluon_dwd2_from2300_n64",
+                                       "gluon_dwd2_from1400"])
 @pytest.mark.parametrize("precision", ["faithful", "fast"])
 def test_gpu_gluon_first_launch_with_partial_tiles_along_i_and_h(candidate, precision, seed):
     """A shape off the benchmark's (I = 384: the 256-wide dA tiles' right halves wholly beyond I; H = 320: a partial
@@ -1217,7 +1218,7 @@ def test_gpu_gluon_first_launch_with_partial_tiles_along_i_and_h(candidate, prec
                                        "gluon12_b6_pdl", "gluon12_b6_pdl_sif", "gluon12_a256_sif",
                                        "gluon12_m64_lf_pdl_sif_graph", "gluon12_l2m64_lf_pdl_sif_graph",
                                        "gluon12_m64_early_dx4_wp68_ibw_n64", "gluon_dwd2_from513",
-                                       "gluon_dwd2_from4600_a256"])
+                                       "gluon_dwd2_from4600_a256", "gluon_dwd2_from2300_n64", "gluon_dwd2_from1400"])
 def test_gpu_gluon_first_launch_deterministic_and_replayed_from_a_graph(candidate, seed):
     check_deterministic_and_replayed(candidate, "faithful", seed)
 
