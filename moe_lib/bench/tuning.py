@@ -22,7 +22,7 @@ from ..moe_experts.launch import LaunchConfig
 from ..swiglu_down.chained import ChainedConfig
 from ..swiglu_down.gluon_launch1 import GluonFirstLaunchConfig
 from ..swiglu_down.gluon_launch2 import GluonSecondLaunchConfig
-from ..swiglu_down.launch import TileConfig
+from ..swiglu_down.launch import TileConfig, grad_down_in_second_launch
 from ..swiglu_down.library_gemms import LibraryGemmsConfig
 from ..swiglu_down.one_launch import OneLaunchConfig
 from ..swiglu_down.tma_launches import TmaFirstLaunchConfig, TmaSecondLaunchConfig
@@ -441,10 +441,8 @@ for _band, _name in ((513, "gluon12_m64_lf_pdl_sif_graph_early"), (1100, "gluon1
                      (1400, "gluon12_l2m64_daf_pdl_sif_graph_early"), (2300, "gluon12_b6_pdl_sif_graph_early"),
                      (3300, "gluon12_b6_l2m64b6_pdl_sif_graph_early"), (4600, "gluon12_b6_pdl_sif_graph_early")):
     _form = P1_CANDIDATES[_name]  # the band's form before (launch.GLUON_FORMS on 2026-12-02)
-    _moved = dataclasses.replace(_form, gluon_first_launch=dataclasses.replace(_form.gluon_first_launch,
-                                                                               grad_down_tiles=False),
-                                 gluon_second_launch=dataclasses.replace(_form.gluon_second_launch,
-                                                                         grad_down_tiles=True))  # fmt: skip
+    _launch1, _launch2 = grad_down_in_second_launch((_form.gluon_first_launch, _form.gluon_second_launch))
+    _moved = dataclasses.replace(_form, gluon_first_launch=_launch1, gluon_second_launch=_launch2)
     P1_CANDIDATES[f"gluon_dwd2_from{_band}"] = _moved
     if _form.gluon_first_launch.block_m == 128:
         P1_CANDIDATES[f"gluon_dwd2_from{_band}_a256"] = with_first_launch(_moved, d_a_block_n=256, buffers=4,

@@ -43,6 +43,7 @@ from ..tiling import cdiv
 from .gluon_launch2 import (
     clock_stamp,
     count_in_partial,
+    hi_lo_descriptors,
     load_steps,
     record_program,
     ring_barriers,
@@ -458,9 +459,7 @@ class GluonFirstLaunchConfig:
         bm, bn, bk, dn = self.block_m, self.block_n, self.block_k, self.grad_down_block_n
         dy, wd = descriptor(grad_output, (bm, bk)), descriptor(down_weight, (bk, bn))
         saved = [descriptor(tensor, (bm, bn)) for tensor in (gate, gate_sigmoid, gate_silu, up)]
-        dg_hi, du_hi = descriptor(d_gate[0], (bm, bn)), descriptor(d_up[0], (bm, bn))
-        dg_lo = descriptor(d_gate[-1], (bm, bn)) if len(d_gate) > 1 else dg_hi
-        du_lo = descriptor(d_up[-1], (bm, bn)) if len(d_up) > 1 else du_hi
+        dg_hi, dg_lo, du_hi, du_lo = hi_lo_descriptors(d_gate, d_up, (bm, bn))
         if self.grad_down_tiles:
             dy_t, grad_down_b, dwd = (descriptor(grad_output, (bk, bm)), descriptor(intermediate, (bk, dn)),
                                       descriptor(grad_down_weight, (bm, dn)))  # fmt: skip

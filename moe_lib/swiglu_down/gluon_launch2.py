@@ -50,6 +50,15 @@ from ..tiling import cdiv
 TRACE_FIELDS = ("start_ns", "proceed_ns", "end_ns", "sm", "kind")  # a traced program's row (see record_program)
 
 
+def hi_lo_descriptors(d_gate, d_up, block_shape) -> tuple:
+    """Descriptors of dG hi, dG lo, dU hi, dU lo ([1 or 2, T, I]: hi and, on the faithful path, lo) in one tile shape;
+    without lo halves the hi ones repeat for lo (each descriptor is ≈ 6 µs of host work a call)."""
+    dg_hi, du_hi = descriptor(d_gate[0], block_shape), descriptor(d_up[0], block_shape)
+    if len(d_gate) == 1:
+        return dg_hi, dg_hi, du_hi, du_hi
+    return dg_hi, descriptor(d_gate[1], block_shape), du_hi, descriptor(d_up[1], block_shape)
+
+
 @gluon.jit
 def clock_stamp(anchor):
     """(the GPU's global timer in ns, this program's SM); ``anchor``: any int32 scalar (the asm's input)."""
@@ -632,10 +641,8 @@ class GluonSecondLaunchConfig:
         without ``grad_down_tiles`` dWd's three, unused, repeat dG hi's Aᵀ, x's and dWg's: each descriptor is ≈ 6 µs of
         host work a call)."""
         bm, bn, bk, wn = self.block_m, self.block_n, self.block_k, self.weight_block_n
-        dg_hi, dg_lo = d_gate[0], d_gate[-1]
-        du_hi, du_lo = d_up[0], d_up[-1]
-        transposed = [descriptor(tensor, (bk, bm)) for tensor in (dg_hi, dg_lo, du_hi, du_lo)]
-        as_they_lie = [descriptor(tensor, (bm, bk)) for tensor in (dg_hi, dg_lo, du_hi, du_lo)]
+        transposed = hi_lo_descriptors(d_gate, d_up, (bk, bm))
+        as_they_lie = hi_lo_descriptors(d_gate, d_up, (bm, bk))
         x_tiles, dwg = descriptor(x, (bk, wn)), descriptor(grad_gate_weight, (bm, wn))
         if self.grad_down_tiles:
             dy_t, grad_down_b, dwd = (descriptor(grad_output, (bk, bm)),

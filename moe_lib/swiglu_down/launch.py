@@ -177,7 +177,7 @@ _GLUON_NARROW_D_A = dataclasses.replace(_GLUON_TALL_64, block_n=64, d_a_block_n=
 # At 1500-2299 tokens the same with the 1400 band's tiles (NOTES, design 21; two runs at 2047): 1571 81.9-82.0 against
 # 82.4 µs, 1700 96.6 against 101.2, 1800 100.1 against 107.8, 2047 106.2-106.3 against 112.4-113.0, 2200 117.5 against
 # 119.9.
-def _grad_down_in_second_launch(form):
+def grad_down_in_second_launch(form):
     """A (launch 1, launch 2) form with dWd's tiles moved to launch 2."""
     launch1, launch2 = form
     return (dataclasses.replace(launch1, grad_down_tiles=False), dataclasses.replace(launch2, grad_down_tiles=True))
@@ -187,15 +187,15 @@ GLUON_FORMS = {  # from this many tokens: (launch 1, launch 2)
     0: (_GLUON_NARROW_D_A, dataclasses.replace(_PERSISTENT_WEIGHT_GRAD, grad_x_splits=4)),
     129: (_GLUON_NARROW_D_A, dataclasses.replace(_PERSISTENT_WEIGHT_GRAD, grad_x_splits=2)),
     257: (_GLUON_TALL_64, _PERSISTENT_WEIGHT_GRAD),
-    513: (dataclasses.replace(_GLUON_TALL_64, grad_down_tiles=False),
-          dataclasses.replace(_GLUON_TALL_GRAD_X_FIRST, grad_down_tiles=True)),
+    513: grad_down_in_second_launch((_GLUON_TALL_64, _GLUON_TALL_GRAD_X_FIRST)),
     1100: (_GLUON_WIDE_D_A_FIRST, _GLUON_TALL_GRAD_X_FIRST),
     1400: (_GLUON_WIDE_D_A_FIRST, _GLUON_TALL),
-    1500: _grad_down_in_second_launch((_GLUON_WIDE_D_A_FIRST, _GLUON_TALL)),
+    1500: grad_down_in_second_launch((_GLUON_WIDE_D_A_FIRST, _GLUON_TALL)),
     2300: (_GLUON_WIDE, GluonSecondLaunchConfig(programmatic=True)),
     3300: (_GLUON_WIDE, _GLUON_TALL),
-    3600: (dataclasses.replace(_GLUON_WIDE, d_a_block_n=256, buffers=4, saved_tiles_early=False, grad_down_tiles=False),
-           GluonSecondLaunchConfig(programmatic=True, grad_down_tiles=True)),
+    3600: grad_down_in_second_launch((dataclasses.replace(_GLUON_WIDE, d_a_block_n=256, buffers=4,
+                                                          saved_tiles_early=False),
+                                      GluonSecondLaunchConfig(programmatic=True))),
     5200: (_GLUON_WIDE, GluonSecondLaunchConfig(programmatic=True)),
 }
 # the faithful path's Triton tiles beyond the chained launch's band where the Gluon launches cannot run, and the
@@ -276,10 +276,10 @@ GLUON_FAST_TOKENS = (range(FEW_TOKENS_MAX_TOKENS["fast"] + 1, 1100), range(1250,
 # 3089); cuBLAS ahead at 1100-1200 (1200 53.9-54.4 against 54.6-55.8 with dWd's tiles in launch 2; the 64-wide dA
 # tiles were not measured below 1250, and at 1087 were 3 µs behind the 513 band's form)
 GLUON_FAST_FORMS = {
-    range(1250, 1408): _grad_down_in_second_launch(
+    range(1250, 1408): grad_down_in_second_launch(
         (dataclasses.replace(GLUON_FORMS[2300][0], block_n=64, d_a_block_n=64), GLUON_FORMS[2300][1])),
-    range(1408, 1500): _grad_down_in_second_launch(GLUON_FORMS[1400]),
-    range(1500, 2300): _grad_down_in_second_launch(GLUON_FORMS[2300]),
+    range(1408, 1500): grad_down_in_second_launch(GLUON_FORMS[1400]),
+    range(1500, 2300): grad_down_in_second_launch(GLUON_FORMS[2300]),
     range(2300, 2600): GLUON_FORMS[3600],
 }
 
