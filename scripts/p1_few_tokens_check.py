@@ -127,6 +127,12 @@ CANDIDATES = {
                      weights_ahead="prefetch"),
     "a_reg_132b": dict(block_h1=256, span_h1=187, block_i1=64, block_i2=64, block_h2=256, span_h2=187,
                        weights_ahead="registers"),
+    # the defaults (d_late_s8 from 2 tokens, fma at 1) with phase 1's dWd tile after phase 2's stores instead of
+    # before the wait, where it held up each program's first poll (NOTES, "Design 5 traced")
+    "d_late_s8_gdl": dict(MOVES, block_i2=64, block_h2=256, saved_late=True, dx_sum_slices=8, cooperative=True,
+                          grad_down_late=True),
+    "fma_gdl": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, cooperative=True, cuda_cores=True,
+                    grad_down_late=True),
     # 48 programs with twice the weight bytes each (fewer, larger tiles), for comparison
     "e_pf": dict(block_h1=256, block_i1=128, block_i2=128, block_h2=256, weights_ahead="prefetch"),
 }
@@ -166,7 +172,8 @@ def compile_candidate(config, *, with_lo: bool, single_block: bool, trace: bool 
         constexprs = dict(PHASE=0, BLOCK_H1=config.block_h1, BLOCK_I1=config.block_i1, BLOCK_I2=config.block_i2,
                           BLOCK_H2=config.block_h2, SPAN_H1=span_h1, SPAN_I1=config.i_spans[0],
                           SPAN_I2=config.i_spans[1], SPAN_H2=span_h2, N_H1=n_h1, N_I1=n_i1, N_I2=n_i2, N_H2=n_h2,
-                          THREADS=32 * config.warps, TRACE=trace, H=H, I=I)  # fmt: skip
+                          THREADS=32 * config.warps, TRACE=trace, GRAD_DOWN_LATE=config.grad_down_late, H=H,
+                          I=I)  # fmt: skip
     else:
         constexprs = dict(PHASE=0, BLOCK_T=config.block_t, BLOCK_H1=config.block_h1, BLOCK_I1=config.block_i1,
                           SPAN_H1=span_h1, SPAN_H2=span_h2, BLOCK_I2=config.block_i2, BLOCK_H2=config.block_h2,
@@ -175,7 +182,8 @@ def compile_candidate(config, *, with_lo: bool, single_block: bool, trace: bool 
                           THREADS=32 * config.warps, UPCAST=False, PRECISION="tf32", WITH_LO=with_lo,
                           TRACE=trace, COUNT_LATE=config.count_late, STAGE_EARLY=config.stage_before_wait,
                           ONCE_BY_MOVE=config.once_by_move, ONE_PASS=config.one_pass, SAVED_LATE=config.saved_late,
-                          DX_SUM_SLICES=config.dx_sum_slices if single_block else 1, H=H, I=I)  # fmt: skip
+                          DX_SUM_SLICES=config.dx_sum_slices if single_block else 1,
+                          GRAD_DOWN_LATE=config.grad_down_late and single_block, H=H, I=I)  # fmt: skip
 
     def kind(name: str) -> str:
         if name.endswith("partials_ptr"):

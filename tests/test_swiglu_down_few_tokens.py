@@ -142,21 +142,29 @@ def other_tilings():
             block_t=16, block_h1=32, block_i1=16, block_i2=16, block_h2=32, weights_ahead="registers", warps=1,
             count_late=True, stage_before_wait=True, saved_late=True, dx_sum_slices=4,
         ),
+        # one token block, phase 1's dWd tile after phase 2's stores (the interpreter: in its phase-2 launch); with
+        # more tokens than a block, dWd before the wait as without it
+        "dWd late": FewTokensConfig(
+            block_t=16, block_h1=32, block_i1=16, block_i2=32, block_h2=32, weights_ahead="registers", warps=1,
+            count_late=True, stage_before_wait=True, saved_late=True, dx_sum_slices=2, grad_down_late=True,
+        ),
     }
 
 
 @needs_triton
 @pytest.mark.parametrize("T, tiling", [(5, "straddled"), (3, "straddling"), (20, "registers"), (4, "spans"),
                                         (18, "spans"), (3, "moves"), (37, "one pass"), (11, "saved late"),
-                                        (11, "sliced sum"), (13, "sliced sum 4"), (37, "sliced sum")])
+                                        (11, "sliced sum"), (13, "sliced sum 4"), (37, "sliced sum"),
+                                        (9, "dWd late"), (20, "dWd late")])
 def test_other_tilings(T, tiling, seed, poisoned):
     """Tile counts that differ between the phases (programs with one phase's tile only), I-blocks of the two
     phases that do not line up, Wg, Wu loaded at the start with T = 20 (the loop form), the loop form in one pass
     over three token blocks (the last one partial), the saved tiles loaded after phase 1, dx's sum split by rows (and
-    with more tokens than a block, where the last arrival sums it all): faithful, harness inputs."""
+    with more tokens than a block, where the last arrival sums it all), dWd after phase 2: faithful, harness inputs."""
     config = other_tilings()[tiling]
     n_h1, n_i1, n_i2, n_h2 = config.tiles(H, I)
-    assert n_h1 * n_i1 != n_i2 * n_h2 or tiling in ("registers", "moves", "saved late", "sliced sum", "sliced sum 4")
+    assert n_h1 * n_i1 != n_i2 * n_h2 or tiling in ("registers", "moves", "saved late", "sliced sum", "sliced sum 4",
+                                                    "dWd late")
     assert tiling != "spans" or (n_h1, n_h2) == (4, 3)
     inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device=DEVICE, hidden_size=H,
                                   intermediate_size=I, distribution="harness")  # fmt: skip
@@ -181,7 +189,7 @@ def one_token_config(tiling: str = "even"):
 
 @needs_triton
 @pytest.mark.parametrize("distribution", ["forward", "harness"])
-@pytest.mark.parametrize("tiling", ["even", "straddled", "straddling", "spans"])
+@pytest.mark.parametrize("tiling", ["even", "straddled", "straddling", "spans", "dWd late"])
 def test_one_token_on_cuda_cores_matches_float64_reference(tiling, distribution, seed, poisoned):
     """Every product on the CUDA cores in fp32: both paths the same bits, twice, within the faithful path's rules at
     either scale, and as close to float64 as the tensor-core form's faithful path (hi/lo products) on the same tiles
@@ -377,6 +385,28 @@ def test_gpu_one_token_on_cuda_cores_against_float64(distribution, seed):
     torch.cuda.synchronize()
     for name, g, e in zip(OUTPUTS, outputs, run(fresh, config, "faithful"), strict=True):
         assert torch.equal(g, e), name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 2, 3, 4, 8, 16, 64])
+@pytest.mark.parametrize("distribution", ["forward", "harness"])
+@pytest.mark.parametrize("precision", ["faithful", "fast"])
+def test_gpu_grad_down_late_against_float64(T, distribution, precision, seed):
+    """The chosen tiles with phase 1's dWd tile after phase 2's stores (``grad_down_late``): within the path's rules
+    from poisoned memory, and twice the same bits."""
+    import dataclasses
+
+    from test_swiglu_down_backward_triton import check_against_float64
+
+    from moe_lib.bench.timing import poison_allocator
+
+    config = dataclasses.replace(gpu_config(T, precision), grad_down_late=True)
+    inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device="cuda", distribution=distribution)
+    poison_allocator("cuda", 256 * 2**20)
+    got = run(inputs, config, precision)
+    check_against_float64(inputs, got, precision)
+    for name, a, b in zip(OUTPUTS, got, run(inputs, config, precision), strict=True):
+        assert torch.equal(a, b), name
 
 
 @pytest.mark.gpu

@@ -166,6 +166,17 @@ def summed_partials(partials_ptr, part_stride, off_m, off_n, M, N, stride_m,
 
 
 @triton.jit
+def grad_down_tile(dy, inter, ready, grad_down_weight_ptr, off_h1, off_i1, h1_end, I: tl.constexpr,
+                   BLOCK_H1: tl.constexpr, BLOCK_I1: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+                   ONCE_BY_MOVE: tl.constexpr):  # fmt: skip
+    """dWd[c1, b1] = dyᵀ · intermediate over one token block (dy [BLOCK_T, BLOCK_H1], inter [BLOCK_T, BLOCK_I1]),
+    stored."""
+    acc_down = mma(tl.trans(dy), once(inter, ready, ONCE_BY_MOVE), tl.zeros((BLOCK_H1, BLOCK_I1), dtype=tl.float32),
+                   UPCAST, PRECISION)  # fmt: skip
+    store_tile(grad_down_weight_ptr, acc_down, off_h1, off_i1, h1_end, I, I, BLOCK_H1, BLOCK_I1)
+
+
+@triton.jit
 def wait_for(counter_ptr, target):
     """Returns once the int64 counter has reached ``target`` (acquire: what was stored before the
     arrivals it counts is visible to every thread of this program afterwards)."""
@@ -278,6 +289,7 @@ def few_tokens_kernel(
     SAVED_LATE: tl.constexpr,  # SINGLE_BLOCK: the saved gate, s, silu, up tiles loaded after phase 1, not at the start
     DX_SUM_SLICES: tl.constexpr,  # SINGLE_BLOCK: dx's sum over the I-blocks split by rows over the first this many
                                   # phase-2 programs of each column block (1: the last to arrive sums it all)
+    GRAD_DOWN_LATE: tl.constexpr,  # SINGLE_BLOCK: dWd after phase 2's stores (before dx's sum), not before the wait
 ):  # fmt: skip
     pid = tl.program_id(0)
     trace_ptr += pid * (TRACE_END + 2)
@@ -291,9 +303,9 @@ def few_tokens_kernel(
     # ---- every load that depends on nothing, set going at the start; nothing waits for them here
     if PHASE != 2:
         w_down = load_block(down_weight_ptr, off_h1, off_i1, h1_end, I, I, BLOCK_H1, BLOCK_I1)
-        if SINGLE_BLOCK:
-            dy = load_block(grad_output_ptr, 0, off_h1, T, h1_end, H, BLOCK_T, BLOCK_H1)
-            inter = load_block(intermediate_ptr, 0, off_i1, T, I, I, BLOCK_T, BLOCK_I1)
+    if SINGLE_BLOCK and ((PHASE != 2) or GRAD_DOWN_LATE):  # (the interpreter's phase 2 alone writes a late dWd)
+        dy = load_block(grad_output_ptr, 0, off_h1, T, h1_end, H, BLOCK_T, BLOCK_H1)
+        inter = load_block(intermediate_ptr, 0, off_i1, T, I, I, BLOCK_T, BLOCK_I1)
     if PHASE != 1:
         if WEIGHTS_AHEAD == 1:
             prefetch_block_to_l2(gate_weight_ptr, off_i2, off_h2, I, h2_end, H, BLOCK_I2, BLOCK_H2)
@@ -336,15 +348,16 @@ def few_tokens_kernel(
             tl.atomic_add(counters_ptr + 1 + b, 1, mask=has_tile1, sem="release", scope="gpu")
         # dWd after the arrivals: off the path that other programs wait on
         if SINGLE_BLOCK:
-            acc_down = mma(tl.trans(dy), once(inter, ready, ONCE_BY_MOVE),
-                           tl.zeros((BLOCK_H1, BLOCK_I1), dtype=tl.float32), UPCAST, PRECISION)  # fmt: skip
+            if not GRAD_DOWN_LATE:
+                grad_down_tile(dy, inter, ready, grad_down_weight_ptr, off_h1, off_i1, h1_end, I, BLOCK_H1, BLOCK_I1,
+                               UPCAST, PRECISION, ONCE_BY_MOVE)  # fmt: skip
         else:
             acc_down = tl.zeros((BLOCK_H1, BLOCK_I1), dtype=tl.float32)
             for t in range(0, T, BLOCK_T):  # dy again (L2 hits), beside intermediate
                 dy = load_block(grad_output_ptr, t, off_h1, T, h1_end, H, BLOCK_T, BLOCK_H1)
                 inter = load_block(intermediate_ptr, t, off_i1, T, I, I, BLOCK_T, BLOCK_I1)
                 acc_down = mma(tl.trans(dy), inter, acc_down, UPCAST, PRECISION)
-        store_tile(grad_down_weight_ptr, acc_down, off_h1, off_i1, h1_end, I, I, BLOCK_H1, BLOCK_I1)
+            store_tile(grad_down_weight_ptr, acc_down, off_h1, off_i1, h1_end, I, I, BLOCK_H1, BLOCK_I1)
         stamp(trace_ptr, 2, TRACE)
 
     if PHASE != 1:
@@ -391,6 +404,9 @@ def few_tokens_kernel(
                                PRECISION, WITH_LO)  # fmt: skip
             store_tile(grad_up_weight_ptr, tl.trans(acc_w), off_i2, off_h2, I, h2_end, H, BLOCK_I2, BLOCK_H2)
             stamp(trace_ptr, 5, TRACE)
+            if GRAD_DOWN_LATE:  # phase 1's dWd tile, while the stores above drain
+                grad_down_tile(dy, inter, ready, grad_down_weight_ptr, off_h1, off_i1, h1_end, I, BLOCK_H1, BLOCK_I1,
+                               UPCAST, PRECISION, ONCE_BY_MOVE)  # fmt: skip
         else:
             w_gate_t = tl.trans(once(w_gate, ready, ONCE_BY_MOVE))
             w_up_t = tl.trans(once(w_up, ready, ONCE_BY_MOVE))
@@ -503,6 +519,7 @@ def one_token_kernel(
     N_I2: tl.constexpr, N_H2: tl.constexpr,  # phase-2 tiles along I and H: cdiv(I, SPAN_I2), cdiv(H, SPAN_H2)
     THREADS: tl.constexpr,  # 32 · num_warps (see arrive)
     TRACE: tl.constexpr,  # stamp the global clock at each of TRACE_POINTS into trace_ptr (GPU only)
+    GRAD_DOWN_LATE: tl.constexpr,  # dWd after phase 2's stores (before dx's sum), not before the wait
 ):  # fmt: skip
     """:func:`few_tokens_kernel`'s tiles, exchange and waits for one token, every product on the CUDA cores:
 
@@ -526,7 +543,8 @@ def one_token_kernel(
     # ---- every load that depends on no other program, at the start; nothing waits for them here
     if PHASE != 2:
         w_down = load_block(down_weight_ptr, off_h1, off_i1, h1_end, i1_end, I, BLOCK_H1, BLOCK_I1)
-        dy = load_row(grad_output_ptr, 0, off_h1, T, h1_end, H, BLOCK_H1)
+    if (PHASE != 2) or GRAD_DOWN_LATE:  # (the interpreter's phase 2 alone writes a late dWd)
+        dy = load_row(grad_output_ptr, 0, off_h1, T, h1_end, H, BLOCK_H1).to(tl.float32)
         inter = load_row(intermediate_ptr, 0, off_i1, T, i1_end, I, BLOCK_I1)
     if PHASE != 1:
         w_gate = load_block(gate_weight_ptr, off_i2, off_h2, i2_end, h2_end, H, BLOCK_I2, BLOCK_H2)
@@ -541,15 +559,15 @@ def one_token_kernel(
 
     # ---- phase 1: the partial dA_c1[b1], then dWd[c1, b1]
     if PHASE != 2:
-        dy = dy.to(tl.float32)
         d_a = tl.sum(w_down.to(tl.float32) * dy[:, None], axis=0)
         store_row(da_partials_ptr + c1 * TI, 0, d_a, off_i1, tl.where(has_tile1, T, 0), i1_end, I, BLOCK_I1)
         tl.debug_barrier()  # every thread's partial is stored before the arrivals are counted
         stamp(trace_ptr, 1, TRACE)
         for b in range(off_i1 // SPAN_I2, (i1_end - 1) // SPAN_I2 + 1):
             tl.atomic_add(counters_ptr + 1 + b, 1, mask=has_tile1, sem="release", scope="gpu")
-        store_tile(grad_down_weight_ptr, dy[:, None] * inter.to(tl.float32)[None, :], off_h1, off_i1, h1_end, i1_end,
-                   I, BLOCK_H1, BLOCK_I1)  # fmt: skip
+        if not GRAD_DOWN_LATE:
+            store_tile(grad_down_weight_ptr, dy[:, None] * inter.to(tl.float32)[None, :], off_h1, off_i1, h1_end,
+                       i1_end, I, BLOCK_H1, BLOCK_I1)  # fmt: skip
         stamp(trace_ptr, 2, TRACE)
 
     if PHASE != 1:
@@ -578,6 +596,9 @@ def one_token_kernel(
         store_tile(grad_up_weight_ptr, d_up[:, None] * x[None, :], off_i2, off_h2, i2_end, h2_end, H, BLOCK_I2,
                    BLOCK_H2)  # fmt: skip
         stamp(trace_ptr, 5, TRACE)
+        if GRAD_DOWN_LATE:  # phase 1's dWd tile, while the stores above drain
+            store_tile(grad_down_weight_ptr, dy[:, None] * inter.to(tl.float32)[None, :], off_h1, off_i1, h1_end,
+                       i1_end, I, BLOCK_H1, BLOCK_I1)  # fmt: skip
 
         # ---- the last phase-2 tile of column block c2 to arrive: dx[c2] = Σ_b dx_b[c2] in b order
         if has_tile2 & (first(arrived) % N_I2 == N_I2 - 1):
@@ -634,6 +655,11 @@ class FewTokensConfig:
     # 128-wide blocks, so that 16 × 8 = 128 programs share H = 2048, I = 768 (the tensor-core form takes whole blocks)
     span_i1: int = 0
     span_i2: int = 0
+    # one token block (or cuda_cores): phase 1's dWd tile computed and stored after phase 2's dWg, dWu stores (while
+    # they drain, before dx's sum) instead of between the dA arrivals and the wait, where it held up the program's
+    # first poll (trace at 1 token: the partial stored at 4.9 µs, dWd at 6.4, the wait over at 7.7). The token-loop
+    # form (more tokens than block_t) keeps dWd before the wait
+    grad_down_late: bool = False
 
     @property
     def spans(self) -> tuple[int, int]:
@@ -709,7 +735,8 @@ class FewTokensConfig:
                     intermediate, grad_x, grad_gate_weight, grad_up_weight, grad_down_weight, da_partials,
                     dx_partials, counters, counters if trace is None else trace, T, H, I, phase, self.block_h1,
                     self.block_i1, self.block_i2, self.block_h2, self.spans[0], self.i_spans[0], self.i_spans[1],
-                    self.spans[1], n_h1, n_i1, n_i2, n_h2, 32 * self.warps, trace is not None, **launch_options,
+                    self.spans[1], n_h1, n_i1, n_i2, n_h2, 32 * self.warps, trace is not None, self.grad_down_late,
+                    **launch_options,
                 )  # fmt: skip
                 continue
             few_tokens_kernel[(grid,)](
@@ -719,7 +746,8 @@ class FewTokensConfig:
                 T, H, I, phase, self.block_t, self.block_h1, self.block_i1, self.block_i2, self.block_h2,
                 *self.spans, n_h1, n_i1, n_i2, n_h2, T <= self.block_t, ahead, 32 * self.warps, *dot_flags(x),
                 with_lo, trace is not None, self.count_late, self.stage_before_wait,
-                self.once_by_move and not interpreter, self.one_pass, self.saved_late, slices, **launch_options,
+                self.once_by_move and not interpreter, self.one_pass, self.saved_late, slices,
+                self.grad_down_late and T <= self.block_t, **launch_options,
             )  # fmt: skip
         if interpreter and slices > 1 and T > 0:  # the sliced dx sum after phase 2 (on the GPU: inside the launch)
             dx_slices_kernel[(slices * n_h2,)](dx_partials, grad_x, T, H, n_i2, n_h2, self.spans[1], slices,
