@@ -472,6 +472,16 @@ for _name in ("gluon_dwd2_from513", "gluon_dwd2_from1100", "gluon_dwd2_from1400"
     P1_CANDIDATES[f"{_name}_n64"] = with_first_launch(P1_CANDIDATES[_name], block_n=64, d_a_block_n=64,
                                                       grad_down_block_n=128)  # fmt: skip
 
+# the forms to 512 tokens with dWd's tiles in launch 2 (`_dwd2`, on its first program ids, beside the persistent
+# weight-gradient programs): launch 1 is then dA's 24-96 tiles alone, and dWd's tiles (K = T, reading only the call's
+# inputs) run on the SMs launch 1 leaves free instead of as 192 tiles of launch 1 beside dA's
+for _name in ("gluon12_m64_early_dx4_wp68_ibw_n64", "gluon12_m64_early_dx2_wp68_ibw_n64",
+              "gluon12_m64_early_dx1_wp68_ibw_n64", "gluon12_m64_early_dx1_wp68_ibw"):
+    _form = P1_CANDIDATES[_name]
+    _launch1, _launch2 = grad_down_in_second_launch((_form.gluon_first_launch, _form.gluon_second_launch))
+    P1_CANDIDATES[f"{_name}_dwd2"] = dataclasses.replace(_form, gluon_first_launch=_launch1,
+                                                         gluon_second_launch=_launch2)  # fmt: skip
+
 # kernel G's settings as the P2 scripts spell them (FIELD=VALUE), and the FusedDxConfig fields they set
 FUSED_DX_FIELDS = {"gate_up_dx_tile": ("block_i", "block_h", "block_rows"), "warps_g": ("warps",),
                    "stages_g": ("stages",)}  # fmt: skip
