@@ -496,12 +496,13 @@ def test_faithful_path_takes_the_gluon_forms_where_they_run():
     assert rows == {65: (64, 64), 129: (64, 64), 512: (64, 64), 1099: (64, 64), 1100: (128, 64), 1399: (128, 64),
                     1400: (128, 64), 2299: (128, 64), 2300: (128, 128), 3300: (128, 64), 4093: (128, 128),
                     4600: (128, 128), 8192: (128, 128), 12288: (128, 128)}
-    # launch 1's dA tiles 64 wide to 256 tokens, 256 wide at 3600-5199; dWd's tiles in launch 2 at 513-1099,
+    # launch 1's dA tiles 64 wide to 256 tokens, 256 wide at 3600-5199; dWd's tiles in launch 2 at 193-256, 513-1099,
     # 1500-2299 and 3600-5199
     shapes = {T: (config(T).gluon_first_launch.d_a_block_n, config(T).gluon_second_launch.grad_down_tiles)
-              for T in (65, 256, 257, 512, 513, 1099, 1100, 1499, 1500, 2299, 2300, 3599, 3600, 5199,
+              for T in (65, 192, 193, 256, 257, 512, 513, 1099, 1100, 1499, 1500, 2299, 2300, 3599, 3600, 5199,
                         5200)}  # fmt: skip
-    assert shapes == {65: (64, False), 256: (64, False), 257: (128, False), 512: (128, False), 513: (128, True),
+    assert shapes == {65: (64, False), 192: (64, False), 193: (64, True), 256: (64, True), 257: (128, False),
+                      512: (128, False), 513: (128, True),
                       1099: (128, True), 1100: (128, False), 1499: (128, False), 1500: (128, True),
                       2299: (128, True), 2300: (128, False), 3599: (128, False), 3600: (256, True),
                       5199: (256, True), 5200: (128, False)}  # fmt: skip
@@ -514,24 +515,31 @@ def test_faithful_path_takes_the_gluon_forms_where_they_run():
                      8192: (False, False)}
 
 
-def test_fast_path_takes_forms_of_its_own_at_1250_to_2599_tokens():
-    """GLUON_FAST_FORMS: at 1250-2299 tokens the fast path runs forms with dWd's tiles in launch 2 (at 1250-1407 the
-    2300 band's tiles with launch 1's dA tiles 64 wide, at 1408-1499 the 1400 band's, at 1500-2299 the 2300 band's), at
-    2300-2599 the 3600 form (launch 1's dA tiles 256 wide, dWd's tiles in launch 2); without the lo halves, dx unsplit;
-    the faithful path keeps GLUON_FORMS there."""
+def test_fast_path_takes_forms_of_its_own_at_257_to_384_and_1100_to_2599_tokens():
+    """GLUON_FAST_FORMS: at 257-384 tokens the forms to 256 tokens with dWd's tiles in launch 2; at 1100-2299 tokens
+    forms with dWd's tiles in launch 2 (at 1100-1407 the 2300 band's tiles with launch 1's dA tiles 64 wide, at
+    1408-1499 the 1400 band's, at 1500-2299 the 2300 band's), at 2300-2599 the 3600 form (launch 1's dA tiles 256 wide,
+    dWd's tiles in launch 2); without the lo halves, dx unsplit; the faithful path keeps GLUON_FORMS there."""
     from moe_lib.swiglu_down.launch import GLUON_FAST_FORMS, GLUON_FORMS, choose_config, fast_path_on_gluon, gluon_form
 
     def config(T, with_lo):
         return choose_config(T, 2048, 768, interpreter=False, with_lo=with_lo, max_programs=132)
 
-    for T, faithful_band in ((1250, 1100), (1321, 1100), (1407, 1400), (1408, 1400), (1499, 1400), (1500, 1500),
-                             (1571, 1500), (2299, 1500), (2300, 2300), (2447, 2300), (2599, 2300)):  # fmt: skip
+    for T, faithful_band in ((257, 257), (384, 257), (1100, 1100), (1200, 1100), (1250, 1100), (1321, 1100),
+                             (1407, 1400), (1408, 1400), (1499, 1400), (1500, 1500), (1571, 1500), (2299, 1500),
+                             (2300, 2300), (2447, 2300), (2599, 2300)):  # fmt: skip
         assert fast_path_on_gluon(T), T
         fast, faithful = config(T, with_lo=False), config(T, with_lo=True)
         assert (faithful.gluon_first_launch, faithful.gluon_second_launch) == GLUON_FORMS[faithful_band], T
         assert not fast.gluon_first_launch.grad_down_tiles and fast.gluon_second_launch.grad_down_tiles, T
         assert fast.gluon_second_launch.grad_x_splits == 1 and fast.gluon_as_one_graph, T
         assert (fast.gluon_first_launch, fast.gluon_second_launch) == gluon_form(T, with_lo=False), T
+    for T in (257, 384):  # launch 1 the 129-256 form's 64-wide dA tiles alone, launch 2 its persistent form with dWd
+        launch1, launch2 = gluon_form(T, with_lo=False)
+        assert launch1 == dataclasses.replace(GLUON_FORMS[129][0], grad_down_tiles=False), T
+        assert launch2 == dataclasses.replace(GLUON_FORMS[129][1], grad_x_splits=1, grad_down_tiles=True), T
+    assert gluon_form(385, with_lo=False) == GLUON_FORMS[257]
+    assert gluon_form(1100, with_lo=False) == gluon_form(1321, with_lo=False)
     launch1, launch2 = gluon_form(1321, with_lo=False)  # dA's 11 x 12 tiles of 128 x 64: one wave on 132 SMs
     assert (launch1.block_m, launch1.d_a_block_n, launch2.block_m) == (128, 64, 128)
     assert launch2 == dataclasses.replace(GLUON_FORMS[2300][1], grad_down_tiles=True)
@@ -541,9 +549,10 @@ def test_fast_path_takes_forms_of_its_own_at_1250_to_2599_tokens():
     assert gluon_form(1571, with_lo=False)[1] == dataclasses.replace(GLUON_FORMS[2300][1], grad_down_tiles=True)
     assert gluon_form(2447, with_lo=False) == GLUON_FORMS[3600]
     assert gluon_form(2600, with_lo=False) == GLUON_FORMS[2300]  # the faithful path's form again from 2600
-    assert not any(fast_path_on_gluon(T) for T in (1100, 1200, 1249))  # cuBLAS there
+    assert fast_path_on_gluon(1099) and fast_path_on_gluon(1100) and not fast_path_on_gluon(3300)
     bands = sorted(GLUON_FAST_FORMS, key=lambda band: band.start)
-    assert all(a.stop == b.start for a, b in zip(bands, bands[1:], strict=False))  # contiguous, no overlap
+    assert all(a.stop <= b.start for a, b in zip(bands, bands[1:], strict=False))  # no overlap
+    assert all(a.stop == b.start for a, b in zip(bands[1:], bands[2:], strict=False))  # contiguous from 1100
 
 
 def test_design_by_token_count():

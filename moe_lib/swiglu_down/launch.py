@@ -183,9 +183,15 @@ def grad_down_in_second_launch(form):
     return (dataclasses.replace(launch1, grad_down_tiles=False), dataclasses.replace(launch2, grad_down_tiles=True))
 
 
+# At 193-256 tokens dWd's tiles go to launch 2 too, on its first program ids before the persistent weight-gradient
+# programs: launch 1 is then dA's 64-wide tiles alone, and dWd's (K = T) run on the SMs launch 1 leaves free. By graph
+# replay (NOTES, design 22), faithful: 256 tokens 27.4 against 28.6 µs, a tie at 192 (26.9 against 27.0); at 65-128
+# within ±0.4 either way
 GLUON_FORMS = {  # from this many tokens: (launch 1, launch 2)
     0: (_GLUON_NARROW_D_A, dataclasses.replace(_PERSISTENT_WEIGHT_GRAD, grad_x_splits=4)),
     129: (_GLUON_NARROW_D_A, dataclasses.replace(_PERSISTENT_WEIGHT_GRAD, grad_x_splits=2)),
+    193: grad_down_in_second_launch((_GLUON_NARROW_D_A, dataclasses.replace(_PERSISTENT_WEIGHT_GRAD,
+                                                                             grad_x_splits=2))),
     257: (_GLUON_TALL_64, _PERSISTENT_WEIGHT_GRAD),
     513: grad_down_in_second_launch((_GLUON_TALL_64, _GLUON_TALL_GRAD_X_FIRST)),
     1100: (_GLUON_WIDE_D_A_FIRST, _GLUON_TALL_GRAD_X_FIRST),
@@ -260,9 +266,9 @@ LIBRARY_GEMMS_MIN_TOKENS = {"fast": FEW_TOKENS_MAX_TOKENS["fast"] + 1}
 # at 1087-1571 (by 1-5%), 3300 (109.6 against 115.7) and 4093-7168. With dWd's tiles in launch 2 (the forms at
 # 513-1099 and 3600-5199; NOTES, design 20) the Gluon launches lead at 960-1099 too (960 44.7 against 51.8, 1024 47.2
 # against 49.1, 1087 48.4 against 50.6; a tie at 1150, cuBLAS ahead from 1200) and at 3600-4299 (3600 117.2 against
-# 118.6, 4093 124.7 against 128.9; cuBLAS ahead at 4500 and 5000). At 1250-2599 the fast path has forms of its own
-# (GLUON_FAST_FORMS).
-GLUON_FAST_TOKENS = (range(FEW_TOKENS_MAX_TOKENS["fast"] + 1, 1100), range(1250, 3300), range(3600, 4300))
+# 118.6, 4093 124.7 against 128.9; cuBLAS ahead at 4500 and 5000). At 257-384 and 1100-2599 the fast path has forms
+# of its own (GLUON_FAST_FORMS), with which the Gluon launches lead at 1100-1249 too.
+GLUON_FAST_TOKENS = (range(FEW_TOKENS_MAX_TOKENS["fast"] + 1, 3300), range(3600, 4300))
 
 
 # The fast path's own forms where they are not the faithful path's of the same token count: dWd's tiles in launch 2
@@ -274,9 +280,15 @@ GLUON_FAST_TOKENS = (range(FEW_TOKENS_MAX_TOKENS["fast"] + 1, 1100), range(1250,
 # 64.0 against 60.5), 1571 60.1-61.2 against 62.8-63.9, 1800 63.6-63.9 against 69.9-72.4, 2047 69.6-70.0 against
 # 74.2-75.3; against the 2300 band's form 2447 82.7 against 84.0 (2300 80.1 against 80.5, a tie at 2767, slower at
 # 3089); cuBLAS ahead at 1100-1200 (1200 53.9-54.4 against 54.6-55.8 with dWd's tiles in launch 2; the 64-wide dA
-# tiles were not measured below 1250, and at 1087 were 3 µs behind the 513 band's form)
+# tiles were not measured below 1250 then, and at 1087 were 3 µs behind the 513 band's form). The 64-wide dA tiles at
+# 1100-1249 too (NOTES, design 22, two runs): 1100 tokens 51.0 against cuBLAS's 52.2-52.4, 1150 51.6-51.7 against
+# 52.2-52.4, 1200 53.1-53.2 against 53.4-54.5, 1249 53.3 against 55.1. And at 257-384 tokens the forms to 256 tokens
+# with dWd's tiles in launch 2 (launch 1's dA tiles 64 wide, the persistent weight-gradient programs; at 193-256 the
+# faithful path's form, GLUON_FORMS[193], takes them too): 256 tokens 24.6 against 26.4, 320 25.2 against 27.1, 384
+# 26.2 against 26.9 (at 512 31.0 against 29.8: more dA tiles than SMs)
 GLUON_FAST_FORMS = {
-    range(1250, 1408): grad_down_in_second_launch(
+    range(257, 385): grad_down_in_second_launch((_GLUON_NARROW_D_A, _PERSISTENT_WEIGHT_GRAD)),
+    range(1100, 1408): grad_down_in_second_launch(
         (dataclasses.replace(GLUON_FORMS[2300][0], block_n=64, d_a_block_n=64), GLUON_FORMS[2300][1])),
     range(1408, 1500): grad_down_in_second_launch(GLUON_FORMS[1400]),
     range(1500, 2300): grad_down_in_second_launch(GLUON_FORMS[2300]),
