@@ -496,12 +496,12 @@ def test_faithful_path_takes_the_gluon_forms_where_they_run():
     assert rows == {65: (64, 64), 129: (64, 64), 512: (64, 64), 1099: (64, 64), 1100: (128, 64), 1399: (128, 64),
                     1400: (128, 64), 2299: (128, 64), 2300: (128, 128), 3300: (128, 64), 4093: (128, 128),
                     4600: (128, 128), 8192: (128, 128), 12288: (128, 128)}
-    # launch 1's dA tiles 64 wide to 256 tokens, 256 wide at 3600-5199; dWd's tiles in launch 2 at 193-256, 513-1099,
+    # launch 1's dA tiles 64 wide to 256 tokens, 256 wide at 3600-5199; dWd's tiles in launch 2 at 129-256, 513-1099,
     # 1500-2299 and 3600-5199
     shapes = {T: (config(T).gluon_first_launch.d_a_block_n, config(T).gluon_second_launch.grad_down_tiles)
-              for T in (65, 192, 193, 256, 257, 512, 513, 1099, 1100, 1499, 1500, 2299, 2300, 3599, 3600, 5199,
+              for T in (65, 128, 129, 256, 257, 512, 513, 1099, 1100, 1499, 1500, 2299, 2300, 3599, 3600, 5199,
                         5200)}  # fmt: skip
-    assert shapes == {65: (64, False), 192: (64, False), 193: (64, True), 256: (64, True), 257: (128, False),
+    assert shapes == {65: (64, False), 128: (64, False), 129: (64, True), 256: (64, True), 257: (128, False),
                       512: (128, False), 513: (128, True),
                       1099: (128, True), 1100: (128, False), 1499: (128, False), 1500: (128, True),
                       2299: (128, True), 2300: (128, False), 3599: (128, False), 3600: (256, True),
@@ -515,8 +515,8 @@ def test_faithful_path_takes_the_gluon_forms_where_they_run():
                      8192: (False, False)}
 
 
-def test_fast_path_takes_forms_of_its_own_at_257_to_384_and_1100_to_2599_tokens():
-    """GLUON_FAST_FORMS: at 257-384 tokens the forms to 256 tokens with dWd's tiles in launch 2; at 1100-2299 tokens
+def test_fast_path_takes_forms_of_its_own_at_65_to_384_and_1100_to_2599_tokens():
+    """GLUON_FAST_FORMS: at 65-384 tokens the forms to 256 tokens with dWd's tiles in launch 2; at 1100-2299 tokens
     forms with dWd's tiles in launch 2 (at 1100-1407 the 2300 band's tiles with launch 1's dA tiles 64 wide, at
     1408-1499 the 1400 band's, at 1500-2299 the 2300 band's), at 2300-2599 the 3600 form (launch 1's dA tiles 256 wide,
     dWd's tiles in launch 2); without the lo halves, dx unsplit; the faithful path keeps GLUON_FORMS there."""
@@ -525,7 +525,8 @@ def test_fast_path_takes_forms_of_its_own_at_257_to_384_and_1100_to_2599_tokens(
     def config(T, with_lo):
         return choose_config(T, 2048, 768, interpreter=False, with_lo=with_lo, max_programs=132)
 
-    for T, faithful_band in ((257, 257), (384, 257), (1100, 1100), (1200, 1100), (1250, 1100), (1321, 1100),
+    for T, faithful_band in ((65, 0), (128, 0), (129, 129), (256, 129), (257, 257), (384, 257), (1100, 1100),
+                             (1200, 1100), (1250, 1100), (1321, 1100),
                              (1407, 1400), (1408, 1400), (1499, 1400), (1500, 1500), (1571, 1500), (2299, 1500),
                              (2300, 2300), (2447, 2300), (2599, 2300)):  # fmt: skip
         assert fast_path_on_gluon(T), T
@@ -534,10 +535,10 @@ def test_fast_path_takes_forms_of_its_own_at_257_to_384_and_1100_to_2599_tokens(
         assert not fast.gluon_first_launch.grad_down_tiles and fast.gluon_second_launch.grad_down_tiles, T
         assert fast.gluon_second_launch.grad_x_splits == 1 and fast.gluon_as_one_graph, T
         assert (fast.gluon_first_launch, fast.gluon_second_launch) == gluon_form(T, with_lo=False), T
-    for T in (257, 384):  # launch 1 the 129-256 form's 64-wide dA tiles alone, launch 2 its persistent form with dWd
+    for T in (65, 128, 257, 384):  # launch 1 the 129-256 form's 64-wide dA tiles alone, its launch 2 with dx unsplit
         launch1, launch2 = gluon_form(T, with_lo=False)
-        assert launch1 == dataclasses.replace(GLUON_FORMS[129][0], grad_down_tiles=False), T
-        assert launch2 == dataclasses.replace(GLUON_FORMS[129][1], grad_x_splits=1, grad_down_tiles=True), T
+        assert launch1 == GLUON_FORMS[129][0] and not launch1.grad_down_tiles, T
+        assert launch2 == dataclasses.replace(GLUON_FORMS[129][1], grad_x_splits=1) and launch2.grad_down_tiles, T
     assert gluon_form(385, with_lo=False) == GLUON_FORMS[257]
     assert gluon_form(1100, with_lo=False) == gluon_form(1321, with_lo=False)
     launch1, launch2 = gluon_form(1321, with_lo=False)  # dA's 11 x 12 tiles of 128 x 64: one wave on 132 SMs
@@ -576,9 +577,9 @@ def test_design_by_token_count():
         design = choose_design(T, 2048, 768, interpreter=False, max_programs=132)
         assert design == choose_config(T, 2048, 768, interpreter=False, max_programs=132), T
         assert design.gluon_first_launch is not None and design.gluon_second_launch is not None, T
-    for T, gluon in ((first, False), (first + 1, False), (GLUON_FAST_TOKENS[0].stop, True), (1023, False),
-                     (1024, False), (memcpy - 1, False), (memcpy, False), (1200, True), (1249, True), (2300, False),
-                     (GLUON_FAST_TOKENS[1].stop, True), (GLUON_FAST_TOKENS[2].stop, True), (8192, True)):  # fmt: skip
+    for T, gluon in ((first, False), (first + 1, False), (1023, False), (1024, False), (memcpy - 1, False),
+                     (memcpy, False), (1200, False), (1249, False), (2300, False), (GLUON_FAST_TOKENS[0].stop, True),
+                     (GLUON_FAST_TOKENS[1].stop, True), (8192, True)):  # fmt: skip
         design = choose_design(T, 2048, 768, interpreter=False, max_programs=132, gluon=gluon)
         assert isinstance(design, LibraryGemmsConfig) and design.streams and design.stack_aside, T
         assert design.d_a_fp32 == (T < LIBRARY_GEMMS_16BIT_DA_MIN_TOKENS), T

@@ -183,14 +183,13 @@ def grad_down_in_second_launch(form):
     return (dataclasses.replace(launch1, grad_down_tiles=False), dataclasses.replace(launch2, grad_down_tiles=True))
 
 
-# At 193-256 tokens dWd's tiles go to launch 2 too, on its first program ids before the persistent weight-gradient
+# At 129-256 tokens dWd's tiles go to launch 2 too, on its first program ids before the persistent weight-gradient
 # programs: launch 1 is then dA's 64-wide tiles alone, and dWd's (K = T) run on the SMs launch 1 leaves free. By graph
-# replay (NOTES, design 22), faithful: 256 tokens 27.4 against 28.6 µs, a tie at 192 (26.9 against 27.0); at 65-128
-# within ±0.4 either way
+# replay (NOTES, design 22, two runs), faithful: 160 tokens 26.6 against 27.2 µs, 192 26.4-26.9 against 27.0-27.1,
+# 224 27.2 against 28.8, 256 27.4-27.5 against 28.6-29.0; at 65-128 (dx in 4) ties within ±0.4 either way
 GLUON_FORMS = {  # from this many tokens: (launch 1, launch 2)
     0: (_GLUON_NARROW_D_A, dataclasses.replace(_PERSISTENT_WEIGHT_GRAD, grad_x_splits=4)),
-    129: (_GLUON_NARROW_D_A, dataclasses.replace(_PERSISTENT_WEIGHT_GRAD, grad_x_splits=2)),
-    193: grad_down_in_second_launch((_GLUON_NARROW_D_A, dataclasses.replace(_PERSISTENT_WEIGHT_GRAD,
+    129: grad_down_in_second_launch((_GLUON_NARROW_D_A, dataclasses.replace(_PERSISTENT_WEIGHT_GRAD,
                                                                              grad_x_splits=2))),
     257: (_GLUON_TALL_64, _PERSISTENT_WEIGHT_GRAD),
     513: grad_down_in_second_launch((_GLUON_TALL_64, _GLUON_TALL_GRAD_X_FIRST)),
@@ -282,12 +281,14 @@ GLUON_FAST_TOKENS = (range(FEW_TOKENS_MAX_TOKENS["fast"] + 1, 3300), range(3600,
 # 3089); cuBLAS ahead at 1100-1200 (1200 53.9-54.4 against 54.6-55.8 with dWd's tiles in launch 2; the 64-wide dA
 # tiles were not measured below 1250 then, and at 1087 were 3 µs behind the 513 band's form). The 64-wide dA tiles at
 # 1100-1249 too (NOTES, design 22, two runs): 1100 tokens 51.0 against cuBLAS's 52.2-52.4, 1150 51.6-51.7 against
-# 52.2-52.4, 1200 53.1-53.2 against 53.4-54.5, 1249 53.3 against 55.1. And at 257-384 tokens the forms to 256 tokens
-# with dWd's tiles in launch 2 (launch 1's dA tiles 64 wide, the persistent weight-gradient programs; at 193-256 the
-# faithful path's form, GLUON_FORMS[193], takes them too): 256 tokens 24.6 against 26.4, 320 25.2 against 27.1, 384
-# 26.2 against 26.9 (at 512 31.0 against 29.8: more dA tiles than SMs)
+# 52.2-52.4, 1200 53.1-53.2 against 53.4-54.5, 1249 53.3 against 55.1 (a second run: 50.8, 51.4, 52.9 and 52.8 against
+# 53.6, 52.4, 54.7 and 55.0). And at 65-384 tokens the forms to 256 tokens with dWd's tiles in launch 2 (launch 1's dA
+# tiles 64 wide alone, the persistent weight-gradient programs, dx unsplit), two runs: 65-192 tokens 24.0-24.4 against
+# 24.3-24.8 (128 24.1-24.2 against 24.4-24.5), 256 24.5-24.6 against 26.4-26.7 (the 64-wide form without dWd moved),
+# 320 25.0-25.2 against 26.9-27.1 and 384 26.2-26.4 against 26.9-27.1 (the 257 band's form); at 416-448 a tie, at 512
+# 31.0 against 29.8 (more dA tiles than SMs)
 GLUON_FAST_FORMS = {
-    range(257, 385): grad_down_in_second_launch((_GLUON_NARROW_D_A, _PERSISTENT_WEIGHT_GRAD)),
+    range(65, 385): grad_down_in_second_launch((_GLUON_NARROW_D_A, _PERSISTENT_WEIGHT_GRAD)),
     range(1100, 1408): grad_down_in_second_launch(
         (dataclasses.replace(GLUON_FORMS[2300][0], block_n=64, d_a_block_n=64), GLUON_FORMS[2300][1])),
     range(1408, 1500): grad_down_in_second_launch(GLUON_FORMS[1400]),
