@@ -515,31 +515,38 @@ def test_faithful_path_takes_the_gluon_forms_where_they_run():
                      8192: (False, False)}
 
 
-def test_fast_path_takes_forms_of_its_own_at_65_to_384_and_1100_to_2599_tokens():
-    """GLUON_FAST_FORMS: at 65-384 tokens the forms to 256 tokens with dWd's tiles in launch 2; at 1100-2299 tokens
-    forms with dWd's tiles in launch 2 (at 1100-1407 the 2300 band's tiles with launch 1's dA tiles 64 wide, at
-    1408-1499 the 1400 band's, at 1500-2299 the 2300 band's), at 2300-2599 the 3600 form (launch 1's dA tiles 256 wide,
-    dWd's tiles in launch 2); without the lo halves, dx unsplit; the faithful path keeps GLUON_FORMS there."""
+def test_fast_path_takes_forms_of_its_own_at_65_to_512_and_1100_to_2599_tokens():
+    """GLUON_FAST_FORMS: at 65-512 tokens the faithful path's forms to 512 tokens with dWd's tiles in launch 2 (dx in 4
+    to 128 tokens, in 2 to 192, unsplit beyond; launch 1's dA tiles 64 wide to 384); at 1100-2299 tokens forms with
+    dWd's tiles in launch 2 (at 1100-1407 the 2300 band's tiles with launch 1's dA tiles 64 wide, at 1408-1499 the
+    1400 band's, at 1500-2299 the 2300 band's), at 2300-2599 the 3600 form (launch 1's dA tiles 256 wide, dWd's tiles
+    in launch 2); without the lo halves; the faithful path keeps GLUON_FORMS there. Elsewhere the fast path takes the
+    faithful path's form with dx unsplit."""
     from moe_lib.swiglu_down.launch import GLUON_FAST_FORMS, GLUON_FORMS, choose_config, fast_path_on_gluon, gluon_form
 
     def config(T, with_lo):
         return choose_config(T, 2048, 768, interpreter=False, with_lo=with_lo, max_programs=132)
 
-    for T, faithful_band in ((65, 0), (128, 0), (129, 129), (256, 129), (257, 257), (384, 257), (1100, 1100),
-                             (1200, 1100), (1250, 1100), (1321, 1100),
+    for T, faithful_band in ((65, 0), (128, 0), (129, 129), (256, 129), (257, 257), (384, 257), (512, 257),
+                             (1100, 1100), (1200, 1100), (1250, 1100), (1321, 1100),
                              (1407, 1400), (1408, 1400), (1499, 1400), (1500, 1500), (1571, 1500), (2299, 1500),
                              (2300, 2300), (2447, 2300), (2599, 2300)):  # fmt: skip
         assert fast_path_on_gluon(T), T
         fast, faithful = config(T, with_lo=False), config(T, with_lo=True)
         assert (faithful.gluon_first_launch, faithful.gluon_second_launch) == GLUON_FORMS[faithful_band], T
         assert not fast.gluon_first_launch.grad_down_tiles and fast.gluon_second_launch.grad_down_tiles, T
-        assert fast.gluon_second_launch.grad_x_splits == 1 and fast.gluon_as_one_graph, T
+        assert fast.gluon_second_launch.grad_x_splits == (4 if T <= 128 else 2 if T <= 192 else 1), T
+        assert fast.gluon_as_one_graph, T
         assert (fast.gluon_first_launch, fast.gluon_second_launch) == gluon_form(T, with_lo=False), T
-    for T in (65, 128, 257, 384):  # launch 1 the 129-256 form's 64-wide dA tiles alone, its launch 2 with dx unsplit
+    for T in (65, 128, 129, 192, 193, 384, 385, 512):  # the forms to 512 tokens, dWd's tiles moved
         launch1, launch2 = gluon_form(T, with_lo=False)
-        assert launch1 == GLUON_FORMS[129][0] and not launch1.grad_down_tiles, T
-        assert launch2 == dataclasses.replace(GLUON_FORMS[129][1], grad_x_splits=1) and launch2.grad_down_tiles, T
-    assert gluon_form(385, with_lo=False) == GLUON_FORMS[257]
+        assert launch1.d_a_block_n == (64 if T <= 384 else 128), T
+        faithful1, faithful2 = GLUON_FORMS[0 if T <= 128 else 129 if T <= 256 else 257]
+        assert launch1 == dataclasses.replace(faithful1, grad_down_tiles=False, d_a_block_n=launch1.d_a_block_n,
+                                              block_n=launch1.block_n), T  # fmt: skip
+        assert launch2 == dataclasses.replace(faithful2, grad_x_splits=launch2.grad_x_splits, grad_down_tiles=True), T
+    assert gluon_form(513, with_lo=False) == (GLUON_FORMS[513][0],
+                                              dataclasses.replace(GLUON_FORMS[513][1], grad_x_splits=1))
     assert gluon_form(1100, with_lo=False) == gluon_form(1321, with_lo=False)
     launch1, launch2 = gluon_form(1321, with_lo=False)  # dA's 11 x 12 tiles of 128 x 64: one wave on 132 SMs
     assert (launch1.block_m, launch1.d_a_block_n, launch2.block_m) == (128, 64, 128)
@@ -552,8 +559,8 @@ def test_fast_path_takes_forms_of_its_own_at_65_to_384_and_1100_to_2599_tokens()
     assert gluon_form(2600, with_lo=False) == GLUON_FORMS[2300]  # the faithful path's form again from 2600
     assert fast_path_on_gluon(1099) and fast_path_on_gluon(1100) and not fast_path_on_gluon(3300)
     bands = sorted(GLUON_FAST_FORMS, key=lambda band: band.start)
-    assert all(a.stop <= b.start for a, b in zip(bands, bands[1:], strict=False))  # no overlap
-    assert all(a.stop == b.start for a, b in zip(bands[1:], bands[2:], strict=False))  # contiguous from 1100
+    gaps = [(a.stop, b.start) for a, b in zip(bands, bands[1:], strict=False) if a.stop != b.start]
+    assert gaps == [(513, 1100)] and all(a.stop <= b.start for a, b in zip(bands, bands[1:], strict=False))
 
 
 def test_design_by_token_count():

@@ -282,13 +282,18 @@ GLUON_FAST_TOKENS = (range(FEW_TOKENS_MAX_TOKENS["fast"] + 1, 3300), range(3600,
 # tiles were not measured below 1250 then, and at 1087 were 3 µs behind the 513 band's form). The 64-wide dA tiles at
 # 1100-1249 too (NOTES, design 22, two runs): 1100 tokens 51.0 against cuBLAS's 52.2-52.4, 1150 51.6-51.7 against
 # 52.2-52.4, 1200 53.1-53.2 against 53.4-54.5, 1249 53.3 against 55.1 (a second run: 50.8, 51.4, 52.9 and 52.8 against
-# 53.6, 52.4, 54.7 and 55.0). And at 65-384 tokens the forms to 256 tokens with dWd's tiles in launch 2 (launch 1's dA
-# tiles 64 wide alone, the persistent weight-gradient programs, dx unsplit), two runs: 65-192 tokens 24.0-24.4 against
-# 24.3-24.8 (128 24.1-24.2 against 24.4-24.5), 256 24.5-24.6 against 26.4-26.7 (the 64-wide form without dWd moved),
-# 320 25.0-25.2 against 26.9-27.1 and 384 26.2-26.4 against 26.9-27.1 (the 257 band's form); at 416-448 a tie, at 512
-# 31.0 against 29.8 (more dA tiles than SMs)
+# 53.6, 52.4, 54.7 and 55.0). And at 65-512 tokens the faithful path's forms to 512 tokens with dWd's tiles in launch 2
+# (launch 1 dA's tiles alone, beside the persistent weight-gradient programs), by graph replay (NOTES, design 22),
+# against the forms before: with launch 1's dA tiles 64 wide and dx in 4 at 65-128 tokens (65 23.6-23.7 against
+# 23.9-24.3, 96 22.9-23.3 against 23.6-24.5, 128 23.3-23.5 against 23.8-24.4), in 2 at 129-192 (144 23.8 against 24.4,
+# 160 23.9-24.0 against 23.9-24.7, 192 23.0-24.0 against 24.4-24.8), unsplit at 193-384 (256 24.3-24.6 against
+# 26.4-26.7, 320 25.0-25.2 against 26.9-27.1, 384 25.9-26.4 against 26.5-27.1); with launch 1's dA tiles 128 wide at
+# 385-512 (416 26.9-27.3 against 28.0-28.5, 448 27.0-27.2 against 28.0-28.4, ties at 480 and 512)
 GLUON_FAST_FORMS = {
-    range(65, 385): grad_down_in_second_launch((_GLUON_NARROW_D_A, _PERSISTENT_WEIGHT_GRAD)),
+    range(65, 129): grad_down_in_second_launch(GLUON_FORMS[0]),
+    range(129, 193): GLUON_FORMS[129],
+    range(193, 385): grad_down_in_second_launch((_GLUON_NARROW_D_A, _PERSISTENT_WEIGHT_GRAD)),
+    range(385, 513): grad_down_in_second_launch(GLUON_FORMS[257]),
     range(1100, 1408): grad_down_in_second_launch(
         (dataclasses.replace(GLUON_FORMS[2300][0], block_n=64, d_a_block_n=64), GLUON_FORMS[2300][1])),
     range(1408, 1500): grad_down_in_second_launch(GLUON_FORMS[1400]),
@@ -304,13 +309,15 @@ def fast_path_on_gluon(num_tokens: int) -> bool:
 
 def gluon_form(num_tokens: int, with_lo: bool):
     """The Gluon launches' (launch 1, launch 2) configs at this many tokens: the faithful path's form of
-    :data:`GLUON_FORMS`, or on the fast path its own where :data:`GLUON_FAST_FORMS` has one (lo halves and dx's split
-    are set by :func:`choose_config`)."""
+    :data:`GLUON_FORMS`; on the fast path its own where :data:`GLUON_FAST_FORMS` has one, else the faithful path's
+    with dx's tiles unsplit (without the lo halves they are half as long and end with the rest). The lo halves are
+    set by :func:`choose_config`."""
     if not with_lo:
         for band, form in GLUON_FAST_FORMS.items():
             if num_tokens in band:
                 return form
-    return GLUON_FORMS[max(first for first in GLUON_FORMS if first <= num_tokens)]
+    launch1, launch2 = GLUON_FORMS[max(first for first in GLUON_FORMS if first <= num_tokens)]
+    return launch1, launch2 if with_lo else dataclasses.replace(launch2, grad_x_splits=1)
 
 
 # from here on the fast path keeps dA in the input dtype, as torch.compile's code does (236.7 against
@@ -372,8 +379,6 @@ def choose_config(num_tokens: int, hidden_size: int, intermediate_size: int, *, 
         return TileConfig((16, 16, 16, 2), (16, 16, 16, 2), (16, 16, 16, 2), (16, 16, 16, 1), (1, 1), (1, 1), 2)
     if gluon and element_bytes == 2 and num_tokens >= GLUON_MIN_TOKENS and (with_lo or fast_path_on_gluon(num_tokens)):
         launch1, launch2 = gluon_form(num_tokens, with_lo)
-        if not with_lo:
-            launch2 = dataclasses.replace(launch2, grad_x_splits=1)
         dx_programs = launch2.grad_x_tiles(num_tokens, hidden_size) * launch2.grad_x_splits
         if launch2.weight_grad_programs and max_programs and dx_programs + launch2.weight_grad_programs > max_programs:
             # the persistent programs only where all of them fit beside dx's on the SMs: fewer were slower than one
