@@ -643,3 +643,48 @@ def test_design21_times_hold_the_fast_paths_own_forms():
     assert all(moved[T] < before[T] for T in (1571, 1700, 1800, 2047, 2200))
     assert all(moved[T] < 0.95 * before[T] for T in (1800, 2047))
     assert all(moved[T] > before[T] for T in (1087, 1200, 1321))  # not below 1500, where the 1100 band's form runs
+
+
+def test_design22_times_hold_the_forms_to_512_tokens():
+    """What launch.GLUON_FAST_FORMS' and GLUON_FORMS' comments and NOTES.md (design 22) say: on the fast path at 65-512
+    tokens the form each band takes is within 0.2 µs of the fastest measured and ahead of the forms before at 96-448;
+    the 64-wide dA form ahead of cuBLAS at 1100-1249; on the faithful path dWd's tiles in launch 2 ahead at 160-256 (dx
+    in 2) and a tie at 65-128 (dx in 4, not taken); the labelled candidates are the forms the paths take."""
+    from moe_lib.bench.tuning import P1_CANDIDATES
+    from moe_lib.swiglu_down.launch import choose_config, gluon_form
+
+    fast = kernels.design22_times("fast")
+    bands = {range(65, 129): "gluon12_m64_early_dx4_wp68_ibw_n64_dwd2",
+             range(129, 193): "gluon12_m64_early_dx2_wp68_ibw_n64_dwd2",
+             range(193, 385): "gluon12_m64_early_dx1_wp68_ibw_n64_dwd2",
+             range(385, 513): "gluon12_m64_early_dx1_wp68_ibw_dwd2"}  # fmt: skip
+    before = fast[["dA 64 wide (before, to 256)", "257 form (before, 257-512)"]].min(axis=1)
+    measured = 0
+    for band, candidate in bands.items():
+        tiles = P1_CANDIDATES[candidate]
+        chosen = choose_config(band.start, 2048, 768, interpreter=False, with_lo=False, max_programs=132)
+        assert (chosen.gluon_first_launch, chosen.gluon_second_launch) == (tiles.gluon_first_launch,
+                                                                            tiles.gluon_second_launch)  # fmt: skip
+        assert gluon_form(band.stop - 1, with_lo=False) == gluon_form(band.start, with_lo=False)
+        label = kernels.DESIGN22_LABELS["fast"][candidate]
+        for T in (T for T in fast.index if T in band):
+            assert fast.loc[T, label] <= fast.loc[T].min() + 0.2, T
+            if 96 <= T <= 448:
+                assert fast.loc[T, label] < before[T] - 0.2, T
+            measured += 1
+    assert measured >= 14
+    narrow = fast["2300 form, dWd in launch 2, dA 64 wide"]
+    assert all(narrow[T] < fast.loc[T, "cuBLAS"] for T in (1100, 1150, 1200, 1249))
+    faithful = kernels.design22_times("faithful")
+    moved, kept = faithful["dx in 2, dWd in launch 2"], faithful["dx in 2 (before)"]
+    assert all(moved[T] < kept[T] for T in (160, 192, 224, 256)) and moved[256] < kept[256] - 1
+    assert all(abs(faithful.loc[T, "dx in 4, dWd in launch 2"] - faithful.loc[T, "dx in 4 (before)"]) < 0.5
+               for T in (65, 96, 128))  # fmt: skip
+    tiles = P1_CANDIDATES["gluon12_m64_early_dx2_wp68_ibw_n64_dwd2"]
+    chosen = choose_config(160, 2048, 768, interpreter=False, with_lo=True, max_programs=132)
+    assert (chosen.gluon_first_launch, chosen.gluon_second_launch) == (tiles.gluon_first_launch,
+                                                                        tiles.gluon_second_launch)  # fmt: skip
+    tiles = P1_CANDIDATES["gluon12_m64_early_dx4_wp68_ibw_n64"]
+    chosen = choose_config(128, 2048, 768, interpreter=False, with_lo=True, max_programs=132)
+    assert (chosen.gluon_first_launch, chosen.gluon_second_launch) == (tiles.gluon_first_launch,
+                                                                        tiles.gluon_second_launch)  # fmt: skip

@@ -1106,7 +1106,11 @@ def test_gpu_gluon_second_launch_reuses_one_compiled_kernel_across_token_counts(
                                        "gluon_dwd2_from4600_a256_late", "gluon12_m64_early_dx4_wp68_ibw_n32",
                                        "gluon12_m64_early_dx2_wp68_ibw_n32", "gluon_dwd2_from4600_a256_d128",
                                        "gluon_dwd2_from2300_d128", "gluon_dwd2_from513_n64",
-                                       "gluon_dwd2_from1400_n64", "gluon_dwd2_from2300_n64", "gluon_dwd2_from1400"])
+                                       "gluon_dwd2_from1400_n64", "gluon_dwd2_from2300_n64", "gluon_dwd2_from1400",
+                                       "gluon12_m64_early_dx4_wp68_ibw_n64_dwd2",
+                                       "gluon12_m64_early_dx2_wp68_ibw_n64_dwd2",
+                                       "gluon12_m64_early_dx1_wp68_ibw_n64_dwd2", "gluon12_m64_early_dx1_wp68_ibw_dwd2",
+                                       "gluon_dwd2_from513_dx2"])
 def test_gpu_gluon_first_launch_at_both_input_scales(T, precision, candidate, seed):
     """Both launches in Gluon (launch 1: dWd's tiles, as wide as dA's, half as wide or twice, or none of them where
     launch 2 takes them; and dA's with the dSwiGLU epilogue from saved tiles staged in the ring, one or two 128-wide

@@ -482,6 +482,10 @@ for _name in ("gluon12_m64_early_dx4_wp68_ibw_n64", "gluon12_m64_early_dx2_wp68_
     P1_CANDIDATES[f"{_name}_dwd2"] = dataclasses.replace(_form, gluon_first_launch=_launch1,
                                                          gluon_second_launch=_launch2)  # fmt: skip
 
+# the 513 band's form with dx's reduction split in 2 (`_dx2`): with dWd's tiles in launch 2 the fast path's dx split
+# paid again to 192 tokens (design 22), and at 513-768 tokens its dx tiles of K = 2I are launch 2's longest
+P1_CANDIDATES["gluon_dwd2_from513_dx2"] = with_second_launch(P1_CANDIDATES["gluon_dwd2_from513"], grad_x_splits=2)
+
 # kernel G's settings as the P2 scripts spell them (FIELD=VALUE), and the FusedDxConfig fields they set
 FUSED_DX_FIELDS = {"gate_up_dx_tile": ("block_i", "block_h", "block_rows"), "warps_g": ("warps",),
                    "stages_g": ("stages",)}  # fmt: skip

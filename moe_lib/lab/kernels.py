@@ -961,6 +961,32 @@ def design21_times(precision: str = "fast", path=DESIGN21_FILE) -> pd.DataFrame:
     return table[[label for label in dict.fromkeys(order) if label in table.columns]]
 
 
+DESIGN22_FILE = TUNING_DIR / "2026-12-02-p1-dwd2-to-512.json"
+# the candidates of design 22's runs, by precision: the forms to 512 tokens before it and with dWd's tiles in launch 2
+# (launch.GLUON_FAST_FORMS at 65-512 tokens, launch.GLUON_FORMS[129]), and the fast path's 64-wide dA form at
+# 1100-1249 against cuBLAS
+DESIGN22_LABELS = {
+    "fast": {"gluon12_m64_early_dx1_wp68_ibw_n64": "dA 64 wide (before, to 256)",
+             "gluon12_m64_early_dx1_wp68_ibw": "257 form (before, 257-512)",
+             "gluon12_m64_early_dx4_wp68_ibw_n64_dwd2": "dA 64 wide, dWd in launch 2, dx in 4",
+             "gluon12_m64_early_dx2_wp68_ibw_n64_dwd2": "dA 64 wide, dWd in launch 2, dx in 2",
+             "gluon12_m64_early_dx1_wp68_ibw_n64_dwd2": "dA 64 wide, dWd in launch 2",
+             "gluon12_m64_early_dx1_wp68_ibw_dwd2": "257 form, dWd in launch 2",
+             "lib_bs3_mc": "cuBLAS", "gluon_dwd2_from2300_n64": "2300 form, dWd in launch 2, dA 64 wide"},
+    "faithful": {"gluon12_m64_early_dx4_wp68_ibw_n64": "dx in 4 (before)",
+                 "gluon12_m64_early_dx2_wp68_ibw_n64": "dx in 2 (before)",
+                 "gluon12_m64_early_dx4_wp68_ibw_n64_dwd2": "dx in 4, dWd in launch 2",
+                 "gluon12_m64_early_dx2_wp68_ibw_n64_dwd2": "dx in 2, dWd in launch 2",
+                 "gluon12_m64_early_dx1_wp68_ibw_dwd2": "257 form, dWd in launch 2"},
+}
+
+
+def design22_times(precision: str = "fast", path=DESIGN22_FILE) -> pd.DataFrame:
+    """Design 22's runs by graph replay: µs per token count and form (``DESIGN22_LABELS``), the median over the runs
+    that measured it; "default" (which changed between the runs) left out."""
+    return p1_tune_runs_times(path, precision, DESIGN22_LABELS[precision])
+
+
 def programmatic_launch_gains(path=PROGRAMMATIC_LAUNCH_FILE) -> pd.DataFrame:
     """What issuing launch 2 by programmatic dependent launch saves each Gluon form: per num_tokens (rows) and form
     (columns), the form's µs by graph replay plainly issued minus its ``_pdl`` candidate's (launch 1 letting launch 2
