@@ -6,7 +6,9 @@ dram__bytes_write.sum,launch__grid_size,launch__registers_per_thread \
         python3 scripts/p1_profile.py --once               # per-kernel durations and DRAM bytes
 
 The benchmark's flush overwrites a large buffer, which leaves the L2 full of dirty lines that the
-timed kernels must write back as they evict them; a read-only flush shows what that costs.
+timed kernels must write back as they evict them; a read-only flush shows what that costs. With --once each call
+follows that flush, so under ``ncu --cache-control none`` the profiled kernels meet the L2 as the benchmark leaves it
+(ncu's default, ``--cache-control all``, cleans the L2 before each kernel instead).
 """
 
 import argparse
@@ -41,6 +43,7 @@ def main():
     for T in [int(t) for t in args.tokens.split(",")] if args.tokens else TOKENS:
         inputs = list(problems.make_inputs("swiglu_down_backward", T, seed=0, device="cuda").values())
         if args.once:
+            dirty()
             swiglu_down_backward_triton(*inputs, config=config, precision=args.precision)
             torch.cuda.synchronize()
             continue
