@@ -133,6 +133,10 @@ CANDIDATES = {
                           grad_down_late=True),
     "fma_gdl": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, cooperative=True, cuda_cores=True,
                     grad_down_late=True),
+    # the default from 2 tokens with the dA and dx partials as tagged words polled where they are read (no arrivals
+    # counted, no release fence on the writers' path, one round trip fewer for each reader; NOTES, design 22)
+    "d_late_s8_tag": dict(MOVES, block_i2=64, block_h2=256, saved_late=True, dx_sum_slices=8, cooperative=True,
+                          tagged_partials=True),
     # 48 programs with twice the weight bytes each (fewer, larger tiles), for comparison
     "e_pf": dict(block_h1=256, block_i1=128, block_i2=128, block_h2=256, weights_ahead="prefetch"),
 }
@@ -183,11 +187,12 @@ def compile_candidate(config, *, with_lo: bool, single_block: bool, trace: bool 
                           TRACE=trace, COUNT_LATE=config.count_late, STAGE_EARLY=config.stage_before_wait,
                           ONCE_BY_MOVE=config.once_by_move, ONE_PASS=config.one_pass, SAVED_LATE=config.saved_late,
                           DX_SUM_SLICES=config.dx_sum_slices if single_block else 1,
-                          GRAD_DOWN_LATE=config.grad_down_late and single_block, H=H, I=I)  # fmt: skip
+                          GRAD_DOWN_LATE=config.grad_down_late and single_block,
+                          TAGGED=config.tagged_partials and single_block, MAX_POLLS=1 << 30, H=H, I=I)  # fmt: skip
 
     def kind(name: str) -> str:
         if name.endswith("partials_ptr"):
-            return "*fp32"
+            return "*i64" if config.tagged_partials and single_block else "*fp32"
         if name in ("counters_ptr", "trace_ptr"):
             return "*i64"
         return "*bf16" if name.endswith("_ptr") else "i32"

@@ -148,6 +148,16 @@ def other_tilings():
             block_t=16, block_h1=32, block_i1=16, block_i2=32, block_h2=32, weights_ahead="registers", warps=1,
             count_late=True, stage_before_wait=True, saved_late=True, dx_sum_slices=2, grad_down_late=True,
         ),
+        # one token block, the dA and dx partials as tagged words polled where they are read (dx summed by 2 slices, or
+        # by one program a column block); with more tokens than a block, counted arrivals as without it
+        "tagged": FewTokensConfig(
+            block_t=16, block_h1=32, block_i1=16, block_i2=32, block_h2=32, weights_ahead="registers", warps=1,
+            count_late=True, stage_before_wait=True, saved_late=True, dx_sum_slices=2, tagged_partials=True,
+        ),
+        "tagged 1": FewTokensConfig(
+            block_t=16, block_h1=32, block_i1=32, block_i2=16, block_h2=32, weights_ahead="registers", warps=1,
+            count_late=True, stage_before_wait=True, tagged_partials=True,
+        ),
     }
 
 
@@ -155,16 +165,18 @@ def other_tilings():
 @pytest.mark.parametrize("T, tiling", [(5, "straddled"), (3, "straddling"), (20, "registers"), (4, "spans"),
                                         (18, "spans"), (3, "moves"), (37, "one pass"), (11, "saved late"),
                                         (11, "sliced sum"), (13, "sliced sum 4"), (37, "sliced sum"),
-                                        (9, "dWd late"), (20, "dWd late")])
+                                        (9, "dWd late"), (20, "dWd late"), (9, "tagged"), (16, "tagged"),
+                                        (5, "tagged 1"), (20, "tagged")])
 def test_other_tilings(T, tiling, seed, poisoned):
     """Tile counts that differ between the phases (programs with one phase's tile only), I-blocks of the two
     phases that do not line up, Wg, Wu loaded at the start with T = 20 (the loop form), the loop form in one pass
     over three token blocks (the last one partial), the saved tiles loaded after phase 1, dx's sum split by rows (and
-    with more tokens than a block, where the last arrival sums it all), dWd after phase 2: faithful, harness inputs."""
+    with more tokens than a block, where the last arrival sums it all), dWd after phase 2, the partials as tagged words
+    (two calls: the second finds the first's words, with older tags, in the workspace): faithful, harness inputs."""
     config = other_tilings()[tiling]
     n_h1, n_i1, n_i2, n_h2 = config.tiles(H, I)
     assert n_h1 * n_i1 != n_i2 * n_h2 or tiling in ("registers", "moves", "saved late", "sliced sum", "sliced sum 4",
-                                                    "dWd late")
+                                                    "dWd late", "tagged")
     assert tiling != "spans" or (n_h1, n_h2) == (4, 3)
     inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device=DEVICE, hidden_size=H,
                                   intermediate_size=I, distribution="harness")  # fmt: skip
@@ -224,6 +236,8 @@ def test_cuda_cores_refuse_more_than_one_token_and_odd_spans():
         config.run(*inputs.values(), *outputs, with_lo=True)
     with pytest.raises(ValueError, match="span_i1, span_i2 need cuda_cores"):
         dataclasses.replace(config, cuda_cores=False, span_i1=20).run(*inputs.values(), *outputs, with_lo=True)
+    with pytest.raises(ValueError, match="tagged_partials is the tensor-core form's"):
+        dataclasses.replace(config, tagged_partials=True).run(*inputs.values(), *outputs, with_lo=True)
     with pytest.raises(ValueError, match="span_i2 must be between 1 and its block"):
         dataclasses.replace(config, span_i2=33).run(*inputs.values(), *outputs, with_lo=True)
 
@@ -407,6 +421,41 @@ def test_gpu_grad_down_late_against_float64(T, distribution, precision, seed):
     check_against_float64(inputs, got, precision)
     for name, a, b in zip(OUTPUTS, got, run(inputs, config, precision), strict=True):
         assert torch.equal(a, b), name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [2, 3, 4, 8, 16, 32])
+@pytest.mark.parametrize("distribution", ["forward", "harness"])
+@pytest.mark.parametrize("precision", ["faithful", "fast"])
+def test_gpu_tagged_partials_against_float64(T, distribution, precision, seed):
+    """The chosen tiles with the partials as tagged words (``tagged_partials``): within the path's rules from poisoned
+    memory, the same bits as with counted arrivals, twice; and replayed from a CUDA graph on new inputs (the tags move
+    on with the launch count), as called eagerly."""
+    import dataclasses
+
+    from test_swiglu_down_backward_triton import check_against_float64
+
+    from moe_lib.bench.timing import capture, poison_allocator
+
+    counted = gpu_config(T, precision)
+    config = dataclasses.replace(counted, tagged_partials=True)
+    inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device="cuda", distribution=distribution)
+    poison_allocator("cuda", 256 * 2**20)
+    got = run(inputs, config, precision)
+    check_against_float64(inputs, got, precision)
+    for name, a, b, c in zip(OUTPUTS, got, run(inputs, config, precision), run(inputs, counted, precision),
+                             strict=True):  # fmt: skip
+        assert torch.equal(a, b) and torch.equal(a, c), name
+    static = {k: v.clone() for k, v in inputs.items()}
+    graph, outputs = capture(lambda: run(static, config, precision))
+    fresh = problems.make_inputs("swiglu_down_backward", T, seed=seed + 1, device="cuda", distribution=distribution)
+    for name, tensor in fresh.items():
+        static[name].copy_(tensor)
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    for name, g, e in zip(OUTPUTS, outputs, run(fresh, config, precision), strict=True):
+        assert torch.equal(g, e), name
 
 
 @pytest.mark.gpu
