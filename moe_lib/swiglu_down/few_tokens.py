@@ -612,6 +612,9 @@ def one_token_kernel(
     THREADS: tl.constexpr,  # 32 · num_warps (see arrive)
     TRACE: tl.constexpr,  # stamp the global clock at each of TRACE_POINTS into trace_ptr (GPU only)
     GRAD_DOWN_LATE: tl.constexpr,  # dWd after phase 2's stores (before dx's sum), not before the wait
+    TAGGED: tl.constexpr,  # the dA and dx partials as tagged int64 words, polled where they are read (the two
+                           # workspaces then int64), no arrivals counted; dx summed by each column block's first program
+    MAX_POLLS: tl.constexpr,  # TAGGED: at most this many reads of a partial (the interpreter: 1)
 ):  # fmt: skip
     """:func:`few_tokens_kernel`'s tiles, exchange and waits for one token, every product on the CUDA cores:
 
@@ -646,41 +649,57 @@ def one_token_kernel(
         s = load_row(gate_sigmoid_ptr, 0, off_i2, T, i2_end, I, BLOCK_I2)
         gate_silu = load_row(gate_silu_ptr, 0, off_i2, T, i2_end, I, BLOCK_I2)
         up = load_row(up_ptr, 0, off_i2, T, i2_end, I, BLOCK_I2)
-    if PHASE == 0:
+    if (PHASE == 0) or (TAGGED and (PHASE == 1)):  # (the interpreter's phase 2 reads the count phase 1 left)
         launch_arrival = arrive(counters_ptr, True, "relaxed", THREADS)
+    if TAGGED and (PHASE == 2):  # (this launch's number + 1) · grid
+        tag = first(count_now(counters_ptr, THREADS)) // tl.num_programs(0)
 
     # ---- phase 1: the partial dA_c1[b1], then dWd[c1, b1]
     if PHASE != 2:
         d_a = tl.sum(w_down.to(tl.float32) * dy[:, None], axis=0)
-        store_row(da_partials_ptr + c1 * TI, 0, d_a, off_i1, tl.where(has_tile1, T, 0), i1_end, I, BLOCK_I1)
-        tl.debug_barrier()  # every thread's partial is stored before the arrivals are counted
-        stamp(trace_ptr, 1, TRACE)
-        for b in range(off_i1 // SPAN_I2, (i1_end - 1) // SPAN_I2 + 1):
-            tl.atomic_add(counters_ptr + 1 + b, 1, mask=has_tile1, sem="release", scope="gpu")
+        if TAGGED:  # this launch's number + 1 beside each value: no arrival to count
+            tag = first(launch_arrival) // tl.num_programs(0) + 1
+            store_tagged(da_partials_ptr + c1 * TI, d_a[None, :], tag, 0, off_i1, tl.where(has_tile1, T, 0), i1_end,
+                         I, 1, BLOCK_I1)  # fmt: skip
+            stamp(trace_ptr, 1, TRACE)
+        else:
+            store_row(da_partials_ptr + c1 * TI, 0, d_a, off_i1, tl.where(has_tile1, T, 0), i1_end, I, BLOCK_I1)
+            tl.debug_barrier()  # every thread's partial is stored before the arrivals are counted
+            stamp(trace_ptr, 1, TRACE)
+            for b in range(off_i1 // SPAN_I2, (i1_end - 1) // SPAN_I2 + 1):
+                tl.atomic_add(counters_ptr + 1 + b, 1, mask=has_tile1, sem="release", scope="gpu")
         if not GRAD_DOWN_LATE:
             store_tile(grad_down_weight_ptr, dy[:, None] * inter.to(tl.float32)[None, :], off_h1, off_i1, h1_end,
                        i1_end, I, BLOCK_H1, BLOCK_I1)  # fmt: skip
         stamp(trace_ptr, 2, TRACE)
 
     if PHASE != 1:
-        if PHASE == 0:  # wait for the phase-1 tiles overlapping I-block b2
+        if (PHASE == 0) and not TAGGED:  # wait for the phase-1 tiles overlapping I-block b2
             overlapping = (i2_end - 1) // SPAN_I1 - off_i2 // SPAN_I1 + 1
             launch_number = first(launch_arrival) // tl.num_programs(0)
             if has_tile2:
                 wait_for(counters_ptr + 1 + b2, (launch_number + 1) * (N_H1 * overlapping))
-            stamp(trace_ptr, 3, TRACE)
+        stamp(trace_ptr, 3, TRACE)
 
         # ---- phase 2: the partial dx_b2[c2], then dWg[b2, c2] and dWu[b2, c2]
-        d_a = tl.zeros((BLOCK_I2,), dtype=tl.float32)
-        cols = off_i2 + tl.arange(0, BLOCK_I2)
-        for c in tl.static_range(N_H1):  # the partials in a fixed order, read past L1 (other programs wrote them)
-            d_a += tl.load(da_partials_ptr + c * TI + cols, mask=(T > 0) & (cols < i2_end), other=0.0,
-                           cache_modifier=".cg")  # fmt: skip
+        if TAGGED:  # the partials read until every word carries this launch's tag (the sum in the same order)
+            d_a = tl.sum(summed_tagged_partials(da_partials_ptr, TI, tag, 0, off_i2, T, i2_end, I, N_H1, 1, BLOCK_I2,
+                                                MAX_POLLS), axis=0)  # fmt: skip
+        else:
+            d_a = tl.zeros((BLOCK_I2,), dtype=tl.float32)
+            cols = off_i2 + tl.arange(0, BLOCK_I2)
+            for c in tl.static_range(N_H1):  # the partials in a fixed order, read past L1 (other programs wrote them)
+                d_a += tl.load(da_partials_ptr + c * TI + cols, mask=(T > 0) & (cols < i2_end), other=0.0,
+                               cache_modifier=".cg")  # fmt: skip
         d_gate, d_up = swiglu_grads(d_a, gate, s, gate_silu, up)
         dx = tl.sum(w_gate.to(tl.float32) * d_gate[:, None] + w_up.to(tl.float32) * d_up[:, None], axis=0)
-        store_row(dx_partials_ptr + b2 * (T * H), 0, dx, off_h2, tl.where(has_tile2, T, 0), h2_end, H, BLOCK_H2)
-        tl.debug_barrier()
-        arrived = arrive(counters_ptr + 1 + N_I2 + c2, has_tile2, "acq_rel", THREADS)
+        if TAGGED:
+            store_tagged(dx_partials_ptr + b2 * (T * H), dx[None, :], tag, 0, off_h2, tl.where(has_tile2, T, 0),
+                         h2_end, H, 1, BLOCK_H2)  # fmt: skip
+        else:
+            store_row(dx_partials_ptr + b2 * (T * H), 0, dx, off_h2, tl.where(has_tile2, T, 0), h2_end, H, BLOCK_H2)
+            tl.debug_barrier()
+            arrived = arrive(counters_ptr + 1 + N_I2 + c2, has_tile2, "acq_rel", THREADS)
         stamp(trace_ptr, 4, TRACE)
         x = x.to(tl.float32)
         store_tile(grad_gate_weight_ptr, d_gate[:, None] * x[None, :], off_i2, off_h2, i2_end, h2_end, H, BLOCK_I2,
@@ -692,8 +711,15 @@ def one_token_kernel(
             store_tile(grad_down_weight_ptr, dy[:, None] * inter.to(tl.float32)[None, :], off_h1, off_i1, h1_end,
                        i1_end, I, BLOCK_H1, BLOCK_I1)  # fmt: skip
 
-        # ---- the last phase-2 tile of column block c2 to arrive: dx[c2] = Σ_b dx_b[c2] in b order
-        if has_tile2 & (first(arrived) % N_I2 == N_I2 - 1):
+        # ---- dx[c2] = Σ_b dx_b[c2] in b order: by the last phase-2 tile of column block c2 to arrive, or (TAGGED) by
+        # its first, polling (under the interpreter: dx_slices_kernel after phase 2)
+        if TAGGED:
+            if PHASE == 0:
+                if has_tile2 & (b2 == 0):
+                    total = summed_tagged_partials(dx_partials_ptr, T * H, tag, 0, off_h2, T, h2_end, H, N_I2, 1,
+                                                   BLOCK_H2, MAX_POLLS)  # fmt: skip
+                    store_tile(grad_x_ptr, total, 0, off_h2, T, h2_end, H, 1, BLOCK_H2)
+        elif has_tile2 & (first(arrived) % N_I2 == N_I2 - 1):
             total = summed_partials(dx_partials_ptr, T * H, 0, off_h2, T, h2_end, H, N_I2, 1, BLOCK_H2)
             store_tile(grad_x_ptr, total, 0, off_h2, T, h2_end, H, 1, BLOCK_H2)
     fence(TRACE)
@@ -752,12 +778,13 @@ class FewTokensConfig:
     # first poll (trace at 1 token: the partial stored at 4.9 µs, dWd at 6.4, the wait over at 7.7). The token-loop
     # form (more tokens than block_t) keeps dWd before the wait
     grad_down_late: bool = False
-    # one token block: the dA and dx partials stored as int64 words tagged with the launch's number (the value's bits
-    # and the tag in one naturally aligned 64-bit store, which is single-copy atomic) and polled where they are read,
-    # instead of counted in by a release atomic and waited for by polling a counter before they are read: one
-    # dependent round trip fewer on each side of each exchange, and no fence on the writer's path. dx is then summed by
-    # rows over the first dx_sum_slices programs of each column block (1: the first program sums it all). The tagged
-    # workspaces persist per device, stream and tiling (zeroed once: an older launch's words carry older tags)
+    # one token block (or cuda_cores): the dA and dx partials stored as int64 words tagged with the launch's number
+    # (the value's bits and the tag in one naturally aligned 64-bit store, which is single-copy atomic) and polled
+    # where they are read, instead of counted in by a release atomic and waited for by polling a counter before they
+    # are read: one dependent round trip fewer on each side of each exchange, and no fence on the writer's path. dx
+    # is then summed by rows over the first dx_sum_slices programs of each column block (1, and cuda_cores: the first
+    # sums it all). The tagged workspaces persist per device, stream and tiling (zeroed once: an older launch's words
+    # carry older tags)
     tagged_partials: bool = False
 
     @property
@@ -790,8 +817,6 @@ class FewTokensConfig:
         and its SM (:func:`trace_timeline` sums runs of it up)."""
         T, H = x.shape
         I = gate_weight.shape[0]
-        if self.cuda_cores and self.tagged_partials:
-            raise ValueError("config: tagged_partials is the tensor-core form's (cuda_cores counts its arrivals)")
         if self.weights_ahead not in WEIGHTS_AHEAD:
             raise ValueError(f"config: weights_ahead must be one of {list(WEIGHTS_AHEAD)}, got {self.weights_ahead!r}")
         for name, span, block in (("span_h1", self.span_h1, self.block_h1), ("span_h2", self.span_h2, self.block_h2),
@@ -822,7 +847,7 @@ class FewTokensConfig:
         blocks = (self.block_h1, self.block_i1, self.block_i2, self.block_h2)
         slot = f"few-tokens counters H={H} I={I} blocks {blocks} spans {self.spans} {self.i_spans}"
         counters = SplitWorkspace.counters(slot, 1, 2 * (1 + n_i2 + n_h2), x.device).view(torch.int64)
-        tagged = self.tagged_partials and T <= self.block_t and not self.cuda_cores
+        tagged = self.tagged_partials and (T <= self.block_t or self.cuda_cores)
         if tagged:  # persistent, zeroed once, beside the counters whose launch numbers tag them
             da_partials = SplitWorkspace.counters(f"{slot} tagged dA", 1, 2 * n_h1 * T * I, x.device)
             dx_partials = SplitWorkspace.counters(f"{slot} tagged dx", 1, 2 * n_i2 * T * H, x.device)
@@ -844,7 +869,7 @@ class FewTokensConfig:
                     dx_partials, counters, counters if trace is None else trace, T, H, I, phase, self.block_h1,
                     self.block_i1, self.block_i2, self.block_h2, self.spans[0], self.i_spans[0], self.i_spans[1],
                     self.spans[1], n_h1, n_i1, n_i2, n_h2, 32 * self.warps, trace is not None, self.grad_down_late,
-                    **launch_options,
+                    tagged, 1 if interpreter else 1 << 30, **launch_options,
                 )  # fmt: skip
                 continue
             few_tokens_kernel[(grid,)](
