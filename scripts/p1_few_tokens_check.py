@@ -169,7 +169,7 @@ def candidate_config(name: str, num_tokens: int, precision: str = "faithful"):
 def compile_candidate(config, *, with_lo: bool, single_block: bool, trace: bool = False):
     """The kernel of ``config`` for bf16 inputs at H × I, compiled for sm_90 (PHASE 0, as the GPU runs it)."""
     from moe_lib.bench.sm90 import compile_for_sm90, runtime_names
-    from moe_lib.swiglu_down.few_tokens import WEIGHTS_AHEAD, few_tokens_kernel, one_token_kernel
+    from moe_lib.swiglu_down.few_tokens import MAX_POLLS, WEIGHTS_AHEAD, few_tokens_kernel, one_token_kernel
 
     n_h1, n_i1, n_i2, n_h2 = config.tiles(H, I)
     span_h1, span_h2 = config.spans
@@ -179,7 +179,7 @@ def compile_candidate(config, *, with_lo: bool, single_block: bool, trace: bool 
                           BLOCK_H2=config.block_h2, SPAN_H1=span_h1, SPAN_I1=config.i_spans[0],
                           SPAN_I2=config.i_spans[1], SPAN_H2=span_h2, N_H1=n_h1, N_I1=n_i1, N_I2=n_i2, N_H2=n_h2,
                           THREADS=32 * config.warps, TRACE=trace, GRAD_DOWN_LATE=config.grad_down_late,
-                          TAGGED=config.tagged_partials, MAX_POLLS=1 << 30, H=H, I=I)  # fmt: skip
+                          TAGGED=config.tagged_partials, MAX_POLLS=MAX_POLLS, H=H, I=I)  # fmt: skip
     else:
         constexprs = dict(PHASE=0, BLOCK_T=config.block_t, BLOCK_H1=config.block_h1, BLOCK_I1=config.block_i1,
                           SPAN_H1=span_h1, SPAN_H2=span_h2, BLOCK_I2=config.block_i2, BLOCK_H2=config.block_h2,
@@ -190,7 +190,7 @@ def compile_candidate(config, *, with_lo: bool, single_block: bool, trace: bool 
                           ONCE_BY_MOVE=config.once_by_move, ONE_PASS=config.one_pass, SAVED_LATE=config.saved_late,
                           DX_SUM_SLICES=config.dx_sum_slices if single_block else 1,
                           GRAD_DOWN_LATE=config.grad_down_late and single_block,
-                          TAGGED=config.tagged_partials and single_block, MAX_POLLS=1 << 30, H=H, I=I)  # fmt: skip
+                          TAGGED=config.tagged_partials and single_block, MAX_POLLS=MAX_POLLS, H=H, I=I)  # fmt: skip
 
     def kind(name: str) -> str:
         if name.endswith("partials_ptr"):

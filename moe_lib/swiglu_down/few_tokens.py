@@ -78,6 +78,9 @@ from . import launch
 from .kernels import load_block, mma, store_tile, swiglu_grads
 from .launch import SplitWorkspace, dot_flags, resident_programs
 
+# with tagged_partials, the most reads of a partial's words before a reader gives up and sums NaN: about a second of
+# polling on the GPU, where the words come within microseconds (a launch that never writes them ends with NaN, not hung)
+MAX_POLLS = 1 << 20
 # how the Wg, Wu tiles get on their way before the wait (WEIGHTS_AHEAD)
 WEIGHTS_AHEAD = {"after_phase1": 0, "prefetch": 1, "registers": 2}
 
@@ -869,7 +872,7 @@ class FewTokensConfig:
                     dx_partials, counters, counters if trace is None else trace, T, H, I, phase, self.block_h1,
                     self.block_i1, self.block_i2, self.block_h2, self.spans[0], self.i_spans[0], self.i_spans[1],
                     self.spans[1], n_h1, n_i1, n_i2, n_h2, 32 * self.warps, trace is not None, self.grad_down_late,
-                    tagged, 1 if interpreter else 1 << 30, **launch_options,
+                    tagged, 1 if interpreter else MAX_POLLS, **launch_options,
                 )  # fmt: skip
                 continue
             few_tokens_kernel[(grid,)](
@@ -880,7 +883,7 @@ class FewTokensConfig:
                 *self.spans, n_h1, n_i1, n_i2, n_h2, T <= self.block_t, ahead, 32 * self.warps, *dot_flags(x),
                 with_lo, trace is not None, self.count_late, self.stage_before_wait,
                 self.once_by_move and not interpreter, self.one_pass, self.saved_late, slices,
-                self.grad_down_late and T <= self.block_t, tagged, 1 if interpreter else 1 << 30, **launch_options,
+                self.grad_down_late and T <= self.block_t, tagged, 1 if interpreter else MAX_POLLS, **launch_options,
             )  # fmt: skip
         if interpreter and (slices > 1 or tagged) and T > 0:  # the sliced dx sum after phase 2 (on the GPU: inside)
             dx_slices_kernel[(slices * n_h2,)](dx_partials, grad_x, counters, T, H, n_i2, n_h2, self.spans[1], slices,
