@@ -351,6 +351,37 @@ def gpu_config(T: int, precision: str):
     return choose_few_tokens_config(T, 2048, 768, interpreter=False, with_lo=precision == "faithful")
 
 
+def checked_from_poison(T: int, config, precision: str, seed: int, distribution: str | None = None):
+    """(inputs, outputs) of ``config`` at the benchmark's shape, run from poisoned memory and checked against float64
+    under the precision's rule (GPU)."""
+    from test_swiglu_down_backward_triton import check_against_float64
+
+    from moe_lib.bench.timing import poison_allocator
+
+    inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device="cuda", distribution=distribution)
+    poison_allocator("cuda", 256 * 2**20)
+    got = run(inputs, config, precision)
+    check_against_float64(inputs, got, precision)
+    return inputs, got
+
+
+def assert_replayed_as_eager(T: int, config, precision: str, seed: int, distribution: str | None = None):
+    """``config`` captured in a CUDA graph, its inputs then overwritten with new ones and the graph replayed three
+    times (the counters move on with every replay): the outputs of an eager call on the new inputs, bitwise (GPU)."""
+    from moe_lib.bench.timing import capture
+
+    static = problems.make_inputs("swiglu_down_backward", T, seed=seed, device="cuda", distribution=distribution)
+    graph, outputs = capture(lambda: run(static, config, precision))
+    fresh = problems.make_inputs("swiglu_down_backward", T, seed=seed + 1, device="cuda", distribution=distribution)
+    for name, tensor in fresh.items():
+        static[name].copy_(tensor)
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    for name, g, e in zip(OUTPUTS, outputs, run(fresh, config, precision), strict=True):
+        assert torch.equal(g, e), name
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [1, 2, 4, 8, 16, 3, 17, 32, 33, 64, 65, 100, 128, 200])
 @pytest.mark.parametrize("distribution", ["forward", "harness"])
@@ -377,26 +408,12 @@ def test_gpu_one_token_on_cuda_cores_against_float64(distribution, seed):
 
     from test_swiglu_down_backward_triton import check_against_float64
 
-    from moe_lib.bench.timing import capture, poison_allocator
-
     config = dataclasses.replace(gpu_config(1, "faithful"), cuda_cores=True)
-    inputs = problems.make_inputs("swiglu_down_backward", 1, seed=seed, device="cuda", distribution=distribution)
-    poison_allocator("cuda", 256 * 2**20)
-    got = run(inputs, config, "faithful")
-    for precision in ("faithful", "fast"):
-        check_against_float64(inputs, got, precision)
+    inputs, got = checked_from_poison(1, config, "faithful", seed, distribution)
+    check_against_float64(inputs, got, "fast")
     for name, a, b, c in zip(OUTPUTS, got, run(inputs, config, "faithful"), run(inputs, config, "fast"), strict=True):
         assert torch.equal(a, b) and torch.equal(a, c), name
-    static = {k: v.clone() for k, v in inputs.items()}
-    graph, outputs = capture(lambda: run(static, config, "faithful"))
-    fresh = problems.make_inputs("swiglu_down_backward", 1, seed=seed + 1, device="cuda", distribution=distribution)
-    for name, tensor in fresh.items():
-        static[name].copy_(tensor)
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    for name, g, e in zip(OUTPUTS, outputs, run(fresh, config, "faithful"), strict=True):
-        assert torch.equal(g, e), name
+    assert_replayed_as_eager(1, config, "faithful", seed, distribution)
 
 
 @pytest.mark.gpu
@@ -408,15 +425,8 @@ def test_gpu_grad_down_late_against_float64(T, distribution, precision, seed):
     from poisoned memory, and twice the same bits."""
     import dataclasses
 
-    from test_swiglu_down_backward_triton import check_against_float64
-
-    from moe_lib.bench.timing import poison_allocator
-
     config = dataclasses.replace(gpu_config(T, precision), grad_down_late=True)
-    inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device="cuda", distribution=distribution)
-    poison_allocator("cuda", 256 * 2**20)
-    got = run(inputs, config, precision)
-    check_against_float64(inputs, got, precision)
+    inputs, got = checked_from_poison(T, config, precision, seed, distribution)
     for name, a, b in zip(OUTPUTS, got, run(inputs, config, precision), strict=True):
         assert torch.equal(a, b), name
 
@@ -431,29 +441,13 @@ def test_gpu_tagged_partials_against_float64(T, distribution, precision, seed):
     on with the launch count), as called eagerly."""
     import dataclasses
 
-    from test_swiglu_down_backward_triton import check_against_float64
-
-    from moe_lib.bench.timing import capture, poison_allocator
-
     counted = gpu_config(T, precision)
     config = dataclasses.replace(counted, tagged_partials=True)
-    inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device="cuda", distribution=distribution)
-    poison_allocator("cuda", 256 * 2**20)
-    got = run(inputs, config, precision)
-    check_against_float64(inputs, got, precision)
+    inputs, got = checked_from_poison(T, config, precision, seed, distribution)
     for name, a, b, c in zip(OUTPUTS, got, run(inputs, config, precision), run(inputs, counted, precision),
                              strict=True):  # fmt: skip
         assert torch.equal(a, b) and torch.equal(a, c), name
-    static = {k: v.clone() for k, v in inputs.items()}
-    graph, outputs = capture(lambda: run(static, config, precision))
-    fresh = problems.make_inputs("swiglu_down_backward", T, seed=seed + 1, device="cuda", distribution=distribution)
-    for name, tensor in fresh.items():
-        static[name].copy_(tensor)
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    for name, g, e in zip(OUTPUTS, outputs, run(fresh, config, precision), strict=True):
-        assert torch.equal(g, e), name
+    assert_replayed_as_eager(T, config, precision, seed, distribution)
 
 
 @pytest.mark.gpu
@@ -493,21 +487,7 @@ def test_gpu_deterministic(T, seed):
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [4, 16])
 def test_gpu_cuda_graph_replay_with_new_inputs(T, seed):
-    from moe_lib.bench.timing import capture
-
-    inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device="cuda")
-    static = {k: v.clone() for k, v in inputs.items()}
-    config = gpu_config(T, "faithful")
-    graph, outputs = capture(lambda: run(static, config, "faithful"))
-    fresh = problems.make_inputs("swiglu_down_backward", T, seed=seed + 1, device="cuda")
-    for name, tensor in fresh.items():
-        static[name].copy_(tensor)
-    for _ in range(3):  # the counters move on with every replay
-        graph.replay()
-    torch.cuda.synchronize()
-    eager = run(fresh, config, "faithful")
-    for name, g, e in zip(OUTPUTS, outputs, eager, strict=True):
-        assert torch.equal(g, e), name
+    assert_replayed_as_eager(T, gpu_config(T, "faithful"), "faithful", seed)
 
 
 @pytest.mark.gpu

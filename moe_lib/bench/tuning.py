@@ -364,6 +364,12 @@ def with_second_launch(config: TileConfig, **fields) -> TileConfig:
     return dataclasses.replace(config, gluon_second_launch=dataclasses.replace(config.gluon_second_launch, **fields))
 
 
+def with_grad_down_in_second_launch(config: TileConfig) -> TileConfig:
+    """``config`` with dWd's tiles moved from its Gluon launch 1 to its launch 2 (``grad_down_in_second_launch``)."""
+    launch1, launch2 = grad_down_in_second_launch((config.gluon_first_launch, config.gluon_second_launch))
+    return dataclasses.replace(config, gluon_first_launch=launch1, gluon_second_launch=launch2)
+
+
 # the 65-1099 token band's default (early saved tiles) with dx's reduction over 2I split over 2, 4 or 8 programs a tile,
 # the last to arrive summing the partials row block by row block in 16-byte loads: at 65-256 tokens the 16 dx tiles
 # each run the whole K = 2I (hi and lo) on one SM and end the call ~9 us after launch 2's other tiles
@@ -441,8 +447,7 @@ for _band, _name in ((513, "gluon12_m64_lf_pdl_sif_graph_early"), (1100, "gluon1
                      (1400, "gluon12_l2m64_daf_pdl_sif_graph_early"), (2300, "gluon12_b6_pdl_sif_graph_early"),
                      (3300, "gluon12_b6_l2m64b6_pdl_sif_graph_early"), (4600, "gluon12_b6_pdl_sif_graph_early")):
     _form = P1_CANDIDATES[_name]  # the band's form before (launch.GLUON_FORMS on 2026-12-02)
-    _launch1, _launch2 = grad_down_in_second_launch((_form.gluon_first_launch, _form.gluon_second_launch))
-    _moved = dataclasses.replace(_form, gluon_first_launch=_launch1, gluon_second_launch=_launch2)
+    _moved = with_grad_down_in_second_launch(_form)
     P1_CANDIDATES[f"gluon_dwd2_from{_band}"] = _moved
     if _form.gluon_first_launch.block_m == 128:
         P1_CANDIDATES[f"gluon_dwd2_from{_band}_a256"] = with_first_launch(_moved, d_a_block_n=256, buffers=4,
@@ -477,10 +482,7 @@ for _name in ("gluon_dwd2_from513", "gluon_dwd2_from1100", "gluon_dwd2_from1400"
 # inputs) run on the SMs launch 1 leaves free instead of as 192 tiles of launch 1 beside dA's
 for _name in ("gluon12_m64_early_dx4_wp68_ibw_n64", "gluon12_m64_early_dx2_wp68_ibw_n64",
               "gluon12_m64_early_dx1_wp68_ibw_n64", "gluon12_m64_early_dx1_wp68_ibw"):
-    _form = P1_CANDIDATES[_name]
-    _launch1, _launch2 = grad_down_in_second_launch((_form.gluon_first_launch, _form.gluon_second_launch))
-    P1_CANDIDATES[f"{_name}_dwd2"] = dataclasses.replace(_form, gluon_first_launch=_launch1,
-                                                         gluon_second_launch=_launch2)  # fmt: skip
+    P1_CANDIDATES[f"{_name}_dwd2"] = with_grad_down_in_second_launch(P1_CANDIDATES[_name])
 
 # the 513 band's form with dx's reduction split in 2 (`_dx2`): with dWd's tiles in launch 2 the fast path's dx split
 # paid again to 192 tokens (design 22), and at 513-768 tokens its dx tiles of K = 2I are launch 2's longest

@@ -718,10 +718,9 @@ def one_token_kernel(
         # its first, polling (under the interpreter: dx_slices_kernel after phase 2)
         if TAGGED:
             if PHASE == 0:
-                if has_tile2 & (b2 == 0):
-                    total = summed_tagged_partials(dx_partials_ptr, T * H, tag, 0, off_h2, T, h2_end, H, N_I2, 1,
-                                                   BLOCK_H2, MAX_POLLS)  # fmt: skip
-                    store_tile(grad_x_ptr, total, 0, off_h2, T, h2_end, H, 1, BLOCK_H2)
+                if has_tile2 & (b2 == 0):  # its one row, as a slice
+                    dx_slice_sum(dx_partials_ptr, grad_x_ptr, 0, off_h2, h2_end, T, H, N_I2, 1, BLOCK_H2, tag, True,
+                                 MAX_POLLS)  # fmt: skip
         elif has_tile2 & (first(arrived) % N_I2 == N_I2 - 1):
             total = summed_partials(dx_partials_ptr, T * H, 0, off_h2, T, h2_end, H, N_I2, 1, BLOCK_H2)
             store_tile(grad_x_ptr, total, 0, off_h2, T, h2_end, H, 1, BLOCK_H2)

@@ -265,7 +265,7 @@ LIBRARY_GEMMS_MIN_TOKENS = {"fast": FEW_TOKENS_MAX_TOKENS["fast"] + 1}
 # at 1087-1571 (by 1-5%), 3300 (109.6 against 115.7) and 4093-7168. With dWd's tiles in launch 2 (the forms at
 # 513-1099 and 3600-5199; NOTES, design 20) the Gluon launches lead at 960-1099 too (960 44.7 against 51.8, 1024 47.2
 # against 49.1, 1087 48.4 against 50.6; a tie at 1150, cuBLAS ahead from 1200) and at 3600-4299 (3600 117.2 against
-# 118.6, 4093 124.7 against 128.9; cuBLAS ahead at 4500 and 5000). At 257-384 and 1100-2599 the fast path has forms
+# 118.6, 4093 124.7 against 128.9; cuBLAS ahead at 4500 and 5000). At 65-512 and 1100-2599 the fast path has forms
 # of its own (GLUON_FAST_FORMS), with which the Gluon launches lead at 1100-1249 too.
 GLUON_FAST_TOKENS = (range(FEW_TOKENS_MAX_TOKENS["fast"] + 1, 3300), range(3600, 4300))
 
