@@ -353,6 +353,40 @@ def test_chained_launches_of_one_grid_size_and_other_shapes_do_not_hang():
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
 
 
+def test_a_capture_takes_counters_an_eager_call_made_ready(monkeypatch):
+    """A CUDA graph's capture cannot zero memory outside the graph: it takes the zeroed spare counters the last eager
+    call of the slot made ready, and keeps them (no later call shares them); with none ready, zeros of its own. The
+    eager calls keep their own counters, whatever the captures took."""
+    from moe_lib.swiglu_down import launch
+    from moe_lib.swiglu_down.launch import SplitWorkspace
+
+    monkeypatch.setattr(SplitWorkspace, "_counters", {})
+    monkeypatch.setattr(SplitWorkspace, "_spares", {})
+    monkeypatch.setattr(SplitWorkspace, "_graph_owned", [])
+    device = torch.device("cpu")
+    capturing = [False]
+    monkeypatch.setattr(launch, "capturing", lambda _: capturing[0])
+
+    def counters(size=10):
+        return SplitWorkspace.counters("slot", 2, size, device)
+
+    eager = counters()
+    eager.add_(2)  # a call's arrivals
+    assert counters().data_ptr() == eager.data_ptr()
+    capturing[0] = True
+    first_graph = counters()
+    assert first_graph.data_ptr() != eager.data_ptr() and not first_graph.any()
+    second_graph = counters()  # no eager call since: zeros of its own
+    assert second_graph.data_ptr() not in (eager.data_ptr(), first_graph.data_ptr()) and not second_graph.any()
+    assert SplitWorkspace._graph_owned == [first_graph]
+    capturing[0] = False
+    assert counters().data_ptr() == eager.data_ptr() and eager[0] == 2  # the eager counts untouched
+    capturing[0] = True
+    third_graph = counters()
+    assert third_graph.data_ptr() not in (eager.data_ptr(), first_graph.data_ptr()) and not third_graph.any()
+    assert counters(size=4096).numel() >= 4096  # a spare too small is not taken
+
+
 @pytest.mark.parametrize("launch", ["tma", "gluon1", "gluon2"])
 def test_chained_launch_refuses_tma_and_gluon_tiles(launch):
     from moe_lib.swiglu_down.chained import ChainedConfig
@@ -685,6 +719,33 @@ def test_gpu_cuda_graph_replay_with_new_inputs(T, seed):
     graph.replay()
     torch.cuda.synchronize()
     eager = moe_lib.swiglu_down_backward(*fresh.values(), impl="triton")
+    for name, g, e in zip(OUTPUTS, outputs, eager, strict=True):
+        assert torch.equal(g, e), name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 16, 128, 300])  # the few-token launches, the Gluon launches' split counters
+@pytest.mark.parametrize("precision", ["faithful", "fast"])
+def test_gpu_captured_graph_zeroes_no_counters(T, precision, seed, tmp_path):
+    """Captured after an eager call on another stream (as :func:`moe_lib.bench.timing.capture` does), the graph holds
+    the call's kernels and no memset (its counters are the ones that call zeroed), and its replays give the eager
+    call's bits."""
+    inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    graph.enable_debug_mode()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        moe_lib.swiglu_down_backward(*inputs.values(), precision=precision)
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        outputs = moe_lib.swiglu_down_backward(*inputs.values(), precision=precision)
+    graph.debug_dump(str(tmp_path / "graph.dot"))
+    nodes = (tmp_path / "graph.dot").read_text().upper()
+    assert "KERNEL" in nodes and "MEMSET" not in nodes, nodes[:2000]
+    graph.replay()
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = moe_lib.swiglu_down_backward(*inputs.values(), precision=precision)
     for name, g, e in zip(OUTPUTS, outputs, eager, strict=True):
         assert torch.equal(g, e), name
 
