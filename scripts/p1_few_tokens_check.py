@@ -133,12 +133,6 @@ CANDIDATES = {
                           grad_down_late=True),
     "fma_gdl": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, cooperative=True, cuda_cores=True,
                     grad_down_late=True),
-    # the default from 2 tokens with the dA and dx partials as tagged words polled where they are read (no arrivals
-    # counted, no release fence on the writers' path, one round trip fewer for each reader; NOTES, design 22)
-    "d_late_s8_tag": dict(MOVES, block_i2=64, block_h2=256, saved_late=True, dx_sum_slices=8, cooperative=True,
-                          tagged_partials=True),
-    "fma_tag": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, cooperative=True, cuda_cores=True,
-                    tagged_partials=True),
     # 48 programs with twice the weight bytes each (fewer, larger tiles), for comparison
     "e_pf": dict(block_h1=256, block_i1=128, block_i2=128, block_h2=256, weights_ahead="prefetch"),
 }
@@ -169,7 +163,7 @@ def candidate_config(name: str, num_tokens: int, precision: str = "faithful"):
 def compile_candidate(config, *, with_lo: bool, single_block: bool, trace: bool = False):
     """The kernel of ``config`` for bf16 inputs at H × I, compiled for sm_90 (PHASE 0, as the GPU runs it)."""
     from moe_lib.bench.sm90 import compile_for_sm90, runtime_names
-    from moe_lib.swiglu_down.few_tokens import MAX_POLLS, WEIGHTS_AHEAD, few_tokens_kernel, one_token_kernel
+    from moe_lib.swiglu_down.few_tokens import WEIGHTS_AHEAD, few_tokens_kernel, one_token_kernel
 
     n_h1, n_i1, n_i2, n_h2 = config.tiles(H, I)
     span_h1, span_h2 = config.spans
@@ -178,8 +172,8 @@ def compile_candidate(config, *, with_lo: bool, single_block: bool, trace: bool 
         constexprs = dict(PHASE=0, BLOCK_H1=config.block_h1, BLOCK_I1=config.block_i1, BLOCK_I2=config.block_i2,
                           BLOCK_H2=config.block_h2, SPAN_H1=span_h1, SPAN_I1=config.i_spans[0],
                           SPAN_I2=config.i_spans[1], SPAN_H2=span_h2, N_H1=n_h1, N_I1=n_i1, N_I2=n_i2, N_H2=n_h2,
-                          THREADS=32 * config.warps, TRACE=trace, GRAD_DOWN_LATE=config.grad_down_late,
-                          TAGGED=config.tagged_partials, MAX_POLLS=MAX_POLLS, H=H, I=I)  # fmt: skip
+                          THREADS=32 * config.warps, TRACE=trace, GRAD_DOWN_LATE=config.grad_down_late, H=H,
+                          I=I)  # fmt: skip
     else:
         constexprs = dict(PHASE=0, BLOCK_T=config.block_t, BLOCK_H1=config.block_h1, BLOCK_I1=config.block_i1,
                           SPAN_H1=span_h1, SPAN_H2=span_h2, BLOCK_I2=config.block_i2, BLOCK_H2=config.block_h2,
@@ -189,12 +183,11 @@ def compile_candidate(config, *, with_lo: bool, single_block: bool, trace: bool 
                           TRACE=trace, COUNT_LATE=config.count_late, STAGE_EARLY=config.stage_before_wait,
                           ONCE_BY_MOVE=config.once_by_move, ONE_PASS=config.one_pass, SAVED_LATE=config.saved_late,
                           DX_SUM_SLICES=config.dx_sum_slices if single_block else 1,
-                          GRAD_DOWN_LATE=config.grad_down_late and single_block,
-                          TAGGED=config.tagged_partials and single_block, MAX_POLLS=MAX_POLLS, H=H, I=I)  # fmt: skip
+                          GRAD_DOWN_LATE=config.grad_down_late and single_block, H=H, I=I)  # fmt: skip
 
     def kind(name: str) -> str:
         if name.endswith("partials_ptr"):
-            return "*i64" if config.tagged_partials and (single_block or config.cuda_cores) else "*fp32"
+            return "*fp32"
         if name in ("counters_ptr", "trace_ptr"):
             return "*i64"
         return "*bf16" if name.endswith("_ptr") else "i32"

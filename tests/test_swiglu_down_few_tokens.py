@@ -148,16 +148,6 @@ def other_tilings():
             block_t=16, block_h1=32, block_i1=16, block_i2=32, block_h2=32, weights_ahead="registers", warps=1,
             count_late=True, stage_before_wait=True, saved_late=True, dx_sum_slices=2, grad_down_late=True,
         ),
-        # one token block, the dA and dx partials as tagged words polled where they are read (dx summed by 2 slices, or
-        # by one program a column block); with more tokens than a block, counted arrivals as without it
-        "tagged": FewTokensConfig(
-            block_t=16, block_h1=32, block_i1=16, block_i2=32, block_h2=32, weights_ahead="registers", warps=1,
-            count_late=True, stage_before_wait=True, saved_late=True, dx_sum_slices=2, tagged_partials=True,
-        ),
-        "tagged 1": FewTokensConfig(
-            block_t=16, block_h1=32, block_i1=32, block_i2=16, block_h2=32, weights_ahead="registers", warps=1,
-            count_late=True, stage_before_wait=True, tagged_partials=True,
-        ),
     }
 
 
@@ -165,18 +155,16 @@ def other_tilings():
 @pytest.mark.parametrize("T, tiling", [(5, "straddled"), (3, "straddling"), (20, "registers"), (4, "spans"),
                                         (18, "spans"), (3, "moves"), (37, "one pass"), (11, "saved late"),
                                         (11, "sliced sum"), (13, "sliced sum 4"), (37, "sliced sum"),
-                                        (9, "dWd late"), (20, "dWd late"), (9, "tagged"), (16, "tagged"),
-                                        (5, "tagged 1"), (20, "tagged")])
+                                        (9, "dWd late"), (20, "dWd late")])
 def test_other_tilings(T, tiling, seed, poisoned):
     """Tile counts that differ between the phases (programs with one phase's tile only), I-blocks of the two
     phases that do not line up, Wg, Wu loaded at the start with T = 20 (the loop form), the loop form in one pass
     over three token blocks (the last one partial), the saved tiles loaded after phase 1, dx's sum split by rows (and
-    with more tokens than a block, where the last arrival sums it all), dWd after phase 2, the partials as tagged words
-    (two calls: the second finds the first's words, with older tags, in the workspace): faithful, harness inputs."""
+    with more tokens than a block, where the last arrival sums it all), dWd after phase 2: faithful, harness inputs."""
     config = other_tilings()[tiling]
     n_h1, n_i1, n_i2, n_h2 = config.tiles(H, I)
     assert n_h1 * n_i1 != n_i2 * n_h2 or tiling in ("registers", "moves", "saved late", "sliced sum", "sliced sum 4",
-                                                    "dWd late", "tagged")
+                                                    "dWd late")
     assert tiling != "spans" or (n_h1, n_h2) == (4, 3)
     inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device=DEVICE, hidden_size=H,
                                   intermediate_size=I, distribution="harness")  # fmt: skip
@@ -201,7 +189,7 @@ def one_token_config(tiling: str = "even"):
 
 @needs_triton
 @pytest.mark.parametrize("distribution", ["forward", "harness"])
-@pytest.mark.parametrize("tiling", ["even", "straddled", "straddling", "spans", "dWd late", "tagged", "tagged 1"])
+@pytest.mark.parametrize("tiling", ["even", "straddled", "straddling", "spans", "dWd late"])
 def test_one_token_on_cuda_cores_matches_float64_reference(tiling, distribution, seed, poisoned):
     """Every product on the CUDA cores in fp32: both paths the same bits, twice, within the faithful path's rules at
     either scale, and as close to float64 as the tensor-core form's faithful path (hi/lo products) on the same tiles
@@ -429,25 +417,6 @@ def test_gpu_grad_down_late_against_float64(T, distribution, precision, seed):
     inputs, got = checked_from_poison(T, config, precision, seed, distribution)
     for name, a, b in zip(OUTPUTS, got, run(inputs, config, precision), strict=True):
         assert torch.equal(a, b), name
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("T", [1, 2, 3, 4, 8, 16, 32])
-@pytest.mark.parametrize("distribution", ["forward", "harness"])
-@pytest.mark.parametrize("precision", ["faithful", "fast"])
-def test_gpu_tagged_partials_against_float64(T, distribution, precision, seed):
-    """The chosen tiles with the partials as tagged words (``tagged_partials``): within the path's rules from poisoned
-    memory, the same bits as with counted arrivals, twice; and replayed from a CUDA graph on new inputs (the tags move
-    on with the launch count), as called eagerly."""
-    import dataclasses
-
-    counted = gpu_config(T, precision)
-    config = dataclasses.replace(counted, tagged_partials=True)
-    inputs, got = checked_from_poison(T, config, precision, seed, distribution)
-    for name, a, b, c in zip(OUTPUTS, got, run(inputs, config, precision), run(inputs, counted, precision),
-                             strict=True):  # fmt: skip
-        assert torch.equal(a, b) and torch.equal(a, c), name
-    assert_replayed_as_eager(T, config, precision, seed, distribution)
 
 
 @pytest.mark.gpu

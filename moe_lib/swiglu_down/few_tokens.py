@@ -53,10 +53,6 @@ once, never reset):
                          once it reaches (g + 1) · (the tiles overlapping b)
     [1 + N_I2 + c]       +1 per phase-2 tile of column block c: arrival N_I2 − 1 (mod N_I2) is the last
 Sums run in a fixed order whatever the arrival order, so results are deterministic.
-With ``tagged_partials`` (one token block) the dA and dx partials go out as int64 words, each an fp32 value and
-this launch's number + 1 side by side (a naturally aligned 64-bit store is single-copy atomic), into workspaces that
-persist beside the counters: a reader polls the words it sums until every one carries this launch's tag, so no
-arrival is counted (no release fence on the writer's path) and no counter is polled before the partials are read.
 
 Seeing where the time goes: ``run(..., trace=)`` (GPU only) has every program stamp the GPU's global clock at each
 of :data:`TRACE_POINTS` and note its SM; ``scripts/p1_few_tokens_trace.py`` runs it and :func:`trace_timeline`
@@ -78,9 +74,6 @@ from . import launch
 from .kernels import load_block, mma, store_tile, swiglu_grads
 from .launch import SplitWorkspace, dot_flags, resident_programs
 
-# with tagged_partials, the most reads of a partial's words before a reader gives up and sums NaN: about a second of
-# polling on the GPU, where the words come within microseconds (a launch that never writes them ends with NaN, not hung)
-MAX_POLLS = 1 << 20
 # how the Wg, Wu tiles get on their way before the wait (WEIGHTS_AHEAD)
 WEIGHTS_AHEAD = {"after_phase1": 0, "prefetch": 1, "registers": 2}
 
@@ -173,49 +166,6 @@ def summed_partials(partials_ptr, part_stride, off_m, off_n, M, N, stride_m,
 
 
 @triton.jit
-def store_tagged(ptr, values, tag, off_m, off_n, M, N, stride_m, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The in-bounds part of an fp32 [BLOCK_M, BLOCK_N] tile into int64 words (row-major, stride_m), each word the
-    value's bits in its low half and ``tag`` (this launch's, 32 bits) in its high half: a naturally aligned 64-bit
-    access is single-copy atomic, so a reader that sees the tag sees the value stored with it, with no fence or
-    arrival counted."""
-    rows = off_m + tl.arange(0, BLOCK_M)
-    cols = off_n + tl.arange(0, BLOCK_N)
-    ptrs = ptr + rows[:, None].to(tl.int64) * stride_m + cols[None, :]
-    low = tl.full([], 4294967295, tl.int64)  # the low 32 bits
-    bits = values.to(tl.int32, bitcast=True).to(tl.int64) & low
-    tl.store(ptrs, ((tag.to(tl.int64) & low) << 32) | bits, mask=(rows[:, None] < M) & (cols[None, :] < N))
-
-
-@triton.jit
-def summed_tagged_partials(partials_ptr, part_stride, tag, off_m, off_n, M, N, stride_m,
-                           PARTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                           MAX_POLLS: tl.constexpr):  # fmt: skip
-    """:func:`summed_partials` of :func:`store_tagged` words, in the same order (the same bits): every word of every
-    part read again until each carries ``tag`` (other programs of this launch write them; older launches' words carry
-    older tags), at most MAX_POLLS times (under the interpreter, where the writers ran before, once); all NaN if a
-    word still carries another tag then."""
-    rows = off_m + tl.arange(0, BLOCK_M)
-    cols = off_n + tl.arange(0, BLOCK_N)
-    ptrs = partials_ptr + rows[:, None].to(tl.int64) * stride_m + cols[None, :]
-    mask = (rows[:, None] < M) & (cols[None, :] < N)
-    low = tl.full([], 4294967295, tl.int64)  # the low 32 bits
-    tag = tag.to(tl.int64) & low
-    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    missing = 1
-    polls = 0
-    while (missing > 0) & (polls < MAX_POLLS):
-        total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        stale = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-        for p in tl.static_range(PARTS):  # all PARTS loads in flight together
-            words = tl.load(ptrs + p * part_stride, mask=mask, other=0, volatile=True)
-            stale += (((words >> 32) & low) != tag).to(tl.int32) & mask.to(tl.int32)
-            total += (words & low).to(tl.int32).to(tl.float32, bitcast=True)
-        missing = tl.sum(tl.sum(stale, axis=1), axis=0)
-        polls += 1
-    return tl.where(missing > 0, float("nan"), total)  # words that never came: NaN, never a stale sum
-
-
-@triton.jit
 def grad_down_tile(dy, inter, ready, grad_down_weight_ptr, off_h1, off_i1, h1_end, I: tl.constexpr,
                    BLOCK_H1: tl.constexpr, BLOCK_I1: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
                    ONCE_BY_MOVE: tl.constexpr):  # fmt: skip
@@ -245,14 +195,6 @@ def arrive(counter_ptr, active, SEM: tl.constexpr, THREADS: tl.constexpr):
     lanes = tl.arange(0, THREADS)
     return tl.atomic_add(counter_ptr + lanes * 0, tl.full((THREADS,), 1, tl.int64), mask=(lanes == 0) & active,
                          sem=SEM, scope="gpu")  # fmt: skip
-
-
-@triton.jit
-def count_now(counter_ptr, THREADS: tl.constexpr):
-    """An int64 counter's value as element 0 of a [THREADS] tensor (one atomic read; read it with :func:`first`)."""
-    lanes = tl.arange(0, THREADS)
-    return tl.atomic_add(counter_ptr + lanes * 0, tl.zeros((THREADS,), tl.int64), mask=lanes == 0, sem="relaxed",
-                         scope="gpu")  # fmt: skip
 
 
 @triton.jit
@@ -348,9 +290,6 @@ def few_tokens_kernel(
     DX_SUM_SLICES: tl.constexpr,  # SINGLE_BLOCK: dx's sum over the I-blocks split by rows over the first this many
                                   # phase-2 programs of each column block (1: the last to arrive sums it all)
     GRAD_DOWN_LATE: tl.constexpr,  # SINGLE_BLOCK: dWd after phase 2's stores (before dx's sum), not before the wait
-    TAGGED: tl.constexpr,  # SINGLE_BLOCK: the dA and dx partials as tagged int64 words, polled where they are read
-                           # (the two workspaces then int64), no arrivals counted; dx summed by slices
-    MAX_POLLS: tl.constexpr,  # TAGGED: at most this many reads of a partial (the interpreter: 1)
 ):  # fmt: skip
     pid = tl.program_id(0)
     trace_ptr += pid * (TRACE_END + 2)
@@ -388,10 +327,6 @@ def few_tokens_kernel(
             ready = launch_number >= 0
     else:
         ready = T >= 0
-        if TAGGED and (PHASE == 1):  # the interpreter's phase 1 counts the launch (phase 2 reads the count)
-            launch_arrival = arrive(counters_ptr, True, "relaxed", THREADS)
-    if TAGGED and (PHASE == 2):  # the count phase 1 left, (this launch's number + 1) · grid: the tag
-        tag = first(count_now(counters_ptr, THREADS)) // tl.num_programs(0)
 
     # ---- phase 1: the partial dA_c1[:, b1] = dy · Wd[c1, b1], then dWd[c1, b1] = dyᵀ · intermediate
     if PHASE != 2:
@@ -399,23 +334,18 @@ def few_tokens_kernel(
         if SINGLE_BLOCK:
             dy = once(dy, ready, ONCE_BY_MOVE)
             d_a = mma(w_down_t, tl.trans(dy), tl.zeros((BLOCK_I1, BLOCK_T), dtype=tl.float32), UPCAST, PRECISION)
-            if TAGGED:  # this launch's number + 1 (the launch count's round trip is long over by now)
-                tag = first(launch_arrival) // tl.num_programs(0) + 1
-                store_tagged(da_partials_ptr + c1 * TI, tl.trans(d_a), tag, 0, off_i1, T, I, I, BLOCK_T, BLOCK_I1)
-            else:
-                store_tile(da_partials_ptr + c1 * TI, tl.trans(d_a), 0, off_i1, T, I, I, BLOCK_T, BLOCK_I1)
+            store_tile(da_partials_ptr + c1 * TI, tl.trans(d_a), 0, off_i1, T, I, I, BLOCK_T, BLOCK_I1)
         else:
             for t in range(0, T, BLOCK_T):
                 dy = load_block(grad_output_ptr, t, off_h1, T, h1_end, H, BLOCK_T, BLOCK_H1)
                 d_a = mma(w_down_t, tl.trans(dy), tl.zeros((BLOCK_I1, BLOCK_T), dtype=tl.float32), UPCAST,
                           PRECISION)  # fmt: skip
                 store_tile(da_partials_ptr + c1 * TI, tl.trans(d_a), t, off_i1, T, I, I, BLOCK_T, BLOCK_I1)
-        if not (TAGGED and SINGLE_BLOCK):  # (tagged words need no arrival)
-            tl.debug_barrier()  # every thread's partial is stored before the arrivals are counted
+        tl.debug_barrier()  # every thread's partial is stored before the arrivals are counted
         stamp(trace_ptr, 1, TRACE)
-        if not (TAGGED and SINGLE_BLOCK):  # one arrival on each phase-2 I-block this tile overlaps (release: with
-            for b in range(off_i1 // BLOCK_I2, (tl.minimum(off_i1 + BLOCK_I1, I) - 1) // BLOCK_I2 + 1):  # the partial)
-                tl.atomic_add(counters_ptr + 1 + b, 1, mask=has_tile1, sem="release", scope="gpu")
+        # one arrival on each phase-2 I-block this tile overlaps (release: the partial goes with it)
+        for b in range(off_i1 // BLOCK_I2, (tl.minimum(off_i1 + BLOCK_I1, I) - 1) // BLOCK_I2 + 1):
+            tl.atomic_add(counters_ptr + 1 + b, 1, mask=has_tile1, sem="release", scope="gpu")
         # dWd after the arrivals: off the path that other programs wait on
         if SINGLE_BLOCK:
             if not GRAD_DOWN_LATE:
@@ -445,20 +375,15 @@ def few_tokens_kernel(
             overlapping = (tl.minimum(off_i2 + BLOCK_I2, I) - 1) // BLOCK_I1 - off_i2 // BLOCK_I1 + 1
             if COUNT_LATE:
                 launch_number = first(launch_arrival) // tl.num_programs(0)
-            if not (TAGGED and SINGLE_BLOCK):  # (tagged partials are polled as they are read)
-                if has_tile2:
-                    wait_for(counters_ptr + 1 + b2, (launch_number + 1) * (N_H1 * overlapping))
+            if has_tile2:
+                wait_for(counters_ptr + 1 + b2, (launch_number + 1) * (N_H1 * overlapping))
             stamp(trace_ptr, 3, TRACE)
 
         # ---- phase 2: the partial dx_b2[:, c2], then dWg[b2, c2] = dGateᵀ · x and dWu[b2, c2] = dUpᵀ · x
         dx_partial_ptr = dx_partials_ptr + b2 * (T * H)
         t_end = tl.where(has_tile2, T, 0)  # no partial from a program without a phase-2 tile
         if SINGLE_BLOCK:
-            if TAGGED:  # read until every word carries this launch's tag
-                d_a = summed_tagged_partials(da_partials_ptr, TI, tag, 0, off_i2, T, I, I, N_H1, BLOCK_T, BLOCK_I2,
-                                             MAX_POLLS)  # fmt: skip
-            else:
-                d_a = summed_partials(da_partials_ptr, TI, 0, off_i2, T, I, I, N_H1, BLOCK_T, BLOCK_I2)
+            d_a = summed_partials(da_partials_ptr, TI, 0, off_i2, T, I, I, N_H1, BLOCK_T, BLOCK_I2)
             if not STAGE_EARLY:  # the M sides of dx_bᵀ = Wgᵀ · dGateᵀ + Wuᵀ · dUpᵀ, once the partials are on their way
                 w_gate_t = tl.trans(once(w_gate, ready, ONCE_BY_MOVE))
                 w_up_t = tl.trans(once(w_up, ready, ONCE_BY_MOVE))
@@ -466,12 +391,9 @@ def few_tokens_kernel(
             acc_x = tl.zeros((BLOCK_H2, BLOCK_T), dtype=tl.float32)
             acc_x = mma_halves(acc_x, w_gate_t, d_gate, True, UPCAST, PRECISION, WITH_LO)
             acc_x = mma_halves(acc_x, w_up_t, d_up, True, UPCAST, PRECISION, WITH_LO)
-            if TAGGED:
-                store_tagged(dx_partial_ptr, tl.trans(acc_x), tag, 0, off_h2, t_end, h2_end, H, BLOCK_T, BLOCK_H2)
-            else:
-                store_tile(dx_partial_ptr, tl.trans(acc_x), 0, off_h2, t_end, h2_end, H, BLOCK_T, BLOCK_H2)
-                tl.debug_barrier()
-                arrived = arrive(counters_ptr + 1 + N_I2 + c2, has_tile2, "acq_rel", THREADS)
+            store_tile(dx_partial_ptr, tl.trans(acc_x), 0, off_h2, t_end, h2_end, H, BLOCK_T, BLOCK_H2)
+            tl.debug_barrier()
+            arrived = arrive(counters_ptr + 1 + N_I2 + c2, has_tile2, "acq_rel", THREADS)
             stamp(trace_ptr, 4, TRACE)
             if not STAGE_EARLY:
                 x_t = tl.trans(once(x_block, ready, ONCE_BY_MOVE))  # the M side of dWgᵀ = xᵀ · dGate, dWuᵀ = xᵀ · dUp
@@ -516,12 +438,7 @@ def few_tokens_kernel(
             store_tile(grad_up_weight_ptr, tl.trans(acc_u), off_i2, off_h2, I, h2_end, H, BLOCK_I2, BLOCK_H2)
 
         # ---- dx[:, c2] = Σ_b dx_b[:, c2] in b order
-        if TAGGED and SINGLE_BLOCK:  # by rows over the block's first DX_SUM_SLICES programs, each polling its rows
-            if PHASE == 0:  # (under the interpreter: dx_slices_kernel after phase 2)
-                if has_tile2 & (b2 < DX_SUM_SLICES):
-                    dx_slice_sum(dx_partials_ptr, grad_x_ptr, b2, off_h2, h2_end, T, H, N_I2,
-                                 BLOCK_T // DX_SUM_SLICES, BLOCK_H2, tag, True, MAX_POLLS)  # fmt: skip
-        elif (DX_SUM_SLICES == 1) or (not SINGLE_BLOCK):  # by the last phase-2 tile of column block c2 to arrive
+        if (DX_SUM_SLICES == 1) or (not SINGLE_BLOCK):  # by the last phase-2 tile of column block c2 to arrive
             if has_tile2 & (first(arrived) % N_I2 == N_I2 - 1):
                 for t in range(0, T, BLOCK_T):
                     total = summed_partials(dx_partials_ptr, T * H, t, off_h2, T, h2_end, H, N_I2, BLOCK_T, BLOCK_H2)
@@ -530,37 +447,28 @@ def few_tokens_kernel(
             if has_tile2 & (b2 < DX_SUM_SLICES):
                 wait_for(counters_ptr + 1 + N_I2 + c2, (launch_number + 1) * N_I2)
                 dx_slice_sum(dx_partials_ptr, grad_x_ptr, b2, off_h2, h2_end, T, H, N_I2, BLOCK_T // DX_SUM_SLICES,
-                             BLOCK_H2, 0, False, 1)  # fmt: skip
+                             BLOCK_H2)  # fmt: skip
     fence(TRACE)
     stamp(trace_ptr, TRACE_END, TRACE)
 
 
 @triton.jit
 def dx_slice_sum(dx_partials_ptr, grad_x_ptr, slice_index, off_h, h_end, T, H: tl.constexpr, N_I2: tl.constexpr,
-                 SLICE_T: tl.constexpr, BLOCK_H: tl.constexpr, tag, TAGGED: tl.constexpr,
-                 MAX_POLLS: tl.constexpr):  # fmt: skip
+                 SLICE_T: tl.constexpr, BLOCK_H: tl.constexpr):  # fmt: skip
     """dx[rows, off_h : h_end] = Σ_b dx_b[rows, off_h : h_end] (b = 0, 1, …, N_I2 − 1 in that order) for the SLICE_T
-    rows of slice ``slice_index`` (rows past T masked off); with TAGGED from :func:`store_tagged` words, polled until
-    each carries ``tag``."""
+    rows of slice ``slice_index`` (rows past T masked off)."""
     off_t = slice_index * SLICE_T
-    if TAGGED:
-        total = summed_tagged_partials(dx_partials_ptr, T * H, tag, off_t, off_h, T, h_end, H, N_I2, SLICE_T, BLOCK_H,
-                                       MAX_POLLS)  # fmt: skip
-    else:
-        total = summed_partials(dx_partials_ptr, T * H, off_t, off_h, T, h_end, H, N_I2, SLICE_T, BLOCK_H)
+    total = summed_partials(dx_partials_ptr, T * H, off_t, off_h, T, h_end, H, N_I2, SLICE_T, BLOCK_H)
     store_tile(grad_x_ptr, total, off_t, off_h, T, h_end, H, SLICE_T, BLOCK_H)
 
 
 @triton.jit
 def dx_slices_kernel(
-    dx_partials_ptr,  # fp32 [N_I2, T, H]: dx_b, the partial dx of phase-2 I-block b (written by phase 2); int64 words
-                      # with TAGGED
+    dx_partials_ptr,  # fp32 [N_I2, T, H]: dx_b, the partial dx of phase-2 I-block b (written by phase 2)
     grad_x_ptr,  # out: dx [T, H]
-    counters_ptr,  # with TAGGED: the launch's counters (element 0: (the launch's number + 1) · GRID after phase 1)
     T,
     H: tl.constexpr, N_I2: tl.constexpr, N_H2: tl.constexpr, SPAN_H2: tl.constexpr,
     SLICES: tl.constexpr, SLICE_T: tl.constexpr, BLOCK_H2: tl.constexpr,
-    TAGGED: tl.constexpr, GRID: tl.constexpr,  # tagged partials, and the phases' grid (for the launch's tag)
 ):  # fmt: skip
     """The sliced dx sum of :func:`few_tokens_kernel` (``DX_SUM_SLICES``) as a launch of its own, after phase 2, for
     the interpreter (which runs programs one after another, so none could wait for another): program p sums slice
@@ -568,11 +476,8 @@ def dx_slices_kernel(
     pid = tl.program_id(0)
     slice_index, c2 = pid // N_H2, pid % N_H2
     off_h2 = c2 * SPAN_H2
-    tag = 0
-    if TAGGED:  # (the launch's number + 1): phase 1 counted the launch
-        tag = tl.load(counters_ptr) // GRID
     dx_slice_sum(dx_partials_ptr, grad_x_ptr, slice_index, off_h2, tl.minimum(off_h2 + SPAN_H2, H), T, H, N_I2,
-                 SLICE_T, BLOCK_H2, tag, TAGGED, 1)  # fmt: skip
+                 SLICE_T, BLOCK_H2)  # fmt: skip
 
 
 @triton.jit
@@ -615,9 +520,6 @@ def one_token_kernel(
     THREADS: tl.constexpr,  # 32 · num_warps (see arrive)
     TRACE: tl.constexpr,  # stamp the global clock at each of TRACE_POINTS into trace_ptr (GPU only)
     GRAD_DOWN_LATE: tl.constexpr,  # dWd after phase 2's stores (before dx's sum), not before the wait
-    TAGGED: tl.constexpr,  # the dA and dx partials as tagged int64 words, polled where they are read (the two
-                           # workspaces then int64), no arrivals counted; dx summed by each column block's first program
-    MAX_POLLS: tl.constexpr,  # TAGGED: at most this many reads of a partial (the interpreter: 1)
 ):  # fmt: skip
     """:func:`few_tokens_kernel`'s tiles, exchange and waits for one token, every product on the CUDA cores:
 
@@ -652,57 +554,41 @@ def one_token_kernel(
         s = load_row(gate_sigmoid_ptr, 0, off_i2, T, i2_end, I, BLOCK_I2)
         gate_silu = load_row(gate_silu_ptr, 0, off_i2, T, i2_end, I, BLOCK_I2)
         up = load_row(up_ptr, 0, off_i2, T, i2_end, I, BLOCK_I2)
-    if (PHASE == 0) or (TAGGED and (PHASE == 1)):  # (the interpreter's phase 2 reads the count phase 1 left)
+    if PHASE == 0:
         launch_arrival = arrive(counters_ptr, True, "relaxed", THREADS)
-    if TAGGED and (PHASE == 2):  # (this launch's number + 1) · grid
-        tag = first(count_now(counters_ptr, THREADS)) // tl.num_programs(0)
 
     # ---- phase 1: the partial dA_c1[b1], then dWd[c1, b1]
     if PHASE != 2:
         d_a = tl.sum(w_down.to(tl.float32) * dy[:, None], axis=0)
-        if TAGGED:  # this launch's number + 1 beside each value: no arrival to count
-            tag = first(launch_arrival) // tl.num_programs(0) + 1
-            store_tagged(da_partials_ptr + c1 * TI, d_a[None, :], tag, 0, off_i1, tl.where(has_tile1, T, 0), i1_end,
-                         I, 1, BLOCK_I1)  # fmt: skip
-            stamp(trace_ptr, 1, TRACE)
-        else:
-            store_row(da_partials_ptr + c1 * TI, 0, d_a, off_i1, tl.where(has_tile1, T, 0), i1_end, I, BLOCK_I1)
-            tl.debug_barrier()  # every thread's partial is stored before the arrivals are counted
-            stamp(trace_ptr, 1, TRACE)
-            for b in range(off_i1 // SPAN_I2, (i1_end - 1) // SPAN_I2 + 1):
-                tl.atomic_add(counters_ptr + 1 + b, 1, mask=has_tile1, sem="release", scope="gpu")
+        store_row(da_partials_ptr + c1 * TI, 0, d_a, off_i1, tl.where(has_tile1, T, 0), i1_end, I, BLOCK_I1)
+        tl.debug_barrier()  # every thread's partial is stored before the arrivals are counted
+        stamp(trace_ptr, 1, TRACE)
+        for b in range(off_i1 // SPAN_I2, (i1_end - 1) // SPAN_I2 + 1):
+            tl.atomic_add(counters_ptr + 1 + b, 1, mask=has_tile1, sem="release", scope="gpu")
         if not GRAD_DOWN_LATE:
             store_tile(grad_down_weight_ptr, dy[:, None] * inter.to(tl.float32)[None, :], off_h1, off_i1, h1_end,
                        i1_end, I, BLOCK_H1, BLOCK_I1)  # fmt: skip
         stamp(trace_ptr, 2, TRACE)
 
     if PHASE != 1:
-        if (PHASE == 0) and not TAGGED:  # wait for the phase-1 tiles overlapping I-block b2
+        if PHASE == 0:  # wait for the phase-1 tiles overlapping I-block b2
             overlapping = (i2_end - 1) // SPAN_I1 - off_i2 // SPAN_I1 + 1
             launch_number = first(launch_arrival) // tl.num_programs(0)
             if has_tile2:
                 wait_for(counters_ptr + 1 + b2, (launch_number + 1) * (N_H1 * overlapping))
-        stamp(trace_ptr, 3, TRACE)
+            stamp(trace_ptr, 3, TRACE)
 
         # ---- phase 2: the partial dx_b2[c2], then dWg[b2, c2] and dWu[b2, c2]
-        if TAGGED:  # the partials read until every word carries this launch's tag (the sum in the same order)
-            d_a = tl.sum(summed_tagged_partials(da_partials_ptr, TI, tag, 0, off_i2, T, i2_end, I, N_H1, 1, BLOCK_I2,
-                                                MAX_POLLS), axis=0)  # fmt: skip
-        else:
-            d_a = tl.zeros((BLOCK_I2,), dtype=tl.float32)
-            cols = off_i2 + tl.arange(0, BLOCK_I2)
-            for c in tl.static_range(N_H1):  # the partials in a fixed order, read past L1 (other programs wrote them)
-                d_a += tl.load(da_partials_ptr + c * TI + cols, mask=(T > 0) & (cols < i2_end), other=0.0,
-                               cache_modifier=".cg")  # fmt: skip
+        d_a = tl.zeros((BLOCK_I2,), dtype=tl.float32)
+        cols = off_i2 + tl.arange(0, BLOCK_I2)
+        for c in tl.static_range(N_H1):  # the partials in a fixed order, read past L1 (other programs wrote them)
+            d_a += tl.load(da_partials_ptr + c * TI + cols, mask=(T > 0) & (cols < i2_end), other=0.0,
+                           cache_modifier=".cg")  # fmt: skip
         d_gate, d_up = swiglu_grads(d_a, gate, s, gate_silu, up)
         dx = tl.sum(w_gate.to(tl.float32) * d_gate[:, None] + w_up.to(tl.float32) * d_up[:, None], axis=0)
-        if TAGGED:
-            store_tagged(dx_partials_ptr + b2 * (T * H), dx[None, :], tag, 0, off_h2, tl.where(has_tile2, T, 0),
-                         h2_end, H, 1, BLOCK_H2)  # fmt: skip
-        else:
-            store_row(dx_partials_ptr + b2 * (T * H), 0, dx, off_h2, tl.where(has_tile2, T, 0), h2_end, H, BLOCK_H2)
-            tl.debug_barrier()
-            arrived = arrive(counters_ptr + 1 + N_I2 + c2, has_tile2, "acq_rel", THREADS)
+        store_row(dx_partials_ptr + b2 * (T * H), 0, dx, off_h2, tl.where(has_tile2, T, 0), h2_end, H, BLOCK_H2)
+        tl.debug_barrier()
+        arrived = arrive(counters_ptr + 1 + N_I2 + c2, has_tile2, "acq_rel", THREADS)
         stamp(trace_ptr, 4, TRACE)
         x = x.to(tl.float32)
         store_tile(grad_gate_weight_ptr, d_gate[:, None] * x[None, :], off_i2, off_h2, i2_end, h2_end, H, BLOCK_I2,
@@ -714,14 +600,8 @@ def one_token_kernel(
             store_tile(grad_down_weight_ptr, dy[:, None] * inter.to(tl.float32)[None, :], off_h1, off_i1, h1_end,
                        i1_end, I, BLOCK_H1, BLOCK_I1)  # fmt: skip
 
-        # ---- dx[c2] = Σ_b dx_b[c2] in b order: by the last phase-2 tile of column block c2 to arrive, or (TAGGED) by
-        # its first, polling (under the interpreter: dx_slices_kernel after phase 2)
-        if TAGGED:
-            if PHASE == 0:
-                if has_tile2 & (b2 == 0):  # its one row, as a slice
-                    dx_slice_sum(dx_partials_ptr, grad_x_ptr, 0, off_h2, h2_end, T, H, N_I2, 1, BLOCK_H2, tag, True,
-                                 MAX_POLLS)  # fmt: skip
-        elif has_tile2 & (first(arrived) % N_I2 == N_I2 - 1):
+        # ---- the last phase-2 tile of column block c2 to arrive: dx[c2] = Σ_b dx_b[c2] in b order
+        if has_tile2 & (first(arrived) % N_I2 == N_I2 - 1):
             total = summed_partials(dx_partials_ptr, T * H, 0, off_h2, T, h2_end, H, N_I2, 1, BLOCK_H2)
             store_tile(grad_x_ptr, total, 0, off_h2, T, h2_end, H, 1, BLOCK_H2)
     fence(TRACE)
@@ -780,14 +660,6 @@ class FewTokensConfig:
     # first poll (trace at 1 token: the partial stored at 4.9 µs, dWd at 6.4, the wait over at 7.7). The token-loop
     # form (more tokens than block_t) keeps dWd before the wait
     grad_down_late: bool = False
-    # one token block (or cuda_cores): the dA and dx partials stored as int64 words tagged with the launch's number
-    # (the value's bits and the tag in one naturally aligned 64-bit store, which is single-copy atomic) and polled
-    # where they are read, instead of counted in by a release atomic and waited for by polling a counter before they
-    # are read: one dependent round trip fewer on each side of each exchange, and no fence on the writer's path. dx
-    # is then summed by rows over the first dx_sum_slices programs of each column block (1, and cuda_cores: the first
-    # sums it all). The tagged workspaces persist per device, stream and tiling (zeroed once: an older launch's words
-    # carry older tags)
-    tagged_partials: bool = False
 
     @property
     def spans(self) -> tuple[int, int]:
@@ -845,19 +717,12 @@ class FewTokensConfig:
         if grid > resident_programs(x.device):
             raise ValueError(f"config: the few-token grid ({grid} programs for H={H}, I={I}) exceeds one "
                              f"program per SM ({resident_programs(x.device)}); use larger blocks")  # fmt: skip
+        da_partials = launch.allocate((n_h1, T, I), dtype=torch.float32, device=x.device)
+        dx_partials = launch.allocate((n_i2, T, H), dtype=torch.float32, device=x.device)
         # one counter set per tiling: the counts per launch depend on it
         blocks = (self.block_h1, self.block_i1, self.block_i2, self.block_h2)
         slot = f"few-tokens counters H={H} I={I} blocks {blocks} spans {self.spans} {self.i_spans}"
         counters = SplitWorkspace.counters(slot, 1, 2 * (1 + n_i2 + n_h2), x.device).view(torch.int64)
-        tagged = self.tagged_partials and (T <= self.block_t or self.cuda_cores)
-        if tagged:  # persistent, zeroed once, beside the counters whose launch numbers tag them
-            da_partials = SplitWorkspace.counters(f"{slot} tagged dA", 1, 2 * n_h1 * T * I, x.device)
-            dx_partials = SplitWorkspace.counters(f"{slot} tagged dx", 1, 2 * n_i2 * T * H, x.device)
-            da_partials = da_partials[: 2 * n_h1 * T * I].view(torch.int64)
-            dx_partials = dx_partials[: 2 * n_i2 * T * H].view(torch.int64)
-        else:
-            da_partials = launch.allocate((n_h1, T, I), dtype=torch.float32, device=x.device)
-            dx_partials = launch.allocate((n_i2, T, H), dtype=torch.float32, device=x.device)
         ahead = WEIGHTS_AHEAD[self.weights_ahead]
         if interpreter and self.weights_ahead == "prefetch":  # the interpreter runs no inline PTX
             ahead = WEIGHTS_AHEAD["after_phase1"]
@@ -871,7 +736,7 @@ class FewTokensConfig:
                     dx_partials, counters, counters if trace is None else trace, T, H, I, phase, self.block_h1,
                     self.block_i1, self.block_i2, self.block_h2, self.spans[0], self.i_spans[0], self.i_spans[1],
                     self.spans[1], n_h1, n_i1, n_i2, n_h2, 32 * self.warps, trace is not None, self.grad_down_late,
-                    tagged, 1 if interpreter else MAX_POLLS, **launch_options,
+                    **launch_options,
                 )  # fmt: skip
                 continue
             few_tokens_kernel[(grid,)](
@@ -882,12 +747,11 @@ class FewTokensConfig:
                 *self.spans, n_h1, n_i1, n_i2, n_h2, T <= self.block_t, ahead, 32 * self.warps, *dot_flags(x),
                 with_lo, trace is not None, self.count_late, self.stage_before_wait,
                 self.once_by_move and not interpreter, self.one_pass, self.saved_late, slices,
-                self.grad_down_late and T <= self.block_t, tagged, 1 if interpreter else MAX_POLLS, **launch_options,
+                self.grad_down_late and T <= self.block_t, **launch_options,
             )  # fmt: skip
-        if interpreter and (slices > 1 or tagged) and T > 0:  # the sliced dx sum after phase 2 (on the GPU: inside)
-            dx_slices_kernel[(slices * n_h2,)](dx_partials, grad_x, counters, T, H, n_i2, n_h2, self.spans[1], slices,
-                                               self.block_t // slices, self.block_h2, tagged, grid,
-                                               num_warps=self.warps)  # fmt: skip
+        if interpreter and slices > 1 and T > 0:  # the sliced dx sum after phase 2 (on the GPU: inside the launch)
+            dx_slices_kernel[(slices * n_h2,)](dx_partials, grad_x, T, H, n_i2, n_h2, self.spans[1], slices,
+                                               self.block_t // slices, self.block_h2, num_warps=self.warps)  # fmt: skip
         return grad_x, grad_gate_weight, grad_up_weight, grad_down_weight
 
 
