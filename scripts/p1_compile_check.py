@@ -114,6 +114,16 @@ def compile_gluon_first_launch(config, with_lo: bool, num_tokens: int = 256):
     down_weight = torch.empty((H, I), dtype=torch.bfloat16)
     intermediate = torch.empty((T, I), dtype=torch.bfloat16)
     halves = torch.empty((2 if with_lo else 1, T, I), dtype=torch.bfloat16)
+    if config.pingpong_programs:  # the pingpong form: its own kernel, I compiled in
+        kernel = gluon_launch1.pingpong_first_launch_kernel
+        values = config.pingpong_arguments(grad_output, down_weight, intermediate, intermediate, intermediate,
+                                           intermediate, halves, halves, None, False, with_lo)  # fmt: skip
+        names = [name for name in kernel.arg_names if name != "num_warps"]
+        arguments = {name: value for name, value in zip(names, values, strict=True) if name.endswith("_desc")}
+        arguments |= dict.fromkeys(["gate_ptr", "gate_sigmoid_ptr", "gate_silu_ptr", "up_ptr"], "*bf16")
+        constexprs = dict(zip(names[-7:], values[-7:], strict=True)) | dict(num_warps=4)
+        return compile_gluon_for_sm90(kernel, arguments | dict(trace_ptr="*i64", T="i32"), constexprs, warps=4,
+                                      maxnreg=config.maxnreg)  # fmt: skip
     kernel = gluon_launch1.first_launch_kernel
     descs = config.descriptors(grad_output, down_weight, intermediate, intermediate, intermediate, intermediate,
                                intermediate, halves, halves, down_weight)  # fmt: skip

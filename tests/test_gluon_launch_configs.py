@@ -198,3 +198,42 @@ def test_constexprs_follow_the_kernels_arguments(config):
     names = kernel.arg_names
     assert list(config.constexprs(True, traced=True)) == names[names.index("I") + 1:names.index("num_warps")]
     assert config.constexprs(False)["WITH_LO"] is False and config.constexprs(True)["TRACE"] is False
+
+
+PINGPONG = GluonFirstLaunchConfig(grad_down_tiles=False, pingpong_programs=132)
+
+
+@pytest.mark.parametrize("halves", [1, 2])
+def test_pingpong_arguments_in_the_kernels_order(halves):
+    """The pingpong form's arguments by name: dy's and Wd's descriptors, the outputs' by half tiles (64 rows), the
+    saved tensors as they are, then T, I and the compile-time values."""
+    from moe_lib.swiglu_down.gluon_launch1 import pingpong_first_launch_kernel
+
+    grad_output, down_weight, d_gate, d_up = bf16(T, H), bf16(H, I), bf16(halves, T, I), bf16(halves, T, I)
+    gate, sigmoid, silu, up, trace = bf16(T, I), bf16(T, I), bf16(T, I), bf16(T, I), torch.empty(1)
+    values = PINGPONG.pingpong_arguments(grad_output, down_weight, gate, sigmoid, silu, up, d_gate, d_up, trace, False,
+                                         halves == 2)  # fmt: skip
+    names = [name for name in pingpong_first_launch_kernel.arg_names if name != "num_warps"]
+    by_name = dict(zip(names, values, strict=True))
+    assert by_name["dy_desc"].base is grad_output and list(by_name["dy_desc"].block_shape) == [128, 64]
+    assert by_name["wd_desc"].base is down_weight and list(by_name["wd_desc"].block_shape) == [64, 128]
+    for name in ("dg_desc", "dg_lo_desc", "du_desc", "du_lo_desc"):
+        assert list(by_name[name].block_shape) == [64, 128], name
+    assert by_name["dg_desc"].base.data_ptr() == d_gate.data_ptr()
+    assert by_name["du_desc"].base.data_ptr() == d_up.data_ptr()
+    assert (by_name["gate_ptr"], by_name["gate_sigmoid_ptr"], by_name["gate_silu_ptr"], by_name["up_ptr"]) == (
+        gate, sigmoid, silu, up)
+    assert (by_name["T"], by_name["I"], by_name["WITH_LO"], by_name["TRACE"]) == (T, I, halves == 2, False)
+
+
+def test_pingpong_programs_at_most_one_a_tile():
+    assert PINGPONG.programs(300, H, I) == 3 * 3  # 3 row blocks × 3 column blocks of 128
+    assert PINGPONG.programs(8192, 2048, 768) == 132
+
+
+@pytest.mark.parametrize("fields", [dict(grad_down_tiles=True), dict(block_m=64, warps=4), dict(d_a_splits=2),
+                                    dict(d_a_block_n=256), dict(saved_tiles_early=True), dict(stores_in_flight=True),
+                                    dict(pingpong_programs=-1), dict(pingpong_out_buffers=3)])
+def test_pingpong_form_refuses_what_it_does_not_do(fields):
+    with pytest.raises(ValueError, match="config: "):
+        dataclasses.replace(PINGPONG, **fields)

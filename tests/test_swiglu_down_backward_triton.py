@@ -731,7 +731,7 @@ def test_gpu_captured_graph_zeroes_no_counters(T, precision, seed, tmp_path):
     the call's kernels and no memset (its counters are the ones that call zeroed), and its replays give the eager
     call's bits."""
     inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device="cuda")
-    graph = torch.cuda.CUDAGraph()
+    graph = torch.cuda.CUDAGraph(keep_graph=True)  # (its nodes kept for debug_dump)
     graph.enable_debug_mode()
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
@@ -1178,6 +1178,25 @@ def test_gpu_gluon_first_launch_at_both_input_scales(T, precision, candidate, se
     halves a tile) from poisoned memory, both input scales, within the precision's rule of float64: partial tiles
     along T and I, the saved tiles' rows beyond T filled with zeros by TMA."""
     check_candidate_at_both_scales(candidate, T, precision, seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 3, 129, 300, 2447, 8192, 12288])
+@pytest.mark.parametrize("precision", ["faithful", "fast"])
+@pytest.mark.parametrize("candidate", ["gluon_pingpong_from2300", "gluon_pingpong_from3300_d128"])
+def test_gpu_gluon_pingpong_first_launch_at_both_input_scales(T, precision, candidate, seed):
+    """Launch 1 in the pingpong form (persistent programs, each taking its dA tiles in turn on two warpgroups) from
+    poisoned memory, both input scales, within the precision's rule of float64: fewer tiles than programs (1-300
+    tokens), one to three tiles a program, odd and even counts (each warpgroup's turn), partial tiles along T."""
+    check_candidate_at_both_scales(candidate, T, precision, seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [300, 8192])
+def test_gpu_gluon_pingpong_deterministic_and_replayed_from_a_graph(T, seed):
+    """The pingpong form: bitwise the same outputs call after call, and the same from a replayed CUDA graph on new
+    inputs."""
+    check_deterministic_and_replayed("gluon_pingpong_from2300", "faithful", seed, T)
 
 
 @pytest.mark.gpu

@@ -488,6 +488,20 @@ for _name in ("gluon12_m64_early_dx4_wp68_ibw_n64", "gluon12_m64_early_dx2_wp68_
 # paid again to 192 tokens (design 22), and at 513-768 tokens its dx tiles of K = 2I are launch 2's longest
 P1_CANDIDATES["gluon_dwd2_from513_dx2"] = with_second_launch(P1_CANDIDATES["gluon_dwd2_from513"], grad_x_splits=2)
 
+# the forms from 2300 tokens with dWd's tiles in launch 2 (as `gluon_dwd2_from<band>`) and launch 1 in the pingpong form
+# (`gluon_pingpong_from<band>`: 132 persistent programs, each taking its dA tiles in turn on two warpgroups, one tile's
+# dSwiGLU epilogue beside the next one's main loop; at 8192 tokens a dA tile took 20.6 µs, ≈ 7 of them the epilogue
+# with the tensor cores idle); `_d128`: dWd's tiles in launch 2 128 wide
+_PINGPONG = dict(pingpong_programs=132, buffers=4, block_n=128, d_a_block_n=128, saved_tiles_early=False,
+                 stores_in_flight=False)  # fmt: skip
+for _band in (2300, 3300, 4600):
+    _pingpong = with_first_launch(P1_CANDIDATES[f"gluon_dwd2_from{_band}"], **_PINGPONG)
+    P1_CANDIDATES[f"gluon_pingpong_from{_band}"] = _pingpong
+    P1_CANDIDATES[f"gluon_pingpong_from{_band}_d128"] = with_second_launch(_pingpong, grad_down_block_n=128)
+    # the ring deeper: 5 buffers (hi's and lo's stores in flight), or 6 with one output buffer a warpgroup
+    P1_CANDIDATES[f"gluon_pingpong_from{_band}_b5"] = with_first_launch(_pingpong, buffers=5)
+    P1_CANDIDATES[f"gluon_pingpong_from{_band}_b6"] = with_first_launch(_pingpong, buffers=6, pingpong_out_buffers=1)
+
 # kernel G's settings as the P2 scripts spell them (FIELD=VALUE), and the FusedDxConfig fields they set
 FUSED_DX_FIELDS = {"gate_up_dx_tile": ("block_i", "block_h", "block_rows"), "warps_g": ("warps",),
                    "stages_g": ("stages",)}  # fmt: skip
