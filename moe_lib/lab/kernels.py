@@ -987,6 +987,29 @@ def design22_times(precision: str = "fast", path=DESIGN22_FILE) -> pd.DataFrame:
     return p1_tune_runs_times(path, precision, DESIGN22_LABELS[precision])
 
 
+# the committed benchmark runs before and after a captured graph kept an eager call's zeroed counters instead of zeroing
+# its own in a memset node (data/results/NOTES.md, design 23)
+GRAPH_COUNTERS_RUNS = (RESULTS_DIR / "H200" / "2026-12-02-swiglu_down_backward-bfloat16.csv",
+                       RESULTS_DIR / "H200" / "2026-12-03-swiglu_down_backward-bfloat16.csv")  # fmt: skip
+
+
+def runs_side_by_side(before, after, impls=("triton", "triton_fast", "torch_compile"),
+                      max_tokens: int = 128) -> pd.DataFrame:  # fmt: skip
+    """µs by graph replay per num_tokens (to ``max_tokens``: rows) of each of ``impls`` in two committed benchmark
+    runs (CSV paths), columns (impl, "before" / "after"), and the change after − before ("Δ")."""
+    times = {}
+    for label, path in (("before", before), ("after", after)):
+        runs = pd.read_csv(resolve_path(path))
+        runs = runs[runs["num_tokens"] <= max_tokens]
+        times[label] = runs.pivot_table(index="num_tokens", columns="impl", values="median_ms")[list(impls)] * 1000
+    columns = {}
+    for impl in impls:
+        columns[(impl, "before")] = times["before"][impl]
+        columns[(impl, "after")] = times["after"][impl]
+        columns[(impl, "Δ")] = times["after"][impl] - times["before"][impl]
+    return pd.DataFrame(columns).rename_axis(columns=["impl", "run"])
+
+
 def programmatic_launch_gains(path=PROGRAMMATIC_LAUNCH_FILE) -> pd.DataFrame:
     """What issuing launch 2 by programmatic dependent launch saves each Gluon form: per num_tokens (rows) and form
     (columns), the form's µs by graph replay plainly issued minus its ``_pdl`` candidate's (launch 1 letting launch 2
