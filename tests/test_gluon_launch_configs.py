@@ -233,7 +233,8 @@ def test_pingpong_programs_at_most_one_a_tile():
 
 @pytest.mark.parametrize("fields", [dict(grad_down_tiles=True), dict(block_m=64, warps=4), dict(d_a_splits=2),
                                     dict(d_a_block_n=256), dict(saved_tiles_early=True), dict(stores_in_flight=True),
-                                    dict(pingpong_programs=-1), dict(pingpong_out_buffers=3)])
+                                    dict(pingpong_programs=-1), dict(pingpong_out_buffers=3),
+                                    dict(pingpong_in_flight=3), dict(pingpong_in_flight=2, buffers=2)])
 def test_pingpong_form_refuses_what_it_does_not_do(fields):
     with pytest.raises(ValueError, match="config: "):
         dataclasses.replace(PINGPONG, **fields)

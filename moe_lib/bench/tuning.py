@@ -501,6 +501,11 @@ for _band in (2300, 3300, 4600):
     # the ring deeper: 5 buffers (hi's and lo's stores in flight), or 6 with one output buffer a warpgroup
     P1_CANDIDATES[f"gluon_pingpong_from{_band}_b5"] = with_first_launch(_pingpong, buffers=5)
     P1_CANDIDATES[f"gluon_pingpong_from{_band}_b6"] = with_first_launch(_pingpong, buffers=6, pingpong_out_buffers=1)
+    # two K steps' products in flight (ncu at 2447 tokens, one tile a program: one warpgroup's main loop kept the
+    # tensor pipe 23% busy against 47% for two warpgroups on the tile)
+    P1_CANDIDATES[f"gluon_pingpong_from{_band}_b6_f2"] = with_first_launch(_pingpong, buffers=6,
+                                                                          pingpong_out_buffers=1, pingpong_in_flight=2)
+    P1_CANDIDATES[f"gluon_pingpong_from{_band}_b5_f2"] = with_first_launch(_pingpong, buffers=5, pingpong_in_flight=2)
 
 # kernel G's settings as the P2 scripts spell them (FIELD=VALUE), and the FusedDxConfig fields they set
 FUSED_DX_FIELDS = {"gate_up_dx_tile": ("block_i", "block_h", "block_rows"), "warps_g": ("warps",),

@@ -438,7 +438,7 @@ def store_hi_lo(value, hi_desc, lo_desc, c_smem, off_m, off_n, WITH_LO: gl.const
 @gluon.jit
 def pingpong_mma_partition(a_bufs, b_bufs, ready, empty, turn, c_smem, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr,
                            up_ptr, dg_desc, dg_lo_desc, du_desc, du_lo_desc, T, I: gl.constexpr, tiles, m_tiles,
-                           k_steps, PARITY: gl.constexpr, WITH_LO: gl.constexpr,
+                           k_steps, PARITY: gl.constexpr, WITH_LO: gl.constexpr, IN_FLIGHT: gl.constexpr,
                            MMA_WARPS: gl.constexpr):  # fmt: skip
     """One warpgroup: the program's tiles PARITY, PARITY + 2, ... of its sequence (tile i of the sequence in the ring's
     steps i·k_steps on), each after the other warpgroup's main loop of the tile before, then its epilogue. The tile's
@@ -465,11 +465,13 @@ def pingpong_mma_partition(a_bufs, b_bufs, ready, empty, turn, c_smem, gate_ptr,
             top = warpgroup_mma(a_bufs.index(slot).slice(0, HALF_M), b_bufs.index(slot), top, is_async=True)
             bottom = warpgroup_mma(a_bufs.index(slot).slice(HALF_M, HALF_M), b_bufs.index(slot), bottom,
                                    is_async=True)  # fmt: skip
-            top, bottom = warpgroup_mma_wait(num_outstanding=2, deps=(top, bottom))  # the step before is done
-            mbarrier.arrive(empty.index((i + BUFFERS - 1) % BUFFERS), count=1, pred=step >= 1)
+            # the step IN_FLIGHT steps before is done: its buffer goes back
+            top, bottom = warpgroup_mma_wait(num_outstanding=2 * IN_FLIGHT, deps=(top, bottom))
+            mbarrier.arrive(empty.index((i + BUFFERS - IN_FLIGHT) % BUFFERS), count=1, pred=step >= IN_FLIGHT)
         top, bottom = warpgroup_mma_wait(num_outstanding=0, deps=(top, bottom))
-        last = index * k_steps + k_steps - 1
-        mbarrier.arrive(empty.index(last % BUFFERS), count=1, pred=k_steps >= 1)
+        for j in gl.static_range(IN_FLIGHT):  # the last steps' buffers
+            last = index * k_steps + k_steps - IN_FLIGHT + j
+            mbarrier.arrive(empty.index(last % BUFFERS), count=1, pred=k_steps - IN_FLIGHT + j >= 0)
         mbarrier.arrive(turn.index(1 - PARITY), count=1)
         pingpong_half_epilogue(top, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, dg_desc, dg_lo_desc, du_desc,
                                du_lo_desc, c_smem, off_m, off_n, T, I, WITH_LO)  # fmt: skip
@@ -506,6 +508,7 @@ def pingpong_first_launch_kernel(
     OUT_BUFFERS: gl.constexpr,  # output buffers of a half tile a warpgroup (1 or 2)
     EARLY_DEPENDENTS: gl.constexpr,  # let a launch 2 issued by programmatic dependent launch start from here on
     MMA_REGS: gl.constexpr,  # registers a thread of the second multiplying warpgroup
+    MMA_IN_FLIGHT: gl.constexpr,  # K steps whose products run while the next step's are issued (1 or 2)
     TRACE: gl.constexpr,  # record each program's start, end and SM (a diagnostic build)
     num_warps: gl.constexpr,  # of the first multiplying warpgroup (4)
 ):  # fmt: skip
@@ -535,10 +538,10 @@ def pingpong_first_launch_kernel(
     gl.warp_specialize([
         (pingpong_mma_partition, (a_bufs, b_bufs, ready, empty, turn, c_smem_0, gate_ptr, gate_sigmoid_ptr,
                                   gate_silu_ptr, up_ptr, dg_desc, dg_lo_desc, du_desc, du_lo_desc, T, I, tiles,
-                                  m_tiles, k_steps, 0, WITH_LO, num_warps)),
+                                  m_tiles, k_steps, 0, WITH_LO, MMA_IN_FLIGHT, num_warps)),
         (pingpong_mma_partition, (a_bufs, b_bufs, ready, empty, turn, c_smem_1, gate_ptr, gate_sigmoid_ptr,
                                   gate_silu_ptr, up_ptr, dg_desc, dg_lo_desc, du_desc, du_lo_desc, T, I, tiles,
-                                  m_tiles, k_steps, 1, WITH_LO, num_warps)),
+                                  m_tiles, k_steps, 1, WITH_LO, MMA_IN_FLIGHT, num_warps)),
         (pingpong_load_partition, (dy_desc, wd_desc, a_bufs, b_bufs, ready, empty, tiles, m_tiles, k_steps)),
     ], [4, 1], [MMA_REGS, 40])  # fmt: skip
     if TRACE:
@@ -591,6 +594,9 @@ class GluonFirstLaunchConfig:
     # the pingpong form: output buffers of a half tile (16 KB) a warpgroup: 2, hi's and lo's stores in flight at once;
     # 1, room for a ring of 6 (with 2 a ring of 5 fits, 4 × 32 + 4 × 16 KB of 227)
     pingpong_out_buffers: int = 2
+    # the pingpong form: K steps whose products a warpgroup keeps running while it issues the next step's (each
+    # buffer handed back that many steps later): one warpgroup alone feeds the tensor cores through a main loop
+    pingpong_in_flight: int = 1
     # the pingpong form: registers a thread of the second multiplying warpgroup (the first takes what the 12 warps'
     # share leaves beside it and the loading warp's 40): 240 compiles without a spill on the faithful path
     pingpong_mma_regs: int = 240
@@ -608,6 +614,9 @@ class GluonFirstLaunchConfig:
         if self.saved_tiles_early and (self.d_a_splits > 1 or self.d_a_block_n != self.block_n):
             raise ValueError("config: saved_tiles_early takes dA tiles block_n wide and unsplit (only the split that "
                              "arrives last, or each half of a wide tile in turn, asks for saved tiles)")  # fmt: skip
+        if self.pingpong_in_flight not in (1, 2) or self.pingpong_in_flight >= self.buffers:
+            raise ValueError(f"config: pingpong_in_flight must be 1 or 2 and fewer than buffers, got "
+                             f"{self.pingpong_in_flight}")  # fmt: skip
         if self.pingpong_out_buffers not in (1, 2):
             raise ValueError(f"config: pingpong_out_buffers must be 1 or 2, got {self.pingpong_out_buffers}")
         if self.pingpong_programs < 0:
@@ -658,7 +667,7 @@ class GluonFirstLaunchConfig:
         T, I = gate.shape
         return (descriptor(grad_output, (bm, bk)), descriptor(down_weight, (bk, bn)), *outputs, gate, gate_sigmoid,
                 gate_silu, up, trace, T, I, with_lo, self.buffers, self.pingpong_out_buffers, self.early_dependents,
-                self.pingpong_mma_regs,
+                self.pingpong_mma_regs, self.pingpong_in_flight,
                 traced)  # fmt: skip
 
     def descriptors(self, grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate, d_gate, d_up,
