@@ -438,8 +438,8 @@ def store_hi_lo(value, hi_desc, lo_desc, c_smem, off_m, off_n, WITH_LO: gl.const
 @gluon.jit
 def pingpong_mma_partition(a_bufs, b_bufs, ready, empty, turn, c_smem, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr,
                            up_ptr, dg_desc, dg_lo_desc, du_desc, du_lo_desc, T, I: gl.constexpr, tiles, m_tiles,
-                           k_steps, PARITY: gl.constexpr, WITH_LO: gl.constexpr, IN_FLIGHT: gl.constexpr,
-                           MMA_WARPS: gl.constexpr):  # fmt: skip
+                           k_steps, trace_ptr, PARITY: gl.constexpr, WITH_LO: gl.constexpr,
+                           IN_FLIGHT: gl.constexpr, TRACE: gl.constexpr, MMA_WARPS: gl.constexpr):  # fmt: skip
     """One warpgroup: the program's tiles PARITY, PARITY + 2, ... of its sequence (tile i of the sequence in the ring's
     steps i·k_steps on), each after the other warpgroup's main loop of the tile before, then its epilogue. The tile's
     accumulator in two halves of 64 rows (each step's A tile in two, against the one B tile), so that one half's
@@ -473,6 +473,10 @@ def pingpong_mma_partition(a_bufs, b_bufs, ready, empty, turn, c_smem, gate_ptr,
             last = index * k_steps + k_steps - IN_FLIGHT + j
             mbarrier.arrive(empty.index(last % BUFFERS), count=1, pred=k_steps - IN_FLIGHT + j >= 0)
         mbarrier.arrive(turn.index(1 - PARITY), count=1)
+        if TRACE and PARITY == 0:
+            if index == 0:  # the program's "proceed" field: when its first tile's main loop ended
+                now, _ = clock_stamp(gl.program_id(0))
+                gl.store(trace_ptr + gl.program_id(0).to(gl.int64) * 5 + 1, now)
         pingpong_half_epilogue(top, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, dg_desc, dg_lo_desc, du_desc,
                                du_lo_desc, c_smem, off_m, off_n, T, I, WITH_LO)  # fmt: skip
         pingpong_half_epilogue(bottom, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, dg_desc, dg_lo_desc,
@@ -500,7 +504,8 @@ def pingpong_first_launch_kernel(
     wd_desc,  # Wd [H, I] as [BLOCK_K, BLOCK_N] tiles (B of dA)
     dg_desc, dg_lo_desc, du_desc, du_lo_desc,  # out: dGate, dUp [T, I] hi and lo as [BLOCK_M / 2, BLOCK_N] tiles
     gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr,  # saved forward [T, I], row-major
-    trace_ptr,  # with TRACE: int64 [programs, 5], a row of gluon_launch2.TRACE_FIELDS per program
+    trace_ptr,  # with TRACE: int64 [programs, 5], a row of gluon_launch2.TRACE_FIELDS per program ("proceed": the
+                # end of its first tile's main loop)
     T,
     I: gl.constexpr,  # (compiled in: the saved tiles' loads address their elements by immediate offsets)
     WITH_LO: gl.constexpr,  # store dGate, dUp as hi/lo pairs (the faithful path); else hi alone
@@ -538,14 +543,19 @@ def pingpong_first_launch_kernel(
     gl.warp_specialize([
         (pingpong_mma_partition, (a_bufs, b_bufs, ready, empty, turn, c_smem_0, gate_ptr, gate_sigmoid_ptr,
                                   gate_silu_ptr, up_ptr, dg_desc, dg_lo_desc, du_desc, du_lo_desc, T, I, tiles,
-                                  m_tiles, k_steps, 0, WITH_LO, MMA_IN_FLIGHT, num_warps)),
+                                  m_tiles, k_steps, trace_ptr, 0, WITH_LO, MMA_IN_FLIGHT, TRACE, num_warps)),
         (pingpong_mma_partition, (a_bufs, b_bufs, ready, empty, turn, c_smem_1, gate_ptr, gate_sigmoid_ptr,
                                   gate_silu_ptr, up_ptr, dg_desc, dg_lo_desc, du_desc, du_lo_desc, T, I, tiles,
-                                  m_tiles, k_steps, 1, WITH_LO, MMA_IN_FLIGHT, num_warps)),
+                                  m_tiles, k_steps, trace_ptr, 1, WITH_LO, MMA_IN_FLIGHT, TRACE, num_warps)),
         (pingpong_load_partition, (dy_desc, wd_desc, a_bufs, b_bufs, ready, empty, tiles, m_tiles, k_steps)),
     ], [4, 1], [MMA_REGS, 40])  # fmt: skip
-    if TRACE:
-        record_program(trace_ptr, pid, start, start, sm, gl.to_tensor(1))
+    if TRACE:  # its row but the "proceed" field, which the first warpgroup wrote
+        end, _ = clock_stamp(pid)
+        row = trace_ptr + pid.to(gl.int64) * 5
+        gl.store(row, start)
+        gl.store(row + 2, end)
+        gl.store(row + 3, sm.to(gl.int64))
+        gl.store(row + 4, gl.to_tensor(1).to(gl.int64))
 
 
 @dataclass(frozen=True)
