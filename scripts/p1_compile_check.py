@@ -121,7 +121,8 @@ def compile_gluon_first_launch(config, with_lo: bool, num_tokens: int = 256):
         names = [name for name in kernel.arg_names if name != "num_warps"]
         arguments = {name: value for name, value in zip(names, values, strict=True) if name.endswith("_desc")}
         arguments |= dict.fromkeys(["gate_ptr", "gate_sigmoid_ptr", "gate_silu_ptr", "up_ptr"], "*bf16")
-        constexprs = dict(zip(names[-9:], values[-9:], strict=True)) | dict(num_warps=4)
+        after_t = names.index("T") + 1  # the compile-time values come after T
+        constexprs = dict(zip(names[after_t:], values[after_t:], strict=True)) | dict(num_warps=4)
         return compile_gluon_for_sm90(kernel, arguments | dict(trace_ptr="*i64", T="i32"), constexprs, warps=4,
                                       maxnreg=config.maxnreg)  # fmt: skip
     kernel = gluon_launch1.first_launch_kernel

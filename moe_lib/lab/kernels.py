@@ -20,7 +20,7 @@ from ..moe_experts import launch as p2_launch
 from ..moe_experts.routing import route_by_expert
 from ..swiglu_down import launch as p1_launch
 from ..tiling import cdiv
-from .results import RESULTS_DIR, resolve_path
+from .results import RESULTS_DIR, load_result_file, ok_rows, pivot, resolve_path
 
 TUNING_DIR = RESULTS_DIR / "H200" / "tuning"  # the tuning scripts' committed outputs (scripts/p1_tune.py, p2_tune.py)
 P2_KERNEL_COLUMNS = ("A", "G", "Wgu", "Wd", "D", "C", "other")  # scripts/p2_tune.py's per-kernel columns
@@ -999,9 +999,9 @@ def runs_side_by_side(before, after, impls=("triton", "triton_fast", "torch_comp
     runs (CSV paths), columns (impl, "before" / "after"), and the change after − before ("Δ")."""
     times = {}
     for label, path in (("before", before), ("after", after)):
-        runs = pd.read_csv(resolve_path(path))
-        runs = runs[runs["num_tokens"] <= max_tokens]
-        times[label] = runs.pivot_table(index="num_tokens", columns="impl", values="median_ms")[list(impls)] * 1000
+        result = load_result_file(resolve_path(path))
+        table = pivot(result, "median_ms", ok_rows(result))
+        times[label] = table.loc[table.index <= max_tokens, list(impls)] * 1000
     columns = {}
     for impl in impls:
         columns[(impl, "before")] = times["before"][impl]

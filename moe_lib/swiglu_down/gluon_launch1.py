@@ -424,22 +424,19 @@ def pingpong_half_epilogue(d_a, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_pt
 def store_hi_lo(value, hi_desc, lo_desc, c_smem, off_m, off_n, WITH_LO: gl.constexpr):
     """An fp32 tile out as hi = round(value) through ``c_smem`` buffer 0 and, with WITH_LO, lo = round(value − hi)
     through buffer 1, both stores in flight at once (once the stores before have read their buffers); with one buffer,
-    lo's after hi's has read it."""
-    tma.store_wait(pendings=0)
-    hi = value.to(hi_desc.dtype)
-    c_smem.index(0).store(hi)
-    if WITH_LO and c_smem.type.shape[0] > 1:
-        c_smem.index(1).store((value - hi.to(gl.float32)).to(lo_desc.dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(hi_desc, [off_m, off_n], c_smem.index(0))
-    if WITH_LO:
-        if c_smem.type.shape[0] > 1:
+    :func:`store_halves` (lo's after hi's has read it)."""
+    if c_smem.type.shape[0] == 1:
+        store_halves(value, hi_desc, lo_desc, c_smem.index(0), off_m, off_n, WITH_LO)
+    else:
+        tma.store_wait(pendings=0)
+        hi = value.to(hi_desc.dtype)
+        c_smem.index(0).store(hi)
+        if WITH_LO:
+            c_smem.index(1).store((value - hi.to(gl.float32)).to(lo_desc.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(hi_desc, [off_m, off_n], c_smem.index(0))
+        if WITH_LO:
             tma.async_copy_shared_to_global(lo_desc, [off_m, off_n], c_smem.index(1))
-        else:
-            tma.store_wait(pendings=0)
-            c_smem.index(0).store((value - hi.to(gl.float32)).to(lo_desc.dtype))
-            fence_async_shared()
-            tma.async_copy_shared_to_global(lo_desc, [off_m, off_n], c_smem.index(0))
 
 
 @gluon.jit

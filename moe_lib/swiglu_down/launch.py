@@ -526,8 +526,9 @@ class SplitWorkspace:
         """int32 counters (at least ``size``) for the calls of one slot on the current stream: zeroed once, then
         kept, each call adding to them. A CUDA graph's capture takes a spare set an eager call made ready (the graph's
         own from then on, so that no launch outside it moves its counts), else zeros made inside the graph."""
+        spare_key = (str(device), slot, split)
         if capturing(device):
-            spare = cls._spares.pop((str(device), slot, split), None)
+            spare = cls._spares.pop(spare_key, None)
             if spare is not None and spare.numel() >= size:
                 cls._graph_owned.append(spare)
                 return spare
@@ -537,9 +538,9 @@ class SplitWorkspace:
         buffer = cls._counters.get(key)
         if buffer is None or buffer.numel() < size:
             buffer = cls._counters[key] = torch.zeros(max(size, 1024), dtype=torch.int32, device=device)
-        spare = cls._spares.get((str(device), slot, split))
+        spare = cls._spares.get(spare_key)
         if spare is None or spare.numel() < size:
-            cls._spares[(str(device), slot, split)] = torch.zeros(max(size, 1024), dtype=torch.int32, device=device)
+            cls._spares[spare_key] = torch.zeros(max(size, 1024), dtype=torch.int32, device=device)
         return buffer
 
 
