@@ -1184,7 +1184,7 @@ def test_gpu_gluon_first_launch_at_both_input_scales(T, precision, candidate, se
 @pytest.mark.parametrize("T", [1, 3, 129, 300, 2447, 8192, 12288])
 @pytest.mark.parametrize("precision", ["faithful", "fast"])
 @pytest.mark.parametrize("candidate", ["gluon_pingpong_from2300", "gluon_pingpong_from3300_d128",
-                                       "gluon_pingpong_from2300_b6_f2", "gluon_pingpong_from2300_wide"])
+                                       "gluon_pingpong_from2300_b6_f2"])
 def test_gpu_gluon_pingpong_first_launch_at_both_input_scales(T, precision, candidate, seed):
     """Launch 1 in the pingpong form (persistent programs, each taking its dA tiles in turn on two warpgroups) from
     poisoned memory, both input scales, within the precision's rule of float64: fewer tiles than programs (1-300

@@ -506,10 +506,6 @@ for _band in (2300, 3300, 4600):
     P1_CANDIDATES[f"gluon_pingpong_from{_band}_b6_f2"] = with_first_launch(_pingpong, buffers=6,
                                                                           pingpong_out_buffers=1, pingpong_in_flight=2)
     P1_CANDIDATES[f"gluon_pingpong_from{_band}_b5_f2"] = with_first_launch(_pingpong, buffers=5, pingpong_in_flight=2)
-    # the epilogue's saved tiles loaded 16 bytes a thread (traced: the epilogue ≈ 26.6 µs a tile, the main loop 14.4)
-    # (compiled for sm_90: 208 KB with the layout change's scratch, 448 B of stack on the faithful path, 120 fast; a
-    # ring of 5 beside it does not fit)
-    P1_CANDIDATES[f"gluon_pingpong_from{_band}_wide"] = with_first_launch(_pingpong, pingpong_wide_loads=True)
 
 # kernel G's settings as the P2 scripts spell them (FIELD=VALUE), and the FusedDxConfig fields they set
 FUSED_DX_FIELDS = {"gate_up_dx_tile": ("block_i", "block_h", "block_rows"), "warps_g": ("warps",),

@@ -385,38 +385,31 @@ def first_launch_kernel(
 
 @gluon.jit
 def saved_tile(ptr, off_m, off_n, T, I: gl.constexpr, layout: gl.constexpr, BLOCK_M: gl.constexpr,
-               BLOCK_N: gl.constexpr, WIDE: gl.constexpr = False):  # fmt: skip
+               BLOCK_N: gl.constexpr):  # fmt: skip
     """A saved [T, I] tensor's [BLOCK_M, BLOCK_N] tile at (off_m, off_n) in fp32, in ``layout`` (0 past T and I).
     From the tile's corner, the offsets are compile-time constants a thread (I compiled in): each load addresses
-    its element as one base register plus an immediate, instead of a 64-bit address per element. In ``layout`` a
-    thread's elements are pairs (4 bytes); with WIDE the tile is loaded 16 bytes a thread (whole 32-byte sectors) and
-    then moved into ``layout`` through shared memory."""
-    load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0]) if WIDE else layout
-    rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, load_layout))
-    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, load_layout))
+    its element as one base register plus an immediate, instead of a 64-bit address per element."""
+    rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
     mask = (rows[:, None] < T - off_m) & (cols[None, :] < I - off_n)
     corner = ptr + off_m.to(gl.int64) * I + off_n
-    tile = gl.load(corner + (rows[:, None] * I + cols[None, :]), mask=mask, other=0.0)
-    if WIDE:
-        tile = gl.convert_layout(tile, layout)
-    return tile.to(gl.float32)
+    return gl.load(corner + (rows[:, None] * I + cols[None, :]), mask=mask, other=0.0).to(gl.float32)
 
 
 @gluon.jit
 def pingpong_half_epilogue(d_a, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, dg_desc, dg_lo_desc, du_desc,
-                           du_lo_desc, c_smem, off_m, off_n, T, I: gl.constexpr, WITH_LO: gl.constexpr,
-                           WIDE: gl.constexpr):  # fmt: skip
+                           du_lo_desc, c_smem, off_m, off_n, T, I: gl.constexpr, WITH_LO: gl.constexpr):  # fmt: skip
     """dUp = dA ⊙ silu, dGate = dA ⊙ σ ⊙ (1 + gate ⊙ (1 − σ)) ⊙ up of one half tile (the order of
     kernels.store_swiglu_grads), each saved tile loaded as it is needed; each output's hi and lo halves out by TMA
     through ``c_smem``'s two buffers at once."""
     layout: gl.constexpr = d_a.type.layout
     BLOCK_M: gl.constexpr = d_a.shape[0]
     BLOCK_N: gl.constexpr = d_a.shape[1]
-    d_up = d_a * saved_tile(gate_silu_ptr, off_m, off_n, T, I, layout, BLOCK_M, BLOCK_N, WIDE)
+    d_up = d_a * saved_tile(gate_silu_ptr, off_m, off_n, T, I, layout, BLOCK_M, BLOCK_N)
     store_hi_lo(d_up, du_desc, du_lo_desc, c_smem, off_m, off_n, WITH_LO)
-    s = saved_tile(gate_sigmoid_ptr, off_m, off_n, T, I, layout, BLOCK_M, BLOCK_N, WIDE)
-    d_gate = d_a * s * (1.0 + saved_tile(gate_ptr, off_m, off_n, T, I, layout, BLOCK_M, BLOCK_N, WIDE) * (1.0 - s))
-    d_gate = d_gate * saved_tile(up_ptr, off_m, off_n, T, I, layout, BLOCK_M, BLOCK_N, WIDE)
+    s = saved_tile(gate_sigmoid_ptr, off_m, off_n, T, I, layout, BLOCK_M, BLOCK_N)
+    d_gate = d_a * s * (1.0 + saved_tile(gate_ptr, off_m, off_n, T, I, layout, BLOCK_M, BLOCK_N) * (1.0 - s))
+    d_gate = d_gate * saved_tile(up_ptr, off_m, off_n, T, I, layout, BLOCK_M, BLOCK_N)
     store_hi_lo(d_gate, dg_desc, dg_lo_desc, c_smem, off_m, off_n, WITH_LO)
 
 
@@ -443,8 +436,7 @@ def store_hi_lo(value, hi_desc, lo_desc, c_smem, off_m, off_n, WITH_LO: gl.const
 def pingpong_mma_partition(a_bufs, b_bufs, ready, empty, turn, c_smem, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr,
                            up_ptr, dg_desc, dg_lo_desc, du_desc, du_lo_desc, T, I: gl.constexpr, tiles, m_tiles,
                            k_steps, trace_ptr, PARITY: gl.constexpr, WITH_LO: gl.constexpr,
-                           IN_FLIGHT: gl.constexpr, WIDE_LOADS: gl.constexpr, TRACE: gl.constexpr,
-                           MMA_WARPS: gl.constexpr):  # fmt: skip
+                           IN_FLIGHT: gl.constexpr, TRACE: gl.constexpr, MMA_WARPS: gl.constexpr):  # fmt: skip
     """One warpgroup: the program's tiles PARITY, PARITY + 2, ... of its sequence (tile i of the sequence in the ring's
     steps i·k_steps on), each after the other warpgroup's main loop of the tile before, then its epilogue. The tile's
     accumulator in two halves of 64 rows (each step's A tile in two, against the one B tile), so that one half's
@@ -483,10 +475,9 @@ def pingpong_mma_partition(a_bufs, b_bufs, ready, empty, turn, c_smem, gate_ptr,
                 now, _ = clock_stamp(gl.program_id(0))
                 gl.store(trace_ptr + gl.program_id(0).to(gl.int64) * 5 + 1, now)
         pingpong_half_epilogue(top, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, dg_desc, dg_lo_desc, du_desc,
-                               du_lo_desc, c_smem, off_m, off_n, T, I, WITH_LO, WIDE_LOADS)  # fmt: skip
+                               du_lo_desc, c_smem, off_m, off_n, T, I, WITH_LO)  # fmt: skip
         pingpong_half_epilogue(bottom, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, dg_desc, dg_lo_desc,
-                               du_desc, du_lo_desc, c_smem, off_m + HALF_M, off_n, T, I, WITH_LO,
-                               WIDE_LOADS)  # fmt: skip
+                               du_desc, du_lo_desc, c_smem, off_m + HALF_M, off_n, T, I, WITH_LO)  # fmt: skip
         index += 2
     tma.store_wait(pendings=0)
 
@@ -520,7 +511,6 @@ def pingpong_first_launch_kernel(
     EARLY_DEPENDENTS: gl.constexpr,  # let a launch 2 issued by programmatic dependent launch start from here on
     MMA_REGS: gl.constexpr,  # registers a thread of the second multiplying warpgroup
     MMA_IN_FLIGHT: gl.constexpr,  # K steps whose products run while the next step's are issued (1 or 2)
-    WIDE_LOADS: gl.constexpr,  # the epilogue's saved tiles loaded 16 bytes a thread, then moved into its layout
     TRACE: gl.constexpr,  # record each program's start, end and SM (a diagnostic build)
     num_warps: gl.constexpr,  # of the first multiplying warpgroup (4)
 ):  # fmt: skip
@@ -550,11 +540,11 @@ def pingpong_first_launch_kernel(
     gl.warp_specialize([
         (pingpong_mma_partition, (a_bufs, b_bufs, ready, empty, turn, c_smem_0, gate_ptr, gate_sigmoid_ptr,
                                   gate_silu_ptr, up_ptr, dg_desc, dg_lo_desc, du_desc, du_lo_desc, T, I, tiles,
-                                  m_tiles, k_steps, trace_ptr, 0, WITH_LO, MMA_IN_FLIGHT, WIDE_LOADS, TRACE,
+                                  m_tiles, k_steps, trace_ptr, 0, WITH_LO, MMA_IN_FLIGHT, TRACE,
                                   num_warps)),
         (pingpong_mma_partition, (a_bufs, b_bufs, ready, empty, turn, c_smem_1, gate_ptr, gate_sigmoid_ptr,
                                   gate_silu_ptr, up_ptr, dg_desc, dg_lo_desc, du_desc, du_lo_desc, T, I, tiles,
-                                  m_tiles, k_steps, trace_ptr, 1, WITH_LO, MMA_IN_FLIGHT, WIDE_LOADS, TRACE,
+                                  m_tiles, k_steps, trace_ptr, 1, WITH_LO, MMA_IN_FLIGHT, TRACE,
                                   num_warps)),
         (pingpong_load_partition, (dy_desc, wd_desc, a_bufs, b_bufs, ready, empty, tiles, m_tiles, k_steps)),
     ], [4, 1], [MMA_REGS, 40])  # fmt: skip
@@ -616,10 +606,6 @@ class GluonFirstLaunchConfig:
     # the pingpong form: K steps whose products a warpgroup keeps running while it issues the next step's (each
     # buffer handed back that many steps later): one warpgroup alone feeds the tensor cores through a main loop
     pingpong_in_flight: int = 1
-    # the pingpong form: the epilogue's saved tiles loaded 16 bytes a thread (whole 32-byte sectors) and moved into the
-    # accumulator's layout through shared memory, instead of 4 bytes a thread in that layout (traced: the epilogue
-    # then took ≈ 26.6 µs a tile, data/results/NOTES.md, design 23)
-    pingpong_wide_loads: bool = False
     # the pingpong form: registers a thread of the second multiplying warpgroup (the first takes what the 12 warps'
     # share leaves beside it and the loading warp's 40): 240 compiles without a spill on the faithful path
     pingpong_mma_regs: int = 240
@@ -690,8 +676,7 @@ class GluonFirstLaunchConfig:
         T, I = gate.shape
         return (descriptor(grad_output, (bm, bk)), descriptor(down_weight, (bk, bn)), *outputs, gate, gate_sigmoid,
                 gate_silu, up, trace, T, I, with_lo, self.buffers, self.pingpong_out_buffers, self.early_dependents,
-                self.pingpong_mma_regs, self.pingpong_in_flight, self.pingpong_wide_loads,
-                traced)  # fmt: skip
+                self.pingpong_mma_regs, self.pingpong_in_flight, traced)  # fmt: skip
 
     def descriptors(self, grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate, d_gate, d_up,
                     grad_down_weight):  # fmt: skip
