@@ -19,6 +19,7 @@ CASES = {
     "p1_gluon_probe.py --variants m128n256k32b4,nope": "--variants: unknown variant(s) ['nope']",
     "p1_tune.py --configs lib_f_rows,nope": "--configs: unknown candidate(s) ['nope']",
     "p1_gluon_probe.py --tokens 8192,0": "--tokens: expected a comma list of positive integers",
+    "p1_fp8_lo_probe.py --tokens 8192,x": "--tokens: expected a comma list of positive integers",
 }
 
 
