@@ -4,6 +4,7 @@ import math
 
 import matplotlib
 import numpy as np
+import pandas as pd
 import pytest
 
 from moe_lib import problems, roofline
@@ -108,3 +109,25 @@ def test_p1_floors_order_the_arithmetics_and_end_in_geomeans():
     assert fast[1] == hi_lo[1] == pytest.approx(1e6 * bytes_1 / SPEC.dram_bandwidth + 3.0)
     assert table["measured fast"].isna().all()
     assert table.loc["geomean", "fast (bf16 dGate, dUp)"] == pytest.approx(float(np.exp(np.log(fast[:3]).mean())))
+
+
+def test_fp8_lo_table_adds_the_products_and_the_copies():
+    """The committed probe's 8192-token row by hand: both lo products' µs summed per way, the copies x → fp8 xᵀ and
+    [Wg; Wu] → fp8 at 2 + 1 bytes an element over the bandwidth; what NOTES.md (design 24) read off it."""
+    table = ledger.p1_fp8_lo_table(SPEC, None)
+    assert list(table.index) == [1087, 1571, 2447, 2767, 4093, 7168, 8192]
+    row = table.loc[8192]
+    assert row["bf16_us"] == pytest.approx(72.816 + 69.328, abs=0.01)
+    assert row["fp8_us"] == pytest.approx(49.376 + 49.456, abs=0.01)
+    assert row["fp8 copies_us"] == pytest.approx(1e6 * 3 * (8192 * 2048 + 2 * 768 * 2048) / SPEC.dram_bandwidth)
+    assert row["net_us"] == pytest.approx(row["fp8_us"] + row["fp8 copies_us"] - row["bf16_us"])
+    assert table["share"].isna().all()  # no measured faithful path given
+    # fp8 pays only from 4093 tokens: below, its products alone are no faster than bf16's
+    assert (table.loc[[4093, 7168, 8192], "net_us"] < -10).all() and (table.loc[[1087, 1571, 2447], "net_us"] > 0).all()
+
+
+def test_geomean_change_counts_the_unchanged_cases_and_no_slower_one():
+    shares = pd.Series({8192: -0.08, 7168: -0.09, 1087: 0.05})  # the slower case would not be used: unchanged
+    expected = math.exp((math.log(0.92) + math.log(0.91)) / 16) - 1
+    assert ledger.geomean_change(shares, 16) == pytest.approx(expected)
+    assert ledger.geomean_change(pd.Series({1: 0.1}), 16) == 0.0

@@ -15,7 +15,9 @@ Sizes in bytes, work in FLOPs, times in ms (``*_ms``), as the column names say.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -24,7 +26,7 @@ import pandas as pd
 from .. import problems, roofline
 from ..moe_experts import launch as p2_launch
 from ..moe_experts.tma_weight_grad import tma_layout_fits
-from .results import OURS, ResultFile, ok_rows
+from .results import OURS, RESULTS_DIR, ResultFile, ok_rows
 
 OPERAND_BYTES = 2  # the tensor-core operands and kernel A's workspaces: bf16 (or fp16)
 ACCUMULATOR_BYTES = 4  # dX per slot and the routing-weight partials: fp32
@@ -221,3 +223,38 @@ def p1_floor_table(spec: roofline.GPUSpec, result: ResultFile | None = None, lau
     table.index.name = "tokens"
     table.loc["geomean"] = np.exp(np.log(table).mean())  # NaN where a case was not measured
     return table
+
+
+# cuBLAS's bf16 and fp8 products on the faithful path's lo half, by graph replay (scripts/p1_fp8_lo_probe.py)
+FP8_LO_PROBE = RESULTS_DIR / "H200" / "tuning" / "2026-12-03-p1-fp8-lo-probe.json"
+FP8_BYTES = 1
+
+
+def p1_fp8_lo_table(spec: roofline.GPUSpec, result: ResultFile | None, path=FP8_LO_PROBE) -> pd.DataFrame:
+    """Per token count of the probe at ``path``: what an fp8 lo half would save the faithful path, at best.
+
+    The lo half's two products (dx += lo·[Wg; Wu], dWg‖dWu += loᵀ·x) as cuBLAS runs them in bf16 and in fp8 (µs),
+    against the copies fp8 operands would add each call, at ``spec``'s bandwidth: x as fp8 xᵀ (T·H read in bf16,
+    written in fp8) and [Wg; Wu] as fp8 (2I·H the same way); the lo half itself is written in fp8 in the two layouts
+    the products need, as many bytes as today's bf16 lo half. "net" is the change of the call (negative: faster);
+    "share" that change against the faithful path measured in ``result`` (graph replay, NaN where not measured)."""
+    runs = json.loads(Path(path).read_text())["runs"]
+    probe = pd.DataFrame([row for run in runs for row in run["rows"]])
+    sizes = problems.load("swiglu_down_backward").sizes(0)
+    H, I = sizes["hidden_size"], sizes["intermediate_size"]
+    table = probe.groupby("T")[["bf16_us", "fp8_us"]].sum()
+    table.index.name = "tokens"
+    copied = (OPERAND_BYTES + FP8_BYTES) * (table.index.to_numpy() * H + 2 * I * H)
+    table["fp8 copies_us"] = 1e6 * copied / spec.dram_bandwidth
+    table["net_us"] = table["fp8_us"] + table["fp8 copies_us"] - table["bf16_us"]
+    table["faithful_us"] = [1e3 * measured_ms(result, int(num_tokens)) for num_tokens in table.index]
+    table["share"] = table["net_us"] / table["faithful_us"]
+    return table
+
+
+def geomean_change(shares: pd.Series, cases: int) -> float:
+    """The relative change of a geomean over ``cases`` cases when the cases in ``shares`` change by their share
+    (e.g. −0.08: 8% faster) and the others not at all; a case that would get slower counts as unchanged (the
+    design would not be used there)."""
+    kept = np.minimum(shares.to_numpy(dtype=float), 0.0)
+    return float(np.expm1(np.log1p(kept).sum() / cases))
