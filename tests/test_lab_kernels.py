@@ -701,3 +701,18 @@ def test_runs_side_by_side_hold_the_graph_counters_gain():
         assert (table[(impl, "after")] - table[(impl, "before")] - table[(impl, "Δ")]).abs().max() < 1e-9
     assert round(table.loc[1, ("triton", "after")], 1) == round(table.loc[1, ("triton_fast", "after")], 1) == 14.7
     assert table[("torch_compile", "Δ")].abs().max() < 2
+
+
+def test_pingpong_epilogue_table_says_what_notes_design_24_says():
+    """The pingpong traces at 2447 tokens: the main loop ends at 14-18 µs in every form, the epilogue takes ≈ 26.6 µs
+    with 4-byte loads, ≈ 31 with 16-byte loads and ≈ 18 with the saved tiles through the ring, stores one after the
+    other or all at once."""
+    table = kernels.pingpong_epilogue_table(2447)
+    assert list(table.index) == ["gluon_pingpong_from2300_b6_f2", "gluon_pingpong_from2300_wide",
+                                 "gluon_pingpong_from2300_ring6", "gluon_pingpong_from2300_ring6s"]
+    assert table["main_loop_end_us"].between(14, 18).all()
+    epilogue = table["epilogue_us"]
+    assert epilogue["gluon_pingpong_from2300_b6_f2"] == pytest.approx(26.6, abs=0.5)
+    assert epilogue["gluon_pingpong_from2300_wide"] == pytest.approx(31, abs=0.5)
+    assert epilogue[["gluon_pingpong_from2300_ring6", "gluon_pingpong_from2300_ring6s"]].between(17.5, 18.7).all()
+    assert (table["launch_end_us"] == table["main_loop_end_us"] + epilogue).all()

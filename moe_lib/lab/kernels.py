@@ -1248,3 +1248,24 @@ def program_timeline_figure(panels: dict):
     axes[0, 0].legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
     fig.tight_layout()
     return fig
+
+
+# Launch 1's pingpong form traced (`GluonFirstLaunchConfig.pingpong_programs`; a program's "proceed" is the end of its
+# first tile's main loop): the form with its saved tiles loaded by 4-byte loads (one config, no commit column), and the
+# later forms (saved tiles by 16-byte loads, by TMA through the ring, with the stores through the ring too)
+PINGPONG_TRACE_FILE = TUNING_DIR / "2026-12-03-p1-pingpong-trace.csv"
+PINGPONG_TRACE_CONFIG = "gluon_pingpong_from2300_b6_f2"
+PINGPONG_RING_TRACE_FILE = TUNING_DIR / "2026-12-03-p1-pingpong-ring-trace.csv"
+
+
+def pingpong_epilogue_table(num_tokens: int = 2447, paths=(PINGPONG_TRACE_FILE, PINGPONG_RING_TRACE_FILE)):
+    """Per traced pingpong config at ``num_tokens``: the median program's first main loop end and launch 1's end (µs
+    from its start), and their difference, the epilogue of the program's first tile (at 2447 tokens each program has
+    one tile, so that is all the program does after its main loop)."""
+    traces = pd.concat([pd.read_csv(resolve_path(path)) for path in paths], ignore_index=True)
+    traces["config"] = traces["config"].fillna(PINGPONG_TRACE_CONFIG) if "config" in traces else PINGPONG_TRACE_CONFIG
+    rows = traces[(traces["launch"] == "launch 1") & (traces["T"] == num_tokens)]
+    table = rows.groupby("config", sort=False).agg(main_loop_end_us=("proceed_us", "median"),
+                                                    launch_end_us=("end_us", "median"))  # fmt: skip
+    table["epilogue_us"] = table["launch_end_us"] - table["main_loop_end_us"]
+    return table
