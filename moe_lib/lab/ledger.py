@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -26,7 +25,7 @@ import pandas as pd
 from .. import problems, roofline
 from ..moe_experts import launch as p2_launch
 from ..moe_experts.tma_weight_grad import tma_layout_fits
-from .results import OURS, RESULTS_DIR, ResultFile, ok_rows
+from .results import OURS, RESULTS_DIR, ResultFile, ok_rows, resolve_path
 
 OPERAND_BYTES = 2  # the tensor-core operands and kernel A's workspaces: bf16 (or fp16)
 ACCUMULATOR_BYTES = 4  # dX per slot and the routing-weight partials: fp32
@@ -238,15 +237,15 @@ def p1_fp8_lo_table(spec: roofline.GPUSpec, result: ResultFile | None, path=FP8_
     written in fp8) and [Wg; Wu] as fp8 (2I·H the same way); the lo half itself is written in fp8 in the two layouts
     the products need, as many bytes as today's bf16 lo half. "net" is the change of the call (negative: faster);
     "share" that change against the faithful path measured in ``result`` (graph replay, NaN where not measured)."""
-    runs = json.loads(Path(path).read_text())["runs"]
+    runs = json.loads(resolve_path(path).read_text())["runs"]
     probe = pd.DataFrame([row for run in runs for row in run["rows"]])
     sizes = problems.load("swiglu_down_backward").sizes(0)
     H, I = sizes["hidden_size"], sizes["intermediate_size"]
     table = probe.groupby("T")[["bf16_us", "fp8_us"]].sum()
     table.index.name = "tokens"
     copied = (OPERAND_BYTES + FP8_BYTES) * (table.index.to_numpy() * H + 2 * I * H)
-    table["fp8 copies_us"] = 1e6 * copied / spec.dram_bandwidth
-    table["net_us"] = table["fp8_us"] + table["fp8 copies_us"] - table["bf16_us"]
+    table["copies_us"] = 1e6 * copied / spec.dram_bandwidth
+    table["net_us"] = table["fp8_us"] + table["copies_us"] - table["bf16_us"]
     table["faithful_us"] = [1e3 * measured_ms(result, int(num_tokens)) for num_tokens in table.index]
     table["share"] = table["net_us"] / table["faithful_us"]
     return table
