@@ -416,6 +416,14 @@ for _name in ("gluon12_m64_early_dx4_wp68", "gluon12_m64_early_dx2_wp68", "gluon
 P1_CANDIDATES["gluon12_b6_l2b6_fast"] = with_second_launch(P1_CANDIDATES["gluon12_b6_pdl_sif_graph_early"], buffers=6)
 P1_CANDIDATES["gluon12_b6_l2m64b9_fast"] = with_second_launch(P1_CANDIDATES["gluon12_b6_l2m64b6_pdl_sif_graph_early"],
                                                               buffers=9)  # fmt: skip
+# the 2300-3299 band's form (gluon12_b6_pdl_sif_graph_early; on the fast path with dx unsplit) where at 2767 tokens
+# it trails torch.compile: launch 1's dA tiles first (`_daf`: at 2767 tokens its 132 dA tiles are one wave, the 96 dWd
+# tiles after them), launch 2's weight-gradient tiles 128 wide (`_w128`: the order model, lab.kernels.
+# gluon_launch_schedule, puts launch 2 3% shorter at 2767 tokens, 192 tiles of K = T beside dx's 176)
+_BAND_2300 = P1_CANDIDATES["gluon12_b6_pdl_sif_graph_early"]
+P1_CANDIDATES["gluon_band2300_daf"] = with_first_launch(_BAND_2300, d_a_first=True)
+P1_CANDIDATES["gluon_band2300_w128"] = with_second_launch(_BAND_2300, weight_block_n=128)
+P1_CANDIDATES["gluon_band2300_daf_w128"] = with_second_launch(P1_CANDIDATES["gluon_band2300_daf"], weight_block_n=128)
 # the forms to 512 tokens with launch 1's K steps half as deep on twice the buffers (32 x 16 and 32 x 12: more, smaller
 # copies in flight; gluon12_m64_k32b16 measured the same on the forms before, 3-5% slower): at 128 tokens each dA
 # tile's 768 KB streams through one SM, and 4 copies of 48 KB in flight were 4 µs slower than 8 of 24 KB
