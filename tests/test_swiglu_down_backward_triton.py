@@ -272,27 +272,6 @@ def test_library_gemms_design_poisoned_and_at_the_harness_scale(T, precision, ti
         assert result["rel_error"] <= 2e-2, name
 
 
-def test_library_gemms_gluon_second_launch_is_named_where_it_cannot_apply(seed):
-    """The Gluon launch 2 after cuBLAS's half: a clear error for the faithful path (no lo halves in its operands) and
-    beside another way of taking dx, before any work; off a Hopper GPU the call runs cuBLAS's dx and [dWg; dWu]."""
-    from moe_lib.swiglu_down import launch
-    from moe_lib.swiglu_down.gluon_launch2 import GluonSecondLaunchConfig
-    from moe_lib.swiglu_down.library_gemms import LibraryGemmsConfig
-
-    with pytest.raises(ValueError, match="gluon_second_launch"):
-        LibraryGemmsConfig(gluon_second_launch=GluonSecondLaunchConfig(), dx_in_two=True)
-    with pytest.raises(ValueError, match="gluon_second_launch"):
-        LibraryGemmsConfig(gluon_second_launch=GluonSecondLaunchConfig(), grad_x_tile=(16, 16, 16, 2))
-    inputs = problems.make_inputs("swiglu_down_backward", 7, seed=seed, hidden_size=32, intermediate_size=16)
-    config = LibraryGemmsConfig(d_a_fp32=False, gluon_second_launch=GluonSecondLaunchConfig(grad_down_tiles=True))
-    with pytest.raises(ValueError, match="gluon_second_launch is for the fast path"):
-        launch.swiglu_down_backward_triton(*inputs.values(), config=config, precision="faithful")
-    if not torch.cuda.is_available():  # here cuBLAS's part stands in for the launch: the gradients as without it
-        got = launch.swiglu_down_backward_triton(*inputs.values(), config=config, precision="fast")
-        for name, g, w in zip(OUTPUTS, got, float64_reference(inputs), strict=True):
-            assert rel_error(g, w) <= 2e-2, name
-
-
 @needs_triton
 def test_library_gemms_design_takes_adjacent_gate_up_weights_without_a_copy(seed):
     """Wg and Wu as the two row halves of one buffer (a fused gate-up weight): [Wg; Wu] is a view of it, and
@@ -1211,24 +1190,6 @@ def test_gpu_gluon_pingpong_first_launch_at_both_input_scales(T, precision, cand
     poisoned memory, both input scales, within the precision's rule of float64: fewer tiles than programs (1-300
     tokens), one to three tiles a program, odd and even counts (each warpgroup's turn), partial tiles along T."""
     check_candidate_at_both_scales(candidate, T, precision, seed)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("T", [1, 3, 129, 1087, 2767, 8192, 12288])
-@pytest.mark.parametrize("candidate", ["lib_gluon2", "lib_gluon2_dwd", "lib_gluon2_m64", "lib_gluon2_w128_dwd"])
-def test_gpu_library_gemms_then_gluon_second_launch_at_both_input_scales(T, candidate, seed):
-    """cuBLAS's dA, dWd and the dSwiGLU pass, then the Gluon launch 2 reading dG and dU as the column halves of the
-    pass's [T, 2I] rows (its descriptors strided, no copy), from poisoned memory at both input scales, within the fast
-    path's rule of float64: partial tiles along T, fewer tiles than SMs, several waves."""
-    check_candidate_at_both_scales(candidate, T, "fast", seed)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("candidate", ["lib_gluon2", "lib_gluon2_dwd"])
-def test_gpu_library_gemms_then_gluon_second_launch_deterministic_and_replayed(candidate, seed):
-    """Bitwise the same outputs call after call (the second stream included), and the same from a replayed CUDA graph
-    on new inputs."""
-    check_deterministic_and_replayed(candidate, "fast", seed, 2767)
 
 
 @pytest.mark.gpu

@@ -513,21 +513,6 @@ for _band in (2300, 3300, 4600):
     # tensor pipe 23% busy against 47% for two warpgroups on the tile)
     P1_CANDIDATES[f"gluon_pingpong_from{_band}_b6_f2"] = with_first_launch(_pingpong, buffers=6,
                                                                           pingpong_out_buffers=1, pingpong_in_flight=2)
-
-# the fast path's two halves from the designs that run each best (`lib_gluon2<form>`): dA, dWd and the dSwiGLU pass on
-# cuBLAS and one Triton pass (ncu at 2767 tokens: cuBLAS's dA and dWd at 83-84% of the tensor pipe, the Gluon launch 1
-# that fuses the pass into dA's tiles at 61%), then dx, dWg and dWu by the Gluon launch 2 (at 2767 tokens ahead of
-# cuBLAS's two GEMMs), which reads dG and dU as the pass's [T, 2I] column halves and Wg, Wu where they lie: no [Wg; Wu]
-# copy. dWd on cuBLAS beside dA on the second stream, or with `_dwd` as launch 2's tiles (one stream); launch 2 in the
-# 2300 band's form (128-row tiles) or with `_m64` the 3300 band's (64-row tiles); `_dxf`: its dx tiles first
-_LIB_HALF = dict(d_a_fp32=False, stack_by_memcpy=True)
-for _name, _launch2 in (("", GluonSecondLaunchConfig(programmatic=True)),
-                        ("_m64", GluonSecondLaunchConfig(block_m=64, warps=4, buffers=6, programmatic=True)),
-                        ("_dxf", GluonSecondLaunchConfig(programmatic=True, grad_x_first=True)),
-                        ("_w128", GluonSecondLaunchConfig(programmatic=True, weight_block_n=128))):
-    P1_CANDIDATES[f"lib_gluon2{_name}"] = LibraryGemmsConfig(**_LIB_HALF, streams=True, gluon_second_launch=_launch2)
-    P1_CANDIDATES[f"lib_gluon2{_name}_dwd"] = LibraryGemmsConfig(
-        **_LIB_HALF, streams=False, gluon_second_launch=dataclasses.replace(_launch2, grad_down_tiles=True))
     P1_CANDIDATES[f"gluon_pingpong_from{_band}_b5_f2"] = with_first_launch(_pingpong, buffers=5, pingpong_in_flight=2)
 
 # kernel G's settings as the P2 scripts spell them (FIELD=VALUE), and the FusedDxConfig fields they set

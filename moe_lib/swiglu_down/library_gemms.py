@@ -14,9 +14,6 @@ Dataflow (T tokens, H hidden, I intermediate; s = the saved gate_sigmoid), 16-bi
                                                         Wu where they lie: nothing stacked)
     [dWg; dWu]   = [dG | dU]ᵀ · x              [2I, H]  one cuBLAS GEMM with M = 2I (on the second stream with
                                                         ``streams``); dWg and dWu are its two row halves
-    (with ``gluon_second_launch``, fast path on a Hopper GPU: dx, dWg and dWu by the Gluon launch 2 of the two-launch
-    design, gluon_launch2.second_launch_kernel, its TMA reading the pass's dG and dU as the two column halves of the
-    [T, 2I] rows and Wg, Wu where they lie: nothing stacked; with its ``grad_down_tiles`` dWd's tiles there too)
 
 The faithful path (``with_lo``) keeps dG and dU as hi/lo pairs, each row [dG_hi | dU_hi | dG_lo | dU_lo]
 ([T, 4I]): dx is one GEMM over K = 4I against [Wg; Wu; Wg; Wu], and [dWg; dWu] the sum of the hi and lo
@@ -39,8 +36,6 @@ import torch
 
 from ..tiling import cdiv
 from . import kernels, launch
-from .gluon_launch2 import GluonSecondLaunchConfig, prepare_second_launch_gluon
-from .tma_launches import aligned, fits
 
 
 @dataclass(frozen=True)
@@ -77,11 +72,6 @@ class LibraryGemmsConfig:
     # with ``d_a_tile``: dWd's tiles (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT) in that same launch, instead of cuBLAS's dWd
     # (at few tokens dWd is a short reduction, and its tiles fill the SMs that dA's few tiles leave idle)
     grad_down_tile: tuple[int, int, int, int] | None = None
-    # fast path: dx, dWg and dWu by this Gluon launch 2 from the pass's [dG | dU] rows instead of cuBLAS's two GEMMs
-    # (Wg and Wu read where they lie: no [Wg; Wu] copy); with its ``grad_down_tiles`` dWd's tiles there too instead of
-    # cuBLAS's dWd. Where the Gluon launches cannot run (not a Hopper GPU, rows TMA cannot address), cuBLAS as without
-    # it. None: cuBLAS
-    gluon_second_launch: GluonSecondLaunchConfig | None = None
 
     def __post_init__(self):
         if self.grad_down_tile is not None and self.d_a_tile is None:
@@ -91,8 +81,6 @@ class LibraryGemmsConfig:
                 raise ValueError(f"config: grads_flat_block must be a power of two, got {self.grads_flat_block}")
             if self.d_a_tile is not None:
                 raise ValueError("config: grads_flat_block cuts the dSwiGLU pass, which d_a_tile folds into dA's tiles")
-        if self.gluon_second_launch is not None and (self.grad_x_tile is not None or self.dx_in_two):
-            raise ValueError("config: gluon_second_launch takes dx; it excludes grad_x_tile and dx_in_two")
 
     def run(self, grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up,
             intermediate, *, with_lo: bool):  # fmt: skip
@@ -100,10 +88,6 @@ class LibraryGemmsConfig:
         gradients are the row halves of one [2I, H] allocation."""
         T, H = x.shape
         I = gate_weight.shape[0]
-        if with_lo and self.gluon_second_launch is not None:
-            raise ValueError("config: gluon_second_launch is for the fast path (dG, dU without lo halves)")
-        runs = self.gluon_runs(grad_output, x, gate_weight, up_weight, intermediate)
-        gluon = self.gluon_second_launch if runs else None
         grad_x = launch.allocate(x.shape, dtype=x.dtype, device=x.device)
         grad_gate_up = launch.allocate((2 * I, H), dtype=x.dtype, device=x.device)
         grad_down_weight = launch.allocate(down_weight.shape, dtype=x.dtype, device=x.device)
@@ -113,15 +97,7 @@ class LibraryGemmsConfig:
         # [Wg; Wu] as one [2I, H] operand of dx: a view where Wg and Wu are adjacent halves of one buffer, else
         # a copy (or none: dx in two GEMMs; with_lo stacks [Wg; Wu; Wg; Wu] in one copy below)
         gate_up_weight = gate_up_view(gate_weight, up_weight)
-        copy_needed = (gate_up_weight is None and not with_lo and not self.dx_in_two and self.grad_x_tile is None
-                       and gluon is None)  # fmt: skip
-        if gluon is not None:  # made ready before dA: after the pass only the launch
-            d_gate, d_up = d_gate_up[:, :I].unsqueeze(0), d_gate_up[:, I:].unsqueeze(0)  # [1, T, I] column halves
-            workspace = launch.SplitWorkspace.for_tiles("gluon dx", gluon.grad_x_tiles(T, H), gluon.grad_x_splits,
-                                                        gluon.block_m, gluon.block_n, x.device)  # fmt: skip
-            launch_second = prepare_second_launch_gluon(
-                gluon, x, gate_weight, up_weight, d_gate, d_up, grad_x, grad_gate_up[:I], grad_gate_up[I:], workspace,
-                with_lo=False, grad_down_operands=(grad_output, intermediate, grad_down_weight))  # fmt: skip
+        copy_needed = gate_up_weight is None and not with_lo and not self.dx_in_two and self.grad_x_tile is None
         if copy_needed:
             gate_up_weight = launch.allocate((2 * I, H), dtype=x.dtype, device=x.device)
         stacked = None  # the side stream's mark once its copy is made (stack_aside)
@@ -130,7 +106,7 @@ class LibraryGemmsConfig:
             if copy_needed and self.stack_aside:
                 self.stack(gate_weight, up_weight, gate_up_weight)
                 stacked = side.mark() if side is not None else None
-            if self.grad_down_tile is None and not (gluon is not None and gluon.grad_down_tiles):
+            if self.grad_down_tile is None:
                 torch.mm(grad_output.T, intermediate, out=grad_down_weight)
         if self.d_a_tile is not None:
             self.d_a_and_swiglu_grads(grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate,
@@ -148,11 +124,6 @@ class LibraryGemmsConfig:
                     d_a, gate, gate_sigmoid, gate_silu, up, d_gate_up, T, I, *self.grads_block, with_lo,
                     num_warps=self.grads_warps,
                 )  # fmt: skip
-        if gluon is not None:  # dx, [dWg; dWu] (and dWd with its grad_down_tiles) in one launch
-            launch_second()
-            if side is not None:
-                side.join()
-            return grad_x, grad_gate_up[:I], grad_gate_up[I:], grad_down_weight
         with branch(side):  # [dWg; dWu] = [dG | dU]ᵀ · x
             if with_lo:
                 torch.add(*mm_fp32(d_gate_up.T, x).split(2 * I), out=grad_gate_up)
@@ -175,14 +146,6 @@ class LibraryGemmsConfig:
         if side is not None:
             side.join()
         return grad_x, grad_gate_up[:I], grad_gate_up[I:], grad_down_weight
-
-    def gluon_runs(self, grad_output, x, gate_weight, up_weight, intermediate) -> bool:
-        """Whether ``gluon_second_launch`` is set and its launch can run on these operands: a Hopper GPU, 16-bit rows
-        TMA can address, T ≥ 1 (else cuBLAS takes dx, dWg and dWu)."""
-        T, H = x.shape
-        return (self.gluon_second_launch is not None and T > 0 and launch.gluon_runs_here(x)
-                and fits(H, gate_weight.shape[0], x.element_size())
-                and aligned(grad_output, x, gate_weight, up_weight, intermediate))  # fmt: skip
 
     def stack(self, gate_weight, up_weight, gate_up_weight):
         """[Wg; Wu] into ``gate_up_weight`` [2I, H]."""
