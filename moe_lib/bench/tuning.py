@@ -22,7 +22,7 @@ from ..moe_experts.launch import LaunchConfig
 from ..swiglu_down.chained import ChainedConfig
 from ..swiglu_down.gluon_launch1 import GluonFirstLaunchConfig
 from ..swiglu_down.gluon_launch2 import GluonSecondLaunchConfig
-from ..swiglu_down.launch import TileConfig, grad_down_in_second_launch
+from ..swiglu_down.launch import TileConfig, choose_config, grad_down_in_second_launch
 from ..swiglu_down.library_gemms import LibraryGemmsConfig
 from ..swiglu_down.one_launch import OneLaunchConfig
 from ..swiglu_down.tma_launches import TmaFirstLaunchConfig, TmaSecondLaunchConfig
@@ -514,6 +514,19 @@ for _band in (2300, 3300, 4600):
     P1_CANDIDATES[f"gluon_pingpong_from{_band}_b6_f2"] = with_first_launch(_pingpong, buffers=6,
                                                                           pingpong_out_buffers=1, pingpong_in_flight=2)
     P1_CANDIDATES[f"gluon_pingpong_from{_band}_b5_f2"] = with_first_launch(_pingpong, buffers=5, pingpong_in_flight=2)
+
+# each path's default form to 512 tokens (as choose_config picks it at 128, 192, 384 and 512 tokens) with dA's
+# reduction over H split over 2 or 4 programs a tile (`_da<n>`; the saved tiles then asked for after the sum, not
+# early): since dWd's tiles went to launch 2 at 65-512 tokens on the fast path (design 22), launch 1 there is dA's 24-48
+# tiles alone on 132 SMs, each streaming 512-768 KB through one SM (ncu at 128 tokens: launch 1 8.7 us at 14% of
+# DRAM's peak); dA split was last measured beside launch 1's dWd tiles (design 18: closer, still slower)
+for _path, _with_lo in (("fast", False), ("faithful", True)):
+    for _tokens in (128, 192, 384, 512):
+        _form = choose_config(_tokens, 2048, 768, interpreter=False, with_lo=_with_lo, max_programs=132)
+        for _splits in (2, 4):
+            P1_CANDIDATES[f"gluon_{_path}{_tokens}_da{_splits}"] = with_first_launch(
+                _form, d_a_splits=_splits, saved_tiles_early=False)
+
 
 # kernel G's settings as the P2 scripts spell them (FIELD=VALUE), and the FusedDxConfig fields they set
 FUSED_DX_FIELDS = {"gate_up_dx_tile": ("block_i", "block_h", "block_rows"), "warps_g": ("warps",),
