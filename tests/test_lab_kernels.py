@@ -716,3 +716,16 @@ def test_pingpong_epilogue_table_says_what_notes_design_24_says():
     assert epilogue["gluon_pingpong_from2300_wide"] == pytest.approx(31, abs=0.5)
     assert epilogue[["gluon_pingpong_from2300_ring6", "gluon_pingpong_from2300_ring6s"]].between(17.5, 18.7).all()
     assert (table["launch_end_us"] == table["main_loop_end_us"] + epilogue).all()
+
+
+def test_halves_from_two_designs_say_what_notes_design_25_says():
+    """The fast path's first half on cuBLAS and its second on the Gluon launch 2: slower than the default at every size
+    measured (2767 tokens 97.0 against 94.8 µs, 8192 241.8 against 235.1); "default" kept only for a named run."""
+    table = kernels.p1_tune_runs_times(kernels.HALVES_FILE, "fast", kernels.HALVES_LABELS, runs=(1,))
+    assert list(table.columns) == list(kernels.HALVES_LABELS.values())
+    assert list(table.index) == [1321, 2047, 2767, 3089, 4093, 8192]
+    default, cublas, halves, halves_dwd = (table[label] for label in kernels.HALVES_LABELS.values())
+    assert (halves > default).all() and (halves_dwd > default).all()
+    assert (table.loc[2767] - [94.8, 95.2, 97.0, 97.2]).abs().max() < 0.05
+    assert (table.loc[8192] - [235.1, 235.3, 241.8, 247.0]).abs().max() < 0.05
+    assert "default" not in kernels.p1_tune_runs_times(kernels.HALVES_FILE, "fast").columns

@@ -1070,14 +1070,17 @@ def gluon_forms_table(token_counts, hidden_size: int, intermediate_size: int) ->
     return pd.DataFrame.from_dict(rows, orient="index").rename_axis("num_tokens")
 
 
-def p1_tune_runs_times(path=GLUON_LAUNCH1_FILE, precision: str = "faithful", labels: dict | None = None):
+def p1_tune_runs_times(path=GLUON_LAUNCH1_FILE, precision: str = "faithful", labels: dict | None = None,
+                       runs: tuple[int, ...] | None = None):  # fmt: skip
     """Whole calls by graph replay from a file of several ``scripts/p1_tune.py`` runs (as :func:`p1_tune_times` for
     one): µs per num_tokens (rows) and candidate (columns, renamed by ``labels`` where given and the others left
     out), the median over the runs of ``precision`` that measured it (runs without a "precision" field count as
-    faithful); "default" (which changed between runs) and failed or wrong candidates left out."""
+    faithful), or over the runs numbered in ``runs``; failed or wrong candidates left out, and "default" (which
+    changed between runs) unless ``runs`` names the runs of one code."""
     rows = [dict(num_tokens=row["T"], config=row["config"], us=row["median_us"])
-            for run in _read_json(path)["runs"] if run.get("precision", "faithful") == precision
-            for row in run["rows"] if row.get("ok") and row["config"] != "default"]  # fmt: skip
+            for run in _read_json(path)["runs"]
+            if run.get("precision", "faithful") == precision and (runs is None or run["run"] in runs)
+            for row in run["rows"] if row.get("ok") and (row["config"] != "default" or runs is not None)]  # fmt: skip
     table = pd.DataFrame(rows).pivot_table(index="num_tokens", columns="config", values="us", aggfunc="median")
     if labels:
         table = table[[config for config in labels if config in table.columns]].rename(columns=labels)
@@ -1256,6 +1259,12 @@ def program_timeline_figure(panels: dict):
 PINGPONG_TRACE_FILE = TUNING_DIR / "2026-12-03-p1-pingpong-trace.csv"
 PINGPONG_TRACE_CONFIG = "gluon_pingpong_from2300_b6_f2"
 PINGPONG_RING_TRACE_FILE = TUNING_DIR / "2026-12-03-p1-pingpong-ring-trace.csv"
+# the fast path's first half on cuBLAS, its second on the Gluon launch 2 (run 1), against each whole design (NOTES,
+# design 25): the labels of that run's candidates
+HALVES_FILE = TUNING_DIR / "2026-12-03-p1-library-then-gluon-launch2.json"
+HALVES_LABELS = {"default": "default",  # the Gluon launches; at 8192 tokens cuBLAS's design
+                 "lib_bs3_mc": "cuBLAS's design", "lib_gluon2": "cuBLAS's dA, dWd, pass; Gluon launch 2",
+                 "lib_gluon2_dwd": "cuBLAS's dA, pass; Gluon launch 2 with dWd"}  # fmt: skip
 
 
 def pingpong_epilogue_table(num_tokens: int = 2447, paths=(PINGPONG_TRACE_FILE, PINGPONG_RING_TRACE_FILE)):
