@@ -45,6 +45,9 @@ def test_the_notebooks_exist():
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda path: path.stem)
 def test_notebook_is_committed_without_outputs_and_with_typed_parameters(path):
+    cell_ids = [cell.get("id") for cell in json.loads(path.read_text())["cells"]]  # as committed: nbformat fills in
+    assert None not in cell_ids, f"{path.name}: cell {cell_ids.index(None)} has no id"
+    assert len(set(cell_ids)) == len(cell_ids), f"{path.name}: cell ids repeat"
     notebook = nbformat.read(path, as_version=4)
     assert notebook.metadata["kernelspec"]["name"] == KERNEL_NAME
     for cell in notebook.cells:
