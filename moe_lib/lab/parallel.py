@@ -6,6 +6,9 @@
 - **Measured runs**: :func:`load_parallel_results` reads the files of ``python -m moe_lib.bench.parallel``
   (``data/results/<GPU>/<date>-moe_experts_parallel-<dtype>[-<W>gpus].csv`` and the JSON beside it); the tables and
   figures are built from them.
+- **One rank's work at larger world sizes**: :func:`load_rank_work` reads the files of ``python -m
+  moe_lib.bench.rank_work`` (one GPU: the expert work of rank 0 of a group of W ranks, for W beyond the GPUs at
+  hand); :func:`node_scaling_table` can take the expert time from them at each world size it models.
 
 The live run of the layer on CPU processes is in :mod:`.parallel_live`. Times are in milliseconds (``*_ms``),
 bandwidths in B/s unless a column says GB/s (10⁹ B/s), rates in FLOP/s.
@@ -24,6 +27,7 @@ from matplotlib import patches
 
 from .. import problems, roofline
 from ..bench.parallel import OUTPUT_NAMES, PROBLEM, PROBLEM_OF_DTYPE
+from ..bench.rank_work import PROBLEM as RANK_WORK_PROBLEM
 from ..moe_experts.parallel import ALL_TO_ALL_PHASES, EXPERT_PHASES, STATUS_COLUMNS, expert_partition
 from .results import RunFiles, read_run_csv, read_run_json, require_keys, resolve_path
 
@@ -667,7 +671,8 @@ def overlap_curves(runs: dict, *, gpu_key: str, world_size: int, chunk_counts, t
 
 
 def node_scaling_table(runs: dict, *, gpu_key: str, tokens_per_rank: int, gpus_per_node: int,
-                       network_bandwidth: float, chunk_counts=(1, 4)) -> pd.DataFrame:  # fmt: skip
+                       network_bandwidth: float, chunk_counts=(1, 4),
+                       rank_work: dict | None = None) -> pd.DataFrame:  # fmt: skip
     """The cost model's exposed exchange share of a step at ``tokens_per_rank``, from each measured run (its
     shapes and achieved link bandwidth, as :func:`model_curves`), for the run's world size, one node of
     ``gpus_per_node`` ranks (the measured link between them) and two such nodes (``network_bandwidth`` per GPU
@@ -675,7 +680,9 @@ def node_scaling_table(runs: dict, *, gpu_key: str, tokens_per_rank: int, gpus_p
     tensor rate and HBM bandwidth, as :func:`model_curves`; where :data:`moe_lib.roofline.GPUS` has it); per chunk
     count of ``chunk_counts``. One row per setting, dtype, expert rate and chunk count (tidy: pivot it to show),
     with the link bandwidth the run achieved and whether the network is the longer leg of the exchange; each further
-    chunk at the cost :func:`chunk_overhead` fits to the run, which counts in the share."""
+    chunk at the cost :func:`chunk_overhead` fits to the run, which counts in the share. With ``rank_work``
+    (:func:`load_rank_work`), a third expert rate, "measured at W": at each setting's world size the rate of one
+    rank's work measured there on one GPU at ``tokens_per_rank`` (:func:`rank_work_rate`), where measured."""
     spec = roofline.GPUS.get(gpu_key)
     rows = []
     for dtype, run in runs.items():
@@ -683,6 +690,8 @@ def node_scaling_table(runs: dict, *, gpu_key: str, tokens_per_rank: int, gpus_p
         rates = {"as measured": dict(flops_rate=measured_rate)}
         if spec is not None:
             rates[f"{gpu_key} roofline"] = dict(flops_rate=spec.bf16_dense_flops, memory_bandwidth=spec.dram_bandwidth)
+        if rank_work is not None and dtype in rank_work:
+            rates["measured at W"] = None  # the rate of each setting's own world size
         settings = {
             f"W = {run.world_size}, as measured": dict(world_size=run.world_size),
             f"W = {gpus_per_node}, one node": dict(world_size=gpus_per_node),
@@ -691,6 +700,11 @@ def node_scaling_table(runs: dict, *, gpu_key: str, tokens_per_rank: int, gpus_p
         }  # fmt: skip
         for setting, where in settings.items():
             for experts, rate in rates.items():
+                if rate is None:
+                    at_world_size = rank_work_rate(rank_work[dtype], where["world_size"], tokens_per_rank)
+                    if at_world_size is None:
+                        continue
+                    rate = dict(flops_rate=at_world_size)
                 for chunks in chunk_counts:
                     model = model_step([tokens_per_rank], **shapes, **where, **rate, chunks=chunks,
                                        chunk_overhead_s=chunk_overhead(run))
@@ -699,6 +713,89 @@ def node_scaling_table(runs: dict, *, gpu_key: str, tokens_per_rank: int, gpus_p
                                      chunks=chunks, share=float(model["share"][0]),
                                      step_ms=float(model["step_s"][0]) * 1e3, network_bound=network_bound))  # fmt: skip
     return pd.DataFrame(rows)
+
+
+# ================================================================ one rank's work at larger world sizes
+
+
+@dataclass(frozen=True)
+class RankWorkRun(RunFiles):
+    """One run of ``python -m moe_lib.bench.rank_work`` for one dtype: one row per (world size, tokens per rank)."""
+
+    @property
+    def axes(self) -> dict:
+        return dict(self.meta["axes"])
+
+    @property
+    def ok(self) -> pd.DataFrame:
+        """The timed rows, indexed by (world size, tokens per rank), with the rate of the expert work
+        (``TFLOP/s``: :data:`STEP_FLOPS_PER_ROW_HI` · rows · H · I over the measured time)."""
+        timed = self.frame[self.frame["status"] == "ok"].copy()
+        flops = STEP_FLOPS_PER_ROW_HI * timed["rows_received"] * self.axes["hidden_size"] * self.axes[
+            "intermediate_size"]  # fmt: skip
+        timed["TFLOP/s"] = flops / (timed["same_work_ms"] * 1e-3) / 1e12
+        return timed.set_index(["world_size", "tokens_per_rank"]).sort_index()
+
+
+def load_rank_work(results_dir="data/results", gpu_key: str = "H200") -> dict[str, RankWorkRun]:
+    """The newest full-size run of ``python -m moe_lib.bench.rank_work`` per dtype in ``<results_dir>/<gpu_key>/``
+    (``results_dir`` relative to the repository root unless absolute), the narrowest dtype first."""
+    folder = resolve_path(results_dir) / gpu_key
+    newest: dict[str, RankWorkRun] = {}
+    for csv_path in sorted(folder.glob(f"*-{RANK_WORK_PROBLEM}-*.csv")):
+        json_path = csv_path.with_suffix(".json")
+        if not json_path.is_file():
+            continue
+        meta = read_run_json(json_path)
+        if meta.get("problem") != RANK_WORK_PROBLEM or meta.get("provenance", {}).get("small"):
+            continue
+        require_keys(meta, ("dtype", "axes"), json_path)
+        frame = read_run_csv(csv_path, ("world_size", "tokens_per_rank", "rows_received", "same_work_ms", "status"))
+        newest[meta["dtype"]] = RankWorkRun(csv=csv_path, frame=frame, meta=meta)  # sorted by date: the newest stays
+    if not newest:
+        raise FileNotFoundError(f"no {RANK_WORK_PROBLEM} results (CSV with its JSON) in {folder}")
+    return dict(sorted(newest.items(), key=lambda item: (getattr(torch, item[0]).itemsize, item[0])))
+
+
+def rank_work_rate(run: RankWorkRun, world_size: int, tokens_per_rank: int) -> float | None:
+    """The expert work's rate (FLOP/s) one rank of ``world_size`` ranks reached at ``tokens_per_rank``, or None
+    where that case was not measured."""
+    table = run.ok
+    if (world_size, tokens_per_rank) not in table.index:
+        return None
+    return float(table.loc[(world_size, tokens_per_rank), "TFLOP/s"]) * 1e12
+
+
+def rank_work_table(runs: dict[str, RankWorkRun]) -> pd.DataFrame:
+    """Per dtype and world size (rows) and tokens per rank (columns): the local experts, the rows per expert, the
+    measured ms of one rank's forward + backward and its TFLOP/s."""
+    frames = {}
+    for dtype, run in runs.items():
+        table = run.ok
+        frames[dtype] = pd.concat({"rows / expert": table["rows_per_expert"].unstack(),
+                                   "ms": table["same_work_ms"].unstack(), "TFLOP/s": table["TFLOP/s"].unstack()},
+                                  axis=1)  # fmt: skip
+        frames[dtype].insert(0, ("local experts", ""), table["local_experts"].groupby(level=0).first())
+    return pd.concat(frames, names=["dtype", "world size"]).rename_axis(columns=["", "tokens / rank"])
+
+
+def rank_work_figure(runs: dict[str, RankWorkRun]):
+    """The rate of one rank's expert work against the world size (one panel per dtype, one line per tokens per
+    rank): more ranks, fewer experts each, more rows per expert."""
+    fig, axes = plt.subplots(1, len(runs), figsize=(6.0 * len(runs), 3.8), squeeze=False, layout="constrained")
+    for ax, (dtype, run) in zip(axes[0], runs.items(), strict=True):
+        table = run.ok
+        for tokens, by_world in table["TFLOP/s"].groupby(level="tokens_per_rank"):
+            world_sizes = by_world.index.get_level_values("world_size")
+            ax.plot(world_sizes, by_world.values, marker="o", label=f"T_r = {tokens}")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(set(table.index.get_level_values("world_size"))))
+        ax.get_xaxis().set_major_formatter(plt.ScalarFormatter())
+        ax.set(xlabel="world size W (experts per rank E / W)", ylabel="expert work, TFLOP/s",
+               title=f"{dtype}: one rank's forward + backward, one GPU", ylim=(0, None))  # fmt: skip
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    return fig
 
 
 def overlap_figure(curves: dict[str, dict], title: str):
