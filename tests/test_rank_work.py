@@ -111,3 +111,12 @@ def test_lab_reads_rank_work_and_models_each_world_size_at_its_own_rate(tmp_path
                              **parallel.measured_model_inputs(measured["bfloat16"])[3])  # fmt: skip
     assert at_w.share.iloc[1] == pytest.approx(float(w8["share"][0]))
     assert at_w.share.iloc[1] > at_w.share.iloc[0]
+
+
+def test_rank_work_profile_lists_the_step_s_work(tmp_path, capsys):
+    written = rank_work.main(["--small", "--device", "cpu", "--dtypes", "float32", "--world-sizes", "2", "--tokens",
+                              "16", "--profile", "--out", str(tmp_path)])  # fmt: skip
+    kernels = json.loads(written[1].read_text())["kernels"]
+    assert [(case["world_size"], case["tokens_per_rank"]) for case in kernels] == [(2, 16)]
+    assert kernels[0]["kernels"] and all(k["ms"] > 0 and k["calls"] >= 1 for k in kernels[0]["kernels"])
+    assert "W=2 T_r=16: " in capsys.readouterr().out

@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=non_negative, default=0)
     parser.add_argument("--warmup", type=non_negative, help="untimed runs per case (default 2; CPU 1)")
     parser.add_argument("--reps", type=positive, help="timed runs per case (default 5; CPU 3)")
+    parser.add_argument("--profile", action="store_true",
+                        help="after each case's timing, one more step under torch.profiler: its kernels' device "
+                        "times go to the JSON (key 'kernels') and are printed")  # fmt: skip
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results root (default: data/results)")
     return parser
 
@@ -194,7 +197,27 @@ def run_case(dtype_name: str, world_size: int, tokens_per_rank: int, args, devic
             samples.append(timer.totals_ms()["total"])
     row["same_work_ms"] = statistics.median(samples)
     row["status"] = "ok"
+    if args.profile:
+        row["kernels"] = kernel_times(lambda: _step(rows, shard, args.impl), device)
     return row
+
+
+def kernel_times(step, device, top: int = 12) -> list[dict]:
+    """One more ``step`` under torch.profiler: its ``top`` kernels (and other device work) by total device time
+    (on CPU: the operators by their own CPU time), each with its name, calls and ms."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as profiled:
+        outputs = step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    del outputs
+    def self_us(event) -> float:  # on CPU the operators' own time
+        return event.self_device_time_total if device.type == "cuda" else event.self_cpu_time_total
+
+    events = sorted((event for event in profiled.key_averages() if self_us(event) > 0), key=self_us, reverse=True)
+    return [dict(name=event.key, calls=event.count, ms=self_us(event) / 1e3) for event in events[:top]]
 
 
 def write_results(rows: list[dict], dtype_name: str, args, device, started) -> tuple[Path, Path]:
@@ -209,11 +232,17 @@ def write_results(rows: list[dict], dtype_name: str, args, device, started) -> t
                     provenance=dict(run_context(device, started, "moe_lib.bench.rank_work"), **working_tree_state(),
                                     seed=args.seed, impl=args.impl, warmup=args.warmup, reps=args.reps,
                                     small=args.small, correct_rel_error=FLOAT64_REL_ERROR))  # fmt: skip
+    if args.profile:
+        document["kernels"] = [dict(world_size=row["world_size"], tokens_per_rank=row["tokens_per_rank"],
+                                    kernels=row.get("kernels", [])) for row in rows]  # fmt: skip
     write_json(json_path, document)
     shown = frame[["world_size", "local_experts", "tokens_per_rank", "rows_per_expert", "same_work_ms",
                    "check", "max_rel_error", "status"]]  # fmt: skip
     print(f"{PROBLEM} · {dtype_name} · {gpu_key(device)} · one rank's expert work, forward + backward, median ms")
     print(shown.to_string(index=False, float_format=lambda value: f"{value:.4g}"), flush=True)
+    for row in rows if args.profile else []:
+        kernels = ", ".join(f"{k['name'][:40]} {k['ms']:.2f} ms ×{k['calls']}" for k in row.get("kernels", []))
+        print(f"W={row['world_size']} T_r={row['tokens_per_rank']}: {kernels}", flush=True)
     print(f"wrote {csv_path}\n      {json_path}", flush=True)
     return csv_path, json_path
 
