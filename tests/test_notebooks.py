@@ -556,6 +556,29 @@ def test_parallel_measured_numbers_are_those_of_the_committed_files(parallel_run
         assert node_rows and all(r["link_gb_per_s"] == pytest.approx(link) for r in node_rows)
 
 
+def test_parallel_rank_work_is_that_of_the_committed_files_and_feeds_the_model(parallel_run):
+    p, summary, _ = parallel_run
+    files = sorted((ROOT / "data" / "results" / "H200").glob("*-moe_experts_rank_work-*.csv"))
+    newest = {json.loads(path.with_suffix(".json").read_text())["dtype"]: path for path in files}  # by date
+    assert set(summary["rank_work"]) == set(newest) and newest
+    for dtype, path in newest.items():
+        frame = pd.read_csv(path)
+        frame = frame[frame.status == "ok"].set_index(["world_size", "tokens_per_rank"])
+        mine = summary["rank_work"][dtype]
+        assert mine["file"] == path.name and len(mine["cases"]) == len(frame)
+        axes = json.loads(path.with_suffix(".json").read_text())["axes"]
+        for case in mine["cases"]:
+            row = frame.loc[(case["world_size"], case["tokens_per_rank"])]
+            assert case["same_work_ms"] == pytest.approx(row["same_work_ms"], rel=1e-12)
+            flops = 22 * row["rows_received"] * axes["hidden_size"] * axes["intermediate_size"]
+            assert case["TFLOP/s"] == pytest.approx(flops / (row["same_work_ms"] * 1e-3) / 1e12, rel=1e-12)
+        # the one-node/two-node table: each world size at its own measured rate, where one was measured
+        at_w = [r for r in summary["node_scaling"]["rows"] if r["dtype"] == dtype and r["experts"] == "measured at W"]
+        modelled = {int(r["setting"].split(",")[0].removeprefix("W = ")) for r in at_w}
+        measured = {w for w, t in frame.index if t == summary["node_scaling"]["tokens_per_rank"]}
+        assert modelled == {2, p["model_world_size"], 2 * p["model_world_size"]} & measured
+
+
 def _ordered(paths: list[Path]) -> list[Path]:
     """The result files in the report's order: P1, P2 fp32, P2 bf16."""
     return sorted(paths, key=lambda path: problems.PROBLEM_NAMES.index(json.loads(path.with_suffix(".json")
