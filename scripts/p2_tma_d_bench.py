@@ -2,10 +2,10 @@
 
     PYTHONPATH=. python scripts/p2_tma_d_bench.py [--cases bf16:2048,bf16:8192,bf16:32768,fp32:2048]
         [--uses backward,forward] [--configs default,rows128,...|NAME:FIELD=VALUE,...;...] [--routing uniform]
-        [--list]
+        [--experts E] [--list]
 
-Per case (``dtype:num_tokens``, the P2 benchmark shape: H 4096, I 2048, E 256, K 8) the script draws the
-inputs as the tests do (``Problem.make_inputs``, seed 0) and runs the pipeline up to kernel A's workspaces
+Per case (``dtype:num_tokens``, the P2 benchmark shape: H 4096, I 2048, E 256 or ``--experts``, K 8) the script
+draws the inputs as the tests do (``Problem.make_inputs``, seed 0) and runs the pipeline up to kernel A's workspaces
 (routing; kernel A: dg, du, aw, rows in sorted order, bf16 for fp32 inputs), as ``moe_experts_backward_triton``
 makes them. Per use — backward: dX_slot = Wgᵀ dg + Wuᵀ du; forward: y_slot = Wd aw (the layer's forward
 uses the same aw, here kernel A's backward one: the same shapes and dtypes) — it times, by CUDA-graph replay
@@ -133,9 +133,11 @@ def check(got: torch.Tensor, want: torch.Tensor, tolerance: float) -> dict:
     return dict(rel=stats["rel_error"], finite=bool(stats["finite"]), structure_problems=structure, ok=ok)
 
 
-def run_case(case: str, uses, configs: dict, routing: str, flush, num_programs: int, reps: int) -> list[dict]:
+def run_case(case: str, uses, configs: dict, routing: str, flush, num_programs: int, reps: int,
+             num_experts: int | None = None) -> list[dict]:  # fmt: skip
     problem, num_tokens = parse_case(case)
-    inputs = problem.make_inputs(num_tokens, seed=0, device="cuda", routing=routing)
+    axes = {} if num_experts is None else dict(num_experts=num_experts)
+    inputs = problem.make_inputs(num_tokens, seed=0, device="cuda", routing=routing, **axes)
     w = p2_kernel_a_workspaces(inputs)
     del inputs
     torch.cuda.empty_cache()
@@ -149,12 +151,12 @@ def run_case(case: str, uses, configs: dict, routing: str, flush, num_programs: 
         base_ms = timing.time_graph(lambda use=use, out=baseline: run_existing(w, use, out), flush,
                                     reps=reps)["median_ms"]  # fmt: skip
         rows.append(dict(case=case, use=use, routing=routing, config="(a) launch_slot_projection", ms=base_ms,
-                         speedup=1.0))  # fmt: skip
+                         speedup=1.0, experts=w["E"]))  # fmt: skip
         print(json.dumps(rows[-1]), flush=True)
         w1, w2, r1, r2 = use_operands(w, use)
         for name, fields in configs.items():
             as_json = {key: list(value) if isinstance(value, tuple) else value for key, value in fields.items()}
-            row = dict(case=case, use=use, routing=routing, config=name, fields=as_json)
+            row = dict(case=case, use=use, routing=routing, config=name, fields=as_json, experts=w["E"])
 
             def prepare(fields=fields, row=row, w1=w1, w2=w2, r1=r1, r2=r2, use=use, baseline=baseline):
                 config = replace_fields(default, fields)
@@ -196,6 +198,9 @@ def main(argv=None) -> int:
     parser.add_argument("--configs", default=",".join(CANDIDATES), help="names of CANDIDATES, or NAME:FIELD=VALUE,…"
                         " items separated by ';' (default: all candidates)")  # fmt: skip
     parser.add_argument("--routing", default="uniform", choices=("uniform", "skewed", "hot"))
+    parser.add_argument("--experts", type=int, default=None,
+                        help="E of every case (default: the benchmark's 256); fewer experts, more rows each, as one "
+                        "rank of a larger expert-parallel group holds")  # fmt: skip
     parser.add_argument("--reps", type=int, default=30, help="timed replays per measurement (fewer past 10 ms)")
     parser.add_argument("--out", default=None, help="JSON file (default: $OUT/p2_tma_d_bench.json where OUT is set)")
     parser.add_argument("--list", action="store_true", help="print the configs of every case and exit")
@@ -206,6 +211,8 @@ def main(argv=None) -> int:
         uses = [u.strip() for u in args.uses.split(",") if u.strip()]
         if not uses or set(uses) - set(USES):
             raise ValueError(f"--uses: expected some of {USES}, got {args.uses!r}")
+        if args.experts is not None and args.experts < 8:
+            raise ValueError(f"--experts: expected at least K = 8 experts, got {args.experts}")
     except ValueError as exc:
         parser.error(str(exc))
 
@@ -217,7 +224,8 @@ def main(argv=None) -> int:
 
     flush = timing.L2Flusher("cuda")
     num_programs = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    return run_cases(lambda case: run_case(case, uses, configs, args.routing, flush, num_programs, args.reps),
+    return run_cases(lambda case: run_case(case, uses, configs, args.routing, flush, num_programs, args.reps,
+                                           args.experts),
                      cases, out=args.out, out_name="p2_tma_d_bench.json", print_table=print_table)  # fmt: skip
 
 
