@@ -210,15 +210,16 @@ def test_two_calls_give_the_same_bits(seed):
 
 def test_config_rules():
     """16-wide tiles under the interpreter; on the GPU 256 weight rows × 64 expert rows for few rows per
-    16-bit expert, 128 × 128 for busier ones and for fp32 weights; flattened loops except for fp32 weights
-    (ptxas serialises the wgmma of that form); the paired backward gets half the stages; tiles TMA can box.
+    16-bit expert, 256 × 128 on 16 warps for busier ones, 128 × 128 for fp32 weights; flattened loops except for
+    fp32 weights (ptxas serialises the wgmma of that form); the paired backward gets half the stages; tiles TMA can box.
     (Shared memory, registers and serialisation: scripts/p2_tma_d_compile_check.py.)"""
     assert choose_tma_slot_projection_config(40, 3, 2, interpreter=True).backward_tile == (16, 16, 16)
     bf16_small = choose_tma_slot_projection_config(2048 * 8, 256, 2, interpreter=False)
     bf16_busy = choose_tma_slot_projection_config(32768 * 8, 256, 2, interpreter=False)
     fp32 = choose_tma_slot_projection_config(2048 * 8, 256, 4, interpreter=False)
     assert bf16_small.backward_tile == bf16_small.forward_tile == (256, 64, 64)
-    assert bf16_busy.backward_tile == fp32.backward_tile == fp32.forward_tile == (128, 128, 64)
+    assert bf16_busy.backward_tile == bf16_busy.forward_tile == (256, 128, 64) and bf16_busy.backward_warps == 16
+    assert fp32.backward_tile == fp32.forward_tile == (128, 128, 64)
     assert bf16_small.flatten and bf16_busy.flatten and not fp32.flatten
     assert bf16_small.concat_terms and bf16_small.weight_tma and fp32.weight_tma
     tile, _, stages = bf16_small.launch_params(two_terms=True, paired=True)

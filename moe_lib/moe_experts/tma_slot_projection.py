@@ -320,8 +320,11 @@ def choose_tma_slot_projection_config(num_slots: int, num_experts: int, input_by
       - 16-bit, fewer than 128 rows per expert on average (2048 tokens: 64): 256 weight rows × 64 expert
         rows per tile (the weight slab read by half as many tiles; backward 2.23 ms against 2.55, forward
         1.21 against 1.27);
-      - 16-bit, busier experts: 128 × 128 tiles (32768 tokens: backward 18.1 ms against 19.6, forward 9.7
-        against 10.4);
+      - 16-bit, busier experts: 256 weight rows × 128 expert rows on 16 warps (four warp groups of 64 weight
+        rows), which read each expert row block once per 256 weight rows instead of 128 (``--experts`` of
+        ``scripts/p2_tma_d_bench.py``, against 128 × 128 on 8 warps: E 256, 32768 tokens backward 18.3 ms
+        against 19.9, forward 9.4 against 11.2; E 32, as one rank of 8, backward 16.2 against 18.6; E 16
+        backward 16.4 against 20.9; 8192 tokens backward 4.8 against 5.2, forward a tie);
       - fp32 weights (fp32 interface): by TMA, 128 × 128 tiles, nested loops (flattened, ptxas serialises
         the wgmma of this form; 2048 tokens: backward 4.36 ms against 4.67, forward 2.21 against 2.52).
     The tile and step loops of 16-bit inputs are flattened into one pipeline across a program's tiles.
@@ -333,7 +336,7 @@ def choose_tma_slot_projection_config(num_slots: int, num_experts: int, input_by
     if input_bytes == 4:
         return TmaSlotProjectionConfig((128, 128, 64), 8, 4, (128, 128, 64), 8, 4, flatten=False)
     if mean_rows >= 128:
-        return TmaSlotProjectionConfig((128, 128, 64), 8, 4, (128, 128, 64), 8, 4)
+        return TmaSlotProjectionConfig((256, 128, 64), 16, 4, (256, 128, 64), 16, 4)
     return TmaSlotProjectionConfig((256, 64, 64), 8, 4, (256, 64, 64), 8, 4)
 
 
