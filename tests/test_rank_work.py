@@ -42,13 +42,13 @@ def test_rank_work_checks_the_smallest_token_count_in_float64(small_run):
 
 
 def test_rank_work_stops_on_non_finite_outputs_without_timing(tmp_path, monkeypatch):
-    real_step = rank_work._step
+    real_step = rank_work.same_work_step
 
     def poisoned(rows, shard, impl):
         output, *grads = real_step(rows, shard, impl)
         return (torch.full_like(output, float("nan")), *grads)
 
-    monkeypatch.setattr(rank_work, "_step", poisoned)
+    monkeypatch.setattr(rank_work, "same_work_step", poisoned)
     with pytest.raises(SystemExit, match="float32: wrong results, not timed .*non-finite outputs"):
         rank_work.main(["--small", "--device", "cpu", "--dtypes", "float32", "--world-sizes", "2", "--tokens", "16",
                         "--out", str(tmp_path)])  # fmt: skip

@@ -141,9 +141,9 @@ def chunk_list(text: str) -> list[int]:
     return counts
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def resolve_shared_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The options this benchmark shares with ``moe_lib.bench.rank_work``, resolved in place: ``--device`` (its
+    type), ``--dtypes`` (a checked list), and the defaults of ``--tokens``, ``--warmup`` and ``--reps``."""
     args.device = resolve_device(parser, args.device).type
     args.dtypes = [DTYPE_ALIASES.get(name.strip(), name.strip()) for name in args.dtypes.split(",") if name.strip()]
     for name in args.dtypes:
@@ -155,6 +155,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.warmup = 2 if args.device == "cuda" else 1
     if args.reps is None:
         args.reps = 5 if args.device == "cuda" else 3
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    resolve_shared_args(parser, args)
     launched_by_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     if args.nproc is not None and launched_by_torchrun:
         parser.error("--nproc: not with torchrun (it starts the ranks itself)")
@@ -256,23 +262,28 @@ def time_parallel(share: dict, num_experts: int, args, device, chunks: int = 1):
     return medians, outputs, stats, timer.timeline_ms()
 
 
+def same_work_step(rows: dict, shard: list, impl: str) -> tuple:
+    """``moe_lib.moe_experts`` forward + backward with a rank's expert ``shard`` on the ``rows`` it receives
+    (``local_share``'s ``received_rows``): (output, *gradients)."""
+    leaves = [rows["hidden_states"], rows["topk_weights"], *shard]
+    output = moe_experts(rows["hidden_states"], rows["topk_indices"], rows["topk_weights"], *shard, impl=impl,
+                         validate=False)  # fmt: skip
+    return (output.detach(), *torch.autograd.grad(output, leaves, rows["grad_output"]))
+
+
 def time_same_work_on_one_gpu(share: dict, args, device) -> float:
-    """Median ms of ``moe_lib.moe_experts`` forward + backward with this rank's experts on the rows
-    it receives, on its GPU alone (no communication)."""
-    rows = share["received_rows"]
+    """Median ms of :func:`same_work_step` with this rank's experts on the rows it receives, on its GPU alone
+    (no communication)."""
     if share["shard"][0].shape[0] == 0:
         return math.nan
-    leaves = [rows["hidden_states"], rows["topk_weights"], *share["shard"]]
     timer, samples = PhaseTimer(device), []
     for step in range(args.warmup + args.reps):
         timer.reset()
         with timer.phase("total"):
-            output = moe_experts(rows["hidden_states"], rows["topk_indices"], rows["topk_weights"], *share["shard"],
-                                 impl=args.impl, validate=False)  # fmt: skip
-            torch.autograd.grad(output, leaves, rows["grad_output"])
+            outputs = same_work_step(share["received_rows"], share["shard"], args.impl)
         if step >= args.warmup:
             samples.append(timer.totals_ms()["total"])
-        del output
+        del outputs
     return statistics.median(samples)
 
 

@@ -27,27 +27,24 @@ from __future__ import annotations
 import argparse
 import datetime
 import math
-import statistics
 from pathlib import Path
 
 import pandas as pd
 import torch
 
 from ..dispatch import IMPLS
-from ..moe_experts import moe_experts
-from ..moe_experts.parallel import PhaseTimer
 from .checks import error_sums, relative_error
-from .cli import DTYPE_ALIASES, non_negative, positive, resolve_device, token_list
+from .cli import non_negative, positive, token_list
 from .parallel import (
     FULL_AXES,
-    FULL_TOKENS,
     MEMORY_HEADROOM,
     OUTPUT_NAMES,
-    PROBLEM_OF_DTYPE,
     SMALL_AXES,
-    SMALL_TOKENS,
     global_inputs,
     local_share,
+    resolve_shared_args,
+    same_work_step,
+    time_same_work_on_one_gpu,
 )
 from .provenance import gpu_key, run_context
 from .results import DEFAULT_OUT, result_paths, result_stem, working_tree_state, write_json
@@ -94,13 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv=None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
-    args.device = resolve_device(parser, args.device).type
-    args.dtypes = [DTYPE_ALIASES.get(name.strip(), name.strip()) for name in args.dtypes.split(",") if name.strip()]
+    resolve_shared_args(parser, args)
     if not args.dtypes:
         parser.error("--dtypes: expected at least one of bfloat16, float32")
-    for name in args.dtypes:
-        if name not in PROBLEM_OF_DTYPE:
-            parser.error(f"--dtypes: expected {' or '.join(sorted(PROBLEM_OF_DTYPE))}, got {name!r}")
     axes = SMALL_AXES if args.small else FULL_AXES
     if args.world_sizes is None:
         args.world_sizes = SMALL_WORLD_SIZES if args.small else FULL_WORLD_SIZES
@@ -108,15 +101,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         if not 1 <= world_size <= axes["num_experts"]:
             parser.error(f"--world-sizes: expected 1 to {axes['num_experts']} (the experts to share out), "
                          f"got {world_size}")  # fmt: skip
-    if args.tokens is None:
-        args.tokens = SMALL_TOKENS if args.small else FULL_TOKENS
     if 0 in args.tokens:
         parser.error("--tokens: expected positive token counts, got 0")
     args.routing = "uniform"  # balanced routing, the cost model's (moe_lib.bench.parallel.global_inputs reads it)
-    if args.warmup is None:
-        args.warmup = 2 if args.device == "cuda" else 1
-    if args.reps is None:
-        args.reps = 5 if args.device == "cuda" else 3
     return args
 
 
@@ -132,21 +119,13 @@ def memory_needed(tokens_per_rank: int, world_size: int, element_bytes: int, axe
     return inputs + layer
 
 
-def _step(rows: dict, shard: list, impl: str) -> tuple:
-    """moe_experts forward + backward on the received rows: (output, *gradients)."""
-    leaves = [rows["hidden_states"], rows["topk_weights"], *shard]
-    output = moe_experts(rows["hidden_states"], rows["topk_indices"], rows["topk_weights"], *shard, impl=impl,
-                         validate=False)  # fmt: skip
-    return (output.detach(), *torch.autograd.grad(output, leaves, rows["grad_output"]))
-
-
 def _float64_errors(rows: dict, shard: list, got: tuple) -> dict[str, float]:
     """Each output's relative Frobenius error against ``impl="reference"`` in float64 on the same rows."""
     rows64 = dict(rows, grad_output=rows["grad_output"].double(),
                   hidden_states=rows["hidden_states"].detach().double().requires_grad_(),
                   topk_weights=rows["topk_weights"].detach().double().requires_grad_())  # fmt: skip
     shard64 = [w.detach().double().requires_grad_() for w in shard]
-    want = _step(rows64, shard64, "reference")
+    want = same_work_step(rows64, shard64, "reference")
     errors = {}
     for name, g, w in zip(OUTPUT_NAMES, got, want, strict=True):
         sums = error_sums(g, w)
@@ -172,9 +151,9 @@ def run_case(dtype_name: str, world_size: int, tokens_per_rank: int, args, devic
                         tokens_per_rank)  # fmt: skip
     rows, shard = share["received_rows"], share["shard"]
     received = rows["hidden_states"].shape[0]
-    row.update(local_experts=shard[0].shape[0], rows_received=received, rows_per_expert=received / shard[0].shape[0])
+    row.update(rows_received=received, rows_per_expert=received / shard[0].shape[0])
 
-    got = _step(rows, shard, args.impl)
+    got = same_work_step(rows, shard, args.impl)
     finite = all(bool(torch.isfinite(t).all()) for t in got)
     errors = _float64_errors(rows, shard, got) if check and finite else {}
     del got
@@ -187,18 +166,10 @@ def run_case(dtype_name: str, world_size: int, tokens_per_rank: int, args, devic
         row["status"] = f"wrong: {error}"
         return row
 
-    timer, samples = PhaseTimer(device), []
-    for step in range(args.warmup + args.reps):
-        timer.reset()
-        with timer.phase("total"):
-            outputs = _step(rows, shard, args.impl)
-        del outputs
-        if step >= args.warmup:
-            samples.append(timer.totals_ms()["total"])
-    row["same_work_ms"] = statistics.median(samples)
+    row["same_work_ms"] = time_same_work_on_one_gpu(share, args, device)
     row["status"] = "ok"
     if args.profile:
-        row["kernels"] = kernel_times(lambda: _step(rows, shard, args.impl), device)
+        row["kernels"] = kernel_times(lambda: same_work_step(rows, shard, args.impl), device)
     return row
 
 

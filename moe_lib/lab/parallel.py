@@ -290,20 +290,22 @@ class ParallelRun(RunFiles):
         return timed.set_index(["tokens_per_rank", "chunks"]).sort_index()
 
 
-def _full_size_runs(results_dir, gpu_key: str) -> list[ParallelRun]:
-    """Every full-size run in ``<results_dir>/<gpu_key>/`` (``results_dir`` relative to the repository root unless
-    absolute), oldest first."""
+def _full_size_runs(results_dir, gpu_key: str, problem: str = PROBLEM, run_class=ParallelRun, json_keys=("cases",),
+                    csv_columns=("tokens_per_rank", "status")) -> list:  # fmt: skip
+    """Every full-size run of ``problem`` (by default the multi-GPU benchmark's, as :class:`ParallelRun`) in
+    ``<results_dir>/<gpu_key>/`` (``results_dir`` relative to the repository root unless absolute), oldest first;
+    its JSON must hold dtype, axes and ``json_keys``, its CSV ``csv_columns``."""
     folder = resolve_path(results_dir) / gpu_key
     runs = []
-    for csv_path in sorted(folder.glob(f"*-{PROBLEM}-*.csv")):
+    for csv_path in sorted(folder.glob(f"*-{problem}-*.csv")):
         json_path = csv_path.with_suffix(".json")
         if not json_path.is_file():
             continue
         meta = read_run_json(json_path)
-        if meta.get("problem") != PROBLEM or meta.get("provenance", {}).get("small"):
+        if meta.get("problem") != problem or meta.get("provenance", {}).get("small"):
             continue
-        require_keys(meta, ("dtype", "axes", "cases"), json_path)
-        runs.append(ParallelRun(csv=csv_path, frame=read_run_csv(csv_path, ("tokens_per_rank", "status")), meta=meta))
+        require_keys(meta, ("dtype", "axes", *json_keys), json_path)
+        runs.append(run_class(csv=csv_path, frame=read_run_csv(csv_path, csv_columns), meta=meta))
     return sorted(runs, key=lambda run: run.date)
 
 
@@ -740,19 +742,11 @@ class RankWorkRun(RunFiles):
 def load_rank_work(results_dir="data/results", gpu_key: str = "H200") -> dict[str, RankWorkRun]:
     """The newest full-size run of ``python -m moe_lib.bench.rank_work`` per dtype in ``<results_dir>/<gpu_key>/``
     (``results_dir`` relative to the repository root unless absolute), the narrowest dtype first."""
-    folder = resolve_path(results_dir) / gpu_key
-    newest: dict[str, RankWorkRun] = {}
-    for csv_path in sorted(folder.glob(f"*-{RANK_WORK_PROBLEM}-*.csv")):
-        json_path = csv_path.with_suffix(".json")
-        if not json_path.is_file():
-            continue
-        meta = read_run_json(json_path)
-        if meta.get("problem") != RANK_WORK_PROBLEM or meta.get("provenance", {}).get("small"):
-            continue
-        require_keys(meta, ("dtype", "axes"), json_path)
-        frame = read_run_csv(csv_path, ("world_size", "tokens_per_rank", "rows_received", "same_work_ms", "status"))
-        newest[meta["dtype"]] = RankWorkRun(csv=csv_path, frame=frame, meta=meta)  # sorted by date: the newest stays
+    runs = _full_size_runs(results_dir, gpu_key, RANK_WORK_PROBLEM, RankWorkRun, json_keys=(),
+                           csv_columns=("world_size", "tokens_per_rank", "rows_received", "same_work_ms", "status"))
+    newest = {run.dtype: run for run in runs}  # oldest first: the newest stays
     if not newest:
+        folder = resolve_path(results_dir) / gpu_key
         raise FileNotFoundError(f"no {RANK_WORK_PROBLEM} results (CSV with its JSON) in {folder}")
     return dict(sorted(newest.items(), key=lambda item: (getattr(torch, item[0]).itemsize, item[0])))
 
