@@ -3,12 +3,13 @@
     api.py         the public function and the ``swiglu_expert`` layer
     checks.py      input checks          reference.py   readable PyTorch (the benchmark's semantics)
     inputs.py      the benchmark's input distributions
-    launch.py      Triton host side: tile configs, launch_plan(), workspaces, the two launches
-    kernels.py     the @triton.jit kernels
-    one_launch.py  one persistent launch around a grid barrier (the faithful path up to 64 tokens)
-    chained.py     the two launches' tiles as one launch, programs ordered by tickets (the faithful path, 65–1249,
-                   where the Gluon launches cannot run)
-    gluon_launch1.py, gluon_launch2.py  the two launches in Gluon (the faithful path from 129 tokens on Hopper)
+    backward.py    the Triton path's call: choose -> allocate -> design.run()
+    choose.py      which design runs a call: a readable heuristic over (T, H, I, dtype, device)
+    designs/       one file per design behind one interface (designs/__init__.py lists them)
+    runtime.py     what the designs share on the host: the allocation hook, device limits, workspaces, dot flags
+    kernels.py     @triton.jit blocks the designs share
+    gluon_launch1.py, gluon_launch2.py   the Gluon kernels of designs/gluon.py
+    activation.py  the swiglu_expert layer's elementwise step in one launch
 """
 
 from .api import swiglu_down_backward, swiglu_expert

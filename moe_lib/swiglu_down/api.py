@@ -6,7 +6,7 @@
   gate and up ([T, H] + 2·[T, I]) and recomputes σ(gate), silu(gate) and the intermediate in the
   backward: elementwise work that costs far less than storing and re-reading three more [T, I] tensors.
   On the Triton path that elementwise step is one launch in the forward and one in the backward
-  (:func:`.launch.swiglu_activation`), where PyTorch's eager ops take several.
+  (:func:`.activation.swiglu_activation`), where PyTorch's eager ops take several.
 
 NaN and Inf in the inputs are not looked for (that would cost a pass over every input and a host sync):
 they flow into the outputs as the arithmetic carries them. ``check_finite=True`` opts into that check.
@@ -37,15 +37,10 @@ def swiglu_down_backward(
     ``precision`` (Triton path, 16-bit inputs): "faithful" (default) keeps dGate and dUp to about 16
     significant bits, as the benchmark's fp32 reference does, so the outputs pass its element rule on
     inputs of any scale; "fast" rounds them to the input dtype first (as torch.compile does), at about
-    half the tensor work of the dx, dWg and dWu products. The design follows the token count
-    (:func:`.launch.choose_design`): one Triton launch up to 64 tokens (:mod:`.few_tokens`); then the fast path
-    runs its four products on cuBLAS around one Triton dSwiGLU pass (:mod:`.library_gemms`) but at 65-959 and
-    2300-3299 tokens on a Hopper GPU the faithful path's launches without the lo halves, and the faithful path
-    two launches, both in Gluon on a Hopper GPU (:mod:`.gluon_launch1`, :mod:`.gluon_launch2`; both made ready
-    before the first and, in eager calls, submitted as one CUDA graph, so that no host work stands between them;
-    their forms by token count, :data:`.launch.GLUON_FORMS`); where those cannot run, the faithful path keeps the
-    one launch up to 128 tokens, then the two Triton launches as one up to 1249 tokens (NVIDIA's harness times a
-    call eagerly, where the host work before a second launch would count) and two above.
+    half the tensor work of the dx, dWg and dWu products. The design follows the shape, the dtype and the
+    device (:func:`.choose.choose_design`, whose docstring lists the rules): one launch for few tokens, then on a
+    Hopper GPU two TMA-fed Gluon launches, cuBLAS's GEMMs around one Triton pass for the fast path, and portable
+    Triton launches where neither runs.
     NaN/Inf in the inputs pass through unchecked; ``check_finite=True`` raises a ``ValueError`` naming the
     first input that holds one (a pass over every input and one host sync).
     """
@@ -59,7 +54,7 @@ def swiglu_down_backward(
     if resolve_impl(impl, x.device, x.dtype) == "reference":
         return swiglu_down_backward_reference(*args)
     check_contiguous(dict(zip(INPUT_NAMES, args, strict=True)))
-    from .launch import swiglu_down_backward_triton  # imports triton: only on this path
+    from .backward import swiglu_down_backward_triton  # imports triton: only on this path
 
     return swiglu_down_backward_triton(*args, precision=precision)
 
@@ -71,7 +66,7 @@ class _SwiGLUExpert(torch.autograd.Function):
         gate = x @ gate_weight.T
         up = x @ up_weight.T
         if on_triton:  # one launch for the elementwise step
-            from .launch import swiglu_activation  # imports triton: only on this path
+            from .activation import swiglu_activation  # imports triton: only on this path
 
             intermediate = swiglu_activation(gate, up, with_saved=False)
         else:
@@ -89,7 +84,7 @@ class _SwiGLUExpert(torch.autograd.Function):
             # that the gradients are differentiable again (exactly, through the reference's PyTorch ops)
             gate, up = x @ gate_weight.T, x @ up_weight.T
         if on_triton:  # the saved tensors in one launch
-            from .launch import swiglu_activation
+            from .activation import swiglu_activation
 
             gate_sigmoid, gate_silu, intermediate = swiglu_activation(gate, up, with_saved=True)
         else:

@@ -42,16 +42,15 @@ from ..encoded_launch import descriptor, prepared_launch
 from ..tiling import cdiv
 from .gluon_launch2 import (
     clock_stamp,
-    count_in_partial,
     hi_lo_descriptors,
     load_steps,
     record_program,
     ring_barriers,
     store_tile,
-    sum_partials_into,
     tile_product,
     weight_grad_region,
 )
+from .runtime import SplitWorkspace
 
 
 @gluon.jit
@@ -61,12 +60,6 @@ def store_halves(value, hi_desc, lo_desc, c_smem, off_m, off_n, WITH_LO: gl.cons
     store_tile(hi, hi_desc, c_smem, off_m, off_n)
     if WITH_LO:
         store_tile(value - hi.to(gl.float32), lo_desc, c_smem, off_m, off_n)
-
-
-# the split dA tiles' sum in shared memory: 16-byte units of a row swizzled by the row's index, so that the row
-# blocks' stores (a warp a row) and the reads in the accumulator's layout (8 rows a warp, 8 bytes a thread) both run
-# without bank conflicts
-SUM_LAYOUT = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])
 
 
 @gluon.jit
@@ -134,36 +127,19 @@ def swiglu_epilogue(d_a, saved_a, saved_b, saved_ready, phase, gate_desc, gate_s
 @gluon.jit
 def d_intermediate_partition(a_bufs, b_bufs, ready, empty, saved_a, saved_b, saved_ready, gate_desc,
                              gate_sigmoid_desc, gate_silu_desc, up_desc, dg_desc, dg_lo_desc, du_desc, du_lo_desc,
-                             c_smem, off_m, off_n, k_steps, rotation, partials_ptr, counters_ptr, tile, split,
-                             WITH_LO: gl.constexpr, STORES_IN_FLIGHT: gl.constexpr, SPLITS: gl.constexpr,
-                             SAVED_EARLY: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
-    """The two warpgroups of a dA tile: dA = Σ_h dy[t, h] Wd[h, i] over the ring, then the dSwiGLU epilogue; with
-    SPLITS > 1 this program's piece of the sum over H, parked and counted in, and the epilogue on the sum of all the
-    pieces by the split that arrives last. K step i in the ring's buffer (i + ``rotation``) mod BUFFERS; with
-    SAVED_EARLY the loading warp has asked for the saved tiles."""
+                             c_smem, off_m, off_n, k_steps, rotation, WITH_LO: gl.constexpr,
+                             STORES_IN_FLIGHT: gl.constexpr, SAVED_EARLY: gl.constexpr,
+                             num_warps: gl.constexpr):  # fmt: skip
+    """The two warpgroups of a dA tile: dA = Σ_h dy[t, h] Wd[h, i] over the ring, then the dSwiGLU epilogue. K step
+    i in the ring's buffer (i + ``rotation``) mod BUFFERS; with SAVED_EARLY the loading warp has asked for the saved
+    tiles."""
     BLOCK_M: gl.constexpr = dg_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = dg_desc.block_type.shape[1]
     d_a = tile_product(a_bufs, a_bufs, b_bufs, ready, empty, k_steps, BLOCK_M, BLOCK_N, True, False, num_warps,
                        rotation)  # fmt: skip
-    if SPLITS == 1:
-        swiglu_epilogue(d_a, saved_a, saved_b, saved_ready, 0, gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc,
-                        dg_desc, dg_lo_desc, du_desc, du_lo_desc, c_smem, off_m, off_n, WITH_LO, STORES_IN_FLIGHT,
-                        SAVED_EARLY)  # fmt: skip
-    elif count_in_partial(d_a, partials_ptr, counters_ptr, tile, split, SPLITS):
-        # the last split: the saved tiles on their way while the partials are summed into the ring's buffers after
-        # saved_b's two, then read back in the accumulator's layout
-        gl.thread_barrier()  # both warpgroups past their last MMA before TMA writes the ring
-        load_saved_tiles(saved_a, saved_b, saved_ready, gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc, off_m,
-                         off_n)  # fmt: skip
-        gl.static_assert(saved_b.type.shape[0] >= 4, "the ring's B buffers hold the sum beside two saved tiles")
-        d_a_sum = saved_b._reinterpret(gl.float32, [saved_b.type.shape[0] // 2, BLOCK_M, BLOCK_N],
-                                       SUM_LAYOUT).index(1)  # fmt: skip
-        sum_partials_into(partials_ptr, tile, d_a_sum, SPLITS, num_warps)
-        gl.thread_barrier()  # every row block is in shared memory before any warp reads another's
-        d_a = d_a_sum.load(d_a.type.layout)
-        swiglu_epilogue(d_a, saved_a, saved_b, saved_ready, 0, gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc,
-                        dg_desc, dg_lo_desc, du_desc, du_lo_desc, c_smem, off_m, off_n, WITH_LO, STORES_IN_FLIGHT,
-                        True)  # fmt: skip
+    swiglu_epilogue(d_a, saved_a, saved_b, saved_ready, 0, gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc,
+                    dg_desc, dg_lo_desc, du_desc, du_lo_desc, c_smem, off_m, off_n, WITH_LO, STORES_IN_FLIGHT,
+                    SAVED_EARLY)  # fmt: skip
     tma.store_wait(pendings=0)
 
 
@@ -254,8 +230,6 @@ def first_launch_kernel(
     gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc,  # saved forward [T, I] as [BLOCK_M, BLOCK_N] tiles
     dg_desc, dg_lo_desc, du_desc, du_lo_desc,  # out: dGate, dUp [T, I] hi and lo as [BLOCK_M, BLOCK_N] tiles
     dwd_desc,  # with WITH_GRAD_DOWN, out: dWd [H, I] as [BLOCK_M, GRAD_DOWN_N] tiles (GRAD_DOWN_N: see the config)
-    d_a_partials_ptr,  # with D_A_SPLITS > 1: fp32 workspace [dA tiles, D_A_SPLITS, BLOCK_M, BLOCK_N]
-    d_a_counters_ptr,  # with D_A_SPLITS > 1: int32 arrival counters, one per dA tile (they only grow)
     trace_ptr,  # with TRACE: int64 [programs, 5], a row of gluon_launch2.TRACE_FIELDS per program
     T, I,
     WITH_LO: gl.constexpr,  # store dGate, dUp as hi/lo pairs (the faithful path); else hi alone
@@ -266,7 +240,6 @@ def first_launch_kernel(
     STORES_IN_FLIGHT: gl.constexpr,  # the dSwiGLU epilogue's four stores at once, through the saved tiles' buffers
     SAVED_EARLY: gl.constexpr,  # the loading warp asks for the saved tiles as the main loop frees their buffers
     WITH_GRAD_DOWN: gl.constexpr,  # dWd's tiles in this launch (else launch 2 takes them and the dWd arguments idle)
-    D_A_SPLITS: gl.constexpr,  # programs a dA tile, each a piece of its K steps over H (a power of two; 1 if wide)
     TRACE: gl.constexpr,  # record each program's start, end and SM (a diagnostic build: scripts/p1_program_trace.py)
     num_warps: gl.constexpr,  # of the multiplying partition (8: two warpgroups)
 ):  # fmt: skip
@@ -333,16 +306,12 @@ def first_launch_kernel(
         weight_grad_region(dy_t_desc, dy_t_desc, intermediate_desc, dwd_desc, a_t_bufs, a_t_bufs, intermediate_bufs,
                            ready, empty, grad_down_c_smem, off_m, off_n, gl.cdiv(T, BLOCK_K), False, False,
                            num_warps)  # fmt: skip
-    else:  # dA's tiles, then dGate, dUp from them, each tile over D_A_SPLITS programs in turn
-        tile = (pid - grad_down_tiles) // D_A_SPLITS
-        split = (pid - grad_down_tiles) % D_A_SPLITS
+    else:  # dA's tiles, then dGate, dUp from them
+        tile = pid - grad_down_tiles
         off_m = (tile % gl.cdiv(T, BLOCK_M)) * BLOCK_M  # row blocks fastest: the programs at once share Wd's tiles
         off_n = (tile // gl.cdiv(T, BLOCK_M)) * BLOCK_N * D_A_HALVES
         k_steps = gl.cdiv(dy_desc.shape[1], BLOCK_K)
-        split_steps = gl.cdiv(k_steps, D_A_SPLITS)
-        first_step = split * split_steps
         if D_A_HALVES == 2:
-            gl.static_assert(D_A_SPLITS == 1, "the wide dA tiles are not split")
             gl.warp_specialize([
                 (d_intermediate_wide_partition, (a_bufs, b_bufs, ready, empty, saved_a, saved_b, saved_ready, gate_desc,
                                                  gate_sigmoid_desc, gate_silu_desc, up_desc, dg_desc, dg_lo_desc,
@@ -352,209 +321,19 @@ def first_launch_kernel(
                                                       k_steps)),
             ], [1], [40])  # fmt: skip
         else:
-            split_steps_here = gl.maximum(gl.minimum(split_steps, k_steps - first_step), 0)
             # with the saved tiles asked for early, the ring starts where its last step falls in its last buffer
-            gl.static_assert(not (SAVED_EARLY and D_A_SPLITS > 1), "split dA tiles ask for their saved tiles late")
-            rotation = (BUFFERS - split_steps_here % BUFFERS) % BUFFERS if SAVED_EARLY else 0
+            rotation = (BUFFERS - k_steps % BUFFERS) % BUFFERS if SAVED_EARLY else 0
             gl.warp_specialize([
                 (d_intermediate_partition, (a_bufs, b_bufs, ready, empty, saved_a, saved_b, saved_ready, gate_desc,
                                             gate_sigmoid_desc, gate_silu_desc, up_desc, dg_desc, dg_lo_desc, du_desc,
-                                            du_lo_desc, c_smem, off_m, off_n, split_steps_here, rotation,
-                                            d_a_partials_ptr, d_a_counters_ptr, tile, split, WITH_LO,
-                                            STORES_IN_FLIGHT, D_A_SPLITS, SAVED_EARLY, num_warps)),
+                                            du_lo_desc, c_smem, off_m, off_n, k_steps, rotation, WITH_LO,
+                                            STORES_IN_FLIGHT, SAVED_EARLY, num_warps)),
                 (d_intermediate_load_partition, (dy_desc, wd_desc, a_bufs, b_bufs, ready, empty, off_m, off_n,
-                                                 split_steps_here, first_step * BLOCK_K, rotation, saved_a, saved_b,
-                                                 saved_ready, gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc,
-                                                 SAVED_EARLY)),
+                                                 k_steps, 0, rotation, saved_a, saved_b, saved_ready, gate_desc,
+                                                 gate_sigmoid_desc, gate_silu_desc, up_desc, SAVED_EARLY)),
             ], [1], [40])  # fmt: skip
     if TRACE:
         record_program(trace_ptr, gl.program_id(0), start, start, sm, (pid >= grad_down_tiles).to(gl.int32))
-
-
-# ---- the pingpong form: dA's tiles only, each program persistent, its two warpgroups taking its tiles in turn ----
-#
-# A program takes tiles pid, pid + P, pid + 2P, ... (P programs). Its loading warp runs the ring through all of them
-# in that order; warpgroup 0 multiplies the program's 1st, 3rd, ... tile, warpgroup 1 its 2nd, 4th, ..., each a whole
-# [BLOCK_M, BLOCK_N] tile (its accumulator 128 registers a thread at 128 × 128). So the main loops run one after the
-# other at the ring's pace, and each tile's dSwiGLU epilogue (the saved tiles read from global memory straight into
-# the accumulator's layout, the halves out by TMA through the warpgroup's own buffer) runs beside the next tile's main
-# loop, where the one-tile form leaves the tensor cores idle. A warpgroup starts waiting on the ring for its next tile
-# only once the other has passed its last wait of the tile before (the `turn` barriers): a ring barrier's wait names
-# the phase by its parity alone, so no waiter may run more than one phase ahead of the barrier.
-
-
-@gluon.jit
-def saved_tile(ptr, off_m, off_n, T, I: gl.constexpr, layout: gl.constexpr, BLOCK_M: gl.constexpr,
-               BLOCK_N: gl.constexpr):  # fmt: skip
-    """A saved [T, I] tensor's [BLOCK_M, BLOCK_N] tile at (off_m, off_n) in fp32, in ``layout`` (0 past T and I).
-    From the tile's corner, the offsets are compile-time constants a thread (I compiled in): each load addresses
-    its element as one base register plus an immediate, instead of a 64-bit address per element."""
-    rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
-    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
-    mask = (rows[:, None] < T - off_m) & (cols[None, :] < I - off_n)
-    corner = ptr + off_m.to(gl.int64) * I + off_n
-    return gl.load(corner + (rows[:, None] * I + cols[None, :]), mask=mask, other=0.0).to(gl.float32)
-
-
-@gluon.jit
-def pingpong_half_epilogue(d_a, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, dg_desc, dg_lo_desc, du_desc,
-                           du_lo_desc, c_smem, off_m, off_n, T, I: gl.constexpr, WITH_LO: gl.constexpr):  # fmt: skip
-    """dUp = dA ⊙ silu, dGate = dA ⊙ σ ⊙ (1 + gate ⊙ (1 − σ)) ⊙ up of one half tile (the order of
-    kernels.store_swiglu_grads), each saved tile loaded as it is needed; each output's hi and lo halves out by TMA
-    through ``c_smem``'s two buffers at once."""
-    layout: gl.constexpr = d_a.type.layout
-    BLOCK_M: gl.constexpr = d_a.shape[0]
-    BLOCK_N: gl.constexpr = d_a.shape[1]
-    d_up = d_a * saved_tile(gate_silu_ptr, off_m, off_n, T, I, layout, BLOCK_M, BLOCK_N)
-    store_hi_lo(d_up, du_desc, du_lo_desc, c_smem, off_m, off_n, WITH_LO)
-    s = saved_tile(gate_sigmoid_ptr, off_m, off_n, T, I, layout, BLOCK_M, BLOCK_N)
-    d_gate = d_a * s * (1.0 + saved_tile(gate_ptr, off_m, off_n, T, I, layout, BLOCK_M, BLOCK_N) * (1.0 - s))
-    d_gate = d_gate * saved_tile(up_ptr, off_m, off_n, T, I, layout, BLOCK_M, BLOCK_N)
-    store_hi_lo(d_gate, dg_desc, dg_lo_desc, c_smem, off_m, off_n, WITH_LO)
-
-
-@gluon.jit
-def store_hi_lo(value, hi_desc, lo_desc, c_smem, off_m, off_n, WITH_LO: gl.constexpr):
-    """An fp32 tile out as hi = round(value) through ``c_smem`` buffer 0 and, with WITH_LO, lo = round(value − hi)
-    through buffer 1, both stores in flight at once (once the stores before have read their buffers); with one buffer,
-    :func:`store_halves` (lo's after hi's has read it)."""
-    if c_smem.type.shape[0] == 1:
-        store_halves(value, hi_desc, lo_desc, c_smem.index(0), off_m, off_n, WITH_LO)
-    else:
-        tma.store_wait(pendings=0)
-        hi = value.to(hi_desc.dtype)
-        c_smem.index(0).store(hi)
-        if WITH_LO:
-            c_smem.index(1).store((value - hi.to(gl.float32)).to(lo_desc.dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(hi_desc, [off_m, off_n], c_smem.index(0))
-        if WITH_LO:
-            tma.async_copy_shared_to_global(lo_desc, [off_m, off_n], c_smem.index(1))
-
-
-@gluon.jit
-def pingpong_mma_partition(a_bufs, b_bufs, ready, empty, turn, c_smem, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr,
-                           up_ptr, dg_desc, dg_lo_desc, du_desc, du_lo_desc, T, I: gl.constexpr, tiles, m_tiles,
-                           k_steps, trace_ptr, PARITY: gl.constexpr, WITH_LO: gl.constexpr,
-                           IN_FLIGHT: gl.constexpr, TRACE: gl.constexpr, MMA_WARPS: gl.constexpr):  # fmt: skip
-    """One warpgroup: the program's tiles PARITY, PARITY + 2, ... of its sequence (tile i of the sequence in the ring's
-    steps i·k_steps on), each after the other warpgroup's main loop of the tile before, then its epilogue. The tile's
-    accumulator in two halves of 64 rows (each step's A tile in two, against the one B tile), so that one half's
-    epilogue runs beside the other half's accumulator and the saved tiles it loads."""
-    HALF_M: gl.constexpr = dg_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = dg_desc.block_type.shape[1]
-    BUFFERS: gl.constexpr = a_bufs.type.shape[0]
-    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[MMA_WARPS, 1],
-                                                     instr_shape=[16, BLOCK_N, 16])  # fmt: skip
-    programs = gl.num_programs(0)
-    index = PARITY  # in the program's sequence of tiles
-    for tile in range(gl.program_id(0) + PARITY * programs, tiles, 2 * programs):
-        off_m = (tile % m_tiles) * (2 * HALF_M)  # row blocks fastest: the programs at once share Wd's tiles
-        off_n = (tile // m_tiles) * BLOCK_N
-        if index > 0:  # the other warpgroup's arrival after its main loop of tile index − 1 (its ((index-1)//2)-th)
-            mbarrier.wait(turn.index(PARITY), ((index - 1) // 2) & 1)
-        top = gl.zeros((HALF_M, BLOCK_N), dtype=gl.float32, layout=layout)
-        bottom = gl.zeros((HALF_M, BLOCK_N), dtype=gl.float32, layout=layout)
-        for step in range(k_steps):
-            i = index * k_steps + step
-            slot = i % BUFFERS
-            mbarrier.wait(ready.index(slot), (i // BUFFERS) & 1)
-            top = warpgroup_mma(a_bufs.index(slot).slice(0, HALF_M), b_bufs.index(slot), top, is_async=True)
-            bottom = warpgroup_mma(a_bufs.index(slot).slice(HALF_M, HALF_M), b_bufs.index(slot), bottom,
-                                   is_async=True)  # fmt: skip
-            # the step IN_FLIGHT steps before is done: its buffer goes back
-            top, bottom = warpgroup_mma_wait(num_outstanding=2 * IN_FLIGHT, deps=(top, bottom))
-            mbarrier.arrive(empty.index((i + BUFFERS - IN_FLIGHT) % BUFFERS), count=1, pred=step >= IN_FLIGHT)
-        top, bottom = warpgroup_mma_wait(num_outstanding=0, deps=(top, bottom))
-        for j in gl.static_range(IN_FLIGHT):  # the last steps' buffers
-            last = index * k_steps + k_steps - IN_FLIGHT + j
-            mbarrier.arrive(empty.index(last % BUFFERS), count=1, pred=k_steps - IN_FLIGHT + j >= 0)
-        mbarrier.arrive(turn.index(1 - PARITY), count=1)
-        if TRACE and PARITY == 0:
-            if index == 0:  # the program's "proceed" field: when its first tile's main loop ended
-                now, _ = clock_stamp(gl.program_id(0))
-                gl.store(trace_ptr + gl.program_id(0).to(gl.int64) * 5 + 1, now)
-        pingpong_half_epilogue(top, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, dg_desc, dg_lo_desc, du_desc,
-                               du_lo_desc, c_smem, off_m, off_n, T, I, WITH_LO)  # fmt: skip
-        pingpong_half_epilogue(bottom, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, dg_desc, dg_lo_desc,
-                               du_desc, du_lo_desc, c_smem, off_m + HALF_M, off_n, T, I, WITH_LO)  # fmt: skip
-        index += 2
-    tma.store_wait(pendings=0)
-
-
-@gluon.jit
-def pingpong_load_partition(dy_desc, wd_desc, a_bufs, b_bufs, ready, empty, tiles, m_tiles, k_steps):
-    """The loading warp: every tile of the program's sequence in turn, dy's [BLOCK_M, BLOCK_K] and Wd's
-    [BLOCK_K, BLOCK_N] tiles of each K step over H, the ring's step count running on from tile to tile."""
-    BLOCK_M: gl.constexpr = dy_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = wd_desc.block_type.shape[1]
-    step0 = 0
-    for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
-        load_steps(dy_desc, dy_desc, wd_desc, a_bufs, a_bufs, b_bufs, ready, empty, (tile % m_tiles) * BLOCK_M,
-                   (tile // m_tiles) * BLOCK_N, k_steps, step0, True, False)  # fmt: skip
-        step0 += k_steps
-
-
-@gluon.jit(do_not_specialize=("T",))  # one compiled kernel for every T
-def pingpong_first_launch_kernel(
-    dy_desc,  # dy [T, H] as [BLOCK_M, BLOCK_K] tiles (A of dA)
-    wd_desc,  # Wd [H, I] as [BLOCK_K, BLOCK_N] tiles (B of dA)
-    dg_desc, dg_lo_desc, du_desc, du_lo_desc,  # out: dGate, dUp [T, I] hi and lo as [BLOCK_M / 2, BLOCK_N] tiles
-    gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr,  # saved forward [T, I], row-major
-    trace_ptr,  # with TRACE: int64 [programs, 5], a row of gluon_launch2.TRACE_FIELDS per program ("proceed": the
-                # end of its first tile's main loop)
-    T,
-    I: gl.constexpr,  # (compiled in: the saved tiles' loads address their elements by immediate offsets)
-    WITH_LO: gl.constexpr,  # store dGate, dUp as hi/lo pairs (the faithful path); else hi alone
-    BUFFERS: gl.constexpr,  # buffers of the ring
-    OUT_BUFFERS: gl.constexpr,  # output buffers of a half tile a warpgroup (1 or 2)
-    EARLY_DEPENDENTS: gl.constexpr,  # let a launch 2 issued by programmatic dependent launch start from here on
-    MMA_REGS: gl.constexpr,  # registers a thread of the second multiplying warpgroup
-    MMA_IN_FLIGHT: gl.constexpr,  # K steps whose products run while the next step's are issued (1 or 2)
-    TRACE: gl.constexpr,  # record each program's start, end and SM (a diagnostic build)
-    num_warps: gl.constexpr,  # of the first multiplying warpgroup (4)
-):  # fmt: skip
-    BLOCK_M: gl.constexpr = dy_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = wd_desc.block_type.shape[1]
-    BLOCK_K: gl.constexpr = wd_desc.block_type.shape[0]
-    gl.static_assert(num_warps == 4, "one warpgroup a partition")
-    gl.static_assert(2 * dg_desc.block_type.shape[0] == BLOCK_M, "the outputs go out by half tiles")
-    pid = gl.program_id(0)
-    if TRACE:
-        start, sm = clock_stamp(pid)
-    if EARLY_DEPENDENTS:
-        gdc_launch_dependents()
-    a_bufs = gl.allocate_shared_memory(dy_desc.dtype, [BUFFERS] + dy_desc.block_type.shape, dy_desc.layout)
-    b_bufs = gl.allocate_shared_memory(wd_desc.dtype, [BUFFERS] + wd_desc.block_type.shape, wd_desc.layout)
-    # output buffers of a half tile, OUT_BUFFERS a warpgroup (2: hi's and lo's stores in flight at once)
-    c_smem_0 = gl.allocate_shared_memory(dg_desc.dtype, [OUT_BUFFERS] + dg_desc.block_type.shape, dg_desc.layout)
-    c_smem_1 = gl.allocate_shared_memory(dg_desc.dtype, [OUT_BUFFERS] + dg_desc.block_type.shape, dg_desc.layout)
-    ready, empty = ring_barriers(BUFFERS)
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
-        mbarrier.init(turn.index(i), count=1)
-    fence_async_shared()
-    m_tiles = gl.cdiv(T, BLOCK_M)
-    tiles = m_tiles * gl.cdiv(I, BLOCK_N)
-    k_steps = gl.cdiv(dy_desc.shape[1], BLOCK_K)
-    gl.warp_specialize([
-        (pingpong_mma_partition, (a_bufs, b_bufs, ready, empty, turn, c_smem_0, gate_ptr, gate_sigmoid_ptr,
-                                  gate_silu_ptr, up_ptr, dg_desc, dg_lo_desc, du_desc, du_lo_desc, T, I, tiles,
-                                  m_tiles, k_steps, trace_ptr, 0, WITH_LO, MMA_IN_FLIGHT, TRACE,
-                                  num_warps)),
-        (pingpong_mma_partition, (a_bufs, b_bufs, ready, empty, turn, c_smem_1, gate_ptr, gate_sigmoid_ptr,
-                                  gate_silu_ptr, up_ptr, dg_desc, dg_lo_desc, du_desc, du_lo_desc, T, I, tiles,
-                                  m_tiles, k_steps, trace_ptr, 1, WITH_LO, MMA_IN_FLIGHT, TRACE,
-                                  num_warps)),
-        (pingpong_load_partition, (dy_desc, wd_desc, a_bufs, b_bufs, ready, empty, tiles, m_tiles, k_steps)),
-    ], [4, 1], [MMA_REGS, 40])  # fmt: skip
-    if TRACE:  # its row but the "proceed" field, which the first warpgroup wrote
-        end, _ = clock_stamp(pid)
-        row = trace_ptr + pid.to(gl.int64) * 5
-        gl.store(row, start)
-        gl.store(row + 2, end)
-        gl.store(row + 3, sm.to(gl.int64))
-        gl.store(row + 4, gl.to_tensor(1).to(gl.int64))
 
 
 @dataclass(frozen=True)
@@ -584,11 +363,6 @@ class GluonFirstLaunchConfig:
     # the dSwiGLU epilogue's four output halves stored at once, each through a saved tile's buffer once that tile is
     # read (else one after the other through the one output buffer, each waiting for the store before)
     stores_in_flight: bool = False
-    # programs a dA tile, each a piece of its K = H steps, the dSwiGLU epilogue run on their sum (in split order) by
-    # the one that arrives last (a power of two; dA tiles block_n wide): where the few dA tiles (at 128 tokens 12 of
-    # 64 × 128) each stream ~0.8 MB of operands through one SM, their reduction spread over more SMs shortens the
-    # launch's critical path
-    d_a_splits: int = 1
     # the loading warp asks for a dA tile's four saved tiles as soon as the main loop has released the ring buffers
     # they go into (the ring started where its last steps fall in its last buffers), instead of the multiplying warps
     # once the main loop has ended: their arrival overlaps the last K steps (dA tiles block_n wide, not split)
@@ -596,50 +370,15 @@ class GluonFirstLaunchConfig:
     # dWd's tiles in this launch; False: launch 2 takes them (``GluonSecondLaunchConfig.grad_down_tiles``), where they
     # need not wait for this launch and fill the SMs its last wave leaves, and this launch is dA's tiles alone
     grad_down_tiles: bool = True
-    # the pingpong form (:func:`pingpong_first_launch_kernel`, dA's tiles only): at most this many persistent programs,
-    # each taking its tiles in turn on two warpgroups, one tile's epilogue beside the next one's main loop; 0: one tile
-    # a program, both warpgroups on it. Tiles 128 × block_n (each warpgroup's accumulator in two halves of 64 rows)
-    pingpong_programs: int = 0
-    # the pingpong form: output buffers of a half tile (16 KB) a warpgroup: 2, hi's and lo's stores in flight at once;
-    # 1, room for a ring of 6 (with 2 a ring of 5 fits, 4 × 32 + 4 × 16 KB of 227)
-    pingpong_out_buffers: int = 2
-    # the pingpong form: K steps whose products a warpgroup keeps running while it issues the next step's (each
-    # buffer handed back that many steps later): one warpgroup alone feeds the tensor cores through a main loop
-    pingpong_in_flight: int = 1
-    # the pingpong form: registers a thread of the second multiplying warpgroup (the first takes what the 12 warps'
-    # share leaves beside it and the loading warp's 40): 240 compiles without a spill on the faithful path
-    pingpong_mma_regs: int = 240
-
     def __post_init__(self):
         if self.block_n % self.grad_down_block_n and self.grad_down_block_n not in (2 * self.block_n, 4 * self.block_n):
             raise ValueError(f"config: grad_down_block_n must divide block_n ({self.block_n}) or be twice or four "
                              f"times it, got {self.grad_down_block_n}")  # fmt: skip
         if self.d_a_block_n not in (self.block_n, 2 * self.block_n):
             raise ValueError(f"config: d_a_block_n must be block_n or twice it, got {self.d_a_block_n}")
-        if self.d_a_splits < 1 or self.d_a_splits & (self.d_a_splits - 1):
-            raise ValueError(f"config: d_a_splits must be a power of two, got {self.d_a_splits}")
-        if self.d_a_splits > 1 and self.d_a_block_n != self.block_n:
-            raise ValueError("config: the wide dA tiles (d_a_block_n twice block_n) are not split: d_a_splits 1")
-        if self.saved_tiles_early and (self.d_a_splits > 1 or self.d_a_block_n != self.block_n):
-            raise ValueError("config: saved_tiles_early takes dA tiles block_n wide and unsplit (only the split that "
-                             "arrives last, or each half of a wide tile in turn, asks for saved tiles)")  # fmt: skip
-        if self.pingpong_in_flight not in (1, 2) or self.pingpong_in_flight >= self.buffers:
-            raise ValueError(f"config: pingpong_in_flight must be 1 or 2 and fewer than buffers, got "
-                             f"{self.pingpong_in_flight}")  # fmt: skip
-        if self.pingpong_out_buffers not in (1, 2):
-            raise ValueError(f"config: pingpong_out_buffers must be 1 or 2, got {self.pingpong_out_buffers}")
-        if self.pingpong_programs < 0:
-            raise ValueError(f"config: pingpong_programs must be 0 or more, got {self.pingpong_programs}")
-        if self.pingpong_programs and (self.grad_down_tiles or self.block_m != 128 or self.d_a_splits > 1
-                                       or self.d_a_block_n != self.block_n or self.saved_tiles_early
-                                       or self.stores_in_flight):  # fmt: skip
-            raise ValueError("config: the pingpong form takes dA's tiles alone (grad_down_tiles False), 128 rows "
-                             "(block_m), block_n wide and unsplit, its saved tiles loaded by its own warps "
-                             "(saved_tiles_early and stores_in_flight False)")  # fmt: skip
-        if self.d_a_splits > 1 and self.buffers * self.block_k < 4 * self.block_m:
-            raise ValueError(f"config: split dA tiles sum their partials in the ring's B buffers beside two saved "
-                             f"tiles: d_a_splits > 1 needs buffers · block_k ≥ 4 · block_m, got {self.buffers} · "
-                             f"{self.block_k} < 4 · {self.block_m}")  # fmt: skip
+        if self.saved_tiles_early and self.d_a_block_n != self.block_n:
+            raise ValueError("config: saved_tiles_early takes dA tiles block_n wide (each half of a wide tile asks for "
+                             "its saved tiles in turn)")  # fmt: skip
 
     @property
     def d_a_halves(self) -> int:
@@ -647,36 +386,21 @@ class GluonFirstLaunchConfig:
         return self.d_a_block_n // self.block_n
 
     def d_a_tiles(self, num_tokens: int, intermediate_size: int) -> int:
-        """dA's output tiles (each ``d_a_splits`` programs)."""
+        """dA's output tiles (one program each)."""
         return cdiv(num_tokens, self.block_m) * cdiv(intermediate_size, self.d_a_block_n)
 
     def programs(self, num_tokens: int, hidden_size: int, intermediate_size: int) -> int:
-        """Programs of the launch: dWd's tiles (unless launch 2 takes them), then dA's tiles' splits; in the pingpong
-        form the persistent programs (at most one a dA tile)."""
-        if self.pingpong_programs:
-            return min(self.pingpong_programs, self.d_a_tiles(num_tokens, intermediate_size))
+        """Programs of the launch: dWd's tiles (unless launch 2 takes them), then dA's tiles."""
         grad_down_tiles = cdiv(hidden_size, self.block_m) * cdiv(intermediate_size, self.grad_down_block_n)
         grad_down_tiles *= self.grad_down_tiles
-        return grad_down_tiles + self.d_a_tiles(num_tokens, intermediate_size) * self.d_a_splits
+        return grad_down_tiles + self.d_a_tiles(num_tokens, intermediate_size)
 
     def constexprs(self, with_lo: bool, traced: bool = False) -> dict:
         """The kernel's compile-time arguments after T and I, by name in its argument order (``num_warps`` aside)."""
         return dict(WITH_LO=with_lo, BUFFERS=self.buffers, D_A_HALVES=self.d_a_halves, D_A_FIRST=self.d_a_first,
                     EARLY_DEPENDENTS=self.early_dependents, STORES_IN_FLIGHT=self.stores_in_flight,
                     SAVED_EARLY=self.saved_tiles_early, WITH_GRAD_DOWN=self.grad_down_tiles,
-                    D_A_SPLITS=self.d_a_splits, TRACE=traced)  # fmt: skip
-
-    def pingpong_arguments(self, grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, d_gate, d_up, trace,
-                           traced: bool, with_lo: bool) -> tuple:  # fmt: skip
-        """The pingpong kernel's arguments before ``num_warps``: dy's and Wd's descriptors, the outputs' by half
-        tiles, the saved tensors, ``trace`` (with ``traced``; else any placeholder), T, I and the compile-time
-        values."""
-        bm, bn, bk = self.block_m, self.block_n, self.block_k
-        outputs = hi_lo_descriptors(d_gate, d_up, (bm // 2, bn))
-        T, I = gate.shape
-        return (descriptor(grad_output, (bm, bk)), descriptor(down_weight, (bk, bn)), *outputs, gate, gate_sigmoid,
-                gate_silu, up, trace, T, I, with_lo, self.buffers, self.pingpong_out_buffers, self.early_dependents,
-                self.pingpong_mma_regs, self.pingpong_in_flight, traced)  # fmt: skip
+                    TRACE=traced)  # fmt: skip
 
     def descriptors(self, grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate, d_gate, d_up,
                     grad_down_weight):  # fmt: skip
@@ -699,29 +423,22 @@ ENCODED_LAUNCHES: dict = {}  # (device, dtype, with_lo, config) → EncodedLaunc
 
 
 def prepare_first_launch_gluon(config: GluonFirstLaunchConfig, grad_output, down_weight, gate, gate_sigmoid,
-                               gate_silu, up, intermediate, d_gate, d_up, grad_down_weight, d_a_workspace, *,
-                               with_lo: bool, trace=None):  # fmt: skip
+                               gate_silu, up, intermediate, d_gate, d_up, grad_down_weight, *, with_lo: bool,
+                               trace=None):  # fmt: skip
     """Launch 1 in Gluon made ready: returns the callable that launches it (dGate, dUp into [1 or 2, T, I], hi and
     with ``with_lo`` lo; dWd). On a Hopper GPU; 16-bit contiguous operands whose rows TMA can address
-    (``tma_launches.fits``), T ≥ 1. No host synchronisation. ``d_a_workspace``: (fp32 partials, int32 counters) of
-    the dA tiles' splits (``launch.SplitWorkspace``; unused with ``d_a_splits`` 1). ``trace``: an int64 [programs, 5]
-    tensor for a row of ``gluon_launch2.TRACE_FIELDS`` per program (a build that records them), or None. As for launch 2
+    (:func:`moe_lib.tma.rows_fit`), T ≥ 1. No host synchronisation. ``trace``: an int64 [programs, 5] tensor for a row
+    of ``gluon_launch2.TRACE_FIELDS`` per program (a build that records them), or None. As for launch 2
     (:func:`.gluon_launch2.prepare_second_launch_gluon`), the first call per device, dtype, ``with_lo`` and config
     compiles through Triton's JIT, later ones go to the compiled kernel's launcher."""
     T, H = grad_output.shape
     I = down_weight.shape[1]
-    trace_or_placeholder = d_a_workspace[1] if trace is None else trace
-    if config.pingpong_programs:  # I compiled in
-        key = (grad_output.device, grad_output.dtype, with_lo, config, trace is not None, I)
-        arguments = config.pingpong_arguments(grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, d_gate,
-                                              d_up, trace_or_placeholder, trace is not None, with_lo)  # fmt: skip
-        return prepared_launch(ENCODED_LAUNCHES, key, pingpong_first_launch_kernel, config.programs(T, H, I),
-                               arguments, warps=4, maxnreg=config.maxnreg, device=grad_output.device)  # fmt: skip
     descriptors = config.descriptors(grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate,
                                      d_gate, d_up, grad_down_weight)  # fmt: skip
+    trace_or_placeholder = SplitWorkspace.placeholders(grad_output.device)[1] if trace is None else trace
     key = (grad_output.device, grad_output.dtype, with_lo, config, trace is not None)
     return prepared_launch(ENCODED_LAUNCHES, key, first_launch_kernel, config.programs(T, H, I),
-                           (*descriptors, *d_a_workspace, trace_or_placeholder, T, I,
+                           (*descriptors, trace_or_placeholder, T, I,
                             *config.constexprs(with_lo, trace is not None).values()),
                            warps=config.warps, maxnreg=config.maxnreg,
                            device=grad_output.device)  # fmt: skip

@@ -1,4 +1,4 @@
-"""P1's Triton kernels (``@triton.jit`` only; the host side is :mod:`.launch`): two launches.
+"""P1's Triton kernels shared by its designs (``@triton.jit`` only; the hosts are in :mod:`.designs`): two launches.
 
 Dataflow (T tokens, H hidden, I intermediate; s = the saved gate_sigmoid):
 
@@ -22,10 +22,8 @@ last adds the SPLIT partials in split order and runs the epilogue. The sum's ord
 on arrival order, so results are deterministic. The counters only ever grow (by SPLIT per tile per
 call), so they need no reset.
 
-The same epilogue as a pass of its own (swiglu_grads_kernel, by [tokens, I] blocks, or swiglu_grads_flat_kernel, by
-runs of consecutive elements) for the design on cuBLAS GEMMs (library_gemms.py): dA read from memory,
-[dGate | dUp] written side by side in each row; or, as an option of that
-design, after dA's own tiles in one launch (d_intermediate_rows_kernel), dA never stored.
+The same epilogue as a pass of its own (swiglu_grads_kernel, by [tokens, I] blocks) for the design on cuBLAS GEMMs
+(designs/library_gemms.py): dA read from memory, [dGate | dUp] written side by side in each row.
 
 The ``swiglu_expert`` layer's elementwise step (swiglu_activation_kernel), one pass over gate and up:
 
@@ -458,78 +456,10 @@ def swiglu_grads_kernel(
 
 
 @triton.jit
-def swiglu_grads_flat_kernel(
-    d_a_ptr,  # dA = dy · Wd [T, I], contiguous, fp32 or the input dtype
-    gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr,  # saved forward, each [T, I], contiguous
-    d_gate_up_ptr,  # out: rows as swiglu_grads_kernel stores them
-    num_elements,  # T · I
-    I: tl.constexpr,  # the row length, fixed at compile time: the compiler then sees which runs of a block are rows
-    BLOCK: tl.constexpr,  # elements of [T, I], in memory order, per program
-    WITH_LO: tl.constexpr,  # store hi/lo pairs (the faithful path); else hi alone
-):  # fmt: skip
-    """swiglu_grads_kernel's pass with [T, I] read as one flat run of T · I elements: each program takes BLOCK
-    consecutive ones, however many rows that spans, so that every load is as wide as the program."""
-    flat = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    inside = flat < num_elements
-    d_a = tl.load(d_a_ptr + flat, mask=inside, other=0.0).to(tl.float32)
-    d_gate, d_up = swiglu_grads(d_a, tl.load(gate_ptr + flat, mask=inside, other=0.0),
-                                tl.load(gate_sigmoid_ptr + flat, mask=inside, other=0.0),
-                                tl.load(gate_silu_ptr + flat, mask=inside, other=0.0),
-                                tl.load(up_ptr + flat, mask=inside, other=0.0))  # fmt: skip
-    # element (t, i) goes to row t of rows 2I long (4I with lo halves): t · 2I + i = flat + t · I
-    out = d_gate_up_ptr + flat + (flat // I) * (3 * I if WITH_LO else I)
-    store_halves(out, 2 * I, d_gate, inside, WITH_LO)
-    store_halves(out + I, 2 * I, d_up, inside, WITH_LO)
-
-
-@triton.jit
-def grad_x_rows_kernel(
-    d_gate_up_ptr,  # [dG | dU] rows [T, 2I] (with WITH_LO [T, 4I]: dG_hi | dU_hi | dG_lo | dU_lo), as the pass wrote
-    gate_weight_ptr, up_weight_ptr,  # Wg, Wu [I, H]: read where they lie, never stacked
-    grad_x_ptr,  # out: dx [T, H]
-    partials_ptr, counters_ptr,  # split-K workspace of the dx tiles
-    T, H, I,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
-    GROUP_M: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, WITH_LO: tl.constexpr,
-):  # fmt: skip
-    """dx = dG · Wg + dU · Wu by launch 2's dx tiles alone, from the cuBLAS design's [dG | dU] rows
-    (library_gemms.py, ``grad_x_tile``): no copy of [Wg; Wu] per call."""
-    row = 4 * I if WITH_LO else 2 * I
-    grad_x_program(tl.program_id(0), d_gate_up_ptr, d_gate_up_ptr + I, row, 2 * I, gate_weight_ptr, up_weight_ptr,
-                   grad_x_ptr, partials_ptr, counters_ptr, T, H, I, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, GROUP_M,
-                   UPCAST, PRECISION, WITH_LO)  # fmt: skip
-
-
-@triton.jit
-def d_intermediate_rows_kernel(
-    grad_output_ptr,  # dy [T, H]
-    down_weight_ptr,  # Wd [H, I]
-    gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, intermediate_ptr,  # saved forward, each [T, I]
-    d_gate_up_ptr,  # out: rows as swiglu_grads_kernel stores them
-    grad_down_weight_ptr,  # out (with WITH_GRAD_DOWN): dWd [H, I]
-    da_partials_ptr, da_counters_ptr,  # split-K workspace of the dA tiles
-    dwd_partials_ptr, dwd_counters_ptr,  # split-K workspace of the dWd tiles (with WITH_GRAD_DOWN)
-    T, H, I,
-    DA_M: tl.constexpr, DA_N: tl.constexpr, DA_K: tl.constexpr, DA_SPLIT: tl.constexpr,
-    DWD_M: tl.constexpr, DWD_N: tl.constexpr, DWD_K: tl.constexpr, DWD_SPLIT: tl.constexpr,
-    GROUP_M: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-    WITH_LO: tl.constexpr,  # store hi/lo pairs (the faithful path); else hi alone
-    WITH_GRAD_DOWN: tl.constexpr,  # the dWd tiles too, as launch 1 has them (their programs first)
-):  # fmt: skip
-    """dA = dy · Wd for one tile (or one split of its reduction over H), then in the program that completes the
-    tile the epilogue of swiglu_grads_kernel: dA's GEMM and the dSwiGLU pass in one launch, dA never stored
-    (library_gemms.py with ``d_a_tile``); with WITH_GRAD_DOWN, dWd = dyᵀ · intermediate beside them
-    (``grad_down_tile``)."""
-    pid = tl.program_id(0)
-    num_dwd_programs = tl.cdiv(H, DWD_M) * tl.cdiv(I, DWD_N) * DWD_SPLIT if WITH_GRAD_DOWN else 0
-    if pid < num_dwd_programs:
-        token_reduction_program(pid, grad_output_ptr, 0, intermediate_ptr, grad_down_weight_ptr, dwd_partials_ptr,
-                                dwd_counters_ptr, T, H, I, DWD_M, DWD_N, DWD_K, DWD_SPLIT, GROUP_M, UPCAST, PRECISION,
-                                False)  # fmt: skip
-    else:
-        d_a, is_last, off_t, off_i = d_a_tile(pid - num_dwd_programs, grad_output_ptr, down_weight_ptr,
-                                              da_partials_ptr, da_counters_ptr, T, H, I, DA_M, DA_N, DA_K, DA_SPLIT,
-                                              GROUP_M, UPCAST, PRECISION)  # fmt: skip
-        if is_last:
-            store_swiglu_grads_rows(d_a, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, d_gate_up_ptr, off_t,
-                                    off_i, T, I, DA_M, DA_N, WITH_LO)  # fmt: skip
+def wait_for(counter_ptr, target):
+    """Returns once the int64 counter has reached ``target`` (acquire: what was stored before the
+    arrivals it counts is visible to every thread of this program afterwards)."""
+    seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+    while seen < target:
+        seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()

@@ -19,7 +19,7 @@ launch is shorter than it (at 512 tokens the faithful path's two launches took 1
 replay, ``data/results/NOTES.md``). One launch has no such gap. And launch 2's tiles start as soon as dA is done,
 beside the tail of the dWd tiles, where the second launch waited for every tile of the first. The price: one
 launch holds the registers and shared memory of its largest branch for every program (on the faithful path launch
-2's, one program per SM), so launch 1's tiles should be as wide as that allows (``launch.CHAINED_TILES``).
+2's, one program per SM), so launch 1's tiles should be as wide as that allows (:data:`CHAINED_TILES`).
 
 Why tickets and not program ids: a program waits only for programs holding smaller tickets, which had started
 before it took its own, and those never wait; so the wait cannot hang, whatever the grid size, however many
@@ -33,16 +33,24 @@ wait is already satisfied when it is reached.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import triton
 import triton.language as tl
 
-from . import launch
-from .few_tokens import wait_for
-from .kernels import d_intermediate_program, grad_x_and_grad_gate_up_program, token_reduction_program
-from .launch import SplitWorkspace, TileConfig, dot_flags
+from .. import runtime
+from ..kernels import (
+    d_intermediate_program,
+    grad_x_and_grad_gate_up_program,
+    token_reduction_program,
+    wait_for,
+)
+from ..runtime import Device, SplitWorkspace, dot_flags
+from .base import Inputs, Outputs
+from .triton_launches import TileConfig, grid_sizes, launch_plan, split_workspaces
 
 
 @triton.jit
@@ -105,7 +113,9 @@ def chained_kernel(
 
 @dataclass(frozen=True)
 class ChainedConfig:
-    """The two launches' tiles (a :class:`~.launch.TileConfig` without TMA launches) run as one launch."""
+    """The two launches' tiles (a :class:`~.triton_launches.TileConfig`) run as one launch."""
+
+    name: ClassVar[str] = "chained"
 
     tiles: TileConfig
     warps: int = 8
@@ -117,27 +127,34 @@ class ChainedConfig:
     # 2's last wave leaves free (not with grad_down_first)
     grad_down_last: bool = False
 
-    def programs(self, num_tokens: int, hidden_size: int, intermediate_size: int) -> dict[int, int]:
-        """Programs of launch 1's tiles and of launch 2's: {1: ..., 2: ...}; the grid is their sum."""
-        return launch.grid_sizes(launch.launch_plan(num_tokens, hidden_size, intermediate_size, self.tiles))
-
-    def run(self, grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up,
-            intermediate, grad_x, grad_gate_weight, grad_up_weight, grad_down_weight, *, with_lo: bool):  # fmt: skip
-        """One launch; returns the outputs. ``with_lo``: dGate and dUp carried as hi/lo pairs (the faithful path)."""
+    def __post_init__(self):
         if self.grad_down_first and self.grad_down_last:
             raise ValueError("config: grad_down_first and grad_down_last exclude each other")
-        other_launches = (self.tiles.tma_first_launch, self.tiles.tma_second_launch, self.tiles.gluon_first_launch,
-                          self.tiles.gluon_second_launch)  # fmt: skip
-        if any(other is not None for other in other_launches):
-            raise ValueError("config: a chained launch runs the pointer-based tiles; its TileConfig must name no "
-                             "TMA or Gluon launch")  # fmt: skip
+
+    @classmethod
+    def for_tokens(cls, num_tokens: int) -> ChainedConfig:
+        """The tiles by token count: from :data:`GRAD_DOWN_LAST_MIN_TOKENS` the dWd tiles take the last tickets
+        (data/results/NOTES.md, design 8)."""
+        tiles = CHAINED_TILES[max(first for first in CHAINED_TILES if first <= num_tokens)]
+        return cls(tiles, warps=8, stages=3, grad_down_last=num_tokens >= GRAD_DOWN_LAST_MIN_TOKENS)
+
+    def supports(self, num_tokens, hidden_size, intermediate_size, dtype, device: Device, *, aligned=True):
+        return self.tiles.supports(num_tokens, hidden_size, intermediate_size, dtype, device, aligned=aligned)
+
+    def programs(self, num_tokens: int, hidden_size: int, intermediate_size: int) -> dict[int, int]:
+        """Programs of launch 1's tiles and of launch 2's: {1: ..., 2: ...}; the grid is their sum."""
+        return grid_sizes(launch_plan(num_tokens, hidden_size, intermediate_size, self.tiles))
+
+    def run(self, inputs: Inputs, *, with_lo: bool, out: Outputs) -> None:
+        """One launch. ``with_lo``: dGate and dUp carried as hi/lo pairs (the faithful path)."""
+        x = inputs.x
         T, H = x.shape
-        I = gate_weight.shape[0]
-        plan = launch.launch_plan(T, H, I, self.tiles)
-        grid = sum(launch.grid_sizes(plan).values())
-        d_gate = launch.allocate((2 if with_lo else 1, T, I), dtype=x.dtype, device=x.device)
-        d_up = launch.allocate((2 if with_lo else 1, T, I), dtype=x.dtype, device=x.device)
-        workspaces = launch.split_workspaces(plan, x.device)
+        I = inputs.gate_weight.shape[0]
+        plan = launch_plan(T, H, I, self.tiles)
+        grid = sum(grid_sizes(plan).values())
+        d_gate = runtime.allocate((2 if with_lo else 1, T, I), dtype=x.dtype, device=x.device)
+        d_up = runtime.allocate((2 if with_lo else 1, T, I), dtype=x.dtype, device=x.device)
+        workspaces = split_workspaces(plan, x.device)
         # one pair per (grid, dA programs): a launch needs the ticket counter at a multiple of its grid and the dA
         # count at the same multiple of its dA programs when it starts (launches of other shapes may share a grid)
         num_da = next(kind.programs for kind in plan if kind.kind == "dA")
@@ -145,12 +162,20 @@ class ChainedConfig:
         tickets = SplitWorkspace.counters(slot, 1, 4, x.device).view(torch.int64)
         tiles = self.tiles
         chained_kernel[(grid,)](
-            grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate,
-            d_gate, d_up, T * I, grad_x, grad_gate_weight, grad_up_weight, grad_down_weight,
+            *inputs, d_gate, d_up, T * I, *out,
             *workspaces["dA"], *workspaces["dWd"], *workspaces["dx"], *workspaces["dWgu"], tickets, T, H, I,
             *tiles.d_intermediate, *tiles.grad_down, *tiles.grad_x, *tiles.grad_gate_up, tiles.group_m,
             *dot_flags(x), with_lo, self.grad_down_first, self.grad_down_last, tiles.grad_x_first, num_warps=self.warps,
             num_stages=self.stages,
         )  # fmt: skip
-        return grad_x, grad_gate_weight, grad_up_weight, grad_down_weight
 
+
+# From this many tokens the dWd tiles take the last tickets, after launch 2's tiles: they depend on nothing, so they
+# fill the SMs that launch 2's last wave leaves free (data/results/NOTES.md, design 8, third round)
+GRAD_DOWN_LAST_MIN_TOKENS = 1153
+_WIDE_TILES = TileConfig((64, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1))
+CHAINED_TILES = {  # from this many tokens: these tiles (from 512 128 × 256 dWd tiles, dx's tiles first: design 8)
+    0: TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1)),
+    512: dataclasses.replace(_WIDE_TILES, grad_x_first=True),
+    GRAD_DOWN_LAST_MIN_TOKENS: _WIDE_TILES,
+}

@@ -42,7 +42,7 @@ What the time depends on in Triton (read off the TTGIR and PTX for sm_90, ``scri
 - a scalar atomic's result is broadcast with a CTA barrier on the spot; :func:`arrive` keeps it in one
   thread until it is needed, so the dWg, dWu stores do not wait for the dx arrival's round trip.
 
-Waiting needs every program resident at once: at most one program per SM (:func:`.launch.resident_programs`),
+Waiting needs every program resident at once: at most one program per SM (:func:`..runtime.resident_programs`),
 and nothing else running beside the launch, or a cooperative launch (``cooperative``), with which CUDA
 guarantees residency (or refuses the launch) even beside kernels on other streams. The interpreter runs
 programs one after another, so there the phases run as two launches (``PHASE``), and a sliced dx sum as a third
@@ -63,16 +63,18 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import triton
 import triton.language as tl
 
-from ..dispatch import interpreter_enabled
-from ..tiling import cdiv
-from . import launch
-from .kernels import load_block, mma, store_tile, swiglu_grads
-from .launch import SplitWorkspace, dot_flags, resident_programs
+from ...dispatch import interpreter_enabled
+from ...tiling import cdiv
+from .. import runtime
+from ..kernels import load_block, mma, store_tile, swiglu_grads, wait_for
+from ..runtime import Device, SplitWorkspace, dot_flags, resident_programs
+from .base import SIXTEEN_BIT, Inputs, Outputs, on_triton
 
 # how the Wg, Wu tiles get on their way before the wait (WEIGHTS_AHEAD)
 WEIGHTS_AHEAD = {"after_phase1": 0, "prefetch": 1, "registers": 2}
@@ -174,16 +176,6 @@ def grad_down_tile(dy, inter, ready, grad_down_weight_ptr, off_h1, off_i1, h1_en
     acc_down = mma(tl.trans(dy), once(inter, ready, ONCE_BY_MOVE), tl.zeros((BLOCK_H1, BLOCK_I1), dtype=tl.float32),
                    UPCAST, PRECISION)  # fmt: skip
     store_tile(grad_down_weight_ptr, acc_down, off_h1, off_i1, h1_end, I, I, BLOCK_H1, BLOCK_I1)
-
-
-@triton.jit
-def wait_for(counter_ptr, target):
-    """Returns once the int64 counter has reached ``target`` (acquire: what was stored before the
-    arrivals it counts is visible to every thread of this program afterwards)."""
-    seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
-    while seen < target:
-        seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
-    tl.debug_barrier()
 
 
 @triton.jit
@@ -612,6 +604,8 @@ def one_token_kernel(
 class FewTokensConfig:
     """Tiles of the few-token design: phase 1 over Wd [H, I], phase 2 over Wg, Wu [I, H] (see the module)."""
 
+    name: ClassVar[str] = "few_tokens"
+
     block_t: int = 16  # tokens per step (≥ 16 on the GPU: the K side of the dWd, dWg, dWu products; see cuda_cores)
     block_h1: int = 256  # Wd rows (H) of a phase-1 tile
     block_i1: int = 64  # Wd columns (I) of a phase-1 tile: 128 contiguous bytes per row in bf16
@@ -661,6 +655,24 @@ class FewTokensConfig:
     # form (more tokens than block_t) keeps dWd before the wait
     grad_down_late: bool = False
 
+    @classmethod
+    def for_shape(cls, num_tokens: int, hidden_size: int, intermediate_size: int, sms: int) -> FewTokensConfig:
+        """The tiles for a call of this shape on a GPU of ``sms`` SMs (:func:`choose_few_tokens_config`)."""
+        return choose_few_tokens_config(num_tokens, hidden_size, intermediate_size, interpreter=False,
+                                        with_lo=False, max_programs=sms)  # fmt: skip
+
+    def supports(self, num_tokens, hidden_size, intermediate_size, dtype, device: Device, *, aligned=True):
+        if dtype not in SIXTEEN_BIT:
+            return f"the few-token tiles are sized for 16-bit operands, got {dtype}"
+        grid = self.grid_size(hidden_size, intermediate_size)
+        if grid > device.sms:
+            return (f"its waits need every program resident: {grid} programs for H {hidden_size}, "
+                    f"I {intermediate_size} against {device.sms} SMs")
+        if device.kind == "cuda" and max(self.block_h1, self.block_h2) > 256:
+            return (f"a program holds its whole weight tiles: {max(self.block_h1, self.block_h2)} columns of H "
+                    "would not fit the shared memory")
+        return on_triton(device)
+
     @property
     def spans(self) -> tuple[int, int]:
         """(SPAN_H1, SPAN_H2): the H each phase's tile covers."""
@@ -682,13 +694,14 @@ class FewTokensConfig:
         n_h1, n_i1, n_i2, n_h2 = self.tiles(hidden_size, intermediate_size)
         return max(n_h1 * n_i1, n_i2 * n_h2)
 
-    def run(self, grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up,
-            intermediate, grad_x, grad_gate_weight, grad_up_weight, grad_down_weight, *, with_lo: bool,
-            trace: torch.Tensor | None = None):  # fmt: skip
-        """One launch (two phases as two launches under the interpreter); returns the outputs.
+    def run(self, inputs: Inputs, *, with_lo: bool, out: Outputs, trace: torch.Tensor | None = None) -> None:
+        """One launch (two phases as two launches under the interpreter).
         ``with_lo``: dGate and dUp enter the products as hi/lo pairs (the faithful path). ``trace`` (GPU
         only): an int64 [grid, TRACE_SLOTS] tensor that gets each program's clock at each of TRACE_POINTS
         and its SM (:func:`trace_timeline` sums runs of it up)."""
+        (grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up,
+         intermediate) = inputs  # fmt: skip
+        grad_x, grad_gate_weight, grad_up_weight, grad_down_weight = out
         T, H = x.shape
         I = gate_weight.shape[0]
         if self.weights_ahead not in WEIGHTS_AHEAD:
@@ -717,8 +730,8 @@ class FewTokensConfig:
         if grid > resident_programs(x.device):
             raise ValueError(f"config: the few-token grid ({grid} programs for H={H}, I={I}) exceeds one "
                              f"program per SM ({resident_programs(x.device)}); use larger blocks")  # fmt: skip
-        da_partials = launch.allocate((n_h1, T, I), dtype=torch.float32, device=x.device)
-        dx_partials = launch.allocate((n_i2, T, H), dtype=torch.float32, device=x.device)
+        da_partials = runtime.allocate((n_h1, T, I), dtype=torch.float32, device=x.device)
+        dx_partials = runtime.allocate((n_i2, T, H), dtype=torch.float32, device=x.device)
         # one counter set per tiling: the counts per launch depend on it
         blocks = (self.block_h1, self.block_i1, self.block_i2, self.block_h2)
         slot = f"few-tokens counters H={H} I={I} blocks {blocks} spans {self.spans} {self.i_spans}"
@@ -752,7 +765,6 @@ class FewTokensConfig:
         if interpreter and slices > 1 and T > 0:  # the sliced dx sum after phase 2 (on the GPU: inside the launch)
             dx_slices_kernel[(slices * n_h2,)](dx_partials, grad_x, T, H, n_i2, n_h2, self.spans[1], slices,
                                                self.block_t // slices, self.block_h2, num_warps=self.warps)  # fmt: skip
-        return grad_x, grad_gate_weight, grad_up_weight, grad_down_weight
 
 
 # one token block: dx's sum over the phase-2 I-blocks split by rows over this many programs of each column block (fewer
