@@ -104,10 +104,14 @@ def write_json(path: Path, document: dict) -> None:
     path.write_text(json.dumps(json_ready(document), indent=2, ensure_ascii=False) + "\n")
 
 
-def results_frame(rows: list[dict], output_names: list[str]) -> pd.DataFrame:
-    """The long-form table: :data:`CSV_COLUMNS` with ``rel_error_<output>`` after ``rel_error``."""
+def results_frame(rows: list[dict], output_names: list[str], shape_columns=()) -> pd.DataFrame:
+    """The long-form table: :data:`CSV_COLUMNS` with ``rel_error_<output>`` after ``rel_error``, and
+    ``shape_columns`` after ``mode`` (the model suite's ``model`` and the axes of its shapes, so that one
+    file holds cases of several shapes)."""
     split = CSV_COLUMNS.index("rel_error") + 1
     columns = CSV_COLUMNS[:split] + [f"rel_error_{name}" for name in output_names] + CSV_COLUMNS[split:]
+    after_mode = columns.index("mode") + 1
+    columns[after_mode:after_mode] = list(shape_columns)
     return pd.DataFrame(rows).reindex(columns=columns)
 
 
