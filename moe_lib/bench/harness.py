@@ -295,7 +295,13 @@ class Setup:
 
 
 def setup(device: torch.device, log) -> Setup:
-    """Selects ``device`` (CUDA) and measures its ceilings (copy bandwidth, bf16 GEMM rate) once for a run."""
+    """Selects ``device`` (CUDA) and measures its ceilings (copy bandwidth, bf16 GEMM rate) once for a run.
+
+    The objects alive by then (modules and what the imported libraries built), garbage collected first, are
+    moved out of the collector's reach (``gc.freeze``): :func:`free_memory` collects around every
+    implementation of every case, and scanning all of them each time would cost more than most cases."""
+    gc.collect()
+    gc.freeze()
     if device.type == "cuda":
         torch.cuda.set_device(device)
     log(f"measuring ceilings on {device} ...")
@@ -333,7 +339,6 @@ def run_shape(problem: problems.Problem, args: argparse.Namespace, bench: Setup,
     for num_tokens in tokens:
         case = dict(problem=problem.name, mode=mode, **(columns or {}), num_tokens=num_tokens, dtype=dtype_label,
                     small=args.small, device=str(device), gpu=gpu_key(device))  # fmt: skip
-        free_memory(device)
         shortfall = memory_shortfall(problem, num_tokens, dtype, axes, args.small, device)
         if shortfall is not None:
             log(f"[case {num_tokens}] {shortfall}")
