@@ -4,6 +4,7 @@
     harness.py    the run loop: every case, every implementation, checked then timed
     modes.py      what a run times: the problem's function, or a training step of its layer (--mode)
     layer_step.py one training step of an op's layer (its leaves, the forward, the gradients)
+    models.py     the model suite: both problems at public MoE models' expert shapes (``--models``)
     checks.py     errors against the high-precision reference, the element rule, the verdicts
     timing.py     CUDA-graph, CUDA-event and wall-clock timers; L2 flush; NaN-poisoned allocator
     official_timing.py  NVIDIA's method: eager calls on fresh input addresses, CUPTI span (official_ms)
