@@ -3,6 +3,7 @@ dynamic-T compile of P1's torch_compile, and notebook 05's loader, tables and fi
 
 import json
 import math
+import shutil
 
 import matplotlib
 import pandas as pd
@@ -293,3 +294,34 @@ def test_our_kernels_at_the_unaligned_shape_on_cpu(tmp_path):
     frame = pd.read_csv(run["csv"])
     assert list(frame["impl"]) == ["triton", "triton_fast"] and set(frame["intermediate_size"]) == {9}
     assert (frame["status"] == "ok").all() and frame["correct"].all() and (frame["rel_error"] < 1e-2).all()
+
+
+@pytest.mark.slow
+def test_report_notebook_shows_the_models_section_from_model_suite_files(committed, tmp_path):
+    """Notebook 05 on a results folder holding the benchmark's own files and two model-suite runs: the section's
+    geomeans in summary.json are those of lab.models, and its figure is written."""
+    papermill = pytest.importorskip("papermill")
+    kernelspec = pytest.importorskip("jupyter_client.kernelspec")
+    try:
+        kernelspec.KernelSpecManager().get_kernel_spec("moe-backward-lab")
+    except kernelspec.NoSuchKernel:
+        pytest.skip("Jupyter kernel 'moe-backward-lab' not installed (make setup installs it)")
+    for result in lab_results.load_results().values():
+        for path in (result.csv, result.csv.with_suffix(".json")):
+            shutil.copy(path, committed / "H200" / path.name)
+    out = tmp_path / "out"
+    out.mkdir()
+    notebook = problems.DATA_DIR.parent / "notebooks" / "05_benchmark_report.ipynb"
+    papermill.execute_notebook(
+        str(notebook), str(out / notebook.name), parameters=dict(results_dir=str(committed), output_dir=str(out)),
+        kernel_name="moe-backward-lab", progress_bar=False, cwd=str(notebook.parent),
+        extra_arguments=["--IPKernelApp.log_level=ERROR"],
+    )  # fmt: skip
+    summary = json.loads((out / "summary.json").read_text())
+    table = lab_models.geomean_table(lab_models.speedup_table(lab_models.load_model_runs(committed, "H200"), P1))
+    assert set(summary["model_suite"]) == {P1}
+    geomeans = summary["model_suite"][P1]["geomeans"]
+    assert geomeans["OLMoE-1B-7B"]["geomean vs torch_eager"] == pytest.approx(6.0)
+    assert geomeans["Qwen3-30B-A3B"]["geomean vs torch_compile"] is None  # not timed there
+    assert list(geomeans) == list(table.index)
+    assert f"models_{P1}.png" in summary["figures"] and (out / f"models_{P1}.png").read_bytes()[:4] == b"\x89PNG"
