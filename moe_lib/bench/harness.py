@@ -108,8 +108,8 @@ def case_bytes(problem: problems.Problem, num_tokens: int, dtype: torch.dtype, a
     pair for P2): :data:`WORKSPACE_BYTES_PER_ROW_VALUE` bytes per value of its hidden and intermediate rows."""
     sizes = problem.sizes(num_tokens, **axes)
     precision = problem.reference_dtype(small)
-    inputs = problem.input_bytes(sizes, dtype)
-    upcast = 0 if precision == dtype else problem.input_bytes(sizes, precision)
+    inputs = tensors_bytes(problem.inputs, sizes, dtype)
+    upcast = 0 if precision == dtype else tensors_bytes(problem.inputs, sizes, precision)
     reference_outputs = tensors_bytes(problem.outputs, sizes, precision)
     outputs = tensors_bytes(problem.outputs, sizes, dtype)
     rows = num_tokens * sizes.get("top_k", 1)
@@ -314,15 +314,16 @@ def setup(device: torch.device, log) -> Setup:
 def run_shape(problem: problems.Problem, args: argparse.Namespace, bench: Setup, *, dtype: torch.dtype, tokens,
               axes: dict, registry: dict, rows: list, progress, log, columns: dict | None = None,
               save=None) -> str | None:  # fmt: skip
-    """Runs every case (token count of ``tokens``) of ``problem`` at ``axes`` (overrides of its constant axes:
-    hidden_size, ..., as :meth:`~moe_lib.problems.Problem.make_inputs` takes them) with every implementation
-    of ``args.impls`` (labels of ``registry``), appending a row per case and implementation to ``rows``.
+    """Runs every case (each token count of ``tokens``) of ``problem`` at ``axes`` (overrides of its constant
+    axes: hidden_size, ..., as :meth:`~moe_lib.problems.Problem.make_inputs` takes them) with every
+    implementation of ``args.impls`` (labels of ``registry``), appending a row per case and implementation to
+    ``rows``.
 
-    ``columns`` are added to every row (the model suite's ``model`` and shape axes); ``save(rows)`` runs
-    after every row, so that a run cut short keeps what it measured; ``progress`` is a tqdm bar advanced
-    once per row. A case whose memory estimate (:func:`case_bytes`) exceeds the device's free memory is
-    not drawn: its rows say ``skipped: needs N GB, M GB free``. Returns the reference's precision (None
-    when no case computed one).
+    ``columns`` are added to every row (the model suite's ``model`` and shape axes); ``save(rows)`` runs after
+    every row, so that a run cut short keeps what it measured; ``progress`` is a tqdm bar advanced once per
+    row; ``log(message)`` reports what failed. A case whose memory estimate (:func:`case_bytes`) exceeds the
+    device's free memory is not drawn: its rows say ``skipped: needs N GB, M GB free``. Returns the
+    reference's precision (None when no case computed one).
     """
     device, mode = bench.device, getattr(args, "mode", "op")
     dtype_label = problems.dtype_name(dtype)
@@ -363,7 +364,7 @@ def run_shape(problem: problems.Problem, args: argparse.Namespace, bench: Setup,
             free_memory(device)
             continue
         for label in args.impls:
-            progress.set_postfix_str(f"{(columns or {}).get('model', '')} T={num_tokens} {label}".strip())
+            progress.set_postfix_str(f"T={num_tokens} {label}")
             wall_start = time.perf_counter()
             measured_row = run_case_impl(registry.get(label), label, inputs, references, names, rule, device,
                                          bench.flush, warmup=args.warmup, reps=args.reps, poison_bytes=poison_bytes,

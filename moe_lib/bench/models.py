@@ -259,6 +259,7 @@ def run_problem(name: str, args: argparse.Namespace, bench: harness.Setup, log, 
     rows, reference_dtypes, documented = [], set(), []
     progress = tqdm(total=len(shapes) * len(tokens) * len(impls), desc=f"{name} models", unit="run", file=sys.stderr)
     for model in shapes:
+        progress.set_description(f"{name} · {model.name}")
         axes = shape_axes(model, problem.op, args.small)
         precision = harness.run_shape(problem, run_args, bench, dtype=dtype, tokens=tokens, axes=axes,
                                       registry=registry, rows=rows, progress=progress, log=log,
