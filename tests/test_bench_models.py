@@ -113,7 +113,7 @@ def test_cpu_model_suite_writes_a_correct_row_per_model_token_and_implementation
     assert list(mixtral["flops"]) == [12 * t * 128 * 448 for t in mixtral["num_tokens"]]
 
     document = json.loads(run["json"].read_text())
-    assert document["suite"] == results.MODEL_SUITE and document["problem"] == P1
+    assert document["suite"] == results.MODEL_SUITE and document["problem"] == P1 and document["complete"] is True
     assert [m["model"] for m in document["models"]] == list(models.MODEL_NAMES)
     assert document["models"][-1]["model_axes"] == dict(hidden_size=1000, intermediate_size=300)
     assert document["summary"][UNALIGNED]["summary"]["torch_eager"]["all_correct"] is True
@@ -141,6 +141,30 @@ def test_cpu_model_suite_of_p2_and_a_failing_implementation_is_a_row(tmp_path):
         assert not frame.loc[("Mixtral-8x7B", t, "flaky"), "correct"]
         for model, impl in (("Mixtral-8x7B", "grouped_mm"), ("OLMoE-1B-7B", "grouped_mm"), ("OLMoE-1B-7B", "flaky")):
             assert frame.loc[(model, t, impl), "status"] == "ok" and frame.loc[(model, t, impl), "correct"]
+
+
+def test_a_run_cut_short_leaves_files_that_read_back(tmp_path, monkeypatch):
+    """The JSON is written after every model: a run stopped during its second model keeps the first."""
+    run_shape, calls = harness.run_shape, []
+
+    class Stopped(Exception):
+        pass
+
+    def stopping_run_shape(*args, **kwargs):
+        calls.append(kwargs["columns"]["model"])
+        if len(calls) == 2:
+            raise Stopped
+        return run_shape(*args, **kwargs)
+
+    monkeypatch.setattr(harness, "run_shape", stopping_run_shape)
+    with pytest.raises(Stopped):
+        _run(tmp_path, "--problem", P1, "--model", f"OLMoE-1B-7B,{UNALIGNED}", "--impl", "torch_eager", "--tokens", "7")
+    [json_path] = (tmp_path / "cpu").glob("*-models-*.json")
+    document = json.loads(json_path.read_text())
+    assert document["complete"] is False and [m["model"] for m in document["models"]] == ["OLMoE-1B-7B"]
+    runs = lab_models.load_model_runs(tmp_path, "cpu", small=True)
+    assert list(runs["model"]) == ["OLMoE-1B-7B"] and (runs["status"] == "ok").all()
+    assert lab_models.run_overview(runs, P1)[0].endswith("(cut short)")
 
 
 def test_a_case_that_does_not_fit_is_a_skipped_row(tmp_path, monkeypatch):

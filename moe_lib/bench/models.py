@@ -239,8 +239,10 @@ def summary_table(frame: pd.DataFrame, title: str) -> str:
 
 
 def run_problem(name: str, args: argparse.Namespace, bench: harness.Setup, log, started) -> dict:
-    """The model suite of one problem (every shape of ``args.model``, or all): writes its CSV and JSON;
-    returns dict(csv=path, json=path, frame=DataFrame, table=str)."""
+    """The model suite of one problem (every shape of ``args.model``, or all): writes its CSV after every row
+    and its JSON after every model, so that a run cut short (the GPU machine's time limit) leaves files that
+    read back (``complete`` false in the JSON until the last model is done); returns dict(csv=path,
+    json=path, frame=DataFrame, table=str)."""
     problem = problems.load(name)
     dtype = problem.dtype
     dtype_label = problems.dtype_name(dtype)
@@ -248,15 +250,31 @@ def run_problem(name: str, args: argparse.Namespace, bench: harness.Setup, log, 
     tokens = list(args.tokens) if args.tokens is not None else list((SMALL_TOKENS if args.small else TOKENS)[name])
     impls = args.model_impls[name]
     registry = suite_peers(problem)
+    baselines = [label for label, peer in registry.items() if peer.baseline]
     names, columns = problem.output_names, shape_columns(problem.op)
     stem = model_stem(name, dtype_label, small=args.small, date=started.strftime("%Y-%m-%d"), suffix=file_suffix(args))
     csv_path, json_path = results.result_paths(args.out, bench.device, stem)
     run_args = argparse.Namespace(**{**vars(args), "problem": name, "impls": impls})
+    suite = dict(source="--tokens" if args.tokens is not None else "model suite", provenance="custom", tokens=tokens)
 
     def save(rows):
         results.results_frame(rows, names, columns).to_csv(csv_path, index=False)
 
-    rows, reference_dtypes, documented = [], set(), []
+    def write_json(frame, done: list[dict], reference_dtype, complete: bool):
+        per_model = {}
+        for entry in done:
+            summary, baseline = results.summarize_impls(frame[frame["model"] == entry["model"]], impls, baselines)
+            per_model[entry["model"]] = dict(summary=summary, baseline=baseline)
+        document = dict(problem=name, mode="op", suite=results.MODEL_SUITE, dtype=dtype_label, complete=complete,
+                        models=done, impls=impls,
+                        implementations={label: registry[label].description for label in impls},
+                        element_rule=problem.element_rule_at(dtype),
+                        provenance=results.run_provenance(run_args, bench.device, bench.ceilings, suite,
+                                                          reference_dtype, started),
+                        summary=per_model)  # fmt: skip
+        results.write_json(json_path, document)
+
+    rows, done, reference_dtype = [], [], None
     progress = tqdm(total=len(shapes) * len(tokens) * len(impls), desc=f"{name} models", unit="run", file=sys.stderr)
     for model in shapes:
         progress.set_description(f"{name} · {model.name}")
@@ -264,26 +282,13 @@ def run_problem(name: str, args: argparse.Namespace, bench: harness.Setup, log, 
         precision = harness.run_shape(problem, run_args, bench, dtype=dtype, tokens=tokens, axes=axes,
                                       registry=registry, rows=rows, progress=progress, log=log,
                                       columns=dict(model=model.name, **axes), save=save)  # fmt: skip
-        reference_dtypes.add(precision)
-        documented.append(dict(model=model.name, axes=axes, model_axes=model.axes(problem.op), source=model.source))
+        reference_dtype = precision or reference_dtype
+        done.append(dict(model=model.name, axes=axes, model_axes=model.axes(problem.op), source=model.source))
+        write_json(results.results_frame(rows, names, columns), done, reference_dtype, complete=model is shapes[-1])
     progress.close()
 
     frame = results.results_frame(rows, names, columns)
     frame.to_csv(csv_path, index=False)
-    baselines = [label for label, peer in registry.items() if peer.baseline]
-    per_model = {}
-    for model in shapes:
-        summary, baseline = results.summarize_impls(frame[frame["model"] == model.name], impls, baselines)
-        per_model[model.name] = dict(summary=summary, baseline=baseline)
-    suite = dict(source="--tokens" if args.tokens is not None else "model suite", provenance="custom", tokens=tokens)
-    reference_dtype = next(iter(reference_dtypes - {None}), None)
-    document = dict(problem=name, mode="op", suite=results.MODEL_SUITE, dtype=dtype_label, models=documented,
-                    impls=impls, implementations={label: registry[label].description for label in impls},
-                    element_rule=problem.element_rule_at(dtype),
-                    provenance=results.run_provenance(run_args, bench.device, bench.ceilings, suite, reference_dtype,
-                                                      started),
-                    summary=per_model)  # fmt: skip
-    results.write_json(json_path, document)
     clock = "wall clock" if bench.device.type != "cuda" else "cold L2; graph replays or events"
     shapes_note = " · small shapes" if args.small else ""
     title = f"{name} at the models' shapes · {dtype_label} · {gpu_key(bench.device)}{shapes_note} · median ({clock})"

@@ -103,13 +103,16 @@ def problems_in(runs: pd.DataFrame) -> list[str]:
 
 
 def run_overview(runs: pd.DataFrame, problem: str) -> list[str]:
-    """Which files ``problem``'s rows come from, one sentence each: its date, commit and GPU."""
+    """Which files ``problem``'s rows come from, one sentence each: its date, commit and GPU, and whether the
+    run was cut short (its JSON's ``complete`` false: models after the last one it lists were not run)."""
     lines = []
     for name in dict.fromkeys(runs.loc[runs["problem"] == problem, "file"]):
-        provenance = runs.attrs["runs"][name].get("provenance") or {}
+        meta = runs.attrs["runs"][name]
+        provenance = meta.get("provenance") or {}
         commit = (provenance.get("git_commit") or "unknown")[:10] + (" (dirty)" if provenance.get("git_dirty") else "")
         lines.append(f"{name}: {provenance.get('date_utc', '?')}, commit {commit}, "
-                     f"{provenance.get('gpu_name') or provenance.get('gpu_key', '?')}")  # fmt: skip
+                     f"{provenance.get('gpu_name') or provenance.get('gpu_key', '?')}"
+                     + (" (cut short)" if meta.get("complete") is False else ""))  # fmt: skip
     return lines
 
 
