@@ -37,7 +37,8 @@ def _newest_graph_csv(problem=P1):
     for path in sorted(H200_RESULTS.glob(f"*-{problem}-*.csv")):
         meta_path = path.with_suffix(".json")
         meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-        if meta.get("problem") == problem and meta.get("mode", "op") == "op" and not meta["provenance"]["small"]:
+        if meta.get("problem") == problem and meta.get("mode", "op") == "op" and not meta["provenance"]["small"] \
+                and meta.get("suite") != "models":  # fmt: skip
             newest = path
     return newest
 
@@ -351,9 +352,10 @@ def test_report_notebook_runs_without_the_harness_and_layer_files(tmp_path):
         extra_arguments=["--IPKernelApp.log_level=ERROR"],
     )  # fmt: skip
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["rulers"] == {} and summary["training_step"] == {}
-    assert not any(name.startswith(("rulers_", "training_step_")) for name in summary["figures"])
+    assert summary["rulers"] == {} and summary["training_step"] == {} and summary["model_suite"] == {}
+    assert not any(name.startswith(("rulers_", "training_step_", "models_")) for name in summary["figures"])
     nbformat = pytest.importorskip("nbformat")
     executed = nbformat.read(out / notebook.name, as_version=4)
     printed = "".join(o.get("text", "") for cell in executed.cells for o in cell.get("outputs", []))
     assert "No run of NVIDIA's harness is committed" in printed and "No training-step run" in printed
+    assert "No model-suite run" in printed

@@ -20,6 +20,7 @@ from moe_lib import problems, roofline
 from moe_lib.dispatch import interpreter_enabled
 from moe_lib.distributed import expert_partition
 from moe_lib.lab import derivations
+from moe_lib.lab import models as lab_models
 from moe_lib.lab import results as lab_results
 from moe_lib.lab import targets as lab_targets
 from moe_lib.moe_experts import launch as p2_launch
@@ -258,14 +259,15 @@ H200_RESULTS = problems.DATA_DIR / "results" / "H200"
 
 
 def _committed_csvs() -> list[Path]:
-    """The benchmark harness's newest result file of each problem's function (mode op), as the notebooks
-    read them (the training-step runs and the expert-parallel benchmark's sit beside them; older runs stay
-    committed)."""
+    """The benchmark harness's newest result file of each problem's function (mode op) at its own shape, as the
+    notebooks read them (the training-step runs, the model suite's and the expert-parallel benchmark's sit
+    beside them; older runs stay committed)."""
     newest = {}
     for path in sorted(H200_RESULTS.glob("*.csv")):  # named <date>-...: later dates sort later
         meta_path = path.with_suffix(".json")
         meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-        if meta.get("problem") in problems.PROBLEM_NAMES and meta.get("mode", "op") == "op":
+        if meta.get("problem") in problems.PROBLEM_NAMES and meta.get("mode", "op") == "op" \
+                and meta.get("suite") != "models":  # fmt: skip
             newest[meta["problem"]] = path
     return sorted(newest.values())
 
@@ -446,6 +448,10 @@ def test_report_reads_the_committed_files(report_run):
     fp32_run = next(run for run in runs if run["problem"] == "moe_experts_backward")
     failing = {impl for impl, values in fp32_run["summary"].items() if values["passes_element_rule"] is False}
     assert "grouped_mm" in failing and set(summary["flagged"]["moe_experts_backward"]) == failing  # bf16 GEMMs
+    model_runs = lab_models.load_model_runs()
+    assert set(summary["model_suite"]) == set(lab_models.problems_in(model_runs))
+    for name, suite in summary["model_suite"].items():
+        assert suite["files"] == sorted(set(model_runs.loc[model_runs["problem"] == name, "file"]))
     if parameters["live"]:
         executed = nbformat.read(folder / "05_benchmark_report.ipynb", as_version=4)
         printed = "".join(out.get("text", "") for cell in executed.cells for out in cell.get("outputs", []))

@@ -1,7 +1,9 @@
-"""The command line of the benchmark: ``python -m moe_lib.bench --problem P [--impl a,b] [--tokens n,m | --suite] ...``
+"""The command line of the benchmark: ``python -m moe_lib.bench --problem P [--impl a,b] [--tokens n,m | --suite] ...``,
+and of its model suite: ``python -m moe_lib.bench --models [--model A,B] [--problem P] [--tokens n,m] ...``.
 
 :func:`parse_args` checks every option (errors name it) and fills in the defaults that depend on
-the machine; :func:`main` runs :func:`moe_lib.bench.harness.run` and prints its table. The option
+the machine; :func:`main` runs :func:`moe_lib.bench.harness.run` (with ``--models``,
+:func:`moe_lib.bench.models.run`) and prints its table. The option
 types (:func:`token_list`, :func:`non_negative`, :func:`positive`), :func:`resolve_device` and
 :func:`problems_by_dtype` serve the expert-parallel benchmark's and the scripts' command lines too.
 """
@@ -15,7 +17,7 @@ from pathlib import Path
 import torch
 
 from .. import problems
-from . import harness, modes, official_timing
+from . import harness, models, modes, official_timing
 from .results import DEFAULT_OUT
 
 DTYPE_ALIASES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
@@ -61,6 +63,19 @@ def tag(text: str) -> str:
     return text
 
 
+def model_list(text: str) -> list[str]:
+    """Comma-separated names of :data:`moe_lib.bench.models.MODEL_NAMES`, e.g. "DeepSeek-V3,Mixtral-8x7B"."""
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected comma-separated model names, got {text!r}")
+    for name in names:
+        if name not in models.MODEL_NAMES:
+            raise argparse.ArgumentTypeError(f"unknown model {name!r} (known: {', '.join(models.MODEL_NAMES)})")
+    if len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"a model is repeated in {text!r}")
+    return names
+
+
 def resolve_device(parser: argparse.ArgumentParser, text: str | None) -> torch.device:
     """The ``--device`` option as a torch device: cuda when available and none is given, else cpu. A bad
     name, or CUDA on a machine without it, is a parser error naming ``--device``."""
@@ -81,7 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Check and time the implementations of one problem against its reference; "
         "write a long-form CSV and a JSON summary under <out>/<gpu key>/.",
     )
-    parser.add_argument("--problem", default="swiglu_down_backward", choices=problems.PROBLEM_NAMES)
+    parser.add_argument("--problem", choices=problems.PROBLEM_NAMES,
+                        help="the problem (default: swiglu_down_backward; with --models: every problem)")
+    parser.add_argument("--models", action="store_true",
+                        help="the model suite: the problems at the expert shapes of public MoE models, each with its "
+                        "own token counts (moe_lib/bench/models.py); one file per problem and dtype, tagged models")
+    parser.add_argument("--model", type=model_list,
+                        help="with --models: only these models, comma-separated (the files' names get them as a "
+                        "suffix unless --tag gives one)")  # fmt: skip
     parser.add_argument("--mode", default="op", choices=modes.MODES,
                         help="op: the problem's function (default); forward, forward_backward: a training step "
                         "of its layer")  # fmt: skip
@@ -95,13 +117,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=non_negative, help="warm-up runs per case (default 10 on CUDA, 1 on CPU)")
     parser.add_argument("--reps", type=positive, help="timed runs per case (default 50 on CUDA, 3 on CPU)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results root (default: data/results)")
-    parser.add_argument("--tag", type=tag, help="suffix of the result file names")
+    parser.add_argument("--tag", type=tag, help="suffix of the result file names (with --models: after 'models')")
     parser.add_argument("--small", action="store_true", help="scaled-down shapes (automatic without CUDA)")
     parser.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
     parser.add_argument("--official-timing", choices=("auto", "on", "off"), default="auto",
                         help="also time every case the way NVIDIA's SOL-ExecBench harness does (eager calls on "
                         "fresh input addresses, CUPTI span from first kernel start to last kernel end): auto = "
-                        "where CUDA and cupti-python are present (default)")  # fmt: skip
+                        "where CUDA and cupti-python are present (default), except with --models")  # fmt: skip
     return parser
 
 
@@ -126,6 +148,43 @@ def _implementations(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     return chosen
 
 
+def _model_suite(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Checks the options of ``--models`` and sets ``args.problems`` (those with a shape among the chosen
+    models) and ``args.model_impls`` ({problem: labels}: ``--impl``'s, each known to every one of them, or
+    the suite's implementations available on the device)."""
+    for option, given, why in (
+        ("--mode", args.mode != "op", "the model suite times the problems' functions (mode op)"),
+        ("--suite", args.suite, "the model suite has token counts of its own (--tokens overrides them)"),
+        ("--dtype", args.dtype is not None, "each problem runs in its own dtype (P2 in fp32: --problem "
+         "moe_experts_backward, in bf16: moe_experts_backward_bf16)"),
+    ):  # fmt: skip
+        if given:
+            parser.error(f"{option}: not with --models: {why}")
+    chosen = [args.problem] if args.problem else list(problems.PROBLEM_NAMES)
+    args.problems = [name for name in chosen if models.models_of(problems.load(name), args.model)]
+    if not args.problems:
+        parser.error(f"--model: {', '.join(args.model)} has no shape that {args.problem} runs "
+                     "(a P1-only shape has no experts)")  # fmt: skip
+    args.model_impls = {}
+    for name in args.problems:
+        problem = problems.load(name)
+        if args.impl is None:
+            available = models.default_impls(problem, args.device)
+            if not available:
+                parser.error(f"--impl: none of {', '.join(models.IMPLS[problem.op])} can run {name} on {args.device}")
+            args.model_impls[name] = available
+            continue
+        known = list(models.suite_peers(problem))
+        chosen_impls = [label.strip() for label in args.impl.split(",") if label.strip()]
+        if not chosen_impls or len(set(chosen_impls)) != len(chosen_impls):
+            parser.error(f"--impl: expected distinct comma-separated labels among {known}, got {args.impl!r}")
+        for label in chosen_impls:
+            if label not in known:
+                parser.error(f"--impl: unknown implementation {label!r} for {name} (known: {', '.join(known)}); "
+                             "--problem picks one problem")  # fmt: skip
+        args.model_impls[name] = chosen_impls
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     """Parses and checks the command line; errors name the option."""
     parser = build_parser()
@@ -136,7 +195,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.device = torch.device("cuda", torch.cuda.current_device())
     if not on_cuda:
         args.small = True
-    args.impls = _implementations(parser, args)
+    if args.models:
+        _model_suite(parser, args)
+    else:
+        if args.model is not None:
+            parser.error("--model: only with --models (the model suite)")
+        args.problem = args.problem or "swiglu_down_backward"
+        args.impls = _implementations(parser, args)
     if args.tokens is not None and len(set(args.tokens)) != len(args.tokens):
         parser.error(f"--tokens: a token count is repeated in {args.tokens}")
     if args.dtype is not None:
@@ -144,7 +209,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     reason = official_timing.unavailable(args.device)
     if args.official_timing == "on" and reason is not None:
         parser.error(f"--official-timing: {reason}")
-    args.official = args.official_timing != "off" and reason is None
+    wanted = args.official_timing == "on" or (args.official_timing == "auto" and not args.models)
+    args.official = wanted and reason is None
     if args.warmup is None:
         args.warmup = 10 if on_cuda else 1
     if args.reps is None:
@@ -153,8 +219,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> dict:
-    """Parses ``argv`` (default: the command line), runs the benchmark, prints its table and the files written."""
+    """Parses ``argv`` (default: the command line), runs the benchmark, prints its table and the files written.
+    With ``--models``, returns dict(runs=[one dict per problem, as :func:`moe_lib.bench.models.run` gives])."""
     args = parse_args(argv)
+    if args.models:
+        runs = models.run(args)
+        for run in runs:
+            print(f"{run['table']}\n\nwrote {run['csv']}\n      {run['json']}\n")
+        return dict(runs=runs)
     result = harness.run(args)
     print(result["table"])
     print(f"\nwrote {result['csv']}\n      {result['json']}")

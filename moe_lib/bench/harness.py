@@ -14,6 +14,10 @@ implementation (:mod:`.peers`) runs :func:`run_case_impl`:
    ``--warmup`` (cases over 10 ms: as many runs as fit in ~2 s, at least 5). Without CUDA: wall clock
    (``"cpu"``), the problem's scaled-down shapes and three-case suite (``small=True``).
 
+A case whose memory estimate (:func:`case_bytes`) exceeds the device's free memory is not drawn: each of its
+rows says ``skipped: needs N GB, M GB free``. :func:`run_shape` runs every case of one shape (the problem's,
+or overridden axes: the model suite of :mod:`.models` calls it once per model) into a list of rows.
+
 Ceilings (copy bandwidth, bf16 GEMM rate) are measured in the same run (:mod:`moe_lib.roofline`);
 the files written are described in :mod:`.results`.
 """
@@ -21,6 +25,7 @@ the files written are described in :mod:`.results`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import functools
 import gc
@@ -67,6 +72,60 @@ def peak_memory_gb(device: torch.device, before: int) -> float:
     if device.type != "cuda":
         return math.nan
     return (torch.cuda.max_memory_allocated(device) - before) / 1e9
+
+
+def free_device_bytes(device: torch.device) -> int | None:
+    """The device memory free now, in bytes (``torch.cuda.mem_get_info``); None on CPU, where it is not checked."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.mem_get_info(device)[0]
+
+
+WORKSPACE_BYTES_PER_ROW_VALUE = 16  # bf16 and fp32 activations and their gradients, a few of each
+
+
+def tensors_bytes(specs: dict, sizes: dict, dtype: torch.dtype) -> int:
+    """Bytes of the tensors ``specs`` (a definition's inputs or outputs: name -> shape and dtype) at ``sizes``,
+    their floating ones in ``dtype``."""
+    total = 0
+    for spec in specs.values():
+        declared = problems.DTYPES[spec["dtype"]]
+        itemsize = (dtype if declared.is_floating_point else declared).itemsize
+        total += itemsize * math.prod(sizes[axis] for axis in spec["shape"])
+    return total
+
+
+def case_bytes(problem: problems.Problem, num_tokens: int, dtype: torch.dtype, axes: dict, small: bool) -> int:
+    """An estimate of the device memory one case needs at its peak, the larger of its two phases:
+
+    - the reference: the inputs, their copy at the reference's precision (none where it is the inputs'), the
+      reference's outputs at that precision and a workspace;
+    - an implementation: the inputs, the reference's outputs (kept for the check), the implementation's
+      outputs twice over (its outputs, and as much again for temporaries such as weights cast to bf16) and
+      a workspace.
+
+    The workspace is what a PyTorch implementation keeps per routed row (a token for P1, a (token, slot)
+    pair for P2): :data:`WORKSPACE_BYTES_PER_ROW_VALUE` bytes per value of its hidden and intermediate rows."""
+    sizes = problem.sizes(num_tokens, **axes)
+    precision = problem.reference_dtype(small)
+    inputs = tensors_bytes(problem.inputs, sizes, dtype)
+    upcast = 0 if precision == dtype else tensors_bytes(problem.inputs, sizes, precision)
+    reference_outputs = tensors_bytes(problem.outputs, sizes, precision)
+    outputs = tensors_bytes(problem.outputs, sizes, dtype)
+    rows = num_tokens * sizes.get("top_k", 1)
+    workspace = rows * (sizes["hidden_size"] + sizes["intermediate_size"]) * WORKSPACE_BYTES_PER_ROW_VALUE
+    return inputs + max(upcast + reference_outputs, reference_outputs + 2 * outputs) + workspace
+
+
+def memory_shortfall(problem: problems.Problem, num_tokens: int, dtype: torch.dtype, axes: dict, small: bool,
+                     device: torch.device) -> str | None:  # fmt: skip
+    """"skipped: needs N GB, M GB free" when the case's estimate (:func:`case_bytes`) exceeds the memory free on
+    ``device`` (:func:`free_device_bytes`), else None (always None on CPU)."""
+    free = free_device_bytes(device)
+    if free is None:
+        return None
+    needed = case_bytes(problem, num_tokens, dtype, axes, small)
+    return f"skipped: needs {needed / 1e9:.1f} GB, {free / 1e9:.1f} GB free" if needed > free else None
 
 
 def short_message(exc: BaseException) -> str:
@@ -224,6 +283,102 @@ def case_references(problem: problems.Problem, mode: str, inputs: dict, small: b
     return modes.reference_outputs(problem, inputs, mode, precision), problems.dtype_name(precision)
 
 
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """What every case of a run shares: its device, the ceilings measured on it (the dict the provenance records,
+    and as a GPU spec for T_sol) and the L2 flusher."""
+
+    device: torch.device
+    ceilings: dict
+    measured: roofline.GPUSpec
+    flush: timing.L2Flusher
+
+
+def setup(device: torch.device, log) -> Setup:
+    """Selects ``device`` (CUDA) and measures its ceilings (copy bandwidth, bf16 GEMM rate) once for a run.
+
+    The objects alive by then (modules and what the imported libraries built), garbage collected first, are
+    moved out of the collector's reach (``gc.freeze``): :func:`free_memory` collects around every
+    implementation of every case, and scanning all of them each time would cost more than most cases."""
+    gc.collect()
+    gc.freeze()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    log(f"measuring ceilings on {device} ...")
+    ceilings = roofline.measure_ceilings(device, reps=10 if device.type == "cuda" else 3)
+    measured = roofline.GPUSpec.from_measured(ceilings["copy_bandwidth"], ceilings["bf16_matmul_flops"],
+                                              name=f"measured on {device}")  # fmt: skip
+    return Setup(device, ceilings, measured, timing.L2Flusher(device))
+
+
+def run_shape(problem: problems.Problem, args: argparse.Namespace, bench: Setup, *, dtype: torch.dtype, tokens,
+              axes: dict, registry: dict, rows: list, progress, log, columns: dict | None = None,
+              save=None) -> str | None:  # fmt: skip
+    """Runs every case (each token count of ``tokens``) of ``problem`` at ``axes`` (overrides of its constant
+    axes: hidden_size, ..., as :meth:`~moe_lib.problems.Problem.make_inputs` takes them) with every
+    implementation of ``args.impls`` (labels of ``registry``), appending a row per case and implementation to
+    ``rows``.
+
+    ``columns`` are added to every row (the model suite's ``model`` and shape axes); ``save(rows)`` runs after
+    every row, so that a run cut short keeps what it measured; ``progress`` is a tqdm bar advanced once per
+    row; ``log(message)`` reports what failed. A case whose memory estimate (:func:`case_bytes`) exceeds the
+    device's free memory is not drawn: its rows say ``skipped: needs N GB, M GB free``. Returns the
+    reference's precision (None when no case computed one).
+    """
+    device, mode = bench.device, getattr(args, "mode", "op")
+    dtype_label = problems.dtype_name(dtype)
+    names = modes.output_names(problem, mode)
+    rule = problem.element_rule_at(dtype) if mode == "op" else None  # the element rule is the function's
+    reference_dtype = None
+
+    def add(row):
+        rows.append(row)
+        if save is not None:
+            save(rows)
+        progress.update(1)
+
+    for num_tokens in tokens:
+        case = dict(problem=problem.name, mode=mode, **(columns or {}), num_tokens=num_tokens, dtype=dtype_label,
+                    small=args.small, device=str(device), gpu=gpu_key(device))  # fmt: skip
+        shortfall = memory_shortfall(problem, num_tokens, dtype, axes, args.small, device)
+        if shortfall is not None:
+            log(f"[case {num_tokens}] {shortfall}")
+            for label in args.impls:
+                add(dict(case, impl=label, status=shortfall, correct=False))
+            continue
+        inputs = references = None
+        try:
+            inputs = problem.make_inputs(num_tokens, seed=args.seed, device=device, dtype=dtype, **axes)
+            references, reference_dtype = case_references(problem, mode, inputs, args.small)
+            if mode == "op":
+                case.update(roofline_columns(problem.name, num_tokens, dtype, bench.measured, axes))
+            else:
+                case.update(mode_roofline_columns(problem, mode, inputs, references, bench.measured, axes))
+            poison_bytes = 2 * sum(r.numel() for r in references) * 4 + 256 * 2**20
+            free_memory(device)
+        except Exception as exc:
+            log(f"[case {num_tokens}] reference failed:\n{traceback.format_exc()}")
+            for label in args.impls:
+                add(dict(case, impl=label, status=f"error: reference failed: {short_message(exc)}", correct=False))
+            del inputs, references
+            free_memory(device)
+            continue
+        for label in args.impls:
+            progress.set_postfix_str(f"T={num_tokens} {label}")
+            wall_start = time.perf_counter()
+            measured_row = run_case_impl(registry.get(label), label, inputs, references, names, rule, device,
+                                         bench.flush, warmup=args.warmup, reps=args.reps, poison_bytes=poison_bytes,
+                                         official=getattr(args, "official", False), log=log)  # fmt: skip
+            rel_errors = measured_row.pop("rel_errors")
+            row = dict(case, **measured_row, wall_s=time.perf_counter() - wall_start)
+            row.update({f"rel_error_{name}": rel_errors.get(name, math.nan) for name in names})
+            row["roofline_fraction"] = row["sol_ms"] / row["median_ms"] if row["status"] == "ok" else math.nan
+            add(row)
+        del inputs, references
+        free_memory(device)
+    return reference_dtype
+
+
 def run(args: argparse.Namespace, log=None) -> dict:
     """Runs the benchmark the parsed ``args`` describe (:func:`moe_lib.bench.cli.parse_args`); writes the CSV
     and JSON; returns dict(csv=path, json=path, frame=DataFrame, summary=dict, baseline=dict, table=str)."""
@@ -237,58 +392,18 @@ def run(args: argparse.Namespace, log=None) -> dict:
     tokens, suite = cases(problem, args)
     mode = getattr(args, "mode", "op")
     names = modes.output_names(problem, mode)
-    rule = problem.element_rule_at(dtype) if mode == "op" else None  # the element rule is the function's
+    rule = problem.element_rule_at(dtype) if mode == "op" else None
     registry = modes.mode_peers(args.problem, mode)
 
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    log(f"measuring ceilings on {device} ...")
-    ceilings = roofline.measure_ceilings(device, reps=10 if device.type == "cuda" else 3)
-    measured = roofline.GPUSpec.from_measured(ceilings["copy_bandwidth"], ceilings["bf16_matmul_flops"],
-                                              name=f"measured on {device}")  # fmt: skip
-    flush = timing.L2Flusher(device)
+    bench = setup(device, log)
     stem = results.result_stem(args.problem, dtype_label, small=args.small, tag=args.tag,
                                date=started.strftime("%Y-%m-%d"), mode=mode)  # fmt: skip
     csv_path, json_path = results.result_paths(args.out, device, stem)
-    rows, reference_dtype = [], None
+    rows = []
     progress = tqdm(total=len(tokens) * len(args.impls), desc=args.problem, unit="run", file=sys.stderr)
-    for num_tokens in tokens:
-        case = dict(problem=args.problem, mode=mode, num_tokens=num_tokens, dtype=dtype_label, small=args.small,
-                    device=str(device), gpu=gpu_key(device))  # fmt: skip
-        inputs = references = None
-        try:
-            inputs = problem.make_inputs(num_tokens, seed=args.seed, device=device, dtype=dtype, **axes)
-            references, reference_dtype = case_references(problem, mode, inputs, args.small)
-            if mode == "op":
-                case.update(roofline_columns(args.problem, num_tokens, dtype, measured, axes))
-            else:
-                case.update(mode_roofline_columns(problem, mode, inputs, references, measured, axes))
-            poison_bytes = 2 * sum(r.numel() for r in references) * 4 + 256 * 2**20
-            free_memory(device)
-        except Exception as exc:
-            log(f"[case {num_tokens}] reference failed:\n{traceback.format_exc()}")
-            for label in args.impls:
-                rows.append(dict(case, impl=label, status=f"error: reference failed: {short_message(exc)}",
-                                 correct=False))  # fmt: skip
-                progress.update(1)
-            del inputs, references
-            free_memory(device)
-            continue
-        for label in args.impls:
-            progress.set_postfix_str(f"T={num_tokens} {label}")
-            wall_start = time.perf_counter()
-            measured_row = run_case_impl(registry.get(label), label, inputs, references, names, rule, device, flush,
-                                         warmup=args.warmup, reps=args.reps, poison_bytes=poison_bytes,
-                                         official=getattr(args, "official", False), log=log)  # fmt: skip
-            rel_errors = measured_row.pop("rel_errors")
-            row = dict(case, **measured_row, wall_s=time.perf_counter() - wall_start)
-            row.update({f"rel_error_{name}": rel_errors.get(name, math.nan) for name in names})
-            row["roofline_fraction"] = row["sol_ms"] / row["median_ms"] if row["status"] == "ok" else math.nan
-            rows.append(row)
-            results.results_frame(rows, names).to_csv(csv_path, index=False)  # so far: survives a run cut short
-            progress.update(1)
-        del inputs, references
-        free_memory(device)
+    reference_dtype = run_shape(problem, args, bench, dtype=dtype, tokens=tokens, axes=axes, registry=registry,
+                                rows=rows, progress=progress, log=log,
+                                save=lambda so_far: results.results_frame(so_far, names).to_csv(csv_path, index=False))
     progress.close()
 
     frame = results.results_frame(rows, names)
@@ -297,7 +412,7 @@ def run(args: argparse.Namespace, log=None) -> dict:
     summary, baseline = results.summarize_impls(frame, args.impls, baselines)
     sizes = {name: value for name, value in problem.sizes(0, **axes).items() if name != "num_tokens"}
     document = dict(problem=args.problem, mode=mode, dtype=dtype_label, axes=sizes, impls=args.impls, element_rule=rule,
-                    provenance=results.run_provenance(args, device, ceilings, suite, reference_dtype, started),
+                    provenance=results.run_provenance(args, device, bench.ceilings, suite, reference_dtype, started),
                     baseline=baseline, summary=summary)  # fmt: skip
     results.write_json(json_path, document)
     clock = "wall clock" if device.type != "cuda" else "cold L2; graph replays or events: see timing"

@@ -5,43 +5,30 @@
 - ``forward``: a differentiable layer's forward, with autograd recording what its backward needs, as
   in training: ``y = layer(...)``.
 - ``forward_backward``: that forward, then ``torch.autograd.grad`` of every input and weight the
-  layer differentiates (:attr:`Layer.leaves`) for the problem's ``grad_output`` — one training step
-  of the layer. The outputs checked are ``y`` and those gradients.
+  layer differentiates (:attr:`.layer_step.Layer.leaves`) for the problem's ``grad_output`` — one
+  training step of the layer. The outputs checked are ``y`` and those gradients.
 
-Each op has one :class:`Layer` in :data:`LAYERS`: the inputs it differentiates. The implementations
-of a layer are :class:`~.peers.LayerPeer`\\ s registered beside the op's peers, its reference among
-them (the one labelled ``reference``: readable PyTorch, the same references as the functions');
-:func:`mode_peer` turns one into a :class:`~.peers.Peer` that the harness checks and times like any
-other. FLOPs of a step count the layer's GEMMs as ``lab.json``'s ``layer_flops`` says (forward 6,
-forward + backward 18 per T·H·I for P1, per T·K·H·I for P2: a backward that recomputes the forward does
-more than it is credited for).
+Each op has one :class:`~.layer_step.Layer` in :data:`~.layer_step.LAYERS`: the inputs it differentiates
+(:mod:`.layer_step` builds the step itself). The implementations of a layer are
+:class:`~.peers.LayerPeer`\\ s registered beside the op's peers, its reference among them (the one
+labelled ``reference``: readable PyTorch, the same references as the functions'); :func:`mode_peer`
+turns one into a :class:`~.peers.Peer` that the harness checks and times like any other. FLOPs of a
+step count the layer's GEMMs as ``lab.json``'s ``layer_flops`` says (forward 6, forward + backward 18
+per T·H·I for P1, per T·K·H·I for P2: a backward that recomputes the forward does more than it is
+credited for).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from collections.abc import Callable
 
 import torch
 
 from .. import problems
 from . import peers
+from .layer_step import LAYERS, step
 
 MODES = ("op", "forward", "forward_backward")
-
-
-@dataclasses.dataclass(frozen=True)
-class Layer:
-    """The differentiable layer of one op (its reference is the layer peer labelled ``reference``)."""
-
-    leaves: tuple  # the inputs it differentiates, in the order of their gradients
-
-
-LAYERS = {
-    "swiglu_down_backward": Layer(("x", "gate_weight", "up_weight", "down_weight")),
-    "moe_experts_backward": Layer(("hidden_states", "topk_weights", "gate_weights", "up_weights", "down_weights")),
-}
 
 
 def output_names(problem: problems.Problem, mode: str) -> list[str]:
@@ -58,30 +45,6 @@ def output_names(problem: problems.Problem, mode: str) -> list[str]:
 def check_mode(mode) -> None:
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
-
-
-def step(forward: Callable, layer: Layer, mode: str, inputs: dict, parameters=None, gradients=None) -> Callable:
-    """The timed callable of one step on ``inputs``: ``forward(inputs, leaves)``'s output, and in
-    ``forward_backward`` the gradients for ``inputs["grad_output"]`` of the layer's leaves. The leaves are
-    built once, untimed: the layer's own (fresh tensors requiring grad), or ``parameters(inputs)`` for a
-    layout of the implementation's own, whose gradients ``gradients(grads, inputs)`` maps back."""
-    if parameters is None:
-        leaves = {name: inputs[name].detach().requires_grad_() for name in layer.leaves}
-    else:
-        leaves = parameters(inputs)
-    grad_output = inputs["grad_output"]
-
-    def run():
-        with torch.enable_grad():
-            y = forward(inputs, leaves)
-            if mode == "forward":
-                return (y,)
-            values = torch.autograd.grad(y, list(leaves.values()), grad_outputs=grad_output.to(y.dtype))
-            grads = dict(zip(leaves, values, strict=True))
-        mapped = tuple(grads[name] for name in layer.leaves) if gradients is None else gradients(grads, inputs)
-        return (y.detach(), *mapped)
-
-    return run
 
 
 def mode_peer(layer_peer: peers.LayerPeer, mode: str) -> peers.Peer:

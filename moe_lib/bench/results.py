@@ -12,6 +12,10 @@ Under ``<out>/<gpu key>/`` (``H200``, ``H100-SXM``, ..., ``cpu``),
 - ``.json``: provenance (:func:`run_provenance`) and per implementation geomean_ms (over its correct
   cases), roofline_fraction (geomean of T_sol/T, measured ceilings), sol_score (geomeans of T, the best
   baseline peer correct on every case, and T_sol), all_correct and n_cases.
+
+The model suite (:mod:`.models`) writes files of the same form tagged ``models``, whose JSON says
+``"suite": "models"`` (:data:`MODEL_SUITE`) and whose rows carry the model and its shape's axes; readers
+of the benchmark's one-shape runs leave them out.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from .provenance import (
 DEFAULT_OUT = problems.DATA_DIR / "results"
 RECORDED_ENVIRONMENT = ("LIGER_FUSED_MOE_AUTOTUNE", "TRITON_CACHE_AUTOTUNING", "TRITON_INTERPRET",
                         "PYTORCH_CUDA_ALLOC_CONF", "CUDA_VISIBLE_DEVICES")  # fmt: skip
+MODEL_SUITE = "models"  # the "suite" of a model-suite file's JSON (the benchmark's own files have none)
 # column -> GPU key of the datasheet T_sol it holds
 DATASHEET_COLUMNS = {f"sol_ms_datasheet_{key}": key for key in roofline.DATASHEET_GPUS}
 
@@ -104,10 +109,14 @@ def write_json(path: Path, document: dict) -> None:
     path.write_text(json.dumps(json_ready(document), indent=2, ensure_ascii=False) + "\n")
 
 
-def results_frame(rows: list[dict], output_names: list[str]) -> pd.DataFrame:
-    """The long-form table: :data:`CSV_COLUMNS` with ``rel_error_<output>`` after ``rel_error``."""
+def results_frame(rows: list[dict], output_names: list[str], shape_columns=()) -> pd.DataFrame:
+    """The long-form table: :data:`CSV_COLUMNS` with ``rel_error_<output>`` after ``rel_error``, and
+    ``shape_columns`` after ``mode`` (the model suite's ``model`` and the axes of its shapes, so that one
+    file holds cases of several shapes)."""
     split = CSV_COLUMNS.index("rel_error") + 1
     columns = CSV_COLUMNS[:split] + [f"rel_error_{name}" for name in output_names] + CSV_COLUMNS[split:]
+    after_mode = columns.index("mode") + 1
+    columns[after_mode:after_mode] = list(shape_columns)
     return pd.DataFrame(rows).reindex(columns=columns)
 
 

@@ -140,7 +140,7 @@ class ResultFile(RunFiles):
         return roofline.GPUS.get(self.gpu_key)
 
 
-def _optional_bool(value):
+def optional_bool(value):
     """True/False as read from a CSV, None where empty."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return None
@@ -201,8 +201,8 @@ def load_result_file(csv_path) -> ResultFile:
         raise FileNotFoundError(f"{csv_path.name}: no {json_path.name} beside it (the run's provenance)")
     meta = read_run_json(json_path, RESULT_KEYS)
     frame = read_run_csv(csv_path, RESULT_COLUMNS)
-    frame["passes_element_rule"] = frame["passes_element_rule"].map(_optional_bool).astype(object)
-    frame["correct"] = frame["correct"].map(_optional_bool).astype(object)
+    frame["passes_element_rule"] = frame["passes_element_rule"].map(optional_bool).astype(object)
+    frame["correct"] = frame["correct"].map(optional_bool).astype(object)
     try:
         frame["num_tokens"] = frame["num_tokens"].astype(int)
     except (TypeError, ValueError) as exc:
@@ -217,8 +217,8 @@ def load_results(results_dir=RESULTS_DIR, gpu_key: str = "H200") -> dict[str, Re
 
     ``results_dir`` is relative to the repository root unless absolute. Only files of the problems in
     :mod:`moe_lib.problems` with a JSON beside them are read, and only runs of the problem's function
-    (mode ``op``): other measurements kept there (the training-step runs, the expert-parallel
-    benchmark's, NVIDIA's harness's traces, ``tuning/``) are left out.
+    (mode ``op``) at the problem's own shape: other measurements kept there (the training-step runs, the
+    model suite's, the expert-parallel benchmark's, NVIDIA's harness's traces, ``tuning/``) are left out.
     """
     root = resolve_path(results_dir)
     folder = root / gpu_key
@@ -233,6 +233,8 @@ def load_results(results_dir=RESULTS_DIR, gpu_key: str = "H200") -> dict[str, Re
         meta = read_run_json(json_path)
         if meta.get("problem") not in problems.PROBLEM_NAMES or meta.get("mode", "op") != "op":
             continue  # the training-step runs (bench --mode) time layers, not the problem's function
+        if meta.get("suite") == bench_results.MODEL_SUITE:
+            continue  # the model suite's runs (bench --models) are of other shapes: lab.models reads them
         result = load_result_file(csv_path)
         if result.key not in newest or result.date >= newest[result.key].date:
             newest[result.key] = result

@@ -42,7 +42,8 @@ import torch.nn.functional as F
 from ...dispatch import triton_unavailable_reason
 from ...moe_experts import moe_experts
 from ...problems import OPS
-from . import LayerPeer, Peer, calling, register, register_layer
+from ..layer_step import LAYERS, step
+from .registry import LayerPeer, Peer, calling, register, register_layer
 
 OP = "moe_experts_backward"
 
@@ -225,8 +226,6 @@ def sonicmoe_gradients(grads: dict, inputs: dict) -> tuple:
 
 def _prepare_sonicmoe(inputs: dict):
     """The op through SonicMoE's layer: forward + backward, the five gradients in our order."""
-    from ..modes import LAYERS, step
-
     run = step(sonicmoe_forward, LAYERS[OP], "forward_backward", inputs, sonicmoe_parameters, sonicmoe_gradients)
     return lambda: run()[1:]
 

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from ...dispatch import triton_unavailable_reason
 from ...problems import OPS
 from ...swiglu_down import swiglu_expert
-from . import LayerPeer, Peer, calling, named, register, register_layer
+from .registry import LayerPeer, Peer, calling, named, register, register_layer
 
 OP = "swiglu_down_backward"
 
