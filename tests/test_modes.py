@@ -1,9 +1,7 @@
 """Training-step modes of the benchmark (moe_lib.bench.modes), the SonicMoE peer's mapping of our layout, and
-the imports of moe_lib.bench (no cycle)."""
+(tests/test_import_graph.py checks moe_lib's imports for cycles)."""
 
-import ast
 import types
-from pathlib import Path
 
 import pytest
 import torch
@@ -94,42 +92,3 @@ def test_cli_runs_a_training_step_on_cpu(tmp_path):
     assert "-forward_backward-" in result["csv"].name
     with pytest.raises(SystemExit):
         cli.parse_args(["--problem", "swiglu_down_backward", "--mode", "forward", "--impl", "triton_fast"])
-
-
-BENCH_DIR = Path(modes.__file__).resolve().parent
-
-
-def _bench_imports() -> dict[str, set[str]]:
-    """{module of moe_lib.bench: the modules of moe_lib.bench it imports}, every import statement counted,
-    those inside functions too (``from . import x`` names module x where there is one)."""
-    modules = {}
-    for path in BENCH_DIR.rglob("*.py"):
-        parts = ["moe_lib", "bench", *path.relative_to(BENCH_DIR).with_suffix("").parts]
-        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    graph = {}
-    for name, path in modules.items():
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        targets = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                targets.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom):
-                base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
-                module = ".".join(base + ([node.module] if node.module else []))
-                targets.add(module)
-                targets.update(f"{module}.{alias.name}" for alias in node.names)
-        graph[name] = {target for target in targets if target in modules and target != name}
-    return graph
-
-
-def test_no_module_of_the_bench_imports_one_that_imports_it_back():
-    graph = _bench_imports()
-    assert {"moe_lib.bench.layer_step", "moe_lib.bench.peers.moe_experts"} <= set(graph)
-    assert "moe_lib.bench.layer_step" in graph["moe_lib.bench.peers.moe_experts"]  # the graph sees real imports
-    for start in graph:
-        seen, stack = set(), [start]
-        while stack:
-            for target in graph[stack.pop()] - seen:
-                seen.add(target)
-                stack.append(target)
-        assert start not in seen, f"{start} imports a module that imports it back"
