@@ -1,5 +1,5 @@
-"""Training-step modes of the benchmark (moe_lib.bench.modes), the SonicMoE peer's mapping of our layout, and
-(tests/test_import_graph.py checks moe_lib's imports for cycles)."""
+"""Training-step modes of the benchmark (moe_lib.bench.modes), and the SonicMoE peer's mapping of our
+layout."""
 
 import types
 
