@@ -183,6 +183,16 @@ def test_p1_design_by_tokens_follows_choose_design():
     assert side_by_side["H 2048, I 768"].equals(kernels.p1_design_by_tokens([1, 512, 8192], 2048, 768))
 
 
+def test_p1_registry_table_lists_every_design_of_the_registry():
+    from moe_lib.swiglu_down.designs import DESIGNS
+
+    table = kernels.p1_registry_table()
+    assert list(table.index) == list(DESIGNS) and table.loc["gluon_launches", "config"] == "GluonLaunches"
+    assert table.loc["chained", "module"] == "swiglu_down.designs.chained"
+    assert table.loc["triton_launches", "what it is"].startswith("P1's portable design: two Triton launches")
+    assert not table["what it is"].str.contains(":mod:|``").any()  # Sphinx roles read as plain names
+
+
 def test_gluon_form_of_names_every_form_the_chooser_can_make():
     """Each form of FORMS, with dWd's tiles moved, dx split or the persistent programs dropped, is named back; every
     Gluon design the chooser picks at three model shapes has a name; a configuration no form has is refused."""

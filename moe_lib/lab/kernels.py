@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import json
+import re
+import sys
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -23,6 +25,7 @@ from .. import problems
 from ..moe_experts import launch as p2_launch
 from ..moe_experts.routing import route_by_expert
 from ..swiglu_down.choose import choose_design
+from ..swiglu_down.designs import DESIGNS
 from ..swiglu_down.designs.gluon import FORMS, GluonLaunches
 from ..swiglu_down.designs.library_gemms import LibraryGemmsConfig
 from ..swiglu_down.designs.triton_launches import (
@@ -581,6 +584,21 @@ def design_label(design) -> str:
         return design.name
     form, grad_down_second, _ = gluon_form_of(design)
     return f"{design.name}: {form}" + (", dWd in launch 2" if grad_down_second else "")
+
+
+def p1_registry_table() -> pd.DataFrame:
+    """P1's designs as the registry has them (:data:`~moe_lib.swiglu_down.designs.DESIGNS`): per name its config
+    class, its module and the first line of the module's docstring (what the design is; Sphinx roles as plain
+    names, a module as its file)."""
+
+    def what(design) -> str:
+        line = sys.modules[design.__module__].__doc__.strip().splitlines()[0]
+        line = re.sub(r":mod:`~?\.*([^`]+)`", r"\1.py", line)  # a module by its file
+        return re.sub(r":\w+:`~?\.*([^`]+)`", r"\1", line).replace("``", "")
+
+    rows = {name: {"config": design.__name__, "module": design.__module__.removeprefix("moe_lib."),
+                   "what it is": what(design)} for name, design in DESIGNS.items()}  # fmt: skip
+    return pd.DataFrame.from_dict(rows, orient="index").rename_axis("design")
 
 
 def p1_design_by_tokens(token_counts, hidden_size: int, intermediate_size: int, *, device: Device = H200):
