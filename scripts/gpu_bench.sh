@@ -12,18 +12,15 @@
 #      bf16), only the workloads of P2_OFFICIAL_TOKENS where set (a comma list: the suite in parts);
 #   (RUNS p1_probe) where P1's time goes: scripts/p1_few_tokens_trace.py, scripts/p1_kernel_times.py,
 #      scripts/launch_floor_probe.py;
-#   (RUNS p1_pass) the fast path's dSwiGLU pass by blocks or by flat runs: scripts/p1_pass_bench.py, p1_tune.py;
-#   (RUNS p1_lib_da) the fast path's cuBLAS design with dA and the dSwiGLU pass as one Triton launch: p1_tune.py;
+#   (RUNS p1_pass) the fast path's dSwiGLU pass alone, by [tokens, I] blocks of several shapes: scripts/p1_pass_bench.py;
 #   (RUNS p1_chain) the chained launch (design 8) against the faithful path's defaults: p1_tune.py, p1_host_gap.py;
-#   (RUNS p1_launch2) the faithful path's launch 2 in Gluon (p1_gluon_probe.py, and candidate gluon2 in the whole
-#      call) and on cuBLAS behind launch 1 (candidate lib_f_rows): p1_tune.py, p1_host_gap.py;
-#   (RUNS p1_gluon1) the Gluon launches' forms (P1_GLUON1_CONFIGS: by default launch 1's ring 4 or 6 deep, launch 2's
-#      4 or 5 deep, launch 2's tiles 64 rows tall), both precisions by graph replay (p1_tune.py), and the faithful
-#      path's host gap (p1_host_gap.py);
-#   (RUNS p1_few, p1_tma, p1_lib, p2_tune) the tuning checks of the designs not yet measured, each candidate checked
-#      against float64 before it is timed: scripts/p1_few_tokens_check.py (P1_FEW_ARGS), scripts/p1_tune.py
-#      on the TMA-fed launches in both precisions (P1_TMA_TOKENS, P1_TMA_CONFIGS), scripts/p2_tune.py
-#      (P2_TUNE_CASES, P2_TUNE_CONFIGS); their JSON goes to $OUT/tuning (or /tmp/tuning).
+#   (RUNS p1_gluon1) the Gluon launches' forms (P1_GLUON1_CONFIGS: by default every form of designs.gluon.FORMS as
+#      the faithful path takes it), both precisions by graph replay (p1_tune.py), and the faithful path's host gap
+#      (p1_host_gap.py);
+#   (RUNS p1_few, p1_lib, p2_tune) the tuning checks of the designs, each candidate checked against float64 before it
+#      is timed: scripts/p1_few_tokens_check.py (P1_FEW_ARGS), scripts/p1_tune.py on the cuBLAS design (P1_LIB_CONFIGS),
+#      scripts/p2_tune.py (P2_TUNE_CASES, P2_TUNE_CONFIGS); their JSON goes to $OUT/tuning (or /tmp/tuning).
+#   The P1 candidates are those of moe_lib.bench.tuning.P1_CANDIDATES (configured designs of the registry).
 # Every harness run also times each case the official way (eager, fresh addresses, CUPTI span) where
 # cupti-python is importable: it is installed from .whl/sol/*.whl when those wheels are there (with
 # pydantic for NVIDIA's harness, whose source must be in .sol-execbench/src for p1_official). SonicMoE
@@ -172,27 +169,13 @@ case " $RUNS " in *" p1_chain "*)
   mkdir -p "$TUNING/p1_chain"
   check "P1 chained launch, graph replay" "${P1_CHAIN_SECONDS:-240}" scripts/p1_tune.py --precision faithful \
     --out "$TUNING/p1_chain" --tokens "${P1_CHAIN_TOKENS:-64,128,512,1087,1321,2767,4093}" \
-    --configs "${P1_CHAIN_CONFIGS:-chain_mid8,chain_f,chain_f4}"
+    --configs "${P1_CHAIN_CONFIGS:-chained,chained_wide,chained_wide_dwd_last}"
   check "P1 chained launch, host gap" "${P1_CHAIN_GAP_SECONDS:-180}" scripts/p1_host_gap.py --precision faithful \
-    --tokens "${P1_CHAIN_GAP_TOKENS:-128,512,1087,2767}" --configs "default,${P1_CHAIN_GAP_CONFIGS:-chain_mid8,chain_f}"
-esac
-case " $RUNS " in *" p1_lib_da "*)
-  # the fast path's design on cuBLAS GEMMs with dA and the dSwiGLU pass as one Triton launch (d_a_tile)
-  mkdir -p "$TUNING/p1_lib_da"
-  check "P1 cuBLAS design with Triton dA" "${P1_LIB_DA_SECONDS:-240}" scripts/p1_tune.py --precision fast \
-    --out "$TUNING/p1_lib_da" --tokens "${P1_LIB_DA_TOKENS:-128,512,1087,1321,2447,4093}" \
-    --configs "${P1_LIB_DA_CONFIGS:-lib_s3,lib_bs,lib_s3_da,lib_s3_da2,lib_s3_da8,lib_bs_da,lib_bs_da2,lib_s3_da_dwd,lib_s3_da8_dwd}"
-  check "P1 kernels of a call, Triton dA" "${P1_KERNELS_SECONDS:-180}" scripts/p1_kernel_times.py \
-    --tokens "${P1_KERNELS_TOKENS:-128,512}" --configs "${P1_KERNELS_CONFIGS:-lib_s3,lib_s3_da,lib_s3_da_dwd}"
+    --tokens "${P1_CHAIN_GAP_TOKENS:-128,512,1087,2767}" --configs "default,${P1_CHAIN_GAP_CONFIGS:-chained,chained_wide}"
 esac
 case " $RUNS " in *" p1_pass "*)
-  # the fast path's dSwiGLU pass by [tokens, I] blocks or by runs of consecutive elements: alone beside Inductor's
-  # fused kernel, then in the whole call at every suite size the design runs
+  # the fast path's dSwiGLU pass alone, by [tokens, I] blocks of several shapes beside Inductor's fused kernel
   check "P1 dSwiGLU pass alone" "${P1_PASS_SECONDS:-180}" scripts/p1_pass_bench.py
-  mkdir -p "$TUNING/p1_pass"
-  check "P1 cuBLAS design with the flat pass" "${P1_PASS_TUNE_SECONDS:-300}" scripts/p1_tune.py --precision fast \
-    --out "$TUNING/p1_pass" --tokens "${P1_PASS_TOKENS:-128,512,1087,1321,1571,2447,2767,3089,4093,7168,8192}" \
-    --configs "${P1_PASS_CONFIGS:-lib_s3,lib_bs,lib_bs3,lib_s3_fl512,lib_s3_fl1024,lib_s3_fl2048w8,lib_bs_fl512,lib_bs_fl1024,lib_bs_fl2048w8,lib_bs3_fl512,lib_bs3_fl1024,lib_bs3_fl2048w8}"
 esac
 case " $RUNS " in *" p1_few "*)
   # shellcheck disable=SC2086  # the arguments are words
@@ -200,21 +183,13 @@ case " $RUNS " in *" p1_few "*)
     ${P1_FEW_ARGS:---tokens 1,2,4,8,16 a_reg_cl_st a_reg_cl_st_mv a_pf_cl_st_mv a_reg_cl_st_coop}
   check "The floor of a launch" "${P1_FLOOR_SECONDS:-120}" scripts/launch_floor_probe.py
 esac
-case " $RUNS " in *" p1_tma "*)
-  for precision in faithful fast; do
-    mkdir -p "$TUNING/p1_tma_$precision"
-    check "P1 TMA-fed launches, $precision" "${P1_TMA_SECONDS:-240}" scripts/p1_tune.py --precision "$precision" \
-      --tokens "${P1_TMA_TOKENS:-128,512,1087,2447,4093,8192}" \
-      --configs "${P1_TMA_CONFIGS:-f_w8s3,l_128,tma_128,tma_256,tma12_a,tma12_b,tma12_c}" --out "$TUNING/p1_tma_$precision"
-  done
-esac
 case " $RUNS " in *" p1_lib "*)
   # the fast path's design on cuBLAS GEMMs: its candidates by graph replay, then their host side in NVIDIA's method
   mkdir -p "$TUNING/p1_lib"
   check "P1 design on cuBLAS GEMMs" "${P1_LIB_SECONDS:-240}" scripts/p1_tune.py --precision fast \
-    --configs "${P1_LIB_CONFIGS:-lib_s,lib_bs,lib_s2,lib_bs2,lib_s3,lib_bs3}" --out "$TUNING/p1_lib"
+    --configs "${P1_LIB_CONFIGS:-library_gemms_fast,library_gemms_fast_many,library_gemms_faithful}" --out "$TUNING/p1_lib"
   check "P1 host side of the designs" "${P1_GAP_SECONDS:-120}" scripts/p1_host_gap.py --precision fast \
-    --configs default,lib_s,lib_s2,lib_s3 --tokens "${P1_GAP_TOKENS:-128,512,1087,2767}"
+    --configs default,library_gemms_fast,library_gemms_fast_many --tokens "${P1_GAP_TOKENS:-128,512,1087,2767}"
 esac
 case " $RUNS " in *" p1_probe "*)
   # where the time goes: the few-token launch's programs stamped at each step, and each kernel of the fast
@@ -222,33 +197,21 @@ case " $RUNS " in *" p1_probe "*)
   check "P1 few-token launch, traced" "${P1_TRACE_SECONDS:-120}" scripts/p1_few_tokens_trace.py \
     --tokens "${P1_TRACE_TOKENS:-1,16}"
   check "P1 kernels of a call" "${P1_KERNELS_SECONDS:-180}" scripts/p1_kernel_times.py \
-    --tokens "${P1_KERNELS_TOKENS:-128,1321}" --configs "${P1_KERNELS_CONFIGS:-lib_s,lib_s2,lib_s3}"
+    --tokens "${P1_KERNELS_TOKENS:-128,1321}" --configs "${P1_KERNELS_CONFIGS:-library_gemms_fast,library_gemms_fast_many}"
   check "The floor of a launch" "${P1_FLOOR_SECONDS:-120}" scripts/launch_floor_probe.py
-esac
-case " $RUNS " in *" p1_launch2 "*)
-  # the faithful path's launch 2 from 1600 tokens: the Gluon probe's variants (one TMA warp, MMA warpgroups) beside
-  # the Triton launch and cuBLAS, then in the whole call launch 2 in Gluon (gluon2) and on cuBLAS behind launch 1 as
-  # it is (lib_f_rows), by graph replay and in NVIDIA's method
-  check "P1 launch 2 in Gluon" "${P1_GLUON_SECONDS:-180}" scripts/p1_gluon_probe.py --launch2 \
-    --tokens "${P1_LAUNCH2_TOKENS:-2447,4093,8192}" --variants "${P1_GLUON_VARIANTS:-m128n256k32b4,m128n256k64b3r}"
-  mkdir -p "$TUNING/p1_launch2"
-  check "P1 launch 2 on cuBLAS, graph replay" "${P1_LAUNCH2_SECONDS:-180}" scripts/p1_tune.py --precision faithful \
-    --out "$TUNING/p1_launch2" --tokens "${P1_LAUNCH2_TOKENS:-2447,4093,8192}" --configs "${P1_LAUNCH2_CONFIGS:-gluon2,lib_f_rows,lib}"
-  check "P1 launch 2 on cuBLAS, host gap" "${P1_LAUNCH2_GAP_SECONDS:-180}" scripts/p1_host_gap.py --precision faithful \
-    --tokens "${P1_LAUNCH2_GAP_TOKENS:-2447,2767,4093,8192}" --configs "default,${P1_LAUNCH2_GAP_CONFIGS:-gluon2,lib_f_rows}"
 esac
 case " $RUNS " in *" p1_gluon1 "*)
   # the forms of the two Gluon launches (gluon_launch1.py, gluon_launch2.py), both paths, by graph replay and in
   # NVIDIA's method
   mkdir -p "$TUNING/p1_gluon1_faithful" "$TUNING/p1_gluon1_fast"
   for precision in faithful fast; do
-    check "P1 launch 1 in Gluon, $precision, graph replay" "${P1_GLUON1_SECONDS:-150}" scripts/p1_tune.py \
+    check "P1 Gluon forms, $precision, graph replay" "${P1_GLUON1_SECONDS:-150}" scripts/p1_tune.py \
       --precision "$precision" --out "$TUNING/p1_gluon1_$precision" \
       --tokens "${P1_GLUON1_TOKENS:-128,512,1087,1200,1321,1571,2447,4093,8192}" \
-      --configs "${P1_GLUON1_CONFIGS:-gluon12,gluon12_b6,gluon12_b6_l2b5,gluon12_k32b12,gluon12_b6_l2m64,gluon12_b6_l2m64b6,gluon12_m64}"
+      --configs "${P1_GLUON1_CONFIGS:-gluon_narrow,gluon_tall,gluon_tall_dx_first_dwd2,gluon_wide_da_first,gluon_wide_da_first_tall,gluon_wide,gluon_wide_tall,gluon_wide_da256_dwd2}"
   done
-  check "P1 launch 1 in Gluon, host gap" "${P1_GLUON1_GAP_SECONDS:-150}" scripts/p1_host_gap.py --precision faithful \
-    --tokens "${P1_GLUON1_GAP_TOKENS:-1571,2447,4093,8192}" --configs default,gluon12_b6_l2b5
+  check "P1 Gluon launches, host gap" "${P1_GLUON1_GAP_SECONDS:-150}" scripts/p1_host_gap.py --precision faithful \
+    --tokens "${P1_GLUON1_GAP_TOKENS:-1571,2447,4093,8192}" --configs default,gluon_wide_tall
 esac
 case " $RUNS " in *" p2_tune "*)
   check "P2 kernel configs" "${P2_TUNE_SECONDS:-300}" scripts/p2_tune.py \

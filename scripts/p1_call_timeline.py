@@ -1,6 +1,6 @@
 """Timeline of P1 calls made NVIDIA's way: where the host is while the GPU waits between two launches.
 
-    PYTHONPATH=. python scripts/p1_call_timeline.py [--tokens 2447] [--configs default,gluon2] [--calls 5]
+    PYTHONPATH=. python scripts/p1_call_timeline.py [--tokens 2447] [--configs default,triton_faithful] [--calls 5]
 
 Per design (``--configs``: "default" or names of ``moe_lib.bench.tuning.P1_CANDIDATES``): ``--calls`` eager
 faithful calls, each on freshly copied inputs after an L2-clearing memset and a synchronisation (as in
@@ -19,7 +19,7 @@ import torch
 from moe_lib import problems
 from moe_lib.bench.tuning import P1_CANDIDATES
 from moe_lib.swiglu_down import swiglu_down_backward
-from moe_lib.swiglu_down.launch import swiglu_down_backward_triton
+from moe_lib.swiglu_down.backward import swiglu_down_backward_triton
 
 
 def call_of(name: str, inputs: dict):
@@ -31,9 +31,14 @@ def call_of(name: str, inputs: dict):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=2447)
-    parser.add_argument("--configs", default="default,gluon2")
+    parser.add_argument("--configs", default="default,triton_faithful")
     parser.add_argument("--calls", type=int, default=5)
     args = parser.parse_args()
+    unknown = [name for name in args.configs.split(",") if name != "default" and name not in P1_CANDIDATES]
+    if unknown:
+        raise SystemExit(f"--configs: unknown candidate(s) {unknown}; see moe_lib.bench.tuning.P1_CANDIDATES")
+    if not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA GPU")
     T = args.tokens
     inputs = problems.load("swiglu_down_backward").make_inputs(T, seed=T, device="cuda", distribution="harness")
     clear = torch.empty(2 * torch.cuda.get_device_properties(0).L2_cache_size, dtype=torch.int8, device="cuda")

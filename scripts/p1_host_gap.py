@@ -1,7 +1,7 @@
 """Where P1's time goes between graph replay and NVIDIA's method: the host's share of a call.
 
     PYTHONPATH=. python scripts/p1_host_gap.py [--tokens 1,16,128,512,1087,2447,8192] [--precision faithful]
-        [--configs default,lib,lib_s]
+        [--configs default,library_gemms_faithful,chained_wide]
 
 Per token count and design (``--configs``: "default", the one ``swiglu_down_backward`` picks, or names
 of ``moe_lib.bench.tuning.P1_CANDIDATES``): GPU time (graph replay, cold L2), the official span (eager
@@ -28,7 +28,7 @@ from moe_lib.bench import official_timing, timing
 from moe_lib.bench.cli import token_list
 from moe_lib.bench.tuning import P1_CANDIDATES
 from moe_lib.swiglu_down import swiglu_down_backward
-from moe_lib.swiglu_down.launch import swiglu_down_backward_triton
+from moe_lib.swiglu_down.backward import swiglu_down_backward_triton
 
 
 def host_us(call, reps: int = 50) -> float:

@@ -1,6 +1,6 @@
 """Each kernel of a P1 call and how long it ran: our candidates beside ``torch.compile``, from one profiler trace.
 
-    PYTHONPATH=. python scripts/p1_kernel_times.py [--tokens 128,1321] [--configs lib_s,lib_s2,lib_s3]
+    PYTHONPATH=. python scripts/p1_kernel_times.py [--tokens 128,1321] [--configs library_gemms_fast]
 
 On a GPU, per token count: every candidate of ``moe_lib.bench.tuning.P1_CANDIDATES`` named (fast path) and the
 ``torch_compile`` peer are captured in a CUDA graph; ``--runs`` replays, each after an L2 flush, run under
@@ -24,7 +24,7 @@ from moe_lib import problems
 from moe_lib.bench import timing
 from moe_lib.bench.peers.swiglu_down import eager_arguments, swiglu_down_backward_eager
 from moe_lib.bench.tuning import P1_CANDIDATES
-from moe_lib.swiglu_down.launch import swiglu_down_backward_triton
+from moe_lib.swiglu_down.backward import swiglu_down_backward_triton
 
 FLUSH_KERNEL = "FillFunctor"  # the L2 flush between calls (timing.L2Flusher fills a buffer)
 
@@ -94,7 +94,7 @@ def short(name: str, width: int = 60) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", default="128,1321")
-    parser.add_argument("--configs", default="lib_s,lib_s2,lib_s3")
+    parser.add_argument("--configs", default="library_gemms_fast,library_gemms_fast_many")
     parser.add_argument("--runs", type=int, default=20)
     args = parser.parse_args()
     unknown = [name for name in args.configs.split(",") if name not in P1_CANDIDATES]

@@ -1,4 +1,4 @@
-"""The fast path's dSwiGLU pass alone: our kernels' ways of cutting [T, I] beside Inductor's fused kernel.
+"""The fast path's dSwiGLU pass alone: our kernel's [tokens, I] blocks beside Inductor's fused kernel.
 
     PYTHONPATH=. python scripts/p1_pass_bench.py [--tokens 128,512,1321,4093,8192] [--variants ...]
 
@@ -23,32 +23,24 @@ from moe_lib.bench import timing
 from moe_lib.bench.peers.swiglu_down import swiglu_grads_eager
 from moe_lib.bench.provenance import recorded_commit
 from moe_lib.swiglu_down import kernels
-from moe_lib.swiglu_down.launch import LIBRARY_GEMMS_16BIT_DA_MIN_TOKENS
+from moe_lib.swiglu_down.designs.library_gemms import D_A_16BIT_MIN_TOKENS
 from moe_lib.tiling import cdiv
 
-# name: ("blocks", (BLOCK_T, BLOCK_I), warps) or ("flat", BLOCK, warps)
+# name: ((BLOCK_T, BLOCK_I), warps) of swiglu_grads_kernel (LibraryGemmsConfig.grads_block, grads_warps). The pass by
+# flat runs of elements measured here before (data/results/NOTES.md, design 7) was removed: its code is at 1051632
 VARIANTS = {
-    "blocks16x128_w4": ("blocks", (16, 128), 4),  # the default until now
-    "blocks8x256_w4": ("blocks", (8, 256), 4),
-    "blocks32x256_w8": ("blocks", (32, 256), 8),
-    "blocks4x256_w2": ("blocks", (4, 256), 2),
-    "flat512_w4": ("flat", 512, 4),
-    "flat1024_w4": ("flat", 1024, 4),
-    "flat2048_w4": ("flat", 2048, 4),
-    "flat2048_w8": ("flat", 2048, 8),
-    "flat4096_w8": ("flat", 4096, 8),
+    "blocks16x128_w4": ((16, 128), 4),  # the default
+    "blocks8x256_w4": ((8, 256), 4),
+    "blocks32x256_w8": ((32, 256), 8),
+    "blocks4x256_w2": ((4, 256), 2),
 }
 
 
 def run_variant(spec, d_a, saved, out):
-    kind, block, warps = spec
+    block, warps = spec
     T, I = d_a.shape
-    if kind == "blocks":
-        grid = (cdiv(T, block[0]), cdiv(I, block[1]))
-        kernels.swiglu_grads_kernel[grid](d_a, *saved, out, T, I, *block, False, num_warps=warps)
-    else:
-        kernels.swiglu_grads_flat_kernel[(cdiv(T * I, block),)](d_a, *saved, out, T * I, I, block, False,
-                                                                 num_warps=warps)  # fmt: skip
+    grid = (cdiv(T, block[0]), cdiv(I, block[1]))
+    kernels.swiglu_grads_kernel[grid](d_a, *saved, out, T, I, *block, False, num_warps=warps)
     return out
 
 
@@ -57,19 +49,19 @@ def main() -> int:
     parser.add_argument("--tokens", default="128,512,1321,4093,8192")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="names from VARIANTS, comma-separated")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("p1_pass_bench.py: needs a CUDA GPU")
     names = args.variants.split(",")
     unknown = [name for name in names if name not in VARIANTS]
     if unknown:
         raise SystemExit(f"--variants: unknown {unknown}; known: {sorted(VARIANTS)}")
+    if not torch.cuda.is_available():
+        raise SystemExit("p1_pass_bench.py: needs a CUDA GPU")
     problem = problems.load("swiglu_down_backward")
     flush = timing.L2Flusher("cuda")
     rows = []
     for T in [int(t) for t in args.tokens.split(",")]:
         inputs = problem.make_inputs(T, seed=T + 7, device="cuda")
         product = inputs["grad_output"].float() @ inputs["down_weight"].float()
-        d_a = product if T < LIBRARY_GEMMS_16BIT_DA_MIN_TOKENS else product.to(torch.bfloat16)
+        d_a = product if T < D_A_16BIT_MIN_TOKENS else product.to(torch.bfloat16)
         saved = [inputs[name] for name in ("gate", "gate_sigmoid", "gate_silu", "up")]
         exact = swiglu_grads_eager(d_a.double(), *(t.double() for t in saved))  # float64 throughout
         bound = exact.abs() * 2.0**-8 + exact.abs().max() * 2.0**-20  # one bf16 rounding, and fp32 cancellation

@@ -18,7 +18,7 @@ import torch
 from moe_lib import problems
 from moe_lib.bench import timing
 from moe_lib.bench.tuning import P1_CANDIDATES
-from moe_lib.swiglu_down.launch import swiglu_down_backward_triton
+from moe_lib.swiglu_down.backward import swiglu_down_backward_triton
 
 TOKENS = (1, 16, 128, 1087, 8192)
 

@@ -2,9 +2,9 @@
 
     PYTHONPATH=. python3 scripts/p1_program_trace.py --tokens 65,128,256,512 --out /tmp/trace
 
-Runs the call under ``launch.traced_programs()`` (a build of the two Gluon launches that records, per program, its
-start, the end of its wait for launch 1 where launch 2 is issued by programmatic dependent launch, its end, its SM
-and its tile kind), replayed from a CUDA graph after the benchmark's L2 flush as the tuning runs time it, and prints
+Runs the call under ``designs.gluon.traced_programs()`` (a build of the two Gluon launches that records, per program,
+its start, the end of its wait for launch 1 where launch 2 is issued by programmatic dependent launch, its end, its
+SM and its tile kind), replayed from a CUDA graph after the benchmark's L2 flush as the tuning runs time it, and prints
 per launch and tile kind: programs, when they start and end (µs from launch 1's first program's start), how long
 they run, and how busy the SMs are over the launch. Every traced call is checked against float64 first. Writes the
 rows (CSV) and a timeline per token count (PNG, one line per program at its SM) to ``--out``.
@@ -22,8 +22,9 @@ from moe_lib.bench import timing
 from moe_lib.bench.checks import check_outputs, reference_outputs
 from moe_lib.bench.tuning import P1_CANDIDATES
 from moe_lib.lab import kernels
+from moe_lib.swiglu_down.backward import swiglu_down_backward_triton
+from moe_lib.swiglu_down.designs.gluon import traced_programs
 from moe_lib.swiglu_down.gluon_launch2 import TRACE_FIELDS
-from moe_lib.swiglu_down.launch import swiglu_down_backward_triton, traced_programs
 
 PROBLEM = "swiglu_down_backward"
 

@@ -1,12 +1,13 @@
-"""Try tile configurations of the P1 Triton backward on every benchmark case; print the best per case.
+"""Try configured designs of the P1 Triton backward on every benchmark case; print the best per case.
 
 Run on a CUDA machine from the repository root:
     PYTHONPATH=. python3 scripts/p1_tune.py --configs NAME,NAME [--tokens T,T] [--precision fast] [--out DIR]
-The candidates are named in ``moe_lib.bench.tuning.P1_CANDIDATES``; the library's own choice ("default") is
-always timed beside them, and alone without --configs (``--configs all`` times every candidate: hundreds, minutes
-of GPU time per token count). Each is checked against the float64 reference before it is timed (CUDA-graph replay,
-L2 flushed before every replay, median of 30). With --parts: each launch of a few two-launch candidates alone,
-beside cuBLAS GEMMs of the same shapes.
+The candidates are named in ``moe_lib.bench.tuning.P1_CANDIDATES`` (configured designs of the registry,
+``moe_lib.swiglu_down.designs``); the chooser's own pick ("default") is always timed beside them, and alone without
+--configs (``--configs all`` times every candidate: dozens, minutes of GPU time per token count). Each is checked
+against the float64 reference before it is timed (CUDA-graph replay, L2 flushed before every replay, median of 30).
+With --parts: each launch of the portable two-launch candidates (``triton_*``) alone, beside cuBLAS GEMMs of the same
+shapes.
 """
 
 from __future__ import annotations
@@ -26,18 +27,16 @@ from moe_lib.bench import peers, timing
 from moe_lib.bench.checks import compare_output, reference_outputs
 from moe_lib.bench.results import geomean
 from moe_lib.bench.tuning import P1_CANDIDATES
+from moe_lib.swiglu_down.backward import allocate_outputs, swiglu_down_backward_triton
 from moe_lib.swiglu_down.checks import PRECISIONS
-from moe_lib.swiglu_down.launch import (
-    TileConfig,
-    carries_low_halves,
-    choose_design,
+from moe_lib.swiglu_down.designs import Inputs, TileConfig
+from moe_lib.swiglu_down.designs.triton_launches import (
     launch_d_intermediate_and_grad_down,
     launch_grad_x_and_grad_gate_up,
     launch_plan,
-    resident_programs,
     split_workspaces,
-    swiglu_down_backward_triton,
 )
+from moe_lib.swiglu_down.runtime import carries_low_halves
 
 PROBLEM = "swiglu_down_backward"
 PARTS_TOKENS = "1,16,128,1087,4093,8192"
@@ -69,7 +68,8 @@ def time_parts(args, flush):
         with_lo = carries_low_halves(inp["x"].dtype, "faithful")
         d_gate = torch.empty((2 if with_lo else 1, T, I), dtype=inp["x"].dtype, device="cuda")
         d_up = torch.empty_like(d_gate)
-        outs = [torch.empty_like(inp[k]) for k in ("x", "gate_weight", "up_weight", "down_weight")]
+        inputs = Inputs(*inp.values())
+        outs = allocate_outputs(inp["x"], I)
         w_cat = torch.cat([inp["gate_weight"], inp["up_weight"]])
         d_cat = torch.randn(T, 2 * I, device="cuda", dtype=torch.bfloat16)
         dy, x = inp["grad_output"], inp["x"]
@@ -87,11 +87,9 @@ def time_parts(args, flush):
             workspaces = split_workspaces(plan, x.device)
             try:
                 l1 = timing.graph_median_ms(lambda c=c, plan=plan, w=workspaces: launch_d_intermediate_and_grad_down(
-                    dy, inp["down_weight"], inp["gate"], inp["gate_sigmoid"], inp["gate_silu"], inp["up"],
-                    inp["intermediate"], d_gate, d_up, outs[3], c, plan, with_lo, w), flush)
+                    inputs, d_gate, d_up, outs.grad_down_weight, c, plan, with_lo, w), flush)
                 l2 = timing.graph_median_ms(lambda c=c, plan=plan, w=workspaces: launch_grad_x_and_grad_gate_up(
-                    x, inp["gate_weight"], inp["up_weight"], d_gate, d_up, outs[0], outs[1], outs[2], c, plan,
-                    with_lo, w), flush)
+                    inputs, d_gate, d_up, outs, c, plan, with_lo, w), flush)
             except Exception as exc:
                 print(T, name, "ERROR", repr(exc)[:300], file=sys.stderr)
                 continue
@@ -110,7 +108,7 @@ def main():
     parser.add_argument("--tokens", default=None, help="comma list (default: the benchmark suite)")
     parser.add_argument("--configs", default=None,
                         help="comma list of candidate names (moe_lib.bench.tuning.P1_CANDIDATES), or 'all'; the "
-                             "library's own choice ('default') is always timed")  # fmt: skip
+                             "chooser's own pick ('default') is always timed")  # fmt: skip
     parser.add_argument("--parts", action="store_true", help="time each launch alone, beside cuBLAS")
     parser.add_argument("--precision", default="faithful", choices=PRECISIONS,
                         help="the path to tune (--parts takes its own: faithful)")  # fmt: skip
@@ -142,12 +140,8 @@ def main():
         inputs = problem.make_inputs(T, seed=T, device="cuda")
         want, _ = reference_outputs(problem, inputs, small=False)
         yardstick = rel_errors(careful.prepare(inputs)(), want)
-        sizes = problem.sizes(T)
-        with_lo = carries_low_halves(torch.bfloat16, args.precision)
-        default = choose_design(T, sizes["hidden_size"], sizes["intermediate_size"], interpreter=False,
-                                with_lo=with_lo, max_programs=resident_programs(torch.device("cuda")))  # fmt: skip
         for name in names + ["default"]:
-            config = default if name == "default" else P1_CANDIDATES[name]
+            config = None if name == "default" else P1_CANDIDATES[name]  # None: the chooser picks, as the call does
             t0 = time.time()
             try:
                 torch.cuda.empty_cache()

@@ -28,10 +28,6 @@ CASES = {
     "p1_compile_check.py --precision faithful": 2,
     "p1_compile_check.py --precision fast": 2,
     "p1_few_tokens_check.py --compile-only a_reg a_reg_132 a_reg_cl_st_mv": 4,
-    "p1_tma_probe.py --compile-only": 2,
-    # each product alone (2 products × with and without the lo half), launch 2 in one tile per program and
-    # persistent, the ping-pong launch 2, and launch 2 with its output tile staged in the ring
-    "p1_gluon_probe.py --compile-only --variants m128n256k32b4,pp_m64n256k64b3,m128n256k64b3r": 8,
 }
 
 # Runs each script as __main__ with a stub compiler; prints one JSON line per script: what reached the

@@ -6,11 +6,16 @@ import matplotlib
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from moe_lib import problems
 from moe_lib.lab import kernels
 from moe_lib.moe_experts import launch as p2_launch
-from moe_lib.swiglu_down import launch as p1_launch
+from moe_lib.swiglu_down.choose import choose_design
+from moe_lib.swiglu_down.designs.chained import CHAINED_TILES
+from moe_lib.swiglu_down.designs.gluon import FORMS, GluonLaunches, grad_down_in_second_launch, with_second
+from moe_lib.swiglu_down.designs.triton_launches import launch_plan, tiles_for
+from moe_lib.swiglu_down.runtime import Device
 from moe_lib.tiling import cdiv, split_ranges
 
 matplotlib.use("Agg")
@@ -18,6 +23,16 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 P1, P2, P2_BF16 = problems.PROBLEM_NAMES
 PLAN_COLUMNS = ["launch", "kind", "computes", "output", "reduce", "tile", "split", "tiles", "programs", "first_program"]
+A100 = Device("cuda", sms=108, shared_memory=166912, capability=(8, 0))  # no Gluon launches there
+
+
+def chosen(num_tokens, precision, hidden_size=2048, intermediate_size=768):
+    """What the chooser runs on the H200 at the benchmark's shape (bf16)."""
+    return kernels.chosen_design(num_tokens, hidden_size, intermediate_size, precision)
+
+
+def on_gluon(num_tokens, precision="fast"):
+    return isinstance(chosen(num_tokens, precision), GluonLaunches)
 
 
 def test_rows_read_names_the_weight_of_each_split():
@@ -27,8 +42,8 @@ def test_rows_read_names_the_weight_of_each_split():
 
 def test_p1_plan_table_by_hand():
     T, H, I = 128, 2048, 768
-    config = p1_launch.choose_config(T, H, I, interpreter=False)
-    table = kernels.p1_plan_table(p1_launch.launch_plan(T, H, I, config))
+    config = tiles_for(T, with_lo=False)
+    table = kernels.p1_plan_table(launch_plan(T, H, I, config))
     assert list(table.columns) == PLAN_COLUMNS
     table = table.set_index("kind")
     bm, bn, bk, split = config.d_intermediate
@@ -39,12 +54,14 @@ def test_p1_plan_table_by_hand():
     assert table.loc["dWd", "output"] == f"[{H}, {I}]"
     assert table.loc["dA", "first_program"] == table.loc["dWd", "programs"]  # weight gradients first
     assert table.loc["dx", "first_program"] == 2 * table.loc["dWg", "programs"]
-    grid = kernels.p1_grid_table([1, 8192], H, I)
-    assert list(grid.index) == [1, 8192]
-    for t in grid.index:
-        plan = p1_launch.launch_plan(t, H, I, p1_launch.choose_config(t, H, I, interpreter=False))
-        launches = [grid.loc[t, f"launch {n} programs"] for n in (1, 2)]
-        assert launches == [sum(k.programs for k in plan if k.launch == n) for n in (1, 2)]
+    for with_lo in (False, True):
+        grid = kernels.p1_grid_table([1, 8192], H, I, with_lo=with_lo)
+        assert list(grid.index) == [1, 8192]
+        for t in grid.index:
+            plan = launch_plan(t, H, I, tiles_for(t, with_lo=with_lo))
+            launches = [grid.loc[t, f"launch {n} programs"] for n in (1, 2)]
+            assert launches == [sum(k.programs for k in plan if k.launch == n) for n in (1, 2)]
+        assert grid.loc[8192, "dx tile (split)"] == ("128×128×64 (1)" if with_lo else "128×256×64 (1)")
     tiny = kernels.p1_grid_table([5], 32, 16, interpreter=True)
     assert tiny.loc[5, "dA tile (split)"] == "16×16×16 (2)"
 
@@ -88,13 +105,13 @@ def test_figures_render():
     inputs = problems.make_inputs(P2, 12, hidden_size=32, intermediate_size=16, num_experts=4, top_k=2)
     p2_config = p2_launch.launch_config(24, 4, input_bytes=4, interpreter=True)
     figures = [
-        kernels.p1_tiling_figure(16, 2048, 768, p1_launch.choose_config(16, 2048, 768, interpreter=False)),
+        kernels.p1_tiling_figure(16, 2048, 768, tiles_for(16, with_lo=False)),
         kernels.split_k_figure(4),
         kernels.p2_tiling_figure(inputs["topk_indices"], 4, 32, 16, p2_config),
     ]
     matrices = figures[0].axes[0]  # P1: every output matrix in one axes of equal aspect, so all to one scale
     assert matrices.get_aspect() == 1.0
-    plan = p1_launch.launch_plan(16, 2048, 768, p1_launch.choose_config(16, 2048, 768, interpreter=False))
+    plan = launch_plan(16, 2048, 768, tiles_for(16, with_lo=False))
     outlines = [p for p in matrices.patches if p.get_fill()]  # one filled rectangle per matrix, [N wide, M high]
     assert [(p.get_width(), p.get_height()) for p in outlines] == [(k.N, k.M) for k in plan]
     for figure in figures:
@@ -144,20 +161,59 @@ def test_few_tokens_table_reads_the_committed_check_run():
 
 
 def test_p1_design_by_tokens_follows_choose_design():
-    few = "few tokens: one launch, waits per block"
-    table = kernels.p1_design_by_tokens([1, 16, 32, 64, 65, 128, 8192], 2048, 768)
+    """The designs by token count on the H200 at the benchmark's shape (what choose.MEASURED holds), and off Hopper."""
+    table = kernels.p1_design_by_tokens([1, 16, 17, 64, 65, 128, 129, 1087, 3300, 8192], 2048, 768)
     assert list(table.columns) == ["fast", "faithful"]
-    assert table.loc[1, "fast"] == table.loc[1, "faithful"] == table.loc[64, "fast"] == few
-    assert table.loc[65, "fast"].startswith("two launches, both in Gluon")  # the Gluon launches, on Hopper
-    assert table.loc[65, "fast"] == table.loc[65, "faithful"] + ", dWd's tiles in launch 2"  # a form of its own
-    assert table.loc[8192, "fast"].startswith("cuBLAS GEMMs")
-    table = kernels.p1_design_by_tokens([1, 16, 17, 64, 65, 128, 129, 1087, 8192], 2048, 768)
-    assert table.loc[17, "faithful"] == table.loc[64, "faithful"] == few
-    tall = "two launches, both in Gluon on Hopper, tiles 64 rows tall"
-    assert table.loc[65, "faithful"] == table.loc[128, "faithful"] == tall
-    assert table.loc[1087, "faithful"] == tall + ", dWd's tiles in launch 2"
-    assert table.loc[8192, "faithful"] == "two launches, both in Gluon on Hopper"
-    assert table.loc[8192, "fast"].startswith("cuBLAS GEMMs")
+    assert (table.loc[[1, 16, 17, 64]] == "few_tokens").all().all()
+    assert table.loc[65, "fast"] == table.loc[129, "faithful"] == "gluon_launches: narrow, dWd in launch 2"
+    assert table.loc[65, "faithful"] == table.loc[128, "faithful"] == "gluon_launches: narrow"
+    assert table.loc[1087].tolist() == ["gluon_launches: tall_dx_first, dWd in launch 2"] * 2
+    assert table.loc[3300].tolist() == ["library_gemms", "gluon_launches: wide_tall"]
+    assert table.loc[8192].tolist() == ["library_gemms", "gluon_launches: wide"]
+    for T in table.index:
+        for path in table.columns:
+            design = choose_design(T, 2048, 768, dtype=torch.bfloat16, precision=path, device=kernels.H200)
+            assert table.loc[T, path] == kernels.design_label(design), (T, path)
+    elsewhere = kernels.p1_design_by_tokens([129, 512, 8192], 2048, 768, device=A100)
+    assert elsewhere["fast"].tolist() == ["library_gemms"] * 3
+    assert elsewhere["faithful"].tolist() == ["chained", "chained", "triton_launches"]  # the few-token launch to 128
+    shapes = [(2048, 768), (4096, 1536), (7168, 2048)]
+    side_by_side = kernels.p1_design_table([1, 512, 8192], shapes)
+    assert list(side_by_side.columns) == [(f"H {H}, I {I}", path) for H, I in shapes for path in ("fast", "faithful")]
+    assert side_by_side["H 2048, I 768"].equals(kernels.p1_design_by_tokens([1, 512, 8192], 2048, 768))
+
+
+def test_p1_registry_table_lists_every_design_of_the_registry():
+    from moe_lib.swiglu_down.designs import DESIGNS
+
+    table = kernels.p1_registry_table()
+    assert list(table.index) == list(DESIGNS) and table.loc["gluon_launches", "config"] == "GluonLaunches"
+    assert table.loc["chained", "module"] == "swiglu_down.designs.chained"
+    assert table.loc["triton_launches", "what it is"].startswith("P1's portable design: two Triton launches")
+    assert not table["what it is"].str.contains(":mod:|``").any()  # Sphinx roles read as plain names
+
+
+def test_gluon_form_of_names_every_form_the_chooser_can_make():
+    """Each form of FORMS, with dWd's tiles moved, dx split or the persistent programs dropped, is named back; every
+    Gluon design the chooser picks at three model shapes has a name; a configuration no form has is refused."""
+    for name, form in FORMS.items():
+        for moved in (False, True):
+            for splits in (1, 2, 4):
+                design = with_second(grad_down_in_second_launch(form) if moved else form, grad_x_splits=splits)
+                assert kernels.gluon_form_of(design) == (name, moved, splits)
+        assert kernels.gluon_form_of(with_second(form, weight_grad_programs=0))[0] == name
+    assert len({kernels.design_label(form) for form in FORMS.values()}) == len(FORMS)
+    named = set()
+    for H, I in ((2048, 768), (4096, 1536), (7168, 2048)):
+        for T in (65, 100, 129, 300, 513, 1100, 1500, 2300, 3000, 3600, 5200, 8192):
+            for path in ("fast", "faithful"):
+                design = chosen(T, path, H, I)
+                if isinstance(design, GluonLaunches):
+                    named.add(kernels.gluon_form_of(design)[0])
+    assert {"narrow", "tall", "wide"} <= named
+    assert kernels.design_label(tiles_for(16, with_lo=False)) == "triton_launches"
+    with pytest.raises(ValueError, match="not a form"):
+        kernels.gluon_form_of(with_second(FORMS["wide"], block_n=128))
 
 
 def test_p1_design_map_draws_every_run_of_the_design_choice():
@@ -174,7 +230,7 @@ def test_p1_design_map_draws_every_run_of_the_design_choice():
         for start, stop, name in runs:
             assert table.loc[start, path] == table.loc[stop - 1, path] == name, (path, start)
     fast = {name for _, _, name in fig.paths["fast"]}
-    assert "few tokens: one launch, waits per block" in fast and any(name.startswith("cuBLAS") for name in fast)
+    assert {"few_tokens", "library_gemms"} <= fast
     plt.close(fig)
 
 
@@ -285,8 +341,8 @@ def test_chained_schedule_keeps_every_sm_busy_with_one_tile_at_a_time():
     """The model of the chained launch's tickets: every program placed once, no two tiles on one SM at once,
     launch 2's tiles after the last dA tile, and the total work that of the plan's products."""
     T, H, I = 512, 2048, 768
-    tiles = p1_launch.CHAINED_TILES[512]
-    plan = p1_launch.launch_plan(T, H, I, tiles)
+    tiles = CHAINED_TILES[512]
+    plan = launch_plan(T, H, I, tiles)
     for first in (False, True):
         schedule = kernels.chained_schedule(T, H, I, dataclasses.replace(tiles, grad_x_first=first))
         assert len(schedule) == sum(k.programs for k in plan)
@@ -302,8 +358,8 @@ def test_chained_schedule_keeps_every_sm_busy_with_one_tile_at_a_time():
              for first in (False, True)}
     assert spans[True] < spans[False]
     # the dWd tiles last: the same work, after launch 2's tiles in the tickets; a shorter tail at 1321 tokens
-    last = kernels.chained_schedule(1321, H, I, p1_launch.CHAINED_TILES[1153], grad_down_last=True)
-    before = kernels.chained_schedule(1321, H, I, p1_launch.CHAINED_TILES[1153])
+    last = kernels.chained_schedule(1321, H, I, CHAINED_TILES[1153], grad_down_last=True)
+    before = kernels.chained_schedule(1321, H, I, CHAINED_TILES[1153])
     assert abs((last.end - last.start).sum() - (before.end - before.start).sum()) < 1e-6 * last.end.sum()
     assert last[last.kind == "dWd"].start.min() >= last[last.kind.isin(["dx", "dWg", "dWu"])].start.min()
     assert last.end.max() < before.end.max()
@@ -314,7 +370,7 @@ def test_gluon_launch_schedule_places_every_tile_and_the_long_ones_first_shorten
     its products (launch 2's twice with the lo halves); with the long tiles first they start at 0 and, at 512 tokens
     on 64-row tiles, the launch ends sooner, in both launches."""
     T, H, I = 512, 2048, 768
-    launch1, launch2 = p1_launch.GLUON_FORMS[257]  # the band of 512 tokens
+    launch1, launch2 = FORMS["tall"].first, FORMS["tall"].second  # the faithful path's form at 257-512 tokens
     spans = {}
     for form, flag, long_kind in ((launch1, "d_a_first", "dA"), (launch2, "grad_x_first", "dx")):
         for first in (False, True):
@@ -338,9 +394,14 @@ def test_gluon_launch_schedule_places_every_tile_and_the_long_ones_first_shorten
 def test_gluon_forms_table_follows_the_bands():
     table = kernels.gluon_forms_table([64, 128, 129, 1099, 1100, 1400, 2300, 3300, 8192], 2048, 768)
     assert list(table.index) == [128, 129, 1099, 1100, 1400, 2300, 3300, 8192]  # the few-token launch's left out
-    assert table.loc[129].to_dict() == {"launch 1 rows": 64, "launch 1 ring": 8, "dA tiles first": True,
-                                        "launch 2 rows": 64, "launch 2 ring": 6, "dx tiles first": True,
-                                        "launch 2 early": True, "saved tiles early": True, "dx splits": 2}
+    assert table.loc[129].to_dict() == {"form": "narrow", "launch 1 rows": 64, "launch 1 ring": 8,
+                                        "dA tiles first": True, "launch 2 rows": 64, "launch 2 ring": 6,
+                                        "dx tiles first": True, "launch 2 early": True, "saved tiles early": True,
+                                        "dWd in launch 2": True, "dx splits": 2}  # fmt: skip
+    assert table["form"].tolist() == ["narrow", "narrow", "tall_dx_first", "wide_da_first", "wide_da_first_tall",
+                                      "wide", "wide_tall", "wide"]  # fmt: skip
+    fast = kernels.gluon_forms_table([64, 128, 3300, 8192], 2048, 768, precision="fast")
+    assert list(fast.index) == [128] and fast.loc[128, "dWd in launch 2"]  # cuBLAS's GEMMs at 3300 and 8192
     assert table.loc[1100, "launch 1 rows"] == 128 and table.loc[1100, "dA tiles first"]
     assert table.loc[1100, "dx tiles first"] and not table.loc[1400, "dx tiles first"]
     assert table.loc[3300, "launch 2 rows"] == 64 and table.loc[8192, "launch 2 rows"] == 128
@@ -363,7 +424,7 @@ def test_gluon_forms_file_holds_the_measured_gains():
 
 def test_programmatic_launch_gains_pair_each_form_with_its_pdl_candidate():
     """The committed PDL runs: every form measured both ways, and launch 2 by programmatic dependent launch faster
-    in each band's form where it is the default (what launch.GLUON_FORMS' comment and NOTES.md say: 0.6-1.2 µs by
+    in each band's form where it is the default (what NOTES.md says, design 16: 0.6-1.2 µs by
     graph replay), and in most of the other cases."""
     gains = kernels.programmatic_launch_gains()
     bands = {"gluon12_m64_lf": [129, 256, 512, 1087], "gluon12_l2m64_lf": [1150, 1200, 1321],
@@ -376,7 +437,7 @@ def test_programmatic_launch_gains_pair_each_form_with_its_pdl_candidate():
 
 def test_saved_tiles_early_gains_pair_each_form_with_its_early_candidate():
     """The committed runs of launch 1's saved tiles asked for early: every default form measured both ways, faster in
-    most pairs and never more than 0.5 µs slower (what launch.GLUON_FORMS' comment and NOTES.md say: 0.1-1.3 µs in 14
+    most pairs and never more than 0.5 µs slower (what NOTES.md says, design 17: 0.1-1.3 µs in 14
     of 17 pairs, ties within ±0.3 in the rest)."""
     gains = kernels.saved_tiles_early_gains()
     assert set(gains.columns) == {"gluon12_m64_lf_pdl_sif_graph", "gluon12_l2m64_lf_pdl_sif_graph",
@@ -509,7 +570,7 @@ def test_program_traces_show_the_persistent_weight_gradient_programs_ending_with
 
 
 def test_fast_path_gluon_large_times_hold_the_second_band_of_gluon_fast_tokens():
-    """What launch.GLUON_FAST_TOKENS' comment and NOTES.md (design 19) say: beyond 959 tokens the 2300-3299 band's
+    """What choose.MEASURED and NOTES.md (design 19) say: beyond 959 tokens the 2300-3299 band's
     Gluon form without the lo halves is ahead of the fast path's cuBLAS design at 2447 and 3089 tokens (by ≥ 0.5% and
     ≥ 5%) and behind at 1087-1571, 3300, 4093; the other bands' forms behind cuBLAS wherever they ran."""
     table = kernels.fast_path_gluon_large_times()
@@ -518,8 +579,8 @@ def test_fast_path_gluon_large_times_hold_the_second_band_of_gluon_fast_tokens()
     # (at 1100-3599 tokens, where the forms have not changed since: design 20 moved dWd's tiles at 513-1099 and
     # 3600-5199, and the fast path follows them there)
     assert all(band[T] > cublas[T] for T in (1087, 1321, 1571, 3300, 4093)) and all(
-        p1_launch.fast_path_on_gluon(T) == (band[T] < cublas[T]) for T in table.index
-        if 1100 <= T < 3600 and T != 2767 and not any(T in own for own in p1_launch.GLUON_FAST_FORMS))
+        on_gluon(T) == (band[T] < cublas[T]) for T in table.index if 2600 <= T < 3600 and T != 2767)
+    # (at 1100-2599 the fast path takes forms of its own since: designs 21-22)
     for form in ("Gluon, the 1100-1399 form", "Gluon, the 1400-2299 form", "Gluon, the 3300-4599 form"):
         both = table[[form, "cuBLAS"]].dropna()
         assert (both[form] > both["cuBLAS"]).all(), form
@@ -529,7 +590,7 @@ def test_fast_path_gluon_large_times_hold_the_second_band_of_gluon_fast_tokens()
 
 
 def test_fast_path_gluon_times_hold_the_band_of_gluon_fast_tokens():
-    """What launch.GLUON_FAST_TOKENS' comment and NOTES.md (design 18) say: the Gluon launches (dx unsplit) ahead of
+    """What choose.MEASURED and NOTES.md (design 18) say: the Gluon launches (dx unsplit) ahead of
     the fast path's cuBLAS design at 65-896 tokens where both ran, behind from 1024; dx in 4 no better than unsplit
     without the lo halves from 160 tokens."""
     table = kernels.fast_path_gluon_times()
@@ -540,19 +601,17 @@ def test_fast_path_gluon_times_hold_the_band_of_gluon_fast_tokens():
         assert (gluon[T] < cublas[T]) == (T < 960), T
     assert (table.loc[[160, 192], "Gluon launches, dx in 4"] > gluon[[160, 192]]).all()
     fig = kernels.speedup_figure(table[["cuBLAS", "Gluon launches, dx unsplit"]], "cuBLAS", "test",
-                                 switch=p1_launch.GLUON_FAST_TOKENS[0].stop)  # fmt: skip
+                                 switch=next(T for T in range(65, 4096) if not on_gluon(T)))  # fmt: skip
     assert len(fig.axes[0].lines) == 3
     plt.close(fig)
 
 
 def test_design20_times_hold_its_forms():
-    """What launch.GLUON_FORMS' and GLUON_FAST_TOKENS' comments and NOTES.md (design 20) say: launch 1's 64-wide dA
+    """What choose.MEASURED and NOTES.md (design 20) say: launch 1's 64-wide dA
     tiles ahead of the forms before at 65-256 tokens (by ≥ 2 µs to 128) and behind from 320, with 64-wide dWd tiles
     behind 128-wide ones; dWd's tiles in launch 2 ahead at 576-1099 and 3600-5000 tokens, behind at 1200, 3300 and
     6144, not ahead at 8192; the fast path on those forms ahead of its cuBLAS design at 960-1087 and 3600-4093, behind
     from 1200 and at 4500-5000; and the forms chosen follow."""
-    from moe_lib.swiglu_down.launch import choose_config, fast_path_on_gluon
-
     table = kernels.design20_times("faithful")
     before = table["forms before"]
     narrow = table[["dA 64 wide, dx in 4", "dA 64 wide, dx in 2"]].min(axis=1)
@@ -567,20 +626,20 @@ def test_design20_times_hold_its_forms():
     assert all(wide[T] > before[T] for T in (3300, 6144)) and wide[8192] > 0.995 * before[8192]
 
     def form(T):
-        return choose_config(T, 2048, 768, interpreter=False, with_lo=True, max_programs=132)
+        return chosen(T, "faithful")
 
-    assert all(form(T).gluon_first_launch.d_a_block_n == 64 for T in (65, 128, 192, 256))
-    assert all(form(T).gluon_first_launch.d_a_block_n == 128 for T in (320, 384, 512))
-    assert all(form(T).gluon_second_launch.grad_down_tiles for T in (576, 1087, 1099, 3600, 4093, 5000))
-    assert not any(form(T).gluon_second_launch.grad_down_tiles for T in (512, 1200, 3300, 6144, 8192))
+    assert all(form(T).first.d_a_block_n == 64 for T in (65, 128, 192, 256))
+    assert all(form(T).first.d_a_block_n == 128 for T in (320, 384, 512))
+    assert all(form(T).second.grad_down_tiles for T in (576, 1087, 1099, 3600, 4093, 5000))
+    assert not any(form(T).second.grad_down_tiles for T in (512, 1200, 3300, 6144, 8192))
     fast = kernels.design20_times("fast")
     gluon = fast[["dA 64 wide", "dWd in launch 2, 64-row launch 2", "dWd in launch 2, 128-row launch 2, dA 256 wide"]]
     gluon = gluon.min(axis=1)
     assert all(gluon[T] < fast["forms before"][T] for T in (65, 128, 192))
     assert all(gluon[T] < fast["cuBLAS"][T] for T in (960, 1024, 1087, 3600, 4093))
     assert all(gluon[T] > fast["cuBLAS"][T] for T in (1200, 1321, 4500, 5000))
-    assert all(fast_path_on_gluon(T) for T in (960, 1024, 1087, 3600, 4093))
-    assert not any(fast_path_on_gluon(T) for T in (4500, 5000))  # 1200, 1321: forms of their own since (designs 21-22)
+    assert all(on_gluon(T) for T in (960, 1024, 1087, 3600, 4093))
+    assert not any(on_gluon(T) for T in (4500, 5000))  # 1200, 1321: forms of their own since (designs 21-22)
     fig = kernels.launch2_figure(table.loc[[65, 128, 256], ["forms before", "dA 64 wide, dx in 4"]], "test")
     assert len(fig.axes) == 1
     plt.close(fig)
@@ -589,14 +648,14 @@ def test_design20_times_hold_its_forms():
 def test_gluon_launch_schedule_places_grad_down_tiles_where_launch_2_takes_them():
     """With dWd's tiles in launch 2 the model of a launch puts them first (or after dWg's and dWu's), in their own
     width, and launch 1 has none; the work is the same products either way."""
-    from moe_lib.bench.tuning import P1_CANDIDATES
-
     T, H, I = 8192, 2048, 768
-    for name, width, after in (("gluon_dwd2_from4600_a256", 256, False), ("gluon_dwd2_from4600_a256_d128", 128, False),
-                               ("gluon_dwd2_from4600_a256_late", 256, True)):  # fmt: skip
-        config = P1_CANDIDATES[name]
-        launch1 = kernels.gluon_launch_schedule(T, H, I, config.gluon_first_launch)
-        launch2 = kernels.gluon_launch_schedule(T, H, I, config.gluon_second_launch)
+    moved = grad_down_in_second_launch(FORMS["wide_da256"])  # the 3600-5199 band's form
+    for name, config, width, after in (("dWd 256 wide", moved, 256, False),
+                                       ("dWd 128 wide", with_second(moved, grad_down_block_n=128), 128, False),
+                                       ("dWd after dWg, dWu", with_second(moved, grad_down_after_weight_grad=True), 256,
+                                        True)):  # fmt: skip
+        launch1 = kernels.gluon_launch_schedule(T, H, I, config.first)
+        launch2 = kernels.gluon_launch_schedule(T, H, I, config.second)
         assert set(launch1.kind) == {"dA"}
         kinds = list(dict.fromkeys(launch2.kind))  # in program-id order
         assert kinds == (["dWg", "dWu", "dWd", "dx"] if after else ["dWd", "dWg", "dWu", "dx"]), name
@@ -606,26 +665,23 @@ def test_gluon_launch_schedule_places_grad_down_tiles_where_launch_2_takes_them(
 
 
 def test_design21_times_hold_the_fast_paths_own_forms():
-    """What launch.GLUON_FAST_FORMS' and GLUON_FORMS' comments and NOTES.md (design 21) say: on the fast path each
+    """What choose.MEASURED and NOTES.md (design 21) say: on the fast path each
     band's own form is ahead of the cuBLAS design (and at 2300-2599 of the faithful path's form) wherever the runs
     measured it inside the band, cuBLAS ahead at 1100-1200 tokens of the forms measured there then; the faithful path's
     1500 form (the 1400 band's with dWd's tiles in launch 2) ahead of the forms before at 1571-2200; the labelled
     candidates are the forms the paths take."""
-    from moe_lib.bench.tuning import P1_CANDIDATES
-    from moe_lib.swiglu_down.launch import fast_path_on_gluon, gluon_form
-
     table = kernels.design21_times("fast")
-    own = {range(1250, 1408): ("2300 form, dWd in launch 2, dA 64 wide", "gluon_dwd2_from2300_n64"),
-           range(1408, 1500): ("1400 form, dWd in launch 2", "gluon_dwd2_from1400"),
-           range(1500, 2300): ("2300 form, dWd in launch 2", "gluon_dwd2_from2300"),
-           range(2300, 2600): ("3600 form", "gluon_dwd2_from4600_a256")}  # fmt: skip
+    own = {range(1250, 1408): ("2300 form, dWd in launch 2, dA 64 wide", "wide_narrow_da"),
+           range(1408, 1500): ("1400 form, dWd in launch 2", "wide_da_first_tall"),
+           range(1500, 2300): ("2300 form, dWd in launch 2", "wide"),
+           range(2300, 2600): ("3600 form", "wide_da256")}  # the candidates' labels, the forms of FORMS  # fmt: skip
     measured = 0
-    for band, (label, candidate) in own.items():
-        tiles = P1_CANDIDATES[candidate]
-        assert gluon_form(band.start, with_lo=False) == (tiles.gluon_first_launch, tiles.gluon_second_launch)
+    for band, (label, form) in own.items():
+        assert kernels.gluon_form_of(chosen(band.start, "fast")) == (form, True, 1)
+        assert kernels.gluon_form_of(chosen(band.stop - 1, "fast")) == (form, True, 1)
         for T in (T for T in table.index if T in band):
             others = table.loc[T].drop(label).dropna()
-            assert fast_path_on_gluon(T) and (table.loc[T, label] < others).all(), T
+            assert on_gluon(T) and (table.loc[T, label] < others).all(), T
             measured += 1
     assert measured >= 9
     for T in (1100, 1200):  # where design 21 did not measure the 64-wide dA tiles (design 22 did: they lead there)
@@ -637,8 +693,7 @@ def test_design21_times_hold_the_fast_paths_own_forms():
     wide, narrow = table["1400 form, dWd in launch 2"], table["2300 form, dWd in launch 2, dA 64 wide"]
     assert narrow[1450] > 1.05 * wide[1450]
     faithful = kernels.design21_times("faithful")
-    tiles = P1_CANDIDATES["gluon_dwd2_from1400"]
-    assert gluon_form(1500, with_lo=True) == (tiles.gluon_first_launch, tiles.gluon_second_launch)
+    assert kernels.gluon_form_of(chosen(1500, "faithful")) == ("wide_da_first_tall", True, 1)  # "1400 form, dWd in 2"
     moved, before = faithful["1400 form, dWd in launch 2"], faithful["forms before"]
     assert all(moved[T] < before[T] for T in (1571, 1700, 1800, 2047, 2200))
     assert all(moved[T] < 0.95 * before[T] for T in (1800, 2047))
@@ -646,26 +701,20 @@ def test_design21_times_hold_the_fast_paths_own_forms():
 
 
 def test_design22_times_hold_the_forms_to_512_tokens():
-    """What launch.GLUON_FAST_FORMS' and GLUON_FORMS' comments and NOTES.md (design 22) say: on the fast path at 65-512
+    """What choose.MEASURED and NOTES.md (design 22) say: on the fast path at 65-512
     tokens the form each band takes is within 0.2 µs of the fastest measured and ahead of the forms before at 96-448;
     the 64-wide dA form ahead of cuBLAS at 1100-1249; on the faithful path dWd's tiles in launch 2 ahead at 160-256 (dx
     in 2) and a tie at 65-128 (dx in 4, not taken); the labelled candidates are the forms the paths take."""
-    from moe_lib.bench.tuning import P1_CANDIDATES
-    from moe_lib.swiglu_down.launch import choose_config, gluon_form
-
     fast = kernels.design22_times("fast")
-    bands = {range(65, 129): "gluon12_m64_early_dx4_wp68_ibw_n64_dwd2",
-             range(129, 193): "gluon12_m64_early_dx2_wp68_ibw_n64_dwd2",
-             range(193, 385): "gluon12_m64_early_dx1_wp68_ibw_n64_dwd2",
-             range(385, 513): "gluon12_m64_early_dx1_wp68_ibw_dwd2"}  # fmt: skip
+    bands = {range(65, 129): ("gluon12_m64_early_dx4_wp68_ibw_n64_dwd2", ("narrow", True, 4)),
+             range(129, 193): ("gluon12_m64_early_dx2_wp68_ibw_n64_dwd2", ("narrow", True, 2)),
+             range(193, 385): ("gluon12_m64_early_dx1_wp68_ibw_n64_dwd2", ("narrow", True, 1)),
+             range(385, 513): ("gluon12_m64_early_dx1_wp68_ibw_dwd2", ("tall", True, 1))}  # fmt: skip
     before = fast[["dA 64 wide (before, to 256)", "257 form (before, 257-512)"]].min(axis=1)
     measured = 0
-    for band, candidate in bands.items():
-        tiles = P1_CANDIDATES[candidate]
-        chosen = choose_config(band.start, 2048, 768, interpreter=False, with_lo=False, max_programs=132)
-        assert (chosen.gluon_first_launch, chosen.gluon_second_launch) == (tiles.gluon_first_launch,
-                                                                            tiles.gluon_second_launch)  # fmt: skip
-        assert gluon_form(band.stop - 1, with_lo=False) == gluon_form(band.start, with_lo=False)
+    for band, (candidate, form) in bands.items():
+        assert kernels.gluon_form_of(chosen(band.start, "fast")) == form
+        assert kernels.gluon_form_of(chosen(band.stop - 1, "fast")) == form
         label = kernels.DESIGN22_LABELS["fast"][candidate]
         for T in (T for T in fast.index if T in band):
             assert fast.loc[T, label] <= fast.loc[T].min() + 0.2, T
@@ -680,14 +729,8 @@ def test_design22_times_hold_the_forms_to_512_tokens():
     assert all(moved[T] < kept[T] for T in (160, 192, 224, 256)) and moved[256] < kept[256] - 1
     assert all(abs(faithful.loc[T, "dx in 4, dWd in launch 2"] - faithful.loc[T, "dx in 4 (before)"]) < 0.5
                for T in (65, 96, 128))  # fmt: skip
-    tiles = P1_CANDIDATES["gluon12_m64_early_dx2_wp68_ibw_n64_dwd2"]
-    chosen = choose_config(160, 2048, 768, interpreter=False, with_lo=True, max_programs=132)
-    assert (chosen.gluon_first_launch, chosen.gluon_second_launch) == (tiles.gluon_first_launch,
-                                                                        tiles.gluon_second_launch)  # fmt: skip
-    tiles = P1_CANDIDATES["gluon12_m64_early_dx4_wp68_ibw_n64"]
-    chosen = choose_config(128, 2048, 768, interpreter=False, with_lo=True, max_programs=132)
-    assert (chosen.gluon_first_launch, chosen.gluon_second_launch) == (tiles.gluon_first_launch,
-                                                                        tiles.gluon_second_launch)  # fmt: skip
+    assert kernels.gluon_form_of(chosen(160, "faithful")) == ("narrow", True, 2)  # "dx in 2, dWd in launch 2"
+    assert kernels.gluon_form_of(chosen(128, "faithful")) == ("narrow", False, 4)  # "dx in 4 (before)"
 
 
 def test_runs_side_by_side_hold_the_graph_counters_gain():

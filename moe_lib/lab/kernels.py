@@ -1,30 +1,52 @@
-"""Notebook 04: the Triton kernels' launches as tables and diagrams, and the designs measured on the GPU.
+"""Notebook 04: the Triton kernels' launches as tables and diagrams, P1's choice of design, and the designs measured.
 
-Every grid comes from the kernel family's own ``launch_plan()`` (:mod:`moe_lib.swiglu_down.launch` for P1,
-:mod:`moe_lib.moe_experts.launch` for P2) under the config it chooses; this module only turns a plan into
-a table or a picture. Importing it imports triton: set ``TRITON_INTERPRET`` before, if at all.
+Every grid comes from the kernel family's own ``launch_plan()`` (:mod:`moe_lib.swiglu_down.designs.triton_launches`
+for P1's portable launches, :mod:`moe_lib.moe_experts.launch` for P2), and every design named here from P1's chooser
+(:func:`moe_lib.swiglu_down.choose.choose_design`) on a stated :class:`~moe_lib.swiglu_down.runtime.Device`; this
+module only turns them into a table or a picture. Importing it imports triton: set ``TRITON_INTERPRET`` before, if
+at all.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import json
+import re
+import sys
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+import torch
 from matplotlib import patches
 
 from .. import problems
 from ..moe_experts import launch as p2_launch
 from ..moe_experts.routing import route_by_expert
-from ..swiglu_down import launch as p1_launch
+from ..swiglu_down.choose import choose_design
+from ..swiglu_down.designs import DESIGNS
+from ..swiglu_down.designs.gluon import FORMS, GluonLaunches
+from ..swiglu_down.designs.library_gemms import LibraryGemmsConfig
+from ..swiglu_down.designs.triton_launches import (
+    INTERPRETER_TILES,
+    TileConfig,
+    TileKind,
+    grid_sizes,
+    launch_plan,
+    tiles_for,
+)
+from ..swiglu_down.gluon_launch1 import GluonFirstLaunchConfig
+from ..swiglu_down.runtime import Device
 from ..tiling import cdiv
 from .results import RESULTS_DIR, load_result_file, ok_rows, pivot, resolve_path
 
 TUNING_DIR = RESULTS_DIR / "H200" / "tuning"  # the tuning scripts' committed outputs (scripts/p1_tune.py, p2_tune.py)
 P2_KERNEL_COLUMNS = ("A", "G", "Wgu", "Wd", "D", "C", "other")  # scripts/p2_tune.py's per-kernel columns
 KIND_COLORS = {"dWd": "tab:blue", "dA": "tab:orange", "dWg": "tab:green", "dWu": "tab:olive", "dx": "tab:red"}
+# the GPU the tuning ran on as P1's chooser sees it (what runtime.device_of reads off an H200): the tables and figures
+# of its choice are drawn for it, on any machine
+H200 = Device("cuda", sms=132, shared_memory=232448, capability=(9, 0), name="NVIDIA H200")
 
 
 def styled_plan(table: pd.DataFrame, caption: str):
@@ -36,8 +58,9 @@ def styled_plan(table: pd.DataFrame, caption: str):
 # ================================================================ P1: two launches of tile kinds
 
 
-def p1_plan_table(plan: list[p1_launch.TileKind]) -> pd.DataFrame:
-    """A P1 launch plan (:func:`moe_lib.swiglu_down.launch.launch_plan`) as one row per tile kind: launch,
+def p1_plan_table(plan: list[TileKind]) -> pd.DataFrame:
+    """A plan of P1's portable launches (:func:`~moe_lib.swiglu_down.designs.triton_launches.launch_plan`) as one
+    row per tile kind: launch,
     kind, what it computes, output [M, N], reduction, tile (BLOCK_M×BLOCK_N×BLOCK_K), split, tiles,
     programs and the first program id in its launch."""
     return pd.DataFrame([dict(launch=k.launch, kind=k.kind, computes=k.computes, output=f"[{k.M}, {k.N}]",
@@ -47,16 +70,18 @@ def p1_plan_table(plan: list[p1_launch.TileKind]) -> pd.DataFrame:
                          for k in plan])  # fmt: skip
 
 
-def p1_grid_table(token_counts, hidden_size: int, intermediate_size: int, *, interpreter: bool = False) -> pd.DataFrame:
-    """Per token count: the tile shape and split of each kind and the programs of each launch, with the
-    configs :func:`moe_lib.swiglu_down.launch.choose_config` gives (GPU by default)."""
+def p1_grid_table(token_counts, hidden_size: int, intermediate_size: int, *, with_lo: bool = False,
+                  interpreter: bool = False) -> pd.DataFrame:  # fmt: skip
+    """Per token count: the tile shape and split of each kind and the programs of each launch of P1's portable
+    launches, with the tiles they take on a GPU (:func:`~moe_lib.swiglu_down.designs.triton_launches.tiles_for`;
+    ``with_lo``: the faithful path's) or under the interpreter (``INTERPRETER_TILES``)."""
     rows = {}
     for t in token_counts:
-        config = p1_launch.choose_config(t, hidden_size, intermediate_size, interpreter=interpreter)
-        plan = p1_launch.launch_plan(t, hidden_size, intermediate_size, config)
+        config = INTERPRETER_TILES if interpreter else tiles_for(t, with_lo=with_lo)
+        plan = launch_plan(t, hidden_size, intermediate_size, config)
         row = {f"{k.kind} tile (split)": f"{k.block_m}×{k.block_n}×{k.block_k} ({k.split})"
                for k in plan if k.kind != "dWu"}  # fmt: skip
-        row.update({f"launch {n} programs": programs for n, programs in p1_launch.grid_sizes(plan).items()})
+        row.update({f"launch {n} programs": programs for n, programs in grid_sizes(plan).items()})
         rows[t] = row
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "num_tokens"
@@ -72,7 +97,7 @@ def rows_read(k_start: int, k_end: int, intermediate_size: int) -> str:
     return "Wu" if k_start >= intermediate_size else "Wg and Wu"
 
 
-def _draw_tile_kind(ax, kind: p1_launch.TileKind, x0: float, y0: float, max_tiles: int = 4096) -> None:
+def _draw_tile_kind(ax, kind: TileKind, x0: float, y0: float, max_tiles: int = 4096) -> None:
     """One output matrix in element units (N across, M down) with its top-left corner at (x0, y0), its tile grid
     (hatched where split-K) and its caption above it."""
     color = KIND_COLORS.get(kind.kind, "tab:gray")
@@ -87,19 +112,19 @@ def _draw_tile_kind(ax, kind: p1_launch.TileKind, x0: float, y0: float, max_tile
                 va="bottom")
 
 
-def _caption(kind: p1_launch.TileKind) -> str:
+def _caption(kind: TileKind) -> str:
     reduce = f"{kind.reduce_name} = {kind.reduce_length}"
     split = f"split-K ×{kind.split} over {reduce}" if kind.split > 1 else f"reduces over {reduce}"
     return (f"{kind.computes}\n[{kind.M}, {kind.N}]: {kind.tiles} tiles of {kind.block_m}×{kind.block_n}\n{split}; "
             f"programs {kind.first_program}–{kind.first_program + kind.programs - 1}")
 
 
-def p1_tiling_figure(num_tokens: int, hidden_size: int, intermediate_size: int, config: p1_launch.TileConfig):
-    """P1's two launches under ``config``: each tile kind's output matrix with its tile grid (hatched where
+def p1_tiling_figure(num_tokens: int, hidden_size: int, intermediate_size: int, config: TileConfig):
+    """P1's two portable launches under ``config``: each tile kind's output matrix with its tile grid (hatched where
     split-K), every matrix to the same scale (one element is as wide in each), and per launch a bar of its
     program ids coloured by kind (the order the kernel hands them out)."""
-    plan = p1_launch.launch_plan(num_tokens, hidden_size, intermediate_size, config)
-    totals = p1_launch.grid_sizes(plan)
+    plan = launch_plan(num_tokens, hidden_size, intermediate_size, config)
+    totals = grid_sizes(plan)
     launches = {n: [k for k in plan if k.launch == n] for n in totals}
     figure_width_pt = 13 * 72
     width = max(sum(k.N for k in kinds) for kinds in launches.values())
@@ -325,8 +350,9 @@ def _read_json(path) -> list[dict]:
 
 def p1_design_times(path=TUNING_DIR / "2026-11-29-p1-tune-onelaunch.json") -> pd.DataFrame:
     """A ``scripts/p1_tune.py`` run as the best time (µs) per token count of each P1 design and the config
-    that gave it: "one launch" (the ``one_*`` candidates) and "two launches" (the TileConfig ones). Only
-    named candidates count: what "default" stood for depended on the code of the day."""
+    that gave it: "one launch" (the ``one_*`` candidates: design 3, removed since, its code at commit 1051632) and
+    "two launches" (the TileConfig ones). Only named candidates count: what "default" stood for depended on the code
+    of the day."""
     rows = pd.DataFrame([r for r in _read_json(path) if "error" not in r and r["config"] != "default"])
     rows = rows[rows["ok"]]
     rows["design"] = np.where(rows["config"].str.startswith("one_"), "one launch", "two launches")
@@ -519,44 +545,74 @@ def few_tokens_timeline_figure(traces: pd.DataFrame, labels: list[tuple]):
     return fig
 
 
-def p1_design_name(config) -> str:
-    """A short name of the P1 design a config stands for (:func:`~moe_lib.swiglu_down.launch.choose_design`)."""
-    from ..swiglu_down.chained import ChainedConfig
-    from ..swiglu_down.few_tokens import FewTokensConfig
-    from ..swiglu_down.library_gemms import LibraryGemmsConfig
-    from ..swiglu_down.one_launch import OneLaunchConfig
-
-    if isinstance(config, ChainedConfig):
-        return "the two launches' tiles chained in one launch"
-    if isinstance(config, LibraryGemmsConfig):
-        return "cuBLAS GEMMs + one dSwiGLU pass" + (", two streams" if config.streams else ", one stream")
-    if isinstance(config, FewTokensConfig):
-        return "few tokens: one launch, waits per block"
-    if isinstance(config, OneLaunchConfig):
-        return "one launch, grid barrier"
-    launches = (("1", config.gluon_first_launch), ("2", config.gluon_second_launch))
-    gluon = [n for n, c in launches if c is not None]
-    if len(gluon) == 2:
-        tall = [n for n, c in launches if c.block_m == 64]
-        grad_down = ", dWd's tiles in launch 2" if config.gluon_second_launch.grad_down_tiles else ""
-        if len(tall) == 2:
-            return "two launches, both in Gluon on Hopper, tiles 64 rows tall" + grad_down
-        return ("two launches, both in Gluon on Hopper" + "".join(f", launch {n}'s tiles 64 rows tall" for n in tall)
-                + grad_down)  # fmt: skip
-    if gluon:
-        return f"two launches, {gluon[0]} in Gluon on Hopper"
-    return "two Triton launches"
+# ================================================================ P1: the design the chooser picks
 
 
-def p1_design_by_tokens(token_counts, hidden_size: int, intermediate_size: int, *, max_programs: int = 132):
-    """Which design ``swiglu_down_backward`` runs on a GPU of ``max_programs`` SMs, per token count and path."""
-    rows = {}
-    for T in token_counts:
-        rows[T] = {path: p1_design_name(p1_launch.choose_design(T, hidden_size, intermediate_size, interpreter=False,
-                                                                with_lo=path == "faithful",
-                                                                max_programs=max_programs))  # fmt: skip
-                   for path in ("fast", "faithful")}
+PATHS = ("fast", "faithful")  # P1's paths, by the precision argument that picks them
+
+
+def chosen_design(num_tokens: int, hidden_size: int, intermediate_size: int, precision: str, *, device: Device = H200):
+    """The design ``swiglu_down_backward(..., precision=precision)`` runs on bf16 inputs of this shape on ``device``
+    (:func:`~moe_lib.swiglu_down.choose.choose_design`, every operand aligned as the benchmark's are)."""
+    return choose_design(num_tokens, hidden_size, intermediate_size, dtype=torch.bfloat16, precision=precision,
+                         device=device)  # fmt: skip
+
+
+def _without_chooser_changes(design: GluonLaunches) -> GluonLaunches:
+    """A Gluon design with what the chooser changes of a form undone: dWd's tiles back in launch 1, dx unsplit and
+    launch 2's weight-gradient tiles one program each (``choose.measured_form``, ``choose.fit_persistent_programs``)."""
+    first = dataclasses.replace(design.first, grad_down_tiles=True)
+    second = dataclasses.replace(design.second, grad_down_tiles=False, grad_x_splits=1, weight_grad_programs=0)
+    return dataclasses.replace(design, first=first, second=second)
+
+
+def gluon_form_of(design: GluonLaunches) -> tuple[str, bool, int]:
+    """(its form's name in :data:`~moe_lib.swiglu_down.designs.gluon.FORMS`, dWd's tiles in launch 2, dx's splits) of
+    a configured Gluon design: the form it equals once the chooser's changes are undone on both."""
+    undone = _without_chooser_changes(design)
+    names = [name for name, form in FORMS.items() if _without_chooser_changes(form) == undone]
+    if not names:
+        raise ValueError(f"design: not a form of designs.gluon.FORMS, even with dWd's tiles, dx's splits and the "
+                         f"persistent programs set back: {design}")  # fmt: skip
+    return names[0], design.second.grad_down_tiles, design.second.grad_x_splits
+
+
+def design_label(design) -> str:
+    """A configured P1 design as its registry name (``DESIGNS``), a Gluon design with its form's name and whether
+    dWd's tiles moved to launch 2 (dx's splits left to :func:`gluon_forms_table`)."""
+    if not isinstance(design, GluonLaunches):
+        return design.name
+    form, grad_down_second, _ = gluon_form_of(design)
+    return f"{design.name}: {form}" + (", dWd in launch 2" if grad_down_second else "")
+
+
+def p1_registry_table() -> pd.DataFrame:
+    """P1's designs as the registry has them (:data:`~moe_lib.swiglu_down.designs.DESIGNS`): per name its config
+    class, its module and the first line of the module's docstring (what the design is; Sphinx roles as plain
+    names, a module as its file)."""
+
+    def what(design) -> str:
+        line = sys.modules[design.__module__].__doc__.strip().splitlines()[0]
+        line = re.sub(r":mod:`~?\.*([^`]+)`", r"\1.py", line)  # a module by its file
+        return re.sub(r":\w+:`~?\.*([^`]+)`", r"\1", line).replace("``", "")
+
+    rows = {name: {"config": design.__name__, "module": design.__module__.removeprefix("moe_lib."),
+                   "what it is": what(design)} for name, design in DESIGNS.items()}  # fmt: skip
+    return pd.DataFrame.from_dict(rows, orient="index").rename_axis("design")
+
+
+def p1_design_by_tokens(token_counts, hidden_size: int, intermediate_size: int, *, device: Device = H200):
+    """Which design ``swiglu_down_backward`` runs on bf16 inputs on ``device``, per token count (rows) and path
+    (columns), as :func:`design_label` names it."""
+    rows = {T: {path: design_label(chosen_design(T, hidden_size, intermediate_size, path, device=device))
+                for path in PATHS} for T in token_counts}  # fmt: skip
     return pd.DataFrame.from_dict(rows, orient="index").rename_axis("num_tokens")
+
+
+def p1_design_table(token_counts, shapes, *, device: Device = H200) -> pd.DataFrame:
+    """:func:`p1_design_by_tokens` for each (H, I) of ``shapes`` side by side: columns (shape, path)."""
+    return pd.concat({f"H {H}, I {I}": p1_design_by_tokens(token_counts, H, I, device=device) for H, I in shapes},
+                     axis=1, names=["shape", "path"])  # fmt: skip
 
 
 def design_runs(names: list[str], first: int = 1) -> list[tuple[int, int, str]]:
@@ -571,16 +627,13 @@ def design_runs(names: list[str], first: int = 1) -> list[tuple[int, int, str]]:
 
 
 def p1_design_map_figure(hidden_size: int, intermediate_size: int, *, max_tokens: int = 12288,
-                         max_programs: int = 132, marks=(), marks_label: str = "the benchmark's token counts"):
-    """Which design ``swiglu_down_backward`` runs at every token count from 1 to ``max_tokens`` on a Hopper GPU of
-    ``max_programs`` SMs (:func:`~moe_lib.swiglu_down.launch.choose_design`), one bar per path (to 1024 tokens on a log
-    axis, beyond on a linear one), a colour per design; ``marks``: token counts drawn as dotted lines."""
-    paths = {}
-    for path in ("fast", "faithful"):
-        names = [p1_design_name(p1_launch.choose_design(T, hidden_size, intermediate_size, interpreter=False,
-                                                        with_lo=path == "faithful", max_programs=max_programs))
-                 for T in range(1, max_tokens + 1)]  # fmt: skip
-        paths[path] = design_runs(names)
+                         device: Device = H200, marks=(), marks_label: str = "the benchmark's token counts"):
+    """Which design ``swiglu_down_backward`` runs at every token count from 1 to ``max_tokens`` on ``device``
+    (:func:`chosen_design`, named by :func:`design_label`), one bar per path (to 1024 tokens on a log axis, beyond on
+    a linear one), a colour per design; ``marks``: token counts drawn as dotted lines."""
+    paths = {path: design_runs([design_label(chosen_design(T, hidden_size, intermediate_size, path, device=device))
+                                for T in range(1, max_tokens + 1)])
+             for path in PATHS}  # fmt: skip
     designs = list(dict.fromkeys(name for runs in paths.values() for _, _, name in runs))
     colors = dict(zip(designs, plt.get_cmap("tab10" if len(designs) <= 10 else "tab20").colors, strict=False))
     # few tokens on a log axis, the rest on a linear one, where the bands are
@@ -598,7 +651,8 @@ def p1_design_map_figure(hidden_size: int, intermediate_size: int, *, max_tokens
     axes[0].set(yticks=range(len(paths)), yticklabels=list(paths))
     dotted = f"; dotted: {marks_label}" if marks else ""
     fig.suptitle(f"P1: the design swiglu_down_backward runs by token count (H = {hidden_size}, "
-                 f"I = {intermediate_size}, {max_programs} SMs, Hopper{dotted})", fontsize=9)  # fmt: skip
+                 f"I = {intermediate_size}, {device.name or device.kind}, {device.sms} SMs{dotted})",
+                 fontsize=9)  # fmt: skip
     handles = [plt.Rectangle((0, 0), 1, 1, color=colors[name]) for name in designs]
     fig.legend(handles, designs, fontsize=7, loc="lower center", ncol=2, frameon=False)
     fig.tight_layout(rect=(0, 0.06 + 0.045 * len(designs) / 2, 1, 1))
@@ -634,17 +688,17 @@ def speedup_figure(table: pd.DataFrame, baseline: str, title: str, *, switch: in
     return fig
 
 
-def chained_schedule(num_tokens: int, hidden_size: int, intermediate_size: int, tiles: p1_launch.TileConfig, *,
+def chained_schedule(num_tokens: int, hidden_size: int, intermediate_size: int, tiles: TileConfig, *,
                      programs_at_once: int = 132, with_lo: bool = True,
                      grad_down_last: bool = False) -> pd.DataFrame:  # fmt: skip
-    """A model of the chained launch's tickets (:mod:`moe_lib.swiglu_down.chained`), one program per SM: the tickets
-    go out in the launch's order (dA tiles, dWd tiles, then launch 2's in ``launch_plan``'s order; with
+    """A model of the chained launch's tickets (:mod:`moe_lib.swiglu_down.designs.chained`), one program per SM: the
+    tickets go out in the launch's order (dA tiles, dWd tiles, then launch 2's in ``launch_plan``'s order; with
     ``grad_down_last`` the dWd tiles after launch 2's); an SM that is free
     takes the next one; a tile takes as long as its multiply-adds (launch 2's twice over with ``with_lo``: the hi/lo
     halves), and launch 2's tiles start no sooner than the last dA tile ends. Returns one row per program: kind, sm,
     start and end in MFLOP of one SM's work. A model: it knows nothing of a tile's efficiency (wider tiles do more per
     cycle) or of what a split costs beyond its products."""
-    plan = p1_launch.launch_plan(num_tokens, hidden_size, intermediate_size, tiles)
+    plan = launch_plan(num_tokens, hidden_size, intermediate_size, tiles)
     grad_down, second = [k for k in plan if k.kind == "dWd"], [k for k in plan if k.launch == 2]
     order = [k for k in plan if k.kind == "dA"] + (second + grad_down if grad_down_last else grad_down + second)
     free = [(0.0, sm) for sm in range(programs_at_once)]
@@ -678,7 +732,7 @@ def gluon_launch_schedule(num_tokens: int, hidden_size: int, intermediate_size: 
     64-row tile runs on one warpgroup, a 128-row one on two) and whatever runs beside it."""
     T, H, I = num_tokens, hidden_size, intermediate_size
     bm = form.block_m
-    if isinstance(form, p1_launch.GluonFirstLaunchConfig):
+    if isinstance(form, GluonFirstLaunchConfig):
         grad_down = ("dWd", cdiv(H, bm) * cdiv(I, form.grad_down_block_n), bm * form.grad_down_block_n * T)
         d_a = ("dA", cdiv(T, bm) * cdiv(I, form.d_a_block_n), bm * form.d_a_block_n * H)
         order = [d_a, grad_down] if form.d_a_first else [grad_down, d_a]
@@ -824,7 +878,7 @@ def p1_gluon_launch2_times(path=GLUON_PROBE_FILE, labels: dict | None = None) ->
 
 GLUON_LAUNCH1_FILE = TUNING_DIR / "2026-12-01-p1-gluon-launch1.json"
 GLUON_FORMS_FILE = TUNING_DIR / "2026-12-02-p1-gluon-forms.json"
-# the candidates of GLUON_FORMS_FILE that became forms of launch.GLUON_FORMS (or led to them), by what they change
+# the candidates of GLUON_FORMS_FILE that became Gluon forms (designs.gluon.FORMS) or led to them, by what they change
 GLUON_FORM_LABELS = {"gluon12_b6": "128 rows", "gluon12_b6_l2m64b6": "launch 2 at 64 rows",
                      "gluon12_l2m64_daf": "launch 2 at 64 rows, dA tiles first",
                      "gluon12_m64_l1b8": "both at 64 rows", "gluon12_m64_lf": "both at 64 rows, long tiles first"}
@@ -832,7 +886,7 @@ GLUON_FORM_LABELS = {"gluon12_b6": "128 rows", "gluon12_b6_l2m64b6": "launch 2 a
 
 PROGRAMMATIC_LAUNCH_FILE = TUNING_DIR / "2026-12-02-p1-programmatic-launch.json"
 
-# dx split over programs in the Gluon launches, and the fast path on them (launch.GLUON_FAST_TOKENS)
+# dx split over programs in the Gluon launches, and the fast path on them (its Gluon bands in choose.MEASURED)
 SPLIT_DX_FILE = TUNING_DIR / "2026-12-02-p1-split-dx.json"
 FAST_PATH_GLUON_LABELS = {"gluon12_m64_lf_pdl_sif_graph_early": "Gluon launches, dx unsplit",
                           "gluon12_m64_early_dx4": "Gluon launches, dx in 4",
@@ -859,7 +913,7 @@ FAST_GLUON_LARGE_LABELS = {"lib_bs3_mc": "cuBLAS",
 
 def fast_path_gluon_large_times(path=FAST_GLUON_LARGE_FILE) -> pd.DataFrame:
     """The fast path beyond 959 tokens by graph replay (µs per token count, median over the runs that measured each):
-    its design on cuBLAS GEMMs and each band's Gluon form (``launch.GLUON_FORMS``) without the lo halves."""
+    its design on cuBLAS GEMMs and each band's Gluon form of then without the lo halves."""
     return p1_tune_runs_times(path, precision="fast", labels=FAST_GLUON_LARGE_LABELS)
 
 
@@ -906,8 +960,8 @@ def design20_times(precision: str = "faithful", path=DESIGN20_FILE) -> pd.DataFr
 
 
 DESIGN21_FILE = TUNING_DIR / "2026-12-02-p1-fast-own-forms.json"
-# the candidates behind the fast path's forms of its own (launch.GLUON_FAST_FORMS), the faithful path's 1500 form
-# (launch.GLUON_FORMS) and those they were measured against, by precision (gluon_dwd2_from2300 and gluon_dwd2_from4600
+# the candidates behind the fast path's forms of its own (its entries of choose.MEASURED), the faithful path's 1500
+# form and those they were measured against, by precision (gluon_dwd2_from2300 and gluon_dwd2_from4600
 # are the same form: the 2300 and 4600 bands' forms were equal)
 DESIGN21_LABELS = {
     "fast": {"lib_bs3_mc": "cuBLAS", "gluon_dwd2_from1400": "1400 form, dWd in launch 2",
@@ -963,8 +1017,8 @@ def design21_times(precision: str = "fast", path=DESIGN21_FILE) -> pd.DataFrame:
 
 DESIGN22_FILE = TUNING_DIR / "2026-12-02-p1-dwd2-to-512.json"
 # the candidates of design 22's runs, by precision: the forms to 512 tokens before it and with dWd's tiles in launch 2
-# (launch.GLUON_FAST_FORMS at 65-512 tokens, launch.GLUON_FORMS[129]), and the fast path's 64-wide dA form at
-# 1100-1249 against cuBLAS
+# (choose.MEASURED at 65-512 tokens on the fast path, at 129-256 on the faithful one), and the fast path's 64-wide dA
+# form at 1100-1249 against cuBLAS
 DESIGN22_LABELS = {
     "fast": {"gluon12_m64_early_dx1_wp68_ibw_n64": "dA 64 wide (before, to 256)",
              "gluon12_m64_early_dx1_wp68_ibw": "257 form (before, 257-512)",
@@ -1048,24 +1102,25 @@ def split_tiles_slowdown(path=SPLIT_TILES_FILE) -> pd.DataFrame:
     return times[splits].div(base, axis=0)
 
 
-def gluon_forms_table(token_counts, hidden_size: int, intermediate_size: int) -> pd.DataFrame:
-    """The form of the Gluon launches the faithful path takes per token count where they run
-    (:data:`~moe_lib.swiglu_down.launch.GLUON_FORMS`): each launch's tile height, ring depth, and whether its tiles of
-    fixed length (dA's, dx's) take the first program ids, and whether launch 2 is issued by programmatic dependent
-    launch (its programs started on the SMs launch 1's last wave frees, waiting there for launch 1's end), whether
-    launch 1's saved tiles are asked for early, and over how many programs a dx tile's reduction is split. Token
-    counts the one-launch designs take are left out."""
+def gluon_forms_table(token_counts, hidden_size: int, intermediate_size: int, *, precision: str = "faithful",
+                      device: Device = H200) -> pd.DataFrame:  # fmt: skip
+    """The Gluon launches as the chooser configures them on ``device`` per token count where it takes them
+    (:func:`chosen_design`; other designs' token counts are left out): the form's name in
+    :data:`~moe_lib.swiglu_down.designs.gluon.FORMS`, each launch's tile height, ring depth, and whether its tiles of
+    fixed length (dA's, dx's) take the first program ids, whether launch 2 is issued by programmatic dependent launch
+    (its programs started on the SMs launch 1's last wave frees, waiting there for launch 1's end), whether launch 1's
+    saved tiles are asked for early, whether dWd's tiles are in launch 2, and over how many programs a dx tile's
+    reduction is split."""
     rows = {}
     for T in token_counts:
-        config = p1_launch.choose_config(T, hidden_size, intermediate_size, interpreter=False, with_lo=True,
-                                         max_programs=132, gluon=True)  # fmt: skip
-        first, second = getattr(config, "gluon_first_launch", None), getattr(config, "gluon_second_launch", None)
-        if first is None or second is None:
+        design = chosen_design(T, hidden_size, intermediate_size, precision, device=device)
+        if not isinstance(design, GluonLaunches):
             continue
-        rows[T] = {"launch 1 rows": first.block_m, "launch 1 ring": first.buffers, "dA tiles first": first.d_a_first,
-                   "launch 2 rows": second.block_m, "launch 2 ring": second.buffers,
+        first, second = design.first, design.second
+        rows[T] = {"form": gluon_form_of(design)[0], "launch 1 rows": first.block_m, "launch 1 ring": first.buffers,
+                   "dA tiles first": first.d_a_first, "launch 2 rows": second.block_m, "launch 2 ring": second.buffers,
                    "dx tiles first": second.grad_x_first, "launch 2 early": second.programmatic,
-                   "saved tiles early": first.saved_tiles_early,
+                   "saved tiles early": first.saved_tiles_early, "dWd in launch 2": second.grad_down_tiles,
                    "dx splits": second.grad_x_splits}  # fmt: skip
     return pd.DataFrame.from_dict(rows, orient="index").rename_axis("num_tokens")
 
@@ -1153,16 +1208,21 @@ def call_kernel_kind(name: str) -> tuple[str, str]:
     return "other", "tab:grey"
 
 
+# the candidates of the committed scripts/p1_kernel_times.py runs by their names there, and the cuBLAS design each
+# stood for (NOTES, design 7): dA in fp32 and [Wg; Wu] stacked by a copy kernel, or dA in bf16 and the copy by memcpys
+CUBLAS_CANDIDATES = {"lib_s3": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True),
+                     "lib_bs3_mc": LibraryGemmsConfig(d_a_fp32=False, streams=True, stack_aside=True,
+                                                      stack_by_memcpy=True)}  # fmt: skip
+
+
 def p1_call_kernels(path=TUNING_DIR / "2026-12-01-p1-kernel-times-defaults.json", labels: dict | None = None, *,
                     defaults_only: bool = False) -> pd.DataFrame:  # fmt: skip
     """A ``scripts/p1_kernel_times.py`` file as one row per kernel of a call: token count, implementation (renamed
     by ``labels``, others left out where given), what the kernel does (:func:`call_kernel_kind`), its stream, its
     median start (µs after the call's first kernel) and duration, and the call's median span. ``defaults_only``:
-    per token count only ``torch_compile`` and the candidate that is the fast path's design on cuBLAS GEMMs there
-    today (``launch.choose_design`` at H = 2048, I = 768 on 132 SMs where the Gluon launches do not run: on Hopper
-    the fast path takes those at 65-959 and 2300-3299 tokens), named "ours"."""
-    from ..bench.tuning import P1_CANDIDATES
-
+    per token count only ``torch_compile`` and the candidate (:data:`CUBLAS_CANDIDATES`) that is the fast path's
+    design on cuBLAS GEMMs there today (``LibraryGemmsConfig.for_tokens``: what the chooser takes wherever it takes
+    cuBLAS's GEMMs on the fast path), named "ours"."""
     data = _read_json(path)
     rows = []
     for run in data["rows"] if isinstance(data, dict) else data:
@@ -1170,8 +1230,7 @@ def p1_call_kernels(path=TUNING_DIR / "2026-12-01-p1-kernel-times-defaults.json"
         if defaults_only:
             if impl == "torch_compile":
                 impl = "torch.compile"
-            elif P1_CANDIDATES.get(impl) == p1_launch.choose_design(run["T"], 2048, 768, interpreter=False,
-                                                                    max_programs=132, gluon=False):  # fmt: skip
+            elif CUBLAS_CANDIDATES.get(impl) == LibraryGemmsConfig.for_tokens(run["T"]):
                 impl = "ours"
             else:
                 continue
@@ -1209,7 +1268,8 @@ def call_timeline_figure(table: pd.DataFrame, title: str):
     return fig
 
 
-# Program traces of the faithful path's two Gluon launches (scripts/p1_program_trace.py under launch.traced_programs()):
+# Program traces of the faithful path's two Gluon launches (scripts/p1_program_trace.py under
+# designs.gluon.traced_programs()):
 # one row per program, times in µs from launch 1's first program's start, each run's commit and config beside it
 PROGRAM_TRACES_FILE = TUNING_DIR / "2026-12-02-p1-program-traces.csv"
 TRACE_TILE_COLORS = {"dWd": "tab:blue", "dA": "tab:orange", "dWg, dWu": "tab:green", "dx": "tab:red"}
@@ -1253,9 +1313,10 @@ def program_timeline_figure(panels: dict):
     return fig
 
 
-# Launch 1's pingpong form traced (`GluonFirstLaunchConfig.pingpong_programs`; a program's "proceed" is the end of its
-# first tile's main loop): the form with its saved tiles loaded by 4-byte loads (one config, no commit column), and the
-# later forms (saved tiles by 16-byte loads, by TMA through the ring, with the stores through the ring too)
+# Launch 1's pingpong form traced (`GluonFirstLaunchConfig.pingpong_programs`, removed since: its code is at commit
+# 1051632; a program's "proceed" is the end of its first tile's main loop): the form with its saved tiles loaded by
+# 4-byte loads (one config, no commit column), and the later forms (saved tiles by 16-byte loads, by TMA through the
+# ring, with the stores through the ring too)
 PINGPONG_TRACE_FILE = TUNING_DIR / "2026-12-03-p1-pingpong-trace.csv"
 PINGPONG_TRACE_CONFIG = "gluon_pingpong_from2300_b6_f2"
 PINGPONG_RING_TRACE_FILE = TUNING_DIR / "2026-12-03-p1-pingpong-ring-trace.csv"
