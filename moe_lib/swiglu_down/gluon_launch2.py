@@ -17,16 +17,15 @@ shared memory: a `ready` mbarrier per buffer (completed by the copy engine when 
 issue `acc += A_hi·B` and `acc += A_lo·B` on the same B tile asynchronously, wait only for the step before, and hand
 its buffer back; at the end the tile goes out through shared memory by TMA. Each tile kind has its own
 warp-specialised region, chosen at run time: with several kinds' loops in one region ptxas serialises the wgmma
-(each waiting for the one before; ``scripts/p1_gluon_probe.py --compile-only`` reports it). Where the weight-gradient
+(each waiting for the one before; ``scripts/p1_compile_check.py`` reports it). Where the weight-gradient
 tiles are short (to 512 tokens) a fixed number of programs take them in turn instead (``weight_grad_programs``), and
 issued by programmatic dependent launch the loading warp may send its first steps' tiles of x, Wg, Wu (inputs of the
 call, not launch 1's) before its wait for launch 1 (``inputs_before_wait``).
 
 The readable version of the same arithmetic is launch 2 of :mod:`.kernels` (``grad_x_and_grad_gate_up_kernel``):
 under the interpreter, on a CPU, and wherever TMA cannot address the rows, :func:`prepare_second_launch_gluon` is not
-used (see ``TileConfig.gluon_second_launch``). Measured on the H200 (``data/results/NOTES.md``, design 13): 89.7 µs
-at 2447 tokens and 270.2 at 8192, against 86.2 and 262.5 for cuBLAS's same arithmetic and 107.1 and 310.0 for the
-Triton launch 2; the faithful path's second launch from 129 tokens (its forms by token count: ``launch.GLUON_FORMS``).
+used: the chooser (:mod:`.choose`) picks another design there. Against cuBLAS's same arithmetic and the Triton launch 2:
+``data/results/NOTES.md``, design 13; its forms: :data:`.designs.gluon.FORMS`.
 """
 
 from __future__ import annotations
@@ -663,8 +662,8 @@ def prepare_second_launch_gluon(config: GluonSecondLaunchConfig, x, gate_weight,
                                 grad_down_operands, trace=None):  # fmt: skip
     """Launch 2 in Gluon made ready before launch 1: returns the callable that launches it (dx, dWg and dWu from
     dGate, dUp: [1 or 2, T, I], hi and with ``with_lo`` lo). On a Hopper GPU; 16-bit contiguous operands whose rows
-    TMA can address (``tma_launches.fits``), T ≥ 1. No host synchronisation. ``grad_x_workspace``: (fp32 partials,
-    int32 counters) of the dx tiles' splits (``launch.SplitWorkspace``; unused with ``grad_x_splits`` 1).
+    TMA can address (:func:`moe_lib.tma.rows_fit`), T ≥ 1. No host synchronisation. ``grad_x_workspace``: (fp32 partials,
+    int32 counters) of the dx tiles' splits (``runtime.SplitWorkspace``; unused with ``grad_x_splits`` 1).
     ``grad_down_operands``: (dy, intermediate, dWd) for dWd's tiles (read and written only with ``grad_down_tiles``).
     ``trace``: an
     int64 [programs, 5] tensor for a row of TRACE_FIELDS per program (a build of the kernel that records them), or None.
