@@ -7,6 +7,10 @@
 #   (RUNS p1_layer, p2_layer) the layers' training step (--mode forward_backward): P1's swiglu_expert
 #      against torch.compile over the 16 cases; P2's bf16 layer (ours recomputing and saving its
 #      pre-activations, grouped_mm, sonicmoe) at 2048, 8192 and 32768 tokens;
+#   (RUNS models_warm, models_p1, models_p2_bf16, models_p2_fp32) the model suite (python -m moe_lib.bench --models):
+#      models_warm runs every P1 model once in parallel, one process a model, to fill Triton's and Inductor's
+#      caches (the compilation of 8 shapes is most of the suite's time when done one after another); the others
+#      time the models of MODELS (a comma list; default all) one problem at a time, files tagged MODELS_TAG;
 #   (RUNS p1_official) NVIDIA's harness itself on P1's faithful path (python -m moe_lib.bench.official);
 #   (RUNS p2_official) the same on P2's fp32 interface (P2_OFFICIAL_PROBLEM=moe_experts_backward_bf16 for
 #      bf16), only the workloads of P2_OFFICIAL_TOKENS where set (a comma list: the suite in parts);
@@ -119,6 +123,28 @@ case " $RUNS " in *" p2_bf16 "*)
     --tokens 2048,8192,32768 --impl "$P2_BF16_IMPLS"
 esac
 
+case " $RUNS " in *" models_warm "*)
+  # one process a P1 model, each case checked and replayed once, into a throwaway folder: the caches are what stays
+  start=$SECONDS
+  echo "=== model suite warm-up (P1, one process a model)" | tee -a "$LOG"
+  for model in $("$PYTHON" -c 'from moe_lib.bench.models import MODEL_SHAPES; print(" ".join(m.name for m in MODEL_SHAPES))'); do
+    timeout --kill-after=20 "${MODELS_WARM_SECONDS:-300}" "$PYTHON" -m moe_lib.bench --models \
+      --problem swiglu_down_backward --model "$model" --warmup 0 --reps 1 --out /tmp/models-warm >>"$LOG.$model" 2>&1 &
+  done
+  wait
+  cat "$LOG".* >>"$LOG" 2>/dev/null
+  echo "=== model suite warm-up: done after $((SECONDS - start)) s" | tee -a "$LOG" "$TABLES"
+esac
+MODEL_ARGS=(--models ${MODELS:+--model "$MODELS"} ${MODELS_TAG:+--tag "$MODELS_TAG"})
+case " $RUNS " in *" models_p1 "*)
+  bench "Model suite, P1" "${MODELS_P1_SECONDS:-540}" "${MODEL_ARGS[@]}" --problem swiglu_down_backward
+esac
+case " $RUNS " in *" models_p2_bf16 "*)
+  bench "Model suite, P2 bf16" "${MODELS_P2_SECONDS:-540}" "${MODEL_ARGS[@]}" --problem moe_experts_backward_bf16
+esac
+case " $RUNS " in *" models_p2_fp32 "*)
+  bench "Model suite, P2 fp32" "${MODELS_P2_SECONDS:-540}" "${MODEL_ARGS[@]}" --problem moe_experts_backward
+esac
 case " $RUNS " in *" p1_layer "*)
   bench "P1 swiglu_expert layer, forward + backward" "${P1_LAYER_SECONDS:-240}" --problem swiglu_down_backward \
     --mode forward_backward --suite --impl "${P1_LAYER_IMPLS:-triton,torch_compile}"
