@@ -93,7 +93,7 @@ def main():
         parser.error(f"unknown configs or uses: {unknown}")
     try:
         prologue = compile_for_sm90(tile_offsets_kernel, dict(expert_offsets_ptr="*i32", tile_offsets_ptr="*i32",
-                                                              num_experts="i32", num_h_tiles="i32", skip_rows="i32"),
+                                                              num_experts="i32", num_h_tiles="i32"),
                                     dict(BLOCK_ROWS=64, BLOCK_E=256), ["expert_offsets_ptr", "tile_offsets_ptr"],
                                     warps=4, stages=1)  # fmt: skip
         print(f"tile_offsets_kernel (1 program): {resources(prologue)}", flush=True)

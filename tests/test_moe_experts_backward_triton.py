@@ -43,8 +43,6 @@ BF16_TOLERANCE = dict.fromkeys(OUTPUT_NAMES, 2e-2)  # also used for fp16
 SMALL_CASES = {
     "odd": (13, 40, 24, 5, 2, "uniform", "float32", "float32", "int64", None),
     "hot-looping": (40, 40, 24, 5, 2, "hot", "float32", "float32", "int64", {"row_split": 2}),
-    "fused-dx": (13, 40, 24, 5, 2, "uniform", "float32", "float32", "int64", {"fuse_dx": 1}),
-    "fused-dx-busy": (40, 40, 24, 5, 2, "hot", "bfloat16", "float32", "int64", {"row_split": 2, "fuse_dx": 1}),
     "skewed": (24, 24, 40, 7, 3, "skewed", "float32", "float32", "int64", None),
     "K1": (9, 16, 12, 5, 1, "uniform", "float32", "float32", "int64", None),
     "K=E": (11, 24, 16, 4, 4, "uniform", "float32", "float32", "int32", None),
@@ -75,23 +73,17 @@ def nan_filled(size, *, dtype, device):
 
 
 def run_triton(inputs: dict, overrides=None):
-    """The public entry point, or the kernel function itself when config fields are overridden
-    (``fuse_dx`` selects the set-aside kernel G)."""
+    """The public entry point, or the kernel function itself when config fields are overridden."""
     from moe_lib.moe_experts import launch
-    from moe_lib.moe_experts.fused_dx import FusedDxConfig
 
     if overrides is None:
         return moe_lib.moe_experts_backward(*inputs.values(), impl="triton")
-    overrides = dict(overrides)
     interpreter = inputs["hidden_states"].device.type != "cuda"
-    fused_dx = None
-    if overrides.pop("fuse_dx", 0):
-        fused_dx = FusedDxConfig.for_interpreter() if interpreter else FusedDxConfig()
     T, K = inputs["topk_indices"].shape
     config = launch.launch_config(T * K, inputs["gate_weights"].shape[0], interpreter=interpreter,
                                   input_bytes=inputs["hidden_states"].element_size())  # fmt: skip
     config = dataclasses.replace(config, **overrides)
-    return launch.moe_experts_backward_triton(*inputs.values(), config=config, fused_dx=fused_dx)
+    return launch.moe_experts_backward_triton(*inputs.values(), config=config)
 
 
 def check_small_case(case: str, seed: int, device="cpu") -> dict:

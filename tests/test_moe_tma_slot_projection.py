@@ -7,7 +7,7 @@ CPU: under the Triton interpreter (tests/conftest.py switches it on where there 
 skewed, all rows on one expert, empty-expert routings, one expert, T = 1 and T = 0; bf16, fp16 and fp32
 interfaces (fp32: weights rounded to bf16 in the kernel, by TMA or by pointer loads), both uses, the
 backward's two terms through one descriptor (their tensors in either address order, or in one buffer) or
-paired, persistent grids smaller and larger than the tile count, experts skipped for kernel G. Inputs are
+paired, persistent grids smaller and larger than the tile count. Inputs are
 fresh every run (the ``seed`` fixture); the output is NaN-poisoned before the call (every slot row must be
 written); it is compared with a float64 product of the same bf16-rounded operands over the positions whose
 slot the routing gave each expert.
@@ -81,8 +81,7 @@ def float64_slot_projection(case: dict, use: str) -> torch.Tensor:
     return out
 
 
-def run_tma(case: dict, use: str, config: TmaSlotProjectionConfig, num_programs: int,
-            skip_rows: int = -1) -> torch.Tensor:  # fmt: skip
+def run_tma(case: dict, use: str, config: TmaSlotProjectionConfig, num_programs: int) -> torch.Tensor:
     """One launch into a NaN-poisoned fp32 [max(T·K, 1), H] workspace."""
     out = torch.full((max(case["T"] * case["K"], 1), case["H"]), float("nan"), device=case["dgate"].device)
     if use == "backward":
@@ -90,7 +89,7 @@ def run_tma(case: dict, use: str, config: TmaSlotProjectionConfig, num_programs:
     else:
         args = (case["down"], None, case["scaled_act"], None)
     launch_slot_projection_tma(config, case["routing"], *args, out, transposed_weights=use == "backward",
-                               num_programs=num_programs, skip_rows=skip_rows)  # fmt: skip
+                               num_programs=num_programs)
     return out
 
 
@@ -181,23 +180,6 @@ def test_terms_at_any_distance_and_order(order, seed):
         case["gate"], case["up"], case["dgate"], case["dup"] = weights[0], weights[1], rows[0], rows[1]
     config = choose_tma_slot_projection_config(38, 3, 2, interpreter=device == "cpu")
     assert_matches_float64(case, "backward", run_tma(case, "backward", config, 3), f"[{order}, seed={seed}]")
-
-
-@needs_triton
-def test_skip_rows_leaves_small_experts_alone(seed):
-    """Experts with at most ``skip_rows`` rows (kernel G's) are not touched; all others are written."""
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    case = make_case(30, 32, 32, 5, 2, "skewed", torch.bfloat16, seed, device)
-    counts = case["routing"].counts
-    skip = int(counts.float().median())
-    config = choose_tma_slot_projection_config(60, 5, 2, interpreter=device == "cpu")
-    got = run_tma(case, "backward", config, 3, skip_rows=skip)
-    want = float64_slot_projection(case, "backward")
-    expert_of_slot = case["topk_indices"].reshape(-1)
-    skipped = counts[expert_of_slot] <= skip
-    assert bool(skipped.any()) and bool((~skipped).any()), "the routing should have experts on both sides"
-    assert torch.isnan(got[skipped]).all(), "a skipped expert's slot row was written"
-    assert rel_error(got[~skipped], want[~skipped]) <= TOLERANCE
 
 
 @needs_triton

@@ -397,7 +397,6 @@ def test_kernels_notebook_errors_agree_with_a_rerun(kernels_run):
     # the chained launch: the two launches' tiles in one launch, the same bits
     assert summary["chained"]["bitwise_equal_to_two_launches"] is True
     assert summary["chained"]["programs"]["1"] >= 2 and summary["chained"]["programs"]["2"] >= 2
-    assert summary["alternatives"]["P2 kernel G vs kernels W + D"] < 1e-5
     assert split["partials_sum_rel_error"] < 1e-5 and max(split["rel_diff_vs_unsplit"].values()) < 1e-5
     # the teaching kernels, naive → tiled → fused for P1 and per expert → grouped for P2, against float64
     tutorial = summary["tutorial"]

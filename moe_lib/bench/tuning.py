@@ -2,9 +2,7 @@
 
 - :data:`P1_CANDIDATES`: named tile configurations of P1's Triton backward that ``p1_tune.py`` times,
   ``p1_compile_check.py`` compiles and ``p1_profile.py --config`` profiles.
-- ``FIELD=VALUE`` overrides of a launch config (:func:`parse_field`, :func:`replace_fields`), and P2's
-  split of them between its :class:`~moe_lib.moe_experts.launch.LaunchConfig` and kernel G's
-  :class:`~moe_lib.moe_experts.fused_dx.FusedDxConfig` (:func:`p2_configs`).
+- ``FIELD=VALUE`` overrides of a launch config (:func:`parse_field`, :func:`replace_fields`).
 - Cases written ``dtype:num_tokens`` (``fp32:2048``, ``bf16:8192``): the problem of an op whose inputs
   have that dtype (:func:`parse_case`).
 - The kernel benchmarks' frame: one candidate checked and timed (:func:`check_and_time`), the configs of
@@ -17,8 +15,6 @@ from __future__ import annotations
 import dataclasses
 
 from .. import problems
-from ..moe_experts.fused_dx import FusedDxConfig
-from ..moe_experts.launch import LaunchConfig
 from ..swiglu_down.chained import ChainedConfig
 from ..swiglu_down.gluon_launch1 import GluonFirstLaunchConfig
 from ..swiglu_down.gluon_launch2 import GluonSecondLaunchConfig
@@ -528,11 +524,6 @@ for _path, _with_lo in (("fast", False), ("faithful", True)):
                 _form, d_a_splits=_splits, saved_tiles_early=False)
 
 
-# kernel G's settings as the P2 scripts spell them (FIELD=VALUE), and the FusedDxConfig fields they set
-FUSED_DX_FIELDS = {"gate_up_dx_tile": ("block_i", "block_h", "block_rows"), "warps_g": ("warps",),
-                   "stages_g": ("stages",)}  # fmt: skip
-
-
 def parse_field(text: str) -> tuple[str, object]:
     """``FIELD=VALUE`` with VALUE an int, or ints joined by x for a tile (``grad_down_tile=128x256x64``)."""
     name, sign, value = text.partition("=")
@@ -574,23 +565,6 @@ def replace_fields(config, fields: dict):
     if unknown:
         raise ValueError(f"{unknown}: not fields of {type(config).__name__} (fields: {sorted(known)})")
     return dataclasses.replace(config, **fields)
-
-
-def p2_configs(base: LaunchConfig, fields: dict) -> tuple[LaunchConfig, FusedDxConfig, bool]:
-    """P2's configs under ``fields``: (``base`` with its own fields replaced, kernel G's config with
-    ``gate_up_dx_tile``, ``warps_g``, ``stages_g`` applied, whether ``fuse_dx=1`` asks for kernel G)."""
-    fields = dict(fields)
-    fuse_dx = bool(fields.pop("fuse_dx", 0))
-    fused_fields = {}
-    for name, targets in FUSED_DX_FIELDS.items():
-        if name not in fields:
-            continue
-        value = fields.pop(name)
-        values = value if isinstance(value, tuple) else (value,)
-        if len(values) != len(targets):
-            raise ValueError(f"{name}: expected {len(targets)} value(s) joined by x, got {value!r}")
-        fused_fields.update(zip(targets, values, strict=True))
-    return replace_fields(base, fields), replace_fields(FusedDxConfig(), fused_fields), fuse_dx
 
 
 def parse_case(text: str, op: str = "moe_experts_backward") -> tuple[problems.Problem, int]:

@@ -8,7 +8,6 @@
     kernels.py    the @triton.jit kernels A, W, D, C
     tma_weight_grad.py  kernel W as a persistent TMA-fed grouped GEMM (the backward's default)
     tma_slot_projection.py  kernel D likewise (the backward's and the forward's default)
-    fused_dx.py   a set-aside design (kernel G)
     parallel.py   expert parallelism over torch.distributed (``moe_lib.distributed``)
 """
 

@@ -247,7 +247,6 @@ def expert_weight_grad_kernel(
     num_m_tiles,  # cdiv(size_m, BLOCK_M)
     num_n_tiles,  # cdiv(size_n, BLOCK_N)
     N_TILES_PER_PROGRAM,  # output tiles along N one program writes, one after the other
-    done_rows,  # experts with at most this many rows are skipped (kernel G wrote their tiles); −1: none
     A_BY_TOKEN: tl.constexpr, B_BY_TOKEN: tl.constexpr, TWO_OUTPUTS: tl.constexpr, INTERPRETER: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_ROWS: tl.constexpr,
 ):  # fmt: skip
@@ -267,7 +266,6 @@ def expert_weight_grad_kernel(
     num_row_blocks = tl.maximum(tl.cdiv(row_end - row_begin, BLOCK_ROWS), 1)
     first_n_tile = n_group * N_TILES_PER_PROGRAM
     num_tiles = tl.minimum(N_TILES_PER_PROGRAM, num_n_tiles - first_n_tile)
-    num_tiles = tl.where(row_end - row_begin <= done_rows, 0, num_tiles)
     out_offset = expert.to(tl.int64) * size_m * size_n
     out_dtype = out_ptr.dtype.element_ty
 
@@ -321,7 +319,6 @@ def slot_projection_kernel(
     stride_i,  # distance between (h, i) and (h, i + 1)
     num_h_tiles,  # cdiv(H, BLOCK_H)
     ROW_SPLIT,  # R
-    done_rows,  # experts with at most this many rows are skipped (kernel G did their dX); −1: none
     TWO_TERMS: tl.constexpr,
     OPERAND_DTYPE: tl.constexpr,  # dtype of the tensor-core operands (bf16 or fp16)
     INTERPRETER: tl.constexpr,
@@ -332,8 +329,6 @@ def slot_projection_kernel(
     expert, h_tile, r = expert_tile(tl.program_id(0), num_h_tiles, ROW_SPLIT)
     row_begin = tl.load(expert_offsets_ptr + expert)
     row_end = tl.load(expert_offsets_ptr + expert + 1)
-    if row_end - row_begin <= done_rows:
-        row_end = row_begin  # nothing to do
     expert_offset = expert.to(tl.int64) * inter_size * hidden_size
     w1 = weights1_ptr + expert_offset
     w2 = weights2_ptr + expert_offset

@@ -242,36 +242,33 @@ def launch_swiglu_grad(config, plan, routing, x_halves, dy_halves, topk_weights,
 
 
 def launch_weight_grads(config, routing, sorted_slot, top_k, x_operand, dy_operand, dgate, dup, scaled_act,
-                        grad_gate, grad_up, grad_down, *, skip_rows: int = -1):  # fmt: skip
-    """Kernel W twice: dWg, dWu = Σ dgᵀ x, Σ duᵀ x (one launch, x shared), then dWd = Σ dyᵀ aw. The first
-    launch skips experts with at most ``skip_rows`` rows (a set-aside design wrote theirs; −1: none)."""
+                        grad_gate, grad_up, grad_down):  # fmt: skip
+    """Kernel W twice: dWg, dWu = Σ dgᵀ x, Σ duᵀ x (one launch, x shared), then dWd = Σ dyᵀ aw."""
     E, I, H = grad_gate.shape
-    for a, a2, b, out, out2, size_m, size_n, a_by_token, b_by_token, tile, warps, stages, skipped in (
+    for a, a2, b, out, out2, size_m, size_n, a_by_token, b_by_token, tile, warps, stages in (
         (dgate, dup, x_operand, grad_gate, grad_up, I, H, False, True, config.grad_gate_up_tile,
-         config.warps_gu, config.stages_gu, skip_rows),
+         config.warps_gu, config.stages_gu),
         (dy_operand, dy_operand, scaled_act, grad_down, grad_down, H, I, True, False,
-         config.grad_down_tile, config.warps_dn, config.stages_dn, -1),
+         config.grad_down_tile, config.warps_dn, config.stages_dn),
     ):  # fmt: skip
         grid = weight_grad_grid(size_m, size_n, tile, config.n_tiles_per_program)
         programs = E * grid["M-tiles"] * grid["N-groups"]  # one per (expert, M-tile, group of N-tiles)
         kernels.expert_weight_grad_kernel[(programs,)](
             a, a2, b, out, out2, sorted_slot, routing.expert_offsets,
-            max(top_k, 1), size_m, size_n, grid["M-tiles"], grid["_n_tiles"], grid["_per_program"], skipped,
+            max(top_k, 1), size_m, size_n, grid["M-tiles"], grid["_n_tiles"], grid["_per_program"],
             A_BY_TOKEN=a_by_token, B_BY_TOKEN=b_by_token, TWO_OUTPUTS=out2 is not out,
             INTERPRETER=interpreter_enabled(), BLOCK_M=tile[0], BLOCK_N=tile[1], BLOCK_ROWS=tile[2],
             num_warps=warps, num_stages=stages,
         )  # fmt: skip
 
 
-def launch_slot_projection(config, routing, weights1, weights2, rows1, rows2, out_slot, stride_h, stride_i,
-                           skip_rows=-1):  # fmt: skip
-    """Kernel D over every (expert, H-tile, row split): out_slot = W1_e v1 (+ W2_e v2 when given twice),
-    except for experts with at most ``skip_rows`` rows."""
+def launch_slot_projection(config, routing, weights1, weights2, rows1, rows2, out_slot, stride_h, stride_i):
+    """Kernel D over every (expert, H-tile, row split): out_slot = W1_e v1 (+ W2_e v2 when given twice)."""
     H, I = out_slot.shape[1], rows1.shape[1]
     E, h_tiles = weights1.shape[0], cdiv(H, config.block_h_dx)
     kernels.slot_projection_kernel[(E * h_tiles * config.row_split,)](
         weights1, weights2, routing.sorted_slot, routing.expert_offsets, rows1, rows2, out_slot,
-        H, I, stride_h, stride_i, h_tiles, config.row_split, skip_rows,
+        H, I, stride_h, stride_i, h_tiles, config.row_split,
         TWO_TERMS=weights2 is not weights1, OPERAND_DTYPE=OPERAND_DTYPES[rows1.dtype],
         INTERPRETER=interpreter_enabled(),
         BLOCK_H=config.block_h_dx, BLOCK_M=config.block_m, BLOCK_I=config.block_i_dx,
@@ -279,8 +276,7 @@ def launch_slot_projection(config, routing, weights1, weights2, rows1, rows2, ou
     )  # fmt: skip
 
 
-def project_slots(config, routing, weights1, weights2, rows1, rows2, out_slot, *, transposed_weights: bool,
-                  skip_rows: int = -1) -> None:  # fmt: skip
+def project_slots(config, routing, weights1, weights2, rows1, rows2, out_slot, *, transposed_weights: bool) -> None:
     """Kernel D: out_slot = W1_eᵀ v1 + W2_eᵀ v2 (backward: Wg, Wu, dg, du, ``transposed_weights``) or W1_e v1
     (forward: Wd, aw), by the TMA-fed kernel where the config has one and TMA can address the rows, else the
     pointer-based one."""
@@ -289,13 +285,12 @@ def project_slots(config, routing, weights1, weights2, rows1, rows2, out_slot, *
     if config.tma_slot_projection is not None and tma_slot_projection_fits(H, I, weight_bytes, transposed_weights):
         programs = persistent_programs(out_slot.device)
         launch_slot_projection_tma(config.tma_slot_projection, routing, weights1, weights2, rows1, rows2, out_slot,
-                                   transposed_weights=transposed_weights, num_programs=programs,
-                                   skip_rows=skip_rows)  # fmt: skip
+                                   transposed_weights=transposed_weights, num_programs=programs)  # fmt: skip
         return
     strides = (1, H) if transposed_weights else (I, 1)  # (stride over H, stride over I) of one expert's weights
     two = weights2 if weights2 is not None else weights1
     launch_slot_projection(config, routing, weights1, two, rows1, rows2 if rows2 is not None else rows1,
-                           out_slot, *strides, skip_rows)  # fmt: skip
+                           out_slot, *strides)  # fmt: skip
 
 
 def launch_token_sum(config, plan, out_slot, topk_indices, num_experts, out, topk_partial=None, grad_topk=None):
@@ -380,7 +375,7 @@ def default_config(hidden_states: torch.Tensor, num_slots: int, num_experts: int
 
 def moe_experts_backward_triton(
     grad_output, hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights,
-    *, config: LaunchConfig | None = None, fused_dx=None, preactivations=None, weight_grads_out=None,
+    *, config: LaunchConfig | None = None, preactivations=None, weight_grads_out=None,
 ):  # fmt: skip
     """P2 with the Triton kernels; inputs already validated and contiguous (see :mod:`.api`).
 
@@ -389,10 +384,9 @@ def moe_experts_backward_triton(
     routing-weight gradient in topk_weights' dtype, the rest in the hidden dtype.
     ``weight_grads_out``: three contiguous tensors of those shapes and dtype (e.g. views of a larger
     set of experts' gradients) that the weight gradients are written into and returned as. ``config``
-    overrides the tile sizes (default: :func:`launch_config`); ``fused_dx`` (a
-    :class:`~.fused_dx.FusedDxConfig`) runs the set-aside kernel G for the experts with few rows;
-    ``preactivations`` (g, u) saved by :func:`moe_experts_forward_triton` on the same routing are read
-    instead of recomputed (kernel A then does one product of three).
+    overrides the tile sizes (default: :func:`launch_config`); ``preactivations`` (g, u) saved by
+    :func:`moe_experts_forward_triton` on the same routing are read instead of recomputed (kernel A then does
+    one product of three).
     """
     T, H = hidden_states.shape
     E, I, _ = gate_weights.shape
@@ -426,7 +420,7 @@ def moe_experts_backward_triton(
     x_halves = operand_halves(hidden_states, split_precision, workspace_dtype)
     dy_halves = operand_halves(grad_output, split_precision, workspace_dtype)
     # kernel W fed by TMA reads x and dy rows in expert order: every operand of an expert contiguous
-    tma_w = fused_dx is None and config.tma_weight_grad is not None and tma_layout_fits(H, I)
+    tma_w = config.tma_weight_grad is not None and tma_layout_fits(H, I)
     sorted_rows = None
     if tma_w and config.sorted_rows_from_a and num_slots > 0:  # stored by kernel A as it gathers them
         sorted_rows = tuple(allocate((num_slots, H), dtype=workspace_dtype, device=device) for _ in range(2))
@@ -437,10 +431,6 @@ def moe_experts_backward_triton(
                            preactivations=preactivations,
                            preact=PREACT_COMPUTED if preactivations is None else PREACT_READ,
                            sorted_rows=sorted_rows)  # fmt: skip
-    skip_rows = -1
-    if fused_dx is not None:  # kernel G: dWg, dWu and dX of the experts with few rows; W and D skip those
-        skip_rows = fused_dx.launch(routing, sorted_slot, dgate, dup, x_halves[0], gate_weights, up_weights,
-                                    grad_gate, grad_up, dx_slot, K)  # fmt: skip
     if tma_w:
         if sorted_rows is None:  # one gather each
             x_sorted = gather_sorted_rows(x_halves[0], sorted_slot[:num_slots], K)
@@ -453,11 +443,10 @@ def moe_experts_backward_triton(
                                 scaled_act, grad_gate, grad_up, grad_down, num_programs=persistent_programs(device))
     else:
         launch_weight_grads(config, routing, sorted_slot, K, x_halves[0], dy_halves[0], dgate, dup, scaled_act,
-                            grad_gate, grad_up, grad_down, skip_rows=skip_rows)  # fmt: skip
+                            grad_gate, grad_up, grad_down)  # fmt: skip
     if num_slots > 0:
         # dX_slot = Wg_eᵀ dg + Wu_eᵀ du: Wg[e][i, h] at i·H + h
-        project_slots(config, routing, gate_weights, up_weights, dgate, dup, dx_slot, transposed_weights=True,
-                      skip_rows=skip_rows)  # fmt: skip
+        project_slots(config, routing, gate_weights, up_weights, dgate, dup, dx_slot, transposed_weights=True)
         launch_token_sum(config, plan, dx_slot, topk_indices, E, grad_hidden, topk_partial, grad_topk)
     else:  # no slots at all (T = 0 or K = 0): nothing reaches grad_hidden_states
         grad_hidden.zero_()

@@ -18,7 +18,7 @@ transposed. The weight tile is the M side (64 rows per warp group), the expert's
 row block can be as narrow as the expert is busy (wgmma's N goes down to 8).
 
 Tiles and order. A tile is (expert, H-tile, row block); expert e has n_H · ⌈n_e / BLOCK_ROWS⌉ of them
-(none for an expert without rows, or with at most ``skip_rows`` rows: kernel G did those). A tiny
+(none for an expert without rows). A tiny
 prologue kernel (:func:`tile_offsets_kernel`, one program) writes the exclusive prefix of the tile
 counts, ``tile_offsets`` [E + 1], on the device: the tiles are numbered expert-major (expert e's are
 tile_offsets[e] ≤ t < tile_offsets[e + 1]; within an expert row blocks inner, so neighbouring tiles
@@ -102,11 +102,10 @@ def tile_offsets_kernel(
     tile_offsets_ptr,  # out [E + 1] int32: first tile number of each expert, then the number of tiles
     num_experts,  # E
     num_h_tiles,  # cdiv(H, BLOCK_H): tiles per row block
-    skip_rows,  # experts with at most this many rows get no tiles (kernel G did them); −1: none skipped
     BLOCK_ROWS: tl.constexpr,  # rows per row block of the main kernel
     BLOCK_E: tl.constexpr,  # experts per chunk of the prefix sum
 ):  # fmt: skip
-    # One program: tile_offsets[e] = Σ_{e' < e} n_H · ⌈n_e' / BLOCK_ROWS⌉ (0 for skipped experts).
+    # One program: tile_offsets[e] = Σ_{e' < e} n_H · ⌈n_e' / BLOCK_ROWS⌉.
     tl.store(tile_offsets_ptr, 0)
     total = 0
     for e0 in range(0, num_experts, BLOCK_E):
@@ -115,7 +114,7 @@ def tile_offsets_kernel(
         begin = tl.load(expert_offsets_ptr + es, mask=ok, other=0)
         end = tl.load(expert_offsets_ptr + es + 1, mask=ok, other=0)
         rows = end - begin
-        tiles = tl.where(rows > skip_rows, (rows + BLOCK_ROWS - 1) // BLOCK_ROWS, 0) * num_h_tiles
+        tiles = (rows + BLOCK_ROWS - 1) // BLOCK_ROWS * num_h_tiles
         tl.store(tile_offsets_ptr + es + 1, total + tl.cumsum(tiles, 0), mask=ok)
         total += tl.sum(tiles, 0)
 
@@ -373,8 +372,7 @@ def two_term_form(config: TmaSlotProjectionConfig, weights1, weights2, rows1, ro
 
 
 def launch_slot_projection_tma(config: TmaSlotProjectionConfig, routing, weights1, weights2, rows1, rows2,
-                               out_slot, *, transposed_weights: bool, num_programs: int,
-                               skip_rows: int = -1) -> None:  # fmt: skip
+                               out_slot, *, transposed_weights: bool, num_programs: int) -> None:  # fmt: skip
     """Kernel D, TMA-fed and persistent: out_slot[slot(p)] = W1_e v1[p] (+ W2_e v2[p]) for every sorted p.
 
     backward: ``(Wg, Wu, dg, du, dX_slot, transposed_weights=True)`` — Wg, Wu [E, I, H], out = Wgᵀ dg + Wuᵀ du;
@@ -382,7 +380,7 @@ def launch_slot_projection_tma(config: TmaSlotProjectionConfig, routing, weights
     ``routing``: :class:`~.routing.ExpertRouting` (sorted_slot [T·K] int32, expert_offsets [E + 1] int32);
     ``rows1``, ``rows2`` [≥ T·K, I] in bf16 or fp16, rows in sorted order; the weights in the rows' dtype
     or fp32 (the fp32 interface: rounded to the rows' dtype in registers); ``out_slot`` [≥ T·K, H] fp32,
-    row = slot id: every slot row of an expert with more than ``skip_rows`` rows is written, nothing else.
+    row = slot id: every slot row is written, nothing else.
     ``num_programs``: the persistent grid (the number of SMs on the GPU). No host synchronisation:
     capturable in a CUDA graph. On CUDA it installs a torch-backed Triton allocator
     (``triton.set_allocator``) for the descriptors the kernel builds on the device.
@@ -444,7 +442,7 @@ def launch_slot_projection_tma(config: TmaSlotProjectionConfig, routing, weights
     block_h, block_rows, block_i = tile
     tile_offsets = torch.empty(E + 1, dtype=torch.int32, device=rows1.device)
     tile_offsets_kernel[(1,)](
-        routing.expert_offsets, tile_offsets, E, triton.cdiv(H, block_h), skip_rows,
+        routing.expert_offsets, tile_offsets, E, triton.cdiv(H, block_h),
         BLOCK_ROWS=block_rows, BLOCK_E=min(1024, triton.next_power_of_2(E)), num_warps=4,
     )  # fmt: skip
     slot_projection_tma_kernel[(num_programs,)](
