@@ -20,7 +20,6 @@ INT_POINTERS = ("sorted_slot_ptr", "expert_offsets_ptr")
 SIZE_ARGS = ("hidden_size", "inter_size", "num_slots", "size_m", "size_n", "stride_i")
 FP32_POINTERS = ("topk_partial_ptr", "dx_slot_ptr", "topk_weights_ptr", "out_slot_ptr")
 OPERAND_POINTERS = ("x_hi_ptr", "x_lo_ptr", "dy_hi_ptr", "dy_lo_ptr", "dgate_ptr", "dup_ptr", "scaled_act_ptr",
-                    "x_sorted_ptr", "dy_sorted_ptr",
                     "a_ptr", "a2_ptr", "b_ptr", "rows1_ptr", "rows2_ptr")  # fmt: skip
 
 
@@ -66,7 +65,7 @@ def main():
     input_type, split = ("*fp32", True) if args.dtype == "fp32" else ("*bf16", False)
     launches = {
         "A": (kernels.swiglu_grad_kernel, dict(OPERAND_DTYPE=tl.bfloat16, SPLIT_PRECISION=split, FORWARD_ONLY=False,
-                                               PREACT=PREACT_COMPUTED, STORE_SORTED=bool(config.sorted_rows_from_a),
+                                               PREACT=PREACT_COMPUTED,
                                                BLOCK_I=config.block_i, BLOCK_M=config.block_m, BLOCK_H=config.block_h),
               config.warps_a, config.stages_a),
         "W dWg,dWu": (kernels.expert_weight_grad_kernel,

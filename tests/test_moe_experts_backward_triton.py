@@ -50,9 +50,6 @@ SMALL_CASES = {
     "bf16": (13, 40, 24, 5, 2, "uniform", "bfloat16", "float32", "int64", None),
     "bf16-int32-bf16-topk": (10, 24, 40, 6, 3, "skewed", "bfloat16", "bfloat16", "int32", None),
     "fp16": (7, 24, 16, 3, 2, "uniform", "float16", "float16", "int64", None),
-    # kernel W's expert-sorted x, dy rows stored by kernel A instead of gathered afterwards (fp32: below)
-    "rows-from-A-bf16-hot": (40, 40, 24, 5, 2, "hot", "bfloat16", "float32", "int64",
-                             {"sorted_rows_from_a": True, "row_split": 2}),
 }
 
 
@@ -369,34 +366,6 @@ def test_zero_experts_per_token_gives_zero_gradients(seed):
             grads = moe_lib.moe_experts_backward(*inputs.values(), impl=impl, validate=validate)
             assert [tuple(g.shape) for g in grads] == [(5, 32), (5, 0), (4, 16, 32), (4, 16, 32), (4, 32, 16)]
             assert all(torch.count_nonzero(g) == 0 for g in grads), (impl, validate)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("with_preactivations", [False, True])
-def test_sorted_rows_from_kernel_a_change_no_bit(dtype, with_preactivations, seed, monkeypatch):
-    """Kernel A storing the expert-sorted x, dy rows it gathers (``sorted_rows_from_a``) gives kernel W the
-    same operands as the separate gather: every output bitwise equal, with NaN-filled allocations (a row A
-    did not write would reach the weight gradients). With saved pre-activations A reads no x: x is gathered."""
-    from moe_lib.moe_experts import launch
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    T, H, I, E, K = (300, 256, 128, 8, 2) if device == "cuda" else (21, 40, 24, 5, 2)
-    inputs = problems.make_inputs("moe_experts_backward", T, seed=seed, device=device, dtype=dtype, routing="skewed",
-                                  hidden_size=H, intermediate_size=I, num_experts=E, top_k=K)  # fmt: skip
-    monkeypatch.setattr(launch, "allocate", nan_filled)
-    base = launch.launch_config(T * K, E, input_bytes=inputs["hidden_states"].element_size(),
-                                interpreter=device != "cuda")  # fmt: skip
-    assert base.tma_weight_grad is not None and not base.sorted_rows_from_a
-    preactivations = None
-    if with_preactivations:
-        forward_inputs = [inputs[name] for name in ("hidden_states", "topk_indices", "topk_weights", "gate_weights",
-                                                    "up_weights", "down_weights")]  # fmt: skip
-        preactivations = launch.moe_experts_forward_triton(*forward_inputs, save_preactivations=True)[1]
-    gathered, stored = (launch.moe_experts_backward_triton(
-        *inputs.values(), config=dataclasses.replace(base, sorted_rows_from_a=flag), preactivations=preactivations)
-        for flag in (False, True))  # fmt: skip
-    for name, a, b in zip(OUTPUT_NAMES, gathered, stored, strict=True):
-        assert torch.isfinite(b).all() and torch.equal(a, b), name
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

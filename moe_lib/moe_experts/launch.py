@@ -76,9 +76,6 @@ class LaunchConfig:
     tma_weight_grad: TmaWeightGradConfig | None = None
     # kernel D likewise (:mod:`.tma_slot_projection`); None: the pointer-based kernel D
     tma_slot_projection: TmaSlotProjectionConfig | None = None
-    # the TMA-fed kernel W's expert-sorted x, dy rows stored by kernel A as it gathers them (its I-tile-0
-    # programs) instead of by a separate gather afterwards; not yet measured on a GPU, so off
-    sorted_rows_from_a: bool = False
 
 
 def launch_config(num_slots: int, num_experts: int, *, input_bytes: int = 4, interpreter: bool = False) -> LaunchConfig:
@@ -219,22 +216,20 @@ PREACT_COMPUTED, PREACT_STORED, PREACT_READ = 0, 1, 2
 
 def launch_swiglu_grad(config, plan, routing, x_halves, dy_halves, topk_weights, gate_weights, up_weights,
                        down_weights, dgate, dup, scaled_act, topk_partial, *, forward_only: bool,
-                       preactivations=None, preact=PREACT_COMPUTED, sorted_rows=None):  # fmt: skip
+                       preactivations=None, preact=PREACT_COMPUTED):  # fmt: skip
     """Kernel A over every (expert, I-tile, row split); ``forward_only`` stores aw alone (dy unused);
     ``preactivations`` (g, u), each [T·K, I] by sorted position, written (PREACT_STORED) or read
-    instead of recomputed (PREACT_READ); ``sorted_rows`` (x_sorted, dy_sorted), each [T·K, H], get x_hi's
-    (where x is loaded: not with PREACT_READ) and dy_hi's rows in sorted order."""
+    instead of recomputed (PREACT_READ)."""
     H = x_halves[0].shape[1]
     I = gate_weights.shape[1]
     num_slots, top_k = topk_weights.numel(), topk_weights.shape[1]
     gate_pre, up_pre = preactivations if preactivations is not None else (scaled_act, scaled_act)
-    x_sorted, dy_sorted = sorted_rows if sorted_rows is not None else (scaled_act, scaled_act)
     kernels.swiglu_grad_kernel[(plan["A"].programs,)](
         *x_halves, *dy_halves, topk_weights, gate_weights, up_weights, down_weights,
         routing.sorted_slot, routing.expert_offsets, dgate, dup, scaled_act, topk_partial, gate_pre, up_pre,
-        x_sorted, dy_sorted, num_slots, top_k, H, I, plan["A"].grid["I-tiles"], config.row_split,
+        num_slots, top_k, H, I, plan["A"].grid["I-tiles"], config.row_split,
         OPERAND_DTYPE=OPERAND_DTYPES[x_halves[0].dtype], SPLIT_PRECISION=gate_weights.dtype == torch.float32,
-        FORWARD_ONLY=forward_only, PREACT=preact, STORE_SORTED=sorted_rows is not None,
+        FORWARD_ONLY=forward_only, PREACT=preact,
         INTERPRETER=interpreter_enabled(),
         BLOCK_I=config.block_i, BLOCK_M=config.block_m, BLOCK_H=config.block_h,
         num_warps=config.warps_a, num_stages=config.stages_a,
@@ -421,24 +416,15 @@ def moe_experts_backward_triton(
     dy_halves = operand_halves(grad_output, split_precision, workspace_dtype)
     # kernel W fed by TMA reads x and dy rows in expert order: every operand of an expert contiguous
     tma_w = config.tma_weight_grad is not None and tma_layout_fits(H, I)
-    sorted_rows = None
-    if tma_w and config.sorted_rows_from_a and num_slots > 0:  # stored by kernel A as it gathers them
-        sorted_rows = tuple(allocate((num_slots, H), dtype=workspace_dtype, device=device) for _ in range(2))
 
     if num_slots > 0:
         launch_swiglu_grad(config, plan, routing, x_halves, dy_halves, topk_weights, gate_weights, up_weights,
                            down_weights, dgate, dup, scaled_act, topk_partial, forward_only=False,
                            preactivations=preactivations,
-                           preact=PREACT_COMPUTED if preactivations is None else PREACT_READ,
-                           sorted_rows=sorted_rows)  # fmt: skip
-    if tma_w:
-        if sorted_rows is None:  # one gather each
-            x_sorted = gather_sorted_rows(x_halves[0], sorted_slot[:num_slots], K)
-            dy_sorted = gather_sorted_rows(dy_halves[0], sorted_slot[:num_slots], K)
-        else:  # kernel A read no x where it read g and u back: x gathered here
-            x_sorted, dy_sorted = sorted_rows
-            if preactivations is not None:
-                x_sorted = gather_sorted_rows(x_halves[0], sorted_slot[:num_slots], K)
+                           preact=PREACT_COMPUTED if preactivations is None else PREACT_READ)  # fmt: skip
+    if tma_w:  # one gather each
+        x_sorted = gather_sorted_rows(x_halves[0], sorted_slot[:num_slots], K)
+        dy_sorted = gather_sorted_rows(dy_halves[0], sorted_slot[:num_slots], K)
         launch_weight_grads_tma(config.tma_weight_grad, routing.expert_offsets, x_sorted, dy_sorted, dgate, dup,
                                 scaled_act, grad_gate, grad_up, grad_down, num_programs=persistent_programs(device))
     else:
