@@ -14,7 +14,8 @@ from moe_lib import problems
 from moe_lib.bench.sm90 import compile_for_sm90, first_error_line, resources, runtime_names
 from moe_lib.bench.tuning import parse_field, replace_fields
 from moe_lib.moe_experts import kernels
-from moe_lib.moe_experts.launch import PREACT_COMPUTED, launch_config
+from moe_lib.moe_experts.choose import launch_config
+from moe_lib.moe_experts.launch import PREACT_COMPUTED
 
 INT_POINTERS = ("sorted_slot_ptr", "expert_offsets_ptr")
 SIZE_ARGS = ("hidden_size", "inter_size", "num_slots", "size_m", "size_n", "stride_i")

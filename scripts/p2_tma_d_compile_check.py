@@ -33,11 +33,8 @@ from moe_lib.bench.sm90 import (
     wgmma_serialized,
 )
 from moe_lib.bench.tuning import parse_case
-from moe_lib.moe_experts.tma_slot_projection import (
-    choose_tma_slot_projection_config,
-    slot_projection_tma_kernel,
-    tile_offsets_kernel,
-)
+from moe_lib.moe_experts.choose import choose_tma_slot_projection_config
+from moe_lib.moe_experts.tma_slot_projection import slot_projection_tma_kernel, tile_offsets_kernel
 
 WEIGHT_TYPES = {"bf16": "*bf16", "fp32": "*fp32"}  # kernel D's rows are bf16 either way
 SASS_OPS = ("HGMMA", "UTMALDG", "LDGSTS")

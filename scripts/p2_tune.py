@@ -28,7 +28,8 @@ from torch.profiler import ProfilerActivity, profile
 from moe_lib.bench import timing
 from moe_lib.bench.checks import compare_output, reference_outputs
 from moe_lib.bench.tuning import parse_case, parse_fields, replace_fields
-from moe_lib.moe_experts.launch import launch_config, moe_experts_backward_triton
+from moe_lib.moe_experts.choose import launch_config
+from moe_lib.moe_experts.launch import moe_experts_backward_triton
 
 # kernel name -> column; the weight-gradient kernel runs twice per call: dWg and dWu, then dWd
 KERNEL_NAMES = {"swiglu_grad_kernel": "A", "expert_weight_grad_kernel": ("Wgu", "Wd"), "slot_projection_kernel": "D",

@@ -72,34 +72,35 @@ def nan_filled(size, *, dtype, device):
 def run_triton(inputs: dict, overrides=None):
     """The public entry point, or the kernel function itself when config fields are overridden."""
     from moe_lib.moe_experts import launch
+    from moe_lib.moe_experts.choose import launch_config
 
     if overrides is None:
         return moe_lib.moe_experts_backward(*inputs.values(), impl="triton")
     interpreter = inputs["hidden_states"].device.type != "cuda"
     T, K = inputs["topk_indices"].shape
-    config = launch.launch_config(T * K, inputs["gate_weights"].shape[0], interpreter=interpreter,
-                                  input_bytes=inputs["hidden_states"].element_size())  # fmt: skip
+    config = launch_config(T * K, inputs["gate_weights"].shape[0], interpreter=interpreter,
+                           input_bytes=inputs["hidden_states"].element_size())  # fmt: skip
     config = dataclasses.replace(config, **overrides)
     return launch.moe_experts_backward_triton(*inputs.values(), config=config)
 
 
 def check_small_case(case: str, seed: int, device="cpu") -> dict:
     """Runs one small case twice with NaN-filled allocations; returns what the tests assert on."""
-    from moe_lib.moe_experts import launch as kernels
+    from moe_lib.moe_experts import launch, runtime
 
     inputs = small_case_inputs(case, seed, device)
     upcast = {k: (v.double() if v.is_floating_point() else v) for k, v in inputs.items()}
     want = reference.moe_experts_backward_reference(*upcast.values())
     overrides = SMALL_CASES[case][-1]
-    kernels.allocate = nan_filled
+    runtime.allocate = nan_filled
     try:
         start = time.perf_counter()
         got = run_triton(inputs, overrides)
         seconds = time.perf_counter() - start
         again = run_triton(inputs, overrides)
-        forward = kernels.moe_experts_forward_triton(*list(inputs.values())[1:])
+        forward = launch.moe_experts_forward_triton(*list(inputs.values())[1:])
     finally:
-        kernels.allocate = torch.empty
+        runtime.allocate = torch.empty
     chosen = torch.zeros(inputs["gate_weights"].shape[0], dtype=torch.bool, device=device)
     chosen[inputs["topk_indices"].reshape(-1).long()] = True
     weight_grads = got[2:]
@@ -184,7 +185,7 @@ def test_routing_groups_slots_by_expert(seed):
 
 
 def test_row_split_follows_the_mean_rows_per_expert():
-    from moe_lib.moe_experts.launch import launch_config
+    from moe_lib.moe_experts.choose import launch_config
 
     # the benchmark's shape: 64 rows per expert at T = 2048, 256 at T = 8192 (K = 8, E = 256)
     assert launch_config(2048 * 8, 256).row_split == 2
@@ -260,7 +261,7 @@ def test_gpu_full_size_bf16_against_fp32_reference(seed):
 @pytest.mark.parametrize("routing", ["uniform", "hot"])
 def test_gpu_busy_experts_bf16_against_float64(routing, seed):
     """512+ rows per expert on average: the 128-row-block configuration of 16-bit inputs."""
-    from moe_lib.moe_experts.launch import launch_config
+    from moe_lib.moe_experts.choose import launch_config
 
     sizes = dict(hidden_size=512, intermediate_size=384, num_experts=8, top_k=2)
     inputs = to_bf16(problems.make_inputs("moe_experts_backward", 3001, seed=seed, device=CUDA, routing=routing,
@@ -400,7 +401,7 @@ def test_layer_with_and_without_saved_activations_against_float64(dtype, save_ac
 
 @pytest.mark.parametrize("bad", ["shape", "dtype", "strides", "count"])
 def test_weight_grads_out_that_does_not_fit_is_refused_before_any_work(bad, seed):
-    from moe_lib.moe_experts import launch
+    from moe_lib.moe_experts import launch, runtime
 
     inputs = small_case_inputs("odd", seed)
     gate, down = inputs["gate_weights"], inputs["down_weights"]
@@ -415,7 +416,7 @@ def test_weight_grads_out_that_does_not_fit_is_refused_before_any_work(bad, seed
         out = out[:2]
     allocated = []
     with pytest.MonkeyPatch.context() as patch:  # nothing may be allocated (or launched) before the refusal
-        patch.setattr(launch, "allocate", lambda *a, **k: allocated.append(a) or torch.empty(*a, **k))
+        patch.setattr(runtime, "allocate", lambda *a, **k: allocated.append(a) or torch.empty(*a, **k))
         with pytest.raises(ValueError, match="^weight_grads_out: "):
             launch.moe_experts_backward_triton(*(inputs[name] for name in problems.load("moe_experts_backward")
                                                  .input_names), weight_grads_out=out)  # fmt: skip

@@ -24,12 +24,12 @@ import torch
 from conftest import rel_error
 
 from moe_lib.dispatch import interpreter_enabled
+from moe_lib.moe_experts.choose import choose_tma_slot_projection_config
 from moe_lib.moe_experts.inputs import route_tokens
 from moe_lib.moe_experts.routing import route_by_expert
 from moe_lib.moe_experts.tma_slot_projection import (
     TmaSlotProjectionConfig,
     _term_axis_fits,
-    choose_tma_slot_projection_config,
     launch_slot_projection_tma,
     tma_slot_projection_fits,
     two_term_form,
@@ -89,7 +89,7 @@ def run_tma(case: dict, use: str, config: TmaSlotProjectionConfig, num_programs:
     else:
         args = (case["down"], None, case["scaled_act"], None)
     launch_slot_projection_tma(config, case["routing"], *args, out, transposed_weights=use == "backward",
-                               num_programs=num_programs)
+                               num_programs=num_programs)  # fmt: skip
     return out
 
 
@@ -250,16 +250,17 @@ MEDIUM = dict(T=3001, H=520, I=392, E=16, K=4)  # edge tiles clipped in both H a
 
 def existing_kernel_d(case: dict, use: str) -> torch.Tensor:
     """Today's kernel D (pointer loads, row split) on the same workspaces."""
-    from moe_lib.moe_experts import launch
+    from moe_lib.moe_experts.choose import launch_config
+    from moe_lib.moe_experts.designs.d_pointer import launch_slot_projection
 
     T, H, I, E, K, dtype = (case[k] for k in ("T", "H", "I", "E", "K", "dtype"))
-    config = launch.launch_config(T * K, E, input_bytes=dtype.itemsize)
+    config = launch_config(T * K, E, input_bytes=dtype.itemsize)
     out = torch.full((T * K, H), float("nan"), device="cuda")
     if use == "backward":
-        launch.launch_slot_projection(config, case["routing"], case["gate"], case["up"], case["dgate"],
+        launch_slot_projection(config, case["routing"], case["gate"], case["up"], case["dgate"],
                                       case["dup"], out, 1, H)  # fmt: skip
     else:
-        launch.launch_slot_projection(config, case["routing"], case["down"], case["down"], case["scaled_act"],
+        launch_slot_projection(config, case["routing"], case["down"], case["down"], case["scaled_act"],
                                       case["scaled_act"], out, I, 1)  # fmt: skip
     return out
 

@@ -22,7 +22,8 @@ from moe_lib.distributed import expert_partition
 from moe_lib.lab import derivations
 from moe_lib.lab import results as lab_results
 from moe_lib.lab import targets as lab_targets
-from moe_lib.moe_experts import launch as p2_launch
+from moe_lib.moe_experts import choose as p2_choose
+from moe_lib.moe_experts import runtime as p2_runtime
 from moe_lib.moe_experts.inputs import ROUTINGS, route_tokens
 from moe_lib.swiglu_down import launch as p1_launch
 
@@ -334,12 +335,12 @@ def test_kernels_notebook_grids_are_those_of_moe_lib(kernels_run):
     T, H, I = p["p1_num_tokens"], p["p1_hidden_size"], p["p1_intermediate_size"]
     plan = p1_launch.launch_plan(T, H, I, p1_launch.choose_config(T, H, I, interpreter=True))
     assert summary["p1"]["grid"] == {f"launch {n}": sum(k.programs for k in plan if k.launch == n) for n in (1, 2)}
-    config = p2_launch.launch_config(p["p2_num_tokens"] * p["p2_top_k"], p["p2_num_experts"], input_bytes=4,
+    config = p2_choose.launch_config(p["p2_num_tokens"] * p["p2_top_k"], p["p2_num_experts"], input_bytes=4,
                                      interpreter=True)  # fmt: skip
     T, H, I = p["p2_num_tokens"], p["p2_hidden_size"], p["p2_intermediate_size"]
     E, R = p["p2_num_experts"], config.row_split
 
-    persistent = p2_launch.default_persistent_programs()  # kernels W and D, TMA-fed: programs loop over tiles
+    persistent = p2_runtime.default_persistent_programs()  # kernels W and D, TMA-fed: programs loop over tiles
     assert config.tma_weight_grad is not None and config.tma_slot_projection is not None
     assert summary["p2"]["grid"] == {"A": E * -(-I // config.block_i) * R, "W_gate_up": persistent,
                                      "W_down": persistent, "D": persistent,

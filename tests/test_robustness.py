@@ -299,12 +299,12 @@ def test_inputs_that_cannot_fit_are_refused_up_front(name):
 @needs_triton
 @pytest.mark.parametrize("forward", [False, True])
 def test_triton_workspaces_that_cannot_fit_are_refused_up_front(forward, monkeypatch):
-    from moe_lib.moe_experts import launch
+    from moe_lib.moe_experts import launch, runtime
 
     def no_allocation(*args, **kwargs):
         raise AssertionError("allocated before the size check")
 
-    monkeypatch.setattr(launch, "allocate", no_allocation)
+    monkeypatch.setattr(runtime, "allocate", no_allocation)
     T, H, I, E, K = 2**31, 4096, 2048, 256, 8
     x = torch.zeros(1, H, device=DEVICE).expand(T, H)  # zero strides: no memory behind them
     indices = torch.zeros(1, K, dtype=torch.int64, device=DEVICE).expand(T, K)

@@ -607,21 +607,23 @@ def p2_kernel_a_workspaces(inputs: dict) -> dict:
     import torch
 
     from ..moe_experts import launch
+    from ..moe_experts.choose import launch_config
     from ..moe_experts.routing import route_by_expert
+    from ..moe_experts.runtime import WORKSPACE_DTYPES, operand_halves
 
     x, dy = inputs["hidden_states"], inputs["grad_output"]
     T, K = inputs["topk_indices"].shape
     E, I, H = inputs["gate_weights"].shape
     dtype, device = x.dtype, x.device
-    config = launch.launch_config(T * K, E, input_bytes=x.element_size())
+    config = launch_config(T * K, E, input_bytes=x.element_size())
     plan = launch.launch_plan(T, H, I, E, K, config)
     routing = route_by_expert(inputs["topk_indices"], E)
-    workspace_dtype = launch.WORKSPACE_DTYPES[dtype]
+    workspace_dtype = WORKSPACE_DTYPES[dtype]
     split = dtype == torch.float32
     dgate, dup, scaled_act = (torch.empty((T * K, I), dtype=workspace_dtype, device=device) for _ in range(3))
     topk_partial = torch.empty((plan["A"].grid["I-tiles"], T * K), dtype=torch.float32, device=device)
-    x_halves = launch.operand_halves(x, split, workspace_dtype)
-    dy_halves = launch.operand_halves(dy, split, workspace_dtype)
+    x_halves = operand_halves(x, split, workspace_dtype)
+    dy_halves = operand_halves(dy, split, workspace_dtype)
     launch.launch_swiglu_grad(config, plan, routing, x_halves, dy_halves, inputs["topk_weights"],
                               inputs["gate_weights"], inputs["up_weights"], inputs["down_weights"], dgate, dup,
                               scaled_act, topk_partial, forward_only=False)  # fmt: skip

@@ -1,4 +1,5 @@
-"""P2's Triton kernels (``@triton.jit`` only; the host side is :mod:`.launch`), the forward recomputed inside.
+"""P2's Triton kernels (``@triton.jit`` only; the host side is :mod:`.launch` and :mod:`.designs`), the forward
+recomputed inside.
 
 Notation: T tokens, K experts per token, E experts, H hidden, I intermediate; slot s = t·K + k is
 token t's k-th choice, e = topk_indices[t, k], w = topk_weights[t, k], x = hidden_states[t],

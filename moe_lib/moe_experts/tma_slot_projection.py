@@ -77,7 +77,8 @@ fp32 (:func:`~.kernels.dot16`) and the tiles are 16 wide.
 
 TMA constraints: 16-byte aligned bases and row strides that are multiples of 16 bytes: I · 2 bytes for the
 rows, the weights' inner width (H backward, I forward) times their element size
-(:func:`tma_slot_projection_fits`).
+(:func:`tma_slot_projection_fits`); the design (:mod:`.designs.d_tma`) declares them, so that the chooser
+(:mod:`.choose`, which also picks the tiles) falls back to the pointer-based kernel D elsewhere.
 """
 
 from __future__ import annotations
@@ -276,7 +277,7 @@ class TmaSlotProjectionConfig:
     step. ``backward_*``: the two-term launch (Wgᵀ dg + Wuᵀ du); ``forward_*``: the one-term launch (Wd aw).
     Stages count pipelined reduction steps of one term each (a weight block and a rows block): the
     backward's paired form (two terms per step, where the terms cannot share a descriptor) takes half as many,
-    and always nested loops.
+    and always nested loops. The measured ones: :func:`~.choose.choose_tma_slot_projection_config`.
     """
 
     backward_tile: tuple[int, int, int] = (128, 64, 64)
@@ -305,38 +306,6 @@ class TmaSlotProjectionConfig:
             stages = max(2, self.backward_stages // 2) if paired else self.backward_stages
             return self.backward_tile, self.backward_warps, stages
         return self.forward_tile, self.forward_warps, self.forward_stages
-
-
-def choose_tma_slot_projection_config(num_slots: int, num_experts: int, input_bytes: int,
-                                      interpreter: bool) -> TmaSlotProjectionConfig:  # fmt: skip
-    """The configuration for T·K = ``num_slots`` slots over ``num_experts`` experts, inputs of ``input_bytes``.
-
-    Interpreter: 16-wide tiles (the smallest ``tl.dot`` takes), so that tiny shapes have several H-tiles,
-    row blocks and reduction steps, and clipped edges. GPU (timed on the H200 against the pointer-based
-    kernel D with ``scripts/p2_tma_d_bench.py``, data/results/NOTES.md; registers, shared memory and wgmma
-    serialisation from ``scripts/p2_tma_d_compile_check.py``: none spills, none serialised): 8 warps, 64
-    intermediate columns per step, 4 steps in flight, then
-      - 16-bit, fewer than 128 rows per expert on average (2048 tokens: 64): 256 weight rows × 64 expert
-        rows per tile (the weight slab read by half as many tiles; backward 2.23 ms against 2.55, forward
-        1.21 against 1.27);
-      - 16-bit, busier experts: 256 weight rows × 128 expert rows on 16 warps (four warp groups of 64 weight
-        rows), which read each expert row block once per 256 weight rows instead of 128 (``--experts`` of
-        ``scripts/p2_tma_d_bench.py``, against 128 × 128 on 8 warps: E 256, 32768 tokens backward 18.3 ms
-        against 19.9, forward 9.4 against 11.2; E 32, as one rank of 8, backward 16.2 against 18.6; E 16
-        backward 16.4 against 20.9; 8192 tokens backward 4.8 against 5.2, forward a tie);
-      - fp32 weights (fp32 interface): by TMA, 128 × 128 tiles, nested loops (flattened, ptxas serialises
-        the wgmma of this form; 2048 tokens: backward 4.36 ms against 4.67, forward 2.21 against 2.52).
-    The tile and step loops of 16-bit inputs are flattened into one pipeline across a program's tiles.
-    """
-    if interpreter:
-        tiny = (16, 16, 16)
-        return TmaSlotProjectionConfig(tiny, 1, 2, tiny, 1, 2)
-    mean_rows = num_slots / max(num_experts, 1)
-    if input_bytes == 4:
-        return TmaSlotProjectionConfig((128, 128, 64), 8, 4, (128, 128, 64), 8, 4, flatten=False)
-    if mean_rows >= 128:
-        return TmaSlotProjectionConfig((256, 128, 64), 16, 4, (256, 128, 64), 16, 4)
-    return TmaSlotProjectionConfig((256, 64, 64), 8, 4, (256, 64, 64), 8, 4)
 
 
 def tma_slot_projection_fits(hidden_size: int, intermediate_size: int, weight_bytes: int = 2,
