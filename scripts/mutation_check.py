@@ -69,6 +69,9 @@ MUTANTS = [
            'if resolve_impl(impl, hidden_states.device, hidden_states.dtype) == "reference":',
            'if resolve_impl(impl, hidden_states.device, hidden_states.dtype) in ("reference", "triton"):',
            ("tests/test_robustness.py", "-k", "impl_triton")),
+    Mutant("p2_tma_on_unaligned_rows", "P2's TMA-fed designs claim rows of any width", "moe_lib/moe_experts/runtime.py",
+           "        if width * dtype.itemsize % 16:", "        if False:",
+           ("tests/test_moe_experts_choose.py", "-k", "table or answers or unaligned")),
     # the guarantees of the robustness work itself
     Mutant("check_finite_ignored", "check_finite=True checks nothing", "moe_lib/validation.py",
            'checked = {name: t for name, t in named.items() if t.is_floating_point() and t.device.type != "meta"}',
