@@ -78,7 +78,7 @@ def choose_tma_weight_grad_config(num_slots: int, num_experts: int, input_bytes:
     if interpreter:
         return TmaWeightGradConfig((16, 16, 16), (16, 16, 16), 1, 1, 1, 1)
     mean_rows = num_slots / max(num_experts, 1)
-    # few rows per expert: more expert groups in flight share fewer descriptor rebuilds (NOTES.md: Design 4 — kernel W)
+    # few rows per expert: G groups, each program visits E / G experts, fewer descriptors built (NOTES.md: Design 4)
     groups = 4 if mean_rows < 128 else 2 if mean_rows < 512 else 1
     if input_bytes == 4:  # fp32 output tiles: a 128×256 dWd tile would need 272 KB of shared memory
         return TmaWeightGradConfig((128, 128, 64), (128, 128, 64), 8, 3, 8, 3, expert_groups=groups)
