@@ -7,7 +7,7 @@ and *survives* when they pass. Every selection of tests also runs once unmutated
 fails without a mutant cannot judge one.
 
     PYTHONPATH=. python scripts/mutation_check.py            # every mutant, two at a time
-    PYTHONPATH=. python scripts/mutation_check.py --only kernel_g_block_rows --jobs 1
+    PYTHONPATH=. python scripts/mutation_check.py --only p2_triton_to_reference --jobs 1
 
 Exit status 0 when every mutant is killed, 1 otherwise. A few minutes on two CPU cores (the Triton tests
 run under the interpreter there).
@@ -69,9 +69,9 @@ MUTANTS = [
            'if resolve_impl(impl, hidden_states.device, hidden_states.dtype) == "reference":',
            'if resolve_impl(impl, hidden_states.device, hidden_states.dtype) in ("reference", "triton"):',
            ("tests/test_robustness.py", "-k", "impl_triton")),
-    Mutant("kernel_g_block_rows", "kernel G takes experts of fewer than BLOCK_ROWS rows (<= -> <)",
-           "moe_lib/moe_experts/fused_dx.py", "if row_end - row_begin <= BLOCK_ROWS:",
-           "if row_end - row_begin < BLOCK_ROWS:", ("tests/test_robustness.py", "-k", "kernel_g")),
+    Mutant("p2_tma_on_unaligned_rows", "P2's TMA-fed designs claim rows of any width", "moe_lib/moe_experts/runtime.py",
+           "        if width * dtype.itemsize % 16:", "        if False:",
+           ("tests/test_moe_experts_choose.py", "-k", "table or answers or unaligned")),
     # the guarantees of the robustness work itself
     Mutant("check_finite_ignored", "check_finite=True checks nothing", "moe_lib/validation.py",
            'checked = {name: t for name, t in named.items() if t.is_floating_point() and t.device.type != "meta"}',

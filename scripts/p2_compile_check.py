@@ -2,8 +2,7 @@
 
     PYTHONPATH=. python scripts/p2_compile_check.py [--dtype fp32|bf16] [--tokens 2048] [FIELD=VALUE ...]
 
-FIELD=VALUE overrides a field of the LaunchConfig that ``launch_config`` picks (e.g. block_m=32), or of
-kernel G's (gate_up_dx_tile=32x128x128, warps_g, stages_g; ``moe_lib.bench.tuning.p2_configs``).
+FIELD=VALUE overrides a field of the LaunchConfig that ``launch_config`` picks (e.g. block_m=32).
 Needs only the triton wheel (its ptxas and cuobjdump); a spill shows as a non-zero STACK.
 """
 
@@ -13,17 +12,16 @@ import triton.language as tl
 
 from moe_lib import problems
 from moe_lib.bench.sm90 import compile_for_sm90, first_error_line, resources, runtime_names
-from moe_lib.bench.tuning import p2_configs, parse_field
+from moe_lib.bench.tuning import parse_field, replace_fields
 from moe_lib.moe_experts import kernels
-from moe_lib.moe_experts.fused_dx import gate_up_grad_kernel
-from moe_lib.moe_experts.launch import PREACT_COMPUTED, launch_config
+from moe_lib.moe_experts.choose import launch_config
+from moe_lib.moe_experts.launch import PREACT_COMPUTED
 
 INT_POINTERS = ("sorted_slot_ptr", "expert_offsets_ptr")
 SIZE_ARGS = ("hidden_size", "inter_size", "num_slots", "size_m", "size_n", "stride_i")
 FP32_POINTERS = ("topk_partial_ptr", "dx_slot_ptr", "topk_weights_ptr", "out_slot_ptr")
 OPERAND_POINTERS = ("x_hi_ptr", "x_lo_ptr", "dy_hi_ptr", "dy_lo_ptr", "dgate_ptr", "dup_ptr", "scaled_act_ptr",
-                    "x_sorted_ptr", "dy_sorted_ptr",
-                    "a_ptr", "a2_ptr", "b_ptr", "rows1_ptr", "rows2_ptr", "x_ptr")  # fmt: skip
+                    "a_ptr", "a2_ptr", "b_ptr", "rows1_ptr", "rows2_ptr")  # fmt: skip
 
 
 def argument_type(name: str, input_type: str) -> str:
@@ -61,15 +59,14 @@ def main():
     input_bytes = 4 if args.dtype == "fp32" else 2
     base = launch_config(args.tokens * sizes["top_k"], sizes["num_experts"], input_bytes=input_bytes)
     try:
-        config, fused, _ = p2_configs(base, dict(parse_field(text) for text in args.overrides))
+        config = replace_fields(base, dict(parse_field(text) for text in args.overrides))
     except ValueError as exc:
         parser.error(f"overrides: {exc}")
     print(config)
-    print(fused)
     input_type, split = ("*fp32", True) if args.dtype == "fp32" else ("*bf16", False)
     launches = {
         "A": (kernels.swiglu_grad_kernel, dict(OPERAND_DTYPE=tl.bfloat16, SPLIT_PRECISION=split, FORWARD_ONLY=False,
-                                               PREACT=PREACT_COMPUTED, STORE_SORTED=bool(config.sorted_rows_from_a),
+                                               PREACT=PREACT_COMPUTED,
                                                BLOCK_I=config.block_i, BLOCK_M=config.block_m, BLOCK_H=config.block_h),
               config.warps_a, config.stages_a),
         "W dWg,dWu": (kernels.expert_weight_grad_kernel,
@@ -78,10 +75,6 @@ def main():
         "W dWd": (kernels.expert_weight_grad_kernel,
                   dict(A_BY_TOKEN=True, B_BY_TOKEN=False, TWO_OUTPUTS=False, **tile_sizes(config.grad_down_tile)),
                   config.warps_dn, config.stages_dn),
-        "G": (gate_up_grad_kernel,
-              dict(OPERAND_DTYPE=tl.bfloat16, BLOCK_I=fused.block_i, BLOCK_H=fused.block_h,
-                   BLOCK_ROWS=fused.block_rows),
-              fused.warps, fused.stages),
         "D": (kernels.slot_projection_kernel, dict(TWO_TERMS=True, OPERAND_DTYPE=tl.bfloat16,
                                                    BLOCK_H=config.block_h_dx, BLOCK_M=config.block_m,
                                                    BLOCK_I=config.block_i_dx),

@@ -8,7 +8,7 @@ inputs as the tests do (``Problem.make_inputs``, seed 0), runs the pipeline up t
 (routing, x and dy as kernel W's bf16 operands, kernel A: dg, du, aw), then times, by CUDA-graph replay
 with the L2 flushed before each replay (``moe_lib.bench.timing.time_graph``):
 
-    (a) today's kernel W, ``launch_weight_grads`` (gathered-row pointer loads), the baseline;
+    (a) the pointer-based kernel W, ``launch_weight_grads`` (gathered-row pointer loads), the baseline;
     gather  the host-side gather alone: x_s, dy_s = x[sorted_slot // K], dy[sorted_slot // K];
     (b) per candidate config: the gather + ``launch_weight_grads_tma`` (one persistent launch per family).
 
@@ -47,12 +47,9 @@ from moe_lib.bench.tuning import (
     replace_fields,
     run_cases,
 )
-from moe_lib.moe_experts import launch
-from moe_lib.moe_experts.tma_weight_grad import (
-    choose_tma_weight_grad_config,
-    gather_sorted_rows,
-    launch_weight_grads_tma,
-)
+from moe_lib.moe_experts.choose import choose_tma_weight_grad_config
+from moe_lib.moe_experts.designs.w_pointer import launch_weight_grads
+from moe_lib.moe_experts.tma_weight_grad import gather_sorted_rows, launch_weight_grads_tma
 
 NUM_SMS_H200 = 132  # the persistent grid where the device is not queried (scripts/p2_tma_compile_check.py)
 
@@ -114,7 +111,7 @@ def run_case(case: str, configs: dict, routing: str, flush, num_programs: int, r
     baseline = weight_grad_outputs(w)
 
     def run_baseline():
-        launch.launch_weight_grads(w["config"], w["routing"], sorted_slot, K, w["x"], w["dy"], w["dgate"],
+        launch_weight_grads(w["config"], w["routing"], sorted_slot, K, w["x"], w["dy"], w["dgate"],
                                    w["dup"], w["scaled_act"], *baseline)  # fmt: skip
 
     run_baseline()

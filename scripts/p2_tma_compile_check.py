@@ -29,7 +29,8 @@ from moe_lib.bench.sm90 import (
     sass_counts,
 )
 from moe_lib.bench.tuning import parse_case
-from moe_lib.moe_experts.tma_weight_grad import choose_tma_weight_grad_config, grouped_weight_grad_kernel
+from moe_lib.moe_experts.choose import choose_tma_weight_grad_config
+from moe_lib.moe_experts.tma_weight_grad import grouped_weight_grad_kernel
 
 OUTPUT_TYPES = {"bf16": "*bf16", "fp32": "*fp32"}  # kernel W's operands are bf16 either way
 SASS_OPS = ("UTMALDG", "UTMASTG", "HGMMA", "USETMAXREG")

@@ -11,7 +11,7 @@ makes them. Per use — backward: dX_slot = Wgᵀ dg + Wuᵀ du; forward: y_slot
 uses the same aw, here kernel A's backward one: the same shapes and dtypes) — it times, by CUDA-graph replay
 with the L2 flushed before each replay (``moe_lib.bench.timing.time_graph``):
 
-    (a) today's kernel D, ``launch_slot_projection`` (pointer loads, (expert, H-tile, row split) grid), the
+    (a) the pointer-based kernel D, ``launch_slot_projection`` (pointer loads, (expert, H-tile, row split) grid), the
         baseline;
     (b) per candidate config: ``launch_slot_projection_tma`` (its one-program tile-offsets prologue included).
 
@@ -51,12 +51,9 @@ from moe_lib.bench.tuning import (
     replace_fields,
     run_cases,
 )
-from moe_lib.moe_experts import launch
-from moe_lib.moe_experts.tma_slot_projection import (
-    choose_tma_slot_projection_config,
-    launch_slot_projection_tma,
-    two_term_form,
-)
+from moe_lib.moe_experts.choose import choose_tma_slot_projection_config
+from moe_lib.moe_experts.designs.d_pointer import launch_slot_projection
+from moe_lib.moe_experts.tma_slot_projection import launch_slot_projection_tma, two_term_form
 
 NUM_SMS_H200 = 132  # the persistent grid where the device is not queried (scripts/p2_tma_d_compile_check.py)
 
@@ -119,9 +116,9 @@ def run_existing(w: dict, use: str, out: torch.Tensor) -> None:
     """Today's kernel D: Wg[e][i, h] at i·H + h (backward: stride_h 1, stride_i H); Wd[e][h, i] at h·I + i."""
     w1, w2, r1, r2 = use_operands(w, use)
     if use == "backward":
-        launch.launch_slot_projection(w["config"], w["routing"], w1, w2, r1, r2, out, 1, w["H"])
+        launch_slot_projection(w["config"], w["routing"], w1, w2, r1, r2, out, 1, w["H"])
     else:
-        launch.launch_slot_projection(w["config"], w["routing"], w1, w1, r1, r1, out, w["I"], 1)
+        launch_slot_projection(w["config"], w["routing"], w1, w1, r1, r1, out, w["I"], 1)
 
 
 def check(got: torch.Tensor, want: torch.Tensor, tolerance: float) -> dict:

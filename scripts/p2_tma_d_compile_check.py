@@ -33,11 +33,8 @@ from moe_lib.bench.sm90 import (
     wgmma_serialized,
 )
 from moe_lib.bench.tuning import parse_case
-from moe_lib.moe_experts.tma_slot_projection import (
-    choose_tma_slot_projection_config,
-    slot_projection_tma_kernel,
-    tile_offsets_kernel,
-)
+from moe_lib.moe_experts.choose import choose_tma_slot_projection_config
+from moe_lib.moe_experts.tma_slot_projection import slot_projection_tma_kernel, tile_offsets_kernel
 
 WEIGHT_TYPES = {"bf16": "*bf16", "fp32": "*fp32"}  # kernel D's rows are bf16 either way
 SASS_OPS = ("HGMMA", "UTMALDG", "LDGSTS")
@@ -93,7 +90,7 @@ def main():
         parser.error(f"unknown configs or uses: {unknown}")
     try:
         prologue = compile_for_sm90(tile_offsets_kernel, dict(expert_offsets_ptr="*i32", tile_offsets_ptr="*i32",
-                                                              num_experts="i32", num_h_tiles="i32", skip_rows="i32"),
+                                                              num_experts="i32", num_h_tiles="i32"),
                                     dict(BLOCK_ROWS=64, BLOCK_E=256), ["expert_offsets_ptr", "tile_offsets_ptr"],
                                     warps=4, stages=1)  # fmt: skip
         print(f"tile_offsets_kernel (1 program): {resources(prologue)}", flush=True)

@@ -4,8 +4,7 @@
         --configs "default;m32:block_m=32,block_i_dx=32;a_s2:stages_a=2"
 
 Each config is NAME:FIELD=VALUE,… over the LaunchConfig that ``launch_config`` picks ("default" alone
-is that config); ``fuse_dx=1`` adds kernel G, whose fields are gate_up_dx_tile=IxHxROWS, warps_g and
-stages_g (``moe_lib.bench.tuning.p2_configs``). A case is ``dtype:num_tokens``: the P2 problem with
+is that config). A case is ``dtype:num_tokens``: the P2 problem with
 inputs of that dtype. Per case and config: the outputs against the fp32 reference (relative error,
 the problem's element rule's pass fraction on the worst output, "-" for a problem without one), each
 kernel's median GPU time over 5 eager calls (torch.profiler; the weights are 10–50× the L2, so no
@@ -28,15 +27,16 @@ from torch.profiler import ProfilerActivity, profile
 
 from moe_lib.bench import timing
 from moe_lib.bench.checks import compare_output, reference_outputs
-from moe_lib.bench.tuning import p2_configs, parse_case, parse_fields
-from moe_lib.moe_experts.launch import launch_config, moe_experts_backward_triton
+from moe_lib.bench.tuning import parse_case, parse_fields, replace_fields
+from moe_lib.moe_experts.choose import launch_config
+from moe_lib.moe_experts.launch import moe_experts_backward_triton
 
 # kernel name -> column; the weight-gradient kernel runs twice per call: dWg and dWu, then dWd
 KERNEL_NAMES = {"swiglu_grad_kernel": "A", "expert_weight_grad_kernel": ("Wgu", "Wd"), "slot_projection_kernel": "D",
-                "token_sum_kernel": "C", "gate_up_grad_kernel": "G",
+                "token_sum_kernel": "C",
                 # the persistent TMA-fed forms of W and D (tma_weight_grad.py, tma_slot_projection.py)
                 "grouped_weight_grad_kernel": ("Wgu", "Wd"), "slot_projection_tma_kernel": "D"}  # fmt: skip
-COLUMNS = ("A", "G", "Wgu", "Wd", "D", "C", "other")
+COLUMNS = ("A", "Wgu", "Wd", "D", "C", "other")
 
 
 def parse_configs(text: str) -> dict[str, dict]:
@@ -87,9 +87,8 @@ def main() -> int:
         for name, fields in configs.items():
             call = None
             try:
-                config, fused_dx, fuse_dx = p2_configs(base, fields)
-                call = functools.partial(moe_experts_backward_triton, *inputs.values(), config=config,
-                                         fused_dx=fused_dx if fuse_dx else None)  # fmt: skip
+                config = replace_fields(base, fields)
+                call = functools.partial(moe_experts_backward_triton, *inputs.values(), config=config)
                 got = call()
                 stats = [compare_output(g, w, problem.element_rule) for g, w in zip(got, want, strict=True)]
                 del got

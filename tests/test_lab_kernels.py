@@ -11,6 +11,7 @@ import torch
 from moe_lib import problems
 from moe_lib.lab import kernels
 from moe_lib.moe_experts import launch as p2_launch
+from moe_lib.moe_experts.choose import launch_config as p2_launch_config
 from moe_lib.swiglu_down.choose import choose_design
 from moe_lib.swiglu_down.designs.chained import CHAINED_TILES
 from moe_lib.swiglu_down.designs.gluon import FORMS, GluonLaunches, grad_down_in_second_launch, with_second
@@ -74,7 +75,7 @@ def _weight_grad_programs(E, size_m, size_n, tile, n_tiles_per_program):
 
 def test_p2_plan_and_grid_tables_by_hand():
     T, H, I, E, K = 2048, 4096, 2048, 256, 8
-    config = p2_launch.launch_config(T * K, E, input_bytes=4, interpreter=False)
+    config = p2_launch_config(T * K, E, input_bytes=4, interpreter=False)
     R, n = config.row_split, config.n_tiles_per_program
     # kernels W and D TMA-fed and persistent: 132 programs (an H200's SMs) looping over their tiles
     table = kernels.p2_plan_table(p2_launch.launch_plan(T, H, I, E, K, config, num_programs=132, weight_bytes=4))
@@ -97,13 +98,13 @@ def test_p2_plan_and_grid_tables_by_hand():
     assert list(grid.columns[2:]) == [f"kernel {step} programs" for step in table.index]
     assert list(grid.loc[T].iloc[2:]) == list(table["programs"])  # 132 persistent programs without a GPU
     bf16 = kernels.p2_grid_table([T], P2_BF16)  # 16-bit inputs: other tiles where the experts are busy
-    bf16_config = p2_launch.launch_config(T * K, E, input_bytes=2, interpreter=False)
+    bf16_config = p2_launch_config(T * K, E, input_bytes=2, interpreter=False)
     assert bf16.loc[T, "row split R"] == bf16_config.row_split
 
 
 def test_figures_render():
     inputs = problems.make_inputs(P2, 12, hidden_size=32, intermediate_size=16, num_experts=4, top_k=2)
-    p2_config = p2_launch.launch_config(24, 4, input_bytes=4, interpreter=True)
+    p2_config = p2_launch_config(24, 4, input_bytes=4, interpreter=True)
     figures = [
         kernels.p1_tiling_figure(16, 2048, 768, tiles_for(16, with_lo=False)),
         kernels.split_k_figure(4),

@@ -43,8 +43,6 @@ BF16_TOLERANCE = dict.fromkeys(OUTPUT_NAMES, 2e-2)  # also used for fp16
 SMALL_CASES = {
     "odd": (13, 40, 24, 5, 2, "uniform", "float32", "float32", "int64", None),
     "hot-looping": (40, 40, 24, 5, 2, "hot", "float32", "float32", "int64", {"row_split": 2}),
-    "fused-dx": (13, 40, 24, 5, 2, "uniform", "float32", "float32", "int64", {"fuse_dx": 1}),
-    "fused-dx-busy": (40, 40, 24, 5, 2, "hot", "bfloat16", "float32", "int64", {"row_split": 2, "fuse_dx": 1}),
     "skewed": (24, 24, 40, 7, 3, "skewed", "float32", "float32", "int64", None),
     "K1": (9, 16, 12, 5, 1, "uniform", "float32", "float32", "int64", None),
     "K=E": (11, 24, 16, 4, 4, "uniform", "float32", "float32", "int32", None),
@@ -52,9 +50,6 @@ SMALL_CASES = {
     "bf16": (13, 40, 24, 5, 2, "uniform", "bfloat16", "float32", "int64", None),
     "bf16-int32-bf16-topk": (10, 24, 40, 6, 3, "skewed", "bfloat16", "bfloat16", "int32", None),
     "fp16": (7, 24, 16, 3, 2, "uniform", "float16", "float16", "int64", None),
-    # kernel W's expert-sorted x, dy rows stored by kernel A instead of gathered afterwards (fp32: below)
-    "rows-from-A-bf16-hot": (40, 40, 24, 5, 2, "hot", "bfloat16", "float32", "int64",
-                             {"sorted_rows_from_a": True, "row_split": 2}),
 }
 
 
@@ -75,42 +70,37 @@ def nan_filled(size, *, dtype, device):
 
 
 def run_triton(inputs: dict, overrides=None):
-    """The public entry point, or the kernel function itself when config fields are overridden
-    (``fuse_dx`` selects the set-aside kernel G)."""
+    """The public entry point, or the kernel function itself when config fields are overridden."""
     from moe_lib.moe_experts import launch
-    from moe_lib.moe_experts.fused_dx import FusedDxConfig
+    from moe_lib.moe_experts.choose import launch_config
 
     if overrides is None:
         return moe_lib.moe_experts_backward(*inputs.values(), impl="triton")
-    overrides = dict(overrides)
     interpreter = inputs["hidden_states"].device.type != "cuda"
-    fused_dx = None
-    if overrides.pop("fuse_dx", 0):
-        fused_dx = FusedDxConfig.for_interpreter() if interpreter else FusedDxConfig()
     T, K = inputs["topk_indices"].shape
-    config = launch.launch_config(T * K, inputs["gate_weights"].shape[0], interpreter=interpreter,
-                                  input_bytes=inputs["hidden_states"].element_size())  # fmt: skip
+    config = launch_config(T * K, inputs["gate_weights"].shape[0], interpreter=interpreter,
+                           input_bytes=inputs["hidden_states"].element_size())  # fmt: skip
     config = dataclasses.replace(config, **overrides)
-    return launch.moe_experts_backward_triton(*inputs.values(), config=config, fused_dx=fused_dx)
+    return launch.moe_experts_backward_triton(*inputs.values(), config=config)
 
 
 def check_small_case(case: str, seed: int, device="cpu") -> dict:
     """Runs one small case twice with NaN-filled allocations; returns what the tests assert on."""
-    from moe_lib.moe_experts import launch as kernels
+    from moe_lib.moe_experts import launch, runtime
 
     inputs = small_case_inputs(case, seed, device)
     upcast = {k: (v.double() if v.is_floating_point() else v) for k, v in inputs.items()}
     want = reference.moe_experts_backward_reference(*upcast.values())
     overrides = SMALL_CASES[case][-1]
-    kernels.allocate = nan_filled
+    runtime.allocate = nan_filled
     try:
         start = time.perf_counter()
         got = run_triton(inputs, overrides)
         seconds = time.perf_counter() - start
         again = run_triton(inputs, overrides)
-        forward = kernels.moe_experts_forward_triton(*list(inputs.values())[1:])
+        forward = launch.moe_experts_forward_triton(*list(inputs.values())[1:])
     finally:
-        kernels.allocate = torch.empty
+        runtime.allocate = torch.empty
     chosen = torch.zeros(inputs["gate_weights"].shape[0], dtype=torch.bool, device=device)
     chosen[inputs["topk_indices"].reshape(-1).long()] = True
     weight_grads = got[2:]
@@ -195,7 +185,7 @@ def test_routing_groups_slots_by_expert(seed):
 
 
 def test_row_split_follows_the_mean_rows_per_expert():
-    from moe_lib.moe_experts.launch import launch_config
+    from moe_lib.moe_experts.choose import launch_config
 
     # the benchmark's shape: 64 rows per expert at T = 2048, 256 at T = 8192 (K = 8, E = 256)
     assert launch_config(2048 * 8, 256).row_split == 2
@@ -271,7 +261,7 @@ def test_gpu_full_size_bf16_against_fp32_reference(seed):
 @pytest.mark.parametrize("routing", ["uniform", "hot"])
 def test_gpu_busy_experts_bf16_against_float64(routing, seed):
     """512+ rows per expert on average: the 128-row-block configuration of 16-bit inputs."""
-    from moe_lib.moe_experts.launch import launch_config
+    from moe_lib.moe_experts.choose import launch_config
 
     sizes = dict(hidden_size=512, intermediate_size=384, num_experts=8, top_k=2)
     inputs = to_bf16(problems.make_inputs("moe_experts_backward", 3001, seed=seed, device=CUDA, routing=routing,
@@ -380,34 +370,6 @@ def test_zero_experts_per_token_gives_zero_gradients(seed):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("with_preactivations", [False, True])
-def test_sorted_rows_from_kernel_a_change_no_bit(dtype, with_preactivations, seed, monkeypatch):
-    """Kernel A storing the expert-sorted x, dy rows it gathers (``sorted_rows_from_a``) gives kernel W the
-    same operands as the separate gather: every output bitwise equal, with NaN-filled allocations (a row A
-    did not write would reach the weight gradients). With saved pre-activations A reads no x: x is gathered."""
-    from moe_lib.moe_experts import launch
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    T, H, I, E, K = (300, 256, 128, 8, 2) if device == "cuda" else (21, 40, 24, 5, 2)
-    inputs = problems.make_inputs("moe_experts_backward", T, seed=seed, device=device, dtype=dtype, routing="skewed",
-                                  hidden_size=H, intermediate_size=I, num_experts=E, top_k=K)  # fmt: skip
-    monkeypatch.setattr(launch, "allocate", nan_filled)
-    base = launch.launch_config(T * K, E, input_bytes=inputs["hidden_states"].element_size(),
-                                interpreter=device != "cuda")  # fmt: skip
-    assert base.tma_weight_grad is not None and not base.sorted_rows_from_a
-    preactivations = None
-    if with_preactivations:
-        forward_inputs = [inputs[name] for name in ("hidden_states", "topk_indices", "topk_weights", "gate_weights",
-                                                    "up_weights", "down_weights")]  # fmt: skip
-        preactivations = launch.moe_experts_forward_triton(*forward_inputs, save_preactivations=True)[1]
-    gathered, stored = (launch.moe_experts_backward_triton(
-        *inputs.values(), config=dataclasses.replace(base, sorted_rows_from_a=flag), preactivations=preactivations)
-        for flag in (False, True))  # fmt: skip
-    for name, a, b in zip(OUTPUT_NAMES, gathered, stored, strict=True):
-        assert torch.isfinite(b).all() and torch.equal(a, b), name
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("save_activations", [False, True])
 def test_layer_with_and_without_saved_activations_against_float64(dtype, save_activations, seed):
     """moe_experts(save_activations=True) keeps g and u from the forward and its backward reads them: the
@@ -439,7 +401,7 @@ def test_layer_with_and_without_saved_activations_against_float64(dtype, save_ac
 
 @pytest.mark.parametrize("bad", ["shape", "dtype", "strides", "count"])
 def test_weight_grads_out_that_does_not_fit_is_refused_before_any_work(bad, seed):
-    from moe_lib.moe_experts import launch
+    from moe_lib.moe_experts import launch, runtime
 
     inputs = small_case_inputs("odd", seed)
     gate, down = inputs["gate_weights"], inputs["down_weights"]
@@ -454,7 +416,7 @@ def test_weight_grads_out_that_does_not_fit_is_refused_before_any_work(bad, seed
         out = out[:2]
     allocated = []
     with pytest.MonkeyPatch.context() as patch:  # nothing may be allocated (or launched) before the refusal
-        patch.setattr(launch, "allocate", lambda *a, **k: allocated.append(a) or torch.empty(*a, **k))
+        patch.setattr(runtime, "allocate", lambda *a, **k: allocated.append(a) or torch.empty(*a, **k))
         with pytest.raises(ValueError, match="^weight_grads_out: "):
             launch.moe_experts_backward_triton(*(inputs[name] for name in problems.load("moe_experts_backward")
                                                  .input_names), weight_grads_out=out)  # fmt: skip

@@ -7,7 +7,7 @@ CPU: under the Triton interpreter (tests/conftest.py switches it on where there 
 skewed, all rows on one expert, empty-expert routings, one expert, T = 1 and T = 0; bf16, fp16 and fp32
 interfaces (fp32: weights rounded to bf16 in the kernel, by TMA or by pointer loads), both uses, the
 backward's two terms through one descriptor (their tensors in either address order, or in one buffer) or
-paired, persistent grids smaller and larger than the tile count, experts skipped for kernel G. Inputs are
+paired, persistent grids smaller and larger than the tile count. Inputs are
 fresh every run (the ``seed`` fixture); the output is NaN-poisoned before the call (every slot row must be
 written); it is compared with a float64 product of the same bf16-rounded operands over the positions whose
 slot the routing gave each expert.
@@ -24,12 +24,12 @@ import torch
 from conftest import rel_error
 
 from moe_lib.dispatch import interpreter_enabled
+from moe_lib.moe_experts.choose import choose_tma_slot_projection_config
 from moe_lib.moe_experts.inputs import route_tokens
 from moe_lib.moe_experts.routing import route_by_expert
 from moe_lib.moe_experts.tma_slot_projection import (
     TmaSlotProjectionConfig,
     _term_axis_fits,
-    choose_tma_slot_projection_config,
     launch_slot_projection_tma,
     tma_slot_projection_fits,
     two_term_form,
@@ -81,8 +81,7 @@ def float64_slot_projection(case: dict, use: str) -> torch.Tensor:
     return out
 
 
-def run_tma(case: dict, use: str, config: TmaSlotProjectionConfig, num_programs: int,
-            skip_rows: int = -1) -> torch.Tensor:  # fmt: skip
+def run_tma(case: dict, use: str, config: TmaSlotProjectionConfig, num_programs: int) -> torch.Tensor:
     """One launch into a NaN-poisoned fp32 [max(T·K, 1), H] workspace."""
     out = torch.full((max(case["T"] * case["K"], 1), case["H"]), float("nan"), device=case["dgate"].device)
     if use == "backward":
@@ -90,7 +89,7 @@ def run_tma(case: dict, use: str, config: TmaSlotProjectionConfig, num_programs:
     else:
         args = (case["down"], None, case["scaled_act"], None)
     launch_slot_projection_tma(config, case["routing"], *args, out, transposed_weights=use == "backward",
-                               num_programs=num_programs, skip_rows=skip_rows)  # fmt: skip
+                               num_programs=num_programs)  # fmt: skip
     return out
 
 
@@ -184,23 +183,6 @@ def test_terms_at_any_distance_and_order(order, seed):
 
 
 @needs_triton
-def test_skip_rows_leaves_small_experts_alone(seed):
-    """Experts with at most ``skip_rows`` rows (kernel G's) are not touched; all others are written."""
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    case = make_case(30, 32, 32, 5, 2, "skewed", torch.bfloat16, seed, device)
-    counts = case["routing"].counts
-    skip = int(counts.float().median())
-    config = choose_tma_slot_projection_config(60, 5, 2, interpreter=device == "cpu")
-    got = run_tma(case, "backward", config, 3, skip_rows=skip)
-    want = float64_slot_projection(case, "backward")
-    expert_of_slot = case["topk_indices"].reshape(-1)
-    skipped = counts[expert_of_slot] <= skip
-    assert bool(skipped.any()) and bool((~skipped).any()), "the routing should have experts on both sides"
-    assert torch.isnan(got[skipped]).all(), "a skipped expert's slot row was written"
-    assert rel_error(got[~skipped], want[~skipped]) <= TOLERANCE
-
-
-@needs_triton
 def test_two_calls_give_the_same_bits(seed):
     device = "cuda" if torch.cuda.is_available() else "cpu"
     case = make_case(21, 32, 48, 4, 2, "skewed", torch.float32, seed, device)
@@ -268,16 +250,17 @@ MEDIUM = dict(T=3001, H=520, I=392, E=16, K=4)  # edge tiles clipped in both H a
 
 def existing_kernel_d(case: dict, use: str) -> torch.Tensor:
     """Today's kernel D (pointer loads, row split) on the same workspaces."""
-    from moe_lib.moe_experts import launch
+    from moe_lib.moe_experts.choose import launch_config
+    from moe_lib.moe_experts.designs.d_pointer import launch_slot_projection
 
     T, H, I, E, K, dtype = (case[k] for k in ("T", "H", "I", "E", "K", "dtype"))
-    config = launch.launch_config(T * K, E, input_bytes=dtype.itemsize)
+    config = launch_config(T * K, E, input_bytes=dtype.itemsize)
     out = torch.full((T * K, H), float("nan"), device="cuda")
     if use == "backward":
-        launch.launch_slot_projection(config, case["routing"], case["gate"], case["up"], case["dgate"],
+        launch_slot_projection(config, case["routing"], case["gate"], case["up"], case["dgate"],
                                       case["dup"], out, 1, H)  # fmt: skip
     else:
-        launch.launch_slot_projection(config, case["routing"], case["down"], case["down"], case["scaled_act"],
+        launch_slot_projection(config, case["routing"], case["down"], case["down"], case["scaled_act"],
                                       case["scaled_act"], out, I, 1)  # fmt: skip
     return out
 

@@ -20,11 +20,11 @@ import torch
 from conftest import rel_error
 
 from moe_lib.dispatch import interpreter_enabled
+from moe_lib.moe_experts.choose import choose_tma_weight_grad_config
 from moe_lib.moe_experts.inputs import route_tokens
 from moe_lib.moe_experts.routing import route_by_expert
 from moe_lib.moe_experts.tma_weight_grad import (
     TmaWeightGradConfig,
-    choose_tma_weight_grad_config,
     gather_sorted_rows,
     launch_weight_grads_tma,
 )
@@ -202,13 +202,14 @@ MEDIUM = dict(T=3001, H=520, I=392, E=16, K=4)  # edge tiles clipped in both H a
 
 def existing_kernel_w(case: dict) -> tuple[torch.Tensor, ...]:
     """Today's kernel W (gathered-row pointer loads) on the same workspaces."""
-    from moe_lib.moe_experts import launch
+    from moe_lib.moe_experts.choose import launch_config
+    from moe_lib.moe_experts.designs.w_pointer import launch_weight_grads
 
     T, H, I, E, K, dtype = (case[k] for k in ("T", "H", "I", "E", "K", "dtype"))
-    config = launch.launch_config(T * K, E, input_bytes=dtype.itemsize)
+    config = launch_config(T * K, E, input_bytes=dtype.itemsize)
     outputs = (torch.empty((E, I, H), dtype=dtype, device="cuda"), torch.empty((E, I, H), dtype=dtype, device="cuda"),
                torch.empty((E, H, I), dtype=dtype, device="cuda"))  # fmt: skip
-    launch.launch_weight_grads(config, case["routing"], case["routing"].sorted_slot, K, case["x"], case["dy"],
+    launch_weight_grads(config, case["routing"], case["routing"].sorted_slot, K, case["x"], case["dy"],
                                case["dgate"], case["dup"], case["scaled_act"], *outputs)  # fmt: skip
     return outputs
 

@@ -64,7 +64,8 @@ def test_host_tile_math_matches_the_kernels(length, split, block_k, tiles_m, til
 
 
 def test_launch_plans_cover_every_output_tile():
-    from moe_lib.moe_experts.launch import launch_config, launch_plan
+    from moe_lib.moe_experts.choose import launch_config
+    from moe_lib.moe_experts.launch import launch_plan
     from moe_lib.swiglu_down.launch import choose_config, grid_sizes
     from moe_lib.swiglu_down.launch import launch_plan as p1_plan
 

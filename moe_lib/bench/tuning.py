@@ -2,9 +2,7 @@
 
 - :data:`P1_CANDIDATES`: named configured designs of P1 (from its design registry) that ``p1_tune.py`` times,
   ``p1_compile_check.py`` compiles and ``p1_profile.py --config`` profiles.
-- ``FIELD=VALUE`` overrides of a launch config (:func:`parse_field`, :func:`replace_fields`), and P2's
-  split of them between its :class:`~moe_lib.moe_experts.launch.LaunchConfig` and kernel G's
-  :class:`~moe_lib.moe_experts.fused_dx.FusedDxConfig` (:func:`p2_configs`).
+- ``FIELD=VALUE`` overrides of a launch config (:func:`parse_field`, :func:`replace_fields`).
 - Cases written ``dtype:num_tokens`` (``fp32:2048``, ``bf16:8192``): the problem of an op whose inputs
   have that dtype (:func:`parse_case`).
 - The kernel benchmarks' frame: one candidate checked and timed (:func:`check_and_time`), the configs of
@@ -17,8 +15,6 @@ from __future__ import annotations
 import dataclasses
 
 from .. import problems
-from ..moe_experts.fused_dx import FusedDxConfig
-from ..moe_experts.launch import LaunchConfig
 from ..swiglu_down.designs.chained import GRAD_DOWN_LAST_MIN_TOKENS, ChainedConfig
 from ..swiglu_down.designs.gluon import FORMS, grad_down_in_second_launch, with_second
 from ..swiglu_down.designs.library_gemms import D_A_16BIT_MIN_TOKENS, LibraryGemmsConfig
@@ -49,11 +45,6 @@ def p1_candidates() -> dict:
 
 
 P1_CANDIDATES = p1_candidates()
-
-
-# kernel G's settings as the P2 scripts spell them (FIELD=VALUE), and the FusedDxConfig fields they set
-FUSED_DX_FIELDS = {"gate_up_dx_tile": ("block_i", "block_h", "block_rows"), "warps_g": ("warps",),
-                   "stages_g": ("stages",)}  # fmt: skip
 
 
 def parse_field(text: str) -> tuple[str, object]:
@@ -99,23 +90,6 @@ def replace_fields(config, fields: dict):
     return dataclasses.replace(config, **fields)
 
 
-def p2_configs(base: LaunchConfig, fields: dict) -> tuple[LaunchConfig, FusedDxConfig, bool]:
-    """P2's configs under ``fields``: (``base`` with its own fields replaced, kernel G's config with
-    ``gate_up_dx_tile``, ``warps_g``, ``stages_g`` applied, whether ``fuse_dx=1`` asks for kernel G)."""
-    fields = dict(fields)
-    fuse_dx = bool(fields.pop("fuse_dx", 0))
-    fused_fields = {}
-    for name, targets in FUSED_DX_FIELDS.items():
-        if name not in fields:
-            continue
-        value = fields.pop(name)
-        values = value if isinstance(value, tuple) else (value,)
-        if len(values) != len(targets):
-            raise ValueError(f"{name}: expected {len(targets)} value(s) joined by x, got {value!r}")
-        fused_fields.update(zip(targets, values, strict=True))
-    return replace_fields(base, fields), replace_fields(FusedDxConfig(), fused_fields), fuse_dx
-
-
 def parse_case(text: str, op: str = "moe_experts_backward") -> tuple[problems.Problem, int]:
     """``dtype:num_tokens`` (``fp32:2048``) -> (the problem of ``op`` whose inputs have that dtype, num_tokens)."""
     dtype, sign, count = text.partition(":")
@@ -156,21 +130,23 @@ def p2_kernel_a_workspaces(inputs: dict) -> dict:
     import torch
 
     from ..moe_experts import launch
+    from ..moe_experts.choose import launch_config
     from ..moe_experts.routing import route_by_expert
+    from ..moe_experts.runtime import WORKSPACE_DTYPES, operand_halves
 
     x, dy = inputs["hidden_states"], inputs["grad_output"]
     T, K = inputs["topk_indices"].shape
     E, I, H = inputs["gate_weights"].shape
     dtype, device = x.dtype, x.device
-    config = launch.launch_config(T * K, E, input_bytes=x.element_size())
+    config = launch_config(T * K, E, input_bytes=x.element_size())
     plan = launch.launch_plan(T, H, I, E, K, config)
     routing = route_by_expert(inputs["topk_indices"], E)
-    workspace_dtype = launch.WORKSPACE_DTYPES[dtype]
+    workspace_dtype = WORKSPACE_DTYPES[dtype]
     split = dtype == torch.float32
     dgate, dup, scaled_act = (torch.empty((T * K, I), dtype=workspace_dtype, device=device) for _ in range(3))
     topk_partial = torch.empty((plan["A"].grid["I-tiles"], T * K), dtype=torch.float32, device=device)
-    x_halves = launch.operand_halves(x, split, workspace_dtype)
-    dy_halves = launch.operand_halves(dy, split, workspace_dtype)
+    x_halves = operand_halves(x, split, workspace_dtype)
+    dy_halves = operand_halves(dy, split, workspace_dtype)
     launch.launch_swiglu_grad(config, plan, routing, x_halves, dy_halves, inputs["topk_weights"],
                               inputs["gate_weights"], inputs["up_weights"], inputs["down_weights"], dgate, dup,
                               scaled_act, topk_partial, forward_only=False)  # fmt: skip

@@ -23,6 +23,8 @@ from matplotlib import patches
 
 from .. import problems
 from ..moe_experts import launch as p2_launch
+from ..moe_experts.choose import launch_config as p2_launch_config
+from ..moe_experts.config import KernelLaunch, LaunchConfig
 from ..moe_experts.routing import route_by_expert
 from ..swiglu_down.choose import choose_design
 from ..swiglu_down.designs import DESIGNS
@@ -199,7 +201,7 @@ def split_k_figure(split: int = 4):
 # ================================================================ P2: routing, then kernels A, W, D, C
 
 
-def _grid_text(launch: p2_launch.KernelLaunch) -> str:
+def _grid_text(launch: KernelLaunch) -> str:
     """A launch's grid as "4 × 2 × 1 (experts × I-tiles × row split)"; a persistent launch's as its programs
     and the tiles they loop over."""
     text = f"{' × '.join(map(str, launch.grid.values()))} ({' × '.join(launch.grid)})"
@@ -208,7 +210,7 @@ def _grid_text(launch: p2_launch.KernelLaunch) -> str:
     return text
 
 
-def p2_plan_table(plan: dict[str, p2_launch.KernelLaunch]) -> pd.DataFrame:
+def p2_plan_table(plan: dict[str, KernelLaunch]) -> pd.DataFrame:
     """A P2 launch plan (:func:`moe_lib.moe_experts.launch.launch_plan`) as one row per launch, in launch
     order: its grid, its programs (0 where it is not launched) and what one program does."""
     table = pd.DataFrame([dict(step=step, grid=_grid_text(launch), programs=launch.programs,
@@ -219,14 +221,14 @@ def p2_plan_table(plan: dict[str, p2_launch.KernelLaunch]) -> pd.DataFrame:
 def p2_grid_table(token_counts, problem: str, *, interpreter: bool = False, num_programs: int = 132) -> pd.DataFrame:
     """Per token count at ``problem``'s shape: the mean slots per expert, the row split R and the programs
     of each launch of :func:`moe_lib.moe_experts.launch.launch_plan` under the config
-    :func:`~moe_lib.moe_experts.launch.launch_config` gives (GPU by default; its persistent launches with
+    :func:`~moe_lib.moe_experts.choose.launch_config` gives (GPU by default; its persistent launches with
     ``num_programs`` programs, the 132 SMs of an H100 or H200)."""
     definition = problems.load(problem)
     rows = {}
     for t in token_counts:
         s = definition.sizes(t)
-        config = p2_launch.launch_config(t * s["top_k"], s["num_experts"], input_bytes=definition.dtype.itemsize,
-                                         interpreter=interpreter)  # fmt: skip
+        config = p2_launch_config(t * s["top_k"], s["num_experts"], input_bytes=definition.dtype.itemsize,
+                                  interpreter=interpreter)  # fmt: skip
         plan = p2_launch.launch_plan(t, s["hidden_size"], s["intermediate_size"], s["num_experts"], s["top_k"], config,
                                      num_programs=num_programs, weight_bytes=definition.dtype.itemsize)  # fmt: skip
         rows[t] = {"slots per expert (mean)": t * s["top_k"] / s["num_experts"], "row split R": config.row_split,
@@ -257,7 +259,7 @@ def _routing_panel(ax, topk_indices, routing, cmap) -> None:
     ax.set_title("routing metadata: the number in each cell is its expert", fontsize=10, loc="left")
 
 
-def _row_blocks_panel(ax, counts: list[int], config: p2_launch.LaunchConfig) -> None:
+def _row_blocks_panel(ax, counts: list[int], config: LaunchConfig) -> None:
     """Each expert's rows cut into row blocks, labelled with the row-split program r that takes them."""
     E, R = len(counts), config.row_split
     block_colors = plt.get_cmap("Set2")
@@ -294,7 +296,7 @@ def _grid_panel(ax, title: str, rows: int, ticks: list, split: int, xlabel: str,
 
 
 def p2_tiling_figure(topk_indices, num_experts: int, hidden_size: int, intermediate_size: int,
-                     config: p2_launch.LaunchConfig):  # fmt: skip
+                     config: LaunchConfig):  # fmt: skip
     """P2's dataflow for one routing under ``config``: slots in token order and sorted by expert (with
     expert_offsets), the row blocks of each expert and which row-split program r of kernel A works on them,
     and the grids of kernels A, W (its two launches in one panel), D and C from the launch plan (the tiles

@@ -21,10 +21,11 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+import torch
 
 from .. import problems, roofline
-from ..moe_experts import launch as p2_launch
-from ..moe_experts.tma_weight_grad import tma_layout_fits
+from ..moe_experts.choose import choose
+from ..moe_experts.runtime import Target
 from .results import OURS, RESULTS_DIR, ResultFile, ok_rows, resolve_path
 
 OPERAND_BYTES = 2  # the tensor-core operands and kernel A's workspaces: bf16 (or fp16)
@@ -70,7 +71,8 @@ def p2_backward_steps(num_tokens: int, dtype: str = "float32", *, weights_shared
     wb = 4 if split else 2  # bytes of an input, output or weight element
     ob, fb = OPERAND_BYTES, ACCUMULATOR_BYTES
     weight = E * I * H  # elements of one weight tensor
-    config = p2_launch.launch_config(S, E, input_bytes=wb)
+    choice = choose(S, E, H, I, getattr(torch, dtype), Target())  # on the GPU: Hopper
+    config = choice.config
     i_tiles = -(-I // config.block_i)  # kernel A's I-tiles: one routing-weight partial per slot each
     halves = 2 if split else 1  # operand copies of x and dy that kernel A multiplies
     gemm = 2 * S * H * I  # FLOPs of one of the eight per-slot GEMMs
@@ -82,7 +84,7 @@ def p2_backward_steps(num_tokens: int, dtype: str = "float32", *, weights_shared
         "A", "g, u, Wdᵀdy recomputed per slot; dSwiGLU and the routing-weight partials in the epilogue",
         3 * weight * wb + 2 * halves * T * H * ob + S * wb, 3 * S * I * ob + i_tiles * S * fb,
         3 * gemm * (3 if split else 1), weight_passes=3))  # fmt: skip
-    gathered = tma_layout_fits(H, I) and config.tma_weight_grad is not None
+    gathered = choice.weight_grad.name == "tma"  # kernel W on rows gathered into expert order
     if gathered:
         steps.append(Step("gather", "x and dy rows gathered into expert order for kernel W's TMA loads",
                           2 * T * H * ob, 2 * S * H * ob, 0))  # fmt: skip

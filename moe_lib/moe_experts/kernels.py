@@ -1,4 +1,5 @@
-"""P2's Triton kernels (``@triton.jit`` only; the host side is :mod:`.launch`), the forward recomputed inside.
+"""P2's Triton kernels (``@triton.jit`` only; the host side is :mod:`.launch` and :mod:`.designs`), the forward
+recomputed inside.
 
 Notation: T tokens, K experts per token, E experts, H hidden, I intermediate; slot s = t·K + k is
 token t's k-th choice, e = topk_indices[t, k], w = topk_weights[t, k], x = hidden_states[t],
@@ -22,9 +23,7 @@ Dataflow, five steps, no host synchronisation (CUDA-graph capturable), no float 
        large M side of the product and the expert's rows the small N side, so a row block can be
        as narrow as the expert is busy. Epilogue: dSwiGLU and the routing-weight gradient. Writes
        dg, du, aw to [T·K, I] workspaces (rows in sorted order) and ⟨dAp, a⟩ restricted to the
-       I-tile to a [n_I_tiles, T·K] workspace. Optionally (STORE_SORTED) the programs of I-tile 0 also
-       store the x and dy rows they gather, in sorted order: the operands of the TMA-fed kernel W, which
-       a separate gather makes otherwise.
+       I-tile to a [n_I_tiles, T·K] workspace.
     2. kernel W, programs (expert e, I-tile, H-tile): dWg_e, dWu_e and dWd_e on that tile, each
        reduced over all the expert's rows, written once (exact zeros for an expert with no rows).
     3. kernel D, programs (expert e, H-tile, row split r): dX_slotᵀ = Wg_e[:, H-tile]ᵀ·dgᵀ +
@@ -119,8 +118,6 @@ def swiglu_grad_kernel(
     topk_partial_ptr,  # out [n_I_tiles, T·K] fp32: ⟨dAp, a⟩ over one I-tile, column = slot
     gate_pre_ptr,  # [T·K, I] g = Wg_e x, row = sorted position, input dtype: written (PREACT 1) or read (2)
     up_pre_ptr,  # [T·K, I] u = Wu_e x, likewise
-    x_sorted_ptr,  # out [T·K, H] x_hi's rows in sorted order (STORE_SORTED, where x is loaded: PREACT != 2)
-    dy_sorted_ptr,  # out [T·K, H] dy_hi's rows in sorted order (STORE_SORTED, in the backward)
     num_slots,  # T·K
     top_k,  # K
     hidden_size,  # H
@@ -131,12 +128,10 @@ def swiglu_grad_kernel(
     SPLIT_PRECISION: tl.constexpr,  # bf16×3 products for g, u and dAp (fp32 interface)
     FORWARD_ONLY: tl.constexpr,  # the layer's forward: only aw = w·a is computed and stored (dy unused)
     PREACT: tl.constexpr,  # g and u: 0 computed; 1 computed and stored (a forward that saves them); 2 read back
-    STORE_SORTED: tl.constexpr,  # the I-tile-0 programs also store the x, dy rows they gather (for kernel W)
     INTERPRETER: tl.constexpr,
     BLOCK_I: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr,
 ):  # fmt: skip
     expert, i_tile, r = expert_tile(tl.program_id(0), num_i_tiles, ROW_SPLIT)
-    stores_rows = STORE_SORTED & (i_tile == 0)  # one program per (expert, row block) writes its gathered rows
     row_begin = tl.load(expert_offsets_ptr + expert)
     row_end = tl.load(expert_offsets_ptr + expert + 1)
     e64 = expert.to(tl.int64)
@@ -173,12 +168,6 @@ def swiglu_grad_kernel(
                 x_hi = tl.load(x_hi_ptr + token_offsets, mask=token_mask, other=0.0)
             if not FORWARD_ONLY:
                 dy_hi = tl.load(dy_hi_ptr + token_offsets, mask=token_mask, other=0.0)
-            if STORE_SORTED:  # the same tiles to rows of the sorted copies (transposed back: row = position)
-                sorted_offsets = rows[None, :].to(tl.int64) * hidden_size + hs[:, None]
-                if PREACT != 2:
-                    tl.store(x_sorted_ptr + sorted_offsets, x_hi, mask=token_mask & stores_rows)
-                if not FORWARD_ONLY:
-                    tl.store(dy_sorted_ptr + sorted_offsets, dy_hi, mask=token_mask & stores_rows)
 
             if PREACT != 2:
                 wg_hi, wg_lo = split_operand(wg, OPERAND_DTYPE, SPLIT_PRECISION, INTERPRETER)
@@ -247,7 +236,6 @@ def expert_weight_grad_kernel(
     num_m_tiles,  # cdiv(size_m, BLOCK_M)
     num_n_tiles,  # cdiv(size_n, BLOCK_N)
     N_TILES_PER_PROGRAM,  # output tiles along N one program writes, one after the other
-    done_rows,  # experts with at most this many rows are skipped (kernel G wrote their tiles); −1: none
     A_BY_TOKEN: tl.constexpr, B_BY_TOKEN: tl.constexpr, TWO_OUTPUTS: tl.constexpr, INTERPRETER: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_ROWS: tl.constexpr,
 ):  # fmt: skip
@@ -267,7 +255,6 @@ def expert_weight_grad_kernel(
     num_row_blocks = tl.maximum(tl.cdiv(row_end - row_begin, BLOCK_ROWS), 1)
     first_n_tile = n_group * N_TILES_PER_PROGRAM
     num_tiles = tl.minimum(N_TILES_PER_PROGRAM, num_n_tiles - first_n_tile)
-    num_tiles = tl.where(row_end - row_begin <= done_rows, 0, num_tiles)
     out_offset = expert.to(tl.int64) * size_m * size_n
     out_dtype = out_ptr.dtype.element_ty
 
@@ -321,7 +308,6 @@ def slot_projection_kernel(
     stride_i,  # distance between (h, i) and (h, i + 1)
     num_h_tiles,  # cdiv(H, BLOCK_H)
     ROW_SPLIT,  # R
-    done_rows,  # experts with at most this many rows are skipped (kernel G did their dX); −1: none
     TWO_TERMS: tl.constexpr,
     OPERAND_DTYPE: tl.constexpr,  # dtype of the tensor-core operands (bf16 or fp16)
     INTERPRETER: tl.constexpr,
@@ -332,8 +318,6 @@ def slot_projection_kernel(
     expert, h_tile, r = expert_tile(tl.program_id(0), num_h_tiles, ROW_SPLIT)
     row_begin = tl.load(expert_offsets_ptr + expert)
     row_end = tl.load(expert_offsets_ptr + expert + 1)
-    if row_end - row_begin <= done_rows:
-        row_end = row_begin  # nothing to do
     expert_offset = expert.to(tl.int64) * inter_size * hidden_size
     w1 = weights1_ptr + expert_offset
     w2 = weights2_ptr + expert_offset

@@ -1,9 +1,12 @@
-"""P2's host side: launch configs, the launch plan, workspaces and the launches of :mod:`.kernels`.
+"""P2's host side: one call of the backward or the forward, its workspaces and its launch plan.
+
+Each call asks :mod:`.choose` for its tiles and the designs of kernels W and D (:mod:`.designs`), then runs
+kernel A, the chosen W, the chosen D and kernel C (A and C have one design each: :mod:`.kernels`).
 
 Workspace (freed when the call returns; outputs are freshly allocated and fully written):
     dg, du, aw        3 · T·K · I   in bf16 (the input dtype for 16-bit inputs)
     dX_slot           T·K · H       fp32
-    x, dy sorted      2 · T·K · H   bf16 (the input dtype for 16-bit inputs): kernel W's operands by TMA
+    x, dy sorted      2 · T·K · H   bf16 (the input dtype for 16-bit inputs): the TMA-fed kernel W's operands
     x, dy halves      4 · T · H     bf16, fp32 inputs only
     topk partials     cdiv(I, BLOCK_I) · T·K   fp32
     routing           T·K int32 + E + 1 int32, and torch.sort's int64 outputs (2 · T·K)
@@ -19,198 +22,55 @@ kernel A's split products plus 10·T·K·H·I in W and D (15.4 TFLOP) bound the 
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
-
 import torch
-import triton.language as tl
 
 from ..dispatch import interpreter_enabled
-from ..precision import split_halves
 from ..tiling import cdiv
 from ..validation import fits_in_memory
-from . import kernels
+from . import kernels, runtime
+from .choose import Choice, choose
+from .config import KernelLaunch, LaunchConfig
 from .routing import route_by_expert
-from .tma_slot_projection import (
-    TmaSlotProjectionConfig,
-    choose_tma_slot_projection_config,
-    launch_slot_projection_tma,
-    tma_slot_projection_fits,
+from .runtime import (
+    OPERAND_DTYPES,
+    WORKSPACE_DTYPES,
+    Target,
+    default_persistent_programs,
+    operand_halves,
+    persistent_programs,
 )
-from .tma_weight_grad import (
-    TmaWeightGradConfig,
-    choose_tma_weight_grad_config,
-    gather_sorted_rows,
-    launch_weight_grads_tma,
-    tma_layout_fits,
-)
-
-# Every output and workspace is allocated through this function (tests replace it with one that
-# fills the memory with NaN, to prove that every element the kernels read or return was written).
-allocate = torch.empty
-
-
-@dataclass(frozen=True)
-class LaunchConfig:
-    """Tile sizes and launch parameters of kernels A, W, D and C."""
-
-    block_m: int  # rows (slots of one expert) per row block: the N side of kernels A and D
-    block_i: int  # A: intermediate columns per program (the M side)
-    block_h: int  # A: hidden columns per reduction step
-    grad_gate_up_tile: tuple[int, int, int]  # W: (I, H, rows per step) of the dWg and dWu tiles
-    grad_down_tile: tuple[int, int, int]  # W: (H, I, rows per step) of the dWd tiles
-    n_tiles_per_program: int  # W: tiles along the second dimension one program writes in turn
-    block_h_dx: int  # D: hidden columns per program (the M side)
-    block_i_dx: int  # D: intermediate columns per reduction step
-    block_h_sum: int  # C: hidden columns per program
-    row_split: int  # R: programs per (expert, tile) in A and D that share its row blocks (and weights via L2)
-    warps_a: int = 8  # num_warps of kernel A
-    stages_a: int = 3  # num_stages (software pipelining depth) of kernel A
-    warps_gu: int = 8  # kernel W's dWg, dWu launch
-    stages_gu: int = 3
-    warps_dn: int = 8  # kernel W's dWd launch
-    stages_dn: int = 3
-    warps_d: int = 8  # kernel D
-    stages_d: int = 3
-    # kernel W as a persistent TMA-fed grouped GEMM (:mod:`.tma_weight_grad`); None: the pointer-based kernel W
-    tma_weight_grad: TmaWeightGradConfig | None = None
-    # kernel D likewise (:mod:`.tma_slot_projection`); None: the pointer-based kernel D
-    tma_slot_projection: TmaSlotProjectionConfig | None = None
-    # the TMA-fed kernel W's expert-sorted x, dy rows stored by kernel A as it gathers them (its I-tile-0
-    # programs) instead of by a separate gather afterwards; not yet measured on a GPU, so off
-    sorted_rows_from_a: bool = False
-
-
-def launch_config(num_slots: int, num_experts: int, *, input_bytes: int = 4, interpreter: bool = False) -> LaunchConfig:
-    """Tile sizes for T·K = ``num_slots`` slots over ``num_experts`` experts (the one place they are set).
-
-    GPU (measured on the H200, data/results/NOTES.md): kernel A and D tiles are 128 weight rows ×
-    64 expert rows (fp32 accumulators, 8 warps); kernel A reduces over 32 hidden columns per step in
-    fp32 (its three weight tiles are split to hi/lo in registers) and 64 in 16-bit; kernel W writes
-    128 × 128 tiles of dWg and dWu (one launch, x shared) and 128 × 256 tiles of dWd, 64 rows per
-    step, each program a whole row of tiles in turn, 2 pipeline stages. 16-bit inputs with 512 or
-    more rows per expert on average get 128-row blocks everywhere (A then takes 64 weight rows per
-    program, so its accumulators still fit); with fp32 inputs those W tiles would need more shared
-    memory than an SM has (fp32 output tiles), and A and D spill.
-    Interpreter: small tiles (16 is the smallest ``tl.dot`` takes), so that tiny test shapes still
-    have several row blocks, several tiles and masked edges.
-    R, the row split, covers an expert with a few standard deviations more rows than the mean
-    (uniform routing gives binomial counts): the rows of almost every expert are then worked on by
-    R programs side by side, which read its weights from DRAM once; busier experts loop.
-    """
-    mean_rows = num_slots / max(num_experts, 1)
-    likely_max_rows = mean_rows + 4.0 * math.sqrt(mean_rows) + 1.0
-    tma = choose_tma_weight_grad_config(num_slots, num_experts, input_bytes, interpreter)
-    tma_d = choose_tma_slot_projection_config(num_slots, num_experts, input_bytes, interpreter)
-    if interpreter:
-        row_split = min(max(1, math.ceil(likely_max_rows / 16)), 3)
-        tiny = (16, 16, 16)
-        return LaunchConfig(16, 16, 32, tiny, tiny, 2, 32, 16, 32, row_split, 1, 1, 1, 1, 1, 1, 1, 1, tma,
-                            tma_d)  # fmt: skip
-    block_h = 32 if input_bytes == 4 else 64
-    if mean_rows >= 512 and input_bytes == 2:  # busy experts: 128-row blocks (measured at 1024 rows: −11%)
-        row_split = min(max(1, math.ceil(likely_max_rows / 128)), 8)
-        return LaunchConfig(128, 64, block_h, (128, 128, 128), (128, 256, 128), 32, 128, 64, 1024, row_split,
-                            stages_gu=2, stages_dn=2, tma_weight_grad=tma, tma_slot_projection=tma_d)  # fmt: skip
-    block_m = 64
-    row_split = min(max(1, math.ceil(likely_max_rows / block_m)), 8)
-    return LaunchConfig(block_m, 128, block_h, (128, 128, 64), (128, 256, 64), 32, 128, 64, 1024, row_split,
-                        stages_gu=2, stages_dn=2, tma_weight_grad=tma, tma_slot_projection=tma_d)  # fmt: skip
-
-
-
-@dataclass(frozen=True)
-class KernelLaunch:
-    """One launch of the backward: its grid as named factors and what one program does."""
-
-    step: str  # "A", "W_gate_up", "W_down", "D", "C"
-    grid: dict = field(default_factory=dict)  # factor name -> size; the programs are their product
-    one_program: str = ""
-    launched: bool = True  # False where the launch is skipped (A, D and C need T·K > 0)
-    # a persistent launch's work items as named factors (its programs loop over them); empty: one tile per program
-    tiles: dict = field(default_factory=dict)
-
-    @property
-    def programs(self) -> int:
-        return math.prod(self.grid.values()) if self.launched else 0
-
-
-def weight_grad_grid(size_m: int, size_n: int, tile: tuple[int, int, int], n_tiles_per_program: int) -> dict:
-    """Kernel W's grid factors for one expert weight gradient [size_m, size_n] in ``tile``s (M, N, rows)."""
-    n_tiles = cdiv(size_n, tile[1])
-    per_program = min(n_tiles_per_program, n_tiles)
-    return {"M-tiles": cdiv(size_m, tile[0]), "N-groups": cdiv(n_tiles, per_program), "_n_tiles": n_tiles,
-            "_per_program": per_program}  # fmt: skip
 
 
 def launch_plan(num_tokens: int, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int,
-                config: LaunchConfig, *, num_programs: int | None = None,
+                config: LaunchConfig | Choice, *, num_programs: int | None = None,
                 weight_bytes: int = 2) -> dict[str, KernelLaunch]:  # fmt: skip
     """P2's backward under ``config``: kernels A, W (twice), D and C, by step, in launch order.
 
-    Kernels W and D run persistent (``num_programs`` programs looping over their tiles: one per SM, by
-    default :func:`default_persistent_programs`) where the config has their TMA-fed form and TMA can address
-    the rows (``weight_bytes``: the weights' element size, 4 for the fp32 interface); else one program per
-    tile (group)."""
+    ``config``: a call's :class:`~.choose.Choice`, or a :class:`LaunchConfig` whose designs the chooser picks for
+    weights of ``weight_bytes`` (4 for the fp32 interface) on a Hopper GPU (or the interpreter, where it is on).
+    The TMA-fed designs of kernels W and D run persistent: ``num_programs`` programs looping over their tiles (one
+    per SM; by default :func:`~.runtime.default_persistent_programs`)."""
     T, H, I, E, K = num_tokens, hidden_size, intermediate_size, num_experts, top_k
+    choice = config
+    if isinstance(config, LaunchConfig):  # bf16 and fp16 take the same designs
+        dtype = torch.float32 if weight_bytes == 4 else torch.bfloat16
+        choice = choose(T * K, E, H, I, dtype, Target(interpreter=interpreter_enabled()), config=config)
+    config = choice.config
     launched = T * K > 0
-    R = config.row_split
-    programs = {"programs (one per SM)": num_programs or default_persistent_programs()}
+    num_programs = num_programs or default_persistent_programs()
     plan = {}
     plan["A"] = KernelLaunch(
-        "A", {"experts": E, "I-tiles": cdiv(I, config.block_i), "row split": R},
+        "A", {"experts": E, "I-tiles": cdiv(I, config.block_i), "row split": config.row_split},
         f"gᵀ, uᵀ, (Wdᵀdy)ᵀ on an I-tile of {config.block_i} (M side) for row blocks r, r+R, … of "
         f"{config.block_m} rows (N side), over H in steps of {config.block_h}; dSwiGLU and ⟨Wdᵀdy, a⟩ in the "
         "epilogue", launched)  # fmt: skip
-    tma_w = config.tma_weight_grad if tma_layout_fits(H, I) else None
-    for step, size_m, size_n, tile, outputs, dims in (
-        ("W_gate_up", I, H, config.grad_gate_up_tile, "dWg and dWu", "I×H"),
-        ("W_down", H, I, config.grad_down_tile, "dWd", "H×I"),
-    ):  # fmt: skip
-        if tma_w is not None:
-            tile = tma_w.gate_up_tile if step == "W_gate_up" else tma_w.down_tile
-            plan[step] = KernelLaunch(
-                step, programs,
-                f"{outputs} tiles of {tile[0]}×{tile[1]} ({dims}), dealt round-robin expert by expert, each reduced "
-                f"over all the expert's rows (gathered into expert order once) in steps of {tile[2]} that arrive "
-                "by TMA; exact zeros for an expert with no rows",
-                tiles={"experts": E, "M-tiles": cdiv(size_m, tile[0]), "N-tiles": cdiv(size_n, tile[1])})  # fmt: skip
-            continue
-        grid = weight_grad_grid(size_m, size_n, tile, config.n_tiles_per_program)
-        n, up_to = grid["_per_program"], "up to " if grid["_n_tiles"] % grid["_per_program"] else ""
-        tiles = f"one tile of {tile[0]}×{tile[1]} ({dims})" if n == 1 else \
-            f"{up_to}{n} tiles of {tile[0]}×{tile[1]} ({dims}) in turn"  # fmt: skip
-        plan[step] = KernelLaunch(
-            step, {"experts": E, "M-tiles": grid["M-tiles"], "N-groups": grid["N-groups"]},
-            f"{outputs} on {tiles}, each reduced over all the expert's rows in steps of {tile[2]}; exact zeros for "
-            "an expert with no rows")  # fmt: skip
-    tma_d = config.tma_slot_projection if tma_slot_projection_fits(H, I, weight_bytes) else None
-    if tma_d is not None:
-        block_h, block_rows, block_i = tma_d.backward_tile
-        plan["D"] = KernelLaunch(
-            "D", programs,
-            f"dX_slotᵀ = Wgᵀdgᵀ + Wuᵀduᵀ on tiles of {block_h} weight rows (an H-tile, M side) × {block_rows} of "
-            f"the expert's rows (N side), expert by expert, over I in steps of {block_i} that arrive by TMA",
-            launched, tiles={"experts": E, "H-tiles": cdiv(H, block_h)})  # fmt: skip
-    else:
-        plan["D"] = KernelLaunch(
-            "D", {"experts": E, "H-tiles": cdiv(H, config.block_h_dx), "row split": R},
-            f"dX_slotᵀ = Wgᵀdgᵀ + Wuᵀduᵀ on an H-tile of {config.block_h_dx} (M side) for row blocks r, r+R, … of "
-            f"{config.block_m} rows (N side), over I in steps of {config.block_i_dx}", launched)  # fmt: skip
+    plan |= choice.weight_grad.plan(E, H, I, config, num_programs)
+    plan["D"] = choice.slot_projection.plan(E, H, I, config, num_programs, launched)
     plan["C"] = KernelLaunch(
         "C", {"tokens": T, "H-tiles": cdiv(H, config.block_h_sum)},
         f"grad_hidden_states[t] = Σ_k dX_slot[t·K + k] on {config.block_h_sum} columns; grad_topk_weights "
         "summed over the I-tiles' partials", launched)  # fmt: skip
     return plan
-
-
-OPERAND_DTYPES = {torch.float32: tl.bfloat16, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
-WORKSPACE_DTYPES = {torch.float32: torch.bfloat16, torch.bfloat16: torch.bfloat16, torch.float16: torch.float16}
-
-
-def operand_halves(v: torch.Tensor, split_precision: bool, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Kernel A's (hi, lo) view of x or dy: bf16 halves for fp32 inputs, the 16-bit tensor itself twice otherwise."""
-    return split_halves(v, dtype) if split_precision else (v, v)
 
 
 # what kernel A does with the pre-activations g and u (its PREACT)
@@ -219,83 +79,24 @@ PREACT_COMPUTED, PREACT_STORED, PREACT_READ = 0, 1, 2
 
 def launch_swiglu_grad(config, plan, routing, x_halves, dy_halves, topk_weights, gate_weights, up_weights,
                        down_weights, dgate, dup, scaled_act, topk_partial, *, forward_only: bool,
-                       preactivations=None, preact=PREACT_COMPUTED, sorted_rows=None):  # fmt: skip
+                       preactivations=None, preact=PREACT_COMPUTED):  # fmt: skip
     """Kernel A over every (expert, I-tile, row split); ``forward_only`` stores aw alone (dy unused);
     ``preactivations`` (g, u), each [T·K, I] by sorted position, written (PREACT_STORED) or read
-    instead of recomputed (PREACT_READ); ``sorted_rows`` (x_sorted, dy_sorted), each [T·K, H], get x_hi's
-    (where x is loaded: not with PREACT_READ) and dy_hi's rows in sorted order."""
+    instead of recomputed (PREACT_READ)."""
     H = x_halves[0].shape[1]
     I = gate_weights.shape[1]
     num_slots, top_k = topk_weights.numel(), topk_weights.shape[1]
     gate_pre, up_pre = preactivations if preactivations is not None else (scaled_act, scaled_act)
-    x_sorted, dy_sorted = sorted_rows if sorted_rows is not None else (scaled_act, scaled_act)
     kernels.swiglu_grad_kernel[(plan["A"].programs,)](
         *x_halves, *dy_halves, topk_weights, gate_weights, up_weights, down_weights,
         routing.sorted_slot, routing.expert_offsets, dgate, dup, scaled_act, topk_partial, gate_pre, up_pre,
-        x_sorted, dy_sorted, num_slots, top_k, H, I, plan["A"].grid["I-tiles"], config.row_split,
+        num_slots, top_k, H, I, plan["A"].grid["I-tiles"], config.row_split,
         OPERAND_DTYPE=OPERAND_DTYPES[x_halves[0].dtype], SPLIT_PRECISION=gate_weights.dtype == torch.float32,
-        FORWARD_ONLY=forward_only, PREACT=preact, STORE_SORTED=sorted_rows is not None,
+        FORWARD_ONLY=forward_only, PREACT=preact,
         INTERPRETER=interpreter_enabled(),
         BLOCK_I=config.block_i, BLOCK_M=config.block_m, BLOCK_H=config.block_h,
         num_warps=config.warps_a, num_stages=config.stages_a,
     )  # fmt: skip
-
-
-def launch_weight_grads(config, routing, sorted_slot, top_k, x_operand, dy_operand, dgate, dup, scaled_act,
-                        grad_gate, grad_up, grad_down, *, skip_rows: int = -1):  # fmt: skip
-    """Kernel W twice: dWg, dWu = Σ dgᵀ x, Σ duᵀ x (one launch, x shared), then dWd = Σ dyᵀ aw. The first
-    launch skips experts with at most ``skip_rows`` rows (a set-aside design wrote theirs; −1: none)."""
-    E, I, H = grad_gate.shape
-    for a, a2, b, out, out2, size_m, size_n, a_by_token, b_by_token, tile, warps, stages, skipped in (
-        (dgate, dup, x_operand, grad_gate, grad_up, I, H, False, True, config.grad_gate_up_tile,
-         config.warps_gu, config.stages_gu, skip_rows),
-        (dy_operand, dy_operand, scaled_act, grad_down, grad_down, H, I, True, False,
-         config.grad_down_tile, config.warps_dn, config.stages_dn, -1),
-    ):  # fmt: skip
-        grid = weight_grad_grid(size_m, size_n, tile, config.n_tiles_per_program)
-        programs = E * grid["M-tiles"] * grid["N-groups"]  # one per (expert, M-tile, group of N-tiles)
-        kernels.expert_weight_grad_kernel[(programs,)](
-            a, a2, b, out, out2, sorted_slot, routing.expert_offsets,
-            max(top_k, 1), size_m, size_n, grid["M-tiles"], grid["_n_tiles"], grid["_per_program"], skipped,
-            A_BY_TOKEN=a_by_token, B_BY_TOKEN=b_by_token, TWO_OUTPUTS=out2 is not out,
-            INTERPRETER=interpreter_enabled(), BLOCK_M=tile[0], BLOCK_N=tile[1], BLOCK_ROWS=tile[2],
-            num_warps=warps, num_stages=stages,
-        )  # fmt: skip
-
-
-def launch_slot_projection(config, routing, weights1, weights2, rows1, rows2, out_slot, stride_h, stride_i,
-                           skip_rows=-1):  # fmt: skip
-    """Kernel D over every (expert, H-tile, row split): out_slot = W1_e v1 (+ W2_e v2 when given twice),
-    except for experts with at most ``skip_rows`` rows."""
-    H, I = out_slot.shape[1], rows1.shape[1]
-    E, h_tiles = weights1.shape[0], cdiv(H, config.block_h_dx)
-    kernels.slot_projection_kernel[(E * h_tiles * config.row_split,)](
-        weights1, weights2, routing.sorted_slot, routing.expert_offsets, rows1, rows2, out_slot,
-        H, I, stride_h, stride_i, h_tiles, config.row_split, skip_rows,
-        TWO_TERMS=weights2 is not weights1, OPERAND_DTYPE=OPERAND_DTYPES[rows1.dtype],
-        INTERPRETER=interpreter_enabled(),
-        BLOCK_H=config.block_h_dx, BLOCK_M=config.block_m, BLOCK_I=config.block_i_dx,
-        num_warps=config.warps_d, num_stages=config.stages_d,
-    )  # fmt: skip
-
-
-def project_slots(config, routing, weights1, weights2, rows1, rows2, out_slot, *, transposed_weights: bool,
-                  skip_rows: int = -1) -> None:  # fmt: skip
-    """Kernel D: out_slot = W1_eᵀ v1 + W2_eᵀ v2 (backward: Wg, Wu, dg, du, ``transposed_weights``) or W1_e v1
-    (forward: Wd, aw), by the TMA-fed kernel where the config has one and TMA can address the rows, else the
-    pointer-based one."""
-    H, I = out_slot.shape[1], rows1.shape[1]
-    weight_bytes = weights1.element_size()
-    if config.tma_slot_projection is not None and tma_slot_projection_fits(H, I, weight_bytes, transposed_weights):
-        programs = persistent_programs(out_slot.device)
-        launch_slot_projection_tma(config.tma_slot_projection, routing, weights1, weights2, rows1, rows2, out_slot,
-                                   transposed_weights=transposed_weights, num_programs=programs,
-                                   skip_rows=skip_rows)  # fmt: skip
-        return
-    strides = (1, H) if transposed_weights else (I, 1)  # (stride over H, stride over I) of one expert's weights
-    two = weights2 if weights2 is not None else weights1
-    launch_slot_projection(config, routing, weights1, two, rows1, rows2 if rows2 is not None else rows1,
-                           out_slot, *strides, skip_rows)  # fmt: skip
 
 
 def launch_token_sum(config, plan, out_slot, topk_indices, num_experts, out, topk_partial=None, grad_topk=None):
@@ -312,7 +113,7 @@ def launch_token_sum(config, plan, out_slot, topk_indices, num_experts, out, top
     )  # fmt: skip
 
 
-def allocation_bytes(hidden_states, topk_indices, topk_weights, gate_weights, config: LaunchConfig,
+def allocation_bytes(hidden_states, topk_indices, topk_weights, gate_weights, choice: Choice,
                      *, forward_only: bool = False, save_preactivations: bool = False) -> int:  # fmt: skip
     """Bytes of the outputs and workspaces one call allocates (the table in this module's docstring; a
     forward that saves the pre-activations adds 2 · T·K · I in the hidden dtype)."""
@@ -328,17 +129,16 @@ def allocation_bytes(hidden_states, topk_indices, topk_weights, gate_weights, co
         saved = 2 * slots * I * item if save_preactivations else 0
         return T * H * item + slots * I * workspace_item + slots * H * 4 + halves + routing + saved
     outputs = (T * H + 3 * E * I * H) * item + T * K * topk_weights.element_size()
-    workspaces = 3 * slots * I * workspace_item + cdiv(I, config.block_i) * slots * 4 + slots * H * 4 + 2 * halves
-    if config.tma_weight_grad is not None:  # x and dy gathered into expert order for the TMA-fed kernel W
-        workspaces += 2 * slots * H * workspace_item
+    workspaces = (3 * slots * I * workspace_item + cdiv(I, choice.config.block_i) * slots * 4 + slots * H * 4
+                  + 2 * halves + choice.weight_grad.workspace_bytes(slots, H, workspace_item))  # fmt: skip
     return outputs + workspaces + routing
 
 
-def check_memory(hidden_states, topk_indices, topk_weights, gate_weights, config, *, forward_only=False,
+def check_memory(hidden_states, topk_indices, topk_weights, gate_weights, choice: Choice, *, forward_only=False,
                  save_preactivations=False) -> None:  # fmt: skip
     """Refuses, before anything is allocated, a call whose outputs and workspaces exceed the device's memory."""
     T, K = topk_indices.shape
-    nbytes = allocation_bytes(hidden_states, topk_indices, topk_weights, gate_weights, config,
+    nbytes = allocation_bytes(hidden_states, topk_indices, topk_weights, gate_weights, choice,
                               forward_only=forward_only, save_preactivations=save_preactivations)  # fmt: skip
     fits_in_memory("num_tokens", nbytes, hidden_states.device,
                    f"the outputs and workspaces of {T} tokens ({T * K} routed slots)")
@@ -360,27 +160,20 @@ def check_weight_grads_out(weight_grads_out, gate_weights, down_weights) -> tupl
     return tuple(weight_grads_out)
 
 
-def default_persistent_programs() -> int:
-    """Programs of a persistent launch where no device is at hand: a few under the interpreter, else the
-    132 SMs of an H100 or H200."""
-    return 3 if interpreter_enabled() else 132
-
-
-def persistent_programs(device: torch.device) -> int:
-    """Programs of a persistent launch: one per SM on the GPU, a few under the interpreter."""
-    if device.type != "cuda" or interpreter_enabled():
-        return default_persistent_programs()
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def default_config(hidden_states: torch.Tensor, num_slots: int, num_experts: int) -> LaunchConfig:
-    return launch_config(num_slots, num_experts, input_bytes=hidden_states.element_size(),
-                         interpreter=interpreter_enabled())  # fmt: skip
+def choose_for(hidden_states, topk_indices, gate_weights, up_weights, down_weights, config) -> Choice:
+    """The chooser's answer for these inputs (``config``: tiles given by the caller, or None)."""
+    if config is not None and not isinstance(config, LaunchConfig):
+        raise TypeError(f"config: expected a LaunchConfig or None, got {type(config).__name__}")
+    T, H = hidden_states.shape
+    E, I, _ = gate_weights.shape
+    aligned = all(w.data_ptr() % 16 == 0 for w in (gate_weights, up_weights, down_weights))
+    return choose(T * topk_indices.shape[1], E, H, I, hidden_states.dtype, Target.of(hidden_states.device),
+                  config=config, weights_aligned=aligned)  # fmt: skip
 
 
 def moe_experts_backward_triton(
     grad_output, hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights,
-    *, config: LaunchConfig | None = None, fused_dx=None, preactivations=None, weight_grads_out=None,
+    *, config: LaunchConfig | None = None, preactivations=None, weight_grads_out=None,
 ):  # fmt: skip
     """P2 with the Triton kernels; inputs already validated and contiguous (see :mod:`.api`).
 
@@ -389,22 +182,22 @@ def moe_experts_backward_triton(
     routing-weight gradient in topk_weights' dtype, the rest in the hidden dtype.
     ``weight_grads_out``: three contiguous tensors of those shapes and dtype (e.g. views of a larger
     set of experts' gradients) that the weight gradients are written into and returned as. ``config``
-    overrides the tile sizes (default: :func:`launch_config`); ``fused_dx`` (a
-    :class:`~.fused_dx.FusedDxConfig`) runs the set-aside kernel G for the experts with few rows;
-    ``preactivations`` (g, u) saved by :func:`moe_experts_forward_triton` on the same routing are read
-    instead of recomputed (kernel A then does one product of three).
+    overrides the tile sizes (default: :func:`~.choose.launch_config`'s); ``preactivations`` (g, u) saved by
+    :func:`moe_experts_forward_triton` on the same routing are read instead of recomputed (kernel A then does
+    one product of three).
     """
     T, H = hidden_states.shape
     E, I, _ = gate_weights.shape
     K = topk_indices.shape[1]
     dtype, device = hidden_states.dtype, hidden_states.device
     num_slots = T * K
-    config = config or default_config(hidden_states, num_slots, E)
-    plan = launch_plan(T, H, I, E, K, config, num_programs=persistent_programs(device),
-                       weight_bytes=gate_weights.element_size())  # fmt: skip
+    choice = choose_for(hidden_states, topk_indices, gate_weights, up_weights, down_weights, config)
+    config, programs = choice.config, persistent_programs(device)
+    plan = launch_plan(T, H, I, E, K, choice, num_programs=programs)
     split_precision = dtype == torch.float32
-    check_memory(hidden_states, topk_indices, topk_weights, gate_weights, config)
+    check_memory(hidden_states, topk_indices, topk_weights, gate_weights, choice)
 
+    allocate = runtime.allocate
     if weight_grads_out is None:
         grad_gate = allocate((E, I, H), dtype=dtype, device=device)
         grad_up = allocate((E, I, H), dtype=dtype, device=device)
@@ -422,42 +215,21 @@ def moe_experts_backward_triton(
     scaled_act = allocate((ws_rows, I), dtype=workspace_dtype, device=device)
     topk_partial = allocate((plan["A"].grid["I-tiles"], ws_rows), dtype=torch.float32, device=device)
     dx_slot = allocate((ws_rows, H), dtype=torch.float32, device=device)
-    sorted_slot = routing.sorted_slot if num_slots > 0 else torch.zeros(1, dtype=torch.int32, device=device)
     x_halves = operand_halves(hidden_states, split_precision, workspace_dtype)
     dy_halves = operand_halves(grad_output, split_precision, workspace_dtype)
-    # kernel W fed by TMA reads x and dy rows in expert order: every operand of an expert contiguous
-    tma_w = fused_dx is None and config.tma_weight_grad is not None and tma_layout_fits(H, I)
-    sorted_rows = None
-    if tma_w and config.sorted_rows_from_a and num_slots > 0:  # stored by kernel A as it gathers them
-        sorted_rows = tuple(allocate((num_slots, H), dtype=workspace_dtype, device=device) for _ in range(2))
 
     if num_slots > 0:
         launch_swiglu_grad(config, plan, routing, x_halves, dy_halves, topk_weights, gate_weights, up_weights,
                            down_weights, dgate, dup, scaled_act, topk_partial, forward_only=False,
                            preactivations=preactivations,
-                           preact=PREACT_COMPUTED if preactivations is None else PREACT_READ,
-                           sorted_rows=sorted_rows)  # fmt: skip
-    skip_rows = -1
-    if fused_dx is not None:  # kernel G: dWg, dWu and dX of the experts with few rows; W and D skip those
-        skip_rows = fused_dx.launch(routing, sorted_slot, dgate, dup, x_halves[0], gate_weights, up_weights,
-                                    grad_gate, grad_up, dx_slot, K)  # fmt: skip
-    if tma_w:
-        if sorted_rows is None:  # one gather each
-            x_sorted = gather_sorted_rows(x_halves[0], sorted_slot[:num_slots], K)
-            dy_sorted = gather_sorted_rows(dy_halves[0], sorted_slot[:num_slots], K)
-        else:  # kernel A read no x where it read g and u back: x gathered here
-            x_sorted, dy_sorted = sorted_rows
-            if preactivations is not None:
-                x_sorted = gather_sorted_rows(x_halves[0], sorted_slot[:num_slots], K)
-        launch_weight_grads_tma(config.tma_weight_grad, routing.expert_offsets, x_sorted, dy_sorted, dgate, dup,
-                                scaled_act, grad_gate, grad_up, grad_down, num_programs=persistent_programs(device))
-    else:
-        launch_weight_grads(config, routing, sorted_slot, K, x_halves[0], dy_halves[0], dgate, dup, scaled_act,
-                            grad_gate, grad_up, grad_down, skip_rows=skip_rows)  # fmt: skip
+                           preact=PREACT_COMPUTED if preactivations is None else PREACT_READ)  # fmt: skip
+    # kernel W runs also without slots: it writes the zeros of experts without rows
+    choice.weight_grad.run(config, routing, K, x_halves[0], dy_halves[0], dgate, dup, scaled_act, grad_gate, grad_up,
+                           grad_down, num_programs=programs)  # fmt: skip
     if num_slots > 0:
         # dX_slot = Wg_eᵀ dg + Wu_eᵀ du: Wg[e][i, h] at i·H + h
-        project_slots(config, routing, gate_weights, up_weights, dgate, dup, dx_slot, transposed_weights=True,
-                      skip_rows=skip_rows)  # fmt: skip
+        choice.slot_projection.run(config, routing, gate_weights, up_weights, dgate, dup, dx_slot,
+                                   transposed_weights=True, num_programs=programs)  # fmt: skip
         launch_token_sum(config, plan, dx_slot, topk_indices, E, grad_hidden, topk_partial, grad_topk)
     else:  # no slots at all (T = 0 or K = 0): nothing reaches grad_hidden_states
         grad_hidden.zero_()
@@ -480,9 +252,11 @@ def moe_experts_forward_triton(
     K = topk_indices.shape[1]
     dtype, device = hidden_states.dtype, hidden_states.device
     num_slots = T * K
-    config = config or default_config(hidden_states, num_slots, E)
-    check_memory(hidden_states, topk_indices, topk_weights, gate_weights, config, forward_only=True,
+    choice = choose_for(hidden_states, topk_indices, gate_weights, up_weights, down_weights, config)
+    config, programs = choice.config, persistent_programs(device)
+    check_memory(hidden_states, topk_indices, topk_weights, gate_weights, choice, forward_only=True,
                  save_preactivations=save_preactivations)  # fmt: skip
+    allocate = runtime.allocate
     y = allocate((T, H), dtype=dtype, device=device)
     preactivations = None
     if save_preactivations:
@@ -490,8 +264,7 @@ def moe_experts_forward_triton(
     if num_slots == 0:
         y.zero_()
         return (y, preactivations) if save_preactivations else y
-    plan = launch_plan(T, H, I, E, K, config, num_programs=persistent_programs(device),
-                       weight_bytes=gate_weights.element_size())  # fmt: skip
+    plan = launch_plan(T, H, I, E, K, choice, num_programs=programs)
     routing = route_by_expert(topk_indices, E)
     workspace_dtype = WORKSPACE_DTYPES[dtype]
     scaled_act = allocate((num_slots, I), dtype=workspace_dtype, device=device)
@@ -503,6 +276,7 @@ def moe_experts_forward_triton(
                        preactivations=preactivations,
                        preact=PREACT_STORED if save_preactivations else PREACT_COMPUTED)  # fmt: skip
     # y_slot = Wd_e · aw: Wd[e][h, i] at h·I + i
-    project_slots(config, routing, down_weights, None, scaled_act, None, y_slot, transposed_weights=False)
+    choice.slot_projection_forward.run(config, routing, down_weights, None, scaled_act, None, y_slot,
+                                       transposed_weights=False, num_programs=programs)  # fmt: skip
     launch_token_sum(config, plan, y_slot, topk_indices, E, y)
     return (y, preactivations) if save_preactivations else y

@@ -18,7 +18,7 @@ transposed. The weight tile is the M side (64 rows per warp group), the expert's
 row block can be as narrow as the expert is busy (wgmma's N goes down to 8).
 
 Tiles and order. A tile is (expert, H-tile, row block); expert e has n_H · ⌈n_e / BLOCK_ROWS⌉ of them
-(none for an expert without rows, or with at most ``skip_rows`` rows: kernel G did those). A tiny
+(none for an expert without rows). A tiny
 prologue kernel (:func:`tile_offsets_kernel`, one program) writes the exclusive prefix of the tile
 counts, ``tile_offsets`` [E + 1], on the device: the tiles are numbered expert-major (expert e's are
 tile_offsets[e] ≤ t < tile_offsets[e + 1]; within an expert row blocks inner, so neighbouring tiles
@@ -77,7 +77,8 @@ fp32 (:func:`~.kernels.dot16`) and the tiles are 16 wide.
 
 TMA constraints: 16-byte aligned bases and row strides that are multiples of 16 bytes: I · 2 bytes for the
 rows, the weights' inner width (H backward, I forward) times their element size
-(:func:`tma_slot_projection_fits`).
+(:func:`tma_slot_projection_fits`); the design (:mod:`.designs.d_tma`) declares them, so that the chooser
+(:mod:`.choose`, which also picks the tiles) falls back to the pointer-based kernel D elsewhere.
 """
 
 from __future__ import annotations
@@ -102,11 +103,10 @@ def tile_offsets_kernel(
     tile_offsets_ptr,  # out [E + 1] int32: first tile number of each expert, then the number of tiles
     num_experts,  # E
     num_h_tiles,  # cdiv(H, BLOCK_H): tiles per row block
-    skip_rows,  # experts with at most this many rows get no tiles (kernel G did them); −1: none skipped
     BLOCK_ROWS: tl.constexpr,  # rows per row block of the main kernel
     BLOCK_E: tl.constexpr,  # experts per chunk of the prefix sum
 ):  # fmt: skip
-    # One program: tile_offsets[e] = Σ_{e' < e} n_H · ⌈n_e' / BLOCK_ROWS⌉ (0 for skipped experts).
+    # One program: tile_offsets[e] = Σ_{e' < e} n_H · ⌈n_e' / BLOCK_ROWS⌉.
     tl.store(tile_offsets_ptr, 0)
     total = 0
     for e0 in range(0, num_experts, BLOCK_E):
@@ -115,7 +115,7 @@ def tile_offsets_kernel(
         begin = tl.load(expert_offsets_ptr + es, mask=ok, other=0)
         end = tl.load(expert_offsets_ptr + es + 1, mask=ok, other=0)
         rows = end - begin
-        tiles = tl.where(rows > skip_rows, (rows + BLOCK_ROWS - 1) // BLOCK_ROWS, 0) * num_h_tiles
+        tiles = (rows + BLOCK_ROWS - 1) // BLOCK_ROWS * num_h_tiles
         tl.store(tile_offsets_ptr + es + 1, total + tl.cumsum(tiles, 0), mask=ok)
         total += tl.sum(tiles, 0)
 
@@ -277,7 +277,7 @@ class TmaSlotProjectionConfig:
     step. ``backward_*``: the two-term launch (Wgᵀ dg + Wuᵀ du); ``forward_*``: the one-term launch (Wd aw).
     Stages count pipelined reduction steps of one term each (a weight block and a rows block): the
     backward's paired form (two terms per step, where the terms cannot share a descriptor) takes half as many,
-    and always nested loops.
+    and always nested loops. The measured ones: :func:`~.choose.choose_tma_slot_projection_config`.
     """
 
     backward_tile: tuple[int, int, int] = (128, 64, 64)
@@ -306,38 +306,6 @@ class TmaSlotProjectionConfig:
             stages = max(2, self.backward_stages // 2) if paired else self.backward_stages
             return self.backward_tile, self.backward_warps, stages
         return self.forward_tile, self.forward_warps, self.forward_stages
-
-
-def choose_tma_slot_projection_config(num_slots: int, num_experts: int, input_bytes: int,
-                                      interpreter: bool) -> TmaSlotProjectionConfig:  # fmt: skip
-    """The configuration for T·K = ``num_slots`` slots over ``num_experts`` experts, inputs of ``input_bytes``.
-
-    Interpreter: 16-wide tiles (the smallest ``tl.dot`` takes), so that tiny shapes have several H-tiles,
-    row blocks and reduction steps, and clipped edges. GPU (timed on the H200 against the pointer-based
-    kernel D with ``scripts/p2_tma_d_bench.py``, data/results/NOTES.md; registers, shared memory and wgmma
-    serialisation from ``scripts/p2_tma_d_compile_check.py``: none spills, none serialised): 8 warps, 64
-    intermediate columns per step, 4 steps in flight, then
-      - 16-bit, fewer than 128 rows per expert on average (2048 tokens: 64): 256 weight rows × 64 expert
-        rows per tile (the weight slab read by half as many tiles; backward 2.23 ms against 2.55, forward
-        1.21 against 1.27);
-      - 16-bit, busier experts: 256 weight rows × 128 expert rows on 16 warps (four warp groups of 64 weight
-        rows), which read each expert row block once per 256 weight rows instead of 128 (``--experts`` of
-        ``scripts/p2_tma_d_bench.py``, against 128 × 128 on 8 warps: E 256, 32768 tokens backward 18.3 ms
-        against 19.9, forward 9.4 against 11.2; E 32, as one rank of 8, backward 16.2 against 18.6; E 16
-        backward 16.4 against 20.9; 8192 tokens backward 4.8 against 5.2, forward a tie);
-      - fp32 weights (fp32 interface): by TMA, 128 × 128 tiles, nested loops (flattened, ptxas serialises
-        the wgmma of this form; 2048 tokens: backward 4.36 ms against 4.67, forward 2.21 against 2.52).
-    The tile and step loops of 16-bit inputs are flattened into one pipeline across a program's tiles.
-    """
-    if interpreter:
-        tiny = (16, 16, 16)
-        return TmaSlotProjectionConfig(tiny, 1, 2, tiny, 1, 2)
-    mean_rows = num_slots / max(num_experts, 1)
-    if input_bytes == 4:
-        return TmaSlotProjectionConfig((128, 128, 64), 8, 4, (128, 128, 64), 8, 4, flatten=False)
-    if mean_rows >= 128:
-        return TmaSlotProjectionConfig((256, 128, 64), 16, 4, (256, 128, 64), 16, 4)
-    return TmaSlotProjectionConfig((256, 64, 64), 8, 4, (256, 64, 64), 8, 4)
 
 
 def tma_slot_projection_fits(hidden_size: int, intermediate_size: int, weight_bytes: int = 2,
@@ -373,8 +341,7 @@ def two_term_form(config: TmaSlotProjectionConfig, weights1, weights2, rows1, ro
 
 
 def launch_slot_projection_tma(config: TmaSlotProjectionConfig, routing, weights1, weights2, rows1, rows2,
-                               out_slot, *, transposed_weights: bool, num_programs: int,
-                               skip_rows: int = -1) -> None:  # fmt: skip
+                               out_slot, *, transposed_weights: bool, num_programs: int) -> None:  # fmt: skip
     """Kernel D, TMA-fed and persistent: out_slot[slot(p)] = W1_e v1[p] (+ W2_e v2[p]) for every sorted p.
 
     backward: ``(Wg, Wu, dg, du, dX_slot, transposed_weights=True)`` — Wg, Wu [E, I, H], out = Wgᵀ dg + Wuᵀ du;
@@ -382,7 +349,7 @@ def launch_slot_projection_tma(config: TmaSlotProjectionConfig, routing, weights
     ``routing``: :class:`~.routing.ExpertRouting` (sorted_slot [T·K] int32, expert_offsets [E + 1] int32);
     ``rows1``, ``rows2`` [≥ T·K, I] in bf16 or fp16, rows in sorted order; the weights in the rows' dtype
     or fp32 (the fp32 interface: rounded to the rows' dtype in registers); ``out_slot`` [≥ T·K, H] fp32,
-    row = slot id: every slot row of an expert with more than ``skip_rows`` rows is written, nothing else.
+    row = slot id: every slot row is written, nothing else.
     ``num_programs``: the persistent grid (the number of SMs on the GPU). No host synchronisation:
     capturable in a CUDA graph. On CUDA it installs a torch-backed Triton allocator
     (``triton.set_allocator``) for the descriptors the kernel builds on the device.
@@ -444,7 +411,7 @@ def launch_slot_projection_tma(config: TmaSlotProjectionConfig, routing, weights
     block_h, block_rows, block_i = tile
     tile_offsets = torch.empty(E + 1, dtype=torch.int32, device=rows1.device)
     tile_offsets_kernel[(1,)](
-        routing.expert_offsets, tile_offsets, E, triton.cdiv(H, block_h), skip_rows,
+        routing.expert_offsets, tile_offsets, E, triton.cdiv(H, block_h),
         BLOCK_ROWS=block_rows, BLOCK_E=min(1024, triton.next_power_of_2(E)), num_warps=4,
     )  # fmt: skip
     slot_projection_tma_kernel[(num_programs,)](

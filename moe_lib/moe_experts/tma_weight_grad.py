@@ -61,7 +61,9 @@ only reads shapes), so the launches can be captured in a CUDA graph.
 
 Constraints of TMA: base addresses 16-byte aligned and row strides multiples of 16 bytes, so the
 operand widths (H and I) must be multiples of 8 elements in 16-bit operands (and the output width a
-multiple of 16 bytes for TMA stores); :func:`launch_weight_grads_tma` checks this.
+multiple of 16 bytes for TMA stores); :func:`launch_weight_grads_tma` checks this, and the design
+(:mod:`.designs.w_tma`) declares it, so that the chooser (:mod:`.choose`, which also picks the tiles) falls back
+to the pointer-based kernel W elsewhere.
 
 Interpreter (``TRITON_INTERPRET=1``, CPU): bf16 ``tl.dot`` is wrong there, so the operands are
 upcast to fp32 (exact products, :func:`~.kernels.dot16`) and the fp32 → bf16 output cast rounds by
@@ -219,7 +221,8 @@ def grouped_weight_grad_kernel(
 
 @dataclass(frozen=True)
 class TmaWeightGradConfig:
-    """Tile sizes and launch parameters of the two families of :func:`grouped_weight_grad_kernel`."""
+    """Tile sizes and launch parameters of the two families of :func:`grouped_weight_grad_kernel` (the measured
+    ones: :func:`~.choose.choose_tma_weight_grad_config`)."""
 
     gate_up_tile: tuple[int, int, int] = (128, 128, 64)  # dWg, dWu: (I, H, rows per step)
     down_tile: tuple[int, int, int] = (128, 256, 64)  # dWd: (H, I, rows per step)
@@ -238,42 +241,10 @@ class TmaWeightGradConfig:
             raise ValueError("warp_specialize: Triton specialises warps only with num_warps=4 in both launches")
 
 
-def choose_tma_weight_grad_config(num_slots: int, num_experts: int, input_bytes: int,
-                                  interpreter: bool) -> TmaWeightGradConfig:  # fmt: skip
-    """The configuration for T·K = ``num_slots`` slots over ``num_experts`` experts, inputs of ``input_bytes``.
-
-    Interpreter: tiles of 16 (the smallest ``tl.dot`` takes), so that tiny shapes have several tiles,
-    several reduction steps and clipped edges. GPU (timed on the H200 with ``scripts/p2_tma_bench.py``,
-    data/results/NOTES.md): 128×128 dWg·dWu tiles (two fp32 accumulators), 64 rows per step; the shared
-    memory is the pipeline's blocks (num_stages × the A, A2 and B blocks of one step) plus the
-    epilogue's, at most 227 KB per SM (``scripts/p2_tma_compile_check.py``):
-      - 16-bit, busy experts (≥ 512 rows on average): 4 stages, 128×256 dWd tiles (bf16, 32768 tokens:
-        32.1 ms against 33.2 with 128 rows per step and 2 stages);
-      - 16-bit otherwise: 3 stages, 128×256 dWd tiles;
-      - fp32 outputs (a larger epilogue): 3 stages, 128×128 dWd tiles (a 128×256 fp32 dWd tile would
-        need 272 KB with 3 stages).
-    Expert groups: 4 below 128 rows per expert on average, 2 below 512, else 1 (bf16 8192 tokens, 256
-    rows: 10.2 ms with 2 groups against 10.8 with 1; 2048 tokens: 4.9 ms with 4 against 6.1 with 1).
-    """
-    if interpreter:
-        return TmaWeightGradConfig((16, 16, 16), (16, 16, 16), 1, 1, 1, 1)
-    mean_rows = num_slots / max(num_experts, 1)
-    groups = 4 if mean_rows < 128 else 2 if mean_rows < 512 else 1
-    if input_bytes == 4:
-        return TmaWeightGradConfig((128, 128, 64), (128, 128, 64), 8, 3, 8, 3, expert_groups=groups)
-    stages = 4 if mean_rows >= 512 else 3
-    return TmaWeightGradConfig((128, 128, 64), (128, 256, 64), 8, stages, 8, stages, expert_groups=groups)
-
-
 def gather_sorted_rows(v: torch.Tensor, sorted_slot: torch.Tensor, top_k: int) -> torch.Tensor:
     """v's rows in expert-sorted order: row p of the result is v[sorted_slot[p] // K] ([T·K, cols], v's dtype)."""
     tokens = torch.div(sorted_slot, max(top_k, 1), rounding_mode="floor")
     return v.index_select(0, tokens)
-
-
-def tma_layout_fits(hidden_size: int, intermediate_size: int) -> bool:
-    """Whether rows of H and of I 16-bit elements are whole multiples of 16 bytes, as TMA needs."""
-    return hidden_size % 8 == 0 and intermediate_size % 8 == 0
 
 
 def _check_tma_layout(operands: dict, outputs: dict, tma_store: bool) -> None:

@@ -1,0 +1,77 @@
+"""What P2's host side shares and no design owns: the allocation hook, the target, the persistent grid, dtypes.
+
+A leaf: the designs (:mod:`.designs`), the chooser and the launches import it; it imports none of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton.language as tl
+
+from ..dispatch import interpreter_enabled
+from ..precision import split_halves
+
+# Every output and workspace is allocated through this function (tests replace it with one that fills the memory
+# with NaN, to prove that every element the kernels read or return was written).
+allocate = torch.empty
+
+# the tensor-core operand dtype of each interface dtype: fp32 inputs are multiplied as bf16 (hi + lo halves in A)
+OPERAND_DTYPES = {torch.float32: tl.bfloat16, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+# the dtype of kernel A's dg, du, aw workspaces and of the operands kernels W and D read, per interface dtype
+WORKSPACE_DTYPES = {torch.float32: torch.bfloat16, torch.bfloat16: torch.bfloat16, torch.float16: torch.float16}
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the kernels run, as far as a design's needs go: Triton's CPU interpreter, or a CUDA GPU of a
+    compute capability (Hopper by default: the H100 and H200 the configs were measured on)."""
+
+    interpreter: bool = False
+    capability: tuple[int, int] = (9, 0)
+
+    @classmethod
+    def of(cls, device: torch.device) -> Target:
+        """The target of tensors on ``device``: the interpreter wherever it is switched on or there is no GPU."""
+        if interpreter_enabled() or device.type != "cuda":
+            return cls(interpreter=True)
+        return cls(capability=torch.cuda.get_device_capability(device))
+
+
+def operand_halves(v: torch.Tensor, split_precision: bool, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kernel A's (hi, lo) view of x or dy: bf16 halves for fp32 inputs, the 16-bit tensor itself twice otherwise."""
+    return split_halves(v, dtype) if split_precision else (v, v)
+
+
+def default_persistent_programs() -> int:
+    """Programs of a persistent launch where no device is at hand: a few under the interpreter, else the
+    132 SMs of an H100 or H200."""
+    return 3 if interpreter_enabled() else 132
+
+
+def persistent_programs(device: torch.device) -> int:
+    """Programs of a persistent launch: one per SM on the GPU, a few under the interpreter."""
+    if device.type != "cuda" or interpreter_enabled():
+        return default_persistent_programs()
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def dtype_reason(dtype: torch.dtype) -> str | None:
+    """Why the kernels cannot take inputs of ``dtype`` (None: they can)."""
+    if dtype not in WORKSPACE_DTYPES:
+        return f"dtype {dtype}: the kernels take float32, bfloat16 or float16"
+    return None
+
+
+def tma_reason(target: Target, rows: dict[str, tuple[int, torch.dtype]]) -> str | None:
+    """Why a TMA-fed kernel cannot run on ``target`` over ``rows`` (what they are -> elements and dtype of one):
+    TMA is the copy engine of Hopper and later GPUs, and it moves rows of whole multiples of 16 bytes only."""
+    if not target.interpreter and target.capability < (9, 0):
+        major, minor = target.capability
+        return f"TMA needs a GPU of compute capability 9.0 (Hopper) or later, got {major}.{minor}"
+    for name, (width, dtype) in rows.items():
+        if width * dtype.itemsize % 16:
+            return (f"{name} = {width} {str(dtype).removeprefix('torch.')} elements ({width * dtype.itemsize} bytes) "
+                    "are no multiple of 16 bytes, as TMA needs")  # fmt: skip
+    return None
