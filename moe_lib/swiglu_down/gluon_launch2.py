@@ -662,8 +662,8 @@ def prepare_second_launch_gluon(config: GluonSecondLaunchConfig, x, gate_weight,
                                 grad_down_operands, trace=None):  # fmt: skip
     """Launch 2 in Gluon made ready before launch 1: returns the callable that launches it (dx, dWg and dWu from
     dGate, dUp: [1 or 2, T, I], hi and with ``with_lo`` lo). On a Hopper GPU; 16-bit contiguous operands whose rows
-    TMA can address (:func:`moe_lib.tma.rows_fit`), T ≥ 1. No host synchronisation. ``grad_x_workspace``: (fp32 partials,
-    int32 counters) of the dx tiles' splits (``runtime.SplitWorkspace``; unused with ``grad_x_splits`` 1).
+    TMA can address (:func:`moe_lib.tma.rows_fit`), T ≥ 1. No host synchronisation. ``grad_x_workspace``: (fp32
+    partials, int32 counters) of the dx tiles' splits (``runtime.SplitWorkspace``; unused with ``grad_x_splits`` 1).
     ``grad_down_operands``: (dy, intermediate, dWd) for dWd's tiles (read and written only with ``grad_down_tiles``).
     ``trace``: an
     int64 [programs, 5] tensor for a row of TRACE_FIELDS per program (a build of the kernel that records them), or None.
