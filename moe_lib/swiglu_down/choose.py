@@ -27,7 +27,7 @@ from .designs.chained import ChainedConfig
 from .designs.few_tokens import FewTokensConfig
 from .designs.gluon import FORMS, GluonLaunches, grad_down_in_second_launch, with_second
 from .designs.library_gemms import LibraryGemmsConfig
-from .designs.triton_launches import INTERPRETER_TILES, tiles_for
+from .designs.triton_launches import FP32_TILES, INTERPRETER_TILES, tiles_for
 from .runtime import Device
 
 FEW_TOKENS_MAX = {"fast": 64, "faithful": 128}  # one token block of at most 128 (designs 5, 10-12)
@@ -77,8 +77,8 @@ def choose_design(num_tokens: int, hidden_size: int, intermediate_size: int, *, 
     sixteen_bit = dtype in (torch.bfloat16, torch.float16)
     if sixteen_bit and not with_lo:
         return runs(LibraryGemmsConfig.for_tokens(T)) or tiles_for(T, with_lo=False)
-    if not with_lo:  # fp32: exact fp32 products on the portable design
-        return tiles_for(T, with_lo=False)
+    if not with_lo:  # fp32: exact fp32 products on the portable design, in tiles sized for 4-byte operands
+        return FP32_TILES
     if gluon:
         return gluon
     if not rows_fit(H, I, element_bytes=2):  # rows the Triton kernels cannot load 16 bytes at a time (design 7)

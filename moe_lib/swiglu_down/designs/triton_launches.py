@@ -72,6 +72,13 @@ INTERPRETER_TILES = TileConfig((16, 16, 16, 2), (16, 16, 16, 2), (16, 16, 16, 2)
 FAITHFUL_TILES = TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1), (8, 8), (4, 3))
 
 
+# fp32 operands (exact fp32 products, on the CUDA cores): 64 × 64 tiles, K steps of 16, on 4 warps. The 16-bit tiles
+# hold twice the bytes in fp32: from 257 tokens launch 2's 128 × 256 ones need 288 KB of shared memory, more than an
+# SM has (the launch fails), and below they spill up to 2 KB a thread (compiled for sm_90:
+# tests/swiglu_down/test_compile_sm90.py)
+FP32_TILES = TileConfig((64, 64, 16, 1), (64, 64, 16, 1), (64, 64, 16, 1), (64, 64, 16, 1), (4, 4), (3, 3))
+
+
 def tiles_for(num_tokens: int, *, with_lo: bool) -> TileConfig:
     """Tiles by token count: split reductions over H and 2I where few token rows leave few tiles
     (data/results/NOTES.md, designs 1-2)."""
