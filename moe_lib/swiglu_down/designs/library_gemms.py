@@ -12,7 +12,9 @@ Dataflow (T tokens, H hidden, I intermediate; s = the saved gate_sigmoid), 16-bi
 
 The faithful path (``with_lo``) keeps dG and dU as hi/lo pairs, each row [dG_hi | dU_hi | dG_lo | dU_lo]
 ([T, 4I]): dx is one GEMM over K = 4I against [Wg; Wu; Wg; Wu], and [dWg; dWu] the sum of the hi and lo
-row halves of one fp32 GEMM with M = 4I. dA is then always kept in fp32.
+row halves of one fp32 GEMM with M = 4I. dA is then always kept in fp32, and dWd and dx come from fp32 products
+rounded once: a 16-bit product may sum a split reduction's partials in 16 bits (cuBLAS's split-K, which PyTorch
+allows by default), and at H = 1000, I = 300 from 1024 tokens dWd then failed the element rule.
 
 Against the two Triton launches (:mod:`.kernels`): dA and dGate/dUp make a round trip through memory (2·T·I·4 +
 2·T·2I·2 bytes more), and Wg, Wu are stacked once per call (6 MB at H = 2048, I = 768; no copy where they are the
@@ -95,7 +97,10 @@ class LibraryGemmsConfig:
             if copy_needed and self.stack_aside:
                 self.stack(gate_weight, up_weight, gate_up_weight)
                 stacked = side.mark() if side is not None else None
-            torch.mm(grad_output.T, intermediate, out=grad_down_weight)
+            if with_lo:  # an fp32 product rounded once (the module's docstring: the faithful path)
+                grad_down_weight.copy_(mm_fp32(grad_output.T, intermediate))
+            else:
+                torch.mm(grad_output.T, intermediate, out=grad_down_weight)
         if T > 0:
             d_a = mm_fp32(grad_output, down_weight) if self.d_a_fp32 or with_lo else grad_output @ down_weight
             grid = (cdiv(T, self.grads_block[0]), cdiv(I, self.grads_block[1]))
@@ -114,7 +119,7 @@ class LibraryGemmsConfig:
             torch.cuda.current_stream(x.device).wait_event(stacked)
         if with_lo:  # [dG_hi | dU_hi | dG_lo | dU_lo] · [Wg; Wu; Wg; Wu]
             weights = [gate_up_weight] if gate_up_weight is not None else [gate_weight, up_weight]
-            torch.mm(d_gate_up, torch.cat(weights * 2), out=grad_x)
+            grad_x.copy_(mm_fp32(d_gate_up, torch.cat(weights * 2)))  # an fp32 product rounded once, as dWd
         elif gate_up_weight is None:  # dx_in_two, where a copy would be needed
             torch.mm(d_gate_up[:, :I], gate_weight, out=grad_x)
             grad_x.addmm_(d_gate_up[:, I:], up_weight)
