@@ -1,4 +1,4 @@
-"""Shared test helpers: fresh seeds, CUDA skipping, error measures."""
+"""Shared test helpers: fresh seeds, CUDA skipping, NaN-poisoned P1 allocations, error measures."""
 
 import os
 import random
@@ -19,6 +19,18 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    """P1's outputs and workspaces (every ``moe_lib.swiglu_down.runtime.allocate``) start as NaN: what comes back
+    was written by the kernels."""
+    from moe_lib.swiglu_down import runtime
+
+    def nan_filled(size, *, dtype, device):
+        return torch.full(size, float("nan"), dtype=dtype, device=device)
+
+    monkeypatch.setattr(runtime, "allocate", nan_filled)
 
 
 @pytest.fixture

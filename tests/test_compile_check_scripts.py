@@ -25,8 +25,10 @@ CASES = {
     "p2_compile_check.py --dtype bf16": 4,
     "p2_tma_compile_check.py --cases bf16:2048,fp32:2048": 4,
     "p2_tma_d_compile_check.py --cases bf16:2048 --uses backward,forward": 3,
-    "p1_compile_check.py --precision faithful": 2,
-    "p1_compile_check.py --precision fast": 2,
+    # the chooser's design and every named one at the default shape, each distinct kernel once, and the layer's step
+    "p1_compile_check.py --precision faithful": 30,
+    "p1_compile_check.py --precision fast": 30,
+    "p1_compile_check.py --precision faithful --shape 1,2048,768 default": 3,
     "p1_few_tokens_check.py --compile-only a_reg a_reg_132 a_reg_cl_st_mv": 4,
 }
 

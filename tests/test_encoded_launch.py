@@ -1,6 +1,6 @@
 """The two-step Gluon launch on the host (moe_lib/encoded_launch.py): descriptors, caching, argument encoding.
 
-The launch itself needs a Hopper GPU (test_gpu_gluon_* in test_swiglu_down_backward_triton.py); here the host logic
+The launch itself needs a Hopper GPU (test_gpu_gluon_* in tests/swiglu_down/test_designs.py); here the host logic
 runs against stand-ins for the compiled kernel and Triton's launcher.
 """
 

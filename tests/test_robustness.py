@@ -532,9 +532,9 @@ def test_timing_summary_is_the_median():
 def test_triton_p1_uses_the_saved_sigmoid(T, precision, dtype, seed, monkeypatch):
     """The backward's contract: s = gate_sigmoid as saved, never σ(gate) recomputed. A saved sigmoid that
     differs from σ(gate) must move the Triton outputs exactly as it moves the reference's."""
-    from moe_lib.swiglu_down import launch
+    from moe_lib.swiglu_down import runtime
 
-    monkeypatch.setattr(launch, "allocate", nan_filled)
+    monkeypatch.setattr(runtime, "allocate", nan_filled)
     inputs = p1_inputs(T=T, seed=seed, dtype=dtype)
     generator = torch.Generator(device=DEVICE).manual_seed(seed)
     inputs["gate_sigmoid"] = torch.rand(inputs["gate"].shape, generator=generator, device=DEVICE).to(dtype)
@@ -553,7 +553,8 @@ def test_triton_p1_uses_the_saved_sigmoid(T, precision, dtype, seed, monkeypatch
 def test_impl_triton_runs_the_triton_kernels(problem, monkeypatch):
     """A spy on the launcher and a reference that must not run: impl="triton" can't fall back silently."""
     if problem == P1:
-        from moe_lib.swiglu_down import api, launch
+        from moe_lib.swiglu_down import api
+        from moe_lib.swiglu_down import backward as launch
 
         launcher, reference_name, inputs = "swiglu_down_backward_triton", "swiglu_down_backward_reference", p1_inputs()
         public = moe_lib.swiglu_down_backward

@@ -66,11 +66,11 @@ def test_host_tile_math_matches_the_kernels(length, split, block_k, tiles_m, til
 def test_launch_plans_cover_every_output_tile():
     from moe_lib.moe_experts.choose import launch_config
     from moe_lib.moe_experts.launch import launch_plan
-    from moe_lib.swiglu_down.launch import choose_config, grid_sizes
-    from moe_lib.swiglu_down.launch import launch_plan as p1_plan
+    from moe_lib.swiglu_down.designs.triton_launches import grid_sizes, tiles_for
+    from moe_lib.swiglu_down.designs.triton_launches import launch_plan as p1_plan
 
     for T in (1, 16, 200, 8192):
-        plan = p1_plan(T, 2048, 768, choose_config(T, 2048, 768, interpreter=False))
+        plan = p1_plan(T, 2048, 768, tiles_for(T, with_lo=False))
         for kind in plan:
             assert kind.tiles == tiling.cdiv(kind.M, kind.block_m) * tiling.cdiv(kind.N, kind.block_n)
         sizes = grid_sizes(plan)

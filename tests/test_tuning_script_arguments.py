@@ -31,6 +31,6 @@ def test_p1_tune_times_the_named_candidates_each_once_and_every_one_only_when_as
     finally:
         sys.path.remove(str(ROOT / "scripts"))
     assert candidate_names(None) == [] and candidate_names("") == []
-    assert candidate_names("default,gluon12, gluon2,gluon12") == ["gluon12", "gluon2"]
+    assert candidate_names("default,gluon_wide, chained,gluon_wide") == ["gluon_wide", "chained"]
     assert candidate_names("all") == list(P1_CANDIDATES) and len(P1_CANDIDATES) > 40
     assert {"gluon_tall_dwd2", "library_gemms_fast", "chained", "triton_faithful"} <= set(P1_CANDIDATES)

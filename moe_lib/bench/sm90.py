@@ -74,16 +74,25 @@ def compile_gluon_for_sm90(kernel, arguments: dict, constexprs: dict, *, warps: 
                           options=dict(num_warps=warps, maxnreg=maxnreg))  # fmt: skip
 
 
-def resources(compiled) -> str:
-    """"REG:<n> STACK:<n> smem=<KiB>K wgmma=<count>" of a compiled kernel (cuobjdump on its cubin)."""
+def resource_usage(compiled) -> dict[str, int]:
+    """{"registers": per thread, "stack": bytes per thread (non-zero: a spill), "shared": bytes per block} of a
+    compiled kernel (cuobjdump on its cubin; the shared memory from Triton's metadata)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(compiled.asm["cubin"])
         cubin.flush()
         out = subprocess.run([str(TOOLS / "cuobjdump"), "--dump-resource-usage", cubin.name],
                              capture_output=True, text=True).stdout  # fmt: skip
     usage = re.search(r"REG:(\d+) STACK:(\d+)", out)
+    if usage is None:
+        raise RuntimeError(f"cuobjdump reported no registers and stack for {compiled.name}: {out[-500:]!r}")
+    return dict(registers=int(usage.group(1)), stack=int(usage.group(2)), shared=compiled.metadata.shared)
+
+
+def resources(compiled) -> str:
+    """"REG:<n> STACK:<n> smem=<KiB>K wgmma=<count>" of a compiled kernel (cuobjdump on its cubin)."""
+    usage = resource_usage(compiled)
     wgmma = compiled.asm["ptx"].count("wgmma.mma_async")
-    return f"{usage.group(0) if usage else 'REG:? STACK:?'} smem={compiled.metadata.shared // 1024}K wgmma={wgmma}"
+    return f"REG:{usage['registers']} STACK:{usage['stack']} smem={usage['shared'] // 1024}K wgmma={wgmma}"
 
 
 def sass_counts(compiled, ops) -> collections.Counter:

@@ -1,6 +1,6 @@
-"""The Gluon launches' host side on the CPU: their descriptors match their kernels' arguments, and their grids
-count every tile once (the kernels themselves run on a Hopper GPU: test_gpu_gluon_* in
-test_swiglu_down_backward_triton.py)."""
+"""The Gluon launches' host side on the CPU: their descriptors match their kernels' arguments, their grids count
+every tile once, and their configs refuse what the kernels do not do (the kernels themselves run on a Hopper GPU:
+test_gpu_gluon_* in test_designs.py; they compile for sm_90 in test_compile_sm90.py)."""
 
 import dataclasses
 
@@ -102,16 +102,14 @@ def test_grad_down_tiles_counted_in_the_launch_that_takes_them():
 
 
 def test_grad_down_tiles_in_exactly_one_launch():
-    from moe_lib.swiglu_down.launch import GLUON_FORMS, choose_config
+    from moe_lib.swiglu_down.designs.gluon import FORMS, GluonLaunches
 
-    base = choose_config(8192, 2048, 768, interpreter=False, with_lo=True)
     for first, second in ((GluonFirstLaunchConfig(grad_down_tiles=False), GluonSecondLaunchConfig()),
-                          (GluonFirstLaunchConfig(), GluonSecondLaunchConfig(grad_down_tiles=True)),
-                          (None, GluonSecondLaunchConfig(grad_down_tiles=True))):
+                          (GluonFirstLaunchConfig(), GluonSecondLaunchConfig(grad_down_tiles=True))):
         with pytest.raises(ValueError, match="dWd's tiles go in exactly one launch"):
-            dataclasses.replace(base, gluon_first_launch=first, gluon_second_launch=second)
-    for launch1, launch2 in GLUON_FORMS.values():  # every form puts them in one place
-        assert launch1.grad_down_tiles != launch2.grad_down_tiles
+            GluonLaunches(first, second)
+    for form in FORMS.values():  # every form puts them in one place
+        assert form.first.grad_down_tiles != form.second.grad_down_tiles
 
 
 def test_wide_grad_down_tiles_a_divisor_of_block_n_or_two_or_four_times_it():
@@ -134,12 +132,12 @@ def test_first_launch_dA_tiles_one_or_two_halves_wide():
 
 
 def test_split_tiles_count_one_program_a_split():
-    # launch 1 at 64 rows, 128 tokens: dWd tiles 32 × 6, then 2 × 6 dA tiles, each 4 programs
-    assert GluonFirstLaunchConfig(block_m=64, warps=4, d_a_splits=4).programs(128, 2048, 768) == 32 * 6 + 2 * 6 * 4
-    assert GluonFirstLaunchConfig(block_m=64, warps=4, d_a_splits=4).d_a_tiles(128, 768) == 12
     # launch 2 at 64 rows, 128 tokens: dWg and dWu tiles 12 × 8 each, then 2 × 8 dx tiles, each 2 programs
     config = GluonSecondLaunchConfig(block_m=64, warps=4, grad_x_splits=2)
     assert config.programs(128, 2048, 768) == 2 * 12 * 8 + 2 * 8 * 2 and config.grad_x_tiles(128, 2048) == 16
+    # launch 1 at 64 rows, 128 tokens: dWd tiles 32 × 6, then 2 × 6 dA tiles, one program each
+    assert GluonFirstLaunchConfig(block_m=64, warps=4).programs(128, 2048, 768) == 32 * 6 + 2 * 6
+    assert GluonFirstLaunchConfig(block_m=64, warps=4).d_a_tiles(128, 768) == 12
 
 
 def test_weight_grad_programs_take_the_tiles_in_turn():
@@ -161,33 +159,17 @@ def test_inputs_before_the_wait_need_a_wait():
 
 @pytest.mark.parametrize("splits", [0, 3, 6])
 def test_splits_are_powers_of_two(splits):
-    with pytest.raises(ValueError, match="d_a_splits"):
-        GluonFirstLaunchConfig(d_a_splits=splits)
     with pytest.raises(ValueError, match="grad_x_splits"):
         GluonSecondLaunchConfig(grad_x_splits=splits)
 
 
-def test_wide_dA_tiles_are_not_split():
-    with pytest.raises(ValueError, match="not split"):
-        GluonFirstLaunchConfig(d_a_block_n=256, d_a_splits=2)
-
-
-def test_split_dA_tiles_need_room_for_their_sum_in_the_ring():
-    """The last split sums the partials into the ring's B buffers beside two saved tiles (fp32: two more tiles)."""
-    with pytest.raises(ValueError, match=r"d_a_splits > 1 needs buffers · block_k ≥ 4 · block_m, got 6 · 64 < 4 · 128"):
-        GluonFirstLaunchConfig(buffers=6, d_a_splits=2)
-    assert GluonFirstLaunchConfig(block_m=64, warps=4, buffers=8, d_a_splits=4).d_a_splits == 4
-    assert GluonFirstLaunchConfig(buffers=8, d_a_splits=2).d_a_splits == 2
-
-
-@pytest.mark.parametrize("fields", [dict(d_a_splits=2), dict(d_a_block_n=256)])
-def test_saved_tiles_early_only_on_unsplit_dA_tiles_block_n_wide(fields):
+def test_saved_tiles_early_only_on_dA_tiles_block_n_wide():
     with pytest.raises(ValueError, match="saved_tiles_early"):
-        GluonFirstLaunchConfig(saved_tiles_early=True, **fields)
+        GluonFirstLaunchConfig(saved_tiles_early=True, d_a_block_n=256)
     assert GluonFirstLaunchConfig(saved_tiles_early=True).saved_tiles_early
 
 
-@pytest.mark.parametrize("config", [GluonFirstLaunchConfig(block_m=64, warps=4, buffers=8, d_a_splits=2),
+@pytest.mark.parametrize("config", [GluonFirstLaunchConfig(block_m=64, warps=4, buffers=8, d_a_first=True),
                                     GluonSecondLaunchConfig(grad_x_splits=2, weight_grad_programs=68)])
 def test_constexprs_follow_the_kernels_arguments(config):
     """What the host passes after T and I is the kernel's compile-time arguments in their order (num_warps aside)."""
@@ -198,43 +180,3 @@ def test_constexprs_follow_the_kernels_arguments(config):
     names = kernel.arg_names
     assert list(config.constexprs(True, traced=True)) == names[names.index("I") + 1:names.index("num_warps")]
     assert config.constexprs(False)["WITH_LO"] is False and config.constexprs(True)["TRACE"] is False
-
-
-PINGPONG = GluonFirstLaunchConfig(grad_down_tiles=False, pingpong_programs=132)
-
-
-@pytest.mark.parametrize("halves", [1, 2])
-def test_pingpong_arguments_in_the_kernels_order(halves):
-    """The pingpong form's arguments by name: dy's and Wd's descriptors, the outputs' by half tiles (64 rows), the
-    saved tensors as they are, then T, I and the compile-time values."""
-    from moe_lib.swiglu_down.gluon_launch1 import pingpong_first_launch_kernel
-
-    grad_output, down_weight, d_gate, d_up = bf16(T, H), bf16(H, I), bf16(halves, T, I), bf16(halves, T, I)
-    gate, sigmoid, silu, up, trace = bf16(T, I), bf16(T, I), bf16(T, I), bf16(T, I), torch.empty(1)
-    values = PINGPONG.pingpong_arguments(grad_output, down_weight, gate, sigmoid, silu, up, d_gate, d_up, trace, False,
-                                         halves == 2)  # fmt: skip
-    names = [name for name in pingpong_first_launch_kernel.arg_names if name != "num_warps"]
-    by_name = dict(zip(names, values, strict=True))
-    assert by_name["dy_desc"].base is grad_output and list(by_name["dy_desc"].block_shape) == [128, 64]
-    assert by_name["wd_desc"].base is down_weight and list(by_name["wd_desc"].block_shape) == [64, 128]
-    for name in ("dg_desc", "dg_lo_desc", "du_desc", "du_lo_desc"):
-        assert list(by_name[name].block_shape) == [64, 128], name
-    assert by_name["dg_desc"].base.data_ptr() == d_gate.data_ptr()
-    assert by_name["du_desc"].base.data_ptr() == d_up.data_ptr()
-    assert (by_name["gate_ptr"], by_name["gate_sigmoid_ptr"], by_name["gate_silu_ptr"], by_name["up_ptr"]) == (
-        gate, sigmoid, silu, up)
-    assert (by_name["T"], by_name["I"], by_name["WITH_LO"], by_name["TRACE"]) == (T, I, halves == 2, False)
-
-
-def test_pingpong_programs_at_most_one_a_tile():
-    assert PINGPONG.programs(300, H, I) == 3 * 3  # 3 row blocks × 3 column blocks of 128
-    assert PINGPONG.programs(8192, 2048, 768) == 132
-
-
-@pytest.mark.parametrize("fields", [dict(grad_down_tiles=True), dict(block_m=64, warps=4), dict(d_a_splits=2),
-                                    dict(d_a_block_n=256), dict(saved_tiles_early=True), dict(stores_in_flight=True),
-                                    dict(pingpong_programs=-1), dict(pingpong_out_buffers=3),
-                                    dict(pingpong_in_flight=3), dict(pingpong_in_flight=2, buffers=2)])
-def test_pingpong_form_refuses_what_it_does_not_do(fields):
-    with pytest.raises(ValueError, match="config: "):
-        dataclasses.replace(PINGPONG, **fields)
