@@ -17,7 +17,7 @@ import dataclasses
 from .. import problems
 from ..swiglu_down.designs.chained import GRAD_DOWN_LAST_MIN_TOKENS, ChainedConfig
 from ..swiglu_down.designs.gluon import FORMS, grad_down_in_second_launch, with_second
-from ..swiglu_down.designs.library_gemms import D_A_16BIT_MIN_TOKENS, LibraryGemmsConfig
+from ..swiglu_down.designs.library_gemms import LibraryGemmsConfig
 from ..swiglu_down.designs.triton_launches import FAITHFUL_TILES, tiles_for
 from .cli import DTYPE_ALIASES, problems_by_dtype
 
@@ -33,8 +33,10 @@ def p1_candidates() -> dict:
         candidates[f"gluon_{name}_dwd2"] = grad_down_in_second_launch(form)
         for splits in (2, 4):
             candidates[f"gluon_{name}_dx{splits}"] = with_second(form, grad_x_splits=splits)
-    candidates["library_gemms_fast"] = LibraryGemmsConfig.for_tokens(0)
-    candidates["library_gemms_fast_many"] = LibraryGemmsConfig.for_tokens(D_A_16BIT_MIN_TOKENS)
+    candidates["library_gemms_fast"] = LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True)
+    candidates["library_gemms_fast_dx2"] = LibraryGemmsConfig(d_a_fp32=True, streams=True, dx_in_two=True)
+    candidates["library_gemms_fast_many"] = LibraryGemmsConfig(d_a_fp32=False, streams=True, stack_aside=True,
+                                                               stack_by_memcpy=True)  # fmt: skip
     candidates["library_gemms_faithful"] = LibraryGemmsConfig(d_a_fp32=True)
     for tokens, label in ((0, "chained"), (512, "chained_wide"), (GRAD_DOWN_LAST_MIN_TOKENS, "chained_wide_dwd_last")):
         candidates[label] = ChainedConfig.for_tokens(tokens)

@@ -1223,7 +1223,7 @@ def p1_call_kernels(path=TUNING_DIR / "2026-12-01-p1-kernel-times-defaults.json"
     by ``labels``, others left out where given), what the kernel does (:func:`call_kernel_kind`), its stream, its
     median start (µs after the call's first kernel) and duration, and the call's median span. ``defaults_only``:
     per token count only ``torch_compile`` and the candidate (:data:`CUBLAS_CANDIDATES`) that is the fast path's
-    design on cuBLAS GEMMs there today (``LibraryGemmsConfig.for_tokens``: what the chooser takes wherever it takes
+    design on cuBLAS GEMMs there today (``LibraryGemmsConfig.for_shape``: what the chooser takes wherever it takes
     cuBLAS's GEMMs on the fast path), named "ours"."""
     data = _read_json(path)
     rows = []
@@ -1232,7 +1232,10 @@ def p1_call_kernels(path=TUNING_DIR / "2026-12-01-p1-kernel-times-defaults.json"
         if defaults_only:
             if impl == "torch_compile":
                 impl = "torch.compile"
-            elif CUBLAS_CANDIDATES.get(impl) == LibraryGemmsConfig.for_tokens(run["T"]):
+            # (the committed run predates dx in two products, which the form takes at H 2048, I 768 only below
+            # 1536 tokens, where the chooser does not take cuBLAS's design anyway)
+            elif CUBLAS_CANDIDATES.get(impl) == dataclasses.replace(LibraryGemmsConfig.for_shape(run["T"], 768),
+                                                                    dx_in_two=False):  # fmt: skip
                 impl = "ours"
             else:
                 continue

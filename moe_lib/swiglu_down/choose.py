@@ -1,7 +1,8 @@
 """Which design runs a P1 call: a readable heuristic over the shape (T, H, I), the dtype and the device.
 
-    few tokens (T ≤ 64; the faithful path to 128 where the Gluon launches cannot run)
-        → few_tokens: the work is streaming the weights once, and one launch has no gap between launches
+    few tokens (T ≤ 64; the faithful path to 128 where the Gluon launches cannot run) of a modest expert (T·H·I)
+        → few_tokens: the work is streaming the weights once, and one launch has no gap between launches;
+          a larger expert's few tokens on the fast path → the Gluon launches' narrow form where it applies
     a shape class with a measured table (the H200 at the benchmark's H 2048, I 768)
         → the table's form for T: Gluon launches, or cuBLAS's GEMMs
     the fast path, 16-bit                                  → library_gemms (cuBLAS's products at any shape)
@@ -28,11 +29,14 @@ from .designs.few_tokens import FewTokensConfig
 from .designs.gluon import FORMS, GluonLaunches, grad_down_in_second_launch, with_second
 from .designs.library_gemms import LibraryGemmsConfig
 from .designs.triton_launches import FP32_TILES, INTERPRETER_TILES, tiles_for
-from .runtime import Device
+from .runtime import Device, carries_low_halves
 
 FEW_TOKENS_MAX = {"fast": 64, "faithful": 128}  # one token block of at most 128 (designs 5, 10-12)
 GLUON_MIN_TOKENS = 65  # the faithful path takes the Gluon launches from here where they run (design 16)
 CHAINED_MAX_TOKENS = 1249  # the chained launch passes two launches in NVIDIA's eager timing up to here (design 8)
+# the few-token launch's products run on one program an SM: past this many T·H·I the two-launch designs spread the
+# same work over more programs and pass it (design 26: a tie at 64 × 2048 × 1408, slower at 64 × 4096 × 1536)
+FEW_TOKENS_MAX_WORK = 2**28
 
 # Measured on the H200 at H 2048, I 768 (designs 14-22): from this many tokens, a form of designs.gluon.FORMS with
 # dWd's tiles in launch 2 or not, and dx's reduction split over so many programs; or cuBLAS's GEMMs
@@ -58,7 +62,7 @@ def choose_design(num_tokens: int, hidden_size: int, intermediate_size: int, *, 
     """The design (a configured instance of one of :data:`.designs.DESIGNS`) for one call; ``aligned``: every
     operand starts on a 16-byte boundary."""
     T, H, I = num_tokens, hidden_size, intermediate_size
-    with_lo = precision == "faithful" and dtype != torch.float32
+    with_lo = carries_low_halves(dtype, precision)
     call = (T, H, I, dtype, device)
 
     def runs(design):
@@ -68,15 +72,17 @@ def choose_design(num_tokens: int, hidden_size: int, intermediate_size: int, *, 
         return INTERPRETER_TILES  # every CPU test runs the portable design on tiny shapes
     gluon = runs(generic_gluon_form(T, H, I, device.sms))
     if T <= FEW_TOKENS_MAX[precision] and not (with_lo and gluon and T >= GLUON_MIN_TOKENS):
-        few = runs(FewTokensConfig.for_shape(T, H, I, device.sms))
+        few = runs(FewTokensConfig.for_shape(T, H, I, device.sms)) if T * H * I <= FEW_TOKENS_MAX_WORK else None
         if few:
             return few
+        if gluon and not with_lo and gluon.first.d_a_block_n == 64:  # a large expert's few tokens: the narrow form
+            return gluon
     measured = MEASURED.get((H, I, device.sms), {}).get(precision)
     if measured and gluon and T >= measured[0][0]:
-        return runs(measured_form(measured, T, H, device.sms)) or gluon
+        return runs(measured_form(measured, T, H, I, device.sms)) or gluon
     sixteen_bit = dtype in (torch.bfloat16, torch.float16)
     if sixteen_bit and not with_lo:
-        return runs(LibraryGemmsConfig.for_tokens(T)) or tiles_for(T, with_lo=False)
+        return runs(LibraryGemmsConfig.for_shape(T, I)) or tiles_for(T, with_lo=False)
     if not with_lo:  # fp32: exact fp32 products on the portable design, in tiles sized for 4-byte operands
         return FP32_TILES
     if gluon:
@@ -88,11 +94,11 @@ def choose_design(num_tokens: int, hidden_size: int, intermediate_size: int, *, 
     return tiles_for(T, with_lo=True)
 
 
-def measured_form(table, T: int, H: int, sms: int):
+def measured_form(table, T: int, H: int, I: int, sms: int):
     """The entry of a measured table for T tokens (its last entry that starts at or below T)."""
     _, name, grad_down_second, dx_splits = max(entry for entry in table if entry[0] <= T)
     if name == "library_gemms":
-        return LibraryGemmsConfig.for_tokens(T)
+        return LibraryGemmsConfig.for_shape(T, I)
     form = FORMS[name]
     form = grad_down_in_second_launch(form) if grad_down_second else form
     return fit_persistent_programs(with_second(form, grad_x_splits=dx_splits), T, H, sms)

@@ -47,6 +47,9 @@ def gluon(form: str, *, dwd_in_launch_2: bool = False, dx_splits: int = 1, persi
 LIBRARY_FEW = LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True)
 LIBRARY_MANY = LibraryGemmsConfig(d_a_fp32=False, streams=True, stack_aside=True, stack_by_memcpy=True)
 LIBRARY_FAITHFUL = LibraryGemmsConfig(d_a_fp32=True)
+# ... and below 2I tokens dx in two products instead of [Wg; Wu] stacked
+LIBRARY_FEW_DX2 = dataclasses.replace(LIBRARY_FEW, dx_in_two=True)
+LIBRARY_MANY_DX2 = dataclasses.replace(LIBRARY_MANY, dx_in_two=True)
 # the chained launch: narrow dWd tiles; 128 x 256 ones with dx's tiles first; the same with dWd's tiles last
 CHAINED_NARROW = ChainedConfig(TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1)),
                                warps=8, stages=3)  # fmt: skip
@@ -138,11 +141,14 @@ TABLE = [
     (1153, 2048, 768, BF16, "faithful", H100_PCIE, True, gluon("wide_tall")),
     (1792, 2048, 768, BF16, "faithful", H100_PCIE, True, gluon("wide_tall")),
     (1793, 2048, 768, BF16, "faithful", H100_PCIE, True, gluon("wide")),
-    # ... fast path: cuBLAS's GEMMs from 65 tokens, dA in 16 bits and the stacking by memcpy from 1024
+    # ... fast path: cuBLAS's GEMMs from 65 tokens, dA in 16 bits and the stacking by memcpy from 1024, dx in two
+    # products below 2I = 1536
     (64, 2048, 768, BF16, "fast", H100_PCIE, True, FEW),
-    (65, 2048, 768, BF16, "fast", H100_PCIE, True, LIBRARY_FEW),
-    (1023, 2048, 768, BF16, "fast", H100_PCIE, True, LIBRARY_FEW),
-    (1024, 2048, 768, BF16, "fast", H100_PCIE, True, LIBRARY_MANY),
+    (65, 2048, 768, BF16, "fast", H100_PCIE, True, LIBRARY_FEW_DX2),
+    (1023, 2048, 768, BF16, "fast", H100_PCIE, True, LIBRARY_FEW_DX2),
+    (1024, 2048, 768, BF16, "fast", H100_PCIE, True, LIBRARY_MANY_DX2),
+    (1535, 2048, 768, BF16, "fast", H100_PCIE, True, LIBRARY_MANY_DX2),
+    (1536, 2048, 768, BF16, "fast", H100_PCIE, True, LIBRARY_MANY),
     (65536, 2048, 768, BF16, "fast", H100_PCIE, True, LIBRARY_MANY),
     # another shape on the H200: the generic rule (narrow to 128 tokens, tall to 640, wide_tall to 1024)
     (65, 4096, 1536, BF16, "faithful", H200, True, gluon("narrow", dx_splits=2, persistent=68)),
@@ -153,8 +159,8 @@ TABLE = [
     (641, 4096, 1536, BF16, "faithful", H200, True, gluon("wide_tall")),
     (1024, 4096, 1536, BF16, "faithful", H200, True, gluon("wide_tall")),
     (1025, 4096, 1536, BF16, "faithful", H200, True, gluon("wide")),
-    (65, 4096, 1536, BF16, "fast", H200, True, LIBRARY_FEW),
-    (3000, 4096, 1536, BF16, "fast", H200, True, LIBRARY_MANY),
+    (65, 4096, 1536, BF16, "fast", H200, True, LIBRARY_FEW_DX2),
+    (3000, 4096, 1536, BF16, "fast", H200, True, LIBRARY_MANY_DX2),
     # no Gluon kernels (a GPU before Hopper): the faithful path's few tokens to 128, the chained launch to 1249 (dx's
     # tiles first from 512, dWd's last from 1153), the two launches beyond; the fast path's cuBLAS from 65
     (128, 2048, 768, BF16, "faithful", A100, True, FEW),
@@ -166,7 +172,7 @@ TABLE = [
     (1249, 2048, 768, BF16, "faithful", A100, True, CHAINED_WIDE_DWD_LAST),
     (1250, 2048, 768, BF16, "faithful", A100, True, TRITON_FAITHFUL),
     (64, 2048, 768, BF16, "fast", A100, True, FEW),
-    (65, 2048, 768, BF16, "fast", A100, True, LIBRARY_FEW),
+    (65, 2048, 768, BF16, "fast", A100, True, LIBRARY_FEW_DX2),
     # an operand off a 16-byte boundary on the H200: no TMA, so as without the Gluon kernels
     (64, 2048, 768, BF16, "faithful", H200, False, FEW),
     (65, 2048, 768, BF16, "faithful", H200, False, FEW),
@@ -174,8 +180,8 @@ TABLE = [
     (129, 2048, 768, BF16, "faithful", H200, False, CHAINED_NARROW),
     (1249, 2048, 768, BF16, "faithful", H200, False, CHAINED_WIDE_DWD_LAST),
     (1250, 2048, 768, BF16, "faithful", H200, False, TRITON_FAITHFUL),
-    (65, 2048, 768, BF16, "fast", H200, False, LIBRARY_FEW),
-    (300, 2048, 768, BF16, "fast", H200, False, LIBRARY_FEW),
+    (65, 2048, 768, BF16, "fast", H200, False, LIBRARY_FEW_DX2),
+    (300, 2048, 768, BF16, "fast", H200, False, LIBRARY_FEW_DX2),
     # rows TMA cannot address (I = 300: 600 bytes): the faithful path's cuBLAS design from 129 tokens, on any GPU
     (1, 1000, 300, BF16, "faithful", H200, True, FEW),
     (128, 1000, 300, BF16, "faithful", H200, True, FEW),
@@ -183,7 +189,7 @@ TABLE = [
     (3000, 1000, 300, BF16, "faithful", H200, True, LIBRARY_FAITHFUL),
     (129, 1000, 300, BF16, "faithful", A100, True, LIBRARY_FAITHFUL),
     (64, 1000, 300, BF16, "fast", H200, True, FEW),
-    (65, 1000, 300, BF16, "fast", H200, True, LIBRARY_FEW),
+    (65, 1000, 300, BF16, "fast", H200, True, LIBRARY_FEW_DX2),
     (3000, 1000, 300, BF16, "fast", H200, True, LIBRARY_MANY),
     # fp32: exact fp32 products on the two Triton launches in tiles for 4-byte operands, both paths, any GPU
     (1, 2048, 768, FP32, "faithful", H200, True, TRITON_FP32),
@@ -198,7 +204,7 @@ TABLE = [
 FEW_TOKENS_REFUSED = [
     (1, 4096, 1536, BF16, "faithful", H200, True, gluon("narrow", dx_splits=4, persistent=68)),
     (64, 4096, 1536, BF16, "faithful", H200, True, gluon("narrow", dx_splits=4, persistent=68)),
-    (1, 4096, 1536, BF16, "fast", H200, True, LIBRARY_FEW),
+    (1, 4096, 1536, BF16, "fast", H200, True, gluon("narrow", dx_splits=4, persistent=68)),
     (1, 4096, 14336, BF16, "faithful", H200, True, gluon("wide_tall", dx_splits=4)),
 ]
 

@@ -170,7 +170,8 @@ def test_chained_launch_refuses_dwd_first_and_last_at_once():
 
 # the cuBLAS design's forms: as the chooser takes it on the fast path, few and many tokens (dA in fp32 or 16 bits,
 # [Wg; Wu] stacked by a kernel or two memcpys, on a second stream), as it takes it on the faithful path, dx in two
-LIBRARY_CONFIGS = {"fast": LibraryGemmsConfig.for_tokens(1), "fast, many tokens": LibraryGemmsConfig.for_tokens(8192),
+LIBRARY_CONFIGS = {"fast": LibraryGemmsConfig.for_shape(1, 768),
+                   "fast, many tokens": LibraryGemmsConfig.for_shape(8192, 768),
                    "faithful": LibraryGemmsConfig(d_a_fp32=True), "dx in two": LibraryGemmsConfig(dx_in_two=True)}
 
 

@@ -59,11 +59,13 @@ class LibraryGemmsConfig:
     grads_warps: int = 4
 
     @classmethod
-    def for_tokens(cls, num_tokens: int) -> LibraryGemmsConfig:
+    def for_shape(cls, num_tokens: int, intermediate_size: int) -> LibraryGemmsConfig:
         """The fast path's form: both streams, [Wg; Wu] stacked aside; from :data:`D_A_16BIT_MIN_TOKENS` dA in the
-        input dtype and the stacking by memcpy (data/results/NOTES.md, design 7)."""
+        input dtype and the stacking by memcpy; below 2I tokens dx in two products instead of stacking [Wg; Wu]
+        (its 8·I·H bytes cost more than the 4·T·H of reading dx back: data/results/NOTES.md, designs 7 and 26)."""
         many = num_tokens >= D_A_16BIT_MIN_TOKENS
-        return cls(d_a_fp32=not many, streams=True, stack_aside=True, stack_by_memcpy=many)
+        return cls(d_a_fp32=not many, streams=True, stack_aside=True, stack_by_memcpy=many,
+                   dx_in_two=num_tokens < 2 * intermediate_size)  # fmt: skip
 
     def supports(self, num_tokens, hidden_size, intermediate_size, dtype, device: Device, *, aligned=True):
         if dtype not in SIXTEEN_BIT:
