@@ -1,20 +1,27 @@
-"""P1's few-token design (``moe_lib/swiglu_down/few_tokens.py``): compile it offline, or check and time it on a GPU.
+"""P1's few-token design (``moe_lib/swiglu_down/designs/few_tokens.py``): compile it offline, or check and time it.
 
-    PYTHONPATH=. python scripts/p1_few_tokens_check.py --compile-only [CANDIDATE ...]
-    PYTHONPATH=. python scripts/p1_few_tokens_check.py [--tokens 1,2,4,8,16,32,64,128] [CANDIDATE ...]
+    PYTHONPATH=. python scripts/p1_few_tokens_check.py --compile-only [--shapes 2048x768,4096x1536] [--tokens 1,7]
+        [--sms 132] [--json PATH] [CANDIDATE ...]
+    PYTHONPATH=. python scripts/p1_few_tokens_check.py [--shapes ...] [--tokens 1,2,4,8,16,32,64,128] [CANDIDATE ...]
 
---compile-only (no GPU needed: triton's ptxas and cuobjdump): each candidate compiled for sm_90 at H =
-2048, I = 768 in bf16, both precisions, the straight-line form (T ≤ block_t) and the token-loop form;
-prints registers, stack (a spill shows as a non-zero STACK), shared memory and the wgmma count.
+Configs: "chosen" (``FewTokensConfig.for_shape`` for the shape, the token count and the SMs: what the chooser runs)
+and each named CANDIDATE: a variant of the chosen tiles (:data:`VARIANTS`, any shape) or tiles of its own at the
+benchmark's shape (:data:`CANDIDATES`, H 2048, I 768 only).
 
-On a GPU, per token count and precision: each candidate (and the current default path,
-``swiglu_down_backward(..., precision=...)``) is checked against the float64 reference on the harness's
-input distribution (faithful: the benchmark's element rule and at most the careful PyTorch bf16 error
-+ 1e-4; fast: at most 2× that error + 1e-4), twice (bitwise equal), then timed by CUDA-graph replay with
-the L2 flushed before each replay, and by the official span (eager calls on fresh input addresses,
-first kernel start to last kernel end) where cupti-python imports. A candidate that fails to compile,
-hangs in a first call (a watchdog ends the run after 60 s, naming it), or is wrong is reported, and the
-run goes on. Prints one table; with $OUT set, writes the rows as JSON there.
+--compile-only (no GPU needed: triton's ptxas and cuobjdump): each config compiled for sm_90 per shape, token count
+and precision (bf16); prints registers, stack (a spill shows as a non-zero STACK), shared memory, the wgmma count,
+the grid and the H-chunks per tile of each phase. A config the design's ``supports`` refuses on an H200-like device
+(--sms SMs, 227 KB of shared memory) is reported with the reason instead. Kernels with the same compile-time
+arguments are compiled once. ``--json PATH`` writes the rows there.
+
+On a GPU, per shape, token count and precision: each config (and the default path,
+``swiglu_down_backward(..., precision=...)``) is checked against the float64 reference on the harness's input
+distribution (faithful: the benchmark's element rule and at most the careful PyTorch bf16 error + 1e-4; fast: at
+most 2× that error + 1e-4), twice (bitwise equal), then timed by CUDA-graph replay with the L2 flushed before each
+replay (and the weights' bytes over that time), and by the official span (eager calls on fresh input addresses,
+first kernel start to last kernel end) where cupti-python imports. A config that fails to compile, hangs in a first
+call (a watchdog ends the run after 60 s, naming it), or is wrong is reported, and the run goes on. Prints one
+table; with $OUT set, writes the rows as JSON there.
 """
 
 from __future__ import annotations
@@ -23,208 +30,173 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import sys
 import threading
 
-H, I = 2048, 768
-
-# the default's tiles and the staging of its operands (a_reg_cl_st_mv below): what the later candidates vary
+BENCHMARK_SHAPE = (2048, 768)
+CHOSEN = "chosen"
+# the default's tiles at the benchmark's shape from 2 tokens (d_late_s8 below): what the candidates vary
 MOVES = dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="registers", count_late=True,
              stage_before_wait=True, once_by_move=True)
-# name -> FewTokensConfig fields (block_t is set per token count where the name does not fix it)
+# name -> FewTokensConfig fields at H 2048, I 768 (block_t is set per token count); what each measured: NOTES.md,
+# designs 5 and 9-12
 CANDIDATES = {
-    # 96 programs: a 256×64 Wd tile (128 B rows) and a 128×128 Wg/Wu tile (256 B rows) each
-    "a_pf": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="prefetch"),
+    # 96 programs: a 256×64 Wd tile (128 B rows) and a 128×128 Wg/Wu tile (256 B rows) each, Wg, Wu in registers
     "a_reg": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="registers"),
-    "a_late": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="after_phase1"),
-    "a_pf_w4": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="prefetch", warps=4),
-    # 96 programs, other splits: more dA partials and 256 B Wd rows / fewer dA partials and 64 B Wd rows
-    "b_pf": dict(block_h1=128, block_i1=128, block_i2=128, block_h2=128, weights_ahead="prefetch"),
-    "c_pf": dict(block_h1=512, block_i1=32, block_i2=128, block_h2=128, weights_ahead="prefetch"),
-    # 96 programs: 64-row phase-2 tiles (12 dx partials of 512 B rows)
-    "d_pf": dict(block_h1=256, block_i1=64, block_i2=64, block_h2=256, weights_ahead="prefetch"),
     # 132 programs, one per SM of an H200: 11 phase-1 tiles of 187 rows along H (256-row blocks, the rest masked)
-    # × 12 of 64 columns; phase 2 in 6 × 22 tiles of 128 rows × 94 columns, or 12 × 11 tiles of 64 × 187.
-    # The run-time H bounds cost registers: 72–168 bytes of stack at 16 tokens (a_reg: none), 700 with 187 columns
+    # × 12 of 64 columns; phase 2 in 6 × 22 tiles of 128 rows × 94 columns, or 12 × 11 tiles of 64 × 187
     "a_reg_132": dict(block_h1=256, span_h1=187, block_i1=64, block_i2=128, block_h2=128, span_h2=94,
                       weights_ahead="registers"),
-    # a_reg as a cooperative launch (CUDA guarantees every program resident, or refuses the launch)
-    "a_reg_coop": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="registers",
-                       cooperative=True),
-    # a_reg on 16 warps: half the instructions per warp, four warps per scheduler to hide each other's latency
-    # (ncu at 1 token: ≈ 2200 instructions per warp at 9 cycles each on 8 warps, two per scheduler)
-    "a_reg_w16": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="registers", warps=16),
-    "a_pf_w16": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="prefetch", warps=16),
-    # a_reg reading the launch count just before the wait: the weight tiles' staging no longer waits for that atomic
-    "a_reg_cl": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="registers", count_late=True),
-    "a_late_cl": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="after_phase1",
-                      count_late=True),
-    # a_reg_cl with phase 2's operands staged in shared memory before the wait
-    "a_reg_cl_st": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="registers",
-                        count_late=True, stage_before_wait=True),
-    # a_reg_cl_st with the dot operands' staging placed by identity moves instead of selects (18% fewer instructions)
-    "a_reg_cl_st_mv": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="registers",
-                           count_late=True, stage_before_wait=True, once_by_move=True),
-    # the same with Wg, Wu prefetched into L2 at the start instead of loaded into registers (phase 1 then waits for
-    # fewer bytes of its own: 5.1 against 5.9 µs to the dA partial in the trace, before count_late)
-    "a_pf_cl_st_mv": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="prefetch",
-                          count_late=True, stage_before_wait=True, once_by_move=True),
-    # the default as a cooperative launch (CUDA guarantees residency: no hang beside another stream's kernel)
-    "a_reg_cl_st_coop": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="registers",
-                             count_late=True, stage_before_wait=True, cooperative=True),
-    # the default with its token loops (more tokens than block_t) software-pipelined by Triton (num_stages=2: every
-    # load of a loop issued one token block ahead, into shared memory by cp.async); compiled for sm_90 no spill, 152 KB
-    "a_mv_s2": dict(MOVES, stages=2),
-    # the same with phase 2's token loop done in one pass (dx partial and dWg, dWu from each block's dGate, dUp);
-    # compiled for sm_90 no spill on the fast path, 104 B of stack on the faithful one
-    "a_mv_s2_1p": dict(MOVES, stages=2, one_pass=True),
-    # the one pass without the pipelining (compiled for sm_90: 152 B of stack on the faithful path)
-    "a_mv_1p": dict(MOVES, one_pass=True),
-    # a_mv_s2 with Wg, Wu prefetched into L2 at the start instead of held in registers through phase 1
-    "a_pf_mv_s2": dict(MOVES, weights_ahead="prefetch", stages=2),
-    # up to 64 tokens in one straight-line block (compiled for sm_90: 24-32 B of stack)
-    "a_mv_t64": dict(MOVES, block_t=64),
-    # up to 128 tokens in one straight-line block (compiled for sm_90: 700 B of stack on 8 warps; 400-530 B on 16)
-    "a_mv_t128": dict(MOVES, block_t=128),
-    "a_mv_t128_w16": dict(MOVES, block_t=128, warps=16),
-    # the default (all tokens in one block to 128) with the saved gate, sigmoid, silu, up tiles loaded after phase 1
-    # instead of at the start: compiled for sm_90, 88 B of stack at 128 tokens (700 without), none at 64 (24-32)
-    "a_mv_late": dict(MOVES, saved_late=True),
-    # the same with Wg, Wu prefetched into L2 at the start (72 B of stack at 128 tokens; 122 registers at 16)
-    "a_pf_late": dict(MOVES, weights_ahead="prefetch", saved_late=True),
-    # dx's sum over the I-blocks split by rows over 2 or 4 programs of each column block instead of the last to arrive
-    # summing all of them (at 128 tokens the last arrival's 393 KB sum took 10 µs, "Design 10" in NOTES)
-    "a_mv_late_s2": dict(MOVES, saved_late=True, dx_sum_slices=2, cooperative=True),
-    "a_mv_late_s4": dict(MOVES, saved_late=True, dx_sum_slices=4, cooperative=True),
-    # the same with 4 phase-1 tiles along H instead of 8 (512×32 Wd tiles, 64 B rows): half the dA partials for each
-    # phase-2 program to sum (at 128 tokens 256 KB against 512); compiled for sm_90 its Wd tile spills (152 B of stack
-    # at 64 tokens, 1.2 KB at 128): not run
-    "c_late_s4": dict(MOVES, block_h1=512, block_i1=32, saved_late=True, dx_sum_slices=4, cooperative=True),
-    # 64-row phase-2 tiles of 256 columns (12 × 8): each phase-2 program sums half the dA partial bytes (the same 8
-    # H-blocks, 64 of I's columns instead of 128), dx's sum over 12 I-blocks split by rows over 8 programs
-    "d_late_s8": dict(MOVES, block_i2=64, block_h2=256, saved_late=True, dx_sum_slices=8, cooperative=True),
-    # the same with the saved tiles loaded at the start (the default's placement up to 32 tokens), or dx's sum over 4
-    "d_s8": dict(MOVES, block_i2=64, block_h2=256, dx_sum_slices=8, cooperative=True),
-    "d_late_s4": dict(MOVES, block_i2=64, block_h2=256, saved_late=True, dx_sum_slices=4, cooperative=True),
-    # 32-row phase-2 tiles of 512 columns (24 × 4): a quarter of the default's dA partial bytes per program, dx's sum
-    # over 24 I-blocks split by rows over 8 or 16 programs
-    "e_late_s8": dict(MOVES, block_i2=32, block_h2=512, saved_late=True, dx_sum_slices=8, cooperative=True),
-    "e_late_s16": dict(MOVES, block_i2=32, block_h2=512, saved_late=True, dx_sum_slices=16, cooperative=True),
-    "a_mv_s4": dict(MOVES, dx_sum_slices=4, cooperative=True),
-    # one token: the default's tiles with every product on the CUDA cores (fp32 FMAs): no staging of operands in
-    # shared memory, no transposed tiles converted before their stores (refuses more tokens)
-    "fma": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, cooperative=True, cuda_cores=True),
-    "fma_w16": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, cooperative=True, cuda_cores=True, warps=16),
-    # 64-row phase-2 tiles (512 B rows): shorter sums down the rows for dx, 12 dx partials to add at the end
-    "fma_d": dict(block_h1=256, block_i1=64, block_i2=64, block_h2=256, cooperative=True, cuda_cores=True),
-    # 128 and 132 programs, a smaller share of the weights each (72 and 71 KB against 96): 96 of 128 columns of I per
-    # tile (16 × 8 tiles in both phases), or 187 of 256 rows of H (11 × 12 and 12 × 11)
-    "fma_128": dict(block_h1=128, block_i1=128, span_i1=96, block_i2=128, span_i2=96, block_h2=128, cooperative=True,
-                    cuda_cores=True),
-    "fma_132": dict(block_h1=256, span_h1=187, block_i1=64, block_i2=64, block_h2=256, span_h2=187, cooperative=True,
-                    cuda_cores=True),
     "a_pf_132": dict(block_h1=256, span_h1=187, block_i1=64, block_i2=128, block_h2=128, span_h2=94,
                      weights_ahead="prefetch"),
     "a_reg_132b": dict(block_h1=256, span_h1=187, block_i1=64, block_i2=64, block_h2=256, span_h2=187,
                        weights_ahead="registers"),
-    # the defaults (d_late_s8 from 2 tokens, fma at 1) with phase 1's dWd tile after phase 2's stores instead of
-    # before the wait, where it held up each program's first poll (NOTES, "Design 5 traced")
+    # the launch count read late, phase 2 staged before the wait, by identity moves
+    "a_reg_cl_st_mv": dict(MOVES),
+    # the default from 2 tokens: 64-row phase-2 tiles of 256 columns, the saved tiles after phase 1, dx's sum by rows
+    "d_late_s8": dict(MOVES, block_i2=64, block_h2=256, saved_late=True, dx_sum_slices=8, cooperative=True),
     "d_late_s8_gdl": dict(MOVES, block_i2=64, block_h2=256, saved_late=True, dx_sum_slices=8, cooperative=True,
                           grad_down_late=True),
+    # one token: every product on the CUDA cores (the default at 1 token), and variants of its tiles
+    "fma": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, cooperative=True, cuda_cores=True),
+    "fma_128": dict(block_h1=128, block_i1=128, span_i1=96, block_i2=128, span_i2=96, block_h2=128, cooperative=True,
+                    cuda_cores=True),
+    "fma_132": dict(block_h1=256, span_h1=187, block_i1=64, block_i2=64, block_h2=256, span_h2=187, cooperative=True,
+                    cuda_cores=True),
     "fma_gdl": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, cooperative=True, cuda_cores=True,
                     grad_down_late=True),
-    # 48 programs with twice the weight bytes each (fewer, larger tiles), for comparison
-    "e_pf": dict(block_h1=256, block_i1=128, block_i2=128, block_h2=256, weights_ahead="prefetch"),
 }
-# the two-launch design with its own tiles for the token count (what runs from 129 tokens on): whether the
-# faithful path's one launch up to 128 tokens (ONE_LAUNCH_MAX_TOKENS) still pays in the official span now that
-# both launches' workspaces are allocated before the first (GPU runs only)
-TWO_LAUNCHES = "two_launches"
-# a_pf_w4 and e_pf spill (see --compile-only)
-DEFAULT_CANDIDATES = ["a_reg", "a_reg_coop", "a_reg_132", "a_pf_132", "a_reg_132b"]
+# name -> fields replaced in the chosen config (any shape): the streamed chunk loops' pipelining depth
+VARIANTS = {
+    "stages1": dict(chunk_stages=1),
+    "stages2": dict(chunk_stages=2),
+    "stages4": dict(chunk_stages=4),
+}
+DEFAULT_CANDIDATES = []
 DEFAULT_TOKENS = [1, 2, 4, 8, 16, 32, 64, 128]
+DEFAULT_SMS = 132  # an H200
 
 
-def candidate_config(name: str, num_tokens: int, precision: str = "faithful"):
-    from moe_lib.swiglu_down.few_tokens import FewTokensConfig, choose_few_tokens_config
-    from moe_lib.swiglu_down.launch import choose_config
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """"2048x768,4096x1536" -> [(2048, 768), (4096, 1536)]."""
+    try:
+        shapes = [tuple(int(n) for n in item.split("x")) for item in text.split(",")]
+    except ValueError:
+        shapes = []
+    if not shapes or any(len(shape) != 2 or min(shape) < 1 for shape in shapes):
+        raise argparse.ArgumentTypeError(f"expected a comma list of HxI, e.g. 2048x768,4096x1536; got {text!r}")
+    return shapes
 
-    if name == TWO_LAUNCHES:  # no one-launch design fits in zero resident programs
-        return choose_config(num_tokens, H, I, interpreter=False, with_lo=precision == "faithful", max_programs=0)
+
+def candidate_config(name: str, num_tokens: int, shape: tuple[int, int] = BENCHMARK_SHAPE, sms: int = DEFAULT_SMS):
+    """The config ``name`` stands for at ``num_tokens`` and ``shape`` (None where a CANDIDATE's fixed tiles are for
+    the benchmark's shape only)."""
+    from moe_lib.swiglu_down.designs.few_tokens import FewTokensConfig
+
+    chosen = FewTokensConfig.for_shape(num_tokens, *shape, sms)
+    if name == CHOSEN:
+        return chosen
+    if name in VARIANTS:
+        return dataclasses.replace(chosen, **VARIANTS[name])
+    if shape != BENCHMARK_SHAPE:
+        return None
     fields = dict(CANDIDATES[name])
-    fields.setdefault("block_t", choose_few_tokens_config(num_tokens, H, I, interpreter=False, with_lo=True).block_t)
+    fields.setdefault("block_t", max(16, chosen.block_t))
     return FewTokensConfig(**fields)
+
+
+def h200_like(sms: int):
+    """The device ``supports`` is asked about offline: ``sms`` SMs, sm_90's shared memory."""
+    from moe_lib.bench.sm90 import SHARED_MEMORY_LIMIT
+    from moe_lib.swiglu_down.runtime import Device
+
+    return Device("cuda", sms, SHARED_MEMORY_LIMIT, (9, 0), "offline sm_90")
 
 
 # ---------------------------------------------------------------------------------------------
 # offline compile
 
 
-def compile_candidate(config, *, with_lo: bool, single_block: bool, trace: bool = False):
-    """The kernel of ``config`` for bf16 inputs at H × I, compiled for sm_90 (PHASE 0, as the GPU runs it)."""
-    from moe_lib.bench.sm90 import compile_for_sm90, runtime_names
-    from moe_lib.swiglu_down.few_tokens import WEIGHTS_AHEAD, few_tokens_kernel, one_token_kernel
+def compile_config(config, hidden_size: int, intermediate_size: int, *, with_lo: bool):
+    """The kernel ``config`` launches for bf16 inputs at H × I, compiled for sm_90 (PHASE 0, as the GPU runs it)."""
+    from moe_lib.bench.sm90 import compile_for_sm90
+    from moe_lib.swiglu_down.designs.few_tokens import kernel_argument_types
 
-    n_h1, n_i1, n_i2, n_h2 = config.tiles(H, I)
-    span_h1, span_h2 = config.spans
-    kernel = one_token_kernel if config.cuda_cores else few_tokens_kernel
-    if config.cuda_cores:  # one form (T ≤ block_t), one precision (exact fp32 products)
-        constexprs = dict(PHASE=0, BLOCK_H1=config.block_h1, BLOCK_I1=config.block_i1, BLOCK_I2=config.block_i2,
-                          BLOCK_H2=config.block_h2, SPAN_H1=span_h1, SPAN_I1=config.i_spans[0],
-                          SPAN_I2=config.i_spans[1], SPAN_H2=span_h2, N_H1=n_h1, N_I1=n_i1, N_I2=n_i2, N_H2=n_h2,
-                          THREADS=32 * config.warps, TRACE=trace, GRAD_DOWN_LATE=config.grad_down_late, H=H,
-                          I=I)  # fmt: skip
-    else:
-        constexprs = dict(PHASE=0, BLOCK_T=config.block_t, BLOCK_H1=config.block_h1, BLOCK_I1=config.block_i1,
-                          SPAN_H1=span_h1, SPAN_H2=span_h2, BLOCK_I2=config.block_i2, BLOCK_H2=config.block_h2,
-                          N_H1=n_h1, N_I1=n_i1, N_I2=n_i2, N_H2=n_h2,
-                          SINGLE_BLOCK=single_block, WEIGHTS_AHEAD=WEIGHTS_AHEAD[config.weights_ahead],
-                          THREADS=32 * config.warps, UPCAST=False, PRECISION="tf32", WITH_LO=with_lo,
-                          TRACE=trace, COUNT_LATE=config.count_late, STAGE_EARLY=config.stage_before_wait,
-                          ONCE_BY_MOVE=config.once_by_move, ONE_PASS=config.one_pass, SAVED_LATE=config.saved_late,
-                          DX_SUM_SLICES=config.dx_sum_slices if single_block else 1,
-                          GRAD_DOWN_LATE=config.grad_down_late and single_block, H=H, I=I)  # fmt: skip
-
-    def kind(name: str) -> str:
-        if name.endswith("partials_ptr"):
-            return "*fp32"
-        if name in ("counters_ptr", "trace_ptr"):
-            return "*i64"
-        return "*bf16" if name.endswith("_ptr") else "i32"
-
-    names = runtime_names(kernel)
-    types = {name: kind(name) for name in names}
-    aligned = [name for name in names if name.endswith("_ptr")]
+    kernel, constexprs = config.launch(hidden_size, intermediate_size, with_lo=with_lo)
+    types = kernel_argument_types(kernel)
+    aligned = [name for name in types if name.endswith("_ptr")]
     return compile_for_sm90(kernel, types, constexprs, aligned, warps=config.warps, stages=config.stages)
 
 
-def compile_only(names: list[str]) -> None:
-    from moe_lib.bench.sm90 import first_error_line, resources
+def usage(compiled) -> dict[str, int]:
+    """{registers, stack, shared, wgmma} of a compiled kernel: per thread, bytes per thread (a spill), bytes per
+    program, wgmma instructions."""
+    from moe_lib.bench.sm90 import resources
 
-    print(f"H={H} I={I} bf16, sm_90; forms: T ≤ block_t (straight line) and T > block_t (token loops)")
-    print(f"{'candidate':10s} {'grid':>4s} {'block_t':>7s} {'precision':9s} {'form':8s} resources")
-    for name in names:
-        for block_t in (1,) if CANDIDATES[name].get("cuda_cores") else (16, 32, 64):
-            config = dataclasses.replace(candidate_config(name, 1), block_t=block_t)
-            for precision, with_lo in (("faithful", True), ("fast", False)):
-                if CANDIDATES[name].get("cuda_cores") and not with_lo:
-                    continue  # exact fp32 products: one kernel for both paths
-                for form, single in (("T<=bt", True), ("loop", False)):
-                    if (block_t > 16 or CANDIDATES[name].get("cuda_cores")) and not single and name != "a_pf":
-                        continue  # the loop form's block_t: a_pf's alone
-                    try:
-                        report = resources(compile_candidate(config, with_lo=with_lo, single_block=single))
-                    except Exception as exc:  # report and go on
-                        report = "FAIL " + first_error_line(exc, 120)
-                    print(f"{name:10s} {config.grid_size(H, I):4d} {block_t:7d} {precision:9s} {form:8s} {report}",
-                          flush=True)  # fmt: skip
+    registers, stack = re.search(r"REG:(\d+) STACK:(\d+)", resources(compiled)).groups()
+    return dict(registers=int(registers), stack=int(stack), shared=compiled.metadata.shared,
+                wgmma=compiled.asm["ptx"].count("wgmma.mma_async"))
+
+
+def compile_rows(names: list[str], shapes: list[tuple[int, int]], tokens: list[int], sms: int) -> list[dict]:
+    """One row per (config, shape, T, precision): its resources compiled for sm_90, or why it was not compiled."""
+    import torch
+
+    from moe_lib.bench.sm90 import first_error_line
+
+    device = h200_like(sms)
+    compiled = {}  # (kernel, constexprs, warps, stages) -> resources or error: each distinct kernel compiled once
+    rows = []
+    for H, I in shapes:
+        for T in tokens:
+            for name in names:
+                config = candidate_config(name, T, (H, I), sms)
+                if config is None:
+                    continue
+                for precision, with_lo in (("faithful", True), ("fast", False)):
+                    row = dict(config=name, H=H, I=I, T=T, precision=precision, grid=config.grid_size(H, I),
+                               chunks=list(config.chunks), blocks=[config.block_h1, config.block_i1, config.block_i2,
+                                                                   config.block_h2])  # fmt: skip
+                    reason = config.supports(T, H, I, torch.bfloat16, device)
+                    if reason is not None:
+                        rows.append(dict(row, refused=reason))
+                        continue
+                    kernel, constexprs = config.launch(H, I, with_lo=with_lo)
+                    key = (kernel.__name__, tuple(sorted(constexprs.items())), config.warps, config.stages)
+                    if key not in compiled:
+                        try:
+                            compiled[key] = usage(compile_config(config, H, I, with_lo=with_lo))
+                        except Exception as exc:  # report and go on
+                            compiled[key] = dict(error=first_error_line(exc, 160))
+                    rows.append(dict(row, **compiled[key]))
+    return rows
+
+
+def compile_only(names: list[str], shapes, tokens, sms: int, json_path: str | None) -> None:
+    print(f"bf16, sm_90, {sms} SMs; REG registers per thread, STACK bytes (a spill), smem bytes per program")
+    print(f"{'config':14s} {'H':>6s} {'I':>6s} {'T':>4s} {'precision':9s} {'grid':>4s} {'chunks':>8s}  resources")
+    rows = compile_rows(names, shapes, tokens, sms)
+    for row in rows:
+        if "refused" in row:
+            report = "refused: " + row["refused"]
+        elif "error" in row:
+            report = "FAIL " + row["error"]
+        else:
+            report = f"REG:{row['registers']} STACK:{row['stack']} smem={row['shared']} wgmma={row['wgmma']}"
+        chunks = "×".join(map(str, row["chunks"]))
+        print(f"{row['config']:14s} {row['H']:6d} {row['I']:6d} {row['T']:4d} {row['precision']:9s} "
+              f"{row['grid']:4d} {chunks:>8s}  {report}", flush=True)  # fmt: skip
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(rows, f, indent=1)
 
 
 # ---------------------------------------------------------------------------------------------
 # GPU
 
 
-def check(got, inputs: dict, want, yardstick, precision: str, rule) -> tuple[bool, float, str]:
+def check(got, want, yardstick, precision: str, rule) -> tuple[bool, float, str]:
     """(ok, worst relative error, why not ok) of the four outputs under the precision's rule."""
     from moe_lib.bench.checks import compare_output
 
@@ -261,7 +233,7 @@ def first_call_with_watchdog(label: str, call, seconds: float = 60.0):
     return out
 
 
-def on_gpu(names: list[str], tokens: list[int], reps: int) -> None:
+def on_gpu(names: list[str], shapes, tokens: list[int], reps: int) -> None:
     import torch
 
     from moe_lib import problems, reference
@@ -269,53 +241,61 @@ def on_gpu(names: list[str], tokens: list[int], reps: int) -> None:
     from moe_lib.bench.checks import compare_output
     from moe_lib.bench.peers.swiglu_down import swiglu_down_backward_eager
     from moe_lib.swiglu_down import swiglu_down_backward
-    from moe_lib.swiglu_down.launch import swiglu_down_backward_triton
+    from moe_lib.swiglu_down.backward import swiglu_down_backward_triton
 
     problem = problems.load("swiglu_down_backward")
     rule = problem.element_rule
     flush = timing.L2Flusher("cuda")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     official_reason = official_timing.unavailable(torch.device("cuda"))
     print(torch.cuda.get_device_name(), torch.__version__, f"official timing: {official_reason or 'yes'}", flush=True)
     scratch = torch.zeros(1, device="cuda")
     floor = timing.graph_median_ms(lambda: scratch.add_(1), flush) * 1e3
     print(f"timing floor (graph of one tiny kernel): {floor:.2f} us", flush=True)
     rows = []
-    for T in tokens:
-        inputs = problem.make_inputs(T, seed=T, device="cuda", distribution="harness")
-        want = reference.swiglu_down_backward_reference(*[t.double() for t in inputs.values()])
-        w_gate_up = torch.cat([inputs["gate_weight"], inputs["up_weight"]])
-        careful = swiglu_down_backward_eager(
-            inputs["grad_output"], inputs["x"], w_gate_up, inputs["down_weight"], inputs["gate"],
-            inputs["gate_sigmoid"], inputs["gate_silu"], inputs["up"], inputs["intermediate"])  # fmt: skip
-        yardstick = [compare_output(c, w, None)["rel_error"] for c, w in zip(careful, want, strict=True)]
-        for precision in ("faithful", "fast"):
-            runs = {"default": lambda fresh, p=precision: swiglu_down_backward(*fresh.values(), precision=p)}
-            for name in names:
-                config = candidate_config(name, T, precision)
-                runs[name] = lambda fresh, c=config, p=precision: swiglu_down_backward_triton(
-                    *fresh.values(), config=c, precision=p
-                )
-            for name, run in runs.items():
-                row = dict(T=T, precision=precision, config=name)
-                try:
-                    timing.poison_allocator("cuda", 256 * 2**20)
-                    got = first_call_with_watchdog(f"{name} T={T} {precision}", lambda: run(inputs))
-                    again = run(inputs)
-                    row["ok"], row["max_err"], why = check(got, inputs, want, yardstick, precision, rule)
-                    row["deterministic"] = all(torch.equal(a, b) for a, b in zip(got, again, strict=True))
-                    if why:
-                        row["why"] = why
-                    del got, again
-                    row["graph_us"] = timing.graph_median_ms(lambda: run(inputs), flush, reps=reps) * 1e3
-                    if official_reason is None:
-                        measured = official_timing.time_official(lambda fresh: (lambda: run(fresh)), inputs, "cuda",
-                                                                 warmup=5, reps=reps)  # fmt: skip
-                        row["official_us"] = timing.summarize(measured["samples_ms"])["median_ms"] * 1e3
-                except Exception as exc:  # a candidate that fails to compile or run: report it and go on
-                    lines = str(exc).strip().splitlines() or [""]
-                    row["error"] = f"{type(exc).__name__}: {lines[-1][:200]}"
-                rows.append(row)
-                print({k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in row.items()}, flush=True)
+    for H, I in shapes:
+        for T in tokens:
+            inputs = problem.make_inputs(T, seed=T, device="cuda", distribution="harness", hidden_size=H,
+                                         intermediate_size=I)  # fmt: skip
+            weight_bytes = 3 * H * I * inputs["x"].element_size()
+            want = reference.swiglu_down_backward_reference(*[t.double() for t in inputs.values()])
+            w_gate_up = torch.cat([inputs["gate_weight"], inputs["up_weight"]])
+            careful = swiglu_down_backward_eager(
+                inputs["grad_output"], inputs["x"], w_gate_up, inputs["down_weight"], inputs["gate"],
+                inputs["gate_sigmoid"], inputs["gate_silu"], inputs["up"], inputs["intermediate"])  # fmt: skip
+            yardstick = [compare_output(c, w, None)["rel_error"] for c, w in zip(careful, want, strict=True)]
+            del careful
+            for precision in ("faithful", "fast"):
+                runs = {"default": lambda fresh, p=precision: swiglu_down_backward(*fresh.values(), precision=p)}
+                for name in names:
+                    config = candidate_config(name, T, (H, I), sms)
+                    if config is not None:
+                        runs[name] = lambda fresh, c=config, p=precision: swiglu_down_backward_triton(
+                            *fresh.values(), config=c, precision=p
+                        )
+                for name, run in runs.items():
+                    row = dict(H=H, I=I, T=T, precision=precision, config=name)
+                    try:
+                        timing.poison_allocator("cuda", 256 * 2**20)
+                        label = f"{name} H={H} I={I} T={T} {precision}"
+                        got = first_call_with_watchdog(label, lambda: run(inputs))
+                        again = run(inputs)
+                        row["ok"], row["max_err"], why = check(got, want, yardstick, precision, rule)
+                        row["deterministic"] = all(torch.equal(a, b) for a, b in zip(got, again, strict=True))
+                        if why:
+                            row["why"] = why
+                        del got, again
+                        row["graph_us"] = timing.graph_median_ms(lambda: run(inputs), flush, reps=reps) * 1e3
+                        row["weight_tb_s"] = weight_bytes / row["graph_us"] / 1e6
+                        if official_reason is None:
+                            measured = official_timing.time_official(lambda fresh: (lambda: run(fresh)), inputs,
+                                                                     "cuda", warmup=5, reps=reps)  # fmt: skip
+                            row["official_us"] = timing.summarize(measured["samples_ms"])["median_ms"] * 1e3
+                    except Exception as exc:  # a config that fails to compile or run: report it and go on
+                        lines = str(exc).strip().splitlines() or [""]
+                        row["error"] = f"{type(exc).__name__}: {lines[-1][:200]}"
+                    rows.append(row)
+                    print({k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in row.items()}, flush=True)
     print_table(rows)
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "p1_few_tokens_check.json"), "w") as f:
@@ -323,46 +303,53 @@ def on_gpu(names: list[str], tokens: list[int], reps: int) -> None:
 
 
 def print_table(rows: list[dict]) -> None:
-    """One line per (T, precision): graph µs (official µs) per config; '!' marks a wrong or failed one."""
+    """One line per (shape, T, precision): graph µs (official µs) per config; '!' marks a wrong or failed one."""
     configs = list(dict.fromkeys(row["config"] for row in rows))
     print("\ngraph-replay µs (official span µs); ! = wrong or failed, ~ = not deterministic")
-    print(f"{'T':>5s} {'precision':9s} " + " ".join(f"{c:>16s}" for c in configs))
-    keys = list(dict.fromkeys((row["T"], row["precision"]) for row in rows))
-    for T, precision in keys:
+    print(f"{'H':>6s} {'I':>6s} {'T':>4s} {'precision':9s} " + " ".join(f"{c:>16s}" for c in configs))
+    keys = list(dict.fromkeys((row["H"], row["I"], row["T"], row["precision"]) for row in rows))
+    for key in keys:
         cells = []
         for c in configs:
-            row = next((r for r in rows if (r["T"], r["precision"], r["config"]) == (T, precision, c)), None)
+            row = next((r for r in rows if (r["H"], r["I"], r["T"], r["precision"], r["config"]) == (*key, c)), None)
             if row is None or "graph_us" not in row:
-                cells.append(f"{'!error':>16s}")
+                cells.append(f"{'!error' if row else '-':>16s}")
                 continue
             text = f"{row['graph_us']:.1f}" + (f" ({row['official_us']:.1f})" if "official_us" in row else "")
             mark = ("" if row.get("ok") else "!") + ("" if row.get("deterministic") else "~")
             cells.append(f"{mark + text:>16s}")
-        print(f"{T:5d} {precision:9s} " + " ".join(cells))
+        H, I, T, precision = key
+        print(f"{H:6d} {I:6d} {T:4d} {precision:9s} " + " ".join(cells))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--compile-only", action="store_true", help="compile for sm_90 on this machine, no GPU")
+    parser.add_argument("--shapes", type=parse_shapes, default=[BENCHMARK_SHAPE], help="comma list of HxI")
     parser.add_argument("--tokens", default=",".join(map(str, DEFAULT_TOKENS)), help="comma list of token counts")
+    parser.add_argument("--sms", type=int, default=DEFAULT_SMS, help="--compile-only: the SMs the tiles are for")
+    parser.add_argument("--json", help="--compile-only: write the rows as JSON to this path")
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("candidates", nargs="*", metavar="CANDIDATE",
-                        help=f"of {', '.join(CANDIDATES)}, {TWO_LAUNCHES} (default: all few-token ones with "
-                             f"--compile-only, else "
-                             f"{', '.join(DEFAULT_CANDIDATES)})")  # fmt: skip
+                        help=f"of {', '.join([*VARIANTS, *CANDIDATES])} (besides {CHOSEN}, always)")  # fmt: skip
     args = parser.parse_args()
-    unknown = [name for name in args.candidates if name not in CANDIDATES and name != TWO_LAUNCHES]
+    unknown = [name for name in args.candidates if name not in CANDIDATES and name not in VARIANTS]
     if unknown:
-        parser.error(f"CANDIDATE: unknown {unknown} (known: {', '.join(CANDIDATES)}, {TWO_LAUNCHES})")
-    if args.compile_only and TWO_LAUNCHES in args.candidates:
-        parser.error(f"CANDIDATE: {TWO_LAUNCHES} is compiled by scripts/p1_compile_check.py, not here")
+        parser.error(f"CANDIDATE: unknown {unknown} (known: {', '.join([*VARIANTS, *CANDIDATES])})")
+    try:
+        tokens = [int(t) for t in args.tokens.split(",")]
+    except ValueError:
+        parser.error(f"--tokens: expected a comma list of integers, got {args.tokens!r}")
+    if any(not 0 <= T <= 128 for T in tokens):
+        parser.error(f"--tokens: the few-token design takes 0 to 128 tokens, got {args.tokens}")
+    names = [CHOSEN, *args.candidates]
     if args.compile_only:
-        return compile_only(args.candidates or list(CANDIDATES))
+        return compile_only(names, args.shapes, tokens, args.sms, args.json)
     import torch
 
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU (or --compile-only)")
-    on_gpu(args.candidates or DEFAULT_CANDIDATES, [int(t) for t in args.tokens.split(",")], args.reps)
+    on_gpu(names, args.shapes, tokens, args.reps)
 
 
 if __name__ == "__main__":
