@@ -161,9 +161,10 @@ TABLE = [
     (1025, 4096, 1536, BF16, "faithful", H200, True, gluon("wide")),
     (65, 4096, 1536, BF16, "fast", H200, True, LIBRARY_FEW_DX2),
     (3000, 4096, 1536, BF16, "fast", H200, True, LIBRARY_MANY_DX2),
-    # no Gluon kernels (a GPU before Hopper): the faithful path's few tokens to 128, the chained launch to 1249 (dx's
-    # tiles first from 512, dWd's last from 1153), the two launches beyond; the fast path's cuBLAS from 65
-    (128, 2048, 768, BF16, "faithful", A100, True, FEW),
+    # no Gluon kernels (a GPU before Hopper, whose shared memory the few-token tiles are not sized for): the faithful
+    # path's chained launch to 1249 (dx's tiles first from 512, dWd's last from 1153), the two launches beyond; the fast
+    # path's cuBLAS
+    (128, 2048, 768, BF16, "faithful", A100, True, CHAINED_NARROW),
     (129, 2048, 768, BF16, "faithful", A100, True, CHAINED_NARROW),
     (511, 2048, 768, BF16, "faithful", A100, True, CHAINED_NARROW),
     (512, 2048, 768, BF16, "faithful", A100, True, CHAINED_WIDE_DX_FIRST),
@@ -171,7 +172,7 @@ TABLE = [
     (1153, 2048, 768, BF16, "faithful", A100, True, CHAINED_WIDE_DWD_LAST),
     (1249, 2048, 768, BF16, "faithful", A100, True, CHAINED_WIDE_DWD_LAST),
     (1250, 2048, 768, BF16, "faithful", A100, True, TRITON_FAITHFUL),
-    (64, 2048, 768, BF16, "fast", A100, True, FEW),
+    (64, 2048, 768, BF16, "fast", A100, True, LIBRARY_FEW_DX2),
     (65, 2048, 768, BF16, "fast", A100, True, LIBRARY_FEW_DX2),
     # an operand off a 16-byte boundary on the H200: no TMA, so as without the Gluon kernels
     (64, 2048, 768, BF16, "faithful", H200, False, FEW),
@@ -196,16 +197,22 @@ TABLE = [
     (257, 2048, 768, FP32, "fast", H200, True, TRITON_FP32),
     (65536, 1001, 300, FP32, "fast", H200, False, TRITON_FP32),
     (3000, 2048, 768, FP32, "faithful", A100, True, TRITON_FP32),
-    # no tokens where neither the few-token nor the Gluon design runs: the faithful path's chained launch
-    (0, 4096, 1536, BF16, "faithful", H200, True, CHAINED_NARROW),
+    # no tokens: the few-token design writes its zeros
+    (0, 4096, 1536, BF16, "faithful", H200, True, FEW),
 ]
-# where the few-token design refuses today (its whole weight tiles would not fit the shared memory at these H, I):
-# the chooser goes on to the next rule
-FEW_TOKENS_REFUSED = [
-    (1, 4096, 1536, BF16, "faithful", H200, True, gluon("narrow", dx_splits=4, persistent=68)),
+# a larger expert's few tokens on the H200: the few-token design while T·H·I ≤ 2^28, else the Gluon launches' narrow
+# form on both paths where it applies, and where it does not (Mixtral's I), cuBLAS's design on the fast path
+LARGE_EXPERTS = [
+    (1, 4096, 1536, BF16, "faithful", H200, True, FEW),
+    (1, 4096, 1536, BF16, "fast", H200, True, FEW),
+    (64, 4096, 1024, BF16, "fast", H200, True, FEW),  # 2^28
+    (64, 4096, 1032, BF16, "fast", H200, True, gluon("narrow", dx_splits=4, persistent=68)),
+    (64, 4096, 1032, BF16, "faithful", H200, True, gluon("narrow", dx_splits=4, persistent=68)),
     (64, 4096, 1536, BF16, "faithful", H200, True, gluon("narrow", dx_splits=4, persistent=68)),
-    (1, 4096, 1536, BF16, "fast", H200, True, gluon("narrow", dx_splits=4, persistent=68)),
-    (1, 4096, 14336, BF16, "faithful", H200, True, gluon("wide_tall", dx_splits=4)),
+    (18, 7168, 2048, BF16, "fast", H200, True, FEW),  # 2.64e8
+    (19, 7168, 2048, BF16, "fast", H200, True, gluon("narrow", dx_splits=2, persistent=68)),
+    (1, 4096, 14336, BF16, "faithful", H200, True, FEW),
+    (7, 4096, 14336, BF16, "fast", H200, True, LIBRARY_FEW_DX2),
 ]
 
 
@@ -222,7 +229,7 @@ def describe(design) -> str:
     return f"{design.name}: {design}"
 
 
-@pytest.mark.parametrize("T, H, I, dtype, precision, device, aligned, expected", TABLE + FEW_TOKENS_REFUSED)
+@pytest.mark.parametrize("T, H, I, dtype, precision, device, aligned, expected", TABLE + LARGE_EXPERTS)
 def test_choice_by_value(T, H, I, dtype, precision, device, aligned, expected):
     got = choose_design(T, H, I, dtype=dtype, precision=precision, device=device, aligned=aligned)
     if expected == FEW:
