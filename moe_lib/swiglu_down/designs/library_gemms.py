@@ -33,6 +33,7 @@ from typing import ClassVar
 import torch
 
 from ...tiling import cdiv
+from ...tma import rows_fit
 from .. import kernels, runtime
 from ..runtime import Device
 from .base import SIXTEEN_BIT, Inputs, Outputs, on_triton
@@ -61,11 +62,12 @@ class LibraryGemmsConfig:
     @classmethod
     def for_shape(cls, num_tokens: int, intermediate_size: int) -> LibraryGemmsConfig:
         """The fast path's form: both streams, [Wg; Wu] stacked aside; from :data:`D_A_16BIT_MIN_TOKENS` dA in the
-        input dtype and the stacking by memcpy; below 2I tokens dx in two products instead of stacking [Wg; Wu]
-        (its 8·I·H bytes cost more than the 4·T·H of reading dx back: data/results/NOTES.md, designs 7 and 26)."""
+        input dtype and the stacking by memcpy; below 2I tokens dx in two products instead of stacking [Wg; Wu] (its
+        8·I·H bytes cost more than the 4·T·H of reading dx back), where I's rows are 16-byte multiples (the products
+        take dGate, dUp as column slices of K = I: data/results/NOTES.md, designs 7 and 26)."""
         many = num_tokens >= D_A_16BIT_MIN_TOKENS
-        return cls(d_a_fp32=not many, streams=True, stack_aside=True, stack_by_memcpy=many,
-                   dx_in_two=num_tokens < 2 * intermediate_size)  # fmt: skip
+        dx_in_two = num_tokens < 2 * intermediate_size and rows_fit(intermediate_size, element_bytes=2)
+        return cls(d_a_fp32=not many, streams=True, stack_aside=True, stack_by_memcpy=many, dx_in_two=dx_in_two)
 
     def supports(self, num_tokens, hidden_size, intermediate_size, dtype, device: Device, *, aligned=True):
         if dtype not in SIXTEEN_BIT:
