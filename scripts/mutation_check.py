@@ -64,7 +64,7 @@ MUTANTS = [
     Mutant("p1_triton_to_reference", 'P1\'s API sends impl="triton" to the reference', "moe_lib/swiglu_down/api.py",
            'if resolve_impl(impl, x.device, x.dtype) == "reference":',
            'if resolve_impl(impl, x.device, x.dtype) in ("reference", "triton"):',
-           ("tests/test_robustness.py", "tests/test_swiglu_down_backward_triton.py", "-k", "impl_triton or public")),
+           ("tests/test_robustness.py", "tests/swiglu_down/test_backward.py", "-k", "impl_triton or public")),
     Mutant("p2_triton_to_reference", 'P2\'s API sends impl="triton" to the reference', "moe_lib/moe_experts/api.py",
            'if resolve_impl(impl, hidden_states.device, hidden_states.dtype) == "reference":',
            'if resolve_impl(impl, hidden_states.device, hidden_states.dtype) in ("reference", "triton"):',

@@ -22,7 +22,7 @@ from moe_lib.swiglu_down import swiglu_down_backward
 
 
 def checked(num_tokens: int, precision: str, distribution: str) -> None:
-    from test_swiglu_down_backward_triton import check_against_float64  # tests/ on the path
+    from swiglu_down.helpers import check_against_float64  # tests/ on the path
 
     inputs = problems.make_inputs("swiglu_down_backward", num_tokens, seed=num_tokens, device="cuda",
                                   distribution=distribution)  # fmt: skip

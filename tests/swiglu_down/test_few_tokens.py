@@ -25,7 +25,7 @@ import pytest
 import torch
 from conftest import rel_error
 
-from moe_lib import problems, reference
+from moe_lib import problems
 from moe_lib.bench.checks import compare_output
 from moe_lib.bench.sm90 import SHARED_MEMORY_LIMIT
 from moe_lib.dispatch import interpreter_enabled
@@ -41,12 +41,12 @@ from moe_lib.swiglu_down.designs.few_tokens import (
 )
 from moe_lib.swiglu_down.runtime import INTERPRETER_DEVICE, Device
 
+from .helpers import ELEMENT_RULE, OUTPUTS, check_against_float64, float64_reference
+
 ROOT = Path(__file__).resolve().parents[2]
 needs_triton = pytest.mark.skipif(
     not torch.cuda.is_available() and not interpreter_enabled(), reason="needs CUDA or the Triton interpreter"
 )
-OUTPUTS = ("grad_x", "grad_gate_weight", "grad_up_weight", "grad_down_weight")
-ELEMENT_RULE = problems.load("swiglu_down_backward").element_rule
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # rows of 150 and 90 bytes (no multiple of 16); with 16-wide chunks and tiles of 40 or 48 of H: 2 tiles along H (40
 # rows in chunks of 16, 16, 8, then 35 in 16, 16, 3), 3 or 6 along I (the last 13 or 5 wide)
@@ -58,20 +58,6 @@ MODEL_SHAPES = [(2048, 768), (4096, 1536), (7168, 2048), (4096, 14336), (2880, 2
                 (1000, 300)]  # fmt: skip
 EXTREME_SHAPES = [(256, 256), (16384, 16384), (16384, 256), (256, 16384), (4000, 13000), (16383, 1000), (3001, 301)]
 COMPILE_TOKENS = [1, 7, 64, 128]
-
-
-@pytest.fixture
-def poisoned(monkeypatch):
-    """Every output and workspace the call allocates starts as NaN: what comes back was written."""
-
-    def nan_filled(size, *, dtype, device):
-        return torch.full(size, float("nan"), dtype=dtype, device=device)
-
-    monkeypatch.setattr(runtime, "allocate", nan_filled)
-
-
-def float64_reference(inputs: dict):
-    return reference.swiglu_down_backward_reference(*[t.double() for t in inputs.values()])
 
 
 def run(inputs: dict, config, precision: str):
@@ -391,27 +377,6 @@ def test_compiled_for_sm90_within_its_resources_at_every_model_shape(tmp_path, r
 
 # ---------------------------------------------------------------------------------------------
 # GPU
-
-
-def check_against_float64(inputs: dict, got, precision: str) -> None:
-    """Every output finite and within its rule of the float64 reference: "faithful" the benchmark's element rule and
-    at most the careful PyTorch bf16 error + 1e-4; "fast" at most 2× that error + 1e-4."""
-    from moe_lib.bench.peers.swiglu_down import swiglu_down_backward_eager
-
-    want = float64_reference(inputs)
-    w_gate_up = torch.cat([inputs["gate_weight"], inputs["up_weight"]])
-    careful = swiglu_down_backward_eager(inputs["grad_output"], inputs["x"], w_gate_up, inputs["down_weight"],
-                                         inputs["gate"], inputs["gate_sigmoid"], inputs["gate_silu"], inputs["up"],
-                                         inputs["intermediate"])  # fmt: skip
-    for name, g, w, c in zip(OUTPUTS, got, want, careful, strict=True):
-        result = compare_output(g, w, ELEMENT_RULE)
-        assert result["finite"], f"{name}: NaN/Inf (an unwritten element?)"
-        error, yardstick = result["rel_error"], rel_error(c, w)
-        if precision == "faithful":
-            assert result["pass_fraction"] >= ELEMENT_RULE["required_fraction"], f"{name}: {result}"
-            assert error <= yardstick + 1e-4, f"{name}: {error:.3g} vs careful PyTorch {yardstick:.3g}"
-        else:
-            assert error <= 2 * yardstick + 1e-4, f"{name}: {error:.3g} vs careful PyTorch {yardstick:.3g}"
 
 
 def gpu_inputs(T: int, seed: int, shape=(2048, 768), distribution: str | None = "harness") -> dict:
