@@ -75,7 +75,7 @@ def choose_design(num_tokens: int, hidden_size: int, intermediate_size: int, *, 
         few = runs(FewTokensConfig.for_shape(T, H, I, device.sms)) if T * H * I <= FEW_TOKENS_MAX_WORK else None
         if few:
             return few
-        if gluon and not with_lo and gluon.first.d_a_block_n == 64:  # a large expert's few tokens: the narrow form
+        if gluon and not with_lo and gluon.first == FORMS["narrow"].first:  # a large expert's few tokens (design 26)
             return gluon
     measured = MEASURED.get((H, I, device.sms), {}).get(precision)
     if measured and gluon and T >= measured[0][0]:
