@@ -22,6 +22,7 @@ CASES = {
     "p1_program_trace.py --config nope": "argument --config: invalid choice: 'nope'",
     "p1_pass_bench.py --variants blocks16x128_w4,nope": "--variants: unknown ['nope']",
     "p1_fp8_lo_probe.py --tokens 8192,x": "--tokens: expected a comma list of positive integers",
+    "p2/gemm_probe.py --configs coop_m128n256k64_s3,nope": "--configs: unknown name(s) ['nope']",
 }
 
 

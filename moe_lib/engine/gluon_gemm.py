@@ -353,7 +353,5 @@ def gemm(a: torch.Tensor, b: torch.Tensor, config: GemmConfig = GemmConfig(), ou
     if K == 0:
         return out.zero_()
     descriptors, constexprs = launch_arguments(config, a, b, out)
-    num_warps = constexprs.pop("num_warps")
-    gemm_kernel[(config.grid(M, N, sm_count(a.device)),)](*descriptors.values(), *constexprs.values(),
-                                                           num_warps=num_warps, maxnreg=config.maxnreg)  # fmt: skip
+    gemm_kernel[(config.grid(M, N, sm_count(a.device)),)](**descriptors, **constexprs, maxnreg=config.maxnreg)
     return out

@@ -1,12 +1,20 @@
-"""The Gluon GEMM (``moe_lib/engine/gluon_gemm.py``): its host side on the CPU, its results on a Hopper GPU
-(``gpu``: against float64, outputs poisoned with NaN, every operand form, odd sizes, deterministic, captured in a
-CUDA graph). The mbarrier protocol itself: test_ring_protocol.py."""
+"""The Gluon GEMM (``moe_lib/engine/gluon_gemm.py``): its host side and its sm_90 build on the CPU, its results on
+a Hopper GPU (``gpu``: against float64, outputs poisoned with NaN, every operand form, odd sizes, deterministic,
+captured in a CUDA graph). The mbarrier protocol itself: test_ring_protocol.py."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from moe_lib.engine.gluon_gemm import GemmConfig, check_operands, gemm, launch_arguments, operand_form
 from moe_lib.tiling import grouped_tile
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def meta(*shape, dtype=torch.bfloat16):
@@ -92,6 +100,23 @@ def test_gemm_refuses_cpu_tensors_and_non_tensors():
         gemm(torch.ones(16, 16, dtype=torch.bfloat16), torch.ones(16, 16, dtype=torch.bfloat16))
     with pytest.raises(TypeError, match="b: expected a torch.Tensor"):
         gemm(torch.ones(16, 16, dtype=torch.bfloat16), [[1.0]])
+
+
+def test_probe_configs_compile_for_sm90_unserialised_within_the_limits(tmp_path):
+    """Every config the GPU probe times, in each operand form it times, compiled for sm_90 (each distinct kernel
+    once, by the probe itself: ``--compile-only``): no stack, within 227 KB, wgmma not serialised by ptxas, at most
+    255 registers a thread in any partition."""
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    done = subprocess.run([sys.executable, "scripts/p2/gemm_probe.py", "--compile-only", "--out", str(tmp_path)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = json.loads((tmp_path / "gemm_probe_compile.json").read_text())["compile"]
+    assert {row["form"] for row in rows} == {"nn", "nt", "tn"}
+    for row in rows:
+        assert row["error"] is None and row["problems"] == [], row
+        assert row["stack"] == 0 and row["shared"] <= 232448 and row["serialized"] == "no", row
+        assert max(row["partition_registers"]) <= 256 and row["wgmma"] > 0, row
 
 
 # --- on a Hopper GPU --------------------------------------------------------------------------------------------
