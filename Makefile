@@ -41,7 +41,7 @@ else
 	@echo "== $(TORCH_CPU): from the local wheel cache if it has it, else from $(TORCH_CPU_INDEX)"
 	$(PIP) install "$(TORCH_CPU)" || $(PIP) install "$(TORCH_CPU)" --extra-index-url $(TORCH_CPU_INDEX)
 endif
-	$(PIP) install -e ".[report,dev]"
+	$(PIP) install -e ".[lab,report,dev]"
 	$(PY) -m ipykernel install --sys-prefix --name $(KERNEL_NAME) --display-name "Python (moe-backward-lab)"
 	@touch $(STAMP)
 
@@ -53,7 +53,7 @@ report: $(STAMP)
 	$(PY) -m moe_lib.report --config $(CONFIG) $(ARGS)
 
 $(LAB_STAMP): $(STAMP)
-	$(PIP) install -e ".[report,dev,lab]"
+	$(PIP) install -e ".[lab,report,dev,jupyter]"
 	@touch $(LAB_STAMP)
 
 # headless (no browser is opened: open the URL printed); --allow-root where it runs as root (containers, GPU machines)

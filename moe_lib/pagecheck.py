@@ -23,7 +23,10 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
+BROWSERS = ("chromium", "chromium-browser", "chromium-headless-shell", "headless_shell", "google-chrome",
+            "google-chrome-stable", "chrome")  # fmt: skip
+# where Playwright keeps the browsers it downloads (PLAYWRIGHT_BROWSERS_PATH, else its cache): the headless shell first
+PLAYWRIGHT_BUILDS = ("chromium_headless_shell-*/chrome-*/headless_shell", "chromium-*/chrome-*/chrome")
 # headless, and safe as root and in containers: no sandbox, no GPU, nothing fetched in the background
 BROWSER_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run")  # fmt: skip
@@ -53,7 +56,12 @@ def find_browser() -> str | None:
     chosen = os.environ.get("MOE_BROWSER")
     if chosen:
         return shutil.which(chosen) or (chosen if Path(chosen).is_file() else None)
-    return next((path for name in BROWSERS if (path := shutil.which(name))), None)
+    on_path = next((path for name in BROWSERS if (path := shutil.which(name))), None)
+    if on_path:
+        return on_path
+    cache = Path(os.environ.get("PLAYWRIGHT_BROWSERS_PATH") or Path.home() / ".cache" / "ms-playwright")
+    builds = (path for pattern in PLAYWRIGHT_BUILDS for path in sorted(cache.glob(pattern), reverse=True))
+    return next((str(path) for path in builds if os.access(path, os.X_OK)), None)
 
 
 def browser_version(browser: str) -> str:

@@ -40,3 +40,29 @@ def test_import_needs_only_the_core_libraries():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_kernel_core_runs_without_the_lab_libraries():
+    """moe_lib's functions, layers, problems, roofline and choosers import and run with pandas and matplotlib absent
+    (they are the ``lab`` extra's: the benchmark, the notebooks' helpers, the report)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import importlib.abc, sys\n"
+        "class Absent(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name.split('.')[0] in {'pandas', 'matplotlib'}:\n"
+        "            raise ImportError(name)\n"
+        "sys.meta_path.insert(0, Absent())\n"
+        "import moe_lib, moe_lib.distributed, moe_lib.roofline\n"
+        "import moe_lib.swiglu_down.choose, moe_lib.moe_experts.choose\n"
+        "from moe_lib.problems import make_inputs\n"
+        "p1 = make_inputs('swiglu_down_backward', 3, seed=0, hidden_size=24, intermediate_size=8)\n"
+        "p2 = make_inputs('moe_experts_backward', 3, seed=0, hidden_size=24, intermediate_size=8, num_experts=4,"
+        " top_k=2)\n"
+        "print(len(moe_lib.swiglu_down_backward(**p1)), len(moe_lib.moe_experts_backward(**p2)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["4", "5"]

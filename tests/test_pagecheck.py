@@ -109,8 +109,28 @@ def test_math_problems_reads_each_failure():
     assert count == 0 and problems == ["TeX left unrendered in the text (did MathJax run?): `$\\alpha + 1$`"]
 
 
+def _executable(path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_finds_the_headless_shell_on_the_path_and_in_playwrights_cache(monkeypatch, tmp_path):
+    monkeypatch.delenv("MOE_BROWSER", raising=False)
+    monkeypatch.setenv("PLAYWRIGHT_BROWSERS_PATH", str(tmp_path / "playwright"))
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    assert pagecheck.find_browser() is None
+    shell = _executable(tmp_path / "playwright" / "chromium_headless_shell-1187" / "chrome-linux" / "headless_shell")
+    _executable(tmp_path / "playwright" / "chromium_headless_shell-1169" / "chrome-linux" / "headless_shell")
+    assert pagecheck.find_browser() == shell  # the newest build
+    on_path = _executable(tmp_path / "bin" / "chromium-headless-shell")
+    assert pagecheck.find_browser() == on_path  # the PATH first
+
+
 def test_cli_without_a_browser_skips(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("PLAYWRIGHT_BROWSERS_PATH", str(tmp_path / "none"))
     monkeypatch.delenv("MOE_BROWSER", raising=False)
     assert pagecheck.find_browser() is None
     assert pagecheck.main([str(tmp_path)]) == 0
