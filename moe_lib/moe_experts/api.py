@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from ..dispatch import check_impl, resolve_impl
-from ..validation import check_contiguous, finite, flag, not_differentiable_again
+from ..validation import check_contiguous, finite, flag, float_tensor, not_differentiable_again
 from .checks import INPUT_NAMES, check_index_values, check_moe_experts_backward
 from .reference import moe_experts_backward_reference, moe_experts_forward_reference
 
@@ -123,6 +123,7 @@ def moe_experts(hidden_states, topk_indices, topk_weights, gate_weights, up_weig
     flag("validate", validate)
     flag("check_finite", check_finite)
     flag("save_activations", save_activations)
+    float_tensor("hidden_states", hidden_states)  # named as itself, before it stands in for grad_output below
     check_moe_experts_backward(
         hidden_states, hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights,
         validate=False,

@@ -1,0 +1,305 @@
+"""The layers under torch.compile: one graph, no break, forward and backward equal to eager; the registered ops pass
+torch.library.opcheck; the checks that read values still run (inside the ops) with eager's messages.
+
+On the CPU the ops run the reference (impl="auto"), or the Triton kernels under the interpreter (impl="triton");
+the tests marked gpu run the Triton path on CUDA, the issue's targets.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import rel_error
+from oracles import moe_experts_grads, swiglu_expert_grads
+from torch._dynamo.testing import CompileCounterWithBackend
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import moe_lib
+import moe_lib.nn
+from moe_lib import problems
+from moe_lib.dispatch import interpreter_enabled
+
+P1, P2, _ = problems.PROBLEM_NAMES
+LAYER_ARGUMENTS = {
+    "swiglu_expert": ("x", "gate_weight", "up_weight", "down_weight"),
+    "moe_experts": ("hidden_states", "topk_weights", "gate_weights", "up_weights", "down_weights"),
+}
+PARALLEL_OPS = {"moe_experts_parallel", "moe_experts_parallel_backward"}
+needs_interpreter = pytest.mark.skipif(not interpreter_enabled(), reason="needs TRITON_INTERPRET=1 (the CPU runs)")
+
+
+@pytest.fixture(autouse=True)
+def fresh_compiler():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def layer_case(layer: str, T: int, seed: int, device="cpu", dtype=torch.float32, **options):
+    """(function of the differentiable leaves, the leaves, grad_output, float64 gradients of the same math)."""
+    if layer == "swiglu_expert":
+        inputs = problems.make_inputs(P1, T, seed=seed, device=device, dtype=dtype, hidden_size=32,
+                                      intermediate_size=16)  # fmt: skip
+        want = swiglu_expert_grads(*[inputs[n].double() for n in ("grad_output", *LAYER_ARGUMENTS[layer])])
+
+        def call(x, gate, up, down):
+            return moe_lib.swiglu_expert(x, gate, up, down, **options)
+    else:
+        inputs = problems.make_inputs(P2, T, seed=seed, device=device, hidden_size=32, intermediate_size=16,
+                                      num_experts=6, top_k=2)  # fmt: skip
+        inputs = {name: t.to(dtype) if t.is_floating_point() else t for name, t in inputs.items()}
+        indices = inputs["topk_indices"]
+        want = moe_experts_grads(*[t.double() if t.is_floating_point() else t for t in inputs.values()])
+
+        def call(x, w, gate, up, down):
+            return moe_lib.moe_experts(x, indices, w, gate, up, down, **options)
+
+    leaves = [inputs[name].clone().requires_grad_() for name in LAYER_ARGUMENTS[layer]]
+    return call, leaves, inputs["grad_output"], want
+
+
+def run(function, leaves, grad_output):
+    y = function(*leaves)
+    return y, torch.autograd.grad(y, leaves, grad_output)
+
+
+def assert_compiles_whole(function, leaves) -> None:
+    explained = torch._dynamo.explain(function)(*leaves)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+
+
+# ------------------------------------------------------------------------------------------------
+# the layers, compiled (CPU: the reference behind the ops)
+
+
+@pytest.mark.parametrize("layer,options", [
+    pytest.param("swiglu_expert", {}, id="swiglu_expert"),
+    pytest.param("moe_experts", {}, id="moe_experts"),
+    pytest.param("moe_experts", dict(save_activations=True, validate=False), id="moe_experts-saved"),
+])  # fmt: skip
+def test_layers_compile_whole_and_match_eager(layer, options, seed):
+    function, leaves, grad_output, want = layer_case(layer, 9, seed, **options)
+    assert_compiles_whole(function, leaves)
+    eager_y, eager_grads = run(function, leaves, grad_output)
+    compiled_y, compiled_grads = run(torch.compile(function, fullgraph=True), leaves, grad_output)
+    assert torch.equal(compiled_y, eager_y)
+    for name, got, eager, exact in zip(LAYER_ARGUMENTS[layer], compiled_grads, eager_grads, want[-len(leaves):],
+                                       strict=True):  # fmt: skip
+        assert torch.equal(got, eager), name
+        assert rel_error(got, exact) <= 1e-5, name
+
+
+def test_moe_experts_gradients_against_float64_include_the_routing_weights(seed):
+    """The P2 oracle's order is (dx, dw, dWg, dWu, dWd): the same as the layer's leaves."""
+    function, leaves, grad_output, want = layer_case("moe_experts", 7, seed)
+    _, grads = run(torch.compile(function, fullgraph=True), leaves, grad_output)
+    assert [rel_error(g, w) <= 1e-5 for g, w in zip(grads, want, strict=True)] == [True] * 5
+
+
+def test_token_counts_share_one_compiled_graph(seed):
+    """dynamic=True: a second token count reuses the graph (the fake implementations are symbolic in T)."""
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(moe_lib.moe_experts, backend=counter, fullgraph=True, dynamic=True)
+    for T in (5, 11):
+        inputs = problems.make_inputs(P2, T, seed=seed + T, hidden_size=32, intermediate_size=16, num_experts=6,
+                                      top_k=2)  # fmt: skip
+        leaves = [inputs[name].clone().requires_grad_() for name in LAYER_ARGUMENTS["moe_experts"]]
+        y = compiled(leaves[0], inputs["topk_indices"], *leaves[1:])
+        grads = torch.autograd.grad(y, leaves, inputs["grad_output"])
+        want = moe_experts_grads(*[t.double() if t.is_floating_point() else t for t in inputs.values()])
+        assert all(rel_error(g, w) <= 1e-5 for g, w in zip(grads, want, strict=True)), T
+    assert counter.frame_count == 1
+
+
+class Block(torch.nn.Module):
+    """A MoE block as models write it: norm, a softmax top-k router, the experts, the residual."""
+
+    def __init__(self, hidden_size=32, intermediate_size=16, num_experts=6, top_k=2):
+        super().__init__()
+        self.norm = torch.nn.RMSNorm(hidden_size)
+        self.router = torch.nn.Linear(hidden_size, num_experts, bias=False)
+        self.experts = moe_lib.nn.MoEExperts(num_experts, hidden_size, intermediate_size, validate=False)
+        self.top_k = top_k
+
+    def forward(self, x):
+        h = self.norm(x)
+        probabilities = self.router(h).softmax(dim=-1)
+        weights, indices = probabilities.topk(self.top_k, dim=-1)
+        return x + self.experts(h, indices, weights / weights.sum(dim=-1, keepdim=True))
+
+
+def test_a_whole_block_compiles_and_trains_as_eager(seed):
+    torch.manual_seed(seed)
+    block = Block()
+    x = torch.randn(3, 5, 32)
+    assert_compiles_whole(block, [x])
+    compiled = torch.compile(block, fullgraph=True)
+    results = []
+    for forward in (block, compiled):
+        block.zero_grad()
+        y = forward(x)
+        y.square().mean().backward()
+        results.append((y.detach(), {name: p.grad.clone() for name, p in block.named_parameters()}))
+    (eager_y, eager_grads), (compiled_y, compiled_grads) = results
+    assert rel_error(compiled_y, eager_y) <= 1e-6
+    for name, grad in eager_grads.items():  # router included: its gradient flows through topk_weights
+        assert grad.abs().sum() > 0 and rel_error(compiled_grads[name], grad) <= 1e-5, name
+
+
+# ------------------------------------------------------------------------------------------------
+# checks that read values: inside the ops, in compiled code too
+
+
+def test_index_checks_raise_in_compiled_code_as_in_eager(seed):
+    function, leaves, _, _ = layer_case("moe_experts", 6, seed)
+    inputs = problems.make_inputs(P2, 6, seed=seed, hidden_size=32, intermediate_size=16, num_experts=6, top_k=2)
+    out_of_range, repeated = inputs["topk_indices"].clone(), inputs["topk_indices"].clone()
+    out_of_range[4, 1] = 6
+    repeated[2, 1] = repeated[2, 0]
+    for indices, pattern in ((out_of_range, r"^topk_indices: expert index 6 out of range \[0, 6\)"),
+                             (repeated, "^topk_indices: token 2 lists the same expert twice")):  # fmt: skip
+        def layer(x, w, gate, up, down, indices=indices):
+            return moe_lib.moe_experts(x, indices, w, gate, up, down)
+
+        with pytest.raises(ValueError, match=pattern):
+            layer(*leaves)
+        with pytest.raises(ValueError, match=pattern):
+            torch.compile(layer, backend="aot_eager", fullgraph=True)(*leaves)
+    unchecked = torch.compile(lambda *a: moe_lib.moe_experts(a[0], repeated, *a[1:], validate=False),
+                              backend="aot_eager", fullgraph=True)  # fmt: skip
+    assert torch.isfinite(unchecked(*leaves)).all()
+
+
+def test_check_finite_raises_in_compiled_code_forward_and_backward(seed):
+    function, leaves, grad_output, _ = layer_case("swiglu_expert", 5, seed, check_finite=True)
+    compiled = torch.compile(function, backend="aot_eager", fullgraph=True)
+    poisoned = leaves[0].detach().clone()
+    poisoned[3, 7] = math.nan
+    with pytest.raises(ValueError, match="^x: holds NaN or Inf"):
+        compiled(poisoned, *leaves[1:])
+    y = compiled(*leaves)
+    with pytest.raises(ValueError, match="^grad_output: holds NaN or Inf"):
+        y.backward(torch.full_like(y, math.inf))
+
+
+def test_the_public_functions_give_fake_outputs_of_the_right_shapes_and_dtypes():
+    """Under FakeTensorMode (what the compiler traces with): shapes, dtypes and row-major strides, no values read;
+    the routing-weight gradient in topk_weights' dtype."""
+    p1 = problems.make_inputs(P1, 7, seed=0, dtype=torch.bfloat16, hidden_size=32, intermediate_size=16)
+    p2 = problems.make_inputs(P2, 7, seed=0, hidden_size=32, intermediate_size=16, num_experts=6, top_k=2)
+    p2 = {n: t.to(torch.bfloat16) if t.is_floating_point() and n != "topk_weights" else t for n, t in p2.items()}
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake1 = {name: mode.from_tensor(t) for name, t in p1.items()}
+        fake2 = {name: mode.from_tensor(t) for name, t in p2.items()}
+        grads1 = moe_lib.swiglu_down_backward(*fake1.values())
+        grads2 = moe_lib.moe_experts_backward(*fake2.values())
+        y = moe_lib.moe_experts(*list(fake2.values())[1:], save_activations=True)
+    want1 = [p1[n] for n in ("x", "gate_weight", "up_weight", "down_weight")]
+    want2 = [p2[n] for n in ("hidden_states", "topk_weights", "gate_weights", "up_weights", "down_weights")]
+    for got, like in zip((*grads1, *grads2, y), (*want1, *want2, p2["hidden_states"]), strict=True):
+        assert (got.shape, got.dtype, got.stride()) == (like.shape, like.dtype, like.stride())
+    assert grads2[1].dtype == torch.float32
+
+
+# ------------------------------------------------------------------------------------------------
+# opcheck on every registered op
+
+
+def op_cases(device="cpu", dtype=torch.float32, impl="auto", T=6):
+    """(op, arguments) for each registered op, on small fresh inputs."""
+    p1 = problems.make_inputs(P1, T, seed=T, device=device, dtype=dtype, hidden_size=32, intermediate_size=16)
+    p2 = problems.make_inputs(P2, T, seed=T, device=device, hidden_size=32, intermediate_size=16, num_experts=4,
+                              top_k=2)  # fmt: skip
+    p2 = {name: t.to(dtype) if t.is_floating_point() else t for name, t in p2.items()}
+    ops = torch.ops.moe_lib
+    p1_weights = [p1[n] for n in ("gate_weight", "up_weight", "down_weight")]
+    p2_forward = list(p2.values())[1:]
+    return [
+        (ops.swiglu_down_backward.default, (*p1.values(), impl, "fast", False)),
+        (ops.swiglu_expert.default, (p1["x"], *p1_weights, impl, "fast", False)),
+        (ops.swiglu_expert_backward.default, (p1["grad_output"], p1["x"], *p1_weights, p1["gate"], p1["up"], impl,
+                                              "fast", False)),  # fmt: skip
+        (ops.moe_experts_backward.default, (*p2.values(), impl, True, False, None, None)),
+        (ops.moe_experts.default, (*p2_forward, impl, True, False, False)),
+        (ops.moe_experts.default, (*p2_forward, impl, False, False, True)),
+    ]
+
+
+def op_id(case) -> str:
+    op, arguments = case
+    name = op.name().split("::")[1]
+    return f"{name}-saved" if name == "moe_experts" and arguments[-1] else name
+
+
+OP_IDS = [op_id(case) for case in op_cases()]
+
+
+def test_every_registered_op_is_checked():
+    """Every moe_lib op but the expert-parallel ones, which need a process group (tests/test_distributed.py)."""
+    registered = {name.split("::")[1] for name in torch._C._dispatch_get_all_op_names() if name.startswith("moe_lib::")}
+    assert {op.name().split("::")[1] for op, _ in op_cases()} == registered - PARALLEL_OPS
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", range(len(op_cases())), ids=OP_IDS)
+def test_opcheck_reference(case, dtype):
+    op, arguments = op_cases(dtype=dtype)[case]
+    torch.library.opcheck(op, arguments)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("case", range(len(op_cases())), ids=OP_IDS)
+def test_opcheck_triton_under_the_interpreter(case):
+    op, arguments = op_cases(dtype=torch.bfloat16, impl="triton", T=3)[case]
+    torch.library.opcheck(op, arguments)
+
+
+# ------------------------------------------------------------------------------------------------
+# the GPU: the Triton path behind the same ops (the issue's targets)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layer,T,options", [
+    pytest.param("swiglu_expert", 16, {}, id="swiglu_expert-16"),  # one launch
+    pytest.param("swiglu_expert", 512, {}, id="swiglu_expert-512"),  # the Gluon launches on Hopper
+    pytest.param("swiglu_expert", 4096, {}, id="swiglu_expert-4096"),  # cuBLAS's GEMMs around one Triton pass
+    pytest.param("moe_experts", 512, {}, id="moe_experts"),
+    pytest.param("moe_experts", 512, dict(save_activations=True), id="moe_experts-saved"),
+    pytest.param("moe_experts", 512, dict(validate=False), id="moe_experts-unvalidated"),
+])  # fmt: skip
+def test_gpu_layers_compile_whole_and_match_eager(layer, T, options, seed):
+    function, leaves, grad_output, want = layer_case(layer, T, seed, device="cuda", dtype=torch.bfloat16, **options)
+    assert_compiles_whole(function, leaves)
+    eager_y, eager_grads = run(function, leaves, grad_output)
+    compiled_y, compiled_grads = run(torch.compile(function, fullgraph=True), leaves, grad_output)
+    assert rel_error(compiled_y, eager_y) <= 1e-3
+    for name, got, eager, exact in zip(LAYER_ARGUMENTS[layer], compiled_grads, eager_grads, want[-len(leaves):],
+                                       strict=True):  # fmt: skip
+        assert rel_error(got, eager) <= 1e-3, name  # the same kernels: run-to-run differences only
+        assert rel_error(got, exact) <= 2e-2, name
+
+
+@pytest.mark.gpu
+def test_gpu_block_compiles_whole(seed):
+    torch.manual_seed(seed)
+    block = Block(hidden_size=256, intermediate_size=128, num_experts=8).to("cuda", torch.bfloat16)
+    x = torch.randn(4, 128, 256, device="cuda", dtype=torch.bfloat16)
+    assert_compiles_whole(block, [x])
+    compiled = torch.compile(block, fullgraph=True)
+    losses = []
+    for forward in (block, compiled):
+        block.zero_grad()
+        loss = forward(x).float().square().mean()
+        loss.backward()
+        losses.append((loss.item(), block.experts.gate_up_proj.grad.clone()))
+    assert abs(losses[0][0] - losses[1][0]) <= 1e-2 * abs(losses[0][0])
+    assert rel_error(losses[1][1], losses[0][1]) <= 2e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", range(len(op_cases())), ids=OP_IDS)
+def test_gpu_opcheck(case):
+    op, arguments = op_cases(device="cuda", dtype=torch.bfloat16, T=64)[case]
+    torch.library.opcheck(op, arguments)
