@@ -303,3 +303,77 @@ def test_gpu_block_compiles_whole(seed):
 def test_gpu_opcheck(case):
     op, arguments = op_cases(device="cuda", dtype=torch.bfloat16, T=64)[case]
     torch.library.opcheck(op, arguments)
+
+
+# ------------------------------------------------------------------------------------------------
+# the expert-parallel layer: two gloo ranks on the CPU, each compiling its step
+
+JOIN_TIMEOUT_S = 240  # two ranks compiling on a shared CPU
+
+
+def parallel_rank_main(rank: int, init_file: str, out_dir: str, seed: int) -> None:
+    """This rank's eager and compiled forward and backward of the parallel layer (same inputs), its explain numbers
+    and opcheck of both parallel ops; saved for the parent."""
+    import traceback
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    from moe_lib.distributed import expert_partition, moe_experts_parallel
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        inputs = problems.make_inputs(P2, 10, seed=seed, hidden_size=32, intermediate_size=16, num_experts=6,
+                                      top_k=2)  # fmt: skip
+        tokens = slice(0, 4) if rank == 0 else slice(4, 10)
+        experts = expert_partition(6, 2)[rank]
+        leaves = [inputs["hidden_states"][tokens].clone().requires_grad_(),
+                  inputs["topk_weights"][tokens].clone().requires_grad_(),
+                  *[inputs[name][experts.start:experts.stop].clone().requires_grad_()
+                    for name in ("gate_weights", "up_weights", "down_weights")]]  # fmt: skip
+        indices = inputs["topk_indices"][tokens]
+
+        def layer(x, w, gate, up, down):
+            return moe_experts_parallel(x, indices, w, gate, up, down, num_experts=6, chunks=2)
+
+        explained = torch._dynamo.explain(layer)(*leaves)
+        torch._dynamo.reset()
+        results = {"explain": (explained.graph_count, explained.graph_break_count)}
+        for name, function in (("eager", layer), ("compiled", torch.compile(layer, fullgraph=True))):
+            y = function(*leaves)
+            results[name] = [y.detach(), *torch.autograd.grad(y, leaves, inputs["grad_output"][tokens])]
+        arguments = (leaves[0].detach(), indices, *[t.detach() for t in leaves[1:]], dist.group.WORLD.group_name,
+                     "auto", 6, 2, False, 0, "")  # fmt: skip
+        torch.library.opcheck(torch.ops.moe_lib.moe_experts_parallel.default, arguments)
+        y, *saved = torch.ops.moe_lib.moe_experts_parallel(*arguments)
+        torch.library.opcheck(torch.ops.moe_lib.moe_experts_parallel_backward.default,
+                              (inputs["grad_output"][tokens], *saved, *[t.detach() for t in leaves[2:]], 2,
+                               dist.group.WORLD.group_name, "auto", 0))  # fmt: skip
+        torch.save(results, Path(out_dir) / f"rank{rank}.pt")
+    except BaseException:
+        traceback.print_exc()
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_expert_parallel_layer_compiles_whole_and_matches_eager(tmp_path, seed):
+    import multiprocessing
+
+    from conftest import join_ranks
+
+    context = multiprocessing.get_context("spawn")
+    processes = [context.Process(target=parallel_rank_main, args=(rank, str(tmp_path / "init"), str(tmp_path), seed))
+                 for rank in range(2)]  # fmt: skip
+    join_ranks(processes, JOIN_TIMEOUT_S)
+    per_rank = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)]
+    inputs = problems.make_inputs(P2, 10, seed=seed, hidden_size=32, intermediate_size=16, num_experts=6, top_k=2)
+    exact = moe_experts_grads(*[t.double() if t.is_floating_point() else t for t in inputs.values()])
+    names = ("y", "grad_hidden_states", "grad_topk_weights", "grad_gate", "grad_up", "grad_down")
+    for rank, results in enumerate(per_rank):
+        assert results["explain"] == (1, 0), rank
+        for name, compiled, eager in zip(names, results["compiled"], results["eager"], strict=True):
+            assert torch.equal(compiled, eager), (rank, name)
+    gathered = [torch.cat([results["compiled"][i] for results in per_rank]) for i in range(1, 6)]
+    assert [rel_error(g, w) <= 1e-5 for g, w in zip(gathered, exact, strict=True)] == [True] * 5
