@@ -184,6 +184,16 @@ def test_check_finite_raises_in_compiled_code_forward_and_backward(seed):
         y.backward(torch.full_like(y, math.inf))
 
 
+@needs_interpreter
+def test_the_triton_layer_refuses_strided_weights_before_any_work(seed):
+    """The kernels address the weights by row-major strides: a strided one is named in the forward, as the backward
+    named it before the layer was an op."""
+    _, leaves, _, _ = layer_case("swiglu_expert", 4, seed)
+    x, gate, up, down = (leaf.detach() for leaf in leaves)
+    with pytest.raises(ValueError, match="^down_weight: expected a contiguous tensor"):
+        moe_lib.swiglu_expert(x, gate, up, down.T.contiguous().T, impl="triton")
+
+
 def test_the_public_functions_give_fake_outputs_of_the_right_shapes_and_dtypes():
     """Under FakeTensorMode (what the compiler traces with): shapes, dtypes and row-major strides, no values read;
     the routing-weight gradient in topk_weights' dtype."""

@@ -71,10 +71,9 @@ def experts_forward(module: nn.Module, hidden_states: torch.Tensor, top_k_index:
         raise NotImplementedError(f"experts_implementation='moe_lib': {type(module).__name__}: {reason}")
     options = getattr(module, "moe_lib_options", DEFAULT_OPTIONS)
     I = module.gate_up_proj.shape[1] // 2
-    y = moe_experts(hidden_states, top_k_index, top_k_weights, module.gate_up_proj[:, :I], module.gate_up_proj[:, I:],
-                    module.down_proj, impl=options["impl"], validate=False,
-                    save_activations=options["save_activations"])  # fmt: skip
-    return y.to(hidden_states.dtype)
+    return moe_experts(hidden_states, top_k_index, top_k_weights, module.gate_up_proj[:, :I],
+                       module.gate_up_proj[:, I:], module.down_proj, impl=options["impl"], validate=False,
+                       save_activations=options["save_activations"])  # fmt: skip
 
 
 def apply_moe_lib(model: nn.Module, *, impl: str = "auto", save_activations: bool = False) -> nn.Module:

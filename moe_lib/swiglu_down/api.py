@@ -128,7 +128,8 @@ def swiglu_expert(x, gate_weight, up_weight, down_weight, *, impl: str = "auto",
     check_precision(precision)
     flag("check_finite", check_finite)
     check_swiglu_expert(x, gate_weight, up_weight, down_weight)
-    resolve_impl(impl, x.device, x.dtype)  # impl="triton" where it cannot run: refused before any work
+    if resolve_impl(impl, x.device, x.dtype) == "triton":  # (impl="triton" where it cannot run: refused there)
+        check_contiguous(dict(gate_weight=gate_weight, up_weight=up_weight, down_weight=down_weight))
     lead, H = x.shape[:-1], x.shape[-1]
     y = torch.ops.moe_lib.swiglu_expert(x.reshape(-1, H).contiguous(), gate_weight, up_weight, down_weight, impl,
                                         precision, check_finite)[0]  # fmt: skip
