@@ -34,6 +34,12 @@ def _positive(name: str, value) -> int:
     return value
 
 
+def split_gate_up(gate_up_proj: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(gate, up): the two row halves of a fused [..., 2I, H] weight, as views. Taken by unbind, whose backward
+    stacks the two gradients into one [..., 2I, H] tensor (slices would each fill a zero tensor of that size)."""
+    return gate_up_proj.unflatten(-2, (2, gate_up_proj.shape[-2] // 2)).unbind(-3)
+
+
 def _init_like_linear(weight: torch.Tensor, in_features: int) -> None:
     """nn.Linear's default: uniform in ±1/√in_features (its kaiming_uniform with a = √5), per expert alike."""
     bound = 1 / math.sqrt(in_features)
@@ -66,8 +72,7 @@ class SwiGLUExpert(nn.Module):
         _init_like_linear(self.down_proj, self.intermediate_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        I = self.intermediate_size
-        return swiglu_expert(x, self.gate_up_proj[:I], self.gate_up_proj[I:], self.down_proj, impl=self.impl,
+        return swiglu_expert(x, *split_gate_up(self.gate_up_proj), self.down_proj, impl=self.impl,
                              precision=self.precision)  # fmt: skip
 
     def extra_repr(self) -> str:
@@ -116,8 +121,7 @@ class MoEExperts(nn.Module):
 
     def _weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(gate [E, I, H], up [E, I, H], down [E, H, I]): views of the parameters."""
-        I = self.intermediate_size
-        return self.gate_up_proj[:, :I], self.gate_up_proj[:, I:], self.down_proj
+        return *split_gate_up(self.gate_up_proj), self.down_proj
 
     def extra_repr(self) -> str:
         return (f"num_experts={self.num_experts}, hidden_size={self.hidden_size}, "

@@ -21,6 +21,7 @@ from torch import nn
 
 from ..dispatch import check_impl
 from ..moe_experts import moe_experts
+from ..nn import split_gate_up
 from ..validation import flag
 
 try:
@@ -70,9 +71,8 @@ def experts_forward(module: nn.Module, hidden_states: torch.Tensor, top_k_index:
     if reason is not None:
         raise NotImplementedError(f"experts_implementation='moe_lib': {type(module).__name__}: {reason}")
     options = getattr(module, "moe_lib_options", DEFAULT_OPTIONS)
-    I = module.gate_up_proj.shape[1] // 2
-    return moe_experts(hidden_states, top_k_index, top_k_weights, module.gate_up_proj[:, :I],
-                       module.gate_up_proj[:, I:], module.down_proj, impl=options["impl"], validate=False,
+    return moe_experts(hidden_states, top_k_index, top_k_weights, *split_gate_up(module.gate_up_proj),
+                       module.down_proj, impl=options["impl"], validate=False,
                        save_activations=options["save_activations"])  # fmt: skip
 
 
