@@ -609,7 +609,8 @@ def model_run(kernel_name, tmp_path_factory):
     pytest.importorskip("transformers")
     # aot_eager: the compiled variants trace the same graphs as inductor's, without its code generation
     parameters = dict(steps=12, warmup_steps=2, compile_backend="aot_eager", hidden_size=32, moe_intermediate_size=16,
-                      num_experts=6, top_k=2, batch_size=4, sequence_length=16, seed=_fresh_seed())  # fmt: skip
+                      num_experts=6, top_k=2, num_layers=1, batch_size=4, sequence_length=16,
+                      seed=_fresh_seed())  # fmt: skip
     folder = tmp_path_factory.mktemp("model")
     return parameters, _execute("07_use_it_in_a_model", parameters, folder, kernel_name), folder
 
