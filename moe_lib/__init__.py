@@ -2,7 +2,10 @@
 
 - :func:`swiglu_down_backward` — one expert's backward from its saved forward tensors (P1).
 - :func:`moe_experts_backward` — all routed experts' backward, forward recomputed (P2).
-- :func:`swiglu_expert`, :func:`moe_experts` — differentiable layers whose backward runs them.
+- :func:`swiglu_expert`, :func:`moe_experts` — differentiable layers whose backward runs them; registered with
+  ``torch.library`` (``torch.ops.moe_lib.*``), so that ``torch.compile(fullgraph=True)`` takes them whole.
+- :mod:`moe_lib.nn` — ``SwiGLUExpert`` and ``MoEExperts`` modules over them, in Hugging Face's expert layout;
+  :mod:`moe_lib.integrations.hf` runs transformers' MoE models on them (``apply_moe_lib(model)``).
 - :mod:`moe_lib.problems` — the problems as data, and seeded inputs.
 - :mod:`moe_lib.reference` — the readable PyTorch every fast path is checked against.
 
@@ -11,13 +14,14 @@ reference and kernels; ``bench/`` measures them; ``lab/`` serves the notebooks. 
 walks through the house.
 """
 
-from . import problems, reference
+from . import nn, problems, reference
 from .moe_experts import moe_experts, moe_experts_backward
 from .swiglu_down import swiglu_down_backward, swiglu_expert
 
 __all__ = [
     "moe_experts",
     "moe_experts_backward",
+    "nn",
     "problems",
     "reference",
     "swiglu_down_backward",

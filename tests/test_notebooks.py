@@ -598,3 +598,38 @@ def _ordered(paths: list[Path]) -> list[Path]:
     """The result files in the report's order: P1, P2 fp32, P2 bf16."""
     return sorted(paths, key=lambda path: problems.PROBLEM_NAMES.index(json.loads(path.with_suffix(".json")
                                                                                    .read_text())["problem"]))
+
+
+# ------------------------------------------------------------------------------------------------
+# 07: moe_lib in a Hugging Face model, trained four ways
+
+
+@pytest.fixture(scope="module")
+def model_run(kernel_name, tmp_path_factory):
+    pytest.importorskip("transformers")
+    # aot_eager: the compiled variants trace the same graphs as inductor's, without its code generation
+    parameters = dict(steps=12, warmup_steps=2, compile_backend="aot_eager", hidden_size=32, moe_intermediate_size=16,
+                      num_experts=6, top_k=2, num_layers=1, batch_size=4, sequence_length=16,
+                      seed=_fresh_seed())  # fmt: skip
+    folder = tmp_path_factory.mktemp("model")
+    return parameters, _execute("07_use_it_in_a_model", parameters, folder, kernel_name), folder
+
+
+def test_model_trains_alike_with_moe_lib_and_its_own_experts(model_run):
+    p, summary, folder = model_run
+    assert summary["device"] == "cpu" and summary["dtype"] == "float32"
+    assert summary["compiled_loss"] == {"graphs": 1, "graph_breaks": 0}
+    variants = summary["variants"]
+    assert list(variants) == ["grouped_mm (eager)", "moe_lib (eager)", "batched_mm (compiled)", "moe_lib (compiled)"]
+    first = {name: v["losses"][0] for name, v in variants.items()}
+    assert max(first.values()) - min(first.values()) <= 1e-5  # one initial model, one first batch
+    for name, variant in variants.items():
+        assert len(variant["losses"]) == p["steps"] and variant["losses"][-1] < variant["losses"][0] - 0.1, name
+        assert variant["step_ms"] > 0 and variant["saved_for_backward_bytes"] > 0, name
+    for row in summary["agreement"]:  # in float32 over a few steps: rounding only
+        assert row["max_loss_difference"] <= 1e-4 and row["within_noise"], row
+    # moe_lib's layer keeps only its inputs for the backward; transformers' grouped_mm keeps its products
+    assert variants["moe_lib (eager)"]["saved_for_backward_bytes"] < variants["grouped_mm (eager)"][
+        "saved_for_backward_bytes"]  # fmt: skip
+    assert math.log(p.get("vocab_size", 64)) > summary["entropy_rate"] > 0
+    _assert_figures_written(summary, folder)

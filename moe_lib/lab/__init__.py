@@ -11,4 +11,5 @@
     targets.py        05: the project's targets (``data/problems/<name>/lab.json``) judged on the result files
     parallel.py       06: the exchanges, the cost model and the measured multi-GPU runs of expert parallelism
     parallel_live.py  06: the expert-parallel layer run live on gloo processes, against one process
+    in_a_model.py     07: a transformers MoE model trained with its own experts and moe_lib's, eager and compiled
 """

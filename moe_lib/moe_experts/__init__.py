@@ -1,6 +1,6 @@
 """P2 · ``moe_experts_backward``: all routed SwiGLU experts' backward, the forward recomputed inside.
 
-    api.py        the public function, the forward and the ``moe_experts`` layer
+    api.py        the public function, the forward and the ``moe_experts`` layer, as ``torch.library`` ops
     checks.py     input checks           reference.py   readable PyTorch (the benchmark's semantics)
     inputs.py     the benchmark's input distributions and the routings (uniform, skewed, hot)
     routing.py    slots grouped by expert on the device (no host sync)

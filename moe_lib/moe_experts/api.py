@@ -1,4 +1,4 @@
-"""P2's public function, its forward and its differentiable layer.
+"""P2's public function, its forward and its differentiable layer, registered with ``torch.library`` as ops.
 
 - :func:`moe_experts_backward`: all routed experts' backward with the forward recomputed inside (the
   benchmark's function): checks, then the reference or the Triton kernels.
@@ -7,6 +7,12 @@
   forward, as the benchmark's P2 does. Its forward runs the Triton kernels too where the backward
   does (a grouped GEMM per expert over the routed rows, no host synchronisation).
 
+Ops (``torch.ops.moe_lib.*``, each with a fake implementation for shapes and dtypes): ``moe_experts_backward``
+and ``moe_experts`` (the layer's forward, autograd registered; its backward is the first). ``torch.compile`` sees
+each as one node, so the layer compiles whole (``fullgraph=True``). The public functions check what metadata
+tells (traceable); the checks that read values (expert ids in range and distinct per token, ``check_finite``)
+run inside the ops, on their real inputs, in eager and compiled code alike, with the same messages.
+
 NaN and Inf in the inputs are not looked for (that would cost a pass over every input and a host sync):
 they flow into the outputs as the arithmetic carries them. ``check_finite=True`` opts into that check.
 """
@@ -14,10 +20,11 @@ they flow into the outputs as the arithmetic carries them. ``check_finite=True``
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from ..dispatch import check_impl, resolve_impl
-from ..validation import check_contiguous, finite, flag, not_differentiable_again
-from .checks import INPUT_NAMES, check_moe_experts_backward
+from ..validation import check_contiguous, finite, flag, float_tensor, not_differentiable_again
+from .checks import INPUT_NAMES, check_index_values, check_moe_experts_backward
 from .reference import moe_experts_backward_reference, moe_experts_forward_reference
 
 
@@ -37,24 +44,46 @@ def moe_experts_backward(
     every input and one host sync).
     """
     check_impl(impl)
-    args = (grad_output, hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights)
-    return _backward(args, impl=impl, validate=validate, check_finite=check_finite)
-
-
-def _backward(args: tuple, *, impl: str, validate: bool, check_finite: bool, preactivations=None):
-    """The checks, then the reference or the Triton kernels; ``preactivations`` (g, u), saved by the
-    layer's Triton forward, are read instead of recomputed (only the Triton path has them)."""
+    flag("validate", validate)
     flag("check_finite", check_finite)
-    check_moe_experts_backward(*args, validate=validate)
+    args = (grad_output, hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights)
+    check_moe_experts_backward(*args, validate=False)  # the values: in the op
+    if resolve_impl(impl, hidden_states.device, hidden_states.dtype) == "triton":
+        check_contiguous(dict(zip(INPUT_NAMES, args, strict=True)))
+    return torch.ops.moe_lib.moe_experts_backward(*args, impl, validate, check_finite, None, None)
+
+
+@torch.library.custom_op("moe_lib::moe_experts_backward", mutates_args=())
+def _moe_experts_backward_op(
+    grad_output: Tensor, hidden_states: Tensor, topk_indices: Tensor, topk_weights: Tensor, gate_weights: Tensor,
+    up_weights: Tensor, down_weights: Tensor, impl: str, validate: bool, check_finite: bool,
+    gate_preactivations: Tensor | None, up_preactivations: Tensor | None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """The op behind :func:`moe_experts_backward` (metadata checked by it): the value checks, then the reference or
+    the Triton kernels. The pre-activations (g, u), saved by the layer's Triton forward, are read instead of
+    recomputed (only the Triton path has them)."""
+    args = (grad_output, hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights)
+    if validate:
+        check_index_values(topk_indices, gate_weights.shape[0])
     if check_finite:
         finite(dict(zip(INPUT_NAMES, args, strict=True)))
-    hidden_states = args[1]
     if resolve_impl(impl, hidden_states.device, hidden_states.dtype) == "reference":
         return moe_experts_backward_reference(*args)
-    check_contiguous(dict(zip(INPUT_NAMES, args, strict=True)))
     from .launch import moe_experts_backward_triton  # imports triton: only on this path
 
-    return moe_experts_backward_triton(*args, preactivations=preactivations)
+    preactivations = None if gate_preactivations is None else (gate_preactivations, up_preactivations)
+    return moe_experts_backward_triton(*_contiguous(args), preactivations=preactivations)
+
+
+@_moe_experts_backward_op.register_fake
+def _(grad_output, hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights, *flags):
+    return tuple(t.new_empty(t.shape) for t in (hidden_states, topk_weights, gate_weights, up_weights, down_weights))
+
+
+def _contiguous(tensors: tuple) -> tuple:
+    """The Triton kernels address their operands by row-major strides: the layer's strided weights (e.g. the row
+    halves of a fused [E, 2I, H] gate_up) are copied (the public backward refuses them instead)."""
+    return tuple(t.contiguous() for t in tensors)
 
 
 def moe_experts_forward(hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights,
@@ -66,45 +95,8 @@ def moe_experts_forward(hidden_states, topk_indices, topk_weights, gate_weights,
     if resolve_impl(impl, hidden_states.device, hidden_states.dtype) == "triton":
         from .launch import moe_experts_forward_triton
 
-        return moe_experts_forward_triton(*inputs)
+        return moe_experts_forward_triton(*_contiguous(inputs))
     return moe_experts_forward_reference(*inputs)
-
-
-class _MoEExperts(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights, impl,
-                check_finite, save_activations):  # fmt: skip
-        inputs = (hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights)
-        ctx.impl, ctx.check_finite = impl, check_finite
-        on_triton = resolve_impl(impl, hidden_states.device, hidden_states.dtype) == "triton"
-        if not (save_activations and on_triton):  # the reference recomputes the forward in any case
-            ctx.save_for_backward(*inputs)
-            return moe_experts_forward(*inputs, impl=impl)
-        from .launch import moe_experts_forward_triton
-
-        y, (gate_pre, up_pre) = moe_experts_forward_triton(*inputs, save_preactivations=True)
-        ctx.save_for_backward(*inputs, gate_pre, up_pre)
-        return y
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights = ctx.saved_tensors[:6]
-        args = (grad_output.contiguous(), hidden_states, topk_indices, topk_weights, gate_weights, up_weights,
-                down_weights)  # fmt: skip
-        preactivations = tuple(ctx.saved_tensors[6:]) or None  # g and u, where the forward kept them
-        (grad_x, grad_w, grad_gate, grad_up, grad_down) = _backward(
-            args, impl=ctx.impl, validate=False, check_finite=ctx.check_finite, preactivations=preactivations)
-        if resolve_impl(ctx.impl, hidden_states.device, hidden_states.dtype) == "triton":
-            depends_on = (grad_output, hidden_states, topk_weights, gate_weights, up_weights, down_weights)
-            grad_x, grad_w, grad_gate, grad_up, grad_down = not_differentiable_again(
-                (grad_x, grad_w, grad_gate, grad_up, grad_down), depends_on, DOUBLE_BACKWARD_REFUSED)
-        return grad_x, None, grad_w, grad_gate, grad_up, grad_down, None, None, None
-
-
-DOUBLE_BACKWARD_REFUSED = (
-    "impl: moe_experts' Triton backward cannot be differentiated again (double backward); "
-    "use impl='reference' for higher-order gradients"
-)
 
 
 def moe_experts(hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights,
@@ -123,19 +115,102 @@ def moe_experts(hidden_states, topk_indices, topk_weights, gate_weights, up_weig
     ``save_activations``: the memory/compute choice. False (default) saves nothing but the inputs and
     the backward recomputes g and u; True keeps the pre-activations g and u (2·T·K·I values in the input
     dtype) from the forward, and the backward reads them instead (on the Triton path; the reference
-    recomputes either way).
+    recomputes either way). The expert weights may be strided (e.g. ``gate_up[:, :I]`` and ``gate_up[:, I:]`` of
+    a fused [E, 2I, H] tensor): the Triton path copies them contiguous. ``torch.compile(fullgraph=True)`` takes it
+    whole: forward and backward are one op each.
     """
     check_impl(impl)
+    flag("validate", validate)
     flag("check_finite", check_finite)
     flag("save_activations", save_activations)
+    float_tensor("hidden_states", hidden_states)  # named as itself, before it stands in for grad_output below
     check_moe_experts_backward(
         hidden_states, hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights,
-        validate=validate,
+        validate=False,
     )  # fmt: skip
+    resolve_impl(impl, hidden_states.device, hidden_states.dtype)  # impl="triton" where it cannot run: refused here
+    return torch.ops.moe_lib.moe_experts(
+        hidden_states.contiguous(), topk_indices.contiguous(), topk_weights.contiguous(),
+        gate_weights, up_weights, down_weights, impl, validate, check_finite, save_activations,
+    )[0]  # fmt: skip
+
+
+@torch.library.custom_op("moe_lib::moe_experts", mutates_args=())
+def _moe_experts_op(
+    hidden_states: Tensor, topk_indices: Tensor, topk_weights: Tensor, gate_weights: Tensor, up_weights: Tensor,
+    down_weights: Tensor, impl: str, validate: bool, check_finite: bool, save_activations: bool,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """The layer's forward: (y, g, u), the pre-activations g and u [T·K, I] where the Triton path keeps them
+    (``save_activations``), else empty [0, I]."""
+    inputs = (hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights)
+    if validate:
+        check_index_values(topk_indices, gate_weights.shape[0])
     if check_finite:
         finite(dict(hidden_states=hidden_states, topk_weights=topk_weights, gate_weights=gate_weights,
                     up_weights=up_weights, down_weights=down_weights))  # fmt: skip
-    return _MoEExperts.apply(
-        hidden_states.contiguous(), topk_indices.contiguous(), topk_weights.contiguous(),
-        gate_weights, up_weights, down_weights, impl, check_finite, save_activations,
-    )  # fmt: skip
+    if not _keeps_preactivations(impl, hidden_states, save_activations):
+        none = hidden_states.new_empty(0, gate_weights.shape[1])
+        return moe_experts_forward(*inputs, impl=impl), none, none.clone()
+    from .launch import moe_experts_forward_triton
+
+    y, (gate_pre, up_pre) = moe_experts_forward_triton(*_contiguous(inputs), save_preactivations=True)
+    return y, gate_pre, up_pre
+
+
+@_moe_experts_op.register_fake
+def _(hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights, impl, validate,
+      check_finite, save_activations):  # fmt: skip
+    rows = 0
+    if _keeps_preactivations(impl, hidden_states, save_activations):  # the kernels' buffers: at least one row
+        rows = torch.sym_max(topk_indices.shape[0] * topk_indices.shape[1], 1)
+    I = gate_weights.shape[1]
+    return hidden_states.new_empty(hidden_states.shape), hidden_states.new_empty(rows, I), \
+        hidden_states.new_empty(rows, I)  # fmt: skip
+
+
+def _keeps_preactivations(impl: str, hidden_states, save_activations: bool) -> bool:
+    """Whether the forward keeps g and u: asked for, and on the Triton path (the reference recomputes them)."""
+    return save_activations and resolve_impl(impl, hidden_states.device, hidden_states.dtype) == "triton"
+
+
+def _save_for_backward(ctx, inputs, output):
+    hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights, impl, _, check_finite, \
+        save_activations = inputs  # fmt: skip
+    ctx.save_for_backward(hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights,
+                          output[1], output[2])  # fmt: skip
+    ctx.impl, ctx.check_finite = impl, check_finite
+    ctx.preactivations = _keeps_preactivations(impl, hidden_states, save_activations)
+
+
+def _backward(ctx, grad_output, _grad_gate_pre, _grad_up_pre):
+    hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights, gate_pre, up_pre = \
+        ctx.saved_tensors  # fmt: skip
+    args = (grad_output.contiguous(), hidden_states, topk_indices, topk_weights, gate_weights, up_weights,
+            down_weights)  # fmt: skip
+    on_triton = resolve_impl(ctx.impl, hidden_states.device, hidden_states.dtype) == "triton"
+    if torch.is_grad_enabled() and not on_triton:
+        # create_graph=True on the reference path: its PyTorch ops run where autograd sees them, so that the
+        # gradients are differentiable again (exactly)
+        if ctx.check_finite:
+            finite(dict(zip(INPUT_NAMES, args, strict=True)))
+        grads = moe_experts_backward_reference(*args)
+    else:
+        with torch.no_grad():  # the op is opaque to autograd: its gradients are constants to it
+            grads = torch.ops.moe_lib.moe_experts_backward(
+                *args, ctx.impl, False, ctx.check_finite, gate_pre if ctx.preactivations else None,
+                up_pre if ctx.preactivations else None,
+            )  # fmt: skip
+    grad_x, grad_w, grad_gate, grad_up, grad_down = grads
+    if on_triton:
+        depends_on = (grad_output, hidden_states, topk_weights, gate_weights, up_weights, down_weights)
+        grad_x, grad_w, grad_gate, grad_up, grad_down = not_differentiable_again(
+            (grad_x, grad_w, grad_gate, grad_up, grad_down), depends_on, DOUBLE_BACKWARD_REFUSED)
+    return grad_x, None, grad_w, grad_gate, grad_up, grad_down, None, None, None, None
+
+
+torch.library.register_autograd("moe_lib::moe_experts", _backward, setup_context=_save_for_backward)
+
+DOUBLE_BACKWARD_REFUSED = (
+    "impl: moe_experts' Triton backward cannot be differentiated again (double backward); "
+    "use impl='reference' for higher-order gradients"
+)

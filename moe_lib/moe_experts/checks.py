@@ -64,18 +64,29 @@ def check_moe_experts_backward(
     same_dtype(floats)
     same_device(dict(floats, topk_indices=topk_indices, topk_weights=topk_weights))
 
-    if validate and T * K > 0:
-        low, high = int(topk_indices.min()), int(topk_indices.max())
-        if low < 0 or high >= E:
-            bad = low if low < 0 else high
-            raise ValueError(f"topk_indices: expert index {bad} out of range [0, {E})")
-        if K > 1:
-            ordered = topk_indices.sort(dim=1).values
-            repeats = (ordered[:, 1:] == ordered[:, :-1]).any(dim=1)
-            if bool(repeats.any()):
-                t = int(repeats.nonzero()[0, 0])
-                raise ValueError(
-                    f"topk_indices: token {t} lists the same expert twice ({topk_indices[t].tolist()}); "
-                    "each token's top_k experts must be distinct"
-                )
+    if validate:
+        check_index_values(topk_indices, E)
     return dict(num_tokens=T, hidden_size=H, intermediate_size=I, num_experts=E, top_k=K)
+
+
+def check_index_values(topk_indices, num_experts: int) -> None:
+    """Every expert id in [0, num_experts), none twice in one token's row: reads the ids back to the host (one
+    sync). Skipped while ``torch.compile`` traces, where there are no values to read: the layers' ops run it on
+    their real inputs instead, with the same messages."""
+    T, K = topk_indices.shape
+    if T * K == 0 or torch.compiler.is_compiling():
+        return
+    E = num_experts
+    low, high = int(topk_indices.min()), int(topk_indices.max())
+    if low < 0 or high >= E:
+        bad = low if low < 0 else high
+        raise ValueError(f"topk_indices: expert index {bad} out of range [0, {E})")
+    if K > 1:
+        ordered = topk_indices.sort(dim=1).values
+        repeats = (ordered[:, 1:] == ordered[:, :-1]).any(dim=1)
+        if bool(repeats.any()):
+            t = int(repeats.nonzero()[0, 0])
+            raise ValueError(
+                f"topk_indices: token {t} lists the same expert twice ({topk_indices[t].tolist()}); "
+                "each token's top_k experts must be distinct"
+            )

@@ -58,6 +58,13 @@ then raises that same error (naming the rank); so do ranks that disagree on H, I
 may hang). The counts exchange carries each rank's status (bad expert ids, a wrong number of local
 experts) the same way.
 
+Compilation. The layer is two ops, ``torch.ops.moe_lib.moe_experts_parallel`` (the checks, both exchanges of
+arguments and counts, and the forward) and ``moe_experts_parallel_backward`` (autograd registered), each with a
+fake implementation (the rows a rank receives are a size known only after the counts exchange); so
+``torch.compile(fullgraph=True)`` takes the layer whole. The forward op also returns what its backward needs: the
+received rows and their routing weights and experts, the send order, and the counts as one CPU tensor, read by
+the backward without a device sync. An ``ExpertParallelStats`` is eager-only (it records host-side timings).
+
 Host synchronisation: the arguments exchange is read back once per forward (one ``.tolist()``), and
 so is the counts exchange, since ``all_to_all_single`` takes its split sizes as Python ints. There is
 no other host sync (with the Triton backward; the reference backward, meant for the CPU, has its
@@ -71,12 +78,16 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch import Tensor
+from torch.distributed.distributed_c10d import _resolve_process_group
 
 from ..dispatch import check_impl, resolve_impl
 from ..precision import tf32_disabled
@@ -240,6 +251,17 @@ class _DispatchPlan:
     top_k: int
     chunks: list[_ChunkPlan]
     row_of_slot: torch.Tensor
+    num_experts: int
+    tables: tuple[list[list[int]], list[list[int]]]  # the counts exchange as sent and as received, [W][3 + L_max]
+    sent_slots: torch.Tensor  # every chunk's send_slot, one after the other
+    received_local_expert: torch.Tensor  # every chunk's received_local_expert, one after the other
+
+    def layout(self) -> torch.Tensor:
+        """The plan's host side as one int64 CPU tensor (an op's output; the backward op rebuilds the plan from it,
+        ``sent_slots`` and ``received_local_expert``): E, C, W, the tables' width, then both tables."""
+        sent, received = self.tables
+        values = [self.num_experts, len(self.chunks), len(sent), len(sent[0])]
+        return torch.tensor(values + [n for row in sent + received for n in row], dtype=torch.int64)
 
 
 def moe_experts_parallel(
@@ -280,26 +302,130 @@ def moe_experts_parallel(
     """
     if group is None:
         group = dist.group.WORLD
-    sizes, local_error = None, None
+    argument_error = ""
+    read_values = not torch.compiler.is_compiling()  # else the op checks the values (check_finite) itself
     try:
-        sizes = _check_call(hidden_states, topk_indices, topk_weights, local_gate_weights, local_up_weights,
-                            local_down_weights, impl, num_experts, stats, check_finite, chunks)  # fmt: skip
+        _check_call(hidden_states, topk_indices, topk_weights, local_gate_weights, local_up_weights,
+                    local_down_weights, impl, num_experts, stats, check_finite, chunks, read_values=read_values)
     except (ValueError, TypeError) as exc:
         if not dist.is_initialized():  # no other rank to tell
             raise
-        local_error = exc
+        # told to every rank by the op's arguments exchange; what the op cannot take is replaced meanwhile
+        argument_error = f"{type(exc).__name__}:{exc}"
+        hidden_states, topk_indices, topk_weights, local_gate_weights, local_up_weights, local_down_weights = (
+            t if isinstance(t, torch.Tensor) else torch.empty(0)
+            for t in (hidden_states, topk_indices, topk_weights, local_gate_weights, local_up_weights,
+                      local_down_weights))  # fmt: skip
+        impl, num_experts, stats, check_finite, chunks = "reference", None, None, False, None
+    if stats is not None and torch.compiler.is_compiling():
+        raise TypeError("stats: ExpertParallelStats records host-side timings; leave it out under torch.compile")
+    y, *_ = torch.ops.moe_lib.moe_experts_parallel(
+        hidden_states.contiguous(), topk_indices, topk_weights.contiguous(), local_gate_weights, local_up_weights,
+        local_down_weights, group.group_name, impl, num_experts, chunks, check_finite and not read_values,
+        _stats_key(stats),
+        argument_error,
+    )  # fmt: skip
+    return y
+
+
+# Custom ops take tensors and plain values: a caller's ExpertParallelStats reaches them as a key into this table
+# (0: none). Weak values: a call's entry goes when the caller drops its stats.
+_STATS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_STATS_KEYS = itertools.count(1)
+
+
+def _stats_key(stats: ExpertParallelStats | None) -> int:
+    if stats is None:
+        return 0
+    key = next(_STATS_KEYS)
+    _STATS[key] = stats
+    return key
+
+
+def _stats(key: int) -> ExpertParallelStats:
+    return _STATS.get(key) or ExpertParallelStats()
+
+
+@torch.library.custom_op("moe_lib::moe_experts_parallel", mutates_args=())
+def _moe_experts_parallel_op(
+    hidden_states: Tensor, topk_indices: Tensor, topk_weights: Tensor, gate: Tensor, up: Tensor, down: Tensor,
+    group_name: str, impl: str, num_experts: int | None, chunks: int | None, check_finite: bool, stats_key: int,
+    argument_error: str,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """The layer's forward on this rank (its arguments checked by :func:`moe_experts_parallel`, whose failure comes
+    as ``argument_error``, "Kind:message"): the arguments exchange, the counts exchange, then dispatch, experts and
+    combine. Returns (y [T, H], the received rows [R, H], their routing weights [R] and local experts [R], the
+    plan's ``sent_slots`` [T·K], its :meth:`_DispatchPlan.layout`): what the backward needs besides the weights."""
+    group = _resolve_process_group(group_name)
+    sizes, local_error = None, None
+    if argument_error:
+        kind, message = argument_error.split(":", 1)
+        local_error = (TypeError if kind == "TypeError" else ValueError)(message)
+    else:
+        try:
+            if check_finite:  # the one check that reads values
+                finite(dict(hidden_states=hidden_states, topk_weights=topk_weights, local_gate_weights=gate,
+                            local_up_weights=up, local_down_weights=down))  # fmt: skip
+            sizes = _check_inputs(hidden_states, topk_indices, topk_weights, gate, up, down)
+        except (ValueError, TypeError) as exc:
+            local_error = exc
     num_experts, chunks = _agree_on_arguments(sizes, local_error, num_experts, hidden_states, topk_weights, chunks,
                                               group)  # fmt: skip
-    if stats is None:
-        stats = ExpertParallelStats()
+    stats = _stats(stats_key)
     plan = _plan_dispatch(topk_indices, num_experts, sizes["local_experts"], chunks, group, stats)
     stats.chunks = chunks
     stats.rows_sent = [sum(column) for column in zip(*(c.send_splits for c in plan.chunks), strict=True)]
     stats.rows_received = [sum(column) for column in zip(*(c.receive_splits for c in plan.chunks), strict=True)]
-    return _ExpertParallelMoE.apply(
-        hidden_states.contiguous(), topk_weights.contiguous(),
-        local_gate_weights, local_up_weights, local_down_weights, plan, impl, stats,
+    y, received_x, received_w = _parallel_forward(hidden_states, topk_weights, gate, up, down, plan, impl, stats)
+    return y, received_x, received_w, plan.received_local_expert, plan.sent_slots, plan.layout()
+
+
+@_moe_experts_parallel_op.register_fake
+def _(hidden_states, topk_indices, topk_weights, gate, up, down, *arguments):
+    received = torch.library.get_ctx().new_dynamic_size()  # rows from the other ranks: known after the exchange
+    layout = torch.library.get_ctx().new_dynamic_size()
+    return (hidden_states.new_empty(hidden_states.shape), hidden_states.new_empty(received, hidden_states.shape[1]),
+            topk_weights.new_empty(received), topk_indices.new_empty(received, dtype=torch.int64),
+            topk_indices.new_empty(topk_indices.numel(), dtype=torch.int64),
+            torch.empty(layout, dtype=torch.int64, device="cpu"))  # fmt: skip
+
+
+@torch.library.custom_op("moe_lib::moe_experts_parallel_backward", mutates_args=())
+def _moe_experts_parallel_backward_op(
+    grad_output: Tensor, received_x: Tensor, received_w: Tensor, received_local_expert: Tensor, sent_slots: Tensor,
+    layout: Tensor, gate: Tensor, up: Tensor, down: Tensor, top_k: int, group_name: str, impl: str, stats_key: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """The layer's backward on this rank: the plan rebuilt from the forward's outputs (no exchange, no host sync),
+    then the adjoint exchanges around the local experts' backward."""
+    plan = _plan_from_layout(layout, sent_slots, received_local_expert, grad_output.shape[0], top_k,
+                             _resolve_process_group(group_name))  # fmt: skip
+    return _parallel_backward(grad_output, received_x, received_w, gate, up, down, plan, impl, _stats(stats_key))
+
+
+@_moe_experts_parallel_backward_op.register_fake
+def _(grad_output, received_x, received_w, received_local_expert, sent_slots, layout, gate, up, down, top_k,
+      *arguments):  # fmt: skip
+    return (grad_output.new_empty(grad_output.shape), received_w.new_empty(grad_output.shape[0], top_k),
+            gate.new_empty(gate.shape), up.new_empty(up.shape), down.new_empty(down.shape))  # fmt: skip
+
+
+def _save_for_backward(ctx, inputs, output):
+    topk_indices, gate, up, down = inputs[1], *inputs[3:6]
+    # received rows, their weights and experts; sent slots; the layout, on the CPU: read there without a device sync
+    ctx.save_for_backward(gate, up, down, *output[1:])
+    ctx.top_k, ctx.group_name, ctx.impl, ctx.stats_key = topk_indices.shape[1], inputs[6], inputs[7], inputs[11]
+
+
+def _backward(ctx, grad_output, *_grads_of_the_saved):
+    gate, up, down, received_x, received_w, received_local_expert, sent_slots, layout = ctx.saved_tensors
+    grad_x, grad_w, grad_gate, grad_up, grad_down = torch.ops.moe_lib.moe_experts_parallel_backward(
+        grad_output.contiguous(), received_x, received_w, received_local_expert, sent_slots, layout, gate, up,
+        down, ctx.top_k, ctx.group_name, ctx.impl, ctx.stats_key,
     )  # fmt: skip
+    return grad_x, None, grad_w, grad_gate, grad_up, grad_down, *([None] * 7)
+
+
+torch.library.register_autograd("moe_lib::moe_experts_parallel", _backward, setup_context=_save_for_backward)
 
 
 def expert_chunks(local_experts: int, chunks: int) -> list[range]:
@@ -314,8 +440,9 @@ def expert_chunks(local_experts: int, chunks: int) -> list[range]:
 
 
 def _check_call(hidden_states, topk_indices, topk_weights, gate, up, down, impl, num_experts, stats,
-                check_finite, chunks) -> dict:  # fmt: skip
-    """This rank's argument checks (values read only with ``check_finite``); returns the sizes."""
+                check_finite, chunks, *, read_values: bool = True) -> dict:  # fmt: skip
+    """This rank's argument checks (values read only with ``check_finite`` and ``read_values``); returns the
+    sizes."""
     check_impl(impl)
     flag("check_finite", check_finite)
     if chunks is not None and (not isinstance(chunks, int) or isinstance(chunks, bool) or chunks < 1):
@@ -329,7 +456,7 @@ def _check_call(hidden_states, topk_indices, topk_weights, gate, up, down, impl,
             raise ValueError(f"topk_indices: top_k={sizes['top_k']} exceeds num_experts={num_experts}")
     if stats is not None and not isinstance(stats, ExpertParallelStats):
         raise TypeError(f"stats: expected an ExpertParallelStats or None, got {type(stats).__name__}")
-    if check_finite:
+    if check_finite and read_values:
         finite(dict(hidden_states=hidden_states, topk_weights=topk_weights, local_gate_weights=gate,
                     local_up_weights=up, local_down_weights=down))  # fmt: skip
     return sizes
@@ -454,38 +581,69 @@ def _plan_dispatch(topk_indices, num_experts, local_experts, chunks, group, stat
         dist.all_to_all_single(received, message, group=group)
     sent_table, received_table = torch.stack([message, received]).tolist()  # the one host sync
     _raise_for_status([row[: len(STATUS_COLUMNS)] for row in received_table], partition, topk_indices.dtype)
-    sent_counts = [row[len(STATUS_COLUMNS):] for row in sent_table]  # [s][j]: rows to rank s's local expert j
-    received_counts = [row[len(STATUS_COLUMNS):] for row in received_table]  # [s][j]: rows from rank s
 
-    # send rows are ordered by (destination rank, its local expert): chunk c's rows to rank s are one range
-    rank_start = [sum(map(sum, sent_counts[:s])) for s in range(world_size)]
-    groups_by_rank = [expert_chunks(len(block), chunks) for block in partition]
-    plans = []
-    for c in range(chunks):
-        groups = [groups_by_rank[s][c] for s in range(world_size)]
-        ranges = [(rank_start[s] + sum(sent_counts[s][: g.start]), rank_start[s] + sum(sent_counts[s][: g.stop]))
-                  for s, g in enumerate(groups)]  # fmt: skip
-        if chunks == 1:
-            chunk_slot = send_slot
-        else:
-            chunk_slot = send_slot[torch.cat([torch.arange(a, b, device=device) for a, b in ranges])]
+    ranges = _chunk_ranges(sent_table, partition, chunks)
+    sent_slots = send_slot if chunks == 1 else send_slot[torch.cat(
+        [torch.arange(a, b, device=device) for chunk in ranges for a, b in chunk])]  # fmt: skip
+    local_expert = []  # received row j's local expert, chunk by chunk: from each source rank, by expert
+    for groups in zip(*(expert_chunks(len(block), chunks) for block in partition), strict=True):
         mine = groups[rank]
-        rows_by_source = [received_counts[s][mine.start : mine.stop] for s in range(world_size)]
         counts_by_source = received[:, len(STATUS_COLUMNS) + mine.start : len(STATUS_COLUMNS) + mine.stop]
-        received_local_expert = torch.repeat_interleave(
+        local_expert.append(torch.repeat_interleave(
             torch.arange(len(mine), device=device).repeat(world_size), counts_by_source.reshape(-1),
-            output_size=sum(map(sum, rows_by_source)),
-        )  # fmt: skip
+            output_size=sum(row[len(STATUS_COLUMNS) + j] for row in received_table for j in mine),
+        ))  # fmt: skip
+    return _build_plan(group, num_experts, chunks, num_tokens, top_k, (sent_table, received_table), sent_slots,
+                       torch.cat(local_expert))  # fmt: skip
+
+
+def _chunk_ranges(sent_table: list[list[int]], partition: list[range], chunks: int) -> list[list[tuple[int, int]]]:
+    """[c][s]: chunk c's rows to rank s, a range of this rank's rows ordered by (destination rank, its local
+    expert)."""
+    sent_counts = [row[len(STATUS_COLUMNS):] for row in sent_table]  # [s][j]: rows to rank s's local expert j
+    rank_start = [sum(map(sum, sent_counts[:s])) for s in range(len(partition))]
+    groups_by_rank = [expert_chunks(len(block), chunks) for block in partition]
+    return [[(rank_start[s] + sum(sent_counts[s][: groups_by_rank[s][c].start]),
+              rank_start[s] + sum(sent_counts[s][: groups_by_rank[s][c].stop])) for s in range(len(partition))]
+            for c in range(chunks)]  # fmt: skip
+
+
+def _build_plan(group, num_experts: int, chunks: int, num_tokens: int, top_k: int, tables: tuple,
+                sent_slots: torch.Tensor, received_local_expert: torch.Tensor) -> _DispatchPlan:  # fmt: skip
+    """Both sides of each chunk's exchange from the counts exchange's ``tables`` (as sent, as received) and the
+    device-side orders: ``sent_slots`` (every chunk's send rows) and ``received_local_expert`` (every chunk's
+    received rows' expert)."""
+    world_size, rank = dist.get_world_size(group), dist.get_rank(group)
+    partition = expert_partition(num_experts, world_size)
+    sent_table, received_table = tables
+    received_counts = [row[len(STATUS_COLUMNS):] for row in received_table]  # [s][j]: rows from rank s
+    plans, sent_start, received_start = [], 0, 0
+    for c, ranges in enumerate(_chunk_ranges(sent_table, partition, chunks)):
+        mine = expert_chunks(len(partition[rank]), chunks)[c]
+        rows_by_source = [received_counts[s][mine.start : mine.stop] for s in range(world_size)]
+        send_splits, receive_splits = [b - a for a, b in ranges], [sum(row) for row in rows_by_source]
+        local_expert = received_local_expert[received_start : received_start + sum(receive_splits)]
         plans.append(_ChunkPlan(
-            send_slot=chunk_slot, send_splits=[b - a for a, b in ranges], experts=mine,
-            receive_splits=[sum(row) for row in rows_by_source], received_local_expert=received_local_expert,
-            expert_order=torch.argsort(received_local_expert, stable=True),
+            send_slot=sent_slots[sent_start : sent_start + sum(send_splits)], send_splits=send_splits, experts=mine,
+            receive_splits=receive_splits, received_local_expert=local_expert,
+            expert_order=torch.argsort(local_expert, stable=True),
             expert_row_counts=[sum(column) for column in zip(*rows_by_source, strict=True)] if len(mine) else [],
         ))  # fmt: skip
-    sent_slots = torch.cat([chunk.send_slot for chunk in plans])
+        sent_start, received_start = sent_start + sum(send_splits), received_start + sum(receive_splits)
     row_of_slot = torch.empty_like(sent_slots)
-    row_of_slot[sent_slots] = torch.arange(len(sent_slots), device=device)
-    return _DispatchPlan(group=group, num_tokens=num_tokens, top_k=top_k, chunks=plans, row_of_slot=row_of_slot)
+    row_of_slot[sent_slots] = torch.arange(len(sent_slots), device=sent_slots.device)
+    return _DispatchPlan(group=group, num_tokens=num_tokens, top_k=top_k, chunks=plans, row_of_slot=row_of_slot,
+                         num_experts=num_experts, tables=tables, sent_slots=sent_slots,
+                         received_local_expert=received_local_expert)  # fmt: skip
+
+
+def _plan_from_layout(layout: torch.Tensor, sent_slots: torch.Tensor, received_local_expert: torch.Tensor,
+                      num_tokens: int, top_k: int, group) -> _DispatchPlan:  # fmt: skip
+    """The forward's plan again, from its :meth:`_DispatchPlan.layout` and device-side orders."""
+    num_experts, chunks, world_size, width, *flat = layout.tolist()
+    rows = [flat[i * width : (i + 1) * width] for i in range(2 * world_size)]
+    return _build_plan(group, num_experts, chunks, num_tokens, top_k, (rows[:world_size], rows[world_size:]),
+                       sent_slots, received_local_expert)  # fmt: skip
 
 
 def _raise_for_status(status_by_rank: list[list[int]], partition: list[range], index_dtype) -> None:
@@ -606,79 +764,79 @@ def _chunk_weights(chunk: _ChunkPlan, *weights: torch.Tensor) -> list[torch.Tens
     return [w[chunk.experts.start : chunk.experts.stop] for w in weights]
 
 
-class _ExpertParallelMoE(torch.autograd.Function):
-    """Forward: dispatch, local experts, combine, chunk by chunk with each chunk's exchanges overlapping its
-    neighbours' expert compute. Backward: the adjoint exchanges around the local expert backward, on the
-    same schedule. Both run the same collectives in the same order on every rank."""
+def _parallel_forward(hidden_states, topk_weights, gate, up, down, plan: _DispatchPlan, impl, stats) -> tuple:
+    """Dispatch, local experts, combine, chunk by chunk with each chunk's exchanges overlapping its neighbours' expert
+    compute. Returns (y [T, H], the rows this rank received [R, H] and their routing weights [R], every chunk's one
+    after the other): the backward runs the experts' backward on them. Every rank runs the same collectives in the
+    same order."""
+    group = plan.group
+    sizes = [sum(chunk.receive_splits) for chunk in plan.chunks]
+    received_x = hidden_states.new_empty((sum(sizes), hidden_states.shape[1]))
+    received_w = topk_weights.new_empty((sum(sizes),))
+    x_by_chunk, w_by_chunk = received_x.split(sizes), received_w.split(sizes)
 
-    @staticmethod
-    def forward(ctx, hidden_states, topk_weights, gate, up, down, plan: _DispatchPlan, impl, stats):
-        group = plan.group
+    def start_dispatch(i):
+        chunk = plan.chunks[i]
+        stats.mark("dispatch issued")
+        send_x = hidden_states[chunk.send_slot // plan.top_k]
+        send_w = topk_weights.reshape(-1)[chunk.send_slot]
+        return [_start_all_to_all(rows, chunk.receive_splits, chunk.send_splits, group, out=out)
+                for rows, out in ((send_x, x_by_chunk[i]), (send_w, w_by_chunk[i]))]  # fmt: skip
 
-        def start_dispatch(chunk):
-            stats.mark("dispatch issued")
-            send_x = hidden_states[chunk.send_slot // plan.top_k]
-            send_w = topk_weights.reshape(-1)[chunk.send_slot]
-            return [_start_all_to_all(rows, chunk.receive_splits, chunk.send_splits, group)
-                    for rows in (send_x, send_w)]  # fmt: skip
+    combines, returned, returned_by_chunk = [], None, None
+    in_flight = start_dispatch(0)
+    for i, chunk in enumerate(plan.chunks):
+        following = start_dispatch(i + 1) if i + 1 < len(plan.chunks) else None
+        with stats.phase("dispatch"):  # the compute stream's wait for this chunk's rows
+            chunk_x, chunk_w = _finish(in_flight)
+        with stats.phase("expert_forward"):
+            expert_rows = _expert_forward(chunk_x, chunk_w, chunk, *_chunk_weights(chunk, gate, up, down), impl)
+        if returned is None:
+            returned, returned_by_chunk = _combined_rows(expert_rows, plan)
+        stats.mark("combine issued")
+        combines.append(_start_all_to_all(expert_rows, chunk.send_splits, chunk.receive_splits, group,
+                                          out=returned_by_chunk[i]))  # fmt: skip
+        in_flight = following
+    with stats.phase("combine"):
+        _finish(combines)
+    return _sum_over_slots(returned, plan), received_x, received_w
 
-        received, combines, returned, returned_by_chunk = [], [], None, None
-        in_flight = start_dispatch(plan.chunks[0])
-        for i, chunk in enumerate(plan.chunks):
-            following = start_dispatch(plan.chunks[i + 1]) if i + 1 < len(plan.chunks) else None
-            with stats.phase("dispatch"):  # the compute stream's wait for this chunk's rows
-                received_x, received_w = _finish(in_flight)
-            with stats.phase("expert_forward"):
-                expert_rows = _expert_forward(received_x, received_w, chunk, *_chunk_weights(chunk, gate, up, down),
-                                              impl)  # fmt: skip
-            if returned is None:
-                returned, returned_by_chunk = _combined_rows(expert_rows, plan)
-            stats.mark("combine issued")
-            combines.append(_start_all_to_all(expert_rows, chunk.send_splits, chunk.receive_splits, group,
-                                              out=returned_by_chunk[i]))  # fmt: skip
-            received += [received_x, received_w]
-            in_flight = following
-        with stats.phase("combine"):
-            _finish(combines)
-        ctx.save_for_backward(gate, up, down, *received)
-        ctx.plan, ctx.impl, ctx.stats = plan, impl, stats
-        return _sum_over_slots(returned, plan)
 
-    @staticmethod
-    def backward(ctx, grad_output):
-        gate, up, down, *received = ctx.saved_tensors
-        plan, stats, group = ctx.plan, ctx.stats, ctx.plan.group
+def _parallel_backward(grad_output, received_x, received_w, gate, up, down, plan: _DispatchPlan, impl, stats
+                       ) -> tuple:  # fmt: skip
+    """The adjoint exchanges around the local expert backward, on the forward's schedule: (grad_hidden_states,
+    grad_topk_weights, grad of each local weight tensor)."""
+    group = plan.group
+    sizes = [sum(chunk.receive_splits) for chunk in plan.chunks]
+    x_by_chunk, w_by_chunk = received_x.split(sizes), received_w.split(sizes)
 
-        def start_dispatch(chunk):
-            stats.mark("backward_dispatch issued")
-            send_dy = grad_output[chunk.send_slot // plan.top_k]
-            return [_start_all_to_all(send_dy, chunk.receive_splits, chunk.send_splits, group)]
+    def start_dispatch(chunk):
+        stats.mark("backward_dispatch issued")
+        send_dy = grad_output[chunk.send_slot // plan.top_k]
+        return [_start_all_to_all(send_dy, chunk.receive_splits, chunk.send_splits, group)]
 
-        # one chunk: the backward's own weight gradients; several: each chunk's experts' block of these
-        weight_grads = None if len(plan.chunks) == 1 else [torch.empty_like(w) for w in (gate, up, down)]
-        combines, returned = [], None
-        in_flight = start_dispatch(plan.chunks[0])
-        for i, chunk in enumerate(plan.chunks):
-            following = start_dispatch(plan.chunks[i + 1]) if i + 1 < len(plan.chunks) else None
-            with stats.phase("backward_dispatch"):
-                [received_dy] = _finish(in_flight)
-            with stats.phase("expert_backward"):
-                out = None if weight_grads is None else _chunk_weights(chunk, *weight_grads)
-                grad_x_rows, grad_w_rows, *chunk_grads = _expert_backward(
-                    received_dy, received[2 * i], received[2 * i + 1], chunk, *_chunk_weights(chunk, gate, up, down),
-                    ctx.impl, out,
-                )  # fmt: skip
-                if weight_grads is None:
-                    weight_grads = chunk_grads
-            if returned is None:
-                returned = [_combined_rows(rows, plan) for rows in (grad_x_rows, grad_w_rows)]
-            stats.mark("backward_combine issued")
-            combines += [_start_all_to_all(rows, chunk.send_splits, chunk.receive_splits, group, out=by_chunk[i])
-                         for rows, (_, by_chunk) in zip((grad_x_rows, grad_w_rows), returned, strict=True)]  # fmt: skip
-            in_flight = following
-        with stats.phase("backward_combine"):
-            _finish(combines)
-        (grad_x_all, _), (grad_w_all, _) = returned
-        grad_hidden_states = _sum_over_slots(grad_x_all, plan)
-        grad_topk_weights = _rows_by_slot(grad_w_all, plan)
-        return grad_hidden_states, grad_topk_weights, *weight_grads, None, None, None
+    # one chunk: the backward's own weight gradients; several: each chunk's experts' block of these
+    weight_grads = None if len(plan.chunks) == 1 else [torch.empty_like(w) for w in (gate, up, down)]
+    combines, returned = [], None
+    in_flight = start_dispatch(plan.chunks[0])
+    for i, chunk in enumerate(plan.chunks):
+        following = start_dispatch(plan.chunks[i + 1]) if i + 1 < len(plan.chunks) else None
+        with stats.phase("backward_dispatch"):
+            [received_dy] = _finish(in_flight)
+        with stats.phase("expert_backward"):
+            out = None if weight_grads is None else _chunk_weights(chunk, *weight_grads)
+            grad_x_rows, grad_w_rows, *chunk_grads = _expert_backward(
+                received_dy, x_by_chunk[i], w_by_chunk[i], chunk, *_chunk_weights(chunk, gate, up, down), impl, out,
+            )  # fmt: skip
+            if weight_grads is None:
+                weight_grads = chunk_grads
+        if returned is None:
+            returned = [_combined_rows(rows, plan) for rows in (grad_x_rows, grad_w_rows)]
+        stats.mark("backward_combine issued")
+        combines += [_start_all_to_all(rows, chunk.send_splits, chunk.receive_splits, group, out=by_chunk[i])
+                     for rows, (_, by_chunk) in zip((grad_x_rows, grad_w_rows), returned, strict=True)]  # fmt: skip
+        in_flight = following
+    with stats.phase("backward_combine"):
+        _finish(combines)
+    (grad_x_all, _), (grad_w_all, _) = returned
+    return _sum_over_slots(grad_x_all, plan), _rows_by_slot(grad_w_all, plan), *weight_grads

@@ -1,6 +1,6 @@
 """P1 · ``swiglu_down_backward``: one SwiGLU expert's backward with down projection, from saved tensors.
 
-    api.py         the public function and the ``swiglu_expert`` layer
+    api.py         the public function and the ``swiglu_expert`` layer, as ``torch.library`` ops
     checks.py      input checks          reference.py   readable PyTorch (the benchmark's semantics)
     inputs.py      the benchmark's input distributions
     backward.py    the Triton path's call: choose -> allocate -> design.run()
