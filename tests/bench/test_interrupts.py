@@ -108,3 +108,18 @@ def test_a_complete_run_leaves_its_csv_and_json(tmp_path):
     result = _run(tmp_path, tokens="1")
     assert _files(tmp_path) == sorted([result["csv"].name, result["json"].name])
     assert len(pd.read_csv(result["csv"])) == 2 and json.loads(result["json"].read_text())["problem"] == P1
+
+
+def test_a_run_written_again_and_interrupted_keeps_no_json_of_the_run_before(tmp_path, monkeypatch):
+    """write_run (rank_work, the parallel benchmark): the JSON of the run before goes first, the new one last."""
+    csv, json_path = tmp_path / "run.csv", tmp_path / "run.json"
+    results.write_run(csv, pd.DataFrame(dict(a=[1.0])), json_path, dict(run=1))
+    _interrupt_halfway(monkeypatch, at=1)  # the CSV of the run after it
+    with pytest.raises(KeyboardInterrupt):
+        results.write_run(csv, pd.DataFrame(dict(a=[2.0, 3.0])), json_path, dict(run=2))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.csv"] and pd.read_csv(csv)["a"].tolist() == [1.0]
+    monkeypatch.undo()
+    _interrupt_halfway(monkeypatch, at=2)  # its JSON
+    with pytest.raises(KeyboardInterrupt):
+        results.write_run(csv, pd.DataFrame(dict(a=[2.0, 3.0])), json_path, dict(run=2))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.csv"] and pd.read_csv(csv)["a"].tolist() == [2.0, 3.0]
