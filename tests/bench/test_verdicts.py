@@ -15,6 +15,7 @@ Outputs are random (never zeros); numbers at thresholds are literals, not read f
 
 from __future__ import annotations
 
+import json
 import math
 
 import pandas as pd
@@ -289,13 +290,13 @@ class _Stub:
 
 @pytest.mark.parametrize("name", problems.PROBLEM_NAMES)
 def test_the_exported_entry_point_calls_the_implementation_it_is_named_for(name, tmp_path, monkeypatch):
-    """Each label's kernel.py, executed, calls that label's peer (of every peer of the problem, stubbed) with the
-    inputs in the definition's order."""
+    """Each label's exported kernel.py (its solution.json's source), executed, calls that label's peer (of every
+    peer of the problem, stubbed) with the inputs in the definition's order."""
     problem = problems.load(name)
     inputs = problem.make_inputs(2, seed=12, **problem.small_axes)
     log = []
     for label in peers.labels(name):
-        solution = official.solution_document(problem, label)
+        solution = json.loads((official.export(name, label, tmp_path) / "solution.json").read_text())
         assert solution["name"] == f"moe_lib_{label}" and solution["definition"] == name
         assert solution["spec"]["languages"] == (["triton"] if label.startswith("triton") else ["pytorch"])
         namespace = {}
