@@ -56,7 +56,7 @@ RATIO = '"required_matched_ratio": 0.99'
 VERDICTS = ("tests/bench/test_verdicts.py",)
 NEWEST = ("tests/lab/test_newest_runs.py",)
 P2_SMALL = ("tests/test_moe_experts_backward_triton.py", "-k", "interpreter_small_cases")
-P1_CHOOSER = ("tests/swiglu_down/test_choose.py",)
+P1_CHOOSER = ("tests/swiglu_down/test_choose.py", "tests/swiglu_down/test_generic_form_boundaries.py")
 P2_CHOOSER = ("tests/moe_experts/test_choose_boundaries.py",)
 ARGUMENTS = "tests/test_validation.py"
 RULE = '(diff.abs() <= rule["atol"] + rule["rtol"] * r.abs())'
@@ -69,7 +69,9 @@ MUTANTS = [
            ("tests/test_robustness.py", "-k", "saved_sigmoid")),
     Mutant("p1_dgate_without_silu_slope", "kernels", "P1's dGate with s·(1 + gate·s) for silu's slope",
            "moe_lib/swiglu_down/kernels.py", "d_gate = d_a * s * (1.0 + gate * (1.0 - s)) * up",
-           "d_gate = d_a * s * (1.0 + gate * s) * up", ("tests/swiglu_down/test_designs.py", "-k", "small_shapes")),
+           "d_gate = d_a * s * (1.0 + gate * s) * up",
+           ("tests/swiglu_down/test_few_tokens.py", "tests/swiglu_down/test_designs.py", "-k",
+            "streamed_tiles or library_gemms_run_on_the_cpu")),  # the few-token design's and the dSwiGLU pass's
     Mutant("p1_dgate_without_s", "kernels", "P1's dA epilogue drops the factor s of dGate",
            "moe_lib/swiglu_down/kernels.py", "d_gate = d_a * s * (1.0 + load_tile(gate_ptr",
            "d_gate = d_a * (1.0 + load_tile(gate_ptr", ("tests/swiglu_down/test_backward.py", "-k", "public_call")),
@@ -112,6 +114,9 @@ MUTANTS = [
     Mutant("p1_narrow_form_strict", "dispatch", "P1's narrow Gluon form below half the SMs' tiles, not at it",
            "moe_lib/swiglu_down/choose.py", "if cdiv(T, 64) * cdiv(I, 64) <= sms // 2:",
            "if cdiv(T, 64) * cdiv(I, 64) < sms // 2:", P1_CHOOSER),
+    Mutant("p1_tall_form_to_half_the_sms", "dispatch", "P1's tall Gluon form at half the SMs' tiles, not below",
+           "moe_lib/swiglu_down/choose.py", "elif cdiv(T, 128) * cdiv(I, 128) < sms // 2:",
+           "elif cdiv(T, 128) * cdiv(I, 128) <= sms // 2:", P1_CHOOSER),
     Mutant("p2_busy_from_513_rows", "dispatch", "P2's busy-expert tiles from 513 mean rows, not 512",
            "moe_lib/moe_experts/choose.py", "if mean_rows >= 512 and input_bytes == 2:",
            "if mean_rows > 512 and input_bytes == 2:", P2_CHOOSER),
