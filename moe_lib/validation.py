@@ -1,16 +1,19 @@
 """Input-check primitives shared by every problem, run before any work.
 
-Each raises a ``TypeError``/``ValueError`` that names the argument and what was expected. The
-problem packages compose them (``swiglu_down/checks.py``, ``moe_experts/checks.py``). Shape, dtype and
-device checks read only metadata; checks of index values read indices back to the host, so those run
-only with ``validate=True``. Also here: the opt-in check for NaN/Inf (:func:`finite`), the up-front check
-that what a call would allocate fits on its device (:func:`fits_in_memory`), and the guard that makes a
-second differentiation of gradients autograd cannot see into fail loudly (:func:`not_differentiable_again`).
+Each raises a ``TypeError``/``ValueError`` that names the argument and what was expected. A public function's
+tensor arguments are one table of :class:`Argument` (name, shape over named axes, dtype kind: the problem's
+``definition.json`` lists the same), checked together by :func:`check_arguments`, so that no argument can be
+left out of a check (``swiglu_down/checks.py``, ``moe_experts/checks.py``). Shape, dtype and device checks read
+only metadata; checks of index values read indices back to the host, so those run only with ``validate=True``.
+Also here: the opt-in check for NaN/Inf (:func:`finite`), the up-front check that what a call would allocate
+fits on its device (:func:`fits_in_memory`), and the guard that makes a second differentiation of gradients
+autograd cannot see into fail loudly (:func:`not_differentiable_again`).
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 
@@ -61,6 +64,89 @@ def check_contiguous(named: dict) -> None:
     for name, t in named.items():
         if not t.is_contiguous():
             raise ValueError(f"{name}: expected a contiguous tensor (call .contiguous() first)")
+
+
+# the dtype kinds of an Argument
+FLOAT = "float"  # the call's float dtype, one for every FLOAT argument
+INDEX = "index"  # int64 or int32
+FLOAT_OR_FP32 = "float or float32"  # the call's float dtype, or float32 (routing weights as a router gives them)
+INDEX_DTYPES = (torch.int64, torch.int32)
+ANY_LEADING = "..."  # as the first axis: any number of leading dimensions
+
+
+@dataclass(frozen=True)
+class Argument:
+    """One tensor argument of a public function: its name, its shape over named axes and its dtype kind."""
+
+    name: str
+    axes: tuple[str, ...]
+    dtype: str = FLOAT
+
+
+def check_arguments(table: tuple[Argument, ...], values: dict, sizes_from: tuple[str, ...]) -> dict:
+    """Checks every argument of ``table`` in ``values`` (name -> what was passed); returns the size of every axis.
+
+    In turn: each is a tensor of its dtype kind; each has its shape, the axes' sizes taken from the arguments
+    ``sizes_from`` (in that order: an axis's size is that of the first of them that has it, which a mismatch
+    names); the FLOAT ones share one dtype; all share one device. The arguments of ``sizes_from`` come first in
+    every step, so that the error names them rather than an argument compared with them.
+    """
+    by_name = {argument.name: argument for argument in table}
+    order = [by_name[name] for name in sizes_from] + [a for a in table if a.name not in sizes_from]
+    for argument in order:
+        _check_kind(argument, values[argument.name])
+    sizes, source = {}, {}
+    for argument in order:
+        t = values[argument.name]
+        fixed = argument.axes[1:] if argument.axes[:1] == (ANY_LEADING,) else argument.axes
+        if argument.name in sizes_from:
+            _check_rank(argument, t, fixed)
+            for axis, size in zip(fixed, t.shape[t.dim() - len(fixed):], strict=True):
+                if axis not in sizes:
+                    sizes[axis], source[axis] = size, argument.name
+        _check_shape(argument, t, fixed, sizes, source)
+    floats = {a.name: values[a.name] for a in order if a.dtype == FLOAT}
+    same_dtype(floats)
+    if floats:
+        reference_name, reference = next(iter(floats.items()))
+        for argument in order:
+            t = values[argument.name]
+            if argument.dtype == FLOAT_OR_FP32 and t.dtype not in (reference.dtype, torch.float32):
+                raise TypeError(f"{argument.name}: expected dtype {reference.dtype} (the dtype of {reference_name}) "
+                                f"or torch.float32, got {t.dtype}")  # fmt: skip
+    same_device({a.name: values[a.name] for a in order})
+    return sizes
+
+
+def _check_kind(argument: Argument, value) -> None:
+    if argument.dtype == INDEX:
+        t = tensor(argument.name, value)
+        if t.dtype not in INDEX_DTYPES:
+            raise TypeError(f"{argument.name}: expected dtype torch.int64 or torch.int32, got {t.dtype}")
+    else:
+        float_tensor(argument.name, value)
+
+
+def _check_rank(argument: Argument, t: torch.Tensor, fixed: tuple) -> None:
+    if len(fixed) == len(argument.axes):
+        ndim(argument.name, t, len(fixed), ", ".join(fixed))
+    elif t.dim() < len(fixed):
+        raise ValueError(f"{argument.name}: expected a tensor [{', '.join(argument.axes)}], got shape {list(t.shape)}")
+
+
+def _check_shape(argument: Argument, t: torch.Tensor, fixed: tuple, sizes: dict, source: dict) -> None:
+    """The shape of ``t`` against ``sizes``; the error names where each mismatched size came from."""
+    leading = len(fixed) < len(argument.axes)
+    got = tuple(t.shape[t.dim() - len(fixed):]) if t.dim() >= len(fixed) else None
+    expected = tuple(sizes[axis] for axis in fixed)
+    if got == expected and (leading or t.dim() == len(fixed)):
+        return
+    want = ", ".join([ANY_LEADING] * leading + [f"{axis}={sizes[axis]}" for axis in fixed])
+    same_rank = got is not None and (leading or t.dim() == len(fixed))  # else the rank alone is wrong
+    mismatched = [axis for axis, n, m in zip(fixed, got, expected, strict=True) if n != m] if same_rank else []
+    sources = [f"{axis} from {source[axis]}" for axis in dict.fromkeys(mismatched) if source[axis] != argument.name]
+    where = f" ({', '.join(sources)})" if sources else ""
+    raise ValueError(f"{argument.name}: expected shape [{want}], got {list(t.shape)}{where}")
 
 
 def flag(name, value) -> bool:

@@ -16,6 +16,25 @@ def swiglu_expert_grads(grad_output, x, gate_weight, up_weight, down_weight):
     return torch.autograd.grad(y, leaves, grad_output.double(), allow_unused=True)
 
 
+def swiglu_down_term_bounds(grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up,
+                            intermediate):  # fmt: skip
+    """(grad_x, grad_gate_weight, grad_up_weight, grad_down_weight) of P1 with every product term taken by its
+    absolute value, in float64, through dA: an implementation whose every product term, and every rounding of dA,
+    dGate and dUp, is off by a relative ε is within about ε times these. Where a sum's terms cancel (a weight
+    gradient summed over few tokens), that is far more than ε times the sum itself.
+
+    dA = dy·Wd is off by at most ε·|dy|·|Wd|; dGate = dA ⊙ up ⊙ s(1 + gate(1 − s)) and dUp = dA ⊙ gate_silu by as
+    much times their other factors, from the saved tensors as given."""
+    dy, x = grad_output.double(), x.double()
+    w_gate, w_up, w_down = gate_weight.double(), up_weight.double(), down_weight.double()
+    s = gate_sigmoid.double()
+    d_a_terms = dy.abs() @ w_down.abs()
+    d_gate_terms = d_a_terms * (up.double() * s * (1 + gate.double() * (1 - s))).abs()
+    d_up_terms = d_a_terms * gate_silu.double().abs()
+    grad_x = d_gate_terms @ w_gate.abs() + d_up_terms @ w_up.abs()
+    return grad_x, d_gate_terms.T @ x.abs(), d_up_terms.T @ x.abs(), dy.abs().T @ intermediate.double().abs()
+
+
 def moe_experts_forward_dense(hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights):
     """y_t = Σ_k w_tk Wd_e(silu(Wg_e x_t) ⊙ Wu_e x_t) via per-slot gathered weights (no expert loop)."""
     w_gate = gate_weights[topk_indices]  # [T, K, I, H]

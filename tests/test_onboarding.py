@@ -22,7 +22,7 @@ def dry_run(*targets: str) -> str:
 def test_setup_shows_its_progress_and_its_errors():
     commands = dry_run("setup")
     installs = [line for line in commands.splitlines() if " install " in line]
-    assert any("torch" in line for line in installs) and any('-e ".[report,dev]"' in line for line in installs)
+    assert any("torch" in line for line in installs) and any('-e ".[lab,report,dev]"' in line for line in installs)
     for line in installs:
         assert " -q " not in line and "2>/dev/null" not in line and ">/dev/null" not in line, line
 

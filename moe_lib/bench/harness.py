@@ -399,22 +399,22 @@ def run(args: argparse.Namespace, log=None) -> dict:
     stem = results.result_stem(args.problem, dtype_label, small=args.small, tag=args.tag,
                                date=started.strftime("%Y-%m-%d"), mode=mode)  # fmt: skip
     csv_path, json_path = results.result_paths(args.out, device, stem)
+    json_path.unlink(missing_ok=True)  # an earlier run's, which this run's rows replace
     rows = []
     progress = tqdm(total=len(tokens) * len(args.impls), desc=args.problem, unit="run", file=sys.stderr)
     reference_dtype = run_shape(problem, args, bench, dtype=dtype, tokens=tokens, axes=axes, registry=registry,
                                 rows=rows, progress=progress, log=log,
-                                save=lambda so_far: results.results_frame(so_far, names).to_csv(csv_path, index=False))
+                                save=lambda so_far: results.write_csv(csv_path, results.results_frame(so_far, names)))
     progress.close()
 
     frame = results.results_frame(rows, names)
-    frame.to_csv(csv_path, index=False)
     baselines = [label for label, peer in registry.items() if peer.baseline]
     summary, baseline = results.summarize_impls(frame, args.impls, baselines)
     sizes = {name: value for name, value in problem.sizes(0, **axes).items() if name != "num_tokens"}
     document = dict(problem=args.problem, mode=mode, dtype=dtype_label, axes=sizes, impls=args.impls, element_rule=rule,
                     provenance=results.run_provenance(args, device, bench.ceilings, suite, reference_dtype, started),
                     baseline=baseline, summary=summary)  # fmt: skip
-    results.write_json(json_path, document)
+    results.write_run(csv_path, frame, json_path, document)
     clock = "wall clock" if device.type != "cuda" else "cold L2; graph replays or events: see timing"
     shapes = " · small shapes" if args.small else ""
     what = "" if mode == "op" else f" · layer {mode}"

@@ -258,7 +258,7 @@ def run_problem(name: str, args: argparse.Namespace, bench: harness.Setup, log, 
     suite = dict(source="--tokens" if args.tokens is not None else "model suite", provenance="custom", tokens=tokens)
 
     def save(rows):
-        results.results_frame(rows, names, columns).to_csv(csv_path, index=False)
+        results.write_csv(csv_path, results.results_frame(rows, names, columns))
 
     def write_json(frame, done: list[dict], reference_dtype, complete: bool):
         per_model = {}
@@ -274,6 +274,7 @@ def run_problem(name: str, args: argparse.Namespace, bench: harness.Setup, log, 
                         summary=per_model)  # fmt: skip
         results.write_json(json_path, document)
 
+    json_path.unlink(missing_ok=True)  # an earlier run's, which this run's rows replace
     rows, done, reference_dtype = [], [], None
     progress = tqdm(total=len(shapes) * len(tokens) * len(impls), desc=f"{name} models", unit="run", file=sys.stderr)
     for model in shapes:
@@ -288,7 +289,7 @@ def run_problem(name: str, args: argparse.Namespace, bench: harness.Setup, log, 
     progress.close()
 
     frame = results.results_frame(rows, names, columns)
-    frame.to_csv(csv_path, index=False)
+    results.write_csv(csv_path, frame)
     clock = "wall clock" if bench.device.type != "cuda" else "cold L2; graph replays or events"
     shapes_note = " · small shapes" if args.small else ""
     title = f"{name} at the models' shapes · {dtype_label} · {gpu_key(bench.device)}{shapes_note} · median ({clock})"

@@ -44,7 +44,7 @@ import torch
 
 from .. import problems
 from . import peers, provenance
-from .results import DEFAULT_OUT, format_ms, geomean, write_json
+from .results import DEFAULT_OUT, format_ms, geomean, write_json, write_text
 
 DEFAULT_HARNESS = provenance.REPO_ROOT / ".sol-execbench" / "src"
 DEFAULT_EXPORT = provenance.REPO_ROOT / "build" / "official"
@@ -206,7 +206,8 @@ def run(problem_name: str, impl: str, *, harness: Path, export_dir: Path, result
         earlier["traces"] = [line for line in (target / f"{stem}.jsonl").read_text().splitlines() if line.strip()]
         if len(earlier["traces"]) == len(earlier.get("workloads", ())):
             rows, trace_lines, joined = merged_rows(earlier, rows, trace_lines, context.get("git_commit"))
-    (target / f"{stem}.jsonl").write_text("\n".join(trace_lines) + "\n")
+    (target / f"{stem}.json").unlink(missing_ok=True)  # the traces and their summary: of one run, or no summary
+    write_text(target / f"{stem}.jsonl", "\n".join(trace_lines) + "\n")
     harness_commit = Path(harness).parent / "COMMIT"
     document = dict(
         problem=problem_name, impl=impl, timing="official",

@@ -70,7 +70,7 @@ from ..moe_experts.parallel import (
 from .checks import error_sums, relative_error
 from .cli import DTYPE_ALIASES, non_negative, positive, problems_by_dtype, resolve_device, token_list
 from .provenance import gpu_key, run_context
-from .results import DEFAULT_OUT, result_paths, result_stem, write_json
+from .results import DEFAULT_OUT, result_paths, result_stem, write_run
 
 REQUIRED_ENVIRONMENT = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 PROBLEM = "moe_experts_parallel"
@@ -430,14 +430,13 @@ def write_results(results: list[dict], dtype_name: str, args, device, world_size
     csv_path, json_path = result_paths(args.out, device, stem)
     frame = pd.DataFrame([dict(r["row"], backend=backend, device=device.type, gpu=gpu_key(device),
                                small=args.small) for r in results]).reindex(columns=CSV_COLUMNS)  # fmt: skip
-    frame.to_csv(csv_path, index=False)
     axes = SMALL_AXES if args.small else FULL_AXES
     document = dict(problem=PROBLEM, dtype=dtype_name, axes=axes, tokens_per_rank=args.tokens,
                     provenance=provenance(args, device, world_size, backend, environment, started),
                     chunks=args.chunks,
                     cases=[dict(tokens_per_rank=r["row"]["tokens_per_rank"], chunks=r["row"]["chunks"],
                                 status=r["row"]["status"], **r["detail"]) for r in results])  # fmt: skip
-    write_json(json_path, document)
+    write_run(csv_path, frame, json_path, document)
     title = f"{PROBLEM} · {dtype_name} · {gpu_key(device)} × {world_size} · ms, largest median over ranks"
     print(format_table(frame, title), flush=True)
     print(f"wrote {csv_path}\n      {json_path}", flush=True)

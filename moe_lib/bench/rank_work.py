@@ -47,7 +47,7 @@ from .parallel import (
     time_same_work_on_one_gpu,
 )
 from .provenance import gpu_key, run_context
-from .results import DEFAULT_OUT, result_paths, result_stem, working_tree_state, write_json
+from .results import DEFAULT_OUT, result_paths, result_stem, working_tree_state, write_run
 
 PROBLEM = "moe_experts_rank_work"
 # bound of each output's relative error against float64: the Triton path's products are bf16 (with fp32 inputs,
@@ -197,7 +197,6 @@ def write_results(rows: list[dict], dtype_name: str, args, device, started) -> t
     csv_path, json_path = result_paths(args.out, device, stem)
     frame = pd.DataFrame([dict(row, device=device.type, gpu=gpu_key(device), small=args.small)
                           for row in rows]).reindex(columns=CSV_COLUMNS)  # fmt: skip
-    frame.to_csv(csv_path, index=False)
     document = dict(problem=PROBLEM, dtype=dtype_name, axes=SMALL_AXES if args.small else FULL_AXES,
                     world_sizes=args.world_sizes, tokens_per_rank=args.tokens,
                     provenance=dict(run_context(device, started, "moe_lib.bench.rank_work"), **working_tree_state(),
@@ -206,7 +205,7 @@ def write_results(rows: list[dict], dtype_name: str, args, device, started) -> t
     if args.profile:
         document["kernels"] = [dict(world_size=row["world_size"], tokens_per_rank=row["tokens_per_rank"],
                                     kernels=row.get("kernels", [])) for row in rows]  # fmt: skip
-    write_json(json_path, document)
+    write_run(csv_path, frame, json_path, document)
     shown = frame[["world_size", "local_experts", "tokens_per_rank", "rows_per_expert", "same_work_ms",
                    "check", "max_rel_error", "status"]]  # fmt: skip
     print(f"{PROBLEM} · {dtype_name} · {gpu_key(device)} · one rank's expert work, forward + backward, median ms")

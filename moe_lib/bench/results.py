@@ -16,6 +16,10 @@ Under ``<out>/<gpu key>/`` (``H200``, ``H100-SXM``, ..., ``cpu``),
 The model suite (:mod:`.models`) writes files of the same form tagged ``models``, whose JSON says
 ``"suite": "models"`` (:data:`MODEL_SUITE`) and whose rows carry the model and its shape's axes; readers
 of the benchmark's one-shape runs leave them out.
+
+Every file is written whole or not at all (:func:`write_whole`: a temporary file renamed over it), and a run's
+JSON last (:func:`write_run`), so that a run interrupted anywhere leaves whole files, and a CSV without a JSON
+(which the loaders leave out) until it finishes.
 """
 
 from __future__ import annotations
@@ -104,9 +108,41 @@ def json_ready(value):
     return value
 
 
-def write_json(path: Path, document: dict) -> None:
-    """Writes ``document`` as indented, standard JSON (NaN/inf as null)."""
-    path.write_text(json.dumps(json_ready(document), indent=2, ensure_ascii=False) + "\n")
+def write_whole(path, write) -> None:
+    """Writes ``path`` whole or not at all: ``write(temporary)`` writes a file beside it, which then replaces
+    ``path`` in one rename, so that a run interrupted at any point (an exception, ``KeyboardInterrupt``) leaves
+    the file as it was or complete, never half written. The temporary file is removed if ``write`` fails."""
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # hidden, and no ``*.csv`` a loader globs
+    try:
+        write(temporary)
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def write_text(path, text: str) -> None:
+    """Writes ``text`` to ``path`` whole or not at all (:func:`write_whole`)."""
+    write_whole(path, lambda temporary: temporary.write_text(text))
+
+
+def write_csv(path, frame: pd.DataFrame) -> None:
+    """Writes ``frame`` (without its index) to ``path`` whole or not at all (:func:`write_whole`)."""
+    write_whole(path, lambda temporary: frame.to_csv(temporary, index=False))
+
+
+def write_json(path, document: dict) -> None:
+    """Writes ``document`` as indented, standard JSON (NaN/inf as null), whole or not at all."""
+    write_text(path, json.dumps(json_ready(document), indent=2, ensure_ascii=False) + "\n")
+
+
+def write_run(csv_path, frame: pd.DataFrame, json_path, document: dict) -> None:
+    """A run's CSV and the JSON beside it, so that an interruption leaves both of this run or no JSON (which the
+    loaders need): the JSON of an earlier run of the same name goes first, the new one comes last."""
+    Path(json_path).unlink(missing_ok=True)
+    write_csv(csv_path, frame)
+    write_json(json_path, document)
 
 
 def results_frame(rows: list[dict], output_names: list[str], shape_columns=()) -> pd.DataFrame:

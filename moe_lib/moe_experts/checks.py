@@ -9,60 +9,50 @@ from __future__ import annotations
 
 import torch
 
-from ..validation import float_tensor, ndim, same_device, same_dtype, shape, tensor
+from ..validation import FLOAT_OR_FP32, INDEX, Argument, check_arguments
 
-# the backward's arguments, in the definition's order
-INPUT_NAMES = (
-    "grad_output", "hidden_states", "topk_indices", "topk_weights", "gate_weights", "up_weights", "down_weights",
-)  # fmt: skip
+# The backward's tensor arguments, in the definition's order and with its shapes (data/problems/
+# moe_experts_backward/definition.json; tests/test_validation.py keeps them equal)
+BACKWARD_ARGUMENTS = (
+    Argument("grad_output", ("num_tokens", "hidden_size")),
+    Argument("hidden_states", ("num_tokens", "hidden_size")),
+    Argument("topk_indices", ("num_tokens", "top_k"), INDEX),
+    Argument("topk_weights", ("num_tokens", "top_k"), FLOAT_OR_FP32),
+    Argument("gate_weights", ("num_experts", "intermediate_size", "hidden_size")),
+    Argument("up_weights", ("num_experts", "intermediate_size", "hidden_size")),
+    Argument("down_weights", ("num_experts", "hidden_size", "intermediate_size")),
+)
+INPUT_NAMES = tuple(argument.name for argument in BACKWARD_ARGUMENTS)
+SIZES_FROM = ("hidden_states", "topk_indices", "gate_weights")  # the arguments whose dimensions give the sizes
+# the expert-parallel layer's: the routing of this rank's tokens and the weights of this rank's experts
+PARALLEL_ARGUMENTS = (
+    *BACKWARD_ARGUMENTS[1:4],
+    Argument("local_gate_weights", ("local_experts", "intermediate_size", "hidden_size")),
+    Argument("local_up_weights", ("local_experts", "intermediate_size", "hidden_size")),
+    Argument("local_down_weights", ("local_experts", "hidden_size", "intermediate_size")),
+)
+PARALLEL_SIZES_FROM = ("hidden_states", "topk_indices", "local_gate_weights")
 
 
-def check_routing(topk_indices, topk_weights, hidden_states) -> int:
-    """Checks the routing tensors against hidden_states [T, H] (already checked); returns top_k."""
-    float_tensor("topk_weights", topk_weights)
-    tensor("topk_indices", topk_indices)
-    if topk_indices.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"topk_indices: expected dtype torch.int64 or torch.int32, got {topk_indices.dtype}")
-    ndim("topk_indices", topk_indices, 2, "num_tokens, top_k")
+def check_routing_has_values(topk_indices) -> None:
+    """The routing reads the indices' values on every path: a meta tensor has none."""
     if topk_indices.device.type == "meta":
         raise ValueError("topk_indices: expected a tensor with values (tokens are routed by them), got a meta tensor")
-    T, K = hidden_states.shape[0], topk_indices.shape[1]
-    shape("topk_indices", topk_indices, (T, K), ("num_tokens", "top_k"))
-    shape("topk_weights", topk_weights, (T, K), ("num_tokens", "top_k"))
-    if topk_weights.dtype not in (hidden_states.dtype, torch.float32):
-        raise TypeError(
-            f"topk_weights: expected dtype {hidden_states.dtype} (that of hidden_states) or torch.float32, "
-            f"got {topk_weights.dtype}"
-        )
-    return K
 
 
 def check_moe_experts_backward(
     grad_output, hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights,
     *, validate: bool = True,
 ) -> dict:  # fmt: skip
-    """Checks P2's inputs; returns the sizes dict(num_tokens, hidden_size, intermediate_size,
-    num_experts, top_k)."""
-    floats = dict(
-        grad_output=grad_output, hidden_states=hidden_states, gate_weights=gate_weights,
-        up_weights=up_weights, down_weights=down_weights,
-    )  # fmt: skip
-    for name, value in floats.items():
-        float_tensor(name, value)
-    ndim("hidden_states", hidden_states, 2, "num_tokens, hidden_size")
-    ndim("gate_weights", gate_weights, 3, "num_experts, intermediate_size, hidden_size")
-    K = check_routing(topk_indices, topk_weights, hidden_states)
-    T, H = hidden_states.shape
-    E, I = gate_weights.shape[:2]
-    shape("grad_output", grad_output, (T, H), ("num_tokens", "hidden_size"))
-    shape("gate_weights", gate_weights, (E, I, H), ("num_experts", "intermediate_size", "hidden_size"))
-    shape("up_weights", up_weights, (E, I, H), ("num_experts", "intermediate_size", "hidden_size"))
-    shape("down_weights", down_weights, (E, H, I), ("num_experts", "hidden_size", "intermediate_size"))
+    """Checks P2's inputs (:data:`BACKWARD_ARGUMENTS`); returns the sizes dict(num_tokens, hidden_size,
+    intermediate_size, num_experts, top_k)."""
+    values = dict(zip(INPUT_NAMES, (grad_output, hidden_states, topk_indices, topk_weights, gate_weights, up_weights,
+                                    down_weights), strict=True))  # fmt: skip
+    sizes = check_arguments(BACKWARD_ARGUMENTS, values, SIZES_FROM)
+    check_routing_has_values(topk_indices)
+    T, H, I, E, K = (sizes[axis] for axis in ("num_tokens", "hidden_size", "intermediate_size", "num_experts", "top_k"))
     if K > E:
         raise ValueError(f"topk_indices: top_k={K} exceeds num_experts={E}: a token cannot pick an expert twice")
-
-    same_dtype(floats)
-    same_device(dict(floats, topk_indices=topk_indices, topk_weights=topk_weights))
 
     if validate:
         check_index_values(topk_indices, E)

@@ -26,7 +26,7 @@ import torch
 
 from ..dispatch import interpreter_enabled
 from ..tiling import cdiv
-from ..validation import fits_in_memory
+from ..validation import check_contiguous, fits_in_memory
 from . import kernels, runtime
 from .choose import Choice, choose
 from .config import KernelLaunch, LaunchConfig
@@ -245,7 +245,8 @@ def moe_experts_forward_triton(
     (y per slot), C without the routing-weight gradient. Same precision as the backward: fp32 inputs
     get bf16×3 products for g and u, and a plain bf16 product (aw and Wd rounded) for Wd·aw.
     With ``save_preactivations`` returns (y, (g, u)): the pre-activations, [T·K, I] each in the hidden
-    dtype, rows in expert order, for :func:`moe_experts_backward_triton`'s ``preactivations``.
+    dtype, rows in expert order, for :func:`moe_experts_backward_triton`'s ``preactivations``. The kernels
+    address every input by row-major strides: others are refused by name.
     """
     T, H = hidden_states.shape
     E, I, _ = gate_weights.shape
@@ -256,6 +257,8 @@ def moe_experts_forward_triton(
     config, programs = choice.config, persistent_programs(device)
     check_memory(hidden_states, topk_indices, topk_weights, gate_weights, choice, forward_only=True,
                  save_preactivations=save_preactivations)  # fmt: skip
+    check_contiguous(dict(hidden_states=hidden_states, topk_indices=topk_indices, topk_weights=topk_weights,
+                          gate_weights=gate_weights, up_weights=up_weights, down_weights=down_weights))  # fmt: skip
     allocate = runtime.allocate
     y = allocate((T, H), dtype=dtype, device=device)
     preactivations = None

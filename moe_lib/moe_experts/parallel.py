@@ -91,9 +91,9 @@ from torch.distributed.distributed_c10d import _resolve_process_group
 
 from ..dispatch import check_impl, resolve_impl
 from ..precision import tf32_disabled
-from ..validation import finite, flag, float_tensor, ndim, same_device, same_dtype, shape
+from ..validation import check_arguments, finite, flag
 from .api import moe_experts_backward, moe_experts_forward
-from .checks import check_routing
+from .checks import PARALLEL_ARGUMENTS, PARALLEL_SIZES_FROM, check_routing_has_values
 
 STATUS_COLUMNS = ("local_experts", "index_out_of_range", "duplicate_expert")
 # the arguments exchange: one int64 row per rank, these fields, then the bytes of its error message
@@ -463,22 +463,12 @@ def _check_call(hidden_states, topk_indices, topk_weights, gate, up, down, impl,
 
 
 def _check_inputs(hidden_states, topk_indices, topk_weights, gate, up, down) -> dict:
-    """Shape, dtype and device checks (metadata only); returns the sizes."""
-    floats = dict(hidden_states=hidden_states, local_gate_weights=gate, local_up_weights=up,
-                  local_down_weights=down)  # fmt: skip
-    for name, value in floats.items():
-        float_tensor(name, value)
-    ndim("hidden_states", hidden_states, 2, "num_tokens, hidden_size")
-    ndim("local_gate_weights", gate, 3, "local_experts, intermediate_size, hidden_size")
-    K = check_routing(topk_indices, topk_weights, hidden_states)
-    T, H = hidden_states.shape
-    L, I = gate.shape[:2]
-    shape("local_gate_weights", gate, (L, I, H), ("local_experts", "intermediate_size", "hidden_size"))
-    shape("local_up_weights", up, (L, I, H), ("local_experts", "intermediate_size", "hidden_size"))
-    shape("local_down_weights", down, (L, H, I), ("local_experts", "hidden_size", "intermediate_size"))
-    same_dtype(floats)
-    same_device(dict(floats, topk_indices=topk_indices, topk_weights=topk_weights))
-    return dict(num_tokens=T, hidden_size=H, intermediate_size=I, local_experts=L, top_k=K)
+    """Shape, dtype and device checks of :data:`.checks.PARALLEL_ARGUMENTS` (metadata only); returns the sizes."""
+    values = dict(hidden_states=hidden_states, topk_indices=topk_indices, topk_weights=topk_weights,
+                  local_gate_weights=gate, local_up_weights=up, local_down_weights=down)  # fmt: skip
+    sizes = check_arguments(PARALLEL_ARGUMENTS, values, PARALLEL_SIZES_FROM)
+    check_routing_has_values(topk_indices)
+    return sizes
 
 
 def _exchange_device(group) -> torch.device:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..validation import float_tensor, ndim, same_device, same_dtype, shape
+from ..validation import ANY_LEADING, Argument, check_arguments
 
 # precision= of the P1 functions: "faithful" carries dGate and dUp as 16-bit hi/lo pairs (about 16
 # significant bits, close to the reference's fp32) into the dx, dWg and dWu products, at twice their
@@ -17,52 +17,39 @@ def check_precision(precision) -> None:
         raise ValueError(f"precision: expected one of {PRECISIONS}, got {precision!r}")
 
 
-# the backward's arguments, in the definition's order
-INPUT_NAMES = (
-    "grad_output", "x", "gate_weight", "up_weight", "down_weight",
-    "gate", "gate_sigmoid", "gate_silu", "up", "intermediate",
-)  # fmt: skip
+# The backward's tensor arguments, in the definition's order and with its shapes (data/problems/
+# swiglu_down_backward/definition.json; tests/test_validation.py keeps them equal): one float dtype for all.
+BACKWARD_ARGUMENTS = (
+    Argument("grad_output", ("num_tokens", "hidden_size")),
+    Argument("x", ("num_tokens", "hidden_size")),
+    Argument("gate_weight", ("intermediate_size", "hidden_size")),
+    Argument("up_weight", ("intermediate_size", "hidden_size")),
+    Argument("down_weight", ("hidden_size", "intermediate_size")),
+    Argument("gate", ("num_tokens", "intermediate_size")),
+    Argument("gate_sigmoid", ("num_tokens", "intermediate_size")),
+    Argument("gate_silu", ("num_tokens", "intermediate_size")),
+    Argument("up", ("num_tokens", "intermediate_size")),
+    Argument("intermediate", ("num_tokens", "intermediate_size")),
+)
+INPUT_NAMES = tuple(argument.name for argument in BACKWARD_ARGUMENTS)
+# the layer's: x [..., H] and the three weights
+LAYER_ARGUMENTS = (Argument("x", (ANY_LEADING, "hidden_size")), *BACKWARD_ARGUMENTS[2:5])
+SIZES_FROM = ("x", "gate_weight")  # the arguments whose dimensions give the sizes the others are checked against
 
 
 def check_swiglu_down_backward(
     grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate
 ) -> dict:
-    """Checks P1's inputs; returns the sizes dict(num_tokens, hidden_size, intermediate_size)."""
-    named = dict(
-        grad_output=grad_output, x=x, gate_weight=gate_weight, up_weight=up_weight, down_weight=down_weight,
-        gate=gate, gate_sigmoid=gate_sigmoid, gate_silu=gate_silu, up=up, intermediate=intermediate,
-    )  # fmt: skip
-    for name, value in named.items():
-        float_tensor(name, value)
-    ndim("x", x, 2, "num_tokens, hidden_size")
-    ndim("gate_weight", gate_weight, 2, "intermediate_size, hidden_size")
-    T, H = x.shape
-    I = gate_weight.shape[0]
-    shape("gate_weight", gate_weight, (I, H), ("intermediate_size", "hidden_size"))
-    shape("grad_output", grad_output, (T, H), ("num_tokens", "hidden_size"))
-    shape("up_weight", up_weight, (I, H), ("intermediate_size", "hidden_size"))
-    shape("down_weight", down_weight, (H, I), ("hidden_size", "intermediate_size"))
-    for name in ("gate", "gate_sigmoid", "gate_silu", "up", "intermediate"):
-        shape(name, named[name], (T, I), ("num_tokens", "intermediate_size"))
-    same_dtype(named)
-    same_device(named)
-    return dict(num_tokens=T, hidden_size=H, intermediate_size=I)
+    """Checks P1's inputs (:data:`BACKWARD_ARGUMENTS`); returns the sizes dict(num_tokens, hidden_size,
+    intermediate_size)."""
+    values = dict(zip(INPUT_NAMES, (grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid,
+                                    gate_silu, up, intermediate), strict=True))  # fmt: skip
+    sizes = check_arguments(BACKWARD_ARGUMENTS, values, SIZES_FROM)
+    return dict(num_tokens=sizes["num_tokens"], hidden_size=sizes["hidden_size"],
+                intermediate_size=sizes["intermediate_size"])  # fmt: skip
 
 
 def check_swiglu_expert(x, gate_weight, up_weight, down_weight) -> dict:
-    """Checks the P1 layer's inputs (x [..., H] and the three weights)."""
-    named = dict(x=x, gate_weight=gate_weight, up_weight=up_weight, down_weight=down_weight)
-    for name, value in named.items():
-        float_tensor(name, value)
-    if x.dim() < 1:
-        raise ValueError(f"x: expected a tensor [..., hidden_size], got shape {list(x.shape)}")
-    ndim("gate_weight", gate_weight, 2, "intermediate_size, hidden_size")
-    H, I = x.shape[-1], gate_weight.shape[0]
-    shape("gate_weight", gate_weight, (I, H), ("intermediate_size", "hidden_size"))
-    shape("up_weight", up_weight, (I, H), ("intermediate_size", "hidden_size"))
-    shape("down_weight", down_weight, (H, I), ("hidden_size", "intermediate_size"))
-    same_dtype(named)
-    same_device(named)
-    return dict(hidden_size=H, intermediate_size=I)
-
-
+    """Checks the P1 layer's inputs (:data:`LAYER_ARGUMENTS`: x [..., H] and the three weights)."""
+    values = dict(x=x, gate_weight=gate_weight, up_weight=up_weight, down_weight=down_weight)
+    return check_arguments(LAYER_ARGUMENTS, values, SIZES_FROM)
