@@ -1344,3 +1344,38 @@ def pingpong_epilogue_table(num_tokens: int = 2447, paths=(PINGPONG_TRACE_FILE, 
                                                     launch_end_us=("end_us", "median"))  # fmt: skip
     table["epilogue_us"] = table["launch_end_us"] - table["main_loop_end_us"]
     return table
+
+
+# ================================================================ split-K, deterministically (notebook 04)
+
+SPLIT_DEMO_BLOCK_K = 16  # the demonstration's BLOCK_K: the smallest tl.dot takes
+
+
+def split_demo_config(split: int) -> TileConfig:
+    """Portable-design tiles for the split-K demonstration: dA's reduction over H and dx's over 2I split in ``split``
+    (BLOCK_K = 16), the weight gradients (short reductions over T) unsplit, few programs for the interpreter."""
+    reduction = (16, 64, SPLIT_DEMO_BLOCK_K, split)
+    weight_grads = (32, 64, 16, 1)
+    return TileConfig(d_intermediate=reduction, grad_down=weight_grads, grad_x=reduction, grad_gate_up=weight_grads,
+                      warps=(4, 4), stages=(2, 2), group_m=2)  # fmt: skip
+
+
+def split_demo_size(split: int, steps_per_split: int) -> int:
+    """H (and I) of the demonstration: each split's piece of dA's reduction ``steps_per_split`` BLOCK_K steps long, so
+    that the split and the unsplit sums group the steps differently (one step a split would add them in the same
+    order)."""
+    return split * steps_per_split * SPLIT_DEMO_BLOCK_K
+
+
+def split_differences(split_outputs, unsplit_outputs, names) -> pd.DataFrame:
+    """Per output: the relative difference split against unsplit, the share of elements that differ and the largest
+    elementwise difference relative to the unsplit value, in units of fp32's machine epsilon (about one unit in the
+    last place)."""
+    rows = {}
+    for name, a, b in zip(names, split_outputs, unsplit_outputs, strict=True):
+        a, b = a.float(), b.float()
+        spacing = torch.finfo(torch.float32).eps * b.abs().clamp_min(torch.finfo(torch.float32).tiny)
+        rows[name] = {"relative difference": ((a - b).norm() / b.norm()).item(),
+                      "elements that differ": (a != b).double().mean().item(),
+                      "largest difference (fp32 eps)": ((a - b).abs() / spacing).max().item()}  # fmt: skip
+    return pd.DataFrame.from_dict(rows, orient="index")

@@ -134,8 +134,7 @@ def regime_table(cases, gpu) -> pd.DataFrame:
         _, b, c = cost_coefficients(problem)
         row = cost_table(problem, spec, [t]).iloc[0]
         rows.append(dict(problem=problem, num_tokens=t, bound=row["bound"], t_memory_us=row["t_memory_us"],
-                         t_compute_us=row["t_compute_us"], weight_bytes_share=c / (b * t + c),
-                         weight_bytes_per_sm=c / spec.sms if spec.sms else math.nan))  # fmt: skip
+                         t_compute_us=row["t_compute_us"], weight_bytes_share=c / (b * t + c)))  # fmt: skip
     return pd.DataFrame(rows).set_index(["problem", "num_tokens"])
 
 
