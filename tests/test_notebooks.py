@@ -499,6 +499,22 @@ def test_report_targets_are_computed_from_the_files(report_run):
         [(row["problem"], row["target"], row["met"]) for row in table.to_dict(orient="records")]  # fmt: skip
 
 
+def test_report_sets_ours_beside_sonicmoe_from_the_files(report_run):
+    """The layer against SonicMoE and the backward's kernels by ncu: the numbers 05 shows, recomputed here."""
+    from moe_lib.lab import sonicmoe
+
+    _, summary, _ = report_run
+    layer = sonicmoe.layer_comparison()
+    assert {int(t) for t in summary["sonicmoe"]["layer"]} == set(layer.index) and len(layer)
+    for tokens, row in summary["sonicmoe"]["layer"].items():
+        assert row == pytest.approx(layer.loc[int(tokens)].to_dict())
+        flops = 18 * int(tokens) * 8 * 4096 * 2048  # the layer's usual count at the bf16 variant's shape
+        assert row["sonicmoe (TFLOP/s)"] == pytest.approx(flops / (row["sonicmoe (ms)"] * 1e-3) / 1e12)
+    kernels = sonicmoe.ncu_kernels().xs(("bfloat16", 32768), level=("dtype", "tokens"))
+    assert summary["sonicmoe"]["kernels_ms"] == {k: kernels.loc[k, "time (ms)"] for k in sonicmoe.GEMMS}
+    assert all(summary["sonicmoe"]["kernels_at_busy_ms"][k] < ms for k, ms in summary["sonicmoe"]["kernels_ms"].items())
+
+
 # ---------------------------------------------------------------- 06 · expert parallelism
 
 PARALLEL_OUTPUTS = ["output", *P2_OUTPUTS]
