@@ -306,8 +306,8 @@ def p2_tiling_figure(topk_indices, num_experts: int, hidden_size: int, intermedi
     plan = p2_launch.launch_plan(T, hidden_size, intermediate_size, E, K, config)
     routing = route_by_expert(topk_indices, E)
     cmap = plt.get_cmap("tab10" if E <= 10 else "tab20")
-    fig = plt.figure(figsize=(13, 8.5))
-    grid = fig.add_gridspec(3, 4, height_ratios=[1.1, 1.8, 2.2], hspace=0.6, wspace=0.35)
+    fig = plt.figure(figsize=(13, 9.5))
+    grid = fig.add_gridspec(3, 4, height_ratios=[1.1, 1.8, 2.2], hspace=0.75, wspace=0.4)
     _routing_panel(fig.add_subplot(grid[0, :]), topk_indices, routing, cmap)
     _row_blocks_panel(fig.add_subplot(grid[1, :]), routing.counts.tolist(), config)
 
@@ -322,24 +322,25 @@ def p2_tiling_figure(topk_indices, num_experts: int, hidden_size: int, intermedi
     def count(step: str) -> str:
         launch = plan[step]
         if launch.tiles:
-            return f"{launch.programs} persistent programs over {'×'.join(map(str, launch.tiles.values()))} tiles"
+            return f"{launch.programs} persistent programs,\n{'×'.join(map(str, launch.tiles.values()))} tiles"
         return "×".join(map(str, launch.grid.values())) + " programs"
 
     panels = (  # title, rows, (tick, hatch) per column, programs per cell, x label, y label
-        (f"kernel A: {count('A')}", E, [(str(j), None) for j in range(plan["A"].grid["I-tiles"])], R,
+        (f"kernel A\n{count('A')}", E, [(str(j), None) for j in range(plan["A"].grid["I-tiles"])], R,
          "I-tile (R programs each)", "expert"),
-        (f"kernel W: {count('W_gate_up')} (dWg·dWu)\n+ {count('W_down')} (dWd, hatched)", E, w_ticks, 1,
-         f"M-tile·{n_key[:-1]}: dWg·dWu | dWd", "expert"),
-        (f"kernel D: {count('D')}", E, [(str(j), None) for j in range(d_tiles["H-tiles"])], d_split,
+        (f"kernel W: dWg·dWu, then dWd (hatched)\n{count('W_gate_up')}", E, w_ticks, 1, "tile", "expert"),
+        (f"kernel D\n{count('D')}", E, [(str(j), None) for j in range(d_tiles["H-tiles"])], d_split,
          "H-tile" + ("" if plan["D"].tiles else " (R programs each)"), "expert"),
-        (f"kernel C: {count('C')}", T, [(str(j), None) for j in range(plan["C"].grid["H-tiles"])], 1,
+        (f"kernel C\n{count('C')}", T, [(str(j), None) for j in range(plan["C"].grid["H-tiles"])], 1,
          "H-tile", "token"),
     )  # fmt: skip
     for column, panel in enumerate(panels):
         ax = fig.add_subplot(grid[2, column])
         _grid_panel(ax, *panel, cmap)
-        if column == 1:  # kernel W: its dWg·dWu launch, then its dWd launch
-            ax.axvline(gate_up["M-tiles"] * gate_up[n_key], color="black", lw=1.2)
+        if column == 1:  # kernel W: its dWg·dWu launch, then its dWd launch, one label each (the tiles are many)
+            split = gate_up["M-tiles"] * gate_up[n_key]
+            ax.axvline(split, color="black", lw=1.2)
+            ax.set_xticks([split / 2, split + len(w_ticks[split:]) / 2], ["dWg·dWu", "dWd"])
     return fig
 
 
