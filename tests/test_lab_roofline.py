@@ -171,3 +171,8 @@ def test_granularity_view_by_hand():
     fig = lab_roofline.granularity_figure("H200", MODEL_SHAPES, T)
     assert len(fig.axes[0].texts) == len(table)
     plt.close(fig)
+
+
+def test_expert_intensity_names_a_bad_argument():
+    with pytest.raises(ValueError, match="num_experts"):
+        lab_roofline.expert_gemm_intensity(2048, 4096, 2048, 0, 8)

@@ -53,6 +53,8 @@ def p1_rung_costs(num_tokens: int, spec: roofline.GPUSpec, cuda_core_flops: floa
     L2 for its re-reads), the part that is dA's round trip through memory, and the predicted time (``spec``'s
     bandwidth and bf16 rate; ``cuda_core_flops`` for the naive rung's FMAs), one launch after another.
     ``block``: the tiled rungs' tile edge, as the GPU's tiles would be."""
+    if not isinstance(num_tokens, int) or num_tokens < 1 or block < 1:
+        raise ValueError(f"num_tokens and block: expected positive integers, got {num_tokens!r} and {block!r}")
     sizes = problems.load("swiglu_down_backward").sizes(num_tokens, **axes)
     T, H, I = sizes["num_tokens"], sizes["hidden_size"], sizes["intermediate_size"]
     flops = 2 * T * H * I
@@ -193,6 +195,8 @@ def p2_rung_costs(num_tokens: int, spec: roofline.GPUSpec, problem: str = "moe_e
     ``problem``'s shape: per expert from the host (the row counts read back, a gathered copy of each expert's rows,
     one launch per expert with rows) or grouped (one launch, the rows gathered inside its loads). Its predicted time
     adds ``launch_us`` per launch (the floor of one launch, ``notes/method.md``) to the roofline's."""
+    if not isinstance(num_tokens, int) or num_tokens < 1:
+        raise ValueError(f"num_tokens: expected a positive integer, got {num_tokens!r}")
     sizes = problems.load(problem).sizes(num_tokens)
     T, H, I, E, K = (sizes[k] for k in ("num_tokens", "hidden_size", "intermediate_size", "num_experts", "top_k"))
     item = problems.load(problem).dtype.itemsize

@@ -34,6 +34,8 @@ MAX_TOKENS = 8192  # the benchmark's largest case: the bands are drawn to here
 def design_by_tokens(hidden_size: int, intermediate_size: int, precision: str, *, device=H200,
                      max_tokens: int = MAX_TOKENS) -> list[str]:  # fmt: skip
     """The registry name of the design the chooser picks for 1 .. ``max_tokens`` tokens (bf16 inputs)."""
+    if not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ValueError(f"max_tokens: expected a positive integer, got {max_tokens!r}")
     return [chosen_design(T, hidden_size, intermediate_size, precision, device=device).name
             for T in range(1, max_tokens + 1)]  # fmt: skip
 

@@ -56,6 +56,9 @@ def simulate(schedule, buffers: int, steps: int, seed: int = 0) -> RingRun:
     """Run a producer (wait empty, copy step i into its buffer, arrive on ready) and a consumer (wait ready, read the
     buffer, arrive on empty) over ``steps`` ring steps of ``buffers`` buffers, picking which role moves next at
     random (``seed``). ``schedule(step, buffers)`` gives each step's (buffer, ready parity, empty parity)."""
+    for name, value, least in (("buffers", buffers, 1), ("steps", steps, 0)):
+        if not isinstance(value, int) or value < least:
+            raise ValueError(f"{name}: expected an integer ≥ {least}, got {value!r}")
     ready = [MBarrier() for _ in range(buffers)]
     empty = [MBarrier() for _ in range(buffers)]
     contents: list[int | None] = [None] * buffers  # the step whose data the buffer holds

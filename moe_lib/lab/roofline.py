@@ -393,6 +393,10 @@ def expert_gemm_intensity(num_tokens, hidden_size: int, intermediate_size: int, 
     uniform routing), each operand read and the output written once: 2·m·H·2I FLOPs over
     b·(m·H + 2·H·I + m·2I) bytes, i.e. AI = 4 / b · 1 / (1/I + 2/m + 2/H) with b = ``element_bytes``. In SonicMoE's
     terms (granularity G = H/I, sparsity ρ = K/E): AI = 4 / b · 1 / ((G + 2)/H + 2/(T·ρ))."""
+    for name, value in (("hidden_size", hidden_size), ("intermediate_size", intermediate_size),
+                        ("num_experts", num_experts), ("top_k", top_k), ("element_bytes", element_bytes)):
+        if not value > 0:
+            raise ValueError(f"{name}: expected a positive number, got {value!r}")
     rows = np.asarray(num_tokens, dtype=float) * top_k / num_experts
     H, I = hidden_size, intermediate_size
     return 4 / element_bytes / (1 / I + 2 / rows + 2 / H)

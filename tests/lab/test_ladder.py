@@ -96,3 +96,14 @@ def test_wrong_schedules_are_caught():
     never_flips = lambda i, b: (i % b, 0, 1)  # noqa: E731
     errors = {ring.simulate(never_flips, 2, 9, seed=s).error for s in range(10)}
     assert any("read buffer" in e or "overwrote" in e for e in errors if e)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: ring.simulate(ring.kernel_schedule, 0, 4), "buffers"),
+    (lambda: ring.simulate(ring.kernel_schedule, 2, -1), "steps"),
+    (lambda: ladder.p1_rung_costs(0, SPEC, CUDA_CORES), "num_tokens"),
+    (lambda: ladder.p2_rung_costs(-3, SPEC), "num_tokens"),
+])  # fmt: skip
+def test_bad_arguments_are_named(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()

@@ -64,3 +64,8 @@ def test_no_notebook_states_a_regime_the_chooser_contradicts(path):
     cells = json.loads(path.read_text())["cells"]
     text = "\n\n".join("".join(cell["source"]) for cell in cells if cell["cell_type"] == "markdown")
     assert regimes.disagreements(regimes.stated_regimes(text), H, I) == []
+
+
+def test_a_bad_token_range_is_named():
+    with pytest.raises(ValueError, match="max_tokens"):
+        regimes.regime_table(H, I, max_tokens=0)
