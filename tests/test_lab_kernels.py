@@ -120,7 +120,9 @@ def test_figures_render():
         plt.close(figure)
     plan = p2_launch.launch_plan(12, 32, 16, 4, 2, p2_config)
     a_title = figures[2].axes[2].get_title()
-    assert a_title == f"kernel A: {'×'.join(map(str, plan['A'].grid.values()))} programs"
+    assert a_title == f"kernel A\n{'×'.join(map(str, plan['A'].grid.values()))} programs"
+    w_axes = figures[2].axes[3]  # kernel W: one tick label per family of tiles, not one per tile
+    assert [label.get_text() for label in w_axes.get_xticklabels()] == ["dWg·dWu", "dWd"]
     pytest.importorskip("jinja2")
     table = kernels.p2_plan_table(plan)
     assert "text-align: left" in kernels.styled_plan(table, "tiny").to_html()

@@ -81,9 +81,8 @@ def test_summary_and_figure_without_measurements():
     assert summary.loc[("float32", 2048), "target (ms)"] == 15.3  # the problems' case targets (lab.json)
     assert summary.loc[("bfloat16", 2048), "target (ms)"] == 7.5
     assert np.isnan(ledger.case_target_ms("moe_experts_backward_bf16", 8192))  # none set there
-    # ≥ 600 TFLOP/s at 32768 tokens, counting 16·T·K·H·I: the time that rate gives
-    flops = problems.load("moe_experts_backward_bf16").flops(32768)
-    assert math.isclose(ledger.case_target_ms("moe_experts_backward_bf16", 32768), 1e3 * flops / 600e12)
+    # at 32768 tokens the target is the layer's (forward + backward), not the backward's: no case time
+    assert np.isnan(ledger.case_target_ms("moe_experts_backward_bf16", 32768))
     row = summary.loc[("float32", 2048)]
     assert row["problem floor (ms)"] <= row["… D sharing A's weight read (ms)"] <= row["decomposition floor (ms)"]
     fig = ledger.ledger_figure(cases, SPEC, summary)

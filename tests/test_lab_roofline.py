@@ -3,6 +3,7 @@
 import math
 
 import matplotlib
+import pandas as pd
 import pytest
 
 from moe_lib import problems, roofline
@@ -35,8 +36,13 @@ def test_ridge_point_and_p1_crossing_by_hand():
     assert roofline.sol_time(P1, 264, h200) == pytest.approx(roofline.cost(P1, 264)[0] / h200.bf16_dense_flops)
     slow_compute = roofline.GPUSpec.from_measured(copy_bandwidth=1e12, bf16_rate=1e15)  # ridge 1000 > a / b
     assert lab_roofline.ridge_crossing(P1, slow_compute) == math.inf
-    table = lab_roofline.crossing_table({"H200": "H200"}, [P1])
+    measured = {"H200": roofline.GPUSpec.from_measured(copy_bandwidth=4.2e12, bf16_rate=790e12)}
+    table = lab_roofline.crossing_table(["H200", "H200", "H100-SXM"], measured, [P1])
+    assert list(table.index) == [(P1, "H200"), (P1, "H100-SXM")]  # one row per GPU
     assert table.loc[(P1, "H200"), "first_compute_bound"] == 264
+    assert table.loc[(P1, "H200"), "measured_crossing_tokens"] == pytest.approx(
+        lab_roofline.ridge_crossing(P1, measured["H200"]))
+    assert math.isnan(table.loc[(P1, "H100-SXM"), "measured_ridge"])
     assert table.loc[(P1, "H200"), "intensity_limit"] == pytest.approx(a / b)
 
 
@@ -63,17 +69,30 @@ def test_measured_points_and_their_projection(loaded):
     assert (points["flop_rate"] == points["flops"] / (points["median_ms"] * 1e-3)).all()
     projected = lab_roofline.project_points(points, "H100-SXM")
     ridge_h200 = lab_roofline.ridge_point("H200")
-    memory = projected[projected["intensity"] < ridge_h200]  # memory-bound on both (the H100's ridge is higher)
+    roof_us = pd.Series(lab_roofline.roof_time_s("H200", points["flops"], points["bytes"]) * 1e6, index=points.index)
+    assert (projected["projection"] == (roof_us >= lab_roofline.LATENCY_BOUND_US).map(
+        {True: "keeps its fraction", False: "latency model"})).all()  # fmt: skip
+    kept = projected[projected["projection"] == "keeps its fraction"]
+    memory = kept[kept["intensity"] < ridge_h200]  # memory-bound on both (the H100's ridge is higher)
     assert len(memory) and memory["scale"].to_numpy() == pytest.approx(3.35 / 4.8)
+    # latency-bound (P1 at few tokens): the time beyond the roof kept, the new roof's time added
+    latency = projected[projected["projection"] == "latency model"]
+    assert len(latency) and set(latency["problem"]) == {P1}
+    beyond = latency["median_ms"] * 1e-3 - lab_roofline.roof_time_s("H200", latency["flops"], latency["bytes"])
+    new = beyond + lab_roofline.roof_time_s("H100-SXM", latency["flops"], latency["bytes"])
+    assert latency["projected_ms"].to_numpy() == pytest.approx(new.to_numpy() * 1e3)
+    assert (latency["scale"] > 3.35 / 4.8).all()  # a slower memory lengthens only the roof's share
     compute = projected[projected["intensity"] > lab_roofline.ridge_point("H100-SXM")]
     assert len(compute) and compute["scale"].to_numpy() == pytest.approx(1.0)  # same tensor rate
     # compute-bound on the H200, memory-bound on the H100 (no committed point lies there): the ratio of the roofs
-    between = lab_roofline.project_points(points.head(3).assign(intensity=[210.0, 250.0, 290.0]), "H100-SXM")
+    between = lab_roofline.project_points(points.head(3).assign(intensity=[210.0, 250.0, 290.0]), "H100-SXM",
+                                          latency_bound_us=0)  # fmt: skip
     assert between["scale"].to_numpy() == pytest.approx(between["intensity"].to_numpy() * 3.35e12 / 989e12)
     same = lab_roofline.project_points(points, "H200")
     assert (same["scale"] == 1).all() and not same["projected"].any()
     b200 = lab_roofline.project_points(points, "B200")
-    compute = b200[b200["intensity"] > lab_roofline.ridge_point("B200")]
+    compute = b200[(b200["intensity"] > lab_roofline.ridge_point("B200"))
+                   & (b200["projection"] == "keeps its fraction")]  # fmt: skip
     assert len(compute) and compute["scale"].to_numpy() == pytest.approx(1.81e15 / 989e12)
     unknown = lab_roofline.project_points(points.assign(gpu="cpu"), "H200")
     assert unknown["scale"].isna().all()
@@ -85,7 +104,14 @@ def test_tables_and_figures_render(loaded):
     pytest.importorskip("jinja2")
     measured = lab_roofline.measured_specs(loaded)
     assert list(measured) == [f"H200 measured ({key})" for key in loaded]
-    table = lab_roofline.gpu_table(measured)
+    ceilings = lab_roofline.measured_ceilings(loaded)
+    assert list(ceilings) == ["H200"]
+    rates = sorted(s.bf16_dense_flops for s in measured.values())
+    assert ceilings["H200"].bf16_dense_flops == pytest.approx(rates[len(rates) // 2])  # the median of the runs
+    table = lab_roofline.gpu_table(ceilings)
+    assert list(table.index) == list(roofline.GPUS)  # one row per GPU
+    assert table.loc["H200", "measured bf16 (TFLOP/s)"] == pytest.approx(ceilings["H200"].bf16_dense_flops / 1e12)
+    assert table.drop(index="H200")["measured DRAM (TB/s)"].isna().all()
     assert "ddf4ff" in lab_roofline.styled_gpu_table(table, highlight="H200").to_html()
     costs = lab_roofline.cost_table(P1, "H200")
     html = lab_roofline.styled_cost_table(costs, "P1").to_html()
@@ -127,3 +153,26 @@ def test_intensity_legend_sits_beside_the_curves():
     ax = figure.axes[0]
     assert ax.get_legend().get_window_extent().x0 >= ax.get_window_extent().x1  # covers no curve
     plt.close(figure)
+
+
+def test_granularity_view_by_hand():
+    H, I, E, K, T = 4096, 2048, 256, 8, 2048
+    m = T * K / E  # 64 rows per expert
+    flops, traffic = 2 * m * H * 2 * I, 2 * (m * H + 2 * H * I + m * 2 * I)
+    assert lab_roofline.expert_gemm_intensity(T, H, I, E, K) == pytest.approx(flops / traffic)
+    G, rho = H / I, K / E
+    assert lab_roofline.expert_gemm_intensity(T, H, I, E, K) == pytest.approx(2 / ((G + 2) / H + 2 / (T * rho)))
+    from moe_lib.bench.models import MODEL_SHAPES
+
+    table = lab_roofline.granularity_table(MODEL_SHAPES, T, "H200")
+    assert len(table) == sum(s.num_experts is not None for s in MODEL_SHAPES)
+    assert (table["bound"] == (table["AI (FLOP/B)"] >= lab_roofline.ridge_point("H200")).map(
+        {True: "compute", False: "memory"})).all()  # fmt: skip
+    fig = lab_roofline.granularity_figure("H200", MODEL_SHAPES, T)
+    assert len(fig.axes[0].texts) == len(table)
+    plt.close(fig)
+
+
+def test_expert_intensity_names_a_bad_argument():
+    with pytest.raises(ValueError, match="num_experts"):
+        lab_roofline.expert_gemm_intensity(2048, 4096, 2048, 0, 8)

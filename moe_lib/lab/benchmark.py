@@ -17,6 +17,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib import ticker
 
 from .. import roofline
 from ..bench.results import geomean
@@ -296,6 +297,10 @@ def per_case_figure(results: dict[str, ResultFile], kind: str):
             ax.xaxis.set_minor_locator(plt.NullLocator())
         ax.set(xlabel="tokens T", ylabel=labels[kind], title=f"{result.title} · {result.gpu_key} · {result.date}")
         ax.title.set_fontsize(10)
+        if ax.get_yscale() == "log":  # plain numbers on the ticks (a short log axis would write 1.2×10⁰)
+            low, high = ax.get_ylim()
+            ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
+            ax.yaxis.set_minor_formatter(ticker.FormatStrFormatter("%g") if high / low < 10 else ticker.NullFormatter())
         ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: it covers no point
     return fig

@@ -251,3 +251,163 @@ def uniform_load_pmf(num_tokens: int, num_experts: int, top_k: int, counts) -> l
     return [math.exp(math.lgamma(num_tokens + 1) - math.lgamma(c + 1) - math.lgamma(num_tokens - c + 1)
                      + c * log_p + (num_tokens - c) * log_q) if 0 <= c <= num_tokens else 0.0
             for c in counts]  # fmt: skip
+
+
+# ================================================================ the two draws of P1's inputs (notebook 01)
+
+DRAWS = {"a layer's draw": "forward", "the harness's draw": "harness"}  # label -> make_inputs(distribution=)
+
+
+def input_scales(num_tokens: int, seed: int = 0, **axes) -> dict:
+    """{draw label: {input: standard deviation}} of P1's bf16 inputs under each of :data:`DRAWS`, at the benchmark's
+    shape unless ``axes`` say otherwise: how far apart the two draws are, input by input."""
+    problem = problems.load("swiglu_down_backward")
+    scales = {}
+    for label, distribution in DRAWS.items():
+        drawn = problem.make_inputs(num_tokens, seed=seed, distribution=distribution, **axes)
+        scales[label] = {name: t.double().std().item() for name, t in drawn.items()}
+    return scales
+
+
+def silu_gates_figure(gate_values: torch.Tensor, title: str):
+    """Left: σ, silu and silu' over [−6, 6] with the range of ``gate_values`` shaded; right: the histogram of the gate
+    values with silu' and its linearisation 1/2 + z/2 over their range. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    low, high = gate_values.min().item(), gate_values.max().item()
+    z = torch.linspace(-6, 6, 601, dtype=torch.float64)
+    fig, (curves, close_up) = plt.subplots(1, 2, figsize=(12, 4.2))
+    curves.plot(z, torch.sigmoid(z), label=r"$\sigma(z)$")
+    curves.plot(z, F.silu(z), label=r"$\mathrm{silu}(z) = z\,\sigma(z)$")
+    curves.plot(z, reference.silu_grad(z), label=r"$\mathrm{silu}'(z) = \sigma(z)\,(1 + z\,(1-\sigma(z)))$")
+    curves.axvspan(low, high, color="tab:gray", alpha=0.35, label="range of the gate values")
+    curves.set(xlabel="z", ylabel="value", title="SiLU, its derivative and the sigmoid")
+    curves.grid(alpha=0.3)
+    curves.legend(loc="upper left", fontsize=9)
+    close_up.hist(gate_values, bins=80, density=True, color="tab:gray", alpha=0.6, label="gate values (bf16)")
+    close_up.set(xlabel="gate value z", ylabel="density", title=title)
+    slope = close_up.twinx()
+    z_near = torch.linspace(low, high, 200, dtype=torch.float64)
+    slope.plot(z_near, reference.silu_grad(z_near), color="tab:green", linewidth=4, alpha=0.5,
+               label=r"$\mathrm{silu}'(z)$")
+    slope.plot(z_near, 0.5 + z_near / 2, color="black", linestyle=":", label=r"$1/2 + z/2$")
+    slope.set_ylabel(r"$\mathrm{silu}'(z)$")
+    handles = close_up.get_legend_handles_labels()[0] + slope.get_legend_handles_labels()[0]
+    close_up.legend(handles=handles, loc="upper left", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def element_rule_figure(rows: list[dict]):
+    """The rows of :func:`representation_pass_fractions` as bars: per activation scale (a panel each), the share of
+    each output's elements within the rule under each representation, the rule's 99% dashed. Returns the figure."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    table = pd.DataFrame(rows).set_index(["scale", "representation"])
+    pass_columns = [c for c in table.columns if c.endswith(" pass")]
+    scales = list(dict.fromkeys(table.index.get_level_values("scale")))
+    fig, panels = plt.subplots(1, len(scales), figsize=(6.5 * len(scales), 3.6), sharey=True, squeeze=False)
+    for panel, scale in zip(panels[0], scales, strict=True):
+        part = table.xs(scale, level="scale")
+        for offset, column in enumerate(pass_columns):
+            panel.bar([i + 0.25 * (offset - 1) for i in range(len(part))], 100 * part[column], width=0.25,
+                      label=column.removesuffix(" pass"))  # fmt: skip
+        panel.axhline(99, color="black", ls="--", lw=1, label="the rule's 99%")
+        panel.set_xticks(range(len(part)), [f"{name}\n({work:g}× work)" for name, work in part["tensor work"].items()])
+        panel.set(title=f"activations ×{scale:g} ({int(part['tokens'].iloc[0])} tokens)", ylim=(85, 100.5))
+    panels[0, 0].set_ylabel("% of elements within the rule")
+    panels[0, -1].legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+# ================================================================ P2's element rule and grad_topk_weights (notebook 02)
+
+
+def _split_bf16(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hi, lo) = (bf16(v), bf16(v − hi)), both back in float64: a bf16×3 operand."""
+    hi = _bf16(v)
+    return hi, _bf16(v - hi)
+
+
+def _bf16x3(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a · b as three bf16 products hi·hi + hi·lo + lo·hi (float64 accumulation: a stand-in for fp32's)."""
+    (a_hi, a_lo), (b_hi, b_lo) = _split_bf16(a), _split_bf16(b)
+    return a_hi @ b_hi + a_hi @ b_lo + a_lo @ b_hi
+
+
+def topk_weight_grad_rule(num_rows: int, seed: int = 0, **axes) -> dict:
+    """Why P2's element rule has atol = 0.11, measured on ``grad_topk_weights``: ``num_rows`` rows of one expert drawn
+    with P2's distributions (at the benchmark's H and I unless ``axes`` say otherwise), dw = ⟨W_dᵀ dy, a⟩ computed
+    exactly and with its three products (g, u and W_dᵀ dy) taken as one bf16 product each or as bf16×3 products.
+
+    Returns the elements' standard deviation and median magnitude, the rule's atol and rtol, and per way of
+    multiplying the share of elements within atol + rtol·|ref| and the relative error."""
+    problem = problems.load("moe_experts_backward")
+    drawn = problem.make_inputs(num_rows, seed=seed, dtype=torch.float32, num_experts=1, top_k=1, **axes)
+    x, dy = drawn["hidden_states"].double(), drawn["grad_output"].double()
+    w_gate, w_up = drawn["gate_weights"][0].double().T, drawn["up_weights"][0].double().T  # [H, I]
+    w_down = drawn["down_weights"][0].double()  # [H, I]
+
+    def grad_topk(product) -> torch.Tensor:
+        g, u, v = product(x, w_gate), product(x, w_up), product(dy, w_down)
+        return (v * F.silu(g) * u).sum(dim=1)
+
+    exact = grad_topk(torch.matmul)
+    ways = {"one bf16 product": lambda a, b: _bf16(a) @ _bf16(b), "bf16×3": _bf16x3}
+    rule = problem.element_rule
+    result = {"rows": num_rows, "std": exact.std().item(), "median |dw|": exact.abs().median().item(),
+              "atol": rule["atol"], "rtol": rule["rtol"]}  # fmt: skip
+    for name, product in ways.items():
+        got = grad_topk(product)
+        within = (got - exact).abs() <= rule["atol"] + rule["rtol"] * exact.abs()
+        result[f"{name} pass"] = within.double().mean().item()
+        result[f"{name} rel err"] = relative_error(got, exact)
+    return result
+
+
+# ================================================================ P2's routing figures (notebook 02)
+
+
+def tokens_per_expert_figure(loads: dict, num_tokens: int, top_k: int):
+    """One panel per routing of ``loads`` ({routing: tokens per expert}): the experts sorted by load, the mean T·K/E
+    dashed (skewed and hot routings on a log scale). Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    num_experts = len(next(iter(loads.values())))
+    mean_load = num_tokens * top_k / num_experts
+    fig, axes = plt.subplots(1, len(loads), figsize=(5 * len(loads), 4.2), squeeze=False)
+    for ax, (name, load) in zip(axes[0], loads.items(), strict=True):
+        ax.bar(range(num_experts), load.sort(descending=True).values, width=1.0, color="tab:blue")
+        ax.axhline(mean_load, color="tab:red", linestyle="--", label=f"mean T·K/E = {mean_load:g}")
+        ax.set(title=f'"{name}" routing', xlabel="expert (sorted by load)", ylabel="tokens")
+        if name != "uniform":
+            ax.set_yscale("log")
+            ax.set_ylim(bottom=0.8)
+            ax.set_ylabel("tokens (log scale)")
+        ax.legend(loc="upper right")
+    fig.suptitle(f"Tokens per expert: T={num_tokens}, E={num_experts}, K={top_k}")
+    fig.tight_layout()
+    return fig
+
+
+def load_histogram_figure(load: torch.Tensor, num_tokens: int, top_k: int, seed: int):
+    """The histogram of one uniform routing's loads beside E · Binomial(T, K/E). Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    num_experts = len(load)
+    mean_load = num_tokens * top_k / num_experts
+    counts = range(int(load.min()) - 5, int(load.max()) + 6)
+    expected = [num_experts * p for p in uniform_load_pmf(num_tokens, num_experts, top_k, counts)]
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    ax.hist(load, bins=range(counts.start, counts.stop + 1), align="left", color="tab:blue", alpha=0.7,
+            label=f"experts, one draw (seed {seed})")  # fmt: skip
+    ax.plot(counts, expected, color="black", marker=".",
+            label=f"expected: E · Binomial(T, K/E) = {num_experts} · B({num_tokens}, {top_k}/{num_experts})")
+    ax.axvline(mean_load, color="tab:red", linestyle="--", label=f"mean {mean_load:g}")
+    ax.set(xlabel="tokens per expert", ylabel="experts", title='"uniform" routing: the load of each expert')
+    ax.set_ylim(top=1.4 * ax.get_ylim()[1])
+    ax.legend(fontsize=9, loc="upper left")
+    fig.tight_layout()
+    return fig

@@ -306,8 +306,8 @@ def p2_tiling_figure(topk_indices, num_experts: int, hidden_size: int, intermedi
     plan = p2_launch.launch_plan(T, hidden_size, intermediate_size, E, K, config)
     routing = route_by_expert(topk_indices, E)
     cmap = plt.get_cmap("tab10" if E <= 10 else "tab20")
-    fig = plt.figure(figsize=(13, 8.5))
-    grid = fig.add_gridspec(3, 4, height_ratios=[1.1, 1.8, 2.2], hspace=0.6, wspace=0.35)
+    fig = plt.figure(figsize=(13, 9.5))
+    grid = fig.add_gridspec(3, 4, height_ratios=[1.1, 1.8, 2.2], hspace=0.75, wspace=0.4)
     _routing_panel(fig.add_subplot(grid[0, :]), topk_indices, routing, cmap)
     _row_blocks_panel(fig.add_subplot(grid[1, :]), routing.counts.tolist(), config)
 
@@ -322,24 +322,25 @@ def p2_tiling_figure(topk_indices, num_experts: int, hidden_size: int, intermedi
     def count(step: str) -> str:
         launch = plan[step]
         if launch.tiles:
-            return f"{launch.programs} persistent programs over {'×'.join(map(str, launch.tiles.values()))} tiles"
+            return f"{launch.programs} persistent programs,\n{'×'.join(map(str, launch.tiles.values()))} tiles"
         return "×".join(map(str, launch.grid.values())) + " programs"
 
     panels = (  # title, rows, (tick, hatch) per column, programs per cell, x label, y label
-        (f"kernel A: {count('A')}", E, [(str(j), None) for j in range(plan["A"].grid["I-tiles"])], R,
+        (f"kernel A\n{count('A')}", E, [(str(j), None) for j in range(plan["A"].grid["I-tiles"])], R,
          "I-tile (R programs each)", "expert"),
-        (f"kernel W: {count('W_gate_up')} (dWg·dWu)\n+ {count('W_down')} (dWd, hatched)", E, w_ticks, 1,
-         f"M-tile·{n_key[:-1]}: dWg·dWu | dWd", "expert"),
-        (f"kernel D: {count('D')}", E, [(str(j), None) for j in range(d_tiles["H-tiles"])], d_split,
+        (f"kernel W: dWg·dWu, then dWd (hatched)\n{count('W_gate_up')}", E, w_ticks, 1, "tile", "expert"),
+        (f"kernel D\n{count('D')}", E, [(str(j), None) for j in range(d_tiles["H-tiles"])], d_split,
          "H-tile" + ("" if plan["D"].tiles else " (R programs each)"), "expert"),
-        (f"kernel C: {count('C')}", T, [(str(j), None) for j in range(plan["C"].grid["H-tiles"])], 1,
+        (f"kernel C\n{count('C')}", T, [(str(j), None) for j in range(plan["C"].grid["H-tiles"])], 1,
          "H-tile", "token"),
     )  # fmt: skip
     for column, panel in enumerate(panels):
         ax = fig.add_subplot(grid[2, column])
         _grid_panel(ax, *panel, cmap)
-        if column == 1:  # kernel W: its dWg·dWu launch, then its dWd launch
-            ax.axvline(gate_up["M-tiles"] * gate_up[n_key], color="black", lw=1.2)
+        if column == 1:  # kernel W: its dWg·dWu launch, then its dWd launch, one label each (the tiles are many)
+            split = gate_up["M-tiles"] * gate_up[n_key]
+            ax.axvline(split, color="black", lw=1.2)
+            ax.set_xticks([split / 2, split + len(w_ticks[split:]) / 2], ["dWg·dWu", "dWd"])
     return fig
 
 
@@ -1344,3 +1345,38 @@ def pingpong_epilogue_table(num_tokens: int = 2447, paths=(PINGPONG_TRACE_FILE, 
                                                     launch_end_us=("end_us", "median"))  # fmt: skip
     table["epilogue_us"] = table["launch_end_us"] - table["main_loop_end_us"]
     return table
+
+
+# ================================================================ split-K, deterministically (notebook 04)
+
+SPLIT_DEMO_BLOCK_K = 16  # the demonstration's BLOCK_K: the smallest tl.dot takes
+
+
+def split_demo_config(split: int) -> TileConfig:
+    """Portable-design tiles for the split-K demonstration: dA's reduction over H and dx's over 2I split in ``split``
+    (BLOCK_K = 16), the weight gradients (short reductions over T) unsplit, few programs for the interpreter."""
+    reduction = (16, 64, SPLIT_DEMO_BLOCK_K, split)
+    weight_grads = (32, 64, 16, 1)
+    return TileConfig(d_intermediate=reduction, grad_down=weight_grads, grad_x=reduction, grad_gate_up=weight_grads,
+                      warps=(4, 4), stages=(2, 2), group_m=2)  # fmt: skip
+
+
+def split_demo_size(split: int, steps_per_split: int) -> int:
+    """H (and I) of the demonstration: each split's piece of dA's reduction ``steps_per_split`` BLOCK_K steps long, so
+    that the split and the unsplit sums group the steps differently (one step a split would add them in the same
+    order)."""
+    return split * steps_per_split * SPLIT_DEMO_BLOCK_K
+
+
+def split_differences(split_outputs, unsplit_outputs, names) -> pd.DataFrame:
+    """Per output: the relative difference split against unsplit, the share of elements that differ and the largest
+    elementwise difference relative to the unsplit value, in units of fp32's machine epsilon (about one unit in the
+    last place)."""
+    rows = {}
+    for name, a, b in zip(names, split_outputs, unsplit_outputs, strict=True):
+        a, b = a.float(), b.float()
+        spacing = torch.finfo(torch.float32).eps * b.abs().clamp_min(torch.finfo(torch.float32).tiny)
+        rows[name] = {"relative difference": ((a - b).norm() / b.norm()).item(),
+                      "elements that differ": (a != b).double().mean().item(),
+                      "largest difference (fp32 eps)": ((a - b).abs() / spacing).max().item()}  # fmt: skip
+    return pd.DataFrame.from_dict(rows, orient="index")

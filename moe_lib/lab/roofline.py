@@ -14,6 +14,7 @@ import math
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.lines import Line2D
 
 from .. import problems, roofline
 from .results import IMPL_STYLE, IMPLS, OURS, ResultFile, find, ok_rows, styled
@@ -31,6 +32,19 @@ def measured_specs(results: dict[str, ResultFile]) -> dict[str, roofline.GPUSpec
     return {f"{r.gpu_key} measured ({r.key})": r.measured_spec for r in results.values() if r.measured_spec}
 
 
+def measured_ceilings(results: dict[str, ResultFile]) -> dict[str, roofline.GPUSpec]:
+    """One GPUSpec per GPU key the result files ran on: the median of their measured ceilings (a device-to-device
+    copy and an 8192³ bf16 matmul per run; the runs agree within a few per cent)."""
+    by_gpu: dict[str, list] = {}
+    for result in results.values():
+        if result.measured_spec is not None:
+            by_gpu.setdefault(result.gpu_key, []).append(result.measured_spec)
+    return {gpu: roofline.GPUSpec.from_measured(float(np.median([s.dram_bandwidth for s in specs])),
+                                                float(np.median([s.bf16_dense_flops for s in specs])),
+                                                name=f"{gpu} measured (median of {len(specs)} runs)")
+            for gpu, specs in by_gpu.items()}  # fmt: skip
+
+
 def ridge_point(gpu) -> float:
     """FLOP per byte where ``gpu`` turns compute-bound: bf16 dense rate / DRAM bandwidth."""
     spec = _spec(gpu)
@@ -44,19 +58,29 @@ def attainable(gpu, intensity):
 
 
 def gpu_table(measured: dict[str, roofline.GPUSpec] | None = None) -> pd.DataFrame:
-    """Every GPU of :data:`moe_lib.roofline.GPUS` (datasheet figures), then the ``measured`` ceilings:
-    bf16 dense rate, DRAM bandwidth, ridge point, SMs and source."""
-    specs = {**roofline.GPUS, **(measured or {})}
-    rows = {label: {"bf16 dense (TFLOP/s)": s.bf16_dense_flops / 1e12, "DRAM (TB/s)": s.dram_bandwidth / 1e12,
-                    "ridge (FLOP/B)": ridge_point(s), "SMs": s.sms, "source": s.source}
-            for label, s in specs.items()}  # fmt: skip
+    """One row per GPU of :data:`moe_lib.roofline.GPUS`: its datasheet's bf16 dense rate, DRAM bandwidth and ridge
+    point, and beside them the ceilings a run measured on it (``measured``: {GPU key: GPUSpec}, e.g.
+    :func:`measured_ceilings`; NaN where none was), its SMs and the datasheet's source."""
+    measured = measured or {}
+    rows = {}
+    for key, spec in roofline.GPUS.items():
+        mine = measured.get(key)
+        rows[key] = {"bf16 dense (TFLOP/s)": spec.bf16_dense_flops / 1e12, "DRAM (TB/s)": spec.dram_bandwidth / 1e12,
+                     "ridge (FLOP/B)": ridge_point(spec),
+                     "measured bf16 (TFLOP/s)": mine.bf16_dense_flops / 1e12 if mine else math.nan,
+                     "measured DRAM (TB/s)": mine.dram_bandwidth / 1e12 if mine else math.nan,
+                     "measured ridge (FLOP/B)": ridge_point(mine) if mine else math.nan,
+                     "SMs": spec.sms, "source": spec.source}  # fmt: skip
     return pd.DataFrame.from_dict(rows, orient="index")
 
 
 def styled_gpu_table(table: pd.DataFrame, highlight: str):
     """:func:`gpu_table` styled, the row ``highlight`` shaded."""
-    formats = {"bf16 dense (TFLOP/s)": "{:.0f}", "DRAM (TB/s)": "{:.2f}", "ridge (FLOP/B)": "{:.0f}", "SMs": "{:.0f}"}
-    return (styled(table, formats, f"Ceilings and ridge points ({highlight} highlighted)")
+    formats = {"bf16 dense (TFLOP/s)": "{:.0f}", "DRAM (TB/s)": "{:.2f}", "ridge (FLOP/B)": "{:.0f}", "SMs": "{:.0f}",
+               "measured bf16 (TFLOP/s)": "{:.0f}", "measured DRAM (TB/s)": "{:.2f}",
+               "measured ridge (FLOP/B)": "{:.0f}"}  # fmt: skip
+    return (styled(table, formats, f"Ceilings and ridge points, datasheet and measured ({highlight} highlighted; "
+                                   "–: not measured)")  # fmt: skip
             .apply(lambda row: ["background: #ddf4ff" if row.name == highlight else "" for _ in row], axis=1))
 
 
@@ -110,16 +134,22 @@ def ridge_crossing(problem: str, gpu, **axes) -> float:
     return ridge * c / (a - ridge * b) if a > ridge * b else math.inf
 
 
-def crossing_table(gpus: dict, problem_names=problems.PROBLEM_NAMES) -> pd.DataFrame:
-    """Per problem and GPU (``{label: key or GPUSpec}``): the ridge, the crossing T*, the first
-    compute-bound token count ⌈T*⌉ and the intensity the problem tends to at large T (a / b)."""
+def crossing_table(gpus, measured: dict[str, roofline.GPUSpec] | None = None,
+                   problem_names=problems.PROBLEM_NAMES) -> pd.DataFrame:  # fmt: skip
+    """Per problem and GPU (``gpus``: keys of :data:`moe_lib.roofline.GPUS`, each once): the datasheet's ridge, the
+    crossing T*, the first compute-bound token count ⌈T*⌉, the same from the ceilings measured on that GPU where
+    ``measured`` has them ({GPU key: GPUSpec}), and the intensity the problem tends to at large T (a / b)."""
+    measured = measured or {}
     rows = []
     for problem in problem_names:
         a, b, _ = cost_coefficients(problem)
-        for label, gpu in gpus.items():
+        for gpu in dict.fromkeys(gpus):
             crossing = ridge_crossing(problem, gpu)
-            rows.append(dict(problem=problem, gpu=label, ridge=ridge_point(gpu), crossing_tokens=crossing,
+            mine = measured.get(gpu)
+            rows.append(dict(problem=problem, gpu=gpu, ridge=ridge_point(gpu), crossing_tokens=crossing,
                              first_compute_bound=math.ceil(crossing) if math.isfinite(crossing) else None,
+                             measured_ridge=ridge_point(mine) if mine else math.nan,
+                             measured_crossing_tokens=ridge_crossing(problem, mine) if mine else math.nan,
                              intensity_limit=a / b))  # fmt: skip
     return pd.DataFrame(rows).set_index(["problem", "gpu"])
 
@@ -134,8 +164,7 @@ def regime_table(cases, gpu) -> pd.DataFrame:
         _, b, c = cost_coefficients(problem)
         row = cost_table(problem, spec, [t]).iloc[0]
         rows.append(dict(problem=problem, num_tokens=t, bound=row["bound"], t_memory_us=row["t_memory_us"],
-                         t_compute_us=row["t_compute_us"], weight_bytes_share=c / (b * t + c),
-                         weight_bytes_per_sm=c / spec.sms if spec.sms else math.nan))  # fmt: skip
+                         t_compute_us=row["t_compute_us"], weight_bytes_share=c / (b * t + c)))  # fmt: skip
     return pd.DataFrame(rows).set_index(["problem", "num_tokens"])
 
 
@@ -157,22 +186,49 @@ def measured_points(results: dict[str, ResultFile]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
 
 
-def project_points(points: pd.DataFrame, to_gpu: str) -> pd.DataFrame:
-    """The points with ``projected_rate`` and ``projected_ms`` on ``to_gpu``: each keeps its fraction of the
-    roofline, i.e. its rate is scaled by roof(to_gpu, I) / roof(its GPU, I) at its intensity I. Where both
-    GPUs are memory-bound at I that is the ratio of the bandwidths, where both are compute-bound the ratio
-    of the bf16 rates. Points measured on ``to_gpu`` itself keep their rate; points from a GPU not in
-    :data:`moe_lib.roofline.GPUS` get NaN."""
+# below this roofline time a kernel's time is its latencies: a launch and a chain of dependent round trips
+# (5–15 µs measured at P1's few tokens, notes/p1/design-05-traced.md)
+LATENCY_BOUND_US = 10.0
+
+
+def roof_time_s(gpu, flops, traffic):
+    """The roofline's time for ``flops`` and ``traffic`` bytes on ``gpu``: max(bytes / bandwidth, FLOPs / rate)."""
+    spec = _spec(gpu)
+    return np.maximum(np.asarray(traffic, dtype=float) / spec.dram_bandwidth,
+                      np.asarray(flops, dtype=float) / spec.bf16_dense_flops)  # fmt: skip
+
+
+def project_points(points: pd.DataFrame, to_gpu: str, latency_bound_us: float = LATENCY_BOUND_US) -> pd.DataFrame:
+    """The points with ``projected_rate`` and ``projected_ms`` on ``to_gpu`` and how each was projected
+    (``projection``). Two models, by the point's roofline time T_roof on its own GPU (datasheet ceilings):
+
+    - from ``latency_bound_us`` up, the roof is what bounds it: it **keeps its fraction** of the roofline, its rate
+      scaled by roof(to_gpu, AI) / roof(its GPU, AI) — the ratio of the bandwidths where both GPUs are memory-bound
+      at its intensity AI, of the bf16 rates where both are compute-bound;
+    - below, its time is latencies (a launch, chains of dependent loads) that a faster roof does not shorten: the
+      **latency model** keeps the time beyond the roof, t − T_roof(its GPU), and adds the new GPU's T_roof to it.
+
+    Points measured on ``to_gpu`` keep their rate ("measured"); points from a GPU not in
+    :data:`moe_lib.roofline.GPUS` get NaN ("not projected")."""
     projected = points.copy()
-    ratios = []
-    for gpu, intensity in zip(points["gpu"], points["intensity"], strict=True):
+    scales, methods = [], []
+    for gpu, intensity, flops, traffic, ms in zip(points["gpu"], points["intensity"], points["flops"], points["bytes"],
+                                                  points["median_ms"], strict=True):  # fmt: skip
         if gpu == to_gpu:
-            ratios.append(1.0)
-        elif gpu in roofline.GPUS:
-            ratios.append(float(attainable(to_gpu, intensity) / attainable(gpu, intensity)))
+            scales.append(1.0)
+            methods.append("measured")
+        elif gpu not in roofline.GPUS:
+            scales.append(math.nan)
+            methods.append("not projected")
+        elif float(roof_time_s(gpu, flops, traffic)) * 1e6 >= latency_bound_us:
+            scales.append(float(attainable(to_gpu, intensity) / attainable(gpu, intensity)))
+            methods.append("keeps its fraction")
         else:
-            ratios.append(math.nan)
-    projected["scale"] = ratios
+            seconds = ms * 1e-3 - float(roof_time_s(gpu, flops, traffic)) + float(roof_time_s(to_gpu, flops, traffic))
+            scales.append(ms * 1e-3 / seconds)
+            methods.append("latency model")
+    projected["scale"] = scales
+    projected["projection"] = methods
     projected["projected_rate"] = projected["flop_rate"] * projected["scale"]
     projected["projected_ms"] = projected["median_ms"] / projected["scale"]
     projected["projected"] = projected["gpu"] != to_gpu
@@ -184,7 +240,7 @@ def points_table(points: pd.DataFrame, gpu: str, impl: str = OURS) -> pd.DataFra
     mine = points[points["impl"] == impl].copy()
     mine["roofline fraction"] = mine["projected_rate"] / attainable(gpu, mine["intensity"])
     mine = mine.sort_values(["problem", "num_tokens"]).set_index(["problem", "num_tokens"])
-    return mine[["gpu", "intensity", "flop_rate", "projected_rate", "roofline fraction"]].rename(
+    return mine[["gpu", "projection", "intensity", "flop_rate", "projected_rate", "roofline fraction"]].rename(
         columns={"gpu": "measured on", "flop_rate": "measured FLOP/s", "projected_rate": f"FLOP/s on {gpu}"})
 
 
@@ -249,31 +305,49 @@ def _label_token_counts(ax, points: pd.DataFrame) -> None:
                     arrowprops=dict(arrowstyle="-", color=color, lw=0.6, alpha=0.6, shrinkA=1, shrinkB=5))  # fmt: skip
 
 
-def roofline_figure(gpu: str, points: pd.DataFrame, results: dict[str, ResultFile] | None = None):
-    """One roofline panel per problem with points: measured ones (filled) where they ran on ``gpu``,
-    projected ones (hollow, labelled so) where they ran elsewhere. Returns the figure."""
-    projected = project_points(points, gpu)
+PROJECTION_STYLE = {"measured": ("solid", True), "keeps its fraction": ("solid", False),
+                    "latency model": ("dashed", False)}  # (edge line style, filled) of a point by its projection
+
+
+def roofline_figure(gpu: str, points: pd.DataFrame, results: dict[str, ResultFile] | None = None, *,
+                    latency_bound_us: float = LATENCY_BOUND_US):  # fmt: skip
+    """One roofline panel per problem with points (a row each): measured ones filled where they ran on ``gpu``,
+    projected ones hollow where they ran elsewhere (:func:`project_points`; those projected by the latency model
+    with a dashed edge), the legend beside the axes. Returns the figure."""
+    projected = project_points(points, gpu, latency_bound_us)
     names = [p for p in problems.PROBLEM_NAMES if p in set(points["problem"])] or list(problems.PROBLEM_NAMES)
-    fig, axes = plt.subplots(len(names), 1, figsize=(10, 5.6 * len(names)), sharex=True, squeeze=False)
+    fig, axes = plt.subplots(len(names), 1, figsize=(12.5, 5.2 * len(names)), sharex=True, squeeze=False)
     y_min = max(1e9, projected["projected_rate"].min() / 8) if len(projected) else 1e10  # room for the T labels
     for ax, problem in zip(axes[:, 0], names, strict=True):
         result = find(results, problem) if results else None
         same_gpu = result is not None and result.gpu_key == gpu
         plot_roofline(ax, gpu, measured=result.measured_spec if same_gpu else None)
         mine = projected[projected["problem"] == problem]
+        handles = [ax.get_lines()[0]]  # the roofline
         for impl in [i for i in IMPLS if i in set(mine["impl"])] + sorted(set(mine["impl"]) - set(IMPLS)):
             rows = mine[mine["impl"] == impl]
             color, marker = IMPL_STYLE.get(impl, ("black", "x"))
-            for was_projected, group in rows.groupby("projected"):
-                source = ", ".join(sorted(set(group["gpu"])))
-                label = f"{impl} (projected from {source})" if was_projected else f"{impl} (measured, {source})"
-                ax.scatter(group["intensity"], group["projected_rate"], color=color if not was_projected else "none",
+            handles.append(Line2D([], [], color=color, marker=marker, ls="none", label=impl))
+            for method, group in rows.groupby("projection", sort=False):
+                if method not in PROJECTION_STYLE:
+                    continue
+                edge, filled = PROJECTION_STYLE[method]
+                ax.scatter(group["intensity"], group["projected_rate"], color=color if filled else "none",
                            edgecolors=color, marker=marker, s=70 if impl == OURS else 38, linewidths=1.2,
-                           label=label, zorder=3)  # fmt: skip
+                           linestyles=edge, zorder=3)  # fmt: skip
+        sources = ", ".join(sorted(set(mine["gpu"]) - {gpu}))
+        for method in [m for m in PROJECTION_STYLE if m in set(mine["projection"])]:
+            edge, filled = PROJECTION_STYLE[method]
+            what = f"measured on {gpu}" if method == "measured" else f"from {sources}: {method}"
+            handles.append(Line2D([], [], color="black", marker="o", ls="none", markerfacecolor="black" if filled else
+                                  "none", markeredgewidth=1.2, label=what))  # fmt: skip
+            if edge == "dashed":
+                handles[-1].set_label(f"{what} (dashed edge)")
         _label_token_counts(ax, mine)
         ax.set_ylim(y_min, _spec(gpu).bf16_dense_flops * 4)
         ax.set_title(f"{problems.load(problem).title} on {gpu}", fontsize=11)
-        ax.legend(fontsize=8, loc="lower right")
+        handles += [line for line in ax.get_lines()[1:] if not line.get_label().startswith("_")]  # measured ceilings
+        ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # covers nothing
         ax.xaxis.set_tick_params(labelbottom=True)
     fig.tight_layout()
     return fig
@@ -307,4 +381,67 @@ def intensity_figure(gpu: str, problem_names=problems.PROBLEM_NAMES, measured: d
            title=f"Where each problem turns compute-bound on {gpu}")  # fmt: skip
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: it covers no curve
+    return fig
+
+
+# ================================================================ granularity and sparsity (SonicMoE's view)
+
+
+def expert_gemm_intensity(num_tokens, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int,
+                          element_bytes: int = 2):  # fmt: skip
+    """The arithmetic intensity of one expert's up-projection, [m, H] × [H, 2I] with m = T·K/E rows (the mean under
+    uniform routing), each operand read and the output written once: 2·m·H·2I FLOPs over
+    b·(m·H + 2·H·I + m·2I) bytes, i.e. AI = 4 / b · 1 / (1/I + 2/m + 2/H) with b = ``element_bytes``. In SonicMoE's
+    terms (granularity G = H/I, sparsity ρ = K/E): AI = 4 / b · 1 / ((G + 2)/H + 2/(T·ρ))."""
+    for name, value in (("hidden_size", hidden_size), ("intermediate_size", intermediate_size),
+                        ("num_experts", num_experts), ("top_k", top_k), ("element_bytes", element_bytes)):
+        if not value > 0:
+            raise ValueError(f"{name}: expected a positive number, got {value!r}")
+    rows = np.asarray(num_tokens, dtype=float) * top_k / num_experts
+    H, I = hidden_size, intermediate_size
+    return 4 / element_bytes / (1 / I + 2 / rows + 2 / H)
+
+
+def granularity_table(shapes, num_tokens: int, gpu) -> pd.DataFrame:
+    """Per model shape (``shapes``: objects with name, hidden_size, intermediate_size, num_experts and top_k, e.g.
+    :data:`moe_lib.bench.models.MODEL_SHAPES`): its granularity G = H/I, sparsity ρ = K/E, rows per expert at
+    ``num_tokens`` and the intensity of :func:`expert_gemm_intensity` beside ``gpu``'s ridge."""
+    ridge = ridge_point(gpu)
+    rows = {}
+    for shape in shapes:
+        if shape.num_experts is None:
+            continue
+        ai = float(expert_gemm_intensity(num_tokens, shape.hidden_size, shape.intermediate_size, shape.num_experts,
+                                         shape.top_k))  # fmt: skip
+        rows[shape.name] = {"H": shape.hidden_size, "I": shape.intermediate_size, "E": shape.num_experts,
+                            "K": shape.top_k, "G = H/I": shape.hidden_size / shape.intermediate_size,
+                            "ρ = K/E": shape.top_k / shape.num_experts,
+                            "rows per expert": num_tokens * shape.top_k / shape.num_experts,
+                            "AI (FLOP/B)": ai, "bound": "compute" if ai >= ridge else "memory"}  # fmt: skip
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def granularity_figure(gpu, shapes, num_tokens: int, hidden_size: int = 4096):
+    """SonicMoE's view of arithmetic intensity: AI of one expert's up-projection against the rows per expert
+    m = T·ρ, one curve per granularity G at ``hidden_size``, ``gpu``'s ridge dashed, and the model ``shapes`` at
+    ``num_tokens`` tokens marked at their own G, ρ and H. Returns the figure."""
+    fig, ax = plt.subplots(figsize=(10, 4.6), layout="constrained")
+    rows = np.logspace(0.5, 4.5, 300)
+    for granularity in (0.5, 1, 2, 4, 8):
+        ax.loglog(rows, expert_gemm_intensity(rows, hidden_size, hidden_size / granularity, 1, 1), lw=1.2,
+                  label=f"G = H/I = {granularity:g} (H = {hidden_size})")  # fmt: skip
+    ax.axhline(ridge_point(gpu), color="black", ls="--", lw=1, label=f"{gpu} ridge {ridge_point(gpu):.0f} FLOP/B")
+    table = granularity_table(shapes, num_tokens, gpu)
+    ax.scatter(table["rows per expert"], table["AI (FLOP/B)"], color="black", zorder=3, s=22)
+    ordered = table.sort_values(["rows per expert", "AI (FLOP/B)"])
+    for index, (name, row) in enumerate(ordered.iterrows()):  # labels alternately above and below: none overlap
+        above = index % 2 == 1
+        offset = (-6, 16) if above else (6, -16)
+        ax.annotate(name, (row["rows per expert"], row["AI (FLOP/B)"]), xytext=offset, textcoords="offset points",
+                    fontsize=7, ha="right" if above else "left", va="bottom" if above else "top",
+                    arrowprops=dict(arrowstyle="-", lw=0.5, color="gray"))  # fmt: skip
+    ax.set(xlabel="rows per expert m = T·K/E", ylabel="arithmetic intensity (FLOP / byte)",
+           title=f"One expert's up-projection [m, H] × [H, 2I] in bf16; the models at T = {num_tokens}")  # fmt: skip
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return fig
