@@ -39,8 +39,8 @@ CHOSEN = "chosen"
 # the default's tiles at the benchmark's shape from 2 tokens (d_late_s8 below): what the candidates vary
 MOVES = dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="registers", count_late=True,
              stage_before_wait=True, once_by_move=True)
-# name -> FewTokensConfig fields at H 2048, I 768 (block_t is set per token count); what each measured: NOTES.md,
-# designs 5 and 9-12
+# name -> FewTokensConfig fields at H 2048, I 768 (block_t is set per token count); what each measured:
+# notes/p1/design-05.md, design-09.md to design-12.md
 CANDIDATES = {
     # 96 programs: a 256×64 Wd tile (128 B rows) and a 128×128 Wg/Wu tile (256 B rows) each, Wg, Wu in registers
     "a_reg": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="registers"),

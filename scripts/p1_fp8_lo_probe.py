@@ -3,7 +3,7 @@
     PYTHONPATH=. python scripts/p1_fp8_lo_probe.py [--tokens 1087,2447,4093,8192] [--out DIR]
 
 The faithful path carries dGate, dUp as a bf16 hi half and a bf16 lo half (the rounding error of hi), so the dx and
-dWg ‖ dWu products run twice (data/results/NOTES.md, "The faithful path's arithmetic, simulated"). An fp8 e4m3 lo
+dWg ‖ dWu products run twice (notes/p1/faithful-arithmetic.md). An fp8 e4m3 lo
 half against fp8 copies of the other operand passed the benchmark's element rule in that simulation; on Hopper an
 fp8 product runs at up to twice the bf16 rate, but wgmma takes fp8 operands only K-major, so the lo half would be
 stored for each product in the layout it needs and x and [Wg; Wu] copied to fp8 transposed. This probe times, the

@@ -27,7 +27,7 @@ from moe_lib.swiglu_down.designs.library_gemms import D_A_16BIT_MIN_TOKENS
 from moe_lib.tiling import cdiv
 
 # name: ((BLOCK_T, BLOCK_I), warps) of swiglu_grads_kernel (LibraryGemmsConfig.grads_block, grads_warps). The pass by
-# flat runs of elements measured here before (data/results/NOTES.md, design 7) was removed: its code is at 1051632
+# flat runs of elements measured here before (notes/p1/design-07.md) was removed: its code is at 1051632
 VARIANTS = {
     "blocks16x128_w4": ((16, 128), 4),  # the default
     "blocks8x256_w4": ((8, 256), 4),

@@ -24,7 +24,7 @@ config, ms, speedup over (a), worst relative error, check) and writes every row 
 
 A config is a name of :data:`CANDIDATES` or ``NAME:FIELD=VALUE,…`` over the case's default config
 (``choose_tma_weight_grad_config``); tiles are written ``128x128x64``, booleans 0/1. The warp-specialised
-and TMA-store forms are refused on the GPU (they leave tiles unwritten there: data/results/NOTES.md).
+and TMA-store forms are refused on the GPU (they leave tiles unwritten there: notes/p2/runs-design-04.md).
 """
 
 from __future__ import annotations

@@ -133,7 +133,7 @@ def test_design_tables_read_the_committed_tuning_runs():
     assert list(p1.index) == [1, 16, 128, 512]
     assert p1.loc[1, "one launch µs"] == pytest.approx(22.2, abs=0.05)
     assert p1.loc[128, "two launches: config"] == "mid_s4"
-    assert (p1["two launches µs"] <= p1["one launch µs"] + 0.5).all()  # what NOTES.md says: no gain
+    assert (p1["two launches µs"] <= p1["one launch µs"] + 0.5).all()  # what notes/index.md says: no gain
     labels = {"unfused": "design 2", "g_s3": "design 3"}
     p2 = kernels.p2_kernel_times(kernels.TUNING_DIR / "2026-11-29-p2-design3-tune.json", labels)
     assert list(p2.index) == [(case, label) for case in ("fp32:2048", "bf16:2048", "fp32:8192") for label in
@@ -152,7 +152,7 @@ def test_few_tokens_table_reads_the_committed_check_run():
     assert list(graph.index) == [(p, t) for p in ("faithful", "fast") for t in (1, 4, 16, 64)]
     assert graph.loc[("faithful", 1), "a_reg"] == pytest.approx(19.2, abs=0.05)
     assert 3 < floor < 6
-    # what NOTES.md and the default say: the chosen tiles ahead up to 16 tokens, behind at 64
+    # what notes/index.md and the default say: the chosen tiles ahead up to 16 tokens, behind at 64
     few, more = graph.xs(16, level="num_tokens"), graph.xs(64, level="num_tokens")
     assert (few["a_reg"] < few[kernels.FEW_TOKENS_BEFORE]).all()
     assert (more["a_reg"] > more[kernels.FEW_TOKENS_BEFORE]).all()
@@ -239,7 +239,7 @@ def test_p1_design_map_draws_every_run_of_the_design_choice():
 
 def test_one_graph_host_gap_file_holds_what_notes_say():
     """The two Gluon launches as one CUDA graph: their span in NVIDIA's method under graph replay at every count
-    (NOTES.md, design 16), ahead of the few-token launch from 65 tokens."""
+    (notes/p1/design-16.md), ahead of the few-token launch from 65 tokens."""
     table = kernels.p1_host_gap_times(kernels.ONE_GRAPH_HOST_GAP_FILE, kernels.ONE_GRAPH_LABELS)
     graph = table.xs("two launches as one CUDA graph", level="design")
     assert list(graph.index) == [65, 100, 128, 256, 512, 1087, 1321]
@@ -322,7 +322,7 @@ def test_one_block_table_reads_the_committed_runs_of_both_trees():
     assert list(table.columns) == [kernels.ONE_BLOCK_BEFORE, kernels.ONE_BLOCK_SAVED_FIRST, kernels.ONE_BLOCK_NOW]
     assert 3 < floor < 6
     faithful, fast = table.loc["faithful"], table.loc["fast"]
-    # what NOTES.md (design 10) and FEW_TOKENS_MAX_TOKENS say: the faithful path faster at 17-96 tokens, a tie at 128
+    # what notes/p1/design-10.md and FEW_TOKENS_MAX_TOKENS say: the faithful path faster at 17-96 tokens, a tie at 128
     now = faithful[kernels.ONE_BLOCK_NOW].dropna()
     assert list(now.index) == [17, 24, 32, 33, 64, 96, 128]
     assert (now.loc[:96] < faithful.loc[now.loc[:96].index, kernels.ONE_BLOCK_BEFORE] - 5).all()
@@ -414,7 +414,7 @@ def test_gluon_forms_table_follows_the_bands():
 
 
 def test_gluon_forms_file_holds_the_measured_gains():
-    """The committed tuning runs behind GLUON_FORMS: what NOTES.md (design 15) says of them."""
+    """The committed tuning runs behind GLUON_FORMS: what notes/p1/design-15.md says of them."""
     times = kernels.p1_tune_runs_times(kernels.GLUON_FORMS_FILE, labels=kernels.GLUON_FORM_LABELS)
     assert list(times.columns) == list(kernels.GLUON_FORM_LABELS.values())
     long_first, wide = times["both at 64 rows, long tiles first"], times["128 rows"]
@@ -427,7 +427,7 @@ def test_gluon_forms_file_holds_the_measured_gains():
 
 def test_programmatic_launch_gains_pair_each_form_with_its_pdl_candidate():
     """The committed PDL runs: every form measured both ways, and launch 2 by programmatic dependent launch faster
-    in each band's form where it is the default (what NOTES.md says, design 16: 0.6-1.2 µs by
+    in each band's form where it is the default (what notes/index.md says, design 16: 0.6-1.2 µs by
     graph replay), and in most of the other cases."""
     gains = kernels.programmatic_launch_gains()
     bands = {"gluon12_m64_lf": [129, 256, 512, 1087], "gluon12_l2m64_lf": [1150, 1200, 1321],
@@ -440,7 +440,7 @@ def test_programmatic_launch_gains_pair_each_form_with_its_pdl_candidate():
 
 def test_saved_tiles_early_gains_pair_each_form_with_its_early_candidate():
     """The committed runs of launch 1's saved tiles asked for early: every default form measured both ways, faster in
-    most pairs and never more than 0.5 µs slower (what NOTES.md says, design 17: 0.1-1.3 µs in 14
+    most pairs and never more than 0.5 µs slower (what notes/index.md says, design 17: 0.1-1.3 µs in 14
     of 17 pairs, ties within ±0.3 in the rest)."""
     gains = kernels.saved_tiles_early_gains()
     assert set(gains.columns) == {"gluon12_m64_lf_pdl_sif_graph", "gluon12_l2m64_lf_pdl_sif_graph",
@@ -451,7 +451,7 @@ def test_saved_tiles_early_gains_pair_each_form_with_its_early_candidate():
 
 def test_split_tiles_slower_than_the_unsplit_form():
     """The committed split runs: every split candidate at least as slow as the unsplit 64-row form at every count but
-    one tie at 128 tokens (NOTES.md, design 17)."""
+    one tie at 128 tokens (notes/p1/design-17.md)."""
     slowdown = kernels.split_tiles_slowdown()
     assert len(slowdown.columns) == 14 and set(slowdown.index) == {65, 128, 256, 512, 768, 1087}
     values = slowdown.stack().dropna()
@@ -465,7 +465,7 @@ def test_phase2_tile_table_reads_the_committed_runs():
     assert 3 < floor < 6
     for precision in ("faithful", "fast"):
         part = table.loc[precision]
-        # what NOTES.md (design 12) says: the 64 × 256 tiles ahead at 4–32 tokens on both paths, within 1.5 µs above
+        # what notes/p1/design-12.md says: the 64 × 256 tiles ahead at 4–32 tokens on both paths, within 1.5 µs above
         assert (part.loc[[4, 8, 16, 32], now] < part.loc[[4, 8, 16, 32], before]).all()
         both = part[[before, now]].loc[48:]
         assert (both.diff(axis=1).iloc[:, 1].abs() < 1.5).all()
@@ -485,7 +485,7 @@ def test_phase2_tile_table_reads_the_committed_runs():
 def test_host_gap_runs_of_launch2_in_gluon_step_by_step():
     table = kernels.p1_host_gap_runs(labels={1: "jit", 5: "encoded"})
     assert list(table.columns) == ["jit", 2, 3, 4, "encoded"]  # the runs in their order, unlabelled ones by number
-    # what NOTES.md (design 13) says: 204-351 µs over graph replay through the JIT, 0-2 µs encoded before launch 1
+    # what notes/p1/design-13.md says: 204-351 µs over graph replay through the JIT, 0-2 µs encoded before launch 1
     assert table["jit"].dropna().between(200, 360).all() and table["encoded"].dropna().abs().max() < 2.5
     assert table.index.is_monotonic_increasing
     figure = kernels.host_gap_steps_figure(table.dropna(thresh=3), "test")
@@ -498,7 +498,7 @@ def test_gluon_launch2_table_reads_the_committed_probe_runs():
     table = kernels.p1_gluon_launch2_times(labels=labels)
     assert list(table.columns) == ["Triton", "Gluon", "cuBLAS"]
     assert list(table.index) == [2447, 4093, 8192]
-    # what NOTES.md (design 13) says: the Gluon probe at the Triton launch's rate (-5% to +4%), cuBLAS taking 14-22%
+    # what notes/p1/design-13.md says: the Gluon probe at the Triton launch's rate (-5% to +4%), cuBLAS taking 14-22%
     # less time than either
     assert ((table["Gluon"] / table["Triton"] - 1).abs() < 0.06).all()
     assert (table["cuBLAS"] < 0.87 * table[["Triton", "Gluon"]].min(axis=1)).all()
@@ -515,7 +515,7 @@ def test_gluon_launch1_table_reads_the_committed_tune_runs():
     table = kernels.p1_tune_runs_times(labels=labels)
     assert list(table.columns) == list(labels.values())
     assert {1321, 1571, 2447, 4093, 8192} <= set(table.index)
-    # what NOTES.md (design 14) says: launch 1 in Gluon 3-7% faster from 1571 tokens; 256-wide dA tiles faster from
+    # what notes/p1/design-14.md says: launch 1 in Gluon 3-7% faster from 1571 tokens; 256-wide dA tiles faster from
     # 5000 tokens, slower at 1321-2447
     many = [1571, 2447, 4093, 8192]
     assert (table.loc[many, "both"] < 0.975 * table.loc[many, "launch 2 in Gluon"]).all()
@@ -530,7 +530,7 @@ def test_gluon_launch1_table_reads_the_committed_tune_runs():
 
 
 def test_program_traces_show_the_dx_tiles_ending_the_call_until_split():
-    """The committed program traces at 128 tokens (what NOTES.md, design 18, says of them): with dx unsplit its 16 tiles
+    """The committed program traces at 128 tokens (notes/p1/design-18.md): with dx unsplit its 16 tiles
     end the call ~9 µs after the weight-gradient tiles; split over 4 programs with the combine in 16-byte loads, they
     end with them, ≥ 3 µs sooner; design 17's combine spent the split's gain (its last split ran ≥ 6 µs past the
     others). One panel per call in the timeline."""
@@ -560,7 +560,7 @@ def test_program_traces_show_the_dx_tiles_ending_the_call_until_split():
 
 
 def test_program_traces_show_the_persistent_weight_gradient_programs_ending_with_dx():
-    """The committed traces at 512 tokens (NOTES.md, design 19; notebook 04): with one program a weight-gradient tile
+    """The committed traces at 512 tokens (notes/p1/design-19.md; notebook 04): with one program a weight-gradient tile
     those tiles end the call ~5 µs after dx's; taken in turn by 68 programs they end with dx's, ≥ 2 µs sooner."""
     traces = kernels.program_traces()
     at_512 = traces[(traces["T"] == 512) & (traces.config == "default")]
@@ -573,7 +573,7 @@ def test_program_traces_show_the_persistent_weight_gradient_programs_ending_with
 
 
 def test_fast_path_gluon_large_times_hold_the_second_band_of_gluon_fast_tokens():
-    """What choose.MEASURED and NOTES.md (design 19) say: beyond 959 tokens the 2300-3299 band's
+    """What choose.MEASURED and notes/p1/design-19.md say: beyond 959 tokens the 2300-3299 band's
     Gluon form without the lo halves is ahead of the fast path's cuBLAS design at 2447 and 3089 tokens (by ≥ 0.5% and
     ≥ 5%) and behind at 1087-1571, 3300, 4093; the other bands' forms behind cuBLAS wherever they ran."""
     table = kernels.fast_path_gluon_large_times()
@@ -593,7 +593,7 @@ def test_fast_path_gluon_large_times_hold_the_second_band_of_gluon_fast_tokens()
 
 
 def test_fast_path_gluon_times_hold_the_band_of_gluon_fast_tokens():
-    """What choose.MEASURED and NOTES.md (design 18) say: the Gluon launches (dx unsplit) ahead of
+    """What choose.MEASURED and notes/p1/design-18.md say: the Gluon launches (dx unsplit) ahead of
     the fast path's cuBLAS design at 65-896 tokens where both ran, behind from 1024; dx in 4 no better than unsplit
     without the lo halves from 160 tokens."""
     table = kernels.fast_path_gluon_times()
@@ -610,7 +610,7 @@ def test_fast_path_gluon_times_hold_the_band_of_gluon_fast_tokens():
 
 
 def test_design20_times_hold_its_forms():
-    """What choose.MEASURED and NOTES.md (design 20) say: launch 1's 64-wide dA
+    """What choose.MEASURED and notes/p1/design-20.md say: launch 1's 64-wide dA
     tiles ahead of the forms before at 65-256 tokens (by ≥ 2 µs to 128) and behind from 320, with 64-wide dWd tiles
     behind 128-wide ones; dWd's tiles in launch 2 ahead at 576-1099 and 3600-5000 tokens, behind at 1200, 3300 and
     6144, not ahead at 8192; the fast path on those forms ahead of its cuBLAS design at 960-1087 and 3600-4093, behind
@@ -668,7 +668,7 @@ def test_gluon_launch_schedule_places_grad_down_tiles_where_launch_2_takes_them(
 
 
 def test_design21_times_hold_the_fast_paths_own_forms():
-    """What choose.MEASURED and NOTES.md (design 21) say: on the fast path each
+    """What choose.MEASURED and notes/p1/design-21.md say: on the fast path each
     band's own form is ahead of the cuBLAS design (and at 2300-2599 of the faithful path's form) wherever the runs
     measured it inside the band, cuBLAS ahead at 1100-1200 tokens of the forms measured there then; the faithful path's
     1500 form (the 1400 band's with dWd's tiles in launch 2) ahead of the forms before at 1571-2200; the labelled
@@ -704,7 +704,7 @@ def test_design21_times_hold_the_fast_paths_own_forms():
 
 
 def test_design22_times_hold_the_forms_to_512_tokens():
-    """What choose.MEASURED and NOTES.md (design 22) say: on the fast path at 65-512
+    """What choose.MEASURED and notes/p1/design-22.md say: on the fast path at 65-512
     tokens the form each band takes is within 0.2 µs of the fastest measured and ahead of the forms before at 96-448;
     the 64-wide dA form ahead of cuBLAS at 1100-1249; on the faithful path dWd's tiles in launch 2 ahead at 160-256 (dx
     in 2) and a tie at 65-128 (dx in 4, not taken); the labelled candidates are the forms the paths take."""
@@ -737,7 +737,7 @@ def test_design22_times_hold_the_forms_to_512_tokens():
 
 
 def test_runs_side_by_side_hold_the_graph_counters_gain():
-    """What NOTES.md (design 23) and the README say of the committed runs before and after a captured graph kept an
+    """What notes/p1/design-23.md and the README say of the committed runs before and after a captured graph kept an
     eager call's counters: both paths 0.8-1.6 µs faster at 1-128 tokens (torch.compile's changes, the same code in
     both runs, are the runs' spread), one token 14.7 µs on both."""
     table = kernels.runs_side_by_side(*kernels.GRAPH_COUNTERS_RUNS)

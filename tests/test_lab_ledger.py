@@ -112,7 +112,7 @@ def test_p1_floors_order_the_arithmetics_and_end_in_geomeans():
 
 def test_fp8_lo_table_adds_the_products_and_the_copies():
     """The committed probe's 8192-token row by hand: both lo products' µs summed per way, the copies x → fp8 xᵀ and
-    [Wg; Wu] → fp8 at 2 + 1 bytes an element over the bandwidth; what NOTES.md (design 24) read off it."""
+    [Wg; Wu] → fp8 at 2 + 1 bytes an element over the bandwidth; what notes/p1/design-24.md read off it."""
     table = ledger.p1_fp8_lo_table(SPEC, None)
     assert list(table.index) == [1087, 1571, 2447, 2767, 4093, 7168, 8192]
     row = table.loc[8192]

@@ -252,7 +252,7 @@ def test_gpu_busy_experts(rows_per_step, seed):
 @pytest.mark.gpu
 @pytest.mark.parametrize("form, field", [("warp_specialized", "warp_specialize"), ("tma_store", "tma_store")])
 def test_gpu_refuses_the_forms_that_write_wrong_tiles(form, field, seed):
-    """Those forms leave tiles unwritten or wrong on the GPU (data/results/NOTES.md): refused there, not run."""
+    """Those forms leave tiles unwritten or wrong on the GPU (notes/p2/runs-design-04.md): refused there, not run."""
     case = make_case(**MEDIUM, routing="uniform", dtype=torch.bfloat16, seed=seed, device="cuda")
     config = variant(choose_tma_weight_grad_config(MEDIUM["T"] * MEDIUM["K"], MEDIUM["E"], 2, interpreter=False),
                      form)  # fmt: skip

@@ -82,7 +82,7 @@ def test_notebook_keeps_its_plumbing_off_its_page(path):
     assert not any("parameters" in cell.metadata.get("tags", []) for cell in hidden)
     for cell in notebook.cells:
         assert "problems.md" not in cell.source and "measuring.md" not in cell.source
-        for document in re.findall(r"`((?:docs|data|moe_lib|scripts)/[\w./-]+\.(?:md|py|json))`", cell.source):
+        for document in re.findall(r"`((?:docs|data|moe_lib|scripts|notes)/[\w./-]+\.(?:md|py|json))`", cell.source):
             assert (ROOT / document).is_file(), document
 
 

@@ -4,5 +4,5 @@
                     wgmma consumer partitions (cooperative or ping-pong), a grouped persistent tile order
 
 ``scripts/p2/gemm_probe.py`` checks and times it against ``torch.mm`` at P1's and P2's dense shapes; its numbers
-and the choice between this engine and QuACK's are in ``data/results/NOTES.md`` ("GEMM engine probe").
+and the choice between this engine and QuACK's are in ``notes/p2/engine-probe.md``.
 """

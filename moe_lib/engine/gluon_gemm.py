@@ -21,7 +21,7 @@ column: the programs running at once share A's and B's tiles in L2; :func:`moe_l
 order on the host). The ring's steps run on from tile to tile (step i in buffer i mod BUFFERS, its phase
 (i // BUFFERS) mod 2), so the loading warp fetches the next tile's first K steps while the last tile is finished.
 Ping-pong's order barrier also keeps the phases sound: a partition that waited on a buffer more than one use ahead
-could not tell the uses apart by the phase's parity (``data/results/NOTES.md``, design 13).
+could not tell the uses apart by the phase's parity (``notes/p1/design-13.md``).
 
 Operand forms (P2's products need all three): A as it lies ([M, K] row-major) or transposed (held as Aᵀ, [K, M]
 row-major: dgᵀ·x), B as it lies ([K, N]: dy·Wd) or transposed (held as Bᵀ, [N, K]: x·Wgᵀ). Transposed tiles are
@@ -53,7 +53,7 @@ from ..tma import aligned, rows_fit
 
 CONSUMER_MODES = ("cooperative", "pingpong")
 SHARED_MEMORY_LIMIT = 232448  # bytes of shared memory one block may use on sm_90
-LOADER_REGISTERS = 40  # the loading warp's registers after setmaxnreg (P1's launch 2: NOTES design 13)
+LOADER_REGISTERS = 40  # the loading warp's registers after setmaxnreg (P1's launch 2: notes/p1/design-13.md)
 CONSUMER_REGISTERS = 232  # ping-pong's second consumer partition (a worker: its registers are asked for)
 ELEMENT_BYTES = 2
 

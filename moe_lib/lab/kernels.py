@@ -920,9 +920,10 @@ def fast_path_gluon_large_times(path=FAST_GLUON_LARGE_FILE) -> pd.DataFrame:
     return p1_tune_runs_times(path, precision="fast", labels=FAST_GLUON_LARGE_LABELS)
 
 
-# Design 20 (NOTES): launch 1's dA tiles 64 wide to 256 tokens, dWd's tiles in launch 2 at 513-1099 and 3600-5199,
-# and the fast path on those forms. In the runs at f60a2bd "default" was the forms before; in the fast path's run at
-# c69b21c beyond 959 tokens, its cuBLAS design (the later runs' "default" is design 20's own choice: left out)
+# Design 20 (notes/p1/design-20.md): launch 1's dA tiles 64 wide to 256 tokens, dWd's tiles in launch 2 at
+# 513-1099 and 3600-5199, and the fast path on those forms. In the runs at f60a2bd "default" was the forms before;
+# in the fast path's run at c69b21c beyond 959 tokens, its cuBLAS design (the later runs' "default" is design 20's
+# own choice: left out)
 DESIGN20_FILE = TUNING_DIR / "2026-12-02-p1-narrow-da-grad-down-in-launch2.json"
 DESIGN20_DEFAULTS = {"f60a2bd69c996e378063ecac7301131e0c75ba69": "forms before",
                      "c69b21cd1dddad02f942e8e2327dab51d1b1237b": "cuBLAS"}  # fmt: skip
@@ -1045,7 +1046,7 @@ def design22_times(precision: str = "fast", path=DESIGN22_FILE) -> pd.DataFrame:
 
 
 # the committed benchmark runs before and after a captured graph kept an eager call's zeroed counters instead of zeroing
-# its own in a memset node (data/results/NOTES.md, design 23)
+# its own in a memset node (notes/p1/design-23.md)
 GRAPH_COUNTERS_RUNS = (RESULTS_DIR / "H200" / "2026-12-02-swiglu_down_backward-bfloat16.csv",
                        RESULTS_DIR / "H200" / "2026-12-03-swiglu_down_backward-bfloat16.csv")  # fmt: skip
 
@@ -1212,7 +1213,8 @@ def call_kernel_kind(name: str) -> tuple[str, str]:
 
 
 # the candidates of the committed scripts/p1_kernel_times.py runs by their names there, and the cuBLAS design each
-# stood for (NOTES, design 7): dA in fp32 and [Wg; Wu] stacked by a copy kernel, or dA in bf16 and the copy by memcpys
+# stood for (notes/p1/design-07.md): dA in fp32 and [Wg; Wu] stacked by a copy kernel, or dA in bf16 and the copy
+# by memcpys
 CUBLAS_CANDIDATES = {"lib_s3": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True),
                      "lib_bs3_mc": LibraryGemmsConfig(d_a_fp32=False, streams=True, stack_aside=True,
                                                       stack_by_memcpy=True)}  # fmt: skip
@@ -1326,8 +1328,8 @@ def program_timeline_figure(panels: dict):
 PINGPONG_TRACE_FILE = TUNING_DIR / "2026-12-03-p1-pingpong-trace.csv"
 PINGPONG_TRACE_CONFIG = "gluon_pingpong_from2300_b6_f2"
 PINGPONG_RING_TRACE_FILE = TUNING_DIR / "2026-12-03-p1-pingpong-ring-trace.csv"
-# the fast path's first half on cuBLAS, its second on the Gluon launch 2 (run 1), against each whole design (NOTES,
-# design 25): the labels of that run's candidates
+# the fast path's first half on cuBLAS, its second on the Gluon launch 2 (run 1), against each whole design
+# (notes/p1/design-25.md): the labels of that run's candidates
 HALVES_FILE = TUNING_DIR / "2026-12-03-p1-library-then-gluon-launch2.json"
 HALVES_LABELS = {"default": "default",  # the Gluon launches; at 8192 tokens cuBLAS's design
                  "lib_bs3_mc": "cuBLAS's design", "lib_gluon2": "cuBLAS's dA, dWd, pass; Gluon launch 2",

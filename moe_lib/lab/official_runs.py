@@ -159,7 +159,7 @@ def ruler_provenance(table: pd.DataFrame) -> list[str]:
         commits.add(graph["commit"])
     if len(commits) > 1:
         lines.append("The runs come from different commits: where the code changed between them, the two rulers "
-                     "timed different code (data/results/NOTES.md says what changed when).")  # fmt: skip
+                     "timed different code (notes/p1/nvidia-harness.md says what changed when).")  # fmt: skip
     return lines
 
 

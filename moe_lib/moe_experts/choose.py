@@ -1,7 +1,7 @@
 """P2's chooser: every kernel's tiles and the designs of kernels W and D, from (T·K, E, H, I, dtype, target).
 
 Pure functions, one line of why per rule, as FlashAttention-3's ``heuristics.h``; the measurements are in
-data/results/NOTES.md (cited by section). The designs (:mod:`.designs`) say what they can run on: the chooser
+notes/index.md (cited by section). The designs (:mod:`.designs`) say what they can run on: the chooser
 takes the TMA-fed one where it can run, the pointer-based one otherwise."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def choose(num_slots: int, num_experts: int, hidden_size: int, intermediate_size
 
 def _design(designs: dict, tma_config, *args, **kwargs):
     """The TMA-fed design where the config has its tiles and it supports the operands, else the pointer-based one."""
-    # TMA-fed W and D measured faster than pointer-based (NOTES.md: Design 4 — kernel W; Design 4, kernel D)
+    # TMA-fed W and D measured faster than pointer-based (notes/p2/design-04-w.md, notes/p2/design-04-d.md)
     for name in ("tma", "pointer") if tma_config is not None else ("pointer",):
         if (reason := designs[name].supports(*args, **kwargs)) is None:
             return designs[name]
@@ -51,7 +51,7 @@ def _design(designs: dict, tma_config, *args, **kwargs):
 
 def launch_config(num_slots: int, num_experts: int, *, input_bytes: int = 4, interpreter: bool = False) -> LaunchConfig:
     """Tiles of kernels A, W, D and C for T·K = ``num_slots`` slots over ``num_experts`` experts: 128 weight rows
-    × 64 expert rows in A and D on 8 warps by default (NOTES.md: Design 2)."""
+    × 64 expert rows in A and D on 8 warps by default (notes/p2/design-02.md)."""
     mean_rows = num_slots / max(num_experts, 1)
     # R covers an expert 4 standard deviations busier than the mean (binomial counts): R programs share its weights
     likely_max_rows = mean_rows + 4.0 * math.sqrt(mean_rows) + 1.0
@@ -62,7 +62,7 @@ def launch_config(num_slots: int, num_experts: int, *, input_bytes: int = 4, int
         tiny = (16, 16, 16)
         return LaunchConfig(16, 16, 32, tiny, tiny, 2, 32, 16, 32, row_split, 1, 1, 1, 1, 1, 1, 1, 1, tma, tma_d)
     block_h = 32 if input_bytes == 4 else 64  # fp32: A splits its three weight tiles to hi/lo in registers
-    # busy experts: 128-row blocks (NOTES.md: Busy experts); not in fp32, whose W tiles and A, D would not fit
+    # busy experts: 128-row blocks (notes/p2/busy-experts.md); not in fp32, whose W tiles and A, D would not fit
     if mean_rows >= 512 and input_bytes == 2:
         row_split = min(max(1, math.ceil(likely_max_rows / 128)), 8)
         return LaunchConfig(128, 64, block_h, (128, 128, 128), (128, 256, 128), 32, 128, 64, 1024, row_split,
@@ -78,11 +78,12 @@ def choose_tma_weight_grad_config(num_slots: int, num_experts: int, input_bytes:
     if interpreter:
         return TmaWeightGradConfig((16, 16, 16), (16, 16, 16), 1, 1, 1, 1)
     mean_rows = num_slots / max(num_experts, 1)
-    # few rows per expert: G groups, each program visits E / G experts, fewer descriptors built (NOTES.md: Design 4)
+    # few rows per expert: G groups, each program visits E / G experts, fewer descriptors built
+    # (notes/p2/design-04-w.md)
     groups = 4 if mean_rows < 128 else 2 if mean_rows < 512 else 1
     if input_bytes == 4:  # fp32 output tiles: a 128×256 dWd tile would need 272 KB of shared memory
         return TmaWeightGradConfig((128, 128, 64), (128, 128, 64), 8, 3, 8, 3, expert_groups=groups)
-    stages = 4 if mean_rows >= 512 else 3  # busy experts: 4 stages measured faster (NOTES.md: Design 4 — kernel W)
+    stages = 4 if mean_rows >= 512 else 3  # busy experts: 4 stages measured faster (notes/p2/design-04-w.md)
     return TmaWeightGradConfig((128, 128, 64), (128, 256, 64), 8, stages, 8, stages, expert_groups=groups)
 
 
@@ -94,7 +95,7 @@ def choose_tma_slot_projection_config(num_slots: int, num_experts: int, input_by
     mean_rows = num_slots / max(num_experts, 1)
     if input_bytes == 4:  # fp32 weights: 128 × 128, nested loops (flattened, ptxas serialises this form's wgmma)
         return TmaSlotProjectionConfig((128, 128, 64), 8, 4, (128, 128, 64), 8, 4, flatten=False)
-    if mean_rows >= 128:  # busy experts: 256 × 128 on 16 warps (NOTES.md: One rank's expert work, kernel D)
+    if mean_rows >= 128:  # busy experts: 256 × 128 on 16 warps (notes/parallel/rank-work.md)
         return TmaSlotProjectionConfig((256, 128, 64), 16, 4, (256, 128, 64), 16, 4)
-    # few rows per expert: 256 × 64, the weight slab read by half as many tiles (NOTES.md: Design 4, kernel D)
+    # few rows per expert: 256 × 64, the weight slab read by half as many tiles (notes/p2/design-04-d.md)
     return TmaSlotProjectionConfig((256, 64, 64), 8, 4, (256, 64, 64), 8, 4)

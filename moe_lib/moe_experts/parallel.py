@@ -101,7 +101,7 @@ ARGUMENT_FIELDS = ("error", "hidden_size", "intermediate_size", "top_k", "dtype"
                    "num_experts", "local_experts", "chunks", "rows", "message_bytes")  # fmt: skip
 MESSAGE_BYTES = 480
 # chunks=None: two chunks when the group's mean rows per rank (tokens · K) reach this, else one. Measured on two
-# H200s at P2's shape (data/results/NOTES.md, "Overlapped exchange"): two chunks 4-7% faster in bf16 from 8192
+# H200s at P2's shape (notes/parallel/overlapped-exchange.md): two chunks 4-7% faster in bf16 from 8192
 # tokens per rank (65536 rows), within 1% in fp32 there and 2% faster at 32768; slower at 2048 (+2 to +15%).
 AUTO_CHUNKS_MIN_ROWS = 65536
 ERROR_KINDS = (None, ValueError, TypeError)  # the "error" field: 0 none, 1 ValueError, 2 TypeError

@@ -46,7 +46,7 @@ Two loop forms (``WARP_SPECIALIZE``) inside a program's loop over the experts:
     ~64 rows per expert (T = 2048) a tile is a single step. Triton's own ``flatten=True`` does not
     apply here: it fuses only a nest of two loops whose inner trip count is invariant in the outer
     loop, and this nest has three (experts, tiles, steps) with a step count that varies per expert.
-  - warp-specialised (refused on the GPU: there it leaves tiles unwritten, data/results/NOTES.md;
+  - warp-specialised (refused on the GPU: there it leaves tiles unwritten, notes/p2/runs-design-04.md;
     kept for the compile checks): ``tl.range(..., warp_specialize=True)`` on the tile loop, the steps an inner
     loop; Triton splits a program into a producer warp group that issues the TMA loads (running ahead
     across tiles) and consumer warp groups that multiply and store. It takes effect only with
@@ -54,7 +54,7 @@ Two loop forms (``WARP_SPECIALIZE``) inside a program's loop over the experts:
 In both, the pipeline starts afresh at each expert the program visits (new descriptors).
 
 Outputs: written once, in the interface dtype (bf16, fp16 or fp32), by plain masked stores, or by
-TMA stores (``tma_store``, refused on the GPU: there it wrote wrong tiles, data/results/NOTES.md; kept for
+TMA stores (``tma_store``, refused on the GPU: there it wrote wrong tiles, notes/p2/runs-design-04.md; kept for
 the interpreter tests and compile checks) through a descriptor over the expert's [size_m, size_n] output. Nothing
 is accumulated across programs: no atomics, deterministic, no host synchronisation (the launcher
 only reads shapes), so the launches can be captured in a CUDA graph.
@@ -291,11 +291,11 @@ def launch_weight_grads_tma(config: TmaWeightGradConfig, expert_offsets, x_sorte
     interpreter = interpreter_enabled()
     if config.warp_specialize and x_sorted.is_cuda and not interpreter:
         raise NotImplementedError("config.warp_specialize: on the GPU (triton 3.6, H200) the warp-specialised form "
-                                  "leaves output tiles unwritten (data/results/NOTES.md); use the flat form")
+                                  "leaves output tiles unwritten (notes/p2/runs-design-04.md); use the flat form")
     if config.tma_store and x_sorted.is_cuda and not interpreter:
         raise NotImplementedError("config.tma_store: on the GPU (triton 3.6, H200) TMA stores of the dW tiles gave "
                                   "wrong tiles (a store still reading the descriptor the next expert rewrites; "
-                                  "data/results/NOTES.md); use plain stores")
+                                  "notes/p2/runs-design-04.md); use plain stores")
     if x_sorted.is_cuda and not interpreter:
         install_tma_allocator(x_sorted.device)
     groups = min(config.expert_groups, num_programs)

@@ -12,7 +12,7 @@
     fp32, or the interpreter                               → triton_launches
 
 Every choice is checked against the design's ``supports`` before it is returned. Why each rule: the notes
-(data/results/NOTES.md), by design number.
+(notes/index.md), by design number.
 """
 
 from __future__ import annotations

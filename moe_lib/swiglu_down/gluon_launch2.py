@@ -25,7 +25,7 @@ call, not launch 1's) before its wait for launch 1 (``inputs_before_wait``).
 The readable version of the same arithmetic is launch 2 of :mod:`.kernels` (``grad_x_and_grad_gate_up_kernel``):
 under the interpreter, on a CPU, and wherever TMA cannot address the rows, :func:`prepare_second_launch_gluon` is not
 used: the chooser (:mod:`.choose`) picks another design there. Against cuBLAS's same arithmetic and the Triton launch 2:
-``data/results/NOTES.md``, design 13; its forms: :data:`.designs.gluon.FORMS`.
+``notes/p1/design-13.md``; its forms: :data:`.designs.gluon.FORMS`.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ tile; ``torch_mm`` (cuBLAS) is the baseline, always run.
 
 On a GPU: first every config compiled for sm_90 on the host (as ``--compile-only``; a config that fails is left
 out), then torch.mm and each config in a child process of its own, killed when it has finished no shape for
-``--stall`` seconds (a hung kernel: the Gluon kernel W hung before, NOTES "Gluon kernel W"), when it has run
+``--stall`` seconds (a hung kernel: the Gluon kernel W hung before, notes/p2/runs-design-04.md), when it has run
 ``--timeout`` seconds, or when the run's ``--budget`` is spent (the run then ends). Per shape, small ones first:
 fresh random operands (never zeros), the output poisoned with NaN, one call checked against torch.mm in fp32
 (relative Frobenius error ≤ 1e-2, no NaN), then timed by CUDA-graph replay with the L2 flushed before each replay
@@ -53,7 +53,8 @@ TOLERANCE = 1e-2  # relative Frobenius error against torch.mm in fp32 (bf16 outp
 CONFIGS = {
     # two warpgroups on a 128 × 256 tile, 64 rows each: cuBLAS's and the Gluon tutorial's Hopper tile (208 KB)
     "coop_m128n256k64_s3": GemmConfig(128, 256, 64, 3, "cooperative"),
-    # the same, one program a tile (not persistent): design 13's launch-2 form, within 3-4% of cuBLAS (NOTES)
+    # the same, one program a tile (not persistent): P1's launch-2 form, within 3-4% of cuBLAS
+    # (notes/p1/design-13.md)
     "coop_m128n256k64_s3_pertile": GemmConfig(128, 256, 64, 3, "cooperative", programs=1 << 30),
     # two warpgroups on a 256 × 128 tile, 128 rows each (208 KB)
     "coop_m256n128k64_s3": GemmConfig(256, 128, 64, 3, "cooperative"),

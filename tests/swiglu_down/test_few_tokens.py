@@ -346,8 +346,8 @@ def compiled_rows(shapes, tokens, tmp_path) -> list[dict]:
 
 def assert_fits_sm90(rows: list[dict]) -> None:
     """Each kernel within the shared memory, at most 255 registers, and no stack (a spill), except the tiles held
-    whole at 128 tokens: the benchmark's measured tiles, compiled as before, which spill 96-160 bytes (NOTES.md,
-    "weights streamed in slices")."""
+    whole at 128 tokens: the benchmark's measured tiles, compiled as before, which spill 96-160 bytes
+    (notes/p1/design-27.md)."""
     assert rows
     for row in rows:
         label = f"{row['H']}x{row['I']} T={row['T']} {row['precision']}"

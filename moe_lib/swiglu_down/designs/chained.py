@@ -16,7 +16,7 @@ wait are new.
 Why: where a call is timed from its first kernel's start to its last kernel's end with the host issuing each
 launch as the call runs (NVIDIA's harness), the host work of the second launch shows as a gap whenever the first
 launch is shorter than it (at 512 tokens the faithful path's two launches took 105 µs there against 62 µs by graph
-replay, ``data/results/NOTES.md``). One launch has no such gap. And launch 2's tiles start as soon as dA is done,
+replay, ``notes/p1/design-08.md``). One launch has no such gap. And launch 2's tiles start as soon as dA is done,
 beside the tail of the dWd tiles, where the second launch waited for every tile of the first. The price: one
 launch holds the registers and shared memory of its largest branch for every program (on the faithful path launch
 2's, one program per SM), so launch 1's tiles should be as wide as that allows (:data:`CHAINED_TILES`).
@@ -134,7 +134,7 @@ class ChainedConfig:
     @classmethod
     def for_tokens(cls, num_tokens: int) -> ChainedConfig:
         """The tiles by token count: from :data:`GRAD_DOWN_LAST_MIN_TOKENS` the dWd tiles take the last tickets
-        (data/results/NOTES.md, design 8)."""
+        (notes/p1/design-08.md)."""
         tiles = CHAINED_TILES[max(first for first in CHAINED_TILES if first <= num_tokens)]
         return cls(tiles, warps=8, stages=3, grad_down_last=num_tokens >= GRAD_DOWN_LAST_MIN_TOKENS)
 
@@ -171,7 +171,7 @@ class ChainedConfig:
 
 
 # From this many tokens the dWd tiles take the last tickets, after launch 2's tiles: they depend on nothing, so they
-# fill the SMs that launch 2's last wave leaves free (data/results/NOTES.md, design 8, third round)
+# fill the SMs that launch 2's last wave leaves free (notes/p1/design-08.md, third round)
 GRAD_DOWN_LAST_MIN_TOKENS = 1153
 _WIDE_TILES = TileConfig((64, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1))
 CHAINED_TILES = {  # from this many tokens: these tiles (from 512 128 × 256 dWd tiles, dx's tiles first: design 8)

@@ -782,20 +782,20 @@ class FewTokensConfig:
     grad_down_late: bool = False
     # tiles of several chunks: their chunk loops software-pipelined this deep (Triton's num_stages of the loop: the
     # next chunk_stages - 1 chunks' loads in flight during a chunk's products); 3 ran 10-20% faster than 2 on the
-    # H200 at 7 and 64 tokens (NOTES.md, "weights streamed in slices")
+    # H200 at 7 and 64 tokens (notes/p1/design-27.md)
     chunk_stages: int = 3
 
     @classmethod
     def for_shape(cls, num_tokens: int, hidden_size: int, intermediate_size: int, sms: int) -> FewTokensConfig:
         """The tiles for a call of T tokens (at most 128) at H × I on a GPU of ``sms`` SMs.
 
-        Tile shapes measured at H 2048, I 768 on the H200 (data/results/NOTES.md, designs 5, 9-12): one token on the
-        CUDA cores (``cuda_cores``: 16.3-16.5 µs against 17.6-18.2, both paths; exact fp32 products) with 256 × 64
-        phase-1 and 128 × 128 phase-2 tiles; 2-128 tokens in one token block of 16, 32, 64 or 128 with phase-2 tiles
-        of :data:`ONE_BLOCK_PHASE2_TILE`, the saved tiles loaded after phase 1 (``saved_late``), dx's sum split by
+        The options, each measured faster at H 2048, I 768 on the H200 (notes/p1/design-05.md, design-09.md to
+        design-12.md): one token on the CUDA cores (``cuda_cores``; exact fp32 products) with 256 × 64 phase-1 and
+        128 × 128 phase-2 tiles; 2-128 tokens in one token block of 16, 32, 64 or 128 with phase-2 tiles of
+        :data:`ONE_BLOCK_PHASE2_TILE`, the saved tiles loaded after phase 1 (``saved_late``), dx's sum split by
         rows (:data:`DX_SUM_SLICES`), the launch count read late and phase 2's operands staged before the wait
-        (``count_late``, ``stage_before_wait``: 0.4-0.8 µs at 1-16 tokens), placed by identity moves
-        (``once_by_move``: another 0.4-0.6 µs), in a cooperative launch (within 0.3 µs of a plain one).
+        (``count_late``, ``stage_before_wait``), placed by identity moves (``once_by_move``), in a cooperative
+        launch.
 
         Any shape: a tile is one I-block (64 columns of I; widened, with as many fewer H rows per chunk, where
         there are more I-blocks than SMs) by a span of H. Where the tiles of one chunk each fit in ``sms`` programs
@@ -993,7 +993,7 @@ def kernel_argument_types(kernel, element: str = "bf16") -> dict[str, str]:
 
 
 # one token block: dx's sum over the phase-2 I-blocks split by rows over this many programs of each H-tile (fewer
-# where there are fewer I-blocks). On the H200 by graph replay, two rounds (data/results/NOTES.md, design 11), with the
+# where there are fewer I-blocks). On the H200 by graph replay, two rounds (notes/p1/design-11.md), with the
 # 128-row phase-2 tiles and 4 slices: faithful 40.5-41.4 us against 46.9-47.5 at 128 tokens, 37.4-38.2 against
 # 42.0-42.1 at 96, 28.6-28.7 against 31.5-31.9 at 64, 21.8-22.0 against 23.5-23.6 at 32, 19.5-19.7 against 20.1 at
 # 16; fast 20.9-21.1 against 22.3-22.4 at 32, 19.0-19.1 against 19.5-19.8 at 16; 2 slices took half of that gain.
@@ -1002,7 +1002,7 @@ DX_SUM_SLICES = 8
 # one token block: phase 2's tiles (Wg, Wu rows of I, columns of H): 64 × 256 instead of 128 × 128, so that each
 # program sums half the dA partial bytes (64 of I's columns over the same 8 H-blocks; at 128 tokens 256 KB against
 # 512 KB, which ncu showed the launch waiting on) and dx's rows get 12 partials from 8 column blocks. On the H200 by
-# graph replay, two runs (NOTES.md, design 12): faithful 18.7-18.9 us against 19.5-19.6 at 16 tokens, 20.2-21.2
+# graph replay, two runs (notes/p1/design-12.md): faithful 18.7-18.9 us against 19.5-19.6 at 16 tokens, 20.2-21.2
 # against 22.1-22.2 at 32, 24.7 against 26.4 at 48, 27.1-27.6 against 28.3 at 64, a tie at 2 and 96-128; fast 17.1
 # against 17.6 at 4, 18.2-18.6 against 18.9-19.0 at 16, 19.6-20.6 against 21.2 at 32
 ONE_BLOCK_PHASE2_TILE = (64, 256)
@@ -1014,15 +1014,14 @@ MAX_BLOCK_T = 128  # every token in one block (the chooser sends at most 128 her
 ROW_ALIGN = 8
 MAX_UNALIGNED_TOKENS = 16
 # the weight elements of one chunk: 32 KB in bf16, what the benchmark's tiles hold (256 × 64 of Wd, 64 × 256 of Wg and
-# of Wu); compiled for sm_90 within the shared memory at every T to 128 ("Few-token design: weights streamed in
-# slices" in data/results/NOTES.md)
+# of Wu); compiled for sm_90 within the shared memory at every T to 128 (notes/p1/design-27.md)
 CHUNK_ELEMENTS = 16384
 MAX_BLOCK_I = 256  # I-blocks widen to this at most (then 64 H rows or columns per chunk)
 # a program's [tokens, I-block] tiles (dA, the saved tiles, dGate, dUp) at most this many elements: at 128 tokens
-# 128-wide I-blocks spilled registers, compiled for sm_90 (NOTES.md, "weights streamed in slices")
+# 128-wide I-blocks spilled registers, compiled for sm_90 (notes/p1/design-27.md)
 TOKEN_TILE_ELEMENTS = 8192
 # a streamed chunk's accumulators, H-chunk × (tokens + I-block) fp32 elements, at most this many (80 registers a
-# thread at 8 warps): beyond it the kernel spilled at 64 tokens, compiled for sm_90 (NOTES.md, as above)
+# thread at 8 warps): beyond it the kernel spilled at 64 tokens, compiled for sm_90 (notes/p1/design-27.md)
 ACCUMULATOR_ELEMENTS = 20480
 SHARED_MEMORY = 232448  # bytes of shared memory per program the chunks are sized for (sm_90's opt-in limit)
 H_SPAN_ALIGN = 64  # a tile's H span of several chunks, a multiple of this (128-byte lines in bf16)

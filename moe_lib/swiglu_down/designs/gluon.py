@@ -103,7 +103,7 @@ def with_second(form: GluonLaunches, **fields) -> GluonLaunches:
     return dataclasses.replace(form, second=dataclasses.replace(form.second, **fields))
 
 
-# The launch configs the forms are made of (data/results/NOTES.md, designs 14-22 measured each option): launch 1 with
+# The launch configs the forms are made of (notes/p1/design-14.md to design-22.md measured each option): launch 1 with
 # 128 × 128 tiles ("wide"), 64-row ones ("tall_64") or 64 × 64 dA tiles beside 128-wide dWd ones ("narrow"); its
 # epilogue's stores all in flight and the saved tiles asked for early; launch 2 with 64-row tiles ("tall") or the
 # default 128 × 256, issued by programmatic dependent launch
@@ -111,7 +111,7 @@ _LAUNCH1 = GluonFirstLaunchConfig(buffers=6, early_dependents=True, stores_in_fl
 _LAUNCH1_TALL = dataclasses.replace(_LAUNCH1, block_m=64, warps=4, buffers=8, d_a_first=True)
 _LAUNCH2 = GluonSecondLaunchConfig(programmatic=True)
 _LAUNCH2_TALL = GluonSecondLaunchConfig(block_m=64, warps=4, buffers=6, programmatic=True)
-# at few tokens launch 2's weight-gradient tiles go to 68 persistent programs beside dx's (NOTES, design 19)
+# at few tokens launch 2's weight-gradient tiles go to 68 persistent programs beside dx's (notes/p1/design-19.md)
 _LAUNCH2_PERSISTENT = dataclasses.replace(_LAUNCH2_TALL, grad_x_first=True, weight_grad_programs=68,
                                           inputs_before_wait=True)  # fmt: skip
 

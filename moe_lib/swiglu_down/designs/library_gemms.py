@@ -64,7 +64,7 @@ class LibraryGemmsConfig:
         """The fast path's form: both streams, [Wg; Wu] stacked aside; from :data:`D_A_16BIT_MIN_TOKENS` dA in the
         input dtype and the stacking by memcpy; below 2I tokens dx in two products instead of stacking [Wg; Wu] (its
         8·I·H bytes cost more than the 4·T·H of reading dx back), where I's rows are 16-byte multiples (the products
-        take dGate, dUp as column slices of K = I: data/results/NOTES.md, designs 7 and 26)."""
+        take dGate, dUp as column slices of K = I: notes/p1/design-07.md, design-26.md)."""
         many = num_tokens >= D_A_16BIT_MIN_TOKENS
         dx_in_two = num_tokens < 2 * intermediate_size and rows_fit(intermediate_size, element_bytes=2)
         return cls(d_a_fp32=not many, streams=True, stack_aside=True, stack_by_memcpy=many, dx_in_two=dx_in_two)
@@ -143,7 +143,7 @@ class LibraryGemmsConfig:
 
 # from here on the fast path keeps dA in the input dtype, as torch.compile's code does, and stacks [Wg; Wu] by two
 # memcpys beside dA (the copy engines, leaving every SM to the GEMMs); below, dA in fp32 and the copy as a kernel
-# (data/results/NOTES.md, design 7)
+# (notes/p1/design-07.md)
 D_A_16BIT_MIN_TOKENS = 1024
 
 

@@ -81,7 +81,7 @@ FP32_TILES = TileConfig((64, 64, 16, 1), (64, 64, 16, 1), (64, 64, 16, 1), (64, 
 
 def tiles_for(num_tokens: int, *, with_lo: bool) -> TileConfig:
     """Tiles by token count: split reductions over H and 2I where few token rows leave few tiles
-    (data/results/NOTES.md, designs 1-2)."""
+    (notes/p1/design-01.md, design-02.md)."""
     if num_tokens <= 16:
         return TileConfig((16, 64, 128, 8), (64, 128, 16, 1), (16, 64, 128, 8), (64, 128, 16, 1), (4, 4), (3, 3))
     if num_tokens <= 256:
