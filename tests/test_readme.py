@@ -31,34 +31,64 @@ def test_the_readme_examples_name_no_device_they_may_not_have():
         assert 'device="cuda")' not in block
 
 
-def test_the_readme_p1_case_table_is_that_of_the_files_it_cites():
-    """The README's P1 table, case by case, holds the committed runs it names (rounded to 0.1 µs; bold exactly where
-    the fast path is ahead of torch.compile): updating those files means updating the table."""
+def _status_row(text: str, case: str) -> str:
+    row = re.search(rf"^\| {re.escape(case)} \|(.*)\|$", text, re.M)
+    assert row, case
+    return row.group(1)
+
+
+def test_the_readme_status_table_is_that_of_the_files_it_cites():
+    """The status table's measured numbers, rounded as printed, are those of the committed runs it names: updating
+    those files means updating the table."""
     import json
 
     import numpy as np
     import pandas as pd
 
     text = README.read_text()
-    graph_file = re.search(r"P1 case by case, µs \(graph replay: `([^`]+)`", text).group(1)
-    official_file = re.search(r"NVIDIA's\nharness: `([^`]+)`", text).group(1)
+    results = README.parent / "data" / "results" / "H200"
+    files = re.search(r"The runs behind it, row by row \(`data/results/H200/`\): (.*?);", text, re.S).group(1)
+    named = re.findall(r"`([^`]+)`", files)
+    assert len(named) == 6 and all((results / name).is_file() for name in named), named
+
+    def times(name: str, unit: float) -> pd.DataFrame:
+        return pd.read_csv(results / name).pivot_table(index="num_tokens", columns="impl", values="median_ms") * unit
+
+    def geomean(values) -> float:
+        return float(np.exp(np.log(np.asarray(list(values), dtype=float)).mean()))
+
+    p1 = times(named[0], 1000)
+    want = [geomean(p1[impl]) for impl in ("triton", "triton_fast", "torch_compile")]
+    row = _status_row(text, "P1, the 16 benchmark cases, geomean")
+    assert len(p1) == 16 and [float(v) for v in re.findall(r"([\d.]+) µs", row)] == [round(w, 1) for w in want], row
+
+    official = json.loads((results / named[1]).read_text())["workloads"]
+    row = _status_row(text, "P1 in NVIDIA's harness")
+    passed = sum(w["status"] == "PASSED" for w in official)
+    geo = geomean(w["latency_ms"] * 1000 for w in official)
+    assert f"{passed} of {len(official)} pass, {round(geo, 1)} µs geomean" in row, row
+
+    p2 = times(named[3], 1)
+    row = _status_row(text, "P2 bf16, 2048 / 8192 / 32768 tokens")
+    for impl in ("triton", "grouped_mm"):
+        assert " / ".join(f"{p2.loc[T, impl]:.1f}" for T in (2048, 8192, 32768)) in row, (impl, row)
+
+    layer = times(named[5], 1).loc[32768]
+    row = _status_row(text, "P2 layer forward + backward, 32768 tokens")
+    assert f"{layer['triton_saved']:.1f} ms" in row and f"SonicMoE {layer['sonicmoe']:.1f} ms" in row, row
+
+
+def test_the_readme_layout_names_every_part_of_the_tree():
+    """Every top-level folder of the repository and every module and subpackage of moe_lib has its line in the
+    README's layout: a new part of the tree means a line there."""
+    text = README.read_text()
+    layout = re.search(r"## Layout\n.*?```\n(.*?)```", text, re.S).group(1)
     root = README.parent
-    runs = pd.read_csv(root / graph_file)
-    graph = runs.pivot_table(index="num_tokens", columns="impl", values="median_ms") * 1000
-    official = {w["num_tokens"]: w["latency_ms"] * 1000
-                for w in json.loads((root / official_file).read_text())["workloads"]}  # fmt: skip
-    rows = re.findall(r"^\| (\d+|geomean) \| ([\d.]+) \| (\**)([\d.]+)\** \| ([\d.]+) \| ([\d.]+) \|$", text, re.M)
-    assert [row[0] for row in rows[:-1]] == [str(T) for T in graph.index] and rows[-1][0] == "geomean"
-
-    def geomean(values):
-        return float(np.exp(np.log(np.asarray(list(values))).mean()))
-
-    for label, faithful, bold, fast, compiled, harness in rows:
-        if label == "geomean":
-            want = (geomean(graph["triton"]), geomean(graph["triton_fast"]), geomean(graph["torch_compile"]),
-                    geomean(official.values()))  # fmt: skip
-        else:
-            T = int(label)
-            want = (graph.loc[T, "triton"], graph.loc[T, "triton_fast"], graph.loc[T, "torch_compile"], official[T])
-            assert bool(bold) == (want[1] < want[2]), T
-        assert [float(v) for v in (faithful, fast, compiled, harness)] == [round(float(w), 1) for w in want], label
+    package = root / "moe_lib"
+    parts = sorted(p.stem if p.suffix == ".py" else p.name for p in package.iterdir()
+                   if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").is_file())  # fmt: skip
+    missing = [name for name in parts if not re.search(rf"(?<![\w.]){re.escape(name)}(\.py|/)?(?!\w)", layout)]
+    assert not missing, missing
+    folders = [p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "__"))
+               and not p.name.endswith(".egg-info")]  # fmt: skip
+    assert all(re.search(rf"^{name}/", layout, re.M) for name in folders), folders
