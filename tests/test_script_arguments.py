@@ -1,4 +1,4 @@
-"""The GPU scripts in scripts/ name a bad argument before any work (here, on a machine without a GPU)."""
+"""The GPU scripts under scripts/ name a bad argument before any work (here, on a machine without a GPU)."""
 
 import os
 import subprocess
@@ -10,18 +10,19 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 CASES = {
-    "p1_host_gap.py --configs default,nope": "--configs: unknown candidate(s) ['nope']",
-    "p1_kernel_times.py --configs library_gemms_fast,nope": "--configs: unknown candidate(s) ['nope']",
-    "p1_call_timeline.py --configs default,nope": "--configs: unknown candidate(s) ['nope']",
-    "p1_few_tokens_trace.py --candidates a_reg,nope": "--candidates: unknown candidate(s) ['nope']",
-    "p1_few_tokens_trace.py --flush warm": "--flush: expected a comma list of dirty, clean, none",
-    "launch_floor_probe.py --reps 0": "--reps and --programs: expected positive integers",
-    "slot_sum_bench.py --dtypes bfloat16,int8": "--dtypes: expected a comma list of bfloat16, float32, float16",
-    "p1_tune.py --configs gluon_tall_dwd2,nope": "--configs: unknown candidate(s) ['nope']",
-    "p1_profile.py --config nope": "argument --config: invalid choice: 'nope'",
-    "p1_program_trace.py --config nope": "argument --config: invalid choice: 'nope'",
-    "p1_pass_bench.py --variants blocks16x128_w4,nope": "--variants: unknown ['nope']",
-    "p1_fp8_lo_probe.py --tokens 8192,x": "--tokens: expected a comma list of positive integers",
+    "p1/p1_host_gap.py --configs default,nope": "--configs: unknown candidate(s) ['nope']",
+    "p1/p1_kernel_times.py --configs library_gemms_fast,nope": "--configs: unknown candidate(s) ['nope']",
+    "p1/p1_call_timeline.py --configs default,nope": "--configs: unknown candidate(s) ['nope']",
+    "p1/p1_few_tokens_trace.py --candidates a_reg,nope": "--candidates: unknown candidate(s) ['nope']",
+    "p1/p1_few_tokens_trace.py --flush warm": "--flush: expected a comma list of dirty, clean, none",
+    "p1/launch_floor_probe.py --reps 0": "--reps and --programs: expected positive integers",
+    "parallel/slot_sum_bench.py --dtypes bfloat16,int8":
+        "--dtypes: expected a comma list of bfloat16, float32, float16",
+    "p1/p1_tune.py --configs gluon_tall_dwd2,nope": "--configs: unknown candidate(s) ['nope']",
+    "p1/p1_profile.py --config nope": "argument --config: invalid choice: 'nope'",
+    "p1/p1_program_trace.py --config nope": "argument --config: invalid choice: 'nope'",
+    "p1/p1_pass_bench.py --variants blocks16x128_w4,nope": "--variants: unknown ['nope']",
+    "p1/p1_fp8_lo_probe.py --tokens 8192,x": "--tokens: expected a comma list of positive integers",
     "p2/gemm_probe.py --configs coop_m128n256k64_s3,nope": "--configs: unknown name(s) ['nope']",
 }
 

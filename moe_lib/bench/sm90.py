@@ -1,8 +1,8 @@
 """Triton kernels compiled for sm_90 (Hopper) without a GPU, and the resources the compiled code uses.
 
 Needs only the triton wheel: its ptxas compiles, its cuobjdump reads the registers and stack of the
-cubin (a spill shows as a non-zero STACK). The scripts ``p1_compile_check.py`` and ``p2_compile_check.py`` report
-their kernels with :func:`compile_for_sm90` and :func:`resources`.
+cubin (a spill shows as a non-zero STACK). The scripts ``scripts/p1/p1_compile_check.py`` and
+``scripts/p2/p2_compile_check.py`` report their kernels with :func:`compile_for_sm90` and :func:`resources`.
 """
 
 from __future__ import annotations

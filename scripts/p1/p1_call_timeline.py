@@ -1,6 +1,6 @@
 """Timeline of P1 calls made NVIDIA's way: where the host is while the GPU waits between two launches.
 
-    PYTHONPATH=. python scripts/p1_call_timeline.py [--tokens 2447] [--configs default,triton_faithful] [--calls 5]
+    PYTHONPATH=. python scripts/p1/p1_call_timeline.py [--tokens 2447] [--configs default,triton_faithful] [--calls 5]
 
 Per design (``--configs``: "default" or names of ``moe_lib.bench.tuning.P1_CANDIDATES``): ``--calls`` eager
 faithful calls, each on freshly copied inputs after an L2-clearing memset and a synchronisation (as in

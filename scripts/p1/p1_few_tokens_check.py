@@ -1,8 +1,8 @@
 """P1's few-token design (``moe_lib/swiglu_down/designs/few_tokens.py``): compile it offline, or check and time it.
 
-    PYTHONPATH=. python scripts/p1_few_tokens_check.py --compile-only [--shapes 2048x768,4096x1536] [--tokens 1,7]
+    PYTHONPATH=. python scripts/p1/p1_few_tokens_check.py --compile-only [--shapes 2048x768,4096x1536] [--tokens 1,7]
         [--sms 132] [--json PATH] [CANDIDATE ...]
-    PYTHONPATH=. python scripts/p1_few_tokens_check.py [--shapes ...] [--tokens 1,2,4,8,16,32,64,128] [CANDIDATE ...]
+    PYTHONPATH=. python scripts/p1/p1_few_tokens_check.py [--shapes ...] [--tokens 1,2,4,8,16,32,64,128] [CANDIDATE ...]
 
 Configs: "chosen" (``FewTokensConfig.for_shape`` for the shape, the token count and the SMs: what the chooser runs)
 and each named CANDIDATE: a variant of the chosen tiles (:data:`VARIANTS`, any shape) or tiles of its own at the

@@ -1,6 +1,6 @@
 """Where P1's time goes between graph replay and NVIDIA's method: the host's share of a call.
 
-    PYTHONPATH=. python scripts/p1_host_gap.py [--tokens 1,16,128,512,1087,2447,8192] [--precision faithful]
+    PYTHONPATH=. python scripts/p1/p1_host_gap.py [--tokens 1,16,128,512,1087,2447,8192] [--precision faithful]
         [--configs default,library_gemms_faithful,chained_wide]
 
 Per token count and design (``--configs``: "default", the one ``swiglu_down_backward`` picks, or names

@@ -1,7 +1,7 @@
 """Try configured designs of the P1 Triton backward on every benchmark case; print the best per case.
 
 Run on a CUDA machine from the repository root:
-    PYTHONPATH=. python3 scripts/p1_tune.py --configs NAME,NAME [--tokens T,T] [--precision fast] [--out DIR]
+    PYTHONPATH=. python3 scripts/p1/p1_tune.py --configs NAME,NAME [--tokens T,T] [--precision fast] [--out DIR]
 The candidates are named in ``moe_lib.bench.tuning.P1_CANDIDATES`` (configured designs of the registry,
 ``moe_lib.swiglu_down.designs``); the chooser's own pick ("default") is always timed beside them, and alone without
 --configs (``--configs all`` times every candidate: dozens, minutes of GPU time per token count). Each is checked

@@ -1,6 +1,6 @@
 """Each kernel of a P1 call and how long it ran: our candidates beside ``torch.compile``, from one profiler trace.
 
-    PYTHONPATH=. python scripts/p1_kernel_times.py [--tokens 128,1321] [--configs library_gemms_fast]
+    PYTHONPATH=. python scripts/p1/p1_kernel_times.py [--tokens 128,1321] [--configs library_gemms_fast]
 
 On a GPU, per token count: every candidate of ``moe_lib.bench.tuning.P1_CANDIDATES`` named (fast path) and the
 ``torch_compile`` peer are captured in a CUDA graph; ``--runs`` replays, each after an L2 flush, run under

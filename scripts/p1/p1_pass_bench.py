@@ -1,6 +1,6 @@
 """The fast path's dSwiGLU pass alone: our kernel's [tokens, I] blocks beside Inductor's fused kernel.
 
-    PYTHONPATH=. python scripts/p1_pass_bench.py [--tokens 128,512,1321,4093,8192] [--variants ...]
+    PYTHONPATH=. python scripts/p1/p1_pass_bench.py [--tokens 128,512,1321,4093,8192] [--variants ...]
 
 On a GPU, per token count, from P1's inputs and dA = dy · Wd (fp32, as the fast path keeps it below 1024 tokens,
 or bf16 above): every variant writes [dGate | dUp] rows into memory poisoned with NaN, is checked against the
@@ -85,7 +85,7 @@ def main() -> int:
         print("WRONG:", table[~table.ok].to_string())
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "p1_pass_bench.json"), "w") as file:
-            json.dump(dict(what="P1 fast path's dSwiGLU pass alone (scripts/p1_pass_bench.py)",
+            json.dump(dict(what="P1 fast path's dSwiGLU pass alone (scripts/p1/p1_pass_bench.py)",
                            commit=recorded_commit(), rows=rows), file, indent=1)  # fmt: skip
     return 0 if table.ok.all() else 1
 

@@ -1,7 +1,7 @@
 """What a launch costs before it does any work, in the benchmark's timing method (CUDA-graph replay after the L2
 flush that leaves dirty lines): the floor under P1's few-token cases.
 
-    PYTHONPATH=. python scripts/launch_floor_probe.py [--reps 50]
+    PYTHONPATH=. python scripts/p1/launch_floor_probe.py [--reps 50]
 
 On a GPU, each probe captured alone in a graph and replayed after the benchmark's flush (``timing.L2Flusher``):
 - ``empty``: a Triton kernel that does nothing, on 1 program, and on 96 programs of 8 warps;

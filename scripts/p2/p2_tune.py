@@ -1,6 +1,6 @@
 """Time the P2 Triton kernels under several launch configurations, kernel by kernel.
 
-    PYTHONPATH=. python3 scripts/p2_tune.py --cases fp32:2048,bf16:2048 \
+    PYTHONPATH=. python3 scripts/p2/p2_tune.py --cases fp32:2048,bf16:2048 \
         --configs "default;m32:block_m=32,block_i_dx=32;a_s2:stages_a=2"
 
 Each config is NAME:FIELD=VALUE,… over the LaunchConfig that ``launch_config`` picks ("default" alone
