@@ -868,9 +868,9 @@ GLUON_PROBE_FILE = TUNING_DIR / "2026-12-01-p1-gluon-launch2-probe.json"
 
 def p1_gluon_launch2_times(path=GLUON_PROBE_FILE, labels: dict | None = None) -> pd.DataFrame:
     """Launch 2 of the faithful path (dx, dWg, dWu with the hi/lo halves) per implementation of the committed
-    ``scripts/p1_gluon_probe.py --launch2`` runs: µs by graph replay per num_tokens (rows) and implementation
-    (columns, renamed by ``labels`` where given; the others left out when ``labels`` is given), the median over
-    the runs that measured it."""
+    ``scripts/p1_gluon_probe.py --launch2`` runs (the script removed at 1051632: ``notes/p1/removed.md``): µs by
+    graph replay per num_tokens (rows) and implementation (columns, renamed by ``labels`` where given; the others
+    left out when ``labels`` is given), the median over the runs that measured it."""
     rows = [dict(num_tokens=row["T"], impl=row["impl"], us=row["us"])
             for run in _read_json(path)["runs"] for row in run["rows"]
             if row.get("product") == "launch 2" and "us" in row]  # fmt: skip
