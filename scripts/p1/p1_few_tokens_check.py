@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import re
 import sys
@@ -188,8 +187,9 @@ def compile_only(names: list[str], shapes, tokens, sms: int, json_path: str | No
         print(f"{row['config']:14s} {row['H']:6d} {row['I']:6d} {row['T']:4d} {row['precision']:9s} "
               f"{row['grid']:4d} {chunks:>8s}  {report}", flush=True)  # fmt: skip
     if json_path:
-        with open(json_path, "w") as f:
-            json.dump(rows, f, indent=1)
+        from moe_lib.bench.tuning import write_out
+
+        write_out("p1_few_tokens_compile.json", rows, path=json_path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -240,6 +240,7 @@ def on_gpu(names: list[str], shapes, tokens: list[int], reps: int) -> None:
     from moe_lib.bench import official_timing, timing
     from moe_lib.bench.checks import compare_output
     from moe_lib.bench.peers.swiglu_down import swiglu_down_backward_eager
+    from moe_lib.bench.tuning import write_out
     from moe_lib.swiglu_down import swiglu_down_backward
     from moe_lib.swiglu_down.backward import swiglu_down_backward_triton
 
@@ -297,9 +298,7 @@ def on_gpu(names: list[str], shapes, tokens: list[int], reps: int) -> None:
                     rows.append(row)
                     print({k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in row.items()}, flush=True)
     print_table(rows)
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "p1_few_tokens_check.json"), "w") as f:
-            json.dump(dict(floor_us=floor, rows=rows), f, indent=1)
+    write_out("p1_few_tokens_check.json", dict(floor_us=floor, rows=rows))
 
 
 def print_table(rows: list[dict]) -> None:

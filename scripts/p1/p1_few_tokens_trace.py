@@ -15,13 +15,12 @@ there.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 
 import torch
 
 from moe_lib import problems
 from moe_lib.bench import timing
+from moe_lib.bench.tuning import write_out
 from moe_lib.swiglu_down.backward import allocate_outputs
 from moe_lib.swiglu_down.designs import Inputs
 from moe_lib.swiglu_down.designs.few_tokens import TRACE_POINTS, TRACE_SLOTS, FewTokensConfig, trace_timeline
@@ -112,9 +111,8 @@ def main() -> None:
     print(f"{'graph replay':20s} " + " ".join(f"{r['graph_us']:.2f}".rjust(14) for r in results))
     print(f"{'graph, traced':20s} " + " ".join(f"{r['graph_traced_us']:.2f}".rjust(14) for r in results))
     print(f"{'SMs used':20s} " + " ".join(f"{r['sms']}".rjust(14) for r in results))
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "p1_few_tokens_trace.json"), "w") as f:
-            json.dump(dict(points=TRACE_POINTS, device=torch.cuda.get_device_name(), results=results), f)
+    write_out("p1_few_tokens_trace.json", dict(points=TRACE_POINTS, device=torch.cuda.get_device_name(),
+                                               results=results), indent=None)  # fmt: skip
 
 
 if __name__ == "__main__":
