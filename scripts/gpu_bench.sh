@@ -208,7 +208,7 @@ esac
 case " $RUNS " in *" p1_few "*)
   # shellcheck disable=SC2086  # the arguments are words
   check "P1 few-token candidates" "${P1_FEW_SECONDS:-240}" scripts/p1/p1_few_tokens_check.py \
-    ${P1_FEW_ARGS:---tokens 1,2,4,8,16 a_reg_cl_st a_reg_cl_st_mv a_pf_cl_st_mv a_reg_cl_st_coop}
+    ${P1_FEW_ARGS:---tokens 1,2,4,8,16}
   check "The floor of a launch" "${P1_FLOOR_SECONDS:-120}" scripts/p1/launch_floor_probe.py
 esac
 case " $RUNS " in *" p1_lib "*)
@@ -244,7 +244,7 @@ esac
 case " $RUNS " in *" p2_tune "*)
   check "P2 kernel configs" "${P2_TUNE_SECONDS:-300}" scripts/p2/p2_tune.py \
     --cases "${P2_TUNE_CASES:-bf16:2048,bf16:32768,fp32:2048}" --out "$TUNING/p2_tune.json" \
-    --configs "${P2_TUNE_CONFIGS:-default;a_s2:stages_a=2;a_m32:block_m=32;rows_a:sorted_rows_from_a=1}"
+    --configs "${P2_TUNE_CONFIGS:-default;a_s2:stages_a=2;a_m32:block_m=32}"
 esac
 
 echo "finished $(date -u +%Y-%m-%dT%H:%M:%SZ), $failures failed run(s); full log: $LOG" | tee -a "$LOG" "$TABLES"

@@ -34,3 +34,26 @@ def test_bad_argument_is_named_before_any_work(command):
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)  # fmt: skip
     assert done.returncode != 0
     assert CASES[command] in done.stderr, done.stderr
+
+
+def test_gpu_bench_defaults_name_what_the_scripts_know():
+    """The candidates and configs scripts/gpu_bench.sh passes by default are still the scripts' own: a removed one
+    would fail that run on the GPU, or time nothing."""
+    import re
+    import runpy
+
+    from moe_lib.bench.tuning import P1_CANDIDATES, parse_fields, replace_fields
+    from moe_lib.moe_experts.choose import launch_config
+
+    text = (ROOT / "scripts" / "gpu_bench.sh").read_text()
+    p1 = [name for found in re.findall(r"\$\{P1_\w*CONFIGS:-([^}]*)\}", text) + re.findall(r"--configs (default,\S+)",
+                                                                                            text)
+          for name in found.split(",") if name != "default"]  # fmt: skip
+    assert p1 and not set(p1) - set(P1_CANDIDATES)
+    few = runpy.run_path(str(ROOT / "scripts" / "p1" / "p1_few_tokens_check.py"), run_name="defaults")
+    (few_args,) = re.findall(r"\$\{P1_FEW_ARGS:-([^}]*)\}", text)
+    candidates = [word for word in few_args.split() if not word.startswith("-") and not word[0].isdigit()]
+    assert not set(candidates) - set(few["CANDIDATES"]) - set(few["VARIANTS"])
+    (p2,) = re.findall(r"\$\{P2_TUNE_CONFIGS:-([^}]*)\}", text)
+    for item in p2.split(";"):
+        replace_fields(launch_config(2048 * 8, 256, input_bytes=2), parse_fields(item.partition(":")[2]))
