@@ -14,22 +14,24 @@
 #   (RUNS p1_official) NVIDIA's harness itself on P1's faithful path (python -m moe_lib.bench.official);
 #   (RUNS p2_official) the same on P2's fp32 interface (P2_OFFICIAL_PROBLEM=moe_experts_backward_bf16 for
 #      bf16), only the workloads of P2_OFFICIAL_TOKENS where set (a comma list: the suite in parts);
-#   (RUNS p1_probe) where P1's time goes: scripts/p1_few_tokens_trace.py, scripts/p1_kernel_times.py,
-#      scripts/launch_floor_probe.py;
-#   (RUNS p1_pass) the fast path's dSwiGLU pass alone, by [tokens, I] blocks of several shapes: scripts/p1_pass_bench.py;
+#   (RUNS p1_probe) where P1's time goes: scripts/p1/p1_few_tokens_trace.py, scripts/p1/p1_kernel_times.py,
+#      scripts/p1/launch_floor_probe.py;
+#   (RUNS p1_pass) the fast path's dSwiGLU pass alone, by [tokens, I] blocks of several shapes:
+#      scripts/p1/p1_pass_bench.py;
 #   (RUNS p1_chain) the chained launch (design 8) against the faithful path's defaults: p1_tune.py, p1_host_gap.py;
 #   (RUNS p1_gluon1) the Gluon launches' forms (P1_GLUON1_CONFIGS: by default every form of designs.gluon.FORMS as
 #      the faithful path takes it), both precisions by graph replay (p1_tune.py), and the faithful path's host gap
 #      (p1_host_gap.py);
 #   (RUNS p1_few, p1_lib, p2_tune) the tuning checks of the designs, each candidate checked against float64 before it
-#      is timed: scripts/p1_few_tokens_check.py (P1_FEW_ARGS), scripts/p1_tune.py on the cuBLAS design (P1_LIB_CONFIGS),
-#      scripts/p2_tune.py (P2_TUNE_CASES, P2_TUNE_CONFIGS); their JSON goes to $OUT/tuning (or /tmp/tuning).
+#      is timed: scripts/p1/p1_few_tokens_check.py (P1_FEW_ARGS), scripts/p1/p1_tune.py on the cuBLAS design
+#      (P1_LIB_CONFIGS), scripts/p2/p2_tune.py (P2_TUNE_CASES, P2_TUNE_CONFIGS); their JSON goes to $OUT/tuning (or
+#      /tmp/tuning).
 #   The P1 candidates are those of moe_lib.bench.tuning.P1_CANDIDATES (configured designs of the registry).
 # Every harness run also times each case the official way (eager, fresh addresses, CUPTI span) where
 # cupti-python is importable: it is installed from .whl/sol/*.whl when those wheels are there (with
 # pydantic for NVIDIA's harness, whose source must be in .sol-execbench/src for p1_official). SonicMoE
 # comes from .whl/sonicmoe-site.tar.xz when it is there (unpacked to /tmp/sonicmoe-site); on a fresh
-# machine run scripts/sonicmoe_warmup.py first (minutes of compilation, see its docstring).
+# machine run scripts/p2/sonicmoe_warmup.py first (minutes of compilation, see its docstring).
 # Usage, from anywhere:  bash scripts/gpu_bench.sh
 # Results go to data/results/<gpu>/, or to $OUT/results/<gpu>/ when OUT is set, with the full log in
 # $OUT/bench.log; the tables are printed last. Liger-Kernel is installed from .whl/liger_kernel-*.whl
@@ -85,7 +87,7 @@ if [ -e .whl/sonicmoe-site.tar.xz ]; then
   if [ -d /tmp/sonicmoe-site ] || { mkdir -p /tmp/sonicmoe-site && tar -xJf .whl/sonicmoe-site.tar.xz -C /tmp/sonicmoe-site; }; then
     export PYTHONPATH="/tmp/sonicmoe-site:/tmp/sonicmoe-site/nvidia_cutlass_dsl/python_packages:$PYTHONPATH"
     export QUACK_CACHE_AUTOTUNING=1
-    # SonicMoE's compiled kernels and autotuning choices from an earlier machine (scripts/sonicmoe_warmup.py --pack)
+    # SonicMoE's compiled kernels and autotuning choices from an earlier machine (scripts/p2/sonicmoe_warmup.py --pack)
     [ -e .whl/quack-cache.tar.xz ] && tar -xJf .whl/quack-cache.tar.xz -C / >>"$LOG" 2>&1
   else
     echo "unpacking .whl/sonicmoe-site.tar.xz failed: sonicmoe will be reported unavailable" | tee -a "$LOG"
@@ -193,56 +195,56 @@ case " $RUNS " in *" p1_chain "*)
   # the two launches chained into one (chained.py) against the faithful path's default designs, by graph replay
   # and in NVIDIA's method
   mkdir -p "$TUNING/p1_chain"
-  check "P1 chained launch, graph replay" "${P1_CHAIN_SECONDS:-240}" scripts/p1_tune.py --precision faithful \
+  check "P1 chained launch, graph replay" "${P1_CHAIN_SECONDS:-240}" scripts/p1/p1_tune.py --precision faithful \
     --out "$TUNING/p1_chain" --tokens "${P1_CHAIN_TOKENS:-64,128,512,1087,1321,2767,4093}" \
     --configs "${P1_CHAIN_CONFIGS:-chained,chained_wide,chained_wide_dwd_last}"
-  check "P1 chained launch, host gap" "${P1_CHAIN_GAP_SECONDS:-180}" scripts/p1_host_gap.py --precision faithful \
+  check "P1 chained launch, host gap" "${P1_CHAIN_GAP_SECONDS:-180}" scripts/p1/p1_host_gap.py --precision faithful \
     --tokens "${P1_CHAIN_GAP_TOKENS:-128,512,1087,2767}" --configs "default,${P1_CHAIN_GAP_CONFIGS:-chained,chained_wide}"
 esac
 case " $RUNS " in *" p1_pass "*)
   # the fast path's dSwiGLU pass alone, by [tokens, I] blocks of several shapes beside Inductor's fused kernel
-  check "P1 dSwiGLU pass alone" "${P1_PASS_SECONDS:-180}" scripts/p1_pass_bench.py
+  check "P1 dSwiGLU pass alone" "${P1_PASS_SECONDS:-180}" scripts/p1/p1_pass_bench.py
 esac
 case " $RUNS " in *" p1_few "*)
   # shellcheck disable=SC2086  # the arguments are words
-  check "P1 few-token candidates" "${P1_FEW_SECONDS:-240}" scripts/p1_few_tokens_check.py \
-    ${P1_FEW_ARGS:---tokens 1,2,4,8,16 a_reg_cl_st a_reg_cl_st_mv a_pf_cl_st_mv a_reg_cl_st_coop}
-  check "The floor of a launch" "${P1_FLOOR_SECONDS:-120}" scripts/launch_floor_probe.py
+  check "P1 few-token candidates" "${P1_FEW_SECONDS:-240}" scripts/p1/p1_few_tokens_check.py \
+    ${P1_FEW_ARGS:---tokens 1,2,4,8,16}
+  check "The floor of a launch" "${P1_FLOOR_SECONDS:-120}" scripts/p1/launch_floor_probe.py
 esac
 case " $RUNS " in *" p1_lib "*)
   # the fast path's design on cuBLAS GEMMs: its candidates by graph replay, then their host side in NVIDIA's method
   mkdir -p "$TUNING/p1_lib"
-  check "P1 design on cuBLAS GEMMs" "${P1_LIB_SECONDS:-240}" scripts/p1_tune.py --precision fast \
+  check "P1 design on cuBLAS GEMMs" "${P1_LIB_SECONDS:-240}" scripts/p1/p1_tune.py --precision fast \
     --configs "${P1_LIB_CONFIGS:-library_gemms_fast,library_gemms_fast_many,library_gemms_faithful}" --out "$TUNING/p1_lib"
-  check "P1 host side of the designs" "${P1_GAP_SECONDS:-120}" scripts/p1_host_gap.py --precision fast \
+  check "P1 host side of the designs" "${P1_GAP_SECONDS:-120}" scripts/p1/p1_host_gap.py --precision fast \
     --configs default,library_gemms_fast,library_gemms_fast_many --tokens "${P1_GAP_TOKENS:-128,512,1087,2767}"
 esac
 case " $RUNS " in *" p1_probe "*)
   # where the time goes: the few-token launch's programs stamped at each step, and each kernel of the fast
   # path's designs on cuBLAS GEMMs beside torch.compile's
-  check "P1 few-token launch, traced" "${P1_TRACE_SECONDS:-120}" scripts/p1_few_tokens_trace.py \
+  check "P1 few-token launch, traced" "${P1_TRACE_SECONDS:-120}" scripts/p1/p1_few_tokens_trace.py \
     --tokens "${P1_TRACE_TOKENS:-1,16}"
-  check "P1 kernels of a call" "${P1_KERNELS_SECONDS:-180}" scripts/p1_kernel_times.py \
+  check "P1 kernels of a call" "${P1_KERNELS_SECONDS:-180}" scripts/p1/p1_kernel_times.py \
     --tokens "${P1_KERNELS_TOKENS:-128,1321}" --configs "${P1_KERNELS_CONFIGS:-library_gemms_fast,library_gemms_fast_many}"
-  check "The floor of a launch" "${P1_FLOOR_SECONDS:-120}" scripts/launch_floor_probe.py
+  check "The floor of a launch" "${P1_FLOOR_SECONDS:-120}" scripts/p1/launch_floor_probe.py
 esac
 case " $RUNS " in *" p1_gluon1 "*)
   # the forms of the two Gluon launches (gluon_launch1.py, gluon_launch2.py), both paths, by graph replay and in
   # NVIDIA's method
   mkdir -p "$TUNING/p1_gluon1_faithful" "$TUNING/p1_gluon1_fast"
   for precision in faithful fast; do
-    check "P1 Gluon forms, $precision, graph replay" "${P1_GLUON1_SECONDS:-150}" scripts/p1_tune.py \
+    check "P1 Gluon forms, $precision, graph replay" "${P1_GLUON1_SECONDS:-150}" scripts/p1/p1_tune.py \
       --precision "$precision" --out "$TUNING/p1_gluon1_$precision" \
       --tokens "${P1_GLUON1_TOKENS:-128,512,1087,1200,1321,1571,2447,4093,8192}" \
       --configs "${P1_GLUON1_CONFIGS:-gluon_narrow,gluon_tall,gluon_tall_dx_first_dwd2,gluon_wide_da_first,gluon_wide_da_first_tall,gluon_wide,gluon_wide_tall,gluon_wide_da256_dwd2}"
   done
-  check "P1 Gluon launches, host gap" "${P1_GLUON1_GAP_SECONDS:-150}" scripts/p1_host_gap.py --precision faithful \
+  check "P1 Gluon launches, host gap" "${P1_GLUON1_GAP_SECONDS:-150}" scripts/p1/p1_host_gap.py --precision faithful \
     --tokens "${P1_GLUON1_GAP_TOKENS:-1571,2447,4093,8192}" --configs default,gluon_wide_tall
 esac
 case " $RUNS " in *" p2_tune "*)
-  check "P2 kernel configs" "${P2_TUNE_SECONDS:-300}" scripts/p2_tune.py \
+  check "P2 kernel configs" "${P2_TUNE_SECONDS:-300}" scripts/p2/p2_tune.py \
     --cases "${P2_TUNE_CASES:-bf16:2048,bf16:32768,fp32:2048}" --out "$TUNING/p2_tune.json" \
-    --configs "${P2_TUNE_CONFIGS:-default;a_s2:stages_a=2;a_m32:block_m=32;rows_a:sorted_rows_from_a=1}"
+    --configs "${P2_TUNE_CONFIGS:-default;a_s2:stages_a=2;a_m32:block_m=32}"
 esac
 
 echo "finished $(date -u +%Y-%m-%dT%H:%M:%SZ), $failures failed run(s); full log: $LOG" | tee -a "$LOG" "$TABLES"

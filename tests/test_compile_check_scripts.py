@@ -21,15 +21,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # script and its arguments -> the fewest kernels it compiles
 CASES = {
-    "p2_compile_check.py --dtype fp32": 4,
-    "p2_compile_check.py --dtype bf16": 4,
-    "p2_tma_compile_check.py --cases bf16:2048,fp32:2048": 4,
-    "p2_tma_d_compile_check.py --cases bf16:2048 --uses backward,forward": 3,
+    "p2/p2_compile_check.py --dtype fp32": 4,
+    "p2/p2_compile_check.py --dtype bf16": 4,
+    "p2/p2_tma_compile_check.py --cases bf16:2048,fp32:2048": 4,
+    "p2/p2_tma_d_compile_check.py --cases bf16:2048 --uses backward,forward": 3,
     # the chooser's design and every named one at the default shape, each distinct kernel once, and the layer's step
-    "p1_compile_check.py --precision faithful": 30,
-    "p1_compile_check.py --precision fast": 30,
-    "p1_compile_check.py --precision faithful --shape 1,2048,768 default": 3,
-    "p1_few_tokens_check.py --compile-only a_reg a_reg_132 a_reg_cl_st_mv": 4,
+    "p1/p1_compile_check.py --precision faithful": 30,
+    "p1/p1_compile_check.py --precision fast": 30,
+    "p1/p1_compile_check.py --precision faithful --shape 1,2048,768 default": 3,
+    "p1/p1_few_tokens_check.py --compile-only a_reg a_reg_132 a_reg_cl_st_mv": 4,
 }
 
 # Runs each script as __main__ with a stub compiler; prints one JSON line per script: what reached the
@@ -53,9 +53,10 @@ def stub_compile(source, target=None, options=None):
     raise StubCompiled("stub compiler: " + fn.__name__)
 
 triton.compile = stub_compile
-sys.path.insert(0, "scripts")  # as when a script runs directly: it may import its neighbours
 for case in json.loads(sys.argv[1]):
     script, *args = case.split()
+    folder = "scripts/" + script.rpartition("/")[0]
+    sys.path.insert(0, folder)  # as when a script runs directly: it may import its neighbours
     reached.clear()
     out = io.StringIO()
     status = 0
@@ -65,6 +66,7 @@ for case in json.loads(sys.argv[1]):
             runpy.run_path("scripts/" + script, run_name="__main__")
         except SystemExit as exc:
             status = exc.code
+    sys.path.remove(folder)
     print(json.dumps({"case": case, "status": status, "reached": list(reached), "out": out.getvalue()}))
 """
 

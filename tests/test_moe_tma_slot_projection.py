@@ -194,7 +194,7 @@ def test_config_rules():
     """16-wide tiles under the interpreter; on the GPU 256 weight rows × 64 expert rows for few rows per
     16-bit expert, 256 × 128 on 16 warps for busier ones, 128 × 128 for fp32 weights; flattened loops except for
     fp32 weights (ptxas serialises the wgmma of that form); the paired backward gets half the stages; tiles TMA can box.
-    (Shared memory, registers and serialisation: scripts/p2_tma_d_compile_check.py.)"""
+    (Shared memory, registers and serialisation: scripts/p2/p2_tma_d_compile_check.py.)"""
     assert choose_tma_slot_projection_config(40, 3, 2, interpreter=True).backward_tile == (16, 16, 16)
     bf16_small = choose_tma_slot_projection_config(2048 * 8, 256, 2, interpreter=False)
     bf16_busy = choose_tma_slot_projection_config(32768 * 8, 256, 2, interpreter=False)

@@ -169,7 +169,7 @@ def test_gather_sorted_rows_follows_the_routing(seed):
 def test_config_rules():
     """Warp specialisation needs num_warps=4; a deeper pipeline only for busy experts with 16-bit inputs;
     expert groups by rows per expert; 16-wide tiles under the interpreter. (Shared memory and registers:
-    scripts/p2_tma_compile_check.py.)"""
+    scripts/p2/p2_tma_compile_check.py.)"""
     with pytest.raises(ValueError, match="num_warps=4"):
         TmaWeightGradConfig(warp_specialize=True)
     few, many = (choose_tma_weight_grad_config(t * 8, 256, 2, interpreter=False) for t in (2048, 32768))

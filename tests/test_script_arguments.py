@@ -1,4 +1,4 @@
-"""The GPU scripts in scripts/ name a bad argument before any work (here, on a machine without a GPU)."""
+"""The GPU scripts under scripts/ name a bad argument before any work (here, on a machine without a GPU)."""
 
 import os
 import subprocess
@@ -10,18 +10,19 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 CASES = {
-    "p1_host_gap.py --configs default,nope": "--configs: unknown candidate(s) ['nope']",
-    "p1_kernel_times.py --configs library_gemms_fast,nope": "--configs: unknown candidate(s) ['nope']",
-    "p1_call_timeline.py --configs default,nope": "--configs: unknown candidate(s) ['nope']",
-    "p1_few_tokens_trace.py --candidates a_reg,nope": "--candidates: unknown candidate(s) ['nope']",
-    "p1_few_tokens_trace.py --flush warm": "--flush: expected a comma list of dirty, clean, none",
-    "launch_floor_probe.py --reps 0": "--reps and --programs: expected positive integers",
-    "slot_sum_bench.py --dtypes bfloat16,int8": "--dtypes: expected a comma list of bfloat16, float32, float16",
-    "p1_tune.py --configs gluon_tall_dwd2,nope": "--configs: unknown candidate(s) ['nope']",
-    "p1_profile.py --config nope": "argument --config: invalid choice: 'nope'",
-    "p1_program_trace.py --config nope": "argument --config: invalid choice: 'nope'",
-    "p1_pass_bench.py --variants blocks16x128_w4,nope": "--variants: unknown ['nope']",
-    "p1_fp8_lo_probe.py --tokens 8192,x": "--tokens: expected a comma list of positive integers",
+    "p1/p1_host_gap.py --configs default,nope": "--configs: unknown candidate(s) ['nope']",
+    "p1/p1_kernel_times.py --configs library_gemms_fast,nope": "--configs: unknown candidate(s) ['nope']",
+    "p1/p1_call_timeline.py --configs default,nope": "--configs: unknown candidate(s) ['nope']",
+    "p1/p1_few_tokens_trace.py --candidates a_reg,nope": "--candidates: unknown candidate(s) ['nope']",
+    "p1/p1_few_tokens_trace.py --flush warm": "--flush: expected a comma list of dirty, clean, none",
+    "p1/launch_floor_probe.py --reps 0": "--reps and --programs: expected positive integers",
+    "parallel/slot_sum_bench.py --dtypes bfloat16,int8":
+        "--dtypes: expected a comma list of bfloat16, float32, float16",
+    "p1/p1_tune.py --configs gluon_tall_dwd2,nope": "--configs: unknown candidate(s) ['nope']",
+    "p1/p1_profile.py --config nope": "argument --config: invalid choice: 'nope'",
+    "p1/p1_program_trace.py --config nope": "argument --config: invalid choice: 'nope'",
+    "p1/p1_pass_bench.py --variants blocks16x128_w4,nope": "--variants: unknown ['nope']",
+    "p1/p1_fp8_lo_probe.py --tokens 8192,x": "--tokens: expected a comma list of positive integers",
     "p2/gemm_probe.py --configs coop_m128n256k64_s3,nope": "--configs: unknown name(s) ['nope']",
 }
 
@@ -33,3 +34,26 @@ def test_bad_argument_is_named_before_any_work(command):
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)  # fmt: skip
     assert done.returncode != 0
     assert CASES[command] in done.stderr, done.stderr
+
+
+def test_gpu_bench_defaults_name_what_the_scripts_know():
+    """The candidates and configs scripts/gpu_bench.sh passes by default are still the scripts' own: a removed one
+    would fail that run on the GPU, or time nothing."""
+    import re
+    import runpy
+
+    from moe_lib.bench.tuning import P1_CANDIDATES, parse_fields, replace_fields
+    from moe_lib.moe_experts.choose import launch_config
+
+    text = (ROOT / "scripts" / "gpu_bench.sh").read_text()
+    p1 = [name for found in re.findall(r"\$\{P1_\w*CONFIGS:-([^}]*)\}", text) + re.findall(r"--configs (default,\S+)",
+                                                                                            text)
+          for name in found.split(",") if name != "default"]  # fmt: skip
+    assert p1 and not set(p1) - set(P1_CANDIDATES)
+    few = runpy.run_path(str(ROOT / "scripts" / "p1" / "p1_few_tokens_check.py"), run_name="defaults")
+    (few_args,) = re.findall(r"\$\{P1_FEW_ARGS:-([^}]*)\}", text)
+    candidates = [word for word in few_args.split() if not word.startswith("-") and not word[0].isdigit()]
+    assert not set(candidates) - set(few["CANDIDATES"]) - set(few["VARIANTS"])
+    (p2,) = re.findall(r"\$\{P2_TUNE_CONFIGS:-([^}]*)\}", text)
+    for item in p2.split(";"):
+        replace_fields(launch_config(2048 * 8, 256, input_bytes=2), parse_fields(item.partition(":")[2]))

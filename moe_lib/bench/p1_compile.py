@@ -13,7 +13,7 @@ The Gluon launches are compiled from their configs: their descriptors' types com
 tensors, and they specialise on neither T, H nor I. The kernels must be Triton's JIT functions: a process without
 the interpreter (``TRITON_INTERPRET`` unset).
 
-``scripts/p1_compile_check.py`` reports them; ``tests/swiglu_down/test_compile_sm90.py`` checks them over shapes.
+``scripts/p1/p1_compile_check.py`` reports them; ``tests/swiglu_down/test_compile_sm90.py`` checks them over shapes.
 """
 
 from __future__ import annotations

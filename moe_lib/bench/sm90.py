@@ -1,8 +1,8 @@
 """Triton kernels compiled for sm_90 (Hopper) without a GPU, and the resources the compiled code uses.
 
 Needs only the triton wheel: its ptxas compiles, its cuobjdump reads the registers and stack of the
-cubin (a spill shows as a non-zero STACK). The scripts ``p1_compile_check.py`` and ``p2_compile_check.py`` report
-their kernels with :func:`compile_for_sm90` and :func:`resources`.
+cubin (a spill shows as a non-zero STACK). The scripts ``scripts/p1/p1_compile_check.py`` and
+``scripts/p2/p2_compile_check.py`` report their kernels with :func:`compile_for_sm90` and :func:`resources`.
 """
 
 from __future__ import annotations
@@ -49,12 +49,13 @@ def compile_for_sm90(kernel, types: dict, constexprs: dict, aligned, *, warps: i
     return triton.compile(source, target=HOPPER, options=dict(num_warps=warps, num_stages=stages))
 
 
-def compile_gluon_for_sm90(kernel, arguments: dict, constexprs: dict, *, warps: int, maxnreg: int):
+def compile_gluon_for_sm90(kernel, arguments: dict, constexprs: dict, *, warps: int, maxnreg: int | None = None):
     """Compiles ``kernel`` (a ``@gluon.jit`` function) for sm_90.
 
     ``arguments`` gives each run-time argument a host tensor descriptor (its type read off it, as the launcher
-    reads it) or a Triton type ("i32"); ``constexprs`` the compile-time values. Names the kernel does not take are
-    left out, so one set of arguments serves kernels that take different parts of it.
+    reads it) or a Triton type ("i32", "*bf16"); ``constexprs`` the compile-time values. Names the kernel does not
+    take are left out, so one set of arguments serves kernels that take different parts of it. ``maxnreg``: the
+    registers a thread may use (None: as many as ptxas takes).
     """
     from triton._C.libtriton import native_specialize_impl
     from triton.backends.compiler import BaseBackend

@@ -1,10 +1,12 @@
-"""What the tuning, profiling and checking scripts under ``scripts/`` share.
+"""What the tuning, profiling and checking scripts under ``scripts/`` share (``scripts/README.md`` lists them).
 
-- :data:`P1_CANDIDATES`: named configured designs of P1 (from its design registry) that ``p1_tune.py`` times,
-  ``p1_compile_check.py`` compiles and ``p1_profile.py --config`` profiles.
+- :data:`P1_CANDIDATES`: named configured designs of P1 (from its design registry) that ``scripts/p1/p1_tune.py``
+  times, ``p1_compile_check.py`` compiles and ``p1_profile.py --config`` profiles; a ``--configs`` list of them
+  (:func:`p1_candidate_names`) and the call each names, "default" the chooser's own (:func:`p1_call`).
 - ``FIELD=VALUE`` overrides of a launch config (:func:`parse_field`, :func:`replace_fields`).
 - Cases written ``dtype:num_tokens`` (``fp32:2048``, ``bf16:8192``): the problem of an op whose inputs
   have that dtype (:func:`parse_case`).
+- A script's JSON result, written to its ``--out`` or into ``$OUT`` where that is set (:func:`write_out`).
 - The kernel benchmarks' frame: one candidate checked and timed (:func:`check_and_time`), the configs of
   ``--list`` (:func:`print_configs`), and the run over the cases that keeps what was measured
   (:func:`run_cases`).
@@ -47,6 +49,33 @@ def p1_candidates() -> dict:
 
 
 P1_CANDIDATES = p1_candidates()
+DEFAULT = "default"  # the scripts' name for the design the chooser picks (the public call)
+
+
+def p1_candidate_names(text: str | None, *, default: bool = True) -> list[str]:
+    """A P1 script's ``--configs``: comma-separated names of :data:`P1_CANDIDATES` ("all": every one), each once, in
+    order; "default" among them where the script times the chooser's own pick (``default``). ValueError naming the
+    unknown ones."""
+    if text == "all":
+        return list(P1_CANDIDATES)
+    names = list(dict.fromkeys(name.strip() for name in (text or "").split(",") if name.strip()))
+    unknown = [name for name in names if name not in P1_CANDIDATES and not (default and name == DEFAULT)]
+    if unknown:
+        raise ValueError(f"unknown candidate(s) {unknown}; see moe_lib.bench.tuning.P1_CANDIDATES")
+    return names
+
+
+def p1_call(name: str, inputs: dict, precision: str):
+    """P1's call on ``inputs`` (the problem's arguments, in order) by the design ``name`` names, ready to run:
+    "default" is the public call (the chooser's pick), any other name its configured design of
+    :data:`P1_CANDIDATES` on the Triton path."""
+    from ..swiglu_down import swiglu_down_backward
+    from ..swiglu_down.backward import swiglu_down_backward_triton
+
+    if name == DEFAULT:
+        return lambda: swiglu_down_backward(*inputs.values(), precision=precision)
+    config = P1_CANDIDATES[name]
+    return lambda: swiglu_down_backward_triton(*inputs.values(), config=config, precision=precision)
 
 
 def parse_field(text: str) -> tuple[str, object]:
@@ -101,6 +130,21 @@ def parse_case(text: str, op: str = "moe_experts_backward") -> tuple[problems.Pr
         raise ValueError(f"case: expected dtype:num_tokens with dtype in {sorted(by_dtype)} (or an alias such as "
                          f"fp32, bf16) and num_tokens an integer, got {text!r}")  # fmt: skip
     return by_dtype[name], int(count)
+
+
+def write_out(name: str, document, *, path=None, indent: int | None = 1):
+    """A script's result as JSON: to ``path`` where given, else to ``$OUT/<name>`` where OUT is set (the folder
+    ``scripts/gpu_bench.sh`` and the GPU runs collect), else nowhere. Returns the path written, or None."""
+    import json
+    import os
+    from pathlib import Path
+
+    if path is None and os.environ.get("OUT"):
+        path = Path(os.environ["OUT"]) / name
+    if path is None:
+        return None
+    Path(path).write_text(json.dumps(document, indent=indent))
+    return Path(path)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -214,10 +258,6 @@ def run_cases(run_case, cases, *, out: str | None, out_name: str, print_table) -
     left the context unusable (RuntimeError) but keeping what was measured: the rows go as JSON to ``out``
     (default ``$OUT/<out_name>`` where OUT is set) and to ``print_table``. Returns the exit code: 0 when
     every row is correct and ran."""
-    import json
-    import os
-    from pathlib import Path
-
     rows = []
     try:
         for case, _ in cases:
@@ -225,8 +265,6 @@ def run_cases(run_case, cases, *, out: str | None, out_name: str, print_table) -
     except RuntimeError as exc:  # a sticky CUDA error: keep what was measured
         print(f"stopped: {exc}", flush=True)
     finally:
-        path = out or (os.path.join(os.environ["OUT"], out_name) if os.environ.get("OUT") else None)
-        if path:
-            Path(path).write_text(json.dumps(rows, indent=1))
+        write_out(out_name, rows, path=out or None)
         print_table(rows)
     return 0 if all(r.get("ok", True) and "error" not in r for r in rows) else 1

@@ -43,8 +43,9 @@ from ..swiglu_down.runtime import Device
 from ..tiling import cdiv
 from .results import RESULTS_DIR, load_result_file, ok_rows, pivot, resolve_path
 
-TUNING_DIR = RESULTS_DIR / "H200" / "tuning"  # the tuning scripts' committed outputs (scripts/p1_tune.py, p2_tune.py)
-P2_KERNEL_COLUMNS = ("A", "G", "Wgu", "Wd", "D", "C", "other")  # scripts/p2_tune.py's per-kernel columns
+# the tuning scripts' committed outputs (scripts/p1/p1_tune.py, scripts/p2/p2_tune.py, ...)
+TUNING_DIR = RESULTS_DIR / "H200" / "tuning"
+P2_KERNEL_COLUMNS = ("A", "G", "Wgu", "Wd", "D", "C", "other")  # scripts/p2/p2_tune.py's per-kernel columns
 KIND_COLORS = {"dWd": "tab:blue", "dA": "tab:orange", "dWg": "tab:green", "dWu": "tab:olive", "dx": "tab:red"}
 # the GPU the tuning ran on as P1's chooser sees it (what runtime.device_of reads off an H200): the tables and figures
 # of its choice are drawn for it, on any machine
@@ -352,7 +353,7 @@ def _read_json(path) -> list[dict]:
 
 
 def p1_design_times(path=TUNING_DIR / "2026-11-29-p1-tune-onelaunch.json") -> pd.DataFrame:
-    """A ``scripts/p1_tune.py`` run as the best time (µs) per token count of each P1 design and the config
+    """A ``scripts/p1/p1_tune.py`` run as the best time (µs) per token count of each P1 design and the config
     that gave it: "one launch" (the ``one_*`` candidates: design 3, removed since, its code at commit 1051632) and
     "two launches" (the TileConfig ones). Only named candidates count: what "default" stood for depended on the code
     of the day."""
@@ -366,12 +367,12 @@ def p1_design_times(path=TUNING_DIR / "2026-11-29-p1-tune-onelaunch.json") -> pd
     return table[sorted(table.columns, key=lambda c: ("config" in c, c))]
 
 
-# what "default" ran in scripts/p1_few_tokens_check.py's committed run: the paths before the few-token design
+# what "default" ran in scripts/p1/p1_few_tokens_check.py's committed run: the paths before the few-token design
 FEW_TOKENS_BEFORE = "before: one launch (faithful), two launches (fast)"
 
 
 def p1_few_tokens_times(path=TUNING_DIR / "2026-11-30-p1-few-tokens-check.json", *, column: str = "graph_us"):
-    """A ``scripts/p1_few_tokens_check.py`` run as µs per (precision, num_tokens) and candidate (``column``:
+    """A ``scripts/p1/p1_few_tokens_check.py`` run as µs per (precision, num_tokens) and candidate (``column``:
     "graph_us" for graph replay, "official_us" for NVIDIA's method), the path that ran before the design as
     :data:`FEW_TOKENS_BEFORE`; a candidate that was wrong or failed is left empty. Returns (table, floor µs:
     a graph replay of one tiny kernel in the same run)."""
@@ -412,7 +413,7 @@ def _one_block_series(commit: str, config: str, precision: str, tokens: int) -> 
 
 def p1_one_block_times(paths=ONE_BLOCK_FILES, *, column: str = "graph_us"):
     """The few-token launch with all tokens in one block (17–128 tokens) against the default paths before it, from
-    the committed ``scripts/p1_few_tokens_check.py`` runs of both trees: µs per (precision, num_tokens) and series
+    the committed ``scripts/p1/p1_few_tokens_check.py`` runs of both trees: µs per (precision, num_tokens) and series
     (:data:`ONE_BLOCK_BEFORE`, :data:`ONE_BLOCK_SAVED_FIRST`, :data:`ONE_BLOCK_NOW`), the median over the runs that
     measured it (``column``: "graph_us" or "official_us"). Returns (table, the median floor of the runs, µs)."""
     rows, floors = [], []
@@ -456,7 +457,7 @@ def _phase2_tiles_series(round_number: int, config: str, precision: str, tokens:
 
 def p1_phase2_tile_times(path=PHASE2_TILES_FILE, *, column: str = "graph_us"):
     """The one token block's phase-2 tiles, 128 × 128 against 64 × 256 (``few_tokens.ONE_BLOCK_PHASE2_TILE``), from
-    the committed ``scripts/p1_few_tokens_check.py`` runs: µs per (precision, num_tokens) and series, the median over
+    the committed ``scripts/p1/p1_few_tokens_check.py`` runs: µs per (precision, num_tokens) and series, the median over
     the runs that measured it. Returns (table, the median floor of the runs, µs)."""
     data = _read_json(path)
     rows, floors = [], []
@@ -502,7 +503,7 @@ def few_tokens_figure(table: pd.DataFrame, floor_us: float, chosen: str, before:
 
 
 def few_tokens_traces(path=TUNING_DIR / "2026-12-01-p1-few-tokens-trace.json") -> pd.DataFrame:
-    """The traced few-token launches of a ``scripts/p1_few_tokens_trace.py`` file: one row per traced launch
+    """The traced few-token launches of a ``scripts/p1/p1_few_tokens_trace.py`` file: one row per traced launch
     (label: candidate and L2 flush; tokens; the commit it ran at), the µs since the first program started at
     which the median program reached each step, the graph-replay time, and one replay's raw stamps."""
     rows = []
@@ -664,7 +665,7 @@ def p1_design_map_figure(hidden_size: int, intermediate_size: int, *, max_tokens
 
 
 def p1_tune_times(path, *, default_label: str) -> pd.DataFrame:
-    """A ``scripts/p1_tune.py`` run as µs per token count (rows) and candidate (columns), the run's "default"
+    """A ``scripts/p1/p1_tune.py`` run as µs per token count (rows) and candidate (columns), the run's "default"
     renamed ``default_label`` (what it stood for depended on the code of the day); failed or wrong candidates
     left out."""
     rows = pd.DataFrame([r for r in _read_json(path) if "error" not in r and r.get("ok")])
@@ -785,7 +786,7 @@ def schedule_figure(schedules: dict[str, pd.DataFrame]):
 
 
 def p1_tune_runs(path) -> pd.DataFrame:
-    """A committed tuning file of ``scripts/p1_tune.py`` runs (``{"runs": [{"round": …, "rows": […]}]}``) as µs per
+    """A committed tuning file of ``scripts/p1/p1_tune.py`` runs (``{"runs": [{"round": …, "rows": […]}]}``) as µs per
     token count (rows) and (candidate, round) (columns); failed or wrong candidates left out."""
     rows = [dict(row, round=run["round"]) for run in _read_json(path)["runs"] for row in run["rows"]
             if "error" not in row and row.get("ok")]  # fmt: skip
@@ -794,7 +795,7 @@ def p1_tune_runs(path) -> pd.DataFrame:
 
 
 def p1_host_gap_times(path, labels: dict | None = None) -> pd.DataFrame:
-    """A ``scripts/p1_host_gap.py`` run as one row per (token count, design): µs by graph replay ("graph") and in
+    """A ``scripts/p1/p1_host_gap.py`` run as one row per (token count, design): µs by graph replay ("graph") and in
     NVIDIA's method ("official": eager calls, first kernel start to last kernel end), and the host's share between
     them ("gap"); designs renamed by ``labels`` (its run's "default" stood for the code of the day) and kept in
     that order, the others left out."""
@@ -841,7 +842,7 @@ ONE_GRAPH_LABELS = {"default": "few-token launch to 128, then two launches",
 
 def p1_host_gap_runs(path=GLUON_HOST_GAP_FILE, config: str = "gluon2", labels: dict | None = None) -> pd.DataFrame:
     """One design's host gap in NVIDIA's method (its official span minus graph replay, µs) per token count (rows)
-    in each run of a file of ``scripts/p1_host_gap.py`` runs (columns: the run numbers, or ``labels[run]``)."""
+    in each run of a file of ``scripts/p1/p1_host_gap.py`` runs (columns: the run numbers, or ``labels[run]``)."""
     rows = [dict(num_tokens=row["T"], run=(labels or {}).get(run["run"], run["run"]), gap=row["gap_us"])
             for run in _read_json(path)["runs"] for row in run["rows"]
             if row["config"] == config and "gap_us" in row]  # fmt: skip
@@ -867,9 +868,9 @@ GLUON_PROBE_FILE = TUNING_DIR / "2026-12-01-p1-gluon-launch2-probe.json"
 
 def p1_gluon_launch2_times(path=GLUON_PROBE_FILE, labels: dict | None = None) -> pd.DataFrame:
     """Launch 2 of the faithful path (dx, dWg, dWu with the hi/lo halves) per implementation of the committed
-    ``scripts/p1_gluon_probe.py --launch2`` runs: µs by graph replay per num_tokens (rows) and implementation
-    (columns, renamed by ``labels`` where given; the others left out when ``labels`` is given), the median over
-    the runs that measured it."""
+    ``scripts/p1_gluon_probe.py --launch2`` runs (the script removed at 1051632: ``notes/p1/removed.md``): µs by
+    graph replay per num_tokens (rows) and implementation (columns, renamed by ``labels`` where given; the others
+    left out when ``labels`` is given), the median over the runs that measured it."""
     rows = [dict(num_tokens=row["T"], impl=row["impl"], us=row["us"])
             for run in _read_json(path)["runs"] for row in run["rows"]
             if row.get("product") == "launch 2" and "us" in row]  # fmt: skip
@@ -1071,14 +1072,14 @@ def runs_side_by_side(before, after, impls=("triton", "triton_fast", "torch_comp
 def programmatic_launch_gains(path=PROGRAMMATIC_LAUNCH_FILE) -> pd.DataFrame:
     """What issuing launch 2 by programmatic dependent launch saves each Gluon form: per num_tokens (rows) and form
     (columns), the form's µs by graph replay plainly issued minus its ``_pdl`` candidate's (launch 1 letting launch 2
-    start as each of its programs starts), from the committed ``scripts/p1_tune.py`` runs; forms measured only one
+    start as each of its programs starts), from the committed ``scripts/p1/p1_tune.py`` runs; forms measured only one
     way left out."""
     return gains_of_variant(path, "_pdl")
 
 
 def gains_of_variant(path, suffix: str) -> pd.DataFrame:
     """Per num_tokens (rows) and form (columns), the form's µs by graph replay minus its variant's (the candidate named
-    as the form with ``suffix``), the median over a file's ``scripts/p1_tune.py`` runs; forms measured only one way
+    as the form with ``suffix``), the median over a file's ``scripts/p1/p1_tune.py`` runs; forms measured only one way
     left out."""
     times = p1_tune_runs_times(path)
     forms = [name for name in times.columns if f"{name}{suffix}" in times.columns]
@@ -1131,7 +1132,7 @@ def gluon_forms_table(token_counts, hidden_size: int, intermediate_size: int, *,
 
 def p1_tune_runs_times(path=GLUON_LAUNCH1_FILE, precision: str = "faithful", labels: dict | None = None,
                        runs: tuple[int, ...] | None = None):  # fmt: skip
-    """Whole calls by graph replay from a file of several ``scripts/p1_tune.py`` runs (as :func:`p1_tune_times` for
+    """Whole calls by graph replay from a file of several ``scripts/p1/p1_tune.py`` runs (as :func:`p1_tune_times` for
     one): µs per num_tokens (rows) and candidate (columns, renamed by ``labels`` where given and the others left
     out), the median over the runs of ``precision`` that measured it (runs without a "precision" field count as
     faithful), or over the runs numbered in ``runs``; failed or wrong candidates left out, and "default" (which
@@ -1160,7 +1161,7 @@ def launch2_figure(table: pd.DataFrame, title: str):
 
 
 def p2_kernel_times(path, labels: dict | None = None) -> pd.DataFrame:
-    """A ``scripts/p2_tune.py`` run as one row per (case, config): each kernel's median ms (0 where it
+    """A ``scripts/p2/p2_tune.py`` run as one row per (case, config): each kernel's median ms (0 where it
     did not run), the whole call from a CUDA graph, and the worst element-rule pass fraction, in the
     run's order. With ``labels`` (config name -> label) only those configs, named by their labels."""
     rows = []
@@ -1191,7 +1192,7 @@ def kernel_times_figure(table: pd.DataFrame, title: str):
     return fig
 
 
-# what each kernel of a P1 fast-path call does, from its name (scripts/p1_kernel_times.py), and its colour
+# what each kernel of a P1 fast-path call does, from its name (scripts/p1/p1_kernel_times.py), and its colour
 CALL_KERNEL_KINDS = (
     ("nvjet", "cuBLAS GEMM", "tab:blue"),
     ("swiglu_grads", "dSwiGLU pass (ours)", "tab:orange"),
@@ -1212,7 +1213,7 @@ def call_kernel_kind(name: str) -> tuple[str, str]:
     return "other", "tab:grey"
 
 
-# the candidates of the committed scripts/p1_kernel_times.py runs by their names there, and the cuBLAS design each
+# the candidates of the committed scripts/p1/p1_kernel_times.py runs by their names there, and the cuBLAS design each
 # stood for (notes/p1/design-07.md): dA in fp32 and [Wg; Wu] stacked by a copy kernel, or dA in bf16 and the copy
 # by memcpys
 CUBLAS_CANDIDATES = {"lib_s3": LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True),
@@ -1222,7 +1223,7 @@ CUBLAS_CANDIDATES = {"lib_s3": LibraryGemmsConfig(d_a_fp32=True, streams=True, s
 
 def p1_call_kernels(path=TUNING_DIR / "2026-12-01-p1-kernel-times-defaults.json", labels: dict | None = None, *,
                     defaults_only: bool = False) -> pd.DataFrame:  # fmt: skip
-    """A ``scripts/p1_kernel_times.py`` file as one row per kernel of a call: token count, implementation (renamed
+    """A ``scripts/p1/p1_kernel_times.py`` file as one row per kernel of a call: token count, implementation (renamed
     by ``labels``, others left out where given), what the kernel does (:func:`call_kernel_kind`), its stream, its
     median start (µs after the call's first kernel) and duration, and the call's median span. ``defaults_only``:
     per token count only ``torch_compile`` and the candidate (:data:`CUBLAS_CANDIDATES`) that is the fast path's
@@ -1276,7 +1277,7 @@ def call_timeline_figure(table: pd.DataFrame, title: str):
     return fig
 
 
-# Program traces of the faithful path's two Gluon launches (scripts/p1_program_trace.py under
+# Program traces of the faithful path's two Gluon launches (scripts/p1/p1_program_trace.py under
 # designs.gluon.traced_programs()):
 # one row per program, times in µs from launch 1's first program's start, each run's commit and config beside it
 PROGRAM_TRACES_FILE = TUNING_DIR / "2026-12-02-p1-program-traces.csv"

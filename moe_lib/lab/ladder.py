@@ -223,7 +223,7 @@ def _tuning_rows(path) -> list[dict]:
 
 
 def p2_tma_ladder(spec: roofline.GPUSpec) -> pd.DataFrame:
-    """Kernels W and D on the H200 (``scripts/p2_tma_bench.py``, ms by graph replay, uniform routing): pointer-based
+    """Kernels W and D on the H200 (``scripts/p2/p2_tma_bench.py``, ms by graph replay, uniform routing): pointer-based
     (rows gathered inside the loads) against fed by TMA (that run's default, and its fastest correct variant), each
     beside its floor at ``spec``'s ceilings (:func:`.ledger.p2_backward_steps`; W with the gather into expert order
     it needs). Triton's automatic warp specialisation of W ran faster still but left tiles unwritten: not a

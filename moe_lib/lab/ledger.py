@@ -226,7 +226,7 @@ def p1_floor_table(spec: roofline.GPUSpec, result: ResultFile | None = None, lau
     return table
 
 
-# cuBLAS's bf16 and fp8 products on the faithful path's lo half, by graph replay (scripts/p1_fp8_lo_probe.py)
+# cuBLAS's bf16 and fp8 products on the faithful path's lo half, by graph replay (scripts/p1/p1_fp8_lo_probe.py)
 FP8_LO_PROBE = RESULTS_DIR / "H200" / "tuning" / "2026-12-03-p1-fp8-lo-probe.json"
 FP8_BYTES = 1
 

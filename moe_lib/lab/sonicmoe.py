@@ -5,7 +5,7 @@ committed measurements say where the difference lies:
 
 - the layer's training step (``bench --mode forward_backward``, :mod:`.training_step`), ours and SonicMoE's in the
   same run: :func:`layer_comparison`, with the rate each reaches counting a layer's usual 18·T·K·H·I FLOPs;
-- ncu of our backward's kernels, one call per case (``scripts/p2_profile.py``, the file :data:`NCU_FILE`):
+- ncu of our backward's kernels, one call per case (``scripts/p2/p2_profile.py``, the file :data:`NCU_FILE`):
   :func:`ncu_kernels` reads it, :func:`kernel_rates` turns each GEMM kernel's time into the rate it multiplies at;
 - what P1's warp-specialised Gluon launch keeps busy (its tensor pipe 92% busy at 8192 tokens,
   ``notes/p1/design-24.md``):
@@ -26,8 +26,8 @@ from .training_step import load_layer_runs
 
 TUNING_DIR = RESULTS_DIR / "H200" / "tuning"
 NCU_FILE = TUNING_DIR / "2026-12-01-p2-ncu.txt"
-# the cases of that file, in the order scripts/p2_profile.py ran them (--cases bf16:2048,fp32:2048,fp32:8192,bf16:32768;
-# notes/p2/kernel-a-configs.md)
+# the cases of that file, in the order scripts/p2/p2_profile.py ran them
+# (--cases bf16:2048,fp32:2048,fp32:8192,bf16:32768; notes/p2/kernel-a-configs.md)
 NCU_CASES = (("bfloat16", 2048), ("float32", 2048), ("float32", 8192), ("bfloat16", 32768))
 # the kernels of one backward call, in launch order, and what each computes
 KERNELS = (("swiglu_grad_kernel", "A: g, u, Wdᵀdy, the dSwiGLU and dw"), ("grouped_weight_grad_kernel", "W: dWg, dWu"),

@@ -74,7 +74,7 @@ def launch_config(num_slots: int, num_experts: int, *, input_bytes: int = 4, int
 
 def choose_tma_weight_grad_config(num_slots: int, num_experts: int, input_bytes: int,
                                   interpreter: bool) -> TmaWeightGradConfig:  # fmt: skip
-    """Tiles of the TMA-fed kernel W (shared memory: at most 227 KB per SM, ``scripts/p2_tma_compile_check.py``)."""
+    """Tiles of the TMA-fed kernel W (shared memory: at most 227 KB per SM, ``scripts/p2/p2_tma_compile_check.py``)."""
     if interpreter:
         return TmaWeightGradConfig((16, 16, 16), (16, 16, 16), 1, 1, 1, 1)
     mean_rows = num_slots / max(num_experts, 1)
@@ -89,7 +89,7 @@ def choose_tma_weight_grad_config(num_slots: int, num_experts: int, input_bytes:
 
 def choose_tma_slot_projection_config(num_slots: int, num_experts: int, input_bytes: int,
                                       interpreter: bool) -> TmaSlotProjectionConfig:  # fmt: skip
-    """Tiles of the TMA-fed kernel D (none spills or serialises its wgmma: ``scripts/p2_tma_d_compile_check.py``)."""
+    """Tiles of the TMA-fed kernel D (none spills or serialises its wgmma: ``scripts/p2/p2_tma_d_compile_check.py``)."""
     if interpreter:
         return TmaSlotProjectionConfig((16, 16, 16), 1, 2, (16, 16, 16), 1, 2)
     mean_rows = num_slots / max(num_experts, 1)

@@ -37,7 +37,7 @@ asynchronous across steps (one group in flight); the store waits for the tile's 
 descriptor is rebuilt and no pipeline restarts inside the loop (the costs of per-expert visits in
 :mod:`.tma_weight_grad`). ``flatten=False`` keeps the two loops (the pipeline refills at each tile); the
 fp32 weights take that form, since ptxas serialises the wgmma of the fused form when its A operand
-comes from registers (``scripts/p2_tma_d_compile_check.py`` reports it).
+comes from registers (``scripts/p2/p2_tma_d_compile_check.py`` reports it).
 
 Descriptors are made once per program, on the device, over whole tensors: the weights as
 [terms, E, I, H] (or [terms, E, H, I]) with a [1, 1, BLOCK_I, BLOCK_H] box, so TMA zero-fills past I and

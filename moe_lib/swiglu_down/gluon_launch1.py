@@ -240,7 +240,7 @@ def first_launch_kernel(
     STORES_IN_FLIGHT: gl.constexpr,  # the dSwiGLU epilogue's four stores at once, through the saved tiles' buffers
     SAVED_EARLY: gl.constexpr,  # the loading warp asks for the saved tiles as the main loop frees their buffers
     WITH_GRAD_DOWN: gl.constexpr,  # dWd's tiles in this launch (else launch 2 takes them and the dWd arguments idle)
-    TRACE: gl.constexpr,  # record each program's start, end and SM (a diagnostic build: scripts/p1_program_trace.py)
+    TRACE: gl.constexpr,  # record each program's start, end and SM (a diagnostic build: scripts/p1/p1_program_trace.py)
     num_warps: gl.constexpr,  # of the multiplying partition (8: two warpgroups)
 ):  # fmt: skip
     BLOCK_M: gl.constexpr = dg_desc.block_type.shape[0]

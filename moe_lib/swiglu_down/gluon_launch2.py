@@ -17,7 +17,7 @@ shared memory: a `ready` mbarrier per buffer (completed by the copy engine when 
 issue `acc += A_hi·B` and `acc += A_lo·B` on the same B tile asynchronously, wait only for the step before, and hand
 its buffer back; at the end the tile goes out through shared memory by TMA. Each tile kind has its own
 warp-specialised region, chosen at run time: with several kinds' loops in one region ptxas serialises the wgmma
-(each waiting for the one before; ``scripts/p1_compile_check.py`` reports it). Where the weight-gradient
+(each waiting for the one before; ``scripts/p1/p1_compile_check.py`` reports it). Where the weight-gradient
 tiles are short (to 512 tokens) a fixed number of programs take them in turn instead (``weight_grad_programs``), and
 issued by programmatic dependent launch the loading warp may send its first steps' tiles of x, Wg, Wu (inputs of the
 call, not launch 1's) before its wait for launch 1 (``inputs_before_wait``).
@@ -425,7 +425,7 @@ def second_launch_kernel(
     INPUTS_BEFORE_WAIT: gl.constexpr,  # with PROGRAMMATIC: the loading warp's first x, Wg, Wu tiles before the wait
     GRAD_DOWN: gl.constexpr,  # dWd's tiles here (launch 1 has none), on the first program ids, waiting for nothing
     GRAD_DOWN_AFTER_WEIGHT_GRAD: gl.constexpr,  # with GRAD_DOWN: dWd's programs after dWg's and dWu's, not first
-    TRACE: gl.constexpr,  # record each program's start, end and SM (a diagnostic build: scripts/p1_program_trace.py)
+    TRACE: gl.constexpr,  # record each program's start, end and SM (a diagnostic build: scripts/p1/p1_program_trace.py)
     num_warps: gl.constexpr,  # of the multiplying partition (8: two warpgroups)
 ):  # fmt: skip
     BLOCK_M: gl.constexpr = dx_desc.block_type.shape[0]

@@ -330,14 +330,14 @@ def test_for_shape_streams_where_one_chunk_per_tile_would_not_fit():
 
 
 # ---------------------------------------------------------------------------------------------
-# compiled for sm_90 (a child process without the interpreter: scripts/p1_few_tokens_check.py --compile-only)
+# compiled for sm_90 (a child process without the interpreter: scripts/p1/p1_few_tokens_check.py --compile-only)
 
 
 def compiled_rows(shapes, tokens, tmp_path) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
     path = tmp_path / "rows.json"
-    command = [sys.executable, "scripts/p1_few_tokens_check.py", "--compile-only", "--json", str(path),
+    command = [sys.executable, "scripts/p1/p1_few_tokens_check.py", "--compile-only", "--json", str(path),
                "--shapes", ",".join(f"{h}x{i}" for h, i in shapes), "--tokens", ",".join(map(str, tokens))]  # fmt: skip
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3000)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -40,7 +40,7 @@ they are rounded to the input dtype (the fast path). 16-bit inputs only. For one
 in fp32: a few hundred FMAs per thread, no operand staged in shared memory, no output tile transposed, exact
 products (both paths then give the same result).
 
-What the time depends on in Triton (read off the TTGIR and PTX for sm_90, ``scripts/p1_few_tokens_check.py``):
+What the time depends on in Triton (read off the TTGIR and PTX for sm_90, ``scripts/p1/p1_few_tokens_check.py``):
 - every product puts the weight (or x) tile on the M side and the few tokens on the N side: dAᵀ = Wdᵀ·dyᵀ,
   dx_bᵀ = Wgᵀ·dGateᵀ + Wuᵀ·dUpᵀ, dWgᵀ = xᵀ·dGate. They run as wgmma with dGate, dUp taken from shared
   memory; with dGate as a register operand Triton gave every tile it was computed from (the partials,
@@ -63,7 +63,7 @@ programs one after another, so there the phases run as two launches (``PHASE``),
 Sums run in a fixed order whatever the arrival order, so results are deterministic.
 
 Seeing where the time goes: ``run(..., trace=)`` (GPU only) has every program stamp the GPU's global clock at each
-of :data:`TRACE_POINTS` and note its SM; ``scripts/p1_few_tokens_trace.py`` runs it and :func:`trace_timeline`
+of :data:`TRACE_POINTS` and note its SM; ``scripts/p1/p1_few_tokens_trace.py`` runs it and :func:`trace_timeline`
 sums it up (notebook 04 draws the programs' timelines).
 """
 

@@ -141,7 +141,7 @@ def traced_programs():
     tile kind (0: the weight-gradient tiles, 1: dA's or dx's). Yields a list; each call inside appends
     {"launch 1": tensor, "launch 2": tensor}, int64 [programs, len(TRACE_FIELDS)], filled as the launches run (on the
     device, so read them after a synchronisation). Calls of other designs append nothing.
-    ``scripts/p1_program_trace.py`` reads them."""
+    ``scripts/p1/p1_program_trace.py`` reads them."""
     global _PROGRAM_TRACES
     if _PROGRAM_TRACES is not None:
         raise RuntimeError("traced_programs: already inside one")

@@ -1,6 +1,6 @@
 """Each kernel of a P1 call and how long it ran: our candidates beside ``torch.compile``, from one profiler trace.
 
-    PYTHONPATH=. python scripts/p1_kernel_times.py [--tokens 128,1321] [--configs library_gemms_fast]
+    PYTHONPATH=. python scripts/p1/p1_kernel_times.py [--tokens 128,1321] [--configs library_gemms_fast]
 
 On a GPU, per token count: every candidate of ``moe_lib.bench.tuning.P1_CANDIDATES`` named (fast path) and the
 ``torch_compile`` peer are captured in a CUDA graph; ``--runs`` replays, each after an L2 flush, run under
@@ -13,8 +13,6 @@ against another's. With $OUT set, writes the table as JSON.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 
 import torch
@@ -23,8 +21,7 @@ from torch.profiler import ProfilerActivity, profile
 from moe_lib import problems
 from moe_lib.bench import timing
 from moe_lib.bench.peers.swiglu_down import eager_arguments, swiglu_down_backward_eager
-from moe_lib.bench.tuning import P1_CANDIDATES
-from moe_lib.swiglu_down.backward import swiglu_down_backward_triton
+from moe_lib.bench.tuning import p1_call, p1_candidate_names, write_out
 
 FLUSH_KERNEL = "FillFunctor"  # the L2 flush between calls (timing.L2Flusher fills a buffer)
 
@@ -35,8 +32,7 @@ def call_of(name: str, inputs: dict):
         compiled = torch.compile(swiglu_down_backward_eager, dynamic=False)
         arguments = eager_arguments(inputs)
         return lambda: compiled(*arguments)
-    config = P1_CANDIDATES[name]
-    return lambda: swiglu_down_backward_triton(*inputs.values(), config=config, precision="fast")
+    return p1_call(name, inputs, "fast")
 
 
 def kernels_per_call(fn, runs: int) -> list[list[dict]]:
@@ -97,24 +93,23 @@ def main() -> None:
     parser.add_argument("--configs", default="library_gemms_fast,library_gemms_fast_many")
     parser.add_argument("--runs", type=int, default=20)
     args = parser.parse_args()
-    unknown = [name for name in args.configs.split(",") if name not in P1_CANDIDATES]
-    if unknown:
-        raise SystemExit(f"--configs: unknown candidate(s) {unknown}; see moe_lib.bench.tuning.P1_CANDIDATES")
+    try:
+        names = p1_candidate_names(args.configs, default=False)
+    except ValueError as exc:
+        raise SystemExit(f"--configs: {exc}") from None
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
     problem = problems.load("swiglu_down_backward")
     rows = []
     for T in [int(t) for t in args.tokens.split(",")]:
         inputs = problem.make_inputs(T, seed=T, device="cuda")
-        for name in [*args.configs.split(","), "torch_compile"]:
+        for name in [*names, "torch_compile"]:
             result = summary(kernels_per_call(call_of(name, inputs), args.runs)) | dict(T=T, impl=name)
             rows.append(result)
             print(f"\nT={T} {name}: span {result['span_us']:.1f} µs (median of {result['calls']} calls)")
             for k in result["kernels"]:
                 print(f"  +{k['start_us']:6.1f} {k['duration_us']:6.1f} µs  stream {k['stream']}  {short(k['name'])}")
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "p1_kernel_times.json"), "w") as f:
-            json.dump(rows, f, indent=1)
+    write_out("p1_kernel_times.json", rows)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """Where the P1 Triton backward spends its time at a few token counts.
 
-    PYTHONPATH=. python3 scripts/p1_profile.py            # timing: dirty vs clean L2 flush
+    PYTHONPATH=. python3 scripts/p1/p1_profile.py            # timing: dirty vs clean L2 flush
     PYTHONPATH=. ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum,\
 dram__bytes_write.sum,launch__grid_size,launch__registers_per_thread \
-        python3 scripts/p1_profile.py --once               # per-kernel durations and DRAM bytes
+        python3 scripts/p1/p1_profile.py --once               # per-kernel durations and DRAM bytes
 
 The benchmark's flush overwrites a large buffer, which leaves the L2 full of dirty lines that the
 timed kernels must write back as they evict them; a read-only flush shows what that costs. With --once each call

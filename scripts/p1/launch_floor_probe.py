@@ -1,7 +1,7 @@
 """What a launch costs before it does any work, in the benchmark's timing method (CUDA-graph replay after the L2
 flush that leaves dirty lines): the floor under P1's few-token cases.
 
-    PYTHONPATH=. python scripts/launch_floor_probe.py [--reps 50]
+    PYTHONPATH=. python scripts/p1/launch_floor_probe.py [--reps 50]
 
 On a GPU, each probe captured alone in a graph and replayed after the benchmark's flush (``timing.L2Flusher``):
 - ``empty``: a Triton kernel that does nothing, on 1 program, and on 96 programs of 8 warps;
@@ -24,8 +24,6 @@ Prints one table (µs, the shared memory each launch used); with $OUT set, write
 from __future__ import annotations
 
 import argparse
-import json
-import os
 
 import torch
 import triton
@@ -37,6 +35,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from moe_lib import problems
 from moe_lib.bench import timing
+from moe_lib.bench.tuning import write_out
 from moe_lib.swiglu_down import swiglu_down_backward
 
 WEIGHT_BYTES = 3 * 2048 * 768 * 2  # Wg, Wu, Wd in bf16 at H = 2048, I = 768
@@ -143,43 +142,25 @@ def stream_programs(source: torch.Tensor) -> int:
     return rows // (STREAM_BLOCKS * STREAM_BLOCK[0])
 
 
-def compile_gluon_for_sm90(kernel, *args, num_warps: int):
-    """A Gluon kernel compiled for sm_90 without a GPU, its arguments (CPU tensors, descriptors over them,
-    constexprs) specialised as the runtime would; ``.asm["ptx"]``, ``.metadata`` as for a launch."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import make_backend
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import create_function_from_signature
-
-    target = GPUTarget("cuda", 90, 32)
-    backend = make_backend(target)
-    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
-    bound_args, specialization, options = binder(*args, num_warps=num_warps)
-    options, signature, constexprs, attrs = kernel._pack_args(backend, {"num_warps": num_warps}, bound_args,
-                                                              specialization, options)  # fmt: skip
-    return triton.compile(GluonASTSource(kernel, signature, constexprs, attrs), target=target,
-                          options=options.__dict__)  # fmt: skip
-
-
 def compile_stream_kernels() -> None:
     """The stream and shared-memory kernels compiled for sm_90 without a GPU (registers, stack, shared memory,
     bulk copies)."""
-    from moe_lib.bench.sm90 import compile_for_sm90, resources
+    from moe_lib.bench.sm90 import compile_for_sm90, compile_gluon_for_sm90, resources
 
     compiled = compile_for_sm90(register_stream_kernel, {"source_ptr": "*bf16", "target_ptr": "*bf16"},
                                 {"BLOCK_ROWS": STREAM_BLOCK[0], "BLOCK_COLS": STREAM_BLOCK[1]},
                                 ["source_ptr", "target_ptr"], warps=8, stages=1)  # fmt: skip
     print("register_stream_kernel", resources(compiled), compiled.asm["ptx"].count("ld.global"), "global loads")
     source = torch.empty(WEIGHT_BYTES // 2, dtype=torch.bfloat16)
-    compiled = compile_gluon_for_sm90(tma_stream_kernel, *stream_descriptors(source, torch.empty_like(source)),
-                                      STREAM_BLOCKS, num_warps=4)  # fmt: skip
+    source_desc, target_desc = stream_descriptors(source, torch.empty_like(source))
+    compiled = compile_gluon_for_sm90(tma_stream_kernel, dict(source_desc=source_desc, target_desc=target_desc),
+                                      dict(BLOCKS=STREAM_BLOCKS), warps=4)  # fmt: skip
     ptx = compiled.asm["ptx"]
     print("tma_stream_kernel", resources(compiled), ptx.count("cp.async.bulk.tensor"), "bulk copies,",
           ptx.count("mbarrier.try_wait"), "waits")
-    out = torch.empty(96, SHARED_ROW, dtype=torch.bfloat16)
     for kilobytes in SHARED_KB:
-        compiled = compile_gluon_for_sm90(shared_memory_kernel, out, shared_memory_rows(kilobytes), SHARED_ROW,
-                                          num_warps=8)  # fmt: skip
+        constexprs = dict(ROWS=shared_memory_rows(kilobytes), ROW=SHARED_ROW)
+        compiled = compile_gluon_for_sm90(shared_memory_kernel, dict(out_ptr="*bf16"), constexprs, warps=8)
         print(f"shared_memory_kernel, {kilobytes} KB asked:", resources(compiled))
 
 
@@ -246,9 +227,7 @@ def main() -> None:
         graph_us = timing.graph_median_ms(call, flush, reps=args.reps) * 1e3
         rows.append(dict(probe=name, shared_kb=shared_kb, graph_us=graph_us))
         print(f"{rows[-1]['graph_us']:8.2f} µs  {name}", flush=True)
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "launch_floor_probe.json"), "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), rows=rows), f, indent=1)
+    write_out("launch_floor_probe.json", dict(device=torch.cuda.get_device_name(), rows=rows))
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 """Compile the TMA-fed kernel W (``moe_experts.tma_weight_grad``) for sm_90 without a GPU and report its resources.
 
-    PYTHONPATH=. python scripts/p2_tma_compile_check.py [--cases bf16:2048,bf16:32768,fp32:2048] [--all-candidates]
+    PYTHONPATH=. python scripts/p2/p2_tma_compile_check.py [--cases bf16:2048,bf16:32768,fp32:2048] [--all-candidates]
 
 Per case (``dtype:num_tokens`` of the P2 benchmark shape) it compiles both launches (dWg·dWu, dWd)
 of the configuration ``choose_tma_weight_grad_config`` picks, and with ``--all-candidates`` every
-candidate that ``scripts/p2_tma_bench.py`` times. Per launch: registers and stack (a spill shows as a
+candidate that ``scripts/p2/p2_tma_bench.py`` times. Per launch: registers and stack (a spill shows as a
 non-zero STACK), shared memory (flagged above the 227 KB a block may use), warps (12 where Triton's
 warp specialisation took effect: one producer and two consumer warp groups), and what the code
 contains: wgmma, TMA loads (``cp.async.bulk.tensor`` global → shared) and TMA stores in the PTX,

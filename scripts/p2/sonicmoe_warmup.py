@@ -1,7 +1,7 @@
 """Compile and autotune SonicMoE's kernels at P2's bf16 shapes, so that a later benchmark run finds them cached.
 
     QUACK_CACHE_AUTOTUNING=1 QUACK_COMPILE_WORKERS=8 PYTHONPATH=<sonicmoe site>:. \
-        python scripts/sonicmoe_warmup.py [--tokens 2048,8192,32768] [--pack DIR]
+        python scripts/p2/sonicmoe_warmup.py [--tokens 2048,8192,32768] [--pack DIR]
 
 On a fresh machine SonicMoE's first call compiles every autotuning configuration of its grouped GEMMs
 (minutes); QuACK keeps the compiled kernels in its object cache (``QUACK_CACHE_DIR``, default

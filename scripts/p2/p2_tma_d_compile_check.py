@@ -1,12 +1,12 @@
 """Compile the TMA-fed kernel D (``moe_experts.tma_slot_projection``) for sm_90 without a GPU and report its resources.
 
-    PYTHONPATH=. python scripts/p2_tma_d_compile_check.py [--cases bf16:2048,bf16:32768,fp32:2048]
+    PYTHONPATH=. python scripts/p2/p2_tma_d_compile_check.py [--cases bf16:2048,bf16:32768,fp32:2048]
         [--uses backward,forward] [--configs default,r128_s3,...] [--all-candidates]
 
 Per case (``dtype:num_tokens`` of the P2 benchmark shape: H 4096, I 2048, E 256, K 8) and use (backward: two
 terms Wgᵀ dg + Wuᵀ du over [E, I, H] weights; forward: one term Wd aw over [E, H, I]) it compiles the launch
 of the configuration ``choose_tma_slot_projection_config`` picks, and with ``--all-candidates`` (or
-``--configs``) the candidates ``scripts/p2_tma_d_bench.py`` times. Per launch: registers and stack (a spill
+``--configs``) the candidates ``scripts/p2/p2_tma_d_bench.py`` times. Per launch: registers and stack (a spill
 shows as a non-zero STACK), shared memory (flagged above the 227 KB a block may use: such a config cannot
 launch), warps, and what the code contains: wgmma and TMA loads (``cp.async.bulk.tensor`` global → shared)
 in the PTX, cp.async (pointer loads pipelined into shared memory: the fp32 ``weight_tma=False`` path), and

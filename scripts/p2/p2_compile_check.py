@@ -1,6 +1,6 @@
 """Compile the P2 Triton kernels for sm_90 without a GPU and report registers, stack and shared memory.
 
-    PYTHONPATH=. python scripts/p2_compile_check.py [--dtype fp32|bf16] [--tokens 2048] [FIELD=VALUE ...]
+    PYTHONPATH=. python scripts/p2/p2_compile_check.py [--dtype fp32|bf16] [--tokens 2048] [FIELD=VALUE ...]
 
 FIELD=VALUE overrides a field of the LaunchConfig that ``launch_config`` picks (e.g. block_m=32).
 Needs only the triton wheel (its ptxas and cuobjdump); a spill shows as a non-zero STACK.

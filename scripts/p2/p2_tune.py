@@ -1,6 +1,6 @@
 """Time the P2 Triton kernels under several launch configurations, kernel by kernel.
 
-    PYTHONPATH=. python3 scripts/p2_tune.py --cases fp32:2048,bf16:2048 \
+    PYTHONPATH=. python3 scripts/p2/p2_tune.py --cases fp32:2048,bf16:2048 \
         --configs "default;m32:block_m=32,block_i_dx=32;a_s2:stages_a=2"
 
 Each config is NAME:FIELD=VALUE,… over the LaunchConfig that ``launch_config`` picks ("default" alone
@@ -9,7 +9,7 @@ inputs of that dtype. Per case and config: the outputs against the fp32 referenc
 the problem's element rule's pass fraction on the worst output, "-" for a problem without one), each
 kernel's median GPU time over 5 eager calls (torch.profiler; the weights are 10–50× the L2, so no
 flush is needed), and the whole call replayed from a CUDA graph (median of 5). A table is printed
-last and written as JSON to --out.
+last and written as JSON to --out (or to $OUT/p2_tune.json where OUT is set).
 """
 
 from __future__ import annotations
@@ -20,14 +20,13 @@ import json
 import statistics
 import sys
 from collections import defaultdict
-from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from moe_lib.bench import timing
 from moe_lib.bench.checks import compare_output, reference_outputs
-from moe_lib.bench.tuning import parse_case, parse_fields, replace_fields
+from moe_lib.bench.tuning import parse_case, parse_fields, replace_fields, write_out
 from moe_lib.moe_experts.choose import launch_config
 from moe_lib.moe_experts.launch import moe_experts_backward_triton
 
@@ -73,7 +72,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default="fp32:2048")
     parser.add_argument("--configs", default="default")
-    parser.add_argument("--out", default=None)
+    parser.add_argument("--out", default=None, help="JSON file (default: $OUT/p2_tune.json where OUT is set)")
     args = parser.parse_args()
     configs = parse_configs(args.configs)
     rows = []
@@ -105,8 +104,7 @@ def main() -> int:
             torch.cuda.empty_cache()
         del inputs, want, call
         torch.cuda.empty_cache()
-    if args.out:
-        Path(args.out).write_text(json.dumps(rows, indent=1))
+    write_out("p2_tune.json", rows, path=args.out)
     print(f"\n{'case':11s} {'config':14s} " + " ".join(f"{c:>6s}" for c in COLUMNS)
           + f" {'graph ms':>8s} {'worst rel':>9s} {'elem rule':>9s}")  # fmt: skip
     for r in rows:

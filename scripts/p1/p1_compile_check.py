@@ -1,6 +1,6 @@
 """Compile P1's kernels for sm_90 without a GPU and report registers, stack and shared memory.
 
-    PYTHONPATH=. python scripts/p1_compile_check.py [--precision faithful|fast] [--shape T,H,I] [CANDIDATE ...]
+    PYTHONPATH=. python scripts/p1/p1_compile_check.py [--precision faithful|fast] [--shape T,H,I] [CANDIDATE ...]
 
 Candidates are the named configured designs of ``moe_lib.bench.tuning.P1_CANDIDATES`` and "default", the chooser's
 own design for the shape on an H200 (default: all of them); each is compiled as it would launch for a call of that

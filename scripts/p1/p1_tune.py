@@ -1,7 +1,7 @@
 """Try configured designs of the P1 Triton backward on every benchmark case; print the best per case.
 
 Run on a CUDA machine from the repository root:
-    PYTHONPATH=. python3 scripts/p1_tune.py --configs NAME,NAME [--tokens T,T] [--precision fast] [--out DIR]
+    PYTHONPATH=. python3 scripts/p1/p1_tune.py --configs NAME,NAME [--tokens T,T] [--precision fast] [--out DIR]
 The candidates are named in ``moe_lib.bench.tuning.P1_CANDIDATES`` (configured designs of the registry,
 ``moe_lib.swiglu_down.designs``); the chooser's own pick ("default") is always timed beside them, and alone without
 --configs (``--configs all`` times every candidate: dozens, minutes of GPU time per token count). Each is checked
@@ -26,7 +26,7 @@ from moe_lib import problems
 from moe_lib.bench import peers, timing
 from moe_lib.bench.checks import compare_output, reference_outputs
 from moe_lib.bench.results import geomean
-from moe_lib.bench.tuning import P1_CANDIDATES
+from moe_lib.bench.tuning import DEFAULT, P1_CANDIDATES, p1_candidate_names
 from moe_lib.swiglu_down.backward import allocate_outputs, swiglu_down_backward_triton
 from moe_lib.swiglu_down.checks import PRECISIONS
 from moe_lib.swiglu_down.designs import Inputs, TileConfig
@@ -49,11 +49,8 @@ def rel_errors(outputs, references) -> list[float]:
 
 def candidate_names(configs: str | None) -> list[str]:
     """The candidates --configs names ("all": every one of P1_CANDIDATES; none: none, only the default), each once;
-    "default" is timed anyway."""
-    if configs == "all":
-        return list(P1_CANDIDATES)
-    names = [name.strip() for name in (configs or "").split(",") if name.strip() and name.strip() != "default"]
-    return list(dict.fromkeys(names))
+    "default" is timed anyway. ValueError naming unknown ones."""
+    return [name for name in p1_candidate_names(configs) if name != DEFAULT]
 
 
 def time_parts(args, flush):
@@ -115,9 +112,10 @@ def main():
     args = parser.parse_args()
     if args.tokens and not all(t.strip().isdigit() and int(t) > 0 for t in args.tokens.split(",")):
         sys.exit(f"--tokens: a comma list of positive token counts, got {args.tokens!r}")
-    unknown = [name for name in candidate_names(args.configs) if name not in P1_CANDIDATES]
-    if unknown:
-        sys.exit(f"--configs: unknown candidate(s) {unknown}; see moe_lib.bench.tuning.P1_CANDIDATES")
+    try:
+        candidate_names(args.configs)
+    except ValueError as exc:
+        sys.exit(f"--configs: {exc}")
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU: it times every candidate there")
     if args.out:

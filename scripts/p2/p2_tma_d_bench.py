@@ -1,6 +1,6 @@
 """Time the TMA-fed persistent kernel D (``moe_experts.tma_slot_projection``) against today's kernel D on the GPU.
 
-    PYTHONPATH=. python scripts/p2_tma_d_bench.py [--cases bf16:2048,bf16:8192,bf16:32768,fp32:2048]
+    PYTHONPATH=. python scripts/p2/p2_tma_d_bench.py [--cases bf16:2048,bf16:8192,bf16:32768,fp32:2048]
         [--uses backward,forward] [--configs default,rows128,...|NAME:FIELD=VALUE,...;...] [--routing uniform]
         [--experts E] [--list]
 
@@ -28,7 +28,7 @@ per case and exits (no GPU needed).
 A config is a name of :data:`CANDIDATES` or ``NAME:FIELD=VALUE,…`` over the case's default config
 (``choose_tma_slot_projection_config``); tiles are written ``128x64x64`` (BLOCK_H x BLOCK_ROWS x BLOCK_I),
 booleans 0/1. A candidate's fields are absolute: one that does not fit a case's shared memory fails to
-compile (``scripts/p2_tma_d_compile_check.py --all-candidates`` shows which) and is reported as such.
+compile (``scripts/p2/p2_tma_d_compile_check.py --all-candidates`` shows which) and is reported as such.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from moe_lib.moe_experts.choose import choose_tma_slot_projection_config
 from moe_lib.moe_experts.designs.d_pointer import launch_slot_projection
 from moe_lib.moe_experts.tma_slot_projection import launch_slot_projection_tma, two_term_form
 
-NUM_SMS_H200 = 132  # the persistent grid where the device is not queried (scripts/p2_tma_d_compile_check.py)
+NUM_SMS_H200 = 132  # the persistent grid where the device is not queried (scripts/p2/p2_tma_d_compile_check.py)
 
 
 # name -> fields replaced in the case's default config (choose_tma_slot_projection_config). Tiles are

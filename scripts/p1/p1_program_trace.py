@@ -1,6 +1,6 @@
 """Where a faithful P1 call's time goes, program by program: each Gluon launch's programs traced on the GPU's clock.
 
-    PYTHONPATH=. python3 scripts/p1_program_trace.py --tokens 65,128,256,512 --out /tmp/trace
+    PYTHONPATH=. python3 scripts/p1/p1_program_trace.py --tokens 65,128,256,512 --out /tmp/trace
 
 Runs the call under ``designs.gluon.traced_programs()`` (a build of the two Gluon launches that records, per program,
 its start, the end of its wait for launch 1 where launch 2 is issued by programmatic dependent launch, its end, its

@@ -1,10 +1,10 @@
 """Where P1's few-token launch (design 5, ``moe_lib/swiglu_down/designs/few_tokens.py``) spends its time, by program.
 
-    PYTHONPATH=. python scripts/p1_few_tokens_trace.py [--tokens 1,16] [--shape 2048x768] [--runs 30]
+    PYTHONPATH=. python scripts/p1/p1_few_tokens_trace.py [--tokens 1,16] [--shape 2048x768] [--runs 30]
         [--candidates stages2,d_late_s8]
 
 On a GPU, per token count and precision, the few-token tiles for the shape (``FewTokensConfig.for_shape``; or each
-named candidate of ``scripts/p1_few_tokens_check.py``, faithful path only) run with ``trace=`` (each program stamps
+named candidate of ``scripts/p1/p1_few_tokens_check.py``, faithful path only) run with ``trace=`` (each program stamps
 the GPU's global clock at each of ``TRACE_POINTS``), captured in a CUDA graph and replayed after an L2 flush, as
 the benchmark times it. Prints, per point, the median and the latest program in µs since the first program
 started (the median of ``--runs`` replays; ``--flush`` says what precedes each), the launch's graph-replay time
@@ -15,13 +15,12 @@ there.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 
 import torch
 
 from moe_lib import problems
 from moe_lib.bench import timing
+from moe_lib.bench.tuning import write_out
 from moe_lib.swiglu_down.backward import allocate_outputs
 from moe_lib.swiglu_down.designs import Inputs
 from moe_lib.swiglu_down.designs.few_tokens import TRACE_POINTS, TRACE_SLOTS, FewTokensConfig, trace_timeline
@@ -80,7 +79,7 @@ def main() -> None:
     parser.add_argument("--tokens", default="1,16", help="comma list of token counts (at most 128)")
     parser.add_argument("--shape", default="2048x768", help="HxI")
     parser.add_argument("--runs", type=int, default=30)
-    parser.add_argument("--candidates", default="", help="comma list of scripts/p1_few_tokens_check.py candidates")
+    parser.add_argument("--candidates", default="", help="comma list of scripts/p1/p1_few_tokens_check.py candidates")
     parser.add_argument("--flush", default="dirty", help="comma list of dirty, clean, none (see flusher)")
     args = parser.parse_args()
     from p1_few_tokens_check import CANDIDATES, VARIANTS, parse_shapes  # this script's folder is on the path
@@ -91,7 +90,7 @@ def main() -> None:
         raise SystemExit(f"--shape: expected one HxI, e.g. 2048x768; got {args.shape!r}") from None
     unknown = [name for name in filter(None, args.candidates.split(",")) if name not in CANDIDATES | VARIANTS]
     if unknown:
-        raise SystemExit(f"--candidates: unknown candidate(s) {unknown}; see scripts/p1_few_tokens_check.py")
+        raise SystemExit(f"--candidates: unknown candidate(s) {unknown}; see scripts/p1/p1_few_tokens_check.py")
     flushes = args.flush.split(",")
     if not set(flushes) <= {"dirty", "clean", "none"}:
         raise SystemExit(f"--flush: expected a comma list of dirty, clean, none; got {args.flush!r}")
@@ -112,9 +111,8 @@ def main() -> None:
     print(f"{'graph replay':20s} " + " ".join(f"{r['graph_us']:.2f}".rjust(14) for r in results))
     print(f"{'graph, traced':20s} " + " ".join(f"{r['graph_traced_us']:.2f}".rjust(14) for r in results))
     print(f"{'SMs used':20s} " + " ".join(f"{r['sms']}".rjust(14) for r in results))
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "p1_few_tokens_trace.json"), "w") as f:
-            json.dump(dict(points=TRACE_POINTS, device=torch.cuda.get_device_name(), results=results), f)
+    write_out("p1_few_tokens_trace.json", dict(points=TRACE_POINTS, device=torch.cuda.get_device_name(),
+                                               results=results), indent=None)  # fmt: skip
 
 
 if __name__ == "__main__":

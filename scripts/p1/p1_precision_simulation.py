@@ -1,6 +1,6 @@
 """Which representations of dGate and dUp keep P1's dx, dWg and dWu within the benchmark's element rule?
 
-    PYTHONPATH=. python scripts/p1_precision_simulation.py [--tokens 1087,8192] [--scales 1,4,16] [--seed 0]
+    PYTHONPATH=. python scripts/p1/p1_precision_simulation.py [--tokens 1087,8192] [--scales 1,4,16] [--seed 0]
 
 A float64 simulation on the CPU (``moe_lib.lab.derivations.representation_pass_fractions``, which notebook 01
 shows at one size): inputs as NVIDIA's harness draws them (std-1 activations, bf16), the activations multiplied
@@ -14,12 +14,11 @@ needs ≥ 99%). Prints one table; with $OUT set, writes it and its provenance as
 from __future__ import annotations
 
 import argparse
-import json
-import os
 
 import torch
 
 from moe_lib.bench.provenance import git_commit, git_dirty
+from moe_lib.bench.tuning import write_out
 from moe_lib.lab.derivations import representation_pass_fractions
 
 
@@ -36,12 +35,10 @@ def main() -> None:
     for row in rows:
         passes = " ".join(f"{row[k]:10.4%}" for k in columns)
         print(f"{row['tokens']:6d} {row['scale']:5g} {row['representation']:16s} {row['tensor work']:4g} {passes}")
-    if os.environ.get("OUT"):
-        provenance = dict(git_commit=git_commit(), git_dirty=git_dirty(), torch=torch.__version__,
-                          command=f"scripts/p1_precision_simulation.py --tokens {args.tokens} --scales {args.scales} "
-                                  f"--seed {args.seed}")  # fmt: skip
-        with open(os.path.join(os.environ["OUT"], "p1_precision_simulation.json"), "w") as f:
-            json.dump(dict(provenance=provenance, rows=rows), f, indent=1)
+    provenance = dict(git_commit=git_commit(), git_dirty=git_dirty(), torch=torch.__version__,
+                      command=f"scripts/p1/p1_precision_simulation.py --tokens {args.tokens} --scales {args.scales} "
+                              f"--seed {args.seed}")  # fmt: skip
+    write_out("p1_precision_simulation.json", dict(provenance=provenance, rows=rows))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The fast path's dSwiGLU pass alone: our kernel's [tokens, I] blocks beside Inductor's fused kernel.
 
-    PYTHONPATH=. python scripts/p1_pass_bench.py [--tokens 128,512,1321,4093,8192] [--variants ...]
+    PYTHONPATH=. python scripts/p1/p1_pass_bench.py [--tokens 128,512,1321,4093,8192] [--variants ...]
 
 On a GPU, per token count, from P1's inputs and dA = dy · Wd (fp32, as the fast path keeps it below 1024 tokens,
 or bf16 above): every variant writes [dGate | dUp] rows into memory poisoned with NaN, is checked against the
@@ -12,8 +12,6 @@ runs between its GEMMs). Prints one table of µs; with $OUT set, writes it as JS
 from __future__ import annotations
 
 import argparse
-import json
-import os
 
 import pandas as pd
 import torch
@@ -22,6 +20,7 @@ from moe_lib import problems
 from moe_lib.bench import timing
 from moe_lib.bench.peers.swiglu_down import swiglu_grads_eager
 from moe_lib.bench.provenance import recorded_commit
+from moe_lib.bench.tuning import write_out
 from moe_lib.swiglu_down import kernels
 from moe_lib.swiglu_down.designs.library_gemms import D_A_16BIT_MIN_TOKENS
 from moe_lib.tiling import cdiv
@@ -83,10 +82,8 @@ def main() -> int:
     print(table.pivot(index="T", columns="variant", values="us").to_string())
     if not table.ok.all():
         print("WRONG:", table[~table.ok].to_string())
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "p1_pass_bench.json"), "w") as file:
-            json.dump(dict(what="P1 fast path's dSwiGLU pass alone (scripts/p1_pass_bench.py)",
-                           commit=recorded_commit(), rows=rows), file, indent=1)  # fmt: skip
+    write_out("p1_pass_bench.json", dict(what="P1 fast path's dSwiGLU pass alone (scripts/p1/p1_pass_bench.py)",
+                                         commit=recorded_commit(), rows=rows))  # fmt: skip
     return 0 if table.ok.all() else 1
 
 

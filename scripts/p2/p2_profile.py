@@ -3,7 +3,7 @@
     PYTHONPATH=. ncu --clock-control none --section SpeedOfLight --section WarpStateStats \
         --section LaunchStats --section Occupancy \
         -k regex:"^(swiglu_grad|expert_weight_grad|slot_projection|token_sum|gate_up_grad)_kernel$" \
-        python3 scripts/p2_profile.py --cases fp32:2048,bf16:2048
+        python3 scripts/p2/p2_profile.py --cases fp32:2048,bf16:2048
 
 The ``-k`` filter keeps our kernels and leaves out PyTorch's input generation. A case is
 ``dtype:num_tokens``: the P2 problem with inputs of that dtype (fp32: moe_experts_backward, bf16: its

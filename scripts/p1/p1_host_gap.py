@@ -1,6 +1,6 @@
 """Where P1's time goes between graph replay and NVIDIA's method: the host's share of a call.
 
-    PYTHONPATH=. python scripts/p1_host_gap.py [--tokens 1,16,128,512,1087,2447,8192] [--precision faithful]
+    PYTHONPATH=. python scripts/p1/p1_host_gap.py [--tokens 1,16,128,512,1087,2447,8192] [--precision faithful]
         [--configs default,library_gemms_faithful,chained_wide]
 
 Per token count and design (``--configs``: "default", the one ``swiglu_down_backward`` picks, or names
@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import json
-import os
 import pstats
 import time
 
@@ -26,9 +24,7 @@ import torch
 from moe_lib import problems
 from moe_lib.bench import official_timing, timing
 from moe_lib.bench.cli import token_list
-from moe_lib.bench.tuning import P1_CANDIDATES
-from moe_lib.swiglu_down import swiglu_down_backward
-from moe_lib.swiglu_down.backward import swiglu_down_backward_triton
+from moe_lib.bench.tuning import p1_call, p1_candidate_names, write_out
 
 
 def host_us(call, reps: int = 50) -> float:
@@ -67,10 +63,10 @@ def main() -> None:
     parser.add_argument("--configs", default="default", help="comma list: default and/or P1_CANDIDATES names")
     parser.add_argument("--profile", type=int, default=0, help="profile this many calls per design instead")
     args = parser.parse_args()
-    names = args.configs.split(",")
-    unknown = [name for name in names if name != "default" and name not in P1_CANDIDATES]
-    if unknown:
-        raise SystemExit(f"--configs: unknown candidate(s) {unknown}; see moe_lib.bench.tuning.P1_CANDIDATES")
+    try:
+        names = p1_candidate_names(args.configs)
+    except ValueError as exc:
+        raise SystemExit(f"--configs: {exc}") from None
     reason = official_timing.unavailable(torch.device("cuda"))
     if reason:
         raise SystemExit(f"official timing unavailable: {reason}")
@@ -81,10 +77,8 @@ def main() -> None:
         inputs = problem.make_inputs(T, seed=T, device="cuda", distribution="harness")
         for name in names:
 
-            def make_call(fresh, config=None if name == "default" else P1_CANDIDATES[name]):
-                if config is None:
-                    return lambda: swiglu_down_backward(*fresh.values(), precision=args.precision)
-                return lambda: swiglu_down_backward_triton(*fresh.values(), config=config, precision=args.precision)
+            def make_call(fresh, name=name):
+                return p1_call(name, fresh, args.precision)
 
             if args.profile:
                 print(f"=== T={T} {name}: {args.profile} calls, by own time")
@@ -110,9 +104,7 @@ def main() -> None:
             print(f"{row['T']:>18} {row['config']:>18} failed: {row['error']}")
             continue
         print(" ".join(f"{row[h]:>18.1f}" if isinstance(row[h], float) else f"{row[h]:>18}" for h in header))
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "p1_host_gap.json"), "w") as f:
-            json.dump(rows, f, indent=1)
+    write_out("p1_host_gap.json", rows)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """P1's few-token design (``moe_lib/swiglu_down/designs/few_tokens.py``): compile it offline, or check and time it.
 
-    PYTHONPATH=. python scripts/p1_few_tokens_check.py --compile-only [--shapes 2048x768,4096x1536] [--tokens 1,7]
+    PYTHONPATH=. python scripts/p1/p1_few_tokens_check.py --compile-only [--shapes 2048x768,4096x1536] [--tokens 1,7]
         [--sms 132] [--json PATH] [CANDIDATE ...]
-    PYTHONPATH=. python scripts/p1_few_tokens_check.py [--shapes ...] [--tokens 1,2,4,8,16,32,64,128] [CANDIDATE ...]
+    PYTHONPATH=. python scripts/p1/p1_few_tokens_check.py [--shapes ...] [--tokens 1,2,4,8,16,32,64,128] [CANDIDATE ...]
 
 Configs: "chosen" (``FewTokensConfig.for_shape`` for the shape, the token count and the SMs: what the chooser runs)
 and each named CANDIDATE: a variant of the chosen tiles (:data:`VARIANTS`, any shape) or tiles of its own at the
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import re
 import sys
@@ -188,8 +187,9 @@ def compile_only(names: list[str], shapes, tokens, sms: int, json_path: str | No
         print(f"{row['config']:14s} {row['H']:6d} {row['I']:6d} {row['T']:4d} {row['precision']:9s} "
               f"{row['grid']:4d} {chunks:>8s}  {report}", flush=True)  # fmt: skip
     if json_path:
-        with open(json_path, "w") as f:
-            json.dump(rows, f, indent=1)
+        from moe_lib.bench.tuning import write_out
+
+        write_out("p1_few_tokens_compile.json", rows, path=json_path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -240,6 +240,7 @@ def on_gpu(names: list[str], shapes, tokens: list[int], reps: int) -> None:
     from moe_lib.bench import official_timing, timing
     from moe_lib.bench.checks import compare_output
     from moe_lib.bench.peers.swiglu_down import swiglu_down_backward_eager
+    from moe_lib.bench.tuning import write_out
     from moe_lib.swiglu_down import swiglu_down_backward
     from moe_lib.swiglu_down.backward import swiglu_down_backward_triton
 
@@ -297,9 +298,7 @@ def on_gpu(names: list[str], shapes, tokens: list[int], reps: int) -> None:
                     rows.append(row)
                     print({k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in row.items()}, flush=True)
     print_table(rows)
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "p1_few_tokens_check.json"), "w") as f:
-            json.dump(dict(floor_us=floor, rows=rows), f, indent=1)
+    write_out("p1_few_tokens_check.json", dict(floor_us=floor, rows=rows))
 
 
 def print_table(rows: list[dict]) -> None:

@@ -1,6 +1,6 @@
 """What would an fp8 lo half save the faithful path? cuBLAS's own bf16 and fp8 rates on P1's lo products.
 
-    PYTHONPATH=. python scripts/p1_fp8_lo_probe.py [--tokens 1087,2447,4093,8192] [--out DIR]
+    PYTHONPATH=. python scripts/p1/p1_fp8_lo_probe.py [--tokens 1087,2447,4093,8192] [--out DIR]
 
 The faithful path carries dGate, dUp as a bf16 hi half and a bf16 lo half (the rounding error of hi), so the dx and
 dWg ‖ dWu products run twice (notes/p1/faithful-arithmetic.md). An fp8 e4m3 lo

@@ -1,6 +1,6 @@
 """Timeline of P1 calls made NVIDIA's way: where the host is while the GPU waits between two launches.
 
-    PYTHONPATH=. python scripts/p1_call_timeline.py [--tokens 2447] [--configs default,triton_faithful] [--calls 5]
+    PYTHONPATH=. python scripts/p1/p1_call_timeline.py [--tokens 2447] [--configs default,triton_faithful] [--calls 5]
 
 Per design (``--configs``: "default" or names of ``moe_lib.bench.tuning.P1_CANDIDATES``): ``--calls`` eager
 faithful calls, each on freshly copied inputs after an L2-clearing memset and a synchronisation (as in
@@ -17,15 +17,7 @@ import os
 import torch
 
 from moe_lib import problems
-from moe_lib.bench.tuning import P1_CANDIDATES
-from moe_lib.swiglu_down import swiglu_down_backward
-from moe_lib.swiglu_down.backward import swiglu_down_backward_triton
-
-
-def call_of(name: str, inputs: dict):
-    if name == "default":
-        return lambda: swiglu_down_backward(*inputs.values(), precision="faithful")
-    return lambda: swiglu_down_backward_triton(*inputs.values(), config=P1_CANDIDATES[name], precision="faithful")
+from moe_lib.bench.tuning import p1_call, p1_candidate_names
 
 
 def main() -> None:
@@ -34,23 +26,24 @@ def main() -> None:
     parser.add_argument("--configs", default="default,triton_faithful")
     parser.add_argument("--calls", type=int, default=5)
     args = parser.parse_args()
-    unknown = [name for name in args.configs.split(",") if name != "default" and name not in P1_CANDIDATES]
-    if unknown:
-        raise SystemExit(f"--configs: unknown candidate(s) {unknown}; see moe_lib.bench.tuning.P1_CANDIDATES")
+    try:
+        names = p1_candidate_names(args.configs)
+    except ValueError as exc:
+        raise SystemExit(f"--configs: {exc}") from None
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
     T = args.tokens
     inputs = problems.load("swiglu_down_backward").make_inputs(T, seed=T, device="cuda", distribution="harness")
     clear = torch.empty(2 * torch.cuda.get_device_properties(0).L2_cache_size, dtype=torch.int8, device="cuda")
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    for name in args.configs.split(","):
+    for name in names:
         for _ in range(3):  # compiled and warm
-            call_of(name, inputs)()
+            p1_call(name, inputs, "faithful")()
         torch.cuda.synchronize()
         with torch.profiler.profile(activities=activities, with_stack=True) as profiler:
             for _ in range(args.calls):
                 fresh = {key: value.clone() for key, value in inputs.items()}
-                call = call_of(name, fresh)
+                call = p1_call(name, fresh, "faithful")
                 clear.zero_()
                 torch.cuda.synchronize()
                 clear.zero_()

@@ -1,6 +1,6 @@
 """Time the TMA-fed kernel W (``moe_experts.tma_weight_grad``) against the pointer-based kernel W.
 
-    PYTHONPATH=. python scripts/p2_tma_bench.py [--cases bf16:2048,bf16:8192,bf16:32768,fp32:2048]
+    PYTHONPATH=. python scripts/p2/p2_tma_bench.py [--cases bf16:2048,bf16:8192,bf16:32768,fp32:2048]
         [--configs default,rows128,...|NAME:FIELD=VALUE,...;...] [--routing uniform] [--list]
 
 Per case (``dtype:num_tokens``, the P2 benchmark shape: H 4096, I 2048, E 256, K 8) the script draws the
@@ -51,7 +51,7 @@ from moe_lib.moe_experts.choose import choose_tma_weight_grad_config
 from moe_lib.moe_experts.designs.w_pointer import launch_weight_grads
 from moe_lib.moe_experts.tma_weight_grad import gather_sorted_rows, launch_weight_grads_tma
 
-NUM_SMS_H200 = 132  # the persistent grid where the device is not queried (scripts/p2_tma_compile_check.py)
+NUM_SMS_H200 = 132  # the persistent grid where the device is not queried (scripts/p2/p2_tma_compile_check.py)
 
 # name -> fields replaced in the case's default config (choose_tma_weight_grad_config); tiles are
 # (M, N, rows per step): dWg·dWu (I, H, rows), dWd (H, I, rows)

@@ -1,6 +1,6 @@
 """The expert-parallel layer's sum over each token's K combined rows, alone on one GPU: three ways.
 
-    PYTHONPATH=. python scripts/slot_sum_bench.py [--tokens 2048,8192,32768] [--dtypes bfloat16,float32]
+    PYTHONPATH=. python scripts/parallel/slot_sum_bench.py [--tokens 2048,8192,32768] [--dtypes bfloat16,float32]
 
 Per token count T and dtype, at P2's shape (H 4096, K 8), rows [T·K, H] in a random send order:
 - ``scatter_sum``: the rows scattered into slot order, summed over K in fp32, cast back (the layer before
@@ -14,8 +14,6 @@ an L2 flush (median of 30). Prints one table of ms; with $OUT set, writes it as 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 
 import pandas as pd
 import torch
@@ -23,6 +21,7 @@ import torch
 from moe_lib.bench import timing
 from moe_lib.bench.cli import token_list
 from moe_lib.bench.provenance import recorded_commit
+from moe_lib.bench.tuning import write_out
 from moe_lib.moe_experts.slot_sum import sum_slot_rows_reference, sum_slot_rows_triton
 
 HIDDEN_SIZE, TOP_K = 4096, 8
@@ -75,11 +74,9 @@ def main() -> None:
     frame = pd.DataFrame(results)
     print(frame.pivot_table(index=["dtype", "tokens"], columns="variant", values="ms", sort=False).round(3))
     print("all correct:", bool(frame["correct"].all()))
-    if os.environ.get("OUT"):
-        document = dict(what="slot_sum_bench", commit=recorded_commit(), command="python scripts/slot_sum_bench.py",
-                        gpu=torch.cuda.get_device_name(), rows=results)  # fmt: skip
-        with open(os.path.join(os.environ["OUT"], "slot_sum_bench.json"), "w") as handle:
-            json.dump(document, handle, indent=1)
+    write_out("slot_sum_bench.json", dict(what="slot_sum_bench", commit=recorded_commit(),
+                                          command="python scripts/parallel/slot_sum_bench.py",
+                                          gpu=torch.cuda.get_device_name(), rows=results))  # fmt: skip
 
 
 if __name__ == "__main__":
