@@ -1,19 +1,20 @@
 """Notebooks 03 and 04: P1's regimes — which design runs at which token count — read from the chooser, never typed.
 
 Every design named here is what :func:`moe_lib.swiglu_down.choose.choose_design` returns on a stated
-:class:`~moe_lib.swiglu_down.runtime.Device` (:func:`chosen_design`), named as the registry names it
-(:data:`~moe_lib.swiglu_down.designs.DESIGNS`) and, for the Gluon launches, by the form of ``designs.gluon.FORMS``
-it was made from (:func:`gluon_form_of`): notebook 04's registry table, its design map and
-tables (:func:`p1_registry_table`, :func:`p1_design_map_figure`, :func:`p1_design_by_tokens`,
-:func:`gluon_forms_table`). :func:`regime_table` folds the choice into bands (first and last token count of each
-design, per path). :func:`stated_regimes` finds the regime statements a page of prose makes ("the fast path runs
-cuBLAS's GEMMs from 4300 tokens") and :func:`disagreements` checks each against the bands: ``tests/test_notebooks.py``
-runs it over every notebook, so a sentence that contradicts the chooser fails a test instead of misleading a reader.
+:class:`~moe_lib.swiglu_down.runtime.Device` (:func:`chosen_design`), named as the registry names it (``design.name``,
+:data:`~moe_lib.swiglu_down.designs.DESIGNS`) and, for the Gluon launches, by the form of ``designs.gluon.FORMS`` the
+library's own helpers make it from (:func:`gluon_form_of`): nothing here re-derives a choice by type checks or copied
+token counts. Notebook 04's registry table and design map come from here (:func:`p1_registry_table`,
+:func:`p1_design_map_figure`; also :func:`p1_design_by_tokens`, :func:`gluon_forms_table`). :func:`regime_table` folds
+the choice into bands (first and last token count of each design, per path). :func:`stated_regimes` finds the regime
+statements a page of prose makes ("the fast path runs cuBLAS's GEMMs from 4300 tokens") and :func:`disagreements` checks
+each against the bands: ``tests/test_notebooks.py`` runs it over every notebook, so a sentence that contradicts the
+chooser fails a test instead of misleading a reader.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import re
 import sys
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ import torch
 
 from ..swiglu_down.choose import choose_design
 from ..swiglu_down.designs import DESIGNS
-from ..swiglu_down.designs.gluon import FORMS, GluonLaunches
+from ..swiglu_down.designs.gluon import FORMS, GluonLaunches, grad_down_in_second_launch, with_second
 from ..swiglu_down.runtime import Device
 
 # the GPU the tuning ran on as P1's chooser sees it (what runtime.device_of reads off an H200): the tables and figures
@@ -57,29 +58,28 @@ def chosen_design(num_tokens: int, hidden_size: int, intermediate_size: int, pre
                          device=device)  # fmt: skip
 
 
-def _without_chooser_changes(design: GluonLaunches) -> GluonLaunches:
-    """A Gluon design with what the chooser changes of a form undone: dWd's tiles back in launch 1, dx unsplit and
-    launch 2's weight-gradient tiles one program each (``choose.measured_form``, ``choose.fit_persistent_programs``)."""
-    first = dataclasses.replace(design.first, grad_down_tiles=True)
-    second = dataclasses.replace(design.second, grad_down_tiles=False, grad_x_splits=1, weight_grad_programs=0)
-    return dataclasses.replace(design, first=first, second=second)
-
-
+@functools.lru_cache(maxsize=1024)  # the chooser hands out few distinct designs; a design map asks for each many times
 def gluon_form_of(design: GluonLaunches) -> tuple[str, bool, int]:
     """(its form's name in :data:`~moe_lib.swiglu_down.designs.gluon.FORMS`, dWd's tiles in launch 2, dx's splits) of
-    a configured Gluon design: the form it equals once the chooser's changes are undone on both."""
-    undone = _without_chooser_changes(design)
-    names = [name for name, form in FORMS.items() if _without_chooser_changes(form) == undone]
-    if not names:
-        raise ValueError(f"design: not a form of designs.gluon.FORMS, even with dWd's tiles, dx's splits and the "
-                         f"persistent programs set back: {design}")  # fmt: skip
-    return names[0], design.second.grad_down_tiles, design.second.grad_x_splits
+    a configured Gluon design: the first form that gives it under the changes the chooser makes to a form
+    (``choose.measured_form``, ``choose.fit_persistent_programs``), made by the library's own helpers: dWd's tiles
+    moved to launch 2 (``grad_down_in_second_launch``), dx split (``with_second(grad_x_splits=)``), launch 2's
+    persistent weight-gradient programs dropped (``with_second(weight_grad_programs=0)``)."""
+    splits = design.second.grad_x_splits
+    for name, form in FORMS.items():
+        for moved in (False, True):
+            base = grad_down_in_second_launch(form) if moved else form
+            for programs in dict.fromkeys((base.second.weight_grad_programs, 0)):
+                if with_second(base, grad_x_splits=splits, weight_grad_programs=programs) == design:
+                    return name, moved, splits
+    raise ValueError(f"design: not a form of designs.gluon.FORMS, even with dWd's tiles, dx's splits and the "
+                     f"persistent programs set back: {design}")  # fmt: skip
 
 
 def design_label(design) -> str:
     """A configured P1 design as its registry name (``DESIGNS``), a Gluon design with its form's name and whether
     dWd's tiles moved to launch 2 (dx's splits left to :func:`gluon_forms_table`)."""
-    if not isinstance(design, GluonLaunches):
+    if design.name != GluonLaunches.name:
         return design.name
     form, grad_down_second, _ = gluon_form_of(design)
     return f"{design.name}: {form}" + (", dWd in launch 2" if grad_down_second else "")
@@ -171,7 +171,7 @@ def gluon_forms_table(token_counts, hidden_size: int, intermediate_size: int, *,
     rows = {}
     for T in token_counts:
         design = chosen_design(T, hidden_size, intermediate_size, precision, device=device)
-        if not isinstance(design, GluonLaunches):
+        if design.name != GluonLaunches.name:
             continue
         first, second = design.first, design.second
         rows[T] = {"form": gluon_form_of(design)[0], "launch 1 rows": first.block_m, "launch 1 ring": first.buffers,

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from moe_lib.lab import regimes
-from moe_lib.swiglu_down.choose import choose_design
+from moe_lib.swiglu_down.choose import MEASURED, choose_design
 from moe_lib.swiglu_down.designs.gluon import FORMS, GluonLaunches, grad_down_in_second_launch, with_second
 from moe_lib.swiglu_down.designs.triton_launches import tiles_for
 from moe_lib.swiglu_down.runtime import Device
@@ -69,7 +69,7 @@ def test_gluon_form_of_names_every_form_the_chooser_can_make():
         for T in (65, 100, 129, 300, 513, 1100, 1500, 2300, 3000, 3600, 5200, 8192):
             for path in ("fast", "faithful"):
                 design = chosen(T, path, H, I)
-                if isinstance(design, GluonLaunches):
+                if design.name == GluonLaunches.name:
                     named.add(regimes.gluon_form_of(design)[0])
     assert {"narrow", "tall", "wide"} <= named
     assert regimes.design_label(tiles_for(16, with_lo=False)) == "triton_launches"
@@ -112,3 +112,17 @@ def test_gluon_forms_table_follows_the_bands():
     assert not table.loc[8192, ["dA tiles first", "dx tiles first"]].any()
     assert table["saved tiles early"].all()
     assert table.loc[128, "dx splits"] == 4 and (table.loc[[1099, 1100, 8192], "dx splits"] == 1).all()
+
+
+def test_gluon_form_of_names_each_band_as_the_choosers_table_does():
+    """At the H200's measured shape the chooser's own table (choose.MEASURED) names each band's form, where dWd's tiles
+    go and dx's splits: gluon_form_of reads the same back from the design the chooser returns, first and last count."""
+    table = MEASURED[(2048, 768, regimes.H200.sms)]
+    for path, bands in table.items():
+        for (start, name, moved, splits), stop in zip(bands, [band[0] for band in bands[1:]] + [8193], strict=True):
+            for T in (start, stop - 1):
+                design = chosen(T, path)
+                if name == "library_gemms":
+                    assert design.name == "library_gemms", (path, T)
+                else:
+                    assert regimes.gluon_form_of(design) == (name, moved, splits), (path, T)

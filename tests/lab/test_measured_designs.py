@@ -18,7 +18,7 @@ def chosen(num_tokens, precision, hidden_size=2048, intermediate_size=768):
 
 
 def on_gluon(num_tokens, precision="fast"):
-    return isinstance(chosen(num_tokens, precision), GluonLaunches)
+    return chosen(num_tokens, precision).name == GluonLaunches.name
 
 
 def test_design_tables_read_the_committed_tuning_runs():
