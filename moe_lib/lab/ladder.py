@@ -22,21 +22,17 @@ import pandas as pd
 from matplotlib import patches
 
 from .. import problems, roofline
-from .kernels import GLUON_PROBE_FILE, p1_gluon_launch2_times
+from . import tuning_index
 from .ledger import p2_backward_steps
-from .results import RESULTS_DIR, ResultFile, ok_rows, resolve_path
+from .measured_designs import p1_gluon_launch2_times
+from .results import ResultFile, ok_rows, resolve_path
 
-TUNING_DIR = RESULTS_DIR / "H200" / "tuning"
-# the portable Triton launches of the faithful path, tuned on the H200 before the Gluon launches existed
-TRITON_LAUNCHES_FILE = TUNING_DIR / "2026-11-30-p1-tune-faithful-large.json"
-P2_WEIGHT_GRAD_FILE = TUNING_DIR / "2026-11-30-p2-tma-weight-grad.json"  # kernel W: pointer-based against TMA-fed
-P2_SLOT_PROJECTION_FILE = TUNING_DIR / "2026-11-30-p2-tma-slot-projection.json"  # kernel D: likewise
 LAUNCH_FLOOR_US = 3.2  # one tiny kernel by CUDA-graph replay on the H200 (notes/method.md)
 BF16 = 2  # bytes of a bf16 element
 FP32 = 4
-# launch 2 of the faithful path in the Gluon probe's runs (notes/p1/design-13.md): the implementations compared
-LAUNCH2_LABELS = {"triton launch 2 (default)": "Triton", "gluon m128n256k32b4 unserialised": "Gluon (the library's)",
-                  "cublas, two GEMMs": "cuBLAS, same arithmetic"}  # fmt: skip
+# launch 2 of the faithful path in the Gluon probe's runs (notes/p1/design-13.md): the implementations compared, as the
+# index labels them
+LAUNCH2_LABELS = tuning_index.run("gluon_launch2_probe").labels
 
 
 def _predict_us(traffic: float, flops: float, bandwidth: float, rate: float) -> float:
@@ -133,10 +129,11 @@ def p1_launch2_bytes_flops(num_tokens: int, **axes) -> tuple[float, float]:
     return traffic, 16 * T * H * I
 
 
-def p1_launch2_ladder(spec: roofline.GPUSpec, path=GLUON_PROBE_FILE) -> pd.DataFrame:
+def p1_launch2_ladder(spec: roofline.GPUSpec, path=None) -> pd.DataFrame:
     """Launch 2 of the faithful path on the H200 (the Gluon probe, notes/p1/design-13.md; µs by graph replay): the
     Triton launch (every warp loads and multiplies), the library's Gluon launch (a TMA warp, two wgmma warpgroups) and
-    cuBLAS running the same arithmetic, beside the roofline's prediction at ``spec``'s ceilings."""
+    cuBLAS running the same arithmetic, beside the roofline's prediction at ``spec``'s ceilings (the index's
+    ``gluon_launch2_probe`` by default)."""
     measured = p1_gluon_launch2_times(path, labels=LAUNCH2_LABELS)
     predicted = [_predict_us(*p1_launch2_bytes_flops(t), spec.dram_bandwidth, spec.bf16_dense_flops)
                  for t in measured.index]  # fmt: skip
@@ -146,10 +143,12 @@ def p1_launch2_ladder(spec: roofline.GPUSpec, path=GLUON_PROBE_FILE) -> pd.DataF
     return table
 
 
-def p1_call_ladder(spec: roofline.GPUSpec, result: ResultFile, path=TRITON_LAUNCHES_FILE) -> pd.DataFrame:
-    """The whole faithful call by token count: the portable Triton launches as tuned on the H200 (their "default"
-    of that run), the Gluon launches the chooser takes today (``result``'s ``triton``), and the floor of the
-    faithful arithmetic, max(bytes / bandwidth, 20·T·H·I / rate) at ``spec``'s ceilings (µs)."""
+def p1_call_ladder(spec: roofline.GPUSpec, result: ResultFile, path=None) -> pd.DataFrame:
+    """The whole faithful call by token count: the portable Triton launches as tuned on the H200 before the Gluon
+    launches existed (their "default" of that run, the index's ``triton_launches_faithful`` by default), the Gluon
+    launches the chooser takes today (``result``'s ``triton``), and the floor of the faithful arithmetic,
+    max(bytes / bandwidth, 20·T·H·I / rate) at ``spec``'s ceilings (µs)."""
+    path = path or tuning_index.run("triton_launches_faithful").path
     runs = json.loads(resolve_path(path).read_text())
     triton = {r["T"]: r["median_us"] for r in runs if r.get("config") == "default" and r.get("ok")}
     ours = ok_rows(result)
@@ -227,16 +226,18 @@ def p2_tma_ladder(spec: roofline.GPUSpec) -> pd.DataFrame:
     (rows gathered inside the loads) against fed by TMA (that run's default, and its fastest correct variant), each
     beside its floor at ``spec``'s ceilings (:func:`.ledger.p2_backward_steps`; W with the gather into expert order
     it needs). Triton's automatic warp specialisation of W ran faster still but left tiles unwritten: not a
-    candidate (``notes/p2/design-04-w.md``)."""
-    weight = _tuning_rows(P2_WEIGHT_GRAD_FILE)
-    slot = [r for r in _tuning_rows(P2_SLOT_PROJECTION_FILE) if r.get("use") == "backward"
+    candidate (``notes/p2/design-04-w.md``). The runs are the index's ``p2_tma_weight_grad`` and
+    ``p2_tma_slot_projection``, each with its pointer-based candidate's name."""
+    weight_run, slot_run = tuning_index.run("p2_tma_weight_grad"), tuning_index.run("p2_tma_slot_projection")
+    weight = _tuning_rows(weight_run.path)
+    slot = [r for r in _tuning_rows(slot_run.path) if r.get("use") == "backward"
             and r.get("routing") == "uniform"]  # fmt: skip
     rows = {}
     for case in dict.fromkeys(r["case"] for r in weight):
         dtype, tokens = case.split(":")
         steps = {s.name: s for s in p2_backward_steps(int(tokens), "float32" if dtype == "fp32" else "bfloat16")}
         row = {"W floor (ms)": steps["W"].floor_ms(spec) + (steps["gather"].floor_ms(spec) if "gather" in steps else 0)}
-        pointers = (("W", weight, "(a) launch_weight_grads"), ("D", slot, "(a) launch_slot_projection"))
+        pointers = (("W", weight, weight_run.options["pointer"]), ("D", slot, slot_run.options["pointer"]))
         for kernel, runs, pointer in pointers:
             mine = [r for r in runs if r["case"] == case]
             by_config = {r["config"]: r["ms"] for r in mine if r.get("ms")}

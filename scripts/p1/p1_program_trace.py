@@ -21,7 +21,7 @@ from moe_lib import problems
 from moe_lib.bench import timing
 from moe_lib.bench.checks import check_outputs, reference_outputs
 from moe_lib.bench.tuning import P1_CANDIDATES
-from moe_lib.lab import kernels
+from moe_lib.lab import traces as lab_traces
 from moe_lib.swiglu_down.backward import swiglu_down_backward_triton
 from moe_lib.swiglu_down.designs.gluon import traced_programs
 from moe_lib.swiglu_down.gluon_launch2 import TRACE_FIELDS
@@ -74,7 +74,7 @@ def traced_rows(num_tokens: int, config, seed: int) -> pd.DataFrame:
 
 def timeline(rows: pd.DataFrame, path: Path) -> None:
     """One line per program from its start to its end at its SM, by launch and tile kind (a PNG at ``path``)."""
-    fig = kernels.program_timeline_figure({f"P1 faithful call, {int(rows['T'].iloc[0])} tokens": rows})
+    fig = lab_traces.program_timeline_figure({f"P1 faithful call, {int(rows['T'].iloc[0])} tokens": rows})
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
@@ -99,7 +99,7 @@ def main():
     rows = pd.concat(frames, ignore_index=True)
     rows.to_csv(out / "p1_program_trace.csv", index=False)
     with pd.option_context("display.width", 200, "display.max_columns", 20):
-        print(kernels.program_trace_summary(rows).to_string())
+        print(lab_traces.program_trace_summary(rows).to_string())
     print(f"wrote {out / 'p1_program_trace.csv'} and a timeline per token count")
 
 

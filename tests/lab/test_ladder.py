@@ -9,7 +9,7 @@ import matplotlib
 import pytest
 
 from moe_lib import roofline
-from moe_lib.lab import ladder, ring
+from moe_lib.lab import ladder, ring, tuning_index
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -37,7 +37,7 @@ def test_p1_rung_costs_by_hand():
 def test_p1_launch2_ladder_reads_the_probe_and_predicts_by_hand():
     table = ladder.p1_launch2_ladder(SPEC)
     assert list(table.index) == [2447, 4093, 8192]
-    runs = json.loads(ladder.GLUON_PROBE_FILE.read_text())["runs"]
+    runs = json.loads(tuning_index.run("gluon_launch2_probe").path.read_text())["runs"]
     triton = [row["us"] for run in runs for row in run["rows"]
               if row.get("product") == "launch 2" and row["impl"] == "triton launch 2 (default)" and row["T"] == 8192]
     assert table.loc[8192, "Triton"] == pytest.approx(statistics.median(triton))
@@ -50,7 +50,7 @@ def test_p1_launch2_ladder_reads_the_probe_and_predicts_by_hand():
 def test_p2_tma_ladder_holds_the_committed_runs():
     table = ladder.p2_tma_ladder(SPEC)
     assert list(table.index) == ["bf16:2048", "bf16:8192", "bf16:32768", "fp32:2048"]
-    rows = json.loads(ladder.P2_WEIGHT_GRAD_FILE.read_text())
+    rows = json.loads(tuning_index.run("p2_tma_weight_grad").path.read_text())
     pointer = next(r["ms"] for r in rows if r["case"] == "bf16:32768" and r["config"] == "(a) launch_weight_grads")
     assert table.loc["bf16:32768", "W pointer-based (ms)"] == pytest.approx(pointer)
     assert (table["W TMA, fastest (ms)"] <= table["W TMA, default (ms)"]).all()

@@ -8,7 +8,6 @@ import pytest
 
 from moe_lib import problems
 from moe_lib.lab import regimes
-from moe_lib.lab.kernels import chosen_design
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -30,7 +29,7 @@ def test_the_bands_cover_every_token_count_once_and_are_the_choosers(table, seed
     for T in [1, 64, 65, 8192, *rng.sample(range(1, regimes.MAX_TOKENS + 1), 40)]:
         for path in ("fast", "faithful"):
             band = table[(table["path"] == path) & (table["first"] <= T) & (table["last"] >= T)]
-            assert len(band) == 1 and band["design"].iloc[0] == chosen_design(T, H, I, path).name, (T, path)
+            assert len(band) == 1 and band["design"].iloc[0] == regimes.chosen_design(T, H, I, path).name, (T, path)
 
 
 # the statements issue 51 found in notebooks 03 and 04, and correct ones
