@@ -55,7 +55,7 @@ RULE_TESTS = ("tests/test_robustness.py", "-k", "element_rule or verdicts")
 RATIO = '"required_matched_ratio": 0.99'
 VERDICTS = ("tests/bench/test_verdicts.py",)
 NEWEST = ("tests/lab/test_newest_runs.py",)
-P2_SMALL = ("tests/test_moe_experts_backward_triton.py", "-k", "interpreter_small_cases")
+P2_SMALL = ("tests/moe_experts/test_backward_triton.py", "-k", "interpreter_small_cases")
 P1_CHOOSER = ("tests/swiglu_down/test_choose.py", "tests/swiglu_down/test_generic_form_boundaries.py")
 P2_CHOOSER = ("tests/moe_experts/test_choose_boundaries.py",)
 ARGUMENTS = "tests/test_validation.py"
@@ -89,7 +89,7 @@ MUTANTS = [
     Mutant("p2_routing_descending", "kernels", "P2's routing sorts the slots by descending expert",
            "moe_lib/moe_experts/routing.py", "torch.sort(flat, stable=True)",
            "torch.sort(flat, stable=True, descending=True)",
-           ("tests/test_moe_experts_backward_triton.py", "-k", "routing_groups or interpreter_small_cases")),
+           ("tests/moe_experts/test_backward_triton.py", "-k", "routing_groups or interpreter_small_cases")),
     # ---- dispatch: which path and which design a call takes
     Mutant("p1_triton_to_reference", "dispatch", 'P1\'s API sends impl="triton" to the reference',
            "moe_lib/swiglu_down/api.py", 'if resolve_impl(impl, x.device, x.dtype) == "reference":',
@@ -102,7 +102,7 @@ MUTANTS = [
            ("tests/test_robustness.py", "-k", "impl_triton")),
     Mutant("p2_tma_on_unaligned_rows", "dispatch", "P2's TMA-fed designs claim rows of any width",
            "moe_lib/moe_experts/runtime.py", "        if width * dtype.itemsize % 16:", "        if False:",
-           ("tests/test_moe_experts_choose.py", "-k", "table or answers or unaligned")),
+           ("tests/moe_experts/test_choose.py", "-k", "table or answers or unaligned")),
     Mutant("auto_triton_on_cpu", "dispatch", 'impl="auto" takes the Triton path off CUDA', "moe_lib/dispatch.py",
            'use_triton = device.type == "cuda" and dtype in TRITON_DTYPES and triton_importable()',
            "use_triton = dtype in TRITON_DTYPES and triton_importable()", (ARGUMENTS, "-k", "auto_impl")),
@@ -175,7 +175,7 @@ MUTANTS = [
            "data/problems/moe_experts_backward/lab.json", RATIO, '"required_matched_ratio": 0.5', RULE_TESTS),
     Mutant("timing_mean", "bench verdicts", "the timing summary's median -> mean", "moe_lib/bench/timing.py",
            "median_ms=float(np.median(samples))", "median_ms=float(np.mean(samples))",
-           ("tests/test_robustness.py", "tests/test_bench.py", "-k", "summary")),
+           ("tests/test_robustness.py", "tests/bench/test_bench.py", "-k", "summary")),
     Mutant("worst_fraction_of_the_best_output", "bench verdicts", "the element rule judged on the best output",
            "moe_lib/bench/checks.py", "worst_fraction = min(fractions)", "worst_fraction = max(fractions)", VERDICTS),
     Mutant("required_fraction_exclusive", "bench verdicts", "exactly 99% of the elements no longer pass",
@@ -233,15 +233,16 @@ MUTANTS = [
            (*P2_CHOOSER, "-k", "parallel")),
     Mutant("partition_extra_to_the_last_ranks", "parallel", "the extra experts go to the last ranks",
            "moe_lib/moe_experts/parallel.py", "count = base + (1 if rank < extra else 0)",
-           "count = base + (1 if rank >= world_size - extra else 0)", ("tests/test_distributed.py", "-k", "partition")),
+           "count = base + (1 if rank >= world_size - extra else 0)",
+           ("tests/moe_experts/test_parallel.py", "-k", "partition")),
     Mutant("chunks_rounded_up", "parallel", "each chunk's experts rounded up", "moe_lib/moe_experts/parallel.py",
            "bounds = [local_experts * c // chunks for c in range(chunks + 1)]",
            "bounds = [-(-local_experts * c // chunks) for c in range(chunks + 1)]",
-           ("tests/test_distributed.py", "-k", "expert_chunks")),
+           ("tests/moe_experts/test_parallel.py", "-k", "expert_chunks")),
     Mutant("dispatch_sends_wrong_rows", "parallel", "the backward sends dy of the wrong tokens",
            "moe_lib/moe_experts/parallel.py", "send_dy = grad_output[chunk.send_slot // plan.top_k]",
            "send_dy = grad_output[chunk.send_slot % plan.top_k]",
-           ("tests/test_distributed.py", "-k", "two_ranks_match")),
+           ("tests/moe_experts/test_parallel.py", "-k", "two_ranks_match")),
     Mutant("local_weights_unchecked", "parallel", "the local up and down weights left out of the checks",
            "moe_lib/moe_experts/parallel.py", "sizes = check_arguments(PARALLEL_ARGUMENTS, values",
            "sizes = check_arguments(PARALLEL_ARGUMENTS[:4], values", (ARGUMENTS, "-k", "moe_experts_parallel")),

@@ -247,7 +247,8 @@ OP_IDS = [op_id(case) for case in op_cases()]
 
 
 def test_every_registered_op_is_checked():
-    """Every moe_lib op but the expert-parallel ones, which need a process group (tests/test_distributed.py)."""
+    """Every moe_lib op but the expert-parallel ones, which need a process group
+    (tests/moe_experts/test_parallel.py)."""
     registered = {name.split("::")[1] for name in torch._C._dispatch_get_all_op_names() if name.startswith("moe_lib::")}
     assert {op.name().split("::")[1] for op, _ in op_cases()} == registered - PARALLEL_OPS
 

@@ -1,6 +1,6 @@
 """Nothing silent: every hole an adversarial pass over the public API found is closed, one test (or more) each.
 
-1. out-of-range expert ids without validation: tests/test_moe_experts_backward_triton.py
+1. out-of-range expert ids without validation: tests/moe_experts/test_backward_triton.py
 2. K = 0 gives exact zeros everywhere, the expert-parallel layer included
 3. double backward: exact on the reference paths, refused loudly on the Triton paths
 4. ranks that disagree (or whose arguments fail their checks) all raise the same error; none aborts or hangs

@@ -26,7 +26,7 @@ from moe_lib.moe_experts.choose import choose, launch_config
 from moe_lib.moe_experts.designs import SLOT_PROJECTION, WEIGHT_GRAD, SlotProjectionDesign, WeightGradDesign
 from moe_lib.moe_experts.runtime import Target
 
-BEFORE = json.loads((Path(__file__).parent / "data" / "p2_choices_before.json").read_text())
+BEFORE = json.loads((Path(__file__).parents[1] / "data" / "p2_choices_before.json").read_text())
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 HOPPER, INTERPRETER = Target(), Target(interpreter=True)
 needs_triton = pytest.mark.skipif(
@@ -178,7 +178,7 @@ def test_the_registries_hold_designs_of_their_kernel_interface():
 
 def test_the_package_has_no_import_cycle():
     """Every import between modules of ``moe_lib.moe_experts``, those inside functions included."""
-    root = Path(__file__).resolve().parent.parent / "moe_lib"
+    root = Path(__file__).resolve().parents[2] / "moe_lib"
     modules = {}  # dotted name -> path, for the modules of moe_lib.moe_experts
     for path in (root / "moe_experts").rglob("*.py"):
         parts = path.relative_to(root.parent).with_suffix("").parts

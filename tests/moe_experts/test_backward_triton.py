@@ -31,7 +31,7 @@ from moe_lib.bench.checks import compare_output
 from moe_lib.moe_experts.inputs import route_tokens
 
 OUTPUT_NAMES = ("grad_hidden_states", "grad_topk_weights", "grad_gate_weights", "grad_up_weights", "grad_down_weights")
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # Relative Frobenius error against float64. fp32 interface: grad_topk_weights comes from bf16×3
 # products (≈1e-5); the other outputs from plain bf16 products with fp32 accumulation (≈2e-3).
@@ -149,7 +149,7 @@ def interpreter_results():
     seed = int(os.environ.get("MOE_TEST_SEED", int.from_bytes(os.urandom(4), "little") % 2**31))
     print(f"seed={seed}")
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
-        [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))  # fmt: skip
+        [str(REPO_ROOT), str(REPO_ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))  # fmt: skip
     completed = subprocess.run([sys.executable, __file__, str(seed)], env=env, capture_output=True, text=True,
                                timeout=300, cwd=Path(__file__).parent)  # fmt: skip
     assert completed.returncode == 0, f"interpreter run failed (seed={seed}):\n{completed.stderr[-6000:]}"
@@ -330,7 +330,7 @@ def test_gpu_cuda_graph_replay_matches_eager(dtype, seed):
 
 
 # --------------------------------------------------------------------------------------------------
-# the interpreter subprocess: `TRITON_INTERPRET=1 python tests/test_moe_experts_backward_triton.py SEED`
+# the interpreter subprocess: `TRITON_INTERPRET=1 python tests/moe_experts/test_backward_triton.py SEED`
 
 if __name__ == "__main__":
     if os.environ.get("TRITON_INTERPRET") != "1":

@@ -31,7 +31,7 @@ from moe_lib import problems
 from moe_lib.dispatch import interpreter_enabled
 from moe_lib.distributed import ExpertParallelStats, expert_partition, moe_experts_parallel
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SMALL_AXES = dict(hidden_size=32, intermediate_size=16)
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}
 JOIN_TIMEOUT_S = 60

@@ -305,7 +305,7 @@ def test_kernel_times_match_kernels_by_name_when_streams_reorder_them():
     import runpy
     from pathlib import Path
 
-    path = Path(__file__).parent.parent / "scripts" / "p1" / "p1_kernel_times.py"
+    path = Path(__file__).parents[2] / "scripts" / "p1" / "p1_kernel_times.py"
     script = runpy.run_path(str(path), run_name="test")
     gemm = lambda start, end: dict(name="gemm", start=start, end=end, stream=7)  # noqa: E731
     copy = lambda start, end: dict(name="copy", start=start, end=end, stream=8)  # noqa: E731

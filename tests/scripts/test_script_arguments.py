@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 CASES = {
     "p1/p1_host_gap.py --configs default,nope": "--configs: unknown candidate(s) ['nope']",
