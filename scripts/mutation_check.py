@@ -6,9 +6,11 @@ tests it names, which must notice it, run against that copy; the mutant is *kill
 *survives* when they pass; the copy is restored after each. Every selection of tests also runs once unmutated
 first: a selection that fails without a mutant cannot judge one.
 
-Areas (:data:`AREAS`), at least five mutants each: the kernels under the interpreter, dispatch (which path and
-which design a call takes: the choosers, ``impl``), validation (the argument checks and guards), the benchmark's
-verdicts (checks, timing, export, result files), the notebooks' loaders, and the expert-parallel layer.
+Areas (:data:`AREAS`), at least five mutants each: the kernels under the interpreter, races (the waits and counters
+between programs of one launch: a bug there gives the right bits under the interpreter, which runs programs one
+after another, so their tests check each wait's counter and target and run programs in other orders), dispatch
+(which path and which design a call takes: the choosers, ``impl``), validation (the argument checks and guards), the
+benchmark's verdicts (checks, timing, export, result files), the notebooks' loaders, and the expert-parallel layer.
 
     PYTHONPATH=. python scripts/mutation_check.py                      # every mutant, two at a time
     PYTHONPATH=. python scripts/mutation_check.py --area loaders       # one area
@@ -35,7 +37,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 900
-AREAS = ("kernels", "dispatch", "validation", "bench verdicts", "loaders", "parallel")
+AREAS = ("kernels", "races", "dispatch", "validation", "bench verdicts", "loaders", "parallel")
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,13 @@ RATIO = '"required_matched_ratio": 0.99'
 VERDICTS = ("tests/bench/test_verdicts.py",)
 NEWEST = ("tests/lab/test_newest_runs.py",)
 P2_SMALL = ("tests/moe_experts/test_backward_triton.py", "-k", "interpreter_small_cases")
+RACES = "tests/swiglu_down/test_races.py"
+CHAINED_WAIT = "wait_for(tickets_ptr + 1, (arrival // grid + 1) * num_da)"
+FEW_TOKENS_WAIT = ("COUNT_LATE:\n                launch_number = first(launch_arrival) // tl.num_programs(0)\n"
+                   "            if has_tile2:\n                wait_for(counters_ptr + 1 + b2,")  # few_tokens_kernel's
+ONE_TOKEN_LAST = ("if has_tile2 & (first(arrived) % N_I2 == N_I2 - 1):\n"
+                  "            dx_slice_sum(dx_partials_ptr, grad_x_ptr, 0, off_h2, h2_end, T, H, N_I2, 1,")
+FEW_TOKENS_OVERLAP = "overlapping = (tl.minimum(off_i2 + BLOCK_I2, I) - 1) // BLOCK_I1"
 P1_CHOOSER = ("tests/swiglu_down/test_choose.py", "tests/swiglu_down/test_generic_form_boundaries.py")
 P2_CHOOSER = ("tests/moe_experts/test_choose_boundaries.py",)
 ARGUMENTS = "tests/test_validation.py"
@@ -90,6 +99,50 @@ MUTANTS = [
            "moe_lib/moe_experts/routing.py", "torch.sort(flat, stable=True)",
            "torch.sort(flat, stable=True, descending=True)",
            ("tests/moe_experts/test_backward_triton.py", "-k", "routing_groups or interpreter_small_cases")),
+    # ---- races: the waits and counters between programs of one launch (right bits under the interpreter)
+    Mutant("race_chained_wait_one_short", "races", "the chained launch's tiles of launch 2 wait for nA − 1 dA tiles",
+           "moe_lib/swiglu_down/designs/chained.py", CHAINED_WAIT, CHAINED_WAIT[:-1] + " - 1)",
+           (RACES, "-k", "chained_waits")),
+    Mutant("race_chained_wait_on_tickets", "races", "launch 2's tiles wait on the ticket counter, not the dA count",
+           "moe_lib/swiglu_down/designs/chained.py", CHAINED_WAIT, CHAINED_WAIT.replace(" + 1,", ","),
+           (RACES, "-k", "chained_waits")),
+    Mutant("race_chained_wait_first_launch", "races", "launch 2's wait forgets the launch number (right once only)",
+           "moe_lib/swiglu_down/designs/chained.py", CHAINED_WAIT, "wait_for(tickets_ptr + 1, num_da)",
+           (RACES, "-k", "chained_waits")),
+    Mutant("race_chained_count_relaxed", "races", "the dA tiles count themselves done without release",
+           "moe_lib/swiglu_down/designs/chained.py", 'tl.atomic_add(tickets_ptr + 1, 1, sem="release", scope="gpu")',
+           'tl.atomic_add(tickets_ptr + 1, 1, sem="relaxed", scope="gpu")', (RACES, "-k", "chained_waits")),
+    Mutant("race_chained_count_before_barrier", "races", "the dA count without the barrier after the dGate stores",
+           "moe_lib/swiglu_down/designs/chained.py",
+           "tl.debug_barrier()  # every thread's dGate, dUp stores come before the count\n        tl.atomic_add(",
+           "tl.atomic_add(", (RACES, "-k", "chained_waits")),
+    Mutant("race_few_tokens_wait_next_block", "races", "phase 2's tiles wait on the next I-block's counter",
+           "moe_lib/swiglu_down/designs/few_tokens.py", FEW_TOKENS_WAIT,
+           FEW_TOKENS_WAIT.replace("+ 1 + b2,", "+ 2 + b2,"), (RACES, "-k", "few_token_waits")),
+    Mutant("race_few_tokens_wait_one_block", "races", "phase 2's wait counts one phase-1 I-block where two straddle it",
+           "moe_lib/swiglu_down/designs/few_tokens.py", FEW_TOKENS_OVERLAP + " - off_i2 // BLOCK_I1 + 1",
+           "overlapping = 1", (RACES, "-k", "few_token_waits and straddl")),
+    Mutant("race_few_tokens_overlap_rounded_up", "races", "phase 2's wait counts an I-block past an aligned end",
+           "moe_lib/swiglu_down/designs/few_tokens.py", FEW_TOKENS_OVERLAP,
+           "overlapping = tl.minimum(off_i2 + BLOCK_I2, I) // BLOCK_I1", (RACES, "-k", "few_token_waits")),
+    Mutant("race_few_tokens_dx_slices_short", "races", "the sliced dx sum waits for N_I2 − 1 partials",
+           "moe_lib/swiglu_down/designs/few_tokens.py",
+           "wait_for(counters_ptr + 1 + N_I2 + c2, (launch_number + 1) * N_I2)",
+           "wait_for(counters_ptr + 1 + N_I2 + c2, (launch_number + 1) * N_I2 - 1)", (RACES, "-k", "few_token_waits")),
+    Mutant("race_few_tokens_arrival_relaxed", "races", "phase 1's tiles count their dA partials in without release",
+           "moe_lib/swiglu_down/designs/few_tokens.py",
+           'BLOCK_I2 + 1):\n            tl.atomic_add(counters_ptr + 1 + b, 1, mask=has_tile1, sem="release"',
+           'BLOCK_I2 + 1):\n            tl.atomic_add(counters_ptr + 1 + b, 1, mask=has_tile1, sem="relaxed"',
+           (RACES, "-k", "few_token_waits")),
+    Mutant("race_one_token_last_by_block", "races", "one token: the last I-block's tile sums dx, not the last arrival",
+           "moe_lib/swiglu_down/designs/few_tokens.py", ONE_TOKEN_LAST, ONE_TOKEN_LAST.replace(
+               "first(arrived) % N_I2 == N_I2 - 1", "b2 == N_I2 - 1"), (RACES, "-k", "split_sums and one")),
+    Mutant("race_split_last_by_number", "races", "split-K: the last split by number sums, not the last to arrive",
+           "moe_lib/swiglu_down/kernels.py", "is_last = (arrived & (SPLIT - 1)) == SPLIT - 1",
+           "is_last = split == SPLIT - 1", (RACES, "-k", "split_sums and triton_launches")),
+    Mutant("race_split_arrival_release_only", "races", "split-K's arrival does not acquire the other splits' partials",
+           "moe_lib/swiglu_down/kernels.py", 'arrived = tl.atomic_add(counters_ptr + tile, 1, sem="acq_rel"',
+           'arrived = tl.atomic_add(counters_ptr + tile, 1, sem="release"', (RACES, "-k", "split_sums")),
     # ---- dispatch: which path and which design a call takes
     Mutant("p1_triton_to_reference", "dispatch", 'P1\'s API sends impl="triton" to the reference',
            "moe_lib/swiglu_down/api.py", 'if resolve_impl(impl, x.device, x.dtype) == "reference":',
