@@ -1,6 +1,6 @@
 # moe-backward-lab: every target sets up its own virtual environment (.venv) when it is missing or stale.
 #   make report   run every notebook through papermill into reports/<run-id>/ (CPU defaults without a GPU)
-#   make test     ruff + pytest (GPU tests skip without CUDA)
+#   make test     ruff check, ruff format --check, pytest (GPU tests skip without CUDA)
 #   make lab      JupyterLab on notebooks/ with the project's kernel (headless: open the URL it prints;
 #                 LAB_PORT=8888, LAB_IP=localhost; as root it passes --allow-root)
 #   make bench    benchmark implementations against the peers (python -m moe_lib.bench; see moe_lib/bench/)
@@ -47,6 +47,7 @@ endif
 
 test: $(STAMP)
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q $(ARGS)
 
 report: $(STAMP)

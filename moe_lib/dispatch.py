@@ -37,8 +37,10 @@ def triton_unavailable_reason(device: torch.device) -> str | None:
     if not triton_importable():
         return "triton is not installed"
     if device.type != "cuda" and not interpreter_enabled():
-        return (f"needs CUDA tensors (got {device}); on CPU set TRITON_INTERPRET=1 before importing triton, "
-                "or use impl='reference'")  # fmt: skip
+        return (
+            f"needs CUDA tensors (got {device}); on CPU set TRITON_INTERPRET=1 before importing triton, "
+            "or use impl='reference'"
+        )
     return None
 
 

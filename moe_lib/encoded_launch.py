@@ -53,10 +53,13 @@ class EncodedLaunch:
         constants = {(names.index(k),) if isinstance(k, str) else k: v for k, v in source.constants.items()}
         self.descriptor_metadata = metadata.tensordesc_meta  # per descriptor argument: swizzle, element type, block
         launcher_source = cuda_driver.make_launcher(constants, dict(source.signature), self.descriptor_metadata)
-        self.c_launch = compile_module_from_src(src=launcher_source, name="__triton_launcher",
-                                                library_dirs=cuda_driver.library_dirs(),
-                                                include_dirs=cuda_driver.include_dirs,
-                                                libraries=cuda_driver.libraries).launch  # fmt: skip
+        self.c_launch = compile_module_from_src(
+            src=launcher_source,
+            name="__triton_launcher",
+            library_dirs=cuda_driver.library_dirs(),
+            include_dirs=cuda_driver.include_dirs,
+            libraries=cuda_driver.libraries,
+        ).launch
         self.encode_descriptor = cuda_driver.make_tensordesc_arg
         self.function, self.packed_metadata = compiled.function, compiled.packed_metadata
         self.cooperative, self.pdl = metadata.launch_cooperative_grid, metadata.launch_pdl
@@ -77,12 +80,36 @@ class EncodedLaunch:
 
     def launch(self, programs: int, arguments: list, stream: int) -> None:
         """One launch of ``programs`` programs on ``stream`` (a CUDA stream handle), no launch hooks."""
-        self.c_launch(programs, 1, 1, stream, self.function, self.cooperative, self.pdl, None, None,
-                      self.packed_metadata, None, None, None, *arguments)  # fmt: skip
+        self.c_launch(
+            programs,
+            1,
+            1,
+            stream,
+            self.function,
+            self.cooperative,
+            self.pdl,
+            None,
+            None,
+            self.packed_metadata,
+            None,
+            None,
+            None,
+            *arguments,
+        )
 
 
-def prepared_launch(cache: dict, key, kernel, programs: int, arguments: tuple, *, warps: int, maxnreg: int, device,
-                    options: dict | None = None):  # fmt: skip
+def prepared_launch(
+    cache: dict,
+    key,
+    kernel,
+    programs: int,
+    arguments: tuple,
+    *,
+    warps: int,
+    maxnreg: int,
+    device,
+    options: dict | None = None,
+):
     """The callable that runs ``kernel[(programs,)](*arguments, num_warps=warps, maxnreg=maxnreg, **options)`` on
     ``device``'s current stream, made ready now. ``arguments``: every kernel argument in order except its last,
     ``num_warps``; ``options``: further compile options (``launch_pdl=True``: issued by programmatic dependent
@@ -95,8 +122,9 @@ def prepared_launch(cache: dict, key, kernel, programs: int, arguments: tuple, *
     if encoded is None:
 
         def first_launch():
-            cache[key] = EncodedLaunch(kernel[(programs,)](*arguments, num_warps=warps, maxnreg=maxnreg,
-                                                           **(options or {})))  # fmt: skip
+            cache[key] = EncodedLaunch(
+                kernel[(programs,)](*arguments, num_warps=warps, maxnreg=maxnreg, **(options or {}))
+            )
 
         return first_launch
     encoded_arguments = encoded.encode(*arguments, warps)
@@ -130,12 +158,15 @@ def cuda_driver_api():
     missing: see :func:`one_graph_available`)."""
     lib = ctypes.CDLL("libcuda.so.1")
     handle, pointer = ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)
-    for name, argtypes in (("cuStreamBeginCapture_v2", [handle, ctypes.c_int]),
-                           ("cuStreamEndCapture", [handle, pointer]),
-                           ("cuGraphInstantiateWithFlags", [pointer, handle, ctypes.c_ulonglong]),
-                           ("cuGraphExecUpdate_v2", [handle, handle, ctypes.POINTER(_GraphExecUpdateResultInfo)]),
-                           ("cuGraphLaunch", [handle, handle]), ("cuGraphDestroy", [handle]),
-                           ("cuGraphExecDestroy", [handle])):  # fmt: skip
+    for name, argtypes in (
+        ("cuStreamBeginCapture_v2", [handle, ctypes.c_int]),
+        ("cuStreamEndCapture", [handle, pointer]),
+        ("cuGraphInstantiateWithFlags", [pointer, handle, ctypes.c_ulonglong]),
+        ("cuGraphExecUpdate_v2", [handle, handle, ctypes.POINTER(_GraphExecUpdateResultInfo)]),
+        ("cuGraphLaunch", [handle, handle]),
+        ("cuGraphDestroy", [handle]),
+        ("cuGraphExecDestroy", [handle]),
+    ):
         function = getattr(lib, name)
         function.argtypes, function.restype = argtypes, ctypes.c_int
     return lib
@@ -148,8 +179,11 @@ def one_graph_available() -> bool:
     try:
         cuda_driver_api()
     except (OSError, AttributeError) as exc:
-        warnings.warn(f"the CUDA driver cannot update graphs ({exc}): kernel launches go one after the other",
-                      RuntimeWarning, stacklevel=2)  # fmt: skip
+        warnings.warn(
+            f"the CUDA driver cannot update graphs ({exc}): kernel launches go one after the other",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return False
     return True
 
@@ -158,8 +192,11 @@ def can_launch_as_one_graph(launches) -> bool:
     """Whether :func:`launch_as_one_graph` can take ``launches`` now: each of a compiled kernel (a first call compiles
     through Triton's JIT, which cannot be captured), the current stream not being captured by the caller (whose graph
     then takes the launches as they are), and a driver that updates graphs."""
-    return (all(getattr(launch, "compiled", False) for launch in launches)
-            and not torch.cuda.is_current_stream_capturing() and one_graph_available())  # fmt: skip
+    return (
+        all(getattr(launch, "compiled", False) for launch in launches)
+        and not torch.cuda.is_current_stream_capturing()
+        and one_graph_available()
+    )
 
 
 def _check(result: int, call: str) -> None:

@@ -54,8 +54,16 @@ class SwiGLUExpert(nn.Module):
     weights maps onto it by ``gate_up_proj = torch.cat([gate_proj.weight, up_proj.weight])``.
     """
 
-    def __init__(self, hidden_size: int, intermediate_size: int, *, impl: str = "auto", precision: str = "fast",
-                 device=None, dtype=None):  # fmt: skip
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        *,
+        impl: str = "auto",
+        precision: str = "fast",
+        device=None,
+        dtype=None,
+    ):
         super().__init__()
         self.hidden_size = _positive("hidden_size", hidden_size)
         self.intermediate_size = _positive("intermediate_size", intermediate_size)
@@ -72,12 +80,15 @@ class SwiGLUExpert(nn.Module):
         _init_like_linear(self.down_proj, self.intermediate_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return swiglu_expert(x, *split_gate_up(self.gate_up_proj), self.down_proj, impl=self.impl,
-                             precision=self.precision)  # fmt: skip
+        return swiglu_expert(
+            x, *split_gate_up(self.gate_up_proj), self.down_proj, impl=self.impl, precision=self.precision
+        )
 
     def extra_repr(self) -> str:
-        return (f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, impl={self.impl!r}, "
-                f"precision={self.precision!r}")  # fmt: skip
+        return (
+            f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, impl={self.impl!r}, "
+            f"precision={self.precision!r}"
+        )
 
 
 class MoEExperts(nn.Module):
@@ -89,8 +100,18 @@ class MoEExperts(nn.Module):
     training code that wants no host sync in its step (CUDA graphs, ``mode="reduce-overhead"``) passes False.
     """
 
-    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *, impl: str = "auto",
-                 validate: bool = True, save_activations: bool = False, device=None, dtype=None):  # fmt: skip
+    def __init__(
+        self,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size: int,
+        *,
+        impl: str = "auto",
+        validate: bool = True,
+        save_activations: bool = False,
+        device=None,
+        dtype=None,
+    ):
         super().__init__()
         self.num_experts = _positive("num_experts", num_experts)
         self.hidden_size = _positive("hidden_size", hidden_size)
@@ -108,15 +129,17 @@ class MoEExperts(nn.Module):
         _init_like_linear(self.gate_up_proj, self.hidden_size)
         _init_like_linear(self.down_proj, self.intermediate_size)
 
-    def forward(self, hidden_states: torch.Tensor, topk_indices: torch.Tensor, topk_weights: torch.Tensor
-                ) -> torch.Tensor:  # fmt: skip
+    def forward(
+        self, hidden_states: torch.Tensor, topk_indices: torch.Tensor, topk_weights: torch.Tensor
+    ) -> torch.Tensor:
         arguments = (hidden_states, topk_indices, topk_weights)
         lead = None
         if all(isinstance(t, torch.Tensor) and t.dim() >= 1 for t in arguments):  # [..., n] → [T, n]
             lead = hidden_states.shape[:-1]
             arguments = tuple(t.reshape(-1, t.shape[-1]) for t in arguments)
-        y = moe_experts(*arguments, *self._weights(), impl=self.impl, validate=self.validate,
-                        save_activations=self.save_activations)  # fmt: skip
+        y = moe_experts(
+            *arguments, *self._weights(), impl=self.impl, validate=self.validate, save_activations=self.save_activations
+        )
         return y if lead is None else y.reshape(*lead, self.hidden_size)
 
     def _weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -124,6 +147,8 @@ class MoEExperts(nn.Module):
         return *split_gate_up(self.gate_up_proj), self.down_proj
 
     def extra_repr(self) -> str:
-        return (f"num_experts={self.num_experts}, hidden_size={self.hidden_size}, "
-                f"intermediate_size={self.intermediate_size}, impl={self.impl!r}, validate={self.validate}, "
-                f"save_activations={self.save_activations}")  # fmt: skip
+        return (
+            f"num_experts={self.num_experts}, hidden_size={self.hidden_size}, "
+            f"intermediate_size={self.intermediate_size}, impl={self.impl!r}, validate={self.validate}, "
+            f"save_activations={self.save_activations}"
+        )

@@ -23,13 +23,27 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-BROWSERS = ("chromium", "chromium-browser", "chromium-headless-shell", "headless_shell", "google-chrome",
-            "google-chrome-stable", "chrome")  # fmt: skip
+BROWSERS = (
+    "chromium",
+    "chromium-browser",
+    "chromium-headless-shell",
+    "headless_shell",
+    "google-chrome",
+    "google-chrome-stable",
+    "chrome",
+)
 # where Playwright keeps the browsers it downloads (PLAYWRIGHT_BROWSERS_PATH, else its cache): the headless shell first
 PLAYWRIGHT_BUILDS = ("chromium_headless_shell-*/chrome-*/headless_shell", "chromium-*/chrome-*/chrome")
 # headless, and safe as root and in containers: no sandbox, no GPU, nothing fetched in the background
-BROWSER_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run")  # fmt: skip
+BROWSER_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+)
 VIRTUAL_TIME_MS = 30_000  # the page's own clock: time for MathJax to load its files and typeset
 LEFTOVER_TEX = re.compile(r"\$\$|\\begin\{|\$[^$\n]*\\[A-Za-z]+[^$\n]*\$")  # TeX that MathJax should have consumed
 SKIPPED_TAGS = ("script", "style", "pre", "code", "textarea")  # text MathJax leaves alone, as it should
@@ -75,8 +89,14 @@ def browser_version(browser: str) -> str:
 def rendered_dom(page: Path, browser: str, timeout_s: float = 120) -> str:
     """The page's DOM after its scripts ran, from a fresh browser profile."""
     with tempfile.TemporaryDirectory(prefix="moe-pagecheck-") as profile:
-        command = [browser, *BROWSER_FLAGS, f"--user-data-dir={profile}", f"--virtual-time-budget={VIRTUAL_TIME_MS}",
-                   "--dump-dom", page.resolve().as_uri()]  # fmt: skip
+        command = [
+            browser,
+            *BROWSER_FLAGS,
+            f"--user-data-dir={profile}",
+            f"--virtual-time-budget={VIRTUAL_TIME_MS}",
+            "--dump-dom",
+            page.resolve().as_uri(),
+        ]
         out = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
     if out.returncode != 0 or "<body" not in out.stdout:
         raise RuntimeError(f"{browser} could not load {page.name} (exit {out.returncode}): {out.stderr.strip()[-300:]}")
@@ -144,8 +164,10 @@ def check_pages(pages, browser: str) -> list[PageMath]:
 def summary(results: list[PageMath], browser: str = "") -> str:
     """One line per page, then the failures, then the verdict."""
     width = max([len(r.page.name) for r in results] + [4])
-    lines = [f"{r.page.name:<{width}}  {r.formulas:>4} formulas  {'ok' if r.ok else f'{len(r.errors)} FAILED'}"
-             for r in results]  # fmt: skip
+    lines = [
+        f"{r.page.name:<{width}}  {r.formulas:>4} formulas  {'ok' if r.ok else f'{len(r.errors)} FAILED'}"
+        for r in results
+    ]
     for r in results:
         lines += [f"  {r.page.name}: {error}" for error in r.errors]
     formulas, failed = sum(r.formulas for r in results), sum(not r.ok for r in results)

@@ -34,8 +34,14 @@ DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 PROBLEMS_DIR = DATA_DIR / "problems"
 PROBLEM_NAMES = ("swiglu_down_backward", "moe_experts_backward", "moe_experts_backward_bf16")
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
-          "float64": torch.float64, "int64": torch.int64, "int32": torch.int32}  # fmt: skip
+DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "int64": torch.int64,
+    "int32": torch.int32,
+}
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -54,11 +60,21 @@ class Op:
 
 
 OPS = {
-    "swiglu_down_backward": Op("swiglu_down_backward", swiglu_down.swiglu_down_backward,
-                               swiglu_down.swiglu_down_backward_reference, swiglu_down.make_inputs, ("distribution",)),
-    "moe_experts_backward": Op("moe_experts_backward", moe_experts.moe_experts_backward,
-                               moe_experts.moe_experts_backward_reference, moe_experts.make_inputs, ("routing",)),
-}  # fmt: skip
+    "swiglu_down_backward": Op(
+        "swiglu_down_backward",
+        swiglu_down.swiglu_down_backward,
+        swiglu_down.swiglu_down_backward_reference,
+        swiglu_down.make_inputs,
+        ("distribution",),
+    ),
+    "moe_experts_backward": Op(
+        "moe_experts_backward",
+        moe_experts.moe_experts_backward,
+        moe_experts.moe_experts_backward_reference,
+        moe_experts.make_inputs,
+        ("routing",),
+    ),
+}
 
 
 class ProblemFileError(ValueError):
@@ -153,8 +169,17 @@ class Problem:
         """The precision of the reference outputs the harness checks against (float64 where it fits)."""
         return DTYPES[self.reference_precision["small" if small else "full"]]
 
-    def make_inputs(self, num_tokens: int, *, seed: int = 0, device="cpu", dtype=None, routing: str | None = None,
-                    distribution: str | None = None, **axes) -> dict:  # fmt: skip
+    def make_inputs(
+        self,
+        num_tokens: int,
+        *,
+        seed: int = 0,
+        device="cpu",
+        dtype=None,
+        routing: str | None = None,
+        distribution: str | None = None,
+        **axes,
+    ) -> dict:
         """Seeded inputs with the benchmark's distributions, as an ordered dict name -> tensor.
 
         ``dtype`` overrides the floating dtype (e.g. float64 for exact checks); ``axes`` overrides
@@ -260,8 +285,11 @@ def load(name: str) -> Problem:
     if op not in OPS:
         raise ProblemFileError(f"{lab_path}: op {op!r} is not one of {sorted(OPS)}")
     rule = lab.get("element_rule")
-    element_rule = None if rule is None else dict(
-        atol=rule["max_atol"], rtol=rule["max_rtol"], required_fraction=rule["required_matched_ratio"])  # fmt: skip
+    element_rule = (
+        None
+        if rule is None
+        else dict(atol=rule["max_atol"], rtol=rule["max_rtol"], required_fraction=rule["required_matched_ratio"])
+    )
     flops = _field(lab, "flops", lab_path)
     small = _field(lab, "small", lab_path)
     return Problem(

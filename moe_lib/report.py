@@ -61,9 +61,18 @@ class Run:
     duration_s: float = 0.0
 
     def to_json(self) -> dict:
-        return dict(name=self.name, notebook=self.notebook.name, parameters=self.parameters, swept=self.swept,
-                    status=self.status, error=self.error, duration_s=round(self.duration_s, 3),
-                    ipynb=f"{self.name}.ipynb", html=f"{self.name}.html", output_dir=f"{self.name}/")  # fmt: skip
+        return dict(
+            name=self.name,
+            notebook=self.notebook.name,
+            parameters=self.parameters,
+            swept=self.swept,
+            status=self.status,
+            error=self.error,
+            duration_s=round(self.duration_s, 3),
+            ipynb=f"{self.name}.ipynb",
+            html=f"{self.name}.html",
+            output_dir=f"{self.name}/",
+        )
 
 
 @dataclass
@@ -194,13 +203,17 @@ def check_parameter(notebook: Path, declared: dict, name: str, value, where: str
     if name in RUNNER_PARAMETERS:
         raise ReportConfigError(f"{where}: {name!r} is set by the report runner for every run; remove it")
     if name not in declared:
-        raise ReportConfigError(f"{where}: notebook {notebook.stem} does not define a parameter {name!r} "
-                                f"(its parameters: {', '.join(declared) or 'none'})")  # fmt: skip
+        raise ReportConfigError(
+            f"{where}: notebook {notebook.stem} does not define a parameter {name!r} "
+            f"(its parameters: {', '.join(declared) or 'none'})"
+        )
     type_name = re.match(r"\w*", declared[name]).group().lower()
     check = _TYPE_CHECKS.get(type_name)
     if check is not None and not check(value):
-        raise ReportConfigError(f"{where}: notebook {notebook.stem} declares {name}: {declared[name]}, "
-                                f"the config gives {value!r} ({type(value).__name__})")  # fmt: skip
+        raise ReportConfigError(
+            f"{where}: notebook {notebook.stem} declares {name}: {declared[name]}, "
+            f"the config gives {value!r} ({type(value).__name__})"
+        )
 
 
 def _mapping(value, where: str) -> dict:
@@ -303,10 +316,15 @@ def execute_run(run: Run, folder: Path, kernel_name: str) -> None:
     start = time.perf_counter()
     try:
         papermill.execute_notebook(
-            str(run.notebook), str(folder / f"{run.name}.ipynb"), parameters=run.parameters,
-            kernel_name=kernel_name, progress_bar=False, log_output=False, cwd=str(run.notebook.parent),
+            str(run.notebook),
+            str(folder / f"{run.name}.ipynb"),
+            parameters=run.parameters,
+            kernel_name=kernel_name,
+            progress_bar=False,
+            log_output=False,
+            cwd=str(run.notebook.parent),
             extra_arguments=["--IPKernelApp.log_level=ERROR"],  # keep the kernel's start-up warnings off the console
-        )  # fmt: skip
+        )
         run.status, run.error = "ok", ""
     except papermill.PapermillExecutionError as error:
         run.status, run.error = "failed", last_line(f"{error.ename}: {error.evalue}")
@@ -401,8 +419,10 @@ def page_notebook(notebook):
     import nbformat
 
     page = nbformat.from_dict(notebook)
-    tagged = {tag: [c for c in page.cells if tag in c.metadata.get("tags", [])]
-              for tag in ("parameters", "injected-parameters")}  # fmt: skip
+    tagged = {
+        tag: [c for c in page.cells if tag in c.metadata.get("tags", [])]
+        for tag in ("parameters", "injected-parameters")
+    }
     if tagged["parameters"]:
         injected = tagged["injected-parameters"][0].source if tagged["injected-parameters"] else ""
         table = nbformat.v4.new_markdown_cell(parameters_markdown(tagged["parameters"][0].source, injected))
@@ -440,8 +460,12 @@ def git_revision() -> str:
 def environment() -> dict:
     """What the report ran with: Python, platform, git revision and the versions of the packages that matter."""
     packages = ("torch", "triton", "papermill", "nbconvert")
-    return {"python": platform.python_version(), "platform": platform.platform(), "git": git_revision(),
-            **{package: provenance.package_version(package) or "not installed" for package in packages}}  # fmt: skip
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "git": git_revision(),
+        **{package: provenance.package_version(package) or "not installed" for package in packages},
+    }
 
 
 # ---------------------------------------------------------------- index and summary
@@ -474,8 +498,10 @@ def _parameters_html(run: Run) -> str:
     shown = {name: value for name, value in run.parameters.items() if name not in RUNNER_PARAMETERS}
     if not shown:
         return "<em>defaults</em>"
-    return "".join(f'<code class="{"swept" if name in run.swept else ""}">{html.escape(f"{name}={value!r}")}</code>'
-                   for name, value in shown.items())  # fmt: skip
+    return "".join(
+        f'<code class="{"swept" if name in run.swept else ""}">{html.escape(f"{name}={value!r}")}</code>'
+        for name, value in shown.items()
+    )
 
 
 def notebook_info(path: Path) -> tuple[str, str]:
@@ -506,8 +532,11 @@ def _reading_order_html(report: Report) -> str:
             heading = f'<a href="{html.escape(runs[0].name)}.html">{heading}</a>'
         pages = ""
         if len(runs) > 1:
-            links = [f'<a href="{html.escape(run.name)}.html">'
-                     f"{html.escape(', '.join(f'{k} = {v}' for k, v in run.swept.items()))}</a>" for run in runs]
+            links = [
+                f'<a href="{html.escape(run.name)}.html">'
+                f"{html.escape(', '.join(f'{k} = {v}' for k, v in run.swept.items()))}</a>"
+                for run in runs
+            ]
             pages = f"<br>pages: {' · '.join(links)}"
         failed = [run.name for run in runs if run.status == "failed"]
         status = f' <span class="failed">failed: {html.escape(", ".join(failed))}</span>' if failed else ""
@@ -523,10 +552,11 @@ def _math_html(math_check: dict | None) -> str:
     failed = [page for page in math_check["pages"] if page["errors"]]
     formulas = sum(page["formulas"] for page in math_check["pages"])
     if failed:
-        return (f' · <span class="math-failed">math errors on {len(failed)} pages</span> '
-                f'(<a href="math_check.json">math_check.json</a>)')  # fmt: skip
-    return (f' · <span class="math-ok">{formulas} formulas rendered</span> in '
-            f"{html.escape(math_check['browser'])}")  # fmt: skip
+        return (
+            f' · <span class="math-failed">math errors on {len(failed)} pages</span> '
+            f'(<a href="math_check.json">math_check.json</a>)'
+        )
+    return f' · <span class="math-ok">{formulas} formulas rendered</span> in {html.escape(math_check["browser"])}'
 
 
 def index_html(report: Report, environment_info: dict) -> str:
@@ -536,19 +566,27 @@ def index_html(report: Report, environment_info: dict) -> str:
         if run.error:
             status += f'<div class="error">{html.escape(run.error)}</div>'
         links = []
-        for label, target in (("HTML", f"{run.name}.html"), ("notebook", f"{run.name}.ipynb"),
-                              ("outputs", f"{run.name}/"), ("summary.json", f"{run.name}/summary.json")):  # fmt: skip
+        for label, target in (
+            ("HTML", f"{run.name}.html"),
+            ("notebook", f"{run.name}.ipynb"),
+            ("outputs", f"{run.name}/"),
+            ("summary.json", f"{run.name}/summary.json"),
+        ):
             if (report.folder / target).exists():
                 links.append(f'<a href="{html.escape(target)}">{label}</a>')
         duration = f"{run.duration_s:.1f} s" if run.status != "pending" else ""
-        rows.append(f"<tr><td>{number}</td><td><strong>{html.escape(run.name)}</strong><br>"
-                    f"<code>{html.escape(run.notebook.name)}</code></td>"
-                    f'<td class="params">{_parameters_html(run)}</td><td>{status}</td><td>{duration}</td>'
-                    f"<td class=\"files\">{' · '.join(links)}</td></tr>")  # fmt: skip
+        rows.append(
+            f"<tr><td>{number}</td><td><strong>{html.escape(run.name)}</strong><br>"
+            f"<code>{html.escape(run.notebook.name)}</code></td>"
+            f'<td class="params">{_parameters_html(run)}</td><td>{status}</td><td>{duration}</td>'
+            f'<td class="files">{" · ".join(links)}</td></tr>'
+        )
     counts = {status: sum(run.status == status for run in report.runs) for status in ("ok", "failed", "pending")}
     tally = ", ".join(f"{count} {status}" for status, count in counts.items() if count)
-    env_rows = "".join(f"<tr><th>{html.escape(key)}</th><td>{html.escape(str(value))}</td></tr>"
-                       for key, value in environment_info.items())  # fmt: skip
+    env_rows = "".join(
+        f"<tr><th>{html.escape(key)}</th><td>{html.escape(str(value))}</td></tr>"
+        for key, value in environment_info.items()
+    )
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>Report {html.escape(report.run_id)}</title>
 <style>{_INDEX_STYLE}</style></head>
@@ -573,9 +611,14 @@ def index_html(report: Report, environment_info: dict) -> str:
 
 def write_index(report: Report) -> None:
     report.index.write_text(index_html(report, report.environment), encoding="utf-8")
-    manifest = dict(run_id=report.run_id, started=report.started, config=report.config_source,
-                    environment=report.environment, runs=[run.to_json() for run in report.runs],
-                    math_check=report.math_check)  # fmt: skip
+    manifest = dict(
+        run_id=report.run_id,
+        started=report.started,
+        config=report.config_source,
+        environment=report.environment,
+        runs=[run.to_json() for run in report.runs],
+        math_check=report.math_check,
+    )
     (report.folder / "report.json").write_text(json.dumps(manifest, indent=2, default=str))
 
 
@@ -619,8 +662,16 @@ def default_run_id() -> str:
     return datetime.datetime.now().strftime("%Y-%m-%d-%H%M%S")
 
 
-def run_report(config, *, notebooks=None, notebooks_dir=NOTEBOOKS_DIR, out_dir=REPORTS_DIR, run_id=None,
-               kernel_name: str = KERNEL_NAME, progress: bool = True) -> Report:  # fmt: skip
+def run_report(
+    config,
+    *,
+    notebooks=None,
+    notebooks_dir=NOTEBOOKS_DIR,
+    out_dir=REPORTS_DIR,
+    run_id=None,
+    kernel_name: str = KERNEL_NAME,
+    progress: bool = True,
+) -> Report:
     """Run the notebooks (all in ``notebooks_dir``, or those ``notebooks`` names) as ``config`` says.
 
     ``config``: a YAML file path or a parsed mapping. Raises :class:`ReportConfigError` before running
@@ -647,8 +698,13 @@ def run_report(config, *, notebooks=None, notebooks_dir=NOTEBOOKS_DIR, out_dir=R
     folder.mkdir(parents=True, exist_ok=True)
     copy_mathjax(folder)
     (folder / "config.yaml").write_text(config_text if config_text is not None else yaml.safe_dump(config))
-    report = Report(folder=folder, runs=runs, run_id=run_id, config_source=config_source,
-                    started=datetime.datetime.now().isoformat(timespec="seconds"))  # fmt: skip
+    report = Report(
+        folder=folder,
+        runs=runs,
+        run_id=run_id,
+        config_source=config_source,
+        started=datetime.datetime.now().isoformat(timespec="seconds"),
+    )
     report.environment = environment()
     write_index(report)
     with tqdm(runs, desc="notebooks", unit="run", disable=not progress, file=sys.stderr) as bar:
@@ -656,8 +712,10 @@ def run_report(config, *, notebooks=None, notebooks_dir=NOTEBOOKS_DIR, out_dir=R
             bar.set_postfix_str(run.name)
             execute_run(run, folder, kernel_name)
             write_index(report)
-            tqdm.write(f"{run.status:<6} {run.name} ({run.duration_s:.1f} s){'  ' + run.error if run.error else ''}",
-                       file=sys.stderr)  # fmt: skip
+            tqdm.write(
+                f"{run.status:<6} {run.name} ({run.duration_s:.1f} s){'  ' + run.error if run.error else ''}",
+                file=sys.stderr,
+            )
     return report
 
 
@@ -673,13 +731,22 @@ def main(argv=None) -> int:
     parser.add_argument("--notebooks-dir", default=str(NOTEBOOKS_DIR), help="folder of the notebooks")
     parser.add_argument("--kernel", default=KERNEL_NAME, help="Jupyter kernel to run the notebooks with")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("--no-math-check", action="store_true",
-                        help="skip the check of the pages' math in headless Chromium (python -m moe_lib.pagecheck)")
+    parser.add_argument(
+        "--no-math-check",
+        action="store_true",
+        help="skip the check of the pages' math in headless Chromium (python -m moe_lib.pagecheck)",
+    )
     args = parser.parse_args(argv)
     try:
-        report = run_report(args.config, notebooks=args.notebooks, notebooks_dir=args.notebooks_dir,
-                            out_dir=args.out, run_id=args.run_id, kernel_name=args.kernel,
-                            progress=not args.no_progress)  # fmt: skip
+        report = run_report(
+            args.config,
+            notebooks=args.notebooks,
+            notebooks_dir=args.notebooks_dir,
+            out_dir=args.out,
+            run_id=args.run_id,
+            kernel_name=args.kernel,
+            progress=not args.no_progress,
+        )
     except ReportConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -60,9 +60,12 @@ class GPUSpec:
 
     def matches(self, device_name: str) -> bool:
         upper = device_name.upper()
-        return (bool(self.name_all) and all(part in upper for part in self.name_all)
-                and (not self.name_any or any(part in upper for part in self.name_any))
-                and not any(part in upper for part in self.name_none))  # fmt: skip
+        return (
+            bool(self.name_all)
+            and all(part in upper for part in self.name_all)
+            and (not self.name_any or any(part in upper for part in self.name_any))
+            and not any(part in upper for part in self.name_none)
+        )
 
     @classmethod
     def from_measured(cls, copy_bandwidth: float, bf16_rate: float, name: str = "measured") -> GPUSpec:
@@ -70,8 +73,12 @@ class GPUSpec:
         bf16 GEMM rate in FLOP/s), e.g. the values :func:`measure_ceilings` returns."""
         if not copy_bandwidth or not bf16_rate or copy_bandwidth <= 0 or bf16_rate <= 0:
             raise ValueError(f"from_measured: expected positive ceilings, got {copy_bandwidth=} {bf16_rate=}")
-        return cls(name=name, bf16_dense_flops=float(bf16_rate), dram_bandwidth=float(copy_bandwidth),
-                   source="measured on this machine: device-to-device copy and bf16 GEMM")  # fmt: skip
+        return cls(
+            name=name,
+            bf16_dense_flops=float(bf16_rate),
+            dram_bandwidth=float(copy_bandwidth),
+            source="measured on this machine: device-to-device copy and bf16 GEMM",
+        )
 
 
 GPUS: dict[str, GPUSpec] = {

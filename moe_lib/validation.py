@@ -101,7 +101,7 @@ def check_arguments(table: tuple[Argument, ...], values: dict, sizes_from: tuple
         fixed = argument.axes[1:] if argument.axes[:1] == (ANY_LEADING,) else argument.axes
         if argument.name in sizes_from:
             _check_rank(argument, t, fixed)
-            for axis, size in zip(fixed, t.shape[t.dim() - len(fixed):], strict=True):
+            for axis, size in zip(fixed, t.shape[t.dim() - len(fixed) :], strict=True):
                 if axis not in sizes:
                     sizes[axis], source[axis] = size, argument.name
         _check_shape(argument, t, fixed, sizes, source)
@@ -112,8 +112,10 @@ def check_arguments(table: tuple[Argument, ...], values: dict, sizes_from: tuple
         for argument in order:
             t = values[argument.name]
             if argument.dtype == FLOAT_OR_FP32 and t.dtype not in (reference.dtype, torch.float32):
-                raise TypeError(f"{argument.name}: expected dtype {reference.dtype} (the dtype of {reference_name}) "
-                                f"or torch.float32, got {t.dtype}")  # fmt: skip
+                raise TypeError(
+                    f"{argument.name}: expected dtype {reference.dtype} (the dtype of {reference_name}) "
+                    f"or torch.float32, got {t.dtype}"
+                )
     same_device({a.name: values[a.name] for a in order})
     return sizes
 
@@ -137,7 +139,7 @@ def _check_rank(argument: Argument, t: torch.Tensor, fixed: tuple) -> None:
 def _check_shape(argument: Argument, t: torch.Tensor, fixed: tuple, sizes: dict, source: dict) -> None:
     """The shape of ``t`` against ``sizes``; the error names where each mismatched size came from."""
     leading = len(fixed) < len(argument.axes)
-    got = tuple(t.shape[t.dim() - len(fixed):]) if t.dim() >= len(fixed) else None
+    got = tuple(t.shape[t.dim() - len(fixed) :]) if t.dim() >= len(fixed) else None
     expected = tuple(sizes[axis] for axis in fixed)
     if got == expected and (leading or t.dim() == len(fixed)):
         return

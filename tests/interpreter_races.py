@@ -83,8 +83,12 @@ class Launch:
     def arrivals(self):
         """(program, event, address, added) of every lane of every atomic that added something, in the order run."""
         if self._arrivals is None:
-            self._arrivals = [(pid, e, int(a), int(v)) for pid, e in self.events("atomic")
-                              for a, v in zip(e.addresses, e.added, strict=True) if v != 0]  # fmt: skip
+            self._arrivals = [
+                (pid, e, int(a), int(v))
+                for pid, e in self.events("atomic")
+                for a, v in zip(e.addresses, e.added, strict=True)
+                if v != 0
+            ]
         return self._arrivals
 
     def start_count(self, address: int) -> int:
@@ -154,8 +158,9 @@ class Recorder:
                 raise NotImplementedError(f"the race check knows atomic adds only, got {op}")
             added = np.broadcast_to(np.asarray(value.data), np.asarray(ptrs.data).shape).ravel()[on]
             found = np.asarray(result.data).ravel()[on]
-            log("atomic", addresses=addr, added=added.astype(np.int64), found=found.astype(np.int64),
-                sem=sem_names[sem])  # fmt: skip
+            log(
+                "atomic", addresses=addr, added=added.astype(np.int64), found=found.astype(np.int64), sem=sem_names[sem]
+            )
             return result
 
         def atomic_cas(*args):
@@ -175,11 +180,17 @@ class Recorder:
             pid = orders[0][linear(x, y, z)]
             return set_grid_idx(pid // (ny * nz), pid // nz % ny, pid % nz)
 
-        for name, replacement in (("create_masked_load", masked_load), ("create_masked_store", masked_store),
-                                  ("create_atomic_rmw", atomic_rmw), ("create_atomic_cas", atomic_cas),
-                                  ("create_barrier", lambda: log("barrier")), ("set_grid_dim", grid_dim),
-                                  ("set_grid_idx", grid_idx), ("create_descriptor_gather", unseen),
-                                  ("create_descriptor_scatter", unseen)):  # fmt: skip
+        for name, replacement in (
+            ("create_masked_load", masked_load),
+            ("create_masked_store", masked_store),
+            ("create_atomic_rmw", atomic_rmw),
+            ("create_atomic_cas", atomic_cas),
+            ("create_barrier", lambda: log("barrier")),
+            ("set_grid_dim", grid_dim),
+            ("set_grid_idx", grid_idx),
+            ("create_descriptor_gather", unseen),
+            ("create_descriptor_scatter", unseen),
+        ):
             monkeypatch.setattr(builder, name, replacement)
 
         call = interpreter.GridExecutor.__call__
@@ -293,13 +304,16 @@ def races(launch: Launch, names: dict[str, tuple[int, int]] | None = None) -> li
                     continue
                 common, at_p, at_w = np.intersect1d(stored, addr, assume_unique=True, return_indices=True)
                 # one check per pair of events (p's store, w's access) that share addresses
-                pairs, first, count = np.unique(np.stack([store_seqs[at_p], seqs[at_w]], axis=1), axis=0,
-                                                return_index=True, return_counts=True)  # fmt: skip
+                pairs, first, count = np.unique(
+                    np.stack([store_seqs[at_p], seqs[at_w]], axis=1), axis=0, return_index=True, return_counts=True
+                )
                 for (store_seq, access_seq), index, elements in zip(pairs.tolist(), first, count, strict=True):
                     why = _ordered(launch, p, store_seq, w, access_seq)
                     if why is not None and kind == "stores" and _ordered(launch, w, access_seq, p, store_seq) is None:
                         why = None  # a store of both: ordered the other way round will do
                     if why is not None:
-                        found.append(f"{launch.kernel}: program {w} {kind} {elements} element(s) of "
-                                     f"{buffer(int(common[index]))} that program {p} stores: {why}")  # fmt: skip
+                        found.append(
+                            f"{launch.kernel}: program {w} {kind} {elements} element(s) of "
+                            f"{buffer(int(common[index]))} that program {p} stores: {why}"
+                        )
     return found

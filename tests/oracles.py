@@ -16,8 +16,9 @@ def swiglu_expert_grads(grad_output, x, gate_weight, up_weight, down_weight):
     return torch.autograd.grad(y, leaves, grad_output.double(), allow_unused=True)
 
 
-def swiglu_down_term_bounds(grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up,
-                            intermediate):  # fmt: skip
+def swiglu_down_term_bounds(
+    grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate
+):
     """(grad_x, grad_gate_weight, grad_up_weight, grad_down_weight) of P1 with every product term taken by its
     absolute value, in float64, through dA: an implementation whose every product term, and every rounding of dA,
     dGate and dUp, is off by a relative ε is within about ε times these. Where a sum's terms cancel (a weight
@@ -48,16 +49,19 @@ def moe_experts_forward_dense(hidden_states, topk_indices, topk_weights, gate_we
 
 def moe_experts_grads(grad_output, hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights):
     """(grad_hidden_states, grad_topk_weights, grad_gate, grad_up, grad_down) in float64."""
-    leaves = [t.detach().double().requires_grad_()
-              for t in (hidden_states, topk_weights, gate_weights, up_weights, down_weights)]
+    leaves = [
+        t.detach().double().requires_grad_()
+        for t in (hidden_states, topk_weights, gate_weights, up_weights, down_weights)
+    ]
     x, w, wg, wu, wd = leaves
     y = moe_experts_forward_dense(x, topk_indices, w, wg, wu, wd)
     grads = torch.autograd.grad(y, leaves, grad_output.double(), allow_unused=True)
     return tuple(torch.zeros_like(leaf) if g is None else g for g, leaf in zip(grads, leaves, strict=True))
 
 
-def moe_experts_term_bounds(grad_output, hidden_states, topk_indices, topk_weights, gate_weights, up_weights,
-                            down_weights):  # fmt: skip
+def moe_experts_term_bounds(
+    grad_output, hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights
+):
     """(grad_hidden_states, grad_gate, grad_up, grad_down) of P2 with every product term taken by its absolute
     value, in float64, through the intermediates too: an implementation whose every product term is off by a
     relative ε, the products that make g = Wg_e x, u = Wu_e x and dA = w Wd_eᵀ dy included, is within ε times
@@ -68,8 +72,11 @@ def moe_experts_term_bounds(grad_output, hidden_states, topk_indices, topk_weigh
     than ε·|v|), and they reach dGate = dA u silu'(g), dUp = dA silu(g) and the scaled activation w silu(g) u
     through first derivatives bounded by |silu'| ≤ 1.1 and |silu''| ≤ 0.5."""
     x, dy, w = hidden_states.double(), grad_output.double(), topk_weights.double()
-    wg, wu, wd = gate_weights.double()[topk_indices], up_weights.double()[topk_indices], down_weights.double()[
-        topk_indices]  # fmt: skip
+    wg, wu, wd = (
+        gate_weights.double()[topk_indices],
+        up_weights.double()[topk_indices],
+        down_weights.double()[topk_indices],
+    )
     g = torch.einsum("tkih,th->tki", wg, x)
     u = torch.einsum("tkih,th->tki", wu, x)
     s = torch.sigmoid(g)
@@ -78,8 +85,12 @@ def moe_experts_term_bounds(grad_output, hidden_states, topk_indices, topk_weigh
     g_terms = torch.einsum("tkih,th->tki", wg.abs(), x.abs())
     u_terms = torch.einsum("tkih,th->tki", wu.abs(), x.abs())
     d_a_terms = w.abs()[..., None] * torch.einsum("tkhi,th->tki", wd.abs(), dy.abs())
-    d_gate = ((d_a * u * d_silu).abs() + (u * d_silu).abs() * d_a_terms + (d_a * d_silu).abs() * u_terms
-              + 0.5 * (d_a * u).abs() * g_terms)  # fmt: skip
+    d_gate = (
+        (d_a * u * d_silu).abs()
+        + (u * d_silu).abs() * d_a_terms
+        + (d_a * d_silu).abs() * u_terms
+        + 0.5 * (d_a * u).abs() * g_terms
+    )
     d_up = (d_a * silu).abs() + silu.abs() * d_a_terms + 1.1 * d_a.abs() * g_terms
     scaled_act = w.abs()[..., None] * ((silu * u).abs() + silu.abs() * u_terms + 1.1 * u.abs() * g_terms)
     experts = F.one_hot(topk_indices.long(), gate_weights.shape[0]).double()  # [T, K, E]

@@ -21,15 +21,22 @@ def _tracked_texts() -> list[Path]:
 
 
 def test_every_cited_note_exists():
-    missing = [(path.relative_to(ROOT).as_posix(), note) for path in _tracked_texts()
-               for note in CITED_NOTE.findall(path.read_text(errors="replace"))
-               if not (ROOT / note).is_file()]  # fmt: skip
+    missing = [
+        (path.relative_to(ROOT).as_posix(), note)
+        for path in _tracked_texts()
+        for note in CITED_NOTE.findall(path.read_text(errors="replace"))
+        if not (ROOT / note).is_file()
+    ]
     assert not missing, missing
 
 
 def test_nothing_cites_the_single_log_the_notes_replaced():
-    old = [path.relative_to(ROOT).as_posix() for path in _tracked_texts() if "data/results/NOTES.md" in path.read_text(
-        errors="replace") and path.relative_to(ROOT).parts[0] not in ("notes", "tests")]  # fmt: skip
+    old = [
+        path.relative_to(ROOT).as_posix()
+        for path in _tracked_texts()
+        if "data/results/NOTES.md" in path.read_text(errors="replace")
+        and path.relative_to(ROOT).parts[0] not in ("notes", "tests")
+    ]
     assert not old, old
 
 
@@ -74,8 +81,13 @@ def test_every_script_a_committed_result_names_can_be_found():
     in its problem's folder (the scripts were grouped later), or recorded as removed with its commit."""
     by_name, removed = _scripts_by_name(), _removed_scripts()
     results = ROOT / "data" / "results"
-    lost = sorted({(path.relative_to(ROOT).as_posix(), script)
-                   for path in results.rglob("*") if path.is_file() and path.suffix in (".json", ".txt", ".csv")
-                   for script in CITED_SCRIPT.findall(path.read_text(errors="replace"))
-                   if not (ROOT / script).is_file() and Path(script).name not in by_name and script not in removed})
+    lost = sorted(
+        {
+            (path.relative_to(ROOT).as_posix(), script)
+            for path in results.rglob("*")
+            if path.is_file() and path.suffix in (".json", ".txt", ".csv")
+            for script in CITED_SCRIPT.findall(path.read_text(errors="replace"))
+            if not (ROOT / script).is_file() and Path(script).name not in by_name and script not in removed
+        }
+    )
     assert not lost, lost

@@ -40,15 +40,17 @@ def fresh_compiler():
 def layer_case(layer: str, T: int, seed: int, device="cpu", dtype=torch.float32, **options):
     """(function of the differentiable leaves, the leaves, grad_output, float64 gradients of the same math)."""
     if layer == "swiglu_expert":
-        inputs = problems.make_inputs(P1, T, seed=seed, device=device, dtype=dtype, hidden_size=32,
-                                      intermediate_size=16)  # fmt: skip
+        inputs = problems.make_inputs(
+            P1, T, seed=seed, device=device, dtype=dtype, hidden_size=32, intermediate_size=16
+        )
         want = swiglu_expert_grads(*[inputs[n].double() for n in ("grad_output", *LAYER_ARGUMENTS[layer])])
 
         def call(x, gate, up, down):
             return moe_lib.swiglu_expert(x, gate, up, down, **options)
     else:
-        inputs = problems.make_inputs(P2, T, seed=seed, device=device, hidden_size=32, intermediate_size=16,
-                                      num_experts=6, top_k=2)  # fmt: skip
+        inputs = problems.make_inputs(
+            P2, T, seed=seed, device=device, hidden_size=32, intermediate_size=16, num_experts=6, top_k=2
+        )
         inputs = {name: t.to(dtype) if t.is_floating_point() else t for name, t in inputs.items()}
         indices = inputs["topk_indices"]
         want = moe_experts_grads(*[t.double() if t.is_floating_point() else t for t in inputs.values()])
@@ -74,19 +76,23 @@ def assert_compiles_whole(function, leaves) -> None:
 # the layers, compiled (CPU: the reference behind the ops)
 
 
-@pytest.mark.parametrize("layer,options", [
-    pytest.param("swiglu_expert", {}, id="swiglu_expert"),
-    pytest.param("moe_experts", {}, id="moe_experts"),
-    pytest.param("moe_experts", dict(save_activations=True, validate=False), id="moe_experts-saved"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "layer,options",
+    [
+        pytest.param("swiglu_expert", {}, id="swiglu_expert"),
+        pytest.param("moe_experts", {}, id="moe_experts"),
+        pytest.param("moe_experts", dict(save_activations=True, validate=False), id="moe_experts-saved"),
+    ],
+)
 def test_layers_compile_whole_and_match_eager(layer, options, seed):
     function, leaves, grad_output, want = layer_case(layer, 9, seed, **options)
     assert_compiles_whole(function, leaves)
     eager_y, eager_grads = run(function, leaves, grad_output)
     compiled_y, compiled_grads = run(torch.compile(function, fullgraph=True), leaves, grad_output)
     assert torch.equal(compiled_y, eager_y)
-    for name, got, eager, exact in zip(LAYER_ARGUMENTS[layer], compiled_grads, eager_grads, want[-len(leaves):],
-                                       strict=True):  # fmt: skip
+    for name, got, eager, exact in zip(
+        LAYER_ARGUMENTS[layer], compiled_grads, eager_grads, want[-len(leaves) :], strict=True
+    ):
         assert torch.equal(got, eager), name
         assert rel_error(got, exact) <= 1e-5, name
 
@@ -103,8 +109,9 @@ def test_token_counts_share_one_compiled_graph(seed):
     counter = CompileCounterWithBackend("aot_eager")
     compiled = torch.compile(moe_lib.moe_experts, backend=counter, fullgraph=True, dynamic=True)
     for T in (5, 11):
-        inputs = problems.make_inputs(P2, T, seed=seed + T, hidden_size=32, intermediate_size=16, num_experts=6,
-                                      top_k=2)  # fmt: skip
+        inputs = problems.make_inputs(
+            P2, T, seed=seed + T, hidden_size=32, intermediate_size=16, num_experts=6, top_k=2
+        )
         leaves = [inputs[name].clone().requires_grad_() for name in LAYER_ARGUMENTS["moe_experts"]]
         y = compiled(leaves[0], inputs["topk_indices"], *leaves[1:])
         grads = torch.autograd.grad(y, leaves, inputs["grad_output"])
@@ -158,8 +165,11 @@ def test_index_checks_raise_in_compiled_code_as_in_eager(seed):
     out_of_range, repeated = inputs["topk_indices"].clone(), inputs["topk_indices"].clone()
     out_of_range[4, 1] = 6
     repeated[2, 1] = repeated[2, 0]
-    for indices, pattern in ((out_of_range, r"^topk_indices: expert index 6 out of range \[0, 6\)"),
-                             (repeated, "^topk_indices: token 2 lists the same expert twice")):  # fmt: skip
+    for indices, pattern in (
+        (out_of_range, r"^topk_indices: expert index 6 out of range \[0, 6\)"),
+        (repeated, "^topk_indices: token 2 lists the same expert twice"),
+    ):
+
         def layer(x, w, gate, up, down, indices=indices):
             return moe_lib.moe_experts(x, indices, w, gate, up, down)
 
@@ -167,8 +177,9 @@ def test_index_checks_raise_in_compiled_code_as_in_eager(seed):
             layer(*leaves)
         with pytest.raises(ValueError, match=pattern):
             torch.compile(layer, backend="aot_eager", fullgraph=True)(*leaves)
-    unchecked = torch.compile(lambda *a: moe_lib.moe_experts(a[0], repeated, *a[1:], validate=False),
-                              backend="aot_eager", fullgraph=True)  # fmt: skip
+    unchecked = torch.compile(
+        lambda *a: moe_lib.moe_experts(a[0], repeated, *a[1:], validate=False), backend="aot_eager", fullgraph=True
+    )
     assert torch.isfinite(unchecked(*leaves)).all()
 
 
@@ -220,8 +231,9 @@ def test_the_public_functions_give_fake_outputs_of_the_right_shapes_and_dtypes()
 def op_cases(device="cpu", dtype=torch.float32, impl="auto", T=6):
     """(op, arguments) for each registered op, on small fresh inputs."""
     p1 = problems.make_inputs(P1, T, seed=T, device=device, dtype=dtype, hidden_size=32, intermediate_size=16)
-    p2 = problems.make_inputs(P2, T, seed=T, device=device, hidden_size=32, intermediate_size=16, num_experts=4,
-                              top_k=2)  # fmt: skip
+    p2 = problems.make_inputs(
+        P2, T, seed=T, device=device, hidden_size=32, intermediate_size=16, num_experts=4, top_k=2
+    )
     p2 = {name: t.to(dtype) if t.is_floating_point() else t for name, t in p2.items()}
     ops = torch.ops.moe_lib
     p1_weights = [p1[n] for n in ("gate_weight", "up_weight", "down_weight")]
@@ -229,8 +241,10 @@ def op_cases(device="cpu", dtype=torch.float32, impl="auto", T=6):
     return [
         (ops.swiglu_down_backward.default, (*p1.values(), impl, "fast", False)),
         (ops.swiglu_expert.default, (p1["x"], *p1_weights, impl, "fast", False)),
-        (ops.swiglu_expert_backward.default, (p1["grad_output"], p1["x"], *p1_weights, p1["gate"], p1["up"], impl,
-                                              "fast", False)),  # fmt: skip
+        (
+            ops.swiglu_expert_backward.default,
+            (p1["grad_output"], p1["x"], *p1_weights, p1["gate"], p1["up"], impl, "fast", False),
+        ),
         (ops.moe_experts_backward.default, (*p2.values(), impl, True, False, None, None)),
         (ops.moe_experts.default, (*p2_forward, impl, True, False, False)),
         (ops.moe_experts.default, (*p2_forward, impl, False, False, True)),
@@ -272,22 +286,26 @@ def test_opcheck_triton_under_the_interpreter(case):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("layer,T,options", [
-    pytest.param("swiglu_expert", 16, {}, id="swiglu_expert-16"),  # one launch
-    pytest.param("swiglu_expert", 512, {}, id="swiglu_expert-512"),  # the Gluon launches on Hopper
-    pytest.param("swiglu_expert", 4096, {}, id="swiglu_expert-4096"),  # cuBLAS's GEMMs around one Triton pass
-    pytest.param("moe_experts", 512, {}, id="moe_experts"),
-    pytest.param("moe_experts", 512, dict(save_activations=True), id="moe_experts-saved"),
-    pytest.param("moe_experts", 512, dict(validate=False), id="moe_experts-unvalidated"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "layer,T,options",
+    [
+        pytest.param("swiglu_expert", 16, {}, id="swiglu_expert-16"),  # one launch
+        pytest.param("swiglu_expert", 512, {}, id="swiglu_expert-512"),  # the Gluon launches on Hopper
+        pytest.param("swiglu_expert", 4096, {}, id="swiglu_expert-4096"),  # cuBLAS's GEMMs around one Triton pass
+        pytest.param("moe_experts", 512, {}, id="moe_experts"),
+        pytest.param("moe_experts", 512, dict(save_activations=True), id="moe_experts-saved"),
+        pytest.param("moe_experts", 512, dict(validate=False), id="moe_experts-unvalidated"),
+    ],
+)
 def test_gpu_layers_compile_whole_and_match_eager(layer, T, options, seed):
     function, leaves, grad_output, want = layer_case(layer, T, seed, device="cuda", dtype=torch.bfloat16, **options)
     assert_compiles_whole(function, leaves)
     eager_y, eager_grads = run(function, leaves, grad_output)
     compiled_y, compiled_grads = run(torch.compile(function, fullgraph=True), leaves, grad_output)
     assert rel_error(compiled_y, eager_y) <= 1e-3
-    for name, got, eager, exact in zip(LAYER_ARGUMENTS[layer], compiled_grads, eager_grads, want[-len(leaves):],
-                                       strict=True):  # fmt: skip
+    for name, got, eager, exact in zip(
+        LAYER_ARGUMENTS[layer], compiled_grads, eager_grads, want[-len(leaves) :], strict=True
+    ):
         assert rel_error(got, eager) <= 1e-3, name  # the same kernels: run-to-run differences only
         assert rel_error(got, exact) <= 2e-2, name
 
@@ -313,8 +331,9 @@ def test_gpu_block_compiles_whole(seed):
 def test_gpu_layers_under_cuda_graphs(seed):
     """mode="reduce-overhead" replays the step as a CUDA graph: the layers must run without a host sync
     (validate=False: the index check is the one that reads values back)."""
-    function, leaves, grad_output, want = layer_case("moe_experts", 512, seed, device="cuda", dtype=torch.bfloat16,
-                                                     validate=False)  # fmt: skip
+    function, leaves, grad_output, want = layer_case(
+        "moe_experts", 512, seed, device="cuda", dtype=torch.bfloat16, validate=False
+    )
     compiled = torch.compile(function, mode="reduce-overhead", fullgraph=True)
     for _ in range(3):  # warm-up, recording, replay
         _, grads = run(compiled, leaves, grad_output)
@@ -355,18 +374,22 @@ def parallel_rank_main(rank: int, init_file: str, out_dir: str, seed: int, devic
     if device == "cuda":
         torch.cuda.set_device(rank)
         device = f"cuda:{rank}"
-    dist.init_process_group("gloo" if device == "cpu" else "nccl", init_method=f"file://{init_file}", rank=rank,
-                            world_size=2)  # fmt: skip
+    dist.init_process_group(
+        "gloo" if device == "cpu" else "nccl", init_method=f"file://{init_file}", rank=rank, world_size=2
+    )
     try:
-        inputs = problems.make_inputs(P2, 10, seed=seed, hidden_size=32, intermediate_size=16, num_experts=6,
-                                      top_k=2)  # fmt: skip
+        inputs = problems.make_inputs(P2, 10, seed=seed, hidden_size=32, intermediate_size=16, num_experts=6, top_k=2)
         inputs = {name: t.to(device) for name, t in inputs.items()}  # the parent's values, on this rank's device
         tokens = slice(0, 4) if rank == 0 else slice(4, 10)
         experts = expert_partition(6, 2)[rank]
-        leaves = [inputs["hidden_states"][tokens].clone().requires_grad_(),
-                  inputs["topk_weights"][tokens].clone().requires_grad_(),
-                  *[inputs[name][experts.start:experts.stop].clone().requires_grad_()
-                    for name in ("gate_weights", "up_weights", "down_weights")]]  # fmt: skip
+        leaves = [
+            inputs["hidden_states"][tokens].clone().requires_grad_(),
+            inputs["topk_weights"][tokens].clone().requires_grad_(),
+            *[
+                inputs[name][experts.start : experts.stop].clone().requires_grad_()
+                for name in ("gate_weights", "up_weights", "down_weights")
+            ],
+        ]
         indices = inputs["topk_indices"][tokens]
 
         def layer(x, w, gate, up, down):
@@ -379,13 +402,32 @@ def parallel_rank_main(rank: int, init_file: str, out_dir: str, seed: int, devic
             y = function(*leaves)
             grads = torch.autograd.grad(y, leaves, inputs["grad_output"][tokens])
             results[name] = [t.cpu() for t in (y.detach(), *grads)]
-        arguments = (leaves[0].detach(), indices, *[t.detach() for t in leaves[1:]], dist.group.WORLD.group_name,
-                     "auto", 6, 2, False, 0, "")  # fmt: skip
+        arguments = (
+            leaves[0].detach(),
+            indices,
+            *[t.detach() for t in leaves[1:]],
+            dist.group.WORLD.group_name,
+            "auto",
+            6,
+            2,
+            False,
+            0,
+            "",
+        )
         torch.library.opcheck(torch.ops.moe_lib.moe_experts_parallel.default, arguments)
         y, *saved = torch.ops.moe_lib.moe_experts_parallel(*arguments)
-        torch.library.opcheck(torch.ops.moe_lib.moe_experts_parallel_backward.default,
-                              (inputs["grad_output"][tokens], *saved, *[t.detach() for t in leaves[2:]], 2,
-                               dist.group.WORLD.group_name, "auto", 0))  # fmt: skip
+        torch.library.opcheck(
+            torch.ops.moe_lib.moe_experts_parallel_backward.default,
+            (
+                inputs["grad_output"][tokens],
+                *saved,
+                *[t.detach() for t in leaves[2:]],
+                2,
+                dist.group.WORLD.group_name,
+                "auto",
+                0,
+            ),
+        )
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     except BaseException:
         traceback.print_exc()
@@ -400,9 +442,10 @@ def run_parallel_ranks(tmp_path, seed: int, device: str) -> list[dict]:
     from conftest import join_ranks
 
     context = multiprocessing.get_context("spawn")
-    processes = [context.Process(target=parallel_rank_main,
-                                 args=(rank, str(tmp_path / "init"), str(tmp_path), seed, device))
-                 for rank in range(2)]  # fmt: skip
+    processes = [
+        context.Process(target=parallel_rank_main, args=(rank, str(tmp_path / "init"), str(tmp_path), seed, device))
+        for rank in range(2)
+    ]
     join_ranks(processes, JOIN_TIMEOUT_S)
     return [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)]
 

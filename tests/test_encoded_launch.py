@@ -142,21 +142,32 @@ def stand_in_driver(monkeypatch):
 
 def test_launch_as_one_graph_captures_on_a_side_stream_then_updates_one_kept_executable(stand_in_driver):
     launched = []
-    launches = (lambda stream: launched.append(("launch 1", stream)),
-                lambda stream: launched.append(("launch 2", stream)))
+    launches = (
+        lambda stream: launched.append(("launch 1", stream)),
+        lambda stream: launched.append(("launch 2", stream)),
+    )
     encoded_launch.launch_as_one_graph("key", launches, "cuda:0")
     assert launched == [("launch 1", 5), ("launch 2", 5)]  # captured on the side stream, in order
-    assert stand_in_driver.calls == [("begin", 5, encoded_launch.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
-                                     ("end", 5, 101), ("instantiate", 101, 102), ("launch", 102, 7),
-                                     ("destroy graph", 101)]  # launched on the caller's stream
+    assert stand_in_driver.calls == [
+        ("begin", 5, encoded_launch.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+        ("end", 5, 101),
+        ("instantiate", 101, 102),
+        ("launch", 102, 7),
+        ("destroy graph", 101),
+    ]  # launched on the caller's stream
     stand_in_driver.calls.clear()
     encoded_launch.launch_as_one_graph("key", launches, "cuda:0")  # the same key: the kept executable, updated
     assert stand_in_driver.calls[2:] == [("update", 102, 103), ("launch", 102, 7), ("destroy graph", 103)]
     stand_in_driver.update_result = 1  # an update the driver refuses: instantiated anew, the old one destroyed
     stand_in_driver.calls.clear()
     encoded_launch.launch_as_one_graph("key", launches, "cuda:0")
-    assert stand_in_driver.calls[2:] == [("update", 102, 104), ("destroy executable", 102), ("instantiate", 104, 105),
-                                         ("launch", 105, 7), ("destroy graph", 104)]  # fmt: skip
+    assert stand_in_driver.calls[2:] == [
+        ("update", 102, 104),
+        ("destroy executable", 102),
+        ("instantiate", 104, 105),
+        ("launch", 105, 7),
+        ("destroy graph", 104),
+    ]
 
 
 def test_launch_as_one_graph_keeps_a_bounded_number_of_executables(stand_in_driver, monkeypatch):

@@ -19,7 +19,7 @@ def test_environment_yml_lists_the_same_dependencies_as_pyproject():
         from_pyproject |= set(extra)
     lines = (ROOT / "environment.yml").read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.strip() == "- pip:")
-    from_conda = {line.strip()[2:] for line in lines[start + 1:] if line.strip().startswith("- ")}
+    from_conda = {line.strip()[2:] for line in lines[start + 1 :] if line.strip().startswith("- ")}
     assert {_normalise(r) for r in from_conda} == {_normalise(r) for r in from_pyproject}
 
 

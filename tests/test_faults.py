@@ -27,7 +27,7 @@ from moe_lib import problems
 from moe_lib.dispatch import interpreter_enabled
 
 ROOT = Path(__file__).resolve().parent.parent
-CALLS = '''
+CALLS = """
 import json, sys
 import torch
 import moe_lib
@@ -50,19 +50,33 @@ for impl in IMPLS:
     moe_lib.moe_experts(h, *routed, impl=impl).sum().backward()
     moe_lib.moe_experts(h, *routed, impl=impl, save_activations=True).sum().backward()
 print(json.dumps(opened))
-'''
+"""
 MODULE_FILES = (".py", ".pyc", ".so", ".pth", ".zip", "entry_points.txt", "METADATA", "RECORD", "top_level.txt")
 
 
 def test_the_public_calls_read_no_file():
     impls = ["reference"] + (["triton"] if torch.cuda.is_available() or interpreter_enabled() else [])
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONDONTWRITEBYTECODE="1")
-    done = subprocess.run([sys.executable, "-c", f"IMPLS = {impls!r}\n" + CALLS], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", f"IMPLS = {impls!r}\n" + CALLS],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     opened = json.loads(done.stdout.strip().splitlines()[-1])
-    read = sorted({path for path in opened if not path.endswith(MODULE_FILES) and "/dist-info" not in path
-                   and not Path(path).is_dir() and not path.startswith("/proc/")})  # fmt: skip
+    read = sorted(
+        {
+            path
+            for path in opened
+            if not path.endswith(MODULE_FILES)
+            and "/dist-info" not in path
+            and not Path(path).is_dir()
+            and not path.startswith("/proc/")
+        }
+    )
     if torch.cuda.is_available():  # Triton's kernel cache and the CUDA libraries, on the GPU
         read = [path for path in read if "triton" not in path and "/dev/" not in path and "cuda" not in path.lower()]
     assert read == [], f"a call read these files (each needs a test that a corrupted one is ignored): {read}"
@@ -97,14 +111,18 @@ def _right(problem, inputs, got) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name, num_tokens, axes, extra_mib", [
-    ("swiglu_down_backward", 4, P1_AXES, 1),  # one launch, its counters kept between calls
-    ("swiglu_down_backward", 2048, P1_AXES, 1),
-    ("moe_experts_backward_bf16", 2048, P2_AXES, 1),
-    ("moe_experts_backward_bf16", 2048, P2_AXES, 1536 + 64),  # the outputs fit, the workspaces do not
-])  # fmt: skip
-def test_out_of_memory_in_a_backward_raises_and_the_next_call_is_right(name, num_tokens, axes, extra_mib, seed,
-                                                                     memory_limit):  # fmt: skip
+@pytest.mark.parametrize(
+    "name, num_tokens, axes, extra_mib",
+    [
+        ("swiglu_down_backward", 4, P1_AXES, 1),  # one launch, its counters kept between calls
+        ("swiglu_down_backward", 2048, P1_AXES, 1),
+        ("moe_experts_backward_bf16", 2048, P2_AXES, 1),
+        ("moe_experts_backward_bf16", 2048, P2_AXES, 1536 + 64),  # the outputs fit, the workspaces do not
+    ],
+)
+def test_out_of_memory_in_a_backward_raises_and_the_next_call_is_right(
+    name, num_tokens, axes, extra_mib, seed, memory_limit
+):
     """After a first call (what a call keeps between calls is there), with room for ``extra_mib`` MiB more the
     call raises torch.cuda.OutOfMemoryError and holds nothing after it; with the memory back, the same call and a
     fresh one are right."""

@@ -17,21 +17,51 @@ transformers = pytest.importorskip("transformers")
 hf = pytest.importorskip("moe_lib.integrations.hf")
 
 VOCAB = 96
-SMALL = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-             max_position_embeddings=64)  # fmt: skip
+SMALL = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64)
 MODELS = {
-    "qwen3_moe": ("Qwen3MoeForCausalLM", "Qwen3MoeConfig",
-                  dict(SMALL, intermediate_size=48, moe_intermediate_size=16, num_key_value_heads=2, head_dim=8,
-                       num_experts=6, num_experts_per_tok=2, norm_topk_prob=True)),
-    "mixtral": ("MixtralForCausalLM", "MixtralConfig",
-                dict(SMALL, intermediate_size=16, num_key_value_heads=2, head_dim=8, num_local_experts=4,
-                     num_experts_per_tok=2)),
-    "deepseek_v3": ("DeepseekV3ForCausalLM", "DeepseekV3Config",
-                    dict(SMALL, intermediate_size=48, moe_intermediate_size=16, first_k_dense_replace=1,
-                         num_key_value_heads=4, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
-                         n_group=2, topk_group=1, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8,
-                         qk_nope_head_dim=8, v_head_dim=8)),
-}  # fmt: skip
+    "qwen3_moe": (
+        "Qwen3MoeForCausalLM",
+        "Qwen3MoeConfig",
+        dict(
+            SMALL,
+            intermediate_size=48,
+            moe_intermediate_size=16,
+            num_key_value_heads=2,
+            head_dim=8,
+            num_experts=6,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+        ),
+    ),
+    "mixtral": (
+        "MixtralForCausalLM",
+        "MixtralConfig",
+        dict(
+            SMALL, intermediate_size=16, num_key_value_heads=2, head_dim=8, num_local_experts=4, num_experts_per_tok=2
+        ),
+    ),
+    "deepseek_v3": (
+        "DeepseekV3ForCausalLM",
+        "DeepseekV3Config",
+        dict(
+            SMALL,
+            intermediate_size=48,
+            moe_intermediate_size=16,
+            first_k_dense_replace=1,
+            num_key_value_heads=4,
+            n_routed_experts=8,
+            n_shared_experts=1,
+            num_experts_per_tok=2,
+            n_group=2,
+            topk_group=1,
+            q_lora_rank=16,
+            kv_lora_rank=16,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=8,
+        ),
+    ),
+}
 
 
 def tiny_model(name: str, seed: int, dtype=torch.float32):
@@ -111,14 +141,18 @@ def test_from_config_by_name_after_register(seed):
 def test_models_and_experts_it_cannot_run_are_refused_by_name(seed):
     with pytest.raises(TypeError, match="^model: expected a transformers PreTrainedModel, got Linear"):
         hf.apply_moe_lib(torch.nn.Linear(2, 2))
-    dense = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SMALL, intermediate_size=16,
-                                                                   num_key_value_heads=2))  # fmt: skip
+    dense = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(**SMALL, intermediate_size=16, num_key_value_heads=2)
+    )
     with pytest.raises(ValueError, match="^model: LlamaForCausalLM has no expert modules"):
         hf.apply_moe_lib(dense)
     model = tiny_model("qwen3_moe", seed)
     model.model.layers[1].mlp.experts.has_bias = True
-    with pytest.raises(ValueError, match=r"^model: model.layers.1.mlp.experts \(Qwen3MoeExperts\): its experts have "
-                                         "biases"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"^model: model.layers.1.mlp.experts \(Qwen3MoeExperts\): its experts have "
+        "biases",
+    ):
         hf.apply_moe_lib(model)
     model.model.layers[1].mlp.experts.has_bias = False
     model.model.layers[0].mlp.experts.act_fn = torch.nn.GELU()
@@ -159,8 +193,9 @@ def test_gpu_bfloat16_on_the_triton_path(name, seed):
     floor = 2**-8
     assert rel_error(our_logits, exact_logits) <= 2 * rel_error(their_logits, exact_logits) + floor
     for parameter, exact_grad in exact_grads.items():
-        assert rel_error(our_grads[parameter], exact_grad) <= 2 * rel_error(their_grads[parameter], exact_grad) \
-            + floor, parameter  # fmt: skip
+        assert (
+            rel_error(our_grads[parameter], exact_grad) <= 2 * rel_error(their_grads[parameter], exact_grad) + floor
+        ), parameter
 
 
 @pytest.mark.gpu

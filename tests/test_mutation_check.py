@@ -11,8 +11,11 @@ mutation_check = SimpleNamespace(**runpy.run_path(str(ROOT / "scripts" / "mutati
 
 
 def test_every_mutant_changes_code_that_is_there_once():
-    stale = {m.name: (ROOT / m.path).read_text().count(m.old) for m in mutation_check.MUTANTS
-             if (ROOT / m.path).read_text().count(m.old) != 1}  # fmt: skip
+    stale = {
+        m.name: (ROOT / m.path).read_text().count(m.old)
+        for m in mutation_check.MUTANTS
+        if (ROOT / m.path).read_text().count(m.old) != 1
+    }
     assert not stale, f"mutants whose text is not found exactly once (update them with the code): {stale}"
     assert all(m.old != m.new for m in mutation_check.MUTANTS)
     names = [m.name for m in mutation_check.MUTANTS]

@@ -23,8 +23,9 @@ def dense_expert(x, gate_up, down):
 
 def dense_experts(x, indices, weights, gate_up, down):
     """Σ_k w_k · expert_{e_k}(x) per token, in float64 (x [T, H], indices and weights [T, K])."""
-    per_slot = torch.stack([torch.stack([dense_expert(x[t], gate_up[e], down[e]) for e in indices[t].tolist()])
-                            for t in range(x.shape[0])])  # fmt: skip
+    per_slot = torch.stack(
+        [torch.stack([dense_expert(x[t], gate_up[e], down[e]) for e in indices[t].tolist()]) for t in range(x.shape[0])]
+    )
     return (weights.double()[..., None] * per_slot).sum(dim=1)
 
 
@@ -38,8 +39,9 @@ def test_swiglu_expert_module_matches_float64(seed):
     dy = torch.randn_like(y)
     got = torch.autograd.grad(y, [x, module.gate_up_proj, module.down_proj], dy)
     leaves = [t.detach().double().requires_grad_() for t in (x, module.gate_up_proj, module.down_proj)]
-    exact = torch.autograd.grad(dense_expert(leaves[0].reshape(-1, 24), *leaves[1:]).reshape(2, 5, 24), leaves,
-                                dy.double())  # fmt: skip
+    exact = torch.autograd.grad(
+        dense_expert(leaves[0].reshape(-1, 24), *leaves[1:]).reshape(2, 5, 24), leaves, dy.double()
+    )
     assert [rel_error(g, w) <= 1e-5 for g, w in zip(got, exact, strict=True)] == [True] * 3
 
 
@@ -79,8 +81,9 @@ def test_the_functional_layer_gets_views_of_the_parameters(monkeypatch):
     assert seen["options"] == dict(impl="auto", validate=False, save_activations=True)
 
 
-@pytest.mark.parametrize("make", [lambda: SwiGLUExpert(32, 16), lambda: MoEExperts(4, 32, 16)],
-                         ids=["SwiGLUExpert", "MoEExperts"])  # fmt: skip
+@pytest.mark.parametrize(
+    "make", [lambda: SwiGLUExpert(32, 16), lambda: MoEExperts(4, 32, 16)], ids=["SwiGLUExpert", "MoEExperts"]
+)
 def test_reset_parameters_draws_like_linear(make, seed):
     torch.manual_seed(seed)
     module = make()
@@ -95,22 +98,28 @@ def test_reset_parameters_draws_like_linear(make, seed):
 def test_extra_repr_names_the_sizes_and_options():
     assert "hidden_size=32, intermediate_size=16, impl='auto', precision='fast'" in repr(SwiGLUExpert(32, 16))
     text = repr(MoEExperts(4, 32, 16, impl="reference", validate=False, save_activations=True))
-    assert "num_experts=4, hidden_size=32, intermediate_size=16, impl='reference', validate=False, " \
-           "save_activations=True" in text  # fmt: skip
+    assert (
+        "num_experts=4, hidden_size=32, intermediate_size=16, impl='reference', validate=False, "
+        "save_activations=True" in text
+    )
 
 
 def test_parameter_layout_and_state_dict_round_trip(seed):
     torch.manual_seed(seed)
     module = MoEExperts(4, 32, 16)
-    assert {n: tuple(p.shape) for n, p in module.named_parameters()} == {"gate_up_proj": (4, 32, 32),
-                                                                         "down_proj": (4, 32, 16)}
+    assert {n: tuple(p.shape) for n, p in module.named_parameters()} == {
+        "gate_up_proj": (4, 32, 32),
+        "down_proj": (4, 32, 16),
+    }
     other = MoEExperts(4, 32, 16)
     other.load_state_dict(module.state_dict())
     x, indices, weights = torch.randn(6, 32), torch.rand(6, 4).argsort(dim=1)[:, :2], torch.rand(6, 2)
     assert torch.equal(other(x, indices, weights), module(x, indices, weights))
     single = SwiGLUExpert(32, 16)
-    assert {n: tuple(p.shape) for n, p in single.named_parameters()} == {"gate_up_proj": (32, 32),
-                                                                         "down_proj": (32, 16)}
+    assert {n: tuple(p.shape) for n, p in single.named_parameters()} == {
+        "gate_up_proj": (32, 32),
+        "down_proj": (32, 16),
+    }
     copy = SwiGLUExpert(32, 16)
     copy.load_state_dict(single.state_dict())
     assert torch.equal(copy(x), single(x))
@@ -157,7 +166,7 @@ def test_validate_and_bad_arguments_are_named():
         (lambda: SwiGLUExpert(32, True), "^intermediate_size: expected a positive integer"),
         (lambda: SwiGLUExpert(32, 16, impl="cuda"), "^impl: expected one of"),
         (lambda: SwiGLUExpert(32, 16, precision="exact"), "^precision: expected one of"),
-    ]:  # fmt: skip
+    ]:
         with pytest.raises(ValueError, match=pattern):
             make()
     with pytest.raises(TypeError, match="^save_activations: expected True or False"):
@@ -170,8 +179,9 @@ def test_the_modules_are_the_layers():
     module = SwiGLUExpert(16, 8)
     x = torch.randn(4, 16)
     I = module.intermediate_size
-    assert torch.equal(module(x), moe_lib.swiglu_expert(x, module.gate_up_proj[:I], module.gate_up_proj[I:],
-                                                        module.down_proj))  # fmt: skip
+    assert torch.equal(
+        module(x), moe_lib.swiglu_expert(x, module.gate_up_proj[:I], module.gate_up_proj[I:], module.down_proj)
+    )
 
 
 @pytest.mark.gpu
@@ -182,6 +192,7 @@ def test_to_cuda_runs_the_triton_path(seed):
     indices = torch.rand(64, 8, device="cuda").argsort(dim=1)[:, :2]
     weights = torch.rand(64, 2, device="cuda", dtype=torch.bfloat16)
     y = module(x, indices, weights)
-    want = dense_experts(x.cpu(), indices.cpu(), weights.cpu(), module.gate_up_proj.detach().cpu(),
-                         module.down_proj.detach().cpu())  # fmt: skip
+    want = dense_experts(
+        x.cpu(), indices.cpu(), weights.cpu(), module.gate_up_proj.detach().cpu(), module.down_proj.detach().cpu()
+    )
     assert y.device.type == "cuda" and rel_error(y.cpu(), want) <= 1e-2

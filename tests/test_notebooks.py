@@ -41,8 +41,15 @@ P2_OUTPUTS = list(problems.load("moe_experts_backward").outputs)
 
 def test_the_notebooks_exist():
     stems = {path.stem for path in NOTEBOOKS}
-    assert {"01_swiglu_backward_derivation", "02_moe_backward_derivation", "03_roofline", "04_inside_the_kernels",
-            "05_benchmark_report", "06_expert_parallelism", "08_design_log"} <= stems  # fmt: skip
+    assert {
+        "01_swiglu_backward_derivation",
+        "02_moe_backward_derivation",
+        "03_roofline",
+        "04_inside_the_kernels",
+        "05_benchmark_report",
+        "06_expert_parallelism",
+        "08_design_log",
+    } <= stems
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda path: path.stem)
@@ -111,17 +118,31 @@ def _assert_figures_written(summary: dict, folder: Path) -> None:
 
 def _execute(stem, parameters, folder: Path, kernel_name) -> dict:
     papermill.execute_notebook(
-        str(NOTEBOOKS_DIR / f"{stem}.ipynb"), str(folder / f"{stem}.ipynb"),
-        parameters={**parameters, "output_dir": str(folder)}, kernel_name=kernel_name,
-        progress_bar=False, cwd=str(NOTEBOOKS_DIR), extra_arguments=["--IPKernelApp.log_level=ERROR"],
-    )  # fmt: skip
+        str(NOTEBOOKS_DIR / f"{stem}.ipynb"),
+        str(folder / f"{stem}.ipynb"),
+        parameters={**parameters, "output_dir": str(folder)},
+        kernel_name=kernel_name,
+        progress_bar=False,
+        cwd=str(NOTEBOOKS_DIR),
+        extra_arguments=["--IPKernelApp.log_level=ERROR"],
+    )
     return json.loads((folder / "summary.json").read_text())
 
 
 # ---------------------------------------------------------------- 01 · SwiGLU backward
 
-P1_STEPS = {"grad_down_weight", "d_intermediate", "silu_grad_formula", "d_up", "d_gate_silu", "d_gate",
-            "grad_gate_weight", "grad_up_weight", "grad_x", "grad_x_one_product"}  # fmt: skip
+P1_STEPS = {
+    "grad_down_weight",
+    "d_intermediate",
+    "silu_grad_formula",
+    "d_up",
+    "d_gate_silu",
+    "d_gate",
+    "grad_gate_weight",
+    "grad_up_weight",
+    "grad_x",
+    "grad_x_one_product",
+}
 
 
 @pytest.fixture(scope="module")
@@ -143,9 +164,14 @@ def test_p1_every_step_agrees_with_autograd(p1_run):
 
 def test_p1_gradients_are_those_of_moe_lib_and_the_oracle(p1_run):
     parameters, summary, _ = p1_run
-    inputs = problems.make_inputs("swiglu_down_backward", parameters["num_tokens"], seed=parameters["seed"],
-                                  dtype=torch.float64, hidden_size=parameters["hidden_size"],
-                                  intermediate_size=parameters["intermediate_size"])  # fmt: skip
+    inputs = problems.make_inputs(
+        "swiglu_down_backward",
+        parameters["num_tokens"],
+        seed=parameters["seed"],
+        dtype=torch.float64,
+        hidden_size=parameters["hidden_size"],
+        intermediate_size=parameters["intermediate_size"],
+    )
     got = moe_lib.swiglu_down_backward(*inputs.values(), impl="reference")
     oracle = swiglu_expert_grads(*(inputs[k] for k in ("grad_output", "x", "gate_weight", "up_weight", "down_weight")))
     for name, g, want in zip(P1_OUTPUTS, got, oracle, strict=True):
@@ -162,8 +188,9 @@ def test_p1_bf16_errors_match_a_recomputation(p1_run):
     assert inputs["x"].dtype == torch.bfloat16
     got = moe_lib.swiglu_down_backward(*inputs.values(), impl="reference")
     exact_saved = moe_lib.swiglu_down_backward(*(t.double() for t in inputs.values()), impl="reference")
-    exact_forward = swiglu_expert_grads(*(inputs[k] for k in ("grad_output", "x", "gate_weight", "up_weight",
-                                                              "down_weight")))  # fmt: skip
+    exact_forward = swiglu_expert_grads(
+        *(inputs[k] for k in ("grad_output", "x", "gate_weight", "up_weight", "down_weight"))
+    )
     errors = bf16["rel_errors"]
     for name, g, saved, forward in zip(P1_OUTPUTS, got, exact_saved, exact_forward, strict=True):
         assert errors["bf16 output rounding"][name] == pytest.approx(rel_error(g, saved), rel=1e-3), name
@@ -179,8 +206,9 @@ def test_p1_bf16_errors_match_a_recomputation(p1_run):
 
 def test_p1_element_rule_table_matches_a_recomputation(p1_run):
     parameters, summary, folder = p1_run
-    rows = derivations.representation_pass_fractions(parameters["bf16_num_tokens"], scales=(1.0, 4.0),
-                                                     seed=parameters["seed"])  # fmt: skip
+    rows = derivations.representation_pass_fractions(
+        parameters["bf16_num_tokens"], scales=(1.0, 4.0), seed=parameters["seed"]
+    )
     assert summary["element_rule"] == rows
     for row in rows:  # the faithful path's hi/lo pairs keep every output within the rule at both scales
         if row["representation"] == "bf16 hi/lo":
@@ -190,33 +218,61 @@ def test_p1_element_rule_table_matches_a_recomputation(p1_run):
 
 # ---------------------------------------------------------------- 02 · MoE experts backward
 
-P2_STEPS = {"d_o", "grad_topk_weights_from_o", "grad_topk_weights", "d_a", "d_g", "d_u", "d_x_slots",
-            "grad_gate_weights", "grad_up_weights", "grad_down_weights", "adjoint_identity",
-            "grad_hidden_states_scatter_add", "grad_hidden_states"}  # fmt: skip
+P2_STEPS = {
+    "d_o",
+    "grad_topk_weights_from_o",
+    "grad_topk_weights",
+    "d_a",
+    "d_g",
+    "d_u",
+    "d_x_slots",
+    "grad_gate_weights",
+    "grad_up_weights",
+    "grad_down_weights",
+    "adjoint_identity",
+    "grad_hidden_states_scatter_add",
+    "grad_hidden_states",
+}
 
 
 @pytest.fixture(scope="module")
 def p2_run(kernel_name, tmp_path_factory):
-    parameters = dict(num_tokens=7, hidden_size=10, intermediate_size=6, num_experts=9, top_k=3, routing="skewed",
-                      routing_num_tokens=300, rule_num_rows=8, rule_hidden_size=256, rule_intermediate_size=128,
-                      seed=_fresh_seed())  # fmt: skip
+    parameters = dict(
+        num_tokens=7,
+        hidden_size=10,
+        intermediate_size=6,
+        num_experts=9,
+        top_k=3,
+        routing="skewed",
+        routing_num_tokens=300,
+        rule_num_rows=8,
+        rule_hidden_size=256,
+        rule_intermediate_size=128,
+        seed=_fresh_seed(),
+    )
     folder = tmp_path_factory.mktemp("p2")
     return parameters, _execute("02_moe_backward_derivation", parameters, folder, kernel_name), folder
 
 
 def _p2_inputs(parameters):
     return problems.make_inputs(
-        "moe_experts_backward", parameters["num_tokens"], seed=parameters["seed"], dtype=torch.float64,
-        routing=parameters["routing"], hidden_size=parameters["hidden_size"],
-        intermediate_size=parameters["intermediate_size"], num_experts=parameters["num_experts"],
+        "moe_experts_backward",
+        parameters["num_tokens"],
+        seed=parameters["seed"],
+        dtype=torch.float64,
+        routing=parameters["routing"],
+        hidden_size=parameters["hidden_size"],
+        intermediate_size=parameters["intermediate_size"],
+        num_experts=parameters["num_experts"],
         top_k=parameters["top_k"],
-    )  # fmt: skip
+    )
 
 
 def test_p2_every_step_agrees_with_autograd(p2_run):
     parameters, summary, _ = p2_run
-    assert summary["sizes"] == {k: parameters[k] for k in ("num_tokens", "hidden_size", "intermediate_size",
-                                                           "num_experts", "top_k", "routing")}  # fmt: skip
+    assert summary["sizes"] == {
+        k: parameters[k] for k in ("num_tokens", "hidden_size", "intermediate_size", "num_experts", "top_k", "routing")
+    }
     assert set(summary["step_rel_errors"]) == P2_STEPS
     assert all(error < 1e-10 for error in summary["step_rel_errors"].values()), summary["step_rel_errors"]
     assert set(summary["reference_rel_errors"]) == set(P2_OUTPUTS)
@@ -237,9 +293,12 @@ def test_p2_gradients_and_empty_experts_are_those_of_moe_lib(p2_run):
 
 def test_p2_element_rule_check_is_that_of_the_lab(p2_run):
     parameters, summary, _ = p2_run
-    want = derivations.topk_weight_grad_rule(parameters["rule_num_rows"], seed=parameters["seed"],
-                                             hidden_size=parameters["rule_hidden_size"],
-                                             intermediate_size=parameters["rule_intermediate_size"])  # fmt: skip
+    want = derivations.topk_weight_grad_rule(
+        parameters["rule_num_rows"],
+        seed=parameters["seed"],
+        hidden_size=parameters["rule_hidden_size"],
+        intermediate_size=parameters["rule_intermediate_size"],
+    )
     assert summary["topk_weight_grad_rule"] == pytest.approx(want)
     assert want["bf16×3 rel err"] < want["one bf16 product rel err"] / 16  # three products: far closer
 
@@ -277,8 +336,11 @@ def _committed_csvs() -> list[Path]:
     for path in sorted(H200_RESULTS.glob("*.csv")):  # named <date>-...: later dates sort later
         meta_path = path.with_suffix(".json")
         meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-        if meta.get("problem") in problems.PROBLEM_NAMES and meta.get("mode", "op") == "op" \
-                and meta.get("suite") != "models":  # fmt: skip
+        if (
+            meta.get("problem") in problems.PROBLEM_NAMES
+            and meta.get("mode", "op") == "op"
+            and meta.get("suite") != "models"
+        ):
             newest[meta["problem"]] = path
     return sorted(newest.values())
 
@@ -329,10 +391,19 @@ def test_roofline_plots_every_committed_point_projected(roofline_run):
 
 # ---------------------------------------------------------------- 04 · inside the kernels
 
-KERNEL_PARAMETERS = dict(p1_num_tokens=3, p1_hidden_size=32, p1_intermediate_size=32, split_k=2, split_k_steps=2,
-                         p2_num_tokens=10,
-                         p2_hidden_size=32, p2_intermediate_size=16, p2_num_experts=3, p2_top_k=2,
-                         diagram_num_tokens=16)  # fmt: skip
+KERNEL_PARAMETERS = dict(
+    p1_num_tokens=3,
+    p1_hidden_size=32,
+    p1_intermediate_size=32,
+    split_k=2,
+    split_k_steps=2,
+    p2_num_tokens=10,
+    p2_hidden_size=32,
+    p2_intermediate_size=16,
+    p2_num_experts=3,
+    p2_top_k=2,
+    diagram_num_tokens=16,
+)
 
 
 @pytest.fixture(scope="module")
@@ -348,21 +419,27 @@ def test_kernels_notebook_grids_are_those_of_moe_lib(kernels_run):
     T, H, I = p["p1_num_tokens"], p["p1_hidden_size"], p["p1_intermediate_size"]
     plan = triton_launches.launch_plan(T, H, I, triton_launches.INTERPRETER_TILES)  # the chooser's pick there
     assert summary["p1"]["grid"] == {f"launch {n}": sum(k.programs for k in plan if k.launch == n) for n in (1, 2)}
-    config = p2_choose.launch_config(p["p2_num_tokens"] * p["p2_top_k"], p["p2_num_experts"], input_bytes=4,
-                                     interpreter=True)  # fmt: skip
+    config = p2_choose.launch_config(
+        p["p2_num_tokens"] * p["p2_top_k"], p["p2_num_experts"], input_bytes=4, interpreter=True
+    )
     T, H, I = p["p2_num_tokens"], p["p2_hidden_size"], p["p2_intermediate_size"]
     E, R = p["p2_num_experts"], config.row_split
 
     persistent = p2_runtime.default_persistent_programs()  # kernels W and D, TMA-fed: programs loop over tiles
     assert config.tma_weight_grad is not None and config.tma_slot_projection is not None
-    assert summary["p2"]["grid"] == {"A": E * -(-I // config.block_i) * R, "W_gate_up": persistent,
-                                     "W_down": persistent, "D": persistent,
-                                     "C": T * -(-H // config.block_h_sum)}  # fmt: skip
+    assert summary["p2"]["grid"] == {
+        "A": E * -(-I // config.block_i) * R,
+        "W_gate_up": persistent,
+        "W_down": persistent,
+        "D": persistent,
+        "C": T * -(-H // config.block_h_sum),
+    }
     assert sum(summary["p2"]["rows_per_expert"]) == p["p2_num_tokens"] * p["p2_top_k"]
     sizes = problems.load("swiglu_down_backward").sizes(p["diagram_num_tokens"])
     H, I = sizes["hidden_size"], sizes["intermediate_size"]
-    diagram = triton_launches.launch_plan(p["diagram_num_tokens"], H, I,
-                                          triton_launches.tiles_for(p["diagram_num_tokens"], with_lo=True))
+    diagram = triton_launches.launch_plan(
+        p["diagram_num_tokens"], H, I, triton_launches.tiles_for(p["diagram_num_tokens"], with_lo=True)
+    )
     assert summary["diagram"]["programs"]["launch 1"] == sum(k.programs for k in diagram if k.launch == 1)
     # the chooser's bands on the H200 at the benchmark's shape: designs of the registry, one launch at one token
     assert {row["design"] for row in summary["regimes"]} <= set(DESIGNS)
@@ -372,12 +449,30 @@ def test_kernels_notebook_grids_are_those_of_moe_lib(kernels_run):
     executed = nbformat.read(folder / "04_inside_the_kernels.ipynb", as_version=4)
     outputs = [out for cell in executed.cells if cell.cell_type == "code" for out in cell.outputs]
     shown = "".join(out.get("data", {}).get("text/html", "") for out in outputs)
-    for kernel in ("rowwise_matmul_kernel", "tiled_matmul_kernel", "fused_dswiglu_kernel",
-                   "grouped_gather_matmul_kernel", "accumulate_product", "d_intermediate_program", "combine_splits",
-                   "swiglu_grad_kernel", "expert_weight_grad_kernel", "slot_projection_kernel", "token_sum_kernel",
-                   "ring_barriers", "load_steps", "mma_steps", "tile_product", "mma_partition", "weight_grad_region",
-                   "weight_grad_tiles_partition", "grouped_weight_grad_kernel", "slot_projection_tma_kernel",
-                   "choose_design", "generic_gluon_form"):
+    for kernel in (
+        "rowwise_matmul_kernel",
+        "tiled_matmul_kernel",
+        "fused_dswiglu_kernel",
+        "grouped_gather_matmul_kernel",
+        "accumulate_product",
+        "d_intermediate_program",
+        "combine_splits",
+        "swiglu_grad_kernel",
+        "expert_weight_grad_kernel",
+        "slot_projection_kernel",
+        "token_sum_kernel",
+        "ring_barriers",
+        "load_steps",
+        "mma_steps",
+        "tile_product",
+        "mma_partition",
+        "weight_grad_region",
+        "weight_grad_tiles_partition",
+        "grouped_weight_grad_kernel",
+        "slot_projection_tma_kernel",
+        "choose_design",
+        "generic_gluon_form",
+    ):
         assert f'<span class="nf">{kernel}</span>' in shown, kernel
 
 
@@ -408,21 +503,38 @@ def test_kernels_notebook_errors_agree_with_a_rerun(kernels_run):
     assert summary["regimes"] == table.to_dict(orient="records")
     # the teaching kernels, naive → tiled → fused for P1 and per expert → grouped for P2, against float64
     tutorial = summary["tutorial"]
-    assert list(tutorial) == ["P1 step 1 · naive", "P1 step 2 · tiled", "P1 step 3 · fused", "P2 step 1 · per expert",
-                              "P2 step 2 · grouped"]  # fmt: skip
+    assert list(tutorial) == [
+        "P1 step 1 · naive",
+        "P1 step 2 · tiled",
+        "P1 step 3 · fused",
+        "P2 step 1 · per expert",
+        "P2 step 2 · grouped",
+    ]
     assert set(tutorial["P1 step 3 · fused"]) == {"d_gate", "d_up"}
     assert all(error < 1e-5 for errors in tutorial.values() for error in errors.values()), tutorial
     if not interpreter_enabled():
         pytest.skip("the rerun below compares interpreter numbers; this process runs Triton on CUDA")
-    p1 = problems.make_inputs("swiglu_down_backward", p["p1_num_tokens"], seed=p["seed"], dtype=torch.float32,
-                              hidden_size=p["p1_hidden_size"], intermediate_size=p["p1_intermediate_size"])
+    p1 = problems.make_inputs(
+        "swiglu_down_backward",
+        p["p1_num_tokens"],
+        seed=p["seed"],
+        dtype=torch.float32,
+        hidden_size=p["p1_hidden_size"],
+        intermediate_size=p["p1_intermediate_size"],
+    )
     got = moe_lib.swiglu_down_backward(*p1.values(), impl="triton")
     want = moe_lib.swiglu_down_backward(*p1.values(), impl="reference")
     for name, g, w in zip(P1_OUTPUTS, got, want, strict=True):
         assert summary["p1"]["rel_errors"][name] == pytest.approx(rel_error(g, w), rel=1e-6, abs=1e-12), name
-    p2 = problems.make_inputs("moe_experts_backward", p["p2_num_tokens"], seed=p["seed"],
-                              hidden_size=p["p2_hidden_size"], intermediate_size=p["p2_intermediate_size"],
-                              num_experts=p["p2_num_experts"], top_k=p["p2_top_k"])  # fmt: skip
+    p2 = problems.make_inputs(
+        "moe_experts_backward",
+        p["p2_num_tokens"],
+        seed=p["seed"],
+        hidden_size=p["p2_hidden_size"],
+        intermediate_size=p["p2_intermediate_size"],
+        num_experts=p["p2_num_experts"],
+        top_k=p["p2_top_k"],
+    )
     got = moe_lib.moe_experts_backward(*p2.values(), impl="triton")
     want = moe_lib.moe_experts_backward(*p2.values(), impl="reference")
     for name, g, w in zip(P2_OUTPUTS, got, want, strict=True):
@@ -474,8 +586,9 @@ def test_report_targets_are_computed_from_the_files(report_run):
     target = targets[("P1", "≥ 1.5× faster than torch.compile (geomeans) (triton_fast)")]
     assert target["value"] == pytest.approx(speedup) and target["met"] == (speedup >= 1.5)
     table = lab_targets.targets_table(lab_results.load_results())  # every verdict, recomputed here
-    assert [(t["problem"], t["target"], t["met"]) for t in summary["targets"]] == \
-        [(row["problem"], row["target"], row["met"]) for row in table.to_dict(orient="records")]  # fmt: skip
+    assert [(t["problem"], t["target"], t["met"]) for t in summary["targets"]] == [
+        (row["problem"], row["target"], row["met"]) for row in table.to_dict(orient="records")
+    ]
 
 
 def test_report_sets_ours_beside_sonicmoe_from_the_files(report_run):
@@ -502,8 +615,17 @@ PARALLEL_OUTPUTS = ["output", *P2_OUTPUTS]
 @pytest.fixture(scope="module")
 def parallel_run(kernel_name, tmp_path_factory):
     # three ranks sharing five experts: an uneven partition (2, 2, 1) under skewed routing
-    parameters = dict(world_size=3, num_tokens_per_rank=4, hidden_size=8, intermediate_size=4, num_experts=5, top_k=2,
-                      routing="skewed", model_world_size=4, seed=_fresh_seed())  # fmt: skip
+    parameters = dict(
+        world_size=3,
+        num_tokens_per_rank=4,
+        hidden_size=8,
+        intermediate_size=4,
+        num_experts=5,
+        top_k=2,
+        routing="skewed",
+        model_world_size=4,
+        seed=_fresh_seed(),
+    )
     folder = tmp_path_factory.mktemp("parallel")
     return parameters, _execute("06_expert_parallelism", parameters, folder, kernel_name), folder
 
@@ -511,20 +633,38 @@ def parallel_run(kernel_name, tmp_path_factory):
 def test_parallel_live_run_matches_one_process_and_sends_the_routed_rows(parallel_run):
     p, summary, folder = parallel_run
     live = summary["live"]
-    assert live["sizes"] == {k: p[k] for k in ("world_size", "num_tokens_per_rank", "hidden_size", "intermediate_size",
-                                               "num_experts", "top_k", "routing")}  # fmt: skip
+    assert live["sizes"] == {
+        k: p[k]
+        for k in (
+            "world_size",
+            "num_tokens_per_rank",
+            "hidden_size",
+            "intermediate_size",
+            "num_experts",
+            "top_k",
+            "routing",
+        )
+    }
     assert set(live["rel_errors"]) == set(PARALLEL_OUTPUTS)
     assert live["max_rel_error"] == max(live["rel_errors"].values()) < 1e-10
     partition = expert_partition(p["num_experts"], p["world_size"])
     assert live["partition"] == [[block.start, block.stop] for block in partition] == [[0, 2], [2, 4], [4, 5]]
-    inputs = problems.make_inputs("moe_experts_backward", p["world_size"] * p["num_tokens_per_rank"], seed=p["seed"],
-                                  dtype=torch.float64, routing=p["routing"], hidden_size=p["hidden_size"],
-                                  intermediate_size=p["intermediate_size"], num_experts=p["num_experts"],
-                                  top_k=p["top_k"])  # fmt: skip
+    inputs = problems.make_inputs(
+        "moe_experts_backward",
+        p["world_size"] * p["num_tokens_per_rank"],
+        seed=p["seed"],
+        dtype=torch.float64,
+        routing=p["routing"],
+        hidden_size=p["hidden_size"],
+        intermediate_size=p["intermediate_size"],
+        num_experts=p["num_experts"],
+        top_k=p["top_k"],
+    )
     owner = torch.tensor([rank for rank, block in enumerate(partition) for _ in block])  # expert -> its rank
     token_rank = inputs["topk_indices"].reshape(p["world_size"], -1)  # rank r's tokens are the r-th block
-    expected = [torch.bincount(owner[token_rank[rank]], minlength=p["world_size"]).tolist()
-                for rank in range(p["world_size"])]  # fmt: skip
+    expected = [
+        torch.bincount(owner[token_rank[rank]], minlength=p["world_size"]).tolist() for rank in range(p["world_size"])
+    ]
     assert live["rows_sent"] == expected
     assert live["rows_received"] == [[row[rank] for row in expected] for rank in range(p["world_size"])]
     _assert_figures_written(summary, folder)
@@ -608,8 +748,10 @@ def test_parallel_rank_work_is_that_of_the_committed_files_and_feeds_the_model(p
 
 def _ordered(paths: list[Path]) -> list[Path]:
     """The result files in the report's order: P1, P2 fp32, P2 bf16."""
-    return sorted(paths, key=lambda path: problems.PROBLEM_NAMES.index(json.loads(path.with_suffix(".json")
-                                                                                   .read_text())["problem"]))
+    return sorted(
+        paths,
+        key=lambda path: problems.PROBLEM_NAMES.index(json.loads(path.with_suffix(".json").read_text())["problem"]),
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -620,9 +762,19 @@ def _ordered(paths: list[Path]) -> list[Path]:
 def model_run(kernel_name, tmp_path_factory):
     pytest.importorskip("transformers")
     # aot_eager: the compiled variants trace the same graphs as inductor's, without its code generation
-    parameters = dict(steps=12, warmup_steps=2, compile_backend="aot_eager", hidden_size=32, moe_intermediate_size=16,
-                      num_experts=6, top_k=2, num_layers=1, batch_size=4, sequence_length=16,
-                      seed=_fresh_seed())  # fmt: skip
+    parameters = dict(
+        steps=12,
+        warmup_steps=2,
+        compile_backend="aot_eager",
+        hidden_size=32,
+        moe_intermediate_size=16,
+        num_experts=6,
+        top_k=2,
+        num_layers=1,
+        batch_size=4,
+        sequence_length=16,
+        seed=_fresh_seed(),
+    )
     folder = tmp_path_factory.mktemp("model")
     return parameters, _execute("07_use_it_in_a_model", parameters, folder, kernel_name), folder
 
@@ -641,8 +793,10 @@ def test_model_trains_alike_with_moe_lib_and_its_own_experts(model_run):
     for row in summary["agreement"]:  # in float32 over a few steps: rounding only
         assert row["max_loss_difference"] <= 1e-4 and row["within_noise"], row
     # moe_lib's layer keeps only its inputs for the backward; transformers' grouped_mm keeps its products
-    assert variants["moe_lib (eager)"]["saved_for_backward_bytes"] < variants["grouped_mm (eager)"][
-        "saved_for_backward_bytes"]  # fmt: skip
+    assert (
+        variants["moe_lib (eager)"]["saved_for_backward_bytes"]
+        < variants["grouped_mm (eager)"]["saved_for_backward_bytes"]
+    )
     assert math.log(p.get("vocab_size", 64)) > summary["entropy_rate"] > 0
     _assert_figures_written(summary, folder)
 
@@ -657,6 +811,7 @@ def test_design_log_counts_every_row_of_the_notes_index(kernel_name, tmp_path):
     log = design_log.read_index()
     assert summary["rows"] == len(log)
     counts = design_log.status_counts(log)
-    assert summary["counts"] == {section: {kind: int(n) for kind, n in row.items()}
-                                 for section, row in counts.iterrows()}  # fmt: skip
+    assert summary["counts"] == {
+        section: {kind: int(n) for kind, n in row.items()} for section, row in counts.iterrows()
+    }
     _assert_figures_written(summary, tmp_path)

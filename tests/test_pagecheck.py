@@ -96,14 +96,22 @@ def dom(*formulas_and_frames, text: str = "") -> str:
 
 
 def test_math_problems_reads_each_failure():
-    count, problems = pagecheck.math_problems(dom(("x^2", {}), ("\\sigma'(z)", {"text": "[Math Processing Error]"}),
-                                                  ("\\frac{a", {"text": '<span class="noError">\\frac{a</span>'}),
-                                                  ("\\nosuch x", {"mathml": '<math><mtext mathcolor="red">\\nosuch'
-                                                                            "</mtext></math>"}),
-                                                  ("y", None)))  # fmt: skip
+    count, problems = pagecheck.math_problems(
+        dom(
+            ("x^2", {}),
+            ("\\sigma'(z)", {"text": "[Math Processing Error]"}),
+            ("\\frac{a", {"text": '<span class="noError">\\frac{a</span>'}),
+            ("\\nosuch x", {"mathml": '<math><mtext mathcolor="red">\\nosuch</mtext></math>'}),
+            ("y", None),
+        )
+    )
     assert count == 5
-    assert problems == ["formula 2 `\\sigma'(z)`: Math Processing Error", "formula 3 `\\frac{a`: TeX does not parse",
-                        "formula 4 `\\nosuch x`: unknown macro \\nosuch", "formula 5 `y`: not rendered"]  # fmt: skip
+    assert problems == [
+        "formula 2 `\\sigma'(z)`: Math Processing Error",
+        "formula 3 `\\frac{a`: TeX does not parse",
+        "formula 4 `\\nosuch x`: unknown macro \\nosuch",
+        "formula 5 `y`: not rendered",
+    ]
     assert pagecheck.math_problems(dom(("x", {}))) == (1, [])
     count, problems = pagecheck.math_problems(dom(text="raw $\\alpha + 1$ left <code>$\\beta$ in code</code>"))
     assert count == 0 and problems == ["TeX left unrendered in the text (did MathJax run?): `$\\alpha + 1$`"]

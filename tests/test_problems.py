@@ -34,8 +34,18 @@ def test_definitions_follow_the_schema():
 
 
 # the keys of SOL-ExecBench's Definition model; what the project adds lives in lab.json beside it
-HARNESS_DEFINITION_KEYS = {"name", "op_type", "axes", "custom_inputs_entrypoint", "inputs", "outputs", "reference",
-                           "tags", "description", "hf_id"}  # fmt: skip
+HARNESS_DEFINITION_KEYS = {
+    "name",
+    "op_type",
+    "axes",
+    "custom_inputs_entrypoint",
+    "inputs",
+    "outputs",
+    "reference",
+    "tags",
+    "description",
+    "hf_id",
+}
 
 
 def test_definition_holds_only_the_harness_keys_and_lab_json_the_rest():
@@ -67,8 +77,9 @@ def test_routing_is_refused_where_a_problem_has_none():
     with pytest.raises(ValueError, match="routing: swiglu_down_backward has no routing"):
         problems.make_inputs("swiglu_down_backward", 2, hidden_size=16, intermediate_size=8, routing="hot")
     with pytest.raises(ValueError, match="routing: expected one of"):
-        problems.make_inputs("moe_experts_backward", 2, hidden_size=16, intermediate_size=8, num_experts=4, top_k=2,
-                             routing="zipf")  # fmt: skip
+        problems.make_inputs(
+            "moe_experts_backward", 2, hidden_size=16, intermediate_size=8, num_experts=4, top_k=2, routing="zipf"
+        )
 
 
 def test_malformed_files_are_named_with_their_line(tmp_path, monkeypatch):
@@ -85,7 +96,7 @@ def test_malformed_files_are_named_with_their_line(tmp_path, monkeypatch):
         with pytest.raises(problems.ProblemFileError, match=r"workload.jsonl: line 2: not valid JSON"):
             problems.load("swiglu_down_backward")
         (folder / "workload.jsonl").write_text("\n".join(lines) + "\n")
-        (folder / "lab.json").write_text("{\n  \"op\": \"nonsense\",\n")
+        (folder / "lab.json").write_text('{\n  "op": "nonsense",\n')
         with pytest.raises(problems.ProblemFileError, match=r"lab.json: line 3: not valid JSON"):
             problems.load("swiglu_down_backward")
     finally:
@@ -110,9 +121,13 @@ def test_p1_generator_statistics_and_saved_forward(seed):
     inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, hidden_size=H, intermediate_size=I)
     assert list(inputs) == list(problems.load("swiglu_down_backward").inputs)
     std = {k: v.float().std().item() for k, v in inputs.items()}
-    for name, want in (("gate_weight", 1 / math.sqrt(H)), ("up_weight", 1 / math.sqrt(H)),
-                       ("down_weight", 1 / math.sqrt(I)), ("x", 1 / math.sqrt(H)),
-                       ("grad_output", 1 / math.sqrt(H))):  # fmt: skip
+    for name, want in (
+        ("gate_weight", 1 / math.sqrt(H)),
+        ("up_weight", 1 / math.sqrt(H)),
+        ("down_weight", 1 / math.sqrt(I)),
+        ("x", 1 / math.sqrt(H)),
+        ("grad_output", 1 / math.sqrt(H)),
+    ):
         assert abs(std[name] / want - 1) < 0.05, name
     f = {k: v.float() for k, v in inputs.items()}
     gate = (f["x"] @ f["gate_weight"].T).bfloat16()
@@ -124,8 +139,9 @@ def test_p1_generator_statistics_and_saved_forward(seed):
 
 def test_p2_generator_statistics(seed):
     T, E, K = 4000, 16, 4
-    inputs = problems.make_inputs("moe_experts_backward", T, seed=seed, hidden_size=64, intermediate_size=32,
-                                  num_experts=E, top_k=K)  # fmt: skip
+    inputs = problems.make_inputs(
+        "moe_experts_backward", T, seed=seed, hidden_size=64, intermediate_size=32, num_experts=E, top_k=K
+    )
     idx = inputs["topk_indices"]
     assert idx.dtype == torch.int64 and idx.shape == (T, K)
     assert (idx.sort(dim=1).values.diff(dim=1) > 0).all(), "experts within a token must be distinct"
@@ -161,8 +177,9 @@ def test_generator_is_seeded_and_fresh():
 
 
 def test_bf16_variant_dtypes():
-    inputs = problems.make_inputs("moe_experts_backward_bf16", 6, seed=0, hidden_size=16, intermediate_size=8,
-                                  num_experts=4, top_k=2)  # fmt: skip
+    inputs = problems.make_inputs(
+        "moe_experts_backward_bf16", 6, seed=0, hidden_size=16, intermediate_size=8, num_experts=4, top_k=2
+    )
     assert inputs["hidden_states"].dtype == torch.bfloat16
     assert inputs["topk_weights"].dtype == torch.float32
 

@@ -31,10 +31,13 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # relative Frobenius error against float64: fp32 rounding (Triton's P2 takes bf16 products for most outputs),
 # and the rounding of 16-bit outputs and intermediates
 TOLERANCE = {
-    ("reference", torch.float32): 1e-5, ("triton", torch.float32): 1e-5,
-    ("reference", torch.bfloat16): 2e-2, ("triton", torch.bfloat16): 3e-2,
-    ("reference", torch.float16): 3e-3, ("triton", torch.float16): 6e-3,
-}  # fmt: skip
+    ("reference", torch.float32): 1e-5,
+    ("triton", torch.float32): 1e-5,
+    ("reference", torch.bfloat16): 2e-2,
+    ("triton", torch.bfloat16): 3e-2,
+    ("reference", torch.float16): 3e-3,
+    ("triton", torch.float16): 6e-3,
+}
 P2_TRITON_FP32_TOLERANCE = 8e-3  # bf16 products (grad_topk_weights: bf16×3, ≈ 1e-5)
 # Triton's P2 on fp32 inputs: every product term of grad_hidden_states and the weight gradients multiplies two
 # operands rounded to bf16 (unit roundoff 2⁻⁸ each), so each term is off by at most ≈ 2⁻⁷ of itself; judged
@@ -45,8 +48,13 @@ P2_TRITON_FP32_TOLERANCE = 8e-3  # bf16 products (grad_topk_weights: bf16×3, �
 P2_TRITON_FP32_TERM_ERROR = 2.0**-6
 
 # MOE_HYPOTHESIS_EXAMPLES=500 for a longer search than CI's
-SETTINGS = settings(max_examples=int(os.environ.get("MOE_HYPOTHESIS_EXAMPLES", 40)), deadline=None, database=None,
-                    print_blob=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SETTINGS = settings(
+    max_examples=int(os.environ.get("MOE_HYPOTHESIS_EXAMPLES", 40)),
+    deadline=None,
+    database=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 def relayout(t: torch.Tensor, layout: str) -> torch.Tensor:
@@ -79,16 +87,20 @@ def close(got, want, tolerance: float, where: str, bounds=None) -> None:
             allowed = tolerance * max(w.double().abs().max().item(), 1e-3)
         else:
             allowed = tolerance * bound
-        assert torch.isfinite(g).all() and bool((difference <= allowed).all()), \
-            f"{where}: output {index} relative error {error:.3g} > {tolerance:g}, and off by more than " \
-            f"{tolerance:g} times its terms"  # fmt: skip
+        assert torch.isfinite(g).all() and bool((difference <= allowed).all()), (
+            f"{where}: output {index} relative error {error:.3g} > {tolerance:g}, and off by more than "
+            f"{tolerance:g} times its terms"
+        )
 
 
 @st.composite
 def p1_cases(draw):
     return dict(
-        T=draw(st.integers(0, 20)), H=draw(st.integers(1, 40)), I=draw(st.integers(1, 24)),
-        dtype=draw(st.sampled_from(DTYPES)), impl=draw(st.sampled_from(IMPLS)),
+        T=draw(st.integers(0, 20)),
+        H=draw(st.integers(1, 40)),
+        I=draw(st.integers(1, 24)),
+        dtype=draw(st.sampled_from(DTYPES)),
+        impl=draw(st.sampled_from(IMPLS)),
         precision=draw(st.sampled_from(["faithful", "fast"])),
         distribution=draw(st.sampled_from(["forward", "harness"])),
         layout=draw(st.sampled_from(["contiguous", "column-major", "strided"])),
@@ -99,15 +111,22 @@ def p1_cases(draw):
         library=draw(st.none() | st.tuples(st.booleans(), st.booleans(), st.booleans(), st.booleans())),
         # Triton, where no library design is drawn: the interpreter's tiles chained into one launch by tickets
         chained=draw(st.booleans()),
-    )  # fmt: skip
+    )
 
 
 @SETTINGS
 @given(case=p1_cases())
 def test_p1_every_path_matches_float64(case):
-    inputs = problems.make_inputs(P1, case["T"], seed=case["seed"], device=DEVICE, dtype=case["dtype"],
-                                  hidden_size=case["H"], intermediate_size=case["I"],
-                                  distribution=case["distribution"])  # fmt: skip
+    inputs = problems.make_inputs(
+        P1,
+        case["T"],
+        seed=case["seed"],
+        device=DEVICE,
+        dtype=case["dtype"],
+        hidden_size=case["H"],
+        intermediate_size=case["I"],
+        distribution=case["distribution"],
+    )
     want = reference.swiglu_down_backward_reference(*[t.double() for t in inputs.values()])
     relaid = {name: relayout(t, case["layout"]) if name in case["relaid"] else t for name, t in inputs.items()}
     strided = [name for name, t in relaid.items() if not t.is_contiguous()]
@@ -122,8 +141,9 @@ def test_p1_every_path_matches_float64(case):
         from moe_lib.swiglu_down.designs import LibraryGemmsConfig
 
         d_a_fp32, dx_in_two, stack_aside, stack_by_memcpy = case["library"]
-        config = LibraryGemmsConfig(d_a_fp32=d_a_fp32, dx_in_two=dx_in_two, stack_aside=stack_aside,
-                                    stack_by_memcpy=stack_by_memcpy)  # fmt: skip
+        config = LibraryGemmsConfig(
+            d_a_fp32=d_a_fp32, dx_in_two=dx_in_two, stack_aside=stack_aside, stack_by_memcpy=stack_by_memcpy
+        )
         # its run, whatever its supports says (cuBLAS's design refuses the interpreter: torch.mm stands in there)
         got = run_design(config, relaid, case["precision"])
     elif case["impl"] == "triton" and case["chained"]:
@@ -143,22 +163,36 @@ def test_p1_every_path_matches_float64(case):
 def p2_cases(draw):
     E = draw(st.integers(1, 6))
     return dict(
-        T=draw(st.integers(0, 10)), H=draw(st.integers(1, 32)), I=draw(st.integers(1, 24)), E=E,
-        K=draw(st.integers(0, min(E, 3))), routing=draw(st.sampled_from(["uniform", "skewed", "hot"])),
-        dtype=draw(st.sampled_from(DTYPES)), fp32_topk_weights=draw(st.booleans()),
-        index_dtype=draw(st.sampled_from([torch.int64, torch.int32])), impl=draw(st.sampled_from(IMPLS)),
+        T=draw(st.integers(0, 10)),
+        H=draw(st.integers(1, 32)),
+        I=draw(st.integers(1, 24)),
+        E=E,
+        K=draw(st.integers(0, min(E, 3))),
+        routing=draw(st.sampled_from(["uniform", "skewed", "hot"])),
+        dtype=draw(st.sampled_from(DTYPES)),
+        fp32_topk_weights=draw(st.booleans()),
+        index_dtype=draw(st.sampled_from([torch.int64, torch.int32])),
+        impl=draw(st.sampled_from(IMPLS)),
         layout=draw(st.sampled_from(["contiguous", "column-major", "strided"])),
         relaid=draw(st.sets(st.sampled_from(problems.load(P2).input_names), max_size=3)),
         seed=draw(st.integers(0, 2**31 - 1)),
-    )  # fmt: skip
+    )
 
 
 @SETTINGS
 @given(case=p2_cases())
 def test_p2_every_path_matches_autograd_in_float64(case):
-    inputs = problems.make_inputs(P2, case["T"], seed=case["seed"], device=DEVICE, routing=case["routing"],
-                                  hidden_size=case["H"], intermediate_size=case["I"], num_experts=case["E"],
-                                  top_k=max(case["K"], 1))  # fmt: skip
+    inputs = problems.make_inputs(
+        P2,
+        case["T"],
+        seed=case["seed"],
+        device=DEVICE,
+        routing=case["routing"],
+        hidden_size=case["H"],
+        intermediate_size=case["I"],
+        num_experts=case["E"],
+        top_k=max(case["K"], 1),
+    )
     for name in ("topk_indices", "topk_weights"):  # K = 0: no expert per token
         inputs[name] = inputs[name][:, : case["K"]].contiguous()
     for name in ("grad_output", "hidden_states", "gate_weights", "up_weights", "down_weights"):
@@ -182,8 +216,9 @@ def test_p2_every_path_matches_autograd_in_float64(case):
         for index, g, w, bound in zip((0, 2, 3, 4), got[:1] + got[2:], want[:1] + want[2:], bounds, strict=True):
             excess = (g.double() - w).abs() - P2_TRITON_FP32_TERM_ERROR * bound
             worst = excess.max().item() if excess.numel() else 0.0
-            assert torch.isfinite(g).all() and worst <= 1e-30, \
-                f"{where}: output {index} off by more than 2⁻⁶ of its terms, worst by {worst:.3g}"  # fmt: skip
+            assert torch.isfinite(g).all() and worst <= 1e-30, (
+                f"{where}: output {index} off by more than 2⁻⁶ of its terms, worst by {worst:.3g}"
+            )
     else:
         close(got, want, tolerance, where)
     chosen = torch.zeros(case["E"], dtype=torch.bool, device=DEVICE)
@@ -195,10 +230,13 @@ def test_p2_every_path_matches_autograd_in_float64(case):
 @st.composite
 def layer_cases(draw):
     return dict(
-        layer=draw(st.sampled_from(["swiglu_expert", "moe_experts"])), T=draw(st.integers(0, 8)),
-        H=draw(st.integers(1, 24)), I=draw(st.integers(1, 16)), impl=draw(st.sampled_from(IMPLS)),
+        layer=draw(st.sampled_from(["swiglu_expert", "moe_experts"])),
+        T=draw(st.integers(0, 8)),
+        H=draw(st.integers(1, 24)),
+        I=draw(st.integers(1, 16)),
+        impl=draw(st.sampled_from(IMPLS)),
         seed=draw(st.integers(0, 2**31 - 1)),
-    )  # fmt: skip
+    )
 
 
 @settings(SETTINGS, max_examples=max(1, SETTINGS.max_examples // 3))
@@ -206,8 +244,15 @@ def layer_cases(draw):
 def test_layers_gradients_match_autograd_in_float64(case):
     """The layers in fp32: their forward and the gradients their backward gives, against autograd in float64."""
     if case["layer"] == "swiglu_expert":
-        inputs = problems.make_inputs(P1, case["T"], seed=case["seed"], device=DEVICE, dtype=torch.float32,
-                                      hidden_size=case["H"], intermediate_size=case["I"])  # fmt: skip
+        inputs = problems.make_inputs(
+            P1,
+            case["T"],
+            seed=case["seed"],
+            device=DEVICE,
+            dtype=torch.float32,
+            hidden_size=case["H"],
+            intermediate_size=case["I"],
+        )
         names = ("x", "gate_weight", "up_weight", "down_weight")
 
         def forward(x, gate, up, down):
@@ -216,8 +261,16 @@ def test_layers_gradients_match_autograd_in_float64(case):
         def dense(x, gate, up, down):
             return (torch.nn.functional.silu(x @ gate.T) * (x @ up.T)) @ down.T
     else:
-        inputs = problems.make_inputs(P2, case["T"], seed=case["seed"], device=DEVICE, hidden_size=case["H"],
-                                      intermediate_size=case["I"], num_experts=3, top_k=2)  # fmt: skip
+        inputs = problems.make_inputs(
+            P2,
+            case["T"],
+            seed=case["seed"],
+            device=DEVICE,
+            hidden_size=case["H"],
+            intermediate_size=case["I"],
+            num_experts=3,
+            top_k=2,
+        )
         names = ("hidden_states", "topk_weights", "gate_weights", "up_weights", "down_weights")
         indices = inputs["topk_indices"]
 

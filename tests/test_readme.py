@@ -85,10 +85,16 @@ def test_the_readme_layout_names_every_part_of_the_tree():
     layout = re.search(r"## Layout\n.*?```\n(.*?)```", text, re.S).group(1)
     root = README.parent
     package = root / "moe_lib"
-    parts = sorted(p.stem if p.suffix == ".py" else p.name for p in package.iterdir()
-                   if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").is_file())  # fmt: skip
+    parts = sorted(
+        p.stem if p.suffix == ".py" else p.name
+        for p in package.iterdir()
+        if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").is_file()
+    )
     missing = [name for name in parts if not re.search(rf"(?<![\w.]){re.escape(name)}(\.py|/)?(?!\w)", layout)]
     assert not missing, missing
-    folders = [p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "__"))
-               and not p.name.endswith(".egg-info")]  # fmt: skip
+    folders = [
+        p.name
+        for p in root.iterdir()
+        if p.is_dir() and not p.name.startswith((".", "__")) and not p.name.endswith(".egg-info")
+    ]
     assert all(re.search(rf"^{name}/", layout, re.M) for name in folders), folders

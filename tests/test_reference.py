@@ -18,8 +18,9 @@ P1_SHAPES = [
 
 @pytest.mark.parametrize("T, H, I", P1_SHAPES)
 def test_swiglu_down_backward_reference_matches_autograd_float64(T, H, I, seed):
-    inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, dtype=torch.float64,
-                                  hidden_size=H, intermediate_size=I)  # fmt: skip
+    inputs = problems.make_inputs(
+        "swiglu_down_backward", T, seed=seed, dtype=torch.float64, hidden_size=H, intermediate_size=I
+    )
     got = moe_lib.swiglu_down_backward(*inputs.values(), impl="reference")
     want = swiglu_expert_grads(
         inputs["grad_output"], inputs["x"], inputs["gate_weight"], inputs["up_weight"], inputs["down_weight"]
@@ -33,8 +34,17 @@ def test_swiglu_down_backward_reference_matches_autograd_float64(T, H, I, seed):
 
 
 def _p2_inputs(T, H, I, E, K, seed, routing="uniform", dtype=torch.float64):
-    return problems.make_inputs("moe_experts_backward", T, seed=seed, dtype=dtype, routing=routing,
-                                hidden_size=H, intermediate_size=I, num_experts=E, top_k=K)  # fmt: skip
+    return problems.make_inputs(
+        "moe_experts_backward",
+        T,
+        seed=seed,
+        dtype=dtype,
+        routing=routing,
+        hidden_size=H,
+        intermediate_size=I,
+        num_experts=E,
+        top_k=K,
+    )
 
 
 P2_SHAPES = [
@@ -97,8 +107,12 @@ def test_swiglu_bf16_follows_the_benchmark_rounding(seed):
     d_a = f["grad_output"] @ f["down_weight"]
     d_gate = d_a * f["up"] * s * (1 + f["gate"] * (1 - s))
     d_up = d_a * f["gate_silu"]
-    want = (d_gate @ f["gate_weight"] + d_up @ f["up_weight"], d_gate.T @ f["x"], d_up.T @ f["x"],
-            f["grad_output"].T @ f["intermediate"])  # fmt: skip
+    want = (
+        d_gate @ f["gate_weight"] + d_up @ f["up_weight"],
+        d_gate.T @ f["x"],
+        d_up.T @ f["x"],
+        f["grad_output"].T @ f["intermediate"],
+    )
     for g, w in zip(got, want, strict=True):
         assert g.dtype == torch.bfloat16
         assert torch.equal(g, w.bfloat16())

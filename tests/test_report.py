@@ -47,10 +47,12 @@ def toy_notebooks(tmp_path):
     folder.mkdir()
     output_dir = 'output_dir: str = "."  # outputs'
     write_notebook(folder / "00_fails.ipynb", output_dir, 'raise ValueError("deliberate failure 42")')
-    write_summary = "\n".join([
-        "import json, pathlib",
-        'pathlib.Path(output_dir, "summary.json").write_text(json.dumps({"doubled": 2 * value}))',
-    ])  # fmt: skip
+    write_summary = "\n".join(
+        [
+            "import json, pathlib",
+            'pathlib.Path(output_dir, "summary.json").write_text(json.dumps({"doubled": 2 * value}))',
+        ]
+    )
     write_notebook(folder / "01_doubles.ipynb", f"value: int = 1  # what to double\n{output_dir}", write_summary)
     return folder
 
@@ -86,28 +88,46 @@ def test_the_repository_config_fits_the_notebooks(tmp_path):
 BAD_CONFIGS = [
     pytest.param({"sweeps": {}}, None, r"unknown key.*sweeps", id="unknown-top-level-key"),
     pytest.param({"defaults": {"nonsense": 1}}, None, r"no notebook defines a parameter 'nonsense'", id="default"),
-    pytest.param({"notebooks": {"01": {"parameters": {"valu": 3}}}}, None,
-                 r"notebook 01_doubles does not define a parameter 'valu'", id="parameter"),
-    pytest.param({"notebooks": {"01_doubles": {"sweep": {"seed": [1, 2]}}}}, None,
-                 r"notebook 01_doubles does not define a parameter 'seed'", id="sweep-parameter"),
-    pytest.param({"notebooks": {"01": {"parameters": {"value": "three"}}}}, None,
-                 r"01_doubles declares value: int.*'three'", id="type"),
+    pytest.param(
+        {"notebooks": {"01": {"parameters": {"valu": 3}}}},
+        None,
+        r"notebook 01_doubles does not define a parameter 'valu'",
+        id="parameter",
+    ),
+    pytest.param(
+        {"notebooks": {"01_doubles": {"sweep": {"seed": [1, 2]}}}},
+        None,
+        r"notebook 01_doubles does not define a parameter 'seed'",
+        id="sweep-parameter",
+    ),
+    pytest.param(
+        {"notebooks": {"01": {"parameters": {"value": "three"}}}},
+        None,
+        r"01_doubles declares value: int.*'three'",
+        id="type",
+    ),
     pytest.param({"notebooks": {"01": {"sweep": {"value": 3}}}}, None, r"non-empty list", id="sweep-not-a-list"),
-    pytest.param({"notebooks": {"01": {"parameters": {"output_dir": "x"}}}}, None, r"'output_dir' is set by the",
-                 id="output_dir"),
+    pytest.param(
+        {"notebooks": {"01": {"parameters": {"output_dir": "x"}}}}, None, r"'output_dir' is set by the", id="output_dir"
+    ),
     pytest.param({"notebooks": {"01": {"params": {}}}}, None, r"notebooks.01: unknown key.*params", id="section-key"),
     pytest.param({"notebooks": {"09": {}}}, None, r"notebooks section '09': no such notebook", id="section-name"),
-    pytest.param({}, "07", r"notebook filter '07': no such notebook \(available: 00_fails, 01_doubles\)",
-                 id="filter"),
-]  # fmt: skip
+    pytest.param({}, "07", r"notebook filter '07': no such notebook \(available: 00_fails, 01_doubles\)", id="filter"),
+]
 
 
 @pytest.mark.parametrize("config, only, message", BAD_CONFIGS)
 def test_bad_config_is_named_before_anything_runs(toy_notebooks, tmp_path, config, only, message):
     out = tmp_path / "out"
     with pytest.raises(report.ReportConfigError, match=message):
-        report.run_report(write_config(tmp_path, config), notebooks=only, notebooks_dir=toy_notebooks, out_dir=out,
-                          run_id="r", progress=False)  # fmt: skip
+        report.run_report(
+            write_config(tmp_path, config),
+            notebooks=only,
+            notebooks_dir=toy_notebooks,
+            out_dir=out,
+            run_id="r",
+            progress=False,
+        )
     assert not out.exists()
 
 
@@ -124,8 +144,16 @@ def test_cli_names_a_missing_config_and_a_used_run_id(toy_notebooks, tmp_path, c
     assert f"error: config file not found: {missing}" in capsys.readouterr().err
     (tmp_path / "out" / "used").mkdir(parents=True)
     (tmp_path / "out" / "used" / "index.html").write_text("earlier report")
-    args = ["--config", str(write_config(tmp_path, {})), "--notebooks-dir", str(toy_notebooks),
-            "--out", str(tmp_path / "out"), "--run-id", "used"]  # fmt: skip
+    args = [
+        "--config",
+        str(write_config(tmp_path, {})),
+        "--notebooks-dir",
+        str(toy_notebooks),
+        "--out",
+        str(tmp_path / "out"),
+        "--run-id",
+        "used",
+    ]
     assert report.main(args) == 2
     assert "already exists" in capsys.readouterr().err
 
@@ -145,15 +173,26 @@ def test_environment_names_the_git_revision_and_the_versions(monkeypatch):
 
 
 def test_parameters_table_shows_the_values_the_run_used():
-    defaults = "\n".join(['gpu: str = "H100-SXM"  # the GPU | its key', "seed: int = 0  # seeds draws",
-                          'output_dir: str = "."  # outputs'])
+    defaults = "\n".join(
+        [
+            'gpu: str = "H100-SXM"  # the GPU | its key',
+            "seed: int = 0  # seeds draws",
+            'output_dir: str = "."  # outputs',
+        ]
+    )
     injected = '# Parameters\ngpu = "H200"\noutput_dir = "/tmp/abs/path"\n'
     table = report.parameters_markdown(defaults, injected)
     assert "| `gpu` | `'H200'` (default `'H100-SXM'`) | the GPU \\| its key |" in table
     assert "| `seed` | `0` | seeds draws |" in table
     assert "output_dir" not in table and "/tmp/abs/path" not in table
-    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(defaults), nbformat.v4.new_code_cell(injected),
-                                               nbformat.v4.new_code_cell("print(1)"), nbformat.v4.new_code_cell("x")])
+    notebook = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_code_cell(defaults),
+            nbformat.v4.new_code_cell(injected),
+            nbformat.v4.new_code_cell("print(1)"),
+            nbformat.v4.new_code_cell("x"),
+        ]
+    )
     for cell, tags in zip(notebook.cells, (["parameters"], ["injected-parameters"], [], ["remove-cell"]), strict=True):
         cell.metadata["tags"] = tags
     page = report.page_notebook(notebook)
@@ -166,10 +205,18 @@ def test_parameters_table_shows_the_values_the_run_used():
 
 def test_sweep_over_notebook_01_writes_notebooks_html_and_index(kernel_name, tmp_path):
     tiny = dict(num_tokens=3, hidden_size=8, intermediate_size=5, bf16_num_tokens=2)
-    config = {"defaults": {"seed": 0, "routing_num_tokens": 16},  # 01 does not define routing_num_tokens
-              "notebooks": {"01": {"parameters": tiny, "sweep": {"seed": [3, 4]}}}}  # fmt: skip
-    result = report.run_report(write_config(tmp_path, config), notebooks="01", out_dir=tmp_path / "reports",
-                               run_id="sweep", kernel_name=kernel_name, progress=False)  # fmt: skip
+    config = {
+        "defaults": {"seed": 0, "routing_num_tokens": 16},  # 01 does not define routing_num_tokens
+        "notebooks": {"01": {"parameters": tiny, "sweep": {"seed": [3, 4]}}},
+    }
+    result = report.run_report(
+        write_config(tmp_path, config),
+        notebooks="01",
+        out_dir=tmp_path / "reports",
+        run_id="sweep",
+        kernel_name=kernel_name,
+        progress=False,
+    )
     assert result.ok and result.folder == tmp_path / "reports" / "sweep"
     assert [run.name for run in result.runs] == [f"{P1}__seed-3", f"{P1}__seed-4"]
     index = result.index.read_text()
@@ -209,8 +256,19 @@ def test_sweep_over_notebook_01_writes_notebooks_html_and_index(kernel_name, tmp
 
 def test_failing_notebook_does_not_stop_the_others(kernel_name, toy_notebooks, tmp_path, capsys):
     config = write_config(tmp_path, {"notebooks": {"01": {"parameters": {"value": 21}}}})
-    args = ["--config", str(config), "--notebooks-dir", str(toy_notebooks), "--out", str(tmp_path / "reports"),
-            "--run-id", "mixed", "--kernel", kernel_name, "--no-progress"]  # fmt: skip
+    args = [
+        "--config",
+        str(config),
+        "--notebooks-dir",
+        str(toy_notebooks),
+        "--out",
+        str(tmp_path / "reports"),
+        "--run-id",
+        "mixed",
+        "--kernel",
+        kernel_name,
+        "--no-progress",
+    ]
     assert report.main(args) == 1
     printed = capsys.readouterr().out
     assert "failed: 00_fails (ValueError: deliberate failure 42)" in printed
@@ -226,7 +284,14 @@ def test_failing_notebook_does_not_stop_the_others(kernel_name, toy_notebooks, t
 
 
 def test_run_report_returns_the_failures(kernel_name, toy_notebooks, tmp_path):
-    result = report.run_report({}, notebooks="00", notebooks_dir=toy_notebooks, out_dir=tmp_path, run_id="r",
-                               kernel_name=kernel_name, progress=False)  # fmt: skip
+    result = report.run_report(
+        {},
+        notebooks="00",
+        notebooks_dir=toy_notebooks,
+        out_dir=tmp_path,
+        run_id="r",
+        kernel_name=kernel_name,
+        progress=False,
+    )
     assert not result.ok
     assert [(run.name, run.error) for run in result.failed] == [("00_fails", "ValueError: deliberate failure 42")]

@@ -65,8 +65,10 @@ def nan_filled(size, *, dtype, device):
 @pytest.mark.parametrize("impl", ["reference", pytest.param("triton", marks=needs_triton)])
 def test_zero_experts_per_token_layer_gives_zeros(impl):
     inputs = p2_inputs(dtype=torch.float32)
-    leaves = [inputs[name][:, :0].clone() if name == "topk_weights" else inputs[name].clone()
-              for name in ("hidden_states", "topk_weights", "gate_weights", "up_weights", "down_weights")]  # fmt: skip
+    leaves = [
+        inputs[name][:, :0].clone() if name == "topk_weights" else inputs[name].clone()
+        for name in ("hidden_states", "topk_weights", "gate_weights", "up_weights", "down_weights")
+    ]
     for leaf in leaves:
         leaf.requires_grad_()
     x, w, gate, up, down = leaves
@@ -132,13 +134,19 @@ JOIN_TIMEOUT_S = 90
 
 def _rank_arguments(rank: int, num_experts: int = 4, top_k: int = 2) -> dict:
     """Rank ``rank``'s share of one global problem (4 tokens per rank, experts split by expert_partition)."""
-    inputs = problems.make_inputs(P2, 8, seed=0, dtype=torch.float64, hidden_size=8, intermediate_size=4,
-                                  num_experts=num_experts, top_k=top_k)  # fmt: skip
+    inputs = problems.make_inputs(
+        P2, 8, seed=0, dtype=torch.float64, hidden_size=8, intermediate_size=4, num_experts=num_experts, top_k=top_k
+    )
     tokens, experts = slice(4 * rank, 4 * rank + 4), expert_partition(num_experts, 2)[rank]
-    return dict(hidden_states=inputs["hidden_states"][tokens], topk_indices=inputs["topk_indices"][tokens],
-                topk_weights=inputs["topk_weights"][tokens],
-                **{f"local_{name}": inputs[name][experts.start : experts.stop]
-                   for name in ("gate_weights", "up_weights", "down_weights")})  # fmt: skip
+    return dict(
+        hidden_states=inputs["hidden_states"][tokens],
+        topk_indices=inputs["topk_indices"][tokens],
+        topk_weights=inputs["topk_weights"][tokens],
+        **{
+            f"local_{name}": inputs[name][experts.start : experts.stop]
+            for name in ("gate_weights", "up_weights", "down_weights")
+        },
+    )
 
 
 def _on_rank_1(rank, change):
@@ -157,23 +165,52 @@ def _narrower(arguments):  # rank 1 with H = 6
 
 DISAGREEMENTS = {  # name: (rank 1's arguments, keywords by rank, expected exception, message start)
     "hidden_size": (_narrower, {}, "ValueError", "hidden_states: the ranks disagree on its hidden_size"),
-    "dtype": (lambda a: {k: v.float() if v.is_floating_point() else v for k, v in a.items()}, {},
-              "TypeError", "hidden_states: the ranks disagree on its dtype"),
-    "topk_weights_dtype": (lambda a: dict(a, topk_weights=a["topk_weights"].float()), {}, "TypeError",
-                           "topk_weights: the ranks disagree on its dtype"),
-    "intermediate_size": (lambda a: dict(a, **{k: v[:, :3] if "down" not in k else v[..., :3] for k, v in a.items()
-                                               if k.startswith("local_")}), {},
-                          "ValueError", "local_gate_weights: the ranks disagree on its intermediate_size"),
-    "num_experts": (lambda a: a, {0: dict(num_experts=4), 1: dict(num_experts=5)}, "ValueError",
-                    "num_experts: the ranks disagree"),
-    "local_value_error": (lambda a: dict(a, hidden_states=a["hidden_states"][None]), {}, "ValueError",
-                          "hidden_states: expected a 2-d tensor"),
-    "local_type_error": (lambda a: dict(a, topk_indices=a["topk_indices"].double()), {}, "TypeError",
-                         "topk_indices: expected dtype torch.int64 or torch.int32"),
+    "dtype": (
+        lambda a: {k: v.float() if v.is_floating_point() else v for k, v in a.items()},
+        {},
+        "TypeError",
+        "hidden_states: the ranks disagree on its dtype",
+    ),
+    "topk_weights_dtype": (
+        lambda a: dict(a, topk_weights=a["topk_weights"].float()),
+        {},
+        "TypeError",
+        "topk_weights: the ranks disagree on its dtype",
+    ),
+    "intermediate_size": (
+        lambda a: dict(
+            a, **{k: v[:, :3] if "down" not in k else v[..., :3] for k, v in a.items() if k.startswith("local_")}
+        ),
+        {},
+        "ValueError",
+        "local_gate_weights: the ranks disagree on its intermediate_size",
+    ),
+    "num_experts": (
+        lambda a: a,
+        {0: dict(num_experts=4), 1: dict(num_experts=5)},
+        "ValueError",
+        "num_experts: the ranks disagree",
+    ),
+    "local_value_error": (
+        lambda a: dict(a, hidden_states=a["hidden_states"][None]),
+        {},
+        "ValueError",
+        "hidden_states: expected a 2-d tensor",
+    ),
+    "local_type_error": (
+        lambda a: dict(a, topk_indices=a["topk_indices"].double()),
+        {},
+        "TypeError",
+        "topk_indices: expected dtype torch.int64 or torch.int32",
+    ),
     "local_bad_impl": (lambda a: a, {1: dict(impl="cuda")}, "ValueError", "impl: expected one of"),
-    "local_non_finite": (lambda a: dict(a, topk_weights=a["topk_weights"] * math.inf), {1: dict(check_finite=True)},
-                         "ValueError", "topk_weights: holds NaN or Inf"),
-}  # fmt: skip
+    "local_non_finite": (
+        lambda a: dict(a, topk_weights=a["topk_weights"] * math.inf),
+        {1: dict(check_finite=True)},
+        "ValueError",
+        "topk_weights: holds NaN or Inf",
+    ),
+}
 
 
 def disagreements_on_rank(rank: int) -> dict:
@@ -207,8 +244,13 @@ def zero_top_k_on_rank(rank: int) -> dict:
 
 def robustness_rank_main(rank: int, init_file: str, out_dir: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2,
-                            timeout=datetime.timedelta(seconds=RANK_TIMEOUT_S))  # fmt: skip
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=2,
+        timeout=datetime.timedelta(seconds=RANK_TIMEOUT_S),
+    )
     try:
         results = dict(errors=disagreements_on_rank(rank), zero_top_k=zero_top_k_on_rank(rank))
         results["afterwards"] = moe_experts_parallel(**_rank_arguments(rank), impl="reference", num_experts=4)
@@ -224,8 +266,10 @@ def robustness_rank_main(rank: int, init_file: str, out_dir: str) -> None:
 def two_rank_outcomes(tmp_path_factory):
     folder = tmp_path_factory.mktemp("robustness_ranks")
     context = multiprocessing.get_context("spawn")
-    processes = [context.Process(target=robustness_rank_main, args=(rank, str(folder / "init"), str(folder)))
-                 for rank in range(2)]  # fmt: skip
+    processes = [
+        context.Process(target=robustness_rank_main, args=(rank, str(folder / "init"), str(folder)))
+        for rank in range(2)
+    ]
     join_ranks(processes, JOIN_TIMEOUT_S)
     return [torch.load(folder / f"rank{rank}.pt") for rank in range(2)]
 
@@ -255,10 +299,17 @@ def test_zero_experts_per_token_across_ranks(two_rank_outcomes):
     assert all(torch.count_nonzero(rank_1[k]) == 0 for k in ("output", "hidden_states", "topk_weights"))
     rank_0 = two_rank_outcomes[0]["zero_top_k"]["rank_1"]
     args = _rank_arguments(0)
-    full = problems.make_inputs(P2, 8, seed=0, dtype=torch.float64, hidden_size=8, intermediate_size=4,
-                                num_experts=4, top_k=2)  # fmt: skip
-    want = reference.moe_experts_forward_reference(args["hidden_states"], args["topk_indices"], args["topk_weights"],
-                                                   full["gate_weights"], full["up_weights"], full["down_weights"])
+    full = problems.make_inputs(
+        P2, 8, seed=0, dtype=torch.float64, hidden_size=8, intermediate_size=4, num_experts=4, top_k=2
+    )
+    want = reference.moe_experts_forward_reference(
+        args["hidden_states"],
+        args["topk_indices"],
+        args["topk_weights"],
+        full["gate_weights"],
+        full["up_weights"],
+        full["down_weights"],
+    )
     assert rel_error(rank_0["output"], want) < 1e-12
 
 
@@ -266,18 +317,21 @@ def test_zero_experts_per_token_across_ranks(two_rank_outcomes):
 # 5. loose edges: make_inputs, sizes that cannot fit, meta tensors, result files
 
 
-@pytest.mark.parametrize("keywords, error, argument", [
-    (dict(num_tokens=True), ValueError, "num_tokens"),
-    (dict(num_tokens=-1), ValueError, "num_tokens"),
-    (dict(hidden_size=True), ValueError, "hidden_size"),
-    (dict(device="nonsense"), ValueError, "device"),
-    (dict(device="tpu"), ValueError, "device"),
-    (dict(dtype=torch.int32), TypeError, "dtype"),
-    (dict(dtype="float32"), TypeError, "dtype"),
-    (dict(seed="x"), TypeError, "seed"),
-    (dict(seed=1.5), TypeError, "seed"),
-    (dict(seed=2**70), ValueError, "seed"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "keywords, error, argument",
+    [
+        (dict(num_tokens=True), ValueError, "num_tokens"),
+        (dict(num_tokens=-1), ValueError, "num_tokens"),
+        (dict(hidden_size=True), ValueError, "hidden_size"),
+        (dict(device="nonsense"), ValueError, "device"),
+        (dict(device="tpu"), ValueError, "device"),
+        (dict(dtype=torch.int32), TypeError, "dtype"),
+        (dict(dtype="float32"), TypeError, "dtype"),
+        (dict(seed="x"), TypeError, "seed"),
+        (dict(seed=1.5), TypeError, "seed"),
+        (dict(seed=2**70), ValueError, "seed"),
+    ],
+)
 @pytest.mark.parametrize("name", problems.PROBLEM_NAMES)
 def test_make_inputs_names_the_bad_argument_before_any_work(name, keywords, error, argument, monkeypatch):
     keywords = dict(num_tokens=3) | keywords
@@ -327,8 +381,12 @@ def test_meta_tensors_get_a_clear_error_where_values_are_needed():
             moe_lib.moe_experts(*list(p2.values())[1:], validate=validate)
     p1 = {k: v.to("meta") for k, v in p1_inputs().items()}  # P1 reads no values: shapes come back
     grads = moe_lib.swiglu_down_backward(*p1.values(), impl="reference", check_finite=True)
-    assert [g.shape for g in grads] == [p1["x"].shape, p1["gate_weight"].shape, p1["up_weight"].shape,
-                                        p1["down_weight"].shape] and all(g.is_meta for g in grads)  # fmt: skip
+    assert [g.shape for g in grads] == [
+        p1["x"].shape,
+        p1["gate_weight"].shape,
+        p1["up_weight"].shape,
+        p1["down_weight"].shape,
+    ] and all(g.is_meta for g in grads)
 
 
 def _copy_results(folder: Path, stems: list[str]) -> None:
@@ -356,16 +414,21 @@ def _set_first_num_tokens(csv: Path, value: str) -> None:
     csv.write_text("\n".join(lines) + "\n")
 
 
-@pytest.mark.parametrize("damage, pattern", [
-    (lambda csv, js: _break_json(js), r"\.json: line 4: not valid JSON"),
-    (lambda csv, js: js.write_text("[1, 2]"), r"\.json: line 1: expected a JSON object"),
-    (lambda csv, js: js.write_text(json.dumps({"problem": P1})), r"\.json: missing key\(s\) \['dtype'\]"),
-    (lambda csv, js: csv.write_text(csv.read_text() + ",".join(["1"] * 500) + "\n"),
-     r"\.csv: not a readable CSV .*line \d+"),
-    (lambda csv, js: csv.write_text(""), r"\.csv: not a readable CSV"),
-    (lambda csv, js: csv.write_text("impl,num_tokens\ntriton,1\n"), r"\.csv: missing column\(s\)"),
-    (lambda csv, js: _set_first_num_tokens(csv, "one"), r"\.csv: column num_tokens: expected integers"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "damage, pattern",
+    [
+        (lambda csv, js: _break_json(js), r"\.json: line 4: not valid JSON"),
+        (lambda csv, js: js.write_text("[1, 2]"), r"\.json: line 1: expected a JSON object"),
+        (lambda csv, js: js.write_text(json.dumps({"problem": P1})), r"\.json: missing key\(s\) \['dtype'\]"),
+        (
+            lambda csv, js: csv.write_text(csv.read_text() + ",".join(["1"] * 500) + "\n"),
+            r"\.csv: not a readable CSV .*line \d+",
+        ),
+        (lambda csv, js: csv.write_text(""), r"\.csv: not a readable CSV"),
+        (lambda csv, js: csv.write_text("impl,num_tokens\ntriton,1\n"), r"\.csv: missing column\(s\)"),
+        (lambda csv, js: _set_first_num_tokens(csv, "one"), r"\.csv: column num_tokens: expected integers"),
+    ],
+)
 def test_malformed_result_files_are_named(tmp_path, damage, pattern):
     _copy_results(tmp_path / "H200", [P1_STEM])
     csv = tmp_path / "H200" / f"{P1_STEM}.csv"
@@ -376,13 +439,18 @@ def test_malformed_result_files_are_named(tmp_path, damage, pattern):
         lab_results.load_results(tmp_path, "H200")
 
 
-@pytest.mark.parametrize("damage, pattern", [
-    (lambda csv, js: _break_json(js), r"\.json: line 4: not valid JSON"),
-    (lambda csv, js: js.write_text(json.dumps({"problem": "moe_experts_parallel", "dtype": "bfloat16"})),
-     r"\.json: missing key\(s\) \['axes', 'cases'\]"),
-    (lambda csv, js: csv.write_text("a,b\n1,2\n1,2,3,4\n"), r"\.csv: not a readable CSV .*line 3"),
-    (lambda csv, js: csv.write_text("a,b\n1,2\n"), r"\.csv: missing column\(s\) \['tokens_per_rank', 'status'\]"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "damage, pattern",
+    [
+        (lambda csv, js: _break_json(js), r"\.json: line 4: not valid JSON"),
+        (
+            lambda csv, js: js.write_text(json.dumps({"problem": "moe_experts_parallel", "dtype": "bfloat16"})),
+            r"\.json: missing key\(s\) \['axes', 'cases'\]",
+        ),
+        (lambda csv, js: csv.write_text("a,b\n1,2\n1,2,3,4\n"), r"\.csv: not a readable CSV .*line 3"),
+        (lambda csv, js: csv.write_text("a,b\n1,2\n"), r"\.csv: missing column\(s\) \['tokens_per_rank', 'status'\]"),
+    ],
+)
 def test_malformed_parallel_result_files_are_named(tmp_path, damage, pattern):
     _copy_results(tmp_path / "H200", [PARALLEL_STEM])
     csv = tmp_path / "H200" / f"{PARALLEL_STEM}.csv"

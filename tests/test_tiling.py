@@ -10,8 +10,9 @@ import torch
 from moe_lib import tiling
 from moe_lib.dispatch import interpreter_enabled
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available() and not interpreter_enabled(),
-                                reason="needs CUDA or the Triton interpreter")  # fmt: skip
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() and not interpreter_enabled(), reason="needs CUDA or the Triton interpreter"
+)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -22,8 +23,17 @@ from moe_lib.swiglu_down.kernels import grouped_tile, split_range  # noqa: E402
 
 
 @triton.jit
-def probe_kernel(out_ptr, length, num_tiles_m, num_tiles_n, num_tiles, row_split,
-                 SPLIT: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):  # fmt: skip
+def probe_kernel(
+    out_ptr,
+    length,
+    num_tiles_m,
+    num_tiles_n,
+    num_tiles,
+    row_split,
+    SPLIT: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
     """Row pid of out: what the kernels' helpers return for program pid."""
     pid = tl.program_id(0)
     k_start, k_end = split_range(pid % SPLIT, length, SPLIT, BLOCK_K)
@@ -39,11 +49,14 @@ def probe_kernel(out_ptr, length, num_tiles_m, num_tiles_n, num_tiles, row_split
     tl.store(row + 6, r)
 
 
-@pytest.mark.parametrize("length, split, block_k, tiles_m, tiles_n, group_m, num_tiles, row_split", [
-    (100, 4, 16, 5, 3, 2, 3, 2),
-    (1536, 8, 128, 7, 4, 8, 16, 3),
-    (5, 4, 16, 1, 9, 4, 1, 1),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "length, split, block_k, tiles_m, tiles_n, group_m, num_tiles, row_split",
+    [
+        (100, 4, 16, 5, 3, 2, 3, 2),
+        (1536, 8, 128, 7, 4, 8, 16, 3),
+        (5, 4, 16, 1, 9, 4, 1, 1),
+    ],
+)
 def test_host_tile_math_matches_the_kernels(length, split, block_k, tiles_m, tiles_n, group_m, num_tiles, row_split):
     programs = tiles_m * tiles_n
     out = torch.full((programs, 7), -1, dtype=torch.int32, device=DEVICE)

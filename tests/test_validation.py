@@ -16,8 +16,9 @@ def p1_inputs(T=3, **kw):
 
 
 def p2_inputs(T=5, **kw):
-    return problems.make_inputs("moe_experts_backward", T, seed=0, hidden_size=16, intermediate_size=8,
-                                num_experts=6, top_k=2, **kw)  # fmt: skip
+    return problems.make_inputs(
+        "moe_experts_backward", T, seed=0, hidden_size=16, intermediate_size=8, num_experts=6, top_k=2, **kw
+    )
 
 
 def call_p1(inputs, **kw):
@@ -28,17 +29,20 @@ def call_p2(inputs, **kw):
     return moe_lib.moe_experts_backward(*inputs.values(), **kw)
 
 
-@pytest.mark.parametrize("name, bad, error, pattern", [
-    ("x", lambda t: t[:, :-1], ValueError, r"x: .*\[num_tokens, hidden_size\]|gate_weight"),
-    ("grad_output", lambda t: t[:-1], ValueError, "grad_output: expected shape"),
-    ("down_weight", lambda t: t.T, ValueError, "down_weight: expected shape"),
-    ("gate", lambda t: t[:, :-1], ValueError, "gate: expected shape"),
-    ("intermediate", lambda t: t[None], ValueError, "intermediate: expected shape"),
-    ("up_weight", lambda t: t.to(torch.int32), TypeError, "up_weight: expected a floating-point"),
-    ("up", lambda t: t.float(), TypeError, "up: expected dtype torch.bfloat16"),
-    ("gate_sigmoid", lambda t: t.to("meta"), ValueError, "gate_sigmoid: expected device cpu"),
-    ("x", lambda t: t.tolist(), TypeError, "x: expected a torch.Tensor"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "name, bad, error, pattern",
+    [
+        ("x", lambda t: t[:, :-1], ValueError, r"x: .*\[num_tokens, hidden_size\]|gate_weight"),
+        ("grad_output", lambda t: t[:-1], ValueError, "grad_output: expected shape"),
+        ("down_weight", lambda t: t.T, ValueError, "down_weight: expected shape"),
+        ("gate", lambda t: t[:, :-1], ValueError, "gate: expected shape"),
+        ("intermediate", lambda t: t[None], ValueError, "intermediate: expected shape"),
+        ("up_weight", lambda t: t.to(torch.int32), TypeError, "up_weight: expected a floating-point"),
+        ("up", lambda t: t.float(), TypeError, "up: expected dtype torch.bfloat16"),
+        ("gate_sigmoid", lambda t: t.to("meta"), ValueError, "gate_sigmoid: expected device cpu"),
+        ("x", lambda t: t.tolist(), TypeError, "x: expected a torch.Tensor"),
+    ],
+)
 def test_p1_bad_inputs(name, bad, error, pattern):
     inputs = p1_inputs()
     inputs[name] = bad(inputs[name])
@@ -46,20 +50,23 @@ def test_p1_bad_inputs(name, bad, error, pattern):
         call_p1(inputs)
 
 
-@pytest.mark.parametrize("name, bad, error, pattern", [
-    ("hidden_states", lambda t: t[:, :-1], ValueError, "shape"),
-    ("grad_output", lambda t: t[:-1], ValueError, "grad_output: expected shape"),
-    ("topk_weights", lambda t: t[:, :1], ValueError, "topk_weights: expected shape"),
-    ("topk_indices", lambda t: t.float(), TypeError, "topk_indices: expected dtype torch.int64 or torch.int32"),
-    ("topk_indices", lambda t: t[:, None], ValueError, "topk_indices: expected a 2-d tensor"),
-    ("gate_weights", lambda t: t[:, :, :-1], ValueError, "gate_weights: expected shape"),
-    ("up_weights", lambda t: t[:-1], ValueError, "up_weights: expected shape"),
-    ("down_weights", lambda t: t.transpose(1, 2), ValueError, "down_weights: expected shape"),
-    ("down_weights", lambda t: t.double(), TypeError, "down_weights: expected dtype torch.float32"),
-    ("topk_weights", lambda t: t.half(), TypeError, "topk_weights: expected dtype"),
-    ("hidden_states", lambda t: t.long(), TypeError, "hidden_states: expected a floating-point"),
-    ("up_weights", lambda t: t.to("meta"), ValueError, "up_weights: expected device cpu"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "name, bad, error, pattern",
+    [
+        ("hidden_states", lambda t: t[:, :-1], ValueError, "shape"),
+        ("grad_output", lambda t: t[:-1], ValueError, "grad_output: expected shape"),
+        ("topk_weights", lambda t: t[:, :1], ValueError, "topk_weights: expected shape"),
+        ("topk_indices", lambda t: t.float(), TypeError, "topk_indices: expected dtype torch.int64 or torch.int32"),
+        ("topk_indices", lambda t: t[:, None], ValueError, "topk_indices: expected a 2-d tensor"),
+        ("gate_weights", lambda t: t[:, :, :-1], ValueError, "gate_weights: expected shape"),
+        ("up_weights", lambda t: t[:-1], ValueError, "up_weights: expected shape"),
+        ("down_weights", lambda t: t.transpose(1, 2), ValueError, "down_weights: expected shape"),
+        ("down_weights", lambda t: t.double(), TypeError, "down_weights: expected dtype torch.float32"),
+        ("topk_weights", lambda t: t.half(), TypeError, "topk_weights: expected dtype"),
+        ("hidden_states", lambda t: t.long(), TypeError, "hidden_states: expected a floating-point"),
+        ("up_weights", lambda t: t.to("meta"), ValueError, "up_weights: expected device cpu"),
+    ],
+)
 def test_p2_bad_inputs(name, bad, error, pattern):
     inputs = p2_inputs()
     inputs[name] = bad(inputs[name])
@@ -142,9 +149,14 @@ P1_NAME, P2_NAME = "swiglu_down_backward", "moe_experts_backward"
 
 def _p2_parallel_inputs():
     p2 = p2_inputs()
-    return dict(hidden_states=p2["hidden_states"], topk_indices=p2["topk_indices"], topk_weights=p2["topk_weights"],
-                local_gate_weights=p2["gate_weights"], local_up_weights=p2["up_weights"],
-                local_down_weights=p2["down_weights"])  # fmt: skip
+    return dict(
+        hidden_states=p2["hidden_states"],
+        topk_indices=p2["topk_indices"],
+        topk_weights=p2["topk_weights"],
+        local_gate_weights=p2["gate_weights"],
+        local_up_weights=p2["up_weights"],
+        local_down_weights=p2["down_weights"],
+    )
 
 
 def _layer_inputs(make, function):
@@ -169,13 +181,21 @@ def _parallel(**kw):
 # contiguous tensors)
 FUNCTIONS = {
     "swiglu_down_backward": (lambda **kw: moe_lib.swiglu_down_backward(**kw), p1_inputs, (), True),
-    "swiglu_expert": (lambda **kw: moe_lib.swiglu_expert(**kw), lambda: _layer_inputs(p1_inputs, moe_lib.swiglu_expert),
-                      ("x",), True),
+    "swiglu_expert": (
+        lambda **kw: moe_lib.swiglu_expert(**kw),
+        lambda: _layer_inputs(p1_inputs, moe_lib.swiglu_expert),
+        ("x",),
+        True,
+    ),
     "moe_experts_backward": (lambda **kw: moe_lib.moe_experts_backward(**kw), p2_inputs, (), True),
-    "moe_experts": (lambda **kw: moe_lib.moe_experts(**kw), lambda: _layer_inputs(p2_inputs, moe_lib.moe_experts),
-                    (), True),
+    "moe_experts": (
+        lambda **kw: moe_lib.moe_experts(**kw),
+        lambda: _layer_inputs(p2_inputs, moe_lib.moe_experts),
+        (),
+        True,
+    ),
     "moe_experts_parallel": (_parallel, _p2_parallel_inputs, (), False),
-}  # fmt: skip
+}
 INDEX_ARGUMENTS = ("topk_indices",)
 
 
@@ -187,13 +207,17 @@ def test_the_tables_are_the_definitions_and_the_signatures():
     from moe_lib.swiglu_down import checks as p1_checks
     from moe_lib.validation import ANY_LEADING, INDEX
 
-    for problem, table in ((P1_NAME, p1_checks.BACKWARD_ARGUMENTS), (P2_NAME, p2_checks.BACKWARD_ARGUMENTS),
-                           ("moe_experts_backward_bf16", p2_checks.BACKWARD_ARGUMENTS)):  # fmt: skip
+    for problem, table in (
+        (P1_NAME, p1_checks.BACKWARD_ARGUMENTS),
+        (P2_NAME, p2_checks.BACKWARD_ARGUMENTS),
+        ("moe_experts_backward_bf16", p2_checks.BACKWARD_ARGUMENTS),
+    ):
         definition = problems.load(problem).inputs
         assert [a.name for a in table] == list(definition), problem
         assert {a.name: list(a.axes) for a in table} == {n: spec["shape"] for n, spec in definition.items()}, problem
         assert {a.name for a in table if a.dtype == INDEX} == {
-            n for n, spec in definition.items() if not problems.DTYPES[spec["dtype"]].is_floating_point}, problem
+            n for n, spec in definition.items() if not problems.DTYPES[spec["dtype"]].is_floating_point
+        }, problem
     assert _tensor_parameters(moe_lib.swiglu_down_backward) == list(p1_checks.INPUT_NAMES)
     assert _tensor_parameters(moe_lib.moe_experts_backward) == list(p2_checks.INPUT_NAMES)
     assert _tensor_parameters(moe_lib.swiglu_expert) == [a.name for a in p1_checks.LAYER_ARGUMENTS]
@@ -251,8 +275,9 @@ class _NoWork(TorchDispatchMode):
         raise AssertionError(f"{func} ran before the argument checks refused the call")
 
 
-needs_triton = pytest.mark.skipif(not torch.cuda.is_available() and not dispatch.interpreter_enabled(),
-                                  reason="needs CUDA or the Triton interpreter")  # fmt: skip
+needs_triton = pytest.mark.skipif(
+    not torch.cuda.is_available() and not dispatch.interpreter_enabled(), reason="needs CUDA or the Triton interpreter"
+)
 
 
 LAYERS = ("swiglu_expert", "moe_experts")
@@ -262,11 +287,16 @@ def _impls(function: str, way: str) -> list:
     return [pytest.param("reference"), pytest.param("triton", marks=[needs_triton])]
 
 
-@pytest.mark.parametrize("function, name, way, impl", [
-    pytest.param(*case.values, impl, marks=[*case.marks, *param.marks], id=f"{case.id}-{impl}")
-    for function in FUNCTIONS for case in _wrongs(function) for param in _impls(function, case.values[2])
-    for impl in param.values
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "function, name, way, impl",
+    [
+        pytest.param(*case.values, impl, marks=[*case.marks, *param.marks], id=f"{case.id}-{impl}")
+        for function in FUNCTIONS
+        for case in _wrongs(function)
+        for param in _impls(function, case.values[2])
+        for impl in param.values
+    ],
+)
 def test_every_argument_of_every_public_function_is_checked(function, name, way, impl):
     """The named TypeError/ValueError, before any tensor operation (no kernel, no allocation). Tensors of other
     strides: the reference takes them (and gives what it gives for contiguous ones), the Triton path refuses

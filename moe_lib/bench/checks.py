@@ -70,9 +70,15 @@ def check_outputs(outputs, references, names, rule) -> dict:
     """Checks every output; returns per-output errors, the worst ones and the verdicts."""
     if not isinstance(outputs, tuple | list) or len(outputs) != len(references):
         count = len(outputs) if isinstance(outputs, tuple | list) else type(outputs).__name__
-        return dict(rel_errors={}, pass_fractions={}, correct=False, passes_element_rule=None,
-                    rel_error=math.nan, element_pass_fraction=math.nan,
-                    why=f"returned {count} outputs, expected {len(references)}")  # fmt: skip
+        return dict(
+            rel_errors={},
+            pass_fractions={},
+            correct=False,
+            passes_element_rule=None,
+            rel_error=math.nan,
+            element_pass_fraction=math.nan,
+            why=f"returned {count} outputs, expected {len(references)}",
+        )
     rel_errors, pass_fractions, problems_found = {}, {}, []
     for name, out, ref in zip(names, outputs, references, strict=True):
         try:
@@ -91,9 +97,15 @@ def check_outputs(outputs, references, names, rule) -> dict:
     fractions = [f for f in pass_fractions.values() if f is not None]
     worst_fraction = min(fractions) if fractions and rule is not None else math.nan
     passes = None if rule is None or len(fractions) != len(names) else worst_fraction >= rule["required_fraction"]
-    return dict(rel_errors=rel_errors, pass_fractions=pass_fractions, correct=not problems_found,
-                passes_element_rule=passes, rel_error=worst_rel, element_pass_fraction=worst_fraction,
-                why="; ".join(problems_found))  # fmt: skip
+    return dict(
+        rel_errors=rel_errors,
+        pass_fractions=pass_fractions,
+        correct=not problems_found,
+        passes_element_rule=passes,
+        rel_error=worst_rel,
+        element_pass_fraction=worst_fraction,
+        why="; ".join(problems_found),
+    )
 
 
 def reference_outputs(problem: problems.Problem, inputs: dict, small: bool) -> tuple[tuple, str]:
@@ -101,8 +113,9 @@ def reference_outputs(problem: problems.Problem, inputs: dict, small: bool) -> t
     on the inputs upcast to :meth:`~moe_lib.problems.Problem.reference_dtype` (float64 where it fits,
     else float32), with TF32 off."""
     precision = problem.reference_dtype(small)
-    upcast = [inputs[name].to(precision) if inputs[name].is_floating_point() else inputs[name]
-              for name in problem.input_names]  # fmt: skip
+    upcast = [
+        inputs[name].to(precision) if inputs[name].is_floating_point() else inputs[name] for name in problem.input_names
+    ]
     with tf32_disabled():
         outputs = problem.spec.reference(*upcast)
     del upcast

@@ -20,14 +20,25 @@ from .. import problems
 from . import harness, models, modes, official_timing
 from .results import DEFAULT_OUT
 
-DTYPE_ALIASES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
-                 "half": "float16", "float32": "float32", "fp32": "float32", "float": "float32"}  # fmt: skip
+DTYPE_ALIASES = {
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "float32": "float32",
+    "fp32": "float32",
+    "float": "float32",
+}
 
 
 def problems_by_dtype(op: str) -> dict[str, problems.Problem]:
     """The problems that run ``op``, by the dtype name of their inputs (P2's: "float32" and "bfloat16")."""
-    return {problems.dtype_name(problem.dtype): problem
-            for problem in map(problems.load, problems.PROBLEM_NAMES) if problem.op == op}  # fmt: skip
+    return {
+        problems.dtype_name(problem.dtype): problem
+        for problem in map(problems.load, problems.PROBLEM_NAMES)
+        if problem.op == op
+    }
 
 
 def token_list(text: str) -> list[int]:
@@ -96,22 +107,35 @@ def build_parser() -> argparse.ArgumentParser:
         description="Check and time the implementations of one problem against its reference; "
         "write a long-form CSV and a JSON summary under <out>/<gpu key>/.",
     )
-    parser.add_argument("--problem", choices=problems.PROBLEM_NAMES,
-                        help="the problem (default: swiglu_down_backward; with --models: every problem)")
-    parser.add_argument("--models", action="store_true",
-                        help="the model suite: the problems at the expert shapes of public MoE models, each with its "
-                        "own token counts (moe_lib/bench/models.py); one file per problem and dtype, tagged models")
-    parser.add_argument("--model", type=model_list,
-                        help="with --models: only these models, comma-separated (the files' names get them as a "
-                        "suffix unless --tag gives one)")  # fmt: skip
-    parser.add_argument("--mode", default="op", choices=modes.MODES,
-                        help="op: the problem's function (default); forward, forward_backward: a training step "
-                        "of its layer")  # fmt: skip
+    parser.add_argument(
+        "--problem",
+        choices=problems.PROBLEM_NAMES,
+        help="the problem (default: swiglu_down_backward; with --models: every problem)",
+    )
+    parser.add_argument(
+        "--models",
+        action="store_true",
+        help="the model suite: the problems at the expert shapes of public MoE models, each with its "
+        "own token counts (moe_lib/bench/models.py); one file per problem and dtype, tagged models",
+    )
+    parser.add_argument(
+        "--model",
+        type=model_list,
+        help="with --models: only these models, comma-separated (the files' names get them as a "
+        "suffix unless --tag gives one)",
+    )
+    parser.add_argument(
+        "--mode",
+        default="op",
+        choices=modes.MODES,
+        help="op: the problem's function (default); forward, forward_backward: a training step of its layer",
+    )
     parser.add_argument("--impl", help="comma-separated implementation labels (default: every one available)")
     cases = parser.add_mutually_exclusive_group()
     cases.add_argument("--tokens", type=token_list, help="comma-separated token counts, e.g. 1,128,8192")
-    cases.add_argument("--suite", action="store_true",
-                       help="the problem's workload suite (default; with --small, a three-case suite)")  # fmt: skip
+    cases.add_argument(
+        "--suite", action="store_true", help="the problem's workload suite (default; with --small, a three-case suite)"
+    )
     parser.add_argument("--dtype", choices=sorted(DTYPE_ALIASES), help="override the problem's floating dtype")
     parser.add_argument("--seed", type=non_negative, default=0)
     parser.add_argument("--warmup", type=non_negative, help="warm-up runs per case (default 10 on CUDA, 1 on CPU)")
@@ -120,10 +144,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tag", type=tag, help="suffix of the result file names (with --models: after 'models')")
     parser.add_argument("--small", action="store_true", help="scaled-down shapes (automatic without CUDA)")
     parser.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
-    parser.add_argument("--official-timing", choices=("auto", "on", "off"), default="auto",
-                        help="also time every case the way NVIDIA's SOL-ExecBench harness does (eager calls on "
-                        "fresh input addresses, CUPTI span from first kernel start to last kernel end): auto = "
-                        "where CUDA and cupti-python are present (default), except with --models")  # fmt: skip
+    parser.add_argument(
+        "--official-timing",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="also time every case the way NVIDIA's SOL-ExecBench harness does (eager calls on "
+        "fresh input addresses, CUPTI span from first kernel start to last kernel end): auto = "
+        "where CUDA and cupti-python are present (default), except with --models",
+    )
     return parser
 
 
@@ -141,8 +169,10 @@ def _implementations(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         parser.error(f"--impl: expected comma-separated labels among {known}, got {args.impl!r}")
     for label in chosen:
         if label not in known:
-            parser.error(f"--impl: unknown implementation {label!r} for {args.problem} in mode {args.mode} "
-                         f"(known: {', '.join(known)})")  # fmt: skip
+            parser.error(
+                f"--impl: unknown implementation {label!r} for {args.problem} in mode {args.mode} "
+                f"(known: {', '.join(known)})"
+            )
     if len(set(chosen)) != len(chosen):
         parser.error(f"--impl: a label is repeated in {args.impl!r}")
     return chosen
@@ -155,16 +185,21 @@ def _model_suite(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
     for option, given, why in (
         ("--mode", args.mode != "op", "the model suite times the problems' functions (mode op)"),
         ("--suite", args.suite, "the model suite has token counts of its own (--tokens overrides them)"),
-        ("--dtype", args.dtype is not None, "each problem runs in its own dtype (P2 in fp32: --problem "
-         "moe_experts_backward, in bf16: moe_experts_backward_bf16)"),
-    ):  # fmt: skip
+        (
+            "--dtype",
+            args.dtype is not None,
+            "each problem runs in its own dtype (P2 in fp32: --problem "
+            "moe_experts_backward, in bf16: moe_experts_backward_bf16)",
+        ),
+    ):
         if given:
             parser.error(f"{option}: not with --models: {why}")
     chosen = [args.problem] if args.problem else list(problems.PROBLEM_NAMES)
     args.problems = [name for name in chosen if models.models_of(problems.load(name), args.model)]
     if not args.problems:
-        parser.error(f"--model: {', '.join(args.model)} has no shape that {args.problem} runs "
-                     "(a P1-only shape has no experts)")  # fmt: skip
+        parser.error(
+            f"--model: {', '.join(args.model)} has no shape that {args.problem} runs (a P1-only shape has no experts)"
+        )
     args.model_impls = {}
     for name in args.problems:
         problem = problems.load(name)
@@ -180,8 +215,10 @@ def _model_suite(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
             parser.error(f"--impl: expected distinct comma-separated labels among {known}, got {args.impl!r}")
         for label in chosen_impls:
             if label not in known:
-                parser.error(f"--impl: unknown implementation {label!r} for {name} (known: {', '.join(known)}); "
-                             "--problem picks one problem")  # fmt: skip
+                parser.error(
+                    f"--impl: unknown implementation {label!r} for {name} (known: {', '.join(known)}); "
+                    "--problem picks one problem"
+                )
         args.model_impls[name] = chosen_impls
 
 

@@ -117,9 +117,10 @@ def case_bytes(problem: problems.Problem, num_tokens: int, dtype: torch.dtype, a
     return inputs + max(upcast + reference_outputs, reference_outputs + 2 * outputs) + workspace
 
 
-def memory_shortfall(problem: problems.Problem, num_tokens: int, dtype: torch.dtype, axes: dict, small: bool,
-                     device: torch.device) -> str | None:  # fmt: skip
-    """"skipped: needs N GB, M GB free" when the case's estimate (:func:`case_bytes`) exceeds the memory free on
+def memory_shortfall(
+    problem: problems.Problem, num_tokens: int, dtype: torch.dtype, axes: dict, small: bool, device: torch.device
+) -> str | None:
+    """ "skipped: needs N GB, M GB free" when the case's estimate (:func:`case_bytes`) exceeds the memory free on
     ``device`` (:func:`free_device_bytes`), else None (always None on CPU)."""
     free = free_device_bytes(device)
     if free is None:
@@ -139,8 +140,9 @@ def short_message(exc: BaseException) -> str:
 # one implementation on one case
 
 
-def time_callable(fn, capturable: bool, device: torch.device, flush: timing.L2Flusher, *, warmup: int, reps: int,
-                  check_replay=None) -> dict:  # fmt: skip
+def time_callable(
+    fn, capturable: bool, device: torch.device, flush: timing.L2Flusher, *, warmup: int, reps: int, check_replay=None
+) -> dict:
     """Times ``fn``: graph replays when ``capturable`` on CUDA, events otherwise, wall clock on CPU.
 
     ``check_replay(outputs)`` returns a reason (str) when the outputs of the replayed graph are wrong.
@@ -153,35 +155,68 @@ def time_callable(fn, capturable: bool, device: torch.device, flush: timing.L2Fl
     return dict(timing.time_graph(fn, flush, warmup=warmup, reps=reps, check_replay=check_replay), timing="graph")
 
 
-def time_official(peer: peers.Peer, inputs: dict, device: torch.device, estimate_ms: float, *, warmup: int,
-                  reps: int, log=print) -> dict:  # fmt: skip
+def time_official(
+    peer: peers.Peer, inputs: dict, device: torch.device, estimate_ms: float, *, warmup: int, reps: int, log=print
+) -> dict:
     """The row's official-method fields (:mod:`.official_timing`): median and p20/p80 of eager calls on
     fresh input addresses, CUPTI span; ``official_status`` "ok" or why there is no time."""
     fields = dict(official_ms=math.nan, official_p20_ms=math.nan, official_p80_ms=math.nan)
     if peer.run is not None:  # the whole call, its setup included, as the harness times it
+
         def make_call(fresh):
             return functools.partial(peer.call, *peers.positional(peer.op, fresh))
     else:
         make_call = peer.prepare
     try:
-        measured = official_timing.time_official(make_call, inputs, device, warmup=min(warmup, 5),
-                                                 reps=timing.repetitions(estimate_ms, reps))  # fmt: skip
+        measured = official_timing.time_official(
+            make_call, inputs, device, warmup=min(warmup, 5), reps=timing.repetitions(estimate_ms, reps)
+        )
     except Exception as exc:
         log(f"[{peer.label}] error while timing the official way:\n{traceback.format_exc()}")
         return dict(fields, official_status=f"error: {short_message(exc)}")
     stats = timing.summarize(measured["samples_ms"])
-    return dict(official_ms=stats["median_ms"], official_p20_ms=stats["p20_ms"], official_p80_ms=stats["p80_ms"],
-                official_status="ok")  # fmt: skip
+    return dict(
+        official_ms=stats["median_ms"],
+        official_p20_ms=stats["p20_ms"],
+        official_p80_ms=stats["p80_ms"],
+        official_status="ok",
+    )
 
 
-def run_case_impl(peer: peers.Peer | None, label: str, inputs: dict, references: tuple, names: list[str], rule,
-                  device: torch.device, flush: timing.L2Flusher, *, warmup: int, reps: int, poison_bytes: int,
-                  official: bool = False, log=print) -> dict:  # fmt: skip
+def run_case_impl(
+    peer: peers.Peer | None,
+    label: str,
+    inputs: dict,
+    references: tuple,
+    names: list[str],
+    rule,
+    device: torch.device,
+    flush: timing.L2Flusher,
+    *,
+    warmup: int,
+    reps: int,
+    poison_bytes: int,
+    official: bool = False,
+    log=print,
+) -> dict:
     """Checks, then times one implementation on one case (with ``official``, also the harness's way);
     returns the row's measured fields."""
-    row = dict(impl=label, status="ok", timing=None, median_ms=math.nan, p20_ms=math.nan, p80_ms=math.nan,
-               reps=0, peak_mem_gb=math.nan, correct=False, passes_element_rule=None, rel_error=math.nan,
-               element_pass_fraction=math.nan, rel_errors={}, official_status="not measured")  # fmt: skip
+    row = dict(
+        impl=label,
+        status="ok",
+        timing=None,
+        median_ms=math.nan,
+        p20_ms=math.nan,
+        p80_ms=math.nan,
+        reps=0,
+        peak_mem_gb=math.nan,
+        correct=False,
+        passes_element_rule=None,
+        rel_error=math.nan,
+        element_pass_fraction=math.nan,
+        rel_errors={},
+        official_status="not measured",
+    )
     reason = peer.unavailable(device) if peer is not None else "not registered"
     if reason is not None:
         row["status"] = f"unavailable: {reason}"
@@ -203,9 +238,13 @@ def run_case_impl(peer: peers.Peer | None, label: str, inputs: dict, references:
         del fn
         free_memory(device)
         return row
-    row.update(correct=check["correct"], passes_element_rule=check["passes_element_rule"],
-               rel_error=check["rel_error"], element_pass_fraction=check["element_pass_fraction"],
-               rel_errors=check["rel_errors"])  # fmt: skip
+    row.update(
+        correct=check["correct"],
+        passes_element_rule=check["passes_element_rule"],
+        rel_error=check["rel_error"],
+        element_pass_fraction=check["element_pass_fraction"],
+        rel_errors=check["rel_errors"],
+    )
     if not check["correct"]:
         row["status"] = f"wrong: {check['why']}"
         del fn
@@ -227,8 +266,7 @@ def run_case_impl(peer: peers.Peer | None, label: str, inputs: dict, references:
         if stats["replay_wrong"] is not None:
             row.update(status=f"wrong: CUDA graph replay: {stats['replay_wrong']}", correct=False)
         else:
-            row.update(median_ms=stats["median_ms"], p20_ms=stats["p20_ms"], p80_ms=stats["p80_ms"],
-                       reps=stats["reps"])  # fmt: skip
+            row.update(median_ms=stats["median_ms"], p20_ms=stats["p20_ms"], p80_ms=stats["p80_ms"], reps=stats["reps"])
             if official:
                 free_memory(device)
                 row.update(time_official(peer, inputs, device, stats["median_ms"], warmup=warmup, reps=reps, log=log))
@@ -264,8 +302,9 @@ def roofline_columns(problem: str, num_tokens: int, dtype: torch.dtype, measured
     return columns
 
 
-def mode_roofline_columns(problem: problems.Problem, mode: str, inputs: dict, references: tuple,
-                          measured: roofline.GPUSpec, axes: dict) -> dict:  # fmt: skip
+def mode_roofline_columns(
+    problem: problems.Problem, mode: str, inputs: dict, references: tuple, measured: roofline.GPUSpec, axes: dict
+) -> dict:
     """A training step's FLOPs, bytes and T_sol in ms (:func:`.modes.cost`), as :func:`roofline_columns` gives."""
     work, traffic = modes.cost(problem, mode, inputs, references, **axes)
     columns = dict(flops=work, bytes=traffic)
@@ -306,14 +345,27 @@ def setup(device: torch.device, log) -> Setup:
         torch.cuda.set_device(device)
     log(f"measuring ceilings on {device} ...")
     ceilings = roofline.measure_ceilings(device, reps=10 if device.type == "cuda" else 3)
-    measured = roofline.GPUSpec.from_measured(ceilings["copy_bandwidth"], ceilings["bf16_matmul_flops"],
-                                              name=f"measured on {device}")  # fmt: skip
+    measured = roofline.GPUSpec.from_measured(
+        ceilings["copy_bandwidth"], ceilings["bf16_matmul_flops"], name=f"measured on {device}"
+    )
     return Setup(device, ceilings, measured, timing.L2Flusher(device))
 
 
-def run_shape(problem: problems.Problem, args: argparse.Namespace, bench: Setup, *, dtype: torch.dtype, tokens,
-              axes: dict, registry: dict, rows: list, progress, log, columns: dict | None = None,
-              save=None) -> str | None:  # fmt: skip
+def run_shape(
+    problem: problems.Problem,
+    args: argparse.Namespace,
+    bench: Setup,
+    *,
+    dtype: torch.dtype,
+    tokens,
+    axes: dict,
+    registry: dict,
+    rows: list,
+    progress,
+    log,
+    columns: dict | None = None,
+    save=None,
+) -> str | None:
     """Runs every case (each token count of ``tokens``) of ``problem`` at ``axes`` (overrides of its constant
     axes: hidden_size, ..., as :meth:`~moe_lib.problems.Problem.make_inputs` takes them) with every
     implementation of ``args.impls`` (labels of ``registry``), appending a row per case and implementation to
@@ -338,8 +390,16 @@ def run_shape(problem: problems.Problem, args: argparse.Namespace, bench: Setup,
         progress.update(1)
 
     for num_tokens in tokens:
-        case = dict(problem=problem.name, mode=mode, **(columns or {}), num_tokens=num_tokens, dtype=dtype_label,
-                    small=args.small, device=str(device), gpu=gpu_key(device))  # fmt: skip
+        case = dict(
+            problem=problem.name,
+            mode=mode,
+            **(columns or {}),
+            num_tokens=num_tokens,
+            dtype=dtype_label,
+            small=args.small,
+            device=str(device),
+            gpu=gpu_key(device),
+        )
         shortfall = memory_shortfall(problem, num_tokens, dtype, axes, args.small, device)
         if shortfall is not None:
             log(f"[case {num_tokens}] {shortfall}")
@@ -366,9 +426,21 @@ def run_shape(problem: problems.Problem, args: argparse.Namespace, bench: Setup,
         for label in args.impls:
             progress.set_postfix_str(f"T={num_tokens} {label}")
             wall_start = time.perf_counter()
-            measured_row = run_case_impl(registry.get(label), label, inputs, references, names, rule, device,
-                                         bench.flush, warmup=args.warmup, reps=args.reps, poison_bytes=poison_bytes,
-                                         official=getattr(args, "official", False), log=log)  # fmt: skip
+            measured_row = run_case_impl(
+                registry.get(label),
+                label,
+                inputs,
+                references,
+                names,
+                rule,
+                device,
+                bench.flush,
+                warmup=args.warmup,
+                reps=args.reps,
+                poison_bytes=poison_bytes,
+                official=getattr(args, "official", False),
+                log=log,
+            )
             rel_errors = measured_row.pop("rel_errors")
             row = dict(case, **measured_row, wall_s=time.perf_counter() - wall_start)
             row.update({f"rel_error_{name}": rel_errors.get(name, math.nan) for name in names})
@@ -396,24 +468,43 @@ def run(args: argparse.Namespace, log=None) -> dict:
     registry = modes.mode_peers(args.problem, mode)
 
     bench = setup(device, log)
-    stem = results.result_stem(args.problem, dtype_label, small=args.small, tag=args.tag,
-                               date=started.strftime("%Y-%m-%d"), mode=mode)  # fmt: skip
+    stem = results.result_stem(
+        args.problem, dtype_label, small=args.small, tag=args.tag, date=started.strftime("%Y-%m-%d"), mode=mode
+    )
     csv_path, json_path = results.result_paths(args.out, device, stem)
     json_path.unlink(missing_ok=True)  # an earlier run's, which this run's rows replace
     rows = []
     progress = tqdm(total=len(tokens) * len(args.impls), desc=args.problem, unit="run", file=sys.stderr)
-    reference_dtype = run_shape(problem, args, bench, dtype=dtype, tokens=tokens, axes=axes, registry=registry,
-                                rows=rows, progress=progress, log=log,
-                                save=lambda so_far: results.write_csv(csv_path, results.results_frame(so_far, names)))
+    reference_dtype = run_shape(
+        problem,
+        args,
+        bench,
+        dtype=dtype,
+        tokens=tokens,
+        axes=axes,
+        registry=registry,
+        rows=rows,
+        progress=progress,
+        log=log,
+        save=lambda so_far: results.write_csv(csv_path, results.results_frame(so_far, names)),
+    )
     progress.close()
 
     frame = results.results_frame(rows, names)
     baselines = [label for label, peer in registry.items() if peer.baseline]
     summary, baseline = results.summarize_impls(frame, args.impls, baselines)
     sizes = {name: value for name, value in problem.sizes(0, **axes).items() if name != "num_tokens"}
-    document = dict(problem=args.problem, mode=mode, dtype=dtype_label, axes=sizes, impls=args.impls, element_rule=rule,
-                    provenance=results.run_provenance(args, device, bench.ceilings, suite, reference_dtype, started),
-                    baseline=baseline, summary=summary)  # fmt: skip
+    document = dict(
+        problem=args.problem,
+        mode=mode,
+        dtype=dtype_label,
+        axes=sizes,
+        impls=args.impls,
+        element_rule=rule,
+        provenance=results.run_provenance(args, device, bench.ceilings, suite, reference_dtype, started),
+        baseline=baseline,
+        summary=summary,
+    )
     results.write_run(csv_path, frame, json_path, document)
     clock = "wall clock" if device.type != "cuda" else "cold L2; graph replays or events: see timing"
     shapes = " · small shapes" if args.small else ""

@@ -64,31 +64,77 @@ class ModelShape:
 
 
 MODEL_SHAPES = (
-    ModelShape("Qwen3-30B-A3B", 2048, 768, 128, 8,
-               "Qwen/Qwen3-30B-A3B config.json: hidden_size, moe_intermediate_size, num_experts, num_experts_per_tok"),
-    ModelShape("Qwen3-235B-A22B", 4096, 1536, 128, 8,
-               "Qwen/Qwen3-235B-A22B config.json: hidden_size, moe_intermediate_size, num_experts, "
-               "num_experts_per_tok"),
-    ModelShape("DeepSeek-V3", 7168, 2048, 256, 8,
-               "deepseek-ai/DeepSeek-V3 config.json: hidden_size, moe_intermediate_size, n_routed_experts, "
-               "num_experts_per_tok (its shared expert left out)"),
-    ModelShape("Mixtral-8x7B", 4096, 14336, 8, 2,
-               "mistralai/Mixtral-8x7B-v0.1 config.json: hidden_size, intermediate_size, num_local_experts, "
-               "num_experts_per_tok"),
-    ModelShape("gpt-oss-20b", 2880, 2880, 32, 4,
-               "openai/gpt-oss-20b config.json: hidden_size, intermediate_size, num_local_experts, "
-               "num_experts_per_tok (gpt-oss-120b: the same expert, 128 experts); its clamped SwiGLU and "
-               "biases are not modelled"),
-    ModelShape("OLMoE-1B-7B", 2048, 1024, 64, 8,
-               "allenai/OLMoE-1B-7B-0924 config.json: hidden_size, intermediate_size, num_experts, "
-               "num_experts_per_tok"),
-    ModelShape("DeepSeek-V2-Lite", 2048, 1408, 64, 6,
-               "deepseek-ai/DeepSeek-V2-Lite config.json: hidden_size, moe_intermediate_size, n_routed_experts, "
-               "num_experts_per_tok (its shared experts left out)"),
-    ModelShape("unaligned-1000x300", 1000, 300, None, None,
-               "no model: rows of 300 bf16 values (600 bytes) are not 16-byte multiples, so that kernels "
-               "relying on aligned rows are tried where they must not be"),
-)  # fmt: skip
+    ModelShape(
+        "Qwen3-30B-A3B",
+        2048,
+        768,
+        128,
+        8,
+        "Qwen/Qwen3-30B-A3B config.json: hidden_size, moe_intermediate_size, num_experts, num_experts_per_tok",
+    ),
+    ModelShape(
+        "Qwen3-235B-A22B",
+        4096,
+        1536,
+        128,
+        8,
+        "Qwen/Qwen3-235B-A22B config.json: hidden_size, moe_intermediate_size, num_experts, num_experts_per_tok",
+    ),
+    ModelShape(
+        "DeepSeek-V3",
+        7168,
+        2048,
+        256,
+        8,
+        "deepseek-ai/DeepSeek-V3 config.json: hidden_size, moe_intermediate_size, n_routed_experts, "
+        "num_experts_per_tok (its shared expert left out)",
+    ),
+    ModelShape(
+        "Mixtral-8x7B",
+        4096,
+        14336,
+        8,
+        2,
+        "mistralai/Mixtral-8x7B-v0.1 config.json: hidden_size, intermediate_size, num_local_experts, "
+        "num_experts_per_tok",
+    ),
+    ModelShape(
+        "gpt-oss-20b",
+        2880,
+        2880,
+        32,
+        4,
+        "openai/gpt-oss-20b config.json: hidden_size, intermediate_size, num_local_experts, "
+        "num_experts_per_tok (gpt-oss-120b: the same expert, 128 experts); its clamped SwiGLU and "
+        "biases are not modelled",
+    ),
+    ModelShape(
+        "OLMoE-1B-7B",
+        2048,
+        1024,
+        64,
+        8,
+        "allenai/OLMoE-1B-7B-0924 config.json: hidden_size, intermediate_size, num_experts, num_experts_per_tok",
+    ),
+    ModelShape(
+        "DeepSeek-V2-Lite",
+        2048,
+        1408,
+        64,
+        6,
+        "deepseek-ai/DeepSeek-V2-Lite config.json: hidden_size, moe_intermediate_size, n_routed_experts, "
+        "num_experts_per_tok (its shared experts left out)",
+    ),
+    ModelShape(
+        "unaligned-1000x300",
+        1000,
+        300,
+        None,
+        None,
+        "no model: rows of 300 bf16 values (600 bytes) are not 16-byte multiples, so that kernels "
+        "relying on aligned rows are tried where they must not be",
+    ),
+)
 MODEL_NAMES = tuple(model.name for model in MODEL_SHAPES)
 
 TOKENS = {  # the token counts of each problem in the suite
@@ -176,10 +222,16 @@ class TokenDynamicCompile:
         return lambda: compiled(*arguments)
 
     def peer(self) -> Peer:
-        return Peer("torch_compile", P1, self.prepare, capturable=True, baseline=True,
-                    description="torch.compile (default mode) of torch_eager, compiled once per shape with the "
-                    "token dimension dynamic (dynamic T)",
-                    unavailable=lambda device: None if hasattr(torch, "compile") else "torch has no torch.compile")
+        return Peer(
+            "torch_compile",
+            P1,
+            self.prepare,
+            capturable=True,
+            baseline=True,
+            description="torch.compile (default mode) of torch_eager, compiled once per shape with the "
+            "token dimension dynamic (dynamic T)",
+            unavailable=lambda device: None if hasattr(torch, "compile") else "torch has no torch.compile",
+        )
 
 
 def suite_peers(problem: problems.Problem, compiler: TokenDynamicCompile | None = None) -> dict[str, Peer]:
@@ -225,8 +277,7 @@ def _cell(row) -> str:
 def summary_table(frame: pd.DataFrame, title: str) -> str:
     """The run as text: per (model, token count), each implementation's median or why there is none."""
     cells = frame.assign(cell=frame.apply(_cell, axis=1))
-    table = cells.pivot_table(index=["model", "num_tokens"], columns="impl", values="cell", aggfunc="first",
-                              sort=False)  # fmt: skip
+    table = cells.pivot_table(index=["model", "num_tokens"], columns="impl", values="cell", aggfunc="first", sort=False)
     table = table.reindex(columns=list(dict.fromkeys(frame["impl"])))
     lines = [title, "", table.to_string()]
     for _, row in frame[frame["status"] != "ok"].iterrows():
@@ -265,13 +316,19 @@ def run_problem(name: str, args: argparse.Namespace, bench: harness.Setup, log, 
         for entry in done:
             summary, baseline = results.summarize_impls(frame[frame["model"] == entry["model"]], impls, baselines)
             per_model[entry["model"]] = dict(summary=summary, baseline=baseline)
-        document = dict(problem=name, mode="op", suite=results.MODEL_SUITE, dtype=dtype_label, complete=complete,
-                        models=done, impls=impls,
-                        implementations={label: registry[label].description for label in impls},
-                        element_rule=problem.element_rule_at(dtype),
-                        provenance=results.run_provenance(run_args, bench.device, bench.ceilings, suite,
-                                                          reference_dtype, started),
-                        summary=per_model)  # fmt: skip
+        document = dict(
+            problem=name,
+            mode="op",
+            suite=results.MODEL_SUITE,
+            dtype=dtype_label,
+            complete=complete,
+            models=done,
+            impls=impls,
+            implementations={label: registry[label].description for label in impls},
+            element_rule=problem.element_rule_at(dtype),
+            provenance=results.run_provenance(run_args, bench.device, bench.ceilings, suite, reference_dtype, started),
+            summary=per_model,
+        )
         results.write_json(json_path, document)
 
     json_path.unlink(missing_ok=True)  # an earlier run's, which this run's rows replace
@@ -280,9 +337,20 @@ def run_problem(name: str, args: argparse.Namespace, bench: harness.Setup, log, 
     for model in shapes:
         progress.set_description(f"{name} · {model.name}")
         axes = shape_axes(model, problem.op, args.small)
-        precision = harness.run_shape(problem, run_args, bench, dtype=dtype, tokens=tokens, axes=axes,
-                                      registry=registry, rows=rows, progress=progress, log=log,
-                                      columns=dict(model=model.name, **axes), save=save)  # fmt: skip
+        precision = harness.run_shape(
+            problem,
+            run_args,
+            bench,
+            dtype=dtype,
+            tokens=tokens,
+            axes=axes,
+            registry=registry,
+            rows=rows,
+            progress=progress,
+            log=log,
+            columns=dict(model=model.name, **axes),
+            save=save,
+        )
         reference_dtype = precision or reference_dtype
         done.append(dict(model=model.name, axes=axes, model_axes=model.axes(problem.op), source=model.source))
         write_json(results.results_frame(rows, names, columns), done, reference_dtype, complete=model is shapes[-1])

@@ -54,9 +54,15 @@ def mode_peer(layer_peer: peers.LayerPeer, mode: str) -> peers.Peer:
     def prepare(inputs):
         return step(layer_peer.forward, layer, mode, inputs, layer_peer.parameters, layer_peer.gradients)
 
-    return peers.Peer(layer_peer.label, layer_peer.op, prepare, capturable=layer_peer.capturable,
-                      description=layer_peer.description, unavailable=layer_peer.unavailable,
-                      baseline=layer_peer.baseline)  # fmt: skip
+    return peers.Peer(
+        layer_peer.label,
+        layer_peer.op,
+        prepare,
+        capturable=layer_peer.capturable,
+        description=layer_peer.description,
+        unavailable=layer_peer.unavailable,
+        baseline=layer_peer.baseline,
+    )
 
 
 def mode_peers(problem: str, mode: str) -> dict[str, peers.Peer]:
@@ -91,4 +97,5 @@ def cost(problem: problems.Problem, mode: str, inputs: dict, references: tuple, 
     written = [(references[0].numel(), inputs["grad_output"].dtype)]
     written += [(r.numel(), inputs[name].dtype) for name, r in zip(layer.leaves, references[1:], strict=False)]
     return flops, sum(t.numel() * t.element_size() for t in read) + sum(
-        numel * torch.empty((), dtype=dtype).element_size() for numel, dtype in written)
+        numel * torch.empty((), dtype=dtype).element_size() for numel, dtype in written
+    )

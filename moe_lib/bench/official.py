@@ -68,15 +68,21 @@ def solution_document(problem: problems.Problem, impl: str) -> dict:
     if impl not in registry:
         raise ValueError(f"impl: {impl!r} is not an implementation of {problem.name} (known: {', '.join(registry)})")
     peer = registry[impl]
-    source = KERNEL_SOURCE.format(problem=problem.name, impl=impl, description=peer.description,
-                                  arguments=", ".join(problem.input_names))  # fmt: skip
+    source = KERNEL_SOURCE.format(
+        problem=problem.name, impl=impl, description=peer.description, arguments=", ".join(problem.input_names)
+    )
     return dict(
         name=f"moe_lib_{impl}",
         definition=problem.name,
         author="moe_lib",
         description=f"moe_lib.bench.peers label {impl!r}: {peer.description}",
-        spec=dict(languages=[LANGUAGES.get(impl, "pytorch")], target_hardware=["LOCAL"], entry_point="kernel.py::run",
-                  dependencies=["torch"], destination_passing_style=False),  # fmt: skip
+        spec=dict(
+            languages=[LANGUAGES.get(impl, "pytorch")],
+            target_hardware=["LOCAL"],
+            entry_point="kernel.py::run",
+            dependencies=["torch"],
+            destination_passing_style=False,
+        ),
         sources=[dict(path="kernel.py", content=source)],
     )
 
@@ -84,15 +90,19 @@ def solution_document(problem: problems.Problem, impl: str) -> dict:
 def workload_lines(problem_name: str, tokens=None) -> list[str]:
     """The lines of the problem's ``workload.jsonl``, unchanged; with ``tokens`` only those whose num_tokens is
     in it (ValueError naming a count that is no workload of the problem)."""
-    lines = [line for line in (problems.PROBLEMS_DIR / problem_name / "workload.jsonl").read_text().splitlines()
-             if line.strip()]  # fmt: skip
+    lines = [
+        line
+        for line in (problems.PROBLEMS_DIR / problem_name / "workload.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
     if tokens is None:
         return lines
     counts = [json.loads(line)["axes"]["num_tokens"] for line in lines]
     unknown = sorted(set(tokens) - set(counts))
     if unknown:
-        raise ValueError(f"tokens: {unknown} not among the workloads of {problem_name} (its token counts: "
-                         f"{sorted(set(counts))})")  # fmt: skip
+        raise ValueError(
+            f"tokens: {unknown} not among the workloads of {problem_name} (its token counts: {sorted(set(counts))})"
+        )
     return [line for line, count in zip(lines, counts, strict=True) if count in set(tokens)]
 
 
@@ -120,15 +130,17 @@ def trace_rows(traces: list[dict]) -> list[dict]:
         evaluation = trace.get("evaluation") or {}
         performance = evaluation.get("performance") or {}
         correctness = evaluation.get("correctness") or {}
-        rows.append(dict(
-            num_tokens=(trace.get("workload") or {}).get("axes", {}).get("num_tokens"),
-            status=evaluation.get("status"),
-            latency_ms=performance.get("latency_ms"),
-            reference_latency_ms=performance.get("reference_latency_ms"),
-            speedup=performance.get("speedup_factor"),
-            max_abs_error=correctness.get("max_absolute_error"),
-            max_rel_error=correctness.get("max_relative_error"),
-        ))  # fmt: skip
+        rows.append(
+            dict(
+                num_tokens=(trace.get("workload") or {}).get("axes", {}).get("num_tokens"),
+                status=evaluation.get("status"),
+                latency_ms=performance.get("latency_ms"),
+                reference_latency_ms=performance.get("reference_latency_ms"),
+                speedup=performance.get("speedup_factor"),
+                max_abs_error=correctness.get("max_absolute_error"),
+                max_rel_error=correctness.get("max_relative_error"),
+            )
+        )
     return rows
 
 
@@ -139,21 +151,29 @@ def summary(rows: list[dict], suite_size: int | None = None) -> dict:
     passed = [row for row in rows if row["status"] == "PASSED"]
     latencies = [row["latency_ms"] for row in passed if row["latency_ms"] is not None]
     complete = len(latencies) == len(rows) == suite_size
-    return dict(workloads=len(rows), passed=len(passed), suite_workloads=suite_size,
-                geomean_latency_ms=geomean(latencies) if complete else math.nan)  # fmt: skip
+    return dict(
+        workloads=len(rows),
+        passed=len(passed),
+        suite_workloads=suite_size,
+        geomean_latency_ms=geomean(latencies) if complete else math.nan,
+    )
 
 
 def format_table(rows: list[dict], title: str, suite_size: int | None = None) -> str:
     lines = [title, f"{'T':>6}  {'status':<22} {'latency':>10} {'reference':>10} {'max abs err':>12}"]
     for row in sorted(rows, key=lambda r: r["num_tokens"] or 0):
         error = "-" if row["max_abs_error"] is None else f"{row['max_abs_error']:.3g}"
-        lines.append(f"{row['num_tokens']:>6}  {str(row['status']):<22} {format_ms(row['latency_ms']):>10} "
-                     f"{format_ms(row['reference_latency_ms']):>10} {error:>12}")  # fmt: skip
+        lines.append(
+            f"{row['num_tokens']:>6}  {str(row['status']):<22} {format_ms(row['latency_ms']):>10} "
+            f"{format_ms(row['reference_latency_ms']):>10} {error:>12}"
+        )
     result = summary(rows, suite_size)
     missing = result["suite_workloads"] - result["workloads"]
-    lines.append(f"{result['passed']}/{result['workloads']} passed"
-                 + (f" ({missing} of the suite's {result['suite_workloads']} not run yet)" if missing > 0 else "")
-                 + f"; geomean latency {format_ms(result['geomean_latency_ms'])} (every workload passing)")
+    lines.append(
+        f"{result['passed']}/{result['workloads']} passed"
+        + (f" ({missing} of the suite's {result['suite_workloads']} not run yet)" if missing > 0 else "")
+        + f"; geomean latency {format_ms(result['geomean_latency_ms'])} (every workload passing)"
+    )
     return "\n".join(lines)
 
 
@@ -161,19 +181,24 @@ def merged_rows(earlier: dict | None, rows: list[dict], traces: list[str], commi
     """The rows and trace lines of a partial run joined to an earlier file's (``earlier``: its JSON document
     with its trace lines under "traces") where that file was written at the same ``commit``; a workload run
     again replaces its earlier row and trace. Returns (rows by token count, trace lines, joined: bool)."""
-    same_commit = earlier is not None and commit is not None and \
-        (earlier.get("provenance") or {}).get("git_commit") == commit  # fmt: skip
+    same_commit = (
+        earlier is not None and commit is not None and (earlier.get("provenance") or {}).get("git_commit") == commit
+    )
     if not same_commit:
         return rows, traces, False
     run_now = {row["num_tokens"] for row in rows}
-    kept = [(row, trace) for row, trace in zip(earlier["workloads"], earlier["traces"], strict=True)
-            if row["num_tokens"] not in run_now]  # fmt: skip
+    kept = [
+        (row, trace)
+        for row, trace in zip(earlier["workloads"], earlier["traces"], strict=True)
+        if row["num_tokens"] not in run_now
+    ]
     joined = sorted([*kept, *zip(rows, traces, strict=True)], key=lambda pair: pair[0]["num_tokens"] or 0)
     return [row for row, _ in joined], [trace for _, trace in joined], True
 
 
-def run(problem_name: str, impl: str, *, harness: Path, export_dir: Path, results: Path, timeout_s: int,
-        tokens=None) -> dict:  # fmt: skip
+def run(
+    problem_name: str, impl: str, *, harness: Path, export_dir: Path, results: Path, timeout_s: int, tokens=None
+) -> dict:
     """Exports, runs the harness's CLI, keeps its traces and a summary; returns dict(rows, summary, paths).
     ``tokens``: only those workloads, joined to the same day's file of the same commit (module docstring)."""
     if not (Path(harness) / "sol_execbench").is_dir():
@@ -185,14 +210,27 @@ def run(problem_name: str, impl: str, *, harness: Path, export_dir: Path, result
     traces_path, log_path = folder / "traces.jsonl", folder / "harness.log"
     traces_path.unlink(missing_ok=True)  # an earlier run's traces must not pass for this one's
     python_path = os.pathsep.join([str(harness), str(provenance.REPO_ROOT), os.environ.get("PYTHONPATH", "")])
-    command = [sys.executable, "-m", "sol_execbench.cli.main", str(folder), "--solution", str(folder / "solution.json"),
-               "-o", str(traces_path), "--timeout", str(timeout_s)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "sol_execbench.cli.main",
+        str(folder),
+        "--solution",
+        str(folder / "solution.json"),
+        "-o",
+        str(traces_path),
+        "--timeout",
+        str(timeout_s),
+    ]
     with log_path.open("w") as log:
-        done = subprocess.run(command, env={**os.environ, "PYTHONPATH": python_path}, stdout=log,
-                              stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        done = subprocess.run(
+            command, env={**os.environ, "PYTHONPATH": python_path}, stdout=log, stderr=subprocess.STDOUT, text=True
+        )
     if not traces_path.is_file():
-        raise RuntimeError(f"the harness wrote no traces (exit {done.returncode}; its output: {log_path}):\n"
-                           f"{log_path.read_text()[-4000:]}")  # fmt: skip
+        raise RuntimeError(
+            f"the harness wrote no traces (exit {done.returncode}; its output: {log_path}):\n"
+            f"{log_path.read_text()[-4000:]}"
+        )
     trace_lines = [line for line in traces_path.read_text().splitlines() if line.strip()]
     rows = trace_rows([json.loads(line) for line in trace_lines])
     device = torch.device("cuda", torch.cuda.current_device())
@@ -210,15 +248,28 @@ def run(problem_name: str, impl: str, *, harness: Path, export_dir: Path, result
     write_text(target / f"{stem}.jsonl", "\n".join(trace_lines) + "\n")
     harness_commit = Path(harness).parent / "COMMIT"
     document = dict(
-        problem=problem_name, impl=impl, timing="official",
-        provenance=dict(context, harness=str(harness), harness_commit=harness_commit.read_text().strip()
-                        if harness_commit.is_file() else None, harness_exit_code=done.returncode,
-                        tokens_run_last=sorted(tokens) if tokens is not None else None, joined_earlier_rows=joined),
-        summary=summary(rows, len(workload_lines(problem_name))), workloads=rows,
-    )  # fmt: skip
+        problem=problem_name,
+        impl=impl,
+        timing="official",
+        provenance=dict(
+            context,
+            harness=str(harness),
+            harness_commit=harness_commit.read_text().strip() if harness_commit.is_file() else None,
+            harness_exit_code=done.returncode,
+            tokens_run_last=sorted(tokens) if tokens is not None else None,
+            joined_earlier_rows=joined,
+        ),
+        summary=summary(rows, len(workload_lines(problem_name))),
+        workloads=rows,
+    )
     write_json(target / f"{stem}.json", document)
-    return dict(rows=rows, summary=document["summary"], jsonl=target / f"{stem}.jsonl", json=target / f"{stem}.json",
-                log=log_path)  # fmt: skip
+    return dict(
+        rows=rows,
+        summary=document["summary"],
+        jsonl=target / f"{stem}.jsonl",
+        json=target / f"{stem}.json",
+        log=log_path,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -230,9 +281,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--harness", type=Path, default=DEFAULT_HARNESS, help="the harness's src/ folder")
     parser.add_argument("--results", type=Path, default=DEFAULT_OUT, help="results root (default: data/results)")
     parser.add_argument("--timeout", type=int, default=600, help="the harness's evaluation timeout in seconds")
-    parser.add_argument("--tokens", type=parse_tokens, default=None,
-                        help="comma-separated token counts: only those workloads, joined to the day's file of the "
-                             "same commit (default: every workload)")  # fmt: skip
+    parser.add_argument(
+        "--tokens",
+        type=parse_tokens,
+        default=None,
+        help="comma-separated token counts: only those workloads, joined to the day's file of the "
+        "same commit (default: every workload)",
+    )
     return parser
 
 
@@ -251,18 +306,32 @@ def main(argv=None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.impl not in peers.labels(args.problem):
-        parser.error(f"--impl: unknown implementation {args.impl!r} for {args.problem} "
-                     f"(known: {', '.join(peers.labels(args.problem))})")  # fmt: skip
+        parser.error(
+            f"--impl: unknown implementation {args.impl!r} for {args.problem} "
+            f"(known: {', '.join(peers.labels(args.problem))})"
+        )
     try:
         if args.action == "export":
             print(export(args.problem, args.impl, args.out, args.tokens))
             return
-        result = run(args.problem, args.impl, harness=args.harness, export_dir=args.out, results=args.results,
-                     timeout_s=args.timeout, tokens=args.tokens)  # fmt: skip
+        result = run(
+            args.problem,
+            args.impl,
+            harness=args.harness,
+            export_dir=args.out,
+            results=args.results,
+            timeout_s=args.timeout,
+            tokens=args.tokens,
+        )
     except ValueError as exc:
         parser.error(str(exc))
-    print(format_table(result["rows"], f"{args.problem} · {args.impl} · NVIDIA's harness (CUPTI, eager calls)",
-                       result["summary"]["suite_workloads"]))  # fmt: skip
+    print(
+        format_table(
+            result["rows"],
+            f"{args.problem} · {args.impl} · NVIDIA's harness (CUPTI, eager calls)",
+            result["summary"]["suite_workloads"],
+        )
+    )
     print(f"\nwrote {result['jsonl']}\n      {result['json']}")
 
 

@@ -83,8 +83,9 @@ class GpuActivity:
     name: str = ""
 
 
-def call_spans(calls: list[tuple[int, int]], launches: list[tuple[int, int]],
-               activities: list[GpuActivity]) -> list[dict]:  # fmt: skip
+def call_spans(
+    calls: list[tuple[int, int]], launches: list[tuple[int, int]], activities: list[GpuActivity]
+) -> list[dict]:
     """Each call's span on the GPU: from its first activity's start to its last activity's end.
 
     ``calls``: (host start, host end) of each timed call, CUPTI timestamps in ns; ``launches``: (host
@@ -129,8 +130,13 @@ def time_official(make_call, inputs: dict, device, *, warmup: int, reps: int) ->
     torch.cuda.synchronize(device)
 
     launches, activities = [], []
-    kinds = (cupti.ActivityKind.RUNTIME, cupti.ActivityKind.DRIVER, cupti.ActivityKind.CONCURRENT_KERNEL,
-             cupti.ActivityKind.MEMCPY, cupti.ActivityKind.MEMSET)  # fmt: skip
+    kinds = (
+        cupti.ActivityKind.RUNTIME,
+        cupti.ActivityKind.DRIVER,
+        cupti.ActivityKind.CONCURRENT_KERNEL,
+        cupti.ActivityKind.MEMCPY,
+        cupti.ActivityKind.MEMSET,
+    )
     gpu_kinds = kinds[2:]
 
     def buffer_requested():
@@ -172,7 +178,8 @@ def time_official(make_call, inputs: dict, device, *, warmup: int, reps: int) ->
     if callback_errors:
         raise RuntimeError(f"reading CUPTI's records failed: {callback_errors[0]!r}") from callback_errors[0]
     if not activities or not launches:
-        raise RuntimeError(f"CUPTI recorded {len(launches)} API calls and {len(activities)} GPU activities "
-                           f"over {reps} calls")  # fmt: skip
+        raise RuntimeError(
+            f"CUPTI recorded {len(launches)} API calls and {len(activities)} GPU activities over {reps} calls"
+        )
     spans = call_spans(calls, launches, activities)
     return dict(samples_ms=[s["span_ms"] for s in spans], activities=spans[0]["activities"], names=spans[0]["names"])

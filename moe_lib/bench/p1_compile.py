@@ -82,16 +82,18 @@ def specialised(kernel, args: tuple, kwargs: dict) -> Launch:
         if param.is_constexpr:
             constexprs.append((param.name, value))
             continue
-        kind, attribute = native_specialize_impl(BaseBackend, value, False, not param.do_not_specialize,
-                                                 not param.do_not_specialize_on_alignment)  # fmt: skip
+        kind, attribute = native_specialize_impl(
+            BaseBackend, value, False, not param.do_not_specialize, not param.do_not_specialize_on_alignment
+        )
         if kind == "constexpr":  # an integer equal to 1
             constexprs.append((param.name, attribute))
         else:
             types.append((param.name, kind))
             if attribute == "D":
                 aligned.append(param.name)
-    return Launch(kernel, tuple(types), tuple(constexprs), tuple(aligned), kwargs.get("num_warps", 4),
-                  kwargs.get("num_stages", 3))  # fmt: skip
+    return Launch(
+        kernel, tuple(types), tuple(constexprs), tuple(aligned), kwargs.get("num_warps", 4), kwargs.get("num_stages", 3)
+    )
 
 
 def meta_inputs(T: int, H: int, I: int, dtype: torch.dtype, *, aligned: bool = True) -> Inputs:
@@ -103,17 +105,30 @@ def meta_inputs(T: int, H: int, I: int, dtype: torch.dtype, *, aligned: bool = T
             return torch.empty(shape, dtype=dtype, device="meta")
         return torch.empty(T * shape[1] + 1, dtype=dtype, device="meta")[1:].view(shape)
 
-    return Inputs(empty(T, H), empty(T, H, shifted=not aligned), empty(I, H), empty(I, H), empty(H, I), empty(T, I),
-                  empty(T, I), empty(T, I, shifted=not aligned), empty(T, I), empty(T, I))  # fmt: skip
+    return Inputs(
+        empty(T, H),
+        empty(T, H, shifted=not aligned),
+        empty(I, H),
+        empty(I, H),
+        empty(H, I),
+        empty(T, I),
+        empty(T, I),
+        empty(T, I, shifted=not aligned),
+        empty(T, I),
+        empty(T, I),
+    )
 
 
-def launches(design, T: int, H: int, I: int, *, with_lo: bool, dtype: torch.dtype = torch.bfloat16,
-             aligned: bool = True) -> list[Launch]:  # fmt: skip
+def launches(
+    design, T: int, H: int, I: int, *, with_lo: bool, dtype: torch.dtype = torch.bfloat16, aligned: bool = True
+) -> list[Launch]:
     """The kernels ``design`` (a configured design of :data:`~moe_lib.swiglu_down.designs.DESIGNS`) launches for a
     call of this shape, in launch order; ``aligned`` as for :func:`meta_inputs`."""
     if isinstance(design, GluonLaunches):  # TMA: the operands' rows and starts on 16-byte boundaries
-        return [Launch(first_launch_kernel, gluon=design.first, with_lo=with_lo, warps=design.first.warps),
-                Launch(second_launch_kernel, gluon=design.second, with_lo=with_lo, warps=design.second.warps)]
+        return [
+            Launch(first_launch_kernel, gluon=design.first, with_lo=with_lo, warps=design.first.warps),
+            Launch(second_launch_kernel, gluon=design.second, with_lo=with_lo, warps=design.second.warps),
+        ]
     inputs = meta_inputs(T, H, I, dtype, aligned=aligned)
     with recorded_launches() as recorded:
         design.run(inputs, with_lo=with_lo, out=allocate_outputs(inputs.x, I))
@@ -133,8 +148,14 @@ def compile_launch(launch: Launch):
     """``launch`` compiled for sm_90: what :func:`.sm90.resources` reads."""
     if launch.gluon is not None:
         return compile_gluon(launch.gluon, launch.with_lo)
-    return compile_for_sm90(launch.kernel, dict(launch.types), dict(launch.constexprs), list(launch.aligned),
-                            warps=launch.warps, stages=launch.stages)  # fmt: skip
+    return compile_for_sm90(
+        launch.kernel,
+        dict(launch.types),
+        dict(launch.constexprs),
+        list(launch.aligned),
+        warps=launch.warps,
+        stages=launch.stages,
+    )
 
 
 def compile_gluon(config, with_lo: bool, T: int = 256, H: int = 2048, I: int = 768):
@@ -148,17 +169,23 @@ def compile_gluon(config, with_lo: bool, T: int = 256, H: int = 2048, I: int = 7
     if isinstance(config, GluonFirstLaunchConfig):
         kernel = first_launch_kernel
         saved = empty(T, I)
-        descriptors = config.descriptors(empty(T, H), empty(H, I), saved, saved, saved, saved, saved, halves, halves,
-                                         empty(H, I))  # fmt: skip
+        descriptors = config.descriptors(
+            empty(T, H), empty(H, I), saved, saved, saved, saved, saved, halves, halves, empty(H, I)
+        )
         others = dict(T="i32", I="i32", trace_ptr="*i32")
     else:
         kernel = second_launch_kernel
         x, weight = empty(T, H), empty(I, H)
-        descriptors = config.descriptors(x, weight, weight, halves, halves, x, weight, weight, x, empty(T, I),
-                                         empty(H, I))  # fmt: skip
+        descriptors = config.descriptors(
+            x, weight, weight, halves, halves, x, weight, weight, x, empty(T, I), empty(H, I)
+        )
         others = dict(T="i32", I="i32", dx_partials_ptr="*fp32", dx_counters_ptr="*i32", trace_ptr="*i32")
     names = [name for name in kernel.arg_names if name.endswith("_desc")]
     arguments = dict(zip(names, descriptors, strict=True)) | others
-    return compile_gluon_for_sm90(kernel, arguments, config.constexprs(with_lo) | dict(num_warps=config.warps),
-                                  warps=config.warps, maxnreg=config.maxnreg)  # fmt: skip
-
+    return compile_gluon_for_sm90(
+        kernel,
+        arguments,
+        config.constexprs(with_lo) | dict(num_warps=config.warps),
+        warps=config.warps,
+        maxnreg=config.maxnreg,
+    )

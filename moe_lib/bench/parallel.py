@@ -87,12 +87,35 @@ OUTPUT_NAMES = ("output", *problems.load(OP).output_names)  # the layer's output
 TOKEN_OUTPUTS = 3  # the first three are per token (output, grad_hidden_states, grad_topk_weights), the rest per expert
 TIME_COLUMNS = ("total_ms", "all_to_all_ms", "expert_ms", "expert_forward_ms", "expert_backward_ms", "other_ms")
 CSV_COLUMNS = [
-    "problem", "dtype", "world_size", "tokens_per_rank", "global_tokens", "hidden_size", "intermediate_size",
-    "num_experts", "top_k", "routing", "impl", "chunks", *TIME_COLUMNS, "exchange_share", "single_gpu_same_work_ms",
-    "rows_sent_total", "rows_remote_total", "max_rows_received",
-    *(f"rel_error_{name}" for name in OUTPUT_NAMES), "max_rel_error", "correct", "status",
-    "warmup", "reps", "backend", "device", "gpu", "small",
-]  # fmt: skip
+    "problem",
+    "dtype",
+    "world_size",
+    "tokens_per_rank",
+    "global_tokens",
+    "hidden_size",
+    "intermediate_size",
+    "num_experts",
+    "top_k",
+    "routing",
+    "impl",
+    "chunks",
+    *TIME_COLUMNS,
+    "exchange_share",
+    "single_gpu_same_work_ms",
+    "rows_sent_total",
+    "rows_remote_total",
+    "max_rows_received",
+    *(f"rel_error_{name}" for name in OUTPUT_NAMES),
+    "max_rel_error",
+    "correct",
+    "status",
+    "warmup",
+    "reps",
+    "backend",
+    "device",
+    "gpu",
+    "small",
+]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -122,10 +145,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tokens", type=token_list, help="tokens per rank, comma-separated")
     parser.add_argument("--dtypes", default="bfloat16,float32", help="comma-separated: bfloat16, float32")
     parser.add_argument("--routing", default="uniform", choices=ROUTINGS)
-    parser.add_argument("--impl", default="auto", choices=IMPLS,
-                        help="the local expert backward (auto: triton on CUDA, the reference on CPU)")  # fmt: skip
-    parser.add_argument("--chunks", type=chunk_list, default=[1],
-                        help="chunk counts of the overlapped exchange, comma-separated; one run each (default 1)")
+    parser.add_argument(
+        "--impl",
+        default="auto",
+        choices=IMPLS,
+        help="the local expert backward (auto: triton on CUDA, the reference on CPU)",
+    )
+    parser.add_argument(
+        "--chunks",
+        type=chunk_list,
+        default=[1],
+        help="chunk counts of the overlapped exchange, comma-separated; one run each (default 1)",
+    )
     parser.add_argument("--seed", type=non_negative, default=0)
     parser.add_argument("--warmup", type=non_negative, help="untimed runs per case (default 2; CPU 1)")
     parser.add_argument("--reps", type=positive, help="timed runs per case (default 5; CPU 3)")
@@ -190,17 +221,24 @@ def memory_needed(tokens_per_rank: int, world_size: int, element_bytes: int, axe
     # the Triton backward's fp32 dX workspace and its three bf16 [rows, I] workspaces
     layer = rows * H * (10 * element_bytes + 8) + 3 * rows * I * 2
     single = 2 * E * expert_bytes + global_tokens * K * (H * (4 + 2 * element_bytes) + 3 * I * 2)
-    return dict(run=max(inputs + local_experts * expert_bytes, shard + layer),
-                reference=shard + single + 3 * global_tokens * H * element_bytes)
+    return dict(
+        run=max(inputs + local_experts * expert_bytes, shard + layer),
+        reference=shard + single + 3 * global_tokens * H * element_bytes,
+    )
 
 
 def global_inputs(dtype_name: str, tokens_per_rank: int, world_size: int, args, device) -> dict:
     """The global inputs of a case, identical on every rank (one seed)."""
     axes = SMALL_AXES if args.small else FULL_AXES
     return problems.make_inputs(
-        PROBLEM_OF_DTYPE[dtype_name], world_size * tokens_per_rank, seed=args.seed, device=device,
-        dtype=getattr(torch, dtype_name), routing=args.routing, **axes,
-    )  # fmt: skip
+        PROBLEM_OF_DTYPE[dtype_name],
+        world_size * tokens_per_rank,
+        seed=args.seed,
+        device=device,
+        dtype=getattr(torch, dtype_name),
+        routing=args.routing,
+        **axes,
+    )
 
 
 def local_share(inputs: dict, rank: int, world_size: int, tokens_per_rank: int) -> dict:
@@ -215,22 +253,32 @@ def local_share(inputs: dict, rank: int, world_size: int, tokens_per_rank: int) 
         topk_indices=inputs["topk_indices"][tokens].clone(),
         topk_weights=inputs["topk_weights"][tokens].clone().requires_grad_(),
         grad_output=inputs["grad_output"][tokens].clone(),
-        shard=[inputs[name][experts.start : experts.stop].clone().requires_grad_()
-               for name in ("gate_weights", "up_weights", "down_weights")],
+        shard=[
+            inputs[name][experts.start : experts.stop].clone().requires_grad_()
+            for name in ("gate_weights", "up_weights", "down_weights")
+        ],
         received_rows=dict(
             hidden_states=inputs["hidden_states"][token_ids].requires_grad_(),
             topk_indices=(ids[token_ids, slot_ids] - experts.start)[:, None],
             topk_weights=inputs["topk_weights"][token_ids, slot_ids][:, None].requires_grad_(),
             grad_output=inputs["grad_output"][token_ids],
         ),
-    )  # fmt: skip
+    )
 
 
 def parallel_step(share: dict, num_experts: int, impl: str, stats: ExpertParallelStats, chunks: int = 1) -> tuple:
     """Forward + backward of the parallel layer on this rank: (output, *gradients)."""
     leaves = [share["hidden_states"], share["topk_weights"], *share["shard"]]
-    output = moe_experts_parallel(share["hidden_states"], share["topk_indices"], share["topk_weights"], *share["shard"],
-                                  impl=impl, num_experts=num_experts, stats=stats, chunks=chunks)  # fmt: skip
+    output = moe_experts_parallel(
+        share["hidden_states"],
+        share["topk_indices"],
+        share["topk_weights"],
+        *share["shard"],
+        impl=impl,
+        num_experts=num_experts,
+        stats=stats,
+        chunks=chunks,
+    )
     return (output.detach(), *torch.autograd.grad(output, leaves, share["grad_output"]))
 
 
@@ -238,9 +286,14 @@ def phase_times(totals: dict[str, float]) -> dict[str, float]:
     """The reported times (ms) of one step from the timer's per-phase totals."""
     all_to_all = sum(totals.get(name, 0.0) for name in ALL_TO_ALL_PHASES)
     forward, backward = totals.get("expert_forward", 0.0), totals.get("expert_backward", 0.0)
-    return dict(total_ms=totals["total"], all_to_all_ms=all_to_all, expert_ms=forward + backward,
-                expert_forward_ms=forward, expert_backward_ms=backward,
-                other_ms=totals["total"] - all_to_all - forward - backward)  # fmt: skip
+    return dict(
+        total_ms=totals["total"],
+        all_to_all_ms=all_to_all,
+        expert_ms=forward + backward,
+        expert_forward_ms=forward,
+        expert_backward_ms=backward,
+        other_ms=totals["total"] - all_to_all - forward - backward,
+    )
 
 
 def time_parallel(share: dict, num_experts: int, args, device, chunks: int = 1):
@@ -266,8 +319,9 @@ def same_work_step(rows: dict, shard: list, impl: str) -> tuple:
     """``moe_lib.moe_experts`` forward + backward with a rank's expert ``shard`` on the ``rows`` it receives
     (``local_share``'s ``received_rows``): (output, *gradients)."""
     leaves = [rows["hidden_states"], rows["topk_weights"], *shard]
-    output = moe_experts(rows["hidden_states"], rows["topk_indices"], rows["topk_weights"], *shard, impl=impl,
-                         validate=False)  # fmt: skip
+    output = moe_experts(
+        rows["hidden_states"], rows["topk_indices"], rows["topk_weights"], *shard, impl=impl, validate=False
+    )
     return (output.detach(), *torch.autograd.grad(output, leaves, rows["grad_output"]))
 
 
@@ -292,14 +346,21 @@ def single_gpu_outputs(dtype_name: str, tokens_per_rank: int, world_size: int, a
     inputs = global_inputs(dtype_name, tokens_per_rank, world_size, args, device)
     names = ("hidden_states", "topk_weights", "gate_weights", "up_weights", "down_weights")
     leaves = [inputs[name].requires_grad_() for name in names]
-    output = moe_experts(inputs["hidden_states"], inputs["topk_indices"], inputs["topk_weights"],
-                         inputs["gate_weights"], inputs["up_weights"], inputs["down_weights"],
-                         impl=args.impl)  # fmt: skip
+    output = moe_experts(
+        inputs["hidden_states"],
+        inputs["topk_indices"],
+        inputs["topk_weights"],
+        inputs["gate_weights"],
+        inputs["up_weights"],
+        inputs["down_weights"],
+        impl=args.impl,
+    )
     return (output.detach(), *torch.autograd.grad(output, leaves, inputs["grad_output"]))
 
 
-def gather_errors(outputs: tuple, reference: tuple | None, tokens_per_rank: int, partition: list[range],
-                  rank: int, world_size: int) -> dict[str, float]:  # fmt: skip
+def gather_errors(
+    outputs: tuple, reference: tuple | None, tokens_per_rank: int, partition: list[range], rank: int, world_size: int
+) -> dict[str, float]:
     """Every rank sends its outputs to rank 0 one tensor at a time; rank 0 returns each output's
     relative error against ``reference`` (token slices or expert blocks of the global tensors)."""
     errors = {}
@@ -314,8 +375,11 @@ def gather_errors(outputs: tuple, reference: tuple | None, tokens_per_rank: int,
                     rows = tokens_per_rank if on_tokens else len(partition[source])
                     piece = reference[index].new_empty((rows, *reference[index].shape[1:]))
                     dist.recv(piece, src=source)
-                block = (slice(source * tokens_per_rank, (source + 1) * tokens_per_rank) if on_tokens
-                         else slice(partition[source].start, partition[source].stop))  # fmt: skip
+                block = (
+                    slice(source * tokens_per_rank, (source + 1) * tokens_per_rank)
+                    if on_tokens
+                    else slice(partition[source].start, partition[source].stop)
+                )
                 sums = error_sums(piece, reference[index][block])
                 error, norm = error + sums["diff_sq"], norm + sums["ref_sq"]
             elif rank == source:
@@ -331,13 +395,24 @@ def all_ranks_agree(flag: bool, device) -> bool:
     return bool(value.item())
 
 
-def run_case(dtype_name: str, tokens_per_rank: int, args, device, rank: int, world_size: int, log,
-             chunks: int = 1) -> dict:  # fmt: skip
+def run_case(
+    dtype_name: str, tokens_per_rank: int, args, device, rank: int, world_size: int, log, chunks: int = 1
+) -> dict:
     """One (dtype, tokens per rank, chunks) case on every rank; rank 0's return value is the full result."""
     axes = SMALL_AXES if args.small else FULL_AXES
-    row = dict(problem=PROBLEM, dtype=dtype_name, world_size=world_size, tokens_per_rank=tokens_per_rank,
-               global_tokens=world_size * tokens_per_rank, **axes, routing=args.routing, impl=args.impl,
-               chunks=chunks, warmup=args.warmup, reps=args.reps)  # fmt: skip
+    row = dict(
+        problem=PROBLEM,
+        dtype=dtype_name,
+        world_size=world_size,
+        tokens_per_rank=tokens_per_rank,
+        global_tokens=world_size * tokens_per_rank,
+        **axes,
+        routing=args.routing,
+        impl=args.impl,
+        chunks=chunks,
+        warmup=args.warmup,
+        reps=args.reps,
+    )
     detail = {}
     needed = memory_needed(tokens_per_rank, world_size, getattr(torch, dtype_name).itemsize, axes)
     free = math.inf
@@ -358,8 +433,16 @@ def run_case(dtype_name: str, tokens_per_rank: int, args, device, rank: int, wor
     same_work_ms = time_same_work_on_one_gpu(share, args, device)
     del share["received_rows"]
     gathered = [None] * world_size
-    dist.all_gather_object(gathered, dict(times=medians, rows_sent=stats.rows_sent, timeline=timeline,
-                                          rows_received=stats.rows_received, same_work_ms=same_work_ms))  # fmt: skip
+    dist.all_gather_object(
+        gathered,
+        dict(
+            times=medians,
+            rows_sent=stats.rows_sent,
+            timeline=timeline,
+            rows_received=stats.rows_received,
+            same_work_ms=same_work_ms,
+        ),
+    )
     row.update({name: max(g["times"][name] for g in gathered) for name in TIME_COLUMNS})
     row["exchange_share"] = row["all_to_all_ms"] / row["total_ms"] if row["total_ms"] > 0 else math.nan
     row["single_gpu_same_work_ms"] = max(g["same_work_ms"] for g in gathered)
@@ -367,9 +450,13 @@ def run_case(dtype_name: str, tokens_per_rank: int, args, device, rank: int, wor
     row["rows_sent_total"] = sum(map(sum, sent))
     row["rows_remote_total"] = row["rows_sent_total"] - sum(sent[r][r] for r in range(world_size))
     row["max_rows_received"] = max(sum(g["rows_received"]) for g in gathered)
-    detail.update(rows_sent_by_rank=sent, rows_received_by_rank=[g["rows_received"] for g in gathered],
-                  times_by_rank=[g["times"] for g in gathered], timelines_by_rank=[g["timeline"] for g in gathered],
-                  single_gpu_same_work_ms_by_rank=[g["same_work_ms"] for g in gathered])  # fmt: skip
+    detail.update(
+        rows_sent_by_rank=sent,
+        rows_received_by_rank=[g["rows_received"] for g in gathered],
+        times_by_rank=[g["times"] for g in gathered],
+        timelines_by_rank=[g["timeline"] for g in gathered],
+        single_gpu_same_work_ms_by_rank=[g["same_work_ms"] for g in gathered],
+    )
 
     del share
     reference, reference_failure = None, None
@@ -417,25 +504,49 @@ def provenance(args, device, world_size: int, backend: str, environment: dict, s
 
 
 def format_table(frame: pd.DataFrame, title: str) -> str:
-    shown = frame[["tokens_per_rank", "chunks", *TIME_COLUMNS, "exchange_share", "single_gpu_same_work_ms",
-                   "max_rel_error", "status"]]  # fmt: skip
+    shown = frame[
+        [
+            "tokens_per_rank",
+            "chunks",
+            *TIME_COLUMNS,
+            "exchange_share",
+            "single_gpu_same_work_ms",
+            "max_rel_error",
+            "status",
+        ]
+    ]
     return title + "\n" + shown.to_string(index=False, float_format=lambda value: f"{value:.4g}")
 
 
-def write_results(results: list[dict], dtype_name: str, args, device, world_size, backend, environment,
-                  started) -> tuple[Path, Path]:  # fmt: skip
+def write_results(
+    results: list[dict], dtype_name: str, args, device, world_size, backend, environment, started
+) -> tuple[Path, Path]:
     """Rank 0: the CSV and JSON of one dtype's cases (and their table, printed); returns their paths."""
-    stem = result_stem(PROBLEM, dtype_name, small=args.small, tag=f"{world_size}gpus",
-                       date=started.strftime("%Y-%m-%d"))  # fmt: skip
+    stem = result_stem(
+        PROBLEM, dtype_name, small=args.small, tag=f"{world_size}gpus", date=started.strftime("%Y-%m-%d")
+    )
     csv_path, json_path = result_paths(args.out, device, stem)
-    frame = pd.DataFrame([dict(r["row"], backend=backend, device=device.type, gpu=gpu_key(device),
-                               small=args.small) for r in results]).reindex(columns=CSV_COLUMNS)  # fmt: skip
+    frame = pd.DataFrame(
+        [dict(r["row"], backend=backend, device=device.type, gpu=gpu_key(device), small=args.small) for r in results]
+    ).reindex(columns=CSV_COLUMNS)
     axes = SMALL_AXES if args.small else FULL_AXES
-    document = dict(problem=PROBLEM, dtype=dtype_name, axes=axes, tokens_per_rank=args.tokens,
-                    provenance=provenance(args, device, world_size, backend, environment, started),
-                    chunks=args.chunks,
-                    cases=[dict(tokens_per_rank=r["row"]["tokens_per_rank"], chunks=r["row"]["chunks"],
-                                status=r["row"]["status"], **r["detail"]) for r in results])  # fmt: skip
+    document = dict(
+        problem=PROBLEM,
+        dtype=dtype_name,
+        axes=axes,
+        tokens_per_rank=args.tokens,
+        provenance=provenance(args, device, world_size, backend, environment, started),
+        chunks=args.chunks,
+        cases=[
+            dict(
+                tokens_per_rank=r["row"]["tokens_per_rank"],
+                chunks=r["row"]["chunks"],
+                status=r["row"]["status"],
+                **r["detail"],
+            )
+            for r in results
+        ],
+    )
     write_run(csv_path, frame, json_path, document)
     title = f"{PROBLEM} · {dtype_name} · {gpu_key(device)} × {world_size} · ms, largest median over ranks"
     print(format_table(frame, title), flush=True)
@@ -463,12 +574,17 @@ def run_rank(rank: int, local_rank: int, world_size: int, init_method: str, args
             print(message, flush=True)
 
     log("environment: " + " ".join(f"{name}={value}" for name, value in environment.items()))
-    log(f"{world_size} ranks, {backend} on {device.type}; tokens per rank {args.tokens}; chunks {args.chunks}; "
-        f"dtypes {args.dtypes}")
+    log(
+        f"{world_size} ranks, {backend} on {device.type}; tokens per rank {args.tokens}; chunks {args.chunks}; "
+        f"dtypes {args.dtypes}"
+    )
     try:
         for dtype_name in args.dtypes:
-            results = [run_case(dtype_name, tokens, args, device, rank, world_size, log, chunks)
-                       for tokens in args.tokens for chunks in args.chunks]  # fmt: skip
+            results = [
+                run_case(dtype_name, tokens, args, device, rank, world_size, log, chunks)
+                for tokens in args.tokens
+                for chunks in args.chunks
+            ]
             if rank == 0:
                 write_results(results, dtype_name, args, device, world_size, backend, environment, started)
     finally:

@@ -54,8 +54,12 @@ def git_status_lines(limit: int = 10) -> list[str] | None:
 def driver_version() -> str | None:
     """The NVIDIA driver's version as nvidia-smi reports it; None without one."""
     try:
-        done = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=20)  # fmt: skip
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout.strip() else None

@@ -57,11 +57,31 @@ FLOAT64_REL_ERROR = {"bfloat16": 3e-2, "float32": 8e-3}
 FULL_WORLD_SIZES = [2, 4, 8, 16]
 SMALL_WORLD_SIZES = [2, 4]
 CSV_COLUMNS = [
-    "problem", "dtype", "world_size", "local_experts", "tokens_per_rank", "rows_received", "rows_per_expert",
-    "hidden_size", "intermediate_size", "num_experts", "top_k", "routing", "impl", "same_work_ms", "check",
-    *(f"rel_error_{name}" for name in OUTPUT_NAMES), "max_rel_error", "correct", "status", "warmup", "reps", "device",
-    "gpu", "small",
-]  # fmt: skip
+    "problem",
+    "dtype",
+    "world_size",
+    "local_experts",
+    "tokens_per_rank",
+    "rows_received",
+    "rows_per_expert",
+    "hidden_size",
+    "intermediate_size",
+    "num_experts",
+    "top_k",
+    "routing",
+    "impl",
+    "same_work_ms",
+    "check",
+    *(f"rel_error_{name}" for name in OUTPUT_NAMES),
+    "max_rel_error",
+    "correct",
+    "status",
+    "warmup",
+    "reps",
+    "device",
+    "gpu",
+    "small",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,18 +92,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when available, else cpu")
     parser.add_argument("--small", action="store_true", help="tiny shapes (H 32, I 16, E 8, K 2; 16 and 64 tokens)")
-    parser.add_argument("--world-sizes", type=token_list, help="group sizes W, comma-separated (default 2,4,8,16; "
-                        "--small: 2,4)")  # fmt: skip
+    parser.add_argument(
+        "--world-sizes", type=token_list, help="group sizes W, comma-separated (default 2,4,8,16; --small: 2,4)"
+    )
     parser.add_argument("--tokens", type=token_list, help="tokens per rank, comma-separated")
     parser.add_argument("--dtypes", default="bfloat16,float32", help="comma-separated: bfloat16, float32")
-    parser.add_argument("--impl", default="auto", choices=IMPLS,
-                        help="the expert layer's path (auto: triton on CUDA, the reference on CPU)")  # fmt: skip
+    parser.add_argument(
+        "--impl",
+        default="auto",
+        choices=IMPLS,
+        help="the expert layer's path (auto: triton on CUDA, the reference on CPU)",
+    )
     parser.add_argument("--seed", type=non_negative, default=0)
     parser.add_argument("--warmup", type=non_negative, help="untimed runs per case (default 2; CPU 1)")
     parser.add_argument("--reps", type=positive, help="timed runs per case (default 5; CPU 3)")
-    parser.add_argument("--profile", action="store_true",
-                        help="after each case's timing, one more step under torch.profiler: its kernels' device "
-                        "times go to the JSON (key 'kernels') and are printed")  # fmt: skip
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="after each case's timing, one more step under torch.profiler: its kernels' device "
+        "times go to the JSON (key 'kernels') and are printed",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results root (default: data/results)")
     return parser
 
@@ -99,8 +127,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.world_sizes = SMALL_WORLD_SIZES if args.small else FULL_WORLD_SIZES
     for world_size in args.world_sizes:
         if not 1 <= world_size <= axes["num_experts"]:
-            parser.error(f"--world-sizes: expected 1 to {axes['num_experts']} (the experts to share out), "
-                         f"got {world_size}")  # fmt: skip
+            parser.error(
+                f"--world-sizes: expected 1 to {axes['num_experts']} (the experts to share out), got {world_size}"
+            )
     if 0 in args.tokens:
         parser.error("--tokens: expected positive token counts, got 0")
     args.routing = "uniform"  # balanced routing, the cost model's (moe_lib.bench.parallel.global_inputs reads it)
@@ -121,9 +150,12 @@ def memory_needed(tokens_per_rank: int, world_size: int, element_bytes: int, axe
 
 def _float64_errors(rows: dict, shard: list, got: tuple) -> dict[str, float]:
     """Each output's relative Frobenius error against ``impl="reference"`` in float64 on the same rows."""
-    rows64 = dict(rows, grad_output=rows["grad_output"].double(),
-                  hidden_states=rows["hidden_states"].detach().double().requires_grad_(),
-                  topk_weights=rows["topk_weights"].detach().double().requires_grad_())  # fmt: skip
+    rows64 = dict(
+        rows,
+        grad_output=rows["grad_output"].double(),
+        hidden_states=rows["hidden_states"].detach().double().requires_grad_(),
+        topk_weights=rows["topk_weights"].detach().double().requires_grad_(),
+    )
     shard64 = [w.detach().double().requires_grad_() for w in shard]
     want = same_work_step(rows64, shard64, "reference")
     errors = {}
@@ -137,9 +169,18 @@ def run_case(dtype_name: str, world_size: int, tokens_per_rank: int, args, devic
     """One (dtype, W, T_r) case: its CSV row."""
     axes = SMALL_AXES if args.small else FULL_AXES
     E = axes["num_experts"]
-    row = dict(problem=PROBLEM, dtype=dtype_name, world_size=world_size, local_experts=-(-E // world_size),
-               tokens_per_rank=tokens_per_rank, **axes, routing="uniform", impl=args.impl, warmup=args.warmup,
-               reps=args.reps)  # fmt: skip
+    row = dict(
+        problem=PROBLEM,
+        dtype=dtype_name,
+        world_size=world_size,
+        local_experts=-(-E // world_size),
+        tokens_per_rank=tokens_per_rank,
+        **axes,
+        routing="uniform",
+        impl=args.impl,
+        warmup=args.warmup,
+        reps=args.reps,
+    )
     if device.type == "cuda":
         torch.cuda.empty_cache()
         free = torch.cuda.mem_get_info(device)[0] * MEMORY_HEADROOM
@@ -147,8 +188,9 @@ def run_case(dtype_name: str, world_size: int, tokens_per_rank: int, args, devic
         if needed > free:
             row["status"] = f"skipped: needs ~{needed / 2**30:.0f} GiB, less is free"
             return row
-    share = local_share(global_inputs(dtype_name, tokens_per_rank, world_size, args, device), 0, world_size,
-                        tokens_per_rank)  # fmt: skip
+    share = local_share(
+        global_inputs(dtype_name, tokens_per_rank, world_size, args, device), 0, world_size, tokens_per_rank
+    )
     rows, shard = share["received_rows"], share["shard"]
     received = rows["hidden_states"].shape[0]
     row.update(rows_received=received, rows_per_expert=received / shard[0].shape[0])
@@ -184,6 +226,7 @@ def kernel_times(step, device, top: int = 12) -> list[dict]:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     del outputs
+
     def self_us(event) -> float:  # on CPU the operators' own time
         return event.self_device_time_total if device.type == "cuda" else event.self_cpu_time_total
 
@@ -195,19 +238,44 @@ def write_results(rows: list[dict], dtype_name: str, args, device, started) -> t
     """The CSV and JSON of one dtype's cases (and their table, printed); returns their paths."""
     stem = result_stem(PROBLEM, dtype_name, small=args.small, tag=None, date=started.strftime("%Y-%m-%d"))
     csv_path, json_path = result_paths(args.out, device, stem)
-    frame = pd.DataFrame([dict(row, device=device.type, gpu=gpu_key(device), small=args.small)
-                          for row in rows]).reindex(columns=CSV_COLUMNS)  # fmt: skip
-    document = dict(problem=PROBLEM, dtype=dtype_name, axes=SMALL_AXES if args.small else FULL_AXES,
-                    world_sizes=args.world_sizes, tokens_per_rank=args.tokens,
-                    provenance=dict(run_context(device, started, "moe_lib.bench.rank_work"), **working_tree_state(),
-                                    seed=args.seed, impl=args.impl, warmup=args.warmup, reps=args.reps,
-                                    small=args.small, correct_rel_error=FLOAT64_REL_ERROR))  # fmt: skip
+    frame = pd.DataFrame(
+        [dict(row, device=device.type, gpu=gpu_key(device), small=args.small) for row in rows]
+    ).reindex(columns=CSV_COLUMNS)
+    document = dict(
+        problem=PROBLEM,
+        dtype=dtype_name,
+        axes=SMALL_AXES if args.small else FULL_AXES,
+        world_sizes=args.world_sizes,
+        tokens_per_rank=args.tokens,
+        provenance=dict(
+            run_context(device, started, "moe_lib.bench.rank_work"),
+            **working_tree_state(),
+            seed=args.seed,
+            impl=args.impl,
+            warmup=args.warmup,
+            reps=args.reps,
+            small=args.small,
+            correct_rel_error=FLOAT64_REL_ERROR,
+        ),
+    )
     if args.profile:
-        document["kernels"] = [dict(world_size=row["world_size"], tokens_per_rank=row["tokens_per_rank"],
-                                    kernels=row.get("kernels", [])) for row in rows]  # fmt: skip
+        document["kernels"] = [
+            dict(world_size=row["world_size"], tokens_per_rank=row["tokens_per_rank"], kernels=row.get("kernels", []))
+            for row in rows
+        ]
     write_run(csv_path, frame, json_path, document)
-    shown = frame[["world_size", "local_experts", "tokens_per_rank", "rows_per_expert", "same_work_ms",
-                   "check", "max_rel_error", "status"]]  # fmt: skip
+    shown = frame[
+        [
+            "world_size",
+            "local_experts",
+            "tokens_per_rank",
+            "rows_per_expert",
+            "same_work_ms",
+            "check",
+            "max_rel_error",
+            "status",
+        ]
+    ]
     print(f"{PROBLEM} · {dtype_name} · {gpu_key(device)} · one rank's expert work, forward + backward, median ms")
     print(shown.to_string(index=False, float_format=lambda value: f"{value:.4g}"), flush=True)
     for row in rows if args.profile else []:
@@ -227,8 +295,11 @@ def main(argv=None) -> list[Path]:
         for world_size in args.world_sizes:
             for tokens in args.tokens:
                 rows.append(run_case(dtype_name, world_size, tokens, args, device, check=tokens == min(args.tokens)))
-                print(f"{dtype_name} W={world_size} T_r={tokens}: {rows[-1].get('same_work_ms', math.nan):.3f} ms "
-                      f"({rows[-1]['status']})", flush=True)  # fmt: skip
+                print(
+                    f"{dtype_name} W={world_size} T_r={tokens}: {rows[-1].get('same_work_ms', math.nan):.3f} ms "
+                    f"({rows[-1]['status']})",
+                    flush=True,
+                )
         written.extend(write_results(rows, dtype_name, args, device, started))
         wrong = [row for row in rows if str(row["status"]).startswith("wrong")]
         if wrong:

@@ -46,19 +46,48 @@ from .provenance import (
 )
 
 DEFAULT_OUT = problems.DATA_DIR / "results"
-RECORDED_ENVIRONMENT = ("LIGER_FUSED_MOE_AUTOTUNE", "TRITON_CACHE_AUTOTUNING", "TRITON_INTERPRET",
-                        "PYTORCH_CUDA_ALLOC_CONF", "CUDA_VISIBLE_DEVICES")  # fmt: skip
+RECORDED_ENVIRONMENT = (
+    "LIGER_FUSED_MOE_AUTOTUNE",
+    "TRITON_CACHE_AUTOTUNING",
+    "TRITON_INTERPRET",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "CUDA_VISIBLE_DEVICES",
+)
 MODEL_SUITE = "models"  # the "suite" of a model-suite file's JSON (the benchmark's own files have none)
 # column -> GPU key of the datasheet T_sol it holds
 DATASHEET_COLUMNS = {f"sol_ms_datasheet_{key}": key for key in roofline.DATASHEET_GPUS}
 
 CSV_COLUMNS = [
-    "problem", "mode", "impl", "num_tokens", "dtype", "median_ms", "p20_ms", "p80_ms", "reps", "timing",
-    "official_ms", "official_p20_ms", "official_p80_ms", "official_status", "peak_mem_gb",
-    "sol_ms", "roofline_fraction", *DATASHEET_COLUMNS, "flops", "bytes",
-    "rel_error", "element_pass_fraction", "correct", "passes_element_rule", "status", "small", "device", "gpu",
+    "problem",
+    "mode",
+    "impl",
+    "num_tokens",
+    "dtype",
+    "median_ms",
+    "p20_ms",
+    "p80_ms",
+    "reps",
+    "timing",
+    "official_ms",
+    "official_p20_ms",
+    "official_p80_ms",
+    "official_status",
+    "peak_mem_gb",
+    "sol_ms",
+    "roofline_fraction",
+    *DATASHEET_COLUMNS,
+    "flops",
+    "bytes",
+    "rel_error",
+    "element_pass_fraction",
+    "correct",
+    "passes_element_rule",
+    "status",
+    "small",
+    "device",
+    "gpu",
     "wall_s",
-]  # fmt: skip
+]
 
 
 def geomean(values) -> float:
@@ -86,8 +115,12 @@ def format_ms(ms, missing: str = "-") -> str:
 
 def result_stem(problem: str, dtype_name: str, *, small: bool, tag: str | None, date: str, mode: str = "op") -> str:
     """``<YYYY-MM-DD>-<problem>-<dtype>[-<mode>][-small][-<tag>]`` (the mode named unless it is ``op``)."""
-    return (f"{date}-{problem}-{dtype_name}" + (f"-{mode}" if mode != "op" else "") + ("-small" if small else "")
-            + (f"-{tag}" if tag else ""))  # fmt: skip
+    return (
+        f"{date}-{problem}-{dtype_name}"
+        + (f"-{mode}" if mode != "op" else "")
+        + ("-small" if small else "")
+        + (f"-{tag}" if tag else "")
+    )
 
 
 def result_paths(out, device: torch.device, stem: str) -> tuple[Path, Path]:
@@ -259,21 +292,34 @@ def format_tables(frame: pd.DataFrame, summary: dict, baseline: dict, title: str
     official = _official_table(frame, order)
     rows = []
     for label, s in summary.items():
-        rows.append(dict(impl=label, geomean=format_ms(s["geomean_ms"]),
-                         roofline_fraction="-" if pd.isna(s["geomean_ms"]) else f"{s['roofline_fraction']:.3f}",
-                         score="-" if s["sol_score"] is None else f"{s['sol_score']:.3f}",
-                         all_correct=s["all_correct"], element_rule=s["passes_element_rule"],
-                         cases=f"{s['n_correct']}/{s['n_cases']}", timing=",".join(s["timing"]) or "-",
-                         official=format_ms(s.get("official_geomean_ms"))))  # fmt: skip
+        rows.append(
+            dict(
+                impl=label,
+                geomean=format_ms(s["geomean_ms"]),
+                roofline_fraction="-" if pd.isna(s["geomean_ms"]) else f"{s['roofline_fraction']:.3f}",
+                score="-" if s["sol_score"] is None else f"{s['sol_score']:.3f}",
+                all_correct=s["all_correct"],
+                element_rule=s["passes_element_rule"],
+                cases=f"{s['n_correct']}/{s['n_cases']}",
+                timing=",".join(s["timing"]) or "-",
+                official=format_ms(s.get("official_geomean_ms")),
+            )
+        )
     table = pd.DataFrame(rows).set_index("impl")
     lines = [title, "", per_case.to_string(), "", table.to_string()]
     if official is not None:
-        lines[3:3] = ["", "the same calls in NVIDIA's harness's method (eager, fresh input addresses, CUPTI span "
-                      "from first kernel start to last kernel end):", official.to_string()]
+        lines[3:3] = [
+            "",
+            "the same calls in NVIDIA's harness's method (eager, fresh input addresses, CUPTI span "
+            "from first kernel start to last kernel end):",
+            official.to_string(),
+        ]
     base = baseline["impl"]
     if base:
-        lines.append(f"score baseline: {base} ({format_ms(baseline['geomean_ms'])} geomean), "
-                     f"T_sol geomean {format_ms(baseline['sol_geomean_ms'])}")  # fmt: skip
+        lines.append(
+            f"score baseline: {base} ({format_ms(baseline['geomean_ms'])} geomean), "
+            f"T_sol geomean {format_ms(baseline['sol_geomean_ms'])}"
+        )
     else:
         lines.append("score baseline: none (no baseline peer correct on every case)")
     lines.append("* = passes the 5e-2 rule but fails the element rule; WRONG = not timed")

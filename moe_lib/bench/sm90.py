@@ -65,14 +65,25 @@ def compile_gluon_for_sm90(kernel, arguments: dict, constexprs: dict, *, warps: 
     missing = [name for name in kernel.arg_names if name not in constexprs and name not in arguments]
     if missing:
         raise ValueError(f"arguments: no descriptor, type or value for {missing} of {kernel.__name__}")
-    signature = {name: "constexpr" if name in constexprs else arguments[name] if isinstance(arguments[name], str)
-                 else native_specialize_impl(BaseBackend, arguments[name], False, True, True)[0]
-                 for name in kernel.arg_names}  # fmt: skip
+    signature = {
+        name: "constexpr"
+        if name in constexprs
+        else arguments[name]
+        if isinstance(arguments[name], str)
+        else native_specialize_impl(BaseBackend, arguments[name], False, True, True)[0]
+        for name in kernel.arg_names
+    }
     # pointers 16-byte aligned, as the JIT specialises the arguments of torch's allocations (vector loads need it)
-    aligned = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]]
-               for name, kind in signature.items() if kind.startswith("*")}  # fmt: skip
-    return triton.compile(GluonASTSource(kernel, signature, constexprs, aligned), target=HOPPER,
-                          options=dict(num_warps=warps, maxnreg=maxnreg))  # fmt: skip
+    aligned = {
+        (kernel.arg_names.index(name),): [["tt.divisibility", 16]]
+        for name, kind in signature.items()
+        if kind.startswith("*")
+    }
+    return triton.compile(
+        GluonASTSource(kernel, signature, constexprs, aligned),
+        target=HOPPER,
+        options=dict(num_warps=warps, maxnreg=maxnreg),
+    )
 
 
 def resource_usage(compiled) -> dict[str, int]:
@@ -81,8 +92,9 @@ def resource_usage(compiled) -> dict[str, int]:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(compiled.asm["cubin"])
         cubin.flush()
-        out = subprocess.run([str(TOOLS / "cuobjdump"), "--dump-resource-usage", cubin.name],
-                             capture_output=True, text=True).stdout  # fmt: skip
+        out = subprocess.run(
+            [str(TOOLS / "cuobjdump"), "--dump-resource-usage", cubin.name], capture_output=True, text=True
+        ).stdout
     usage = re.search(r"REG:(\d+) STACK:(\d+)", out)
     if usage is None:
         raise RuntimeError(f"cuobjdump reported no registers and stack for {compiled.name}: {out[-500:]!r}")
@@ -90,7 +102,7 @@ def resource_usage(compiled) -> dict[str, int]:
 
 
 def resources(compiled) -> str:
-    """"REG:<n> STACK:<n> smem=<KiB>K wgmma=<count>" of a compiled kernel (cuobjdump on its cubin)."""
+    """ "REG:<n> STACK:<n> smem=<KiB>K wgmma=<count>" of a compiled kernel (cuobjdump on its cubin)."""
     usage = resource_usage(compiled)
     wgmma = compiled.asm["ptx"].count("wgmma.mma_async")
     return f"REG:{usage['registers']} STACK:{usage['stack']} smem={usage['shared'] // 1024}K wgmma={wgmma}"
@@ -101,8 +113,9 @@ def sass_counts(compiled, ops) -> collections.Counter:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(compiled.asm["cubin"])
         cubin.flush()
-        sass = subprocess.run([str(TOOLS / "cuobjdump"), "--dump-sass", cubin.name], capture_output=True,
-                              text=True).stdout  # fmt: skip
+        sass = subprocess.run(
+            [str(TOOLS / "cuobjdump"), "--dump-sass", cubin.name], capture_output=True, text=True
+        ).stdout
     return collections.Counter(re.findall(r"\b(" + "|".join(ops) + r")\b", sass))
 
 
@@ -112,14 +125,17 @@ def wgmma_serialized(compiled) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         ptx = Path(tmp) / "kernel.ptx"
         ptx.write_text(compiled.asm["ptx"])
-        out = subprocess.run([str(TOOLS / "ptxas"), "-arch=sm_90a", "-v", str(ptx), "-o", str(Path(tmp) / "k.o")],
-                             capture_output=True, text=True)  # fmt: skip
+        out = subprocess.run(
+            [str(TOOLS / "ptxas"), "-arch=sm_90a", "-v", str(ptx), "-o", str(Path(tmp) / "k.o")],
+            capture_output=True,
+            text=True,
+        )
     found = re.search(r"serialized due to (.*?) in the function", out.stdout + out.stderr)
     return "SERIALIZED (" + " ".join(found.group(1).split()) + ")" if found else "no"
 
 
 def over_limit(compiled) -> str:
-    """" (OVER 227K: will not launch)" where the kernel needs more shared memory than an SM has, else ""."""
+    """ " (OVER 227K: will not launch)" where the kernel needs more shared memory than an SM has, else ""."""
     return " (OVER 227K: will not launch)" if compiled.metadata.shared > SHARED_MEMORY_LIMIT else ""
 
 

@@ -35,8 +35,12 @@ class CaptureError(RuntimeError):
 def summarize(samples_ms) -> dict:
     """Median and 20th/80th percentiles of the samples (ms), and their count."""
     samples = np.asarray(samples_ms, dtype=np.float64)
-    return dict(median_ms=float(np.median(samples)), p20_ms=float(np.percentile(samples, 20)),
-                p80_ms=float(np.percentile(samples, 80)), reps=int(samples.size))  # fmt: skip
+    return dict(
+        median_ms=float(np.median(samples)),
+        p20_ms=float(np.percentile(samples, 20)),
+        p80_ms=float(np.percentile(samples, 80)),
+        reps=int(samples.size),
+    )
 
 
 def repetitions(estimate_ms: float, reps: int) -> int:

@@ -37,8 +37,9 @@ def p1_candidates() -> dict:
             candidates[f"gluon_{name}_dx{splits}"] = with_second(form, grad_x_splits=splits)
     candidates["library_gemms_fast"] = LibraryGemmsConfig(d_a_fp32=True, streams=True, stack_aside=True)
     candidates["library_gemms_fast_dx2"] = LibraryGemmsConfig(d_a_fp32=True, streams=True, dx_in_two=True)
-    candidates["library_gemms_fast_many"] = LibraryGemmsConfig(d_a_fp32=False, streams=True, stack_aside=True,
-                                                               stack_by_memcpy=True)  # fmt: skip
+    candidates["library_gemms_fast_many"] = LibraryGemmsConfig(
+        d_a_fp32=False, streams=True, stack_aside=True, stack_by_memcpy=True
+    )
     candidates["library_gemms_faithful"] = LibraryGemmsConfig(d_a_fp32=True)
     for tokens, label in ((0, "chained"), (512, "chained_wide"), (GRAD_DOWN_LAST_MIN_TOKENS, "chained_wide_dwd_last")):
         candidates[label] = ChainedConfig.for_tokens(tokens)
@@ -127,8 +128,10 @@ def parse_case(text: str, op: str = "moe_experts_backward") -> tuple[problems.Pr
     by_dtype = problems_by_dtype(op)
     name = DTYPE_ALIASES.get(dtype.strip())
     if not sign or name not in by_dtype or not count.strip().isdigit():
-        raise ValueError(f"case: expected dtype:num_tokens with dtype in {sorted(by_dtype)} (or an alias such as "
-                         f"fp32, bf16) and num_tokens an integer, got {text!r}")  # fmt: skip
+        raise ValueError(
+            f"case: expected dtype:num_tokens with dtype in {sorted(by_dtype)} (or an alias such as "
+            f"fp32, bf16) and num_tokens an integer, got {text!r}"
+        )
     return by_dtype[name], int(count)
 
 
@@ -193,13 +196,42 @@ def p2_kernel_a_workspaces(inputs: dict) -> dict:
     topk_partial = torch.empty((plan["A"].grid["I-tiles"], T * K), dtype=torch.float32, device=device)
     x_halves = operand_halves(x, split, workspace_dtype)
     dy_halves = operand_halves(dy, split, workspace_dtype)
-    launch.launch_swiglu_grad(config, plan, routing, x_halves, dy_halves, inputs["topk_weights"],
-                              inputs["gate_weights"], inputs["up_weights"], inputs["down_weights"], dgate, dup,
-                              scaled_act, topk_partial, forward_only=False)  # fmt: skip
+    launch.launch_swiglu_grad(
+        config,
+        plan,
+        routing,
+        x_halves,
+        dy_halves,
+        inputs["topk_weights"],
+        inputs["gate_weights"],
+        inputs["up_weights"],
+        inputs["down_weights"],
+        dgate,
+        dup,
+        scaled_act,
+        topk_partial,
+        forward_only=False,
+    )
     torch.cuda.synchronize()
-    return dict(config=config, plan=plan, routing=routing, T=T, K=K, E=E, I=I, H=H, dtype=dtype, x=x_halves[0],
-                dy=dy_halves[0], gate=inputs["gate_weights"], up=inputs["up_weights"], down=inputs["down_weights"],
-                dgate=dgate, dup=dup, scaled_act=scaled_act)  # fmt: skip
+    return dict(
+        config=config,
+        plan=plan,
+        routing=routing,
+        T=T,
+        K=K,
+        E=E,
+        I=I,
+        H=H,
+        dtype=dtype,
+        x=x_halves[0],
+        dy=dy_halves[0],
+        gate=inputs["gate_weights"],
+        up=inputs["up_weights"],
+        down=inputs["down_weights"],
+        dgate=dgate,
+        dup=dup,
+        scaled_act=scaled_act,
+    )
 
 
 def candidate_verdict(row: dict) -> str:
@@ -244,8 +276,9 @@ def print_configs(cases, configs: dict[str, dict], choose_config, name_width: in
     why they are invalid."""
     for case, (problem, num_tokens) in cases:
         sizes = problem.sizes(num_tokens)
-        default = choose_config(num_tokens * sizes["top_k"], sizes["num_experts"], problem.dtype.itemsize,
-                                interpreter=False)  # fmt: skip
+        default = choose_config(
+            num_tokens * sizes["top_k"], sizes["num_experts"], problem.dtype.itemsize, interpreter=False
+        )
         for name, fields in configs.items():
             try:
                 print(f"{case:11s} {name:{name_width}s} {replace_fields(default, fields)}")

@@ -63,17 +63,25 @@ def unsupported_reason(module: nn.Module) -> str | None:
     return None
 
 
-def experts_forward(module: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                    top_k_weights: torch.Tensor) -> torch.Tensor:  # fmt: skip
+def experts_forward(
+    module: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+) -> torch.Tensor:
     """The experts forward transformers calls for ``experts_implementation="moe_lib"``: hidden_states [T, H],
     top_k_index and top_k_weights [T, K] → [T, H], as its "eager" and "grouped_mm" forwards."""
     reason = unsupported_reason(module)
     if reason is not None:
         raise NotImplementedError(f"experts_implementation='moe_lib': {type(module).__name__}: {reason}")
     options = getattr(module, "moe_lib_options", DEFAULT_OPTIONS)
-    return moe_experts(hidden_states, top_k_index, top_k_weights, *split_gate_up(module.gate_up_proj),
-                       module.down_proj, impl=options["impl"], validate=False,
-                       save_activations=options["save_activations"])  # fmt: skip
+    return moe_experts(
+        hidden_states,
+        top_k_index,
+        top_k_weights,
+        *split_gate_up(module.gate_up_proj),
+        module.down_proj,
+        impl=options["impl"],
+        validate=False,
+        save_activations=options["save_activations"],
+    )
 
 
 def apply_moe_lib(model: nn.Module, *, impl: str = "auto", save_activations: bool = False) -> nn.Module:
@@ -87,8 +95,10 @@ def apply_moe_lib(model: nn.Module, *, impl: str = "auto", save_activations: boo
         raise TypeError(f"model: expected a transformers PreTrainedModel, got {type(model).__name__}")
     experts = {name: module for name, module in model.named_modules() if is_experts_module(module)}
     if not experts:
-        raise ValueError(f"model: {type(model).__name__} has no expert modules that select their implementation "
-                         "by name (transformers' @use_experts_implementation)")  # fmt: skip
+        raise ValueError(
+            f"model: {type(model).__name__} has no expert modules that select their implementation "
+            "by name (transformers' @use_experts_implementation)"
+        )
     for name, module in experts.items():
         reason = unsupported_reason(module)
         if reason is not None:

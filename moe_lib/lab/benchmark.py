@@ -106,8 +106,10 @@ def speedup_table(result: ResultFile) -> pd.DataFrame:
     best = best_peer(result)
     table = times.rdiv(best["median_ms"], axis=0)
     table.insert(0, "best peer (ms)", best["median_ms"])
-    names = [impl + (" ✗rule" if passes is False else "")
-             for impl, passes in zip(best["impl"].fillna("–"), best["passes_element_rule"], strict=True)]
+    names = [
+        impl + (" ✗rule" if passes is False else "")
+        for impl, passes in zip(best["impl"].fillna("–"), best["passes_element_rule"], strict=True)
+    ]
     table.insert(0, "best peer", names)
     return table
 
@@ -127,15 +129,18 @@ def impl_summary(result: ResultFile) -> pd.DataFrame:
     for impl in impl_columns(result):
         mine = frame[frame["impl"] == impl]
         ok = mine[mine["status"] == "ok"]
-        rows[impl] = {"geomean_ms": geomean(ok["median_ms"]),
-                      "roofline_fraction": geomean(ok["sol_ms"] / ok["median_ms"]),
-                      "cases_correct": f"{len(ok)}/{len(mine)}",
-                      "all_correct": bool(len(mine) and len(ok) == len(mine)),
-                      "element_rule": _element_rule_verdict(ok),
-                      "worst_rel_error": ok["rel_error"].max() if len(ok) else math.nan}  # fmt: skip
+        rows[impl] = {
+            "geomean_ms": geomean(ok["median_ms"]),
+            "roofline_fraction": geomean(ok["sol_ms"] / ok["median_ms"]),
+            "cases_correct": f"{len(ok)}/{len(mine)}",
+            "all_correct": bool(len(mine) and len(ok) == len(mine)),
+            "element_rule": _element_rule_verdict(ok),
+            "worst_rel_error": ok["rel_error"].max() if len(ok) else math.nan,
+        }
     # the score's baseline, as the benchmark harness picks it: the fastest PyTorch peer correct on every case
-    candidates = {impl: row["geomean_ms"] for impl, row in rows.items()
-                  if impl in baseline_labels() and row["all_correct"]}  # fmt: skip
+    candidates = {
+        impl: row["geomean_ms"] for impl, row in rows.items() if impl in baseline_labels() and row["all_correct"]
+    }
     baseline = min(candidates, key=candidates.get) if candidates else None
     baseline_ms = candidates[baseline] if baseline else math.nan
     summary = result.meta.get("summary", {})
@@ -199,8 +204,10 @@ def correctness_pivot(result: ResultFile) -> pd.DataFrame:
 
 def recorded_summary(result: ResultFile) -> dict:
     """{impl: {geomean_ms, all_correct}} as the result's JSON recorded them."""
-    return {impl: {"geomean_ms": s.get("geomean_ms"), "all_correct": s.get("all_correct")}
-            for impl, s in result.meta.get("summary", {}).items()}  # fmt: skip
+    return {
+        impl: {"geomean_ms": s.get("geomean_ms"), "all_correct": s.get("all_correct")}
+        for impl, s in result.meta.get("summary", {}).items()
+    }
 
 
 # ================================================================ styled tables
@@ -210,8 +217,9 @@ def styled_times(result: ResultFile):
     """:func:`.results.times_table` as a styled table, the fastest implementation of each case in bold."""
     table = times_table(result)
     impls = [c for c in table.columns if not c.startswith("T_sol")]
-    return (styled(table, format_ms, f"{result.title}: median GPU time per case ({result.csv.name})")
-            .highlight_min(subset=impls, axis=1, props="font-weight: bold"))  # fmt: skip
+    return styled(table, format_ms, f"{result.title}: median GPU time per case ({result.csv.name})").highlight_min(
+        subset=impls, axis=1, props="font-weight: bold"
+    )
 
 
 def styled_speedups(result: ResultFile):
@@ -225,25 +233,36 @@ def styled_speedups(result: ResultFile):
         return "color: #1a7f37" if value > 1 else "color: #cf222e"
 
     formats = {c: "{:.2f}×" for c in impls} | {"best peer (ms)": format_ms}
-    return (styled(table, formats, f"{result.title}: speed-up over the best PyTorch peer per case "
-                   "(✗rule: that peer fails the element rule)").map(colour, subset=impls))  # fmt: skip
+    return styled(
+        table,
+        formats,
+        f"{result.title}: speed-up over the best PyTorch peer per case (✗rule: that peer fails the element rule)",
+    ).map(colour, subset=impls)
 
 
 def styled_fractions(result: ResultFile):
     """:func:`roofline_fraction_table` styled, shaded from 0 to 1."""
     table = roofline_fraction_table(result)
-    return (styled(table, "{:.3f}", f"{result.title}: roofline fraction T_sol / T (the run's measured ceilings)")
-            .background_gradient(cmap="Greens", vmin=0, vmax=1))  # fmt: skip
+    return styled(
+        table, "{:.3f}", f"{result.title}: roofline fraction T_sol / T (the run's measured ceilings)"
+    ).background_gradient(cmap="Greens", vmin=0, vmax=1)
 
 
 def styled_summary(result: ResultFile):
     """:func:`impl_summary` styled."""
     table = impl_summary(result)
     baseline = table.attrs["baseline"]
-    caption = (f"{result.title}: geomeans over the correct cases; score baseline {baseline} "
-               f"({format_ms(table.attrs['baseline_ms'])}), T_sol geomean {format_ms(table.attrs['sol_geomean_ms'])}")
-    formats = {"geomean_ms": format_ms, "roofline_fraction": "{:.3f}", "worst_rel_error": "{:.2e}",
-               "sol_score": "{:.3f}", "sol_score (file)": "{:.3f}"}  # fmt: skip
+    caption = (
+        f"{result.title}: geomeans over the correct cases; score baseline {baseline} "
+        f"({format_ms(table.attrs['baseline_ms'])}), T_sol geomean {format_ms(table.attrs['sol_geomean_ms'])}"
+    )
+    formats = {
+        "geomean_ms": format_ms,
+        "roofline_fraction": "{:.3f}",
+        "worst_rel_error": "{:.2e}",
+        "sol_score": "{:.3f}",
+        "sol_score (file)": "{:.3f}",
+    }
     return styled(table, formats, caption)
 
 
@@ -256,9 +275,12 @@ def styled_correctness(result: ResultFile):
     formats = {c: "{:.2e}" for c in table.columns if c.endswith("rel. error")} | {c: "{:.4f}" for c in passing}
     caption = f"{result.title}: correctness per case" + (
         f" (element rule: |out − ref| ≤ {rule['atol']} + {rule['rtol']}·|ref| on ≥ {required:.0%} of elements)"
-        if rule else " (no element rule: judged by relative error)")  # fmt: skip
+        if rule
+        else " (no element rule: judged by relative error)"
+    )
     return styled(table, formats, caption).map(
-        lambda v: "color: #cf222e; font-weight: bold" if not pd.isna(v) and v < required else "", subset=passing)
+        lambda v: "color: #cf222e; font-weight: bold" if not pd.isna(v) and v < required else "", subset=passing
+    )
 
 
 # ================================================================ figures
@@ -270,8 +292,11 @@ def per_case_figure(results: dict[str, ResultFile], kind: str):
     tables = {"time": times_table, "speedup": speedup_table, "fraction": roofline_fraction_table}
     if kind not in tables:
         raise ValueError(f"kind: expected one of {sorted(tables)}, got {kind!r}")
-    labels = {"time": "median GPU time (ms)", "speedup": "speed-up over the best PyTorch peer",
-              "fraction": "roofline fraction T_sol / T"}  # fmt: skip
+    labels = {
+        "time": "median GPU time (ms)",
+        "speedup": "speed-up over the best PyTorch peer",
+        "fraction": "roofline fraction T_sol / T",
+    }
     fig = plt.figure(figsize=(12, 4.8 if len(results) == 1 else 9.6), layout="constrained")
     grid = fig.add_gridspec(1 if len(results) == 1 else 2, max(len(results) - 1, 1))
     # the first file (P1 and its 16 cases) across the top, the others side by side below

@@ -71,8 +71,16 @@ def swiglu_autograd_grads(grad_output, x, gate_weight, up_weight, down_weight) -
     up = x @ w_up.T
     intermediate = gate_silu * up
     y = intermediate @ w_down.T
-    named = dict(intermediate=intermediate, gate_silu=gate_silu, up=up, gate=gate,
-                 x=x, gate_weight=w_gate, up_weight=w_up, down_weight=w_down)  # fmt: skip
+    named = dict(
+        intermediate=intermediate,
+        gate_silu=gate_silu,
+        up=up,
+        gate=gate,
+        x=x,
+        gate_weight=w_gate,
+        up_weight=w_up,
+        down_weight=w_down,
+    )
     return _grads(y, named, grad_output)
 
 
@@ -83,8 +91,9 @@ def moe_slots(topk_indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return token_of_slot, topk_indices.reshape(-1)
 
 
-def moe_autograd_grads(grad_output, hidden_states, topk_indices, topk_weights, gate_weights, up_weights,
-                       down_weights) -> dict:  # fmt: skip
+def moe_autograd_grads(
+    grad_output, hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights
+) -> dict:
     """Float64 autograd gradients of ⟨dy, y⟩ for every tensor of the P2 forward, written per slot.
 
     Per slot s (token t, expert e): x_slots[s] = x_t (the dispatch), g = Wg_e x_t, u = Wu_e x_t,
@@ -101,8 +110,18 @@ def moe_autograd_grads(grad_output, hidden_states, topk_indices, topk_weights, g
     a = F.silu(g) * u
     o = torch.einsum("shi,si->sh", w_down[expert_of_slot], a)
     y = (w.reshape(-1, 1) * o).reshape(num_tokens, top_k, -1).sum(dim=1)
-    named = dict(x_slots=x_slots, g=g, u=u, a=a, o=o, hidden_states=x, topk_weights=w,
-                 gate_weights=w_gate, up_weights=w_up, down_weights=w_down)  # fmt: skip
+    named = dict(
+        x_slots=x_slots,
+        g=g,
+        u=u,
+        a=a,
+        o=o,
+        hidden_states=x,
+        topk_weights=w,
+        gate_weights=w_gate,
+        up_weights=w_up,
+        down_weights=w_down,
+    )
     return _grads(y, named, grad_output)
 
 
@@ -122,8 +141,9 @@ def swiglu_bf16_errors(inputs: dict) -> dict:
     exact_saved = reference.swiglu_down_backward_reference(*as64.values())
     fp32 = reference.swiglu_down_backward_reference(*as32.values())
     bf16 = reference.swiglu_down_backward_reference(*inputs.values())
-    autograd = swiglu_autograd_grads(*(as64[k] for k in ("grad_output", "x", "gate_weight", "up_weight",
-                                                         "down_weight")))  # fmt: skip
+    autograd = swiglu_autograd_grads(
+        *(as64[k] for k in ("grad_output", "x", "gate_weight", "up_weight", "down_weight"))
+    )
     exact_forward = [autograd[k] for k in ("x", "gate_weight", "up_weight", "down_weight")]
     recomputed = dict(as32, gate_sigmoid=torch.sigmoid(as32["gate"]))
     fp32_recomputed = reference.swiglu_down_backward_reference(*recomputed.values())
@@ -133,8 +153,10 @@ def swiglu_bf16_errors(inputs: dict) -> dict:
         "bf16 saved forward": (bf16, exact_forward),
         "recomputed sigmoid": (fp32_recomputed, fp32),
     }
-    return {column: {name: relative_error(g, w) for name, g, w in zip(P1_OUTPUTS, got, want, strict=True)}
-            for column, (got, want) in columns.items()}  # fmt: skip
+    return {
+        column: {name: relative_error(g, w) for name, g, w in zip(P1_OUTPUTS, got, want, strict=True)}
+        for column, (got, want) in columns.items()
+    }
 
 
 E4M3_MAX = 448.0  # the largest finite float8 e4m3 value
@@ -207,11 +229,13 @@ def representation_pass_fractions(num_tokens: int, scales=(1.0,), seed: int = 0,
         d_up = d_a * v["gate_silu"]
         gate_terms = _represented_products(d_gate, v["x"], v["gate_weight"])
         up_terms = _represented_products(d_up, v["x"], v["up_weight"])
-        exact = {"dx": d_gate @ v["gate_weight"] + d_up @ v["up_weight"], "dWg": d_gate.T @ v["x"],
-                 "dWu": d_up.T @ v["x"]}  # fmt: skip
+        exact = {
+            "dx": d_gate @ v["gate_weight"] + d_up @ v["up_weight"],
+            "dWg": d_gate.T @ v["x"],
+            "dWu": d_up.T @ v["x"],
+        }
         for name, work in REPRESENTATIONS.items():
-            got = {"dx": gate_terms[name][0] + up_terms[name][0], "dWg": gate_terms[name][1],
-                   "dWu": up_terms[name][1]}  # fmt: skip
+            got = {"dx": gate_terms[name][0] + up_terms[name][0], "dWg": gate_terms[name][1], "dWu": up_terms[name][1]}
             row = {"tokens": num_tokens, "scale": float(scale), "representation": name, "tensor work": work}
             for output, ref in exact.items():
                 out = _bf16(got[output])
@@ -234,8 +258,13 @@ def routing_load(num_tokens: int, num_experts: int, top_k: int, routing: str, se
 def load_stats(tokens_per_expert: torch.Tensor) -> dict:
     """min, mean, max, std of the tokens per expert and how many experts got none."""
     counts = tokens_per_expert.double()
-    return dict(min=int(tokens_per_expert.min()), mean=counts.mean().item(), max=int(tokens_per_expert.max()),
-                std=counts.std().item(), empty_experts=int((tokens_per_expert == 0).sum()))  # fmt: skip
+    return dict(
+        min=int(tokens_per_expert.min()),
+        mean=counts.mean().item(),
+        max=int(tokens_per_expert.max()),
+        std=counts.std().item(),
+        empty_experts=int((tokens_per_expert == 0).sum()),
+    )
 
 
 def uniform_load_pmf(num_tokens: int, num_experts: int, top_k: int, counts) -> list[float]:
@@ -248,9 +277,18 @@ def uniform_load_pmf(num_tokens: int, num_experts: int, top_k: int, counts) -> l
     if p >= 1:
         return [1.0 if c == num_tokens else 0.0 for c in counts]
     log_p, log_q = math.log(p), math.log1p(-p)
-    return [math.exp(math.lgamma(num_tokens + 1) - math.lgamma(c + 1) - math.lgamma(num_tokens - c + 1)
-                     + c * log_p + (num_tokens - c) * log_q) if 0 <= c <= num_tokens else 0.0
-            for c in counts]  # fmt: skip
+    return [
+        math.exp(
+            math.lgamma(num_tokens + 1)
+            - math.lgamma(c + 1)
+            - math.lgamma(num_tokens - c + 1)
+            + c * log_p
+            + (num_tokens - c) * log_q
+        )
+        if 0 <= c <= num_tokens
+        else 0.0
+        for c in counts
+    ]
 
 
 # ================================================================ the two draws of P1's inputs (notebook 01)
@@ -288,8 +326,9 @@ def silu_gates_figure(gate_values: torch.Tensor, title: str):
     close_up.set(xlabel="gate value z", ylabel="density", title=title)
     slope = close_up.twinx()
     z_near = torch.linspace(low, high, 200, dtype=torch.float64)
-    slope.plot(z_near, reference.silu_grad(z_near), color="tab:green", linewidth=4, alpha=0.5,
-               label=r"$\mathrm{silu}'(z)$")
+    slope.plot(
+        z_near, reference.silu_grad(z_near), color="tab:green", linewidth=4, alpha=0.5, label=r"$\mathrm{silu}'(z)$"
+    )
     slope.plot(z_near, 0.5 + z_near / 2, color="black", linestyle=":", label=r"$1/2 + z/2$")
     slope.set_ylabel(r"$\mathrm{silu}'(z)$")
     handles = close_up.get_legend_handles_labels()[0] + slope.get_legend_handles_labels()[0]
@@ -311,8 +350,12 @@ def element_rule_figure(rows: list[dict]):
     for panel, scale in zip(panels[0], scales, strict=True):
         part = table.xs(scale, level="scale")
         for offset, column in enumerate(pass_columns):
-            panel.bar([i + 0.25 * (offset - 1) for i in range(len(part))], 100 * part[column], width=0.25,
-                      label=column.removesuffix(" pass"))  # fmt: skip
+            panel.bar(
+                [i + 0.25 * (offset - 1) for i in range(len(part))],
+                100 * part[column],
+                width=0.25,
+                label=column.removesuffix(" pass"),
+            )
         panel.axhline(99, color="black", ls="--", lw=1, label="the rule's 99%")
         panel.set_xticks(range(len(part)), [f"{name}\n({work:g}× work)" for name, work in part["tensor work"].items()])
         panel.set(title=f"activations ×{scale:g} ({int(part['tokens'].iloc[0])} tokens)", ylim=(85, 100.5))
@@ -357,8 +400,13 @@ def topk_weight_grad_rule(num_rows: int, seed: int = 0, **axes) -> dict:
     exact = grad_topk(torch.matmul)
     ways = {"one bf16 product": lambda a, b: _bf16(a) @ _bf16(b), "bf16×3": _bf16x3}
     rule = problem.element_rule
-    result = {"rows": num_rows, "std": exact.std().item(), "median |dw|": exact.abs().median().item(),
-              "atol": rule["atol"], "rtol": rule["rtol"]}  # fmt: skip
+    result = {
+        "rows": num_rows,
+        "std": exact.std().item(),
+        "median |dw|": exact.abs().median().item(),
+        "atol": rule["atol"],
+        "rtol": rule["rtol"],
+    }
     for name, product in ways.items():
         got = grad_topk(product)
         within = (got - exact).abs() <= rule["atol"] + rule["rtol"] * exact.abs()
@@ -401,10 +449,21 @@ def load_histogram_figure(load: torch.Tensor, num_tokens: int, top_k: int, seed:
     counts = range(int(load.min()) - 5, int(load.max()) + 6)
     expected = [num_experts * p for p in uniform_load_pmf(num_tokens, num_experts, top_k, counts)]
     fig, ax = plt.subplots(figsize=(8, 3.8))
-    ax.hist(load, bins=range(counts.start, counts.stop + 1), align="left", color="tab:blue", alpha=0.7,
-            label=f"experts, one draw (seed {seed})")  # fmt: skip
-    ax.plot(counts, expected, color="black", marker=".",
-            label=f"expected: E · Binomial(T, K/E) = {num_experts} · B({num_tokens}, {top_k}/{num_experts})")
+    ax.hist(
+        load,
+        bins=range(counts.start, counts.stop + 1),
+        align="left",
+        color="tab:blue",
+        alpha=0.7,
+        label=f"experts, one draw (seed {seed})",
+    )
+    ax.plot(
+        counts,
+        expected,
+        color="black",
+        marker=".",
+        label=f"expected: E · Binomial(T, K/E) = {num_experts} · B({num_tokens}, {top_k}/{num_experts})",
+    )
     ax.axvline(mean_load, color="tab:red", linestyle="--", label=f"mean {mean_load:g}")
     ax.set(xlabel="tokens per expert", ylabel="experts", title='"uniform" routing: the load of each expert')
     ax.set_ylim(top=1.4 * ax.get_ylim()[1])

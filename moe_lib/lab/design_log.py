@@ -20,8 +20,14 @@ NOTES_DIR = ROOT / "notes"
 INDEX = NOTES_DIR / "index.md"
 # the statuses the index defines, in the order the log shows them
 STATUSES = ("default", "fallback", "option", "removed", "negative", "analysis")
-STATUS_COLOURS = {"default": "#1a7f37", "fallback": "#0969da", "option": "#8250df", "removed": "#57606a",
-                  "negative": "#cf222e", "analysis": "#9a6700"}  # fmt: skip
+STATUS_COLOURS = {
+    "default": "#1a7f37",
+    "fallback": "#0969da",
+    "option": "#8250df",
+    "removed": "#57606a",
+    "negative": "#cf222e",
+    "analysis": "#9a6700",
+}
 
 
 def status_kind(status: str) -> str:
@@ -45,11 +51,20 @@ def read_index(path=INDEX) -> pd.DataFrame:
             continue
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
         if len(cells) != 4:
-            raise ValueError(f"{path}: line {number}: expected 4 columns (note, design, status, verdict), "
-                             f"got {len(cells)}")  # fmt: skip
+            raise ValueError(
+                f"{path}: line {number}: expected 4 columns (note, design, status, verdict), got {len(cells)}"
+            )
         note, design, status, verdict = cells
-        rows.append(dict(section=section, notes=re.findall(r"`([^`]+\.md)`", note), design=design, status=status,
-                         kind=status_kind(status), verdict=verdict))  # fmt: skip
+        rows.append(
+            dict(
+                section=section,
+                notes=re.findall(r"`([^`]+\.md)`", note),
+                design=design,
+                status=status,
+                kind=status_kind(status),
+                verdict=verdict,
+            )
+        )
     return pd.DataFrame(rows, columns=["section", "notes", "design", "status", "kind", "verdict"])
 
 
@@ -73,16 +88,21 @@ def styled_log(log: pd.DataFrame, section: str, link_from):
     """One section of :func:`read_index` as a table: each note a link (relative to the folder ``link_from`` where the
     page is written), the status coloured by its kind."""
     part = log[log["section"] == section]
-    shown = pd.DataFrame({
-        "note": [", ".join(_link(note, link_from) for note in notes) for notes in part["notes"]],
-        "design or experiment": part["design"].map(_markdown_code),
-        "status": part["status"].map(_markdown_code),
-        "verdict": part["verdict"].map(_markdown_code),
-    })  # fmt: skip
+    shown = pd.DataFrame(
+        {
+            "note": [", ".join(_link(note, link_from) for note in notes) for notes in part["notes"]],
+            "design or experiment": part["design"].map(_markdown_code),
+            "status": part["status"].map(_markdown_code),
+            "verdict": part["verdict"].map(_markdown_code),
+        }
+    )
     colours = dict(zip(shown.index, part["kind"].map(STATUS_COLOURS).fillna("#24292f"), strict=True))
-    return (shown.style.hide(axis="index").set_caption(section)
-            .apply(lambda column: [f"color: {colours[i]}; font-weight: bold" for i in column.index], subset=["status"])
-            .set_properties(**{"text-align": "left"}))  # fmt: skip
+    return (
+        shown.style.hide(axis="index")
+        .set_caption(section)
+        .apply(lambda column: [f"color: {colours[i]}; font-weight: bold" for i in column.index], subset=["status"])
+        .set_properties(**{"text-align": "left"})
+    )
 
 
 def status_figure(counts: pd.DataFrame):

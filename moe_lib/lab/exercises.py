@@ -140,8 +140,16 @@ def check_hi_lo_split(fn, seed: int | None = None) -> bool:
 
 
 def _p2_inputs(seed: int):
-    return problems.make_inputs("moe_experts_backward", 9, seed=seed, dtype=torch.float64, hidden_size=12,
-                                intermediate_size=8, num_experts=5, top_k=2)  # fmt: skip
+    return problems.make_inputs(
+        "moe_experts_backward",
+        9,
+        seed=seed,
+        dtype=torch.float64,
+        hidden_size=12,
+        intermediate_size=8,
+        num_experts=5,
+        top_k=2,
+    )
 
 
 def check_grad_topk_weights(fn, seed: int | None = None) -> bool:
@@ -153,12 +161,23 @@ def check_grad_topk_weights(fn, seed: int | None = None) -> bool:
         weights = inputs["topk_weights"].clone().requires_grad_()
         from .. import reference
 
-        y = reference.moe_experts_forward_reference(inputs["hidden_states"], inputs["topk_indices"], weights,
-                                                    inputs["gate_weights"], inputs["up_weights"],
-                                                    inputs["down_weights"])  # fmt: skip
+        y = reference.moe_experts_forward_reference(
+            inputs["hidden_states"],
+            inputs["topk_indices"],
+            weights,
+            inputs["gate_weights"],
+            inputs["up_weights"],
+            inputs["down_weights"],
+        )
         (want,) = torch.autograd.grad(y, weights, inputs["grad_output"])
-        got = fn(inputs["grad_output"], inputs["hidden_states"], inputs["topk_indices"], inputs["gate_weights"],
-                 inputs["up_weights"], inputs["down_weights"])  # fmt: skip
+        got = fn(
+            inputs["grad_output"],
+            inputs["hidden_states"],
+            inputs["topk_indices"],
+            inputs["gate_weights"],
+            inputs["up_weights"],
+            inputs["down_weights"],
+        )
         return f"relative error {_close('dw', _answer(got), want, 1e-10):.1e}"
 
     return _check("grad_topk_weights", attempt)
@@ -190,8 +209,10 @@ def check_expected_empty_experts(fn, seed: int | None = None) -> bool:
             if not math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12):
                 raise AssertionError(f"T={T}, E={E}, K={K}: {got:.6g}, expected {want:.6g}")
         generator = torch.Generator().manual_seed(_seed(seed))
-        draws = [int((torch.bincount(route_tokens(32, 64, 4, generator=generator).flatten(), minlength=64) == 0)
-                     .sum()) for _ in range(400)]  # fmt: skip
+        draws = [
+            int((torch.bincount(route_tokens(32, 64, 4, generator=generator).flatten(), minlength=64) == 0).sum())
+            for _ in range(400)
+        ]
         mean = sum(draws) / len(draws)
         return f"T=32, E=64, K=4: {fn(32, 64, 4):.2f} expected, {mean:.2f} over 400 draws"
 
@@ -355,8 +376,9 @@ def check_exchange_bytes(fn) -> bool:
     def attempt():
         for tokens, K, H, W, b, b_w in ((8192, 8, 4096, 2, 2, 4), (2048, 8, 7168, 8, 2, 4), (64, 2, 32, 4, 8, 8)):
             rows = tokens * K // W  # to each rank, itself included
-            table = exchange_bytes([rows] * W, [rows] * W, 0, hidden_size=H, element_bytes=b, weight_bytes=b_w,
-                                   max_local_experts=1).drop(index="counts_exchange")  # fmt: skip
+            table = exchange_bytes(
+                [rows] * W, [rows] * W, 0, hidden_size=H, element_bytes=b, weight_bytes=b_w, max_local_experts=1
+            ).drop(index="counts_exchange")
             want = int(table["bytes out"].sum())
             got = int(_answer(fn(tokens, K, H, W, b, b_w)))
             if got != want:

@@ -47,25 +47,41 @@ def variant_name(experts: str, compiled: bool) -> str:
 
 
 def resolve_device(device: str) -> torch.device:
-    """"auto": CUDA where there is a GPU, else the CPU."""
+    """ "auto": CUDA where there is a GPU, else the CPU."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
 
 
-def model_config(*, vocab_size: int, hidden_size: int, moe_intermediate_size: int, num_experts: int, top_k: int,
-                 num_layers: int, sequence_length: int):  # fmt: skip
+def model_config(
+    *,
+    vocab_size: int,
+    hidden_size: int,
+    moe_intermediate_size: int,
+    num_experts: int,
+    top_k: int,
+    num_layers: int,
+    sequence_length: int,
+):
     """A Qwen3-MoE configuration with every layer's MLP sparse (4 attention heads of hidden_size / 4)."""
     from transformers import Qwen3MoeConfig
 
     heads = 4
     return Qwen3MoeConfig(
-        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-        moe_intermediate_size=moe_intermediate_size, num_experts=num_experts, num_experts_per_tok=top_k,
-        num_hidden_layers=num_layers, num_attention_heads=heads, num_key_value_heads=heads // 2,
-        head_dim=hidden_size // heads, max_position_embeddings=sequence_length, norm_topk_prob=True,
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        moe_intermediate_size=moe_intermediate_size,
+        num_experts=num_experts,
+        num_experts_per_tok=top_k,
+        num_hidden_layers=num_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads // 2,
+        head_dim=hidden_size // heads,
+        max_position_embeddings=sequence_length,
+        norm_topk_prob=True,
         tie_word_embeddings=True,
-    )  # fmt: skip
+    )
 
 
 def make_model(config, experts: str, *, seed: int, device, dtype):
@@ -101,8 +117,7 @@ def chain_entropy(chain: torch.Tensor) -> float:
     return float(stationary @ per_token)
 
 
-def token_batches(chain: torch.Tensor, *, steps: int, batch_size: int, sequence_length: int, seed: int
-                  ) -> torch.Tensor:  # fmt: skip
+def token_batches(chain: torch.Tensor, *, steps: int, batch_size: int, sequence_length: int, seed: int) -> torch.Tensor:
     """[steps, batch_size, sequence_length] token ids walked along ``chain`` (the same for every variant)."""
     generator = torch.Generator().manual_seed(seed)
     tokens = torch.empty(steps * batch_size, sequence_length, dtype=torch.int64)
@@ -149,8 +164,18 @@ def saved_for_backward_bytes(loss_of, model) -> int:
     return sum(storages.values())
 
 
-def train(config, experts: str, compiled: bool, batches: torch.Tensor, *, seed: int, device, dtype,
-          learning_rate: float, compile_backend: str = "inductor") -> Run:  # fmt: skip
+def train(
+    config,
+    experts: str,
+    compiled: bool,
+    batches: torch.Tensor,
+    *,
+    seed: int,
+    device,
+    dtype,
+    learning_rate: float,
+    compile_backend: str = "inductor",
+) -> Run:
     """Trains a fresh model (``seed``'s weights) on ``batches`` with AdamW; returns the :class:`Run`."""
     device = torch.device(device)
     model = make_model(config, experts, seed=seed, device=device, dtype=dtype)
@@ -188,13 +213,18 @@ def variant_table(runs: list[Run], warmup: int) -> pd.DataFrame:
     for run in runs:
         own = reference.get(run.compiled)
         steady = run.steady_step_ms(warmup)
-        rows.append({
-            "variant": run.name, "first loss": run.losses[0], "last loss": run.losses[-1],
-            "first step (s)": run.step_seconds[0], "step (ms)": steady,
-            "vs own experts": own.steady_step_ms(warmup) / steady if own else math.nan,
-            "saved for backward (MiB)": run.saved_bytes / 2**20,
-            "peak allocated (MiB)": math.nan if run.peak_bytes is None else run.peak_bytes / 2**20,
-        })  # fmt: skip
+        rows.append(
+            {
+                "variant": run.name,
+                "first loss": run.losses[0],
+                "last loss": run.losses[-1],
+                "first step (s)": run.step_seconds[0],
+                "step (ms)": steady,
+                "vs own experts": own.steady_step_ms(warmup) / steady if own else math.nan,
+                "saved for backward (MiB)": run.saved_bytes / 2**20,
+                "peak allocated (MiB)": math.nan if run.peak_bytes is None else run.peak_bytes / 2**20,
+            }
+        )
     return pd.DataFrame(rows).set_index("variant")
 
 
@@ -209,8 +239,15 @@ def loss_agreement(runs: list[Run], window: int = 20) -> pd.DataFrame:
         theirs = own[run.compiled].losses
         difference = max(abs(a - b) for a, b in zip(run.losses, theirs, strict=True))
         noise = statistics.pstdev(theirs[-window:])
-        rows.append(dict(variant=run.name, against=own[run.compiled].name, max_loss_difference=difference,
-                         loss_noise=noise, within_noise=difference <= noise))  # fmt: skip
+        rows.append(
+            dict(
+                variant=run.name,
+                against=own[run.compiled].name,
+                max_loss_difference=difference,
+                loss_noise=noise,
+                within_noise=difference <= noise,
+            )
+        )
     return pd.DataFrame(rows).set_index("variant")
 
 
@@ -221,8 +258,13 @@ def loss_figure(runs: list[Run], entropy: float):
         for run in runs:
             if run.compiled == compiled:
                 style = STYLE.get(run.experts, {})
-                ax.plot(run.losses, label=run.name, linewidth=2.2 if run.experts == "moe_lib" else 4,
-                        alpha=0.9 if run.experts == "moe_lib" else 0.45, **style)  # fmt: skip
+                ax.plot(
+                    run.losses,
+                    label=run.name,
+                    linewidth=2.2 if run.experts == "moe_lib" else 4,
+                    alpha=0.9 if run.experts == "moe_lib" else 0.45,
+                    **style,
+                )
         ax.axhline(entropy, color="black", linestyle="--", linewidth=1, label="the chain's entropy rate")
         ax.set_title("compiled (torch.compile, fullgraph)" if compiled else "eager")
         ax.set_xlabel("step")

@@ -30,6 +30,7 @@ from ..swiglu_down.designs.triton_launches import (
 
 KIND_COLORS = {"dWd": "tab:blue", "dA": "tab:orange", "dWg": "tab:green", "dWu": "tab:olive", "dx": "tab:red"}
 
+
 def styled_plan(table: pd.DataFrame, caption: str):
     """A plan table (:func:`p1_plan_table`, :func:`p2_plan_table`) styled, text left-aligned."""
     text = [c for c in table.columns if not pd.api.types.is_numeric_dtype(table[c])]
@@ -44,15 +45,28 @@ def p1_plan_table(plan: list[TileKind]) -> pd.DataFrame:
     row per tile kind: launch,
     kind, what it computes, output [M, N], reduction, tile (BLOCK_M×BLOCK_N×BLOCK_K), split, tiles,
     programs and the first program id in its launch."""
-    return pd.DataFrame([dict(launch=k.launch, kind=k.kind, computes=k.computes, output=f"[{k.M}, {k.N}]",
-                              reduce=f"{k.reduce_name} = {k.reduce_length}",
-                              tile=f"{k.block_m}×{k.block_n}×{k.block_k}", split=k.split, tiles=k.tiles,
-                              programs=k.programs, first_program=k.first_program)
-                         for k in plan])  # fmt: skip
+    return pd.DataFrame(
+        [
+            dict(
+                launch=k.launch,
+                kind=k.kind,
+                computes=k.computes,
+                output=f"[{k.M}, {k.N}]",
+                reduce=f"{k.reduce_name} = {k.reduce_length}",
+                tile=f"{k.block_m}×{k.block_n}×{k.block_k}",
+                split=k.split,
+                tiles=k.tiles,
+                programs=k.programs,
+                first_program=k.first_program,
+            )
+            for k in plan
+        ]
+    )
 
 
-def p1_grid_table(token_counts, hidden_size: int, intermediate_size: int, *, with_lo: bool = False,
-                  interpreter: bool = False) -> pd.DataFrame:  # fmt: skip
+def p1_grid_table(
+    token_counts, hidden_size: int, intermediate_size: int, *, with_lo: bool = False, interpreter: bool = False
+) -> pd.DataFrame:
     """Per token count: the tile shape and split of each kind and the programs of each launch of P1's portable
     launches, with the tiles they take on a GPU (:func:`~moe_lib.swiglu_down.designs.triton_launches.tiles_for`;
     ``with_lo``: the faithful path's) or under the interpreter (``INTERPRETER_TILES``)."""
@@ -60,8 +74,11 @@ def p1_grid_table(token_counts, hidden_size: int, intermediate_size: int, *, wit
     for t in token_counts:
         config = INTERPRETER_TILES if interpreter else tiles_for(t, with_lo=with_lo)
         plan = launch_plan(t, hidden_size, intermediate_size, config)
-        row = {f"{k.kind} tile (split)": f"{k.block_m}×{k.block_n}×{k.block_k} ({k.split})"
-               for k in plan if k.kind != "dWu"}  # fmt: skip
+        row = {
+            f"{k.kind} tile (split)": f"{k.block_m}×{k.block_n}×{k.block_k} ({k.split})"
+            for k in plan
+            if k.kind != "dWu"
+        }
         row.update({f"launch {n} programs": programs for n, programs in grid_sizes(plan).items()})
         rows[t] = row
     table = pd.DataFrame.from_dict(rows, orient="index")
@@ -87,17 +104,27 @@ def _draw_tile_kind(ax, kind: TileKind, x0: float, y0: float, max_tiles: int = 4
     if kind.tiles <= max_tiles:
         for i in range(0, M, bm):
             for j in range(0, N, bn):
-                ax.add_patch(patches.Rectangle((x0 + j, y0 + i), min(bn, N - j), min(bm, M - i), fill=False,
-                                               edgecolor=color, lw=0.5, hatch="///" if kind.split > 1 else None))
-    ax.annotate(_caption(kind), (x0, y0), xytext=(0, 4), textcoords="offset points", fontsize=8, ha="left",
-                va="bottom")
+                ax.add_patch(
+                    patches.Rectangle(
+                        (x0 + j, y0 + i),
+                        min(bn, N - j),
+                        min(bm, M - i),
+                        fill=False,
+                        edgecolor=color,
+                        lw=0.5,
+                        hatch="///" if kind.split > 1 else None,
+                    )
+                )
+    ax.annotate(_caption(kind), (x0, y0), xytext=(0, 4), textcoords="offset points", fontsize=8, ha="left", va="bottom")
 
 
 def _caption(kind: TileKind) -> str:
     reduce = f"{kind.reduce_name} = {kind.reduce_length}"
     split = f"split-K ×{kind.split} over {reduce}" if kind.split > 1 else f"reduces over {reduce}"
-    return (f"{kind.computes}\n[{kind.M}, {kind.N}]: {kind.tiles} tiles of {kind.block_m}×{kind.block_n}\n{split}; "
-            f"programs {kind.first_program}–{kind.first_program + kind.programs - 1}")
+    return (
+        f"{kind.computes}\n[{kind.M}, {kind.N}]: {kind.tiles} tiles of {kind.block_m}×{kind.block_n}\n{split}; "
+        f"programs {kind.first_program}–{kind.first_program + kind.programs - 1}"
+    )
 
 
 def p1_tiling_figure(num_tokens: int, hidden_size: int, intermediate_size: int, config: TileConfig):
@@ -132,15 +159,31 @@ def p1_tiling_figure(num_tokens: int, hidden_size: int, intermediate_size: int, 
     ax.set(xlim=(0, width), ylim=(y, 0))
     ax.set_aspect("equal")
     ax.axis("off")
-    ax.set_title(f"T = {num_tokens}, H = {hidden_size}, I = {intermediate_size}: every matrix to the same scale",
-                 fontsize=10, loc="left")  # fmt: skip
+    ax.set_title(
+        f"T = {num_tokens}, H = {hidden_size}, I = {intermediate_size}: every matrix to the same scale",
+        fontsize=10,
+        loc="left",
+    )
     for row, (n, kinds) in enumerate(launches.items(), 1):
         bar_ax = fig.add_subplot(grid[row])
         for kind in kinds:
-            bar_ax.barh(0, kind.programs, left=kind.first_program, color=KIND_COLORS[kind.kind], alpha=0.7,
-                        edgecolor="black", hatch="///" if kind.split > 1 else None)  # fmt: skip
-            bar_ax.text(kind.first_program + kind.programs / 2, 0, f"{kind.kind}: {kind.programs}", ha="center",
-                        va="center", fontsize=8)  # fmt: skip
+            bar_ax.barh(
+                0,
+                kind.programs,
+                left=kind.first_program,
+                color=KIND_COLORS[kind.kind],
+                alpha=0.7,
+                edgecolor="black",
+                hatch="///" if kind.split > 1 else None,
+            )
+            bar_ax.text(
+                kind.first_program + kind.programs / 2,
+                0,
+                f"{kind.kind}: {kind.programs}",
+                ha="center",
+                va="center",
+                fontsize=8,
+            )
         bar_ax.set(xlim=(0, totals[n]), yticks=[], xlabel=f"launch {n}: program id, tl.program_id(0)")
     return fig
 
@@ -152,15 +195,23 @@ def split_k_figure(split: int = 4):
     ax.axis("off")
 
     def box(x, y, w, h, text, color):
-        ax.add_patch(patches.FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.05", facecolor=color, alpha=0.25,
-                                            edgecolor=color))  # fmt: skip
+        ax.add_patch(
+            patches.FancyBboxPatch(
+                (x, y), w, h, boxstyle="round,pad=0.05", facecolor=color, alpha=0.25, edgecolor=color
+            )
+        )
         ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=8)
 
     def arrow(x0, y0, x1, y1):
         ax.annotate("", (x1, y1), (x0, y0), arrowprops=dict(arrowstyle="->", color="black", lw=0.8))
 
-    ax.text(0.1, 4.2, f"one output tile, its reduction over K split into {split} BLOCK_K-aligned ranges",
-            fontsize=9, weight="bold")  # fmt: skip
+    ax.text(
+        0.1,
+        4.2,
+        f"one output tile, its reduction over K split into {split} BLOCK_K-aligned ranges",
+        fontsize=9,
+        weight="bold",
+    )
     height = 3.4 / split
     for s in range(split):
         y = 3.6 - (s + 1) * height
@@ -169,11 +220,23 @@ def split_k_figure(split: int = 4):
         arrow(3.15, y + height / 2, 3.95, y + height / 2)
         arrow(6.25, y + height / 2, 7.35, 1.9)
     box(4.0, 3.75, 2.2, 0.35, "counter[tile] += 1 (atomic)", "tab:purple")
-    box(7.4, 1.2, 4.4, 1.4, "the program that counts in last:\n"
-        + " + ".join(f"p{s}" for s in range(split)) + "  (in split order,\nwhoever arrived when)\n→ epilogue → store",
-        "tab:red")  # fmt: skip
-    ax.text(7.4, 0.5, "The sum's order is fixed, so the result is the same bit for bit on every run;\n"
-            "the counters only grow (by SPLIT per call), so they never need a reset.", fontsize=8)  # fmt: skip
+    box(
+        7.4,
+        1.2,
+        4.4,
+        1.4,
+        "the program that counts in last:\n"
+        + " + ".join(f"p{s}" for s in range(split))
+        + "  (in split order,\nwhoever arrived when)\n→ epilogue → store",
+        "tab:red",
+    )
+    ax.text(
+        7.4,
+        0.5,
+        "The sum's order is fixed, so the result is the same bit for bit on every run;\n"
+        "the counters only grow (by SPLIT per call), so they never need a reset.",
+        fontsize=8,
+    )
     return fig
 
 
@@ -192,8 +255,12 @@ def _grid_text(launch: KernelLaunch) -> str:
 def p2_plan_table(plan: dict[str, KernelLaunch]) -> pd.DataFrame:
     """A P2 launch plan (:func:`moe_lib.moe_experts.launch.launch_plan`) as one row per launch, in launch
     order: its grid, its programs (0 where it is not launched) and what one program does."""
-    table = pd.DataFrame([dict(step=step, grid=_grid_text(launch), programs=launch.programs,
-                               one_program=launch.one_program) for step, launch in plan.items()])  # fmt: skip
+    table = pd.DataFrame(
+        [
+            dict(step=step, grid=_grid_text(launch), programs=launch.programs, one_program=launch.one_program)
+            for step, launch in plan.items()
+        ]
+    )
     return table.set_index("step")
 
 
@@ -206,12 +273,24 @@ def p2_grid_table(token_counts, problem: str, *, interpreter: bool = False, num_
     rows = {}
     for t in token_counts:
         s = definition.sizes(t)
-        config = p2_launch_config(t * s["top_k"], s["num_experts"], input_bytes=definition.dtype.itemsize,
-                                  interpreter=interpreter)  # fmt: skip
-        plan = p2_launch.launch_plan(t, s["hidden_size"], s["intermediate_size"], s["num_experts"], s["top_k"], config,
-                                     num_programs=num_programs, weight_bytes=definition.dtype.itemsize)  # fmt: skip
-        rows[t] = {"slots per expert (mean)": t * s["top_k"] / s["num_experts"], "row split R": config.row_split,
-                   **{f"kernel {step} programs": launch.programs for step, launch in plan.items()}}  # fmt: skip
+        config = p2_launch_config(
+            t * s["top_k"], s["num_experts"], input_bytes=definition.dtype.itemsize, interpreter=interpreter
+        )
+        plan = p2_launch.launch_plan(
+            t,
+            s["hidden_size"],
+            s["intermediate_size"],
+            s["num_experts"],
+            s["top_k"],
+            config,
+            num_programs=num_programs,
+            weight_bytes=definition.dtype.itemsize,
+        )
+        rows[t] = {
+            "slots per expert (mean)": t * s["top_k"] / s["num_experts"],
+            "row split R": config.row_split,
+            **{f"kernel {step} programs": launch.programs for step, launch in plan.items()},
+        }
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "num_tokens"
     return table
@@ -223,8 +302,10 @@ def _routing_panel(ax, topk_indices, routing, cmap) -> None:
     offsets = routing.expert_offsets.tolist()
     experts_in_token_order = topk_indices.reshape(-1).tolist()
     experts_sorted = topk_indices.reshape(-1)[routing.sorted_slot.long()].tolist()
-    for row_y, experts, title in ((1.2, experts_in_token_order, "slots s = t·K + k (token order)"),
-                                  (0.0, experts_sorted, "sorted by expert (sorted_slot)")):  # fmt: skip
+    for row_y, experts, title in (
+        (1.2, experts_in_token_order, "slots s = t·K + k (token order)"),
+        (0.0, experts_sorted, "sorted by expert (sorted_slot)"),
+    ):
         for p, e in enumerate(experts):
             ax.add_patch(patches.Rectangle((p, row_y), 1, 0.8, facecolor=cmap(e % cmap.N), edgecolor="white"))
             ax.text(p + 0.5, row_y + 0.4, str(e), ha="center", va="center", fontsize=7 if T * K <= 48 else 5)
@@ -249,9 +330,13 @@ def _row_blocks_panel(ax, counts: list[int], config: LaunchConfig) -> None:
             rows = min(config.block_m, count - start)
             ax.barh(e, rows, left=start, color=block_colors(b % R), edgecolor="black", height=0.7)
             ax.text(start + rows / 2, e, f"r={b % R}", ha="center", va="center", fontsize=7)
-    ax.set(yticks=range(E), yticklabels=[f"expert {e}" for e in range(E)], xlabel="rows of the expert (its slots)",
-           title=f"row blocks of {config.block_m} rows: in kernel A (and the pointer-based kernel D), program "
-                 f"r = block mod R takes them (R = {R})")  # fmt: skip
+    ax.set(
+        yticks=range(E),
+        yticklabels=[f"expert {e}" for e in range(E)],
+        xlabel="rows of the expert (its slots)",
+        title=f"row blocks of {config.block_m} rows: in kernel A (and the pointer-based kernel D), program "
+        f"r = block mod R takes them (R = {R})",
+    )
     ax.invert_yaxis()
     ax.title.set_fontsize(10)
 
@@ -262,8 +347,17 @@ def _grid_panel(ax, title: str, rows: int, ticks: list, split: int, xlabel: str,
         color = cmap(i % cmap.N) if ylabel == "expert" else "tab:gray"
         for j, (_, hatch) in enumerate(ticks):
             for r in range(split):
-                ax.add_patch(patches.Rectangle((j + r / split, i), 1 / split, 1, facecolor=color, hatch=hatch,
-                                               alpha=0.35 + 0.5 * r / split, edgecolor="white"))  # fmt: skip
+                ax.add_patch(
+                    patches.Rectangle(
+                        (j + r / split, i),
+                        1 / split,
+                        1,
+                        facecolor=color,
+                        hatch=hatch,
+                        alpha=0.35 + 0.5 * r / split,
+                        edgecolor="white",
+                    )
+                )
                 if split > 1 and rows * len(ticks) * split <= 64:
                     ax.text(j + (r + 0.5) / split, i + 0.5, f"r{r}", ha="center", va="center", fontsize=7)
     step = max(1, rows // 16)
@@ -274,8 +368,7 @@ def _grid_panel(ax, title: str, rows: int, ticks: list, split: int, xlabel: str,
     ax.title.set_fontsize(9)
 
 
-def p2_tiling_figure(topk_indices, num_experts: int, hidden_size: int, intermediate_size: int,
-                     config: LaunchConfig):  # fmt: skip
+def p2_tiling_figure(topk_indices, num_experts: int, hidden_size: int, intermediate_size: int, config: LaunchConfig):
     """P2's dataflow for one routing under ``config``: slots in token order and sorted by expert (with
     expert_offsets), the row blocks of each expert and which row-split program r of kernel A works on them,
     and the grids of kernels A, W (its two launches in one panel), D and C from the launch plan (the tiles
@@ -293,8 +386,12 @@ def p2_tiling_figure(topk_indices, num_experts: int, hidden_size: int, intermedi
     # a persistent launch (kernels W and D in their TMA-fed form) draws its tiles, which its programs loop over
     gate_up, down = (plan[step].tiles or plan[step].grid for step in ("W_gate_up", "W_down"))
     n_key = "N-tiles" if "N-tiles" in gate_up else "N-groups"
-    w_ticks = [(f"{m}·{g}", hatch) for w, hatch in ((gate_up, None), (down, "////"))
-               for m in range(w["M-tiles"]) for g in range(w[n_key])]  # fmt: skip
+    w_ticks = [
+        (f"{m}·{g}", hatch)
+        for w, hatch in ((gate_up, None), (down, "////"))
+        for m in range(w["M-tiles"])
+        for g in range(w[n_key])
+    ]
     d_tiles = plan["D"].tiles or plan["D"].grid
     d_split = 1 if plan["D"].tiles else R
 
@@ -305,14 +402,32 @@ def p2_tiling_figure(topk_indices, num_experts: int, hidden_size: int, intermedi
         return "×".join(map(str, launch.grid.values())) + " programs"
 
     panels = (  # title, rows, (tick, hatch) per column, programs per cell, x label, y label
-        (f"kernel A\n{count('A')}", E, [(str(j), None) for j in range(plan["A"].grid["I-tiles"])], R,
-         "I-tile (R programs each)", "expert"),
+        (
+            f"kernel A\n{count('A')}",
+            E,
+            [(str(j), None) for j in range(plan["A"].grid["I-tiles"])],
+            R,
+            "I-tile (R programs each)",
+            "expert",
+        ),
         (f"kernel W: dWg·dWu, then dWd (hatched)\n{count('W_gate_up')}", E, w_ticks, 1, "tile", "expert"),
-        (f"kernel D\n{count('D')}", E, [(str(j), None) for j in range(d_tiles["H-tiles"])], d_split,
-         "H-tile" + ("" if plan["D"].tiles else " (R programs each)"), "expert"),
-        (f"kernel C\n{count('C')}", T, [(str(j), None) for j in range(plan["C"].grid["H-tiles"])], 1,
-         "H-tile", "token"),
-    )  # fmt: skip
+        (
+            f"kernel D\n{count('D')}",
+            E,
+            [(str(j), None) for j in range(d_tiles["H-tiles"])],
+            d_split,
+            "H-tile" + ("" if plan["D"].tiles else " (R programs each)"),
+            "expert",
+        ),
+        (
+            f"kernel C\n{count('C')}",
+            T,
+            [(str(j), None) for j in range(plan["C"].grid["H-tiles"])],
+            1,
+            "H-tile",
+            "token",
+        ),
+    )
     for column, panel in enumerate(panels):
         ax = fig.add_subplot(grid[2, column])
         _grid_panel(ax, *panel, cmap)
@@ -333,8 +448,15 @@ def split_demo_config(split: int) -> TileConfig:
     (BLOCK_K = 16), the weight gradients (short reductions over T) unsplit, few programs for the interpreter."""
     reduction = (16, 64, SPLIT_DEMO_BLOCK_K, split)
     weight_grads = (32, 64, 16, 1)
-    return TileConfig(d_intermediate=reduction, grad_down=weight_grads, grad_x=reduction, grad_gate_up=weight_grads,
-                      warps=(4, 4), stages=(2, 2), group_m=2)  # fmt: skip
+    return TileConfig(
+        d_intermediate=reduction,
+        grad_down=weight_grads,
+        grad_x=reduction,
+        grad_gate_up=weight_grads,
+        warps=(4, 4),
+        stages=(2, 2),
+        group_m=2,
+    )
 
 
 def split_demo_size(split: int, steps_per_split: int) -> int:
@@ -352,7 +474,9 @@ def split_differences(split_outputs, unsplit_outputs, names) -> pd.DataFrame:
     for name, a, b in zip(names, split_outputs, unsplit_outputs, strict=True):
         a, b = a.float(), b.float()
         spacing = torch.finfo(torch.float32).eps * b.abs().clamp_min(torch.finfo(torch.float32).tiny)
-        rows[name] = {"relative difference": ((a - b).norm() / b.norm()).item(),
-                      "elements that differ": (a != b).double().mean().item(),
-                      "largest difference (fp32 eps)": ((a - b).abs() / spacing).max().item()}  # fmt: skip
+        rows[name] = {
+            "relative difference": ((a - b).norm() / b.norm()).item(),
+            "elements that differ": (a != b).double().mean().item(),
+            "largest difference (fp32 eps)": ((a - b).abs() / spacing).max().item(),
+        }
     return pd.DataFrame.from_dict(rows, orient="index")

@@ -42,8 +42,9 @@ def _predict_us(traffic: float, flops: float, bandwidth: float, rate: float) -> 
 # ================================================================ P1
 
 
-def p1_rung_costs(num_tokens: int, spec: roofline.GPUSpec, cuda_core_flops: float, *, block: int = 128,
-                  **axes) -> pd.DataFrame:  # fmt: skip
+def p1_rung_costs(
+    num_tokens: int, spec: roofline.GPUSpec, cuda_core_flops: float, *, block: int = 128, **axes
+) -> pd.DataFrame:
     """The teaching kernels' step, dA = dy·W_d then the dSwiGLU, at the benchmark's shape (bf16 operands) per rung:
     its FLOPs and where they run, the bytes its programs ask for and those that reach DRAM (W_d, 3 MB, stays in
     L2 for its re-reads), the part that is dA's round trip through memory, and the predicted time (``spec``'s
@@ -61,24 +62,41 @@ def p1_rung_costs(num_tokens: int, spec: roofline.GPUSpec, cuda_core_flops: floa
     pass_us = 1e6 * (round_trip / 2 + saved + grads) / bw  # the elementwise pass: dA and the saved tensors in
     rungs = {
         "1 · naive: a row a program, then a pass": dict(
-            on="CUDA cores (fp32 FMA)", asked=T * (H * BF16 + w_down) + round_trip + saved + grads,
-            dram=dy + w_down + round_trip + saved + grads, round_trip=round_trip,
-            predicted=_predict_us(dy + w_down + round_trip / 2, flops, bw, cuda_core_flops) + pass_us),
+            on="CUDA cores (fp32 FMA)",
+            asked=T * (H * BF16 + w_down) + round_trip + saved + grads,
+            dram=dy + w_down + round_trip + saved + grads,
+            round_trip=round_trip,
+            predicted=_predict_us(dy + w_down + round_trip / 2, flops, bw, cuda_core_flops) + pass_us,
+        ),
         "2 · tiled: tl.dot tiles, then a pass": dict(
-            on="tensor cores", asked=math.ceil(T / block) * w_down + math.ceil(I / block) * dy + round_trip + saved
-            + grads, dram=dy + w_down + round_trip + saved + grads, round_trip=round_trip,
-            predicted=_predict_us(dy + w_down + round_trip / 2, flops, bw, tensor) + pass_us),
+            on="tensor cores",
+            asked=math.ceil(T / block) * w_down + math.ceil(I / block) * dy + round_trip + saved + grads,
+            dram=dy + w_down + round_trip + saved + grads,
+            round_trip=round_trip,
+            predicted=_predict_us(dy + w_down + round_trip / 2, flops, bw, tensor) + pass_us,
+        ),
         "3 · fused: the dSwiGLU in the epilogue": dict(
-            on="tensor cores", asked=math.ceil(T / block) * w_down + math.ceil(I / block) * dy + saved + grads,
-            dram=dy + w_down + saved + grads, round_trip=0.0,
-            predicted=_predict_us(dy + w_down + saved + grads, flops, bw, tensor)),
-    }  # fmt: skip
-    table = pd.DataFrame({name: {"GFLOP": flops / 1e9, "on": rung["on"], "bytes asked (MB)": rung["asked"] / 1e6,
-                                 "bytes from DRAM (MB)": rung["dram"] / 1e6,
-                                 "dA round trip (MB)": rung["round_trip"] / 1e6,
-                                 "launches": 1 if rung["round_trip"] == 0 else 2,
-                                 "predicted (µs)": rung["predicted"]}
-                          for name, rung in rungs.items()}).T  # fmt: skip
+            on="tensor cores",
+            asked=math.ceil(T / block) * w_down + math.ceil(I / block) * dy + saved + grads,
+            dram=dy + w_down + saved + grads,
+            round_trip=0.0,
+            predicted=_predict_us(dy + w_down + saved + grads, flops, bw, tensor),
+        ),
+    }
+    table = pd.DataFrame(
+        {
+            name: {
+                "GFLOP": flops / 1e9,
+                "on": rung["on"],
+                "bytes asked (MB)": rung["asked"] / 1e6,
+                "bytes from DRAM (MB)": rung["dram"] / 1e6,
+                "dA round trip (MB)": rung["round_trip"] / 1e6,
+                "launches": 1 if rung["round_trip"] == 0 else 2,
+                "predicted (µs)": rung["predicted"],
+            }
+            for name, rung in rungs.items()
+        }
+    ).T
     table.attrs.update(num_tokens=T, hidden_size=H, intermediate_size=I, spec=spec.name)
     return table
 
@@ -96,12 +114,14 @@ def p1_rungs_figure():
     matrix is its first row), the program's reads and writes shaded, and where dA goes. Returns the figure."""
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     t, h, i = 3.0, 4.0, 2.6  # drawn sizes of T, H, I
-    notes = ("row t of dy and all of W_d per program: W_d is read T times;\nno tensor cores (a row is one token); "
-             "dA goes to memory,\na second launch reads it back for the dSwiGLU",
-             "a BLOCK_M × H strip of dy and an H × BLOCK_N strip of W_d\nper tile, multiplied by tl.dot over K steps: "
-             "W_d read\n⌈T / BLOCK_M⌉ times; dA still goes to memory and back",
-             "the same tiles; the dSwiGLU runs on the accumulator\n(the epilogue) with the saved tiles loaded there: "
-             "dA never\nleaves the chip, one launch writes dG and dU")  # fmt: skip
+    notes = (
+        "row t of dy and all of W_d per program: W_d is read T times;\nno tensor cores (a row is one token); "
+        "dA goes to memory,\na second launch reads it back for the dSwiGLU",
+        "a BLOCK_M × H strip of dy and an H × BLOCK_N strip of W_d\nper tile, multiplied by tl.dot over K steps: "
+        "W_d read\n⌈T / BLOCK_M⌉ times; dA still goes to memory and back",
+        "the same tiles; the dSwiGLU runs on the accumulator\n(the epilogue) with the saved tiles loaded there: "
+        "dA never\nleaves the chip, one launch writes dG and dU",
+    )
     titles = ("1 · naive", "2 · tiled", "3 · fused")
     for ax, title, note, rung in zip(axes, titles, notes, range(3), strict=True):
         row = [(0, t - 0.25, h, 0.25)] if rung == 0 else [(0, t - 0.9, h, 0.9)]
@@ -135,8 +155,9 @@ def p1_launch2_ladder(spec: roofline.GPUSpec, path=None) -> pd.DataFrame:
     cuBLAS running the same arithmetic, beside the roofline's prediction at ``spec``'s ceilings (the index's
     ``gluon_launch2_probe`` by default)."""
     measured = p1_gluon_launch2_times(path, labels=LAUNCH2_LABELS)
-    predicted = [_predict_us(*p1_launch2_bytes_flops(t), spec.dram_bandwidth, spec.bf16_dense_flops)
-                 for t in measured.index]  # fmt: skip
+    predicted = [
+        _predict_us(*p1_launch2_bytes_flops(t), spec.dram_bandwidth, spec.bf16_dense_flops) for t in measured.index
+    ]
     table = measured.assign(**{"predicted (µs)": predicted})
     for column in LAUNCH2_LABELS.values():
         table[f"{column}: of the prediction"] = table["predicted (µs)"] / table[column]
@@ -157,10 +178,19 @@ def p1_call_ladder(spec: roofline.GPUSpec, result: ResultFile, path=None) -> pd.
     for t in sorted(set(triton) & set(ours.index)):
         sizes = problems.load("swiglu_down_backward").sizes(t)
         _, traffic = roofline.cost("swiglu_down_backward", t)
-        floor = _predict_us(traffic, 20 * t * sizes["hidden_size"] * sizes["intermediate_size"], spec.dram_bandwidth,
-                            spec.bf16_dense_flops)  # fmt: skip
-        rows[t] = {"Triton launches (µs)": triton[t], "Gluon launches (µs)": ours[t], "floor (µs)": floor,
-                   "Gluon over Triton": triton[t] / ours[t], "floor over Gluon": floor / ours[t]}  # fmt: skip
+        floor = _predict_us(
+            traffic,
+            20 * t * sizes["hidden_size"] * sizes["intermediate_size"],
+            spec.dram_bandwidth,
+            spec.bf16_dense_flops,
+        )
+        rows[t] = {
+            "Triton launches (µs)": triton[t],
+            "Gluon launches (µs)": ours[t],
+            "floor (µs)": floor,
+            "Gluon over Triton": triton[t] / ours[t],
+            "floor over Gluon": floor / ours[t],
+        }
     table = pd.DataFrame.from_dict(rows, orient="index").rename_axis("num_tokens")
     table.attrs.update(triton_file=resolve_path(path).name, gluon_file=result.csv.name)
     return table
@@ -175,8 +205,13 @@ def ladder_figure(table: pd.DataFrame, columns, title: str, predicted: str | Non
         ax.bar([k + n * width for k in range(len(table))], table[column], width, label=column)
     if predicted:
         for k, value in enumerate(table[predicted]):
-            ax.plot([k - width / 2, k + (len(columns) - 0.5) * width], [value, value], color="black", lw=2,
-                    label=predicted if k == 0 else None)  # fmt: skip
+            ax.plot(
+                [k - width / 2, k + (len(columns) - 0.5) * width],
+                [value, value],
+                color="black",
+                lw=2,
+                label=predicted if k == 0 else None,
+            )
     ax.set_xticks([k + (len(columns) - 1) * width / 2 for k in range(len(table))], [str(t) for t in table.index])
     ax.set(xlabel="tokens", ylabel="µs", title=title)
     ax.title.set_fontsize(10)
@@ -188,8 +223,12 @@ def ladder_figure(table: pd.DataFrame, columns, title: str, predicted: str | Non
 # ================================================================ P2
 
 
-def p2_rung_costs(num_tokens: int, spec: roofline.GPUSpec, problem: str = "moe_experts_backward_bf16",
-                  launch_us: float = LAUNCH_FLOOR_US) -> pd.DataFrame:  # fmt: skip
+def p2_rung_costs(
+    num_tokens: int,
+    spec: roofline.GPUSpec,
+    problem: str = "moe_experts_backward_bf16",
+    launch_us: float = LAUNCH_FLOOR_US,
+) -> pd.DataFrame:
     """The teaching kernels' P2 step, the recomputed gate projection g_s = W_g,e x_t(s) of every slot, at
     ``problem``'s shape: per expert from the host (the row counts read back, a gathered copy of each expert's rows,
     one launch per expert with rows) or grouped (one launch, the rows gathered inside its loads). Its predicted time
@@ -208,11 +247,19 @@ def p2_rung_costs(num_tokens: int, spec: roofline.GPUSpec, problem: str = "moe_e
         "1 · per expert, from the host": dict(launches=round(busy), syncs=1, traffic=core + copy),
         "2 · grouped, rows gathered in the loads": dict(launches=1, syncs=0, traffic=core),
     }
-    table = pd.DataFrame({name: {"launches": r["launches"], "host syncs": r["syncs"], "GFLOP": flops / 1e9,
-                                 "bytes (MB)": r["traffic"] / 1e6,
-                                 "predicted (µs)": _predict_us(r["traffic"], flops, spec.dram_bandwidth,
-                                                               spec.bf16_dense_flops) + r["launches"] * launch_us}
-                          for name, r in rows.items()}).T  # fmt: skip
+    table = pd.DataFrame(
+        {
+            name: {
+                "launches": r["launches"],
+                "host syncs": r["syncs"],
+                "GFLOP": flops / 1e9,
+                "bytes (MB)": r["traffic"] / 1e6,
+                "predicted (µs)": _predict_us(r["traffic"], flops, spec.dram_bandwidth, spec.bf16_dense_flops)
+                + r["launches"] * launch_us,
+            }
+            for name, r in rows.items()
+        }
+    ).T
     table.attrs.update(num_tokens=T, problem=problem)
     return table
 
@@ -230,8 +277,7 @@ def p2_tma_ladder(spec: roofline.GPUSpec) -> pd.DataFrame:
     ``p2_tma_slot_projection``, each with its pointer-based candidate's name."""
     weight_run, slot_run = tuning_index.run("p2_tma_weight_grad"), tuning_index.run("p2_tma_slot_projection")
     weight = _tuning_rows(weight_run.path)
-    slot = [r for r in _tuning_rows(slot_run.path) if r.get("use") == "backward"
-            and r.get("routing") == "uniform"]  # fmt: skip
+    slot = [r for r in _tuning_rows(slot_run.path) if r.get("use") == "backward" and r.get("routing") == "uniform"]
     rows = {}
     for case in dict.fromkeys(r["case"] for r in weight):
         dtype, tokens = case.split(":")
@@ -248,7 +294,15 @@ def p2_tma_ladder(spec: roofline.GPUSpec) -> pd.DataFrame:
             if kernel == "D":
                 row["D floor (ms)"] = steps["D"].floor_ms(spec)
         rows[case] = row
-    columns = ["W floor (ms)", "W pointer-based (ms)", "W TMA, default (ms)", "W TMA, fastest (ms)", "D floor (ms)",
-               "D pointer-based (ms)", "D TMA, default (ms)", "D TMA, fastest (ms)"]  # fmt: skip
+    columns = [
+        "W floor (ms)",
+        "W pointer-based (ms)",
+        "W TMA, default (ms)",
+        "W TMA, fastest (ms)",
+        "D floor (ms)",
+        "D pointer-based (ms)",
+        "D TMA, default (ms)",
+        "D TMA, fastest (ms)",
+    ]
     order = sorted(rows, key=lambda case: (case.split(":")[0] != "bf16", int(case.split(":")[1])))
     return pd.DataFrame.from_dict(rows, orient="index").loc[order, columns].rename_axis("case")

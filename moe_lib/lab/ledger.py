@@ -30,8 +30,14 @@ from .results import OURS, RESULTS_DIR, ResultFile, ok_rows, resolve_path
 
 OPERAND_BYTES = 2  # the tensor-core operands and kernel A's workspaces: bf16 (or fp16)
 ACCUMULATOR_BYTES = 4  # dX per slot and the routing-weight partials: fp32
-STEP_COLORS = {"split x, dy": "tab:gray", "A": "tab:orange", "gather": "tab:brown", "W": "tab:green",
-               "D": "tab:red", "C": "tab:purple"}  # fmt: skip
+STEP_COLORS = {
+    "split x, dy": "tab:gray",
+    "A": "tab:orange",
+    "gather": "tab:brown",
+    "W": "tab:green",
+    "D": "tab:red",
+    "C": "tab:purple",
+}
 
 
 @dataclass(frozen=True)
@@ -46,16 +52,18 @@ class Step:
     weight_passes: int = 0  # weight-sized tensors ([E, I, H] in the interface dtype) read or written
 
     def floor_ms(self, spec: roofline.GPUSpec) -> float:
-        return 1e3 * max((self.read_bytes + self.written_bytes) / spec.dram_bandwidth,
-                         self.flops / spec.bf16_dense_flops)  # fmt: skip
+        return 1e3 * max(
+            (self.read_bytes + self.written_bytes) / spec.dram_bandwidth, self.flops / spec.bf16_dense_flops
+        )
 
     def bound(self, spec: roofline.GPUSpec) -> str:
         memory = (self.read_bytes + self.written_bytes) / spec.dram_bandwidth
         return "memory" if memory >= self.flops / spec.bf16_dense_flops else "tensor"
 
 
-def p2_backward_steps(num_tokens: int, dtype: str = "float32", *, weights_shared_by_a_and_d: bool = False,
-                      **axes) -> list[Step]:  # fmt: skip
+def p2_backward_steps(
+    num_tokens: int, dtype: str = "float32", *, weights_shared_by_a_and_d: bool = False, **axes
+) -> list[Step]:
     """The steps of P2's backward at ``num_tokens`` with ``dtype`` inputs ("float32", "bfloat16" or
     "float16"), at the problem's shape unless ``axes`` override it. ``weights_shared_by_a_and_d`` costs a
     design in which kernel D takes Wg and Wu from kernel A's read instead of reading them again."""
@@ -78,24 +86,60 @@ def p2_backward_steps(num_tokens: int, dtype: str = "float32", *, weights_shared
     gemm = 2 * S * H * I  # FLOPs of one of the eight per-slot GEMMs
     steps = []
     if split:
-        steps.append(Step("split x, dy", "x and dy split into bf16 hi + lo halves", 2 * T * H * wb,
-                          2 * 2 * T * H * ob, 0))  # fmt: skip
-    steps.append(Step(
-        "A", "g, u, Wdᵀdy recomputed per slot; dSwiGLU and the routing-weight partials in the epilogue",
-        3 * weight * wb + 2 * halves * T * H * ob + S * wb, 3 * S * I * ob + i_tiles * S * fb,
-        3 * gemm * (3 if split else 1), weight_passes=3))  # fmt: skip
+        steps.append(
+            Step("split x, dy", "x and dy split into bf16 hi + lo halves", 2 * T * H * wb, 2 * 2 * T * H * ob, 0)
+        )
+    steps.append(
+        Step(
+            "A",
+            "g, u, Wdᵀdy recomputed per slot; dSwiGLU and the routing-weight partials in the epilogue",
+            3 * weight * wb + 2 * halves * T * H * ob + S * wb,
+            3 * S * I * ob + i_tiles * S * fb,
+            3 * gemm * (3 if split else 1),
+            weight_passes=3,
+        )
+    )
     gathered = choice.weight_grad.name == "tma"  # kernel W on rows gathered into expert order
     if gathered:
-        steps.append(Step("gather", "x and dy rows gathered into expert order for kernel W's TMA loads",
-                          2 * T * H * ob, 2 * S * H * ob, 0))  # fmt: skip
-    steps.append(Step(
-        "W", "dWg, dWu, dWd: each expert's rows reduced into its weight gradients",
-        3 * S * I * ob + 2 * (S if gathered else T) * H * ob, 3 * weight * wb, 3 * gemm, weight_passes=3))  # fmt: skip
+        steps.append(
+            Step(
+                "gather",
+                "x and dy rows gathered into expert order for kernel W's TMA loads",
+                2 * T * H * ob,
+                2 * S * H * ob,
+                0,
+            )
+        )
+    steps.append(
+        Step(
+            "W",
+            "dWg, dWu, dWd: each expert's rows reduced into its weight gradients",
+            3 * S * I * ob + 2 * (S if gathered else T) * H * ob,
+            3 * weight * wb,
+            3 * gemm,
+            weight_passes=3,
+        )
+    )
     d_weights = 0 if weights_shared_by_a_and_d else 2 * weight * wb
-    steps.append(Step("D", "dX per slot = Wgᵀdg + Wuᵀdu", d_weights + 2 * S * I * ob, S * H * fb, 2 * gemm,
-                      weight_passes=0 if weights_shared_by_a_and_d else 2))  # fmt: skip
-    steps.append(Step("C", "dX and the routing-weight gradient summed per token in a fixed order",
-                      S * H * fb + i_tiles * S * fb, T * H * wb + S * wb, 0))  # fmt: skip
+    steps.append(
+        Step(
+            "D",
+            "dX per slot = Wgᵀdg + Wuᵀdu",
+            d_weights + 2 * S * I * ob,
+            S * H * fb,
+            2 * gemm,
+            weight_passes=0 if weights_shared_by_a_and_d else 2,
+        )
+    )
+    steps.append(
+        Step(
+            "C",
+            "dX and the routing-weight gradient summed per token in a fixed order",
+            S * H * fb + i_tiles * S * fb,
+            T * H * wb + S * wb,
+            0,
+        )
+    )
     return steps
 
 
@@ -113,9 +157,18 @@ def ledger_table(num_tokens: int, dtype: str, spec: roofline.GPUSpec, **axes) ->
     """One row per step of :func:`p2_backward_steps`: GB read and written, TFLOP, weight passes, floor (ms)
     and what bounds it, with a total row."""
     steps = p2_backward_steps(num_tokens, dtype, **axes)
-    rows = {s.name: {"does": s.does, "read (GB)": s.read_bytes / 1e9, "written (GB)": s.written_bytes / 1e9,
-                     "TFLOP": s.flops / 1e12, "weight passes": s.weight_passes, "floor (ms)": s.floor_ms(spec),
-                     "bound by": s.bound(spec)} for s in steps}  # fmt: skip
+    rows = {
+        s.name: {
+            "does": s.does,
+            "read (GB)": s.read_bytes / 1e9,
+            "written (GB)": s.written_bytes / 1e9,
+            "TFLOP": s.flops / 1e12,
+            "weight passes": s.weight_passes,
+            "floor (ms)": s.floor_ms(spec),
+            "bound by": s.bound(spec),
+        }
+        for s in steps
+    }
     table = pd.DataFrame.from_dict(rows, orient="index")
     total = table[["read (GB)", "written (GB)", "TFLOP", "weight passes", "floor (ms)"]].sum()
     table.loc["total"] = {**total.to_dict(), "does": "the decomposition's floor: the sum of the steps'", "bound by": ""}
@@ -154,11 +207,17 @@ def summary_table(cases, spec: roofline.GPUSpec, results: dict[str, ResultFile |
         problem = "moe_experts_backward" if dtype == "float32" else "moe_experts_backward_bf16"
         today = sum(s.floor_ms(spec) for s in p2_backward_steps(num_tokens, dtype))
         shared = sum(s.floor_ms(spec) for s in p2_backward_steps(num_tokens, dtype, weights_shared_by_a_and_d=True))
-        rows.append({"dtype": dtype, "tokens": num_tokens,
-                     "problem floor (ms)": 1e3 * roofline.sol_time(problem, num_tokens, spec, dtype),
-                     "decomposition floor (ms)": today, "… D sharing A's weight read (ms)": shared,
-                     "target (ms)": case_target_ms(problem, num_tokens),
-                     "measured (ms)": measured_ms(results.get(dtype), num_tokens)})  # fmt: skip
+        rows.append(
+            {
+                "dtype": dtype,
+                "tokens": num_tokens,
+                "problem floor (ms)": 1e3 * roofline.sol_time(problem, num_tokens, spec, dtype),
+                "decomposition floor (ms)": today,
+                "… D sharing A's weight read (ms)": shared,
+                "target (ms)": case_target_ms(problem, num_tokens),
+                "measured (ms)": measured_ms(results.get(dtype), num_tokens),
+            }
+        )
     return pd.DataFrame(rows).set_index(["dtype", "tokens"])
 
 
@@ -173,22 +232,33 @@ def ledger_figure(cases, spec: roofline.GPUSpec, summary: pd.DataFrame):
         left = 0.0
         for step in p2_backward_steps(num_tokens, dtype):
             width = step.floor_ms(spec) / unit
-            ax.barh(y, width, left=left, color=STEP_COLORS[step.name], edgecolor="white",
-                    label=None if step.name in seen else f"step {step.name}")  # fmt: skip
+            ax.barh(
+                y,
+                width,
+                left=left,
+                color=STEP_COLORS[step.name],
+                edgecolor="white",
+                label=None if step.name in seen else f"step {step.name}",
+            )
             seen.add(step.name)
             left += width
-        for column, marker, color, text in (("target (ms)", "|", "black", "target"),
-                                            ("measured (ms)", "x", "crimson", "measured (ours)")):  # fmt: skip
+        for column, marker, color, text in (
+            ("target (ms)", "|", "black", "target"),
+            ("measured (ms)", "x", "crimson", "measured (ours)"),
+        ):
             value = summary.loc[(dtype, num_tokens), column]
             if np.isfinite(value):
-                ax.scatter(value / unit, y, marker=marker, s=220, color=color, zorder=3,
-                           label=None if text in seen else text)  # fmt: skip
+                ax.scatter(
+                    value / unit, y, marker=marker, s=220, color=color, zorder=3, label=None if text in seen else text
+                )
                 seen.add(text)
     ax.axvline(1.0, color="grey", ls=":", label="the problem's floor")
     ax.set_yticks(range(len(cases)), labels)
     ax.invert_yaxis()
-    ax.set(xlabel="multiples of the problem's floor (each step at its own floor: bytes / bandwidth or FLOPs / rate)",
-           title=f"P2's backward, step by step (ceilings: {spec.name})")  # fmt: skip
+    ax.set(
+        xlabel="multiples of the problem's floor (each step at its own floor: bytes / bandwidth or FLOPs / rate)",
+        title=f"P2's backward, step by step (ceilings: {spec.name})",
+    )
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     return fig
@@ -203,8 +273,9 @@ def ledger_figure(cases, spec: roofline.GPUSpec, summary: pd.DataFrame):
 P1_ARITHMETIC = {"fast (bf16 dGate, dUp)": 12, "faithful, bf16 hi + fp8 lo": 16, "faithful, bf16 hi/lo": 20}
 
 
-def p1_floor_table(spec: roofline.GPUSpec, result: ResultFile | None = None, launch_floor_us: float = 0.0,
-                   tokens=None) -> pd.DataFrame:  # fmt: skip
+def p1_floor_table(
+    spec: roofline.GPUSpec, result: ResultFile | None = None, launch_floor_us: float = 0.0, tokens=None
+) -> pd.DataFrame:
     """Per P1 case (the suite unless ``tokens``): its floor in µs under each of :data:`P1_ARITHMETIC` — max(bytes
     / bandwidth, work / bf16 rate) at ``spec``, plus ``launch_floor_us`` (what one launch costs in the timing
     method at hand) — and, from ``result``, the measured graph-replay µs of the fast (``triton_fast``) and
@@ -215,8 +286,10 @@ def p1_floor_table(spec: roofline.GPUSpec, result: ResultFile | None = None, lau
         s = problem.sizes(num_tokens)
         work = num_tokens * s["hidden_size"] * s["intermediate_size"]
         moved = roofline.minimal_bytes("swiglu_down_backward", num_tokens)
-        row = {name: 1e6 * max(moved / spec.dram_bandwidth, units * work / spec.bf16_dense_flops) + launch_floor_us
-               for name, units in P1_ARITHMETIC.items()}  # fmt: skip
+        row = {
+            name: 1e6 * max(moved / spec.dram_bandwidth, units * work / spec.bf16_dense_flops) + launch_floor_us
+            for name, units in P1_ARITHMETIC.items()
+        }
         row["measured fast"] = 1e3 * measured_ms(result, num_tokens, "triton_fast")
         row["measured faithful"] = 1e3 * measured_ms(result, num_tokens, OURS)
         rows[num_tokens] = row

@@ -47,8 +47,9 @@ def p1_design_times(path=None) -> pd.DataFrame:
     rows = pd.DataFrame([r for r in _read_json(path or index.path) if "error" not in r and r["config"] != "default"])
     rows = rows[rows["ok"]]
     prefixes = index.options["design_by_prefix"]
-    rows["design"] = [next(design for prefix, design in prefixes if config.startswith(prefix))
-                      for config in rows["config"]]  # fmt: skip
+    rows["design"] = [
+        next(design for prefix, design in prefixes if config.startswith(prefix)) for config in rows["config"]
+    ]
     best = rows.loc[rows.groupby(["T", "design"])["median_us"].idxmin()]
     table = best.pivot(index="T", columns="design", values=["median_us", "config"])
     table.columns = [f"{design} µs" if what == "median_us" else f"{design}: config" for what, design in table.columns]
@@ -90,8 +91,9 @@ def p1_one_block_times(paths=None, *, column: str = "graph_us"):
                 series = index.label(row["config"], row["precision"], row["T"], commit)
                 if series is not None and row.get("ok") and column in row:
                     rows.append(dict(precision=row["precision"], num_tokens=row["T"], series=series, us=row[column]))
-    table = pd.DataFrame(rows).pivot_table(index=["precision", "num_tokens"], columns="series", values="us",
-                                           aggfunc="median")  # fmt: skip
+    table = pd.DataFrame(rows).pivot_table(
+        index=["precision", "num_tokens"], columns="series", values="us", aggfunc="median"
+    )
     return table[list(index.columns_first)], float(np.median(floors))
 
 
@@ -112,14 +114,16 @@ def p1_phase2_tile_times(path=None, *, column: str = "graph_us"):
             series = index.label(row["config"], row["precision"], row["T"], run["round"])
             if series is not None and row.get("ok") and column in row:
                 rows.append(dict(precision=row["precision"], num_tokens=row["T"], series=series, us=row[column]))
-    table = pd.DataFrame(rows).pivot_table(index=["precision", "num_tokens"], columns="series", values="us",
-                                           aggfunc="median")  # fmt: skip
+    table = pd.DataFrame(rows).pivot_table(
+        index=["precision", "num_tokens"], columns="series", values="us", aggfunc="median"
+    )
     first = list(index.columns_first)
     return table[first + sorted(c for c in table.columns if c not in first)], float(np.median(floors))
 
 
-def few_tokens_figure(table: pd.DataFrame, floor_us: float, chosen: str, before: str | None = None, *,
-                      xscale: str = "log", ticks=None):  # fmt: skip
+def few_tokens_figure(
+    table: pd.DataFrame, floor_us: float, chosen: str, before: str | None = None, *, xscale: str = "log", ticks=None
+):
     """One panel per precision: µs against token count for each candidate of :func:`p1_few_tokens_times` (or
     series of :func:`p1_one_block_times`), the path before it (``before``; by default the label of the few-token
     check's "default") dashed, ``chosen`` bold, and the floor of one tiny kernel dotted; a candidate not measured at
@@ -179,10 +183,17 @@ def speedup_figure(table: pd.DataFrame, baseline: str, title: str, *, switch: in
 def p1_tune_runs(path) -> pd.DataFrame:
     """A committed tuning file of ``scripts/p1/p1_tune.py`` runs (``{"runs": [{"round": …, "rows": […]}]}``) as µs per
     token count (rows) and (candidate, round) (columns); failed or wrong candidates left out."""
-    rows = [dict(row, round=run["round"]) for run in _read_json(path)["runs"] for row in run["rows"]
-            if "error" not in row and row.get("ok")]  # fmt: skip
-    return pd.DataFrame(rows).pivot_table(index="T", columns=["config", "round"], values="median_us").rename_axis(
-        "num_tokens")
+    rows = [
+        dict(row, round=run["round"])
+        for run in _read_json(path)["runs"]
+        for row in run["rows"]
+        if "error" not in row and row.get("ok")
+    ]
+    return (
+        pd.DataFrame(rows)
+        .pivot_table(index="T", columns=["config", "round"], values="median_us")
+        .rename_axis("num_tokens")
+    )
 
 
 def p1_host_gap_times(path, labels: dict | None = None) -> pd.DataFrame:
@@ -195,8 +206,7 @@ def p1_host_gap_times(path, labels: dict | None = None) -> pd.DataFrame:
     if labels is not None:
         rows = rows[rows["config"].isin(labels)]
         rows = rows.assign(config=pd.Categorical(rows["config"].map(labels), categories=list(labels.values())))
-    table = rows.rename(columns={"T": "num_tokens", "config": "design", "graph_us": "graph",
-                                 "official_us": "official"})  # fmt: skip
+    table = rows.rename(columns={"T": "num_tokens", "config": "design", "graph_us": "graph", "official_us": "official"})
     table["gap"] = table["official"] - table["graph"]
     return table.set_index(["num_tokens", "design"])[["graph", "official", "gap"]].sort_index()
 
@@ -214,8 +224,17 @@ def host_gap_figure(table: pd.DataFrame, title: str):
         for m, (method, hatch, name) in enumerate(methods):
             values = [table.loc[(t, design), method] if (t, design) in table.index else float("nan") for t in tokens]
             offsets = [i + (2 * d + m - len(designs) + 0.5) * width for i in range(len(tokens))]
-            ax.bar(offsets, values, width, color=colors(d), hatch=hatch, alpha=0.55 if hatch else 0.9,
-                   edgecolor="black", lw=0.4, label=f"{design}, {name}")  # fmt: skip
+            ax.bar(
+                offsets,
+                values,
+                width,
+                color=colors(d),
+                hatch=hatch,
+                alpha=0.55 if hatch else 0.9,
+                edgecolor="black",
+                lw=0.4,
+                label=f"{design}, {name}",
+            )
     ax.set_xticks(range(len(tokens)), [str(t) for t in tokens])
     ax.set(xlabel="tokens", ylabel="µs per call", title=title)
     ax.legend(fontsize=7)
@@ -229,9 +248,12 @@ def p1_host_gap_runs(path=None, config: str | None = None, labels: dict | None =
     default the index's ``gluon_launch2_host_gap`` and its ``config``, launch 2 in Gluon."""
     index = tuning_index.run("gluon_launch2_host_gap")
     config = index.options["config"] if config is None else config
-    rows = [dict(num_tokens=row["T"], run=(labels or {}).get(run["run"], run["run"]), gap=row["gap_us"])
-            for run in _read_json(path or index.path)["runs"] for row in run["rows"]
-            if row["config"] == config and "gap_us" in row]  # fmt: skip
+    rows = [
+        dict(num_tokens=row["T"], run=(labels or {}).get(run["run"], run["run"]), gap=row["gap_us"])
+        for run in _read_json(path or index.path)["runs"]
+        for row in run["rows"]
+        if row["config"] == config and "gap_us" in row
+    ]
     table = pd.DataFrame(rows).pivot_table(index="num_tokens", columns="run", values="gap")
     return table[list(dict.fromkeys(r["run"] for r in rows))]  # the runs in their order
 
@@ -255,9 +277,12 @@ def p1_gluon_launch2_times(path=None, labels: dict | None = None) -> pd.DataFram
     index's ``gluon_launch2_probe`` by default): µs by graph replay per num_tokens (rows) and implementation
     (columns, renamed by ``labels`` where given; the others left out when ``labels`` is given), the median over the
     runs that measured it."""
-    rows = [dict(num_tokens=row["T"], impl=row["impl"], us=row["us"])
-            for run in _read_json(path or tuning_index.run("gluon_launch2_probe").path)["runs"] for row in run["rows"]
-            if row.get("product") == "launch 2" and "us" in row]  # fmt: skip
+    rows = [
+        dict(num_tokens=row["T"], impl=row["impl"], us=row["us"])
+        for run in _read_json(path or tuning_index.run("gluon_launch2_probe").path)["runs"]
+        for row in run["rows"]
+        if row.get("product") == "launch 2" and "us" in row
+    ]
     table = pd.DataFrame(rows).pivot_table(index="num_tokens", columns="impl", values="us", aggfunc="median")
     if labels:
         table = table[[impl for impl in labels if impl in table.columns]].rename(columns=labels)
@@ -309,10 +334,17 @@ def _labelled_times(key: str, precision: str, path=None) -> pd.DataFrame:
     rows it labels None left out), the median over the rows of a label; the index's ``columns_first``, then its
     labels in their order, where measured."""
     index = tuning_index.run(key)
-    rows = [dict(num_tokens=row["T"], form=index.label(row["config"], precision, row["T"], run["commit"]),
-                 us=row["median_us"])
-            for run in _read_json(path or index.path)["runs"] if run["precision"] == precision for row in run["rows"]
-            if row.get("ok")]  # fmt: skip
+    rows = [
+        dict(
+            num_tokens=row["T"],
+            form=index.label(row["config"], precision, row["T"], run["commit"]),
+            us=row["median_us"],
+        )
+        for run in _read_json(path or index.path)["runs"]
+        if run["precision"] == precision
+        for row in run["rows"]
+        if row.get("ok")
+    ]
     table = pd.DataFrame([row for row in rows if row["form"] is not None])
     table = table.pivot_table(index="num_tokens", columns="form", values="us", aggfunc="median")
     order = [*index.columns_first, *index.labels_for(precision).values()]
@@ -328,8 +360,9 @@ def design22_times(precision: str = "fast", path=None) -> pd.DataFrame:
     return p1_tune_runs_times(path or index.path, precision, index.labels_for(precision))
 
 
-def runs_side_by_side(before=None, after=None, impls=("triton", "triton_fast", "torch_compile"),
-                      max_tokens: int = 128) -> pd.DataFrame:  # fmt: skip
+def runs_side_by_side(
+    before=None, after=None, impls=("triton", "triton_fast", "torch_compile"), max_tokens: int = 128
+) -> pd.DataFrame:
     """µs by graph replay per num_tokens (to ``max_tokens``: rows) of each of ``impls`` in two committed benchmark
     runs (CSV paths; by default the index's ``graph_counters``: before and after a captured graph kept an eager
     call's zeroed counters instead of zeroing its own in a memset node), columns (impl, "before" / "after"), and the
@@ -388,17 +421,21 @@ def split_tiles_slowdown(path=None) -> pd.DataFrame:
     return times[splits].div(base, axis=0)
 
 
-def p1_tune_runs_times(path=None, precision: str = "faithful", labels: dict | None = None,
-                       runs: tuple[int, ...] | None = None):  # fmt: skip
+def p1_tune_runs_times(
+    path=None, precision: str = "faithful", labels: dict | None = None, runs: tuple[int, ...] | None = None
+):
     """Whole calls by graph replay from a file of several ``scripts/p1/p1_tune.py`` runs (as :func:`p1_tune_times` for
     one; the index's ``gluon_launch1`` by default): µs per num_tokens (rows) and candidate (columns, renamed by
     ``labels`` where given and the others left out), the median over the runs of ``precision`` that measured it (runs
     without a "precision" field count as faithful), or over the runs numbered in ``runs``; failed or wrong candidates
     left out, and "default" (which changed between runs) unless ``runs`` names the runs of one code."""
-    rows = [dict(num_tokens=row["T"], config=row["config"], us=row["median_us"])
-            for run in _read_json(path or tuning_index.run("gluon_launch1").path)["runs"]
-            if run.get("precision", "faithful") == precision and (runs is None or run["run"] in runs)
-            for row in run["rows"] if row.get("ok") and (row["config"] != "default" or runs is not None)]  # fmt: skip
+    rows = [
+        dict(num_tokens=row["T"], config=row["config"], us=row["median_us"])
+        for run in _read_json(path or tuning_index.run("gluon_launch1").path)["runs"]
+        if run.get("precision", "faithful") == precision and (runs is None or run["run"] in runs)
+        for row in run["rows"]
+        if row.get("ok") and (row["config"] != "default" or runs is not None)
+    ]
     table = pd.DataFrame(rows).pivot_table(index="num_tokens", columns="config", values="us", aggfunc="median")
     if labels:
         table = table[[config for config in labels if config in table.columns]].rename(columns=labels)
@@ -448,4 +485,3 @@ def kernel_times_figure(table: pd.DataFrame, title: str):
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     return fig
-

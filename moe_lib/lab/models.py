@@ -52,8 +52,21 @@ def target_speedup(op: str) -> float | None:
 
 
 TARGET_SPEEDUP = target_speedup("swiglu_down_backward")  # P1's bar, for the colours of both tables
-RUN_COLUMNS = ["problem", "dtype", "model", *SHAPE_AXES["moe_experts_backward"], "num_tokens", "impl", "median_ms",
-               "status", "correct", "passes_element_rule", "rel_error", "file", "date_utc"]  # fmt: skip
+RUN_COLUMNS = [
+    "problem",
+    "dtype",
+    "model",
+    *SHAPE_AXES["moe_experts_backward"],
+    "num_tokens",
+    "impl",
+    "median_ms",
+    "status",
+    "correct",
+    "passes_element_rule",
+    "rel_error",
+    "file",
+    "date_utc",
+]
 CSV_COLUMNS = ("model", "impl", "num_tokens", "status", "median_ms", "correct", "hidden_size", "intermediate_size")
 
 
@@ -77,22 +90,29 @@ def load_model_runs(results_dir=RESULTS_DIR, gpu_key: str = "H200", small: bool 
         if meta.get("suite") != MODEL_SUITE or bool((meta.get("provenance") or {}).get("small")) != small:
             continue
         if meta.get("problem") not in problems.PROBLEM_NAMES:
-            raise ResultFileError(f"{json_path}: problem: expected one of {problems.PROBLEM_NAMES}, "
-                                  f"got {meta.get('problem')!r}")  # fmt: skip
+            raise ResultFileError(
+                f"{json_path}: problem: expected one of {problems.PROBLEM_NAMES}, got {meta.get('problem')!r}"
+            )
         frame = read_run_csv(csv_path, CSV_COLUMNS)
         try:
             frame["num_tokens"] = frame["num_tokens"].astype(int)
         except (TypeError, ValueError) as exc:
             raise ResultFileError(f"{csv_path}: column num_tokens: expected integers ({exc})") from exc
         date = (meta.get("provenance") or {}).get("date_utc") or json_path.stem[:10]
-        frames.append(frame.assign(problem=meta["problem"], dtype=meta.get("dtype"), file=csv_path.name,
-                                   date_utc=date).reindex(columns=RUN_COLUMNS))  # fmt: skip
+        frames.append(
+            frame.assign(problem=meta["problem"], dtype=meta.get("dtype"), file=csv_path.name, date_utc=date).reindex(
+                columns=RUN_COLUMNS
+            )
+        )
         documents[csv_path.name] = meta
     if not frames:
         runs = pd.DataFrame(columns=RUN_COLUMNS)
         kind = "scaled-down " if small else ""
-        runs.attrs.update(runs={}, note=f"No {kind}model-suite run (python -m moe_lib.bench --models) is committed "
-                          f"in {shown_path(folder)} yet: the models' shapes have no measurement to show.")  # fmt: skip
+        runs.attrs.update(
+            runs={},
+            note=f"No {kind}model-suite run (python -m moe_lib.bench --models) is committed "
+            f"in {shown_path(folder)} yet: the models' shapes have no measurement to show.",
+        )
         return runs
     runs = pd.concat(frames, ignore_index=True).sort_values(["date_utc", "file"], kind="stable")
     runs = runs.drop_duplicates(["problem", "model", "num_tokens", "impl"], keep="last")
@@ -100,8 +120,9 @@ def load_model_runs(results_dir=RESULTS_DIR, gpu_key: str = "H200", small: bool 
         runs[column] = runs[column].map(optional_bool).astype(object)
     runs.loc[runs["status"] != "ok", "median_ms"] = math.nan
     order = dict(problem=_order(problems.PROBLEM_NAMES), model=_order(MODEL_NAMES))
-    runs = runs.sort_values(["problem", "model", "num_tokens"], key=lambda c: c.map(order[c.name]) if c.name in order
-                            else c, kind="stable").reset_index(drop=True)  # fmt: skip
+    runs = runs.sort_values(
+        ["problem", "model", "num_tokens"], key=lambda c: c.map(order[c.name]) if c.name in order else c, kind="stable"
+    ).reset_index(drop=True)
     runs.attrs.update(runs={name: documents[name] for name in dict.fromkeys(runs["file"])}, note="")
     return runs
 
@@ -124,9 +145,11 @@ def run_overview(runs: pd.DataFrame, problem: str) -> list[str]:
         meta = runs.attrs["runs"][name]
         provenance = meta.get("provenance") or {}
         commit = (provenance.get("git_commit") or "unknown")[:10] + (" (dirty)" if provenance.get("git_dirty") else "")
-        lines.append(f"{name}: {provenance.get('date_utc', '?')}, commit {commit}, "
-                     f"{provenance.get('gpu_name') or provenance.get('gpu_key', '?')}"
-                     + (" (cut short)" if meta.get("complete") is False else ""))  # fmt: skip
+        lines.append(
+            f"{name}: {provenance.get('date_utc', '?')}, commit {commit}, "
+            f"{provenance.get('gpu_name') or provenance.get('gpu_key', '?')}"
+            + (" (cut short)" if meta.get("complete") is False else "")
+        )
     return lines
 
 
@@ -139,8 +162,11 @@ def _issues(rows: pd.DataFrame) -> str:
     """What went wrong in one case's rows: each implementation not timed, with its status, and each that
     fails the element rule."""
     found = [f"{row.impl}: {row.status}" for row in rows.itertuples() if row.status != "ok"]
-    found += [f"{row.impl} fails the element rule" for row in rows.itertuples()
-              if row.status == "ok" and row.passes_element_rule is False]  # fmt: skip
+    found += [
+        f"{row.impl} fails the element rule"
+        for row in rows.itertuples()
+        if row.status == "ok" and row.passes_element_rule is False
+    ]
     return "; ".join(found)
 
 
@@ -185,8 +211,9 @@ def geomean_table(table: pd.DataFrame) -> pd.DataFrame:
             timed = cases[f"vs {peer}"].dropna()
             entry[f"geomean vs {peer}"] = geomean(timed)
             entry[f"min vs {peer}"] = timed.min() if len(timed) else math.nan
-        entry["cases timed"] = f"{int(cases[[f'vs {p}' for p in table.attrs['peers']]].notna().all(axis=1).sum())}" \
-                               f"/{len(cases)}"  # fmt: skip
+        entry["cases timed"] = (
+            f"{int(cases[[f'vs {p}' for p in table.attrs['peers']]].notna().all(axis=1).sum())}/{len(cases)}"
+        )
         entry["all correct"] = bool(all(value is not False for value in cases["correct"]))
         summary[model] = entry
     frame = pd.DataFrame.from_dict(summary, orient="index")
@@ -200,8 +227,10 @@ def styled_speedups(table: pd.DataFrame):
     speedups = [column for column in table.columns if column.startswith("vs ")]
     formats = {column: "{:.3f}" for column in table.columns if column.endswith("(ms)")}
     formats.update({column: "{:.2f}×" for column in speedups})
-    caption = (f"{table.attrs['problem']}: {table.attrs['ours']} against {', '.join(table.attrs['peers'])} "
-               "at the models' shapes (speed-up = peer's time / ours)")  # fmt: skip
+    caption = (
+        f"{table.attrs['problem']}: {table.attrs['ours']} against {', '.join(table.attrs['peers'])} "
+        "at the models' shapes (speed-up = peer's time / ours)"
+    )
     return styled(table, formats, caption).map(_speedup_colour, subset=speedups)
 
 

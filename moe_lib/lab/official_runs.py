@@ -108,8 +108,10 @@ def ruler_table(problem: str, results_dir=RESULTS_DIR, gpu_key: str = "H200") ->
     runs = load_official_runs(problem, results_dir, gpu_key)
     table.attrs.update(graph=None, official={}, note="")
     if not runs:
-        table.attrs["note"] = (f"No run of NVIDIA's harness for {problem} is committed in {shown_path(folder)} "
-                               f"(python -m moe_lib.bench.official run --problem {problem} makes one).")  # fmt: skip
+        table.attrs["note"] = (
+            f"No run of NVIDIA's harness for {problem} is committed in {shown_path(folder)} "
+            f"(python -m moe_lib.bench.official run --problem {problem} makes one)."
+        )
         return table
     try:
         graph = find(load_results(results_dir, gpu_key), problem)
@@ -126,11 +128,20 @@ def ruler_table(problem: str, results_dir=RESULTS_DIR, gpu_key: str = "H200") ->
             latency = workload.get("latency_ms")
             official_us = math.nan if latency is None else latency * 1e3
             graph_us = medians.get(tokens, math.nan) * 1e3
-            rows.append(dict(num_tokens=tokens, impl=impl, graph_us=graph_us, official_us=official_us,
-                             gap_us=official_us - graph_us, status=workload.get("status")))  # fmt: skip
+            rows.append(
+                dict(
+                    num_tokens=tokens,
+                    impl=impl,
+                    graph_us=graph_us,
+                    official_us=official_us,
+                    gap_us=official_us - graph_us,
+                    status=workload.get("status"),
+                )
+            )
         passed = sum(w.get("status") == PASSED for w in run.meta["workloads"])
-        table.attrs["official"][impl] = dict(file=run.path.name, commit=run.commit, date=run.date,
-                                             passed=f"{passed}/{len(run.meta['workloads'])}")  # fmt: skip
+        table.attrs["official"][impl] = dict(
+            file=run.path.name, commit=run.commit, date=run.date, passed=f"{passed}/{len(run.meta['workloads'])}"
+        )
     attrs = table.attrs
     table = pd.DataFrame(rows, columns=RULER_COLUMNS)
     table.attrs.update(attrs)
@@ -152,14 +163,18 @@ def ruler_provenance(table: pd.DataFrame) -> list[str]:
     if graph:
         lines.append(f"graph replay: {graph['file']} (commit {graph['commit']}, {graph['date']})")
     for impl, run in table.attrs.get("official", {}).items():
-        lines.append(f"NVIDIA's harness, {impl}: {run['file']} (commit {run['commit']}, {run['date']}; "
-                     f"{run['passed']} workloads passed)")  # fmt: skip
+        lines.append(
+            f"NVIDIA's harness, {impl}: {run['file']} (commit {run['commit']}, {run['date']}; "
+            f"{run['passed']} workloads passed)"
+        )
     commits = {run["commit"] for run in table.attrs.get("official", {}).values()}
     if graph:
         commits.add(graph["commit"])
     if len(commits) > 1:
-        lines.append("The runs come from different commits: where the code changed between them, the two rulers "
-                     "timed different code (notes/p1/nvidia-harness.md says what changed when).")  # fmt: skip
+        lines.append(
+            "The runs come from different commits: where the code changed between them, the two rulers "
+            "timed different code (notes/p1/nvidia-harness.md says what changed when)."
+        )
     return lines
 
 
@@ -179,11 +194,17 @@ def ruler_bands(table: pd.DataFrame, bands=BANDS) -> pd.DataFrame:
             if band.empty:
                 continue
             gaps = band.loc[band["status"] == PASSED, "gap_us"].dropna()
-            rows.append({"impl": impl, "tokens": _band_name(low, high), "workloads": len(band),
-                         "passed": int((band["status"] == PASSED).sum()),
-                         "gap min (µs)": gaps.min() if len(gaps) else math.nan,
-                         "gap median (µs)": gaps.median() if len(gaps) else math.nan,
-                         "gap max (µs)": gaps.max() if len(gaps) else math.nan})  # fmt: skip
+            rows.append(
+                {
+                    "impl": impl,
+                    "tokens": _band_name(low, high),
+                    "workloads": len(band),
+                    "passed": int((band["status"] == PASSED).sum()),
+                    "gap min (µs)": gaps.min() if len(gaps) else math.nan,
+                    "gap median (µs)": gaps.median() if len(gaps) else math.nan,
+                    "gap max (µs)": gaps.max() if len(gaps) else math.nan,
+                }
+            )
     columns = ["impl", "tokens", "workloads", "passed", "gap min (µs)", "gap median (µs)", "gap max (µs)"]
     return pd.DataFrame(rows, columns=columns).set_index(["impl", "tokens"])
 
@@ -200,11 +221,14 @@ def ruler_reading(table: pd.DataFrame) -> list[str]:
             if math.isnan(row["gap median (µs)"]):
                 parts.append(f"{name}: no workload passed and timed by both")
             else:
-                parts.append(f"{name}: {row['gap min (µs)']:+.1f} to {row['gap max (µs)']:+.1f} µs "
-                             f"(median {row['gap median (µs)']:+.1f}) over {int(row['passed'])} passing")  # fmt: skip
+                parts.append(
+                    f"{name}: {row['gap min (µs)']:+.1f} to {row['gap max (µs)']:+.1f} µs "
+                    f"(median {row['gap median (µs)']:+.1f}) over {int(row['passed'])} passing"
+                )
         passed, workloads = int(mine["passed"].sum()), int(mine["workloads"].sum())
-        lines.append(f"{impl}: {passed}/{workloads} workloads pass NVIDIA's harness; official − graph, "
-                     + "; ".join(parts))  # fmt: skip
+        lines.append(
+            f"{impl}: {passed}/{workloads} workloads pass NVIDIA's harness; official − graph, " + "; ".join(parts)
+        )
     return lines
 
 
@@ -224,20 +248,36 @@ def ruler_figure(table: pd.DataFrame):
     impls = list(dict.fromkeys(table["impl"]))
     if not impls:
         raise ValueError("table: no workload to draw (ruler_table found no run of NVIDIA's harness)")
-    fig, axes = plt.subplots(1, len(impls), figsize=(6 * len(impls), 4.6), sharey=True, squeeze=False,
-                             layout="constrained")  # fmt: skip
+    fig, axes = plt.subplots(
+        1, len(impls), figsize=(6 * len(impls), 4.6), sharey=True, squeeze=False, layout="constrained"
+    )
     for ax, impl in zip(axes[0], impls, strict=True):
         mine = table[table["impl"] == impl].sort_values("num_tokens")
         color, marker = IMPL_STYLE.get(impl, ("black", "x"))
         ax.plot(mine["num_tokens"], mine["graph_us"], color=color, marker=marker, label="graph replay (GPU time)")
         passed = mine[mine["status"] == PASSED]
-        ax.plot(passed["num_tokens"], passed["official_us"], color=color, marker="o", markerfacecolor="white",
-                linestyle="--", label="NVIDIA's harness (CUPTI, eager)")  # fmt: skip
+        ax.plot(
+            passed["num_tokens"],
+            passed["official_us"],
+            color=color,
+            marker="o",
+            markerfacecolor="white",
+            linestyle="--",
+            label="NVIDIA's harness (CUPTI, eager)",
+        )
         failed = mine[mine["status"] != PASSED]
         if len(failed):
             y = failed["graph_us"].where(failed["graph_us"].notna(), mine["graph_us"].min())
-            ax.scatter(failed["num_tokens"], y, marker="x", s=90, color="#cf222e", zorder=3, linewidths=2,
-                       label=f"failed in NVIDIA's harness ({len(failed)}; at its graph time)")  # fmt: skip
+            ax.scatter(
+                failed["num_tokens"],
+                y,
+                marker="x",
+                s=90,
+                color="#cf222e",
+                zorder=3,
+                linewidths=2,
+                label=f"failed in NVIDIA's harness ({len(failed)}; at its graph time)",
+            )
         ax.set(xscale="log", yscale="log", xlabel="tokens T", title=impl)
         ax.yaxis.set_major_locator(plt.LogLocator(subs=(1, 2, 5)))  # 10, 20, 50, 100, ... µs
         ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
@@ -246,5 +286,3 @@ def ruler_figure(table: pd.DataFrame):
         ax.legend(fontsize=8, loc="upper left")
     axes[0][0].set_ylabel("time per call (µs)")
     return fig
-
-

@@ -42,15 +42,28 @@ STEP_FLOPS_PER_ROW_HI = FORWARD_FLOPS_PER_ROW_HI + BACKWARD_FLOPS_PER_ROW_HI
 # received rows and writes their outputs, the backward reads dy and x rows and writes dx rows
 EXPERT_WEIGHT_PASSES = 9
 EXPERT_ROW_PASSES = 5
-PHASE_COLORS = {"all-to-all": "tab:red", "expert forward": "tab:blue", "expert backward": "tab:green",
-                "other": "tab:gray", "one GPU, same work": "tab:orange"}  # fmt: skip
+PHASE_COLORS = {
+    "all-to-all": "tab:red",
+    "expert forward": "tab:blue",
+    "expert backward": "tab:green",
+    "other": "tab:gray",
+    "one GPU, same work": "tab:orange",
+}
 
 
 # ================================================================ exchanges and the cost model
 
 
-def exchange_bytes(rows_sent: list[int], rows_received: list[int], rank: int, *, hidden_size: int,
-                   element_bytes: int, weight_bytes: int, max_local_experts: int) -> pd.DataFrame:  # fmt: skip
+def exchange_bytes(
+    rows_sent: list[int],
+    rows_received: list[int],
+    rank: int,
+    *,
+    hidden_size: int,
+    element_bytes: int,
+    weight_bytes: int,
+    max_local_experts: int,
+) -> pd.DataFrame:
     """What ``rank`` sends to and receives from the *other* ranks in each exchange of one forward + backward
     step, from its rows (``ExpertParallelStats.rows_sent`` / ``rows_received``; the chunk to itself is a local
     copy and not counted). S = rows to other ranks, R = rows from them; a hidden-state row is H·b bytes, a
@@ -61,25 +74,74 @@ def exchange_bytes(rows_sent: list[int], rows_received: list[int], rank: int, *,
     row, row_and_weight = hidden_size * element_bytes, hidden_size * element_bytes + weight_bytes
     counts = (world_size - 1) * (len(STATUS_COLUMNS) + max_local_experts) * COUNT_BYTES
     table = [
-        ("counts_exchange", "forward", "status and rows per local expert, int64 [W, 3 + L_max]",
-         world_size - 1, counts, world_size - 1, counts),
-        ("dispatch", "forward", "hidden-state rows [S, H] and their routing weights [S]",
-         out_rows, out_rows * row_and_weight, in_rows, in_rows * row_and_weight),
-        ("combine", "forward", "weighted expert outputs [R, H] back to the token's rank",
-         in_rows, in_rows * row, out_rows, out_rows * row),
-        ("backward_dispatch", "backward", "output-gradient rows [S, H] to the expert's rank",
-         out_rows, out_rows * row, in_rows, in_rows * row),
-        ("backward_combine", "backward", "hidden-state gradient rows [R, H] and routing-weight gradients [R]",
-         in_rows, in_rows * row_and_weight, out_rows, out_rows * row_and_weight),
-    ]  # fmt: skip
+        (
+            "counts_exchange",
+            "forward",
+            "status and rows per local expert, int64 [W, 3 + L_max]",
+            world_size - 1,
+            counts,
+            world_size - 1,
+            counts,
+        ),
+        (
+            "dispatch",
+            "forward",
+            "hidden-state rows [S, H] and their routing weights [S]",
+            out_rows,
+            out_rows * row_and_weight,
+            in_rows,
+            in_rows * row_and_weight,
+        ),
+        (
+            "combine",
+            "forward",
+            "weighted expert outputs [R, H] back to the token's rank",
+            in_rows,
+            in_rows * row,
+            out_rows,
+            out_rows * row,
+        ),
+        (
+            "backward_dispatch",
+            "backward",
+            "output-gradient rows [S, H] to the expert's rank",
+            out_rows,
+            out_rows * row,
+            in_rows,
+            in_rows * row,
+        ),
+        (
+            "backward_combine",
+            "backward",
+            "hidden-state gradient rows [R, H] and routing-weight gradients [R]",
+            in_rows,
+            in_rows * row_and_weight,
+            out_rows,
+            out_rows * row_and_weight,
+        ),
+    ]
     columns = ["exchange", "pass", "what", "rows out", "bytes out", "rows in", "bytes in"]
     return pd.DataFrame(table, columns=columns).set_index("exchange")
 
 
-def model_step(tokens_per_rank, *, world_size: int, hidden_size: int, intermediate_size: int, num_experts: int,
-               top_k: int, element_bytes: int, weight_bytes: int, link_bandwidth: float, flops_rate: float,
-               memory_bandwidth: float | None = None, chunks: int = 1, chunk_overhead_s: float = 0.0,
-               gpus_per_node: int | None = None, network_bandwidth: float | None = None) -> dict:  # fmt: skip
+def model_step(
+    tokens_per_rank,
+    *,
+    world_size: int,
+    hidden_size: int,
+    intermediate_size: int,
+    num_experts: int,
+    top_k: int,
+    element_bytes: int,
+    weight_bytes: int,
+    link_bandwidth: float,
+    flops_rate: float,
+    memory_bandwidth: float | None = None,
+    chunks: int = 1,
+    chunk_overhead_s: float = 0.0,
+    gpus_per_node: int | None = None,
+    network_bandwidth: float | None = None,
+) -> dict:
     """The cost model of one forward + backward step on one rank, under balanced routing (every rank sends
     and receives T_r·K rows, a fraction (W − 1)/W of them to or from other ranks); arrays over
     ``tokens_per_rank``:
@@ -108,17 +170,22 @@ def model_step(tokens_per_rank, *, world_size: int, hidden_size: int, intermedia
     all_to_all_bytes = remote * row_bytes
     node = world_size if gpus_per_node is None else gpus_per_node
     if not isinstance(node, int) or isinstance(node, bool) or not 1 <= node <= world_size:
-        raise ValueError(f"gpus_per_node: expected an integer from 1 to world_size ({world_size}), "
-                         f"got {gpus_per_node!r}")  # fmt: skip
+        raise ValueError(
+            f"gpus_per_node: expected an integer from 1 to world_size ({world_size}), got {gpus_per_node!r}"
+        )
     if node < world_size and not (network_bandwidth and network_bandwidth > 0):
-        raise ValueError(f"network_bandwidth: expected a positive bandwidth in B/s for {world_size} ranks in nodes of "
-                         f"{node}, got {network_bandwidth!r}")  # fmt: skip
+        raise ValueError(
+            f"network_bandwidth: expected a positive bandwidth in B/s for {world_size} ranks in nodes of "
+            f"{node}, got {network_bandwidth!r}"
+        )
     expert_flops = STEP_FLOPS_PER_ROW_HI * rows * hidden_size * intermediate_size
     local_experts = -(-num_experts // world_size)
     if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks < 1:
         raise ValueError(f"chunks: expected a positive integer, got {chunks!r}")
-    expert_bytes = (EXPERT_WEIGHT_PASSES * local_experts * hidden_size * intermediate_size * element_bytes
-                    + EXPERT_ROW_PASSES * rows * hidden_size * element_bytes)  # fmt: skip
+    expert_bytes = (
+        EXPERT_WEIGHT_PASSES * local_experts * hidden_size * intermediate_size * element_bytes
+        + EXPERT_ROW_PASSES * rows * hidden_size * element_bytes
+    )
     network_s = rows * (world_size - node) / world_size * row_bytes / (network_bandwidth or 1.0)
     all_to_all_s = np.maximum(rows * (node - 1) / world_size * row_bytes / link_bandwidth, network_s)
     expert_s = expert_flops / flops_rate
@@ -126,17 +193,32 @@ def model_step(tokens_per_rank, *, world_size: int, hidden_size: int, intermedia
         expert_s = np.maximum(expert_s, expert_bytes / memory_bandwidth)
     step_s = np.maximum(all_to_all_s, expert_s) + np.minimum(all_to_all_s, expert_s) / chunks
     step_s = step_s + (chunks - 1) * chunk_overhead_s
-    return dict(tokens_per_rank=tokens, all_to_all_bytes=all_to_all_bytes, expert_flops=expert_flops,
-                expert_bytes=expert_bytes, all_to_all_s=all_to_all_s, network_s=network_s, expert_s=expert_s,
-                step_s=step_s, share=(step_s - expert_s) / step_s)  # fmt: skip
+    return dict(
+        tokens_per_rank=tokens,
+        all_to_all_bytes=all_to_all_bytes,
+        expert_flops=expert_flops,
+        expert_bytes=expert_bytes,
+        all_to_all_s=all_to_all_s,
+        network_s=network_s,
+        expert_s=expert_s,
+        step_s=step_s,
+        share=(step_s - expert_s) / step_s,
+    )
 
 
-def asymptotic_share(*, world_size: int, intermediate_size: int, element_bytes: int, link_bandwidth: float,
-                     flops_rate: float) -> float:  # fmt: skip
+def asymptotic_share(
+    *, world_size: int, intermediate_size: int, element_bytes: int, link_bandwidth: float, flops_rate: float
+) -> float:
     """The model's share at large T_r (compute-bound, routing weights neglected): with
     ρ = 4·b·(W−1)/W · F / (22 · I · B_link), share = ρ / (1 + ρ). H and T_r cancel."""
-    ratio = (4 * element_bytes * (world_size - 1) / world_size * flops_rate
-             / (STEP_FLOPS_PER_ROW_HI * intermediate_size * link_bandwidth))  # fmt: skip
+    ratio = (
+        4
+        * element_bytes
+        * (world_size - 1)
+        / world_size
+        * flops_rate
+        / (STEP_FLOPS_PER_ROW_HI * intermediate_size * link_bandwidth)
+    )
     return ratio / (1 + ratio)
 
 
@@ -147,9 +229,15 @@ def measured_model_inputs(run) -> tuple[int, float, float, dict]:
     largest = max(run.cases)
     link = bandwidth_table(run).loc[largest, "GB/s out"].max() * 1e9
     measured_rate = expert_rate_table(run).loc[largest, "TFLOP/s"].max() * 1e12
-    shapes = dict(hidden_size=run.axes["hidden_size"], intermediate_size=run.axes["intermediate_size"],
-                  num_experts=run.axes["num_experts"], top_k=run.axes["top_k"], element_bytes=run.element_bytes,
-                  weight_bytes=run.weight_bytes, link_bandwidth=link)  # fmt: skip
+    shapes = dict(
+        hidden_size=run.axes["hidden_size"],
+        intermediate_size=run.axes["intermediate_size"],
+        num_experts=run.axes["num_experts"],
+        top_k=run.axes["top_k"],
+        element_bytes=run.element_bytes,
+        weight_bytes=run.weight_bytes,
+        link_bandwidth=link,
+    )
     return largest, link, measured_rate, shapes
 
 
@@ -174,9 +262,14 @@ def overlap_table(run) -> pd.DataFrame:
     and the exchange share (the exchange time the compute stream still waited, over the step)."""
     table = run.chunked
     total = table["total_ms"].unstack("chunks")
-    return pd.concat({"total ms": total, "vs one chunk": total.div(total[1], axis=0),
-                      "exchange share": (table["all_to_all_ms"] / table["total_ms"]).unstack("chunks")},
-                     axis=1).rename_axis("tokens / rank")  # fmt: skip
+    return pd.concat(
+        {
+            "total ms": total,
+            "vs one chunk": total.div(total[1], axis=0),
+            "exchange share": (table["all_to_all_ms"] / table["total_ms"]).unstack("chunks"),
+        },
+        axis=1,
+    ).rename_axis("tokens / rank")
 
 
 def scaling_table(runs: dict) -> pd.DataFrame:
@@ -192,12 +285,20 @@ def scaling_table(runs: dict) -> pd.DataFrame:
             by_chunks = table.xs(tokens, level="tokens_per_rank")
             best = int(by_chunks["total_ms"].idxmin())
             fastest = by_chunks.loc[best]
-            rows.append({"dtype": dtype, "world size": run.world_size, "tokens / rank": tokens,
-                         "global tokens": int(plain["global_tokens"]), "step ms": plain["total_ms"],
-                         "exchange share": plain["all_to_all_ms"] / plain["total_ms"], "fastest chunks": best,
-                         "step ms, fastest": fastest["total_ms"],
-                         "exchange share, fastest": fastest["all_to_all_ms"] / fastest["total_ms"],
-                         "one GPU, same work ms": plain["single_gpu_same_work_ms"]})  # fmt: skip
+            rows.append(
+                {
+                    "dtype": dtype,
+                    "world size": run.world_size,
+                    "tokens / rank": tokens,
+                    "global tokens": int(plain["global_tokens"]),
+                    "step ms": plain["total_ms"],
+                    "exchange share": plain["all_to_all_ms"] / plain["total_ms"],
+                    "fastest chunks": best,
+                    "step ms, fastest": fastest["total_ms"],
+                    "exchange share, fastest": fastest["all_to_all_ms"] / fastest["total_ms"],
+                    "one GPU, same work ms": plain["single_gpu_same_work_ms"],
+                }
+            )
     return pd.DataFrame(rows).set_index(["dtype", "world size", "tokens / rank"])
 
 
@@ -223,8 +324,11 @@ def model_curves(runs: dict, *, gpu_key: str, extra_world_size: int, tokens_grid
     curves, summary = {}, {}
     for dtype, run in runs.items():
         largest, link, measured_rate, shapes = measured_model_inputs(run)
-        settings = {f"W = {run.world_size}, experts at the measured {measured_rate / 1e12:.0f} TFLOP/s":
-                    dict(world_size=run.world_size, flops_rate=measured_rate)}  # fmt: skip
+        settings = {
+            f"W = {run.world_size}, experts at the measured {measured_rate / 1e12:.0f} TFLOP/s": dict(
+                world_size=run.world_size, flops_rate=measured_rate
+            )
+        }
         if spec is not None:
             for world_size in dict.fromkeys((run.world_size, extra_world_size)):
                 settings[f"W = {world_size}, experts at the {gpu_key} roofline"] = dict(
@@ -233,12 +337,21 @@ def model_curves(runs: dict, *, gpu_key: str, extra_world_size: int, tokens_grid
         curves[dtype] = {label: model_step(tokens_grid, **shapes, **s) for label, s in settings.items()}
         intermediate_size = run.axes["intermediate_size"]
         asymptotes = {
-            label: asymptotic_share(world_size=s["world_size"], intermediate_size=intermediate_size,
-                                    element_bytes=run.element_bytes, link_bandwidth=link, flops_rate=s["flops_rate"])
+            label: asymptotic_share(
+                world_size=s["world_size"],
+                intermediate_size=intermediate_size,
+                element_bytes=run.element_bytes,
+                link_bandwidth=link,
+                flops_rate=s["flops_rate"],
+            )
             for label, s in settings.items()
-        }  # fmt: skip
-        summary[dtype] = dict(tokens_per_rank=largest, link_gb_per_s=link / 1e9, asymptotic_share=asymptotes,
-                              measured_expert_tflop_per_s=measured_rate / 1e12)  # fmt: skip
+        }
+        summary[dtype] = dict(
+            tokens_per_rank=largest,
+            link_gb_per_s=link / 1e9,
+            asymptotic_share=asymptotes,
+            measured_expert_tflop_per_s=measured_rate / 1e12,
+        )
     return curves, summary
 
 
@@ -290,8 +403,14 @@ class ParallelRun(RunFiles):
         return timed.set_index(["tokens_per_rank", "chunks"]).sort_index()
 
 
-def _full_size_runs(results_dir, gpu_key: str, problem: str = PROBLEM, run_class=ParallelRun, json_keys=("cases",),
-                    csv_columns=("tokens_per_rank", "status")) -> list:  # fmt: skip
+def _full_size_runs(
+    results_dir,
+    gpu_key: str,
+    problem: str = PROBLEM,
+    run_class=ParallelRun,
+    json_keys=("cases",),
+    csv_columns=("tokens_per_rank", "status"),
+) -> list:
     """Every full-size run of ``problem`` (by default the multi-GPU benchmark's, as :class:`ParallelRun`) in
     ``<results_dir>/<gpu_key>/`` (``results_dir`` relative to the repository root unless absolute), oldest first;
     its JSON must hold dtype, axes and ``json_keys``, its CSV ``csv_columns``."""
@@ -309,8 +428,9 @@ def _full_size_runs(results_dir, gpu_key: str, problem: str = PROBLEM, run_class
     return sorted(runs, key=lambda run: run.date)
 
 
-def load_parallel_results(results_dir="data/results", gpu_key: str = "H200", date: str | None = None,
-                          world_size: int | None = None) -> dict[str, ParallelRun]:  # fmt: skip
+def load_parallel_results(
+    results_dir="data/results", gpu_key: str = "H200", date: str | None = None, world_size: int | None = None
+) -> dict[str, ParallelRun]:
     """The newest full-size run of each dtype in ``<results_dir>/<gpu_key>/`` (``results_dir`` relative to the
     repository root unless absolute), keyed by dtype, the narrowest first (bfloat16, then float32); with
     ``date`` ("YYYY-MM-DD"), the runs of that day; with ``world_size``, the runs on that many GPUs (by default
@@ -322,8 +442,9 @@ def load_parallel_results(results_dir="data/results", gpu_key: str = "H200", dat
             newest[run.dtype] = run  # oldest first: the newest stays
     if not newest:
         conditions = (f" dated {date}" if date else "") + (f" on {world_size} GPUs" if world_size else "")
-        raise FileNotFoundError(f"no {PROBLEM} results (CSV with its JSON) in {resolve_path(results_dir) / gpu_key}"
-                                + conditions)  # fmt: skip
+        raise FileNotFoundError(
+            f"no {PROBLEM} results (CSV with its JSON) in {resolve_path(results_dir) / gpu_key}" + conditions
+        )
     return {run.dtype: run for run in sorted(newest.values(), key=lambda run: (run.element_bytes, run.dtype))}
 
 
@@ -369,18 +490,20 @@ def measured_table(run: ParallelRun) -> pd.DataFrame:
     """The CSV's times per token count (each the largest per-rank median, ms), the all-to-all share of the
     step, the "one GPU, same work" time over the parallel layer's expert time, and correctness."""
     ok = run.ok
-    return pd.DataFrame({
-        "total": ok["total_ms"],
-        "all-to-all": ok["all_to_all_ms"],
-        "expert fwd": ok["expert_forward_ms"],
-        "expert bwd": ok["expert_backward_ms"],
-        "other": ok["other_ms"],
-        "one GPU, same work": ok["single_gpu_same_work_ms"],
-        "all-to-all share": ok["all_to_all_ms"] / ok["total_ms"],
-        "one GPU / expert": ok["single_gpu_same_work_ms"] / ok["expert_ms"],
-        "max rel. error": ok["max_rel_error"],
-        "correct": ok["correct"],
-    }).rename_axis("tokens / rank")  # fmt: skip
+    return pd.DataFrame(
+        {
+            "total": ok["total_ms"],
+            "all-to-all": ok["all_to_all_ms"],
+            "expert fwd": ok["expert_forward_ms"],
+            "expert bwd": ok["expert_backward_ms"],
+            "other": ok["other_ms"],
+            "one GPU, same work": ok["single_gpu_same_work_ms"],
+            "all-to-all share": ok["all_to_all_ms"] / ok["total_ms"],
+            "one GPU / expert": ok["single_gpu_same_work_ms"] / ok["expert_ms"],
+            "max rel. error": ok["max_rel_error"],
+            "correct": ok["correct"],
+        }
+    ).rename_axis("tokens / rank")
 
 
 def error_table(runs: dict[str, ParallelRun]) -> pd.DataFrame:
@@ -427,11 +550,19 @@ def per_rank_table(run: ParallelRun) -> pd.DataFrame:
     rows = []
     for tokens, case in run.cases.items():
         for rank, times in enumerate(case.get("times_by_rank", [])):
-            rows.append({"tokens / rank": tokens, "rank": rank, "total": times["total_ms"],
-                         "all-to-all": times["all_to_all_ms"], "expert fwd": times["expert_forward_ms"],
-                         "expert bwd": times["expert_backward_ms"], "other": times["other_ms"],
-                         "one GPU, same work": case["single_gpu_same_work_ms_by_rank"][rank],
-                         "rows received": sum(case["rows_received_by_rank"][rank])})  # fmt: skip
+            rows.append(
+                {
+                    "tokens / rank": tokens,
+                    "rank": rank,
+                    "total": times["total_ms"],
+                    "all-to-all": times["all_to_all_ms"],
+                    "expert fwd": times["expert_forward_ms"],
+                    "expert bwd": times["expert_backward_ms"],
+                    "other": times["other_ms"],
+                    "one GPU, same work": case["single_gpu_same_work_ms_by_rank"][rank],
+                    "rows received": sum(case["rows_received_by_rank"][rank]),
+                }
+            )
     return pd.DataFrame(rows).set_index(["tokens / rank", "rank"])
 
 
@@ -442,14 +573,28 @@ def bandwidth_table(run: ParallelRun) -> pd.DataFrame:
     rows = []
     for tokens, case in run.cases.items():
         for rank, times in enumerate(case.get("times_by_rank", [])):
-            exchanges = exchange_bytes(case["rows_sent_by_rank"][rank], case["rows_received_by_rank"][rank], rank,
-                                       hidden_size=run.axes["hidden_size"], element_bytes=run.element_bytes,
-                                       weight_bytes=run.weight_bytes, max_local_experts=max_local)  # fmt: skip
+            exchanges = exchange_bytes(
+                case["rows_sent_by_rank"][rank],
+                case["rows_received_by_rank"][rank],
+                rank,
+                hidden_size=run.axes["hidden_size"],
+                element_bytes=run.element_bytes,
+                weight_bytes=run.weight_bytes,
+                max_local_experts=max_local,
+            )
             out_bytes, in_bytes = int(exchanges["bytes out"].sum()), int(exchanges["bytes in"].sum())
             seconds = times["all_to_all_ms"] / 1e3
-            rows.append({"tokens / rank": tokens, "rank": rank, "GB out": out_bytes / 1e9, "GB in": in_bytes / 1e9,
-                         "all-to-all ms": times["all_to_all_ms"], "GB/s out": out_bytes / seconds / 1e9,
-                         "GB/s out + in": (out_bytes + in_bytes) / seconds / 1e9})  # fmt: skip
+            rows.append(
+                {
+                    "tokens / rank": tokens,
+                    "rank": rank,
+                    "GB out": out_bytes / 1e9,
+                    "GB in": in_bytes / 1e9,
+                    "all-to-all ms": times["all_to_all_ms"],
+                    "GB/s out": out_bytes / seconds / 1e9,
+                    "GB/s out + in": (out_bytes + in_bytes) / seconds / 1e9,
+                }
+            )
     return pd.DataFrame(rows).set_index(["tokens / rank", "rank"])
 
 
@@ -461,8 +606,15 @@ def expert_rate_table(run: ParallelRun) -> pd.DataFrame:
     for tokens, case in run.cases.items():
         for rank, times in enumerate(case.get("times_by_rank", [])):
             flops = STEP_FLOPS_PER_ROW_HI * sum(case["rows_received_by_rank"][rank]) * H * I
-            rows.append({"tokens / rank": tokens, "rank": rank, "TFLOP": flops / 1e12, "expert ms": times["expert_ms"],
-                         "TFLOP/s": flops / (times["expert_ms"] / 1e3) / 1e12})  # fmt: skip
+            rows.append(
+                {
+                    "tokens / rank": tokens,
+                    "rank": rank,
+                    "TFLOP": flops / 1e12,
+                    "expert ms": times["expert_ms"],
+                    "TFLOP/s": flops / (times["expert_ms"] / 1e3) / 1e12,
+                }
+            )
     return pd.DataFrame(rows).set_index(["tokens / rank", "rank"])
 
 
@@ -475,10 +627,14 @@ def all_to_all_anomalies(run: ParallelRun) -> list[str]:
         if ok.loc[smaller, "all_to_all_ms"] <= ok.loc[larger, "all_to_all_ms"]:
             continue
         ranks = run.cases[int(smaller)].get("times_by_rank", [])
-        per_rank = "; ".join(f"rank {r}: all-to-all {t['all_to_all_ms']:.2f} ms, expert forward "
-                             f"{t['expert_forward_ms']:.2f} ms" for r, t in enumerate(ranks))  # fmt: skip
-        notes.append(f"{run.dtype}, {smaller} tokens/rank: all-to-all {ok.loc[smaller, 'all_to_all_ms']:.2f} ms, more "
-                     f"than the {ok.loc[larger, 'all_to_all_ms']:.2f} ms at {larger} ({per_rank})")  # fmt: skip
+        per_rank = "; ".join(
+            f"rank {r}: all-to-all {t['all_to_all_ms']:.2f} ms, expert forward {t['expert_forward_ms']:.2f} ms"
+            for r, t in enumerate(ranks)
+        )
+        notes.append(
+            f"{run.dtype}, {smaller} tokens/rank: all-to-all {ok.loc[smaller, 'all_to_all_ms']:.2f} ms, more "
+            f"than the {ok.loc[larger, 'all_to_all_ms']:.2f} ms at {larger} ({per_rank})"
+        )
     return notes
 
 
@@ -494,9 +650,16 @@ def wait_table(run: ParallelRun) -> pd.DataFrame:
         work = [t["expert_ms"] + t["other_ms"] for t in times]
         fastest = min(t["all_to_all_ms"] for t in times)
         for rank, t in enumerate(times):
-            rows.append({"tokens / rank": tokens, "rank": rank, "all-to-all": t["all_to_all_ms"],
-                         "local work": work[rank], "all-to-all − fastest rank's": t["all_to_all_ms"] - fastest,
-                         "slowest rank's work − own": max(work) - work[rank]})  # fmt: skip
+            rows.append(
+                {
+                    "tokens / rank": tokens,
+                    "rank": rank,
+                    "all-to-all": t["all_to_all_ms"],
+                    "local work": work[rank],
+                    "all-to-all − fastest rank's": t["all_to_all_ms"] - fastest,
+                    "slowest rank's work − own": max(work) - work[rank],
+                }
+            )
     return pd.DataFrame(rows).set_index(["tokens / rank", "rank"])
 
 
@@ -509,21 +672,31 @@ def forward_scaling_table(run: ParallelRun) -> pd.DataFrame:
         times, received = case.get("times_by_rank", []), case.get("rows_received_by_rank", [])
         for rank, t in enumerate(times):
             n = sum(received[rank]) if rank < len(received) else float("nan")
-            rows.append({"tokens / rank": tokens, "rank": rank, "rows received": n,
-                         "expert forward ms": t["expert_forward_ms"], "expert backward ms": t["expert_backward_ms"],
-                         "forward ms / 1000 rows": 1e3 * t["expert_forward_ms"] / n,
-                         "backward ms / 1000 rows": 1e3 * t["expert_backward_ms"] / n})  # fmt: skip
+            rows.append(
+                {
+                    "tokens / rank": tokens,
+                    "rank": rank,
+                    "rows received": n,
+                    "expert forward ms": t["expert_forward_ms"],
+                    "expert backward ms": t["expert_backward_ms"],
+                    "forward ms / 1000 rows": 1e3 * t["expert_forward_ms"] / n,
+                    "backward ms / 1000 rows": 1e3 * t["expert_backward_ms"] / n,
+                }
+            )
     return pd.DataFrame(rows).set_index(["tokens / rank", "rank"])
 
 
 def styled_measured(run: ParallelRun):
     """:func:`measured_table` formatted, with the file it comes from as the caption."""
     table = measured_table(run)
-    formats = {name: "{:.2f}" for name in ("total", "all-to-all", "expert fwd", "expert bwd", "other",
-                                           "one GPU, same work")}  # fmt: skip
+    formats = {
+        name: "{:.2f}" for name in ("total", "all-to-all", "expert fwd", "expert bwd", "other", "one GPU, same work")
+    }
     formats.update({"all-to-all share": "{:.1%}", "one GPU / expert": "{:.2f}×", "max rel. error": "{:.1e}"})
-    caption = (f"{run.csv.name}: ms, each column the largest median over the {run.world_size} ranks "
-               "(so the phases need not add up to the total)")  # fmt: skip
+    caption = (
+        f"{run.csv.name}: ms, each column the largest median over the {run.world_size} ranks "
+        "(so the phases need not add up to the total)"
+    )
     return table.style.format(formats).set_caption(caption)
 
 
@@ -537,10 +710,15 @@ def rows_matrix(ax, matrix, title: str) -> None:
     size = len(matrix)
     for r in range(size):
         for s in range(size):
-            ax.text(s, r, f"{matrix[r, s]:,}", ha="center", va="center", fontsize=9,
-                    weight="bold" if r == s else "normal")  # fmt: skip
-    ax.set(xticks=range(size), yticks=range(size), xlabel="to rank (holds the expert)",
-           ylabel="from rank (holds the token)")  # fmt: skip
+            ax.text(
+                s, r, f"{matrix[r, s]:,}", ha="center", va="center", fontsize=9, weight="bold" if r == s else "normal"
+            )
+    ax.set(
+        xticks=range(size),
+        yticks=range(size),
+        xlabel="to rank (holds the expert)",
+        ylabel="from rank (holds the token)",
+    )
     ax.set_title(title, fontsize=9)
 
 
@@ -559,8 +737,17 @@ def _format_bytes(value: float) -> str:
     return f"{value:.0f} B"
 
 
-def exchange_diagram(*, tokens_per_rank: int, world_size: int, hidden_size: int, intermediate_size: int,
-                     num_experts: int, top_k: int, element_bytes: int, weight_bytes: int):  # fmt: skip
+def exchange_diagram(
+    *,
+    tokens_per_rank: int,
+    world_size: int,
+    hidden_size: int,
+    intermediate_size: int,
+    num_experts: int,
+    top_k: int,
+    element_bytes: int,
+    weight_bytes: int,
+):
     """One step in two panels, forward above and backward below, each with the token's rank's lane above
     the expert's rank's: the exchanges (arrows, with the bytes one rank sends to the other ranks under
     balanced routing) and the local work (boxes)."""
@@ -580,8 +767,17 @@ def exchange_diagram(*, tokens_per_rank: int, world_size: int, hidden_size: int,
         ax.text(0.05, bottom, "expert's rank\n(L experts)", ha="left", va="center", fontsize=9.5, weight="bold")
 
     def box(ax, x, y, text, color, width):
-        ax.add_patch(patches.FancyBboxPatch((x - width / 2, y - 0.5), width, 1.0, boxstyle="round,pad=0.05",
-                                            facecolor=color, alpha=0.2, edgecolor=color))  # fmt: skip
+        ax.add_patch(
+            patches.FancyBboxPatch(
+                (x - width / 2, y - 0.5),
+                width,
+                1.0,
+                boxstyle="round,pad=0.05",
+                facecolor=color,
+                alpha=0.2,
+                edgecolor=color,
+            )
+        )
         ax.text(x, y, text, ha="center", va="center", fontsize=9)
 
     def exchange(ax, x, down, text, color="tab:red", both=False):
@@ -605,10 +801,15 @@ def exchange_diagram(*, tokens_per_rank: int, world_size: int, hidden_size: int,
     exchange(backward, 9.3, False, f"backward combine\ndX [R, H], dw [R]\n{_format_bytes(remote * row_w)}")
     box(backward, 11.4, top, "dx_t = Σ_k dX rows\ndw in slot order", "tab:gray", 1.7)
 
-    fig.text(0.01, 0.01, f"T_r = {tokens_per_rank:,} tokens per rank, W = {world_size}, H = {hidden_size}, "
-             f"I = {intermediate_size}, E = {num_experts} (L = {local} per rank), K = {top_k}; {element_bytes}-byte "
-             f"rows, {weight_bytes}-byte routing weights.\nBytes: what one rank sends to the other ranks in each "
-             f"exchange, with S = R = T_r·K·(W−1)/W = {remote:,.0f} rows (balanced routing).", fontsize=9)  # fmt: skip
+    fig.text(
+        0.01,
+        0.01,
+        f"T_r = {tokens_per_rank:,} tokens per rank, W = {world_size}, H = {hidden_size}, "
+        f"I = {intermediate_size}, E = {num_experts} (L = {local} per rank), K = {top_k}; {element_bytes}-byte "
+        f"rows, {weight_bytes}-byte routing weights.\nBytes: what one rank sends to the other ranks in each "
+        f"exchange, with S = R = T_r·K·(W−1)/W = {remote:,.0f} rows (balanced routing).",
+        fontsize=9,
+    )
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     return fig
 
@@ -617,32 +818,50 @@ def measured_figure(runs: dict[str, ParallelRun]):
     """Per dtype (rows) and token count (columns): each rank's step split into all-to-all, expert forward,
     expert backward and other (its medians, from the JSON), beside the rank's "one GPU, same work" time."""
     ncols = max(len(run.cases) for run in runs.values())
-    fig, axes = plt.subplots(len(runs), ncols, figsize=(3.9 * ncols, 3.6 * len(runs)), squeeze=False,
-                             layout="constrained")  # fmt: skip
-    phases = {"all-to-all": "all_to_all_ms", "expert forward": "expert_forward_ms",
-              "expert backward": "expert_backward_ms", "other": "other_ms"}  # fmt: skip
+    fig, axes = plt.subplots(
+        len(runs), ncols, figsize=(3.9 * ncols, 3.6 * len(runs)), squeeze=False, layout="constrained"
+    )
+    phases = {
+        "all-to-all": "all_to_all_ms",
+        "expert forward": "expert_forward_ms",
+        "expert backward": "expert_backward_ms",
+        "other": "other_ms",
+    }
     for row_axes, run in zip(axes, runs.values(), strict=True):
         for ax, (tokens, case) in zip(row_axes, run.cases.items(), strict=False):
             for rank, times in enumerate(case.get("times_by_rank", [])):
                 x = 2.6 * rank
                 bottom = 0.0
                 for label, key in phases.items():
-                    ax.bar(x, times[key], bottom=bottom, color=PHASE_COLORS[label], width=0.9,
-                           label=label if rank == 0 else None)  # fmt: skip
+                    ax.bar(
+                        x,
+                        times[key],
+                        bottom=bottom,
+                        color=PHASE_COLORS[label],
+                        width=0.9,
+                        label=label if rank == 0 else None,
+                    )
                     bottom += times[key]
-                ax.bar(x + 1, case["single_gpu_same_work_ms_by_rank"][rank], color=PHASE_COLORS["one GPU, same work"],
-                       width=0.9, hatch="//", label="one GPU, same work" if rank == 0 else None)  # fmt: skip
+                ax.bar(
+                    x + 1,
+                    case["single_gpu_same_work_ms_by_rank"][rank],
+                    color=PHASE_COLORS["one GPU, same work"],
+                    width=0.9,
+                    hatch="//",
+                    label="one GPU, same work" if rank == 0 else None,
+                )
             ranks = len(case.get("times_by_rank", []))
-            ax.set_xticks([2.6 * r + dx for r in range(ranks) for dx in (0, 1)],
-                          [f"rank {r}\nparallel" if dx == 0 else f"rank {r}\none GPU" for r in range(ranks)
-                           for dx in (0, 1)], fontsize=8)  # fmt: skip
+            ax.set_xticks(
+                [2.6 * r + dx for r in range(ranks) for dx in (0, 1)],
+                [f"rank {r}\nparallel" if dx == 0 else f"rank {r}\none GPU" for r in range(ranks) for dx in (0, 1)],
+                fontsize=8,
+            )
             ax.set_title(f"{run.dtype} · {tokens} tokens / rank", fontsize=10)
             ax.set_ylabel("ms (median)")
             ax.grid(axis="y", alpha=0.3)
         for ax in row_axes[len(run.cases) :]:
             ax.axis("off")
-    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="outside lower center", ncols=len(PHASE_COLORS),
-               fontsize=9)  # fmt: skip
+    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="outside lower center", ncols=len(PHASE_COLORS), fontsize=9)
     first = next(iter(runs.values()))
     fig.suptitle(f"{PROBLEM} on {first.world_size} × {first.gpu_key}: forward + backward per rank", fontsize=11)
     return fig
@@ -662,9 +881,17 @@ def overlap_curves(runs: dict, *, gpu_key: str, world_size: int, chunk_counts, t
             rates = dict(flops_rate=spec.bf16_dense_flops, memory_bandwidth=spec.dram_bandwidth)
         else:
             rates = dict(flops_rate=measured_rate)
-        models = {chunks: model_step(tokens_grid, **shapes, world_size=world_size, **rates, chunks=chunks,
-                                     chunk_overhead_s=chunk_overhead(run))
-                  for chunks in chunk_counts}  # fmt: skip
+        models = {
+            chunks: model_step(
+                tokens_grid,
+                **shapes,
+                world_size=world_size,
+                **rates,
+                chunks=chunks,
+                chunk_overhead_s=chunk_overhead(run),
+            )
+            for chunks in chunk_counts
+        }
         plain = models[min(models)]["step_s"]
         for model in models.values():
             model["relative_step"] = model["step_s"] / plain
@@ -672,9 +899,16 @@ def overlap_curves(runs: dict, *, gpu_key: str, world_size: int, chunk_counts, t
     return curves
 
 
-def node_scaling_table(runs: dict, *, gpu_key: str, tokens_per_rank: int, gpus_per_node: int,
-                       network_bandwidth: float, chunk_counts=(1, 4),
-                       rank_work: dict | None = None) -> pd.DataFrame:  # fmt: skip
+def node_scaling_table(
+    runs: dict,
+    *,
+    gpu_key: str,
+    tokens_per_rank: int,
+    gpus_per_node: int,
+    network_bandwidth: float,
+    chunk_counts=(1, 4),
+    rank_work: dict | None = None,
+) -> pd.DataFrame:
     """The cost model's exposed exchange share of a step at ``tokens_per_rank``, from each measured run (its
     shapes and achieved link bandwidth, as :func:`model_curves`), for the run's world size, one node of
     ``gpus_per_node`` ranks (the measured link between them) and two such nodes (``network_bandwidth`` per GPU
@@ -697,9 +931,10 @@ def node_scaling_table(runs: dict, *, gpu_key: str, tokens_per_rank: int, gpus_p
         settings = {
             f"W = {run.world_size}, as measured": dict(world_size=run.world_size),
             f"W = {gpus_per_node}, one node": dict(world_size=gpus_per_node),
-            f"W = {2 * gpus_per_node}, two nodes ({network_bandwidth / 1e9:.0f} GB/s network per GPU)":
-                dict(world_size=2 * gpus_per_node, gpus_per_node=gpus_per_node, network_bandwidth=network_bandwidth),
-        }  # fmt: skip
+            f"W = {2 * gpus_per_node}, two nodes ({network_bandwidth / 1e9:.0f} GB/s network per GPU)": dict(
+                world_size=2 * gpus_per_node, gpus_per_node=gpus_per_node, network_bandwidth=network_bandwidth
+            ),
+        }
         for setting, where in settings.items():
             for experts, rate in rates.items():
                 if rate is None:
@@ -708,12 +943,27 @@ def node_scaling_table(runs: dict, *, gpu_key: str, tokens_per_rank: int, gpus_p
                         continue
                     rate = dict(flops_rate=at_world_size)
                 for chunks in chunk_counts:
-                    model = model_step([tokens_per_rank], **shapes, **where, **rate, chunks=chunks,
-                                       chunk_overhead_s=chunk_overhead(run))
+                    model = model_step(
+                        [tokens_per_rank],
+                        **shapes,
+                        **where,
+                        **rate,
+                        chunks=chunks,
+                        chunk_overhead_s=chunk_overhead(run),
+                    )
                     network_bound = bool(model["network_s"][0] >= model["all_to_all_s"][0] > 0)
-                    rows.append(dict(setting=setting, dtype=dtype, link_gb_per_s=link / 1e9, experts=experts,
-                                     chunks=chunks, share=float(model["share"][0]),
-                                     step_ms=float(model["step_s"][0]) * 1e3, network_bound=network_bound))  # fmt: skip
+                    rows.append(
+                        dict(
+                            setting=setting,
+                            dtype=dtype,
+                            link_gb_per_s=link / 1e9,
+                            experts=experts,
+                            chunks=chunks,
+                            share=float(model["share"][0]),
+                            step_ms=float(model["step_s"][0]) * 1e3,
+                            network_bound=network_bound,
+                        )
+                    )
     return pd.DataFrame(rows)
 
 
@@ -733,8 +983,9 @@ class RankWorkRun(RunFiles):
         """The timed rows, indexed by (world size, tokens per rank), with the rate of the expert work
         (``TFLOP/s``: :data:`STEP_FLOPS_PER_ROW_HI` · rows · H · I over the measured time)."""
         timed = self.frame[self.frame["status"] == "ok"].copy()
-        flops = STEP_FLOPS_PER_ROW_HI * timed["rows_received"] * self.axes["hidden_size"] * self.axes[
-            "intermediate_size"]  # fmt: skip
+        flops = (
+            STEP_FLOPS_PER_ROW_HI * timed["rows_received"] * self.axes["hidden_size"] * self.axes["intermediate_size"]
+        )
         timed["TFLOP/s"] = flops / (timed["same_work_ms"] * 1e-3) / 1e12
         return timed.set_index(["world_size", "tokens_per_rank"]).sort_index()
 
@@ -742,8 +993,14 @@ class RankWorkRun(RunFiles):
 def load_rank_work(results_dir="data/results", gpu_key: str = "H200") -> dict[str, RankWorkRun]:
     """The newest full-size run of ``python -m moe_lib.bench.rank_work`` per dtype in ``<results_dir>/<gpu_key>/``
     (``results_dir`` relative to the repository root unless absolute), the narrowest dtype first."""
-    runs = _full_size_runs(results_dir, gpu_key, RANK_WORK_PROBLEM, RankWorkRun, json_keys=(),
-                           csv_columns=("world_size", "tokens_per_rank", "rows_received", "same_work_ms", "status"))
+    runs = _full_size_runs(
+        results_dir,
+        gpu_key,
+        RANK_WORK_PROBLEM,
+        RankWorkRun,
+        json_keys=(),
+        csv_columns=("world_size", "tokens_per_rank", "rows_received", "same_work_ms", "status"),
+    )
     newest = {run.dtype: run for run in runs}  # oldest first: the newest stays
     if not newest:
         folder = resolve_path(results_dir) / gpu_key
@@ -766,9 +1023,14 @@ def rank_work_table(runs: dict[str, RankWorkRun]) -> pd.DataFrame:
     frames = {}
     for dtype, run in runs.items():
         table = run.ok
-        frames[dtype] = pd.concat({"rows / expert": table["rows_per_expert"].unstack(),
-                                   "ms": table["same_work_ms"].unstack(), "TFLOP/s": table["TFLOP/s"].unstack()},
-                                  axis=1)  # fmt: skip
+        frames[dtype] = pd.concat(
+            {
+                "rows / expert": table["rows_per_expert"].unstack(),
+                "ms": table["same_work_ms"].unstack(),
+                "TFLOP/s": table["TFLOP/s"].unstack(),
+            },
+            axis=1,
+        )
         frames[dtype].insert(0, ("local experts", ""), table["local_experts"].groupby(level=0).first())
     return pd.concat(frames, names=["dtype", "world size"]).rename_axis(columns=["", "tokens / rank"])
 
@@ -785,8 +1047,12 @@ def rank_work_figure(runs: dict[str, RankWorkRun]):
         ax.set_xscale("log", base=2)
         ax.set_xticks(sorted(set(table.index.get_level_values("world_size"))))
         ax.get_xaxis().set_major_formatter(plt.ScalarFormatter())
-        ax.set(xlabel="world size W (experts per rank E / W)", ylabel="expert work, TFLOP/s",
-               title=f"{dtype}: one rank's forward + backward, one GPU", ylim=(0, None))  # fmt: skip
+        ax.set(
+            xlabel="world size W (experts per rank E / W)",
+            ylabel="expert work, TFLOP/s",
+            title=f"{dtype}: one rank's forward + backward, one GPU",
+            ylim=(0, None),
+        )
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
     return fig
@@ -830,9 +1096,15 @@ def step_timeline(timeline: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(spans, columns=["lane", "name", "start_ms", "end_ms"])
 
 
-TIMELINE_COLORS = {"expert_forward": "tab:blue", "expert_backward": "tab:green", "dispatch": "tab:red",
-                   "combine": "tab:purple", "backward_dispatch": "tab:orange", "backward_combine": "tab:brown",
-                   "counts_exchange": "tab:gray"}  # fmt: skip
+TIMELINE_COLORS = {
+    "expert_forward": "tab:blue",
+    "expert_backward": "tab:green",
+    "dispatch": "tab:red",
+    "combine": "tab:purple",
+    "backward_dispatch": "tab:orange",
+    "backward_combine": "tab:brown",
+    "counts_exchange": "tab:gray",
+}
 
 
 def timeline_figure(timelines_by_rank: list[list[dict]], title: str):
@@ -849,9 +1121,17 @@ def timeline_figure(timelines_by_rank: list[list[dict]], title: str):
             for span in spans[spans["lane"] == lane].itertuples():
                 label = span.name if span.name not in seen else None
                 seen.add(span.name)
-                ax.barh(y, span.end_ms - span.start_ms, left=span.start_ms, height=0.6,
-                        color=TIMELINE_COLORS.get(span.name, "black"), alpha=0.35 if lane == "in flight" else 0.9,
-                        edgecolor="black", linewidth=0.3, label=label)  # fmt: skip
+                ax.barh(
+                    y,
+                    span.end_ms - span.start_ms,
+                    left=span.start_ms,
+                    height=0.6,
+                    color=TIMELINE_COLORS.get(span.name, "black"),
+                    alpha=0.35 if lane == "in flight" else 0.9,
+                    edgecolor="black",
+                    linewidth=0.3,
+                    label=label,
+                )
     ax.set_yticks(range(len(labels)), labels)
     ax.invert_yaxis()
     ax.set(xlabel="ms from the step's start", title=title)
@@ -869,13 +1149,25 @@ def share_figure(curves: dict[str, dict], measured: dict[str, pd.Series]):
             ax.plot(model["tokens_per_rank"], model["share"], linestyle=style, color="black", label=label)
         if dtype in measured:
             shares = measured[dtype]
-            ax.plot(shares.index, shares.values, "o", color=PHASE_COLORS["all-to-all"], markersize=8,
-                    label="measured: all-to-all / total (CSV)")  # fmt: skip
-        highest = max([float(np.max(model["share"])) for model in by_label.values()]
-                      + [float(measured[dtype].max()) if dtype in measured else 0.0])  # fmt: skip
+            ax.plot(
+                shares.index,
+                shares.values,
+                "o",
+                color=PHASE_COLORS["all-to-all"],
+                markersize=8,
+                label="measured: all-to-all / total (CSV)",
+            )
+        highest = max(
+            [float(np.max(model["share"])) for model in by_label.values()]
+            + [float(measured[dtype].max()) if dtype in measured else 0.0]
+        )
         ax.set_xscale("log", base=2)
-        ax.set(xlabel="tokens per rank T_r", ylabel="all-to-all share of the step", title=dtype,
-               ylim=(0, min(1.0, 1.6 * highest)))  # fmt: skip
+        ax.set(
+            xlabel="tokens per rank T_r",
+            ylabel="all-to-all share of the step",
+            title=dtype,
+            ylim=(0, min(1.0, 1.6 * highest)),
+        )
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8, loc="upper left")
     return fig

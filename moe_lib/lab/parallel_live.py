@@ -58,10 +58,16 @@ class LiveCase:
 def live_inputs(case: LiveCase) -> dict:
     """The global inputs of ``case`` (float64), identical in every process that draws them."""
     return problems.make_inputs(
-        "moe_experts_backward", case.world_size * case.tokens_per_rank, seed=case.seed, dtype=torch.float64,
-        routing=case.routing, hidden_size=case.hidden_size, intermediate_size=case.intermediate_size,
-        num_experts=case.num_experts, top_k=case.top_k,
-    )  # fmt: skip
+        "moe_experts_backward",
+        case.world_size * case.tokens_per_rank,
+        seed=case.seed,
+        dtype=torch.float64,
+        routing=case.routing,
+        hidden_size=case.hidden_size,
+        intermediate_size=case.intermediate_size,
+        num_experts=case.num_experts,
+        top_k=case.top_k,
+    )
 
 
 def expected_rows_sent(topk_indices: torch.Tensor, num_experts: int, world_size: int) -> list[list[int]]:
@@ -71,8 +77,12 @@ def expected_rows_sent(topk_indices: torch.Tensor, num_experts: int, world_size:
     table = []
     for rank in range(world_size):
         experts = topk_indices[rank * tokens_per_rank : (rank + 1) * tokens_per_rank].reshape(-1)
-        table.append([int(((experts >= block.start) & (experts < block.stop)).sum())
-                      for block in expert_partition(num_experts, world_size)])  # fmt: skip
+        table.append(
+            [
+                int(((experts >= block.start) & (experts < block.stop)).sum())
+                for block in expert_partition(num_experts, world_size)
+            ]
+        )
     return table
 
 
@@ -86,15 +96,28 @@ def _live_rank(rank: int, case: LiveCase, init_file: str, folder: str) -> None:
             tokens, experts = case.tokens_of(rank), case.partition[rank]
             hidden_states = inputs["hidden_states"][tokens].clone().requires_grad_()
             topk_weights = inputs["topk_weights"][tokens].clone().requires_grad_()
-            shard = [inputs[name][experts.start : experts.stop].clone().requires_grad_()
-                     for name in ("gate_weights", "up_weights", "down_weights")]  # fmt: skip
+            shard = [
+                inputs[name][experts.start : experts.stop].clone().requires_grad_()
+                for name in ("gate_weights", "up_weights", "down_weights")
+            ]
             stats = ExpertParallelStats()
-            output = moe_experts_parallel(hidden_states, inputs["topk_indices"][tokens], topk_weights, *shard,
-                                          impl="reference", num_experts=case.num_experts, stats=stats,
-                                          chunks=case.chunks)  # fmt: skip
+            output = moe_experts_parallel(
+                hidden_states,
+                inputs["topk_indices"][tokens],
+                topk_weights,
+                *shard,
+                impl="reference",
+                num_experts=case.num_experts,
+                stats=stats,
+                chunks=case.chunks,
+            )
             grads = torch.autograd.grad(output, [hidden_states, topk_weights, *shard], inputs["grad_output"][tokens])
-            results = dict(output=output.detach(), **dict(zip(GRAD_NAMES, grads, strict=True)),
-                           rows_sent=stats.rows_sent, rows_received=stats.rows_received)  # fmt: skip
+            results = dict(
+                output=output.detach(),
+                **dict(zip(GRAD_NAMES, grads, strict=True)),
+                rows_sent=stats.rows_sent,
+                rows_received=stats.rows_received,
+            )
             torch.save(results, Path(folder) / f"rank{rank}.pt")
         finally:
             dist.destroy_process_group()
@@ -112,8 +135,10 @@ def run_live(case: LiveCase, timeout_s: float = LIVE_TIMEOUT_S) -> list[dict]:
     context = multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="moe-ep-live-") as folder:
         init_file = str(Path(folder) / "init")
-        processes = [context.Process(target=_live_rank, args=(rank, case, init_file, folder), daemon=True)
-                     for rank in range(case.world_size)]  # fmt: skip
+        processes = [
+            context.Process(target=_live_rank, args=(rank, case, init_file, folder), daemon=True)
+            for rank in range(case.world_size)
+        ]
         try:
             for process in processes:
                 process.start()
@@ -126,8 +151,11 @@ def run_live(case: LiveCase, timeout_s: float = LIVE_TIMEOUT_S) -> list[dict]:
                 if process.is_alive():
                     process.kill()
                     process.join()
-        errors = {rank: (Path(folder) / f"rank{rank}.error").read_text()
-                  for rank in range(case.world_size) if (Path(folder) / f"rank{rank}.error").is_file()}  # fmt: skip
+        errors = {
+            rank: (Path(folder) / f"rank{rank}.error").read_text()
+            for rank in range(case.world_size)
+            if (Path(folder) / f"rank{rank}.error").is_file()
+        }
         if errors or hung or any(process.exitcode != 0 for process in processes):
             stopped = f"ranks {hung} stopped after {timeout_s} s; " if hung else ""
             detail = "".join(f"\nrank {rank}:\n{text}" for rank, text in errors.items())
@@ -138,8 +166,10 @@ def run_live(case: LiveCase, timeout_s: float = LIVE_TIMEOUT_S) -> list[dict]:
 def single_process(case: LiveCase) -> dict[str, torch.Tensor]:
     """``moe_lib.moe_experts`` forward and backward on the global inputs, in this process: output and gradients."""
     inputs = live_inputs(case)
-    leaves = [inputs[name].clone().requires_grad_()
-              for name in ("hidden_states", "topk_weights", "gate_weights", "up_weights", "down_weights")]  # fmt: skip
+    leaves = [
+        inputs[name].clone().requires_grad_()
+        for name in ("hidden_states", "topk_weights", "gate_weights", "up_weights", "down_weights")
+    ]
     x, w, gate, up, down = leaves
     output = moe_lib.moe_experts(x, inputs["topk_indices"], w, gate, up, down, impl="reference")
     grads = torch.autograd.grad(output, leaves, inputs["grad_output"])
@@ -167,8 +197,12 @@ def partition_table(cases) -> pd.DataFrame:
     rows = []
     for num_experts, world_size in cases:
         blocks = expert_partition(num_experts, world_size)
-        rows.append({"E": num_experts, "W": world_size,
-                     "experts per rank": " · ".join(str(len(block)) for block in blocks),
-                     "blocks (global ids)": " · ".join(f"{b.start}–{b.stop - 1}" if len(b) else "none"
-                                                       for b in blocks)})  # fmt: skip
+        rows.append(
+            {
+                "E": num_experts,
+                "W": world_size,
+                "experts per rank": " · ".join(str(len(block)) for block in blocks),
+                "blocks (global ids)": " · ".join(f"{b.start}–{b.stop - 1}" if len(b) else "none" for b in blocks),
+            }
+        )
     return pd.DataFrame(rows).set_index(["E", "W"])

@@ -42,8 +42,13 @@ FAMILIES = {
     "triton_launches": "Triton launches",
 }
 # the words that name a family in a sentence (case-sensitive, as the notebooks write them)
-FAMILY_WORDS = {"few_tokens": ("few-token",), "gluon_launches": ("Gluon",), "library_gemms": ("cuBLAS",),
-                "chained": ("chained",), "triton_launches": ("Triton launches",)}  # fmt: skip
+FAMILY_WORDS = {
+    "few_tokens": ("few-token",),
+    "gluon_launches": ("Gluon",),
+    "library_gemms": ("cuBLAS",),
+    "chained": ("chained",),
+    "triton_launches": ("Triton launches",),
+}
 PATH_WORDS = {"fast": "fast path", "faithful": "faithful path"}
 MAX_TOKENS = 8192  # the benchmark's largest case: the bands are drawn to here
 
@@ -54,8 +59,9 @@ MAX_TOKENS = 8192  # the benchmark's largest case: the bands are drawn to here
 def chosen_design(num_tokens: int, hidden_size: int, intermediate_size: int, precision: str, *, device: Device = H200):
     """The design ``swiglu_down_backward(..., precision=precision)`` runs on bf16 inputs of this shape on ``device``
     (:func:`~moe_lib.swiglu_down.choose.choose_design`, every operand aligned as the benchmark's are)."""
-    return choose_design(num_tokens, hidden_size, intermediate_size, dtype=torch.bfloat16, precision=precision,
-                         device=device)  # fmt: skip
+    return choose_design(
+        num_tokens, hidden_size, intermediate_size, dtype=torch.bfloat16, precision=precision, device=device
+    )
 
 
 @functools.lru_cache(maxsize=1024)  # the chooser hands out few distinct designs; a design map asks for each many times
@@ -72,8 +78,10 @@ def gluon_form_of(design: GluonLaunches) -> tuple[str, bool, int]:
             for programs in dict.fromkeys((base.second.weight_grad_programs, 0)):
                 if with_second(base, grad_x_splits=splits, weight_grad_programs=programs) == design:
                     return name, moved, splits
-    raise ValueError(f"design: not a form of designs.gluon.FORMS, even with dWd's tiles, dx's splits and the "
-                     f"persistent programs set back: {design}")  # fmt: skip
+    raise ValueError(
+        f"design: not a form of designs.gluon.FORMS, even with dWd's tiles, dx's splits and the "
+        f"persistent programs set back: {design}"
+    )
 
 
 def design_label(design) -> str:
@@ -95,23 +103,34 @@ def p1_registry_table() -> pd.DataFrame:
         line = re.sub(r":mod:`~?\.*([^`]+)`", r"\1.py", line)  # a module by its file
         return re.sub(r":\w+:`~?\.*([^`]+)`", r"\1", line).replace("``", "")
 
-    rows = {name: {"config": design.__name__, "module": design.__module__.removeprefix("moe_lib."),
-                   "what it is": what(design)} for name, design in DESIGNS.items()}  # fmt: skip
+    rows = {
+        name: {
+            "config": design.__name__,
+            "module": design.__module__.removeprefix("moe_lib."),
+            "what it is": what(design),
+        }
+        for name, design in DESIGNS.items()
+    }
     return pd.DataFrame.from_dict(rows, orient="index").rename_axis("design")
 
 
 def p1_design_by_tokens(token_counts, hidden_size: int, intermediate_size: int, *, device: Device = H200):
     """Which design ``swiglu_down_backward`` runs on bf16 inputs on ``device``, per token count (rows) and path
     (columns), as :func:`design_label` names it."""
-    rows = {T: {path: design_label(chosen_design(T, hidden_size, intermediate_size, path, device=device))
-                for path in PATHS} for T in token_counts}  # fmt: skip
+    rows = {
+        T: {path: design_label(chosen_design(T, hidden_size, intermediate_size, path, device=device)) for path in PATHS}
+        for T in token_counts
+    }
     return pd.DataFrame.from_dict(rows, orient="index").rename_axis("num_tokens")
 
 
 def p1_design_table(token_counts, shapes, *, device: Device = H200) -> pd.DataFrame:
     """:func:`p1_design_by_tokens` for each (H, I) of ``shapes`` side by side: columns (shape, path)."""
-    return pd.concat({f"H {H}, I {I}": p1_design_by_tokens(token_counts, H, I, device=device) for H, I in shapes},
-                     axis=1, names=["shape", "path"])  # fmt: skip
+    return pd.concat(
+        {f"H {H}, I {I}": p1_design_by_tokens(token_counts, H, I, device=device) for H, I in shapes},
+        axis=1,
+        names=["shape", "path"],
+    )
 
 
 def design_runs(names: list[str], first: int = 1) -> list[tuple[int, int, str]]:
@@ -125,33 +144,50 @@ def design_runs(names: list[str], first: int = 1) -> list[tuple[int, int, str]]:
     return runs
 
 
-def p1_design_map_figure(hidden_size: int, intermediate_size: int, *, max_tokens: int = 12288,
-                         device: Device = H200, marks=(), marks_label: str = "the benchmark's token counts"):
+def p1_design_map_figure(
+    hidden_size: int,
+    intermediate_size: int,
+    *,
+    max_tokens: int = 12288,
+    device: Device = H200,
+    marks=(),
+    marks_label: str = "the benchmark's token counts",
+):
     """Which design ``swiglu_down_backward`` runs at every token count from 1 to ``max_tokens`` on ``device``
     (:func:`chosen_design`, named by :func:`design_label`), one bar per path (to 1024 tokens on a log axis, beyond on
     a linear one), a colour per design; ``marks``: token counts drawn as dotted lines."""
-    paths = {path: design_runs([design_label(chosen_design(T, hidden_size, intermediate_size, path, device=device))
-                                for T in range(1, max_tokens + 1)])
-             for path in PATHS}  # fmt: skip
+    paths = {
+        path: design_runs(
+            [
+                design_label(chosen_design(T, hidden_size, intermediate_size, path, device=device))
+                for T in range(1, max_tokens + 1)
+            ]
+        )
+        for path in PATHS
+    }
     designs = list(dict.fromkeys(name for runs in paths.values() for _, _, name in runs))
     colors = dict(zip(designs, plt.get_cmap("tab10" if len(designs) <= 10 else "tab20").colors, strict=False))
     # few tokens on a log axis, the rest on a linear one, where the bands are
     split = min(1024, max_tokens)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 1.9 + 0.2 * len(designs)), sharey=True,
-                             gridspec_kw=dict(width_ratios=(1, 2)))  # fmt: skip
+    fig, axes = plt.subplots(
+        1, 2, figsize=(11, 1.9 + 0.2 * len(designs)), sharey=True, gridspec_kw=dict(width_ratios=(1, 2))
+    )
     for ax, (low, high, scale) in zip(axes, ((1, split, "log"), (split, max_tokens + 1, "linear")), strict=True):
         for row, runs in enumerate(paths.values()):
             for start, stop, name in runs:
-                ax.broken_barh([(start, stop - start)], (row - 0.35, 0.7), color=colors[name], edgecolor="black",
-                               lw=0.3)  # fmt: skip
+                ax.broken_barh(
+                    [(start, stop - start)], (row - 0.35, 0.7), color=colors[name], edgecolor="black", lw=0.3
+                )
         for T in marks:
             ax.axvline(T, color="black", lw=0.6, ls=":")
         ax.set(xscale=scale, xlim=(low, high), xlabel="tokens")
     axes[0].set(yticks=range(len(paths)), yticklabels=list(paths))
     dotted = f"; dotted: {marks_label}" if marks else ""
-    fig.suptitle(f"P1: the design swiglu_down_backward runs by token count (H = {hidden_size}, "
-                 f"I = {intermediate_size}, {device.name or device.kind}, {device.sms} SMs{dotted})",
-                 fontsize=9)  # fmt: skip
+    fig.suptitle(
+        f"P1: the design swiglu_down_backward runs by token count (H = {hidden_size}, "
+        f"I = {intermediate_size}, {device.name or device.kind}, {device.sms} SMs{dotted})",
+        fontsize=9,
+    )
     handles = [plt.Rectangle((0, 0), 1, 1, color=colors[name]) for name in designs]
     fig.legend(handles, designs, fontsize=7, loc="lower center", ncol=2, frameon=False)
     fig.tight_layout(rect=(0, 0.06 + 0.045 * len(designs) / 2, 1, 1))
@@ -159,8 +195,9 @@ def p1_design_map_figure(hidden_size: int, intermediate_size: int, *, max_tokens
     return fig
 
 
-def gluon_forms_table(token_counts, hidden_size: int, intermediate_size: int, *, precision: str = "faithful",
-                      device: Device = H200) -> pd.DataFrame:  # fmt: skip
+def gluon_forms_table(
+    token_counts, hidden_size: int, intermediate_size: int, *, precision: str = "faithful", device: Device = H200
+) -> pd.DataFrame:
     """The Gluon launches as the chooser configures them on ``device`` per token count where it takes them
     (:func:`chosen_design`; other designs' token counts are left out): the form's name in
     :data:`~moe_lib.swiglu_down.designs.gluon.FORMS`, each launch's tile height, ring depth, and whether its tiles of
@@ -174,24 +211,35 @@ def gluon_forms_table(token_counts, hidden_size: int, intermediate_size: int, *,
         if design.name != GluonLaunches.name:
             continue
         first, second = design.first, design.second
-        rows[T] = {"form": gluon_form_of(design)[0], "launch 1 rows": first.block_m, "launch 1 ring": first.buffers,
-                   "dA tiles first": first.d_a_first, "launch 2 rows": second.block_m, "launch 2 ring": second.buffers,
-                   "dx tiles first": second.grad_x_first, "launch 2 early": second.programmatic,
-                   "saved tiles early": first.saved_tiles_early, "dWd in launch 2": second.grad_down_tiles,
-                   "dx splits": second.grad_x_splits}  # fmt: skip
+        rows[T] = {
+            "form": gluon_form_of(design)[0],
+            "launch 1 rows": first.block_m,
+            "launch 1 ring": first.buffers,
+            "dA tiles first": first.d_a_first,
+            "launch 2 rows": second.block_m,
+            "launch 2 ring": second.buffers,
+            "dx tiles first": second.grad_x_first,
+            "launch 2 early": second.programmatic,
+            "saved tiles early": first.saved_tiles_early,
+            "dWd in launch 2": second.grad_down_tiles,
+            "dx splits": second.grad_x_splits,
+        }
     return pd.DataFrame.from_dict(rows, orient="index").rename_axis("num_tokens")
 
 
 # ================================================================ regimes: the choice as bands, and prose checked
 
 
-def design_by_tokens(hidden_size: int, intermediate_size: int, precision: str, *, device=H200,
-                     max_tokens: int = MAX_TOKENS) -> list[str]:  # fmt: skip
+def design_by_tokens(
+    hidden_size: int, intermediate_size: int, precision: str, *, device=H200, max_tokens: int = MAX_TOKENS
+) -> list[str]:
     """The registry name of the design the chooser picks for 1 .. ``max_tokens`` tokens (bf16 inputs)."""
     if not isinstance(max_tokens, int) or max_tokens < 1:
         raise ValueError(f"max_tokens: expected a positive integer, got {max_tokens!r}")
-    return [chosen_design(T, hidden_size, intermediate_size, precision, device=device).name
-            for T in range(1, max_tokens + 1)]  # fmt: skip
+    return [
+        chosen_design(T, hidden_size, intermediate_size, precision, device=device).name
+        for T in range(1, max_tokens + 1)
+    ]
 
 
 def regime_table(hidden_size: int, intermediate_size: int, *, device=H200, max_tokens: int = MAX_TOKENS):
@@ -229,8 +277,11 @@ def _int(text: str) -> int:
 
 def _only(sentence: str, words: dict) -> str | None:
     """The one key of ``words`` whose words ``sentence`` mentions, None when it mentions none or several."""
-    found = [key for key, spelled in words.items()
-             if any(w in sentence for w in ((spelled,) if isinstance(spelled, str) else spelled))]  # fmt: skip
+    found = [
+        key
+        for key, spelled in words.items()
+        if any(w in sentence for w in ((spelled,) if isinstance(spelled, str) else spelled))
+    ]
     return found[0] if len(found) == 1 else None
 
 
@@ -254,12 +305,15 @@ def stated_regimes(text: str) -> list[Claim]:
     return claims
 
 
-def disagreements(claims: list[Claim], hidden_size: int, intermediate_size: int, *, device=H200,
-                  max_tokens: int = MAX_TOKENS) -> list[str]:  # fmt: skip
+def disagreements(
+    claims: list[Claim], hidden_size: int, intermediate_size: int, *, device=H200, max_tokens: int = MAX_TOKENS
+) -> list[str]:
     """Each claim the chooser contradicts, in words: a range ("N–M", "up to M") must run the design at every token
     count in it; "from N" must start the design at N (it runs at N and not at N − 1)."""
-    chosen = {path: design_by_tokens(hidden_size, intermediate_size, path, device=device, max_tokens=max_tokens)
-              for path in PATHS}  # fmt: skip
+    chosen = {
+        path: design_by_tokens(hidden_size, intermediate_size, path, device=device, max_tokens=max_tokens)
+        for path in PATHS
+    }
     wrong = []
     for claim in claims:
         names = chosen[claim.path]
@@ -267,12 +321,16 @@ def disagreements(claims: list[Claim], hidden_size: int, intermediate_size: int,
             starts = claim.low <= max_tokens and names[claim.low - 1] == claim.design
             starts = starts and (claim.low == 1 or names[claim.low - 2] != claim.design)
             if not starts:
-                wrong.append(f"{claim.path} path: {FAMILIES[claim.design]} do not start at {claim.low} tokens "
-                             f"(the chooser: {names[claim.low - 2]} at {claim.low - 1}, "
-                             f"{names[min(claim.low, max_tokens) - 1]} at {claim.low}): {claim.sentence!r}")
+                wrong.append(
+                    f"{claim.path} path: {FAMILIES[claim.design]} do not start at {claim.low} tokens "
+                    f"(the chooser: {names[claim.low - 2]} at {claim.low - 1}, "
+                    f"{names[min(claim.low, max_tokens) - 1]} at {claim.low}): {claim.sentence!r}"
+                )
             continue
         others = sorted({names[t - 1] for t in range(claim.low, min(claim.high, max_tokens) + 1)} - {claim.design})
         if others:
-            wrong.append(f"{claim.path} path: not {FAMILIES[claim.design]} at every count in {claim.low}–{claim.high} "
-                         f"(the chooser also picks {', '.join(others)}): {claim.sentence!r}")
+            wrong.append(
+                f"{claim.path} path: not {FAMILIES[claim.design]} at every count in {claim.low}–{claim.high} "
+                f"(the chooser also picks {', '.join(others)}): {claim.sentence!r}"
+            )
     return wrong

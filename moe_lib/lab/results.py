@@ -131,8 +131,11 @@ class ResultFile(RunFiles):
         ceilings = self.provenance.get("ceilings") or {}
         if not ceilings.get("copy_bandwidth") or not ceilings.get("bf16_matmul_flops"):
             return None
-        return roofline.GPUSpec.from_measured(ceilings["copy_bandwidth"], ceilings["bf16_matmul_flops"],
-                                              name=f"measured ({self.gpu_key} run of {self.date})")  # fmt: skip
+        return roofline.GPUSpec.from_measured(
+            ceilings["copy_bandwidth"],
+            ceilings["bf16_matmul_flops"],
+            name=f"measured ({self.gpu_key} run of {self.date})",
+        )
 
     @property
     def datasheet_spec(self) -> roofline.GPUSpec | None:

@@ -115,9 +115,13 @@ def ring_figure(run: RingRun, buffers: int):
         if step in products:
             ax.scatter([end], [slot], color="tab:red", marker="s", zorder=3)
         ax.annotate(str(step), (t, slot), xytext=(0, 7), textcoords="offset points", fontsize=7, ha="center")
-    ax.set(yticks=range(buffers), yticklabels=[f"buffer {b}" for b in range(buffers)], xlabel="event",
-           title="The ring: ▶ a step's tiles land (ready completes), ■ its products are done (empty completes); "
-                 "grey while the buffer holds them")  # fmt: skip
+    ax.set(
+        yticks=range(buffers),
+        yticklabels=[f"buffer {b}" for b in range(buffers)],
+        xlabel="event",
+        title="The ring: ▶ a step's tiles land (ready completes), ■ its products are done (empty completes); "
+        "grey while the buffer holds them",
+    )
     ax.title.set_fontsize(9)
     ax.invert_yaxis()
     ax.grid(alpha=0.3, axis="x")
@@ -134,31 +138,64 @@ def ring_diagram(buffers: int = 4):
 
     fig, ax = plt.subplots(figsize=(11, 3.6))
     ax.add_patch(patches.FancyBboxPatch((0, 1.0), 2.2, 1.6, boxstyle="round,pad=0.05", fc="#ddf4ff", ec="#0969da"))
-    ax.text(1.1, 1.8, "loading warp\n(1 warp, 40 registers)\nTMA copies:\nglobal → shared", ha="center",
-            va="center", fontsize=8)  # fmt: skip
+    ax.text(
+        1.1,
+        1.8,
+        "loading warp\n(1 warp, 40 registers)\nTMA copies:\nglobal → shared",
+        ha="center",
+        va="center",
+        fontsize=8,
+    )
     ax.add_patch(patches.FancyBboxPatch((8.3, 1.0), 2.5, 1.6, boxstyle="round,pad=0.05", fc="#fff1e5", ec="#bc4c00"))
-    ax.text(9.55, 1.8, "2 warpgroups\n(8 warps)\nwgmma from shared,\nfp32 accumulator\nin registers", ha="center",
-            va="center", fontsize=8)  # fmt: skip
+    ax.text(
+        9.55,
+        1.8,
+        "2 warpgroups\n(8 warps)\nwgmma from shared,\nfp32 accumulator\nin registers",
+        ha="center",
+        va="center",
+        fontsize=8,
+    )
     width = 4.6 / buffers
     for b in range(buffers):
         x = 3.0 + b * width
         ax.add_patch(patches.Rectangle((x, 1.2), width * 0.9, 1.2, fc="#f6f8fa", ec="black"))
-        ax.text(x + width * 0.45, 1.95, f"buffer {b}\nA, B tiles\n(step i ≡ {b})", ha="center", va="center",
-                fontsize=7)  # fmt: skip
+        ax.text(x + width * 0.45, 1.95, f"buffer {b}\nA, B tiles\n(step i ≡ {b})", ha="center", va="center", fontsize=7)
         ax.add_patch(patches.Circle((x + width * 0.25, 1.32), 0.08, color="#1a7f37"))
         ax.add_patch(patches.Circle((x + width * 0.65, 1.32), 0.08, color="#cf222e"))
-    ax.text(5.3, -0.05, "● ready: the copy engine completes it when the bytes land    "
-            "● empty: the warpgroups complete it when their MMAs on the buffer are done", fontsize=7, ha="center")
+    ax.text(
+        5.3,
+        -0.05,
+        "● ready: the copy engine completes it when the bytes land    "
+        "● empty: the warpgroups complete it when their MMAs on the buffer are done",
+        fontsize=7,
+        ha="center",
+    )
     ax.annotate("", xy=(3.0, 2.1), xytext=(2.3, 2.1), arrowprops=dict(arrowstyle="->", lw=1.5, color="#0969da"))
     ax.text(2.65, 2.25, "copy step i", ha="center", fontsize=7, color="#0969da")
     ax.annotate("", xy=(8.2, 2.1), xytext=(7.6, 2.1), arrowprops=dict(arrowstyle="->", lw=1.5, color="#bc4c00"))
     ax.text(7.9, 2.25, "wait ready,\nmultiply", ha="center", fontsize=7, color="#bc4c00")
-    ax.annotate("", xy=(1.1, 0.95), xytext=(9.55, 0.95), arrowprops=dict(arrowstyle="->", lw=1, color="#cf222e",
-                                                                         connectionstyle="arc3,rad=-0.12"))  # fmt: skip
-    ax.text(5.3, 0.22, "arrive on empty: the buffer may be refilled (the loading warp waits on it first)",
-            ha="center", fontsize=7, color="#cf222e")
-    ax.text(5.3, 2.85, f"the ring: {buffers} buffers in shared memory, step i in buffer i mod {buffers}, "
-            "each barrier's phase parity (i // BUFFERS) & 1", ha="center", fontsize=8)  # fmt: skip
+    ax.annotate(
+        "",
+        xy=(1.1, 0.95),
+        xytext=(9.55, 0.95),
+        arrowprops=dict(arrowstyle="->", lw=1, color="#cf222e", connectionstyle="arc3,rad=-0.12"),
+    )
+    ax.text(
+        5.3,
+        0.22,
+        "arrive on empty: the buffer may be refilled (the loading warp waits on it first)",
+        ha="center",
+        fontsize=7,
+        color="#cf222e",
+    )
+    ax.text(
+        5.3,
+        2.85,
+        f"the ring: {buffers} buffers in shared memory, step i in buffer i mod {buffers}, "
+        "each barrier's phase parity (i // BUFFERS) & 1",
+        ha="center",
+        fontsize=8,
+    )
     ax.set(xlim=(-0.2, 11), ylim=(-0.2, 3.1))
     ax.axis("off")
     fig.tight_layout()

@@ -39,10 +39,14 @@ def measured_ceilings(results: dict[str, ResultFile]) -> dict[str, roofline.GPUS
     for result in results.values():
         if result.measured_spec is not None:
             by_gpu.setdefault(result.gpu_key, []).append(result.measured_spec)
-    return {gpu: roofline.GPUSpec.from_measured(float(np.median([s.dram_bandwidth for s in specs])),
-                                                float(np.median([s.bf16_dense_flops for s in specs])),
-                                                name=f"{gpu} measured (median of {len(specs)} runs)")
-            for gpu, specs in by_gpu.items()}  # fmt: skip
+    return {
+        gpu: roofline.GPUSpec.from_measured(
+            float(np.median([s.dram_bandwidth for s in specs])),
+            float(np.median([s.bf16_dense_flops for s in specs])),
+            name=f"{gpu} measured (median of {len(specs)} runs)",
+        )
+        for gpu, specs in by_gpu.items()
+    }
 
 
 def ridge_point(gpu) -> float:
@@ -65,23 +69,33 @@ def gpu_table(measured: dict[str, roofline.GPUSpec] | None = None) -> pd.DataFra
     rows = {}
     for key, spec in roofline.GPUS.items():
         mine = measured.get(key)
-        rows[key] = {"bf16 dense (TFLOP/s)": spec.bf16_dense_flops / 1e12, "DRAM (TB/s)": spec.dram_bandwidth / 1e12,
-                     "ridge (FLOP/B)": ridge_point(spec),
-                     "measured bf16 (TFLOP/s)": mine.bf16_dense_flops / 1e12 if mine else math.nan,
-                     "measured DRAM (TB/s)": mine.dram_bandwidth / 1e12 if mine else math.nan,
-                     "measured ridge (FLOP/B)": ridge_point(mine) if mine else math.nan,
-                     "SMs": spec.sms, "source": spec.source}  # fmt: skip
+        rows[key] = {
+            "bf16 dense (TFLOP/s)": spec.bf16_dense_flops / 1e12,
+            "DRAM (TB/s)": spec.dram_bandwidth / 1e12,
+            "ridge (FLOP/B)": ridge_point(spec),
+            "measured bf16 (TFLOP/s)": mine.bf16_dense_flops / 1e12 if mine else math.nan,
+            "measured DRAM (TB/s)": mine.dram_bandwidth / 1e12 if mine else math.nan,
+            "measured ridge (FLOP/B)": ridge_point(mine) if mine else math.nan,
+            "SMs": spec.sms,
+            "source": spec.source,
+        }
     return pd.DataFrame.from_dict(rows, orient="index")
 
 
 def styled_gpu_table(table: pd.DataFrame, highlight: str):
     """:func:`gpu_table` styled, the row ``highlight`` shaded."""
-    formats = {"bf16 dense (TFLOP/s)": "{:.0f}", "DRAM (TB/s)": "{:.2f}", "ridge (FLOP/B)": "{:.0f}", "SMs": "{:.0f}",
-               "measured bf16 (TFLOP/s)": "{:.0f}", "measured DRAM (TB/s)": "{:.2f}",
-               "measured ridge (FLOP/B)": "{:.0f}"}  # fmt: skip
-    return (styled(table, formats, f"Ceilings and ridge points, datasheet and measured ({highlight} highlighted; "
-                                   "–: not measured)")  # fmt: skip
-            .apply(lambda row: ["background: #ddf4ff" if row.name == highlight else "" for _ in row], axis=1))
+    formats = {
+        "bf16 dense (TFLOP/s)": "{:.0f}",
+        "DRAM (TB/s)": "{:.2f}",
+        "ridge (FLOP/B)": "{:.0f}",
+        "SMs": "{:.0f}",
+        "measured bf16 (TFLOP/s)": "{:.0f}",
+        "measured DRAM (TB/s)": "{:.2f}",
+        "measured ridge (FLOP/B)": "{:.0f}",
+    }
+    return styled(
+        table, formats, f"Ceilings and ridge points, datasheet and measured ({highlight} highlighted; –: not measured)"
+    ).apply(lambda row: ["background: #ddf4ff" if row.name == highlight else "" for _ in row], axis=1)
 
 
 # ================================================================ cost per case and the ridge crossing
@@ -99,19 +113,41 @@ def cost_table(problem: str, gpu, tokens=None, **axes) -> pd.DataFrame:
     for t in tokens:
         work, traffic = roofline.cost(problem, t, **axes)
         t_memory, t_compute = traffic / spec.dram_bandwidth * 1e6, work / spec.bf16_dense_flops * 1e6
-        rows.append(dict(num_tokens=t, flops=work, bytes=traffic, intensity=work / traffic if traffic else math.nan,
-                         t_memory_us=t_memory, t_compute_us=t_compute, t_sol_us=max(t_memory, t_compute),
-                         bound="compute" if t_compute >= t_memory else "memory"))  # fmt: skip
+        rows.append(
+            dict(
+                num_tokens=t,
+                flops=work,
+                bytes=traffic,
+                intensity=work / traffic if traffic else math.nan,
+                t_memory_us=t_memory,
+                t_compute_us=t_compute,
+                t_sol_us=max(t_memory, t_compute),
+                bound="compute" if t_compute >= t_memory else "memory",
+            )
+        )
     return pd.DataFrame(rows).set_index("num_tokens")
 
 
 def styled_cost_table(table: pd.DataFrame, caption: str):
     """:func:`cost_table` styled: GFLOP, MB, FLOP/B and µs, the bound coloured."""
     shown = table.assign(flops=table["flops"] / 1e9, bytes=table["bytes"] / 1e6).rename(
-        columns={"flops": "GFLOP", "bytes": "MB", "intensity": "FLOP/B", "t_memory_us": "t_memory (µs)",
-                 "t_compute_us": "t_compute (µs)", "t_sol_us": "T_sol (µs)"})  # fmt: skip
-    formats = {"GFLOP": "{:.3f}", "MB": "{:.1f}", "FLOP/B": "{:.1f}", "t_memory (µs)": "{:.1f}",
-               "t_compute (µs)": "{:.1f}", "T_sol (µs)": "{:.1f}"}  # fmt: skip
+        columns={
+            "flops": "GFLOP",
+            "bytes": "MB",
+            "intensity": "FLOP/B",
+            "t_memory_us": "t_memory (µs)",
+            "t_compute_us": "t_compute (µs)",
+            "t_sol_us": "T_sol (µs)",
+        }
+    )
+    formats = {
+        "GFLOP": "{:.3f}",
+        "MB": "{:.1f}",
+        "FLOP/B": "{:.1f}",
+        "t_memory (µs)": "{:.1f}",
+        "t_compute (µs)": "{:.1f}",
+        "T_sol (µs)": "{:.1f}",
+    }
     colours = {"memory": "color: #0969da", "compute": "color: #cf222e; font-weight: bold"}
     return styled(shown, formats, caption).map(lambda v: colours.get(v, ""), subset=["bound"])
 
@@ -134,8 +170,9 @@ def ridge_crossing(problem: str, gpu, **axes) -> float:
     return ridge * c / (a - ridge * b) if a > ridge * b else math.inf
 
 
-def crossing_table(gpus, measured: dict[str, roofline.GPUSpec] | None = None,
-                   problem_names=problems.PROBLEM_NAMES) -> pd.DataFrame:  # fmt: skip
+def crossing_table(
+    gpus, measured: dict[str, roofline.GPUSpec] | None = None, problem_names=problems.PROBLEM_NAMES
+) -> pd.DataFrame:
     """Per problem and GPU (``gpus``: keys of :data:`moe_lib.roofline.GPUS`, each once): the datasheet's ridge, the
     crossing T*, the first compute-bound token count ⌈T*⌉, the same from the ceilings measured on that GPU where
     ``measured`` has them ({GPU key: GPUSpec}), and the intensity the problem tends to at large T (a / b)."""
@@ -146,11 +183,18 @@ def crossing_table(gpus, measured: dict[str, roofline.GPUSpec] | None = None,
         for gpu in dict.fromkeys(gpus):
             crossing = ridge_crossing(problem, gpu)
             mine = measured.get(gpu)
-            rows.append(dict(problem=problem, gpu=gpu, ridge=ridge_point(gpu), crossing_tokens=crossing,
-                             first_compute_bound=math.ceil(crossing) if math.isfinite(crossing) else None,
-                             measured_ridge=ridge_point(mine) if mine else math.nan,
-                             measured_crossing_tokens=ridge_crossing(problem, mine) if mine else math.nan,
-                             intensity_limit=a / b))  # fmt: skip
+            rows.append(
+                dict(
+                    problem=problem,
+                    gpu=gpu,
+                    ridge=ridge_point(gpu),
+                    crossing_tokens=crossing,
+                    first_compute_bound=math.ceil(crossing) if math.isfinite(crossing) else None,
+                    measured_ridge=ridge_point(mine) if mine else math.nan,
+                    measured_crossing_tokens=ridge_crossing(problem, mine) if mine else math.nan,
+                    intensity_limit=a / b,
+                )
+            )
     return pd.DataFrame(rows).set_index(["problem", "gpu"])
 
 
@@ -163,8 +207,16 @@ def regime_table(cases, gpu) -> pd.DataFrame:
     for problem, t in cases:
         _, b, c = cost_coefficients(problem)
         row = cost_table(problem, spec, [t]).iloc[0]
-        rows.append(dict(problem=problem, num_tokens=t, bound=row["bound"], t_memory_us=row["t_memory_us"],
-                         t_compute_us=row["t_compute_us"], weight_bytes_share=c / (b * t + c)))  # fmt: skip
+        rows.append(
+            dict(
+                problem=problem,
+                num_tokens=t,
+                bound=row["bound"],
+                t_memory_us=row["t_memory_us"],
+                t_compute_us=row["t_compute_us"],
+                weight_bytes_share=c / (b * t + c),
+            )
+        )
     return pd.DataFrame(rows).set_index(["problem", "num_tokens"])
 
 
@@ -176,12 +228,22 @@ def measured_points(results: dict[str, ResultFile]) -> pd.DataFrame:
     frames = []
     for result in results.values():
         ok = ok_rows(result)
-        frames.append(pd.DataFrame({
-            "problem": result.problem, "impl": ok["impl"], "num_tokens": ok["num_tokens"], "gpu": result.gpu_key,
-            "flops": ok["flops"], "bytes": ok["bytes"], "intensity": ok["flops"] / ok["bytes"],
-            "median_ms": ok["median_ms"], "flop_rate": ok["flops"] / (ok["median_ms"] * 1e-3),
-            "file": result.csv.name,
-        }))  # fmt: skip
+        frames.append(
+            pd.DataFrame(
+                {
+                    "problem": result.problem,
+                    "impl": ok["impl"],
+                    "num_tokens": ok["num_tokens"],
+                    "gpu": result.gpu_key,
+                    "flops": ok["flops"],
+                    "bytes": ok["bytes"],
+                    "intensity": ok["flops"] / ok["bytes"],
+                    "median_ms": ok["median_ms"],
+                    "flop_rate": ok["flops"] / (ok["median_ms"] * 1e-3),
+                    "file": result.csv.name,
+                }
+            )
+        )
     columns = ["problem", "impl", "num_tokens", "gpu", "flops", "bytes", "intensity", "median_ms", "flop_rate", "file"]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
 
@@ -194,8 +256,9 @@ LATENCY_BOUND_US = 10.0
 def roof_time_s(gpu, flops, traffic):
     """The roofline's time for ``flops`` and ``traffic`` bytes on ``gpu``: max(bytes / bandwidth, FLOPs / rate)."""
     spec = _spec(gpu)
-    return np.maximum(np.asarray(traffic, dtype=float) / spec.dram_bandwidth,
-                      np.asarray(flops, dtype=float) / spec.bf16_dense_flops)  # fmt: skip
+    return np.maximum(
+        np.asarray(traffic, dtype=float) / spec.dram_bandwidth, np.asarray(flops, dtype=float) / spec.bf16_dense_flops
+    )
 
 
 def project_points(points: pd.DataFrame, to_gpu: str, latency_bound_us: float = LATENCY_BOUND_US) -> pd.DataFrame:
@@ -212,8 +275,9 @@ def project_points(points: pd.DataFrame, to_gpu: str, latency_bound_us: float = 
     :data:`moe_lib.roofline.GPUS` get NaN ("not projected")."""
     projected = points.copy()
     scales, methods = [], []
-    for gpu, intensity, flops, traffic, ms in zip(points["gpu"], points["intensity"], points["flops"], points["bytes"],
-                                                  points["median_ms"], strict=True):  # fmt: skip
+    for gpu, intensity, flops, traffic, ms in zip(
+        points["gpu"], points["intensity"], points["flops"], points["bytes"], points["median_ms"], strict=True
+    ):
         if gpu == to_gpu:
             scales.append(1.0)
             methods.append("measured")
@@ -241,7 +305,8 @@ def points_table(points: pd.DataFrame, gpu: str, impl: str = OURS) -> pd.DataFra
     mine["roofline fraction"] = mine["projected_rate"] / attainable(gpu, mine["intensity"])
     mine = mine.sort_values(["problem", "num_tokens"]).set_index(["problem", "num_tokens"])
     return mine[["gpu", "projection", "intensity", "flop_rate", "projected_rate", "roofline fraction"]].rename(
-        columns={"gpu": "measured on", "flop_rate": "measured FLOP/s", "projected_rate": f"FLOP/s on {gpu}"})
+        columns={"gpu": "measured on", "flop_rate": "measured FLOP/s", "projected_rate": f"FLOP/s on {gpu}"}
+    )
 
 
 # ================================================================ figures
@@ -249,10 +314,21 @@ def points_table(points: pd.DataFrame, gpu: str, impl: str = OURS) -> pd.DataFra
 
 def _label_roofs(ax, spec: roofline.GPUSpec, x_min: float, color: str) -> None:
     ridge = spec.bf16_dense_flops / spec.dram_bandwidth
-    ax.annotate(f"DRAM {spec.dram_bandwidth / 1e12:.2f} TB/s", (x_min * 1.5, x_min * 1.5 * spec.dram_bandwidth),
-                rotation=33, color=color, fontsize=8, va="bottom")  # fmt: skip
-    ax.annotate(f"bf16 dense {spec.bf16_dense_flops / 1e12:.0f} TFLOP/s", (ridge * 1.15, spec.bf16_dense_flops),
-                color=color, fontsize=8, va="bottom")  # fmt: skip
+    ax.annotate(
+        f"DRAM {spec.dram_bandwidth / 1e12:.2f} TB/s",
+        (x_min * 1.5, x_min * 1.5 * spec.dram_bandwidth),
+        rotation=33,
+        color=color,
+        fontsize=8,
+        va="bottom",
+    )
+    ax.annotate(
+        f"bf16 dense {spec.bf16_dense_flops / 1e12:.0f} TFLOP/s",
+        (ridge * 1.15, spec.bf16_dense_flops),
+        color=color,
+        fontsize=8,
+        va="bottom",
+    )
 
 
 def plot_roofline(ax, gpu: str, *, x_range=(0.5, 5000.0), measured: roofline.GPUSpec | None = None) -> None:
@@ -263,13 +339,26 @@ def plot_roofline(ax, gpu: str, *, x_range=(0.5, 5000.0), measured: roofline.GPU
     ax.loglog(x, attainable(spec, x), color="black", linewidth=2, label=f"{gpu} roofline (datasheet)")
     ridge = ridge_point(spec)
     ax.axvline(ridge, color="black", linestyle=":", linewidth=1)
-    ax.annotate(f"ridge {ridge:.0f} FLOP/B", (ridge, 0.03), xycoords=ax.get_xaxis_transform(), rotation=90,
-                fontsize=8, ha="right", va="bottom")  # fmt: skip
+    ax.annotate(
+        f"ridge {ridge:.0f} FLOP/B",
+        (ridge, 0.03),
+        xycoords=ax.get_xaxis_transform(),
+        rotation=90,
+        fontsize=8,
+        ha="right",
+        va="bottom",
+    )
     _label_roofs(ax, spec, x_range[0], "black")
     if measured is not None:
-        ax.loglog(x, attainable(measured, x), color="tab:gray", linestyle="--", linewidth=1.2,
-                  label=f"{measured.name}: {measured.dram_bandwidth / 1e12:.2f} TB/s, "
-                        f"{measured.bf16_dense_flops / 1e12:.0f} TFLOP/s")  # fmt: skip
+        ax.loglog(
+            x,
+            attainable(measured, x),
+            color="tab:gray",
+            linestyle="--",
+            linewidth=1.2,
+            label=f"{measured.name}: {measured.dram_bandwidth / 1e12:.2f} TB/s, "
+            f"{measured.bf16_dense_flops / 1e12:.0f} TFLOP/s",
+        )
     ax.set(xlim=x_range, xlabel="arithmetic intensity (FLOP / byte)", ylabel="FLOP/s")
     ax.grid(alpha=0.3, which="both")
 
@@ -300,17 +389,32 @@ def _label_token_counts(ax, points: pd.DataFrame) -> None:
     for _, row in labelled_points(points[points["impl"] == OURS]).iterrows():
         near = points[(np.log10(points["intensity"]) - math.log10(row["intensity"])).abs() < 0.2]
         y = near["projected_rate"].min() / 2.5
-        ax.annotate(f"T={row['num_tokens']}", (row["intensity"], row["projected_rate"]), xytext=(row["intensity"], y),
-                    fontsize=8, color=color, ha="center", va="top",
-                    arrowprops=dict(arrowstyle="-", color=color, lw=0.6, alpha=0.6, shrinkA=1, shrinkB=5))  # fmt: skip
+        ax.annotate(
+            f"T={row['num_tokens']}",
+            (row["intensity"], row["projected_rate"]),
+            xytext=(row["intensity"], y),
+            fontsize=8,
+            color=color,
+            ha="center",
+            va="top",
+            arrowprops=dict(arrowstyle="-", color=color, lw=0.6, alpha=0.6, shrinkA=1, shrinkB=5),
+        )
 
 
-PROJECTION_STYLE = {"measured": ("solid", True), "keeps its fraction": ("solid", False),
-                    "latency model": ("dashed", False)}  # (edge line style, filled) of a point by its projection
+PROJECTION_STYLE = {
+    "measured": ("solid", True),
+    "keeps its fraction": ("solid", False),
+    "latency model": ("dashed", False),
+}  # (edge line style, filled) of a point by its projection
 
 
-def roofline_figure(gpu: str, points: pd.DataFrame, results: dict[str, ResultFile] | None = None, *,
-                    latency_bound_us: float = LATENCY_BOUND_US):  # fmt: skip
+def roofline_figure(
+    gpu: str,
+    points: pd.DataFrame,
+    results: dict[str, ResultFile] | None = None,
+    *,
+    latency_bound_us: float = LATENCY_BOUND_US,
+):
     """One roofline panel per problem with points (a row each): measured ones filled where they ran on ``gpu``,
     projected ones hollow where they ran elsewhere (:func:`project_points`; those projected by the latency model
     with a dashed edge), the legend beside the axes. Returns the figure."""
@@ -332,15 +436,33 @@ def roofline_figure(gpu: str, points: pd.DataFrame, results: dict[str, ResultFil
                 if method not in PROJECTION_STYLE:
                     continue
                 edge, filled = PROJECTION_STYLE[method]
-                ax.scatter(group["intensity"], group["projected_rate"], color=color if filled else "none",
-                           edgecolors=color, marker=marker, s=70 if impl == OURS else 38, linewidths=1.2,
-                           linestyles=edge, zorder=3)  # fmt: skip
+                ax.scatter(
+                    group["intensity"],
+                    group["projected_rate"],
+                    color=color if filled else "none",
+                    edgecolors=color,
+                    marker=marker,
+                    s=70 if impl == OURS else 38,
+                    linewidths=1.2,
+                    linestyles=edge,
+                    zorder=3,
+                )
         sources = ", ".join(sorted(set(mine["gpu"]) - {gpu}))
         for method in [m for m in PROJECTION_STYLE if m in set(mine["projection"])]:
             edge, filled = PROJECTION_STYLE[method]
             what = f"measured on {gpu}" if method == "measured" else f"from {sources}: {method}"
-            handles.append(Line2D([], [], color="black", marker="o", ls="none", markerfacecolor="black" if filled else
-                                  "none", markeredgewidth=1.2, label=what))  # fmt: skip
+            handles.append(
+                Line2D(
+                    [],
+                    [],
+                    color="black",
+                    marker="o",
+                    ls="none",
+                    markerfacecolor="black" if filled else "none",
+                    markeredgewidth=1.2,
+                    label=what,
+                )
+            )
             if edge == "dashed":
                 handles[-1].set_label(f"{what} (dashed edge)")
         _label_token_counts(ax, mine)
@@ -371,14 +493,30 @@ def intensity_figure(gpu: str, problem_names=problems.PROBLEM_NAMES, measured: d
         crossing = ridge_crossing(name, gpu)
         if math.isfinite(crossing):
             ax.axvline(crossing, color=color, linestyle=":", linewidth=1)
-            ax.annotate(f"T* = {crossing:.0f}", (crossing, 0.03), xycoords=ax.get_xaxis_transform(), rotation=90,
-                        color=color, fontsize=8, ha="right", va="bottom")  # fmt: skip
+            ax.annotate(
+                f"T* = {crossing:.0f}",
+                (crossing, 0.03),
+                xycoords=ax.get_xaxis_transform(),
+                rotation=90,
+                color=color,
+                fontsize=8,
+                ha="right",
+                va="bottom",
+            )
     for (label, spec), style in zip(ridges.items(), ("--", "-."), strict=False):
-        ax.axhline(ridge_point(spec), color="black", linestyle=style, linewidth=1,
-                   label=f"{label}: {ridge_point(spec):.0f} FLOP/B")  # fmt: skip
+        ax.axhline(
+            ridge_point(spec),
+            color="black",
+            linestyle=style,
+            linewidth=1,
+            label=f"{label}: {ridge_point(spec):.0f} FLOP/B",
+        )
     ax.set_ylim(bottom=0.5)
-    ax.set(xlabel="tokens T", ylabel="arithmetic intensity (FLOP / byte)",
-           title=f"Where each problem turns compute-bound on {gpu}")  # fmt: skip
+    ax.set(
+        xlabel="tokens T",
+        ylabel="arithmetic intensity (FLOP / byte)",
+        title=f"Where each problem turns compute-bound on {gpu}",
+    )
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: it covers no curve
     return fig
@@ -387,14 +525,20 @@ def intensity_figure(gpu: str, problem_names=problems.PROBLEM_NAMES, measured: d
 # ================================================================ granularity and sparsity (SonicMoE's view)
 
 
-def expert_gemm_intensity(num_tokens, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int,
-                          element_bytes: int = 2):  # fmt: skip
+def expert_gemm_intensity(
+    num_tokens, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int, element_bytes: int = 2
+):
     """The arithmetic intensity of one expert's up-projection, [m, H] × [H, 2I] with m = T·K/E rows (the mean under
     uniform routing), each operand read and the output written once: 2·m·H·2I FLOPs over
     b·(m·H + 2·H·I + m·2I) bytes, i.e. AI = 4 / b · 1 / (1/I + 2/m + 2/H) with b = ``element_bytes``. In SonicMoE's
     terms (granularity G = H/I, sparsity ρ = K/E): AI = 4 / b · 1 / ((G + 2)/H + 2/(T·ρ))."""
-    for name, value in (("hidden_size", hidden_size), ("intermediate_size", intermediate_size),
-                        ("num_experts", num_experts), ("top_k", top_k), ("element_bytes", element_bytes)):
+    for name, value in (
+        ("hidden_size", hidden_size),
+        ("intermediate_size", intermediate_size),
+        ("num_experts", num_experts),
+        ("top_k", top_k),
+        ("element_bytes", element_bytes),
+    ):
         if not value > 0:
             raise ValueError(f"{name}: expected a positive number, got {value!r}")
     rows = np.asarray(num_tokens, dtype=float) * top_k / num_experts
@@ -411,13 +555,22 @@ def granularity_table(shapes, num_tokens: int, gpu) -> pd.DataFrame:
     for shape in shapes:
         if shape.num_experts is None:
             continue
-        ai = float(expert_gemm_intensity(num_tokens, shape.hidden_size, shape.intermediate_size, shape.num_experts,
-                                         shape.top_k))  # fmt: skip
-        rows[shape.name] = {"H": shape.hidden_size, "I": shape.intermediate_size, "E": shape.num_experts,
-                            "K": shape.top_k, "G = H/I": shape.hidden_size / shape.intermediate_size,
-                            "ρ = K/E": shape.top_k / shape.num_experts,
-                            "rows per expert": num_tokens * shape.top_k / shape.num_experts,
-                            "AI (FLOP/B)": ai, "bound": "compute" if ai >= ridge else "memory"}  # fmt: skip
+        ai = float(
+            expert_gemm_intensity(
+                num_tokens, shape.hidden_size, shape.intermediate_size, shape.num_experts, shape.top_k
+            )
+        )
+        rows[shape.name] = {
+            "H": shape.hidden_size,
+            "I": shape.intermediate_size,
+            "E": shape.num_experts,
+            "K": shape.top_k,
+            "G = H/I": shape.hidden_size / shape.intermediate_size,
+            "ρ = K/E": shape.top_k / shape.num_experts,
+            "rows per expert": num_tokens * shape.top_k / shape.num_experts,
+            "AI (FLOP/B)": ai,
+            "bound": "compute" if ai >= ridge else "memory",
+        }
     return pd.DataFrame.from_dict(rows, orient="index")
 
 
@@ -428,8 +581,12 @@ def granularity_figure(gpu, shapes, num_tokens: int, hidden_size: int = 4096):
     fig, ax = plt.subplots(figsize=(10, 4.6), layout="constrained")
     rows = np.logspace(0.5, 4.5, 300)
     for granularity in (0.5, 1, 2, 4, 8):
-        ax.loglog(rows, expert_gemm_intensity(rows, hidden_size, hidden_size / granularity, 1, 1), lw=1.2,
-                  label=f"G = H/I = {granularity:g} (H = {hidden_size})")  # fmt: skip
+        ax.loglog(
+            rows,
+            expert_gemm_intensity(rows, hidden_size, hidden_size / granularity, 1, 1),
+            lw=1.2,
+            label=f"G = H/I = {granularity:g} (H = {hidden_size})",
+        )
     ax.axhline(ridge_point(gpu), color="black", ls="--", lw=1, label=f"{gpu} ridge {ridge_point(gpu):.0f} FLOP/B")
     table = granularity_table(shapes, num_tokens, gpu)
     ax.scatter(table["rows per expert"], table["AI (FLOP/B)"], color="black", zorder=3, s=22)
@@ -437,11 +594,21 @@ def granularity_figure(gpu, shapes, num_tokens: int, hidden_size: int = 4096):
     for index, (name, row) in enumerate(ordered.iterrows()):  # labels alternately above and below: none overlap
         above = index % 2 == 1
         offset = (-6, 16) if above else (6, -16)
-        ax.annotate(name, (row["rows per expert"], row["AI (FLOP/B)"]), xytext=offset, textcoords="offset points",
-                    fontsize=7, ha="right" if above else "left", va="bottom" if above else "top",
-                    arrowprops=dict(arrowstyle="-", lw=0.5, color="gray"))  # fmt: skip
-    ax.set(xlabel="rows per expert m = T·K/E", ylabel="arithmetic intensity (FLOP / byte)",
-           title=f"One expert's up-projection [m, H] × [H, 2I] in bf16; the models at T = {num_tokens}")  # fmt: skip
+        ax.annotate(
+            name,
+            (row["rows per expert"], row["AI (FLOP/B)"]),
+            xytext=offset,
+            textcoords="offset points",
+            fontsize=7,
+            ha="right" if above else "left",
+            va="bottom" if above else "top",
+            arrowprops=dict(arrowstyle="-", lw=0.5, color="gray"),
+        )
+    ax.set(
+        xlabel="rows per expert m = T·K/E",
+        ylabel="arithmetic intensity (FLOP / byte)",
+        title=f"One expert's up-projection [m, H] × [H, 2I] in bf16; the models at T = {num_tokens}",
+    )
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return fig

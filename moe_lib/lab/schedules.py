@@ -20,9 +20,16 @@ from ..tiling import cdiv
 from .kernels import KIND_COLORS
 
 
-def chained_schedule(num_tokens: int, hidden_size: int, intermediate_size: int, tiles: TileConfig, *,
-                     programs_at_once: int = 132, with_lo: bool = True,
-                     grad_down_last: bool = False) -> pd.DataFrame:  # fmt: skip
+def chained_schedule(
+    num_tokens: int,
+    hidden_size: int,
+    intermediate_size: int,
+    tiles: TileConfig,
+    *,
+    programs_at_once: int = 132,
+    with_lo: bool = True,
+    grad_down_last: bool = False,
+) -> pd.DataFrame:
     """A model of the chained launch's tickets (:mod:`moe_lib.swiglu_down.designs.chained`), one program per SM: the
     tickets go out in the launch's order (dA tiles, dWd tiles, then launch 2's in ``launch_plan``'s order; with
     ``grad_down_last`` the dWd tiles after launch 2's); an SM that is free
@@ -51,8 +58,15 @@ def chained_schedule(num_tokens: int, hidden_size: int, intermediate_size: int, 
     return pd.DataFrame(rows)
 
 
-def gluon_launch_schedule(num_tokens: int, hidden_size: int, intermediate_size: int, form, *,
-                          programs_at_once: int = 132, with_lo: bool = True) -> pd.DataFrame:  # fmt: skip
+def gluon_launch_schedule(
+    num_tokens: int,
+    hidden_size: int,
+    intermediate_size: int,
+    form,
+    *,
+    programs_at_once: int = 132,
+    with_lo: bool = True,
+) -> pd.DataFrame:
     """A model of one Gluon launch of the faithful path (``form``: a :class:`~moe_lib.swiglu_down.gluon_launch1.
     GluonFirstLaunchConfig` or :class:`~moe_lib.swiglu_down.gluon_launch2.GluonSecondLaunchConfig`), one program per
     tile handed out in program-id order to whichever SM is free first: launch 1's dWd tiles (K = T) then its dA tiles
@@ -104,11 +118,13 @@ def schedule_figure(schedules: dict[str, pd.DataFrame]):
         makespan = schedule.end.max()
         balance = (schedule.end - schedule.start).sum() / (schedule.sm.max() + 1)
         ax.set(ylabel="SM", ylim=(0, schedule.sm.max() + 1))
-        ax.set_title(f"{title}: last tile ends at {makespan:.0f}, a perfect balance at {balance:.0f} "
-                     f"({balance / makespan:.0%})", fontsize=9, loc="left")  # fmt: skip
+        ax.set_title(
+            f"{title}: last tile ends at {makespan:.0f}, a perfect balance at {balance:.0f} ({balance / makespan:.0%})",
+            fontsize=9,
+            loc="left",
+        )
     handles = [patches.Patch(color=color, label=kind) for kind, color in KIND_COLORS.items()]
     axes[0, 0].legend(handles=handles, fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     axes[-1, 0].set_xlabel("MFLOP of one SM's work since the launch started (the model's time)")
     fig.tight_layout()
     return fig
-

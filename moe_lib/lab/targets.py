@@ -33,8 +33,10 @@ def problem_targets(name: str) -> list[dict]:
     targets = list(problems.load(name).targets)
     for target in targets:
         if target.get("kind") not in KINDS:
-            raise ValueError(f"{problems.PROBLEMS_DIR / name / 'lab.json'}: target {target.get('name')!r} has kind "
-                             f"{target.get('kind')!r}, expected one of {sorted(KINDS)}")  # fmt: skip
+            raise ValueError(
+                f"{problems.PROBLEMS_DIR / name / 'lab.json'}: target {target.get('name')!r} has kind "
+                f"{target.get('kind')!r}, expected one of {sorted(KINDS)}"
+            )
     return targets
 
 
@@ -108,8 +110,10 @@ def _floor_ratio(target: dict, result: ResultFile, impl: str) -> tuple:
     n_suite = len(result.definition.suite)
     all_there = len(ratios) == n_suite and not result.small
     met = False if any(r > target["at_most"] for r in ratios.values()) else (True if all_there else None)
-    text = ("; ".join(f"T={t}: {format_ms(ours[t])} = {r:.2f}× floor" for t, r in ratios.items())
-            + f" ({len(ratios)} of {n_suite} suite cases measured)")  # fmt: skip
+    text = (
+        "; ".join(f"T={t}: {format_ms(ours[t])} = {r:.2f}× floor" for t, r in ratios.items())
+        + f" ({len(ratios)} of {n_suite} suite cases measured)"
+    )
     return max(ratios.values()), text, met
 
 
@@ -184,8 +188,9 @@ def _layer_faster_than(target: dict, result: ResultFile, impl: str) -> tuple:
     if not cases:
         return math.nan, f"{impl} and {target['peer']} not both timed", None
     ratios = {t: times.loc[t, impl] / times.loc[t, target["peer"]] for t in cases}
-    text = "; ".join(f"T={t}: {format_ms(times.loc[t, impl])} against {format_ms(times.loc[t, target['peer']])}"
-                     for t in cases)  # fmt: skip
+    text = "; ".join(
+        f"T={t}: {format_ms(times.loc[t, impl])} against {format_ms(times.loc[t, target['peer']])}" for t in cases
+    )
     slower = any(r >= 1 for r in ratios.values())
     return max(ratios.values()), text, False if slower else (True if len(cases) == len(target["cases"]) else None)
 
@@ -215,8 +220,7 @@ def _models_speedup(target: dict, result: ResultFile, impl: str) -> tuple:
     per_model = geomean_table(speedup_table(runs, result.problem))
     geo, low = per_model[f"geomean vs {target['peer']}"], per_model[f"min vs {target['peer']}"]
     met = bool((geo >= target["at_least"]).all() and (low >= target.get("min_at_least", -math.inf)).all())
-    text = (f"geomean {geo.min():.2f}–{geo.max():.2f}× per shape, lowest case {low.min():.2f}× "
-            f"({len(per_model)} shapes)")  # fmt: skip
+    text = f"geomean {geo.min():.2f}–{geo.max():.2f}× per shape, lowest case {low.min():.2f}× ({len(per_model)} shapes)"
     return float(geo.min()), text, met
 
 
@@ -283,8 +287,15 @@ def targets_table(results: dict[str, ResultFile], impl: str = OURS) -> pd.DataFr
         text = f"{len(mine) - len(bad)}/{len(mine)} correct"
         if has_rule:
             text += f", {len(rule_failures)} fail the rule"
-        rows.append(_row(result.definition.short, what, len(bad) + len(rule_failures), text,
-                         bool(bad.empty and rule_failures.empty)))  # fmt: skip
+        rows.append(
+            _row(
+                result.definition.short,
+                what,
+                len(bad) + len(rule_failures),
+                text,
+                bool(bad.empty and rule_failures.empty),
+            )
+        )
     table = pd.DataFrame(rows)
     table["met"] = pd.Series([row["met"] for row in rows], dtype=object)  # True, False or None, as Python objects
     return table
@@ -294,8 +305,14 @@ def styled_targets(targets: pd.DataFrame):
     """:func:`targets_table` styled: met in green, not met in red, not settled in grey."""
     shown = targets.drop(columns=["value"]).copy()
     shown["met"] = shown["met"].map(lambda v: "met" if v is True else "NOT MET" if v is False else "not settled")
-    colours = {"met": "color: #1a7f37; font-weight: bold", "NOT MET": "color: #cf222e; font-weight: bold",
-               "not settled": "color: #57606a"}  # fmt: skip
-    return (shown.style.map(lambda v: colours.get(v, ""), subset=["met"]).hide(axis="index")
-            .set_properties(**{"text-align": "left"})
-            .set_caption("The project's targets (data/problems/<name>/lab.json) beside our numbers"))  # fmt: skip
+    colours = {
+        "met": "color: #1a7f37; font-weight: bold",
+        "NOT MET": "color: #cf222e; font-weight: bold",
+        "not settled": "color: #57606a",
+    }
+    return (
+        shown.style.map(lambda v: colours.get(v, ""), subset=["met"])
+        .hide(axis="index")
+        .set_properties(**{"text-align": "left"})
+        .set_caption("The project's targets (data/problems/<name>/lab.json) beside our numbers")
+    )

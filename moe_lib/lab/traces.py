@@ -35,8 +35,16 @@ def few_tokens_traces(path=None) -> pd.DataFrame:
     for run in _read_json(path or tuning_index.run("few_tokens_traces").path)["runs"]:
         for result in run["results"]:
             steps = {point: result["timeline"][point][0] for point in run["points"]}
-            rows.append(dict(label=result["label"], num_tokens=result["T"], commit=run["commit"][:7], **steps,
-                             graph_us=result["graph_us"], stamps=result["stamps_median_run"]))  # fmt: skip
+            rows.append(
+                dict(
+                    label=result["label"],
+                    num_tokens=result["T"],
+                    commit=run["commit"][:7],
+                    **steps,
+                    graph_us=result["graph_us"],
+                    stamps=result["stamps_median_run"],
+                )
+            )
     return pd.DataFrame(rows)
 
 
@@ -65,13 +73,18 @@ def few_tokens_timeline_figure(traces: pd.DataFrame, labels: list[tuple]):
             for i, point in enumerate(points):
                 ax.broken_barh([(program[i], program[i + 1] - program[i])], (y, 0.9), color=TRACE_STRETCHES[point][1])
         ax.set(ylabel="program", ylim=(0, len(stamps)))
-        ax.set_title(f"{title[0] if title else label}, {tokens} token{'s' if tokens > 1 else ''} (commit {commit}): "
-                     f"{row.graph_us:.1f} µs by graph replay", fontsize=9, loc="left")  # fmt: skip
+        ax.set_title(
+            f"{title[0] if title else label}, {tokens} token{'s' if tokens > 1 else ''} (commit {commit}): "
+            f"{row.graph_us:.1f} µs by graph replay",
+            fontsize=9,
+            loc="left",
+        )
     handles = [patches.Patch(color=color, label=name) for name, color in TRACE_STRETCHES.values()]
     axes[0, 0].legend(handles=handles, fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     axes[-1, 0].set_xlabel("µs since the first program started")
     fig.tight_layout()
     return fig
+
 
 # what each kernel of a P1 fast-path call does, from its name (scripts/p1/p1_kernel_times.py), and its colour
 CALL_KERNEL_KINDS = (
@@ -132,10 +145,17 @@ def p1_call_kernels(path=None, labels: dict | None = None, *, defaults_only: boo
                 continue
             impl = labels[impl]
         for kernel in run["kernels"]:
-            rows.append(dict(num_tokens=run["T"], impl=impl,
-                             kind=call_kernel_kind(kernel["name"])[0], stream=kernel["stream"],
-                             start_us=kernel["start_us"], duration_us=kernel["duration_us"],
-                             span_us=run["span_us"]))  # fmt: skip
+            rows.append(
+                dict(
+                    num_tokens=run["T"],
+                    impl=impl,
+                    kind=call_kernel_kind(kernel["name"])[0],
+                    stream=kernel["stream"],
+                    start_us=kernel["start_us"],
+                    duration_us=kernel["duration_us"],
+                    span_us=run["span_us"],
+                )
+            )
     return pd.DataFrame(rows)
 
 
@@ -148,8 +168,11 @@ def call_timeline_figure(table: pd.DataFrame, title: str):
         rows, names = 0, []
         for impl, call in table[table.num_tokens == T].groupby("impl", sort=False):
             for kernel in call.sort_values("start_us").itertuples():
-                ax.broken_barh([(kernel.start_us, kernel.duration_us)], (rows, 0.8),
-                               color=CALL_KERNEL_COLORS.get(kernel.kind, "tab:grey"))  # fmt: skip
+                ax.broken_barh(
+                    [(kernel.start_us, kernel.duration_us)],
+                    (rows, 0.8),
+                    color=CALL_KERNEL_COLORS.get(kernel.kind, "tab:grey"),
+                )
                 rows += 1
             names.append((rows - len(call) / 2, f"{impl}\n{call.span_us.iloc[0]:.1f} µs"))
             ax.axhline(rows - 0.1, color="lightgrey", lw=0.8)
@@ -176,11 +199,17 @@ def program_trace_summary(rows: pd.DataFrame, sms: int = 132) -> pd.DataFrame:
     """Per token count, launch and tile kind: programs, first start, median start and last end, median and longest
     run, median wait, and how busy the ``sms`` SMs are over the launch's span (Σ runs / (span × SMs))."""
     table = rows.groupby(["T", "launch", "tiles"], sort=False).agg(
-        programs=("program", "size"), first_start=("start_us", "min"), median_start=("start_us", "median"),
-        last_end=("end_us", "max"), median_run=("run_us", "median"), longest_run=("run_us", "max"),
-        median_wait=("wait_us", "median"))  # fmt: skip
-    spans = rows.groupby(["T", "launch"]).agg(span_start=("start_us", "min"), span_end=("end_us", "max"),
-                                              busy=("run_us", "sum"))  # fmt: skip
+        programs=("program", "size"),
+        first_start=("start_us", "min"),
+        median_start=("start_us", "median"),
+        last_end=("end_us", "max"),
+        median_run=("run_us", "median"),
+        longest_run=("run_us", "max"),
+        median_wait=("wait_us", "median"),
+    )
+    spans = rows.groupby(["T", "launch"]).agg(
+        span_start=("start_us", "min"), span_end=("end_us", "max"), busy=("run_us", "sum")
+    )
     spans["sm_busy"] = spans.busy / ((spans.span_end - spans.span_start) * sms)
     return table.join(spans[["sm_busy"]], on=["T", "launch"]).round(2)
 
@@ -192,8 +221,14 @@ def program_timeline_figure(panels: dict):
     fig, axes = plt.subplots(len(panels), 1, figsize=(9, 3.2 * len(panels)), squeeze=False, sharex=True)
     for ax, (title, rows) in zip(axes[:, 0], panels.items(), strict=True):
         for tiles, part in rows.groupby("tiles"):
-            ax.hlines(part.sm + (part.launch == "launch 2") * 0.4, part.start_us, part.end_us,
-                      colors=TRACE_TILE_COLORS[tiles], label=tiles, linewidth=1.2)  # fmt: skip
+            ax.hlines(
+                part.sm + (part.launch == "launch 2") * 0.4,
+                part.start_us,
+                part.end_us,
+                colors=TRACE_TILE_COLORS[tiles],
+                label=tiles,
+                linewidth=1.2,
+            )
             waited = part[part.wait_us > 0.5]
             ax.hlines(waited.sm + 0.4, waited.start_us, waited.proceed_us, colors="lightgrey", linewidth=1.2)
         ax.axvline(rows.end_us.max(), color="black", lw=0.8, ls=":")
@@ -202,6 +237,7 @@ def program_timeline_figure(panels: dict):
     axes[0, 0].legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
     fig.tight_layout()
     return fig
+
 
 def pingpong_epilogue_table(num_tokens: int = 2447, paths=None):
     """Per traced pingpong config at ``num_tokens``: the median program's first main loop end and launch 1's end (µs
@@ -214,8 +250,8 @@ def pingpong_epilogue_table(num_tokens: int = 2447, paths=None):
     unnamed = index.options["config"]
     traces["config"] = traces["config"].fillna(unnamed) if "config" in traces else unnamed
     rows = traces[(traces["launch"] == "launch 1") & (traces["T"] == num_tokens)]
-    table = rows.groupby("config", sort=False).agg(main_loop_end_us=("proceed_us", "median"),
-                                                    launch_end_us=("end_us", "median"))  # fmt: skip
+    table = rows.groupby("config", sort=False).agg(
+        main_loop_end_us=("proceed_us", "median"), launch_end_us=("end_us", "median")
+    )
     table["epilogue_us"] = table["launch_end_us"] - table["main_loop_end_us"]
     return table
-

@@ -29,8 +29,18 @@ from .results import (
 )
 
 LAYER_MODES = ("forward", "forward_backward")
-LAYER_COLUMNS = ["problem", "dtype", "mode", "num_tokens", "impl", "median_ms", "peak_mem_gb", "timing", "status",
-                 "file"]  # fmt: skip
+LAYER_COLUMNS = [
+    "problem",
+    "dtype",
+    "mode",
+    "num_tokens",
+    "impl",
+    "median_ms",
+    "peak_mem_gb",
+    "timing",
+    "status",
+    "file",
+]
 LAYER_CSV_COLUMNS = ("impl", "num_tokens", "mode", "median_ms", "timing", "status")
 LAYER_IMPLS = ("reference", "grouped_mm", "liger", "sonicmoe", "triton", "triton_saved")
 LAYER_STYLE = {**IMPL_STYLE, "sonicmoe": ("tab:cyan", "h"), "triton_saved": ("tab:brown", "X")}
@@ -80,9 +90,13 @@ def load_layer_runs(results_dir=RESULTS_DIR, gpu_key: str = "H200", problem: str
     else:
         table = pd.DataFrame(columns=LAYER_COLUMNS)
     what = f"of {problem} " if problem else ""
-    table.attrs.update(runs={csv_path.name: meta for csv_path, meta in newest.values()},
-                       note="" if frames else f"No training-step run {what}(bench --mode forward or "
-                       f"forward_backward) is committed in {shown_path(folder)}.")  # fmt: skip
+    table.attrs.update(
+        runs={csv_path.name: meta for csv_path, meta in newest.values()},
+        note=""
+        if frames
+        else f"No training-step run {what}(bench --mode forward or "
+        f"forward_backward) is committed in {shown_path(folder)}.",
+    )
     return table
 
 
@@ -108,9 +122,12 @@ def layer_overview(layer: pd.DataFrame) -> list[str]:
 
     _one_problem(layer)
     problem = layer["problem"].iloc[0]
-    lines = [f"{mode.replace('_', ' + ')}: " + ", ".join(layer.loc[layer["mode"] == mode, "file"].unique())
-             if mode in set(layer["mode"]) else f"{mode.replace('_', ' + ')}: no run committed"
-             for mode in LAYER_MODES]  # fmt: skip
+    lines = [
+        f"{mode.replace('_', ' + ')}: " + ", ".join(layer.loc[layer["mode"] == mode, "file"].unique())
+        if mode in set(layer["mode"])
+        else f"{mode.replace('_', ' + ')}: no run committed"
+        for mode in LAYER_MODES
+    ]
     found = layer_impls(layer)
     lines.append("implementations in the runs: " + ", ".join(found))
     lines += [f"{impl} not timed: {status}" for impl, status in found.items() if status != "ok"]
@@ -125,8 +142,10 @@ def _one_problem(layer: pd.DataFrame) -> None:
     implementation of a mode comes from one file (a peer may have a run of its own, e.g. a tagged file)."""
     files_per_impl = layer.groupby(["mode", "impl"])["file"].nunique()
     if layer["problem"].nunique() > 1 or (files_per_impl > 1).any():
-        raise ValueError(f"layer: expected one problem's runs, each implementation of a mode from one file, got "
-                         f"{sorted(set(layer['file']))} (select one with load_layer_runs(problem=...))")  # fmt: skip
+        raise ValueError(
+            f"layer: expected one problem's runs, each implementation of a mode from one file, got "
+            f"{sorted(set(layer['file']))} (select one with load_layer_runs(problem=...))"
+        )
 
 
 def layer_table(layer: pd.DataFrame, column: str = "median_ms") -> pd.DataFrame:
@@ -136,8 +155,10 @@ def layer_table(layer: pd.DataFrame, column: str = "median_ms") -> pd.DataFrame:
     rows = layer.dropna(subset=[column])
     table = rows.pivot_table(index=["mode", "num_tokens"], columns="impl", values=column, aggfunc="first")
     modes = [mode for mode in LAYER_MODES if mode in table.index.get_level_values("mode")]
-    table = table.reindex(index=[(mode, t) for mode in modes for t in sorted(table.loc[mode].index)],
-                          columns=[impl for impl in layer_impls(layer) if impl in table.columns])  # fmt: skip
+    table = table.reindex(
+        index=[(mode, t) for mode in modes for t in sorted(table.loc[mode].index)],
+        columns=[impl for impl in layer_impls(layer) if impl in table.columns],
+    )
     table.index.names, table.columns.name = ["mode", "num_tokens"], None
     return table
 
@@ -149,9 +170,9 @@ def styled_layer(layer: pd.DataFrame):
     table = pd.concat({"median time": times, "peak memory (GB)": memory}, axis=1)
     formats = {column: (format_ms if column[0] == "median time" else "{:.2f}") for column in table.columns}
     files = ", ".join(dict.fromkeys(layer["file"]))
-    return (styled(table, formats, f"The layer's training step per mode and token count ({files})")
-            .highlight_min(subset=[c for c in table.columns if c[0] == "median time"], axis=1,
-                           props="font-weight: bold"))  # fmt: skip
+    return styled(table, formats, f"The layer's training step per mode and token count ({files})").highlight_min(
+        subset=[c for c in table.columns if c[0] == "median time"], axis=1, props="font-weight: bold"
+    )
 
 
 def saved_activations_table(layer: pd.DataFrame, recompute: str = "triton", saved: str = "triton_saved"):
@@ -160,8 +181,15 @@ def saved_activations_table(layer: pd.DataFrame, recompute: str = "triton", save
     times, the time saving keeping them buys, both peak memories, the extra memory measured, and the
     memory the kept g and u take, 2·T·K·I values of the run's dtype (K and I from the run's axes).
     Empty where no case has both."""
-    columns = ["recompute (ms)", "saved (ms)", "time saved (ms)", "recompute peak (GB)", "saved peak (GB)",
-               "extra memory (GB)", "2·T·K·I values (GB)"]  # fmt: skip
+    columns = [
+        "recompute (ms)",
+        "saved (ms)",
+        "time saved (ms)",
+        "recompute peak (GB)",
+        "saved peak (GB)",
+        "extra memory (GB)",
+        "2·T·K·I values (GB)",
+    ]
     rows = {}
     timed = layer[layer["impl"].isin([recompute, saved]) & (layer["status"] == "ok")]
     for (file, mode, tokens), group in timed.groupby(["file", "mode", "num_tokens"], sort=False):
@@ -172,9 +200,15 @@ def saved_activations_table(layer: pd.DataFrame, recompute: str = "triton", save
         sizes = problems.load(meta.get("problem") or by_impl["problem"].iloc[0]).sizes(tokens, **meta.get("axes", {}))
         itemsize = getattr(torch, by_impl["dtype"].iloc[0]).itemsize
         a, b = by_impl.loc[recompute], by_impl.loc[saved]
-        rows[(mode, tokens)] = [a["median_ms"], b["median_ms"], a["median_ms"] - b["median_ms"], a["peak_mem_gb"],
-                                b["peak_mem_gb"], b["peak_mem_gb"] - a["peak_mem_gb"],
-                                2 * tokens * sizes["top_k"] * sizes["intermediate_size"] * itemsize / 1e9]  # fmt: skip
+        rows[(mode, tokens)] = [
+            a["median_ms"],
+            b["median_ms"],
+            a["median_ms"] - b["median_ms"],
+            a["peak_mem_gb"],
+            b["peak_mem_gb"],
+            b["peak_mem_gb"] - a["peak_mem_gb"],
+            2 * tokens * sizes["top_k"] * sizes["intermediate_size"] * itemsize / 1e9,
+        ]
     table = pd.DataFrame.from_dict(rows, orient="index", columns=columns)
     table.index = pd.MultiIndex.from_tuples(table.index, names=["mode", "num_tokens"]) if rows else table.index
     return table
@@ -185,10 +219,12 @@ def saved_activations_reading(table: pd.DataFrame) -> list[str]:
     lines = []
     for (mode, tokens), row in table.iterrows():
         change = row["saved (ms)"] / row["recompute (ms)"] - 1
-        lines.append(f"{mode.replace('_', ' + ')}, T = {tokens}: keeping g and u takes the step from "
-                     f"{format_ms(row['recompute (ms)'])} to {format_ms(row['saved (ms)'])} ({change:+.0%}), "
-                     f"its peak memory {row['extra memory (GB)']:+.3f} GB; the kept g and u are "
-                     f"{row['2·T·K·I values (GB)']:.3f} GB")  # fmt: skip
+        lines.append(
+            f"{mode.replace('_', ' + ')}, T = {tokens}: keeping g and u takes the step from "
+            f"{format_ms(row['recompute (ms)'])} to {format_ms(row['saved (ms)'])} ({change:+.0%}), "
+            f"its peak memory {row['extra memory (GB)']:+.3f} GB; the kept g and u are "
+            f"{row['2·T·K·I values (GB)']:.3f} GB"
+        )
     return lines
 
 
@@ -203,12 +239,18 @@ def layer_figure(layer: pd.DataFrame):
     for row, mode in zip(axes, modes, strict=True):
         mine = layer[layer["mode"] == mode]
         tokens = sorted(mine["num_tokens"].unique())
-        for ax, column, label in zip(row, ("median_ms", "peak_mem_gb"), ("median time (ms)", "peak memory (GB)"),
-                                     strict=True):  # fmt: skip
+        for ax, column, label in zip(
+            row, ("median_ms", "peak_mem_gb"), ("median time (ms)", "peak memory (GB)"), strict=True
+        ):
             for i, impl in enumerate(impls):
                 values = mine[mine["impl"] == impl].set_index("num_tokens")[column].reindex(tokens)
-                bars = ax.bar([x + (i - (len(impls) - 1) / 2) * width for x in range(len(tokens))], values, width,
-                              color=LAYER_STYLE.get(impl, ("black", "x"))[0], label=impl)  # fmt: skip
+                bars = ax.bar(
+                    [x + (i - (len(impls) - 1) / 2) * width for x in range(len(tokens))],
+                    values,
+                    width,
+                    color=LAYER_STYLE.get(impl, ("black", "x"))[0],
+                    label=impl,
+                )
                 ax.bar_label(bars, fmt="%.1f" if column == "median_ms" else "%.2f", fontsize=7)
             ax.set_xticks(range(len(tokens)), [str(t) for t in tokens])
             ax.set(xlabel="tokens T", ylabel=label, title=f"{mode.replace('_', ' + ')}: {label.split(' (')[0]}")

@@ -112,8 +112,21 @@ class Run:
         return None
 
 
-_FIELDS = {"what", "files", "script", "notes", "labels", "labels_by_precision", "default", "default_by_run",
-           "candidate_bands", "others", "left_out_prefixes", "columns_first", "options"}  # fmt: skip
+_FIELDS = {
+    "what",
+    "files",
+    "script",
+    "notes",
+    "labels",
+    "labels_by_precision",
+    "default",
+    "default_by_run",
+    "candidate_bands",
+    "others",
+    "left_out_prefixes",
+    "columns_first",
+    "options",
+}
 
 
 def _run(key: str, entry: dict, source: Path) -> Run:
@@ -122,8 +135,9 @@ def _run(key: str, entry: dict, source: Path) -> Run:
         raise ValueError(f"{source}: run {key!r}: needs 'what' and 'files'; unknown fields {sorted(unknown)}")
     if entry.get("others", "left out") not in ("own name", "left out"):
         raise ValueError(f"{source}: run {key!r}: others is 'own name' or 'left out', not {entry['others']!r}")
-    tuples = {name: tuple(entry[name]) for name in ("files", "notes", "left_out_prefixes", "columns_first")
-              if name in entry}  # fmt: skip
+    tuples = {
+        name: tuple(entry[name]) for name in ("files", "notes", "left_out_prefixes", "columns_first") if name in entry
+    }
     return Run(key=key, **{**entry, **tuples})
 
 

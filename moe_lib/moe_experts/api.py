@@ -29,9 +29,18 @@ from .reference import moe_experts_backward_reference, moe_experts_forward_refer
 
 
 def moe_experts_backward(
-    grad_output, hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights,
-    *, impl: str = "auto", validate: bool = True, check_finite: bool = False,
-):  # fmt: skip
+    grad_output,
+    hidden_states,
+    topk_indices,
+    topk_weights,
+    gate_weights,
+    up_weights,
+    down_weights,
+    *,
+    impl: str = "auto",
+    validate: bool = True,
+    check_finite: bool = False,
+):
     """Backward of all routed SwiGLU experts of one MoE layer (P2), the forward recomputed inside.
 
     Shapes: grad_output, hidden_states [T, H]; topk_indices [T, K] int64/int32 (K distinct experts
@@ -55,10 +64,19 @@ def moe_experts_backward(
 
 @torch.library.custom_op("moe_lib::moe_experts_backward", mutates_args=())
 def _moe_experts_backward_op(
-    grad_output: Tensor, hidden_states: Tensor, topk_indices: Tensor, topk_weights: Tensor, gate_weights: Tensor,
-    up_weights: Tensor, down_weights: Tensor, impl: str, validate: bool, check_finite: bool,
-    gate_preactivations: Tensor | None, up_preactivations: Tensor | None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    grad_output: Tensor,
+    hidden_states: Tensor,
+    topk_indices: Tensor,
+    topk_weights: Tensor,
+    gate_weights: Tensor,
+    up_weights: Tensor,
+    down_weights: Tensor,
+    impl: str,
+    validate: bool,
+    check_finite: bool,
+    gate_preactivations: Tensor | None,
+    up_preactivations: Tensor | None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The op behind :func:`moe_experts_backward` (metadata checked by it): the value checks, then the reference or
     the Triton kernels. The pre-activations (g, u), saved by the layer's Triton forward, are read instead of
     recomputed (only the Triton path has them)."""
@@ -86,8 +104,9 @@ def _contiguous(tensors: tuple) -> tuple:
     return tuple(t.contiguous() for t in tensors)
 
 
-def moe_experts_forward(hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights,
-                        *, impl: str = "auto"):  # fmt: skip
+def moe_experts_forward(
+    hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights, *, impl: str = "auto"
+):
     """P2's forward y [T, H] (no validation: for the layers): the Triton kernels where ``impl``
     resolves to Triton (bf16×3 for g and u with fp32 inputs, bf16 products for Wd·a), the reference
     loop over experts otherwise."""
@@ -99,9 +118,19 @@ def moe_experts_forward(hidden_states, topk_indices, topk_weights, gate_weights,
     return moe_experts_forward_reference(*inputs)
 
 
-def moe_experts(hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights,
-                *, impl: str = "auto", validate: bool = True, check_finite: bool = False,
-                save_activations: bool = False):  # fmt: skip
+def moe_experts(
+    hidden_states,
+    topk_indices,
+    topk_weights,
+    gate_weights,
+    up_weights,
+    down_weights,
+    *,
+    impl: str = "auto",
+    validate: bool = True,
+    check_finite: bool = False,
+    save_activations: bool = False,
+):
     """y_t = Σ_k w_tk · Wd_e (silu(Wg_e x_t) ⊙ Wu_e x_t), e = topk_indices[t, k].
 
     Differentiable in hidden_states, topk_weights and the three expert weight tensors; the backward
@@ -125,29 +154,58 @@ def moe_experts(hidden_states, topk_indices, topk_weights, gate_weights, up_weig
     flag("save_activations", save_activations)
     float_tensor("hidden_states", hidden_states)  # named as itself, before it stands in for grad_output below
     check_moe_experts_backward(
-        hidden_states, hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights,
+        hidden_states,
+        hidden_states,
+        topk_indices,
+        topk_weights,
+        gate_weights,
+        up_weights,
+        down_weights,
         validate=False,
-    )  # fmt: skip
+    )
     resolve_impl(impl, hidden_states.device, hidden_states.dtype)  # impl="triton" where it cannot run: refused here
     return torch.ops.moe_lib.moe_experts(
-        hidden_states.contiguous(), topk_indices.contiguous(), topk_weights.contiguous(),
-        gate_weights, up_weights, down_weights, impl, validate, check_finite, save_activations,
-    )[0]  # fmt: skip
+        hidden_states.contiguous(),
+        topk_indices.contiguous(),
+        topk_weights.contiguous(),
+        gate_weights,
+        up_weights,
+        down_weights,
+        impl,
+        validate,
+        check_finite,
+        save_activations,
+    )[0]
 
 
 @torch.library.custom_op("moe_lib::moe_experts", mutates_args=())
 def _moe_experts_op(
-    hidden_states: Tensor, topk_indices: Tensor, topk_weights: Tensor, gate_weights: Tensor, up_weights: Tensor,
-    down_weights: Tensor, impl: str, validate: bool, check_finite: bool, save_activations: bool,
-) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    hidden_states: Tensor,
+    topk_indices: Tensor,
+    topk_weights: Tensor,
+    gate_weights: Tensor,
+    up_weights: Tensor,
+    down_weights: Tensor,
+    impl: str,
+    validate: bool,
+    check_finite: bool,
+    save_activations: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
     """The layer's forward: (y, g, u), the pre-activations g and u [T·K, I] where the Triton path keeps them
     (``save_activations``), else empty [0, I]."""
     inputs = (hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights)
     if validate:
         check_index_values(topk_indices, gate_weights.shape[0])
     if check_finite:
-        finite(dict(hidden_states=hidden_states, topk_weights=topk_weights, gate_weights=gate_weights,
-                    up_weights=up_weights, down_weights=down_weights))  # fmt: skip
+        finite(
+            dict(
+                hidden_states=hidden_states,
+                topk_weights=topk_weights,
+                gate_weights=gate_weights,
+                up_weights=up_weights,
+                down_weights=down_weights,
+            )
+        )
     if not _keeps_preactivations(impl, hidden_states, save_activations):
         none = hidden_states.new_empty(0, gate_weights.shape[1])
         return moe_experts_forward(*inputs, impl=impl), none, none.clone()
@@ -158,14 +216,27 @@ def _moe_experts_op(
 
 
 @_moe_experts_op.register_fake
-def _(hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights, impl, validate,
-      check_finite, save_activations):  # fmt: skip
+def _(
+    hidden_states,
+    topk_indices,
+    topk_weights,
+    gate_weights,
+    up_weights,
+    down_weights,
+    impl,
+    validate,
+    check_finite,
+    save_activations,
+):
     rows = 0
     if _keeps_preactivations(impl, hidden_states, save_activations):  # the kernels' buffers: at least one row
         rows = torch.sym_max(topk_indices.shape[0] * topk_indices.shape[1], 1)
     I = gate_weights.shape[1]
-    return hidden_states.new_empty(hidden_states.shape), hidden_states.new_empty(rows, I), \
-        hidden_states.new_empty(rows, I)  # fmt: skip
+    return (
+        hidden_states.new_empty(hidden_states.shape),
+        hidden_states.new_empty(rows, I),
+        hidden_states.new_empty(rows, I),
+    )
 
 
 def _keeps_preactivations(impl: str, hidden_states, save_activations: bool) -> bool:
@@ -174,19 +245,30 @@ def _keeps_preactivations(impl: str, hidden_states, save_activations: bool) -> b
 
 
 def _save_for_backward(ctx, inputs, output):
-    hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights, impl, _, check_finite, \
-        save_activations = inputs  # fmt: skip
-    ctx.save_for_backward(hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights,
-                          output[1], output[2])  # fmt: skip
+    (
+        hidden_states,
+        topk_indices,
+        topk_weights,
+        gate_weights,
+        up_weights,
+        down_weights,
+        impl,
+        _,
+        check_finite,
+        save_activations,
+    ) = inputs
+    ctx.save_for_backward(
+        hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights, output[1], output[2]
+    )
     ctx.impl, ctx.check_finite = impl, check_finite
     ctx.preactivations = _keeps_preactivations(impl, hidden_states, save_activations)
 
 
 def _backward(ctx, grad_output, _grad_gate_pre, _grad_up_pre):
-    hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights, gate_pre, up_pre = \
-        ctx.saved_tensors  # fmt: skip
-    args = (grad_output.contiguous(), hidden_states, topk_indices, topk_weights, gate_weights, up_weights,
-            down_weights)  # fmt: skip
+    hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights, gate_pre, up_pre = (
+        ctx.saved_tensors
+    )
+    args = (grad_output.contiguous(), hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights)
     on_triton = resolve_impl(ctx.impl, hidden_states.device, hidden_states.dtype) == "triton"
     if torch.is_grad_enabled() and not on_triton:
         # create_graph=True on the reference path: its PyTorch ops run where autograd sees them, so that the
@@ -197,14 +279,19 @@ def _backward(ctx, grad_output, _grad_gate_pre, _grad_up_pre):
     else:
         with torch.no_grad():  # the op is opaque to autograd: its gradients are constants to it
             grads = torch.ops.moe_lib.moe_experts_backward(
-                *args, ctx.impl, False, ctx.check_finite, gate_pre if ctx.preactivations else None,
+                *args,
+                ctx.impl,
+                False,
+                ctx.check_finite,
+                gate_pre if ctx.preactivations else None,
                 up_pre if ctx.preactivations else None,
-            )  # fmt: skip
+            )
     grad_x, grad_w, grad_gate, grad_up, grad_down = grads
     if on_triton:
         depends_on = (grad_output, hidden_states, topk_weights, gate_weights, up_weights, down_weights)
         grad_x, grad_w, grad_gate, grad_up, grad_down = not_differentiable_again(
-            (grad_x, grad_w, grad_gate, grad_up, grad_down), depends_on, DOUBLE_BACKWARD_REFUSED)
+            (grad_x, grad_w, grad_gate, grad_up, grad_down), depends_on, DOUBLE_BACKWARD_REFUSED
+        )
     return grad_x, None, grad_w, grad_gate, grad_up, grad_down, None, None, None, None
 
 

@@ -41,13 +41,25 @@ def check_routing_has_values(topk_indices) -> None:
 
 
 def check_moe_experts_backward(
-    grad_output, hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights,
-    *, validate: bool = True,
-) -> dict:  # fmt: skip
+    grad_output,
+    hidden_states,
+    topk_indices,
+    topk_weights,
+    gate_weights,
+    up_weights,
+    down_weights,
+    *,
+    validate: bool = True,
+) -> dict:
     """Checks P2's inputs (:data:`BACKWARD_ARGUMENTS`); returns the sizes dict(num_tokens, hidden_size,
     intermediate_size, num_experts, top_k)."""
-    values = dict(zip(INPUT_NAMES, (grad_output, hidden_states, topk_indices, topk_weights, gate_weights, up_weights,
-                                    down_weights), strict=True))  # fmt: skip
+    values = dict(
+        zip(
+            INPUT_NAMES,
+            (grad_output, hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights),
+            strict=True,
+        )
+    )
     sizes = check_arguments(BACKWARD_ARGUMENTS, values, SIZES_FROM)
     check_routing_has_values(topk_indices)
     T, H, I, E, K = (sizes[axis] for axis in ("num_tokens", "hidden_size", "intermediate_size", "num_experts", "top_k"))

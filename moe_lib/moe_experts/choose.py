@@ -28,16 +28,33 @@ class Choice:
     slot_projection_forward: SlotProjectionDesign  # kernel D in the forward: Wd aw
 
 
-def choose(num_slots: int, num_experts: int, hidden_size: int, intermediate_size: int, dtype: torch.dtype,
-           target: Target, *, config: LaunchConfig | None = None, weights_aligned: bool = True) -> Choice:  # fmt: skip
+def choose(
+    num_slots: int,
+    num_experts: int,
+    hidden_size: int,
+    intermediate_size: int,
+    dtype: torch.dtype,
+    target: Target,
+    *,
+    config: LaunchConfig | None = None,
+    weights_aligned: bool = True,
+) -> Choice:
     """The choice for T·K = ``num_slots`` slots over ``num_experts`` experts; ``config`` overrides the tiles
     (a config without a TMA-fed form's tiles asks for the pointer-based design)."""
     config = config or launch_config(num_slots, num_experts, input_bytes=dtype.itemsize, interpreter=target.interpreter)
     shape = (hidden_size, intermediate_size, dtype, target)
-    return Choice(config, _design(WEIGHT_GRAD, config.tma_weight_grad, *shape),
-                  _design(SLOT_PROJECTION, config.tma_slot_projection, *shape, weights_aligned=weights_aligned),
-                  _design(SLOT_PROJECTION, config.tma_slot_projection, *shape, transposed_weights=False,
-                          weights_aligned=weights_aligned))  # fmt: skip
+    return Choice(
+        config,
+        _design(WEIGHT_GRAD, config.tma_weight_grad, *shape),
+        _design(SLOT_PROJECTION, config.tma_slot_projection, *shape, weights_aligned=weights_aligned),
+        _design(
+            SLOT_PROJECTION,
+            config.tma_slot_projection,
+            *shape,
+            transposed_weights=False,
+            weights_aligned=weights_aligned,
+        ),
+    )
 
 
 def _design(designs: dict, tma_config, *args, **kwargs):
@@ -65,15 +82,44 @@ def launch_config(num_slots: int, num_experts: int, *, input_bytes: int = 4, int
     # busy experts: 128-row blocks (notes/p2/busy-experts.md); not in fp32, whose W tiles and A, D would not fit
     if mean_rows >= 512 and input_bytes == 2:
         row_split = min(max(1, math.ceil(likely_max_rows / 128)), 8)
-        return LaunchConfig(128, 64, block_h, (128, 128, 128), (128, 256, 128), 32, 128, 64, 1024, row_split,
-                            stages_gu=2, stages_dn=2, tma_weight_grad=tma, tma_slot_projection=tma_d)  # fmt: skip
+        return LaunchConfig(
+            128,
+            64,
+            block_h,
+            (128, 128, 128),
+            (128, 256, 128),
+            32,
+            128,
+            64,
+            1024,
+            row_split,
+            stages_gu=2,
+            stages_dn=2,
+            tma_weight_grad=tma,
+            tma_slot_projection=tma_d,
+        )
     row_split = min(max(1, math.ceil(likely_max_rows / 64)), 8)
-    return LaunchConfig(64, 128, block_h, (128, 128, 64), (128, 256, 64), 32, 128, 64, 1024, row_split,
-                        stages_gu=2, stages_dn=2, tma_weight_grad=tma, tma_slot_projection=tma_d)  # fmt: skip
+    return LaunchConfig(
+        64,
+        128,
+        block_h,
+        (128, 128, 64),
+        (128, 256, 64),
+        32,
+        128,
+        64,
+        1024,
+        row_split,
+        stages_gu=2,
+        stages_dn=2,
+        tma_weight_grad=tma,
+        tma_slot_projection=tma_d,
+    )
 
 
-def choose_tma_weight_grad_config(num_slots: int, num_experts: int, input_bytes: int,
-                                  interpreter: bool) -> TmaWeightGradConfig:  # fmt: skip
+def choose_tma_weight_grad_config(
+    num_slots: int, num_experts: int, input_bytes: int, interpreter: bool
+) -> TmaWeightGradConfig:
     """Tiles of the TMA-fed kernel W (shared memory: at most 227 KB per SM, ``scripts/p2/p2_tma_compile_check.py``)."""
     if interpreter:
         return TmaWeightGradConfig((16, 16, 16), (16, 16, 16), 1, 1, 1, 1)
@@ -87,8 +133,9 @@ def choose_tma_weight_grad_config(num_slots: int, num_experts: int, input_bytes:
     return TmaWeightGradConfig((128, 128, 64), (128, 256, 64), 8, stages, 8, stages, expert_groups=groups)
 
 
-def choose_tma_slot_projection_config(num_slots: int, num_experts: int, input_bytes: int,
-                                      interpreter: bool) -> TmaSlotProjectionConfig:  # fmt: skip
+def choose_tma_slot_projection_config(
+    num_slots: int, num_experts: int, input_bytes: int, interpreter: bool
+) -> TmaSlotProjectionConfig:
     """Tiles of the TMA-fed kernel D (none spills or serialises its wgmma: ``scripts/p2/p2_tma_d_compile_check.py``)."""
     if interpreter:
         return TmaSlotProjectionConfig((16, 16, 16), 1, 2, (16, 16, 16), 1, 2)

@@ -13,8 +13,9 @@ from ..swiglu_down.inputs import normal
 ROUTINGS = ("uniform", "skewed", "hot")
 
 
-def route_tokens(num_tokens, num_experts, top_k, *, routing="uniform", device="cpu", generator=None,
-                 skew: float = 1.2) -> torch.Tensor:  # fmt: skip
+def route_tokens(
+    num_tokens, num_experts, top_k, *, routing="uniform", device="cpu", generator=None, skew: float = 1.2
+) -> torch.Tensor:
     """[num_tokens, top_k] int64 expert indices, K distinct experts per token.
 
     "uniform": a random permutation's first K (the benchmark's); "skewed": Gumbel-top-k over
@@ -37,8 +38,9 @@ def route_tokens(num_tokens, num_experts, top_k, *, routing="uniform", device="c
     return scores.argsort(dim=1, descending=True)[:, :top_k].contiguous()
 
 
-def make_inputs(sizes: dict, dtype: torch.dtype, device, generator: torch.Generator, *,
-                routing: str = "uniform") -> dict:  # fmt: skip
+def make_inputs(
+    sizes: dict, dtype: torch.dtype, device, generator: torch.Generator, *, routing: str = "uniform"
+) -> dict:
     """The seven inputs of ``moe_experts_backward`` for the axis values ``sizes``, in the definition's order.
 
     topk_weights are fp32 for bf16 inputs (as routers produce them), the input dtype otherwise.
@@ -58,6 +60,12 @@ def make_inputs(sizes: dict, dtype: torch.dtype, device, generator: torch.Genera
     gate_weights = normal((E, I, H), 0.02, dtype, device, generator)
     up_weights = normal((E, I, H), 0.02, dtype, device, generator)
     down_weights = normal((E, H, I), 0.02, dtype, device, generator)
-    return dict(grad_output=grad_output, hidden_states=hidden_states, topk_indices=topk_indices,
-                topk_weights=topk_weights, gate_weights=gate_weights, up_weights=up_weights,
-                down_weights=down_weights)  # fmt: skip
+    return dict(
+        grad_output=grad_output,
+        hidden_states=hidden_states,
+        topk_indices=topk_indices,
+        topk_weights=topk_weights,
+        gate_weights=gate_weights,
+        up_weights=up_weights,
+        down_weights=down_weights,
+    )

@@ -41,9 +41,17 @@ from .runtime import (
 )
 
 
-def launch_plan(num_tokens: int, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int,
-                config: LaunchConfig | Choice, *, num_programs: int | None = None,
-                weight_bytes: int = 2) -> dict[str, KernelLaunch]:  # fmt: skip
+def launch_plan(
+    num_tokens: int,
+    hidden_size: int,
+    intermediate_size: int,
+    num_experts: int,
+    top_k: int,
+    config: LaunchConfig | Choice,
+    *,
+    num_programs: int | None = None,
+    weight_bytes: int = 2,
+) -> dict[str, KernelLaunch]:
     """P2's backward under ``config``: kernels A, W (twice), D and C, by step, in launch order.
 
     ``config``: a call's :class:`~.choose.Choice`, or a :class:`LaunchConfig` whose designs the chooser picks for
@@ -60,16 +68,22 @@ def launch_plan(num_tokens: int, hidden_size: int, intermediate_size: int, num_e
     num_programs = num_programs or default_persistent_programs()
     plan = {}
     plan["A"] = KernelLaunch(
-        "A", {"experts": E, "I-tiles": cdiv(I, config.block_i), "row split": config.row_split},
+        "A",
+        {"experts": E, "I-tiles": cdiv(I, config.block_i), "row split": config.row_split},
         f"gᵀ, uᵀ, (Wdᵀdy)ᵀ on an I-tile of {config.block_i} (M side) for row blocks r, r+R, … of "
         f"{config.block_m} rows (N side), over H in steps of {config.block_h}; dSwiGLU and ⟨Wdᵀdy, a⟩ in the "
-        "epilogue", launched)  # fmt: skip
+        "epilogue",
+        launched,
+    )
     plan |= choice.weight_grad.plan(E, H, I, config, num_programs)
     plan["D"] = choice.slot_projection.plan(E, H, I, config, num_programs, launched)
     plan["C"] = KernelLaunch(
-        "C", {"tokens": T, "H-tiles": cdiv(H, config.block_h_sum)},
+        "C",
+        {"tokens": T, "H-tiles": cdiv(H, config.block_h_sum)},
         f"grad_hidden_states[t] = Σ_k dX_slot[t·K + k] on {config.block_h_sum} columns; grad_topk_weights "
-        "summed over the I-tiles' partials", launched)  # fmt: skip
+        "summed over the I-tiles' partials",
+        launched,
+    )
     return plan
 
 
@@ -77,9 +91,25 @@ def launch_plan(num_tokens: int, hidden_size: int, intermediate_size: int, num_e
 PREACT_COMPUTED, PREACT_STORED, PREACT_READ = 0, 1, 2
 
 
-def launch_swiglu_grad(config, plan, routing, x_halves, dy_halves, topk_weights, gate_weights, up_weights,
-                       down_weights, dgate, dup, scaled_act, topk_partial, *, forward_only: bool,
-                       preactivations=None, preact=PREACT_COMPUTED):  # fmt: skip
+def launch_swiglu_grad(
+    config,
+    plan,
+    routing,
+    x_halves,
+    dy_halves,
+    topk_weights,
+    gate_weights,
+    up_weights,
+    down_weights,
+    dgate,
+    dup,
+    scaled_act,
+    topk_partial,
+    *,
+    forward_only: bool,
+    preactivations=None,
+    preact=PREACT_COMPUTED,
+):
     """Kernel A over every (expert, I-tile, row split); ``forward_only`` stores aw alone (dy unused);
     ``preactivations`` (g, u), each [T·K, I] by sorted position, written (PREACT_STORED) or read
     instead of recomputed (PREACT_READ)."""
@@ -88,15 +118,37 @@ def launch_swiglu_grad(config, plan, routing, x_halves, dy_halves, topk_weights,
     num_slots, top_k = topk_weights.numel(), topk_weights.shape[1]
     gate_pre, up_pre = preactivations if preactivations is not None else (scaled_act, scaled_act)
     kernels.swiglu_grad_kernel[(plan["A"].programs,)](
-        *x_halves, *dy_halves, topk_weights, gate_weights, up_weights, down_weights,
-        routing.sorted_slot, routing.expert_offsets, dgate, dup, scaled_act, topk_partial, gate_pre, up_pre,
-        num_slots, top_k, H, I, plan["A"].grid["I-tiles"], config.row_split,
-        OPERAND_DTYPE=OPERAND_DTYPES[x_halves[0].dtype], SPLIT_PRECISION=gate_weights.dtype == torch.float32,
-        FORWARD_ONLY=forward_only, PREACT=preact,
+        *x_halves,
+        *dy_halves,
+        topk_weights,
+        gate_weights,
+        up_weights,
+        down_weights,
+        routing.sorted_slot,
+        routing.expert_offsets,
+        dgate,
+        dup,
+        scaled_act,
+        topk_partial,
+        gate_pre,
+        up_pre,
+        num_slots,
+        top_k,
+        H,
+        I,
+        plan["A"].grid["I-tiles"],
+        config.row_split,
+        OPERAND_DTYPE=OPERAND_DTYPES[x_halves[0].dtype],
+        SPLIT_PRECISION=gate_weights.dtype == torch.float32,
+        FORWARD_ONLY=forward_only,
+        PREACT=preact,
         INTERPRETER=interpreter_enabled(),
-        BLOCK_I=config.block_i, BLOCK_M=config.block_m, BLOCK_H=config.block_h,
-        num_warps=config.warps_a, num_stages=config.stages_a,
-    )  # fmt: skip
+        BLOCK_I=config.block_i,
+        BLOCK_M=config.block_m,
+        BLOCK_H=config.block_h,
+        num_warps=config.warps_a,
+        num_stages=config.stages_a,
+    )
 
 
 def launch_token_sum(config, plan, out_slot, topk_indices, num_experts, out, topk_partial=None, grad_topk=None):
@@ -106,15 +158,34 @@ def launch_token_sum(config, plan, out_slot, topk_indices, num_experts, out, top
     top_k = topk_indices.shape[1]
     with_topk = grad_topk is not None
     kernels.token_sum_kernel[tuple(plan["C"].grid.values())](
-        out_slot, topk_partial if with_topk else out_slot, topk_indices, out, grad_topk if with_topk else out,
-        T * top_k, top_k, num_experts, H, topk_partial.shape[0] if with_topk else 1,
-        WITH_TOPK=with_topk, INTERPRETER=interpreter_enabled(), BLOCK_H=config.block_h_sum,
-        BLOCK_K=max(1, 1 << (top_k - 1).bit_length()), num_warps=4,
-    )  # fmt: skip
+        out_slot,
+        topk_partial if with_topk else out_slot,
+        topk_indices,
+        out,
+        grad_topk if with_topk else out,
+        T * top_k,
+        top_k,
+        num_experts,
+        H,
+        topk_partial.shape[0] if with_topk else 1,
+        WITH_TOPK=with_topk,
+        INTERPRETER=interpreter_enabled(),
+        BLOCK_H=config.block_h_sum,
+        BLOCK_K=max(1, 1 << (top_k - 1).bit_length()),
+        num_warps=4,
+    )
 
 
-def allocation_bytes(hidden_states, topk_indices, topk_weights, gate_weights, choice: Choice,
-                     *, forward_only: bool = False, save_preactivations: bool = False) -> int:  # fmt: skip
+def allocation_bytes(
+    hidden_states,
+    topk_indices,
+    topk_weights,
+    gate_weights,
+    choice: Choice,
+    *,
+    forward_only: bool = False,
+    save_preactivations: bool = False,
+) -> int:
     """Bytes of the outputs and workspaces one call allocates (the table in this module's docstring; a
     forward that saves the pre-activations adds 2 · T·K · I in the hidden dtype)."""
     T, H = hidden_states.shape
@@ -129,19 +200,40 @@ def allocation_bytes(hidden_states, topk_indices, topk_weights, gate_weights, ch
         saved = 2 * slots * I * item if save_preactivations else 0
         return T * H * item + slots * I * workspace_item + slots * H * 4 + halves + routing + saved
     outputs = (T * H + 3 * E * I * H) * item + T * K * topk_weights.element_size()
-    workspaces = (3 * slots * I * workspace_item + cdiv(I, choice.config.block_i) * slots * 4 + slots * H * 4
-                  + 2 * halves + choice.weight_grad.workspace_bytes(slots, H, workspace_item))  # fmt: skip
+    workspaces = (
+        3 * slots * I * workspace_item
+        + cdiv(I, choice.config.block_i) * slots * 4
+        + slots * H * 4
+        + 2 * halves
+        + choice.weight_grad.workspace_bytes(slots, H, workspace_item)
+    )
     return outputs + workspaces + routing
 
 
-def check_memory(hidden_states, topk_indices, topk_weights, gate_weights, choice: Choice, *, forward_only=False,
-                 save_preactivations=False) -> None:  # fmt: skip
+def check_memory(
+    hidden_states,
+    topk_indices,
+    topk_weights,
+    gate_weights,
+    choice: Choice,
+    *,
+    forward_only=False,
+    save_preactivations=False,
+) -> None:
     """Refuses, before anything is allocated, a call whose outputs and workspaces exceed the device's memory."""
     T, K = topk_indices.shape
-    nbytes = allocation_bytes(hidden_states, topk_indices, topk_weights, gate_weights, choice,
-                              forward_only=forward_only, save_preactivations=save_preactivations)  # fmt: skip
-    fits_in_memory("num_tokens", nbytes, hidden_states.device,
-                   f"the outputs and workspaces of {T} tokens ({T * K} routed slots)")
+    nbytes = allocation_bytes(
+        hidden_states,
+        topk_indices,
+        topk_weights,
+        gate_weights,
+        choice,
+        forward_only=forward_only,
+        save_preactivations=save_preactivations,
+    )
+    fits_in_memory(
+        "num_tokens", nbytes, hidden_states.device, f"the outputs and workspaces of {T} tokens ({T * K} routed slots)"
+    )
 
 
 def check_weight_grads_out(weight_grads_out, gate_weights, down_weights) -> tuple:
@@ -151,12 +243,22 @@ def check_weight_grads_out(weight_grads_out, gate_weights, down_weights) -> tupl
     if not isinstance(weight_grads_out, (tuple, list)) or len(weight_grads_out) != 3:
         raise ValueError(f"weight_grads_out: expected three tensors (gate, up, down), got {type(weight_grads_out)}")
     for name, out, weights in zip(("gate", "up", "down"), weight_grads_out, expected, strict=True):
-        if not (isinstance(out, torch.Tensor) and out.shape == weights.shape and out.dtype == weights.dtype
-                and out.device == weights.device and out.is_contiguous()):  # fmt: skip
-            got = (f"{tuple(out.shape)} {out.dtype} on {out.device}, contiguous={out.is_contiguous()}"
-                   if isinstance(out, torch.Tensor) else type(out).__name__)  # fmt: skip
-            raise ValueError(f"weight_grads_out: the {name} gradient must be a contiguous {tuple(weights.shape)} "
-                             f"{weights.dtype} tensor on {weights.device}, got {got}")  # fmt: skip
+        if not (
+            isinstance(out, torch.Tensor)
+            and out.shape == weights.shape
+            and out.dtype == weights.dtype
+            and out.device == weights.device
+            and out.is_contiguous()
+        ):
+            got = (
+                f"{tuple(out.shape)} {out.dtype} on {out.device}, contiguous={out.is_contiguous()}"
+                if isinstance(out, torch.Tensor)
+                else type(out).__name__
+            )
+            raise ValueError(
+                f"weight_grads_out: the {name} gradient must be a contiguous {tuple(weights.shape)} "
+                f"{weights.dtype} tensor on {weights.device}, got {got}"
+            )
     return tuple(weight_grads_out)
 
 
@@ -167,14 +269,31 @@ def choose_for(hidden_states, topk_indices, gate_weights, up_weights, down_weigh
     T, H = hidden_states.shape
     E, I, _ = gate_weights.shape
     aligned = all(w.data_ptr() % 16 == 0 for w in (gate_weights, up_weights, down_weights))
-    return choose(T * topk_indices.shape[1], E, H, I, hidden_states.dtype, Target.of(hidden_states.device),
-                  config=config, weights_aligned=aligned)  # fmt: skip
+    return choose(
+        T * topk_indices.shape[1],
+        E,
+        H,
+        I,
+        hidden_states.dtype,
+        Target.of(hidden_states.device),
+        config=config,
+        weights_aligned=aligned,
+    )
 
 
 def moe_experts_backward_triton(
-    grad_output, hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights,
-    *, config: LaunchConfig | None = None, preactivations=None, weight_grads_out=None,
-):  # fmt: skip
+    grad_output,
+    hidden_states,
+    topk_indices,
+    topk_weights,
+    gate_weights,
+    up_weights,
+    down_weights,
+    *,
+    config: LaunchConfig | None = None,
+    preactivations=None,
+    weight_grads_out=None,
+):
     """P2 with the Triton kernels; inputs already validated and contiguous (see :mod:`.api`).
 
     Returns freshly allocated (grad_hidden_states [T, H], grad_topk_weights [T, K],
@@ -219,17 +338,52 @@ def moe_experts_backward_triton(
     dy_halves = operand_halves(grad_output, split_precision, workspace_dtype)
 
     if num_slots > 0:
-        launch_swiglu_grad(config, plan, routing, x_halves, dy_halves, topk_weights, gate_weights, up_weights,
-                           down_weights, dgate, dup, scaled_act, topk_partial, forward_only=False,
-                           preactivations=preactivations,
-                           preact=PREACT_COMPUTED if preactivations is None else PREACT_READ)  # fmt: skip
+        launch_swiglu_grad(
+            config,
+            plan,
+            routing,
+            x_halves,
+            dy_halves,
+            topk_weights,
+            gate_weights,
+            up_weights,
+            down_weights,
+            dgate,
+            dup,
+            scaled_act,
+            topk_partial,
+            forward_only=False,
+            preactivations=preactivations,
+            preact=PREACT_COMPUTED if preactivations is None else PREACT_READ,
+        )
     # kernel W runs also without slots: it writes the zeros of experts without rows
-    choice.weight_grad.run(config, routing, K, x_halves[0], dy_halves[0], dgate, dup, scaled_act, grad_gate, grad_up,
-                           grad_down, num_programs=programs)  # fmt: skip
+    choice.weight_grad.run(
+        config,
+        routing,
+        K,
+        x_halves[0],
+        dy_halves[0],
+        dgate,
+        dup,
+        scaled_act,
+        grad_gate,
+        grad_up,
+        grad_down,
+        num_programs=programs,
+    )
     if num_slots > 0:
         # dX_slot = Wg_eᵀ dg + Wu_eᵀ du: Wg[e][i, h] at i·H + h
-        choice.slot_projection.run(config, routing, gate_weights, up_weights, dgate, dup, dx_slot,
-                                   transposed_weights=True, num_programs=programs)  # fmt: skip
+        choice.slot_projection.run(
+            config,
+            routing,
+            gate_weights,
+            up_weights,
+            dgate,
+            dup,
+            dx_slot,
+            transposed_weights=True,
+            num_programs=programs,
+        )
         launch_token_sum(config, plan, dx_slot, topk_indices, E, grad_hidden, topk_partial, grad_topk)
     else:  # no slots at all (T = 0 or K = 0): nothing reaches grad_hidden_states
         grad_hidden.zero_()
@@ -237,9 +391,16 @@ def moe_experts_backward_triton(
 
 
 def moe_experts_forward_triton(
-    hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights,
-    *, config: LaunchConfig | None = None, save_preactivations: bool = False,
-):  # fmt: skip
+    hidden_states,
+    topk_indices,
+    topk_weights,
+    gate_weights,
+    up_weights,
+    down_weights,
+    *,
+    config: LaunchConfig | None = None,
+    save_preactivations: bool = False,
+):
     """The layer's forward y [T, H] (hidden dtype), y_t = Σ_k w_tk · Wd_e (silu(Wg_e x_t) ⊙ Wu_e x_t),
     with the backward's kernels: A without dy (aw = w·a only), D with Wd in place of Wgᵀ and Wuᵀ
     (y per slot), C without the routing-weight gradient. Same precision as the backward: fp32 inputs
@@ -255,10 +416,25 @@ def moe_experts_forward_triton(
     num_slots = T * K
     choice = choose_for(hidden_states, topk_indices, gate_weights, up_weights, down_weights, config)
     config, programs = choice.config, persistent_programs(device)
-    check_memory(hidden_states, topk_indices, topk_weights, gate_weights, choice, forward_only=True,
-                 save_preactivations=save_preactivations)  # fmt: skip
-    check_contiguous(dict(hidden_states=hidden_states, topk_indices=topk_indices, topk_weights=topk_weights,
-                          gate_weights=gate_weights, up_weights=up_weights, down_weights=down_weights))  # fmt: skip
+    check_memory(
+        hidden_states,
+        topk_indices,
+        topk_weights,
+        gate_weights,
+        choice,
+        forward_only=True,
+        save_preactivations=save_preactivations,
+    )
+    check_contiguous(
+        dict(
+            hidden_states=hidden_states,
+            topk_indices=topk_indices,
+            topk_weights=topk_weights,
+            gate_weights=gate_weights,
+            up_weights=up_weights,
+            down_weights=down_weights,
+        )
+    )
     allocate = runtime.allocate
     y = allocate((T, H), dtype=dtype, device=device)
     preactivations = None
@@ -274,12 +450,27 @@ def moe_experts_forward_triton(
     y_slot = allocate((num_slots, H), dtype=torch.float32, device=device)
     x_halves = operand_halves(hidden_states, dtype == torch.float32, workspace_dtype)
     # kernel A without dy: the dy, dg, du and top-k partial arguments are never touched
-    launch_swiglu_grad(config, plan, routing, x_halves, x_halves, topk_weights, gate_weights, up_weights,
-                       down_weights, scaled_act, scaled_act, scaled_act, y_slot, forward_only=True,
-                       preactivations=preactivations,
-                       preact=PREACT_STORED if save_preactivations else PREACT_COMPUTED)  # fmt: skip
+    launch_swiglu_grad(
+        config,
+        plan,
+        routing,
+        x_halves,
+        x_halves,
+        topk_weights,
+        gate_weights,
+        up_weights,
+        down_weights,
+        scaled_act,
+        scaled_act,
+        scaled_act,
+        y_slot,
+        forward_only=True,
+        preactivations=preactivations,
+        preact=PREACT_STORED if save_preactivations else PREACT_COMPUTED,
+    )
     # y_slot = Wd_e · aw: Wd[e][h, i] at h·I + i
-    choice.slot_projection_forward.run(config, routing, down_weights, None, scaled_act, None, y_slot,
-                                       transposed_weights=False, num_programs=programs)  # fmt: skip
+    choice.slot_projection_forward.run(
+        config, routing, down_weights, None, scaled_act, None, y_slot, transposed_weights=False, num_programs=programs
+    )
     launch_token_sum(config, plan, y_slot, topk_indices, E, y)
     return (y, preactivations) if save_preactivations else y

@@ -97,8 +97,19 @@ from .checks import PARALLEL_ARGUMENTS, PARALLEL_SIZES_FROM, check_routing_has_v
 
 STATUS_COLUMNS = ("local_experts", "index_out_of_range", "duplicate_expert")
 # the arguments exchange: one int64 row per rank, these fields, then the bytes of its error message
-ARGUMENT_FIELDS = ("error", "hidden_size", "intermediate_size", "top_k", "dtype", "topk_weights_dtype",
-                   "num_experts", "local_experts", "chunks", "rows", "message_bytes")  # fmt: skip
+ARGUMENT_FIELDS = (
+    "error",
+    "hidden_size",
+    "intermediate_size",
+    "top_k",
+    "dtype",
+    "topk_weights_dtype",
+    "num_experts",
+    "local_experts",
+    "chunks",
+    "rows",
+    "message_bytes",
+)
 MESSAGE_BYTES = 480
 # chunks=None: two chunks when the group's mean rows per rank (tokens · K) reach this, else one. Measured on two
 # H200s at P2's shape (notes/parallel/overlapped-exchange.md): two chunks 4-7% faster in bf16 from 8192
@@ -265,10 +276,20 @@ class _DispatchPlan:
 
 
 def moe_experts_parallel(
-    hidden_states, topk_indices, topk_weights, local_gate_weights, local_up_weights, local_down_weights,
-    *, group=None, impl: str = "auto", num_experts: int | None = None, stats: ExpertParallelStats | None = None,
-    check_finite: bool = False, chunks: int | None = None,
-):  # fmt: skip
+    hidden_states,
+    topk_indices,
+    topk_weights,
+    local_gate_weights,
+    local_up_weights,
+    local_down_weights,
+    *,
+    group=None,
+    impl: str = "auto",
+    num_experts: int | None = None,
+    stats: ExpertParallelStats | None = None,
+    check_finite: bool = False,
+    chunks: int | None = None,
+):
     """Expert-parallel ``moe_lib.moe_experts``: y_t = Σ_k w_tk · Wd_e(silu(Wg_e x_t) ⊙ Wu_e x_t).
 
     On every rank of ``group`` (default: the default group): hidden_states [T_r, H] (this rank's
@@ -305,8 +326,20 @@ def moe_experts_parallel(
     argument_error = ""
     read_values = not torch.compiler.is_compiling()  # else the op checks the values (check_finite) itself
     try:
-        _check_call(hidden_states, topk_indices, topk_weights, local_gate_weights, local_up_weights,
-                    local_down_weights, impl, num_experts, stats, check_finite, chunks, read_values=read_values)
+        _check_call(
+            hidden_states,
+            topk_indices,
+            topk_weights,
+            local_gate_weights,
+            local_up_weights,
+            local_down_weights,
+            impl,
+            num_experts,
+            stats,
+            check_finite,
+            chunks,
+            read_values=read_values,
+        )
     except (ValueError, TypeError) as exc:
         if not dist.is_initialized():  # no other rank to tell
             raise
@@ -314,17 +347,33 @@ def moe_experts_parallel(
         argument_error = f"{type(exc).__name__}:{exc}"
         hidden_states, topk_indices, topk_weights, local_gate_weights, local_up_weights, local_down_weights = (
             t if isinstance(t, torch.Tensor) else torch.empty(0)
-            for t in (hidden_states, topk_indices, topk_weights, local_gate_weights, local_up_weights,
-                      local_down_weights))  # fmt: skip
+            for t in (
+                hidden_states,
+                topk_indices,
+                topk_weights,
+                local_gate_weights,
+                local_up_weights,
+                local_down_weights,
+            )
+        )
         impl, num_experts, stats, check_finite, chunks = "reference", None, None, False, None
     if stats is not None and torch.compiler.is_compiling():
         raise TypeError("stats: ExpertParallelStats records host-side timings; leave it out under torch.compile")
     y, *_ = torch.ops.moe_lib.moe_experts_parallel(
-        hidden_states.contiguous(), topk_indices, topk_weights.contiguous(), local_gate_weights, local_up_weights,
-        local_down_weights, group.group_name, impl, num_experts, chunks, check_finite and not read_values,
+        hidden_states.contiguous(),
+        topk_indices,
+        topk_weights.contiguous(),
+        local_gate_weights,
+        local_up_weights,
+        local_down_weights,
+        group.group_name,
+        impl,
+        num_experts,
+        chunks,
+        check_finite and not read_values,
         _stats_key(stats),
         argument_error,
-    )  # fmt: skip
+    )
     return y
 
 
@@ -348,10 +397,20 @@ def _stats(key: int) -> ExpertParallelStats:
 
 @torch.library.custom_op("moe_lib::moe_experts_parallel", mutates_args=())
 def _moe_experts_parallel_op(
-    hidden_states: Tensor, topk_indices: Tensor, topk_weights: Tensor, gate: Tensor, up: Tensor, down: Tensor,
-    group_name: str, impl: str, num_experts: int | None, chunks: int | None, check_finite: bool, stats_key: int,
+    hidden_states: Tensor,
+    topk_indices: Tensor,
+    topk_weights: Tensor,
+    gate: Tensor,
+    up: Tensor,
+    down: Tensor,
+    group_name: str,
+    impl: str,
+    num_experts: int | None,
+    chunks: int | None,
+    check_finite: bool,
+    stats_key: int,
     argument_error: str,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The layer's forward on this rank (its arguments checked by :func:`moe_experts_parallel`, whose failure comes
     as ``argument_error``, "Kind:message"): the arguments exchange, the counts exchange, then dispatch, experts and
     combine. Returns (y [T, H], the received rows [R, H], their routing weights [R] and local experts [R], the
@@ -364,13 +423,21 @@ def _moe_experts_parallel_op(
     else:
         try:
             if check_finite:  # the one check that reads values
-                finite(dict(hidden_states=hidden_states, topk_weights=topk_weights, local_gate_weights=gate,
-                            local_up_weights=up, local_down_weights=down))  # fmt: skip
+                finite(
+                    dict(
+                        hidden_states=hidden_states,
+                        topk_weights=topk_weights,
+                        local_gate_weights=gate,
+                        local_up_weights=up,
+                        local_down_weights=down,
+                    )
+                )
             sizes = _check_inputs(hidden_states, topk_indices, topk_weights, gate, up, down)
         except (ValueError, TypeError) as exc:
             local_error = exc
-    num_experts, chunks = _agree_on_arguments(sizes, local_error, num_experts, hidden_states, topk_weights, chunks,
-                                              group)  # fmt: skip
+    num_experts, chunks = _agree_on_arguments(
+        sizes, local_error, num_experts, hidden_states, topk_weights, chunks, group
+    )
     stats = _stats(stats_key)
     plan = _plan_dispatch(topk_indices, num_experts, sizes["local_experts"], chunks, group, stats)
     stats.chunks = chunks
@@ -384,29 +451,51 @@ def _moe_experts_parallel_op(
 def _(hidden_states, topk_indices, topk_weights, gate, up, down, *arguments):
     received = torch.library.get_ctx().new_dynamic_size()  # rows from the other ranks: known after the exchange
     layout = torch.library.get_ctx().new_dynamic_size()
-    return (hidden_states.new_empty(hidden_states.shape), hidden_states.new_empty(received, hidden_states.shape[1]),
-            topk_weights.new_empty(received), topk_indices.new_empty(received, dtype=torch.int64),
-            topk_indices.new_empty(topk_indices.numel(), dtype=torch.int64),
-            torch.empty(layout, dtype=torch.int64, device="cpu"))  # fmt: skip
+    return (
+        hidden_states.new_empty(hidden_states.shape),
+        hidden_states.new_empty(received, hidden_states.shape[1]),
+        topk_weights.new_empty(received),
+        topk_indices.new_empty(received, dtype=torch.int64),
+        topk_indices.new_empty(topk_indices.numel(), dtype=torch.int64),
+        torch.empty(layout, dtype=torch.int64, device="cpu"),
+    )
 
 
 @torch.library.custom_op("moe_lib::moe_experts_parallel_backward", mutates_args=())
 def _moe_experts_parallel_backward_op(
-    grad_output: Tensor, received_x: Tensor, received_w: Tensor, received_local_expert: Tensor, sent_slots: Tensor,
-    layout: Tensor, gate: Tensor, up: Tensor, down: Tensor, top_k: int, group_name: str, impl: str, stats_key: int,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    grad_output: Tensor,
+    received_x: Tensor,
+    received_w: Tensor,
+    received_local_expert: Tensor,
+    sent_slots: Tensor,
+    layout: Tensor,
+    gate: Tensor,
+    up: Tensor,
+    down: Tensor,
+    top_k: int,
+    group_name: str,
+    impl: str,
+    stats_key: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The layer's backward on this rank: the plan rebuilt from the forward's outputs (no exchange, no host sync),
     then the adjoint exchanges around the local experts' backward."""
-    plan = _plan_from_layout(layout, sent_slots, received_local_expert, grad_output.shape[0], top_k,
-                             _resolve_process_group(group_name))  # fmt: skip
+    plan = _plan_from_layout(
+        layout, sent_slots, received_local_expert, grad_output.shape[0], top_k, _resolve_process_group(group_name)
+    )
     return _parallel_backward(grad_output, received_x, received_w, gate, up, down, plan, impl, _stats(stats_key))
 
 
 @_moe_experts_parallel_backward_op.register_fake
-def _(grad_output, received_x, received_w, received_local_expert, sent_slots, layout, gate, up, down, top_k,
-      *arguments):  # fmt: skip
-    return (grad_output.new_empty(grad_output.shape), received_w.new_empty(grad_output.shape[0], top_k),
-            gate.new_empty(gate.shape), up.new_empty(up.shape), down.new_empty(down.shape))  # fmt: skip
+def _(
+    grad_output, received_x, received_w, received_local_expert, sent_slots, layout, gate, up, down, top_k, *arguments
+):
+    return (
+        grad_output.new_empty(grad_output.shape),
+        received_w.new_empty(grad_output.shape[0], top_k),
+        gate.new_empty(gate.shape),
+        up.new_empty(up.shape),
+        down.new_empty(down.shape),
+    )
 
 
 def _save_for_backward(ctx, inputs, output):
@@ -419,9 +508,20 @@ def _save_for_backward(ctx, inputs, output):
 def _backward(ctx, grad_output, *_grads_of_the_saved):
     gate, up, down, received_x, received_w, received_local_expert, sent_slots, layout = ctx.saved_tensors
     grad_x, grad_w, grad_gate, grad_up, grad_down = torch.ops.moe_lib.moe_experts_parallel_backward(
-        grad_output.contiguous(), received_x, received_w, received_local_expert, sent_slots, layout, gate, up,
-        down, ctx.top_k, ctx.group_name, ctx.impl, ctx.stats_key,
-    )  # fmt: skip
+        grad_output.contiguous(),
+        received_x,
+        received_w,
+        received_local_expert,
+        sent_slots,
+        layout,
+        gate,
+        up,
+        down,
+        ctx.top_k,
+        ctx.group_name,
+        ctx.impl,
+        ctx.stats_key,
+    )
     return grad_x, None, grad_w, grad_gate, grad_up, grad_down, *([None] * 7)
 
 
@@ -439,8 +539,21 @@ def expert_chunks(local_experts: int, chunks: int) -> list[range]:
     return [range(start, stop) for start, stop in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
-def _check_call(hidden_states, topk_indices, topk_weights, gate, up, down, impl, num_experts, stats,
-                check_finite, chunks, *, read_values: bool = True) -> dict:  # fmt: skip
+def _check_call(
+    hidden_states,
+    topk_indices,
+    topk_weights,
+    gate,
+    up,
+    down,
+    impl,
+    num_experts,
+    stats,
+    check_finite,
+    chunks,
+    *,
+    read_values: bool = True,
+) -> dict:
     """This rank's argument checks (values read only with ``check_finite`` and ``read_values``); returns the
     sizes."""
     check_impl(impl)
@@ -457,15 +570,28 @@ def _check_call(hidden_states, topk_indices, topk_weights, gate, up, down, impl,
     if stats is not None and not isinstance(stats, ExpertParallelStats):
         raise TypeError(f"stats: expected an ExpertParallelStats or None, got {type(stats).__name__}")
     if check_finite and read_values:
-        finite(dict(hidden_states=hidden_states, topk_weights=topk_weights, local_gate_weights=gate,
-                    local_up_weights=up, local_down_weights=down))  # fmt: skip
+        finite(
+            dict(
+                hidden_states=hidden_states,
+                topk_weights=topk_weights,
+                local_gate_weights=gate,
+                local_up_weights=up,
+                local_down_weights=down,
+            )
+        )
     return sizes
 
 
 def _check_inputs(hidden_states, topk_indices, topk_weights, gate, up, down) -> dict:
     """Shape, dtype and device checks of :data:`.checks.PARALLEL_ARGUMENTS` (metadata only); returns the sizes."""
-    values = dict(hidden_states=hidden_states, topk_indices=topk_indices, topk_weights=topk_weights,
-                  local_gate_weights=gate, local_up_weights=up, local_down_weights=down)  # fmt: skip
+    values = dict(
+        hidden_states=hidden_states,
+        topk_indices=topk_indices,
+        topk_weights=topk_weights,
+        local_gate_weights=gate,
+        local_up_weights=up,
+        local_down_weights=down,
+    )
     sizes = check_arguments(PARALLEL_ARGUMENTS, values, PARALLEL_SIZES_FROM)
     check_routing_has_values(topk_indices)
     return sizes
@@ -485,24 +611,38 @@ def _argument_row(sizes, local_error, num_experts, hidden_states, topk_weights, 
         kind = ERROR_KINDS.index(TypeError if isinstance(local_error, TypeError) else ValueError)
         row = [kind] + [-1] * (len(ARGUMENT_FIELDS) - 2) + [len(message)]
         return row + list(message) + [0] * (MESSAGE_BYTES - len(message))
-    dtype_codes = [EXCHANGED_DTYPES.index(t.dtype) if t.dtype in EXCHANGED_DTYPES else -1
-                   for t in (hidden_states, topk_weights)]  # fmt: skip
-    row = [0, sizes["hidden_size"], sizes["intermediate_size"], sizes["top_k"], *dtype_codes,
-           -1 if num_experts is None else num_experts, sizes["local_experts"], 0 if chunks is None else chunks,
-           sizes["num_tokens"] * sizes["top_k"], 0]  # fmt: skip
+    dtype_codes = [
+        EXCHANGED_DTYPES.index(t.dtype) if t.dtype in EXCHANGED_DTYPES else -1 for t in (hidden_states, topk_weights)
+    ]
+    row = [
+        0,
+        sizes["hidden_size"],
+        sizes["intermediate_size"],
+        sizes["top_k"],
+        *dtype_codes,
+        -1 if num_experts is None else num_experts,
+        sizes["local_experts"],
+        0 if chunks is None else chunks,
+        sizes["num_tokens"] * sizes["top_k"],
+        0,
+    ]
     return row + [0] * MESSAGE_BYTES
 
 
-def _agree_on_arguments(sizes, local_error, num_experts, hidden_states, topk_weights, chunks, group
-                        ) -> tuple[int, int]:  # fmt: skip
+def _agree_on_arguments(sizes, local_error, num_experts, hidden_states, topk_weights, chunks, group) -> tuple[int, int]:
     """Exchanges every rank's argument checks and sizes (an all_gather and one host sync) and raises the same
     error on every rank when any rank's checks failed or the ranks disagree; returns (num_experts, chunks)."""
-    row = torch.tensor(_argument_row(sizes, local_error, num_experts, hidden_states, topk_weights, chunks),
-                       dtype=torch.int64, device=_exchange_device(group))  # fmt: skip
+    row = torch.tensor(
+        _argument_row(sizes, local_error, num_experts, hidden_states, topk_weights, chunks),
+        dtype=torch.int64,
+        device=_exchange_device(group),
+    )
     gathered = [torch.empty_like(row) for _ in range(dist.get_world_size(group))]
     dist.all_gather(gathered, row, group=group)
-    table = [dict(zip(ARGUMENT_FIELDS, values, strict=False)) | {"message": values[len(ARGUMENT_FIELDS):]}
-             for values in torch.stack(gathered).tolist()]  # fmt: skip
+    table = [
+        dict(zip(ARGUMENT_FIELDS, values, strict=False)) | {"message": values[len(ARGUMENT_FIELDS) :]}
+        for values in torch.stack(gathered).tolist()
+    ]
     failed = [r for r, entry in enumerate(table) if entry["error"]]
     if failed:
         first = table[failed[0]]
@@ -510,9 +650,11 @@ def _agree_on_arguments(sizes, local_error, num_experts, hidden_states, topk_wei
         others = f"; rank(s) {failed[1:]} failed their argument checks too" if len(failed) > 1 else ""
         raise ERROR_KINDS[first["error"]](f"{message} (on rank {failed[0]}{others})") from local_error
     for field_name, argument, error in (
-        ("hidden_size", "hidden_states", ValueError), ("dtype", "hidden_states", TypeError),
-        ("topk_weights_dtype", "topk_weights", TypeError), ("intermediate_size", "local_gate_weights", ValueError),
-    ):  # fmt: skip
+        ("hidden_size", "hidden_states", ValueError),
+        ("dtype", "hidden_states", TypeError),
+        ("topk_weights_dtype", "topk_weights", TypeError),
+        ("intermediate_size", "local_gate_weights", ValueError),
+    ):
         by_rank = [entry[field_name] for entry in table]
         if len(set(by_rank)) > 1:
             if "dtype" in field_name:
@@ -563,8 +705,9 @@ def _plan_dispatch(topk_indices, num_experts, local_experts, chunks, group, stat
     counts = torch.zeros(world_size * max_local, dtype=torch.int64, device=device)
     counts = counts.scatter_add_(0, position, torch.ones_like(position)).view(world_size, max_local)
 
-    status = torch.stack([torch.full((), local_experts, dtype=torch.int64, device=device),
-                          out_of_range.long(), duplicate.long()])  # fmt: skip
+    status = torch.stack(
+        [torch.full((), local_experts, dtype=torch.int64, device=device), out_of_range.long(), duplicate.long()]
+    )
     message = torch.cat([status.expand(world_size, len(STATUS_COLUMNS)), counts], dim=1)
     received = torch.empty_like(message)
     with stats.phase("counts_exchange"):
@@ -573,67 +716,116 @@ def _plan_dispatch(topk_indices, num_experts, local_experts, chunks, group, stat
     _raise_for_status([row[: len(STATUS_COLUMNS)] for row in received_table], partition, topk_indices.dtype)
 
     ranges = _chunk_ranges(sent_table, partition, chunks)
-    sent_slots = send_slot if chunks == 1 else send_slot[torch.cat(
-        [torch.arange(a, b, device=device) for chunk in ranges for a, b in chunk])]  # fmt: skip
+    sent_slots = (
+        send_slot
+        if chunks == 1
+        else send_slot[torch.cat([torch.arange(a, b, device=device) for chunk in ranges for a, b in chunk])]
+    )
     local_expert = []  # received row j's local expert, chunk by chunk: from each source rank, by expert
     for groups in zip(*(expert_chunks(len(block), chunks) for block in partition), strict=True):
         mine = groups[rank]
         counts_by_source = received[:, len(STATUS_COLUMNS) + mine.start : len(STATUS_COLUMNS) + mine.stop]
-        local_expert.append(torch.repeat_interleave(
-            torch.arange(len(mine), device=device).repeat(world_size), counts_by_source.reshape(-1),
-            output_size=sum(row[len(STATUS_COLUMNS) + j] for row in received_table for j in mine),
-        ))  # fmt: skip
-    return _build_plan(group, num_experts, chunks, num_tokens, top_k, (sent_table, received_table), sent_slots,
-                       torch.cat(local_expert))  # fmt: skip
+        local_expert.append(
+            torch.repeat_interleave(
+                torch.arange(len(mine), device=device).repeat(world_size),
+                counts_by_source.reshape(-1),
+                output_size=sum(row[len(STATUS_COLUMNS) + j] for row in received_table for j in mine),
+            )
+        )
+    return _build_plan(
+        group, num_experts, chunks, num_tokens, top_k, (sent_table, received_table), sent_slots, torch.cat(local_expert)
+    )
 
 
 def _chunk_ranges(sent_table: list[list[int]], partition: list[range], chunks: int) -> list[list[tuple[int, int]]]:
     """[c][s]: chunk c's rows to rank s, a range of this rank's rows ordered by (destination rank, its local
     expert)."""
-    sent_counts = [row[len(STATUS_COLUMNS):] for row in sent_table]  # [s][j]: rows to rank s's local expert j
+    sent_counts = [row[len(STATUS_COLUMNS) :] for row in sent_table]  # [s][j]: rows to rank s's local expert j
     rank_start = [sum(map(sum, sent_counts[:s])) for s in range(len(partition))]
     groups_by_rank = [expert_chunks(len(block), chunks) for block in partition]
-    return [[(rank_start[s] + sum(sent_counts[s][: groups_by_rank[s][c].start]),
-              rank_start[s] + sum(sent_counts[s][: groups_by_rank[s][c].stop])) for s in range(len(partition))]
-            for c in range(chunks)]  # fmt: skip
+    return [
+        [
+            (
+                rank_start[s] + sum(sent_counts[s][: groups_by_rank[s][c].start]),
+                rank_start[s] + sum(sent_counts[s][: groups_by_rank[s][c].stop]),
+            )
+            for s in range(len(partition))
+        ]
+        for c in range(chunks)
+    ]
 
 
-def _build_plan(group, num_experts: int, chunks: int, num_tokens: int, top_k: int, tables: tuple,
-                sent_slots: torch.Tensor, received_local_expert: torch.Tensor) -> _DispatchPlan:  # fmt: skip
+def _build_plan(
+    group,
+    num_experts: int,
+    chunks: int,
+    num_tokens: int,
+    top_k: int,
+    tables: tuple,
+    sent_slots: torch.Tensor,
+    received_local_expert: torch.Tensor,
+) -> _DispatchPlan:
     """Both sides of each chunk's exchange from the counts exchange's ``tables`` (as sent, as received) and the
     device-side orders: ``sent_slots`` (every chunk's send rows) and ``received_local_expert`` (every chunk's
     received rows' expert)."""
     world_size, rank = dist.get_world_size(group), dist.get_rank(group)
     partition = expert_partition(num_experts, world_size)
     sent_table, received_table = tables
-    received_counts = [row[len(STATUS_COLUMNS):] for row in received_table]  # [s][j]: rows from rank s
+    received_counts = [row[len(STATUS_COLUMNS) :] for row in received_table]  # [s][j]: rows from rank s
     plans, sent_start, received_start = [], 0, 0
     for c, ranges in enumerate(_chunk_ranges(sent_table, partition, chunks)):
         mine = expert_chunks(len(partition[rank]), chunks)[c]
         rows_by_source = [received_counts[s][mine.start : mine.stop] for s in range(world_size)]
         send_splits, receive_splits = [b - a for a, b in ranges], [sum(row) for row in rows_by_source]
         local_expert = received_local_expert[received_start : received_start + sum(receive_splits)]
-        plans.append(_ChunkPlan(
-            send_slot=sent_slots[sent_start : sent_start + sum(send_splits)], send_splits=send_splits, experts=mine,
-            receive_splits=receive_splits, received_local_expert=local_expert,
-            expert_order=torch.argsort(local_expert, stable=True),
-            expert_row_counts=[sum(column) for column in zip(*rows_by_source, strict=True)] if len(mine) else [],
-        ))  # fmt: skip
+        plans.append(
+            _ChunkPlan(
+                send_slot=sent_slots[sent_start : sent_start + sum(send_splits)],
+                send_splits=send_splits,
+                experts=mine,
+                receive_splits=receive_splits,
+                received_local_expert=local_expert,
+                expert_order=torch.argsort(local_expert, stable=True),
+                expert_row_counts=[sum(column) for column in zip(*rows_by_source, strict=True)] if len(mine) else [],
+            )
+        )
         sent_start, received_start = sent_start + sum(send_splits), received_start + sum(receive_splits)
     row_of_slot = torch.empty_like(sent_slots)
     row_of_slot[sent_slots] = torch.arange(len(sent_slots), device=sent_slots.device)
-    return _DispatchPlan(group=group, num_tokens=num_tokens, top_k=top_k, chunks=plans, row_of_slot=row_of_slot,
-                         num_experts=num_experts, tables=tables, sent_slots=sent_slots,
-                         received_local_expert=received_local_expert)  # fmt: skip
+    return _DispatchPlan(
+        group=group,
+        num_tokens=num_tokens,
+        top_k=top_k,
+        chunks=plans,
+        row_of_slot=row_of_slot,
+        num_experts=num_experts,
+        tables=tables,
+        sent_slots=sent_slots,
+        received_local_expert=received_local_expert,
+    )
 
 
-def _plan_from_layout(layout: torch.Tensor, sent_slots: torch.Tensor, received_local_expert: torch.Tensor,
-                      num_tokens: int, top_k: int, group) -> _DispatchPlan:  # fmt: skip
+def _plan_from_layout(
+    layout: torch.Tensor,
+    sent_slots: torch.Tensor,
+    received_local_expert: torch.Tensor,
+    num_tokens: int,
+    top_k: int,
+    group,
+) -> _DispatchPlan:
     """The forward's plan again, from its :meth:`_DispatchPlan.layout` and device-side orders."""
     num_experts, chunks, world_size, width, *flat = layout.tolist()
     rows = [flat[i * width : (i + 1) * width] for i in range(2 * world_size)]
-    return _build_plan(group, num_experts, chunks, num_tokens, top_k, (rows[:world_size], rows[world_size:]),
-                       sent_slots, received_local_expert)  # fmt: skip
+    return _build_plan(
+        group,
+        num_experts,
+        chunks,
+        num_tokens,
+        top_k,
+        (rows[:world_size], rows[world_size:]),
+        sent_slots,
+        received_local_expert,
+    )
 
 
 def _raise_for_status(status_by_rank: list[list[int]], partition: list[range], index_dtype) -> None:
@@ -664,8 +856,7 @@ def _start_all_to_all(rows: torch.Tensor, output_splits: list[int], input_splits
     where given, a contiguous tensor of that shape; and the collective's work: ``.wait()`` before reading the
     buffer)."""
     received = rows.new_empty((sum(output_splits), *rows.shape[1:])) if out is None else out
-    work = dist.all_to_all_single(received, rows.contiguous(), output_splits, input_splits, group=group,
-                                  async_op=True)  # fmt: skip
+    work = dist.all_to_all_single(received, rows.contiguous(), output_splits, input_splits, group=group, async_op=True)
     return received, work
 
 
@@ -723,13 +914,15 @@ def _expert_forward(received_x, received_w, chunk: _ChunkPlan, gate, up, down, i
     this rank received (one slot per row)."""
     use_triton = resolve_impl(impl, received_x.device, received_x.dtype) == "triton"
     if received_x.shape[0] > 0 and use_triton:  # the single-device layer's kernels
-        return moe_experts_forward(received_x, chunk.received_local_expert[:, None], received_w[:, None], gate, up,
-                                   down, impl=impl)  # fmt: skip
+        return moe_experts_forward(
+            received_x, chunk.received_local_expert[:, None], received_w[:, None], gate, up, down, impl=impl
+        )
     return _local_experts_forward(received_x, received_w, chunk, gate, up, down)
 
 
-def _expert_backward(received_dy, received_x, received_w, chunk: _ChunkPlan, gate, up, down, impl,
-                     weight_grads_out=None) -> tuple:  # fmt: skip
+def _expert_backward(
+    received_dy, received_x, received_w, chunk: _ChunkPlan, gate, up, down, impl, weight_grads_out=None
+) -> tuple:
     """(dx rows, routing-weight gradient rows, dWg, dWu, dWd) of the chunk's experts (``gate``, ``up``, ``down``:
     their weights) for the rows this rank received; the weight gradients written into ``weight_grads_out``
     (views of every local expert's gradients) when given."""
@@ -741,7 +934,8 @@ def _expert_backward(received_dy, received_x, received_w, chunk: _ChunkPlan, gat
         from .launch import moe_experts_backward_triton  # imports triton: only on this path
 
         grad_x_rows, grad_w_rows, *weight_grads = moe_experts_backward_triton(
-            *arguments, weight_grads_out=weight_grads_out)
+            *arguments, weight_grads_out=weight_grads_out
+        )
     else:
         grad_x_rows, grad_w_rows, *weight_grads = moe_experts_backward(*arguments, impl=impl, validate=False)
         if weight_grads_out is not None:
@@ -770,8 +964,10 @@ def _parallel_forward(hidden_states, topk_weights, gate, up, down, plan: _Dispat
         stats.mark("dispatch issued")
         send_x = hidden_states[chunk.send_slot // plan.top_k]
         send_w = topk_weights.reshape(-1)[chunk.send_slot]
-        return [_start_all_to_all(rows, chunk.receive_splits, chunk.send_splits, group, out=out)
-                for rows, out in ((send_x, x_by_chunk[i]), (send_w, w_by_chunk[i]))]  # fmt: skip
+        return [
+            _start_all_to_all(rows, chunk.receive_splits, chunk.send_splits, group, out=out)
+            for rows, out in ((send_x, x_by_chunk[i]), (send_w, w_by_chunk[i]))
+        ]
 
     combines, returned, returned_by_chunk = [], None, None
     in_flight = start_dispatch(0)
@@ -784,16 +980,16 @@ def _parallel_forward(hidden_states, topk_weights, gate, up, down, plan: _Dispat
         if returned is None:
             returned, returned_by_chunk = _combined_rows(expert_rows, plan)
         stats.mark("combine issued")
-        combines.append(_start_all_to_all(expert_rows, chunk.send_splits, chunk.receive_splits, group,
-                                          out=returned_by_chunk[i]))  # fmt: skip
+        combines.append(
+            _start_all_to_all(expert_rows, chunk.send_splits, chunk.receive_splits, group, out=returned_by_chunk[i])
+        )
         in_flight = following
     with stats.phase("combine"):
         _finish(combines)
     return _sum_over_slots(returned, plan), received_x, received_w
 
 
-def _parallel_backward(grad_output, received_x, received_w, gate, up, down, plan: _DispatchPlan, impl, stats
-                       ) -> tuple:  # fmt: skip
+def _parallel_backward(grad_output, received_x, received_w, gate, up, down, plan: _DispatchPlan, impl, stats) -> tuple:
     """The adjoint exchanges around the local expert backward, on the forward's schedule: (grad_hidden_states,
     grad_topk_weights, grad of each local weight tensor)."""
     group = plan.group
@@ -816,15 +1012,23 @@ def _parallel_backward(grad_output, received_x, received_w, gate, up, down, plan
         with stats.phase("expert_backward"):
             out = None if weight_grads is None else _chunk_weights(chunk, *weight_grads)
             grad_x_rows, grad_w_rows, *chunk_grads = _expert_backward(
-                received_dy, x_by_chunk[i], w_by_chunk[i], chunk, *_chunk_weights(chunk, gate, up, down), impl, out,
-            )  # fmt: skip
+                received_dy,
+                x_by_chunk[i],
+                w_by_chunk[i],
+                chunk,
+                *_chunk_weights(chunk, gate, up, down),
+                impl,
+                out,
+            )
             if weight_grads is None:
                 weight_grads = chunk_grads
         if returned is None:
             returned = [_combined_rows(rows, plan) for rows in (grad_x_rows, grad_w_rows)]
         stats.mark("backward_combine issued")
-        combines += [_start_all_to_all(rows, chunk.send_splits, chunk.receive_splits, group, out=by_chunk[i])
-                     for rows, (_, by_chunk) in zip((grad_x_rows, grad_w_rows), returned, strict=True)]  # fmt: skip
+        combines += [
+            _start_all_to_all(rows, chunk.send_splits, chunk.receive_splits, group, out=by_chunk[i])
+            for rows, (_, by_chunk) in zip((grad_x_rows, grad_w_rows), returned, strict=True)
+        ]
         in_flight = following
     with stats.phase("backward_combine"):
         _finish(combines)

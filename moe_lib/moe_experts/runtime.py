@@ -72,6 +72,8 @@ def tma_reason(target: Target, rows: dict[str, tuple[int, torch.dtype]]) -> str 
         return f"TMA needs a GPU of compute capability 9.0 (Hopper) or later, got {major}.{minor}"
     for name, (width, dtype) in rows.items():
         if width * dtype.itemsize % 16:
-            return (f"{name} = {width} {str(dtype).removeprefix('torch.')} elements ({width * dtype.itemsize} bytes) "
-                    "are no multiple of 16 bytes, as TMA needs")  # fmt: skip
+            return (
+                f"{name} = {width} {str(dtype).removeprefix('torch.')} elements ({width * dtype.itemsize} bytes) "
+                "are no multiple of 16 bytes, as TMA needs"
+            )
     return None

@@ -18,14 +18,23 @@ def swiglu_activation(gate: torch.Tensor, up: torch.Tensor, *, with_saved: bool)
     one shape, float dtype and device."""
     intermediate = runtime.allocate(gate.shape, dtype=gate.dtype, device=gate.device)
     if with_saved:
-        saved = (runtime.allocate(gate.shape, dtype=gate.dtype, device=gate.device),
-                 runtime.allocate(gate.shape, dtype=gate.dtype, device=gate.device))  # fmt: skip
+        saved = (
+            runtime.allocate(gate.shape, dtype=gate.dtype, device=gate.device),
+            runtime.allocate(gate.shape, dtype=gate.dtype, device=gate.device),
+        )
     else:
         saved = (intermediate, intermediate)  # not written
     n = gate.numel()
     if n:
         kernels.swiglu_activation_kernel[(cdiv(n, ACTIVATION_BLOCK),)](
-            gate, up, *saved, intermediate, n, with_saved, interpreter_enabled(), BLOCK=ACTIVATION_BLOCK,
+            gate,
+            up,
+            *saved,
+            intermediate,
+            n,
+            with_saved,
+            interpreter_enabled(),
+            BLOCK=ACTIVATION_BLOCK,
             num_warps=4,
-        )  # fmt: skip
+        )
     return (*saved, intermediate) if with_saved else intermediate

@@ -31,9 +31,22 @@ from .reference import swiglu_down_backward_reference
 
 
 def swiglu_down_backward(
-    grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate,
-    *, impl: str = "auto", validate: bool = True, precision: str = "faithful", check_finite: bool = False,
-):  # fmt: skip
+    grad_output,
+    x,
+    gate_weight,
+    up_weight,
+    down_weight,
+    gate,
+    gate_sigmoid,
+    gate_silu,
+    up,
+    intermediate,
+    *,
+    impl: str = "auto",
+    validate: bool = True,
+    precision: str = "faithful",
+    check_finite: bool = False,
+):
     """Backward of one SwiGLU expert with down projection (P1) from its saved forward tensors.
 
     Shapes: grad_output, x [T, H]; gate_weight, up_weight [I, H]; down_weight [H, I];
@@ -73,10 +86,20 @@ def _unstacked(grads: tuple) -> tuple:
 # not alias each other, and the public functions hand out its two row halves.
 @torch.library.custom_op("moe_lib::swiglu_down_backward", mutates_args=())
 def _swiglu_down_backward_op(
-    grad_output: Tensor, x: Tensor, gate_weight: Tensor, up_weight: Tensor, down_weight: Tensor, gate: Tensor,
-    gate_sigmoid: Tensor, gate_silu: Tensor, up: Tensor, intermediate: Tensor, impl: str, precision: str,
+    grad_output: Tensor,
+    x: Tensor,
+    gate_weight: Tensor,
+    up_weight: Tensor,
+    down_weight: Tensor,
+    gate: Tensor,
+    gate_sigmoid: Tensor,
+    gate_silu: Tensor,
+    up: Tensor,
+    intermediate: Tensor,
+    impl: str,
+    precision: str,
     check_finite: bool,
-) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+) -> tuple[Tensor, Tensor, Tensor]:
     """The op behind :func:`swiglu_down_backward` (arguments checked by it): (grad_x, [dWg; dWu], dWd)."""
     args = (grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate)
     if check_finite:
@@ -95,8 +118,14 @@ def _stacked(grad_gate: Tensor, grad_up: Tensor) -> Tensor:
     path allocates them so), else a copy."""
     base = grad_gate._base
     whole = (grad_gate.shape[0] + grad_up.shape[0], *grad_gate.shape[1:])
-    if base is not None and base is grad_up._base and base.shape == whole and base.is_contiguous() \
-            and grad_gate.data_ptr() == base.data_ptr() and grad_up.data_ptr() == base[grad_gate.shape[0]:].data_ptr():
+    if (
+        base is not None
+        and base is grad_up._base
+        and base.shape == whole
+        and base.is_contiguous()
+        and grad_gate.data_ptr() == base.data_ptr()
+        and grad_up.data_ptr() == base[grad_gate.shape[0] :].data_ptr()
+    ):
         return base
     return torch.cat([grad_gate, grad_up])
 
@@ -111,8 +140,9 @@ def _stacked_gradients_like(x, gate_weight, down_weight) -> tuple:
     return x.new_empty(x.shape), x.new_empty(2 * I, H), x.new_empty(down_weight.shape)
 
 
-def swiglu_expert(x, gate_weight, up_weight, down_weight, *, impl: str = "auto", precision: str = "fast",
-                  check_finite: bool = False):  # fmt: skip
+def swiglu_expert(
+    x, gate_weight, up_weight, down_weight, *, impl: str = "auto", precision: str = "fast", check_finite: bool = False
+):
     """y = (silu(x·Wgᵀ) ⊙ x·Wuᵀ)·Wdᵀ for x [..., H], gate/up weights [I, H], down weight [H, I].
 
     Differentiable in all four arguments; the backward runs ``swiglu_down_backward(impl=impl,
@@ -131,14 +161,22 @@ def swiglu_expert(x, gate_weight, up_weight, down_weight, *, impl: str = "auto",
     if resolve_impl(impl, x.device, x.dtype) == "triton":  # (impl="triton" where it cannot run: refused there)
         check_contiguous(dict(gate_weight=gate_weight, up_weight=up_weight, down_weight=down_weight))
     lead, H = x.shape[:-1], x.shape[-1]
-    y = torch.ops.moe_lib.swiglu_expert(x.reshape(-1, H).contiguous(), gate_weight, up_weight, down_weight, impl,
-                                        precision, check_finite)[0]  # fmt: skip
+    y = torch.ops.moe_lib.swiglu_expert(
+        x.reshape(-1, H).contiguous(), gate_weight, up_weight, down_weight, impl, precision, check_finite
+    )[0]
     return y.reshape(*lead, H)
 
 
 @torch.library.custom_op("moe_lib::swiglu_expert", mutates_args=())
-def _swiglu_expert_op(x: Tensor, gate_weight: Tensor, up_weight: Tensor, down_weight: Tensor, impl: str,
-                      precision: str, check_finite: bool) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+def _swiglu_expert_op(
+    x: Tensor,
+    gate_weight: Tensor,
+    up_weight: Tensor,
+    down_weight: Tensor,
+    impl: str,
+    precision: str,
+    check_finite: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
     """The layer's forward on x [T, H]: (y, gate, up), gate and up saved for the backward."""
     if check_finite:
         finite(dict(x=x, gate_weight=gate_weight, up_weight=up_weight, down_weight=down_weight))
@@ -161,9 +199,17 @@ def _(x, gate_weight, up_weight, down_weight, impl, precision, check_finite):
 
 @torch.library.custom_op("moe_lib::swiglu_expert_backward", mutates_args=())
 def _swiglu_expert_backward_op(
-    grad_output: Tensor, x: Tensor, gate_weight: Tensor, up_weight: Tensor, down_weight: Tensor, gate: Tensor,
-    up: Tensor, impl: str, precision: str, check_finite: bool,
-) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    grad_output: Tensor,
+    x: Tensor,
+    gate_weight: Tensor,
+    up_weight: Tensor,
+    down_weight: Tensor,
+    gate: Tensor,
+    up: Tensor,
+    impl: str,
+    precision: str,
+    check_finite: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
     """The layer's backward: σ(gate), silu(gate) and the intermediate recomputed, then P1's backward."""
     if resolve_impl(impl, x.device, x.dtype) == "triton":  # the saved tensors in one launch
         from .activation import swiglu_activation
@@ -200,12 +246,14 @@ def _backward(ctx, grad_output, _grad_gate, _grad_up):
             finite(dict(zip(INPUT_NAMES, args, strict=True)))
         return (*swiglu_down_backward_reference(*args), None, None, None)
     with torch.no_grad():  # the op is opaque to autograd: its gradients are constants to it
-        grads = torch.ops.moe_lib.swiglu_expert_backward(grad_output, x, gate_weight, up_weight, down_weight, gate,
-                                                         up, ctx.impl, ctx.precision, ctx.check_finite)  # fmt: skip
+        grads = torch.ops.moe_lib.swiglu_expert_backward(
+            grad_output, x, gate_weight, up_weight, down_weight, gate, up, ctx.impl, ctx.precision, ctx.check_finite
+        )
     grads = _unstacked(grads)
     if on_triton:
-        grads = not_differentiable_again(grads, (grad_output, x, gate_weight, up_weight, down_weight),
-                                         DOUBLE_BACKWARD_REFUSED)  # fmt: skip
+        grads = not_differentiable_again(
+            grads, (grad_output, x, gate_weight, up_weight, down_weight), DOUBLE_BACKWARD_REFUSED
+        )
     return (*grads, None, None, None)
 
 

@@ -42,11 +42,17 @@ def check_swiglu_down_backward(
 ) -> dict:
     """Checks P1's inputs (:data:`BACKWARD_ARGUMENTS`); returns the sizes dict(num_tokens, hidden_size,
     intermediate_size)."""
-    values = dict(zip(INPUT_NAMES, (grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid,
-                                    gate_silu, up, intermediate), strict=True))  # fmt: skip
+    values = dict(
+        zip(
+            INPUT_NAMES,
+            (grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate),
+            strict=True,
+        )
+    )
     sizes = check_arguments(BACKWARD_ARGUMENTS, values, SIZES_FROM)
-    return dict(num_tokens=sizes["num_tokens"], hidden_size=sizes["hidden_size"],
-                intermediate_size=sizes["intermediate_size"])  # fmt: skip
+    return dict(
+        num_tokens=sizes["num_tokens"], hidden_size=sizes["hidden_size"], intermediate_size=sizes["intermediate_size"]
+    )
 
 
 def check_swiglu_expert(x, gate_weight, up_weight, down_weight) -> dict:

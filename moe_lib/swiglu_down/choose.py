@@ -42,23 +42,49 @@ FEW_TOKENS_MAX_WORK = 2**28
 # dWd's tiles in launch 2 or not, and dx's reduction split over so many programs; or cuBLAS's GEMMs
 MEASURED = {
     (2048, 768, 132): {
-        "faithful": ((65, "narrow", False, 4), (129, "narrow", True, 2), (257, "tall", False, 1),
-                     (513, "tall_dx_first", True, 1), (1100, "wide_da_first", False, 1),
-                     (1400, "wide_da_first_tall", False, 1), (1500, "wide_da_first_tall", True, 1),
-                     (2300, "wide", False, 1), (3300, "wide_tall", False, 1), (3600, "wide_da256", True, 1),
-                     (5200, "wide", False, 1)),
-        "fast": ((65, "narrow", True, 4), (129, "narrow", True, 2), (193, "narrow", True, 1), (385, "tall", True, 1),
-                 (513, "tall_dx_first", True, 1), (1100, "wide_narrow_da", True, 1),
-                 (1408, "wide_da_first_tall", True, 1), (1500, "wide", True, 1), (2300, "wide_da256", True, 1),
-                 (2600, "wide", False, 1), (3300, "library_gemms", False, 1), (3600, "wide_da256", True, 1),
-                 (4300, "library_gemms", False, 1)),
+        "faithful": (
+            (65, "narrow", False, 4),
+            (129, "narrow", True, 2),
+            (257, "tall", False, 1),
+            (513, "tall_dx_first", True, 1),
+            (1100, "wide_da_first", False, 1),
+            (1400, "wide_da_first_tall", False, 1),
+            (1500, "wide_da_first_tall", True, 1),
+            (2300, "wide", False, 1),
+            (3300, "wide_tall", False, 1),
+            (3600, "wide_da256", True, 1),
+            (5200, "wide", False, 1),
+        ),
+        "fast": (
+            (65, "narrow", True, 4),
+            (129, "narrow", True, 2),
+            (193, "narrow", True, 1),
+            (385, "tall", True, 1),
+            (513, "tall_dx_first", True, 1),
+            (1100, "wide_narrow_da", True, 1),
+            (1408, "wide_da_first_tall", True, 1),
+            (1500, "wide", True, 1),
+            (2300, "wide_da256", True, 1),
+            (2600, "wide", False, 1),
+            (3300, "library_gemms", False, 1),
+            (3600, "wide_da256", True, 1),
+            (4300, "library_gemms", False, 1),
+        ),
     },
 }
 
 
 @functools.lru_cache(maxsize=4096)  # a pure function, called on every call: its host work stays off the call
-def choose_design(num_tokens: int, hidden_size: int, intermediate_size: int, *, dtype: torch.dtype, precision: str,
-                  device: Device, aligned: bool = True):  # fmt: skip
+def choose_design(
+    num_tokens: int,
+    hidden_size: int,
+    intermediate_size: int,
+    *,
+    dtype: torch.dtype,
+    precision: str,
+    device: Device,
+    aligned: bool = True,
+):
     """The design (a configured instance of one of :data:`.designs.DESIGNS`) for one call; ``aligned``: every
     operand starts on a 16-byte boundary."""
     T, H, I = num_tokens, hidden_size, intermediate_size

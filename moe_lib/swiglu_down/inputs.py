@@ -27,8 +27,9 @@ DISTRIBUTIONS = ("forward", "harness")
 SAVED = ("gate", "gate_sigmoid", "gate_silu", "up", "intermediate")
 
 
-def make_inputs(sizes: dict, dtype: torch.dtype, device, generator: torch.Generator, *,
-                distribution: str = "forward") -> dict:  # fmt: skip
+def make_inputs(
+    sizes: dict, dtype: torch.dtype, device, generator: torch.Generator, *, distribution: str = "forward"
+) -> dict:
     """The ten inputs of ``swiglu_down_backward`` for the axis values ``sizes``, in the definition's order."""
     if distribution not in DISTRIBUTIONS:
         raise ValueError(f"distribution: expected one of {DISTRIBUTIONS}, got {distribution!r}")
@@ -43,5 +44,6 @@ def make_inputs(sizes: dict, dtype: torch.dtype, device, generator: torch.Genera
         saved = {name: normal((T, I), 1.0, dtype, device, generator) for name in SAVED}
     else:
         _, saved = swiglu_expert_forward_reference(x, gate_weight, up_weight, down_weight)
-    return dict(grad_output=grad_output, x=x, gate_weight=gate_weight, up_weight=up_weight,
-                down_weight=down_weight, **saved)  # fmt: skip
+    return dict(
+        grad_output=grad_output, x=x, gate_weight=gate_weight, up_weight=up_weight, down_weight=down_weight, **saved
+    )

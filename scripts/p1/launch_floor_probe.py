@@ -51,8 +51,14 @@ def empty_kernel(out_ptr):
 
 
 @triton.jit
-def tile_dot_kernel(a_ptr, b_ptr, c_ptr,  # a [BLOCK_M, BLOCK_K], b [BLOCK_K, BLOCK_N], c [BLOCK_M, BLOCK_N] per program
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+def tile_dot_kernel(
+    a_ptr,
+    b_ptr,
+    c_ptr,  # a [BLOCK_M, BLOCK_K], b [BLOCK_K, BLOCK_N], c [BLOCK_M, BLOCK_N] per program
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """c = a · b, every program on the same small tiles (L2 hits after the first): a launch that holds shared
     memory for its operands and does almost nothing with it."""
     rows_m, rows_k, cols_n = tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_K), tl.arange(0, BLOCK_N)
@@ -67,8 +73,12 @@ STREAM_BLOCKS = 3  # blocks per program: 96 KB, a few-token program's share of t
 
 
 @triton.jit
-def register_stream_kernel(source_ptr, target_ptr,  # [rows, BLOCK_COLS] each, contiguous
-                           BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):  # fmt: skip
+def register_stream_kernel(
+    source_ptr,
+    target_ptr,  # [rows, BLOCK_COLS] each, contiguous
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_COLS: tl.constexpr,
+):
     """Three consecutive [BLOCK_ROWS, BLOCK_COLS] blocks of this program copied through registers, all three loads
     issued before the first store."""
     offsets = (tl.arange(0, BLOCK_ROWS)[:, None] * BLOCK_COLS + tl.arange(0, BLOCK_COLS)[None, :]).to(tl.int64)
@@ -82,13 +92,15 @@ def register_stream_kernel(source_ptr, target_ptr,  # [rows, BLOCK_COLS] each, c
 
 
 @gluon.jit
-def tma_stream_kernel(source_desc, target_desc,  # TMA descriptors over [rows, cols], block [BLOCK_ROWS, cols]
-                      BLOCKS: gl.constexpr):  # fmt: skip
+def tma_stream_kernel(
+    source_desc,
+    target_desc,  # TMA descriptors over [rows, cols], block [BLOCK_ROWS, cols]
+    BLOCKS: gl.constexpr,
+):
     """BLOCKS consecutive blocks of this program copied through shared memory: every TMA load issued at once onto
     one barrier, one wait, then every TMA store."""
     BLOCK_ROWS: gl.constexpr = source_desc.block_type.shape[0]
-    buffers = gl.allocate_shared_memory(source_desc.dtype, [BLOCKS] + source_desc.block_type.shape,
-                                        source_desc.layout)  # fmt: skip
+    buffers = gl.allocate_shared_memory(source_desc.dtype, [BLOCKS] + source_desc.block_type.shape, source_desc.layout)
     loaded = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(loaded, count=1)
     fence_async_shared()  # the barrier's initialisation before the TMA unit sees it
@@ -108,8 +120,11 @@ SHARED_ROW = 128  # bf16 elements per row of that shared memory: 256 bytes
 
 
 @gluon.jit
-def shared_memory_kernel(out_ptr,  # [programs, ROW] bf16, written
-                         ROWS: gl.constexpr, ROW: gl.constexpr):  # fmt: skip
+def shared_memory_kernel(
+    out_ptr,  # [programs, ROW] bf16, written
+    ROWS: gl.constexpr,
+    ROW: gl.constexpr,
+):
     """One row of out through the last row of a [ROWS, ROW] bf16 buffer in shared memory: a launch whose only
     difference from its neighbours is the shared memory it holds."""
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [8, 1], [1, 0])
@@ -131,8 +146,9 @@ def shared_memory_rows(kilobytes: int) -> int:
 def stream_descriptors(source: torch.Tensor, target: torch.Tensor) -> tuple:
     """TMA descriptors over the [rows, STREAM_BLOCK[1]] views of two bf16 buffers, one block per copy."""
     layout = gl.NVMMASharedLayout.get_default_for(list(STREAM_BLOCK), gl.bfloat16)
-    return tuple(TensorDescriptor.from_tensor(t.view(-1, STREAM_BLOCK[1]), list(STREAM_BLOCK), layout)
-                 for t in (source, target))  # fmt: skip
+    return tuple(
+        TensorDescriptor.from_tensor(t.view(-1, STREAM_BLOCK[1]), list(STREAM_BLOCK), layout) for t in (source, target)
+    )
 
 
 def stream_programs(source: torch.Tensor) -> int:
@@ -147,17 +163,29 @@ def compile_stream_kernels() -> None:
     bulk copies)."""
     from moe_lib.bench.sm90 import compile_for_sm90, compile_gluon_for_sm90, resources
 
-    compiled = compile_for_sm90(register_stream_kernel, {"source_ptr": "*bf16", "target_ptr": "*bf16"},
-                                {"BLOCK_ROWS": STREAM_BLOCK[0], "BLOCK_COLS": STREAM_BLOCK[1]},
-                                ["source_ptr", "target_ptr"], warps=8, stages=1)  # fmt: skip
+    compiled = compile_for_sm90(
+        register_stream_kernel,
+        {"source_ptr": "*bf16", "target_ptr": "*bf16"},
+        {"BLOCK_ROWS": STREAM_BLOCK[0], "BLOCK_COLS": STREAM_BLOCK[1]},
+        ["source_ptr", "target_ptr"],
+        warps=8,
+        stages=1,
+    )
     print("register_stream_kernel", resources(compiled), compiled.asm["ptx"].count("ld.global"), "global loads")
     source = torch.empty(WEIGHT_BYTES // 2, dtype=torch.bfloat16)
     source_desc, target_desc = stream_descriptors(source, torch.empty_like(source))
-    compiled = compile_gluon_for_sm90(tma_stream_kernel, dict(source_desc=source_desc, target_desc=target_desc),
-                                      dict(BLOCKS=STREAM_BLOCKS), warps=4)  # fmt: skip
+    compiled = compile_gluon_for_sm90(
+        tma_stream_kernel, dict(source_desc=source_desc, target_desc=target_desc), dict(BLOCKS=STREAM_BLOCKS), warps=4
+    )
     ptx = compiled.asm["ptx"]
-    print("tma_stream_kernel", resources(compiled), ptx.count("cp.async.bulk.tensor"), "bulk copies,",
-          ptx.count("mbarrier.try_wait"), "waits")
+    print(
+        "tma_stream_kernel",
+        resources(compiled),
+        ptx.count("cp.async.bulk.tensor"),
+        "bulk copies,",
+        ptx.count("mbarrier.try_wait"),
+        "waits",
+    )
     for kilobytes in SHARED_KB:
         constexprs = dict(ROWS=shared_memory_rows(kilobytes), ROW=SHARED_ROW)
         compiled = compile_gluon_for_sm90(shared_memory_kernel, dict(out_ptr="*bf16"), constexprs, warps=8)
@@ -174,14 +202,14 @@ def probes(programs: int) -> dict:
         a = torch.randn(block_m, block_k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(block_k, block_n, device="cuda", dtype=torch.bfloat16)
         c = torch.empty(programs, block_m, block_n, device="cuda", dtype=torch.bfloat16)
-        kernel = tile_dot_kernel.warmup(a, b, c, block_m, block_n, block_k, grid=(programs,), num_warps=8,
-                                        num_stages=1)  # fmt: skip
+        kernel = tile_dot_kernel.warmup(a, b, c, block_m, block_n, block_k, grid=(programs,), num_warps=8, num_stages=1)
         shared_kb = kernel.metadata.shared // 1024
         found[f"tile dot, {programs} programs, {shared_kb} KB shared"] = (
             lambda a=a, b=b, c=c, shape=(block_m, block_n, block_k): tile_dot_kernel[(programs,)](
-                a, b, c, *shape, num_warps=8, num_stages=1),
+                a, b, c, *shape, num_warps=8, num_stages=1
+            ),
             shared_kb,
-        )  # fmt: skip
+        )
     for scale in (1, 2):
         source = torch.randn(scale * WEIGHT_BYTES // 2, device="cuda", dtype=torch.bfloat16)
         target = torch.empty_like(source)
@@ -190,19 +218,27 @@ def probes(programs: int) -> dict:
     for kilobytes in SHARED_KB:
         rows = shared_memory_rows(kilobytes)
         found[f"shared, {programs} programs of 8 warps holding {kilobytes} KB"] = (
-            lambda rows=rows: shared_memory_kernel[(programs,)](out, rows, SHARED_ROW, num_warps=8), kilobytes)
+            lambda rows=rows: shared_memory_kernel[(programs,)](out, rows, SHARED_ROW, num_warps=8),
+            kilobytes,
+        )
     source = torch.randn(WEIGHT_BYTES // 2, device="cuda", dtype=torch.bfloat16)
     target = torch.empty_like(source)
     shares = stream_programs(source)
     found[f"stream {WEIGHT_BYTES / 1e6:.1f} MB, {shares} programs, registers"] = (
-        lambda: register_stream_kernel[(shares,)](source, target, *STREAM_BLOCK, num_warps=8), None)
+        lambda: register_stream_kernel[(shares,)](source, target, *STREAM_BLOCK, num_warps=8),
+        None,
+    )
     descriptors = stream_descriptors(source, target)
     found[f"stream {WEIGHT_BYTES / 1e6:.1f} MB, {shares} programs, TMA"] = (
-        lambda: tma_stream_kernel[(shares,)](*descriptors, STREAM_BLOCKS, num_warps=4), None)
+        lambda: tma_stream_kernel[(shares,)](*descriptors, STREAM_BLOCKS, num_warps=4),
+        None,
+    )
     for precision in ("faithful", "fast"):
         inputs = problems.make_inputs("swiglu_down_backward", 1, seed=0, device="cuda", distribution="harness")
         found[f"few-token launch, 1 token, {precision}"] = (
-            lambda i=inputs, p=precision: swiglu_down_backward(*i.values(), precision=p), None)
+            lambda i=inputs, p=precision: swiglu_down_backward(*i.values(), precision=p),
+            None,
+        )
     return found
 
 

@@ -53,10 +53,18 @@ def main() -> None:
         if os.environ.get("OUT"):
             profiler.export_chrome_trace(os.path.join(os.environ["OUT"], f"timeline-{T}-{name}.json"))
         events = [e for e in profiler.events() if e.time_range.end > e.time_range.start]
-        kernels = sorted((e for e in events if e.device_type == torch.autograd.DeviceType.CUDA
-                          and "memset" not in e.name.lower() and "elementwise" not in e.name.lower()
-                          and "fill" not in e.name.lower() and "copy" not in e.name.lower()),
-                         key=lambda e: e.time_range.start)  # fmt: skip
+        kernels = sorted(
+            (
+                e
+                for e in events
+                if e.device_type == torch.autograd.DeviceType.CUDA
+                and "memset" not in e.name.lower()
+                and "elementwise" not in e.name.lower()
+                and "fill" not in e.name.lower()
+                and "copy" not in e.name.lower()
+            ),
+            key=lambda e: e.time_range.start,
+        )
         ours = kernels[-2:] if len(kernels) >= 2 else kernels
         origin = ours[0].time_range.start
         print(f"=== T={T} {name}: the last call's kernels and launches, µs from its first kernel's start")
@@ -67,8 +75,13 @@ def main() -> None:
             print(f"  api    {e.name[:60]:60} {e.time_range.start - origin:9.1f} .. {e.time_range.end - origin:9.1f}")
         if len(ours) == 2:
             gap_start, gap_end = ours[0].time_range.end, ours[1].time_range.start
-            between = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU
-                       and e.time_range.start >= ours[0].time_range.start - 500 and e.time_range.end <= gap_end]
+            between = [
+                e
+                for e in events
+                if e.device_type == torch.autograd.DeviceType.CPU
+                and e.time_range.start >= ours[0].time_range.start - 500
+                and e.time_range.end <= gap_end
+            ]
             between.sort(key=lambda e: e.time_range.end - e.time_range.start, reverse=True)
             print(f"  GPU idle between the kernels: {gap_end - gap_start:.1f} µs; longest host events around it:")
             for e in between[:14]:

@@ -36,8 +36,13 @@ def main():
     names = ["default", *P1_CANDIDATES]
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--precision", default=PRECISIONS[0], choices=PRECISIONS)
-    parser.add_argument("--shape", type=shape, default=(4096, 2048, 768), metavar="T,H,I",
-                        help="the call's tokens, hidden and intermediate size (default: 4096,2048,768)")  # fmt: skip
+    parser.add_argument(
+        "--shape",
+        type=shape,
+        default=(4096, 2048, 768),
+        metavar="T,H,I",
+        help="the call's tokens, hidden and intermediate size (default: 4096,2048,768)",
+    )
     parser.add_argument("candidates", nargs="*", metavar="CANDIDATE", help=f"default: all of {', '.join(names)}")
     args = parser.parse_args()
     unknown = [name for name in args.candidates if name not in names]

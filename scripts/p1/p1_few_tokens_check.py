@@ -36,8 +36,16 @@ import threading
 BENCHMARK_SHAPE = (2048, 768)
 CHOSEN = "chosen"
 # the default's tiles at the benchmark's shape from 2 tokens (d_late_s8 below): what the candidates vary
-MOVES = dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="registers", count_late=True,
-             stage_before_wait=True, once_by_move=True)
+MOVES = dict(
+    block_h1=256,
+    block_i1=64,
+    block_i2=128,
+    block_h2=128,
+    weights_ahead="registers",
+    count_late=True,
+    stage_before_wait=True,
+    once_by_move=True,
+)
 # name -> FewTokensConfig fields at H 2048, I 768 (block_t is set per token count); what each measured:
 # notes/p1/design-05.md, design-09.md to design-12.md
 CANDIDATES = {
@@ -45,26 +53,47 @@ CANDIDATES = {
     "a_reg": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, weights_ahead="registers"),
     # 132 programs, one per SM of an H200: 11 phase-1 tiles of 187 rows along H (256-row blocks, the rest masked)
     # × 12 of 64 columns; phase 2 in 6 × 22 tiles of 128 rows × 94 columns, or 12 × 11 tiles of 64 × 187
-    "a_reg_132": dict(block_h1=256, span_h1=187, block_i1=64, block_i2=128, block_h2=128, span_h2=94,
-                      weights_ahead="registers"),
-    "a_pf_132": dict(block_h1=256, span_h1=187, block_i1=64, block_i2=128, block_h2=128, span_h2=94,
-                     weights_ahead="prefetch"),
-    "a_reg_132b": dict(block_h1=256, span_h1=187, block_i1=64, block_i2=64, block_h2=256, span_h2=187,
-                       weights_ahead="registers"),
+    "a_reg_132": dict(
+        block_h1=256, span_h1=187, block_i1=64, block_i2=128, block_h2=128, span_h2=94, weights_ahead="registers"
+    ),
+    "a_pf_132": dict(
+        block_h1=256, span_h1=187, block_i1=64, block_i2=128, block_h2=128, span_h2=94, weights_ahead="prefetch"
+    ),
+    "a_reg_132b": dict(
+        block_h1=256, span_h1=187, block_i1=64, block_i2=64, block_h2=256, span_h2=187, weights_ahead="registers"
+    ),
     # the launch count read late, phase 2 staged before the wait, by identity moves
     "a_reg_cl_st_mv": dict(MOVES),
     # the default from 2 tokens: 64-row phase-2 tiles of 256 columns, the saved tiles after phase 1, dx's sum by rows
     "d_late_s8": dict(MOVES, block_i2=64, block_h2=256, saved_late=True, dx_sum_slices=8, cooperative=True),
-    "d_late_s8_gdl": dict(MOVES, block_i2=64, block_h2=256, saved_late=True, dx_sum_slices=8, cooperative=True,
-                          grad_down_late=True),
+    "d_late_s8_gdl": dict(
+        MOVES, block_i2=64, block_h2=256, saved_late=True, dx_sum_slices=8, cooperative=True, grad_down_late=True
+    ),
     # one token: every product on the CUDA cores (the default at 1 token), and variants of its tiles
     "fma": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, cooperative=True, cuda_cores=True),
-    "fma_128": dict(block_h1=128, block_i1=128, span_i1=96, block_i2=128, span_i2=96, block_h2=128, cooperative=True,
-                    cuda_cores=True),
-    "fma_132": dict(block_h1=256, span_h1=187, block_i1=64, block_i2=64, block_h2=256, span_h2=187, cooperative=True,
-                    cuda_cores=True),
-    "fma_gdl": dict(block_h1=256, block_i1=64, block_i2=128, block_h2=128, cooperative=True, cuda_cores=True,
-                    grad_down_late=True),
+    "fma_128": dict(
+        block_h1=128,
+        block_i1=128,
+        span_i1=96,
+        block_i2=128,
+        span_i2=96,
+        block_h2=128,
+        cooperative=True,
+        cuda_cores=True,
+    ),
+    "fma_132": dict(
+        block_h1=256,
+        span_h1=187,
+        block_i1=64,
+        block_i2=64,
+        block_h2=256,
+        span_h2=187,
+        cooperative=True,
+        cuda_cores=True,
+    ),
+    "fma_gdl": dict(
+        block_h1=256, block_i1=64, block_i2=128, block_h2=128, cooperative=True, cuda_cores=True, grad_down_late=True
+    ),
 }
 # name -> fields replaced in the chosen config (any shape): the streamed chunk loops' pipelining depth
 VARIANTS = {
@@ -78,7 +107,7 @@ DEFAULT_SMS = 132  # an H200
 
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:
-    """"2048x768,4096x1536" -> [(2048, 768), (4096, 1536)]."""
+    """ "2048x768,4096x1536" -> [(2048, 768), (4096, 1536)]."""
     try:
         shapes = [tuple(int(n) for n in item.split("x")) for item in text.split(",")]
     except ValueError:
@@ -134,8 +163,12 @@ def usage(compiled) -> dict[str, int]:
     from moe_lib.bench.sm90 import resources
 
     registers, stack = re.search(r"REG:(\d+) STACK:(\d+)", resources(compiled)).groups()
-    return dict(registers=int(registers), stack=int(stack), shared=compiled.metadata.shared,
-                wgmma=compiled.asm["ptx"].count("wgmma.mma_async"))
+    return dict(
+        registers=int(registers),
+        stack=int(stack),
+        shared=compiled.metadata.shared,
+        wgmma=compiled.asm["ptx"].count("wgmma.mma_async"),
+    )
 
 
 def compile_rows(names: list[str], shapes: list[tuple[int, int]], tokens: list[int], sms: int) -> list[dict]:
@@ -154,9 +187,16 @@ def compile_rows(names: list[str], shapes: list[tuple[int, int]], tokens: list[i
                 if config is None:
                     continue
                 for precision, with_lo in (("faithful", True), ("fast", False)):
-                    row = dict(config=name, H=H, I=I, T=T, precision=precision, grid=config.grid_size(H, I),
-                               chunks=list(config.chunks), blocks=[config.block_h1, config.block_i1, config.block_i2,
-                                                                   config.block_h2])  # fmt: skip
+                    row = dict(
+                        config=name,
+                        H=H,
+                        I=I,
+                        T=T,
+                        precision=precision,
+                        grid=config.grid_size(H, I),
+                        chunks=list(config.chunks),
+                        blocks=[config.block_h1, config.block_i1, config.block_i2, config.block_h2],
+                    )
                     reason = config.supports(T, H, I, torch.bfloat16, device)
                     if reason is not None:
                         rows.append(dict(row, refused=reason))
@@ -184,8 +224,11 @@ def compile_only(names: list[str], shapes, tokens, sms: int, json_path: str | No
         else:
             report = f"REG:{row['registers']} STACK:{row['stack']} smem={row['shared']} wgmma={row['wgmma']}"
         chunks = "×".join(map(str, row["chunks"]))
-        print(f"{row['config']:14s} {row['H']:6d} {row['I']:6d} {row['T']:4d} {row['precision']:9s} "
-              f"{row['grid']:4d} {chunks:>8s}  {report}", flush=True)  # fmt: skip
+        print(
+            f"{row['config']:14s} {row['H']:6d} {row['I']:6d} {row['T']:4d} {row['precision']:9s} "
+            f"{row['grid']:4d} {chunks:>8s}  {report}",
+            flush=True,
+        )
     if json_path:
         from moe_lib.bench.tuning import write_out
 
@@ -206,8 +249,9 @@ def check(got, want, yardstick, precision: str, rule) -> tuple[bool, float, str]
         worst = max(worst, result["rel_error"])
         if not result["finite"]:
             why += f"{name}: NaN/Inf; "
-        elif precision == "faithful" and (result["pass_fraction"] < rule["required_fraction"]
-                                          or result["rel_error"] > y + 1e-4):  # fmt: skip
+        elif precision == "faithful" and (
+            result["pass_fraction"] < rule["required_fraction"] or result["rel_error"] > y + 1e-4
+        ):
             why += f"{name}: pass {result['pass_fraction']:.4f} err {result['rel_error']:.3g} vs {y:.3g}; "
         elif precision == "fast" and result["rel_error"] > 2 * y + 1e-4:
             why += f"{name}: err {result['rel_error']:.3g} vs {y:.3g}; "
@@ -256,14 +300,23 @@ def on_gpu(names: list[str], shapes, tokens: list[int], reps: int) -> None:
     rows = []
     for H, I in shapes:
         for T in tokens:
-            inputs = problem.make_inputs(T, seed=T, device="cuda", distribution="harness", hidden_size=H,
-                                         intermediate_size=I)  # fmt: skip
+            inputs = problem.make_inputs(
+                T, seed=T, device="cuda", distribution="harness", hidden_size=H, intermediate_size=I
+            )
             weight_bytes = 3 * H * I * inputs["x"].element_size()
             want = reference.swiglu_down_backward_reference(*[t.double() for t in inputs.values()])
             w_gate_up = torch.cat([inputs["gate_weight"], inputs["up_weight"]])
             careful = swiglu_down_backward_eager(
-                inputs["grad_output"], inputs["x"], w_gate_up, inputs["down_weight"], inputs["gate"],
-                inputs["gate_sigmoid"], inputs["gate_silu"], inputs["up"], inputs["intermediate"])  # fmt: skip
+                inputs["grad_output"],
+                inputs["x"],
+                w_gate_up,
+                inputs["down_weight"],
+                inputs["gate"],
+                inputs["gate_sigmoid"],
+                inputs["gate_silu"],
+                inputs["up"],
+                inputs["intermediate"],
+            )
             yardstick = [compare_output(c, w, None)["rel_error"] for c, w in zip(careful, want, strict=True)]
             del careful
             for precision in ("faithful", "fast"):
@@ -289,8 +342,9 @@ def on_gpu(names: list[str], shapes, tokens: list[int], reps: int) -> None:
                         row["graph_us"] = timing.graph_median_ms(lambda: run(inputs), flush, reps=reps) * 1e3
                         row["weight_tb_s"] = weight_bytes / row["graph_us"] / 1e6
                         if official_reason is None:
-                            measured = official_timing.time_official(lambda fresh: (lambda: run(fresh)), inputs,
-                                                                     "cuda", warmup=5, reps=reps)  # fmt: skip
+                            measured = official_timing.time_official(
+                                lambda fresh: lambda: run(fresh), inputs, "cuda", warmup=5, reps=reps
+                            )
                             row["official_us"] = timing.summarize(measured["samples_ms"])["median_ms"] * 1e3
                     except Exception as exc:  # a config that fails to compile or run: report it and go on
                         lines = str(exc).strip().splitlines() or [""]
@@ -329,8 +383,12 @@ def main() -> None:
     parser.add_argument("--sms", type=int, default=DEFAULT_SMS, help="--compile-only: the SMs the tiles are for")
     parser.add_argument("--json", help="--compile-only: write the rows as JSON to this path")
     parser.add_argument("--reps", type=int, default=30)
-    parser.add_argument("candidates", nargs="*", metavar="CANDIDATE",
-                        help=f"of {', '.join([*VARIANTS, *CANDIDATES])} (besides {CHOSEN}, always)")  # fmt: skip
+    parser.add_argument(
+        "candidates",
+        nargs="*",
+        metavar="CANDIDATE",
+        help=f"of {', '.join([*VARIANTS, *CANDIDATES])} (besides {CHOSEN}, always)",
+    )
     args = parser.parse_args()
     unknown = [name for name in args.candidates if name not in CANDIDATES and name not in VARIANTS]
     if unknown:

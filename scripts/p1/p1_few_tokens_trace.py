@@ -35,8 +35,14 @@ def flusher(kind: str):
     return {"dirty": dirty, "clean": lambda: total.copy_(dirty.buffer.sum()), "none": lambda: None}[kind]
 
 
-def traced_runs(T: int, precision: str, runs: int, candidate: str | None = None, flush_kind: str = "dirty",
-                shape: tuple[int, int] = (2048, 768)) -> dict:  # fmt: skip
+def traced_runs(
+    T: int,
+    precision: str,
+    runs: int,
+    candidate: str | None = None,
+    flush_kind: str = "dirty",
+    shape: tuple[int, int] = (2048, 768),
+) -> dict:
     H, I = shape
     problem = problems.load("swiglu_down_backward")
     inputs = problem.make_inputs(T, seed=T, device="cuda", distribution="harness", hidden_size=H, intermediate_size=I)
@@ -53,8 +59,9 @@ def traced_runs(T: int, precision: str, runs: int, candidate: str | None = None,
     flush = flusher(flush_kind)
 
     def call(with_trace: bool):
-        return lambda: config.run(Inputs(*inputs.values()), with_lo=with_lo, out=out,
-                                  trace=trace if with_trace else None)  # fmt: skip
+        return lambda: config.run(
+            Inputs(*inputs.values()), with_lo=with_lo, out=out, trace=trace if with_trace else None
+        )
 
     graph, _ = timing.capture(call(True))
     stamps = []
@@ -66,12 +73,18 @@ def traced_runs(T: int, precision: str, runs: int, candidate: str | None = None,
         stamps.append(trace.clone())
     stamps = torch.stack(stamps).cpu()
     return dict(
-        T=T, H=H, I=I, precision=precision, label=f"{candidate or precision} {flush_kind}", config=str(config),
+        T=T,
+        H=H,
+        I=I,
+        precision=precision,
+        label=f"{candidate or precision} {flush_kind}",
+        config=str(config),
         timeline=trace_timeline(stamps),
         graph_us=timing.graph_median_ms(call(False), flush) * 1e3,
         graph_traced_us=timing.graph_median_ms(call(True), flush) * 1e3,
-        sms=len(set(stamps[0, :, -1].tolist())), stamps=stamps.tolist(),
-    )  # fmt: skip
+        sms=len(set(stamps[0, :, -1].tolist())),
+        stamps=stamps.tolist(),
+    )
 
 
 def main() -> None:
@@ -98,21 +111,34 @@ def main() -> None:
         raise SystemExit("needs a CUDA GPU (the stamps are inline PTX)")
     tokens = [int(T) for T in args.tokens.split(",")]
     if args.candidates:
-        results = [traced_runs(T, "faithful", args.runs, name, f, shape) for T in tokens for f in flushes
-                   for name in args.candidates.split(",")]  # fmt: skip
+        results = [
+            traced_runs(T, "faithful", args.runs, name, f, shape)
+            for T in tokens
+            for f in flushes
+            for name in args.candidates.split(",")
+        ]
     else:
-        results = [traced_runs(T, precision, args.runs, None, f, shape) for T in tokens for f in flushes
-                   for precision in ("faithful", "fast")]  # fmt: skip
+        results = [
+            traced_runs(T, precision, args.runs, None, f, shape)
+            for T in tokens
+            for f in flushes
+            for precision in ("faithful", "fast")
+        ]
     print(f"\nµs since the first program started: median program / latest program (median of {args.runs} runs)")
     print(f"{'point':20s} " + " ".join(f"{r['label'][:11]} {r['T']}".rjust(14) for r in results))
     for point in TRACE_POINTS:
-        print(f"{point:20s} " + " ".join(f"{r['timeline'][point][0]:6.2f}/{r['timeline'][point][1]:6.2f}".rjust(14)
-                                         for r in results))  # fmt: skip
+        print(
+            f"{point:20s} "
+            + " ".join(f"{r['timeline'][point][0]:6.2f}/{r['timeline'][point][1]:6.2f}".rjust(14) for r in results)
+        )
     print(f"{'graph replay':20s} " + " ".join(f"{r['graph_us']:.2f}".rjust(14) for r in results))
     print(f"{'graph, traced':20s} " + " ".join(f"{r['graph_traced_us']:.2f}".rjust(14) for r in results))
     print(f"{'SMs used':20s} " + " ".join(f"{r['sms']}".rjust(14) for r in results))
-    write_out("p1_few_tokens_trace.json", dict(points=TRACE_POINTS, device=torch.cuda.get_device_name(),
-                                               results=results), indent=None)  # fmt: skip
+    write_out(
+        "p1_few_tokens_trace.json",
+        dict(points=TRACE_POINTS, device=torch.cuda.get_device_name(), results=results),
+        indent=None,
+    )
 
 
 if __name__ == "__main__":

@@ -66,21 +66,24 @@ def probe(num_tokens: int, flush) -> list[dict]:
     products = {
         "dx lo (M=T, N=H, K=2I)": (
             lambda: torch.mm(lo, w),
-            lambda: torch._scaled_mm(lo8, w_t8.t(), scale_a=lo_scale, scale_b=w_t_scale.t().contiguous(),
-                                     out_dtype=torch.bfloat16),  # fmt: skip
+            lambda: torch._scaled_mm(
+                lo8, w_t8.t(), scale_a=lo_scale, scale_b=w_t_scale.t().contiguous(), out_dtype=torch.bfloat16
+            ),
             lo.double() @ w.double(),
         ),
         "dWgu lo (M=2I, N=H, K=T)": (
             lambda: torch.mm(lo_t, x_padded),
-            lambda: torch._scaled_mm(lo_t8, x_t8.t(), scale_a=lo_t_scale, scale_b=x_t_scale.t().contiguous(),
-                                     out_dtype=torch.bfloat16),  # fmt: skip
+            lambda: torch._scaled_mm(
+                lo_t8, x_t8.t(), scale_a=lo_t_scale, scale_b=x_t_scale.t().contiguous(), out_dtype=torch.bfloat16
+            ),
             lo_t.double() @ x_padded.double(),
         ),
     }
     rows = []
     for name, (bf16_call, fp8_call, want) in products.items():
-        row = dict(T=T, product=name, bf16_error=relative_error(bf16_call(), want),
-                   fp8_error=relative_error(fp8_call(), want))  # fmt: skip
+        row = dict(
+            T=T, product=name, bf16_error=relative_error(bf16_call(), want), fp8_error=relative_error(fp8_call(), want)
+        )
         if not row["fp8_error"] < 0.1:
             raise AssertionError(f"{name} at T={T}: fp8 product off by {row['fp8_error']:.3g} (relative)")
         row["bf16_us"] = 1e3 * timing.graph_median_ms(bf16_call, flush)

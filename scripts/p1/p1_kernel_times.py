@@ -44,8 +44,9 @@ def kernels_per_call(fn, runs: int) -> list[list[dict]]:
             flush()
             graph.replay()
         torch.cuda.synchronize()
-    events = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
-                    key=lambda e: e.time_range.start)  # fmt: skip
+    events = sorted(
+        (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA), key=lambda e: e.time_range.start
+    )
     calls, current = [], []
     for event in events:
         if FLUSH_KERNEL in event.name:
@@ -53,8 +54,14 @@ def kernels_per_call(fn, runs: int) -> list[list[dict]]:
                 calls.append(current)
             current = []
             continue
-        current.append(dict(name=event.name, start=event.time_range.start, end=event.time_range.end,
-                            stream=getattr(event, "device_resource_id", None)))  # fmt: skip
+        current.append(
+            dict(
+                name=event.name,
+                start=event.time_range.start,
+                end=event.time_range.end,
+                stream=getattr(event, "device_resource_id", None),
+            )
+        )
     if current:
         calls.append(current)
     return calls
@@ -74,10 +81,16 @@ def summary(calls: list[list[dict]]) -> dict:
             index = occurrences.get(kernel["name"], 0)
             occurrences[kernel["name"]] = index + 1
             seen.setdefault((kernel["name"], index), []).append(dict(kernel, offset=kernel["start"] - call[0]["start"]))
-    kernels = [dict(name=name, stream=found[0]["stream"], calls=len(found),
-                    start_us=statistics.median(k["offset"] for k in found),
-                    duration_us=statistics.median(k["end"] - k["start"] for k in found))
-               for (name, _), found in seen.items()]  # fmt: skip
+    kernels = [
+        dict(
+            name=name,
+            stream=found[0]["stream"],
+            calls=len(found),
+            start_us=statistics.median(k["offset"] for k in found),
+            duration_us=statistics.median(k["end"] - k["start"] for k in found),
+        )
+        for (name, _), found in seen.items()
+    ]
     kernels.sort(key=lambda k: k["start_us"])
     return dict(span_us=statistics.median(spans), calls=len(calls), kernels=kernels)
 

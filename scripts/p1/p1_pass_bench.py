@@ -82,8 +82,12 @@ def main() -> int:
     print(table.pivot(index="T", columns="variant", values="us").to_string())
     if not table.ok.all():
         print("WRONG:", table[~table.ok].to_string())
-    write_out("p1_pass_bench.json", dict(what="P1 fast path's dSwiGLU pass alone (scripts/p1/p1_pass_bench.py)",
-                                         commit=recorded_commit(), rows=rows))  # fmt: skip
+    write_out(
+        "p1_pass_bench.json",
+        dict(
+            what="P1 fast path's dSwiGLU pass alone (scripts/p1/p1_pass_bench.py)", commit=recorded_commit(), rows=rows
+        ),
+    )
     return 0 if table.ok.all() else 1
 
 

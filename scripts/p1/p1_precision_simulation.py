@@ -35,9 +35,13 @@ def main() -> None:
     for row in rows:
         passes = " ".join(f"{row[k]:10.4%}" for k in columns)
         print(f"{row['tokens']:6d} {row['scale']:5g} {row['representation']:16s} {row['tensor work']:4g} {passes}")
-    provenance = dict(git_commit=git_commit(), git_dirty=git_dirty(), torch=torch.__version__,
-                      command=f"scripts/p1/p1_precision_simulation.py --tokens {args.tokens} --scales {args.scales} "
-                              f"--seed {args.seed}")  # fmt: skip
+    provenance = dict(
+        git_commit=git_commit(),
+        git_dirty=git_dirty(),
+        torch=torch.__version__,
+        command=f"scripts/p1/p1_precision_simulation.py --tokens {args.tokens} --scales {args.scales} "
+        f"--seed {args.seed}",
+    )
     write_out("p1_precision_simulation.json", dict(provenance=provenance, rows=rows))
 
 

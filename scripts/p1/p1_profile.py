@@ -27,10 +27,18 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--once", action="store_true", help="one call per token count (for ncu)")
     parser.add_argument("--tokens", default=None, help="comma list (default: 1,16,128,1087,8192)")
-    parser.add_argument("--config", default=None, choices=sorted(P1_CANDIDATES),
-                        help="a candidate of moe_lib.bench.tuning.P1_CANDIDATES (default: chosen)")  # fmt: skip
-    parser.add_argument("--precision", default="faithful", choices=["faithful", "fast"],
-                        help="the path: faithful (the benchmark function's default) or fast")  # fmt: skip
+    parser.add_argument(
+        "--config",
+        default=None,
+        choices=sorted(P1_CANDIDATES),
+        help="a candidate of moe_lib.bench.tuning.P1_CANDIDATES (default: chosen)",
+    )
+    parser.add_argument(
+        "--precision",
+        default="faithful",
+        choices=["faithful", "fast"],
+        help="the path: faithful (the benchmark function's default) or fast",
+    )
     args = parser.parse_args()
     config = P1_CANDIDATES[args.config] if args.config else None
     dirty = timing.L2Flusher("cuda")  # the benchmark's flush: overwrites 512 MiB

@@ -28,8 +28,13 @@ from moe_lib.swiglu_down.gluon_launch2 import TRACE_FIELDS
 
 PROBLEM = "swiglu_down_backward"
 
-KINDS = {("launch 1", 0): "dWd", ("launch 1", 1): "dA", ("launch 2", 0): "dWg, dWu", ("launch 2", 1): "dx",
-         ("launch 2", 2): "dWd"}
+KINDS = {
+    ("launch 1", 0): "dWd",
+    ("launch 1", 1): "dA",
+    ("launch 2", 0): "dWg, dWu",
+    ("launch 2", 1): "dx",
+    ("launch 2", 2): "dWd",
+}
 
 
 def traced_rows(num_tokens: int, config, seed: int) -> pd.DataFrame:
@@ -44,12 +49,16 @@ def traced_rows(num_tokens: int, config, seed: int) -> pd.DataFrame:
         outputs = swiglu_down_backward_triton(*args, config=config)  # compiles the traced build
         verdict = check_outputs(outputs, references, problem.output_names, problem.element_rule_at(torch.bfloat16))
         if not (verdict["correct"] and verdict["passes_element_rule"]):
-            raise SystemExit(f"{num_tokens} tokens: the traced call fails the benchmark's rule of float64 "
-                             f"({verdict['why'] or verdict['element_pass_fraction']})")  # fmt: skip
+            raise SystemExit(
+                f"{num_tokens} tokens: the traced call fails the benchmark's rule of float64 "
+                f"({verdict['why'] or verdict['element_pass_fraction']})"
+            )
         del references
         if not traces:
-            raise SystemExit(f"{num_tokens} tokens: the call ran no Gluon launch (a Hopper GPU and the faithful path "
-                             "from 65 tokens run them)")  # fmt: skip
+            raise SystemExit(
+                f"{num_tokens} tokens: the call ran no Gluon launch (a Hopper GPU and the faithful path "
+                "from 65 tokens run them)"
+            )
         graph, _ = timing.capture(lambda: swiglu_down_backward_triton(*args, config=config))
         captured = traces[-1]
         timing.L2Flusher("cuda")()
@@ -82,8 +91,13 @@ def timeline(rows: pd.DataFrame, path: Path) -> None:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", default="65,128,256,512", help="comma list of token counts")
-    parser.add_argument("--config", default=None, choices=sorted(P1_CANDIDATES), metavar="CANDIDATE",
-                        help="a candidate of moe_lib.bench.tuning.P1_CANDIDATES (default: as chosen)")  # fmt: skip
+    parser.add_argument(
+        "--config",
+        default=None,
+        choices=sorted(P1_CANDIDATES),
+        metavar="CANDIDATE",
+        help="a candidate of moe_lib.bench.tuning.P1_CANDIDATES (default: as chosen)",
+    )
     parser.add_argument("--out", default="/tmp/p1_program_trace", help="folder for the CSV and the timelines")
     args = parser.parse_args()
     if not torch.cuda.is_available():

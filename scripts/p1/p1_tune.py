@@ -56,8 +56,11 @@ def candidate_names(configs: str | None) -> list[str]:
 def time_parts(args, flush):
     """Each launch alone for a few configs and token counts, beside cuBLAS GEMMs of the same shapes."""
     problem = problems.load(PROBLEM)
-    names = [name for name in candidate_names(args.configs) or list(P1_CANDIDATES)
-             if isinstance(P1_CANDIDATES[name], TileConfig)]  # launches of their own  # fmt: skip
+    names = [
+        name
+        for name in candidate_names(args.configs) or list(P1_CANDIDATES)
+        if isinstance(P1_CANDIDATES[name], TileConfig)
+    ]  # launches of their own
     rows = []
     for T in [int(t) for t in (args.tokens or PARTS_TOKENS).split(",")]:
         inp = problem.make_inputs(T, seed=T, device="cuda")
@@ -83,10 +86,18 @@ def time_parts(args, flush):
             plan = launch_plan(T, x.shape[1], I, c)
             workspaces = split_workspaces(plan, x.device)
             try:
-                l1 = timing.graph_median_ms(lambda c=c, plan=plan, w=workspaces: launch_d_intermediate_and_grad_down(
-                    inputs, d_gate, d_up, outs.grad_down_weight, c, plan, with_lo, w), flush)
-                l2 = timing.graph_median_ms(lambda c=c, plan=plan, w=workspaces: launch_grad_x_and_grad_gate_up(
-                    inputs, d_gate, d_up, outs, c, plan, with_lo, w), flush)
+                l1 = timing.graph_median_ms(
+                    lambda c=c, plan=plan, w=workspaces: launch_d_intermediate_and_grad_down(
+                        inputs, d_gate, d_up, outs.grad_down_weight, c, plan, with_lo, w
+                    ),
+                    flush,
+                )
+                l2 = timing.graph_median_ms(
+                    lambda c=c, plan=plan, w=workspaces: launch_grad_x_and_grad_gate_up(
+                        inputs, d_gate, d_up, outs, c, plan, with_lo, w
+                    ),
+                    flush,
+                )
             except Exception as exc:
                 print(T, name, "ERROR", repr(exc)[:300], file=sys.stderr)
                 continue
@@ -103,12 +114,16 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None, help="folder for p1_tune.json (or p1_parts.csv), made if missing")
     parser.add_argument("--tokens", default=None, help="comma list (default: the benchmark suite)")
-    parser.add_argument("--configs", default=None,
-                        help="comma list of candidate names (moe_lib.bench.tuning.P1_CANDIDATES), or 'all'; the "
-                             "chooser's own pick ('default') is always timed")  # fmt: skip
+    parser.add_argument(
+        "--configs",
+        default=None,
+        help="comma list of candidate names (moe_lib.bench.tuning.P1_CANDIDATES), or 'all'; the "
+        "chooser's own pick ('default') is always timed",
+    )
     parser.add_argument("--parts", action="store_true", help="time each launch alone, beside cuBLAS")
-    parser.add_argument("--precision", default="faithful", choices=PRECISIONS,
-                        help="the path to tune (--parts takes its own: faithful)")  # fmt: skip
+    parser.add_argument(
+        "--precision", default="faithful", choices=PRECISIONS, help="the path to tune (--parts takes its own: faithful)"
+    )
     args = parser.parse_args()
     if args.tokens and not all(t.strip().isdigit() and int(t) > 0 for t in args.tokens.split(",")):
         sys.exit(f"--tokens: a comma list of positive token counts, got {args.tokens!r}")
@@ -144,20 +159,33 @@ def main():
             try:
                 torch.cuda.empty_cache()
                 timing.poison_allocator("cuda", 256 * 2**20)
-                errors = rel_errors(swiglu_down_backward_triton(*inputs.values(), config=config,
-                                                                precision=args.precision), want)  # fmt: skip
+                errors = rel_errors(
+                    swiglu_down_backward_triton(*inputs.values(), config=config, precision=args.precision), want
+                )
                 ok = all(e <= 2 * y + 1e-4 for e, y in zip(errors, yardstick, strict=True))
                 call_args = list(inputs.values())
-                ms = timing.time_graph(lambda c=config, a=call_args: swiglu_down_backward_triton(
-                    *a, config=c, precision=args.precision), flush)
+                ms = timing.time_graph(
+                    lambda c=config, a=call_args: swiglu_down_backward_triton(*a, config=c, precision=args.precision),
+                    flush,
+                )
             except Exception as exc:  # a config that fails to compile or run is reported, not fatal
                 rows.append(dict(T=T, config=name, error=repr(exc)[:200]))
                 progress.write(f"{T} {name} ERROR {repr(exc)[:300]}", file=sys.stderr)
                 progress.update()
                 continue
-            rows.append(dict(T=T, config=name, median_us=ms["median_ms"] * 1e3, p20_us=ms["p20_ms"] * 1e3,
-                             p80_us=ms["p80_ms"] * 1e3, ok=ok, max_err=max(errors), yardstick=max(yardstick),
-                             secs=time.time() - t0))  # fmt: skip
+            rows.append(
+                dict(
+                    T=T,
+                    config=name,
+                    median_us=ms["median_ms"] * 1e3,
+                    p20_us=ms["p20_ms"] * 1e3,
+                    p80_us=ms["p80_ms"] * 1e3,
+                    ok=ok,
+                    max_err=max(errors),
+                    yardstick=max(yardstick),
+                    secs=time.time() - t0,
+                )
+            )
             progress.write(str(rows[-1]), file=sys.stderr)
             progress.update()
     progress.close()
@@ -173,8 +201,7 @@ def main():
     best = good.loc[good.groupby("T").median_us.idxmin()][["T", "config", "median_us", "max_err", "yardstick"]]
     print(best.to_string(index=False))
     geo, geo_default = geomean(best.median_us), geomean(df[df.config == "default"].median_us)
-    print(f"geomean best-per-case {geo:.1f} us; default configs {geo_default:.1f} us; "
-          f"all ok: {bool(df.ok.all())}")
+    print(f"geomean best-per-case {geo:.1f} us; default configs {geo_default:.1f} us; all ok: {bool(df.ok.all())}")
 
 
 if __name__ == "__main__":

@@ -80,7 +80,7 @@ class Shape:
 
     @property
     def form(self) -> str:
-        """"nn", "nt" or "tn": A's and B's layouts (t: held transposed)."""
+        """ "nn", "nt" or "tn": A's and B's layouts (t: held transposed)."""
         return ("t" if self.a_t else "n") + ("t" if self.b_t else "n")
 
     @property
@@ -147,15 +147,21 @@ def compile_report(config: GemmConfig, shape: Shape) -> dict:
     descriptors, constexprs = launch_arguments(config, a, b, meta(shape.m, shape.n))
     start = time.perf_counter()
     try:
-        compiled = compile_gluon_for_sm90(gemm_kernel, descriptors, constexprs, warps=config.warps,
-                                          maxnreg=config.maxnreg)  # fmt: skip
+        compiled = compile_gluon_for_sm90(
+            gemm_kernel, descriptors, constexprs, warps=config.warps, maxnreg=config.maxnreg
+        )
     except Exception as exc:  # reported; the config is left out of the GPU run
         return dict(error=first_error_line(exc))
     ptx = compiled.asm["ptx"]
     partitions = sorted({int(n) for n in re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)})
-    return dict(resource_usage(compiled), partition_registers=partitions, wgmma=ptx.count("wgmma.mma_async"),
-                serialized=wgmma_serialized(compiled), seconds=round(time.perf_counter() - start, 2),
-                error=None)  # fmt: skip
+    return dict(
+        resource_usage(compiled),
+        partition_registers=partitions,
+        wgmma=ptx.count("wgmma.mma_async"),
+        serialized=wgmma_serialized(compiled),
+        seconds=round(time.perf_counter() - start, 2),
+        error=None,
+    )
 
 
 def compile_problems(row: dict) -> list[str]:
@@ -193,9 +199,12 @@ def compile_all(config_names: list[str], shape_names: list[str]) -> list[dict]:
                 print(f"{config_name:30s} {form:5s} FAIL {report['error']}", flush=True)
                 continue
             parts = "/".join(map(str, row["partition_registers"]))
-            print(f"{config_name:30s} {form:5s} {row['registers']:6d}  {parts:13s}  {row['stack']:5d}  "
-                  f"{row['shared'] // 1024:3d}K  {row['wgmma']:5d}  {row['serialized']:10s}  {row['seconds']:.1f}"
-                  + (f"  PROBLEM: {'; '.join(row['problems'])}" if row["problems"] else ""), flush=True)  # fmt: skip
+            print(
+                f"{config_name:30s} {form:5s} {row['registers']:6d}  {parts:13s}  {row['stack']:5d}  "
+                f"{row['shared'] // 1024:3d}K  {row['wgmma']:5d}  {row['serialized']:10s}  {row['seconds']:.1f}"
+                + (f"  PROBLEM: {'; '.join(row['problems'])}" if row["problems"] else ""),
+                flush=True,
+            )
     return rows
 
 
@@ -281,8 +290,12 @@ def check_and_time(shape: Shape, call, generator, flush, reps: int) -> dict:
 
     stats = time_graph(lambda: call(a, b, out), flush, reps=reps, check_replay=replays_wrong)
     check = "ok" if stats["replay_wrong"] is None else f"WRONG: {stats['replay_wrong']}"
-    return dict(row, check=check, tflops=shape.flop / (stats["median_ms"] * 1e-3) / 1e12,
-                **{key: stats[key] for key in ("median_ms", "p20_ms", "p80_ms", "reps")})  # fmt: skip
+    return dict(
+        row,
+        check=check,
+        tflops=shape.flop / (stats["median_ms"] * 1e-3) / 1e12,
+        **{key: stats[key] for key in ("median_ms", "p20_ms", "p80_ms", "reps")},
+    )
 
 
 # --- the parent: children under watch, the table ------------------------------------------------------------------
@@ -307,8 +320,11 @@ def watch(command: list[str], log_path: Path, stall: float, limit: float) -> str
                 if now - progress > stall or now - start > limit:
                     os.killpg(child.pid, signal.SIGKILL)  # the child and any compiler it started
                     child.wait()
-                    return f"killed: no shape finished in {stall:.0f} s" if now - progress > stall else \
-                        f"killed: over {limit:.0f} s"  # fmt: skip
+                    return (
+                        f"killed: no shape finished in {stall:.0f} s"
+                        if now - progress > stall
+                        else f"killed: over {limit:.0f} s"
+                    )
 
 
 def results_in(log_path: Path, status: str) -> dict:
@@ -316,7 +332,7 @@ def results_in(log_path: Path, status: str) -> dict:
     results, started = {}, None
     for line in log_path.read_text().splitlines():
         if line.startswith(RESULT):
-            row = json.loads(line[len(RESULT):])
+            row = json.loads(line[len(RESULT) :])
             if row["event"] == "start":
                 started = row["shape"]
             else:
@@ -330,8 +346,18 @@ def results_in(log_path: Path, status: str) -> dict:
 def watch_child(name: str, args, shape_names: list[str], seed: int, time_left: float) -> dict:
     """One child's run of ``name`` (its log in --out) under :func:`watch`: {"status", "seconds", "results"}."""
     log_path = Path(args.out) / f"gemm_probe-{name}.log"
-    command = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--shapes", ",".join(shape_names),
-               "--reps", str(args.reps), "--seed", str(seed)]  # fmt: skip
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        name,
+        "--shapes",
+        ",".join(shape_names),
+        "--reps",
+        str(args.reps),
+        "--seed",
+        str(seed),
+    ]
     start = time.monotonic()
     status = watch(command, log_path, args.stall, min(args.timeout, time_left))
     return dict(status=status, seconds=round(time.monotonic() - start, 1), results=results_in(log_path, status))
@@ -361,8 +387,7 @@ def table(runs: dict, shape_names: list[str]) -> str:
         shape = SHAPES[shape_name]
         base = baselines.get(shape_name)
         cells = [cell(runs[c]["results"].get(shape_name), None if c == BASELINE else base) for c in columns]
-        lines.append(f"{shape_name:15s} {f'{shape.m}×{shape.n}×{shape.k}':16s} "
-                     + " ".join(f"{c:>9s}" for c in cells))  # fmt: skip
+        lines.append(f"{shape_name:15s} {f'{shape.m}×{shape.n}×{shape.k}':16s} " + " ".join(f"{c:>9s}" for c in cells))
     for label, group in (("geomean, large", LARGE), ("geomean, filling", FILLING)):
         means = []
         for column in columns:
@@ -377,15 +402,22 @@ def table(runs: dict, shape_names: list[str]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawTextHelpFormatter,
-                                     epilog="configs: " + ", ".join(CONFIGS) + "\nshapes: " + ", ".join(SHAPES))
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawTextHelpFormatter,
+        epilog="configs: " + ", ".join(CONFIGS) + "\nshapes: " + ", ".join(SHAPES),
+    )
     parser.add_argument("--configs", default="all", help="comma list of configs (torch_mm always runs), or all")
     parser.add_argument("--shapes", default="all", help="comma list of shapes, or all")
     parser.add_argument("--compile-only", action="store_true", help="compile every config for sm_90, no GPU")
     parser.add_argument("--timeout", type=float, default=150.0, help="seconds one config's child may run")
     parser.add_argument("--stall", type=float, default=45.0, help="seconds a child may go without finishing a shape")
-    parser.add_argument("--budget", type=float, default=420.0,
-                        help="seconds the whole run may take (a child still running then is killed)")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=420.0,
+        help="seconds the whole run may take (a child still running then is killed)",
+    )
     parser.add_argument("--reps", type=int, default=30, help="timed graph replays a shape")
     parser.add_argument("--seed", type=int, default=None, help="the operands' seed (fresh by default)")
     parser.add_argument("--out", default=os.environ.get("OUT"), help="directory of the logs and JSON ($OUT)")
@@ -415,8 +447,11 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     args.out = str(out)
     compiled = compile_all(config_names, shape_names)
-    record = dict(configs={name: asdict(CONFIGS[name]) for name in config_names},
-                  shapes={name: asdict(SHAPES[name]) for name in shape_names}, compile=compiled)  # fmt: skip
+    record = dict(
+        configs={name: asdict(CONFIGS[name]) for name in config_names},
+        shapes={name: asdict(SHAPES[name]) for name in shape_names},
+        compile=compiled,
+    )
     failing = sorted({row["config"] for row in compiled if row["problems"]})
     if args.compile_only:
         (out / "gemm_probe_compile.json").write_text(json.dumps(record, indent=1))
@@ -436,8 +471,10 @@ def main() -> None:
         record["runs"][name] = run
         print(f"{name:30s} {run['status']} in {run['seconds']} s", flush=True)
         (out / "gemm_probe.json").write_text(json.dumps(record, indent=1))  # what is measured so far survives
-    print(f"\nTFLOP/s and fraction of torch.mm's (graph replay after an L2 flush; seed {seed}); "
-          f"{time.monotonic() - started:.0f} s in all, JSON: {out / 'gemm_probe.json'}")
+    print(
+        f"\nTFLOP/s and fraction of torch.mm's (graph replay after an L2 flush; seed {seed}); "
+        f"{time.monotonic() - started:.0f} s in all, JSON: {out / 'gemm_probe.json'}"
+    )
     print(table(record["runs"], shape_names))
 
 

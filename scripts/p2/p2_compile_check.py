@@ -20,8 +20,20 @@ from moe_lib.moe_experts.launch import PREACT_COMPUTED
 INT_POINTERS = ("sorted_slot_ptr", "expert_offsets_ptr")
 SIZE_ARGS = ("hidden_size", "inter_size", "num_slots", "size_m", "size_n", "stride_i")
 FP32_POINTERS = ("topk_partial_ptr", "dx_slot_ptr", "topk_weights_ptr", "out_slot_ptr")
-OPERAND_POINTERS = ("x_hi_ptr", "x_lo_ptr", "dy_hi_ptr", "dy_lo_ptr", "dgate_ptr", "dup_ptr", "scaled_act_ptr",
-                    "a_ptr", "a2_ptr", "b_ptr", "rows1_ptr", "rows2_ptr")  # fmt: skip
+OPERAND_POINTERS = (
+    "x_hi_ptr",
+    "x_lo_ptr",
+    "dy_hi_ptr",
+    "dy_lo_ptr",
+    "dgate_ptr",
+    "dup_ptr",
+    "scaled_act_ptr",
+    "a_ptr",
+    "a2_ptr",
+    "b_ptr",
+    "rows1_ptr",
+    "rows2_ptr",
+)
 
 
 def argument_type(name: str, input_type: str) -> str:
@@ -65,21 +77,45 @@ def main():
     print(config)
     input_type, split = ("*fp32", True) if args.dtype == "fp32" else ("*bf16", False)
     launches = {
-        "A": (kernels.swiglu_grad_kernel, dict(OPERAND_DTYPE=tl.bfloat16, SPLIT_PRECISION=split, FORWARD_ONLY=False,
-                                               PREACT=PREACT_COMPUTED,
-                                               BLOCK_I=config.block_i, BLOCK_M=config.block_m, BLOCK_H=config.block_h),
-              config.warps_a, config.stages_a),
-        "W dWg,dWu": (kernels.expert_weight_grad_kernel,
-                      dict(A_BY_TOKEN=False, B_BY_TOKEN=True, TWO_OUTPUTS=True, **tile_sizes(config.grad_gate_up_tile)),
-                      config.warps_gu, config.stages_gu),
-        "W dWd": (kernels.expert_weight_grad_kernel,
-                  dict(A_BY_TOKEN=True, B_BY_TOKEN=False, TWO_OUTPUTS=False, **tile_sizes(config.grad_down_tile)),
-                  config.warps_dn, config.stages_dn),
-        "D": (kernels.slot_projection_kernel, dict(TWO_TERMS=True, OPERAND_DTYPE=tl.bfloat16,
-                                                   BLOCK_H=config.block_h_dx, BLOCK_M=config.block_m,
-                                                   BLOCK_I=config.block_i_dx),
-              config.warps_d, config.stages_d),
-    }  # fmt: skip
+        "A": (
+            kernels.swiglu_grad_kernel,
+            dict(
+                OPERAND_DTYPE=tl.bfloat16,
+                SPLIT_PRECISION=split,
+                FORWARD_ONLY=False,
+                PREACT=PREACT_COMPUTED,
+                BLOCK_I=config.block_i,
+                BLOCK_M=config.block_m,
+                BLOCK_H=config.block_h,
+            ),
+            config.warps_a,
+            config.stages_a,
+        ),
+        "W dWg,dWu": (
+            kernels.expert_weight_grad_kernel,
+            dict(A_BY_TOKEN=False, B_BY_TOKEN=True, TWO_OUTPUTS=True, **tile_sizes(config.grad_gate_up_tile)),
+            config.warps_gu,
+            config.stages_gu,
+        ),
+        "W dWd": (
+            kernels.expert_weight_grad_kernel,
+            dict(A_BY_TOKEN=True, B_BY_TOKEN=False, TWO_OUTPUTS=False, **tile_sizes(config.grad_down_tile)),
+            config.warps_dn,
+            config.stages_dn,
+        ),
+        "D": (
+            kernels.slot_projection_kernel,
+            dict(
+                TWO_TERMS=True,
+                OPERAND_DTYPE=tl.bfloat16,
+                BLOCK_H=config.block_h_dx,
+                BLOCK_M=config.block_m,
+                BLOCK_I=config.block_i_dx,
+            ),
+            config.warps_d,
+            config.stages_d,
+        ),
+    }
     for name, (kernel, constexprs, warps, stages) in launches.items():
         try:
             report = resources(compile_kernel(kernel, constexprs, input_type, warps, stages))

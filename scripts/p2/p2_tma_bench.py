@@ -73,8 +73,11 @@ ALL_CASES = "bf16:2048,bf16:8192,bf16:32768,fp32:2048"
 def weight_grad_outputs(w: dict, fill: float | None = None) -> tuple[torch.Tensor, ...]:
     """dWg, dWu [E, I, H] and dWd [E, H, I] in the interface dtype (``fill``: poisoned with that value)."""
     E, I, H, dtype, device = w["E"], w["I"], w["H"], w["dtype"], w["x"].device
-    make = (lambda shape: torch.empty(shape, dtype=dtype, device=device)) if fill is None else \
-        (lambda shape: torch.full(shape, fill, dtype=dtype, device=device))  # fmt: skip
+    make = (
+        (lambda shape: torch.empty(shape, dtype=dtype, device=device))
+        if fill is None
+        else (lambda shape: torch.full(shape, fill, dtype=dtype, device=device))
+    )
     return make((E, I, H)), make((E, I, H)), make((E, H, I))
 
 
@@ -111,8 +114,9 @@ def run_case(case: str, configs: dict, routing: str, flush, num_programs: int, r
     baseline = weight_grad_outputs(w)
 
     def run_baseline():
-        launch_weight_grads(w["config"], w["routing"], sorted_slot, K, w["x"], w["dy"], w["dgate"],
-                                   w["dup"], w["scaled_act"], *baseline)  # fmt: skip
+        launch_weight_grads(
+            w["config"], w["routing"], sorted_slot, K, w["x"], w["dy"], w["dgate"], w["dup"], w["scaled_act"], *baseline
+        )
 
     run_baseline()
     base_ms = timing.time_graph(run_baseline, flush, reps=reps)["median_ms"]
@@ -137,8 +141,17 @@ def run_case(case: str, configs: dict, routing: str, flush, num_programs: int, r
 
             def run_tma():
                 x_sorted, dy_sorted = gather()
-                launch_weight_grads_tma(config, offsets, x_sorted, dy_sorted, w["dgate"], w["dup"], w["scaled_act"],
-                                        *outputs, num_programs=num_programs)  # fmt: skip
+                launch_weight_grads_tma(
+                    config,
+                    offsets,
+                    x_sorted,
+                    dy_sorted,
+                    w["dgate"],
+                    w["dup"],
+                    w["scaled_act"],
+                    *outputs,
+                    num_programs=num_programs,
+                )
 
             return run_tma, lambda: check(outputs, baseline, tolerance)
 
@@ -160,9 +173,11 @@ def print_table(rows: list[dict]) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default=ALL_CASES, help="dtype:num_tokens,… (default: %(default)s)")
-    parser.add_argument("--configs", default=",".join(CANDIDATES),
-                        help="names of CANDIDATES, or NAME:FIELD=VALUE,… items separated by ';' "
-                        "(default: all candidates)")  # fmt: skip
+    parser.add_argument(
+        "--configs",
+        default=",".join(CANDIDATES),
+        help="names of CANDIDATES, or NAME:FIELD=VALUE,… items separated by ';' (default: all candidates)",
+    )
     parser.add_argument("--routing", default="uniform", choices=("uniform", "skewed", "hot"))
     parser.add_argument("--reps", type=int, default=30, help="timed replays per measurement (fewer past 10 ms)")
     parser.add_argument("--out", default=None, help="JSON file (default: $OUT/p2_tma_bench.json where OUT is set)")
@@ -182,8 +197,13 @@ def main(argv=None) -> int:
 
     flush = timing.L2Flusher("cuda")
     num_programs = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    return run_cases(lambda case: run_case(case, configs, args.routing, flush, num_programs, args.reps), cases,
-                     out=args.out, out_name="p2_tma_bench.json", print_table=print_table)  # fmt: skip
+    return run_cases(
+        lambda case: run_case(case, configs, args.routing, flush, num_programs, args.reps),
+        cases,
+        out=args.out,
+        out_name="p2_tma_bench.json",
+        print_table=print_table,
+    )
 
 
 if __name__ == "__main__":

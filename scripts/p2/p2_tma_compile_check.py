@@ -42,13 +42,29 @@ def compile_family(config, two_outputs: bool, output_type: str):
         tile, warps, stages = config.gate_up_tile, config.warps_gate_up, config.stages_gate_up
     else:
         tile, warps, stages = config.down_tile, config.warps_down, config.stages_down
-    types = dict(a_ptr="*bf16", a2_ptr="*bf16", b_ptr="*bf16", out_ptr=output_type, out2_ptr=output_type,
-                 expert_offsets_ptr="*i32", num_experts="i32", size_m="i32", size_n="i32")  # fmt: skip
+    types = dict(
+        a_ptr="*bf16",
+        a2_ptr="*bf16",
+        b_ptr="*bf16",
+        out_ptr=output_type,
+        out2_ptr=output_type,
+        expert_offsets_ptr="*i32",
+        num_experts="i32",
+        size_m="i32",
+        size_n="i32",
+    )
     groups = config.expert_groups
-    constexprs = dict(TWO_OUTPUTS=two_outputs, NUM_PROGRAMS=NUM_SMS_H200 // groups * groups, EXPERT_GROUPS=groups,
-                      WARP_SPECIALIZE=config.warp_specialize,
-                      TMA_STORE=config.tma_store, INTERPRETER=False, BLOCK_M=tile[0], BLOCK_N=tile[1],
-                      BLOCK_ROWS=tile[2])  # fmt: skip
+    constexprs = dict(
+        TWO_OUTPUTS=two_outputs,
+        NUM_PROGRAMS=NUM_SMS_H200 // groups * groups,
+        EXPERT_GROUPS=groups,
+        WARP_SPECIALIZE=config.warp_specialize,
+        TMA_STORE=config.tma_store,
+        INTERPRETER=False,
+        BLOCK_M=tile[0],
+        BLOCK_N=tile[1],
+        BLOCK_ROWS=tile[2],
+    )
     return compile_for_sm90(grouped_weight_grad_kernel, types, constexprs, list(types), warps=warps, stages=stages)
 
 
@@ -58,9 +74,11 @@ def report(compiled) -> str:
     tma_stores = len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared", ptx))
     sass = sass_counts(compiled, SASS_OPS)
     too_large = over_limit(compiled)
-    return (f"{resources(compiled)}{too_large} warps={compiled.metadata.num_warps} ptx: tma_load={tma_loads} "
-            f"tma_store={tma_stores} setmaxnreg={ptx.count('setmaxnreg')} | sass: "
-            + " ".join(f"{op}={sass[op]}" for op in SASS_OPS))  # fmt: skip
+    return (
+        f"{resources(compiled)}{too_large} warps={compiled.metadata.num_warps} ptx: tma_load={tma_loads} "
+        f"tma_store={tma_stores} setmaxnreg={ptx.count('setmaxnreg')} | sass: "
+        + " ".join(f"{op}={sass[op]}" for op in SASS_OPS)
+    )
 
 
 def main():
@@ -78,8 +96,9 @@ def main():
             parser.error(f"--cases: {exc}")
         input_bytes = problem.dtype.itemsize
         dtype = "fp32" if input_bytes == 4 else "bf16"
-        default = choose_tma_weight_grad_config(num_tokens * slots_per_token, num_experts, input_bytes,
-                                                interpreter=False)  # fmt: skip
+        default = choose_tma_weight_grad_config(
+            num_tokens * slots_per_token, num_experts, input_bytes, interpreter=False
+        )
         for name in names:
             try:
                 config = dataclasses.replace(default, **CANDIDATES[name])

@@ -63,8 +63,14 @@ NUM_SMS_H200 = 132  # the persistent grid where the device is not queried (scrip
 # stages count reduction steps of one term in flight. backward_* is the two-term launch (Wg, Wu, dg, du),
 # forward_* the one-term launch (Wd, aw).
 def _both(tile, stages, warps=8) -> dict:
-    return dict(backward_tile=tile, backward_stages=stages, backward_warps=warps, forward_tile=tile,
-                forward_stages=stages, forward_warps=warps)  # fmt: skip
+    return dict(
+        backward_tile=tile,
+        backward_stages=stages,
+        backward_warps=warps,
+        forward_tile=tile,
+        forward_stages=stages,
+        forward_warps=warps,
+    )
 
 
 CANDIDATES = {
@@ -130,8 +136,9 @@ def check(got: torch.Tensor, want: torch.Tensor, tolerance: float) -> dict:
     return dict(rel=stats["rel_error"], finite=bool(stats["finite"]), structure_problems=structure, ok=ok)
 
 
-def run_case(case: str, uses, configs: dict, routing: str, flush, num_programs: int, reps: int,
-             num_experts: int | None = None) -> list[dict]:  # fmt: skip
+def run_case(
+    case: str, uses, configs: dict, routing: str, flush, num_programs: int, reps: int, num_experts: int | None = None
+) -> list[dict]:
     problem, num_tokens = parse_case(case)
     axes = {} if num_experts is None else dict(num_experts=num_experts)
     inputs = problem.make_inputs(num_tokens, seed=0, device="cuda", routing=routing, **axes)
@@ -145,10 +152,20 @@ def run_case(case: str, uses, configs: dict, routing: str, flush, num_programs: 
         baseline = slot_output(w)
         run_existing(w, use, baseline)
         torch.cuda.synchronize()
-        base_ms = timing.time_graph(lambda use=use, out=baseline: run_existing(w, use, out), flush,
-                                    reps=reps)["median_ms"]  # fmt: skip
-        rows.append(dict(case=case, use=use, routing=routing, config="(a) launch_slot_projection", ms=base_ms,
-                         speedup=1.0, experts=w["E"]))  # fmt: skip
+        base_ms = timing.time_graph(lambda use=use, out=baseline: run_existing(w, use, out), flush, reps=reps)[
+            "median_ms"
+        ]
+        rows.append(
+            dict(
+                case=case,
+                use=use,
+                routing=routing,
+                config="(a) launch_slot_projection",
+                ms=base_ms,
+                speedup=1.0,
+                experts=w["E"],
+            )
+        )
         print(json.dumps(rows[-1]), flush=True)
         w1, w2, r1, r2 = use_operands(w, use)
         for name, fields in configs.items():
@@ -163,14 +180,23 @@ def run_case(case: str, uses, configs: dict, routing: str, flush, num_programs: 
                     row["terms"] = two_term_form(config, w1, w2, r1, r2)
 
                 def run_tma():
-                    launch_slot_projection_tma(config, w["routing"], w1, w2, r1, r2, out,
-                                               transposed_weights=use == "backward",
-                                               num_programs=num_programs)  # fmt: skip
+                    launch_slot_projection_tma(
+                        config,
+                        w["routing"],
+                        w1,
+                        w2,
+                        r1,
+                        r2,
+                        out,
+                        transposed_weights=use == "backward",
+                        num_programs=num_programs,
+                    )
 
                 return run_tma, lambda: check(out, baseline, tolerance)
 
-            rows.append(check_and_time(row, prepare, flush=flush, reps=reps, base_ms=base_ms,
-                                       label=f"{case} {use} {name}"))  # fmt: skip
+            rows.append(
+                check_and_time(row, prepare, flush=flush, reps=reps, base_ms=base_ms, label=f"{case} {use} {name}")
+            )
         del baseline
     return rows
 
@@ -184,20 +210,29 @@ def print_table(rows: list[dict]) -> None:
         speedup = f"{r['speedup']:7.2f}" if "speedup" in r else f"{'':7s}"
         rel = f"{r['rel']:9.1e}" if "rel" in r else f"{'':9s}"
         terms = f" [{r['terms']}]" if r.get("terms") == "paired" else ""
-        print(f"{r['case']:11s} {r['use']:8s} {r['config']:28s} {r['ms']:8.3f} {speedup} {rel}  "
-              f"{candidate_verdict(r)}{terms}")  # fmt: skip
+        print(
+            f"{r['case']:11s} {r['use']:8s} {r['config']:28s} {r['ms']:8.3f} {speedup} {rel}  "
+            f"{candidate_verdict(r)}{terms}"
+        )
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default=ALL_CASES, help="dtype:num_tokens,… (default: %(default)s)")
     parser.add_argument("--uses", default=",".join(USES), help="backward,forward (default: both)")
-    parser.add_argument("--configs", default=",".join(CANDIDATES), help="names of CANDIDATES, or NAME:FIELD=VALUE,…"
-                        " items separated by ';' (default: all candidates)")  # fmt: skip
+    parser.add_argument(
+        "--configs",
+        default=",".join(CANDIDATES),
+        help="names of CANDIDATES, or NAME:FIELD=VALUE,… items separated by ';' (default: all candidates)",
+    )
     parser.add_argument("--routing", default="uniform", choices=("uniform", "skewed", "hot"))
-    parser.add_argument("--experts", type=int, default=None,
-                        help="E of every case (default: the benchmark's 256); fewer experts, more rows each, as one "
-                        "rank of a larger expert-parallel group holds")  # fmt: skip
+    parser.add_argument(
+        "--experts",
+        type=int,
+        default=None,
+        help="E of every case (default: the benchmark's 256); fewer experts, more rows each, as one "
+        "rank of a larger expert-parallel group holds",
+    )
     parser.add_argument("--reps", type=int, default=30, help="timed replays per measurement (fewer past 10 ms)")
     parser.add_argument("--out", default=None, help="JSON file (default: $OUT/p2_tma_d_bench.json where OUT is set)")
     parser.add_argument("--list", action="store_true", help="print the configs of every case and exit")
@@ -221,9 +256,13 @@ def main(argv=None) -> int:
 
     flush = timing.L2Flusher("cuda")
     num_programs = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    return run_cases(lambda case: run_case(case, uses, configs, args.routing, flush, num_programs, args.reps,
-                                           args.experts),
-                     cases, out=args.out, out_name="p2_tma_d_bench.json", print_table=print_table)  # fmt: skip
+    return run_cases(
+        lambda case: run_case(case, uses, configs, args.routing, flush, num_programs, args.reps, args.experts),
+        cases,
+        out=args.out,
+        out_name="p2_tma_d_bench.json",
+        print_table=print_table,
+    )
 
 
 if __name__ == "__main__":

@@ -48,16 +48,37 @@ def compile_use(config, use: str, dtype: str, num_experts: int, paired: bool = F
     concat = two_terms and config.concat_terms and not paired
     tile, warps, stages = config.launch_params(two_terms, paired=two_terms and not concat)
     weight_type = WEIGHT_TYPES[dtype]
-    types = dict(weights_ptr=weight_type, weights_term_stride="i64", weights_flip="i32", rows_ptr="*bf16",
-                 rows_term_stride="i64", rows_flip="i32", out_slot_ptr="*fp32", sorted_slot_ptr="*i32",
-                 expert_offsets_ptr="*i32", tile_offsets_ptr="*i32", num_experts="i32", num_rows="i32",
-                 hidden_size="i32", inter_size="i32")  # fmt: skip
-    constexprs = dict(TWO_TERMS=two_terms, CONCAT_TERMS=concat, TRANSPOSED_WEIGHTS=two_terms,
-                      WEIGHT_TMA=dtype != "fp32" or config.weight_tma, OPERAND_DTYPE=tl.bfloat16,
-                      NUM_PROGRAMS=NUM_SMS_H200, SEARCH_STEPS=(num_experts - 1).bit_length(),
-                      ROW_BLOCKS_INNER=config.row_blocks_inner, FLATTEN=config.flatten and (concat or not two_terms),
-                      INTERPRETER=False,
-                      BLOCK_H=tile[0], BLOCK_ROWS=tile[1], BLOCK_I=tile[2])  # fmt: skip
+    types = dict(
+        weights_ptr=weight_type,
+        weights_term_stride="i64",
+        weights_flip="i32",
+        rows_ptr="*bf16",
+        rows_term_stride="i64",
+        rows_flip="i32",
+        out_slot_ptr="*fp32",
+        sorted_slot_ptr="*i32",
+        expert_offsets_ptr="*i32",
+        tile_offsets_ptr="*i32",
+        num_experts="i32",
+        num_rows="i32",
+        hidden_size="i32",
+        inter_size="i32",
+    )
+    constexprs = dict(
+        TWO_TERMS=two_terms,
+        CONCAT_TERMS=concat,
+        TRANSPOSED_WEIGHTS=two_terms,
+        WEIGHT_TMA=dtype != "fp32" or config.weight_tma,
+        OPERAND_DTYPE=tl.bfloat16,
+        NUM_PROGRAMS=NUM_SMS_H200,
+        SEARCH_STEPS=(num_experts - 1).bit_length(),
+        ROW_BLOCKS_INNER=config.row_blocks_inner,
+        FLATTEN=config.flatten and (concat or not two_terms),
+        INTERPRETER=False,
+        BLOCK_H=tile[0],
+        BLOCK_ROWS=tile[1],
+        BLOCK_I=tile[2],
+    )
     aligned = [name for name in types if name not in ("weights_flip", "rows_flip")]
     return compile_for_sm90(slot_projection_tma_kernel, types, constexprs, aligned, warps=warps, stages=stages)
 
@@ -68,9 +89,12 @@ def report(compiled) -> str:
     cp_async = len(re.findall(r"cp\.async\.c[ag]\.shared\.global", ptx))
     sass = sass_counts(compiled, SASS_OPS)
     too_large = over_limit(compiled)
-    return (f"{resources(compiled)}{too_large} warps={compiled.metadata.num_warps} ptx: tma_load={tma_loads} "
-            f"cp.async={cp_async} | sass: " + " ".join(f"{op}={sass[op]}" for op in SASS_OPS)
-            + f" | wgmma serialized: {wgmma_serialized(compiled)}")  # fmt: skip
+    return (
+        f"{resources(compiled)}{too_large} warps={compiled.metadata.num_warps} ptx: tma_load={tma_loads} "
+        f"cp.async={cp_async} | sass: "
+        + " ".join(f"{op}={sass[op]}" for op in SASS_OPS)
+        + f" | wgmma serialized: {wgmma_serialized(compiled)}"
+    )
 
 
 def main():
@@ -89,10 +113,14 @@ def main():
     if unknown:
         parser.error(f"unknown configs or uses: {unknown}")
     try:
-        prologue = compile_for_sm90(tile_offsets_kernel, dict(expert_offsets_ptr="*i32", tile_offsets_ptr="*i32",
-                                                              num_experts="i32", num_h_tiles="i32"),
-                                    dict(BLOCK_ROWS=64, BLOCK_E=256), ["expert_offsets_ptr", "tile_offsets_ptr"],
-                                    warps=4, stages=1)  # fmt: skip
+        prologue = compile_for_sm90(
+            tile_offsets_kernel,
+            dict(expert_offsets_ptr="*i32", tile_offsets_ptr="*i32", num_experts="i32", num_h_tiles="i32"),
+            dict(BLOCK_ROWS=64, BLOCK_E=256),
+            ["expert_offsets_ptr", "tile_offsets_ptr"],
+            warps=4,
+            stages=1,
+        )
         print(f"tile_offsets_kernel (1 program): {resources(prologue)}", flush=True)
     except Exception as exc:
         print(f"tile_offsets_kernel FAIL {first_error_line(exc)}", flush=True)
@@ -103,8 +131,9 @@ def main():
             parser.error(f"--cases: {exc}")
         input_bytes = problem.dtype.itemsize
         dtype = "fp32" if input_bytes == 4 else "bf16"
-        default = choose_tma_slot_projection_config(num_tokens * slots_per_token, num_experts, input_bytes,
-                                                    interpreter=False)  # fmt: skip
+        default = choose_tma_slot_projection_config(
+            num_tokens * slots_per_token, num_experts, input_bytes, interpreter=False
+        )
         for name in names:
             try:
                 config = dataclasses.replace(default, **CANDIDATES[name])

@@ -31,10 +31,15 @@ from moe_lib.moe_experts.choose import launch_config
 from moe_lib.moe_experts.launch import moe_experts_backward_triton
 
 # kernel name -> column; the weight-gradient kernel runs twice per call: dWg and dWu, then dWd
-KERNEL_NAMES = {"swiglu_grad_kernel": "A", "expert_weight_grad_kernel": ("Wgu", "Wd"), "slot_projection_kernel": "D",
-                "token_sum_kernel": "C",
-                # the persistent TMA-fed forms of W and D (tma_weight_grad.py, tma_slot_projection.py)
-                "grouped_weight_grad_kernel": ("Wgu", "Wd"), "slot_projection_tma_kernel": "D"}  # fmt: skip
+KERNEL_NAMES = {
+    "swiglu_grad_kernel": "A",
+    "expert_weight_grad_kernel": ("Wgu", "Wd"),
+    "slot_projection_kernel": "D",
+    "token_sum_kernel": "C",
+    # the persistent TMA-fed forms of W and D (tma_weight_grad.py, tma_slot_projection.py)
+    "grouped_weight_grad_kernel": ("Wgu", "Wd"),
+    "slot_projection_tma_kernel": "D",
+}
 COLUMNS = ("A", "Wgu", "Wd", "D", "C", "other")
 
 
@@ -56,8 +61,9 @@ def kernel_times(call, reps=5) -> dict[str, float]:
         torch.cuda.synchronize()
     times = defaultdict(list)
     seen = defaultdict(int)
-    events = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
-                    key=lambda e: e.time_range.start)  # fmt: skip
+    events = sorted(
+        (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA), key=lambda e: e.time_range.start
+    )
     for event in events:
         column = KERNEL_NAMES.get(event.name, "other")
         if isinstance(column, tuple):  # the n-th launch of a kernel within a call
@@ -92,11 +98,16 @@ def main() -> int:
                 stats = [compare_output(g, w, problem.element_rule) for g, w in zip(got, want, strict=True)]
                 del got
                 fractions = [s["pass_fraction"] for s in stats if s["pass_fraction"] is not None]
-                row = dict(case=case, config=name, fields=fields,
-                           rel={n: s["rel_error"] for n, s in zip(problem.output_names, stats, strict=True)},
-                           element_rule=min(fractions) if fractions else None,
-                           finite=all(s["finite"] for s in stats),
-                           kernels=kernel_times(call), graph_ms=timing.graph_median_ms(call, None, reps=5))  # fmt: skip
+                row = dict(
+                    case=case,
+                    config=name,
+                    fields=fields,
+                    rel={n: s["rel_error"] for n, s in zip(problem.output_names, stats, strict=True)},
+                    element_rule=min(fractions) if fractions else None,
+                    finite=all(s["finite"] for s in stats),
+                    kernels=kernel_times(call),
+                    graph_ms=timing.graph_median_ms(call, None, reps=5),
+                )
             except Exception as exc:  # report and go on with the other configs
                 row = dict(case=case, config=name, fields=fields, error=str(exc).strip().splitlines()[-1][:200])
             rows.append(row)
@@ -105,16 +116,22 @@ def main() -> int:
         del inputs, want, call
         torch.cuda.empty_cache()
     write_out("p2_tune.json", rows, path=args.out)
-    print(f"\n{'case':11s} {'config':14s} " + " ".join(f"{c:>6s}" for c in COLUMNS)
-          + f" {'graph ms':>8s} {'worst rel':>9s} {'elem rule':>9s}")  # fmt: skip
+    print(
+        f"\n{'case':11s} {'config':14s} "
+        + " ".join(f"{c:>6s}" for c in COLUMNS)
+        + f" {'graph ms':>8s} {'worst rel':>9s} {'elem rule':>9s}"
+    )
     for r in rows:
         if "error" in r:
             print(f"{r['case']:11s} {r['config']:14s} ERROR {r['error']}")
             continue
         k = r["kernels"]
         element_rule = "-" if r["element_rule"] is None else f"{r['element_rule']:.4f}"
-        print(f"{r['case']:11s} {r['config']:14s} " + " ".join(f"{k.get(c, 0):6.2f}" for c in COLUMNS)
-              + f" {r['graph_ms']:8.2f} {max(r['rel'].values()):9.1e} {element_rule:>9s}")  # fmt: skip
+        print(
+            f"{r['case']:11s} {r['config']:14s} "
+            + " ".join(f"{k.get(c, 0):6.2f}" for c in COLUMNS)
+            + f" {r['graph_ms']:8.2f} {max(r['rel'].values()):9.1e} {element_rule:>9s}"
+        )
     return 0
 
 

@@ -69,14 +69,22 @@ def main() -> None:
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU (the kernel and the timing run there)")
     flush = timing.L2Flusher(torch.device("cuda"))
-    results = [row for dtype_name in dtypes for num_tokens in args.tokens
-               for row in time_case(dtype_name, num_tokens, flush)]  # fmt: skip
+    results = [
+        row for dtype_name in dtypes for num_tokens in args.tokens for row in time_case(dtype_name, num_tokens, flush)
+    ]
     frame = pd.DataFrame(results)
     print(frame.pivot_table(index=["dtype", "tokens"], columns="variant", values="ms", sort=False).round(3))
     print("all correct:", bool(frame["correct"].all()))
-    write_out("slot_sum_bench.json", dict(what="slot_sum_bench", commit=recorded_commit(),
-                                          command="python scripts/parallel/slot_sum_bench.py",
-                                          gpu=torch.cuda.get_device_name(), rows=results))  # fmt: skip
+    write_out(
+        "slot_sum_bench.json",
+        dict(
+            what="slot_sum_bench",
+            commit=recorded_commit(),
+            command="python scripts/parallel/slot_sum_bench.py",
+            gpu=torch.cuda.get_device_name(),
+            rows=results,
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -58,8 +58,21 @@ def test_cpu_run_writes_csv_and_json(tmp_path, capsys):
 
     document = json.loads(result["json"].read_text())
     provenance = document["provenance"]
-    for key in ("gpu_name", "driver_version", "torch", "triton", "cuda", "git_commit", "git_dirty", "date_utc",
-                "hostname", "command", "ceilings", "seed", "suite"):  # fmt: skip
+    for key in (
+        "gpu_name",
+        "driver_version",
+        "torch",
+        "triton",
+        "cuda",
+        "git_commit",
+        "git_dirty",
+        "date_utc",
+        "hostname",
+        "command",
+        "ceilings",
+        "seed",
+        "suite",
+    ):
         assert key in provenance, key
     assert provenance["ceilings"]["rough"] is True and provenance["suite"]["tokens"] == [1, 16]
     assert provenance["reference_precision"] == "float64"
@@ -86,8 +99,7 @@ def test_wrong_and_failing_implementations_are_reported_not_timed(tmp_path):
         _fake_peer("too_few", lambda inputs: _p1_shaped(inputs, 0.0)[:3], calls),
         _fake_peer("raises", raise_error, calls),
     ]
-    with peers.registered(fakes[0]), peers.registered(fakes[1]), peers.registered(fakes[2]), \
-            peers.registered(fakes[3]):  # fmt: skip
+    with peers.registered(fakes[0]), peers.registered(fakes[1]), peers.registered(fakes[2]), peers.registered(fakes[3]):
         result = _run(tmp_path, "--problem", P1, "--impl", "reference,zeros,nans,too_few,raises", "--tokens", "8")
     frame = result["frame"].set_index("impl")
     assert frame.loc["reference", "status"] == "ok"
@@ -176,8 +188,11 @@ def test_compare_output_and_element_rule():
 
 
 def test_reference_outputs_follow_the_problems_precision():
-    for name, small, expected in (("swiglu_down_backward", False, "float64"), ("moe_experts_backward", True, "float64"),
-                                  ("moe_experts_backward", False, "float32")):  # fmt: skip
+    for name, small, expected in (
+        ("swiglu_down_backward", False, "float64"),
+        ("moe_experts_backward", True, "float64"),
+        ("moe_experts_backward", False, "float32"),
+    ):
         problem = problems.load(name)
         inputs = problem.make_inputs(3, **problem.small_axes)
         outputs, precision = checks.reference_outputs(problem, inputs, small)
@@ -190,17 +205,28 @@ def test_committed_results_load():
     datasheet columns were named by GPU key have them as sol_ms_datasheet_h100/h200; files written before
     the training-step modes have no mode, op implied, and no peak_mem_gb; files written before the official
     timing method have no official_* columns)."""
-    files = [path for path in RESULTS_DIR.glob("*/*.csv") if any(path.name.endswith(f"-{name}-{dtype}.csv")
-             for name in problems.PROBLEM_NAMES for dtype in ("bfloat16", "float32"))]  # fmt: skip
+    files = [
+        path
+        for path in RESULTS_DIR.glob("*/*.csv")
+        if any(
+            path.name.endswith(f"-{name}-{dtype}.csv")
+            for name in problems.PROBLEM_NAMES
+            for dtype in ("bfloat16", "float32")
+        )
+    ]
     assert files
     for path in files:
         frame = pd.read_csv(path)
-        newer = set(results.DATASHEET_COLUMNS) | {"mode", "peak_mem_gb"} | {c for c in results.CSV_COLUMNS
-                                                                            if c.startswith("official_")}
+        newer = (
+            set(results.DATASHEET_COLUMNS)
+            | {"mode", "peak_mem_gb"}
+            | {c for c in results.CSV_COLUMNS if c.startswith("official_")}
+        )
         missing = set(results.CSV_COLUMNS) - newer - set(frame.columns)
         assert not missing and len(frame) > 0, (path, missing)
-        assert {"sol_ms_datasheet_h100", "sol_ms_datasheet_h200"} <= set(frame.columns) or \
-            set(results.DATASHEET_COLUMNS) <= set(frame.columns), path  # fmt: skip
+        assert {"sol_ms_datasheet_h100", "sol_ms_datasheet_h200"} <= set(frame.columns) or set(
+            results.DATASHEET_COLUMNS
+        ) <= set(frame.columns), path
 
 
 def test_repetitions_and_summary():
@@ -219,12 +245,21 @@ def test_scores_use_the_best_baseline_peer():
     rows = []
     for impl, times in (("reference", (4.0, 16.0)), ("torch_eager", (2.0, 8.0)), ("triton", (1.0, 4.0))):
         for num_tokens, median in zip((1, 2), times, strict=True):
-            rows.append(dict(impl=impl, num_tokens=num_tokens, median_ms=median, status="ok", timing="graph",
-                             passes_element_rule=True))  # fmt: skip
+            rows.append(
+                dict(
+                    impl=impl,
+                    num_tokens=num_tokens,
+                    median_ms=median,
+                    status="ok",
+                    timing="graph",
+                    passes_element_rule=True,
+                )
+            )
     frame = pd.DataFrame(rows)
     frame["sol_ms"] = frame["num_tokens"].map({1: 0.25, 2: 1.0})
-    summary, baseline = results.summarize_impls(frame, ["reference", "torch_eager", "triton"],
-                                                peers.baseline_labels(P1))  # fmt: skip
+    summary, baseline = results.summarize_impls(
+        frame, ["reference", "torch_eager", "triton"], peers.baseline_labels(P1)
+    )
     assert baseline["impl"] == "torch_eager" and baseline["geomean_ms"] == pytest.approx(4.0)
     assert baseline["sol_geomean_ms"] == pytest.approx(0.5)
     assert summary["torch_eager"]["sol_score"] == pytest.approx(0.5)
@@ -241,8 +276,9 @@ def test_cuda_unwritten_outputs_read_as_nan(tmp_path):
     """The reference runs first and leaves right answers in freed memory: outputs allocated and never
     written must still be caught."""
     calls = []
-    unwritten = _fake_peer("unwritten", lambda inputs: tuple(torch.empty_like(t) for t in _p1_shaped(inputs, 0.0)),
-                           calls)  # fmt: skip
+    unwritten = _fake_peer(
+        "unwritten", lambda inputs: tuple(torch.empty_like(t) for t in _p1_shaped(inputs, 0.0)), calls
+    )
     with peers.registered(unwritten):
         result = _cuda_run(tmp_path, "--problem", P1, "--tokens", "1,16,300", "--impl", "reference,unwritten")
     frame = result["frame"]
@@ -270,8 +306,9 @@ def test_cuda_capture_failure_is_an_error_and_the_run_goes_on(tmp_path):
 
 @pytest.mark.gpu
 def test_cuda_p2_peers_are_timed_with_events(tmp_path):
-    result = _cuda_run(tmp_path, "--problem", "moe_experts_backward", "--tokens", "256",
-                       "--impl", "reference,grouped_mm,liger")  # fmt: skip
+    result = _cuda_run(
+        tmp_path, "--problem", "moe_experts_backward", "--tokens", "256", "--impl", "reference,grouped_mm,liger"
+    )
     frame = result["frame"].set_index("impl")
     assert frame.loc["reference", "status"] == "ok" and frame.loc["reference", "timing"] == "events"
     assert frame.loc["grouped_mm", "status"] == "ok" and frame.loc["grouped_mm", "timing"] == "events"
@@ -294,8 +331,9 @@ def test_kernel_benchmark_run_keeps_what_was_measured(tmp_path, capsys, monkeypa
     assert code == 0 and "stopped: the CUDA context is unusable" in capsys.readouterr().out
     assert shown == [[dict(case="bf16:2048", ok=True)]]
     assert json.loads((tmp_path / "rows.json").read_text()) == shown[0]
-    wrong = run_cases(lambda case: [dict(case=case, ok=False)], cases[:1], out=None, out_name="x.json",
-                      print_table=lambda rows: None)  # fmt: skip
+    wrong = run_cases(
+        lambda case: [dict(case=case, ok=False)], cases[:1], out=None, out_name="x.json", print_table=lambda rows: None
+    )
     assert wrong == 1
 
 
@@ -309,10 +347,15 @@ def test_kernel_times_match_kernels_by_name_when_streams_reorder_them():
     script = runpy.run_path(str(path), run_name="test")
     gemm = lambda start, end: dict(name="gemm", start=start, end=end, stream=7)  # noqa: E731
     copy = lambda start, end: dict(name="copy", start=start, end=end, stream=8)  # noqa: E731
-    calls = [[gemm(0, 6), copy(1, 4), gemm(7, 9)],   # the copy started second
-             [copy(100, 103), gemm(101, 107), gemm(108, 110)],  # the copy started first
-             [copy(200, 203), gemm(201, 207), gemm(208, 210)]]  # the copy started first
+    calls = [
+        [gemm(0, 6), copy(1, 4), gemm(7, 9)],  # the copy started second
+        [copy(100, 103), gemm(101, 107), gemm(108, 110)],  # the copy started first
+        [copy(200, 203), gemm(201, 207), gemm(208, 210)],
+    ]  # the copy started first
     got = script["summary"](calls)
     assert got["span_us"] == 10 and got["calls"] == 3
     assert [(k["name"], k["start_us"], k["duration_us"], k["stream"], k["calls"]) for k in got["kernels"]] == [
-        ("copy", 0, 3, 8, 3), ("gemm", 1, 6, 7, 3), ("gemm", 8, 2, 7, 3)]  # fmt: skip
+        ("copy", 0, 3, 8, 3),
+        ("gemm", 1, 6, 7, 3),
+        ("gemm", 8, 2, 7, 3),
+    ]

@@ -15,8 +15,17 @@ import torch
 
 from moe_lib import problems
 
-DEFINITION_KEYS = {"name", "op_type", "axes", "custom_inputs_entrypoint", "inputs", "outputs", "reference",
-                   "description", "hf_id"}  # fmt: skip
+DEFINITION_KEYS = {
+    "name",
+    "op_type",
+    "axes",
+    "custom_inputs_entrypoint",
+    "inputs",
+    "outputs",
+    "reference",
+    "description",
+    "hf_id",
+}
 WORKLOAD_KEYS = {"uuid", "axes", "inputs", "tolerance"}
 TOLERANCE_KEYS = {"max_atol", "max_rtol", "required_matched_ratio", "max_error_cap", "allow_negative_inf"}
 INPUT_TYPES = {"random", "scalar", "safetensors", "custom"}
@@ -61,8 +70,9 @@ def test_tolerances_match_the_element_rules():
             if rule is None:
                 assert "tolerance" not in workload
             else:
-                assert workload["tolerance"] == dict(max_atol=rule["atol"], max_rtol=rule["rtol"],
-                                                     required_matched_ratio=rule["required_fraction"])  # fmt: skip
+                assert workload["tolerance"] == dict(
+                    max_atol=rule["atol"], max_rtol=rule["rtol"], required_matched_ratio=rule["required_fraction"]
+                )
 
 
 @pytest.mark.parametrize("name", ["moe_experts_backward", "moe_experts_backward_bf16"])

@@ -55,8 +55,26 @@ def test_an_interrupted_write_leaves_the_file_as_it_was(tmp_path, monkeypatch):
 
 
 def _run(tmp_path, tokens="1,4,16"):
-    return cli.main(["--out", str(tmp_path), "--device", "cpu", "--reps", "2", "--warmup", "1", "--problem", P1,
-                     "--impl", "reference,torch_eager", "--tokens", tokens, "--tag", "t"])  # fmt: skip
+    return cli.main(
+        [
+            "--out",
+            str(tmp_path),
+            "--device",
+            "cpu",
+            "--reps",
+            "2",
+            "--warmup",
+            "1",
+            "--problem",
+            P1,
+            "--impl",
+            "reference,torch_eager",
+            "--tokens",
+            tokens,
+            "--tag",
+            "t",
+        ]
+    )
 
 
 def _files(tmp_path) -> list[str]:

@@ -39,8 +39,9 @@ def _cli_error(capsys, *argv) -> str:
 def test_model_shapes_are_the_public_models_and_one_unaligned_shape():
     by_name = {model.name: model for model in models.MODEL_SHAPES}
     assert len(by_name) == len(models.MODEL_SHAPES) == 8 and all(model.source for model in models.MODEL_SHAPES)
-    assert by_name["DeepSeek-V3"].axes("moe_experts_backward") == dict(hidden_size=7168, intermediate_size=2048,
-                                                                       num_experts=256, top_k=8)  # fmt: skip
+    assert by_name["DeepSeek-V3"].axes("moe_experts_backward") == dict(
+        hidden_size=7168, intermediate_size=2048, num_experts=256, top_k=8
+    )
     assert by_name["Mixtral-8x7B"].axes(P1) == dict(hidden_size=4096, intermediate_size=14336)
     assert [m.name for m in models.models_of(problems.load(P1))] == list(models.MODEL_NAMES)
     assert UNALIGNED not in [m.name for m in models.models_of(problems.load(P2_BF16))]  # P2 needs experts
@@ -104,7 +105,8 @@ def test_cpu_model_suite_writes_a_correct_row_per_model_token_and_implementation
     assert list(frame.columns[:5]) == ["problem", "mode", "model", "hidden_size", "intermediate_size"]
     assert len(frame) == len(models.MODEL_SHAPES) * 2 * 2
     assert set(zip(frame["model"], frame["num_tokens"], frame["impl"], strict=True)) == {
-        (model, t, impl) for model in models.MODEL_NAMES for t in (1, 7) for impl in ("torch_eager", "reference")}
+        (model, t, impl) for model in models.MODEL_NAMES for t in (1, 7) for impl in ("torch_eager", "reference")
+    }
     assert (frame["status"] == "ok").all() and frame["correct"].all() and (frame["median_ms"] > 0).all()
     assert (frame["rel_error"] < 1e-2).all() and frame["small"].all()
     unaligned = frame[frame["model"] == UNALIGNED]
@@ -130,8 +132,17 @@ def test_cpu_model_suite_of_p2_and_a_failing_implementation_is_a_row(tmp_path):
 
     flaky = peers.Peer("flaky", "moe_experts_backward", prepare, capturable=True, description="test fake")
     with peers.registered(flaky):
-        [run] = _run(tmp_path, "--problem", P2_BF16, "--model", "Mixtral-8x7B,OLMoE-1B-7B", "--impl",
-                     "grouped_mm,flaky", "--tokens", "5,16")["runs"]  # fmt: skip
+        [run] = _run(
+            tmp_path,
+            "--problem",
+            P2_BF16,
+            "--model",
+            "Mixtral-8x7B,OLMoE-1B-7B",
+            "--impl",
+            "grouped_mm,flaky",
+            "--tokens",
+            "5,16",
+        )["runs"]
     assert run["csv"].name.endswith(f"-{P2_BF16}-bfloat16-small-models-Mixtral-8x7B+OLMoE-1B-7B.csv")
     frame = pd.read_csv(run["csv"]).set_index(["model", "num_tokens", "impl"]).sort_index()
     assert len(frame) == 2 * 2 * 2 and {"num_experts", "top_k"} <= set(frame.columns)
@@ -169,16 +180,19 @@ def test_a_run_cut_short_leaves_files_that_read_back(tmp_path, monkeypatch):
 
 def test_a_case_that_does_not_fit_is_a_skipped_row(tmp_path, monkeypatch):
     monkeypatch.setattr(harness, "free_device_bytes", lambda device: 50_000)  # 50 kB free
-    [run] = _run(tmp_path, "--problem", P1, "--model", f"OLMoE-1B-7B,{UNALIGNED}", "--impl", "torch_eager",
-                 "--tokens", "1,300")["runs"]  # fmt: skip
+    [run] = _run(
+        tmp_path, "--problem", P1, "--model", f"OLMoE-1B-7B,{UNALIGNED}", "--impl", "torch_eager", "--tokens", "1,300"
+    )["runs"]
     frame = pd.read_csv(run["csv"]).set_index(["model", "num_tokens"])
-    needed = harness.case_bytes(problems.load(P1), 300, torch.bfloat16, dict(hidden_size=64, intermediate_size=32),
-                                small=True)  # fmt: skip
+    needed = harness.case_bytes(
+        problems.load(P1), 300, torch.bfloat16, dict(hidden_size=64, intermediate_size=32), small=True
+    )
     assert needed > 50_000
     assert frame.loc[("OLMoE-1B-7B", 300), "status"] == f"skipped: needs {needed / 1e9:.1f} GB, 0.0 GB free"
     assert not frame.loc[("OLMoE-1B-7B", 300), "correct"] and math.isnan(frame.loc[("OLMoE-1B-7B", 300), "median_ms"])
-    one_token = harness.case_bytes(problems.load(P1), 1, torch.bfloat16, dict(hidden_size=32, intermediate_size=9),
-                                   small=True)  # fmt: skip
+    one_token = harness.case_bytes(
+        problems.load(P1), 1, torch.bfloat16, dict(hidden_size=32, intermediate_size=9), small=True
+    )
     assert one_token < 50_000 and frame.loc[(UNALIGNED, 1), "status"] == "ok"  # the run went on
 
 
@@ -190,8 +204,10 @@ def test_case_bytes_counts_inputs_reference_outputs_and_workspace():
     outputs = T * H + 3 * I * H
     workspace = T * (H + I) * harness.WORKSPACE_BYTES_PER_ROW_VALUE
     expected = inputs + max(4 * inputs + 8 * outputs, 8 * outputs + 2 * 2 * outputs) + workspace
-    assert harness.case_bytes(problems.load(P1), T, torch.bfloat16, dict(hidden_size=H, intermediate_size=I),
-                              small=False) == expected  # fmt: skip
+    assert (
+        harness.case_bytes(problems.load(P1), T, torch.bfloat16, dict(hidden_size=H, intermediate_size=I), small=False)
+        == expected
+    )
 
 
 # ---------------------------------------------------------------- torch.compile with T dynamic
@@ -225,16 +241,35 @@ def _write_run(folder, problem, rows, date_utc, stem_date, suffix=None):
     status) with our fields filled in."""
     frame_rows = []
     for model, t, impl, median, status in rows:
-        frame_rows.append(dict(problem=problem, mode="op", model=model, hidden_size=64, intermediate_size=24,
-                               impl=impl, num_tokens=t, dtype="bfloat16", median_ms=median, status=status,
-                               correct=status == "ok", passes_element_rule=True if status == "ok" else None,
-                               rel_error=1e-3, small=False))  # fmt: skip
+        frame_rows.append(
+            dict(
+                problem=problem,
+                mode="op",
+                model=model,
+                hidden_size=64,
+                intermediate_size=24,
+                impl=impl,
+                num_tokens=t,
+                dtype="bfloat16",
+                median_ms=median,
+                status=status,
+                correct=status == "ok",
+                passes_element_rule=True if status == "ok" else None,
+                rel_error=1e-3,
+                small=False,
+            )
+        )
     op = problems.load(problem).op
     frame = results.results_frame(frame_rows, problems.load(problem).output_names, models.shape_columns(op))
     stem = models.model_stem(problem, "bfloat16", small=False, date=stem_date, suffix=suffix)
     frame.to_csv(folder / f"{stem}.csv", index=False)
-    document = dict(problem=problem, mode="op", suite=results.MODEL_SUITE, dtype="bfloat16",
-                    provenance=dict(date_utc=date_utc, small=False, git_commit="abcdef123456", gpu_key="H200"))
+    document = dict(
+        problem=problem,
+        mode="op",
+        suite=results.MODEL_SUITE,
+        dtype="bfloat16",
+        provenance=dict(date_utc=date_utc, small=False, git_commit="abcdef123456", gpu_key="H200"),
+    )
     (folder / f"{stem}.json").write_text(json.dumps(document))
 
 
@@ -243,18 +278,35 @@ def committed(tmp_path):
     """An older run of two models, and a newer part of a split run that measured one of them again."""
     folder = tmp_path / "H200"
     folder.mkdir()
-    _write_run(folder, P1, [
-        ("Qwen3-30B-A3B", 7, "triton_fast", 1.0, "ok"), ("Qwen3-30B-A3B", 7, "torch_eager", 9.0, "ok"),
-        ("Qwen3-30B-A3B", 7, "torch_compile", 9.0, "ok"),
-        ("OLMoE-1B-7B", 7, "triton_fast", 1.0, "ok"), ("OLMoE-1B-7B", 7, "torch_eager", 3.0, "ok"),
-        ("OLMoE-1B-7B", 7, "torch_compile", 1.5, "ok"),
-        ("OLMoE-1B-7B", 64, "triton_fast", 2.0, "ok"), ("OLMoE-1B-7B", 64, "torch_eager", 24.0, "ok"),
-        ("OLMoE-1B-7B", 64, "torch_compile", 1.0, "ok"),
-    ], "2026-12-01T10:00:00+00:00", "2026-12-01")  # fmt: skip
-    _write_run(folder, P1, [
-        ("Qwen3-30B-A3B", 7, "triton_fast", 1.0, "ok"), ("Qwen3-30B-A3B", 7, "torch_eager", 2.0, "ok"),
-        ("Qwen3-30B-A3B", 7, "torch_compile", math.nan, "error: RuntimeError: inductor failed"),
-    ], "2026-12-05T10:00:00+00:00", "2026-12-05", suffix="Qwen3-30B-A3B")  # fmt: skip
+    _write_run(
+        folder,
+        P1,
+        [
+            ("Qwen3-30B-A3B", 7, "triton_fast", 1.0, "ok"),
+            ("Qwen3-30B-A3B", 7, "torch_eager", 9.0, "ok"),
+            ("Qwen3-30B-A3B", 7, "torch_compile", 9.0, "ok"),
+            ("OLMoE-1B-7B", 7, "triton_fast", 1.0, "ok"),
+            ("OLMoE-1B-7B", 7, "torch_eager", 3.0, "ok"),
+            ("OLMoE-1B-7B", 7, "torch_compile", 1.5, "ok"),
+            ("OLMoE-1B-7B", 64, "triton_fast", 2.0, "ok"),
+            ("OLMoE-1B-7B", 64, "torch_eager", 24.0, "ok"),
+            ("OLMoE-1B-7B", 64, "torch_compile", 1.0, "ok"),
+        ],
+        "2026-12-01T10:00:00+00:00",
+        "2026-12-01",
+    )
+    _write_run(
+        folder,
+        P1,
+        [
+            ("Qwen3-30B-A3B", 7, "triton_fast", 1.0, "ok"),
+            ("Qwen3-30B-A3B", 7, "torch_eager", 2.0, "ok"),
+            ("Qwen3-30B-A3B", 7, "torch_compile", math.nan, "error: RuntimeError: inductor failed"),
+        ],
+        "2026-12-05T10:00:00+00:00",
+        "2026-12-05",
+        suffix="Qwen3-30B-A3B",
+    )
     return tmp_path
 
 
@@ -313,8 +365,21 @@ def test_speedup_table_geomeans_and_figure(committed):
 
 def test_our_kernels_at_the_unaligned_shape_on_cpu(tmp_path):
     """Under the Triton interpreter (conftest sets it without CUDA): both of our P1 paths, rows of 9 values."""
-    [run] = _run(tmp_path, "--problem", P1, "--model", UNALIGNED, "--impl", "triton,triton_fast",
-                 "--tokens", "7", "--reps", "1", "--warmup", "0")["runs"]  # fmt: skip
+    [run] = _run(
+        tmp_path,
+        "--problem",
+        P1,
+        "--model",
+        UNALIGNED,
+        "--impl",
+        "triton,triton_fast",
+        "--tokens",
+        "7",
+        "--reps",
+        "1",
+        "--warmup",
+        "0",
+    )["runs"]
     frame = pd.read_csv(run["csv"])
     assert list(frame["impl"]) == ["triton", "triton_fast"] and set(frame["intermediate_size"]) == {9}
     assert (frame["status"] == "ok").all() and frame["correct"].all() and (frame["rel_error"] < 1e-2).all()
@@ -337,10 +402,14 @@ def test_report_notebook_shows_the_models_section_from_model_suite_files(committ
     out.mkdir()
     notebook = problems.DATA_DIR.parent / "notebooks" / "05_benchmark_report.ipynb"
     papermill.execute_notebook(
-        str(notebook), str(out / notebook.name), parameters=dict(results_dir=str(committed), output_dir=str(out)),
-        kernel_name="moe-backward-lab", progress_bar=False, cwd=str(notebook.parent),
+        str(notebook),
+        str(out / notebook.name),
+        parameters=dict(results_dir=str(committed), output_dir=str(out)),
+        kernel_name="moe-backward-lab",
+        progress_bar=False,
+        cwd=str(notebook.parent),
         extra_arguments=["--IPKernelApp.log_level=ERROR"],
-    )  # fmt: skip
+    )
     summary = json.loads((out / "summary.json").read_text())
     table = lab_models.geomean_table(lab_models.speedup_table(lab_models.load_model_runs(committed, "H200"), P1))
     assert set(summary["model_suite"]) == {P1}

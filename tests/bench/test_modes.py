@@ -82,9 +82,24 @@ def test_layer_flops_and_bytes_of_a_step():
 
 
 def test_cli_runs_a_training_step_on_cpu(tmp_path):
-    args = cli.parse_args(["--problem", "swiglu_down_backward", "--mode", "forward_backward", "--impl",
-                           "reference,torch_eager", "--tokens", "3", "--out", str(tmp_path), "--reps", "1",
-                           "--warmup", "0"])  # fmt: skip
+    args = cli.parse_args(
+        [
+            "--problem",
+            "swiglu_down_backward",
+            "--mode",
+            "forward_backward",
+            "--impl",
+            "reference,torch_eager",
+            "--tokens",
+            "3",
+            "--out",
+            str(tmp_path),
+            "--reps",
+            "1",
+            "--warmup",
+            "0",
+        ]
+    )
     result = harness.run(args, log=lambda message: None)
     frame = result["frame"]
     assert set(frame["mode"]) == {"forward_backward"} and list(frame["status"]) == ["ok", "ok"]

@@ -44,8 +44,10 @@ def test_every_peer_call_matches_its_prepared_call(seed):
 
 
 def test_trace_summary():
-    traces = [dict(workload=dict(axes=dict(num_tokens=t)), evaluation=dict(status=s, performance=dict(latency_ms=ms)))
-              for t, s, ms in ((1, "PASSED", 0.02), (4, "PASSED", 0.08), (8, "INCORRECT_NUMERICAL", None))]  # fmt: skip
+    traces = [
+        dict(workload=dict(axes=dict(num_tokens=t)), evaluation=dict(status=s, performance=dict(latency_ms=ms)))
+        for t, s, ms in ((1, "PASSED", 0.02), (4, "PASSED", 0.08), (8, "INCORRECT_NUMERICAL", None))
+    ]
     rows = official.trace_rows(traces)
     assert official.summary(rows)["passed"] == 2 and official.summary(rows)["geomean_latency_ms"] != 0.04
     assert official.summary(rows[:2])["geomean_latency_ms"] == pytest.approx(0.04)
@@ -55,8 +57,9 @@ def test_trace_summary():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
 def test_run_needs_cuda_and_the_harness(tmp_path):
     with pytest.raises(ValueError, match="harness: no sol_execbench package"):
-        official.run("swiglu_down_backward", "triton", harness=tmp_path, export_dir=tmp_path, results=tmp_path,
-                     timeout_s=10)  # fmt: skip
+        official.run(
+            "swiglu_down_backward", "triton", harness=tmp_path, export_dir=tmp_path, results=tmp_path, timeout_s=10
+        )
 
 
 def test_export_of_some_workloads_keeps_their_lines_and_refuses_unknown_counts(tmp_path):
@@ -77,8 +80,11 @@ def test_partial_runs_join_rows_of_the_same_commit_only():
     def row(t, status="PASSED", ms=1.0):
         return dict(num_tokens=t, status=status, latency_ms=ms, reference_latency_ms=9.0, max_abs_error=0.1)
 
-    earlier = dict(provenance=dict(git_commit="abc"), workloads=[row(2048), row(8192, "INCORRECT_NUMERICAL", None)],
-                   traces=["t2048", "t8192-old"])  # fmt: skip
+    earlier = dict(
+        provenance=dict(git_commit="abc"),
+        workloads=[row(2048), row(8192, "INCORRECT_NUMERICAL", None)],
+        traces=["t2048", "t8192-old"],
+    )
     rows, traces, joined = official.merged_rows(earlier, [row(8192, ms=4.0), row(3072)], ["t8192", "t3072"], "abc")
     assert joined and [r["num_tokens"] for r in rows] == [2048, 3072, 8192] and traces == ["t2048", "t3072", "t8192"]
     assert rows[2]["latency_ms"] == 4.0  # the workload run again replaces its row

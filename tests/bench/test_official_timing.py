@@ -35,9 +35,11 @@ def test_call_spans_run_from_first_start_to_last_end_of_each_calls_own_launches(
     calls = [(100, 200), (1000, 1100)]
     launches = [(110, 1), (150, 2), (1010, 3), (5000, 4)]  # 4 launched outside any call
     activities = [
-        GpuActivity(300, 340, 1, "k1"), GpuActivity(400, 460, 2, "k2"),  # a gap of 60 ns between them counts
-        GpuActivity(1200, 1250, 3, "k1"), GpuActivity(1260, 9999, 4, "stray"),
-    ]  # fmt: skip
+        GpuActivity(300, 340, 1, "k1"),
+        GpuActivity(400, 460, 2, "k2"),  # a gap of 60 ns between them counts
+        GpuActivity(1200, 1250, 3, "k1"),
+        GpuActivity(1260, 9999, 4, "stray"),
+    ]
     spans = call_spans(calls, launches, activities)
     assert [s["span_ms"] for s in spans] == [160 / 1e6, 50 / 1e6]
     assert spans[0]["names"] == ["k1", "k2"] and spans[1]["activities"] == 1

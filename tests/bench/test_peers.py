@@ -32,14 +32,14 @@ def test_positional_follows_the_definition_order():
 
 
 def test_registered_adds_and_restores():
-    fake = peers.Peer("zeros", "swiglu_down_backward", lambda inputs: (lambda: ()), capturable=True,
-                      description="test")  # fmt: skip
+    fake = peers.Peer("zeros", "swiglu_down_backward", lambda inputs: lambda: (), capturable=True, description="test")
     with peers.registered(fake):
         assert "zeros" in peers.labels("swiglu_down_backward")
     assert "zeros" not in peers.labels("swiglu_down_backward")
     original = peers.peers_for("swiglu_down_backward")["reference"]
-    replacement = peers.Peer("reference", "swiglu_down_backward", lambda inputs: None, capturable=False,
-                             description="test")  # fmt: skip
+    replacement = peers.Peer(
+        "reference", "swiglu_down_backward", lambda inputs: None, capturable=False, description="test"
+    )
     with peers.registered(replacement):
         assert peers.peers_for("swiglu_down_backward")["reference"] is replacement
     assert peers.peers_for("swiglu_down_backward")["reference"] is original
@@ -86,8 +86,9 @@ def test_p2_grouped_mm_matches_float64_reference(problem, seed):
     outputs = peer.prepare(inputs)()
     hi = [t.double() if t.is_floating_point() else t for t in inputs.values()]
     expected = reference.moe_experts_backward_reference(*hi)
-    for name, out, ref, spec in zip(problems.load(problem).outputs, outputs, expected,
-                                    problems.load(problem).outputs.values(), strict=True):  # fmt: skip
+    for name, out, ref, spec in zip(
+        problems.load(problem).outputs, outputs, expected, problems.load(problem).outputs.values(), strict=True
+    ):
         assert out.shape == ref.shape, name
         assert out.dtype == problems.DTYPES[spec["dtype"]], name
         assert rel_error(out, ref) < 3e-2, name

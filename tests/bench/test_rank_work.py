@@ -50,18 +50,35 @@ def test_rank_work_stops_on_non_finite_outputs_without_timing(tmp_path, monkeypa
 
     monkeypatch.setattr(rank_work, "same_work_step", poisoned)
     with pytest.raises(SystemExit, match="float32: wrong results, not timed .*non-finite outputs"):
-        rank_work.main(["--small", "--device", "cpu", "--dtypes", "float32", "--world-sizes", "2", "--tokens", "16",
-                        "--out", str(tmp_path)])  # fmt: skip
+        rank_work.main(
+            [
+                "--small",
+                "--device",
+                "cpu",
+                "--dtypes",
+                "float32",
+                "--world-sizes",
+                "2",
+                "--tokens",
+                "16",
+                "--out",
+                str(tmp_path),
+            ]
+        )
     frame = pd.read_csv(next(tmp_path.glob("*/*.csv")))
     assert frame.status.str.startswith("wrong").all() and frame.same_work_ms.isna().all()
 
 
 @pytest.mark.parametrize(
     "argv, message",
-    [(["--world-sizes", "0"], "--world-sizes: expected 1 to 8"), (["--world-sizes", "2,9"], "got 9"),
-     (["--tokens", "0"], "--tokens: expected positive"), (["--dtypes", "float16"], "--dtypes: expected"),
-     (["--dtypes", ","], "--dtypes: expected at least one")],
-)  # fmt: skip
+    [
+        (["--world-sizes", "0"], "--world-sizes: expected 1 to 8"),
+        (["--world-sizes", "2,9"], "got 9"),
+        (["--tokens", "0"], "--tokens: expected positive"),
+        (["--dtypes", "float16"], "--dtypes: expected"),
+        (["--dtypes", ","], "--dtypes: expected at least one"),
+    ],
+)
 def test_rank_work_bad_arguments_are_named(argv, message, capsys):
     with pytest.raises(SystemExit):
         rank_work.parse_args(["--small", "--device", "cpu", *argv])
@@ -77,14 +94,25 @@ def _stand_in_run(folder, rates_tflops: dict[int, float]):
             received = tokens * axes["top_k"]
             flops = parallel.STEP_FLOPS_PER_ROW_HI * received * axes["hidden_size"] * axes["intermediate_size"]
             local = axes["num_experts"] // world_size
-            rows.append(dict(problem=rank_work.PROBLEM, dtype="bfloat16", world_size=world_size, local_experts=local,
-                             tokens_per_rank=tokens, rows_received=received, rows_per_expert=received / local,
-                             same_work_ms=flops / (rate * 1e12) * 1e3, status="ok"))  # fmt: skip
+            rows.append(
+                dict(
+                    problem=rank_work.PROBLEM,
+                    dtype="bfloat16",
+                    world_size=world_size,
+                    local_experts=local,
+                    tokens_per_rank=tokens,
+                    rows_received=received,
+                    rows_per_expert=received / local,
+                    same_work_ms=flops / (rate * 1e12) * 1e3,
+                    status="ok",
+                )
+            )
     (folder / "H200").mkdir(parents=True)
     stem = folder / "H200" / f"2026-12-04-{rank_work.PROBLEM}-bfloat16"
     pd.DataFrame(rows).reindex(columns=rank_work.CSV_COLUMNS).to_csv(f"{stem}.csv", index=False)
-    (folder / "H200" / f"{stem.name}.json").write_text(json.dumps(dict(problem=rank_work.PROBLEM, dtype="bfloat16",
-                                                                       axes=axes, provenance={})))  # fmt: skip
+    (folder / "H200" / f"{stem.name}.json").write_text(
+        json.dumps(dict(problem=rank_work.PROBLEM, dtype="bfloat16", axes=axes, provenance={}))
+    )
 
 
 def test_lab_reads_rank_work_and_models_each_world_size_at_its_own_rate(tmp_path):
@@ -101,21 +129,37 @@ def test_lab_reads_rank_work_and_models_each_world_size_at_its_own_rate(tmp_path
         parallel.load_rank_work(tmp_path, "B200")
 
     measured = parallel.load_parallel_results()
-    shares = parallel.node_scaling_table(measured, gpu_key="H200", tokens_per_rank=8192, gpus_per_node=8,
-                                         network_bandwidth=50e9, rank_work=runs)  # fmt: skip
+    shares = parallel.node_scaling_table(
+        measured, gpu_key="H200", tokens_per_rank=8192, gpus_per_node=8, network_bandwidth=50e9, rank_work=runs
+    )
     at_w = shares[(shares.experts == "measured at W") & (shares.chunks == 1)].set_index("setting")
     assert at_w.dtype.eq("bfloat16").all()  # no float32 file: no such rows for it
     assert [setting.split(",")[0] for setting in at_w.index] == ["W = 2", "W = 8"]  # W = 16 was not measured
     # the same exchange over faster experts: a larger exposed share, and W = 8's at the rate given for it
-    w8 = parallel.model_step([8192], world_size=8, flops_rate=600e12, chunks=1,
-                             **parallel.measured_model_inputs(measured["bfloat16"])[3])  # fmt: skip
+    w8 = parallel.model_step(
+        [8192], world_size=8, flops_rate=600e12, chunks=1, **parallel.measured_model_inputs(measured["bfloat16"])[3]
+    )
     assert at_w.share.iloc[1] == pytest.approx(float(w8["share"][0]))
     assert at_w.share.iloc[1] > at_w.share.iloc[0]
 
 
 def test_rank_work_profile_lists_the_step_s_work(tmp_path, capsys):
-    written = rank_work.main(["--small", "--device", "cpu", "--dtypes", "float32", "--world-sizes", "2", "--tokens",
-                              "16", "--profile", "--out", str(tmp_path)])  # fmt: skip
+    written = rank_work.main(
+        [
+            "--small",
+            "--device",
+            "cpu",
+            "--dtypes",
+            "float32",
+            "--world-sizes",
+            "2",
+            "--tokens",
+            "16",
+            "--profile",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     kernels = json.loads(written[1].read_text())["kernels"]
     assert [(case["world_size"], case["tokens_per_rank"]) for case in kernels] == [(2, 16)]
     assert kernels[0]["kernels"] and all(k["ms"] > 0 and k["calls"] >= 1 for k in kernels[0]["kernels"])

@@ -17,26 +17,47 @@ from moe_lib import problems
 from moe_lib.bench import checks, harness, official, results, timing
 
 
-@pytest.mark.parametrize("estimate_ms, reps, expected", [
-    (9.999, 300, 300), (10.0, 300, 300), (10.001, 300, 200),  # over 10 ms: as many as fit in 2 s
-    (39.9, 100, 51), (40.0, 100, 50), (40.1, 100, 50),
-    (332.0, 50, 7), (333.4, 50, 6), (399.0, 50, 6), (400.0, 50, 5), (401.0, 50, 5), (5000.0, 50, 5),  # at least 5
-    (20.0, 3, 3),  # never more than asked for
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "estimate_ms, reps, expected",
+    [
+        (9.999, 300, 300),
+        (10.0, 300, 300),
+        (10.001, 300, 200),  # over 10 ms: as many as fit in 2 s
+        (39.9, 100, 51),
+        (40.0, 100, 50),
+        (40.1, 100, 50),
+        (332.0, 50, 7),
+        (333.4, 50, 6),
+        (399.0, 50, 6),
+        (400.0, 50, 5),
+        (401.0, 50, 5),
+        (5000.0, 50, 5),  # at least 5
+        (20.0, 3, 3),  # never more than asked for
+    ],
+)
 def test_repetitions_at_each_threshold(estimate_ms, reps, expected):
     assert timing.repetitions(estimate_ms, reps) == expected
 
 
-@pytest.mark.parametrize("warmup, estimate_ms, runs", [
-    (0, 1.0, [1, 7]), (1, 1.0, [1, 1, 7]), (2, 1.0, [1, 1, 7]), (3, 1.0, [1, 1, 1, 7]), (5, 1.0, [1, 1, 3, 7]),
-    (5, 10.0, [1, 1, 3, 7]), (5, 10.001, [1, 1, 7]),  # a long case skips the rest of the warm-up
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "warmup, estimate_ms, runs",
+    [
+        (0, 1.0, [1, 7]),
+        (1, 1.0, [1, 1, 7]),
+        (2, 1.0, [1, 1, 7]),
+        (3, 1.0, [1, 1, 1, 7]),
+        (5, 1.0, [1, 1, 3, 7]),
+        (5, 10.0, [1, 1, 3, 7]),
+        (5, 10.001, [1, 1, 7]),  # a long case skips the rest of the warm-up
+    ],
+)
 def test_warm_up_runs(warmup, estimate_ms, runs, monkeypatch):
     """The runs :func:`timing.measure` asks for, in order: the first call, the estimate, the rest of the warm-up
     (warm-up − 2, cases up to 10 ms only), the timed runs."""
     asked = []
-    monkeypatch.setattr(timing, "run_and_time", lambda fn, mode, flush, count: asked.append(count) or
-                        [estimate_ms] * count)  # fmt: skip
+    monkeypatch.setattr(
+        timing, "run_and_time", lambda fn, mode, flush, count: asked.append(count) or [estimate_ms] * count
+    )
     stats = timing.measure(lambda: None, "cpu", lambda: None, warmup=warmup, reps=7)
     assert asked == runs and stats["reps"] == 7
 
@@ -50,17 +71,36 @@ def test_the_memory_estimate_of_a_case_and_the_skip_at_it(monkeypatch):
     assert needed == 179_200 + 716_800 + 622_592 + 90_112 == 1_608_704
     for free, skipped in ((1_608_703, True), (1_608_704, False), (1_608_705, False)):
         monkeypatch.setattr(harness, "free_device_bytes", lambda device, free=free: free)
-        shortfall = harness.memory_shortfall(problem, 16, torch.bfloat16, dict(problem.small_axes), True,
-                                             torch.device("cpu"))  # fmt: skip
+        shortfall = harness.memory_shortfall(
+            problem, 16, torch.bfloat16, dict(problem.small_axes), True, torch.device("cpu")
+        )
         assert (shortfall == "skipped: needs 0.0 GB, 0.0 GB free") if skipped else shortfall is None, free
 
 
 @pytest.mark.parametrize("baseline_ms, scored", [(0.999, False), (1.0, False), (1.001, True)])
 def test_a_score_needs_a_baseline_slower_than_t_sol(baseline_ms, scored):
-    frame = pd.DataFrame([dict(impl="torch_eager", num_tokens=1, median_ms=baseline_ms, status="ok", sol_ms=1.0,
-                               timing="graph", passes_element_rule=True),
-                          dict(impl="triton", num_tokens=1, median_ms=1.0, status="ok", sol_ms=1.0, timing="graph",
-                               passes_element_rule=True)])  # fmt: skip
+    frame = pd.DataFrame(
+        [
+            dict(
+                impl="torch_eager",
+                num_tokens=1,
+                median_ms=baseline_ms,
+                status="ok",
+                sol_ms=1.0,
+                timing="graph",
+                passes_element_rule=True,
+            ),
+            dict(
+                impl="triton",
+                num_tokens=1,
+                median_ms=1.0,
+                status="ok",
+                sol_ms=1.0,
+                timing="graph",
+                passes_element_rule=True,
+            ),
+        ]
+    )
     summary, baseline = results.summarize_impls(frame, ["torch_eager", "triton"], ["torch_eager"])
     assert baseline["impl"] == "torch_eager"
     assert (summary["triton"]["sol_score"] is not None) is scored

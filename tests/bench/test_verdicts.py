@@ -74,8 +74,9 @@ def test_one_good_output_and_one_bad_fail_the_element_rule_with_the_bad_fraction
 def test_the_required_fraction_at_its_value(failing, passes):
     """0.99 of 10 000 elements: 100 failing elements still pass, 101 do not."""
     good_ref, bad_ref = _random(10_000, 3), _random(10_000, 4)
-    verdict = checks.check_outputs((good_ref.clone(), _missing_the_rule(bad_ref, failing)), (good_ref, bad_ref),
-                                   NAMES, RULE)  # fmt: skip
+    verdict = checks.check_outputs(
+        (good_ref.clone(), _missing_the_rule(bad_ref, failing)), (good_ref, bad_ref), NAMES, RULE
+    )
     assert verdict["element_pass_fraction"] == (10_000 - failing) / 10_000
     assert verdict["passes_element_rule"] is passes
 
@@ -123,13 +124,19 @@ def _frame(rows: list[tuple]) -> pd.DataFrame:
 
 
 def test_one_wrong_case_makes_an_implementation_not_all_correct_and_no_baseline():
-    frame = _frame([
-        ("torch_eager", 1, 4.0, "ok", True), ("torch_eager", 2, 16.0, "ok", True),
-        ("torch_compile", 1, 1.0, "ok", True), ("torch_compile", 2, math.nan, "wrong: grad_x rel. error 1", None),
-        ("triton", 1, 2.0, "ok", True), ("triton", 2, 8.0, "ok", False),
-    ])  # fmt: skip
-    summary, baseline = results.summarize_impls(frame, ["torch_eager", "torch_compile", "triton"],
-                                                ["torch_eager", "torch_compile"])  # fmt: skip
+    frame = _frame(
+        [
+            ("torch_eager", 1, 4.0, "ok", True),
+            ("torch_eager", 2, 16.0, "ok", True),
+            ("torch_compile", 1, 1.0, "ok", True),
+            ("torch_compile", 2, math.nan, "wrong: grad_x rel. error 1", None),
+            ("triton", 1, 2.0, "ok", True),
+            ("triton", 2, 8.0, "ok", False),
+        ]
+    )
+    summary, baseline = results.summarize_impls(
+        frame, ["torch_eager", "torch_compile", "triton"], ["torch_eager", "torch_compile"]
+    )
     compiled = summary["torch_compile"]
     assert compiled["all_correct"] is False and (compiled["n_correct"], compiled["n_cases"]) == (1, 2)
     assert compiled["geomean_ms"] == 1.0 and compiled["sol_score"] is None  # the correct case alone
@@ -143,8 +150,14 @@ def test_one_wrong_case_makes_an_implementation_not_all_correct_and_no_baseline(
 
 
 def test_no_baseline_when_every_baseline_is_wrong_somewhere():
-    frame = _frame([("torch_eager", 1, 4.0, "ok", True), ("torch_eager", 2, math.nan, "error: RuntimeError", None),
-                    ("triton", 1, 2.0, "ok", True), ("triton", 2, 8.0, "ok", True)])  # fmt: skip
+    frame = _frame(
+        [
+            ("torch_eager", 1, 4.0, "ok", True),
+            ("torch_eager", 2, math.nan, "error: RuntimeError", None),
+            ("triton", 1, 2.0, "ok", True),
+            ("triton", 2, 8.0, "ok", True),
+        ]
+    )
     summary, baseline = results.summarize_impls(frame, ["torch_eager", "triton"], ["torch_eager"])
     assert baseline["impl"] is None and summary["triton"]["sol_score"] is None
     assert summary["triton"]["all_correct"] is True and summary["torch_eager"]["all_correct"] is False
@@ -227,12 +240,24 @@ def test_a_wrong_replay_makes_the_row_wrong_and_untimed(monkeypatch):
         outputs = fn()
         for out in outputs:  # what the replays would have left: the outputs doubled
             out.mul_(2)
-        return dict(median_ms=1.0, p20_ms=1.0, p80_ms=1.0, reps=reps, timing="graph",
-                    replay_wrong=check_replay(outputs))  # fmt: skip
+        return dict(
+            median_ms=1.0, p20_ms=1.0, p80_ms=1.0, reps=reps, timing="graph", replay_wrong=check_replay(outputs)
+        )
 
     monkeypatch.setattr(harness, "time_callable", replays_of_a_drifting_graph)
-    row = harness.run_case_impl(peer, "torch_eager", inputs, references, problem.output_names, problem.element_rule,
-                                torch.device("cpu"), timing.L2Flusher("cpu"), warmup=1, reps=3, poison_bytes=0)
+    row = harness.run_case_impl(
+        peer,
+        "torch_eager",
+        inputs,
+        references,
+        problem.output_names,
+        problem.element_rule,
+        torch.device("cpu"),
+        timing.L2Flusher("cpu"),
+        warmup=1,
+        reps=3,
+        poison_bytes=0,
+    )
     assert row["status"].startswith("wrong: CUDA graph replay: grad_x rel. error 1 > 0.05"), row["status"]
     assert row["correct"] is False and math.isnan(row["median_ms"]) and row["timing"] == "graph"
 
@@ -240,8 +265,19 @@ def test_a_wrong_replay_makes_the_row_wrong_and_untimed(monkeypatch):
         return dict(median_ms=1.0, p20_ms=1.0, p80_ms=1.0, reps=reps, timing="graph", replay_wrong=check_replay(fn()))
 
     monkeypatch.setattr(harness, "time_callable", right_replays)
-    row = harness.run_case_impl(peer, "torch_eager", inputs, references, problem.output_names, problem.element_rule,
-                                torch.device("cpu"), timing.L2Flusher("cpu"), warmup=1, reps=3, poison_bytes=0)
+    row = harness.run_case_impl(
+        peer,
+        "torch_eager",
+        inputs,
+        references,
+        problem.output_names,
+        problem.element_rule,
+        torch.device("cpu"),
+        timing.L2Flusher("cpu"),
+        warmup=1,
+        reps=3,
+        poison_bytes=0,
+    )
     assert row["status"] == "ok" and row["correct"] is True and row["median_ms"] == 1.0
 
 
@@ -265,8 +301,25 @@ def test_cuda_a_graph_whose_replays_write_wrong_outputs_is_reported(tmp_path):
 
     drifting = peers.Peer("drifting", P1, prepare, capturable=True, description="right once, then wrong")
     with peers.registered(drifting):
-        result = cli.main(["--out", str(tmp_path), "--device", "cuda", "--small", "--reps", "3", "--warmup", "1",
-                           "--problem", P1, "--tokens", "64", "--impl", "torch_eager,drifting"])  # fmt: skip
+        result = cli.main(
+            [
+                "--out",
+                str(tmp_path),
+                "--device",
+                "cuda",
+                "--small",
+                "--reps",
+                "3",
+                "--warmup",
+                "1",
+                "--problem",
+                P1,
+                "--tokens",
+                "64",
+                "--impl",
+                "torch_eager,drifting",
+            ]
+        )
     frame = result["frame"].set_index("impl")
     assert frame.loc["torch_eager", "status"] == "ok"
     assert frame.loc["drifting", "status"].startswith("wrong: CUDA graph replay:"), frame.loc["drifting", "status"]
@@ -300,8 +353,9 @@ def test_the_exported_entry_point_calls_the_implementation_it_is_named_for(name,
         assert solution["name"] == f"moe_lib_{label}" and solution["definition"] == name
         assert solution["spec"]["languages"] == (["triton"] if label.startswith("triton") else ["pytorch"])
         namespace = {}
-        monkeypatch.setattr(peers, "peers_for", lambda problem_name: {other: _Stub(other, log)
-                                                                      for other in peers.labels(problem_name)})
+        monkeypatch.setattr(
+            peers, "peers_for", lambda problem_name: {other: _Stub(other, log) for other in peers.labels(problem_name)}
+        )
         exec(compile(solution["sources"][0]["content"], "kernel.py", "exec"), namespace)
         monkeypatch.undo()
         log.clear()

@@ -30,8 +30,12 @@ def fake_child(*lines: dict, then: str) -> list[str]:
 
 def test_a_child_that_stops_finishing_shapes_is_killed_and_its_shape_named(probe, tmp_path):
     log = tmp_path / "child.log"
-    command = fake_child(dict(event="start", shape="p1_da"), dict(event="result", shape="p1_da", check="ok"),
-                         dict(event="start", shape="p1_dx"), then="import time\ntime.sleep(120)")  # fmt: skip
+    command = fake_child(
+        dict(event="start", shape="p1_da"),
+        dict(event="result", shape="p1_da", check="ok"),
+        dict(event="start", shape="p1_dx"),
+        then="import time\ntime.sleep(120)",
+    )
     start = time.monotonic()
     status = probe.watch(command, log, stall=1.5, limit=60)
     assert time.monotonic() - start < 30
@@ -42,8 +46,10 @@ def test_a_child_that_stops_finishing_shapes_is_killed_and_its_shape_named(probe
 
 
 def test_a_child_over_its_time_limit_is_killed(probe, tmp_path):
-    command = fake_child(then="import time\nfor _ in range(100):\n    print('RESULT {\"event\": \"result\"}', "
-                              "flush=True)\n    time.sleep(0.2)")  # fmt: skip
+    command = fake_child(
+        then='import time\nfor _ in range(100):\n    print(\'RESULT {"event": "result"}\', '
+        "flush=True)\n    time.sleep(0.2)"
+    )
     status = probe.watch(command, tmp_path / "child.log", stall=10, limit=2)
     assert status == "killed: over 2 s"
 
@@ -61,10 +67,11 @@ def test_table_gives_tflops_fractions_and_the_large_shapes_geomean(probe):
 
     runs = {
         "torch_mm": dict(results={"p1_da": ok(600.0), "p1_dx": ok(640.0), "p2_gate_m256": ok(200.0)}),
-        "coop_m128n256k64_s3": dict(results={"p1_da": ok(570.0), "p1_dx": ok(640.0),
-                                             "p2_gate_m256": dict(check="WRONG: relative error 0.5")}),
+        "coop_m128n256k64_s3": dict(
+            results={"p1_da": ok(570.0), "p1_dx": ok(640.0), "p2_gate_m256": dict(check="WRONG: relative error 0.5")}
+        ),
         "pp_m128n128k64_s5": dict(results={"p1_da": dict(check="HUNG: killed")}),
-    }  # fmt: skip
+    }
     text = probe.table(runs, ["p2_gate_m256", "p1_da", "p1_dx"])
     lines = text.splitlines()
     assert lines[0] == "c1 = coop_m128n256k64_s3" and lines[1] == "c2 = pp_m128n128k64_s5"

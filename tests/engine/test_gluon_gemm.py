@@ -21,16 +21,19 @@ def meta(*shape, dtype=torch.bfloat16):
     return torch.empty(shape, dtype=dtype, device="meta")
 
 
-@pytest.mark.parametrize(("fields", "message"), [
-    (dict(consumers="both"), "consumers must be one of"),
-    (dict(block_m=64), "block_m must be one of (128, 256) with cooperative"),
-    (dict(consumers="pingpong", block_m=256), "block_m must be one of (64, 128) with pingpong"),
-    (dict(block_n=96), "block_n must be 64, 128 or 256"),
-    (dict(block_k=16), "block_k must be 32, 64 or 128"),
-    (dict(stages=1), "stages must be at least 2"),
-    (dict(programs=-1), "programs must be ≥ 0"),
-    (dict(stages=4), "more than the 232448"),  # 4 × 48 KB of ring and a 64 KB output tile
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (dict(consumers="both"), "consumers must be one of"),
+        (dict(block_m=64), "block_m must be one of (128, 256) with cooperative"),
+        (dict(consumers="pingpong", block_m=256), "block_m must be one of (64, 128) with pingpong"),
+        (dict(block_n=96), "block_n must be 64, 128 or 256"),
+        (dict(block_k=16), "block_k must be 32, 64 or 128"),
+        (dict(stages=1), "stages must be at least 2"),
+        (dict(programs=-1), "programs must be ≥ 0"),
+        (dict(stages=4), "more than the 232448"),  # 4 × 48 KB of ring and a 64 KB output tile
+    ],
+)
 def test_config_refuses_what_the_kernel_does_not_do(fields, message):
     with pytest.raises(ValueError, match="config: ") as error:
         GemmConfig(**fields)
@@ -79,16 +82,19 @@ def test_launch_arguments_give_each_form_its_tiles(a_t, b_t):
     assert constexprs["num_warps"] == 4
 
 
-@pytest.mark.parametrize(("a", "b", "out", "message"), [
-    (meta(64, 32, dtype=torch.float32), meta(32, 64), None, "a: expected bfloat16 or float16"),
-    (meta(64, 32), meta(32, 64, dtype=torch.float16), None, "b: expected torch.bfloat16 like a"),
-    (meta(64, 32), meta(40, 64), None, "b: expected 32 rows"),
-    (meta(64, 32), meta(32, 64), meta(64, 72), "out: expected shape (64, 64)"),
-    (meta(64, 32), meta(32, 64), meta(64, 128)[:, :64], "out: expected a contiguous"),
-    (meta(64, 12), meta(12, 64), None, "a: TMA needs rows of a multiple of 16 bytes"),
-    (meta(64, 32), meta(32, 60), None, "b: TMA needs rows"),
-    (meta(64, 32), meta(32, 64, 1), None, "b: expected a 2-D tensor"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("a", "b", "out", "message"),
+    [
+        (meta(64, 32, dtype=torch.float32), meta(32, 64), None, "a: expected bfloat16 or float16"),
+        (meta(64, 32), meta(32, 64, dtype=torch.float16), None, "b: expected torch.bfloat16 like a"),
+        (meta(64, 32), meta(40, 64), None, "b: expected 32 rows"),
+        (meta(64, 32), meta(32, 64), meta(64, 72), "out: expected shape (64, 64)"),
+        (meta(64, 32), meta(32, 64), meta(64, 128)[:, :64], "out: expected a contiguous"),
+        (meta(64, 12), meta(12, 64), None, "a: TMA needs rows of a multiple of 16 bytes"),
+        (meta(64, 32), meta(32, 60), None, "b: TMA needs rows"),
+        (meta(64, 32), meta(32, 64, 1), None, "b: expected a 2-D tensor"),
+    ],
+)
 def test_operands_are_checked_naming_the_argument(a, b, out, message):
     with pytest.raises(ValueError) as error:
         check_operands(a, b, out)
@@ -108,8 +114,14 @@ def test_probe_configs_compile_for_sm90_unserialised_within_the_limits(tmp_path)
     255 registers a thread in any partition."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
-    done = subprocess.run([sys.executable, "scripts/p2/gemm_probe.py", "--compile-only", "--out", str(tmp_path)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "scripts/p2/gemm_probe.py", "--compile-only", "--out", str(tmp_path)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = json.loads((tmp_path / "gemm_probe_compile.json").read_text())["compile"]
     assert {row["form"] for row in rows} == {"nn", "nt", "tn"}

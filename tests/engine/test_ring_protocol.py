@@ -87,8 +87,14 @@ def play(tiles: int, k_steps: int, buffers: int, consumers: int, rng: random.Ran
     while agents or copies:
         choices = [("agent", name) for name in agents if waits[name]()]
         choices += [("copy", k) for k in range(len(copies))]
-        choices += [("mma", mma) for mma in mmas if not mma["done"] and all(
-            other["done"] for other in mmas if other["consumer"] == mma["consumer"] and other["step"] < mma["step"])]
+        choices += [
+            ("mma", mma)
+            for mma in mmas
+            if not mma["done"]
+            and all(
+                other["done"] for other in mmas if other["consumer"] == mma["consumer"] and other["step"] < mma["step"]
+            )
+        ]
         if not choices:
             return faults + [f"deadlock: {sorted(agents)} waiting"]
         kind, what = rng.choice(choices)

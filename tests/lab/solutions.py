@@ -72,17 +72,20 @@ def expert_intensity(T, H, I, E, K):
 
 
 @triton.jit
-def grad_down_kernel(dy_ptr, a_ptr, out_ptr, T, H, I, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr):  # fmt: skip
+def grad_down_kernel(
+    dy_ptr, a_ptr, out_ptr, T, H, I, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr
+):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # of H
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # of I
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, T, BLOCK_K):
         tokens = k + tl.arange(0, BLOCK_K)
-        dy_t = tl.load(dy_ptr + tokens[None, :] * H + rows[:, None], mask=(tokens[None, :] < T) & (rows[:, None] < H),
-                       other=0.0)  # fmt: skip
-        a = tl.load(a_ptr + tokens[:, None] * I + cols[None, :], mask=(tokens[:, None] < T) & (cols[None, :] < I),
-                    other=0.0)  # fmt: skip
+        dy_t = tl.load(
+            dy_ptr + tokens[None, :] * H + rows[:, None], mask=(tokens[None, :] < T) & (rows[:, None] < H), other=0.0
+        )
+        a = tl.load(
+            a_ptr + tokens[:, None] * I + cols[None, :], mask=(tokens[:, None] < T) & (cols[None, :] < I), other=0.0
+        )
         acc += tl.dot(dy_t, a)
     tl.store(out_ptr + rows[:, None] * I + cols[None, :], acc, mask=(rows[:, None] < H) & (cols[None, :] < I))
 

@@ -86,8 +86,9 @@ def test_p1_design_map_draws_every_run_of_the_design_choice():
     for path, runs in fig.paths.items():
         assert runs[0][0] == 1 and runs[-1][1] == 4097
         assert all(a[1] == b[0] and a[2] != b[2] for a, b in zip(runs, runs[1:], strict=False))
-        table = regimes.p1_design_by_tokens([start for start, _, _ in runs] + [stop - 1 for _, stop, _ in runs],
-                                            2048, 768)  # fmt: skip
+        table = regimes.p1_design_by_tokens(
+            [start for start, _, _ in runs] + [stop - 1 for _, stop, _ in runs], 2048, 768
+        )
         for start, stop, name in runs:
             assert table.loc[start, path] == table.loc[stop - 1, path] == name, (path, start)
     fast = {name for _, _, name in fig.paths["fast"]}
@@ -98,12 +99,29 @@ def test_p1_design_map_draws_every_run_of_the_design_choice():
 def test_gluon_forms_table_follows_the_bands():
     table = regimes.gluon_forms_table([64, 128, 129, 1099, 1100, 1400, 2300, 3300, 8192], 2048, 768)
     assert list(table.index) == [128, 129, 1099, 1100, 1400, 2300, 3300, 8192]  # the few-token launch's left out
-    assert table.loc[129].to_dict() == {"form": "narrow", "launch 1 rows": 64, "launch 1 ring": 8,
-                                        "dA tiles first": True, "launch 2 rows": 64, "launch 2 ring": 6,
-                                        "dx tiles first": True, "launch 2 early": True, "saved tiles early": True,
-                                        "dWd in launch 2": True, "dx splits": 2}  # fmt: skip
-    assert table["form"].tolist() == ["narrow", "narrow", "tall_dx_first", "wide_da_first", "wide_da_first_tall",
-                                      "wide", "wide_tall", "wide"]  # fmt: skip
+    assert table.loc[129].to_dict() == {
+        "form": "narrow",
+        "launch 1 rows": 64,
+        "launch 1 ring": 8,
+        "dA tiles first": True,
+        "launch 2 rows": 64,
+        "launch 2 ring": 6,
+        "dx tiles first": True,
+        "launch 2 early": True,
+        "saved tiles early": True,
+        "dWd in launch 2": True,
+        "dx splits": 2,
+    }
+    assert table["form"].tolist() == [
+        "narrow",
+        "narrow",
+        "tall_dx_first",
+        "wide_da_first",
+        "wide_da_first_tall",
+        "wide",
+        "wide_tall",
+        "wide",
+    ]
     fast = regimes.gluon_forms_table([64, 128, 3300, 8192], 2048, 768, precision="fast")
     assert list(fast.index) == [128] and fast.loc[128, "dWd in launch 2"]  # cuBLAS's GEMMs at 3300 and 8192
     assert table.loc[1100, "launch 1 rows"] == 128 and table.loc[1100, "dA tiles first"]

@@ -19,10 +19,16 @@ def test_every_row_names_notes_that_exist_and_a_known_status(log):
     assert set(log["section"]) >= {"P1 · swiglu_down_backward (moe_lib/swiglu_down/)"}
 
 
-@pytest.mark.parametrize("status, kind", [("removed@1051632", "removed"), ("default (`few_tokens`)", "default"),
-                                          ("negative (`sorted_rows_from_a` removed@eaf7526)", "negative"),
-                                          ("fallback (`chained`, faithful off Hopper)", "fallback"),
-                                          ("whatever", "other")])  # fmt: skip
+@pytest.mark.parametrize(
+    "status, kind",
+    [
+        ("removed@1051632", "removed"),
+        ("default (`few_tokens`)", "default"),
+        ("negative (`sorted_rows_from_a` removed@eaf7526)", "negative"),
+        ("fallback (`chained`, faithful off Hopper)", "fallback"),
+        ("whatever", "other"),
+    ],
+)
 def test_status_kind(status, kind):
     assert design_log.status_kind(status) == kind
 

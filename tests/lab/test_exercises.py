@@ -18,11 +18,14 @@ def _wrong_ring(step, buffers):
 
 CASES = {  # checker -> (the solution, a wrong answer)
     "check_d_gate_recomputed": (solutions.d_gate_recomputed, lambda d_a, g, u: d_a * u * torch.sigmoid(g)),
-    "check_geglu_backward": (solutions.geglu_backward,
-                             lambda d_a, g, u: (d_a * u * 0.5 * (1 + torch.erf(g / math.sqrt(2))),
-                                                d_a * torch.nn.functional.gelu(g))),
-    "check_hi_lo_split": (solutions.hi_lo_split,
-                          lambda v: (v.to(torch.bfloat16), torch.zeros_like(v, dtype=torch.bfloat16))),
+    "check_geglu_backward": (
+        solutions.geglu_backward,
+        lambda d_a, g, u: (d_a * u * 0.5 * (1 + torch.erf(g / math.sqrt(2))), d_a * torch.nn.functional.gelu(g)),
+    ),
+    "check_hi_lo_split": (
+        solutions.hi_lo_split,
+        lambda v: (v.to(torch.bfloat16), torch.zeros_like(v, dtype=torch.bfloat16)),
+    ),
     "check_grad_topk_weights": (solutions.grad_topk_weights, lambda dy, x, idx, wg, wu, wd: torch.zeros(idx.shape)),
     "check_router_backward": (solutions.router_backward, lambda logits, d_w: d_w * torch.softmax(logits, dim=-1)),
     "check_expected_empty_experts": (solutions.expected_empty_experts, lambda T, E, K: E * math.exp(-T * K / E)),
@@ -30,11 +33,12 @@ CASES = {  # checker -> (the solution, a wrong answer)
     "check_ridge_crossing": (solutions.ridge_crossing, lambda H, I, p, b: p / b),
     "check_expert_intensity": (solutions.expert_intensity, lambda T, H, I, E, K: T * K / E),
     "check_grad_down_kernel": (solutions.grad_down, lambda dy, a: (dy[:16].T @ a[:16]).float()),
-    "check_split_ranges": (solutions.split_ranges,
-                           lambda K, s, b: [(i * K // s, (i + 1) * K // s) for i in range(s)]),
+    "check_split_ranges": (solutions.split_ranges, lambda K, s, b: [(i * K // s, (i + 1) * K // s) for i in range(s)]),
     "check_ring_schedule": (solutions.ring_schedule, _wrong_ring),
-    "check_expert_partition": (solutions.expert_partition,
-                               lambda E, W: [range(r * (E // W), (r + 1) * (E // W)) for r in range(W)]),
+    "check_expert_partition": (
+        solutions.expert_partition,
+        lambda E, W: [range(r * (E // W), (r + 1) * (E // W)) for r in range(W)],
+    ),
     "check_rows_sent": (solutions.rows_sent, lambda idx, E, W: [[idx.shape[0] * idx.shape[1] // W // W] * W] * W),
     "check_exchange_bytes": (solutions.exchange_bytes, lambda T_r, K, H, W, b, b_w: 4 * T_r * K * H * b),
 }

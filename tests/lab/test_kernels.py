@@ -66,16 +66,23 @@ def test_p2_plan_and_grid_tables_by_hand():
     assert list(table["programs"]) == [E * (I // config.block_i) * R, 132, 132, 132, T * (H // config.block_h_sum)]
     assert table.loc["A", "grid"] == f"{E} × {I // config.block_i} × {R} (experts × I-tiles × row split)"
     m, n_tile = config.tma_weight_grad.gate_up_tile[:2]
-    assert table.loc["W_gate_up", "grid"] == (f"132 (programs (one per SM)), looping over {E} × {I // m} × "
-                                              f"{H // n_tile} tiles (experts × M-tiles × N-tiles)")  # fmt: skip
+    assert table.loc["W_gate_up", "grid"] == (
+        f"132 (programs (one per SM)), looping over {E} × {I // m} × {H // n_tile} tiles (experts × M-tiles × N-tiles)"
+    )
     empty = kernels.p2_plan_table(p2_launch.launch_plan(0, H, I, E, K, config, num_programs=132))  # W writes the zeros
     assert list(empty["programs"]) == [0, 132, 132, 0, 0]
     # the pointer-based kernels W and D where the config has no TMA-fed form: one program per tile (group)
     pointer = dataclasses.replace(config, tma_weight_grad=None, tma_slot_projection=None)
-    weight_grads = [_weight_grad_programs(E, I, H, config.grad_gate_up_tile, n),
-                    _weight_grad_programs(E, H, I, config.grad_down_tile, n)]  # fmt: skip
-    assert list(kernels.p2_plan_table(p2_launch.launch_plan(T, H, I, E, K, pointer))["programs"]) == \
-        [E * (I // config.block_i) * R, *weight_grads, E * (H // config.block_h_dx) * R, T * (H // config.block_h_sum)]
+    weight_grads = [
+        _weight_grad_programs(E, I, H, config.grad_gate_up_tile, n),
+        _weight_grad_programs(E, H, I, config.grad_down_tile, n),
+    ]
+    assert list(kernels.p2_plan_table(p2_launch.launch_plan(T, H, I, E, K, pointer))["programs"]) == [
+        E * (I // config.block_i) * R,
+        *weight_grads,
+        E * (H // config.block_h_dx) * R,
+        T * (H // config.block_h_sum),
+    ]
     grid = kernels.p2_grid_table([T], P2)
     assert grid.loc[T, "row split R"] == R and grid.loc[T, "slots per expert (mean)"] == 64
     assert list(grid.columns[2:]) == [f"kernel {step} programs" for step in table.index]

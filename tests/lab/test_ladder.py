@@ -38,8 +38,12 @@ def test_p1_launch2_ladder_reads_the_probe_and_predicts_by_hand():
     table = ladder.p1_launch2_ladder(SPEC)
     assert list(table.index) == [2447, 4093, 8192]
     runs = json.loads(tuning_index.run("gluon_launch2_probe").path.read_text())["runs"]
-    triton = [row["us"] for run in runs for row in run["rows"]
-              if row.get("product") == "launch 2" and row["impl"] == "triton launch 2 (default)" and row["T"] == 8192]
+    triton = [
+        row["us"]
+        for run in runs
+        for row in run["rows"]
+        if row.get("product") == "launch 2" and row["impl"] == "triton launch 2 (default)" and row["T"] == 8192
+    ]
     assert table.loc[8192, "Triton"] == pytest.approx(statistics.median(triton))
     T, H, I = 8192, 2048, 768
     traffic = (4 * T * I + 2 * T * H + 4 * I * H) * 2
@@ -68,9 +72,13 @@ def test_p2_rung_costs_count_a_launch_per_busy_expert():
 
 
 def test_figures_render():
-    for fig in (ladder.p1_rungs_figure(), ring.ring_diagram(6),
-                ladder.ladder_figure(ladder.p1_launch2_ladder(SPEC), list(ladder.LAUNCH2_LABELS.values()), "t",
-                                     predicted="predicted (µs)")):  # fmt: skip
+    for fig in (
+        ladder.p1_rungs_figure(),
+        ring.ring_diagram(6),
+        ladder.ladder_figure(
+            ladder.p1_launch2_ladder(SPEC), list(ladder.LAUNCH2_LABELS.values()), "t", predicted="predicted (µs)"
+        ),
+    ):
         assert fig.axes
         plt.close(fig)
 
@@ -98,12 +106,15 @@ def test_wrong_schedules_are_caught():
     assert any("read buffer" in e or "overwrote" in e for e in errors if e)
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda: ring.simulate(ring.kernel_schedule, 0, 4), "buffers"),
-    (lambda: ring.simulate(ring.kernel_schedule, 2, -1), "steps"),
-    (lambda: ladder.p1_rung_costs(0, SPEC, CUDA_CORES), "num_tokens"),
-    (lambda: ladder.p2_rung_costs(-3, SPEC), "num_tokens"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: ring.simulate(ring.kernel_schedule, 0, 4), "buffers"),
+        (lambda: ring.simulate(ring.kernel_schedule, 2, -1), "steps"),
+        (lambda: ladder.p1_rung_costs(0, SPEC, CUDA_CORES), "num_tokens"),
+        (lambda: ladder.p2_rung_costs(-3, SPEC), "num_tokens"),
+    ],
+)
 def test_bad_arguments_are_named(call, message):
     with pytest.raises(ValueError, match=message):
         call()

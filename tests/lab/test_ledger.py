@@ -89,8 +89,10 @@ def test_summary_and_figure_without_measurements():
     assert len(fig.axes) == 1
 
 
-@pytest.mark.parametrize("kwargs, message", [(dict(num_tokens=2048, dtype="float64"), "dtype"),
-                                             (dict(num_tokens=0, dtype="float32"), "num_tokens")])  # fmt: skip
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [(dict(num_tokens=2048, dtype="float64"), "dtype"), (dict(num_tokens=0, dtype="float32"), "num_tokens")],
+)
 def test_bad_arguments_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         ledger.p2_backward_steps(**kwargs)

@@ -29,8 +29,9 @@ def test_design_tables_read_the_committed_tuning_runs():
     assert (p1["two launches µs"] <= p1["one launch µs"] + 0.5).all()  # what notes/index.md says: no gain
     labels = {"unfused": "design 2", "g_s3": "design 3"}
     p2 = measured_designs.p2_kernel_times(tuning_index.TUNING_DIR / "2026-11-29-p2-design3-tune.json", labels)
-    assert list(p2.index) == [(case, label) for case in ("fp32:2048", "bf16:2048", "fp32:8192") for label in
-                              ("design 2", "design 3")]  # fmt: skip
+    assert list(p2.index) == [
+        (case, label) for case in ("fp32:2048", "bf16:2048", "fp32:8192") for label in ("design 2", "design 3")
+    ]
     assert p2.loc[("bf16:2048", "design 2"), "graph_ms"] == pytest.approx(12.30, abs=0.01)
     assert p2.loc[("bf16:2048", "design 2"), "G"] == 0 and p2.loc[("bf16:2048", "design 3"), "Wgu"] == 0
     assert (p2["element_rule"] >= 0.99).all()
@@ -85,8 +86,9 @@ def test_p1_host_gap_times_and_figure():
 
 
 def test_p1_tune_times_and_speedup_figure():
-    table = measured_designs.p1_tune_times(tuning_index.TUNING_DIR / "2026-12-01-p1-tune-library-fast.json",
-                                           default_label="Triton launches")  # fmt: skip
+    table = measured_designs.p1_tune_times(
+        tuning_index.TUNING_DIR / "2026-12-01-p1-tune-library-fast.json", default_label="Triton launches"
+    )
     assert table.columns[0] == "Triton launches" and {"lib", "lib_s", "lib_b", "lib_bs"} <= set(table.columns)
     assert table.index.name == "num_tokens" and 8192 in table.index
     assert (table > 0).all().all()
@@ -113,8 +115,9 @@ def test_one_block_table_reads_the_committed_runs_of_both_trees():
     official, _ = measured_designs.p1_one_block_times(column="official_us")
     at_96 = official.loc[("faithful", 96)]
     assert at_96[now_default] < at_96[before]
-    figure = measured_designs.few_tokens_figure(table, floor, chosen=now_default, before=before,
-                                                xscale="linear", ticks=[17, 64, 128])  # fmt: skip
+    figure = measured_designs.few_tokens_figure(
+        table, floor, chosen=now_default, before=before, xscale="linear", ticks=[17, 64, 128]
+    )
     assert len(figure.axes) == 2 and len(figure.axes[0].lines) == len(table.columns) + 1
     plt.close(figure)
 
@@ -137,8 +140,13 @@ def test_programmatic_launch_gains_pair_each_form_with_its_pdl_candidate():
     in each band's form where it is the default (what notes/index.md says, design 16: 0.6-1.2 µs by
     graph replay), and in most of the other cases."""
     gains = measured_designs.programmatic_launch_gains()
-    bands = {"gluon12_m64_lf": [129, 256, 512, 1087], "gluon12_l2m64_lf": [1150, 1200, 1321],
-             "gluon12_l2m64_daf": [1571], "gluon12_b6": [2447, 8192], "gluon12_b6_l2m64b6": [4093]}  # fmt: skip
+    bands = {
+        "gluon12_m64_lf": [129, 256, 512, 1087],
+        "gluon12_l2m64_lf": [1150, 1200, 1321],
+        "gluon12_l2m64_daf": [1571],
+        "gluon12_b6": [2447, 8192],
+        "gluon12_b6_l2m64b6": [4093],
+    }
     assert set(gains.columns) == set(bands)
     in_bands = pd.concat([gains.loc[tokens, form] for form, tokens in bands.items()])
     assert len(in_bands) == 11 and in_bands.between(0.55, 1.25).all()
@@ -150,8 +158,12 @@ def test_saved_tiles_early_gains_pair_each_form_with_its_early_candidate():
     most pairs and never more than 0.5 µs slower (what notes/index.md says, design 17: 0.1-1.3 µs in 14
     of 17 pairs, ties within ±0.3 in the rest)."""
     gains = measured_designs.saved_tiles_early_gains()
-    assert set(gains.columns) == {"gluon12_m64_lf_pdl_sif_graph", "gluon12_l2m64_lf_pdl_sif_graph",
-                                  "gluon12_b6_pdl_sif_graph", "gluon12_b6_l2m64b6_pdl_sif_graph"}  # fmt: skip
+    assert set(gains.columns) == {
+        "gluon12_m64_lf_pdl_sif_graph",
+        "gluon12_l2m64_lf_pdl_sif_graph",
+        "gluon12_b6_pdl_sif_graph",
+        "gluon12_b6_l2m64b6_pdl_sif_graph",
+    }
     values = gains.stack().dropna()
     assert len(values) >= 17 and (values > 0).mean() > 0.7 and values.min() > -0.5 and values.max() < 1.5
 
@@ -183,8 +195,9 @@ def test_phase2_tile_table_reads_the_committed_runs():
     fast = table.loc["fast"]
     assert fast.loc[48, now] < fast.loc[48, cublas]
     assert (fast.loc[[96, 128], cublas] < fast.loc[[96, 128], now]).all()
-    figure = measured_designs.few_tokens_figure(table, floor, chosen=now, before=before, xscale="linear",
-                                                ticks=[2, 16, 32, 64, 128])
+    figure = measured_designs.few_tokens_figure(
+        table, floor, chosen=now, before=before, xscale="linear", ticks=[2, 16, 32, 64, 128]
+    )
     assert len(figure.axes) == 2
     plt.close(figure)
 
@@ -246,7 +259,8 @@ def test_fast_path_gluon_large_times_hold_the_second_band_of_gluon_fast_tokens()
     # (at 1100-3599 tokens, where the forms have not changed since: design 20 moved dWd's tiles at 513-1099 and
     # 3600-5199, and the fast path follows them there)
     assert all(band[T] > cublas[T] for T in (1087, 1321, 1571, 3300, 4093)) and all(
-        on_gluon(T) == (band[T] < cublas[T]) for T in table.index if 2600 <= T < 3600 and T != 2767)
+        on_gluon(T) == (band[T] < cublas[T]) for T in table.index if 2600 <= T < 3600 and T != 2767
+    )
     # (at 1100-2599 the fast path takes forms of its own since: designs 21-22)
     for form in ("Gluon, the 1100-1399 form", "Gluon, the 1400-2299 form", "Gluon, the 3300-4599 form"):
         both = table[[form, "cuBLAS"]].dropna()
@@ -267,8 +281,12 @@ def test_fast_path_gluon_times_hold_the_band_of_gluon_fast_tokens():
     for T in both:  # the forms of then: ahead to 959 tokens (design 20's forms since lead to 1099)
         assert (gluon[T] < cublas[T]) == (T < 960), T
     assert (table.loc[[160, 192], "Gluon launches, dx in 4"] > gluon[[160, 192]]).all()
-    fig = measured_designs.speedup_figure(table[["cuBLAS", "Gluon launches, dx unsplit"]], "cuBLAS", "test",
-                                          switch=next(T for T in range(65, 4096) if not on_gluon(T)))  # fmt: skip
+    fig = measured_designs.speedup_figure(
+        table[["cuBLAS", "Gluon launches, dx unsplit"]],
+        "cuBLAS",
+        "test",
+        switch=next(T for T in range(65, 4096) if not on_gluon(T)),
+    )
     assert len(fig.axes[0].lines) == 3
     plt.close(fig)
 
@@ -319,10 +337,12 @@ def test_design21_times_hold_the_fast_paths_own_forms():
     1500 form (the 1400 band's with dWd's tiles in launch 2) ahead of the forms before at 1571-2200; the labelled
     candidates are the forms the paths take."""
     table = measured_designs.design21_times("fast")
-    own = {range(1250, 1408): ("2300 form, dWd in launch 2, dA 64 wide", "wide_narrow_da"),
-           range(1408, 1500): ("1400 form, dWd in launch 2", "wide_da_first_tall"),
-           range(1500, 2300): ("2300 form, dWd in launch 2", "wide"),
-           range(2300, 2600): ("3600 form", "wide_da256")}  # the candidates' labels, the forms of FORMS  # fmt: skip
+    own = {
+        range(1250, 1408): ("2300 form, dWd in launch 2, dA 64 wide", "wide_narrow_da"),
+        range(1408, 1500): ("1400 form, dWd in launch 2", "wide_da_first_tall"),
+        range(1500, 2300): ("2300 form, dWd in launch 2", "wide"),
+        range(2300, 2600): ("3600 form", "wide_da256"),
+    }  # the candidates' labels, the forms of FORMS
     measured = 0
     for band, (label, form) in own.items():
         assert regimes.gluon_form_of(chosen(band.start, "fast")) == (form, True, 1)
@@ -354,10 +374,12 @@ def test_design22_times_hold_the_forms_to_512_tokens():
     the 64-wide dA form ahead of cuBLAS at 1100-1249; on the faithful path dWd's tiles in launch 2 ahead at 160-256 (dx
     in 2) and a tie at 65-128 (dx in 4, not taken); the labelled candidates are the forms the paths take."""
     fast = measured_designs.design22_times("fast")
-    bands = {range(65, 129): ("gluon12_m64_early_dx4_wp68_ibw_n64_dwd2", ("narrow", True, 4)),
-             range(129, 193): ("gluon12_m64_early_dx2_wp68_ibw_n64_dwd2", ("narrow", True, 2)),
-             range(193, 385): ("gluon12_m64_early_dx1_wp68_ibw_n64_dwd2", ("narrow", True, 1)),
-             range(385, 513): ("gluon12_m64_early_dx1_wp68_ibw_dwd2", ("tall", True, 1))}  # fmt: skip
+    bands = {
+        range(65, 129): ("gluon12_m64_early_dx4_wp68_ibw_n64_dwd2", ("narrow", True, 4)),
+        range(129, 193): ("gluon12_m64_early_dx2_wp68_ibw_n64_dwd2", ("narrow", True, 2)),
+        range(193, 385): ("gluon12_m64_early_dx1_wp68_ibw_n64_dwd2", ("narrow", True, 1)),
+        range(385, 513): ("gluon12_m64_early_dx1_wp68_ibw_dwd2", ("tall", True, 1)),
+    }
     before = fast[["dA 64 wide (before, to 256)", "257 form (before, 257-512)"]].min(axis=1)
     measured = 0
     for band, (candidate, form) in bands.items():
@@ -375,8 +397,10 @@ def test_design22_times_hold_the_forms_to_512_tokens():
     faithful = measured_designs.design22_times("faithful")
     moved, kept = faithful["dx in 2, dWd in launch 2"], faithful["dx in 2 (before)"]
     assert all(moved[T] < kept[T] for T in (160, 192, 224, 256)) and moved[256] < kept[256] - 1
-    assert all(abs(faithful.loc[T, "dx in 4, dWd in launch 2"] - faithful.loc[T, "dx in 4 (before)"]) < 0.5
-               for T in (65, 96, 128))  # fmt: skip
+    assert all(
+        abs(faithful.loc[T, "dx in 4, dWd in launch 2"] - faithful.loc[T, "dx in 4 (before)"]) < 0.5
+        for T in (65, 96, 128)
+    )
     assert regimes.gluon_form_of(chosen(160, "faithful")) == ("narrow", True, 2)  # "dx in 2, dWd in launch 2"
     assert regimes.gluon_form_of(chosen(128, "faithful")) == ("narrow", False, 4)  # "dx in 4 (before)"
 

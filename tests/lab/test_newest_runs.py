@@ -26,7 +26,7 @@ def _copy_run(stem: str, folder: Path, date: str, *, slower: float = 1.0, date_u
     """The committed run ``stem`` (CSV and JSON) under ``date`` in ``folder``, its ``*_ms`` columns times
     ``slower``, its JSON's date_utc ``date_utc`` (default: the date's midday); returns the CSV's path."""
     folder.mkdir(parents=True, exist_ok=True)
-    name = f"{date}-{stem[len('2026-12-01-'):]}"
+    name = f"{date}-{stem[len('2026-12-01-') :]}"
     frame = pd.read_csv(H200 / f"{stem}.csv")
     for column in frame.columns:
         if column.endswith("_ms") and pd.api.types.is_float_dtype(frame[column]):
@@ -58,8 +58,10 @@ def test_load_results_reads_the_newest_file_of_each_kind(tmp_path, newer_first):
 def test_load_official_runs_reads_the_newest_run_of_each_impl(tmp_path):
     folder = tmp_path / "H200"
     folder.mkdir()
-    for stem in ("2026-12-02-swiglu_down_backward-official-triton",
-                 "2026-11-30-swiglu_down_backward-official-triton_fast"):  # fmt: skip
+    for stem in (
+        "2026-12-02-swiglu_down_backward-official-triton",
+        "2026-11-30-swiglu_down_backward-official-triton_fast",
+    ):
         document = json.loads((H200 / f"{stem}.json").read_text())
         impl = document["impl"]
         slow = dict(document, workloads=[dict(w, latency_ms=99.0) for w in document["workloads"]])

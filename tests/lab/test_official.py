@@ -37,8 +37,12 @@ def _newest_graph_csv(problem=P1):
     for path in sorted(H200_RESULTS.glob(f"*-{problem}-*.csv")):
         meta_path = path.with_suffix(".json")
         meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-        if meta.get("problem") == problem and meta.get("mode", "op") == "op" and not meta["provenance"]["small"] \
-                and meta.get("suite") != "models":  # fmt: skip
+        if (
+            meta.get("problem") == problem
+            and meta.get("mode", "op") == "op"
+            and not meta["provenance"]["small"]
+            and meta.get("suite") != "models"
+        ):
             newest = path
     return newest
 
@@ -49,7 +53,7 @@ def _layer_csvs() -> list:
     for path in sorted(H200_RESULTS.glob("*.csv")):
         meta_path = path.with_suffix(".json")
         if meta_path.is_file() and json.loads(meta_path.read_text()).get("mode") in ("forward", "forward_backward"):
-            newest[path.stem[len("2026-11-30-"):]] = path
+            newest[path.stem[len("2026-11-30-") :]] = path
     return list(newest.values())
 
 
@@ -301,8 +305,10 @@ def test_saved_activations_trade_memory_for_recompute(layer):
 def test_layer_runs_without_files_say_so(tmp_path):
     empty = training_step.load_layer_runs("data/results", "B200")
     assert empty.empty and list(empty.columns) == training_step.LAYER_COLUMNS
-    assert empty.attrs["note"] == "No training-step run (bench --mode forward or forward_backward) is committed in " \
-        "data/results/B200."  # fmt: skip
+    assert (
+        empty.attrs["note"] == "No training-step run (bench --mode forward or forward_backward) is committed in "
+        "data/results/B200."
+    )
     assert training_step.load_layer_runs(problem="moe_experts_backward").empty  # no fp32 layer run committed
     folder = tmp_path / "H200"
     folder.mkdir()
@@ -346,11 +352,14 @@ def test_report_notebook_runs_without_the_harness_and_layer_files(tmp_path):
     out.mkdir()
     notebook = problems.DATA_DIR.parent / "notebooks" / "05_benchmark_report.ipynb"
     papermill.execute_notebook(
-        str(notebook), str(out / notebook.name), parameters=dict(results_dir=str(tmp_path / "results"),
-                                                                  output_dir=str(out)),
-        kernel_name="moe-backward-lab", progress_bar=False, cwd=str(notebook.parent),
+        str(notebook),
+        str(out / notebook.name),
+        parameters=dict(results_dir=str(tmp_path / "results"), output_dir=str(out)),
+        kernel_name="moe-backward-lab",
+        progress_bar=False,
+        cwd=str(notebook.parent),
         extra_arguments=["--IPKernelApp.log_level=ERROR"],
-    )  # fmt: skip
+    )
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rulers"] == {} and summary["training_step"] == {} and summary["model_suite"] == {}
     assert not any(name.startswith(("rulers_", "training_step_", "models_")) for name in summary["figures"])

@@ -9,6 +9,6 @@ PACKAGE = Path(moe_lib.lab.__file__).parent
 
 
 def test_the_docstring_lists_every_module():
-    listed = re.findall(r"^    (\w+\.py) ", moe_lib.lab.__doc__, flags=re.MULTILINE)
+    listed = re.findall(r"^ *(\w+\.py) ", moe_lib.lab.__doc__, flags=re.MULTILINE)
     modules = sorted(path.name for path in PACKAGE.glob("*.py") if path.name != "__init__.py")
     assert sorted(listed) == modules

@@ -32,8 +32,9 @@ def test_committed_runs_load_narrowest_dtype_first(runs):
 
 def test_exchange_bytes_count_only_the_other_ranks():
     # rank 0 sends 3 + 1 rows to the other ranks and receives 4 + 2 from them (5 stay local)
-    table = parallel.exchange_bytes([5, 3, 1], [5, 4, 2], 0, hidden_size=8, element_bytes=2, weight_bytes=4,
-                                    max_local_experts=2)  # fmt: skip
+    table = parallel.exchange_bytes(
+        [5, 3, 1], [5, 4, 2], 0, hidden_size=8, element_bytes=2, weight_bytes=4, max_local_experts=2
+    )
     row, row_and_weight = 8 * 2, 8 * 2 + 4
     assert table.loc["dispatch", ["rows out", "bytes out", "rows in"]].tolist() == [4, 4 * row_and_weight, 6]
     assert table.loc["combine", ["bytes out", "bytes in"]].tolist() == [6 * row, 4 * row]
@@ -43,18 +44,38 @@ def test_exchange_bytes_count_only_the_other_ranks():
 
 
 def test_model_tends_to_its_asymptotic_share():
-    shapes = dict(world_size=4, hidden_size=4096, intermediate_size=2048, num_experts=256, top_k=8, element_bytes=2,
-                  weight_bytes=0, link_bandwidth=100e9, flops_rate=500e12)  # fmt: skip
+    shapes = dict(
+        world_size=4,
+        hidden_size=4096,
+        intermediate_size=2048,
+        num_experts=256,
+        top_k=8,
+        element_bytes=2,
+        weight_bytes=0,
+        link_bandwidth=100e9,
+        flops_rate=500e12,
+    )
     model = parallel.model_step([2**30], **shapes)
     assert model["expert_flops"][0] == 22 * 2**30 * 8 * 4096 * 2048
-    share = parallel.asymptotic_share(world_size=4, intermediate_size=2048, element_bytes=2, link_bandwidth=100e9,
-                                      flops_rate=500e12)  # fmt: skip
+    share = parallel.asymptotic_share(
+        world_size=4, intermediate_size=2048, element_bytes=2, link_bandwidth=100e9, flops_rate=500e12
+    )
     assert model["share"][0] == pytest.approx(share, rel=1e-12)
 
 
 def test_model_of_overlapped_chunks():
-    shapes = dict(world_size=4, hidden_size=4096, intermediate_size=2048, num_experts=256, top_k=8, element_bytes=2,
-                  weight_bytes=4, link_bandwidth=50e9, flops_rate=500e12, memory_bandwidth=4e12)  # fmt: skip
+    shapes = dict(
+        world_size=4,
+        hidden_size=4096,
+        intermediate_size=2048,
+        num_experts=256,
+        top_k=8,
+        element_bytes=2,
+        weight_bytes=4,
+        link_bandwidth=50e9,
+        flops_rate=500e12,
+        memory_bandwidth=4e12,
+    )
     one, four = parallel.model_step([512, 32768], **shapes), parallel.model_step([512, 32768], **shapes, chunks=4)
     a, x = one["all_to_all_s"], one["expert_s"]
     assert one["step_s"] == pytest.approx(a + x) and one["share"] == pytest.approx(a / (a + x))
@@ -71,8 +92,16 @@ def test_model_of_overlapped_chunks():
 
 def test_model_of_two_levels_of_links():
     """Ranks in nodes: the rows to the same node cross the link, the rest the network, both at once."""
-    shapes = dict(hidden_size=4096, intermediate_size=2048, num_experts=256, top_k=8, element_bytes=2,
-                  weight_bytes=4, link_bandwidth=300e9, flops_rate=500e12)  # fmt: skip
+    shapes = dict(
+        hidden_size=4096,
+        intermediate_size=2048,
+        num_experts=256,
+        top_k=8,
+        element_bytes=2,
+        weight_bytes=4,
+        link_bandwidth=300e9,
+        flops_rate=500e12,
+    )
     row_bytes = 4 * 4096 * 2 + 2 * 4
     rows = 8192 * 8
     one_node = parallel.model_step([8192], world_size=8, **shapes)
@@ -93,26 +122,34 @@ def test_model_of_two_levels_of_links():
 
 
 def test_node_scaling_table_from_the_committed_runs(runs):
-    table = parallel.node_scaling_table(runs, gpu_key="H200", tokens_per_rank=8192, gpus_per_node=8,
-                                        network_bandwidth=50e9)  # fmt: skip
+    table = parallel.node_scaling_table(
+        runs, gpu_key="H200", tokens_per_rank=8192, gpus_per_node=8, network_bandwidth=50e9
+    )
     assert set(table.dtype) == set(runs) and set(table.chunks) == {1, 4}
     settings = list(dict.fromkeys(table.setting))
     assert [setting.split(",")[0] for setting in settings] == ["W = 2", "W = 8", "W = 16"]
     share = table.pivot_table(index="setting", columns=["dtype", "experts", "chunks"], values="share")
     assert (share.loc[settings[2]] > share.loc[settings[1]]).all()  # two nodes: the network leg
     assert (share.loc[settings[1]] > share.loc[settings[0]]).all()  # more ranks: more rows leave the rank
-    assert table[table.setting == settings[2]].network_bound.all() and not table.network_bound[
-        table.setting != settings[2]].any()
+    assert (
+        table[table.setting == settings[2]].network_bound.all()
+        and not table.network_bound[table.setting != settings[2]].any()
+    )
     for dtype, run in runs.items():  # the measured world size reproduces the run's share within a few points
         measured = run.ok.loc[8192, "all_to_all_ms"] / run.ok.loc[8192, "total_ms"]
-        row = table[(table.setting == settings[0]) & (table.dtype == dtype) & (table.experts == "as measured")
-                    & (table.chunks == 1)]  # fmt: skip
+        row = table[
+            (table.setting == settings[0])
+            & (table.dtype == dtype)
+            & (table.experts == "as measured")
+            & (table.chunks == 1)
+        ]
         assert abs(row.share.iloc[0] - measured) < 0.05, dtype
 
 
 def test_live_case_partitions_experts_and_sends_the_routed_rows():
-    case = parallel_live.LiveCase(world_size=3, tokens_per_rank=4, hidden_size=8, intermediate_size=4, num_experts=5,
-                                  top_k=2, routing="skewed")  # fmt: skip
+    case = parallel_live.LiveCase(
+        world_size=3, tokens_per_rank=4, hidden_size=8, intermediate_size=4, num_experts=5, top_k=2, routing="skewed"
+    )
     assert [(block.start, block.stop) for block in case.partition] == [(0, 2), (2, 4), (4, 5)]
     indices = parallel_live.live_inputs(case)["topk_indices"]
     sent = parallel_live.expected_rows_sent(indices, case.num_experts, case.world_size)
@@ -142,13 +179,18 @@ def test_overlap_curves_from_the_committed_runs(runs):
 
 
 def test_step_timeline_pairs_each_exchange_with_its_wait():
-    timeline = [dict(name="dispatch issued", start_ms=0.0, end_ms=0.0), dict(name="dispatch issued", start_ms=0.1,
-                                                                           end_ms=0.1),
-                dict(name="dispatch", start_ms=0.2, end_ms=1.0), dict(name="expert_forward", start_ms=1.0, end_ms=3.0),
-                dict(name="combine issued", start_ms=3.0, end_ms=3.0), dict(name="dispatch", start_ms=3.0, end_ms=3.0),
-                dict(name="expert_forward", start_ms=3.0, end_ms=5.0),
-                dict(name="combine issued", start_ms=5.0, end_ms=5.0), dict(name="combine", start_ms=5.0, end_ms=6.0),
-                dict(name="total", start_ms=0.0, end_ms=6.5)]  # fmt: skip
+    timeline = [
+        dict(name="dispatch issued", start_ms=0.0, end_ms=0.0),
+        dict(name="dispatch issued", start_ms=0.1, end_ms=0.1),
+        dict(name="dispatch", start_ms=0.2, end_ms=1.0),
+        dict(name="expert_forward", start_ms=1.0, end_ms=3.0),
+        dict(name="combine issued", start_ms=3.0, end_ms=3.0),
+        dict(name="dispatch", start_ms=3.0, end_ms=3.0),
+        dict(name="expert_forward", start_ms=3.0, end_ms=5.0),
+        dict(name="combine issued", start_ms=5.0, end_ms=5.0),
+        dict(name="combine", start_ms=5.0, end_ms=6.0),
+        dict(name="total", start_ms=0.0, end_ms=6.5),
+    ]
     spans = parallel.step_timeline(timeline)
     assert spans[spans["lane"] == "experts"][["start_ms", "end_ms"]].values.tolist() == [[1.0, 3.0], [3.0, 5.0]]
     # a wait of zero length (the second dispatch had arrived) is no span; "total" is no phase of the layer
@@ -157,8 +199,11 @@ def test_step_timeline_pairs_each_exchange_with_its_wait():
     assert flight[("dispatch", 0.0)] == 1.0 and flight[("dispatch", 0.1)] == 3.0  # each dispatch until its wait
     assert flight[("combine", 3.0)] == 6.0 and flight[("combine", 5.0)] == 6.0  # every combine until the last wait
     figure = parallel.timeline_figure([timeline, timeline], "test")
-    assert [t.get_text() for t in figure.axes[0].get_yticklabels()][:3] == ["rank 0: experts", "rank 0: waits",
-                                                                             "rank 0: in flight"]  # fmt: skip
+    assert [t.get_text() for t in figure.axes[0].get_yticklabels()][:3] == [
+        "rank 0: experts",
+        "rank 0: waits",
+        "rank 0: in flight",
+    ]
     plt.close(figure)
 
 
@@ -169,8 +214,9 @@ def test_forward_scaling_shows_the_host_bound_forward_of_the_first_run():
     assert list(table.loc[2048, "rows received"]) == [sum(r) for r in case["rows_received_by_rank"]]
     assert table.loc[(2048, 0), "expert forward ms"] == case["times_by_rank"][0]["expert_forward_ms"]
     rows_0 = sum(case["rows_received_by_rank"][0])
-    assert table.loc[(2048, 0), "forward ms / 1000 rows"] == pytest.approx(1e3 * case["times_by_rank"][0][
-        "expert_forward_ms"] / rows_0)  # fmt: skip
+    assert table.loc[(2048, 0), "forward ms / 1000 rows"] == pytest.approx(
+        1e3 * case["times_by_rank"][0]["expert_forward_ms"] / rows_0
+    )
     # four times the rows, about the same forward time: the host's loop over the experts, not the GPU's work
     forward = table["expert forward ms"]
     assert forward.loc[(8192, 0)] == pytest.approx(forward.loc[(2048, 0)], rel=0.05)

@@ -33,12 +33,16 @@ def test_the_bands_cover_every_token_count_once_and_are_the_choosers(table, seed
 
 
 # the statements issue 51 found in notebooks 03 and 04, and correct ones
-STALE = ["The fast path runs cuBLAS GEMMs from 960 tokens.",
-         "The fast path takes the cuBLAS GEMMs at 960–3299 tokens.",
-         "The faithful path runs the few-token launch up to 128 tokens."]  # fmt: skip
-TRUE = ["The fast path runs cuBLAS GEMMs from 4300 tokens.",
-        "The faithful path runs the Gluon launches at 65–8192 tokens.",
-        "The fast path runs the few-token launch up to 64 tokens."]
+STALE = [
+    "The fast path runs cuBLAS GEMMs from 960 tokens.",
+    "The fast path takes the cuBLAS GEMMs at 960–3299 tokens.",
+    "The faithful path runs the few-token launch up to 128 tokens.",
+]
+TRUE = [
+    "The fast path runs cuBLAS GEMMs from 4300 tokens.",
+    "The faithful path runs the Gluon launches at 65–8192 tokens.",
+    "The fast path runs the few-token launch up to 64 tokens.",
+]
 
 
 @pytest.mark.parametrize("sentence", STALE)

@@ -85,8 +85,9 @@ def test_times_best_peer_and_speedups(p1):
         assert best.loc[t, "impl"] == min(peer_times, key=peer_times.get)
         assert speedups.loc[t, "triton"] == pytest.approx(min(peer_times.values()) / rows[("triton", t)])
     fractions = benchmark.roofline_fraction_table(p1)
-    assert fractions.loc[8192, "triton"] == pytest.approx(times.loc[8192, "T_sol (measured)"]
-                                                          / times.loc[8192, "triton"])  # fmt: skip
+    assert fractions.loc[8192, "triton"] == pytest.approx(
+        times.loc[8192, "T_sol (measured)"] / times.loc[8192, "triton"]
+    )
 
 
 def test_scores_recomputed_equal_the_files(loaded):
@@ -130,8 +131,10 @@ def test_styled_tables_and_figures_render(loaded, p1):
         assert (colour in shown) == any(value is met for value in table["met"]), words[met]
     assert benchmark.provenance_table(loaded).loc[p1.csv.name, "driver"] == p1.provenance["driver_version"]
     assert json.dumps(benchmark.recorded_summary(p1))  # plain JSON
-    figures = [benchmark.per_case_figure(loaded, "time"),
-               benchmark.per_case_figure({k: loaded[k] for k in list(loaded)[:1]}, "speedup")]  # fmt: skip
+    figures = [
+        benchmark.per_case_figure(loaded, "time"),
+        benchmark.per_case_figure({k: loaded[k] for k in list(loaded)[:1]}, "speedup"),
+    ]
     for figure in figures:
         assert isinstance(figure, matplotlib.figure.Figure) and figure.axes
         plt.close(figure)
@@ -147,8 +150,10 @@ def test_run_benchmark_reads_back_what_the_harness_wrote(tmp_path, monkeypatch):
         folder = tmp_path / "cpu"
         folder.mkdir()
         for suffix in (".csv", ".json"):
-            shutil.copy((H200_RESULTS / "2026-11-29-swiglu_down_backward-bfloat16").with_suffix(suffix),
-                        folder / f"2030-01-01-{P1}-bfloat16-small{suffix}")  # fmt: skip
+            shutil.copy(
+                (H200_RESULTS / "2026-11-29-swiglu_down_backward-bfloat16").with_suffix(suffix),
+                folder / f"2030-01-01-{P1}-bfloat16-small{suffix}",
+            )
         return benchmark.subprocess.CompletedProcess(command, 0, stdout="report", stderr="")
 
     monkeypatch.setattr(benchmark.subprocess, "run", fake_run)
@@ -222,8 +227,9 @@ def test_targets_read_from_the_other_committed_runs(loaded):
     row = table.loc[("P1", P1_OFFICIAL)]
     assert row["value"] == pytest.approx(geo) and row["met"] == (len(latencies) == 16 and geo <= 40)
     layer = training_step.load_layer_runs(problem=P2_BF16)
-    layer = layer[layer["mode"] == "forward_backward"].pivot_table(index="num_tokens", columns="impl",
-                                                                   values="median_ms")  # fmt: skip
+    layer = layer[layer["mode"] == "forward_backward"].pivot_table(
+        index="num_tokens", columns="impl", values="median_ms"
+    )
     ratios = [layer.loc[t, "triton_saved"] / layer.loc[t, "sonicmoe"] for t in (2048, 8192, 32768)]
     row = table.loc[("P2 bf16", f"{P2_LAYER_PEER} (triton_saved)")]
     assert row["value"] == pytest.approx(max(ratios)) and row["met"] is bool(max(ratios) < 1)
@@ -234,8 +240,9 @@ def test_targets_read_from_the_other_committed_runs(loaded):
     per_model = models.geomean_table(models.speedup_table(runs, P2_BF16))
     row = table.loc[("P2 bf16", "at every model shape: ≥ 1.2× grouped_mm (geomean), no case slower")]
     assert row["value"] == pytest.approx(per_model["geomean vs grouped_mm"].min())
-    assert row["met"] is bool((per_model["geomean vs grouped_mm"] >= 1.2).all()
-                              and (per_model["min vs grouped_mm"] >= 1).all())  # fmt: skip
+    assert row["met"] is bool(
+        (per_model["geomean vs grouped_mm"] >= 1.2).all() and (per_model["min vs grouped_mm"] >= 1).all()
+    )
 
 
 def test_p2_case_targets_name_the_floor_of_todays_decomposition(loaded):

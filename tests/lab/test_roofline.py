@@ -41,7 +41,8 @@ def test_ridge_point_and_p1_crossing_by_hand():
     assert list(table.index) == [(P1, "H200"), (P1, "H100-SXM")]  # one row per GPU
     assert table.loc[(P1, "H200"), "first_compute_bound"] == 264
     assert table.loc[(P1, "H200"), "measured_crossing_tokens"] == pytest.approx(
-        lab_roofline.ridge_crossing(P1, measured["H200"]))
+        lab_roofline.ridge_crossing(P1, measured["H200"])
+    )
     assert math.isnan(table.loc[(P1, "H100-SXM"), "measured_ridge"])
     assert table.loc[(P1, "H200"), "intensity_limit"] == pytest.approx(a / b)
 
@@ -70,8 +71,10 @@ def test_measured_points_and_their_projection(loaded):
     projected = lab_roofline.project_points(points, "H100-SXM")
     ridge_h200 = lab_roofline.ridge_point("H200")
     roof_us = pd.Series(lab_roofline.roof_time_s("H200", points["flops"], points["bytes"]) * 1e6, index=points.index)
-    assert (projected["projection"] == (roof_us >= lab_roofline.LATENCY_BOUND_US).map(
-        {True: "keeps its fraction", False: "latency model"})).all()  # fmt: skip
+    assert (
+        projected["projection"]
+        == (roof_us >= lab_roofline.LATENCY_BOUND_US).map({True: "keeps its fraction", False: "latency model"})
+    ).all()
     kept = projected[projected["projection"] == "keeps its fraction"]
     memory = kept[kept["intensity"] < ridge_h200]  # memory-bound on both (the H100's ridge is higher)
     assert len(memory) and memory["scale"].to_numpy() == pytest.approx(3.35 / 4.8)
@@ -85,14 +88,16 @@ def test_measured_points_and_their_projection(loaded):
     compute = projected[projected["intensity"] > lab_roofline.ridge_point("H100-SXM")]
     assert len(compute) and compute["scale"].to_numpy() == pytest.approx(1.0)  # same tensor rate
     # compute-bound on the H200, memory-bound on the H100 (no committed point lies there): the ratio of the roofs
-    between = lab_roofline.project_points(points.head(3).assign(intensity=[210.0, 250.0, 290.0]), "H100-SXM",
-                                          latency_bound_us=0)  # fmt: skip
+    between = lab_roofline.project_points(
+        points.head(3).assign(intensity=[210.0, 250.0, 290.0]), "H100-SXM", latency_bound_us=0
+    )
     assert between["scale"].to_numpy() == pytest.approx(between["intensity"].to_numpy() * 3.35e12 / 989e12)
     same = lab_roofline.project_points(points, "H200")
     assert (same["scale"] == 1).all() and not same["projected"].any()
     b200 = lab_roofline.project_points(points, "B200")
-    compute = b200[(b200["intensity"] > lab_roofline.ridge_point("B200"))
-                   & (b200["projection"] == "keeps its fraction")]  # fmt: skip
+    compute = b200[
+        (b200["intensity"] > lab_roofline.ridge_point("B200")) & (b200["projection"] == "keeps its fraction")
+    ]
     assert len(compute) and compute["scale"].to_numpy() == pytest.approx(1.81e15 / 989e12)
     unknown = lab_roofline.project_points(points.assign(gpu="cpu"), "H200")
     assert unknown["scale"].isna().all()
@@ -166,8 +171,10 @@ def test_granularity_view_by_hand():
 
     table = lab_roofline.granularity_table(MODEL_SHAPES, T, "H200")
     assert len(table) == sum(s.num_experts is not None for s in MODEL_SHAPES)
-    assert (table["bound"] == (table["AI (FLOP/B)"] >= lab_roofline.ridge_point("H200")).map(
-        {True: "compute", False: "memory"})).all()  # fmt: skip
+    assert (
+        table["bound"]
+        == (table["AI (FLOP/B)"] >= lab_roofline.ridge_point("H200")).map({True: "compute", False: "memory"})
+    ).all()
     fig = lab_roofline.granularity_figure("H200", MODEL_SHAPES, T)
     assert len(fig.axes[0].texts) == len(table)
     plt.close(fig)

@@ -22,12 +22,15 @@ def test_chained_schedule_keeps_every_sm_busy_with_one_tile_at_a_time():
             assert (rows.start.to_numpy()[1:] >= rows.end.to_numpy()[:-1] - 1e-9).all()
         d_a_end = schedule[schedule.kind == "dA"].end.max()
         assert schedule[schedule.kind.isin(["dx", "dWg", "dWu"])].start.min() >= d_a_end
-        work = sum(2 * k.block_m * k.block_n * k.reduce_length * k.tiles * (2 if k.launch == 2 else 1)
-                   for k in plan) / 1e6
+        work = (
+            sum(2 * k.block_m * k.block_n * k.reduce_length * k.tiles * (2 if k.launch == 2 else 1) for k in plan) / 1e6
+        )
         assert abs((schedule.end - schedule.start).sum() - work) < 1e-6 * work
     # the longest tiles first leave the shorter tail at 512 tokens
-    spans = {first: schedules.chained_schedule(T, H, I, dataclasses.replace(tiles, grad_x_first=first)).end.max()
-             for first in (False, True)}
+    spans = {
+        first: schedules.chained_schedule(T, H, I, dataclasses.replace(tiles, grad_x_first=first)).end.max()
+        for first in (False, True)
+    }
     assert spans[True] < spans[False]
     # the dWd tiles last: the same work, after launch 2's tiles in the tickets; a shorter tail at 1321 tokens
     last = schedules.chained_schedule(1321, H, I, CHAINED_TILES[1153], grad_down_last=True)
@@ -50,8 +53,10 @@ def test_gluon_launch_schedule_places_every_tile_and_the_long_ones_first_shorten
             for _, rows in schedule.sort_values("start").groupby("sm"):
                 assert (rows.start.to_numpy()[1:] >= rows.end.to_numpy()[:-1] - 1e-9).all()
             if form is launch1:
-                tiles = {"dWd": (cdiv(H, 64) * cdiv(I, 128), 64 * 128 * T), "dA": (cdiv(T, 64) * cdiv(I, 128),
-                                                                                   64 * 128 * H)}  # fmt: skip
+                tiles = {
+                    "dWd": (cdiv(H, 64) * cdiv(I, 128), 64 * 128 * T),
+                    "dA": (cdiv(T, 64) * cdiv(I, 128), 64 * 128 * H),
+                }
             else:
                 weight = (cdiv(I, 64) * cdiv(H, 256), 64 * 256 * T * 2)
                 tiles = {"dWg": weight, "dWu": weight, "dx": (cdiv(T, 64) * cdiv(H, 256), 64 * 256 * 2 * I * 2)}
@@ -68,10 +73,11 @@ def test_gluon_launch_schedule_places_grad_down_tiles_where_launch_2_takes_them(
     width, and launch 1 has none; the work is the same products either way."""
     T, H, I = 8192, 2048, 768
     moved = grad_down_in_second_launch(FORMS["wide_da256"])  # the 3600-5199 band's form
-    for name, config, width, after in (("dWd 256 wide", moved, 256, False),
-                                       ("dWd 128 wide", with_second(moved, grad_down_block_n=128), 128, False),
-                                       ("dWd after dWg, dWu", with_second(moved, grad_down_after_weight_grad=True), 256,
-                                        True)):  # fmt: skip
+    for name, config, width, after in (
+        ("dWd 256 wide", moved, 256, False),
+        ("dWd 128 wide", with_second(moved, grad_down_block_n=128), 128, False),
+        ("dWd after dWg, dWu", with_second(moved, grad_down_after_weight_grad=True), 256, True),
+    ):
         launch1 = schedules.gluon_launch_schedule(T, H, I, config.first)
         launch2 = schedules.gluon_launch_schedule(T, H, I, config.second)
         assert set(launch1.kind) == {"dA"}

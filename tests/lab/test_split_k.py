@@ -9,14 +9,22 @@ from moe_lib import problems
 from moe_lib.dispatch import interpreter_enabled
 from moe_lib.lab import derivations, kernels
 
-needs_triton = pytest.mark.skipif(not torch.cuda.is_available() and not interpreter_enabled(),
-                                  reason="needs CUDA or the Triton interpreter")  # fmt: skip
+needs_triton = pytest.mark.skipif(
+    not torch.cuda.is_available() and not interpreter_enabled(), reason="needs CUDA or the Triton interpreter"
+)
 
 
 def _inputs(split, steps, seed, device):
     size = kernels.split_demo_size(split, steps)
-    return problems.make_inputs("swiglu_down_backward", 5, seed=seed, device=device, dtype=torch.float32,
-                                hidden_size=size, intermediate_size=size)  # fmt: skip
+    return problems.make_inputs(
+        "swiglu_down_backward",
+        5,
+        seed=seed,
+        device=device,
+        dtype=torch.float32,
+        hidden_size=size,
+        intermediate_size=size,
+    )
 
 
 @needs_triton

@@ -24,8 +24,9 @@ def test_few_tokens_traces_and_timeline_figure():
     assert now["end"] < before["end"] and now.graph_us < before.graph_us
     warm = traces[traces.label == "a_reg_cl none"].iloc[0]
     assert warm["end"] < now["end"] and warm["dx partial stored"] - warm["dA ready"] > 2  # phase 2's chain
-    fig = lab_traces.few_tokens_timeline_figure(traces, [("a_reg_cl_st dirty", 1, "0329f39"),
-                                                         ("a_reg_cl none", 1, "c44c149")])  # fmt: skip
+    fig = lab_traces.few_tokens_timeline_figure(
+        traces, [("a_reg_cl_st dirty", 1, "0329f39"), ("a_reg_cl none", 1, "c44c149")]
+    )
     assert len(fig.axes) == 2
     plt.close(fig)
 
@@ -33,12 +34,15 @@ def test_few_tokens_traces_and_timeline_figure():
 def test_p1_call_kernels_and_timeline_figure():
     """The committed kernels of a call: ours and torch.compile's run the same cuBLAS GEMMs, ours with its copy of
     [Wg; Wu] (a kernel below 1024 tokens, the copy engines from there); one bar per kernel."""
-    table = lab_traces.p1_call_kernels(labels={"lib_s3": "ours below 1024", "lib_bs3_mc": "ours from 1024",
-                                               "torch_compile": "torch.compile"})  # fmt: skip
+    table = lab_traces.p1_call_kernels(
+        labels={"lib_s3": "ours below 1024", "lib_bs3_mc": "ours from 1024", "torch_compile": "torch.compile"}
+    )
     assert set(table.num_tokens) == {128, 512, 1321, 4093}
     compiled = table[table.impl == "torch.compile"]
-    assert (compiled.groupby("num_tokens").kind.apply(list).map(sorted)
-            == [["cuBLAS GEMM"] * 4 + ["dSwiGLU pass (Inductor)"]] * 4).all()  # fmt: skip
+    assert (
+        compiled.groupby("num_tokens").kind.apply(list).map(sorted)
+        == [["cuBLAS GEMM"] * 4 + ["dSwiGLU pass (Inductor)"]] * 4
+    ).all()
     assert set(table[table.impl == "ours below 1024"].kind) >= {"copy of [Wg; Wu], kernel", "dSwiGLU pass (ours)"}
     assert (table[table.impl == "ours from 1024"].kind == "copy of [Wg; Wu], copy engine").sum() == 2 * 4
     assert (table.start_us >= 0).all() and (table.start_us < table.span_us).all()  # medians: no tighter bound
@@ -60,7 +64,8 @@ def test_program_traces_show_the_dx_tiles_ending_the_call_until_split():
     others). One panel per call in the timeline."""
     traces = lab_traces.program_traces()
     assert {"commit", "config", "T", "launch", "program", "sm", "tiles", "start_us", "proceed_us", "end_us"} <= set(
-        traces.columns)
+        traces.columns
+    )
     assert (traces.start_us <= traces.proceed_us + 1e-9).all() and (traces.proceed_us <= traces.end_us).all()
     at_128 = traces[traces["T"] == 128]
 
@@ -101,8 +106,12 @@ def test_pingpong_epilogue_table_says_what_notes_design_24_says():
     with 4-byte loads, ≈ 31 with 16-byte loads and ≈ 18 with the saved tiles through the ring, stores one after the
     other or all at once."""
     table = lab_traces.pingpong_epilogue_table(2447)
-    assert list(table.index) == ["gluon_pingpong_from2300_b6_f2", "gluon_pingpong_from2300_wide",
-                                 "gluon_pingpong_from2300_ring6", "gluon_pingpong_from2300_ring6s"]
+    assert list(table.index) == [
+        "gluon_pingpong_from2300_b6_f2",
+        "gluon_pingpong_from2300_wide",
+        "gluon_pingpong_from2300_ring6",
+        "gluon_pingpong_from2300_ring6s",
+    ]
     assert table["main_loop_end_us"].between(14, 18).all()
     epilogue = table["epilogue_us"]
     assert epilogue["gluon_pingpong_from2300_b6_f2"] == pytest.approx(26.6, abs=0.5)

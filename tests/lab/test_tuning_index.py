@@ -56,17 +56,30 @@ def test_every_candidate_and_commit_the_index_names_is_in_its_files(key):
 
 def test_band_label_takes_the_last_band_that_starts_at_or_below():
     bands = [[1, None], [33, "a"], [65, None], [100, "b"]]
-    assert [tuning_index.band_label(bands, t) for t in (1, 32, 33, 64, 65, 99, 100, 8192)] == \
-        [None, None, "a", "a", None, None, "b", "b"]
+    assert [tuning_index.band_label(bands, t) for t in (1, 32, 33, 64, 65, 99, 100, 8192)] == [
+        None,
+        None,
+        "a",
+        "a",
+        None,
+        None,
+        "b",
+        "b",
+    ]
     assert tuning_index.band_label([[10, "x"]], 9) is None
 
 
 def test_a_rows_label_bands_then_default_then_labels_then_its_own_name():
     run = tuning_index.Run(
-        key="t", what="a test", files=("x.json",), labels={"c1": "one"},
+        key="t",
+        what="a test",
+        files=("x.json",),
+        labels={"c1": "one"},
         default_by_run={"abcdef1": {"fast": [[1, "before"], [33, None]]}, "2": {"faithful": [[1, "now"]]}},
         candidate_bands={"*": {"c2": [[1, None], [17, "two"]]}, "3": {"c1": [[1, "one, round 3"]]}},
-        others="own name", left_out_prefixes=("skip",))  # fmt: skip
+        others="own name",
+        left_out_prefixes=("skip",),
+    )
     assert run.label("default", "fast", 32, "abcdef1234") == "before"  # a commit by its prefix
     assert run.label("default", "fast", 33, "abcdef1234") is None
     assert run.label("default", "faithful", 1, "abcdef1234") is None  # no default of that path there

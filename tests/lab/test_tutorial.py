@@ -19,8 +19,15 @@ P1_STEPS = {"naive": tutorial.p1_naive, "tiled": tutorial.p1_tiled, "fused": tut
 @pytest.mark.parametrize("step", P1_STEPS)
 @pytest.mark.parametrize("num_tokens, hidden_size, intermediate_size", [(5, 64, 32), (17, 40, 24), (1, 16, 16)])
 def test_p1_steps_agree_with_float64(step, num_tokens, hidden_size, intermediate_size, seed):
-    inputs = problems.make_inputs("swiglu_down_backward", num_tokens, seed=seed, device=DEVICE, dtype=torch.float32,
-                                  hidden_size=hidden_size, intermediate_size=intermediate_size)  # fmt: skip
+    inputs = problems.make_inputs(
+        "swiglu_down_backward",
+        num_tokens,
+        seed=seed,
+        device=DEVICE,
+        dtype=torch.float32,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+    )
     reference = tutorial.p1_reference(inputs)
     outputs = P1_STEPS[step](inputs)
     assert set(outputs) == ({"d_gate", "d_up"} if step == "fused" else {"d_intermediate", "d_gate", "d_up"})
@@ -39,8 +46,16 @@ def test_p1_steps_take_fp32_only():
 
 @pytest.mark.parametrize("num_tokens, num_experts, top_k", [(32, 4, 2), (7, 9, 3), (20, 3, 1)])
 def test_p2_steps_agree_with_float64_and_each_other(num_tokens, num_experts, top_k, seed):
-    inputs = problems.make_inputs("moe_experts_backward", num_tokens, seed=seed, device=DEVICE, hidden_size=40,
-                                  intermediate_size=24, num_experts=num_experts, top_k=top_k)  # fmt: skip
+    inputs = problems.make_inputs(
+        "moe_experts_backward",
+        num_tokens,
+        seed=seed,
+        device=DEVICE,
+        hidden_size=40,
+        intermediate_size=24,
+        num_experts=num_experts,
+        top_k=top_k,
+    )
     x, weights, indices = inputs["hidden_states"], inputs["gate_weights"], inputs["topk_indices"]
     routing = route_by_expert(indices, num_experts)
     reference = tutorial.p2_reference(x, weights, indices)
@@ -58,12 +73,14 @@ def test_sources_are_the_modules_own():
     from moe_lib.moe_experts import kernels as p2_kernels
     from moe_lib.swiglu_down import kernels as p1_kernels
 
-    for module, kernel in ((tutorial, tutorial.fused_dswiglu_kernel), (p1_kernels, p1_kernels.combine_splits),
-                           (p2_kernels, p2_kernels.swiglu_grad_kernel)):  # fmt: skip
+    for module, kernel in (
+        (tutorial, tutorial.fused_dswiglu_kernel),
+        (p1_kernels, p1_kernels.combine_splits),
+        (p2_kernels, p2_kernels.swiglu_grad_kernel),
+    ):
         source = tutorial.kernel_source(kernel)
         assert source.startswith("@triton.jit\ndef ") and source in inspect.getsource(module)
     block = tutorial.show_source(p1_kernels.split_range, p1_kernels.combine_splits)
     assert "def split_range(" in repr(block) and "def combine_splits(" in repr(block)
-    assert "fmt: skip" not in repr(block)  # the formatter's pragmas are left out, nothing else
     html = block._repr_html_()
     assert 'class="highlight"' in html and "monospace" in html and "combine_splits" in html

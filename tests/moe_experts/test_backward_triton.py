@@ -55,8 +55,17 @@ SMALL_CASES = {
 
 def small_case_inputs(case: str, seed: int, device="cpu") -> dict:
     T, H, I, E, K, routing, dtype, topk_dtype, index_dtype, _ = SMALL_CASES[case]
-    inputs = problems.make_inputs("moe_experts_backward", T, seed=seed, device=device, routing=routing,
-                                  hidden_size=H, intermediate_size=I, num_experts=E, top_k=K)  # fmt: skip
+    inputs = problems.make_inputs(
+        "moe_experts_backward",
+        T,
+        seed=seed,
+        device=device,
+        routing=routing,
+        hidden_size=H,
+        intermediate_size=I,
+        num_experts=E,
+        top_k=K,
+    )
     for name in ("grad_output", "hidden_states", "gate_weights", "up_weights", "down_weights"):
         inputs[name] = inputs[name].to(getattr(torch, dtype))
     inputs["topk_weights"] = inputs["topk_weights"].to(getattr(torch, topk_dtype))
@@ -78,8 +87,12 @@ def run_triton(inputs: dict, overrides=None):
         return moe_lib.moe_experts_backward(*inputs.values(), impl="triton")
     interpreter = inputs["hidden_states"].device.type != "cuda"
     T, K = inputs["topk_indices"].shape
-    config = launch_config(T * K, inputs["gate_weights"].shape[0], interpreter=interpreter,
-                           input_bytes=inputs["hidden_states"].element_size())  # fmt: skip
+    config = launch_config(
+        T * K,
+        inputs["gate_weights"].shape[0],
+        interpreter=interpreter,
+        input_bytes=inputs["hidden_states"].element_size(),
+    )
     config = dataclasses.replace(config, **overrides)
     return launch.moe_experts_backward_triton(*inputs.values(), config=config)
 
@@ -148,10 +161,19 @@ def assert_small_case(case: str, result: dict) -> None:
 def interpreter_results():
     seed = int(os.environ.get("MOE_TEST_SEED", int.from_bytes(os.urandom(4), "little") % 2**31))
     print(f"seed={seed}")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
-        [str(REPO_ROOT), str(REPO_ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))  # fmt: skip
-    completed = subprocess.run([sys.executable, __file__, str(seed)], env=env, capture_output=True, text=True,
-                               timeout=300, cwd=Path(__file__).parent)  # fmt: skip
+    env = dict(
+        os.environ,
+        TRITON_INTERPRET="1",
+        PYTHONPATH=os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "tests"), os.environ.get("PYTHONPATH", "")]),
+    )
+    completed = subprocess.run(
+        [sys.executable, __file__, str(seed)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).parent,
+    )
     assert completed.returncode == 0, f"interpreter run failed (seed={seed}):\n{completed.stderr[-6000:]}"
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
@@ -264,8 +286,9 @@ def test_gpu_busy_experts_bf16_against_float64(routing, seed):
     from moe_lib.moe_experts.choose import launch_config
 
     sizes = dict(hidden_size=512, intermediate_size=384, num_experts=8, top_k=2)
-    inputs = to_bf16(problems.make_inputs("moe_experts_backward", 3001, seed=seed, device=CUDA, routing=routing,
-                                          **sizes))  # fmt: skip
+    inputs = to_bf16(
+        problems.make_inputs("moe_experts_backward", 3001, seed=seed, device=CUDA, routing=routing, **sizes)
+    )
     assert launch_config(3001 * 2, 8, input_bytes=2).block_m == 128
     upcast = {k: (v.double() if v.is_floating_point() else v) for k, v in inputs.items()}
     want = reference.moe_experts_backward_reference(*upcast.values())
@@ -345,8 +368,16 @@ def test_out_of_range_slots_contribute_nothing_without_validation(bad_index, see
     """validate=False skips the index checks; a slot whose expert lies outside [0, E) then belongs to
     no expert and contributes nothing, as in the reference (never uninitialised workspace)."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    inputs = problems.make_inputs("moe_experts_backward", 6, seed=seed, device=device, hidden_size=32,
-                                  intermediate_size=16, num_experts=4, top_k=2)  # fmt: skip
+    inputs = problems.make_inputs(
+        "moe_experts_backward",
+        6,
+        seed=seed,
+        device=device,
+        hidden_size=32,
+        intermediate_size=16,
+        num_experts=4,
+        top_k=2,
+    )
     inputs["topk_indices"][0, 0] = bad_index
     want = moe_lib.moe_experts_backward(*inputs.values(), impl="reference", validate=False)
     for _ in range(2):  # the second call reuses memory the first one freed
@@ -358,8 +389,16 @@ def test_out_of_range_slots_contribute_nothing_without_validation(bad_index, see
 
 def test_zero_experts_per_token_gives_zero_gradients(seed):
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    inputs = problems.make_inputs("moe_experts_backward", 5, seed=seed, device=device, hidden_size=32,
-                                  intermediate_size=16, num_experts=4, top_k=2)  # fmt: skip
+    inputs = problems.make_inputs(
+        "moe_experts_backward",
+        5,
+        seed=seed,
+        device=device,
+        hidden_size=32,
+        intermediate_size=16,
+        num_experts=4,
+        top_k=2,
+    )
     inputs["topk_indices"] = inputs["topk_indices"][:, :0].contiguous()
     inputs["topk_weights"] = inputs["topk_weights"][:, :0].contiguous()
     for impl in ("reference", "triton"):
@@ -377,8 +416,17 @@ def test_layer_with_and_without_saved_activations_against_float64(dtype, save_ac
     within the rule against float64 autograd of the reference layer."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     T, H, I, E, K = (300, 256, 128, 8, 2) if device == "cuda" else (13, 32, 16, 4, 2)
-    inputs = problems.make_inputs("moe_experts_backward", T, seed=seed, device=device, dtype=dtype, hidden_size=H,
-                                  intermediate_size=I, num_experts=E, top_k=K)  # fmt: skip
+    inputs = problems.make_inputs(
+        "moe_experts_backward",
+        T,
+        seed=seed,
+        device=device,
+        dtype=dtype,
+        hidden_size=H,
+        intermediate_size=I,
+        num_experts=E,
+        top_k=K,
+    )
     names = ("hidden_states", "topk_weights", "gate_weights", "up_weights", "down_weights")
 
     def step(impl, save, convert=lambda t: t):
@@ -418,6 +466,7 @@ def test_weight_grads_out_that_does_not_fit_is_refused_before_any_work(bad, seed
     with pytest.MonkeyPatch.context() as patch:  # nothing may be allocated (or launched) before the refusal
         patch.setattr(runtime, "allocate", lambda *a, **k: allocated.append(a) or torch.empty(*a, **k))
         with pytest.raises(ValueError, match="^weight_grads_out: "):
-            launch.moe_experts_backward_triton(*(inputs[name] for name in problems.load("moe_experts_backward")
-                                                 .input_names), weight_grads_out=out)  # fmt: skip
+            launch.moe_experts_backward_triton(
+                *(inputs[name] for name in problems.load("moe_experts_backward").input_names), weight_grads_out=out
+            )
     assert allocated == []

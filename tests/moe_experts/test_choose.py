@@ -50,8 +50,9 @@ def designs_of(choice) -> tuple[str, str, str]:
 def test_choices_are_those_of_before_at_every_shape():
     """Every (T·K, E, H, I, dtype, interpreter) of the recorded grid: the same tiles of every kernel, and the
     same form of kernel W and of kernel D in the backward and the forward."""
-    configs = {(r["num_slots"], r["num_experts"], r["input_bytes"], r["interpreter"]): r["config"]
-               for r in BEFORE["configs"]}  # fmt: skip
+    configs = {
+        (r["num_slots"], r["num_experts"], r["input_bytes"], r["interpreter"]): r["config"] for r in BEFORE["configs"]
+    }
     checked = 0
     for row in BEFORE["designs"]:
         H, I, interpreter = row["hidden_size"], row["intermediate_size"], row["interpreter"]
@@ -62,8 +63,11 @@ def test_choices_are_those_of_before_at_every_shape():
             if (nbytes, on_interpreter) != (dtype.itemsize, interpreter):
                 continue
             choice = choose(num_slots, E, H, I, dtype, Target(interpreter=interpreter))
-            where = dict(num_slots=num_slots, num_experts=E, **{k: v for k, v in row.items() if k in ("hidden_size",
-                         "intermediate_size", "dtype", "interpreter")})  # fmt: skip
+            where = dict(
+                num_slots=num_slots,
+                num_experts=E,
+                **{k: v for k, v in row.items() if k in ("hidden_size", "intermediate_size", "dtype", "interpreter")},
+            )
             assert as_json(choice.config) == config, where
             assert list(designs_of(choice)) == launched, where
             checked += 1
@@ -72,8 +76,9 @@ def test_choices_are_those_of_before_at_every_shape():
 
 def test_launch_configs_are_those_of_before():
     for row in BEFORE["configs"]:
-        config = launch_config(row["num_slots"], row["num_experts"], input_bytes=row["input_bytes"],
-                               interpreter=row["interpreter"])  # fmt: skip
+        config = launch_config(
+            row["num_slots"], row["num_experts"], input_bytes=row["input_bytes"], interpreter=row["interpreter"]
+        )
         assert as_json(config) == row["config"], {k: v for k, v in row.items() if k != "config"}
 
 
@@ -139,8 +144,9 @@ def test_a_dtype_no_design_takes_is_refused_naming_it():
 def test_a_config_of_another_type_is_refused_before_any_work(monkeypatch):
     from moe_lib.moe_experts import launch, runtime
 
-    inputs = problems.make_inputs("moe_experts_backward", 3, hidden_size=16, intermediate_size=8, num_experts=2,
-                                  top_k=1)  # fmt: skip
+    inputs = problems.make_inputs(
+        "moe_experts_backward", 3, hidden_size=16, intermediate_size=8, num_experts=2, top_k=1
+    )
     monkeypatch.setattr(runtime, "allocate", None)  # allocating anything would fail with another error
     with pytest.raises(TypeError, match=r"^config: expected a LaunchConfig or None, got dict$"):
         launch.moe_experts_backward_triton(*inputs.values(), config={"block_m": 16})
@@ -150,21 +156,28 @@ def test_each_design_answers_why_it_cannot_run():
     tma_w, tma_d = WEIGHT_GRAD["tma"], SLOT_PROJECTION["tma"]
     assert tma_w.supports(4096, 2048, F32, HOPPER) is None and tma_d.supports(4096, 2048, F32, HOPPER) is None
     assert tma_w.supports(1004, 2048, BF16, HOPPER) == (
-        "rows of H = 1004 bfloat16 elements (2008 bytes) are no multiple of 16 bytes, as TMA needs")  # fmt: skip
+        "rows of H = 1004 bfloat16 elements (2008 bytes) are no multiple of 16 bytes, as TMA needs"
+    )
     assert tma_w.supports(4096, 300, F32, INTERPRETER) == (
-        "rows of I = 300 bfloat16 elements (600 bytes) are no multiple of 16 bytes, as TMA needs")  # fmt: skip
+        "rows of I = 300 bfloat16 elements (600 bytes) are no multiple of 16 bytes, as TMA needs"
+    )
     assert tma_d.supports(1002, 2048, F32, HOPPER) == (
-        "weight rows of H = 1002 float32 elements (4008 bytes) are no multiple of 16 bytes, as TMA needs")  # fmt: skip
+        "weight rows of H = 1002 float32 elements (4008 bytes) are no multiple of 16 bytes, as TMA needs"
+    )
     assert tma_d.supports(1002, 2048, F32, HOPPER, transposed_weights=False) is None  # the forward reads Wd's I
     assert tma_d.supports(4096, 300, F16, HOPPER, transposed_weights=False) == (
-        "rows of I = 300 float16 elements (600 bytes) are no multiple of 16 bytes, as TMA needs")  # fmt: skip
+        "rows of I = 300 float16 elements (600 bytes) are no multiple of 16 bytes, as TMA needs"
+    )
     assert tma_d.supports(4096, 2048, BF16, HOPPER, weights_aligned=False) == (
-        "the weights' base address is not 16-byte aligned, as TMA needs")  # fmt: skip
+        "the weights' base address is not 16-byte aligned, as TMA needs"
+    )
     for design in (tma_w, tma_d):
         assert design.supports(4096, 2048, BF16, Target(capability=(8, 9))) == (
-            "TMA needs a GPU of compute capability 9.0 (Hopper) or later, got 8.9")  # fmt: skip
+            "TMA needs a GPU of compute capability 9.0 (Hopper) or later, got 8.9"
+        )
         assert design.supports(4096, 2048, torch.float64, HOPPER) == (
-            "dtype torch.float64: the kernels take float32, bfloat16 or float16")  # fmt: skip
+            "dtype torch.float64: the kernels take float32, bfloat16 or float16"
+        )
     for design in (WEIGHT_GRAD["pointer"], SLOT_PROJECTION["pointer"]):  # any shape, any GPU
         assert design.supports(1002, 300, F16, Target(capability=(7, 0))) is None
         assert design.supports(1002, 300, torch.float64, HOPPER) is not None
@@ -219,23 +232,36 @@ BF16_TOLERANCE = dict.fromkeys(FP32_TOLERANCE, 2e-2)
 
 
 @needs_triton
-@pytest.mark.parametrize("dtype, hidden_size, intermediate_size, designs", [
-    (F32, 36, 20, ("pointer", "pointer", "pointer")),
-    (BF16, 36, 20, ("pointer", "pointer", "pointer")),
-    (F32, 36, 24, ("pointer", "tma", "tma")),
-    (BF16, 36, 24, ("pointer", "pointer", "tma")),
-])  # fmt: skip
-def test_unaligned_shapes_run_the_pointer_designs_against_float64(dtype, hidden_size, intermediate_size, designs,
-                                                                   seed, monkeypatch):  # fmt: skip
+@pytest.mark.parametrize(
+    "dtype, hidden_size, intermediate_size, designs",
+    [
+        (F32, 36, 20, ("pointer", "pointer", "pointer")),
+        (BF16, 36, 20, ("pointer", "pointer", "pointer")),
+        (F32, 36, 24, ("pointer", "tma", "tma")),
+        (BF16, 36, 24, ("pointer", "pointer", "tma")),
+    ],
+)
+def test_unaligned_shapes_run_the_pointer_designs_against_float64(
+    dtype, hidden_size, intermediate_size, designs, seed, monkeypatch
+):
     """E 3, K 2, 13 tokens, H and I whose rows are no multiple of 16 bytes: every output written (NaN-filled
     allocations) and within the tolerance of float64 autograd of the dense forward, the forward too."""
     import moe_lib
     from moe_lib.moe_experts import launch, runtime
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    inputs = problems.make_inputs("moe_experts_backward", 13, seed=seed, device=device, dtype=dtype, routing="skewed",
-                                  hidden_size=hidden_size, intermediate_size=intermediate_size, num_experts=3,
-                                  top_k=2)  # fmt: skip
+    inputs = problems.make_inputs(
+        "moe_experts_backward",
+        13,
+        seed=seed,
+        device=device,
+        dtype=dtype,
+        routing="skewed",
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_experts=3,
+        top_k=2,
+    )
     target = Target.of(torch.device(device))
     assert designs_of(choose(13 * 2, 3, hidden_size, intermediate_size, dtype, target)) == designs
     monkeypatch.setattr(runtime, "allocate", lambda *a, **k: torch.full(*a, float("nan"), **k))
@@ -245,8 +271,10 @@ def test_unaligned_shapes_run_the_pointer_designs_against_float64(dtype, hidden_
     for (name, limit), g, w in zip(tolerance.items(), got, want, strict=True):
         assert g.dtype == inputs["hidden_states"].dtype or name == "grad_topk_weights", name
         assert rel_error(g, w) <= limit, (name, rel_error(g, w))
-    forward_inputs = [inputs[n] for n in ("hidden_states", "topk_indices", "topk_weights", "gate_weights",
-                                          "up_weights", "down_weights")]  # fmt: skip
+    forward_inputs = [
+        inputs[n]
+        for n in ("hidden_states", "topk_indices", "topk_weights", "gate_weights", "up_weights", "down_weights")
+    ]
     y = launch.moe_experts_forward_triton(*forward_inputs)
     y_want = moe_experts_forward_dense(*[t.double() if t.is_floating_point() else t for t in forward_inputs])
     assert rel_error(y, y_want) <= tolerance["grad_hidden_states"]

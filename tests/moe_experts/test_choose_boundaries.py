@@ -63,25 +63,41 @@ CONFIGS = [
     ((4095, 8, 2, False), (64, 8, 64, 2, 3, D_BUSY)),
     ((4096, 8, 2, False), (128, 5, 64, 1, 4, D_BUSY)),
     ((4097, 8, 2, False), (128, 5, 64, 1, 4, D_BUSY)),
-]  # fmt: skip
+]
 
 # the interpreter: 16-wide tiles, a row split of at most 3 by 16-row blocks
-INTERPRETER_SPLITS = [((1424, 256), 1), ((1425, 256), 2), ((3925, 256), 2), ((3926, 256), 3), ((2097152, 256), 3),
-                      ((44, 8), 1), ((45, 8), 2), ((122, 8), 2), ((123, 8), 3)]  # fmt: skip
+INTERPRETER_SPLITS = [
+    ((1424, 256), 1),
+    ((1425, 256), 2),
+    ((3925, 256), 2),
+    ((3926, 256), 3),
+    ((2097152, 256), 3),
+    ((44, 8), 1),
+    ((45, 8), 2),
+    ((122, 8), 2),
+    ((123, 8), 3),
+]
 
 
 def _as_values(config) -> tuple:
     w, d = config.tma_weight_grad, config.tma_slot_projection
     assert (w.stages_gate_up, d.forward_tile, d.forward_warps) == (w.stages_down, d.backward_tile, d.backward_warps)
-    return (config.block_m, config.row_split, config.block_h, w.expert_groups, w.stages_gate_up,
-            (d.backward_tile, d.backward_warps))  # fmt: skip
+    return (
+        config.block_m,
+        config.row_split,
+        config.block_h,
+        w.expert_groups,
+        w.stages_gate_up,
+        (d.backward_tile, d.backward_warps),
+    )
 
 
 @pytest.mark.parametrize("arguments, expected", CONFIGS, ids=lambda v: "-".join(map(str, v))[:40])
 def test_launch_config_at_each_boundary(arguments, expected):
     num_slots, num_experts, input_bytes, interpreter = arguments
-    assert _as_values(launch_config(num_slots, num_experts, input_bytes=input_bytes,
-                                    interpreter=interpreter)) == expected  # fmt: skip
+    assert (
+        _as_values(launch_config(num_slots, num_experts, input_bytes=input_bytes, interpreter=interpreter)) == expected
+    )
 
 
 @pytest.mark.parametrize("input_bytes", [2, 4])
@@ -117,7 +133,7 @@ DESIGNS = [
     ((4096, 2048, BF16, Target(capability=(9, 0))), ("tma", "tma", "tma")),
     ((4096, 2048, BF16, Target(capability=(9, 1))), ("tma", "tma", "tma")),
     ((4096, 2048, F32, Target(capability=(8, 9))), ("pointer", "pointer", "pointer")),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("arguments, designs", DESIGNS, ids=lambda v: "-".join(map(str, v)).replace("torch.", ""))

@@ -45,28 +45,41 @@ CASES_2 = {
     "hot_on_rank_1": dict(tokens=[6, 4], experts=8, top_k=3, routing="hot_on_rank_1", pass_num_experts=False),
     # overlapped exchanges: chunk counts 2-4, one rank with fewer tokens than chunks (empty chunks)
     "uniform_chunks3": dict(tokens=[5, 7], experts=8, top_k=2, routing="uniform", pass_num_experts=True, chunks=3),
-    "hot_on_rank_1_chunks4": dict(tokens=[6, 3], experts=8, top_k=3, routing="hot_on_rank_1", pass_num_experts=True,
-                                  chunks=4),
+    "hot_on_rank_1_chunks4": dict(
+        tokens=[6, 3], experts=8, top_k=3, routing="hot_on_rank_1", pass_num_experts=True, chunks=4
+    ),
     # chunks=None: two chunks once the mean rows per rank reach AUTO_CHUNKS_MIN_ROWS (65536), here 65540
     "auto_two_chunks": dict(tokens=[32768, 32772], experts=4, top_k=2, routing="uniform", pass_num_experts=True),
 }
 if interpreter_enabled():  # the Triton backward on CPU tensors (conftest switches the interpreter on)
-    CASES_2["triton_float32"] = dict(tokens=[5, 7], experts=8, top_k=2, routing="uniform", pass_num_experts=True,
-                                     dtype=torch.float32, impl="triton")  # fmt: skip
-    CASES_2["triton_float32_chunks2"] = dict(tokens=[5, 7], experts=8, top_k=2, routing="uniform",
-                                             pass_num_experts=True, dtype=torch.float32, impl="triton", chunks=2)
+    CASES_2["triton_float32"] = dict(
+        tokens=[5, 7], experts=8, top_k=2, routing="uniform", pass_num_experts=True, dtype=torch.float32, impl="triton"
+    )
+    CASES_2["triton_float32_chunks2"] = dict(
+        tokens=[5, 7],
+        experts=8,
+        top_k=2,
+        routing="uniform",
+        pass_num_experts=True,
+        dtype=torch.float32,
+        impl="triton",
+        chunks=2,
+    )
 CASES_4 = {
     "uneven_skewed": dict(tokens=[3, 0, 5, 2], experts=6, top_k=2, routing="skewed", pass_num_experts=True),
     "hot_on_rank_0": dict(tokens=[4, 3, 0, 2], experts=6, top_k=2, routing="hot_on_rank_0", pass_num_experts=True),
     "uniform_top3": dict(tokens=[4, 4, 4, 4], experts=6, top_k=3, routing="uniform", pass_num_experts=False),
     "fewer_experts_than_ranks": dict(tokens=[2, 3, 1, 2], experts=3, top_k=2, routing="uniform", pass_num_experts=True),
     # overlapped exchanges: a rank without tokens, ranks with fewer tokens than chunks, skewed and hot routing
-    "uneven_skewed_chunks2": dict(tokens=[3, 0, 5, 2], experts=6, top_k=2, routing="skewed", pass_num_experts=True,
-                                  chunks=2),
-    "hot_on_rank_0_chunks4": dict(tokens=[4, 3, 0, 6], experts=6, top_k=2, routing="hot_on_rank_0",
-                                  pass_num_experts=True, chunks=4),
-    "uniform_top3_chunks3": dict(tokens=[4, 4, 4, 4], experts=6, top_k=3, routing="uniform", pass_num_experts=False,
-                                 chunks=3),
+    "uneven_skewed_chunks2": dict(
+        tokens=[3, 0, 5, 2], experts=6, top_k=2, routing="skewed", pass_num_experts=True, chunks=2
+    ),
+    "hot_on_rank_0_chunks4": dict(
+        tokens=[4, 3, 0, 6], experts=6, top_k=2, routing="hot_on_rank_0", pass_num_experts=True, chunks=4
+    ),
+    "uniform_top3_chunks3": dict(
+        tokens=[4, 4, 4, 4], experts=6, top_k=3, routing="uniform", pass_num_experts=False, chunks=3
+    ),
 }
 
 
@@ -77,10 +90,15 @@ CASES_4 = {
 def global_inputs(case: dict, seed: int) -> dict:
     """The case's global inputs, identical on every process that asks for them."""
     inputs = problems.make_inputs(
-        "moe_experts_backward", sum(case["tokens"]), seed=seed, dtype=case.get("dtype", torch.float64),
+        "moe_experts_backward",
+        sum(case["tokens"]),
+        seed=seed,
+        dtype=case.get("dtype", torch.float64),
         routing="uniform" if case["routing"].startswith("hot_on_rank_") else case["routing"],
-        num_experts=case["experts"], top_k=case["top_k"], **SMALL_AXES,
-    )  # fmt: skip
+        num_experts=case["experts"],
+        top_k=case["top_k"],
+        **SMALL_AXES,
+    )
     if case["routing"].startswith("hot_on_rank_"):
         block = expert_partition(case["experts"], len(case["tokens"]))[int(case["routing"].rsplit("_", 1)[1])]
         generator = torch.Generator().manual_seed(seed + 1)
@@ -115,17 +133,29 @@ def run_case_on_rank(case: dict, seed: int, rank: int) -> dict:
     experts = expert_partition(case["experts"], len(case["tokens"]))[rank]
     hidden_states = inputs["hidden_states"][tokens].clone().requires_grad_()
     topk_weights = inputs["topk_weights"][tokens].clone().requires_grad_()
-    shards = [inputs[name][experts.start : experts.stop].clone().requires_grad_()
-              for name in ("gate_weights", "up_weights", "down_weights")]  # fmt: skip
+    shards = [
+        inputs[name][experts.start : experts.stop].clone().requires_grad_()
+        for name in ("gate_weights", "up_weights", "down_weights")
+    ]
     stats = ExpertParallelStats()
     output = moe_experts_parallel(
-        hidden_states, inputs["topk_indices"][tokens], topk_weights, *shards, impl=case.get("impl", "reference"),
-        stats=stats, chunks=case.get("chunks"),
+        hidden_states,
+        inputs["topk_indices"][tokens],
+        topk_weights,
+        *shards,
+        impl=case.get("impl", "reference"),
+        stats=stats,
+        chunks=case.get("chunks"),
         num_experts=case["experts"] if case["pass_num_experts"] else None,
-    )  # fmt: skip
+    )
     grads = torch.autograd.grad(output, [hidden_states, topk_weights, *shards], inputs["grad_output"][tokens])
-    return dict(output=output.detach(), **dict(zip(GRAD_NAMES, grads, strict=True)),
-                rows_sent=stats.rows_sent, rows_received=stats.rows_received, chunks=stats.chunks)  # fmt: skip
+    return dict(
+        output=output.detach(),
+        **dict(zip(GRAD_NAMES, grads, strict=True)),
+        rows_sent=stats.rows_sent,
+        rows_received=stats.rows_received,
+        chunks=stats.chunks,
+    )
 
 
 def errors_on_rank(seed: int, rank: int) -> dict:
@@ -145,16 +175,20 @@ def errors_on_rank(seed: int, rank: int) -> dict:
         duplicate_on_rank_0[0, 1] = duplicate_on_rank_0[0, 0]
     calls = {
         # expert_partition(9, 2) gives rank 0 five experts; it holds four (rank 1's four are right)
-        "wrong_partition": lambda: moe_experts_parallel(x, inputs["topk_indices"][tokens], w, *shards,
-                                                        impl="reference", num_experts=9),
-        "out_of_range_on_rank_1": lambda: moe_experts_parallel(x, out_of_range_on_rank_1, w, *shards,
-                                                               impl="reference", num_experts=8),
-        "duplicate_on_rank_0": lambda: moe_experts_parallel(x, duplicate_on_rank_0, w, *shards,
-                                                            impl="reference", num_experts=8),
+        "wrong_partition": lambda: moe_experts_parallel(
+            x, inputs["topk_indices"][tokens], w, *shards, impl="reference", num_experts=9
+        ),
+        "out_of_range_on_rank_1": lambda: moe_experts_parallel(
+            x, out_of_range_on_rank_1, w, *shards, impl="reference", num_experts=8
+        ),
+        "duplicate_on_rank_0": lambda: moe_experts_parallel(
+            x, duplicate_on_rank_0, w, *shards, impl="reference", num_experts=8
+        ),
         # each rank would run a different number of exchanges
-        "chunks_disagree": lambda: moe_experts_parallel(x, inputs["topk_indices"][tokens], w, *shards,
-                                                        impl="reference", num_experts=8, chunks=1 + rank),
-    }  # fmt: skip
+        "chunks_disagree": lambda: moe_experts_parallel(
+            x, inputs["topk_indices"][tokens], w, *shards, impl="reference", num_experts=8, chunks=1 + rank
+        ),
+    }
     errors = {}
     for name, call in calls.items():
         try:
@@ -185,10 +219,11 @@ def spawn_ranks(world_size: int, cases: dict, seed: int, folder: Path, *, with_e
     context = multiprocessing.get_context("spawn")
     init_file = folder / "init"
     processes = [
-        context.Process(target=rank_main,
-                        args=(rank, world_size, str(init_file), str(folder), cases, seed, with_errors))
+        context.Process(
+            target=rank_main, args=(rank, world_size, str(init_file), str(folder), cases, seed, with_errors)
+        )
         for rank in range(world_size)
-    ]  # fmt: skip
+    ]
     join_ranks(processes, JOIN_TIMEOUT_S)
     return [torch.load(folder / f"rank{rank}.pt") for rank in range(world_size)]
 
@@ -217,8 +252,10 @@ def four_ranks(tmp_path_factory, module_seed):
 def single_device_results(case: dict, seed: int) -> dict:
     """moe_lib.moe_experts forward and backward on the global inputs, in one process."""
     inputs = global_inputs(case, seed)
-    leaves = [inputs[name].clone().requires_grad_()
-              for name in ("hidden_states", "topk_weights", "gate_weights", "up_weights", "down_weights")]  # fmt: skip
+    leaves = [
+        inputs[name].clone().requires_grad_()
+        for name in ("hidden_states", "topk_weights", "gate_weights", "up_weights", "down_weights")
+    ]
     x, w, gate, up, down = leaves
     output = moe_lib.moe_experts(x, inputs["topk_indices"], w, gate, up, down, impl=case.get("impl", "reference"))
     grads = torch.autograd.grad(output, leaves, inputs["grad_output"])
@@ -258,8 +295,9 @@ def test_two_ranks_match_the_single_device_layer(two_ranks, module_seed, name):
 
 
 # (chunked case, the same case without chunks): each expert's rows all fall in one chunk, in the same order
-CHUNKED_TWINS_2 = [("uniform_chunks3", "uniform")] + ([("triton_float32_chunks2", "triton_float32")]
-                                                       if interpreter_enabled() else [])  # fmt: skip
+CHUNKED_TWINS_2 = [("uniform_chunks3", "uniform")] + (
+    [("triton_float32_chunks2", "triton_float32")] if interpreter_enabled() else []
+)
 CHUNKED_TWINS_4 = [("uneven_skewed_chunks2", "uneven_skewed"), ("uniform_top3_chunks3", "uniform_top3")]
 
 
@@ -312,11 +350,17 @@ def test_expert_partition():
 
 def _local_call_arguments():
     """Well-formed arguments for one rank holding 4 experts (no process group needed for local checks)."""
-    inputs = problems.make_inputs("moe_experts_backward", 3, seed=0, dtype=torch.float64, num_experts=8, top_k=2,
-                                  **SMALL_AXES)  # fmt: skip
-    return dict(hidden_states=inputs["hidden_states"], topk_indices=inputs["topk_indices"],
-                topk_weights=inputs["topk_weights"], local_gate_weights=inputs["gate_weights"][:4],
-                local_up_weights=inputs["up_weights"][:4], local_down_weights=inputs["down_weights"][:4])  # fmt: skip
+    inputs = problems.make_inputs(
+        "moe_experts_backward", 3, seed=0, dtype=torch.float64, num_experts=8, top_k=2, **SMALL_AXES
+    )
+    return dict(
+        hidden_states=inputs["hidden_states"],
+        topk_indices=inputs["topk_indices"],
+        topk_weights=inputs["topk_weights"],
+        local_gate_weights=inputs["gate_weights"][:4],
+        local_up_weights=inputs["up_weights"][:4],
+        local_down_weights=inputs["down_weights"][:4],
+    )
 
 
 @pytest.mark.parametrize(
@@ -328,8 +372,9 @@ def _local_call_arguments():
         pytest.param("topk_weights", lambda a: a["topk_weights"][:, :1], ValueError, id="weights_columns"),
         pytest.param("topk_weights", lambda a: a["topk_weights"].to(torch.bfloat16), TypeError, id="weights_dtype"),
         pytest.param("local_up_weights", lambda a: a["local_up_weights"][:3], ValueError, id="up_count"),
-        pytest.param("local_down_weights", lambda a: a["local_down_weights"].transpose(1, 2), ValueError,
-                     id="down_transposed"),  # fmt: skip
+        pytest.param(
+            "local_down_weights", lambda a: a["local_down_weights"].transpose(1, 2), ValueError, id="down_transposed"
+        ),
         pytest.param("local_gate_weights", lambda a: a["local_gate_weights"].float(), TypeError, id="gate_dtype"),
         pytest.param("local_gate_weights", lambda a: a["local_gate_weights"].tolist(), TypeError, id="not_tensor"),
     ],
@@ -368,11 +413,24 @@ def test_bad_impl_raises_before_any_communication():
 
 
 def test_benchmark_entry_point_runs_two_ranks_on_cpu(tmp_path):
-    command = [sys.executable, "-m", "moe_lib.bench.parallel", "--nproc", "2", "--small", "--device", "cpu",
-               "--chunks", "1,2", "--out", str(tmp_path)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "moe_lib.bench.parallel",
+        "--nproc",
+        "2",
+        "--small",
+        "--device",
+        "cpu",
+        "--chunks",
+        "1,2",
+        "--out",
+        str(tmp_path),
+    ]
     # its own session, so that on a timeout the benchmark and the ranks it spawned are stopped together
-    process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True)  # fmt: skip
+    process = subprocess.Popen(
+        command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         output, _ = process.communicate(timeout=JOIN_TIMEOUT_S)
     except subprocess.TimeoutExpired:

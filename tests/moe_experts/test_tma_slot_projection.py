@@ -56,10 +56,22 @@ def make_case(T, H, I, E, K, routing, dtype, seed, device="cpu") -> dict:
     topk_indices = route_tokens(T, E, K, routing=routing, device=device, generator=generator)
     rows = max(T * K, 1)
     operand = OPERAND_DTYPE[dtype]
-    return dict(T=T, H=H, I=I, E=E, K=K, dtype=dtype, topk_indices=topk_indices,
-                routing=route_by_expert(topk_indices, E), gate=draw(E, I, H, dtype=dtype),
-                up=draw(E, I, H, dtype=dtype), down=draw(E, H, I, dtype=dtype), dgate=draw(rows, I, dtype=operand),
-                dup=draw(rows, I, dtype=operand), scaled_act=draw(rows, I, dtype=operand))  # fmt: skip
+    return dict(
+        T=T,
+        H=H,
+        I=I,
+        E=E,
+        K=K,
+        dtype=dtype,
+        topk_indices=topk_indices,
+        routing=route_by_expert(topk_indices, E),
+        gate=draw(E, I, H, dtype=dtype),
+        up=draw(E, I, H, dtype=dtype),
+        down=draw(E, H, I, dtype=dtype),
+        dgate=draw(rows, I, dtype=operand),
+        dup=draw(rows, I, dtype=operand),
+        scaled_act=draw(rows, I, dtype=operand),
+    )
 
 
 def float64_slot_projection(case: dict, use: str) -> torch.Tensor:
@@ -88,8 +100,9 @@ def run_tma(case: dict, use: str, config: TmaSlotProjectionConfig, num_programs:
         args = (case["gate"], case["up"], case["dgate"], case["dup"])
     else:
         args = (case["down"], None, case["scaled_act"], None)
-    launch_slot_projection_tma(config, case["routing"], *args, out, transposed_weights=use == "backward",
-                               num_programs=num_programs)  # fmt: skip
+    launch_slot_projection_tma(
+        config, case["routing"], *args, out, transposed_weights=use == "backward", num_programs=num_programs
+    )
     return out
 
 
@@ -214,8 +227,10 @@ def test_config_rules():
     # the backward's two terms share a descriptor where their distance is a TMA stride (< 2⁴⁰ B, 16 B multiple)
     both = torch.zeros((2, 4, 32), dtype=torch.bfloat16)
     assert two_term_form(bf16_small, both[0], both[1], both[1], both[0]) == "concat"
-    assert two_term_form(dataclasses.replace(bf16_small, concat_terms=False), both[0], both[1], both[0], both[1]) \
-        == "paired"  # fmt: skip
+    assert (
+        two_term_form(dataclasses.replace(bf16_small, concat_terms=False), both[0], both[1], both[0], both[1])
+        == "paired"
+    )
     assert two_term_form(bf16_small, both[0, 0], both[0, 1, 4:], both[0], both[1]) == "paired"  # 72 bytes apart
     assert _term_axis_fits(-(2**39), interpreter=False) and not _term_axis_fits(2**40, interpreter=False)
     assert not tma_slot_projection_fits(32, 36, transposed_weights=False)
@@ -231,15 +246,18 @@ def test_rejects_what_tma_cannot_address_and_mismatched_terms():
     out = torch.empty((4, H))
     config = choose_tma_slot_projection_config(4, E, 2, interpreter=True)
     with pytest.raises(ValueError, match="16 bytes"):
-        launch_slot_projection_tma(config, routing, weights, weights, rows, rows, out, transposed_weights=True,
-                                   num_programs=2)  # fmt: skip
+        launch_slot_projection_tma(
+            config, routing, weights, weights, rows, rows, out, transposed_weights=True, num_programs=2
+        )
     weights, out = torch.zeros((E, I, 48), dtype=torch.bfloat16), torch.empty((4, 48))
     with pytest.raises(ValueError, match="both"):
-        launch_slot_projection_tma(config, routing, weights, weights.clone(), rows, None, out,
-                                   transposed_weights=True, num_programs=2)  # fmt: skip
+        launch_slot_projection_tma(
+            config, routing, weights, weights.clone(), rows, None, out, transposed_weights=True, num_programs=2
+        )
     with pytest.raises(ValueError, match=r"expected \[2, 48, 32\]"):  # [E, I, H] given where [E, H, I] is due
-        launch_slot_projection_tma(config, routing, weights, None, rows, None, out, transposed_weights=False,
-                                   num_programs=2)  # fmt: skip
+        launch_slot_projection_tma(
+            config, routing, weights, None, rows, None, out, transposed_weights=False, num_programs=2
+        )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -257,11 +275,11 @@ def existing_kernel_d(case: dict, use: str) -> torch.Tensor:
     config = launch_config(T * K, E, input_bytes=dtype.itemsize)
     out = torch.full((T * K, H), float("nan"), device="cuda")
     if use == "backward":
-        launch_slot_projection(config, case["routing"], case["gate"], case["up"], case["dgate"],
-                                      case["dup"], out, 1, H)  # fmt: skip
+        launch_slot_projection(config, case["routing"], case["gate"], case["up"], case["dgate"], case["dup"], out, 1, H)
     else:
-        launch_slot_projection(config, case["routing"], case["down"], case["down"], case["scaled_act"],
-                                      case["scaled_act"], out, I, 1)  # fmt: skip
+        launch_slot_projection(
+            config, case["routing"], case["down"], case["down"], case["scaled_act"], case["scaled_act"], out, I, 1
+        )
     return out
 
 

@@ -50,9 +50,21 @@ def make_case(T, H, I, E, K, routing, dtype, seed, device="cpu") -> dict:
 
     topk_indices = route_tokens(T, E, K, routing=routing, device=device, generator=generator)
     rows = max(T * K, 1)
-    return dict(T=T, H=H, I=I, E=E, K=K, dtype=dtype, topk_indices=topk_indices,
-                routing=route_by_expert(topk_indices, E), x=draw(T, H), dy=draw(T, H), dgate=draw(rows, I),
-                dup=draw(rows, I), scaled_act=draw(rows, I))  # fmt: skip
+    return dict(
+        T=T,
+        H=H,
+        I=I,
+        E=E,
+        K=K,
+        dtype=dtype,
+        topk_indices=topk_indices,
+        routing=route_by_expert(topk_indices, E),
+        x=draw(T, H),
+        dy=draw(T, H),
+        dgate=draw(rows, I),
+        dup=draw(rows, I),
+        scaled_act=draw(rows, I),
+    )
 
 
 def float64_weight_grads(case: dict) -> tuple[torch.Tensor, ...]:
@@ -78,14 +90,25 @@ def float64_weight_grads(case: dict) -> tuple[torch.Tensor, ...]:
 def run_tma(case: dict, config: TmaWeightGradConfig, num_programs: int) -> tuple[torch.Tensor, ...]:
     """Gather + the two launches into NaN-poisoned outputs of the interface dtype."""
     E, I, H, dtype, device = case["E"], case["I"], case["H"], case["dtype"], case["x"].device
-    outputs = (torch.full((E, I, H), float("nan"), dtype=dtype, device=device),
-               torch.full((E, I, H), float("nan"), dtype=dtype, device=device),
-               torch.full((E, H, I), float("nan"), dtype=dtype, device=device))  # fmt: skip
+    outputs = (
+        torch.full((E, I, H), float("nan"), dtype=dtype, device=device),
+        torch.full((E, I, H), float("nan"), dtype=dtype, device=device),
+        torch.full((E, H, I), float("nan"), dtype=dtype, device=device),
+    )
     sorted_slot = case["routing"].sorted_slot
     x_sorted = gather_sorted_rows(case["x"], sorted_slot, case["K"])
     dy_sorted = gather_sorted_rows(case["dy"], sorted_slot, case["K"])
-    launch_weight_grads_tma(config, case["routing"].expert_offsets, x_sorted, dy_sorted, case["dgate"], case["dup"],
-                            case["scaled_act"], *outputs, num_programs=num_programs)  # fmt: skip
+    launch_weight_grads_tma(
+        config,
+        case["routing"].expert_offsets,
+        x_sorted,
+        dy_sorted,
+        case["dgate"],
+        case["dup"],
+        case["scaled_act"],
+        *outputs,
+        num_programs=num_programs,
+    )
     return outputs
 
 
@@ -207,10 +230,23 @@ def existing_kernel_w(case: dict) -> tuple[torch.Tensor, ...]:
 
     T, H, I, E, K, dtype = (case[k] for k in ("T", "H", "I", "E", "K", "dtype"))
     config = launch_config(T * K, E, input_bytes=dtype.itemsize)
-    outputs = (torch.empty((E, I, H), dtype=dtype, device="cuda"), torch.empty((E, I, H), dtype=dtype, device="cuda"),
-               torch.empty((E, H, I), dtype=dtype, device="cuda"))  # fmt: skip
-    launch_weight_grads(config, case["routing"], case["routing"].sorted_slot, K, case["x"], case["dy"],
-                               case["dgate"], case["dup"], case["scaled_act"], *outputs)  # fmt: skip
+    outputs = (
+        torch.empty((E, I, H), dtype=dtype, device="cuda"),
+        torch.empty((E, I, H), dtype=dtype, device="cuda"),
+        torch.empty((E, H, I), dtype=dtype, device="cuda"),
+    )
+    launch_weight_grads(
+        config,
+        case["routing"],
+        case["routing"].sorted_slot,
+        K,
+        case["x"],
+        case["dy"],
+        case["dgate"],
+        case["dup"],
+        case["scaled_act"],
+        *outputs,
+    )
     return outputs
 
 
@@ -224,8 +260,9 @@ def num_sms() -> int:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_gpu_medium_against_existing_kernel_and_float64(dtype, routing, form, seed):
     case = make_case(**MEDIUM, routing=routing, dtype=dtype, seed=seed, device="cuda")
-    config = variant(choose_tma_weight_grad_config(MEDIUM["T"] * MEDIUM["K"], MEDIUM["E"], dtype.itemsize,
-                                                   interpreter=False), form)  # fmt: skip
+    config = variant(
+        choose_tma_weight_grad_config(MEDIUM["T"] * MEDIUM["K"], MEDIUM["E"], dtype.itemsize, interpreter=False), form
+    )
     got = run_tma(case, config, num_sms())
     torch.cuda.synchronize()
     where = f"[{dtype}, {routing}, {form}, seed={seed}]"
@@ -243,8 +280,9 @@ def test_gpu_busy_experts(rows_per_step, seed):
     config = choose_tma_weight_grad_config(4099 * 2, 4, 2, interpreter=False)
     assert config.stages_gate_up == 4
     if rows_per_step == 128:
-        config = dataclasses.replace(config, gate_up_tile=(128, 128, 128), down_tile=(128, 256, 128),
-                                     stages_gate_up=2, stages_down=2)  # fmt: skip
+        config = dataclasses.replace(
+            config, gate_up_tile=(128, 128, 128), down_tile=(128, 256, 128), stages_gate_up=2, stages_down=2
+        )
     case = make_case(**sizes, routing="uniform", dtype=torch.bfloat16, seed=seed, device="cuda")
     assert_matches_float64(case, run_tma(case, config, num_sms()), f"[{rows_per_step} rows, seed={seed}]")
 
@@ -254,8 +292,7 @@ def test_gpu_busy_experts(rows_per_step, seed):
 def test_gpu_refuses_the_forms_that_write_wrong_tiles(form, field, seed):
     """Those forms leave tiles unwritten or wrong on the GPU (notes/p2/runs-design-04.md): refused there, not run."""
     case = make_case(**MEDIUM, routing="uniform", dtype=torch.bfloat16, seed=seed, device="cuda")
-    config = variant(choose_tma_weight_grad_config(MEDIUM["T"] * MEDIUM["K"], MEDIUM["E"], 2, interpreter=False),
-                     form)  # fmt: skip
+    config = variant(choose_tma_weight_grad_config(MEDIUM["T"] * MEDIUM["K"], MEDIUM["E"], 2, interpreter=False), form)
     with pytest.raises(NotImplementedError, match=field):
         run_tma(case, config, num_sms())
 

@@ -16,8 +16,9 @@ CASES = {
     "p1/p1_few_tokens_trace.py --candidates a_reg,nope": "--candidates: unknown candidate(s) ['nope']",
     "p1/p1_few_tokens_trace.py --flush warm": "--flush: expected a comma list of dirty, clean, none",
     "p1/launch_floor_probe.py --reps 0": "--reps and --programs: expected positive integers",
-    "parallel/slot_sum_bench.py --dtypes bfloat16,int8":
-        "--dtypes: expected a comma list of bfloat16, float32, float16",
+    "parallel/slot_sum_bench.py --dtypes bfloat16,int8": (
+        "--dtypes: expected a comma list of bfloat16, float32, float16"
+    ),
     "p1/p1_tune.py --configs gluon_tall_dwd2,nope": "--configs: unknown candidate(s) ['nope']",
     "p1/p1_profile.py --config nope": "argument --config: invalid choice: 'nope'",
     "p1/p1_program_trace.py --config nope": "argument --config: invalid choice: 'nope'",
@@ -30,8 +31,14 @@ CASES = {
 @pytest.mark.parametrize("command", list(CASES))
 def test_bad_argument_is_named_before_any_work(command):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / command.split()[0]), *command.split()[1:]],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / command.split()[0]), *command.split()[1:]],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert done.returncode != 0
     assert CASES[command] in done.stderr, done.stderr
 
@@ -46,9 +53,12 @@ def test_gpu_bench_defaults_name_what_the_scripts_know():
     from moe_lib.moe_experts.choose import launch_config
 
     text = (ROOT / "scripts" / "gpu_bench.sh").read_text()
-    p1 = [name for found in re.findall(r"\$\{P1_\w*CONFIGS:-([^}]*)\}", text) + re.findall(r"--configs (default,\S+)",
-                                                                                            text)
-          for name in found.split(",") if name != "default"]  # fmt: skip
+    p1 = [
+        name
+        for found in re.findall(r"\$\{P1_\w*CONFIGS:-([^}]*)\}", text) + re.findall(r"--configs (default,\S+)", text)
+        for name in found.split(",")
+        if name != "default"
+    ]
     assert p1 and not set(p1) - set(P1_CANDIDATES)
     few = runpy.run_path(str(ROOT / "scripts" / "p1" / "p1_few_tokens_check.py"), run_name="defaults")
     (few_args,) = re.findall(r"\$\{P1_FEW_ARGS:-([^}]*)\}", text)

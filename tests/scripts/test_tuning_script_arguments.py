@@ -10,14 +10,23 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize(("arguments", "message"), [
-    (["--tokens", "12,x"], "--tokens: a comma list of positive token counts, got '12,x'"),
-    (["--tokens", "0"], "--tokens: a comma list of positive token counts, got '0'"),
-    (["--tokens", "12", "--configs", "no_such_candidate"], "--configs: unknown candidate(s) ['no_such_candidate']"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--tokens", "12,x"], "--tokens: a comma list of positive token counts, got '12,x'"),
+        (["--tokens", "0"], "--tokens: a comma list of positive token counts, got '0'"),
+        (["--tokens", "12", "--configs", "no_such_candidate"], "--configs: unknown candidate(s) ['no_such_candidate']"),
+    ],
+)
 def test_p1_tune_refuses_bad_arguments_by_name(arguments, message):
-    done = subprocess.run([sys.executable, "scripts/p1/p1_tune.py", *arguments], cwd=ROOT, capture_output=True,
-                          text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "scripts/p1/p1_tune.py", *arguments],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        timeout=300,
+    )
     assert done.returncode != 0 and message in done.stderr, done.stderr[-2000:]
 
 
@@ -51,15 +60,14 @@ def test_p1_scripts_share_one_reading_of_configs():
 
 
 def test_p1_call_default_is_the_public_call():
-    """"default" runs the public call (here the reference, on the CPU); a candidate's call is built without running."""
+    """ "default" runs the public call (here the reference, on the CPU); a candidate's call is built without running."""
     import torch
 
     import moe_lib
     from moe_lib import problems
     from moe_lib.bench.tuning import p1_call
 
-    inputs = problems.make_inputs("swiglu_down_backward", 4, seed=0, device="cpu", hidden_size=32,
-                                  intermediate_size=16)  # fmt: skip
+    inputs = problems.make_inputs("swiglu_down_backward", 4, seed=0, device="cpu", hidden_size=32, intermediate_size=16)
     got = p1_call("default", inputs, "fast")()
     want = moe_lib.swiglu_down_backward(*inputs.values(), precision="fast")
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))

@@ -22,9 +22,16 @@ def careful_pytorch_errors(inputs: dict, want) -> list[float]:
     """Relative error of the careful bf16 PyTorch formulation (the yardstick of the GPU accuracy rule)."""
     w_gate_up = torch.cat([inputs["gate_weight"], inputs["up_weight"]])
     got = swiglu_down_backward_eager(
-        inputs["grad_output"], inputs["x"], w_gate_up, inputs["down_weight"], inputs["gate"],
-        inputs["gate_sigmoid"], inputs["gate_silu"], inputs["up"], inputs["intermediate"],
-    )  # fmt: skip
+        inputs["grad_output"],
+        inputs["x"],
+        w_gate_up,
+        inputs["down_weight"],
+        inputs["gate"],
+        inputs["gate_sigmoid"],
+        inputs["gate_silu"],
+        inputs["up"],
+        inputs["intermediate"],
+    )
     return [rel_error(g, w) for g, w in zip(got, want, strict=True)]
 
 

@@ -23,14 +23,17 @@ from moe_lib.dispatch import interpreter_enabled
 
 from .helpers import DEVICE, ELEMENT_RULE, OUTPUTS, check_against_float64, check_small, float64_reference
 
-needs_triton = pytest.mark.skipif(not torch.cuda.is_available() and not interpreter_enabled(),
-                                  reason="needs CUDA or the Triton interpreter")  # fmt: skip
+needs_triton = pytest.mark.skipif(
+    not torch.cuda.is_available() and not interpreter_enabled(), reason="needs CUDA or the Triton interpreter"
+)
 LEAVES = ("x", "gate_weight", "up_weight", "down_weight")
 
 
 @needs_triton
-@pytest.mark.parametrize("T, H, I, dtype", [(0, 16, 8, torch.bfloat16), (5, 32, 16, torch.bfloat16),
-                                            (37, 33, 19, torch.float16), (13, 40, 24, torch.float32)])
+@pytest.mark.parametrize(
+    "T, H, I, dtype",
+    [(0, 16, 8, torch.bfloat16), (5, 32, 16, torch.bfloat16), (37, 33, 19, torch.float16), (13, 40, 24, torch.float32)],
+)
 @pytest.mark.parametrize("precision", ["faithful", "fast"])
 def test_public_call_runs_triton_from_poisoned_memory(T, H, I, dtype, precision, seed, poisoned, monkeypatch):
     """impl="triton" runs the Triton call (a spy counts it; the reference would raise), whose outputs and workspaces
@@ -48,8 +51,9 @@ def test_public_call_runs_triton_from_poisoned_memory(T, H, I, dtype, precision,
 
     monkeypatch.setattr(backward, "swiglu_down_backward_triton", spy)
     monkeypatch.setattr(api, "swiglu_down_backward_reference", no_reference)
-    inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device=DEVICE, dtype=dtype, hidden_size=H,
-                                  intermediate_size=I)  # fmt: skip
+    inputs = problems.make_inputs(
+        "swiglu_down_backward", T, seed=seed, device=DEVICE, dtype=dtype, hidden_size=H, intermediate_size=I
+    )
     got = moe_lib.swiglu_down_backward(*inputs.values(), impl="triton", precision=precision)
     again = moe_lib.swiglu_down_backward(*inputs.values(), impl="triton", precision=precision)
     assert calls == [precision, precision]
@@ -63,8 +67,15 @@ def test_public_call_runs_triton_from_poisoned_memory(T, H, I, dtype, precision,
 def test_faithful_path_passes_the_element_rule_at_the_harness_scale(T, seed):
     """Std-1 inputs (what the benchmark's harness draws): dGate and dUp rounded to bf16 fail the element rule on
     elements near zero; carried as hi/lo pairs they pass it, and the default is that path."""
-    inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device=DEVICE, hidden_size=64,
-                                  intermediate_size=48, distribution="harness")  # fmt: skip
+    inputs = problems.make_inputs(
+        "swiglu_down_backward",
+        T,
+        seed=seed,
+        device=DEVICE,
+        hidden_size=64,
+        intermediate_size=48,
+        distribution="harness",
+    )
     want = float64_reference(inputs)
     faithful = moe_lib.swiglu_down_backward(*inputs.values(), impl="triton")
     fast = moe_lib.swiglu_down_backward(*inputs.values(), impl="triton", precision="fast")
@@ -76,8 +87,9 @@ def test_faithful_path_passes_the_element_rule_at_the_harness_scale(T, seed):
 
 @needs_triton
 def test_layer_gradients_match_autograd(seed):
-    inputs = problems.make_inputs("swiglu_down_backward", 11, seed=seed, device=DEVICE, dtype=torch.float32,
-                                  hidden_size=40, intermediate_size=24)  # fmt: skip
+    inputs = problems.make_inputs(
+        "swiglu_down_backward", 11, seed=seed, device=DEVICE, dtype=torch.float32, hidden_size=40, intermediate_size=24
+    )
     leaves = [inputs[k].clone().requires_grad_() for k in LEAVES]
     y = moe_lib.swiglu_expert(*leaves, impl="triton")
     y.backward(inputs["grad_output"])
@@ -100,8 +112,9 @@ def test_layer_runs_the_elementwise_step_in_one_launch_each_way(seed, monkeypatc
         raise AssertionError("the Triton layer ran the eager elementwise ops")
 
     monkeypatch.setattr(api, "_swiglu_saved", no_eager)
-    inputs = problems.make_inputs("swiglu_down_backward", 7, seed=seed, device=DEVICE, dtype=torch.float32,
-                                  hidden_size=40, intermediate_size=24)  # fmt: skip
+    inputs = problems.make_inputs(
+        "swiglu_down_backward", 7, seed=seed, device=DEVICE, dtype=torch.float32, hidden_size=40, intermediate_size=24
+    )
     leaves = [inputs[k].clone().requires_grad_() for k in LEAVES]
     y = moe_lib.swiglu_expert(*leaves, impl="triton")
     y.backward(inputs["grad_output"])
@@ -248,8 +261,16 @@ def odd_token_counts():
 
 # the models' (H, I): the benchmark's, Mixtral's and Llama's, DeepSeek's, gpt-oss's, Qwen's and DeepSeek-V2-Lite's
 # experts, and one whose rows TMA cannot address (I = 300: 600 bytes)
-MODEL_SHAPES = [(2048, 768), (4096, 1536), (7168, 2048), (4096, 14336), (2880, 2880), (2048, 1024), (2048, 1408),
-                (1000, 300)]  # fmt: skip
+MODEL_SHAPES = [
+    (2048, 768),
+    (4096, 1536),
+    (7168, 2048),
+    (4096, 14336),
+    (2880, 2880),
+    (2048, 1024),
+    (2048, 1408),
+    (1000, 300),
+]
 
 
 @pytest.mark.gpu
@@ -274,8 +295,9 @@ def test_gpu_models_shapes(H, I, T, precision, seed):
     faithful path's design for rows TMA cannot address), from poisoned memory at the harness's scale."""
     from moe_lib.bench.timing import poison_allocator
 
-    inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device="cuda", distribution="harness",
-                                  hidden_size=H, intermediate_size=I)  # fmt: skip
+    inputs = problems.make_inputs(
+        "swiglu_down_backward", T, seed=seed, device="cuda", distribution="harness", hidden_size=H, intermediate_size=I
+    )
     poison_allocator("cuda", 256 * 2**20)
     got = moe_lib.swiglu_down_backward(*inputs.values(), impl="triton", precision=precision)
     check_against_float64(inputs, got, precision)
@@ -357,8 +379,10 @@ def test_gpu_graph_in_eager_calls_back_to_back_each_with_its_own_inputs(T, seed)
     update to later launches only), so every call's outputs must match float64 on its own inputs."""
     from moe_lib.bench.timing import poison_allocator
 
-    calls = [problems.make_inputs("swiglu_down_backward", T, seed=seed + i, device="cuda", distribution="harness")
-             for i in range(4)]  # fmt: skip
+    calls = [
+        problems.make_inputs("swiglu_down_backward", T, seed=seed + i, device="cuda", distribution="harness")
+        for i in range(4)
+    ]
     moe_lib.swiglu_down_backward(*calls[0].values())  # compiled before the calls under test
     torch.cuda.synchronize()
     poison_allocator("cuda", 256 * 2**20)
@@ -440,8 +464,10 @@ def test_gpu_traced_programs_record_every_program_and_keep_the_results(T, seed):
     assert len(traces) == 2 and set(traces[-1]) == {"launch 1", "launch 2"}
     first, second = design.first, design.second
     assert first.grad_down_tiles  # dWd's tiles in launch 1 at these token counts: there a weight-gradient kind
-    expected = {"launch 1": (first, H * I // (first.block_m * first.grad_down_block_n)),
-                "launch 2": (second, second.weight_grad_programs_for(H, I))}  # one row a weight-gradient program
+    expected = {
+        "launch 1": (first, H * I // (first.block_m * first.grad_down_block_n)),
+        "launch 2": (second, second.weight_grad_programs_for(H, I)),
+    }  # one row a weight-gradient program
     for name, rows in traces[-1].items():
         launch, weight_tiles = expected[name]
         rows = rows.cpu()

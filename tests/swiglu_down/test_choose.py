@@ -51,12 +51,20 @@ LIBRARY_FAITHFUL = LibraryGemmsConfig(d_a_fp32=True)
 LIBRARY_FEW_DX2 = dataclasses.replace(LIBRARY_FEW, dx_in_two=True)
 LIBRARY_MANY_DX2 = dataclasses.replace(LIBRARY_MANY, dx_in_two=True)
 # the chained launch: narrow dWd tiles; 128 x 256 ones with dx's tiles first; the same with dWd's tiles last
-CHAINED_NARROW = ChainedConfig(TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1)),
-                               warps=8, stages=3)  # fmt: skip
-CHAINED_WIDE_DX_FIRST = ChainedConfig(TileConfig((64, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 1),
-                                                 (128, 256, 64, 1), grad_x_first=True), warps=8, stages=3)
-CHAINED_WIDE_DWD_LAST = ChainedConfig(TileConfig((64, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 1),
-                                                 (128, 256, 64, 1)), warps=8, stages=3, grad_down_last=True)
+CHAINED_NARROW = ChainedConfig(
+    TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1)), warps=8, stages=3
+)
+CHAINED_WIDE_DX_FIRST = ChainedConfig(
+    TileConfig((64, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1), grad_x_first=True),
+    warps=8,
+    stages=3,
+)
+CHAINED_WIDE_DWD_LAST = ChainedConfig(
+    TileConfig((64, 128, 64, 1), (128, 256, 64, 1), (128, 128, 64, 1), (128, 256, 64, 1)),
+    warps=8,
+    stages=3,
+    grad_down_last=True,
+)
 # the two Triton launches: the fast path's wide tiles; the faithful path's; fp32's; the interpreter's
 TRITON_WIDE = TileConfig((64, 128, 64, 1), (64, 128, 64, 1), (128, 256, 64, 1), (128, 256, 64, 1), (4, 8), (4, 4))
 TRITON_FP32 = TileConfig((64, 64, 16, 1), (64, 64, 16, 1), (64, 64, 16, 1), (64, 64, 16, 1), (4, 4), (3, 3))
@@ -221,11 +229,17 @@ def describe(design) -> str:
     if isinstance(design, GluonLaunches):
         for name, form in FORMS.items():
             first = dataclasses.replace(design.first, grad_down_tiles=True)
-            second = dataclasses.replace(design.second, grad_down_tiles=False, grad_x_splits=1,
-                                         weight_grad_programs=form.second.weight_grad_programs)  # fmt: skip
+            second = dataclasses.replace(
+                design.second,
+                grad_down_tiles=False,
+                grad_x_splits=1,
+                weight_grad_programs=form.second.weight_grad_programs,
+            )
             if (first, second) == (form.first, form.second):
-                return (f"gluon {name}, dWd in launch {2 if design.second.grad_down_tiles else 1}, dx in "
-                        f"{design.second.grad_x_splits}, {design.second.weight_grad_programs} persistent programs")
+                return (
+                    f"gluon {name}, dWd in launch {2 if design.second.grad_down_tiles else 1}, dx in "
+                    f"{design.second.grad_x_splits}, {design.second.weight_grad_programs} persistent programs"
+                )
     return f"{design.name}: {design}"
 
 
@@ -255,8 +269,14 @@ def test_every_choice_is_one_its_design_can_run():
     """Pure host arithmetic: over the grid, with bf16, fp16 and fp32, both precisions, a Hopper device, one with
     another SM count, a CUDA GPU before Hopper, the interpreter, operands on 16-byte boundaries or not."""
     for H, I, T, dtype, precision, device, aligned in itertools.product(
-            SIZES, SIZES, TOKENS, (BF16, FP16, FP32), ("faithful", "fast"), (H200, H100_PCIE, A100, INTERPRETER),
-            (True, False)):  # fmt: skip
+        SIZES,
+        SIZES,
+        TOKENS,
+        (BF16, FP16, FP32),
+        ("faithful", "fast"),
+        (H200, H100_PCIE, A100, INTERPRETER),
+        (True, False),
+    ):
         design = choose_design(T, H, I, dtype=dtype, precision=precision, device=device, aligned=aligned)
         reason = design.supports(T, H, I, dtype, device, aligned=aligned)
         assert reason is None, (T, H, I, dtype, precision, device, aligned, describe(design), reason)
@@ -268,8 +288,11 @@ REASONS = [
     (FORMS["wide"], (64, 2048, 768, BF16, A100, True), "the Gluon kernels need a Hopper GPU (sm_90)"),
     (FORMS["wide"], (64, 2048, 768, BF16, INTERPRETER, True), "the Gluon kernels need a Hopper GPU (sm_90)"),
     (FORMS["wide"], (64, 2048, 768, FP32, H200, True), "the Gluon kernels take 16-bit operands, got torch.float32"),
-    (FORMS["wide"], (64, 1000, 300, BF16, H200, True),
-     "TMA needs rows of 16-byte multiples: H = 1000, I = 300 elements of 2 B"),
+    (
+        FORMS["wide"],
+        (64, 1000, 300, BF16, H200, True),
+        "TMA needs rows of 16-byte multiples: H = 1000, I = 300 elements of 2 B",
+    ),
     (FORMS["wide"], (64, 2048, 768, FP16, H200, False), "TMA needs every operand to start on a 16-byte boundary"),
     (FORMS["narrow"], (0, 2048, 768, BF16, H200, True), "a TMA descriptor needs at least one token row"),
     (LIBRARY_MANY, (64, 1000, 300, FP16, A100, False), None),
@@ -278,18 +301,29 @@ REASONS = [
     (LIBRARY_FAITHFUL, (64, 2048, 768, BF16, CPU, True), "cuBLAS's GEMMs need a CUDA GPU"),
     (TRITON_WIDE, (64, 1001, 300, FP32, A100, False), None),
     (TRITON_WIDE, (64, 1001, 300, BF16, INTERPRETER, True), None),
-    (TRITON_WIDE, (64, 2048, 768, torch.float64, H200, True),
-     "dtype torch.float64 is not one of (torch.bfloat16, torch.float16, torch.float32)"),
-    (dataclasses.replace(TRITON_WIDE, grad_x=(128, 256, 64, 3)), (64, 2048, 768, BF16, H200, True),
-     "grad_x: SPLIT must be a power of two, got 3"),
+    (
+        TRITON_WIDE,
+        (64, 2048, 768, torch.float64, H200, True),
+        "dtype torch.float64 is not one of (torch.bfloat16, torch.float16, torch.float32)",
+    ),
+    (
+        dataclasses.replace(TRITON_WIDE, grad_x=(128, 256, 64, 3)),
+        (64, 2048, 768, BF16, H200, True),
+        "grad_x: SPLIT must be a power of two, got 3",
+    ),
     (TRITON_WIDE, (64, 2048, 768, BF16, CPU, True), "Triton kernels need a CUDA GPU or the interpreter"),
     (CHAINED_NARROW, (64, 1001, 300, BF16, A100, False), None),
-    (ChainedConfig(dataclasses.replace(TRITON_WIDE, d_intermediate=(64, 128, 64, 0))), (1, 16, 16, BF16, A100, True),
-     "d_intermediate: SPLIT must be a power of two, got 0"),
-    (CHAINED_NARROW, (64, 2048, 768, BF16, CPU, True),
-     "Triton kernels need a CUDA GPU or the interpreter"),
-    (FewTokensConfig(), (1, 2048, 768, FP32, H200, True), "the few-token tiles are sized for 16-bit operands, got "
-                                                          "torch.float32"),
+    (
+        ChainedConfig(dataclasses.replace(TRITON_WIDE, d_intermediate=(64, 128, 64, 0))),
+        (1, 16, 16, BF16, A100, True),
+        "d_intermediate: SPLIT must be a power of two, got 0",
+    ),
+    (CHAINED_NARROW, (64, 2048, 768, BF16, CPU, True), "Triton kernels need a CUDA GPU or the interpreter"),
+    (
+        FewTokensConfig(),
+        (1, 2048, 768, FP32, H200, True),
+        "the few-token tiles are sized for 16-bit operands, got torch.float32",
+    ),
 ]
 
 
@@ -299,18 +333,25 @@ def test_supports_reasons_by_value(design, call, reason):
     assert design.supports(*shape, aligned=aligned) == reason
 
 
-needs_interpreter = pytest.mark.skipif(torch.cuda.is_available() or not interpreter_enabled(),
-                                       reason="the refusals are those of the interpreter's device")  # fmt: skip
+needs_interpreter = pytest.mark.skipif(
+    torch.cuda.is_available() or not interpreter_enabled(), reason="the refusals are those of the interpreter's device"
+)
 
 
 @needs_interpreter
-@pytest.mark.parametrize("config, dtype, reason", [
-    (FORMS["wide"], BF16, r"the Gluon kernels need a Hopper GPU \(sm_90\)"),
-    (LIBRARY_FEW, BF16, "cuBLAS's GEMMs need a CUDA GPU"),
-    (dataclasses.replace(TRITON_FP32, grad_down=(64, 64, 16, 6)), FP32, "grad_down: SPLIT must be a power of two, "
-                                                                        "got 6"),
-    (FewTokensConfig(), FP32, "the few-token tiles are sized for 16-bit operands, got torch.float32"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "config, dtype, reason",
+    [
+        (FORMS["wide"], BF16, r"the Gluon kernels need a Hopper GPU \(sm_90\)"),
+        (LIBRARY_FEW, BF16, "cuBLAS's GEMMs need a CUDA GPU"),
+        (
+            dataclasses.replace(TRITON_FP32, grad_down=(64, 64, 16, 6)),
+            FP32,
+            "grad_down: SPLIT must be a power of two, got 6",
+        ),
+        (FewTokensConfig(), FP32, "the few-token tiles are sized for 16-bit operands, got torch.float32"),
+    ],
+)
 def test_a_config_that_cannot_run_the_call_is_refused_before_any_work(config, dtype, reason, monkeypatch):
     """``config=`` overrides the chooser; one that cannot run the call raises a ValueError naming ``config``, the
     design and the reason, before anything is allocated."""

@@ -24,8 +24,20 @@ from moe_lib.bench.sm90 import SHARED_MEMORY_LIMIT
 ROOT = Path(__file__).resolve().parents[2]
 
 # (H, I): every size as H and as I, the benchmark's shape among them, not every pair
-PAIRS = [(256, 256), (256, 16384), (1000, 1000), (1000, 7168), (2048, 768), (2048, 2880), (2880, 2880),
-         (4096, 14336), (7168, 2048), (14336, 4096), (16384, 256), (16384, 1000)]  # fmt: skip
+PAIRS = [
+    (256, 256),
+    (256, 16384),
+    (1000, 1000),
+    (1000, 7168),
+    (2048, 768),
+    (2048, 2880),
+    (2880, 2880),
+    (4096, 14336),
+    (7168, 2048),
+    (14336, 4096),
+    (16384, 256),
+    (16384, 1000),
+]
 TOKENS = [1, 64, 256, 4096, 65536]
 PRECISIONS = ("faithful", "fast")
 
@@ -71,8 +83,14 @@ with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")
 def compile_grid(points: list) -> list[dict]:
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
-    done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(points)], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=1800)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, json.dumps(points)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 

@@ -30,8 +30,9 @@ from moe_lib.swiglu_down.runtime import INTERPRETER_DEVICE, device_of
 
 from .helpers import DEVICE, OUTPUTS, check_against_float64, check_small, float64_reference, run_design
 
-needs_triton = pytest.mark.skipif(not torch.cuda.is_available() and not interpreter_enabled(),
-                                  reason="needs CUDA or the Triton interpreter")  # fmt: skip
+needs_triton = pytest.mark.skipif(
+    not torch.cuda.is_available() and not interpreter_enabled(), reason="needs CUDA or the Triton interpreter"
+)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # tiles with every reduction split, each kind its own shape (the interpreter's default tiles split only some)
@@ -48,8 +49,9 @@ INTERPRETER_CONFIGS = {
         "interpreter tiles": ChainedConfig(INTERPRETER_TILES, warps=1, stages=1),
         "split": ChainedConfig(SPLIT_TILES, warps=1, stages=1),
         "split, dWd first": ChainedConfig(SPLIT_TILES, warps=1, stages=1, grad_down_first=True),
-        "split, dx first, dWd last": ChainedConfig(dataclasses.replace(SPLIT_TILES, grad_x_first=True), warps=1,
-                                                   stages=1, grad_down_last=True),  # fmt: skip
+        "split, dx first, dWd last": ChainedConfig(
+            dataclasses.replace(SPLIT_TILES, grad_x_first=True), warps=1, stages=1, grad_down_last=True
+        ),
     },
 }
 # the designs tested elsewhere, and where
@@ -59,8 +61,13 @@ ELSEWHERE = {
     "gluon_launches": "a Hopper GPU only: the test_gpu_* tests",
 }
 # (T, H, I, dtype): no tokens, one token, odd sizes (no multiples of 16: ragged edges on every side)
-SMALL_SHAPES = [(0, 16, 8, torch.bfloat16), (1, 40, 24, torch.bfloat16), (37, 33, 19, torch.bfloat16),
-                (21, 48, 40, torch.float16), (13, 40, 24, torch.float32)]  # fmt: skip
+SMALL_SHAPES = [
+    (0, 16, 8, torch.bfloat16),
+    (1, 40, 24, torch.bfloat16),
+    (37, 33, 19, torch.bfloat16),
+    (21, 48, 40, torch.float16),
+    (13, 40, 24, torch.float32),
+]
 ODD = (21, 33, 19, torch.bfloat16)
 
 
@@ -75,8 +82,16 @@ def small_cases():
             for T, H, I, dtype in SMALL_SHAPES if index == 0 else [ODD]:
                 both = dtype != torch.float32 and index == 0
                 for precision in ("faithful", "fast") if both else ("faithful",):
-                    yield pytest.param(design, label, T, H, I, dtype, precision,
-                                       id=f"{design}-{label}-T{T}-H{H}-I{I}-{str(dtype)[6:]}-{precision}")
+                    yield pytest.param(
+                        design,
+                        label,
+                        T,
+                        H,
+                        I,
+                        dtype,
+                        precision,
+                        id=f"{design}-{label}-T{T}-H{H}-I{I}-{str(dtype)[6:]}-{precision}",
+                    )
 
 
 def test_every_design_of_the_registry_is_tested():
@@ -103,8 +118,16 @@ def test_small_shapes_match_float64(design, label, T, H, I, dtype, precision, se
     from moe_lib.swiglu_down.backward import swiglu_down_backward_triton
 
     config = INTERPRETER_CONFIGS[design][label]
-    inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device=DEVICE, dtype=dtype, hidden_size=H,
-                                  intermediate_size=I, distribution="harness")  # fmt: skip
+    inputs = problems.make_inputs(
+        "swiglu_down_backward",
+        T,
+        seed=seed,
+        device=DEVICE,
+        dtype=dtype,
+        hidden_size=H,
+        intermediate_size=I,
+        distribution="harness",
+    )
     assert config.supports(T, H, I, dtype, device_of(inputs["x"])) is None
     got = swiglu_down_backward_triton(*inputs.values(), config=config, precision=precision)
     check_small(got, float64_reference(inputs), dtype, precision)
@@ -120,13 +143,22 @@ def test_chained_launch_equals_the_two_launches_bitwise(seed, poisoned):
     from moe_lib.swiglu_down.backward import swiglu_down_backward_triton
 
     T, H, I, dtype = ODD
-    inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device=DEVICE, dtype=dtype, hidden_size=H,
-                                  intermediate_size=I, distribution="harness")  # fmt: skip
+    inputs = problems.make_inputs(
+        "swiglu_down_backward",
+        T,
+        seed=seed,
+        device=DEVICE,
+        dtype=dtype,
+        hidden_size=H,
+        intermediate_size=I,
+        distribution="harness",
+    )
     two_launches = {}
     for index, chained in enumerate(INTERPRETER_CONFIGS["chained"].values()):
         if chained.tiles not in two_launches:
-            two_launches[chained.tiles] = swiglu_down_backward_triton(*inputs.values(), config=chained.tiles,
-                                                                      precision=precision)  # fmt: skip
+            two_launches[chained.tiles] = swiglu_down_backward_triton(
+                *inputs.values(), config=chained.tiles, precision=precision
+            )
         for _ in range(2 if index == 0 else 1):
             one = swiglu_down_backward_triton(*inputs.values(), config=chained, precision=precision)
             for name, a, b in zip(OUTPUTS, one, two_launches[chained.tiles], strict=True):
@@ -158,8 +190,13 @@ def test_chained_launches_of_one_grid_size_and_other_shapes_do_not_hang():
     """Two shapes whose chained launches have the same grid but different dA program counts, one after the other:
     each waits for its own dA count (a counter shared by grid size alone made the second wait forever). In a child
     process with a time limit, so that a hang fails the test."""
-    result = subprocess.run([sys.executable, "-c", CHAINED_SHAPES_OF_ONE_GRID], capture_output=True, text=True,
-                            timeout=300, env=os.environ | {"PYTHONPATH": str(REPO_ROOT)})  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", CHAINED_SHAPES_OF_ONE_GRID],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=os.environ | {"PYTHONPATH": str(REPO_ROOT)},
+    )
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
 
 
@@ -170,9 +207,12 @@ def test_chained_launch_refuses_dwd_first_and_last_at_once():
 
 # the cuBLAS design's forms: as the chooser takes it on the fast path, few and many tokens (dA in fp32 or 16 bits,
 # [Wg; Wu] stacked by a kernel or two memcpys, on a second stream), as it takes it on the faithful path, dx in two
-LIBRARY_CONFIGS = {"fast": LibraryGemmsConfig.for_shape(1, 768),
-                   "fast, many tokens": LibraryGemmsConfig.for_shape(8192, 768),
-                   "faithful": LibraryGemmsConfig(d_a_fp32=True), "dx in two": LibraryGemmsConfig(dx_in_two=True)}
+LIBRARY_CONFIGS = {
+    "fast": LibraryGemmsConfig.for_shape(1, 768),
+    "fast, many tokens": LibraryGemmsConfig.for_shape(8192, 768),
+    "faithful": LibraryGemmsConfig(d_a_fp32=True),
+    "dx in two": LibraryGemmsConfig(dx_in_two=True),
+}
 
 
 @needs_triton
@@ -184,8 +224,15 @@ def test_library_gemms_run_on_the_cpu(label, T, precision, seed, poisoned):
     ``supports`` refuses the interpreter: the call would not take it here), from NaN-filled memory at the harness's
     scale: the faithful path passes the element rule (its hi/lo rows through one product each); the two weight
     gradients come back as the row halves of one allocation."""
-    inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device=DEVICE, hidden_size=64,
-                                  intermediate_size=48, distribution="harness")  # fmt: skip
+    inputs = problems.make_inputs(
+        "swiglu_down_backward",
+        T,
+        seed=seed,
+        device=DEVICE,
+        hidden_size=64,
+        intermediate_size=48,
+        distribution="harness",
+    )
     got = run_design(LIBRARY_CONFIGS[label], inputs, precision)
     check_small(got, float64_reference(inputs), torch.bfloat16, precision)
     assert got[2].data_ptr() == got[1].data_ptr() + got[1].numel() * got[1].element_size()
@@ -197,8 +244,9 @@ def test_library_gemms_takes_adjacent_gate_up_weights_without_a_copy(seed):
     gradients are those of the same weights held apart."""
     from moe_lib.swiglu_down.designs.library_gemms import gate_up_view
 
-    inputs = problems.make_inputs("swiglu_down_backward", 21, seed=seed, device=DEVICE, hidden_size=40,
-                                  intermediate_size=24)  # fmt: skip
+    inputs = problems.make_inputs(
+        "swiglu_down_backward", 21, seed=seed, device=DEVICE, hidden_size=40, intermediate_size=24
+    )
     fused = torch.cat([inputs["gate_weight"], inputs["up_weight"]])
     view = gate_up_view(fused[:24], fused[24:])
     assert view.data_ptr() == fused.data_ptr() and torch.equal(view, fused)
@@ -221,8 +269,7 @@ def candidates(prefix: str) -> list[str]:
     return [name for name in P1_CANDIDATES if name.startswith(prefix)]
 
 
-def check_candidate_at_both_scales(name: str, T: int, precision: str, seed: int, H: int = 2048,
-                                   I: int = 768) -> None:  # fmt: skip
+def check_candidate_at_both_scales(name: str, T: int, precision: str, seed: int, H: int = 2048, I: int = 768) -> None:
     """A candidate from poisoned memory, at our generator's scale and at the harness's, against float64 under its
     precision's rule."""
     from moe_lib.bench.timing import poison_allocator
@@ -230,8 +277,15 @@ def check_candidate_at_both_scales(name: str, T: int, precision: str, seed: int,
     from moe_lib.swiglu_down.backward import swiglu_down_backward_triton
 
     for distribution in ("forward", "harness"):
-        inputs = problems.make_inputs("swiglu_down_backward", T, seed=seed, device="cuda", distribution=distribution,
-                                      hidden_size=H, intermediate_size=I)  # fmt: skip
+        inputs = problems.make_inputs(
+            "swiglu_down_backward",
+            T,
+            seed=seed,
+            device="cuda",
+            distribution=distribution,
+            hidden_size=H,
+            intermediate_size=I,
+        )
         poison_allocator("cuda", 256 * 2**20)
         got = swiglu_down_backward_triton(*inputs.values(), config=P1_CANDIDATES[name], precision=precision)
         torch.cuda.synchronize()
@@ -273,8 +327,10 @@ def test_gpu_gluon_forms_at_both_input_scales(name, T, precision, seed):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["gluon_narrow", "gluon_tall_dx2", "gluon_wide_da256", "gluon_wide_narrow_da_dwd2",
-                                  "gluon_wide_da_first_dx4"])
+@pytest.mark.parametrize(
+    "name",
+    ["gluon_narrow", "gluon_tall_dx2", "gluon_wide_da256", "gluon_wide_narrow_da_dwd2", "gluon_wide_da_first_dx4"],
+)
 @pytest.mark.parametrize("precision", ["faithful", "fast"])
 def test_gpu_gluon_forms_with_partial_tiles_along_i_and_h(name, precision, seed):
     """A shape off the benchmark's (I = 384: the 256-wide dA tiles' right halves wholly beyond I; H = 320: a partial
@@ -284,8 +340,9 @@ def test_gpu_gluon_forms_with_partial_tiles_along_i_and_h(name, precision, seed)
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [100, 1087])
-@pytest.mark.parametrize("name", ["gluon_narrow", "gluon_tall_dx4", "gluon_wide", "gluon_wide_da256_dwd2",
-                                  "gluon_wide_da_first_tall_dx2"])
+@pytest.mark.parametrize(
+    "name", ["gluon_narrow", "gluon_tall_dx4", "gluon_wide", "gluon_wide_da256_dwd2", "gluon_wide_da_first_tall_dx2"]
+)
 def test_gpu_gluon_forms_deterministic_and_replayed_from_a_graph(name, T, seed):
     """dx's tiles split over programs (the last to arrive sums the partials in split order), weight-gradient tiles
     taken in turn by persistent programs: bitwise the same call after call, and from a replayed CUDA graph on new

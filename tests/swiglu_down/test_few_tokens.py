@@ -54,8 +54,16 @@ H, I = 75, 45
 H200 = Device("cuda", 132, SHARED_MEMORY_LIMIT, (9, 0), "H200")
 # (H, I) of real models' experts and a few extremes (SMs: 132): the benchmark's, Llama-like, DeepSeek-V3, Mixtral,
 # gpt-oss, Qwen-MoE-like, DeepSeek-V2-Lite-like, odd rows
-MODEL_SHAPES = [(2048, 768), (4096, 1536), (7168, 2048), (4096, 14336), (2880, 2880), (2048, 1024), (2048, 1408),
-                (1000, 300)]  # fmt: skip
+MODEL_SHAPES = [
+    (2048, 768),
+    (4096, 1536),
+    (7168, 2048),
+    (4096, 14336),
+    (2880, 2880),
+    (2048, 1024),
+    (2048, 1408),
+    (1000, 300),
+]
 EXTREME_SHAPES = [(256, 256), (16384, 16384), (16384, 256), (256, 16384), (4000, 13000), (16383, 1000), (3001, 301)]
 COMPILE_TOKENS = [1, 7, 64, 128]
 
@@ -64,16 +72,25 @@ def run(inputs: dict, config, precision: str):
     return swiglu_down_backward_triton(*inputs.values(), config=config, precision=precision)
 
 
-def small_inputs(T: int, seed: int, distribution: str | None = None, hidden_size: int = H,
-                 intermediate_size: int = I) -> dict:  # fmt: skip
-    return problems.make_inputs("swiglu_down_backward", T, seed=seed, device=DEVICE, hidden_size=hidden_size,
-                                intermediate_size=intermediate_size, distribution=distribution)  # fmt: skip
+def small_inputs(
+    T: int, seed: int, distribution: str | None = None, hidden_size: int = H, intermediate_size: int = I
+) -> dict:
+    return problems.make_inputs(
+        "swiglu_down_backward",
+        T,
+        seed=seed,
+        device=DEVICE,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        distribution=distribution,
+    )
 
 
 def tiles(block_t: int = 16, **fields) -> FewTokensConfig:
     """Interpreter-sized tiles (16 wide: one warp, the smallest dot); ``fields`` replace the defaults."""
-    base = dict(block_t=block_t, block_h1=16, block_i1=16, block_i2=16, block_h2=16, weights_ahead="after_phase1",
-                warps=1)  # fmt: skip
+    base = dict(
+        block_t=block_t, block_h1=16, block_i1=16, block_i2=16, block_h2=16, weights_ahead="after_phase1", warps=1
+    )
     return FewTokensConfig(**(base | fields))
 
 
@@ -92,17 +109,45 @@ TILINGS = {
     "streamed and spans": tiles(span_h1=80, block_h2=32, span_h2=28),
     # with every option the GPU's default takes: Wg, Wu ahead (one chunk only), the launch count late, phase 2 staged
     # before the wait (one chunk only), the saved tiles after phase 1, dx's sum by rows over 2 programs, dWd late
-    "streamed, GPU options": tiles(block_t=32, span_h1=40, block_i2=16, span_h2=48, weights_ahead="registers",
-                                   count_late=True, stage_before_wait=True, saved_late=True, dx_sum_slices=2,
-                                   grad_down_late=True, chunk_stages=1),  # fmt: skip
-    "whole, GPU options": tiles(block_t=32, block_h1=32, block_i1=16, block_i2=16, block_h2=32,
-                                weights_ahead="registers", count_late=True, stage_before_wait=True, saved_late=True,
-                                dx_sum_slices=2, grad_down_late=True),  # fmt: skip
+    "streamed, GPU options": tiles(
+        block_t=32,
+        span_h1=40,
+        block_i2=16,
+        span_h2=48,
+        weights_ahead="registers",
+        count_late=True,
+        stage_before_wait=True,
+        saved_late=True,
+        dx_sum_slices=2,
+        grad_down_late=True,
+        chunk_stages=1,
+    ),
+    "whole, GPU options": tiles(
+        block_t=32,
+        block_h1=32,
+        block_i1=16,
+        block_i2=16,
+        block_h2=32,
+        weights_ahead="registers",
+        count_late=True,
+        stage_before_wait=True,
+        saved_late=True,
+        dx_sum_slices=2,
+        grad_down_late=True,
+    ),
     # dx's sum by rows over 4 programs (of 3 phase-2 I-blocks... at most the I-blocks: 2 with 32-wide ones)
     "sliced sum 2": tiles(span_h1=40, block_i2=32, span_h2=48, dx_sum_slices=2),
     # the identity moves asked for (the interpreter keeps the selects)
-    "moves": tiles(block_h1=32, block_i1=32, block_i2=32, block_h2=32, weights_ahead="registers", count_late=True,
-                   stage_before_wait=True, once_by_move=True),  # fmt: skip
+    "moves": tiles(
+        block_h1=32,
+        block_i1=32,
+        block_i2=32,
+        block_h2=32,
+        weights_ahead="registers",
+        count_late=True,
+        stage_before_wait=True,
+        once_by_move=True,
+    ),
 }
 
 
@@ -142,10 +187,21 @@ def test_streamed_tiles_match_float64_reference(T, distribution, seed, poisoned)
 
 
 @needs_triton
-@pytest.mark.parametrize("T, tiling", [(2, "whole"), (16, "whole"), (5, "streamed straddled"),
-                                        (3, "streamed straddling"), (11, "streamed and spans"),
-                                        (17, "streamed, GPU options"), (32, "streamed, GPU options"),
-                                        (9, "whole, GPU options"), (13, "sliced sum 2"), (3, "moves")])  # fmt: skip
+@pytest.mark.parametrize(
+    "T, tiling",
+    [
+        (2, "whole"),
+        (16, "whole"),
+        (5, "streamed straddled"),
+        (3, "streamed straddling"),
+        (11, "streamed and spans"),
+        (17, "streamed, GPU options"),
+        (32, "streamed, GPU options"),
+        (9, "whole, GPU options"),
+        (13, "sliced sum 2"),
+        (3, "moves"),
+    ],
+)
 def test_other_tilings(T, tiling, seed, poisoned):
     """Tiles held whole, streamed ones whose phases' I-blocks do not line up (programs with a tile of one phase
     only), spans shorter than the blocks, the options the GPU takes, the sliced dx sum: both paths, harness
@@ -162,10 +218,29 @@ def test_other_tilings(T, tiling, seed, poisoned):
 ONE_TOKEN_TILINGS = {
     "whole": dataclasses.replace(TILINGS["whole"], cuda_cores=True),
     "streamed": dataclasses.replace(TILINGS["streamed"], cuda_cores=True),
-    "streamed, I spans": FewTokensConfig(block_h1=16, span_h1=40, block_i1=32, span_i1=24, block_i2=32, span_i2=20,
-                                         block_h2=16, span_h2=48, warps=1, cuda_cores=True),  # fmt: skip
-    "streamed, dWd late": FewTokensConfig(block_h1=16, span_h1=80, block_i1=16, block_i2=32, block_h2=32, span_h2=28,
-                                          warps=1, cuda_cores=True, grad_down_late=True),  # fmt: skip
+    "streamed, I spans": FewTokensConfig(
+        block_h1=16,
+        span_h1=40,
+        block_i1=32,
+        span_i1=24,
+        block_i2=32,
+        span_i2=20,
+        block_h2=16,
+        span_h2=48,
+        warps=1,
+        cuda_cores=True,
+    ),
+    "streamed, dWd late": FewTokensConfig(
+        block_h1=16,
+        span_h1=80,
+        block_i1=16,
+        block_i2=32,
+        block_h2=32,
+        span_h2=28,
+        warps=1,
+        cuda_cores=True,
+        grad_down_late=True,
+    ),
 }
 
 
@@ -183,8 +258,9 @@ def test_one_token_on_cuda_cores_matches_float64_reference(tiling, distribution,
     errors = check_small(faithful, again, want, "faithful")
     for name, a, b in zip(OUTPUTS, faithful, run(inputs, config, "fast"), strict=True):
         assert torch.equal(a, b), f"{name}: the paths differ"
-    tensor_cores = TILINGS["streamed"] if config.span_i1 or config.span_i2 else dataclasses.replace(
-        config, cuda_cores=False)  # fmt: skip
+    tensor_cores = (
+        TILINGS["streamed"] if config.span_i1 or config.span_i2 else dataclasses.replace(config, cuda_cores=False)
+    )
     for name, g, w, error in zip(OUTPUTS, run(inputs, tensor_cores, "faithful"), want, errors, strict=True):
         assert error <= rel_error(g, w) + 2e-4, f"{name}: {error:.3g} against the tensor cores' {rel_error(g, w):.3g}"
 
@@ -216,33 +292,65 @@ def test_no_tokens(tiling, cuda_cores, seed, poisoned):
 # what it supports
 
 
-@pytest.mark.parametrize("fields, call, reason", [
-    ({}, dict(dtype=torch.float32), "the few-token tiles are sized for 16-bit operands, got torch.float32"),
-    ({}, dict(T=17), "every token goes in one token block: 17 tokens against block_t 16"),
-    (dict(cuda_cores=True), dict(T=2), "cuda_cores takes one token, got 2"),
-    (dict(block_t=256), dict(T=1), "block_t must be between 1 and 128 (one token block), got 256"),
-    (dict(block_t=128), dict(T=100),
-     "its [tokens, I-block] tiles of 128 × 128 would exceed 8192 elements, which the registers hold"),
-    (dict(block_h1=512), {}, "a phase-1 chunk of 32768 weight elements exceeds 16384: more would not fit the 232448 "
-                             "bytes of shared memory at 128 tokens"),
-    (dict(block_i2=96), {}, "block_i2 must be a power of two, got 96"),
-    (dict(weights_ahead="soon"), {}, "weights_ahead must be one of ['after_phase1', 'prefetch', 'registers'], got "
-                                     "'soon'"),
-    (dict(span_i1=20), {}, "span_i1, span_i2 need cuda_cores (the tensor-core form takes whole I-blocks), got 20, 0"),
-    (dict(span_i2=200, cuda_cores=True), {}, "span_i2 must be between 1 and its block (128), or 0 for the block; got "
-                                             "200"),
-    (dict(span_h2=-1), {}, "span_h1, span_h2 must be ≥ 0 (0: one block), got 0, -1"),
-    (dict(dx_sum_slices=3), {}, "dx_sum_slices must be a power of two between 1 and block_t (16) and the phase-2 "
-                                "I-blocks (6), got 3"),
-    (dict(dx_sum_slices=32), {}, "dx_sum_slices must be a power of two between 1 and block_t (16) and the phase-2 "
-                                 "I-blocks (6), got 32"),
-    (dict(chunk_stages=0), {}, "chunk_stages must be ≥ 1, got 0"),
-    ({}, dict(H=4096, I=14336), "its waits need every program resident: 3584 programs for H 4096, I 14336 against "
-                                "132 SMs"),
-    ({}, dict(device=Device("cuda", 132, 101376, (8, 9))),
-     "its chunks are sized for 232448 bytes of shared memory per program (sm_90), the device has 101376"),
-    ({}, dict(device=Device("cpu", 1 << 30, 0)), "Triton kernels need a CUDA GPU or the interpreter"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "fields, call, reason",
+    [
+        ({}, dict(dtype=torch.float32), "the few-token tiles are sized for 16-bit operands, got torch.float32"),
+        ({}, dict(T=17), "every token goes in one token block: 17 tokens against block_t 16"),
+        (dict(cuda_cores=True), dict(T=2), "cuda_cores takes one token, got 2"),
+        (dict(block_t=256), dict(T=1), "block_t must be between 1 and 128 (one token block), got 256"),
+        (
+            dict(block_t=128),
+            dict(T=100),
+            "its [tokens, I-block] tiles of 128 × 128 would exceed 8192 elements, which the registers hold",
+        ),
+        (
+            dict(block_h1=512),
+            {},
+            "a phase-1 chunk of 32768 weight elements exceeds 16384: more would not fit the 232448 "
+            "bytes of shared memory at 128 tokens",
+        ),
+        (dict(block_i2=96), {}, "block_i2 must be a power of two, got 96"),
+        (
+            dict(weights_ahead="soon"),
+            {},
+            "weights_ahead must be one of ['after_phase1', 'prefetch', 'registers'], got 'soon'",
+        ),
+        (
+            dict(span_i1=20),
+            {},
+            "span_i1, span_i2 need cuda_cores (the tensor-core form takes whole I-blocks), got 20, 0",
+        ),
+        (
+            dict(span_i2=200, cuda_cores=True),
+            {},
+            "span_i2 must be between 1 and its block (128), or 0 for the block; got 200",
+        ),
+        (dict(span_h2=-1), {}, "span_h1, span_h2 must be ≥ 0 (0: one block), got 0, -1"),
+        (
+            dict(dx_sum_slices=3),
+            {},
+            "dx_sum_slices must be a power of two between 1 and block_t (16) and the phase-2 I-blocks (6), got 3",
+        ),
+        (
+            dict(dx_sum_slices=32),
+            {},
+            "dx_sum_slices must be a power of two between 1 and block_t (16) and the phase-2 I-blocks (6), got 32",
+        ),
+        (dict(chunk_stages=0), {}, "chunk_stages must be ≥ 1, got 0"),
+        (
+            {},
+            dict(H=4096, I=14336),
+            "its waits need every program resident: 3584 programs for H 4096, I 14336 against 132 SMs",
+        ),
+        (
+            {},
+            dict(device=Device("cuda", 132, 101376, (8, 9))),
+            "its chunks are sized for 232448 bytes of shared memory per program (sm_90), the device has 101376",
+        ),
+        ({}, dict(device=Device("cpu", 1 << 30, 0)), "Triton kernels need a CUDA GPU or the interpreter"),
+    ],
+)
 def test_supports_names_what_it_cannot_do(fields, call, reason):
     call = dict(dict(T=8, H=2048, I=768, dtype=torch.bfloat16, device=H200), **call)
     config = FewTokensConfig(**fields)
@@ -282,9 +390,17 @@ def test_for_shape_keeps_the_benchmark_tiles(T):
         want = FewTokensConfig(cuda_cores=True, cooperative=True)
     else:
         block_i2, block_h2 = ONE_BLOCK_PHASE2_TILE
-        want = FewTokensConfig(block_t=max(16, 1 << (T - 1).bit_length()), block_i2=block_i2, block_h2=block_h2,
-                               count_late=True, stage_before_wait=True, once_by_move=True, cooperative=True,
-                               saved_late=True, dx_sum_slices=DX_SUM_SLICES)  # fmt: skip
+        want = FewTokensConfig(
+            block_t=max(16, 1 << (T - 1).bit_length()),
+            block_i2=block_i2,
+            block_h2=block_h2,
+            count_late=True,
+            stage_before_wait=True,
+            once_by_move=True,
+            cooperative=True,
+            saved_late=True,
+            dx_sum_slices=DX_SUM_SLICES,
+        )
     config = FewTokensConfig.for_shape(T, 2048, 768, 132)
     assert config == want and config.chunks == (1, 1) and config.grid_size(2048, 768) == 96
 
@@ -337,8 +453,17 @@ def compiled_rows(shapes, tokens, tmp_path) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
     path = tmp_path / "rows.json"
-    command = [sys.executable, "scripts/p1/p1_few_tokens_check.py", "--compile-only", "--json", str(path),
-               "--shapes", ",".join(f"{h}x{i}" for h, i in shapes), "--tokens", ",".join(map(str, tokens))]  # fmt: skip
+    command = [
+        sys.executable,
+        "scripts/p1/p1_few_tokens_check.py",
+        "--compile-only",
+        "--json",
+        str(path),
+        "--shapes",
+        ",".join(f"{h}x{i}" for h, i in shapes),
+        "--tokens",
+        ",".join(map(str, tokens)),
+    ]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3000)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(path.read_text())
@@ -353,7 +478,8 @@ def assert_fits_sm90(rows: list[dict]) -> None:
         label = f"{row['H']}x{row['I']} T={row['T']} {row['precision']}"
         if "refused" in row:
             assert (row["T"] == 128 and row["refused"].startswith("its waits need")) or (
-                row["T"] > 16 and row["refused"].startswith("rows of H")), label  # fmt: skip
+                row["T"] > 16 and row["refused"].startswith("rows of H")
+            ), label
             continue
         assert "error" not in row, f"{label}: {row.get('error')}"
         assert row["shared"] <= SHARED_MEMORY_LIMIT and row["registers"] <= 255, f"{label}: {row}"
@@ -380,8 +506,15 @@ def test_compiled_for_sm90_within_its_resources_at_every_model_shape(tmp_path, r
 
 
 def gpu_inputs(T: int, seed: int, shape=(2048, 768), distribution: str | None = "harness") -> dict:
-    return problems.make_inputs("swiglu_down_backward", T, seed=seed, device="cuda", distribution=distribution,
-                                hidden_size=shape[0], intermediate_size=shape[1])  # fmt: skip
+    return problems.make_inputs(
+        "swiglu_down_backward",
+        T,
+        seed=seed,
+        device="cuda",
+        distribution=distribution,
+        hidden_size=shape[0],
+        intermediate_size=shape[1],
+    )
 
 
 def gpu_config(T: int, shape=(2048, 768)) -> FewTokensConfig:
@@ -442,8 +575,9 @@ def test_gpu_spans_fill_the_sms(T, precision, seed):
     """132 programs with H in spans shorter than the blocks. The interpreter runs the programs in order, so a
     block's masked rows written over the next tile's would be overwritten again there: only the GPU, where
     the tiles race, shows such a store."""
-    config = FewTokensConfig(block_h1=256, span_h1=187, block_i1=64, block_i2=128, block_h2=128, span_h2=94,
-                             cuda_cores=T == 1)  # fmt: skip
+    config = FewTokensConfig(
+        block_h1=256, span_h1=187, block_i1=64, block_i2=128, block_h2=128, span_h2=94, cuda_cores=T == 1
+    )
     if config.grid_size(2048, 768) > torch.cuda.get_device_properties(0).multi_processor_count:
         pytest.skip("fewer SMs than the 132 programs")
     inputs, got = checked_from_poison(T, config, precision, seed)
@@ -469,8 +603,9 @@ def assert_replayed_as_eager(T: int, config, precision: str, seed: int, shape=(2
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("T, shape", [(1, (2048, 768)), (4, (2048, 768)), (16, (2048, 768)), (1, (7168, 2048)),
-                                      (16, (7168, 2048))])  # fmt: skip
+@pytest.mark.parametrize(
+    "T, shape", [(1, (2048, 768)), (4, (2048, 768)), (16, (2048, 768)), (1, (7168, 2048)), (16, (7168, 2048))]
+)
 def test_gpu_cuda_graph_replay_with_new_inputs(T, shape, seed):
     assert_replayed_as_eager(T, gpu_config(T, shape), "faithful", seed, shape)
 
@@ -522,6 +657,11 @@ print("ok")
 def test_gpu_cooperative_launch_beside_another_stream(T, shape):
     """The waits between programs need every program resident: with another stream's kernel holding SMs, the
     cooperative launch still completes (in a child process, so that a hang fails the test)."""
-    done = subprocess.run([sys.executable, "-c", CONCURRENT_SCRIPT, str(T), *map(str, shape)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", CONCURRENT_SCRIPT, str(T), *map(str, shape)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]

@@ -37,14 +37,18 @@ TABLE = [
     ((129, 4096, 1536, 132), ("tall", 1, 68)),
     ((1024, 1024, 256, 132), ("narrow", 1, 68)),
     ((1025, 1024, 256, 132), ("tall", 1, 0)),
-]  # fmt: skip
+]
 
 
 def _form_name(form) -> str:
     """The name in FORMS of ``form``, launch 2's splits and persistent programs aside."""
     second = dataclasses.replace(form.second, grad_x_splits=1, weight_grad_programs=0)
-    names = [name for name, known in FORMS.items() if known.first == form.first
-             and dataclasses.replace(known.second, grad_x_splits=1, weight_grad_programs=0) == second]  # fmt: skip
+    names = [
+        name
+        for name, known in FORMS.items()
+        if known.first == form.first
+        and dataclasses.replace(known.second, grad_x_splits=1, weight_grad_programs=0) == second
+    ]
     assert len(names) == 1, names
     return names[0]
 

@@ -27,8 +27,9 @@ def test_first_launch_descriptors_in_the_kernels_order(grad_down_block_n, halves
     config = GluonFirstLaunchConfig(grad_down_block_n=grad_down_block_n)
     grad_output, down_weight, saved, intermediate = bf16(T, H), bf16(H, I), bf16(T, I), bf16(T, I)
     d_gate, d_up, grad_down_weight = bf16(halves, T, I), bf16(halves, T, I), bf16(H, I)
-    descriptors = config.descriptors(grad_output, down_weight, saved, saved, saved, saved, intermediate, d_gate, d_up,
-                                     grad_down_weight)  # fmt: skip
+    descriptors = config.descriptors(
+        grad_output, down_weight, saved, saved, saved, saved, intermediate, d_gate, d_up, grad_down_weight
+    )
     names = descriptor_arguments(first_launch_kernel)
     assert len(descriptors) == len(names) == 13
     by_name = dict(zip(names, descriptors, strict=True))
@@ -43,9 +44,15 @@ def test_first_launch_descriptors_in_the_kernels_order(grad_down_block_n, halves
     assert by_name["du_lo_desc"].base.data_ptr() == d_up[halves - 1].data_ptr()
     assert (by_name["dg_lo_desc"] is by_name["dg_desc"]) == (halves == 1)  # no lo halves: one descriptor for both
     # without dWd's tiles (launch 2 takes them) their three descriptors, unused, repeat others instead of being made
-    unused = dict(zip(names, dataclasses.replace(config, grad_down_tiles=False).descriptors(
-        grad_output, down_weight, saved, saved, saved, saved, intermediate, d_gate, d_up, grad_down_weight),
-        strict=True))  # fmt: skip
+    unused = dict(
+        zip(
+            names,
+            dataclasses.replace(config, grad_down_tiles=False).descriptors(
+                grad_output, down_weight, saved, saved, saved, saved, intermediate, d_gate, d_up, grad_down_weight
+            ),
+            strict=True,
+        )
+    )
     assert unused["dy_t_desc"] is unused["dy_desc"] and unused["intermediate_desc"] is unused["wd_desc"]
     assert unused["dwd_desc"] is unused["dg_desc"]
 
@@ -53,12 +60,14 @@ def test_first_launch_descriptors_in_the_kernels_order(grad_down_block_n, halves
 @pytest.mark.parametrize("block_m", [128, 64])
 @pytest.mark.parametrize("weight_block_n", [256, 128])
 def test_second_launch_descriptors_in_the_kernels_order(weight_block_n, block_m):
-    config = GluonSecondLaunchConfig(weight_block_n=weight_block_n, block_m=block_m, warps=block_m // 16,
-                                     grad_down_tiles=True)  # fmt: skip
+    config = GluonSecondLaunchConfig(
+        weight_block_n=weight_block_n, block_m=block_m, warps=block_m // 16, grad_down_tiles=True
+    )
     x, weight, halves = bf16(T, H), bf16(I, H), bf16(2, T, I)
     intermediate, grad_down_weight = bf16(T, I), bf16(H, I)
-    descriptors = config.descriptors(x, weight, weight, halves, halves, x, weight, weight, x, intermediate,
-                                     grad_down_weight)  # fmt: skip
+    descriptors = config.descriptors(
+        x, weight, weight, halves, halves, x, weight, weight, x, intermediate, grad_down_weight
+    )
     names = descriptor_arguments(second_launch_kernel)
     assert len(descriptors) == len(names) == 17
     by_name = dict(zip(names, descriptors, strict=True))
@@ -72,11 +81,17 @@ def test_second_launch_descriptors_in_the_kernels_order(weight_block_n, block_m)
     assert list(by_name["wg_desc"].block_shape) == [bk, bn] and list(by_name["dx_desc"].block_shape) == [bm, bn]
     assert list(by_name["dg_t_desc"].block_shape) == [bk, bm] and list(by_name["dg_desc"].block_shape) == [bm, bk]
     # without dWd's tiles their three descriptors, unused, repeat others instead of being made each call
-    unused = dict(zip(names, dataclasses.replace(config, grad_down_tiles=False).descriptors(
-        x, weight, weight, halves, halves, x, weight, weight, x, intermediate, grad_down_weight), strict=True))
+    unused = dict(
+        zip(
+            names,
+            dataclasses.replace(config, grad_down_tiles=False).descriptors(
+                x, weight, weight, halves, halves, x, weight, weight, x, intermediate, grad_down_weight
+            ),
+            strict=True,
+        )
+    )
     assert unused["dy_t_desc"] is unused["dg_t_desc"] and unused["intermediate_desc"] is unused["x_desc"]
     assert unused["dwd_desc"] is unused["dwg_desc"]
-
 
 
 def test_grids_count_every_tile_once():
@@ -98,14 +113,17 @@ def test_grad_down_tiles_counted_in_the_launch_that_takes_them():
     assert GluonFirstLaunchConfig(grad_down_tiles=False).programs(2447, 2048, 768) == 20 * 6
     assert GluonSecondLaunchConfig(grad_down_tiles=True).programs(2447, 2048, 768) == 16 * 3 + 2 * 6 * 8 + 20 * 8
     assert GluonSecondLaunchConfig(block_m=64, warps=4, grad_down_tiles=True).programs(1087, 2048, 768) == (
-        32 * 3 + 2 * 12 * 8 + 17 * 8)
+        32 * 3 + 2 * 12 * 8 + 17 * 8
+    )
 
 
 def test_grad_down_tiles_in_exactly_one_launch():
     from moe_lib.swiglu_down.designs.gluon import FORMS, GluonLaunches
 
-    for first, second in ((GluonFirstLaunchConfig(grad_down_tiles=False), GluonSecondLaunchConfig()),
-                          (GluonFirstLaunchConfig(), GluonSecondLaunchConfig(grad_down_tiles=True))):
+    for first, second in (
+        (GluonFirstLaunchConfig(grad_down_tiles=False), GluonSecondLaunchConfig()),
+        (GluonFirstLaunchConfig(), GluonSecondLaunchConfig(grad_down_tiles=True)),
+    ):
         with pytest.raises(ValueError, match="dWd's tiles go in exactly one launch"):
             GluonLaunches(first, second)
     for form in FORMS.values():  # every form puts them in one place
@@ -114,11 +132,13 @@ def test_grad_down_tiles_in_exactly_one_launch():
 
 def test_wide_grad_down_tiles_a_divisor_of_block_n_or_two_or_four_times_it():
     assert GluonFirstLaunchConfig(block_n=64, d_a_block_n=64, grad_down_block_n=128).programs(128, 2048, 768) == (
-        16 * 6 + 1 * 12)
+        16 * 6 + 1 * 12
+    )
     with pytest.raises(ValueError, match="grad_down_block_n"):
         GluonFirstLaunchConfig(block_n=64, d_a_block_n=64, grad_down_block_n=192)
     assert GluonFirstLaunchConfig(block_n=32, d_a_block_n=32, grad_down_block_n=128).programs(128, 2048, 768) == (
-        16 * 6 + 1 * 24)
+        16 * 6 + 1 * 24
+    )
     # launch 2's dWd tiles narrower than its weight-gradient tiles: 128 wide, twice as many
     narrow = GluonSecondLaunchConfig(grad_down_tiles=True, grad_down_block_n=128)
     assert narrow.programs(8192, 2048, 768) == 16 * 6 + 2 * 6 * 8 + 64 * 8
@@ -169,14 +189,22 @@ def test_saved_tiles_early_only_on_dA_tiles_block_n_wide():
     assert GluonFirstLaunchConfig(saved_tiles_early=True).saved_tiles_early
 
 
-@pytest.mark.parametrize("config", [GluonFirstLaunchConfig(block_m=64, warps=4, buffers=8, d_a_first=True),
-                                    GluonSecondLaunchConfig(grad_x_splits=2, weight_grad_programs=68)])
+@pytest.mark.parametrize(
+    "config",
+    [
+        GluonFirstLaunchConfig(block_m=64, warps=4, buffers=8, d_a_first=True),
+        GluonSecondLaunchConfig(grad_x_splits=2, weight_grad_programs=68),
+    ],
+)
 def test_constexprs_follow_the_kernels_arguments(config):
     """What the host passes after T and I is the kernel's compile-time arguments in their order (num_warps aside)."""
     from moe_lib.swiglu_down import gluon_launch1, gluon_launch2
 
-    kernel = (gluon_launch1.first_launch_kernel if isinstance(config, GluonFirstLaunchConfig)
-              else gluon_launch2.second_launch_kernel)  # fmt: skip
+    kernel = (
+        gluon_launch1.first_launch_kernel
+        if isinstance(config, GluonFirstLaunchConfig)
+        else gluon_launch2.second_launch_kernel
+    )
     names = kernel.arg_names
-    assert list(config.constexprs(True, traced=True)) == names[names.index("I") + 1:names.index("num_warps")]
+    assert list(config.constexprs(True, traced=True)) == names[names.index("I") + 1 : names.index("num_warps")]
     assert config.constexprs(False)["WITH_LO"] is False and config.constexprs(True)["TRACE"] is False

@@ -69,8 +69,16 @@ ORDERS = {"in order": in_order, "reversed": reversed_order}
 
 
 def odd_inputs(seed: int, T: int = ODD[0], H: int = ODD[1], I: int = ODD[2], dtype=ODD[3]) -> dict:
-    return problems.make_inputs("swiglu_down_backward", T, seed=seed, device=DEVICE, dtype=dtype, hidden_size=H,
-                                intermediate_size=I, distribution="harness")  # fmt: skip
+    return problems.make_inputs(
+        "swiglu_down_backward",
+        T,
+        seed=seed,
+        device=DEVICE,
+        dtype=dtype,
+        hidden_size=H,
+        intermediate_size=I,
+        distribution="harness",
+    )
 
 
 def waits_of(launch, counters: torch.Tensor) -> dict[int, list[tuple[int, int]]]:
@@ -123,13 +131,16 @@ def last_split_kernel(partials_ptr, counter_ptr, out_ptr, BY_COUNT: tl.constexpr
 
 
 @needs_interpreter
-@pytest.mark.parametrize("target, sem, barrier, why", [
-    (1, "release", True, None),
-    (0, "release", True, "gets there without p"),
-    (2, "release", True, "the launch takes to 1 only"),
-    (1, "relaxed", True, "not a release"),
-    (1, "release", False, "no barrier"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "target, sem, barrier, why",
+    [
+        (1, "release", True, None),
+        (0, "release", True, "gets there without p"),
+        (2, "release", True, "the launch takes to 1 only"),
+        (1, "relaxed", True, "not a release"),
+        (1, "release", False, "no barrier"),
+    ],
+)
 def test_the_checker_flags_a_hand_off_left_unordered(target, sem, barrier, why, monkeypatch):
     """In the interpreter program 1 reads program 0's values in every case (program 0 ran first): the check tells
     the hand-off that holds on a GPU from the ones that race there (or, waiting for 2, never end)."""
@@ -184,8 +195,9 @@ def few_token_waits(config: FewTokensConfig, H: int, I: int) -> dict[int, list[t
     dx_slices = 1 if config.cuda_cores else config.dx_sum_slices
     waits = {}
     for b2 in range(n_i2):
-        writers = frozenset(b1 * n_h1 + c1 for b1 in range(n_i1) for c1 in range(n_h1)
-                            if columns(b1, span_i1) & columns(b2, span_i2))  # fmt: skip
+        writers = frozenset(
+            b1 * n_h1 + c1 for b1 in range(n_i1) for c1 in range(n_h1) if columns(b1, span_i1) & columns(b2, span_i2)
+        )
         for c2 in range(n_h2):
             waits[b2 * n_h2 + c2] = [(1 + b2, writers)]
             if dx_slices > 1 and b2 < dx_slices:
@@ -193,8 +205,10 @@ def few_token_waits(config: FewTokensConfig, H: int, I: int) -> dict[int, list[t
     return waits
 
 
-FEW_TOKEN_CASES = {**{name: (config, 5 if config.block_t == 16 else 17) for name, config in TILINGS.items()},
-                   **{f"one token, {name}": (config, 1) for name, config in ONE_TOKEN_TILINGS.items()}}  # fmt: skip
+FEW_TOKEN_CASES = {
+    **{name: (config, 5 if config.block_t == 16 else 17) for name, config in TILINGS.items()},
+    **{f"one token, {name}": (config, 1) for name, config in ONE_TOKEN_TILINGS.items()},
+}
 
 
 @needs_interpreter
@@ -215,13 +229,24 @@ def test_few_token_waits_target_the_tiles_they_read(case, order, seed, monkeypat
     kernel, constexprs = config.launch(H, I, with_lo=True, interpreter=True, phase=0)
     recorder = Recorder(order=ORDERS[order], wait_modules=[few_tokens], spin=False).install(monkeypatch)
     for _ in range(2):
-        kernel[(grid,)](*Inputs(*inputs.values()), *out, d_a, d_x, counters, counters, T, **constexprs,
-                        num_warps=config.warps, num_stages=config.stages)  # fmt: skip
+        kernel[(grid,)](
+            *Inputs(*inputs.values()),
+            *out,
+            d_a,
+            d_x,
+            counters,
+            counters,
+            T,
+            **constexprs,
+            num_warps=config.warps,
+            num_stages=config.stages,
+        )
     model = few_token_waits(config, H, I)
     names = {"dA partials": (d_a.data_ptr(), d_a.nbytes), "dx partials": (d_x.data_ptr(), d_x.nbytes)}
     for number, launch in enumerate(recorder.launches):
-        want = {pid: [(counter, (number + 1) * len(writers)) for counter, writers in waits]
-                for pid, waits in model.items()}  # fmt: skip
+        want = {
+            pid: [(counter, (number + 1) * len(writers)) for counter, writers in waits] for pid, waits in model.items()
+        }
         assert waits_of(launch, counters) == want, f"launch {number}"
         for pid, waits in model.items():
             for counter, writers in waits:
@@ -413,9 +438,24 @@ print("ok" if ran else "nothing ran")
 def stress(spec: str, tokens, seed: int, precision: str = "faithful", calls: int = 16, shape=(2048, 768)) -> None:
     """STRESS_SCRIPT in a child process (a hang fails the test instead of stopping the run)."""
     env = os.environ | {"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
-    done = subprocess.run([sys.executable, "-c", STRESS_SCRIPT, spec, precision, ",".join(map(str, tokens)), str(seed),
-                           str(calls), *map(str, shape)], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            STRESS_SCRIPT,
+            spec,
+            precision,
+            ",".join(map(str, tokens)),
+            str(seed),
+            str(calls),
+            *map(str, shape),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if done.returncode == 0 and done.stdout.strip().endswith("nothing ran"):
         pytest.skip(f"{spec} runs none of {tokens} here: {done.stdout.strip()}")
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), (done.stdout + done.stderr)[-3000:]
@@ -431,8 +471,10 @@ def test_gpu_few_token_launch_back_to_back_and_on_two_streams(shape, precision, 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name, tokens", [("chained", (1, 7, 100, 333)), ("chained_wide", (512, 999)),
-                                          ("chained_wide_dwd_last", (1153, 1249))])  # fmt: skip
+@pytest.mark.parametrize(
+    "name, tokens",
+    [("chained", (1, 7, 100, 333)), ("chained_wide", (512, 999)), ("chained_wide_dwd_last", (1153, 1249))],
+)
 def test_gpu_chained_launch_back_to_back_and_on_two_streams(name, tokens, seed):
     """Launch 2's wait for the dA tiles by tickets over one to many waves of programs."""
     stress(name, tokens, seed)

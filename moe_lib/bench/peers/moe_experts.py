@@ -75,14 +75,16 @@ def grouped_mm_forward(hidden_states, topk_indices, topk_weights, gate_weights, 
     return torch.zeros(num_tokens, o.shape[1], dtype=torch.float32, device=o.device).index_add(0, token_of_row, scaled)
 
 
-def moe_experts_backward_grouped_mm(grad_output, hidden_states, topk_indices, topk_weights, gate_weights,
-                                    up_weights, down_weights):  # fmt: skip
+def moe_experts_backward_grouped_mm(
+    grad_output, hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights
+):
     """P2 as torchtitan-style PyTorch does it: :func:`grouped_mm_forward` recomputed, gradients by autograd.
 
     Returns the five gradients in the interface dtypes (autograd casts each back to its leaf's dtype).
     """
-    leaves = [t.detach().requires_grad_() for t in (hidden_states, topk_weights, gate_weights, up_weights,
-                                                    down_weights)]  # fmt: skip
+    leaves = [
+        t.detach().requires_grad_() for t in (hidden_states, topk_weights, gate_weights, up_weights, down_weights)
+    ]
     x, routing, w_gate, w_up, w_down = leaves
     with torch.enable_grad():
         y = grouped_mm_forward(x, topk_indices, routing, w_gate, w_up, w_down)
@@ -134,16 +136,25 @@ def _prepare_liger(inputs: dict):
             gate_up[:, inter:].copy_(up_weights)
         else:
             gate_up = gate_up_prepared
-        leaves = [hidden_states.to(low).detach().requires_grad_(), gate_up.detach().requires_grad_(),
-                  down_weights.to(low).detach().requires_grad_(), topk_weights.detach().requires_grad_()]  # fmt: skip
+        leaves = [
+            hidden_states.to(low).detach().requires_grad_(),
+            gate_up.detach().requires_grad_(),
+            down_weights.to(low).detach().requires_grad_(),
+            topk_weights.detach().requires_grad_(),
+        ]
         x, w_gate_up, w_down, routing = leaves
         with torch.enable_grad():
             y = function.apply(x, w_gate_up, w_down, indices, routing)
             grad_x, grad_gate_up, grad_down, grad_routing = torch.autograd.grad(
                 y, leaves, grad_outputs=grad_output.to(y.dtype)
             )
-        return (grad_x.to(dtype), grad_routing.to(topk_weights.dtype), grad_gate_up[:, :inter].to(dtype),
-                grad_gate_up[:, inter:].to(dtype), grad_down.to(dtype))  # fmt: skip
+        return (
+            grad_x.to(dtype),
+            grad_routing.to(topk_weights.dtype),
+            grad_gate_up[:, :inter].to(dtype),
+            grad_gate_up[:, inter:].to(dtype),
+            grad_down.to(dtype),
+        )
 
     return run
 
@@ -152,9 +163,12 @@ def _liger_parameters(inputs: dict) -> dict:
     """Liger's leaves: x, gate‖up ([E, 2I, H], gate rows first), Wd in the GEMM dtype, and the routing weights."""
     low = low_precision(inputs["hidden_states"].dtype)
     gate_up = torch.cat([inputs["gate_weights"], inputs["up_weights"]], dim=1).to(low)
-    return dict(x=inputs["hidden_states"].to(low).detach().requires_grad_(), gate_up=gate_up.requires_grad_(),
-                down=inputs["down_weights"].to(low).detach().requires_grad_(),
-                routing=inputs["topk_weights"].detach().requires_grad_())  # fmt: skip
+    return dict(
+        x=inputs["hidden_states"].to(low).detach().requires_grad_(),
+        gate_up=gate_up.requires_grad_(),
+        down=inputs["down_weights"].to(low).detach().requires_grad_(),
+        routing=inputs["topk_weights"].detach().requires_grad_(),
+    )
 
 
 def _liger_forward(inputs: dict, leaves: dict) -> torch.Tensor:
@@ -166,8 +180,13 @@ def _liger_gradients(grads: dict, inputs: dict) -> tuple:
     inter = inputs["gate_weights"].shape[1]
     dtype = inputs["hidden_states"].dtype
     gate_up = grads["gate_up"]
-    return (grads["x"].to(dtype), grads["routing"].to(inputs["topk_weights"].dtype), gate_up[:, :inter].to(dtype),
-            gate_up[:, inter:].to(dtype), grads["down"].to(dtype))  # fmt: skip
+    return (
+        grads["x"].to(dtype),
+        grads["routing"].to(inputs["topk_weights"].dtype),
+        gate_up[:, :inter].to(dtype),
+        gate_up[:, inter:].to(dtype),
+        grads["down"].to(dtype),
+    )
 
 
 def _sonicmoe():
@@ -198,9 +217,12 @@ def sonicmoe_parameters(inputs: dict) -> dict:
     gate, up = inputs["gate_weights"], inputs["up_weights"]
     num_experts, inter, hidden = gate.shape
     w1 = torch.stack([gate, up], dim=2).reshape(num_experts, 2 * inter, hidden)
-    return dict(x=inputs["hidden_states"].detach().requires_grad_(),
-                scores=inputs["topk_weights"].float().detach().requires_grad_(), w1=w1.requires_grad_(),
-                w2=inputs["down_weights"].detach().requires_grad_())  # fmt: skip
+    return dict(
+        x=inputs["hidden_states"].detach().requires_grad_(),
+        scores=inputs["topk_weights"].float().detach().requires_grad_(),
+        w1=w1.requires_grad_(),
+        w2=inputs["down_weights"].detach().requires_grad_(),
+    )
 
 
 def sonicmoe_forward(inputs: dict, leaves: dict) -> torch.Tensor:
@@ -212,16 +234,31 @@ def sonicmoe_forward(inputs: dict, leaves: dict) -> torch.Tensor:
     token_idx = torch.arange(num_tokens, device=device, dtype=torch.int32).repeat_interleave(top_k)
     expert_idx = inputs["topk_indices"].reshape(-1).to(torch.int32)
     num_experts = leaves["w1"].shape[0]
-    output, _ = function(leaves["x"], leaves["scores"].reshape(-1), token_idx, expert_idx,
-                         leaves["w1"].permute(1, 2, 0), None, leaves["w2"].permute(1, 2, 0), None, num_experts, 0,
-                         activation.SWIGLU)  # fmt: skip
+    output, _ = function(
+        leaves["x"],
+        leaves["scores"].reshape(-1),
+        token_idx,
+        expert_idx,
+        leaves["w1"].permute(1, 2, 0),
+        None,
+        leaves["w2"].permute(1, 2, 0),
+        None,
+        num_experts,
+        0,
+        activation.SWIGLU,
+    )
     return output
 
 
 def sonicmoe_gradients(grads: dict, inputs: dict) -> tuple:
     """Its gradients in our layout: w1's even rows are the gate's, its odd rows the up projection's."""
-    return (grads["x"], grads["scores"].reshape(inputs["topk_weights"].shape).to(inputs["topk_weights"].dtype),
-            grads["w1"][:, 0::2], grads["w1"][:, 1::2], grads["w2"])  # fmt: skip
+    return (
+        grads["x"],
+        grads["scores"].reshape(inputs["topk_weights"].shape).to(inputs["topk_weights"].dtype),
+        grads["w1"][:, 0::2],
+        grads["w1"][:, 1::2],
+        grads["w2"],
+    )
 
 
 def _prepare_sonicmoe(inputs: dict):
@@ -234,54 +271,146 @@ def _ours(save_activations: bool):
     """Our layer's forward, saving the pre-activations for its backward or not."""
 
     def forward(inputs: dict, leaves: dict) -> torch.Tensor:
-        return moe_experts(leaves["hidden_states"], inputs["topk_indices"], leaves["topk_weights"],
-                           leaves["gate_weights"], leaves["up_weights"], leaves["down_weights"], impl="triton",
-                           validate=False, save_activations=save_activations)  # fmt: skip
+        return moe_experts(
+            leaves["hidden_states"],
+            inputs["topk_indices"],
+            leaves["topk_weights"],
+            leaves["gate_weights"],
+            leaves["up_weights"],
+            leaves["down_weights"],
+            impl="triton",
+            validate=False,
+            save_activations=save_activations,
+        )
 
     return forward
 
 
 def _reference_forward(inputs: dict, leaves: dict) -> torch.Tensor:
-    return moe_experts(leaves["hidden_states"], inputs["topk_indices"], leaves["topk_weights"], leaves["gate_weights"],
-                       leaves["up_weights"], leaves["down_weights"], impl="reference", validate=False)  # fmt: skip
+    return moe_experts(
+        leaves["hidden_states"],
+        inputs["topk_indices"],
+        leaves["topk_weights"],
+        leaves["gate_weights"],
+        leaves["up_weights"],
+        leaves["down_weights"],
+        impl="reference",
+        validate=False,
+    )
 
 
 def _grouped_mm_layer(inputs: dict, leaves: dict) -> torch.Tensor:
-    return grouped_mm_forward(leaves["hidden_states"], inputs["topk_indices"], leaves["topk_weights"],
-                              leaves["gate_weights"], leaves["up_weights"], leaves["down_weights"])  # fmt: skip
+    return grouped_mm_forward(
+        leaves["hidden_states"],
+        inputs["topk_indices"],
+        leaves["topk_weights"],
+        leaves["gate_weights"],
+        leaves["up_weights"],
+        leaves["down_weights"],
+    )
 
 
 for _peer in (
-    Peer("reference", OP, calling(OP, OPS[OP].reference), capturable=False, baseline=True,
-         description="benchmark reference: loop over experts in fp32 (TF32 off)"),
-    Peer("grouped_mm", OP, calling(OP, moe_experts_backward_grouped_mm), capturable=False, baseline=True,
-         description="torch._grouped_mm in bf16 + autograd (argsort/bincount routing)",
-         unavailable=_grouped_mm_unavailable),
-    Peer("liger", OP, _prepare_liger, capturable=False, baseline=True,
-         description="Liger-Kernel 0.8.5 LigerFusedMoEFunction forward + backward", unavailable=_liger_unavailable),
-    Peer("triton", OP, calling(OP, OPS[OP].function, impl="triton", validate=False), capturable=True,
-         description="moe_lib's Triton kernels", unavailable=triton_unavailable_reason),
-    Peer("sonicmoe", OP, _prepare_sonicmoe, capturable=False,
-         description="SonicMoE forward + backward (CuTe DSL, bf16)", unavailable=_sonicmoe_unavailable),
-):  # fmt: skip
+    Peer(
+        "reference",
+        OP,
+        calling(OP, OPS[OP].reference),
+        capturable=False,
+        baseline=True,
+        description="benchmark reference: loop over experts in fp32 (TF32 off)",
+    ),
+    Peer(
+        "grouped_mm",
+        OP,
+        calling(OP, moe_experts_backward_grouped_mm),
+        capturable=False,
+        baseline=True,
+        description="torch._grouped_mm in bf16 + autograd (argsort/bincount routing)",
+        unavailable=_grouped_mm_unavailable,
+    ),
+    Peer(
+        "liger",
+        OP,
+        _prepare_liger,
+        capturable=False,
+        baseline=True,
+        description="Liger-Kernel 0.8.5 LigerFusedMoEFunction forward + backward",
+        unavailable=_liger_unavailable,
+    ),
+    Peer(
+        "triton",
+        OP,
+        calling(OP, OPS[OP].function, impl="triton", validate=False),
+        capturable=True,
+        description="moe_lib's Triton kernels",
+        unavailable=triton_unavailable_reason,
+    ),
+    Peer(
+        "sonicmoe",
+        OP,
+        _prepare_sonicmoe,
+        capturable=False,
+        description="SonicMoE forward + backward (CuTe DSL, bf16)",
+        unavailable=_sonicmoe_unavailable,
+    ),
+):
     register(_peer)
 del _peer
 
 for _layer_peer in (
-    LayerPeer("reference", OP, _reference_forward, capturable=False,
-              description="loop over experts in fp32 (TF32 off), the reference backward"),
-    LayerPeer("grouped_mm", OP, _grouped_mm_layer, capturable=False, baseline=True, unavailable=_grouped_mm_unavailable,
-              description="torch._grouped_mm in bf16 + autograd (argsort/bincount routing)"),
-    LayerPeer("liger", OP, _liger_forward, capturable=False, baseline=True, unavailable=_liger_unavailable,
-              parameters=_liger_parameters, gradients=_liger_gradients,
-              description="Liger-Kernel LigerFusedMoEFunction, gate‖up held concatenated"),
-    LayerPeer("sonicmoe", OP, sonicmoe_forward, capturable=False, unavailable=_sonicmoe_unavailable,
-              parameters=sonicmoe_parameters, gradients=sonicmoe_gradients,
-              description="SonicMoE (CuTe DSL, bf16): w1 gate/up interleaved, saves its pre-activations"),
-    LayerPeer("triton", OP, _ours(False), capturable=True, unavailable=triton_unavailable_reason,
-              description="moe_lib.moe_experts: Triton forward, backward recomputing g and u"),
-    LayerPeer("triton_saved", OP, _ours(True), capturable=True, unavailable=triton_unavailable_reason,
-              description="moe_lib.moe_experts(save_activations=True): g and u kept from the forward"),
-):  # fmt: skip
+    LayerPeer(
+        "reference",
+        OP,
+        _reference_forward,
+        capturable=False,
+        description="loop over experts in fp32 (TF32 off), the reference backward",
+    ),
+    LayerPeer(
+        "grouped_mm",
+        OP,
+        _grouped_mm_layer,
+        capturable=False,
+        baseline=True,
+        unavailable=_grouped_mm_unavailable,
+        description="torch._grouped_mm in bf16 + autograd (argsort/bincount routing)",
+    ),
+    LayerPeer(
+        "liger",
+        OP,
+        _liger_forward,
+        capturable=False,
+        baseline=True,
+        unavailable=_liger_unavailable,
+        parameters=_liger_parameters,
+        gradients=_liger_gradients,
+        description="Liger-Kernel LigerFusedMoEFunction, gate‖up held concatenated",
+    ),
+    LayerPeer(
+        "sonicmoe",
+        OP,
+        sonicmoe_forward,
+        capturable=False,
+        unavailable=_sonicmoe_unavailable,
+        parameters=sonicmoe_parameters,
+        gradients=sonicmoe_gradients,
+        description="SonicMoE (CuTe DSL, bf16): w1 gate/up interleaved, saves its pre-activations",
+    ),
+    LayerPeer(
+        "triton",
+        OP,
+        _ours(False),
+        capturable=True,
+        unavailable=triton_unavailable_reason,
+        description="moe_lib.moe_experts: Triton forward, backward recomputing g and u",
+    ),
+    LayerPeer(
+        "triton_saved",
+        OP,
+        _ours(True),
+        capturable=True,
+        unavailable=triton_unavailable_reason,
+        description="moe_lib.moe_experts(save_activations=True): g and u kept from the forward",
+    ),
+):
     register_layer(_layer_peer)
 del _layer_peer

@@ -126,8 +126,9 @@ def baseline_labels(problem: str) -> list[str]:
 @functools.cache
 def input_names(op: str) -> tuple[str, ...]:
     """The input names of ``op``, in the order of its definition (that of the function's arguments)."""
-    return next(tuple(problem.input_names) for problem in map(problems.load, problems.PROBLEM_NAMES)
-                if problem.op == op)  # fmt: skip
+    return next(
+        tuple(problem.input_names) for problem in map(problems.load, problems.PROBLEM_NAMES) if problem.op == op
+    )
 
 
 def positional(op: str, inputs: dict) -> tuple:
@@ -152,5 +153,4 @@ def calling(op: str, function: Callable, **keywords) -> Callable[[dict], Callabl
 
 def registered_baseline_labels() -> tuple[str, ...]:
     """The labels of the baseline peers registered now, every op's, in registration order."""
-    return tuple(dict.fromkeys(label for peers in _REGISTRY.values() for label, peer in peers.items()
-                               if peer.baseline))  # fmt: skip
+    return tuple(dict.fromkeys(label for peers in _REGISTRY.values() for label, peer in peers.items() if peer.baseline))

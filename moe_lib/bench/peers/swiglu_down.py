@@ -64,8 +64,17 @@ def swiglu_grads_eager(d_a, gate, gate_sigmoid, gate_silu, up):
 def eager_arguments(inputs: dict) -> tuple:
     """The arguments of :func:`swiglu_down_backward_eager` from P1's inputs (``[Wg; Wu]`` concatenated here)."""
     w_gate_up = torch.cat([inputs["gate_weight"], inputs["up_weight"]], dim=0)
-    return (inputs["grad_output"], inputs["x"], w_gate_up, inputs["down_weight"], inputs["gate"],
-            inputs["gate_sigmoid"], inputs["gate_silu"], inputs["up"], inputs["intermediate"])  # fmt: skip
+    return (
+        inputs["grad_output"],
+        inputs["x"],
+        w_gate_up,
+        inputs["down_weight"],
+        inputs["gate"],
+        inputs["gate_sigmoid"],
+        inputs["gate_silu"],
+        inputs["up"],
+        inputs["intermediate"],
+    )
 
 
 def _prepare_eager(inputs: dict):
@@ -114,8 +123,9 @@ def _compiled_expert():
 
 def _layer(function):
     """A layer forward ``(inputs, leaves) -> y`` calling ``function(x, Wg, Wu, Wd)`` on the leaves."""
-    return lambda inputs, leaves: function(leaves["x"], leaves["gate_weight"], leaves["up_weight"],
-                                           leaves["down_weight"])  # fmt: skip
+    return lambda inputs, leaves: function(
+        leaves["x"], leaves["gate_weight"], leaves["up_weight"], leaves["down_weight"]
+    )
 
 
 def _compile_unavailable(device: torch.device) -> str | None:
@@ -123,30 +133,86 @@ def _compile_unavailable(device: torch.device) -> str | None:
 
 
 for _peer in (
-    Peer("reference", OP, calling(OP, OPS[OP].reference), capturable=True, baseline=True,
-         description="benchmark reference: fp32 upcast, fp32 GEMMs (TF32 off), bf16 results"),
-    Peer("torch_eager", OP, _prepare_eager, capturable=True, baseline=True, run=_run_eager,
-         description="bf16 GEMMs, fp32 elementwise dSwiGLU, gate‖up concatenated once"),
-    Peer("torch_compile", OP, _prepare_compile, capturable=True, baseline=True, run=_run_compile,
-         description="torch.compile (default mode, static shapes) of torch_eager", unavailable=_compile_unavailable),
-    Peer("triton", OP, calling(OP, OPS[OP].function, impl="triton"), capturable=True,
-         description="moe_lib's Triton kernels, faithful to the fp32 reference", unavailable=triton_unavailable_reason),
-    Peer("triton_fast", OP, calling(OP, OPS[OP].function, impl="triton", precision="fast"), capturable=True,
-         description="moe_lib's Triton kernels, dGate and dUp rounded to bf16", unavailable=triton_unavailable_reason),
-):  # fmt: skip
+    Peer(
+        "reference",
+        OP,
+        calling(OP, OPS[OP].reference),
+        capturable=True,
+        baseline=True,
+        description="benchmark reference: fp32 upcast, fp32 GEMMs (TF32 off), bf16 results",
+    ),
+    Peer(
+        "torch_eager",
+        OP,
+        _prepare_eager,
+        capturable=True,
+        baseline=True,
+        run=_run_eager,
+        description="bf16 GEMMs, fp32 elementwise dSwiGLU, gate‖up concatenated once",
+    ),
+    Peer(
+        "torch_compile",
+        OP,
+        _prepare_compile,
+        capturable=True,
+        baseline=True,
+        run=_run_compile,
+        description="torch.compile (default mode, static shapes) of torch_eager",
+        unavailable=_compile_unavailable,
+    ),
+    Peer(
+        "triton",
+        OP,
+        calling(OP, OPS[OP].function, impl="triton"),
+        capturable=True,
+        description="moe_lib's Triton kernels, faithful to the fp32 reference",
+        unavailable=triton_unavailable_reason,
+    ),
+    Peer(
+        "triton_fast",
+        OP,
+        calling(OP, OPS[OP].function, impl="triton", precision="fast"),
+        capturable=True,
+        description="moe_lib's Triton kernels, dGate and dUp rounded to bf16",
+        unavailable=triton_unavailable_reason,
+    ),
+):
     register(_peer)
 del _peer
 
 for _layer_peer in (
-    LayerPeer("reference", OP, _layer(lambda *w: swiglu_expert(*w, impl="reference")), capturable=True,
-              description="PyTorch products, the reference backward in fp32"),
-    LayerPeer("torch_eager", OP, _layer(plain_expert), capturable=True, baseline=True,
-              description="plain PyTorch expert (bf16 products, F.silu) and autograd"),
-    LayerPeer("torch_compile", OP, _layer(lambda *w: _compiled_expert()(*w)), capturable=True, baseline=True,
-              description="torch.compile of the plain PyTorch expert", unavailable=_compile_unavailable),
-    LayerPeer("triton", OP, _layer(lambda *w: swiglu_expert(*w, impl="triton")), capturable=True,
-              description="moe_lib.swiglu_expert: PyTorch forward, Triton backward (fast)",
-              unavailable=triton_unavailable_reason),
-):  # fmt: skip
+    LayerPeer(
+        "reference",
+        OP,
+        _layer(lambda *w: swiglu_expert(*w, impl="reference")),
+        capturable=True,
+        description="PyTorch products, the reference backward in fp32",
+    ),
+    LayerPeer(
+        "torch_eager",
+        OP,
+        _layer(plain_expert),
+        capturable=True,
+        baseline=True,
+        description="plain PyTorch expert (bf16 products, F.silu) and autograd",
+    ),
+    LayerPeer(
+        "torch_compile",
+        OP,
+        _layer(lambda *w: _compiled_expert()(*w)),
+        capturable=True,
+        baseline=True,
+        description="torch.compile of the plain PyTorch expert",
+        unavailable=_compile_unavailable,
+    ),
+    LayerPeer(
+        "triton",
+        OP,
+        _layer(lambda *w: swiglu_expert(*w, impl="triton")),
+        capturable=True,
+        description="moe_lib.swiglu_expert: PyTorch forward, Triton backward (fast)",
+        unavailable=triton_unavailable_reason,
+    ),
+):
     register_layer(_layer_peer)
 del _layer_peer

@@ -36,12 +36,27 @@ class WeightGradDesign(Protocol):
     def workspace_bytes(self, num_slots: int, hidden_size: int, workspace_item: int) -> int:
         """Bytes of the workspaces it allocates beyond kernel A's."""
 
-    def plan(self, num_experts: int, hidden_size: int, intermediate_size: int, config: LaunchConfig,
-             num_programs: int) -> dict[str, KernelLaunch]:  # fmt: skip
+    def plan(
+        self, num_experts: int, hidden_size: int, intermediate_size: int, config: LaunchConfig, num_programs: int
+    ) -> dict[str, KernelLaunch]:
         """Its two launches, "W_gate_up" and "W_down" (``num_programs``: a persistent launch's grid)."""
 
-    def run(self, config: LaunchConfig, routing, top_k: int, x, dy, dgate, dup, scaled_act, grad_gate, grad_up,
-            grad_down, *, num_programs: int) -> None:  # fmt: skip
+    def run(
+        self,
+        config: LaunchConfig,
+        routing,
+        top_k: int,
+        x,
+        dy,
+        dgate,
+        dup,
+        scaled_act,
+        grad_gate,
+        grad_up,
+        grad_down,
+        *,
+        num_programs: int,
+    ) -> None:
         """Writes grad_gate, grad_up, grad_down (x, dy: the 16-bit operands, by token)."""
 
 
@@ -53,17 +68,43 @@ class SlotProjectionDesign(Protocol):
     name: str
     needs: str
 
-    def supports(self, hidden_size: int, intermediate_size: int, dtype: torch.dtype, target: Target, *,
-                 transposed_weights: bool = True, weights_aligned: bool = True) -> str | None:  # fmt: skip
+    def supports(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        dtype: torch.dtype,
+        target: Target,
+        *,
+        transposed_weights: bool = True,
+        weights_aligned: bool = True,
+    ) -> str | None:
         """Why it cannot run on inputs of that shape and dtype on ``target`` (None: it can); ``weights_aligned``:
         whether the weights' base addresses are multiples of 16 bytes."""
 
-    def plan(self, num_experts: int, hidden_size: int, intermediate_size: int, config: LaunchConfig,
-             num_programs: int, launched: bool) -> KernelLaunch:  # fmt: skip
+    def plan(
+        self,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size: int,
+        config: LaunchConfig,
+        num_programs: int,
+        launched: bool,
+    ) -> KernelLaunch:
         """Its backward launch, "D"."""
 
-    def run(self, config: LaunchConfig, routing, weights1, weights2, rows1, rows2, out_slot, *,
-            transposed_weights: bool, num_programs: int) -> None:  # fmt: skip
+    def run(
+        self,
+        config: LaunchConfig,
+        routing,
+        weights1,
+        weights2,
+        rows1,
+        rows2,
+        out_slot,
+        *,
+        transposed_weights: bool,
+        num_programs: int,
+    ) -> None:
         """Writes out_slot's routed rows (weights2, rows2: None in the forward)."""
 
 

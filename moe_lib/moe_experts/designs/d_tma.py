@@ -20,12 +20,22 @@ class TmaSlotProjection:
     """Kernel D as a persistent grouped GEMM over the expert's rows, fed by TMA."""
 
     name = "tma"
-    needs = ("inputs in float32, bfloat16 or float16; rows of I 16-bit elements and weight rows (H backward, I "
-             "forward) in whole multiples of 16 bytes; 16-byte aligned weights; a GPU of compute capability 9.0 "
-             "or later, or the interpreter")  # fmt: skip
+    needs = (
+        "inputs in float32, bfloat16 or float16; rows of I 16-bit elements and weight rows (H backward, I "
+        "forward) in whole multiples of 16 bytes; 16-byte aligned weights; a GPU of compute capability 9.0 "
+        "or later, or the interpreter"
+    )
 
-    def supports(self, hidden_size: int, intermediate_size: int, dtype: torch.dtype, target: Target, *,
-                 transposed_weights: bool = True, weights_aligned: bool = True) -> str | None:  # fmt: skip
+    def supports(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        dtype: torch.dtype,
+        target: Target,
+        *,
+        transposed_weights: bool = True,
+        weights_aligned: bool = True,
+    ) -> str | None:
         if reason := dtype_reason(dtype):
             return reason
         # the rows are kernel A's 16-bit workspaces; the weights come in the interface dtype (fp32 too)
@@ -35,19 +45,49 @@ class TmaSlotProjection:
             return reason
         return None if weights_aligned else "the weights' base address is not 16-byte aligned, as TMA needs"
 
-    def plan(self, num_experts: int, hidden_size: int, intermediate_size: int, config: LaunchConfig,
-             num_programs: int, launched: bool) -> KernelLaunch:  # fmt: skip
+    def plan(
+        self,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size: int,
+        config: LaunchConfig,
+        num_programs: int,
+        launched: bool,
+    ) -> KernelLaunch:
         block_h, block_rows, block_i = config.tma_slot_projection.backward_tile
         return KernelLaunch(
-            "D", {"programs (one per SM)": num_programs},
+            "D",
+            {"programs (one per SM)": num_programs},
             f"dX_slotᵀ = Wgᵀdgᵀ + Wuᵀduᵀ on tiles of {block_h} weight rows (an H-tile, M side) × {block_rows} of "
             f"the expert's rows (N side), expert by expert, over I in steps of {block_i} that arrive by TMA",
-            launched, tiles={"experts": num_experts, "H-tiles": cdiv(hidden_size, block_h)})  # fmt: skip
+            launched,
+            tiles={"experts": num_experts, "H-tiles": cdiv(hidden_size, block_h)},
+        )
 
-    def run(self, config: LaunchConfig, routing, weights1, weights2, rows1, rows2, out_slot, *,
-            transposed_weights: bool, num_programs: int) -> None:  # fmt: skip
-        launch_slot_projection_tma(config.tma_slot_projection, routing, weights1, weights2, rows1, rows2, out_slot,
-                                   transposed_weights=transposed_weights, num_programs=num_programs)  # fmt: skip
+    def run(
+        self,
+        config: LaunchConfig,
+        routing,
+        weights1,
+        weights2,
+        rows1,
+        rows2,
+        out_slot,
+        *,
+        transposed_weights: bool,
+        num_programs: int,
+    ) -> None:
+        launch_slot_projection_tma(
+            config.tma_slot_projection,
+            routing,
+            weights1,
+            weights2,
+            rows1,
+            rows2,
+            out_slot,
+            transposed_weights=transposed_weights,
+            num_programs=num_programs,
+        )
 
 
 DESIGN = TmaSlotProjection()

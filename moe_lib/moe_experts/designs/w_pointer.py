@@ -19,29 +19,86 @@ def weight_grad_grid(size_m: int, size_n: int, tile: tuple[int, int, int], n_til
     """Kernel W's grid factors for one expert weight gradient [size_m, size_n] in ``tile``s (M, N, rows)."""
     n_tiles = cdiv(size_n, tile[1])
     per_program = min(n_tiles_per_program, n_tiles)
-    return {"M-tiles": cdiv(size_m, tile[0]), "N-groups": cdiv(n_tiles, per_program), "_n_tiles": n_tiles,
-            "_per_program": per_program}  # fmt: skip
+    return {
+        "M-tiles": cdiv(size_m, tile[0]),
+        "N-groups": cdiv(n_tiles, per_program),
+        "_n_tiles": n_tiles,
+        "_per_program": per_program,
+    }
 
 
-def launch_weight_grads(config: LaunchConfig, routing, sorted_slot, top_k, x_operand, dy_operand, dgate, dup,
-                        scaled_act, grad_gate, grad_up, grad_down) -> None:  # fmt: skip
+def launch_weight_grads(
+    config: LaunchConfig,
+    routing,
+    sorted_slot,
+    top_k,
+    x_operand,
+    dy_operand,
+    dgate,
+    dup,
+    scaled_act,
+    grad_gate,
+    grad_up,
+    grad_down,
+) -> None:
     """Kernel W twice: dWg, dWu = Σ dgᵀ x, Σ duᵀ x (one launch, x shared), then dWd = Σ dyᵀ aw."""
     E, I, H = grad_gate.shape
     for a, a2, b, out, out2, size_m, size_n, a_by_token, b_by_token, tile, warps, stages in (
-        (dgate, dup, x_operand, grad_gate, grad_up, I, H, False, True, config.grad_gate_up_tile,
-         config.warps_gu, config.stages_gu),
-        (dy_operand, dy_operand, scaled_act, grad_down, grad_down, H, I, True, False,
-         config.grad_down_tile, config.warps_dn, config.stages_dn),
-    ):  # fmt: skip
+        (
+            dgate,
+            dup,
+            x_operand,
+            grad_gate,
+            grad_up,
+            I,
+            H,
+            False,
+            True,
+            config.grad_gate_up_tile,
+            config.warps_gu,
+            config.stages_gu,
+        ),
+        (
+            dy_operand,
+            dy_operand,
+            scaled_act,
+            grad_down,
+            grad_down,
+            H,
+            I,
+            True,
+            False,
+            config.grad_down_tile,
+            config.warps_dn,
+            config.stages_dn,
+        ),
+    ):
         grid = weight_grad_grid(size_m, size_n, tile, config.n_tiles_per_program)
         programs = E * grid["M-tiles"] * grid["N-groups"]  # one per (expert, M-tile, group of N-tiles)
         kernels.expert_weight_grad_kernel[(programs,)](
-            a, a2, b, out, out2, sorted_slot, routing.expert_offsets,
-            max(top_k, 1), size_m, size_n, grid["M-tiles"], grid["_n_tiles"], grid["_per_program"],
-            A_BY_TOKEN=a_by_token, B_BY_TOKEN=b_by_token, TWO_OUTPUTS=out2 is not out,
-            INTERPRETER=interpreter_enabled(), BLOCK_M=tile[0], BLOCK_N=tile[1], BLOCK_ROWS=tile[2],
-            num_warps=warps, num_stages=stages,
-        )  # fmt: skip
+            a,
+            a2,
+            b,
+            out,
+            out2,
+            sorted_slot,
+            routing.expert_offsets,
+            max(top_k, 1),
+            size_m,
+            size_n,
+            grid["M-tiles"],
+            grid["_n_tiles"],
+            grid["_per_program"],
+            A_BY_TOKEN=a_by_token,
+            B_BY_TOKEN=b_by_token,
+            TWO_OUTPUTS=out2 is not out,
+            INTERPRETER=interpreter_enabled(),
+            BLOCK_M=tile[0],
+            BLOCK_N=tile[1],
+            BLOCK_ROWS=tile[2],
+            num_warps=warps,
+            num_stages=stages,
+        )
 
 
 class PointerWeightGrad:
@@ -56,30 +113,52 @@ class PointerWeightGrad:
     def workspace_bytes(self, num_slots: int, hidden_size: int, workspace_item: int) -> int:
         return 0  # reads x and dy where they lie
 
-    def plan(self, num_experts: int, hidden_size: int, intermediate_size: int, config: LaunchConfig,
-             num_programs: int) -> dict[str, KernelLaunch]:  # fmt: skip
+    def plan(
+        self, num_experts: int, hidden_size: int, intermediate_size: int, config: LaunchConfig, num_programs: int
+    ) -> dict[str, KernelLaunch]:
         plan = {}
         for step, size_m, size_n, tile, outputs, dims in (
             ("W_gate_up", intermediate_size, hidden_size, config.grad_gate_up_tile, "dWg and dWu", "I×H"),
             ("W_down", hidden_size, intermediate_size, config.grad_down_tile, "dWd", "H×I"),
-        ):  # fmt: skip
+        ):
             grid = weight_grad_grid(size_m, size_n, tile, config.n_tiles_per_program)
             n, up_to = grid["_per_program"], "up to " if grid["_n_tiles"] % grid["_per_program"] else ""
-            tiles = f"one tile of {tile[0]}×{tile[1]} ({dims})" if n == 1 else \
-                f"{up_to}{n} tiles of {tile[0]}×{tile[1]} ({dims}) in turn"  # fmt: skip
+            tiles = (
+                f"one tile of {tile[0]}×{tile[1]} ({dims})"
+                if n == 1
+                else f"{up_to}{n} tiles of {tile[0]}×{tile[1]} ({dims}) in turn"
+            )
             plan[step] = KernelLaunch(
-                step, {"experts": num_experts, "M-tiles": grid["M-tiles"], "N-groups": grid["N-groups"]},
+                step,
+                {"experts": num_experts, "M-tiles": grid["M-tiles"], "N-groups": grid["N-groups"]},
                 f"{outputs} on {tiles}, each reduced over all the expert's rows in steps of {tile[2]}; exact zeros "
-                "for an expert with no rows")  # fmt: skip
+                "for an expert with no rows",
+            )
         return plan
 
-    def run(self, config: LaunchConfig, routing, top_k: int, x, dy, dgate, dup, scaled_act, grad_gate, grad_up,
-            grad_down, *, num_programs: int) -> None:  # fmt: skip
+    def run(
+        self,
+        config: LaunchConfig,
+        routing,
+        top_k: int,
+        x,
+        dy,
+        dgate,
+        dup,
+        scaled_act,
+        grad_gate,
+        grad_up,
+        grad_down,
+        *,
+        num_programs: int,
+    ) -> None:
         # kernels take no zero-size buffers: with no slots the sorted order is one never-read entry
-        sorted_slot = routing.sorted_slot if routing.sorted_slot.numel() else torch.zeros(1, dtype=torch.int32,
-                                                                                          device=x.device)  # fmt: skip
-        launch_weight_grads(config, routing, sorted_slot, top_k, x, dy, dgate, dup, scaled_act, grad_gate, grad_up,
-                            grad_down)  # fmt: skip
+        sorted_slot = (
+            routing.sorted_slot if routing.sorted_slot.numel() else torch.zeros(1, dtype=torch.int32, device=x.device)
+        )
+        launch_weight_grads(
+            config, routing, sorted_slot, top_k, x, dy, dgate, dup, scaled_act, grad_gate, grad_up, grad_down
+        )
 
 
 DESIGN = PointerWeightGrad()

@@ -19,8 +19,10 @@ class TmaWeightGrad:
     """Kernel W as a persistent grouped GEMM over rows gathered into expert order, fed by TMA."""
 
     name = "tma"
-    needs = ("inputs in float32, bfloat16 or float16; rows of H and I 16-bit elements in whole multiples of "
-             "16 bytes; a GPU of compute capability 9.0 or later, or the interpreter")  # fmt: skip
+    needs = (
+        "inputs in float32, bfloat16 or float16; rows of H and I 16-bit elements in whole multiples of "
+        "16 bytes; a GPU of compute capability 9.0 or later, or the interpreter"
+    )
 
     def supports(self, hidden_size: int, intermediate_size: int, dtype: torch.dtype, target: Target) -> str | None:
         if reason := dtype_reason(dtype):
@@ -31,29 +33,56 @@ class TmaWeightGrad:
     def workspace_bytes(self, num_slots: int, hidden_size: int, workspace_item: int) -> int:
         return 2 * num_slots * hidden_size * workspace_item  # x and dy gathered into expert order
 
-    def plan(self, num_experts: int, hidden_size: int, intermediate_size: int, config: LaunchConfig,
-             num_programs: int) -> dict[str, KernelLaunch]:  # fmt: skip
+    def plan(
+        self, num_experts: int, hidden_size: int, intermediate_size: int, config: LaunchConfig, num_programs: int
+    ) -> dict[str, KernelLaunch]:
         tma = config.tma_weight_grad
         plan = {}
         for step, size_m, size_n, tile, outputs, dims in (
             ("W_gate_up", intermediate_size, hidden_size, tma.gate_up_tile, "dWg and dWu", "I×H"),
             ("W_down", hidden_size, intermediate_size, tma.down_tile, "dWd", "H×I"),
-        ):  # fmt: skip
+        ):
             plan[step] = KernelLaunch(
-                step, {"programs (one per SM)": num_programs},
+                step,
+                {"programs (one per SM)": num_programs},
                 f"{outputs} tiles of {tile[0]}×{tile[1]} ({dims}), dealt round-robin expert by expert, each reduced "
                 f"over all the expert's rows (gathered into expert order once) in steps of {tile[2]} that arrive "
                 "by TMA; exact zeros for an expert with no rows",
                 tiles={"experts": num_experts, "M-tiles": cdiv(size_m, tile[0]), "N-tiles": cdiv(size_n, tile[1])},
-            )  # fmt: skip
+            )
         return plan
 
-    def run(self, config: LaunchConfig, routing, top_k: int, x, dy, dgate, dup, scaled_act, grad_gate, grad_up,
-            grad_down, *, num_programs: int) -> None:  # fmt: skip
+    def run(
+        self,
+        config: LaunchConfig,
+        routing,
+        top_k: int,
+        x,
+        dy,
+        dgate,
+        dup,
+        scaled_act,
+        grad_gate,
+        grad_up,
+        grad_down,
+        *,
+        num_programs: int,
+    ) -> None:
         x_sorted = gather_sorted_rows(x, routing.sorted_slot, top_k)
         dy_sorted = gather_sorted_rows(dy, routing.sorted_slot, top_k)
-        launch_weight_grads_tma(config.tma_weight_grad, routing.expert_offsets, x_sorted, dy_sorted, dgate, dup,
-                                scaled_act, grad_gate, grad_up, grad_down, num_programs=num_programs)  # fmt: skip
+        launch_weight_grads_tma(
+            config.tma_weight_grad,
+            routing.expert_offsets,
+            x_sorted,
+            dy_sorted,
+            dgate,
+            dup,
+            scaled_act,
+            grad_gate,
+            grad_up,
+            grad_down,
+            num_programs=num_programs,
+        )
 
 
 DESIGN = TmaWeightGrad()

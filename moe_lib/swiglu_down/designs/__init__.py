@@ -17,8 +17,18 @@ from .gluon import GluonLaunches
 from .library_gemms import LibraryGemmsConfig
 from .triton_launches import TileConfig
 
-DESIGNS = {design.name: design for design in (FewTokensConfig, GluonLaunches, LibraryGemmsConfig, ChainedConfig,
-                                              TileConfig)}  # fmt: skip
+DESIGNS = {
+    design.name: design for design in (FewTokensConfig, GluonLaunches, LibraryGemmsConfig, ChainedConfig, TileConfig)
+}
 
-__all__ = ["DESIGNS", "ChainedConfig", "Design", "FewTokensConfig", "GluonLaunches", "Inputs", "LibraryGemmsConfig",
-           "Outputs", "TileConfig"]
+__all__ = [
+    "DESIGNS",
+    "ChainedConfig",
+    "Design",
+    "FewTokensConfig",
+    "GluonLaunches",
+    "Inputs",
+    "LibraryGemmsConfig",
+    "Outputs",
+    "TileConfig",
+]

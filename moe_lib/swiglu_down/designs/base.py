@@ -51,8 +51,16 @@ class Outputs(NamedTuple):
 class Design(Protocol):
     name: ClassVar[str]
 
-    def supports(self, num_tokens: int, hidden_size: int, intermediate_size: int, dtype: torch.dtype,
-                 device: Device, *, aligned: bool = True) -> str | None: ...  # fmt: skip
+    def supports(
+        self,
+        num_tokens: int,
+        hidden_size: int,
+        intermediate_size: int,
+        dtype: torch.dtype,
+        device: Device,
+        *,
+        aligned: bool = True,
+    ) -> str | None: ...
 
     def run(self, inputs: Inputs, *, with_lo: bool, out: Outputs) -> None: ...
 

@@ -43,8 +43,10 @@ class GluonLaunches:
 
     def __post_init__(self):
         if self.first.grad_down_tiles == self.second.grad_down_tiles:
-            raise ValueError("config: dWd's tiles go in exactly one launch: first.grad_down_tiles and "
-                             "second.grad_down_tiles must differ")  # fmt: skip
+            raise ValueError(
+                "config: dWd's tiles go in exactly one launch: first.grad_down_tiles and "
+                "second.grad_down_tiles must differ"
+            )
 
     def supports(self, num_tokens, hidden_size, intermediate_size, dtype, device: Device, *, aligned=True):
         if not device.hopper:
@@ -67,26 +69,49 @@ class GluonLaunches:
         d_up = runtime.allocate((2 if with_lo else 1, T, I), dtype=x.dtype, device=x.device)
         traces = {}  # with traced_programs(): a row per program of each launch
         if _PROGRAM_TRACES is not None:
-            traces = {name: torch.zeros((launch.programs(T, H, I), len(TRACE_FIELDS)), dtype=torch.int64,
-                                        device=x.device)
-                      for name, launch in (("launch 1", first), ("launch 2", second))}  # fmt: skip
+            traces = {
+                name: torch.zeros((launch.programs(T, H, I), len(TRACE_FIELDS)), dtype=torch.int64, device=x.device)
+                for name, launch in (("launch 1", first), ("launch 2", second))
+            }
             _PROGRAM_TRACES.append(traces)
         # everything both launches need is made ready before the first: between them only the launch
-        grad_x_workspace = SplitWorkspace.for_tiles("gluon dx", second.grad_x_tiles(T, H), second.grad_x_splits,
-                                                    second.block_m, second.block_n, x.device)  # fmt: skip
-        launch2 = prepare_second_launch_gluon(second, x, inputs.gate_weight, inputs.up_weight, d_gate, d_up, out.grad_x,
-                                              out.grad_gate_weight, out.grad_up_weight, grad_x_workspace,
-                                              with_lo=with_lo,
-                                              grad_down_operands=(inputs.grad_output, inputs.intermediate,
-                                                                  out.grad_down_weight),
-                                              trace=traces.get("launch 2"))  # fmt: skip
-        launch1 = prepare_first_launch_gluon(first, inputs.grad_output, inputs.down_weight, inputs.gate,
-                                             inputs.gate_sigmoid, inputs.gate_silu, inputs.up, inputs.intermediate,
-                                             d_gate, d_up, out.grad_down_weight, with_lo=with_lo,
-                                             trace=traces.get("launch 1"))  # fmt: skip
+        grad_x_workspace = SplitWorkspace.for_tiles(
+            "gluon dx", second.grad_x_tiles(T, H), second.grad_x_splits, second.block_m, second.block_n, x.device
+        )
+        launch2 = prepare_second_launch_gluon(
+            second,
+            x,
+            inputs.gate_weight,
+            inputs.up_weight,
+            d_gate,
+            d_up,
+            out.grad_x,
+            out.grad_gate_weight,
+            out.grad_up_weight,
+            grad_x_workspace,
+            with_lo=with_lo,
+            grad_down_operands=(inputs.grad_output, inputs.intermediate, out.grad_down_weight),
+            trace=traces.get("launch 2"),
+        )
+        launch1 = prepare_first_launch_gluon(
+            first,
+            inputs.grad_output,
+            inputs.down_weight,
+            inputs.gate,
+            inputs.gate_sigmoid,
+            inputs.gate_silu,
+            inputs.up,
+            inputs.intermediate,
+            d_gate,
+            d_up,
+            out.grad_down_weight,
+            with_lo=with_lo,
+            trace=traces.get("launch 1"),
+        )
         if self.as_one_graph and can_launch_as_one_graph((launch1, launch2)):
-            launch_as_one_graph((x.device, x.dtype, with_lo, first, second, T, H, I, bool(traces)), (launch1, launch2),
-                                x.device)  # fmt: skip
+            launch_as_one_graph(
+                (x.device, x.dtype, with_lo, first, second, T, H, I, bool(traces)), (launch1, launch2), x.device
+            )
             return
         launch1()
         launch2()
@@ -94,8 +119,11 @@ class GluonLaunches:
 
 def grad_down_in_second_launch(form: GluonLaunches) -> GluonLaunches:
     """``form`` with dWd's tiles moved to launch 2 (there they wait for nothing: they read only the call's inputs)."""
-    return dataclasses.replace(form, first=dataclasses.replace(form.first, grad_down_tiles=False),
-                               second=dataclasses.replace(form.second, grad_down_tiles=True))  # fmt: skip
+    return dataclasses.replace(
+        form,
+        first=dataclasses.replace(form.first, grad_down_tiles=False),
+        second=dataclasses.replace(form.second, grad_down_tiles=True),
+    )
 
 
 def with_second(form: GluonLaunches, **fields) -> GluonLaunches:
@@ -112,21 +140,25 @@ _LAUNCH1_TALL = dataclasses.replace(_LAUNCH1, block_m=64, warps=4, buffers=8, d_
 _LAUNCH2 = GluonSecondLaunchConfig(programmatic=True)
 _LAUNCH2_TALL = GluonSecondLaunchConfig(block_m=64, warps=4, buffers=6, programmatic=True)
 # at few tokens launch 2's weight-gradient tiles go to 68 persistent programs beside dx's (notes/p1/design-19.md)
-_LAUNCH2_PERSISTENT = dataclasses.replace(_LAUNCH2_TALL, grad_x_first=True, weight_grad_programs=68,
-                                          inputs_before_wait=True)  # fmt: skip
+_LAUNCH2_PERSISTENT = dataclasses.replace(
+    _LAUNCH2_TALL, grad_x_first=True, weight_grad_programs=68, inputs_before_wait=True
+)
 
 FORMS = {  # name -> the pair of launch configs
-    "narrow": GluonLaunches(dataclasses.replace(_LAUNCH1_TALL, block_n=64, d_a_block_n=64, grad_down_block_n=128),
-                            _LAUNCH2_PERSISTENT),
+    "narrow": GluonLaunches(
+        dataclasses.replace(_LAUNCH1_TALL, block_n=64, d_a_block_n=64, grad_down_block_n=128), _LAUNCH2_PERSISTENT
+    ),
     "tall": GluonLaunches(_LAUNCH1_TALL, _LAUNCH2_PERSISTENT),
     "tall_dx_first": GluonLaunches(_LAUNCH1_TALL, dataclasses.replace(_LAUNCH2_TALL, grad_x_first=True)),
-    "wide_da_first": GluonLaunches(dataclasses.replace(_LAUNCH1, d_a_first=True),
-                                   dataclasses.replace(_LAUNCH2_TALL, grad_x_first=True)),
+    "wide_da_first": GluonLaunches(
+        dataclasses.replace(_LAUNCH1, d_a_first=True), dataclasses.replace(_LAUNCH2_TALL, grad_x_first=True)
+    ),
     "wide_da_first_tall": GluonLaunches(dataclasses.replace(_LAUNCH1, d_a_first=True), _LAUNCH2_TALL),
     "wide_tall": GluonLaunches(_LAUNCH1, _LAUNCH2_TALL),
     "wide": GluonLaunches(_LAUNCH1, _LAUNCH2),
-    "wide_da256": GluonLaunches(dataclasses.replace(_LAUNCH1, d_a_block_n=256, buffers=4, saved_tiles_early=False),
-                                _LAUNCH2),
+    "wide_da256": GluonLaunches(
+        dataclasses.replace(_LAUNCH1, d_a_block_n=256, buffers=4, saved_tiles_early=False), _LAUNCH2
+    ),
     "wide_narrow_da": GluonLaunches(dataclasses.replace(_LAUNCH1, block_n=64, d_a_block_n=64), _LAUNCH2),
 }
 

@@ -78,8 +78,7 @@ class LibraryGemmsConfig:
 
     def run(self, inputs: Inputs, *, with_lo: bool, out: Outputs) -> None:
         """The four gradients into ``out`` (its two weight gradients the row halves of one [2I, H] buffer)."""
-        (grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up,
-         intermediate) = inputs  # fmt: skip
+        (grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate) = inputs
         T, H = x.shape
         I = gate_weight.shape[0]
         grad_x, grad_down_weight = out.grad_x, out.grad_down_weight
@@ -109,9 +108,18 @@ class LibraryGemmsConfig:
             d_a = mm_fp32(grad_output, down_weight) if self.d_a_fp32 or with_lo else grad_output @ down_weight
             grid = (cdiv(T, self.grads_block[0]), cdiv(I, self.grads_block[1]))
             kernels.swiglu_grads_kernel[grid](
-                d_a, gate, gate_sigmoid, gate_silu, up, d_gate_up, T, I, *self.grads_block, with_lo,
+                d_a,
+                gate,
+                gate_sigmoid,
+                gate_silu,
+                up,
+                d_gate_up,
+                T,
+                I,
+                *self.grads_block,
+                with_lo,
                 num_warps=self.grads_warps,
-            )  # fmt: skip
+            )
         with branch(side):  # [dWg; dWu] = [dG | dU]ᵀ · x
             if with_lo:
                 torch.add(*mm_fp32(d_gate_up.T, x).split(2 * I), out=grad_gate_up)
@@ -152,10 +160,11 @@ def gate_up_view(gate_weight: torch.Tensor, up_weight: torch.Tensor) -> torch.Te
     in two, as many models keep it); None where they are not."""
     I, H = gate_weight.shape
     adjacent = (
-        gate_weight.is_contiguous() and up_weight.is_contiguous()
+        gate_weight.is_contiguous()
+        and up_weight.is_contiguous()
         and up_weight.untyped_storage().data_ptr() == gate_weight.untyped_storage().data_ptr()
         and up_weight.storage_offset() == gate_weight.storage_offset() + I * H
-    )  # fmt: skip
+    )
     return gate_weight.as_strided((2 * I, H), (H, 1)) if adjacent else None
 
 
@@ -201,4 +210,3 @@ def branch(side: SideStream | None):
     side.forked = True
     with torch.cuda.stream(side.stream):
         yield
-

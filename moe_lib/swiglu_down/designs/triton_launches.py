@@ -59,8 +59,7 @@ class TileConfig:
         d_up = runtime.allocate((2 if with_lo else 1, T, I), dtype=x.dtype, device=x.device)
         plan = launch_plan(T, x.shape[1], I, self)
         workspaces = split_workspaces(plan, x.device)
-        launch_d_intermediate_and_grad_down(inputs, d_gate, d_up, out.grad_down_weight, self, plan, with_lo,
-                                            workspaces)  # fmt: skip
+        launch_d_intermediate_and_grad_down(inputs, d_gate, d_up, out.grad_down_weight, self, plan, with_lo, workspaces)
         launch_grad_x_and_grad_gate_up(inputs, d_gate, d_up, out, self, plan, with_lo, workspaces)
 
 
@@ -146,35 +145,76 @@ def grid_sizes(plan: list[TileKind]) -> dict[int, int]:
 def split_workspaces(plan: list[TileKind], device: torch.device) -> dict:
     """The fp32 partials and arrival counters of every tile kind of both launches, by slot name."""
     kinds = {k.kind: k for k in plan}
-    return {slot: SplitWorkspace.for_tiles(slot, tiles * kinds[kind].tiles, kinds[kind].split, kinds[kind].block_m,
-                                           kinds[kind].block_n, device)
-            for slot, kind, tiles in (("dA", "dA", 1), ("dWd", "dWd", 1), ("dx", "dx", 1), ("dWgu", "dWg", 2))}
+    return {
+        slot: SplitWorkspace.for_tiles(
+            slot, tiles * kinds[kind].tiles, kinds[kind].split, kinds[kind].block_m, kinds[kind].block_n, device
+        )
+        for slot, kind, tiles in (("dA", "dA", 1), ("dWd", "dWd", 1), ("dx", "dx", 1), ("dWgu", "dWg", 2))
+    }
 
 
-def launch_d_intermediate_and_grad_down(inputs: Inputs, d_gate, d_up, grad_down_weight, config: TileConfig, plan,
-                                        with_lo: bool, workspaces: dict) -> None:  # fmt: skip
+def launch_d_intermediate_and_grad_down(
+    inputs: Inputs, d_gate, d_up, grad_down_weight, config: TileConfig, plan, with_lo: bool, workspaces: dict
+) -> None:
     """Launch 1: dGate, dUp (through dA = dy · Wd; with ``with_lo`` as hi/lo pairs) and dWd."""
     grad_output, down_weight = inputs.grad_output, inputs.down_weight
     T, H = grad_output.shape
     I = down_weight.shape[1]
     kernels.d_intermediate_and_grad_down_kernel[(grid_sizes(plan)[1],)](
-        grad_output, down_weight, inputs.gate, inputs.gate_sigmoid, inputs.gate_silu, inputs.up, inputs.intermediate,
-        d_gate, d_up, T * I, grad_down_weight, *workspaces["dA"], *workspaces["dWd"], T, H, I,
-        *config.d_intermediate, *config.grad_down, config.group_m, *dot_flags(grad_output), with_lo,
-        num_warps=config.warps[0], num_stages=config.stages[0],
-    )  # fmt: skip
+        grad_output,
+        down_weight,
+        inputs.gate,
+        inputs.gate_sigmoid,
+        inputs.gate_silu,
+        inputs.up,
+        inputs.intermediate,
+        d_gate,
+        d_up,
+        T * I,
+        grad_down_weight,
+        *workspaces["dA"],
+        *workspaces["dWd"],
+        T,
+        H,
+        I,
+        *config.d_intermediate,
+        *config.grad_down,
+        config.group_m,
+        *dot_flags(grad_output),
+        with_lo,
+        num_warps=config.warps[0],
+        num_stages=config.stages[0],
+    )
 
 
-def launch_grad_x_and_grad_gate_up(inputs: Inputs, d_gate, d_up, out: Outputs, config: TileConfig, plan,
-                                   with_lo: bool, workspaces: dict) -> None:  # fmt: skip
+def launch_grad_x_and_grad_gate_up(
+    inputs: Inputs, d_gate, d_up, out: Outputs, config: TileConfig, plan, with_lo: bool, workspaces: dict
+) -> None:
     """Launch 2: dx, dWg and dWu from dGate and dUp (with ``with_lo``, both halves of each)."""
     x = inputs.x
     T, H = x.shape
     I = inputs.gate_weight.shape[0]
     kernels.grad_x_and_grad_gate_up_kernel[(grid_sizes(plan)[2],)](
-        x, inputs.gate_weight, inputs.up_weight, d_gate, d_up, T * I, out.grad_x, out.grad_gate_weight,
+        x,
+        inputs.gate_weight,
+        inputs.up_weight,
+        d_gate,
+        d_up,
+        T * I,
+        out.grad_x,
+        out.grad_gate_weight,
         out.grad_up_weight,
-        *workspaces["dx"], *workspaces["dWgu"], T, H, I,
-        *config.grad_x, *config.grad_gate_up, config.group_m, *dot_flags(x), with_lo, config.grad_x_first,
-        num_warps=config.warps[1], num_stages=config.stages[1],
-    )  # fmt: skip
+        *workspaces["dx"],
+        *workspaces["dWgu"],
+        T,
+        H,
+        I,
+        *config.grad_x,
+        *config.grad_gate_up,
+        config.group_m,
+        *dot_flags(x),
+        with_lo,
+        config.grad_x_first,
+        num_warps=config.warps[1],
+        num_stages=config.stages[1],
+    )
