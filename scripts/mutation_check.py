@@ -478,7 +478,7 @@ MUTANTS = [
         "moe_lib/moe_experts/launch.py",
         "    check_contiguous(\n        dict(\n            hidden_states=hidden_states,",
         "    (\n        dict(\n            hidden_states=hidden_states,",
-        (ARGUMENTS, "-k", "not_contiguous and triton"),
+        ("tests/test_robustness.py", "-k", "forward_launch_refuses_strided"),
     ),
     # ---- the benchmark's verdicts: checks, timing, export, result files
     Mutant(

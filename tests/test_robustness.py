@@ -645,3 +645,29 @@ def test_impl_triton_runs_the_triton_kernels(problem, monkeypatch):
     monkeypatch.setattr(api, reference_name, no_reference)
     outputs = public(*inputs.values(), impl="triton")
     assert calls == [launcher] and len(outputs) == len(problems.load(problem).output_names)
+
+
+@needs_triton
+@pytest.mark.parametrize("name", ["hidden_states", "gate_weights", "up_weights", "down_weights"])
+def test_p2_forward_launch_refuses_strided_tensors_by_name(name, seed):
+    """The Triton forward reads its tensors as packed rows: called directly (the public functions pass it
+    contiguous copies), a strided one is refused by name before any allocation, not read as if packed."""
+    from moe_lib.moe_experts import launch
+
+    inputs = problems.make_inputs(
+        P2, 8, seed=seed, device=DEVICE, hidden_size=32, intermediate_size=16, num_experts=4, top_k=2
+    )
+    args = dict(
+        hidden_states=inputs["hidden_states"],
+        topk_indices=inputs["topk_indices"],
+        topk_weights=inputs["topk_weights"],
+        gate_weights=inputs["gate_weights"],
+        up_weights=inputs["up_weights"],
+        down_weights=inputs["down_weights"],
+    )
+    tensor = args[name]
+    wide = torch.randn(*tensor.shape[:-1], 2 * tensor.shape[-1], dtype=tensor.dtype, device=DEVICE)
+    wide[..., ::2] = tensor
+    args[name] = wide[..., ::2]
+    with pytest.raises(ValueError, match=rf"^{name}: expected a contiguous tensor"):
+        launch.moe_experts_forward_triton(*args.values())
