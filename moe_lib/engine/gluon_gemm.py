@@ -78,24 +78,20 @@ class GemmConfig:
             raise ValueError(f"config: consumers must be one of {CONSUMER_MODES}, got {self.consumers!r}")
         rows = (128, 256) if self.consumers == "cooperative" else (64, 128)
         if self.block_m not in rows:
-            raise ValueError(
-                f"config: block_m must be one of {rows} with {self.consumers} consumers, got {self.block_m}"
-            )
+            raise ValueError(f"config: block_m must be one of {rows} with {self.consumers} consumers, "
+                             f"got {self.block_m}")
         if self.block_n not in (64, 128, 256):
             raise ValueError(f"config: block_n must be 64, 128 or 256 (a wgmma's N), got {self.block_n}")
         if self.block_k not in (32, 64, 128):
             raise ValueError(f"config: block_k must be 32, 64 or 128, got {self.block_k}")
         if self.stages < 2:
-            raise ValueError(
-                f"config: stages must be at least 2 (one buffer filled while one is read), got {self.stages}"
-            )
+            raise ValueError(f"config: stages must be at least 2 (one buffer filled while one is read), "
+                             f"got {self.stages}")
         if self.programs < 0 or self.group_m < 1:
             raise ValueError(f"config: programs must be ≥ 0 and group_m ≥ 1, got {self.programs}, {self.group_m}")
         if self.shared_bytes > SHARED_MEMORY_LIMIT:
-            raise ValueError(
-                f"config: {self.shared_bytes} bytes of shared memory (ring and output tiles), more than "
-                f"the {SHARED_MEMORY_LIMIT} an sm_90 block may use"
-            )
+            raise ValueError(f"config: {self.shared_bytes} bytes of shared memory (ring and output tiles), more than "
+                             f"the {SHARED_MEMORY_LIMIT} an sm_90 block may use")
 
     @property
     def pingpong(self) -> bool:
@@ -128,16 +124,9 @@ class GemmConfig:
 
     def constexprs(self, a_transposed: bool, b_transposed: bool) -> dict:
         """The kernel's compile-time arguments by name (``num_warps`` included)."""
-        return dict(
-            A_TRANSPOSED=a_transposed,
-            B_TRANSPOSED=b_transposed,
-            BUFFERS=self.stages,
-            GROUP_M=self.group_m,
-            PINGPONG=self.pingpong,
-            CONSUMER_REGS=CONSUMER_REGISTERS,
-            LOADER_REGS=LOADER_REGISTERS,
-            num_warps=self.warps,
-        )
+        return dict(A_TRANSPOSED=a_transposed, B_TRANSPOSED=b_transposed, BUFFERS=self.stages, GROUP_M=self.group_m,
+                    PINGPONG=self.pingpong, CONSUMER_REGS=CONSUMER_REGISTERS, LOADER_REGS=LOADER_REGISTERS,
+                    num_warps=self.warps)
 
 
 @gluon.jit
@@ -151,22 +140,9 @@ def tile_origin(tile, tiles_m, tiles_n, GROUP_M: gl.constexpr, BLOCK_M: gl.const
 
 
 @gluon.jit
-def load_partition(
-    a_desc,
-    b_desc,
-    a_bufs,
-    b_bufs,
-    ready,
-    empty,
-    tiles_m,
-    tiles_n,
-    k_steps,
-    A_TRANSPOSED: gl.constexpr,
-    B_TRANSPOSED: gl.constexpr,
-    GROUP_M: gl.constexpr,
-    BLOCK_M: gl.constexpr,
-    BLOCK_N: gl.constexpr,
-):
+def load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, tiles_m, tiles_n, k_steps,
+                   A_TRANSPOSED: gl.constexpr, B_TRANSPOSED: gl.constexpr, GROUP_M: gl.constexpr,
+                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
     """The loading warp: every K step of the program's tiles, in order, into the ring."""
     BUFFERS: gl.constexpr = a_bufs.type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[0] if A_TRANSPOSED else a_desc.block_type.shape[1]
@@ -192,9 +168,8 @@ def load_partition(
 
 
 @gluon.jit
-def tile_k_loop(
-    a_bufs, b_bufs, ready, empty, acc, step0, k_steps, A_TRANSPOSED: gl.constexpr, B_TRANSPOSED: gl.constexpr
-):
+def tile_k_loop(a_bufs, b_bufs, ready, empty, acc, step0, k_steps, A_TRANSPOSED: gl.constexpr,
+                B_TRANSPOSED: gl.constexpr):
     """acc = Σ A·B over the ring's steps step0 .. step0 + k_steps − 1 (the first overwriting acc), each step's
     buffer handed back once the step after it is issued; returns with the last step's wgmma still running."""
     BUFFERS: gl.constexpr = a_bufs.type.shape[0]
@@ -215,33 +190,17 @@ def tile_k_loop(
 
 
 @gluon.jit
-def consumer_partition(
-    a_bufs,
-    b_bufs,
-    ready,
-    empty,
-    turns,
-    c_desc,
-    c_bufs,
-    tiles_m,
-    tiles_n,
-    k_steps,
-    A_TRANSPOSED: gl.constexpr,
-    B_TRANSPOSED: gl.constexpr,
-    GROUP_M: gl.constexpr,
-    ME: gl.constexpr,
-    CONSUMERS: gl.constexpr,
-    WARPS: gl.constexpr,
-):
+def consumer_partition(a_bufs, b_bufs, ready, empty, turns, c_desc, c_bufs, tiles_m, tiles_n, k_steps,
+                       A_TRANSPOSED: gl.constexpr, B_TRANSPOSED: gl.constexpr, GROUP_M: gl.constexpr,
+                       ME: gl.constexpr, CONSUMERS: gl.constexpr, WARPS: gl.constexpr):
     """Consumer ME of CONSUMERS (WARPS warps): the program's tiles ME, ME + CONSUMERS, ... (its local count), each
     its K loop and its epilogue. With two consumers, each K loop waits for its turn and passes the turn on once
     its last wgmma is issued."""
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
     BUFFERS: gl.constexpr = a_bufs.type.shape[0]
-    layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BLOCK_N, 16]
-    )
+    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                     instr_shape=[16, BLOCK_N, 16])
     acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
     c_smem = c_bufs.index(ME)
     pid = gl.program_id(0)
@@ -299,101 +258,22 @@ def gemm_kernel(
     for i in gl.static_range(2):
         mbarrier.init(turns.index(i), count=1)
     fence_async_shared()  # the barriers' initialisation is seen by the copy engine (the async proxy)
-    loader_args = (
-        a_desc,
-        b_desc,
-        a_bufs,
-        b_bufs,
-        ready,
-        empty,
-        tiles_m,
-        tiles_n,
-        k_steps,
-        A_TRANSPOSED,
-        B_TRANSPOSED,
-        GROUP_M,
-        BLOCK_M,
-        BLOCK_N,
-    )
+    loader_args = (a_desc, b_desc, a_bufs, b_bufs, ready, empty, tiles_m, tiles_n, k_steps, A_TRANSPOSED,
+                   B_TRANSPOSED, GROUP_M, BLOCK_M, BLOCK_N)
     if PINGPONG:
-        gl.warp_specialize(
-            [
-                (
-                    consumer_partition,
-                    (
-                        a_bufs,
-                        b_bufs,
-                        ready,
-                        empty,
-                        turns,
-                        c_desc,
-                        c_bufs,
-                        tiles_m,
-                        tiles_n,
-                        k_steps,
-                        A_TRANSPOSED,
-                        B_TRANSPOSED,
-                        GROUP_M,
-                        0,
-                        2,
-                        num_warps,
-                    ),
-                ),
-                (
-                    consumer_partition,
-                    (
-                        a_bufs,
-                        b_bufs,
-                        ready,
-                        empty,
-                        turns,
-                        c_desc,
-                        c_bufs,
-                        tiles_m,
-                        tiles_n,
-                        k_steps,
-                        A_TRANSPOSED,
-                        B_TRANSPOSED,
-                        GROUP_M,
-                        1,
-                        2,
-                        4,
-                    ),
-                ),
-                (load_partition, loader_args),
-            ],
-            [4, 1],
-            [CONSUMER_REGS, LOADER_REGS],
-        )
+        gl.warp_specialize([
+            (consumer_partition, (a_bufs, b_bufs, ready, empty, turns, c_desc, c_bufs, tiles_m, tiles_n, k_steps,
+                                  A_TRANSPOSED, B_TRANSPOSED, GROUP_M, 0, 2, num_warps)),
+            (consumer_partition, (a_bufs, b_bufs, ready, empty, turns, c_desc, c_bufs, tiles_m, tiles_n, k_steps,
+                                  A_TRANSPOSED, B_TRANSPOSED, GROUP_M, 1, 2, 4)),
+            (load_partition, loader_args),
+        ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
     else:
-        gl.warp_specialize(
-            [
-                (
-                    consumer_partition,
-                    (
-                        a_bufs,
-                        b_bufs,
-                        ready,
-                        empty,
-                        turns,
-                        c_desc,
-                        c_bufs,
-                        tiles_m,
-                        tiles_n,
-                        k_steps,
-                        A_TRANSPOSED,
-                        B_TRANSPOSED,
-                        GROUP_M,
-                        0,
-                        1,
-                        num_warps,
-                    ),
-                ),
-                (load_partition, loader_args),
-            ],
-            [1],
-            [LOADER_REGS],
-        )
+        gl.warp_specialize([
+            (consumer_partition, (a_bufs, b_bufs, ready, empty, turns, c_desc, c_bufs, tiles_m, tiles_n, k_steps,
+                                  A_TRANSPOSED, B_TRANSPOSED, GROUP_M, 0, 1, num_warps)),
+            (load_partition, loader_args),
+        ], [1], [LOADER_REGS])
 
 
 def operand_form(tensor: torch.Tensor, name: str) -> bool:
@@ -403,9 +283,8 @@ def operand_form(tensor: torch.Tensor, name: str) -> bool:
         return False
     if tensor.t().is_contiguous():
         return True
-    raise ValueError(
-        f"{name}: expected a row-major or a column-major (transposed) 2-D tensor, got strides {tuple(tensor.stride())}"
-    )
+    raise ValueError(f"{name}: expected a row-major or a column-major (transposed) 2-D tensor, got strides "
+                     f"{tuple(tensor.stride())}")
 
 
 def check_operands(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> None:
@@ -435,9 +314,8 @@ def check_operands(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -
             continue
         held = tensor.t() if operand_form(tensor, name) else tensor
         if not rows_fit(held.shape[1], element_bytes=ELEMENT_BYTES):
-            raise ValueError(
-                f"{name}: TMA needs rows of a multiple of 16 bytes; its rows hold {held.shape[1]} elements"
-            )
+            raise ValueError(f"{name}: TMA needs rows of a multiple of 16 bytes; its rows hold {held.shape[1]} "
+                             f"elements")
         if tensor.device.type != "meta" and not aligned(tensor):
             raise ValueError(f"{name}: TMA needs the tensor to start on a 16-byte boundary")
 

@@ -48,11 +48,9 @@ class SourceBlock:
     """Python source shown on a notebook page: highlighted HTML in a code font (JupyterLab, the report), the
     plain text elsewhere."""
 
-    STYLE = (
-        "font-family: var(--jp-code-font-family, monospace); font-size: var(--jp-code-font-size, 13px); "
-        "background: var(--jp-cell-editor-background, #f7f7f7); border-left: 3px solid #0969da; "
-        "padding: 0.4em 0.8em; overflow-x: auto"
-    )
+    STYLE = ("font-family: var(--jp-code-font-family, monospace); font-size: var(--jp-code-font-size, 13px); "
+             "background: var(--jp-cell-editor-background, #f7f7f7); border-left: 3px solid #0969da; "
+             "padding: 0.4em 0.8em; overflow-x: auto")
 
     def __init__(self, text: str):
         self.text = text
@@ -83,12 +81,8 @@ def errors(outputs: dict, reference: dict) -> dict[str, float]:
 
 @triton.jit
 def rowwise_matmul_kernel(
-    a_ptr,
-    b_ptr,
-    c_ptr,  # A [M, K], B [K, N], C [M, N]: fp32, row-major
-    M,
-    N,
-    K,
+    a_ptr, b_ptr, c_ptr,  # A [M, K], B [K, N], C [M, N]: fp32, row-major
+    M, N, K,
     BLOCK_N: tl.constexpr,  # at least N: a program holds a whole row of C
     BLOCK_K: tl.constexpr,
 ):
@@ -100,9 +94,8 @@ def rowwise_matmul_kernel(
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(a_ptr + m * K + ks, mask=ks < K, other=0.0)  # [BLOCK_K]: a piece of row m of A
-        b = tl.load(
-            b_ptr + ks[:, None] * N + cols[None, :], mask=(ks[:, None] < K) & (cols[None, :] < N), other=0.0
-        )  # [BLOCK_K, BLOCK_N]
+        b = tl.load(b_ptr + ks[:, None] * N + cols[None, :],
+                    mask=(ks[:, None] < K) & (cols[None, :] < N), other=0.0)  # [BLOCK_K, BLOCK_N]
         acc += tl.sum(a[:, None] * b, axis=0)
     tl.store(c_ptr + m * N + cols, acc, mask=cols < N)
 
@@ -110,12 +103,8 @@ def rowwise_matmul_kernel(
 @triton.jit
 def dswiglu_kernel(
     d_a_ptr,  # dA [T·I]
-    gate_ptr,
-    gate_sigmoid_ptr,
-    gate_silu_ptr,
-    up_ptr,  # the saved G, S, Z, U [T·I]
-    d_gate_ptr,
-    d_up_ptr,  # out: dGate, dUp [T·I]
+    gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr,  # the saved G, S, Z, U [T·I]
+    d_gate_ptr, d_up_ptr,  # out: dGate, dUp [T·I]
     numel,  # T·I
     BLOCK: tl.constexpr,
 ):
@@ -134,15 +123,9 @@ def dswiglu_kernel(
 
 @triton.jit
 def tiled_matmul_kernel(
-    a_ptr,
-    b_ptr,
-    c_ptr,  # A [M, K], B [K, N], C [M, N]: fp32, row-major
-    M,
-    N,
-    K,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    a_ptr, b_ptr, c_ptr,  # A [M, K], B [K, N], C [M, N]: fp32, row-major
+    M, N, K,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """C = A · B, one program per [BLOCK_M, BLOCK_N] tile of C: a loop over K that multiplies a tile of A
     by a tile of B on the tensor cores (tl.dot) into an fp32 accumulator. Masks zero the edges."""
@@ -164,18 +147,10 @@ def tiled_matmul_kernel(
 def fused_dswiglu_kernel(
     dy_ptr,  # dy [T, H]
     down_weight_ptr,  # Wd [H, I]
-    gate_ptr,
-    gate_sigmoid_ptr,
-    gate_silu_ptr,
-    up_ptr,  # the saved G, S, Z, U [T, I]
-    d_gate_ptr,
-    d_up_ptr,  # out: dGate, dUp [T, I]
-    T,
-    H,
-    I,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr,  # the saved G, S, Z, U [T, I]
+    d_gate_ptr, d_up_ptr,  # out: dGate, dUp [T, I]
+    T, H, I,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """The tiled dA = dy · Wd, then the dSwiGLU on the tile while it is still in registers (the epilogue):
     dA is never written to memory, and the saved tensors are read once, tile by tile."""
@@ -185,9 +160,8 @@ def fused_dswiglu_kernel(
     for k0 in range(0, H, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         dy = tl.load(dy_ptr + rows[:, None] * H + ks[None, :], mask=(rows[:, None] < T) & (ks[None, :] < H), other=0.0)
-        wd = tl.load(
-            down_weight_ptr + ks[:, None] * I + cols[None, :], mask=(ks[:, None] < H) & (cols[None, :] < I), other=0.0
-        )
+        wd = tl.load(down_weight_ptr + ks[:, None] * I + cols[None, :], mask=(ks[:, None] < H) & (cols[None, :] < I),
+                     other=0.0)
         d_a = tl.dot(dy, wd, d_a, input_precision="ieee")
     # epilogue: the saved tensors' tiles at the same [tokens, features] place as d_a
     offsets = rows[:, None] * I + cols[None, :]
@@ -222,7 +196,8 @@ def matmul_tiled(a: torch.Tensor, b: torch.Tensor, block: int = BLOCK) -> torch.
     """a · b by :func:`tiled_matmul_kernel`: one program per block×block tile of the output."""
     (M, K), N = a.shape, b.shape[1]
     c = torch.empty((M, N), dtype=torch.float32, device=a.device)
-    tiled_matmul_kernel[(cdiv(M, block), cdiv(N, block))](a, b, c, M, N, K, BLOCK_M=block, BLOCK_N=block, BLOCK_K=block)
+    tiled_matmul_kernel[(cdiv(M, block), cdiv(N, block))](a, b, c, M, N, K, BLOCK_M=block, BLOCK_N=block,
+                                                          BLOCK_K=block)
     return c
 
 
@@ -230,9 +205,8 @@ def dswiglu(d_a: torch.Tensor, inputs: dict) -> dict:
     """dGate and dUp from dA and the saved tensors by :func:`dswiglu_kernel`."""
     gate, gate_sigmoid, gate_silu, up = _fp32(inputs, SAVED)
     d_gate, d_up = torch.empty_like(d_a), torch.empty_like(d_a)
-    dswiglu_kernel[(cdiv(d_a.numel(), 4 * BLOCK),)](
-        d_a, gate, gate_sigmoid, gate_silu, up, d_gate, d_up, d_a.numel(), BLOCK=4 * BLOCK
-    )
+    dswiglu_kernel[(cdiv(d_a.numel(), 4 * BLOCK),)](d_a, gate, gate_sigmoid, gate_silu, up, d_gate, d_up, d_a.numel(),
+                                                    BLOCK=4 * BLOCK)
     return {"d_gate": d_gate, "d_up": d_up}
 
 
@@ -257,15 +231,15 @@ def p1_fused(inputs: dict, block: int = BLOCK) -> dict:
     I = down_weight.shape[1]
     d_gate = torch.empty((T, I), dtype=torch.float32, device=dy.device)
     d_up = torch.empty_like(d_gate)
-    fused_dswiglu_kernel[(cdiv(T, block), cdiv(I, block))](
-        dy, down_weight, *saved, d_gate, d_up, T, H, I, BLOCK_M=block, BLOCK_N=block, BLOCK_K=block
-    )
+    fused_dswiglu_kernel[(cdiv(T, block), cdiv(I, block))](dy, down_weight, *saved, d_gate, d_up, T, H, I,
+                                                           BLOCK_M=block, BLOCK_N=block, BLOCK_K=block)
     return {"d_gate": d_gate, "d_up": d_up}
 
 
 def p1_reference(inputs: dict) -> dict:
     """dA, dGate and dUp in float64 with torch, as notebook 01 derives them (the steps' yardstick)."""
-    dy, down_weight, gate, s, gate_silu, up = (inputs[name].double() for name in ("grad_output", "down_weight", *SAVED))
+    dy, down_weight, gate, s, gate_silu, up = (inputs[name].double() for name in ("grad_output", "down_weight",
+                                                                                  *SAVED))
     d_a = dy @ down_weight
     return {"d_intermediate": d_a, "d_gate": d_a * up * s * (1 + gate * (1 - s)), "d_up": d_a * gate_silu}
 
@@ -280,12 +254,8 @@ def grouped_gather_matmul_kernel(
     sorted_slot_ptr,  # [T·K] int32: slot ids s = t·K + k, grouped by expert
     expert_offsets_ptr,  # [E + 1] int32: expert e's rows are the sorted positions offsets[e] ≤ p < offsets[e+1]
     out_ptr,  # out [T·K, N]: row p = W_e x_t for the slot at sorted position p
-    top_k,
-    H,
-    N,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    top_k, H, N,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """Every expert's product in one launch. Program (expert e, N-tile) walks e's rows BLOCK_M at a time;
     the rows of x are gathered inside the loads through sorted_slot, never copied. An expert without
@@ -304,9 +274,8 @@ def grouped_gather_matmul_kernel(
             ks = k0 + tl.arange(0, BLOCK_K)
             # [BLOCK_M, BLOCK_K]: the expert's token rows, gathered; [BLOCK_K, BLOCK_N]: a tile of W_eᵀ
             x = tl.load(x_ptr + tokens[:, None] * H + ks[None, :], mask=row_ok[:, None] & (ks[None, :] < H), other=0.0)
-            w_t = tl.load(
-                weights + cols[None, :] * H + ks[:, None], mask=(ks[:, None] < H) & (cols[None, :] < N), other=0.0
-            )
+            w_t = tl.load(weights + cols[None, :] * H + ks[:, None], mask=(ks[:, None] < H) & (cols[None, :] < N),
+                          other=0.0)
             acc = tl.dot(x, w_t, acc, input_precision="ieee")
         tl.store(out_ptr + rows[:, None] * N + cols[None, :], acc, mask=row_ok[:, None] & (cols[None, :] < N))
 
@@ -327,26 +296,15 @@ def p2_per_expert(x: torch.Tensor, weights: torch.Tensor, routing: ExpertRouting
     return out
 
 
-def p2_grouped(
-    x: torch.Tensor, weights: torch.Tensor, routing: ExpertRouting, top_k: int, block: int = BLOCK
-) -> torch.Tensor:
+def p2_grouped(x: torch.Tensor, weights: torch.Tensor, routing: ExpertRouting, top_k: int,
+               block: int = BLOCK) -> torch.Tensor:
     """Step 2: :func:`grouped_gather_matmul_kernel`, one launch of E × N-tiles programs. Rows in sorted order."""
     _fp32({"x": x, "weights": weights}, ("x", "weights"))
     E, N, H = weights.shape
     out = torch.empty((routing.sorted_slot.numel(), N), dtype=torch.float32, device=x.device)
-    grouped_gather_matmul_kernel[(E, cdiv(N, block))](
-        x,
-        weights,
-        routing.sorted_slot,
-        routing.expert_offsets,
-        out,
-        top_k,
-        H,
-        N,
-        BLOCK_M=block,
-        BLOCK_N=block,
-        BLOCK_K=block,
-    )
+    grouped_gather_matmul_kernel[(E, cdiv(N, block))](x, weights, routing.sorted_slot, routing.expert_offsets, out,
+                                                      top_k, H, N, BLOCK_M=block, BLOCK_N=block,
+                                                      BLOCK_K=block)
     return out
 
 

@@ -129,9 +129,7 @@ def swiglu_grad_kernel(
     FORWARD_ONLY: tl.constexpr,  # the layer's forward: only aw = w·a is computed and stored (dy unused)
     PREACT: tl.constexpr,  # g and u: 0 computed; 1 computed and stored (a forward that saves them); 2 read back
     INTERPRETER: tl.constexpr,
-    BLOCK_I: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_H: tl.constexpr,
+    BLOCK_I: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
     expert, i_tile, r = expert_tile(tl.program_id(0), num_i_tiles, ROW_SPLIT)
     row_begin = tl.load(expert_offsets_ptr + expert)
@@ -238,13 +236,8 @@ def expert_weight_grad_kernel(
     num_m_tiles,  # cdiv(size_m, BLOCK_M)
     num_n_tiles,  # cdiv(size_n, BLOCK_N)
     N_TILES_PER_PROGRAM,  # output tiles along N one program writes, one after the other
-    A_BY_TOKEN: tl.constexpr,
-    B_BY_TOKEN: tl.constexpr,
-    TWO_OUTPUTS: tl.constexpr,
-    INTERPRETER: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_ROWS: tl.constexpr,
+    A_BY_TOKEN: tl.constexpr, B_BY_TOKEN: tl.constexpr, TWO_OUTPUTS: tl.constexpr, INTERPRETER: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_ROWS: tl.constexpr,
 ):
     # Launched twice: dWg_e = Σ dgᵀ x and dWu_e = Σ duᵀ x (A = dg, A2 = du, B = x, [I, H]), then
     # dWd_e = Σ dyᵀ aw (A = dy, B = aw, [H, I]). Program (expert, M-tile, N-group): the tiles of
@@ -318,9 +311,7 @@ def slot_projection_kernel(
     TWO_TERMS: tl.constexpr,
     OPERAND_DTYPE: tl.constexpr,  # dtype of the tensor-core operands (bf16 or fp16)
     INTERPRETER: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_I: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr,
 ):
     # Backward: W1 = Wgᵀ (Wg[e][i, h] at i·H + h), v1 = dg, W2 = Wuᵀ, v2 = du: dX_slot.
     # Forward: W1 = Wd (Wd[e][h, i] at h·I + i), v1 = aw: y_slot.
@@ -356,11 +347,8 @@ def slot_projection_kernel(
             acc = dot16(operand(w1_tile, OPERAND_DTYPE, INTERPRETER), v1_t, acc, INTERPRETER)
             if TWO_TERMS:
                 acc = dot16(operand(w2_tile, OPERAND_DTYPE, INTERPRETER), v2_t, acc, INTERPRETER)
-        tl.store(
-            out_slot_ptr + slots[None, :].to(tl.int64) * hidden_size + hs[:, None],
-            acc,
-            mask=h_ok[:, None] & row_ok[None, :],
-        )
+        tl.store(out_slot_ptr + slots[None, :].to(tl.int64) * hidden_size + hs[:, None], acc,
+                 mask=h_ok[:, None] & row_ok[None, :])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -381,8 +369,7 @@ def token_sum_kernel(
     num_i_tiles,  # cdiv(I, BLOCK_I) of kernel A
     WITH_TOPK: tl.constexpr,  # also sum grad_topk_weights (the backward; not the forward)
     INTERPRETER: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     h_tile = tl.program_id(1)
@@ -395,11 +382,8 @@ def token_sum_kernel(
         expert = tl.load(topk_indices_ptr + token * top_k + k)
         routed = (expert >= 0) & (expert < num_experts)
         total += tl.load(dx_slot_ptr + (token * top_k + k) * hidden_size + hs, mask=h_ok & routed, other=0.0)
-    tl.store(
-        grad_hidden_ptr + token * hidden_size + hs,
-        round_to(total, grad_hidden_ptr.dtype.element_ty, INTERPRETER),
-        mask=h_ok,
-    )
+    tl.store(grad_hidden_ptr + token * hidden_size + hs, round_to(total, grad_hidden_ptr.dtype.element_ty, INTERPRETER),
+             mask=h_ok)
 
     if WITH_TOPK and h_tile == 0:
         ks = tl.arange(0, BLOCK_K)
@@ -409,6 +393,5 @@ def token_sum_kernel(
         grad_w = tl.zeros((BLOCK_K,), tl.float32)
         for tile in range(0, num_i_tiles):
             grad_w += tl.load(topk_partial_ptr + tile * num_slots + token * top_k + ks, mask=routed, other=0.0)
-        tl.store(
-            grad_topk_ptr + token * top_k + ks, round_to(grad_w, grad_topk_ptr.dtype.element_ty, INTERPRETER), mask=k_ok
-        )
+        tl.store(grad_topk_ptr + token * top_k + ks, round_to(grad_w, grad_topk_ptr.dtype.element_ty, INTERPRETER),
+                 mask=k_ok)

@@ -35,8 +35,7 @@ def slot_rows_sum_kernel(
     out_ptr,  # out [T, H]: out[t] = Σ_k rows[row_of_slot[t·K + k]], input dtype
     top_k,  # K
     hidden_size,  # H
-    INTERPRETER: tl.constexpr,
-    BLOCK_H: tl.constexpr,
+    INTERPRETER: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     hs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -69,13 +68,7 @@ def sum_slot_rows_triton(rows: torch.Tensor, row_of_slot: torch.Tensor, num_toke
     out = allocate((num_tokens, hidden_size), dtype=rows.dtype, device=rows.device)
     block_h = INTERPRETER_BLOCK_H if interpreter_enabled() else BLOCK_H
     slot_rows_sum_kernel[(num_tokens, cdiv(hidden_size, block_h))](
-        rows,
-        row_of_slot,
-        out,
-        top_k,
-        hidden_size,
-        INTERPRETER=interpreter_enabled(),
-        BLOCK_H=block_h,
+        rows, row_of_slot, out, top_k, hidden_size, INTERPRETER=interpreter_enabled(), BLOCK_H=block_h,
         num_warps=4,
     )
     return out

@@ -148,9 +148,7 @@ def slot_projection_tma_kernel(
     ROW_BLOCKS_INNER: tl.constexpr,  # within an expert, tile = H-tile · n_blocks + block (else block · n_H + H-tile)
     FLATTEN: tl.constexpr,  # fuse the tile and step loops into one software pipeline (tl.range(flatten=True))
     INTERPRETER: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_ROWS: tl.constexpr,
-    BLOCK_I: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_I: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_h_tiles = tl.cdiv(hidden_size, BLOCK_H)
@@ -165,51 +163,35 @@ def slot_projection_tma_kernel(
     # the term axis's stride; with one entry it is never stepped over: any valid TMA stride (a multiple of 16 B)
     rows_axis_stride = rows_term_stride if CONCAT_TERMS else inter_size
     weights_axis_stride = weights_term_stride if CONCAT_TERMS else expert_stride
-    rows_desc = tl.make_tensor_descriptor(
-        rows_ptr,
-        shape=[NUM_TERMS, num_rows, inter_size],
-        strides=[rows_axis_stride, inter_size, 1],
-        block_shape=[1, BLOCK_ROWS, BLOCK_I],
-    )
+    rows_desc = tl.make_tensor_descriptor(rows_ptr, shape=[NUM_TERMS, num_rows, inter_size],
+                                          strides=[rows_axis_stride, inter_size, 1],
+                                          block_shape=[1, BLOCK_ROWS, BLOCK_I])
     rows2_desc = rows_desc  # term 1's when it is not on the term axis
     if TWO_TERMS and not CONCAT_TERMS:
-        rows2_desc = tl.make_tensor_descriptor(
-            rows_ptr + rows_term_stride,
-            shape=[1, num_rows, inter_size],
-            strides=[rows_axis_stride, inter_size, 1],
-            block_shape=[1, BLOCK_ROWS, BLOCK_I],
-        )
+        rows2_desc = tl.make_tensor_descriptor(rows_ptr + rows_term_stride, shape=[1, num_rows, inter_size],
+                                               strides=[rows_axis_stride, inter_size, 1],
+                                               block_shape=[1, BLOCK_ROWS, BLOCK_I])
     if WEIGHT_TMA:
         if TRANSPOSED_WEIGHTS:  # [E, I, H]: a [BLOCK_I, BLOCK_H] box per (term, expert), zero-filled past I and H
-            w_desc = tl.make_tensor_descriptor(
-                weights_ptr,
-                shape=[NUM_TERMS, num_experts, inter_size, hidden_size],
-                strides=[weights_axis_stride, expert_stride, hidden_size, 1],
-                block_shape=[1, 1, BLOCK_I, BLOCK_H],
-            )
+            w_desc = tl.make_tensor_descriptor(weights_ptr, shape=[NUM_TERMS, num_experts, inter_size, hidden_size],
+                                               strides=[weights_axis_stride, expert_stride, hidden_size, 1],
+                                               block_shape=[1, 1, BLOCK_I, BLOCK_H])
             w2_desc = w_desc  # term 1's when it is not on the term axis
             if TWO_TERMS and not CONCAT_TERMS:
-                w2_desc = tl.make_tensor_descriptor(
-                    weights_ptr + weights_term_stride,
-                    shape=[1, num_experts, inter_size, hidden_size],
-                    strides=[weights_axis_stride, expert_stride, hidden_size, 1],
-                    block_shape=[1, 1, BLOCK_I, BLOCK_H],
-                )
+                w2_desc = tl.make_tensor_descriptor(weights_ptr + weights_term_stride,
+                                                    shape=[1, num_experts, inter_size, hidden_size],
+                                                    strides=[weights_axis_stride, expert_stride, hidden_size, 1],
+                                                    block_shape=[1, 1, BLOCK_I, BLOCK_H])
         else:  # [E, H, I]: a [BLOCK_H, BLOCK_I] box
-            w_desc = tl.make_tensor_descriptor(
-                weights_ptr,
-                shape=[NUM_TERMS, num_experts, hidden_size, inter_size],
-                strides=[weights_axis_stride, expert_stride, inter_size, 1],
-                block_shape=[1, 1, BLOCK_H, BLOCK_I],
-            )
+            w_desc = tl.make_tensor_descriptor(weights_ptr, shape=[NUM_TERMS, num_experts, hidden_size, inter_size],
+                                               strides=[weights_axis_stride, expert_stride, inter_size, 1],
+                                               block_shape=[1, 1, BLOCK_H, BLOCK_I])
             w2_desc = w_desc
             if TWO_TERMS and not CONCAT_TERMS:
-                w2_desc = tl.make_tensor_descriptor(
-                    weights_ptr + weights_term_stride,
-                    shape=[1, num_experts, hidden_size, inter_size],
-                    strides=[weights_axis_stride, expert_stride, inter_size, 1],
-                    block_shape=[1, 1, BLOCK_H, BLOCK_I],
-                )
+                w2_desc = tl.make_tensor_descriptor(weights_ptr + weights_term_stride,
+                                                    shape=[1, num_experts, hidden_size, inter_size],
+                                                    strides=[weights_axis_stride, expert_stride, inter_size, 1],
+                                                    block_shape=[1, 1, BLOCK_H, BLOCK_I])
     # pointer loads: element (h, i) of expert e's W at e·I·H + h·stride_h + i·stride_i
     stride_h = 1 if TRANSPOSED_WEIGHTS else inter_size
     stride_i = hidden_size if TRANSPOSED_WEIGHTS else 1
@@ -278,11 +260,8 @@ def slot_projection_tma_kernel(
         row_ok = rows < row_end
         slots = tl.load(sorted_slot_ptr + rows, mask=row_ok, other=0)
         hs_out = h0 + tl.arange(0, BLOCK_H)
-        tl.store(
-            out_slot_ptr + slots[None, :].to(tl.int64) * hidden_size + hs_out[:, None],
-            acc,
-            mask=(hs_out < hidden_size)[:, None] & row_ok[None, :],
-        )
+        tl.store(out_slot_ptr + slots[None, :].to(tl.int64) * hidden_size + hs_out[:, None], acc,
+                 mask=(hs_out < hidden_size)[:, None] & row_ok[None, :])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -329,9 +308,8 @@ class TmaSlotProjectionConfig:
         return self.forward_tile, self.forward_warps, self.forward_stages
 
 
-def tma_slot_projection_fits(
-    hidden_size: int, intermediate_size: int, weight_bytes: int = 2, transposed_weights: bool = True
-) -> bool:
+def tma_slot_projection_fits(hidden_size: int, intermediate_size: int, weight_bytes: int = 2,
+                             transposed_weights: bool = True) -> bool:
     """Whether TMA can address the rows (I 16-bit values) and the weights (inner width × ``weight_bytes``):
     multiples of 16 bytes."""
     inner = hidden_size if transposed_weights else intermediate_size
@@ -357,25 +335,13 @@ def two_term_form(config: TmaSlotProjectionConfig, weights1, weights2, rows1, ro
     """How the backward's two terms run: "concat" (one descriptor with a term axis over each pair: the
     pairs' distances are TMA strides, and ``config.concat_terms``) or "paired" (a descriptor per term)."""
     interpreter = interpreter_enabled()
-    fits = all(
-        _term_axis_fits(_element_distance(a, b) * a.element_size(), interpreter)
-        for a, b in ((weights1, weights2), (rows1, rows2))
-    )
+    fits = all(_term_axis_fits(_element_distance(a, b) * a.element_size(), interpreter)
+               for a, b in ((weights1, weights2), (rows1, rows2)))
     return "concat" if config.concat_terms and fits else "paired"
 
 
-def launch_slot_projection_tma(
-    config: TmaSlotProjectionConfig,
-    routing,
-    weights1,
-    weights2,
-    rows1,
-    rows2,
-    out_slot,
-    *,
-    transposed_weights: bool,
-    num_programs: int,
-) -> None:
+def launch_slot_projection_tma(config: TmaSlotProjectionConfig, routing, weights1, weights2, rows1, rows2,
+                               out_slot, *, transposed_weights: bool, num_programs: int) -> None:
     """Kernel D, TMA-fed and persistent: out_slot[slot(p)] = W1_e v1[p] (+ W2_e v2[p]) for every sorted p.
 
     backward: ``(Wg, Wu, dg, du, dX_slot, transposed_weights=True)`` — Wg, Wu [E, I, H], out = Wgᵀ dg + Wuᵀ du;
@@ -399,26 +365,20 @@ def launch_slot_projection_tma(
     expected = (E, I, H) if transposed_weights else (E, H, I)
     for name, w in (("weights1", weights1), ("weights2", weights2)):
         if tuple(w.shape) != expected:
-            raise ValueError(
-                f"{name}: expected {list(expected)} (transposed_weights={transposed_weights}), got {list(w.shape)}"
-            )
+            raise ValueError(f"{name}: expected {list(expected)} (transposed_weights={transposed_weights}), "
+                             f"got {list(w.shape)}")
     if rows1.dtype not in OPERAND_DTYPES or rows2.dtype != rows1.dtype or tuple(rows2.shape) != tuple(rows1.shape):
-        raise TypeError(
-            f"rows1, rows2: expected one 16-bit dtype and shape, got {rows1.dtype} {list(rows1.shape)}, "
-            f"{rows2.dtype} {list(rows2.shape)}"
-        )
+        raise TypeError(f"rows1, rows2: expected one 16-bit dtype and shape, got {rows1.dtype} {list(rows1.shape)}, "
+                        f"{rows2.dtype} {list(rows2.shape)}")
     if {weights1.dtype, weights2.dtype} - {rows1.dtype, torch.float32} or weights1.dtype != weights2.dtype:
-        raise TypeError(
-            f"weights: expected {rows1.dtype} or float32 (both alike), got {weights1.dtype}, {weights2.dtype}"
-        )
+        raise TypeError(f"weights: expected {rows1.dtype} or float32 (both alike), got {weights1.dtype}, "
+                        f"{weights2.dtype}")
     if out_slot.dtype != torch.float32:
         raise TypeError(f"out_slot: expected float32, got {out_slot.dtype}")
     num_slots = routing.sorted_slot.numel()
     if routing.expert_offsets.numel() != E + 1 or rows1.shape[0] < num_slots or out_slot.shape[0] < num_slots:
-        raise ValueError(
-            "routing, rows and out_slot disagree: expected expert_offsets [E + 1], rows and out_slot "
-            "with at least T·K rows"
-        )
+        raise ValueError("routing, rows and out_slot disagree: expected expert_offsets [E + 1], rows and out_slot "
+                         "with at least T·K rows")
     for name, t in dict(weights1=weights1, weights2=weights2, rows1=rows1, rows2=rows2, out_slot=out_slot).items():
         if not t.is_contiguous():
             raise ValueError(f"{name}: expected a contiguous (row-major) tensor")
@@ -451,42 +411,15 @@ def launch_slot_projection_tma(
     block_h, block_rows, block_i = tile
     tile_offsets = torch.empty(E + 1, dtype=torch.int32, device=rows1.device)
     tile_offsets_kernel[(1,)](
-        routing.expert_offsets,
-        tile_offsets,
-        E,
-        triton.cdiv(H, block_h),
-        BLOCK_ROWS=block_rows,
-        BLOCK_E=min(1024, triton.next_power_of_2(E)),
-        num_warps=4,
+        routing.expert_offsets, tile_offsets, E, triton.cdiv(H, block_h),
+        BLOCK_ROWS=block_rows, BLOCK_E=min(1024, triton.next_power_of_2(E)), num_warps=4,
     )
     slot_projection_tma_kernel[(num_programs,)](
-        weights_base,
-        weights_stride,
-        weights_flip,
-        rows_base,
-        rows_stride,
-        rows_flip,
-        out_slot,
-        routing.sorted_slot,
-        routing.expert_offsets,
-        tile_offsets,
-        E,
-        rows1.shape[0],
-        H,
-        I,
-        TWO_TERMS=two_terms,
-        CONCAT_TERMS=concat,
-        TRANSPOSED_WEIGHTS=transposed_weights,
-        WEIGHT_TMA=weight_tma,
-        OPERAND_DTYPE=OPERAND_DTYPES[rows1.dtype],
-        NUM_PROGRAMS=num_programs,
-        SEARCH_STEPS=(E - 1).bit_length(),
-        ROW_BLOCKS_INNER=bool(config.row_blocks_inner),
-        FLATTEN=bool(config.flatten) and not paired,
+        weights_base, weights_stride, weights_flip, rows_base, rows_stride, rows_flip, out_slot,
+        routing.sorted_slot, routing.expert_offsets, tile_offsets, E, rows1.shape[0], H, I,
+        TWO_TERMS=two_terms, CONCAT_TERMS=concat, TRANSPOSED_WEIGHTS=transposed_weights, WEIGHT_TMA=weight_tma,
+        OPERAND_DTYPE=OPERAND_DTYPES[rows1.dtype], NUM_PROGRAMS=num_programs, SEARCH_STEPS=(E - 1).bit_length(),
+        ROW_BLOCKS_INNER=bool(config.row_blocks_inner), FLATTEN=bool(config.flatten) and not paired,
         INTERPRETER=interpreter,
-        BLOCK_H=block_h,
-        BLOCK_ROWS=block_rows,
-        BLOCK_I=block_i,
-        num_warps=warps,
-        num_stages=stages,
+        BLOCK_H=block_h, BLOCK_ROWS=block_rows, BLOCK_I=block_i, num_warps=warps, num_stages=stages,
     )

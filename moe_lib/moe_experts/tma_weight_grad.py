@@ -87,20 +87,8 @@ from .kernels import dot16, round_to
 
 
 @triton.jit
-def store_tile(
-    out_ptr,
-    out_desc,
-    acc,
-    out_offset,
-    m0,
-    n0,
-    size_m,
-    size_n,
-    TMA_STORE: tl.constexpr,
-    INTERPRETER: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
+def store_tile(out_ptr, out_desc, acc, out_offset, m0, n0, size_m, size_n, TMA_STORE: tl.constexpr,
+               INTERPRETER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Writes the fp32 tile ``acc`` at (m0, n0) of the [size_m, size_n] output at out_ptr + out_offset,
     rounded to the output dtype: by TMA (``out_desc``, which clips the edges) or by masked stores."""
     value = round_to(acc, out_ptr.dtype.element_ty, INTERPRETER)
@@ -130,9 +118,7 @@ def grouped_weight_grad_kernel(
     WARP_SPECIALIZE: tl.constexpr,  # tile loop with Triton's producer/consumer warp groups (num_warps=4)
     TMA_STORE: tl.constexpr,  # output tiles by TMA stores instead of masked pointer stores
     INTERPRETER: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_ROWS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_ROWS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     group = pid % EXPERT_GROUPS  # this program's group of programs, and its rank r among the group's P_g
@@ -148,35 +134,21 @@ def grouped_weight_grad_kernel(
         # An expert without rows gets a 1-row shape (a TMA dimension must be positive): never read.
         desc_rows = tl.maximum(num_rows, 1)
         first_row = row_begin.to(tl.int64)
-        a_desc = tl.make_tensor_descriptor(
-            a_ptr + first_row * size_m,
-            shape=[desc_rows, size_m],
-            strides=[size_m, 1],
-            block_shape=[BLOCK_ROWS, BLOCK_M],
-        )
+        a_desc = tl.make_tensor_descriptor(a_ptr + first_row * size_m, shape=[desc_rows, size_m],
+                                           strides=[size_m, 1], block_shape=[BLOCK_ROWS, BLOCK_M])
         if TWO_OUTPUTS:
-            a2_desc = tl.make_tensor_descriptor(
-                a2_ptr + first_row * size_m,
-                shape=[desc_rows, size_m],
-                strides=[size_m, 1],
-                block_shape=[BLOCK_ROWS, BLOCK_M],
-            )
+            a2_desc = tl.make_tensor_descriptor(a2_ptr + first_row * size_m, shape=[desc_rows, size_m],
+                                                strides=[size_m, 1], block_shape=[BLOCK_ROWS, BLOCK_M])
         else:
             a2_desc = a_desc  # unused
-        b_desc = tl.make_tensor_descriptor(
-            b_ptr + first_row * size_n,
-            shape=[desc_rows, size_n],
-            strides=[size_n, 1],
-            block_shape=[BLOCK_ROWS, BLOCK_N],
-        )
+        b_desc = tl.make_tensor_descriptor(b_ptr + first_row * size_n, shape=[desc_rows, size_n],
+                                           strides=[size_n, 1], block_shape=[BLOCK_ROWS, BLOCK_N])
         out_offset = tl.cast(expert, tl.int64) * size_m * size_n
         if TMA_STORE:  # the expert's [size_m, size_n] outputs
-            out_desc = tl.make_tensor_descriptor(
-                out_ptr + out_offset, shape=[size_m, size_n], strides=[size_n, 1], block_shape=[BLOCK_M, BLOCK_N]
-            )
-            out2_desc = tl.make_tensor_descriptor(
-                out2_ptr + out_offset, shape=[size_m, size_n], strides=[size_n, 1], block_shape=[BLOCK_M, BLOCK_N]
-            )
+            out_desc = tl.make_tensor_descriptor(out_ptr + out_offset, shape=[size_m, size_n], strides=[size_n, 1],
+                                                 block_shape=[BLOCK_M, BLOCK_N])
+            out2_desc = tl.make_tensor_descriptor(out2_ptr + out_offset, shape=[size_m, size_n],
+                                                  strides=[size_n, 1], block_shape=[BLOCK_M, BLOCK_N])
         else:  # plain stores: no descriptors
             out_desc = out_ptr
             out2_desc = out2_ptr
@@ -202,58 +174,21 @@ def grouped_weight_grad_kernel(
                     acc = dot16(a_desc.load([step * BLOCK_ROWS, m0]).T, b, acc, INTERPRETER)
                     if TWO_OUTPUTS:
                         acc2 = dot16(a2_desc.load([step * BLOCK_ROWS, m0]).T, b, acc2, INTERPRETER)
-                store_tile(
-                    out_ptr, out_desc, acc, out_offset, m0, n0, size_m, size_n, TMA_STORE, INTERPRETER, BLOCK_M, BLOCK_N
-                )
+                store_tile(out_ptr, out_desc, acc, out_offset, m0, n0, size_m, size_n, TMA_STORE, INTERPRETER,
+                           BLOCK_M, BLOCK_N)
                 if TWO_OUTPUTS:
-                    store_tile(
-                        out2_ptr,
-                        out2_desc,
-                        acc2,
-                        out_offset,
-                        m0,
-                        n0,
-                        size_m,
-                        size_n,
-                        TMA_STORE,
-                        INTERPRETER,
-                        BLOCK_M,
-                        BLOCK_N,
-                    )
+                    store_tile(out2_ptr, out2_desc, acc2, out_offset, m0, n0, size_m, size_n, TMA_STORE,
+                               INTERPRETER, BLOCK_M, BLOCK_N)
         elif num_rows == 0:  # exact zeros, no loads
             zeros = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
             for tile in range(my_first, tiles_per_expert, GROUP_PROGRAMS):
                 m0 = tile // num_n_tiles * BLOCK_M
                 n0 = tile % num_n_tiles * BLOCK_N
-                store_tile(
-                    out_ptr,
-                    out_desc,
-                    zeros,
-                    out_offset,
-                    m0,
-                    n0,
-                    size_m,
-                    size_n,
-                    TMA_STORE,
-                    INTERPRETER,
-                    BLOCK_M,
-                    BLOCK_N,
-                )
+                store_tile(out_ptr, out_desc, zeros, out_offset, m0, n0, size_m, size_n, TMA_STORE, INTERPRETER,
+                           BLOCK_M, BLOCK_N)
                 if TWO_OUTPUTS:
-                    store_tile(
-                        out2_ptr,
-                        out2_desc,
-                        zeros,
-                        out_offset,
-                        m0,
-                        n0,
-                        size_m,
-                        size_n,
-                        TMA_STORE,
-                        INTERPRETER,
-                        BLOCK_M,
-                        BLOCK_N,
-                    )
+                    store_tile(out2_ptr, out2_desc, zeros, out_offset, m0, n0, size_m, size_n, TMA_STORE,
+                               INTERPRETER, BLOCK_M, BLOCK_N)
         else:
             # One flat loop over (tile, step) pairs, so that the software pipeline (num_stages) fetches
             # the next tile's first blocks while the current tile finishes: at ~64 rows per expert a
@@ -271,35 +206,11 @@ def grouped_weight_grad_kernel(
                 if TWO_OUTPUTS:
                     acc2 = dot16(a2_desc.load([step * BLOCK_ROWS, m0]).T, b, acc2, INTERPRETER)
                 if step == num_steps - 1:  # the tile is complete: write it once
-                    store_tile(
-                        out_ptr,
-                        out_desc,
-                        acc,
-                        out_offset,
-                        m0,
-                        n0,
-                        size_m,
-                        size_n,
-                        TMA_STORE,
-                        INTERPRETER,
-                        BLOCK_M,
-                        BLOCK_N,
-                    )
+                    store_tile(out_ptr, out_desc, acc, out_offset, m0, n0, size_m, size_n, TMA_STORE, INTERPRETER,
+                               BLOCK_M, BLOCK_N)
                     if TWO_OUTPUTS:
-                        store_tile(
-                            out2_ptr,
-                            out2_desc,
-                            acc2,
-                            out_offset,
-                            m0,
-                            n0,
-                            size_m,
-                            size_n,
-                            TMA_STORE,
-                            INTERPRETER,
-                            BLOCK_M,
-                            BLOCK_N,
-                        )
+                        store_tile(out2_ptr, out2_desc, acc2, out_offset, m0, n0, size_m, size_n, TMA_STORE,
+                                   INTERPRETER, BLOCK_M, BLOCK_N)
                     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
                     acc2 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
 
@@ -344,9 +255,8 @@ def _check_tma_layout(operands: dict, outputs: dict, tma_store: bool) -> None:
             raise ValueError(f"{name}: expected a contiguous (row-major) tensor")
     for name, t in operands.items():
         if t.shape[1] * t.element_size() % 16 or t.data_ptr() % 16:
-            raise ValueError(
-                f"{name}: rows of {t.shape[1]} × {t.element_size()} B, or its base, are not 16-byte aligned (TMA)"
-            )
+            raise ValueError(f"{name}: rows of {t.shape[1]} × {t.element_size()} B, or its base, are not "
+                             "16-byte aligned (TMA)")
     if tma_store:
         for name, t in outputs.items():
             if t.shape[2] * t.element_size() % 16:
@@ -358,20 +268,8 @@ def _at_least_one_row(t: torch.Tensor) -> torch.Tensor:
     return t if t.shape[0] > 0 else t.new_zeros((1, t.shape[1]))
 
 
-def launch_weight_grads_tma(
-    config: TmaWeightGradConfig,
-    expert_offsets,
-    x_sorted,
-    dy_sorted,
-    dgate,
-    dup,
-    scaled_act,
-    grad_gate,
-    grad_up,
-    grad_down,
-    *,
-    num_programs: int,
-) -> None:
+def launch_weight_grads_tma(config: TmaWeightGradConfig, expert_offsets, x_sorted, dy_sorted, dgate, dup,
+                            scaled_act, grad_gate, grad_up, grad_down, *, num_programs: int) -> None:
     """dWg = Σ dgᵀ x_s, dWu = Σ duᵀ x_s (one launch), then dWd = Σ dy_sᵀ aw, each expert over its rows.
 
     ``expert_offsets`` [E + 1] int32 (:mod:`.routing`); ``x_sorted``, ``dy_sorted`` [T·K, H] and
@@ -392,65 +290,26 @@ def launch_weight_grads_tma(
     _check_tma_layout(operands, dict(grad_gate=grad_gate, grad_up=grad_up, grad_down=grad_down), config.tma_store)
     interpreter = interpreter_enabled()
     if config.warp_specialize and x_sorted.is_cuda and not interpreter:
-        raise NotImplementedError(
-            "config.warp_specialize: on the GPU (triton 3.6, H200) the warp-specialised form "
-            "leaves output tiles unwritten (notes/p2/runs-design-04.md); use the flat form"
-        )
+        raise NotImplementedError("config.warp_specialize: on the GPU (triton 3.6, H200) the warp-specialised form "
+                                  "leaves output tiles unwritten (notes/p2/runs-design-04.md); use the flat form")
     if config.tma_store and x_sorted.is_cuda and not interpreter:
-        raise NotImplementedError(
-            "config.tma_store: on the GPU (triton 3.6, H200) TMA stores of the dW tiles gave "
-            "wrong tiles (a store still reading the descriptor the next expert rewrites; "
-            "notes/p2/runs-design-04.md); use plain stores"
-        )
+        raise NotImplementedError("config.tma_store: on the GPU (triton 3.6, H200) TMA stores of the dW tiles gave "
+                                  "wrong tiles (a store still reading the descriptor the next expert rewrites; "
+                                  "notes/p2/runs-design-04.md); use plain stores")
     if x_sorted.is_cuda and not interpreter:
         install_tma_allocator(x_sorted.device)
     groups = min(config.expert_groups, num_programs)
     num_programs = num_programs // groups * groups  # G groups of equal size
     for a, a2, b, out, out2, size_m, size_n, tile, warps, stages in (
-        (
-            dgate,
-            dup,
-            x_sorted,
-            grad_gate,
-            grad_up,
-            I,
-            H,
-            config.gate_up_tile,
-            config.warps_gate_up,
-            config.stages_gate_up,
-        ),
-        (
-            dy_sorted,
-            dy_sorted,
-            scaled_act,
-            grad_down,
-            grad_down,
-            H,
-            I,
-            config.down_tile,
-            config.warps_down,
-            config.stages_down,
-        ),
+        (dgate, dup, x_sorted, grad_gate, grad_up, I, H, config.gate_up_tile, config.warps_gate_up,
+         config.stages_gate_up),
+        (dy_sorted, dy_sorted, scaled_act, grad_down, grad_down, H, I, config.down_tile, config.warps_down,
+         config.stages_down),
     ):
         grouped_weight_grad_kernel[(num_programs,)](
-            a,
-            a2,
-            b,
-            out,
-            out2,
-            expert_offsets,
-            E,
-            size_m,
-            size_n,
-            TWO_OUTPUTS=out2 is not out,
-            NUM_PROGRAMS=num_programs,
-            EXPERT_GROUPS=groups,
+            a, a2, b, out, out2, expert_offsets, E, size_m, size_n,
+            TWO_OUTPUTS=out2 is not out, NUM_PROGRAMS=num_programs, EXPERT_GROUPS=groups,
             WARP_SPECIALIZE=bool(config.warp_specialize),
-            TMA_STORE=bool(config.tma_store),
-            INTERPRETER=interpreter,
-            BLOCK_M=tile[0],
-            BLOCK_N=tile[1],
-            BLOCK_ROWS=tile[2],
-            num_warps=warps,
-            num_stages=stages,
+            TMA_STORE=bool(config.tma_store), INTERPRETER=interpreter,
+            BLOCK_M=tile[0], BLOCK_N=tile[1], BLOCK_ROWS=tile[2], num_warps=warps, num_stages=stages,
         )

@@ -72,9 +72,8 @@ def stage_and_store(value, buffer, desc, off_m, off_n):
 
 
 @gluon.jit
-def load_saved_tiles(
-    saved_a, saved_b, saved_ready, gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc, off_m, off_n
-):
+def load_saved_tiles(saved_a, saved_b, saved_ready, gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc, off_m,
+                     off_n):
     """The four saved [BLOCK_M, BLOCK_N] tiles of a dA tile by TMA into the ring's buffers (``saved_a``: silu, σ;
     ``saved_b``: gate, up), completing ``saved_ready``."""
     mbarrier.expect(saved_ready, 4 * gate_desc.block_type.nbytes)
@@ -85,27 +84,9 @@ def load_saved_tiles(
 
 
 @gluon.jit
-def swiglu_epilogue(
-    d_a,
-    saved_a,
-    saved_b,
-    saved_ready,
-    phase,
-    gate_desc,
-    gate_sigmoid_desc,
-    gate_silu_desc,
-    up_desc,
-    dg_desc,
-    dg_lo_desc,
-    du_desc,
-    du_lo_desc,
-    c_smem,
-    off_m,
-    off_n,
-    WITH_LO: gl.constexpr,
-    STORES_IN_FLIGHT: gl.constexpr = False,
-    LOADED_AHEAD: gl.constexpr = False,
-):
+def swiglu_epilogue(d_a, saved_a, saved_b, saved_ready, phase, gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc,
+                    dg_desc, dg_lo_desc, du_desc, du_lo_desc, c_smem, off_m, off_n, WITH_LO: gl.constexpr,
+                    STORES_IN_FLIGHT: gl.constexpr = False, LOADED_AHEAD: gl.constexpr = False):
     """dGate, dUp of one [BLOCK_M, BLOCK_N] dA tile (in registers) from the four saved tiles, which TMA brings into the
     ring's buffers (``saved_a``: silu, σ; ``saved_b``: gate, up) once nothing else needs them (asked for here, or with
     LOADED_AHEAD by the loading warp as the main loop frees their buffers); ``phase`` is this epilogue's parity on
@@ -117,9 +98,8 @@ def swiglu_epilogue(
         if STORES_IN_FLIGHT:
             tma.store_wait(pendings=0)  # a wide tile's first half: its stores read the buffers the loads overwrite
         gl.thread_barrier()  # both warpgroups past their last MMA (and reads of earlier saved tiles) before TMA writes
-        load_saved_tiles(
-            saved_a, saved_b, saved_ready, gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc, off_m, off_n
-        )
+        load_saved_tiles(saved_a, saved_b, saved_ready, gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc, off_m,
+                         off_n)
     mbarrier.wait(saved_ready, phase)
     # one saved tile at a time into registers, in the accumulator's layout (the order of kernels.store_swiglu_grads)
     d_up = d_a * saved_a.index(0).load(layout).to(gl.float32)
@@ -145,97 +125,36 @@ def swiglu_epilogue(
 
 
 @gluon.jit
-def d_intermediate_partition(
-    a_bufs,
-    b_bufs,
-    ready,
-    empty,
-    saved_a,
-    saved_b,
-    saved_ready,
-    gate_desc,
-    gate_sigmoid_desc,
-    gate_silu_desc,
-    up_desc,
-    dg_desc,
-    dg_lo_desc,
-    du_desc,
-    du_lo_desc,
-    c_smem,
-    off_m,
-    off_n,
-    k_steps,
-    rotation,
-    WITH_LO: gl.constexpr,
-    STORES_IN_FLIGHT: gl.constexpr,
-    SAVED_EARLY: gl.constexpr,
-    num_warps: gl.constexpr,
-):
+def d_intermediate_partition(a_bufs, b_bufs, ready, empty, saved_a, saved_b, saved_ready, gate_desc,
+                             gate_sigmoid_desc, gate_silu_desc, up_desc, dg_desc, dg_lo_desc, du_desc, du_lo_desc,
+                             c_smem, off_m, off_n, k_steps, rotation, WITH_LO: gl.constexpr,
+                             STORES_IN_FLIGHT: gl.constexpr, SAVED_EARLY: gl.constexpr,
+                             num_warps: gl.constexpr):
     """The two warpgroups of a dA tile: dA = Σ_h dy[t, h] Wd[h, i] over the ring, then the dSwiGLU epilogue. K step
     i in the ring's buffer (i + ``rotation``) mod BUFFERS; with SAVED_EARLY the loading warp has asked for the saved
     tiles."""
     BLOCK_M: gl.constexpr = dg_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = dg_desc.block_type.shape[1]
-    d_a = tile_product(
-        a_bufs, a_bufs, b_bufs, ready, empty, k_steps, BLOCK_M, BLOCK_N, True, False, num_warps, rotation
-    )
-    swiglu_epilogue(
-        d_a,
-        saved_a,
-        saved_b,
-        saved_ready,
-        0,
-        gate_desc,
-        gate_sigmoid_desc,
-        gate_silu_desc,
-        up_desc,
-        dg_desc,
-        dg_lo_desc,
-        du_desc,
-        du_lo_desc,
-        c_smem,
-        off_m,
-        off_n,
-        WITH_LO,
-        STORES_IN_FLIGHT,
-        SAVED_EARLY,
-    )
+    d_a = tile_product(a_bufs, a_bufs, b_bufs, ready, empty, k_steps, BLOCK_M, BLOCK_N, True, False, num_warps,
+                       rotation)
+    swiglu_epilogue(d_a, saved_a, saved_b, saved_ready, 0, gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc,
+                    dg_desc, dg_lo_desc, du_desc, du_lo_desc, c_smem, off_m, off_n, WITH_LO, STORES_IN_FLIGHT,
+                    SAVED_EARLY)
     tma.store_wait(pendings=0)
 
 
 @gluon.jit
-def d_intermediate_wide_partition(
-    a_bufs,
-    b_bufs,
-    ready,
-    empty,
-    saved_a,
-    saved_b,
-    saved_ready,
-    gate_desc,
-    gate_sigmoid_desc,
-    gate_silu_desc,
-    up_desc,
-    dg_desc,
-    dg_lo_desc,
-    du_desc,
-    du_lo_desc,
-    c_smem,
-    off_m,
-    off_n,
-    k_steps,
-    WITH_LO: gl.constexpr,
-    STORES_IN_FLIGHT: gl.constexpr,
-    num_warps: gl.constexpr,
-):
+def d_intermediate_wide_partition(a_bufs, b_bufs, ready, empty, saved_a, saved_b, saved_ready, gate_desc,
+                                  gate_sigmoid_desc, gate_silu_desc, up_desc, dg_desc, dg_lo_desc, du_desc, du_lo_desc,
+                                  c_smem, off_m, off_n, k_steps, WITH_LO: gl.constexpr,
+                                  STORES_IN_FLIGHT: gl.constexpr, num_warps: gl.constexpr):
     """A dA tile of two [BLOCK_M, BLOCK_N] halves side by side: each K step's A tile (``a_bufs``) against the step's
     two B tiles (``b_bufs`` 2·slot and 2·slot + 1) into two accumulators, then each half's dSwiGLU epilogue."""
     BLOCK_M: gl.constexpr = dg_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = dg_desc.block_type.shape[1]
     BUFFERS: gl.constexpr = a_bufs.type.shape[0]
-    layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16]
-    )
+    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                     instr_shape=[16, BLOCK_N, 16])
     left = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
     right = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
     for step in range(k_steps):
@@ -247,46 +166,12 @@ def d_intermediate_wide_partition(
         mbarrier.arrive(empty.index((step + BUFFERS - 1) % BUFFERS), count=1, pred=step >= 1)
     left, right = warpgroup_mma_wait(num_outstanding=0, deps=(left, right))
     mbarrier.arrive(empty.index((k_steps + BUFFERS - 1) % BUFFERS), count=1, pred=k_steps >= 1)
-    swiglu_epilogue(
-        left,
-        saved_a,
-        saved_b,
-        saved_ready,
-        0,
-        gate_desc,
-        gate_sigmoid_desc,
-        gate_silu_desc,
-        up_desc,
-        dg_desc,
-        dg_lo_desc,
-        du_desc,
-        du_lo_desc,
-        c_smem,
-        off_m,
-        off_n,
-        WITH_LO,
-        STORES_IN_FLIGHT,
-    )
-    swiglu_epilogue(
-        right,
-        saved_a,
-        saved_b,
-        saved_ready,
-        1,
-        gate_desc,
-        gate_sigmoid_desc,
-        gate_silu_desc,
-        up_desc,
-        dg_desc,
-        dg_lo_desc,
-        du_desc,
-        du_lo_desc,
-        c_smem,
-        off_m,
-        off_n + BLOCK_N,
-        WITH_LO,
-        STORES_IN_FLIGHT,
-    )
+    swiglu_epilogue(left, saved_a, saved_b, saved_ready, 0, gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc,
+                    dg_desc, dg_lo_desc, du_desc, du_lo_desc, c_smem, off_m, off_n, WITH_LO,
+                    STORES_IN_FLIGHT)
+    swiglu_epilogue(right, saved_a, saved_b, saved_ready, 1, gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc,
+                    dg_desc, dg_lo_desc, du_desc, du_lo_desc, c_smem, off_m, off_n + BLOCK_N, WITH_LO,
+                    STORES_IN_FLIGHT)
     tma.store_wait(pendings=0)
 
 
@@ -310,49 +195,15 @@ def d_intermediate_wide_load_partition(dy_desc, wd_desc, a_bufs, b_bufs, ready, 
 
 
 @gluon.jit
-def d_intermediate_load_partition(
-    dy_desc,
-    wd_desc,
-    a_bufs,
-    b_bufs,
-    ready,
-    empty,
-    off_m,
-    off_n,
-    k_steps,
-    k_first,
-    rotation,
-    saved_a,
-    saved_b,
-    saved_ready,
-    gate_desc,
-    gate_sigmoid_desc,
-    gate_silu_desc,
-    up_desc,
-    SAVED_EARLY: gl.constexpr,
-):
+def d_intermediate_load_partition(dy_desc, wd_desc, a_bufs, b_bufs, ready, empty, off_m, off_n, k_steps, k_first,
+                                  rotation, saved_a, saved_b, saved_ready, gate_desc, gate_sigmoid_desc, gate_silu_desc,
+                                  up_desc, SAVED_EARLY: gl.constexpr):
     """dA's K steps over H from element ``k_first`` on, step i in the ring's buffer (i + ``rotation``) mod BUFFERS:
     dy's [BLOCK_M, BLOCK_K] tiles as they lie, Wd's [BLOCK_K, BLOCK_N] ones. With SAVED_EARLY then the saved tiles,
     into the ring's first buffers as soon as the main loop has released them: ``rotation`` puts the last K steps in the
     ring's last buffers, so that the first ones are free a few steps before the main loop ends."""
-    load_steps(
-        dy_desc,
-        dy_desc,
-        wd_desc,
-        a_bufs,
-        a_bufs,
-        b_bufs,
-        ready,
-        empty,
-        off_m,
-        off_n,
-        k_steps,
-        0,
-        True,
-        False,
-        k_first,
-        rotation,
-    )
+    load_steps(dy_desc, dy_desc, wd_desc, a_bufs, a_bufs, b_bufs, ready, empty, off_m, off_n, k_steps, 0, True,
+               False, k_first, rotation)
     if SAVED_EARLY:
         BUFFERS: gl.constexpr = a_bufs.type.shape[0]
         # the ring buffers the four saved tiles cover: two tiles [BLOCK_M, BLOCK_N] in A's [BLOCK_M, BLOCK_K] buffers
@@ -366,9 +217,8 @@ def d_intermediate_load_partition(
             # its release by the multiplying warps: phase i // BUFFERS of the buffer's `empty` barrier (a buffer the
             # loop never used counts as released)
             mbarrier.wait(empty.index(slot), gl.where(last >= 0, (last // BUFFERS) & 1, 1))
-        load_saved_tiles(
-            saved_a, saved_b, saved_ready, gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc, off_m, off_n
-        )
+        load_saved_tiles(saved_a, saved_b, saved_ready, gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc, off_m,
+                         off_n)
 
 
 @gluon.jit(do_not_specialize=("T", "I"))  # one compiled kernel for every T, I: see prepare_first_launch_gluon
@@ -377,18 +227,11 @@ def first_launch_kernel(
     intermediate_desc,  # with WITH_GRAD_DOWN: intermediate [T, I] as [BLOCK_K, GRAD_DOWN_N] tiles (B of dWd)
     dy_desc,  # dy [T, H] as [BLOCK_M, BLOCK_K] tiles (A of dA)
     wd_desc,  # Wd [H, I] as [BLOCK_K, BLOCK_N] tiles (B of dA)
-    gate_desc,
-    gate_sigmoid_desc,
-    gate_silu_desc,
-    up_desc,  # saved forward [T, I] as [BLOCK_M, BLOCK_N] tiles
-    dg_desc,
-    dg_lo_desc,
-    du_desc,
-    du_lo_desc,  # out: dGate, dUp [T, I] hi and lo as [BLOCK_M, BLOCK_N] tiles
+    gate_desc, gate_sigmoid_desc, gate_silu_desc, up_desc,  # saved forward [T, I] as [BLOCK_M, BLOCK_N] tiles
+    dg_desc, dg_lo_desc, du_desc, du_lo_desc,  # out: dGate, dUp [T, I] hi and lo as [BLOCK_M, BLOCK_N] tiles
     dwd_desc,  # with WITH_GRAD_DOWN, out: dWd [H, I] as [BLOCK_M, GRAD_DOWN_N] tiles (GRAD_DOWN_N: see the config)
     trace_ptr,  # with TRACE: int64 [programs, 5], a row of gluon_launch2.TRACE_FIELDS per program
-    T,
-    I,
+    T, I,
     WITH_LO: gl.constexpr,  # store dGate, dUp as hi/lo pairs (the faithful path); else hi alone
     BUFFERS: gl.constexpr,  # buffers of the ring
     D_A_HALVES: gl.constexpr,  # BLOCK_N-wide halves of a dA tile: 1, or 2 side by side (two B tiles per K step)
@@ -405,10 +248,8 @@ def first_launch_kernel(
     BLOCK_K: gl.constexpr = wd_desc.block_type.shape[0]
     if WITH_GRAD_DOWN:
         GRAD_DOWN_N: gl.constexpr = dwd_desc.block_type.shape[1]
-        gl.static_assert(
-            BLOCK_N % GRAD_DOWN_N == 0 or GRAD_DOWN_N == 2 * BLOCK_N or GRAD_DOWN_N == 4 * BLOCK_N,
-            "the dWd tiles' width divides the dA tiles' or is twice or four times it",
-        )
+        gl.static_assert(BLOCK_N % GRAD_DOWN_N == 0 or GRAD_DOWN_N == 2 * BLOCK_N or GRAD_DOWN_N == 4 * BLOCK_N,
+                         "the dWd tiles' width divides the dA tiles' or is twice or four times it")
         # B tiles of the dA ring a K step's dWd B tile covers (2 or 4 for dWd tiles wider than the dA tiles)
         GRAD_DOWN_B_TILES: gl.constexpr = GRAD_DOWN_N // BLOCK_N if GRAD_DOWN_N > BLOCK_N else 1
         grad_down_tiles_n = gl.cdiv(I, GRAD_DOWN_N)
@@ -425,23 +266,22 @@ def first_launch_kernel(
     if D_A_FIRST and WITH_GRAD_DOWN:  # programs 0 .. dA tiles − 1 take dA's tiles, the rest dWd's
         pid = (pid + grad_down_tiles) % gl.num_programs(0)
     a_bufs = gl.allocate_shared_memory(dy_desc.dtype, [BUFFERS] + dy_desc.block_type.shape, dy_desc.layout)
-    b_bufs = gl.allocate_shared_memory(wd_desc.dtype, [BUFFERS * B_TILES] + wd_desc.block_type.shape, wd_desc.layout)
+    b_bufs = gl.allocate_shared_memory(wd_desc.dtype, [BUFFERS * B_TILES] + wd_desc.block_type.shape,
+                                       wd_desc.layout)
     # the output tile's buffer: the dA epilogue's [BLOCK_M, BLOCK_N] and dWd's [BLOCK_M, GRAD_DOWN_N] share its bytes
     if GRAD_DOWN_B_TILES > 1:
         grad_down_c_smem = gl.allocate_shared_memory(dwd_desc.dtype, dwd_desc.block_type.shape, dwd_desc.layout)
-        c_smem = grad_down_c_smem._reinterpret(
-            dg_desc.dtype, [GRAD_DOWN_B_TILES] + dg_desc.block_type.shape, dg_desc.layout
-        ).index(0)
+        c_smem = grad_down_c_smem._reinterpret(dg_desc.dtype, [GRAD_DOWN_B_TILES] + dg_desc.block_type.shape,
+                                               dg_desc.layout).index(0)
     else:
         c_smem = gl.allocate_shared_memory(dg_desc.dtype, dg_desc.block_type.shape, dg_desc.layout)
     # after a dA tile's main loop the ring holds its four saved tiles: two in the A buffers, two in the B buffers
     gl.static_assert(BUFFERS * BLOCK_K >= 2 * BLOCK_N, "the ring holds four saved tiles")
-    saved_a = a_bufs._reinterpret(
-        gate_desc.dtype, [BUFFERS * BLOCK_K // BLOCK_N] + gate_desc.block_type.shape, gate_desc.layout
-    )
-    saved_b = b_bufs._reinterpret(
-        gate_desc.dtype, [BUFFERS * B_TILES * BLOCK_K // BLOCK_M] + gate_desc.block_type.shape, gate_desc.layout
-    )
+    saved_a = a_bufs._reinterpret(gate_desc.dtype, [BUFFERS * BLOCK_K // BLOCK_N] + gate_desc.block_type.shape,
+                                  gate_desc.layout)
+    saved_b = b_bufs._reinterpret(gate_desc.dtype,
+                                  [BUFFERS * B_TILES * BLOCK_K // BLOCK_M] + gate_desc.block_type.shape,
+                                  gate_desc.layout)
     ready, empty = ring_barriers(BUFFERS)
     saved_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(saved_ready, count=1)
@@ -453,140 +293,45 @@ def first_launch_kernel(
     if grad_down:  # dWd's tiles: Σ_t dy[t, h] intermediate[t, i] over the T tokens
         a_t_bufs = a_bufs._reinterpret(dy_t_desc.dtype, [BUFFERS] + dy_t_desc.block_type.shape, dy_t_desc.layout)
         if GRAD_DOWN_B_TILES == 1:
-            grad_down_c_smem = c_smem._reinterpret(
-                dwd_desc.dtype, [BLOCK_N // GRAD_DOWN_N] + dwd_desc.block_type.shape, dwd_desc.layout
-            ).index(0)
+            grad_down_c_smem = c_smem._reinterpret(dwd_desc.dtype,
+                                                   [BLOCK_N // GRAD_DOWN_N] + dwd_desc.block_type.shape,
+                                                   dwd_desc.layout).index(0)
         # the dWd tiles see the ring's bytes in their own tile shape (narrower than its B tiles, or twice as wide)
-        intermediate_bufs = b_bufs._reinterpret(
-            intermediate_desc.dtype,
-            [BUFFERS * B_TILES * BLOCK_N // GRAD_DOWN_N] + intermediate_desc.block_type.shape,
-            intermediate_desc.layout,
-        )
+        intermediate_bufs = b_bufs._reinterpret(intermediate_desc.dtype,
+                                                [BUFFERS * B_TILES * BLOCK_N // GRAD_DOWN_N]
+                                                + intermediate_desc.block_type.shape,
+                                                intermediate_desc.layout)
         off_m = (pid // grad_down_tiles_n) * BLOCK_M
         off_n = (pid % grad_down_tiles_n) * GRAD_DOWN_N
-        weight_grad_region(
-            dy_t_desc,
-            dy_t_desc,
-            intermediate_desc,
-            dwd_desc,
-            a_t_bufs,
-            a_t_bufs,
-            intermediate_bufs,
-            ready,
-            empty,
-            grad_down_c_smem,
-            off_m,
-            off_n,
-            gl.cdiv(T, BLOCK_K),
-            False,
-            False,
-            num_warps,
-        )
+        weight_grad_region(dy_t_desc, dy_t_desc, intermediate_desc, dwd_desc, a_t_bufs, a_t_bufs, intermediate_bufs,
+                           ready, empty, grad_down_c_smem, off_m, off_n, gl.cdiv(T, BLOCK_K), False, False,
+                           num_warps)
     else:  # dA's tiles, then dGate, dUp from them
         tile = pid - grad_down_tiles
         off_m = (tile % gl.cdiv(T, BLOCK_M)) * BLOCK_M  # row blocks fastest: the programs at once share Wd's tiles
         off_n = (tile // gl.cdiv(T, BLOCK_M)) * BLOCK_N * D_A_HALVES
         k_steps = gl.cdiv(dy_desc.shape[1], BLOCK_K)
         if D_A_HALVES == 2:
-            gl.warp_specialize(
-                [
-                    (
-                        d_intermediate_wide_partition,
-                        (
-                            a_bufs,
-                            b_bufs,
-                            ready,
-                            empty,
-                            saved_a,
-                            saved_b,
-                            saved_ready,
-                            gate_desc,
-                            gate_sigmoid_desc,
-                            gate_silu_desc,
-                            up_desc,
-                            dg_desc,
-                            dg_lo_desc,
-                            du_desc,
-                            du_lo_desc,
-                            c_smem,
-                            off_m,
-                            off_n,
-                            k_steps,
-                            WITH_LO,
-                            STORES_IN_FLIGHT,
-                            num_warps,
-                        ),
-                    ),
-                    (
-                        d_intermediate_wide_load_partition,
-                        (dy_desc, wd_desc, a_bufs, b_bufs, ready, empty, off_m, off_n, k_steps),
-                    ),
-                ],
-                [1],
-                [40],
-            )
+            gl.warp_specialize([
+                (d_intermediate_wide_partition, (a_bufs, b_bufs, ready, empty, saved_a, saved_b, saved_ready, gate_desc,
+                                                 gate_sigmoid_desc, gate_silu_desc, up_desc, dg_desc, dg_lo_desc,
+                                                 du_desc, du_lo_desc, c_smem, off_m, off_n, k_steps, WITH_LO,
+                                                 STORES_IN_FLIGHT, num_warps)),
+                (d_intermediate_wide_load_partition, (dy_desc, wd_desc, a_bufs, b_bufs, ready, empty, off_m, off_n,
+                                                      k_steps)),
+            ], [1], [40])
         else:
             # with the saved tiles asked for early, the ring starts where its last step falls in its last buffer
             rotation = (BUFFERS - k_steps % BUFFERS) % BUFFERS if SAVED_EARLY else 0
-            gl.warp_specialize(
-                [
-                    (
-                        d_intermediate_partition,
-                        (
-                            a_bufs,
-                            b_bufs,
-                            ready,
-                            empty,
-                            saved_a,
-                            saved_b,
-                            saved_ready,
-                            gate_desc,
-                            gate_sigmoid_desc,
-                            gate_silu_desc,
-                            up_desc,
-                            dg_desc,
-                            dg_lo_desc,
-                            du_desc,
-                            du_lo_desc,
-                            c_smem,
-                            off_m,
-                            off_n,
-                            k_steps,
-                            rotation,
-                            WITH_LO,
-                            STORES_IN_FLIGHT,
-                            SAVED_EARLY,
-                            num_warps,
-                        ),
-                    ),
-                    (
-                        d_intermediate_load_partition,
-                        (
-                            dy_desc,
-                            wd_desc,
-                            a_bufs,
-                            b_bufs,
-                            ready,
-                            empty,
-                            off_m,
-                            off_n,
-                            k_steps,
-                            0,
-                            rotation,
-                            saved_a,
-                            saved_b,
-                            saved_ready,
-                            gate_desc,
-                            gate_sigmoid_desc,
-                            gate_silu_desc,
-                            up_desc,
-                            SAVED_EARLY,
-                        ),
-                    ),
-                ],
-                [1],
-                [40],
-            )
+            gl.warp_specialize([
+                (d_intermediate_partition, (a_bufs, b_bufs, ready, empty, saved_a, saved_b, saved_ready, gate_desc,
+                                            gate_sigmoid_desc, gate_silu_desc, up_desc, dg_desc, dg_lo_desc, du_desc,
+                                            du_lo_desc, c_smem, off_m, off_n, k_steps, rotation, WITH_LO,
+                                            STORES_IN_FLIGHT, SAVED_EARLY, num_warps)),
+                (d_intermediate_load_partition, (dy_desc, wd_desc, a_bufs, b_bufs, ready, empty, off_m, off_n,
+                                                 k_steps, 0, rotation, saved_a, saved_b, saved_ready, gate_desc,
+                                                 gate_sigmoid_desc, gate_silu_desc, up_desc, SAVED_EARLY)),
+            ], [1], [40])
     if TRACE:
         record_program(trace_ptr, gl.program_id(0), start, start, sm, (pid >= grad_down_tiles).to(gl.int32))
 
@@ -625,20 +370,15 @@ class GluonFirstLaunchConfig:
     # dWd's tiles in this launch; False: launch 2 takes them (``GluonSecondLaunchConfig.grad_down_tiles``), where they
     # need not wait for this launch and fill the SMs its last wave leaves, and this launch is dA's tiles alone
     grad_down_tiles: bool = True
-
     def __post_init__(self):
         if self.block_n % self.grad_down_block_n and self.grad_down_block_n not in (2 * self.block_n, 4 * self.block_n):
-            raise ValueError(
-                f"config: grad_down_block_n must divide block_n ({self.block_n}) or be twice or four "
-                f"times it, got {self.grad_down_block_n}"
-            )
+            raise ValueError(f"config: grad_down_block_n must divide block_n ({self.block_n}) or be twice or four "
+                             f"times it, got {self.grad_down_block_n}")
         if self.d_a_block_n not in (self.block_n, 2 * self.block_n):
             raise ValueError(f"config: d_a_block_n must be block_n or twice it, got {self.d_a_block_n}")
         if self.saved_tiles_early and self.d_a_block_n != self.block_n:
-            raise ValueError(
-                "config: saved_tiles_early takes dA tiles block_n wide (each half of a wide tile asks for "
-                "its saved tiles in turn)"
-            )
+            raise ValueError("config: saved_tiles_early takes dA tiles block_n wide (each half of a wide tile asks for "
+                             "its saved tiles in turn)")
 
     @property
     def d_a_halves(self) -> int:
@@ -657,21 +397,13 @@ class GluonFirstLaunchConfig:
 
     def constexprs(self, with_lo: bool, traced: bool = False) -> dict:
         """The kernel's compile-time arguments after T and I, by name in its argument order (``num_warps`` aside)."""
-        return dict(
-            WITH_LO=with_lo,
-            BUFFERS=self.buffers,
-            D_A_HALVES=self.d_a_halves,
-            D_A_FIRST=self.d_a_first,
-            EARLY_DEPENDENTS=self.early_dependents,
-            STORES_IN_FLIGHT=self.stores_in_flight,
-            SAVED_EARLY=self.saved_tiles_early,
-            WITH_GRAD_DOWN=self.grad_down_tiles,
-            TRACE=traced,
-        )
+        return dict(WITH_LO=with_lo, BUFFERS=self.buffers, D_A_HALVES=self.d_a_halves, D_A_FIRST=self.d_a_first,
+                    EARLY_DEPENDENTS=self.early_dependents, STORES_IN_FLIGHT=self.stores_in_flight,
+                    SAVED_EARLY=self.saved_tiles_early, WITH_GRAD_DOWN=self.grad_down_tiles,
+                    TRACE=traced)
 
-    def descriptors(
-        self, grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate, d_gate, d_up, grad_down_weight
-    ):
+    def descriptors(self, grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate, d_gate, d_up,
+                    grad_down_weight):
         """The kernel's 13 descriptors in its argument order: dyᵀ, intermediate, dy, Wd; the saved gate, σ, silu, up;
         dG hi, dG lo, dU hi, dU lo, dWd (lo descriptors repeat hi ones without lo halves; without ``grad_down_tiles``
         dWd's three, unused, repeat dy's, Wd's and dG hi's: each descriptor is ≈ 6 µs of host work a call)."""
@@ -680,11 +412,8 @@ class GluonFirstLaunchConfig:
         saved = [descriptor(tensor, (bm, bn)) for tensor in (gate, gate_sigmoid, gate_silu, up)]
         dg_hi, dg_lo, du_hi, du_lo = hi_lo_descriptors(d_gate, d_up, (bm, bn))
         if self.grad_down_tiles:
-            dy_t, grad_down_b, dwd = (
-                descriptor(grad_output, (bk, bm)),
-                descriptor(intermediate, (bk, dn)),
-                descriptor(grad_down_weight, (bm, dn)),
-            )
+            dy_t, grad_down_b, dwd = (descriptor(grad_output, (bk, bm)), descriptor(intermediate, (bk, dn)),
+                                      descriptor(grad_down_weight, (bm, dn)))
         else:
             dy_t, grad_down_b, dwd = dy, wd, dg_hi
         return (dy_t, grad_down_b, dy, wd, *saved, dg_hi, dg_lo, du_hi, du_lo, dwd)
@@ -693,22 +422,9 @@ class GluonFirstLaunchConfig:
 ENCODED_LAUNCHES: dict = {}  # (device, dtype, with_lo, config) → EncodedLaunch of the kernel compiled for them
 
 
-def prepare_first_launch_gluon(
-    config: GluonFirstLaunchConfig,
-    grad_output,
-    down_weight,
-    gate,
-    gate_sigmoid,
-    gate_silu,
-    up,
-    intermediate,
-    d_gate,
-    d_up,
-    grad_down_weight,
-    *,
-    with_lo: bool,
-    trace=None,
-):
+def prepare_first_launch_gluon(config: GluonFirstLaunchConfig, grad_output, down_weight, gate, gate_sigmoid,
+                               gate_silu, up, intermediate, d_gate, d_up, grad_down_weight, *, with_lo: bool,
+                               trace=None):
     """Launch 1 in Gluon made ready: returns the callable that launches it (dGate, dUp into [1 or 2, T, I], hi and
     with ``with_lo`` lo; dWd). On a Hopper GPU; 16-bit contiguous operands whose rows TMA can address
     (:func:`moe_lib.tma.rows_fit`), T ≥ 1. No host synchronisation. ``trace``: an int64 [programs, 5] tensor for a row
@@ -717,18 +433,12 @@ def prepare_first_launch_gluon(
     compiles through Triton's JIT, later ones go to the compiled kernel's launcher."""
     T, H = grad_output.shape
     I = down_weight.shape[1]
-    descriptors = config.descriptors(
-        grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate, d_gate, d_up, grad_down_weight
-    )
+    descriptors = config.descriptors(grad_output, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate,
+                                     d_gate, d_up, grad_down_weight)
     trace_or_placeholder = SplitWorkspace.placeholders(grad_output.device)[1] if trace is None else trace
     key = (grad_output.device, grad_output.dtype, with_lo, config, trace is not None)
-    return prepared_launch(
-        ENCODED_LAUNCHES,
-        key,
-        first_launch_kernel,
-        config.programs(T, H, I),
-        (*descriptors, trace_or_placeholder, T, I, *config.constexprs(with_lo, trace is not None).values()),
-        warps=config.warps,
-        maxnreg=config.maxnreg,
-        device=grad_output.device,
-    )
+    return prepared_launch(ENCODED_LAUNCHES, key, first_launch_kernel, config.programs(T, H, I),
+                           (*descriptors, trace_or_placeholder, T, I,
+                            *config.constexprs(with_lo, trace is not None).values()),
+                           warps=config.warps, maxnreg=config.maxnreg,
+                           device=grad_output.device)

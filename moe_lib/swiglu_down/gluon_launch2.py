@@ -61,9 +61,8 @@ def hi_lo_descriptors(d_gate, d_up, block_shape) -> tuple:
 @gluon.jit
 def clock_stamp(anchor):
     """(the GPU's global timer in ns, this program's SM); ``anchor``: any int32 scalar (the asm's input)."""
-    now = gl.inline_asm_elementwise(
-        "mov.u64 $0, %globaltimer;", "=l,r", [anchor], dtype=gl.int64, is_pure=False, pack=1
-    )
+    now = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [anchor], dtype=gl.int64, is_pure=False,
+                                    pack=1)
     sm = gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [anchor], dtype=gl.int32, is_pure=True, pack=1)
     return now, sm
 
@@ -96,9 +95,8 @@ def ring_barriers(BUFFERS: gl.constexpr):
 
 
 @gluon.jit
-def load_a_step(
-    a_desc, a_lo_desc, a_bufs, a_lo_bufs, bar, slot, off_m, k, A_K_MAJOR: gl.constexpr, WITH_LO: gl.constexpr
-):
+def load_a_step(a_desc, a_lo_desc, a_bufs, a_lo_bufs, bar, slot, off_m, k, A_K_MAJOR: gl.constexpr,
+                WITH_LO: gl.constexpr):
     """One K step's A tile (and its lo half) into buffer ``slot``, completing ``bar``."""
     if A_K_MAJOR:
         tma.async_copy_global_to_shared(a_desc, [off_m, k], bar, a_bufs.index(slot))
@@ -111,25 +109,9 @@ def load_a_step(
 
 
 @gluon.jit
-def load_steps(
-    a_desc,
-    a_lo_desc,
-    b_desc,
-    a_bufs,
-    a_lo_bufs,
-    b_bufs,
-    ready,
-    empty,
-    off_m,
-    off_n,
-    k_steps,
-    step0,
-    A_K_MAJOR: gl.constexpr,
-    WITH_LO: gl.constexpr,
-    k_first=0,
-    rotation=0,
-    B_BEFORE_WAIT: gl.constexpr = False,
-):
+def load_steps(a_desc, a_lo_desc, b_desc, a_bufs, a_lo_bufs, b_bufs, ready, empty, off_m, off_n, k_steps, step0,
+               A_K_MAJOR: gl.constexpr, WITH_LO: gl.constexpr, k_first=0, rotation=0,
+               B_BEFORE_WAIT: gl.constexpr = False):
     """The loading warp: K steps 0 .. k_steps − 1 of A (its lo half with WITH_LO) and B, from element ``k_first`` of
     the reduction on, into the ring's buffers, the ring's steps ``step0`` on (ring step i in buffer (i + ``rotation``)
     mod BUFFERS, its phase that of i). A [M, K] row-major when A_K_MAJOR, else given as Aᵀ [K, M]; B [K, N].
@@ -146,24 +128,13 @@ def load_steps(
             slot = (i + rotation) % BUFFERS
             mbarrier.wait(empty.index(slot), ((i // BUFFERS) & 1) ^ 1)
             mbarrier.expect(ready.index(slot), STEP_BYTES)
-            tma.async_copy_global_to_shared(
-                b_desc, [k_first + step * BLOCK_K, off_n], ready.index(slot), b_bufs.index(slot)
-            )
+            tma.async_copy_global_to_shared(b_desc, [k_first + step * BLOCK_K, off_n], ready.index(slot),
+                                            b_bufs.index(slot))
         gdc_wait()
         for step in range(early):
             slot = (step0 + step + rotation) % BUFFERS
-            load_a_step(
-                a_desc,
-                a_lo_desc,
-                a_bufs,
-                a_lo_bufs,
-                ready.index(slot),
-                slot,
-                off_m,
-                k_first + step * BLOCK_K,
-                A_K_MAJOR,
-                WITH_LO,
-            )
+            load_a_step(a_desc, a_lo_desc, a_bufs, a_lo_bufs, ready.index(slot), slot, off_m,
+                        k_first + step * BLOCK_K, A_K_MAJOR, WITH_LO)
     for step in range(early, k_steps):
         i = step0 + step
         slot = (i + rotation) % BUFFERS
@@ -176,20 +147,8 @@ def load_steps(
 
 
 @gluon.jit
-def mma_steps(
-    a_bufs,
-    a_lo_bufs,
-    b_bufs,
-    ready,
-    empty,
-    k_steps,
-    acc,
-    A_K_MAJOR: gl.constexpr,
-    WITH_LO: gl.constexpr,
-    IN_FLIGHT: gl.constexpr = 1,
-    step0=0,
-    rotation=0,
-):
+def mma_steps(a_bufs, a_lo_bufs, b_bufs, ready, empty, k_steps, acc, A_K_MAJOR: gl.constexpr,
+              WITH_LO: gl.constexpr, IN_FLIGHT: gl.constexpr = 1, step0=0, rotation=0):
     """acc += A·B (and A_lo·B) over the ring's next ``k_steps`` buffers (the ring's steps ``step0`` on, ``rotation`` as
     in :func:`load_steps`), IN_FLIGHT steps' MMAs running while the next is issued, each buffer handed back once its
     MMAs are done."""
@@ -233,10 +192,8 @@ def count_in_partial(acc, partials_ptr, counters_ptr, tile, split, SPLITS: gl.co
     BLOCK_M: gl.constexpr = acc.shape[0]
     BLOCK_N: gl.constexpr = acc.shape[1]
     layout: gl.constexpr = acc.type.layout
-    offsets = (
-        gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))[:, None] * BLOCK_N
-        + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))[None, :]
-    )
+    offsets = (gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))[:, None] * BLOCK_N
+               + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))[None, :])
     partial = partials_ptr + (tile.to(gl.int64) * SPLITS + split) * (BLOCK_M * BLOCK_N)
     gl.store(partial + offsets, acc)
     gl.thread_barrier()  # every thread's part of the partial is stored before the arrival is counted
@@ -258,10 +215,8 @@ def sum_partials_into(partials_ptr, tile, destination, SPLITS: gl.constexpr, num
     ROWS: gl.constexpr = BLOCK_M if FITTING_ROWS > BLOCK_M else FITTING_ROWS
     gl.static_assert(BLOCK_M % ROWS == 0, "the row blocks tile the output tile")
     layout: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [num_warps, 1], [1, 0])
-    offsets = (
-        gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))[:, None] * BLOCK_N
-        + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))[None, :]
-    )
+    offsets = (gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))[:, None] * BLOCK_N
+               + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))[None, :])
     tile_partials = partials_ptr + tile.to(gl.int64) * (SPLITS * BLOCK_M * BLOCK_N)
     for row in gl.static_range(0, BLOCK_M, ROWS):
         block = tile_partials + row * BLOCK_N + offsets
@@ -272,9 +227,8 @@ def sum_partials_into(partials_ptr, tile, destination, SPLITS: gl.constexpr, num
 
 
 @gluon.jit
-def store_sum_of_partials(
-    partials_ptr, tile, c_desc, c_smem, off_m, off_n, SPLITS: gl.constexpr, num_warps: gl.constexpr
-):
+def store_sum_of_partials(partials_ptr, tile, c_desc, c_smem, off_m, off_n, SPLITS: gl.constexpr,
+                          num_warps: gl.constexpr):
     """The last split of output tile ``tile`` to arrive: the partials' sum (:func:`sum_partials_into`) into ``c_smem``
     in c_desc's dtype, then out by TMA."""
     tma.store_wait(pendings=0)  # c_smem is free
@@ -284,135 +238,43 @@ def store_sum_of_partials(
 
 
 @gluon.jit
-def tile_product(
-    a_bufs,
-    a_lo_bufs,
-    b_bufs,
-    ready,
-    empty,
-    k_steps,
-    BLOCK_M: gl.constexpr,
-    BLOCK_N: gl.constexpr,
-    A_K_MAJOR: gl.constexpr,
-    WITH_LO: gl.constexpr,
-    num_warps: gl.constexpr,
-    rotation=0,
-    step0=0,
-):
+def tile_product(a_bufs, a_lo_bufs, b_bufs, ready, empty, k_steps, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                 A_K_MAJOR: gl.constexpr, WITH_LO: gl.constexpr, num_warps: gl.constexpr, rotation=0,
+                 step0=0):
     """The fp32 [BLOCK_M, BLOCK_N] tile Σ A·B (and A_lo·B) over the ring's ``k_steps`` steps from ``step0`` on (step i
     in buffer (i + ``rotation``) mod BUFFERS), in the layout of the warpgroups' wgmma (``num_warps`` warps, each
     warpgroup 64 rows)."""
-    layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16]
-    )
+    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                     instr_shape=[16, BLOCK_N, 16])
     acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
     return mma_steps(a_bufs, a_lo_bufs, b_bufs, ready, empty, k_steps, acc, A_K_MAJOR, WITH_LO, 1, step0, rotation)
 
 
 @gluon.jit
-def mma_partition(
-    a_bufs,
-    a_lo_bufs,
-    b_bufs,
-    ready,
-    empty,
-    c_desc,
-    c_smem,
-    off_m,
-    off_n,
-    k_steps,
-    A_K_MAJOR: gl.constexpr,
-    WITH_LO: gl.constexpr,
-    num_warps: gl.constexpr,
-):
+def mma_partition(a_bufs, a_lo_bufs, b_bufs, ready, empty, c_desc, c_smem, off_m, off_n, k_steps,
+                  A_K_MAJOR: gl.constexpr, WITH_LO: gl.constexpr, num_warps: gl.constexpr):
     """The two warpgroups: one tile, its accumulator living and dying here, then its store."""
-    acc = tile_product(
-        a_bufs,
-        a_lo_bufs,
-        b_bufs,
-        ready,
-        empty,
-        k_steps,
-        c_desc.block_type.shape[0],
-        c_desc.block_type.shape[1],
-        A_K_MAJOR,
-        WITH_LO,
-        num_warps,
-    )
+    acc = tile_product(a_bufs, a_lo_bufs, b_bufs, ready, empty, k_steps, c_desc.block_type.shape[0],
+                       c_desc.block_type.shape[1], A_K_MAJOR, WITH_LO, num_warps)
     store_tile(acc, c_desc, c_smem, off_m, off_n)
     tma.store_wait(pendings=0)
 
 
 @gluon.jit
-def weight_grad_load_partition(
-    a_desc,
-    a_lo_desc,
-    x_desc,
-    a_bufs,
-    a_lo_bufs,
-    b_bufs,
-    ready,
-    empty,
-    off_m,
-    off_n,
-    k_steps,
-    WITH_LO: gl.constexpr,
-    INPUTS_BEFORE_WAIT: gl.constexpr,
-):
-    load_steps(
-        a_desc,
-        a_lo_desc,
-        x_desc,
-        a_bufs,
-        a_lo_bufs,
-        b_bufs,
-        ready,
-        empty,
-        off_m,
-        off_n,
-        k_steps,
-        0,
-        False,
-        WITH_LO,
-        B_BEFORE_WAIT=INPUTS_BEFORE_WAIT,
-    )
+def weight_grad_load_partition(a_desc, a_lo_desc, x_desc, a_bufs, a_lo_bufs, b_bufs, ready, empty, off_m, off_n,
+                               k_steps, WITH_LO: gl.constexpr, INPUTS_BEFORE_WAIT: gl.constexpr):
+    load_steps(a_desc, a_lo_desc, x_desc, a_bufs, a_lo_bufs, b_bufs, ready, empty, off_m, off_n, k_steps, 0, False,
+               WITH_LO, B_BEFORE_WAIT=INPUTS_BEFORE_WAIT)
 
 
 @gluon.jit
-def grad_x_partition(
-    a_bufs,
-    a_lo_bufs,
-    b_bufs,
-    ready,
-    empty,
-    dx_desc,
-    c_smem,
-    off_m,
-    off_n,
-    k_steps,
-    partials_ptr,
-    counters_ptr,
-    tile,
-    split,
-    WITH_LO: gl.constexpr,
-    SPLITS: gl.constexpr,
-    num_warps: gl.constexpr,
-):
+def grad_x_partition(a_bufs, a_lo_bufs, b_bufs, ready, empty, dx_desc, c_smem, off_m, off_n, k_steps, partials_ptr,
+                     counters_ptr, tile, split, WITH_LO: gl.constexpr, SPLITS: gl.constexpr,
+                     num_warps: gl.constexpr):
     """The two warpgroups of a dx tile: its K steps (with SPLITS > 1 one split's), then its store; a split parks its
     partial and counts itself in, and the split that arrives last stores the sum of all of them."""
-    acc = tile_product(
-        a_bufs,
-        a_lo_bufs,
-        b_bufs,
-        ready,
-        empty,
-        k_steps,
-        dx_desc.block_type.shape[0],
-        dx_desc.block_type.shape[1],
-        True,
-        WITH_LO,
-        num_warps,
-    )
+    acc = tile_product(a_bufs, a_lo_bufs, b_bufs, ready, empty, k_steps, dx_desc.block_type.shape[0],
+                       dx_desc.block_type.shape[1], True, WITH_LO, num_warps)
     if SPLITS == 1:
         store_tile(acc, dx_desc, c_smem, off_m, off_n)
     elif count_in_partial(acc, partials_ptr, counters_ptr, tile, split, SPLITS):
@@ -421,26 +283,9 @@ def grad_x_partition(
 
 
 @gluon.jit
-def grad_x_load_partition(
-    dg_desc,
-    dg_lo_desc,
-    wg_desc,
-    du_desc,
-    du_lo_desc,
-    wu_desc,
-    a_bufs,
-    a_lo_bufs,
-    b_bufs,
-    ready,
-    empty,
-    off_m,
-    off_n,
-    half_steps,
-    first_step,
-    end_step,
-    WITH_LO: gl.constexpr,
-    INPUTS_BEFORE_WAIT: gl.constexpr,
-):
+def grad_x_load_partition(dg_desc, dg_lo_desc, wg_desc, du_desc, du_lo_desc, wu_desc, a_bufs, a_lo_bufs, b_bufs,
+                          ready, empty, off_m, off_n, half_steps, first_step, end_step, WITH_LO: gl.constexpr,
+                          INPUTS_BEFORE_WAIT: gl.constexpr):
     """dx's K steps ``first_step`` .. ``end_step`` − 1 of 2 · ``half_steps``: those below ``half_steps`` over I of dG
     against Wg's rows, the rest of dU against Wu's (TMA fills the last step's rows beyond I with zeros in both
     operands). With INPUTS_BEFORE_WAIT the first steps' Wg, Wu tiles (as many as the ring holds) go out before the
@@ -457,130 +302,38 @@ def grad_x_load_partition(
             if j < half_steps:
                 tma.async_copy_global_to_shared(wg_desc, [j * BLOCK_K, off_n], ready.index(step), b_bufs.index(step))
             else:
-                tma.async_copy_global_to_shared(
-                    wu_desc, [(j - half_steps) * BLOCK_K, off_n], ready.index(step), b_bufs.index(step)
-                )
+                tma.async_copy_global_to_shared(wu_desc, [(j - half_steps) * BLOCK_K, off_n], ready.index(step),
+                                                b_bufs.index(step))
         gdc_wait()
         for step in range(early):
             j = first_step + step
             if j < half_steps:
-                load_a_step(
-                    dg_desc, dg_lo_desc, a_bufs, a_lo_bufs, ready.index(step), step, off_m, j * BLOCK_K, True, WITH_LO
-                )
+                load_a_step(dg_desc, dg_lo_desc, a_bufs, a_lo_bufs, ready.index(step), step, off_m, j * BLOCK_K, True,
+                            WITH_LO)
             else:
-                load_a_step(
-                    du_desc,
-                    du_lo_desc,
-                    a_bufs,
-                    a_lo_bufs,
-                    ready.index(step),
-                    step,
-                    off_m,
-                    (j - half_steps) * BLOCK_K,
-                    True,
-                    WITH_LO,
-                )
+                load_a_step(du_desc, du_lo_desc, a_bufs, a_lo_bufs, ready.index(step), step, off_m,
+                            (j - half_steps) * BLOCK_K, True, WITH_LO)
         first = first_step + gl.maximum(early, 0)
     gate_steps = gl.maximum(gl.minimum(end_step, half_steps) - first, 0)
     up_first = gl.maximum(first, half_steps)
-    load_steps(
-        dg_desc,
-        dg_lo_desc,
-        wg_desc,
-        a_bufs,
-        a_lo_bufs,
-        b_bufs,
-        ready,
-        empty,
-        off_m,
-        off_n,
-        gate_steps,
-        first - first_step,
-        True,
-        WITH_LO,
-        first * BLOCK_K,
-    )
-    load_steps(
-        du_desc,
-        du_lo_desc,
-        wu_desc,
-        a_bufs,
-        a_lo_bufs,
-        b_bufs,
-        ready,
-        empty,
-        off_m,
-        off_n,
-        gl.maximum(end_step - up_first, 0),
-        first - first_step + gate_steps,
-        True,
-        WITH_LO,
-        (up_first - half_steps) * BLOCK_K,
-    )
+    load_steps(dg_desc, dg_lo_desc, wg_desc, a_bufs, a_lo_bufs, b_bufs, ready, empty, off_m, off_n, gate_steps,
+               first - first_step, True, WITH_LO, first * BLOCK_K)
+    load_steps(du_desc, du_lo_desc, wu_desc, a_bufs, a_lo_bufs, b_bufs, ready, empty, off_m, off_n,
+               gl.maximum(end_step - up_first, 0), first - first_step + gate_steps, True, WITH_LO,
+               (up_first - half_steps) * BLOCK_K)
 
 
 @gluon.jit
-def weight_grad_region(
-    a_t_desc,
-    a_lo_t_desc,
-    x_desc,
-    c_desc,
-    a_t_bufs,
-    a_lo_t_bufs,
-    b_bufs,
-    ready,
-    empty,
-    c_smem,
-    off_m,
-    off_n,
-    k_steps,
-    WITH_LO: gl.constexpr,
-    INPUTS_BEFORE_WAIT: gl.constexpr,
-    num_warps: gl.constexpr,
-):
+def weight_grad_region(a_t_desc, a_lo_t_desc, x_desc, c_desc, a_t_bufs, a_lo_t_bufs, b_bufs, ready, empty, c_smem,
+                       off_m, off_n, k_steps, WITH_LO: gl.constexpr, INPUTS_BEFORE_WAIT: gl.constexpr,
+                       num_warps: gl.constexpr):
     """One weight-gradient tile (dWg's or dWu's, by the descriptors given) as its own warp-specialised region."""
-    gl.warp_specialize(
-        [
-            (
-                mma_partition,
-                (
-                    a_t_bufs,
-                    a_lo_t_bufs,
-                    b_bufs,
-                    ready,
-                    empty,
-                    c_desc,
-                    c_smem,
-                    off_m,
-                    off_n,
-                    k_steps,
-                    False,
-                    WITH_LO,
-                    num_warps,
-                ),
-            ),
-            (
-                weight_grad_load_partition,
-                (
-                    a_t_desc,
-                    a_lo_t_desc,
-                    x_desc,
-                    a_t_bufs,
-                    a_lo_t_bufs,
-                    b_bufs,
-                    ready,
-                    empty,
-                    off_m,
-                    off_n,
-                    k_steps,
-                    WITH_LO,
-                    INPUTS_BEFORE_WAIT,
-                ),
-            ),
-        ],
-        [1],
-        [40],
-    )
+    gl.warp_specialize([
+        (mma_partition, (a_t_bufs, a_lo_t_bufs, b_bufs, ready, empty, c_desc, c_smem, off_m, off_n, k_steps, False,
+                         WITH_LO, num_warps)),
+        (weight_grad_load_partition, (a_t_desc, a_lo_t_desc, x_desc, a_t_bufs, a_lo_t_bufs, b_bufs, ready, empty,
+                                      off_m, off_n, k_steps, WITH_LO, INPUTS_BEFORE_WAIT)),
+    ], [1], [40])
 
 
 @gluon.jit
@@ -591,23 +344,9 @@ def weight_grad_tile_origin(t, weight_tiles, weight_tiles_n, BLOCK_M: gl.constex
 
 
 @gluon.jit
-def weight_grad_tiles_partition(
-    a_bufs,
-    a_lo_bufs,
-    b_bufs,
-    ready,
-    empty,
-    dwg_desc,
-    dwu_desc,
-    c_smem,
-    first,
-    stride,
-    weight_tiles,
-    weight_tiles_n,
-    k_steps,
-    WITH_LO: gl.constexpr,
-    num_warps: gl.constexpr,
-):
+def weight_grad_tiles_partition(a_bufs, a_lo_bufs, b_bufs, ready, empty, dwg_desc, dwu_desc, c_smem, first, stride,
+                                weight_tiles, weight_tiles_n, k_steps, WITH_LO: gl.constexpr,
+                                num_warps: gl.constexpr):
     """The two warpgroups of a program that takes weight-gradient tiles ``first``, ``first`` + ``stride``, ...: each
     tile's K steps (the ring's count running on from tile to tile), then its store, which drains while the next
     tile's products run."""
@@ -616,9 +355,8 @@ def weight_grad_tiles_partition(
     step0 = 0
     for t in range(first, 2 * weight_tiles, stride):
         off_m, off_n = weight_grad_tile_origin(t, weight_tiles, weight_tiles_n, BLOCK_M, WEIGHT_N)
-        acc = tile_product(
-            a_bufs, a_lo_bufs, b_bufs, ready, empty, k_steps, BLOCK_M, WEIGHT_N, False, WITH_LO, num_warps, 0, step0
-        )
+        acc = tile_product(a_bufs, a_lo_bufs, b_bufs, ready, empty, k_steps, BLOCK_M, WEIGHT_N, False, WITH_LO,
+                           num_warps, 0, step0)
         if t < weight_tiles:
             store_tile(acc, dwg_desc, c_smem, off_m, off_n)
         else:
@@ -628,152 +366,48 @@ def weight_grad_tiles_partition(
 
 
 @gluon.jit
-def load_weight_grad_tile(
-    dg_t_desc,
-    dg_lo_t_desc,
-    du_t_desc,
-    du_lo_t_desc,
-    x_desc,
-    a_bufs,
-    a_lo_bufs,
-    b_bufs,
-    ready,
-    empty,
-    t,
-    weight_tiles,
-    weight_tiles_n,
-    k_steps,
-    step0,
-    WITH_LO: gl.constexpr,
-    B_BEFORE_WAIT: gl.constexpr,
-):
+def load_weight_grad_tile(dg_t_desc, dg_lo_t_desc, du_t_desc, du_lo_t_desc, x_desc, a_bufs, a_lo_bufs, b_bufs, ready,
+                          empty, t, weight_tiles, weight_tiles_n, k_steps, step0, WITH_LO: gl.constexpr,
+                          B_BEFORE_WAIT: gl.constexpr):
     """Weight-gradient tile ``t``'s K steps (dWg's from dG, else dWu's from dU) into the ring from step ``step0``."""
     BLOCK_M: gl.constexpr = dg_t_desc.block_type.shape[1]
     WEIGHT_N: gl.constexpr = x_desc.block_type.shape[1]
     off_m, off_n = weight_grad_tile_origin(t, weight_tiles, weight_tiles_n, BLOCK_M, WEIGHT_N)
     if t < weight_tiles:
-        load_steps(
-            dg_t_desc,
-            dg_lo_t_desc,
-            x_desc,
-            a_bufs,
-            a_lo_bufs,
-            b_bufs,
-            ready,
-            empty,
-            off_m,
-            off_n,
-            k_steps,
-            step0,
-            False,
-            WITH_LO,
-            B_BEFORE_WAIT=B_BEFORE_WAIT,
-        )
+        load_steps(dg_t_desc, dg_lo_t_desc, x_desc, a_bufs, a_lo_bufs, b_bufs, ready, empty, off_m, off_n, k_steps,
+                   step0, False, WITH_LO, B_BEFORE_WAIT=B_BEFORE_WAIT)
     else:
-        load_steps(
-            du_t_desc,
-            du_lo_t_desc,
-            x_desc,
-            a_bufs,
-            a_lo_bufs,
-            b_bufs,
-            ready,
-            empty,
-            off_m,
-            off_n,
-            k_steps,
-            step0,
-            False,
-            WITH_LO,
-            B_BEFORE_WAIT=B_BEFORE_WAIT,
-        )
+        load_steps(du_t_desc, du_lo_t_desc, x_desc, a_bufs, a_lo_bufs, b_bufs, ready, empty, off_m, off_n, k_steps,
+                   step0, False, WITH_LO, B_BEFORE_WAIT=B_BEFORE_WAIT)
 
 
 @gluon.jit
-def weight_grad_tiles_load_partition(
-    dg_t_desc,
-    dg_lo_t_desc,
-    du_t_desc,
-    du_lo_t_desc,
-    x_desc,
-    a_bufs,
-    a_lo_bufs,
-    b_bufs,
-    ready,
-    empty,
-    first,
-    stride,
-    weight_tiles,
-    weight_tiles_n,
-    k_steps,
-    WITH_LO: gl.constexpr,
-    INPUTS_BEFORE_WAIT: gl.constexpr,
-):
+def weight_grad_tiles_load_partition(dg_t_desc, dg_lo_t_desc, du_t_desc, du_lo_t_desc, x_desc, a_bufs, a_lo_bufs,
+                                     b_bufs, ready, empty, first, stride, weight_tiles, weight_tiles_n, k_steps,
+                                     WITH_LO: gl.constexpr, INPUTS_BEFORE_WAIT: gl.constexpr):
     """The loading warp of the same program: each of its tiles' K steps in turn, running ahead into the next tile's
     while the last one's are multiplied and stored (with INPUTS_BEFORE_WAIT the first tile's first x tiles before the
     wait for launch 1)."""
     step0 = 0
     t0 = first
     if INPUTS_BEFORE_WAIT:
-        load_weight_grad_tile(
-            dg_t_desc,
-            dg_lo_t_desc,
-            du_t_desc,
-            du_lo_t_desc,
-            x_desc,
-            a_bufs,
-            a_lo_bufs,
-            b_bufs,
-            ready,
-            empty,
-            first,
-            weight_tiles,
-            weight_tiles_n,
-            k_steps,
-            0,
-            WITH_LO,
-            True,
-        )
+        load_weight_grad_tile(dg_t_desc, dg_lo_t_desc, du_t_desc, du_lo_t_desc, x_desc, a_bufs, a_lo_bufs, b_bufs,
+                              ready, empty, first, weight_tiles, weight_tiles_n, k_steps, 0, WITH_LO, True)
         step0 = k_steps
         t0 = first + stride
     for t in range(t0, 2 * weight_tiles, stride):
-        load_weight_grad_tile(
-            dg_t_desc,
-            dg_lo_t_desc,
-            du_t_desc,
-            du_lo_t_desc,
-            x_desc,
-            a_bufs,
-            a_lo_bufs,
-            b_bufs,
-            ready,
-            empty,
-            t,
-            weight_tiles,
-            weight_tiles_n,
-            k_steps,
-            step0,
-            WITH_LO,
-            False,
-        )
+        load_weight_grad_tile(dg_t_desc, dg_lo_t_desc, du_t_desc, du_lo_t_desc, x_desc, a_bufs, a_lo_bufs, b_bufs,
+                              ready, empty, t, weight_tiles, weight_tiles_n, k_steps, step0, WITH_LO, False)
         step0 += k_steps
 
 
 @gluon.jit(do_not_specialize=("T", "I"))  # one compiled kernel for every T, I: see prepare_second_launch_gluon
 def second_launch_kernel(
-    dg_t_desc,
-    dg_lo_t_desc,
-    du_t_desc,
-    du_lo_t_desc,  # dG, dU hi and lo [T, I] as [BLOCK_K, BLOCK_M] tiles (Aᵀ)
-    dg_desc,
-    dg_lo_desc,
-    du_desc,
-    du_lo_desc,  # the same tensors as [BLOCK_M, BLOCK_K] tiles (A)
+    dg_t_desc, dg_lo_t_desc, du_t_desc, du_lo_t_desc,  # dG, dU hi and lo [T, I] as [BLOCK_K, BLOCK_M] tiles (Aᵀ)
+    dg_desc, dg_lo_desc, du_desc, du_lo_desc,  # the same tensors as [BLOCK_M, BLOCK_K] tiles (A)
     x_desc,  # x [T, H] as [BLOCK_K, WEIGHT_N] tiles
-    wg_desc,
-    wu_desc,  # Wg, Wu [I, H] as [BLOCK_K, BLOCK_N] tiles
-    dwg_desc,
-    dwu_desc,  # out: dWg, dWu [I, H] as [BLOCK_M, WEIGHT_N] tiles (WEIGHT_N = BLOCK_N or a divisor of it)
+    wg_desc, wu_desc,  # Wg, Wu [I, H] as [BLOCK_K, BLOCK_N] tiles
+    dwg_desc, dwu_desc,  # out: dWg, dWu [I, H] as [BLOCK_M, WEIGHT_N] tiles (WEIGHT_N = BLOCK_N or a divisor of it)
     dx_desc,  # out: dx [T, H] as [BLOCK_M, BLOCK_N] tiles
     dy_t_desc,  # with GRAD_DOWN: dy [T, H] as [BLOCK_K, BLOCK_M] tiles (Aᵀ of dWd)
     intermediate_desc,  # with GRAD_DOWN: intermediate [T, I] as [BLOCK_K, GRAD_DOWN_N] tiles (B of dWd)
@@ -781,8 +415,7 @@ def second_launch_kernel(
     dx_partials_ptr,  # with GRAD_X_SPLITS > 1: fp32 workspace [dx tiles, GRAD_X_SPLITS, BLOCK_M, BLOCK_N]
     dx_counters_ptr,  # with GRAD_X_SPLITS > 1: int32 arrival counters, one per dx tile (they only grow)
     trace_ptr,  # with TRACE: int64 [programs, 5], a row of TRACE_FIELDS per program
-    T,
-    I,
+    T, I,
     WITH_LO: gl.constexpr,  # both halves of dG, dU (the faithful path); else the hi halves alone
     BUFFERS: gl.constexpr,  # buffers of the ring
     GRAD_X_FIRST: gl.constexpr,  # dx's tiles take the first program ids (else dWg's and dWu's do)
@@ -836,7 +469,8 @@ def second_launch_kernel(
     a_bufs = gl.allocate_shared_memory(dg_desc.dtype, [BUFFERS] + dg_desc.block_type.shape, dg_desc.layout)
     a_lo_bufs = gl.allocate_shared_memory(dg_desc.dtype, [LO_BUFFERS] + dg_desc.block_type.shape, dg_desc.layout)
     a_t_bufs = a_bufs._reinterpret(dg_t_desc.dtype, [BUFFERS] + dg_t_desc.block_type.shape, dg_t_desc.layout)
-    a_lo_t_bufs = a_lo_bufs._reinterpret(dg_t_desc.dtype, [LO_BUFFERS] + dg_t_desc.block_type.shape, dg_t_desc.layout)
+    a_lo_t_bufs = a_lo_bufs._reinterpret(dg_t_desc.dtype, [LO_BUFFERS] + dg_t_desc.block_type.shape,
+                                         dg_t_desc.layout)
     b_bufs = gl.allocate_shared_memory(wg_desc.dtype, [BUFFERS] + wg_desc.block_type.shape, wg_desc.layout)
     c_smem = gl.allocate_shared_memory(dx_desc.dtype, dx_desc.block_type.shape, dx_desc.layout)
     # the weight-gradient tiles see the same bytes in their own (possibly narrower) tile shape
@@ -850,123 +484,37 @@ def second_launch_kernel(
             proceed, _ = clock_stamp(pid)
     if grad_down:  # dWd's tiles: Σ_t dy[t, h] intermediate[t, i] over the T tokens, from the call's inputs alone
         # the intermediate's and dWd's tiles in the ring's B buffers and the output buffer, in their own width
-        intermediate_bufs = b_bufs._reinterpret(
-            intermediate_desc.dtype,
-            [BUFFERS * BLOCK_N // GRAD_DOWN_N] + intermediate_desc.block_type.shape,
-            intermediate_desc.layout,
-        )
-        grad_down_c_smem = c_smem._reinterpret(
-            dwd_desc.dtype, [BLOCK_N // GRAD_DOWN_N] + dwd_desc.block_type.shape, dwd_desc.layout
-        )
-        weight_grad_region(
-            dy_t_desc,
-            dy_t_desc,
-            intermediate_desc,
-            dwd_desc,
-            a_t_bufs,
-            a_t_bufs,
-            intermediate_bufs,
-            ready,
-            empty,
-            grad_down_c_smem.index(0),
-            (grad_down_tile // grad_down_tiles_n) * BLOCK_M,
-            (grad_down_tile % grad_down_tiles_n) * GRAD_DOWN_N,
-            gl.cdiv(T, BLOCK_K),
-            False,
-            False,
-            num_warps,
-        )
+        intermediate_bufs = b_bufs._reinterpret(intermediate_desc.dtype,
+                                                [BUFFERS * BLOCK_N // GRAD_DOWN_N] + intermediate_desc.block_type.shape,
+                                                intermediate_desc.layout)
+        grad_down_c_smem = c_smem._reinterpret(dwd_desc.dtype, [BLOCK_N // GRAD_DOWN_N] + dwd_desc.block_type.shape,
+                                               dwd_desc.layout)
+        weight_grad_region(dy_t_desc, dy_t_desc, intermediate_desc, dwd_desc, a_t_bufs, a_t_bufs, intermediate_bufs,
+                           ready, empty, grad_down_c_smem.index(0), (grad_down_tile // grad_down_tiles_n) * BLOCK_M,
+                           (grad_down_tile % grad_down_tiles_n) * GRAD_DOWN_N, gl.cdiv(T, BLOCK_K), False, False,
+                           num_warps)
     elif pid < weight_programs:  # dWg's tiles, then dWu's: Σ_t A[t, m] x[t, n] over the T tokens
         k_steps = gl.cdiv(T, BLOCK_K)
         if WEIGHT_GRAD_PERSISTENT:  # tiles pid, pid + weight_programs, ...
-            gl.warp_specialize(
-                [
-                    (
-                        weight_grad_tiles_partition,
-                        (
-                            a_t_bufs,
-                            a_lo_t_bufs,
-                            x_bufs,
-                            ready,
-                            empty,
-                            dwg_desc,
-                            dwu_desc,
-                            weight_c_smem.index(0),
-                            pid,
-                            weight_programs,
-                            weight_tiles,
-                            weight_tiles_n,
-                            k_steps,
-                            WITH_LO,
-                            num_warps,
-                        ),
-                    ),
-                    (
-                        weight_grad_tiles_load_partition,
-                        (
-                            dg_t_desc,
-                            dg_lo_t_desc,
-                            du_t_desc,
-                            du_lo_t_desc,
-                            x_desc,
-                            a_t_bufs,
-                            a_lo_t_bufs,
-                            x_bufs,
-                            ready,
-                            empty,
-                            pid,
-                            weight_programs,
-                            weight_tiles,
-                            weight_tiles_n,
-                            k_steps,
-                            WITH_LO,
-                            INPUTS_BEFORE_WAIT,
-                        ),
-                    ),
-                ],
-                [1],
-                [40],
-            )
+            gl.warp_specialize([
+                (weight_grad_tiles_partition, (a_t_bufs, a_lo_t_bufs, x_bufs, ready, empty, dwg_desc, dwu_desc,
+                                               weight_c_smem.index(0), pid, weight_programs, weight_tiles,
+                                               weight_tiles_n, k_steps, WITH_LO, num_warps)),
+                (weight_grad_tiles_load_partition, (dg_t_desc, dg_lo_t_desc, du_t_desc, du_lo_t_desc, x_desc,
+                                                    a_t_bufs, a_lo_t_bufs, x_bufs, ready, empty, pid, weight_programs,
+                                                    weight_tiles, weight_tiles_n, k_steps, WITH_LO,
+                                                    INPUTS_BEFORE_WAIT)),
+            ], [1], [40])
         else:  # tile pid
             off_m, off_n = weight_grad_tile_origin(pid, weight_tiles, weight_tiles_n, BLOCK_M, WEIGHT_N)
             if pid < weight_tiles:
-                weight_grad_region(
-                    dg_t_desc,
-                    dg_lo_t_desc,
-                    x_desc,
-                    dwg_desc,
-                    a_t_bufs,
-                    a_lo_t_bufs,
-                    x_bufs,
-                    ready,
-                    empty,
-                    weight_c_smem.index(0),
-                    off_m,
-                    off_n,
-                    k_steps,
-                    WITH_LO,
-                    INPUTS_BEFORE_WAIT,
-                    num_warps,
-                )
+                weight_grad_region(dg_t_desc, dg_lo_t_desc, x_desc, dwg_desc, a_t_bufs, a_lo_t_bufs, x_bufs, ready,
+                                   empty, weight_c_smem.index(0), off_m, off_n, k_steps, WITH_LO, INPUTS_BEFORE_WAIT,
+                                   num_warps)
             else:
-                weight_grad_region(
-                    du_t_desc,
-                    du_lo_t_desc,
-                    x_desc,
-                    dwu_desc,
-                    a_t_bufs,
-                    a_lo_t_bufs,
-                    x_bufs,
-                    ready,
-                    empty,
-                    weight_c_smem.index(0),
-                    off_m,
-                    off_n,
-                    k_steps,
-                    WITH_LO,
-                    INPUTS_BEFORE_WAIT,
-                    num_warps,
-                )
+                weight_grad_region(du_t_desc, du_lo_t_desc, x_desc, dwu_desc, a_t_bufs, a_lo_t_bufs, x_bufs, ready,
+                                   empty, weight_c_smem.index(0), off_m, off_n, k_steps, WITH_LO, INPUTS_BEFORE_WAIT,
+                                   num_warps)
     else:  # dx's tiles: Σ_k dG[t, k] Wg[k, n] + Σ_k dU[t, k] Wu[k, n], each over GRAD_X_SPLITS programs in turn
         tile = (pid - weight_programs) // GRAD_X_SPLITS
         split = (pid - weight_programs) % GRAD_X_SPLITS
@@ -976,57 +524,14 @@ def second_launch_kernel(
         split_steps = gl.cdiv(2 * half_steps, GRAD_X_SPLITS)
         first_step = split * split_steps
         end_step = gl.minimum(first_step + split_steps, 2 * half_steps)
-        gl.warp_specialize(
-            [
-                (
-                    grad_x_partition,
-                    (
-                        a_bufs,
-                        a_lo_bufs,
-                        b_bufs,
-                        ready,
-                        empty,
-                        dx_desc,
-                        c_smem,
-                        off_m,
-                        off_n,
-                        gl.maximum(end_step - first_step, 0),
-                        dx_partials_ptr,
-                        dx_counters_ptr,
-                        tile,
-                        split,
-                        WITH_LO,
-                        GRAD_X_SPLITS,
-                        num_warps,
-                    ),
-                ),
-                (
-                    grad_x_load_partition,
-                    (
-                        dg_desc,
-                        dg_lo_desc,
-                        wg_desc,
-                        du_desc,
-                        du_lo_desc,
-                        wu_desc,
-                        a_bufs,
-                        a_lo_bufs,
-                        b_bufs,
-                        ready,
-                        empty,
-                        off_m,
-                        off_n,
-                        half_steps,
-                        first_step,
-                        end_step,
-                        WITH_LO,
-                        INPUTS_BEFORE_WAIT,
-                    ),
-                ),
-            ],
-            [1],
-            [40],
-        )
+        gl.warp_specialize([
+            (grad_x_partition, (a_bufs, a_lo_bufs, b_bufs, ready, empty, dx_desc, c_smem, off_m, off_n,
+                                gl.maximum(end_step - first_step, 0), dx_partials_ptr, dx_counters_ptr, tile, split,
+                                WITH_LO, GRAD_X_SPLITS, num_warps)),
+            (grad_x_load_partition, (dg_desc, dg_lo_desc, wg_desc, du_desc, du_lo_desc, wu_desc, a_bufs, a_lo_bufs,
+                                     b_bufs, ready, empty, off_m, off_n, half_steps, first_step, end_step, WITH_LO,
+                                     INPUTS_BEFORE_WAIT)),
+        ], [1], [40])
     if TRACE:
         kind = (pid >= weight_programs).to(gl.int32)
         if GRAD_DOWN:
@@ -1084,22 +589,16 @@ class GluonSecondLaunchConfig:
             raise ValueError(f"config: grad_x_splits must be a power of two, got {self.grad_x_splits}")
         if self.inputs_before_wait and not self.programmatic:
             raise ValueError("config: inputs_before_wait needs programmatic (a wait for launch 1 to go before)")
-        if self.grad_down_after_weight_grad and not (
-            self.grad_down_tiles and not self.grad_x_first and not self.weight_grad_programs
-        ):
-            raise ValueError(
-                "config: grad_down_after_weight_grad needs grad_down_tiles, the weight-gradient tiles "
-                "first (not grad_x_first) and one program a tile (weight_grad_programs 0)"
-            )
+        if self.grad_down_after_weight_grad and not (self.grad_down_tiles and not self.grad_x_first
+                                                     and not self.weight_grad_programs):
+            raise ValueError("config: grad_down_after_weight_grad needs grad_down_tiles, the weight-gradient tiles "
+                             "first (not grad_x_first) and one program a tile (weight_grad_programs 0)")
         if self.grad_down_block_n and self.weight_block_n % self.grad_down_block_n:
-            raise ValueError(
-                f"config: grad_down_block_n must be 0 or divide weight_block_n ({self.weight_block_n}), "
-                f"got {self.grad_down_block_n}"
-            )
+            raise ValueError(f"config: grad_down_block_n must be 0 or divide weight_block_n ({self.weight_block_n}), "
+                             f"got {self.grad_down_block_n}")
         if self.weight_grad_programs < 0:
-            raise ValueError(
-                f"config: weight_grad_programs must be 0 (one a tile) or more, got {self.weight_grad_programs}"
-            )
+            raise ValueError(f"config: weight_grad_programs must be 0 (one a tile) or more, got "
+                             f"{self.weight_grad_programs}")
 
     def grad_x_tiles(self, num_tokens: int, hidden_size: int) -> int:
         """dx's output tiles (each ``grad_x_splits`` programs)."""
@@ -1123,41 +622,20 @@ class GluonSecondLaunchConfig:
     def programs(self, num_tokens: int, hidden_size: int, intermediate_size: int) -> int:
         """Programs of the launch: dWd's tiles (with ``grad_down_tiles``), those of dWg's and dWu's tiles, then dx's
         tiles' splits."""
-        return (
-            self.grad_down_tile_count(hidden_size, intermediate_size)
-            + self.weight_grad_programs_for(hidden_size, intermediate_size)
-            + self.grad_x_tiles(num_tokens, hidden_size) * self.grad_x_splits
-        )
+        return (self.grad_down_tile_count(hidden_size, intermediate_size)
+                + self.weight_grad_programs_for(hidden_size, intermediate_size)
+                + self.grad_x_tiles(num_tokens, hidden_size) * self.grad_x_splits)
 
     def constexprs(self, with_lo: bool, traced: bool = False) -> dict:
         """The kernel's compile-time arguments after T and I, by name in its argument order (``num_warps`` aside)."""
-        return dict(
-            WITH_LO=with_lo,
-            BUFFERS=self.buffers,
-            GRAD_X_FIRST=self.grad_x_first,
-            PROGRAMMATIC=self.programmatic,
-            GRAD_X_SPLITS=self.grad_x_splits,
-            WEIGHT_GRAD_PERSISTENT=self.weight_grad_programs > 0,
-            INPUTS_BEFORE_WAIT=self.inputs_before_wait,
-            GRAD_DOWN=self.grad_down_tiles,
-            GRAD_DOWN_AFTER_WEIGHT_GRAD=self.grad_down_after_weight_grad,
-            TRACE=traced,
-        )
+        return dict(WITH_LO=with_lo, BUFFERS=self.buffers, GRAD_X_FIRST=self.grad_x_first,
+                    PROGRAMMATIC=self.programmatic, GRAD_X_SPLITS=self.grad_x_splits,
+                    WEIGHT_GRAD_PERSISTENT=self.weight_grad_programs > 0, INPUTS_BEFORE_WAIT=self.inputs_before_wait,
+                    GRAD_DOWN=self.grad_down_tiles, GRAD_DOWN_AFTER_WEIGHT_GRAD=self.grad_down_after_weight_grad,
+                    TRACE=traced)
 
-    def descriptors(
-        self,
-        x,
-        gate_weight,
-        up_weight,
-        d_gate,
-        d_up,
-        grad_x,
-        grad_gate_weight,
-        grad_up_weight,
-        grad_output,
-        intermediate,
-        grad_down_weight,
-    ):
+    def descriptors(self, x, gate_weight, up_weight, d_gate, d_up, grad_x, grad_gate_weight, grad_up_weight,
+                    grad_output, intermediate, grad_down_weight):
         """The kernel's 17 TMA descriptors, in its argument order (lo descriptors repeat hi ones without lo halves;
         without ``grad_down_tiles`` dWd's three, unused, repeat dG hi's Aᵀ, x's and dWg's: each descriptor is ≈ 6 µs of
         host work a call)."""
@@ -1166,47 +644,22 @@ class GluonSecondLaunchConfig:
         as_they_lie = hi_lo_descriptors(d_gate, d_up, (bm, bk))
         x_tiles, dwg = descriptor(x, (bk, wn)), descriptor(grad_gate_weight, (bm, wn))
         if self.grad_down_tiles:
-            dy_t, grad_down_b, dwd = (
-                descriptor(grad_output, (bk, bm)),
-                descriptor(intermediate, (bk, self.grad_down_width)),
-                descriptor(grad_down_weight, (bm, self.grad_down_width)),
-            )
+            dy_t, grad_down_b, dwd = (descriptor(grad_output, (bk, bm)),
+                                      descriptor(intermediate, (bk, self.grad_down_width)),
+                                      descriptor(grad_down_weight, (bm, self.grad_down_width)))
         else:
             dy_t, grad_down_b, dwd = transposed[0], x_tiles, dwg
-        return (
-            *transposed,
-            *as_they_lie,
-            x_tiles,
-            descriptor(gate_weight, (bk, bn)),
-            descriptor(up_weight, (bk, bn)),
-            dwg,
-            descriptor(grad_up_weight, (bm, wn)),
-            descriptor(grad_x, (bm, bn)),
-            dy_t,
-            grad_down_b,
-            dwd,
-        )
+        return (*transposed, *as_they_lie, x_tiles, descriptor(gate_weight, (bk, bn)), descriptor(up_weight, (bk, bn)),
+                dwg, descriptor(grad_up_weight, (bm, wn)), descriptor(grad_x, (bm, bn)), dy_t, grad_down_b,
+                dwd)
 
 
 ENCODED_LAUNCHES: dict = {}  # (device, dtype, with_lo, config) → EncodedLaunch of the kernel compiled for them
 
 
-def prepare_second_launch_gluon(
-    config: GluonSecondLaunchConfig,
-    x,
-    gate_weight,
-    up_weight,
-    d_gate,
-    d_up,
-    grad_x,
-    grad_gate_weight,
-    grad_up_weight,
-    grad_x_workspace,
-    *,
-    with_lo: bool,
-    grad_down_operands,
-    trace=None,
-):
+def prepare_second_launch_gluon(config: GluonSecondLaunchConfig, x, gate_weight, up_weight, d_gate, d_up, grad_x,
+                                grad_gate_weight, grad_up_weight, grad_x_workspace, *, with_lo: bool,
+                                grad_down_operands, trace=None):
     """Launch 2 in Gluon made ready before launch 1: returns the callable that launches it (dx, dWg and dWu from
     dGate, dUp: [1 or 2, T, I], hi and with ``with_lo`` lo). On a Hopper GPU; 16-bit contiguous operands whose rows
     TMA can address (:func:`moe_lib.tma.rows_fit`), T ≥ 1. No host synchronisation. ``grad_x_workspace``: (fp32
@@ -1224,26 +677,12 @@ def prepare_second_launch_gluon(
     descriptors' block shapes and layouts follow from the config and dtype)."""
     T, H = x.shape
     I = gate_weight.shape[0]
-    descriptors = config.descriptors(
-        x, gate_weight, up_weight, d_gate, d_up, grad_x, grad_gate_weight, grad_up_weight, *grad_down_operands
-    )
+    descriptors = config.descriptors(x, gate_weight, up_weight, d_gate, d_up, grad_x, grad_gate_weight,
+                                     grad_up_weight, *grad_down_operands)
     key = (x.device, x.dtype, with_lo, config, trace is not None)
     trace_or_placeholder = grad_x_workspace[1] if trace is None else trace
-    return prepared_launch(
-        ENCODED_LAUNCHES,
-        key,
-        second_launch_kernel,
-        config.programs(T, H, I),
-        (
-            *descriptors,
-            *grad_x_workspace,
-            trace_or_placeholder,
-            T,
-            I,
-            *config.constexprs(with_lo, trace is not None).values(),
-        ),
-        warps=config.warps,
-        maxnreg=config.maxnreg,
-        device=x.device,
-        options=dict(launch_pdl=True) if config.programmatic else None,
-    )
+    return prepared_launch(ENCODED_LAUNCHES, key, second_launch_kernel, config.programs(T, H, I),
+                           (*descriptors, *grad_x_workspace, trace_or_placeholder, T, I,
+                            *config.constexprs(with_lo, trace is not None).values()),
+                           warps=config.warps, maxnreg=config.maxnreg, device=x.device,
+                           options=dict(launch_pdl=True) if config.programmatic else None)

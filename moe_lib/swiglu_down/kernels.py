@@ -43,22 +43,13 @@ from ..rounding import round_to
 @triton.jit
 def accumulate_product(
     acc,  # [BLOCK_M, BLOCK_N] fp32 accumulator, returned updated
-    a_ptr,
-    stride_am,
-    stride_ak,  # A[m, k] = a_ptr[m * stride_am + k * stride_ak]
+    a_ptr, stride_am, stride_ak,  # A[m, k] = a_ptr[m * stride_am + k * stride_ak]
     a_lo_offset,  # with A_HAS_LO: A's low half A_lo[m, k] lies a_lo_offset elements after A[m, k]
-    b_ptr,
-    stride_bk,
-    stride_bn,  # B[k, n] = b_ptr[k * stride_bk + n * stride_bn]
-    M,
-    N,  # rows of A, columns of B
-    k_start,
-    k_end,  # the slice of the reduction this call covers
-    off_m,
-    off_n,  # first row / column of this tile
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    b_ptr, stride_bk, stride_bn,  # B[k, n] = b_ptr[k * stride_bk + n * stride_bn]
+    M, N,  # rows of A, columns of B
+    k_start, k_end,  # the slice of the reduction this call covers
+    off_m, off_n,  # first row / column of this tile
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     UPCAST: tl.constexpr,  # compute the dot in fp32 (the interpreter's bf16 dot is wrong)
     PRECISION: tl.constexpr,  # tl.dot input_precision for fp32 operands
     A_HAS_LO: tl.constexpr,  # A is a 16-bit hi/lo pair, A ≈ A_hi + A_lo: both halves multiply each B tile
@@ -112,11 +103,8 @@ def combine_splits(
     acc,  # this program's fp32 partial [BLOCK_M, BLOCK_N]
     partials_ptr,  # fp32 workspace: [num_tiles, SPLIT, BLOCK_M, BLOCK_N] for this tile kind
     counters_ptr,  # int32 arrival counters, one per tile of this kind
-    tile,
-    split,  # which tile, which split of its reduction
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    SPLIT: tl.constexpr,
+    tile, split,  # which tile, which split of its reduction
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
 ):
     """(total, is_last): with SPLIT > 1 only the last program of a tile to arrive gets is_last, and
     total = Σ_s partial_s in split order; with SPLIT == 1 every program is last and total = acc."""
@@ -147,7 +135,8 @@ def grouped_tile(tile, num_tiles_m, num_tiles_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def store_tile(ptr, values, off_m, off_n, M, N, stride_m, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def store_tile(ptr, values, off_m, off_n, M, N, stride_m,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """ptr[m, n] = values for the in-bounds part of the [BLOCK_M, BLOCK_N] tile (row-major, stride_m)."""
     rows = off_m + tl.arange(0, BLOCK_M)
     cols = off_n + tl.arange(0, BLOCK_N)
@@ -166,19 +155,8 @@ def store_halves(ptrs, lo_offset, values, mask, WITH_LO: tl.constexpr):
 
 
 @triton.jit
-def store_tile_halves(
-    ptr,
-    lo_offset,
-    values,
-    off_m,
-    off_n,
-    M,
-    N,
-    stride_m,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    WITH_LO: tl.constexpr,
-):
+def store_tile_halves(ptr, lo_offset, values, off_m, off_n, M, N, stride_m,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WITH_LO: tl.constexpr):
     """Stores fp32 ``values`` in ptr's dtype; WITH_LO also stores what that rounding lost, lo = values − hi,
     ``lo_offset`` elements further on (hi + lo carries about twice the 16-bit dtype's precision)."""
     hi = values.to(ptr.dtype.element_ty)
@@ -209,19 +187,10 @@ def token_reduction_program(
     a_lo_offset,  # with A_HAS_LO: where A's low half starts, in elements after A
     b_ptr,  # B [T, N], row-major
     out_ptr,  # out: Aᵀ · B [M, N]
-    partials_ptr,
-    counters_ptr,  # split-K workspace of this kind
-    T,
-    M,
-    N,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    SPLIT: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    UPCAST: tl.constexpr,
-    PRECISION: tl.constexpr,
-    A_HAS_LO: tl.constexpr,
+    partials_ptr, counters_ptr,  # split-K workspace of this kind
+    T, M, N,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+    GROUP_M: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, A_HAS_LO: tl.constexpr,
 ):
     """out[m, n] = Σ_t A[t, m] · B[t, n] for one tile (or one split of it): the weight gradients
     dWd = dyᵀ · intermediate, dWg = dGateᵀ · x and dWu = dUpᵀ · x."""
@@ -230,28 +199,8 @@ def token_reduction_program(
     off_m, off_n = tile_m * BLOCK_M, tile_n * BLOCK_N
     k_start, k_end = split_range(split, T, SPLIT, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc = accumulate_product(
-        acc,
-        a_ptr,
-        1,
-        M,
-        a_lo_offset,
-        b_ptr,
-        N,
-        1,
-        M,
-        N,
-        k_start,
-        k_end,
-        off_m,
-        off_n,
-        BLOCK_M,
-        BLOCK_N,
-        BLOCK_K,
-        UPCAST,
-        PRECISION,
-        A_HAS_LO,
-    )
+    acc = accumulate_product(acc, a_ptr, 1, M, a_lo_offset, b_ptr, N, 1, M, N, k_start, k_end, off_m, off_n,
+                             BLOCK_M, BLOCK_N, BLOCK_K, UPCAST, PRECISION, A_HAS_LO)
     total, is_last = combine_splits(acc, partials_ptr, counters_ptr, tile, split, BLOCK_M, BLOCK_N, SPLIT)
     if is_last:
         store_tile(out_ptr, total, off_m, off_n, M, N, N, BLOCK_M, BLOCK_N)
@@ -266,23 +215,9 @@ def swiglu_grads(d_a, gate, s, gate_silu, up):
 
 
 @triton.jit
-def store_swiglu_grads(
-    d_a,
-    gate_ptr,
-    gate_sigmoid_ptr,
-    gate_silu_ptr,
-    up_ptr,
-    d_gate_ptr,
-    d_up_ptr,
-    lo_offset,
-    off_t,
-    off_i,
-    T,
-    I,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    WITH_LO: tl.constexpr,
-):
+def store_swiglu_grads(d_a, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, d_gate_ptr, d_up_ptr, lo_offset,
+                       off_t, off_i, T, I, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       WITH_LO: tl.constexpr):
     """The dA tile's epilogue: dUp = dA ⊙ gate_silu and dGate = dA ⊙ up ⊙ s ⊙ (1 + gate ⊙ (1 − s)) from the saved
     tiles at (off_t, off_i), stored as [T, I] rows (with WITH_LO as hi/lo pairs, ``lo_offset`` elements apart)."""
     # one saved tensor at a time, so that few [BLOCK_M, BLOCK_N] tiles are live at once
@@ -299,18 +234,10 @@ def d_a_tile(
     program,  # index of this program among the dA (tile, split) programs
     grad_output_ptr,  # dy [T, H]
     down_weight_ptr,  # Wd [H, I]
-    partials_ptr,
-    counters_ptr,  # split-K workspace of the dA tiles
-    T,
-    H,
-    I,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    SPLIT: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    UPCAST: tl.constexpr,
-    PRECISION: tl.constexpr,
+    partials_ptr, counters_ptr,  # split-K workspace of the dA tiles
+    T, H, I,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+    GROUP_M: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """(dA, is_last, off_t, off_i): the fp32 tile of dA = dy · Wd at (off_t, off_i) [BLOCK_M, BLOCK_N], complete in the
     program that gets is_last (with SPLIT > 1 the last of its splits to arrive, :func:`combine_splits`)."""
@@ -319,28 +246,8 @@ def d_a_tile(
     off_t, off_i = tile_m * BLOCK_M, tile_n * BLOCK_N
     k_start, k_end = split_range(split, H, SPLIT, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc = accumulate_product(
-        acc,
-        grad_output_ptr,
-        H,
-        1,
-        0,
-        down_weight_ptr,
-        I,
-        1,
-        T,
-        I,
-        k_start,
-        k_end,
-        off_t,
-        off_i,
-        BLOCK_M,
-        BLOCK_N,
-        BLOCK_K,
-        UPCAST,
-        PRECISION,
-        False,
-    )
+    acc = accumulate_product(acc, grad_output_ptr, H, 1, 0, down_weight_ptr, I, 1, T, I, k_start, k_end,
+                             off_t, off_i, BLOCK_M, BLOCK_N, BLOCK_K, UPCAST, PRECISION, False)
     d_a, is_last = combine_splits(acc, partials_ptr, counters_ptr, tile, split, BLOCK_M, BLOCK_N, SPLIT)
     return d_a, is_last, off_t, off_i
 
@@ -350,172 +257,64 @@ def d_intermediate_program(
     program,  # index of this program among this kind's (tile, split) programs
     grad_output_ptr,  # dy [T, H]
     down_weight_ptr,  # Wd [H, I]
-    gate_ptr,
-    gate_sigmoid_ptr,
-    gate_silu_ptr,
-    up_ptr,  # saved forward, each [T, I]
-    d_gate_ptr,
-    d_up_ptr,  # out: dGate, dUp [T, I] (with WITH_LO: their hi halves; the lo halves follow)
+    gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr,  # saved forward, each [T, I]
+    d_gate_ptr, d_up_ptr,  # out: dGate, dUp [T, I] (with WITH_LO: their hi halves; the lo halves follow)
     lo_offset,  # with WITH_LO: where the lo halves start, in elements after dGate, dUp (T·I)
-    partials_ptr,
-    counters_ptr,  # split-K workspace of this kind
-    T,
-    H,
-    I,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    SPLIT: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    UPCAST: tl.constexpr,
-    PRECISION: tl.constexpr,
-    WITH_LO: tl.constexpr,
+    partials_ptr, counters_ptr,  # split-K workspace of this kind
+    T, H, I,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+    GROUP_M: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, WITH_LO: tl.constexpr,
 ):
     """dA = dy · Wd for one tile, then dUp = dA ⊙ gate_silu and dGate = dA ⊙ up ⊙ s ⊙ (1 + gate ⊙ (1 − s))."""
-    d_a, is_last, off_t, off_i = d_a_tile(
-        program,
-        grad_output_ptr,
-        down_weight_ptr,
-        partials_ptr,
-        counters_ptr,
-        T,
-        H,
-        I,
-        BLOCK_M,
-        BLOCK_N,
-        BLOCK_K,
-        SPLIT,
-        GROUP_M,
-        UPCAST,
-        PRECISION,
-    )
+    d_a, is_last, off_t, off_i = d_a_tile(program, grad_output_ptr, down_weight_ptr, partials_ptr, counters_ptr,
+                                          T, H, I, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, GROUP_M, UPCAST,
+                                          PRECISION)
     if is_last:
-        store_swiglu_grads(
-            d_a,
-            gate_ptr,
-            gate_sigmoid_ptr,
-            gate_silu_ptr,
-            up_ptr,
-            d_gate_ptr,
-            d_up_ptr,
-            lo_offset,
-            off_t,
-            off_i,
-            T,
-            I,
-            BLOCK_M,
-            BLOCK_N,
-            WITH_LO,
-        )
+        store_swiglu_grads(d_a, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, d_gate_ptr, d_up_ptr, lo_offset,
+                           off_t, off_i, T, I, BLOCK_M, BLOCK_N, WITH_LO)
 
 
 @triton.jit
 def d_intermediate_and_grad_down_kernel(
     grad_output_ptr,  # dy [T, H]
     down_weight_ptr,  # Wd [H, I]
-    gate_ptr,
-    gate_sigmoid_ptr,
-    gate_silu_ptr,
-    up_ptr,
-    intermediate_ptr,  # saved forward, each [T, I]
-    d_gate_ptr,
-    d_up_ptr,  # out (workspace): dGate, dUp [T, I], each followed by its lo half with WITH_LO
+    gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, intermediate_ptr,  # saved forward, each [T, I]
+    d_gate_ptr, d_up_ptr,  # out (workspace): dGate, dUp [T, I], each followed by its lo half with WITH_LO
     lo_offset,  # T·I: where the lo halves start, in elements after dGate, dUp
     grad_down_weight_ptr,  # out: dWd [H, I]
-    da_partials_ptr,
-    da_counters_ptr,  # split-K workspace of the dA tiles
-    dwd_partials_ptr,
-    dwd_counters_ptr,  # split-K workspace of the dWd tiles
-    T,
-    H,
-    I,
-    DA_M: tl.constexpr,
-    DA_N: tl.constexpr,
-    DA_K: tl.constexpr,
-    DA_SPLIT: tl.constexpr,
-    DWD_M: tl.constexpr,
-    DWD_N: tl.constexpr,
-    DWD_K: tl.constexpr,
-    DWD_SPLIT: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    UPCAST: tl.constexpr,
-    PRECISION: tl.constexpr,
+    da_partials_ptr, da_counters_ptr,  # split-K workspace of the dA tiles
+    dwd_partials_ptr, dwd_counters_ptr,  # split-K workspace of the dWd tiles
+    T, H, I,
+    DA_M: tl.constexpr, DA_N: tl.constexpr, DA_K: tl.constexpr, DA_SPLIT: tl.constexpr,
+    DWD_M: tl.constexpr, DWD_N: tl.constexpr, DWD_K: tl.constexpr, DWD_SPLIT: tl.constexpr,
+    GROUP_M: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
     WITH_LO: tl.constexpr,  # store dGate, dUp as hi/lo pairs (the faithful path); else hi alone
 ):
     pid = tl.program_id(0)
     num_dwd_programs = tl.cdiv(H, DWD_M) * tl.cdiv(I, DWD_N) * DWD_SPLIT
     if pid < num_dwd_programs:  # the long reductions over T first
-        token_reduction_program(
-            pid,
-            grad_output_ptr,
-            0,
-            intermediate_ptr,
-            grad_down_weight_ptr,
-            dwd_partials_ptr,
-            dwd_counters_ptr,
-            T,
-            H,
-            I,
-            DWD_M,
-            DWD_N,
-            DWD_K,
-            DWD_SPLIT,
-            GROUP_M,
-            UPCAST,
-            PRECISION,
-            False,
-        )
+        token_reduction_program(pid, grad_output_ptr, 0, intermediate_ptr, grad_down_weight_ptr,
+                                dwd_partials_ptr, dwd_counters_ptr, T, H, I,
+                                DWD_M, DWD_N, DWD_K, DWD_SPLIT, GROUP_M, UPCAST, PRECISION, False)
     else:
-        d_intermediate_program(
-            pid - num_dwd_programs,
-            grad_output_ptr,
-            down_weight_ptr,
-            gate_ptr,
-            gate_sigmoid_ptr,
-            gate_silu_ptr,
-            up_ptr,
-            d_gate_ptr,
-            d_up_ptr,
-            lo_offset,
-            da_partials_ptr,
-            da_counters_ptr,
-            T,
-            H,
-            I,
-            DA_M,
-            DA_N,
-            DA_K,
-            DA_SPLIT,
-            GROUP_M,
-            UPCAST,
-            PRECISION,
-            WITH_LO,
-        )
+        d_intermediate_program(pid - num_dwd_programs, grad_output_ptr, down_weight_ptr,
+                               gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, d_gate_ptr, d_up_ptr,
+                               lo_offset, da_partials_ptr, da_counters_ptr, T, H, I,
+                               DA_M, DA_N, DA_K, DA_SPLIT, GROUP_M, UPCAST, PRECISION, WITH_LO)
 
 
 @triton.jit
 def grad_x_program(
     program,  # index of this program among this kind's (tile, split) programs
-    d_gate_ptr,
-    d_up_ptr,  # dGate, dUp [T, I], rows stride_d elements apart
+    d_gate_ptr, d_up_ptr,  # dGate, dUp [T, I], rows stride_d elements apart
     stride_d,  # I where dGate, dUp are arrays of their own; 2I (4I with lo halves) in [dG | dU] rows
     lo_offset,  # with A_HAS_LO: where their lo halves start, in elements after dGate, dUp
-    gate_weight_ptr,
-    up_weight_ptr,  # Wg, Wu [I, H]
+    gate_weight_ptr, up_weight_ptr,  # Wg, Wu [I, H]
     grad_x_ptr,  # out: dx [T, H]
-    partials_ptr,
-    counters_ptr,  # split-K workspace of this kind
-    T,
-    H,
-    I,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    SPLIT: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    UPCAST: tl.constexpr,
-    PRECISION: tl.constexpr,
-    A_HAS_LO: tl.constexpr,
+    partials_ptr, counters_ptr,  # split-K workspace of this kind
+    T, H, I,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+    GROUP_M: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, A_HAS_LO: tl.constexpr,
 ):
     """dx = dGate · Wg + dUp · Wu for one tile: a reduction over the 2I rows of [Wg; Wu] (or a split of it)."""
     tile, split = program // SPLIT, program % SPLIT
@@ -524,50 +323,12 @@ def grad_x_program(
     k_start, k_end = split_range(split, 2 * I, SPLIT, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     # the part of [k_start, k_end) below I runs over Wg, the part above over Wu
-    acc = accumulate_product(
-        acc,
-        d_gate_ptr,
-        stride_d,
-        1,
-        lo_offset,
-        gate_weight_ptr,
-        H,
-        1,
-        T,
-        H,
-        k_start,
-        tl.minimum(k_end, I),
-        off_t,
-        off_h,
-        BLOCK_M,
-        BLOCK_N,
-        BLOCK_K,
-        UPCAST,
-        PRECISION,
-        A_HAS_LO,
-    )
-    acc = accumulate_product(
-        acc,
-        d_up_ptr,
-        stride_d,
-        1,
-        lo_offset,
-        up_weight_ptr,
-        H,
-        1,
-        T,
-        H,
-        tl.maximum(k_start, I) - I,
-        k_end - I,
-        off_t,
-        off_h,
-        BLOCK_M,
-        BLOCK_N,
-        BLOCK_K,
-        UPCAST,
-        PRECISION,
-        A_HAS_LO,
-    )
+    acc = accumulate_product(acc, d_gate_ptr, stride_d, 1, lo_offset, gate_weight_ptr, H, 1, T, H,
+                             k_start, tl.minimum(k_end, I), off_t, off_h,
+                             BLOCK_M, BLOCK_N, BLOCK_K, UPCAST, PRECISION, A_HAS_LO)
+    acc = accumulate_product(acc, d_up_ptr, stride_d, 1, lo_offset, up_weight_ptr, H, 1, T, H,
+                             tl.maximum(k_start, I) - I, k_end - I, off_t, off_h,
+                             BLOCK_M, BLOCK_N, BLOCK_K, UPCAST, PRECISION, A_HAS_LO)
     total, is_last = combine_splits(acc, partials_ptr, counters_ptr, tile, split, BLOCK_M, BLOCK_N, SPLIT)
     if is_last:
         store_tile(grad_x_ptr, total, off_t, off_h, T, H, H, BLOCK_M, BLOCK_N)
@@ -576,100 +337,36 @@ def grad_x_program(
 @triton.jit
 def grad_x_and_grad_gate_up_kernel(
     x_ptr,  # x [T, H]
-    gate_weight_ptr,
-    up_weight_ptr,  # Wg, Wu [I, H]
-    d_gate_ptr,
-    d_up_ptr,  # dGate, dUp [T, I] from launch 1, each followed by its lo half with WITH_LO
+    gate_weight_ptr, up_weight_ptr,  # Wg, Wu [I, H]
+    d_gate_ptr, d_up_ptr,  # dGate, dUp [T, I] from launch 1, each followed by its lo half with WITH_LO
     lo_offset,  # T·I: where the lo halves start, in elements after dGate, dUp
     grad_x_ptr,  # out: dx [T, H]
-    grad_gate_weight_ptr,
-    grad_up_weight_ptr,  # out: dWg, dWu [I, H]
-    dx_partials_ptr,
-    dx_counters_ptr,  # split-K workspace of the dx tiles
-    dw_partials_ptr,
-    dw_counters_ptr,  # split-K workspace of the dWg tiles, then the dWu tiles
-    T,
-    H,
-    I,
-    DX_M: tl.constexpr,
-    DX_N: tl.constexpr,
-    DX_K: tl.constexpr,
-    DX_SPLIT: tl.constexpr,
-    DW_M: tl.constexpr,
-    DW_N: tl.constexpr,
-    DW_K: tl.constexpr,
-    DW_SPLIT: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    UPCAST: tl.constexpr,
-    PRECISION: tl.constexpr,
+    grad_gate_weight_ptr, grad_up_weight_ptr,  # out: dWg, dWu [I, H]
+    dx_partials_ptr, dx_counters_ptr,  # split-K workspace of the dx tiles
+    dw_partials_ptr, dw_counters_ptr,  # split-K workspace of the dWg tiles, then the dWu tiles
+    T, H, I,
+    DX_M: tl.constexpr, DX_N: tl.constexpr, DX_K: tl.constexpr, DX_SPLIT: tl.constexpr,
+    DW_M: tl.constexpr, DW_N: tl.constexpr, DW_K: tl.constexpr, DW_SPLIT: tl.constexpr,
+    GROUP_M: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
     WITH_LO: tl.constexpr,  # dGate, dUp are hi/lo pairs (the faithful path): every product takes both halves
     GRAD_X_FIRST: tl.constexpr,  # the dx tiles take the first program ids (else the dWg, dWu tiles do)
 ):
-    grad_x_and_grad_gate_up_program(
-        tl.program_id(0),
-        x_ptr,
-        gate_weight_ptr,
-        up_weight_ptr,
-        d_gate_ptr,
-        d_up_ptr,
-        lo_offset,
-        grad_x_ptr,
-        grad_gate_weight_ptr,
-        grad_up_weight_ptr,
-        dx_partials_ptr,
-        dx_counters_ptr,
-        dw_partials_ptr,
-        dw_counters_ptr,
-        T,
-        H,
-        I,
-        DX_M,
-        DX_N,
-        DX_K,
-        DX_SPLIT,
-        DW_M,
-        DW_N,
-        DW_K,
-        DW_SPLIT,
-        GROUP_M,
-        UPCAST,
-        PRECISION,
-        WITH_LO,
-        GRAD_X_FIRST,
-    )
+    grad_x_and_grad_gate_up_program(tl.program_id(0), x_ptr, gate_weight_ptr, up_weight_ptr, d_gate_ptr, d_up_ptr,
+                                    lo_offset, grad_x_ptr, grad_gate_weight_ptr, grad_up_weight_ptr, dx_partials_ptr,
+                                    dx_counters_ptr, dw_partials_ptr, dw_counters_ptr, T, H, I,
+                                    DX_M, DX_N, DX_K, DX_SPLIT, DW_M, DW_N, DW_K, DW_SPLIT, GROUP_M, UPCAST,
+                                    PRECISION, WITH_LO, GRAD_X_FIRST)
 
 
 @triton.jit
 def grad_x_and_grad_gate_up_program(
     program,  # index of this program among launch 2's: the dWg tiles', the dWu tiles', the dx tiles' (or dx first)
-    x_ptr,
-    gate_weight_ptr,
-    up_weight_ptr,
-    d_gate_ptr,
-    d_up_ptr,
-    lo_offset,
-    grad_x_ptr,
-    grad_gate_weight_ptr,
-    grad_up_weight_ptr,
-    dx_partials_ptr,
-    dx_counters_ptr,
-    dw_partials_ptr,
-    dw_counters_ptr,  # as the kernel's
-    T,
-    H,
-    I,
-    DX_M: tl.constexpr,
-    DX_N: tl.constexpr,
-    DX_K: tl.constexpr,
-    DX_SPLIT: tl.constexpr,
-    DW_M: tl.constexpr,
-    DW_N: tl.constexpr,
-    DW_K: tl.constexpr,
-    DW_SPLIT: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    UPCAST: tl.constexpr,
-    PRECISION: tl.constexpr,
-    WITH_LO: tl.constexpr,
+    x_ptr, gate_weight_ptr, up_weight_ptr, d_gate_ptr, d_up_ptr, lo_offset, grad_x_ptr, grad_gate_weight_ptr,
+    grad_up_weight_ptr, dx_partials_ptr, dx_counters_ptr, dw_partials_ptr, dw_counters_ptr,  # as the kernel's
+    T, H, I,
+    DX_M: tl.constexpr, DX_N: tl.constexpr, DX_K: tl.constexpr, DX_SPLIT: tl.constexpr,
+    DW_M: tl.constexpr, DW_N: tl.constexpr, DW_K: tl.constexpr, DW_SPLIT: tl.constexpr,
+    GROUP_M: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, WITH_LO: tl.constexpr,
     GRAD_X_FIRST: tl.constexpr,  # program ids [dx | dWg | dWu] instead of [dWg | dWu | dx]
 ):
     """One program of launch 2 (grad_x_and_grad_gate_up_kernel; the chained launch runs them too)."""
@@ -681,71 +378,17 @@ def grad_x_and_grad_gate_up_program(
         num_dx_programs = tl.cdiv(T, DX_M) * tl.cdiv(H, DX_N) * DX_SPLIT
         program = program - num_dx_programs if program >= num_dx_programs else program + 2 * num_dw_programs
     if program < num_dw_programs:  # dWg = dGateᵀ · x (the long reductions over T first)
-        token_reduction_program(
-            program,
-            d_gate_ptr,
-            lo_offset,
-            x_ptr,
-            grad_gate_weight_ptr,
-            dw_partials_ptr,
-            dw_counters_ptr,
-            T,
-            I,
-            H,
-            DW_M,
-            DW_N,
-            DW_K,
-            DW_SPLIT,
-            GROUP_M,
-            UPCAST,
-            PRECISION,
-            WITH_LO,
-        )
+        token_reduction_program(program, d_gate_ptr, lo_offset, x_ptr, grad_gate_weight_ptr, dw_partials_ptr,
+                                dw_counters_ptr, T, I, H, DW_M, DW_N, DW_K, DW_SPLIT, GROUP_M, UPCAST, PRECISION,
+                                WITH_LO)
     elif program < 2 * num_dw_programs:  # dWu = dUpᵀ · x
-        token_reduction_program(
-            program - num_dw_programs,
-            d_up_ptr,
-            lo_offset,
-            x_ptr,
-            grad_up_weight_ptr,
-            up_partials_ptr,
-            dw_counters_ptr + num_dw_tiles,
-            T,
-            I,
-            H,
-            DW_M,
-            DW_N,
-            DW_K,
-            DW_SPLIT,
-            GROUP_M,
-            UPCAST,
-            PRECISION,
-            WITH_LO,
-        )
+        token_reduction_program(program - num_dw_programs, d_up_ptr, lo_offset, x_ptr, grad_up_weight_ptr,
+                                up_partials_ptr, dw_counters_ptr + num_dw_tiles,
+                                T, I, H, DW_M, DW_N, DW_K, DW_SPLIT, GROUP_M, UPCAST, PRECISION, WITH_LO)
     else:
-        grad_x_program(
-            program - 2 * num_dw_programs,
-            d_gate_ptr,
-            d_up_ptr,
-            I,
-            lo_offset,
-            gate_weight_ptr,
-            up_weight_ptr,
-            grad_x_ptr,
-            dx_partials_ptr,
-            dx_counters_ptr,
-            T,
-            H,
-            I,
-            DX_M,
-            DX_N,
-            DX_K,
-            DX_SPLIT,
-            GROUP_M,
-            UPCAST,
-            PRECISION,
-            WITH_LO,
-        )
+        grad_x_program(program - 2 * num_dw_programs, d_gate_ptr, d_up_ptr, I, lo_offset, gate_weight_ptr,
+                       up_weight_ptr, grad_x_ptr, dx_partials_ptr, dx_counters_ptr,
+                       T, H, I, DX_M, DX_N, DX_K, DX_SPLIT, GROUP_M, UPCAST, PRECISION, WITH_LO)
 
 
 @triton.jit
@@ -779,32 +422,16 @@ def swiglu_activation_kernel(
 
 
 @triton.jit
-def store_swiglu_grads_rows(
-    d_a,
-    gate_ptr,
-    gate_sigmoid_ptr,
-    gate_silu_ptr,
-    up_ptr,
-    d_gate_up_ptr,
-    off_t,
-    off_i,
-    T,
-    I,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    WITH_LO: tl.constexpr,
-):
+def store_swiglu_grads_rows(d_a, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, d_gate_up_ptr, off_t, off_i, T, I,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WITH_LO: tl.constexpr):
     """dGate and dUp of the fp32 dA tile at (off_t, off_i) from the saved tiles, stored side by side in each row of
     ``d_gate_up_ptr``: [T, 2I] rows dGate | dUp; with WITH_LO [T, 4I] rows dGate_hi | dUp_hi | dGate_lo | dUp_lo.
     Every saved tile is loaded before anything is stored, so a program makes one round trip to memory (the
     compiler may not move a load above a store it cannot prove apart)."""
-    d_gate, d_up = swiglu_grads(
-        d_a,
-        load_block(gate_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N),
-        load_block(gate_sigmoid_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N),
-        load_block(gate_silu_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N),
-        load_block(up_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N),
-    )
+    d_gate, d_up = swiglu_grads(d_a, load_block(gate_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N),
+                                load_block(gate_sigmoid_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N),
+                                load_block(gate_silu_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N),
+                                load_block(up_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N))
     row = 4 * I if WITH_LO else 2 * I
     store_tile_halves(d_gate_up_ptr, 2 * I, d_gate, off_t, off_i, T, I, row, BLOCK_M, BLOCK_N, WITH_LO)
     store_tile_halves(d_gate_up_ptr + I, 2 * I, d_up, off_t, off_i, T, I, row, BLOCK_M, BLOCK_N, WITH_LO)
@@ -813,36 +440,19 @@ def store_swiglu_grads_rows(
 @triton.jit
 def swiglu_grads_kernel(
     d_a_ptr,  # dA = dy · Wd [T, I], fp32 or the input dtype
-    gate_ptr,
-    gate_sigmoid_ptr,
-    gate_silu_ptr,
-    up_ptr,  # saved forward, each [T, I]
+    gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr,  # saved forward, each [T, I]
     d_gate_up_ptr,  # out: [T, 2I] rows dGate | dUp; with WITH_LO [T, 4I] rows dGate_hi | dUp_hi | dGate_lo | dUp_lo
-    T,
-    I,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    T, I,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     WITH_LO: tl.constexpr,  # store hi/lo pairs (the faithful path); else hi alone
 ):
     """The dA tile's epilogue as a pass of its own (library_gemms.py: dA comes from cuBLAS): dGate and dUp
     side by side in each row, the layout that lets dx and [dWg; dWu] each be one GEMM."""
     off_t = tl.program_id(0) * BLOCK_M
     off_i = tl.program_id(1) * BLOCK_N
-    store_swiglu_grads_rows(
-        load_tile(d_a_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N),
-        gate_ptr,
-        gate_sigmoid_ptr,
-        gate_silu_ptr,
-        up_ptr,
-        d_gate_up_ptr,
-        off_t,
-        off_i,
-        T,
-        I,
-        BLOCK_M,
-        BLOCK_N,
-        WITH_LO,
-    )
+    store_swiglu_grads_rows(load_tile(d_a_ptr, off_t, off_i, T, I, I, BLOCK_M, BLOCK_N), gate_ptr, gate_sigmoid_ptr,
+                            gate_silu_ptr, up_ptr, d_gate_up_ptr, off_t, off_i, T, I, BLOCK_M, BLOCK_N,
+                            WITH_LO)
 
 
 @triton.jit

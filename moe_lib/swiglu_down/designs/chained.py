@@ -57,52 +57,25 @@ from .triton_launches import TileConfig, grid_sizes, launch_plan, split_workspac
 def chained_kernel(
     grad_output_ptr,  # dy [T, H]
     x_ptr,  # x [T, H]
-    gate_weight_ptr,
-    up_weight_ptr,  # Wg, Wu [I, H]
+    gate_weight_ptr, up_weight_ptr,  # Wg, Wu [I, H]
     down_weight_ptr,  # Wd [H, I]
-    gate_ptr,
-    gate_sigmoid_ptr,
-    gate_silu_ptr,
-    up_ptr,
-    intermediate_ptr,  # saved forward, each [T, I]
-    d_gate_ptr,
-    d_up_ptr,  # workspace: dGate, dUp [T, I], each followed by its lo half with WITH_LO
+    gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, intermediate_ptr,  # saved forward, each [T, I]
+    d_gate_ptr, d_up_ptr,  # workspace: dGate, dUp [T, I], each followed by its lo half with WITH_LO
     lo_offset,  # T·I: where the lo halves start, in elements after dGate, dUp
     grad_x_ptr,  # out: dx [T, H]
-    grad_gate_weight_ptr,
-    grad_up_weight_ptr,  # out: dWg, dWu [I, H]
+    grad_gate_weight_ptr, grad_up_weight_ptr,  # out: dWg, dWu [I, H]
     grad_down_weight_ptr,  # out: dWd [H, I]
-    da_partials_ptr,
-    da_counters_ptr,  # split-K workspace of the dA tiles
-    dwd_partials_ptr,
-    dwd_counters_ptr,  # split-K workspace of the dWd tiles
-    dx_partials_ptr,
-    dx_counters_ptr,  # split-K workspace of the dx tiles
-    dw_partials_ptr,
-    dw_counters_ptr,  # split-K workspace of the dWg tiles, then the dWu tiles
+    da_partials_ptr, da_counters_ptr,  # split-K workspace of the dA tiles
+    dwd_partials_ptr, dwd_counters_ptr,  # split-K workspace of the dWd tiles
+    dx_partials_ptr, dx_counters_ptr,  # split-K workspace of the dx tiles
+    dw_partials_ptr, dw_counters_ptr,  # split-K workspace of the dWg tiles, then the dWu tiles
     tickets_ptr,  # int64 [2]: [0] tickets handed out, [1] dA programs done (both summed over launches)
-    T,
-    H,
-    I,
-    DA_M: tl.constexpr,
-    DA_N: tl.constexpr,
-    DA_K: tl.constexpr,
-    DA_SPLIT: tl.constexpr,
-    DWD_M: tl.constexpr,
-    DWD_N: tl.constexpr,
-    DWD_K: tl.constexpr,
-    DWD_SPLIT: tl.constexpr,
-    DX_M: tl.constexpr,
-    DX_N: tl.constexpr,
-    DX_K: tl.constexpr,
-    DX_SPLIT: tl.constexpr,
-    DW_M: tl.constexpr,
-    DW_N: tl.constexpr,
-    DW_K: tl.constexpr,
-    DW_SPLIT: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    UPCAST: tl.constexpr,
-    PRECISION: tl.constexpr,
+    T, H, I,
+    DA_M: tl.constexpr, DA_N: tl.constexpr, DA_K: tl.constexpr, DA_SPLIT: tl.constexpr,
+    DWD_M: tl.constexpr, DWD_N: tl.constexpr, DWD_K: tl.constexpr, DWD_SPLIT: tl.constexpr,
+    DX_M: tl.constexpr, DX_N: tl.constexpr, DX_K: tl.constexpr, DX_SPLIT: tl.constexpr,
+    DW_M: tl.constexpr, DW_N: tl.constexpr, DW_K: tl.constexpr, DW_SPLIT: tl.constexpr,
+    GROUP_M: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
     WITH_LO: tl.constexpr,  # dGate, dUp as hi/lo pairs (the faithful path); else hi alone
     GRAD_DOWN_FIRST: tl.constexpr,  # the dWd tiles' tickets before the dA tiles' (else after)
     GRAD_DOWN_LAST: tl.constexpr,  # the dWd tiles' tickets after launch 2's (else before)
@@ -121,89 +94,22 @@ def chained_kernel(
     else:
         da_program, dwd_program, second_program = ticket, ticket - num_da, ticket - num_da - num_dwd
     if (da_program >= 0) & (da_program < num_da):  # launch 2's tiles wait for these alone
-        d_intermediate_program(
-            da_program,
-            grad_output_ptr,
-            down_weight_ptr,
-            gate_ptr,
-            gate_sigmoid_ptr,
-            gate_silu_ptr,
-            up_ptr,
-            d_gate_ptr,
-            d_up_ptr,
-            lo_offset,
-            da_partials_ptr,
-            da_counters_ptr,
-            T,
-            H,
-            I,
-            DA_M,
-            DA_N,
-            DA_K,
-            DA_SPLIT,
-            GROUP_M,
-            UPCAST,
-            PRECISION,
-            WITH_LO,
-        )
+        d_intermediate_program(da_program, grad_output_ptr, down_weight_ptr, gate_ptr, gate_sigmoid_ptr, gate_silu_ptr,
+                               up_ptr, d_gate_ptr, d_up_ptr, lo_offset, da_partials_ptr, da_counters_ptr, T, H, I,
+                               DA_M, DA_N, DA_K, DA_SPLIT, GROUP_M, UPCAST, PRECISION, WITH_LO)
         tl.debug_barrier()  # every thread's dGate, dUp stores come before the count
         tl.atomic_add(tickets_ptr + 1, 1, sem="release", scope="gpu")
     elif (dwd_program >= 0) & (dwd_program < num_dwd):
-        token_reduction_program(
-            dwd_program,
-            grad_output_ptr,
-            0,
-            intermediate_ptr,
-            grad_down_weight_ptr,
-            dwd_partials_ptr,
-            dwd_counters_ptr,
-            T,
-            H,
-            I,
-            DWD_M,
-            DWD_N,
-            DWD_K,
-            DWD_SPLIT,
-            GROUP_M,
-            UPCAST,
-            PRECISION,
-            False,
-        )
+        token_reduction_program(dwd_program, grad_output_ptr, 0, intermediate_ptr, grad_down_weight_ptr,
+                                dwd_partials_ptr, dwd_counters_ptr, T, H, I,
+                                DWD_M, DWD_N, DWD_K, DWD_SPLIT, GROUP_M, UPCAST, PRECISION, False)
     else:
         wait_for(tickets_ptr + 1, (arrival // grid + 1) * num_da)  # this launch's dA, stored and visible
-        grad_x_and_grad_gate_up_program(
-            second_program,
-            x_ptr,
-            gate_weight_ptr,
-            up_weight_ptr,
-            d_gate_ptr,
-            d_up_ptr,
-            lo_offset,
-            grad_x_ptr,
-            grad_gate_weight_ptr,
-            grad_up_weight_ptr,
-            dx_partials_ptr,
-            dx_counters_ptr,
-            dw_partials_ptr,
-            dw_counters_ptr,
-            T,
-            H,
-            I,
-            DX_M,
-            DX_N,
-            DX_K,
-            DX_SPLIT,
-            DW_M,
-            DW_N,
-            DW_K,
-            DW_SPLIT,
-            GROUP_M,
-            UPCAST,
-            PRECISION,
-            WITH_LO,
-            GRAD_X_FIRST,
-        )
-
+        grad_x_and_grad_gate_up_program(second_program, x_ptr, gate_weight_ptr, up_weight_ptr, d_gate_ptr,
+                                        d_up_ptr, lo_offset, grad_x_ptr, grad_gate_weight_ptr, grad_up_weight_ptr,
+                                        dx_partials_ptr, dx_counters_ptr, dw_partials_ptr, dw_counters_ptr, T, H, I,
+                                        DX_M, DX_N, DX_K, DX_SPLIT, DW_M, DW_N, DW_K, DW_SPLIT, GROUP_M, UPCAST,
+                                        PRECISION, WITH_LO, GRAD_X_FIRST)
 
 @dataclass(frozen=True)
 class ChainedConfig:
@@ -256,30 +162,10 @@ class ChainedConfig:
         tickets = SplitWorkspace.counters(slot, 1, 4, x.device).view(torch.int64)
         tiles = self.tiles
         chained_kernel[(grid,)](
-            *inputs,
-            d_gate,
-            d_up,
-            T * I,
-            *out,
-            *workspaces["dA"],
-            *workspaces["dWd"],
-            *workspaces["dx"],
-            *workspaces["dWgu"],
-            tickets,
-            T,
-            H,
-            I,
-            *tiles.d_intermediate,
-            *tiles.grad_down,
-            *tiles.grad_x,
-            *tiles.grad_gate_up,
-            tiles.group_m,
-            *dot_flags(x),
-            with_lo,
-            self.grad_down_first,
-            self.grad_down_last,
-            tiles.grad_x_first,
-            num_warps=self.warps,
+            *inputs, d_gate, d_up, T * I, *out,
+            *workspaces["dA"], *workspaces["dWd"], *workspaces["dx"], *workspaces["dWgu"], tickets, T, H, I,
+            *tiles.d_intermediate, *tiles.grad_down, *tiles.grad_x, *tiles.grad_gate_up, tiles.group_m,
+            *dot_flags(x), with_lo, self.grad_down_first, self.grad_down_last, tiles.grad_x_first, num_warps=self.warps,
             num_stages=self.stages,
         )
 

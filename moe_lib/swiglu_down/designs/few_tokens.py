@@ -101,9 +101,8 @@ def prefetch_block_to_l2(ptr, off_m, off_n, M, N, stride_m, BLOCK_M: tl.constexp
     rows = tl.minimum(off_m + tl.arange(0, BLOCK_M), M - 1)
     cols = tl.minimum(off_n + tl.arange(0, LINES) * LINE, N - 1)
     ptrs = ptr + rows[:, None].to(tl.int64) * stride_m + cols[None, :]
-    tl.inline_asm_elementwise(
-        "prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
-    )
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
 
 
 @triton.jit
@@ -124,9 +123,8 @@ def mma_pair(acc, other, hi, lo, UPCAST: tl.constexpr, PRECISION: tl.constexpr, 
 
 
 @triton.jit
-def mma_halves(
-    acc, other, d, D_TRANSPOSED: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, WITH_LO: tl.constexpr
-):
+def mma_halves(acc, other, d, D_TRANSPOSED: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+               WITH_LO: tl.constexpr):
     """acc + other · dᵀ (D_TRANSPOSED) or acc + other · d, with d [tokens, n] fp32 taken in other's dtype:
     hi = d rounded, and with WITH_LO also lo = what that rounding lost (acc + other·hi + other·lo).
     The weight or x tile is the left operand (the M side), dGate, dUp the right one: a right operand
@@ -140,16 +138,13 @@ def mma_halves(
 
 
 @triton.jit
-def saved_tiles(
-    gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, off_t, off_i, T, I, BLOCK_T: tl.constexpr, BLOCK_I: tl.constexpr
-):
+def saved_tiles(gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, off_t, off_i, T, I,
+                BLOCK_T: tl.constexpr, BLOCK_I: tl.constexpr):
     """The saved gate, gate_sigmoid, gate_silu and up tiles of the [BLOCK_T, BLOCK_I] block at (off_t, off_i)."""
-    return (
-        load_block(gate_ptr, off_t, off_i, T, I, I, BLOCK_T, BLOCK_I),
-        load_block(gate_sigmoid_ptr, off_t, off_i, T, I, I, BLOCK_T, BLOCK_I),
-        load_block(gate_silu_ptr, off_t, off_i, T, I, I, BLOCK_T, BLOCK_I),
-        load_block(up_ptr, off_t, off_i, T, I, I, BLOCK_T, BLOCK_I),
-    )
+    return (load_block(gate_ptr, off_t, off_i, T, I, I, BLOCK_T, BLOCK_I),
+            load_block(gate_sigmoid_ptr, off_t, off_i, T, I, I, BLOCK_T, BLOCK_I),
+            load_block(gate_silu_ptr, off_t, off_i, T, I, I, BLOCK_T, BLOCK_I),
+            load_block(up_ptr, off_t, off_i, T, I, I, BLOCK_T, BLOCK_I))
 
 
 @triton.jit
@@ -173,18 +168,8 @@ def phase2_tile(pid, H, I, SPAN_I2: tl.constexpr, SPAN_H2: tl.constexpr, N_I2: t
 
 
 @triton.jit
-def summed_partials(
-    partials_ptr,
-    part_stride,
-    off_m,
-    off_n,
-    M,
-    N,
-    stride_m,
-    PARTS: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
+def summed_partials(partials_ptr, part_stride, off_m, off_n, M, N, stride_m,
+                    PARTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Σ_p partials[p][block] for p = 0, 1, …, PARTS − 1 in that order (fp32, ``part_stride`` elements apart),
     read past L1 (other programs wrote them). Unrolled: all PARTS loads are in flight together, or, of more than
     PARTS_UNROLLED, that many at a time (each load in flight holds its registers)."""
@@ -208,30 +193,13 @@ def summed_partials(
 
 
 @triton.jit
-def grad_down_tile(
-    dy,
-    inter,
-    ready,
-    grad_down_weight_ptr,
-    off_h1,
-    off_i1,
-    h1_end,
-    I: tl.constexpr,
-    BLOCK_H1: tl.constexpr,
-    BLOCK_I1: tl.constexpr,
-    UPCAST: tl.constexpr,
-    PRECISION: tl.constexpr,
-    ONCE_BY_MOVE: tl.constexpr,
-):
+def grad_down_tile(dy, inter, ready, grad_down_weight_ptr, off_h1, off_i1, h1_end, I: tl.constexpr,
+                   BLOCK_H1: tl.constexpr, BLOCK_I1: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+                   ONCE_BY_MOVE: tl.constexpr):
     """dWd[c1, b1] = dyᵀ · intermediate over one token block (dy [BLOCK_T, BLOCK_H1], inter [BLOCK_T, BLOCK_I1]),
     stored."""
-    acc_down = mma(
-        tl.trans(dy),
-        once(inter, ready, ONCE_BY_MOVE),
-        tl.zeros((BLOCK_H1, BLOCK_I1), dtype=tl.float32),
-        UPCAST,
-        PRECISION,
-    )
+    acc_down = mma(tl.trans(dy), once(inter, ready, ONCE_BY_MOVE), tl.zeros((BLOCK_H1, BLOCK_I1), dtype=tl.float32),
+                   UPCAST, PRECISION)
     store_tile(grad_down_weight_ptr, acc_down, off_h1, off_i1, h1_end, I, I, BLOCK_H1, BLOCK_I1)
 
 
@@ -242,9 +210,8 @@ def arrive(counter_ptr, active, SEM: tl.constexpr, THREADS: tl.constexpr):
     barrier waits for the atomic here: a scalar atomic's result is broadcast on the spot, this one only
     where it is used."""
     lanes = tl.arange(0, THREADS)
-    return tl.atomic_add(
-        counter_ptr + lanes * 0, tl.full((THREADS,), 1, tl.int64), mask=(lanes == 0) & active, sem=SEM, scope="gpu"
-    )
+    return tl.atomic_add(counter_ptr + lanes * 0, tl.full((THREADS,), 1, tl.int64), mask=(lanes == 0) & active,
+                         sem=SEM, scope="gpu")
 
 
 @triton.jit
@@ -261,14 +228,14 @@ def once(tile, ready, BY_MOVE: tl.constexpr):
     above it is on its way. BY_MOVE (GPU only): through an identity move in inline PTX instead of a select on
     ``ready``, the same placement without a select per register (ptxas folds the moves)."""
     if BY_MOVE:
-        return tl.inline_asm_elementwise(
-            "mov.b32 $0, $1;", "=r,r", [tile], dtype=tile.dtype, is_pure=False, pack=32 // tile.dtype.primitive_bitwidth
-        )
+        return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [tile], dtype=tile.dtype, is_pure=False,
+                                         pack=32 // tile.dtype.primitive_bitwidth)
     return tl.where(ready, tile, tl.zeros_like(tile))
 
 
 # what each slot of a program's trace holds (TRACE): %globaltimer in ns at these points, then the SM it ran on
-TRACE_POINTS = ("start", "dA partial stored", "dWd stored", "dA ready", "dx partial stored", "dWg, dWu stored", "end")
+TRACE_POINTS = ("start", "dA partial stored", "dWd stored", "dA ready", "dx partial stored", "dWg, dWu stored",
+                "end")
 TRACE_SLOTS = len(TRACE_POINTS) + 1
 TRACE_END = tl.constexpr(len(TRACE_POINTS) - 1)  # the slot of "end"; the SM's number follows it, the last slot
 
@@ -280,9 +247,8 @@ def stamp(trace_ptr, slot, TRACE: tl.constexpr):
     stamp (``fence``) waits for them."""
     if TRACE:
         tl.debug_barrier()
-        now = tl.inline_asm_elementwise(
-            "mov.u64 $0, %globaltimer;", "=l,r", [slot], dtype=tl.int64, is_pure=False, pack=1
-        )
+        now = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [slot], dtype=tl.int64,
+                                        is_pure=False, pack=1)
         tl.store(trace_ptr + slot, now)
 
 
@@ -298,48 +264,35 @@ def stamp_sm(trace_ptr, slot, TRACE: tl.constexpr):
 def fence(TRACE: tl.constexpr):
     """With TRACE: waits until this thread's stores so far are visible to the whole GPU."""
     if TRACE:
-        tl.inline_asm_elementwise(
-            "fence.acq_rel.gpu;\n\tmov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1
-        )
+        tl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tmov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False,
+                                  pack=1)
 
 
 @triton.jit
 def few_tokens_kernel(
     grad_output_ptr,  # dy [T, H]
     x_ptr,  # x [T, H]
-    gate_weight_ptr,
-    up_weight_ptr,  # Wg, Wu [I, H]
+    gate_weight_ptr, up_weight_ptr,  # Wg, Wu [I, H]
     down_weight_ptr,  # Wd [H, I]
-    gate_ptr,
-    gate_sigmoid_ptr,
-    gate_silu_ptr,
-    up_ptr,
-    intermediate_ptr,  # saved forward, each [T, I]
+    gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, intermediate_ptr,  # saved forward, each [T, I]
     grad_x_ptr,  # out: dx [T, H]
-    grad_gate_weight_ptr,
-    grad_up_weight_ptr,  # out: dWg, dWu [I, H]
+    grad_gate_weight_ptr, grad_up_weight_ptr,  # out: dWg, dWu [I, H]
     grad_down_weight_ptr,  # out: dWd [H, I]
     da_partials_ptr,  # fp32 workspace [N_H1, T, I]: dA_c, the partial dA of phase-1 H-tile c
     dx_partials_ptr,  # fp32 workspace [N_I2, T, H]: dx_b, the partial dx of phase-2 I-block b
     counters_ptr,  # int64 [1 + N_I2 + N_H2]: launches, dA arrivals per phase-2 I-block, dx arrivals per H-tile
     trace_ptr,  # int64 [grid, TRACE_SLOTS] (TRACE): when each program reached each of TRACE_POINTS, and its SM
     T,  # tokens, at most BLOCK_T
-    H: tl.constexpr,
-    I: tl.constexpr,  # hidden and intermediate size, compiled in: index arithmetic and bounds fold
+    H: tl.constexpr, I: tl.constexpr,  # hidden and intermediate size, compiled in: index arithmetic and bounds fold
     PHASE: tl.constexpr,  # 0: both phases, waiting between them; 1 or 2: that phase alone (interpreter)
     BLOCK_T: tl.constexpr,  # every token in one block (the N side of dA and dx, the reduction of dWd, dWg, dWu)
-    BLOCK_H1: tl.constexpr,
-    BLOCK_I1: tl.constexpr,  # a phase-1 chunk: Wd rows (H) × columns (I)
-    BLOCK_I2: tl.constexpr,
-    BLOCK_H2: tl.constexpr,  # a phase-2 chunk: Wg, Wu rows (I) × columns (H)
-    SPAN_H1: tl.constexpr,
-    SPAN_H2: tl.constexpr,  # the H a tile covers: cdiv(SPAN, BLOCK) chunks, the last masked
-    N_H1: tl.constexpr,
-    N_I1: tl.constexpr,  # phase-1 tiles along H and I: cdiv(H, SPAN_H1), cdiv(I, BLOCK_I1)
-    N_I2: tl.constexpr,
-    N_H2: tl.constexpr,  # phase-2 tiles along I and H: cdiv(I, BLOCK_I2), cdiv(H, SPAN_H2)
+    BLOCK_H1: tl.constexpr, BLOCK_I1: tl.constexpr,  # a phase-1 chunk: Wd rows (H) × columns (I)
+    BLOCK_I2: tl.constexpr, BLOCK_H2: tl.constexpr,  # a phase-2 chunk: Wg, Wu rows (I) × columns (H)
+    SPAN_H1: tl.constexpr, SPAN_H2: tl.constexpr,  # the H a tile covers: cdiv(SPAN, BLOCK) chunks, the last masked
+    N_H1: tl.constexpr, N_I1: tl.constexpr,  # phase-1 tiles along H and I: cdiv(H, SPAN_H1), cdiv(I, BLOCK_I1)
+    N_I2: tl.constexpr, N_H2: tl.constexpr,  # phase-2 tiles along I and H: cdiv(I, BLOCK_I2), cdiv(H, SPAN_H2)
     WEIGHTS_AHEAD: tl.constexpr,  # one chunk: Wg, Wu tiles 0 loaded after phase 1 (before the wait), 1 the same and
-    # prefetched into L2 at the start, 2 loaded into registers at the start
+                                  # prefetched into L2 at the start, 2 loaded into registers at the start
     THREADS: tl.constexpr,  # 32 · num_warps (see arrive)
     UPCAST: tl.constexpr,  # fp32 dots (the interpreter's bf16 dot is wrong)
     PRECISION: tl.constexpr,  # tl.dot input_precision for fp32 operands
@@ -350,7 +303,7 @@ def few_tokens_kernel(
     ONCE_BY_MOVE: tl.constexpr,  # once() by an identity move in inline PTX, not a select (GPU only)
     SAVED_LATE: tl.constexpr,  # the saved gate, s, silu, up tiles loaded after phase 1, not at the start
     DX_SUM_SLICES: tl.constexpr,  # dx's sum over the I-blocks split by rows over the first this many phase-2
-    # programs of each H-tile (1: the last to arrive sums it all)
+                                  # programs of each H-tile (1: the last to arrive sums it all)
     GRAD_DOWN_LATE: tl.constexpr,  # dWd after phase 2's stores (before dx's sum), not before the wait
     CHUNK_STAGES: tl.constexpr,  # several chunks: the chunk loops software-pipelined this deep (tl.range num_stages)
 ):
@@ -383,9 +336,8 @@ def few_tokens_kernel(
                 w_up = load_block(up_weight_ptr, off_i2, off_h2, I, h2_end, H, BLOCK_I2, BLOCK_H2)
             x_block = load_block(x_ptr, 0, off_h2, T, h2_end, H, BLOCK_T, BLOCK_H2)
         if not SAVED_LATE:
-            gate, s, gate_silu, up = saved_tiles(
-                gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, 0, off_i2, T, I, BLOCK_T, BLOCK_I2
-            )
+            gate, s, gate_silu, up = saved_tiles(gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, 0, off_i2, T, I,
+                                                 BLOCK_T, BLOCK_I2)
     if PHASE == 0:  # this launch's number: the launch counter grows by the grid size per launch
         launch_arrival = arrive(counters_ptr, True, "relaxed", THREADS)
         if COUNT_LATE:  # the launch count's round trip is waited for at the wait only
@@ -403,23 +355,8 @@ def few_tokens_kernel(
             dy = once(dy, ready, ONCE_BY_MOVE)
             d_a = mma(w_down_t, tl.trans(dy), tl.zeros((BLOCK_I1, BLOCK_T), dtype=tl.float32), UPCAST, PRECISION)
         else:
-            d_a = streamed_d_a(
-                down_weight_ptr,
-                grad_output_ptr,
-                off_h1,
-                off_i1,
-                h1_end,
-                T,
-                H,
-                I,
-                BLOCK_T,
-                BLOCK_H1,
-                BLOCK_I1,
-                H_CHUNKS1,
-                UPCAST,
-                PRECISION,
-                CHUNK_STAGES,
-            )
+            d_a = streamed_d_a(down_weight_ptr, grad_output_ptr, off_h1, off_i1, h1_end, T, H, I, BLOCK_T, BLOCK_H1,
+                               BLOCK_I1, H_CHUNKS1, UPCAST, PRECISION, CHUNK_STAGES)
         store_tile(da_partials_ptr + c1 * TI, tl.trans(d_a), 0, off_i1, T, I, I, BLOCK_T, BLOCK_I1)
         tl.debug_barrier()  # every thread's partial is stored before the arrivals are counted
         stamp(trace_ptr, 1, TRACE)
@@ -428,39 +365,11 @@ def few_tokens_kernel(
             tl.atomic_add(counters_ptr + 1 + b, 1, mask=has_tile1, sem="release", scope="gpu")
         if not GRAD_DOWN_LATE:  # dWd after the arrivals: off the path that other programs wait on
             if H_CHUNKS1 == 1:
-                grad_down_tile(
-                    dy,
-                    inter,
-                    ready,
-                    grad_down_weight_ptr,
-                    off_h1,
-                    off_i1,
-                    h1_end,
-                    I,
-                    BLOCK_H1,
-                    BLOCK_I1,
-                    UPCAST,
-                    PRECISION,
-                    ONCE_BY_MOVE,
-                )
+                grad_down_tile(dy, inter, ready, grad_down_weight_ptr, off_h1, off_i1, h1_end, I, BLOCK_H1, BLOCK_I1,
+                               UPCAST, PRECISION, ONCE_BY_MOVE)
             else:
-                streamed_grad_down(
-                    grad_output_ptr,
-                    inter,
-                    grad_down_weight_ptr,
-                    off_h1,
-                    off_i1,
-                    h1_end,
-                    T,
-                    H,
-                    I,
-                    BLOCK_T,
-                    BLOCK_H1,
-                    BLOCK_I1,
-                    H_CHUNKS1,
-                    UPCAST,
-                    PRECISION,
-                )
+                streamed_grad_down(grad_output_ptr, inter, grad_down_weight_ptr, off_h1, off_i1, h1_end, T, H, I,
+                                   BLOCK_T, BLOCK_H1, BLOCK_I1, H_CHUNKS1, UPCAST, PRECISION)
         stamp(trace_ptr, 2, TRACE)
 
     if PHASE != 1:
@@ -468,9 +377,8 @@ def few_tokens_kernel(
             w_gate = load_block(gate_weight_ptr, off_i2, off_h2, I, h2_end, H, BLOCK_I2, BLOCK_H2)
             w_up = load_block(up_weight_ptr, off_i2, off_h2, I, h2_end, H, BLOCK_I2, BLOCK_H2)
         if SAVED_LATE:  # the saved tiles after phase 1, on their way during the wait
-            gate, s, gate_silu, up = saved_tiles(
-                gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, 0, off_i2, T, I, BLOCK_T, BLOCK_I2
-            )
+            gate, s, gate_silu, up = saved_tiles(gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, 0, off_i2, T, I,
+                                                 BLOCK_T, BLOCK_I2)
         if STAGE_EARLY and H_CHUNKS2 == 1:  # the phase-2 operands staged for the tensor cores while the wait spins
             w_gate_t = tl.trans(once(w_gate, ready, ONCE_BY_MOVE))
             w_up_t = tl.trans(once(w_up, ready, ONCE_BY_MOVE))
@@ -499,103 +407,33 @@ def few_tokens_kernel(
         else:  # dGate, dUp as the products take them, once for every chunk
             gate_hi, gate_lo = halves(d_gate, gate_weight_ptr.dtype.element_ty)
             up_hi, up_lo = halves(d_up, gate_weight_ptr.dtype.element_ty)
-            streamed_dx_partial(
-                gate_weight_ptr,
-                up_weight_ptr,
-                gate_hi,
-                gate_lo,
-                up_hi,
-                up_lo,
-                dx_partial_ptr,
-                off_i2,
-                off_h2,
-                h2_end,
-                t_end,
-                H,
-                I,
-                BLOCK_T,
-                BLOCK_I2,
-                BLOCK_H2,
-                H_CHUNKS2,
-                UPCAST,
-                PRECISION,
-                WITH_LO,
-                CHUNK_STAGES,
-            )
+            streamed_dx_partial(gate_weight_ptr, up_weight_ptr, gate_hi, gate_lo, up_hi, up_lo, dx_partial_ptr, off_i2,
+                                off_h2, h2_end, t_end, H, I, BLOCK_T, BLOCK_I2, BLOCK_H2, H_CHUNKS2, UPCAST, PRECISION,
+                                WITH_LO, CHUNK_STAGES)
         tl.debug_barrier()
         arrived = arrive(counters_ptr + 1 + N_I2 + c2, has_tile2, "acq_rel", THREADS)
         stamp(trace_ptr, 4, TRACE)
         if H_CHUNKS2 == 1:
             if not STAGE_EARLY:
                 x_t = tl.trans(once(x_block, ready, ONCE_BY_MOVE))  # the M side of dWgᵀ = xᵀ · dGate, dWuᵀ = xᵀ · dUp
-            acc_w = mma_halves(
-                tl.zeros((BLOCK_H2, BLOCK_I2), dtype=tl.float32), x_t, d_gate, False, UPCAST, PRECISION, WITH_LO
-            )
+            acc_w = mma_halves(tl.zeros((BLOCK_H2, BLOCK_I2), dtype=tl.float32), x_t, d_gate, False, UPCAST,
+                               PRECISION, WITH_LO)
             store_tile(grad_gate_weight_ptr, tl.trans(acc_w), off_i2, off_h2, I, h2_end, H, BLOCK_I2, BLOCK_H2)
-            acc_w = mma_halves(
-                tl.zeros((BLOCK_H2, BLOCK_I2), dtype=tl.float32), x_t, d_up, False, UPCAST, PRECISION, WITH_LO
-            )
+            acc_w = mma_halves(tl.zeros((BLOCK_H2, BLOCK_I2), dtype=tl.float32), x_t, d_up, False, UPCAST,
+                               PRECISION, WITH_LO)
             store_tile(grad_up_weight_ptr, tl.trans(acc_w), off_i2, off_h2, I, h2_end, H, BLOCK_I2, BLOCK_H2)
         else:
-            streamed_gate_up_grads(
-                x_ptr,
-                gate_hi,
-                gate_lo,
-                up_hi,
-                up_lo,
-                grad_gate_weight_ptr,
-                grad_up_weight_ptr,
-                off_i2,
-                off_h2,
-                h2_end,
-                T,
-                H,
-                I,
-                BLOCK_T,
-                BLOCK_I2,
-                BLOCK_H2,
-                H_CHUNKS2,
-                UPCAST,
-                PRECISION,
-                WITH_LO,
-                CHUNK_STAGES,
-            )
+            streamed_gate_up_grads(x_ptr, gate_hi, gate_lo, up_hi, up_lo, grad_gate_weight_ptr, grad_up_weight_ptr,
+                                   off_i2, off_h2, h2_end, T, H, I, BLOCK_T, BLOCK_I2, BLOCK_H2, H_CHUNKS2, UPCAST,
+                                   PRECISION, WITH_LO, CHUNK_STAGES)
         stamp(trace_ptr, 5, TRACE)
         if GRAD_DOWN_LATE:  # phase 1's dWd tile, while the stores above drain
             if H_CHUNKS1 == 1:
-                grad_down_tile(
-                    dy,
-                    inter,
-                    ready,
-                    grad_down_weight_ptr,
-                    off_h1,
-                    off_i1,
-                    h1_end,
-                    I,
-                    BLOCK_H1,
-                    BLOCK_I1,
-                    UPCAST,
-                    PRECISION,
-                    ONCE_BY_MOVE,
-                )
+                grad_down_tile(dy, inter, ready, grad_down_weight_ptr, off_h1, off_i1, h1_end, I, BLOCK_H1, BLOCK_I1,
+                               UPCAST, PRECISION, ONCE_BY_MOVE)
             else:
-                streamed_grad_down(
-                    grad_output_ptr,
-                    inter,
-                    grad_down_weight_ptr,
-                    off_h1,
-                    off_i1,
-                    h1_end,
-                    T,
-                    H,
-                    I,
-                    BLOCK_T,
-                    BLOCK_H1,
-                    BLOCK_I1,
-                    H_CHUNKS1,
-                    UPCAST,
-                    PRECISION,
-                )
+                streamed_grad_down(grad_output_ptr, inter, grad_down_weight_ptr, off_h1, off_i1, h1_end, T, H, I,
+                                   BLOCK_T, BLOCK_H1, BLOCK_I1, H_CHUNKS1, UPCAST, PRECISION)
 
         # ---- dx[:, c2] = Σ_b dx_b[:, c2] in b order
         if DX_SUM_SLICES == 1:  # by the last phase-2 tile of H-tile c2 to arrive
@@ -604,37 +442,15 @@ def few_tokens_kernel(
         elif PHASE == 0:  # by rows, over the H-tile's first DX_SUM_SLICES programs, once every partial has arrived
             if has_tile2 & (b2 < DX_SUM_SLICES):
                 wait_for(counters_ptr + 1 + N_I2 + c2, (launch_number + 1) * N_I2)
-                dx_slice_sum(
-                    dx_partials_ptr,
-                    grad_x_ptr,
-                    b2,
-                    off_h2,
-                    h2_end,
-                    T,
-                    H,
-                    N_I2,
-                    BLOCK_T // DX_SUM_SLICES,
-                    BLOCK_H2,
-                    H_CHUNKS2,
-                )
+                dx_slice_sum(dx_partials_ptr, grad_x_ptr, b2, off_h2, h2_end, T, H, N_I2, BLOCK_T // DX_SUM_SLICES,
+                             BLOCK_H2, H_CHUNKS2)
     fence(TRACE)
     stamp(trace_ptr, TRACE_END, TRACE)
 
 
 @triton.jit
-def dx_slice_sum(
-    dx_partials_ptr,
-    grad_x_ptr,
-    slice_index,
-    off_h,
-    h_end,
-    T,
-    H: tl.constexpr,
-    N_I2: tl.constexpr,
-    SLICE_T: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    H_CHUNKS: tl.constexpr,
-):
+def dx_slice_sum(dx_partials_ptr, grad_x_ptr, slice_index, off_h, h_end, T, H: tl.constexpr, N_I2: tl.constexpr,
+                 SLICE_T: tl.constexpr, BLOCK_H: tl.constexpr, H_CHUNKS: tl.constexpr):
     """dx[rows, off_h : h_end] = Σ_b dx_b[rows, off_h : h_end] (b = 0, 1, …, N_I2 − 1 in that order) for the SLICE_T
     rows of slice ``slice_index`` (rows past T masked off), in H_CHUNKS chunks of BLOCK_H columns."""
     off_t = slice_index * SLICE_T
@@ -649,13 +465,8 @@ def dx_slices_kernel(
     dx_partials_ptr,  # fp32 [N_I2, T, H]: dx_b, the partial dx of phase-2 I-block b (written by phase 2)
     grad_x_ptr,  # out: dx [T, H]
     T,
-    H: tl.constexpr,
-    N_I2: tl.constexpr,
-    N_H2: tl.constexpr,
-    SPAN_H2: tl.constexpr,
-    SLICES: tl.constexpr,
-    SLICE_T: tl.constexpr,
-    BLOCK_H2: tl.constexpr,
+    H: tl.constexpr, N_I2: tl.constexpr, N_H2: tl.constexpr, SPAN_H2: tl.constexpr,
+    SLICES: tl.constexpr, SLICE_T: tl.constexpr, BLOCK_H2: tl.constexpr,
 ):
     """The sliced dx sum of :func:`few_tokens_kernel` (``DX_SUM_SLICES``) as a launch of its own, after phase 2, for
     the interpreter (which runs programs one after another, so none could wait for another): program p sums slice
@@ -663,19 +474,8 @@ def dx_slices_kernel(
     pid = tl.program_id(0)
     slice_index, c2 = pid // N_H2, pid % N_H2
     off_h2 = c2 * SPAN_H2
-    dx_slice_sum(
-        dx_partials_ptr,
-        grad_x_ptr,
-        slice_index,
-        off_h2,
-        tl.minimum(off_h2 + SPAN_H2, H),
-        T,
-        H,
-        N_I2,
-        SLICE_T,
-        BLOCK_H2,
-        (SPAN_H2 + BLOCK_H2 - 1) // BLOCK_H2,
-    )
+    dx_slice_sum(dx_partials_ptr, grad_x_ptr, slice_index, off_h2, tl.minimum(off_h2 + SPAN_H2, H), T, H, N_I2,
+                 SLICE_T, BLOCK_H2, (SPAN_H2 + BLOCK_H2 - 1) // BLOCK_H2)
 
 
 # ---- a tile of several chunks (more H than one chunk holds): loops over the chunks, each loop software-pipelined
@@ -683,23 +483,9 @@ def dx_slices_kernel(
 
 
 @triton.jit
-def streamed_d_a(
-    down_weight_ptr,
-    grad_output_ptr,
-    off_h1,
-    off_i1,
-    h1_end,
-    T,
-    H: tl.constexpr,
-    I: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_H1: tl.constexpr,
-    BLOCK_I1: tl.constexpr,
-    H_CHUNKS: tl.constexpr,
-    UPCAST: tl.constexpr,
-    PRECISION: tl.constexpr,
-    STAGES: tl.constexpr,
-):
+def streamed_d_a(down_weight_ptr, grad_output_ptr, off_h1, off_i1, h1_end, T, H: tl.constexpr, I: tl.constexpr,
+                 BLOCK_T: tl.constexpr, BLOCK_H1: tl.constexpr, BLOCK_I1: tl.constexpr, H_CHUNKS: tl.constexpr,
+                 UPCAST: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr):
     """The partial dAᵀ [BLOCK_I1, BLOCK_T] = Σ_k Wd[chunk k, b1]ᵀ · dy[:, chunk k]ᵀ over the tile's H-chunks (chunk k:
     rows off_h1 + k · BLOCK_H1 onwards, below h1_end), accumulated in registers."""
     acc = tl.zeros((BLOCK_I1, BLOCK_T), dtype=tl.float32)
@@ -712,23 +498,9 @@ def streamed_d_a(
 
 
 @triton.jit
-def streamed_grad_down(
-    grad_output_ptr,
-    inter,
-    grad_down_weight_ptr,
-    off_h1,
-    off_i1,
-    h1_end,
-    T,
-    H: tl.constexpr,
-    I: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_H1: tl.constexpr,
-    BLOCK_I1: tl.constexpr,
-    H_CHUNKS: tl.constexpr,
-    UPCAST: tl.constexpr,
-    PRECISION: tl.constexpr,
-):
+def streamed_grad_down(grad_output_ptr, inter, grad_down_weight_ptr, off_h1, off_i1, h1_end, T, H: tl.constexpr,
+                       I: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H1: tl.constexpr, BLOCK_I1: tl.constexpr,
+                       H_CHUNKS: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     """dWd[chunk k, b1] = dy[:, chunk k]ᵀ · intermediate for each H-chunk of the tile, stored as it is made (dy read
     again: L2 hits)."""
     for k in range(H_CHUNKS):
@@ -739,29 +511,10 @@ def streamed_grad_down(
 
 
 @triton.jit
-def streamed_dx_partial(
-    gate_weight_ptr,
-    up_weight_ptr,
-    gate_hi,
-    gate_lo,
-    up_hi,
-    up_lo,
-    dx_partial_ptr,
-    off_i2,
-    off_h2,
-    h2_end,
-    t_end,
-    H: tl.constexpr,
-    I: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_I2: tl.constexpr,
-    BLOCK_H2: tl.constexpr,
-    H_CHUNKS: tl.constexpr,
-    UPCAST: tl.constexpr,
-    PRECISION: tl.constexpr,
-    WITH_LO: tl.constexpr,
-    STAGES: tl.constexpr,
-):
+def streamed_dx_partial(gate_weight_ptr, up_weight_ptr, gate_hi, gate_lo, up_hi, up_lo, dx_partial_ptr, off_i2,
+                        off_h2, h2_end, t_end, H: tl.constexpr, I: tl.constexpr, BLOCK_T: tl.constexpr,
+                        BLOCK_I2: tl.constexpr, BLOCK_H2: tl.constexpr, H_CHUNKS: tl.constexpr, UPCAST: tl.constexpr,
+                        PRECISION: tl.constexpr, WITH_LO: tl.constexpr, STAGES: tl.constexpr):
     """dx_b2[:, chunk k]ᵀ = Wg[b2, chunk k]ᵀ · dGateᵀ + Wu[b2, chunk k]ᵀ · dUpᵀ for each H-chunk of the tile, stored
     (rows below t_end) as it is made; dGate, dUp [BLOCK_T, BLOCK_I2] as hi/lo pairs (:func:`halves`)."""
     gate_hi_t, gate_lo_t, up_hi_t, up_lo_t = tl.trans(gate_hi), tl.trans(gate_lo), tl.trans(up_hi), tl.trans(up_lo)
@@ -776,41 +529,21 @@ def streamed_dx_partial(
 
 
 @triton.jit
-def streamed_gate_up_grads(
-    x_ptr,
-    gate_hi,
-    gate_lo,
-    up_hi,
-    up_lo,
-    grad_gate_weight_ptr,
-    grad_up_weight_ptr,
-    off_i2,
-    off_h2,
-    h2_end,
-    T,
-    H: tl.constexpr,
-    I: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_I2: tl.constexpr,
-    BLOCK_H2: tl.constexpr,
-    H_CHUNKS: tl.constexpr,
-    UPCAST: tl.constexpr,
-    PRECISION: tl.constexpr,
-    WITH_LO: tl.constexpr,
-    STAGES: tl.constexpr,
-):
+def streamed_gate_up_grads(x_ptr, gate_hi, gate_lo, up_hi, up_lo, grad_gate_weight_ptr, grad_up_weight_ptr, off_i2,
+                           off_h2, h2_end, T, H: tl.constexpr, I: tl.constexpr, BLOCK_T: tl.constexpr,
+                           BLOCK_I2: tl.constexpr, BLOCK_H2: tl.constexpr, H_CHUNKS: tl.constexpr,
+                           UPCAST: tl.constexpr, PRECISION: tl.constexpr, WITH_LO: tl.constexpr,
+                           STAGES: tl.constexpr):
     """dWg[b2, chunk k]ᵀ = x[:, chunk k]ᵀ · dGate and dWu[b2, chunk k]ᵀ = x[:, chunk k]ᵀ · dUp for each H-chunk of the
     tile, stored as they are made."""
     for k in tl.range(H_CHUNKS, num_stages=STAGES):
         off_h = off_h2 + k * BLOCK_H2
         x_t = tl.trans(load_block(x_ptr, 0, off_h, T, h2_end, H, BLOCK_T, BLOCK_H2))
-        acc_w = mma_pair(
-            tl.zeros((BLOCK_H2, BLOCK_I2), dtype=tl.float32), x_t, gate_hi, gate_lo, UPCAST, PRECISION, WITH_LO
-        )
+        acc_w = mma_pair(tl.zeros((BLOCK_H2, BLOCK_I2), dtype=tl.float32), x_t, gate_hi, gate_lo, UPCAST, PRECISION,
+                         WITH_LO)
         store_tile(grad_gate_weight_ptr, tl.trans(acc_w), off_i2, off_h, I, h2_end, H, BLOCK_I2, BLOCK_H2)
-        acc_w = mma_pair(
-            tl.zeros((BLOCK_H2, BLOCK_I2), dtype=tl.float32), x_t, up_hi, up_lo, UPCAST, PRECISION, WITH_LO
-        )
+        acc_w = mma_pair(tl.zeros((BLOCK_H2, BLOCK_I2), dtype=tl.float32), x_t, up_hi, up_lo, UPCAST, PRECISION,
+                         WITH_LO)
         store_tile(grad_up_weight_ptr, tl.trans(acc_w), off_i2, off_h, I, h2_end, H, BLOCK_I2, BLOCK_H2)
 
 
@@ -832,38 +565,25 @@ def store_row(ptr, row, values, off_n, M, N, stride_m, BLOCK_N: tl.constexpr):
 def one_token_kernel(
     grad_output_ptr,  # dy [1, H]
     x_ptr,  # x [1, H]
-    gate_weight_ptr,
-    up_weight_ptr,  # Wg, Wu [I, H]
+    gate_weight_ptr, up_weight_ptr,  # Wg, Wu [I, H]
     down_weight_ptr,  # Wd [H, I]
-    gate_ptr,
-    gate_sigmoid_ptr,
-    gate_silu_ptr,
-    up_ptr,
-    intermediate_ptr,  # saved forward, each [1, I]
+    gate_ptr, gate_sigmoid_ptr, gate_silu_ptr, up_ptr, intermediate_ptr,  # saved forward, each [1, I]
     grad_x_ptr,  # out: dx [1, H]
-    grad_gate_weight_ptr,
-    grad_up_weight_ptr,  # out: dWg, dWu [I, H]
+    grad_gate_weight_ptr, grad_up_weight_ptr,  # out: dWg, dWu [I, H]
     grad_down_weight_ptr,  # out: dWd [H, I]
     da_partials_ptr,  # fp32 workspace [N_H1, 1, I]: dA_c, the partial dA of phase-1 H-tile c
     dx_partials_ptr,  # fp32 workspace [N_I2, 1, H]: dx_b, the partial dx of phase-2 I-block b
     counters_ptr,  # int64 [1 + N_I2 + N_H2]: launches, dA arrivals per phase-2 I-block, dx arrivals per H-tile
     trace_ptr,  # int64 [grid, TRACE_SLOTS] (TRACE): when each program reached each of TRACE_POINTS, and its SM
     T,  # tokens: 1 (0: nothing to add, every output written as zeros)
-    H: tl.constexpr,
-    I: tl.constexpr,  # hidden and intermediate size
+    H: tl.constexpr, I: tl.constexpr,  # hidden and intermediate size
     PHASE: tl.constexpr,  # 0: both phases, waiting between them; 1 or 2: that phase alone (interpreter)
-    BLOCK_H1: tl.constexpr,
-    BLOCK_I1: tl.constexpr,  # a phase-1 chunk: Wd rows (H) × columns (I)
-    BLOCK_I2: tl.constexpr,
-    BLOCK_H2: tl.constexpr,  # a phase-2 chunk: Wg, Wu rows (I) × columns (H)
-    SPAN_H1: tl.constexpr,
-    SPAN_I1: tl.constexpr,  # the H and I a phase-1 tile covers (H: in chunks; I: ≤ its block)
-    SPAN_I2: tl.constexpr,
-    SPAN_H2: tl.constexpr,  # the I and H a phase-2 tile covers (I: ≤ its block; H: in chunks)
-    N_H1: tl.constexpr,
-    N_I1: tl.constexpr,  # phase-1 tiles along H and I: cdiv(H, SPAN_H1), cdiv(I, SPAN_I1)
-    N_I2: tl.constexpr,
-    N_H2: tl.constexpr,  # phase-2 tiles along I and H: cdiv(I, SPAN_I2), cdiv(H, SPAN_H2)
+    BLOCK_H1: tl.constexpr, BLOCK_I1: tl.constexpr,  # a phase-1 chunk: Wd rows (H) × columns (I)
+    BLOCK_I2: tl.constexpr, BLOCK_H2: tl.constexpr,  # a phase-2 chunk: Wg, Wu rows (I) × columns (H)
+    SPAN_H1: tl.constexpr, SPAN_I1: tl.constexpr,  # the H and I a phase-1 tile covers (H: in chunks; I: ≤ its block)
+    SPAN_I2: tl.constexpr, SPAN_H2: tl.constexpr,  # the I and H a phase-2 tile covers (I: ≤ its block; H: in chunks)
+    N_H1: tl.constexpr, N_I1: tl.constexpr,  # phase-1 tiles along H and I: cdiv(H, SPAN_H1), cdiv(I, SPAN_I1)
+    N_I2: tl.constexpr, N_H2: tl.constexpr,  # phase-2 tiles along I and H: cdiv(I, SPAN_I2), cdiv(H, SPAN_H2)
     THREADS: tl.constexpr,  # 32 · num_warps (see arrive)
     TRACE: tl.constexpr,  # stamp the global clock at each of TRACE_POINTS into trace_ptr (GPU only)
     GRAD_DOWN_LATE: tl.constexpr,  # dWd after phase 2's stores (before dx's sum), not before the wait
@@ -927,33 +647,11 @@ def one_token_kernel(
             tl.atomic_add(counters_ptr + 1 + b, 1, mask=has_tile1, sem="release", scope="gpu")
         if not GRAD_DOWN_LATE:
             if H_CHUNKS1 == 1:
-                store_tile(
-                    grad_down_weight_ptr,
-                    dy[:, None] * inter.to(tl.float32)[None, :],
-                    off_h1,
-                    off_i1,
-                    h1_end,
-                    i1_end,
-                    I,
-                    BLOCK_H1,
-                    BLOCK_I1,
-                )
+                store_tile(grad_down_weight_ptr, dy[:, None] * inter.to(tl.float32)[None, :], off_h1, off_i1, h1_end,
+                           i1_end, I, BLOCK_H1, BLOCK_I1)
             else:
-                one_token_grad_down(
-                    grad_output_ptr,
-                    inter,
-                    grad_down_weight_ptr,
-                    off_h1,
-                    off_i1,
-                    h1_end,
-                    i1_end,
-                    T,
-                    H,
-                    I,
-                    BLOCK_H1,
-                    BLOCK_I1,
-                    H_CHUNKS1,
-                )
+                one_token_grad_down(grad_output_ptr, inter, grad_down_weight_ptr, off_h1, off_i1, h1_end, i1_end, T, H,
+                                    I, BLOCK_H1, BLOCK_I1, H_CHUNKS1)
         stamp(trace_ptr, 2, TRACE)
 
     if PHASE != 1:
@@ -969,14 +667,11 @@ def one_token_kernel(
             d_a = tl.zeros((BLOCK_I2,), dtype=tl.float32)
             cols = off_i2 + tl.arange(0, BLOCK_I2)
             for c in tl.static_range(N_H1):  # the partials in a fixed order, read past L1 (other programs wrote them)
-                d_a += tl.load(
-                    da_partials_ptr + c * TI + cols, mask=(T > 0) & (cols < i2_end), other=0.0, cache_modifier=".cg"
-                )
+                d_a += tl.load(da_partials_ptr + c * TI + cols, mask=(T > 0) & (cols < i2_end), other=0.0,
+                               cache_modifier=".cg")
         else:
-            d_a = tl.sum(
-                summed_partials(da_partials_ptr, TI, 0, off_i2, tl.where(T > 0, 1, 0), i2_end, I, N_H1, 1, BLOCK_I2),
-                axis=0,
-            )
+            d_a = tl.sum(summed_partials(da_partials_ptr, TI, 0, off_i2, tl.where(T > 0, 1, 0), i2_end, I, N_H1, 1,
+                                         BLOCK_I2), axis=0)
         d_gate, d_up = swiglu_grads(d_a, gate, s, gate_silu, up)
         if H_CHUNKS2 == 1:
             dx = tl.sum(w_gate.to(tl.float32) * d_gate[:, None] + w_up.to(tl.float32) * d_up[:, None], axis=0)
@@ -994,68 +689,26 @@ def one_token_kernel(
         stamp(trace_ptr, 4, TRACE)
         if H_CHUNKS2 == 1:
             x = x.to(tl.float32)
-            store_tile(
-                grad_gate_weight_ptr,
-                d_gate[:, None] * x[None, :],
-                off_i2,
-                off_h2,
-                i2_end,
-                h2_end,
-                H,
-                BLOCK_I2,
-                BLOCK_H2,
-            )
-            store_tile(
-                grad_up_weight_ptr, d_up[:, None] * x[None, :], off_i2, off_h2, i2_end, h2_end, H, BLOCK_I2, BLOCK_H2
-            )
+            store_tile(grad_gate_weight_ptr, d_gate[:, None] * x[None, :], off_i2, off_h2, i2_end, h2_end, H,
+                       BLOCK_I2, BLOCK_H2)
+            store_tile(grad_up_weight_ptr, d_up[:, None] * x[None, :], off_i2, off_h2, i2_end, h2_end, H, BLOCK_I2,
+                       BLOCK_H2)
         else:
             for k in range(H_CHUNKS2):
                 off_h = off_h2 + k * BLOCK_H2
                 x = load_row(x_ptr, 0, off_h, T, h2_end, H, BLOCK_H2).to(tl.float32)
-                store_tile(
-                    grad_gate_weight_ptr,
-                    d_gate[:, None] * x[None, :],
-                    off_i2,
-                    off_h,
-                    i2_end,
-                    h2_end,
-                    H,
-                    BLOCK_I2,
-                    BLOCK_H2,
-                )
-                store_tile(
-                    grad_up_weight_ptr, d_up[:, None] * x[None, :], off_i2, off_h, i2_end, h2_end, H, BLOCK_I2, BLOCK_H2
-                )
+                store_tile(grad_gate_weight_ptr, d_gate[:, None] * x[None, :], off_i2, off_h, i2_end, h2_end, H,
+                           BLOCK_I2, BLOCK_H2)
+                store_tile(grad_up_weight_ptr, d_up[:, None] * x[None, :], off_i2, off_h, i2_end, h2_end, H,
+                           BLOCK_I2, BLOCK_H2)
         stamp(trace_ptr, 5, TRACE)
         if GRAD_DOWN_LATE:  # phase 1's dWd tile, while the stores above drain
             if H_CHUNKS1 == 1:
-                store_tile(
-                    grad_down_weight_ptr,
-                    dy[:, None] * inter.to(tl.float32)[None, :],
-                    off_h1,
-                    off_i1,
-                    h1_end,
-                    i1_end,
-                    I,
-                    BLOCK_H1,
-                    BLOCK_I1,
-                )
+                store_tile(grad_down_weight_ptr, dy[:, None] * inter.to(tl.float32)[None, :], off_h1, off_i1, h1_end,
+                           i1_end, I, BLOCK_H1, BLOCK_I1)
             else:
-                one_token_grad_down(
-                    grad_output_ptr,
-                    inter,
-                    grad_down_weight_ptr,
-                    off_h1,
-                    off_i1,
-                    h1_end,
-                    i1_end,
-                    T,
-                    H,
-                    I,
-                    BLOCK_H1,
-                    BLOCK_I1,
-                    H_CHUNKS1,
-                )
+                one_token_grad_down(grad_output_ptr, inter, grad_down_weight_ptr, off_h1, off_i1, h1_end, i1_end, T, H,
+                                    I, BLOCK_H1, BLOCK_I1, H_CHUNKS1)
 
         # ---- the last phase-2 tile of H-tile c2 to arrive: dx[c2] = Σ_b dx_b[c2] in b order
         if has_tile2 & (first(arrived) % N_I2 == N_I2 - 1):
@@ -1065,36 +718,15 @@ def one_token_kernel(
 
 
 @triton.jit
-def one_token_grad_down(
-    grad_output_ptr,
-    inter,
-    grad_down_weight_ptr,
-    off_h1,
-    off_i1,
-    h1_end,
-    i1_end,
-    T,
-    H: tl.constexpr,
-    I: tl.constexpr,
-    BLOCK_H1: tl.constexpr,
-    BLOCK_I1: tl.constexpr,
-    H_CHUNKS: tl.constexpr,
-):
+def one_token_grad_down(grad_output_ptr, inter, grad_down_weight_ptr, off_h1, off_i1, h1_end, i1_end, T,
+                        H: tl.constexpr, I: tl.constexpr, BLOCK_H1: tl.constexpr, BLOCK_I1: tl.constexpr,
+                        H_CHUNKS: tl.constexpr):
     """dWd[chunk k, b1] = dy[chunk k] ⊗ intermediate[b1] for each H-chunk of the tile (dy read again: L2 hits)."""
     for k in range(H_CHUNKS):
         off_h = off_h1 + k * BLOCK_H1
         dy = load_row(grad_output_ptr, 0, off_h, T, h1_end, H, BLOCK_H1).to(tl.float32)
-        store_tile(
-            grad_down_weight_ptr,
-            dy[:, None] * inter.to(tl.float32)[None, :],
-            off_h,
-            off_i1,
-            h1_end,
-            i1_end,
-            I,
-            BLOCK_H1,
-            BLOCK_I1,
-        )
+        store_tile(grad_down_weight_ptr, dy[:, None] * inter.to(tl.float32)[None, :], off_h, off_i1, h1_end, i1_end, I,
+                   BLOCK_H1, BLOCK_I1)
 
 
 @dataclass(frozen=True)
@@ -1177,17 +809,9 @@ class FewTokensConfig:
             config = cls(cuda_cores=True, cooperative=True)  # on the H200
         else:  # one token block
             block_i2, block_h2 = ONE_BLOCK_PHASE2_TILE
-            config = cls(
-                block_t=max(16, triton.next_power_of_2(T)),
-                block_i2=block_i2,
-                block_h2=block_h2,
-                count_late=True,
-                stage_before_wait=True,
-                once_by_move=True,
-                cooperative=True,
-                saved_late=True,
-                dx_sum_slices=DX_SUM_SLICES,
-            )
+            config = cls(block_t=max(16, triton.next_power_of_2(T)), block_i2=block_i2, block_h2=block_h2,
+                         count_late=True, stage_before_wait=True, once_by_move=True, cooperative=True,
+                         saved_late=True, dx_sum_slices=DX_SUM_SLICES)
         widest = MAX_BLOCK_I if config.cuda_cores else min(MAX_BLOCK_I, TOKEN_TILE_ELEMENTS // config.block_t)
         block_i1, block_h1 = widened(config.block_i1, config.block_h1, I, sms, widest)
         block_i2, block_h2 = widened(config.block_i2, config.block_h2, I, sms, widest)
@@ -1202,15 +826,8 @@ class FewTokensConfig:
         if not config.cuda_cores:  # a streamed tile's chunks narrower where its accumulators would not fit
             block_h1 = streamed_chunk(block_h1, span_h1, config.block_t + block_i1)
             block_h2 = streamed_chunk(block_h2, span_h2, config.block_t + block_i2)
-        config = dataclasses.replace(
-            config,
-            block_i1=block_i1,
-            block_h1=block_h1,
-            block_i2=block_i2,
-            block_h2=block_h2,
-            span_h1=span_h1,
-            span_h2=span_h2,
-        )
+        config = dataclasses.replace(config, block_i1=block_i1, block_h1=block_h1, block_i2=block_i2,
+                                     block_h2=block_h2, span_h1=span_h1, span_h2=span_h2)
         phase2_i_blocks = config.tiles(H, I)[2]
         while config.dx_sum_slices > min(phase2_i_blocks, config.block_t):  # as many as there are I-blocks to sum
             config = dataclasses.replace(config, dx_sum_slices=config.dx_sum_slices // 2)
@@ -1229,24 +846,19 @@ class FewTokensConfig:
         if not self.cuda_cores and T > self.block_t:
             return f"every token goes in one token block: {T} tokens against block_t {self.block_t}"
         if device.kind == "cuda" and H % ROW_ALIGN and T > MAX_UNALIGNED_TOKENS:
-            return (
-                f"rows of H ({H}) not a multiple of {ROW_ALIGN} elements are loaded element by element, which "
-                f"spills registers beyond {MAX_UNALIGNED_TOKENS} tokens"
-            )
+            return (f"rows of H ({H}) not a multiple of {ROW_ALIGN} elements are loaded element by element, which "
+                    f"spills registers beyond {MAX_UNALIGNED_TOKENS} tokens")
         widest = max(self.block_i1, self.block_i2)
         if not self.cuda_cores and self.block_t * widest > TOKEN_TILE_ELEMENTS:
-            return (
-                f"its [tokens, I-block] tiles of {self.block_t} × {widest} would exceed {TOKEN_TILE_ELEMENTS} "
-                "elements, which the registers hold"
-            )
+            return (f"its [tokens, I-block] tiles of {self.block_t} × {widest} would exceed {TOKEN_TILE_ELEMENTS} "
+                    "elements, which the registers hold")
         grid = self.grid_size(H, I)
         if grid > device.sms:
-            return f"its waits need every program resident: {grid} programs for H {H}, I {I} against {device.sms} SMs"
+            return (f"its waits need every program resident: {grid} programs for H {H}, I {I} against "
+                    f"{device.sms} SMs")
         if device.kind == "cuda" and device.shared_memory < SHARED_MEMORY:
-            return (
-                f"its chunks are sized for {SHARED_MEMORY} bytes of shared memory per program (sm_90), the device "
-                f"has {device.shared_memory}"
-            )
+            return (f"its chunks are sized for {SHARED_MEMORY} bytes of shared memory per program (sm_90), the device "
+                    f"has {device.shared_memory}")
         return on_triton(device)
 
     def invalid_fields(self, hidden_size: int, intermediate_size: int) -> str | None:
@@ -1261,26 +873,20 @@ class FewTokensConfig:
                 return f"{name} must be a power of two, got {block}"
         for phase, elements in ((1, self.block_h1 * self.block_i1), (2, self.block_i2 * self.block_h2)):
             if elements > CHUNK_ELEMENTS:
-                return (
-                    f"a phase-{phase} chunk of {elements} weight elements exceeds {CHUNK_ELEMENTS}: more would not "
-                    f"fit the {SHARED_MEMORY} bytes of shared memory at 128 tokens"
-                )
+                return (f"a phase-{phase} chunk of {elements} weight elements exceeds {CHUNK_ELEMENTS}: more would not "
+                        f"fit the {SHARED_MEMORY} bytes of shared memory at 128 tokens")
         if self.span_h1 < 0 or self.span_h2 < 0:
             return f"span_h1, span_h2 must be ≥ 0 (0: one block), got {self.span_h1}, {self.span_h2}"
         for name, span, block in (("span_i1", self.span_i1, self.block_i1), ("span_i2", self.span_i2, self.block_i2)):
             if not 0 <= span <= block:
                 return f"{name} must be between 1 and its block ({block}), or 0 for the block; got {span}"
         if not self.cuda_cores and (self.span_i1 or self.span_i2):
-            return (
-                f"span_i1, span_i2 need cuda_cores (the tensor-core form takes whole I-blocks), got "
-                f"{self.span_i1}, {self.span_i2}"
-            )
+            return (f"span_i1, span_i2 need cuda_cores (the tensor-core form takes whole I-blocks), got "
+                    f"{self.span_i1}, {self.span_i2}")
         slices, i_blocks = self.dx_sum_slices, self.tiles(hidden_size, intermediate_size)[2]
         if slices < 1 or slices & (slices - 1) or slices > min(self.block_t, i_blocks):
-            return (
-                f"dx_sum_slices must be a power of two between 1 and block_t ({self.block_t}) and the phase-2 "
-                f"I-blocks ({i_blocks}), got {slices}"
-            )
+            return (f"dx_sum_slices must be a power of two between 1 and block_t ({self.block_t}) and the phase-2 "
+                    f"I-blocks ({i_blocks}), got {slices}")
         if self.chunk_stages < 1:
             return f"chunk_stages must be ≥ 1, got {self.chunk_stages}"
         return None
@@ -1312,57 +918,26 @@ class FewTokensConfig:
         n_h1, n_i1, n_i2, n_h2 = self.tiles(hidden_size, intermediate_size)
         return max(n_h1 * n_i1, n_i2 * n_h2)
 
-    def launch(
-        self,
-        hidden_size: int,
-        intermediate_size: int,
-        *,
-        with_lo: bool,
-        interpreter: bool = False,
-        trace: bool = False,
-        phase: int = 0,
-    ) -> tuple[triton.JITFunction, dict]:
+    def launch(self, hidden_size: int, intermediate_size: int, *, with_lo: bool, interpreter: bool = False,
+               trace: bool = False, phase: int = 0) -> tuple[triton.JITFunction, dict]:
         """(kernel, compile-time arguments) of this config's launch at H × I for 16-bit inputs: what :meth:`run`
         passes, and what an offline compile for sm_90 compiles (:func:`kernel_argument_types` gives the rest)."""
         H, I = hidden_size, intermediate_size
         n_h1, n_i1, n_i2, n_h2 = self.tiles(H, I)
         (span_h1, span_h2), (span_i1, span_i2) = self.spans, self.i_spans
-        common = dict(
-            H=H,
-            I=I,
-            PHASE=phase,
-            BLOCK_H1=self.block_h1,
-            BLOCK_I1=self.block_i1,
-            BLOCK_I2=self.block_i2,
-            BLOCK_H2=self.block_h2,
-            SPAN_H1=span_h1,
-            SPAN_H2=span_h2,
-            N_H1=n_h1,
-            N_I1=n_i1,
-            N_I2=n_i2,
-            N_H2=n_h2,
-            THREADS=32 * self.warps,
-            TRACE=trace,
-            GRAD_DOWN_LATE=self.grad_down_late,
-        )
+        common = dict(H=H, I=I, PHASE=phase, BLOCK_H1=self.block_h1, BLOCK_I1=self.block_i1, BLOCK_I2=self.block_i2,
+                      BLOCK_H2=self.block_h2, SPAN_H1=span_h1, SPAN_H2=span_h2, N_H1=n_h1, N_I1=n_i1, N_I2=n_i2,
+                      N_H2=n_h2, THREADS=32 * self.warps, TRACE=trace, GRAD_DOWN_LATE=self.grad_down_late)
         if self.cuda_cores:
             return one_token_kernel, dict(common, SPAN_I1=span_i1, SPAN_I2=span_i2)
         ahead = WEIGHTS_AHEAD[self.weights_ahead]
         if interpreter and self.weights_ahead == "prefetch":  # the interpreter runs no inline PTX
             ahead = WEIGHTS_AHEAD["after_phase1"]
         return few_tokens_kernel, dict(
-            common,
-            BLOCK_T=self.block_t,
-            WEIGHTS_AHEAD=ahead,
-            UPCAST=interpreter,
-            PRECISION="tf32",
-            WITH_LO=with_lo,
-            COUNT_LATE=self.count_late,
-            STAGE_EARLY=self.stage_before_wait,
-            ONCE_BY_MOVE=self.once_by_move and not interpreter,
-            SAVED_LATE=self.saved_late,
-            DX_SUM_SLICES=self.dx_sum_slices,
-            CHUNK_STAGES=self.chunk_stages,
+            common, BLOCK_T=self.block_t, WEIGHTS_AHEAD=ahead, UPCAST=interpreter, PRECISION="tf32", WITH_LO=with_lo,
+            COUNT_LATE=self.count_late, STAGE_EARLY=self.stage_before_wait,
+            ONCE_BY_MOVE=self.once_by_move and not interpreter, SAVED_LATE=self.saved_late,
+            DX_SUM_SLICES=self.dx_sum_slices, CHUNK_STAGES=self.chunk_stages,
         )
 
     def run(self, inputs: Inputs, *, with_lo: bool, out: Outputs, trace: torch.Tensor | None = None) -> None:
@@ -1381,51 +956,26 @@ class FewTokensConfig:
         grid = self.grid_size(H, I)
         interpreter = interpreter_enabled()
         if trace is not None and (interpreter or trace.shape != (grid, TRACE_SLOTS) or trace.dtype != torch.int64):
-            raise ValueError(
-                f"trace: expected an int64 tensor of shape ({grid}, {TRACE_SLOTS}) on a GPU, got "
-                f"{tuple(trace.shape)} {trace.dtype} under {'the interpreter' if interpreter else 'CUDA'}"
-            )
+            raise ValueError(f"trace: expected an int64 tensor of shape ({grid}, {TRACE_SLOTS}) on a GPU, got "
+                             f"{tuple(trace.shape)} {trace.dtype} under {'the interpreter' if interpreter else 'CUDA'}")
         da_partials = runtime.allocate((n_h1, T, I), dtype=torch.float32, device=x.device)
         dx_partials = runtime.allocate((n_i2, T, H), dtype=torch.float32, device=x.device)
         # one counter set per tiling: the counts per launch depend on it
         blocks = (self.block_h1, self.block_i1, self.block_i2, self.block_h2)
         slot = f"few-tokens counters H={H} I={I} blocks {blocks} spans {self.spans} {self.i_spans}"
         counters = SplitWorkspace.counters(slot, 1, 2 * (1 + n_i2 + n_h2), x.device).view(torch.int64)
-        launch_options = dict(
-            num_warps=self.warps,
-            num_stages=self.stages,
-            **({"launch_cooperative_grid": True} if self.cooperative and not interpreter else {}),
-        )
+        launch_options = dict(num_warps=self.warps, num_stages=self.stages,
+                              **({"launch_cooperative_grid": True} if self.cooperative and not interpreter else {}))
         for phase in (1, 2) if interpreter else (0,):
-            kernel, constexprs = self.launch(
-                H, I, with_lo=with_lo, interpreter=interpreter, trace=trace is not None, phase=phase
-            )
-            kernel[(grid,)](
-                *inputs,
-                *out,
-                da_partials,
-                dx_partials,
-                counters,
-                counters if trace is None else trace,  # no trace: a pointer never written
-                T,
-                **constexprs,
-                **launch_options,
-            )
+            kernel, constexprs = self.launch(H, I, with_lo=with_lo, interpreter=interpreter, trace=trace is not None,
+                                             phase=phase)
+            kernel[(grid,)](*inputs, *out, da_partials, dx_partials, counters,
+                            counters if trace is None else trace,  # no trace: a pointer never written
+                            T, **constexprs, **launch_options)
         slices = 1 if self.cuda_cores else self.dx_sum_slices
         if interpreter and slices > 1 and T > 0:  # the sliced dx sum after phase 2 (on the GPU: inside the launch)
-            dx_slices_kernel[(slices * n_h2,)](
-                dx_partials,
-                out.grad_x,
-                T,
-                H,
-                n_i2,
-                n_h2,
-                self.spans[1],
-                slices,
-                self.block_t // slices,
-                self.block_h2,
-                num_warps=self.warps,
-            )
+            dx_slices_kernel[(slices * n_h2,)](dx_partials, out.grad_x, T, H, n_i2, n_h2, self.spans[1], slices,
+                                               self.block_t // slices, self.block_h2, num_warps=self.warps)
 
 
 def kernel_argument_types(kernel, element: str = "bf16") -> dict[str, str]:
@@ -1504,6 +1054,7 @@ def h_span(hidden_size: int, i_blocks: int, block_h: int, sms: int) -> int:
     return cdiv(cdiv(hidden_size, h_tiles), H_SPAN_ALIGN) * H_SPAN_ALIGN
 
 
+
 def trace_timeline(traces: torch.Tensor) -> dict[str, tuple[float, float]]:
     """What a traced launch spent where: ``traces`` int64 [runs, grid, TRACE_SLOTS] (``run(..., trace=)`` of
     several runs, zero where a program never reached a point). For each of TRACE_POINTS, (the median program,
@@ -1513,7 +1064,5 @@ def trace_timeline(traces: torch.Tensor) -> dict[str, tuple[float, float]]:
     since_start = (times - times[..., 0].amin(dim=1)[:, None, None]) / 1e3  # [runs, grid, points], µs
     median_program = since_start.nanquantile(0.5, dim=1).nanmedian(dim=0).values
     latest_program = torch.where(since_start.isnan(), -torch.inf, since_start).amax(dim=1).nanmedian(dim=0).values
-    return {
-        point: (float(m), float(latest))
-        for point, m, latest in zip(TRACE_POINTS, median_program, latest_program, strict=True)
-    }
+    return {point: (float(m), float(latest)) for point, m, latest in zip(TRACE_POINTS, median_program, latest_program,
+                                                                         strict=True)}
