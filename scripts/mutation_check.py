@@ -853,6 +853,24 @@ MUTANTS = [
         "out_mask = row_ok[None, :] & (cols >= 0)[:, None]",
         ("tests/moe_experts/test_backward_triton.py", "-k", "interpreter_small_cases"),
     ),
+    Mutant(
+        "p2_w_stages_from_513_rows",
+        "dispatch",
+        "kernel W's 4 stages from 513 mean rows, not 512",
+        "moe_lib/moe_experts/choose.py",
+        "stages = 4 if mean_rows >= 512 else 3",
+        "stages = 4 if mean_rows > 512 else 3",
+        P2_CHOOSER,
+    ),
+    Mutant(
+        "extra_dims_accepted",
+        "validation",
+        "a tensor with more dims than expected passes the dim check",
+        "moe_lib/validation.py",
+        "if t.dim() != count:",
+        "if t.dim() < count:",
+        (ARGUMENTS, "-k", "p2_bad_inputs"),
+    ),
 ]
 
 
