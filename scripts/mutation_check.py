@@ -871,6 +871,24 @@ MUTANTS = [
         "if t.dim() < count:",
         (ARGUMENTS, "-k", "p2_bad_inputs"),
     ),
+    Mutant(
+        "rel_error_zero_ref_is_zero",
+        "bench verdicts",
+        "an all-zero reference gives relative error 0 whatever the output",
+        "moe_lib/bench/checks.py",
+        "if ref_sq > 0 else math.sqrt(diff_sq)",
+        "if ref_sq > 0 else 0.0",
+        ("tests/bench/test_thresholds.py", "-k", "relative_error"),
+    ),
+    Mutant(
+        "speedup_colour_at_one_red",
+        "loaders",
+        "a model speed-up of exactly 1 coloured as a slowdown",
+        "moe_lib/lab/models.py",
+        '    if value < 1:\n        return "color: #b00020"',
+        '    if value <= 1:\n        return "color: #b00020"',
+        ("tests/lab/test_results.py", "-k", "speedup_colours"),
+    ),
 ]
 
 
