@@ -889,6 +889,15 @@ MUTANTS = [
         '    if value <= 1:\n        return "color: #b00020"',
         ("tests/lab/test_results.py", "-k", "speedup_colours"),
     ),
+    Mutant(
+        "p2_dup_with_sigmoid",
+        "kernels",
+        "P2's kernel A scales dU by sigmoid(g), not silu(g)",
+        "moe_lib/moe_experts/kernels.py",
+        "            du = da * silu\n",
+        "            du = da * sig\n",
+        P2_SMALL,
+    ),
 ]
 
 
