@@ -145,3 +145,17 @@ def test_the_official_geomean_needs_every_workload_run_and_passing(rows, suite_s
     assert geomean == pytest.approx(1.0) if complete else math.isnan(geomean)
     failing = [dict(row, status="INCORRECT_NUMERICAL") if row["num_tokens"] == 2 else row for row in table]
     assert math.isnan(official.summary(failing, suite_size)["geomean_latency_ms"])
+
+
+def test_geomean_is_nan_for_empty_zero_or_negative_times():
+    """A zero or negative time is no time: the geomean is NaN, as for no times at all (it does not raise)."""
+    assert results.geomean([2.0, 8.0]) == pytest.approx(4.0)
+    for values in ([], [1.0, 0.0], [0.0], [3.0, -1.0]):
+        assert math.isnan(results.geomean(values)), values
+
+
+def test_relative_error_of_an_all_zero_reference_is_the_norm_of_the_output():
+    """‖out − ref‖/‖ref‖; where the reference is all zero, the difference's norm itself (a wrong output stays wrong)."""
+    assert checks.relative_error(4.0, 16.0) == pytest.approx(0.5)
+    assert checks.relative_error(4.0, 0.0) == pytest.approx(2.0)
+    assert checks.relative_error(0.0, 0.0) == 0.0

@@ -302,3 +302,12 @@ def test_a_target_of_an_unknown_kind_names_its_file(monkeypatch, tmp_path):
             targets.problem_targets(P1)
     finally:
         problems.load.cache_clear()
+
+
+def test_model_speedup_colours_a_slowdown_only_below_one():
+    from moe_lib.lab import models
+
+    assert models._speedup_colour(0.99) == "color: #b00020"
+    assert models._speedup_colour(1.0) == ""  # a tie is no slowdown
+    assert models._speedup_colour(models.TARGET_SPEEDUP * 1.01) == "font-weight: bold"
+    assert models._speedup_colour(None) == ""
