@@ -1,6 +1,7 @@
 """Every lab note the code, docs and notebooks cite exists, and every script they or the result files cite can be
 found: a renamed, moved or removed note or script fails here, not in a reader's hands."""
 
+import functools
 import re
 import subprocess
 from pathlib import Path
@@ -12,19 +13,29 @@ CITED_NOTE = re.compile(r"(?<![\w/])notes/[\w./-]+?\.md")
 SUFFIXES = {".py", ".md", ".ipynb", ".sh", ".toml"}
 
 
-def _tracked_texts() -> list[Path]:
+@functools.cache
+def _tracked() -> dict[Path, str] | None:
+    """Each tracked text file and its text, read once for all the tests (None outside a git checkout)."""
     try:
         listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
+        return None
+    paths = [ROOT / name for name in listed.split() if Path(name).suffix in SUFFIXES and (ROOT / name).is_file()]
+    return {path: path.read_text(errors="replace") for path in paths}
+
+
+def _tracked_texts() -> dict[Path, str]:
+    tracked = _tracked()
+    if tracked is None:
         pytest.skip("not a git checkout")
-    return [ROOT / name for name in listed.split() if Path(name).suffix in SUFFIXES and (ROOT / name).is_file()]
+    return tracked
 
 
 def test_every_cited_note_exists():
     missing = [
         (path.relative_to(ROOT).as_posix(), note)
-        for path in _tracked_texts()
-        for note in CITED_NOTE.findall(path.read_text(errors="replace"))
+        for path, text in _tracked_texts().items()
+        for note in CITED_NOTE.findall(text)
         if not (ROOT / note).is_file()
     ]
     assert not missing, missing
@@ -33,9 +44,8 @@ def test_every_cited_note_exists():
 def test_nothing_cites_the_single_log_the_notes_replaced():
     old = [
         path.relative_to(ROOT).as_posix()
-        for path in _tracked_texts()
-        if "data/results/NOTES.md" in path.read_text(errors="replace")
-        and path.relative_to(ROOT).parts[0] not in ("notes", "tests")
+        for path, text in _tracked_texts().items()
+        if "data/results/NOTES.md" in text and path.relative_to(ROOT).parts[0] not in ("notes", "tests")
     ]
     assert not old, old
 
@@ -61,11 +71,11 @@ def test_every_cited_script_is_where_it_is_cited_or_recorded_as_removed():
     is listed in a removed-list with the commit that has its code; nowhere is it a moved script's old place."""
     by_name, removed = _scripts_by_name(), _removed_scripts()
     stale, unrecorded = [], []
-    for path in _tracked_texts():
+    for path, text in _tracked_texts().items():
         name = path.relative_to(ROOT).as_posix()
         if name.startswith("data/"):
             continue
-        for script in CITED_SCRIPT.findall(path.read_text(errors="replace")):
+        for script in CITED_SCRIPT.findall(text):
             if (ROOT / script).is_file():
                 continue
             if Path(script).name in by_name:
