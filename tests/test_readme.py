@@ -42,8 +42,9 @@ def test_the_readme_status_table_is_that_of_the_files_it_cites():
     those files means updating the table."""
     import json
 
-    import numpy as np
     import pandas as pd
+
+    from moe_lib.bench.results import geomean
 
     text = README.read_text()
     results = README.parent / "data" / "results" / "H200"
@@ -53,9 +54,6 @@ def test_the_readme_status_table_is_that_of_the_files_it_cites():
 
     def times(name: str, unit: float) -> pd.DataFrame:
         return pd.read_csv(results / name).pivot_table(index="num_tokens", columns="impl", values="median_ms") * unit
-
-    def geomean(values) -> float:
-        return float(np.exp(np.log(np.asarray(list(values), dtype=float)).mean()))
 
     p1 = times(named[0], 1000)
     want = [geomean(p1[impl]) for impl in ("triton", "triton_fast", "torch_compile")]
