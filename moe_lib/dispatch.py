@@ -28,8 +28,12 @@ def interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+# looked up once: torch.compile does not trace importlib (a graph break in every layer on CUDA)
+TRITON_IMPORTABLE = importlib.util.find_spec("triton") is not None
+
+
 def triton_importable() -> bool:
-    return importlib.util.find_spec("triton") is not None
+    return TRITON_IMPORTABLE
 
 
 def triton_unavailable_reason(device: torch.device) -> str | None:

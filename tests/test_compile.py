@@ -97,6 +97,24 @@ def test_layers_compile_whole_and_match_eager(layer, options, seed):
         assert rel_error(got, exact) <= 1e-5, name
 
 
+def test_choosing_the_implementation_looks_nothing_up_at_call_time(monkeypatch):
+    """On CUDA the layers resolve ``impl`` inside the traced code; torch 2.11's Dynamo refuses to trace importlib
+    (a graph break in every layer), so whether triton is installed is looked up once, at import."""
+    import importlib.util
+
+    from moe_lib import dispatch
+
+    def refused(*args, **kwargs):
+        raise AssertionError("importlib.util.find_spec called at call time")
+
+    monkeypatch.setattr(importlib.util, "find_spec", refused)
+    cuda = torch.device("cuda")
+    expected = "triton" if dispatch.TRITON_IMPORTABLE else "reference"
+    assert dispatch.resolve_impl("auto", cuda, torch.bfloat16) == expected
+    if dispatch.TRITON_IMPORTABLE:
+        assert dispatch.resolve_impl("triton", cuda, torch.bfloat16) == "triton"
+
+
 def test_moe_experts_gradients_against_float64_include_the_routing_weights(seed):
     """The P2 oracle's order is (dx, dw, dWg, dWu, dWd): the same as the layer's leaves."""
     function, leaves, grad_output, want = layer_case("moe_experts", 7, seed)
