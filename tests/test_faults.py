@@ -86,11 +86,21 @@ def test_the_public_calls_read_no_file():
 # out of memory in the middle of a backward (GPU)
 
 
-def _limit_memory_to(extra_bytes: int) -> None:
-    """Lets the caching allocator reserve ``extra_bytes`` beyond what it holds now."""
+def _limit_memory_to(extra_bytes: int) -> list[torch.Tensor]:
+    """Leaves the caching allocator room for ``extra_bytes`` and no more: it may reserve that beyond what it holds
+    now, and the free space inside the segments it holds is taken by the fillers returned (else a small call
+    finds room there and never asks for more). Dropping the fillers gives that space back."""
     torch.cuda.empty_cache()
     total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(torch.cuda.memory_reserved() / total)
+    fillers, size = [], 2**30
+    while size >= 512:
+        try:
+            fillers.append(torch.empty(size, dtype=torch.uint8, device="cuda"))
+        except torch.cuda.OutOfMemoryError:
+            size //= 2
     torch.cuda.set_per_process_memory_fraction(min(1.0, (torch.cuda.memory_reserved() + extra_bytes) / total))
+    return fillers
 
 
 @pytest.fixture
@@ -133,9 +143,10 @@ def test_out_of_memory_in_a_backward_raises_and_the_next_call_is_right(
     gc.collect()
     torch.cuda.synchronize()
     allocated = torch.cuda.memory_allocated()
-    memory_limit(extra_mib * 2**20)
+    fillers = memory_limit(extra_mib * 2**20)
     with pytest.raises(torch.cuda.OutOfMemoryError):
         function(*inputs.values(), impl="triton")
+    del fillers
     gc.collect()
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() == allocated  # nothing of the failed call is held
@@ -158,8 +169,9 @@ def test_out_of_memory_in_a_layers_backward_leaves_the_layer_usable(seed, memory
     want = x_grad("reference")
     x = p1["x"].clone().requires_grad_()
     y = moe_lib.swiglu_expert(x, *weights, impl="triton")
-    memory_limit(2**20)
+    fillers = memory_limit(2**20)
     with pytest.raises(torch.cuda.OutOfMemoryError):
         y.backward(p1["grad_output"])
+    del fillers
     torch.cuda.set_per_process_memory_fraction(1.0)
     assert rel_error(x_grad("triton"), want) < 2e-2
