@@ -445,6 +445,26 @@ def test_for_shape_streams_where_one_chunk_per_tile_would_not_fit():
     assert not FewTokensConfig.for_shape(1, 16383, 1000, 132).cuda_cores
 
 
+@pytest.mark.parametrize(
+    "T, H, I, slices",
+    [
+        (64, 1000, 300, 4),
+        (65, 1000, 300, 1),
+        (100, 1000, 300, 1),
+        (128, 1000, 300, 1),
+        (100, 1000, 768, 1),
+        (100, 1008, 300, 4),
+        (100, 2048, 768, 8),
+        (65, 992, 768, 8),
+        (128, 2880, 2880, 8),
+    ],
+)
+def test_for_shape_sums_dx_whole_at_128_token_blocks_when_h_is_not_a_multiple_of_16(T, H, I, slices):
+    """The 128-token form with dx's sum sliced read shared memory misaligned on the H200 at H 1000 (65-127 tokens;
+    notes/p1/races.md); one slice there, the sliced sum everywhere else."""
+    assert FewTokensConfig.for_shape(T, H, I, 132).dx_sum_slices == slices
+
+
 # ---------------------------------------------------------------------------------------------
 # compiled for sm_90 (a child process without the interpreter: scripts/p1/p1_few_tokens_check.py --compile-only)
 

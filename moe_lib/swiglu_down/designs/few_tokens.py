@@ -829,6 +829,8 @@ class FewTokensConfig:
         config = dataclasses.replace(config, block_i1=block_i1, block_h1=block_h1, block_i2=block_i2,
                                      block_h2=block_h2, span_h1=span_h1, span_h2=span_h2)
         phase2_i_blocks = config.tiles(H, I)[2]
+        if config.block_t == MAX_BLOCK_T and H % 16:  # misaligned shared-memory reads on the H200 (notes/p1/races.md)
+            config = dataclasses.replace(config, dx_sum_slices=1)
         while config.dx_sum_slices > min(phase2_i_blocks, config.block_t):  # as many as there are I-blocks to sum
             config = dataclasses.replace(config, dx_sum_slices=config.dx_sum_slices // 2)
         return config
