@@ -215,6 +215,7 @@ def run_case_impl(
         rel_error=math.nan,
         element_pass_fraction=math.nan,
         rel_errors={},
+        pass_fractions={},
         official_status="not measured",
     )
     reason = peer.unavailable(device) if peer is not None else "not registered"
@@ -244,6 +245,7 @@ def run_case_impl(
         rel_error=check["rel_error"],
         element_pass_fraction=check["element_pass_fraction"],
         rel_errors=check["rel_errors"],
+        pass_fractions=check["pass_fractions"],
     )
     if not check["correct"]:
         row["status"] = f"wrong: {check['why']}"
@@ -442,8 +444,10 @@ def run_shape(
                 log=log,
             )
             rel_errors = measured_row.pop("rel_errors")
+            pass_fractions = measured_row.pop("pass_fractions")
             row = dict(case, **measured_row, wall_s=time.perf_counter() - wall_start)
             row.update({f"rel_error_{name}": rel_errors.get(name, math.nan) for name in names})
+            row.update({f"element_pass_fraction_{name}": pass_fractions.get(name) for name in names})
             row["roofline_fraction"] = row["sol_ms"] / row["median_ms"] if row["status"] == "ok" else math.nan
             add(row)
         del inputs, references

@@ -4,8 +4,9 @@ Under ``<out>/<gpu key>/`` (``H200``, ``H100-SXM``, ..., ``cpu``),
 ``<YYYY-MM-DD>-<problem>-<dtype>[-<mode>][-small][-<tag>]`` (``mode``: what was timed, :mod:`.modes`):
 
 - ``.csv``, long form, one row per implementation × case, with the columns of :data:`CSV_COLUMNS` plus
-  ``rel_error_<output>`` for each output after ``rel_error`` (``wall_s``: the wall-clock seconds the row
-  took, setup, compilation and autotuning included; ``peak_mem_gb``: the device memory one call
+  ``rel_error_<output>`` for each output after ``rel_error`` and ``element_pass_fraction_<output>`` (the share of
+  that output's elements within the element rule) after ``element_pass_fraction`` (``wall_s``: the wall-clock
+  seconds the row took, setup, compilation and autotuning included; ``peak_mem_gb``: the device memory one call
   allocated beyond what was allocated before it, at its peak; ``sol_ms_datasheet_<gpu>``: T_sol on the datasheet
   figures of each GPU of :data:`moe_lib.roofline.DATASHEET_GPUS`; files written before these columns were
   named after the GPU keys call them ``sol_ms_datasheet_h100`` and ``sol_ms_datasheet_h200``);
@@ -184,6 +185,8 @@ def results_frame(rows: list[dict], output_names: list[str], shape_columns=()) -
     file holds cases of several shapes)."""
     split = CSV_COLUMNS.index("rel_error") + 1
     columns = CSV_COLUMNS[:split] + [f"rel_error_{name}" for name in output_names] + CSV_COLUMNS[split:]
+    split = columns.index("element_pass_fraction") + 1
+    columns[split:split] = [f"element_pass_fraction_{name}" for name in output_names]
     after_mode = columns.index("mode") + 1
     columns[after_mode:after_mode] = list(shape_columns)
     return pd.DataFrame(rows).reindex(columns=columns)

@@ -44,7 +44,9 @@ def test_cpu_run_writes_csv_and_json(tmp_path, capsys):
     assert result["json"] == result["csv"].with_suffix(".json")
 
     frame = pd.read_csv(result["csv"])
-    expected_columns = set(results.CSV_COLUMNS) | {f"rel_error_{name}" for name in P1_OUTPUTS}
+    expected_columns = set(results.CSV_COLUMNS) | {
+        f"{column}_{name}" for column in ("rel_error", "element_pass_fraction") for name in P1_OUTPUTS
+    }
     assert set(frame.columns) == expected_columns
     assert len(frame) == 4 and set(frame["impl"]) == {"reference", "torch_eager"}
     assert list(frame["num_tokens"].unique()) == [1, 16]
@@ -125,6 +127,9 @@ def test_unavailable_peer_is_reported_with_its_reason(tmp_path):
     assert frame.loc["liger", "status"].startswith("unavailable:") and "CUDA" in frame.loc["liger", "status"]
     assert frame.loc["reference", "passes_element_rule"]  # P2 fp32's rule (atol 0.11, rtol 1e-5) applies
     assert "rel_error_grad_topk_weights" in frame.columns
+    # each output's share of passing elements, the row's fraction the smallest of them
+    fractions = frame.loc["reference", [c for c in frame.columns if c.startswith("element_pass_fraction_")]]
+    assert len(fractions) == 5 and fractions.min() == frame.loc["reference", "element_pass_fraction"]
 
 
 @pytest.mark.parametrize(
