@@ -66,6 +66,29 @@ def test_the_readme_status_table_is_that_of_the_files_it_cites():
     geo = geomean(w["latency_ms"] * 1000 for w in official)
     assert f"{passed} of {len(official)} pass, {round(geo, 1)} µs geomean" in row, row
 
+    def by_model(name: str) -> pd.DataFrame:
+        frame = pd.read_csv(results / name)
+        return frame[frame["status"] == "ok"].pivot_table(
+            index=["model", "num_tokens"], columns="impl", values="median_ms"
+        )
+
+    models = by_model(named[2])
+    row = _status_row(text, "P1 at 8 public models' expert shapes, 1–16384 tokens")
+    ahead = (models["triton_fast"] < models["torch_eager"]).sum()
+    assert f"fast path ahead of eager in {ahead} of {len(models)} cases" in row, row
+    per_shape = (models["torch_compile"] / models["triton_fast"]).groupby(level="model").agg(geomean)
+    assert f"{per_shape.min():.2f}–{per_shape.max():.2f}× `torch.compile`" in row, row
+
+    models = by_model(named[4])
+    row = _status_row(text, "P2 bf16 at 7 models' expert shapes, 512–32768 tokens")
+    ahead = (models["triton"] < models["grouped_mm"]).sum()
+    assert f"ahead of `grouped_mm` in {ahead} of {len(models)} cases" in row, row
+    behind = models["triton"] / models["grouped_mm"]
+    assert f"`grouped_mm` {behind.max():.2f}× faster at Mixtral's, 32768 tokens" in row and behind.idxmax() == (
+        "Mixtral-8x7B",
+        32768,
+    ), row
+
     p2 = times(named[3], 1)
     row = _status_row(text, "P2 bf16, 2048 / 8192 / 32768 tokens")
     for impl in ("triton", "grouped_mm"):
