@@ -119,6 +119,7 @@ def _live_rank(rank: int, case: LiveCase, init_file: str, folder: str) -> None:
                 rows_received=stats.rows_received,
             )
             torch.save(results, Path(folder) / f"rank{rank}.pt")
+            dist.barrier()  # no rank tears its connections down while a peer may still be reading from them
         finally:
             dist.destroy_process_group()
     except BaseException:
