@@ -10,8 +10,9 @@ rows sorted by expert: M_total = T·K rows, an expert's count binomial around T�
 needs: ``gate_up`` x·[Wg;Wu]ᵀ (B [E, 2I, H] held transposed, N = 2I), ``down`` a·Wdᵀ (B [E, H, I] held transposed,
 N = H), ``dap`` dy·Wd (B [E, H, I] as it lies, N = I) and ``dx`` [dg|du]·[Wg;Wu] (B [E, 2I, H] as it lies, N = H);
 ``down_scaled`` is ``down`` with the routing weight per row (the ``row_scale`` epilogue; the baseline multiplies
-torch._grouped_mm's output afterwards). Models: P2 (E 256, K 8, H 4096, I 2048) at 8192 and 32768 tokens,
-Qwen3-30B-A3B (E 128, K 8, H 2048, I 768) at 8192, Mixtral (E 8, K 2, H 4096, I 14336) at 4096.
+torch._grouped_mm's output afterwards, a second kernel; its output is its own allocation, no copy is timed).
+Models: P2 (E 256, K 8, H 4096, I 2048) at 8192 and 32768 tokens, Qwen3-30B-A3B (E 128, K 8, H 2048, I 768) at
+8192, Mixtral (E 8, K 2, H 4096, I 14336) at 4096.
 
 On a GPU: first every config compiled for sm_90 on the host (as ``--compile-only``; a config that fails is left
 out), then torch._grouped_mm and each config in a child process of its own, killed when it has finished no shape
@@ -254,6 +255,7 @@ def run_child(name: str, shape_names: list[str], reps: int, seed: int) -> None:
             b_mm, note = grouped_mm_operand(a, b, ends, shape) if config is None else (None, None)
 
             def call(out):
+                """C (``out`` for the Gluon kernel; the baseline returns its own allocation, no copy timed)."""
                 if config is not None:
                     return grouped_gemm(
                         a,
@@ -266,9 +268,7 @@ def run_child(name: str, shape_names: list[str], reps: int, seed: int) -> None:
                         config=config,
                     )
                 result = torch._grouped_mm(a, b_mm, offs=ends)
-                if scale is not None:
-                    result = result * scale[:, None]
-                return out.copy_(result)
+                return result if scale is None else result * scale[:, None]
 
             row = check_and_time(shape, call, reference(a, b, offsets, shape, weights), flush, reps, time_graph)
             if note:
@@ -279,23 +279,23 @@ def run_child(name: str, shape_names: list[str], reps: int, seed: int) -> None:
 
 
 def check_and_time(shape: Shape, call, expected, flush, reps: int, time_graph) -> dict:
-    """One shape: a first call into a NaN-poisoned output checked against ``expected``, then CUDA-graph replays
-    timed (the L2 flushed before each), their output checked against the first call's bit for bit."""
+    """One shape: a first call (into a NaN-poisoned output) checked against ``expected``, then CUDA-graph replays
+    timed (the L2 flushed before each), the replays' output checked against the first call's bit for bit."""
     import torch
 
     out = torch.full((shape.rows, shape.n), float("nan"), dtype=torch.bfloat16, device="cuda")
     start = time.perf_counter()
-    call(out)
+    result = call(out)
     torch.cuda.synchronize()
     row = dict(first_call_s=round(time.perf_counter() - start, 3))
-    row["rel_error"] = error = gemm_probe.relative_error(out, expected)
+    row["rel_error"] = error = gemm_probe.relative_error(result, expected)
     if not error <= TOLERANCE:
-        return dict(row, check=f"WRONG: relative error {error:.3g} (NaN: {bool(out.isnan().any())})")
-    first = out.clone()
+        return dict(row, check=f"WRONG: relative error {error:.3g} (NaN: {bool(result.isnan().any())})")
+    first = result.clone()
     out.fill_(float("nan"))
 
-    def replays_wrong(_):
-        return None if torch.equal(out, first) else "replays differ from the first call"
+    def replays_wrong(outputs):
+        return None if torch.equal(outputs, first) else "replays differ from the first call"
 
     stats = time_graph(lambda: call(out), flush, reps=reps, check_replay=replays_wrong)
     check = "ok" if stats["replay_wrong"] is None else f"WRONG: {stats['replay_wrong']}"
