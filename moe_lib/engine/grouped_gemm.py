@@ -2,7 +2,8 @@
 
     A [M_total, K]          rows sorted by expert: expert e owns rows offsets[e] ≤ r < offsets[e + 1]
     B [E, N, K] or [E, K, N]  one matrix per expert (held transposed, as x·Wᵀ needs, or as it lies, as dy·Wd does)
-    C [M_total, N]          C[r] = (A[r] · B_e) · scale[r] (the scale with the ``row_scale`` epilogue), bf16
+    C [M_total, N]          C[r] = (A[r] · B_e) · scale[r] (the scale with the ``row_scale`` epilogue), bf16;
+                            with ``swiglu``, B_e = [gate; up] ([2N, K]) and C[r] = silu(A[r]·gateᵀ) · (A[r]·upᵀ)
 
 Tiles: expert e has ⌈n_e / BLOCK_M⌉ · ⌈N / BLOCK_N⌉ output tiles (none for an expert without rows), its row tiles
 anchored at its first row offsets[e] (so no tile spans two experts' rows of C), in :mod:`.gluon_gemm`'s grouped
@@ -20,9 +21,15 @@ descriptor over [E·N, K] (row e·N + n) or [E·K, N] (row e·K + k). Past N, B'
 only columns ≥ N, which no store writes. Past K, A's columns are zeros (TMA fills them); in the [E, K, N] form B's
 rows there would be the next expert's, so that form takes K a multiple of BLOCK_K (:func:`check_arguments`).
 
-Epilogue: the accumulator (times the row's scale with ``row_scale``) in bf16 into shared memory; a tile whose rows
-all belong to its expert (or end at the tensor's edge, where TMA clips) goes out by TMA store; a tile at an expert's
-end by masked stores from shared memory, row chunk by row chunk, so that it never writes the next expert's rows.
+SwiGLU: a tile of BLOCK_N / 2 output columns j loads, each K step, a box of B's gate rows j and one of its up rows
+N + j into the two halves of its B buffer, so the accumulator's halves are gate and up of the same columns (a gate
+box past N reads up rows, an up box past 2N the next expert's: both feed only columns ≥ N, never stored). The
+reshape, permute and split into the halves need no shared memory: each thread holds both halves of its columns.
+
+Epilogue: the accumulator (times the row's scale with ``row_scale``, silu(gate)·up with ``swiglu``) in bf16 into
+shared memory; a tile whose rows all belong to its expert (or end at the tensor's edge, where TMA clips) goes out by
+TMA store; a tile at an expert's end by masked stores from shared memory, row chunk by row chunk, so that it never
+writes the next expert's rows.
 Every element of C for rows offsets[0] ≤ r < offsets[E] is written once: deterministic, no atomics.
 
 The same schedule in plain Triton, for the interpreter and for reading: :mod:`.grouped_tl`.
@@ -48,7 +55,7 @@ from .gluon_gemm import (
     tile_origin,
 )
 
-EPILOGUES = ("none", "row_scale")  # the kernel's EPILOGUE is the index
+EPILOGUES = ("none", "row_scale", "swiglu")  # the kernel's EPILOGUE is the index
 SCALE_DTYPES = (torch.float32, torch.bfloat16)
 DEFAULT_CONFIG = GemmConfig()  # cooperative, 128 × 256 × 64 tiles, 3 stages: the dense probe's best at large M
 
@@ -56,34 +63,41 @@ DEFAULT_CONFIG = GemmConfig()  # cooperative, 128 × 256 × 64 tiles, 3 stages: 
 # --- the tile schedule on the host ----------------------------------------------------------------------------------
 
 
-def expert_tiles(offsets: list[int], n: int, config: GemmConfig) -> list[int]:
-    """Output tiles of each expert: ⌈rows / BLOCK_M⌉ · ⌈N / BLOCK_N⌉ (0 for an expert without rows)."""
-    return [cdiv(end - begin, config.block_m) * cdiv(n, config.block_n)
+def output_columns(config: GemmConfig, epilogue: str = "none") -> int:
+    """Output columns a tile: BLOCK_N, or half of it with swiglu (a tile's product holds gate and up columns)."""
+    return config.block_n // 2 if epilogue == "swiglu" else config.block_n
+
+
+def expert_tiles(offsets: list[int], n: int, config: GemmConfig, epilogue: str = "none") -> list[int]:
+    """Tiles of each expert: ⌈rows / BLOCK_M⌉ · ⌈N / columns⌉ for n output columns (0 for an expert without rows)."""
+    columns = output_columns(config, epilogue)
+    return [cdiv(end - begin, config.block_m) * cdiv(n, columns)
             for begin, end in zip(offsets[:-1], offsets[1:], strict=True)]
 
 
-def tile_bound(m_total: int, num_experts: int, n: int, config: GemmConfig) -> int:
+def tile_bound(m_total: int, num_experts: int, n: int, config: GemmConfig, epilogue: str = "none") -> int:
     """At most this many tiles for any offsets of M_total rows over E experts: Σ ⌈n_e / BM⌉ ≤ ⌈M_total / BM⌉ +
     min(E, M_total) (each expert with rows adds at most one partial row tile). The host's grid uses it: it needs
     no look at the offsets, which stay on the device."""
-    return (cdiv(m_total, config.block_m) + min(num_experts, m_total)) * cdiv(n, config.block_n)
+    return (cdiv(m_total, config.block_m) + min(num_experts, m_total)) * cdiv(n, output_columns(config, epilogue))
 
 
-def grid(m_total: int, num_experts: int, n: int, config: GemmConfig, sms: int) -> int:
+def grid(m_total: int, num_experts: int, n: int, config: GemmConfig, sms: int, epilogue: str = "none") -> int:
     """Programs of a launch: one per SM (or ``config.programs``), never more than :func:`tile_bound`."""
-    return max(1, min(config.programs or sms, tile_bound(m_total, num_experts, n, config)))
+    return max(1, min(config.programs or sms, tile_bound(m_total, num_experts, n, config, epilogue)))
 
 
-def schedule(offsets: list[int], n: int, config: GemmConfig, programs: int) -> list[list[tuple[int, int, int]]]:
-    """The tiles each program takes, in its order, as (expert, first row, first column): what the kernels' walk
-    (:func:`expert_of`) finds on the device."""
+def schedule(offsets: list[int], n: int, config: GemmConfig, programs: int,
+             epilogue: str = "none") -> list[list[tuple[int, int, int]]]:
+    """The tiles each program takes, in its order, as (expert, first row, first output column): what the kernels'
+    walk (:func:`expert_of`) finds on the device."""
+    columns = output_columns(config, epilogue)
+    tiles_n = cdiv(n, columns)
     order = []
-    for expert, tiles in enumerate(expert_tiles(offsets, n, config)):
-        tiles_n = cdiv(n, config.block_n)
-        tiles_m = tiles // tiles_n if tiles else 0
+    for expert, tiles in enumerate(expert_tiles(offsets, n, config, epilogue)):
         for local in range(tiles):
-            m, col = grouped_tile(local, tiles_m, tiles_n, config.group_m)
-            order.append((expert, offsets[expert] + m * config.block_m, col * config.block_n))
+            m, col = grouped_tile(local, tiles // tiles_n, tiles_n, config.group_m)
+            order.append((expert, offsets[expert] + m * config.block_m, col * columns))
     return [order[p::programs] for p in range(programs)]
 
 
@@ -115,13 +129,15 @@ def tile_place(offsets_ptr, tile, expert, first, last, tiles_n, GROUP_M: gl.cons
 
 @gluon.jit
 def grouped_load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offsets_ptr, num_experts, tiles_n, k_steps,
-                           B_TRANSPOSED: gl.constexpr, GROUP_M: gl.constexpr, BLOCK_M: gl.constexpr,
-                           BLOCK_N: gl.constexpr):
-    """The loading warp: every K step of the program's tiles, in order, into the ring; B's tile from the expert's
-    slice of the stacked weights."""
+                           B_TRANSPOSED: gl.constexpr, GROUP_M: gl.constexpr, EPILOGUE: gl.constexpr,
+                           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """The loading warp: every K step of the program's tiles (BLOCK_N output columns each), in order, into the ring;
+    B's tile from the expert's slice of the stacked weights."""
     BUFFERS: gl.constexpr = a_bufs.type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-    STEP_BYTES: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
+    B_BYTES: gl.constexpr = b_desc.block_type.nbytes
+    STEP_BYTES: gl.constexpr = a_desc.block_type.nbytes + (2 * B_BYTES if EPILOGUE == 2 else B_BYTES)  # swiglu: 2 boxes
+    HALF: gl.constexpr = b_desc.block_type.shape[0]
     K = a_desc.shape[1]
     N = b_desc.shape[1] if not B_TRANSPOSED else b_desc.shape[0] // num_experts
     tile = gl.program_id(0)
@@ -137,7 +153,11 @@ def grouped_load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offsets
             mbarrier.expect(bar, STEP_BYTES)  # TMA counts a tile's full bytes, zero-filled ones included
             k = step * BLOCK_K
             tma.async_copy_global_to_shared(a_desc, [off_m, k], bar, a_bufs.index(slot))
-            if B_TRANSPOSED:
+            if EPILOGUE == 2:  # gate rows j and up rows N/2 + j of the tile's output columns, half a buffer each
+                row = expert * N + off_n
+                tma.async_copy_global_to_shared(b_desc, [row, k], bar, b_bufs.index(slot).slice(0, HALF))
+                tma.async_copy_global_to_shared(b_desc, [row + N // 2, k], bar, b_bufs.index(slot).slice(HALF, HALF))
+            elif B_TRANSPOSED:
                 tma.async_copy_global_to_shared(b_desc, [expert * N + off_n, k], bar, b_bufs.index(slot))
             else:
                 tma.async_copy_global_to_shared(b_desc, [expert * K + k, off_n], bar, b_bufs.index(slot))
@@ -175,13 +195,14 @@ def grouped_consumer_partition(a_bufs, b_bufs, ready, empty, turns, c_desc, c_bu
     steps counted over all the program's tiles), each its K loop, its epilogue and its store. With two consumers
     each K loop waits for its turn and passes it on once its last wgmma is issued (as :mod:`.gluon_gemm`)."""
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]  # output columns a tile
+    ACC_N: gl.constexpr = 2 * BLOCK_N if EPILOGUE == 2 else BLOCK_N  # the product's columns: swiglu's gate, up
     BUFFERS: gl.constexpr = a_bufs.type.shape[0]
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
-                                                     instr_shape=[16, BLOCK_N, 16])
+                                                     instr_shape=[16, ACC_N, 16])
     M_total = c_desc.shape[0]
     N = c_desc.shape[1]
-    acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
+    acc = gl.zeros((BLOCK_M, ACC_N), dtype=gl.float32, layout=layout)
     c_smem = c_bufs.index(ME)
     pid = gl.program_id(0)
     programs = gl.num_programs(0)
@@ -205,6 +226,9 @@ def grouped_consumer_partition(a_bufs, b_bufs, ready, empty, turns, c_desc, c_bu
             rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
             scale = gl.load(scale_ptr + rows, mask=rows < row_end, other=0.0).to(gl.float32)
             out = acc * gl.expand_dims(scale, 1)
+        if EPILOGUE == 2:  # swiglu: the accumulator's halves are gate and up of the same columns
+            gate, up = gl.split(gl.permute(gl.reshape(acc, [BLOCK_M, 2, BLOCK_N]), [0, 2, 1]))
+            out = gate / (1.0 + gl.exp(-gate)) * up
         tma.store_wait(pendings=0)  # the last tile's store has left c_smem
         c_smem.store(out.to(c_desc.dtype))
         fence_async_shared()
@@ -222,7 +246,7 @@ def grouped_consumer_partition(a_bufs, b_bufs, ready, empty, turns, c_desc, c_bu
 def grouped_gemm_kernel(
     a_desc,  # A [M_total, K], rows sorted by expert, as [BLOCK_M, BLOCK_K] tiles
     b_desc,  # B_TRANSPOSED: the experts' Bᵀ stacked, [E·N, K], as [BLOCK_N, BLOCK_K] tiles; else B [E·K, N] as
-             # [BLOCK_K, BLOCK_N] tiles
+             # [BLOCK_K, BLOCK_N] tiles. swiglu: [E·2N, K] (gate rows, then up rows), as [BLOCK_N, BLOCK_K] tiles
     c_desc,  # out: C [M_total, N] as [BLOCK_M, BLOCK_N] tiles (TMA stores of tiles inside one expert's rows)
     c_ptr,  # out: C [M_total, N] again (masked stores of tiles at an expert's end)
     scale_ptr,  # EPILOGUE 1 (row_scale): [M_total] fp32 or bf16, each row's scale; else any pointer, never read
@@ -231,7 +255,7 @@ def grouped_gemm_kernel(
     B_TRANSPOSED: gl.constexpr,
     BUFFERS: gl.constexpr,  # buffers of the ring
     GROUP_M: gl.constexpr,  # row tiles taken together in an expert's tile order
-    EPILOGUE: gl.constexpr,  # 0 none, 1 row_scale (EPILOGUES)
+    EPILOGUE: gl.constexpr,  # 0 none, 1 row_scale, 2 swiglu (EPILOGUES)
     PINGPONG: gl.constexpr,  # two one-warpgroup consumers on alternate tiles; else one of num_warps (8) warps
     CONSUMER_REGS: gl.constexpr,  # with PINGPONG: the second consumer's registers
     LOADER_REGS: gl.constexpr,  # the loading warp's registers
@@ -244,7 +268,8 @@ def grouped_gemm_kernel(
     k_steps = gl.cdiv(a_desc.shape[1], BLOCK_K)
     CONSUMERS: gl.constexpr = 2 if PINGPONG else 1
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [BUFFERS] + a_desc.block_type.shape, a_desc.layout)
-    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [BUFFERS] + b_desc.block_type.shape, b_desc.layout)
+    B_ROWS: gl.constexpr = b_desc.block_type.shape[0] * (2 if EPILOGUE == 2 else 1)  # swiglu: gate and up rows
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [BUFFERS, B_ROWS, b_desc.block_type.shape[1]], b_desc.layout)
     c_bufs = gl.allocate_shared_memory(c_desc.dtype, [CONSUMERS] + c_desc.block_type.shape, c_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [BUFFERS, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [BUFFERS, 1], mbarrier.MBarrierLayout())
@@ -255,9 +280,8 @@ def grouped_gemm_kernel(
     for i in gl.static_range(2):
         mbarrier.init(turns.index(i), count=1)
     fence_async_shared()  # the barriers' initialisation is seen by the copy engine (the async proxy)
-    loader_args = (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offsets_ptr, num_experts, tiles_n, k_steps,
-                   B_TRANSPOSED, GROUP_M, BLOCK_M, BLOCK_N)
-    if PINGPONG:  # the argument tuples written out: a tuple built with + turns its constexprs into tensors
+    # the argument tuples written out in each call: a tuple held in a variable turns its constexprs into tensors
+    if PINGPONG:
         gl.warp_specialize([
             (grouped_consumer_partition, (a_bufs, b_bufs, ready, empty, turns, c_desc, c_bufs, c_ptr, scale_ptr,
                                           offsets_ptr, num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M,
@@ -265,14 +289,16 @@ def grouped_gemm_kernel(
             (grouped_consumer_partition, (a_bufs, b_bufs, ready, empty, turns, c_desc, c_bufs, c_ptr, scale_ptr,
                                           offsets_ptr, num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M,
                                           EPILOGUE, 1, 2, 4)),
-            (grouped_load_partition, loader_args),
+            (grouped_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offsets_ptr, num_experts, tiles_n,
+                                      k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
     else:
         gl.warp_specialize([
             (grouped_consumer_partition, (a_bufs, b_bufs, ready, empty, turns, c_desc, c_bufs, c_ptr, scale_ptr,
                                           offsets_ptr, num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M,
                                           EPILOGUE, 0, 1, num_warps)),
-            (grouped_load_partition, loader_args),
+            (grouped_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offsets_ptr, num_experts, tiles_n,
+                                      k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N)),
         ], [1], [LOADER_REGS])
 
 
@@ -293,11 +319,17 @@ def b_form(b: torch.Tensor, a: torch.Tensor, out: torch.Tensor | None) -> bool:
     raise ValueError(f"b: expected [E, N, K] or [E, K, N] with K = {K} (a's columns), got shape {tuple(b.shape)}")
 
 
+def output_width(b: torch.Tensor, b_transposed: bool, epilogue: str) -> int:
+    """C's columns: B's N, or half of B's rows with swiglu ([gate; up] → silu(gate)·up)."""
+    n = b.shape[1] if b_transposed else b.shape[2]
+    return n // 2 if epilogue == "swiglu" else n
+
+
 def check_arguments(a, b, offsets, *, out=None, scale=None, epilogue: str = "none", b_transposed: bool | None = None,
                     config: GemmConfig | None = None) -> bool:
     """Raises TypeError/ValueError naming the argument where :func:`grouped_gemm` cannot take it, before any work;
-    returns whether B is held transposed ([E, N, K]). Offsets' values stay on the device and are not checked: they
-    must rise from offsets[0] = 0 to offsets[E] = M_total."""
+    returns whether B is held transposed ([E, N, K]; always with swiglu). Offsets' values stay on the device and are
+    not checked: they must rise from offsets[0] = 0 to offsets[E] = M_total."""
     config = config or DEFAULT_CONFIG
     for name, tensor in (("a", a), ("b", b), ("offsets", offsets), ("out", out), ("scale", scale)):
         if tensor is not None and not isinstance(tensor, torch.Tensor):
@@ -320,10 +352,17 @@ def check_arguments(a, b, offsets, *, out=None, scale=None, epilogue: str = "non
     for name, tensor in (("b", b), ("offsets", offsets), ("out", out), ("scale", scale)):
         if tensor is not None and tensor.device != a.device:
             raise ValueError(f"{name}: expected the device of a ({a.device}), got {tensor.device}")
+    if epilogue == "swiglu":
+        if b_transposed is False:
+            raise ValueError("b: the swiglu epilogue takes B held transposed, [E, 2N, K] (gate rows, then up rows)")
+        if b.shape[1] % 2:
+            raise ValueError(f"b: the swiglu epilogue takes [E, 2N, K] (gate rows, then up rows), got an odd "
+                             f"{b.shape[1]} rows")
+        b_transposed = True
     if b_transposed is None:
         b_transposed = b_form(b, a, out)
     K = a.shape[1]
-    N = b.shape[1] if b_transposed else b.shape[2]
+    N = output_width(b, b_transposed, epilogue)
     if (b.shape[2] if b_transposed else b.shape[1]) != K:
         raise ValueError(f"b: expected {'[E, N, K]' if b_transposed else '[E, K, N]'} with K = {K} (a's columns), "
                          f"got shape {tuple(b.shape)}")
@@ -359,7 +398,8 @@ def launch_arguments(config: GemmConfig, a, b, out, offsets, scale, epilogue: st
     """(the kernel's run-time arguments by name, its compile-time arguments by name) for these tensors: what
     :func:`grouped_gemm` launches and what ``scripts/p2/grouped_probe.py --compile-only`` compiles (meta tensors
     do; there the pointers are types)."""
-    bm, bn, bk = config.block_m, config.block_n, config.block_k
+    bm, bk = config.block_m, config.block_k
+    bn = output_columns(config, epilogue)  # swiglu: a box of gate rows and one of up rows fill a BLOCK_N tile
     E = b.shape[0]
     stacked = b.reshape(E * b.shape[1], b.shape[2])  # [E·N, K] or [E·K, N]
     arguments = dict(
@@ -381,7 +421,8 @@ def grouped_gemm(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, *, out
                  scale: torch.Tensor | None = None, epilogue: str = "none", b_transposed: bool | None = None,
                  config: GemmConfig = DEFAULT_CONFIG) -> torch.Tensor:
     """C[r] = A[r] · B_e for the rows offsets[e] ≤ r < offsets[e + 1] of each expert e (times scale[r] with
-    ``epilogue="row_scale"``), into ``out`` (a new [M_total, N] bf16 tensor where None), fp32-accumulated.
+    ``epilogue="row_scale"``), into ``out`` (a new [M_total, N] bf16 tensor where None), fp32-accumulated. With
+    ``epilogue="swiglu"``, B_e is [gate; up] ([2N, K], held transposed) and C[r] = silu(A[r]·gateᵀ) · (A[r]·upᵀ).
 
     ``b``: [E, N, K] (each expert's B held transposed) or [E, K, N], read off the shapes (``b_transposed`` says
     which where N == K). ``offsets``: int32 [E + 1] on the device, rising from 0 to M_total (not checked: no host
@@ -392,7 +433,7 @@ def grouped_gemm(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, *, out
         raise ValueError(f"a: the Gluon grouped GEMM runs on a CUDA (Hopper) GPU, got a tensor on {a.device}")
     M, K = a.shape
     E = b.shape[0]
-    N = b.shape[1] if b_transposed else b.shape[2]
+    N = output_width(b, b_transposed, epilogue)
     if out is None:
         out = torch.empty((M, N), dtype=a.dtype, device=a.device)
     if M == 0 or N == 0 or E == 0:
@@ -400,6 +441,6 @@ def grouped_gemm(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, *, out
     if K == 0:
         return out.zero_()
     arguments, constexprs = launch_arguments(config, a, b, out, offsets, scale, epilogue, b_transposed)
-    programs = grid(M, E, N, config, sm_count(a.device))
+    programs = grid(M, E, N, config, sm_count(a.device), epilogue)
     grouped_gemm_kernel[(programs,)](**arguments, **constexprs, maxnreg=config.maxnreg)
     return out

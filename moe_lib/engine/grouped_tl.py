@@ -2,7 +2,8 @@
 
     A [M_total, K]            rows sorted by expert: expert e owns rows offsets[e] ≤ r < offsets[e + 1]
     B [E, N, K] or [E, K, N]  one matrix per expert, read through its strides
-    C [M_total, N]            C[r] = (A[r] · B_e) · scale[r] (the scale with the ``row_scale`` epilogue), bf16
+    C [M_total, N]            C[r] = (A[r] · B_e) · scale[r] (the scale with the ``row_scale`` epilogue), bf16;
+                              with ``swiglu``, B_e = [gate; up] ([2N, K]) and C[r] = silu(A[r]·gateᵀ) · (A[r]·upᵀ)
 
 Program p of P takes tiles p, p + P, ... of the experts' tiles numbered expert by expert (:func:`expert_of` walks
 the offsets forward as the Gluon kernel's partitions do; :func:`.grouped_gemm.schedule` lists them on the host),
@@ -21,7 +22,7 @@ import triton.language as tl
 from ..dispatch import interpreter_enabled
 from ..rounding import round_to
 from .gluon_gemm import GemmConfig
-from .grouped_gemm import EPILOGUES, check_arguments, grid
+from .grouped_gemm import EPILOGUES, check_arguments, grid, output_columns, output_width
 
 # the smallest tiles GemmConfig takes (ping-pong's 64 rows); the tl kernel uses only its tiles and group_m
 SMALL_TILES = GemmConfig(64, 64, 32, 2, "pingpong")
@@ -41,16 +42,24 @@ def expert_of(offsets_ptr, num_experts, tile, expert, first, last, tiles_n, BLOC
 
 
 @triton.jit
+def dot16(a, b, acc, UPCAST: tl.constexpr):
+    """acc + a·b for bf16 operands (with UPCAST in exact fp32: the interpreter's bf16 dot is wrong)."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
 def grouped_gemm_tl_kernel(
     a_ptr,  # A [M_total, K] bf16, rows sorted by expert
-    b_ptr,  # B: expert e's [N, K] or [K, N] bf16 matrix at b_ptr + e·stride_be
+    b_ptr,  # B: expert e's [N, K] or [K, N] bf16 matrix at b_ptr + e·stride_be (swiglu: [2N, K], gate rows first)
     c_ptr,  # out: C [M_total, N] bf16
     scale_ptr,  # EPILOGUE 1 (row_scale): [M_total] fp32 or bf16 row scales; else never read
     offsets_ptr,  # [E + 1] int32: expert e's rows are offsets[e] ≤ r < offsets[e + 1]
     num_experts,  # E
     M_total, N, K,
     stride_be, stride_bk, stride_bn,  # B's strides (elements) along E, K and N
-    EPILOGUE: tl.constexpr,  # 0 none, 1 row_scale (grouped_gemm.EPILOGUES)
+    EPILOGUE: tl.constexpr,  # 0 none, 1 row_scale, 2 swiglu (grouped_gemm.EPILOGUES)
     GROUP_M: tl.constexpr,  # row tiles taken together in an expert's tile order
     UPCAST: tl.constexpr,  # multiply in fp32 and round the store by hand (the interpreter's bf16 is wrong)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -74,6 +83,7 @@ def grouped_gemm_tl_kernel(
         col_ok = cols < N
         b_tile = b_ptr + expert.to(tl.int64) * stride_be
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # swiglu's second product (B's rows N + j)
         for k0 in range(0, K, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
             k_ok = ks < K
@@ -81,13 +91,16 @@ def grouped_gemm_tl_kernel(
                         other=0.0)
             b = tl.load(b_tile + ks[:, None] * stride_bk + cols[None, :] * stride_bn,
                         mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-            if UPCAST:
-                acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-            else:
-                acc = tl.dot(a, b, acc)
+            acc = dot16(a, b, acc, UPCAST)
+            if EPILOGUE == 2:
+                b_up = tl.load(b_tile + ks[:, None] * stride_bk + (N + cols)[None, :] * stride_bn,
+                               mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+                up = dot16(a, b_up, up, UPCAST)
         if EPILOGUE == 1:  # row_scale: the routing weight of each row, before the rounding to bf16
             scale = tl.load(scale_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
             acc = acc * scale[:, None]
+        if EPILOGUE == 2:  # swiglu: silu(gate) · up in fp32, then the rounding
+            acc = acc / (1.0 + tl.exp(-acc)) * up
         tl.store(c_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], round_to(acc, tl.bfloat16, UPCAST),
                  mask=row_ok[:, None] & col_ok[None, :])
         tile += tl.num_programs(0)
@@ -103,7 +116,7 @@ def grouped_gemm_tl(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, *, 
                                    config=config)
     M, K = a.shape
     E = b.shape[0]
-    N = b.shape[1] if b_transposed else b.shape[2]
+    N = output_width(b, b_transposed, epilogue)
     if out is None:
         out = torch.empty((M, N), dtype=a.dtype, device=a.device)
     if M == 0 or N == 0 or E == 0:
@@ -111,9 +124,9 @@ def grouped_gemm_tl(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, *, 
     # B's strides along (E, K, N): [E, N, K] held transposed or [E, K, N] as it lies
     stride_be, stride_bk, stride_bn = (b.stride(0), b.stride(2), b.stride(1)) if b_transposed else b.stride()
     interpret = interpreter_enabled()
-    grouped_gemm_tl_kernel[(grid(M, E, N, config, programs),)](
+    grouped_gemm_tl_kernel[(grid(M, E, N, config, programs, epilogue),)](
         a, b, out, scale if scale is not None else offsets, offsets, E, M, N, K, stride_be, stride_bk, stride_bn,
         EPILOGUE=EPILOGUES.index(epilogue), GROUP_M=config.group_m, UPCAST=interpret,
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        BLOCK_M=config.block_m, BLOCK_N=output_columns(config, epilogue), BLOCK_K=config.block_k,
     )
     return out
