@@ -9,8 +9,9 @@ Shapes (:data:`SHAPES`): T tokens routed uniformly at random to K of E experts (
 rows sorted by expert: M_total = T·K rows, an expert's count binomial around T·K/E), in the products a MoE layer
 needs: ``gate_up`` x·[Wg;Wu]ᵀ (B [E, 2I, H] held transposed, N = 2I), ``down`` a·Wdᵀ (B [E, H, I] held transposed,
 N = H), ``dap`` dy·Wd (B [E, H, I] as it lies, N = I) and ``dx`` [dg|du]·[Wg;Wu] (B [E, 2I, H] as it lies, N = H);
-``down_scaled`` is ``down`` with the routing weight per row (the ``row_scale`` epilogue; the baseline multiplies
-torch._grouped_mm's output afterwards, a second kernel; its output is its own allocation, no copy is timed).
+``down_scaled`` is ``down`` with the routing weight per row (the ``row_scale`` epilogue) and ``swiglu`` is
+``gate_up`` with silu(gate)·up in its epilogue (C [T·K, I]); the baseline applies those to torch._grouped_mm's
+output afterwards, in torch (its output is its own allocation, no copy is timed).
 Models: P2 (E 256, K 8, H 4096, I 2048) at 8192 and 32768 tokens, Qwen3-30B-A3B (E 128, K 8, H 2048, I 768) at
 8192, Mixtral (E 8, K 2, H 4096, I 14336) at 4096.
 
@@ -77,6 +78,11 @@ class Shape:
         return self.tokens * self.top_k
 
     @property
+    def width(self) -> int:
+        """C's columns: n, or half of it with swiglu (B's rows are [gate; up])."""
+        return self.n // 2 if self.epilogue == "swiglu" else self.n
+
+    @property
     def form(self) -> str:
         """ "nt" (B held transposed) or "nn"."""
         return "nt" if self.b_t else "nn"
@@ -86,24 +92,25 @@ class Shape:
         return 2 * self.rows * self.n * self.k
 
 
-def model_shapes(name: str, T: int, E: int, K: int, H: int, I: int, scaled: bool = False) -> dict[str, Shape]:
-    """A model's four grouped products at T tokens (and ``down_scaled`` where ``scaled``)."""
+def model_shapes(name: str, T: int, E: int, K: int, H: int, I: int, fused: bool = False) -> dict[str, Shape]:
+    """A model's four grouped products at T tokens (and the two with an epilogue where ``fused``)."""
     shapes = {
         f"{name}_gate_up": Shape(T, E, K, 2 * I, H, True, "none", "x·[Wg;Wu]ᵀ"),
         f"{name}_down": Shape(T, E, K, H, I, True, "none", "a·Wdᵀ"),
         f"{name}_dap": Shape(T, E, K, I, H, False, "none", "dy·Wd"),
         f"{name}_dx": Shape(T, E, K, H, 2 * I, False, "none", "[dg|du]·[Wg;Wu]"),
     }
-    if scaled:
+    if fused:
         shapes[f"{name}_down_scaled"] = Shape(T, E, K, H, I, True, "row_scale", "(a·Wdᵀ)·w")
+        shapes[f"{name}_swiglu"] = Shape(T, E, K, 2 * I, H, True, "swiglu", "silu(x·Wgᵀ)·(x·Wuᵀ)")
     return shapes
 
 
 SHAPES = {
-    **model_shapes("p2_t8192", 8192, 256, 8, 4096, 2048, scaled=True),
+    **model_shapes("p2_t8192", 8192, 256, 8, 4096, 2048, fused=True),
     **model_shapes("p2_t32768", 32768, 256, 8, 4096, 2048),
     **model_shapes("qwen3_t8192", 8192, 128, 8, 2048, 768),
-    **model_shapes("mixtral_t4096", 4096, 8, 2, 4096, 14336),
+    **model_shapes("mixtral_t4096", 4096, 8, 2, 4096, 14336, fused=True),
 }
 
 
@@ -123,8 +130,9 @@ def compile_report(config: GemmConfig, b_t: bool, epilogue: str) -> dict:
     E, M, K, N = 8, 4096, 1024, 512  # the kernel depends on none of these
     b = meta(E, N, K) if b_t else meta(E, K, N)
     scale = meta(M, dtype=torch.float32) if epilogue == "row_scale" else None
+    out = meta(M, N // 2 if epilogue == "swiglu" else N)
     arguments, constexprs = launch_arguments(
-        config, meta(M, K), b, meta(M, N), meta(E + 1, dtype=torch.int32), scale, epilogue, b_t
+        config, meta(M, K), b, out, meta(E + 1, dtype=torch.int32), scale, epilogue, b_t
     )
     # the pointers and the scalar as the launcher specialises them
     arguments.update(
@@ -213,6 +221,8 @@ def reference(a, b, offsets, shape: Shape, weights):
         if end > begin:
             w = b[e].float()
             out[begin:end] = a[begin:end].float() @ (w.t() if shape.b_t else w)
+    if shape.epilogue == "swiglu":
+        return torch.nn.functional.silu(out[:, : shape.width]) * out[:, shape.width :]
     return out * weights[:, None] if shape.epilogue == "row_scale" else out
 
 
@@ -268,6 +278,8 @@ def run_child(name: str, shape_names: list[str], reps: int, seed: int) -> None:
                         config=config,
                     )
                 result = torch._grouped_mm(a, b_mm, offs=ends)
+                if shape.epilogue == "swiglu":
+                    return torch.nn.functional.silu(result[:, : shape.width]) * result[:, shape.width :]
                 return result if scale is None else result * scale[:, None]
 
             row = check_and_time(shape, call, reference(a, b, offsets, shape, weights), flush, reps, time_graph)
@@ -283,7 +295,7 @@ def check_and_time(shape: Shape, call, expected, flush, reps: int, time_graph) -
     timed (the L2 flushed before each), the replays' output checked against the first call's bit for bit."""
     import torch
 
-    out = torch.full((shape.rows, shape.n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    out = torch.full((shape.rows, shape.width), float("nan"), dtype=torch.bfloat16, device="cuda")
     start = time.perf_counter()
     result = call(out)
     torch.cuda.synchronize()

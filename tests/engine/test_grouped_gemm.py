@@ -25,13 +25,16 @@ def offsets_of(counts, device="cpu"):
     return torch.tensor([0] + torch.tensor(counts).cumsum(0).tolist(), dtype=torch.int32, device=device)
 
 
-def reference(a, b, offsets, b_transposed, scale=None):
-    """C in float64, expert by expert."""
+def reference(a, b, offsets, b_transposed, scale=None, swiglu=False):
+    """C in float64, expert by expert (with swiglu: silu of the first half of the columns times the second)."""
     bounds = offsets.tolist()
     out = torch.zeros((a.shape[0], b.shape[1] if b_transposed else b.shape[2]), dtype=torch.float64, device=a.device)
     for e in range(b.shape[0]):
         w = b[e].double()
         out[bounds[e] : bounds[e + 1]] = a[bounds[e] : bounds[e + 1]].double() @ (w.t() if b_transposed else w)
+    if swiglu:
+        half = out.shape[1] // 2
+        return torch.nn.functional.silu(out[:, :half]) * out[:, half:]
     return out if scale is None else out * scale.double()[:, None]
 
 
@@ -60,6 +63,12 @@ def test_schedule_pinned_on_a_ragged_example():
         [(2, 65, 0), (4, 130, 0)],
         [(2, 1, 64), (4, 194, 0)],
     ]
+
+
+def test_schedule_with_swiglu_takes_half_the_output_columns_a_tile():
+    """With swiglu a 64-column product tile is 32 output columns (its gate and up halves): N = 40 takes two."""
+    assert schedule([0, 70], 40, SMALL, 2, "swiglu") == [[(0, 0, 0), (0, 0, 32)], [(0, 64, 0), (0, 64, 32)]]
+    assert expert_tiles([0, 70], 40, SMALL, "swiglu") == [4] and expert_tiles([0, 70], 40, SMALL) == [2]
 
 
 def test_schedule_of_one_busy_expert_and_of_no_rows():
@@ -118,7 +127,24 @@ CASES = [
         TypeError,
         "out: expected torch.bfloat16",
     ),
-    (meta(64, 32), meta(4, 48, 32), meta(5, dtype=I32), dict(epilogue="swiglu"), ValueError, "epilogue: expected"),
+    (meta(64, 32), meta(4, 48, 32), meta(5, dtype=I32), dict(epilogue="gelu"), ValueError, "epilogue: expected"),
+    (
+        meta(64, 64),
+        meta(4, 64, 96),
+        meta(5, dtype=I32),
+        dict(epilogue="swiglu", b_transposed=False),
+        ValueError,
+        "b: the swiglu epilogue takes B held transposed",
+    ),
+    (meta(64, 32), meta(4, 49, 32), meta(5, dtype=I32), dict(epilogue="swiglu"), ValueError, "an odd 49 rows"),
+    (
+        meta(64, 32),
+        meta(4, 48, 32),
+        meta(5, dtype=I32),
+        dict(epilogue="swiglu", out=meta(64, 48)),
+        ValueError,
+        "out: expected shape (64, 24)",
+    ),
     (meta(64, 32), meta(4, 48, 32), meta(5, dtype=I32), dict(epilogue="row_scale"), ValueError, "scale: the row_"),
     (meta(64, 32), meta(4, 48, 32), meta(5, dtype=I32), dict(scale=meta(64)), ValueError, "scale: given, but"),
     (
@@ -194,9 +220,11 @@ RAGGED = {
 
 @pytest.mark.parametrize("counts", list(RAGGED.values()), ids=list(RAGGED))
 @pytest.mark.parametrize("b_transposed", [True, False], ids=["b_enk", "b_ekn"])
-@pytest.mark.parametrize("epilogue", ["none", "row_scale"])
+@pytest.mark.parametrize("epilogue", ["none", "row_scale", "swiglu"])
 def test_tl_kernel_matches_float64_at_ragged_experts(counts, b_transposed, epilogue, seed):
     generator = torch.Generator().manual_seed(seed)
+    if epilogue == "swiglu" and not b_transposed:
+        pytest.skip("swiglu takes B held transposed ([E, 2N, K])")
     E, N = len(counts), 80
     K = 88 if b_transposed else 96  # past a multiple of 32 where B is held transposed ([E, K, N] needs K % 32 == 0)
     offsets = offsets_of(counts)
@@ -206,8 +234,10 @@ def test_tl_kernel_matches_float64_at_ragged_experts(counts, b_transposed, epilo
     b = torch.randn(b_size, generator=generator).to(torch.bfloat16)
     scale = torch.rand(M, generator=generator) + 0.5 if epilogue == "row_scale" else None
     out = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
+    if epilogue == "swiglu":
+        out = out[:, : N // 2].contiguous()  # 40 columns: a 64-column tile is 32 gate and 32 up columns, two tiles
     grouped_gemm_tl(a, b, offsets, out=out, scale=scale, epilogue=epilogue, config=SMALL, programs=3)
-    expected = reference(a, b, offsets, b_transposed, scale)
+    expected = reference(a, b, offsets, b_transposed, scale, swiglu=epilogue == "swiglu")
     assert relative_error(out, expected) < 4e-3
     # each element within bf16's rounding of the float64 value (fp32 accumulation of at most 96 products aside)
     assert ((out.double() - expected).abs() <= expected.abs() * 2**-8 + 1e-3 * expected.abs().max()).all()
@@ -256,7 +286,8 @@ def test_probe_configs_compile_for_sm90_unserialised_within_the_limits(tmp_path)
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = json.loads((tmp_path / "grouped_probe_compile.json").read_text())["compile"]
-    assert {(row["form"], row["epilogue"]) for row in rows} == {("nt", "none"), ("nn", "none"), ("nt", "row_scale")}
+    forms = {(row["form"], row["epilogue"]) for row in rows}
+    assert forms == {("nt", "none"), ("nn", "none"), ("nt", "row_scale"), ("nt", "swiglu")}
     for row in rows:
         assert row["error"] is None and row["problems"] == [], row
         assert row["stack"] == 0 and row["shared"] <= 232448 and row["serialized"] == "no", row
@@ -293,40 +324,46 @@ def gpu_case(counts, N, K, b_transposed, scaled, generator):
     return a, b, offsets, scale
 
 
-def torch_grouped(a, b, offsets, b_transposed, scale):
-    """torch._grouped_mm's bf16 result (its offs: each group's end row), times the scale; None where it refuses."""
+def torch_grouped(a, b, offsets, b_transposed, scale, swiglu=False):
+    """torch._grouped_mm's bf16 result (its offs: each group's end row), then the epilogue in fp32; None where it
+    refuses the operands."""
     try:
         out = torch._grouped_mm(a, b.transpose(1, 2) if b_transposed else b, offs=offsets[1:])
     except (RuntimeError, AttributeError):
         return None
+    if swiglu:
+        half = out.shape[1] // 2
+        return (torch.nn.functional.silu(out[:, :half].float()) * out[:, half:].float()).to(torch.bfloat16)
     return out if scale is None else (out.float() * scale[:, None]).to(torch.bfloat16)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("counts", list(GPU_COUNTS))
-@pytest.mark.parametrize("form", ["b_enk", "b_ekn", "b_enk_scaled"])
+@pytest.mark.parametrize("form", ["b_enk", "b_ekn", "b_enk_scaled", "b_enk_swiglu"])
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_gpu_grouped_gemm_matches_float64_and_grouped_mm(name, form, counts, seed):
     generator = torch.Generator(device="cuda").manual_seed(seed)
-    b_transposed, scaled = form != "b_ekn", form.endswith("scaled")
+    b_transposed, scaled, swiglu = form != "b_ekn", form.endswith("scaled"), form.endswith("swiglu")
+    epilogue = "row_scale" if scaled else "swiglu" if swiglu else "none"
     N, K = (328, 264) if b_transposed else (328, 256)  # partial tiles on every side; [E, K, N] needs K % 64 == 0
+    N = 336 if swiglu else N  # 168 output columns: TMA's rows a multiple of 16 bytes
     a, b, offsets, scale = gpu_case(GPU_COUNTS[counts], N, K, b_transposed, scaled, generator)
-    expected = reference(a, b, offsets, b_transposed, scale)
-    out = torch.full((a.shape[0], N), float("nan"), dtype=torch.bfloat16, device="cuda")
+    expected = reference(a, b, offsets, b_transposed, scale, swiglu)
+    out = torch.full((a.shape[0], N // 2 if swiglu else N), float("nan"), dtype=torch.bfloat16, device="cuda")
     grouped_gemm(
         a,
         b,
         offsets,
         out=out,
         scale=scale,
-        epilogue="row_scale" if scaled else "none",
+        epilogue=epilogue,
         b_transposed=b_transposed,
         config=CONFIGS[name],
     )
     error = relative_error(out, expected)
     # bf16 rounding of the output bounds the error; torch's own grouped product is held to the same bound
     assert error <= 4e-3, error
-    theirs = torch_grouped(a, b, offsets, b_transposed, scale)
+    theirs = torch_grouped(a, b, offsets, b_transposed, scale, swiglu)
     if theirs is not None:
         assert error <= 2 * relative_error(theirs, expected) + 1e-4
         assert ((out.float() - theirs.float()).abs() <= 2**-6 * expected.abs().float() + 1e-2).all()
@@ -337,7 +374,7 @@ def test_gpu_grouped_gemm_matches_float64_and_grouped_mm(name, form, counts, see
         offsets,
         out=again,
         scale=scale,
-        epilogue="row_scale" if scaled else "none",
+        epilogue=epilogue,
         b_transposed=b_transposed,
         config=CONFIGS[name],
     )
