@@ -4,7 +4,7 @@ and grouped over experts.
     gluon_gemm.py   C = A · B in bf16 with fp32 accumulation: a TMA loading warp, an mbarrier ring, one or two
                     wgmma consumer partitions (cooperative or ping-pong), a grouped persistent tile order
     grouped_gemm.py C[r] = A[r] · B_e over experts with varlen rows (sorted by expert, ``offsets`` on the device):
-                    the same machinery, a tile schedule walked on the device, row-scale epilogue
+                    the same machinery, a tile schedule walked on the device, row-scale and SwiGLU epilogues
     grouped_tl.py   the grouped GEMM in plain Triton (the same schedule), for the interpreter and for reading
 
 ``scripts/p2/gemm_probe.py`` checks and times it against ``torch.mm`` at P1's and P2's dense shapes; its numbers
