@@ -1,8 +1,13 @@
-"""The GEMM engine of issue 48 (being probed): one warp-specialised, persistent, TMA-fed Gluon GEMM for Hopper.
+"""The GEMM engine of issue 48 (being probed): a warp-specialised, persistent, TMA-fed Gluon GEMM for Hopper, dense
+and grouped over experts.
 
     gluon_gemm.py   C = A · B in bf16 with fp32 accumulation: a TMA loading warp, an mbarrier ring, one or two
                     wgmma consumer partitions (cooperative or ping-pong), a grouped persistent tile order
+    grouped_gemm.py C[r] = A[r] · B_e over experts with varlen rows (sorted by expert, ``offsets`` on the device):
+                    the same machinery, a tile schedule walked on the device, row-scale and SwiGLU epilogues
+    grouped_tl.py   the grouped GEMM in plain Triton (the same schedule), for the interpreter and for reading
 
 ``scripts/p2/gemm_probe.py`` checks and times it against ``torch.mm`` at P1's and P2's dense shapes; its numbers
-and the choice between this engine and QuACK's are in ``notes/p2/engine-probe.md``.
+and the choice between this engine and QuACK's are in ``notes/p2/engine-probe.md``; ``scripts/p2/grouped_probe.py``
+times the grouped form against ``torch._grouped_mm`` (``notes/p2/engine-grouped.md``).
 """

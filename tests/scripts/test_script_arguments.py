@@ -25,6 +25,7 @@ CASES = {
     "p1/p1_pass_bench.py --variants blocks16x128_w4,nope": "--variants: unknown ['nope']",
     "p1/p1_fp8_lo_probe.py --tokens 8192,x": "--tokens: expected a comma list of positive integers",
     "p2/gemm_probe.py --configs coop_m128n256k64_s3,nope": "--configs: unknown name(s) ['nope']",
+    "p2/grouped_probe.py --shapes p2_t8192_gate_up,nope": "--shapes: unknown name(s) ['nope']",
 }
 
 
