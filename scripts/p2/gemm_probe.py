@@ -423,14 +423,49 @@ def main() -> None:
     parser.add_argument("--out", default=os.environ.get("OUT"), help="directory of the logs and JSON ($OUT)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    drive(
+        args,
+        parser,
+        program="gemm_probe",
+        baseline=BASELINE,
+        peer="torch.mm",
+        shapes=SHAPES,
+        configs=CONFIGS,
+        compile_all=compile_all,
+        run_child=run_child,
+        watch_child=watch_child,
+        table=table,
+        name_width=30,
+    )
+
+
+def drive(
+    args,
+    parser,
+    *,
+    program: str,
+    baseline: str,
+    peer: str,
+    shapes: dict,
+    configs: dict,
+    compile_all,
+    run_child,
+    watch_child,
+    table,
+    name_width: int,
+) -> None:
+    """A probe's run from its parsed arguments (this script's and ``grouped_probe.py``'s): as a child, ``run_child``
+    on the shapes; else the arguments checked, every config compiled for sm_90 (``compile_all``), and unless
+    --compile-only ``baseline`` (``peer`` in the table's title) and each config that compiled run by ``watch_child``
+    within --budget, ``<program>.json`` rewritten after each, ``table`` printed last."""
     started = time.monotonic()
-    shape_names = names(args.shapes, SHAPES, "--shapes", parser)
+    shape_names = names(args.shapes, shapes, "--shapes", parser)
     if args.child is not None:
-        if args.child != BASELINE and args.child not in CONFIGS:
+        if args.child != baseline and args.child not in configs:
             parser.error(f"--child: unknown config {args.child!r}")
         run_child(args.child, shape_names, args.reps, fresh_seed() if args.seed is None else args.seed)
         return
-    config_names = names(args.configs, CONFIGS, "--configs", parser)
+    config_names = names(args.configs, configs, "--configs", parser)
     for option in ("timeout", "stall", "budget"):
         if not getattr(args, option) > 0:
             parser.error(f"--{option}: expected a positive number of seconds, got {getattr(args, option)}")
@@ -442,38 +477,38 @@ def main() -> None:
         import torch
 
         if not torch.cuda.is_available():
-            sys.exit("gemm_probe: no CUDA GPU here; run it on a Hopper GPU, or use --compile-only")
-    out = Path(args.out or tempfile.mkdtemp(prefix="gemm_probe-"))
+            sys.exit(f"{program}: no CUDA GPU here; run it on a Hopper GPU, or use --compile-only")
+    out = Path(args.out or tempfile.mkdtemp(prefix=f"{program}-"))
     out.mkdir(parents=True, exist_ok=True)
     args.out = str(out)
     compiled = compile_all(config_names, shape_names)
     record = dict(
-        configs={name: asdict(CONFIGS[name]) for name in config_names},
-        shapes={name: asdict(SHAPES[name]) for name in shape_names},
+        configs={name: asdict(configs[name]) for name in config_names},
+        shapes={name: asdict(shapes[name]) for name in shape_names},
         compile=compiled,
     )
     failing = sorted({row["config"] for row in compiled if row["problems"]})
     if args.compile_only:
-        (out / "gemm_probe_compile.json").write_text(json.dumps(record, indent=1))
-        print(f"written: {out / 'gemm_probe_compile.json'}")
+        (out / f"{program}_compile.json").write_text(json.dumps(record, indent=1))
+        print(f"written: {out / f'{program}_compile.json'}")
         sys.exit(1 if failing else 0)
     import torch
 
     seed = fresh_seed() if args.seed is None else args.seed
     record.update(seed=seed, device=torch.cuda.get_device_name(), torch=torch.__version__, runs={})
     print(f"seed {seed}; logs in {out}; configs left out after compiling: {failing or 'none'}", flush=True)
-    for name in [BASELINE] + [c for c in config_names if c not in failing]:
+    for name in [baseline] + [c for c in config_names if c not in failing]:
         time_left = args.budget - (time.monotonic() - started)
         if time_left <= 0:
             record["runs"][name] = dict(status="not run: --budget spent", seconds=0, results={})
             continue
         run = watch_child(name, args, shape_names, seed, time_left)
         record["runs"][name] = run
-        print(f"{name:30s} {run['status']} in {run['seconds']} s", flush=True)
-        (out / "gemm_probe.json").write_text(json.dumps(record, indent=1))  # what is measured so far survives
+        print(f"{name:{name_width}s} {run['status']} in {run['seconds']} s", flush=True)
+        (out / f"{program}.json").write_text(json.dumps(record, indent=1))  # what is measured so far survives
     print(
-        f"\nTFLOP/s and fraction of torch.mm's (graph replay after an L2 flush; seed {seed}); "
-        f"{time.monotonic() - started:.0f} s in all, JSON: {out / 'gemm_probe.json'}"
+        f"\nTFLOP/s and fraction of {peer}'s (graph replay after an L2 flush; seed {seed}); "
+        f"{time.monotonic() - started:.0f} s in all, JSON: {out / f'{program}.json'}"
     )
     print(table(record["runs"], shape_names))
 

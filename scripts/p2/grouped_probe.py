@@ -32,14 +32,12 @@ and whether ptxas serialised them; exits 1 where one fails, spills, is over 227 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import re
 import sys
-import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the dense probe's child watch and helpers
@@ -387,59 +385,20 @@ def main() -> None:
     parser.add_argument("--out", default=os.environ.get("OUT"), help="directory of the logs and JSON ($OUT)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    started = time.monotonic()
-    shape_names = gemm_probe.names(args.shapes, SHAPES, "--shapes", parser)
-    if args.child is not None:
-        if args.child != BASELINE and args.child not in CONFIGS:
-            parser.error(f"--child: unknown config {args.child!r}")
-        run_child(args.child, shape_names, args.reps, gemm_probe.fresh_seed() if args.seed is None else args.seed)
-        return
-    config_names = gemm_probe.names(args.configs, CONFIGS, "--configs", parser)
-    for option in ("timeout", "stall", "budget"):
-        if not getattr(args, option) > 0:
-            parser.error(f"--{option}: expected a positive number of seconds, got {getattr(args, option)}")
-    if args.reps < 1:
-        parser.error(f"--reps: expected a positive integer, got {args.reps}")
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        parser.error("TRITON_INTERPRET=1: the Gluon kernel compiles and runs only without Triton's interpreter")
-    if not args.compile_only:
-        import torch
-
-        if not torch.cuda.is_available():
-            sys.exit("grouped_probe: no CUDA GPU here; run it on a Hopper GPU, or use --compile-only")
-    out = Path(args.out or tempfile.mkdtemp(prefix="grouped_probe-"))
-    out.mkdir(parents=True, exist_ok=True)
-    args.out = str(out)
-    compiled = compile_all(config_names, shape_names)
-    record = dict(
-        configs={name: asdict(CONFIGS[name]) for name in config_names},
-        shapes={name: asdict(SHAPES[name]) for name in shape_names},
-        compile=compiled,
+    gemm_probe.drive(
+        args,
+        parser,
+        program="grouped_probe",
+        baseline=BASELINE,
+        peer="torch._grouped_mm",
+        shapes=SHAPES,
+        configs=CONFIGS,
+        compile_all=compile_all,
+        run_child=run_child,
+        watch_child=watch_child,
+        table=table,
+        name_width=22,
     )
-    failing = sorted({row["config"] for row in compiled if row["problems"]})
-    if args.compile_only:
-        (out / "grouped_probe_compile.json").write_text(json.dumps(record, indent=1))
-        print(f"written: {out / 'grouped_probe_compile.json'}")
-        sys.exit(1 if failing else 0)
-    import torch
-
-    seed = gemm_probe.fresh_seed() if args.seed is None else args.seed
-    record.update(seed=seed, device=torch.cuda.get_device_name(), torch=torch.__version__, runs={})
-    print(f"seed {seed}; logs in {out}; configs left out after compiling: {failing or 'none'}", flush=True)
-    for name in [BASELINE] + [c for c in config_names if c not in failing]:
-        time_left = args.budget - (time.monotonic() - started)
-        if time_left <= 0:
-            record["runs"][name] = dict(status="not run: --budget spent", seconds=0, results={})
-            continue
-        run = watch_child(name, args, shape_names, seed, time_left)
-        record["runs"][name] = run
-        print(f"{name:22s} {run['status']} in {run['seconds']} s", flush=True)
-        (out / "grouped_probe.json").write_text(json.dumps(record, indent=1))  # what is measured so far survives
-    print(
-        f"\nTFLOP/s and fraction of torch._grouped_mm's (graph replay after an L2 flush; seed {seed}); "
-        f"{time.monotonic() - started:.0f} s in all, JSON: {out / 'grouped_probe.json'}"
-    )
-    print(table(record["runs"], shape_names))
 
 
 if __name__ == "__main__":
