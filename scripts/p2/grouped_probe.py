@@ -130,12 +130,14 @@ def compile_report(config: GemmConfig, b_t: bool, epilogue: str) -> dict:
     scale = meta(M, dtype=torch.float32) if epilogue == "row_scale" else None
     out = meta(M, N // 2 if epilogue == "swiglu" else N)
     arguments, constexprs = launch_arguments(
-        config, meta(M, K), b, out, meta(E + 1, dtype=torch.int32), scale, epilogue, b_t
+        config, meta(M, K), b, meta(E + 1, dtype=torch.int32), epilogue, b_t, out=out, scale=scale
     )
     # the pointers and the scalar as the launcher specialises them
-    arguments.update(
-        c_ptr="*bf16", offsets_ptr="*i32", num_experts="i32", scale_ptr="*fp32" if scale is not None else "*i32"
-    )
+    pointer = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32"}
+    arguments = {
+        name: pointer[value.dtype] if isinstance(value, torch.Tensor) else value for name, value in arguments.items()
+    }
+    arguments["num_experts"] = "i32"
     start = time.perf_counter()
     try:
         compiled = compile_gluon_for_sm90(

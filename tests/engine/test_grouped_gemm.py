@@ -123,9 +123,9 @@ CASES = [
         meta(64, 32),
         meta(4, 48, 32),
         meta(5, dtype=I32),
-        dict(out=meta(64, 48, dtype=torch.float32)),
+        dict(out=meta(64, 48, dtype=torch.float16)),
         TypeError,
-        "out: expected torch.bfloat16",
+        "out: expected torch.bfloat16 or torch.float32",
     ),
     (meta(64, 32), meta(4, 48, 32), meta(5, dtype=I32), dict(epilogue="gelu"), ValueError, "epilogue: expected"),
     (
