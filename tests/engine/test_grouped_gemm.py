@@ -688,8 +688,9 @@ def test_tl_dswiglu_gives_the_same_bits_for_any_program_count_and_leaves_later_r
 
 @pytest.mark.slow
 def test_probe_configs_compile_for_sm90_unserialised_within_the_limits(tmp_path):
-    """Every config the grouped probe times, in each B form and epilogue, compiled for sm_90 by the probe itself
-    (``--compile-only``): no stack, within 227 KB, wgmma not serialised by ptxas, ≤ 256 registers a partition."""
+    """Every config the grouped probe times, in each B form, epilogue and set of outputs, compiled for sm_90 by the
+    probe itself (``--compile-only``): no stack, within 227 KB, wgmma not serialised by ptxas, ≤ 256 registers a
+    partition."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
     done = subprocess.run(
@@ -702,8 +703,24 @@ def test_probe_configs_compile_for_sm90_unserialised_within_the_limits(tmp_path)
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = json.loads((tmp_path / "grouped_probe_compile.json").read_text())["compile"]
-    forms = {(row["form"], row["epilogue"]) for row in rows}
-    assert forms == {("nt", "none"), ("nn", "none"), ("nt", "row_scale"), ("nt", "swiglu")}
+    forms = {(row["form"], row["epilogue"], row["outputs"]) for row in rows}
+    assert forms == {
+        ("nt", "none", "out"),
+        ("nn", "none", "out"),
+        ("nt", "row_scale", "out"),
+        ("nt", "swiglu", "out"),
+        ("nt2", "swiglu", "out,g,u"),  # the pair (gate, up), the forward keeping g and u
+        ("nt2", "swiglu", "g,u"),  # the backward recomputing them
+        ("nn", "dswiglu", "dg,du,aw,part"),
+        ("nn2", "none", "out"),  # the pair (Wg, Wu) along K
+        ("nn2", "none", "out fp32"),
+    }
+    # dswiglu in another config where it does not fit: 128 × 128 tiles with a third output buffer, 64-row ping-pong
+    substituted = {(row["config"], row["runs"]) for row in rows if row["runs"] != row["config"]}
+    assert substituted == {
+        ("coop_m128n256k64_s3", "coop_m128n128k64_s4"),
+        ("pp_m128n128k64_s5", "pp_m64n128k64_s6"),
+    }
     for row in rows:
         assert row["error"] is None and row["problems"] == [], row
         assert row["stack"] == 0 and row["shared"] <= 232448 and row["serialized"] == "no", row
