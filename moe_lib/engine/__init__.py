@@ -4,8 +4,11 @@ and grouped over experts.
     gluon_gemm.py   C = A · B in bf16 with fp32 accumulation: a TMA loading warp, an mbarrier ring, one or two
                     wgmma consumer partitions (cooperative or ping-pong), a grouped persistent tile order
     grouped_gemm.py C[r] = A[r] · B_e over experts with varlen rows (sorted by expert, ``offsets`` on the device):
-                    the same machinery, a tile schedule walked on the device, row-scale and SwiGLU epilogues
-    grouped_tl.py   the grouped GEMM in plain Triton (the same schedule), for the interpreter and for reading
+                    the same machinery, a tile schedule walked on the device, the MoE layer's epilogues (row
+                    scale; SwiGLU writing a, g, u as asked; the backward's dSwiGLU with the routing weight's row
+                    sums) and its weights as pairs (gate and up; two weights along K), bf16 or fp32 out
+    grouped_tl.py   the grouped GEMM in plain Triton (the same schedule and epilogues), for the interpreter and
+                    for reading
 
 ``scripts/p2/gemm_probe.py`` checks and times it against ``torch.mm`` at P1's and P2's dense shapes; its numbers
 and the choice between this engine and QuACK's are in ``notes/p2/engine-probe.md``; ``scripts/p2/grouped_probe.py``

@@ -1,14 +1,23 @@
-"""C = A · B_e per expert on Hopper in Gluon: the grouped (varlen-M) form of :mod:`.gluon_gemm`'s persistent kernel.
+"""C = A · B_e per expert on Hopper in Gluon, with the MoE layer's epilogues: the grouped (varlen-M) form of
+:mod:`.gluon_gemm`'s persistent kernel.
 
-    A [M_total, K]          rows sorted by expert: expert e owns rows offsets[e] ≤ r < offsets[e + 1]
+    A [M_total, K]            rows sorted by expert: expert e owns rows offsets[e] ≤ r < offsets[e + 1]
     B [E, N, K] or [E, K, N]  one matrix per expert (held transposed, as x·Wᵀ needs, or as it lies, as dy·Wd does)
-    C [M_total, N]          C[r] = (A[r] · B_e) · scale[r] (the scale with the ``row_scale`` epilogue), bf16;
-                            with ``swiglu``, B_e = [gate; up] ([2N, K]) and C[r] = silu(A[r]·gateᵀ) · (A[r]·upᵀ)
+    P = A[r] · B_e            the product of a row, fp32; then per epilogue, each output [M_total, N]:
+
+    none        out = P (bf16, or fp32)
+    row_scale   out = P · w[r]                       (w = ``scale``, the routing weight of each sorted row)
+    swiglu      g = A·gate_eᵀ, u = A·up_eᵀ           (B = [gate; up] stacked [E, 2N, K], or the pair (gate, up))
+                out = silu(g)·u, gate_out = g, up_out = u   (each optional, bf16)
+    dswiglu     dAp = P = dy·Wd_e, with the saved g, u (``gate``, ``up``) and w:
+                a = silu(g)·u, dA = w·dAp, dgate_out = dA·u·σ(g)(1 + g(1 − σ(g))), dup_out = dA·silu(g),
+                scaled_act_out = w·a, topk_partial[j, r] = Σ_{n in column tile j} dAp[r, n]·a[r, n]
+    B as a pair along K: A = [A₀ | A₁] (K = 2·K_h), B = (B₀, B₁) each [E, K_h, N]: P = A₀·B₀_e + A₁·B₁_e
 
 Tiles: expert e has ⌈n_e / BLOCK_M⌉ · ⌈N / BLOCK_N⌉ output tiles (none for an expert without rows), its row tiles
 anchored at its first row offsets[e] (so no tile spans two experts' rows of C), in :mod:`.gluon_gemm`'s grouped
-order inside the expert; the experts' tiles are numbered one after the other, expert by expert. Program p of P
-takes tiles p, p + P, p + 2P, ... (:func:`schedule` lists them on the host). Each partition finds a tile's expert by
+order inside the expert; the experts' tiles are numbered one after the other, expert by expert. Program p of G
+takes tiles p, p + G, p + 2G, ... (:func:`schedule` lists them on the host). Each partition finds a tile's expert by
 walking the offsets forward (:func:`expert_of`): the tiles a program takes only grow, so the walk visits each expert
 once a program, two scalar loads each, and needs no prefix sum written beforehand: one launch, no host sync, a
 grid from M_total and E alone (CUDA-graph capturable).
@@ -21,18 +30,27 @@ descriptor over [E·N, K] (row e·N + n) or [E·K, N] (row e·K + k). Past N, B'
 only columns ≥ N, which no store writes. Past K, A's columns are zeros (TMA fills them); in the [E, K, N] form B's
 rows there would be the next expert's, so that form takes K a multiple of BLOCK_K (:func:`check_arguments`).
 
-SwiGLU: a tile of BLOCK_N / 2 output columns j loads, each K step, a box of B's gate rows j and one of its up rows
-N + j into the two halves of its B buffer, so the accumulator's halves are gate and up of the same columns (a gate
-box past N reads up rows, an up box past 2N the next expert's: both feed only columns ≥ N, never stored). The
-reshape, permute and split into the halves need no shared memory: each thread holds both halves of its columns.
+SwiGLU: a tile of BLOCK_N / 2 output columns j loads, each K step, a box of gate rows j and one of up rows j into
+the two halves of its B buffer (from the stacked weights' rows j and N + j, or from the two weights of a pair, one
+descriptor each), so the accumulator's halves are g and u of the same columns (a gate box past N reads up rows or
+the next expert's: both feed only columns ≥ N, never stored). The reshape, permute and split into the halves need
+no shared memory: each thread holds both halves of its columns.
+A pair along K: K steps below K_h read B₀_e's rows, the rest B₁_e's (K_h a multiple of BLOCK_K, so that no step
+straddles the two); A's steps run on through its 2·K_h columns.
 
-Epilogue: the accumulator (times the row's scale with ``row_scale``, silu(gate)·up with ``swiglu``) in bf16 into
-shared memory; a tile whose rows all belong to its expert (or end at the tensor's edge, where TMA clips) goes out by
-TMA store; a tile at an expert's end by masked stores from shared memory, row chunk by row chunk, so that it never
-writes the next expert's rows.
-Every element of C for rows offsets[0] ≤ r < offsets[E] is written once: deterministic, no atomics.
+Outputs: a bf16 output tile goes into a shared-memory buffer, then out by TMA store where its rows all belong to
+its expert (or end at the tensor's edge, where TMA clips), else by masked stores from shared memory, 16 bytes a
+thread, row chunk by row chunk, so that it never writes the next expert's rows. A tile writing several outputs
+(swiglu's a, g, u; dswiglu's dg, du, aw) takes a consumer's output buffers in turn, each reused once the TMA store
+that last read it is done (as many buffers as fit beside the ring: :func:`output_buffers`). dswiglu's saved g and u
+tiles come in by TMA into the consumer's first two output buffers while its K loop runs; its epilogue takes the
+tile's columns in two halves (fewer values live at once), writing dg and du over the g and u they come from (each
+thread its own elements), and w·a through the third buffer (or the first, once dg's store has left it). An fp32 C
+and dswiglu's topk_partial (one value a row) leave from registers by masked stores (an fp32 row's quad of threads
+writes a whole 32-byte sector).
+Every output element for rows offsets[0] ≤ r < offsets[E] is written once: deterministic, no atomics.
 
-The same schedule in plain Triton, for the interpreter and for reading: :mod:`.grouped_tl`.
+The same schedule and epilogues in plain Triton, for the interpreter and for reading: :mod:`.grouped_tl`.
 """
 
 from __future__ import annotations
@@ -41,23 +59,39 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma_wait
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ..encoded_launch import descriptor
+from ..encoded_launch import descriptor, shared_layout
 from ..tiling import cdiv, grouped_tile
 from ..tma import aligned, rows_fit
 from .gluon_gemm import (
     CONSUMER_REGISTERS,
     ELEMENT_BYTES,
     LOADER_REGISTERS,
+    SHARED_MEMORY_LIMIT,
     GemmConfig,
     sm_count,
     tile_k_loop,
     tile_origin,
 )
 
-EPILOGUES = ("none", "row_scale", "swiglu")  # the kernel's EPILOGUE is the index
+EPILOGUES = ("none", "row_scale", "swiglu", "dswiglu")  # the kernel's EPILOGUE is the index
 SCALE_DTYPES = (torch.float32, torch.bfloat16)
 DEFAULT_CONFIG = GemmConfig()  # cooperative, 128 × 256 × 64 tiles, 3 stages: the dense probe's best at large M
+# dswiglu's saved g and u and its three outputs take three 128 × 128 tiles of shared memory (two would do: see
+# output_buffers), and its epilogue's registers a 128 × 128 accumulator at most
+DSWIGLU_CONFIG = GemmConfig(128, 128, 64, 4)
+# the tensors each epilogue takes besides a, b and offsets, and those it cannot do without
+TAKES = {
+    "none": ("out",),
+    "row_scale": ("out", "scale"),
+    "swiglu": ("out", "gate_out", "up_out"),
+    "dswiglu": ("gate", "up", "scale", "dgate_out", "dup_out", "scaled_act_out", "topk_partial"),
+}
+NEEDS = {"none": (), "row_scale": ("scale",), "swiglu": (), "dswiglu": ("gate", "up", "scale")}
+TENSORS = ("out", "scale", "gate", "up", "gate_out", "up_out", "dgate_out", "dup_out", "scaled_act_out",
+           "topk_partial")
+BARRIER_BYTES = 1024  # the mbarriers' share of shared memory, with room for their alignment
 
 
 # --- the tile schedule on the host ----------------------------------------------------------------------------------
@@ -101,6 +135,34 @@ def schedule(offsets: list[int], n: int, config: GemmConfig, programs: int,
     return [order[p::programs] for p in range(programs)]
 
 
+def default_config(epilogue: str) -> GemmConfig:
+    """The config :func:`grouped_gemm` takes where none is given: DSWIGLU_CONFIG for dswiglu, else DEFAULT_CONFIG."""
+    return DSWIGLU_CONFIG if epilogue == "dswiglu" else DEFAULT_CONFIG
+
+
+def partial_rows(n: int, config: GemmConfig) -> int:
+    """Rows of dswiglu's topk_partial [rows, M_total]: one per column tile of the N = I output columns."""
+    return cdiv(n, output_columns(config, "dswiglu"))
+
+
+# --- shared memory ------------------------------------------------------------------------------------------------
+
+
+def shared_bytes(config: GemmConfig, epilogue: str, buffers: int) -> int:
+    """Shared memory of the ring, ``buffers`` bf16 output tiles a consumer and the mbarriers."""
+    ring = config.stages * (config.block_m + config.block_n) * config.block_k * ELEMENT_BYTES
+    tile = config.block_m * output_columns(config, epilogue) * ELEMENT_BYTES
+    return ring + config.output_tiles * buffers * tile + BARRIER_BYTES
+
+
+def output_buffers(config: GemmConfig, epilogue: str, tiles: int) -> int:
+    """Output buffers a consumer has in shared memory for ``tiles`` bf16 outputs a tile: one each (dswiglu at least
+    two: its saved g and u land there first), or as many as fit beside the ring, taken in turn; 0 for none (an fp32
+    C leaves from registers). Fewer than the epilogue needs: the config does not fit (:func:`check_arguments`)."""
+    wanted = max(tiles, 2) if epilogue == "dswiglu" else tiles
+    return max(b for b in range(wanted + 1) if b == 0 or shared_bytes(config, epilogue, b) <= SHARED_MEMORY_LIMIT)
+
+
 # --- the kernel -------------------------------------------------------------------------------------------------
 
 
@@ -128,18 +190,17 @@ def tile_place(offsets_ptr, tile, expert, first, last, tiles_n, GROUP_M: gl.cons
 
 
 @gluon.jit
-def grouped_load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offsets_ptr, num_experts, tiles_n, k_steps,
-                           B_TRANSPOSED: gl.constexpr, GROUP_M: gl.constexpr, EPILOGUE: gl.constexpr,
-                           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+def grouped_load_partition(a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr, num_experts, tiles_n,
+                           k_steps, B_TRANSPOSED: gl.constexpr, B_PAIR: gl.constexpr, GROUP_M: gl.constexpr,
+                           EPILOGUE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
     """The loading warp: every K step of the program's tiles (BLOCK_N output columns each), in order, into the ring;
-    B's tile from the expert's slice of the stacked weights."""
+    B's tile from the expert's slice of the stacked weights (of the pair's first or second weight)."""
     BUFFERS: gl.constexpr = a_bufs.type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     B_BYTES: gl.constexpr = b_desc.block_type.nbytes
     STEP_BYTES: gl.constexpr = a_desc.block_type.nbytes + (2 * B_BYTES if EPILOGUE == 2 else B_BYTES)  # swiglu: 2 boxes
     HALF: gl.constexpr = b_desc.block_type.shape[0]
-    K = a_desc.shape[1]
-    N = b_desc.shape[1] if not B_TRANSPOSED else b_desc.shape[0] // num_experts
+    rows = b_desc.shape[0] // num_experts  # an expert's rows of B's 2-D view: N, 2N (gate; up), K or a pair's K_h
     tile = gl.program_id(0)
     expert, first, last = expert_of(offsets_ptr, num_experts, tile, gl.to_tensor(-1), gl.to_tensor(0),
                                      gl.to_tensor(0), tiles_n, BLOCK_M)
@@ -153,23 +214,34 @@ def grouped_load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offsets
             mbarrier.expect(bar, STEP_BYTES)  # TMA counts a tile's full bytes, zero-filled ones included
             k = step * BLOCK_K
             tma.async_copy_global_to_shared(a_desc, [off_m, k], bar, a_bufs.index(slot))
-            if EPILOGUE == 2:  # gate rows j and up rows N/2 + j of the tile's output columns, half a buffer each
-                row = expert * N + off_n
+            if EPILOGUE == 2:  # gate rows j and up rows j of the tile's output columns, half a buffer each
+                row = expert * rows + off_n
                 tma.async_copy_global_to_shared(b_desc, [row, k], bar, b_bufs.index(slot).slice(0, HALF))
-                tma.async_copy_global_to_shared(b_desc, [row + N // 2, k], bar, b_bufs.index(slot).slice(HALF, HALF))
+                if B_PAIR == 1:  # the up weight's own descriptor
+                    tma.async_copy_global_to_shared(b2_desc, [row, k], bar, b_bufs.index(slot).slice(HALF, HALF))
+                else:  # stacked: up rows follow the expert's N gate rows
+                    tma.async_copy_global_to_shared(b_desc, [row + rows // 2, k], bar,
+                                                    b_bufs.index(slot).slice(HALF, HALF))
+            elif B_PAIR == 2:  # along K: the first K_h columns of A meet B₀, the rest B₁
+                if k < rows:
+                    tma.async_copy_global_to_shared(b_desc, [expert * rows + k, off_n], bar, b_bufs.index(slot))
+                else:
+                    tma.async_copy_global_to_shared(b2_desc, [expert * rows + k - rows, off_n], bar,
+                                                    b_bufs.index(slot))
             elif B_TRANSPOSED:
-                tma.async_copy_global_to_shared(b_desc, [expert * N + off_n, k], bar, b_bufs.index(slot))
+                tma.async_copy_global_to_shared(b_desc, [expert * rows + off_n, k], bar, b_bufs.index(slot))
             else:
-                tma.async_copy_global_to_shared(b_desc, [expert * K + k, off_n], bar, b_bufs.index(slot))
+                tma.async_copy_global_to_shared(b_desc, [expert * rows + k, off_n], bar, b_bufs.index(slot))
             i += 1
         tile += gl.num_programs(0)
         expert, first, last = expert_of(offsets_ptr, num_experts, tile, expert, first, last, tiles_n, BLOCK_M)
 
 
 @gluon.jit
-def store_rows(c_smem, c_ptr, off_m, off_n, row_end, n_cols, WARPS: gl.constexpr):
-    """The tile in ``c_smem`` to C's rows off_m ≤ r < row_end (columns < n_cols) by masked stores, a chunk of rows
-    at a time (16 elements a thread): a TMA store would also write the rows past row_end, the next expert's."""
+def store_rows(c_smem, c_ptr, row_stride, off_m, off_n, row_end, n_cols, WARPS: gl.constexpr):
+    """The tile in ``c_smem`` to the output's rows off_m ≤ r < row_end (columns < n_cols, rows ``row_stride``
+    elements apart) by masked stores, a chunk of rows at a time (16 bytes a thread): a TMA store would also write
+    the rows past row_end, the next expert's."""
     BLOCK_M: gl.constexpr = c_smem.type.shape[0]
     BLOCK_N: gl.constexpr = c_smem.type.shape[1]
     COLUMN_THREADS: gl.constexpr = 32 if BLOCK_N >= 256 else BLOCK_N // 8  # 8 elements (16 bytes) a thread
@@ -177,33 +249,116 @@ def store_rows(c_smem, c_ptr, off_m, off_n, row_end, n_cols, WARPS: gl.constexpr
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // COLUMN_THREADS, COLUMN_THREADS], [WARPS, 1], [1, 0])
     rows = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, layout))
     cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
-    col_ok = gl.expand_dims(cols < n_cols, 0)
+    col_ok = gl.expand_dims(gl.max_constancy(cols < n_cols, 8), 0)  # N a multiple of 8 (checked on the host)
     for r in gl.static_range(0, BLOCK_M, CHUNK):
         values = c_smem.slice(r, CHUNK, dim=0).load(layout)
         row = off_m + r + rows
         mask = gl.expand_dims(row < row_end, 1) & col_ok
-        offsets = gl.expand_dims(row.to(gl.int64) * n_cols, 1) + gl.expand_dims(cols, 0)
-        gl.store(c_ptr + offsets, values, mask=mask)
+        starts = gl.multiple_of(row.to(gl.int64) * row_stride, 8)  # rows 16 bytes apart (checked on the host)
+        gl.store(c_ptr + gl.expand_dims(starts, 1) + gl.expand_dims(cols, 0), values, mask=mask)
 
 
 @gluon.jit
-def grouped_consumer_partition(a_bufs, b_bufs, ready, empty, turns, c_desc, c_bufs, c_ptr, scale_ptr, offsets_ptr,
-                               num_experts, tiles_n, k_steps, B_TRANSPOSED: gl.constexpr, GROUP_M: gl.constexpr,
-                               EPILOGUE: gl.constexpr, ME: gl.constexpr, CONSUMERS: gl.constexpr,
-                               WARPS: gl.constexpr):
+def put_tile(value, c_bufs, desc, ptr, off_m, off_n, row_end, whole, SLOT: gl.constexpr, ME: gl.constexpr,
+             OUT_BUFS: gl.constexpr, WARPS: gl.constexpr):
+    """The tile ``value`` (registers) in bf16 to its output (``desc`` for TMA, ``ptr`` for masked stores) through
+    consumer ME's output buffer SLOT mod OUT_BUFS, SLOT counting the tile's outputs from 0."""
+    if SLOT >= OUT_BUFS:  # the buffer's last reader, the TMA store of output SLOT − OUT_BUFS, is done
+        tma.store_wait(pendings=OUT_BUFS - 1)
+    c_smem = c_bufs.index(ME * OUT_BUFS + SLOT % OUT_BUFS)
+    c_smem.store(value.to(gl.bfloat16))
+    fence_async_shared()
+    if whole:  # no row of another expert (TMA clips at M_total)
+        tma.async_copy_shared_to_global(desc, [off_m, off_n], c_smem)
+    else:
+        store_rows(c_smem, ptr, desc.strides[0], off_m, off_n, row_end, desc.shape[1], WARPS)
+
+
+@gluon.jit
+def store_registers(value, ptr, row_stride, off_m, off_n, row_end, n_cols, layout: gl.constexpr):
+    """The tile ``value`` (registers, ``layout``) to the output's rows off_m ≤ r < row_end, columns < n_cols, by
+    masked stores straight from the registers."""
+    BLOCK_M: gl.constexpr = value.type.shape[0]
+    BLOCK_N: gl.constexpr = value.type.shape[1]
+    rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
+    cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
+    # a thread's two adjacent columns in one store: N even, rows 16 bytes apart (checked on the host)
+    mask = gl.expand_dims(rows < row_end, 1) & gl.expand_dims(gl.max_constancy(cols < n_cols, 2), 0)
+    starts = gl.multiple_of(rows.to(gl.int64) * row_stride, 2)
+    gl.store(ptr + gl.expand_dims(starts, 1) + gl.expand_dims(cols, 0), value.to(ptr.dtype.element_ty), mask=mask)
+
+
+@gluon.jit
+def dswiglu_half(dap, g_smem, u_smem, scale_ptr, off_m, row_end):
+    """Half a tile's columns of dswiglu: dg and du written over the saved g and u they come from (each thread its
+    own elements), returning (Σ dAp·a over the columns, a row vector; w·a in bf16)."""
+    BLOCK_M: gl.constexpr = dap.type.shape[0]
+    layout: gl.constexpr = dap.type.layout
+    rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
+    w = gl.expand_dims(gl.load(scale_ptr + rows, mask=rows < row_end, other=0.0).to(gl.float32), 1)
+    g = g_smem.load(layout).to(gl.float32)
+    u = u_smem.load(layout).to(gl.float32)
+    sigmoid = 1.0 / (1.0 + gl.exp(-g))
+    silu = g * sigmoid
+    a = silu * u
+    dA = dap * w
+    g_smem.store((dA * u * sigmoid * (1.0 + g - silu)).to(gl.bfloat16))  # silu'(g) = σ(g)(1 + g(1 − σ(g)))
+    u_smem.store((dA * silu).to(gl.bfloat16))
+    return gl.sum(dap * a, axis=1), (a * w).to(gl.bfloat16)
+
+
+@gluon.jit
+def dswiglu_tile(acc, c_bufs, outputs, off_m, off_n, row_end, whole, WRITE_OUT: gl.constexpr,
+                 WRITE_PARTIAL: gl.constexpr, ME: gl.constexpr, OUT_BUFS: gl.constexpr, WARPS: gl.constexpr):
+    """dswiglu's epilogue for the tile dAp = ``acc``, its saved g and u in consumer ME's first two output buffers: two
+    halves of its columns in turn (fewer values live at once), dg and du out from those buffers, then w·a through
+    the third output buffer (or the first once dg's store has left it) and Σ dAp·a from registers."""
+    c_desc, c_ptr, g_desc, g_ptr, u_desc, u_ptr, gin_desc, uin_desc, scale_ptr, partial_ptr = outputs
+    BLOCK_M: gl.constexpr = acc.type.shape[0]
+    BLOCK_N: gl.constexpr = acc.type.shape[1]
+    HALF: gl.constexpr = BLOCK_N // 2
+    g_smem = c_bufs.index(ME * OUT_BUFS)
+    u_smem = c_bufs.index(ME * OUT_BUFS + 1)
+    left, right = gl.split(gl.permute(gl.reshape(acc, [BLOCK_M, 2, HALF]), [0, 2, 1]))  # columns < HALF, ≥ HALF
+    part_left, aw_left = dswiglu_half(left, g_smem.slice(0, HALF, dim=1), u_smem.slice(0, HALF, dim=1), scale_ptr,
+                                      off_m, row_end)
+    part_right, aw_right = dswiglu_half(right, g_smem.slice(HALF, HALF, dim=1), u_smem.slice(HALF, HALF, dim=1),
+                                        scale_ptr, off_m, row_end)
+    fence_async_shared()
+    if whole:  # no row of another expert (TMA clips at M_total)
+        tma.async_copy_shared_to_global(g_desc, [off_m, off_n], g_smem)
+        tma.async_copy_shared_to_global(u_desc, [off_m, off_n], u_smem)
+    else:
+        store_rows(g_smem, g_ptr, g_desc.strides[0], off_m, off_n, row_end, g_desc.shape[1], WARPS)
+        store_rows(u_smem, u_ptr, u_desc.strides[0], off_m, off_n, row_end, u_desc.shape[1], WARPS)
+    if WRITE_PARTIAL:  # a row's share of its routing weight's gradient, one row of topk_partial a column tile
+        part = part_left + part_right
+        rows = off_m + gl.arange(0, BLOCK_M, layout=part.type.layout)
+        gl.store(partial_ptr + (off_n // BLOCK_N).to(gl.int64) * c_desc.shape[0] + rows, part, mask=rows < row_end)
+    if WRITE_OUT:
+        aw = gl.reshape(gl.permute(gl.join(aw_left, aw_right), [0, 2, 1]), [BLOCK_M, BLOCK_N])
+        put_tile(aw, c_bufs, c_desc, c_ptr, off_m, off_n, row_end, whole, 2, ME, OUT_BUFS, WARPS)
+
+
+@gluon.jit
+def grouped_consumer_partition(a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr, num_experts,
+                               tiles_n, k_steps, B_TRANSPOSED: gl.constexpr, GROUP_M: gl.constexpr,
+                               EPILOGUE: gl.constexpr, OUT_BUFS: gl.constexpr, WRITE_OUT: gl.constexpr,
+                               WRITE_GATE: gl.constexpr, WRITE_UP: gl.constexpr, WRITE_PARTIAL: gl.constexpr,
+                               ME: gl.constexpr, CONSUMERS: gl.constexpr, WARPS: gl.constexpr):
     """Consumer ME of CONSUMERS (WARPS warps): the program's tiles ME, ME + CONSUMERS, ... of its own (the ring's
-    steps counted over all the program's tiles), each its K loop, its epilogue and its store. With two consumers
-    each K loop waits for its turn and passes it on once its last wgmma is issued (as :mod:`.gluon_gemm`)."""
+    steps counted over all the program's tiles), each its K loop, its epilogue and its stores. With two consumers
+    each K loop waits for its turn and passes it on once its last wgmma is issued (as :mod:`.gluon_gemm`).
+    ``outputs``: the kernel's c, g, u descriptors and pointers, its saved g and u descriptors, scale and partial."""
+    c_desc, c_ptr, g_desc, g_ptr, u_desc, u_ptr, gin_desc, uin_desc, scale_ptr, partial_ptr = outputs
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]  # output columns a tile
     ACC_N: gl.constexpr = 2 * BLOCK_N if EPILOGUE == 2 else BLOCK_N  # the product's columns: swiglu's gate, up
     BUFFERS: gl.constexpr = a_bufs.type.shape[0]
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                      instr_shape=[16, ACC_N, 16])
-    M_total = c_desc.shape[0]
-    N = c_desc.shape[1]
+    M_total = c_desc.shape[0]  # every output and saved tile's descriptor has M_total rows
     acc = gl.zeros((BLOCK_M, ACC_N), dtype=gl.float32, layout=layout)
-    c_smem = c_bufs.index(ME)
     pid = gl.program_id(0)
     programs = gl.num_programs(0)
     tile = pid + ME * programs
@@ -213,6 +368,14 @@ def grouped_consumer_partition(a_bufs, b_bufs, ready, empty, turns, c_desc, c_bu
     while expert < num_experts:
         off_m, off_n, row_end = tile_place(offsets_ptr, tile, expert, first, last, tiles_n, GROUP_M, BLOCK_M,
                                            BLOCK_N)
+        if EPILOGUE == 3:  # dswiglu: the saved g and u tiles into the first two output buffers, under the K loop
+            tma.store_wait(pendings=0)  # the last tile's stores have left the buffers
+            gl.thread_barrier()  # and its masked stores have read them
+            fence_async_shared()
+            mbarrier.expect(saved.index(ME), 2 * gin_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(gin_desc, [off_m, off_n], saved.index(ME), c_bufs.index(ME * OUT_BUFS))
+            tma.async_copy_global_to_shared(uin_desc, [off_m, off_n], saved.index(ME),
+                                            c_bufs.index(ME * OUT_BUFS + 1))
         step0 = ((tile - pid) // programs) * k_steps  # the program's tiles before this one, k_steps each
         if CONSUMERS > 1:  # consumer 0's first turn is free (a fresh barrier), consumer 1's first waits for it
             mbarrier.wait(turns.index(ME), (n & 1) ^ (1 - ME))
@@ -221,21 +384,32 @@ def grouped_consumer_partition(a_bufs, b_bufs, ready, empty, turns, c_desc, c_bu
             mbarrier.arrive(turns.index(1 - ME), count=1)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(empty.index((step0 + k_steps - 1) % BUFFERS), count=1)
-        out = acc
-        if EPILOGUE == 1:  # row_scale: the routing weight of each row, before the rounding to bf16
-            rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
-            scale = gl.load(scale_ptr + rows, mask=rows < row_end, other=0.0).to(gl.float32)
-            out = acc * gl.expand_dims(scale, 1)
-        if EPILOGUE == 2:  # swiglu: the accumulator's halves are gate and up of the same columns
+        whole = (off_m + BLOCK_M <= row_end) | (row_end >= M_total)  # every row the expert's, or TMA clips them
+        rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
+        if EPILOGUE <= 1:  # none, row_scale: the routing weight of each row before the rounding
+            out = acc
+            if EPILOGUE == 1:
+                out = acc * gl.expand_dims(gl.load(scale_ptr + rows, mask=rows < row_end, other=0.0).to(gl.float32), 1)
+            if OUT_BUFS == 0:  # an fp32 C: no rounding, no shared memory
+                store_registers(out, c_ptr, c_desc.strides[0], off_m, off_n, row_end, c_desc.shape[1], layout)
+            else:
+                tma.store_wait(pendings=0)  # the last tile's store has left the buffer
+                put_tile(out, c_bufs, c_desc, c_ptr, off_m, off_n, row_end, whole, 0, ME, OUT_BUFS, WARPS)
+        if EPILOGUE == 2:  # swiglu: the accumulator's halves are g and u of the same columns
             gate, up = gl.split(gl.permute(gl.reshape(acc, [BLOCK_M, 2, BLOCK_N]), [0, 2, 1]))
-            out = gate / (1.0 + gl.exp(-gate)) * up
-        tma.store_wait(pendings=0)  # the last tile's store has left c_smem
-        c_smem.store(out.to(c_desc.dtype))
-        fence_async_shared()
-        if (off_m + BLOCK_M <= row_end) | (row_end >= M_total):  # no row of another expert (TMA clips at M_total)
-            tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)
-        else:
-            store_rows(c_smem, c_ptr, off_m, off_n, row_end, N, WARPS)
+            tma.store_wait(pendings=0)  # the last tile's stores have left the buffers
+            if WRITE_OUT:
+                put_tile(gate / (1.0 + gl.exp(-gate)) * up, c_bufs, c_desc, c_ptr, off_m, off_n, row_end, whole, 0,
+                         ME, OUT_BUFS, WARPS)
+            if WRITE_GATE:
+                put_tile(gate, c_bufs, g_desc, g_ptr, off_m, off_n, row_end, whole, WRITE_OUT, ME, OUT_BUFS, WARPS)
+            if WRITE_UP:
+                put_tile(up, c_bufs, u_desc, u_ptr, off_m, off_n, row_end, whole, WRITE_OUT + WRITE_GATE, ME,
+                         OUT_BUFS, WARPS)
+        if EPILOGUE == 3:  # dswiglu, in fp32 from dAp (the accumulator) and the saved bf16 g and u
+            mbarrier.wait(saved.index(ME), n & 1)
+            dswiglu_tile(acc, c_bufs, outputs, off_m, off_n, row_end, whole, WRITE_OUT, WRITE_PARTIAL, ME, OUT_BUFS,
+                         WARPS)
         n += 1
         tile += CONSUMERS * programs
         expert, first, last = expert_of(offsets_ptr, num_experts, tile, expert, first, last, tiles_n, BLOCK_M)
@@ -246,16 +420,32 @@ def grouped_consumer_partition(a_bufs, b_bufs, ready, empty, turns, c_desc, c_bu
 def grouped_gemm_kernel(
     a_desc,  # A [M_total, K], rows sorted by expert, as [BLOCK_M, BLOCK_K] tiles
     b_desc,  # B_TRANSPOSED: the experts' Bᵀ stacked, [E·N, K], as [BLOCK_N, BLOCK_K] tiles; else B [E·K, N] as
-             # [BLOCK_K, BLOCK_N] tiles. swiglu: [E·2N, K] (gate rows, then up rows), as [BLOCK_N, BLOCK_K] tiles
-    c_desc,  # out: C [M_total, N] as [BLOCK_M, BLOCK_N] tiles (TMA stores of tiles inside one expert's rows)
-    c_ptr,  # out: C [M_total, N] again (masked stores of tiles at an expert's end)
-    scale_ptr,  # EPILOGUE 1 (row_scale): [M_total] fp32 or bf16, each row's scale; else any pointer, never read
+             # [BLOCK_K, BLOCK_N] tiles. swiglu: [E·2N, K] (gate rows, then up rows) or a pair's gate [E·N, K], as
+             # [BLOCK_N, BLOCK_K] tiles; a pair along K: B₀ [E·K_h, N] as [BLOCK_K, BLOCK_N] tiles
+    b2_desc,  # a pair's second weight (swiglu's up [E·N, K], or B₁ [E·K_h, N]) as b_desc's tiles; else b_desc again
+    c_desc,  # out: C [M_total, N] (swiglu: silu(g)·u; dswiglu: scaled_act_out) as [BLOCK_M, BLOCK_N] tiles, for TMA
+             # stores (bf16) or its strides (fp32); where not written, another output's descriptor
+    c_ptr,  # out again (masked stores), bf16 or fp32; where not written, any pointer, never used
+    g_desc,  # swiglu: gate_out g; dswiglu: dgate_out dg; [M_total, N] bf16 as c_desc's tiles; else c_desc again
+    g_ptr,  # g_desc's tensor again (masked stores); where not written, any pointer
+    u_desc,  # swiglu: up_out u; dswiglu: dup_out du; [M_total, N] bf16 as c_desc's tiles; else c_desc again
+    u_ptr,  # u_desc's tensor again (masked stores); where not written, any pointer
+    gin_desc,  # dswiglu: the saved g [M_total, N] bf16 as c_desc's tiles; else a_desc, never read
+    uin_desc,  # dswiglu: the saved u [M_total, N] bf16 as c_desc's tiles; else a_desc, never read
+    scale_ptr,  # row_scale, dswiglu: [M_total] fp32 or bf16, each row's routing weight w; else any pointer
+    partial_ptr,  # dswiglu: topk_partial [⌈N / BLOCK_N⌉, M_total] fp32; else any pointer, never written
     offsets_ptr,  # [E + 1] int32: expert e's rows are offsets[e] ≤ r < offsets[e + 1]
     num_experts,  # E
     B_TRANSPOSED: gl.constexpr,
+    B_PAIR: gl.constexpr,  # 0: one B; 1: swiglu's pair (gate, up); 2: a pair along K (B₀, B₁)
     BUFFERS: gl.constexpr,  # buffers of the ring
+    OUT_BUFS: gl.constexpr,  # bf16 output tiles in shared memory a consumer (0: C is fp32, stored from registers)
     GROUP_M: gl.constexpr,  # row tiles taken together in an expert's tile order
-    EPILOGUE: gl.constexpr,  # 0 none, 1 row_scale, 2 swiglu (EPILOGUES)
+    EPILOGUE: gl.constexpr,  # 0 none, 1 row_scale, 2 swiglu, 3 dswiglu (EPILOGUES)
+    WRITE_OUT: gl.constexpr,  # whether c is written (always with none and row_scale)
+    WRITE_GATE: gl.constexpr,  # whether g is written (always with dswiglu)
+    WRITE_UP: gl.constexpr,  # whether u is written (always with dswiglu)
+    WRITE_PARTIAL: gl.constexpr,  # whether dswiglu's topk_partial is written
     PINGPONG: gl.constexpr,  # two one-warpgroup consumers on alternate tiles; else one of num_warps (8) warps
     CONSUMER_REGS: gl.constexpr,  # with PINGPONG: the second consumer's registers
     LOADER_REGS: gl.constexpr,  # the loading warp's registers
@@ -270,39 +460,60 @@ def grouped_gemm_kernel(
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [BUFFERS] + a_desc.block_type.shape, a_desc.layout)
     B_ROWS: gl.constexpr = b_desc.block_type.shape[0] * (2 if EPILOGUE == 2 else 1)  # swiglu: gate and up rows
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [BUFFERS, B_ROWS, b_desc.block_type.shape[1]], b_desc.layout)
-    c_bufs = gl.allocate_shared_memory(c_desc.dtype, [CONSUMERS] + c_desc.block_type.shape, c_desc.layout)
+    if OUT_BUFS > 0:
+        c_bufs = gl.allocate_shared_memory(gl.bfloat16, [CONSUMERS * OUT_BUFS, BLOCK_M, BLOCK_N], c_desc.layout)
+    else:  # an fp32 C leaves from registers: no output tiles in shared memory (a_bufs stands in, never touched)
+        c_bufs = a_bufs
     ready = gl.allocate_shared_memory(gl.int64, [BUFFERS, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [BUFFERS, 1], mbarrier.MBarrierLayout())
     turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    saved = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # dswiglu's g, u a consumer
     for i in gl.static_range(BUFFERS):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
     for i in gl.static_range(2):
         mbarrier.init(turns.index(i), count=1)
+        mbarrier.init(saved.index(i), count=1)
     fence_async_shared()  # the barriers' initialisation is seen by the copy engine (the async proxy)
-    # the argument tuples written out in each call: a tuple held in a variable turns its constexprs into tensors
+    outputs = (c_desc, c_ptr, g_desc, g_ptr, u_desc, u_ptr, gin_desc, uin_desc, scale_ptr, partial_ptr)
+    # the constexprs written out in each call: a tuple held in a variable turns its constexprs into tensors
     if PINGPONG:
         gl.warp_specialize([
-            (grouped_consumer_partition, (a_bufs, b_bufs, ready, empty, turns, c_desc, c_bufs, c_ptr, scale_ptr,
-                                          offsets_ptr, num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M,
-                                          EPILOGUE, 0, 2, num_warps)),
-            (grouped_consumer_partition, (a_bufs, b_bufs, ready, empty, turns, c_desc, c_bufs, c_ptr, scale_ptr,
-                                          offsets_ptr, num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M,
-                                          EPILOGUE, 1, 2, 4)),
-            (grouped_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offsets_ptr, num_experts, tiles_n,
-                                      k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N)),
+            (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
+                                          num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
+                                          WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, 0, 2, num_warps)),
+            (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
+                                          num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
+                                          WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, 1, 2, 4)),
+            (grouped_load_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
+                                      num_experts, tiles_n, k_steps, B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE,
+                                      BLOCK_M, BLOCK_N)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
     else:
         gl.warp_specialize([
-            (grouped_consumer_partition, (a_bufs, b_bufs, ready, empty, turns, c_desc, c_bufs, c_ptr, scale_ptr,
-                                          offsets_ptr, num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M,
-                                          EPILOGUE, 0, 1, num_warps)),
-            (grouped_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offsets_ptr, num_experts, tiles_n,
-                                      k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N)),
+            (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
+                                          num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
+                                          WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, 0, 1, num_warps)),
+            (grouped_load_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
+                                      num_experts, tiles_n, k_steps, B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE,
+                                      BLOCK_M, BLOCK_N)),
         ], [1], [LOADER_REGS])
 
 
 # --- the host side ----------------------------------------------------------------------------------------------
+
+
+def weights_of(b) -> tuple:
+    """B's weight tensors: (b,) for one, both of a pair (a tuple or list)."""
+    return tuple(b) if isinstance(b, (tuple, list)) else (b,)
+
+
+def pair_kind(b, epilogue: str) -> int:
+    """The kernel's B_PAIR: 0 for one B; 1 for swiglu's pair (gate, up), each [E, N, K]; 2 for a pair along K
+    (B₀, B₁), each [E, K_h, N] (the none and row_scale epilogues)."""
+    if not isinstance(b, (tuple, list)):
+        return 0
+    return 1 if epilogue == "swiglu" else 2
 
 
 def b_form(b: torch.Tensor, a: torch.Tensor, out: torch.Tensor | None) -> bool:
@@ -319,128 +530,275 @@ def b_form(b: torch.Tensor, a: torch.Tensor, out: torch.Tensor | None) -> bool:
     raise ValueError(f"b: expected [E, N, K] or [E, K, N] with K = {K} (a's columns), got shape {tuple(b.shape)}")
 
 
-def output_width(b: torch.Tensor, b_transposed: bool, epilogue: str) -> int:
-    """C's columns: B's N, or half of B's rows with swiglu ([gate; up] → silu(gate)·up)."""
-    n = b.shape[1] if b_transposed else b.shape[2]
-    return n // 2 if epilogue == "swiglu" else n
+def output_width(b, b_transposed: bool, epilogue: str) -> int:
+    """The outputs' columns N: B's N, or half of the stacked [gate; up] rows with swiglu."""
+    first = weights_of(b)[0]
+    n = first.shape[1] if b_transposed else first.shape[2]
+    return n // 2 if epilogue == "swiglu" and pair_kind(b, epilogue) == 0 else n
+
+
+def roles(epilogue: str, tensors: dict) -> tuple:
+    """The tensors behind the kernel's tile outputs c, g and u (None where not written): out, gate_out, up_out; with
+    dswiglu scaled_act_out, dgate_out, dup_out."""
+    if epilogue == "dswiglu":
+        return tensors.get("scaled_act_out"), tensors.get("dgate_out"), tensors.get("dup_out")
+    return tensors.get("out"), tensors.get("gate_out"), tensors.get("up_out")
+
+
+def with_defaults(epilogue: str, tensors: dict, rows: int, n: int, like: torch.Tensor) -> dict:
+    """``tensors`` with the outputs an epilogue always writes allocated where not given: out (none, row_scale; with
+    swiglu where no output is given), dgate_out and dup_out (dswiglu); bf16 [rows, n]."""
+    tensors = dict(tensors)
+    missing = {"none": ("out",), "row_scale": ("out",), "dswiglu": ("dgate_out", "dup_out")}.get(epilogue, ())
+    if epilogue == "swiglu" and all(tensors.get(name) is None for name in ("out", "gate_out", "up_out")):
+        missing = ("out",)
+    for name in missing:
+        if tensors.get(name) is None:
+            tensors[name] = torch.empty((rows, n), dtype=torch.bfloat16, device=like.device)
+    return tensors
+
+
+def tile_outputs(epilogue: str, tensors: dict) -> int:
+    """bf16 outputs a tile writes through shared memory, the defaults :func:`with_defaults` allocates counted."""
+    c, g, u = roles(epilogue, with_defaults(epilogue, tensors, 0, 0, torch.empty(0)))
+    return sum(t is not None and t.dtype == torch.bfloat16 for t in (c, g, u))
+
+
+NEEDED = {
+    "scale": "a [M_total] tensor of row scales",
+    "gate": "the saved gate pre-activations g [M_total, N]",
+    "up": "the saved up pre-activations u [M_total, N]",
+}
+
+
+def check_rows(name: str, tensor: torch.Tensor, dtypes: tuple, shape: tuple) -> None:
+    """An output or saved tile's tensor: its dtype and shape, rows of whole 16-byte pieces of adjacent elements, a
+    row stride and start TMA takes (16-byte multiples); a strided view of a wider tensor passes."""
+    if tensor.dtype not in dtypes:
+        raise TypeError(f"{name}: expected {' or '.join(map(str, dtypes))}, got {tensor.dtype}")
+    if tuple(tensor.shape) != shape:
+        raise ValueError(f"{name}: expected shape {shape}, got {tuple(tensor.shape)}")
+    if (shape[1] * tensor.element_size()) % 16:
+        raise ValueError(f"{name}: its rows hold {shape[1]} elements, not a multiple of 16 bytes (the masked stores "
+                         f"write whole 16-byte pieces)")
+    if tensor.stride(1) != 1 or tensor.stride(0) < shape[1]:
+        raise ValueError(f"{name}: expected rows of adjacent elements (strides (≥ {shape[1]}, 1)), got strides "
+                         f"{tuple(tensor.stride())}")
+    if (tensor.stride(0) * tensor.element_size()) % 16:
+        raise ValueError(f"{name}: TMA needs rows a multiple of 16 bytes apart; its rows are {tensor.stride(0)} "
+                         f"elements apart")
+    if tensor.device.type != "meta" and not aligned(tensor):
+        raise ValueError(f"{name}: TMA needs the tensor to start on a 16-byte boundary")
 
 
 def check_arguments(a, b, offsets, *, out=None, scale=None, epilogue: str = "none", b_transposed: bool | None = None,
-                    config: GemmConfig | None = None) -> bool:
+                    config: GemmConfig | None = None, gate=None, up=None, gate_out=None, up_out=None, dgate_out=None,
+                    dup_out=None, scaled_act_out=None, topk_partial=None) -> bool:
     """Raises TypeError/ValueError naming the argument where :func:`grouped_gemm` cannot take it, before any work;
-    returns whether B is held transposed ([E, N, K]; always with swiglu). Offsets' values stay on the device and are
-    not checked: they must rise from offsets[0] = 0 to offsets[E] = M_total."""
-    config = config or DEFAULT_CONFIG
-    for name, tensor in (("a", a), ("b", b), ("offsets", offsets), ("out", out), ("scale", scale)):
-        if tensor is not None and not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"{name}: expected a torch.Tensor, got {type(tensor).__name__}")
+    returns whether B is held transposed ([E, N, K]; always with swiglu, never for a pair along K). Offsets' values
+    stay on the device and are not checked: they must rise from offsets[0] = 0 to offsets[E] = M_total."""
+    config = config or default_config(epilogue)
+    given = dict(out=out, scale=scale, gate=gate, up=up, gate_out=gate_out, up_out=up_out, dgate_out=dgate_out,
+                 dup_out=dup_out, scaled_act_out=scaled_act_out, topk_partial=topk_partial)
     if epilogue not in EPILOGUES:
         raise ValueError(f"epilogue: expected one of {EPILOGUES}, got {epilogue!r}")
+    pair = isinstance(b, (tuple, list)) and all(isinstance(w, torch.Tensor) for w in b)
+    if pair and len(b) != 2:
+        raise ValueError(f"b: a pair of weights is two tensors, got {len(b)}")
+    weights = tuple(b) if pair else (b,)
+    names = ("b[0]", "b[1]") if pair else ("b",)
+    named = list(zip(names, weights, strict=True))  # each weight with the name its errors give
+    for name, tensor in (("a", a), *named, ("offsets", offsets), *given.items()):
+        if tensor is not None and not isinstance(tensor, torch.Tensor):
+            pairs = " (or, for b, a pair of them)" if name == "b" else ""
+            raise TypeError(f"{name}: expected a torch.Tensor{pairs}, got {type(tensor).__name__}")
+    for name, tensor in given.items():
+        if tensor is not None and name not in TAKES[epilogue]:
+            raise ValueError(f"{name}: given, but the {epilogue!r} epilogue takes none (it takes "
+                             f"{', '.join(TAKES[epilogue])})")
+    for name in NEEDS[epilogue]:
+        if given[name] is None:
+            raise ValueError(f"{name}: the {epilogue} epilogue needs {NEEDED[name]}")
     if a.dim() != 2:
         raise ValueError(f"a: expected a 2-D tensor [M_total, K], got shape {tuple(a.shape)}")
-    if b.dim() != 3:
-        raise ValueError(f"b: expected a 3-D tensor [E, N, K] or [E, K, N], got shape {tuple(b.shape)}")
+    for name, w in named:
+        if w.dim() != 3:
+            raise ValueError(f"{name}: expected a 3-D tensor [E, N, K] or [E, K, N], got shape {tuple(w.shape)}")
     if a.dtype != torch.bfloat16:
         raise TypeError(f"a: expected torch.bfloat16, got {a.dtype}")
-    if b.dtype != a.dtype:
-        raise TypeError(f"b: expected {a.dtype} like a, got {b.dtype}")
+    for name, w in named:
+        if w.dtype != a.dtype:
+            raise TypeError(f"{name}: expected {a.dtype} like a, got {w.dtype}")
+    if pair and weights[1].shape != weights[0].shape:
+        raise ValueError(f"b[1]: expected the shape of b[0] {tuple(weights[0].shape)}, got {tuple(weights[1].shape)}")
+    E = weights[0].shape[0]
     if offsets.dtype != torch.int32:
         raise TypeError(f"offsets: expected torch.int32, got {offsets.dtype}")
-    if offsets.dim() != 1 or offsets.shape[0] != b.shape[0] + 1:
-        raise ValueError(f"offsets: expected shape ({b.shape[0] + 1},) (E + 1 for b's E = {b.shape[0]}), "
-                         f"got {tuple(offsets.shape)}")
-    for name, tensor in (("b", b), ("offsets", offsets), ("out", out), ("scale", scale)):
+    if offsets.dim() != 1 or offsets.shape[0] != E + 1:
+        raise ValueError(f"offsets: expected shape ({E + 1},) (E + 1 for b's E = {E}), got {tuple(offsets.shape)}")
+    for name, tensor in (*named, ("offsets", offsets), *given.items()):
         if tensor is not None and tensor.device != a.device:
             raise ValueError(f"{name}: expected the device of a ({a.device}), got {tensor.device}")
+    M, K = a.shape
     if epilogue == "swiglu":
         if b_transposed is False:
-            raise ValueError("b: the swiglu epilogue takes B held transposed, [E, 2N, K] (gate rows, then up rows)")
-        if b.shape[1] % 2:
+            raise ValueError("b: the swiglu epilogue takes B held transposed, [E, 2N, K] (gate rows, then up rows) "
+                             "or a pair (gate, up) of [E, N, K]")
+        if not pair and b.shape[1] % 2:
             raise ValueError(f"b: the swiglu epilogue takes [E, 2N, K] (gate rows, then up rows), got an odd "
                              f"{b.shape[1]} rows")
         b_transposed = True
+    elif pair:
+        if epilogue == "dswiglu":
+            raise ValueError("b: the dswiglu epilogue takes one weight (Wd [E, H, I] as it lies), not a pair")
+        if b_transposed is True:
+            raise ValueError("b: a pair along K takes its weights as they lie, [E, K/2, N] each")
+        b_transposed = False
+        if 2 * weights[0].shape[1] != K:
+            raise ValueError(f"b: a pair along K takes [E, K/2, N] each with K = {K} (a's columns), got shape "
+                             f"{tuple(weights[0].shape)} each")
+        if weights[0].shape[1] % config.block_k:
+            raise ValueError(f"b: a pair along K needs K/2 ({weights[0].shape[1]}) a multiple of block_k "
+                             f"({config.block_k}): a K step would straddle the two weights")
     if b_transposed is None:
         b_transposed = b_form(b, a, out)
-    K = a.shape[1]
     N = output_width(b, b_transposed, epilogue)
-    if (b.shape[2] if b_transposed else b.shape[1]) != K:
-        raise ValueError(f"b: expected {'[E, N, K]' if b_transposed else '[E, K, N]'} with K = {K} (a's columns), "
-                         f"got shape {tuple(b.shape)}")
-    if out is not None:
-        if out.dtype != a.dtype:
-            raise TypeError(f"out: expected {a.dtype} like a, got {out.dtype}")
-        if tuple(out.shape) != (a.shape[0], N):
-            raise ValueError(f"out: expected shape {(a.shape[0], N)}, got {tuple(out.shape)}")
-    if epilogue == "row_scale":
-        if scale is None:
-            raise ValueError("scale: the row_scale epilogue needs a [M_total] tensor of row scales")
+    reduced = weights[0].shape[2] if b_transposed else weights[0].shape[1] * (2 if pair else 1)
+    if reduced != K:
+        raise ValueError(f"{names[0]}: expected {'[E, N, K]' if b_transposed else '[E, K, N]'} with K = {K} (a's "
+                         f"columns), got shape {tuple(weights[0].shape)}")
+    if epilogue == "dswiglu" and K == 0:
+        raise ValueError("a: the dswiglu epilogue needs K ≥ 1 (a's columns)")
+    c_dtypes = (torch.bfloat16, torch.float32) if epilogue in ("none", "row_scale") else (torch.bfloat16,)
+    for name in ("out", "gate_out", "up_out", "dgate_out", "dup_out", "scaled_act_out", "gate", "up"):
+        if given[name] is not None:
+            check_rows(name, given[name], c_dtypes if name == "out" else (torch.bfloat16,), (M, N))
+    if scale is not None:
         if scale.dtype not in SCALE_DTYPES:
             raise TypeError(f"scale: expected one of {SCALE_DTYPES}, got {scale.dtype}")
-        if tuple(scale.shape) != (a.shape[0],):
-            raise ValueError(f"scale: expected shape ({a.shape[0]},), got {tuple(scale.shape)}")
-    elif scale is not None:
-        raise ValueError(f"scale: given, but the {epilogue!r} epilogue takes none")
-    for name, tensor in (("a", a), ("b", b), ("offsets", offsets), ("out", out), ("scale", scale)):
+        if tuple(scale.shape) != (M,):
+            raise ValueError(f"scale: expected shape ({M},), got {tuple(scale.shape)}")
+    if topk_partial is not None:
+        if topk_partial.dtype != torch.float32:
+            raise TypeError(f"topk_partial: expected torch.float32, got {topk_partial.dtype}")
+        if tuple(topk_partial.shape) != (partial_rows(N, config), M):
+            raise ValueError(f"topk_partial: expected shape {(partial_rows(N, config), M)} (a row per "
+                             f"{output_columns(config, epilogue)} columns of N = {N}), got "
+                             f"{tuple(topk_partial.shape)}")
+    for name, tensor in (("a", a), *named, ("offsets", offsets), ("scale", scale),
+                         ("topk_partial", topk_partial)):
         if tensor is not None and not tensor.is_contiguous():
             raise ValueError(f"{name}: expected a contiguous tensor, got strides {tuple(tensor.stride())}")
-    for name, tensor, row in (("a", a, K), ("b", b, b.shape[2]), ("out", out, N)):
+    for name, tensor, row in (("a", a, K), *((name, w, w.shape[2]) for name, w in named)):
         if not rows_fit(row, element_bytes=ELEMENT_BYTES):
             raise ValueError(f"{name}: TMA needs rows of a multiple of 16 bytes; its rows hold {row} elements")
-        if tensor is not None and tensor.device.type != "meta" and not aligned(tensor):
+        if tensor.device.type != "meta" and not aligned(tensor):
             raise ValueError(f"{name}: TMA needs the tensor to start on a 16-byte boundary")
-    if not b_transposed and K % config.block_k:
+    if not b_transposed and not pair and K % config.block_k:
         raise ValueError(f"b: the [E, K, N] form needs K ({K}) a multiple of block_k ({config.block_k}): a K step "
                          f"past K would read the next expert's rows of b")
+    tiles = tile_outputs(epilogue, given)
+    least = 2 if epilogue == "dswiglu" else min(tiles, 1)
+    if output_buffers(config, epilogue, tiles) < least:
+        raise ValueError(f"config: the {epilogue} epilogue needs {least} output tile(s) of "
+                         f"{config.block_m}×{output_columns(config, epilogue)} a consumer in shared memory beside the "
+                         f"ring; {shared_bytes(config, epilogue, least)} bytes in all, more than the "
+                         f"{SHARED_MEMORY_LIMIT} an sm_90 block may use (fewer stages or a narrower tile fit)")
     return b_transposed
 
 
-def launch_arguments(config: GemmConfig, a, b, out, offsets, scale, epilogue: str, b_transposed: bool):
-    """(the kernel's run-time arguments by name, its compile-time arguments by name) for these tensors: what
-    :func:`grouped_gemm` launches and what ``scripts/p2/grouped_probe.py --compile-only`` compiles (meta tensors
-    do; there the pointers are types)."""
+def launch_arguments(config: GemmConfig, a, b, offsets, epilogue: str, b_transposed: bool, **tensors):
+    """(the kernel's run-time arguments by name, its compile-time arguments by name) for these tensors (``tensors``:
+    :func:`grouped_gemm`'s keyword tensors, the defaults allocated): what :func:`grouped_gemm` launches and what
+    ``scripts/p2/grouped_probe.py --compile-only`` compiles (meta tensors do; there the pointers are types)."""
     bm, bk = config.block_m, config.block_k
     bn = output_columns(config, epilogue)  # swiglu: a box of gate rows and one of up rows fill a BLOCK_N tile
-    E = b.shape[0]
-    stacked = b.reshape(E * b.shape[1], b.shape[2])  # [E·N, K] or [E·K, N]
+    weights = weights_of(b)
+    E = weights[0].shape[0]
+    b_descs = [descriptor(w.reshape(E * w.shape[1], w.shape[2]), (bn, bk) if b_transposed else (bk, bn))
+               for w in weights]  # [E·N, K] or [E·K, N] (a pair: each [E·N, K] or [E·K_h, N])
+    a_desc = descriptor(a, (bm, bk))
+    c, g, u = roles(epilogue, tensors)
+
+    def tile_descriptor(tensor):
+        if tensor.dtype == torch.float32:  # an fp32 C: TMA never stores it, its descriptor gives its strides
+            return TensorDescriptor.from_tensor(tensor, [bm, bn], shared_layout((bm, bn), gl.float32))
+        return descriptor(tensor, (bm, bn))
+
+    c_desc = tile_descriptor(c if c is not None else g if g is not None else u)  # not written: a stand-in
+    saved = tensors.get("gate"), tensors.get("up")
     arguments = dict(
-        a_desc=descriptor(a, (bm, bk)),
-        b_desc=descriptor(stacked, (bn, bk) if b_transposed else (bk, bn)),
-        c_desc=descriptor(out, (bm, bn)),
-        c_ptr=out,
-        scale_ptr=scale if scale is not None else offsets,  # a None would drop out of warp_specialize's arguments
+        a_desc=a_desc,
+        b_desc=b_descs[0],
+        b2_desc=b_descs[-1],
+        c_desc=c_desc,
+        c_ptr=c if c is not None else offsets,  # a None would drop out of warp_specialize's arguments
+        g_desc=tile_descriptor(g) if g is not None else c_desc,
+        g_ptr=g if g is not None else offsets,
+        u_desc=tile_descriptor(u) if u is not None else c_desc,
+        u_ptr=u if u is not None else offsets,
+        gin_desc=descriptor(saved[0], (bm, bn)) if saved[0] is not None else a_desc,
+        uin_desc=descriptor(saved[1], (bm, bn)) if saved[1] is not None else a_desc,
+        scale_ptr=tensors.get("scale") if tensors.get("scale") is not None else offsets,
+        partial_ptr=tensors.get("topk_partial") if tensors.get("topk_partial") is not None else offsets,
         offsets_ptr=offsets,
         num_experts=E,
     )
-    constexprs = dict(B_TRANSPOSED=b_transposed, BUFFERS=config.stages, GROUP_M=config.group_m,
-                      EPILOGUE=EPILOGUES.index(epilogue), PINGPONG=config.pingpong, CONSUMER_REGS=CONSUMER_REGISTERS,
-                      LOADER_REGS=LOADER_REGISTERS, num_warps=config.warps)
+    tiles = sum(t is not None and t.dtype == torch.bfloat16 for t in (c, g, u))
+    constexprs = dict(B_TRANSPOSED=b_transposed, B_PAIR=pair_kind(b, epilogue), BUFFERS=config.stages,
+                      OUT_BUFS=output_buffers(config, epilogue, tiles) if tiles else 0, GROUP_M=config.group_m,
+                      EPILOGUE=EPILOGUES.index(epilogue), WRITE_OUT=c is not None, WRITE_GATE=g is not None,
+                      WRITE_UP=u is not None, WRITE_PARTIAL=tensors.get("topk_partial") is not None,
+                      PINGPONG=config.pingpong, CONSUMER_REGS=CONSUMER_REGISTERS, LOADER_REGS=LOADER_REGISTERS,
+                      num_warps=config.warps)
     return arguments, constexprs
 
 
-def grouped_gemm(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, *, out: torch.Tensor | None = None,
+def grouped_gemm(a: torch.Tensor, b, offsets: torch.Tensor, *, out: torch.Tensor | None = None,
                  scale: torch.Tensor | None = None, epilogue: str = "none", b_transposed: bool | None = None,
-                 config: GemmConfig = DEFAULT_CONFIG) -> torch.Tensor:
-    """C[r] = A[r] · B_e for the rows offsets[e] ≤ r < offsets[e + 1] of each expert e (times scale[r] with
-    ``epilogue="row_scale"``), into ``out`` (a new [M_total, N] bf16 tensor where None), fp32-accumulated. With
-    ``epilogue="swiglu"``, B_e is [gate; up] ([2N, K], held transposed) and C[r] = silu(A[r]·gateᵀ) · (A[r]·upᵀ).
+                 config: GemmConfig | None = None, gate: torch.Tensor | None = None, up: torch.Tensor | None = None,
+                 gate_out: torch.Tensor | None = None, up_out: torch.Tensor | None = None,
+                 dgate_out: torch.Tensor | None = None, dup_out: torch.Tensor | None = None,
+                 scaled_act_out: torch.Tensor | None = None, topk_partial: torch.Tensor | None = None):
+    """P[r] = A[r] · B_e for the rows offsets[e] ≤ r < offsets[e + 1] of each expert e, fp32-accumulated, through
+    ``epilogue`` (the module's docstring gives each one's outputs):
 
-    ``b``: [E, N, K] (each expert's B held transposed) or [E, K, N], read off the shapes (``b_transposed`` says
-    which where N == K). ``offsets``: int32 [E + 1] on the device, rising from 0 to M_total (not checked: no host
-    sync). Rows of ``out`` outside offsets[0] ≤ r < offsets[E] are left as they are. On a Hopper GPU."""
-    b_transposed = check_arguments(a, b, offsets, out=out, scale=scale, epilogue=epilogue, b_transposed=b_transposed,
-                                   config=config)
+    none, row_scale  ``out`` = P (times scale[r]): bf16, or fp32 where ``out`` is; returns out
+    swiglu           B = [gate; up] stacked [E, 2N, K] or the pair ``(gate, up)`` [E, N, K] each, both held
+                     transposed; ``out`` = silu(g)·u, ``gate_out`` = g, ``up_out`` = u, any of them (out where none
+                     is given); returns out (None where not written)
+    dswiglu          B = Wd [E, H, I] as it lies, A = dy (N = I); ``gate``, ``up`` the saved g, u, ``scale`` the
+                     routing weights; writes ``dgate_out``, ``dup_out`` (allocated where None), ``scaled_act_out``
+                     and ``topk_partial`` [partial_rows(N, config), M_total] fp32 where given; returns the four
+    a pair along K   ``b = (B₀, B₁)`` [E, K/2, N] each as they lie (none, row_scale): P = A[:, :K/2]·B₀ + A[:, K/2:]·B₁
+
+    ``config``: the tiles, ring and consumers (:func:`default_config` where None; one that cannot hold the
+    epilogue's output tiles beside its ring is refused). ``b``: [E, N, K] (each expert's B held transposed) or
+    [E, K, N], read off the shapes (``b_transposed`` says which where N == K). ``offsets``: int32 [E + 1] on the
+    device, rising from 0 to M_total (not checked: no host sync). Outputs and the saved g, u [M_total, N] may be
+    strided views (rows 16-byte multiples apart, N a multiple of 16 bytes). Rows outside offsets[0] ≤ r <
+    offsets[E] are left as they are. On a Hopper GPU."""
+    tensors = dict(out=out, scale=scale, gate=gate, up=up, gate_out=gate_out, up_out=up_out, dgate_out=dgate_out,
+                   dup_out=dup_out, scaled_act_out=scaled_act_out, topk_partial=topk_partial)
+    config = config or default_config(epilogue)
+    b_transposed = check_arguments(a, b, offsets, epilogue=epilogue, b_transposed=b_transposed, config=config,
+                                   **tensors)
     if a.device.type != "cuda":
         raise ValueError(f"a: the Gluon grouped GEMM runs on a CUDA (Hopper) GPU, got a tensor on {a.device}")
     M, K = a.shape
-    E = b.shape[0]
+    E = weights_of(b)[0].shape[0]
     N = output_width(b, b_transposed, epilogue)
-    if out is None:
-        out = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    tensors = with_defaults(epilogue, tensors, M, N, a)
+    result = (tuple(tensors[name] for name in ("dgate_out", "dup_out", "scaled_act_out", "topk_partial"))
+              if epilogue == "dswiglu" else tensors["out"])
     if M == 0 or N == 0 or E == 0:
-        return out
-    if K == 0:
-        return out.zero_()
-    arguments, constexprs = launch_arguments(config, a, b, out, offsets, scale, epilogue, b_transposed)
+        return result
+    if K == 0:  # P = 0: so are C, g, u and silu(g)·u
+        for name in ("out", "gate_out", "up_out"):
+            if tensors[name] is not None:
+                tensors[name].zero_()
+        return result
+    arguments, constexprs = launch_arguments(config, a, b, offsets, epilogue, b_transposed, **tensors)
     programs = grid(M, E, N, config, sm_count(a.device), epilogue)
     grouped_gemm_kernel[(programs,)](**arguments, **constexprs, maxnreg=config.maxnreg)
-    return out
+    return result

@@ -2,15 +2,24 @@
 
     A [M_total, K]            rows sorted by expert: expert e owns rows offsets[e] ≤ r < offsets[e + 1]
     B [E, N, K] or [E, K, N]  one matrix per expert, read through its strides
-    C [M_total, N]            C[r] = (A[r] · B_e) · scale[r] (the scale with the ``row_scale`` epilogue), bf16;
-                              with ``swiglu``, B_e = [gate; up] ([2N, K]) and C[r] = silu(A[r]·gateᵀ) · (A[r]·upᵀ)
+    P = A[r] · B_e            fp32; then per epilogue (outputs [M_total, N], rows through their strides):
 
-Program p of P takes tiles p, p + P, ... of the experts' tiles numbered expert by expert (:func:`expert_of` walks
+    none        out = P (bf16, or fp32)
+    row_scale   out = P · w[r]
+    swiglu      g = A·gate_eᵀ, u = A·up_eᵀ (B stacked [E, 2N, K] or the pair (gate, up)): out = silu(g)·u,
+                gate_out = g, up_out = u (each optional)
+    dswiglu     dAp = P, with the saved g, u and w: dgate_out = w·dAp·u·silu'(g), dup_out = w·dAp·silu(g),
+                scaled_act_out = w·silu(g)·u, topk_partial[j, r] = Σ_{n in column tile j} dAp·silu(g)·u
+    B as a pair along K: P = A[:, :K_h]·B₀_e + A[:, K_h:]·B₁_e (B₀, B₁ [E, K_h, N] each)
+
+Program p of G takes tiles p, p + G, ... of the experts' tiles numbered expert by expert (:func:`expert_of` walks
 the offsets forward as the Gluon kernel's partitions do; :func:`.grouped_gemm.schedule` lists them on the host),
 each BLOCK_M rows from the expert's first row, in the grouped order inside the expert. Masked loads and stores stop
-at the expert's end row, at N and at K, so no tile touches another expert's rows. For reading and for the CPU
-(``TRITON_INTERPRET=1``, where the bf16 dot is wrong: UPCAST multiplies the bf16 operands in fp32, and the store
-rounds to bf16 by hand, as the GPU rounds); it runs on any GPU Triton supports too.
+at the expert's end row, at N and at K, so no tile touches another expert's rows. swiglu multiplies each K step
+twice, by the gate's and by the up's columns (its second pointer: the stacked weights' rows N on, or the pair's
+up); a pair along K takes each K step's B from B₀ below K_h and from B₁ past it. For reading and for the CPU
+(``TRITON_INTERPRET=1``, where the bf16 dot is wrong: UPCAST multiplies the bf16 operands in fp32, and the stores
+round to bf16 by hand, as the GPU rounds); it runs on any GPU Triton supports too.
 """
 
 from __future__ import annotations
@@ -22,7 +31,17 @@ import triton.language as tl
 from ..dispatch import interpreter_enabled
 from ..rounding import round_to
 from .gluon_gemm import GemmConfig
-from .grouped_gemm import EPILOGUES, check_arguments, grid, output_columns, output_width
+from .grouped_gemm import (
+    EPILOGUES,
+    check_arguments,
+    grid,
+    output_columns,
+    output_width,
+    pair_kind,
+    roles,
+    weights_of,
+    with_defaults,
+)
 
 # the smallest tiles GemmConfig takes (ping-pong's 64 rows); the tl kernel uses only its tiles and group_m
 SMALL_TILES = GemmConfig(64, 64, 32, 2, "pingpong")
@@ -50,18 +69,37 @@ def dot16(a, b, acc, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def store_tile(ptr, row_stride, rows, cols, value, mask, UPCAST: tl.constexpr):
+    """``value`` (fp32) into the output at ``ptr`` (bf16, rounded as the GPU rounds, or fp32) where ``mask``."""
+    if ptr.dtype.element_ty == tl.bfloat16:
+        value = round_to(value, tl.bfloat16, UPCAST)
+    tl.store(ptr + rows.to(tl.int64)[:, None] * row_stride + cols[None, :], value, mask=mask)
+
+
+@triton.jit
 def grouped_gemm_tl_kernel(
     a_ptr,  # A [M_total, K] bf16, rows sorted by expert
-    b_ptr,  # B: expert e's [N, K] or [K, N] bf16 matrix at b_ptr + e·stride_be (swiglu: [2N, K], gate rows first)
-    c_ptr,  # out: C [M_total, N] bf16
-    scale_ptr,  # EPILOGUE 1 (row_scale): [M_total] fp32 or bf16 row scales; else never read
+    b_ptr,  # B: expert e's [N, K] or [K, N] bf16 matrix at b_ptr + e·stride_be (swiglu: gate; a K pair: B₀ [K_h, N])
+    b2_ptr,  # swiglu: the up matrices (the stacked weights' rows N on, or the pair's up); a K pair: B₁; else b_ptr
+    c_ptr,  # out: C [M_total, N] bf16 or fp32 (swiglu: silu(g)·u; dswiglu: scaled_act_out); where not written, any
+    g_ptr,  # swiglu: gate_out g; dswiglu: dgate_out dg; [M_total, N] bf16; where not written, any pointer
+    u_ptr,  # swiglu: up_out u; dswiglu: dup_out du; [M_total, N] bf16; where not written, any pointer
+    gin_ptr,  # dswiglu: the saved g [M_total, N] bf16; else never read
+    uin_ptr,  # dswiglu: the saved u [M_total, N] bf16; else never read
+    scale_ptr,  # row_scale, dswiglu: [M_total] fp32 or bf16, each row's routing weight; else never read
+    partial_ptr,  # dswiglu: topk_partial [⌈N / BLOCK_N⌉, M_total] fp32; else never written
     offsets_ptr,  # [E + 1] int32: expert e's rows are offsets[e] ≤ r < offsets[e + 1]
     num_experts,  # E
     M_total, N, K,
-    stride_be, stride_bk, stride_bn,  # B's strides (elements) along E, K and N
-    EPILOGUE: tl.constexpr,  # 0 none, 1 row_scale, 2 swiglu (grouped_gemm.EPILOGUES)
+    K_half,  # a pair along K: B₀'s rows K_h (A's columns from K_h on meet B₁); else unused
+    stride_be, stride_bk, stride_bn,  # B's strides (elements) along E, K and N (a pair's two alike)
+    stride_c, stride_g, stride_u, stride_gin, stride_uin,  # the rows' strides of c, g, u and the saved g, u
+    EPILOGUE: tl.constexpr,  # 0 none, 1 row_scale, 2 swiglu, 3 dswiglu (grouped_gemm.EPILOGUES)
+    K_PAIR: tl.constexpr,  # whether B is a pair along K (B₀, B₁)
+    WRITE_OUT: tl.constexpr, WRITE_GATE: tl.constexpr, WRITE_UP: tl.constexpr,  # which of c, g, u are written
+    WRITE_PARTIAL: tl.constexpr,  # whether dswiglu's topk_partial is written
     GROUP_M: tl.constexpr,  # row tiles taken together in an expert's tile order
-    UPCAST: tl.constexpr,  # multiply in fp32 and round the store by hand (the interpreter's bf16 is wrong)
+    UPCAST: tl.constexpr,  # multiply in fp32 and round the stores by hand (the interpreter's bf16 is wrong)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     tiles_n = tl.cdiv(N, BLOCK_N)
@@ -78,55 +116,110 @@ def grouped_gemm_tl_kernel(
         first_m = (local // group_tiles) * GROUP_M
         group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
         rows = row_begin + (first_m + (local % group_tiles) % group_rows) * BLOCK_M + tl.arange(0, BLOCK_M)
-        cols = ((local % group_tiles) // group_rows) * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_tile = (local % group_tiles) // group_rows
+        cols = col_tile * BLOCK_N + tl.arange(0, BLOCK_N)
         row_ok = rows < row_end  # the expert's rows only
         col_ok = cols < N
+        mask = row_ok[:, None] & col_ok[None, :]
         b_tile = b_ptr + expert.to(tl.int64) * stride_be
+        b2_tile = b2_ptr + expert.to(tl.int64) * stride_be
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # swiglu's second product (B's rows N + j)
+        up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # swiglu's second product (the up columns)
         for k0 in range(0, K, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
             k_ok = ks < K
             a = tl.load(a_ptr + rows.to(tl.int64)[:, None] * K + ks[None, :], mask=row_ok[:, None] & k_ok[None, :],
                         other=0.0)
-            b = tl.load(b_tile + ks[:, None] * stride_bk + cols[None, :] * stride_bn,
-                        mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            b_mask = k_ok[:, None] & col_ok[None, :]
+            if K_PAIR:  # along K: B₀'s rows below K_h, B₁'s past it (K_h a multiple of BLOCK_K)
+                if k0 < K_half:
+                    b = tl.load(b_tile + ks[:, None] * stride_bk + cols[None, :] * stride_bn, mask=b_mask, other=0.0)
+                else:
+                    b = tl.load(b2_tile + (ks - K_half)[:, None] * stride_bk + cols[None, :] * stride_bn, mask=b_mask,
+                                other=0.0)
+            else:
+                b = tl.load(b_tile + ks[:, None] * stride_bk + cols[None, :] * stride_bn, mask=b_mask, other=0.0)
             acc = dot16(a, b, acc, UPCAST)
             if EPILOGUE == 2:
-                b_up = tl.load(b_tile + ks[:, None] * stride_bk + (N + cols)[None, :] * stride_bn,
-                               mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+                b_up = tl.load(b2_tile + ks[:, None] * stride_bk + cols[None, :] * stride_bn, mask=b_mask, other=0.0)
                 up = dot16(a, b_up, up, UPCAST)
-        if EPILOGUE == 1:  # row_scale: the routing weight of each row, before the rounding to bf16
-            scale = tl.load(scale_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
-            acc = acc * scale[:, None]
-        if EPILOGUE == 2:  # swiglu: silu(gate) · up in fp32, then the rounding
-            acc = acc / (1.0 + tl.exp(-acc)) * up
-        tl.store(c_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], round_to(acc, tl.bfloat16, UPCAST),
-                 mask=row_ok[:, None] & col_ok[None, :])
+        if EPILOGUE <= 1:  # none, row_scale: the routing weight of each row, before the rounding
+            if EPILOGUE == 1:
+                acc = acc * tl.load(scale_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)[:, None]
+            store_tile(c_ptr, stride_c, rows, cols, acc, mask, UPCAST)
+        if EPILOGUE == 2:  # swiglu: silu(g) · u in fp32, then the rounding
+            if WRITE_OUT:
+                store_tile(c_ptr, stride_c, rows, cols, acc / (1.0 + tl.exp(-acc)) * up, mask, UPCAST)
+            if WRITE_GATE:
+                store_tile(g_ptr, stride_g, rows, cols, acc, mask, UPCAST)
+            if WRITE_UP:
+                store_tile(u_ptr, stride_u, rows, cols, up, mask, UPCAST)
+        if EPILOGUE == 3:  # dswiglu in fp32 from dAp (acc) and the saved bf16 g, u
+            g = tl.load(gin_ptr + rows.to(tl.int64)[:, None] * stride_gin + cols[None, :], mask=mask,
+                        other=0.0).to(tl.float32)
+            u = tl.load(uin_ptr + rows.to(tl.int64)[:, None] * stride_uin + cols[None, :], mask=mask,
+                        other=0.0).to(tl.float32)
+            w = tl.load(scale_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)[:, None]
+            sigmoid = 1.0 / (1.0 + tl.exp(-g))
+            silu = g * sigmoid
+            a = silu * u
+            dA = acc * w
+            store_tile(g_ptr, stride_g, rows, cols, dA * u * sigmoid * (1.0 + g * (1.0 - sigmoid)), mask, UPCAST)
+            store_tile(u_ptr, stride_u, rows, cols, dA * silu, mask, UPCAST)
+            if WRITE_OUT:
+                store_tile(c_ptr, stride_c, rows, cols, a * w, mask, UPCAST)
+            if WRITE_PARTIAL:  # a row's share of its routing weight's gradient, one row of topk_partial a tile
+                tl.store(partial_ptr + col_tile.to(tl.int64) * M_total + rows, tl.sum(acc * a, axis=1), mask=row_ok)
         tile += tl.num_programs(0)
         expert, first, last = expert_of(offsets_ptr, num_experts, tile, expert, first, last, tiles_n, BLOCK_M)
 
 
-def grouped_gemm_tl(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, *, out: torch.Tensor | None = None,
+def grouped_gemm_tl(a: torch.Tensor, b, offsets: torch.Tensor, *, out: torch.Tensor | None = None,
                     scale: torch.Tensor | None = None, epilogue: str = "none", b_transposed: bool | None = None,
-                    config: GemmConfig = SMALL_TILES, programs: int = 4) -> torch.Tensor:
-    """:func:`.grouped_gemm.grouped_gemm`'s result by the plain Triton kernel, ``programs`` persistent programs
-    (the tiles, the order and the epilogue of ``config``; its ring and consumers play no part here)."""
-    b_transposed = check_arguments(a, b, offsets, out=out, scale=scale, epilogue=epilogue, b_transposed=b_transposed,
-                                   config=config)
+                    config: GemmConfig = SMALL_TILES, programs: int = 4, gate: torch.Tensor | None = None,
+                    up: torch.Tensor | None = None, gate_out: torch.Tensor | None = None,
+                    up_out: torch.Tensor | None = None, dgate_out: torch.Tensor | None = None,
+                    dup_out: torch.Tensor | None = None, scaled_act_out: torch.Tensor | None = None,
+                    topk_partial: torch.Tensor | None = None):
+    """:func:`.grouped_gemm.grouped_gemm`'s result (the same arguments, outputs and return value) by the plain
+    Triton kernel, ``programs`` persistent programs (the tiles, the order and the epilogue of ``config``; its ring and
+    consumers play no part here)."""
+    tensors = dict(out=out, scale=scale, gate=gate, up=up, gate_out=gate_out, up_out=up_out, dgate_out=dgate_out,
+                   dup_out=dup_out, scaled_act_out=scaled_act_out, topk_partial=topk_partial)
+    b_transposed = check_arguments(a, b, offsets, epilogue=epilogue, b_transposed=b_transposed, config=config,
+                                   **tensors)
     M, K = a.shape
-    E = b.shape[0]
+    weights = weights_of(b)
+    E = weights[0].shape[0]
     N = output_width(b, b_transposed, epilogue)
-    if out is None:
-        out = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    tensors = with_defaults(epilogue, tensors, M, N, a)
+    result = (tuple(tensors[name] for name in ("dgate_out", "dup_out", "scaled_act_out", "topk_partial"))
+              if epilogue == "dswiglu" else tensors["out"])
     if M == 0 or N == 0 or E == 0:
-        return out
+        return result
+    first = weights[0]
+    second = weights[-1] if len(weights) == 2 else first[:, N:] if epilogue == "swiglu" else first  # up: rows N on
     # B's strides along (E, K, N): [E, N, K] held transposed or [E, K, N] as it lies
-    stride_be, stride_bk, stride_bn = (b.stride(0), b.stride(2), b.stride(1)) if b_transposed else b.stride()
+    stride_be, stride_bk, stride_bn = (first.stride(0), first.stride(2), first.stride(1)) if b_transposed \
+        else first.stride()
+    c, g, u = roles(epilogue, tensors)
+    unused = offsets  # for an output not written: a pointer never used
+
+    def pointer(tensor):
+        return tensor if tensor is not None else unused
+
+    def row_stride(tensor):
+        return tensor.stride(0) if tensor is not None else 0
+
     interpret = interpreter_enabled()
     grouped_gemm_tl_kernel[(grid(M, E, N, config, programs, epilogue),)](
-        a, b, out, scale if scale is not None else offsets, offsets, E, M, N, K, stride_be, stride_bk, stride_bn,
-        EPILOGUE=EPILOGUES.index(epilogue), GROUP_M=config.group_m, UPCAST=interpret,
-        BLOCK_M=config.block_m, BLOCK_N=output_columns(config, epilogue), BLOCK_K=config.block_k,
+        a, first, second, pointer(c), pointer(g), pointer(u), pointer(tensors["gate"]), pointer(tensors["up"]),
+        pointer(tensors["scale"]), pointer(tensors["topk_partial"]), offsets, E, M, N, K, first.shape[1],
+        stride_be, stride_bk, stride_bn, row_stride(c), row_stride(g), row_stride(u), row_stride(tensors["gate"]),
+        row_stride(tensors["up"]),
+        EPILOGUE=EPILOGUES.index(epilogue), K_PAIR=pair_kind(b, epilogue) == 2, WRITE_OUT=c is not None,
+        WRITE_GATE=g is not None, WRITE_UP=u is not None, WRITE_PARTIAL=tensors["topk_partial"] is not None,
+        GROUP_M=config.group_m, UPCAST=interpret, BLOCK_M=config.block_m, BLOCK_N=output_columns(config, epilogue),
+        BLOCK_K=config.block_k,
     )
-    return out
+    return result

@@ -10,23 +10,33 @@ rows sorted by expert: M_total = T·K rows, an expert's count binomial around T�
 needs: ``gate_up`` x·[Wg;Wu]ᵀ (B [E, 2I, H] held transposed, N = 2I), ``down`` a·Wdᵀ (B [E, H, I] held transposed,
 N = H), ``dap`` dy·Wd (B [E, H, I] as it lies, N = I) and ``dx`` [dg|du]·[Wg;Wu] (B [E, 2I, H] as it lies, N = H);
 ``down_scaled`` is ``down`` with the routing weight per row (the ``row_scale`` epilogue) and ``swiglu`` is
-``gate_up`` with silu(gate)·up in its epilogue (C [T·K, I]); the baseline applies those to torch._grouped_mm's
-output afterwards, in torch (its output is its own allocation, no copy is timed).
+``gate_up`` with silu(gate)·up in its epilogue (C [T·K, I]). With the layer's weights as separate tensors (B a
+pair, form ``nt2``/``nn2``): ``swiglu_agu`` x·(Wg, Wu) writing a = silu(g)·u, g and u (the forward keeping its
+pre-activations), ``swiglu_gu`` writing g and u (the backward recomputing them), ``dx_pair`` [dg|du]·(Wg, Wu) along
+K and ``dx_pair_f32`` with an fp32 output; and ``dswiglu``, dy·Wd with the backward's epilogue (the saved g and u
+in, dg, du, w·a and the routing weight's row sums out). g and u, dg and du are column halves of one tensor each, as
+the layer keeps them. The baseline is torch._grouped_mm, one call a weight, then the epilogue in torch (its outputs
+its own allocations, no copy timed; A's halves for ``dx_pair`` copied beforehand). ``--shapes new``: those five.
 Models: P2 (E 256, K 8, H 4096, I 2048) at 8192 and 32768 tokens, Qwen3-30B-A3B (E 128, K 8, H 2048, I 768) at
-8192, Mixtral (E 8, K 2, H 4096, I 14336) at 4096.
+8192, Mixtral (E 8, K 2, H 4096, I 14336) at 4096; the fused and paired products at P2's 8192 tokens and Mixtral's.
+
+Configs (:data:`CONFIGS`): where an epilogue does not fit one (dswiglu: shared memory for its saved tiles and
+outputs, registers for its elementwise work), :data:`FITTED` names the config run in its place.
 
 On a GPU: first every config compiled for sm_90 on the host (as ``--compile-only``; a config that fails is left
 out), then torch._grouped_mm and each config in a child process of its own, killed when it has finished no shape
 for ``--stall`` seconds, when it has run ``--timeout`` seconds, or when the run's ``--budget`` is spent. Per shape,
-small ones first: fresh random operands and routing (the seed's), the output poisoned with NaN, one call checked
-against an fp32 per-expert torch.mm (relative Frobenius error ≤ 1e-2, no NaN), then timed by CUDA-graph replay with
-the L2 flushed before each replay, the replays' output checked bitwise against the first call's. Logs and
-``grouped_probe.json`` go to --out ($OUT by default); one table (shape × config: TFLOP/s and the fraction of
-torch._grouped_mm's) is printed last, with the geometric mean over the shapes.
+small ones first: fresh random operands and routing (the seed's), the outputs poisoned with NaN, one call checked
+output by output against an fp32 per-expert torch.mm (relative Frobenius error ≤ 1e-2, no NaN; topk_partial summed
+over its column tiles), then timed by CUDA-graph replay with the L2 flushed before each replay, the replays' outputs
+checked bitwise against the first call's. Logs and ``grouped_probe.json`` go to --out ($OUT by default); one table
+(shape × config: TFLOP/s of the product and the fraction of torch._grouped_mm's) is printed last, with the geometric
+mean over the shapes.
 
---compile-only (no GPU: triton's ptxas and cuobjdump): each config in each B form (nt, nn) and epilogue, compiled
-for sm_90: registers at launch and after setmaxnreg per partition, stack (a spill), shared memory, wgmma per K step
-and whether ptxas serialised them; exits 1 where one fails, spills, is over 227 KB or is serialised.
+--compile-only (no GPU: triton's ptxas and cuobjdump): each config in each variant of the shapes (B's form, the
+epilogue, the outputs written), compiled for sm_90: registers at launch and after setmaxnreg per partition, stack
+(a spill), shared memory, output buffers a consumer, wgmma per K step and whether ptxas serialised them; exits 1
+where one fails, spills, is over 227 KB or is serialised.
 """
 
 from __future__ import annotations
@@ -56,11 +66,18 @@ CONFIGS = {
     "coop_m128n128k64_s5": GemmConfig(128, 128, 64, 5, "cooperative"),
     "pp_m128n128k64_s5": GemmConfig(128, 128, 64, 5, "pingpong"),
 }
+# where an epilogue does not fit a config, the config in its place: dswiglu keeps its saved g and u and writes three
+# outputs through at least two output tiles a consumer, and its epilogue's registers hold a 64-column half of a
+# 128 × 128 accumulator a warpgroup at most (grouped_gemm.output_buffers; notes/p2/engine-grouped.md)
+FITTED = {
+    ("coop_m128n256k64_s3", "dswiglu"): GemmConfig(128, 128, 64, 4, "cooperative"),  # three 128 × 128 output tiles
+    ("pp_m128n128k64_s5", "dswiglu"): GemmConfig(64, 128, 64, 6, "pingpong"),  # 64-row tiles, two a consumer
+}
 
 
 @dataclass(frozen=True)
 class Shape:
-    """One grouped product: T tokens, K of E experts each, C [T·K, n] = A [T·K, k] · B_e."""
+    """One grouped product: T tokens, K of E experts each, P [T·K, n] = A [T·K, k] · B_e, then the epilogue."""
 
     tokens: int
     experts: int
@@ -70,6 +87,9 @@ class Shape:
     b_t: bool  # B [E, n, k] (held transposed) rather than [E, k, n]
     epilogue: str
     what: str
+    pair: bool = False  # B as two weights: swiglu's (gate, up) [E, n/2, k] each, or (B₀, B₁) [E, k/2, n] along K
+    outputs: tuple[str, ...] = ("out",)  # what the kernel writes (grouped_gemm's keyword names)
+    out_f32: bool = False  # C in fp32 (the none epilogue)
 
     @property
     def rows(self) -> int:
@@ -77,21 +97,35 @@ class Shape:
 
     @property
     def width(self) -> int:
-        """C's columns: n, or half of it with swiglu (B's rows are [gate; up])."""
+        """The outputs' columns: n, or half of it with swiglu (B's rows are gate and up)."""
         return self.n // 2 if self.epilogue == "swiglu" else self.n
 
     @property
     def form(self) -> str:
-        """ "nt" (B held transposed) or "nn"."""
-        return "nt" if self.b_t else "nn"
+        """ "nt" (B held transposed) or "nn", with "2" for a pair of weights."""
+        return ("nt" if self.b_t else "nn") + ("2" if self.pair else "")
+
+    @property
+    def variant(self) -> tuple:
+        """What its kernel is compiled for: B's form, the epilogue, the outputs written, C's dtype."""
+        return (self.form, self.epilogue, self.outputs, self.out_f32)
 
     @property
     def flop(self) -> int:
         return 2 * self.rows * self.n * self.k
 
 
+SWIGLU_OUTPUTS = ("out", "gate_out", "up_out")
+# the outputs as the compile table prints them
+SHORT = dict(
+    out="out", gate_out="g", up_out="u", dgate_out="dg", dup_out="du", scaled_act_out="aw", topk_partial="part"
+)
+DSWIGLU_OUTPUTS = ("dgate_out", "dup_out", "scaled_act_out", "topk_partial")
+
+
 def model_shapes(name: str, T: int, E: int, K: int, H: int, I: int, fused: bool = False) -> dict[str, Shape]:
-    """A model's four grouped products at T tokens (and the two with an epilogue where ``fused``)."""
+    """A model's four grouped products at T tokens (and, where ``fused``, those with an epilogue and with the
+    layer's weights as separate tensors: the forward's and the backward's products as the layer needs them)."""
     shapes = {
         f"{name}_gate_up": Shape(T, E, K, 2 * I, H, True, "none", "x·[Wg;Wu]ᵀ"),
         f"{name}_down": Shape(T, E, K, H, I, True, "none", "a·Wdᵀ"),
@@ -101,6 +135,19 @@ def model_shapes(name: str, T: int, E: int, K: int, H: int, I: int, fused: bool 
     if fused:
         shapes[f"{name}_down_scaled"] = Shape(T, E, K, H, I, True, "row_scale", "(a·Wdᵀ)·w")
         shapes[f"{name}_swiglu"] = Shape(T, E, K, 2 * I, H, True, "swiglu", "silu(x·Wgᵀ)·(x·Wuᵀ)")
+        shapes[f"{name}_swiglu_agu"] = Shape(
+            T, E, K, 2 * I, H, True, "swiglu", "a, g, u from x, (Wg, Wu)", True, SWIGLU_OUTPUTS
+        )
+        shapes[f"{name}_swiglu_gu"] = Shape(
+            T, E, K, 2 * I, H, True, "swiglu", "g, u from x, (Wg, Wu)", True, ("gate_out", "up_out")
+        )
+        shapes[f"{name}_dswiglu"] = Shape(
+            T, E, K, I, H, False, "dswiglu", "dy·Wd → dg, du, w·a, Σ dA'·a", outputs=DSWIGLU_OUTPUTS
+        )
+        shapes[f"{name}_dx_pair"] = Shape(T, E, K, H, 2 * I, False, "none", "dg·Wg + du·Wu", True)
+        shapes[f"{name}_dx_pair_f32"] = Shape(
+            T, E, K, H, 2 * I, False, "none", "dg·Wg + du·Wu in fp32", True, out_f32=True
+        )
     return shapes
 
 
@@ -111,31 +158,71 @@ SHAPES = {
     **model_shapes("mixtral_t4096", 4096, 8, 2, 4096, 14336, fused=True),
 }
 
+NEW = [name for name, shape in SHAPES.items() if shape.pair or shape.epilogue == "dswiglu"]  # --shapes new
+
+
+def config_for(name: str, epilogue: str) -> GemmConfig:
+    """The config ``name`` runs ``epilogue`` with: itself, or where the epilogue does not fit it (:data:`FITTED`)
+    the one in its place."""
+    return FITTED.get((name, epilogue), CONFIGS[name])
+
+
+def kernel_tensors(shape: Shape, config: GemmConfig, make) -> tuple:
+    """(a, b, grouped_gemm's keyword tensors) for ``shape``, each made by ``make(role, size, dtype)`` (role "a",
+    "weight", "scale", "saved" or "output"): b a pair where the shape's weights are two; the saved g and u, and
+    swiglu's gate_out and up_out and dswiglu's dgate_out and dup_out, column halves of one [rows, 2·width] tensor
+    each (as the layer keeps h = [g|u] and dh = [dg|du], the dx product's A)."""
+    import torch
+
+    from moe_lib.engine.grouped_gemm import partial_rows
+
+    bf16, fp32 = torch.bfloat16, torch.float32
+    rows, width, E = shape.rows, shape.width, shape.experts
+    a = make("a", (rows, shape.k), bf16)
+    if shape.pair:
+        size = (E, width, shape.k) if shape.epilogue == "swiglu" else (E, shape.k // 2, shape.n)
+        b = (make("weight", size, bf16), make("weight", size, bf16))
+    else:
+        b = make("weight", (E, shape.n, shape.k) if shape.b_t else (E, shape.k, shape.n), bf16)
+    tensors = {}
+    if shape.epilogue in ("row_scale", "dswiglu"):
+        tensors["scale"] = make("scale", (rows,), fp32)
+    if shape.epilogue == "dswiglu":
+        saved = make("saved", (rows, 2 * width), bf16)
+        tensors.update(gate=saved[:, :width], up=saved[:, width:])
+    halves = make("output", (rows, 2 * width), bf16) if {"gate_out", "dgate_out"} & set(shape.outputs) else None
+    for name in shape.outputs:
+        if name in ("gate_out", "dgate_out", "up_out", "dup_out"):
+            tensors[name] = halves[:, :width] if name in ("gate_out", "dgate_out") else halves[:, width:]
+        elif name == "topk_partial":
+            tensors[name] = make("output", (partial_rows(width, config), rows), fp32)
+        else:
+            tensors[name] = make("output", (rows, width), fp32 if shape.out_f32 else bf16)
+    return a, b, tensors
+
 
 # --- compiling for sm_90 on the host ----------------------------------------------------------------------------
 
 
-def compile_report(config: GemmConfig, b_t: bool, epilogue: str) -> dict:
-    """``config``'s kernel for B held transposed (b_t) or not, with ``epilogue``, compiled for sm_90."""
+def compile_report(config: GemmConfig, shape: Shape) -> dict:
+    """``config``'s kernel for ``shape``'s variant (B's form, epilogue, outputs) compiled for sm_90."""
     import torch
 
     from moe_lib.bench.sm90 import compile_gluon_for_sm90, first_error_line, resource_usage, wgmma_serialized
     from moe_lib.engine.grouped_gemm import grouped_gemm_kernel, launch_arguments
 
-    def meta(*size, dtype=torch.bfloat16):
+    def meta(role, size, dtype):
         return torch.empty(size, dtype=dtype, device="meta")
 
-    E, M, K, N = 8, 4096, 1024, 512  # the kernel depends on none of these
-    b = meta(E, N, K) if b_t else meta(E, K, N)
-    scale = meta(M, dtype=torch.float32) if epilogue == "row_scale" else None
-    out = meta(M, N // 2 if epilogue == "swiglu" else N)
-    arguments, constexprs = launch_arguments(
-        config, meta(M, K), b, out, meta(E + 1, dtype=torch.int32), scale, epilogue, b_t
-    )
+    a, b, tensors = kernel_tensors(shape, config, meta)
+    offsets = torch.empty(shape.experts + 1, dtype=torch.int32, device="meta")
+    arguments, constexprs = launch_arguments(config, a, b, offsets, shape.epilogue, shape.b_t, **tensors)
     # the pointers and the scalar as the launcher specialises them
-    arguments.update(
-        c_ptr="*bf16", offsets_ptr="*i32", num_experts="i32", scale_ptr="*fp32" if scale is not None else "*i32"
-    )
+    pointer = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32"}
+    arguments = {
+        name: pointer[value.dtype] if isinstance(value, torch.Tensor) else value for name, value in arguments.items()
+    }
+    arguments["num_experts"] = "i32"
     start = time.perf_counter()
     try:
         compiled = compile_gluon_for_sm90(
@@ -150,30 +237,53 @@ def compile_report(config: GemmConfig, b_t: bool, epilogue: str) -> dict:
         partition_registers=partitions,
         wgmma=ptx.count("wgmma.mma_async"),
         serialized=wgmma_serialized(compiled),
+        output_buffers=constexprs["OUT_BUFS"],
         seconds=round(time.perf_counter() - start, 2),
         error=None,
     )
 
 
+def tile_name(config: GemmConfig) -> str:
+    """A config's tiles and ring as the config names spell them: m128n128k64_s4."""
+    mode = "pp" if config.pingpong else "coop"
+    return f"{mode}_m{config.block_m}n{config.block_n}k{config.block_k}_s{config.stages}"
+
+
 def compile_all(config_names: list[str], shape_names: list[str]) -> list[dict]:
-    """Each config in each (B form, epilogue) of the shapes, compiled once (printing a line each)."""
-    variants = sorted({(SHAPES[name].b_t, SHAPES[name].epilogue) for name in shape_names}, reverse=True)
+    """Each config in each variant of the shapes (B's form, epilogue, outputs), compiled once (printing a line
+    each; where an epilogue takes another config, its tiles after an arrow)."""
+    variants = {}
+    for name in shape_names:
+        variants.setdefault(SHAPES[name].variant, SHAPES[name])
     rows = []
-    print(f"{'config':22s} form epilogue   launch  setmaxnreg  stack  smem   wgmma  serialised  s", flush=True)
+    print(
+        f"{'config':42s} form epilogue  outputs        launch  setmaxnreg      stack  smem  bufs  wgmma  serialised  s",
+        flush=True,
+    )
     for config_name in config_names:
-        for b_t, epilogue in variants:
-            form = "nt" if b_t else "nn"
-            report = compile_report(CONFIGS[config_name], b_t, epilogue)
-            row = dict(config=config_name, form=form, epilogue=epilogue, **report)
+        for shape in variants.values():
+            config = config_for(config_name, shape.epilogue)
+            label = config_name if config == CONFIGS[config_name] else f"{config_name} → {tile_name(config)}"
+            outputs = ",".join(SHORT[name] for name in shape.outputs) + (" fp32" if shape.out_f32 else "")
+            report = compile_report(config, shape)
+            row = dict(
+                config=config_name,
+                runs=tile_name(config),
+                form=shape.form,
+                epilogue=shape.epilogue,
+                outputs=outputs,
+                **report,
+            )
             row["problems"] = gemm_probe.compile_problems(row)
             rows.append(row)
+            head = f"{label:42s} {shape.form:4s} {shape.epilogue:9s} {outputs:14s}"
             if report["error"]:
-                print(f"{config_name:22s} {form:4s} {epilogue:10s} FAIL {report['error']}", flush=True)
+                print(f"{head} FAIL {report['error']}", flush=True)
                 continue
             parts = "/".join(map(str, row["partition_registers"]))
             print(
-                f"{config_name:22s} {form:4s} {epilogue:10s} {row['registers']:6d}  {parts:10s}  {row['stack']:5d}  "
-                f"{row['shared'] // 1024:3d}K  {row['wgmma']:5d}  {row['serialized']:10s}  {row['seconds']:.1f}"
+                f"{head} {row['registers']:6d}  {parts:14s}  {row['stack']:5d}  {row['shared'] // 1024:3d}K  "
+                f"{row['output_buffers']:4d}  {row['wgmma']:5d}  {row['serialized']:10s}  {row['seconds']:.1f}"
                 + (f"  PROBLEM: {'; '.join(row['problems'])}" if row["problems"] else ""),
                 flush=True,
             )
@@ -196,46 +306,133 @@ def routed_offsets(shape: Shape, generator, device):
     return offsets, weights
 
 
-def operands(shape: Shape, generator, device):
-    """Fresh operands: A [T·K, k] and B ([E, n, k] or [E, k, n]) N(0, 1) in bf16, B scaled by 1/√k."""
+def random_maker(shape: Shape, generator, device, weights):
+    """``make`` for :func:`kernel_tensors` on the GPU: inputs N(0, 1) in bf16 (a weight [E, ·, k_in] scaled by
+    1/√k_in, the saved g and u by 2: across silu's bend), the routing ``weights`` as the scale, outputs NaN."""
     import torch
 
-    def randn(*size, scale=1.0):
-        return (torch.randn(size, generator=generator, device=device) * scale).to(torch.bfloat16)
+    def make(role, size, dtype):
+        if role == "output":
+            return torch.full(size, float("nan"), dtype=dtype, device=device)
+        if role == "scale":
+            return weights
+        x = torch.randn(size, generator=generator, device=device)
+        if role == "weight":  # [E, n, k] held transposed, else [E, k, n]
+            x = x * (size[2] if shape.b_t else size[1]) ** -0.5
+        if role == "saved":
+            x = x * 2.0
+        return x.to(dtype)
 
-    a = randn(shape.rows, shape.k)
-    b_size = (shape.experts, shape.n, shape.k) if shape.b_t else (shape.experts, shape.k, shape.n)
-    return a, randn(*b_size, scale=shape.k**-0.5)
+    return make
 
 
-def reference(a, b, offsets, shape: Shape, weights):
-    """C in fp32 by a torch.mm per expert (one host sync for the offsets: outside the timed part)."""
+def per_expert(a, w, offsets, b_t: bool):
+    """A[r] · B_e in fp32 by a torch.mm per expert (one host sync for the offsets: outside the timed part)."""
     import torch
 
-    out = torch.zeros((shape.rows, shape.n), dtype=torch.float32, device=a.device)
+    out = torch.zeros((a.shape[0], w.shape[1] if b_t else w.shape[2]), dtype=torch.float32, device=a.device)
     bounds = offsets.tolist()
-    for e in range(shape.experts):
+    for e in range(w.shape[0]):
         begin, end = bounds[e], bounds[e + 1]
         if end > begin:
-            w = b[e].float()
-            out[begin:end] = a[begin:end].float() @ (w.t() if shape.b_t else w)
-    if shape.epilogue == "swiglu":
-        return torch.nn.functional.silu(out[:, : shape.width]) * out[:, shape.width :]
-    return out * weights[:, None] if shape.epilogue == "row_scale" else out
+            m = w[e].float()
+            out[begin:end] = a[begin:end].float() @ (m.t() if b_t else m)
+    return out
 
 
-def grouped_mm_operand(a, b, ends, shape: Shape):
-    """B as torch._grouped_mm takes it ([E, k, n], a transposed view where B is held [E, n, k]), and a note where it
-    refused that layout and took a column-major copy made here, outside the timed call (as weights kept so)."""
+def reference(shape: Shape, a, b, offsets, tensors) -> dict:
+    """Each output of ``shape`` in fp32 (topk_partial as its sum over the column tiles, a row's ⟨dAp, a⟩)."""
     import torch
 
-    b_mm = b.transpose(1, 2) if shape.b_t else b
+    if shape.pair and shape.epilogue == "swiglu":
+        g, u = per_expert(a, b[0], offsets, True), per_expert(a, b[1], offsets, True)
+        return {"out": torch.nn.functional.silu(g) * u, "gate_out": g, "up_out": u}
+    if shape.pair:
+        half = shape.k // 2
+        return {"out": per_expert(a[:, :half], b[0], offsets, False) + per_expert(a[:, half:], b[1], offsets, False)}
+    product = per_expert(a, b, offsets, shape.b_t)
+    if shape.epilogue == "swiglu":
+        return {"out": torch.nn.functional.silu(product[:, : shape.width]) * product[:, shape.width :]}
+    if shape.epilogue == "row_scale":
+        return {"out": product * tensors["scale"][:, None]}
+    if shape.epilogue == "dswiglu":
+        return dswiglu_torch(product, tensors["gate"], tensors["up"], tensors["scale"], torch.float32)
+    return {"out": product}
+
+
+def dswiglu_torch(dap, gate, up, w, dtype) -> dict:
+    """dswiglu's outputs from dAp, the saved g, u and the routing weights, in fp32, each then in ``dtype``
+    (topk_partial as [1, rows]: its sum over the column tiles)."""
+    import torch
+
+    g, u, w = gate.float(), up.float(), w[:, None]
+    sigmoid = torch.sigmoid(g)
+    silu = g * sigmoid
+    act = silu * u
+    dA = dap.float() * w
+    return {
+        "dgate_out": (dA * u * sigmoid * (1 + g * (1 - sigmoid))).to(dtype),
+        "dup_out": (dA * silu).to(dtype),
+        "scaled_act_out": (act * w).to(dtype),
+        "topk_partial": (dap.float() * act).sum(1)[None],
+    }
+
+
+def grouped_mm_operand(a, w, ends, b_t: bool):
+    """A weight as torch._grouped_mm takes it ([E, k, n], a transposed view where it is held [E, n, k]), and a note
+    where it refused that layout and took a column-major copy made here, outside the timed call (as weights kept
+    so)."""
+    import torch
+
+    b_mm = w.transpose(1, 2) if b_t else w
     try:
         torch._grouped_mm(a, b_mm, offs=ends)
     except RuntimeError as exc:
         copy = b_mm.transpose(1, 2).contiguous().transpose(1, 2)
         return copy, f"B copied column-major beforehand ({str(exc).splitlines()[0][:120]})"
     return b_mm, None
+
+
+def baseline_call(shape: Shape, a, b, offsets, tensors):
+    """(torch's call for ``shape``: torch._grouped_mm, a product a weight, then the epilogue in torch, returning its
+    outputs by name; a note on what was prepared beforehand, or None)."""
+    import torch
+
+    ends = offsets[1:]  # torch._grouped_mm's offs: each group's end row
+    if shape.pair and shape.epilogue == "swiglu":
+        (wg, gate_note), (wu, _) = (grouped_mm_operand(a, w, ends, True) for w in b)
+
+        def call():
+            g, u = torch._grouped_mm(a, wg, offs=ends), torch._grouped_mm(a, wu, offs=ends)
+            outputs = {"gate_out": g, "up_out": u}
+            if "out" in shape.outputs:
+                outputs["out"] = torch.nn.functional.silu(g) * u
+            return outputs
+
+        return call, gate_note
+    if shape.pair:  # A's halves (copied beforehand: _grouped_mm takes them contiguous) times each weight, summed
+        half = shape.k // 2
+        left, right = a[:, :half].contiguous(), a[:, half:].contiguous()
+        (w0, note), (w1, _) = (grouped_mm_operand(left, w, ends, False) for w in b)
+
+        def call():
+            first, second = torch._grouped_mm(left, w0, offs=ends), torch._grouped_mm(right, w1, offs=ends)
+            return {"out": first.float() + second.float() if shape.out_f32 else first + second}
+
+        return call, note
+    b_mm, note = grouped_mm_operand(a, b, ends, shape.b_t)
+
+    def call():
+        result = torch._grouped_mm(a, b_mm, offs=ends)
+        if shape.epilogue == "swiglu":
+            return {"out": torch.nn.functional.silu(result[:, : shape.width]) * result[:, shape.width :]}
+        if shape.epilogue == "row_scale":
+            return {"out": result * tensors["scale"][:, None]}
+        if shape.epilogue == "dswiglu":
+            return dswiglu_torch(result, tensors["gate"], tensors["up"], tensors["scale"], torch.bfloat16)
+        return {"out": result}
+
+    return call, note
 
 
 def run_child(name: str, shape_names: list[str], reps: int, seed: int) -> None:
@@ -249,7 +446,6 @@ def run_child(name: str, shape_names: list[str], reps: int, seed: int) -> None:
     device = torch.device("cuda")
     torch.backends.cuda.matmul.allow_tf32 = False
     flush = L2Flusher(device)
-    config = CONFIGS.get(name)
 
     for shape_name in sorted(shape_names, key=lambda s: SHAPES[s].flop):
         shape = SHAPES[shape_name]
@@ -257,57 +453,66 @@ def run_child(name: str, shape_names: list[str], reps: int, seed: int) -> None:
         generator = torch.Generator(device=device).manual_seed(seed)  # every child the same operands a shape
         try:
             offsets, weights = routed_offsets(shape, generator, device)
-            a, b = operands(shape, generator, device)
-            scale = weights if shape.epilogue == "row_scale" else None
-            ends = offsets[1:]  # torch._grouped_mm's offs: each group's end row
-            b_mm, note = grouped_mm_operand(a, b, ends, shape) if config is None else (None, None)
+            config = config_for(name, shape.epilogue) if name != BASELINE else CONFIGS[next(iter(CONFIGS))]
+            a, b, tensors = kernel_tensors(shape, config, random_maker(shape, generator, device, weights))
+            expected = reference(shape, a, b, offsets, tensors)
+            note = None
+            if name == BASELINE:
+                call, note = baseline_call(shape, a, b, offsets, tensors)
+            else:
+                written = {key: tensors[key] for key in shape.outputs}
 
-            def call(out):
-                """C (``out`` for the Gluon kernel; the baseline returns its own allocation, no copy timed)."""
-                if config is not None:
-                    return grouped_gemm(
-                        a,
-                        b,
-                        offsets,
-                        out=out,
-                        scale=scale,
-                        epilogue=shape.epilogue,
-                        b_transposed=shape.b_t,
-                        config=config,
+                def call():
+                    """The outputs (allocated before: the kernel writes them in place)."""
+                    grouped_gemm(
+                        a, b, offsets, epilogue=shape.epilogue, b_transposed=shape.b_t, config=config, **tensors
                     )
-                result = torch._grouped_mm(a, b_mm, offs=ends)
-                if shape.epilogue == "swiglu":
-                    return torch.nn.functional.silu(result[:, : shape.width]) * result[:, shape.width :]
-                return result if scale is None else result * scale[:, None]
+                    return written
 
-            row = check_and_time(shape, call, reference(a, b, offsets, shape, weights), flush, reps, time_graph)
+            row = check_and_time(shape, call, expected, flush, reps, time_graph)
             if note:
                 row["note"] = note
+            if name != BASELINE and config != CONFIGS[name]:
+                row["note"] = f"{shape.epilogue} runs as {tile_name(config)}"
         except Exception as exc:  # reported; a CUDA error leaves the context unusable and the next shapes fail too
             row = dict(check=f"ERROR: {type(exc).__name__}: {str(exc)[-300:]}")
         gemm_probe.emit(event="result", shape=shape_name, **row)
 
 
-def check_and_time(shape: Shape, call, expected, flush, reps: int, time_graph) -> dict:
-    """One shape: a first call (into a NaN-poisoned output) checked against ``expected``, then CUDA-graph replays
-    timed (the L2 flushed before each), the replays' output checked against the first call's bit for bit."""
+def output_error(name: str, result, expected) -> float:
+    """Relative error of one output (topk_partial: its sum over the column tiles, each row's ⟨dAp, a⟩)."""
+    if name == "topk_partial":
+        result = result.sum(0)
+        expected = expected.sum(0)
+    return gemm_probe.relative_error(result, expected)
+
+
+def check_and_time(shape: Shape, call, expected: dict, flush, reps: int, time_graph) -> dict:
+    """One shape: a first call (into NaN-poisoned outputs) checked against ``expected`` output by output, then
+    CUDA-graph replays timed (the L2 flushed before each), the replays' outputs checked against the first call's
+    bit for bit."""
     import torch
 
-    out = torch.full((shape.rows, shape.width), float("nan"), dtype=torch.bfloat16, device="cuda")
     start = time.perf_counter()
-    result = call(out)
+    outputs = call()
     torch.cuda.synchronize()
     row = dict(first_call_s=round(time.perf_counter() - start, 3))
-    row["rel_error"] = error = gemm_probe.relative_error(result, expected)
+    errors = {key: output_error(key, outputs[key], expected[key]) for key in shape.outputs}
+    row["rel_error"] = error = max(errors.values())
+    if len(errors) > 1:
+        row["rel_errors"] = errors
     if not error <= TOLERANCE:
-        return dict(row, check=f"WRONG: relative error {error:.3g} (NaN: {bool(result.isnan().any())})")
-    first = result.clone()
-    out.fill_(float("nan"))
+        nan = any(bool(outputs[key].isnan().any()) for key in shape.outputs)
+        return dict(row, check=f"WRONG: relative error {error:.3g} (NaN: {nan})")
+    first = {key: outputs[key].clone() for key in shape.outputs}
+    for key in shape.outputs:
+        outputs[key].fill_(float("nan"))
 
-    def replays_wrong(outputs):
-        return None if torch.equal(outputs, first) else "replays differ from the first call"
+    def replays_wrong(replayed):
+        same = all(torch.equal(replayed[key], first[key]) for key in shape.outputs)
+        return None if same else "replays differ from the first call"
 
-    stats = time_graph(lambda: call(out), flush, reps=reps, check_replay=replays_wrong)
+    stats = time_graph(call, flush, reps=reps, check_replay=replays_wrong)
     check = "ok" if stats["replay_wrong"] is None else f"WRONG: {stats['replay_wrong']}"
     return dict(
         row,
@@ -375,7 +580,7 @@ def main() -> None:
         epilog="configs: " + ", ".join(CONFIGS) + "\nshapes: " + ", ".join(SHAPES),
     )
     parser.add_argument("--configs", default="all", help="comma list of configs (grouped_mm always runs), or all")
-    parser.add_argument("--shapes", default="all", help="comma list of shapes, or all")
+    parser.add_argument("--shapes", default="all", help="comma list of shapes, all, or new (pairs and dswiglu)")
     parser.add_argument("--compile-only", action="store_true", help="compile every config for sm_90, no GPU")
     parser.add_argument("--timeout", type=float, default=200.0, help="seconds one config's child may run")
     parser.add_argument("--stall", type=float, default=60.0, help="seconds a child may go without finishing a shape")
@@ -385,6 +590,8 @@ def main() -> None:
     parser.add_argument("--out", default=os.environ.get("OUT"), help="directory of the logs and JSON ($OUT)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.shapes == "new":
+        args.shapes = ",".join(NEW)
     gemm_probe.drive(
         args,
         parser,

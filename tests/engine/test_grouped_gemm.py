@@ -1,7 +1,8 @@
 """The grouped GEMM (``moe_lib/engine/grouped_gemm.py``, its plain Triton twin ``grouped_tl.py``): the tile schedule
-pinned by value, the argument checks, the tl kernel under the interpreter against float64 at ragged expert sizes,
-the Gluon kernel's sm_90 build on the CPU, and on a Hopper GPU (``gpu``) the Gluon kernel against float64 and
-torch._grouped_mm, deterministic and captured in a CUDA graph."""
+pinned by value, the shared-memory plan, the argument checks, the tl kernel under the interpreter against float64 at
+ragged expert sizes in every form (one B or a pair, each epilogue, strided outputs), the Gluon kernel's sm_90 build
+on the CPU, and on a Hopper GPU (``gpu``) the Gluon kernel against float64 and torch._grouped_mm, deterministic and
+captured in a CUDA graph."""
 
 import json
 import os
@@ -13,7 +14,19 @@ import pytest
 import torch
 
 from moe_lib.engine.gluon_gemm import GemmConfig
-from moe_lib.engine.grouped_gemm import check_arguments, expert_tiles, grid, grouped_gemm, schedule, tile_bound
+from moe_lib.engine.grouped_gemm import (
+    DSWIGLU_CONFIG,
+    check_arguments,
+    default_config,
+    expert_tiles,
+    grid,
+    grouped_gemm,
+    output_buffers,
+    partial_rows,
+    schedule,
+    shared_bytes,
+    tile_bound,
+)
 from moe_lib.engine.grouped_tl import SMALL_TILES, grouped_gemm_tl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -123,9 +136,9 @@ CASES = [
         meta(64, 32),
         meta(4, 48, 32),
         meta(5, dtype=I32),
-        dict(out=meta(64, 48, dtype=torch.float32)),
+        dict(out=meta(64, 48, dtype=torch.float16)),
         TypeError,
-        "out: expected torch.bfloat16",
+        "out: expected torch.bfloat16 or torch.float32",
     ),
     (meta(64, 32), meta(4, 48, 32), meta(5, dtype=I32), dict(epilogue="gelu"), ValueError, "epilogue: expected"),
     (
@@ -268,13 +281,416 @@ def test_tl_kernel_leaves_rows_past_the_last_expert_alone(seed):
     assert relative_error(out[:65], reference(a[:65], b, offsets, False)) < 4e-3
 
 
+# --- the epilogues' and pairs' plan and checks ------------------------------------------------------------------
+
+
+def test_dswiglu_tiles_are_full_width_and_topk_partial_has_a_row_per_column_tile():
+    assert schedule([0, 70], 100, SMALL, 2, "dswiglu") == schedule([0, 70], 100, SMALL, 2)
+    assert expert_tiles([0, 70], 100, SMALL, "dswiglu") == [4]  # two row tiles, two column tiles of 64
+    assert partial_rows(100, SMALL) == 2 and partial_rows(2048, DSWIGLU_CONFIG) == 16
+
+
+def test_output_buffers_are_those_that_fit_beside_the_ring():
+    coop = GemmConfig()  # 3 stages of (128 + 256) × 64 bf16: 144 KB of ring
+    assert shared_bytes(coop, "swiglu", 2) == 3 * 49152 + 2 * 128 * 128 * 2 + 1024
+    assert output_buffers(coop, "swiglu", 3) == 2 and output_buffers(coop, "swiglu", 1) == 1  # a third: 241 KB
+    assert output_buffers(coop, "dswiglu", 3) == 1  # 128 × 256 tiles of 64 KB: dswiglu needs two
+    assert output_buffers(GemmConfig(128, 128, 64, 5), "dswiglu", 3) == 2  # aw then waits for dg's store
+    assert output_buffers(DSWIGLU_CONFIG, "dswiglu", 3) == 3 and output_buffers(DSWIGLU_CONFIG, "dswiglu", 2) == 2
+    assert output_buffers(GemmConfig(128, 128, 64, 5, "pingpong"), "dswiglu", 3) == 1  # two consumers' tiles each
+    assert output_buffers(coop, "none", 0) == 0  # an fp32 C leaves from registers
+    assert default_config("dswiglu") == DSWIGLU_CONFIG and default_config("swiglu") == GemmConfig()
+
+
+def pair_of(*shape, second=None):
+    return (meta(*shape), second if second is not None else meta(*shape))
+
+
+F32 = torch.float32
+SAVED = dict(gate=meta(64, 48), up=meta(64, 48), scale=meta(64, dtype=F32))  # dswiglu's inputs at N = 48
+FORM_CASES = [
+    # (a, b, keyword arguments, error type, message); offsets meta(5) (E = 4)
+    (meta(64, 32), (meta(4, 48, 32),) * 3, dict(epilogue="swiglu"), ValueError, "b: a pair of weights is two"),
+    (meta(64, 32), pair_of(4, 48, 32, second=meta(4, 40, 32)), dict(epilogue="swiglu"), ValueError, "b[1]: expected "),
+    (
+        meta(64, 32),
+        pair_of(4, 48, 32, second=meta(4, 48, 32, dtype=torch.float16)),
+        dict(epilogue="swiglu"),
+        TypeError,
+        "b[1]: expected torch.bfloat16",
+    ),
+    (meta(64, 32), pair_of(4, 48, 40), dict(epilogue="swiglu"), ValueError, "b[0]: expected [E, N, K] with K = 32"),
+    (
+        meta(64, 64),
+        pair_of(4, 48, 64),
+        dict(epilogue="swiglu", b_transposed=False),
+        ValueError,
+        "b: the swiglu epilogue takes B held transposed",
+    ),
+    (
+        meta(64, 32),
+        pair_of(4, 48, 32),
+        dict(epilogue="swiglu", gate_out=meta(64, 40)),
+        ValueError,
+        "gate_out: expected shape (64, 48)",
+    ),
+    (
+        meta(64, 32),
+        pair_of(4, 48, 32),
+        dict(epilogue="swiglu", up_out=meta(64, 48, dtype=F32)),
+        TypeError,
+        "up_out: expected torch.bfloat16, got torch.float32",
+    ),
+    (
+        meta(64, 32),
+        meta(4, 96, 32),
+        dict(epilogue="swiglu", out=meta(64, 48, dtype=F32)),
+        TypeError,
+        "out: expected torch.bfloat16, got torch.float32",
+    ),
+    (
+        meta(64, 32),
+        pair_of(4, 48, 32),
+        dict(epilogue="swiglu", gate_out=meta(64, 100)[:, :48]),
+        ValueError,
+        "gate_out: TMA needs rows a multiple of 16 bytes apart; its rows are 100 elements apart",
+    ),
+    (
+        meta(64, 32),
+        pair_of(4, 48, 32),
+        dict(epilogue="swiglu", out=meta(48, 64).t()),
+        ValueError,
+        "out: expected rows of adjacent elements",
+    ),
+    (
+        meta(64, 32),
+        pair_of(4, 44, 32),
+        dict(epilogue="swiglu", up_out=meta(64, 48)[:, :44]),
+        ValueError,
+        "up_out: its rows hold 44 elements, not a multiple of 16 bytes",
+    ),
+    (
+        meta(64, 32),
+        pair_of(4, 48, 32),
+        dict(epilogue="swiglu", dgate_out=meta(64, 48)),
+        ValueError,
+        "dgate_out: given, but the 'swiglu' epilogue takes none",
+    ),
+    (meta(64, 32), meta(4, 48, 32), dict(gate_out=meta(64, 48)), ValueError, "gate_out: given, but the 'none'"),
+    (
+        meta(64, 64),
+        meta(4, 64, 48),
+        dict(epilogue="dswiglu", up=meta(64, 48), scale=meta(64, dtype=F32)),
+        ValueError,
+        "gate: the dswiglu epilogue needs the saved gate",
+    ),
+    (
+        meta(64, 64),
+        meta(4, 64, 48),
+        dict(epilogue="dswiglu", gate=meta(64, 48), up=meta(64, 48)),
+        ValueError,
+        "scale: the dswiglu epilogue needs a [M_total] tensor",
+    ),
+    (
+        meta(64, 64),
+        meta(4, 64, 48),
+        dict(epilogue="dswiglu", out=meta(64, 48), **SAVED),
+        ValueError,
+        "out: given, but the 'dswiglu' epilogue takes none",
+    ),
+    (
+        meta(64, 64),
+        pair_of(4, 64, 48),
+        dict(epilogue="dswiglu", **SAVED),
+        ValueError,
+        "b: the dswiglu epilogue takes one weight",
+    ),
+    (
+        meta(64, 64),
+        meta(4, 64, 48),
+        dict(epilogue="dswiglu", **dict(SAVED, gate=meta(64, 40))),
+        ValueError,
+        "gate: expected shape (64, 48)",
+    ),
+    (
+        meta(64, 64),
+        meta(4, 64, 48),
+        dict(epilogue="dswiglu", **dict(SAVED, up=meta(64, 100)[:, :48])),
+        ValueError,
+        "up: TMA needs rows a multiple of 16 bytes apart",
+    ),
+    (
+        meta(64, 64),
+        meta(4, 64, 48),
+        dict(epilogue="dswiglu", topk_partial=meta(2, 64, dtype=F32), **SAVED),
+        ValueError,
+        "topk_partial: expected shape (1, 64)",
+    ),
+    (
+        meta(64, 64),
+        meta(4, 64, 48),
+        dict(epilogue="dswiglu", topk_partial=meta(1, 64), **SAVED),
+        TypeError,
+        "topk_partial: expected torch.float32",
+    ),
+    (
+        meta(64, 64),
+        meta(4, 64, 48),
+        dict(epilogue="dswiglu", topk_partial=meta(64, 2, dtype=F32).t()[:1], **SAVED),
+        ValueError,
+        "topk_partial: expected a contiguous tensor",
+    ),
+    (
+        meta(64, 64),
+        meta(4, 64, 48),
+        dict(epilogue="dswiglu", config=GemmConfig(), **SAVED),
+        ValueError,
+        "config: the dswiglu epilogue needs 2 output tile(s) of 128×256",
+    ),
+    (meta(64, 0), meta(4, 0, 48), dict(epilogue="dswiglu", **SAVED), ValueError, "a: the dswiglu epilogue needs K ≥ 1"),
+    (meta(64, 128), pair_of(4, 48, 48), {}, ValueError, "b: a pair along K takes [E, K/2, N] each with K = 128"),
+    (meta(64, 96), pair_of(4, 48, 48), {}, ValueError, "b: a pair along K needs K/2 (48) a multiple of block_k (64)"),
+    (
+        meta(64, 128),
+        pair_of(4, 64, 48),
+        dict(b_transposed=True),
+        ValueError,
+        "b: a pair along K takes its weights as they lie",
+    ),
+    (
+        meta(64, 128),
+        pair_of(4, 64, 48),
+        dict(epilogue="row_scale", scale=meta(64, dtype=F32), out=meta(64, 44, dtype=F32)),
+        ValueError,
+        "out: expected shape (64, 48)",
+    ),
+    (
+        torch.empty(64, 32, dtype=torch.bfloat16),
+        tuple(torch.empty(4, 48, 32, dtype=torch.bfloat16) for _ in range(2)),
+        dict(epilogue="swiglu", gate_out=misaligned(64, 48)),
+        ValueError,
+        "gate_out: TMA needs the tensor to start on a 16-byte boundary",
+    ),
+]
+
+
+@pytest.mark.parametrize(("a", "b", "kwargs", "error", "message"), FORM_CASES, ids=[c[-1] for c in FORM_CASES])
+def test_new_forms_arguments_are_checked_naming_the_argument(a, b, kwargs, error, message):
+    offsets = meta(5, dtype=I32) if a.device.type == "meta" else torch.zeros(5, dtype=I32)
+    with pytest.raises(error) as raised:
+        check_arguments(a, b, offsets, **kwargs)
+    assert message in str(raised.value)
+
+
+def test_new_forms_are_taken_with_strided_outputs():
+    offsets = meta(5, dtype=I32)
+    halves = meta(64, 96)  # g and u (or dg and du) side by side, each a strided view
+    assert (
+        check_arguments(
+            meta(64, 32), pair_of(4, 48, 32), offsets, epilogue="swiglu", gate_out=halves[:, :48], up_out=halves[:, 48:]
+        )
+        is True
+    )
+    assert (
+        check_arguments(
+            meta(64, 64),
+            meta(4, 64, 48),
+            offsets,
+            epilogue="dswiglu",
+            gate=halves[:, :48],
+            up=halves[:, 48:],
+            scale=meta(64, dtype=F32),
+            dgate_out=halves[:, :48],
+            dup_out=halves[:, 48:],
+            scaled_act_out=meta(64, 56)[:, :48],
+            topk_partial=meta(1, 64, dtype=F32),
+        )
+        is False
+    )
+    assert check_arguments(meta(64, 128), pair_of(4, 64, 48), offsets, out=meta(64, 48, dtype=F32)) is False
+    assert check_arguments(meta(64, 64), meta(4, 48, 64), offsets, out=meta(64, 48, dtype=F32)) is True
+
+
+# --- the new forms in the tl kernel under the interpreter ---------------------------------------------------------
+
+NEW_RAGGED = {"empty_one_ragged": [0, 1, 70, 130], "all_in_one": [0, 0, 197, 0]}
+
+
+def per_expert(a, w, offsets, transposed):
+    """A[r] · B_e in float64 for each expert's rows (zeros for rows past offsets[E])."""
+    bounds = offsets.tolist()
+    out = torch.zeros((a.shape[0], w.shape[1] if transposed else w.shape[2]), dtype=torch.float64)
+    for e in range(w.shape[0]):
+        m = w[e].double()
+        out[bounds[e] : bounds[e + 1]] = a[bounds[e] : bounds[e + 1]].double() @ (m.t() if transposed else m)
+    return out
+
+
+def within_bf16(out, expected) -> bool:
+    """Each element within bf16's rounding of the float64 value (fp32 accumulation aside); a NaN fails."""
+    return bool(((out.double() - expected).abs() <= expected.abs() * 2**-8 + 1e-3 * expected.abs().max()).all())
+
+
+def dswiglu_reference(dap, gate, up, w):
+    """dswiglu's outputs in float64 from dAp (float64), the saved bf16 g, u and the row weights."""
+    g, u, w = gate.double(), up.double(), w.double()[:, None]
+    sigmoid = torch.sigmoid(g)
+    silu = g * sigmoid
+    dA = dap * w
+    a = silu * u
+    return dict(dg=dA * u * sigmoid * (1 + g * (1 - sigmoid)), du=dA * silu, aw=a * w, a=a)
+
+
+def bf16_randn(*size, generator, scale=1.0):
+    return (torch.randn(size, generator=generator) * scale).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("counts", list(NEW_RAGGED.values()), ids=list(NEW_RAGGED))
+@pytest.mark.parametrize("outputs", [("out", "gate_out", "up_out"), ("gate_out", "up_out"), ("out",), ("up_out",)])
+@pytest.mark.parametrize("stacked", [False, True], ids=["pair", "stacked"])
+def test_tl_swiglu_writes_the_outputs_asked_for(counts, outputs, stacked, seed):
+    generator = torch.Generator().manual_seed(seed)
+    offsets = offsets_of(counts)
+    E, M, N, K = len(counts), int(offsets[-1]), 40, 88  # 32 output columns a tile: two, the second ragged
+    a = bf16_randn(M, K, generator=generator)
+    gate, up = bf16_randn(E, N, K, generator=generator), bf16_randn(E, N, K, generator=generator)
+    b = torch.cat([gate, up], 1) if stacked else (gate, up)
+    wide = torch.full((M, 3 * N + 8), float("nan"), dtype=torch.bfloat16)  # the outputs: strided views of it
+    views = {"out": wide[:, :N], "gate_out": wide[:, N + 8 : 2 * N + 8], "up_out": wide[:, 2 * N + 8 :]}
+    result = grouped_gemm_tl(
+        a, b, offsets, epilogue="swiglu", config=SMALL, programs=3, **{name: views[name] for name in outputs}
+    )
+    g, u = per_expert(a, gate, offsets, True), per_expert(a, up, offsets, True)
+    expected = {"out": torch.nn.functional.silu(g) * u, "gate_out": g, "up_out": u}
+    for name in outputs:
+        assert within_bf16(views[name], expected[name]), name
+    for name in set(views) - set(outputs):
+        assert views[name].isnan().all(), name  # not asked for: not written
+    assert wide[:, N : N + 8].isnan().all()  # between the views: not written
+    assert result is (views["out"] if "out" in outputs else None)
+
+
+@pytest.mark.parametrize("counts", list(NEW_RAGGED.values()), ids=list(NEW_RAGGED))
+@pytest.mark.parametrize("extras", [True, False], ids=["aw_and_partial", "dg_du_only"])
+def test_tl_dswiglu_matches_float64(counts, extras, seed):
+    generator = torch.Generator().manual_seed(seed)
+    offsets = offsets_of(counts)
+    E, M, H, I = len(counts), int(offsets[-1]), 64, 80  # N = I: two column tiles of 64, the second ragged
+    dy = bf16_randn(M, H, generator=generator)
+    wd = bf16_randn(E, H, I, generator=generator, scale=H**-0.5)  # Wd [E, H, I] as it lies
+    saved = bf16_randn(M, 2 * I, generator=generator, scale=2.0)  # g and u side by side, as the forward keeps them
+    gate, up = saved[:, :I], saved[:, I:]
+    w = torch.rand(M, generator=generator) + 0.5
+    dh = torch.full((M, 2 * I), float("nan"), dtype=torch.bfloat16)  # dg and du side by side: dx's A
+    aw = torch.full((M, I + 8), float("nan"), dtype=torch.bfloat16)[:, :I]
+    partial = torch.full((partial_rows(I, SMALL), M), float("nan"))
+    more = dict(scaled_act_out=aw, topk_partial=partial) if extras else {}
+    result = grouped_gemm_tl(
+        dy,
+        wd,
+        offsets,
+        epilogue="dswiglu",
+        gate=gate,
+        up=up,
+        scale=w,
+        dgate_out=dh[:, :I],
+        dup_out=dh[:, I:],
+        config=SMALL,
+        programs=3,
+        **more,
+    )
+    assert result[0].data_ptr() == dh.data_ptr() and (result[2] is aw) == extras
+    dap = per_expert(dy, wd, offsets, False)
+    expected = dswiglu_reference(dap, gate, up, w)
+    assert within_bf16(dh[:, :I], expected["dg"]) and within_bf16(dh[:, I:], expected["du"])
+    if not extras:
+        assert aw.isnan().all() and partial.isnan().all()
+        return
+    assert within_bf16(aw, expected["aw"])
+    product = dap * expected["a"]
+    for j in range(partial.shape[0]):  # each row of topk_partial: its column tile's share
+        tile = product[:, 64 * j : 64 * (j + 1)]
+        assert ((partial[j].double() - tile.sum(1)).abs() <= 1e-5 * tile.abs().sum(1) + 1e-12).all(), j
+    total = partial.double().sum(0)  # the caller's sum over the tiles: ⟨dAp, a⟩ a row
+    assert ((total - product.sum(1)).abs() <= 1e-5 * product.abs().sum(1) + 1e-12).all()
+
+
+@pytest.mark.parametrize("counts", list(NEW_RAGGED.values()), ids=list(NEW_RAGGED))
+@pytest.mark.parametrize(
+    ("epilogue", "dtype"),
+    [("none", torch.bfloat16), ("none", torch.float32), ("row_scale", torch.bfloat16), ("row_scale", torch.float32)],
+    ids=["bf16", "fp32", "row_scale_bf16", "row_scale_fp32"],
+)
+@pytest.mark.parametrize("pair", [True, False], ids=["pair", "stacked"])
+def test_tl_pair_along_k_matches_float64_and_the_stacked_weights(counts, epilogue, dtype, pair, seed):
+    """[dg|du] · (Wg, Wu) as a pair along K, or as the stacked [Wg; Wu] (one B [E, K, N]): the same product."""
+    generator = torch.Generator().manual_seed(seed)
+    offsets = offsets_of(counts)
+    E, M, K_half, N = len(counts), int(offsets[-1]), 64, 72
+    a = bf16_randn(M, 2 * K_half, generator=generator)
+    wg, wu = bf16_randn(E, K_half, N, generator=generator), bf16_randn(E, K_half, N, generator=generator)
+    scale = torch.rand(M, generator=generator) + 0.5 if epilogue == "row_scale" else None
+    wide = torch.full((M, N + 8), float("nan"), dtype=dtype)
+    out = wide[:, :N]  # a strided view
+    b = (wg, wu) if pair else torch.cat([wg, wu], 1)
+    assert grouped_gemm_tl(a, b, offsets, out=out, scale=scale, epilogue=epilogue, config=SMALL, programs=3) is out
+    expected = per_expert(a[:, :K_half], wg, offsets, False) + per_expert(a[:, K_half:], wu, offsets, False)
+    size = per_expert(a[:, :K_half].abs(), wg.abs(), offsets, False) + per_expert(
+        a[:, K_half:].abs(), wu.abs(), offsets, False
+    )  # Σ |a·b|: what fp32 accumulation errs by a fraction of
+    if scale is not None:
+        expected, size = expected * scale.double()[:, None], size * scale.double()[:, None]
+    if dtype == torch.float32:  # no rounding: fp32 accumulation's error alone
+        assert ((out.double() - expected).abs() <= 1e-5 * size).all()
+    else:
+        assert within_bf16(out, expected)
+    assert wide[:, N:].isnan().all()
+
+
+@pytest.mark.parametrize("programs", [1, 5])
+def test_tl_dswiglu_gives_the_same_bits_for_any_program_count_and_leaves_later_rows(programs, seed):
+    """Each tile by one program, whichever: the same bits; rows past offsets[E] keep their poison."""
+    generator = torch.Generator().manual_seed(seed)
+    offsets = offsets_of([3, 0, 150, 64, 1])
+    M, H, I = 250, 64, 72  # 32 rows past offsets[E] = 218
+    dy, wd = bf16_randn(M, H, generator=generator), bf16_randn(5, H, I, generator=generator, scale=H**-0.5)
+    saved = bf16_randn(M, 2 * I, generator=generator, scale=2.0)
+    w = torch.rand(M, generator=generator) + 0.5
+
+    def run(count):
+        outputs = [torch.full((M, I), float("nan"), dtype=torch.bfloat16) for _ in range(3)]
+        partial = torch.full((partial_rows(I, SMALL), M), float("nan"))
+        grouped_gemm_tl(
+            dy,
+            wd,
+            offsets,
+            epilogue="dswiglu",
+            gate=saved[:, :I],
+            up=saved[:, I:],
+            scale=w,
+            dgate_out=outputs[0],
+            dup_out=outputs[1],
+            scaled_act_out=outputs[2],
+            topk_partial=partial,
+            config=SMALL,
+            programs=count,
+        )
+        return outputs + [partial.t()]
+
+    once, again = run(1), run(programs)
+    for first, second in zip(once, again, strict=True):
+        assert torch.equal(first[:218], second[:218]) and not first[:218].isnan().any()
+        assert second[218:].isnan().all()
+
+
 # --- the Gluon kernel compiled for sm_90 on the CPU ------------------------------------------------------------
 
 
 @pytest.mark.slow
 def test_probe_configs_compile_for_sm90_unserialised_within_the_limits(tmp_path):
-    """Every config the grouped probe times, in each B form and epilogue, compiled for sm_90 by the probe itself
-    (``--compile-only``): no stack, within 227 KB, wgmma not serialised by ptxas, ≤ 256 registers a partition."""
+    """Every config the grouped probe times, in each B form, epilogue and set of outputs, compiled for sm_90 by the
+    probe itself (``--compile-only``): no stack, within 227 KB, wgmma not serialised by ptxas, ≤ 256 registers a
+    partition."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
     done = subprocess.run(
@@ -287,8 +703,24 @@ def test_probe_configs_compile_for_sm90_unserialised_within_the_limits(tmp_path)
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = json.loads((tmp_path / "grouped_probe_compile.json").read_text())["compile"]
-    forms = {(row["form"], row["epilogue"]) for row in rows}
-    assert forms == {("nt", "none"), ("nn", "none"), ("nt", "row_scale"), ("nt", "swiglu")}
+    forms = {(row["form"], row["epilogue"], row["outputs"]) for row in rows}
+    assert forms == {
+        ("nt", "none", "out"),
+        ("nn", "none", "out"),
+        ("nt", "row_scale", "out"),
+        ("nt", "swiglu", "out"),
+        ("nt2", "swiglu", "out,g,u"),  # the pair (gate, up), the forward keeping g and u
+        ("nt2", "swiglu", "g,u"),  # the backward recomputing them
+        ("nn", "dswiglu", "dg,du,aw,part"),
+        ("nn2", "none", "out"),  # the pair (Wg, Wu) along K
+        ("nn2", "none", "out fp32"),
+    }
+    # dswiglu in another config where it does not fit: 128 × 128 tiles with a third output buffer, 64-row ping-pong
+    substituted = {(row["config"], row["runs"]) for row in rows if row["runs"] != row["config"]}
+    assert substituted == {
+        ("coop_m128n256k64_s3", "coop_m128n128k64_s4"),
+        ("pp_m128n128k64_s5", "pp_m64n128k64_s6"),
+    }
     for row in rows:
         assert row["error"] is None and row["problems"] == [], row
         assert row["stack"] == 0 and row["shared"] <= 232448 and row["serialized"] == "no", row
@@ -410,3 +842,176 @@ def test_gpu_grouped_gemm_replays_in_a_cuda_graph_with_new_offsets(name, seed):
         graph.replay()
         torch.cuda.synchronize()
         assert relative_error(out, reference(a, b, offsets, True, scale)) <= 4e-3, counts
+
+
+# --- the new forms on a Hopper GPU ------------------------------------------------------------------------------
+
+# dswiglu's configs: its epilogue needs two output tiles a consumer and at most a 128 × 128 accumulator a warpgroup
+DSWIGLU_CONFIGS = {
+    "coop_128_s4": DSWIGLU_CONFIG,  # three output tiles: w·a has its own
+    "coop_128_s5": GemmConfig(128, 128, 64, 5),  # two: w·a waits for dg's store
+    "coop_128_2_programs": GemmConfig(128, 128, 64, 4, programs=2),
+    "pingpong_64": GemmConfig(64, 128, 64, 6, "pingpong"),
+    "pingpong_64_3_programs": GemmConfig(64, 128, 64, 5, "pingpong", programs=3),
+}
+
+
+def gpu_randn(*size, generator, scale=1.0):
+    return (torch.randn(size, generator=generator, device="cuda") * scale).to(torch.bfloat16)
+
+
+def nan_like(rows, cols, dtype=torch.bfloat16):
+    return torch.full((rows, cols), float("nan"), dtype=dtype, device="cuda")
+
+
+def gpu_per_expert(a, w, offsets, transposed):
+    """A[r] · B_e in float64 on the GPU, expert by expert."""
+    bounds = offsets.tolist()
+    out = torch.zeros((a.shape[0], w.shape[1] if transposed else w.shape[2]), dtype=torch.float64, device=a.device)
+    for e in range(w.shape[0]):
+        m = w[e].double()
+        out[bounds[e] : bounds[e + 1]] = a[bounds[e] : bounds[e + 1]].double() @ (m.t() if transposed else m)
+    return out
+
+
+def swiglu_pair_case(counts, outputs, generator):
+    """x, (gate, up), offsets, the outputs asked for (g and u column halves of one tensor) and their float64
+    values."""
+    N, K = 168, 264  # partial tiles on every side
+    offsets = offsets_of(counts, device="cuda")
+    M, E = int(sum(counts)), len(counts)
+    x = gpu_randn(M, K, generator=generator)
+    gate, up = (gpu_randn(E, N, K, generator=generator, scale=K**-0.5) for _ in range(2))
+    halves = nan_like(M, 2 * N)
+    views = {"out": nan_like(M, N), "gate_out": halves[:, :N], "up_out": halves[:, N:]}
+    g, u = gpu_per_expert(x, gate, offsets, True), gpu_per_expert(x, up, offsets, True)
+    expected = {"out": torch.nn.functional.silu(g) * u, "gate_out": g, "up_out": u}
+    return x, (gate, up), offsets, {name: views[name] for name in outputs}, expected
+
+
+def dswiglu_case(counts, config, generator):
+    """dy, Wd, offsets, dswiglu's keyword tensors (g, u and dg, du column halves of one tensor each) and the float64
+    values of its outputs (topk_partial's: ⟨dAp, a⟩ a row)."""
+    H, I = 256, 328  # K = H a multiple of 64 ([E, K, N] as it lies), N = I ragged in the last column tile
+    offsets = offsets_of(counts, device="cuda")
+    M, E = int(sum(counts)), len(counts)
+    dy = gpu_randn(M, H, generator=generator)
+    wd = gpu_randn(E, H, I, generator=generator, scale=H**-0.5)
+    saved = gpu_randn(M, 2 * I, generator=generator, scale=2.0)
+    w = torch.rand(M, generator=generator, device="cuda") + 0.5
+    dh = nan_like(M, 2 * I)
+    tensors = dict(
+        gate=saved[:, :I],
+        up=saved[:, I:],
+        scale=w,
+        dgate_out=dh[:, :I],
+        dup_out=dh[:, I:],
+        scaled_act_out=nan_like(M, I),
+        topk_partial=torch.full((partial_rows(I, config), M), float("nan"), device="cuda"),
+    )
+    dap = gpu_per_expert(dy, wd, offsets, False)
+    expected = dswiglu_reference(dap, tensors["gate"], tensors["up"], w)
+    expected["partial"] = (dap * expected["a"]).sum(1)
+    return dy, wd, offsets, tensors, expected
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("counts", list(GPU_COUNTS))
+@pytest.mark.parametrize("outputs", [("out", "gate_out", "up_out"), ("gate_out", "up_out")], ids=["a_g_u", "g_u"])
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_gpu_swiglu_pair_matches_float64(name, outputs, counts, seed):
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    x, b, offsets, tensors, expected = swiglu_pair_case(GPU_COUNTS[counts], outputs, generator)
+    grouped_gemm(x, b, offsets, epilogue="swiglu", config=CONFIGS[name], **tensors)
+    for key, out in tensors.items():
+        assert relative_error(out, expected[key]) <= 4e-3, key
+    again = {key: torch.full_like(out, float("nan")) for key, out in tensors.items()}
+    grouped_gemm(x, b, offsets, epilogue="swiglu", config=CONFIGS[name], **again)
+    assert all(torch.equal(tensors[key], again[key]) for key in tensors)  # deterministic
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("counts", list(GPU_COUNTS))
+@pytest.mark.parametrize("name", list(DSWIGLU_CONFIGS))
+def test_gpu_dswiglu_matches_float64(name, counts, seed):
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    config = DSWIGLU_CONFIGS[name]
+    dy, wd, offsets, tensors, expected = dswiglu_case(GPU_COUNTS[counts], config, generator)
+    dg, du, aw, partial = grouped_gemm(dy, wd, offsets, epilogue="dswiglu", config=config, **tensors)
+    assert relative_error(dg, expected["dg"]) <= 4e-3 and relative_error(du, expected["du"]) <= 4e-3
+    assert relative_error(aw, expected["aw"]) <= 4e-3
+    product = expected["partial"]
+    assert not partial.isnan().any()
+    assert ((partial.double().sum(0) - product).abs() <= 1e-4 * (product.abs() + 1)).all()
+    again = {
+        key: torch.full_like(value, float("nan")) if key.endswith(("_out", "partial")) else value
+        for key, value in tensors.items()
+    }
+    grouped_gemm(dy, wd, offsets, epilogue="dswiglu", config=config, **again)
+    for key in ("dgate_out", "dup_out", "scaled_act_out", "topk_partial"):
+        assert torch.equal(tensors[key], again[key]), key  # deterministic
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("counts", list(GPU_COUNTS))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_gpu_pair_along_k_matches_float64(name, dtype, counts, seed):
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    counts = GPU_COUNTS[counts]
+    K_half, N = 192, 328
+    offsets = offsets_of(counts, device="cuda")
+    M, E = int(sum(counts)), len(counts)
+    dh = gpu_randn(M, 2 * K_half, generator=generator)
+    wg, wu = (gpu_randn(E, K_half, N, generator=generator, scale=(2 * K_half) ** -0.5) for _ in range(2))
+    out = nan_like(M, N, dtype)
+    grouped_gemm(dh, (wg, wu), offsets, out=out, config=CONFIGS[name])
+    expected = gpu_per_expert(dh[:, :K_half], wg, offsets, False) + gpu_per_expert(dh[:, K_half:], wu, offsets, False)
+    assert relative_error(out, expected) <= (4e-3 if dtype == torch.bfloat16 else 1e-5)
+    again = torch.full_like(out, float("nan"))
+    grouped_gemm(dh, (wg, wu), offsets, out=again, config=CONFIGS[name])
+    assert torch.equal(out, again)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", ["swiglu_pair", "dswiglu", "pair_along_k_fp32"])
+def test_gpu_new_forms_replay_in_a_cuda_graph_with_new_offsets(form, seed):
+    """Captured once, replayed after the offsets changed on the device: each form's outputs follow them."""
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    counts = [300, 0, 129, 600, 1]
+    if form == "swiglu_pair":
+        a, b, offsets, tensors, _ = swiglu_pair_case(counts, ("out", "gate_out", "up_out"), generator)
+        run = dict(epilogue="swiglu", **tensors)
+    elif form == "dswiglu":
+        a, b, offsets, tensors, _ = dswiglu_case(counts, DSWIGLU_CONFIG, generator)
+        run = dict(epilogue="dswiglu", **tensors)
+    else:
+        offsets = offsets_of(counts, device="cuda")
+        a = gpu_randn(1030, 256, generator=generator)
+        b = tuple(gpu_randn(5, 128, 264, generator=generator, scale=256**-0.5) for _ in range(2))
+        run = dict(out=nan_like(1030, 264, torch.float32))
+    grouped_gemm(a, b, offsets, **run)  # compiled outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        grouped_gemm(a, b, offsets, **run)
+    for new in ([300, 0, 129, 600, 1], [0, 1030, 0, 0, 0], [206, 206, 206, 206, 206]):
+        offsets.copy_(offsets_of(new, device="cuda"))
+        for key, value in run.items():
+            if key.endswith(("out", "partial")):
+                value.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        if form == "swiglu_pair":
+            g = gpu_per_expert(a, b[0], offsets, True)
+            assert relative_error(run["gate_out"], g) <= 4e-3, new
+            u = gpu_per_expert(a, b[1], offsets, True)
+            assert relative_error(run["out"], torch.nn.functional.silu(g) * u) <= 4e-3, new
+        elif form == "dswiglu":
+            expected = dswiglu_reference(gpu_per_expert(a, b, offsets, False), run["gate"], run["up"], run["scale"])
+            assert relative_error(run["dgate_out"], expected["dg"]) <= 4e-3, new
+            assert relative_error(run["scaled_act_out"], expected["aw"]) <= 4e-3, new
+        else:
+            expected = gpu_per_expert(a[:, :128], b[0], offsets, False) + gpu_per_expert(
+                a[:, 128:], b[1], offsets, False
+            )
+            assert relative_error(run["out"], expected) <= 1e-5, new

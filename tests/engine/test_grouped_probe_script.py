@@ -37,7 +37,73 @@ def test_shapes_name_the_products_and_their_forms(probe):
     assert (p2.rows, p2.n, p2.k, p2.form, p2.flop) == (65536, 4096, 4096, "nt", 2 * 65536 * 4096 * 4096)
     assert probe.SHAPES["mixtral_t4096_dap"].form == "nn" and probe.SHAPES["mixtral_t4096_dap"].n == 14336
     assert probe.SHAPES["p2_t8192_down_scaled"].epilogue == "row_scale"
-    assert all(shape.form == "nt" or shape.k % 64 == 0 for shape in probe.SHAPES.values())  # [E, K, N] needs it
+    # [E, K, N] needs K a multiple of 64, a pair along K each half
+    assert all(shape.b_t or (shape.k // (2 if shape.pair else 1)) % 64 == 0 for shape in probe.SHAPES.values())
+    pair = probe.SHAPES["mixtral_t4096_swiglu_agu"]
+    assert (pair.form, pair.width, pair.outputs) == ("nt2", 14336, ("out", "gate_out", "up_out"))
+    dswiglu = probe.SHAPES["p2_t8192_dswiglu"]
+    assert (dswiglu.form, dswiglu.n, dswiglu.k, dswiglu.flop) == ("nn", 2048, 4096, 2 * 65536 * 2048 * 4096)
+    assert probe.SHAPES["p2_t8192_dx_pair_f32"].variant == ("nn2", "none", ("out",), True)
+
+
+def test_dswiglu_takes_a_fitted_config_where_it_does_not_fit(probe):
+    from moe_lib.engine.grouped_gemm import output_buffers
+
+    for name in probe.CONFIGS:
+        config = probe.config_for(name, "dswiglu")
+        assert output_buffers(config, "dswiglu", 3) >= 2, name
+        threads = 128 if config.pingpong else 256
+        assert config.block_m * config.block_n // threads <= 64, name  # accumulator values a thread
+        assert probe.config_for(name, "swiglu") == probe.CONFIGS[name]
+    assert probe.config_for("coop_m128n128k64_s5", "dswiglu") == probe.CONFIGS["coop_m128n128k64_s5"]
+
+
+@pytest.mark.parametrize("name", ["p2_t8192_swiglu_agu", "p2_t8192_swiglu_gu", "p2_t8192_dswiglu", "p2_t8192_dx_pair"])
+def test_every_shape_s_arguments_pass_the_checks(probe, name):
+    """kernel_tensors builds what grouped_gemm takes (meta tensors: no memory), g and u halves of one tensor."""
+    from moe_lib.engine.grouped_gemm import check_arguments
+
+    shape = probe.SHAPES[name]
+    config = probe.config_for("coop_m128n256k64_s3", shape.epilogue)
+    a, b, tensors = probe.kernel_tensors(
+        shape, config, lambda role, size, dtype: torch.empty(size, dtype=dtype, device="meta")
+    )
+    offsets = torch.empty(shape.experts + 1, dtype=torch.int32, device="meta")
+    assert check_arguments(a, b, offsets, epilogue=shape.epilogue, config=config, **tensors) is shape.b_t
+    assert set(shape.outputs) <= set(tensors)
+    if "gate_out" in tensors or "dgate_out" in tensors:  # side by side in one tensor
+        g, u = (
+            (tensors["gate_out"], tensors["up_out"])
+            if "gate_out" in tensors
+            else (tensors["dgate_out"], tensors["dup_out"])
+        )
+        assert g.stride(0) == 2 * shape.width and u.storage_offset() == shape.width
+
+
+@pytest.mark.parametrize("epilogue", ["swiglu", "dswiglu", "none"])
+def test_reference_and_errors_agree_with_the_tl_kernel(probe, epilogue, seed):
+    """The probe's fp32 reference (and its check, output by output) on a small shape of each new form, against
+    the plain Triton kernel under the interpreter and the baseline's torch._grouped_mm (on the CPU here)."""
+    from moe_lib.engine.grouped_tl import SMALL_TILES, grouped_gemm_tl
+
+    if epilogue == "swiglu":
+        shape = probe.Shape(50, 4, 2, 96, 64, True, "swiglu", "", True, probe.SWIGLU_OUTPUTS)
+    elif epilogue == "dswiglu":
+        shape = probe.Shape(50, 4, 2, 80, 64, False, "dswiglu", "", outputs=probe.DSWIGLU_OUTPUTS)
+    else:
+        shape = probe.Shape(50, 4, 2, 48, 128, False, "none", "", True, out_f32=True)
+    generator = torch.Generator().manual_seed(seed)
+    offsets, weights = probe.routed_offsets(shape, generator, "cpu")
+    a, b, tensors = probe.kernel_tensors(shape, SMALL_TILES, probe.random_maker(shape, generator, "cpu", weights))
+    expected = probe.reference(shape, a, b, offsets, tensors)
+    grouped_gemm_tl(a, b, offsets, epilogue=epilogue, b_transposed=shape.b_t, config=SMALL_TILES, **tensors)
+    baseline, _ = probe.baseline_call(shape, a, b, offsets, tensors)
+    theirs = baseline()
+    for name in shape.outputs:
+        assert probe.output_error(name, tensors[name], expected[name]) < (1e-5 if shape.out_f32 else 4e-3), name
+        assert probe.output_error(name, theirs[name], expected[name]) < probe.TOLERANCE, name
+    tensors[shape.outputs[0]].fill_(float("nan"))
+    assert probe.output_error(shape.outputs[0], tensors[shape.outputs[0]], expected[shape.outputs[0]]) == float("inf")
 
 
 def test_table_gives_tflops_fractions_and_the_geomean(probe):
