@@ -10,8 +10,9 @@ expert, binomial counts), each model's weight gradients: ``gate_up`` dWg = dgᵀ
 in one launch; dg and du column views of one [T·K, 2I] tensor), ``down`` dWd = dy_sᵀ·aw (one), ``all`` the three.
 Models: P2 (E 256, K 8, H 4096, I 2048) at 8192 and 32768 tokens, Qwen3-30B-A3B (E 128, K 8, H 2048, I 768) at
 8192, Mixtral (E 8, K 2, H 4096, I 14336) at 4096. The baseline (``torch``): torch._grouped_mm(Aᵀ, B, offs) per
-product ([E, M_p, N_p], the CUTLASS varlen-K grouped GEMM), or where that refuses the operands a torch.mm per
-expert (its bounds read once on the host, outside the timed call), as its child's log and the JSON note.
+product ([E, M_p, N_p], the CUTLASS varlen-K grouped GEMM); where it refuses dg's and du's column views, the same
+on contiguous copies made beforehand; where it refuses those too, a torch.mm per expert (its bounds read once on
+the host, outside the timed call); the JSON notes which.
 
 On a GPU: first every config compiled for sm_90 on the host (as ``--compile-only``; a config that fails is left
 out), then the baseline and each config in a child process of its own (``scripts/p2/gemm_probe.py``'s watch: killed
@@ -237,33 +238,48 @@ def wrong(pairs, outs, bounds: list[int], experts: list[int]) -> str | None:
     return None
 
 
-def baseline(pairs, offsets, bounds: list[int]):
-    """(a call writing the products into given outputs, a note): torch._grouped_mm(Aᵀ, B, offs) per product, or a
-    torch.mm per expert where that refuses the operands."""
+def grouped_mm_refuses(pairs, ends) -> str | None:
+    """Why torch._grouped_mm(Aᵀ, B, offs) refuses these operands (its first line), or None where it takes them."""
     import torch
 
-    ends = offsets[1:]
     try:
         for a, b in pairs:
             torch._grouped_mm(a.t(), b, offs=ends)
     except (RuntimeError, AttributeError, TypeError) as exc:
-        note = f"a torch.mm per expert (torch._grouped_mm: {str(exc).splitlines()[0][:120]})"
+        return str(exc).splitlines()[0][:120]
+    return None
 
-        def loop(outs):
-            for (a, b), out in zip(pairs, outs, strict=True):
-                for e in range(len(bounds) - 1):
-                    if bounds[e + 1] > bounds[e]:
-                        torch.mm(a[bounds[e] : bounds[e + 1]].t(), b[bounds[e] : bounds[e + 1]], out=out[e])
-                    else:
-                        out[e].zero_()
-            return outs
 
-        return loop, note
+def baseline(pairs, offsets, bounds: list[int]):
+    """(a call writing the products into given outputs, a note): torch._grouped_mm(Aᵀ, B, offs) per product; where
+    it refuses a column view of A, the same on contiguous copies of A made here (outside the timed call, as a
+    caller would keep dg and du); where it refuses those too, a torch.mm per expert."""
+    import torch
+
+    ends = offsets[1:]
+    refused = grouped_mm_refuses(pairs, ends)
+    note = None
+    if refused is not None:
+        copies = [(a.contiguous(), b) for a, b in pairs]
+        if grouped_mm_refuses(copies, ends) is None:
+            pairs, note = copies, f"A copied contiguous beforehand (torch._grouped_mm: {refused})"
+        else:
+
+            def loop(outs):
+                for (a, b), out in zip(pairs, outs, strict=True):
+                    for e in range(len(bounds) - 1):
+                        if bounds[e + 1] > bounds[e]:
+                            torch.mm(a[bounds[e] : bounds[e + 1]].t(), b[bounds[e] : bounds[e + 1]], out=out[e])
+                        else:
+                            out[e].zero_()
+                return outs
+
+            return loop, f"a torch.mm per expert (torch._grouped_mm: {refused})"
 
     def grouped(outs):
         return [torch._grouped_mm(a.t(), b, offs=ends) for a, b in pairs]  # its own allocations, no copy timed
 
-    return grouped, None
+    return grouped, note
 
 
 def run_child(name: str, shape_names: list[str], reps: int, seed: int) -> None:

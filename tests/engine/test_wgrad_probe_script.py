@@ -61,6 +61,31 @@ def test_wrong_finds_nan_and_a_wrong_expert(probe, seed):
     assert "non-finite" in probe.wrong(pairs, outs, bounds, [0])
 
 
+@pytest.mark.parametrize("refuses", [0, 1, 2], ids=["grouped_mm", "on_copies", "mm_loop"])
+def test_baseline_computes_the_products_by_each_path(probe, refuses, monkeypatch, seed):
+    """torch._grouped_mm as it is, on contiguous copies where it refuses the column views, a torch.mm per expert
+    where it refuses those too: each path's products against float64 (an empty expert's exact zeros)."""
+    generator = torch.Generator().manual_seed(seed)
+    pairs = probe.operands(probe.Shape(40, 4, 2, 32, 16, "all"), generator, "cpu")
+    bounds = [0, 30, 30, 61, 80]
+    grouped_mm = torch._grouped_mm
+
+    def picky(a, b, offs):  # refuses column views (refuses=1) or everything (refuses=2)
+        if refuses == 2 or (refuses == 1 and a.stride(1) != a.shape[0]):
+            raise RuntimeError("refused\nsecond line")
+        return grouped_mm(a, b, offs=offs)
+
+    monkeypatch.setattr(torch, "_grouped_mm", picky)
+    call, note = probe.baseline(pairs, torch.tensor(bounds, dtype=torch.int32), bounds)
+    assert note is None if refuses == 0 else "refused" in note and "second" not in note
+    outs = call([torch.full((4, a.shape[1], b.shape[1]), float("nan"), dtype=torch.bfloat16) for a, b in pairs])
+    for (a, b), out in zip(pairs, outs, strict=True):
+        for e in range(4):
+            expected = a[bounds[e] : bounds[e + 1]].double().t() @ b[bounds[e] : bounds[e + 1]].double()
+            assert torch.allclose(out[e].double(), expected, rtol=2**-7, atol=1e-2), e
+        assert torch.equal(out[1], torch.zeros_like(out[1]))
+
+
 def test_table_gives_tflops_fractions_and_the_geomean(probe):
     def ok(tflops):
         return dict(check="ok", tflops=tflops)
