@@ -9,8 +9,12 @@ and grouped over experts.
                     sums) and its weights as pairs (gate and up; two weights along K), bf16 or fp32 out
     grouped_tl.py   the grouped GEMM in plain Triton (the same schedule and epilogues), for the interpreter and
                     for reading
+    grouped_wgrad.py  C_p[e] = A_p[rows_e]ᵀ · B_p[rows_e]: the varlen-K form for weight gradients (1 to 3 products
+                    a launch, an arithmetic schedule, the ragged K end zero-filled by descriptors made on the device)
+    grouped_wgrad_tl.py  the same in plain Triton, for the interpreter and for reading
 
 ``scripts/p2/gemm_probe.py`` checks and times it against ``torch.mm`` at P1's and P2's dense shapes; its numbers
 and the choice between this engine and QuACK's are in ``notes/p2/engine-probe.md``; ``scripts/p2/grouped_probe.py``
-times the grouped form against ``torch._grouped_mm`` (``notes/p2/engine-grouped.md``).
+times the grouped form against ``torch._grouped_mm`` (``notes/p2/engine-grouped.md``), ``scripts/p2/wgrad_probe.py``
+the varlen-K form (``notes/p2/engine-wgrad.md``).
 """

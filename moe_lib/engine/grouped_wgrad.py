@@ -1,0 +1,533 @@
+"""C_p[e] = A_p[rows_e]ᵀ · B_p[rows_e] per expert on Hopper in Gluon: the grouped engine's varlen-K form (weight
+gradients), up to three products in one launch.
+
+    A_p [M_total, M_p]   rows sorted by expert: expert e owns rows offsets[e] ≤ r < offsets[e + 1] (any row stride
+                         of 16-byte multiples: dg and du may be column views of one [M_total, 2I] tensor)
+    B_p [M_total, N_p]   the same rows
+    C_p [E, M_p, N_p]    C_p[e] = Σ_{offsets[e] ≤ r < offsets[e+1]} A_p[r]ᵀ B_p[r], fp32 accumulation, bf16 or fp32
+                         out; exact zeros for an expert without rows (no loads)
+    MoE's weight gradients: dWg_e = dgᵀ x_s, dWu_e = duᵀ x_s ([I, H] each), dWd_e = dy_sᵀ aw ([H, I]).
+
+Tiles: every expert has the same ⌈M_p / BLOCK_M⌉ · ⌈N_p / BLOCK_N⌉ output tiles of problem p (its rows only set
+the K length), so tile t maps to (expert, problem, tile) by arithmetic (:func:`tile_place`), no walk: expert-major
+(all problems' tiles of expert e, problem by problem, then expert e + 1's), :mod:`.gluon_gemm`'s grouped order
+inside one problem of one expert. Program p of P takes tiles p, p + P, ... (:func:`schedule` lists them). The
+programs running at once work on one or two experts: they read the same few MB of rows (those of A_p and B_p of
+one expert) from L2, and the gate and up products, which share x_s, follow each other while x_s's rows are there.
+
+Per tile, the machinery of :mod:`.gluon_gemm`: a TMA loading warp fills a ring of mbarrier'd buffers, cooperative or
+ping-pong wgmma consumers run the K loop (the ring's steps numbered on from tile to tile; a tile's step count is
+its expert's ⌈n_e / BLOCK_K⌉). A's tile is [BLOCK_K, BLOCK_M] of A's rows, read by the wgmma through a permuted
+view (Aᵀ's tile); B's [BLOCK_K, BLOCK_N] as it lies. The output tile goes out by TMA through a 3-D descriptor of
+C_p [E, M_p, N_p] ([1, BLOCK_M, BLOCK_N] boxes), which clips it at M_p and N_p inside the expert's matrix.
+
+The ragged K end: an expert's last step would read the next expert's rows. The loading warp reads an expert's rows
+through TMA descriptors it makes on the device over those rows alone ([n_e, M_p] and [n_e, N_p] from row
+offsets[e]), so TMA fills the rows past n_e with zeros: nothing of the neighbour (not even an Inf or a NaN) enters.
+It makes a pair each time its tiles move to another (expert, problem) that has rows (a visit), alternating
+between two pairs (two call sites, two global scratch slots): before it rewrites a pair it waits until the loads
+that read it two visits before have landed (TMA may read a descriptor after the copy is issued), which they
+normally have. The descriptors need Triton's global scratch allocator (:func:`moe_lib.tma.install_tma_allocator`).
+
+Every element of every C_p[e] is written by one tile once: deterministic, no atomics. The offsets stay on the
+device: no host sync, a grid from E and the shapes alone (CUDA-graph capturable).
+
+The same schedule in plain Triton, for the interpreter and for reading: :mod:`.grouped_wgrad_tl`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma_wait
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from ..encoded_launch import shared_layout
+from ..tiling import cdiv, grouped_tile
+from ..tma import aligned, install_tma_allocator
+from .gluon_gemm import (
+    CONSUMER_REGISTERS,
+    ELEMENT_BYTES,
+    LOADER_REGISTERS,
+    SHARED_MEMORY_LIMIT,
+    GemmConfig,
+    sm_count,
+    tile_k_loop,
+    tile_origin,
+)
+
+MAX_PROBLEMS = 3
+OUT_DTYPES = (torch.bfloat16, torch.float32)
+DEFAULT_CONFIG = GemmConfig()  # cooperative, 128 × 256 × 64 tiles, 3 stages
+FP32_CONFIG = GemmConfig(128, 128, 64, 4)  # an fp32 128 × 256 output tile (128 KB) leaves too little for a ring
+DESCRIPTOR_BYTES = 4 * 128  # the device descriptors' shared-memory templates: two pairs of 128 bytes
+
+
+# --- the tile schedule on the host ----------------------------------------------------------------------------------
+
+
+def problem_tiles(shapes: Sequence[tuple[int, int]], config: GemmConfig) -> list[int]:
+    """Output tiles of one expert's C_p [M_p, N_p], for each problem."""
+    return [cdiv(m, config.block_m) * cdiv(n, config.block_n) for m, n in shapes]
+
+
+def tile_place(tile: int, shapes: Sequence[tuple[int, int]], config: GemmConfig) -> tuple[int, int, int, int]:
+    """(expert, problem, first row, first column) of tile ``tile``: expert-major, problem by problem inside an
+    expert, the grouped order inside a problem (what the kernels compute on the device)."""
+    tiles = problem_tiles(shapes, config)
+    expert, local = divmod(tile, sum(tiles))
+    problem = 0
+    while local >= tiles[problem]:
+        local -= tiles[problem]
+        problem += 1
+    tiles_n = cdiv(shapes[problem][1], config.block_n)
+    m, n = grouped_tile(local, tiles[problem] // tiles_n, tiles_n, config.group_m)
+    return expert, problem, m * config.block_m, n * config.block_n
+
+
+def total_tiles(num_experts: int, shapes: Sequence[tuple[int, int]], config: GemmConfig) -> int:
+    return num_experts * sum(problem_tiles(shapes, config))
+
+
+def grid(num_experts: int, shapes: Sequence[tuple[int, int]], config: GemmConfig, sms: int) -> int:
+    """Programs of a launch: one per SM (or ``config.programs``), never more than the tiles."""
+    return max(1, min(config.programs or sms, total_tiles(num_experts, shapes, config)))
+
+
+def schedule(num_experts: int, shapes: Sequence[tuple[int, int]], config: GemmConfig,
+             programs: int) -> list[list[tuple[int, int, int, int]]]:
+    """The tiles each program takes, in its order, as (expert, problem, first row, first column)."""
+    order = [tile_place(t, shapes, config) for t in range(total_tiles(num_experts, shapes, config))]
+    return [order[p::programs] for p in range(programs)]
+
+
+def visits(tiles: list[tuple[int, int, int, int]]) -> int:
+    """Descriptor pairs a program makes for its tiles: the runs of one (expert, problem) (empty experts count too:
+    the kernel skips those, having no rows to read)."""
+    return sum(1 for i, t in enumerate(tiles) if i == 0 or t[:2] != tiles[i - 1][:2])
+
+
+# --- the kernel -------------------------------------------------------------------------------------------------
+
+
+@gluon.jit
+def pick(problem, x0, x1, x2):
+    """x0, x1 or x2 by the problem's index (a run-time value)."""
+    x = x0
+    if problem == 1:
+        x = x1
+    if problem == 2:
+        x = x2
+    return x
+
+
+@gluon.jit
+def problem_tile_counts(c0_desc, c1_desc, c2_desc, PROBLEMS: gl.constexpr):
+    """Output tiles of one expert per problem (0 for the problems past PROBLEMS)."""
+    BLOCK_M: gl.constexpr = c0_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = c0_desc.block_type.shape[2]
+    tiles0 = gl.cdiv(c0_desc.shape[1], BLOCK_M) * gl.cdiv(c0_desc.shape[2], BLOCK_N)
+    tiles1 = tiles0 * 0
+    tiles2 = tiles0 * 0
+    if PROBLEMS > 1:
+        tiles1 = gl.cdiv(c1_desc.shape[1], BLOCK_M) * gl.cdiv(c1_desc.shape[2], BLOCK_N)
+    if PROBLEMS > 2:
+        tiles2 = gl.cdiv(c2_desc.shape[1], BLOCK_M) * gl.cdiv(c2_desc.shape[2], BLOCK_N)
+    return tiles0, tiles1, tiles2
+
+
+@gluon.jit
+def tile_place_device(tile, tiles0, tiles1, tiles2):
+    """(expert, problem, the tile's number among the problem's tiles of the expert, the number of the first tile
+    past that problem's tiles of the expert): :func:`tile_place`'s arithmetic."""
+    per_expert = tiles0 + tiles1 + tiles2
+    expert = tile // per_expert
+    local = tile % per_expert
+    problem = (local >= tiles0).to(gl.int32) + (local >= tiles0 + tiles1).to(gl.int32)
+    before = (problem >= 1).to(gl.int32) * tiles0 + (problem >= 2).to(gl.int32) * tiles1  # earlier problems' tiles
+    run_end = expert * per_expert + before + pick(problem, tiles0, tiles1, tiles2)
+    return expert, problem, local - before, run_end
+
+
+@gluon.jit
+def wait_landed(ready, first, last, issued, BUFFERS: gl.constexpr):
+    """Waits until the ring's steps first .. last have landed. ``issued``: the steps issued so far; a step that many
+    minus BUFFERS or more back has landed (its buffer was handed back before a later step refilled it)."""
+    for i in range(gl.maximum(first, issued - BUFFERS), last + 1):
+        mbarrier.wait(ready.index(i % BUFFERS), (i // BUFFERS) & 1)
+
+
+@gluon.jit
+def load_run(a_desc, b_desc, a_bufs, b_bufs, ready, empty, i, local, count, tiles_m, tiles_n, k_steps,
+             GROUP_M: gl.constexpr):
+    """Every K step of ``count`` tiles of one (expert, problem), ``local``, ``local`` + P, ... among its tiles, into
+    the ring from step i on; returns the next step."""
+    BUFFERS: gl.constexpr = a_bufs.type.shape[0]
+    BLOCK_K: gl.constexpr = a_bufs.type.shape[1]
+    BLOCK_M: gl.constexpr = a_bufs.type.shape[2]
+    BLOCK_N: gl.constexpr = b_bufs.type.shape[2]
+    STEP_BYTES: gl.constexpr = (BLOCK_M + BLOCK_N) * BLOCK_K * 2
+    programs = gl.num_programs(0)
+    for j in range(count):
+        off_m, off_n = tile_origin(local + j * programs, tiles_m, tiles_n, GROUP_M, BLOCK_M, BLOCK_N)
+        for step in range(k_steps):
+            slot = i % BUFFERS
+            mbarrier.wait(empty.index(slot), ((i // BUFFERS) & 1) ^ 1)  # a fresh barrier counts as released
+            bar = ready.index(slot)
+            mbarrier.expect(bar, STEP_BYTES)  # TMA counts a tile's full bytes, zero-filled ones included
+            tma.async_copy_global_to_shared(a_desc, [step * BLOCK_K, off_m], bar, a_bufs.index(slot))
+            tma.async_copy_global_to_shared(b_desc, [step * BLOCK_K, off_n], bar, b_bufs.index(slot))
+            i += 1
+    return i
+
+
+@gluon.jit
+def wgrad_load_partition(a0_ptr, b0_ptr, a1_ptr, b1_ptr, a2_ptr, b2_ptr, a0_stride, b0_stride, a1_stride,
+                         b1_stride, a2_stride, b2_stride, c0_desc, c1_desc, c2_desc, a_bufs, b_bufs, ready, empty,
+                         offsets_ptr, num_experts, PROBLEMS: gl.constexpr, GROUP_M: gl.constexpr):
+    """The loading warp: the program's tiles run by run (a run: its tiles of one expert and problem), each run's
+    descriptors made over the expert's rows, every K step of the run's tiles into the ring."""
+    BUFFERS: gl.constexpr = a_bufs.type.shape[0]
+    BLOCK_K: gl.constexpr = a_bufs.type.shape[1]
+    BLOCK_M: gl.constexpr = a_bufs.type.shape[2]
+    BLOCK_N: gl.constexpr = b_bufs.type.shape[2]
+    A_LAYOUT: gl.constexpr = a_bufs.type.layout
+    B_LAYOUT: gl.constexpr = b_bufs.type.layout
+    tiles0, tiles1, tiles2 = problem_tile_counts(c0_desc, c1_desc, c2_desc, PROBLEMS)
+    total = num_experts * (tiles0 + tiles1 + tiles2)
+    programs = gl.num_programs(0)
+    tile = gl.program_id(0)
+    i = 0  # the ring's step, running on from tile to tile
+    runs = 0  # runs with rows so far: run r reads through descriptor pair r % 2
+    first0 = 0  # the ring steps pair 0 (then pair 1) loaded in its last run: last < first before any
+    last0 = -1
+    first1 = 0
+    last1 = -1
+    while tile < total:
+        expert, problem, local, run_end = tile_place_device(tile, tiles0, tiles1, tiles2)
+        count = gl.cdiv(run_end - tile, programs)  # this program's tiles of the run
+        begin = gl.load(offsets_ptr + expert)
+        rows = gl.load(offsets_ptr + expert + 1) - begin
+        k_steps = gl.cdiv(rows, BLOCK_K)  # 0 for an expert without rows: its tiles are zeros, nothing to load
+        if k_steps > 0:
+            m = pick(problem, c0_desc.shape[1], c1_desc.shape[1], c2_desc.shape[1])
+            n = pick(problem, c0_desc.shape[2], c1_desc.shape[2], c2_desc.shape[2])
+            a_stride = pick(problem, a0_stride, a1_stride, a2_stride).to(gl.int64)
+            b_stride = pick(problem, b0_stride, b1_stride, b2_stride).to(gl.int64)
+            a_base = pick(problem, a0_ptr, a1_ptr, a2_ptr) + begin.to(gl.int64) * a_stride
+            b_base = pick(problem, b0_ptr, b1_ptr, b2_ptr) + begin.to(gl.int64) * b_stride
+            tiles_n = gl.cdiv(n, BLOCK_N)
+            tiles_m = gl.cdiv(m, BLOCK_M)
+            # the expert's rows alone: TMA fills the rows past them with zeros
+            if runs % 2 == 0:
+                wait_landed(ready, first0, last0, i, BUFFERS)
+                a_desc = tma.make_tensor_descriptor(a_base, [rows, m], [a_stride, 1], [BLOCK_K, BLOCK_M], A_LAYOUT)
+                b_desc = tma.make_tensor_descriptor(b_base, [rows, n], [b_stride, 1], [BLOCK_K, BLOCK_N], B_LAYOUT)
+                first0 = i
+                i = load_run(a_desc, b_desc, a_bufs, b_bufs, ready, empty, i, local, count, tiles_m, tiles_n,
+                             k_steps, GROUP_M)
+                last0 = i - 1
+            else:
+                wait_landed(ready, first1, last1, i, BUFFERS)
+                a_desc = tma.make_tensor_descriptor(a_base, [rows, m], [a_stride, 1], [BLOCK_K, BLOCK_M], A_LAYOUT)
+                b_desc = tma.make_tensor_descriptor(b_base, [rows, n], [b_stride, 1], [BLOCK_K, BLOCK_N], B_LAYOUT)
+                first1 = i
+                i = load_run(a_desc, b_desc, a_bufs, b_bufs, ready, empty, i, local, count, tiles_m, tiles_n,
+                             k_steps, GROUP_M)
+                last1 = i - 1
+            runs += 1
+        tile += count * programs
+
+
+@gluon.jit
+def zero_fill(c_smem, WARPS: gl.constexpr):
+    """Zeros into the output tile's shared memory, 16 rows at a time (few registers: no accumulator rewritten)."""
+    BLOCK_M: gl.constexpr = c_smem.type.shape[0]
+    BLOCK_N: gl.constexpr = c_smem.type.shape[1]
+    CHUNK: gl.constexpr = 16
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [WARPS, 1], [1, 0])
+    zeros = gl.zeros((CHUNK, BLOCK_N), dtype=c_smem.dtype, layout=layout)
+    for r in gl.static_range(0, BLOCK_M, CHUNK):
+        c_smem.slice(r, CHUNK, dim=0).store(zeros)
+
+
+@gluon.jit
+def wgrad_consumer_partition(a_bufs, b_bufs, ready, empty, turns, c0_desc, c1_desc, c2_desc, c_bufs, offsets_ptr,
+                             num_experts, PROBLEMS: gl.constexpr, GROUP_M: gl.constexpr, ME: gl.constexpr,
+                             CONSUMERS: gl.constexpr, WARPS: gl.constexpr):
+    """Consumer ME of CONSUMERS (WARPS warps): the program's tiles ME, ME + CONSUMERS, ... of its own (the ring's
+    steps counted over all the program's tiles, each its expert's step count), each its K loop and its store. With
+    two consumers each K loop waits for its turn and passes it on once its last wgmma is issued."""
+    BLOCK_M: gl.constexpr = c0_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = c0_desc.block_type.shape[2]
+    BLOCK_K: gl.constexpr = a_bufs.type.shape[1]
+    BUFFERS: gl.constexpr = a_bufs.type.shape[0]
+    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                     instr_shape=[16, BLOCK_N, 16])
+    acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
+    c_tile = c_bufs.index(ME)  # [1, BLOCK_M, BLOCK_N], as the output descriptors' boxes
+    c_smem = c_tile.reshape([BLOCK_M, BLOCK_N])
+    tiles0, tiles1, tiles2 = problem_tile_counts(c0_desc, c1_desc, c2_desc, PROBLEMS)
+    total = num_experts * (tiles0 + tiles1 + tiles2)
+    programs = gl.num_programs(0)
+    tile = gl.program_id(0)
+    i = 0  # the ring's step of the program's tile
+    n = 0  # the program's tiles so far
+    while tile < total:
+        expert, problem, local, _ = tile_place_device(tile, tiles0, tiles1, tiles2)
+        begin = gl.load(offsets_ptr + expert)
+        k_steps = gl.cdiv(gl.load(offsets_ptr + expert + 1) - begin, BLOCK_K)
+        if n % CONSUMERS == ME:
+            m = pick(problem, c0_desc.shape[1], c1_desc.shape[1], c2_desc.shape[1])
+            tiles_n = gl.cdiv(pick(problem, c0_desc.shape[2], c1_desc.shape[2], c2_desc.shape[2]), BLOCK_N)
+            off_m, off_n = tile_origin(local, gl.cdiv(m, BLOCK_M), tiles_n, GROUP_M, BLOCK_M, BLOCK_N)
+            if CONSUMERS > 1:  # consumer 0's first turn is free (a fresh barrier), consumer 1's first waits for it
+                mbarrier.wait(turns.index(ME), ((n // CONSUMERS) & 1) ^ (1 - ME))
+            if k_steps > 0:
+                acc = tile_k_loop(a_bufs, b_bufs, ready, empty, acc, i, k_steps, True, False)
+                if CONSUMERS > 1:
+                    mbarrier.arrive(turns.index(1 - ME), count=1)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                mbarrier.arrive(empty.index((i + k_steps - 1) % BUFFERS), count=1)
+                tma.store_wait(pendings=0)  # the last tile's store has left c_smem
+                c_smem.store(acc.to(c0_desc.dtype))
+            else:  # an expert without rows: exact zeros, no loads
+                if CONSUMERS > 1:
+                    mbarrier.arrive(turns.index(1 - ME), count=1)
+                tma.store_wait(pendings=0)
+                zero_fill(c_smem, WARPS)
+            fence_async_shared()
+            if problem == 0:
+                tma.async_copy_shared_to_global(c0_desc, [expert, off_m, off_n], c_tile)
+            elif problem == 1:
+                tma.async_copy_shared_to_global(c1_desc, [expert, off_m, off_n], c_tile)
+            else:
+                tma.async_copy_shared_to_global(c2_desc, [expert, off_m, off_n], c_tile)
+        i += k_steps
+        n += 1
+        tile += programs
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def grouped_wgrad_kernel(
+    a0_ptr, b0_ptr,  # problem 0: A_0 [M_total, M_0] and B_0 [M_total, N_0] bf16, rows sorted by expert
+    a1_ptr, b1_ptr,  # problem 1 (PROBLEMS > 1), else any pointers, never read
+    a2_ptr, b2_ptr,  # problem 2 (PROBLEMS > 2), else any pointers, never read
+    a0_stride, b0_stride, a1_stride, b1_stride, a2_stride, b2_stride,  # their row strides (elements)
+    c0_desc,  # out: C_0 [E, M_0, N_0] (bf16 or fp32) as [1, BLOCK_M, BLOCK_N] tiles
+    c1_desc,  # out: C_1 [E, M_1, N_1] likewise (PROBLEMS > 1), else any descriptor like c0_desc, never written
+    c2_desc,  # out: C_2 [E, M_2, N_2] likewise (PROBLEMS > 2), else any descriptor like c0_desc, never written
+    offsets_ptr,  # [E + 1] int32: expert e's rows are offsets[e] ≤ r < offsets[e + 1]
+    num_experts,  # E
+    PROBLEMS: gl.constexpr,  # products in the launch: 1, 2 or 3
+    BLOCK_K: gl.constexpr,  # rows (K) a step
+    BUFFERS: gl.constexpr,  # buffers of the ring
+    GROUP_M: gl.constexpr,  # row tiles taken together in a problem's tile order
+    PINGPONG: gl.constexpr,  # two one-warpgroup consumers on alternate tiles; else one of num_warps (8) warps
+    CONSUMER_REGS: gl.constexpr,  # with PINGPONG: the second consumer's registers
+    LOADER_REGS: gl.constexpr,  # the loading warp's registers
+    num_warps: gl.constexpr,  # of the default partition: the cooperative consumer, or ping-pong's first (4)
+):
+    BLOCK_M: gl.constexpr = c0_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = c0_desc.block_type.shape[2]
+    CONSUMERS: gl.constexpr = 2 if PINGPONG else 1
+    A_LAYOUT: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_K, BLOCK_M], gl.bfloat16)
+    B_LAYOUT: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_K, BLOCK_N], gl.bfloat16)
+    a_bufs = gl.allocate_shared_memory(gl.bfloat16, [BUFFERS, BLOCK_K, BLOCK_M], A_LAYOUT)
+    b_bufs = gl.allocate_shared_memory(gl.bfloat16, [BUFFERS, BLOCK_K, BLOCK_N], B_LAYOUT)
+    c_bufs = gl.allocate_shared_memory(c0_desc.dtype, [CONSUMERS] + c0_desc.block_type.shape, c0_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [BUFFERS, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [BUFFERS, 1], mbarrier.MBarrierLayout())
+    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(BUFFERS):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(turns.index(i), count=1)
+    fence_async_shared()  # the barriers' initialisation is seen by the copy engine (the async proxy)
+    # the argument tuples written out in each call: a tuple held in a variable turns its constexprs into tensors
+    if PINGPONG:
+        gl.warp_specialize([
+            (wgrad_consumer_partition, (a_bufs, b_bufs, ready, empty, turns, c0_desc, c1_desc, c2_desc, c_bufs,
+                                        offsets_ptr, num_experts, PROBLEMS, GROUP_M, 0, 2, num_warps)),
+            (wgrad_consumer_partition, (a_bufs, b_bufs, ready, empty, turns, c0_desc, c1_desc, c2_desc, c_bufs,
+                                        offsets_ptr, num_experts, PROBLEMS, GROUP_M, 1, 2, 4)),
+            (wgrad_load_partition, (a0_ptr, b0_ptr, a1_ptr, b1_ptr, a2_ptr, b2_ptr, a0_stride, b0_stride,
+                                    a1_stride, b1_stride, a2_stride, b2_stride, c0_desc, c1_desc, c2_desc, a_bufs,
+                                    b_bufs, ready, empty, offsets_ptr, num_experts, PROBLEMS, GROUP_M)),
+        ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+    else:
+        gl.warp_specialize([
+            (wgrad_consumer_partition, (a_bufs, b_bufs, ready, empty, turns, c0_desc, c1_desc, c2_desc, c_bufs,
+                                        offsets_ptr, num_experts, PROBLEMS, GROUP_M, 0, 1, num_warps)),
+            (wgrad_load_partition, (a0_ptr, b0_ptr, a1_ptr, b1_ptr, a2_ptr, b2_ptr, a0_stride, b0_stride,
+                                    a1_stride, b1_stride, a2_stride, b2_stride, c0_desc, c1_desc, c2_desc, a_bufs,
+                                    b_bufs, ready, empty, offsets_ptr, num_experts, PROBLEMS, GROUP_M)),
+        ], [1], [LOADER_REGS])
+
+
+# --- the host side ----------------------------------------------------------------------------------------------
+
+
+def shared_bytes(config: GemmConfig, out_dtype: torch.dtype) -> int:
+    """Shared memory of the ring, the output tiles (in ``out_dtype``) and the descriptors' templates."""
+    ring = config.stages * (config.block_m + config.block_n) * config.block_k * ELEMENT_BYTES
+    out = config.output_tiles * config.block_m * config.block_n * torch.empty((), dtype=out_dtype).element_size()
+    return ring + out + DESCRIPTOR_BYTES
+
+
+def default_config(out_dtype: torch.dtype) -> GemmConfig:
+    return FP32_CONFIG if out_dtype == torch.float32 else DEFAULT_CONFIG
+
+
+def check_tma_rows(name: str, tensor: torch.Tensor) -> None:
+    """ValueError naming ``name`` where TMA cannot address the 2-D tensor's rows: unit column stride, row strides of
+    16-byte multiples, a 16-byte aligned start."""
+    if tensor.shape[1] > 1 and tensor.stride(1) != 1:
+        raise ValueError(f"{name}: expected rows of contiguous elements (column stride 1), got strides "
+                         f"{tuple(tensor.stride())}")
+    if (tensor.stride(0) * tensor.element_size()) % 16:
+        raise ValueError(f"{name}: TMA needs a row stride of a multiple of 16 bytes, got {tensor.stride(0)} elements")
+    if tensor.device.type != "meta" and not aligned(tensor):
+        raise ValueError(f"{name}: TMA needs the tensor to start on a 16-byte boundary")
+
+
+def check_arguments(problems, offsets, *, outs=None, out_dtype: torch.dtype = torch.bfloat16,
+                    config: GemmConfig | None = None) -> tuple[int, list[tuple[int, int]], torch.dtype]:
+    """Raises TypeError/ValueError naming the argument where :func:`grouped_weight_grad` cannot take it, before any
+    work; returns (E, [(M_p, N_p)], the output dtype). Offsets' values stay on the device and are not checked: they
+    must rise from offsets[0] = 0 to offsets[E] ≤ M_total."""
+    if not isinstance(problems, Sequence) or isinstance(problems, torch.Tensor | str):
+        raise TypeError(f"problems: expected a sequence of (A, B) pairs, got {type(problems).__name__}")
+    if not 1 <= len(problems) <= MAX_PROBLEMS:
+        raise ValueError(f"problems: expected 1 to {MAX_PROBLEMS} (A, B) pairs, got {len(problems)}")
+    if not isinstance(offsets, torch.Tensor):
+        raise TypeError(f"offsets: expected a torch.Tensor, got {type(offsets).__name__}")
+    if offsets.dtype != torch.int32:
+        raise TypeError(f"offsets: expected torch.int32, got {offsets.dtype}")
+    if offsets.dim() != 1 or offsets.shape[0] < 1:
+        raise ValueError(f"offsets: expected a 1-D tensor of E + 1 ≥ 1 elements, got shape {tuple(offsets.shape)}")
+    if not offsets.is_contiguous():
+        raise ValueError(f"offsets: expected a contiguous tensor, got strides {tuple(offsets.stride())}")
+    num_experts = offsets.shape[0] - 1
+    device, rows, shapes = offsets.device, None, []
+    for p, pair in enumerate(problems):
+        if not isinstance(pair, Sequence) or len(pair) != 2:
+            raise TypeError(f"problems[{p}]: expected an (A, B) pair of tensors, got {type(pair).__name__}")
+        for name, tensor in ((f"problems[{p}].a", pair[0]), (f"problems[{p}].b", pair[1])):
+            if not isinstance(tensor, torch.Tensor):
+                raise TypeError(f"{name}: expected a torch.Tensor, got {type(tensor).__name__}")
+            if tensor.dtype != torch.bfloat16:
+                raise TypeError(f"{name}: expected torch.bfloat16, got {tensor.dtype}")
+            if tensor.dim() != 2:
+                raise ValueError(f"{name}: expected a 2-D tensor [M_total, columns], got shape {tuple(tensor.shape)}")
+            if tensor.device != device:
+                raise ValueError(f"{name}: expected the device of offsets ({device}), got {tensor.device}")
+            rows = tensor.shape[0] if rows is None else rows
+            if tensor.shape[0] != rows:
+                raise ValueError(f"{name}: expected {rows} rows (M_total, as problems[0].a), got shape "
+                                 f"{tuple(tensor.shape)}")
+            check_tma_rows(name, tensor)
+        shapes.append((pair[0].shape[1], pair[1].shape[1]))
+    if outs is not None:
+        if not isinstance(outs, Sequence) or isinstance(outs, torch.Tensor):
+            raise TypeError(f"outs: expected a sequence of {len(problems)} tensors, got {type(outs).__name__}")
+        if len(outs) != len(problems):
+            raise ValueError(f"outs: expected {len(problems)} tensors (one a problem), got {len(outs)}")
+        for p, (out, (m, n)) in enumerate(zip(outs, shapes, strict=True)):
+            name = f"outs[{p}]"
+            if not isinstance(out, torch.Tensor):
+                raise TypeError(f"{name}: expected a torch.Tensor, got {type(out).__name__}")
+            if out.dtype not in OUT_DTYPES:
+                raise TypeError(f"{name}: expected one of {OUT_DTYPES}, got {out.dtype}")
+            if out.dtype != outs[0].dtype:
+                raise TypeError(f"{name}: expected {outs[0].dtype} like outs[0], got {out.dtype}")
+            if tuple(out.shape) != (num_experts, m, n):
+                raise ValueError(f"{name}: expected shape {(num_experts, m, n)} ([E, M_p, N_p]), got "
+                                 f"{tuple(out.shape)}")
+            if out.device != device:
+                raise ValueError(f"{name}: expected the device of offsets ({device}), got {out.device}")
+            if not out.is_contiguous():
+                raise ValueError(f"{name}: expected a contiguous tensor, got strides {tuple(out.stride())}")
+            if out.device.type != "meta" and not aligned(out):
+                raise ValueError(f"{name}: TMA needs the tensor to start on a 16-byte boundary")
+        out_dtype = outs[0].dtype
+    elif out_dtype not in OUT_DTYPES:
+        raise TypeError(f"out_dtype: expected one of {OUT_DTYPES}, got {out_dtype}")
+    element = torch.empty((), dtype=out_dtype).element_size()
+    for p, (_, n) in enumerate(shapes):
+        if (n * element) % 16:
+            raise ValueError(f"problems[{p}].b: TMA needs the output's rows (N_p = {n} columns of {out_dtype}) to "
+                             f"be a multiple of 16 bytes")
+    config = config or default_config(out_dtype)
+    if not isinstance(config, GemmConfig):
+        raise TypeError(f"config: expected a GemmConfig, got {type(config).__name__}")
+    if shared_bytes(config, out_dtype) > SHARED_MEMORY_LIMIT:
+        raise ValueError(f"config: {shared_bytes(config, out_dtype)} bytes of shared memory with {out_dtype} "
+                         f"output tiles, more than the {SHARED_MEMORY_LIMIT} an sm_90 block may use (fewer stages or "
+                         f"a narrower tile)")
+    return num_experts, shapes, out_dtype
+
+
+def output_descriptor(out: torch.Tensor, config: GemmConfig) -> TensorDescriptor:
+    """A host TMA descriptor of C_p [E, M_p, N_p] in [1, BLOCK_M, BLOCK_N] boxes: it clips a tile at M_p and N_p
+    inside each expert's matrix."""
+    dtype = {torch.bfloat16: gl.bfloat16, torch.float32: gl.float32}[out.dtype]
+    block = (1, config.block_m, config.block_n)
+    return TensorDescriptor.from_tensor(out, list(block), shared_layout(block, dtype))
+
+
+def launch_arguments(config: GemmConfig, problems, offsets, outs) -> tuple[dict, dict]:
+    """(the kernel's run-time arguments by name, its compile-time arguments by name) for these tensors: what
+    :func:`grouped_weight_grad` launches and what ``scripts/p2/wgrad_probe.py --compile-only`` compiles (meta
+    tensors do; there the pointers and strides are types). Problems past the given ones repeat problem 0 (never
+    read, never written)."""
+    padded = list(problems) + [problems[0]] * (MAX_PROBLEMS - len(problems))
+    padded_outs = list(outs) + [outs[0]] * (MAX_PROBLEMS - len(outs))
+    arguments = {}
+    for p, (a, b) in enumerate(padded):
+        arguments.update({f"a{p}_ptr": a, f"b{p}_ptr": b})
+    for p, (a, b) in enumerate(padded):
+        arguments.update({f"a{p}_stride": a.stride(0), f"b{p}_stride": b.stride(0)})
+    for p, out in enumerate(padded_outs):
+        arguments[f"c{p}_desc"] = output_descriptor(out, config)
+    arguments.update(offsets_ptr=offsets, num_experts=offsets.shape[0] - 1)
+    constexprs = dict(PROBLEMS=len(problems), BLOCK_K=config.block_k, BUFFERS=config.stages, GROUP_M=config.group_m,
+                      PINGPONG=config.pingpong, CONSUMER_REGS=CONSUMER_REGISTERS, LOADER_REGS=LOADER_REGISTERS,
+                      num_warps=config.warps)
+    return arguments, constexprs
+
+
+def grouped_weight_grad(problems, offsets: torch.Tensor, *, outs=None, out_dtype: torch.dtype = torch.bfloat16,
+                        config: GemmConfig | None = None) -> list[torch.Tensor]:
+    """[C_p for each (A_p, B_p) in ``problems``]: C_p[e] = A_p[rows_e]ᵀ · B_p[rows_e] for the rows offsets[e] ≤ r <
+    offsets[e + 1] of each expert e, fp32-accumulated, into ``outs`` (new [E, M_p, N_p] tensors of ``out_dtype``,
+    bf16 or fp32, where None; else their dtype), exact zeros for an expert without rows. One launch for 1 to 3
+    problems. ``problems``: (A_p [M_total, M_p], B_p [M_total, N_p]) bf16 pairs over the same rows, each with rows
+    TMA can address (column views of a wider tensor too). ``offsets``: int32 [E + 1] on the device, rising from 0 to
+    at most M_total (not checked: no host sync). ``config``: tiles and ring (:data:`DEFAULT_CONFIG` for bf16
+    outputs, :data:`FP32_CONFIG` for fp32). On a Hopper GPU; capturable in a CUDA graph."""
+    num_experts, shapes, out_dtype = check_arguments(problems, offsets, outs=outs, out_dtype=out_dtype, config=config)
+    config = config or default_config(out_dtype)
+    if offsets.device.type != "cuda":
+        raise ValueError(f"offsets: the Gluon weight-gradient kernel runs on a CUDA (Hopper) GPU, got a tensor on "
+                         f"{offsets.device}")
+    if outs is None:
+        outs = [torch.empty((num_experts, m, n), dtype=out_dtype, device=offsets.device) for m, n in shapes]
+    outs = list(outs)
+    live = [p for p, (m, n) in enumerate(shapes) if m and n]  # a product with no output elements takes no tiles
+    if num_experts == 0 or not live:
+        return outs
+    if problems[0][0].shape[0] == 0:  # no rows at all: every expert's gradient is zero
+        for out in outs:
+            out.zero_()
+        return outs
+    install_tma_allocator(offsets.device)  # the global scratch of the descriptors the loading warp makes
+    arguments, constexprs = launch_arguments(config, [problems[p] for p in live], offsets, [outs[p] for p in live])
+    programs = grid(num_experts, [shapes[p] for p in live], config, sm_count(offsets.device))
+    grouped_wgrad_kernel[(programs,)](**arguments, **constexprs, maxnreg=config.maxnreg)
+    return outs
