@@ -48,7 +48,7 @@ from .results import DEFAULT_OUT, format_ms, geomean, write_json, write_text
 
 DEFAULT_HARNESS = provenance.REPO_ROOT / ".sol-execbench" / "src"
 DEFAULT_EXPORT = provenance.REPO_ROOT / "build" / "official"
-LANGUAGES = {"triton": "triton", "triton_fast": "triton"}  # other labels are PyTorch code
+LANGUAGES = {"triton": "triton", "triton_fast": "triton", "triton_engine": "triton"}  # other labels: PyTorch code
 
 KERNEL_SOURCE = '''"""{problem} by moe_lib's `{impl}` implementation ({description})."""
 

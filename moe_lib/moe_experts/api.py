@@ -26,6 +26,7 @@ from ..dispatch import check_impl, resolve_impl
 from ..validation import check_contiguous, finite, flag, float_tensor, not_differentiable_again
 from .checks import INPUT_NAMES, check_index_values, check_moe_experts_backward
 from .reference import moe_experts_backward_reference, moe_experts_forward_reference
+from .structure import preferred, preferred_now
 
 
 def moe_experts_backward(
@@ -261,6 +262,7 @@ def _save_for_backward(ctx, inputs, output):
         hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights, output[1], output[2]
     )
     ctx.impl, ctx.check_finite = impl, check_finite
+    ctx.structure = preferred_now()  # the backward runs the structure the forward ran
     ctx.preactivations = _keeps_preactivations(impl, hidden_states, save_activations)
 
 
@@ -277,7 +279,7 @@ def _backward(ctx, grad_output, _grad_gate_pre, _grad_up_pre):
             finite(dict(zip(INPUT_NAMES, args, strict=True)))
         grads = moe_experts_backward_reference(*args)
     else:
-        with torch.no_grad():  # the op is opaque to autograd: its gradients are constants to it
+        with torch.no_grad(), preferred(ctx.structure):  # the op is opaque to autograd: its gradients are constants
             grads = torch.ops.moe_lib.moe_experts_backward(
                 *args,
                 ctx.impl,

@@ -27,7 +27,7 @@ import torch
 from ..dispatch import interpreter_enabled
 from ..tiling import cdiv
 from ..validation import check_contiguous, fits_in_memory
-from . import kernels, runtime
+from . import engine_layer, kernels, runtime
 from .choose import Choice, choose
 from .config import KernelLaunch, LaunchConfig
 from .routing import route_by_expert
@@ -309,6 +309,20 @@ def moe_experts_backward_triton(
     E, I, _ = gate_weights.shape
     K = topk_indices.shape[1]
     dtype, device = hidden_states.dtype, hidden_states.device
+    if config is None and engine_layer.structure(H, I, dtype, Target.of(device)) == "engine":
+        if weight_grads_out is not None:
+            weight_grads_out = check_weight_grads_out(weight_grads_out, gate_weights, down_weights)
+        return engine_layer.backward(
+            grad_output,
+            hidden_states,
+            topk_indices,
+            topk_weights,
+            gate_weights,
+            up_weights,
+            down_weights,
+            preactivations=preactivations,
+            weight_grads_out=weight_grads_out,
+        )
     num_slots = T * K
     choice = choose_for(hidden_states, topk_indices, gate_weights, up_weights, down_weights, config)
     config, programs = choice.config, persistent_programs(device)
@@ -414,6 +428,16 @@ def moe_experts_forward_triton(
     K = topk_indices.shape[1]
     dtype, device = hidden_states.dtype, hidden_states.device
     num_slots = T * K
+    if config is None and engine_layer.structure(H, I, dtype, Target.of(device)) == "engine":
+        return engine_layer.forward(
+            hidden_states,
+            topk_indices,
+            topk_weights,
+            gate_weights,
+            up_weights,
+            down_weights,
+            save_preactivations=save_preactivations,
+        )
     choice = choose_for(hidden_states, topk_indices, gate_weights, up_weights, down_weights, config)
     config, programs = choice.config, persistent_programs(device)
     check_memory(

@@ -14,7 +14,14 @@ P2_SMALL = dict(hidden_size=64, intermediate_size=32, num_experts=8, top_k=3)
 def test_registry_lists_the_expected_labels():
     p1_labels = ["reference", "torch_eager", "torch_compile", "triton", "triton_fast"]
     assert peers.labels("swiglu_down_backward") == p1_labels
-    assert peers.labels("moe_experts_backward") == ["reference", "grouped_mm", "liger", "triton", "sonicmoe"]
+    assert peers.labels("moe_experts_backward") == [
+        "reference",
+        "grouped_mm",
+        "liger",
+        "triton",
+        "triton_engine",
+        "sonicmoe",
+    ]
     assert peers.labels("moe_experts_backward_bf16") == peers.labels("moe_experts_backward")
     p1, p2 = peers.peers_for("swiglu_down_backward"), peers.peers_for("moe_experts_backward")
     assert p1["torch_eager"].capturable and p1["torch_compile"].capturable and p1["reference"].capturable

@@ -18,6 +18,9 @@
   kernels autotune 32 configs each on first use (minutes at P2's size); ``LIGER_FUSED_MOE_AUTOTUNE=0``
   in the environment before the import pins its default config instead (the harness records it).
 - ``triton``: ``moe_lib.moe_experts_backward(..., impl="triton", validate=False)``.
+- ``triton_engine``: the same call with the engine's structure preferred
+  (``moe_lib.moe_experts.structure.preferred("engine")``: bf16 on Hopper, H and I multiples of 64; an error
+  elsewhere).
 - ``sonicmoe``: SonicMoE (Dao-AILab, CuTe DSL on QuACK grouped GEMMs; bf16 only) forward + backward
   through ``moe_general_routing_inputs``, the routing flattened (token, expert, score per slot, in token
   order), gate and up rows interleaved into its ``w1`` [2I, H, E] (row 2i gate i, 2i+1 up i) and ``Wd``
@@ -29,11 +32,13 @@ Its layer (the training-step modes of :mod:`moe_lib.bench.modes`): ``reference``
 (``moe_lib.moe_experts(impl="reference")``), ``grouped_mm`` (:func:`grouped_mm_forward` and autograd),
 ``liger`` (its ``LigerFusedMoEFunction``, gate‖up held concatenated), ``sonicmoe`` (as above) and
 ``triton`` (``moe_lib.moe_experts(impl="triton")``, which recomputes g and u in its backward) and
-``triton_saved`` (``save_activations=True``: g and u kept from the forward, as SonicMoE keeps them).
+``triton_saved`` (``save_activations=True``: g and u kept from the forward, as SonicMoE keeps them), and both
+with the engine's structure preferred, ``triton_engine`` and ``triton_engine_saved``.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 
 import torch
@@ -41,6 +46,7 @@ import torch.nn.functional as F
 
 from ...dispatch import triton_unavailable_reason
 from ...moe_experts import moe_experts
+from ...moe_experts.structure import preferred
 from ...problems import OPS
 from ..layer_step import LAYERS, step
 from .registry import LayerPeer, Peer, calling, register, register_layer
@@ -267,9 +273,33 @@ def _prepare_sonicmoe(inputs: dict):
     return lambda: run()[1:]
 
 
-def _ours(save_activations: bool):
-    """Our layer's forward, saving the pre-activations for its backward or not."""
+def _engine_unavailable(device: torch.device) -> str | None:
+    if (reason := triton_unavailable_reason(device)) is not None:
+        return reason
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (9, 0):
+        return "the engine's Gluon kernels need a Hopper GPU (compute capability 9.0)"
+    return None
 
+
+def _preferring(structure: str | None, function):
+    """``function`` run with ``structure`` preferred (:func:`moe_lib.moe_experts.structure.preferred`)."""
+
+    def run(*args, **kwargs):
+        with preferred(structure):
+            return function(*args, **kwargs)
+
+    return run
+
+
+def _prepare_engine(inputs: dict):
+    return _preferring("engine", calling(OP, OPS[OP].function, impl="triton", validate=False)(inputs))
+
+
+def _ours(save_activations: bool, structure: str | None = None):
+    """Our layer's forward, saving the pre-activations for its backward or not, under ``structure``'s preference
+    (its backward runs under the same one: the layer keeps it for autograd)."""
+
+    @functools.partial(_preferring, structure)
     def forward(inputs: dict, leaves: dict) -> torch.Tensor:
         return moe_experts(
             leaves["hidden_states"],
@@ -346,6 +376,14 @@ for _peer in (
         unavailable=triton_unavailable_reason,
     ),
     Peer(
+        "triton_engine",
+        OP,
+        _prepare_engine,
+        capturable=True,
+        description="moe_lib's Triton path, the grouped engine's structure preferred",
+        unavailable=_engine_unavailable,
+    ),
+    Peer(
         "sonicmoe",
         OP,
         _prepare_sonicmoe,
@@ -410,6 +448,22 @@ for _layer_peer in (
         capturable=True,
         unavailable=triton_unavailable_reason,
         description="moe_lib.moe_experts(save_activations=True): g and u kept from the forward",
+    ),
+    LayerPeer(
+        "triton_engine",
+        OP,
+        _ours(False, "engine"),
+        capturable=True,
+        unavailable=_engine_unavailable,
+        description="moe_lib.moe_experts on the grouped engine, its backward recomputing g and u",
+    ),
+    LayerPeer(
+        "triton_engine_saved",
+        OP,
+        _ours(True, "engine"),
+        capturable=True,
+        unavailable=_engine_unavailable,
+        description="moe_lib.moe_experts(save_activations=True) on the grouped engine: six weight passes",
     ),
 ):
     register_layer(_layer_peer)

@@ -1,0 +1,286 @@
+"""P2's layer on the grouped engine (:mod:`moe_lib.engine`): forward and backward in six weight passes.
+
+Slots s = t·K + k sorted by expert (:func:`.routing.route_by_expert`: position p holds slot sorted_slot[p], and
+row_of_slot is its inverse); x_s[p] = x[token of p], dy_s likewise, w_s[p] = topk_weights[slot of p]. Per expert e,
+over its rows offsets[e] ≤ p < offsets[e + 1], each line one persistent launch:
+
+    forward    g, u = x_s·Wg_eᵀ, x_s·Wu_eᵀ ;  a = silu(g)·u                        swiglu epilogue     reads Wg, Wu
+               y_s = w_s · (a·Wd_eᵀ)                                                 row_scale epilogue  reads Wd
+               y[t] = Σ_k y_s[row_of_slot[t·K + k]]                                  slot-row sum
+    backward   (g, u as in the forward, g and u stored only, where the forward did not save them: reads Wg, Wu)
+               dAp = dy_s·Wd_e ;  a = silu(g)·u ;  dA = w_s·dAp                     dswiglu epilogue    reads Wd
+               dg = dA·u·silu'(g) ;  du = dA·silu(g) ;  aw = w_s·a ;  part[j, p] = Σ_{columns of tile j} dAp·a
+               dWg_e = dg_eᵀ x_s,e ;  dWu_e = du_eᵀ x_s,e ;  dWd_e = dy_s,eᵀ aw_e   varlen-K, one launch writes dW
+               dX_s = dg·Wg_e + du·Wu_e                                              K = 2I              reads Wg, Wu
+               grad_x[t] = Σ_k dX_s[row_of_slot[t·K + k]] ;  grad_topk[t, k] = Σ_j part[j, row_of_slot[t·K + k]]
+
+With the pre-activations saved, the weights are read twice in the forward and twice in the backward and their
+gradients written once: six passes, as SonicMoE's layer; recomputing g and u adds a seventh (the op, whose
+forward is recomputed, has five). dg and du share one [T·K, 2I] buffer (dg's columns, then du's): dX's product
+reads it as one operand of K = 2I. Everything stays on the device (no host sync: graph-capturable); every output
+element is written by one tile once (deterministic, no atomics); experts without rows get exact zero gradients.
+
+bf16 only, on Hopper (the engine's Gluon kernels) or under the interpreter (their plain-Triton twins);
+:func:`supports` says why not elsewhere. The readable reference of the same math: :mod:`.reference`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..dispatch import interpreter_enabled
+from ..engine import grouped_gemm as gemm_gluon
+from ..engine import grouped_tl as gemm_tl
+from ..engine import grouped_wgrad as wgrad_gluon
+from ..engine import grouped_wgrad_tl as wgrad_tl
+from ..engine.gluon_gemm import GemmConfig
+from ..validation import fits_in_memory
+from . import runtime
+from .routing import route_by_expert
+from .slot_sum import sum_slot_rows
+from .structure import preferred_now
+
+DTYPES = (torch.bfloat16,)  # the engine's operands
+BLOCK_K = 64  # the [E, K, N] operand forms need K (H for dAp, I for dX) a multiple of it
+
+
+def structure(hidden_size: int, intermediate_size: int, dtype: torch.dtype, target: runtime.Target) -> str:
+    """Which structure runs a call: the engine's where :func:`.structure.preferred` asks for it (a ValueError saying
+    why where it cannot take the call: an explicit request is not dropped silently), kernels A, W, D and C
+    otherwise."""
+    if preferred_now() != "engine":
+        return "kernels"
+    reason = supports(hidden_size, intermediate_size, dtype, target)
+    if reason is not None:
+        raise ValueError(f"structure: 'engine' was asked for, but {reason}")
+    return "engine"
+
+
+def supports(hidden_size: int, intermediate_size: int, dtype: torch.dtype, target: runtime.Target) -> str | None:
+    """Why the engine's layer cannot run these shapes on ``target`` (None: it can)."""
+    if dtype not in DTYPES:
+        return f"dtype {dtype}: the engine's layer takes bfloat16"
+    if not target.interpreter and target.capability < (9, 0):
+        return "the engine's Gluon kernels need a Hopper GPU (compute capability 9.0)"
+    for name, size in (("hidden_size", hidden_size), ("intermediate_size", intermediate_size)):
+        if size % BLOCK_K:
+            return f"{name} = {size}: the engine's layer takes multiples of {BLOCK_K}"
+    return None
+
+
+def gemm_config(num_slots: int, num_experts: int) -> GemmConfig:
+    """Tiles of the varlen-M products: ping-pong 128 × 128 while experts are small (its epilogue overlaps the
+    other tile's K loop), cooperative 128 × 256 from 1024 rows an expert (notes/p2/engine-grouped.md, Measured)."""
+    if num_slots >= 1024 * max(num_experts, 1):
+        return GemmConfig(128, 256, 64, 3, "cooperative")
+    return GemmConfig(128, 128, 64, 5, "pingpong")
+
+
+def allocation_bytes(
+    num_tokens: int,
+    top_k: int,
+    hidden_size: int,
+    intermediate_size: int,
+    num_experts: int,
+    *,
+    backward: bool,
+    saved: bool = False,
+) -> int:
+    """At most this many bytes allocated by one call (bf16; outputs included): the forward's x_s, a, y_s and y
+    (and g, u where saved); the backward's x_s, dy_s, g and u where recomputed, [dg | du], aw, the partials, dX_s
+    and the five gradients."""
+    T, K, H, I, E = num_tokens, top_k, hidden_size, intermediate_size, num_experts
+    slots = T * K
+    if not backward:
+        return 2 * (slots * H + slots * I + slots * H + T * H + (2 * slots * I if saved else 0))
+    recomputed = 0 if saved else 2 * slots * I
+    partials = 4 * slots * -(-I // 64)
+    return 2 * (2 * slots * H + recomputed + 3 * slots * I + slots * H + T * H + T * K + 3 * E * I * H) + partials
+
+
+def _check_memory(device: torch.device, nbytes: int, num_tokens: int, top_k: int) -> None:
+    fits_in_memory(
+        "num_tokens",
+        nbytes,
+        device,
+        f"the outputs and workspaces of {num_tokens} tokens ({num_tokens * top_k} routed slots)",
+    )
+
+
+class _Launches:
+    """The engine's launches of one call: the Gluon kernels with the tiles of :func:`gemm_config` on the GPU, their
+    plain-Triton twins with their small tiles under the interpreter."""
+
+    def __init__(self, num_slots: int, num_experts: int):
+        self.interpreter = interpreter_enabled()
+        self.config = None if self.interpreter else gemm_config(num_slots, num_experts)
+
+    def gemm(self, a, b, offsets, **kwargs):
+        if self.interpreter:
+            return gemm_tl.grouped_gemm_tl(a, b, offsets, **kwargs)
+        config = None if kwargs.get("epilogue") == "dswiglu" else self.config  # dswiglu: its own tiles
+        return gemm_gluon.grouped_gemm(a, b, offsets, config=config, **kwargs)
+
+    def partial_rows(self, intermediate_size: int) -> int:
+        """Rows of dswiglu's routing-weight partials: one per column tile."""
+        config = gemm_tl.SMALL_TILES if self.interpreter else gemm_gluon.default_config("dswiglu")
+        return gemm_gluon.partial_rows(intermediate_size, config)
+
+    def weight_grad(self, problems, offsets, outs):
+        if self.interpreter:
+            return wgrad_tl.grouped_weight_grad_tl(problems, offsets, outs=outs)
+        return wgrad_gluon.grouped_weight_grad(problems, offsets, outs=outs)
+
+
+class _Routed:
+    """The routing of one call in expert order, and the gathers and sums over it."""
+
+    def __init__(self, topk_indices: torch.Tensor, topk_weights: torch.Tensor, num_experts: int):
+        self.num_tokens, self.top_k = topk_indices.shape
+        routing = route_by_expert(topk_indices, num_experts)
+        self.offsets = routing.expert_offsets
+        sorted_slot = routing.sorted_slot.long()
+        self.token_of_row = torch.div(sorted_slot, max(self.top_k, 1), rounding_mode="floor")
+        self.row_of_slot = torch.empty_like(sorted_slot)
+        self.row_of_slot[sorted_slot] = torch.arange(sorted_slot.numel(), device=sorted_slot.device)
+        self.scale = topk_weights.reshape(-1)[sorted_slot].float()  # w_s
+
+    def gather(self, v: torch.Tensor) -> torch.Tensor:
+        """v's rows in expert order, [T·K, cols]."""
+        return v.index_select(0, self.token_of_row)
+
+    def token_sum(self, rows: torch.Tensor) -> torch.Tensor:
+        """[T, cols]: each token's K rows summed in fp32, rounded once."""
+        return sum_slot_rows(rows, self.row_of_slot, self.num_tokens, self.top_k)
+
+
+def forward(
+    hidden_states,
+    topk_indices,
+    topk_weights,
+    gate_weights,
+    up_weights,
+    down_weights,
+    *,
+    save_preactivations: bool = False,
+):
+    """y [T, H] (and, with ``save_preactivations``, (g, u) [T·K, I] each in expert order for :func:`backward`)."""
+    T, H = hidden_states.shape
+    E, I, _ = gate_weights.shape
+    num_slots = T * topk_indices.shape[1]
+    _check_memory(
+        hidden_states.device,
+        allocation_bytes(T, topk_indices.shape[1], H, I, E, backward=False, saved=save_preactivations),
+        T,
+        topk_indices.shape[1],
+    )
+    allocate = runtime.allocate
+    preactivations = None
+    if save_preactivations:
+        preactivations = tuple(
+            allocate((max(num_slots, 1), I), dtype=hidden_states.dtype, device=hidden_states.device) for _ in range(2)
+        )
+    if num_slots == 0:
+        y = allocate((T, H), dtype=hidden_states.dtype, device=hidden_states.device).zero_()
+        return (y, preactivations) if save_preactivations else y
+    launches = _Launches(num_slots, E)
+    routed = _Routed(topk_indices, topk_weights, E)
+    x_s = routed.gather(hidden_states)
+    gate_pre, up_pre = preactivations or (None, None)
+    act = allocate((num_slots, I), dtype=x_s.dtype, device=x_s.device)
+    launches.gemm(
+        x_s, (gate_weights, up_weights), routed.offsets, epilogue="swiglu", out=act, gate_out=gate_pre, up_out=up_pre
+    )
+    del x_s
+    y_s = launches.gemm(
+        act,
+        down_weights,
+        routed.offsets,
+        epilogue="row_scale",
+        scale=routed.scale,
+        out=allocate((num_slots, H), dtype=act.dtype, device=act.device),
+        b_transposed=True,
+    )
+    y = routed.token_sum(y_s)
+    return (y, preactivations) if save_preactivations else y
+
+
+def backward(
+    grad_output,
+    hidden_states,
+    topk_indices,
+    topk_weights,
+    gate_weights,
+    up_weights,
+    down_weights,
+    *,
+    preactivations=None,
+    weight_grads_out=None,
+):
+    """(grad_hidden_states [T, H], grad_topk_weights [T, K], grad_gate [E, I, H], grad_up, grad_down [E, H, I]),
+    freshly allocated (the weight gradients into ``weight_grads_out`` where given); ``preactivations`` (g, u) saved
+    by :func:`forward` on the same routing, else recomputed."""
+    T, H = hidden_states.shape
+    E, I, _ = gate_weights.shape
+    K = topk_indices.shape[1]
+    num_slots = T * K
+    dtype, device = hidden_states.dtype, hidden_states.device
+    _check_memory(device, allocation_bytes(T, K, H, I, E, backward=True, saved=preactivations is not None), T, K)
+    allocate = runtime.allocate
+    if weight_grads_out is None:
+        weight_grads = [
+            allocate((E, I, H), dtype=dtype, device=device),
+            allocate((E, I, H), dtype=dtype, device=device),
+            allocate((E, H, I), dtype=dtype, device=device),
+        ]
+    else:
+        weight_grads = list(weight_grads_out)
+    launches = _Launches(num_slots, E)
+    routed = _Routed(topk_indices, topk_weights, E)
+    x_s = routed.gather(hidden_states)
+    dy_s = routed.gather(grad_output)
+    if preactivations is None:  # the forward's first product again, g and u stored only
+        gate_pre = allocate((num_slots, I), dtype=dtype, device=device)
+        up_pre = allocate((num_slots, I), dtype=dtype, device=device)
+        if num_slots:
+            launches.gemm(
+                x_s, (gate_weights, up_weights), routed.offsets, epilogue="swiglu", gate_out=gate_pre, up_out=up_pre
+            )
+    else:
+        gate_pre, up_pre = (p[:num_slots] for p in preactivations)
+    d_preact = allocate((num_slots, 2 * I), dtype=dtype, device=device)  # [dg | du]
+    dgate, dup = d_preact[:, :I], d_preact[:, I:]
+    scaled_act = allocate((num_slots, I), dtype=dtype, device=device)
+    topk_partial = allocate((launches.partial_rows(I), num_slots), dtype=torch.float32, device=device)
+    if num_slots:
+        launches.gemm(
+            dy_s,
+            down_weights,
+            routed.offsets,
+            epilogue="dswiglu",
+            gate=gate_pre,
+            up=up_pre,
+            scale=routed.scale,
+            dgate_out=dgate,
+            dup_out=dup,
+            scaled_act_out=scaled_act,
+            topk_partial=topk_partial,
+            b_transposed=False,
+        )
+    del gate_pre, up_pre
+    # the weight gradients, also without slots: experts without rows get their zeros here
+    launches.weight_grad([(dgate, x_s), (dup, x_s), (dy_s, scaled_act)], routed.offsets, weight_grads)
+    del x_s, dy_s, scaled_act
+    if num_slots:
+        dx_s = launches.gemm(
+            d_preact,
+            (gate_weights, up_weights),
+            routed.offsets,
+            out=allocate((num_slots, H), dtype=dtype, device=device),
+        )
+        grad_hidden = routed.token_sum(dx_s)
+        grad_topk = topk_partial.sum(dim=0)[routed.row_of_slot].view(T, K).to(topk_weights.dtype)
+    else:
+        grad_hidden = allocate((T, H), dtype=dtype, device=device).zero_()
+        grad_topk = allocate((T, K), dtype=topk_weights.dtype, device=device).zero_()
+    return (grad_hidden, grad_topk, *weight_grads)

@@ -1,0 +1,170 @@
+"""P2's layer on the grouped engine (``moe_lib/moe_experts/engine_layer.py``): forward and backward against float64.
+
+CPU: the engine's plain-Triton twins under the interpreter, at small shapes with ragged and empty experts, every
+output and workspace NaN-filled first, fresh inputs each run. GPU (``gpu``): the Gluon kernels at model-like shapes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import rel_error
+from oracles import moe_experts_forward_dense, moe_experts_grads
+
+from moe_lib import problems
+from moe_lib.engine.gluon_gemm import GemmConfig
+from moe_lib.moe_experts import engine_layer, runtime, slot_sum
+from moe_lib.moe_experts.runtime import Target
+
+TOLERANCE = 2e-2  # bf16 operands and outputs against float64 (relative Frobenius error)
+
+# name: (T, H, I, E, K, routing)
+CASES = {
+    "uniform": (13, 64, 64, 5, 2, "uniform"),
+    "skewed": (24, 64, 128, 7, 3, "skewed"),  # some experts get no rows
+    "hot": (20, 128, 64, 4, 2, "hot"),
+    "K1": (9, 64, 64, 3, 1, "uniform"),
+}
+
+
+def bf16_inputs(T, H, I, E, K, routing, seed, device="cpu") -> dict:
+    inputs = problems.make_inputs(
+        "moe_experts_backward",
+        T,
+        seed=seed,
+        device=device,
+        routing=routing,
+        hidden_size=H,
+        intermediate_size=I,
+        num_experts=E,
+        top_k=K,
+    )
+    for name in ("grad_output", "hidden_states", "gate_weights", "up_weights", "down_weights"):
+        inputs[name] = inputs[name].to(torch.bfloat16)
+    return inputs
+
+
+@pytest.fixture
+def nan_workspaces(monkeypatch):
+    """Every buffer the layer allocates starts as NaN: what comes back was written."""
+
+    def nan_filled(size, *, dtype, device):
+        return torch.full(size, float("nan"), dtype=dtype, device=device)
+
+    monkeypatch.setattr(runtime, "allocate", nan_filled)
+    monkeypatch.setattr(slot_sum, "allocate", nan_filled)
+
+
+def args(inputs: dict) -> tuple:
+    return tuple(
+        inputs[name]
+        for name in ("hidden_states", "topk_indices", "topk_weights", "gate_weights", "up_weights", "down_weights")
+    )
+
+
+def forward_float64(inputs: dict) -> torch.Tensor:
+    return moe_experts_forward_dense(*(t.double() if t.is_floating_point() else t for t in args(inputs)))
+
+
+def test_supports_names_what_it_cannot_take():
+    hopper, ampere = Target(), Target(capability=(8, 0))
+    assert engine_layer.supports(4096, 2048, torch.bfloat16, hopper) is None
+    assert engine_layer.supports(64, 64, torch.bfloat16, Target(interpreter=True)) is None
+    assert "bfloat16" in engine_layer.supports(4096, 2048, torch.float32, hopper)
+    assert "Hopper" in engine_layer.supports(4096, 2048, torch.bfloat16, ampere)
+    assert "hidden_size = 1000" in engine_layer.supports(1000, 2048, torch.bfloat16, hopper)
+    assert "intermediate_size = 1400" in engine_layer.supports(4096, 1400, torch.bfloat16, hopper)
+
+
+def test_gemm_config_by_rows_an_expert():
+    assert engine_layer.gemm_config(8192 * 8, 256) == GemmConfig(128, 128, 64, 5, "pingpong")
+    assert engine_layer.gemm_config(32768 * 8, 256) == GemmConfig(128, 256, 64, 3, "cooperative")
+    assert engine_layer.gemm_config(4096 * 2, 8).consumers == "cooperative"
+    assert engine_layer.gemm_config(0, 0).consumers == "pingpong"
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_backward_against_float64(case, seed, nan_workspaces):
+    T, H, I, E, K, routing = CASES[case]
+    inputs = bf16_inputs(T, H, I, E, K, routing, seed)
+    grads = engine_layer.backward(inputs["grad_output"], *args(inputs))
+    expected = moe_experts_grads(inputs["grad_output"], *args(inputs))
+    names = ("grad_hidden_states", "grad_topk_weights", "grad_gate", "grad_up", "grad_down")
+    for name, out, ref in zip(names, grads, expected, strict=True):
+        assert out.shape == ref.shape, name
+        assert rel_error(out, ref) <= TOLERANCE, (name, rel_error(out, ref))
+    chosen = torch.zeros(E, dtype=torch.bool)
+    chosen[inputs["topk_indices"].reshape(-1).long()] = True
+    for out in grads[2:]:  # experts without rows: exact zeros
+        assert (out[~chosen] == 0).all()
+
+
+@pytest.mark.parametrize("case", ["uniform", "skewed"])
+def test_forward_and_saved_preactivations(case, seed, nan_workspaces):
+    T, H, I, E, K, routing = CASES[case]
+    inputs = bf16_inputs(T, H, I, E, K, routing, seed)
+    y, preactivations = engine_layer.forward(*args(inputs), save_preactivations=True)
+    assert rel_error(y, forward_float64(inputs)) <= TOLERANCE
+    assert torch.equal(y, engine_layer.forward(*args(inputs)))
+    saved = engine_layer.backward(inputs["grad_output"], *args(inputs), preactivations=preactivations)
+    recomputed = engine_layer.backward(inputs["grad_output"], *args(inputs))
+    for a, b in zip(saved, recomputed, strict=True):  # the same g and u, the same arithmetic after them
+        assert torch.equal(a, b)
+
+
+def test_no_tokens(nan_workspaces):
+    inputs = bf16_inputs(0, 64, 64, 4, 2, "uniform", 0)
+    grads = engine_layer.backward(inputs["grad_output"], *args(inputs))
+    assert [tuple(g.shape) for g in grads] == [(0, 64), (0, 2), (4, 64, 64), (4, 64, 64), (4, 64, 64)]
+    assert all((g == 0).all() for g in grads)
+    assert engine_layer.forward(*args(inputs)).shape == (0, 64)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(512, 2048, 768, 128, 8), (300, 4096, 1024, 8, 2), (64, 1024, 512, 64, 6)])
+def test_gpu_against_float64(shape, seed, nan_workspaces):
+    T, H, I, E, K = shape
+    inputs = bf16_inputs(T, H, I, E, K, "uniform", seed, device="cuda")
+    y, preactivations = engine_layer.forward(*args(inputs), save_preactivations=True)
+    assert rel_error(y, forward_float64(inputs)) <= TOLERANCE
+    grads = engine_layer.backward(inputs["grad_output"], *args(inputs), preactivations=preactivations)
+    expected = moe_experts_grads(inputs["grad_output"], *args(inputs))
+    for out, ref in zip(grads, expected, strict=True):
+        assert rel_error(out, ref) <= TOLERANCE
+    again = engine_layer.backward(inputs["grad_output"], *args(inputs))
+    for a, b in zip(grads, again, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_the_public_calls_take_the_engine_where_preferred(seed, nan_workspaces):
+    from moe_lib.moe_experts import moe_experts, moe_experts_backward
+    from moe_lib.moe_experts.structure import preferred
+
+    T, H, I, E, K, routing = CASES["skewed"]
+    inputs = bf16_inputs(T, H, I, E, K, routing, seed)
+    engine = engine_layer.backward(inputs["grad_output"], *args(inputs))
+    with preferred("engine"):
+        public = moe_experts_backward(inputs["grad_output"], *args(inputs), impl="triton")
+        leaves = [
+            inputs[n].detach().requires_grad_()
+            for n in ("hidden_states", "topk_weights", "gate_weights", "up_weights", "down_weights")
+        ]
+        x, w, wg, wu, wd = leaves
+        y = moe_experts(x, inputs["topk_indices"], w, wg, wu, wd, impl="triton", save_activations=True)
+    layer = torch.autograd.grad(y, leaves, inputs["grad_output"])  # outside: the forward's preference holds
+    for a, b, c in zip(engine, public, layer, strict=True):
+        assert torch.equal(a, b) and torch.equal(a, c)
+    assert torch.equal(y, engine_layer.forward(*args(inputs)))
+    kernels = moe_experts_backward(inputs["grad_output"], *args(inputs), impl="triton")  # not preferred: A-W-D-C
+    assert not all(torch.equal(a, b) for a, b in zip(engine, kernels, strict=True))
+
+
+def test_preferred_names_a_bad_structure():
+    from moe_lib.moe_experts.structure import preferred
+
+    with pytest.raises(ValueError, match="structure: expected one of"), preferred("fast"):
+        pass
+    with preferred("engine"), pytest.raises(ValueError, match="structure: 'engine' was asked for, but dtype"):
+        engine_layer.structure(64, 64, torch.float32, Target(interpreter=True))
+    with preferred("kernels"):
+        assert engine_layer.structure(64, 64, torch.bfloat16, Target(interpreter=True)) == "kernels"
