@@ -42,18 +42,30 @@ from .structure import preferred_now
 
 DTYPES = (torch.bfloat16,)  # the engine's operands
 BLOCK_K = 64  # the [E, K, N] operand forms need K (H for dAp, I for dX) a multiple of it
+ENGINE_MIN_ROWS = 64  # the chooser's default: the engine from this many rows an expert on average
 
 
-def structure(hidden_size: int, intermediate_size: int, dtype: torch.dtype, target: runtime.Target) -> str:
-    """Which structure runs a call: the engine's where :func:`.structure.preferred` asks for it (a ValueError saying
-    why where it cannot take the call: an explicit request is not dropped silently), kernels A, W, D and C
+def structure(
+    num_slots: int,
+    num_experts: int,
+    hidden_size: int,
+    intermediate_size: int,
+    dtype: torch.dtype,
+    target: runtime.Target,
+) -> str:
+    """Which structure runs a call of T·K = ``num_slots`` slots: the one :func:`.structure.preferred` asks for (a
+    ValueError saying why where the engine cannot take the call: an explicit request is not dropped silently), else
+    the engine where it runs and experts average at least :data:`ENGINE_MIN_ROWS` rows, kernels A, W, D and C
     otherwise."""
-    if preferred_now() != "engine":
+    asked = preferred_now()
+    if asked == "kernels":
         return "kernels"
     reason = supports(hidden_size, intermediate_size, dtype, target)
-    if reason is not None:
+    if asked == "engine" and reason is not None:
         raise ValueError(f"structure: 'engine' was asked for, but {reason}")
-    return "engine"
+    # below 64 rows an expert kernel A's narrow row blocks beat the engine's 128-row tiles (notes/p2/engine-layer.md)
+    busy = num_slots >= ENGINE_MIN_ROWS * max(num_experts, 1)
+    return "engine" if reason is None and (asked == "engine" or busy) else "kernels"
 
 
 def supports(hidden_size: int, intermediate_size: int, dtype: torch.dtype, target: runtime.Target) -> str | None:

@@ -309,7 +309,7 @@ def moe_experts_backward_triton(
     E, I, _ = gate_weights.shape
     K = topk_indices.shape[1]
     dtype, device = hidden_states.dtype, hidden_states.device
-    if config is None and engine_layer.structure(H, I, dtype, Target.of(device)) == "engine":
+    if config is None and engine_layer.structure(T * K, E, H, I, dtype, Target.of(device)) == "engine":
         if weight_grads_out is not None:
             weight_grads_out = check_weight_grads_out(weight_grads_out, gate_weights, down_weights)
         return engine_layer.backward(
@@ -428,7 +428,7 @@ def moe_experts_forward_triton(
     K = topk_indices.shape[1]
     dtype, device = hidden_states.dtype, hidden_states.device
     num_slots = T * K
-    if config is None and engine_layer.structure(H, I, dtype, Target.of(device)) == "engine":
+    if config is None and engine_layer.structure(num_slots, E, H, I, dtype, Target.of(device)) == "engine":
         return engine_layer.forward(
             hidden_states,
             topk_indices,

@@ -168,6 +168,19 @@ def test_preferred_names_a_bad_structure():
     with pytest.raises(ValueError, match="structure: expected one of"), preferred("fast"):
         pass
     with preferred("engine"), pytest.raises(ValueError, match="structure: 'engine' was asked for, but dtype"):
-        engine_layer.structure(64, 64, torch.float32, Target(interpreter=True))
+        engine_layer.structure(64, 1, 64, 64, torch.float32, Target(interpreter=True))
     with preferred("kernels"):
-        assert engine_layer.structure(64, 64, torch.bfloat16, Target(interpreter=True)) == "kernels"
+        assert engine_layer.structure(10**6, 1, 64, 64, torch.bfloat16, Target(interpreter=True)) == "kernels"
+
+
+def test_the_default_structure_by_rows_an_expert():
+    hopper = Target()
+    # P2's shape from 2048 tokens (64 rows an expert), not DeepSeek-V3's at 512 (16)
+    assert engine_layer.structure(2048 * 8, 256, 4096, 2048, torch.bfloat16, hopper) == "engine"
+    assert engine_layer.structure(2047 * 8, 256, 4096, 2048, torch.bfloat16, hopper) == "kernels"
+    assert engine_layer.structure(512 * 8, 256, 7168, 2048, torch.bfloat16, hopper) == "kernels"
+    assert engine_layer.structure(32768 * 2, 8, 4096, 14336, torch.bfloat16, hopper) == "engine"
+    for dtype in (torch.float32, torch.float16):  # the engine takes bf16 only
+        assert engine_layer.structure(32768 * 8, 256, 4096, 2048, dtype, hopper) == "kernels"
+    assert engine_layer.structure(32768 * 8, 256, 1000, 2048, torch.bfloat16, hopper) == "kernels"
+    assert engine_layer.structure(32768 * 8, 256, 4096, 2048, torch.bfloat16, Target(capability=(8, 0))) == "kernels"
