@@ -91,7 +91,7 @@ def weight_grad_products(
     ``top_k`` None (K unknown) takes every routing weight as 1, the largest a softmax gives."""
     if dtype != torch.float32 or num_slots == 0 or num_experts == 0:
         return PLAIN_PRODUCTS
-    # bf16 operands where their error stays 4 RMS inside the tolerance
+    # bf16 operands where their error stays 4 RMS inside the tolerance (notes/p2/fp32-precision-rule.md)
     margin = bf16_margin(num_slots / num_experts, hidden_size, top_k or 1)
     return PLAIN_PRODUCTS if margin >= BF16_MARGIN else SPLIT_PRODUCTS
 

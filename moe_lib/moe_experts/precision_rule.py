@@ -22,7 +22,8 @@ that g, u and Wdᵀdy ~ N(0, s²) with s = WEIGHT_STD·√H, and w = softmax ove
     dWd = Σ dyᵀ aw   aw = w·silu(g)·u           √E[w²] · s · √E[silu(g)²]
 
 I enters nowhere: it sets how many elements there are, not how large they grow. The expectations are sample means of
-one fixed draw (cached per H and K).
+one fixed draw (cached per H and K). ``scripts/p2/fp32_precision_emulation.py --sweep`` checks the model against the
+arithmetic itself at the model suite's shapes (notes/p2/fp32-precision-rule.md).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ default), kernel W's plain bf16 products and its bf16×3 ones against float64. P
 weight gradients: the rule's z and predicted share (``moe_lib.moe_experts.precision_rule``: from the shape alone),
 the share the error model predicts from the drawn operands themselves (a Gaussian per element with the variance
 2δ²·Σ_p a_pi²·b_pj²), the emulated shares, the emulated output RMS over the predicted one, and the rule's pick.
-Seconds on two cores.
+Seconds on two cores (notes/p2/fp32-precision-rule.md).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 
 FIELD=VALUE overrides a field of the LaunchConfig that ``launch_config`` picks (e.g. block_m=32). ``--split``
 (fp32): kernel A storing the lo halves of dg, du and aw and the pointer-based kernel W multiplying bf16×3, the
-form the chooser takes where the weight gradients would leave the element rule.
+form the chooser takes where the weight gradients would leave the element rule (notes/p2/fp32-precision-rule.md).
 Needs only the triton wheel (its ptxas and cuobjdump); a spill shows as a non-zero STACK.
 """
 

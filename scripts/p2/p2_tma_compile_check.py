@@ -7,7 +7,7 @@ Per case (``dtype:num_tokens`` of the P2 benchmark shape) it compiles both launc
 of the configuration ``choose_tma_weight_grad_config`` picks, and with ``--all-candidates`` every
 candidate that ``scripts/p2/p2_tma_bench.py`` times. ``--split``: the fp32 cases' bf16×3 form instead
 (hi and lo halves of every operand, three products a step, its own tiles), the form the chooser takes
-where the weight gradients would leave the element rule. Per launch:
+where the weight gradients would leave the element rule (notes/p2/fp32-precision-rule.md). Per launch:
 registers and stack (a spill shows as a non-zero STACK), shared memory (flagged above the 227 KB a block
 may use), warps (12 where Triton's warp specialisation took effect: one producer and two consumer warp
 groups), and what the code contains: wgmma, TMA loads (``cp.async.bulk.tensor`` global → shared) and TMA

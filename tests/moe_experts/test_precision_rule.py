@@ -2,7 +2,7 @@
 (``moe_lib.moe_experts.precision_rule``).
 
 - Which products every model shape of the suite takes at each token count, pinned by value, and the model's margin z
-  at the shapes near the border.
+  at the shapes near the border (the sweep behind them: notes/p2/fp32-precision-rule.md).
 - The model against the problem's own inputs, fresh each run: the weight gradients' RMS per √(rows of the expert),
   and the relative error of bf16 operands (√2·δ).
 - The chooser, the launch plan and the workspace accounting carry the choice; products a caller names are checked
