@@ -79,8 +79,9 @@ def p2_backward_steps(
     wb = 4 if split else 2  # bytes of an input, output or weight element
     ob, fb = OPERAND_BYTES, ACCUMULATOR_BYTES
     weight = E * I * H  # elements of one weight tensor
-    choice = choose(S, E, H, I, getattr(torch, dtype), Target())  # on the GPU: Hopper
+    choice = choose(S, E, H, I, getattr(torch, dtype), Target(), top_k=K)  # on the GPU: Hopper
     config = choice.config
+    w_halves = 2 if choice.weight_grad_products == "bf16x3" else 1  # kernel W's operands: hi (and lo) halves
     i_tiles = -(-I // config.block_i)  # kernel A's I-tiles: one routing-weight partial per slot each
     halves = 2 if split else 1  # operand copies of x and dy that kernel A multiplies
     gemm = 2 * S * H * I  # FLOPs of one of the eight per-slot GEMMs
@@ -94,7 +95,7 @@ def p2_backward_steps(
             "A",
             "g, u, Wdᵀdy recomputed per slot; dSwiGLU and the routing-weight partials in the epilogue",
             3 * weight * wb + 2 * halves * T * H * ob + S * wb,
-            3 * S * I * ob + i_tiles * S * fb,
+            3 * w_halves * S * I * ob + i_tiles * S * fb,
             3 * gemm * (3 if split else 1),
             weight_passes=3,
         )
@@ -105,8 +106,8 @@ def p2_backward_steps(
             Step(
                 "gather",
                 "x and dy rows gathered into expert order for kernel W's TMA loads",
-                2 * T * H * ob,
-                2 * S * H * ob,
+                2 * w_halves * T * H * ob,
+                2 * w_halves * S * H * ob,
                 0,
             )
         )
@@ -114,9 +115,9 @@ def p2_backward_steps(
         Step(
             "W",
             "dWg, dWu, dWd: each expert's rows reduced into its weight gradients",
-            3 * S * I * ob + 2 * (S if gathered else T) * H * ob,
+            w_halves * (3 * S * I * ob + 2 * (S if gathered else T) * H * ob),
             3 * weight * wb,
-            3 * gemm,
+            3 * gemm * (3 if w_halves == 2 else 1),  # bf16×3: three products each
             weight_passes=3,
         )
     )

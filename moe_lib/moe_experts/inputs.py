@@ -11,6 +11,7 @@ import torch
 from ..swiglu_down.inputs import normal
 
 ROUTINGS = ("uniform", "skewed", "hot")
+WEIGHT_STD = 0.02  # the expert weights' standard deviation (the benchmark's)
 
 
 def route_tokens(
@@ -57,9 +58,9 @@ def make_inputs(
     topk_indices = route_tokens(T, E, K, routing=routing, device=device, generator=generator)
     logits_dtype = torch.float32 if topk_dtype != torch.float64 else topk_dtype
     topk_weights = torch.softmax(normal((T, K), 1.0, logits_dtype, device, generator), dim=-1).to(topk_dtype)
-    gate_weights = normal((E, I, H), 0.02, dtype, device, generator)
-    up_weights = normal((E, I, H), 0.02, dtype, device, generator)
-    down_weights = normal((E, H, I), 0.02, dtype, device, generator)
+    gate_weights = normal((E, I, H), WEIGHT_STD, dtype, device, generator)
+    up_weights = normal((E, I, H), WEIGHT_STD, dtype, device, generator)
+    down_weights = normal((E, H, I), WEIGHT_STD, dtype, device, generator)
     return dict(
         grad_output=grad_output,
         hidden_states=hidden_states,

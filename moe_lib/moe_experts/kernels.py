@@ -22,8 +22,8 @@ Dataflow, five steps, no host synchronisation (CUDA-graph capturable), no float 
        r, r + R, … (rows gathered through sorted_slot inside the loads). The weight tile is the
        large M side of the product and the expert's rows the small N side, so a row block can be
        as narrow as the expert is busy. Epilogue: dSwiGLU and the routing-weight gradient. Writes
-       dg, du, aw to [T·K, I] workspaces (rows in sorted order) and ⟨dAp, a⟩ restricted to the
-       I-tile to a [n_I_tiles, T·K] workspace.
+       dg, du, aw to [T·K, I] workspaces (rows in sorted order; with kernel W's bf16×3 products also
+       their lo halves) and ⟨dAp, a⟩ restricted to the I-tile to a [n_I_tiles, T·K] workspace.
     2. kernel W, programs (expert e, I-tile, H-tile): dWg_e, dWu_e and dWd_e on that tile, each
        reduced over all the expert's rows, written once (exact zeros for an expert with no rows).
     3. kernel D, programs (expert e, H-tile, row split r): dX_slotᵀ = Wg_e[:, H-tile]ᵀ·dgᵀ +
@@ -41,10 +41,13 @@ known cost above the floor (fp32: 17.2 GB on top of 51.5 GB at the benchmark's s
 
 Precision. fp32 interface: g, u and dAp as bf16×3 products (v = hi + lo with hi = bf16(v),
 lo = bf16(v − hi); a·b ≈ hi·hi + hi·lo + lo·hi, fp32 accumulators), which grad_topk_weights needs
-to pass the benchmark's element rule; the weight gradients and dX use plain bf16 products (x, dy and
-the weights rounded to bf16) with fp32 accumulation (dg, du and aw are stored in bf16). 16-bit
+to pass the benchmark's element rule; dX uses plain bf16 products (dg, du and the weights rounded to
+bf16) with fp32 accumulation. The weight gradients take plain bf16 products (x, dy, dg, du, aw
+rounded) where the chooser predicts them within the element rule with a margin, and bf16×3 products
+where it does not (many rows per expert: :mod:`.precision_rule`): kernel A then stores the lo halves
+of dg, du and aw too (``STORE_LO``) and kernel W multiplies hi and lo halves (``SPLIT``). 16-bit
 interfaces (bf16, fp16): plain products in the input dtype with fp32 accumulation everywhere.
-``SPLIT_PRECISION`` selects the split. Under ``TRITON_INTERPRET=1`` (CPU) the interpreter's bf16
+``SPLIT_PRECISION`` selects kernel A's split. Under ``TRITON_INTERPRET=1`` (CPU) the interpreter's bf16
 dot is wrong and its fp32→bf16 cast truncates, so ``INTERPRETER`` makes the kernels round to bf16
 by hand and multiply the (already rounded) operands in fp32: the same numbers the GPU multiplies.
 """
@@ -86,6 +89,16 @@ def split_operand(v, OPERAND_DTYPE: tl.constexpr, SPLIT_PRECISION: tl.constexpr,
 
 
 @triton.jit
+def store_halves(hi_ptr, lo_ptr, offsets, v, mask, OPERAND_DTYPE: tl.constexpr, STORE_LO: tl.constexpr,
+                 INTERPRETER: tl.constexpr):
+    """Stores hi = v rounded to OPERAND_DTYPE at hi_ptr and, with STORE_LO, lo = the rounded rest v − hi at lo_ptr."""
+    hi = round_to(v, OPERAND_DTYPE, INTERPRETER)
+    tl.store(hi_ptr + offsets, hi, mask=mask)
+    if STORE_LO:
+        tl.store(lo_ptr + offsets, round_to(v - hi.to(tl.float32), OPERAND_DTYPE, INTERPRETER), mask=mask)
+
+
+@triton.jit
 def expert_tile(pid, num_tiles, ROW_SPLIT):
     """Program id -> (expert, tile, r). The R programs of one (expert, tile) are adjacent (they
     stream the same weight tiles), and the tiles of one expert follow each other (they read the
@@ -115,6 +128,9 @@ def swiglu_grad_kernel(
     dgate_ptr,  # out [T·K, I] dg, row = sorted position, OPERAND_DTYPE
     dup_ptr,  # out [T·K, I] du, row = sorted position, OPERAND_DTYPE
     scaled_act_ptr,  # out [T·K, I] aw = w·a, row = sorted position, OPERAND_DTYPE
+    dgate_lo_ptr,  # out [T·K, I] dg − dg's hi, rounded, like dgate (STORE_LO), else unused
+    dup_lo_ptr,  # out [T·K, I] du's lo half (STORE_LO), else unused
+    scaled_act_lo_ptr,  # out [T·K, I] aw's lo half (STORE_LO), else unused
     topk_partial_ptr,  # out [n_I_tiles, T·K] fp32: ⟨dAp, a⟩ over one I-tile, column = slot
     gate_pre_ptr,  # [T·K, I] g = Wg_e x, row = sorted position, input dtype: written (PREACT 1) or read (2)
     up_pre_ptr,  # [T·K, I] u = Wu_e x, likewise
@@ -128,6 +144,7 @@ def swiglu_grad_kernel(
     SPLIT_PRECISION: tl.constexpr,  # bf16×3 products for g, u and dAp (fp32 interface)
     FORWARD_ONLY: tl.constexpr,  # the layer's forward: only aw = w·a is computed and stored (dy unused)
     PREACT: tl.constexpr,  # g and u: 0 computed; 1 computed and stored (a forward that saves them); 2 read back
+    STORE_LO: tl.constexpr,  # also the lo halves of dg, du and aw (kernel W's bf16×3 products)
     INTERPRETER: tl.constexpr,
     BLOCK_I: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
@@ -210,11 +227,11 @@ def swiglu_grad_kernel(
             tl.store(topk_partial_ptr + i_tile * num_slots + slots, tl.sum(dap * act, axis=0), mask=row_ok)
             da = w[None, :] * dap
             dg = da * u * sig * (1.0 + g * (1.0 - sig))
+            store_halves(dgate_ptr, dgate_lo_ptr, out_offsets, dg, out_mask, OPERAND_DTYPE, STORE_LO, INTERPRETER)
             du = da * silu
-        if not FORWARD_ONLY:
-            tl.store(dgate_ptr + out_offsets, round_to(dg, OPERAND_DTYPE, INTERPRETER), mask=out_mask)
-            tl.store(dup_ptr + out_offsets, round_to(du, OPERAND_DTYPE, INTERPRETER), mask=out_mask)
-        tl.store(scaled_act_ptr + out_offsets, round_to(w[None, :] * act, OPERAND_DTYPE, INTERPRETER), mask=out_mask)
+            store_halves(dup_ptr, dup_lo_ptr, out_offsets, du, out_mask, OPERAND_DTYPE, STORE_LO, INTERPRETER)
+        store_halves(scaled_act_ptr, scaled_act_lo_ptr, out_offsets, w[None, :] * act, out_mask, OPERAND_DTYPE,
+                     STORE_LO, INTERPRETER)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -222,10 +239,25 @@ def swiglu_grad_kernel(
 
 
 @triton.jit
+def split_product(a_ptr, a_lo_ptr, a_t_offsets, a_t_mask, b, b_lo, acc, SPLIT: tl.constexpr,
+                  INTERPRETER: tl.constexpr):
+    """acc + aᵀ·b for the [BLOCK_M, BLOCK_ROWS] tile aᵀ at a_t_offsets; with SPLIT as bf16×3, the two small cross
+    terms a_loᵀ·b_hi and a_hiᵀ·b_lo first."""
+    a = tl.load(a_ptr + a_t_offsets, mask=a_t_mask, other=0.0)
+    if SPLIT:
+        acc = dot16(tl.load(a_lo_ptr + a_t_offsets, mask=a_t_mask, other=0.0), b, acc, INTERPRETER)
+        acc = dot16(a, b_lo, acc, INTERPRETER)
+    return dot16(a, b, acc, INTERPRETER)
+
+
+@triton.jit
 def expert_weight_grad_kernel(
     a_ptr,  # rows of A, [*, size_m]: row = token (A_BY_TOKEN) or sorted position
     a2_ptr,  # rows of a second A of the same shape (TWO_OUTPUTS), else unused
     b_ptr,  # rows of B, [*, size_n]: row = token (B_BY_TOKEN) or sorted position
+    a_lo_ptr,  # A's lo half, laid out like A (SPLIT), else unused
+    a2_lo_ptr,  # A2's lo half (SPLIT and TWO_OUTPUTS), else unused
+    b_lo_ptr,  # B's lo half, laid out like B (SPLIT), else unused
     out_ptr,  # out [E, size_m, size_n]: out_e = Σ over the expert's rows of aᵀ b, output dtype
     out2_ptr,  # out [E, size_m, size_n]: Σ a2ᵀ b (TWO_OUTPUTS), else unused
     sorted_slot_ptr,  # [T·K] int32: slot ids in expert order
@@ -236,7 +268,9 @@ def expert_weight_grad_kernel(
     num_m_tiles,  # cdiv(size_m, BLOCK_M)
     num_n_tiles,  # cdiv(size_n, BLOCK_N)
     N_TILES_PER_PROGRAM,  # output tiles along N one program writes, one after the other
-    A_BY_TOKEN: tl.constexpr, B_BY_TOKEN: tl.constexpr, TWO_OUTPUTS: tl.constexpr, INTERPRETER: tl.constexpr,
+    A_BY_TOKEN: tl.constexpr, B_BY_TOKEN: tl.constexpr, TWO_OUTPUTS: tl.constexpr,
+    SPLIT: tl.constexpr,  # bf16×3 products: a_loᵀ b_hi + a_hiᵀ b_lo + a_hiᵀ b_hi
+    INTERPRETER: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_ROWS: tl.constexpr,
 ):
     # Launched twice: dWg_e = Σ dgᵀ x and dWu_e = Σ duᵀ x (A = dg, A2 = du, B = x, [I, H]), then
@@ -275,10 +309,16 @@ def expert_weight_grad_kernel(
         # [BLOCK_M, BLOCK_ROWS] transposed tile of A, [BLOCK_ROWS, BLOCK_N] tile of B
         a_t_offsets = a_rows[None, :] * size_m + ms[:, None]
         a_t_mask = m_ok[:, None] & row_ok[None, :]
-        b = tl.load(b_ptr + b_rows[:, None] * size_n + ns[None, :], mask=row_ok[:, None] & n_ok[None, :], other=0.0)
-        acc = dot16(tl.load(a_ptr + a_t_offsets, mask=a_t_mask, other=0.0), b, acc, INTERPRETER)
+        b_offsets = b_rows[:, None] * size_n + ns[None, :]
+        b_mask = row_ok[:, None] & n_ok[None, :]
+        b = tl.load(b_ptr + b_offsets, mask=b_mask, other=0.0)
+        if SPLIT:
+            b_lo = tl.load(b_lo_ptr + b_offsets, mask=b_mask, other=0.0)
+        else:
+            b_lo = b  # unused
+        acc = split_product(a_ptr, a_lo_ptr, a_t_offsets, a_t_mask, b, b_lo, acc, SPLIT, INTERPRETER)
         if TWO_OUTPUTS:
-            acc2 = dot16(tl.load(a2_ptr + a_t_offsets, mask=a_t_mask, other=0.0), b, acc2, INTERPRETER)
+            acc2 = split_product(a2_ptr, a2_lo_ptr, a_t_offsets, a_t_mask, b, b_lo, acc2, SPLIT, INTERPRETER)
         if block == num_row_blocks - 1:  # the tile is complete: write it once
             out_offsets = out_offset + ms[:, None] * size_n + ns[None, :]
             out_mask = m_ok[:, None] & n_ok[None, :]

@@ -12,6 +12,11 @@ Workspace (freed when the call returns; outputs are freshly allocated and fully 
     routing           T·K int32 + E + 1 int32, and torch.sort's int64 outputs (2 · T·K)
 At the benchmark's shape (H = 4096, I = 2048, E = 256, K = 8) and T = 8192 (T·K = 65536):
 768 MiB + 1 GiB + 1 GiB + 256 MiB + 8 MiB + 1.3 MiB ≈ 3.0 GiB; at T = 2048, ≈ 0.75 GiB.
+Where kernel W multiplies bf16×3 (fp32 inputs with many rows per expert: :func:`~.choose.weight_grad_products`),
+the lo halves add to these:
+    dg, du, aw lo     3 · T·K · I   bf16
+    x, dy lo sorted   2 · T·K · H   bf16 (the TMA-fed kernel W's)
+At Mixtral-8x7B's shape (H = 4096, I = 14336, E = 8, K = 2) and T = 4096 (T·K = 8192): 672 MiB + 128 MiB more.
 
 Predicted DRAM traffic at the benchmark's shape, T = 2048, with the weights read once per kernel:
 fp32: A reads Wg, Wu, Wd (25.8 GB), W writes dWg, dWu, dWd (25.8 GB), D reads Wg, Wu (17.2 GB);
@@ -33,6 +38,8 @@ from .config import KernelLaunch, LaunchConfig
 from .routing import route_by_expert
 from .runtime import (
     OPERAND_DTYPES,
+    PLAIN_PRODUCTS,
+    SPLIT_PRODUCTS,
     WORKSPACE_DTYPES,
     Target,
     default_persistent_programs,
@@ -62,20 +69,21 @@ def launch_plan(
     choice = config
     if isinstance(config, LaunchConfig):  # bf16 and fp16 take the same designs
         dtype = torch.float32 if weight_bytes == 4 else torch.bfloat16
-        choice = choose(T * K, E, H, I, dtype, Target(interpreter=interpreter_enabled()), config=config)
+        choice = choose(T * K, E, H, I, dtype, Target(interpreter=interpreter_enabled()), config=config, top_k=K)
     config = choice.config
     launched = T * K > 0
     num_programs = num_programs or default_persistent_programs()
+    split = choice.weight_grad_products == SPLIT_PRODUCTS
     plan = {}
     plan["A"] = KernelLaunch(
         "A",
         {"experts": E, "I-tiles": cdiv(I, config.block_i), "row split": config.row_split},
         f"gᵀ, uᵀ, (Wdᵀdy)ᵀ on an I-tile of {config.block_i} (M side) for row blocks r, r+R, … of "
         f"{config.block_m} rows (N side), over H in steps of {config.block_h}; dSwiGLU and ⟨Wdᵀdy, a⟩ in the "
-        "epilogue",
+        "epilogue" + ("; dg, du, aw stored as bf16 hi and lo halves" if split else ""),
         launched,
     )
-    plan |= choice.weight_grad.plan(E, H, I, config, num_programs)
+    plan |= choice.weight_grad.plan(E, H, I, config, num_programs, products=choice.weight_grad_products)
     plan["D"] = choice.slot_projection.plan(E, H, I, config, num_programs, launched)
     plan["C"] = KernelLaunch(
         "C",
@@ -109,14 +117,17 @@ def launch_swiglu_grad(
     forward_only: bool,
     preactivations=None,
     preact=PREACT_COMPUTED,
+    lo_workspaces=None,
 ):
     """Kernel A over every (expert, I-tile, row split); ``forward_only`` stores aw alone (dy unused);
     ``preactivations`` (g, u), each [T·K, I] by sorted position, written (PREACT_STORED) or read
-    instead of recomputed (PREACT_READ)."""
+    instead of recomputed (PREACT_READ); ``lo_workspaces`` (dg_lo, du_lo, aw_lo), laid out as dgate, dup and
+    scaled_act: where given, the lo halves are stored there (kernel W's bf16×3 products)."""
     H = x_halves[0].shape[1]
     I = gate_weights.shape[1]
     num_slots, top_k = topk_weights.numel(), topk_weights.shape[1]
     gate_pre, up_pre = preactivations if preactivations is not None else (scaled_act, scaled_act)
+    store_lo = lo_workspaces is not None
     kernels.swiglu_grad_kernel[(plan["A"].programs,)](
         *x_halves,
         *dy_halves,
@@ -129,6 +140,7 @@ def launch_swiglu_grad(
         dgate,
         dup,
         scaled_act,
+        *(lo_workspaces if store_lo else (dgate, dup, scaled_act)),  # unused without STORE_LO
         topk_partial,
         gate_pre,
         up_pre,
@@ -142,6 +154,7 @@ def launch_swiglu_grad(
         SPLIT_PRECISION=gate_weights.dtype == torch.float32,
         FORWARD_ONLY=forward_only,
         PREACT=preact,
+        STORE_LO=store_lo,
         INTERPRETER=interpreter_enabled(),
         BLOCK_I=config.block_i,
         BLOCK_M=config.block_m,
@@ -186,8 +199,9 @@ def allocation_bytes(
     forward_only: bool = False,
     save_preactivations: bool = False,
 ) -> int:
-    """Bytes of the outputs and workspaces one call allocates (the table in this module's docstring; a
-    forward that saves the pre-activations adds 2 · T·K · I in the hidden dtype)."""
+    """Bytes of the outputs and workspaces one call allocates (the table in this module's docstring, with the lo
+    halves where ``choice`` has kernel W multiply bf16×3; a forward that saves the pre-activations adds 2 · T·K · I
+    in the hidden dtype)."""
     T, H = hidden_states.shape
     E, I, _ = gate_weights.shape
     K = topk_indices.shape[1]
@@ -200,12 +214,13 @@ def allocation_bytes(
         saved = 2 * slots * I * item if save_preactivations else 0
         return T * H * item + slots * I * workspace_item + slots * H * 4 + halves + routing + saved
     outputs = (T * H + 3 * E * I * H) * item + T * K * topk_weights.element_size()
+    split = choice.weight_grad_products == SPLIT_PRODUCTS
     workspaces = (
-        3 * slots * I * workspace_item
+        (6 if split else 3) * slots * I * workspace_item  # dg, du, aw (and their lo halves)
         + cdiv(I, choice.config.block_i) * slots * 4
         + slots * H * 4
         + 2 * halves
-        + choice.weight_grad.workspace_bytes(slots, H, workspace_item)
+        + choice.weight_grad.workspace_bytes(slots, H, workspace_item, split=split)
     )
     return outputs + workspaces + routing
 
@@ -262,15 +277,17 @@ def check_weight_grads_out(weight_grads_out, gate_weights, down_weights) -> tupl
     return tuple(weight_grads_out)
 
 
-def choose_for(hidden_states, topk_indices, gate_weights, up_weights, down_weights, config) -> Choice:
-    """The chooser's answer for these inputs (``config``: tiles given by the caller, or None)."""
+def choose_for(hidden_states, topk_indices, gate_weights, up_weights, down_weights, config, products=None) -> Choice:
+    """The chooser's answer for these inputs (``config``: tiles given by the caller, or None; ``products``: kernel
+    W's products given by the caller, or None)."""
     if config is not None and not isinstance(config, LaunchConfig):
         raise TypeError(f"config: expected a LaunchConfig or None, got {type(config).__name__}")
     T, H = hidden_states.shape
     E, I, _ = gate_weights.shape
+    K = topk_indices.shape[1]
     aligned = all(w.data_ptr() % 16 == 0 for w in (gate_weights, up_weights, down_weights))
     return choose(
-        T * topk_indices.shape[1],
+        T * K,
         E,
         H,
         I,
@@ -278,6 +295,8 @@ def choose_for(hidden_states, topk_indices, gate_weights, up_weights, down_weigh
         Target.of(hidden_states.device),
         config=config,
         weights_aligned=aligned,
+        top_k=K,
+        products=products,
     )
 
 
@@ -293,6 +312,7 @@ def moe_experts_backward_triton(
     config: LaunchConfig | None = None,
     preactivations=None,
     weight_grads_out=None,
+    products: str | None = None,
 ):
     """P2 with the Triton kernels; inputs already validated and contiguous (see :mod:`.api`).
 
@@ -303,13 +323,19 @@ def moe_experts_backward_triton(
     set of experts' gradients) that the weight gradients are written into and returned as. ``config``
     overrides the tile sizes (default: :func:`~.choose.launch_config`'s); ``preactivations`` (g, u) saved by
     :func:`moe_experts_forward_triton` on the same routing are read instead of recomputed (kernel A then does
-    one product of three).
+    one product of three). ``products`` overrides kernel W's ("plain" or "bf16x3", fp32 inputs only; default:
+    :func:`~.choose.weight_grad_products`'s rule).
     """
     T, H = hidden_states.shape
     E, I, _ = gate_weights.shape
     K = topk_indices.shape[1]
     dtype, device = hidden_states.dtype, hidden_states.device
-    if config is None and engine_layer.structure(T * K, E, H, I, dtype, Target.of(device)) == "engine":
+    # kernel W's products named by the caller ask for kernels A, W, D and C
+    if (
+        config is None
+        and products is None
+        and engine_layer.structure(T * K, E, H, I, dtype, Target.of(device)) == "engine"
+    ):
         if weight_grads_out is not None:
             weight_grads_out = check_weight_grads_out(weight_grads_out, gate_weights, down_weights)
         return engine_layer.backward(
@@ -324,7 +350,7 @@ def moe_experts_backward_triton(
             weight_grads_out=weight_grads_out,
         )
     num_slots = T * K
-    choice = choose_for(hidden_states, topk_indices, gate_weights, up_weights, down_weights, config)
+    choice = choose_for(hidden_states, topk_indices, gate_weights, up_weights, down_weights, config, products)
     config, programs = choice.config, persistent_programs(device)
     plan = launch_plan(T, H, I, E, K, choice, num_programs=programs)
     split_precision = dtype == torch.float32
@@ -350,6 +376,9 @@ def moe_experts_backward_triton(
     dx_slot = allocate((ws_rows, H), dtype=torch.float32, device=device)
     x_halves = operand_halves(hidden_states, split_precision, workspace_dtype)
     dy_halves = operand_halves(grad_output, split_precision, workspace_dtype)
+    lo_workspaces = None
+    if choice.weight_grad_products == SPLIT_PRODUCTS:  # kernel W's bf16×3 products: dg, du and aw's lo halves
+        lo_workspaces = tuple(allocate((ws_rows, I), dtype=workspace_dtype, device=device) for _ in range(3))
 
     if num_slots > 0:
         launch_swiglu_grad(
@@ -369,6 +398,7 @@ def moe_experts_backward_triton(
             forward_only=False,
             preactivations=preactivations,
             preact=PREACT_COMPUTED if preactivations is None else PREACT_READ,
+            lo_workspaces=lo_workspaces,
         )
     # kernel W runs also without slots: it writes the zeros of experts without rows
     choice.weight_grad.run(
@@ -384,6 +414,7 @@ def moe_experts_backward_triton(
         grad_up,
         grad_down,
         num_programs=programs,
+        lo_halves=None if lo_workspaces is None else (x_halves[1], dy_halves[1], *lo_workspaces),
     )
     if num_slots > 0:
         # dX_slot = Wg_eᵀ dg + Wu_eᵀ du: Wg[e][i, h] at i·H + h
@@ -438,7 +469,8 @@ def moe_experts_forward_triton(
             down_weights,
             save_preactivations=save_preactivations,
         )
-    choice = choose_for(hidden_states, topk_indices, gate_weights, up_weights, down_weights, config)
+    # the forward runs no kernel W: plain products, whatever its backward will multiply
+    choice = choose_for(hidden_states, topk_indices, gate_weights, up_weights, down_weights, config, PLAIN_PRODUCTS)
     config, programs = choice.config, persistent_programs(device)
     check_memory(
         hidden_states,

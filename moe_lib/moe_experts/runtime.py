@@ -21,6 +21,10 @@ allocate = torch.empty
 OPERAND_DTYPES = {torch.float32: tl.bfloat16, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 # the dtype of kernel A's dg, du, aw workspaces and of the operands kernels W and D read, per interface dtype
 WORKSPACE_DTYPES = {torch.float32: torch.bfloat16, torch.bfloat16: torch.bfloat16, torch.float16: torch.float16}
+# kernel W's products: "plain", one product of operands in the workspace dtype; "bf16x3" (fp32 inputs), hi·hi +
+# hi·lo + lo·hi of bf16 halves v = hi + lo of x, dy, dg, du and aw (kernel A then also stores dg, du, aw's lo halves)
+PLAIN_PRODUCTS, SPLIT_PRODUCTS = "plain", "bf16x3"
+WEIGHT_GRAD_PRODUCTS = (PLAIN_PRODUCTS, SPLIT_PRODUCTS)
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,13 @@ class Target:
 def operand_halves(v: torch.Tensor, split_precision: bool, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """Kernel A's (hi, lo) view of x or dy: bf16 halves for fp32 inputs, the 16-bit tensor itself twice otherwise."""
     return split_halves(v, dtype) if split_precision else (v, v)
+
+
+def products_text(products: str) -> str:
+    """What a launch plan adds for kernel W's ``products``: nothing for plain ones."""
+    if products not in WEIGHT_GRAD_PRODUCTS:
+        raise ValueError(f"products: expected one of {WEIGHT_GRAD_PRODUCTS}, got {products!r}")
+    return ", as bf16×3 products of hi and lo halves (hi·hi + hi·lo + lo·hi)" if products == SPLIT_PRODUCTS else ""
 
 
 def default_persistent_programs() -> int:

@@ -12,6 +12,13 @@ multiplies), and dg, du, aw are kernel A's [T·K, I] workspaces, already in sort
 operand of expert e is then the contiguous block of rows [o_e, o_e + n_e) of a row-major matrix, and
 each output out_e = A_eᵀ B_e is a GEMM whose reduction length (n_e) varies per expert.
 
+Products (``SPLIT``). Plain: one product of the 16-bit operands per step, out_e = A_eᵀ B_e. bf16×3 (fp32 inputs
+whose weight gradients grow past the element rule's tolerance with bf16 operands, :mod:`.precision_rule`):
+every operand also comes as its lo half, v = hi + lo with hi = bf16(v) and lo = bf16(v − hi) (x_s and dy_s
+gathered from the split x and dy, dg, du and aw's lo halves stored by kernel A), and each step adds
+A_loᵀ B_hi + A_hiᵀ B_lo, then A_hiᵀ B_hi: a term's error falls from about 2⁻⁸ of it (one rounding of each
+operand) to about 2⁻¹⁶, for three times the tensor-core work and twice the operand tiles per step.
+
 One persistent launch per GEMM family (``NUM_PROGRAMS`` programs, the number of SMs), its programs
 split into G = ``EXPERT_GROUPS`` groups of P_g = NUM_PROGRAMS / G: group g takes the experts
 e ≡ g (mod G) in order, numbers their tiles — (M-tile, N-tile) of the [size_m, size_n] output
@@ -34,6 +41,7 @@ Two families, two launches of one kernel:
     gate/up: A = dg and A2 = du, B = x_s, two 128×128 fp32 accumulators per tile (x_s is loaded once
              for both products: the "two outputs in one launch" of the pointer-based kernel W);
     down:    A = dy_s, B = aw, one accumulator (128×256 tiles for 16-bit outputs, 128×128 for fp32).
+With bf16×3 products a step of gate/up loads six tiles (dg, du, x_s, each hi and lo) and down four.
 They differ in the number of operands, accumulators and tile shapes; one launch covering both would
 compile both bodies into one loop (the registers and shared memory of the larger for every tile) and
 would not warp-specialise, so the two families run back to back in the same stream (the first one's
@@ -102,10 +110,24 @@ def store_tile(out_ptr, out_desc, acc, out_offset, m0, n0, size_m, size_n, TMA_S
 
 
 @triton.jit
+def step_product(a_desc, a_lo_desc, b, b_lo, row, m0, acc, SPLIT: tl.constexpr, INTERPRETER: tl.constexpr):
+    """acc + Aᵀ·B over the step of rows from ``row``, A's [BLOCK_ROWS, BLOCK_M] block at column m0 used transposed;
+    with SPLIT as bf16×3, the two small cross terms A_loᵀ·B_hi and A_hiᵀ·B_lo first."""
+    a = a_desc.load([row, m0]).T
+    if SPLIT:
+        acc = dot16(a_lo_desc.load([row, m0]).T, b, acc, INTERPRETER)
+        acc = dot16(a, b_lo, acc, INTERPRETER)
+    return dot16(a, b, acc, INTERPRETER)
+
+
+@triton.jit
 def grouped_weight_grad_kernel(
     a_ptr,  # [T·K, size_m] A, row p = p-th sorted slot: dg (gate/up family) or dy_s (down), 16-bit
     a2_ptr,  # [T·K, size_m] A2 = du (TWO_OUTPUTS), else unused
     b_ptr,  # [T·K, size_n] B, row p = p-th sorted slot: x_s (gate/up) or aw (down), like A
+    a_lo_ptr,  # [T·K, size_m] A's lo half (SPLIT), else unused
+    a2_lo_ptr,  # [T·K, size_m] A2's lo half (SPLIT and TWO_OUTPUTS), else unused
+    b_lo_ptr,  # [T·K, size_n] B's lo half (SPLIT), else unused
     out_ptr,  # out [E, size_m, size_n]: out_e = A_eᵀ B_e over the expert's rows, output dtype
     out2_ptr,  # out [E, size_m, size_n]: A2_eᵀ B_e (TWO_OUTPUTS), else unused
     expert_offsets_ptr,  # [E + 1] int32: first sorted position of each expert, then T·K
@@ -113,6 +135,7 @@ def grouped_weight_grad_kernel(
     size_m,  # columns of A: rows of each expert's output (I for gate/up, H for down)
     size_n,  # columns of B: columns of each expert's output (H for gate/up, I for down)
     TWO_OUTPUTS: tl.constexpr,  # also out2 = A2ᵀ B, with B loaded once for both
+    SPLIT: tl.constexpr,  # bf16×3 products of the hi and lo halves: A_loᵀ B_hi + A_hiᵀ B_lo + A_hiᵀ B_hi
     NUM_PROGRAMS: tl.constexpr,  # programs of the launch (a multiple of EXPERT_GROUPS)
     EXPERT_GROUPS: tl.constexpr,  # G: groups of NUM_PROGRAMS / G programs, each on its own experts e ≡ g (mod G)
     WARP_SPECIALIZE: tl.constexpr,  # tile loop with Triton's producer/consumer warp groups (num_warps=4)
@@ -143,6 +166,20 @@ def grouped_weight_grad_kernel(
             a2_desc = a_desc  # unused
         b_desc = tl.make_tensor_descriptor(b_ptr + first_row * size_n, shape=[desc_rows, size_n],
                                            strides=[size_n, 1], block_shape=[BLOCK_ROWS, BLOCK_N])
+        if SPLIT:  # the lo halves, over the same rows
+            a_lo_desc = tl.make_tensor_descriptor(a_lo_ptr + first_row * size_m, shape=[desc_rows, size_m],
+                                                  strides=[size_m, 1], block_shape=[BLOCK_ROWS, BLOCK_M])
+            if TWO_OUTPUTS:
+                a2_lo_desc = tl.make_tensor_descriptor(a2_lo_ptr + first_row * size_m, shape=[desc_rows, size_m],
+                                                       strides=[size_m, 1], block_shape=[BLOCK_ROWS, BLOCK_M])
+            else:
+                a2_lo_desc = a_lo_desc  # unused
+            b_lo_desc = tl.make_tensor_descriptor(b_lo_ptr + first_row * size_n, shape=[desc_rows, size_n],
+                                                  strides=[size_n, 1], block_shape=[BLOCK_ROWS, BLOCK_N])
+        else:  # unused
+            a_lo_desc = a_desc
+            a2_lo_desc = a2_desc
+            b_lo_desc = b_desc
         out_offset = tl.cast(expert, tl.int64) * size_m * size_n
         if TMA_STORE:  # the expert's [size_m, size_n] outputs
             out_desc = tl.make_tensor_descriptor(out_ptr + out_offset, shape=[size_m, size_n], strides=[size_n, 1],
@@ -171,9 +208,14 @@ def grouped_weight_grad_kernel(
                 for step in range(0, num_steps):
                     # [BLOCK_ROWS, BLOCK_N] block of B, [BLOCK_ROWS, BLOCK_M] blocks of A used transposed
                     b = b_desc.load([step * BLOCK_ROWS, n0])
-                    acc = dot16(a_desc.load([step * BLOCK_ROWS, m0]).T, b, acc, INTERPRETER)
+                    if SPLIT:
+                        b_lo = b_lo_desc.load([step * BLOCK_ROWS, n0])
+                    else:
+                        b_lo = b  # unused
+                    acc = step_product(a_desc, a_lo_desc, b, b_lo, step * BLOCK_ROWS, m0, acc, SPLIT, INTERPRETER)
                     if TWO_OUTPUTS:
-                        acc2 = dot16(a2_desc.load([step * BLOCK_ROWS, m0]).T, b, acc2, INTERPRETER)
+                        acc2 = step_product(a2_desc, a2_lo_desc, b, b_lo, step * BLOCK_ROWS, m0, acc2, SPLIT,
+                                            INTERPRETER)
                 store_tile(out_ptr, out_desc, acc, out_offset, m0, n0, size_m, size_n, TMA_STORE, INTERPRETER,
                            BLOCK_M, BLOCK_N)
                 if TWO_OUTPUTS:
@@ -202,9 +244,13 @@ def grouped_weight_grad_kernel(
                 m0 = tile // num_n_tiles * BLOCK_M
                 n0 = tile % num_n_tiles * BLOCK_N
                 b = b_desc.load([step * BLOCK_ROWS, n0])
-                acc = dot16(a_desc.load([step * BLOCK_ROWS, m0]).T, b, acc, INTERPRETER)
+                if SPLIT:
+                    b_lo = b_lo_desc.load([step * BLOCK_ROWS, n0])
+                else:
+                    b_lo = b  # unused
+                acc = step_product(a_desc, a_lo_desc, b, b_lo, step * BLOCK_ROWS, m0, acc, SPLIT, INTERPRETER)
                 if TWO_OUTPUTS:
-                    acc2 = dot16(a2_desc.load([step * BLOCK_ROWS, m0]).T, b, acc2, INTERPRETER)
+                    acc2 = step_product(a2_desc, a2_lo_desc, b, b_lo, step * BLOCK_ROWS, m0, acc2, SPLIT, INTERPRETER)
                 if step == num_steps - 1:  # the tile is complete: write it once
                     store_tile(out_ptr, out_desc, acc, out_offset, m0, n0, size_m, size_n, TMA_STORE, INTERPRETER,
                                BLOCK_M, BLOCK_N)
@@ -269,22 +315,37 @@ def _at_least_one_row(t: torch.Tensor) -> torch.Tensor:
 
 
 def launch_weight_grads_tma(config: TmaWeightGradConfig, expert_offsets, x_sorted, dy_sorted, dgate, dup,
-                            scaled_act, grad_gate, grad_up, grad_down, *, num_programs: int) -> None:
+                            scaled_act, grad_gate, grad_up, grad_down, *, num_programs: int,
+                            lo_halves: tuple | None = None) -> None:
     """dWg = Σ dgᵀ x_s, dWu = Σ duᵀ x_s (one launch), then dWd = Σ dy_sᵀ aw, each expert over its rows.
 
     ``expert_offsets`` [E + 1] int32 (:mod:`.routing`); ``x_sorted``, ``dy_sorted`` [T·K, H] and
     ``dgate``, ``dup``, ``scaled_act`` [≥ T·K, I], rows in sorted order, all in one 16-bit dtype;
     ``grad_gate``, ``grad_up`` [E, I, H] and ``grad_down`` [E, H, I] are written fully (any dtype of
-    bf16, fp16, fp32), exact zeros for experts without rows. ``num_programs``: the persistent grid (the
-    number of SMs on the GPU; rounded down to a multiple of ``config.expert_groups``). No host
-    synchronisation: capturable in a CUDA graph. On CUDA it installs a torch-backed Triton allocator
-    (``triton.set_allocator``) for the descriptors the kernel builds on the device.
+    bf16, fp16, fp32), exact zeros for experts without rows. ``lo_halves``: the lo halves of the five
+    operands, in that order and each of its hi half's shape and dtype, for bf16×3 products (None: plain
+    products). ``num_programs``: the persistent grid (the number of SMs on the GPU; rounded down to a multiple
+    of ``config.expert_groups``). No host synchronisation: capturable in a CUDA graph. On CUDA it installs a
+    torch-backed Triton allocator (``triton.set_allocator``) for the descriptors the kernel builds on the device.
     """
     E, I, H = grad_gate.shape
     x_sorted, dy_sorted = _at_least_one_row(x_sorted), _at_least_one_row(dy_sorted)
     operands = dict(x_sorted=x_sorted, dy_sorted=dy_sorted, dgate=dgate, dup=dup, scaled_act=scaled_act)
     if len({t.dtype for t in operands.values()}) != 1 or x_sorted.element_size() != 2:
         raise TypeError(f"operands: expected one 16-bit dtype, got { {k: t.dtype for k, t in operands.items()} }")
+    split = lo_halves is not None
+    if split:
+        if not isinstance(lo_halves, (tuple, list)) or len(lo_halves) != 5:
+            raise ValueError("lo_halves: expected five tensors, the lo halves of x_sorted, dy_sorted, dgate, dup and "
+                             "scaled_act")
+        lo = {f"{name}_lo": _at_least_one_row(t) for name, t in zip(operands, lo_halves, strict=True)}
+        for (name, t), hi in zip(lo.items(), operands.values(), strict=True):
+            if t.shape != hi.shape or t.dtype != hi.dtype or t.device != hi.device:
+                raise ValueError(f"lo_halves: {name} must be a {tuple(hi.shape)} {hi.dtype} tensor on {hi.device}, "
+                                 f"as its hi half, got {tuple(t.shape)} {t.dtype} on {t.device}")
+        operands |= lo
+    else:  # unused
+        lo = dict(x_sorted_lo=x_sorted, dy_sorted_lo=dy_sorted, dgate_lo=dgate, dup_lo=dup, scaled_act_lo=scaled_act)
     if tuple(grad_up.shape) != (E, I, H) or tuple(grad_down.shape) != (E, H, I) or expert_offsets.numel() != E + 1:
         raise ValueError("grad_gate, grad_up [E, I, H], grad_down [E, H, I] and expert_offsets [E + 1] disagree")
     _check_tma_layout(operands, dict(grad_gate=grad_gate, grad_up=grad_up, grad_down=grad_down), config.tma_store)
@@ -300,15 +361,15 @@ def launch_weight_grads_tma(config: TmaWeightGradConfig, expert_offsets, x_sorte
         install_tma_allocator(x_sorted.device)
     groups = min(config.expert_groups, num_programs)
     num_programs = num_programs // groups * groups  # G groups of equal size
-    for a, a2, b, out, out2, size_m, size_n, tile, warps, stages in (
-        (dgate, dup, x_sorted, grad_gate, grad_up, I, H, config.gate_up_tile, config.warps_gate_up,
-         config.stages_gate_up),
-        (dy_sorted, dy_sorted, scaled_act, grad_down, grad_down, H, I, config.down_tile, config.warps_down,
-         config.stages_down),
+    for a, a2, b, a_lo, a2_lo, b_lo, out, out2, size_m, size_n, tile, warps, stages in (
+        (dgate, dup, x_sorted, lo["dgate_lo"], lo["dup_lo"], lo["x_sorted_lo"], grad_gate, grad_up, I, H,
+         config.gate_up_tile, config.warps_gate_up, config.stages_gate_up),
+        (dy_sorted, dy_sorted, scaled_act, lo["dy_sorted_lo"], lo["dy_sorted_lo"], lo["scaled_act_lo"], grad_down,
+         grad_down, H, I, config.down_tile, config.warps_down, config.stages_down),
     ):
         grouped_weight_grad_kernel[(num_programs,)](
-            a, a2, b, out, out2, expert_offsets, E, size_m, size_n,
-            TWO_OUTPUTS=out2 is not out, NUM_PROGRAMS=num_programs, EXPERT_GROUPS=groups,
+            a, a2, b, a_lo, a2_lo, b_lo, out, out2, expert_offsets, E, size_m, size_n,
+            TWO_OUTPUTS=out2 is not out, SPLIT=split, NUM_PROGRAMS=num_programs, EXPERT_GROUPS=groups,
             WARP_SPECIALIZE=bool(config.warp_specialize),
             TMA_STORE=bool(config.tma_store), INTERPRETER=interpreter,
             BLOCK_M=tile[0], BLOCK_N=tile[1], BLOCK_ROWS=tile[2], num_warps=warps, num_stages=stages,

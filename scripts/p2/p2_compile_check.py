@@ -1,8 +1,10 @@
 """Compile the P2 Triton kernels for sm_90 without a GPU and report registers, stack and shared memory.
 
-    PYTHONPATH=. python scripts/p2/p2_compile_check.py [--dtype fp32|bf16] [--tokens 2048] [FIELD=VALUE ...]
+    PYTHONPATH=. python scripts/p2/p2_compile_check.py [--dtype fp32|bf16] [--tokens 2048] [--split] [FIELD=VALUE ...]
 
-FIELD=VALUE overrides a field of the LaunchConfig that ``launch_config`` picks (e.g. block_m=32).
+FIELD=VALUE overrides a field of the LaunchConfig that ``launch_config`` picks (e.g. block_m=32). ``--split``
+(fp32): kernel A storing the lo halves of dg, du and aw and the pointer-based kernel W multiplying bf16×3, the
+form the chooser takes where the weight gradients would leave the element rule (notes/p2/fp32-precision-rule.md).
 Needs only the triton wheel (its ptxas and cuobjdump); a spill shows as a non-zero STACK.
 """
 
@@ -28,9 +30,15 @@ OPERAND_POINTERS = (
     "dgate_ptr",
     "dup_ptr",
     "scaled_act_ptr",
+    "dgate_lo_ptr",
+    "dup_lo_ptr",
+    "scaled_act_lo_ptr",
     "a_ptr",
     "a2_ptr",
     "b_ptr",
+    "a_lo_ptr",
+    "a2_lo_ptr",
+    "b_lo_ptr",
     "rows1_ptr",
     "rows2_ptr",
 )
@@ -65,11 +73,16 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
     parser.add_argument("--tokens", type=int, default=2048)
+    parser.add_argument("--split", action="store_true", help="kernel W's bf16×3 products (fp32 only)")
     parser.add_argument("overrides", nargs="*", help="FIELD=VALUE")
     args = parser.parse_args()
+    if args.split and args.dtype != "fp32":
+        parser.error("--split: bf16×3 splits fp32 inputs only; add --dtype fp32")
     sizes = problems.load("moe_experts_backward").sizes(args.tokens)
     input_bytes = 4 if args.dtype == "fp32" else 2
-    base = launch_config(args.tokens * sizes["top_k"], sizes["num_experts"], input_bytes=input_bytes)
+    base = launch_config(
+        args.tokens * sizes["top_k"], sizes["num_experts"], input_bytes=input_bytes, split_weight_grads=args.split
+    )
     try:
         config = replace_fields(base, dict(parse_field(text) for text in args.overrides))
     except ValueError as exc:
@@ -84,6 +97,7 @@ def main():
                 SPLIT_PRECISION=split,
                 FORWARD_ONLY=False,
                 PREACT=PREACT_COMPUTED,
+                STORE_LO=args.split,
                 BLOCK_I=config.block_i,
                 BLOCK_M=config.block_m,
                 BLOCK_H=config.block_h,
@@ -93,13 +107,25 @@ def main():
         ),
         "W dWg,dWu": (
             kernels.expert_weight_grad_kernel,
-            dict(A_BY_TOKEN=False, B_BY_TOKEN=True, TWO_OUTPUTS=True, **tile_sizes(config.grad_gate_up_tile)),
+            dict(
+                A_BY_TOKEN=False,
+                B_BY_TOKEN=True,
+                TWO_OUTPUTS=True,
+                SPLIT=args.split,
+                **tile_sizes(config.grad_gate_up_tile),
+            ),
             config.warps_gu,
             config.stages_gu,
         ),
         "W dWd": (
             kernels.expert_weight_grad_kernel,
-            dict(A_BY_TOKEN=True, B_BY_TOKEN=False, TWO_OUTPUTS=False, **tile_sizes(config.grad_down_tile)),
+            dict(
+                A_BY_TOKEN=True,
+                B_BY_TOKEN=False,
+                TWO_OUTPUTS=False,
+                SPLIT=args.split,
+                **tile_sizes(config.grad_down_tile),
+            ),
             config.warps_dn,
             config.stages_dn,
         ),

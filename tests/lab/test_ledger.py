@@ -6,9 +6,12 @@ import matplotlib
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from moe_lib import problems, roofline
 from moe_lib.lab import ledger
+from moe_lib.moe_experts.choose import choose
+from moe_lib.moe_experts.runtime import Target
 
 matplotlib.use("Agg")
 
@@ -132,3 +135,19 @@ def test_geomean_change_counts_the_unchanged_cases_and_no_slower_one():
     expected = math.exp((math.log(0.92) + math.log(0.91)) / 16) - 1
     assert ledger.geomean_change(shares, 16) == pytest.approx(expected)
     assert ledger.geomean_change(pd.Series({1: 0.1}), 16) == 0.0
+
+
+def test_kernel_w_multiplies_bf16x3_where_the_rule_says():
+    """Mixtral-8x7B's shape in fp32 at 4096 tokens: kernel W's bf16×3 products (three per GEMM, 40·T·K·H·I in all)
+    read hi and lo halves, and kernel A writes dg, du, aw's lo halves; the problem's shape keeps plain products."""
+    axes = dict(hidden_size=4096, intermediate_size=14336, num_experts=8, top_k=2)
+    T, H, I, K = 4096, 4096, 14336, 2
+    S = T * K
+    steps = {s.name: s for s in ledger.p2_backward_steps(T, "float32", **axes)}
+    plain = {s.name: s for s in ledger.p2_backward_steps(T, "bfloat16", **axes)}
+    assert sum(s.flops for s in steps.values()) == 40 * S * H * I
+    assert steps["W"].flops == 3 * plain["W"].flops
+    assert steps["W"].read_bytes == 2 * plain["W"].read_bytes
+    i_tiles = -(-I // choose(S, 8, H, I, torch.float32, Target(), top_k=K).config.block_i)
+    assert steps["A"].written_bytes == 2 * 3 * S * I * 2 + i_tiles * S * 4  # dg, du, aw: hi and lo; the partials
+    assert steps["gather"].written_bytes == 2 * plain["gather"].written_bytes

@@ -6,8 +6,12 @@ file as a script over every small case and prints JSON; the tests below assert o
 output and workspace the kernels allocate is filled with NaN first (an unwritten element shows up
 as NaN), each case runs twice (the results must be bitwise equal), and each output is compared with
 the float64 reference computed from the same (rounded) inputs.
+Cases named ``…-bf16x3`` have kernel W multiply bf16×3 products (the chooser's precise form for fp32 inputs
+with many rows per expert) and must match float64 far more closely than the plain products of the same case.
 GPU (``gpu`` marker): the same small cases on the device, the benchmark's full shape against the
-fp32 reference with the element rule, bf16, all tokens on K experts, and CUDA-graph capture.
+fp32 reference with the element rule, bf16, all tokens on K experts, and CUDA-graph capture; Mixtral-8x7B's
+shape in fp32 within the element rule, and a scaled-down shape with as many rows per expert where plain
+products leave it and bf16×3 products keep it.
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # bf16 inputs: bf16 products and bf16 outputs (≈5e-3).
 FP32_TOLERANCE = dict.fromkeys(OUTPUT_NAMES, 5e-3) | {"grad_topk_weights": 1e-4}
 BF16_TOLERANCE = dict.fromkeys(OUTPUT_NAMES, 2e-2)  # also used for fp16
+# fp32 with kernel W's bf16×3 products: the weight gradients' operands exact to ≈2⁻¹⁶ (≈1e-5 from kernel A's g, u)
+WEIGHT_GRAD_NAMES = ("grad_gate_weights", "grad_up_weights", "grad_down_weights")
+SPLIT_TOLERANCE = FP32_TOLERANCE | dict.fromkeys(WEIGHT_GRAD_NAMES, 5e-5)
 
 # name: (T, H, I, E, K, routing, float dtype, topk_weights dtype, index dtype, LaunchConfig overrides or None)
 SMALL_CASES = {
@@ -50,7 +57,11 @@ SMALL_CASES = {
     "bf16": (13, 40, 24, 5, 2, "uniform", "bfloat16", "float32", "int64", None),
     "bf16-int32-bf16-topk": (10, 24, 40, 6, 3, "skewed", "bfloat16", "bfloat16", "int32", None),
     "fp16": (7, 24, 16, 3, 2, "uniform", "float16", "float16", "int64", None),
+    "hot-bf16x3": (64, 40, 24, 5, 2, "hot", "float32", "float32", "int64", None),  # 64 rows on each of 2 experts
+    "skewed-bf16x3-pointer": (30, 24, 40, 6, 3, "skewed", "float32", "float32", "int64", {"tma_weight_grad": None}),
 }
+# kernel W's products where a case sets them (the others: the chooser's, plain at these sizes)
+PRODUCTS = {"hot-bf16x3": "bf16x3", "skewed-bf16x3-pointer": "bf16x3"}
 
 
 def small_case_inputs(case: str, seed: int, device="cpu") -> dict:
@@ -78,23 +89,26 @@ def nan_filled(size, *, dtype, device):
     return torch.full(size, float("nan"), dtype=dtype, device=device)
 
 
-def run_triton(inputs: dict, overrides=None):
-    """The public entry point, or the kernel function itself when config fields are overridden."""
+def run_triton(inputs: dict, overrides=None, products=None):
+    """The public entry point, or the kernel function itself when config fields or kernel W's products are given."""
     from moe_lib.moe_experts import launch
     from moe_lib.moe_experts.choose import launch_config
 
-    if overrides is None:
+    if overrides is None and products is None:
         return moe_lib.moe_experts_backward(*inputs.values(), impl="triton")
-    interpreter = inputs["hidden_states"].device.type != "cuda"
-    T, K = inputs["topk_indices"].shape
-    config = launch_config(
-        T * K,
-        inputs["gate_weights"].shape[0],
-        interpreter=interpreter,
-        input_bytes=inputs["hidden_states"].element_size(),
-    )
-    config = dataclasses.replace(config, **overrides)
-    return launch.moe_experts_backward_triton(*inputs.values(), config=config)
+    config = None
+    if overrides is not None:
+        interpreter = inputs["hidden_states"].device.type != "cuda"
+        T, K = inputs["topk_indices"].shape
+        config = launch_config(
+            T * K,
+            inputs["gate_weights"].shape[0],
+            interpreter=interpreter,
+            input_bytes=inputs["hidden_states"].element_size(),
+            split_weight_grads=products == "bf16x3",
+        )
+        config = dataclasses.replace(config, **overrides)
+    return launch.moe_experts_backward_triton(*inputs.values(), config=config, products=products)
 
 
 def check_small_case(case: str, seed: int, device="cpu") -> dict:
@@ -104,13 +118,14 @@ def check_small_case(case: str, seed: int, device="cpu") -> dict:
     inputs = small_case_inputs(case, seed, device)
     upcast = {k: (v.double() if v.is_floating_point() else v) for k, v in inputs.items()}
     want = reference.moe_experts_backward_reference(*upcast.values())
-    overrides = SMALL_CASES[case][-1]
+    overrides, products = SMALL_CASES[case][-1], PRODUCTS.get(case)
     runtime.allocate = nan_filled
     try:
         start = time.perf_counter()
-        got = run_triton(inputs, overrides)
+        got = run_triton(inputs, overrides, products)
         seconds = time.perf_counter() - start
-        again = run_triton(inputs, overrides)
+        again = run_triton(inputs, overrides, products)
+        plain = run_triton(inputs, overrides, "plain") if products == "bf16x3" else got
         forward = launch.moe_experts_forward_triton(*list(inputs.values())[1:])
     finally:
         runtime.allocate = torch.empty
@@ -124,6 +139,7 @@ def check_small_case(case: str, seed: int, device="cpu") -> dict:
         dtypes={n: str(g.dtype) for n, g in zip(OUTPUT_NAMES, got, strict=True)},
         finite={n: bool(torch.isfinite(g).all()) for n, g in zip(OUTPUT_NAMES, got, strict=True)},
         rel_errors={n: rel_error(g, w) for n, g, w in zip(OUTPUT_NAMES, got, want, strict=True)},
+        plain_rel_errors={n: rel_error(g, w) for n, g, w in zip(OUTPUT_NAMES, plain, want, strict=True)},
         bitwise_repeatable=all(torch.equal(a, b) for a, b in zip(got, again, strict=True)),
         unchosen_experts_zero=all(int(torch.count_nonzero(g[~chosen])) == 0 for g in weight_grads),
         chosen_experts_nonzero=all(bool((g[chosen].flatten(1) != 0).any(dim=1).all()) for g in weight_grads),
@@ -139,7 +155,9 @@ def expected_dtypes(case: str) -> dict:
 
 
 def assert_small_case(case: str, result: dict) -> None:
+    split = PRODUCTS.get(case) == "bf16x3"
     tolerance = FP32_TOLERANCE if SMALL_CASES[case][6] == "float32" else BF16_TOLERANCE
+    tolerance = SPLIT_TOLERANCE if split else tolerance
     where = f"[{case}, seed={result['seed']}]"
     assert all(result["shapes"].values()), f"{where} shapes {result['shapes']}"
     assert result["dtypes"] == expected_dtypes(case), where
@@ -151,6 +169,10 @@ def assert_small_case(case: str, result: dict) -> None:
     assert result["chosen_experts_nonzero"], f"{where} an expert with tokens got an all-zero weight gradient"
     assert result["forward_dtype"] == f"torch.{SMALL_CASES[case][6]}", where
     assert result["forward_rel_error"] <= tolerance["grad_hidden_states"], f"{where} forward: {result}"
+    if split:  # far closer than the same case's plain products: not a silent fall-back to bf16 operands
+        for name in WEIGHT_GRAD_NAMES:
+            error, plain = result["rel_errors"][name], result["plain_rel_errors"][name]
+            assert 20 * error <= plain, f"{where} {name}: bf16×3 {error:.3g} against plain {plain:.3g}"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -188,6 +210,7 @@ def test_interpreter_small_cases(case, interpreter_results):
 def test_interpreter_cases_cover_empty_experts(interpreter_results):
     assert interpreter_results["hot-looping"]["num_unchosen"] == 3
     assert interpreter_results["T0"]["num_unchosen"] == 4
+    assert interpreter_results["hot-bf16x3"]["num_unchosen"] == 3
 
 
 def test_routing_groups_slots_by_expert(seed):
@@ -259,6 +282,65 @@ def test_gpu_full_size_fp32_passes_the_element_rule(routing, seed):
         assert stats["pass_fraction"] >= 0.99, f"{name}: element rule {stats}"
         assert stats["rel_error"] <= FP32_TOLERANCE[name], f"{name}: {stats}"
     del want
+    again = moe_lib.moe_experts_backward(*inputs.values(), impl="triton")
+    assert all(torch.equal(a, b) for a, b in zip(got, again, strict=True)), "two calls gave different bits"
+
+
+def fp32_model_case(num_tokens: int, seed: int, **axes):
+    """The problem's fp32 inputs at a model's axes on the GPU, the fp32 reference's outputs (TF32 off), and the
+    products the chooser picks for kernel W there."""
+    from moe_lib.moe_experts.launch import choose_for
+
+    inputs = problems.make_inputs("moe_experts_backward", num_tokens, seed=seed, device=CUDA, **axes)
+    with reference.tf32_disabled():
+        want = reference.moe_experts_backward_reference(*inputs.values())
+    names = ("hidden_states", "topk_indices", "gate_weights", "up_weights", "down_weights")
+    products = choose_for(*(inputs[name] for name in names), None).weight_grad_products
+    return inputs, want, products
+
+
+def element_rule_shares(got, want) -> dict:
+    shares = {}
+    for name, g, w in zip(OUTPUT_NAMES, got, want, strict=True):
+        stats = compare_output(g, w, ELEMENT_RULE)
+        assert stats["finite"], f"{name}: NaN/Inf (unwritten elements?)"
+        shares[name] = stats["pass_fraction"]
+    return shares
+
+
+@pytest.mark.gpu
+def test_gpu_mixtral_fp32_passes_the_element_rule(seed):
+    """Mixtral-8x7B's experts (E 8, K 2, H 4096, I 14336) at 4096 tokens: 1024 rows per expert, where plain bf16
+    products in kernel W left 98.4% of the weight gradients' elements within the rule; the chooser takes bf16×3."""
+    axes = dict(hidden_size=4096, intermediate_size=14336, num_experts=8, top_k=2)
+    inputs, want, products = fp32_model_case(4096, seed, **axes)
+    assert products == "bf16x3"
+    poison_cuda_cache(sum(w.numel() * w.element_size() for w in want) + (4 << 30))
+    got = moe_lib.moe_experts_backward(*inputs.values(), impl="triton")
+    shares = element_rule_shares(got, want)
+    assert min(shares.values()) >= 0.99, shares
+    for name in WEIGHT_GRAD_NAMES:
+        assert rel_error(got[OUTPUT_NAMES.index(name)], want[OUTPUT_NAMES.index(name)]) <= 1e-4, name
+
+
+@pytest.mark.gpu
+def test_gpu_as_many_rows_per_expert_fail_with_plain_products_and_pass_with_bf16x3(seed):
+    """Mixtral's rows per expert, H and K with I = 1024 (I sets how many elements, not how large: the same margin,
+    z ≈ 2.5): plain products leave the element rule, as they did at Mixtral's shape; the chooser's bf16×3 keep it."""
+    from moe_lib.moe_experts import launch
+
+    axes = dict(hidden_size=4096, intermediate_size=1024, num_experts=8, top_k=2)
+    inputs, want, products = fp32_model_case(4096, seed, **axes)
+    assert products == "bf16x3"
+    plain = element_rule_shares(launch.moe_experts_backward_triton(*inputs.values(), products="plain"), want)
+    assert min(plain[name] for name in WEIGHT_GRAD_NAMES) < 0.99, plain
+    poison_cuda_cache(4 << 30)
+    got = moe_lib.moe_experts_backward(*inputs.values(), impl="triton")
+    shares = element_rule_shares(got, want)
+    assert min(shares.values()) >= 0.99, shares
+    for name in WEIGHT_GRAD_NAMES:
+        error = rel_error(got[OUTPUT_NAMES.index(name)], want[OUTPUT_NAMES.index(name)])
+        assert error <= 1e-4, f"{name}: {error:.3g}"
     again = moe_lib.moe_experts_backward(*inputs.values(), impl="triton")
     assert all(torch.equal(a, b) for a, b in zip(got, again, strict=True)), "two calls gave different bits"
 

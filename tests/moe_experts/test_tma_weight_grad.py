@@ -7,8 +7,11 @@ tokens on one expert and empty-expert routings, bf16, fp16 and fp32 interfaces, 
 than an expert's tile count. Inputs are fresh every run (the ``seed`` fixture); outputs are NaN-poisoned
 before the call; each gradient is compared with a float64 sum of the same (already rounded) operands over
 the positions whose slot the routing gave that expert; experts without rows must be exact zeros.
+bf16×3 products (fp32 interfaces whose weight gradients outgrow the element rule): fp32 operands split into bf16
+hi and lo halves, both designs of kernel W in every form against float64 of the unsplit fp32 operands, far closer
+than the plain products of the hi halves alone (which a silent fall-back to them would give).
 GPU (``gpu`` marker): a medium shape with clipped edge tiles against today's kernel W
-(``launch_weight_grads``) and float64, every form, repeatability and CUDA-graph replay.
+(``launch_weight_grads``) and float64, every form, repeatability and CUDA-graph replay; bf16×3 at the medium shape.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ import torch
 from conftest import rel_error
 
 from moe_lib.dispatch import interpreter_enabled
-from moe_lib.moe_experts.choose import choose_tma_weight_grad_config
+from moe_lib.moe_experts.choose import choose_tma_weight_grad_config, launch_config
+from moe_lib.moe_experts.designs.w_pointer import launch_weight_grads
 from moe_lib.moe_experts.inputs import route_tokens
 from moe_lib.moe_experts.routing import route_by_expert
 from moe_lib.moe_experts.tma_weight_grad import (
@@ -28,6 +32,7 @@ from moe_lib.moe_experts.tma_weight_grad import (
     gather_sorted_rows,
     launch_weight_grads_tma,
 )
+from moe_lib.precision import split_halves
 
 needs_triton = pytest.mark.skipif(
     not torch.cuda.is_available() and not interpreter_enabled(), reason="needs CUDA or the Triton interpreter"
@@ -87,17 +92,25 @@ def float64_weight_grads(case: dict) -> tuple[torch.Tensor, ...]:
     return tuple(grads)
 
 
-def run_tma(case: dict, config: TmaWeightGradConfig, num_programs: int) -> tuple[torch.Tensor, ...]:
-    """Gather + the two launches into NaN-poisoned outputs of the interface dtype."""
+def poisoned_outputs(case: dict) -> tuple[torch.Tensor, ...]:
     E, I, H, dtype, device = case["E"], case["I"], case["H"], case["dtype"], case["x"].device
-    outputs = (
+    return (
         torch.full((E, I, H), float("nan"), dtype=dtype, device=device),
         torch.full((E, I, H), float("nan"), dtype=dtype, device=device),
         torch.full((E, H, I), float("nan"), dtype=dtype, device=device),
     )
+
+
+def run_tma(case: dict, config: TmaWeightGradConfig, num_programs: int, lo_halves=None) -> tuple[torch.Tensor, ...]:
+    """Gather + the two launches into NaN-poisoned outputs of the interface dtype (``lo_halves``: the lo halves of
+    x, dy, dg, du, aw for bf16×3 products, x and dy by token)."""
+    outputs = poisoned_outputs(case)
     sorted_slot = case["routing"].sorted_slot
     x_sorted = gather_sorted_rows(case["x"], sorted_slot, case["K"])
     dy_sorted = gather_sorted_rows(case["dy"], sorted_slot, case["K"])
+    if lo_halves is not None:
+        x_lo, dy_lo, *workspaces_lo = lo_halves
+        lo_halves = (*(gather_sorted_rows(v, sorted_slot, case["K"]) for v in (x_lo, dy_lo)), *workspaces_lo)
     launch_weight_grads_tma(
         config,
         case["routing"].expert_offsets,
@@ -108,6 +121,7 @@ def run_tma(case: dict, config: TmaWeightGradConfig, num_programs: int) -> tuple
         case["scaled_act"],
         *outputs,
         num_programs=num_programs,
+        lo_halves=lo_halves,
     )
     return outputs
 
@@ -164,6 +178,83 @@ def test_small_cases_against_float64(case_name, form, seed):
     assert_matches_float64(case, got, f"[{case_name}, {form}, seed={seed}]")
     if routing == "hot":  # the cases meant to have experts without rows do
         assert int((case["routing"].counts == 0).sum()) == E - K
+
+
+OPERANDS = ("x", "dy", "dgate", "dup", "scaled_act")
+
+
+def make_split_case(T, H, I, E, K, routing, seed, device="cpu") -> tuple[dict, dict, tuple]:
+    """An fp32 interface's kernel W inputs as bf16×3 takes them: fp32 operands (x, dy, dg, du, aw), the case of their
+    bf16 hi halves (what plain products multiply), and the lo halves (x, dy by token; the workspaces sorted)."""
+    case = make_case(T, H, I, E, K, routing, torch.float32, seed, device)
+    generator = torch.Generator(device=device).manual_seed(seed + 1)
+    exact = {name: torch.randn(case[name].shape, generator=generator, device=device) for name in OPERANDS}
+    halves = {name: split_halves(v, torch.bfloat16) for name, v in exact.items()}
+    case |= {name: hi for name, (hi, _) in halves.items()}
+    return case, exact, tuple(lo for _, lo in halves.values())
+
+
+def run_pointer(case: dict, lo_halves=None) -> tuple[torch.Tensor, ...]:
+    """The pointer-based kernel W (x and dy read by token) into NaN-poisoned outputs."""
+    interpreter = case["x"].device.type == "cpu"
+    config = launch_config(case["T"] * case["K"], case["E"], input_bytes=4, interpreter=interpreter)
+    outputs = poisoned_outputs(case)
+    routing = case["routing"]
+    launch_weight_grads(
+        config, routing, routing.sorted_slot, case["K"], *(case[n] for n in OPERANDS), *outputs, lo_halves
+    )
+    return outputs
+
+
+def assert_split_beats_plain(case: dict, exact: dict, split, plain, where: str, limit: float = 3e-5) -> None:
+    """bf16×3 products within ``limit`` of float64 over the fp32 operands, and at least 50 times closer than the plain
+    products of the hi halves, whose bf16 rounding shows (≈ 2.3e-3)."""
+    want = float64_weight_grads(case | exact)
+    empty = case["routing"].counts == 0
+    for name, s, p, w in zip(OUTPUT_NAMES, split, plain, want, strict=True):
+        assert torch.isfinite(s).all(), f"{where} {name}: NaN/Inf (unwritten elements?)"
+        assert int(torch.count_nonzero(s[empty])) == 0, f"{where} {name}: an expert without rows is not exact zeros"
+        split_error, plain_error = rel_error(s, w), rel_error(p, w)
+        assert plain_error >= 1e-3, f"{where} {name}: plain products {plain_error:.3g}, bf16 rounding not visible"
+        assert split_error <= limit, f"{where} {name}: bf16×3 products {split_error:.3g} > {limit:g}"
+        assert split_error * 50 <= plain_error, f"{where} {name}: bf16×3 {split_error:.3g}, plain {plain_error:.3g}"
+
+
+# name: (T, H, I, E, K, routing, persistent programs); many rows per expert: several steps of 16 in each reduction
+SPLIT_CASES = {
+    "hot-many-rows": (96, 48, 32, 3, 2, "hot", 4),  # 96 rows on two experts, one expert without rows
+    "uniform-edges": (45, 40, 48, 4, 2, "uniform", 3),  # clipped edge tiles in both H and I
+}
+
+
+@needs_triton
+@pytest.mark.parametrize("form", ["flat", "warp_specialized", "tma_store", "expert_groups", "pointer"])
+@pytest.mark.parametrize("case_name", list(SPLIT_CASES))
+def test_split_products_against_float64(case_name, form, seed):
+    T, H, I, E, K, routing, programs = SPLIT_CASES[case_name]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    case, exact, lo = make_split_case(T, H, I, E, K, routing, seed, device)
+    where = f"[{case_name}, {form}, seed={seed}]"
+    if form == "pointer":
+        split, plain = run_pointer(case, lo), run_pointer(case)
+    else:
+        interpreter = device == "cpu"
+        config = choose_tma_weight_grad_config(T * K, E, 4, interpreter=interpreter, split=True)
+        split = run_tma(case, variant(config, form), programs, lo)
+        plain = run_tma(
+            case, variant(choose_tma_weight_grad_config(T * K, E, 4, interpreter=interpreter), form), programs
+        )
+    assert_split_beats_plain(case, exact, split, plain, where)
+
+
+@needs_triton
+def test_lo_halves_that_do_not_fit_are_refused_naming_them(seed):
+    case, _, lo = make_split_case(17, 32, 32, 3, 2, "uniform", seed)
+    config = choose_tma_weight_grad_config(34, 3, 4, interpreter=True, split=True)
+    with pytest.raises(ValueError, match="^lo_halves: expected five tensors"):
+        run_tma(case, config, 2, lo[:4])
+    with pytest.raises(ValueError, match="^lo_halves: dgate_lo must be a"):
+        run_tma(case, config, 2, (lo[0], lo[1], lo[2].float(), lo[3], lo[4]))
 
 
 @needs_triton
@@ -225,9 +316,6 @@ MEDIUM = dict(T=3001, H=520, I=392, E=16, K=4)  # edge tiles clipped in both H a
 
 def existing_kernel_w(case: dict) -> tuple[torch.Tensor, ...]:
     """Today's kernel W (gathered-row pointer loads) on the same workspaces."""
-    from moe_lib.moe_experts.choose import launch_config
-    from moe_lib.moe_experts.designs.w_pointer import launch_weight_grads
-
     T, H, I, E, K, dtype = (case[k] for k in ("T", "H", "I", "E", "K", "dtype"))
     config = launch_config(T * K, E, input_bytes=dtype.itemsize)
     outputs = (
@@ -295,6 +383,25 @@ def test_gpu_refuses_the_forms_that_write_wrong_tiles(form, field, seed):
     config = variant(choose_tma_weight_grad_config(MEDIUM["T"] * MEDIUM["K"], MEDIUM["E"], 2, interpreter=False), form)
     with pytest.raises(NotImplementedError, match=field):
         run_tma(case, config, num_sms())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", ["flat", "expert_groups", "pointer"])
+def test_gpu_medium_split_products_against_float64(form, seed):
+    """bf16×3 at the medium shape: the chooser's tiles for it compile and launch, and give fp32's precision."""
+    sizes = dict(MEDIUM, routing="skewed")
+    case, exact, lo = make_split_case(**sizes, seed=seed, device="cuda")
+    where = f"[bf16×3, {form}, seed={seed}]"
+    if form == "pointer":
+        split, plain = run_pointer(case, lo), run_pointer(case)
+    else:
+        slots, E = MEDIUM["T"] * MEDIUM["K"], MEDIUM["E"]
+        split = run_tma(
+            case, variant(choose_tma_weight_grad_config(slots, E, 4, False, split=True), form), num_sms(), lo
+        )
+        plain = run_tma(case, variant(choose_tma_weight_grad_config(slots, E, 4, False), form), num_sms())
+    torch.cuda.synchronize()
+    assert_split_beats_plain(case, exact, split, plain, where)
 
 
 @pytest.mark.gpu

@@ -27,6 +27,7 @@ CASES = {
     "p2/gemm_probe.py --configs coop_m128n256k64_s3,nope": "--configs: unknown name(s) ['nope']",
     "p2/grouped_probe.py --shapes p2_t8192_gate_up,nope": "--shapes: unknown name(s) ['nope']",
     "p2/fp32_precision_emulation.py --expert 8": "--expert: expected 0 to 7 for Mixtral-8x7B, got 8",
+    "p2/fp32_precision_emulation.py --sweep --sweep-tokens 512,x": "--sweep-tokens: expected a comma list of positive",
 }
 
 

@@ -1,6 +1,7 @@
 """The designs of P2's kernels W and D, each kernel's behind one interface, and their registries.
 
-    kernel W (weight gradients: dWg = Σ dgᵀ x, dWu = Σ duᵀ x, dWd = Σ dyᵀ aw per expert)
+    kernel W (weight gradients: dWg = Σ dgᵀ x, dWu = Σ duᵀ x, dWd = Σ dyᵀ aw per expert; both designs multiply
+              plain or bf16×3 products, as the chooser says)
         w_tma.py        persistent, TMA-fed, over x and dy gathered into expert order   the default
         w_pointer.py    one program per tile, rows gathered inside the loads              the fallback
     kernel D (slot projection: dX_slot = Wgᵀ dg + Wuᵀ du in the backward, y_slot = Wd aw in the forward)
@@ -18,7 +19,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from ..config import KernelLaunch, LaunchConfig
-from ..runtime import Target
+from ..runtime import PLAIN_PRODUCTS, Target
 from . import d_pointer, d_tma, w_pointer, w_tma
 
 
@@ -33,13 +34,21 @@ class WeightGradDesign(Protocol):
     def supports(self, hidden_size: int, intermediate_size: int, dtype: torch.dtype, target: Target) -> str | None:
         """Why it cannot run on inputs of that shape and dtype on ``target`` (None: it can)."""
 
-    def workspace_bytes(self, num_slots: int, hidden_size: int, workspace_item: int) -> int:
-        """Bytes of the workspaces it allocates beyond kernel A's."""
+    def workspace_bytes(self, num_slots: int, hidden_size: int, workspace_item: int, *, split: bool = False) -> int:
+        """Bytes of the workspaces it allocates beyond kernel A's (``split``: for bf16×3 products)."""
 
     def plan(
-        self, num_experts: int, hidden_size: int, intermediate_size: int, config: LaunchConfig, num_programs: int
+        self,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size: int,
+        config: LaunchConfig,
+        num_programs: int,
+        *,
+        products: str = PLAIN_PRODUCTS,
     ) -> dict[str, KernelLaunch]:
-        """Its two launches, "W_gate_up" and "W_down" (``num_programs``: a persistent launch's grid)."""
+        """Its two launches, "W_gate_up" and "W_down" (``num_programs``: a persistent launch's grid; ``products``:
+        "plain" or "bf16x3")."""
 
     def run(
         self,
@@ -56,8 +65,10 @@ class WeightGradDesign(Protocol):
         grad_down,
         *,
         num_programs: int,
+        lo_halves: tuple | None = None,
     ) -> None:
-        """Writes grad_gate, grad_up, grad_down (x, dy: the 16-bit operands, by token)."""
+        """Writes grad_gate, grad_up, grad_down (x, dy: the 16-bit operands, by token); ``lo_halves``: the lo halves
+        of x, dy, dg, du and aw for bf16×3 products (None: plain products)."""
 
 
 @runtime_checkable
