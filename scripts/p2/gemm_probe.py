@@ -343,12 +343,15 @@ def results_in(log_path: Path, status: str) -> dict:
     return results
 
 
-def watch_child(name: str, args, shape_names: list[str], seed: int, time_left: float) -> dict:
-    """One child's run of ``name`` (its log in --out) under :func:`watch`: {"status", "seconds", "results"}."""
-    log_path = Path(args.out) / f"gemm_probe-{name}.log"
+def watch_child(
+    script: Path, program: str, name: str, args, shape_names: list[str], seed: int, time_left: float
+) -> dict:
+    """One child's run of ``name`` by ``script`` (its log ``<program>-<name>.log`` in --out) under :func:`watch`:
+    {"status", "seconds", "results"}."""
+    log_path = Path(args.out) / f"{program}-{name}.log"
     command = [
         sys.executable,
-        str(Path(__file__).resolve()),
+        str(script),
         "--child",
         name,
         "--shapes",
@@ -361,6 +364,16 @@ def watch_child(name: str, args, shape_names: list[str], seed: int, time_left: f
     start = time.monotonic()
     status = watch(command, log_path, args.stall, min(args.timeout, time_left))
     return dict(status=status, seconds=round(time.monotonic() - start, 1), results=results_in(log_path, status))
+
+
+def geomean_fraction(runs: dict, column: str, shape_names, baselines: dict) -> str:
+    """The geometric mean of ``column``'s TFLOP/s over the baseline's at the shapes both ran correctly ("-": none)."""
+    fractions = []
+    for shape_name in shape_names:
+        row, base = runs[column]["results"].get(shape_name), baselines.get(shape_name)
+        if row and base and row.get("check") == "ok" and base.get("check") == "ok":
+            fractions.append(row["tflops"] / base["tflops"])
+    return f"{math.exp(sum(map(math.log, fractions)) / len(fractions)):.3f}" if fractions else "-"
 
 
 def cell(row: dict | None, baseline: dict | None) -> str:
@@ -389,14 +402,8 @@ def table(runs: dict, shape_names: list[str]) -> str:
         cells = [cell(runs[c]["results"].get(shape_name), None if c == BASELINE else base) for c in columns]
         lines.append(f"{shape_name:15s} {f'{shape.m}×{shape.n}×{shape.k}':16s} " + " ".join(f"{c:>9s}" for c in cells))
     for label, group in (("geomean, large", LARGE), ("geomean, filling", FILLING)):
-        means = []
-        for column in columns:
-            fractions = []
-            for shape_name in (s for s in shape_names if s in group):
-                row, base = runs[column]["results"].get(shape_name), baselines.get(shape_name)
-                if row and base and row.get("check") == "ok" and base.get("check") == "ok":
-                    fractions.append(row["tflops"] / base["tflops"])
-            means.append(f"{math.exp(sum(map(math.log, fractions)) / len(fractions)):.3f}" if fractions else "-")
+        in_group = [s for s in shape_names if s in group]
+        means = [geomean_fraction(runs, column, in_group, baselines) for column in columns]
         lines.append(f"{label:32s} " + " ".join(f"{m:>9s}" for m in means))
     return "\n".join(lines)
 
@@ -433,7 +440,7 @@ def main() -> None:
         configs=CONFIGS,
         compile_all=compile_all,
         run_child=run_child,
-        watch_child=watch_child,
+        script=Path(__file__).resolve(),
         table=table,
         name_width=30,
     )
@@ -450,14 +457,14 @@ def drive(
     configs: dict,
     compile_all,
     run_child,
-    watch_child,
+    script: Path,
     table,
     name_width: int,
 ) -> None:
     """A probe's run from its parsed arguments (this script's and ``grouped_probe.py``'s): as a child, ``run_child``
     on the shapes; else the arguments checked, every config compiled for sm_90 (``compile_all``), and unless
-    --compile-only ``baseline`` (``peer`` in the table's title) and each config that compiled run by ``watch_child``
-    within --budget, ``<program>.json`` rewritten after each, ``table`` printed last."""
+    --compile-only ``baseline`` (``peer`` in the table's title) and each config that compiled run by ``script`` as a
+    watched child within --budget, ``<program>.json`` rewritten after each, ``table`` printed last."""
     started = time.monotonic()
     shape_names = names(args.shapes, shapes, "--shapes", parser)
     if args.child is not None:
@@ -502,7 +509,7 @@ def drive(
         if time_left <= 0:
             record["runs"][name] = dict(status="not run: --budget spent", seconds=0, results={})
             continue
-        run = watch_child(name, args, shape_names, seed, time_left)
+        run = watch_child(script, program, name, args, shape_names, seed, time_left)
         record["runs"][name] = run
         print(f"{name:{name_width}s} {run['status']} in {run['seconds']} s", flush=True)
         (out / f"{program}.json").write_text(json.dumps(record, indent=1))  # what is measured so far survives

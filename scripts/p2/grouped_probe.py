@@ -42,7 +42,6 @@ where one fails, spills, is over 227 KB or is serialised.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import re
 import sys
@@ -522,29 +521,7 @@ def check_and_time(shape: Shape, call, expected: dict, flush, reps: int, time_gr
     )
 
 
-# --- the parent: children under watch, the table ------------------------------------------------------------------
-
-
-def watch_child(name: str, args, shape_names: list[str], seed: int, time_left: float) -> dict:
-    """One child's run of ``name`` (its log in --out) under the dense probe's watch: {"status", "seconds",
-    "results"}."""
-    log_path = Path(args.out) / f"grouped_probe-{name}.log"
-    command = [
-        sys.executable,
-        str(Path(__file__).resolve()),
-        "--child",
-        name,
-        "--shapes",
-        ",".join(shape_names),
-        "--reps",
-        str(args.reps),
-        "--seed",
-        str(seed),
-    ]
-    start = time.monotonic()
-    status = gemm_probe.watch(command, log_path, args.stall, min(args.timeout, time_left))
-    results = gemm_probe.results_in(log_path, status)
-    return dict(status=status, seconds=round(time.monotonic() - start, 1), results=results)
+# --- the parent: the table (gemm_probe.drive runs and watches the children) -------------------------------------------
 
 
 def table(runs: dict, shape_names: list[str]) -> str:
@@ -561,14 +538,7 @@ def table(runs: dict, shape_names: list[str]) -> str:
         cells = [gemm_probe.cell(runs[c]["results"].get(shape_name), None if c == BASELINE else base) for c in columns]
         size = f"{shape.rows}×{shape.n}×{shape.k}"
         lines.append(f"{shape_name:26s} {size:20s} " + " ".join(f"{c:>9s}" for c in cells))
-    means = []
-    for column in columns:
-        fractions = []
-        for shape_name in shape_names:
-            row, base = runs[column]["results"].get(shape_name), baselines.get(shape_name)
-            if row and base and row.get("check") == "ok" and base.get("check") == "ok":
-                fractions.append(row["tflops"] / base["tflops"])
-        means.append(f"{math.exp(sum(map(math.log, fractions)) / len(fractions)):.3f}" if fractions else "-")
+    means = [gemm_probe.geomean_fraction(runs, column, shape_names, baselines) for column in columns]
     lines.append(f"{'geomean':47s} " + " ".join(f"{m:>9s}" for m in means))
     return "\n".join(lines)
 
@@ -602,7 +572,7 @@ def main() -> None:
         configs=CONFIGS,
         compile_all=compile_all,
         run_child=run_child,
-        watch_child=watch_child,
+        script=Path(__file__).resolve(),
         table=table,
         name_width=22,
     )
