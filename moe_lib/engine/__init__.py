@@ -12,6 +12,7 @@ and grouped over experts.
     grouped_wgrad.py  C_p[e] = A_p[rows_e]ᵀ · B_p[rows_e]: the varlen-K form for weight gradients (1 to 3 products
                     a launch, an arithmetic schedule, the ragged K end zero-filled by descriptors made on the device)
     grouped_wgrad_tl.py  the same in plain Triton, for the interpreter and for reading
+    gathered.py     an operand read through a row index (the routed rows of x and dy), gathered in the loads
 
 ``scripts/p2/gemm_probe.py`` checks and times it against ``torch.mm`` at P1's and P2's dense shapes; its numbers
 and the choice between this engine and QuACK's are in ``notes/p2/engine-probe.md``; ``scripts/p2/grouped_probe.py``

@@ -169,14 +169,17 @@ def load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, tiles_m, tiles_
 
 @gluon.jit
 def tile_k_loop(a_bufs, b_bufs, ready, empty, acc, step0, k_steps, A_TRANSPOSED: gl.constexpr,
-                B_TRANSPOSED: gl.constexpr):
+                B_TRANSPOSED: gl.constexpr, GENERIC_WRITES: gl.constexpr = False):
     """acc = Σ A·B over the ring's steps step0 .. step0 + k_steps − 1 (the first overwriting acc), each step's
-    buffer handed back once the step after it is issued; returns with the last step's wgmma still running."""
+    buffer handed back once the step after it is issued; returns with the last step's wgmma still running. With
+    GENERIC_WRITES (buffers filled by cp.async, not TMA) a proxy fence orders those writes before the wgmma's reads."""
     BUFFERS: gl.constexpr = a_bufs.type.shape[0]
     for step in range(k_steps):
         i = step0 + step
         slot = i % BUFFERS
         mbarrier.wait(ready.index(slot), (i // BUFFERS) & 1)
+        if GENERIC_WRITES:
+            fence_async_shared()
         a = a_bufs.index(slot)
         if A_TRANSPOSED:
             a = a.permute((1, 0))

@@ -29,6 +29,13 @@ between two pairs (two call sites, two global scratch slots): before it rewrites
 that read it two visits before have landed (TMA may read a descriptor after the copy is issued), which they
 normally have. The descriptors need Triton's global scratch allocator (:func:`moe_lib.tma.install_tma_allocator`).
 
+Gathered operands (:class:`.gathered.Gathered`: the MoE layer's x_s and dy_s, read through the routing instead of
+written out): the loading partition has GATHER_WARPS warps; each thread copies its 16-byte pieces of the step's
+rows source[index[r]] into the ring's buffer by cp.async (zero-filled past the expert's rows and past the
+columns, as TMA fills), the other operand still by TMA, and arrives on the step's barrier once its copies have
+landed (cp.async.mbarrier.arrive.noinc: the barrier counts TMA's expect and every loading thread). The consumers
+fence the generic proxy's writes before their wgmma reads them.
+
 Every element of every C_p[e] is written by one tile once: deterministic, no atomics. The offsets stay on the
 device: no host sync, a grid from E and the shapes alone (CUDA-graph capturable).
 
@@ -42,12 +49,14 @@ from collections.abc import Sequence
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ..encoded_launch import shared_layout
 from ..tiling import cdiv, grouped_tile
 from ..tma import aligned, install_tma_allocator
+from .gathered import Gathered, check_gathered
 from .gluon_gemm import (
     CONSUMER_REGISTERS,
     ELEMENT_BYTES,
@@ -64,6 +73,8 @@ OUT_DTYPES = (torch.bfloat16, torch.float32)
 DEFAULT_CONFIG = GemmConfig()  # cooperative, 128 × 256 × 64 tiles, 3 stages
 FP32_CONFIG = GemmConfig(128, 128, 64, 4)  # an fp32 128 × 256 output tile (128 KB) leaves too little for a ring
 DESCRIPTOR_BYTES = 4 * 128  # the device descriptors' shared-memory templates: two pairs of 128 bytes
+GATHER_WARPS = 4  # the loading partition's warps where an operand is gathered (16-byte copies by every thread)
+GATHER_LOADER_REGISTERS = 80  # their registers after setmaxnreg: a chunk's addresses and masks
 
 
 # --- the tile schedule on the host ----------------------------------------------------------------------------------
@@ -161,15 +172,40 @@ def wait_landed(ready, first, last, issued, BUFFERS: gl.constexpr):
 
 
 @gluon.jit
-def load_run(a_desc, b_desc, a_bufs, b_bufs, ready, empty, i, local, count, tiles_m, tiles_n, k_steps,
-             GROUP_M: gl.constexpr):
+def gather_rows(buf, src_ptr, src_stride, index_ptr, rows_left, col0, n_cols, WARPS: gl.constexpr):
+    """buf [R, C] ← source[index[r], col0 + c] by 16-byte cp.async copies of every thread, R / CHUNK chunks of rows;
+    zeros (a copy of no bytes) for r ≥ rows_left or col0 + c ≥ n_cols, as TMA fills past a descriptor's edge."""
+    R: gl.constexpr = buf.type.shape[0]
+    C: gl.constexpr = buf.type.shape[1]
+    COLUMN_THREADS: gl.constexpr = 32 if C >= 256 else C // 8  # 8 elements (16 bytes) a thread
+    CHUNK: gl.constexpr = max(8, (32 // COLUMN_THREADS) * WARPS)  # whole 8-row swizzle periods of the buffer
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // COLUMN_THREADS, COLUMN_THREADS], [WARPS, 1], [1, 0])
+    rows = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, layout))
+    cols = col0 + gl.arange(0, C, layout=gl.SliceLayout(0, layout))
+    col_ok = gl.expand_dims(gl.max_constancy(cols < n_cols, 8), 0)  # N a multiple of 8 (checked on the host)
+    for r in gl.static_range(0, R, CHUNK):
+        row_ok = (r + rows) < rows_left
+        source_row = gl.load(index_ptr + r + rows, mask=row_ok, other=0)
+        starts = gl.multiple_of(source_row.to(gl.int64) * src_stride, 8)  # rows 16 bytes apart (host-checked)
+        pointers = src_ptr + gl.expand_dims(starts, 1) + gl.expand_dims(cols, 0)
+        async_copy.async_copy_global_to_shared(buf.slice(r, CHUNK, dim=0), pointers,
+                                               mask=gl.expand_dims(row_ok, 1) & col_ok)
+
+
+@gluon.jit
+def load_run(a_desc, b_desc, a_src, b_src, a_stride, b_stride, index_ptr, a_gather, b_gather, rows, m, n, a_bufs,
+             b_bufs, ready, empty, i, local, count, tiles_m, tiles_n, k_steps, GROUP_M: gl.constexpr,
+             GATHERS: gl.constexpr, WARPS: gl.constexpr):
     """Every K step of ``count`` tiles of one (expert, problem), ``local``, ``local`` + P, ... among its tiles, into
-    the ring from step i on; returns the next step."""
+    the ring from step i on; returns the next step. An operand with ``a_gather`` / ``b_gather`` comes by
+    :func:`gather_rows` from its source (``index_ptr``: the expert's first row's index), the other by TMA; with
+    GATHERS every thread's copies arrive on the step's barrier once landed."""
     BUFFERS: gl.constexpr = a_bufs.type.shape[0]
     BLOCK_K: gl.constexpr = a_bufs.type.shape[1]
     BLOCK_M: gl.constexpr = a_bufs.type.shape[2]
     BLOCK_N: gl.constexpr = b_bufs.type.shape[2]
-    STEP_BYTES: gl.constexpr = (BLOCK_M + BLOCK_N) * BLOCK_K * 2
+    A_BYTES: gl.constexpr = BLOCK_M * BLOCK_K * 2
+    B_BYTES: gl.constexpr = BLOCK_N * BLOCK_K * 2
     programs = gl.num_programs(0)
     for j in range(count):
         off_m, off_n = tile_origin(local + j * programs, tiles_m, tiles_n, GROUP_M, BLOCK_M, BLOCK_N)
@@ -177,9 +213,26 @@ def load_run(a_desc, b_desc, a_bufs, b_bufs, ready, empty, i, local, count, tile
             slot = i % BUFFERS
             mbarrier.wait(empty.index(slot), ((i // BUFFERS) & 1) ^ 1)  # a fresh barrier counts as released
             bar = ready.index(slot)
-            mbarrier.expect(bar, STEP_BYTES)  # TMA counts a tile's full bytes, zero-filled ones included
-            tma.async_copy_global_to_shared(a_desc, [step * BLOCK_K, off_m], bar, a_bufs.index(slot))
-            tma.async_copy_global_to_shared(b_desc, [step * BLOCK_K, off_n], bar, b_bufs.index(slot))
+            # the bytes TMA brings (a tile's full bytes, zero-filled ones included), or an arrival without any
+            if a_gather & b_gather:
+                mbarrier.arrive(bar, count=1)
+            elif a_gather:
+                mbarrier.expect(bar, B_BYTES)
+            elif b_gather:
+                mbarrier.expect(bar, A_BYTES)
+            else:
+                mbarrier.expect(bar, A_BYTES + B_BYTES)
+            k = step * BLOCK_K
+            if a_gather:
+                gather_rows(a_bufs.index(slot), a_src, a_stride, index_ptr + k, rows - k, off_m, m, WARPS)
+            else:
+                tma.async_copy_global_to_shared(a_desc, [k, off_m], bar, a_bufs.index(slot))
+            if b_gather:
+                gather_rows(b_bufs.index(slot), b_src, b_stride, index_ptr + k, rows - k, off_n, n, WARPS)
+            else:
+                tma.async_copy_global_to_shared(b_desc, [k, off_n], bar, b_bufs.index(slot))
+            if GATHERS:  # each thread's copies (none, where nothing is gathered) arrive once they have landed
+                async_copy.mbarrier_arrive(bar, increment_count=False)
             i += 1
     return i
 
@@ -187,9 +240,11 @@ def load_run(a_desc, b_desc, a_bufs, b_bufs, ready, empty, i, local, count, tile
 @gluon.jit
 def wgrad_load_partition(a0_ptr, b0_ptr, a1_ptr, b1_ptr, a2_ptr, b2_ptr, a0_stride, b0_stride, a1_stride,
                          b1_stride, a2_stride, b2_stride, c0_desc, c1_desc, c2_desc, a_bufs, b_bufs, ready, empty,
-                         offsets_ptr, num_experts, PROBLEMS: gl.constexpr, GROUP_M: gl.constexpr):
-    """The loading warp: the program's tiles run by run (a run: its tiles of one expert and problem), each run's
-    descriptors made over the expert's rows, every K step of the run's tiles into the ring."""
+                         offsets_ptr, index_ptr, num_experts, PROBLEMS: gl.constexpr, GROUP_M: gl.constexpr,
+                         GATHER_A: gl.constexpr, GATHER_B: gl.constexpr, WARPS: gl.constexpr):
+    """The loading partition: the program's tiles run by run (a run: its tiles of one expert and problem), each run's
+    descriptors made over the expert's rows, every K step of the run's tiles into the ring (a gathered operand's
+    rows copied through the index instead)."""
     BUFFERS: gl.constexpr = a_bufs.type.shape[0]
     BLOCK_K: gl.constexpr = a_bufs.type.shape[1]
     BLOCK_M: gl.constexpr = a_bufs.type.shape[2]
@@ -221,22 +276,30 @@ def wgrad_load_partition(a0_ptr, b0_ptr, a1_ptr, b1_ptr, a2_ptr, b2_ptr, a0_stri
             b_base = pick(problem, b0_ptr, b1_ptr, b2_ptr) + begin.to(gl.int64) * b_stride
             tiles_n = gl.cdiv(n, BLOCK_N)
             tiles_m = gl.cdiv(m, BLOCK_M)
-            # the expert's rows alone: TMA fills the rows past them with zeros
+            a_gather = (GATHER_A >> problem) & 1  # A_p's rows through the index (its pointer: the source's)
+            b_gather = (GATHER_B >> problem) & 1
+            a_src = pick(problem, a0_ptr, a1_ptr, a2_ptr)
+            b_src = pick(problem, b0_ptr, b1_ptr, b2_ptr)
+            run_index = index_ptr + begin  # the expert's first row's source index
+            # the expert's rows alone: TMA fills the rows past them with zeros (a gathered operand's descriptor,
+            # made as the other's, is never used)
             if runs % 2 == 0:
                 wait_landed(ready, first0, last0, i, BUFFERS)
                 a_desc = tma.make_tensor_descriptor(a_base, [rows, m], [a_stride, 1], [BLOCK_K, BLOCK_M], A_LAYOUT)
                 b_desc = tma.make_tensor_descriptor(b_base, [rows, n], [b_stride, 1], [BLOCK_K, BLOCK_N], B_LAYOUT)
                 first0 = i
-                i = load_run(a_desc, b_desc, a_bufs, b_bufs, ready, empty, i, local, count, tiles_m, tiles_n,
-                             k_steps, GROUP_M)
+                i = load_run(a_desc, b_desc, a_src, b_src, a_stride, b_stride, run_index, a_gather, b_gather, rows, m,
+                             n, a_bufs, b_bufs, ready, empty, i, local, count, tiles_m, tiles_n, k_steps, GROUP_M,
+                             GATHER_A | GATHER_B, WARPS)
                 last0 = i - 1
             else:
                 wait_landed(ready, first1, last1, i, BUFFERS)
                 a_desc = tma.make_tensor_descriptor(a_base, [rows, m], [a_stride, 1], [BLOCK_K, BLOCK_M], A_LAYOUT)
                 b_desc = tma.make_tensor_descriptor(b_base, [rows, n], [b_stride, 1], [BLOCK_K, BLOCK_N], B_LAYOUT)
                 first1 = i
-                i = load_run(a_desc, b_desc, a_bufs, b_bufs, ready, empty, i, local, count, tiles_m, tiles_n,
-                             k_steps, GROUP_M)
+                i = load_run(a_desc, b_desc, a_src, b_src, a_stride, b_stride, run_index, a_gather, b_gather, rows, m,
+                             n, a_bufs, b_bufs, ready, empty, i, local, count, tiles_m, tiles_n, k_steps, GROUP_M,
+                             GATHER_A | GATHER_B, WARPS)
                 last1 = i - 1
             runs += 1
         tile += count * programs
@@ -256,11 +319,12 @@ def zero_fill(c_smem, WARPS: gl.constexpr):
 
 @gluon.jit
 def wgrad_consumer_partition(a_bufs, b_bufs, ready, empty, turns, c0_desc, c1_desc, c2_desc, c_bufs, offsets_ptr,
-                             num_experts, PROBLEMS: gl.constexpr, GROUP_M: gl.constexpr, ME: gl.constexpr,
-                             CONSUMERS: gl.constexpr, WARPS: gl.constexpr):
+                             num_experts, PROBLEMS: gl.constexpr, GROUP_M: gl.constexpr, GATHERS: gl.constexpr,
+                             ME: gl.constexpr, CONSUMERS: gl.constexpr, WARPS: gl.constexpr):
     """Consumer ME of CONSUMERS (WARPS warps): the program's tiles ME, ME + CONSUMERS, ... of its own (the ring's
     steps counted over all the program's tiles, each its expert's step count), each its K loop and its store. With
-    two consumers each K loop waits for its turn and passes it on once its last wgmma is issued."""
+    two consumers each K loop waits for its turn and passes it on once its last wgmma is issued. With GATHERS (some
+    buffers written by cp.async, the generic proxy) each step fences before its wgmma reads them."""
     BLOCK_M: gl.constexpr = c0_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = c0_desc.block_type.shape[2]
     BLOCK_K: gl.constexpr = a_bufs.type.shape[1]
@@ -287,7 +351,7 @@ def wgrad_consumer_partition(a_bufs, b_bufs, ready, empty, turns, c0_desc, c1_de
             if CONSUMERS > 1:  # consumer 0's first turn is free (a fresh barrier), consumer 1's first waits for it
                 mbarrier.wait(turns.index(ME), ((n // CONSUMERS) & 1) ^ (1 - ME))
             if k_steps > 0:
-                acc = tile_k_loop(a_bufs, b_bufs, ready, empty, acc, i, k_steps, True, False)
+                acc = tile_k_loop(a_bufs, b_bufs, ready, empty, acc, i, k_steps, True, False, GATHERS)
                 if CONSUMERS > 1:
                     mbarrier.arrive(turns.index(1 - ME), count=1)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
@@ -322,19 +386,26 @@ def grouped_wgrad_kernel(
     c1_desc,  # out: C_1 [E, M_1, N_1] likewise (PROBLEMS > 1), else any descriptor like c0_desc, never written
     c2_desc,  # out: C_2 [E, M_2, N_2] likewise (PROBLEMS > 2), else any descriptor like c0_desc, never written
     offsets_ptr,  # [E + 1] int32: expert e's rows are offsets[e] ≤ r < offsets[e + 1]
+    index_ptr,  # [M_total] int32: a gathered operand's row r is its source's row index[r]; else offsets_ptr, unread
     num_experts,  # E
     PROBLEMS: gl.constexpr,  # products in the launch: 1, 2 or 3
+    GATHER_A: gl.constexpr,  # bit p set: A_p is gathered (a_p_ptr, a_p_stride: its source [T, M_p]); else 0
+    GATHER_B: gl.constexpr,  # bit p set: B_p is gathered (b_p_ptr, b_p_stride: its source [T, N_p]); else 0
+    LOADER_WARPS: gl.constexpr,  # warps of the loading partition: 1, or GATHER_WARPS where any operand is gathered
     BLOCK_K: gl.constexpr,  # rows (K) a step
     BUFFERS: gl.constexpr,  # buffers of the ring
     GROUP_M: gl.constexpr,  # row tiles taken together in a problem's tile order
     PINGPONG: gl.constexpr,  # two one-warpgroup consumers on alternate tiles; else one of num_warps (8) warps
     CONSUMER_REGS: gl.constexpr,  # with PINGPONG: the second consumer's registers
-    LOADER_REGS: gl.constexpr,  # the loading warp's registers
+    LOADER_REGS: gl.constexpr,  # the loading partition's registers
     num_warps: gl.constexpr,  # of the default partition: the cooperative consumer, or ping-pong's first (4)
 ):
     BLOCK_M: gl.constexpr = c0_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = c0_desc.block_type.shape[2]
     CONSUMERS: gl.constexpr = 2 if PINGPONG else 1
+    GATHERS: gl.constexpr = (GATHER_A | GATHER_B) != 0
+    # a step lands with TMA's bytes (one arrival, the expect) and, with gathers, each loading thread's copies
+    READY_COUNT: gl.constexpr = 1 + 32 * LOADER_WARPS if GATHERS else 1
     A_LAYOUT: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_K, BLOCK_M], gl.bfloat16)
     B_LAYOUT: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_K, BLOCK_N], gl.bfloat16)
     a_bufs = gl.allocate_shared_memory(gl.bfloat16, [BUFFERS, BLOCK_K, BLOCK_M], A_LAYOUT)
@@ -344,7 +415,7 @@ def grouped_wgrad_kernel(
     empty = gl.allocate_shared_memory(gl.int64, [BUFFERS, 1], mbarrier.MBarrierLayout())
     turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(BUFFERS):
-        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(ready.index(i), count=READY_COUNT)
         mbarrier.init(empty.index(i), count=1)
     for i in gl.static_range(2):
         mbarrier.init(turns.index(i), count=1)
@@ -353,21 +424,23 @@ def grouped_wgrad_kernel(
     if PINGPONG:
         gl.warp_specialize([
             (wgrad_consumer_partition, (a_bufs, b_bufs, ready, empty, turns, c0_desc, c1_desc, c2_desc, c_bufs,
-                                        offsets_ptr, num_experts, PROBLEMS, GROUP_M, 0, 2, num_warps)),
+                                        offsets_ptr, num_experts, PROBLEMS, GROUP_M, GATHERS, 0, 2, num_warps)),
             (wgrad_consumer_partition, (a_bufs, b_bufs, ready, empty, turns, c0_desc, c1_desc, c2_desc, c_bufs,
-                                        offsets_ptr, num_experts, PROBLEMS, GROUP_M, 1, 2, 4)),
+                                        offsets_ptr, num_experts, PROBLEMS, GROUP_M, GATHERS, 1, 2, 4)),
             (wgrad_load_partition, (a0_ptr, b0_ptr, a1_ptr, b1_ptr, a2_ptr, b2_ptr, a0_stride, b0_stride,
                                     a1_stride, b1_stride, a2_stride, b2_stride, c0_desc, c1_desc, c2_desc, a_bufs,
-                                    b_bufs, ready, empty, offsets_ptr, num_experts, PROBLEMS, GROUP_M)),
-        ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+                                    b_bufs, ready, empty, offsets_ptr, index_ptr, num_experts, PROBLEMS, GROUP_M,
+                                    GATHER_A, GATHER_B, LOADER_WARPS)),
+        ], [4, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
     else:
         gl.warp_specialize([
             (wgrad_consumer_partition, (a_bufs, b_bufs, ready, empty, turns, c0_desc, c1_desc, c2_desc, c_bufs,
-                                        offsets_ptr, num_experts, PROBLEMS, GROUP_M, 0, 1, num_warps)),
+                                        offsets_ptr, num_experts, PROBLEMS, GROUP_M, GATHERS, 0, 1, num_warps)),
             (wgrad_load_partition, (a0_ptr, b0_ptr, a1_ptr, b1_ptr, a2_ptr, b2_ptr, a0_stride, b0_stride,
                                     a1_stride, b1_stride, a2_stride, b2_stride, c0_desc, c1_desc, c2_desc, a_bufs,
-                                    b_bufs, ready, empty, offsets_ptr, num_experts, PROBLEMS, GROUP_M)),
-        ], [1], [LOADER_REGS])
+                                    b_bufs, ready, empty, offsets_ptr, index_ptr, num_experts, PROBLEMS, GROUP_M,
+                                    GATHER_A, GATHER_B, LOADER_WARPS)),
+        ], [LOADER_WARPS], [LOADER_REGS])
 
 
 # --- the host side ----------------------------------------------------------------------------------------------
@@ -414,23 +487,32 @@ def check_arguments(problems, offsets, *, outs=None, out_dtype: torch.dtype = to
     if not offsets.is_contiguous():
         raise ValueError(f"offsets: expected a contiguous tensor, got strides {tuple(offsets.stride())}")
     num_experts = offsets.shape[0] - 1
-    device, rows, shapes = offsets.device, None, []
+    device, rows, shapes, index = offsets.device, None, [], None
     for p, pair in enumerate(problems):
-        if not isinstance(pair, Sequence) or len(pair) != 2:
+        if isinstance(pair, Gathered) or not isinstance(pair, Sequence) or len(pair) != 2:
             raise TypeError(f"problems[{p}]: expected an (A, B) pair of tensors, got {type(pair).__name__}")
-        for name, tensor in ((f"problems[{p}].a", pair[0]), (f"problems[{p}].b", pair[1])):
-            if not isinstance(tensor, torch.Tensor):
-                raise TypeError(f"{name}: expected a torch.Tensor, got {type(tensor).__name__}")
+        for name, operand in ((f"problems[{p}].a", pair[0]), (f"problems[{p}].b", pair[1])):
+            tensor = operand
+            if isinstance(operand, Gathered):  # its rows read through the index; the source's rows are checked
+                check_gathered(name, operand)
+                if index is None:
+                    index = operand.index
+                elif operand.index is not index:
+                    raise ValueError(f"{name}.index: the gathered operands of one launch share one index tensor "
+                                     f"(the first one's)")
+                tensor = operand.source
+            elif not isinstance(operand, torch.Tensor):
+                raise TypeError(f"{name}: expected a torch.Tensor or a Gathered, got {type(operand).__name__}")
             if tensor.dtype != torch.bfloat16:
                 raise TypeError(f"{name}: expected torch.bfloat16, got {tensor.dtype}")
             if tensor.dim() != 2:
                 raise ValueError(f"{name}: expected a 2-D tensor [M_total, columns], got shape {tuple(tensor.shape)}")
             if tensor.device != device:
                 raise ValueError(f"{name}: expected the device of offsets ({device}), got {tensor.device}")
-            rows = tensor.shape[0] if rows is None else rows
-            if tensor.shape[0] != rows:
+            rows = operand.shape[0] if rows is None else rows
+            if operand.shape[0] != rows:
                 raise ValueError(f"{name}: expected {rows} rows (M_total, as problems[0].a), got shape "
-                                 f"{tuple(tensor.shape)}")
+                                 f"{tuple(operand.shape)}")
             check_tma_rows(name, tensor)
         shapes.append((pair[0].shape[1], pair[1].shape[1]))
     if outs is not None:
@@ -488,17 +570,24 @@ def launch_arguments(config: GemmConfig, problems, offsets, outs) -> tuple[dict,
     read, never written)."""
     padded = list(problems) + [problems[0]] * (MAX_PROBLEMS - len(problems))
     padded_outs = list(outs) + [outs[0]] * (MAX_PROBLEMS - len(outs))
-    arguments = {}
-    for p, (a, b) in enumerate(padded):
+    arguments, index, gather_a, gather_b = {}, offsets, 0, 0
+    for p, (a, b) in enumerate(problems):
+        gather_a |= isinstance(a, Gathered) << p
+        gather_b |= isinstance(b, Gathered) << p
+        index = a.index if isinstance(a, Gathered) else b.index if isinstance(b, Gathered) else index
+    tensors = [[x.source if isinstance(x, Gathered) else x for x in pair] for pair in padded]
+    for p, (a, b) in enumerate(tensors):
         arguments.update({f"a{p}_ptr": a, f"b{p}_ptr": b})
-    for p, (a, b) in enumerate(padded):
+    for p, (a, b) in enumerate(tensors):
         arguments.update({f"a{p}_stride": a.stride(0), f"b{p}_stride": b.stride(0)})
     for p, out in enumerate(padded_outs):
         arguments[f"c{p}_desc"] = output_descriptor(out, config)
-    arguments.update(offsets_ptr=offsets, num_experts=offsets.shape[0] - 1)
-    constexprs = dict(PROBLEMS=len(problems), BLOCK_K=config.block_k, BUFFERS=config.stages, GROUP_M=config.group_m,
-                      PINGPONG=config.pingpong, CONSUMER_REGS=CONSUMER_REGISTERS, LOADER_REGS=LOADER_REGISTERS,
-                      num_warps=config.warps)
+    arguments.update(offsets_ptr=offsets, index_ptr=index, num_experts=offsets.shape[0] - 1)
+    gathers = bool(gather_a | gather_b)
+    constexprs = dict(PROBLEMS=len(problems), GATHER_A=gather_a, GATHER_B=gather_b,
+                      LOADER_WARPS=GATHER_WARPS if gathers else 1, BLOCK_K=config.block_k, BUFFERS=config.stages,
+                      GROUP_M=config.group_m, PINGPONG=config.pingpong, CONSUMER_REGS=CONSUMER_REGISTERS,
+                      LOADER_REGS=GATHER_LOADER_REGISTERS if gathers else LOADER_REGISTERS, num_warps=config.warps)
     return arguments, constexprs
 
 
@@ -508,7 +597,8 @@ def grouped_weight_grad(problems, offsets: torch.Tensor, *, outs=None, out_dtype
     offsets[e + 1] of each expert e, fp32-accumulated, into ``outs`` (new [E, M_p, N_p] tensors of ``out_dtype``,
     bf16 or fp32, where None; else their dtype), exact zeros for an expert without rows. One launch for 1 to 3
     problems. ``problems``: (A_p [M_total, M_p], B_p [M_total, N_p]) bf16 pairs over the same rows, each with rows
-    TMA can address (column views of a wider tensor too). ``offsets``: int32 [E + 1] on the device, rising from 0 to
+    TMA can address (column views of a wider tensor too), or a :class:`.gathered.Gathered` whose rows are read
+    through its index (all gathered operands of a launch share one index). ``offsets``: int32 [E + 1] on the device, rising from 0 to
     at most M_total (not checked: no host sync). ``config``: tiles and ring (:data:`DEFAULT_CONFIG` for bf16
     outputs, :data:`FP32_CONFIG` for fp32). On a Hopper GPU; capturable in a CUDA graph."""
     num_experts, shapes, out_dtype = check_arguments(problems, offsets, outs=outs, out_dtype=out_dtype, config=config)

@@ -1,6 +1,7 @@
 """The weight-gradient kernel of :mod:`.grouped_wgrad` in plain Triton: the same tiles and schedule, pointer loads.
 
     A_p [M_total, M_p], B_p [M_total, N_p]   rows sorted by expert: expert e owns rows offsets[e] ≤ r < offsets[e+1]
+                                             (a Gathered operand's row r is its source's row index[r])
     C_p [E, M_p, N_p]                        C_p[e] = Σ_{r of e} A_p[r]ᵀ B_p[r], fp32 accumulation, bf16 or fp32
 
 Program p of P takes tiles p, p + P, ... of the tiles numbered expert by expert, problem by problem inside an
@@ -20,6 +21,7 @@ import triton.language as tl
 
 from ..dispatch import interpreter_enabled
 from ..rounding import round_to
+from .gathered import Gathered
 from .gluon_gemm import GemmConfig
 from .grouped_wgrad import MAX_PROBLEMS, check_arguments, grid
 
@@ -54,8 +56,11 @@ def grouped_wgrad_tl_kernel(
     a0_stride, b0_stride, a1_stride, b1_stride, a2_stride, b2_stride,  # A's and B's row strides (elements)
     m0, n0, m1, n1, m2, n2,  # each problem's M_p, N_p
     offsets_ptr,  # [E + 1] int32: expert e's rows are offsets[e] ≤ r < offsets[e + 1]
+    index_ptr,  # [M_total] int32: a gathered operand's row r is its source's row index[r]; else offsets_ptr, unread
     num_experts,  # E
     PROBLEMS: tl.constexpr,  # products in the launch: 1, 2 or 3
+    GATHER_A: tl.constexpr,  # bit p set: A_p is gathered (a_p_ptr, a_p_stride: its source [T, M_p])
+    GATHER_B: tl.constexpr,  # bit p set: B_p is gathered (b_p_ptr, b_p_stride: its source [T, N_p])
     GROUP_M: tl.constexpr,  # row tiles taken together in a problem's tile order
     UPCAST: tl.constexpr,  # multiply in fp32 and round a bf16 store by hand (the interpreter's bf16 is wrong)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -98,9 +103,12 @@ def grouped_wgrad_tl_kernel(
         for k0 in range(row_begin, row_end, BLOCK_K):  # no step for an expert without rows: zeros
             rows = k0 + tl.arange(0, BLOCK_K)
             row_ok = rows < row_end  # the expert's rows only: the next expert's are never read
-            a = tl.load(a_ptr + rows.to(tl.int64)[:, None] * a_stride + cols_m[None, :],
+            source_rows = tl.load(index_ptr + rows, mask=row_ok & (GATHER_A | GATHER_B != 0), other=0)
+            a_rows = tl.where(((GATHER_A >> problem) & 1) != 0, source_rows, rows).to(tl.int64)
+            b_rows = tl.where(((GATHER_B >> problem) & 1) != 0, source_rows, rows).to(tl.int64)
+            a = tl.load(a_ptr + a_rows[:, None] * a_stride + cols_m[None, :],
                         mask=row_ok[:, None] & m_ok[None, :], other=0.0)  # [BLOCK_K, BLOCK_M]
-            b = tl.load(b_ptr + rows.to(tl.int64)[:, None] * b_stride + cols_n[None, :],
+            b = tl.load(b_ptr + b_rows[:, None] * b_stride + cols_n[None, :],
                         mask=row_ok[:, None] & n_ok[None, :], other=0.0)  # [BLOCK_K, BLOCK_N]
             acc = dot16(tl.trans(a), b, acc, UPCAST)
         out = c_ptr + (expert.to(tl.int64) * m + cols_m[:, None]) * n + cols_n[None, :]
@@ -120,15 +128,20 @@ def grouped_weight_grad_tl(problems, offsets: torch.Tensor, *, outs=None, out_dt
     if num_experts == 0 or not live:
         return outs
     padded = [p for p in live] + [live[0]] * (MAX_PROBLEMS - len(live))  # repeats: never touched
-    tensors, strides, sizes = [], [], []
-    for p in padded:
+    tensors, strides, sizes, index, gather_a, gather_b = [], [], [], offsets, 0, 0
+    for slot, p in enumerate(padded):
         a, b = problems[p]
+        if slot < len(live):
+            gather_a |= isinstance(a, Gathered) << slot
+            gather_b |= isinstance(b, Gathered) << slot
+        index = next((x.index for x in (a, b) if isinstance(x, Gathered)), index)
+        a, b = (x.source if isinstance(x, Gathered) else x for x in (a, b))
         tensors += [a, b, outs[p]]
         strides += [a.stride(0), b.stride(0)]
         sizes += list(shapes[p])
     grouped_wgrad_tl_kernel[(grid(num_experts, [shapes[p] for p in live], config, programs),)](
-        *tensors, *strides, *sizes, offsets, num_experts,
-        PROBLEMS=len(live), GROUP_M=config.group_m, UPCAST=interpreter_enabled(),
+        *tensors, *strides, *sizes, offsets, index, num_experts,
+        PROBLEMS=len(live), GATHER_A=gather_a, GATHER_B=gather_b, GROUP_M=config.group_m, UPCAST=interpreter_enabled(),
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
     )
     return outs

@@ -10,15 +10,22 @@ over its rows offsets[e] ≤ p < offsets[e + 1], each line one persistent launch
     backward   (g, u as in the forward, g and u stored only, where the forward did not save them: reads Wg, Wu)
                dAp = dy_s·Wd_e ;  a = silu(g)·u ;  dA = w_s·dAp                     dswiglu epilogue    reads Wd
                dg = dA·u·silu'(g) ;  du = dA·silu(g) ;  aw = w_s·a ;  part[j, p] = Σ_{columns of tile j} dAp·a
-               dWg_e = dg_eᵀ x_s,e ;  dWu_e = du_eᵀ x_s,e ;  dWd_e = dy_s,eᵀ aw_e   varlen-K, one launch writes dW
                dX_s = dg·Wg_e + du·Wu_e                                              K = 2I              reads Wg, Wu
                grad_x[t] = Σ_k dX_s[row_of_slot[t·K + k]] ;  grad_topk[t, k] = Σ_j part[j, row_of_slot[t·K + k]]
+               dWg_e = dg_eᵀ x_s,e ;  dWu_e = du_eᵀ x_s,e                            varlen-K, x gathered  writes dW
+               dWd_e = dy_s,eᵀ aw_e                                                  varlen-K, dy gathered
 
 With the pre-activations saved, the weights are read twice in the forward and twice in the backward and their
 gradients written once: six passes, as SonicMoE's layer; recomputing g and u adds a seventh (the op, whose
 forward is recomputed, has five). dg and du share one [T·K, 2I] buffer (dg's columns, then du's): dX's product
 reads it as one operand of K = 2I. Everything stays on the device (no host sync: graph-capturable); every output
 element is written by one tile once (deterministic, no atomics); experts without rows get exact zero gradients.
+
+Memory: the weight-gradient launches read x's and dy's rows through the routing (:class:`..engine.gathered.Gathered`:
+cp.async gathers in the loading partition), so x_s is never written where g and u were saved, and dy_s is freed
+after dswiglu; dX comes before them, and the gradients of Wg and Wu are written before Wd's is allocated, once
+[dg | du] is freed: the backward's peak is the weight gradients with aw, [dg | du] and the saved g and u
+(:func:`allocation_bytes`).
 
 bf16 only, on Hopper (the engine's Gluon kernels) or under the interpreter (their plain-Triton twins);
 :func:`supports` says why not elsewhere. The readable reference of the same math: :mod:`.reference`.
@@ -33,7 +40,9 @@ from ..engine import grouped_gemm as gemm_gluon
 from ..engine import grouped_tl as gemm_tl
 from ..engine import grouped_wgrad as wgrad_gluon
 from ..engine import grouped_wgrad_tl as wgrad_tl
+from ..engine.gathered import Gathered
 from ..engine.gluon_gemm import GemmConfig
+from ..tma import aligned
 from ..validation import fits_in_memory
 from . import runtime
 from .routing import route_by_expert
@@ -99,15 +108,15 @@ def allocation_bytes(
     saved: bool = False,
 ) -> int:
     """At most this many bytes allocated by one call (bf16; outputs included): the forward's x_s, a, y_s and y
-    (and g, u where saved); the backward's x_s, dy_s, g and u where recomputed, [dg | du], aw, the partials, dX_s
-    and the five gradients."""
+    (and g, u where saved); the backward's outputs with, at its widest, one [T·K, H] workspace (x_s, dy_s or dX_s,
+    one at a time), [dg | du], aw, the partials, and g and u where recomputed."""
     T, K, H, I, E = num_tokens, top_k, hidden_size, intermediate_size, num_experts
     slots = T * K
     if not backward:
         return 2 * (slots * H + slots * I + slots * H + T * H + (2 * slots * I if saved else 0))
     recomputed = 0 if saved else 2 * slots * I
     partials = 4 * slots * -(-I // 64)
-    return 2 * (2 * slots * H + recomputed + 3 * slots * I + slots * H + T * H + T * K + 3 * E * I * H) + partials
+    return 2 * (slots * H + recomputed + 3 * slots * I + T * H + T * K + 3 * E * I * H) + partials
 
 
 def _check_memory(device: torch.device, nbytes: int, num_tokens: int, top_k: int) -> None:
@@ -152,7 +161,7 @@ class _Routed:
         routing = route_by_expert(topk_indices, num_experts)
         self.offsets = routing.expert_offsets
         sorted_slot = routing.sorted_slot.long()
-        self.token_of_row = torch.div(sorted_slot, max(self.top_k, 1), rounding_mode="floor")
+        self.token_of_row = torch.div(sorted_slot, max(self.top_k, 1), rounding_mode="floor").int()
         self.row_of_slot = torch.empty_like(sorted_slot)
         self.row_of_slot[sorted_slot] = torch.arange(sorted_slot.numel(), device=sorted_slot.device)
         self.scale = topk_weights.reshape(-1)[sorted_slot].float()  # w_s
@@ -160,6 +169,13 @@ class _Routed:
     def gather(self, v: torch.Tensor) -> torch.Tensor:
         """v's rows in expert order, [T·K, cols]."""
         return v.index_select(0, self.token_of_row)
+
+    def rows(self, v: torch.Tensor) -> Gathered | torch.Tensor:
+        """v's rows in expert order as a weight-gradient operand: read through the routing in the kernel's loads,
+        or gathered here where v's rows are not 16-byte aligned (a view at an odd offset)."""
+        if v.stride(1) == 1 and (v.stride(0) * v.element_size()) % 16 == 0 and aligned(v):
+            return Gathered(v, self.token_of_row)
+        return self.gather(v)
 
     def token_sum(self, rows: torch.Tensor) -> torch.Tensor:
         """[T, cols]: each token's K rows summed in fp32, rounded once."""
@@ -239,24 +255,19 @@ def backward(
     dtype, device = hidden_states.dtype, hidden_states.device
     _check_memory(device, allocation_bytes(T, K, H, I, E, backward=True, saved=preactivations is not None), T, K)
     allocate = runtime.allocate
-    if weight_grads_out is None:
-        weight_grads = [
-            allocate((E, I, H), dtype=dtype, device=device),
-            allocate((E, I, H), dtype=dtype, device=device),
-            allocate((E, H, I), dtype=dtype, device=device),
-        ]
-    else:
-        weight_grads = list(weight_grads_out)
     launches = _Launches(num_slots, E)
     routed = _Routed(topk_indices, topk_weights, E)
-    x_s = routed.gather(hidden_states)
-    dy_s = routed.gather(grad_output)
     if preactivations is None:  # the forward's first product again, g and u stored only
         gate_pre = allocate((num_slots, I), dtype=dtype, device=device)
         up_pre = allocate((num_slots, I), dtype=dtype, device=device)
         if num_slots:
             launches.gemm(
-                x_s, (gate_weights, up_weights), routed.offsets, epilogue="swiglu", gate_out=gate_pre, up_out=up_pre
+                routed.gather(hidden_states),
+                (gate_weights, up_weights),
+                routed.offsets,
+                epilogue="swiglu",
+                gate_out=gate_pre,
+                up_out=up_pre,
             )
     else:
         gate_pre, up_pre = (p[:num_slots] for p in preactivations)
@@ -266,7 +277,7 @@ def backward(
     topk_partial = allocate((launches.partial_rows(I), num_slots), dtype=torch.float32, device=device)
     if num_slots:
         launches.gemm(
-            dy_s,
+            routed.gather(grad_output),
             down_weights,
             routed.offsets,
             epilogue="dswiglu",
@@ -279,11 +290,6 @@ def backward(
             topk_partial=topk_partial,
             b_transposed=False,
         )
-    del gate_pre, up_pre
-    # the weight gradients, also without slots: experts without rows get their zeros here
-    launches.weight_grad([(dgate, x_s), (dup, x_s), (dy_s, scaled_act)], routed.offsets, weight_grads)
-    del x_s, dy_s, scaled_act
-    if num_slots:
         dx_s = launches.gemm(
             d_preact,
             (gate_weights, up_weights),
@@ -291,8 +297,22 @@ def backward(
             out=allocate((num_slots, H), dtype=dtype, device=device),
         )
         grad_hidden = routed.token_sum(dx_s)
+        del dx_s
         grad_topk = topk_partial.sum(dim=0)[routed.row_of_slot].view(T, K).to(topk_weights.dtype)
     else:
         grad_hidden = allocate((T, H), dtype=dtype, device=device).zero_()
         grad_topk = allocate((T, K), dtype=topk_weights.dtype, device=device).zero_()
-    return (grad_hidden, grad_topk, *weight_grads)
+    del gate_pre, up_pre, topk_partial
+
+    # the weight gradients, also without slots (experts without rows get their zeros here): Wg's and Wu's first,
+    # then Wd's, allocated once [dg | du] is freed
+    def weight_grad(p, shape):
+        return allocate(shape, dtype=dtype, device=device) if weight_grads_out is None else weight_grads_out[p]
+
+    x_rows = routed.rows(hidden_states)
+    grad_gate, grad_up = weight_grad(0, (E, I, H)), weight_grad(1, (E, I, H))
+    launches.weight_grad([(dgate, x_rows), (dup, x_rows)], routed.offsets, [grad_gate, grad_up])
+    del x_rows, d_preact, dgate, dup
+    grad_down = weight_grad(2, (E, H, I))
+    launches.weight_grad([(routed.rows(grad_output), scaled_act)], routed.offsets, [grad_down])
+    return grad_hidden, grad_topk, grad_gate, grad_up, grad_down

@@ -13,6 +13,9 @@ Models: P2 (E 256, K 8, H 4096, I 2048) at 8192 and 32768 tokens, Qwen3-30B-A3B 
 product ([E, M_p, N_p], the CUTLASS varlen-K grouped GEMM); where it refuses dg's and du's column views, the same
 on contiguous copies made beforehand; where it refuses those too, a torch.mm per expert (its bounds read once on
 the host, outside the timed call); the JSON notes which.
+A config named with ``+gather`` reads x_s and dy_s through the routing (``moe_lib/engine/gathered.py``: its rows
+gathered from [T, H] sources by cp.async in the loading partition), the rest as the config; its checks use the
+rows written out.
 
 On a GPU: first every config compiled for sm_90 on the host (as ``--compile-only``; a config that fails is left
 out), then the baseline and each config in a child process of its own (``scripts/p2/gemm_probe.py``'s watch: killed
@@ -59,6 +62,8 @@ CONFIGS = {
     # ping-pong: each warpgroup a 128 × 128 tile of its own, one's store under the other's K loop (224 KB)
     "pp_m128n128k64_s5": GemmConfig(128, 128, 64, 5, "pingpong"),
 }
+GATHERED = "+gather"  # a config's name with this suffix: x_s and dy_s read through the routing (cp.async gathers)
+CONFIGS.update({name + GATHERED: config for name, config in list(CONFIGS.items())})
 PRODUCTS = {"gate_up": "dWg = dgᵀ·x_s, dWu = duᵀ·x_s", "down": "dWd = dy_sᵀ·aw", "all": "dWg, dWu, dWd"}
 
 
@@ -104,11 +109,13 @@ SHAPES = {
 # --- compiling for sm_90 on the host ----------------------------------------------------------------------------
 
 
-def compile_report(config: GemmConfig, problems: int, out_dtype) -> dict:
-    """``config``'s kernel for ``problems`` products with ``out_dtype`` outputs, compiled for sm_90."""
+def compile_report(config: GemmConfig, problems: int, out_dtype, gathered: bool = False) -> dict:
+    """``config``'s kernel for ``problems`` products with ``out_dtype`` outputs (``gathered``: x_s and dy_s read
+    through an index), compiled for sm_90."""
     import torch
 
     from moe_lib.bench.sm90 import compile_gluon_for_sm90, first_error_line, resource_usage, wgmma_serialized
+    from moe_lib.engine.gathered import Gathered
     from moe_lib.engine.grouped_wgrad import grouped_wgrad_kernel, launch_arguments
 
     def meta(*size, dtype=torch.bfloat16):
@@ -116,12 +123,14 @@ def compile_report(config: GemmConfig, problems: int, out_dtype) -> dict:
 
     E, M, H, I = 8, 4096, 2048, 768  # the kernel depends on none of these
     gate_up = meta(M, 2 * I)
-    pairs = [(gate_up[:, :I], meta(M, H)), (gate_up[:, I:], meta(M, H)), (meta(M, H), meta(M, I))][:problems]
+    index = meta(M, dtype=torch.int32)
+    x, dy = (Gathered(meta(M // 4, H), index) for _ in range(2)) if gathered else (meta(M, H), meta(M, H))
+    pairs = [(gate_up[:, :I], x), (gate_up[:, I:], x), (dy, meta(M, I))][:problems]
     outs = [meta(E, a.shape[1], b.shape[1], dtype=out_dtype) for a, b in pairs]
     arguments, constexprs = launch_arguments(config, pairs, meta(E + 1, dtype=torch.int32), outs)
     for name in arguments:  # the pointers and the scalars as the launcher specialises them
         if name.endswith("_ptr"):
-            arguments[name] = "*i32" if name == "offsets_ptr" else "*bf16"
+            arguments[name] = "*i32" if name in ("offsets_ptr", "index_ptr") else "*bf16"
         elif name.endswith("_stride") or name == "num_experts":
             arguments[name] = "i32"
     start = time.perf_counter()
@@ -170,7 +179,7 @@ def compile_all(config_names: list[str], shape_names: list[str]) -> list[dict]:
         config = CONFIGS[config_name]
         for problems, out in variants(config, shape_names):
             dtype = torch.float32 if out == "fp32" else torch.bfloat16
-            report = compile_report(config, problems, dtype)
+            report = compile_report(config, problems, dtype, config_name.endswith(GATHERED))
             row = dict(config=config_name, problems_in_launch=problems, out=out, **report)
             row["problems"] = gemm_probe.compile_problems(row)
             rows.append(row)
@@ -205,6 +214,32 @@ def operands(shape: Shape, generator, device) -> list[tuple]:
     if shape.products in ("down", "all"):
         pairs.append((randn(shape.rows, shape.hidden), randn(shape.rows, shape.inter)))
     return pairs
+
+
+def gathered_operands(shape: Shape, generator, device) -> tuple:
+    """(the products with x_s and dy_s as Gathered rows of [T, H] sources through the routing's token of each row,
+    the same products with those rows written out, offsets): each token's K distinct experts drawn uniformly, its
+    slots sorted by expert (tokens ascending inside an expert, as the layer's routing sorts them)."""
+    import torch
+
+    from moe_lib.engine.gathered import Gathered
+
+    def randn(*size):
+        return torch.randn(size, generator=generator, device=device).to(torch.bfloat16)
+
+    choice = torch.rand((shape.tokens, shape.experts), generator=generator, device=device).topk(shape.top_k).indices
+    sorted_slot = torch.sort(choice.flatten(), stable=True).indices
+    index = torch.div(sorted_slot, shape.top_k, rounding_mode="floor").int()
+    offsets = torch.zeros(shape.experts + 1, dtype=torch.int32, device=device)
+    offsets[1:] = torch.bincount(choice.flatten(), minlength=shape.experts).cumsum(0)
+    gathered = []
+    if shape.products in ("gate_up", "all"):
+        gate_up, x = randn(shape.rows, 2 * shape.inter), Gathered(randn(shape.tokens, shape.hidden), index)
+        gathered += [(gate_up[:, : shape.inter], x), (gate_up[:, shape.inter :], x)]
+    if shape.products in ("down", "all"):
+        gathered.append((Gathered(randn(shape.tokens, shape.hidden), index), randn(shape.rows, shape.inter)))
+    written = [tuple(x.materialise() if isinstance(x, Gathered) else x for x in pair) for pair in gathered]
+    return gathered, written, offsets
 
 
 def checked_experts(bounds: list[int], generator) -> list[int]:
@@ -294,17 +329,19 @@ def run_child(name: str, shape_names: list[str], reps: int, seed: int) -> None:
     for shape_name in sorted(shape_names, key=lambda s: SHAPES[s].flop):
         gemm_probe.emit(event="start", shape=shape_name)
         try:
-            row = check_and_time(SHAPES[shape_name], CONFIGS.get(name), seed, flush, reps)
+            row = check_and_time(SHAPES[shape_name], CONFIGS.get(name), seed, flush, reps, name.endswith(GATHERED))
         except Exception as exc:  # reported; a CUDA error leaves the context unusable and the next shapes fail too
             row = dict(check=f"ERROR: {type(exc).__name__}: {str(exc)[-300:]}")
         gemm_probe.emit(event="result", shape=shape_name, **row)
         torch.cuda.empty_cache()  # the shape's tensors are gone with check_and_time's frame
 
 
-def check_and_time(shape: Shape, config: GemmConfig | None, seed: int, flush, reps: int) -> dict:
-    """One shape for a config (None: the baseline): fresh operands and routing, a first call into NaN-poisoned
-    outputs checked (:func:`wrong`), then CUDA-graph replays timed (the L2 flushed before each), their outputs
-    checked against the first call's bit for bit."""
+def check_and_time(
+    shape: Shape, config: GemmConfig | None, seed: int, flush, reps: int, gathered: bool = False
+) -> dict:
+    """One shape for a config (None: the baseline): fresh operands and routing (``gathered``: x_s and dy_s read
+    through it), a first call into NaN-poisoned outputs checked (:func:`wrong`), then CUDA-graph replays timed (the
+    L2 flushed before each), their outputs checked against the first call's bit for bit."""
     import torch
 
     from moe_lib.bench.timing import time_graph
@@ -312,8 +349,11 @@ def check_and_time(shape: Shape, config: GemmConfig | None, seed: int, flush, re
 
     device = torch.device("cuda")
     generator = torch.Generator(device=device).manual_seed(seed)  # every child the same operands a shape
-    offsets, _ = grouped_probe.routed_offsets(shape, generator, device)
-    pairs = operands(shape, generator, device)
+    if gathered:
+        operands_in, pairs, offsets = gathered_operands(shape, generator, device)  # pairs: the rows written out
+    else:
+        offsets, _ = grouped_probe.routed_offsets(shape, generator, device)
+        operands_in = pairs = operands(shape, generator, device)
     bounds = offsets.tolist()  # the checks' and the torch.mm loop's bounds: outside the timed calls
     note = None
     if config is None:
@@ -321,7 +361,7 @@ def check_and_time(shape: Shape, config: GemmConfig | None, seed: int, flush, re
     else:
 
         def call(outs):
-            return grouped_weight_grad(pairs, offsets, outs=outs, config=config)
+            return grouped_weight_grad(operands_in, offsets, outs=outs, config=config)
 
     outs = [
         torch.full((shape.experts, m, n), float("nan"), dtype=torch.bfloat16, device=device) for m, n in shape.outputs

@@ -7,6 +7,7 @@ tests/engine/test_wgrad_probe_script.py."""
 import pytest
 import torch
 
+from moe_lib.engine.gathered import Gathered
 from moe_lib.engine.gluon_gemm import GemmConfig
 from moe_lib.engine.grouped_wgrad import (
     FP32_CONFIG,
@@ -157,6 +158,19 @@ CASES = [
     ([(meta(32, 64).t(), B)], OFFSETS, {}, ValueError, "problems[0].a: expected rows of contiguous elements"),
     ([(A, meta(64, 12))], OFFSETS, {}, ValueError, "problems[0].b: TMA needs a row stride of a multiple of 16"),
     ([(A, meta(64, 24)[:, :12])], OFFSETS, {}, ValueError, "problems[0].b: TMA needs the output's rows"),
+    ([Gathered(meta(9, 48), meta(64, dtype=I32))], OFFSETS, {}, TypeError, "problems[0]: expected an (A, B) pair"),
+    ([(A, Gathered(meta(9, 48), meta(64)))], OFFSETS, {}, TypeError, "problems[0].b.index: expected torch.int32"),
+    ([(A, Gathered(meta(9, 48), meta(64, 1, dtype=I32)))], OFFSETS, {}, ValueError, "problems[0].b.index: expected a"),
+    ([(A, Gathered(meta(9, 48, 1), meta(64, dtype=I32)))], OFFSETS, {}, ValueError, "problems[0].b.source: expected"),
+    ([(A, Gathered(meta(9, 48), meta(63, dtype=I32)))], OFFSETS, {}, ValueError, "problems[0].b: expected 64 rows"),
+    ([(A, Gathered(meta(9, 12), meta(64, dtype=I32)))], OFFSETS, {}, ValueError, "problems[0].b: TMA needs a row"),
+    (
+        [(A, Gathered(meta(9, 48), meta(64, dtype=I32))), (Gathered(meta(9, 32), meta(64, dtype=I32)), B)],
+        OFFSETS,
+        {},
+        ValueError,
+        "problems[1].a.index: the gathered operands of one launch share one index tensor",
+    ),
     ([(A, B)], [0, 64], {}, TypeError, "offsets: expected a torch.Tensor"),
     ([(A, B)], meta(5, dtype=torch.int64), {}, TypeError, "offsets: expected torch.int32"),
     ([(A, B)], meta(0, dtype=I32), {}, ValueError, "offsets: expected a 1-D tensor of E + 1"),
@@ -216,6 +230,12 @@ def test_arguments_give_the_experts_shapes_and_output_dtype():
     outs = [meta(4, 40, 136, dtype=torch.float32)]
     assert check_arguments(pairs[:1], OFFSETS, outs=outs, config=FP32_CONFIG) == (4, [(40, 136)], torch.float32)
     assert check_arguments([(A, B)], meta(1, dtype=I32)) == (0, [(32, 48)], torch.bfloat16)  # no experts
+
+
+def test_gathered_operands_give_the_shapes_of_their_index():
+    index = meta(64, dtype=I32)
+    pairs = [(A, Gathered(meta(9, 48), index)), (Gathered(meta(9, 40), index), B)]
+    assert check_arguments(pairs, OFFSETS) == (4, [(32, 48), (40, 48)], torch.bfloat16)
 
 
 def test_grouped_weight_grad_refuses_cpu_tensors():
@@ -299,6 +319,35 @@ def test_tl_kernel_gives_the_same_bits_for_any_program_count(programs, seed):
         pairs, offsets, outs=poisoned(pairs, 5, torch.bfloat16), config=SMALL, programs=programs
     )
     assert all(torch.equal(x, y) for x, y in zip(once, again, strict=True))
+
+
+def gathered_three(rows, tokens, generator, inter=40, hidden=136, device="cpu"):
+    """MoE's three products with x and dy gathered from [tokens, H] sources by one index (tokens repeat, some never
+    read), and the same products with the gathered rows written out."""
+
+    def randn(*size):
+        return torch.randn(size, generator=generator, device=device).to(torch.bfloat16)
+
+    index = torch.randint(0, tokens, (rows,), generator=generator, device=device, dtype=torch.int32)
+    x, dy = Gathered(randn(tokens, hidden), index), Gathered(randn(tokens, hidden), index)
+    dgdu, aw = randn(rows, 2 * inter), randn(rows, inter)
+    gathered = [(dgdu[:, :inter], x), (dgdu[:, inter:], x), (dy, aw)]
+    written = [(a, b.materialise()) for a, b in gathered[:2]] + [(dy.materialise(), aw)]
+    return gathered, written
+
+
+@pytest.mark.parametrize("counts", list(RAGGED.values()), ids=list(RAGGED))
+def test_tl_kernel_gathers_rows_through_the_index(counts, seed):
+    """x and dy read through the index give the bits of the same rows written out, and float64's values."""
+    generator = torch.Generator().manual_seed(seed)
+    offsets = offsets_of(counts)
+    gathered, written = gathered_three(int(offsets[-1]), 37, generator)
+    poison = poisoned(written, len(counts), torch.bfloat16)
+    outs = grouped_weight_grad_tl(gathered, offsets, outs=poison, config=WIDE, programs=3)
+    expected = grouped_weight_grad_tl(written, offsets, config=WIDE, programs=3)
+    for (a, b), out, same in zip(written, outs, expected, strict=True):
+        assert torch.equal(out, same)
+        assert within_rounding(out, reference(a, b, offsets))
 
 
 def test_tl_kernel_without_rows_or_experts(seed):
@@ -436,3 +485,23 @@ def test_gpu_weight_grad_replays_in_a_cuda_graph_with_new_offsets(name, seed):
         for (a, b), out in zip(pairs, outs, strict=True):
             expected = reference(a, b, offsets)
             assert within_rounding(out, expected), counts
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("counts", ["ragged", "many"])
+@pytest.mark.parametrize("name", ["coop", "pingpong", "coop_2_programs"])
+def test_gpu_weight_grad_gathers_rows_through_the_index(name, counts, seed):
+    """x and dy gathered by cp.async in the loading partition: the bits of the same rows written out and read by
+    TMA (the same products in the same order), float64's values, and exact zeros for experts without rows."""
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    offsets = offsets_of(GPU_COUNTS[counts], device="cuda")
+    gathered, written = gathered_three(int(offsets[-1]), 301, generator, inter=328, hidden=520, device="cuda")
+    poison = poisoned(written, len(GPU_COUNTS[counts]), torch.bfloat16, device="cuda")
+    outs = grouped_weight_grad(gathered, offsets, outs=poison, config=CONFIGS[name])
+    expected = grouped_weight_grad(written, offsets, config=CONFIGS[name])
+    for (a, b), out, same in zip(written, outs, expected, strict=True):
+        assert torch.equal(out, same)
+        assert relative_error(out, reference(a, b, offsets)) < 1e-2
+        for e, count in enumerate(GPU_COUNTS[counts]):
+            if count == 0:
+                assert torch.equal(out[e], torch.zeros_like(out[e]))

@@ -139,6 +139,39 @@ def test_gpu_against_float64(shape, seed, nan_workspaces):
         assert torch.equal(a, b)
 
 
+def test_weight_gradients_read_aligned_rows_through_the_routing():
+    from moe_lib.engine.gathered import Gathered
+
+    routed = engine_layer._Routed(torch.tensor([[1, 0], [0, 2], [2, 1]]), torch.rand(3, 2), 3)
+    x = torch.randn(3, 64).to(torch.bfloat16)
+    rows = routed.rows(x)
+    assert isinstance(rows, Gathered) and rows.index.dtype == torch.int32
+    assert torch.equal(rows.materialise(), routed.gather(x))
+    odd = torch.randn(3 * 64 + 1).to(torch.bfloat16)[1:].view(3, 64)  # 2 bytes past an aligned start
+    assert torch.equal(routed.rows(odd), routed.gather(odd))
+
+
+@pytest.mark.gpu
+def test_gpu_backward_peak_keeps_no_routed_copy_of_x_beside_the_weight_gradients(seed):
+    """The backward's peak (pre-activations saved): its outputs and aw, and no [T·K, H] workspace beside them (x and
+    dy read through the routing in the weight-gradient launches; Wd's gradient allocated once [dg | du] is freed,
+    which takes Wd's gradient's bytes at this shape: H = 2I)."""
+    T, H, I, E, K = 4096, 2048, 1024, 32, 8
+    inputs = bf16_inputs(T, H, I, E, K, "uniform", seed, device="cuda")
+    y, preactivations = engine_layer.forward(*args(inputs), save_preactivations=True)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    grads = engine_layer.backward(inputs["grad_output"], *args(inputs), preactivations=preactivations)
+    torch.cuda.synchronize()
+    added = torch.cuda.max_memory_allocated() - before
+    slots = T * K
+    outputs = 2 * (T * H + T * K + 3 * E * I * H)
+    expected = outputs + 2 * slots * I + 2**23  # aw, and 8 MiB for the routing's indices and the allocator's rounding
+    assert added <= expected, (added, expected)  # a [T·K, H] copy of x (2·T·K·H bytes) beside them would not fit
+    assert all(torch.isfinite(g).all() for g in grads)
+
+
 def test_the_public_calls_take_the_engine_where_preferred(seed, nan_workspaces):
     from moe_lib.moe_experts import moe_experts, moe_experts_backward
     from moe_lib.moe_experts.structure import preferred
