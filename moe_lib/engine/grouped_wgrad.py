@@ -74,7 +74,7 @@ DEFAULT_CONFIG = GemmConfig()  # cooperative, 128 × 256 × 64 tiles, 3 stages
 FP32_CONFIG = GemmConfig(128, 128, 64, 4)  # an fp32 128 × 256 output tile (128 KB) leaves too little for a ring
 DESCRIPTOR_BYTES = 4 * 128  # the device descriptors' shared-memory templates: two pairs of 128 bytes
 GATHER_WARPS = 4  # the loading partition's warps where an operand is gathered (16-byte copies by every thread)
-GATHER_LOADER_REGISTERS = 80  # their registers after setmaxnreg: a chunk's addresses and masks
+GATHER_LOADER_REGISTERS = 112  # their registers after setmaxnreg: a chunk's addresses and masks
 
 
 # --- the tile schedule on the host ----------------------------------------------------------------------------------
@@ -172,24 +172,20 @@ def wait_landed(ready, first, last, issued, BUFFERS: gl.constexpr):
 
 
 @gluon.jit
-def gather_rows(buf, src_ptr, src_stride, index_ptr, rows_left, col0, n_cols, WARPS: gl.constexpr):
-    """buf [R, C] ← source[index[r], col0 + c] by 16-byte cp.async copies of every thread, R / CHUNK chunks of rows;
-    zeros (a copy of no bytes) for r ≥ rows_left or col0 + c ≥ n_cols, as TMA fills past a descriptor's edge."""
-    R: gl.constexpr = buf.type.shape[0]
-    C: gl.constexpr = buf.type.shape[1]
+def gather_sources(src_ptr, src_stride, index_ptr, rows_left, col0, n_cols, gather, R: gl.constexpr, C: gl.constexpr,
+                   WARPS: gl.constexpr):
+    """(pointers, mask) of an [R, C] tile source[index[r], col0 + c]: 16 bytes a thread in a row, its indices loaded
+    together (none where not ``gather``); the mask is off for r ≥ rows_left and col0 + c ≥ n_cols, where a copy of
+    no bytes writes zeros, as TMA fills past a descriptor's edge."""
     COLUMN_THREADS: gl.constexpr = 32 if C >= 256 else C // 8  # 8 elements (16 bytes) a thread
-    CHUNK: gl.constexpr = max(8, (32 // COLUMN_THREADS) * WARPS)  # whole 8-row swizzle periods of the buffer
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // COLUMN_THREADS, COLUMN_THREADS], [WARPS, 1], [1, 0])
-    rows = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, layout))
+    rows = gl.arange(0, R, layout=gl.SliceLayout(1, layout))
     cols = col0 + gl.arange(0, C, layout=gl.SliceLayout(0, layout))
     col_ok = gl.expand_dims(gl.max_constancy(cols < n_cols, 8), 0)  # N a multiple of 8 (checked on the host)
-    for r in gl.static_range(0, R, CHUNK):
-        row_ok = (r + rows) < rows_left
-        source_row = gl.load(index_ptr + r + rows, mask=row_ok, other=0)
-        starts = gl.multiple_of(source_row.to(gl.int64) * src_stride, 8)  # rows 16 bytes apart (host-checked)
-        pointers = src_ptr + gl.expand_dims(starts, 1) + gl.expand_dims(cols, 0)
-        async_copy.async_copy_global_to_shared(buf.slice(r, CHUNK, dim=0), pointers,
-                                               mask=gl.expand_dims(row_ok, 1) & col_ok)
+    row_ok = rows < rows_left
+    source_row = gl.load(index_ptr + rows, mask=row_ok & (gather != 0), other=0)
+    starts = gl.multiple_of(source_row.to(gl.int64) * src_stride, 8)  # rows 16 bytes apart (checked on the host)
+    return src_ptr + gl.expand_dims(starts, 1) + gl.expand_dims(cols, 0), gl.expand_dims(row_ok, 1) & col_ok
 
 
 @gluon.jit
@@ -197,9 +193,10 @@ def load_run(a_desc, b_desc, a_src, b_src, a_stride, b_stride, index_ptr, a_gath
              b_bufs, ready, empty, i, local, count, tiles_m, tiles_n, k_steps, GROUP_M: gl.constexpr,
              GATHERS: gl.constexpr, WARPS: gl.constexpr):
     """Every K step of ``count`` tiles of one (expert, problem), ``local``, ``local`` + P, ... among its tiles, into
-    the ring from step i on; returns the next step. An operand with ``a_gather`` / ``b_gather`` comes by
-    :func:`gather_rows` from its source (``index_ptr``: the expert's first row's index), the other by TMA; with
-    GATHERS every thread's copies arrive on the step's barrier once landed."""
+    the ring from step i on; returns the next step. An operand with ``a_gather`` / ``b_gather`` is copied by every
+    thread from its source (``index_ptr``: the expert's first row's index) by cp.async, its indices loaded before
+    the step waits for its buffer (the load's latency under the wait), the other by TMA; with GATHERS every
+    thread's copies arrive on the step's barrier once landed."""
     BUFFERS: gl.constexpr = a_bufs.type.shape[0]
     BLOCK_K: gl.constexpr = a_bufs.type.shape[1]
     BLOCK_M: gl.constexpr = a_bufs.type.shape[2]
@@ -211,6 +208,12 @@ def load_run(a_desc, b_desc, a_src, b_src, a_stride, b_stride, index_ptr, a_gath
         off_m, off_n = tile_origin(local + j * programs, tiles_m, tiles_n, GROUP_M, BLOCK_M, BLOCK_N)
         for step in range(k_steps):
             slot = i % BUFFERS
+            k = step * BLOCK_K
+            if GATHERS:
+                a_from, a_mask = gather_sources(a_src, a_stride, index_ptr + k, rows - k, off_m, m, a_gather, BLOCK_K,
+                                                BLOCK_M, WARPS)
+                b_from, b_mask = gather_sources(b_src, b_stride, index_ptr + k, rows - k, off_n, n, b_gather, BLOCK_K,
+                                                BLOCK_N, WARPS)
             mbarrier.wait(empty.index(slot), ((i // BUFFERS) & 1) ^ 1)  # a fresh barrier counts as released
             bar = ready.index(slot)
             # the bytes TMA brings (a tile's full bytes, zero-filled ones included), or an arrival without any
@@ -222,17 +225,20 @@ def load_run(a_desc, b_desc, a_src, b_src, a_stride, b_stride, index_ptr, a_gath
                 mbarrier.expect(bar, A_BYTES)
             else:
                 mbarrier.expect(bar, A_BYTES + B_BYTES)
-            k = step * BLOCK_K
-            if a_gather:
-                gather_rows(a_bufs.index(slot), a_src, a_stride, index_ptr + k, rows - k, off_m, m, WARPS)
+            if GATHERS:
+                if a_gather:
+                    async_copy.async_copy_global_to_shared(a_bufs.index(slot), a_from, mask=a_mask)
+                else:
+                    tma.async_copy_global_to_shared(a_desc, [k, off_m], bar, a_bufs.index(slot))
+                if b_gather:
+                    async_copy.async_copy_global_to_shared(b_bufs.index(slot), b_from, mask=b_mask)
+                else:
+                    tma.async_copy_global_to_shared(b_desc, [k, off_n], bar, b_bufs.index(slot))
+                # each thread's copies (none, where nothing is gathered) arrive once they have landed
+                async_copy.mbarrier_arrive(bar, increment_count=False)
             else:
                 tma.async_copy_global_to_shared(a_desc, [k, off_m], bar, a_bufs.index(slot))
-            if b_gather:
-                gather_rows(b_bufs.index(slot), b_src, b_stride, index_ptr + k, rows - k, off_n, n, WARPS)
-            else:
                 tma.async_copy_global_to_shared(b_desc, [k, off_n], bar, b_bufs.index(slot))
-            if GATHERS:  # each thread's copies (none, where nothing is gathered) arrive once they have landed
-                async_copy.mbarrier_arrive(bar, increment_count=False)
             i += 1
     return i
 
@@ -598,9 +604,10 @@ def grouped_weight_grad(problems, offsets: torch.Tensor, *, outs=None, out_dtype
     bf16 or fp32, where None; else their dtype), exact zeros for an expert without rows. One launch for 1 to 3
     problems. ``problems``: (A_p [M_total, M_p], B_p [M_total, N_p]) bf16 pairs over the same rows, each with rows
     TMA can address (column views of a wider tensor too), or a :class:`.gathered.Gathered` whose rows are read
-    through its index (all gathered operands of a launch share one index). ``offsets``: int32 [E + 1] on the device, rising from 0 to
-    at most M_total (not checked: no host sync). ``config``: tiles and ring (:data:`DEFAULT_CONFIG` for bf16
-    outputs, :data:`FP32_CONFIG` for fp32). On a Hopper GPU; capturable in a CUDA graph."""
+    through its index (all gathered operands of a launch share one index). ``offsets``: int32 [E + 1] on the
+    device, rising from 0 to at most M_total (not checked: no host sync). ``config``: tiles and ring
+    (:data:`DEFAULT_CONFIG` for bf16 outputs, :data:`FP32_CONFIG` for fp32). On a Hopper GPU; capturable in a CUDA
+    graph."""
     num_experts, shapes, out_dtype = check_arguments(problems, offsets, outs=outs, out_dtype=out_dtype, config=config)
     config = config or default_config(out_dtype)
     if offsets.device.type != "cuda":
