@@ -32,9 +32,9 @@ normally have. The descriptors need Triton's global scratch allocator (:func:`mo
 Gathered operands (:class:`.gathered.Gathered`: the MoE layer's x_s and dy_s, read through the routing instead of
 written out): the loading partition has GATHER_WARPS warps; each thread copies its 16-byte pieces of the step's
 rows source[index[r]] into the ring's buffer by cp.async (zero-filled past the expert's rows and past the
-columns, as TMA fills), the other operand still by TMA, and arrives on the step's barrier once its copies have
-landed (cp.async.mbarrier.arrive.noinc: the barrier counts TMA's expect and every loading thread). The consumers
-fence the generic proxy's writes before their wgmma reads them.
+columns, as TMA fills; the step's indices loaded a step ahead), the other operand still by TMA, and arrives on
+the step's barrier once its copies have landed (cp.async.mbarrier.arrive.noinc: the barrier counts TMA's expect
+and every loading thread). The consumers fence the generic proxy's writes before their wgmma reads them.
 
 Every element of every C_p[e] is written by one tile once: deterministic, no atomics. The offsets stay on the
 device: no host sync, a grid from E and the shapes alone (CUDA-graph capturable).
@@ -74,7 +74,9 @@ DEFAULT_CONFIG = GemmConfig()  # cooperative, 128 × 256 × 64 tiles, 3 stages
 FP32_CONFIG = GemmConfig(128, 128, 64, 4)  # an fp32 128 × 256 output tile (128 KB) leaves too little for a ring
 DESCRIPTOR_BYTES = 4 * 128  # the device descriptors' shared-memory templates: two pairs of 128 bytes
 GATHER_WARPS = 4  # the loading partition's warps where an operand is gathered (16-byte copies by every thread)
-GATHER_LOADER_REGISTERS = 112  # their registers after setmaxnreg: a chunk's addresses and masks
+# their registers after setmaxnreg (a step's addresses and the next step's indices), by consumers: what the
+# consumers' accumulators leave (ping-pong's two 128 × 128 accumulators need more than cooperative's one 128 × 256)
+GATHER_LOADER_REGISTERS = {"cooperative": 128, "pingpong": 104}
 
 
 # --- the tile schedule on the host ----------------------------------------------------------------------------------
@@ -171,21 +173,33 @@ def wait_landed(ready, first, last, issued, BUFFERS: gl.constexpr):
         mbarrier.wait(ready.index(i % BUFFERS), (i // BUFFERS) & 1)
 
 
+@gluon.constexpr_function
+def gather_layout(C, WARPS):
+    """The loading threads over a gathered tile's [R, C]: 16 bytes (8 elements) a thread in a row."""
+    column_threads = 32 if C >= 256 else C // 8
+    return gl.BlockedLayout([1, 8], [32 // column_threads, column_threads], [WARPS, 1], [1, 0])
+
+
 @gluon.jit
-def gather_sources(src_ptr, src_stride, index_ptr, rows_left, col0, n_cols, gather, R: gl.constexpr, C: gl.constexpr,
-                   WARPS: gl.constexpr):
-    """(pointers, mask) of an [R, C] tile source[index[r], col0 + c]: 16 bytes a thread in a row, its indices loaded
-    together (none where not ``gather``); the mask is off for r ≥ rows_left and col0 + c ≥ n_cols, where a copy of
-    no bytes writes zeros, as TMA fills past a descriptor's edge."""
-    COLUMN_THREADS: gl.constexpr = 32 if C >= 256 else C // 8  # 8 elements (16 bytes) a thread
-    layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // COLUMN_THREADS, COLUMN_THREADS], [WARPS, 1], [1, 0])
+def step_indices(index_ptr, rows_left, gather, R: gl.constexpr, C: gl.constexpr, WARPS: gl.constexpr):
+    """The source rows index[r] of one step's R rows as the threads of :func:`gather_layout` hold them (0 past
+    rows_left, and none loaded where not ``gather``)."""
+    layout: gl.constexpr = gather_layout(C, WARPS)
+    rows = gl.arange(0, R, layout=gl.SliceLayout(1, layout))
+    return gl.load(index_ptr + rows, mask=(rows < rows_left) & (gather != 0), other=0)
+
+
+@gluon.jit
+def gather_sources(source_row, src_ptr, src_stride, rows_left, col0, n_cols, C: gl.constexpr, WARPS: gl.constexpr):
+    """(pointers, mask) of the tile source[source_row[r], col0 + c]; the mask is off for r ≥ rows_left and
+    col0 + c ≥ n_cols, where a copy of no bytes writes zeros, as TMA fills past a descriptor's edge."""
+    R: gl.constexpr = source_row.type.shape[0]
+    layout: gl.constexpr = gather_layout(C, WARPS)
     rows = gl.arange(0, R, layout=gl.SliceLayout(1, layout))
     cols = col0 + gl.arange(0, C, layout=gl.SliceLayout(0, layout))
     col_ok = gl.expand_dims(gl.max_constancy(cols < n_cols, 8), 0)  # N a multiple of 8 (checked on the host)
-    row_ok = rows < rows_left
-    source_row = gl.load(index_ptr + rows, mask=row_ok & (gather != 0), other=0)
     starts = gl.multiple_of(source_row.to(gl.int64) * src_stride, 8)  # rows 16 bytes apart (checked on the host)
-    return src_ptr + gl.expand_dims(starts, 1) + gl.expand_dims(cols, 0), gl.expand_dims(row_ok, 1) & col_ok
+    return src_ptr + gl.expand_dims(starts, 1) + gl.expand_dims(cols, 0), gl.expand_dims(rows < rows_left, 1) & col_ok
 
 
 @gluon.jit
@@ -194,9 +208,10 @@ def load_run(a_desc, b_desc, a_src, b_src, a_stride, b_stride, index_ptr, a_gath
              GATHERS: gl.constexpr, WARPS: gl.constexpr):
     """Every K step of ``count`` tiles of one (expert, problem), ``local``, ``local`` + P, ... among its tiles, into
     the ring from step i on; returns the next step. An operand with ``a_gather`` / ``b_gather`` is copied by every
-    thread from its source (``index_ptr``: the expert's first row's index) by cp.async, its indices loaded before
-    the step waits for its buffer (the load's latency under the wait), the other by TMA; with GATHERS every
-    thread's copies arrive on the step's barrier once landed."""
+    thread from its source (``index_ptr``: the expert's first row's index) by cp.async, the other by TMA; a step's
+    indices are loaded one step ahead (a step's rows are the same in every tile of the run), so that their
+    latency passes under the step before; with GATHERS every thread's copies arrive on the step's barrier once
+    landed."""
     BUFFERS: gl.constexpr = a_bufs.type.shape[0]
     BLOCK_K: gl.constexpr = a_bufs.type.shape[1]
     BLOCK_M: gl.constexpr = a_bufs.type.shape[2]
@@ -204,16 +219,20 @@ def load_run(a_desc, b_desc, a_src, b_src, a_stride, b_stride, index_ptr, a_gath
     A_BYTES: gl.constexpr = BLOCK_M * BLOCK_K * 2
     B_BYTES: gl.constexpr = BLOCK_N * BLOCK_K * 2
     programs = gl.num_programs(0)
+    if GATHERS:
+        a_rows = step_indices(index_ptr, rows, a_gather, BLOCK_K, BLOCK_M, WARPS)
+        b_rows = step_indices(index_ptr, rows, b_gather, BLOCK_K, BLOCK_N, WARPS)
     for j in range(count):
         off_m, off_n = tile_origin(local + j * programs, tiles_m, tiles_n, GROUP_M, BLOCK_M, BLOCK_N)
         for step in range(k_steps):
             slot = i % BUFFERS
             k = step * BLOCK_K
             if GATHERS:
-                a_from, a_mask = gather_sources(a_src, a_stride, index_ptr + k, rows - k, off_m, m, a_gather, BLOCK_K,
-                                                BLOCK_M, WARPS)
-                b_from, b_mask = gather_sources(b_src, b_stride, index_ptr + k, rows - k, off_n, n, b_gather, BLOCK_K,
-                                                BLOCK_N, WARPS)
+                a_from, a_mask = gather_sources(a_rows, a_src, a_stride, rows - k, off_m, m, BLOCK_M, WARPS)
+                b_from, b_mask = gather_sources(b_rows, b_src, b_stride, rows - k, off_n, n, BLOCK_N, WARPS)
+                ahead = ((step + 1) % k_steps) * BLOCK_K  # the next step's rows: this tile's, or the next tile's first
+                a_rows = step_indices(index_ptr + ahead, rows - ahead, a_gather, BLOCK_K, BLOCK_M, WARPS)
+                b_rows = step_indices(index_ptr + ahead, rows - ahead, b_gather, BLOCK_K, BLOCK_N, WARPS)
             mbarrier.wait(empty.index(slot), ((i // BUFFERS) & 1) ^ 1)  # a fresh barrier counts as released
             bar = ready.index(slot)
             # the bytes TMA brings (a tile's full bytes, zero-filled ones included), or an arrival without any
@@ -593,7 +612,8 @@ def launch_arguments(config: GemmConfig, problems, offsets, outs) -> tuple[dict,
     constexprs = dict(PROBLEMS=len(problems), GATHER_A=gather_a, GATHER_B=gather_b,
                       LOADER_WARPS=GATHER_WARPS if gathers else 1, BLOCK_K=config.block_k, BUFFERS=config.stages,
                       GROUP_M=config.group_m, PINGPONG=config.pingpong, CONSUMER_REGS=CONSUMER_REGISTERS,
-                      LOADER_REGS=GATHER_LOADER_REGISTERS if gathers else LOADER_REGISTERS, num_warps=config.warps)
+                      LOADER_REGS=GATHER_LOADER_REGISTERS[config.consumers] if gathers else LOADER_REGISTERS,
+                      num_warps=config.warps)
     return arguments, constexprs
 
 

@@ -111,7 +111,13 @@ def test_compile_only_builds_a_config_for_sm90_unserialised_within_the_limits(tm
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
     done = subprocess.run(
-        [sys.executable, "scripts/p2/wgrad_probe.py", "--compile-only", "--configs", "coop_m128n128k64_s5"]
+        [
+            sys.executable,
+            "scripts/p2/wgrad_probe.py",
+            "--compile-only",
+            "--configs",
+            "coop_m128n128k64_s5,coop_m128n128k64_s5+gather",
+        ]
         + ["--out", str(tmp_path)],
         cwd=ROOT,
         env=env,
