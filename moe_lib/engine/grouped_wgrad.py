@@ -74,6 +74,9 @@ DEFAULT_CONFIG = GemmConfig()  # cooperative, 128 × 256 × 64 tiles, 3 stages
 FP32_CONFIG = GemmConfig(128, 128, 64, 4)  # an fp32 128 × 256 output tile (128 KB) leaves too little for a ring
 DESCRIPTOR_BYTES = 4 * 128  # the device descriptors' shared-memory templates: two pairs of 128 bytes
 GATHER_WARPS = 4  # the loading partition's warps where an operand is gathered (16-byte copies by every thread)
+# whether the consumers fence cp.async's writes before their wgmma read them (Triton's own cp.async pipelines and
+# CUTLASS's sm90 multistage mainloop do not)
+FENCE_GATHERED = True
 # their registers after setmaxnreg (a step's addresses and the next step's indices), by consumers: what the
 # consumers' accumulators leave (ping-pong's two 128 × 128 accumulators need more than cooperative's one 128 × 256)
 GATHER_LOADER_REGISTERS = {"cooperative": 128, "pingpong": 104}
@@ -344,12 +347,12 @@ def zero_fill(c_smem, WARPS: gl.constexpr):
 
 @gluon.jit
 def wgrad_consumer_partition(a_bufs, b_bufs, ready, empty, turns, c0_desc, c1_desc, c2_desc, c_bufs, offsets_ptr,
-                             num_experts, PROBLEMS: gl.constexpr, GROUP_M: gl.constexpr, GATHERS: gl.constexpr,
+                             num_experts, PROBLEMS: gl.constexpr, GROUP_M: gl.constexpr, FENCE: gl.constexpr,
                              ME: gl.constexpr, CONSUMERS: gl.constexpr, WARPS: gl.constexpr):
     """Consumer ME of CONSUMERS (WARPS warps): the program's tiles ME, ME + CONSUMERS, ... of its own (the ring's
     steps counted over all the program's tiles, each its expert's step count), each its K loop and its store. With
-    two consumers each K loop waits for its turn and passes it on once its last wgmma is issued. With GATHERS (some
-    buffers written by cp.async, the generic proxy) each step fences before its wgmma reads them."""
+    two consumers each K loop waits for its turn and passes it on once its last wgmma is issued. With FENCE (some
+    buffers written by cp.async) each step fences the generic proxy's writes before its wgmma reads them."""
     BLOCK_M: gl.constexpr = c0_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = c0_desc.block_type.shape[2]
     BLOCK_K: gl.constexpr = a_bufs.type.shape[1]
@@ -376,7 +379,7 @@ def wgrad_consumer_partition(a_bufs, b_bufs, ready, empty, turns, c0_desc, c1_de
             if CONSUMERS > 1:  # consumer 0's first turn is free (a fresh barrier), consumer 1's first waits for it
                 mbarrier.wait(turns.index(ME), ((n // CONSUMERS) & 1) ^ (1 - ME))
             if k_steps > 0:
-                acc = tile_k_loop(a_bufs, b_bufs, ready, empty, acc, i, k_steps, True, False, GATHERS)
+                acc = tile_k_loop(a_bufs, b_bufs, ready, empty, acc, i, k_steps, True, False, FENCE)
                 if CONSUMERS > 1:
                     mbarrier.arrive(turns.index(1 - ME), count=1)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
@@ -417,6 +420,7 @@ def grouped_wgrad_kernel(
     GATHER_A: gl.constexpr,  # bit p set: A_p is gathered (a_p_ptr, a_p_stride: its source [T, M_p]); else 0
     GATHER_B: gl.constexpr,  # bit p set: B_p is gathered (b_p_ptr, b_p_stride: its source [T, N_p]); else 0
     LOADER_WARPS: gl.constexpr,  # warps of the loading partition: 1, or GATHER_WARPS where any operand is gathered
+    FENCE_GATHERS: gl.constexpr,  # whether the consumers fence gathered buffers before their wgmma (FENCE_GATHERED)
     BLOCK_K: gl.constexpr,  # rows (K) a step
     BUFFERS: gl.constexpr,  # buffers of the ring
     GROUP_M: gl.constexpr,  # row tiles taken together in a problem's tile order
@@ -449,9 +453,9 @@ def grouped_wgrad_kernel(
     if PINGPONG:
         gl.warp_specialize([
             (wgrad_consumer_partition, (a_bufs, b_bufs, ready, empty, turns, c0_desc, c1_desc, c2_desc, c_bufs,
-                                        offsets_ptr, num_experts, PROBLEMS, GROUP_M, GATHERS, 0, 2, num_warps)),
+                                        offsets_ptr, num_experts, PROBLEMS, GROUP_M, FENCE_GATHERS, 0, 2, num_warps)),
             (wgrad_consumer_partition, (a_bufs, b_bufs, ready, empty, turns, c0_desc, c1_desc, c2_desc, c_bufs,
-                                        offsets_ptr, num_experts, PROBLEMS, GROUP_M, GATHERS, 1, 2, 4)),
+                                        offsets_ptr, num_experts, PROBLEMS, GROUP_M, FENCE_GATHERS, 1, 2, 4)),
             (wgrad_load_partition, (a0_ptr, b0_ptr, a1_ptr, b1_ptr, a2_ptr, b2_ptr, a0_stride, b0_stride,
                                     a1_stride, b1_stride, a2_stride, b2_stride, c0_desc, c1_desc, c2_desc, a_bufs,
                                     b_bufs, ready, empty, offsets_ptr, index_ptr, num_experts, PROBLEMS, GROUP_M,
@@ -460,7 +464,7 @@ def grouped_wgrad_kernel(
     else:
         gl.warp_specialize([
             (wgrad_consumer_partition, (a_bufs, b_bufs, ready, empty, turns, c0_desc, c1_desc, c2_desc, c_bufs,
-                                        offsets_ptr, num_experts, PROBLEMS, GROUP_M, GATHERS, 0, 1, num_warps)),
+                                        offsets_ptr, num_experts, PROBLEMS, GROUP_M, FENCE_GATHERS, 0, 1, num_warps)),
             (wgrad_load_partition, (a0_ptr, b0_ptr, a1_ptr, b1_ptr, a2_ptr, b2_ptr, a0_stride, b0_stride,
                                     a1_stride, b1_stride, a2_stride, b2_stride, c0_desc, c1_desc, c2_desc, a_bufs,
                                     b_bufs, ready, empty, offsets_ptr, index_ptr, num_experts, PROBLEMS, GROUP_M,
@@ -610,7 +614,8 @@ def launch_arguments(config: GemmConfig, problems, offsets, outs) -> tuple[dict,
     arguments.update(offsets_ptr=offsets, index_ptr=index, num_experts=offsets.shape[0] - 1)
     gathers = bool(gather_a | gather_b)
     constexprs = dict(PROBLEMS=len(problems), GATHER_A=gather_a, GATHER_B=gather_b,
-                      LOADER_WARPS=GATHER_WARPS if gathers else 1, BLOCK_K=config.block_k, BUFFERS=config.stages,
+                      LOADER_WARPS=GATHER_WARPS if gathers else 1, FENCE_GATHERS=gathers and FENCE_GATHERED,
+                      BLOCK_K=config.block_k, BUFFERS=config.stages,
                       GROUP_M=config.group_m, PINGPONG=config.pingpong, CONSUMER_REGS=CONSUMER_REGISTERS,
                       LOADER_REGS=GATHER_LOADER_REGISTERS[config.consumers] if gathers else LOADER_REGISTERS,
                       num_warps=config.warps)
