@@ -12,8 +12,8 @@ over its rows offsets[e] ≤ p < offsets[e + 1], each line one persistent launch
                dg = dA·u·silu'(g) ;  du = dA·silu(g) ;  aw = w_s·a ;  part[j, p] = Σ_{columns of tile j} dAp·a
                dX_s = dg·Wg_e + du·Wu_e                                              K = 2I              reads Wg, Wu
                grad_x[t] = Σ_k dX_s[row_of_slot[t·K + k]] ;  grad_topk[t, k] = Σ_j part[j, row_of_slot[t·K + k]]
-               dWg_e = dg_eᵀ x_s,e ;  dWu_e = du_eᵀ x_s,e                            varlen-K, x gathered  writes dW
-               dWd_e = dy_s,eᵀ aw_e                                                  varlen-K, dy gathered
+               dWg_e = dg_eᵀ x_s,e ;  dWu_e = du_eᵀ x_s,e                            varlen-K            writes dWg, dWu
+               dWd_e = dy_s,eᵀ aw_e                                                  varlen-K, dy gathered  writes dWd
 
 With the pre-activations saved, the weights are read twice in the forward and twice in the backward and their
 gradients written once: six passes, as SonicMoE's layer; recomputing g and u adds a seventh (the op, whose
@@ -21,11 +21,12 @@ forward is recomputed, has five). dg and du share one [T·K, 2I] buffer (dg's co
 reads it as one operand of K = 2I. Everything stays on the device (no host sync: graph-capturable); every output
 element is written by one tile once (deterministic, no atomics); experts without rows get exact zero gradients.
 
-Memory: the weight-gradient launches read x's and dy's rows through the routing (:class:`..engine.gathered.Gathered`:
-cp.async gathers in the loading partition), so x_s is never written where g and u were saved, and dy_s is freed
-after dswiglu; dX comes before them, and the gradients of Wg and Wu are written before Wd's is allocated, once
-[dg | du] is freed: the backward's peak is the weight gradients with aw, [dg | du] and the saved g and u
-(:func:`allocation_bytes`).
+Memory: dy_s is freed after dswiglu and dX_s after its sum; x_s is written (where g and u were saved) just before
+the gradients of Wg and Wu, and freed with [dg | du] before Wd's gradient is allocated, whose launch reads dy's
+rows through the routing (:class:`..engine.gathered.Gathered`: cp.async gathers in the loading partition). So no
+two [T·K, H] workspaces are ever alive beside the weight gradients: the backward's peak is the larger of (dWg,
+dWu, [dg | du], aw, x_s) and (dWg, dWu, dWd, aw), besides the saved g and u. Gathering x as well would save x_s
+but costs more than writing it: its gathered tile is twice dy's (notes/p2/engine-layer.md).
 
 bf16 only, on Hopper (the engine's Gluon kernels) or under the interpreter (their plain-Triton twins);
 :func:`supports` says why not elsewhere. The readable reference of the same math: :mod:`.reference`.
@@ -108,15 +109,15 @@ def allocation_bytes(
     saved: bool = False,
 ) -> int:
     """At most this many bytes allocated by one call (bf16; outputs included): the forward's x_s, a, y_s and y
-    (and g, u where saved); the backward's outputs with, at its widest, one [T·K, H] workspace (x_s, dy_s or dX_s,
-    one at a time), [dg | du], aw, the partials, and g and u where recomputed."""
+    (and g, u where saved); the backward's outputs with, at its widest, two [T·K, H] workspaces (x_s with dy_s or
+    dX_s where g and u are recomputed), [dg | du], aw, the partials, and g and u where recomputed."""
     T, K, H, I, E = num_tokens, top_k, hidden_size, intermediate_size, num_experts
     slots = T * K
     if not backward:
         return 2 * (slots * H + slots * I + slots * H + T * H + (2 * slots * I if saved else 0))
     recomputed = 0 if saved else 2 * slots * I
     partials = 4 * slots * -(-I // 64)
-    return 2 * (slots * H + recomputed + 3 * slots * I + T * H + T * K + 3 * E * I * H) + partials
+    return 2 * (2 * slots * H + recomputed + 3 * slots * I + T * H + T * K + 3 * E * I * H) + partials
 
 
 def _check_memory(device: torch.device, nbytes: int, num_tokens: int, top_k: int) -> None:
@@ -257,12 +258,14 @@ def backward(
     allocate = runtime.allocate
     launches = _Launches(num_slots, E)
     routed = _Routed(topk_indices, topk_weights, E)
+    x_s = None
     if preactivations is None:  # the forward's first product again, g and u stored only
+        x_s = routed.gather(hidden_states)  # kept for the weight gradients
         gate_pre = allocate((num_slots, I), dtype=dtype, device=device)
         up_pre = allocate((num_slots, I), dtype=dtype, device=device)
         if num_slots:
             launches.gemm(
-                routed.gather(hidden_states),
+                x_s,
                 (gate_weights, up_weights),
                 routed.offsets,
                 epilogue="swiglu",
@@ -305,14 +308,15 @@ def backward(
     del gate_pre, up_pre, topk_partial
 
     # the weight gradients, also without slots (experts without rows get their zeros here): Wg's and Wu's first,
-    # then Wd's, allocated once [dg | du] is freed
+    # then Wd's, allocated once [dg | du] and x_s are freed
     def weight_grad(p, shape):
         return allocate(shape, dtype=dtype, device=device) if weight_grads_out is None else weight_grads_out[p]
 
-    x_rows = routed.rows(hidden_states)
+    if x_s is None:
+        x_s = routed.gather(hidden_states)
     grad_gate, grad_up = weight_grad(0, (E, I, H)), weight_grad(1, (E, I, H))
-    launches.weight_grad([(dgate, x_rows), (dup, x_rows)], routed.offsets, [grad_gate, grad_up])
-    del x_rows, d_preact, dgate, dup
+    launches.weight_grad([(dgate, x_s), (dup, x_s)], routed.offsets, [grad_gate, grad_up])
+    del x_s, d_preact, dgate, dup
     grad_down = weight_grad(2, (E, H, I))
     launches.weight_grad([(routed.rows(grad_output), scaled_act)], routed.offsets, [grad_down])
     return grad_hidden, grad_topk, grad_gate, grad_up, grad_down
