@@ -91,11 +91,12 @@ def supports(hidden_size: int, intermediate_size: int, dtype: torch.dtype, targe
 
 
 def gemm_config(num_slots: int, num_experts: int) -> GemmConfig:
-    """Tiles of the varlen-M products: ping-pong 128 × 128 while experts are small (its epilogue overlaps the
-    other tile's K loop), cooperative 128 × 256 from 1024 rows an expert (notes/p2/engine-grouped.md, Measured)."""
+    """Tiles of the varlen-M products: ping-pong 64 × 256 while experts are small (its epilogue overlaps the other
+    tile's K loop, and an expert's last row tile wastes at most 63 rows), cooperative 128 × 256 from 1024 rows an
+    expert (notes/p2/engine-grouped.md, Measured; notes/p2/engine-layer.md, Row tiles)."""
     if num_slots >= 1024 * max(num_experts, 1):
         return GemmConfig(128, 256, 64, 3, "cooperative")
-    return GemmConfig(128, 128, 64, 5, "pingpong")
+    return GemmConfig(64, 256, 64, 4, "pingpong")
 
 
 def allocation_bytes(

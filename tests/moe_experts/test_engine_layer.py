@@ -77,7 +77,7 @@ def test_supports_names_what_it_cannot_take():
 
 
 def test_gemm_config_by_rows_an_expert():
-    assert engine_layer.gemm_config(8192 * 8, 256) == GemmConfig(128, 128, 64, 5, "pingpong")
+    assert engine_layer.gemm_config(8192 * 8, 256) == GemmConfig(64, 256, 64, 4, "pingpong")
     assert engine_layer.gemm_config(32768 * 8, 256) == GemmConfig(128, 256, 64, 3, "cooperative")
     assert engine_layer.gemm_config(4096 * 2, 8).consumers == "cooperative"
     assert engine_layer.gemm_config(0, 0).consumers == "pingpong"
