@@ -1,0 +1,81 @@
+"""One forward + backward of P2's engine layer (pre-activations saved) per token count, for ncu or torch.profiler.
+
+    PYTHONPATH=. ncu --clock-control none --profile-from-start off \
+        --metrics gpu__time_duration.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,\
+dram__throughput.avg.pct_of_peak_sustained_elapsed \
+        python3 scripts/p2/engine_profile.py --tokens 32768
+    PYTHONPATH=. python3 scripts/p2/engine_profile.py --tokens 2048,32768 --kernel-times
+
+Each token count: the benchmark's inputs (``moe_experts_backward_bf16``), one untimed call (the kernels compile),
+then one call between cudaProfilerStart and cudaProfilerStop (ncu's ``--profile-from-start off`` profiles those
+kernels alone: the layer's launches, its torch gathers and sums). With ``--kernel-times``: instead, torch.profiler
+over three calls, and a table of each kernel's GPU time a call (its share of the call's kernels) for the layer and
+for the op (the backward with the forward recomputed).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from moe_lib import problems
+from moe_lib.moe_experts import engine_layer
+
+LAYER_INPUTS = ("hidden_states", "topk_indices", "topk_weights", "gate_weights", "up_weights", "down_weights")
+
+
+def layer_step(inputs):
+    """The layer's forward saving g and u, then its backward: the gradients."""
+    args = [inputs[name] for name in LAYER_INPUTS]
+    _, preactivations = engine_layer.forward(*args, save_preactivations=True)
+    return engine_layer.backward(inputs["grad_output"], *args, preactivations=preactivations)
+
+
+def op_step(inputs):
+    """The backward with the forward recomputed (the op)."""
+    return engine_layer.backward(inputs["grad_output"], *[inputs[name] for name in LAYER_INPUTS])
+
+
+def kernel_times(step, inputs, calls: int = 3) -> str:
+    """Each kernel's GPU time a call under torch.profiler, largest first, with its share of the call's total."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            step(inputs)
+        torch.cuda.synchronize()
+    rows = [(e.key, e.device_time_total / calls / 1e3) for e in prof.key_averages() if e.device_time_total > 0]
+    rows.sort(key=lambda row: -row[1])
+    total = sum(ms for _, ms in rows)
+    lines = [f"  {ms:8.3f} ms {100 * ms / total:5.1f}%  {name[:90]}" for name, ms in rows[:14]]
+    return "\n".join(lines + [f"  {total:8.3f} ms in all kernels a call"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", default="32768", help="comma-separated token counts")
+    parser.add_argument("--kernel-times", action="store_true", help="torch.profiler's kernel times instead of ncu")
+    args = parser.parse_args()
+    problem = problems.load("moe_experts_backward_bf16")
+    for num_tokens in (int(t) for t in args.tokens.split(",")):
+        inputs = problem.make_inputs(num_tokens, device="cuda")
+        layer_step(inputs)  # compiles the kernels
+        op_step(inputs)
+        torch.cuda.synchronize()
+        if args.kernel_times:
+            for name, step in (("layer", layer_step), ("op", op_step)):
+                print(f"T={num_tokens} {name}:\n{kernel_times(step, inputs)}", flush=True)
+        else:
+            torch.cuda.nvtx.range_push(f"T={num_tokens}")
+            torch.cuda.cudart().cudaProfilerStart()
+            layer_step(inputs)
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStop()
+            torch.cuda.nvtx.range_pop()
+        del inputs
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
