@@ -1,0 +1,178 @@
+"""A/B runs of P2's engine layer on one GPU, each variant checked against the first one's bits, timed by graph
+replay after an L2 flush (median of 20, 10 at 32768 tokens); one short table, and its JSON under --out.
+
+    PYTHONPATH=. python3 scripts/p2/engine_ab.py gather [--shapes p2_t32768_gate_up,p2_t32768_down,...]
+    PYTHONPATH=. python3 scripts/p2/engine_ab.py tiles [--tokens 2048,4096,8192]
+    git show 3da7482:moe_lib/moe_experts/engine_layer.py > /tmp/before.py
+    PYTHONPATH=. python3 scripts/p2/engine_ab.py structure --before /tmp/before.py [--tokens 2048,8192,32768]
+
+gather: the weight-gradient kernel (``moe_lib/engine/grouped_wgrad.py``) on rows written out, on rows gathered
+through the routing with the consumers' proxy fence (``FENCE_GATHERED``) and without it, at the shapes of
+``scripts/p2/wgrad_probe.py``. tiles: the op (the backward, forward recomputed) and the layer (forward saving g and
+u, then backward) at P2's shape with the varlen-M products' tiles (``engine_layer.gemm_config``) and dswiglu's
+(``grouped_gemm.DSWIGLU_CONFIG``) of each variant. structure: the layer and the op with an earlier
+``engine_layer.py`` (loaded as a module of ``moe_lib.moe_experts``, the current tiles given to it) against the
+current one, with the memory a layer step adds (its peak over what was allocated before).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+LAYER_INPUTS = ("hidden_states", "topk_indices", "topk_weights", "gate_weights", "up_weights", "down_weights")
+
+
+def timed(call, flush, num_tokens: int) -> float:
+    from moe_lib.bench.timing import time_graph
+
+    return time_graph(call, flush, reps=10 if num_tokens >= 32768 else 20)["median_ms"]
+
+
+def same_bits(outputs, first) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(outputs, first, strict=True))
+
+
+def layer_calls(module, inputs):
+    """(the layer step, the op) of an engine-layer module on ``inputs``."""
+    args = [inputs[name] for name in LAYER_INPUTS]
+    grad_output = inputs["grad_output"]
+
+    def layer():
+        y, preactivations = module.forward(*args, save_preactivations=True)
+        return (y, *module.backward(grad_output, *args, preactivations=preactivations))
+
+    def op():
+        return module.backward(grad_output, *args)
+
+    return layer, op
+
+
+def gather_ab(args, flush) -> list[dict]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import wgrad_probe
+
+    from moe_lib.engine import grouped_wgrad
+
+    rows, device = [], torch.device("cuda")
+    for name in args.shapes.split(","):
+        shape = wgrad_probe.SHAPES[name]
+        generator = torch.Generator(device=device).manual_seed(args.seed)
+        gathered, written, offsets = wgrad_probe.gathered_operands(shape, generator, device)
+        outs = [torch.empty((shape.experts, m, n), dtype=torch.bfloat16, device=device) for m, n in shape.outputs]
+        first, row = None, dict(shape=name)
+        variants = (("written", written, True), ("gathered", gathered, True), ("gathered_no_fence", gathered, False))
+        for label, operands, fence in variants:
+            grouped_wgrad.FENCE_GATHERED = fence
+
+            def call(operands=operands):
+                return grouped_wgrad.grouped_weight_grad(operands, offsets, outs=outs)
+
+            result = [out.clone() for out in call()]
+            first = first or result
+            row[f"{label}_ms"] = timed(call, flush, shape.tokens)
+            row[f"{label}_same"] = same_bits(result, first)
+        grouped_wgrad.FENCE_GATHERED = True
+        rows.append(row)
+        print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
+    return rows
+
+
+def tiles_ab(args, flush) -> list[dict]:
+    from moe_lib import problems
+    from moe_lib.engine import grouped_gemm
+    from moe_lib.engine.gluon_gemm import GemmConfig
+    from moe_lib.moe_experts import engine_layer
+
+    current_tiles, current_dswiglu = engine_layer.gemm_config, grouped_gemm.DSWIGLU_CONFIG
+    variants = {
+        "current": (None, None),
+        "pp_m128n128k64_s5": (GemmConfig(128, 128, 64, 5, "pingpong"), None),
+        "pp_m64n128k64_s6": (GemmConfig(64, 128, 64, 6, "pingpong"), GemmConfig(64, 128, 64, 6, "pingpong")),
+        "pp_m64n256k64_s4": (GemmConfig(64, 256, 64, 4, "pingpong"), None),
+    }
+    problem, rows = problems.load("moe_experts_backward_bf16"), []
+    for num_tokens in (int(t) for t in args.tokens.split(",")):
+        inputs = problem.make_inputs(num_tokens, device="cuda")
+        layer, op = layer_calls(engine_layer, inputs)
+        first = None
+        for name, (tiles, dswiglu) in variants.items():
+            engine_layer.gemm_config = current_tiles if tiles is None else (lambda slots, experts, c=tiles: c)
+            grouped_gemm.DSWIGLU_CONFIG = dswiglu or current_dswiglu
+            result = [out.clone() for out in op()]
+            first = first or result
+            row = dict(tokens=num_tokens, variant=name, same=same_bits(result, first))
+            row.update(op_ms=timed(op, flush, num_tokens), layer_ms=timed(layer, flush, num_tokens))
+            rows.append(row)
+            print(f"T={num_tokens:6d} {name:18s} op {row['op_ms']:8.3f} ms  layer {row['layer_ms']:8.3f} ms  "
+                  f"same bits {row['same']}", flush=True)  # fmt: skip
+        engine_layer.gemm_config, grouped_gemm.DSWIGLU_CONFIG = current_tiles, current_dswiglu
+        del inputs, layer, op, first
+        torch.cuda.empty_cache()
+    return rows
+
+
+def structure_ab(args, flush) -> list[dict]:
+    from moe_lib import problems
+    from moe_lib.moe_experts import engine_layer
+
+    spec = importlib.util.spec_from_file_location("moe_lib.moe_experts.engine_layer_before", args.before)
+    before = importlib.util.module_from_spec(spec)
+    before.__package__ = "moe_lib.moe_experts"
+    spec.loader.exec_module(before)
+    before.gemm_config = engine_layer.gemm_config  # the same tiles: the structure alone differs
+    problem, rows = problems.load("moe_experts_backward_bf16"), []
+    for num_tokens in (int(t) for t in args.tokens.split(",")):
+        inputs = problem.make_inputs(num_tokens, device="cuda")
+        first = None
+        for name, module in (("before", before), ("now", engine_layer)):
+            layer, op = layer_calls(module, inputs)
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            allocated = torch.cuda.memory_allocated()
+            result = layer()
+            torch.cuda.synchronize()
+            peak = (torch.cuda.max_memory_allocated() - allocated) / 1e9
+            result = [out.clone() for out in result]
+            first = first or result
+            row = dict(tokens=num_tokens, structure=name, layer_peak_gb=peak, same=same_bits(result, first))
+            row.update(layer_ms=timed(layer, flush, num_tokens), op_ms=timed(op, flush, num_tokens))
+            rows.append(row)
+            print(f"T={num_tokens:6d} {name:7s} layer {row['layer_ms']:8.3f} ms  peak {peak:6.2f} GB  op "
+                  f"{row['op_ms']:8.3f} ms  same bits {row['same']}", flush=True)  # fmt: skip
+            del result, layer, op
+        del inputs, first
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run", choices=("gather", "tiles", "structure"))
+    parser.add_argument("--shapes", default="p2_t32768_gate_up,p2_t32768_down,p2_t32768_all,qwen3_t8192_all")
+    parser.add_argument("--tokens", default=None, help="comma-separated token counts (tiles, structure)")
+    parser.add_argument("--before", default=None, help="structure: an earlier engine_layer.py")
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--out", default=os.environ.get("OUT"), help="directory of the JSON ($OUT)")
+    args = parser.parse_args()
+    if args.run == "structure" and not args.before:
+        parser.error("--before: structure needs an earlier engine_layer.py")
+    args.tokens = args.tokens or ("2048,8192,32768" if args.run == "structure" else "2048,4096,8192")
+    from moe_lib.bench.timing import L2Flusher
+
+    flush = L2Flusher(torch.device("cuda"))
+    rows = {"gather": gather_ab, "tiles": tiles_ab, "structure": structure_ab}[args.run](args, flush)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        Path(args.out, f"engine_ab_{args.run}.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
