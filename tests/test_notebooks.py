@@ -472,6 +472,10 @@ def test_kernels_notebook_grids_are_those_of_moe_lib(kernels_run):
         "slot_projection_tma_kernel",
         "choose_design",
         "generic_gluon_form",
+        "grouped_gemm_tl_kernel",
+        "grouped_wgrad_tl_kernel",
+        "grouped_load_partition",
+        "grouped_consumer_partition",
     ):
         assert f'<span class="nf">{kernel}</span>' in shown, kernel
 
@@ -512,6 +516,17 @@ def test_kernels_notebook_errors_agree_with_a_rerun(kernels_run):
     ]
     assert set(tutorial["P1 step 3 · fused"]) == {"d_gate", "d_up"}
     assert all(error < 1e-5 for errors in tutorial.values() for error in errors.values()), tutorial
+    # the grouped engine: its twins and its layer against float64, every output written, the launches recorded
+    engine = summary["engine"]
+    assert engine["twin_nan_left"] == 0 and max(engine["twin_errors"].values()) < 1e-2
+    assert engine["max_rel_error"] < 2e-2
+    assert [tuple(launch) for launch in engine["launches"]["backward"]] == [
+        ("grouped_gemm", "swiglu"),
+        ("grouped_gemm", "dswiglu"),
+        ("grouped_gemm", "none"),
+        ("grouped_wgrad", ""),
+        ("grouped_wgrad", ""),
+    ]
     if not interpreter_enabled():
         pytest.skip("the rerun below compares interpreter numbers; this process runs Triton on CUDA")
     p1 = problems.make_inputs(
@@ -573,6 +588,11 @@ def test_report_reads_the_committed_files(report_run):
         executed = nbformat.read(folder / "05_benchmark_report.ipynb", as_version=4)
         printed = "".join(out.get("text", "") for cell in executed.cells for out in cell.get("outputs", []))
         assert "no CUDA GPU" in printed
+    from moe_lib.lab import engine_runs
+
+    engine = engine_runs.load_engine_runs()
+    assert summary["engine"]["files"] == dict(zip(engine["file"], engine["commit"], strict=True))
+    assert any("/runs/" in file for file in summary["engine"]["files"]) and summary["engine"]["sonicmoe"]
     _assert_figures_written(summary, folder)
 
 

@@ -1,0 +1,220 @@
+"""Notebook 05, "The grouped engine": the committed runs that timed P2's layer on the grouped engine.
+
+The bench's peers ``triton_engine`` (the op, and the layer recomputing g and u) and ``triton_engine_saved`` (the
+layer keeping them) ask for the engine's structure (:mod:`moe_lib.bench.peers.moe_experts`). :func:`load_engine_runs`
+reads every committed run holding one of them, in ``<results_dir>/<gpu_key>/`` and its ``runs/`` folder, into one
+tidy frame with each row's file and the commit and date its JSON records; :func:`engine_table` sets the engine beside
+kernels A-W-D-C (``triton``, ``triton_saved``) and ``grouped_mm`` of the same run, :func:`sonicmoe_beside` beside
+SonicMoE from the newest run that timed it (another run: both files and commits are named), :func:`models_table` at
+the model suite's shapes, and :func:`engine_figure` draws the first two. Times in milliseconds.
+"""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from ..bench.results import MODEL_SUITE
+from .results import RESULTS_DIR, ResultFileError, read_run_csv, read_run_json, resolve_path, shown_path
+from .training_step import load_layer_runs
+
+# each engine implementation and the kernels A-W-D-C implementation timed beside it
+ENGINE_IMPLS = {"triton_engine": "triton", "triton_engine_saved": "triton_saved"}
+PEER = "grouped_mm"
+RUN_COLUMNS = ["file", "commit", "date", "problem", "mode", "suite", "model", "num_tokens", "impl", "median_ms",
+               "peak_mem_gb", "status"]  # fmt: skip
+
+
+def load_engine_runs(results_dir=RESULTS_DIR, gpu_key: str = "H200") -> pd.DataFrame:
+    """Every committed run in ``<results_dir>/<gpu_key>/`` and ``<...>/runs/`` whose JSON lists an implementation of
+    :data:`ENGINE_IMPLS`, as one frame of :data:`RUN_COLUMNS` (every implementation of those runs; ``file`` relative
+    to the repository root, ``commit`` and ``date`` from the JSON's provenance, ``suite`` "models" for the model
+    suite's runs, else "problem"; ``median_ms`` NaN where not timed). Empty where there is none;
+    :class:`.results.ResultFileError` naming the file when one is malformed."""
+    folder = resolve_path(results_dir) / gpu_key
+    if not folder.is_dir():
+        raise FileNotFoundError(f"results_dir, gpu_key: no results folder {folder}")
+    frames = []
+    for json_path in sorted(folder.glob("*.json")) + sorted((folder / "runs").glob("*.json")):
+        csv_path = json_path.with_suffix(".csv")
+        if not csv_path.is_file():
+            continue
+        meta = read_run_json(json_path)
+        if not set(meta.get("impls") or ()) & set(ENGINE_IMPLS):
+            continue
+        frame = read_run_csv(csv_path, ("impl", "num_tokens", "median_ms", "status"))
+        provenance = meta.get("provenance", {})
+        try:
+            frame["num_tokens"] = frame["num_tokens"].astype(int)
+        except (TypeError, ValueError) as exc:
+            raise ResultFileError(f"{csv_path}: column num_tokens: expected integers ({exc})") from exc
+        frame = frame.assign(
+            file=shown_path(csv_path),
+            commit=provenance.get("git_commit", "–"),
+            date=(provenance.get("date_utc") or json_path.stem)[:10],
+            problem=meta.get("problem"),
+            mode=meta.get("mode", "op"),
+            suite="models" if meta.get("suite") == MODEL_SUITE else "problem",
+        )
+        for column in ("model", "peak_mem_gb"):
+            if column not in frame:
+                frame[column] = "" if column == "model" else math.nan
+        frame.loc[frame["status"] != "ok", "median_ms"] = math.nan
+        frames.append(frame[RUN_COLUMNS])
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=RUN_COLUMNS)
+
+
+def provenance_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per file of :func:`load_engine_runs`: its commit, date, problem, mode, suite, implementations and
+    token counts."""
+    rows = {}
+    for file, group in runs.groupby("file", sort=False):
+        first = group.iloc[0]
+        rows[file] = {
+            "commit": first["commit"],
+            "date": first["date"],
+            "problem": first["problem"],
+            "mode": first["mode"],
+            "suite": first["suite"],
+            "implementations": ", ".join(dict.fromkeys(group["impl"])),
+            "tokens": ", ".join(str(t) for t in sorted(set(group["num_tokens"]))),
+        }
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def _compare(group: pd.DataFrame, index) -> pd.DataFrame:
+    """Engine against kernels A-W-D-C and grouped_mm per ``index`` (columns of ``group``), from one run."""
+    times = group.pivot_table(index=index, columns="impl", values="median_ms", aggfunc="first")
+    engine = next(impl for impl in ENGINE_IMPLS if impl in times)
+    kernels = ENGINE_IMPLS[engine]
+    table = pd.DataFrame(index=times.index)
+    table["engine"] = engine
+    table["engine (ms)"] = times[engine]
+    table["kernels A-W-D-C (ms)"] = times.get(kernels, math.nan)
+    table[f"{PEER} (ms)"] = times.get(PEER, math.nan)
+    table["over kernels A-W-D-C"] = table["kernels A-W-D-C (ms)"] / table["engine (ms)"]
+    table[f"over {PEER}"] = table[f"{PEER} (ms)"] / table["engine (ms)"]
+    return table
+
+
+def engine_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """The problem-shape runs of :func:`load_engine_runs` (not the model suite's): per file, mode and token count the
+    engine's time beside kernels A-W-D-C and grouped_mm of the same run, and their times over the engine's (above 1:
+    the engine is faster). ``attrs["files"]``: {file: commit}."""
+    runs = runs[runs["suite"] == "problem"]
+    if runs.empty:
+        return pd.DataFrame()
+    parts = [_compare(group, ["file", "mode", "num_tokens"]) for _, group in runs.groupby("file", sort=False)]
+    table = pd.concat(parts)
+    table.attrs["files"] = dict(zip(runs["file"], runs["commit"], strict=True))
+    return table
+
+
+def sonicmoe_beside(runs: pd.DataFrame, results_dir=RESULTS_DIR, gpu_key: str = "H200") -> pd.DataFrame:
+    """Per token count of the engine's layer runs (forward + backward): its time beside SonicMoE's in the newest
+    committed training-step run that timed SonicMoE (:func:`.training_step.load_layer_runs`), and their ratio (above
+    1: the engine slower). Two runs, on different dates and commits: ``attrs`` names both files and commits. Empty
+    where either is missing."""
+    layer = runs[(runs["mode"] == "forward_backward") & runs["impl"].isin(list(ENGINE_IMPLS))].dropna(
+        subset=["median_ms"]
+    )
+    if layer.empty:
+        return pd.DataFrame()
+    problem = layer["problem"].iloc[0]
+    peers = load_layer_runs(results_dir, gpu_key, problem=problem)
+    sonic = peers[(peers["mode"] == "forward_backward") & (peers["impl"] == "sonicmoe")].dropna(subset=["median_ms"])
+    if sonic.empty:
+        return pd.DataFrame()
+    sonic_file = sonic["file"].iloc[-1]
+    sonic = sonic[sonic["file"] == sonic_file].set_index("num_tokens")["median_ms"]
+    sonic_meta = peers.attrs["runs"][sonic_file].get("provenance", {})
+    rows = {}
+    for row in layer.itertuples():
+        if row.num_tokens in sonic.index:
+            rows[(row.impl, row.num_tokens)] = {
+                "engine (ms)": row.median_ms,
+                "sonicmoe (ms)": sonic[row.num_tokens],
+                "engine / sonicmoe": row.median_ms / sonic[row.num_tokens],
+            }
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    if rows:
+        table.index = pd.MultiIndex.from_tuples(table.index, names=["impl", "num_tokens"])
+    table.attrs.update(
+        engine_files={f: c for f, c in zip(layer["file"], layer["commit"], strict=True)},
+        sonicmoe_file=shown_path(resolve_path(results_dir) / gpu_key / sonic_file),
+        sonicmoe_commit=str(sonic_meta.get("git_commit", "–"))[:7],
+        sonicmoe_date=str(sonic_meta.get("date_utc", sonic_file))[:10],
+    )
+    return table
+
+
+def models_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """The model suite's runs of :func:`load_engine_runs`: per model and token count the engine beside kernels
+    A-W-D-C and grouped_mm of the same run, as :func:`engine_table`. ``attrs["files"]``: {file: commit}."""
+    runs = runs[runs["suite"] == "models"]
+    if runs.empty:
+        return pd.DataFrame()
+    table = pd.concat(_compare(group, ["model", "num_tokens"]) for _, group in runs.groupby("file", sort=False))
+    table.attrs["files"] = dict(zip(runs["file"], runs["commit"], strict=True))
+    return table
+
+
+def reading(table: pd.DataFrame, sonic: pd.DataFrame, models: pd.DataFrame) -> list[str]:
+    """The three tables in sentences: how many cases the engine leads in, by how much, and where it trails."""
+    lines = []
+    for (file, mode), group in table.groupby(level=["file", "mode"], sort=False):
+        speedups = group["over kernels A-W-D-C"].dropna()
+        lines.append(
+            f"{mode.replace('_', ' + ')} ({file}, commit {table.attrs['files'][file]}): the engine ahead of kernels "
+            f"A-W-D-C in {(speedups > 1).sum()} of {len(speedups)} cases ({speedups.min():.2f}-{speedups.max():.2f}×), "
+            f"of {PEER} by {group[f'over {PEER}'].min():.2f}-{group[f'over {PEER}'].max():.2f}×"
+        )
+    if not sonic.empty:
+        ratios = sonic["engine / sonicmoe"]
+        lines.append(
+            f"beside SonicMoE ({sonic.attrs['sonicmoe_file']}, commit {sonic.attrs['sonicmoe_commit']}, "
+            f"{sonic.attrs['sonicmoe_date']}; another run): engine / SonicMoE {ratios.min():.2f}-{ratios.max():.2f}"
+        )
+    if not models.empty:
+        over = models["over kernels A-W-D-C"].dropna()
+        lines.append(
+            f"model suite ({', '.join(models.attrs['files'])}): ahead of kernels A-W-D-C in {(over > 1).sum()} of "
+            f"{len(over)} cases, behind in {(over < 1).sum()}; ahead of {PEER} in "
+            f"{(models[f'over {PEER}'] > 1).sum()} of {models[f'over {PEER}'].notna().sum()}"
+        )
+    return lines
+
+
+def engine_figure(table: pd.DataFrame, sonic: pd.DataFrame):
+    """One panel per (file, mode) of :func:`engine_table`: bars per token count for the engine, kernels A-W-D-C and
+    grouped_mm, with SonicMoE's bar hatched beside the layer's (from its own run, :func:`sonicmoe_beside`). Returns the
+    figure."""
+    groups = list(table.groupby(level=["file", "mode"], sort=False))
+    fig, axes = plt.subplots(1, len(groups), figsize=(6.2 * len(groups), 4.2), squeeze=False, layout="constrained")
+    columns = {"engine (ms)": "tab:red", "kernels A-W-D-C (ms)": "tab:brown", f"{PEER} (ms)": "tab:orange"}
+    for ax, ((file, mode), group) in zip(axes[0], groups, strict=True):
+        tokens = list(group.index.get_level_values("num_tokens"))
+        bars = dict(columns)
+        if mode == "forward_backward" and not sonic.empty:
+            bars["sonicmoe (ms)"] = "tab:cyan"
+        width = 0.8 / len(bars)
+        for i, (column, color) in enumerate(bars.items()):
+            if column == "sonicmoe (ms)":
+                values = [sonic["sonicmoe (ms)"].xs(t, level="num_tokens").iloc[0]
+                          if t in sonic.index.get_level_values("num_tokens") else math.nan for t in tokens]  # fmt: skip
+                label = f"sonicmoe ({sonic.attrs['sonicmoe_date']}, another run)"
+            else:
+                values, label = list(group[column]), column.removesuffix(" (ms)")
+            drawn = ax.bar([x + (i - (len(bars) - 1) / 2) * width for x in range(len(tokens))], values, width,
+                           color=color, label=label, hatch="//" if column == "sonicmoe (ms)" else None)  # fmt: skip
+            ax.bar_label(drawn, fmt="%.1f", fontsize=7)
+        ax.set_xticks(range(len(tokens)), [str(t) for t in tokens])
+        ax.set(xlabel="tokens T", ylabel="median time (ms)")
+        ax.set_title(f"{mode.replace('_', ' + ')}: {file.rsplit('/', 1)[-1]}\n(commit {table.attrs['files'][file]})",
+                     fontsize=8)  # fmt: skip
+        ax.margins(y=0.15)
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=7)
+    return fig

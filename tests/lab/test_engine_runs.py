@@ -1,0 +1,72 @@
+"""moe_lib.lab.engine_runs: notebook 05's engine section reads the committed runs, and each number is the file's."""
+
+import json
+import shutil
+
+import pandas as pd
+import pytest
+
+from moe_lib.lab import engine_runs
+from moe_lib.lab.results import RESULTS_DIR, ResultFileError, resolve_path
+
+H200 = RESULTS_DIR / "H200"
+
+
+def test_every_committed_engine_run_is_read_with_its_commit():
+    runs = engine_runs.load_engine_runs()
+    files = set(runs["file"])
+    wanted = {
+        f"data/results/H200/{p.relative_to(H200).with_suffix('.csv')}"
+        for p in list(H200.glob("*.json")) + list((H200 / "runs").glob("*.json"))
+        if set(json.loads(p.read_text()).get("impls") or ()) & set(engine_runs.ENGINE_IMPLS)
+    }
+    assert files == wanted and any("/runs/" in f for f in files)
+    for file, group in runs.groupby("file"):
+        meta = json.loads(resolve_path(file).with_suffix(".json").read_text())
+        assert set(group["commit"]) == {meta["provenance"]["git_commit"]}
+
+
+def test_engine_table_is_the_files_medians():
+    runs = engine_runs.load_engine_runs()
+    table = engine_runs.engine_table(runs)
+    assert len(table)
+    for (file, mode, tokens), row in table.iterrows():
+        csv = pd.read_csv(resolve_path(file))
+        case = csv[csv["num_tokens"] == tokens].set_index("impl")["median_ms"]
+        engine = row["engine"]
+        assert row["engine (ms)"] == case[engine]
+        assert row["kernels A-W-D-C (ms)"] == case[engine_runs.ENGINE_IMPLS[engine]]
+        assert row["over grouped_mm"] == pytest.approx(case["grouped_mm"] / case[engine])
+        assert mode == ("forward_backward" if engine.endswith("saved") else "op")
+
+
+def test_sonicmoe_comes_from_another_run_and_says_so():
+    runs = engine_runs.load_engine_runs()
+    sonic = engine_runs.sonicmoe_beside(runs)
+    assert len(sonic) and sonic.attrs["sonicmoe_file"] not in sonic.attrs["engine_files"]
+    csv = pd.read_csv(resolve_path(sonic.attrs["sonicmoe_file"]))
+    for (_, tokens), row in sonic.iterrows():
+        want = csv[(csv["impl"] == "sonicmoe") & (csv["num_tokens"] == tokens)]["median_ms"].item()
+        assert row["sonicmoe (ms)"] == want
+        assert row["engine / sonicmoe"] == pytest.approx(row["engine (ms)"] / want)
+
+
+def test_models_table_and_reading():
+    runs = engine_runs.load_engine_runs()
+    models = engine_runs.models_table(runs)
+    timed = runs[(runs["suite"] == "models") & (runs["impl"] == "triton_engine")].dropna(subset=["median_ms"])
+    assert set(models.index) == set(zip(timed["model"], timed["num_tokens"], strict=True))
+    lines = engine_runs.reading(engine_runs.engine_table(runs), engine_runs.sonicmoe_beside(runs), models)
+    assert len(lines) == 4 and all("commit" in line for line in lines[:3])
+
+
+def test_a_malformed_or_missing_run_is_named(tmp_path):
+    folder = tmp_path / "H200" / "runs"
+    folder.mkdir(parents=True)
+    source = H200 / "runs" / "2026-12-04-moe_experts_backward_bf16-bfloat16-engine"
+    shutil.copy(source.with_suffix(".json"), folder / "x.json")
+    (folder / "x.csv").write_text("impl,median_ms\ntriton_engine,1.0\n")  # no num_tokens, no status
+    with pytest.raises(ResultFileError, match="x.csv"):
+        engine_runs.load_engine_runs(tmp_path, "H200")
+    with pytest.raises(FileNotFoundError, match="results_dir"):
+        engine_runs.load_engine_runs(tmp_path, "H100")
