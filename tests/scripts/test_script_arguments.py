@@ -91,3 +91,23 @@ def test_sonicmoe_warmup_compiles_at_the_models_expert_shapes():
     assert warmup["parse_args"]([]).shapes == [("moe_experts_backward_bf16", {})]
     every = [model.name for model in MODEL_SHAPES if model.num_experts is not None]
     assert [label for label, _ in warmup["warmup_shapes"](every)] == every
+
+
+def test_gpu_bench_layer_run_at_the_models_parses_as_the_benchmark_takes_it():
+    """RUNS=p2_layer_models' defaults (models, token counts, layer peers) are accepted by the benchmark's command line:
+    a renamed model or peer would fail that run on the GPU."""
+    import re
+
+    from moe_lib.bench import cli
+
+    text = (ROOT / "scripts" / "gpu_bench.sh").read_text()
+    block = re.search(r'case " \$RUNS " in \*" p2_layer_models "\*\)\n(.*?)\nesac', text, re.S).group(1)
+    defaults = dict(re.findall(r"\$\{(P2_LAYER_MODELS\w*):-([^}]*)\}", block))
+    assert {"P2_LAYER_MODELS", "P2_LAYER_MODELS_TOKENS", "P2_LAYER_MODELS_IMPLS"} <= set(defaults)
+    assert "--models --mode forward_backward --problem moe_experts_backward_bf16" in block
+    argv = ["--device", "cpu", "--models", "--mode", "forward_backward", "--problem", "moe_experts_backward_bf16"]
+    argv += ["--model", defaults["P2_LAYER_MODELS"], "--tokens", defaults["P2_LAYER_MODELS_TOKENS"]]
+    args = cli.parse_args([*argv, "--impl", defaults["P2_LAYER_MODELS_IMPLS"]])
+    assert args.model == ["Qwen3-30B-A3B", "DeepSeek-V2-Lite"] and args.tokens == [8192, 32768]
+    assert args.model_impls == {"moe_experts_backward_bf16": defaults["P2_LAYER_MODELS_IMPLS"].split(",")}
+    assert defaults["P2_LAYER_MODELS_IMPLS"] == "triton_engine_saved,triton_saved,grouped_mm,sonicmoe"
