@@ -7,6 +7,12 @@
 #   (RUNS p1_layer, p2_layer) the layers' training step (--mode forward_backward): P1's swiglu_expert
 #      against torch.compile over the 16 cases; P2's bf16 layer (ours recomputing and saving its
 #      pre-activations, grouped_mm, sonicmoe) at 2048, 8192 and 32768 tokens;
+#   (RUNS p2_layer_models) P2's bf16 layer, forward + backward, at the expert shapes of Qwen3-30B-A3B and
+#      DeepSeek-V2-Lite, 8192 and 32768 tokens (python -m moe_lib.bench --models --mode forward_backward): the
+#      implementations of P2_LAYER_MODELS_IMPLS (default triton_engine_saved,triton_saved,grouped_mm,sonicmoe),
+#      P2_LAYER_MODELS and P2_LAYER_MODELS_TOKENS to change the models and token counts; SonicMoE compiles afresh
+#      at each shape: first run scripts/p2/sonicmoe_warmup.py --models Qwen3-30B-A3B,DeepSeek-V2-Lite
+#      --tokens 8192,32768 (it may run in the background while the other runs go);
 #   (RUNS models_warm, models_p1, models_p2_bf16, models_p2_fp32) the model suite (python -m moe_lib.bench --models):
 #      models_warm runs every P1 model once in parallel, one process a model, to fill Triton's and Inductor's
 #      caches (the compilation of 8 shapes is most of the suite's time when done one after another); the others
@@ -154,6 +160,13 @@ esac
 case " $RUNS " in *" p2_layer "*)
   bench "P2 moe_experts layer (bf16), forward + backward" "${P2_LAYER_SECONDS:-420}" --problem moe_experts_backward_bf16 \
     --mode forward_backward --tokens 2048,8192,32768 --impl "${P2_LAYER_IMPLS:-triton,triton_saved,grouped_mm,sonicmoe}"
+esac
+case " $RUNS " in *" p2_layer_models "*)
+  bench "P2 moe_experts layer (bf16), forward + backward, at the models' shapes" "${P2_LAYER_MODELS_SECONDS:-540}" \
+    --models --mode forward_backward --problem moe_experts_backward_bf16 \
+    --model "${P2_LAYER_MODELS:-Qwen3-30B-A3B,DeepSeek-V2-Lite}" --tokens "${P2_LAYER_MODELS_TOKENS:-8192,32768}" \
+    --impl "${P2_LAYER_MODELS_IMPLS:-triton_engine_saved,triton_saved,grouped_mm,sonicmoe}" \
+    ${P2_LAYER_MODELS_TAG:+--tag "$P2_LAYER_MODELS_TAG"}
 esac
 case " $RUNS " in *" p1_official "*)
   start=$SECONDS

@@ -1,5 +1,5 @@
 """The command line of the benchmark: ``python -m moe_lib.bench --problem P [--impl a,b] [--tokens n,m | --suite] ...``,
-and of its model suite: ``python -m moe_lib.bench --models [--model A,B] [--problem P] [--tokens n,m] ...``.
+and of its model suite: ``python -m moe_lib.bench --models [--model A,B] [--problem P] [--mode M] [--tokens n,m] ...``.
 
 :func:`parse_args` checks every option (errors name it) and fills in the defaults that depend on
 the machine; :func:`main` runs :func:`moe_lib.bench.harness.run` (with ``--models``,
@@ -128,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--mode",
         default="op",
         choices=modes.MODES,
-        help="op: the problem's function (default); forward, forward_backward: a training step of its layer",
+        help="op: the problem's function (default); forward, forward_backward: a training step of its layer "
+        "(with --models too, at each model's shape)",
     )
     parser.add_argument("--impl", help="comma-separated implementation labels (default: every one available)")
     cases = parser.add_mutually_exclusive_group()
@@ -180,10 +181,9 @@ def _implementations(parser: argparse.ArgumentParser, args: argparse.Namespace) 
 
 def _model_suite(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Checks the options of ``--models`` and sets ``args.problems`` (those with a shape among the chosen
-    models) and ``args.model_impls`` ({problem: labels}: ``--impl``'s, each known to every one of them, or
-    the suite's implementations available on the device)."""
+    models) and ``args.model_impls`` ({problem: labels}: ``--impl``'s, each known to every one of them in
+    ``--mode``, or the suite's implementations of that mode available on the device)."""
     for option, given, why in (
-        ("--mode", args.mode != "op", "the model suite times the problems' functions (mode op)"),
         ("--suite", args.suite, "the model suite has token counts of its own (--tokens overrides them)"),
         (
             "--dtype",
@@ -195,6 +195,10 @@ def _model_suite(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
         if given:
             parser.error(f"{option}: not with --models: {why}")
     chosen = [args.problem] if args.problem else list(problems.PROBLEM_NAMES)
+    if args.mode != "op":
+        for name in chosen:
+            if not modes.has_layer(name):
+                parser.error(f"--mode {args.mode}: {name} has no layer to run a training step of")
     args.problems = [name for name in chosen if models.models_of(problems.load(name), args.model)]
     if not args.problems:
         parser.error(
@@ -204,19 +208,21 @@ def _model_suite(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
     for name in args.problems:
         problem = problems.load(name)
         if args.impl is None:
-            available = models.default_impls(problem, args.device)
+            available = models.default_impls(problem, args.device, args.mode)
             if not available:
-                parser.error(f"--impl: none of {', '.join(models.IMPLS[problem.op])} can run {name} on {args.device}")
+                wanted = (models.IMPLS if args.mode == "op" else models.LAYER_IMPLS)[problem.op]
+                parser.error(f"--impl: none of {', '.join(wanted)} can run {name} ({args.mode}) on {args.device}")
             args.model_impls[name] = available
             continue
-        known = list(models.suite_peers(problem))
+        known = list(models.suite_peers(problem, mode=args.mode))
         chosen_impls = [label.strip() for label in args.impl.split(",") if label.strip()]
         if not chosen_impls or len(set(chosen_impls)) != len(chosen_impls):
             parser.error(f"--impl: expected distinct comma-separated labels among {known}, got {args.impl!r}")
         for label in chosen_impls:
             if label not in known:
+                what = "a layer peer" if args.mode != "op" else "an implementation"
                 parser.error(
-                    f"--impl: unknown implementation {label!r} for {name} (known: {', '.join(known)}); "
+                    f"--impl: {label!r} is not {what} of {name} in --mode {args.mode} (known: {', '.join(known)}); "
                     "--problem picks one problem"
                 )
         args.model_impls[name] = chosen_impls
@@ -238,6 +244,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         if args.model is not None:
             parser.error("--model: only with --models (the model suite)")
         args.problem = args.problem or "swiglu_down_backward"
+        if args.mode != "op" and not modes.has_layer(args.problem):
+            parser.error(f"--mode {args.mode}: {args.problem} has no layer to run a training step of")
         args.impls = _implementations(parser, args)
     if args.tokens is not None and len(set(args.tokens)) != len(args.tokens):
         parser.error(f"--tokens: a token count is repeated in {args.tokens}")

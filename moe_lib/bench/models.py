@@ -7,8 +7,8 @@ expert shapes of public MoE models (and one shape whose rows are not 16-byte mul
 (:func:`moe_lib.bench.harness.run_shape`: the same high-precision reference, NaN-poisoned allocation,
 CUDA-graph replays after an L2 flush, cases that do not fit the device skipped with a row that says so).
 
-One file per problem and dtype (:func:`model_stem`):
-``<out>/<gpu key>/<date>-<problem>-<dtype>[-small]-models[-<suffix>].csv`` and the JSON beside it, with
+One file per problem, dtype and mode (:func:`model_stem`):
+``<out>/<gpu key>/<date>-<problem>-<dtype>[-<mode>][-small]-models[-<suffix>].csv`` and the JSON beside it, with
 ``suite: "models"`` in the JSON and the columns ``model``, ``hidden_size``, ``intermediate_size`` (and for
 P2 ``num_experts``, ``top_k``) in every row. A run split by ``--model`` or ``--problem`` (each command of the
 GPU machine has a time limit) writes one file per part; :func:`moe_lib.lab.models.load_model_runs` reads
@@ -17,6 +17,14 @@ them all back, the newest row of each (model, token count, implementation).
 P1's ``torch_compile`` here is :class:`TokenDynamicCompile`: compiled once per shape with the token
 dimension dynamic, not afresh for every case as the benchmark's peer does (8 shapes × 7 token counts of
 static compilations would not fit the GPU machine's time limit).
+
+With ``--mode forward`` or ``forward_backward`` the suite times a training step of each problem's layer
+instead of its function (:mod:`.modes`: the layer peers, checked against the reference layer, their peak
+memory and the step's FLOPs recorded as the single-shape layer runs do), with the token counts of
+:data:`LAYER_TOKENS` and the implementations of :data:`LAYER_IMPLS` by default. The mode is part of the
+files' names (``...-<dtype>-forward_backward-models...``, :func:`model_stem`) and of every row and JSON, so
+that its files stand beside the function's and :func:`moe_lib.lab.models.load_model_runs` reads one mode
+at a time.
 
 Without CUDA (``small``), every shape is scaled down (:func:`small_axes`) and the token counts are
 :data:`SMALL_TOKENS`, so that the suite runs on a CPU in seconds.
@@ -34,7 +42,7 @@ import torch
 from tqdm import tqdm
 
 from .. import problems
-from . import harness, results
+from . import harness, modes, results
 from .peers import Peer, peers_for
 from .peers.swiglu_down import eager_arguments, swiglu_down_backward_eager
 from .provenance import gpu_key
@@ -151,6 +159,15 @@ IMPLS = {  # the implementations timed, per op: ours and the PyTorch peers they 
     "swiglu_down_backward": ("triton", "triton_fast", "torch_eager", "torch_compile"),
     "moe_experts_backward": ("triton", "grouped_mm"),
 }
+LAYER_TOKENS = {  # the token counts of a training step of each problem's layer (--mode forward, forward_backward)
+    "swiglu_down_backward": (1024, 4096, 16384),
+    "moe_experts_backward_bf16": (2048, 8192, 32768),
+    "moe_experts_backward": (4096,),
+}
+LAYER_IMPLS = {  # the layer peers timed in a training step, per op: ours, PyTorch's and SonicMoE's
+    "swiglu_down_backward": ("triton", "torch_eager"),  # torch_compile's layer compiles afresh for every case
+    "moe_experts_backward": ("triton_engine_saved", "triton_saved", "grouped_mm", "sonicmoe"),
+}
 
 SMALL_DIVISOR = 32  # small shapes: every size divided by this ...
 SMALL_MAX_EXPERTS = 16  # ... and at most this many experts
@@ -234,30 +251,46 @@ class TokenDynamicCompile:
         )
 
 
-def suite_peers(problem: problems.Problem, compiler: TokenDynamicCompile | None = None) -> dict[str, Peer]:
-    """The peers of ``problem`` in the model suite: the registered ones, P1's ``torch_compile`` replaced by
-    ``compiler``'s (a fresh :class:`TokenDynamicCompile` by default)."""
+def suite_peers(
+    problem: problems.Problem, compiler: TokenDynamicCompile | None = None, mode: str = "op"
+) -> dict[str, Peer]:
+    """The peers of ``problem`` in the model suite: in mode ``op`` the registered ones, P1's ``torch_compile``
+    replaced by ``compiler``'s (a fresh :class:`TokenDynamicCompile` by default); in a training-step mode its
+    layer's peers (:func:`.modes.mode_peers`), as the single-shape layer runs take them."""
+    if mode != "op":
+        return modes.mode_peers(problem.name, mode)
     registry = peers_for(problem.name)
     if problem.op == P1:
         registry["torch_compile"] = (compiler or TokenDynamicCompile()).peer()
     return registry
 
 
-def default_impls(problem: problems.Problem, device: torch.device) -> list[str]:
-    """The labels of :data:`IMPLS` for ``problem`` that can run on ``device``."""
-    registry = suite_peers(problem)
-    return [label for label in IMPLS[problem.op] if registry[label].unavailable(device) is None]
+def default_impls(problem: problems.Problem, device: torch.device, mode: str = "op") -> list[str]:
+    """The labels of :data:`IMPLS` (in a training-step mode: :data:`LAYER_IMPLS`) for ``problem`` that can run
+    on ``device``."""
+    registry = suite_peers(problem, mode=mode)
+    wanted = IMPLS[problem.op] if mode == "op" else LAYER_IMPLS[problem.op]
+    return [label for label in wanted if registry[label].unavailable(device) is None]
+
+
+def default_tokens(problem: str, mode: str, small: bool) -> tuple[int, ...]:
+    """The token counts of ``problem`` in ``mode``: :data:`SMALL_TOKENS` when ``small``, else :data:`TOKENS`
+    (mode ``op``) or :data:`LAYER_TOKENS` (a training step)."""
+    if small:
+        return SMALL_TOKENS[problem]
+    return TOKENS[problem] if mode == "op" else LAYER_TOKENS[problem]
 
 
 # ---------------------------------------------------------------------------------------------
 # files and tables
 
 
-def model_stem(problem: str, dtype_name: str, *, small: bool, date: str, suffix: str | None) -> str:
-    """``<date>-<problem>-<dtype>[-small]-models[-<suffix>]``: the model suite's tag is ``models``, and a part
-    of a split run adds its suffix."""
+def model_stem(problem: str, dtype_name: str, *, small: bool, date: str, suffix: str | None, mode: str = "op") -> str:
+    """``<date>-<problem>-<dtype>[-<mode>][-small]-models[-<suffix>]``: the model suite's tag is ``models``, a
+    part of a split run adds its suffix, and a training-step run names its mode (as the benchmark's own
+    files do: :func:`.results.result_stem`), so that it never overwrites the function's files."""
     tag = results.MODEL_SUITE + (f"-{suffix}" if suffix else "")
-    return results.result_stem(problem, dtype_name, small=small, tag=tag, date=date)
+    return results.result_stem(problem, dtype_name, small=small, tag=tag, date=date, mode=mode)
 
 
 def file_suffix(args: argparse.Namespace) -> str | None:
@@ -295,15 +328,17 @@ def run_problem(name: str, args: argparse.Namespace, bench: harness.Setup, log, 
     read back (``complete`` false in the JSON until the last model is done); returns dict(csv=path,
     json=path, frame=DataFrame, table=str)."""
     problem = problems.load(name)
+    mode = getattr(args, "mode", "op")
     dtype = problem.dtype
     dtype_label = problems.dtype_name(dtype)
     shapes = models_of(problem, args.model)
-    tokens = list(args.tokens) if args.tokens is not None else list((SMALL_TOKENS if args.small else TOKENS)[name])
+    tokens = list(args.tokens) if args.tokens is not None else list(default_tokens(name, mode, args.small))
     impls = args.model_impls[name]
-    registry = suite_peers(problem)
+    registry = suite_peers(problem, mode=mode)
     baselines = [label for label, peer in registry.items() if peer.baseline]
-    names, columns = problem.output_names, shape_columns(problem.op)
-    stem = model_stem(name, dtype_label, small=args.small, date=started.strftime("%Y-%m-%d"), suffix=file_suffix(args))
+    names, columns = modes.output_names(problem, mode), shape_columns(problem.op)
+    date = started.strftime("%Y-%m-%d")
+    stem = model_stem(name, dtype_label, small=args.small, date=date, suffix=file_suffix(args), mode=mode)
     csv_path, json_path = results.result_paths(args.out, bench.device, stem)
     run_args = argparse.Namespace(**{**vars(args), "problem": name, "impls": impls})
     suite = dict(source="--tokens" if args.tokens is not None else "model suite", provenance="custom", tokens=tokens)
@@ -318,14 +353,14 @@ def run_problem(name: str, args: argparse.Namespace, bench: harness.Setup, log, 
             per_model[entry["model"]] = dict(summary=summary, baseline=baseline)
         document = dict(
             problem=name,
-            mode="op",
+            mode=mode,
             suite=results.MODEL_SUITE,
             dtype=dtype_label,
             complete=complete,
             models=done,
             impls=impls,
             implementations={label: registry[label].description for label in impls},
-            element_rule=problem.element_rule_at(dtype),
+            element_rule=problem.element_rule_at(dtype) if mode == "op" else None,  # the rule is the function's
             provenance=results.run_provenance(run_args, bench.device, bench.ceilings, suite, reference_dtype, started),
             summary=per_model,
         )
@@ -360,7 +395,10 @@ def run_problem(name: str, args: argparse.Namespace, bench: harness.Setup, log, 
     results.write_csv(csv_path, frame)
     clock = "wall clock" if bench.device.type != "cuda" else "cold L2; graph replays or events"
     shapes_note = " · small shapes" if args.small else ""
-    title = f"{name} at the models' shapes · {dtype_label} · {gpu_key(bench.device)}{shapes_note} · median ({clock})"
+    what = "" if mode == "op" else f" · layer {mode}"
+    title = (
+        f"{name}{what} at the models' shapes · {dtype_label} · {gpu_key(bench.device)}{shapes_note} · median ({clock})"
+    )
     return dict(csv=csv_path, json=json_path, frame=frame, table=summary_table(frame, title))
 
 

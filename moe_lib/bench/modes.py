@@ -42,6 +42,12 @@ def output_names(problem: problems.Problem, mode: str) -> list[str]:
     return names
 
 
+def has_layer(problem: str) -> bool:
+    """Whether ``problem``'s op has a differentiable layer with its reference (what the training-step modes run)."""
+    op = problems.load(problem).op
+    return op in LAYERS and "reference" in peers.layer_peers_for(problem)
+
+
 def check_mode(mode) -> None:
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")

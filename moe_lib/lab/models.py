@@ -8,6 +8,11 @@ and a rerun replaces what it measured again. :func:`speedup_table` compares, per
 implementation with the PyTorch peers it must beat (:data:`COMPARISONS`), :func:`geomean_table` sums that up
 per model, and :func:`speedup_figure` draws it.
 
+A training-step run of the suite (``--models --mode forward_backward``: the layers' forward + backward at the
+models' shapes) writes files of its own, ``<date>-<problem>-<dtype>-<mode>-models[-<suffix>].csv``;
+:func:`load_model_runs` reads them only when asked for that ``mode`` (the function's runs, mode ``op``, are
+never mixed with them), and the tables compare the layers as :data:`LAYER_COMPARISONS` says.
+
 Times are in milliseconds (``*_ms``); a speed-up is the peer's time over ours (above 1: ours is faster).
 """
 
@@ -20,6 +25,7 @@ import pandas as pd
 
 from .. import problems
 from ..bench.models import MODEL_NAMES, SHAPE_AXES
+from ..bench.modes import check_mode
 from ..bench.results import MODEL_SUITE, geomean
 from .results import (
     RESULTS_DIR,
@@ -36,6 +42,10 @@ from .results import (
 COMPARISONS = {
     "swiglu_down_backward": ("triton_fast", ("torch_eager", "torch_compile")),
     "moe_experts_backward": ("triton", ("grouped_mm",)),
+}
+LAYER_COMPARISONS = {  # the same in a training step of the layer: our layer, and the layers it is compared with
+    "swiglu_down_backward": ("triton", ("torch_eager",)),
+    "moe_experts_backward": ("triton_engine_saved", ("grouped_mm", "sonicmoe")),
 }
 
 
@@ -68,18 +78,34 @@ RUN_COLUMNS = [
     "date_utc",
 ]
 CSV_COLUMNS = ("model", "impl", "num_tokens", "status", "median_ms", "correct", "hidden_size", "intermediate_size")
+LAYER_COLUMNS = ("mode", "peak_mem_gb", "flops")  # what a training-step run's rows add: its mode, memory and FLOPs
 
 
-def load_model_runs(results_dir=RESULTS_DIR, gpu_key: str = "H200", small: bool = False) -> pd.DataFrame:
-    """Every model-suite run in ``<results_dir>/<gpu_key>/`` (files whose JSON says ``"suite": "models"``; with
-    ``small``, the scaled-down runs of a machine without CUDA instead of full-size ones) as one frame of
-    :data:`RUN_COLUMNS`: for each (problem, model, num_tokens, impl) the row of the newest run (by the JSON's
-    ``date_utc``). ``median_ms`` is NaN where the row was not timed (``status`` says why); ``num_experts`` and
-    ``top_k`` are NaN for P1. Rows by problem, model (:data:`~moe_lib.bench.models.MODEL_NAMES`' order), token
-    count.
+def run_columns(mode: str = "op") -> list[str]:
+    """The columns of :func:`load_model_runs` in ``mode``: :data:`RUN_COLUMNS`, and in a training-step mode
+    :data:`LAYER_COLUMNS` after ``median_ms``."""
+    check_mode(mode)
+    if mode == "op":
+        return list(RUN_COLUMNS)
+    after = RUN_COLUMNS.index("median_ms") + 1
+    return [*RUN_COLUMNS[:after], *LAYER_COLUMNS, *RUN_COLUMNS[after:]]
 
-    ``attrs``: ``runs`` ({file name: its JSON}, of the files that gave a row) and ``note`` (a sentence when
-    there is no run, else ""). :class:`.results.ResultFileError` naming the file when one is malformed."""
+
+def load_model_runs(
+    results_dir=RESULTS_DIR, gpu_key: str = "H200", small: bool = False, mode: str = "op"
+) -> pd.DataFrame:
+    """Every model-suite run of ``mode`` in ``<results_dir>/<gpu_key>/`` (files whose JSON says ``"suite": "models"``
+    and that mode: ``op``, the problems' functions, by default; ``forward`` or ``forward_backward``, a training
+    step of their layers; with ``small``, the scaled-down runs of a machine without CUDA instead of full-size
+    ones) as one frame of :func:`run_columns`: for each (problem, model, num_tokens, impl) the row of the newest
+    run (by the JSON's ``date_utc``). ``median_ms`` (and ``peak_mem_gb``) is NaN where the row was not timed
+    (``status`` says why); ``num_experts`` and ``top_k`` are NaN for P1. Rows by problem, model
+    (:data:`~moe_lib.bench.models.MODEL_NAMES`' order), token count.
+
+    ``attrs``: ``runs`` ({file name: its JSON}, of the files that gave a row), ``mode`` and ``note`` (a sentence
+    when there is no run, else ""). A ValueError naming ``mode`` when it is not one of
+    :data:`~moe_lib.bench.modes.MODES`; :class:`.results.ResultFileError` naming the file when one is malformed."""
+    columns = run_columns(mode)
     folder = resolve_path(results_dir) / gpu_key
     frames, documents = [], {}
     for json_path in sorted(folder.glob("*.json")):
@@ -89,11 +115,13 @@ def load_model_runs(results_dir=RESULTS_DIR, gpu_key: str = "H200", small: bool 
         meta = read_run_json(json_path)
         if meta.get("suite") != MODEL_SUITE or bool((meta.get("provenance") or {}).get("small")) != small:
             continue
+        if meta.get("mode", "op") != mode:
+            continue  # a training-step run of the suite is read only when its mode is asked for, and the reverse
         if meta.get("problem") not in problems.PROBLEM_NAMES:
             raise ResultFileError(
                 f"{json_path}: problem: expected one of {problems.PROBLEM_NAMES}, got {meta.get('problem')!r}"
             )
-        frame = read_run_csv(csv_path, CSV_COLUMNS)
+        frame = read_run_csv(csv_path, CSV_COLUMNS if mode == "op" else (*CSV_COLUMNS, *LAYER_COLUMNS))
         try:
             frame["num_tokens"] = frame["num_tokens"].astype(int)
         except (TypeError, ValueError) as exc:
@@ -101,16 +129,18 @@ def load_model_runs(results_dir=RESULTS_DIR, gpu_key: str = "H200", small: bool 
         date = (meta.get("provenance") or {}).get("date_utc") or json_path.stem[:10]
         frames.append(
             frame.assign(problem=meta["problem"], dtype=meta.get("dtype"), file=csv_path.name, date_utc=date).reindex(
-                columns=RUN_COLUMNS
+                columns=columns
             )
         )
         documents[csv_path.name] = meta
     if not frames:
-        runs = pd.DataFrame(columns=RUN_COLUMNS)
+        runs = pd.DataFrame(columns=columns)
         kind = "scaled-down " if small else ""
+        command = "python -m moe_lib.bench --models" + ("" if mode == "op" else f" --mode {mode}")
         runs.attrs.update(
             runs={},
-            note=f"No {kind}model-suite run (python -m moe_lib.bench --models) is committed "
+            mode=mode,
+            note=f"No {kind}model-suite run ({command}) is committed "
             f"in {shown_path(folder)} yet: the models' shapes have no measurement to show.",
         )
         return runs
@@ -118,12 +148,12 @@ def load_model_runs(results_dir=RESULTS_DIR, gpu_key: str = "H200", small: bool 
     runs = runs.drop_duplicates(["problem", "model", "num_tokens", "impl"], keep="last")
     for column in ("correct", "passes_element_rule"):
         runs[column] = runs[column].map(optional_bool).astype(object)
-    runs.loc[runs["status"] != "ok", "median_ms"] = math.nan
+    runs.loc[runs["status"] != "ok", [c for c in ("median_ms", "peak_mem_gb") if c in columns]] = math.nan
     order = dict(problem=_order(problems.PROBLEM_NAMES), model=_order(MODEL_NAMES))
     runs = runs.sort_values(
         ["problem", "model", "num_tokens"], key=lambda c: c.map(order[c.name]) if c.name in order else c, kind="stable"
     ).reset_index(drop=True)
-    runs.attrs.update(runs={name: documents[name] for name in dict.fromkeys(runs["file"])}, note="")
+    runs.attrs.update(runs={name: documents[name] for name in dict.fromkeys(runs["file"])}, mode=mode, note="")
     return runs
 
 
@@ -153,9 +183,11 @@ def run_overview(runs: pd.DataFrame, problem: str) -> list[str]:
     return lines
 
 
-def comparison(problem: str) -> tuple[str, tuple[str, ...]]:
-    """(our implementation, the peers it is compared with) for ``problem`` (:data:`COMPARISONS`)."""
-    return COMPARISONS[problems.load(problem).op]
+def comparison(problem: str, mode: str = "op") -> tuple[str, tuple[str, ...]]:
+    """(our implementation, the peers it is compared with) for ``problem`` in ``mode`` (:data:`COMPARISONS`, or
+    :data:`LAYER_COMPARISONS` for a training step)."""
+    check_mode(mode)
+    return (COMPARISONS if mode == "op" else LAYER_COMPARISONS)[problems.load(problem).op]
 
 
 def _issues(rows: pd.DataFrame) -> str:
@@ -182,8 +214,9 @@ def _correct(rows: pd.DataFrame):
 def speedup_table(runs: pd.DataFrame, problem: str) -> pd.DataFrame:
     """Per (model, num_tokens) of ``problem``: our implementation's median and each peer's (``<impl> (ms)``),
     our speed-up over each peer (``vs <peer>``: the peer's time over ours, NaN where either was not timed),
-    ``correct`` (:func:`_correct`) and ``issues`` (what was not timed and why, who fails the element rule)."""
-    ours, peers = comparison(problem)
+    ``correct`` (:func:`_correct`) and ``issues`` (what was not timed and why, who fails the element rule). The
+    implementations compared are those of :func:`comparison` in the runs' mode (``runs.attrs["mode"]``)."""
+    ours, peers = comparison(problem, runs.attrs.get("mode", "op"))
     rows = runs[runs["problem"] == problem]
     table = {}
     for (model, num_tokens), case in rows.groupby(["model", "num_tokens"], sort=False):
@@ -197,7 +230,7 @@ def speedup_table(runs: pd.DataFrame, problem: str) -> pd.DataFrame:
     if table:
         frame.index = pd.MultiIndex.from_tuples(frame.index, names=["model", "num_tokens"])
         frame["correct"] = frame["correct"].astype(object)  # True, False or None, as _correct says
-    frame.attrs.update(problem=problem, ours=ours, peers=peers)
+    frame.attrs.update(problem=problem, ours=ours, peers=peers, mode=runs.attrs.get("mode", "op"))
     return frame
 
 
@@ -227,9 +260,10 @@ def styled_speedups(table: pd.DataFrame):
     speedups = [column for column in table.columns if column.startswith("vs ")]
     formats = {column: "{:.3f}" for column in table.columns if column.endswith("(ms)")}
     formats.update({column: "{:.2f}×" for column in speedups})
+    mode = table.attrs.get("mode", "op")
     caption = (
-        f"{table.attrs['problem']}: {table.attrs['ours']} against {', '.join(table.attrs['peers'])} "
-        "at the models' shapes (speed-up = peer's time / ours)"
+        f"{table.attrs['problem']}{'' if mode == 'op' else f' (layer {mode})'}: {table.attrs['ours']} against "
+        f"{', '.join(table.attrs['peers'])} at the models' shapes (speed-up = peer's time / ours)"
     )
     return styled(table, formats, caption).map(_speedup_colour, subset=speedups)
 

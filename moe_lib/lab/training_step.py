@@ -16,6 +16,7 @@ import pandas as pd
 import torch
 
 from .. import problems
+from ..bench.results import MODEL_SUITE
 from .results import (
     IMPL_STYLE,
     RESULTS_DIR,
@@ -65,6 +66,8 @@ def load_layer_runs(results_dir=RESULTS_DIR, gpu_key: str = "H200", problem: str
         meta = read_run_json(json_path)
         if meta.get("mode") not in LAYER_MODES or meta.get("problem") not in problems.PROBLEM_NAMES:
             continue
+        if meta.get("suite") == MODEL_SUITE:
+            continue  # the model suite's steps (bench --models --mode) are at other shapes: lab.models reads them
         if problem is not None and meta["problem"] != problem:
             continue
         key = json_path.stem[11:] if json_path.stem[:4].isdigit() else json_path.stem  # the name without its date

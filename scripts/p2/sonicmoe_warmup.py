@@ -1,13 +1,16 @@
 """Compile and autotune SonicMoE's kernels at P2's bf16 shapes, so that a later benchmark run finds them cached.
 
     QUACK_CACHE_AUTOTUNING=1 QUACK_COMPILE_WORKERS=8 PYTHONPATH=<sonicmoe site>:. \
-        python scripts/p2/sonicmoe_warmup.py [--tokens 2048,8192,32768] [--pack DIR]
+        python scripts/p2/sonicmoe_warmup.py [--tokens 2048,8192,32768] [--models A,B] [--pack DIR]
 
 On a fresh machine SonicMoE's first call compiles every autotuning configuration of its grouped GEMMs
 (minutes); QuACK keeps the compiled kernels in its object cache (``QUACK_CACHE_DIR``, default
 ``$TMPDIR/$USER/quack_cache``) and the autotuning choices in ``$QUACK_HOME/.quack/cache``, where a later
 process finds them. This runs one forward + backward of the ``sonicmoe`` layer peer per token count
-(the benchmark's inputs and routing), printing how long each took; with ``--pack DIR`` it then writes
+(the benchmark's inputs and routing), printing how long each took: at P2's own shape, or with ``--models``
+at the expert shapes of those models (moe_lib/bench/models.py; ``--models`` of the model suite's
+training-step run, ``python -m moe_lib.bench --models --mode forward_backward``), which SonicMoE compiles
+afresh (its kernels are specialised to H, I and E); with ``--pack DIR`` it then writes
 ``DIR/quack-cache.tar.xz`` with both caches (paths relative to /), which a later machine unpacks in
 their places (``tar -xJf quack-cache.tar.xz -C /``, same user and home) to skip the compilation.
 """
@@ -25,8 +28,8 @@ from pathlib import Path
 import torch
 
 from moe_lib import problems
-from moe_lib.bench import modes
-from moe_lib.bench.cli import token_list
+from moe_lib.bench import models, modes
+from moe_lib.bench.cli import model_list, token_list
 
 PROBLEM = "moe_experts_backward_bf16"
 
@@ -38,26 +41,56 @@ def cache_dirs() -> list[Path]:
     return [objects, autotuning]
 
 
-def main() -> None:
+def warmup_shapes(names: list[str] | None) -> list[tuple[str, dict]]:
+    """(label, axes) of each shape to compile at: P2's own (no axes overridden) without ``names``, else each
+    model's expert shape (:data:`moe_lib.bench.models.MODEL_SHAPES`). A ValueError naming ``--models`` for a
+    shape without experts, before any work."""
+    if names is None:
+        return [(PROBLEM, {})]
+    shapes = []
+    for model in models.MODEL_SHAPES:
+        if model.name in names:
+            if model.num_experts is None:
+                raise ValueError(f"--models: {model.name} has no experts (a shape of P1 only)")
+            shapes.append((model.name, model.axes("moe_experts_backward")))
+    return shapes
+
+
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=token_list, default=[2048, 8192, 32768])
+    parser.add_argument(
+        "--models",
+        type=model_list,
+        help="comma-separated model names of moe_lib/bench/models.py: their expert shapes instead of P2's",
+    )
     parser.add_argument("--pack", type=Path, help="write DIR/quack-cache.tar.xz with the caches when done")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    try:
+        args.shapes = warmup_shapes(args.models)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
     peer = modes.mode_peers(PROBLEM, "forward_backward")["sonicmoe"]
     reason = peer.unavailable(torch.device("cuda"))
     if reason is not None:
         raise SystemExit(f"sonicmoe unavailable: {reason}")
     problem = problems.load(PROBLEM)
-    for num_tokens in args.tokens:
-        inputs = problem.make_inputs(num_tokens, device="cuda")
-        for attempt in ("first call (compiles and autotunes)", "second call"):
-            start = time.perf_counter()
-            outputs = peer.prepare(inputs)()
-            torch.cuda.synchronize()
-            print(f"T={num_tokens}: {attempt}: {time.perf_counter() - start:.1f} s", flush=True)
-            del outputs
-        del inputs
-        torch.cuda.empty_cache()
+    for label, axes in args.shapes:
+        for num_tokens in args.tokens:
+            inputs = problem.make_inputs(num_tokens, device="cuda", **axes)
+            for attempt in ("first call (compiles and autotunes)", "second call"):
+                start = time.perf_counter()
+                outputs = peer.prepare(inputs)()
+                torch.cuda.synchronize()
+                print(f"{label} T={num_tokens}: {attempt}: {time.perf_counter() - start:.1f} s", flush=True)
+                del outputs
+            del inputs
+            torch.cuda.empty_cache()
     if args.pack:
         args.pack.mkdir(parents=True, exist_ok=True)
         archive = args.pack / "quack-cache.tar.xz"

@@ -70,7 +70,7 @@ def test_small_shapes_keep_aligned_sizes_aligned_and_the_unaligned_one_unaligned
         (["--models", "--model", "DeepSeek-V3,DeepSeek-V3"], "--model"),
         (["--model", "DeepSeek-V3"], "--model"),  # without --models
         (["--models", "--problem", "moe_experts_backward", "--model", UNALIGNED], "--model"),
-        (["--models", "--mode", "forward"], "--mode"),
+        (["--models", "--mode", "forward", "--problem", P1, "--impl", "triton_fast"], "--impl"),  # not a layer peer
         (["--models", "--suite"], "--suite"),
         (["--models", "--dtype", "fp32"], "--dtype"),
         (["--models", "--impl", "triton_fast"], "--impl"),  # not an implementation of P2

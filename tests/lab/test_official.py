@@ -48,11 +48,13 @@ def _newest_graph_csv(problem=P1):
 
 
 def _layer_csvs() -> list:
-    """The newest committed layer run of each kind: files named <date>-<kind>.csv, later dates sort later."""
+    """The newest committed layer run of each kind at the problems' own shapes (the model suite's training steps
+    are read by lab.models): files named <date>-<kind>.csv, later dates sort later."""
     newest = {}
     for path in sorted(H200_RESULTS.glob("*.csv")):
         meta_path = path.with_suffix(".json")
-        if meta_path.is_file() and json.loads(meta_path.read_text()).get("mode") in ("forward", "forward_backward"):
+        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+        if meta.get("mode") in ("forward", "forward_backward") and meta.get("suite") != "models":
             newest[path.stem[len("2026-11-30-") :]] = path
     return list(newest.values())
 

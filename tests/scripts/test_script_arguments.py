@@ -28,6 +28,8 @@ CASES = {
     "p2/grouped_probe.py --shapes p2_t8192_gate_up,nope": "--shapes: unknown name(s) ['nope']",
     "p2/fp32_precision_emulation.py --expert 8": "--expert: expected 0 to 7 for Mixtral-8x7B, got 8",
     "p2/fp32_precision_emulation.py --sweep --sweep-tokens 512,x": "--sweep-tokens: expected a comma list of positive",
+    "p2/sonicmoe_warmup.py --models Qwen3-30B-A3B,GPT-5": "--models: unknown model 'GPT-5'",
+    "p2/sonicmoe_warmup.py --models unaligned-1000x300": "--models: unaligned-1000x300 has no experts",
 }
 
 
@@ -70,3 +72,42 @@ def test_gpu_bench_defaults_name_what_the_scripts_know():
     (p2,) = re.findall(r"\$\{P2_TUNE_CONFIGS:-([^}]*)\}", text)
     for item in p2.split(";"):
         replace_fields(launch_config(2048 * 8, 256, input_bytes=2), parse_fields(item.partition(":")[2]))
+
+
+def test_sonicmoe_warmup_compiles_at_the_models_expert_shapes():
+    """--models gives each model's expert shape (H, I, E, K) in the order of moe_lib/bench/models.py; without it,
+    P2's own shape."""
+    import runpy
+
+    from moe_lib.bench.models import MODEL_SHAPES
+
+    warmup = runpy.run_path(str(ROOT / "scripts" / "p2" / "sonicmoe_warmup.py"), run_name="shapes")
+    args = warmup["parse_args"](["--models", "DeepSeek-V2-Lite,Qwen3-30B-A3B", "--tokens", "8192,32768"])
+    assert args.tokens == [8192, 32768]
+    assert args.shapes == [
+        ("Qwen3-30B-A3B", dict(hidden_size=2048, intermediate_size=768, num_experts=128, top_k=8)),
+        ("DeepSeek-V2-Lite", dict(hidden_size=2048, intermediate_size=1408, num_experts=64, top_k=6)),
+    ]
+    assert warmup["parse_args"]([]).shapes == [("moe_experts_backward_bf16", {})]
+    every = [model.name for model in MODEL_SHAPES if model.num_experts is not None]
+    assert [label for label, _ in warmup["warmup_shapes"](every)] == every
+
+
+def test_gpu_bench_layer_run_at_the_models_parses_as_the_benchmark_takes_it():
+    """RUNS=p2_layer_models' defaults (models, token counts, layer peers) are accepted by the benchmark's command line:
+    a renamed model or peer would fail that run on the GPU."""
+    import re
+
+    from moe_lib.bench import cli
+
+    text = (ROOT / "scripts" / "gpu_bench.sh").read_text()
+    block = re.search(r'case " \$RUNS " in \*" p2_layer_models "\*\)\n(.*?)\nesac', text, re.S).group(1)
+    defaults = dict(re.findall(r"\$\{(P2_LAYER_MODELS\w*):-([^}]*)\}", block))
+    assert {"P2_LAYER_MODELS", "P2_LAYER_MODELS_TOKENS", "P2_LAYER_MODELS_IMPLS"} <= set(defaults)
+    assert "--models --mode forward_backward --problem moe_experts_backward_bf16" in block
+    argv = ["--device", "cpu", "--models", "--mode", "forward_backward", "--problem", "moe_experts_backward_bf16"]
+    argv += ["--model", defaults["P2_LAYER_MODELS"], "--tokens", defaults["P2_LAYER_MODELS_TOKENS"]]
+    args = cli.parse_args([*argv, "--impl", defaults["P2_LAYER_MODELS_IMPLS"]])
+    assert args.model == ["Qwen3-30B-A3B", "DeepSeek-V2-Lite"] and args.tokens == [8192, 32768]
+    assert args.model_impls == {"moe_experts_backward_bf16": defaults["P2_LAYER_MODELS_IMPLS"].split(",")}
+    assert defaults["P2_LAYER_MODELS_IMPLS"] == "triton_engine_saved,triton_saved,grouped_mm,sonicmoe"
