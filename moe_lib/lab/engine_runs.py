@@ -164,7 +164,8 @@ def models_table(runs: pd.DataFrame) -> pd.DataFrame:
 def reading(table: pd.DataFrame, sonic: pd.DataFrame, models: pd.DataFrame) -> list[str]:
     """The three tables in sentences: how many cases the engine leads in, by how much, and where it trails."""
     lines = []
-    for (file, mode), group in table.groupby(level=["file", "mode"], sort=False):
+    groups = table.groupby(level=["file", "mode"], sort=False) if not table.empty else []  # no engine run: none
+    for (file, mode), group in groups:
         speedups = group["over kernels A-W-D-C"].dropna()
         lines.append(
             f"{mode.replace('_', ' + ')} ({file}, commit {table.attrs['files'][file]}): the engine ahead of kernels "

@@ -70,3 +70,12 @@ def test_a_malformed_or_missing_run_is_named(tmp_path):
         engine_runs.load_engine_runs(tmp_path, "H200")
     with pytest.raises(FileNotFoundError, match="results_dir"):
         engine_runs.load_engine_runs(tmp_path, "H100")
+
+
+def test_reading_without_engine_runs_says_nothing():
+    """A results folder with no engine run (a fresh GPU's report): no sentence, no error."""
+    import pandas as pd
+
+    from moe_lib.lab.engine_runs import reading
+
+    assert reading(pd.DataFrame(), pd.DataFrame(), pd.DataFrame()) == []
