@@ -264,6 +264,8 @@ def _save_for_backward(ctx, inputs, output):
     ctx.impl, ctx.check_finite = impl, check_finite
     ctx.structure = preferred_now()  # the backward runs the structure the forward ran
     ctx.preactivations = _keeps_preactivations(impl, hidden_states, save_activations)
+    # g and u are outputs no loss reaches: without this autograd hands the backward zeros of their [T·K, I] shapes
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, grad_output, _grad_gate_pre, _grad_up_pre):

@@ -503,6 +503,8 @@ def _save_for_backward(ctx, inputs, output):
     # received rows, their weights and experts; sent slots; the layout, on the CPU: read there without a device sync
     ctx.save_for_backward(gate, up, down, *output[1:])
     ctx.top_k, ctx.group_name, ctx.impl, ctx.stats_key = topk_indices.shape[1], inputs[6], inputs[7], inputs[11]
+    # the saved outputs are reached by no loss: without this autograd hands the backward zeros of their shapes
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, grad_output, *_grads_of_the_saved):

@@ -230,6 +230,8 @@ def _save_for_backward(ctx, inputs, output):
     x, gate_weight, up_weight, down_weight, impl, precision, check_finite = inputs
     ctx.save_for_backward(x, gate_weight, up_weight, down_weight, output[1], output[2])
     ctx.impl, ctx.precision, ctx.check_finite = impl, precision, check_finite
+    # the saved outputs are reached by no loss: without this autograd hands the backward zeros of their shapes
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, grad_output, _grad_gate, _grad_up):

@@ -218,3 +218,30 @@ def test_the_default_structure_by_rows_an_expert():
         assert engine_layer.structure(32768 * 8, 256, 4096, 2048, dtype, hopper) == "kernels"
     assert engine_layer.structure(32768 * 8, 256, 1000, 2048, torch.bfloat16, hopper) == "kernels"
     assert engine_layer.structure(32768 * 8, 256, 4096, 2048, torch.bfloat16, Target(capability=(8, 0))) == "kernels"
+
+
+def test_the_layer_backward_gets_no_zeros_for_its_saved_preactivations(seed):
+    """g and u are outputs of the layer's op that no loss reaches: autograd must not hand its backward [T·K, I]
+    zeros for them (2 · T·K·I bf16 bytes at the backward's peak)."""
+    import importlib
+
+    api = importlib.import_module("moe_lib.moe_experts.api")
+    from moe_lib.moe_experts import moe_experts
+
+    received = []
+
+    def spy(ctx, grad_output, grad_gate_pre, grad_up_pre):
+        received.append((grad_gate_pre, grad_up_pre))
+        return api._backward(ctx, grad_output, grad_gate_pre, grad_up_pre)
+
+    T, H, I, E, K, routing = CASES["uniform"]
+    inputs = bf16_inputs(T, H, I, E, K, routing, seed)
+    leaves = [inputs[n].detach().requires_grad_() for n in ("hidden_states", "topk_weights")]
+    torch.library.register_autograd("moe_lib::moe_experts", spy, setup_context=api._save_for_backward)
+    try:
+        y = moe_experts(leaves[0], inputs["topk_indices"], leaves[1], inputs["gate_weights"], inputs["up_weights"],
+                        inputs["down_weights"], impl="triton", save_activations=True)  # fmt: skip
+        torch.autograd.grad(y, leaves, inputs["grad_output"])
+    finally:
+        torch.library.register_autograd("moe_lib::moe_experts", api._backward, setup_context=api._save_for_backward)
+    assert received == [(None, None)]
