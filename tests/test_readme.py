@@ -50,7 +50,7 @@ def test_the_readme_status_table_is_that_of_the_files_it_cites():
     results = README.parent / "data" / "results" / "H200"
     files = re.search(r"The runs behind it, row by row \(`data/results/H200/`\): (.*?);", text, re.S).group(1)
     named = re.findall(r"`([^`]+)`", files)
-    assert len(named) == 6 and all((results / name).is_file() for name in named), named
+    assert len(named) == 7 and all((results / name).is_file() for name in named), named
 
     def times(name: str, unit: float) -> pd.DataFrame:
         return pd.read_csv(results / name).pivot_table(index="num_tokens", columns="impl", values="median_ms") * unit
@@ -94,6 +94,13 @@ def test_the_readme_status_table_is_that_of_the_files_it_cites():
     layer = times(named[5], 1).loc[32768]
     row = _status_row(text, "P2 layer forward + backward, 32768 tokens")
     assert f"{layer['triton_saved']:.1f} ms" in row and f"SonicMoE {layer['sonicmoe']:.1f} ms" in row, row
+
+    values = ["median_ms", "peak_mem_gb"]
+    engine = pd.read_csv(results / named[6]).pivot_table(index="num_tokens", columns="impl", values=values)
+    row = _status_row(text, "P2 layer on the grouped engine, 2048 / 8192 / 32768 tokens")
+    for impl in ("triton_saved", "grouped_mm"):
+        assert " / ".join(f"{engine.loc[T, ('median_ms', impl)]:.1f}" for T in (2048, 8192, 32768)) in row, row
+        assert f"{engine.loc[32768, ('peak_mem_gb', impl)]:.1f} GB" in row, (impl, row)
 
 
 def test_the_readme_layout_names_every_part_of_the_tree():
