@@ -13,6 +13,8 @@ tutorial.py          04: teaching kernels from naive to fused, run under the int
 ladder.py            04: each rung's bytes, FLOPs, predicted and measured time
 ring.py              04: the Gluon kernels' mbarrier ring, simulated on the CPU, and its diagram
 ledger.py            04: the floors of P1's arithmetic and of P2's decomposition, step by step
+engine.py            04: P2's grouped engine: its pipeline drawn, its tile schedules, its twins run on the CPU, the
+                     layer's launches recorded
 measured_designs.py  04's history in notes/: the designs measured on the GPU, from the committed tuning runs
 traces.py            04's history in notes/: where a P1 call's time goes, from the committed traces
 schedules.py         04's history in notes/: models of how P1's tiles fill the SMs
@@ -21,6 +23,7 @@ tuning_index.py      04, notes/: the committed tuning runs as data (data/results
 benchmark.py         05: times, speed-ups, scores, correctness and per-case figures of the result files
 official_runs.py     05: graph replay against NVIDIA's harness, per workload: the host's share of a call
 training_step.py     05: the layers' forward and forward + backward runs, and what saved activations trade
+engine_runs.py       05: the grouped engine's committed runs beside their peers, with each file's commit
 sonicmoe.py          05: our layer beside SonicMoE's, and our backward's kernels by ncu
 models.py            05: the model suite's runs and speed-ups
 targets.py           05: the project's targets (``data/problems/<name>/lab.json``) judged on the committed files
