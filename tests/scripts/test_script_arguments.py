@@ -28,6 +28,8 @@ CASES = {
     "p2/grouped_probe.py --shapes p2_t8192_gate_up,nope": "--shapes: unknown name(s) ['nope']",
     "p2/fp32_precision_emulation.py --expert 8": "--expert: expected 0 to 7 for Mixtral-8x7B, got 8",
     "p2/fp32_precision_emulation.py --sweep --sweep-tokens 512,x": "--sweep-tokens: expected a comma list of positive",
+    "host_time.py --cases model,nope": "--cases: expected a comma list of tiny, model, bench, bench_bf16",
+    "host_time.py --layers moe_experts,nope": "--layers: expected a comma list of moe_experts, swiglu_expert",
 }
 
 
