@@ -12,6 +12,7 @@ autograd cannot see into fail loudly (:func:`not_differentiable_again`).
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -180,13 +181,24 @@ def device_memory_bytes(device) -> int | None:
     """Total memory of ``device``: the GPU's for CUDA, the machine's RAM for the CPU; None where unknown."""
     device = torch.device(device)
     if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory
+        return _cuda_memory_bytes(device.index if device.index is not None else torch.cuda.current_device())
     if device.type == "cpu":
-        try:
-            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (AttributeError, OSError, ValueError):
-            return None
+        return _cpu_memory_bytes()
     return None
+
+
+# read once per device, not on every call (the checks run on every call of the layers)
+@functools.cache
+def _cuda_memory_bytes(index: int) -> int:
+    return torch.cuda.get_device_properties(index).total_memory
+
+
+@functools.cache
+def _cpu_memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None
 
 
 def fits_in_memory(name: str, nbytes: int, device, what: str) -> None:
