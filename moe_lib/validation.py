@@ -129,15 +129,18 @@ def check_arguments(table: tuple[Argument, ...], values: dict, sizes_from: tuple
     return sizes
 
 
-_PLANS: dict = {}  # (id(table), sizes_from) -> (table, its plan): a table's plan, made on its first check
+# (id(table), id(sizes_from)) -> (table, sizes_from, their plan), made on their first check; the entry holds both,
+# so that neither id is reused while it is kept
+_PLANS: dict = {}
+PLANS_KEPT = 64  # tables are module constants: more than this many means tables made per call, not worth keeping
 
 
 def _plan(table: tuple[Argument, ...], sizes_from: tuple[str, ...]) -> tuple:
     """Per argument, in :func:`check_arguments`' order: (name, fixed axes, any leading axes, dtype kind, whether its
     dimensions give sizes)."""
-    kept = _PLANS.get((id(table), sizes_from))
-    if kept is not None and kept[0] is table:
-        return kept[1]
+    kept = _PLANS.get((id(table), id(sizes_from)))
+    if kept is not None and kept[0] is table and kept[1] is sizes_from:
+        return kept[2]
     by_name = {argument.name: argument for argument in table}
     order = [by_name[name] for name in sizes_from] + [a for a in table if a.name not in sizes_from]
     plan = tuple(
@@ -150,7 +153,9 @@ def _plan(table: tuple[Argument, ...], sizes_from: tuple[str, ...]) -> tuple:
         )
         for argument in order
     )
-    _PLANS[id(table), sizes_from] = (table, plan)
+    if len(_PLANS) >= PLANS_KEPT:
+        _PLANS.clear()
+    _PLANS[id(table), id(sizes_from)] = (table, sizes_from, plan)
     return plan
 
 

@@ -151,3 +151,11 @@ def test_route_by_expert_with_kept_ids_groups_slots_by_expert(dtype):
         assert routing.expert_offsets.dtype == torch.int32 and routing.expert_offsets[-1] == T * K
     kept = expert_ids(E, indices)
     assert kept is expert_ids(E, indices) and torch.equal(kept, torch.arange(E + 1, dtype=dtype))
+
+
+def test_tables_made_per_call_are_not_kept_without_bound():
+    values = dict(a=torch.randn(2, 3))
+    for _ in range(3 * validation.PLANS_KEPT):
+        table = [validation.Argument("a", ("m", "n"))]  # a list, made anew each time
+        assert validation.check_arguments(table, values, ["a"]) == {"m": 2, "n": 3}
+    assert len(validation._PLANS) <= validation.PLANS_KEPT
