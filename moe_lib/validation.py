@@ -12,6 +12,7 @@ autograd cannot see into fail loudly (:func:`not_differentiable_again`).
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -90,7 +91,15 @@ def check_arguments(table: tuple[Argument, ...], values: dict, sizes_from: tuple
     ``sizes_from`` (in that order: an axis's size is that of the first of them that has it, which a mismatch
     names); the FLOAT ones share one dtype; all share one device. The arguments of ``sizes_from`` come first in
     every step, so that the error names them rather than an argument compared with them.
+
+    The layers call this on every call: in eager code one pass over the arguments settles the usual case (all
+    valid, :func:`_sizes_when_valid`); where it finds anything wrong, or while ``torch.compile`` traces, the steps
+    above run and raise as they always do.
     """
+    if not torch.compiler.is_compiling():
+        sizes = _sizes_when_valid(_plan(table, sizes_from), values)
+        if sizes is not None:
+            return sizes
     by_name = {argument.name: argument for argument in table}
     order = [by_name[name] for name in sizes_from] + [a for a in table if a.name not in sizes_from]
     for argument in order:
@@ -117,6 +126,78 @@ def check_arguments(table: tuple[Argument, ...], values: dict, sizes_from: tuple
                     f"or torch.float32, got {t.dtype}"
                 )
     same_device({a.name: values[a.name] for a in order})
+    return sizes
+
+
+# (id(table), id(sizes_from)) -> (table, sizes_from, their plan), made on their first check; the entry holds both,
+# so that neither id is reused while it is kept
+_PLANS: dict = {}
+PLANS_KEPT = 64  # tables are module constants: more than this many means tables made per call, not worth keeping
+
+
+def _plan(table: tuple[Argument, ...], sizes_from: tuple[str, ...]) -> tuple:
+    """Per argument, in :func:`check_arguments`' order: (name, fixed axes, any leading axes, dtype kind, whether its
+    dimensions give sizes)."""
+    kept = _PLANS.get((id(table), id(sizes_from)))
+    if kept is not None and kept[0] is table and kept[1] is sizes_from:
+        return kept[2]
+    by_name = {argument.name: argument for argument in table}
+    order = [by_name[name] for name in sizes_from] + [a for a in table if a.name not in sizes_from]
+    plan = tuple(
+        (
+            argument.name,
+            argument.axes[1:] if argument.axes[:1] == (ANY_LEADING,) else argument.axes,
+            argument.axes[:1] == (ANY_LEADING,),
+            argument.dtype,
+            argument.name in sizes_from,
+        )
+        for argument in order
+    )
+    if len(_PLANS) >= PLANS_KEPT:
+        _PLANS.clear()
+    _PLANS[id(table), id(sizes_from)] = (table, sizes_from, plan)
+    return plan
+
+
+def _sizes_when_valid(plan: tuple, values: dict) -> dict | None:
+    """The sizes :func:`check_arguments` returns where every argument passes all its checks, else None (without
+    saying what is wrong: its steps then find and name it)."""
+    sizes, device, float_dtype, float_or_fp32 = {}, None, None, []
+    for name, fixed, leading, kind, gives_sizes in plan:
+        t = values[name]
+        if not isinstance(t, torch.Tensor):
+            return None
+        dtype = t.dtype
+        if kind == INDEX:
+            if dtype not in INDEX_DTYPES:
+                return None
+        elif not dtype.is_floating_point:
+            return None
+        elif kind == FLOAT:
+            if float_dtype is None:
+                float_dtype = dtype
+            elif dtype != float_dtype:
+                return None
+        elif kind == FLOAT_OR_FP32:
+            float_or_fp32.append(dtype)
+        shape = t.shape
+        rank = len(fixed)
+        if len(shape) != rank and not (leading and len(shape) > rank):
+            return None
+        for axis, size in zip(fixed, shape[len(shape) - rank :], strict=True):
+            known = sizes.get(axis)
+            if known is None:
+                if not gives_sizes:
+                    return None
+                sizes[axis] = size
+            elif known != size:
+                return None
+        if device is None:
+            device = t.device
+        elif t.device != device:
+            return None
+    if float_dtype is not None and any(d not in (float_dtype, torch.float32) for d in float_or_fp32):
+        return None
     return sizes
 
 
@@ -180,13 +261,24 @@ def device_memory_bytes(device) -> int | None:
     """Total memory of ``device``: the GPU's for CUDA, the machine's RAM for the CPU; None where unknown."""
     device = torch.device(device)
     if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory
+        return _cuda_memory_bytes(device.index if device.index is not None else torch.cuda.current_device())
     if device.type == "cpu":
-        try:
-            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (AttributeError, OSError, ValueError):
-            return None
+        return _cpu_memory_bytes()
     return None
+
+
+# read once per device, not on every call (the checks run on every call of the layers)
+@functools.cache
+def _cuda_memory_bytes(index: int) -> int:
+    return torch.cuda.get_device_properties(index).total_memory
+
+
+@functools.cache
+def _cpu_memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None
 
 
 def fits_in_memory(name: str, nbytes: int, device, what: str) -> None:

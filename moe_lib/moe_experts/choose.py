@@ -9,6 +9,7 @@ products of hi and lo halves where they would not (:func:`weight_grad_products`)
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -48,7 +49,30 @@ def choose(
 ) -> Choice:
     """The choice for T·K = ``num_slots`` slots over ``num_experts`` experts, K = ``top_k`` of them per token (None:
     unknown, see :func:`weight_grad_products`); ``config`` overrides the tiles (a config without a TMA-fed form's
-    tiles asks for the pointer-based design), ``products`` kernel W's products ("plain" or "bf16x3")."""
+    tiles asks for the pointer-based design), ``products`` kernel W's products ("plain" or "bf16x3"). Pure: the
+    answer is kept per arguments (every call of the layers asks again with the same shapes)."""
+    key = (
+        num_slots,
+        num_experts,
+        hidden_size,
+        intermediate_size,
+        dtype,
+        target,
+        config,
+        weights_aligned,
+        top_k,
+        products,
+    )
+    try:
+        hash(key)
+    except TypeError:  # a config built with lists: chosen afresh
+        return _choose(*key)
+    return _choose_kept(*key)
+
+
+def _choose(
+    num_slots, num_experts, hidden_size, intermediate_size, dtype, target, config, weights_aligned, top_k, products
+) -> Choice:
     if products is None:
         products = weight_grad_products(num_slots, num_experts, hidden_size, dtype, top_k=top_k)
     elif products not in WEIGHT_GRAD_PRODUCTS:
@@ -76,6 +100,9 @@ def choose(
         ),
         products,
     )
+
+
+_choose_kept = functools.lru_cache(maxsize=1024)(_choose)
 
 
 # z below which kernel W splits fp32 inputs' operands: the tolerance 0.11 in predicted error RMS of bf16 operands

@@ -27,6 +27,8 @@ kernel A's split products plus 10·T·K·H·I in W and D (15.4 TFLOP) bound the 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..dispatch import interpreter_enabled
@@ -64,12 +66,22 @@ def launch_plan(
     ``config``: a call's :class:`~.choose.Choice`, or a :class:`LaunchConfig` whose designs the chooser picks for
     weights of ``weight_bytes`` (4 for the fp32 interface) on a Hopper GPU (or the interpreter, where it is on).
     The TMA-fed designs of kernels W and D run persistent: ``num_programs`` programs looping over their tiles (one
-    per SM; by default :func:`~.runtime.default_persistent_programs`)."""
-    T, H, I, E, K = num_tokens, hidden_size, intermediate_size, num_experts, top_k
+    per SM; by default :func:`~.runtime.default_persistent_programs`). Kept per arguments: every call asks for its
+    plan, and the same shapes give the same plan (a fresh dict each time; its launches are frozen)."""
+    key = (num_tokens, hidden_size, intermediate_size, num_experts, top_k, config, num_programs, weight_bytes)
+    key += (interpreter_enabled(),)  # the designs and the default programs depend on it
+    try:
+        hash(key)
+    except TypeError:  # a config built with lists: planned afresh
+        return _launch_plan(*key)
+    return dict(_launch_plan_kept(*key))
+
+
+def _launch_plan(T, H, I, E, K, config, num_programs, weight_bytes, interpreter) -> dict[str, KernelLaunch]:
     choice = config
     if isinstance(config, LaunchConfig):  # bf16 and fp16 take the same designs
         dtype = torch.float32 if weight_bytes == 4 else torch.bfloat16
-        choice = choose(T * K, E, H, I, dtype, Target(interpreter=interpreter_enabled()), config=config, top_k=K)
+        choice = choose(T * K, E, H, I, dtype, Target(interpreter=interpreter), config=config, top_k=K)
     config = choice.config
     launched = T * K > 0
     num_programs = num_programs or default_persistent_programs()
@@ -93,6 +105,9 @@ def launch_plan(
         launched,
     )
     return plan
+
+
+_launch_plan_kept = functools.lru_cache(maxsize=1024)(_launch_plan)
 
 
 # what kernel A does with the pre-activations g and u (its PREACT)
@@ -207,7 +222,7 @@ def allocation_bytes(
     K = topk_indices.shape[1]
     slots = max(T * K, 1)
     item = hidden_states.element_size()
-    workspace_item = torch.empty((), dtype=WORKSPACE_DTYPES[hidden_states.dtype]).element_size()
+    workspace_item = WORKSPACE_DTYPES[hidden_states.dtype].itemsize
     halves = 2 * T * H * workspace_item if hidden_states.dtype == torch.float32 else 0  # per split operand
     routing = 4 * slots + 4 * (E + 1) + 16 * slots
     if forward_only:  # y; aw; y per slot; x's halves; g and u where they are saved

@@ -35,6 +35,21 @@ def route_by_expert(topk_indices: torch.Tensor, num_experts: int) -> ExpertRouti
     """Group the slots of ``topk_indices`` [T, K] (int64 or int32) by expert, on its device."""
     flat = topk_indices.reshape(-1)
     sorted_experts, sorted_slot = torch.sort(flat, stable=True)
-    boundaries = torch.arange(num_experts + 1, device=flat.device, dtype=flat.dtype)
-    expert_offsets = torch.searchsorted(sorted_experts, boundaries, out_int32=True)
+    expert_offsets = torch.searchsorted(sorted_experts, expert_ids(num_experts, flat), out_int32=True)
     return ExpertRouting(sorted_slot=sorted_slot.to(torch.int32), expert_offsets=expert_offsets)
+
+
+_EXPERT_IDS: dict = {}  # (E, device, dtype) -> [0, 1, …, E], made once: read only, never written
+
+
+def expert_ids(num_experts: int, like: torch.Tensor) -> torch.Tensor:
+    """[0, 1, …, num_experts] on ``like``'s device in its dtype: the experts' boundaries searched for, kept per
+    (E, device, dtype) rather than made on every call (an allocation and a launch each)."""
+    key = (num_experts, like.device, like.dtype)
+    ids = _EXPERT_IDS.get(key)
+    if ids is None:
+        ids = torch.arange(num_experts + 1, device=like.device, dtype=like.dtype)
+        # memory of a CUDA graph's private pool must not outlive the graph: made inside a capture, it is not kept
+        if not (like.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            _EXPERT_IDS[key] = ids
+    return ids

@@ -5,6 +5,7 @@ A leaf: the designs (:mod:`.designs`), the chooser and the launches import it; i
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -40,7 +41,22 @@ class Target:
         """The target of tensors on ``device``: the interpreter wherever it is switched on or there is no GPU."""
         if interpreter_enabled() or device.type != "cuda":
             return cls(interpreter=True)
-        return cls(capability=torch.cuda.get_device_capability(device))
+        return _cuda_target(_device_index(device))
+
+
+def _device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+# a GPU's properties do not change while the process runs: read once per device, not on every call
+@functools.cache
+def _cuda_target(index: int) -> Target:
+    return Target(capability=torch.cuda.get_device_capability(index))
+
+
+@functools.cache
+def _cuda_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def operand_halves(v: torch.Tensor, split_precision: bool, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,7 +81,7 @@ def persistent_programs(device: torch.device) -> int:
     """Programs of a persistent launch: one per SM on the GPU, a few under the interpreter."""
     if device.type != "cuda" or interpreter_enabled():
         return default_persistent_programs()
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return _cuda_sms(_device_index(device))
 
 
 def dtype_reason(dtype: torch.dtype) -> str | None:
