@@ -34,6 +34,19 @@ def poisoned(monkeypatch):
 
 
 @pytest.fixture
+def nan_workspaces(monkeypatch):
+    """P2's outputs and workspaces (``moe_lib.moe_experts.runtime.allocate`` and the slot-row sum's) start as NaN:
+    what comes back was written by the kernels."""
+    from moe_lib.moe_experts import runtime, slot_sum
+
+    def nan_filled(size, *, dtype, device):
+        return torch.full(size, float("nan"), dtype=dtype, device=device)
+
+    monkeypatch.setattr(runtime, "allocate", nan_filled)
+    monkeypatch.setattr(slot_sum, "allocate", nan_filled)
+
+
+@pytest.fixture
 def seed():
     """A fresh seed per test run (printed on failure), so every run draws new inputs.
     Set MOE_TEST_SEED to replay one."""
