@@ -9,8 +9,9 @@ in ``down_proj``, each stored as ``[out_features, in_features]`` like ``nn.Linea
 
 so a ``MoEExperts``' state dict loads into those models' ``mlp.experts`` and back, names and shapes alike. The
 forward hands the functional layers (:func:`moe_lib.swiglu_expert`, :func:`moe_lib.moe_experts`) the two row
-halves of ``gate_up_proj`` as views, without a copy (the Triton path of ``moe_experts`` copies them contiguous;
-``swiglu_expert``'s halves are contiguous already). The routing is left to the caller, as in the functional API:
+halves of ``gate_up_proj`` as views, without a copy (``moe_experts``' grouped engine takes the fused block as it
+lies, :mod:`moe_lib.moe_experts.weights`; its other paths copy the halves contiguous; ``swiglu_expert``'s halves
+are contiguous already). The routing is left to the caller, as in the functional API:
 ``MoEExperts`` takes the token-to-expert assignment (``topk_indices``, ``topk_weights``) with the hidden states.
 """
 
@@ -23,6 +24,7 @@ from torch import nn
 
 from .dispatch import check_impl
 from .moe_experts import moe_experts
+from .moe_experts.weights import split_gate_up
 from .swiglu_down import swiglu_expert
 from .swiglu_down.checks import check_precision
 from .validation import flag
@@ -32,12 +34,6 @@ def _positive(name: str, value) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name}: expected a positive integer, got {value!r}")
     return value
-
-
-def split_gate_up(gate_up_proj: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(gate, up): the two row halves of a fused [..., 2I, H] weight, as views. Taken by unbind, whose backward
-    stacks the two gradients into one [..., 2I, H] tensor (slices would each fill a zero tensor of that size)."""
-    return gate_up_proj.unflatten(-2, (2, gate_up_proj.shape[-2] // 2)).unbind(-3)
 
 
 def _init_like_linear(weight: torch.Tensor, in_features: int) -> None:

@@ -27,6 +27,7 @@ from ..validation import check_contiguous, finite, flag, float_tensor, not_diffe
 from .checks import INPUT_NAMES, check_index_values, check_moe_experts_backward
 from .reference import moe_experts_backward_reference, moe_experts_forward_reference
 from .structure import preferred, preferred_now
+from .weights import stacked_gate_up
 
 
 def moe_experts_backward(
@@ -91,7 +92,7 @@ def _moe_experts_backward_op(
     from .launch import moe_experts_backward_triton  # imports triton: only on this path
 
     preactivations = None if gate_preactivations is None else (gate_preactivations, up_preactivations)
-    return moe_experts_backward_triton(*_contiguous(args), preactivations=preactivations)
+    return moe_experts_backward_triton(*_contiguous(args, 4), preactivations=preactivations)
 
 
 @_moe_experts_backward_op.register_fake
@@ -99,10 +100,13 @@ def _(grad_output, hidden_states, topk_indices, topk_weights, gate_weights, up_w
     return tuple(t.new_empty(t.shape) for t in (hidden_states, topk_weights, gate_weights, up_weights, down_weights))
 
 
-def _contiguous(tensors: tuple) -> tuple:
-    """The Triton kernels address their operands by row-major strides: the layer's strided weights (e.g. the row
-    halves of a fused [E, 2I, H] gate_up) are copied (the public backward refuses them instead)."""
-    return tuple(t.contiguous() for t in tensors)
+def _contiguous(tensors: tuple, gate_at: int) -> tuple:
+    """The Triton paths address their operands by row-major strides: strided inputs are copied contiguous (the public
+    backward refuses them instead), except gate and up weights (at ``gate_at`` and after it) that are the row
+    halves of one fused [E, 2I, H] block, which the grouped engine reads as it lies (:mod:`.weights`; the other
+    kernels copy them)."""
+    fused = stacked_gate_up(tensors[gate_at], tensors[gate_at + 1]) is not None
+    return tuple(t if fused and i in (gate_at, gate_at + 1) else t.contiguous() for i, t in enumerate(tensors))
 
 
 def moe_experts_forward(
@@ -115,7 +119,7 @@ def moe_experts_forward(
     if resolve_impl(impl, hidden_states.device, hidden_states.dtype) == "triton":
         from .launch import moe_experts_forward_triton
 
-        return moe_experts_forward_triton(*_contiguous(inputs))
+        return moe_experts_forward_triton(*_contiguous(inputs, 3))
     return moe_experts_forward_reference(*inputs)
 
 
@@ -146,7 +150,8 @@ def moe_experts(
     the backward recomputes g and u; True keeps the pre-activations g and u (2·T·K·I values in the input
     dtype) from the forward, and the backward reads them instead (on the Triton path; the reference
     recomputes either way). The expert weights may be strided (e.g. ``gate_up[:, :I]`` and ``gate_up[:, I:]`` of
-    a fused [E, 2I, H] tensor): the Triton path copies them contiguous. ``torch.compile(fullgraph=True)`` takes it
+    a fused [E, 2I, H] tensor): the grouped engine reads the fused block as it lies, the other Triton kernels copy
+    them contiguous. ``torch.compile(fullgraph=True)`` takes it
     whole: forward and backward are one op each.
     """
     check_impl(impl)
@@ -212,7 +217,7 @@ def _moe_experts_op(
         return moe_experts_forward(*inputs, impl=impl), none, none.clone()
     from .launch import moe_experts_forward_triton
 
-    y, (gate_pre, up_pre) = moe_experts_forward_triton(*_contiguous(inputs), save_preactivations=True)
+    y, (gate_pre, up_pre) = moe_experts_forward_triton(*_contiguous(inputs, 3), save_preactivations=True)
     return y, gate_pre, up_pre
 
 

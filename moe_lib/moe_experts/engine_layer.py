@@ -28,6 +28,10 @@ two [T·K, H] workspaces are ever alive beside the weight gradients: the backwar
 dWu, [dg | du], aw, x_s) and (dWg, dWu, dWd, aw), besides the saved g and u. Gathering x as well would save x_s
 but costs more than writing it: its gathered tile is twice dy's (notes/p2/engine-layer.md).
 
+The gate and up weights may be the two row halves of one fused [E, 2I, H] block (Hugging Face's ``gate_up_proj``,
+as :class:`moe_lib.nn.MoEExperts` hands them): the swiglu and dX products then read that block as it lies, one
+stacked B, rather than a pair of weights each copied contiguous (:mod:`.weights`).
+
 bf16 only, on Hopper (the engine's Gluon kernels) or under the interpreter (their plain-Triton twins);
 :func:`supports` says why not elsewhere. The readable reference of the same math: :mod:`.reference`.
 """
@@ -49,6 +53,7 @@ from . import runtime
 from .routing import route_by_expert
 from .slot_sum import sum_slot_rows
 from .structure import preferred_now
+from .weights import stacked_gate_up
 
 DTYPES = (torch.bfloat16,)  # the engine's operands
 BLOCK_K = 64  # the [E, K, N] operand forms need K (H for dAp, I for dX) a multiple of it
@@ -128,6 +133,13 @@ def _check_memory(device: torch.device, nbytes: int, num_tokens: int, top_k: int
         device,
         f"the outputs and workspaces of {num_tokens} tokens ({num_tokens * top_k} routed slots)",
     )
+
+
+def gate_up_operand(gate_weights: torch.Tensor, up_weights: torch.Tensor):
+    """B of the swiglu and dX products: the fused [E, 2I, H] block where the two weights are its row halves (read as
+    it lies), else the pair (gate, up), each contiguous."""
+    stacked = stacked_gate_up(gate_weights, up_weights)
+    return stacked if stacked is not None else (gate_weights.contiguous(), up_weights.contiguous())
 
 
 class _Launches:
@@ -219,7 +231,13 @@ def forward(
     gate_pre, up_pre = preactivations or (None, None)
     act = allocate((num_slots, I), dtype=x_s.dtype, device=x_s.device)
     launches.gemm(
-        x_s, (gate_weights, up_weights), routed.offsets, epilogue="swiglu", out=act, gate_out=gate_pre, up_out=up_pre
+        x_s,
+        gate_up_operand(gate_weights, up_weights),
+        routed.offsets,
+        epilogue="swiglu",
+        out=act,
+        gate_out=gate_pre,
+        up_out=up_pre,
     )
     del x_s
     y_s = launches.gemm(
@@ -259,6 +277,7 @@ def backward(
     allocate = runtime.allocate
     launches = _Launches(num_slots, E)
     routed = _Routed(topk_indices, topk_weights, E)
+    gate_up = gate_up_operand(gate_weights, up_weights)
     x_s = None
     if preactivations is None:  # the forward's first product again, g and u stored only
         x_s = routed.gather(hidden_states)  # kept for the weight gradients
@@ -267,7 +286,7 @@ def backward(
         if num_slots:
             launches.gemm(
                 x_s,
-                (gate_weights, up_weights),
+                gate_up,
                 routed.offsets,
                 epilogue="swiglu",
                 gate_out=gate_pre,
@@ -294,11 +313,12 @@ def backward(
             topk_partial=topk_partial,
             b_transposed=False,
         )
-        dx_s = launches.gemm(
+        dx_s = launches.gemm(  # [dg | du] · [Wg_e; Wu_e]: K = 2I, B the fused block or the pair along K
             d_preact,
-            (gate_weights, up_weights),
+            gate_up,
             routed.offsets,
             out=allocate((num_slots, H), dtype=dtype, device=device),
+            b_transposed=False,
         )
         grad_hidden = routed.token_sum(dx_s)
         del dx_s
@@ -306,7 +326,7 @@ def backward(
     else:
         grad_hidden = allocate((T, H), dtype=dtype, device=device).zero_()
         grad_topk = allocate((T, K), dtype=topk_weights.dtype, device=device).zero_()
-    del gate_pre, up_pre, topk_partial
+    del gate_pre, up_pre, topk_partial, gate_up
 
     # the weight gradients, also without slots (experts without rows get their zeros here): Wg's and Wu's first,
     # then Wd's, allocated once [dg | du] and x_s are freed

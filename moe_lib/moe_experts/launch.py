@@ -329,7 +329,8 @@ def moe_experts_backward_triton(
     weight_grads_out=None,
     products: str | None = None,
 ):
-    """P2 with the Triton kernels; inputs already validated and contiguous (see :mod:`.api`).
+    """P2 with the Triton kernels; inputs already validated and contiguous (see :mod:`.api`), except that gate and
+    up weights may be the row halves of one fused [E, 2I, H] block (:mod:`.weights`).
 
     Returns freshly allocated (grad_hidden_states [T, H], grad_topk_weights [T, K],
     grad_gate_weights [E, I, H], grad_up_weights [E, I, H], grad_down_weights [E, H, I]); the
@@ -365,6 +366,7 @@ def moe_experts_backward_triton(
             weight_grads_out=weight_grads_out,
         )
     num_slots = T * K
+    gate_weights, up_weights = gate_weights.contiguous(), up_weights.contiguous()  # a fused block's halves: copied
     choice = choose_for(hidden_states, topk_indices, gate_weights, up_weights, down_weights, config, products)
     config, programs = choice.config, persistent_programs(device)
     plan = launch_plan(T, H, I, E, K, choice, num_programs=programs)
@@ -467,7 +469,8 @@ def moe_experts_forward_triton(
     get bf16×3 products for g and u, and a plain bf16 product (aw and Wd rounded) for Wd·aw.
     With ``save_preactivations`` returns (y, (g, u)): the pre-activations, [T·K, I] each in the hidden
     dtype, rows in expert order, for :func:`moe_experts_backward_triton`'s ``preactivations``. The kernels
-    address every input by row-major strides: others are refused by name.
+    address every input by row-major strides: others are refused by name, except gate and up weights that are the
+    row halves of one fused [E, 2I, H] block (:mod:`.weights`: the engine reads the block, the other kernels copy).
     """
     T, H = hidden_states.shape
     E, I, _ = gate_weights.shape
@@ -484,6 +487,7 @@ def moe_experts_forward_triton(
             down_weights,
             save_preactivations=save_preactivations,
         )
+    gate_weights, up_weights = gate_weights.contiguous(), up_weights.contiguous()  # a fused block's halves: copied
     # the forward runs no kernel W: plain products, whatever its backward will multiply
     choice = choose_for(hidden_states, topk_indices, gate_weights, up_weights, down_weights, config, PLAIN_PRODUCTS)
     config, programs = choice.config, persistent_programs(device)

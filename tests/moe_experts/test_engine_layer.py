@@ -234,3 +234,69 @@ def test_the_layer_backward_gets_no_zeros_for_its_saved_preactivations(seed):
     finally:
         torch.library.register_autograd("moe_lib::moe_experts", api._backward, setup_context=api._save_for_backward)
     assert received == [(None, None)]
+
+
+@pytest.mark.parametrize("case", ["skewed", "hot"])  # hot: H = 2I, dX's B [E, 2I, H] square per expert
+def test_fused_gate_up_halves_are_read_as_one_block(case, seed, nan_workspaces, monkeypatch):
+    """Gate and up weights that are the row halves of one [E, 2I, H] block (Hugging Face's gate_up_proj) reach the
+    swiglu and dX products as that block, not copied, with results bit-equal to separate contiguous weights; through
+    the public layer too (kernels A-W-D-C copy the halves instead)."""
+    from moe_lib.moe_experts import moe_experts
+    from moe_lib.moe_experts.structure import preferred
+    from moe_lib.moe_experts.weights import split_gate_up
+
+    T, H, I, E, K, routing = CASES[case]
+    inputs = bf16_inputs(T, H, I, E, K, routing, seed)
+    fused = torch.cat([inputs["gate_weights"], inputs["up_weights"]], dim=1)
+    gate, up = split_gate_up(fused)
+    separate = args(inputs)
+    halves = (*separate[:3], gate, up, separate[5])
+    weights_read = []
+    gemm = engine_layer._Launches.gemm
+
+    def spy(self, a, b, offsets, **kwargs):
+        weights_read.append((kwargs.get("epilogue", "none"), b))
+        return gemm(self, a, b, offsets, **kwargs)
+
+    monkeypatch.setattr(engine_layer._Launches, "gemm", spy)
+    y = engine_layer.forward(*halves)
+    grads = engine_layer.backward(inputs["grad_output"], *halves)
+    swiglu_and_dx = [b for epilogue, b in weights_read if epilogue in ("swiglu", "none")]
+    assert len(swiglu_and_dx) == 3  # the forward's swiglu, the backward's recomputed swiglu, dX
+    assert all(isinstance(b, torch.Tensor) and b.data_ptr() == fused.data_ptr() for b in swiglu_and_dx)
+    assert torch.equal(y, engine_layer.forward(*separate))
+    for a, b in zip(grads, engine_layer.backward(inputs["grad_output"], *separate), strict=True):
+        assert torch.equal(a, b)
+
+    monkeypatch.setattr(engine_layer._Launches, "gemm", gemm)
+    for structure in ("engine", "kernels"):
+        x, w, wd = (inputs[n].detach().requires_grad_() for n in ("hidden_states", "topk_weights", "down_weights"))
+        gate_up = fused.detach().clone().requires_grad_()
+        wg, wu = (inputs[n].detach().requires_grad_() for n in ("gate_weights", "up_weights"))
+        with preferred(structure):
+            y_fused = moe_experts(x, inputs["topk_indices"], w, *split_gate_up(gate_up), wd, impl="triton")
+            y = moe_experts(x, inputs["topk_indices"], w, wg, wu, wd, impl="triton")
+        assert torch.equal(y_fused, y), structure
+        d_x, d_w, d_down, d_gate_up = torch.autograd.grad(y_fused, [x, w, wd, gate_up], inputs["grad_output"])
+        e_x, e_w, e_down, e_gate, e_up = torch.autograd.grad(y, [x, w, wd, wg, wu], inputs["grad_output"])
+        for a, b in ((d_x, e_x), (d_w, e_w), (d_down, e_down), (d_gate_up, torch.cat([e_gate, e_up], dim=1))):
+            assert torch.equal(a, b), structure
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1024, 1024, 512, 64, 8), (300, 2048, 768, 16, 4)])
+def test_gpu_fused_gate_up_halves_equal_separate_weights(shape, seed, nan_workspaces):
+    from moe_lib.moe_experts.weights import split_gate_up
+
+    T, H, I, E, K = shape
+    inputs = bf16_inputs(T, H, I, E, K, "uniform", seed, device="cuda")
+    separate = args(inputs)
+    fused = torch.cat([inputs["gate_weights"], inputs["up_weights"]], dim=1)
+    halves = (*separate[:3], *split_gate_up(fused), separate[5])
+    y, preactivations = engine_layer.forward(*halves, save_preactivations=True)
+    y_separate, preactivations_separate = engine_layer.forward(*separate, save_preactivations=True)
+    assert torch.equal(y, y_separate)
+    grads = engine_layer.backward(inputs["grad_output"], *halves, preactivations=preactivations)
+    expected = engine_layer.backward(inputs["grad_output"], *separate, preactivations=preactivations_separate)
+    for a, b in zip(grads, expected, strict=True):
+        assert torch.isfinite(a).all() and torch.equal(a, b)
