@@ -802,6 +802,7 @@ def model_run(kernel_name, tmp_path_factory):
 def test_model_trains_alike_with_moe_lib_and_its_own_experts(model_run):
     p, summary, folder = model_run
     assert summary["device"] == "cpu" and summary["dtype"] == "float32"
+    assert summary["learning_rate"] == 3e-3 and summary["compile"] == {"backend": "aot_eager", "mode": "default"}
     assert summary["compiled_loss"] == {"graphs": 1, "graph_breaks": 0}
     variants = summary["variants"]
     assert list(variants) == ["grouped_mm (eager)", "moe_lib (eager)", "batched_mm (compiled)", "moe_lib (compiled)"]

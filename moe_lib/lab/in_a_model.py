@@ -175,8 +175,11 @@ def train(
     dtype,
     learning_rate: float,
     compile_backend: str = "inductor",
+    compile_mode: str = "default",
 ) -> Run:
-    """Trains a fresh model (``seed``'s weights) on ``batches`` with AdamW; returns the :class:`Run`."""
+    """Trains a fresh model (``seed``'s weights) on ``batches`` with AdamW; returns the :class:`Run`.
+    ``compile_mode``: torch.compile's mode for the compiled variants ("reduce-overhead": the loss's forward and
+    backward replayed as CUDA graphs on a GPU, which takes the host's launch time out of the step; inductor only)."""
     device = torch.device(device)
     model = make_model(config, experts, seed=seed, device=device, dtype=dtype)
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
@@ -184,7 +187,11 @@ def train(
     def loss_of(input_ids):
         return model(input_ids=input_ids, labels=input_ids).loss
 
-    step_loss = torch.compile(loss_of, fullgraph=True, backend=compile_backend) if compiled else loss_of
+    if compiled:
+        mode = None if compile_mode == "default" else compile_mode
+        step_loss = torch.compile(loss_of, fullgraph=True, backend=compile_backend, mode=mode)
+    else:
+        step_loss = loss_of
     run = Run(experts, compiled)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
