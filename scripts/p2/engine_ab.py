@@ -2,7 +2,7 @@
 replay after an L2 flush (median of 20, 10 at 32768 tokens); one short table, and its JSON under --out.
 
     PYTHONPATH=. python3 scripts/p2/engine_ab.py gather [--shapes p2_t32768_gate_up,p2_t32768_down,...]
-    PYTHONPATH=. python3 scripts/p2/engine_ab.py tiles [--tokens 2048,4096,8192]
+    PYTHONPATH=. python3 scripts/p2/engine_ab.py tiles [--tokens 2048,4096,8192] [--variants dswiglu_pp_m64n128k64_s6]
     git show 3da7482:moe_lib/moe_experts/engine_layer.py > /tmp/before.py
     PYTHONPATH=. python3 scripts/p2/engine_ab.py structure --before /tmp/before.py [--tokens 2048,8192,32768]
 
@@ -91,12 +91,21 @@ def tiles_ab(args, flush) -> list[dict]:
     from moe_lib.moe_experts import engine_layer
 
     current_tiles, current_dswiglu = engine_layer.gemm_config, grouped_gemm.DSWIGLU_CONFIG
-    variants = {
+    variants = {  # (the varlen-M products' tiles, dswiglu's tiles); None: the current ones
         "current": (None, None),
         "pp_m128n128k64_s5": (GemmConfig(128, 128, 64, 5, "pingpong"), None),
         "pp_m64n128k64_s6": (GemmConfig(64, 128, 64, 6, "pingpong"), GemmConfig(64, 128, 64, 6, "pingpong")),
         "pp_m64n256k64_s4": (GemmConfig(64, 256, 64, 4, "pingpong"), None),
+        # dswiglu alone ping-pong: one consumer's epilogue (g, u loaded, four outputs) beside the other's K loop
+        "dswiglu_pp_m64n128k64_s6": (None, GemmConfig(64, 128, 64, 6, "pingpong")),
+        "dswiglu_pp_m64n128k64_s5": (None, GemmConfig(64, 128, 64, 5, "pingpong")),  # 3 output tiles, not 2
     }
+    if args.variants:
+        asked = args.variants.split(",")
+        unknown = [name for name in asked if name not in variants]
+        if unknown:
+            raise SystemExit(f"--variants: unknown {unknown}; the tiles variants are {list(variants)}")
+        variants = {name: variants[name] for name in dict.fromkeys(["current", *asked])}
     problem, rows = problems.load("moe_experts_backward_bf16"), []
     for num_tokens in (int(t) for t in args.tokens.split(",")):
         inputs = problem.make_inputs(num_tokens, device="cuda")
@@ -158,6 +167,7 @@ def main() -> None:
     parser.add_argument("run", choices=("gather", "tiles", "structure"))
     parser.add_argument("--shapes", default="p2_t32768_gate_up,p2_t32768_down,p2_t32768_all,qwen3_t8192_all")
     parser.add_argument("--tokens", default=None, help="comma-separated token counts (tiles, structure)")
+    parser.add_argument("--variants", default=None, help="tiles: comma-separated variants beside current (all)")
     parser.add_argument("--before", default=None, help="structure: an earlier engine_layer.py")
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--out", default=os.environ.get("OUT"), help="directory of the JSON ($OUT)")
