@@ -48,6 +48,7 @@ from .runtime import (
     operand_halves,
     persistent_programs,
 )
+from .weights import stacked_gate_up
 
 
 def launch_plan(
@@ -292,6 +293,14 @@ def check_weight_grads_out(weight_grads_out, gate_weights, down_weights) -> tupl
     return tuple(weight_grads_out)
 
 
+def _separate(gate_weights, up_weights) -> tuple:
+    """Kernels A, W, D and C read each weight as packed rows: the halves of a fused [E, 2I, H] block (which the
+    engine reads as it lies) are copied; anything else is left as it is for the checks."""
+    if stacked_gate_up(gate_weights, up_weights) is None:
+        return gate_weights, up_weights
+    return gate_weights.contiguous(), up_weights.contiguous()
+
+
 def choose_for(hidden_states, topk_indices, gate_weights, up_weights, down_weights, config, products=None) -> Choice:
     """The chooser's answer for these inputs (``config``: tiles given by the caller, or None; ``products``: kernel
     W's products given by the caller, or None)."""
@@ -366,7 +375,7 @@ def moe_experts_backward_triton(
             weight_grads_out=weight_grads_out,
         )
     num_slots = T * K
-    gate_weights, up_weights = gate_weights.contiguous(), up_weights.contiguous()  # a fused block's halves: copied
+    gate_weights, up_weights = _separate(gate_weights, up_weights)
     choice = choose_for(hidden_states, topk_indices, gate_weights, up_weights, down_weights, config, products)
     config, programs = choice.config, persistent_programs(device)
     plan = launch_plan(T, H, I, E, K, choice, num_programs=programs)
@@ -487,7 +496,7 @@ def moe_experts_forward_triton(
             down_weights,
             save_preactivations=save_preactivations,
         )
-    gate_weights, up_weights = gate_weights.contiguous(), up_weights.contiguous()  # a fused block's halves: copied
+    gate_weights, up_weights = _separate(gate_weights, up_weights)
     # the forward runs no kernel W: plain products, whatever its backward will multiply
     choice = choose_for(hidden_states, topk_indices, gate_weights, up_weights, down_weights, config, PLAIN_PRODUCTS)
     config, programs = choice.config, persistent_programs(device)
