@@ -61,7 +61,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ..encoded_launch import descriptor, shared_layout
+from ..encoded_launch import KernelLaunches, descriptor, shared_layout
 from ..tiling import cdiv, grouped_tile
 from ..tma import aligned, rows_fit
 from .gluon_gemm import (
@@ -70,6 +70,7 @@ from .gluon_gemm import (
     LOADER_REGISTERS,
     SHARED_MEMORY_LIMIT,
     GemmConfig,
+    launch_kernel,
     sm_count,
     tile_k_loop,
     tile_origin,
@@ -500,6 +501,9 @@ def grouped_gemm_kernel(
         ], [1], [LOADER_REGS])
 
 
+LAUNCHES = KernelLaunches(grouped_gemm_kernel)  # its compiled launches, kept per key (gluon_gemm.ENCODED_LAUNCHES)
+
+
 # --- the host side ----------------------------------------------------------------------------------------------
 
 
@@ -725,17 +729,19 @@ def launch_arguments(config: GemmConfig, a, b, offsets, epilogue: str, b_transpo
             return TensorDescriptor.from_tensor(tensor, [bm, bn], shared_layout((bm, bn), gl.float32))
         return descriptor(tensor, (bm, bn))
 
-    c_desc = tile_descriptor(c if c is not None else g if g is not None else u)  # not written: a stand-in
+    stand_in = c if c is not None else g if g is not None else u  # c not written: another output's descriptor
+    c_desc = tile_descriptor(stand_in)
     saved = tensors.get("gate"), tensors.get("up")
+    # one descriptor a tensor: an encoded launch encodes each once (g's or u's may be c_desc's, standing in for c)
     arguments = dict(
         a_desc=a_desc,
         b_desc=b_descs[0],
         b2_desc=b_descs[-1],
         c_desc=c_desc,
         c_ptr=c if c is not None else offsets,  # a None would drop out of warp_specialize's arguments
-        g_desc=tile_descriptor(g) if g is not None else c_desc,
+        g_desc=c_desc if g is None or g is stand_in else tile_descriptor(g),
         g_ptr=g if g is not None else offsets,
-        u_desc=tile_descriptor(u) if u is not None else c_desc,
+        u_desc=c_desc if u is None or u is stand_in else tile_descriptor(u),
         u_ptr=u if u is not None else offsets,
         gin_desc=descriptor(saved[0], (bm, bn)) if saved[0] is not None else a_desc,
         uin_desc=descriptor(saved[1], (bm, bn)) if saved[1] is not None else a_desc,
@@ -800,5 +806,5 @@ def grouped_gemm(a: torch.Tensor, b, offsets: torch.Tensor, *, out: torch.Tensor
         return result
     arguments, constexprs = launch_arguments(config, a, b, offsets, epilogue, b_transposed, **tensors)
     programs = grid(M, E, N, config, sm_count(a.device), epilogue)
-    grouped_gemm_kernel[(programs,)](**arguments, **constexprs, maxnreg=config.maxnreg)
+    launch_kernel(LAUNCHES, programs, arguments, constexprs, maxnreg=config.maxnreg, device=a.device)
     return result

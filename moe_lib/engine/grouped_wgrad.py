@@ -53,7 +53,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ..encoded_launch import shared_layout
+from ..encoded_launch import KernelLaunches, shared_layout
 from ..tiling import cdiv, grouped_tile
 from ..tma import aligned, install_tma_allocator
 from .gathered import Gathered, check_gathered
@@ -63,6 +63,7 @@ from .gluon_gemm import (
     LOADER_REGISTERS,
     SHARED_MEMORY_LIMIT,
     GemmConfig,
+    launch_kernel,
     sm_count,
     tile_k_loop,
     tile_origin,
@@ -472,6 +473,9 @@ def grouped_wgrad_kernel(
         ], [LOADER_WARPS], [LOADER_REGS])
 
 
+LAUNCHES = KernelLaunches(grouped_wgrad_kernel)  # its compiled launches, kept per key (gluon_gemm.ENCODED_LAUNCHES)
+
+
 # --- the host side ----------------------------------------------------------------------------------------------
 
 
@@ -596,9 +600,10 @@ def launch_arguments(config: GemmConfig, problems, offsets, outs) -> tuple[dict,
     """(the kernel's run-time arguments by name, its compile-time arguments by name) for these tensors: what
     :func:`grouped_weight_grad` launches and what ``scripts/p2/wgrad_probe.py --compile-only`` compiles (meta
     tensors do; there the pointers and strides are types). Problems past the given ones repeat problem 0 (never
-    read, never written)."""
+    read, never written; its output's descriptor object itself, which an encoded launch encodes once)."""
     padded = list(problems) + [problems[0]] * (MAX_PROBLEMS - len(problems))
-    padded_outs = list(outs) + [outs[0]] * (MAX_PROBLEMS - len(outs))
+    out_descs = [output_descriptor(out, config) for out in outs]
+    padded_out_descs = out_descs + [out_descs[0]] * (MAX_PROBLEMS - len(outs))
     arguments, index, gather_a, gather_b = {}, offsets, 0, 0
     for p, (a, b) in enumerate(problems):
         gather_a |= isinstance(a, Gathered) << p
@@ -609,8 +614,8 @@ def launch_arguments(config: GemmConfig, problems, offsets, outs) -> tuple[dict,
         arguments.update({f"a{p}_ptr": a, f"b{p}_ptr": b})
     for p, (a, b) in enumerate(tensors):
         arguments.update({f"a{p}_stride": a.stride(0), f"b{p}_stride": b.stride(0)})
-    for p, out in enumerate(padded_outs):
-        arguments[f"c{p}_desc"] = output_descriptor(out, config)
+    for p, out_desc in enumerate(padded_out_descs):
+        arguments[f"c{p}_desc"] = out_desc
     arguments.update(offsets_ptr=offsets, index_ptr=index, num_experts=offsets.shape[0] - 1)
     gathers = bool(gather_a | gather_b)
     constexprs = dict(PROBLEMS=len(problems), GATHER_A=gather_a, GATHER_B=gather_b,
@@ -651,5 +656,5 @@ def grouped_weight_grad(problems, offsets: torch.Tensor, *, outs=None, out_dtype
     install_tma_allocator(offsets.device)  # the global scratch of the descriptors the loading warp makes
     arguments, constexprs = launch_arguments(config, [problems[p] for p in live], offsets, [outs[p] for p in live])
     programs = grid(num_experts, [shapes[p] for p in live], config, sm_count(offsets.device))
-    grouped_wgrad_kernel[(programs,)](**arguments, **constexprs, maxnreg=config.maxnreg)
+    launch_kernel(LAUNCHES, programs, arguments, constexprs, maxnreg=config.maxnreg, device=offsets.device)
     return outs
