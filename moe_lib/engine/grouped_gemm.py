@@ -534,6 +534,16 @@ def b_form(b: torch.Tensor, a: torch.Tensor, out: torch.Tensor | None) -> bool:
     raise ValueError(f"b: expected [E, N, K] or [E, K, N] with K = {K} (a's columns), got shape {tuple(b.shape)}")
 
 
+def held_transposed(a, b, epilogue: str, b_transposed: bool | None, out) -> bool:
+    """Whether B is held transposed, for arguments :func:`check_arguments` takes (which finds the same): always with
+    swiglu, never for a pair along K, else ``b_transposed`` where given or read off the shapes (:func:`b_form`)."""
+    if epilogue == "swiglu":
+        return True
+    if isinstance(b, (tuple, list)):
+        return False
+    return b_form(b, a, out) if b_transposed is None else b_transposed
+
+
 def output_width(b, b_transposed: bool, epilogue: str) -> int:
     """The outputs' columns N: B's N, or half of the stacked [gate; up] rows with swiglu."""
     first = weights_of(b)[0]
@@ -765,7 +775,8 @@ def grouped_gemm(a: torch.Tensor, b, offsets: torch.Tensor, *, out: torch.Tensor
                  config: GemmConfig | None = None, gate: torch.Tensor | None = None, up: torch.Tensor | None = None,
                  gate_out: torch.Tensor | None = None, up_out: torch.Tensor | None = None,
                  dgate_out: torch.Tensor | None = None, dup_out: torch.Tensor | None = None,
-                 scaled_act_out: torch.Tensor | None = None, topk_partial: torch.Tensor | None = None):
+                 scaled_act_out: torch.Tensor | None = None, topk_partial: torch.Tensor | None = None,
+                 check: bool = True):
     """P[r] = A[r] · B_e for the rows offsets[e] ≤ r < offsets[e + 1] of each expert e, fp32-accumulated, through
     ``epilogue`` (the module's docstring gives each one's outputs):
 
@@ -783,12 +794,16 @@ def grouped_gemm(a: torch.Tensor, b, offsets: torch.Tensor, *, out: torch.Tensor
     [E, K, N], read off the shapes (``b_transposed`` says which where N == K). ``offsets``: int32 [E + 1] on the
     device, rising from 0 to M_total (not checked: no host sync). Outputs and the saved g, u [M_total, N] may be
     strided views (rows 16-byte multiples apart, N a multiple of 16 bytes). Rows outside offsets[0] ≤ r <
-    offsets[E] are left as they are. On a Hopper GPU."""
+    offsets[E] are left as they are. On a Hopper GPU. ``check``: False for a trusted caller that has checked its
+    arguments as :func:`check_arguments` does (the MoE layer, once a call), sparing those checks' host time."""
     tensors = dict(out=out, scale=scale, gate=gate, up=up, gate_out=gate_out, up_out=up_out, dgate_out=dgate_out,
                    dup_out=dup_out, scaled_act_out=scaled_act_out, topk_partial=topk_partial)
     config = config or default_config(epilogue)
-    b_transposed = check_arguments(a, b, offsets, epilogue=epilogue, b_transposed=b_transposed, config=config,
-                                   **tensors)
+    if check:
+        b_transposed = check_arguments(a, b, offsets, epilogue=epilogue, b_transposed=b_transposed, config=config,
+                                       **tensors)
+    else:
+        b_transposed = held_transposed(a, b, epilogue, b_transposed, out)
     if a.device.type != "cuda":
         raise ValueError(f"a: the Gluon grouped GEMM runs on a CUDA (Hopper) GPU, got a tensor on {a.device}")
     M, K = a.shape

@@ -588,6 +588,13 @@ def check_arguments(problems, offsets, *, outs=None, out_dtype: torch.dtype = to
     return num_experts, shapes, out_dtype
 
 
+def unchecked_sizes(problems, offsets, outs, out_dtype: torch.dtype) -> tuple[int, list[tuple[int, int]], torch.dtype]:
+    """(E, [(M_p, N_p)], the output dtype) as :func:`check_arguments` returns them for arguments it takes, without
+    its checks (a trusted caller's)."""
+    shapes = [(a.shape[1], b.shape[1]) for a, b in problems]
+    return offsets.shape[0] - 1, shapes, outs[0].dtype if outs is not None else out_dtype
+
+
 def output_descriptor(out: torch.Tensor, config: GemmConfig) -> TensorDescriptor:
     """A host TMA descriptor of C_p [E, M_p, N_p] in [1, BLOCK_M, BLOCK_N] boxes: it clips a tile at M_p and N_p
     inside each expert's matrix."""
@@ -628,7 +635,7 @@ def launch_arguments(config: GemmConfig, problems, offsets, outs) -> tuple[dict,
 
 
 def grouped_weight_grad(problems, offsets: torch.Tensor, *, outs=None, out_dtype: torch.dtype = torch.bfloat16,
-                        config: GemmConfig | None = None) -> list[torch.Tensor]:
+                        config: GemmConfig | None = None, check: bool = True) -> list[torch.Tensor]:
     """[C_p for each (A_p, B_p) in ``problems``]: C_p[e] = A_p[rows_e]ᵀ · B_p[rows_e] for the rows offsets[e] ≤ r <
     offsets[e + 1] of each expert e, fp32-accumulated, into ``outs`` (new [E, M_p, N_p] tensors of ``out_dtype``,
     bf16 or fp32, where None; else their dtype), exact zeros for an expert without rows. One launch for 1 to 3
@@ -637,8 +644,13 @@ def grouped_weight_grad(problems, offsets: torch.Tensor, *, outs=None, out_dtype
     through its index (all gathered operands of a launch share one index). ``offsets``: int32 [E + 1] on the
     device, rising from 0 to at most M_total (not checked: no host sync). ``config``: tiles and ring
     (:data:`DEFAULT_CONFIG` for bf16 outputs, :data:`FP32_CONFIG` for fp32). On a Hopper GPU; capturable in a CUDA
-    graph."""
-    num_experts, shapes, out_dtype = check_arguments(problems, offsets, outs=outs, out_dtype=out_dtype, config=config)
+    graph. ``check``: False for a trusted caller that has checked its arguments as :func:`check_arguments` does (the
+    MoE layer, once a call), sparing those checks' host time."""
+    if check:
+        num_experts, shapes, out_dtype = check_arguments(problems, offsets, outs=outs, out_dtype=out_dtype,
+                                                         config=config)
+    else:
+        num_experts, shapes, out_dtype = unchecked_sizes(problems, offsets, outs, out_dtype)
     config = config or default_config(out_dtype)
     if offsets.device.type != "cuda":
         raise ValueError(f"offsets: the Gluon weight-gradient kernel runs on a CUDA (Hopper) GPU, got a tensor on "
