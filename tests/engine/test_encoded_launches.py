@@ -5,6 +5,11 @@ every epilogue of ``grouped_gemm`` and ``grouped_weight_grad`` (plain, gathered,
 same through both paths, on fresh tensors each call (the encoded arguments never stale), and captured in a CUDA
 graph."""
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -20,6 +25,7 @@ from moe_lib.engine.gluon_gemm import launch_kernel
 from moe_lib.engine.grouped_gemm import DSWIGLU_CONFIG, grouped_gemm, held_transposed, partial_rows
 from moe_lib.engine.grouped_wgrad import grouped_weight_grad, unchecked_sizes
 
+ROOT = Path(__file__).resolve().parents[2]
 I32 = torch.int32
 
 
@@ -216,6 +222,26 @@ def test_unchecked_sizes_are_what_check_arguments_returns():
         offsets = meta(5, dtype=I32)
         checked = wgrad_module.check_arguments(problems, offsets, outs=outs, out_dtype=out_dtype)
         assert unchecked_sizes(problems, offsets, outs, out_dtype) == checked
+
+
+def test_host_time_measures_each_row_through_both_paths(tmp_path):
+    """``scripts/host_time.py --encoded both``: each phase's row twice, through the JIT and encoded (a CPU smoke run:
+    the layer's reference path there, the switch set all the same)."""
+    arguments = ["--device", "cpu", "--impl", "reference", "--cases", "tiny", "--layers", "moe_experts", "--calls", "1",
+                 "--repeats", "1", "--profile-calls", "1", "--encoded", "both", "--out", str(tmp_path)]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "host_time.py"), *arguments],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = json.loads((tmp_path / "host_time.json").read_text())["rows"]
+    assert [(r["phase"], r["launches"]) for r in rows[:2]] == [("forward", "jit"), ("forward", "encoded")]
+    assert len(rows) == 8 and (tmp_path / "moe_experts-tiny-forward-encoded.txt").is_file()
+    assert "moe_experts    tiny        forward              encoded" in done.stdout
 
 
 # --- on a Hopper GPU ------------------------------------------------------------------------------------------------
