@@ -7,6 +7,8 @@ CUtensorMap) on every call: ~180 µs for 14 descriptors on the H200's machine. :
 into :meth:`~EncodedLaunch.encode` (the arguments as Triton's C launcher takes them; run it before the first kernel
 is issued) and :meth:`~EncodedLaunch.launch` (one call into that launcher, ~10 µs), from the kernel Triton compiled
 on its first call. It uses Triton's own launcher and descriptor encoder (``triton.backends.nvidia.driver``, triton 3.6).
+:class:`KernelLaunches` keeps one kernel's encoded launches per specialisation (:func:`specialization`): the grouped
+engine's launches (``moe_lib/engine/``) go through it.
 """
 
 from __future__ import annotations
@@ -45,10 +47,13 @@ class EncodedLaunch:
         from triton.backends.nvidia import driver as cuda_driver  # the launcher Triton builds for this kernel
         from triton.runtime.build import compile_module_from_src
 
-        compiled._init_handles()
         metadata = compiled.metadata
-        if metadata.global_scratch_size or metadata.profile_scratch_size:
-            raise RuntimeError(f"{compiled.name} needs scratch memory: EncodedLaunch does not allocate it")
+        if metadata.profile_scratch_size:
+            raise RuntimeError(f"{compiled.name} needs profile scratch memory: EncodedLaunch does not allocate it")
+        # global scratch (descriptors made on the device) is allocated per launch, as Triton's launcher does
+        self.scratch_bytes, self.scratch_align = metadata.global_scratch_size, metadata.global_scratch_align
+        self.ctas = getattr(metadata, "num_ctas", 1)
+        compiled._init_handles()
         source, names = compiled.src, compiled.src.fn.arg_names
         constants = {(names.index(k),) if isinstance(k, str) else k: v for k, v in source.constants.items()}
         self.descriptor_metadata = metadata.tensordesc_meta  # per descriptor argument: swizzle, element type, block
@@ -66,20 +71,35 @@ class EncodedLaunch:
 
     def encode(self, *arguments) -> list:
         """The launcher's arguments from the kernel's, in its order (constexprs included): each host descriptor
-        encoded, tensors and scalars as they are."""
+        encoded (one given for several arguments, once), tensors and scalars as they are."""
         descriptors = sum(isinstance(argument, TensorDescriptor) for argument in arguments)
         if descriptors != len(self.descriptor_metadata):
             raise ValueError(f"arguments: {descriptors} descriptors, the kernel takes {len(self.descriptor_metadata)}")
-        encoded, metadata = [], iter(self.descriptor_metadata)
+        encoded, metadata, done = [], iter(self.descriptor_metadata), {}  # done: id → (its metadata, its encoding)
         for argument in arguments:
             if isinstance(argument, TensorDescriptor):
-                encoded.extend(self.encode_descriptor(argument, next(metadata)))
+                meta = next(metadata)
+                before = done.get(id(argument))
+                if before is None or before[0] != meta:
+                    before = done[id(argument)] = (meta, self.encode_descriptor(argument, meta))
+                encoded.extend(before[1])
             else:
                 encoded.append(argument)
         return encoded
 
+    def global_scratch(self, programs: int, stream: int):
+        """The kernel's global scratch for a launch of ``programs`` programs, as Triton's launcher allocates it
+        (``triton/backends/nvidia/driver.py``, ``CudaLauncher``): programs × CTAs × the compiled size, at the
+        compiled alignment, from the allocator ``triton.set_allocator`` set; None where the kernel needs none."""
+        if not self.scratch_bytes:
+            return None
+        from triton.runtime import _allocation  # the allocator triton.set_allocator set, in this context
+
+        return _allocation._allocator.get()(programs * self.ctas * self.scratch_bytes, self.scratch_align, stream)
+
     def launch(self, programs: int, arguments: list, stream: int) -> None:
         """One launch of ``programs`` programs on ``stream`` (a CUDA stream handle), no launch hooks."""
+        scratch = self.global_scratch(programs, stream)  # held until the launch is issued (stream-ordered reuse)
         self.c_launch(
             programs,
             1,
@@ -88,7 +108,7 @@ class EncodedLaunch:
             self.function,
             self.cooperative,
             self.pdl,
-            None,
+            scratch,
             None,
             self.packed_metadata,
             None,
@@ -96,6 +116,62 @@ class EncodedLaunch:
             None,
             *arguments,
         )
+
+
+def specialization(argument):
+    """What Triton's JIT (3.6: ``native_specialize_impl`` in ``triton/runtime/jit.py``'s binder) compiles a run-time
+    argument for, as a key: a host descriptor's dtype, block and layout; a tensor's dtype and whether it starts on a
+    16-byte boundary; an integer's width (i32, i64, u64) and whether it is a multiple of 16, or 1 itself (which the
+    JIT makes a constant); a bool's or a float's type alone (their values are not specialised); None. Cheaper than
+    Triton's own for a descriptor (which builds its type's string, ~1.5 µs); anything else goes through Triton's."""
+    if isinstance(argument, TensorDescriptor):
+        return argument.base.dtype, tuple(argument.block_shape), argument.layout
+    if isinstance(argument, torch.Tensor):
+        return argument.dtype, argument.data_ptr() % 16 == 0
+    if isinstance(argument, bool) or argument is None:
+        return type(argument)
+    if isinstance(argument, int):
+        if argument == 1:
+            return 1
+        width = "i32" if -(2**31) <= argument < 2**31 else "i64" if -(2**63) <= argument < 2**63 else "u64"
+        return width, argument % 16 == 0
+    if isinstance(argument, float):
+        return float
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
+    return native_specialize_impl(BaseBackend, argument, False, True, True)
+
+
+class KernelLaunches:
+    """One kernel's launches ``kernel[(programs,)](**arguments, maxnreg=maxnreg)``: the first per key through
+    Triton's JIT (which compiles the kernel), kept as an :class:`EncodedLaunch` of what it compiled; later ones with
+    the same key encode their arguments and go to the compiled kernel's launcher. The key fixes what the JIT compiles
+    for: the device, ``maxnreg``, every constexpr's value (``num_warps`` included) and each run-time argument's
+    :func:`specialization` (never coarser than the JIT's: where a kernel's ``do_not_specialize`` makes the JIT's
+    coarser, two keys hold the one kernel it compiled)."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.names = tuple(kernel.arg_names)
+        self.constexprs = tuple(parameter.is_constexpr for parameter in kernel.params)
+        self.compiled: dict = {}  # key → EncodedLaunch
+
+    def key(self, values, maxnreg: int, device) -> tuple:
+        """The compile key of a launch with the kernel's arguments ``values`` (in its order)."""
+        pairs = zip(values, self.constexprs, strict=True)
+        return (device, maxnreg, *(value if constexpr else specialization(value) for value, constexpr in pairs))
+
+    def __call__(self, programs: int, arguments: dict, *, maxnreg: int, device) -> None:
+        """One launch of ``programs`` programs on ``device``'s current stream; ``arguments``: every kernel argument
+        by name, constexprs and ``num_warps`` included."""
+        values = [arguments[name] for name in self.names]
+        key = self.key(values, maxnreg, device)
+        encoded = self.compiled.get(key)
+        if encoded is None:
+            self.compiled[key] = EncodedLaunch(self.kernel[(programs,)](**arguments, maxnreg=maxnreg))
+            return
+        encoded.launch(programs, encoded.encode(*values), torch.cuda.current_stream(device).cuda_stream)
 
 
 def prepared_launch(

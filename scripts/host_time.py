@@ -16,12 +16,16 @@ definition.json: H 4096, I 2048, E 256, K 8) at 2048 tokens in fp32 (the definit
 that require grad, as in training), its backward alone (``torch.autograd.grad`` of forwards made before), both,
 and for moe_experts the benchmark's function ``moe_experts_backward`` ("backward (function)").
 ``--compare REF`` times the same for the git ref ``REF`` checked out into a temporary worktree, one table beside.
+``--encoded``: the grouped engine's launches (``moe_lib.engine.gluon_gemm.ENCODED_LAUNCHES``) through Triton's JIT
+("off"), through the kept encoded launches ("on"), each row for both ("both": the same inputs, one after the
+other), or as the module sets them ("default").
 
 ``--micro`` (CPU, no GPU): timeit micro-benchmarks of the host functions on the path (checks, impl and design
 choice, launch plan, routing metadata, the ops around the reference), for before/after numbers of host changes.
 
     PYTHONPATH=. python3 scripts/host_time.py --out /tmp/host_time
     PYTHONPATH=. python3 scripts/host_time.py --out /tmp/host_time --compare main
+    PYTHONPATH=. python3 scripts/host_time.py --out /tmp/host_time --cases model --layers moe_experts --encoded both
     PYTHONPATH=. python3 scripts/host_time.py --micro
 """
 
@@ -57,6 +61,7 @@ SWIGLU_CASES = {
 }
 LAYERS = ("moe_experts", "swiglu_expert")
 PHASES = ("forward", "backward", "forward+backward")
+ENCODED_MODES = ("default", "off", "on", "both")
 TOP_OPS = 15
 
 
@@ -71,6 +76,12 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--impl", default="triton", choices=("triton", "reference", "auto"), help="the layers' impl")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a smoke run, no GPU times")
     parser.add_argument("--compare", metavar="REF", help="also time the git ref REF (a temporary worktree)")
+    parser.add_argument(
+        "--encoded",
+        default="default",
+        choices=ENCODED_MODES,
+        help="the grouped engine's launches: through the JIT (off), encoded (on), each row both ways, or as set",
+    )
     parser.add_argument("--micro", action="store_true", help="the host functions' CPU micro-benchmarks (no GPU)")
     parser.add_argument("--number", type=int, default=2000, help="--micro: calls per timeit measurement")
     parser.add_argument("--json", help=argparse.SUPPRESS)  # --compare's child: the rows into this file
@@ -195,28 +206,41 @@ def profiled(call, phase: str, calls: int, device) -> tuple[float, list, object]
     return device_time / calls, top_ops, prof
 
 
+def encoded_settings(mode: str) -> list[bool]:
+    """The values of the engine's switch ``gluon_gemm.ENCODED_LAUNCHES`` each row is measured with."""
+    from moe_lib.engine import gluon_gemm
+
+    return {"default": [gluon_gemm.ENCODED_LAUNCHES], "off": [False], "on": [True], "both": [False, True]}[mode]
+
+
 def measure(args) -> list[dict]:
+    from moe_lib.engine import gluon_gemm
+
     device = torch.device(args.device)
     out = Path(args.out) if args.out else None
+    settings = encoded_settings(args.encoded)
     rows = []
     for layer in args.layers:
         for case in args.cases:
             call = layer_calls(layer, case, device, args.impl)
             for phase in call:
-                for _ in range(2):  # warm-up: compiles every kernel and fills the caches
-                    timed(call, phase, 2, device)
-                samples = sorted(timed(call, phase, args.calls, device) for _ in range(args.repeats))
-                host = sorted(s[0] for s in samples)[len(samples) // 2]
-                gpu = sorted(s[1] for s in samples)[len(samples) // 2]
-                busy, top_ops, prof = profiled(call, phase, args.profile_calls, device)
-                row = dict(layer=layer, case=case, phase=phase, cpu_us=host, gpu_us=gpu, gpu_busy_us=busy)
-                rows.append(row | dict(top_cpu_ops=top_ops))
-                if out is not None:
-                    slug = re.sub(r"\W+", "_", phase.replace("+", " and ")).strip("_")
-                    name = f"{layer}-{case}-{slug}"
-                    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=TOP_OPS)
-                    (out / f"{name}.txt").write_text(table)
-                    prof.export_chrome_trace(str(out / f"{name}.trace.json"))
+                for encoded in settings:
+                    gluon_gemm.ENCODED_LAUNCHES = encoded
+                    for _ in range(2):  # warm-up: compiles every kernel and fills the caches
+                        timed(call, phase, 2, device)
+                    samples = sorted(timed(call, phase, args.calls, device) for _ in range(args.repeats))
+                    host = sorted(s[0] for s in samples)[len(samples) // 2]
+                    gpu = sorted(s[1] for s in samples)[len(samples) // 2]
+                    busy, top_ops, prof = profiled(call, phase, args.profile_calls, device)
+                    launches = "encoded" if encoded else "jit"
+                    row = dict(layer=layer, case=case, phase=phase, cpu_us=host, gpu_us=gpu, gpu_busy_us=busy)
+                    rows.append(row | dict(launches=launches, top_cpu_ops=top_ops))
+                    if out is not None:
+                        slug = re.sub(r"\W+", "_", phase.replace("+", " and ")).strip("_")
+                        name = f"{layer}-{case}-{slug}" + (f"-{launches}" if len(settings) > 1 else "")
+                        table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=TOP_OPS)
+                        (out / f"{name}.txt").write_text(table)
+                        prof.export_chrome_trace(str(out / f"{name}.trace.json"))
             del call
             if device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -225,12 +249,12 @@ def measure(args) -> list[dict]:
 
 def print_table(rows: list[dict], reference: list[dict] | None = None, ref_name: str = "") -> None:
     before = {(r["layer"], r["case"], r["phase"]): r for r in reference or []}
-    head = f"{'layer':14s} {'case':11s} {'phase':20s} {'CPU µs':>8s} {'GPU µs':>8s} {'busy µs':>8s} {'CPU/GPU':>7s}"
-    print(head + (f" {'CPU µs ' + ref_name:>14s}" if reference else ""))
+    head = f"{'layer':14s} {'case':11s} {'phase':20s} {'launches':8s} {'CPU µs':>8s} {'GPU µs':>8s} {'busy µs':>8s}"
+    print(head + f" {'CPU/GPU':>7s}" + (f" {'CPU µs ' + ref_name:>14s}" if reference else ""))
     for r in rows:
         line = (
-            f"{r['layer']:14s} {r['case']:11s} {r['phase']:20s} {r['cpu_us']:8.0f} {r['gpu_us']:8.0f} "
-            f"{r['gpu_busy_us']:8.0f} {r['cpu_us'] / max(r['gpu_us'], 1e-9):7.2f}"
+            f"{r['layer']:14s} {r['case']:11s} {r['phase']:20s} {r.get('launches', ''):8s} {r['cpu_us']:8.0f} "
+            f"{r['gpu_us']:8.0f} {r['gpu_busy_us']:8.0f} {r['cpu_us'] / max(r['gpu_us'], 1e-9):7.2f}"
         )
         old = before.get((r["layer"], r["case"], r["phase"]))
         print(line + (f" {old['cpu_us']:14.0f}" if old else ""))
@@ -326,6 +350,60 @@ def micro_benchmarks() -> dict:
         "moe_experts fwd+bwd (reference, tiny)": layer_fwd_bwd,
         "  the same math without the layer": reference_fwd_bwd,
         "swiglu_expert fwd+bwd (reference, tiny)": swiglu_fwd_bwd,
+        **engine_launch_benchmarks(),
+    }
+
+
+def engine_launch_benchmarks() -> dict:
+    """The grouped engine's host work a launch besides the launch itself, at the model's shape (meta tensors):
+    the argument checks (skipped with ``check=False``), the descriptors and constexprs, the encoded launch's key."""
+    from moe_lib.engine import grouped_gemm, grouped_wgrad
+    from moe_lib.engine.gathered import Gathered
+
+    T, H, I, E, K, dtype = MOE_CASES["model"]
+    M = T * K
+
+    def meta(*size, dtype=dtype):
+        return torch.empty(size, dtype=dtype, device="meta")
+
+    offsets, config = meta(E + 1, dtype=torch.int32), grouped_gemm.DSWIGLU_CONFIG
+    saved, d_preact = meta(M, 2 * I), meta(M, 2 * I)
+    dswiglu = dict(
+        gate=saved[:, :I],
+        up=saved[:, I:],
+        scale=meta(M, dtype=torch.float32),
+        dgate_out=d_preact[:, :I],
+        dup_out=d_preact[:, I:],
+        scaled_act_out=meta(M, I),
+        topk_partial=meta(grouped_gemm.partial_rows(I, config), M, dtype=torch.float32),
+    )
+    dy_s, wd = meta(M, H), meta(E, H, I)
+    x_s = Gathered(meta(T, H), meta(M, dtype=torch.int32))
+    problems, outs = [(d_preact[:, :I], x_s), (d_preact[:, I:], x_s)], [meta(E, I, H), meta(E, I, H)]
+
+    def key(module, arguments, constexprs):
+        merged = arguments | constexprs
+        values = [merged[name] for name in module.LAUNCHES.names]
+        return module.LAUNCHES.key(values, 168, torch.device("cuda", 0))
+
+    def gemm_arguments():
+        return grouped_gemm.launch_arguments(config, dy_s, wd, offsets, "dswiglu", False, **dswiglu)
+
+    def wgrad_arguments():
+        return grouped_wgrad.launch_arguments(grouped_wgrad.DEFAULT_CONFIG, problems, offsets, outs)
+
+    gemm_launch, wgrad_launch = gemm_arguments(), wgrad_arguments()
+    return {
+        "grouped_gemm check_arguments (dswiglu, model)": lambda: grouped_gemm.check_arguments(
+            dy_s, wd, offsets, epilogue="dswiglu", b_transposed=False, config=config, **dswiglu
+        ),
+        "grouped_gemm launch_arguments (dswiglu, model)": gemm_arguments,
+        "  its encoded launch's key": lambda: key(grouped_gemm, *gemm_launch),
+        "grouped_wgrad check_arguments (dWg, dWu, model)": lambda: grouped_wgrad.check_arguments(
+            problems, offsets, outs=outs
+        ),
+        "grouped_wgrad launch_arguments (dWg, dWu, model)": wgrad_arguments,
+        "  its encoded launch's key ": lambda: key(grouped_wgrad, *wgrad_launch),
     }
 
 
@@ -363,7 +441,10 @@ def main(argv=None) -> None:
         (out / "host_time.json").write_text(json.dumps(dict(rows=rows, reference=reference), indent=1))
         with open(out / "top_cpu_ops.txt", "w") as f:
             for r in rows:
-                f.write(f"\n{r['layer']} {r['case']} {r['phase']}: top {TOP_OPS} CPU ops by self time (µs/call)\n")
+                f.write(
+                    f"\n{r['layer']} {r['case']} {r['phase']} ({r['launches']} launches): top {TOP_OPS} CPU ops by "
+                    f"self time (µs/call)\n"
+                )
                 for op in r["top_cpu_ops"]:
                     f.write(f"  {op['self_cpu_us']:9.1f} {op['cpu_us']:9.1f} {op['calls']:6d}  {op['op']}\n")
 

@@ -1,14 +1,31 @@
-"""The two-step Gluon launch on the host (moe_lib/encoded_launch.py): descriptors, caching, argument encoding.
+"""The two-step Gluon launch on the host (moe_lib/encoded_launch.py): descriptors, caching, argument encoding, the
+global scratch, the compile key of a kernel's kept launches.
 
-The launch itself needs a Hopper GPU (test_gpu_gluon_* in tests/swiglu_down/test_designs.py); here the host logic
-runs against stand-ins for the compiled kernel and Triton's launcher.
+The launch itself needs a Hopper GPU (test_gpu_gluon_* in tests/swiglu_down/test_designs.py, the grouped engine's in
+tests/engine/test_encoded_launches.py); here the host logic runs against stand-ins for the compiled kernel and
+Triton's launcher.
 """
+
+import contextvars
+import itertools
+from types import SimpleNamespace
 
 import pytest
 import torch
+import triton
+from triton._C.libtriton import native_specialize_impl
+from triton.backends.compiler import BaseBackend
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from moe_lib import encoded_launch
-from moe_lib.encoded_launch import EncodedLaunch, descriptor, prepared_launch, shared_layout
+from moe_lib.encoded_launch import (
+    EncodedLaunch,
+    KernelLaunches,
+    descriptor,
+    prepared_launch,
+    shared_layout,
+    specialization,
+)
 
 
 def test_descriptor_of_a_tensor_in_its_blocks_with_one_layout_per_block_and_dtype():
@@ -87,6 +104,173 @@ def test_encode_expands_each_descriptor_with_its_metadata_and_passes_the_rest(mo
         launch.encode(first, x, 3)
     with pytest.raises(ValueError, match="arguments: 3 descriptors, the kernel takes 2"):
         launch.encode(first, second, first)
+
+
+def test_encode_encodes_a_descriptor_given_for_several_arguments_once():
+    launch = object.__new__(EncodedLaunch)
+    launch.descriptor_metadata = ["meta0", "meta0", "meta1"]
+    encoded = []
+
+    def encode_descriptor(desc, meta):
+        encoded.append(meta)
+        return [f"map({meta})"]
+
+    launch.encode_descriptor = encode_descriptor
+    x = torch.empty((40, 64), dtype=torch.bfloat16)
+    desc = descriptor(x, (8, 64))
+    assert launch.encode(desc, desc, desc) == ["map(meta0)", "map(meta0)", "map(meta1)"]
+    assert encoded == ["meta0", "meta1"]  # once per descriptor and metadata
+    assert launch.encode(desc, descriptor(x, (8, 64)), desc) == ["map(meta0)", "map(meta0)", "map(meta1)"]
+    assert encoded == ["meta0", "meta1", "meta0", "meta0", "meta1"]  # another object for the same tensor: its own
+
+
+def launch_with_scratch(scratch_bytes, *, ctas=1):
+    """An EncodedLaunch whose kernel needs ``scratch_bytes`` of global scratch a program; its launcher records its
+    arguments."""
+    launch = object.__new__(EncodedLaunch)
+    launch.scratch_bytes, launch.scratch_align, launch.ctas = scratch_bytes, 128, ctas
+    launch.function, launch.packed_metadata, launch.cooperative, launch.pdl = "function", (8, 1, 0), False, False
+    launch.calls = []
+    launch.c_launch = lambda *arguments: launch.calls.append(arguments)
+    return launch
+
+
+def test_launch_allocates_the_global_scratch_as_tritons_launcher_does():
+    """programs × CTAs × the compiled size at its alignment, from triton.set_allocator's allocator, on the launch's
+    stream, handed to the launcher in its global-scratch slot; no allocation where the kernel needs none."""
+    asked = []
+
+    def allocator(size, alignment, stream):
+        asked.append((size, alignment, stream))
+        return f"buffer of {size}"
+
+    def run():
+        triton.set_allocator(allocator)
+        launch = launch_with_scratch(384)
+        launch.launch(132, ["a", 3], 7)
+        assert asked == [(132 * 384, 128, 7)]
+        scratch_slot = (132, 1, 1, 7, "function", False, False, f"buffer of {132 * 384}", None)
+        assert launch.calls == [(*scratch_slot, (8, 1, 0), None, None, None, "a", 3)]
+        launch_with_scratch(384, ctas=2).launch(5, [], 9)
+        assert asked[-1] == (5 * 2 * 384, 128, 9)
+        without = launch_with_scratch(0)
+        without.launch(132, ["a"], 7)
+        assert len(asked) == 2 and without.calls[0][7] is None
+
+    contextvars.copy_context().run(run)  # the allocator set in a context of its own, as Triton keeps it
+
+
+def test_encoded_launch_refuses_a_kernel_that_needs_profile_scratch():
+    handles = []
+    compiled = SimpleNamespace(
+        name="kernel",
+        metadata=SimpleNamespace(profile_scratch_size=64, global_scratch_size=0, global_scratch_align=1),
+        _init_handles=lambda: handles.append(1),
+    )
+    with pytest.raises(RuntimeError, match="kernel needs profile scratch memory: EncodedLaunch does not allocate"):
+        EncodedLaunch(compiled)
+    assert not handles  # refused before the kernel is loaded
+
+
+def specialization_samples():
+    """Run-time arguments of every kind the launches pass, with the values where Triton's specialisation changes."""
+    bf16 = torch.empty(4096, dtype=torch.bfloat16)
+    fp32 = torch.empty(1024, dtype=torch.float32)
+    edges = [edge + step for edge in (2**31, -(2**31), 2**63) for step in (-16, -1, 0, 16)]  # i32, i64, u64
+    integers = [0, 1, 2, 8, 15, 16, 17, 32, 48, -1, -16, *edges, 2**64 - 1]
+    int32, fp16 = torch.empty(8, dtype=torch.int32), torch.empty(8, dtype=torch.float16)
+    tensors = [bf16, bf16[8:], bf16[1:], bf16[3:], fp32, fp32[4:], fp32[1:], int32, int32[1:], fp16]
+    rows = bf16.view(64, 64)
+    descriptors = [
+        descriptor(rows, (64, 64)),
+        descriptor(rows[:32], (64, 64)),
+        descriptor(rows, (32, 64)),
+        descriptor(rows, (64, 32)),
+        descriptor(torch.empty(64, 64, dtype=torch.float16), (64, 64)),
+        TensorDescriptor.from_tensor(fp32.view(32, 32), [32, 32], shared_layout((32, 32), encoded_launch.gl.float32)),
+        descriptor(torch.empty(2, 64, 64, dtype=torch.bfloat16), (1, 64, 64)),
+    ]
+    return integers + tensors + descriptors + [True, False, 0.5, 2.0, None]
+
+
+def test_specialization_tells_apart_what_tritons_jit_compiles_apart():
+    """Two arguments get the same specialization exactly where Triton's JIT specialises them alike: a key of it
+    neither shares a compiled kernel between arguments the JIT compiles apart nor needlessly splits one."""
+    samples = specialization_samples()
+
+    def tritons(argument):
+        return native_specialize_impl(BaseBackend, argument, False, True, True)
+
+    for first, second in itertools.combinations(samples, 2):
+        ours = specialization(first) == specialization(second)
+        assert ours == (tritons(first) == tritons(second)), (first, second, tritons(first), tritons(second))
+    assert len({specialization(s) for s in samples}) == len({tritons(s) for s in samples})
+    for sample in samples:
+        hash(specialization(sample))  # a key of them is hashable
+
+
+class StandInJit:
+    """A JIT-compiled kernel's interface as KernelLaunches reads it: its arguments' names and which are constexprs;
+    ``kernel[grid](**arguments)`` records the call and returns a stand-in compiled kernel."""
+
+    def __init__(self):
+        self.arg_names = ["x_ptr", "n", "BLOCK", "num_warps"]
+        self.params = [SimpleNamespace(is_constexpr=name.isupper() or name == "num_warps") for name in self.arg_names]
+        self.calls = []
+
+    def __getitem__(self, grid):
+        def run(**arguments):
+            self.calls.append((grid, arguments))
+            return f"compiled {len(self.calls)}"
+
+        return run
+
+
+class StandInCompiled:
+    """EncodedLaunch's interface, for the compiled kernel it wraps: what it encoded and launched."""
+
+    def __init__(self, compiled):
+        self.compiled, self.launches = compiled, []
+
+    def encode(self, *arguments):
+        return ["encoded", *arguments]
+
+    def launch(self, programs, arguments, stream):
+        self.launches.append((programs, arguments, stream))
+
+
+def test_kernel_launches_compile_through_the_jit_once_per_key_then_launch_encoded(monkeypatch):
+    monkeypatch.setattr(encoded_launch, "EncodedLaunch", StandInCompiled)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: SimpleNamespace(cuda_stream=7))
+    kernel = StandInJit()
+    launches = KernelLaunches(kernel)
+    device = torch.device("cuda", 0)
+    x, y = torch.empty(64, dtype=torch.bfloat16), torch.empty(64, dtype=torch.bfloat16)
+    arguments = dict(x_ptr=x, n=32, BLOCK=64, num_warps=8)
+    launches(12, arguments, maxnreg=168, device=device)
+    assert kernel.calls == [((12,), dict(arguments, maxnreg=168))]  # as the JIT path calls it
+    (compiled,) = launches.compiled.values()
+    assert compiled.compiled == "compiled 1" and not compiled.launches
+    launches(5, dict(x_ptr=y, n=48, BLOCK=64, num_warps=8), maxnreg=168, device=device)  # n: a multiple of 16 again
+    assert len(kernel.calls) == 1
+    assert compiled.launches == [(5, ["encoded", y, 48, 64, 8], 7)]  # the new tensor, in the kernel's order
+    for changed in (
+        dict(n=1),
+        dict(n=33),
+        dict(n=2**31),
+        dict(x_ptr=x[1:]),
+        dict(x_ptr=x.float()),
+        dict(BLOCK=128),
+        dict(num_warps=4),
+    ):
+        calls = len(kernel.calls)
+        launches(5, arguments | changed, maxnreg=168, device=device)
+        assert len(kernel.calls) == calls + 1, changed  # compiled for anew
+    launches(5, arguments, maxnreg=128, device=device)
+    launches(5, arguments, maxnreg=168, device=torch.device("cuda", 1))
+    assert len(kernel.calls) == 10 and len(launches.compiled) == 10
+    launches(3, arguments | dict(n=32 * 5), maxnreg=168, device=device)  # the first key again
+    assert len(kernel.calls) == 10 and compiled.launches[-1] == (3, ["encoded", x, 160, 64, 8], 7)
 
 
 class StandInDriver:

@@ -29,6 +29,13 @@ loaded as they lie and read through a permuted view of the shared memory (wgmma 
 :func:`gemm` reads the form off the strides of the tensors it is given (``x @ w.t()`` is ``gemm(x, w.t())``).
 TMA fills the rows and columns of a tile beyond the operands with zeros and clips the output tile's stores, so any
 M, N, K whose rows TMA can address work.
+
+The grouped kernels' launches (:func:`launch_kernel`): :data:`ENCODED_LAUNCHES` selects Triton's JIT path,
+``kernel[grid](...)``, which binds and specialises every argument and encodes every host descriptor on each call
+(P1's launch with 14 descriptors: 85-127 µs of host time, ``notes/p1/design-13.md``), or
+:class:`moe_lib.encoded_launch.KernelLaunches`, which compiles through the JIT once per key, then per call encodes
+each descriptor once (~2.4 µs each) and calls the compiled kernel's launcher (~10 µs); ``notes/p2/host-time.md`` says
+which is the default and why.
 """
 
 from __future__ import annotations
@@ -47,7 +54,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from ..encoded_launch import descriptor
+from ..encoded_launch import KernelLaunches, descriptor
 from ..tiling import cdiv
 from ..tma import aligned, rows_fit
 
@@ -56,6 +63,8 @@ SHARED_MEMORY_LIMIT = 232448  # bytes of shared memory one block may use on sm_9
 LOADER_REGISTERS = 40  # the loading warp's registers after setmaxnreg (P1's launch 2: notes/p1/design-13.md)
 CONSUMER_REGISTERS = 232  # ping-pong's second consumer partition (a worker: its registers are asked for)
 ELEMENT_BYTES = 2
+# the grouped kernels' launches through KernelLaunches (compiled once per key, then encoded) rather than the JIT's
+ENCODED_LAUNCHES = False
 
 
 @dataclass(frozen=True)
@@ -338,6 +347,17 @@ def launch_arguments(config: GemmConfig, a: torch.Tensor, b: torch.Tensor, out: 
 def sm_count(device: torch.device) -> int:
     """The GPU's streaming multiprocessors."""
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def launch_kernel(launches: KernelLaunches, programs: int, arguments: dict, constexprs: dict, *, maxnreg: int,
+                  device: torch.device) -> None:
+    """``launches.kernel[(programs,)](**arguments, **constexprs, maxnreg=maxnreg)`` on ``device``'s current stream:
+    through ``launches`` (compiled once per key, then encoded) where :data:`ENCODED_LAUNCHES` is set, else through
+    Triton's JIT."""
+    if ENCODED_LAUNCHES:
+        launches(programs, arguments | constexprs, maxnreg=maxnreg, device=device)
+    else:
+        launches.kernel[(programs,)](**arguments, **constexprs, maxnreg=maxnreg)
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor, config: GemmConfig = GemmConfig(), out: torch.Tensor | None = None):

@@ -61,7 +61,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ..encoded_launch import descriptor, shared_layout
+from ..encoded_launch import KernelLaunches, descriptor, shared_layout
 from ..tiling import cdiv, grouped_tile
 from ..tma import aligned, rows_fit
 from .gluon_gemm import (
@@ -70,6 +70,7 @@ from .gluon_gemm import (
     LOADER_REGISTERS,
     SHARED_MEMORY_LIMIT,
     GemmConfig,
+    launch_kernel,
     sm_count,
     tile_k_loop,
     tile_origin,
@@ -500,6 +501,9 @@ def grouped_gemm_kernel(
         ], [1], [LOADER_REGS])
 
 
+LAUNCHES = KernelLaunches(grouped_gemm_kernel)  # its compiled launches, kept per key (gluon_gemm.ENCODED_LAUNCHES)
+
+
 # --- the host side ----------------------------------------------------------------------------------------------
 
 
@@ -528,6 +532,16 @@ def b_form(b: torch.Tensor, a: torch.Tensor, out: torch.Tensor | None) -> bool:
     if transposed_fits or as_is_fits:
         return transposed_fits
     raise ValueError(f"b: expected [E, N, K] or [E, K, N] with K = {K} (a's columns), got shape {tuple(b.shape)}")
+
+
+def held_transposed(a, b, epilogue: str, b_transposed: bool | None, out) -> bool:
+    """Whether B is held transposed, for arguments :func:`check_arguments` takes (which finds the same): always with
+    swiglu, never for a pair along K, else ``b_transposed`` where given or read off the shapes (:func:`b_form`)."""
+    if epilogue == "swiglu":
+        return True
+    if isinstance(b, (tuple, list)):
+        return False
+    return b_form(b, a, out) if b_transposed is None else b_transposed
 
 
 def output_width(b, b_transposed: bool, epilogue: str) -> int:
@@ -725,17 +739,19 @@ def launch_arguments(config: GemmConfig, a, b, offsets, epilogue: str, b_transpo
             return TensorDescriptor.from_tensor(tensor, [bm, bn], shared_layout((bm, bn), gl.float32))
         return descriptor(tensor, (bm, bn))
 
-    c_desc = tile_descriptor(c if c is not None else g if g is not None else u)  # not written: a stand-in
+    stand_in = c if c is not None else g if g is not None else u  # c not written: another output's descriptor
+    c_desc = tile_descriptor(stand_in)
     saved = tensors.get("gate"), tensors.get("up")
+    # one descriptor a tensor: an encoded launch encodes each once (g's or u's may be c_desc's, standing in for c)
     arguments = dict(
         a_desc=a_desc,
         b_desc=b_descs[0],
         b2_desc=b_descs[-1],
         c_desc=c_desc,
         c_ptr=c if c is not None else offsets,  # a None would drop out of warp_specialize's arguments
-        g_desc=tile_descriptor(g) if g is not None else c_desc,
+        g_desc=c_desc if g is None or g is stand_in else tile_descriptor(g),
         g_ptr=g if g is not None else offsets,
-        u_desc=tile_descriptor(u) if u is not None else c_desc,
+        u_desc=c_desc if u is None or u is stand_in else tile_descriptor(u),
         u_ptr=u if u is not None else offsets,
         gin_desc=descriptor(saved[0], (bm, bn)) if saved[0] is not None else a_desc,
         uin_desc=descriptor(saved[1], (bm, bn)) if saved[1] is not None else a_desc,
@@ -759,7 +775,8 @@ def grouped_gemm(a: torch.Tensor, b, offsets: torch.Tensor, *, out: torch.Tensor
                  config: GemmConfig | None = None, gate: torch.Tensor | None = None, up: torch.Tensor | None = None,
                  gate_out: torch.Tensor | None = None, up_out: torch.Tensor | None = None,
                  dgate_out: torch.Tensor | None = None, dup_out: torch.Tensor | None = None,
-                 scaled_act_out: torch.Tensor | None = None, topk_partial: torch.Tensor | None = None):
+                 scaled_act_out: torch.Tensor | None = None, topk_partial: torch.Tensor | None = None,
+                 check: bool = True):
     """P[r] = A[r] · B_e for the rows offsets[e] ≤ r < offsets[e + 1] of each expert e, fp32-accumulated, through
     ``epilogue`` (the module's docstring gives each one's outputs):
 
@@ -777,12 +794,16 @@ def grouped_gemm(a: torch.Tensor, b, offsets: torch.Tensor, *, out: torch.Tensor
     [E, K, N], read off the shapes (``b_transposed`` says which where N == K). ``offsets``: int32 [E + 1] on the
     device, rising from 0 to M_total (not checked: no host sync). Outputs and the saved g, u [M_total, N] may be
     strided views (rows 16-byte multiples apart, N a multiple of 16 bytes). Rows outside offsets[0] ≤ r <
-    offsets[E] are left as they are. On a Hopper GPU."""
+    offsets[E] are left as they are. On a Hopper GPU. ``check``: False for a trusted caller that has checked its
+    arguments as :func:`check_arguments` does (the MoE layer, once a call), sparing those checks' host time."""
     tensors = dict(out=out, scale=scale, gate=gate, up=up, gate_out=gate_out, up_out=up_out, dgate_out=dgate_out,
                    dup_out=dup_out, scaled_act_out=scaled_act_out, topk_partial=topk_partial)
     config = config or default_config(epilogue)
-    b_transposed = check_arguments(a, b, offsets, epilogue=epilogue, b_transposed=b_transposed, config=config,
-                                   **tensors)
+    if check:
+        b_transposed = check_arguments(a, b, offsets, epilogue=epilogue, b_transposed=b_transposed, config=config,
+                                       **tensors)
+    else:
+        b_transposed = held_transposed(a, b, epilogue, b_transposed, out)
     if a.device.type != "cuda":
         raise ValueError(f"a: the Gluon grouped GEMM runs on a CUDA (Hopper) GPU, got a tensor on {a.device}")
     M, K = a.shape
@@ -800,5 +821,5 @@ def grouped_gemm(a: torch.Tensor, b, offsets: torch.Tensor, *, out: torch.Tensor
         return result
     arguments, constexprs = launch_arguments(config, a, b, offsets, epilogue, b_transposed, **tensors)
     programs = grid(M, E, N, config, sm_count(a.device), epilogue)
-    grouped_gemm_kernel[(programs,)](**arguments, **constexprs, maxnreg=config.maxnreg)
+    launch_kernel(LAUNCHES, programs, arguments, constexprs, maxnreg=config.maxnreg, device=a.device)
     return result

@@ -53,7 +53,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ..encoded_launch import shared_layout
+from ..encoded_launch import KernelLaunches, shared_layout
 from ..tiling import cdiv, grouped_tile
 from ..tma import aligned, install_tma_allocator
 from .gathered import Gathered, check_gathered
@@ -63,6 +63,7 @@ from .gluon_gemm import (
     LOADER_REGISTERS,
     SHARED_MEMORY_LIMIT,
     GemmConfig,
+    launch_kernel,
     sm_count,
     tile_k_loop,
     tile_origin,
@@ -472,6 +473,9 @@ def grouped_wgrad_kernel(
         ], [LOADER_WARPS], [LOADER_REGS])
 
 
+LAUNCHES = KernelLaunches(grouped_wgrad_kernel)  # its compiled launches, kept per key (gluon_gemm.ENCODED_LAUNCHES)
+
+
 # --- the host side ----------------------------------------------------------------------------------------------
 
 
@@ -584,6 +588,13 @@ def check_arguments(problems, offsets, *, outs=None, out_dtype: torch.dtype = to
     return num_experts, shapes, out_dtype
 
 
+def unchecked_sizes(problems, offsets, outs, out_dtype: torch.dtype) -> tuple[int, list[tuple[int, int]], torch.dtype]:
+    """(E, [(M_p, N_p)], the output dtype) as :func:`check_arguments` returns them for arguments it takes, without
+    its checks (a trusted caller's)."""
+    shapes = [(a.shape[1], b.shape[1]) for a, b in problems]
+    return offsets.shape[0] - 1, shapes, outs[0].dtype if outs is not None else out_dtype
+
+
 def output_descriptor(out: torch.Tensor, config: GemmConfig) -> TensorDescriptor:
     """A host TMA descriptor of C_p [E, M_p, N_p] in [1, BLOCK_M, BLOCK_N] boxes: it clips a tile at M_p and N_p
     inside each expert's matrix."""
@@ -596,9 +607,10 @@ def launch_arguments(config: GemmConfig, problems, offsets, outs) -> tuple[dict,
     """(the kernel's run-time arguments by name, its compile-time arguments by name) for these tensors: what
     :func:`grouped_weight_grad` launches and what ``scripts/p2/wgrad_probe.py --compile-only`` compiles (meta
     tensors do; there the pointers and strides are types). Problems past the given ones repeat problem 0 (never
-    read, never written)."""
+    read, never written; its output's descriptor object itself, which an encoded launch encodes once)."""
     padded = list(problems) + [problems[0]] * (MAX_PROBLEMS - len(problems))
-    padded_outs = list(outs) + [outs[0]] * (MAX_PROBLEMS - len(outs))
+    out_descs = [output_descriptor(out, config) for out in outs]
+    padded_out_descs = out_descs + [out_descs[0]] * (MAX_PROBLEMS - len(outs))
     arguments, index, gather_a, gather_b = {}, offsets, 0, 0
     for p, (a, b) in enumerate(problems):
         gather_a |= isinstance(a, Gathered) << p
@@ -609,8 +621,8 @@ def launch_arguments(config: GemmConfig, problems, offsets, outs) -> tuple[dict,
         arguments.update({f"a{p}_ptr": a, f"b{p}_ptr": b})
     for p, (a, b) in enumerate(tensors):
         arguments.update({f"a{p}_stride": a.stride(0), f"b{p}_stride": b.stride(0)})
-    for p, out in enumerate(padded_outs):
-        arguments[f"c{p}_desc"] = output_descriptor(out, config)
+    for p, out_desc in enumerate(padded_out_descs):
+        arguments[f"c{p}_desc"] = out_desc
     arguments.update(offsets_ptr=offsets, index_ptr=index, num_experts=offsets.shape[0] - 1)
     gathers = bool(gather_a | gather_b)
     constexprs = dict(PROBLEMS=len(problems), GATHER_A=gather_a, GATHER_B=gather_b,
@@ -623,7 +635,7 @@ def launch_arguments(config: GemmConfig, problems, offsets, outs) -> tuple[dict,
 
 
 def grouped_weight_grad(problems, offsets: torch.Tensor, *, outs=None, out_dtype: torch.dtype = torch.bfloat16,
-                        config: GemmConfig | None = None) -> list[torch.Tensor]:
+                        config: GemmConfig | None = None, check: bool = True) -> list[torch.Tensor]:
     """[C_p for each (A_p, B_p) in ``problems``]: C_p[e] = A_p[rows_e]ᵀ · B_p[rows_e] for the rows offsets[e] ≤ r <
     offsets[e + 1] of each expert e, fp32-accumulated, into ``outs`` (new [E, M_p, N_p] tensors of ``out_dtype``,
     bf16 or fp32, where None; else their dtype), exact zeros for an expert without rows. One launch for 1 to 3
@@ -632,8 +644,13 @@ def grouped_weight_grad(problems, offsets: torch.Tensor, *, outs=None, out_dtype
     through its index (all gathered operands of a launch share one index). ``offsets``: int32 [E + 1] on the
     device, rising from 0 to at most M_total (not checked: no host sync). ``config``: tiles and ring
     (:data:`DEFAULT_CONFIG` for bf16 outputs, :data:`FP32_CONFIG` for fp32). On a Hopper GPU; capturable in a CUDA
-    graph."""
-    num_experts, shapes, out_dtype = check_arguments(problems, offsets, outs=outs, out_dtype=out_dtype, config=config)
+    graph. ``check``: False for a trusted caller that has checked its arguments as :func:`check_arguments` does (the
+    MoE layer, once a call), sparing those checks' host time."""
+    if check:
+        num_experts, shapes, out_dtype = check_arguments(problems, offsets, outs=outs, out_dtype=out_dtype,
+                                                         config=config)
+    else:
+        num_experts, shapes, out_dtype = unchecked_sizes(problems, offsets, outs, out_dtype)
     config = config or default_config(out_dtype)
     if offsets.device.type != "cuda":
         raise ValueError(f"offsets: the Gluon weight-gradient kernel runs on a CUDA (Hopper) GPU, got a tensor on "
@@ -651,5 +668,5 @@ def grouped_weight_grad(problems, offsets: torch.Tensor, *, outs=None, out_dtype
     install_tma_allocator(offsets.device)  # the global scratch of the descriptors the loading warp makes
     arguments, constexprs = launch_arguments(config, [problems[p] for p in live], offsets, [outs[p] for p in live])
     programs = grid(num_experts, [shapes[p] for p in live], config, sm_count(offsets.device))
-    grouped_wgrad_kernel[(programs,)](**arguments, **constexprs, maxnreg=config.maxnreg)
+    launch_kernel(LAUNCHES, programs, arguments, constexprs, maxnreg=config.maxnreg, device=offsets.device)
     return outs
