@@ -135,11 +135,24 @@ def _check_memory(device: torch.device, nbytes: int, num_tokens: int, top_k: int
     )
 
 
+def weight_operand(weights: torch.Tensor) -> torch.Tensor:
+    """A weight as TMA reads it: contiguous and starting on a 16-byte boundary (a copy where it does not: a view at
+    an odd offset). The layer's other operands are its own allocations, or read through the routing where their
+    rows are not aligned (:meth:`_Routed.rows`); so the engine's launches skip their argument checks."""
+    return (
+        weights
+        if weights.is_contiguous() and aligned(weights)
+        else weights.clone(memory_format=torch.contiguous_format)
+    )
+
+
 def gate_up_operand(gate_weights: torch.Tensor, up_weights: torch.Tensor):
     """B of the swiglu and dX products: the fused [E, 2I, H] block where the two weights are its row halves (read as
-    it lies), else the pair (gate, up), each contiguous."""
+    it lies), else the pair (gate, up), each as :func:`weight_operand` gives it."""
     stacked = stacked_gate_up(gate_weights, up_weights)
-    return stacked if stacked is not None else (gate_weights.contiguous(), up_weights.contiguous())
+    if stacked is not None and aligned(stacked):
+        return stacked
+    return weight_operand(gate_weights), weight_operand(up_weights)
 
 
 class _Launches:
@@ -154,7 +167,8 @@ class _Launches:
         if self.interpreter:
             return gemm_tl.grouped_gemm_tl(a, b, offsets, **kwargs)
         config = None if kwargs.get("epilogue") == "dswiglu" else self.config  # dswiglu: its own tiles
-        return gemm_gluon.grouped_gemm(a, b, offsets, config=config, **kwargs)
+        # the layer's operands pass the launch's checks by construction (weight_operand): not checked again
+        return gemm_gluon.grouped_gemm(a, b, offsets, config=config, check=False, **kwargs)
 
     def partial_rows(self, intermediate_size: int) -> int:
         """Rows of dswiglu's routing-weight partials: one per column tile."""
@@ -164,7 +178,7 @@ class _Launches:
     def weight_grad(self, problems, offsets, outs):
         if self.interpreter:
             return wgrad_tl.grouped_weight_grad_tl(problems, offsets, outs=outs)
-        return wgrad_gluon.grouped_weight_grad(problems, offsets, outs=outs)
+        return wgrad_gluon.grouped_weight_grad(problems, offsets, outs=outs, check=False)
 
 
 class _Routed:
@@ -242,7 +256,7 @@ def forward(
     del x_s
     y_s = launches.gemm(
         act,
-        down_weights,
+        weight_operand(down_weights),
         routed.offsets,
         epilogue="row_scale",
         scale=routed.scale,
@@ -301,7 +315,7 @@ def backward(
     if num_slots:
         launches.gemm(
             routed.gather(grad_output),
-            down_weights,
+            weight_operand(down_weights),
             routed.offsets,
             epilogue="dswiglu",
             gate=gate_pre,

@@ -300,3 +300,47 @@ def test_gpu_fused_gate_up_halves_equal_separate_weights(shape, seed, nan_worksp
     expected = engine_layer.backward(inputs["grad_output"], *separate, preactivations=preactivations_separate)
     for a, b in zip(grads, expected, strict=True):
         assert torch.isfinite(a).all() and torch.equal(a, b)
+
+
+def test_weights_at_an_odd_offset_are_copied_aligned_for_tma(seed, nan_workspaces, monkeypatch):
+    """The engine's launches skip their argument checks: a weight view starting off a 16-byte boundary reaches them
+    as an aligned copy (results as with the weights themselves), never as it lies."""
+    from moe_lib.tma import aligned
+
+    T, H, I, E, K, routing = CASES["uniform"]
+    inputs = bf16_inputs(T, H, I, E, K, routing, seed)
+    misaligned = dict(inputs)
+    for name in ("gate_weights", "up_weights", "down_weights"):
+        weight = inputs[name]
+        flat = torch.empty(weight.numel() + 1, dtype=weight.dtype)
+        misaligned[name] = flat[1:].view(weight.shape).copy_(weight)  # 2 bytes past an aligned start
+        assert not aligned(misaligned[name])
+    weights_read = []
+    gemm = engine_layer._Launches.gemm
+
+    def spy(self, a, b, offsets, **kwargs):
+        weights_read.extend(b if isinstance(b, tuple) else (b,))
+        return gemm(self, a, b, offsets, **kwargs)
+
+    monkeypatch.setattr(engine_layer._Launches, "gemm", spy)
+    y = engine_layer.forward(*args(misaligned))
+    grads = engine_layer.backward(misaligned["grad_output"], *args(misaligned))
+    assert weights_read and all(aligned(w) and w.is_contiguous() for w in weights_read)
+    assert torch.equal(y, engine_layer.forward(*args(inputs)))
+    for a, b in zip(grads, engine_layer.backward(inputs["grad_output"], *args(inputs)), strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+def test_gpu_weights_at_an_odd_offset_equal_aligned_ones(seed, nan_workspaces):
+    T, H, I, E, K = 512, 1024, 512, 16, 4
+    inputs = bf16_inputs(T, H, I, E, K, "uniform", seed, device="cuda")
+    misaligned = dict(inputs)
+    for name in ("gate_weights", "up_weights", "down_weights"):
+        weight = inputs[name]
+        flat = torch.empty(weight.numel() + 1, dtype=weight.dtype, device="cuda")
+        misaligned[name] = flat[1:].view(weight.shape).copy_(weight)
+    assert torch.equal(engine_layer.forward(*args(misaligned)), engine_layer.forward(*args(inputs)))
+    grads = engine_layer.backward(misaligned["grad_output"], *args(misaligned))
+    for a, b in zip(grads, engine_layer.backward(inputs["grad_output"], *args(inputs)), strict=True):
+        assert torch.isfinite(a).all() and torch.equal(a, b)
