@@ -349,11 +349,14 @@ def zero_fill(c_smem, WARPS: gl.constexpr):
 @gluon.jit
 def wgrad_consumer_partition(a_bufs, b_bufs, ready, empty, turns, c0_desc, c1_desc, c2_desc, c_bufs, offsets_ptr,
                              num_experts, PROBLEMS: gl.constexpr, GROUP_M: gl.constexpr, FENCE: gl.constexpr,
-                             ME: gl.constexpr, CONSUMERS: gl.constexpr, WARPS: gl.constexpr):
+                             ME: gl.constexpr, CONSUMERS: gl.constexpr, WARPS: gl.constexpr,
+                             OUT_BUFS: gl.constexpr):
     """Consumer ME of CONSUMERS (WARPS warps): the program's tiles ME, ME + CONSUMERS, ... of its own (the ring's
     steps counted over all the program's tiles, each its expert's step count), each its K loop and its store. With
     two consumers each K loop waits for its turn and passes it on once its last wgmma is issued. With FENCE (some
-    buffers written by cp.async) each step fences the generic proxy's writes before its wgmma reads them."""
+    buffers written by cp.async) each step fences the generic proxy's writes before its wgmma reads them. With
+    OUT_BUFS = 2 its tiles take two output buffers in turn, so that a tile's store is still in flight while the next
+    tile is written (where an expert's rows are a step or two, the stores are most of a tile's time)."""
     BLOCK_M: gl.constexpr = c0_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = c0_desc.block_type.shape[2]
     BLOCK_K: gl.constexpr = a_bufs.type.shape[1]
@@ -361,7 +364,7 @@ def wgrad_consumer_partition(a_bufs, b_bufs, ready, empty, turns, c0_desc, c1_de
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                      instr_shape=[16, BLOCK_N, 16])
     acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
-    c_tile = c_bufs.index(ME)  # [1, BLOCK_M, BLOCK_N], as the output descriptors' boxes
+    c_tile = c_bufs.index(ME * OUT_BUFS)  # [1, BLOCK_M, BLOCK_N], as the output descriptors' boxes
     c_smem = c_tile.reshape([BLOCK_M, BLOCK_N])
     tiles0, tiles1, tiles2 = problem_tile_counts(c0_desc, c1_desc, c2_desc, PROBLEMS)
     total = num_experts * (tiles0 + tiles1 + tiles2)
@@ -377,6 +380,9 @@ def wgrad_consumer_partition(a_bufs, b_bufs, ready, empty, turns, c0_desc, c1_de
             m = pick(problem, c0_desc.shape[1], c1_desc.shape[1], c2_desc.shape[1])
             tiles_n = gl.cdiv(pick(problem, c0_desc.shape[2], c1_desc.shape[2], c2_desc.shape[2]), BLOCK_N)
             off_m, off_n = tile_origin(local, gl.cdiv(m, BLOCK_M), tiles_n, GROUP_M, BLOCK_M, BLOCK_N)
+            if OUT_BUFS > 1:  # this tile's buffer: the one whose store was issued OUT_BUFS tiles ago
+                c_tile = c_bufs.index(ME * OUT_BUFS + (n // CONSUMERS) % OUT_BUFS)
+                c_smem = c_tile.reshape([BLOCK_M, BLOCK_N])
             if CONSUMERS > 1:  # consumer 0's first turn is free (a fresh barrier), consumer 1's first waits for it
                 mbarrier.wait(turns.index(ME), ((n // CONSUMERS) & 1) ^ (1 - ME))
             if k_steps > 0:
@@ -385,12 +391,12 @@ def wgrad_consumer_partition(a_bufs, b_bufs, ready, empty, turns, c0_desc, c1_de
                     mbarrier.arrive(turns.index(1 - ME), count=1)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
                 mbarrier.arrive(empty.index((i + k_steps - 1) % BUFFERS), count=1)
-                tma.store_wait(pendings=0)  # the last tile's store has left c_smem
+                tma.store_wait(pendings=OUT_BUFS - 1)  # the store that last read c_smem has left it
                 c_smem.store(acc.to(c0_desc.dtype))
             else:  # an expert without rows: exact zeros, no loads
                 if CONSUMERS > 1:
                     mbarrier.arrive(turns.index(1 - ME), count=1)
-                tma.store_wait(pendings=0)
+                tma.store_wait(pendings=OUT_BUFS - 1)
                 zero_fill(c_smem, WARPS)
             fence_async_shared()
             if problem == 0:
@@ -428,6 +434,7 @@ def grouped_wgrad_kernel(
     PINGPONG: gl.constexpr,  # two one-warpgroup consumers on alternate tiles; else one of num_warps (8) warps
     CONSUMER_REGS: gl.constexpr,  # with PINGPONG: the second consumer's registers
     LOADER_REGS: gl.constexpr,  # the loading partition's registers
+    OUT_BUFS: gl.constexpr,  # output tiles a consumer has in shared memory, taken in turn: 1 or 2 (output_buffers)
     num_warps: gl.constexpr,  # of the default partition: the cooperative consumer, or ping-pong's first (4)
 ):
     BLOCK_M: gl.constexpr = c0_desc.block_type.shape[1]
@@ -440,7 +447,8 @@ def grouped_wgrad_kernel(
     B_LAYOUT: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_K, BLOCK_N], gl.bfloat16)
     a_bufs = gl.allocate_shared_memory(gl.bfloat16, [BUFFERS, BLOCK_K, BLOCK_M], A_LAYOUT)
     b_bufs = gl.allocate_shared_memory(gl.bfloat16, [BUFFERS, BLOCK_K, BLOCK_N], B_LAYOUT)
-    c_bufs = gl.allocate_shared_memory(c0_desc.dtype, [CONSUMERS] + c0_desc.block_type.shape, c0_desc.layout)
+    c_bufs = gl.allocate_shared_memory(c0_desc.dtype, [CONSUMERS * OUT_BUFS] + c0_desc.block_type.shape,
+                                       c0_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [BUFFERS, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [BUFFERS, 1], mbarrier.MBarrierLayout())
     turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -454,9 +462,10 @@ def grouped_wgrad_kernel(
     if PINGPONG:
         gl.warp_specialize([
             (wgrad_consumer_partition, (a_bufs, b_bufs, ready, empty, turns, c0_desc, c1_desc, c2_desc, c_bufs,
-                                        offsets_ptr, num_experts, PROBLEMS, GROUP_M, FENCE_GATHERS, 0, 2, num_warps)),
+                                        offsets_ptr, num_experts, PROBLEMS, GROUP_M, FENCE_GATHERS, 0, 2, num_warps,
+                                        OUT_BUFS)),
             (wgrad_consumer_partition, (a_bufs, b_bufs, ready, empty, turns, c0_desc, c1_desc, c2_desc, c_bufs,
-                                        offsets_ptr, num_experts, PROBLEMS, GROUP_M, FENCE_GATHERS, 1, 2, 4)),
+                                        offsets_ptr, num_experts, PROBLEMS, GROUP_M, FENCE_GATHERS, 1, 2, 4, OUT_BUFS)),
             (wgrad_load_partition, (a0_ptr, b0_ptr, a1_ptr, b1_ptr, a2_ptr, b2_ptr, a0_stride, b0_stride,
                                     a1_stride, b1_stride, a2_stride, b2_stride, c0_desc, c1_desc, c2_desc, a_bufs,
                                     b_bufs, ready, empty, offsets_ptr, index_ptr, num_experts, PROBLEMS, GROUP_M,
@@ -465,7 +474,8 @@ def grouped_wgrad_kernel(
     else:
         gl.warp_specialize([
             (wgrad_consumer_partition, (a_bufs, b_bufs, ready, empty, turns, c0_desc, c1_desc, c2_desc, c_bufs,
-                                        offsets_ptr, num_experts, PROBLEMS, GROUP_M, FENCE_GATHERS, 0, 1, num_warps)),
+                                        offsets_ptr, num_experts, PROBLEMS, GROUP_M, FENCE_GATHERS, 0, 1, num_warps,
+                                        OUT_BUFS)),
             (wgrad_load_partition, (a0_ptr, b0_ptr, a1_ptr, b1_ptr, a2_ptr, b2_ptr, a0_stride, b0_stride,
                                     a1_stride, b1_stride, a2_stride, b2_stride, c0_desc, c1_desc, c2_desc, a_bufs,
                                     b_bufs, ready, empty, offsets_ptr, index_ptr, num_experts, PROBLEMS, GROUP_M,
@@ -479,11 +489,18 @@ LAUNCHES = KernelLaunches(grouped_wgrad_kernel)  # its compiled launches, kept p
 # --- the host side ----------------------------------------------------------------------------------------------
 
 
-def shared_bytes(config: GemmConfig, out_dtype: torch.dtype) -> int:
-    """Shared memory of the ring, the output tiles (in ``out_dtype``) and the descriptors' templates."""
+def shared_bytes(config: GemmConfig, out_dtype: torch.dtype, buffers: int = 1) -> int:
+    """Shared memory of the ring, ``buffers`` output tiles a consumer (in ``out_dtype``) and the descriptors'
+    templates."""
     ring = config.stages * (config.block_m + config.block_n) * config.block_k * ELEMENT_BYTES
-    out = config.output_tiles * config.block_m * config.block_n * torch.empty((), dtype=out_dtype).element_size()
-    return ring + out + DESCRIPTOR_BYTES
+    tile = config.block_m * config.block_n * torch.empty((), dtype=out_dtype).element_size()
+    return ring + config.output_tiles * buffers * tile + DESCRIPTOR_BYTES
+
+
+def output_buffers(config: GemmConfig, out_dtype: torch.dtype) -> int:
+    """Output tiles a consumer has in shared memory: two where they fit beside the ring (a short ring's configs,
+    for experts of a K step or two), else one."""
+    return 2 if shared_bytes(config, out_dtype, 2) <= SHARED_MEMORY_LIMIT else 1
 
 
 def default_config(out_dtype: torch.dtype) -> GemmConfig:
@@ -627,7 +644,7 @@ def launch_arguments(config: GemmConfig, problems, offsets, outs) -> tuple[dict,
     gathers = bool(gather_a | gather_b)
     constexprs = dict(PROBLEMS=len(problems), GATHER_A=gather_a, GATHER_B=gather_b,
                       LOADER_WARPS=GATHER_WARPS if gathers else 1, FENCE_GATHERS=gathers and FENCE_GATHERED,
-                      BLOCK_K=config.block_k, BUFFERS=config.stages,
+                      BLOCK_K=config.block_k, BUFFERS=config.stages, OUT_BUFS=output_buffers(config, outs[0].dtype),
                       GROUP_M=config.group_m, PINGPONG=config.pingpong, CONSUMER_REGS=CONSUMER_REGISTERS,
                       LOADER_REGS=GATHER_LOADER_REGISTERS[config.consumers] if gathers else LOADER_REGISTERS,
                       num_warps=config.warps)

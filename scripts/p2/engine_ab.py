@@ -86,19 +86,24 @@ def gather_ab(args, flush) -> list[dict]:
 
 def tiles_ab(args, flush) -> list[dict]:
     from moe_lib import problems
-    from moe_lib.engine import grouped_gemm
+    from moe_lib.engine import grouped_gemm, grouped_wgrad
     from moe_lib.engine.gluon_gemm import GemmConfig
     from moe_lib.moe_experts import engine_layer
 
-    current_tiles, current_dswiglu = engine_layer.gemm_config, grouped_gemm.DSWIGLU_CONFIG
-    variants = {  # (the varlen-M products' tiles, dswiglu's tiles); None: the current ones
-        "current": (None, None),
-        "pp_m128n128k64_s5": (GemmConfig(128, 128, 64, 5, "pingpong"), None),
-        "pp_m64n128k64_s6": (GemmConfig(64, 128, 64, 6, "pingpong"), GemmConfig(64, 128, 64, 6, "pingpong")),
-        "pp_m64n256k64_s4": (GemmConfig(64, 256, 64, 4, "pingpong"), None),
+    current = (engine_layer.gemm_config, grouped_gemm.DSWIGLU_CONFIG, grouped_wgrad.DEFAULT_CONFIG)
+    pp64x128, pp64x256 = GemmConfig(64, 128, 64, 6, "pingpong"), GemmConfig(64, 256, 64, 4, "pingpong")
+    variants = {  # (the varlen-M products' tiles, dswiglu's tiles, the bf16 weight gradients'); None: the current
+        "current": (None, None, None),
+        "pp_m128n128k64_s5": (GemmConfig(128, 128, 64, 5, "pingpong"), None, None),
+        "pp_m64n128k64_s6": (pp64x128, pp64x128, None),
+        "pp_m64n256k64_s4": (pp64x256, None, None),
         # dswiglu alone ping-pong: one consumer's epilogue (g, u loaded, four outputs) beside the other's K loop
-        "dswiglu_pp_m64n128k64_s6": (None, GemmConfig(64, 128, 64, 6, "pingpong")),
-        "dswiglu_pp_m64n128k64_s5": (None, GemmConfig(64, 128, 64, 5, "pingpong")),  # 3 output tiles, not 2
+        "dswiglu_pp_m64n128k64_s6": (None, pp64x128, None),
+        "dswiglu_pp_m64n128k64_s5": (None, GemmConfig(64, 128, 64, 5, "pingpong"), None),  # 3 output tiles, not 2
+        # the weight gradients with a two-step ring and two output tiles in turn (grouped_wgrad.output_buffers):
+        # where an expert's rows are a K step or two, a tile's store overlaps the next tile
+        "wgrad_coop_m128n256k64_s2": (None, None, GemmConfig(128, 256, 64, 2)),
+        "wgrad_pp_m128n128k64_s3": (None, None, GemmConfig(128, 128, 64, 3, "pingpong")),
     }
     if args.variants:
         asked = args.variants.split(",")
@@ -111,17 +116,18 @@ def tiles_ab(args, flush) -> list[dict]:
         inputs = problem.make_inputs(num_tokens, device="cuda")
         layer, op = layer_calls(engine_layer, inputs)
         first = None
-        for name, (tiles, dswiglu) in variants.items():
-            engine_layer.gemm_config = current_tiles if tiles is None else (lambda slots, experts, c=tiles: c)
-            grouped_gemm.DSWIGLU_CONFIG = dswiglu or current_dswiglu
+        for name, (tiles, dswiglu, wgrad) in variants.items():
+            engine_layer.gemm_config = current[0] if tiles is None else (lambda slots, experts, c=tiles: c)
+            grouped_gemm.DSWIGLU_CONFIG = dswiglu or current[1]
+            grouped_wgrad.DEFAULT_CONFIG = wgrad or current[2]
             result = [out.clone() for out in op()]
             first = first or result
             row = dict(tokens=num_tokens, variant=name, same=same_bits(result, first))
             row.update(op_ms=timed(op, flush, num_tokens), layer_ms=timed(layer, flush, num_tokens))
             rows.append(row)
-            print(f"T={num_tokens:6d} {name:18s} op {row['op_ms']:8.3f} ms  layer {row['layer_ms']:8.3f} ms  "
+            print(f"T={num_tokens:6d} {name:26s} op {row['op_ms']:8.3f} ms  layer {row['layer_ms']:8.3f} ms  "
                   f"same bits {row['same']}", flush=True)  # fmt: skip
-        engine_layer.gemm_config, grouped_gemm.DSWIGLU_CONFIG = current_tiles, current_dswiglu
+        engine_layer.gemm_config, grouped_gemm.DSWIGLU_CONFIG, grouped_wgrad.DEFAULT_CONFIG = current
         del inputs, layer, op, first
         torch.cuda.empty_cache()
     return rows

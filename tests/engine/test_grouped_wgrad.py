@@ -127,6 +127,19 @@ def test_grid_uses_the_experts_and_shapes_only():
     assert grid(0, p2, config, 132) == 1
 
 
+def test_output_buffers_two_where_they_fit_beside_the_ring():
+    from moe_lib.engine.grouped_wgrad import output_buffers
+
+    assert output_buffers(GemmConfig(), torch.bfloat16) == 1  # 3 stages: 144 KB of ring
+    assert output_buffers(GemmConfig(128, 256, 64, 2), torch.bfloat16) == 2  # 96 KB of ring + 2 × 64 KB
+    assert output_buffers(GemmConfig(128, 256, 64, 2), torch.float32) == 1
+    assert output_buffers(FP32_CONFIG, torch.float32) == 1
+    assert output_buffers(GemmConfig(128, 128, 64, 5, "pingpong"), torch.bfloat16) == 1
+    assert output_buffers(GemmConfig(128, 128, 64, 2, "pingpong"), torch.bfloat16) == 2
+    for config in (GemmConfig(128, 256, 64, 2), GemmConfig(128, 128, 64, 2, "pingpong")):
+        assert shared_bytes(config, torch.bfloat16, output_buffers(config, torch.bfloat16)) <= 232448
+
+
 def test_shared_memory_counts_the_output_dtype():
     assert shared_bytes(GemmConfig(), torch.bfloat16) == 3 * (128 + 256) * 64 * 2 + 128 * 256 * 2 + 512
     assert shared_bytes(GemmConfig(), torch.float32) > 232448  # an fp32 128 × 256 tile leaves no room for a ring
@@ -369,6 +382,9 @@ CONFIGS = {
     "pingpong": GemmConfig(128, 128, 64, 5, "pingpong"),
     "coop_2_programs": GemmConfig(programs=2),  # many runs a program: both descriptor pairs reused many times
     "pingpong_3_programs": GemmConfig(128, 128, 64, 5, "pingpong", programs=3),
+    # a two-step ring and two output buffers taken in turn (output_buffers); few programs: many tiles each
+    "coop_s2_two_outputs": GemmConfig(128, 256, 64, 2),
+    "coop_s2_two_outputs_3_programs": GemmConfig(128, 256, 64, 2, programs=3),
 }
 # row counts per expert: empty experts, single rows, ends inside a step, one expert holding everything, many experts
 GPU_COUNTS = {
@@ -489,7 +505,7 @@ def test_gpu_weight_grad_replays_in_a_cuda_graph_with_new_offsets(name, seed):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("counts", ["ragged", "many"])
-@pytest.mark.parametrize("name", ["coop", "pingpong", "coop_2_programs"])
+@pytest.mark.parametrize("name", ["coop", "pingpong", "coop_2_programs", "coop_s2_two_outputs_3_programs"])
 def test_gpu_weight_grad_gathers_rows_through_the_index(name, counts, seed):
     """x and dy gathered by cp.async in the loading partition: the bits of the same rows written out and read by
     TMA (the same products in the same order), float64's values, and exact zeros for experts without rows."""
