@@ -7,12 +7,16 @@ every output and workspace from NaN-filled memory, against the float64 reference
 two B forms bit for bit; the saved gate_sigmoid and gate_silu unread (σ and silu recomputed from the gate), so that
 on the harness's independent saved tensors it follows the forward of the gate it was given; ``supports``' reasons,
 the faithful path refused; the chooser's hook (``choose.ENGINE_FROM``), empty: never chosen; the tiles picked by
-the rounds over the SMs; the launches a call makes; the offsets and ones kept on the device.
+the rounds over the SMs; the launches a call makes; the offsets and ones kept on the device; ``p1_tune --peers``.
 GPU (``gpu`` marker): the benchmark's shape (H 2048, I 768) at 1, 100, 2767 and 8192 tokens and a larger expert's
-(H 4096, I 1536), from poisoned memory, against float64; both tile choices.
+(H 4096, I 1536), from poisoned memory, against float64; both tile choices; deterministic and replayed from a CUDA
+graph.
 """
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,6 +32,7 @@ from moe_lib.swiglu_down.runtime import INTERPRETER_DEVICE, Device
 
 from .helpers import DEVICE, OUTPUTS, check_against_float64
 
+ROOT = Path(__file__).resolve().parents[2]
 H200 = Device("cuda", 132, 232448, (9, 0), "H200")
 A100 = Device("cuda", 108, 166912, (8, 0), "A100")
 CPU = Device("cpu", sms=1, shared_memory=0)
@@ -246,6 +251,22 @@ def test_offsets_and_ones_are_made_once_and_kept():
     assert one_expert(1, device)[0].tolist() == [0, 1]
 
 
+def test_p1_tune_peers_are_named_and_checked():
+    """``p1_tune.py --peers``: P1's peers of the benchmark beside the candidates (torch_compile for the engine's A/B),
+    each once; an unknown one is named (before any GPU work)."""
+    sys.path.insert(0, str(ROOT / "scripts" / "p1"))
+    try:
+        from p1_tune import peer_names
+    finally:
+        sys.path.remove(str(ROOT / "scripts" / "p1"))
+    assert peer_names(None) == [] and peer_names("torch_compile, torch_eager,torch_compile") == [
+        "torch_compile",
+        "torch_eager",
+    ]
+    with pytest.raises(ValueError, match=r"^unknown peer\(s\) \['triton_fast'\]"):
+        peer_names("triton_fast")
+
+
 # ---------------------------------------------------------------------------------------------
 # GPU: the Gluon kernels on a Hopper GPU
 
@@ -289,3 +310,14 @@ def test_gpu_engine_with_the_wide_tiles_and_a_fused_gate_up_weight(T, seed, pois
     fused = apart | dict(gate_weight=gate_up[:768], up_weight=gate_up[768:])
     for name, a, b in zip(OUTPUTS, engine_call(apart), engine_call(fused), strict=True):
         assert torch.equal(a, b), name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["engine", "engine_wide"])
+@pytest.mark.parametrize("T", [1087, 8192])
+def test_gpu_engine_deterministic_and_replayed_from_a_graph(name, T, seed):
+    """Two calls bitwise equal; captured in a CUDA graph (the offsets and ones kept from the eager calls) and
+    replayed on new inputs, the outputs of an eager call."""
+    from .test_designs import check_deterministic_and_replayed
+
+    check_deterministic_and_replayed(name, "fast", seed, T)
