@@ -29,9 +29,9 @@ def p1_candidates() -> dict:
     """Named configured designs of P1 (:data:`moe_lib.swiglu_down.designs.DESIGNS`) for the tuning scripts: every
     Gluon form (``gluon_<form>``), with dWd's tiles in launch 2 (``_dwd2``) and dx split over 2 or 4 programs
     (``_dx2``, ``_dx4``); cuBLAS's design as each path takes it; the chained launch's tiles by band; the portable
-    launches' tiles by band; the grouped engine's three launches (fast path only) with tiles by the call's shape
-    (``engine``) and with the engine's 128 × 256 tiles for dx and the weight gradients (``engine_wide``). The
-    chooser's own pick is not here: the scripts call it "default"."""
+    launches' tiles by band; the grouped engine's three launches (fast path only): dx and the weight gradients side
+    by side (``engine``), one after the other with tiles by the call's shape (``engine_in_turn``) and with the
+    engine's 128 × 256 tiles (``engine_wide``). The chooser's own pick is not here: the scripts call it "default"."""
     candidates = {}
     for name, form in FORMS.items():
         candidates[f"gluon_{name}"] = form
@@ -50,7 +50,8 @@ def p1_candidates() -> dict:
         candidates[label] = tiles_for(tokens, with_lo=False)
     candidates["triton_faithful"] = FAITHFUL_TILES
     candidates["engine"] = EngineDesign()
-    candidates["engine_wide"] = EngineDesign(grad_x_tiles=WIDE, weight_grad_tiles=WIDE)
+    candidates["engine_in_turn"] = EngineDesign(beside=False)
+    candidates["engine_wide"] = EngineDesign(beside=False, grad_x_tiles=WIDE, weight_grad_tiles=WIDE)
     return candidates
 
 

@@ -12,6 +12,7 @@ serialisation of the wgmma (each waiting for the one before) where it happens.
 """
 
 import argparse
+import dataclasses
 
 import torch
 
@@ -29,9 +30,9 @@ POINTERS = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32"
 
 def engine_launches(design: EngineDesign, T: int, H: int, I: int) -> dict:
     """The engine design's Gluon launches for a bf16 call of this shape on the H200, as its ``calls`` makes them on
-    meta tensors: {(kernel name, config, compile-time values): (label, kernel, run-time arguments, compile-time
-    values, config)}, the run-time arguments as the engine's launcher makes them (descriptors; pointers and scalars
-    as types)."""
+    meta tensors: {(kernel name, config but its grid, compile-time values): (label, kernel, run-time arguments,
+    compile-time values, config)}, the run-time arguments as the engine's launcher makes them (descriptors; pointers
+    and scalars as types). A config's ``programs`` is the grid alone, no part of the compiled kernel."""
     from moe_lib.bench.p1_compile import meta_inputs
     from moe_lib.engine import grouped_gemm, grouped_wgrad
     from moe_lib.swiglu_down.backward import allocate_outputs
@@ -70,7 +71,7 @@ def engine_launches(design: EngineDesign, T: int, H: int, I: int) -> dict:
             elif isinstance(value, int):
                 run_time[name] = "i32"
         label += f" {config.block_m}x{config.block_n}x{config.block_k} s{config.stages}"
-        key = (kernel.__name__, config, tuple(sorted(constexprs.items())))
+        key = (kernel.__name__, dataclasses.replace(config, programs=0), tuple(sorted(constexprs.items())))
         found[key] = (label, kernel, run_time, constexprs, config)
     return found
 

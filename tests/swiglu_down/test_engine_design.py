@@ -9,8 +9,8 @@ on the harness's independent saved tensors it follows the forward of the gate it
 the faithful path refused; the chooser's hook (``choose.ENGINE_FROM``), empty: never chosen; the tiles picked by
 the rounds over the SMs; the launches a call makes; the offsets and ones kept on the device; ``p1_tune --peers``.
 GPU (``gpu`` marker): the benchmark's shape (H 2048, I 768) at 1, 100, 2767 and 8192 tokens and a larger expert's
-(H 4096, I 1536), from poisoned memory, against float64; both tile choices; deterministic and replayed from a CUDA
-graph.
+(H 4096, I 1536), from poisoned memory, against float64; side by side and in turn, the engine's wide tiles; from a
+caller's stream of its own; deterministic and replayed from a CUDA graph.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from moe_lib.swiglu_down import choose, runtime
 from moe_lib.swiglu_down.backward import allocate_outputs, swiglu_down_backward_triton
 from moe_lib.swiglu_down.choose import choose_design
 from moe_lib.swiglu_down.designs import EngineDesign, Inputs
-from moe_lib.swiglu_down.designs.engine import SQUARE, WIDE, fewer_rounds_for_call, one_expert
+from moe_lib.swiglu_down.designs.engine import SQUARE, WIDE, one_expert, tiles_beside, tiles_in_turn
 from moe_lib.swiglu_down.runtime import INTERPRETER_DEVICE, Device
 
 from .helpers import DEVICE, OUTPUTS, check_against_float64
@@ -83,14 +83,15 @@ SMALL = [(1, 64, 64), (37, 64, 128), (64, 128, 64), (130, 128, 128)]
 
 
 @needs_engine
+@pytest.mark.parametrize("beside", [True, False], ids=["beside", "in_turn"])
 @pytest.mark.parametrize("fused", [False, True], ids=["apart", "fused"])
 @pytest.mark.parametrize("T, H, I", SMALL)
-def test_small_shapes_match_float64(T, H, I, fused, seed, poisoned):
+def test_small_shapes_match_float64(T, H, I, fused, beside, seed, poisoned):
     """Through the call with the design as ``config``: every output written (NaN-filled allocations), within the fast
     path's rule of float64 (at most twice the careful bf16 PyTorch's error), the weight gradients the row halves of
-    one buffer."""
+    one buffer. (On the CPU both forms launch in turn: a second stream is CUDA's.)"""
     inputs = engine_inputs(T, H, I, seed, fused=fused)
-    got = engine_call(inputs)
+    got = engine_call(inputs, EngineDesign(beside=beside))
     check_against_float64(inputs, got, "fast")
     assert got[2].data_ptr() == got[1].data_ptr() + got[1].numel() * got[1].element_size()
 
@@ -199,29 +200,61 @@ def test_chooser_takes_the_engine_only_from_a_measured_token_count(monkeypatch):
     assert engine == {(T, 2048, 768, BF16, "fast", H200) for T in TOKENS if T >= 1000}
 
 
-def test_tiles_by_the_rounds_over_the_sms():
+def test_tiles_one_after_the_other_by_their_rounds_over_the_sms():
     """At the benchmark's shape on 132 SMs: dx in 128 × 256 tiles where their rounds are as few (8192 tokens: 4 of
     512 tiles; 1087: one of 72), in 128 × 128 where they are fewer (2767: 176 tiles of 128 × 256 take 2 rounds, 352 of
     128 × 128 take 3 of half the work); the weight gradients always in 128 × 128 (144 tiles of 128 × 256 take two
     rounds, 288 of 128 × 128 three of half the work). A config's tiles are its own."""
     assert WIDE.tiles(2 * 768, 2048) + WIDE.tiles(2048, 768) == 144
     assert SQUARE.tiles(2 * 768, 2048) + SQUARE.tiles(2048, 768) == 288
-    assert fewer_rounds_for_call(8192, 2048, 768, 132) == (WIDE, SQUARE)
-    assert fewer_rounds_for_call(2767, 2048, 768, 132) == (SQUARE, SQUARE)
-    assert fewer_rounds_for_call(1087, 2048, 768, 132) == (WIDE, SQUARE)
-    assert EngineDesign().tiles(2767, 2048, 768, 132) == (SQUARE, SQUARE)
-    assert EngineDesign(grad_x_tiles=WIDE, weight_grad_tiles=WIDE).tiles(2767, 2048, 768, 132) == (WIDE, WIDE)
+    assert tiles_in_turn(8192, 2048, 768, 132) == (WIDE, SQUARE)
+    assert tiles_in_turn(2767, 2048, 768, 132) == (SQUARE, SQUARE)
+    assert tiles_in_turn(1087, 2048, 768, 132) == (WIDE, SQUARE)
+    assert EngineDesign(beside=False).tiles(2767, 2048, 768, 132) == (SQUARE, SQUARE)
+    wide = EngineDesign(beside=False, grad_x_tiles=WIDE, weight_grad_tiles=WIDE)
+    assert wide.tiles(2767, 2048, 768, 132) == (WIDE, WIDE)
 
 
-def test_a_call_makes_three_launches_on_one_dgate_dup_buffer(seed):
+def tiles_and_programs(config):
+    return config.block_m, config.block_n, config.programs
+
+
+def test_tiles_side_by_side_split_the_sms():
+    """At the benchmark's shape from 512 tokens the weight gradients' 144 tiles of 128 × 256 on 72 SMs (two whole
+    rounds, each tile K = T long) and dx on the others, as few programs as take its rounds: 8192 tokens, 512 tiles
+    of 128 × 256 in 9 rounds of 57 programs; 2767, 176 in 3 rounds of 59; 1087, 144 of 128 × 128 in 3 rounds of
+    48. Together never more programs than SMs; tiles named by the config kept, only their programs chosen."""
+    wide_72 = (128, 256, 72)
+    assert [tiles_and_programs(c) for c in tiles_beside(8192, 2048, 768, 132)] == [(128, 256, 57), wide_72]
+    assert [tiles_and_programs(c) for c in tiles_beside(2767, 2048, 768, 132)] == [(128, 256, 59), wide_72]
+    assert [tiles_and_programs(c) for c in tiles_beside(1087, 2048, 768, 132)] == [(128, 128, 48), wide_72]
+    for T in (1, 64, 512, 1087, 2767, 8192, 16384):
+        for H, I in ((2048, 768), (4096, 1536), (7168, 2048)):
+            grad_x, weight_grads = EngineDesign().tiles(T, H, I, 132)
+            assert 1 <= grad_x.programs and 1 <= weight_grads.programs
+            assert grad_x.programs + weight_grads.programs <= 132, (T, H, I)
+    square_dx = EngineDesign(grad_x_tiles=SQUARE, weight_grad_tiles=SQUARE).tiles(8192, 2048, 768, 132)
+    assert [(c.block_m, c.block_n) for c in square_dx] == [(128, 128), (128, 128)]
+    assert EngineDesign().tiles(8192, 2048, 768, 1) == tiles_in_turn(8192, 2048, 768, 1)  # one SM: in turn
+
+
+@pytest.mark.parametrize("beside", [True, False])
+def test_a_call_makes_three_launches_on_one_dgate_dup_buffer(beside, seed):
     """dswiglu writes [dG | dU] as the column halves of one [T, 2I] buffer, which dx reads as A over K = 2I and the
     weight-gradient launch as its first product's A; that launch writes [dWg; dWu] and dWd in place (views of the
-    outputs); dA's B is Wd as it lies; the scale is ones. No launch is made here."""
+    outputs), side by side with dx on the second stream (launched first) or after it; dA's B is Wd as it lies; the
+    scale is ones. No launch is made here."""
     T, H, I = 37, 64, 128
     inputs = Inputs(*engine_inputs(T, H, I, seed).values())
     out = allocate_outputs(inputs.x, I)
-    d_a, grad_x, weight_grads = EngineDesign().calls(inputs, out, sms=132)
-    assert [d_a.kind, grad_x.kind, weight_grads.kind] == ["gemm", "gemm", "weight_grad"]
+    calls = EngineDesign(beside=beside).calls(inputs, out, sms=132)
+    assert [(call.kind, call.side) for call in calls] == (
+        [("gemm", False), ("weight_grad", True), ("gemm", False)]
+        if beside
+        else [("gemm", False), ("gemm", False), ("weight_grad", False)]
+    )
+    d_a = calls[0]
+    grad_x, weight_grads = (calls[2], calls[1]) if beside else (calls[1], calls[2])
     d_gate_up = grad_x.arguments["a"]
     assert d_gate_up.shape == (T, 2 * I)
     assert d_a.arguments["dgate_out"].data_ptr() == d_gate_up.data_ptr()
@@ -238,6 +271,8 @@ def test_a_call_makes_three_launches_on_one_dgate_dup_buffer(seed):
     offsets = d_a.arguments["offsets"]
     assert offsets.dtype == torch.int32 and offsets.tolist() == [0, T]
     assert grad_x.arguments["offsets"] is offsets is weight_grads.arguments["offsets"]
+    programs = grad_x.arguments["config"].programs + weight_grads.arguments["config"].programs
+    assert (0 < programs <= 132) if beside else programs == 0
 
 
 def test_offsets_and_ones_are_made_once_and_kept():
@@ -285,10 +320,11 @@ def check_on_the_gpu(T: int, H: int, I: int, seed: int, design: EngineDesign | N
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("beside", [True, False], ids=["beside", "in_turn"])
 @pytest.mark.parametrize("T", [1, 100, 2767, 8192])
-def test_gpu_engine_at_the_benchmarks_shape(T, seed, poisoned):
+def test_gpu_engine_at_the_benchmarks_shape(T, beside, seed, poisoned):
     assert EngineDesign().supports(T, 2048, 768, BF16, runtime.device_of(torch.empty(1, device="cuda"))) is None
-    check_on_the_gpu(T, 2048, 768, seed)
+    check_on_the_gpu(T, 2048, 768, seed, EngineDesign(beside=beside))
 
 
 @pytest.mark.gpu
@@ -302,9 +338,9 @@ def test_gpu_engine_at_a_larger_experts_shape(T, seed, poisoned):
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [100, 2767])
 def test_gpu_engine_with_the_wide_tiles_and_a_fused_gate_up_weight(T, seed, poisoned):
-    """The engine's 128 × 256 tiles for dx and the weight gradients (``engine_wide``); Wg and Wu as the halves of
-    one buffer give the same bits as apart."""
-    check_on_the_gpu(T, 2048, 768, seed, EngineDesign(grad_x_tiles=WIDE, weight_grad_tiles=WIDE))
+    """The engine's 128 × 256 tiles for dx and the weight gradients one after the other (``engine_wide``); Wg and Wu
+    as the halves of one buffer give the same bits as apart."""
+    check_on_the_gpu(T, 2048, 768, seed, EngineDesign(beside=False, grad_x_tiles=WIDE, weight_grad_tiles=WIDE))
     apart = engine_inputs(T, 2048, 768, seed)
     gate_up = torch.cat([apart["gate_weight"], apart["up_weight"]])
     fused = apart | dict(gate_weight=gate_up[:768], up_weight=gate_up[768:])
@@ -313,11 +349,32 @@ def test_gpu_engine_with_the_wide_tiles_and_a_fused_gate_up_weight(T, seed, pois
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["engine", "engine_wide"])
+def test_gpu_engine_side_by_side_from_a_callers_stream_of_its_own(seed):
+    """Called on a stream other than the default one, while that stream still runs a long matmul: the second stream
+    forks from the caller's (after the matmul and dA) and the caller's waits for it; the same bits as a call on the
+    default stream."""
+    inputs = engine_inputs(2767, 2048, 768, seed)
+    want = engine_call(inputs)
+    big = torch.randn(8192, 8192, device="cuda", dtype=BF16)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        busy = big @ big
+        got = engine_call(inputs)
+        done = [g.clone() for g in got]  # on the caller's stream: after the join
+    torch.cuda.synchronize()
+    assert torch.isfinite(busy).all()
+    for name, a, b in zip(OUTPUTS, done, want, strict=True):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["engine", "engine_in_turn", "engine_wide"])
 @pytest.mark.parametrize("T", [1087, 8192])
 def test_gpu_engine_deterministic_and_replayed_from_a_graph(name, T, seed):
-    """Two calls bitwise equal; captured in a CUDA graph (the offsets and ones kept from the eager calls) and
-    replayed on new inputs, the outputs of an eager call."""
+    """Two calls bitwise equal; captured in a CUDA graph (the offsets and ones kept from the eager calls; side by
+    side, the second stream forked and joined in the capture) and replayed on new inputs, the outputs of an eager
+    call."""
     from .test_designs import check_deterministic_and_replayed
 
     check_deterministic_and_replayed(name, "fast", seed, T)
