@@ -223,16 +223,18 @@ def test_tiles_side_by_side_split_the_sms():
     """At the benchmark's shape from 512 tokens the weight gradients' 144 tiles of 128 × 256 on 72 SMs (two whole
     rounds, each tile K = T long) and dx on the others, as few programs as take its rounds: 8192 tokens, 512 tiles
     of 128 × 256 in 9 rounds of 57 programs; 2767, 176 in 3 rounds of 59; 1087, 144 of 128 × 128 in 3 rounds of
-    48. Together never more programs than SMs; tiles named by the config kept, only their programs chosen."""
+    48. Together never more programs than SMs, at model shapes and SM counts; tiles named by the config kept, only
+    their programs chosen."""
     wide_72 = (128, 256, 72)
     assert [tiles_and_programs(c) for c in tiles_beside(8192, 2048, 768, 132)] == [(128, 256, 57), wide_72]
     assert [tiles_and_programs(c) for c in tiles_beside(2767, 2048, 768, 132)] == [(128, 256, 59), wide_72]
     assert [tiles_and_programs(c) for c in tiles_beside(1087, 2048, 768, 132)] == [(128, 128, 48), wide_72]
     for T in (1, 64, 512, 1087, 2767, 8192, 16384):
         for H, I in ((2048, 768), (4096, 1536), (7168, 2048)):
-            grad_x, weight_grads = EngineDesign().tiles(T, H, I, 132)
-            assert 1 <= grad_x.programs and 1 <= weight_grads.programs
-            assert grad_x.programs + weight_grads.programs <= 132, (T, H, I)
+            for sms in (2, 72, 132, 144):  # 72 and 144: the 144 wide weight-gradient tiles in whole rounds of all SMs
+                grad_x, weight_grads = EngineDesign().tiles(T, H, I, sms)
+                assert 1 <= grad_x.programs and 1 <= weight_grads.programs
+                assert grad_x.programs + weight_grads.programs <= sms, (T, H, I, sms)
     square_dx = EngineDesign(grad_x_tiles=SQUARE, weight_grad_tiles=SQUARE).tiles(8192, 2048, 768, 132)
     assert [(c.block_m, c.block_n) for c in square_dx] == [(128, 128), (128, 128)]
     assert EngineDesign().tiles(8192, 2048, 768, 1) == tiles_in_turn(8192, 2048, 768, 1)  # one SM: in turn
