@@ -40,7 +40,8 @@ by side (``beside``, the default), :func:`tiles_beside` splits the SMs between t
 ends first: at this shape from 512 tokens the 144 weight-gradient tiles of 128 × 256 on 72 SMs (two whole rounds)
 and dx on at most the other 60 (57 programs in 9 rounds at 8192 tokens); the two launches' programs are resident
 together, one an SM (each takes most of an SM's shared memory).
-A split of K = T into E = S row slices (fp32 partials summed afterwards) was weighed instead and not built.
+A split of K = T into E = S row slices (fp32 partials summed afterwards) was weighed instead and not built
+(notes/p1/design-28.md: the prediction by token count).
 
 Under the interpreter the engine's plain-Triton twins run (their small tiles); on a Hopper GPU its Gluon kernels.
 No host synchronisation: the offsets and the ones are made on the device and kept (the offsets per token count, the
