@@ -1,4 +1,4 @@
-"""P1's fast path on the grouped GEMM engine (:mod:`moe_lib.engine`) as one expert: three launches.
+"""P1's fast path on the grouped GEMM engine (``moe_lib/engine/``) as one expert: three launches.
 
 Dataflow (T tokens, H hidden, I intermediate; the engine's E = 1 expert, offsets [0, T]), bf16:
 
