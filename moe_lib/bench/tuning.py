@@ -18,6 +18,7 @@ import dataclasses
 
 from .. import problems
 from ..swiglu_down.designs.chained import GRAD_DOWN_LAST_MIN_TOKENS, ChainedConfig
+from ..swiglu_down.designs.engine import WIDE, EngineDesign
 from ..swiglu_down.designs.gluon import FORMS, grad_down_in_second_launch, with_second
 from ..swiglu_down.designs.library_gemms import LibraryGemmsConfig
 from ..swiglu_down.designs.triton_launches import FAITHFUL_TILES, tiles_for
@@ -28,7 +29,9 @@ def p1_candidates() -> dict:
     """Named configured designs of P1 (:data:`moe_lib.swiglu_down.designs.DESIGNS`) for the tuning scripts: every
     Gluon form (``gluon_<form>``), with dWd's tiles in launch 2 (``_dwd2``) and dx split over 2 or 4 programs
     (``_dx2``, ``_dx4``); cuBLAS's design as each path takes it; the chained launch's tiles by band; the portable
-    launches' tiles by band. The chooser's own pick is not here: the scripts call it "default"."""
+    launches' tiles by band; the grouped engine's three launches (fast path only): dx and the weight gradients side
+    by side (``engine``), one after the other with tiles by the call's shape (``engine_in_turn``) and with the
+    engine's 128 × 256 tiles (``engine_wide``). The chooser's own pick is not here: the scripts call it "default"."""
     candidates = {}
     for name, form in FORMS.items():
         candidates[f"gluon_{name}"] = form
@@ -46,6 +49,9 @@ def p1_candidates() -> dict:
     for tokens, label in ((16, "triton_tiny"), (256, "triton_mid"), (1024, "triton_wide")):
         candidates[label] = tiles_for(tokens, with_lo=False)
     candidates["triton_faithful"] = FAITHFUL_TILES
+    candidates["engine"] = EngineDesign()
+    candidates["engine_in_turn"] = EngineDesign(beside=False)
+    candidates["engine_wide"] = EngineDesign(beside=False, grad_x_tiles=WIDE, weight_grad_tiles=WIDE)
     return candidates
 
 

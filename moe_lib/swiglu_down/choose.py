@@ -3,6 +3,8 @@
     few tokens (T ≤ 64; the faithful path to 128 where the Gluon launches cannot run) of a modest expert (T·H·I)
         → few_tokens: the work is streaming the weights once, and one launch has no gap between launches;
           a larger expert's few tokens on the fast path → the Gluon launches' narrow form where it applies
+    the fast path, bf16, from a token count measured for the shape class (:data:`ENGINE_FROM`, empty: no class yet)
+        → engine (three launches of the grouped GEMM engine; σ and silu recomputed from the saved gate)
     a shape class with a measured table (the H200 at the benchmark's H 2048, I 768)
         → the table's form for T: Gluon launches, or cuBLAS's GEMMs
     the fast path, 16-bit                                  → library_gemms (cuBLAS's products at any shape)
@@ -25,6 +27,7 @@ import torch
 from ..tiling import cdiv
 from ..tma import rows_fit
 from .designs.chained import ChainedConfig
+from .designs.engine import EngineDesign
 from .designs.few_tokens import FewTokensConfig
 from .designs.gluon import FORMS, GluonLaunches, grad_down_in_second_launch, with_second
 from .designs.library_gemms import LibraryGemmsConfig
@@ -37,6 +40,12 @@ CHAINED_MAX_TOKENS = 1249  # the chained launch passes two launches in NVIDIA's 
 # the few-token launch's products run on one program an SM: past this many T·H·I the two-launch designs spread the
 # same work over more programs and pass it (design 26: a tie at 64 × 2048 × 1408, slower at 64 × 4096 × 1536)
 FEW_TOKENS_MAX_WORK = 2**28
+
+# (H, I, SMs) -> the token count from which the fast path takes the engine design, where a GPU A/B has measured it
+# ahead (design 28 times it; none yet). An entry makes every fast call of its class compute σ and silu from the
+# saved gate, the saved gate_sigmoid and gate_silu unread: the same only where they are the forward's
+# (designs/engine.py)
+ENGINE_FROM: dict[tuple[int, int, int], int] = {}
 
 # Measured on the H200 at H 2048, I 768 (designs 14-22): from this many tokens, a form of designs.gluon.FORMS with
 # dWd's tiles in launch 2 or not, and dx's reduction split over so many programs; or cuBLAS's GEMMs
@@ -103,6 +112,10 @@ def choose_design(
             return few
         if gluon and not with_lo and gluon.first == FORMS["narrow"].first:  # a large expert's few tokens (design 26)
             return gluon
+    if not with_lo and T >= ENGINE_FROM.get((H, I, device.sms), float("inf")):
+        engine = runs(EngineDesign())
+        if engine:
+            return engine
     measured = MEASURED.get((H, I, device.sms), {}).get(precision)
     if measured and gluon and T >= measured[0][0]:
         return runs(measured_form(measured, T, H, I, device.sms)) or gluon

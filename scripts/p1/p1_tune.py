@@ -2,10 +2,13 @@
 
 Run on a CUDA machine from the repository root:
     PYTHONPATH=. python3 scripts/p1/p1_tune.py --configs NAME,NAME [--tokens T,T] [--precision fast] [--out DIR]
+        [--peers torch_compile]
 The candidates are named in ``moe_lib.bench.tuning.P1_CANDIDATES`` (configured designs of the registry,
 ``moe_lib.swiglu_down.designs``); the chooser's own pick ("default") is always timed beside them, and alone without
---configs (``--configs all`` times every candidate: dozens, minutes of GPU time per token count). Each is checked
-against the float64 reference before it is timed (CUDA-graph replay, L2 flushed before every replay, median of 30).
+--configs (``--configs all`` times every candidate: dozens, minutes of GPU time per token count). ``--peers`` times
+P1's peers of the benchmark (``moe_lib.bench.peers``: torch_compile, compiled afresh for each token count, and
+torch_eager) beside them. Each is checked against the float64 reference before it is timed (CUDA-graph replay, L2
+flushed before every replay, median of 30); the peers stay out of the best per case.
 With --parts: each launch of the portable two-launch candidates (``triton_*``) alone, beside cuBLAS GEMMs of the same
 shapes.
 """
@@ -13,6 +16,7 @@ shapes.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -51,6 +55,17 @@ def candidate_names(configs: str | None) -> list[str]:
     """The candidates --configs names ("all": every one of P1_CANDIDATES; none: none, only the default), each once;
     "default" is timed anyway. ValueError naming unknown ones."""
     return [name for name in p1_candidate_names(configs) if name != DEFAULT]
+
+
+def peer_names(text: str | None) -> list[str]:
+    """The peers --peers names (P1's peers of the benchmark but its reference), each once; ValueError naming unknown
+    ones."""
+    known = [name for name in peers.peers_for(PROBLEM) if name not in ("reference", "triton", "triton_fast")]
+    names = list(dict.fromkeys(name.strip() for name in (text or "").split(",") if name.strip()))
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise ValueError(f"unknown peer(s) {unknown}; P1's peers: {known}")
+    return names
 
 
 def time_parts(args, flush):
@@ -120,6 +135,11 @@ def main():
         help="comma list of candidate names (moe_lib.bench.tuning.P1_CANDIDATES), or 'all'; the "
         "chooser's own pick ('default') is always timed",
     )
+    parser.add_argument(
+        "--peers",
+        default=None,
+        help="comma list of P1's peers (moe_lib.bench.peers: torch_compile, torch_eager) timed beside the candidates",
+    )
     parser.add_argument("--parts", action="store_true", help="time each launch alone, beside cuBLAS")
     parser.add_argument(
         "--precision", default="faithful", choices=PRECISIONS, help="the path to tune (--parts takes its own: faithful)"
@@ -131,6 +151,10 @@ def main():
         candidate_names(args.configs)
     except ValueError as exc:
         sys.exit(f"--configs: {exc}")
+    try:
+        peers_timed = peer_names(args.peers)
+    except ValueError as exc:
+        sys.exit(f"--peers: {exc}")
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU: it times every candidate there")
     if args.out:
@@ -142,32 +166,35 @@ def main():
     suite = [int(t) for t in args.tokens.split(",")] if args.tokens else problem.suite
     names = candidate_names(args.configs)
     print(torch.cuda.get_device_name(), torch.__version__, file=sys.stderr)
-    progress = tqdm(total=len(suite) * (len(names) + 1), desc="checked and timed", unit="call", file=sys.stderr)
+    progress = tqdm(
+        total=len(suite) * (len(names) + 1 + len(peers_timed)), desc="checked and timed", unit="call", file=sys.stderr
+    )
 
     rows = []
     scratch = torch.zeros(1, device="cuda")
     floor = timing.graph_median_ms(lambda: scratch.add_(1), flush) * 1e3
     print(f"timing floor (graph of one tiny kernel): {floor:.2f} us")
-    careful = peers.peers_for(PROBLEM)["torch_eager"]  # the careful bf16 PyTorch: the error yardstick
+    all_peers = peers.peers_for(PROBLEM)
+    careful = all_peers["torch_eager"]  # the careful bf16 PyTorch: the error yardstick
     for T in sorted(suite):
         inputs = problem.make_inputs(T, seed=T, device="cuda")
         want, _ = reference_outputs(problem, inputs, small=False)
         yardstick = rel_errors(careful.prepare(inputs)(), want)
-        for name in names + ["default"]:
-            config = None if name == "default" else P1_CANDIDATES[name]  # None: the chooser picks, as the call does
+        for name in names + ["default"] + peers_timed:
             t0 = time.time()
             try:
+                if name in peers_timed:
+                    call = all_peers[name].prepare(inputs)  # torch_compile: compiled afresh for this token count
+                else:
+                    config = None if name == "default" else P1_CANDIDATES[name]  # None: the chooser's, as the call's
+                    call = functools.partial(
+                        swiglu_down_backward_triton, *inputs.values(), config=config, precision=args.precision
+                    )
                 torch.cuda.empty_cache()
                 timing.poison_allocator("cuda", 256 * 2**20)
-                errors = rel_errors(
-                    swiglu_down_backward_triton(*inputs.values(), config=config, precision=args.precision), want
-                )
+                errors = rel_errors(call(), want)
                 ok = all(e <= 2 * y + 1e-4 for e, y in zip(errors, yardstick, strict=True))
-                call_args = list(inputs.values())
-                ms = timing.time_graph(
-                    lambda c=config, a=call_args: swiglu_down_backward_triton(*a, config=c, precision=args.precision),
-                    flush,
-                )
+                ms = timing.time_graph(call, flush)
             except Exception as exc:  # a config that fails to compile or run is reported, not fatal
                 rows.append(dict(T=T, config=name, error=repr(exc)[:200]))
                 progress.write(f"{T} {name} ERROR {repr(exc)[:300]}", file=sys.stderr)
@@ -197,11 +224,16 @@ def main():
     pd.set_option("display.width", 250)
     pd.set_option("display.max_columns", 30)
     print(table.to_string())
-    good = df[df.ok]
+    good = df[df.ok & ~df.config.isin(peers_timed)]
     best = good.loc[good.groupby("T").median_us.idxmin()][["T", "config", "median_us", "max_err", "yardstick"]]
     print(best.to_string(index=False))
     geo, geo_default = geomean(best.median_us), geomean(df[df.config == "default"].median_us)
     print(f"geomean best-per-case {geo:.1f} us; default configs {geo_default:.1f} us; all ok: {bool(df.ok.all())}")
+    if peers_timed:  # each column over the token counts every column has
+        print(
+            "geomean over the token counts all ran: "
+            + ", ".join(f"{k} {geomean(v):.1f} us" for k, v in table.dropna().items())
+        )
 
 
 if __name__ == "__main__":

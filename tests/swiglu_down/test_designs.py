@@ -59,6 +59,7 @@ ELSEWHERE = {
     "few_tokens": "tests/swiglu_down/test_few_tokens.py (its own interpreter tests, through the registry too)",
     "library_gemms": "cuBLAS needs a CUDA GPU: its host code on the CPU below, the design on the GPU",
     "gluon_launches": "a Hopper GPU only: the test_gpu_* tests",
+    "engine": "tests/swiglu_down/test_engine_design.py (the fast path only; the engine's Triton twins on the CPU)",
 }
 # (T, H, I, dtype): no tokens, one token, odd sizes (no multiples of 16: ragged edges on every side)
 SMALL_SHAPES = [
