@@ -12,6 +12,8 @@
     dswiglu     dAp = P = dy·Wd_e, with the saved g, u (``gate``, ``up``) and w:
                 a = silu(g)·u, dA = w·dAp, dgate_out = dA·u·σ(g)(1 + g(1 − σ(g))), dup_out = dA·silu(g),
                 scaled_act_out = w·a, topk_partial[j, r] = Σ_{n in column tile j} dAp[r, n]·a[r, n]
+                with the saved s, silu (``gate_sigmoid``, ``gate_silu``, both or neither): those in place of σ(g)
+                and silu(g) everywhere (a = silu·u, dgate_out = dA·u·s(1 + g(1 − s)), dup_out = dA·silu)
     B as a pair along K: A = [A₀ | A₁] (K = 2·K_h), B = (B₀, B₁) each [E, K_h, N]: P = A₀·B₀_e + A₁·B₁_e
 
 Tiles: expert e has ⌈n_e / BLOCK_M⌉ · ⌈N / BLOCK_N⌉ output tiles (none for an expert without rows), its row tiles
@@ -45,7 +47,12 @@ thread, row chunk by row chunk, so that it never writes the next expert's rows. 
 that last read it is done (as many buffers as fit beside the ring: :func:`output_buffers`). dswiglu's saved g and u
 tiles come in by TMA into the consumer's first two output buffers while its K loop runs; its epilogue takes the
 tile's columns in two halves (fewer values live at once), writing dg and du over the g and u they come from (each
-thread its own elements), and w·a through the third buffer (or the first, once dg's store has left it). An fp32 C
+thread its own elements), and w·a through the third buffer (or the first, once dg's store has left it). With the
+saved σ and silu (``SAVED``, a compile-time switch: without them the kernel is the one above), those two tiles come
+in by TMA too, into the third and fourth output buffers, beside g and u: whole 16-byte rows under the K loop, where
+loads in the accumulator's layout (two adjacent columns a thread) would wait for its end and move 4-byte pieces.
+Four tiles take four output buffers a consumer, so the ring has fewer stages (:data:`DSWIGLU_SAVED_CONFIG`: 3 at
+128 × 128); w·a is written over the silu it comes from and leaves from the fourth buffer. An fp32 C
 and dswiglu's topk_partial (one value a row) leave from registers by masked stores (an fp32 row's quad of threads
 writes a whole 32-byte sector).
 Every output element for rows offsets[0] ≤ r < offsets[E] is written once: deterministic, no atomics.
@@ -54,6 +61,8 @@ The same schedule and epilogues in plain Triton, for the interpreter and for rea
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 from triton.experimental import gluon
@@ -82,16 +91,17 @@ DEFAULT_CONFIG = GemmConfig()  # cooperative, 128 × 256 × 64 tiles, 3 stages: 
 # dswiglu's saved g and u and its three outputs take three 128 × 128 tiles of shared memory (two would do: see
 # output_buffers), and its epilogue's registers a 128 × 128 accumulator at most
 DSWIGLU_CONFIG = GemmConfig(128, 128, 64, 4)
+SAVED_ACTIVATIONS = ("gate_sigmoid", "gate_silu")  # dswiglu's optional saved σ(g) and silu(g), both or neither
 # the tensors each epilogue takes besides a, b and offsets, and those it cannot do without
 TAKES = {
     "none": ("out",),
     "row_scale": ("out", "scale"),
     "swiglu": ("out", "gate_out", "up_out"),
-    "dswiglu": ("gate", "up", "scale", "dgate_out", "dup_out", "scaled_act_out", "topk_partial"),
+    "dswiglu": ("gate", "up", "scale", "dgate_out", "dup_out", "scaled_act_out", "topk_partial", *SAVED_ACTIVATIONS),
 }
 NEEDS = {"none": (), "row_scale": ("scale",), "swiglu": (), "dswiglu": ("gate", "up", "scale")}
 TENSORS = ("out", "scale", "gate", "up", "gate_out", "up_out", "dgate_out", "dup_out", "scaled_act_out",
-           "topk_partial")
+           "topk_partial", *SAVED_ACTIVATIONS)
 BARRIER_BYTES = 1024  # the mbarriers' share of shared memory, with room for their alignment
 
 
@@ -136,9 +146,12 @@ def schedule(offsets: list[int], n: int, config: GemmConfig, programs: int,
     return [order[p::programs] for p in range(programs)]
 
 
-def default_config(epilogue: str) -> GemmConfig:
-    """The config :func:`grouped_gemm` takes where none is given: DSWIGLU_CONFIG for dswiglu, else DEFAULT_CONFIG."""
-    return DSWIGLU_CONFIG if epilogue == "dswiglu" else DEFAULT_CONFIG
+def default_config(epilogue: str, saved: bool = False) -> GemmConfig:
+    """The config :func:`grouped_gemm` takes where none is given: DSWIGLU_CONFIG for dswiglu (DSWIGLU_SAVED_CONFIG
+    where it reads the ``saved`` σ and silu), else DEFAULT_CONFIG."""
+    if epilogue == "dswiglu":
+        return DSWIGLU_SAVED_CONFIG if saved else DSWIGLU_CONFIG
+    return DEFAULT_CONFIG
 
 
 def partial_rows(n: int, config: GemmConfig) -> int:
@@ -156,12 +169,35 @@ def shared_bytes(config: GemmConfig, epilogue: str, buffers: int) -> int:
     return ring + config.output_tiles * buffers * tile + BARRIER_BYTES
 
 
-def output_buffers(config: GemmConfig, epilogue: str, tiles: int) -> int:
+def least_buffers(epilogue: str, tiles: int, saved: bool = False) -> int:
+    """Output buffers a consumer cannot do without: dswiglu's saved tiles land there first (g and u; with the
+    ``saved`` σ and silu four), any other epilogue's outputs take turns in one (none for an fp32 C)."""
+    if epilogue == "dswiglu":
+        return 4 if saved else 2
+    return min(tiles, 1)
+
+
+def output_buffers(config: GemmConfig, epilogue: str, tiles: int, saved: bool = False) -> int:
     """Output buffers a consumer has in shared memory for ``tiles`` bf16 outputs a tile: one each (dswiglu at least
-    two: its saved g and u land there first), or as many as fit beside the ring, taken in turn; 0 for none (an fp32
-    C leaves from registers). Fewer than the epilogue needs: the config does not fit (:func:`check_arguments`)."""
-    wanted = max(tiles, 2) if epilogue == "dswiglu" else tiles
+    two: its saved g and u land there first; four with the ``saved`` σ and silu), or as many as fit beside the ring,
+    taken in turn; 0 for none (an fp32 C leaves from registers). Fewer than :func:`least_buffers`: the config does
+    not fit (:func:`check_arguments`)."""
+    wanted = max(tiles, least_buffers(epilogue, tiles, saved))
     return max(b for b in range(wanted + 1) if b == 0 or shared_bytes(config, epilogue, b) <= SHARED_MEMORY_LIMIT)
+
+
+def stages_that_fit(config: GemmConfig, epilogue: str, buffers: int) -> GemmConfig:
+    """``config`` with the most stages (at most its own) whose ring fits beside ``buffers`` output tiles a consumer;
+    unchanged where none does (the checks then refuse it)."""
+    for stages in range(config.stages, 1, -1):
+        fitted = dataclasses.replace(config, stages=stages)
+        if shared_bytes(fitted, epilogue, buffers) <= SHARED_MEMORY_LIMIT:
+            return fitted
+    return config
+
+
+# dswiglu with the saved σ and silu: DSWIGLU_CONFIG's tiles, its ring cut to fit the four saved tiles (3 stages)
+DSWIGLU_SAVED_CONFIG = stages_that_fit(DSWIGLU_CONFIG, "dswiglu", least_buffers("dswiglu", 3, saved=True))
 
 
 # --- the kernel -------------------------------------------------------------------------------------------------
@@ -309,22 +345,59 @@ def dswiglu_half(dap, g_smem, u_smem, scale_ptr, off_m, row_end):
 
 
 @gluon.jit
+def dswiglu_half_saved(dap, g_smem, u_smem, sigmoid_smem, silu_smem, scale_ptr, off_m, row_end,
+                       WRITE_OUT: gl.constexpr):
+    """:func:`dswiglu_half` with the saved s and silu (read as bf16, in place of σ(g) and silu(g)): dg = dA·u·s(1 +
+    g(1 − s)), du = dA·silu and (WRITE_OUT) w·a, a = silu·u, written over the g, u and silu they come from (each
+    thread its own elements; each tile read just before its last use, fewer values live at once), returning
+    Σ dAp·a over the columns (a row vector)."""
+    BLOCK_M: gl.constexpr = dap.type.shape[0]
+    layout: gl.constexpr = dap.type.layout
+    rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
+    w = gl.expand_dims(gl.load(scale_ptr + rows, mask=rows < row_end, other=0.0).to(gl.float32), 1)
+    u = u_smem.load(layout).to(gl.float32)
+    silu = silu_smem.load(layout).to(gl.float32)
+    a = silu * u
+    part = gl.sum(dap * a, axis=1)
+    if WRITE_OUT:
+        silu_smem.store((a * w).to(gl.bfloat16))
+    dA = dap * w
+    u_smem.store((dA * silu).to(gl.bfloat16))
+    g = g_smem.load(layout).to(gl.float32)
+    sigmoid = sigmoid_smem.load(layout).to(gl.float32)
+    g_smem.store((dA * u * sigmoid * (1.0 + g * (1.0 - sigmoid))).to(gl.bfloat16))  # silu ≠ g·s: no shortcut
+    return part
+
+
+@gluon.jit
 def dswiglu_tile(acc, c_bufs, outputs, off_m, off_n, row_end, whole, WRITE_OUT: gl.constexpr,
-                 WRITE_PARTIAL: gl.constexpr, ME: gl.constexpr, OUT_BUFS: gl.constexpr, WARPS: gl.constexpr):
-    """dswiglu's epilogue for the tile dAp = ``acc``, its saved g and u in consumer ME's first two output buffers: two
-    halves of its columns in turn (fewer values live at once), dg and du out from those buffers, then w·a through
-    the third output buffer (or the first once dg's store has left it) and Σ dAp·a from registers."""
-    c_desc, c_ptr, g_desc, g_ptr, u_desc, u_ptr, gin_desc, uin_desc, scale_ptr, partial_ptr = outputs
+                 WRITE_PARTIAL: gl.constexpr, SAVED: gl.constexpr, ME: gl.constexpr, OUT_BUFS: gl.constexpr,
+                 WARPS: gl.constexpr):
+    """dswiglu's epilogue for the tile dAp = ``acc``, its saved g and u in consumer ME's first two output buffers
+    (with SAVED the saved σ and silu in the third and fourth): two halves of its columns in turn (fewer values live
+    at once), dg and du out from the first two buffers, then w·a through the third output buffer (or the first once
+    dg's store has left it; with SAVED from the fourth, written over silu) and Σ dAp·a from registers."""
+    c_desc, c_ptr, g_desc, g_ptr, u_desc, u_ptr, gin_desc, uin_desc, scale_ptr, partial_ptr = outputs[:10]
     BLOCK_M: gl.constexpr = acc.type.shape[0]
     BLOCK_N: gl.constexpr = acc.type.shape[1]
     HALF: gl.constexpr = BLOCK_N // 2
     g_smem = c_bufs.index(ME * OUT_BUFS)
     u_smem = c_bufs.index(ME * OUT_BUFS + 1)
     left, right = gl.split(gl.permute(gl.reshape(acc, [BLOCK_M, 2, HALF]), [0, 2, 1]))  # columns < HALF, ≥ HALF
-    part_left, aw_left = dswiglu_half(left, g_smem.slice(0, HALF, dim=1), u_smem.slice(0, HALF, dim=1), scale_ptr,
-                                      off_m, row_end)
-    part_right, aw_right = dswiglu_half(right, g_smem.slice(HALF, HALF, dim=1), u_smem.slice(HALF, HALF, dim=1),
-                                        scale_ptr, off_m, row_end)
+    if SAVED:  # w·a goes out over the saved silu (the fourth buffer), not through a buffer of its own
+        s_smem = c_bufs.index(ME * OUT_BUFS + 2)
+        silu_smem = c_bufs.index(ME * OUT_BUFS + 3)
+        part_left = dswiglu_half_saved(left, g_smem.slice(0, HALF, dim=1), u_smem.slice(0, HALF, dim=1),
+                                       s_smem.slice(0, HALF, dim=1), silu_smem.slice(0, HALF, dim=1), scale_ptr,
+                                       off_m, row_end, WRITE_OUT)
+        part_right = dswiglu_half_saved(right, g_smem.slice(HALF, HALF, dim=1), u_smem.slice(HALF, HALF, dim=1),
+                                        s_smem.slice(HALF, HALF, dim=1), silu_smem.slice(HALF, HALF, dim=1),
+                                        scale_ptr, off_m, row_end, WRITE_OUT)
+    else:
+        part_left, aw_left = dswiglu_half(left, g_smem.slice(0, HALF, dim=1), u_smem.slice(0, HALF, dim=1),
+                                          scale_ptr, off_m, row_end)
+        part_right, aw_right = dswiglu_half(right, g_smem.slice(HALF, HALF, dim=1), u_smem.slice(HALF, HALF, dim=1),
+                                            scale_ptr, off_m, row_end)
     fence_async_shared()
     if whole:  # no row of another expert (TMA clips at M_total)
         tma.async_copy_shared_to_global(g_desc, [off_m, off_n], g_smem)
@@ -337,8 +410,15 @@ def dswiglu_tile(acc, c_bufs, outputs, off_m, off_n, row_end, whole, WRITE_OUT: 
         rows = off_m + gl.arange(0, BLOCK_M, layout=part.type.layout)
         gl.store(partial_ptr + (off_n // BLOCK_N).to(gl.int64) * c_desc.shape[0] + rows, part, mask=rows < row_end)
     if WRITE_OUT:
-        aw = gl.reshape(gl.permute(gl.join(aw_left, aw_right), [0, 2, 1]), [BLOCK_M, BLOCK_N])
-        put_tile(aw, c_bufs, c_desc, c_ptr, off_m, off_n, row_end, whole, 2, ME, OUT_BUFS, WARPS)
+        if SAVED:  # w·a is in the fourth buffer already
+            aw_smem = c_bufs.index(ME * OUT_BUFS + 3)
+            if whole:
+                tma.async_copy_shared_to_global(c_desc, [off_m, off_n], aw_smem)
+            else:
+                store_rows(aw_smem, c_ptr, c_desc.strides[0], off_m, off_n, row_end, c_desc.shape[1], WARPS)
+        else:
+            aw = gl.reshape(gl.permute(gl.join(aw_left, aw_right), [0, 2, 1]), [BLOCK_M, BLOCK_N])
+            put_tile(aw, c_bufs, c_desc, c_ptr, off_m, off_n, row_end, whole, 2, ME, OUT_BUFS, WARPS)
 
 
 @gluon.jit
@@ -346,12 +426,14 @@ def grouped_consumer_partition(a_bufs, b_bufs, c_bufs, ready, empty, turns, save
                                tiles_n, k_steps, B_TRANSPOSED: gl.constexpr, GROUP_M: gl.constexpr,
                                EPILOGUE: gl.constexpr, OUT_BUFS: gl.constexpr, WRITE_OUT: gl.constexpr,
                                WRITE_GATE: gl.constexpr, WRITE_UP: gl.constexpr, WRITE_PARTIAL: gl.constexpr,
-                               ME: gl.constexpr, CONSUMERS: gl.constexpr, WARPS: gl.constexpr):
+                               SAVED: gl.constexpr, ME: gl.constexpr, CONSUMERS: gl.constexpr, WARPS: gl.constexpr):
     """Consumer ME of CONSUMERS (WARPS warps): the program's tiles ME, ME + CONSUMERS, ... of its own (the ring's
     steps counted over all the program's tiles), each its K loop, its epilogue and its stores. With two consumers
     each K loop waits for its turn and passes it on once its last wgmma is issued (as :mod:`.gluon_gemm`).
-    ``outputs``: the kernel's c, g, u descriptors and pointers, its saved g and u descriptors, scale and partial."""
-    c_desc, c_ptr, g_desc, g_ptr, u_desc, u_ptr, gin_desc, uin_desc, scale_ptr, partial_ptr = outputs
+    ``outputs``: the kernel's c, g, u descriptors and pointers, its saved g and u descriptors, scale and partial
+    (with SAVED then the saved σ's and silu's descriptors)."""
+    c_desc, c_ptr, g_desc, g_ptr, u_desc, u_ptr, gin_desc, uin_desc, scale_ptr, partial_ptr = outputs[:10]
+    SAVED_TILES: gl.constexpr = 4 if SAVED else 2  # dswiglu's saved tiles: g, u (and σ, silu)
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]  # output columns a tile
     ACC_N: gl.constexpr = 2 * BLOCK_N if EPILOGUE == 2 else BLOCK_N  # the product's columns: swiglu's gate, up
@@ -373,10 +455,15 @@ def grouped_consumer_partition(a_bufs, b_bufs, c_bufs, ready, empty, turns, save
             tma.store_wait(pendings=0)  # the last tile's stores have left the buffers
             gl.thread_barrier()  # and its masked stores have read them
             fence_async_shared()
-            mbarrier.expect(saved.index(ME), 2 * gin_desc.block_type.nbytes)
+            mbarrier.expect(saved.index(ME), SAVED_TILES * gin_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(gin_desc, [off_m, off_n], saved.index(ME), c_bufs.index(ME * OUT_BUFS))
             tma.async_copy_global_to_shared(uin_desc, [off_m, off_n], saved.index(ME),
                                             c_bufs.index(ME * OUT_BUFS + 1))
+            if SAVED:  # the saved σ and silu tiles into the third and fourth
+                tma.async_copy_global_to_shared(outputs[10], [off_m, off_n], saved.index(ME),
+                                                c_bufs.index(ME * OUT_BUFS + 2))
+                tma.async_copy_global_to_shared(outputs[11], [off_m, off_n], saved.index(ME),
+                                                c_bufs.index(ME * OUT_BUFS + 3))
         step0 = ((tile - pid) // programs) * k_steps  # the program's tiles before this one, k_steps each
         if CONSUMERS > 1:  # consumer 0's first turn is free (a fresh barrier), consumer 1's first waits for it
             mbarrier.wait(turns.index(ME), (n & 1) ^ (1 - ME))
@@ -409,8 +496,8 @@ def grouped_consumer_partition(a_bufs, b_bufs, c_bufs, ready, empty, turns, save
                          OUT_BUFS, WARPS)
         if EPILOGUE == 3:  # dswiglu, in fp32 from dAp (the accumulator) and the saved bf16 g and u
             mbarrier.wait(saved.index(ME), n & 1)
-            dswiglu_tile(acc, c_bufs, outputs, off_m, off_n, row_end, whole, WRITE_OUT, WRITE_PARTIAL, ME, OUT_BUFS,
-                         WARPS)
+            dswiglu_tile(acc, c_bufs, outputs, off_m, off_n, row_end, whole, WRITE_OUT, WRITE_PARTIAL, SAVED, ME,
+                         OUT_BUFS, WARPS)
         n += 1
         tile += CONSUMERS * programs
         expert, first, last = expert_of(offsets_ptr, num_experts, tile, expert, first, last, tiles_n, BLOCK_M)
@@ -437,6 +524,8 @@ def grouped_gemm_kernel(
     partial_ptr,  # dswiglu: topk_partial [⌈N / BLOCK_N⌉, M_total] fp32; else any pointer, never written
     offsets_ptr,  # [E + 1] int32: expert e's rows are offsets[e] ≤ r < offsets[e + 1]
     num_experts,  # E
+    sigmoid_desc,  # dswiglu with SAVED: the saved σ(g) [M_total, N] bf16 as c_desc's tiles; else None
+    silu_desc,  # dswiglu with SAVED: the saved silu(g) [M_total, N] bf16 as c_desc's tiles; else None
     B_TRANSPOSED: gl.constexpr,
     B_PAIR: gl.constexpr,  # 0: one B; 1: swiglu's pair (gate, up); 2: a pair along K (B₀, B₁)
     BUFFERS: gl.constexpr,  # buffers of the ring
@@ -447,6 +536,7 @@ def grouped_gemm_kernel(
     WRITE_GATE: gl.constexpr,  # whether g is written (always with dswiglu)
     WRITE_UP: gl.constexpr,  # whether u is written (always with dswiglu)
     WRITE_PARTIAL: gl.constexpr,  # whether dswiglu's topk_partial is written
+    SAVED: gl.constexpr,  # dswiglu: σ and silu read from sigmoid_desc and silu_desc, not computed from g
     PINGPONG: gl.constexpr,  # two one-warpgroup consumers on alternate tiles; else one of num_warps (8) warps
     CONSUMER_REGS: gl.constexpr,  # with PINGPONG: the second consumer's registers
     LOADER_REGS: gl.constexpr,  # the loading warp's registers
@@ -477,15 +567,17 @@ def grouped_gemm_kernel(
         mbarrier.init(saved.index(i), count=1)
     fence_async_shared()  # the barriers' initialisation is seen by the copy engine (the async proxy)
     outputs = (c_desc, c_ptr, g_desc, g_ptr, u_desc, u_ptr, gin_desc, uin_desc, scale_ptr, partial_ptr)
+    if SAVED:  # the saved σ and silu after them (None, absent, would drop out of warp_specialize's arguments)
+        outputs = outputs + (sigmoid_desc, silu_desc)
     # the constexprs written out in each call: a tuple held in a variable turns its constexprs into tensors
     if PINGPONG:
         gl.warp_specialize([
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
-                                          WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, 0, 2, num_warps)),
+                                          WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, 0, 2, num_warps)),
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
-                                          WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, 1, 2, 4)),
+                                          WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, 1, 2, 4)),
             (grouped_load_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
                                       num_experts, tiles_n, k_steps, B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE,
                                       BLOCK_M, BLOCK_N)),
@@ -494,7 +586,7 @@ def grouped_gemm_kernel(
         gl.warp_specialize([
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
-                                          WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, 0, 1, num_warps)),
+                                          WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, 0, 1, num_warps)),
             (grouped_load_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
                                       num_experts, tiles_n, k_steps, B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE,
                                       BLOCK_M, BLOCK_N)),
@@ -607,13 +699,15 @@ def check_rows(name: str, tensor: torch.Tensor, dtypes: tuple, shape: tuple) -> 
 
 def check_arguments(a, b, offsets, *, out=None, scale=None, epilogue: str = "none", b_transposed: bool | None = None,
                     config: GemmConfig | None = None, gate=None, up=None, gate_out=None, up_out=None, dgate_out=None,
-                    dup_out=None, scaled_act_out=None, topk_partial=None) -> bool:
+                    dup_out=None, scaled_act_out=None, topk_partial=None, gate_sigmoid=None, gate_silu=None) -> bool:
     """Raises TypeError/ValueError naming the argument where :func:`grouped_gemm` cannot take it, before any work;
     returns whether B is held transposed ([E, N, K]; always with swiglu, never for a pair along K). Offsets' values
     stay on the device and are not checked: they must rise from offsets[0] = 0 to offsets[E] = M_total."""
-    config = config or default_config(epilogue)
+    saved = gate_sigmoid is not None or gate_silu is not None
+    config = config or default_config(epilogue, saved)
     given = dict(out=out, scale=scale, gate=gate, up=up, gate_out=gate_out, up_out=up_out, dgate_out=dgate_out,
-                 dup_out=dup_out, scaled_act_out=scaled_act_out, topk_partial=topk_partial)
+                 dup_out=dup_out, scaled_act_out=scaled_act_out, topk_partial=topk_partial, gate_sigmoid=gate_sigmoid,
+                 gate_silu=gate_silu)
     if epilogue not in EPILOGUES:
         raise ValueError(f"epilogue: expected one of {EPILOGUES}, got {epilogue!r}")
     pair = isinstance(b, (tuple, list)) and all(isinstance(w, torch.Tensor) for w in b)
@@ -633,6 +727,10 @@ def check_arguments(a, b, offsets, *, out=None, scale=None, epilogue: str = "non
     for name in NEEDS[epilogue]:
         if given[name] is None:
             raise ValueError(f"{name}: the {epilogue} epilogue needs {NEEDED[name]}")
+    if saved and (gate_sigmoid is None or gate_silu is None):
+        missing, other = SAVED_ACTIVATIONS if gate_sigmoid is None else SAVED_ACTIVATIONS[::-1]
+        raise ValueError(f"{missing}: the dswiglu epilogue takes the saved σ and silu both or neither; {other} was "
+                         f"given alone")
     if a.dim() != 2:
         raise ValueError(f"a: expected a 2-D tensor [M_total, K], got shape {tuple(a.shape)}")
     for name, w in named:
@@ -684,7 +782,8 @@ def check_arguments(a, b, offsets, *, out=None, scale=None, epilogue: str = "non
     if epilogue == "dswiglu" and K == 0:
         raise ValueError("a: the dswiglu epilogue needs K ≥ 1 (a's columns)")
     c_dtypes = (torch.bfloat16, torch.float32) if epilogue in ("none", "row_scale") else (torch.bfloat16,)
-    for name in ("out", "gate_out", "up_out", "dgate_out", "dup_out", "scaled_act_out", "gate", "up"):
+    for name in ("out", "gate_out", "up_out", "dgate_out", "dup_out", "scaled_act_out", "gate", "up",
+                 *SAVED_ACTIVATIONS):
         if given[name] is not None:
             check_rows(name, given[name], c_dtypes if name == "out" else (torch.bfloat16,), (M, N))
     if scale is not None:
@@ -712,9 +811,10 @@ def check_arguments(a, b, offsets, *, out=None, scale=None, epilogue: str = "non
         raise ValueError(f"b: the [E, K, N] form needs K ({K}) a multiple of block_k ({config.block_k}): a K step "
                          f"past K would read the next expert's rows of b")
     tiles = tile_outputs(epilogue, given)
-    least = 2 if epilogue == "dswiglu" else min(tiles, 1)
-    if output_buffers(config, epilogue, tiles) < least:
-        raise ValueError(f"config: the {epilogue} epilogue needs {least} output tile(s) of "
+    least = least_buffers(epilogue, tiles, saved)
+    if output_buffers(config, epilogue, tiles, saved) < least:
+        what = " with the saved σ and silu" if saved else ""
+        raise ValueError(f"config: the {epilogue} epilogue{what} needs {least} output tile(s) of "
                          f"{config.block_m}×{output_columns(config, epilogue)} a consumer in shared memory beside the "
                          f"ring; {shared_bytes(config, epilogue, least)} bytes in all, more than the "
                          f"{SHARED_MEMORY_LIMIT} an sm_90 block may use (fewer stages or a narrower tile fit)")
@@ -761,12 +861,20 @@ def launch_arguments(config: GemmConfig, a, b, offsets, epilogue: str, b_transpo
         num_experts=E,
     )
     tiles = sum(t is not None and t.dtype == torch.bfloat16 for t in (c, g, u))
+    sigmoid, silu = (tensors.get(name) for name in SAVED_ACTIVATIONS)
+    saved_activations = dict(sigmoid_desc=descriptor(sigmoid, (bm, bn)) if sigmoid is not None else None,
+                             silu_desc=descriptor(silu, (bm, bn)) if silu is not None else None)
     constexprs = dict(B_TRANSPOSED=b_transposed, B_PAIR=pair_kind(b, epilogue), BUFFERS=config.stages,
-                      OUT_BUFS=output_buffers(config, epilogue, tiles) if tiles else 0, GROUP_M=config.group_m,
-                      EPILOGUE=EPILOGUES.index(epilogue), WRITE_OUT=c is not None, WRITE_GATE=g is not None,
-                      WRITE_UP=u is not None, WRITE_PARTIAL=tensors.get("topk_partial") is not None,
+                      OUT_BUFS=output_buffers(config, epilogue, tiles, sigmoid is not None) if tiles else 0,
+                      GROUP_M=config.group_m, EPILOGUE=EPILOGUES.index(epilogue), WRITE_OUT=c is not None,
+                      WRITE_GATE=g is not None, WRITE_UP=u is not None,
+                      WRITE_PARTIAL=tensors.get("topk_partial") is not None, SAVED=sigmoid is not None,
                       PINGPONG=config.pingpong, CONSUMER_REGS=CONSUMER_REGISTERS, LOADER_REGS=LOADER_REGISTERS,
                       num_warps=config.warps)
+    if sigmoid is not None:
+        arguments.update(saved_activations)
+    else:  # absent: None, a compile-time constant (the kernel without them has no such parameters)
+        constexprs.update(saved_activations)
     return arguments, constexprs
 
 
@@ -776,7 +884,7 @@ def grouped_gemm(a: torch.Tensor, b, offsets: torch.Tensor, *, out: torch.Tensor
                  gate_out: torch.Tensor | None = None, up_out: torch.Tensor | None = None,
                  dgate_out: torch.Tensor | None = None, dup_out: torch.Tensor | None = None,
                  scaled_act_out: torch.Tensor | None = None, topk_partial: torch.Tensor | None = None,
-                 check: bool = True):
+                 gate_sigmoid: torch.Tensor | None = None, gate_silu: torch.Tensor | None = None, check: bool = True):
     """P[r] = A[r] · B_e for the rows offsets[e] ≤ r < offsets[e + 1] of each expert e, fp32-accumulated, through
     ``epilogue`` (the module's docstring gives each one's outputs):
 
@@ -786,19 +894,22 @@ def grouped_gemm(a: torch.Tensor, b, offsets: torch.Tensor, *, out: torch.Tensor
                      is given); returns out (None where not written)
     dswiglu          B = Wd [E, H, I] as it lies, A = dy (N = I); ``gate``, ``up`` the saved g, u, ``scale`` the
                      routing weights; writes ``dgate_out``, ``dup_out`` (allocated where None), ``scaled_act_out``
-                     and ``topk_partial`` [partial_rows(N, config), M_total] fp32 where given; returns the four
+                     and ``topk_partial`` [partial_rows(N, config), M_total] fp32 where given; returns the four.
+                     ``gate_sigmoid``, ``gate_silu`` (both or neither): the saved σ and silu, bf16 [M_total, N],
+                     read in place of σ(g) and silu(g) (P1's definition: they need not be the forward's)
     a pair along K   ``b = (B₀, B₁)`` [E, K/2, N] each as they lie (none, row_scale): P = A[:, :K/2]·B₀ + A[:, K/2:]·B₁
 
     ``config``: the tiles, ring and consumers (:func:`default_config` where None; one that cannot hold the
     epilogue's output tiles beside its ring is refused). ``b``: [E, N, K] (each expert's B held transposed) or
     [E, K, N], read off the shapes (``b_transposed`` says which where N == K). ``offsets``: int32 [E + 1] on the
-    device, rising from 0 to M_total (not checked: no host sync). Outputs and the saved g, u [M_total, N] may be
-    strided views (rows 16-byte multiples apart, N a multiple of 16 bytes). Rows outside offsets[0] ≤ r <
+    device, rising from 0 to M_total (not checked: no host sync). Outputs and the saved g, u, σ, silu [M_total, N]
+    may be strided views (rows 16-byte multiples apart, N a multiple of 16 bytes). Rows outside offsets[0] ≤ r <
     offsets[E] are left as they are. On a Hopper GPU. ``check``: False for a trusted caller that has checked its
     arguments as :func:`check_arguments` does (the MoE layer, once a call), sparing those checks' host time."""
     tensors = dict(out=out, scale=scale, gate=gate, up=up, gate_out=gate_out, up_out=up_out, dgate_out=dgate_out,
-                   dup_out=dup_out, scaled_act_out=scaled_act_out, topk_partial=topk_partial)
-    config = config or default_config(epilogue)
+                   dup_out=dup_out, scaled_act_out=scaled_act_out, topk_partial=topk_partial, gate_sigmoid=gate_sigmoid,
+                   gate_silu=gate_silu)
+    config = config or default_config(epilogue, gate_sigmoid is not None)
     if check:
         b_transposed = check_arguments(a, b, offsets, epilogue=epilogue, b_transposed=b_transposed, config=config,
                                        **tensors)

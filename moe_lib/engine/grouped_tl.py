@@ -9,7 +9,9 @@
     swiglu      g = A·gate_eᵀ, u = A·up_eᵀ (B stacked [E, 2N, K] or the pair (gate, up)): out = silu(g)·u,
                 gate_out = g, up_out = u (each optional)
     dswiglu     dAp = P, with the saved g, u and w: dgate_out = w·dAp·u·silu'(g), dup_out = w·dAp·silu(g),
-                scaled_act_out = w·silu(g)·u, topk_partial[j, r] = Σ_{n in column tile j} dAp·silu(g)·u
+                scaled_act_out = w·silu(g)·u, topk_partial[j, r] = Σ_{n in column tile j} dAp·silu(g)·u; with the
+                saved s, silu (``gate_sigmoid``, ``gate_silu``) in place of σ(g), silu(g): dgate_out = w·dAp·u·s(1 +
+                g(1 − s)), dup_out = w·dAp·silu, a = silu·u
     B as a pair along K: P = A[:, :K_h]·B₀_e + A[:, K_h:]·B₁_e (B₀, B₁ [E, K_h, N] each)
 
 Program p of G takes tiles p, p + G, ... of the experts' tiles numbered expert by expert (:func:`expert_of` walks
@@ -86,6 +88,8 @@ def grouped_gemm_tl_kernel(
     u_ptr,  # swiglu: up_out u; dswiglu: dup_out du; [M_total, N] bf16; where not written, any pointer
     gin_ptr,  # dswiglu: the saved g [M_total, N] bf16; else never read
     uin_ptr,  # dswiglu: the saved u [M_total, N] bf16; else never read
+    sigmoid_ptr,  # dswiglu with SAVED: the saved σ(g) [M_total, N] bf16; else never read
+    silu_ptr,  # dswiglu with SAVED: the saved silu(g) [M_total, N] bf16; else never read
     scale_ptr,  # row_scale, dswiglu: [M_total] fp32 or bf16, each row's routing weight; else never read
     partial_ptr,  # dswiglu: topk_partial [⌈N / BLOCK_N⌉, M_total] fp32; else never written
     offsets_ptr,  # [E + 1] int32: expert e's rows are offsets[e] ≤ r < offsets[e + 1]
@@ -94,10 +98,12 @@ def grouped_gemm_tl_kernel(
     K_half,  # a pair along K: B₀'s rows K_h (A's columns from K_h on meet B₁); else unused
     stride_be, stride_bk, stride_bn,  # B's strides (elements) along E, K and N (a pair's two alike)
     stride_c, stride_g, stride_u, stride_gin, stride_uin,  # the rows' strides of c, g, u and the saved g, u
+    stride_sigmoid, stride_silu,  # the rows' strides of the saved σ and silu
     EPILOGUE: tl.constexpr,  # 0 none, 1 row_scale, 2 swiglu, 3 dswiglu (grouped_gemm.EPILOGUES)
     K_PAIR: tl.constexpr,  # whether B is a pair along K (B₀, B₁)
     WRITE_OUT: tl.constexpr, WRITE_GATE: tl.constexpr, WRITE_UP: tl.constexpr,  # which of c, g, u are written
     WRITE_PARTIAL: tl.constexpr,  # whether dswiglu's topk_partial is written
+    SAVED: tl.constexpr,  # dswiglu: σ and silu read from sigmoid_ptr and silu_ptr, not computed from g
     GROUP_M: tl.constexpr,  # row tiles taken together in an expert's tile order
     UPCAST: tl.constexpr,  # multiply in fp32 and round the stores by hand (the interpreter's bf16 is wrong)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -160,8 +166,14 @@ def grouped_gemm_tl_kernel(
             u = tl.load(uin_ptr + rows.to(tl.int64)[:, None] * stride_uin + cols[None, :], mask=mask,
                         other=0.0).to(tl.float32)
             w = tl.load(scale_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)[:, None]
-            sigmoid = 1.0 / (1.0 + tl.exp(-g))
-            silu = g * sigmoid
+            if SAVED:  # P1's definition: the saved values, whatever g is
+                sigmoid = tl.load(sigmoid_ptr + rows.to(tl.int64)[:, None] * stride_sigmoid + cols[None, :], mask=mask,
+                                  other=0.0).to(tl.float32)
+                silu = tl.load(silu_ptr + rows.to(tl.int64)[:, None] * stride_silu + cols[None, :], mask=mask,
+                               other=0.0).to(tl.float32)
+            else:
+                sigmoid = 1.0 / (1.0 + tl.exp(-g))
+                silu = g * sigmoid
             a = silu * u
             dA = acc * w
             store_tile(g_ptr, stride_g, rows, cols, dA * u * sigmoid * (1.0 + g * (1.0 - sigmoid)), mask, UPCAST)
@@ -180,12 +192,14 @@ def grouped_gemm_tl(a: torch.Tensor, b, offsets: torch.Tensor, *, out: torch.Ten
                     up: torch.Tensor | None = None, gate_out: torch.Tensor | None = None,
                     up_out: torch.Tensor | None = None, dgate_out: torch.Tensor | None = None,
                     dup_out: torch.Tensor | None = None, scaled_act_out: torch.Tensor | None = None,
-                    topk_partial: torch.Tensor | None = None):
+                    topk_partial: torch.Tensor | None = None, gate_sigmoid: torch.Tensor | None = None,
+                    gate_silu: torch.Tensor | None = None):
     """:func:`.grouped_gemm.grouped_gemm`'s result (the same arguments, outputs and return value) by the plain
     Triton kernel, ``programs`` persistent programs (the tiles, the order and the epilogue of ``config``; its ring and
     consumers play no part here)."""
     tensors = dict(out=out, scale=scale, gate=gate, up=up, gate_out=gate_out, up_out=up_out, dgate_out=dgate_out,
-                   dup_out=dup_out, scaled_act_out=scaled_act_out, topk_partial=topk_partial)
+                   dup_out=dup_out, scaled_act_out=scaled_act_out, topk_partial=topk_partial, gate_sigmoid=gate_sigmoid,
+                   gate_silu=gate_silu)
     b_transposed = check_arguments(a, b, offsets, epilogue=epilogue, b_transposed=b_transposed, config=config,
                                    **tensors)
     M, K = a.shape
@@ -214,11 +228,13 @@ def grouped_gemm_tl(a: torch.Tensor, b, offsets: torch.Tensor, *, out: torch.Ten
     interpret = interpreter_enabled()
     grouped_gemm_tl_kernel[(grid(M, E, N, config, programs, epilogue),)](
         a, first, second, pointer(c), pointer(g), pointer(u), pointer(tensors["gate"]), pointer(tensors["up"]),
-        pointer(tensors["scale"]), pointer(tensors["topk_partial"]), offsets, E, M, N, K, first.shape[1],
-        stride_be, stride_bk, stride_bn, row_stride(c), row_stride(g), row_stride(u), row_stride(tensors["gate"]),
-        row_stride(tensors["up"]),
+        pointer(gate_sigmoid), pointer(gate_silu), pointer(tensors["scale"]), pointer(tensors["topk_partial"]),
+        offsets, E, M, N, K, first.shape[1], stride_be, stride_bk, stride_bn, row_stride(c), row_stride(g),
+        row_stride(u), row_stride(tensors["gate"]), row_stride(tensors["up"]), row_stride(gate_sigmoid),
+        row_stride(gate_silu),
         EPILOGUE=EPILOGUES.index(epilogue), K_PAIR=pair_kind(b, epilogue) == 2, WRITE_OUT=c is not None,
         WRITE_GATE=g is not None, WRITE_UP=u is not None, WRITE_PARTIAL=tensors["topk_partial"] is not None,
+        SAVED=gate_sigmoid is not None,
         GROUP_M=config.group_m, UPCAST=interpret, BLOCK_M=config.block_m, BLOCK_N=output_columns(config, epilogue),
         BLOCK_K=config.block_k,
     )

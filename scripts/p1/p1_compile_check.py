@@ -44,7 +44,8 @@ def engine_launches(design: EngineDesign, T: int, H: int, I: int) -> dict:
         if call.kind == "gemm":  # grouped_gemm's own steps: its checks, the outputs it allocates, its arguments
             a, b, offsets = arguments.pop("a"), arguments.pop("b"), arguments.pop("offsets")
             epilogue = arguments.pop("epilogue", "none")
-            config = arguments.pop("config", None) or grouped_gemm.default_config(epilogue)
+            saved = arguments.get("gate_sigmoid") is not None  # dswiglu reading the saved σ and silu
+            config = arguments.pop("config", None) or grouped_gemm.default_config(epilogue, saved)
             b_transposed = grouped_gemm.check_arguments(
                 a, b, offsets, epilogue=epilogue, b_transposed=arguments.pop("b_transposed"), config=config, **arguments
             )

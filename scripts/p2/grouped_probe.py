@@ -14,14 +14,16 @@ N = H), ``dap`` dy·Wd (B [E, H, I] as it lies, N = I) and ``dx`` [dg|du]·[Wg;W
 pair, form ``nt2``/``nn2``): ``swiglu_agu`` x·(Wg, Wu) writing a = silu(g)·u, g and u (the forward keeping its
 pre-activations), ``swiglu_gu`` writing g and u (the backward recomputing them), ``dx_pair`` [dg|du]·(Wg, Wu) along
 K and ``dx_pair_f32`` with an fp32 output; and ``dswiglu``, dy·Wd with the backward's epilogue (the saved g and u
-in, dg, du, w·a and the routing weight's row sums out). g and u, dg and du are column halves of one tensor each, as
+in, dg, du, w·a and the routing weight's row sums out), ``dswiglu_saved`` the same reading the saved σ and silu too
+(P1's definition). g and u, dg and du are column halves of one tensor each, as
 the layer keeps them. The baseline is torch._grouped_mm, one call a weight, then the epilogue in torch (its outputs
 its own allocations, no copy timed; A's halves for ``dx_pair`` copied beforehand). ``--shapes new``: those five.
 Models: P2 (E 256, K 8, H 4096, I 2048) at 8192 and 32768 tokens, Qwen3-30B-A3B (E 128, K 8, H 2048, I 768) at
 8192, Mixtral (E 8, K 2, H 4096, I 14336) at 4096; the fused and paired products at P2's 8192 tokens and Mixtral's.
 
 Configs (:data:`CONFIGS`): where an epilogue does not fit one (dswiglu: shared memory for its saved tiles and
-outputs, registers for its elementwise work), :data:`FITTED` names the config run in its place.
+outputs, registers for its elementwise work), :data:`FITTED` names the config run in its place; dswiglu reading the
+saved σ and silu takes that config with as many stages as fit beside its four saved tiles (:func:`config_for`).
 
 On a GPU: first every config compiled for sm_90 on the host (as ``--compile-only``; a config that fails is left
 out), then torch._grouped_mm and each config in a child process of its own, killed when it has finished no shape
@@ -89,6 +91,7 @@ class Shape:
     pair: bool = False  # B as two weights: swiglu's (gate, up) [E, n/2, k] each, or (B₀, B₁) [E, k/2, n] along K
     outputs: tuple[str, ...] = ("out",)  # what the kernel writes (grouped_gemm's keyword names)
     out_f32: bool = False  # C in fp32 (the none epilogue)
+    saved_activations: bool = False  # dswiglu: the saved σ and silu read too, in place of σ(g) and silu(g)
 
     @property
     def rows(self) -> int:
@@ -106,8 +109,9 @@ class Shape:
 
     @property
     def variant(self) -> tuple:
-        """What its kernel is compiled for: B's form, the epilogue, the outputs written, C's dtype."""
-        return (self.form, self.epilogue, self.outputs, self.out_f32)
+        """What its kernel is compiled for: B's form, the epilogue, the outputs written, C's dtype (and, where read,
+        the saved σ and silu)."""
+        return (self.form, self.epilogue, self.outputs, self.out_f32) + (("saved σ, silu",) * self.saved_activations)
 
     @property
     def flop(self) -> int:
@@ -143,6 +147,18 @@ def model_shapes(name: str, T: int, E: int, K: int, H: int, I: int, fused: bool 
         shapes[f"{name}_dswiglu"] = Shape(
             T, E, K, I, H, False, "dswiglu", "dy·Wd → dg, du, w·a, Σ dA'·a", outputs=DSWIGLU_OUTPUTS
         )
+        shapes[f"{name}_dswiglu_saved"] = Shape(
+            T,
+            E,
+            K,
+            I,
+            H,
+            False,
+            "dswiglu",
+            "dy·Wd, saved σ, silu → dg, du, w·a, Σ dA'·a",
+            outputs=DSWIGLU_OUTPUTS,
+            saved_activations=True,
+        )
         shapes[f"{name}_dx_pair"] = Shape(T, E, K, H, 2 * I, False, "none", "dg·Wg + du·Wu", True)
         shapes[f"{name}_dx_pair_f32"] = Shape(
             T, E, K, H, 2 * I, False, "none", "dg·Wg + du·Wu in fp32", True, out_f32=True
@@ -160,17 +176,24 @@ SHAPES = {
 NEW = [name for name, shape in SHAPES.items() if shape.pair or shape.epilogue == "dswiglu"]  # --shapes new
 
 
-def config_for(name: str, epilogue: str) -> GemmConfig:
+def config_for(name: str, epilogue: str, saved_activations: bool = False) -> GemmConfig:
     """The config ``name`` runs ``epilogue`` with: itself, or where the epilogue does not fit it (:data:`FITTED`)
-    the one in its place."""
-    return FITTED.get((name, epilogue), CONFIGS[name])
+    the one in its place; dswiglu reading the saved σ and silu, that with as many stages as fit beside its four
+    saved tiles a consumer."""
+    from moe_lib.engine.grouped_gemm import least_buffers, stages_that_fit
+
+    config = FITTED.get((name, epilogue), CONFIGS[name])
+    if saved_activations:
+        config = stages_that_fit(config, epilogue, least_buffers(epilogue, 3, saved=True))
+    return config
 
 
 def kernel_tensors(shape: Shape, config: GemmConfig, make) -> tuple:
     """(a, b, grouped_gemm's keyword tensors) for ``shape``, each made by ``make(role, size, dtype)`` (role "a",
     "weight", "scale", "saved" or "output"): b a pair where the shape's weights are two; the saved g and u, and
     swiglu's gate_out and up_out and dswiglu's dgate_out and dup_out, column halves of one [rows, 2·width] tensor
-    each (as the layer keeps h = [g|u] and dh = [dg|du], the dx product's A)."""
+    each (as the layer keeps h = [g|u] and dh = [dg|du], the dx product's A); the saved σ and silu, where read, the
+    third and fourth quarters of g and u's [rows, 4·width]."""
     import torch
 
     from moe_lib.engine.grouped_gemm import partial_rows
@@ -187,8 +210,11 @@ def kernel_tensors(shape: Shape, config: GemmConfig, make) -> tuple:
     if shape.epilogue in ("row_scale", "dswiglu"):
         tensors["scale"] = make("scale", (rows,), fp32)
     if shape.epilogue == "dswiglu":
-        saved = make("saved", (rows, 2 * width), bf16)
-        tensors.update(gate=saved[:, :width], up=saved[:, width:])
+        kept = 4 if shape.saved_activations else 2  # g, u (and σ, silu)
+        saved = make("saved", (rows, kept * width), bf16)
+        tensors.update(gate=saved[:, :width], up=saved[:, width : 2 * width])
+        if shape.saved_activations:
+            tensors.update(gate_sigmoid=saved[:, 2 * width : 3 * width], gate_silu=saved[:, 3 * width :])
     halves = make("output", (rows, 2 * width), bf16) if {"gate_out", "dgate_out"} & set(shape.outputs) else None
     for name in shape.outputs:
         if name in ("gate_out", "dgate_out", "up_out", "dup_out"):
@@ -261,9 +287,10 @@ def compile_all(config_names: list[str], shape_names: list[str]) -> list[dict]:
     )
     for config_name in config_names:
         for shape in variants.values():
-            config = config_for(config_name, shape.epilogue)
+            config = config_for(config_name, shape.epilogue, shape.saved_activations)
             label = config_name if config == CONFIGS[config_name] else f"{config_name} → {tile_name(config)}"
             outputs = ",".join(SHORT[name] for name in shape.outputs) + (" fp32" if shape.out_f32 else "")
+            outputs += " ←σ,silu" if shape.saved_activations else ""
             report = compile_report(config, shape)
             row = dict(
                 config=config_name,
@@ -355,18 +382,20 @@ def reference(shape: Shape, a, b, offsets, tensors) -> dict:
     if shape.epilogue == "row_scale":
         return {"out": product * tensors["scale"][:, None]}
     if shape.epilogue == "dswiglu":
-        return dswiglu_torch(product, tensors["gate"], tensors["up"], tensors["scale"], torch.float32)
+        return dswiglu_torch(product, tensors, torch.float32)
     return {"out": product}
 
 
-def dswiglu_torch(dap, gate, up, w, dtype) -> dict:
-    """dswiglu's outputs from dAp, the saved g, u and the routing weights, in fp32, each then in ``dtype``
-    (topk_partial as [1, rows]: its sum over the column tiles)."""
+def dswiglu_torch(dap, tensors: dict, dtype) -> dict:
+    """dswiglu's outputs from dAp and its keyword ``tensors`` (the saved g, u, the routing weights, and where given
+    the saved σ and silu, read in place of σ(g) and silu(g)), in fp32, each then in ``dtype`` (topk_partial as
+    [1, rows]: its sum over the column tiles)."""
     import torch
 
-    g, u, w = gate.float(), up.float(), w[:, None]
-    sigmoid = torch.sigmoid(g)
-    silu = g * sigmoid
+    g, u, w = tensors["gate"].float(), tensors["up"].float(), tensors["scale"][:, None]
+    given = tensors.get("gate_sigmoid") is not None
+    sigmoid = tensors["gate_sigmoid"].float() if given else torch.sigmoid(g)
+    silu = tensors["gate_silu"].float() if given else g * sigmoid
     act = silu * u
     dA = dap.float() * w
     return {
@@ -428,7 +457,7 @@ def baseline_call(shape: Shape, a, b, offsets, tensors):
         if shape.epilogue == "row_scale":
             return {"out": result * tensors["scale"][:, None]}
         if shape.epilogue == "dswiglu":
-            return dswiglu_torch(result, tensors["gate"], tensors["up"], tensors["scale"], torch.bfloat16)
+            return dswiglu_torch(result, tensors, torch.bfloat16)
         return {"out": result}
 
     return call, note
@@ -452,7 +481,11 @@ def run_child(name: str, shape_names: list[str], reps: int, seed: int) -> None:
         generator = torch.Generator(device=device).manual_seed(seed)  # every child the same operands a shape
         try:
             offsets, weights = routed_offsets(shape, generator, device)
-            config = config_for(name, shape.epilogue) if name != BASELINE else CONFIGS[next(iter(CONFIGS))]
+            config = (
+                config_for(name, shape.epilogue, shape.saved_activations)
+                if name != BASELINE
+                else CONFIGS[next(iter(CONFIGS))]
+            )
             a, b, tensors = kernel_tensors(shape, config, random_maker(shape, generator, device, weights))
             expected = reference(shape, a, b, offsets, tensors)
             note = None

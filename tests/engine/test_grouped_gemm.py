@@ -16,6 +16,7 @@ import torch
 from moe_lib.engine.gluon_gemm import GemmConfig
 from moe_lib.engine.grouped_gemm import (
     DSWIGLU_CONFIG,
+    DSWIGLU_SAVED_CONFIG,
     check_arguments,
     default_config,
     expert_tiles,
@@ -302,6 +303,18 @@ def test_output_buffers_are_those_that_fit_beside_the_ring():
     assert default_config("dswiglu") == DSWIGLU_CONFIG and default_config("swiglu") == GemmConfig()
 
 
+def test_the_saved_sigmoid_and_silu_take_four_output_buffers_and_a_shorter_ring():
+    # g, u, σ and silu: four 32 KB tiles beside a 3-stage ring of 32 KB steps (4 stages: 261 KB)
+    assert DSWIGLU_SAVED_CONFIG == GemmConfig(128, 128, 64, 3)
+    assert default_config("dswiglu", saved=True) == DSWIGLU_SAVED_CONFIG
+    assert shared_bytes(DSWIGLU_SAVED_CONFIG, "dswiglu", 4) == 3 * 32768 + 4 * 32768 + 1024 <= 232448
+    assert output_buffers(DSWIGLU_SAVED_CONFIG, "dswiglu", 2, saved=True) == 4
+    assert output_buffers(DSWIGLU_SAVED_CONFIG, "dswiglu", 3, saved=True) == 4  # w·a through σ's buffer
+    assert output_buffers(DSWIGLU_CONFIG, "dswiglu", 3, saved=True) == 3  # too few: refused (FORM_CASES)
+    assert output_buffers(GemmConfig(64, 128, 64, 4, "pingpong"), "dswiglu", 3, saved=True) == 4
+    assert output_buffers(GemmConfig(64, 128, 64, 5, "pingpong"), "dswiglu", 3, saved=True) == 3
+
+
 def pair_of(*shape, second=None):
     return (meta(*shape), second if second is not None else meta(*shape))
 
@@ -448,6 +461,62 @@ FORM_CASES = [
         "config: the dswiglu epilogue needs 2 output tile(s) of 128×256",
     ),
     (meta(64, 0), meta(4, 0, 48), dict(epilogue="dswiglu", **SAVED), ValueError, "a: the dswiglu epilogue needs K ≥ 1"),
+    (
+        meta(64, 64),
+        meta(4, 64, 48),
+        dict(epilogue="dswiglu", gate_sigmoid=meta(64, 48), **SAVED),
+        ValueError,
+        "gate_silu: the dswiglu epilogue takes the saved σ and silu both or neither; gate_sigmoid was given alone",
+    ),
+    (
+        meta(64, 64),
+        meta(4, 64, 48),
+        dict(epilogue="dswiglu", gate_silu=meta(64, 48), **SAVED),
+        ValueError,
+        "gate_sigmoid: the dswiglu epilogue takes the saved σ and silu both or neither; gate_silu was given alone",
+    ),
+    (
+        meta(64, 64),
+        meta(4, 64, 48),
+        dict(epilogue="dswiglu", gate_sigmoid=meta(64, 40), gate_silu=meta(64, 48), **SAVED),
+        ValueError,
+        "gate_sigmoid: expected shape (64, 48)",
+    ),
+    (
+        meta(64, 64),
+        meta(4, 64, 48),
+        dict(epilogue="dswiglu", gate_sigmoid=meta(64, 48), gate_silu=meta(64, 48, dtype=F32), **SAVED),
+        TypeError,
+        "gate_silu: expected torch.bfloat16",
+    ),
+    (
+        meta(64, 64),
+        meta(4, 64, 48),
+        dict(epilogue="dswiglu", gate_sigmoid=meta(64, 100)[:, :48], gate_silu=meta(64, 48), **SAVED),
+        ValueError,
+        "gate_sigmoid: TMA needs rows a multiple of 16 bytes apart",
+    ),
+    (
+        meta(64, 64),
+        meta(4, 64, 48),
+        dict(epilogue="dswiglu", gate_sigmoid=meta(64, 48), gate_silu=meta(48, 64).t(), **SAVED),
+        ValueError,
+        "gate_silu: expected rows of adjacent elements",
+    ),
+    (
+        meta(64, 64),
+        meta(4, 48, 64),
+        dict(epilogue="row_scale", scale=meta(64, dtype=F32), gate_sigmoid=meta(64, 48), gate_silu=meta(64, 48)),
+        ValueError,
+        "gate_sigmoid: given, but the 'row_scale' epilogue takes none",
+    ),
+    (
+        meta(64, 64),
+        meta(4, 64, 48),
+        dict(epilogue="dswiglu", config=DSWIGLU_CONFIG, gate_sigmoid=meta(64, 48), gate_silu=meta(64, 48), **SAVED),
+        ValueError,
+        "config: the dswiglu epilogue with the saved σ and silu needs 4 output tile(s) of 128×128",
+    ),
     (meta(64, 128), pair_of(4, 48, 48), {}, ValueError, "b: a pair along K takes [E, K/2, N] each with K = 128"),
     (meta(64, 96), pair_of(4, 48, 48), {}, ValueError, "b: a pair along K needs K/2 (48) a multiple of block_k (64)"),
     (
@@ -531,11 +600,12 @@ def within_bf16(out, expected) -> bool:
     return bool(((out.double() - expected).abs() <= expected.abs() * 2**-8 + 1e-3 * expected.abs().max()).all())
 
 
-def dswiglu_reference(dap, gate, up, w):
-    """dswiglu's outputs in float64 from dAp (float64), the saved bf16 g, u and the row weights."""
+def dswiglu_reference(dap, gate, up, w, gate_sigmoid=None, gate_silu=None):
+    """dswiglu's outputs in float64 from dAp (float64), the saved bf16 g, u and the row weights; with the saved σ and
+    silu, those in place of σ(g) and silu(g) (P1's definition)."""
     g, u, w = gate.double(), up.double(), w.double()[:, None]
-    sigmoid = torch.sigmoid(g)
-    silu = g * sigmoid
+    sigmoid = torch.sigmoid(g) if gate_sigmoid is None else gate_sigmoid.double()
+    silu = g * sigmoid if gate_silu is None else gate_silu.double()
     dA = dap * w
     a = silu * u
     return dict(dg=dA * u * sigmoid * (1 + g * (1 - sigmoid)), du=dA * silu, aw=a * w, a=a)
@@ -613,6 +683,84 @@ def test_tl_dswiglu_matches_float64(counts, extras, seed):
         assert ((partial[j].double() - tile.sum(1)).abs() <= 1e-5 * tile.abs().sum(1) + 1e-12).all(), j
     total = partial.double().sum(0)  # the caller's sum over the tiles: ⟨dAp, a⟩ a row
     assert ((total - product.sum(1)).abs() <= 1e-5 * product.abs().sum(1) + 1e-12).all()
+
+
+def dswiglu_saved_case(counts, generator, saved="harness"):
+    """dy, Wd, offsets and dswiglu's keyword tensors (outputs NaN; g, u, σ, silu column quarters of one tensor) at
+    N = I = 80 (two column tiles of 64, the second ragged): the saved σ and silu drawn apart from g, std 1
+    (``"harness"``, as NVIDIA's harness draws them) or the forward's, bf16(σ(g)) and bf16(g · that) (``"forward"``)."""
+    offsets = offsets_of(counts)
+    E, M, H, I = len(counts), int(offsets[-1]), 64, 80
+    dy = bf16_randn(M, H, generator=generator)
+    wd = bf16_randn(E, H, I, generator=generator, scale=H**-0.5)
+    kept = torch.cat(
+        [bf16_randn(M, 2 * I, generator=generator, scale=2.0), bf16_randn(M, 2 * I, generator=generator)], 1
+    )
+    gate, up = kept[:, :I], kept[:, I : 2 * I]
+    if saved == "forward":
+        kept[:, 2 * I : 3 * I] = torch.sigmoid(gate.float()).to(torch.bfloat16)
+        kept[:, 3 * I :] = (gate.float() * kept[:, 2 * I : 3 * I].float()).to(torch.bfloat16)
+    dh = torch.full((M, 2 * I), float("nan"), dtype=torch.bfloat16)
+    tensors = dict(
+        gate=gate,
+        up=up,
+        gate_sigmoid=kept[:, 2 * I : 3 * I],
+        gate_silu=kept[:, 3 * I :],
+        scale=torch.rand(M, generator=generator) + 0.5,
+        dgate_out=dh[:, :I],
+        dup_out=dh[:, I:],
+        scaled_act_out=torch.full((M, I + 8), float("nan"), dtype=torch.bfloat16)[:, :I],
+        topk_partial=torch.full((partial_rows(I, SMALL), M), float("nan")),
+    )
+    return dy, wd, offsets, tensors
+
+
+@pytest.mark.parametrize("counts", list(NEW_RAGGED.values()), ids=list(NEW_RAGGED))
+@pytest.mark.parametrize("programs", [1, 3])
+def test_tl_dswiglu_reads_the_saved_sigmoid_and_silu_drawn_apart_from_g(counts, programs, seed):
+    """P1's definition on the harness's inputs: σ and silu independent std-1 draws, not σ(g), silu(g)."""
+    generator = torch.Generator().manual_seed(seed)
+    dy, wd, offsets, tensors = dswiglu_saved_case(counts, generator)
+    dg, du, aw, partial = grouped_gemm_tl(
+        dy, wd, offsets, epilogue="dswiglu", config=SMALL, programs=programs, **tensors
+    )
+    dap = per_expert(dy, wd, offsets, False)
+    saved = {name: tensors[name] for name in ("gate_sigmoid", "gate_silu")}
+    expected = dswiglu_reference(dap, tensors["gate"], tensors["up"], tensors["scale"], **saved)
+    assert within_bf16(dg, expected["dg"]) and within_bf16(du, expected["du"]) and within_bf16(aw, expected["aw"])
+    product = dap * expected["a"]
+    for j in range(partial.shape[0]):  # each row of topk_partial: its column tile's share of ⟨dAp, silu·u⟩
+        tile = product[:, 64 * j : 64 * (j + 1)]
+        assert ((partial[j].double() - tile.sum(1)).abs() <= 1e-5 * tile.abs().sum(1) + 1e-12).all(), j
+    recomputed = dswiglu_reference(dap, tensors["gate"], tensors["up"], tensors["scale"])
+    for key, out in (("dg", dg), ("du", du), ("aw", aw)):  # the recomputing form is far off: the test can tell
+        assert relative_error(out, recomputed[key]) > 0.5, key
+
+
+@pytest.mark.parametrize("counts", list(NEW_RAGGED.values()), ids=list(NEW_RAGGED))
+def test_tl_dswiglu_with_the_forwards_sigmoid_and_silu_is_the_recomputing_form_within_bf16(counts, seed):
+    """σ = bf16(σ(g)), silu = bf16(g · σ): the outputs differ from those computing σ(g), silu(g) in fp32 by the two
+    inputs' roundings (2⁻⁹ relative each) and the outputs' own."""
+    generator = torch.Generator().manual_seed(seed)
+    dy, wd, offsets, tensors = dswiglu_saved_case(counts, generator, saved="forward")
+    saved = grouped_gemm_tl(dy, wd, offsets, epilogue="dswiglu", config=SMALL, programs=3, **tensors)
+    recomputing = {
+        key: torch.full_like(value, float("nan")) if key.endswith(("_out", "partial")) else value
+        for key, value in tensors.items()
+        if key not in ("gate_sigmoid", "gate_silu")
+    }
+    recomputed = grouped_gemm_tl(dy, wd, offsets, epilogue="dswiglu", config=SMALL, programs=3, **recomputing)
+    g, s = tensors["gate"].double(), torch.sigmoid(tensors["gate"].double())
+    dap = per_expert(dy, wd, offsets, False)
+    dA = dap * tensors["scale"].double()[:, None]
+    # silu'(g) = s(1 + g(1 − s)) moves by at most (1 + 2|g|)·|Δs| for a change Δs of s: the bound of dg's change
+    dg_bound = (dA * tensors["up"].double()).abs() * (1 + 2 * g.abs()) * s * 2**-8
+    size = {key: value.double().abs() for key, value in zip(("dg", "du", "aw"), recomputed[:3], strict=False)}
+    assert ((saved[0].double() - recomputed[0].double()).abs() <= dg_bound + size["dg"] * 2**-7 + 1e-6).all()
+    for index, key in ((1, "du"), (2, "aw")):  # silu: one rounding of the input, one of each output
+        assert ((saved[index].double() - recomputed[index].double()).abs() <= size[key] * 2**-6 + 1e-6).all(), key
+    difference = (saved[3].double() - recomputed[3].double()).abs()
+    assert (difference <= (dap * g * s * tensors["up"].double()).abs().sum(1) * 2**-7 + 1e-6).all()
 
 
 @pytest.mark.parametrize("counts", list(NEW_RAGGED.values()), ids=list(NEW_RAGGED))
@@ -712,14 +860,19 @@ def test_probe_configs_compile_for_sm90_unserialised_within_the_limits(tmp_path)
         ("nt2", "swiglu", "out,g,u"),  # the pair (gate, up), the forward keeping g and u
         ("nt2", "swiglu", "g,u"),  # the backward recomputing them
         ("nn", "dswiglu", "dg,du,aw,part"),
+        ("nn", "dswiglu", "dg,du,aw,part ←σ,silu"),  # reading the saved σ and silu (P1's definition)
         ("nn2", "none", "out"),  # the pair (Wg, Wu) along K
         ("nn2", "none", "out fp32"),
     }
-    # dswiglu in another config where it does not fit: 128 × 128 tiles with a third output buffer, 64-row ping-pong
+    # dswiglu in another config where it does not fit: 128 × 128 tiles with a third output buffer, 64-row ping-pong;
+    # reading the saved σ and silu too, as many stages as fit beside the four saved tiles
     substituted = {(row["config"], row["runs"]) for row in rows if row["runs"] != row["config"]}
     assert substituted == {
         ("coop_m128n256k64_s3", "coop_m128n128k64_s4"),
         ("pp_m128n128k64_s5", "pp_m64n128k64_s6"),
+        ("coop_m128n256k64_s3", "coop_m128n128k64_s3"),
+        ("coop_m128n128k64_s5", "coop_m128n128k64_s3"),
+        ("pp_m128n128k64_s5", "pp_m64n128k64_s4"),
     }
     for row in rows:
         assert row["error"] is None and row["problems"] == [], row
@@ -952,6 +1105,111 @@ def test_gpu_dswiglu_matches_float64(name, counts, seed):
         assert torch.equal(tensors[key], again[key]), key  # deterministic
 
 
+# dswiglu with the saved σ and silu: four saved tiles a consumer (a 3-stage ring at 128 × 128, 4 at 64 × 128)
+SAVED_CONFIGS = {
+    "coop_128_s3": DSWIGLU_SAVED_CONFIG,
+    "coop_128_2_programs": GemmConfig(128, 128, 64, 3, programs=2),
+    "pingpong_64_s4": GemmConfig(64, 128, 64, 4, "pingpong"),
+    "pingpong_64_3_programs": GemmConfig(64, 128, 64, 3, "pingpong", programs=3),
+}
+SAVED_COUNTS = {**GPU_COUNTS, "one_expert": [1000]}  # and E = 1, as P1's engine design runs it
+
+
+def gpu_dswiglu_saved_case(counts, config, generator, saved):
+    """:func:`dswiglu_case` with the saved σ and silu too (g, u, σ, silu column quarters of one tensor): drawn apart
+    from g, std 1 (``"harness"``, as NVIDIA's harness draws them), or the forward's, bf16(σ(g)) and bf16(g · that)
+    (``"forward"``); the float64 values of the outputs from them."""
+    H, I = 256, 328
+    offsets = offsets_of(counts, device="cuda")
+    M, E = int(sum(counts)), len(counts)
+    dy = gpu_randn(M, H, generator=generator)
+    wd = gpu_randn(E, H, I, generator=generator, scale=H**-0.5)
+    kept = torch.cat([gpu_randn(M, 2 * I, generator=generator, scale=2.0), gpu_randn(M, 2 * I, generator=generator)], 1)
+    if saved == "forward":
+        kept[:, 2 * I : 3 * I] = torch.sigmoid(kept[:, :I].float()).to(torch.bfloat16)
+        kept[:, 3 * I :] = (kept[:, :I].float() * kept[:, 2 * I : 3 * I].float()).to(torch.bfloat16)
+    dh = nan_like(M, 2 * I)
+    tensors = dict(
+        gate=kept[:, :I],
+        up=kept[:, I : 2 * I],
+        gate_sigmoid=kept[:, 2 * I : 3 * I],
+        gate_silu=kept[:, 3 * I :],
+        scale=torch.rand(M, generator=generator, device="cuda") + 0.5,
+        dgate_out=dh[:, :I],
+        dup_out=dh[:, I:],
+        scaled_act_out=nan_like(M, I),
+        topk_partial=torch.full((partial_rows(I, config), M), float("nan"), device="cuda"),
+    )
+    dap = gpu_per_expert(dy, wd, offsets, False)
+    expected = dswiglu_reference(
+        dap, tensors["gate"], tensors["up"], tensors["scale"], tensors["gate_sigmoid"], tensors["gate_silu"]
+    )
+    expected["partial"] = (dap * expected["a"]).sum(1)
+    return dy, wd, offsets, tensors, expected
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("saved", ["harness", "forward"])
+@pytest.mark.parametrize("counts", list(SAVED_COUNTS))
+@pytest.mark.parametrize("name", list(SAVED_CONFIGS))
+def test_gpu_dswiglu_with_the_saved_sigmoid_and_silu_matches_float64_and_its_formula(name, counts, saved, seed):
+    """Against float64 of P1's definition; du and w·a bit for bit, dg within a bf16 step, of the formula in fp32 from
+    the kernel's own dAp (the none epilogue's fp32 C, the same tiles and K loop); deterministic."""
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    config = SAVED_CONFIGS[name]
+    dy, wd, offsets, tensors, expected = gpu_dswiglu_saved_case(SAVED_COUNTS[counts], config, generator, saved)
+    dg, du, aw, partial = grouped_gemm(dy, wd, offsets, epilogue="dswiglu", config=config, **tensors)
+    for key, out in (("dg", dg), ("du", du), ("aw", aw)):
+        assert relative_error(out, expected[key]) <= 4e-3, key
+    assert not partial.isnan().any()
+    product = expected["partial"]
+    assert ((partial.double().sum(0) - product).abs() <= 1e-4 * (product.abs() + 1)).all()
+    dap = grouped_gemm(dy, wd, offsets, out=nan_like(*dg.shape, torch.float32), b_transposed=False, config=config)
+    g, u, s, silu = (tensors[key].float() for key in ("gate", "up", "gate_sigmoid", "gate_silu"))
+    w = tensors["scale"][:, None]
+    dA = dap * w
+    assert torch.equal(du, (dA * silu).to(torch.bfloat16))
+    assert torch.equal(aw, (silu * u * w).to(torch.bfloat16))
+    formula = dA * u * s * (1.0 + g * (1.0 - s))  # the compiler may fuse 1 + g·(1 − s): an fp32 rounding apart
+    assert ((dg.float() - formula).abs() <= formula.abs() * 2**-7 + (dA * u * s).abs() * 2**-20).all()
+    again = {
+        key: torch.full_like(value, float("nan")) if key.endswith(("_out", "partial")) else value
+        for key, value in tensors.items()
+    }
+    grouped_gemm(dy, wd, offsets, epilogue="dswiglu", config=config, **again)
+    for key in ("dgate_out", "dup_out", "scaled_act_out", "topk_partial"):
+        assert torch.equal(tensors[key], again[key]), key  # deterministic
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("counts", list(SAVED_COUNTS))
+def test_gpu_dswiglu_with_the_forwards_sigmoid_and_silu_agrees_with_the_recomputing_kernel_and_the_twin(counts, seed):
+    """Given the forward's σ and silu (each config the default for its variant): within bf16 of the kernel computing
+    σ(g) and silu(g), and of the plain-Triton twin on the GPU given the same."""
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    dy, wd, offsets, tensors, expected = gpu_dswiglu_saved_case(
+        SAVED_COUNTS[counts], DSWIGLU_SAVED_CONFIG, generator, "forward"
+    )
+    gluon = grouped_gemm(dy, wd, offsets, epilogue="dswiglu", **tensors)
+    recomputing = {
+        key: torch.full_like(value, float("nan")) if key.endswith(("_out", "partial")) else value
+        for key, value in tensors.items()
+        if key not in ("gate_sigmoid", "gate_silu")
+    }
+    default = grouped_gemm(dy, wd, offsets, epilogue="dswiglu", **recomputing)
+    for key, one, other in zip(("dg", "du", "aw"), gluon[:3], default[:3], strict=True):
+        assert relative_error(one, other.double()) <= 8e-3, key
+    twin_outputs = {  # no topk_partial: the twin's tiles are narrower
+        key: torch.full_like(value, float("nan")) if key.endswith("_out") else value
+        for key, value in tensors.items()
+        if key != "topk_partial"
+    }
+    twin = grouped_gemm_tl(dy, wd, offsets, epilogue="dswiglu", **twin_outputs)
+    for key, one, other in zip(("dg", "du", "aw"), gluon[:3], twin[:3], strict=True):
+        assert relative_error(one, other.double()) <= 8e-3, key
+        assert relative_error(other, expected[key]) <= 4e-3, key
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("counts", list(GPU_COUNTS))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
@@ -974,7 +1232,7 @@ def test_gpu_pair_along_k_matches_float64(name, dtype, counts, seed):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("form", ["swiglu_pair", "dswiglu", "pair_along_k_fp32"])
+@pytest.mark.parametrize("form", ["swiglu_pair", "dswiglu", "dswiglu_saved", "pair_along_k_fp32"])
 def test_gpu_new_forms_replay_in_a_cuda_graph_with_new_offsets(form, seed):
     """Captured once, replayed after the offsets changed on the device: each form's outputs follow them."""
     generator = torch.Generator(device="cuda").manual_seed(seed)
@@ -984,6 +1242,9 @@ def test_gpu_new_forms_replay_in_a_cuda_graph_with_new_offsets(form, seed):
         run = dict(epilogue="swiglu", **tensors)
     elif form == "dswiglu":
         a, b, offsets, tensors, _ = dswiglu_case(counts, DSWIGLU_CONFIG, generator)
+        run = dict(epilogue="dswiglu", **tensors)
+    elif form == "dswiglu_saved":  # the harness's saved σ and silu, drawn apart from g
+        a, b, offsets, tensors, _ = gpu_dswiglu_saved_case(counts, DSWIGLU_SAVED_CONFIG, generator, "harness")
         run = dict(epilogue="dswiglu", **tensors)
     else:
         offsets = offsets_of(counts, device="cuda")
@@ -1006,8 +1267,10 @@ def test_gpu_new_forms_replay_in_a_cuda_graph_with_new_offsets(form, seed):
             assert relative_error(run["gate_out"], g) <= 4e-3, new
             u = gpu_per_expert(a, b[1], offsets, True)
             assert relative_error(run["out"], torch.nn.functional.silu(g) * u) <= 4e-3, new
-        elif form == "dswiglu":
-            expected = dswiglu_reference(gpu_per_expert(a, b, offsets, False), run["gate"], run["up"], run["scale"])
+        elif form.startswith("dswiglu"):
+            dap = gpu_per_expert(a, b, offsets, False)
+            saved = (run.get("gate_sigmoid"), run.get("gate_silu"))
+            expected = dswiglu_reference(dap, run["gate"], run["up"], run["scale"], *saved)
             assert relative_error(run["dgate_out"], expected["dg"]) <= 4e-3, new
             assert relative_error(run["scaled_act_out"], expected["aw"]) <= 4e-3, new
         else:

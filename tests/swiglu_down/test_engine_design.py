@@ -4,12 +4,13 @@ GEMM engine with one expert.
 CPU: the engine's plain-Triton twins under the interpreter on small shapes (T of one token, odd, a whole tile and
 past it; H and I multiples of 64), Wg and Wu apart (dx's B a pair along K) and as the halves of one buffer (a view),
 every output and workspace from NaN-filled memory, against the float64 reference within the fast path's rule; the
-two B forms bit for bit; the saved gate_sigmoid and gate_silu unread (σ and silu recomputed from the gate), so that
-on the harness's independent saved tensors it follows the forward of the gate it was given; ``supports``' reasons,
+two B forms bit for bit; the saved gate_sigmoid and gate_silu read as given (a NaN in one reaches the outputs that
+depend on it), so that on the harness's independent saved tensors it follows P1's definition; ``supports``' reasons,
 the faithful path refused; the chooser's hook (``choose.ENGINE_FROM``), empty: never chosen; the tiles picked by
 the rounds over the SMs; the launches a call makes; the offsets and ones kept on the device; ``p1_tune --peers``.
 GPU (``gpu`` marker): the benchmark's shape (H 2048, I 768) at 1, 100, 2767 and 8192 tokens and a larger expert's
-(H 4096, I 1536), from poisoned memory, against float64; side by side and in turn, the engine's wide tiles; from a
+(H 4096, I 1536), from poisoned memory, against float64 (our generator's inputs and the harness's); side by side
+and in turn, the engine's wide tiles; from a
 caller's stream of its own; deterministic and replayed from a CUDA graph.
 """
 
@@ -70,13 +71,6 @@ def engine_call(inputs: dict, design: EngineDesign | None = None):
     return swiglu_down_backward_triton(*inputs.values(), config=design or EngineDesign(), precision="fast")
 
 
-def with_forward_saved(inputs: dict) -> dict:
-    """``inputs`` with gate_sigmoid and gate_silu as the forward makes them from the saved gate (bf16 each)."""
-    gate = inputs["gate"]
-    sigmoid = torch.sigmoid(gate.float()).to(gate.dtype)
-    return inputs | dict(gate_sigmoid=sigmoid, gate_silu=(gate.float() * sigmoid.float()).to(gate.dtype))
-
-
 # (T, H, I): one token; odd token counts, within one 64-row tile of the twins and past it; a whole tile; H and I
 # each one and two K steps of 64 (dA's K = H, the pair's halves K = I)
 SMALL = [(1, 64, 64), (37, 64, 128), (64, 128, 64), (130, 128, 128)]
@@ -107,26 +101,35 @@ def test_gate_up_as_one_buffer_or_apart_gives_the_same_bits(seed):
         assert torch.equal(a, b), name
 
 
-@needs_engine
-def test_saved_sigmoid_and_silu_are_not_read(seed):
-    """σ and silu come from the saved gate: NaN in gate_sigmoid and gate_silu changes no bit of the outputs."""
-    inputs = engine_inputs(37, 64, 128, seed, distribution="harness")
-    poisoned_saved = inputs | dict(
-        gate_sigmoid=torch.full_like(inputs["gate_sigmoid"], float("nan")),
-        gate_silu=torch.full_like(inputs["gate_silu"], float("nan")),
-    )
-    for name, a, b in zip(OUTPUTS, engine_call(inputs), engine_call(poisoned_saved), strict=True):
-        assert torch.isfinite(a).all() and torch.equal(a, b), name
+def check_saved_tensors_are_read(inputs: dict) -> None:
+    """A NaN at (row 5, column 7) of gate_sigmoid reaches dG[5, 7], so dx's row 5 and dWg's row 7 and nothing else;
+    one in gate_silu dU[5, 7], so dx's row 5 and dWu's row 7: each saved tensor read, at its own element."""
+    clean = engine_call(inputs)
+    for name, reached in (("gate_sigmoid", "grad_gate_weight"), ("gate_silu", "grad_up_weight")):
+        saved = inputs[name].clone()
+        saved[5, 7] = float("nan")
+        got = dict(zip(OUTPUTS, engine_call(inputs | {name: saved}), strict=True))
+        for output, want in zip(OUTPUTS, clean, strict=True):
+            row = {"grad_x": 5, reached: 7}.get(output)
+            if row is None:  # an output the saved tensor does not feed: the same bits
+                assert torch.equal(got[output], want), (name, output)
+                continue
+            nan_rows = got[output].isnan().any(1).nonzero().flatten().tolist()
+            assert nan_rows == [row] and got[output][row].isnan().all(), (name, output, nan_rows)
 
 
 @needs_engine
-@pytest.mark.parametrize("T", [1, 130])
-def test_harness_inputs_give_the_backward_of_the_forward_of_their_gate(T, seed, poisoned):
-    """On the harness's independent std-1 saved tensors the design computes the backward whose gate_sigmoid and
-    gate_silu are those of the saved gate (not the benchmark reference's, which reads them as given): within the fast
-    path's rule of float64 on such inputs."""
-    inputs = engine_inputs(T, 64, 128, seed, distribution="harness")
-    check_against_float64(with_forward_saved(inputs), engine_call(inputs), "fast")
+def test_saved_sigmoid_and_silu_are_read(seed):
+    check_saved_tensors_are_read(engine_inputs(37, 64, 128, seed, distribution="harness"))
+
+
+@needs_engine
+@pytest.mark.parametrize("T, H, I", [(1, 64, 128), (130, 64, 128), (64, 128, 64)])
+def test_harness_inputs_match_float64(T, H, I, seed, poisoned):
+    """On the harness's independent std-1 saved tensors (gate_sigmoid and gate_silu not those of the gate): P1's
+    definition, within the fast path's rule of float64."""
+    inputs = engine_inputs(T, H, I, seed, distribution="harness")
+    check_against_float64(inputs, engine_call(inputs), "fast")
 
 
 # (call (T, H, I, dtype, device, aligned), its reason or None)
@@ -262,6 +265,8 @@ def test_a_call_makes_three_launches_on_one_dgate_dup_buffer(beside, seed):
     assert d_a.arguments["dgate_out"].data_ptr() == d_gate_up.data_ptr()
     assert d_a.arguments["dup_out"].data_ptr() == d_gate_up[:, I:].data_ptr()
     assert d_a.arguments["epilogue"] == "dswiglu" and d_a.arguments["b"].shape == (1, H, I)
+    assert d_a.arguments["gate"] is inputs.gate and d_a.arguments["up"] is inputs.up
+    assert d_a.arguments["gate_sigmoid"] is inputs.gate_sigmoid and d_a.arguments["gate_silu"] is inputs.gate_silu
     assert torch.equal(d_a.arguments["scale"], torch.ones(T, device=inputs.x.device))
     assert grad_x.arguments["out"] is out.grad_x
     assert [b.shape for b in grad_x.arguments["b"]] == [(1, I, H)] * 2  # Wg, Wu apart: the pair along K
@@ -309,8 +314,8 @@ def test_p1_tune_peers_are_named_and_checked():
 
 
 def check_on_the_gpu(T: int, H: int, I: int, seed: int, design: EngineDesign | None = None) -> None:
-    """From poisoned memory, within the fast path's rule of float64: on our generator's inputs, and on the harness's
-    with the saved gate_sigmoid and gate_silu those of the gate (what the design computes)."""
+    """From poisoned memory, within the fast path's rule of float64: on our generator's inputs (the saved tensors the
+    forward's) and on the harness's (gate_sigmoid and gate_silu drawn apart from the gate)."""
     from moe_lib.bench.timing import poison_allocator
 
     for distribution in ("forward", "harness"):
@@ -318,7 +323,7 @@ def check_on_the_gpu(T: int, H: int, I: int, seed: int, design: EngineDesign | N
         poison_allocator("cuda", 256 * 2**20)
         got = engine_call(inputs, design)
         torch.cuda.synchronize()
-        check_against_float64(inputs if distribution == "forward" else with_forward_saved(inputs), got, "fast")
+        check_against_float64(inputs, got, "fast")
 
 
 @pytest.mark.gpu
@@ -368,6 +373,12 @@ def test_gpu_engine_side_by_side_from_a_callers_stream_of_its_own(seed):
     assert torch.isfinite(busy).all()
     for name, a, b in zip(OUTPUTS, done, want, strict=True):
         assert torch.equal(a, b), name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [100, 2767])
+def test_gpu_engine_reads_the_saved_sigmoid_and_silu(T, seed):
+    check_saved_tensors_are_read(engine_inputs(T, 2048, 768, seed, distribution="harness"))
 
 
 @pytest.mark.gpu

@@ -2,9 +2,10 @@
 
 Dataflow (T tokens, H hidden, I intermediate; the engine's E = 1 expert, offsets [0, T]), bf16:
 
-    [dG | dU]   = dSwiGLU(dy · Wd; gate, up)  [T, 2I]  grouped_gemm, dswiglu epilogue: dA = dy · Wd in fp32 (never
-                  stored), dG = dA ⊙ up ⊙ σ(g)(1 + g(1 − σ(g))), dU = dA ⊙ silu(g), g = the saved gate, written
-                  into the two column halves of one buffer
+    [dG | dU]   = dSwiGLU(dy · Wd; saved)     [T, 2I]  grouped_gemm, dswiglu epilogue: dA = dy · Wd in fp32 (never
+                  stored), dG = dA ⊙ up ⊙ s ⊙ (1 + gate ⊙ (1 − s)), dU = dA ⊙ silu, from the saved gate, up,
+                  s = gate_sigmoid and silu = gate_silu (P1's definition), written into the two column halves of
+                  one buffer
     dx          = [dG | dU] · [Wg; Wu]         [T, H]   grouped_gemm over K = 2I: B a [1, 2I, H] view where Wg and Wu
                                                         are the row halves of one buffer, else the pair (Wg, Wu) along
                                                         K (the engine reads both, no stacked copy)
@@ -15,16 +16,10 @@ Dataflow (T tokens, H hidden, I intermediate; the engine's E = 1 expert, offsets
 The fast path only (dG and dU rounded to bf16 before dx, dWg and dWu, as torch.compile does): the engine's epilogue
 has no hi/lo halves, so ``run`` refuses ``with_lo``, and the chooser sends only the fast path here.
 
-σ and silu recomputed: the engine's epilogue computes σ(g) and silu(g) = g·σ(g) in fp32 from the saved gate; P1's
-semantics take the saved bf16 gate_sigmoid and gate_silu, which this design does not read. Where they are the
-forward's (bf16(σ(gate)) and bf16(gate · that), as the ``swiglu_expert`` layer and a model's autograd save them),
-the two differ by one or two bf16 roundings (2⁻⁸ relative each), the size of the rounding of dG and dU to bf16 that
-the fast path makes anyway: the outputs stay within the fast path's rule against float64 (at most twice the careful
-bf16 PyTorch error; tests/swiglu_down/test_engine_design.py). Where they are not (the harness's independent random
-saved tensors) this design computes the backward of the forward whose gate it was given, not the benchmark
-reference's: it fits calls whose saved tensors are the forward's, and an entry of ``choose.ENGINE_FROM`` makes it
-every fast call's of that shape class. dA stays in fp32 (the careful PyTorch rounds it to bf16 first). The
-engine's epilogue takes a routing weight per row; P1 has none: ``scale`` is ones.
+The saved gate_sigmoid and gate_silu are read as given (the engine's epilogue with ``gate_sigmoid``/``gate_silu``:
+its four saved tiles leave room for a 3-stage ring), so the design follows P1's definition whether or not they are
+the forward's of the gate (the harness draws them independently). dA stays in fp32 (the careful PyTorch rounds it
+to bf16 first). The engine's epilogue takes a routing weight per row; P1 has none: ``scale`` is ones.
 
 Fill at E = 1 (132 SMs, H 2048, I 768), where the varlen forms meet a dense problem:
 - dA: ⌈T/128⌉ · 6 tiles of 128 × 128 (the dswiglu epilogue's tiles): 54 at 1087 tokens, 132 at 2767 (one wave),
@@ -138,7 +133,7 @@ class EngineDesign:
         """The three launches of a call on ``sms`` SMs in launch order (with ``beside`` the weight gradients' on the
         second stream before dx's), their workspace ([dG | dU]) allocated: what :meth:`run` launches and what
         ``scripts/p1/p1_compile_check.py`` compiles (meta tensors do)."""
-        (grad_output, x, gate_weight, up_weight, down_weight, gate, _, _, up, intermediate) = inputs
+        (grad_output, x, gate_weight, up_weight, down_weight, gate, gate_sigmoid, gate_silu, up, intermediate) = inputs
         T, H = x.shape
         I = gate_weight.shape[0]
         grad_gate_up = gate_up_view(out.grad_gate_weight, out.grad_up_weight)
@@ -157,10 +152,12 @@ class EngineDesign:
             b_transposed=False,
             gate=gate,
             up=up,
+            gate_sigmoid=gate_sigmoid,
+            gate_silu=gate_silu,
             scale=ones,
             dgate_out=d_gate_up[:, :I],
             dup_out=d_gate_up[:, I:],
-        )  # the dswiglu epilogue's own tiles (its default config)
+        )  # the dswiglu epilogue's own tiles (its default config with the saved σ and silu)
         grad_x = dict(a=d_gate_up, b=weights, offsets=offsets, out=out.grad_x, b_transposed=False, config=grad_x_tiles)
         weight_grads = dict(
             problems=[(d_gate_up, x), (grad_output, intermediate)],
