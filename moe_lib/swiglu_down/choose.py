@@ -4,7 +4,7 @@
         → few_tokens: the work is streaming the weights once, and one launch has no gap between launches;
           a larger expert's few tokens on the fast path → the Gluon launches' narrow form where it applies
     the fast path, bf16, from a token count measured for the shape class (:data:`ENGINE_FROM`, empty: no class yet)
-        → engine (three launches of the grouped GEMM engine; σ and silu recomputed from the saved gate)
+        → engine (three launches of the grouped GEMM engine with one expert)
     a shape class with a measured table (the H200 at the benchmark's H 2048, I 768)
         → the table's form for T: Gluon launches, or cuBLAS's GEMMs
     the fast path, 16-bit                                  → library_gemms (cuBLAS's products at any shape)

@@ -6,7 +6,7 @@
     chained.py           the two Triton launches' tiles as one launch, ordered by tickets (no host gap between them)
     triton_launches.py   two Triton launches of pointer-based tiles: any dtype, any device Triton runs on
     engine.py            the fast path as three launches of the grouped GEMM engine with one expert (Hopper, bf16;
-                         σ and silu recomputed from the saved gate); chosen only where ``choose.ENGINE_FROM`` says
+                         the saved σ and silu read by its epilogue); chosen only where ``choose.ENGINE_FROM`` says
 
 Adding a design: a file here with a frozen dataclass implementing the interface, an entry in :data:`DESIGNS`, and
 a rule in :mod:`..choose`.
