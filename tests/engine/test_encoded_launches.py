@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from test_encoded_launch import StandInCompiled, StandInJit  # the JIT and its compiled kernel, stood in
 
 from moe_lib import encoded_launch
 from moe_lib.encoded_launch import KernelLaunches
@@ -41,37 +42,8 @@ def meta(*shape, dtype=torch.bfloat16):
 # --- the host logic -------------------------------------------------------------------------------------------------
 
 
-class StandInJit:
-    """A JIT-compiled kernel as KernelLaunches reads it (argument names, constexprs); records each launch."""
-
-    def __init__(self):
-        self.arg_names = ["x_ptr", "n", "BLOCK", "num_warps"]
-        self.params = [SimpleNamespace(is_constexpr=name.isupper() or name == "num_warps") for name in self.arg_names]
-        self.calls = []
-
-    def __getitem__(self, grid):
-        def run(**arguments):
-            self.calls.append((grid, arguments))
-            return "compiled"
-
-        return run
-
-
-class StandInEncodedLaunch:
-    """EncodedLaunch's interface: records each launch of the arguments it encoded (here, as they are)."""
-
-    def __init__(self, compiled):
-        self.launches = []
-
-    def encode(self, *arguments):
-        return list(arguments)
-
-    def launch(self, programs, arguments, stream):
-        self.launches.append((programs, arguments, stream))
-
-
 def test_the_switch_takes_the_jit_path_or_the_kept_encoded_launches(monkeypatch):
-    monkeypatch.setattr(encoded_launch, "EncodedLaunch", StandInEncodedLaunch)
+    monkeypatch.setattr(encoded_launch, "EncodedLaunch", StandInCompiled)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device: SimpleNamespace(cuda_stream=7))
     kernel = StandInJit()
     launches = KernelLaunches(kernel)
@@ -88,7 +60,7 @@ def test_the_switch_takes_the_jit_path_or_the_kept_encoded_launches(monkeypatch)
         launch_kernel(launches, 4, arguments, constexprs, maxnreg=168, device=device)
     assert len(kernel.calls) == 3  # the first call of the key compiled (here: found) by the JIT
     (encoded,) = launches.compiled.values()
-    assert encoded.launches == [(4, [x, 32, 64, 8], 7)] * 2
+    assert encoded.launches == [(4, ["encoded", x, 32, 64, 8], 7)] * 2
 
 
 def test_the_engines_launches_are_kept_per_kernel():
