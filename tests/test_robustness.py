@@ -255,6 +255,7 @@ def robustness_rank_main(rank: int, init_file: str, out_dir: str) -> None:
         results = dict(errors=disagreements_on_rank(rank), zero_top_k=zero_top_k_on_rank(rank))
         results["afterwards"] = moe_experts_parallel(**_rank_arguments(rank), impl="reference", num_experts=4)
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
+        dist.barrier()  # neither rank tears its connections down while the other still uses them (gloo aborts)
     except BaseException:
         traceback.print_exc()
         raise
