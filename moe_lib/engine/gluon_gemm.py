@@ -64,7 +64,7 @@ LOADER_REGISTERS = 40  # the loading warp's registers after setmaxnreg (P1's lau
 CONSUMER_REGISTERS = 232  # ping-pong's second consumer partition (a worker: its registers are asked for)
 ELEMENT_BYTES = 2
 # the grouped kernels' launches through KernelLaunches (compiled once per key, then encoded) rather than the JIT's
-ENCODED_LAUNCHES = False
+ENCODED_LAUNCHES = True
 
 
 @dataclass(frozen=True)
