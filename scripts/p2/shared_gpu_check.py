@@ -36,13 +36,13 @@ def run_case(kind: str, tokens: int, calls: int, busy_seconds: float) -> str:
 
     from moe_lib.engine import grouped_wgrad
     from moe_lib.moe_experts.inputs import route_tokens
+    from moe_lib.moe_experts.routing import route_by_expert
 
     device = torch.device("cuda")
     generator = torch.Generator(device=device).manual_seed(0)
     rows = tokens * K
     indices = route_tokens(tokens, E, K, device=device, generator=generator)
-    offsets = torch.zeros(E + 1, dtype=torch.int32, device=device)
-    offsets[1:] = torch.bincount(indices.flatten().long(), minlength=E).cumsum(0)
+    offsets = route_by_expert(indices, E).expert_offsets
     x_s = torch.randn((rows, H), generator=generator, device=device).to(torch.bfloat16)
     if kind == "pair":
         d = torch.randn((rows, 2 * I), generator=generator, device=device).to(torch.bfloat16)
