@@ -92,7 +92,7 @@ install_wheels /tmp/solsite "no official timing, no NVIDIA harness" .whl/sol/*.w
 if [ -e .whl/sonicmoe-site.tar.xz ]; then
   if [ -d /tmp/sonicmoe-site ] || { mkdir -p /tmp/sonicmoe-site && tar -xJf .whl/sonicmoe-site.tar.xz -C /tmp/sonicmoe-site; }; then
     export PYTHONPATH="/tmp/sonicmoe-site:/tmp/sonicmoe-site/nvidia_cutlass_dsl/python_packages:$PYTHONPATH"
-    export QUACK_CACHE_AUTOTUNING=1
+    export QUACK_CACHE_AUTOTUNING=1 TRITON_CACHE_AUTOTUNING=1
     # SonicMoE's compiled kernels and autotuning choices from an earlier machine (scripts/p2/sonicmoe_warmup.py --pack)
     [ -e .whl/quack-cache.tar.xz ] && tar -xJf .whl/quack-cache.tar.xz -C / >>"$LOG" 2>&1
   else

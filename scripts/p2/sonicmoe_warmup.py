@@ -11,8 +11,11 @@ process finds them. This runs one forward + backward of the ``sonicmoe`` layer p
 at the expert shapes of those models (moe_lib/bench/models.py; ``--models`` of the model suite's
 training-step run, ``python -m moe_lib.bench --models --mode forward_backward``), which SonicMoE compiles
 afresh (its kernels are specialised to H, I and E); with ``--pack DIR`` it then writes
-``DIR/quack-cache.tar.xz`` with both caches (paths relative to /), which a later machine unpacks in
-their places (``tar -xJf quack-cache.tar.xz -C /``, same user and home) to skip the compilation.
+``DIR/quack-cache.tar.xz`` with QuACK's caches and Triton's (paths relative to /), which a later machine
+unpacks in their places (``tar -xJf quack-cache.tar.xz -C /``, same user and home) to skip the compilation.
+Most of the first call's minutes are SonicMoE's Triton kernels compiled one autotuning configuration at a
+time: with ``TRITON_CACHE_AUTOTUNING=1`` (set here and by ``scripts/gpu_bench.sh``) Triton's cache keeps the
+autotuning choices beside the compiled kernels, so the unpacked cache skips both.
 """
 
 from __future__ import annotations
@@ -35,10 +38,11 @@ PROBLEM = "moe_experts_backward_bf16"
 
 
 def cache_dirs() -> list[Path]:
-    """QuACK's object cache and its autotuning cache (see the module docstring)."""
+    """QuACK's object cache, its autotuning cache and Triton's cache (see the module docstring)."""
     objects = Path(os.environ.get("QUACK_CACHE_DIR") or Path(tempfile.gettempdir()) / getuser() / "quack_cache")
     autotuning = Path(os.environ.get("QUACK_HOME") or Path.home()) / ".quack" / "cache"
-    return [objects, autotuning]
+    triton = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
+    return [objects, autotuning, triton]
 
 
 def warmup_shapes(names: list[str] | None) -> list[tuple[str, dict]]:
@@ -75,6 +79,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")  # read when SonicMoE's autotuners are made, below
     peer = modes.mode_peers(PROBLEM, "forward_backward")["sonicmoe"]
     reason = peer.unavailable(torch.device("cuda"))
     if reason is not None:
