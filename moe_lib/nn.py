@@ -8,10 +8,10 @@ in ``down_proj``, each stored as ``[out_features, in_features]`` like ``nn.Linea
     MoEExperts     gate_up_proj [E, 2I, H]   down_proj [E, H, I]
 
 so a ``MoEExperts``' state dict loads into those models' ``mlp.experts`` and back, names and shapes alike. The
-forward hands the functional layers (:func:`moe_lib.swiglu_expert`, :func:`moe_lib.moe_experts`) the two row
-halves of ``gate_up_proj`` as views, without a copy (``moe_experts``' grouped engine takes the fused block as it
-lies, :mod:`moe_lib.moe_experts.weights`; its other paths copy the halves contiguous; ``swiglu_expert``'s halves
-are contiguous already). The routing is left to the caller, as in the functional API:
+forward hands :func:`moe_lib.moe_experts_gate_up` the fused ``gate_up_proj`` whole (the grouped engine reads it
+as it lies and writes its gradient as one block; the other paths copy the halves contiguous), and
+:func:`moe_lib.swiglu_expert` its two row halves as views (contiguous already). The routing is left to the
+caller, as in the functional API:
 ``MoEExperts`` takes the token-to-expert assignment (``topk_indices``, ``topk_weights``) with the hidden states.
 """
 
@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from .dispatch import check_impl
-from .moe_experts import moe_experts
+from .moe_experts import moe_experts_gate_up
 from .moe_experts.weights import split_gate_up
 from .swiglu_down import swiglu_expert
 from .swiglu_down.checks import check_precision
@@ -133,14 +133,15 @@ class MoEExperts(nn.Module):
         if all(isinstance(t, torch.Tensor) and t.dim() >= 1 for t in arguments):  # [..., n] → [T, n]
             lead = hidden_states.shape[:-1]
             arguments = tuple(t.reshape(-1, t.shape[-1]) for t in arguments)
-        y = moe_experts(
-            *arguments, *self._weights(), impl=self.impl, validate=self.validate, save_activations=self.save_activations
+        y = moe_experts_gate_up(
+            *arguments,
+            self.gate_up_proj,
+            self.down_proj,
+            impl=self.impl,
+            validate=self.validate,
+            save_activations=self.save_activations,
         )
         return y if lead is None else y.reshape(*lead, self.hidden_size)
-
-    def _weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(gate [E, I, H], up [E, I, H], down [E, H, I]): views of the parameters."""
-        return *split_gate_up(self.gate_up_proj), self.down_proj
 
     def extra_repr(self) -> str:
         return (

@@ -25,6 +25,7 @@ P1, P2, _ = problems.PROBLEM_NAMES
 LAYER_ARGUMENTS = {
     "swiglu_expert": ("x", "gate_weight", "up_weight", "down_weight"),
     "moe_experts": ("hidden_states", "topk_weights", "gate_weights", "up_weights", "down_weights"),
+    "moe_experts_gate_up": ("hidden_states", "topk_weights", "gate_up_weights", "down_weights"),
 }
 PARALLEL_OPS = {"moe_experts_parallel", "moe_experts_parallel_backward"}
 needs_interpreter = pytest.mark.skipif(not interpreter_enabled(), reason="needs TRITON_INTERPRET=1 (the CPU runs)")
@@ -58,6 +59,13 @@ def layer_case(layer: str, T: int, seed: int, device="cpu", dtype=torch.float32,
         def call(x, w, gate, up, down):
             return moe_lib.moe_experts(x, indices, w, gate, up, down, **options)
 
+        if layer == "moe_experts_gate_up":  # the gate and up weights as one block, and so their gradient
+            inputs["gate_up_weights"] = torch.cat((inputs["gate_weights"], inputs["up_weights"]), dim=1)
+            want = (*want[:2], torch.cat(want[2:4], dim=1), want[4])
+
+            def call(x, w, gate_up, down):
+                return moe_lib.moe_experts_gate_up(x, indices, w, gate_up, down, **options)
+
     leaves = [inputs[name].clone().requires_grad_() for name in LAYER_ARGUMENTS[layer]]
     return call, leaves, inputs["grad_output"], want
 
@@ -82,6 +90,7 @@ def assert_compiles_whole(function, leaves) -> None:
         pytest.param("swiglu_expert", {}, id="swiglu_expert"),
         pytest.param("moe_experts", {}, id="moe_experts"),
         pytest.param("moe_experts", dict(save_activations=True, validate=False), id="moe_experts-saved"),
+        pytest.param("moe_experts_gate_up", {}, id="moe_experts_gate_up"),
     ],
 )
 def test_layers_compile_whole_and_match_eager(layer, options, seed):
@@ -256,6 +265,8 @@ def op_cases(device="cpu", dtype=torch.float32, impl="auto", T=6):
     ops = torch.ops.moe_lib
     p1_weights = [p1[n] for n in ("gate_weight", "up_weight", "down_weight")]
     p2_forward = list(p2.values())[1:]
+    gate_up = torch.cat((p2["gate_weights"], p2["up_weights"]), dim=1)
+    p2_gate_up = (*p2_forward[:3], gate_up, p2["down_weights"])
     return [
         (ops.swiglu_down_backward.default, (*p1.values(), impl, "fast", False)),
         (ops.swiglu_expert.default, (p1["x"], *p1_weights, impl, "fast", False)),
@@ -263,16 +274,21 @@ def op_cases(device="cpu", dtype=torch.float32, impl="auto", T=6):
             ops.swiglu_expert_backward.default,
             (p1["grad_output"], p1["x"], *p1_weights, p1["gate"], p1["up"], impl, "fast", False),
         ),
-        (ops.moe_experts_backward.default, (*p2.values(), impl, True, False, None, None)),
+        (ops.moe_experts_backward.default, (*p2.values(), impl, True, False, None, None, None)),
         (ops.moe_experts.default, (*p2_forward, impl, True, False, False)),
         (ops.moe_experts.default, (*p2_forward, impl, False, False, True)),
+        (ops.moe_experts_gate_up.default, (*p2_gate_up, impl, True, False, False)),
+        (
+            ops.moe_experts_backward_gate_up.default,
+            (p2["grad_output"], *p2_gate_up, impl, True, False, None, None, None),
+        ),
     ]
 
 
 def op_id(case) -> str:
     op, arguments = case
     name = op.name().split("::")[1]
-    return f"{name}-saved" if name == "moe_experts" and arguments[-1] else name
+    return f"{name}-saved" if name == "moe_experts" and arguments[-1] is True else name
 
 
 OP_IDS = [op_id(case) for case in op_cases()]

@@ -146,8 +146,8 @@ def test_the_model_selects_moe_lib_by_name_and_switches_back(seed, monkeypatch):
     hf.apply_moe_lib(model, impl="reference")
     assert model.config._experts_implementation == "moe_lib"
     calls = []
-    real = hf.moe_experts
-    monkeypatch.setattr(hf, "moe_experts", lambda *a, **k: calls.append(k) or real(*a, **k))
+    real = hf.moe_experts_gate_up
+    monkeypatch.setattr(hf, "moe_experts_gate_up", lambda *a, **k: calls.append(k) or real(*a, **k))
     input_ids = torch.randint(0, VOCAB, (1, 6))
     model(input_ids=input_ids)
     assert len(calls) == model.config.num_hidden_layers

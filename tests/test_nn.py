@@ -63,20 +63,18 @@ def test_moe_experts_module_matches_float64(seed):
     assert [rel_error(g, w) <= 1e-5 for g, w in zip(got, exact, strict=True)] == [True] * 4
 
 
-def test_the_functional_layer_gets_views_of_the_parameters(monkeypatch):
-    """No copy between the module and the layer: the gate and up weights it passes are the halves of gate_up_proj."""
+def test_the_functional_layer_gets_the_parameters_as_they_lie(monkeypatch):
+    """No copy between the module and the layer: it passes gate_up_proj whole (its gradient comes back as one block)."""
     seen = {}
 
-    def spy(hidden_states, topk_indices, topk_weights, gate, up, down, **options):
-        seen.update(gate=gate, up=up, down=down, options=options)
+    def spy(hidden_states, topk_indices, topk_weights, gate_up, down, **options):
+        seen.update(gate_up=gate_up, down=down, options=options)
         return hidden_states.clone()
 
-    monkeypatch.setattr("moe_lib.nn.moe_experts", spy)
+    monkeypatch.setattr("moe_lib.nn.moe_experts_gate_up", spy)
     module = MoEExperts(3, 8, 4, save_activations=True, validate=False)
     module(torch.randn(2, 8), torch.tensor([[0, 1], [2, 0]]), torch.rand(2, 2))
-    storage = module.gate_up_proj.untyped_storage().data_ptr()
-    assert seen["gate"].untyped_storage().data_ptr() == storage == seen["up"].untyped_storage().data_ptr()
-    assert torch.equal(torch.cat([seen["gate"], seen["up"]], dim=1), module.gate_up_proj)
+    assert seen["gate_up"] is module.gate_up_proj
     assert seen["down"] is module.down_proj
     assert seen["options"] == dict(impl="auto", validate=False, save_activations=True)
 

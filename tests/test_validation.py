@@ -139,6 +139,9 @@ def test_layers_validate_their_inputs():
     p2["topk_indices"][0, 0] = 99
     with pytest.raises(ValueError, match="topk_indices: expert index 99"):
         moe_lib.moe_experts(*list(p2.values())[1:])
+    gate_up = _gate_up_inputs()
+    with pytest.raises(ValueError, match=r"^gate_up_weights: expected shape \[num_experts=6, 2·intermediate_size=16"):
+        moe_lib.moe_experts_gate_up(**dict(gate_up, gate_up_weights=gate_up["gate_up_weights"][:, 1:]))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -157,6 +160,12 @@ def _p2_parallel_inputs():
         local_up_weights=p2["up_weights"],
         local_down_weights=p2["down_weights"],
     )
+
+
+def _gate_up_inputs():
+    p2 = _layer_inputs(p2_inputs, moe_lib.moe_experts)
+    gate_up = torch.cat((p2.pop("gate_weights"), p2.pop("up_weights")), dim=1)
+    return dict(p2, gate_up_weights=gate_up, down_weights=p2.pop("down_weights"))
 
 
 def _layer_inputs(make, function):
@@ -194,6 +203,7 @@ FUNCTIONS = {
         (),
         True,
     ),
+    "moe_experts_gate_up": (lambda **kw: moe_lib.moe_experts_gate_up(**kw), _gate_up_inputs, (), True),
     "moe_experts_parallel": (_parallel, _p2_parallel_inputs, (), False),
 }
 INDEX_ARGUMENTS = ("topk_indices",)
@@ -224,6 +234,7 @@ def test_the_tables_are_the_definitions_and_the_signatures():
     assert p1_checks.LAYER_ARGUMENTS[0].axes == (ANY_LEADING, "hidden_size")
     assert _tensor_parameters(moe_lib.moe_experts) == list(p2_checks.INPUT_NAMES[1:])
     assert _tensor_parameters(moe_experts_parallel) == [a.name for a in p2_checks.PARALLEL_ARGUMENTS]
+    assert _tensor_parameters(moe_lib.moe_experts_gate_up) == [a.name for a in p2_checks.GATE_UP_ARGUMENTS]
 
 
 def _wrongs(function: str) -> list:
@@ -280,7 +291,7 @@ needs_triton = pytest.mark.skipif(
 )
 
 
-LAYERS = ("swiglu_expert", "moe_experts")
+LAYERS = ("swiglu_expert", "moe_experts", "moe_experts_gate_up")
 
 
 def _impls(function: str, way: str) -> list:

@@ -8,8 +8,8 @@ moe_lib's under the name "moe_lib"; after it, ``model.set_experts_implementation
 :func:`apply_moe_lib` does both for a model and sets moe_lib's options (``impl``, ``save_activations``).
 
 The experts keep their parameters (``gate_up_proj`` [E, 2I, H], gate rows first; ``down_proj`` [E, H, I]: the
-layout of :class:`moe_lib.nn.MoEExperts`): the forward hands :func:`moe_lib.moe_experts` their views, so
-checkpoints, optimizers and the routing stay the model's. Supported: SiLU-gated experts in that layout without
+layout of :class:`moe_lib.nn.MoEExperts`): the forward hands :func:`moe_lib.moe_experts_gate_up` them as they
+lie, so checkpoints, optimizers and the routing stay the model's. Supported: SiLU-gated experts in that layout without
 biases; others are refused by name. The router's top-k gives each token distinct, in-range experts by
 construction, so the ids are not validated per call (no host sync in the step).
 """
@@ -20,8 +20,7 @@ import torch
 from torch import nn
 
 from ..dispatch import check_impl
-from ..moe_experts import moe_experts
-from ..nn import split_gate_up
+from ..moe_experts import moe_experts_gate_up
 from ..validation import flag
 
 try:
@@ -72,11 +71,11 @@ def experts_forward(
     if reason is not None:
         raise NotImplementedError(f"experts_implementation='moe_lib': {type(module).__name__}: {reason}")
     options = getattr(module, "moe_lib_options", DEFAULT_OPTIONS)
-    return moe_experts(
+    return moe_experts_gate_up(
         hidden_states,
         top_k_index,
         top_k_weights,
-        *split_gate_up(module.gate_up_proj),
+        module.gate_up_proj,
         module.down_proj,
         impl=options["impl"],
         validate=False,

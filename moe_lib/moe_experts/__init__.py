@@ -16,7 +16,7 @@ parallel.py   expert parallelism over torch.distributed (``moe_lib.distributed``
 slot_sum.py   the parallel layer's last step: each token's K combined rows summed
 """
 
-from .api import moe_experts, moe_experts_backward, moe_experts_forward
+from .api import moe_experts, moe_experts_backward, moe_experts_forward, moe_experts_gate_up
 from .inputs import make_inputs, route_tokens
 from .reference import moe_experts_backward_reference, moe_experts_forward_reference
 
@@ -27,5 +27,6 @@ __all__ = [
     "moe_experts_backward_reference",
     "moe_experts_forward",
     "moe_experts_forward_reference",
+    "moe_experts_gate_up",
     "route_tokens",
 ]

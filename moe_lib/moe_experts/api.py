@@ -3,13 +3,17 @@
 - :func:`moe_experts_backward`: all routed experts' backward with the forward recomputed inside (the
   benchmark's function): checks, then the reference or the Triton kernels.
 - :func:`moe_experts_forward`: y [T, H] for the layers (no checks).
-- :func:`moe_experts`: the layer; it saves nothing but its inputs, and its backward recomputes the
+- :func:`moe_experts`: the layer; by default it saves nothing but its inputs, and its backward recomputes the
   forward, as the benchmark's P2 does. Its forward runs the Triton kernels too where the backward
-  does (a grouped GEMM per expert over the routed rows, no host synchronisation).
+  does (a grouped GEMM per expert over the routed rows, no host synchronisation). Where the grouped engine
+  runs the call, the forward keeps the routing in expert order for the backward (a few kilobytes).
+- :func:`moe_experts_gate_up`: the same layer with the gate and up weights fused in one [E, 2I, H] block, as
+  models keep them; the block's gradient is written whole.
 
-Ops (``torch.ops.moe_lib.*``, each with a fake implementation for shapes and dtypes): ``moe_experts_backward``
-and ``moe_experts`` (the layer's forward, autograd registered; its backward is the first). ``torch.compile`` sees
-each as one node, so the layer compiles whole (``fullgraph=True``). The public functions check what metadata
+Ops (``torch.ops.moe_lib.*``, each with a fake implementation for shapes and dtypes): ``moe_experts_backward``,
+``moe_experts`` (the layer's forward, autograd registered; its backward is the first), ``moe_experts_gate_up``
+and ``moe_experts_backward_gate_up`` likewise. ``torch.compile`` sees each as one node, so the layers compile
+whole (``fullgraph=True``). The public functions check what metadata
 tells (traceable); the checks that read values (expert ids in range and distinct per token, ``check_finite``)
 run inside the ops, on their real inputs, in eager and compiled code alike, with the same messages.
 
@@ -24,10 +28,10 @@ from torch import Tensor
 
 from ..dispatch import check_impl, resolve_impl
 from ..validation import check_contiguous, finite, flag, float_tensor, not_differentiable_again
-from .checks import INPUT_NAMES, check_index_values, check_moe_experts_backward
+from .checks import INPUT_NAMES, check_index_values, check_moe_experts_backward, check_moe_experts_gate_up
 from .reference import moe_experts_backward_reference, moe_experts_forward_reference
 from .structure import preferred, preferred_now
-from .weights import stacked_gate_up
+from .weights import split_gate_up, stacked_gate_up
 
 
 def moe_experts_backward(
@@ -61,7 +65,7 @@ def moe_experts_backward(
     check_moe_experts_backward(*args, validate=False)  # the values: in the op
     if resolve_impl(impl, hidden_states.device, hidden_states.dtype) == "triton":
         check_contiguous(dict(zip(INPUT_NAMES, args, strict=True)))
-    return torch.ops.moe_lib.moe_experts_backward(*args, impl, validate, check_finite, None, None)
+    return torch.ops.moe_lib.moe_experts_backward(*args, impl, validate, check_finite, None, None, None)
 
 
 @torch.library.custom_op("moe_lib::moe_experts_backward", mutates_args=())
@@ -78,26 +82,48 @@ def _moe_experts_backward_op(
     check_finite: bool,
     gate_preactivations: Tensor | None,
     up_preactivations: Tensor | None,
+    routing: Tensor | None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The op behind :func:`moe_experts_backward` (metadata checked by it): the value checks, then the reference or
-    the Triton kernels. The pre-activations (g, u), saved by the layer's Triton forward, are read instead of
-    recomputed (only the Triton path has them)."""
+    the Triton kernels. The pre-activations (g, u) and the routing, kept by the layer's Triton forward, are read
+    instead of made again (only the Triton path has them)."""
     args = (grad_output, hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights)
-    if validate:
-        check_index_values(topk_indices, gate_weights.shape[0])
-    if check_finite:
-        finite(dict(zip(INPUT_NAMES, args, strict=True)))
-    if resolve_impl(impl, hidden_states.device, hidden_states.dtype) == "reference":
-        return moe_experts_backward_reference(*args)
-    from .launch import moe_experts_backward_triton  # imports triton: only on this path
-
-    preactivations = None if gate_preactivations is None else (gate_preactivations, up_preactivations)
-    return moe_experts_backward_triton(*_contiguous(args, 4), preactivations=preactivations)
+    return _backward_of(args, impl, validate, check_finite, (gate_preactivations, up_preactivations), routing)
 
 
 @_moe_experts_backward_op.register_fake
 def _(grad_output, hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights, *flags):
     return tuple(t.new_empty(t.shape) for t in (hidden_states, topk_weights, gate_weights, up_weights, down_weights))
+
+
+def _backward_of(args, impl, validate, check_finite, preactivations, routing, weight_grads_out=None):
+    """Both backward ops' work: the value checks, then the reference or the Triton kernels (the weight gradients
+    written into ``weight_grads_out`` where given)."""
+    _, hidden_states, topk_indices, _, gate_weights, _, _ = args
+    if validate:
+        check_index_values(topk_indices, gate_weights.shape[0])
+    if check_finite:
+        finite(dict(zip(INPUT_NAMES, args, strict=True)))
+    if resolve_impl(impl, hidden_states.device, hidden_states.dtype) == "reference":
+        grads = moe_experts_backward_reference(*args)
+        if weight_grads_out is None:
+            return grads
+        for out, grad in zip(weight_grads_out, grads[2:], strict=True):
+            out.copy_(grad)
+        return (*grads[:2], *weight_grads_out)
+    from .launch import moe_experts_backward_triton  # imports triton: only on this path
+
+    return moe_experts_backward_triton(
+        *_contiguous(args, 4),
+        preactivations=None if preactivations[0] is None else preactivations,
+        weight_grads_out=weight_grads_out,
+        routing=_kept(routing),
+    )
+
+
+def _kept(routing: Tensor | None) -> Tensor | None:
+    """The routing the layer's forward kept (:func:`.launch.layer_routing`); an empty tensor where it kept none."""
+    return None if routing is None or routing.numel() == 0 else routing
 
 
 def _contiguous(tensors: tuple, gate_at: int) -> tuple:
@@ -196,53 +222,160 @@ def _moe_experts_op(
     validate: bool,
     check_finite: bool,
     save_activations: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """The layer's forward: (y, g, u), the pre-activations g and u [T·K, I] where the Triton path keeps them
-    (``save_activations``), else empty [0, I]."""
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The layer's forward: (y, g, u, routing): the pre-activations g and u [T·K, I] where the Triton path keeps
+    them (``save_activations``), else empty [0, I]; the routing in expert order where the grouped engine runs the
+    call (:func:`.launch.layer_routing`, int32), else empty."""
     inputs = (hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights)
+    return _layer_forward(inputs, impl, validate, check_finite, save_activations)
+
+
+def _layer_forward(inputs, impl, validate, check_finite, save_activations):
+    """Both layer ops' forward: (y, g, u, routing) of :func:`_moe_experts_op`."""
+    hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights = inputs
     if validate:
         check_index_values(topk_indices, gate_weights.shape[0])
     if check_finite:
-        finite(
-            dict(
-                hidden_states=hidden_states,
-                topk_weights=topk_weights,
-                gate_weights=gate_weights,
-                up_weights=up_weights,
-                down_weights=down_weights,
-            )
-        )
-    if not _keeps_preactivations(impl, hidden_states, save_activations):
+        finite(dict(zip(INPUT_NAMES[1:], inputs, strict=True)))  # float tensors only
+    no_routing = topk_indices.new_empty(0, dtype=torch.int32)
+    if resolve_impl(impl, hidden_states.device, hidden_states.dtype) != "triton":
         none = hidden_states.new_empty(0, gate_weights.shape[1])
-        return moe_experts_forward(*inputs, impl=impl), none, none.clone()
-    from .launch import moe_experts_forward_triton
+        return moe_experts_forward(*inputs, impl=impl), none, none.clone(), no_routing
+    from .launch import layer_routing, moe_experts_forward_triton
 
-    y, (gate_pre, up_pre) = moe_experts_forward_triton(*_contiguous(inputs, 3), save_preactivations=True)
-    return y, gate_pre, up_pre
+    inputs = _contiguous(inputs, 3)
+    routing = layer_routing(*inputs[:4])
+    if not save_activations:
+        none = hidden_states.new_empty(0, gate_weights.shape[1])
+        y = moe_experts_forward_triton(*inputs, routing=routing)
+        return y, none, none.clone(), no_routing if routing is None else routing
+    y, (gate_pre, up_pre) = moe_experts_forward_triton(*inputs, save_preactivations=True, routing=routing)
+    return y, gate_pre, up_pre, no_routing if routing is None else routing
 
 
 @_moe_experts_op.register_fake
-def _(
-    hidden_states,
-    topk_indices,
-    topk_weights,
-    gate_weights,
-    up_weights,
-    down_weights,
-    impl,
-    validate,
-    check_finite,
-    save_activations,
-):
+def _(hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights, impl, validate, *flags):
+    return _layer_fake(hidden_states, topk_indices, gate_weights, impl, flags[-1])
+
+
+def _layer_fake(hidden_states, topk_indices, gate_weights, impl, save_activations):
+    """Both layer ops' outputs as fake tensors: y; g and u of at least one row where kept; the routing, whose
+    length (E + 1 + 3·T·K, or 0 where the kernels route in place) depends on the chosen structure."""
     rows = 0
     if _keeps_preactivations(impl, hidden_states, save_activations):  # the kernels' buffers: at least one row
         rows = torch.sym_max(topk_indices.shape[0] * topk_indices.shape[1], 1)
     I = gate_weights.shape[1]
+    routing = 0
+    if resolve_impl(impl, hidden_states.device, hidden_states.dtype) == "triton":
+        from .launch import layer_routing_size
+
+        routing = layer_routing_size(hidden_states, topk_indices, gate_weights)
     return (
         hidden_states.new_empty(hidden_states.shape),
         hidden_states.new_empty(rows, I),
         hidden_states.new_empty(rows, I),
+        topk_indices.new_empty(routing, dtype=torch.int32),
     )
+
+
+def moe_experts_gate_up(
+    hidden_states,
+    topk_indices,
+    topk_weights,
+    gate_up_weights,
+    down_weights,
+    *,
+    impl: str = "auto",
+    validate: bool = True,
+    check_finite: bool = False,
+    save_activations: bool = False,
+):
+    """:func:`moe_experts` with the gate and up weights fused in one ``gate_up_weights`` [E, 2I, H]: each expert's I
+    gate rows, then its I up rows (Hugging Face's ``gate_up_proj``, :class:`moe_lib.nn.MoEExperts`'). The same
+    output and options; the block's gradient is one [E, 2I, H] tensor that the kernels write in place, where the
+    gradients of two row-half views would be stacked by autograd (a copy of the block a call)."""
+    check_impl(impl)
+    flag("validate", validate)
+    flag("check_finite", check_finite)
+    flag("save_activations", save_activations)
+    check_moe_experts_gate_up(hidden_states, topk_indices, topk_weights, gate_up_weights, down_weights)
+    resolve_impl(impl, hidden_states.device, hidden_states.dtype)  # impl="triton" where it cannot run: refused here
+    return torch.ops.moe_lib.moe_experts_gate_up(
+        hidden_states.contiguous(),
+        topk_indices.contiguous(),
+        topk_weights.contiguous(),
+        gate_up_weights.contiguous(),
+        down_weights,
+        impl,
+        validate,
+        check_finite,
+        save_activations,
+    )[0]
+
+
+@torch.library.custom_op("moe_lib::moe_experts_gate_up", mutates_args=())
+def _moe_experts_gate_up_op(
+    hidden_states: Tensor,
+    topk_indices: Tensor,
+    topk_weights: Tensor,
+    gate_up_weights: Tensor,
+    down_weights: Tensor,
+    impl: str,
+    validate: bool,
+    check_finite: bool,
+    save_activations: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """:func:`moe_experts_gate_up`'s forward: (y, g, u, routing) as :func:`_moe_experts_op`'s."""
+    gate_weights, up_weights = split_gate_up(gate_up_weights)
+    inputs = (hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights)
+    return _layer_forward(inputs, impl, validate, check_finite, save_activations)
+
+
+@_moe_experts_gate_up_op.register_fake
+def _(hidden_states, topk_indices, topk_weights, gate_up_weights, down_weights, impl, validate, *flags):
+    return _layer_fake(hidden_states, topk_indices, split_gate_up(gate_up_weights)[0], impl, flags[-1])
+
+
+@torch.library.custom_op("moe_lib::moe_experts_backward_gate_up", mutates_args=())
+def _moe_experts_backward_gate_up_op(
+    grad_output: Tensor,
+    hidden_states: Tensor,
+    topk_indices: Tensor,
+    topk_weights: Tensor,
+    gate_up_weights: Tensor,
+    down_weights: Tensor,
+    impl: str,
+    validate: bool,
+    check_finite: bool,
+    gate_preactivations: Tensor | None,
+    up_preactivations: Tensor | None,
+    routing: Tensor | None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """:func:`moe_experts_gate_up`'s backward: (grad_hidden_states, grad_topk_weights, grad_gate_up [E, 2I, H],
+    grad_down), the block's gradient written whole (its two halves' gradients are its row halves)."""
+    if check_finite:
+        finite(
+            dict(
+                grad_output=grad_output,
+                hidden_states=hidden_states,
+                topk_weights=topk_weights,
+                gate_up_weights=gate_up_weights,
+                down_weights=down_weights,
+            )
+        )
+    grad_gate_up = torch.empty(gate_up_weights.shape, dtype=gate_up_weights.dtype, device=gate_up_weights.device)
+    grad_down = torch.empty(down_weights.shape, dtype=down_weights.dtype, device=down_weights.device)
+    weights = (*split_gate_up(gate_up_weights.contiguous()), down_weights)
+    args = (grad_output, hidden_states, topk_indices, topk_weights, *weights)
+    outs = (*split_gate_up(grad_gate_up), grad_down)
+    kept = (gate_preactivations, up_preactivations)
+    grad_x, grad_w, *_ = _backward_of(args, impl, validate, False, kept, routing, outs)
+    return grad_x, grad_w, grad_gate_up, grad_down
+
+
+@_moe_experts_backward_gate_up_op.register_fake
+def _(grad_output, hidden_states, topk_indices, topk_weights, gate_up_weights, down_weights, *flags):
+    return tuple(t.new_empty(t.shape) for t in (hidden_states, topk_weights, gate_up_weights, down_weights))
 
 
 def _keeps_preactivations(impl: str, hidden_states, save_activations: bool) -> bool:
@@ -251,60 +384,47 @@ def _keeps_preactivations(impl: str, hidden_states, save_activations: bool) -> b
 
 
 def _save_for_backward(ctx, inputs, output):
-    (
-        hidden_states,
-        topk_indices,
-        topk_weights,
-        gate_weights,
-        up_weights,
-        down_weights,
-        impl,
-        _,
-        check_finite,
-        save_activations,
-    ) = inputs
-    ctx.save_for_backward(
-        hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights, output[1], output[2]
-    )
+    """Both layer ops': their tensor inputs (gate and up weights, or the fused block), g, u and the routing."""
+    *tensors, impl, _, check_finite, save_activations = inputs
+    ctx.save_for_backward(*tensors, *output[1:])
     ctx.impl, ctx.check_finite = impl, check_finite
     ctx.structure = preferred_now()  # the backward runs the structure the forward ran
-    ctx.preactivations = _keeps_preactivations(impl, hidden_states, save_activations)
-    # g and u are outputs no loss reaches: without this autograd hands the backward zeros of their [T·K, I] shapes
+    ctx.preactivations = _keeps_preactivations(impl, tensors[0], save_activations)
+    # g, u and the routing are outputs no loss reaches: without this autograd hands the backward zeros of their shapes
     ctx.set_materialize_grads(False)
 
 
-def _backward(ctx, grad_output, _grad_gate_pre, _grad_up_pre):
-    hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights, gate_pre, up_pre = (
-        ctx.saved_tensors
-    )
-    args = (grad_output.contiguous(), hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights)
+def _backward(ctx, grad_output, *_not_reached):
+    *inputs, gate_pre, up_pre, routing = ctx.saved_tensors
+    fused = len(inputs) == 5  # (x, ids, w, gate_up, down): moe_experts_gate_up
+    hidden_states, topk_indices, topk_weights, *weights = inputs
+    grad_output = grad_output.contiguous()
     on_triton = resolve_impl(ctx.impl, hidden_states.device, hidden_states.dtype) == "triton"
     if torch.is_grad_enabled() and not on_triton:
         # create_graph=True on the reference path: its PyTorch ops run where autograd sees them, so that the
         # gradients are differentiable again (exactly)
+        if fused:
+            weights = (*split_gate_up(weights[0]), weights[1])
+        args = (grad_output, hidden_states, topk_indices, topk_weights, *weights)
         if ctx.check_finite:
             finite(dict(zip(INPUT_NAMES, args, strict=True)))
         grads = moe_experts_backward_reference(*args)
+        if fused:
+            grads = (*grads[:2], torch.cat(grads[2:4], dim=1), grads[4])
     else:
+        op = torch.ops.moe_lib.moe_experts_backward_gate_up if fused else torch.ops.moe_lib.moe_experts_backward
+        kept = (gate_pre, up_pre) if ctx.preactivations else (None, None)
         with torch.no_grad(), preferred(ctx.structure):  # the op is opaque to autograd: its gradients are constants
-            grads = torch.ops.moe_lib.moe_experts_backward(
-                *args,
-                ctx.impl,
-                False,
-                ctx.check_finite,
-                gate_pre if ctx.preactivations else None,
-                up_pre if ctx.preactivations else None,
-            )
-    grad_x, grad_w, grad_gate, grad_up, grad_down = grads
+            grads = op(grad_output, *inputs, ctx.impl, False, ctx.check_finite, *kept, routing)
     if on_triton:
-        depends_on = (grad_output, hidden_states, topk_weights, gate_weights, up_weights, down_weights)
-        grad_x, grad_w, grad_gate, grad_up, grad_down = not_differentiable_again(
-            (grad_x, grad_w, grad_gate, grad_up, grad_down), depends_on, DOUBLE_BACKWARD_REFUSED
-        )
-    return grad_x, None, grad_w, grad_gate, grad_up, grad_down, None, None, None, None
+        depends_on = (grad_output, hidden_states, topk_weights, *weights)
+        grads = not_differentiable_again(grads, depends_on, DOUBLE_BACKWARD_REFUSED)
+    grad_x, grad_w, *weight_grads = grads
+    return grad_x, None, grad_w, *weight_grads, None, None, None, None
 
 
 torch.library.register_autograd("moe_lib::moe_experts", _backward, setup_context=_save_for_backward)
+torch.library.register_autograd("moe_lib::moe_experts_gate_up", _backward, setup_context=_save_for_backward)
 
 DOUBLE_BACKWARD_REFUSED = (
     "impl: moe_experts' Triton backward cannot be differentiated again (double backward); "

@@ -32,6 +32,13 @@ PARALLEL_ARGUMENTS = (
     Argument("local_down_weights", ("local_experts", "hidden_size", "intermediate_size")),
 )
 PARALLEL_SIZES_FROM = ("hidden_states", "topk_indices", "local_gate_weights")
+# the layer with the gate and up weights fused in one block (moe_experts_gate_up): gate_up_rows = 2·intermediate_size
+GATE_UP_ARGUMENTS = (
+    *BACKWARD_ARGUMENTS[1:4],
+    Argument("gate_up_weights", ("num_experts", "gate_up_rows", "hidden_size")),
+    BACKWARD_ARGUMENTS[6],
+)
+GATE_UP_SIZES_FROM = ("hidden_states", "topk_indices", "down_weights", "gate_up_weights")
 
 
 def check_routing_has_values(topk_indices) -> None:
@@ -69,6 +76,24 @@ def check_moe_experts_backward(
     if validate:
         check_index_values(topk_indices, E)
     return dict(num_tokens=T, hidden_size=H, intermediate_size=I, num_experts=E, top_k=K)
+
+
+def check_moe_experts_gate_up(hidden_states, topk_indices, topk_weights, gate_up_weights, down_weights) -> None:
+    """Checks the inputs of the fused-block layer (:data:`GATE_UP_ARGUMENTS`): as P2's, with gate_up_weights
+    [E, 2I, H] (each expert's I gate rows, then its I up rows)."""
+    names = [argument.name for argument in GATE_UP_ARGUMENTS]
+    values = (hidden_states, topk_indices, topk_weights, gate_up_weights, down_weights)
+    sizes = check_arguments(GATE_UP_ARGUMENTS, dict(zip(names, values, strict=True)), GATE_UP_SIZES_FROM)
+    E, I, H, K = (sizes[axis] for axis in ("num_experts", "intermediate_size", "hidden_size", "top_k"))
+    if sizes["gate_up_rows"] != 2 * I:
+        raise ValueError(
+            f"gate_up_weights: expected shape [num_experts={E}, 2·intermediate_size={2 * I}, hidden_size={H}] (each "
+            f"expert's gate rows, then its up rows), got {list(gate_up_weights.shape)} (intermediate_size from "
+            "down_weights)"
+        )
+    check_routing_has_values(topk_indices)
+    if K > E:
+        raise ValueError(f"topk_indices: top_k={K} exceeds num_experts={E}: a token cannot pick an expert twice")
 
 
 def check_index_values(topk_indices, num_experts: int) -> None:

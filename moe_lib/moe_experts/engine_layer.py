@@ -182,17 +182,35 @@ class _Launches:
 
 
 class _Routed:
-    """The routing of one call in expert order, and the gathers and sums over it."""
+    """The routing of one call in expert order, and the gathers and sums over it: offsets [E + 1] (expert e's rows
+    are offsets[e] ≤ p < offsets[e + 1]), token_of_row and row_of_slot [T·K] int32, scale w_s [T·K] fp32."""
 
-    def __init__(self, topk_indices: torch.Tensor, topk_weights: torch.Tensor, num_experts: int):
-        self.num_tokens, self.top_k = topk_indices.shape
+    def __init__(self, offsets, token_of_row, row_of_slot, scale, num_tokens: int, top_k: int):
+        self.offsets, self.token_of_row, self.row_of_slot, self.scale = offsets, token_of_row, row_of_slot, scale
+        self.num_tokens, self.top_k = num_tokens, top_k
+
+    @classmethod
+    def of(cls, topk_indices: torch.Tensor, topk_weights: torch.Tensor, num_experts: int) -> _Routed:
+        """The routing of ``topk_indices`` [T, K] (sorted on the device: :func:`.routing.route_by_expert`)."""
+        num_tokens, top_k = topk_indices.shape
         routing = route_by_expert(topk_indices, num_experts)
-        self.offsets = routing.expert_offsets
-        sorted_slot = routing.sorted_slot.long()
-        self.token_of_row = torch.div(sorted_slot, max(self.top_k, 1), rounding_mode="floor").int()
-        self.row_of_slot = torch.empty_like(sorted_slot)
-        self.row_of_slot[sorted_slot] = torch.arange(sorted_slot.numel(), device=sorted_slot.device)
-        self.scale = topk_weights.reshape(-1)[sorted_slot].float()  # w_s
+        sorted_slot = routing.sorted_slot
+        token_of_row = torch.div(sorted_slot, max(top_k, 1), rounding_mode="floor")
+        row_of_slot = torch.empty_like(sorted_slot)
+        row_of_slot[sorted_slot] = torch.arange(sorted_slot.numel(), device=sorted_slot.device, dtype=torch.int32)
+        scale = topk_weights.reshape(-1)[sorted_slot].float()  # w_s
+        return cls(routing.expert_offsets, token_of_row, row_of_slot, scale, num_tokens, top_k)
+
+    def packed(self) -> torch.Tensor:
+        """The routing as one int32 tensor [E + 1 + 3·T·K] (w_s by its bits), for a layer's backward to keep."""
+        return torch.cat((self.offsets, self.token_of_row, self.row_of_slot, self.scale.view(torch.int32)))
+
+    @classmethod
+    def unpack(cls, packed: torch.Tensor, num_tokens: int, top_k: int, num_experts: int) -> _Routed:
+        """The routing :meth:`packed` kept, as views of it (nothing computed again)."""
+        slots = num_tokens * top_k
+        offsets, token_of_row, row_of_slot, scale = packed.split((num_experts + 1, slots, slots, slots))
+        return cls(offsets, token_of_row, row_of_slot, scale.view(torch.float32), num_tokens, top_k)
 
     def gather(self, v: torch.Tensor) -> torch.Tensor:
         """v's rows in expert order, [T·K, cols]."""
@@ -210,6 +228,18 @@ class _Routed:
         return sum_slot_rows(rows, self.row_of_slot, self.num_tokens, self.top_k)
 
 
+def saved_routing(topk_indices: torch.Tensor, topk_weights: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """The routing of one call packed in one int32 tensor: made once by a layer's forward, handed to
+    :func:`forward` and :func:`backward` as ``routing`` so that the backward does not sort the slots again."""
+    return _Routed.of(topk_indices, topk_weights, num_experts).packed()
+
+
+def _routed(routing, topk_indices, topk_weights, num_experts: int) -> _Routed:
+    if routing is None:
+        return _Routed.of(topk_indices, topk_weights, num_experts)
+    return _Routed.unpack(routing, *topk_indices.shape, num_experts)
+
+
 def forward(
     hidden_states,
     topk_indices,
@@ -219,8 +249,10 @@ def forward(
     down_weights,
     *,
     save_preactivations: bool = False,
+    routing=None,
 ):
-    """y [T, H] (and, with ``save_preactivations``, (g, u) [T·K, I] each in expert order for :func:`backward`)."""
+    """y [T, H] (and, with ``save_preactivations``, (g, u) [T·K, I] each in expert order for :func:`backward`);
+    ``routing``: :func:`saved_routing` of these inputs, else the routing is made here."""
     T, H = hidden_states.shape
     E, I, _ = gate_weights.shape
     num_slots = T * topk_indices.shape[1]
@@ -240,7 +272,7 @@ def forward(
         y = allocate((T, H), dtype=hidden_states.dtype, device=hidden_states.device).zero_()
         return (y, preactivations) if save_preactivations else y
     launches = _Launches(num_slots, E)
-    routed = _Routed(topk_indices, topk_weights, E)
+    routed = _routed(routing, topk_indices, topk_weights, E)
     x_s = routed.gather(hidden_states)
     gate_pre, up_pre = preactivations or (None, None)
     act = allocate((num_slots, I), dtype=x_s.dtype, device=x_s.device)
@@ -278,10 +310,13 @@ def backward(
     *,
     preactivations=None,
     weight_grads_out=None,
+    routing=None,
 ):
     """(grad_hidden_states [T, H], grad_topk_weights [T, K], grad_gate [E, I, H], grad_up, grad_down [E, H, I]),
-    freshly allocated (the weight gradients into ``weight_grads_out`` where given); ``preactivations`` (g, u) saved
-    by :func:`forward` on the same routing, else recomputed."""
+    freshly allocated (the weight gradients into ``weight_grads_out`` where given: where its gate and up gradients
+    are the row halves of one fused [E, 2I, H] block, one product writes that block, [dg | du]ᵀ·x_s);
+    ``preactivations`` (g, u) saved by :func:`forward` on the same routing, else recomputed; ``routing`` the
+    forward's :func:`saved_routing`, else made again."""
     T, H = hidden_states.shape
     E, I, _ = gate_weights.shape
     K = topk_indices.shape[1]
@@ -290,7 +325,7 @@ def backward(
     _check_memory(device, allocation_bytes(T, K, H, I, E, backward=True, saved=preactivations is not None), T, K)
     allocate = runtime.allocate
     launches = _Launches(num_slots, E)
-    routed = _Routed(topk_indices, topk_weights, E)
+    routed = _routed(routing, topk_indices, topk_weights, E)
     gate_up = gate_up_operand(gate_weights, up_weights)
     x_s = None
     if preactivations is None:  # the forward's first product again, g and u stored only
@@ -350,7 +385,11 @@ def backward(
     if x_s is None:
         x_s = routed.gather(hidden_states)
     grad_gate, grad_up = weight_grad(0, (E, I, H)), weight_grad(1, (E, I, H))
-    launches.weight_grad([(dgate, x_s), (dup, x_s)], routed.offsets, [grad_gate, grad_up])
+    fused_grad = stacked_gate_up(grad_gate, grad_up)
+    if fused_grad is not None:  # the fused block's gradient: [dWg_e; dWu_e] = [dg | du]_eᵀ x_s,e, one product
+        launches.weight_grad([(d_preact, x_s)], routed.offsets, [fused_grad])
+    else:
+        launches.weight_grad([(dgate, x_s), (dup, x_s)], routed.offsets, [grad_gate, grad_up])
     del x_s, d_preact, dgate, dup
     grad_down = weight_grad(2, (E, H, I))
     launches.weight_grad([(routed.rows(grad_output), scaled_act)], routed.offsets, [grad_down])

@@ -269,17 +269,22 @@ def check_memory(
 
 def check_weight_grads_out(weight_grads_out, gate_weights, down_weights) -> tuple:
     """``weight_grads_out`` as (grad_gate, grad_up, grad_down) when each is a contiguous tensor of its weight's
-    shape, dtype and device; a ValueError naming the first that is not."""
+    shape, dtype and device, or grad_gate and grad_up are the row halves of one fused [E, 2I, H] block
+    (:func:`.weights.stacked_gate_up`: a model's ``gate_up_proj`` gradient); a ValueError naming the first that is
+    not."""
     expected = (gate_weights, gate_weights, down_weights)
     if not isinstance(weight_grads_out, (tuple, list)) or len(weight_grads_out) != 3:
         raise ValueError(f"weight_grads_out: expected three tensors (gate, up, down), got {type(weight_grads_out)}")
+    fused = all(isinstance(out, torch.Tensor) for out in weight_grads_out[:2]) and (
+        stacked_gate_up(*weight_grads_out[:2]) is not None
+    )
     for name, out, weights in zip(("gate", "up", "down"), weight_grads_out, expected, strict=True):
         if not (
             isinstance(out, torch.Tensor)
             and out.shape == weights.shape
             and out.dtype == weights.dtype
             and out.device == weights.device
-            and out.is_contiguous()
+            and (out.is_contiguous() or (fused and name != "down"))
         ):
             got = (
                 f"{tuple(out.shape)} {out.dtype} on {out.device}, contiguous={out.is_contiguous()}"
@@ -288,7 +293,8 @@ def check_weight_grads_out(weight_grads_out, gate_weights, down_weights) -> tupl
             )
             raise ValueError(
                 f"weight_grads_out: the {name} gradient must be a contiguous {tuple(weights.shape)} "
-                f"{weights.dtype} tensor on {weights.device}, got {got}"
+                f"{weights.dtype} tensor on {weights.device} (gate and up: or the row halves of one fused block), "
+                f"got {got}"
             )
     return tuple(weight_grads_out)
 
@@ -337,6 +343,7 @@ def moe_experts_backward_triton(
     preactivations=None,
     weight_grads_out=None,
     products: str | None = None,
+    routing=None,
 ):
     """P2 with the Triton kernels; inputs already validated and contiguous (see :mod:`.api`), except that gate and
     up weights may be the row halves of one fused [E, 2I, H] block (:mod:`.weights`).
@@ -345,7 +352,9 @@ def moe_experts_backward_triton(
     grad_gate_weights [E, I, H], grad_up_weights [E, I, H], grad_down_weights [E, H, I]); the
     routing-weight gradient in topk_weights' dtype, the rest in the hidden dtype.
     ``weight_grads_out``: three contiguous tensors of those shapes and dtype (e.g. views of a larger
-    set of experts' gradients) that the weight gradients are written into and returned as. ``config``
+    set of experts' gradients; gate and up also the row halves of one fused [E, 2I, H] block) that the weight
+    gradients are written into and returned as. ``routing``: :func:`layer_routing` of the forward where it made
+    one (the engine's), read instead of sorting the slots again. ``config``
     overrides the tile sizes (default: :func:`~.choose.launch_config`'s); ``preactivations`` (g, u) saved by
     :func:`moe_experts_forward_triton` on the same routing are read instead of recomputed (kernel A then does
     one product of three). ``products`` overrides kernel W's ("plain" or "bf16x3", fp32 inputs only; default:
@@ -373,6 +382,7 @@ def moe_experts_backward_triton(
             down_weights,
             preactivations=preactivations,
             weight_grads_out=weight_grads_out,
+            routing=routing,
         )
     num_slots = T * K
     gate_weights, up_weights = _separate(gate_weights, up_weights)
@@ -389,6 +399,10 @@ def moe_experts_backward_triton(
         grad_down = allocate((E, H, I), dtype=dtype, device=device)
     else:
         grad_gate, grad_up, grad_down = check_weight_grads_out(weight_grads_out, gate_weights, down_weights)
+    fused_out = None
+    if not grad_gate.is_contiguous():  # the halves of a fused block: kernel W writes packed rows, copied in below
+        fused_out = grad_gate, grad_up
+        grad_gate, grad_up = (allocate((E, I, H), dtype=dtype, device=device) for _ in range(2))
     grad_hidden = allocate((T, H), dtype=dtype, device=device)
     grad_topk = allocate((T, K), dtype=topk_weights.dtype, device=device)
 
@@ -458,7 +472,29 @@ def moe_experts_backward_triton(
         launch_token_sum(config, plan, dx_slot, topk_indices, E, grad_hidden, topk_partial, grad_topk)
     else:  # no slots at all (T = 0 or K = 0): nothing reaches grad_hidden_states
         grad_hidden.zero_()
+    if fused_out is not None:
+        for out, grad in zip(fused_out, (grad_gate, grad_up), strict=True):
+            out.copy_(grad)
+        grad_gate, grad_up = fused_out
     return grad_hidden, grad_topk, grad_gate, grad_up, grad_down
+
+
+def layer_routing(hidden_states, topk_indices, topk_weights, gate_weights):
+    """The routing a layer's forward makes once and hands its backward (``routing`` of both), where the engine runs
+    the call (:func:`.engine_layer.saved_routing`); None where kernels A, W, D and C do (they route in place)."""
+    if layer_routing_size(hidden_states, topk_indices, gate_weights) == 0:
+        return None
+    return engine_layer.saved_routing(topk_indices, topk_weights, gate_weights.shape[0])
+
+
+def layer_routing_size(hidden_states, topk_indices, gate_weights) -> int:
+    """The length of :func:`layer_routing`'s tensor (0: none), from the shapes (the layer op's fake says it)."""
+    T, H = hidden_states.shape
+    E, I, _ = gate_weights.shape
+    slots = T * topk_indices.shape[1]
+    if engine_layer.structure(slots, E, H, I, hidden_states.dtype, Target.of(hidden_states.device)) != "engine":
+        return 0
+    return E + 1 + 3 * slots
 
 
 def moe_experts_forward_triton(
@@ -471,6 +507,7 @@ def moe_experts_forward_triton(
     *,
     config: LaunchConfig | None = None,
     save_preactivations: bool = False,
+    routing=None,
 ):
     """The layer's forward y [T, H] (hidden dtype), y_t = Σ_k w_tk · Wd_e (silu(Wg_e x_t) ⊙ Wu_e x_t),
     with the backward's kernels: A without dy (aw = w·a only), D with Wd in place of Wgᵀ and Wuᵀ
@@ -480,6 +517,7 @@ def moe_experts_forward_triton(
     dtype, rows in expert order, for :func:`moe_experts_backward_triton`'s ``preactivations``. The kernels
     address every input by row-major strides: others are refused by name, except gate and up weights that are the
     row halves of one fused [E, 2I, H] block (:mod:`.weights`: the engine reads the block, the other kernels copy).
+    ``routing``: :func:`layer_routing` of these inputs, where the layer keeps it for the backward.
     """
     T, H = hidden_states.shape
     E, I, _ = gate_weights.shape
@@ -495,6 +533,7 @@ def moe_experts_forward_triton(
             up_weights,
             down_weights,
             save_preactivations=save_preactivations,
+            routing=routing,
         )
     gate_weights, up_weights = _separate(gate_weights, up_weights)
     # the forward runs no kernel W: plain products, whatever its backward will multiply

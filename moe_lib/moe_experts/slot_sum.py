@@ -31,7 +31,7 @@ INTERPRETER_BLOCK_H = 16  # small, so that tiny test shapes have several H-tiles
 @triton.jit
 def slot_rows_sum_kernel(
     rows_ptr,  # [S, H] the rows as the combine left them, input dtype
-    row_of_slot_ptr,  # [T·K] int64: the row of slot t·K + k in rows
+    row_of_slot_ptr,  # [T·K] int32 or int64: the row of slot t·K + k in rows
     out_ptr,  # out [T, H]: out[t] = Σ_k rows[row_of_slot[t·K + k]], input dtype
     top_k,  # K
     hidden_size,  # H
@@ -42,7 +42,7 @@ def slot_rows_sum_kernel(
     h_ok = hs < hidden_size
     total = tl.zeros((BLOCK_H,), tl.float32)
     for k in range(0, top_k):
-        row = tl.load(row_of_slot_ptr + token * top_k + k)
+        row = tl.load(row_of_slot_ptr + token * top_k + k).to(tl.int64)
         total += tl.load(rows_ptr + row * hidden_size + hs, mask=h_ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + token * hidden_size + hs, round_to(total, out_ptr.dtype.element_ty, INTERPRETER), mask=h_ok)
 
@@ -55,8 +55,8 @@ def sum_slot_rows_reference(rows: torch.Tensor, row_of_slot: torch.Tensor, num_t
 
 
 def sum_slot_rows(rows: torch.Tensor, row_of_slot: torch.Tensor, num_tokens: int, top_k: int) -> torch.Tensor:
-    """[T, H]: out[t] = Σ_k rows[row_of_slot[t·K + k]] for rows [S, H] (contiguous) and row_of_slot [T·K] int64:
-    :func:`sum_slot_rows_triton` for fp32 and 16-bit rows on the GPU, the reference otherwise."""
+    """[T, H]: out[t] = Σ_k rows[row_of_slot[t·K + k]] for rows [S, H] (contiguous) and row_of_slot [T·K] (int32
+    or int64): :func:`sum_slot_rows_triton` for fp32 and 16-bit rows on the GPU, the reference otherwise."""
     if rows.is_cuda and rows.dtype in KERNEL_DTYPES and num_tokens * top_k > 0 and rows.shape[1] > 0:
         return sum_slot_rows_triton(rows, row_of_slot, num_tokens, top_k)
     return sum_slot_rows_reference(rows, row_of_slot, num_tokens, top_k)

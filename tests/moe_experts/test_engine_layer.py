@@ -15,6 +15,7 @@ from moe_lib import problems
 from moe_lib.engine.gluon_gemm import GemmConfig
 from moe_lib.moe_experts import engine_layer
 from moe_lib.moe_experts.runtime import Target
+from moe_lib.moe_experts.weights import split_gate_up
 
 TOLERANCE = 2e-2  # bf16 operands and outputs against float64 (relative Frobenius error)
 
@@ -101,6 +102,39 @@ def test_forward_and_saved_preactivations(case, seed, nan_workspaces):
         assert torch.equal(a, b)
 
 
+def kept_routing_and_fused_gradient(inputs: dict, preactivations=None) -> tuple:
+    """The backward with the forward's kept routing and the gate/up gradient written into one NaN-filled [E, 2I, H]
+    block (a model's ``gate_up_proj``): (its outputs, the block)."""
+    gate = inputs["gate_weights"]
+    E, I, H = gate.shape
+    routing = engine_layer.saved_routing(inputs["topk_indices"], inputs["topk_weights"], E)
+    assert routing.dtype == torch.int32 and routing.numel() == E + 1 + 3 * inputs["topk_indices"].numel()
+    assert torch.equal(engine_layer.forward(*args(inputs), routing=routing), engine_layer.forward(*args(inputs)))
+    block = torch.full((E, 2 * I, H), float("nan"), dtype=gate.dtype, device=gate.device)
+    outs = (*split_gate_up(block), torch.full_like(inputs["down_weights"], float("nan")))
+    grads = engine_layer.backward(
+        inputs["grad_output"], *args(inputs), preactivations=preactivations, weight_grads_out=outs, routing=routing
+    )
+    return grads, block
+
+
+@pytest.mark.parametrize("case", ["uniform", "skewed", "K1"])
+def test_kept_routing_and_fused_gate_up_gradient_change_no_bit(case, seed, nan_workspaces):
+    """One product [dg | du]ᵀ·x_s writes the fused block: the same sums in the same order as the pair's."""
+    T, H, I, E, K, routing = CASES[case]
+    inputs = bf16_inputs(T, H, I, E, K, routing, seed)
+    grads, block = kept_routing_and_fused_gradient(inputs)
+    for name, got, want in zip(
+        ("grad_hidden_states", "grad_topk_weights", "grad_gate", "grad_up", "grad_down"),
+        grads,
+        engine_layer.backward(inputs["grad_output"], *args(inputs)),
+        strict=True,
+    ):
+        assert torch.equal(got, want), name
+    assert torch.equal(block, torch.cat(grads[2:4], dim=1))
+    assert grads[2].data_ptr() == block.data_ptr()  # written in place, not copied in
+
+
 def test_no_tokens(nan_workspaces):
     inputs = bf16_inputs(0, 64, 64, 4, 2, "uniform", 0)
     grads = engine_layer.backward(inputs["grad_output"], *args(inputs))
@@ -131,7 +165,7 @@ def test_gpu_against_float64(shape, seed, nan_workspaces):
 def test_weight_gradients_read_aligned_rows_through_the_routing():
     from moe_lib.engine.gathered import Gathered
 
-    routed = engine_layer._Routed(torch.tensor([[1, 0], [0, 2], [2, 1]]), torch.rand(3, 2), 3)
+    routed = engine_layer._Routed.of(torch.tensor([[1, 0], [0, 2], [2, 1]]), torch.rand(3, 2), 3)
     x = torch.randn(3, 64).to(torch.bfloat16)
     rows = routed.rows(x)
     assert isinstance(rows, Gathered) and rows.index.dtype == torch.int32
@@ -219,9 +253,9 @@ def test_the_layer_backward_gets_no_zeros_for_its_saved_preactivations(seed):
 
     received = []
 
-    def spy(ctx, grad_output, grad_gate_pre, grad_up_pre):
-        received.append((grad_gate_pre, grad_up_pre))
-        return api._backward(ctx, grad_output, grad_gate_pre, grad_up_pre)
+    def spy(ctx, grad_output, grad_gate_pre, grad_up_pre, grad_routing):
+        received.append((grad_gate_pre, grad_up_pre, grad_routing))
+        return api._backward(ctx, grad_output, grad_gate_pre, grad_up_pre, grad_routing)
 
     T, H, I, E, K, routing = CASES["uniform"]
     inputs = bf16_inputs(T, H, I, E, K, routing, seed)
@@ -233,7 +267,7 @@ def test_the_layer_backward_gets_no_zeros_for_its_saved_preactivations(seed):
         torch.autograd.grad(y, leaves, inputs["grad_output"])
     finally:
         torch.library.register_autograd("moe_lib::moe_experts", api._backward, setup_context=api._save_for_backward)
-    assert received == [(None, None)]
+    assert received == [(None, None, None)]
 
 
 @pytest.mark.parametrize("case", ["skewed", "hot"])  # hot: H = 2I, dX's B [E, 2I, H] square per expert
@@ -344,3 +378,16 @@ def test_gpu_weights_at_an_odd_offset_equal_aligned_ones(seed, nan_workspaces):
     grads = engine_layer.backward(misaligned["grad_output"], *args(misaligned))
     for a, b in zip(grads, engine_layer.backward(inputs["grad_output"], *args(inputs)), strict=True):
         assert torch.isfinite(a).all() and torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(512, 2048, 768, 128, 8), (300, 4096, 1024, 8, 2)])
+def test_gpu_kept_routing_and_fused_gate_up_gradient_change_no_bit(shape, seed, nan_workspaces):
+    T, H, I, E, K = shape
+    inputs = bf16_inputs(T, H, I, E, K, "uniform", seed, device="cuda")
+    _, preactivations = engine_layer.forward(*args(inputs), save_preactivations=True)
+    grads, block = kept_routing_and_fused_gradient(inputs, preactivations)
+    want = engine_layer.backward(inputs["grad_output"], *args(inputs), preactivations=preactivations)
+    for got, expected in zip(grads, want, strict=True):
+        assert torch.equal(got, expected)
+    assert torch.equal(block, torch.cat(want[2:4], dim=1))
