@@ -143,6 +143,17 @@ def specialization(argument):
     return native_specialize_impl(BaseBackend, argument, False, True, True)
 
 
+def signature(value):
+    """What one argument of a call contributes to the launch's encoded arguments, as a key: a tensor's address,
+    shape, strides and dtype (its host descriptors and its pointer are made of nothing else); a sequence's items'
+    signatures; anything else as it is."""
+    if isinstance(value, torch.Tensor):
+        return value.data_ptr(), tuple(value.shape), value.stride(), value.dtype
+    if isinstance(value, (tuple, list)):
+        return tuple(signature(item) for item in value)
+    return value
+
+
 class KernelLaunches:
     """One kernel's launches ``kernel[(programs,)](**arguments, maxnreg=maxnreg)``: the first per key through
     Triton's JIT (which compiles the kernel), kept as an :class:`EncodedLaunch` of what it compiled; later ones with
@@ -156,6 +167,7 @@ class KernelLaunches:
         self.names = tuple(kernel.arg_names)
         self.constexprs = tuple(parameter.is_constexpr for parameter in kernel.params)
         self.compiled: dict = {}  # key → EncodedLaunch
+        self.memo: collections.OrderedDict = collections.OrderedDict()  # call key → (launch, programs, arguments)
 
     def key(self, values, maxnreg: int, device) -> tuple:
         """The compile key of a launch with the kernel's arguments ``values`` (in its order)."""
@@ -172,6 +184,33 @@ class KernelLaunches:
             self.compiled[key] = EncodedLaunch(self.kernel[(programs,)](**arguments, maxnreg=maxnreg))
             return
         encoded.launch(programs, encoded.encode(*values), torch.cuda.current_stream(device).cuda_stream)
+
+    MEMO_ENTRIES = 256  # calls kept: a training step's launches of every layer, repeated step after step
+
+    def memoised(self, call_key, make, *, maxnreg: int, device) -> None:
+        """One launch whose arguments ``make()`` builds, as ``(programs, every kernel argument by name)``, its encoded
+        arguments kept under ``call_key``. ``call_key`` must fix them: every tensor's :func:`signature` and every
+        other value that reaches the arguments (in a training loop they repeat from step to step, the allocator
+        handing out the same addresses). A key seen before launches what was encoded, without building, keying or
+        encoding anything again; tensors are kept as their addresses, so nothing is held alive."""
+        stream = torch.cuda.current_stream(device).cuda_stream
+        kept = self.memo.get(call_key)
+        if kept is not None:
+            encoded, programs, arguments = kept
+            encoded.launch(programs, arguments, stream)
+            return
+        programs, by_name = make()
+        values = [by_name[name] for name in self.names]
+        key = self.key(values, maxnreg, device)
+        encoded = self.compiled.get(key)
+        if encoded is None:  # the first of its kind: compiled by Triton's JIT, which launches it
+            self.compiled[key] = EncodedLaunch(self.kernel[(programs,)](**by_name, maxnreg=maxnreg))
+            return
+        arguments = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in encoded.encode(*values)]
+        if len(self.memo) >= self.MEMO_ENTRIES:
+            self.memo.popitem(last=False)
+        self.memo[call_key] = encoded, programs, arguments
+        encoded.launch(programs, arguments, stream)
 
 
 def prepared_launch(

@@ -360,6 +360,22 @@ def launch_kernel(launches: KernelLaunches, programs: int, arguments: dict, cons
         launches.kernel[(programs,)](**arguments, **constexprs, maxnreg=maxnreg)
 
 
+def launch_memoised(launches: KernelLaunches, call_key, make, *, maxnreg: int, device: torch.device) -> None:
+    """:func:`launch_kernel` of what ``make()`` builds, ``(programs, arguments, constexprs)``; where
+    :data:`ENCODED_LAUNCHES` is set, a launch whose ``call_key`` was seen before reuses its encoded arguments
+    (:meth:`~moe_lib.encoded_launch.KernelLaunches.memoised`: ``make`` is not called)."""
+    if not ENCODED_LAUNCHES:
+        programs, arguments, constexprs = make()
+        launches.kernel[(programs,)](**arguments, **constexprs, maxnreg=maxnreg)
+        return
+
+    def by_name():
+        programs, arguments, constexprs = make()
+        return programs, arguments | constexprs
+
+    launches.memoised(call_key, by_name, maxnreg=maxnreg, device=device)
+
+
 def gemm(a: torch.Tensor, b: torch.Tensor, config: GemmConfig = GemmConfig(), out: torch.Tensor | None = None):
     """a · b ([M, K] · [K, N], each row-major or a transposed view of a row-major tensor) into ``out`` (a new
     [M, N] row-major tensor where None), fp32-accumulated, in the operands' dtype. On a Hopper GPU; rows TMA can

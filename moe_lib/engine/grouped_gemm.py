@@ -70,7 +70,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ..encoded_launch import KernelLaunches, descriptor, shared_layout
+from ..encoded_launch import KernelLaunches, descriptor, shared_layout, signature
 from ..tiling import cdiv, grouped_tile
 from ..tma import aligned, rows_fit
 from .gluon_gemm import (
@@ -79,7 +79,7 @@ from .gluon_gemm import (
     LOADER_REGISTERS,
     SHARED_MEMORY_LIMIT,
     GemmConfig,
-    launch_kernel,
+    launch_memoised,
     sm_count,
     tile_k_loop,
     tile_origin,
@@ -930,7 +930,12 @@ def grouped_gemm(a: torch.Tensor, b, offsets: torch.Tensor, *, out: torch.Tensor
             if tensors[name] is not None:
                 tensors[name].zero_()
         return result
-    arguments, constexprs = launch_arguments(config, a, b, offsets, epilogue, b_transposed, **tensors)
-    programs = grid(M, E, N, config, sm_count(a.device), epilogue)
-    launch_kernel(LAUNCHES, programs, arguments, constexprs, maxnreg=config.maxnreg, device=a.device)
+
+    def make():
+        arguments, constexprs = launch_arguments(config, a, b, offsets, epilogue, b_transposed, **tensors)
+        return grid(M, E, N, config, sm_count(a.device), epilogue), arguments, constexprs
+
+    # everything the launch is made of: a repeated call (the next training step's) skips building it
+    call_key = (a.device, config, epilogue, b_transposed, signature((a, b, offsets)), signature(tuple(tensors.items())))
+    launch_memoised(LAUNCHES, call_key, make, maxnreg=config.maxnreg, device=a.device)
     return result

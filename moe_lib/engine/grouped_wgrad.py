@@ -53,7 +53,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ..encoded_launch import KernelLaunches, shared_layout
+from ..encoded_launch import KernelLaunches, shared_layout, signature
 from ..tiling import cdiv, grouped_tile
 from ..tma import aligned, install_tma_allocator
 from .gathered import Gathered, check_gathered
@@ -63,7 +63,7 @@ from .gluon_gemm import (
     LOADER_REGISTERS,
     SHARED_MEMORY_LIMIT,
     GemmConfig,
-    launch_kernel,
+    launch_memoised,
     sm_count,
     tile_k_loop,
     tile_origin,
@@ -683,7 +683,14 @@ def grouped_weight_grad(problems, offsets: torch.Tensor, *, outs=None, out_dtype
             out.zero_()
         return outs
     install_tma_allocator(offsets.device)  # the global scratch of the descriptors the loading warp makes
-    arguments, constexprs = launch_arguments(config, [problems[p] for p in live], offsets, [outs[p] for p in live])
-    programs = grid(num_experts, [shapes[p] for p in live], config, sm_count(offsets.device))
-    launch_kernel(LAUNCHES, programs, arguments, constexprs, maxnreg=config.maxnreg, device=offsets.device)
+    live_problems, live_outs = [problems[p] for p in live], [outs[p] for p in live]
+
+    def make():
+        arguments, constexprs = launch_arguments(config, live_problems, offsets, live_outs)
+        return grid(num_experts, [shapes[p] for p in live], config, sm_count(offsets.device)), arguments, constexprs
+
+    # everything the launch is made of (a gathered operand by its source and index): a repeated call reuses it
+    operands = [[(x.source, x.index) if isinstance(x, Gathered) else x for x in pair] for pair in live_problems]
+    call_key = (offsets.device, config, signature((operands, offsets, live_outs)))
+    launch_memoised(LAUNCHES, call_key, make, maxnreg=config.maxnreg, device=offsets.device)
     return outs

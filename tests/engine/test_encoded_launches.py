@@ -63,6 +63,48 @@ def test_the_switch_takes_the_jit_path_or_the_kept_encoded_launches(monkeypatch)
     assert encoded.launches == [(4, ["encoded", x, 32, 64, 8], 7)] * 2
 
 
+def test_a_repeated_call_reuses_its_encoded_arguments_and_holds_no_tensor(monkeypatch):
+    """launch_memoised: the first call of a kernel key compiles through the JIT; later calls build and encode once per
+    call key, and a repeated call key launches the kept arguments without building them (``make`` not called), its
+    tensors kept as addresses; a new address is a new call key; the JIT path never keeps anything."""
+    monkeypatch.setattr(encoded_launch, "EncodedLaunch", StandInCompiled)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: SimpleNamespace(cuda_stream=7))
+    launches, device = KernelLaunches(StandInJit()), torch.device("cuda", 0)
+    built = []
+
+    def call(x):
+        def make():
+            built.append(x)
+            return 4, dict(x_ptr=x, n=32), dict(BLOCK=64, num_warps=8)
+
+        key = (device, encoded_launch.signature((x, 32)))
+        gluon_gemm.launch_memoised(launches, key, make, maxnreg=168, device=device)
+
+    x, y = torch.empty(64, dtype=torch.bfloat16), torch.empty(64, dtype=torch.bfloat16)
+    monkeypatch.setattr(gluon_gemm, "ENCODED_LAUNCHES", True)
+    for tensor in (x, x, x, y, x, y):
+        call(tensor)
+    assert len(launches.kernel.calls) == 1  # compiled (here: found) by the JIT once
+    assert [t is x for t in built] == [True, True, False]  # the JIT's call, x's and y's encodings: no more
+    (encoded,) = launches.compiled.values()
+    want_x, want_y = ["encoded", x.data_ptr(), 32, 64, 8], ["encoded", y.data_ptr(), 32, 64, 8]
+    assert [launch[1] for launch in encoded.launches] == [want_x, want_x, want_y, want_x, want_y]
+    assert not any(isinstance(a, torch.Tensor) for _, _, arguments in launches.memo.values() for a in arguments)
+    monkeypatch.setattr(gluon_gemm, "ENCODED_LAUNCHES", False)
+    call(x)
+    assert len(launches.kernel.calls) == 2 and len(launches.memo) == 2
+
+
+def test_the_signature_of_a_call_changes_with_what_its_launch_is_made_of():
+    x = torch.empty(4, 8, dtype=torch.bfloat16)
+    sig = encoded_launch.signature
+    assert sig((x, 3)) == sig((x, 3)) == sig((x.view(4, 8), 3))  # a view of the same memory, the same shape
+    for other in (x.t(), x[:, :4], x.view(8, 4), x.float(), x[1:], x.clone()):
+        assert sig((other, 3)) != sig((x, 3))
+    assert sig((x, 3)) != sig((x, 4))
+    assert sig([(x, None)]) == ((sig(x), None),)
+
+
 def test_the_engines_launches_are_kept_per_kernel():
     for module, kernel in (
         (gemm_module, gemm_module.grouped_gemm_kernel),
