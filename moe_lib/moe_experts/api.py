@@ -180,10 +180,7 @@ def moe_experts(
     them contiguous. ``torch.compile(fullgraph=True)`` takes it
     whole: forward and backward are one op each.
     """
-    check_impl(impl)
-    flag("validate", validate)
-    flag("check_finite", check_finite)
-    flag("save_activations", save_activations)
+    _check_layer_options(impl, validate, check_finite, save_activations)
     float_tensor("hidden_states", hidden_states)  # named as itself, before it stands in for grad_output below
     check_moe_experts_backward(
         hidden_states,
@@ -294,10 +291,7 @@ def moe_experts_gate_up(
     gate rows, then its I up rows (Hugging Face's ``gate_up_proj``, :class:`moe_lib.nn.MoEExperts`'). The same
     output and options; the block's gradient is one [E, 2I, H] tensor that the kernels write in place, where the
     gradients of two row-half views would be stacked by autograd (a copy of the block a call)."""
-    check_impl(impl)
-    flag("validate", validate)
-    flag("check_finite", check_finite)
-    flag("save_activations", save_activations)
+    _check_layer_options(impl, validate, check_finite, save_activations)
     check_moe_experts_gate_up(hidden_states, topk_indices, topk_weights, gate_up_weights, down_weights)
     resolve_impl(impl, hidden_states.device, hidden_states.dtype)  # impl="triton" where it cannot run: refused here
     return torch.ops.moe_lib.moe_experts_gate_up(
@@ -376,6 +370,14 @@ def _moe_experts_backward_gate_up_op(
 @_moe_experts_backward_gate_up_op.register_fake
 def _(grad_output, hidden_states, topk_indices, topk_weights, gate_up_weights, down_weights, *flags):
     return tuple(t.new_empty(t.shape) for t in (hidden_states, topk_weights, gate_up_weights, down_weights))
+
+
+def _check_layer_options(impl, validate, check_finite, save_activations) -> None:
+    """Both layers' options, each named where it is wrong."""
+    check_impl(impl)
+    flag("validate", validate)
+    flag("check_finite", check_finite)
+    flag("save_activations", save_activations)
 
 
 def _keeps_preactivations(impl: str, hidden_states, save_activations: bool) -> bool:
