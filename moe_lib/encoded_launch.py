@@ -8,7 +8,8 @@ into :meth:`~EncodedLaunch.encode` (the arguments as Triton's C launcher takes t
 is issued) and :meth:`~EncodedLaunch.launch` (one call into that launcher, ~10 µs), from the kernel Triton compiled
 on its first call. It uses Triton's own launcher and descriptor encoder (``triton.backends.nvidia.driver``, triton 3.6).
 :class:`KernelLaunches` keeps one kernel's encoded launches per specialisation (:func:`specialization`): the grouped
-engine's launches (``moe_lib/engine/``) go through it.
+engine's launches (``moe_lib/engine/``) go through it, and keep a call's encoded arguments under what they are made
+of (:meth:`KernelLaunches.memoised`, :func:`signature`), so that a training step's repeated calls skip encoding.
 """
 
 from __future__ import annotations
