@@ -14,13 +14,16 @@ afresh (its kernels are specialised to H, I and E); with ``--pack DIR`` it then 
 ``DIR/quack-cache.tar.xz`` with QuACK's caches and Triton's (paths relative to /), which a later machine
 unpacks in their places (``tar -xJf quack-cache.tar.xz -C /``, same user and home) to skip the compilation.
 Most of the first call's minutes are SonicMoE's Triton kernels compiled one autotuning configuration at a
-time: with ``TRITON_CACHE_AUTOTUNING=1`` (set here and by ``scripts/gpu_bench.sh``) Triton's cache keeps the
-autotuning choices beside the compiled kernels, so the unpacked cache skips both.
+time, as Triton's autotuner times them: here each autotuner compiles all its candidate configurations at once first,
+in ``--compile-threads`` threads (Triton's ``AsyncCompileMode``; the timing that follows finds them compiled). With
+``TRITON_CACHE_AUTOTUNING=1`` (set here and by ``scripts/gpu_bench.sh``) Triton's cache keeps the autotuning choices
+beside the compiled kernels, so the unpacked cache skips both.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import subprocess
 import tempfile
@@ -60,6 +63,33 @@ def warmup_shapes(names: list[str] | None) -> list[tuple[str, dict]]:
     return shapes
 
 
+@contextlib.contextmanager
+def compiles_in_parallel(threads: int):
+    """Within it, a Triton autotuner about to time its configurations first compiles them all at once in ``threads``
+    threads (the compiler's ptxas runs outside the GIL), where it would compile each as it times it. A compile that
+    fails here is left to the timing, which reports it as Triton does."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from triton.runtime import autotuner
+    from triton.runtime._async_compile import AsyncCompileMode
+
+    prune = autotuner.Autotuner.prune_configs
+
+    def prune_then_compile(self, kwargs):
+        configs = prune(self, kwargs)
+        if threads > 1 and len(configs) > 1:
+            with ThreadPoolExecutor(threads) as pool, AsyncCompileMode(pool, ignore_errors=True):
+                for config in configs:
+                    self.fn.run(**self.nargs, **dict(kwargs, warmup=True), **config.all_kwargs())
+        return configs
+
+    autotuner.Autotuner.prune_configs = prune_then_compile
+    try:
+        yield
+    finally:
+        autotuner.Autotuner.prune_configs = prune
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=token_list, default=[2048, 8192, 32768])
@@ -69,12 +99,30 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="comma-separated model names of moe_lib/bench/models.py: their expert shapes instead of P2's",
     )
     parser.add_argument("--pack", type=Path, help="write DIR/quack-cache.tar.xz with the caches when done")
+    parser.add_argument(
+        "--compile-threads", type=int, default=os.cpu_count() or 1, help="threads compiling Triton's configurations"
+    )
     args = parser.parse_args(argv)
     try:
         args.shapes = warmup_shapes(args.models)
     except ValueError as exc:
         parser.error(str(exc))
     return args
+
+
+def warm_up(peer, problem, shapes: list[tuple[str, dict]], tokens: list[int]) -> None:
+    """Two forward + backward calls of SonicMoE at each shape and token count, each call's time printed."""
+    for label, axes in shapes:
+        for num_tokens in tokens:
+            inputs = problem.make_inputs(num_tokens, device="cuda", **axes)
+            for attempt in ("first call (compiles and autotunes)", "second call"):
+                start = time.perf_counter()
+                outputs = peer.prepare(inputs)()
+                torch.cuda.synchronize()
+                print(f"{label} T={num_tokens}: {attempt}: {time.perf_counter() - start:.1f} s", flush=True)
+                del outputs
+            del inputs
+            torch.cuda.empty_cache()
 
 
 def main(argv=None) -> None:
@@ -85,17 +133,8 @@ def main(argv=None) -> None:
     if reason is not None:
         raise SystemExit(f"sonicmoe unavailable: {reason}")
     problem = problems.load(PROBLEM)
-    for label, axes in args.shapes:
-        for num_tokens in args.tokens:
-            inputs = problem.make_inputs(num_tokens, device="cuda", **axes)
-            for attempt in ("first call (compiles and autotunes)", "second call"):
-                start = time.perf_counter()
-                outputs = peer.prepare(inputs)()
-                torch.cuda.synchronize()
-                print(f"{label} T={num_tokens}: {attempt}: {time.perf_counter() - start:.1f} s", flush=True)
-                del outputs
-            del inputs
-            torch.cuda.empty_cache()
+    with compiles_in_parallel(args.compile_threads):
+        warm_up(peer, problem, args.shapes, args.tokens)
     if args.pack:
         args.pack.mkdir(parents=True, exist_ok=True)
         archive = args.pack / "quack-cache.tar.xz"

@@ -95,6 +95,32 @@ def test_sonicmoe_warmup_compiles_at_the_models_expert_shapes():
     assert [label for label, _ in warmup["warmup_shapes"](every)] == every
 
 
+def test_sonicmoe_warmup_compiles_every_autotuning_config_before_timing_them():
+    """Within compiles_in_parallel an autotuner's pruned configs are each compiled (run with warmup=True) while
+    Triton's AsyncCompileMode is active, before the autotuner times them; outside it, pruning compiles nothing."""
+    import runpy
+
+    from triton.runtime._async_compile import active_mode
+    from triton.runtime.autotuner import Autotuner, Config
+
+    warmup = runpy.run_path(str(ROOT / "scripts" / "p2" / "sonicmoe_warmup.py"), run_name="threads")
+    runs = []
+
+    class Kernel:
+        def run(self, **kwargs):
+            runs.append((kwargs["x"], kwargs["BLOCK"], kwargs["warmup"], active_mode.get() is not None))
+
+    tuner = Autotuner.__new__(Autotuner)
+    tuner.fn, tuner.nargs = Kernel(), {"x": "x_ptr"}
+    tuner.configs = [Config({"BLOCK": block}) for block in (32, 64, 128)]
+    tuner.early_config_prune = tuner.perf_model = None
+    with warmup["compiles_in_parallel"](4):
+        assert tuner.prune_configs({"grid": (1,), "warmup": False}) == tuner.configs
+    assert runs == [("x_ptr", block, True, True) for block in (32, 64, 128)]
+    runs.clear()
+    assert tuner.prune_configs({"grid": (1,), "warmup": False}) == tuner.configs and runs == []
+
+
 def test_gpu_bench_layer_run_at_the_models_parses_as_the_benchmark_takes_it():
     """RUNS=p2_layer_models' defaults (models, token counts, layer peers) are accepted by the benchmark's command line:
     a renamed model or peer would fail that run on the GPU."""
