@@ -78,6 +78,10 @@ GATHER_WARPS = 4  # the loading partition's warps where an operand is gathered (
 # whether the consumers fence cp.async's writes before their wgmma read them (Triton's own cp.async pipelines and
 # CUTLASS's sm90 multistage mainloop do not)
 FENCE_GATHERED = True
+# whether the loading warp, before it rewrites a descriptor pair, waits for every step in flight to land rather than
+# only the steps that read that pair (a check of the fault in notes/p2/engine-wgrad.md, "A fault when another
+# process shares the GPU": scripts/p2/shared_gpu_check.py --wait-every-step); set before the first launch
+WAIT_EVERY_STEP = False
 # their registers after setmaxnreg (a step's addresses and the next step's indices), by consumers: what the
 # consumers' accumulators leave (ping-pong's two 128 × 128 accumulators need more than cooperative's one 128 × 256)
 GATHER_LOADER_REGISTERS = {"cooperative": 128, "pingpong": 104}
@@ -177,6 +181,16 @@ def wait_landed(ready, first, last, issued, BUFFERS: gl.constexpr):
         mbarrier.wait(ready.index(i % BUFFERS), (i // BUFFERS) & 1)
 
 
+@gluon.jit
+def wait_before_rewrite(ready, first, last, issued, BUFFERS: gl.constexpr, WAIT_ALL: gl.constexpr):
+    """Before a descriptor pair is rewritten: waits until the steps first .. last that read it have landed (with
+    WAIT_ALL, every step issued so far)."""
+    if WAIT_ALL:
+        wait_landed(ready, 0, issued - 1, issued, BUFFERS)
+    else:
+        wait_landed(ready, first, last, issued, BUFFERS)
+
+
 @gluon.constexpr_function
 def gather_layout(C, WARPS):
     """The loading threads over a gathered tile's [R, C]: 16 bytes (8 elements) a thread in a row."""
@@ -270,10 +284,12 @@ def load_run(a_desc, b_desc, a_src, b_src, a_stride, b_stride, index_ptr, a_gath
 def wgrad_load_partition(a0_ptr, b0_ptr, a1_ptr, b1_ptr, a2_ptr, b2_ptr, a0_stride, b0_stride, a1_stride,
                          b1_stride, a2_stride, b2_stride, c0_desc, c1_desc, c2_desc, a_bufs, b_bufs, ready, empty,
                          offsets_ptr, index_ptr, num_experts, PROBLEMS: gl.constexpr, GROUP_M: gl.constexpr,
-                         GATHER_A: gl.constexpr, GATHER_B: gl.constexpr, WARPS: gl.constexpr):
+                         GATHER_A: gl.constexpr, GATHER_B: gl.constexpr, WARPS: gl.constexpr,
+                         WAIT_ALL: gl.constexpr):
     """The loading partition: the program's tiles run by run (a run: its tiles of one expert and problem), each run's
     descriptors made over the expert's rows, every K step of the run's tiles into the ring (a gathered operand's
-    rows copied through the index instead)."""
+    rows copied through the index instead). Before it rewrites a pair it waits for the loads that read it (with
+    WAIT_ALL, for every step in flight)."""
     BUFFERS: gl.constexpr = a_bufs.type.shape[0]
     BLOCK_K: gl.constexpr = a_bufs.type.shape[1]
     BLOCK_M: gl.constexpr = a_bufs.type.shape[2]
@@ -313,7 +329,7 @@ def wgrad_load_partition(a0_ptr, b0_ptr, a1_ptr, b1_ptr, a2_ptr, b2_ptr, a0_stri
             # the expert's rows alone: TMA fills the rows past them with zeros (a gathered operand's descriptor,
             # made as the other's, is never used)
             if runs % 2 == 0:
-                wait_landed(ready, first0, last0, i, BUFFERS)
+                wait_before_rewrite(ready, first0, last0, i, BUFFERS, WAIT_ALL)
                 a_desc = tma.make_tensor_descriptor(a_base, [rows, m], [a_stride, 1], [BLOCK_K, BLOCK_M], A_LAYOUT)
                 b_desc = tma.make_tensor_descriptor(b_base, [rows, n], [b_stride, 1], [BLOCK_K, BLOCK_N], B_LAYOUT)
                 first0 = i
@@ -322,7 +338,7 @@ def wgrad_load_partition(a0_ptr, b0_ptr, a1_ptr, b1_ptr, a2_ptr, b2_ptr, a0_stri
                              GATHER_A | GATHER_B, WARPS)
                 last0 = i - 1
             else:
-                wait_landed(ready, first1, last1, i, BUFFERS)
+                wait_before_rewrite(ready, first1, last1, i, BUFFERS, WAIT_ALL)
                 a_desc = tma.make_tensor_descriptor(a_base, [rows, m], [a_stride, 1], [BLOCK_K, BLOCK_M], A_LAYOUT)
                 b_desc = tma.make_tensor_descriptor(b_base, [rows, n], [b_stride, 1], [BLOCK_K, BLOCK_N], B_LAYOUT)
                 first1 = i
@@ -427,6 +443,7 @@ def grouped_wgrad_kernel(
     GATHER_A: gl.constexpr,  # bit p set: A_p is gathered (a_p_ptr, a_p_stride: its source [T, M_p]); else 0
     GATHER_B: gl.constexpr,  # bit p set: B_p is gathered (b_p_ptr, b_p_stride: its source [T, N_p]); else 0
     LOADER_WARPS: gl.constexpr,  # warps of the loading partition: 1, or GATHER_WARPS where any operand is gathered
+    WAIT_ALL: gl.constexpr,  # the loading warp waits for every step in flight before it rewrites a descriptor pair
     FENCE_GATHERS: gl.constexpr,  # whether the consumers fence gathered buffers before their wgmma (FENCE_GATHERED)
     BLOCK_K: gl.constexpr,  # rows (K) a step
     BUFFERS: gl.constexpr,  # buffers of the ring
@@ -469,7 +486,7 @@ def grouped_wgrad_kernel(
             (wgrad_load_partition, (a0_ptr, b0_ptr, a1_ptr, b1_ptr, a2_ptr, b2_ptr, a0_stride, b0_stride,
                                     a1_stride, b1_stride, a2_stride, b2_stride, c0_desc, c1_desc, c2_desc, a_bufs,
                                     b_bufs, ready, empty, offsets_ptr, index_ptr, num_experts, PROBLEMS, GROUP_M,
-                                    GATHER_A, GATHER_B, LOADER_WARPS)),
+                                    GATHER_A, GATHER_B, LOADER_WARPS, WAIT_ALL)),
         ], [4, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
     else:
         gl.warp_specialize([
@@ -479,7 +496,7 @@ def grouped_wgrad_kernel(
             (wgrad_load_partition, (a0_ptr, b0_ptr, a1_ptr, b1_ptr, a2_ptr, b2_ptr, a0_stride, b0_stride,
                                     a1_stride, b1_stride, a2_stride, b2_stride, c0_desc, c1_desc, c2_desc, a_bufs,
                                     b_bufs, ready, empty, offsets_ptr, index_ptr, num_experts, PROBLEMS, GROUP_M,
-                                    GATHER_A, GATHER_B, LOADER_WARPS)),
+                                    GATHER_A, GATHER_B, LOADER_WARPS, WAIT_ALL)),
         ], [LOADER_WARPS], [LOADER_REGS])
 
 
@@ -643,7 +660,8 @@ def launch_arguments(config: GemmConfig, problems, offsets, outs) -> tuple[dict,
     arguments.update(offsets_ptr=offsets, index_ptr=index, num_experts=offsets.shape[0] - 1)
     gathers = bool(gather_a | gather_b)
     constexprs = dict(PROBLEMS=len(problems), GATHER_A=gather_a, GATHER_B=gather_b,
-                      LOADER_WARPS=GATHER_WARPS if gathers else 1, FENCE_GATHERS=gathers and FENCE_GATHERED,
+                      LOADER_WARPS=GATHER_WARPS if gathers else 1, WAIT_ALL=WAIT_EVERY_STEP,
+                      FENCE_GATHERS=gathers and FENCE_GATHERED,
                       BLOCK_K=config.block_k, BUFFERS=config.stages, OUT_BUFS=output_buffers(config, outs[0].dtype),
                       GROUP_M=config.group_m, PINGPONG=config.pingpong, CONSUMER_REGS=CONSUMER_REGISTERS,
                       LOADER_REGS=GATHER_LOADER_REGISTERS[config.consumers] if gathers else LOADER_REGISTERS,
