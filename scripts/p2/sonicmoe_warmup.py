@@ -65,9 +65,10 @@ def warmup_shapes(names: list[str] | None) -> list[tuple[str, dict]]:
 
 @contextlib.contextmanager
 def compiles_in_parallel(threads: int):
-    """Within it, a Triton autotuner about to time its configurations first compiles them all at once in ``threads``
-    threads (the compiler's ptxas runs outside the GIL), where it would compile each as it times it. A compile that
-    fails here is left to the timing, which reports it as Triton does."""
+    """Within it, a Triton autotuner meeting a new key compiles all its pruned configurations at once in ``threads``
+    threads (the compiler's ptxas runs outside the GIL), where it would compile each as it times it; where Triton's
+    disk cache already holds the choice, the compiled kernels are loaded from its cache all the same (the hook runs
+    at pruning, before that cache is read). A compile that fails here is left to the timing, which reports it."""
     from concurrent.futures import ThreadPoolExecutor
 
     from triton.runtime import autotuner
