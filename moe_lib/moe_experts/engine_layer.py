@@ -1,6 +1,6 @@
 """P2's layer on the grouped engine (:mod:`moe_lib.engine`): forward and backward in six weight passes.
 
-Slots s = t·K + k sorted by expert (:func:`.routing.route_by_expert`: position p holds slot sorted_slot[p], and
+Slots s = t·K + k sorted by expert (:func:`.packed_routing.packed_routing`: position p holds slot sorted_slot[p], and
 row_of_slot is its inverse); x_s[p] = x[token of p], dy_s likewise, w_s[p] = topk_weights[slot of p]. Per expert e,
 over its rows offsets[e] ≤ p < offsets[e + 1], each line one persistent launch:
 
@@ -50,7 +50,7 @@ from ..engine.gluon_gemm import GemmConfig
 from ..tma import aligned
 from ..validation import fits_in_memory
 from . import runtime
-from .routing import route_by_expert
+from .packed_routing import packed_routing
 from .slot_sum import sum_slot_rows
 from .structure import preferred_now
 from .weights import stacked_gate_up
@@ -191,23 +191,12 @@ class _Routed:
 
     @classmethod
     def of(cls, topk_indices: torch.Tensor, topk_weights: torch.Tensor, num_experts: int) -> _Routed:
-        """The routing of ``topk_indices`` [T, K] (sorted on the device: :func:`.routing.route_by_expert`)."""
-        num_tokens, top_k = topk_indices.shape
-        routing = route_by_expert(topk_indices, num_experts)
-        sorted_slot = routing.sorted_slot
-        token_of_row = torch.div(sorted_slot, max(top_k, 1), rounding_mode="floor")
-        row_of_slot = torch.empty_like(sorted_slot)
-        row_of_slot[sorted_slot] = torch.arange(sorted_slot.numel(), device=sorted_slot.device, dtype=torch.int32)
-        scale = topk_weights.reshape(-1)[sorted_slot].float()  # w_s
-        return cls(routing.expert_offsets, token_of_row, row_of_slot, scale, num_tokens, top_k)
-
-    def packed(self) -> torch.Tensor:
-        """The routing as one int32 tensor [E + 1 + 3·T·K] (w_s by its bits), for a layer's backward to keep."""
-        return torch.cat((self.offsets, self.token_of_row, self.row_of_slot, self.scale.view(torch.int32)))
+        """The routing of ``topk_indices`` [T, K] (sorted on the device: :func:`.packed_routing.packed_routing`)."""
+        return cls.unpack(packed_routing(topk_indices, topk_weights, num_experts), *topk_indices.shape, num_experts)
 
     @classmethod
     def unpack(cls, packed: torch.Tensor, num_tokens: int, top_k: int, num_experts: int) -> _Routed:
-        """The routing :meth:`packed` kept, as views of it (nothing computed again)."""
+        """The routing :func:`.packed_routing.packed_routing` packed, as views of it (nothing computed again)."""
         slots = num_tokens * top_k
         offsets, token_of_row, row_of_slot, scale = packed.split((num_experts + 1, slots, slots, slots))
         return cls(offsets, token_of_row, row_of_slot, scale.view(torch.float32), num_tokens, top_k)
@@ -231,7 +220,7 @@ class _Routed:
 def saved_routing(topk_indices: torch.Tensor, topk_weights: torch.Tensor, num_experts: int) -> torch.Tensor:
     """The routing of one call packed in one int32 tensor: made once by a layer's forward, handed to
     :func:`forward` and :func:`backward` as ``routing`` so that the backward does not sort the slots again."""
-    return _Routed.of(topk_indices, topk_weights, num_experts).packed()
+    return packed_routing(topk_indices, topk_weights, num_experts)
 
 
 def _routed(routing, topk_indices, topk_weights, num_experts: int) -> _Routed:
