@@ -11,12 +11,16 @@ Three timers share one procedure (:func:`measure`: warm-up, an estimate, then ti
 Before every timed run a 512 MiB buffer is overwritten (outside the timed window) so that each run
 starts with a cold L2. Samples are summarised by their median and 20th/80th percentiles.
 :func:`time_graph` (and its shorthand :func:`graph_median_ms`) captures a callable and times its
-replays in one call, for the harness and the tuning scripts alike.
+replays in one call, for the harness and the tuning scripts alike. :func:`cprofile_table` tells where a call's host
+time goes, for the host-time scripts.
 """
 
 from __future__ import annotations
 
+import cProfile
+import io
 import math
+import pstats
 import time
 
 import numpy as np
@@ -243,3 +247,17 @@ def graph_median_ms(fn, flush=None, reps: int = 30) -> float:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else ""
+
+
+def cprofile_table(call, calls: int, top: int = 25) -> str:
+    """cProfile's table of ``calls`` calls of ``call`` (a CUDA synchronize after them), the ``top`` costliest
+    functions by own time."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        call()
+    profiler.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
+    return text.getvalue()

@@ -14,9 +14,6 @@ Prints one table; with $OUT set, also writes it as JSON there.
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
-import pstats
 import time
 
 import torch
@@ -44,15 +41,7 @@ def profile_calls(call, calls: int) -> str:
     """cProfile's table of ``calls`` calls (after one warm-up call), the 25 costliest functions by own time."""
     call()
     torch.cuda.synchronize()
-    profiler = cProfile.Profile()
-    profiler.enable()
-    for _ in range(calls):
-        call()
-    profiler.disable()
-    torch.cuda.synchronize()
-    text = io.StringIO()
-    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
-    return text.getvalue()
+    return timing.cprofile_table(call, calls)
 
 
 def main() -> None:

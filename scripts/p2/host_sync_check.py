@@ -11,15 +11,14 @@ top N functions by own time over ``--calls`` calls.
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
-import pstats
 import sys
 import time
 import warnings
 from pathlib import Path
 
 import torch
+
+from moe_lib.bench.timing import cprofile_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import host_time  # noqa: E402
@@ -50,18 +49,6 @@ def host_ms_behind_sleep(call) -> float:
     return host * 1e3
 
 
-def profile(call, calls: int, top: int) -> str:
-    profiler = cProfile.Profile()
-    profiler.enable()
-    for _ in range(calls):
-        call()
-    profiler.disable()
-    torch.cuda.synchronize()
-    text = io.StringIO()
-    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
-    return text.getvalue()
-
-
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", default="model", choices=[c for c in host_time.MOE_CASES if c != "tiny"])
@@ -81,7 +68,7 @@ def main(argv=None) -> None:
         print(f"{phase}: {host_ms_behind_sleep(calls[phase]):.2f} ms of host behind a 50 ms sleep")
         if args.profile:
             print(f"--- cProfile, {phase}, {args.calls} calls, by own time")
-            print(profile(calls[phase], args.calls, args.profile))
+            print(cprofile_table(calls[phase], args.calls, args.profile))
 
 
 if __name__ == "__main__":
