@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import os
 import subprocess
+import sys
 import tempfile
 import time
 from getpass import getuser
@@ -103,7 +105,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--compile-threads", type=int, default=os.cpu_count() or 1, help="threads compiling Triton's configurations"
     )
+    parser.add_argument(
+        "--stacks-every",
+        type=float,
+        metavar="SECONDS",
+        help="print every thread's Python stack to stderr every SECONDS (where a long first call spends its time)",
+    )
     args = parser.parse_args(argv)
+    if args.stacks_every is not None and args.stacks_every <= 0:
+        parser.error(f"--stacks-every must be positive, got {args.stacks_every}")
     try:
         args.shapes = warmup_shapes(args.models)
     except ValueError as exc:
@@ -134,8 +144,11 @@ def main(argv=None) -> None:
     if reason is not None:
         raise SystemExit(f"sonicmoe unavailable: {reason}")
     problem = problems.load(PROBLEM)
+    if args.stacks_every:
+        faulthandler.dump_traceback_later(args.stacks_every, repeat=True, file=sys.stderr)
     with compiles_in_parallel(args.compile_threads):
         warm_up(peer, problem, args.shapes, args.tokens)
+    faulthandler.cancel_dump_traceback_later()
     if args.pack:
         args.pack.mkdir(parents=True, exist_ok=True)
         archive = args.pack / "quack-cache.tar.xz"
