@@ -12,6 +12,10 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+GATHER_WARPS = 4  # a loading partition's warps where an operand is gathered (16-byte copies by every thread)
 
 
 class Gathered(NamedTuple):
@@ -57,3 +61,35 @@ def check_gathered(name: str, operand: Gathered) -> None:
         )
     if index.device != source.device:
         raise ValueError(f"{name}.index: expected the device of its source ({source.device}), got {index.device}")
+
+
+# --- in Gluon: a loading partition's threads copy a gathered tile's rows by cp.async ---------------------------------
+
+
+@gluon.constexpr_function
+def gather_layout(C, WARPS):
+    """The loading threads over a gathered tile's [R, C]: 16 bytes (8 elements) a thread in a row."""
+    column_threads = 32 if C >= 256 else C // 8
+    return gl.BlockedLayout([1, 8], [32 // column_threads, column_threads], [WARPS, 1], [1, 0])
+
+
+@gluon.jit
+def step_indices(index_ptr, rows_left, gather, R: gl.constexpr, C: gl.constexpr, WARPS: gl.constexpr):
+    """The source rows index[r] of one step's R rows as the threads of :func:`gather_layout` hold them (0 past
+    rows_left, and none loaded where not ``gather``)."""
+    layout: gl.constexpr = gather_layout(C, WARPS)
+    rows = gl.arange(0, R, layout=gl.SliceLayout(1, layout))
+    return gl.load(index_ptr + rows, mask=(rows < rows_left) & (gather != 0), other=0)
+
+
+@gluon.jit
+def gather_sources(source_row, src_ptr, src_stride, rows_left, col0, n_cols, C: gl.constexpr, WARPS: gl.constexpr):
+    """(pointers, mask) of the tile source[source_row[r], col0 + c]; the mask is off for r ≥ rows_left and
+    col0 + c ≥ n_cols, where a copy of no bytes writes zeros, as TMA fills past a descriptor's edge."""
+    R: gl.constexpr = source_row.type.shape[0]
+    layout: gl.constexpr = gather_layout(C, WARPS)
+    rows = gl.arange(0, R, layout=gl.SliceLayout(1, layout))
+    cols = col0 + gl.arange(0, C, layout=gl.SliceLayout(0, layout))
+    col_ok = gl.expand_dims(gl.max_constancy(cols < n_cols, 8), 0)  # N a multiple of 8 (checked on the host)
+    starts = gl.multiple_of(source_row.to(gl.int64) * src_stride, 8)  # rows 16 bytes apart (checked on the host)
+    return src_ptr + gl.expand_dims(starts, 1) + gl.expand_dims(cols, 0), gl.expand_dims(rows < rows_left, 1) & col_ok

@@ -40,6 +40,13 @@ no shared memory: each thread holds both halves of its columns.
 A pair along K: K steps below K_h read B₀_e's rows, the rest B₁_e's (K_h a multiple of BLOCK_K, so that no step
 straddles the two); A's steps run on through its 2·K_h columns.
 
+A gathered A (:class:`.gathered.Gathered`, ``GATHER_A``: the MoE layer's x_s and dy_s read through the routing
+instead of written out first): the loading partition has GATHER_WARPS warps; they load a tile's BLOCK_M indices
+once, then each K step every thread copies its 16-byte pieces of the rows source[index[r]] into the ring's buffer
+by cp.async (zeros past the expert's rows and past K, as TMA fills), B still by TMA, and arrives on the step's
+barrier once its copies have landed (cp.async.mbarrier.arrive.noinc: the barrier counts TMA's expect and every
+loading thread). The consumers fence the generic proxy's writes before their wgmma reads them.
+
 Outputs: a bf16 output tile goes into a shared-memory buffer, then out by TMA store where its rows all belong to
 its expert (or end at the tensor's edge, where TMA clips), else by masked stores from shared memory, 16 bytes a
 thread, row chunk by row chunk, so that it never writes the next expert's rows. A tile writing several outputs
@@ -67,12 +74,14 @@ import dataclasses
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ..encoded_launch import KernelLaunches, descriptor, shared_layout, signature
 from ..tiling import cdiv, grouped_tile
 from ..tma import aligned, rows_fit
+from .gathered import GATHER_WARPS, Gathered, check_gathered, gather_sources, step_indices
 from .gluon_gemm import (
     CONSUMER_REGISTERS,
     ELEMENT_BYTES,
@@ -103,6 +112,9 @@ NEEDS = {"none": (), "row_scale": ("scale",), "swiglu": (), "dswiglu": ("gate", 
 TENSORS = ("out", "scale", "gate", "up", "gate_out", "up_out", "dgate_out", "dup_out", "scaled_act_out",
            "topk_partial", *SAVED_ACTIVATIONS)
 BARRIER_BYTES = 1024  # the mbarriers' share of shared memory, with room for their alignment
+# the loading partition's registers after setmaxnreg where A is gathered (a tile's row starts, a step's addresses),
+# by consumers; the consumers keep the rest of the 64 K
+GATHER_LOADER_REGISTERS = {"cooperative": 48, "pingpong": 48}
 
 
 # --- the tile schedule on the host ----------------------------------------------------------------------------------
@@ -228,29 +240,44 @@ def tile_place(offsets_ptr, tile, expert, first, last, tiles_n, GROUP_M: gl.cons
 
 @gluon.jit
 def grouped_load_partition(a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr, num_experts, tiles_n,
-                           k_steps, B_TRANSPOSED: gl.constexpr, B_PAIR: gl.constexpr, GROUP_M: gl.constexpr,
-                           EPILOGUE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+                           k_steps, a_src_ptr, a_stride, index_ptr, B_TRANSPOSED: gl.constexpr, B_PAIR: gl.constexpr,
+                           GROUP_M: gl.constexpr, EPILOGUE: gl.constexpr, BLOCK_M: gl.constexpr,
+                           BLOCK_N: gl.constexpr, GATHER_A: gl.constexpr, WARPS: gl.constexpr):
     """The loading warp: every K step of the program's tiles (BLOCK_N output columns each), in order, into the ring;
-    B's tile from the expert's slice of the stacked weights (of the pair's first or second weight)."""
+    B's tile from the expert's slice of the stacked weights (of the pair's first or second weight). With GATHER_A
+    (WARPS warps): A's tile rows source[index[r]] copied by every thread with cp.async (the tile's indices loaded
+    once a tile; zeros past the expert's rows and past K, as TMA fills), arriving on the step's barrier once landed,
+    B's by TMA."""
     BUFFERS: gl.constexpr = a_bufs.type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     B_BYTES: gl.constexpr = b_desc.block_type.nbytes
-    STEP_BYTES: gl.constexpr = a_desc.block_type.nbytes + (2 * B_BYTES if EPILOGUE == 2 else B_BYTES)  # swiglu: 2 boxes
+    STEP_B_BYTES: gl.constexpr = 2 * B_BYTES if EPILOGUE == 2 else B_BYTES  # swiglu: 2 boxes
+    # the bytes TMA brings a step (a tile's full bytes, zero-filled ones included)
+    STEP_BYTES: gl.constexpr = STEP_B_BYTES if GATHER_A else a_desc.block_type.nbytes + STEP_B_BYTES
     HALF: gl.constexpr = b_desc.block_type.shape[0]
+    K = a_desc.shape[1]
     rows = b_desc.shape[0] // num_experts  # an expert's rows of B's 2-D view: N, 2N (gate; up), K or a pair's K_h
     tile = gl.program_id(0)
     expert, first, last = expert_of(offsets_ptr, num_experts, tile, gl.to_tensor(-1), gl.to_tensor(0),
                                      gl.to_tensor(0), tiles_n, BLOCK_M)
     i = 0  # the ring's step, running on from tile to tile
     while expert < num_experts:
-        off_m, off_n, _ = tile_place(offsets_ptr, tile, expert, first, last, tiles_n, GROUP_M, BLOCK_M, BLOCK_N)
+        off_m, off_n, row_end = tile_place(offsets_ptr, tile, expert, first, last, tiles_n, GROUP_M, BLOCK_M, BLOCK_N)
+        if GATHER_A:  # the tile's source rows, the same every K step
+            source_rows = step_indices(index_ptr + off_m, row_end - off_m, 1, BLOCK_M, BLOCK_K, WARPS)
         for step in range(k_steps):
             slot = i % BUFFERS
+            k = step * BLOCK_K
+            if GATHER_A:
+                a_from, a_mask = gather_sources(source_rows, a_src_ptr, a_stride, row_end - off_m, k, K, BLOCK_K,
+                                                WARPS)
             mbarrier.wait(empty.index(slot), ((i // BUFFERS) & 1) ^ 1)  # a fresh barrier counts as released
             bar = ready.index(slot)
-            mbarrier.expect(bar, STEP_BYTES)  # TMA counts a tile's full bytes, zero-filled ones included
-            k = step * BLOCK_K
-            tma.async_copy_global_to_shared(a_desc, [off_m, k], bar, a_bufs.index(slot))
+            mbarrier.expect(bar, STEP_BYTES)
+            if GATHER_A:
+                async_copy.async_copy_global_to_shared(a_bufs.index(slot), a_from, mask=a_mask)
+            else:
+                tma.async_copy_global_to_shared(a_desc, [off_m, k], bar, a_bufs.index(slot))
             if EPILOGUE == 2:  # gate rows j and up rows j of the tile's output columns, half a buffer each
                 row = expert * rows + off_n
                 tma.async_copy_global_to_shared(b_desc, [row, k], bar, b_bufs.index(slot).slice(0, HALF))
@@ -269,6 +296,8 @@ def grouped_load_partition(a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty
                 tma.async_copy_global_to_shared(b_desc, [expert * rows + off_n, k], bar, b_bufs.index(slot))
             else:
                 tma.async_copy_global_to_shared(b_desc, [expert * rows + k, off_n], bar, b_bufs.index(slot))
+            if GATHER_A:  # each thread's copies arrive once they have landed
+                async_copy.mbarrier_arrive(bar, increment_count=False)
             i += 1
         tile += gl.num_programs(0)
         expert, first, last = expert_of(offsets_ptr, num_experts, tile, expert, first, last, tiles_n, BLOCK_M)
@@ -426,10 +455,12 @@ def grouped_consumer_partition(a_bufs, b_bufs, c_bufs, ready, empty, turns, save
                                tiles_n, k_steps, B_TRANSPOSED: gl.constexpr, GROUP_M: gl.constexpr,
                                EPILOGUE: gl.constexpr, OUT_BUFS: gl.constexpr, WRITE_OUT: gl.constexpr,
                                WRITE_GATE: gl.constexpr, WRITE_UP: gl.constexpr, WRITE_PARTIAL: gl.constexpr,
-                               SAVED: gl.constexpr, ME: gl.constexpr, CONSUMERS: gl.constexpr, WARPS: gl.constexpr):
+                               SAVED: gl.constexpr, ME: gl.constexpr, CONSUMERS: gl.constexpr, WARPS: gl.constexpr,
+                               GATHER_A: gl.constexpr):
     """Consumer ME of CONSUMERS (WARPS warps): the program's tiles ME, ME + CONSUMERS, ... of its own (the ring's
     steps counted over all the program's tiles), each its K loop, its epilogue and its stores. With two consumers
-    each K loop waits for its turn and passes it on once its last wgmma is issued (as :mod:`.gluon_gemm`).
+    each K loop waits for its turn and passes it on once its last wgmma is issued (as :mod:`.gluon_gemm`). With
+    GATHER_A (A's buffers written by cp.async) each step fences those writes before its wgmma reads them.
     ``outputs``: the kernel's c, g, u descriptors and pointers, its saved g and u descriptors, scale and partial
     (with SAVED then the saved σ's and silu's descriptors)."""
     c_desc, c_ptr, g_desc, g_ptr, u_desc, u_ptr, gin_desc, uin_desc, scale_ptr, partial_ptr = outputs[:10]
@@ -467,7 +498,7 @@ def grouped_consumer_partition(a_bufs, b_bufs, c_bufs, ready, empty, turns, save
         step0 = ((tile - pid) // programs) * k_steps  # the program's tiles before this one, k_steps each
         if CONSUMERS > 1:  # consumer 0's first turn is free (a fresh barrier), consumer 1's first waits for it
             mbarrier.wait(turns.index(ME), (n & 1) ^ (1 - ME))
-        acc = tile_k_loop(a_bufs, b_bufs, ready, empty, acc, step0, k_steps, False, B_TRANSPOSED)
+        acc = tile_k_loop(a_bufs, b_bufs, ready, empty, acc, step0, k_steps, False, B_TRANSPOSED, GATHER_A)
         if CONSUMERS > 1:
             mbarrier.arrive(turns.index(1 - ME), count=1)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
@@ -526,6 +557,9 @@ def grouped_gemm_kernel(
     num_experts,  # E
     sigmoid_desc,  # dswiglu with SAVED: the saved σ(g) [M_total, N] bf16 as c_desc's tiles; else None
     silu_desc,  # dswiglu with SAVED: the saved silu(g) [M_total, N] bf16 as c_desc's tiles; else None
+    a_src_ptr,  # GATHER_A: A's source [T, K] bf16 (a_desc is over it too, for the ring's tiles); else A again, unread
+    a_stride,  # GATHER_A: the source's row stride (elements); else A's, unused
+    index_ptr,  # GATHER_A: [M_total] int32, A's row r is the source's row index[r]; else offsets_ptr, unread
     B_TRANSPOSED: gl.constexpr,
     B_PAIR: gl.constexpr,  # 0: one B; 1: swiglu's pair (gate, up); 2: a pair along K (B₀, B₁)
     BUFFERS: gl.constexpr,  # buffers of the ring
@@ -540,6 +574,8 @@ def grouped_gemm_kernel(
     PINGPONG: gl.constexpr,  # two one-warpgroup consumers on alternate tiles; else one of num_warps (8) warps
     CONSUMER_REGS: gl.constexpr,  # with PINGPONG: the second consumer's registers
     LOADER_REGS: gl.constexpr,  # the loading warp's registers
+    GATHER_A: gl.constexpr,  # whether A's rows are read through index_ptr from a_src_ptr (cp.async), not by TMA
+    LOADER_WARPS: gl.constexpr,  # warps of the loading partition: 1, or GATHER_WARPS with GATHER_A
     num_warps: gl.constexpr,  # of the default partition: the cooperative consumer, or ping-pong's first (4)
 ):
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
@@ -559,8 +595,10 @@ def grouped_gemm_kernel(
     empty = gl.allocate_shared_memory(gl.int64, [BUFFERS, 1], mbarrier.MBarrierLayout())
     turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     saved = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # dswiglu's g, u a consumer
+    # a step lands with TMA's bytes (one arrival, the expect) and, with GATHER_A, each loading thread's copies
+    READY_COUNT: gl.constexpr = 1 + 32 * LOADER_WARPS if GATHER_A else 1
     for i in gl.static_range(BUFFERS):
-        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(ready.index(i), count=READY_COUNT)
         mbarrier.init(empty.index(i), count=1)
     for i in gl.static_range(2):
         mbarrier.init(turns.index(i), count=1)
@@ -574,23 +612,25 @@ def grouped_gemm_kernel(
         gl.warp_specialize([
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
-                                          WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, 0, 2, num_warps)),
+                                          WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, 0, 2, num_warps,
+                                          GATHER_A)),
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
-                                          WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, 1, 2, 4)),
+                                          WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, 1, 2, 4, GATHER_A)),
             (grouped_load_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
-                                      num_experts, tiles_n, k_steps, B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE,
-                                      BLOCK_M, BLOCK_N)),
-        ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+                                      num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr, B_TRANSPOSED,
+                                      B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, GATHER_A, LOADER_WARPS)),
+        ], [4, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
     else:
         gl.warp_specialize([
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
-                                          WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, 0, 1, num_warps)),
+                                          WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, 0, 1, num_warps,
+                                          GATHER_A)),
             (grouped_load_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
-                                      num_experts, tiles_n, k_steps, B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE,
-                                      BLOCK_M, BLOCK_N)),
-        ], [1], [LOADER_REGS])
+                                      num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr, B_TRANSPOSED,
+                                      B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, GATHER_A, LOADER_WARPS)),
+        ], [LOADER_WARPS], [LOADER_REGS])
 
 
 LAUNCHES = KernelLaunches(grouped_gemm_kernel)  # its compiled launches, kept per key (gluon_gemm.ENCODED_LAUNCHES)
@@ -705,6 +745,12 @@ def check_arguments(a, b, offsets, *, out=None, scale=None, epilogue: str = "non
     stay on the device and are not checked: they must rise from offsets[0] = 0 to offsets[E] = M_total."""
     saved = gate_sigmoid is not None or gate_silu is not None
     config = config or default_config(epilogue, saved)
+    gathered = isinstance(a, Gathered)
+    if gathered:  # A's rows read through the index: the source takes a's place in the checks of tensors below
+        check_gathered("a", a)
+        a_tensor = a.source
+    else:
+        a_tensor = a
     given = dict(out=out, scale=scale, gate=gate, up=up, gate_out=gate_out, up_out=up_out, dgate_out=dgate_out,
                  dup_out=dup_out, scaled_act_out=scaled_act_out, topk_partial=topk_partial, gate_sigmoid=gate_sigmoid,
                  gate_silu=gate_silu)
@@ -716,9 +762,9 @@ def check_arguments(a, b, offsets, *, out=None, scale=None, epilogue: str = "non
     weights = tuple(b) if pair else (b,)
     names = ("b[0]", "b[1]") if pair else ("b",)
     named = list(zip(names, weights, strict=True))  # each weight with the name its errors give
-    for name, tensor in (("a", a), *named, ("offsets", offsets), *given.items()):
+    for name, tensor in (("a", a_tensor), *named, ("offsets", offsets), *given.items()):
         if tensor is not None and not isinstance(tensor, torch.Tensor):
-            pairs = " (or, for b, a pair of them)" if name == "b" else ""
+            pairs = " (or, for b, a pair of them)" if name == "b" else " (or, for a, a Gathered)" if name == "a" else ""
             raise TypeError(f"{name}: expected a torch.Tensor{pairs}, got {type(tensor).__name__}")
     for name, tensor in given.items():
         if tensor is not None and name not in TAKES[epilogue]:
@@ -731,7 +777,7 @@ def check_arguments(a, b, offsets, *, out=None, scale=None, epilogue: str = "non
         missing, other = SAVED_ACTIVATIONS if gate_sigmoid is None else SAVED_ACTIVATIONS[::-1]
         raise ValueError(f"{missing}: the dswiglu epilogue takes the saved σ and silu both or neither; {other} was "
                          f"given alone")
-    if a.dim() != 2:
+    if a_tensor.dim() != 2:
         raise ValueError(f"a: expected a 2-D tensor [M_total, K], got shape {tuple(a.shape)}")
     for name, w in named:
         if w.dim() != 3:
@@ -798,11 +844,16 @@ def check_arguments(a, b, offsets, *, out=None, scale=None, epilogue: str = "non
             raise ValueError(f"topk_partial: expected shape {(partial_rows(N, config), M)} (a row per "
                              f"{output_columns(config, epilogue)} columns of N = {N}), got "
                              f"{tuple(topk_partial.shape)}")
-    for name, tensor in (("a", a), *named, ("offsets", offsets), ("scale", scale),
+    for name, tensor in (("a", a_tensor), *named, ("offsets", offsets), ("scale", scale),
                          ("topk_partial", topk_partial)):
         if tensor is not None and not tensor.is_contiguous():
+            if name == "a" and gathered:  # its rows are copied 16 bytes at a time: rows of adjacent elements
+                if tensor.stride(1) != 1 or (tensor.stride(0) * tensor.element_size()) % 16:
+                    raise ValueError(f"a.source: expected rows of adjacent elements a multiple of 16 bytes apart, "
+                                     f"got strides {tuple(tensor.stride())}")
+                continue
             raise ValueError(f"{name}: expected a contiguous tensor, got strides {tuple(tensor.stride())}")
-    for name, tensor, row in (("a", a, K), *((name, w, w.shape[2]) for name, w in named)):
+    for name, tensor, row in (("a", a_tensor, K), *((name, w, w.shape[2]) for name, w in named)):
         if not rows_fit(row, element_bytes=ELEMENT_BYTES):
             raise ValueError(f"{name}: TMA needs rows of a multiple of 16 bytes; its rows hold {row} elements")
         if tensor.device.type != "meta" and not aligned(tensor):
@@ -831,7 +882,9 @@ def launch_arguments(config: GemmConfig, a, b, offsets, epilogue: str, b_transpo
     E = weights[0].shape[0]
     b_descs = [descriptor(w.reshape(E * w.shape[1], w.shape[2]), (bn, bk) if b_transposed else (bk, bn))
                for w in weights]  # [E·N, K] or [E·K, N] (a pair: each [E·N, K] or [E·K_h, N])
-    a_desc = descriptor(a, (bm, bk))
+    gathered = isinstance(a, Gathered)
+    a_tensor = a.source if gathered else a  # gathered: the descriptor gives the ring's tiles and K, never loads
+    a_desc = descriptor(a_tensor, (bm, bk))
     c, g, u = roles(epilogue, tensors)
 
     def tile_descriptor(tensor):
@@ -859,6 +912,9 @@ def launch_arguments(config: GemmConfig, a, b, offsets, epilogue: str, b_transpo
         partial_ptr=tensors.get("topk_partial") if tensors.get("topk_partial") is not None else offsets,
         offsets_ptr=offsets,
         num_experts=E,
+        a_src_ptr=a_tensor,
+        a_stride=a_tensor.stride(0),
+        index_ptr=a.index if gathered else offsets,
     )
     tiles = sum(t is not None and t.dtype == torch.bfloat16 for t in (c, g, u))
     sigmoid, silu = (tensors.get(name) for name in SAVED_ACTIVATIONS)
@@ -869,8 +925,9 @@ def launch_arguments(config: GemmConfig, a, b, offsets, epilogue: str, b_transpo
                       GROUP_M=config.group_m, EPILOGUE=EPILOGUES.index(epilogue), WRITE_OUT=c is not None,
                       WRITE_GATE=g is not None, WRITE_UP=u is not None,
                       WRITE_PARTIAL=tensors.get("topk_partial") is not None, SAVED=sigmoid is not None,
-                      PINGPONG=config.pingpong, CONSUMER_REGS=CONSUMER_REGISTERS, LOADER_REGS=LOADER_REGISTERS,
-                      num_warps=config.warps)
+                      PINGPONG=config.pingpong, CONSUMER_REGS=CONSUMER_REGISTERS,
+                      LOADER_REGS=GATHER_LOADER_REGISTERS[config.consumers] if gathered else LOADER_REGISTERS,
+                      GATHER_A=gathered, LOADER_WARPS=GATHER_WARPS if gathered else 1, num_warps=config.warps)
     if sigmoid is not None:
         arguments.update(saved_activations)
     else:  # absent: None, a compile-time constant (the kernel without them has no such parameters)
@@ -878,7 +935,7 @@ def launch_arguments(config: GemmConfig, a, b, offsets, epilogue: str, b_transpo
     return arguments, constexprs
 
 
-def grouped_gemm(a: torch.Tensor, b, offsets: torch.Tensor, *, out: torch.Tensor | None = None,
+def grouped_gemm(a: torch.Tensor | Gathered, b, offsets: torch.Tensor, *, out: torch.Tensor | None = None,
                  scale: torch.Tensor | None = None, epilogue: str = "none", b_transposed: bool | None = None,
                  config: GemmConfig | None = None, gate: torch.Tensor | None = None, up: torch.Tensor | None = None,
                  gate_out: torch.Tensor | None = None, up_out: torch.Tensor | None = None,
@@ -904,8 +961,10 @@ def grouped_gemm(a: torch.Tensor, b, offsets: torch.Tensor, *, out: torch.Tensor
     [E, K, N], read off the shapes (``b_transposed`` says which where N == K). ``offsets``: int32 [E + 1] on the
     device, rising from 0 to M_total (not checked: no host sync). Outputs and the saved g, u, σ, silu [M_total, N]
     may be strided views (rows 16-byte multiples apart, N a multiple of 16 bytes). Rows outside offsets[0] ≤ r <
-    offsets[E] are left as they are. On a Hopper GPU. ``check``: False for a trusted caller that has checked its
-    arguments as :func:`check_arguments` does (the MoE layer, once a call), sparing those checks' host time."""
+    offsets[E] are left as they are. ``a`` may be a :class:`.gathered.Gathered` (source [T, K], index [M_total]):
+    A's row r is then source[index[r]], read by the loads (the MoE layer's x_s and dy_s, never written out). On a
+    Hopper GPU. ``check``: False for a trusted caller that has checked its arguments as :func:`check_arguments` does
+    (the MoE layer, once a call), sparing those checks' host time."""
     tensors = dict(out=out, scale=scale, gate=gate, up=up, gate_out=gate_out, up_out=up_out, dgate_out=dgate_out,
                    dup_out=dup_out, scaled_act_out=scaled_act_out, topk_partial=topk_partial, gate_sigmoid=gate_sigmoid,
                    gate_silu=gate_silu)

@@ -1,6 +1,7 @@
 """The grouped GEMM of :mod:`.grouped_gemm` in plain Triton: the same tiles, schedule and epilogues, pointer loads.
 
-    A [M_total, K]            rows sorted by expert: expert e owns rows offsets[e] ≤ r < offsets[e + 1]
+    A [M_total, K]            rows sorted by expert: expert e owns rows offsets[e] ≤ r < offsets[e + 1] (or
+                              Gathered: row r is source[index[r]])
     B [E, N, K] or [E, K, N]  one matrix per expert, read through its strides
     P = A[r] · B_e            fp32; then per epilogue (outputs [M_total, N], rows through their strides):
 
@@ -32,6 +33,7 @@ import triton.language as tl
 
 from ..dispatch import interpreter_enabled
 from ..rounding import round_to
+from .gathered import Gathered
 from .gluon_gemm import GemmConfig
 from .grouped_gemm import (
     EPILOGUES,
@@ -80,7 +82,8 @@ def store_tile(ptr, row_stride, rows, cols, value, mask, UPCAST: tl.constexpr):
 
 @triton.jit
 def grouped_gemm_tl_kernel(
-    a_ptr,  # A [M_total, K] bf16, rows sorted by expert
+    a_ptr,  # A [M_total, K] bf16, rows sorted by expert (GATHER_A: its source [T, K], A's row r its row index[r])
+    index_ptr,  # GATHER_A: [M_total] int32, the source row of each of A's rows; else never read
     b_ptr,  # B: expert e's [N, K] or [K, N] bf16 matrix at b_ptr + e·stride_be (swiglu: gate; a K pair: B₀ [K_h, N])
     b2_ptr,  # swiglu: the up matrices (the stacked weights' rows N on, or the pair's up); a K pair: B₁; else b_ptr
     c_ptr,  # out: C [M_total, N] bf16 or fp32 (swiglu: silu(g)·u; dswiglu: scaled_act_out); where not written, any
@@ -96,6 +99,7 @@ def grouped_gemm_tl_kernel(
     num_experts,  # E
     M_total, N, K,
     K_half,  # a pair along K: B₀'s rows K_h (A's columns from K_h on meet B₁); else unused
+    stride_a,  # the rows' stride of a_ptr's tensor (elements)
     stride_be, stride_bk, stride_bn,  # B's strides (elements) along E, K and N (a pair's two alike)
     stride_c, stride_g, stride_u, stride_gin, stride_uin,  # the rows' strides of c, g, u and the saved g, u
     stride_sigmoid, stride_silu,  # the rows' strides of the saved σ and silu
@@ -104,6 +108,7 @@ def grouped_gemm_tl_kernel(
     WRITE_OUT: tl.constexpr, WRITE_GATE: tl.constexpr, WRITE_UP: tl.constexpr,  # which of c, g, u are written
     WRITE_PARTIAL: tl.constexpr,  # whether dswiglu's topk_partial is written
     SAVED: tl.constexpr,  # dswiglu: σ and silu read from sigmoid_ptr and silu_ptr, not computed from g
+    GATHER_A: tl.constexpr,  # whether A's rows are read through index_ptr
     GROUP_M: tl.constexpr,  # row tiles taken together in an expert's tile order
     UPCAST: tl.constexpr,  # multiply in fp32 and round the stores by hand (the interpreter's bf16 is wrong)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -125,6 +130,7 @@ def grouped_gemm_tl_kernel(
         col_tile = (local % group_tiles) // group_rows
         cols = col_tile * BLOCK_N + tl.arange(0, BLOCK_N)
         row_ok = rows < row_end  # the expert's rows only
+        a_rows = tl.load(index_ptr + rows, mask=row_ok, other=0) if GATHER_A else rows  # A's rows in a_ptr's tensor
         col_ok = cols < N
         mask = row_ok[:, None] & col_ok[None, :]
         b_tile = b_ptr + expert.to(tl.int64) * stride_be
@@ -134,8 +140,8 @@ def grouped_gemm_tl_kernel(
         for k0 in range(0, K, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
             k_ok = ks < K
-            a = tl.load(a_ptr + rows.to(tl.int64)[:, None] * K + ks[None, :], mask=row_ok[:, None] & k_ok[None, :],
-                        other=0.0)
+            a = tl.load(a_ptr + a_rows.to(tl.int64)[:, None] * stride_a + ks[None, :],
+                        mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             b_mask = k_ok[:, None] & col_ok[None, :]
             if K_PAIR:  # along K: B₀'s rows below K_h, B₁'s past it (K_h a multiple of BLOCK_K)
                 if k0 < K_half:
@@ -186,7 +192,7 @@ def grouped_gemm_tl_kernel(
         expert, first, last = expert_of(offsets_ptr, num_experts, tile, expert, first, last, tiles_n, BLOCK_M)
 
 
-def grouped_gemm_tl(a: torch.Tensor, b, offsets: torch.Tensor, *, out: torch.Tensor | None = None,
+def grouped_gemm_tl(a: torch.Tensor | Gathered, b, offsets: torch.Tensor, *, out: torch.Tensor | None = None,
                     scale: torch.Tensor | None = None, epilogue: str = "none", b_transposed: bool | None = None,
                     config: GemmConfig = SMALL_TILES, programs: int = 4, gate: torch.Tensor | None = None,
                     up: torch.Tensor | None = None, gate_out: torch.Tensor | None = None,
@@ -226,15 +232,17 @@ def grouped_gemm_tl(a: torch.Tensor, b, offsets: torch.Tensor, *, out: torch.Ten
         return tensor.stride(0) if tensor is not None else 0
 
     interpret = interpreter_enabled()
+    gathered = isinstance(a, Gathered)
+    a_tensor = a.source if gathered else a
     grouped_gemm_tl_kernel[(grid(M, E, N, config, programs, epilogue),)](
-        a, first, second, pointer(c), pointer(g), pointer(u), pointer(tensors["gate"]), pointer(tensors["up"]),
-        pointer(gate_sigmoid), pointer(gate_silu), pointer(tensors["scale"]), pointer(tensors["topk_partial"]),
-        offsets, E, M, N, K, first.shape[1], stride_be, stride_bk, stride_bn, row_stride(c), row_stride(g),
-        row_stride(u), row_stride(tensors["gate"]), row_stride(tensors["up"]), row_stride(gate_sigmoid),
-        row_stride(gate_silu),
+        a_tensor, a.index if gathered else offsets, first, second, pointer(c), pointer(g), pointer(u),
+        pointer(tensors["gate"]), pointer(tensors["up"]), pointer(gate_sigmoid), pointer(gate_silu),
+        pointer(tensors["scale"]), pointer(tensors["topk_partial"]), offsets, E, M, N, K, first.shape[1],
+        a_tensor.stride(0), stride_be, stride_bk, stride_bn, row_stride(c), row_stride(g), row_stride(u),
+        row_stride(tensors["gate"]), row_stride(tensors["up"]), row_stride(gate_sigmoid), row_stride(gate_silu),
         EPILOGUE=EPILOGUES.index(epilogue), K_PAIR=pair_kind(b, epilogue) == 2, WRITE_OUT=c is not None,
         WRITE_GATE=g is not None, WRITE_UP=u is not None, WRITE_PARTIAL=tensors["topk_partial"] is not None,
-        SAVED=gate_sigmoid is not None,
+        SAVED=gate_sigmoid is not None, GATHER_A=gathered,
         GROUP_M=config.group_m, UPCAST=interpret, BLOCK_M=config.block_m, BLOCK_N=output_columns(config, epilogue),
         BLOCK_K=config.block_k,
     )

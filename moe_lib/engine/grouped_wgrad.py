@@ -56,7 +56,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from ..encoded_launch import KernelLaunches, shared_layout, signature
 from ..tiling import cdiv, grouped_tile
 from ..tma import aligned, install_tma_allocator
-from .gathered import Gathered, check_gathered
+from .gathered import GATHER_WARPS, Gathered, check_gathered, gather_sources, step_indices
 from .gluon_gemm import (
     CONSUMER_REGISTERS,
     ELEMENT_BYTES,
@@ -74,7 +74,6 @@ OUT_DTYPES = (torch.bfloat16, torch.float32)
 DEFAULT_CONFIG = GemmConfig()  # cooperative, 128 × 256 × 64 tiles, 3 stages
 FP32_CONFIG = GemmConfig(128, 128, 64, 4)  # an fp32 128 × 256 output tile (128 KB) leaves too little for a ring
 DESCRIPTOR_BYTES = 4 * 128  # the device descriptors' shared-memory templates: two pairs of 128 bytes
-GATHER_WARPS = 4  # the loading partition's warps where an operand is gathered (16-byte copies by every thread)
 # whether the consumers fence cp.async's writes before their wgmma read them (Triton's own cp.async pipelines and
 # CUTLASS's sm90 multistage mainloop do not)
 FENCE_GATHERED = True
@@ -189,35 +188,6 @@ def wait_before_rewrite(ready, first, last, issued, BUFFERS: gl.constexpr, WAIT_
         wait_landed(ready, 0, issued - 1, issued, BUFFERS)
     else:
         wait_landed(ready, first, last, issued, BUFFERS)
-
-
-@gluon.constexpr_function
-def gather_layout(C, WARPS):
-    """The loading threads over a gathered tile's [R, C]: 16 bytes (8 elements) a thread in a row."""
-    column_threads = 32 if C >= 256 else C // 8
-    return gl.BlockedLayout([1, 8], [32 // column_threads, column_threads], [WARPS, 1], [1, 0])
-
-
-@gluon.jit
-def step_indices(index_ptr, rows_left, gather, R: gl.constexpr, C: gl.constexpr, WARPS: gl.constexpr):
-    """The source rows index[r] of one step's R rows as the threads of :func:`gather_layout` hold them (0 past
-    rows_left, and none loaded where not ``gather``)."""
-    layout: gl.constexpr = gather_layout(C, WARPS)
-    rows = gl.arange(0, R, layout=gl.SliceLayout(1, layout))
-    return gl.load(index_ptr + rows, mask=(rows < rows_left) & (gather != 0), other=0)
-
-
-@gluon.jit
-def gather_sources(source_row, src_ptr, src_stride, rows_left, col0, n_cols, C: gl.constexpr, WARPS: gl.constexpr):
-    """(pointers, mask) of the tile source[source_row[r], col0 + c]; the mask is off for r ≥ rows_left and
-    col0 + c ≥ n_cols, where a copy of no bytes writes zeros, as TMA fills past a descriptor's edge."""
-    R: gl.constexpr = source_row.type.shape[0]
-    layout: gl.constexpr = gather_layout(C, WARPS)
-    rows = gl.arange(0, R, layout=gl.SliceLayout(1, layout))
-    cols = col0 + gl.arange(0, C, layout=gl.SliceLayout(0, layout))
-    col_ok = gl.expand_dims(gl.max_constancy(cols < n_cols, 8), 0)  # N a multiple of 8 (checked on the host)
-    starts = gl.multiple_of(source_row.to(gl.int64) * src_stride, 8)  # rows 16 bytes apart (checked on the host)
-    return src_ptr + gl.expand_dims(starts, 1) + gl.expand_dims(cols, 0), gl.expand_dims(rows < rows_left, 1) & col_ok
 
 
 @gluon.jit

@@ -4,29 +4,30 @@ Slots s = t·K + k sorted by expert (:func:`.packed_routing.packed_routing`: pos
 row_of_slot is its inverse); x_s[p] = x[token of p], dy_s likewise, w_s[p] = topk_weights[slot of p]. Per expert e,
 over its rows offsets[e] ≤ p < offsets[e + 1], each line one persistent launch:
 
-    forward    g, u = x_s·Wg_eᵀ, x_s·Wu_eᵀ ;  a = silu(g)·u                        swiglu epilogue     reads Wg, Wu
+    forward    g, u = x_s·Wg_eᵀ, x_s·Wu_eᵀ ;  a = silu(g)·u                        swiglu epilogue, x gathered
                y_s = w_s · (a·Wd_eᵀ)                                                 row_scale epilogue  reads Wd
                y[t] = Σ_k y_s[row_of_slot[t·K + k]]                                  slot-row sum
     backward   (g, u as in the forward, g and u stored only, where the forward did not save them: reads Wg, Wu)
-               dAp = dy_s·Wd_e ;  a = silu(g)·u ;  dA = w_s·dAp                     dswiglu epilogue    reads Wd
+               dAp = dy_s·Wd_e ;  a = silu(g)·u ;  dA = w_s·dAp                     dswiglu epilogue, dy gathered
                dg = dA·u·silu'(g) ;  du = dA·silu(g) ;  aw = w_s·a ;  part[j, p] = Σ_{columns of tile j} dAp·a
                dX_s = dg·Wg_e + du·Wu_e                                              K = 2I              reads Wg, Wu
                grad_x[t] = Σ_k dX_s[row_of_slot[t·K + k]] ;  grad_topk[t, k] = Σ_j part[j, row_of_slot[t·K + k]]
                dWg_e = dg_eᵀ x_s,e ;  dWu_e = du_eᵀ x_s,e                            varlen-K            writes dWg, dWu
                dWd_e = dy_s,eᵀ aw_e                                                  varlen-K, dy gathered  writes dWd
 
+"x gathered", "dy gathered": the launch reads those rows through the routing (:class:`..engine.gathered.Gathered`:
+cp.async gathers in the loading partition) rather than from x_s or dy_s written out first (``GATHER_IN_LOADS``).
 With the pre-activations saved, the weights are read twice in the forward and twice in the backward and their
 gradients written once: six passes, as SonicMoE's layer; recomputing g and u adds a seventh (the op, whose
 forward is recomputed, has five). dg and du share one [T·K, 2I] buffer (dg's columns, then du's): dX's product
 reads it as one operand of K = 2I. Everything stays on the device (no host sync: graph-capturable); every output
 element is written by one tile once (deterministic, no atomics); experts without rows get exact zero gradients.
 
-Memory: dy_s is freed after dswiglu and dX_s after its sum; x_s is written (where g and u were saved) just before
-the gradients of Wg and Wu, and freed with [dg | du] before Wd's gradient is allocated, whose launch reads dy's
-rows through the routing (:class:`..engine.gathered.Gathered`: cp.async gathers in the loading partition). So no
-two [T·K, H] workspaces are ever alive beside the weight gradients: the backward's peak is the larger of (dWg,
-dWu, [dg | du], aw, x_s) and (dWg, dWu, dWd, aw), besides the saved g and u. Gathering x as well would save x_s
-but costs more than writing it: its gathered tile is twice dy's (notes/p2/engine-layer.md).
+Memory: dX_s is freed after its sum; x_s is written (where g and u were saved) just before the gradients of Wg and
+Wu, and freed with [dg | du] before Wd's gradient is allocated. So no two [T·K, H] workspaces are ever alive beside
+the weight gradients: the backward's peak is the larger of (dWg, dWu, [dg | du], aw, x_s) and (dWg, dWu, dWd, aw),
+besides the saved g and u. Gathering x in the weight gradients' launch as well would save x_s but costs more than
+writing it: there its gathered tile is twice dy's (notes/p2/engine-layer.md).
 
 The gate and up weights may be the two row halves of one fused [E, 2I, H] block (Hugging Face's ``gate_up_proj``,
 as :class:`moe_lib.nn.MoEExperts` hands them): the swiglu and dX products then read that block as it lies, one
@@ -58,6 +59,9 @@ from .weights import stacked_gate_up
 DTYPES = (torch.bfloat16,)  # the engine's operands
 BLOCK_K = 64  # the [E, K, N] operand forms need K (H for dAp, I for dX) a multiple of it
 ENGINE_MIN_ROWS = 64  # the chooser's default: the engine from this many rows an expert on average
+# whether the forward's first product and dswiglu's read x's and dy's rows through the routing in their loads
+# (Gathered) rather than from x_s and dy_s written out first (notes/p2/engine-layer.md, "Gathered A")
+GATHER_IN_LOADS = True
 
 
 def structure(
@@ -206,8 +210,8 @@ class _Routed:
         return v.index_select(0, self.token_of_row)
 
     def rows(self, v: torch.Tensor) -> Gathered | torch.Tensor:
-        """v's rows in expert order as a weight-gradient operand: read through the routing in the kernel's loads,
-        or gathered here where v's rows are not 16-byte aligned (a view at an odd offset)."""
+        """v's rows in expert order as an operand of the engine's kernels: read through the routing in the kernel's
+        loads, or gathered here where v's rows are not 16-byte aligned (a view at an odd offset)."""
         if v.stride(1) == 1 and (v.stride(0) * v.element_size()) % 16 == 0 and aligned(v):
             return Gathered(v, self.token_of_row)
         return self.gather(v)
@@ -262,9 +266,9 @@ def forward(
         return (y, preactivations) if save_preactivations else y
     launches = _Launches(num_slots, E)
     routed = _routed(routing, topk_indices, topk_weights, E)
-    x_s = routed.gather(hidden_states)
+    x_s = routed.rows(hidden_states) if GATHER_IN_LOADS else routed.gather(hidden_states)
     gate_pre, up_pre = preactivations or (None, None)
-    act = allocate((num_slots, I), dtype=x_s.dtype, device=x_s.device)
+    act = allocate((num_slots, I), dtype=hidden_states.dtype, device=hidden_states.device)
     launches.gemm(
         x_s,
         gate_up_operand(gate_weights, up_weights),
@@ -338,7 +342,7 @@ def backward(
     topk_partial = allocate((launches.partial_rows(I), num_slots), dtype=torch.float32, device=device)
     if num_slots:
         launches.gemm(
-            routed.gather(grad_output),
+            routed.rows(grad_output) if GATHER_IN_LOADS else routed.gather(grad_output),
             weight_operand(down_weights),
             routed.offsets,
             epilogue="dswiglu",

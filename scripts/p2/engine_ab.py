@@ -5,6 +5,7 @@ replay after an L2 flush (median of 20, 10 at 32768 tokens); one short table, an
     PYTHONPATH=. python3 scripts/p2/engine_ab.py tiles [--tokens 2048,4096,8192] [--variants dswiglu_pp_m64n128k64_s6]
     git show 3da7482:moe_lib/moe_experts/engine_layer.py > /tmp/before.py
     PYTHONPATH=. python3 scripts/p2/engine_ab.py structure --before /tmp/before.py [--tokens 2048,8192,32768]
+    PYTHONPATH=. python3 scripts/p2/engine_ab.py loads [--cases P2:2048,Qwen3-30B-A3B:32768,...]
 
 gather: the weight-gradient kernel (``moe_lib/engine/grouped_wgrad.py``) on rows written out, on rows gathered
 through the routing with the consumers' proxy fence (``FENCE_GATHERED``) and without it, at the shapes of
@@ -12,7 +13,10 @@ through the routing with the consumers' proxy fence (``FENCE_GATHERED``) and wit
 u, then backward) at P2's shape with the varlen-M products' tiles (``engine_layer.gemm_config``) and dswiglu's
 (``grouped_gemm.DSWIGLU_CONFIG``) of each variant. structure: the layer and the op with an earlier
 ``engine_layer.py`` (loaded as a module of ``moe_lib.moe_experts``, the current tiles given to it) against the
-current one, with the memory a layer step adds (its peak over what was allocated before).
+current one, with the memory a layer step adds (its peak over what was allocated before). loads: the layer and the
+op with x's and dy's rows read through the routing by the first product's and dswiglu's loads
+(``engine_layer.GATHER_IN_LOADS``) against x_s and dy_s written out first, at P2's shape (``P2``) and the expert
+shapes of moe_lib/bench/models.py, with the memory a layer step adds.
 """
 
 from __future__ import annotations
@@ -148,14 +152,7 @@ def structure_ab(args, flush) -> list[dict]:
         first = None
         for name, module in (("before", before), ("now", engine_layer)):
             layer, op = layer_calls(module, inputs)
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
-            allocated = torch.cuda.memory_allocated()
-            result = layer()
-            torch.cuda.synchronize()
-            peak = (torch.cuda.max_memory_allocated() - allocated) / 1e9
-            result = [out.clone() for out in result]
+            result, peak = step_peak(layer)
             first = first or result
             row = dict(tokens=num_tokens, structure=name, layer_peak_gb=peak, same=same_bits(result, first))
             row.update(layer_ms=timed(layer, flush, num_tokens), op_ms=timed(op, flush, num_tokens))
@@ -168,13 +165,69 @@ def structure_ab(args, flush) -> list[dict]:
     return rows
 
 
+def case_inputs(case: str):
+    """(label, the benchmark's inputs) of ``MODEL:TOKENS``: P2's shape for ``P2``, else the model's expert shape."""
+    from moe_lib import problems
+    from moe_lib.bench import models
+
+    name, tokens = case.rsplit(":", 1)
+    axes = {}
+    if name != "P2":
+        axes = next(m for m in models.MODEL_SHAPES if m.name == name).axes("moe_experts_backward")
+    return f"{name} T={tokens}", problems.load("moe_experts_backward_bf16").make_inputs(
+        int(tokens), device="cuda", **axes
+    )
+
+
+def step_peak(call) -> tuple[list, float]:
+    """(the outputs of one call, cloned; the memory it added at its peak, GB)."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    allocated = torch.cuda.memory_allocated()
+    result = call()
+    torch.cuda.synchronize()
+    peak = (torch.cuda.max_memory_allocated() - allocated) / 1e9
+    return [out.clone() for out in result], peak
+
+
+def loads_ab(args, flush) -> list[dict]:
+    from moe_lib.moe_experts import engine_layer
+
+    rows = []
+    for case in args.cases.split(","):
+        label, inputs = case_inputs(case)
+        first = None
+        for gathered in (False, True):
+            engine_layer.GATHER_IN_LOADS = gathered
+            layer, op = layer_calls(engine_layer, inputs)
+            result, peak = step_peak(layer)
+            first = first or result
+            row = dict(case=case, gathered=gathered, layer_peak_gb=peak, same=same_bits(result, first))
+            num_tokens = inputs["hidden_states"].shape[0]
+            row.update(layer_ms=timed(layer, flush, num_tokens), op_ms=timed(op, flush, num_tokens))
+            rows.append(row)
+            print(f"{label:26s} {'gathered' if gathered else 'written':8s} layer {row['layer_ms']:8.3f} ms  peak "
+                  f"{peak:6.2f} GB  op {row['op_ms']:8.3f} ms  same bits {row['same']}", flush=True)  # fmt: skip
+            del result, layer, op
+        engine_layer.GATHER_IN_LOADS = True
+        del inputs, first
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run", choices=("gather", "tiles", "structure"))
+    parser.add_argument("run", choices=("gather", "tiles", "structure", "loads"))
     parser.add_argument("--shapes", default="p2_t32768_gate_up,p2_t32768_down,p2_t32768_all,qwen3_t8192_all")
     parser.add_argument("--tokens", default=None, help="comma-separated token counts (tiles, structure)")
     parser.add_argument("--variants", default=None, help="tiles: comma-separated variants beside current (all)")
     parser.add_argument("--before", default=None, help="structure: an earlier engine_layer.py")
+    parser.add_argument(
+        "--cases",
+        default="P2:2048,P2:8192,Qwen3-30B-A3B:8192,Qwen3-30B-A3B:32768,DeepSeek-V2-Lite:8192,DeepSeek-V2-Lite:32768",
+        help="loads: comma-separated MODEL:TOKENS (P2 for P2's own shape)",
+    )
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--out", default=os.environ.get("OUT"), help="directory of the JSON ($OUT)")
     args = parser.parse_args()
@@ -184,7 +237,8 @@ def main() -> None:
     from moe_lib.bench.timing import L2Flusher
 
     flush = L2Flusher(torch.device("cuda"))
-    rows = {"gather": gather_ab, "tiles": tiles_ab, "structure": structure_ab}[args.run](args, flush)
+    runs = {"gather": gather_ab, "tiles": tiles_ab, "structure": structure_ab, "loads": loads_ab}
+    rows = runs[args.run](args, flush)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         Path(args.out, f"engine_ab_{args.run}.json").write_text(json.dumps(rows, indent=1))

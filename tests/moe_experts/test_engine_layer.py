@@ -391,3 +391,36 @@ def test_gpu_kept_routing_and_fused_gate_up_gradient_change_no_bit(shape, seed, 
     for got, expected in zip(grads, want, strict=True):
         assert torch.equal(got, expected)
     assert torch.equal(block, torch.cat(want[2:4], dim=1))
+
+
+def forward_and_backward(inputs, save):
+    """The layer's y, then its five gradients (with the saved pre-activations where ``save``)."""
+    y, preactivations = engine_layer.forward(*args(inputs), save_preactivations=True)
+    grads = engine_layer.backward(inputs["grad_output"], *args(inputs), preactivations=preactivations if save else None)
+    return (y, *grads)
+
+
+@pytest.mark.parametrize("case", ["uniform", "skewed", "K1"])
+@pytest.mark.parametrize("save", [True, False], ids=["saved", "recomputed"])
+def test_gathering_x_and_dy_in_the_loads_changes_no_bit(case, save, seed, nan_workspaces, monkeypatch):
+    """x's and dy's rows read through the routing by the first product and dswiglu's, or from x_s and dy_s written
+    out first: the same products of the same rows."""
+    inputs = bf16_inputs(*CASES[case], seed)
+    gathered = forward_and_backward(inputs, save)
+    monkeypatch.setattr(engine_layer, "GATHER_IN_LOADS", False)
+    written = forward_and_backward(inputs, save)
+    for name, got, want in zip(("y", "dx", "dtopk", "dWg", "dWu", "dWd"), gathered, written, strict=True):
+        assert torch.isfinite(got).all() and torch.equal(got, want), name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(512, 2048, 768, 128, 8), (300, 4096, 1024, 8, 2), (2048, 2048, 1408, 64, 6)])
+@pytest.mark.parametrize("save", [True, False], ids=["saved", "recomputed"])
+def test_gpu_gathering_x_and_dy_in_the_loads_changes_no_bit(shape, save, seed, nan_workspaces, monkeypatch):
+    T, H, I, E, K = shape
+    inputs = bf16_inputs(T, H, I, E, K, "uniform", seed, device="cuda")
+    gathered = forward_and_backward(inputs, save)
+    monkeypatch.setattr(engine_layer, "GATHER_IN_LOADS", False)
+    written = forward_and_backward(inputs, save)
+    for name, got, want in zip(("y", "dx", "dtopk", "dWg", "dWu", "dWd"), gathered, written, strict=True):
+        assert torch.isfinite(got).all() and torch.equal(got, want), name
