@@ -23,6 +23,7 @@ from .training_step import load_layer_runs
 # each engine implementation and the kernels A-W-D-C implementation timed beside it
 ENGINE_IMPLS = {"triton_engine": "triton", "triton_engine_saved": "triton_saved"}
 PEER = "grouped_mm"
+SONIC = "sonicmoe"  # set beside the engine where the same run timed it
 RUN_COLUMNS = ["file", "commit", "date", "problem", "mode", "suite", "model", "num_tokens", "impl", "median_ms",
                "peak_mem_gb", "status"]  # fmt: skip
 
@@ -96,6 +97,9 @@ def _compare(group: pd.DataFrame, index) -> pd.DataFrame:
     table[f"{PEER} (ms)"] = times.get(PEER, math.nan)
     table["over kernels A-W-D-C"] = table["kernels A-W-D-C (ms)"] / table["engine (ms)"]
     table[f"over {PEER}"] = table[f"{PEER} (ms)"] / table["engine (ms)"]
+    if SONIC in times:  # timed in the same run
+        table[f"{SONIC} (ms)"] = times[SONIC]
+        table[f"over {SONIC}"] = times[SONIC] / table["engine (ms)"]
     return table
 
 
@@ -152,7 +156,8 @@ def sonicmoe_beside(runs: pd.DataFrame, results_dir=RESULTS_DIR, gpu_key: str = 
 
 def models_table(runs: pd.DataFrame) -> pd.DataFrame:
     """The model suite's runs of :func:`load_engine_runs`: per model and token count the engine beside kernels
-    A-W-D-C and grouped_mm of the same run, as :func:`engine_table`. ``attrs["files"]``: {file: commit}."""
+    A-W-D-C and grouped_mm of the same run (and SonicMoE where that run timed it), as :func:`engine_table`.
+    ``attrs["files"]``: {file: commit}."""
     runs = runs[runs["suite"] == "models"]
     if runs.empty:
         return pd.DataFrame()
@@ -180,11 +185,15 @@ def reading(table: pd.DataFrame, sonic: pd.DataFrame, models: pd.DataFrame) -> l
         )
     if not models.empty:
         over = models["over kernels A-W-D-C"].dropna()
-        lines.append(
+        line = (
             f"model suite ({', '.join(models.attrs['files'])}): ahead of kernels A-W-D-C in {(over > 1).sum()} of "
             f"{len(over)} cases, behind in {(over < 1).sum()}; ahead of {PEER} in "
             f"{(models[f'over {PEER}'] > 1).sum()} of {models[f'over {PEER}'].notna().sum()}"
         )
+        sonic = models.get(f"over {SONIC}", pd.Series(dtype=float)).dropna()
+        if len(sonic):
+            line += f"; ahead of {SONIC} (same run) in {(sonic > 1).sum()} of {len(sonic)}"
+        lines.append(line)
     return lines
 
 

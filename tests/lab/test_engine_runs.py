@@ -79,3 +79,22 @@ def test_reading_without_engine_runs_says_nothing():
     from moe_lib.lab.engine_runs import reading
 
     assert reading(pd.DataFrame(), pd.DataFrame(), pd.DataFrame()) == []
+
+
+def test_sonicmoe_of_the_same_run_sits_beside_the_engine():
+    """The H100's model-suite runs timed SonicMoE beside the engine: its medians, their ratio, and the reading."""
+    runs = engine_runs.load_engine_runs(gpu_key="H100-SXM")
+    models = engine_runs.models_table(runs)
+    assert len(models) and models["sonicmoe (ms)"].notna().all()
+    matched = 0
+    for file in models.attrs["files"]:
+        csv = pd.read_csv(resolve_path(file))
+        for (model, tokens), row in models.iterrows():
+            case = csv[(csv["model"] == model) & (csv["num_tokens"] == tokens)].set_index("impl")["median_ms"]
+            if case.get(row["engine"]) == row["engine (ms)"]:
+                assert row["sonicmoe (ms)"] == case["sonicmoe"]
+                assert row["over sonicmoe"] == pytest.approx(case["sonicmoe"] / case[row["engine"]])
+                matched += 1
+    assert matched >= len(models)  # every row found in its file
+    line = engine_runs.reading(pd.DataFrame(), pd.DataFrame(), models)[-1]
+    assert f"ahead of sonicmoe (same run) in {(models['over sonicmoe'] > 1).sum()} of {len(models)}" in line
