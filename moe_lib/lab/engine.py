@@ -23,6 +23,7 @@ import torch
 from matplotlib import patches
 
 from ..engine import grouped_gemm, grouped_wgrad
+from ..engine.gathered import Gathered
 from ..engine.gluon_gemm import GemmConfig
 from ..tiling import cdiv
 from .derivations import relative_error
@@ -443,12 +444,13 @@ def recorded_launches():
 
     def recording_gemm(self, a, b, offsets, **kwargs):
         weights = b if isinstance(b, tuple) else (b,)
+        gathered = " gathered" if isinstance(a, Gathered) else ""  # its rows read through the routing by the loads
         record.append(
             dict(
                 kernel="grouped_gemm",
                 epilogue=kwargs.get("epilogue", "none"),
                 rows=a.shape[0],
-                operands=f"A {list(a.shape)}, B " + " + ".join(str(list(w.shape)) for w in weights),
+                operands=f"A{gathered} {list(a.shape)}, B " + " + ".join(str(list(w.shape)) for w in weights),
             )
         )
         return gemm(self, a, b, offsets, **kwargs)
