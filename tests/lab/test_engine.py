@@ -112,6 +112,9 @@ def test_the_layers_launches_are_those_listed_and_its_gradients_those_of_float64
     assert len(engine.launch_table(forward, "forward")) == 2
     table = engine.launch_table(backward, "backward")
     assert list(table["epilogue"]) == ["swiglu", "dswiglu", "none", "–", "–"]
+    # x's and dy's rows read through the routing by the loads; x_s written for the recomputed swiglu
+    assert [r["operands"].startswith("A gathered") for r in forward] == [True, False]
+    assert [r["operands"].startswith("A gathered") for r in backward[:3]] == [False, True, False]
     wanted = moe_lib.moe_experts_backward(
         *(t.double() if t.is_floating_point() else t for t in inputs.values()), impl="reference"
     )
