@@ -5,12 +5,15 @@
 dram__throughput.avg.pct_of_peak_sustained_elapsed \
         python3 scripts/p2/engine_profile.py --tokens 32768
     PYTHONPATH=. python3 scripts/p2/engine_profile.py --tokens 2048,32768 --kernel-times
+    PYTHONPATH=. python3 scripts/p2/engine_profile.py --model Qwen3-30B-A3B --tokens 32768 --kernel-times --written
 
 Each token count: the benchmark's inputs (``moe_experts_backward_bf16``), one untimed call (the kernels compile),
 then one call between cudaProfilerStart and cudaProfilerStop (ncu's ``--profile-from-start off`` profiles those
 kernels alone: the layer's launches, its torch gathers and sums). With ``--kernel-times``: instead, torch.profiler
 over three calls, and a table of each kernel's GPU time a call (its share of the call's kernels) for the layer and
-for the op (the backward with the forward recomputed).
+for the op (the backward with the forward recomputed). ``--model``: that model's expert shape
+(moe_lib/bench/models.py) instead of P2's; ``--written``: x_s and dy_s written out before the products that
+otherwise read x's and dy's rows through the routing (``engine_layer.GATHER_IN_LOADS`` off).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import argparse
 import torch
 
 from moe_lib import problems
+from moe_lib.bench import models
+from moe_lib.bench.cli import model_list
 from moe_lib.moe_experts import engine_layer
 
 LAYER_INPUTS = ("hidden_states", "topk_indices", "topk_weights", "gate_weights", "up_weights", "down_weights")
@@ -56,10 +61,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", default="32768", help="comma-separated token counts")
     parser.add_argument("--kernel-times", action="store_true", help="torch.profiler's kernel times instead of ncu")
+    parser.add_argument("--model", type=model_list, help="a model of moe_lib/bench/models.py: its expert shape")
+    parser.add_argument("--written", action="store_true", help="x_s and dy_s written out, not gathered in the loads")
     args = parser.parse_args()
+    axes = {}
+    if args.model:
+        if len(args.model) != 1:
+            parser.error("--model: one model")
+        axes = next(m for m in models.MODEL_SHAPES if m.name == args.model[0]).axes("moe_experts_backward")
+        if not axes.get("num_experts"):
+            parser.error(f"--model: {args.model[0]} has no experts")
+    engine_layer.GATHER_IN_LOADS = not args.written
     problem = problems.load("moe_experts_backward_bf16")
     for num_tokens in (int(t) for t in args.tokens.split(",")):
-        inputs = problem.make_inputs(num_tokens, device="cuda")
+        inputs = problem.make_inputs(num_tokens, device="cuda", **axes)
         layer_step(inputs)  # compiles the kernels
         op_step(inputs)
         torch.cuda.synchronize()
