@@ -123,3 +123,27 @@ def test_the_readme_layout_names_every_part_of_the_tree():
         if p.is_dir() and not p.name.startswith((".", "__")) and not p.name.endswith(".egg-info")
     ]
     assert all(re.search(rf"^{name}/", layout, re.M) for name in folders), folders
+
+
+def test_the_readme_sonicmoe_table_is_that_of_the_files_it_cites():
+    """The same-run table beside SonicMoE: each time, rounded as printed, is the file's median of that case."""
+    import pandas as pd
+
+    text = README.read_text()
+    results = README.parent / "data" / "results" / "H100-SXM"
+    paragraph = re.search(r"SonicMoE in the same run, on one H100 .*?\n\n(.*?)\n\n", text, re.S)
+    files = re.findall(r"`(2026-[^`]+\.csv)`", text[paragraph.start() : paragraph.start(1)])
+    assert len(files) == 2 and all((results / name).is_file() for name in files), files
+    frames = [pd.read_csv(results / name) for name in files]
+    frames[0]["model"] = "P2"
+    frame = pd.concat(frames)
+    frame = frame[frame["impl"].isin(["triton_saved", "triton_engine_saved", "sonicmoe"])]
+    frame["who"] = frame["impl"].map(lambda impl: "SonicMoE" if impl == "sonicmoe" else "ours")
+    rows = re.findall(r"^\| (P2|Qwen3-30B-A3B|DeepSeek-V2-Lite) \| ([\d /]+) \| ([\d. /]+) ms \| ([\d. /]+) ms \|$",
+                      paragraph.group(1), re.M)  # fmt: skip
+    assert len(rows) == 3, rows
+    for model, tokens, ours, theirs in rows:
+        for who, printed in (("ours", ours), ("SonicMoE", theirs)):
+            for t, value in zip(tokens.split(" / "), printed.split(" / "), strict=True):
+                case = frame[(frame["model"] == model) & (frame["num_tokens"] == int(t)) & (frame["who"] == who)]
+                assert f"{case['median_ms'].item():.2f}" == value, (model, t, who)
