@@ -11,7 +11,7 @@ over its rows offsets[e] ≤ p < offsets[e + 1], each line one persistent launch
                dAp = dy_s·Wd_e ;  a = silu(g)·u ;  dA = w_s·dAp                     dswiglu epilogue, dy gathered
                dg = dA·u·silu'(g) ;  du = dA·silu(g) ;  aw = w_s·a ;  part[j, p] = Σ_{columns of tile j} dAp·a
                dX_s = dg·Wg_e + du·Wu_e                                              K = 2I              reads Wg, Wu
-               grad_x[t] = Σ_k dX_s[row_of_slot[t·K + k]] ;  grad_topk[t, k] = Σ_j part[j, row_of_slot[t·K + k]]
+               grad_x[t] = Σ_k dX_s[row_of_slot[t·K+k]] ; grad_topk[t, k] = Σ_j part[j, row_of_slot[t·K+k]]   one launch
                dWg_e = dg_eᵀ x_s,e ;  dWu_e = du_eᵀ x_s,e                            varlen-K            writes dWg, dWu
                dWd_e = dy_s,eᵀ aw_e                                                  varlen-K, dy gathered  writes dWd
 
@@ -216,9 +216,10 @@ class _Routed:
             return Gathered(v, self.token_of_row)
         return self.gather(v)
 
-    def token_sum(self, rows: torch.Tensor) -> torch.Tensor:
-        """[T, cols]: each token's K rows summed in fp32, rounded once."""
-        return sum_slot_rows(rows, self.row_of_slot, self.num_tokens, self.top_k)
+    def token_sum(self, rows: torch.Tensor, partial: torch.Tensor | None = None, topk_dtype=None):
+        """[T, cols]: each token's K rows summed in fp32, rounded once; with dswiglu's ``partial`` [J, T·K] also
+        (in the same launch) the routing-weight gradient [T, K] in ``topk_dtype``, each slot's J parts summed."""
+        return sum_slot_rows(rows, self.row_of_slot, self.num_tokens, self.top_k, partial, topk_dtype)
 
 
 def saved_routing(topk_indices: torch.Tensor, topk_weights: torch.Tensor, num_experts: int) -> torch.Tensor:
@@ -362,9 +363,8 @@ def backward(
             out=allocate((num_slots, H), dtype=dtype, device=device),
             b_transposed=False,
         )
-        grad_hidden = routed.token_sum(dx_s)
+        grad_hidden, grad_topk = routed.token_sum(dx_s, topk_partial, topk_weights.dtype)
         del dx_s
-        grad_topk = topk_partial.sum(dim=0)[routed.row_of_slot].view(T, K).to(topk_weights.dtype)
     else:
         grad_hidden = allocate((T, H), dtype=dtype, device=device).zero_()
         grad_topk = allocate((T, K), dtype=topk_weights.dtype, device=device).zero_()

@@ -7,7 +7,10 @@ order. With ``row_of_slot[t·K + k]`` the position of slot (t, k)'s row in that 
 
 One Triton kernel reads each row once and writes each token's sum once (programs: token t, H-tile). The readable
 form, :func:`sum_slot_rows_reference`, gathers the rows into slot order and sums them with torch; it serves
-float64 and the CPU, and the tests compare the two.
+float64 and the CPU, and the tests compare the two. The engine layer's backward sums dX's rows here, and in the
+same launch its routing-weight gradient from dswiglu's per-column-tile partials [J, S]:
+
+    grad_topk[t, k] = Σ_{j = 0..J−1} partial[j, row_of_slot[t·K + k]]   in fp32, j in order, rounded once
 """
 
 from __future__ import annotations
@@ -35,9 +38,26 @@ def slot_rows_sum_kernel(
     out_ptr,  # out [T, H]: out[t] = Σ_k rows[row_of_slot[t·K + k]], input dtype
     top_k,  # K
     hidden_size,  # H
-    INTERPRETER: tl.constexpr, BLOCK_H: tl.constexpr,
+    partial_ptr,  # WITH_TOPK: [J, S] fp32, row j the per-row parts of column tile j; else any pointer, unread
+    grad_topk_ptr,  # WITH_TOPK: out [T·K]: grad_topk[t·K + k] = Σ_j partial[j, row_of_slot[t·K + k]]; else unused
+    num_partials,  # J
+    num_rows,  # S: partial's row stride
+    WITH_TOPK: tl.constexpr,
+    INTERPRETER: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
+    if WITH_TOPK and tl.program_id(1) == 0:  # the token's K routing-weight gradients, once (its first H-tile)
+        ks = tl.arange(0, BLOCK_K)
+        k_ok = ks < top_k
+        slot_rows = tl.load(row_of_slot_ptr + token * top_k + ks, mask=k_ok, other=0).to(tl.int64)
+        grad_w = tl.zeros((BLOCK_K,), tl.float32)
+        for j in range(0, num_partials):
+            grad_w += tl.load(partial_ptr + j * num_rows + slot_rows, mask=k_ok, other=0.0)
+        tl.store(
+            grad_topk_ptr + token * top_k + ks, round_to(grad_w, grad_topk_ptr.dtype.element_ty, INTERPRETER), mask=k_ok
+        )
     hs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     h_ok = hs < hidden_size
     total = tl.zeros((BLOCK_H,), tl.float32)
@@ -54,21 +74,62 @@ def sum_slot_rows_reference(rows: torch.Tensor, row_of_slot: torch.Tensor, num_t
     return by_slot.sum(dim=1, dtype=compute_dtype(rows.dtype)).to(rows.dtype)
 
 
-def sum_slot_rows(rows: torch.Tensor, row_of_slot: torch.Tensor, num_tokens: int, top_k: int) -> torch.Tensor:
+def gathered_partials_reference(
+    partial: torch.Tensor, row_of_slot: torch.Tensor, num_tokens: int, top_k: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """[T, K] in ``dtype``: Σ_j partial[j, row_of_slot[t·K + k]] (partial [J, S] fp32, summed in its dtype)."""
+    return partial.sum(dim=0)[row_of_slot].view(num_tokens, top_k).to(dtype)
+
+
+def sum_slot_rows(
+    rows: torch.Tensor,
+    row_of_slot: torch.Tensor,
+    num_tokens: int,
+    top_k: int,
+    partial: torch.Tensor | None = None,
+    topk_dtype: torch.dtype | None = None,
+):
     """[T, H]: out[t] = Σ_k rows[row_of_slot[t·K + k]] for rows [S, H] (contiguous) and row_of_slot [T·K] (int32
-    or int64): :func:`sum_slot_rows_triton` for fp32 and 16-bit rows on the GPU, the reference otherwise."""
+    or int64): :func:`sum_slot_rows_triton` for fp32 and 16-bit rows on the GPU, the reference otherwise. With
+    ``partial`` [J, S] fp32 (contiguous): (out, grad_topk [T, K] in ``topk_dtype``), grad_topk[t, k] = Σ_j
+    partial[j, row_of_slot[t·K + k]], in the same launch."""
     if rows.is_cuda and rows.dtype in KERNEL_DTYPES and num_tokens * top_k > 0 and rows.shape[1] > 0:
-        return sum_slot_rows_triton(rows, row_of_slot, num_tokens, top_k)
-    return sum_slot_rows_reference(rows, row_of_slot, num_tokens, top_k)
+        return sum_slot_rows_triton(rows, row_of_slot, num_tokens, top_k, partial, topk_dtype)
+    out = sum_slot_rows_reference(rows, row_of_slot, num_tokens, top_k)
+    if partial is None:
+        return out
+    return out, gathered_partials_reference(partial, row_of_slot, num_tokens, top_k, topk_dtype)
 
 
-def sum_slot_rows_triton(rows: torch.Tensor, row_of_slot: torch.Tensor, num_tokens: int, top_k: int) -> torch.Tensor:
+def sum_slot_rows_triton(
+    rows: torch.Tensor,
+    row_of_slot: torch.Tensor,
+    num_tokens: int,
+    top_k: int,
+    partial: torch.Tensor | None = None,
+    topk_dtype: torch.dtype | None = None,
+):
     """The kernel's launch (T·K > 0, H > 0; the interpreter runs it on CPU tensors)."""
     hidden_size = rows.shape[1]
     out = allocate((num_tokens, hidden_size), dtype=rows.dtype, device=rows.device)
+    grad_topk = None
+    if partial is not None:
+        grad_topk = allocate((num_tokens, top_k), dtype=topk_dtype, device=rows.device)
     block_h = INTERPRETER_BLOCK_H if interpreter_enabled() else BLOCK_H
     slot_rows_sum_kernel[(num_tokens, cdiv(hidden_size, block_h))](
-        rows, row_of_slot, out, top_k, hidden_size, INTERPRETER=interpreter_enabled(), BLOCK_H=block_h,
+        rows,
+        row_of_slot,
+        out,
+        top_k,
+        hidden_size,
+        partial if partial is not None else out,
+        grad_topk if grad_topk is not None else out,
+        0 if partial is None else partial.shape[0],
+        0 if partial is None else partial.shape[1],
+        WITH_TOPK=partial is not None,
+        INTERPRETER=interpreter_enabled(),
+        BLOCK_H=block_h,
+        BLOCK_K=triton.next_power_of_2(top_k),
         num_warps=4,
     )
-    return out
+    return out if partial is None else (out, grad_topk)

@@ -32,6 +32,38 @@ def test_kernel_matches_the_float64_sum_in_slot_order(dtype, num_tokens, top_k, 
     assert torch.allclose(out.double(), reference.double(), rtol=ulp, atol=0)
 
 
+@pytest.mark.parametrize("topk_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("num_tokens", "top_k", "partials"), [(5, 3, 4), (1, 1, 1), (7, 6, 3)])
+def test_kernel_sums_each_slots_partials_in_the_same_launch(num_tokens, top_k, partials, topk_dtype, seed, monkeypatch):
+    """grad_topk[t, k] = Σ_j partial[j, row_of_slot[t·K + k]]: against float64, rounded once; the rows' sums as
+    without partials; no element left unwritten."""
+    generator = torch.Generator().manual_seed(seed)
+    spare = 3
+    slots = num_tokens * top_k
+    rows = torch.randn((slots + spare, 24), generator=generator).to(torch.bfloat16)
+    row_of_slot = torch.randperm(slots + spare, generator=generator)[:slots].to(torch.int32)
+    partial = torch.randn((partials, slots + spare), generator=generator)
+    monkeypatch.setattr(slot_sum, "allocate", lambda size, **kw: nan_filled(*size, **kw))
+    out, grad_topk = slot_sum.sum_slot_rows_triton(rows, row_of_slot, num_tokens, top_k, partial, topk_dtype)
+    assert torch.equal(out, slot_sum.sum_slot_rows_triton(rows, row_of_slot, num_tokens, top_k))
+    exact = partial.double()[:, row_of_slot.long()].sum(dim=0).view(num_tokens, top_k)
+    magnitude = partial.double().abs()[:, row_of_slot.long()].sum(dim=0).view(num_tokens, top_k)
+    ulp = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8}[topk_dtype]
+    assert grad_topk.dtype == topk_dtype and grad_topk.shape == (num_tokens, top_k) and not grad_topk.isnan().any()
+    assert ((grad_topk.double() - exact).abs() <= ulp * exact.abs() + partials * 2.0**-24 * magnitude).all()
+    reference = slot_sum.gathered_partials_reference(partial, row_of_slot.long(), num_tokens, top_k, topk_dtype)
+    assert ((grad_topk.double() - reference.double()).abs() <= 2 * ulp * magnitude).all()
+
+
+def test_cpu_rows_take_the_reference_with_partials_too():
+    rows = torch.arange(12, dtype=torch.float64).view(6, 2)
+    row_of_slot = torch.tensor([5, 0, 1, 4, 2, 3])
+    partial = torch.arange(12, dtype=torch.float32).view(2, 6)
+    out, grad_topk = slot_sum.sum_slot_rows(rows, row_of_slot, 3, 2, partial, torch.float64)
+    assert out.tolist() == [[10.0, 12.0], [10.0, 12.0], [10.0, 12.0]]
+    assert grad_topk.tolist() == [[16.0, 6.0], [8.0, 14.0], [10.0, 12.0]]  # partial[0, r] + partial[1, r] = 2r + 6
+
+
 def test_cpu_rows_take_the_reference():
     rows = torch.arange(12, dtype=torch.float64).view(6, 2)
     row_of_slot = torch.tensor([5, 0, 1, 4, 2, 3])
@@ -52,3 +84,17 @@ def test_gpu_kernel_matches_the_reference_at_the_layer_shape(dtype, seed):
     ulp = {torch.float32: 2.0**-22, torch.bfloat16: 2.0**-7}[dtype]
     assert not out.isnan().any()
     assert ((out.double() - reference.double()).abs() <= ulp * reference.double().abs() + 1e-5).all()
+
+
+@pytest.mark.gpu
+def test_gpu_kernel_sums_the_partials_as_the_reference(seed):
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    num_tokens, top_k, hidden_size, partials = 4096, 8, 2048, 16
+    rows = torch.randn((num_tokens * top_k, hidden_size), generator=generator, device="cuda").to(torch.bfloat16)
+    row_of_slot = torch.randperm(num_tokens * top_k, generator=generator, device="cuda").to(torch.int32)
+    partial = torch.randn((partials, num_tokens * top_k), generator=generator, device="cuda")
+    out, grad_topk = slot_sum.sum_slot_rows(rows, row_of_slot, num_tokens, top_k, partial, torch.float32)
+    assert torch.equal(out, slot_sum.sum_slot_rows(rows, row_of_slot, num_tokens, top_k))
+    exact = partial.double()[:, row_of_slot.long()].sum(dim=0).view(num_tokens, top_k)
+    magnitude = partial.double().abs()[:, row_of_slot.long()].sum(dim=0).view(num_tokens, top_k)
+    assert ((grad_topk.double() - exact).abs() <= partials * 2.0**-24 * magnitude).all()
