@@ -567,6 +567,16 @@ def report_run(kernel_name, tmp_path_factory):
     return parameters, _execute("05_benchmark_report", parameters, folder, kernel_name), folder
 
 
+def test_report_of_a_gpu_with_layer_runs_only_runs_through(kernel_name, tmp_path):
+    """The H100's folder holds the layer's and the model suite's runs beside SonicMoE, no run of a problem's
+    function: the report still runs, with no per-case file and the same-run SonicMoE column in its model table."""
+    summary = _execute("05_benchmark_report", dict(gpu_key="H100-SXM"), tmp_path, kernel_name)
+    assert summary["files"] == [] and (tmp_path / "time_per_case.png").is_file()
+    executed = nbformat.read(tmp_path / "05_benchmark_report.ipynb", as_version=4)
+    outputs = "".join(str(o) for cell in executed.cells if cell.cell_type == "code" for o in cell.get("outputs", []))
+    assert "sonicmoe (same run)" in outputs
+
+
 def test_report_reads_the_committed_files(report_run):
     parameters, summary, folder = report_run
     assert summary["source"] == "committed" and summary["live_requested"] == parameters["live"]

@@ -297,6 +297,11 @@ def per_case_figure(results: dict[str, ResultFile], kind: str):
         "speedup": "speed-up over the best PyTorch peer",
         "fraction": "roofline fraction T_sol / T",
     }
+    if not results:  # a GPU's folder with layer or model-suite runs only: nothing per case to draw
+        fig, ax = plt.subplots(figsize=(12, 1.2))
+        ax.axis("off")
+        ax.text(0.5, 0.5, "no result file of a problem's function (mode op) in this folder", ha="center", va="center")
+        return fig
     fig = plt.figure(figsize=(12, 4.8 if len(results) == 1 else 9.6), layout="constrained")
     grid = fig.add_gridspec(1 if len(results) == 1 else 2, max(len(results) - 1, 1))
     # the first file (P1 and its 16 cases) across the top, the others side by side below

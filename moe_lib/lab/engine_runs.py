@@ -155,13 +155,13 @@ def sonicmoe_beside(runs: pd.DataFrame, results_dir=RESULTS_DIR, gpu_key: str = 
 
 
 def models_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """The model suite's runs of :func:`load_engine_runs`: per model and token count the engine beside kernels
+    """The model suite's runs of :func:`load_engine_runs`: per file, model and token count the engine beside kernels
     A-W-D-C and grouped_mm of the same run (and SonicMoE where that run timed it), as :func:`engine_table`.
     ``attrs["files"]``: {file: commit}."""
     runs = runs[runs["suite"] == "models"]
     if runs.empty:
         return pd.DataFrame()
-    table = pd.concat(_compare(group, ["model", "num_tokens"]) for _, group in runs.groupby("file", sort=False))
+    table = pd.concat(_compare(group, ["file", "model", "num_tokens"]) for _, group in runs.groupby("file", sort=False))
     table.attrs["files"] = dict(zip(runs["file"], runs["commit"], strict=True))
     return table
 

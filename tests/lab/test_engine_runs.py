@@ -55,7 +55,7 @@ def test_models_table_and_reading():
     runs = engine_runs.load_engine_runs()
     models = engine_runs.models_table(runs)
     timed = runs[(runs["suite"] == "models") & (runs["impl"] == "triton_engine")].dropna(subset=["median_ms"])
-    assert set(models.index) == set(zip(timed["model"], timed["num_tokens"], strict=True))
+    assert set(models.index) == set(zip(timed["file"], timed["model"], timed["num_tokens"], strict=True))
     lines = engine_runs.reading(engine_runs.engine_table(runs), engine_runs.sonicmoe_beside(runs), models)
     assert len(lines) == 4 and all("commit" in line for line in lines[:3])
 
@@ -85,16 +85,11 @@ def test_sonicmoe_of_the_same_run_sits_beside_the_engine():
     """The H100's model-suite runs timed SonicMoE beside the engine: its medians, their ratio, and the reading."""
     runs = engine_runs.load_engine_runs(gpu_key="H100-SXM")
     models = engine_runs.models_table(runs)
-    assert len(models) and models["sonicmoe (ms)"].notna().all()
-    matched = 0
-    for file in models.attrs["files"]:
+    assert len(models) and models["sonicmoe (ms)"].notna().all() and models.index.is_unique
+    for (file, model, tokens), row in models.iterrows():
         csv = pd.read_csv(resolve_path(file))
-        for (model, tokens), row in models.iterrows():
-            case = csv[(csv["model"] == model) & (csv["num_tokens"] == tokens)].set_index("impl")["median_ms"]
-            if case.get(row["engine"]) == row["engine (ms)"]:
-                assert row["sonicmoe (ms)"] == case["sonicmoe"]
-                assert row["over sonicmoe"] == pytest.approx(case["sonicmoe"] / case[row["engine"]])
-                matched += 1
-    assert matched >= len(models)  # every row found in its file
+        case = csv[(csv["model"] == model) & (csv["num_tokens"] == tokens)].set_index("impl")["median_ms"]
+        assert row["engine (ms)"] == case[row["engine"]] and row["sonicmoe (ms)"] == case["sonicmoe"]
+        assert row["over sonicmoe"] == pytest.approx(case["sonicmoe"] / case[row["engine"]])
     line = engine_runs.reading(pd.DataFrame(), pd.DataFrame(), models)[-1]
     assert f"ahead of sonicmoe (same run) in {(models['over sonicmoe'] > 1).sum()} of {len(models)}" in line
