@@ -26,8 +26,8 @@ element is written by one tile once (deterministic, no atomics); experts without
 Memory: dX_s is freed after its sum; x_s is written (where g and u were saved) just before the gradients of Wg and
 Wu, and freed with [dg | du] before Wd's gradient is allocated. So no two [T·K, H] workspaces are ever alive beside
 the weight gradients: the backward's peak is the larger of (dWg, dWu, [dg | du], aw, x_s) and (dWg, dWu, dWd, aw),
-besides the saved g and u. Gathering x in the weight gradients' launch as well would save x_s but costs more than
-writing it: there its gathered tile is twice dy's (notes/p2/engine-layer.md).
+besides the saved g and u. Gathering x in the weight gradients' launch as well (``GATHER_X_IN_WEIGHT_GRADS``) saves
+x_s but costs more than writing it at P2's shape: there its gathered tile is twice dy's (notes/p2/engine-layer.md).
 
 The gate and up weights may be the two row halves of one fused [E, 2I, H] block (Hugging Face's ``gate_up_proj``,
 as :class:`moe_lib.nn.MoEExperts` hands them): the swiglu and dX products then read that block as it lies, one
@@ -62,6 +62,10 @@ ENGINE_MIN_ROWS = 64  # the chooser's default: the engine from this many rows an
 # whether the forward's first product and dswiglu's read x's and dy's rows through the routing in their loads
 # (Gathered) rather than from x_s and dy_s written out first (notes/p2/engine-layer.md, "Gathered A")
 GATHER_IN_LOADS = True
+# whether the gate and up weights' gradients read x's rows through the routing too, so that x_s is never written:
+# [T·K, H] less memory at the backward's peak, but those products' gathered tile is twice dy's; measured slower at
+# P2's shape (notes/p2/engine-wgrad.md, "Gathered operands"), to be measured at the fine-grained models' shapes
+GATHER_X_IN_WEIGHT_GRADS = False
 
 
 def structure(
@@ -293,6 +297,14 @@ def forward(
     return (y, preactivations) if save_preactivations else y
 
 
+def x_rows_for_weight_grads(routed: _Routed, hidden_states: torch.Tensor) -> Gathered | torch.Tensor:
+    """x's rows in expert order as the weight gradients' operand: x_s written out, or (``GATHER_X_IN_WEIGHT_GRADS``,
+    with ``GATHER_IN_LOADS``) read through the routing by the loads."""
+    if GATHER_X_IN_WEIGHT_GRADS and GATHER_IN_LOADS:
+        return routed.rows(hidden_states)
+    return routed.gather(hidden_states)
+
+
 def backward(
     grad_output,
     hidden_states,
@@ -321,9 +333,9 @@ def backward(
     launches = _Launches(num_slots, E)
     routed = _routed(routing, topk_indices, topk_weights, E)
     gate_up = gate_up_operand(gate_weights, up_weights)
-    x_s = None
+    x_s = None  # x's rows in expert order for the weight gradients (and the first product, recomputed): x_s or Gathered
     if preactivations is None:  # the forward's first product again, g and u stored only
-        x_s = routed.gather(hidden_states)  # kept for the weight gradients
+        x_s = x_rows_for_weight_grads(routed, hidden_states)
         gate_pre = allocate((num_slots, I), dtype=dtype, device=device)
         up_pre = allocate((num_slots, I), dtype=dtype, device=device)
         if num_slots:
@@ -376,7 +388,7 @@ def backward(
         return allocate(shape, dtype=dtype, device=device) if weight_grads_out is None else weight_grads_out[p]
 
     if x_s is None:
-        x_s = routed.gather(hidden_states)
+        x_s = x_rows_for_weight_grads(routed, hidden_states)
     grad_gate, grad_up = weight_grad(0, (E, I, H)), weight_grad(1, (E, I, H))
     fused_grad = stacked_gate_up(grad_gate, grad_up)
     if fused_grad is not None:  # the fused block's gradient: [dWg_e; dWu_e] = [dg | du]_eᵀ x_s,e, one product

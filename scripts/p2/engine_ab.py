@@ -15,8 +15,9 @@ u, then backward) at P2's shape with the varlen-M products' tiles (``engine_laye
 ``engine_layer.py`` (loaded as a module of ``moe_lib.moe_experts``, the current tiles given to it) against the
 current one, with the memory a layer step adds (its peak over what was allocated before). loads: the layer and the
 op with x's and dy's rows read through the routing by the first product's and dswiglu's loads
-(``engine_layer.GATHER_IN_LOADS``) against x_s and dy_s written out first, at P2's shape (``P2``) and the expert
-shapes of moe_lib/bench/models.py, with the memory a layer step adds.
+(``engine_layer.GATHER_IN_LOADS``), then by the gate and up gradients' loads too (``GATHER_X_IN_WEIGHT_GRADS``: no
+x_s at all), against x_s and dy_s written out first, at P2's shape (``P2``) and the expert shapes of
+moe_lib/bench/models.py, with the memory a layer step adds.
 """
 
 from __future__ import annotations
@@ -191,26 +192,31 @@ def step_peak(call) -> tuple[list, float]:
     return [out.clone() for out in result], peak
 
 
+# (label, engine_layer.GATHER_IN_LOADS, engine_layer.GATHER_X_IN_WEIGHT_GRADS)
+LOAD_FORMS = (("written", False, False), ("gathered", True, False), ("no x_s", True, True))
+
+
 def loads_ab(args, flush) -> list[dict]:
     from moe_lib.moe_experts import engine_layer
 
+    defaults = engine_layer.GATHER_IN_LOADS, engine_layer.GATHER_X_IN_WEIGHT_GRADS
     rows = []
     for case in args.cases.split(","):
         label, inputs = case_inputs(case)
         first = None
-        for gathered in (False, True):
-            engine_layer.GATHER_IN_LOADS = gathered
+        for form, in_loads, in_weight_grads in LOAD_FORMS:
+            engine_layer.GATHER_IN_LOADS, engine_layer.GATHER_X_IN_WEIGHT_GRADS = in_loads, in_weight_grads
             layer, op = layer_calls(engine_layer, inputs)
             result, peak = step_peak(layer)
             first = first or result
-            row = dict(case=case, gathered=gathered, layer_peak_gb=peak, same=same_bits(result, first))
+            row = dict(case=case, form=form, layer_peak_gb=peak, same=same_bits(result, first))
             num_tokens = inputs["hidden_states"].shape[0]
             row.update(layer_ms=timed(layer, flush, num_tokens), op_ms=timed(op, flush, num_tokens))
             rows.append(row)
-            print(f"{label:26s} {'gathered' if gathered else 'written':8s} layer {row['layer_ms']:8.3f} ms  peak "
+            print(f"{label:26s} {form:10s} layer {row['layer_ms']:8.3f} ms  peak "
                   f"{peak:6.2f} GB  op {row['op_ms']:8.3f} ms  same bits {row['same']}", flush=True)  # fmt: skip
             del result, layer, op
-        engine_layer.GATHER_IN_LOADS = True
+        engine_layer.GATHER_IN_LOADS, engine_layer.GATHER_X_IN_WEIGHT_GRADS = defaults
         del inputs, first
         torch.cuda.empty_cache()
     return rows

@@ -402,10 +402,13 @@ def forward_and_backward(inputs, save):
 
 @pytest.mark.parametrize("case", ["uniform", "skewed", "K1"])
 @pytest.mark.parametrize("save", [True, False], ids=["saved", "recomputed"])
-def test_gathering_x_and_dy_in_the_loads_changes_no_bit(case, save, seed, nan_workspaces, monkeypatch):
-    """x's and dy's rows read through the routing by the first product and dswiglu's, or from x_s and dy_s written
-    out first: the same products of the same rows."""
+@pytest.mark.parametrize("weight_grads", [False, True], ids=["x_s_written", "x_gathered_everywhere"])
+def test_gathering_x_and_dy_in_the_loads_changes_no_bit(case, save, weight_grads, seed, nan_workspaces, monkeypatch):
+    """x's and dy's rows read through the routing by the first product and dswiglu's (and, with
+    GATHER_X_IN_WEIGHT_GRADS, by the gate and up gradients' too), or from x_s and dy_s written out first: the same
+    products of the same rows."""
     inputs = bf16_inputs(*CASES[case], seed)
+    monkeypatch.setattr(engine_layer, "GATHER_X_IN_WEIGHT_GRADS", weight_grads)
     gathered = forward_and_backward(inputs, save)
     monkeypatch.setattr(engine_layer, "GATHER_IN_LOADS", False)
     written = forward_and_backward(inputs, save)
@@ -416,11 +419,34 @@ def test_gathering_x_and_dy_in_the_loads_changes_no_bit(case, save, seed, nan_wo
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(512, 2048, 768, 128, 8), (300, 4096, 1024, 8, 2), (2048, 2048, 1408, 64, 6)])
 @pytest.mark.parametrize("save", [True, False], ids=["saved", "recomputed"])
-def test_gpu_gathering_x_and_dy_in_the_loads_changes_no_bit(shape, save, seed, nan_workspaces, monkeypatch):
+@pytest.mark.parametrize("weight_grads", [False, True], ids=["x_s_written", "x_gathered_everywhere"])
+def test_gpu_gathering_x_and_dy_in_the_loads_changes_no_bit(shape, save, weight_grads, seed, nan_workspaces,
+                                                            monkeypatch):  # fmt: skip
     T, H, I, E, K = shape
     inputs = bf16_inputs(T, H, I, E, K, "uniform", seed, device="cuda")
+    monkeypatch.setattr(engine_layer, "GATHER_X_IN_WEIGHT_GRADS", weight_grads)
     gathered = forward_and_backward(inputs, save)
     monkeypatch.setattr(engine_layer, "GATHER_IN_LOADS", False)
     written = forward_and_backward(inputs, save)
     for name, got, want in zip(("y", "dx", "dtopk", "dWg", "dWu", "dWd"), gathered, written, strict=True):
         assert torch.isfinite(got).all() and torch.equal(got, want), name
+
+
+@pytest.mark.gpu
+def test_gpu_x_gathered_in_the_weight_gradients_writes_no_x_s(seed, monkeypatch):
+    """With GATHER_X_IN_WEIGHT_GRADS the backward's peak (pre-activations saved) drops by x_s's [T·K, H]."""
+    T, H, I, E, K = 4096, 2048, 768, 32, 8
+    inputs = bf16_inputs(T, H, I, E, K, "uniform", seed, device="cuda")
+    peaks = []
+    for gather in (False, True):
+        monkeypatch.setattr(engine_layer, "GATHER_X_IN_WEIGHT_GRADS", gather)
+        y, preactivations = engine_layer.forward(*args(inputs), save_preactivations=True)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        grads = engine_layer.backward(inputs["grad_output"], *args(inputs), preactivations=preactivations)
+        torch.cuda.synchronize()
+        peaks.append(torch.cuda.max_memory_allocated() - before)
+        del y, preactivations, grads
+    x_s = 2 * T * K * H
+    assert peaks[1] <= peaks[0] - x_s + 2**23, (peaks, x_s)
