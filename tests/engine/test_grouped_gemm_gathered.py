@@ -12,12 +12,10 @@ from moe_lib.engine.gluon_gemm import GemmConfig
 from moe_lib.engine.grouped_gemm import DSWIGLU_CONFIG, check_arguments, grouped_gemm, partial_rows
 from moe_lib.engine.grouped_tl import grouped_gemm_tl
 
+from .test_grouped_gemm import gpu_per_expert, offsets_of, per_expert, within_bf16
+
 SMALL = GemmConfig(64, 64, 32, 2, "pingpong", group_m=2)
 RAGGED = {"empty_one_ragged": [0, 1, 70, 130], "all_in_one": [0, 0, 197, 0]}
-
-
-def offsets_of(counts, device="cpu"):
-    return torch.tensor([0] + torch.tensor(counts).cumsum(0).tolist(), dtype=torch.int32, device=device)
 
 
 def bf16_randn(*size, generator, scale=1.0, device="cpu"):
@@ -30,21 +28,6 @@ def routed(num_tokens, columns, rows, generator, device="cpu"):
     wide = bf16_randn(num_tokens, columns + 8, generator=generator, device=device)
     index = torch.randint(0, num_tokens, (rows,), generator=generator, device=device, dtype=torch.int32)
     return Gathered(wide[:, :columns], index)
-
-
-def per_expert(a, w, offsets, transposed):
-    """A[r] · B_e in float64 for each expert's rows."""
-    bounds = offsets.tolist()
-    out = torch.zeros((a.shape[0], w.shape[1] if transposed else w.shape[2]), dtype=torch.float64, device=a.device)
-    for e in range(w.shape[0]):
-        m = w[e].double()
-        out[bounds[e] : bounds[e + 1]] = a[bounds[e] : bounds[e + 1]].double() @ (m.t() if transposed else m)
-    return out
-
-
-def within_bf16(out, expected) -> bool:
-    """Each element within bf16's rounding of the float64 value (fp32 accumulation aside); a NaN fails."""
-    return bool(((out.double() - expected).abs() <= expected.abs() * 2**-8 + 1e-3 * expected.abs().max()).all())
 
 
 def nan(rows, cols, device="cpu", dtype=torch.bfloat16):
@@ -211,7 +194,7 @@ def test_gpu_gathered_a_gives_the_bits_of_the_a_written_out(name, epilogue, coun
         grouped_gemm(x, b, offsets, out=out, scale=scale, epilogue=epilogue, config=LAYER_CONFIGS[name])
         outs.append(out)
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
-    product = per_expert(a.materialise(), b, offsets, True)
+    product = gpu_per_expert(a.materialise(), b, offsets, True)
     if epilogue == "swiglu":
         product = torch.nn.functional.silu(product[:, :N]) * product[:, N:]
     elif scale is not None:
@@ -238,7 +221,7 @@ def test_gpu_dswiglu_with_dy_gathered_gives_the_bits_of_dy_written_out(counts, s
         results.append(grouped_gemm(x, wd, offsets, epilogue="dswiglu", **tensors))
     for one, other in zip(*results, strict=True):
         assert torch.equal(one, other)
-    dap = per_expert(dy.materialise(), wd, offsets, False)
+    dap = gpu_per_expert(dy.materialise(), wd, offsets, False)
     du = dap * w.double()[:, None] * torch.nn.functional.silu(saved[:, :I].double())
     assert ((results[0][1].double() - du).norm() / du.norm()).item() <= 4e-3
 
@@ -261,5 +244,5 @@ def test_gpu_gathered_a_replays_in_a_cuda_graph_with_a_new_index(seed):
         a.index.copy_(torch.randint(0, 500, a.index.shape, generator=generator, device="cuda", dtype=torch.int32))
         out.fill_(float("nan"))
         graph.replay()
-        expected = per_expert(a.materialise(), b, offsets, True)
+        expected = gpu_per_expert(a.materialise(), b, offsets, True)
         assert ((out.double() - expected).norm() / expected.norm()).item() <= 4e-3, new_counts

@@ -174,19 +174,24 @@ def test_weight_gradients_read_aligned_rows_through_the_routing():
     assert torch.equal(routed.rows(odd), routed.gather(odd))
 
 
+def backward_peak(inputs) -> tuple[int, tuple]:
+    """(the bytes the engine's backward adds at its peak, after a forward keeping g and u; its gradients)."""
+    _, preactivations = engine_layer.forward(*args(inputs), save_preactivations=True)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    grads = engine_layer.backward(inputs["grad_output"], *args(inputs), preactivations=preactivations)
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before, grads
+
+
 @pytest.mark.gpu
 def test_gpu_backward_peak_keeps_one_routed_copy_at_most_beside_the_weight_gradients(seed):
     """The backward's peak (pre-activations saved): the larger of (dWg, dWu, [dg | du], aw, x_s) and (dW, aw), with
     its other outputs; no second [T·K, H] workspace (dy_s) beside them: Wd's gradient reads dy through the routing."""
     T, H, I, E, K = 4096, 2048, 1024, 32, 8
     inputs = bf16_inputs(T, H, I, E, K, "uniform", seed, device="cuda")
-    y, preactivations = engine_layer.forward(*args(inputs), save_preactivations=True)
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    grads = engine_layer.backward(inputs["grad_output"], *args(inputs), preactivations=preactivations)
-    torch.cuda.synchronize()
-    added = torch.cuda.max_memory_allocated() - before
+    added, grads = backward_peak(inputs)
     slots, weight = T * K, 2 * E * I * H
     others = 2 * (T * H + T * K)
     gate_up_phase = 2 * weight + 2 * (2 * slots * I + slots * I + slots * H)  # dWg, dWu; [dg | du], aw, x_s
@@ -400,6 +405,17 @@ def forward_and_backward(inputs, save):
     return (y, *grads)
 
 
+def assert_gathering_changes_no_bit(inputs, save, weight_grads, monkeypatch):
+    """The layer step with x's and dy's rows gathered in the loads (and, with ``weight_grads``, in the gate and up
+    gradients' too) gives the bits of the step reading x_s and dy_s written out first; no NaN."""
+    monkeypatch.setattr(engine_layer, "GATHER_X_IN_WEIGHT_GRADS", weight_grads)
+    gathered = forward_and_backward(inputs, save)
+    monkeypatch.setattr(engine_layer, "GATHER_IN_LOADS", False)
+    written = forward_and_backward(inputs, save)
+    for name, got, want in zip(("y", "dx", "dtopk", "dWg", "dWu", "dWd"), gathered, written, strict=True):
+        assert torch.isfinite(got).all() and torch.equal(got, want), name
+
+
 @pytest.mark.parametrize("case", ["uniform", "skewed", "K1"])
 @pytest.mark.parametrize("save", [True, False], ids=["saved", "recomputed"])
 @pytest.mark.parametrize("weight_grads", [False, True], ids=["x_s_written", "x_gathered_everywhere"])
@@ -407,13 +423,7 @@ def test_gathering_x_and_dy_in_the_loads_changes_no_bit(case, save, weight_grads
     """x's and dy's rows read through the routing by the first product and dswiglu's (and, with
     GATHER_X_IN_WEIGHT_GRADS, by the gate and up gradients' too), or from x_s and dy_s written out first: the same
     products of the same rows."""
-    inputs = bf16_inputs(*CASES[case], seed)
-    monkeypatch.setattr(engine_layer, "GATHER_X_IN_WEIGHT_GRADS", weight_grads)
-    gathered = forward_and_backward(inputs, save)
-    monkeypatch.setattr(engine_layer, "GATHER_IN_LOADS", False)
-    written = forward_and_backward(inputs, save)
-    for name, got, want in zip(("y", "dx", "dtopk", "dWg", "dWu", "dWd"), gathered, written, strict=True):
-        assert torch.isfinite(got).all() and torch.equal(got, want), name
+    assert_gathering_changes_no_bit(bf16_inputs(*CASES[case], seed), save, weight_grads, monkeypatch)
 
 
 @pytest.mark.gpu
@@ -424,12 +434,7 @@ def test_gpu_gathering_x_and_dy_in_the_loads_changes_no_bit(shape, save, weight_
                                                             monkeypatch):  # fmt: skip
     T, H, I, E, K = shape
     inputs = bf16_inputs(T, H, I, E, K, "uniform", seed, device="cuda")
-    monkeypatch.setattr(engine_layer, "GATHER_X_IN_WEIGHT_GRADS", weight_grads)
-    gathered = forward_and_backward(inputs, save)
-    monkeypatch.setattr(engine_layer, "GATHER_IN_LOADS", False)
-    written = forward_and_backward(inputs, save)
-    for name, got, want in zip(("y", "dx", "dtopk", "dWg", "dWu", "dWd"), gathered, written, strict=True):
-        assert torch.isfinite(got).all() and torch.equal(got, want), name
+    assert_gathering_changes_no_bit(inputs, save, weight_grads, monkeypatch)
 
 
 @pytest.mark.gpu
@@ -440,13 +445,6 @@ def test_gpu_x_gathered_in_the_weight_gradients_writes_no_x_s(seed, monkeypatch)
     peaks = []
     for gather in (False, True):
         monkeypatch.setattr(engine_layer, "GATHER_X_IN_WEIGHT_GRADS", gather)
-        y, preactivations = engine_layer.forward(*args(inputs), save_preactivations=True)
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-        grads = engine_layer.backward(inputs["grad_output"], *args(inputs), preactivations=preactivations)
-        torch.cuda.synchronize()
-        peaks.append(torch.cuda.max_memory_allocated() - before)
-        del y, preactivations, grads
+        peaks.append(backward_peak(inputs)[0])
     x_s = 2 * T * K * H
     assert peaks[1] <= peaks[0] - x_s + 2**23, (peaks, x_s)
