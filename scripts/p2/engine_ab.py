@@ -200,25 +200,35 @@ def loads_ab(args, flush) -> list[dict]:
     from moe_lib.moe_experts import engine_layer
 
     defaults = engine_layer.GATHER_IN_LOADS, engine_layer.GATHER_X_IN_WEIGHT_GRADS
-    rows = []
+    rows: list[dict] = []
     for case in args.cases.split(","):
-        label, inputs = case_inputs(case)
-        first = None
-        for form, in_loads, in_weight_grads in LOAD_FORMS:
-            engine_layer.GATHER_IN_LOADS, engine_layer.GATHER_X_IN_WEIGHT_GRADS = in_loads, in_weight_grads
-            layer, op = layer_calls(engine_layer, inputs)
-            result, peak = step_peak(layer)
-            first = first or result
-            row = dict(case=case, form=form, layer_peak_gb=peak, same=same_bits(result, first))
-            num_tokens = inputs["hidden_states"].shape[0]
-            row.update(layer_ms=timed(layer, flush, num_tokens), op_ms=timed(op, flush, num_tokens))
-            rows.append(row)
-            print(f"{label:26s} {form:10s} layer {row['layer_ms']:8.3f} ms  peak "
-                  f"{peak:6.2f} GB  op {row['op_ms']:8.3f} ms  same bits {row['same']}", flush=True)  # fmt: skip
-            del result, layer, op
-        engine_layer.GATHER_IN_LOADS, engine_layer.GATHER_X_IN_WEIGHT_GRADS = defaults
-        del inputs, first
-        torch.cuda.empty_cache()
+        try:
+            rows += loads_case(case, engine_layer, flush)
+        except torch.cuda.OutOfMemoryError as exc:  # a case too large for this GPU: said, and the others still run
+            print(f"{case}: skipped, out of memory ({str(exc).splitlines()[0][:120]})", flush=True)
+            rows.append(dict(case=case, skipped="out of memory"))
+        finally:
+            engine_layer.GATHER_IN_LOADS, engine_layer.GATHER_X_IN_WEIGHT_GRADS = defaults
+            torch.cuda.empty_cache()
+    return rows
+
+
+def loads_case(case: str, engine_layer, flush) -> list[dict]:
+    """:func:`loads_ab`'s rows of one case, a row per form of :data:`LOAD_FORMS`."""
+    label, inputs = case_inputs(case)
+    first, rows = None, []
+    for form, in_loads, in_weight_grads in LOAD_FORMS:
+        engine_layer.GATHER_IN_LOADS, engine_layer.GATHER_X_IN_WEIGHT_GRADS = in_loads, in_weight_grads
+        layer, op = layer_calls(engine_layer, inputs)
+        result, peak = step_peak(layer)
+        first = first or result
+        row = dict(case=case, form=form, layer_peak_gb=peak, same=same_bits(result, first))
+        num_tokens = inputs["hidden_states"].shape[0]
+        row.update(layer_ms=timed(layer, flush, num_tokens), op_ms=timed(op, flush, num_tokens))
+        rows.append(row)
+        print(f"{label:26s} {form:10s} layer {row['layer_ms']:8.3f} ms  peak "
+              f"{peak:6.2f} GB  op {row['op_ms']:8.3f} ms  same bits {row['same']}", flush=True)  # fmt: skip
+        del result, layer, op
     return rows
 
 
@@ -231,7 +241,8 @@ def main() -> None:
     parser.add_argument("--before", default=None, help="structure: an earlier engine_layer.py")
     parser.add_argument(
         "--cases",
-        default="P2:2048,P2:8192,Qwen3-30B-A3B:8192,Qwen3-30B-A3B:32768,DeepSeek-V2-Lite:8192,DeepSeek-V2-Lite:32768",
+        default="P2:2048,P2:8192,Qwen3-30B-A3B:8192,Qwen3-30B-A3B:32768,DeepSeek-V2-Lite:8192,DeepSeek-V2-Lite:32768,"
+        "P2:32768",
         help="loads: comma-separated MODEL:TOKENS (P2 for P2's own shape)",
     )
     parser.add_argument("--seed", type=int, default=1234)
