@@ -115,6 +115,10 @@ BARRIER_BYTES = 1024  # the mbarriers' share of shared memory, with room for the
 # the loading partition's registers after setmaxnreg where A is gathered (a tile's row starts, a step's addresses),
 # by consumers; the consumers keep the rest of the 64 K
 GATHER_LOADER_REGISTERS = {"cooperative": 48, "pingpong": 48}
+# a gathered A loaded by four one-warp partitions, each its share of the tile's rows (part 0 B's TMA too), rather than
+# by one four-warp partition, whose Gluon lowering puts four barriers among its warps a step (its sm_90 PTX); QuACK's
+# loading warps run apart the same way (notes/p2/engine-layer.md, "Gathered A"). Off until measured on a GPU.
+GATHER_IN_PARTS = False
 
 
 # --- the tile schedule on the host ----------------------------------------------------------------------------------
@@ -239,6 +243,30 @@ def tile_place(offsets_ptr, tile, expert, first, last, tiles_n, GROUP_M: gl.cons
 
 
 @gluon.jit
+def load_b_step(b_desc, b2_desc, b_buf, bar, expert, rows, off_n, k, B_TRANSPOSED: gl.constexpr,
+                B_PAIR: gl.constexpr, EPILOGUE: gl.constexpr):
+    """One K step's B tile of ``expert`` into ``b_buf`` by TMA, arriving on ``bar``: from the expert's slice of the
+    stacked weights (``rows`` of B's 2-D view an expert), or of the pair's first or second weight."""
+    HALF: gl.constexpr = b_desc.block_type.shape[0]
+    if EPILOGUE == 2:  # gate rows j and up rows j of the tile's output columns, half a buffer each
+        row = expert * rows + off_n
+        tma.async_copy_global_to_shared(b_desc, [row, k], bar, b_buf.slice(0, HALF))
+        if B_PAIR == 1:  # the up weight's own descriptor
+            tma.async_copy_global_to_shared(b2_desc, [row, k], bar, b_buf.slice(HALF, HALF))
+        else:  # stacked: up rows follow the expert's N gate rows
+            tma.async_copy_global_to_shared(b_desc, [row + rows // 2, k], bar, b_buf.slice(HALF, HALF))
+    elif B_PAIR == 2:  # along K: the first K_h columns of A meet B₀, the rest B₁
+        if k < rows:
+            tma.async_copy_global_to_shared(b_desc, [expert * rows + k, off_n], bar, b_buf)
+        else:
+            tma.async_copy_global_to_shared(b2_desc, [expert * rows + k - rows, off_n], bar, b_buf)
+    elif B_TRANSPOSED:
+        tma.async_copy_global_to_shared(b_desc, [expert * rows + off_n, k], bar, b_buf)
+    else:
+        tma.async_copy_global_to_shared(b_desc, [expert * rows + k, off_n], bar, b_buf)
+
+
+@gluon.jit
 def grouped_load_partition(a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr, num_experts, tiles_n,
                            k_steps, a_src_ptr, a_stride, index_ptr, B_TRANSPOSED: gl.constexpr, B_PAIR: gl.constexpr,
                            GROUP_M: gl.constexpr, EPILOGUE: gl.constexpr, BLOCK_M: gl.constexpr,
@@ -254,7 +282,6 @@ def grouped_load_partition(a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty
     STEP_B_BYTES: gl.constexpr = 2 * B_BYTES if EPILOGUE == 2 else B_BYTES  # swiglu: 2 boxes
     # the bytes TMA brings a step (a tile's full bytes, zero-filled ones included)
     STEP_BYTES: gl.constexpr = STEP_B_BYTES if GATHER_A else a_desc.block_type.nbytes + STEP_B_BYTES
-    HALF: gl.constexpr = b_desc.block_type.shape[0]
     K = a_desc.shape[1]
     rows = b_desc.shape[0] // num_experts  # an expert's rows of B's 2-D view: N, 2N (gate; up), K or a pair's K_h
     tile = gl.program_id(0)
@@ -278,26 +305,53 @@ def grouped_load_partition(a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty
                 async_copy.async_copy_global_to_shared(a_bufs.index(slot), a_from, mask=a_mask)
             else:
                 tma.async_copy_global_to_shared(a_desc, [off_m, k], bar, a_bufs.index(slot))
-            if EPILOGUE == 2:  # gate rows j and up rows j of the tile's output columns, half a buffer each
-                row = expert * rows + off_n
-                tma.async_copy_global_to_shared(b_desc, [row, k], bar, b_bufs.index(slot).slice(0, HALF))
-                if B_PAIR == 1:  # the up weight's own descriptor
-                    tma.async_copy_global_to_shared(b2_desc, [row, k], bar, b_bufs.index(slot).slice(HALF, HALF))
-                else:  # stacked: up rows follow the expert's N gate rows
-                    tma.async_copy_global_to_shared(b_desc, [row + rows // 2, k], bar,
-                                                    b_bufs.index(slot).slice(HALF, HALF))
-            elif B_PAIR == 2:  # along K: the first K_h columns of A meet B₀, the rest B₁
-                if k < rows:
-                    tma.async_copy_global_to_shared(b_desc, [expert * rows + k, off_n], bar, b_bufs.index(slot))
-                else:
-                    tma.async_copy_global_to_shared(b2_desc, [expert * rows + k - rows, off_n], bar,
-                                                    b_bufs.index(slot))
-            elif B_TRANSPOSED:
-                tma.async_copy_global_to_shared(b_desc, [expert * rows + off_n, k], bar, b_bufs.index(slot))
-            else:
-                tma.async_copy_global_to_shared(b_desc, [expert * rows + k, off_n], bar, b_bufs.index(slot))
+            load_b_step(b_desc, b2_desc, b_bufs.index(slot), bar, expert, rows, off_n, k, B_TRANSPOSED, B_PAIR,
+                        EPILOGUE)
             if GATHER_A:  # each thread's copies arrive once they have landed
                 async_copy.mbarrier_arrive(bar, increment_count=False)
+            i += 1
+        tile += gl.num_programs(0)
+        expert, first, last = expert_of(offsets_ptr, num_experts, tile, expert, first, last, tiles_n, BLOCK_M)
+
+
+@gluon.jit
+def grouped_gather_part_partition(a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr, num_experts,
+                                  tiles_n, k_steps, a_src_ptr, a_stride, index_ptr, B_TRANSPOSED: gl.constexpr,
+                                  B_PAIR: gl.constexpr, GROUP_M: gl.constexpr, EPILOGUE: gl.constexpr,
+                                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, PART: gl.constexpr,
+                                  PARTS: gl.constexpr):
+    """With GATHER_PARTS, one of PARTS one-warp loading partitions: every K step of the program's tiles, its share of
+    the A tile's rows (PART·BLOCK_M/PARTS on) copied by cp.async through the routing, arriving on the step's barrier
+    once landed; part 0 also sets the barrier's expected bytes and issues B's TMA. Each warp its own control flow: no
+    barrier among the loading warps a step (a four-warp partition has four)."""
+    BUFFERS: gl.constexpr = a_bufs.type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    ROWS: gl.constexpr = BLOCK_M // PARTS
+    B_BYTES: gl.constexpr = b_desc.block_type.nbytes
+    STEP_B_BYTES: gl.constexpr = 2 * B_BYTES if EPILOGUE == 2 else B_BYTES  # swiglu: 2 boxes
+    K = a_desc.shape[1]
+    rows = b_desc.shape[0] // num_experts
+    tile = gl.program_id(0)
+    expert, first, last = expert_of(offsets_ptr, num_experts, tile, gl.to_tensor(-1), gl.to_tensor(0),
+                                     gl.to_tensor(0), tiles_n, BLOCK_M)
+    i = 0
+    while expert < num_experts:
+        off_m, off_n, row_end = tile_place(offsets_ptr, tile, expert, first, last, tiles_n, GROUP_M, BLOCK_M, BLOCK_N)
+        first_row = off_m + PART * ROWS
+        source_rows = step_indices(index_ptr + first_row, row_end - first_row, 1, ROWS, BLOCK_K, 1)
+        for step in range(k_steps):
+            slot = i % BUFFERS
+            k = step * BLOCK_K
+            a_from, a_mask = gather_sources(source_rows, a_src_ptr, a_stride, row_end - first_row, k, K, BLOCK_K, 1)
+            mbarrier.wait(empty.index(slot), ((i // BUFFERS) & 1) ^ 1)
+            bar = ready.index(slot)
+            if PART == 0:
+                mbarrier.expect(bar, STEP_B_BYTES)
+                load_b_step(b_desc, b2_desc, b_bufs.index(slot), bar, expert, rows, off_n, k, B_TRANSPOSED, B_PAIR,
+                            EPILOGUE)
+            async_copy.async_copy_global_to_shared(a_bufs.index(slot).slice(PART * ROWS, ROWS, dim=0), a_from,
+                                                   mask=a_mask)
+            async_copy.mbarrier_arrive(bar, increment_count=False)
             i += 1
         tile += gl.num_programs(0)
         expert, first, last = expert_of(offsets_ptr, num_experts, tile, expert, first, last, tiles_n, BLOCK_M)
@@ -576,6 +630,7 @@ def grouped_gemm_kernel(
     LOADER_REGS: gl.constexpr,  # the loading warp's registers
     GATHER_A: gl.constexpr,  # whether A's rows are read through index_ptr from a_src_ptr (cp.async), not by TMA
     LOADER_WARPS: gl.constexpr,  # warps of the loading partition: 1, or GATHER_WARPS with GATHER_A
+    GATHER_PARTS: gl.constexpr,  # GATHER_A: the loading done by LOADER_WARPS one-warp partitions, not one partition
     num_warps: gl.constexpr,  # of the default partition: the cooperative consumer, or ping-pong's first (4)
 ):
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
@@ -608,7 +663,48 @@ def grouped_gemm_kernel(
     if SAVED:  # the saved σ and silu after them (None, absent, would drop out of warp_specialize's arguments)
         outputs = outputs + (sigmoid_desc, silu_desc)
     # the constexprs written out in each call: a tuple held in a variable turns its constexprs into tensors
-    if PINGPONG:
+    if GATHER_PARTS and PINGPONG:
+        gl.warp_specialize([
+            (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
+                                          num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
+                                          WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, 0, 2, num_warps,
+                                          GATHER_A)),
+            (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
+                                          num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
+                                          WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, 1, 2, 4, GATHER_A)),
+            (grouped_gather_part_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
+                                             num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr,
+                                             B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, 0, 4)),
+            (grouped_gather_part_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
+                                             num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr,
+                                             B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, 1, 4)),
+            (grouped_gather_part_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
+                                             num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr,
+                                             B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, 2, 4)),
+            (grouped_gather_part_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
+                                             num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr,
+                                             B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, 3, 4)),
+        ], [4, 1, 1, 1, 1], [CONSUMER_REGS, LOADER_REGS, LOADER_REGS, LOADER_REGS, LOADER_REGS])
+    elif GATHER_PARTS:
+        gl.warp_specialize([
+            (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
+                                          num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
+                                          WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, 0, 1, num_warps,
+                                          GATHER_A)),
+            (grouped_gather_part_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
+                                             num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr,
+                                             B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, 0, 4)),
+            (grouped_gather_part_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
+                                             num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr,
+                                             B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, 1, 4)),
+            (grouped_gather_part_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
+                                             num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr,
+                                             B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, 2, 4)),
+            (grouped_gather_part_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
+                                             num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr,
+                                             B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, 3, 4)),
+        ], [1, 1, 1, 1], [LOADER_REGS, LOADER_REGS, LOADER_REGS, LOADER_REGS])
+    elif PINGPONG:
         gl.warp_specialize([
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
@@ -927,7 +1023,8 @@ def launch_arguments(config: GemmConfig, a, b, offsets, epilogue: str, b_transpo
                       WRITE_PARTIAL=tensors.get("topk_partial") is not None, SAVED=sigmoid is not None,
                       PINGPONG=config.pingpong, CONSUMER_REGS=CONSUMER_REGISTERS,
                       LOADER_REGS=GATHER_LOADER_REGISTERS[config.consumers] if gathered else LOADER_REGISTERS,
-                      GATHER_A=gathered, LOADER_WARPS=GATHER_WARPS if gathered else 1, num_warps=config.warps)
+                      GATHER_A=gathered, LOADER_WARPS=GATHER_WARPS if gathered else 1,
+                      GATHER_PARTS=gathered and GATHER_IN_PARTS, num_warps=config.warps)
     if sigmoid is not None:
         arguments.update(saved_activations)
     else:  # absent: None, a compile-time constant (the kernel without them has no such parameters)
@@ -995,6 +1092,7 @@ def grouped_gemm(a: torch.Tensor | Gathered, b, offsets: torch.Tensor, *, out: t
         return grid(M, E, N, config, sm_count(a.device), epilogue), arguments, constexprs
 
     # everything the launch is made of: a repeated call (the next training step's) skips building it
-    call_key = (a.device, config, epilogue, b_transposed, signature((a, b, offsets)), signature(tuple(tensors.items())))
+    call_key = (a.device, config, epilogue, b_transposed, signature((a, b, offsets)), signature(tuple(tensors.items())),
+                GATHER_IN_PARTS)
     launch_memoised(LAUNCHES, call_key, make, maxnreg=config.maxnreg, device=a.device)
     return result

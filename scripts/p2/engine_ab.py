@@ -15,9 +15,10 @@ u, then backward) at P2's shape with the varlen-M products' tiles (``engine_laye
 ``engine_layer.py`` (loaded as a module of ``moe_lib.moe_experts``, the current tiles given to it) against the
 current one, with the memory a layer step adds (its peak over what was allocated before). loads: the layer and the
 op with x's and dy's rows read through the routing by the first product's and dswiglu's loads
-(``engine_layer.GATHER_IN_LOADS``), then by the gate and up gradients' loads too (``GATHER_X_IN_WEIGHT_GRADS``: no
-x_s at all), against x_s and dy_s written out first, at P2's shape (``P2``) and the expert shapes of
-moe_lib/bench/models.py, with the memory a layer step adds.
+(``engine_layer.GATHER_IN_LOADS``), those loads in four one-warp partitions (``grouped_gemm.GATHER_IN_PARTS``),
+then by the gate and up gradients' loads too (``GATHER_X_IN_WEIGHT_GRADS``: no x_s at all), against x_s and dy_s
+written out first, at P2's shape (``P2``) and the expert shapes of moe_lib/bench/models.py, with the memory a layer
+step adds.
 """
 
 from __future__ import annotations
@@ -192,33 +193,40 @@ def step_peak(call) -> tuple[list, float]:
     return [out.clone() for out in result], peak
 
 
-# (label, engine_layer.GATHER_IN_LOADS, engine_layer.GATHER_X_IN_WEIGHT_GRADS)
-LOAD_FORMS = (("written", False, False), ("gathered", True, False), ("no x_s", True, True))
+# (label, engine_layer.GATHER_IN_LOADS, grouped_gemm.GATHER_IN_PARTS, engine_layer.GATHER_X_IN_WEIGHT_GRADS)
+LOAD_FORMS = (
+    ("written", False, False, False),
+    ("gathered", True, False, False),
+    ("in parts", True, True, False),
+    ("no x_s", True, False, True),
+)
 
 
 def loads_ab(args, flush) -> list[dict]:
+    from moe_lib.engine import grouped_gemm
     from moe_lib.moe_experts import engine_layer
 
-    defaults = engine_layer.GATHER_IN_LOADS, engine_layer.GATHER_X_IN_WEIGHT_GRADS
+    defaults = engine_layer.GATHER_IN_LOADS, grouped_gemm.GATHER_IN_PARTS, engine_layer.GATHER_X_IN_WEIGHT_GRADS
     rows: list[dict] = []
     for case in args.cases.split(","):
         try:
-            rows += loads_case(case, engine_layer, flush)
+            rows += loads_case(case, engine_layer, grouped_gemm, flush)
         except torch.cuda.OutOfMemoryError as exc:  # a case too large for this GPU: said, and the others still run
             print(f"{case}: skipped, out of memory ({str(exc).splitlines()[0][:120]})", flush=True)
             rows.append(dict(case=case, skipped="out of memory"))
         finally:
-            engine_layer.GATHER_IN_LOADS, engine_layer.GATHER_X_IN_WEIGHT_GRADS = defaults
+            engine_layer.GATHER_IN_LOADS, grouped_gemm.GATHER_IN_PARTS, engine_layer.GATHER_X_IN_WEIGHT_GRADS = defaults
             torch.cuda.empty_cache()
     return rows
 
 
-def loads_case(case: str, engine_layer, flush) -> list[dict]:
+def loads_case(case: str, engine_layer, grouped_gemm, flush) -> list[dict]:
     """:func:`loads_ab`'s rows of one case, a row per form of :data:`LOAD_FORMS`."""
     label, inputs = case_inputs(case)
     first, rows = None, []
-    for form, in_loads, in_weight_grads in LOAD_FORMS:
+    for form, in_loads, in_parts, in_weight_grads in LOAD_FORMS:
         engine_layer.GATHER_IN_LOADS, engine_layer.GATHER_X_IN_WEIGHT_GRADS = in_loads, in_weight_grads
+        grouped_gemm.GATHER_IN_PARTS = in_parts
         layer, op = layer_calls(engine_layer, inputs)
         result, peak = step_peak(layer)
         first = first or result

@@ -129,12 +129,17 @@ def test_tl_dswiglu_with_dy_gathered_gives_the_bits_of_dy_written_out(counts, se
     ],
     ids=["swiglu_coop", "swiglu_pingpong", "dswiglu"],
 )
-def test_gathered_kernels_build_for_sm90_without_spills(epilogue, config):
-    """The layer's gathered launches: cp.async copies in the loading partition, no spill, within the registers."""
+@pytest.mark.parametrize("parts", [False, True], ids=["one_loading_partition", "four_one_warp_parts"])
+def test_gathered_kernels_build_for_sm90_without_spills(epilogue, config, parts, monkeypatch):
+    """The layer's gathered launches: cp.async copies in the loading partition (or, with GATHER_IN_PARTS, in four
+    one-warp partitions, with no barrier among the loading warps), no spill, within the registers."""
     import re
 
     from moe_lib.bench.sm90 import compile_gluon_for_sm90, resource_usage
+    from moe_lib.engine import grouped_gemm as module
     from moe_lib.engine.grouped_gemm import grouped_gemm_kernel, launch_arguments
+
+    monkeypatch.setattr(module, "GATHER_IN_PARTS", parts)
 
     E, T, M, H, I = 8, 1024, 8192, 2048, 768
     a = Gathered(meta(T, H), meta(M, dtype=torch.int32))
@@ -159,6 +164,10 @@ def test_gathered_kernels_build_for_sm90_without_spills(epilogue, config):
     ptx = compiled.asm["ptx"]
     assert usage["stack"] == 0, usage
     assert "cp.async.cg.shared.global" in ptx and "cp.async.mbarrier.arrive.noinc" in ptx
+    arrivals = ptx.count("cp.async.mbarrier.arrive.noinc")  # one a loading partition
+    assert arrivals == (4 if parts else 1)
+    # a step's copies per thread: the partition's share of the tile's rows × 8 pieces of 16 bytes over its threads
+    assert ptx.count("cp.async.cg.shared.global") == arrivals * (8 if config.block_m == 128 else 4)
     registers = [int(n) for n in re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)]
     assert registers and max(registers) <= 256
 
@@ -181,7 +190,11 @@ LAYER_CONFIGS = {
 @pytest.mark.parametrize("counts", list(GPU_COUNTS))
 @pytest.mark.parametrize("epilogue", ["swiglu", "row_scale", "none"])
 @pytest.mark.parametrize("name", list(LAYER_CONFIGS))
-def test_gpu_gathered_a_gives_the_bits_of_the_a_written_out(name, epilogue, counts, seed):
+@pytest.mark.parametrize("parts", [False, True], ids=["one_loading_partition", "four_one_warp_parts"])
+def test_gpu_gathered_a_gives_the_bits_of_the_a_written_out(name, epilogue, counts, parts, seed, monkeypatch):
+    from moe_lib.engine import grouped_gemm as module
+
+    monkeypatch.setattr(module, "GATHER_IN_PARTS", parts)
     generator = torch.Generator(device="cuda").manual_seed(seed)
     offsets = offsets_of(GPU_COUNTS[counts], device="cuda")
     E, M, N, K = len(GPU_COUNTS[counts]), int(offsets[-1]), 168, 264  # partial tiles on every side
@@ -205,7 +218,11 @@ def test_gpu_gathered_a_gives_the_bits_of_the_a_written_out(name, epilogue, coun
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("counts", list(GPU_COUNTS))
-def test_gpu_dswiglu_with_dy_gathered_gives_the_bits_of_dy_written_out(counts, seed):
+@pytest.mark.parametrize("parts", [False, True], ids=["one_loading_partition", "four_one_warp_parts"])
+def test_gpu_dswiglu_with_dy_gathered_gives_the_bits_of_dy_written_out(counts, parts, seed, monkeypatch):
+    from moe_lib.engine import grouped_gemm as module
+
+    monkeypatch.setattr(module, "GATHER_IN_PARTS", parts)
     generator = torch.Generator(device="cuda").manual_seed(seed)
     offsets = offsets_of(GPU_COUNTS[counts], device="cuda")
     E, M, H, I = len(GPU_COUNTS[counts]), int(offsets[-1]), 256, 328
