@@ -13,7 +13,9 @@ kernels alone: the layer's launches, its torch gathers and sums). With ``--kerne
 over three calls, and a table of each kernel's GPU time a call (its share of the call's kernels) for the layer and
 for the op (the backward with the forward recomputed). ``--model``: that model's expert shape
 (moe_lib/bench/models.py) instead of P2's; ``--written``: x_s and dy_s written out before the products that
-otherwise read x's and dy's rows through the routing (``engine_layer.GATHER_IN_LOADS`` off).
+otherwise read x's and dy's rows through the routing (``engine_layer.GATHER_IN_LOADS`` off); ``--in-parts``: those
+rows loaded by four one-warp partitions (``grouped_gemm.GATHER_IN_PARTS``); ``--no-x-s``: the gate and up gradients
+read x's rows through the routing too (``engine_layer.GATHER_X_IN_WEIGHT_GRADS``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 from moe_lib import problems
 from moe_lib.bench import models
 from moe_lib.bench.cli import model_list
+from moe_lib.engine import grouped_gemm
 from moe_lib.moe_experts import engine_layer
 
 LAYER_INPUTS = ("hidden_states", "topk_indices", "topk_weights", "gate_weights", "up_weights", "down_weights")
@@ -63,7 +66,11 @@ def main() -> None:
     parser.add_argument("--kernel-times", action="store_true", help="torch.profiler's kernel times instead of ncu")
     parser.add_argument("--model", type=model_list, help="a model of moe_lib/bench/models.py: its expert shape")
     parser.add_argument("--written", action="store_true", help="x_s and dy_s written out, not gathered in the loads")
+    parser.add_argument("--in-parts", action="store_true", help="the gathered rows loaded by four one-warp parts")
+    parser.add_argument("--no-x-s", action="store_true", help="the gate and up gradients gather x's rows too")
     args = parser.parse_args()
+    if args.written and (args.in_parts or args.no_x_s):
+        parser.error("--written: not with --in-parts or --no-x-s, which read rows through the routing")
     axes = {}
     if args.model:
         if len(args.model) != 1:
@@ -72,6 +79,8 @@ def main() -> None:
         if not axes.get("num_experts"):
             parser.error(f"--model: {args.model[0]} has no experts")
     engine_layer.GATHER_IN_LOADS = not args.written
+    grouped_gemm.GATHER_IN_PARTS = args.in_parts
+    engine_layer.GATHER_X_IN_WEIGHT_GRADS = args.no_x_s
     problem = problems.load("moe_experts_backward_bf16")
     for num_tokens in (int(t) for t in args.tokens.split(",")):
         inputs = problem.make_inputs(num_tokens, device="cuda", **axes)
