@@ -117,8 +117,8 @@ BARRIER_BYTES = 1024  # the mbarriers' share of shared memory, with room for the
 GATHER_LOADER_REGISTERS = {"cooperative": 48, "pingpong": 48}
 # a gathered A loaded by four one-warp partitions, each its share of the tile's rows (part 0 B's TMA too), rather than
 # by one four-warp partition, whose Gluon lowering puts four barriers among its warps a step (its sm_90 PTX); QuACK's
-# loading warps run apart the same way (notes/p2/engine-layer.md, "Gathered A"). Off until measured on a GPU.
-GATHER_IN_PARTS = False
+# loading warps run apart the same way (notes/p2/engine-layer.md, "Gathered A in parts": faster at every case measured).
+GATHER_IN_PARTS = True
 
 
 # --- the tile schedule on the host ----------------------------------------------------------------------------------

@@ -199,6 +199,7 @@ LOAD_FORMS = (
     ("gathered", True, False, False),
     ("in parts", True, True, False),
     ("no x_s", True, False, True),
+    ("parts, no x_s", True, True, True),
 )
 
 
@@ -234,7 +235,7 @@ def loads_case(case: str, engine_layer, grouped_gemm, flush) -> list[dict]:
         num_tokens = inputs["hidden_states"].shape[0]
         row.update(layer_ms=timed(layer, flush, num_tokens), op_ms=timed(op, flush, num_tokens))
         rows.append(row)
-        print(f"{label:26s} {form:10s} layer {row['layer_ms']:8.3f} ms  peak "
+        print(f"{label:26s} {form:13s} layer {row['layer_ms']:8.3f} ms  peak "
               f"{peak:6.2f} GB  op {row['op_ms']:8.3f} ms  same bits {row['same']}", flush=True)  # fmt: skip
         del result, layer, op
     return rows
