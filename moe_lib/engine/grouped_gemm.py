@@ -735,6 +735,13 @@ LAUNCHES = KernelLaunches(grouped_gemm_kernel)  # its compiled launches, kept pe
 # --- the host side ----------------------------------------------------------------------------------------------
 
 
+def rows_of_one_matrix(w: torch.Tensor) -> bool:
+    """Whether the weights ``w`` [E, ·, ·] are the rows of one 2-D matrix [E·rows, cols], rows of adjacent elements
+    a multiple of 16 bytes apart (a column slice of a contiguous tensor is), as B's descriptor reads them."""
+    return (w.stride(2) == 1 and w.stride(0) == w.shape[1] * w.stride(1)
+            and (w.stride(1) * w.element_size()) % 16 == 0)
+
+
 def weights_of(b) -> tuple:
     """B's weight tensors: (b,) for one, both of a pair (a tuple or list)."""
     return tuple(b) if isinstance(b, (tuple, list)) else (b,)
@@ -947,6 +954,8 @@ def check_arguments(a, b, offsets, *, out=None, scale=None, epilogue: str = "non
                 if tensor.stride(1) != 1 or (tensor.stride(0) * tensor.element_size()) % 16:
                     raise ValueError(f"a.source: expected rows of adjacent elements a multiple of 16 bytes apart, "
                                      f"got strides {tuple(tensor.stride())}")
+                continue
+            if name.startswith("b") and rows_of_one_matrix(tensor):  # a column slice of [E, K, N]: TMA reads it so
                 continue
             raise ValueError(f"{name}: expected a contiguous tensor, got strides {tuple(tensor.stride())}")
     for name, tensor, row in (("a", a_tensor, K), *((name, w, w.shape[2]) for name, w in named)):

@@ -27,7 +27,9 @@ Memory: dX_s is freed after its sum; x_s is written (where g and u were saved) j
 Wu, and freed with [dg | du] before Wd's gradient is allocated. So no two [T·K, H] workspaces are ever alive beside
 the weight gradients: the backward's peak is the larger of (dWg, dWu, [dg | du], aw, x_s) and (dWg, dWu, dWd, aw),
 besides the saved g and u. Gathering x in the weight gradients' launch as well (``GATHER_X_IN_WEIGHT_GRADS``) saves
-x_s but costs more than writing it at P2's shape: there its gathered tile is twice dy's (notes/p2/engine-layer.md).
+x_s. Where H > 2I (the fine-grained experts) dX_s is then the widest workspace: ``DX_IN_COLUMN_SLICES`` makes and
+sums it a column slice at a time (:func:`dx_column_slices`), each no wider than [dg | du]; the same products and
+sums, so the same bits (notes/p2/engine-layer.md, "A backward without x_s").
 
 The gate and up weights may be the two row halves of one fused [E, 2I, H] block (Hugging Face's ``gate_up_proj``,
 as :class:`moe_lib.nn.MoEExperts` hands them): the swiglu and dX products then read that block as it lies, one
@@ -48,6 +50,7 @@ from ..engine import grouped_wgrad as wgrad_gluon
 from ..engine import grouped_wgrad_tl as wgrad_tl
 from ..engine.gathered import Gathered
 from ..engine.gluon_gemm import GemmConfig
+from ..engine.grouped_gemm import weights_of
 from ..tma import aligned
 from ..validation import fits_in_memory
 from . import runtime
@@ -66,6 +69,9 @@ GATHER_IN_LOADS = True
 # [T·K, H] less memory at the backward's peak, but those products' gathered tile is twice dy's; measured slower at
 # P2's shape (notes/p2/engine-wgrad.md, "Gathered operands"), to be measured at the fine-grained models' shapes
 GATHER_X_IN_WEIGHT_GRADS = False
+# whether dX_s is made and summed a column slice at a time where H > 2I, so that no workspace is wider than [dg | du]
+# (notes/p2/engine-layer.md, "A backward without x_s"); off until measured
+DX_IN_COLUMN_SLICES = False
 
 
 def structure(
@@ -112,6 +118,19 @@ def gemm_config(num_slots: int, num_experts: int) -> GemmConfig:
     return GemmConfig(64, 256, 64, 4, "pingpong")
 
 
+def dx_column_slices(hidden_size: int, intermediate_size: int, column_tile: int) -> list[slice]:
+    """dX's columns as the backward makes them: all H at once, or (``DX_IN_COLUMN_SLICES``, H > 2I) in ⌈H / 2I⌉
+    slices as equal as whole ``column_tile``s allow (the products' tile width: no tile straddles two slices, and
+    each slice starts 16-byte aligned, as TMA needs)."""
+    H, I = hidden_size, intermediate_size
+    pieces = -(-H // (2 * I)) if DX_IN_COLUMN_SLICES and 0 < 2 * I < H else 1
+    width = -(-H // pieces)
+    width = -(-width // column_tile) * column_tile
+    if pieces == 1 or width >= H:
+        return [slice(0, H)]
+    return [slice(start, min(start + width, H)) for start in range(0, H, width)]
+
+
 def allocation_bytes(
     num_tokens: int,
     top_k: int,
@@ -154,6 +173,15 @@ def weight_operand(weights: torch.Tensor) -> torch.Tensor:
     )
 
 
+def column_slice(b, cols: slice):
+    """The columns ``cols`` of B [E, K, N] as it lies (of each of a pair along K): views, read through their strides."""
+    if cols.start == 0 and cols.stop == weights_of(b)[0].shape[2]:
+        return b
+    if isinstance(b, tuple):
+        return tuple(w[:, :, cols] for w in b)
+    return b[:, :, cols]
+
+
 def gate_up_operand(gate_weights: torch.Tensor, up_weights: torch.Tensor):
     """B of the swiglu and dX products: the fused [E, 2I, H] block where the two weights are its row halves (read as
     it lies), else the pair (gate, up), each as :func:`weight_operand` gives it."""
@@ -177,6 +205,10 @@ class _Launches:
         config = None if kwargs.get("epilogue") == "dswiglu" else self.config  # dswiglu: its own tiles
         # the layer's operands pass the launch's checks by construction (weight_operand): not checked again
         return gemm_gluon.grouped_gemm(a, b, offsets, config=config, check=False, **kwargs)
+
+    def column_tile(self) -> int:
+        """The varlen-M products' output tile width."""
+        return gemm_tl.SMALL_TILES.block_n if self.interpreter else self.config.block_n
 
     def partial_rows(self, intermediate_size: int) -> int:
         """Rows of dswiglu's routing-weight partials: one per column tile."""
@@ -220,10 +252,11 @@ class _Routed:
             return Gathered(v, self.token_of_row)
         return self.gather(v)
 
-    def token_sum(self, rows: torch.Tensor, partial: torch.Tensor | None = None, topk_dtype=None):
-        """[T, cols]: each token's K rows summed in fp32, rounded once; with dswiglu's ``partial`` [J, T·K] also
-        (in the same launch) the routing-weight gradient [T, K] in ``topk_dtype``, each slot's J parts summed."""
-        return sum_slot_rows(rows, self.row_of_slot, self.num_tokens, self.top_k, partial, topk_dtype)
+    def token_sum(self, rows: torch.Tensor, partial: torch.Tensor | None = None, topk_dtype=None, out=None):
+        """[T, cols]: each token's K rows summed in fp32, rounded once (into ``out`` where given); with dswiglu's
+        ``partial`` [J, T·K] also (in the same launch) the routing-weight gradient [T, K] in ``topk_dtype``, each
+        slot's J parts summed."""
+        return sum_slot_rows(rows, self.row_of_slot, self.num_tokens, self.top_k, partial, topk_dtype, out)
 
 
 def saved_routing(topk_indices: torch.Tensor, topk_weights: torch.Tensor, num_experts: int) -> torch.Tensor:
@@ -368,15 +401,20 @@ def backward(
             topk_partial=topk_partial,
             b_transposed=False,
         )
-        dx_s = launches.gemm(  # [dg | du] · [Wg_e; Wu_e]: K = 2I, B the fused block or the pair along K
-            d_preact,
-            gate_up,
-            routed.offsets,
-            out=allocate((num_slots, H), dtype=dtype, device=device),
-            b_transposed=False,
-        )
-        grad_hidden, grad_topk = routed.token_sum(dx_s, topk_partial, topk_weights.dtype)
-        del dx_s
+        grad_hidden, grad_topk = allocate((T, H), dtype=dtype, device=device), None
+        for cols in dx_column_slices(H, I, launches.column_tile()):
+            dx_s = launches.gemm(  # [dg | du] · [Wg_e; Wu_e][:, cols]: K = 2I, B the fused block or the pair along K
+                d_preact,
+                column_slice(gate_up, cols),
+                routed.offsets,
+                out=allocate((num_slots, cols.stop - cols.start), dtype=dtype, device=device),
+                b_transposed=False,
+            )
+            if grad_topk is None:  # the routing-weight gradient with the first slice's sums, in the same launch
+                _, grad_topk = routed.token_sum(dx_s, topk_partial, topk_weights.dtype, out=grad_hidden[:, cols])
+            else:
+                routed.token_sum(dx_s, out=grad_hidden[:, cols])
+            del dx_s
     else:
         grad_hidden = allocate((T, H), dtype=dtype, device=device).zero_()
         grad_topk = allocate((T, K), dtype=topk_weights.dtype, device=device).zero_()

@@ -35,7 +35,8 @@ INTERPRETER_BLOCK_H = 16  # small, so that tiny test shapes have several H-tiles
 def slot_rows_sum_kernel(
     rows_ptr,  # [S, H] the rows as the combine left them, input dtype
     row_of_slot_ptr,  # [T·K] int32 or int64: the row of slot t·K + k in rows
-    out_ptr,  # out [T, H]: out[t] = Σ_k rows[row_of_slot[t·K + k]], input dtype
+    out_ptr,  # out [T, H]: out[t] = Σ_k rows[row_of_slot[t·K + k]], input dtype, rows out_stride apart
+    out_stride,  # out's row stride (elements): H, or more where out is a column slice of a wider tensor
     top_k,  # K
     hidden_size,  # H
     partial_ptr,  # WITH_TOPK: [J, S] fp32, row j the per-row parts of column tile j; else any pointer, unread
@@ -64,7 +65,7 @@ def slot_rows_sum_kernel(
     for k in range(0, top_k):
         row = tl.load(row_of_slot_ptr + token * top_k + k).to(tl.int64)
         total += tl.load(rows_ptr + row * hidden_size + hs, mask=h_ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + token * hidden_size + hs, round_to(total, out_ptr.dtype.element_ty, INTERPRETER), mask=h_ok)
+    tl.store(out_ptr + token * out_stride + hs, round_to(total, out_ptr.dtype.element_ty, INTERPRETER), mask=h_ok)
 
 
 def sum_slot_rows_reference(rows: torch.Tensor, row_of_slot: torch.Tensor, num_tokens: int, top_k: int) -> torch.Tensor:
@@ -88,17 +89,26 @@ def sum_slot_rows(
     top_k: int,
     partial: torch.Tensor | None = None,
     topk_dtype: torch.dtype | None = None,
+    out: torch.Tensor | None = None,
 ):
     """[T, H]: out[t] = Σ_k rows[row_of_slot[t·K + k]] for rows [S, H] (contiguous) and row_of_slot [T·K] (int32
     or int64): :func:`sum_slot_rows_triton` for fp32 and 16-bit rows on the GPU, the reference otherwise. With
     ``partial`` [J, S] fp32 (contiguous): (out, grad_topk [T, K] in ``topk_dtype``), grad_topk[t, k] = Σ_j
-    partial[j, row_of_slot[t·K + k]], in the same launch."""
+    partial[j, row_of_slot[t·K + k]], in the same launch. ``out``: written there where given ([T, H] in the rows'
+    dtype, its columns contiguous: a column slice of a wider tensor may be), else allocated."""
+    if out is not None and (out.shape != (num_tokens, rows.shape[1]) or out.dtype != rows.dtype or out.stride(1) != 1):
+        raise ValueError(
+            f"out: expected [{num_tokens}, {rows.shape[1]}] {rows.dtype} with contiguous columns, got "
+            f"{list(out.shape)} {out.dtype} with strides {out.stride()}"
+        )
     if rows.is_cuda and rows.dtype in KERNEL_DTYPES and num_tokens * top_k > 0 and rows.shape[1] > 0:
-        return sum_slot_rows_triton(rows, row_of_slot, num_tokens, top_k, partial, topk_dtype)
-    out = sum_slot_rows_reference(rows, row_of_slot, num_tokens, top_k)
+        return sum_slot_rows_triton(rows, row_of_slot, num_tokens, top_k, partial, topk_dtype, out)
+    summed = sum_slot_rows_reference(rows, row_of_slot, num_tokens, top_k)
+    if out is not None:
+        summed = out.copy_(summed)
     if partial is None:
-        return out
-    return out, gathered_partials_reference(partial, row_of_slot, num_tokens, top_k, topk_dtype)
+        return summed
+    return summed, gathered_partials_reference(partial, row_of_slot, num_tokens, top_k, topk_dtype)
 
 
 def sum_slot_rows_triton(
@@ -108,10 +118,12 @@ def sum_slot_rows_triton(
     top_k: int,
     partial: torch.Tensor | None = None,
     topk_dtype: torch.dtype | None = None,
+    out: torch.Tensor | None = None,
 ):
     """The kernel's launch (T·K > 0, H > 0; the interpreter runs it on CPU tensors)."""
     hidden_size = rows.shape[1]
-    out = allocate((num_tokens, hidden_size), dtype=rows.dtype, device=rows.device)
+    if out is None:
+        out = allocate((num_tokens, hidden_size), dtype=rows.dtype, device=rows.device)
     grad_topk = None
     if partial is not None:
         grad_topk = allocate((num_tokens, top_k), dtype=topk_dtype, device=rows.device)
@@ -120,6 +132,7 @@ def sum_slot_rows_triton(
         rows,
         row_of_slot,
         out,
+        out.stride(0),
         top_k,
         hidden_size,
         partial if partial is not None else out,

@@ -16,9 +16,9 @@ u, then backward) at P2's shape with the varlen-M products' tiles (``engine_laye
 current one, with the memory a layer step adds (its peak over what was allocated before). loads: the layer and the
 op with x's and dy's rows read through the routing by the first product's and dswiglu's loads
 (``engine_layer.GATHER_IN_LOADS``), those loads in four one-warp partitions (``grouped_gemm.GATHER_IN_PARTS``),
-then by the gate and up gradients' loads too (``GATHER_X_IN_WEIGHT_GRADS``: no x_s at all), against x_s and dy_s
-written out first, at P2's shape (``P2``) and the expert shapes of moe_lib/bench/models.py, with the memory a layer
-step adds.
+then by the gate and up gradients' loads too (``GATHER_X_IN_WEIGHT_GRADS``: no x_s at all), and with dX made a column
+slice at a time as well (``DX_IN_COLUMN_SLICES``), against x_s and dy_s written out first, at P2's shape (``P2``)
+and the expert shapes of moe_lib/bench/models.py, with the memory a layer step adds.
 """
 
 from __future__ import annotations
@@ -193,21 +193,29 @@ def step_peak(call) -> tuple[list, float]:
     return [out.clone() for out in result], peak
 
 
-# (label, engine_layer.GATHER_IN_LOADS, grouped_gemm.GATHER_IN_PARTS, engine_layer.GATHER_X_IN_WEIGHT_GRADS)
+# (label, engine_layer.GATHER_IN_LOADS, grouped_gemm.GATHER_IN_PARTS, engine_layer.GATHER_X_IN_WEIGHT_GRADS,
+#  engine_layer.DX_IN_COLUMN_SLICES)
 LOAD_FORMS = (
-    ("written", False, False, False),
-    ("gathered", True, False, False),
-    ("in parts", True, True, False),
-    ("no x_s", True, False, True),
-    ("parts, no x_s", True, True, True),
+    ("written", False, False, False, False),
+    ("gathered", True, False, False, False),
+    ("in parts", True, True, False, False),
+    ("parts, no x_s", True, True, True, False),
+    ("+ dx slices", True, True, True, True),
 )
+SWITCHES = ("GATHER_IN_LOADS", "GATHER_IN_PARTS", "GATHER_X_IN_WEIGHT_GRADS", "DX_IN_COLUMN_SLICES")
+
+
+def set_switches(engine_layer, grouped_gemm, values) -> None:
+    """The four switches of :data:`SWITCHES` (the second one grouped_gemm's, the others engine_layer's) set."""
+    for name, value in zip(SWITCHES, values, strict=True):
+        setattr(grouped_gemm if name == "GATHER_IN_PARTS" else engine_layer, name, value)
 
 
 def loads_ab(args, flush) -> list[dict]:
     from moe_lib.engine import grouped_gemm
     from moe_lib.moe_experts import engine_layer
 
-    defaults = engine_layer.GATHER_IN_LOADS, grouped_gemm.GATHER_IN_PARTS, engine_layer.GATHER_X_IN_WEIGHT_GRADS
+    defaults = tuple(getattr(grouped_gemm if name == "GATHER_IN_PARTS" else engine_layer, name) for name in SWITCHES)
     rows: list[dict] = []
     for case in args.cases.split(","):
         try:
@@ -216,7 +224,7 @@ def loads_ab(args, flush) -> list[dict]:
             print(f"{case}: skipped, out of memory ({str(exc).splitlines()[0][:120]})", flush=True)
             rows.append(dict(case=case, skipped="out of memory"))
         finally:
-            engine_layer.GATHER_IN_LOADS, grouped_gemm.GATHER_IN_PARTS, engine_layer.GATHER_X_IN_WEIGHT_GRADS = defaults
+            set_switches(engine_layer, grouped_gemm, defaults)
             torch.cuda.empty_cache()
     return rows
 
@@ -225,9 +233,8 @@ def loads_case(case: str, engine_layer, grouped_gemm, flush) -> list[dict]:
     """:func:`loads_ab`'s rows of one case, a row per form of :data:`LOAD_FORMS`."""
     label, inputs = case_inputs(case)
     first, rows = None, []
-    for form, in_loads, in_parts, in_weight_grads in LOAD_FORMS:
-        engine_layer.GATHER_IN_LOADS, engine_layer.GATHER_X_IN_WEIGHT_GRADS = in_loads, in_weight_grads
-        grouped_gemm.GATHER_IN_PARTS = in_parts
+    for form, *switches in LOAD_FORMS:
+        set_switches(engine_layer, grouped_gemm, switches)
         layer, op = layer_calls(engine_layer, inputs)
         result, peak = step_peak(layer)
         first = first or result

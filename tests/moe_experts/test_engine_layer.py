@@ -448,3 +448,68 @@ def test_gpu_x_gathered_in_the_weight_gradients_writes_no_x_s(seed, monkeypatch)
         peaks.append(backward_peak(inputs)[0])
     x_s = 2 * T * K * H
     assert peaks[1] <= peaks[0] - x_s + 2**23, (peaks, x_s)
+
+
+def test_dx_column_slices_no_wider_than_dg_du_and_whole_tiles(monkeypatch):
+    monkeypatch.setattr(engine_layer, "DX_IN_COLUMN_SLICES", True)
+    as_pairs = lambda slices: [(s.start, s.stop) for s in slices]  # noqa: E731
+    assert as_pairs(engine_layer.dx_column_slices(2048, 768, 256)) == [(0, 1024), (1024, 2048)]  # Qwen3-30B-A3B
+    assert as_pairs(engine_layer.dx_column_slices(2048, 1408, 256)) == [(0, 2048)]  # DeepSeek-V2-Lite: 2I ≥ H
+    assert as_pairs(engine_layer.dx_column_slices(4096, 2048, 256)) == [(0, 4096)]  # P2
+    assert as_pairs(engine_layer.dx_column_slices(320, 64, 64)) == [(0, 128), (128, 256), (256, 320)]
+    assert as_pairs(engine_layer.dx_column_slices(7168, 256, 256)) == [(i, i + 512) for i in range(0, 7168, 512)]
+    assert as_pairs(engine_layer.dx_column_slices(0, 64, 64)) == [(0, 0)]
+    monkeypatch.setattr(engine_layer, "DX_IN_COLUMN_SLICES", False)
+    assert as_pairs(engine_layer.dx_column_slices(2048, 768, 256)) == [(0, 2048)]
+
+
+def layer_step_with_dx_slices(inputs, save, fused, slices, monkeypatch):
+    """y and the five gradients of a layer step with dX made in column slices or not; gate and up as the two halves
+    of one fused block where ``fused``."""
+    from moe_lib.moe_experts.weights import split_gate_up
+
+    monkeypatch.setattr(engine_layer, "DX_IN_COLUMN_SLICES", slices)
+    layer_args = list(args(inputs))
+    if fused:
+        layer_args[3:5] = split_gate_up(torch.cat([inputs["gate_weights"], inputs["up_weights"]], dim=1))
+    y, preactivations = engine_layer.forward(*layer_args, save_preactivations=True)
+    grads = engine_layer.backward(inputs["grad_output"], *layer_args, preactivations=preactivations if save else None)
+    return (y, *grads)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["pair", "fused_block"])
+@pytest.mark.parametrize("save", [True, False], ids=["saved", "recomputed"])
+def test_dx_in_column_slices_changes_no_bit(fused, save, seed, nan_workspaces, monkeypatch):
+    """dX made and summed three column slices at a time (H 320 > 2I 128, 64-wide tiles, the last slice narrower):
+    the same products and sums as all columns at once, so the same bits; no NaN left in grad_x."""
+    inputs = bf16_inputs(13, 320, 64, 5, 2, "skewed", seed)
+    sliced = layer_step_with_dx_slices(inputs, save, fused, True, monkeypatch)
+    whole = layer_step_with_dx_slices(inputs, save, fused, False, monkeypatch)
+    for name, got, want in zip(("y", "dx", "dtopk", "dWg", "dWu", "dWd"), sliced, whole, strict=True):
+        assert torch.isfinite(got).all() and torch.equal(got, want), name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(512, 2048, 768, 128, 8), (300, 1024, 192, 8, 2)])
+@pytest.mark.parametrize("fused", [False, True], ids=["pair", "fused_block"])
+def test_gpu_dx_in_column_slices_changes_no_bit(shape, fused, seed, nan_workspaces, monkeypatch):
+    inputs = bf16_inputs(*shape, "uniform", seed, device="cuda")
+    sliced = layer_step_with_dx_slices(inputs, True, fused, True, monkeypatch)
+    whole = layer_step_with_dx_slices(inputs, True, fused, False, monkeypatch)
+    for name, got, want in zip(("y", "dx", "dtopk", "dWg", "dWu", "dWd"), sliced, whole, strict=True):
+        assert torch.isfinite(got).all() and torch.equal(got, want), name
+
+
+@pytest.mark.gpu
+def test_gpu_dx_in_column_slices_lowers_the_peak_without_x_s(seed, monkeypatch):
+    """Without x_s (GATHER_X_IN_WEIGHT_GRADS) at a fine-grained shape (H = 2048 > 2I = 1536) the backward's peak is at
+    dX's product; in two column slices its workspace is half of dX_s's [T·K, H]."""
+    T, H, I, E, K = 4096, 2048, 768, 32, 8
+    inputs = bf16_inputs(T, H, I, E, K, "uniform", seed, device="cuda")
+    monkeypatch.setattr(engine_layer, "GATHER_X_IN_WEIGHT_GRADS", True)
+    peaks = []
+    for slices in (False, True):
+        monkeypatch.setattr(engine_layer, "DX_IN_COLUMN_SLICES", slices)
+        peaks.append(backward_peak(inputs)[0])
+    half_dx_s = T * K * H  # bytes: half of [T·K, H] bf16
+    assert peaks[1] <= peaks[0] - half_dx_s + 2**23, (peaks, half_dx_s)

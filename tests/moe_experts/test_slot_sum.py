@@ -55,6 +55,45 @@ def test_kernel_sums_each_slots_partials_in_the_same_launch(num_tokens, top_k, p
     assert ((grad_topk.double() - reference.double()).abs() <= 2 * ulp * magnitude).all()
 
 
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "reference"])
+def test_out_a_column_slice_gets_the_sums_and_nothing_beside_them(kernel, seed):
+    """``out`` a column slice of a wider tensor (the engine layer's dX summed a column slice at a time): the sums
+    land in the slice, bit for bit as allocated, and the columns beside it keep their values."""
+    generator = torch.Generator().manual_seed(seed)
+    num_tokens, top_k, width, wider = 5, 3, 24, 40
+    rows = torch.randn((num_tokens * top_k, width), generator=generator).to(torch.bfloat16)
+    row_of_slot = torch.randperm(num_tokens * top_k, generator=generator).to(torch.int32)
+    partial = torch.randn((2, num_tokens * top_k), generator=generator)
+    wide = torch.randn((num_tokens, wider), generator=generator).to(torch.bfloat16)
+    before = wide.clone()
+    cols = slice(8, 8 + width)
+    run = slot_sum.sum_slot_rows_triton if kernel else slot_sum.sum_slot_rows
+    out, grad_topk = run(rows, row_of_slot, num_tokens, top_k, partial, torch.float32, out=wide[:, cols])
+    expected, expected_topk = run(rows, row_of_slot, num_tokens, top_k, partial, torch.float32)
+    assert out.data_ptr() == wide[:, cols].data_ptr()
+    assert torch.equal(wide[:, cols], expected) and torch.equal(grad_topk, expected_topk)
+    assert torch.equal(wide[:, :8], before[:, :8]) and torch.equal(wide[:, 8 + width :], before[:, 8 + width :])
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "cols", "message"),
+    [
+        ((5, 23), torch.bfloat16, slice(None), r"out: expected \[5, 24\]"),
+        ((5, 24), torch.float32, slice(None), r"out: expected \[5, 24\] torch.bfloat16"),
+        ((24, 5), torch.bfloat16, "t", r"contiguous columns"),
+    ],
+    ids=["shape", "dtype", "strided_columns"],
+)
+def test_a_wrong_out_is_refused_before_any_work(shape, dtype, cols, message):
+    rows = torch.randn((15, 24)).to(torch.bfloat16)
+    row_of_slot = torch.randperm(15)
+    out = torch.full(shape, 7.0, dtype=dtype)
+    out = out.t() if cols == "t" else out[:, cols]
+    with pytest.raises(ValueError, match=message):
+        slot_sum.sum_slot_rows(rows, row_of_slot, 5, 3, out=out)
+    assert (out == 7.0).all()
+
+
 def test_cpu_rows_take_the_reference_with_partials_too():
     rows = torch.arange(12, dtype=torch.float64).view(6, 2)
     row_of_slot = torch.tensor([5, 0, 1, 4, 2, 3])
