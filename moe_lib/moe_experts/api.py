@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from ..dispatch import check_impl, resolve_impl
 from ..validation import check_contiguous, finite, flag, float_tensor, not_differentiable_again
@@ -68,8 +69,7 @@ def moe_experts_backward(
     return torch.ops.moe_lib.moe_experts_backward(*args, impl, validate, check_finite, None, None, None)
 
 
-@torch.library.custom_op("moe_lib::moe_experts_backward", mutates_args=())
-def _moe_experts_backward_op(
+def _moe_experts_backward_body(
     grad_output: Tensor,
     hidden_states: Tensor,
     topk_indices: Tensor,
@@ -89,6 +89,11 @@ def _moe_experts_backward_op(
     instead of made again (only the Triton path has them)."""
     args = (grad_output, hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights)
     return _backward_of(args, impl, validate, check_finite, (gate_preactivations, up_preactivations), routing)
+
+
+_moe_experts_backward_op = torch.library.custom_op(
+    "moe_lib::moe_experts_backward", _moe_experts_backward_body, mutates_args=()
+)
 
 
 @_moe_experts_backward_op.register_fake
@@ -193,7 +198,8 @@ def moe_experts(
         validate=False,
     )
     resolve_impl(impl, hidden_states.device, hidden_states.dtype)  # impl="triton" where it cannot run: refused here
-    return torch.ops.moe_lib.moe_experts(
+    return _layer_call(
+        "moe_experts",
         hidden_states.contiguous(),
         topk_indices.contiguous(),
         topk_weights.contiguous(),
@@ -207,8 +213,7 @@ def moe_experts(
     )[0]
 
 
-@torch.library.custom_op("moe_lib::moe_experts", mutates_args=())
-def _moe_experts_op(
+def _moe_experts_body(
     hidden_states: Tensor,
     topk_indices: Tensor,
     topk_weights: Tensor,
@@ -248,6 +253,9 @@ def _layer_forward(inputs, impl, validate, check_finite, save_activations):
         return y, none, none.clone(), no_routing if routing is None else routing
     y, (gate_pre, up_pre) = moe_experts_forward_triton(*inputs, save_preactivations=True, routing=routing)
     return y, gate_pre, up_pre, no_routing if routing is None else routing
+
+
+_moe_experts_op = torch.library.custom_op("moe_lib::moe_experts", _moe_experts_body, mutates_args=())
 
 
 @_moe_experts_op.register_fake
@@ -294,7 +302,8 @@ def moe_experts_gate_up(
     _check_layer_options(impl, validate, check_finite, save_activations)
     check_moe_experts_gate_up(hidden_states, topk_indices, topk_weights, gate_up_weights, down_weights)
     resolve_impl(impl, hidden_states.device, hidden_states.dtype)  # impl="triton" where it cannot run: refused here
-    return torch.ops.moe_lib.moe_experts_gate_up(
+    return _layer_call(
+        "moe_experts_gate_up",
         hidden_states.contiguous(),
         topk_indices.contiguous(),
         topk_weights.contiguous(),
@@ -307,8 +316,7 @@ def moe_experts_gate_up(
     )[0]
 
 
-@torch.library.custom_op("moe_lib::moe_experts_gate_up", mutates_args=())
-def _moe_experts_gate_up_op(
+def _moe_experts_gate_up_body(
     hidden_states: Tensor,
     topk_indices: Tensor,
     topk_weights: Tensor,
@@ -325,13 +333,17 @@ def _moe_experts_gate_up_op(
     return _layer_forward(inputs, impl, validate, check_finite, save_activations)
 
 
+_moe_experts_gate_up_op = torch.library.custom_op(
+    "moe_lib::moe_experts_gate_up", _moe_experts_gate_up_body, mutates_args=()
+)
+
+
 @_moe_experts_gate_up_op.register_fake
 def _(hidden_states, topk_indices, topk_weights, gate_up_weights, down_weights, impl, validate, *flags):
     return _layer_fake(hidden_states, topk_indices, split_gate_up(gate_up_weights)[0], impl, flags[-1])
 
 
-@torch.library.custom_op("moe_lib::moe_experts_backward_gate_up", mutates_args=())
-def _moe_experts_backward_gate_up_op(
+def _moe_experts_backward_gate_up_body(
     grad_output: Tensor,
     hidden_states: Tensor,
     topk_indices: Tensor,
@@ -365,6 +377,11 @@ def _moe_experts_backward_gate_up_op(
     kept = (gate_preactivations, up_preactivations)
     grad_x, grad_w, *_ = _backward_of(args, impl, validate, False, kept, routing, outs)
     return grad_x, grad_w, grad_gate_up, grad_down
+
+
+_moe_experts_backward_gate_up_op = torch.library.custom_op(
+    "moe_lib::moe_experts_backward_gate_up", _moe_experts_backward_gate_up_body, mutates_args=()
+)
 
 
 @_moe_experts_backward_gate_up_op.register_fake
@@ -414,7 +431,10 @@ def _backward(ctx, grad_output, *_not_reached):
         if fused:
             grads = (*grads[:2], torch.cat(grads[2:4], dim=1), grads[4])
     else:
-        op = torch.ops.moe_lib.moe_experts_backward_gate_up if fused else torch.ops.moe_lib.moe_experts_backward
+        if getattr(ctx, "eager", False):  # the backward op's body, without its dispatch (:class:`_EagerLayer`)
+            op = _moe_experts_backward_gate_up_body if fused else _moe_experts_backward_body
+        else:  # the op: a node of what torch.compile traces
+            op = torch.ops.moe_lib.moe_experts_backward_gate_up if fused else torch.ops.moe_lib.moe_experts_backward
         kept = (gate_pre, up_pre) if ctx.preactivations else (None, None)
         with torch.no_grad(), preferred(ctx.structure):  # the op is opaque to autograd: its gradients are constants
             grads = op(grad_output, *inputs, ctx.impl, False, ctx.check_finite, *kept, routing)
@@ -423,6 +443,43 @@ def _backward(ctx, grad_output, *_not_reached):
         grads = not_differentiable_again(grads, depends_on, DOUBLE_BACKWARD_REFUSED)
     grad_x, grad_w, *weight_grads = grads
     return grad_x, None, grad_w, *weight_grads, None, None, None, None
+
+
+class _EagerLayer(torch.autograd.Function):
+    """A layer op's forward and backward for an eager call, without torch's op dispatch: the op's own body, the same
+    context and the same backward (:func:`_save_for_backward`, :func:`_backward`), so the same results. The op's
+    dispatch and its autograd wrapper cost ~50 µs of host a call, the backward op's as much again
+    (notes/p2/host-time.md, "The ops' dispatch"); ``torch.compile`` still sees the op."""
+
+    @staticmethod
+    def forward(ctx, body, *inputs):
+        output = body(*inputs)
+        _save_for_backward(ctx, inputs, output)
+        ctx.eager = True
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_output, *not_reached):
+        return None, *_backward(ctx, grad_output, *not_reached)
+
+
+LAYER_BODIES = {"moe_experts": _moe_experts_body, "moe_experts_gate_up": _moe_experts_gate_up_body}
+
+
+def _layer_call(name: str, *inputs):
+    """The layer op ``name``'s outputs (y, g, u, routing): the op where ``torch.compile`` traces, else
+    :class:`_EagerLayer` with the op's body."""
+    if torch.compiler.is_compiling() or not _plain(inputs):
+        return getattr(torch.ops.moe_lib, name)(*inputs)
+    return _EagerLayer.apply(LAYER_BODIES[name], *inputs)
+
+
+def _plain(inputs) -> bool:
+    """Whether nothing intercepts torch's ops here: no dispatch mode (FakeTensorMode, FlopCounterMode, ...) and plain
+    tensors (no subclass, as fake tensors are), so that the op's body may run in its place."""
+    if _get_current_dispatch_mode() is not None:
+        return False
+    return all(type(t) in (Tensor, torch.nn.Parameter) for t in inputs if isinstance(t, Tensor))
 
 
 torch.library.register_autograd("moe_lib::moe_experts", _backward, setup_context=_save_for_backward)

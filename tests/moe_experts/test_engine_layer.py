@@ -248,30 +248,39 @@ def test_the_default_structure_by_rows_an_expert():
     assert engine_layer.structure(32768 * 8, 256, 4096, 2048, torch.bfloat16, Target(capability=(8, 0))) == "kernels"
 
 
-def test_the_layer_backward_gets_no_zeros_for_its_saved_preactivations(seed):
+@pytest.mark.parametrize("path", ["eager", "op"])
+def test_the_layer_backward_gets_no_zeros_for_its_saved_preactivations(path, seed, monkeypatch):
     """g and u are outputs of the layer's op that no loss reaches: autograd must not hand its backward [T·K, I]
-    zeros for them (2 · T·K·I bf16 bytes at the backward's peak)."""
+    zeros for them (2 · T·K·I bf16 bytes at the backward's peak), on the eager path (``_EagerLayer``) and through
+    the op (as ``torch.compile`` runs it)."""
     import importlib
 
     api = importlib.import_module("moe_lib.moe_experts.api")
     from moe_lib.moe_experts import moe_experts
 
     received = []
+    backward = api._backward
 
     def spy(ctx, grad_output, grad_gate_pre, grad_up_pre, grad_routing):
         received.append((grad_gate_pre, grad_up_pre, grad_routing))
-        return api._backward(ctx, grad_output, grad_gate_pre, grad_up_pre, grad_routing)
+        return backward(ctx, grad_output, grad_gate_pre, grad_up_pre, grad_routing)
 
     T, H, I, E, K, routing = CASES["uniform"]
     inputs = bf16_inputs(T, H, I, E, K, routing, seed)
     leaves = [inputs[n].detach().requires_grad_() for n in ("hidden_states", "topk_weights")]
-    torch.library.register_autograd("moe_lib::moe_experts", spy, setup_context=api._save_for_backward)
-    try:
-        y = moe_experts(leaves[0], inputs["topk_indices"], leaves[1], inputs["gate_weights"], inputs["up_weights"],
-                        inputs["down_weights"], impl="triton", save_activations=True)  # fmt: skip
+    weights = [inputs[n] for n in ("gate_weights", "up_weights", "down_weights")]
+    if path == "eager":
+        monkeypatch.setattr(api, "_backward", spy)
+        y = moe_experts(leaves[0], inputs["topk_indices"], leaves[1], *weights, impl="triton", save_activations=True)
         torch.autograd.grad(y, leaves, inputs["grad_output"])
-    finally:
-        torch.library.register_autograd("moe_lib::moe_experts", api._backward, setup_context=api._save_for_backward)
+    else:
+        torch.library.register_autograd("moe_lib::moe_experts", spy, setup_context=api._save_for_backward)
+        try:
+            y = torch.ops.moe_lib.moe_experts(leaves[0], inputs["topk_indices"], leaves[1], *weights, "triton", True,
+                                              False, True)[0]  # fmt: skip
+            torch.autograd.grad(y, leaves, inputs["grad_output"])
+        finally:
+            torch.library.register_autograd("moe_lib::moe_experts", backward, setup_context=api._save_for_backward)
     assert received == [(None, None, None)]
 
 
