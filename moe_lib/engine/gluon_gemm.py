@@ -178,10 +178,12 @@ def load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, tiles_m, tiles_
 
 @gluon.jit
 def tile_k_loop(a_bufs, b_bufs, ready, empty, acc, step0, k_steps, A_TRANSPOSED: gl.constexpr,
-                B_TRANSPOSED: gl.constexpr, GENERIC_WRITES: gl.constexpr = False):
+                B_TRANSPOSED: gl.constexpr, GENERIC_WRITES: gl.constexpr = False, ACCUMULATE: gl.constexpr = False):
     """acc = Σ A·B over the ring's steps step0 .. step0 + k_steps − 1 (the first overwriting acc), each step's
     buffer handed back once the step after it is issued; returns with the last step's wgmma still running. With
-    GENERIC_WRITES (buffers filled by cp.async, not TMA) a proxy fence orders those writes before the wgmma's reads."""
+    GENERIC_WRITES (buffers filled by cp.async, not TMA) a proxy fence orders those writes before the wgmma's reads.
+    ACCUMULATE: the loop goes on from an earlier one (acc += Σ A·B; the earlier loop's last buffer handed back once
+    this loop's first step is issued)."""
     BUFFERS: gl.constexpr = a_bufs.type.shape[0]
     for step in range(k_steps):
         i = step0 + step
@@ -195,9 +197,9 @@ def tile_k_loop(a_bufs, b_bufs, ready, empty, acc, step0, k_steps, A_TRANSPOSED:
         b = b_bufs.index(slot)
         if B_TRANSPOSED:
             b = b.permute((1, 0))
-        acc = warpgroup_mma(a, b, acc, use_acc=step > 0, is_async=True)
+        acc = warpgroup_mma(a, b, acc, use_acc=(step > 0) | ACCUMULATE, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))  # the step before is done
-        mbarrier.arrive(empty.index((i + BUFFERS - 1) % BUFFERS), count=1, pred=step > 0)
+        mbarrier.arrive(empty.index((i + BUFFERS - 1) % BUFFERS), count=1, pred=(step > 0) | ACCUMULATE)
     return acc
 
 

@@ -119,6 +119,10 @@ GATHER_LOADER_REGISTERS = {"cooperative": 48, "pingpong": 48}
 # by one four-warp partition, whose Gluon lowering puts four barriers among its warps a step (its sm_90 PTX); QuACK's
 # loading warps run apart the same way (notes/p2/engine-layer.md, "Gathered A in parts": faster at every case measured).
 GATHER_IN_PARTS = True
+# dswiglu's saved g and u loaded halfway through each tile's K loop rather than at its start, where the wait for the
+# last tile's stores to leave the buffers (the loads' landing place) stalls the consumer before its K loop
+# (notes/p2/engine-layer.md, "dswiglu's saved tiles mid-loop"). Off until measured on a GPU.
+SAVED_LOADS_MID_LOOP = False
 
 
 # --- the tile schedule on the host ----------------------------------------------------------------------------------
@@ -505,16 +509,35 @@ def dswiglu_tile(acc, c_bufs, outputs, off_m, off_n, row_end, whole, WRITE_OUT: 
 
 
 @gluon.jit
+def load_saved_tiles(c_bufs, saved, outputs, off_m, off_n, SAVED_TILES: gl.constexpr, SAVED: gl.constexpr,
+                     ME: gl.constexpr, OUT_BUFS: gl.constexpr):
+    """dswiglu: the tile's saved g and u (with SAVED σ and silu too) by TMA into consumer ME's output buffers, on its
+    ``saved`` barrier, once the last tile's stores have left those buffers."""
+    gin_desc, uin_desc = outputs[6], outputs[7]
+    tma.store_wait(pendings=0)  # the last tile's stores have left the buffers
+    gl.thread_barrier()  # and its masked stores have read them
+    fence_async_shared()
+    mbarrier.expect(saved.index(ME), SAVED_TILES * gin_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(gin_desc, [off_m, off_n], saved.index(ME), c_bufs.index(ME * OUT_BUFS))
+    tma.async_copy_global_to_shared(uin_desc, [off_m, off_n], saved.index(ME), c_bufs.index(ME * OUT_BUFS + 1))
+    if SAVED:  # the saved σ and silu tiles into the third and fourth
+        tma.async_copy_global_to_shared(outputs[10], [off_m, off_n], saved.index(ME), c_bufs.index(ME * OUT_BUFS + 2))
+        tma.async_copy_global_to_shared(outputs[11], [off_m, off_n], saved.index(ME), c_bufs.index(ME * OUT_BUFS + 3))
+
+
+@gluon.jit
 def grouped_consumer_partition(a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr, num_experts,
                                tiles_n, k_steps, B_TRANSPOSED: gl.constexpr, GROUP_M: gl.constexpr,
                                EPILOGUE: gl.constexpr, OUT_BUFS: gl.constexpr, WRITE_OUT: gl.constexpr,
                                WRITE_GATE: gl.constexpr, WRITE_UP: gl.constexpr, WRITE_PARTIAL: gl.constexpr,
-                               SAVED: gl.constexpr, ME: gl.constexpr, CONSUMERS: gl.constexpr, WARPS: gl.constexpr,
-                               GATHER_A: gl.constexpr):
+                               SAVED: gl.constexpr, SAVED_MID: gl.constexpr, ME: gl.constexpr, CONSUMERS: gl.constexpr,
+                               WARPS: gl.constexpr, GATHER_A: gl.constexpr):
     """Consumer ME of CONSUMERS (WARPS warps): the program's tiles ME, ME + CONSUMERS, ... of its own (the ring's
     steps counted over all the program's tiles), each its K loop, its epilogue and its stores. With two consumers
     each K loop waits for its turn and passes it on once its last wgmma is issued (as :mod:`.gluon_gemm`). With
-    GATHER_A (A's buffers written by cp.async) each step fences those writes before its wgmma reads them.
+    GATHER_A (A's buffers written by cp.async) each step fences those writes before its wgmma reads them. dswiglu's
+    saved tiles land in the output buffers: once the last tile's stores have left them, at the tile's start, or
+    (SAVED_MID) halfway through its K loop, so that those stores drain under the loop's first half.
     ``outputs``: the kernel's c, g, u descriptors and pointers, its saved g and u descriptors, scale and partial
     (with SAVED then the saved σ's and silu's descriptors)."""
     c_desc, c_ptr, g_desc, g_ptr, u_desc, u_ptr, gin_desc, uin_desc, scale_ptr, partial_ptr = outputs[:10]
@@ -536,23 +559,19 @@ def grouped_consumer_partition(a_bufs, b_bufs, c_bufs, ready, empty, turns, save
     while expert < num_experts:
         off_m, off_n, row_end = tile_place(offsets_ptr, tile, expert, first, last, tiles_n, GROUP_M, BLOCK_M,
                                            BLOCK_N)
-        if EPILOGUE == 3:  # dswiglu: the saved g and u tiles into the first two output buffers, under the K loop
-            tma.store_wait(pendings=0)  # the last tile's stores have left the buffers
-            gl.thread_barrier()  # and its masked stores have read them
-            fence_async_shared()
-            mbarrier.expect(saved.index(ME), SAVED_TILES * gin_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(gin_desc, [off_m, off_n], saved.index(ME), c_bufs.index(ME * OUT_BUFS))
-            tma.async_copy_global_to_shared(uin_desc, [off_m, off_n], saved.index(ME),
-                                            c_bufs.index(ME * OUT_BUFS + 1))
-            if SAVED:  # the saved σ and silu tiles into the third and fourth
-                tma.async_copy_global_to_shared(outputs[10], [off_m, off_n], saved.index(ME),
-                                                c_bufs.index(ME * OUT_BUFS + 2))
-                tma.async_copy_global_to_shared(outputs[11], [off_m, off_n], saved.index(ME),
-                                                c_bufs.index(ME * OUT_BUFS + 3))
+        if EPILOGUE == 3 and not SAVED_MID:  # dswiglu: the saved g and u tiles into the output buffers
+            load_saved_tiles(c_bufs, saved, outputs, off_m, off_n, SAVED_TILES, SAVED, ME, OUT_BUFS)
         step0 = ((tile - pid) // programs) * k_steps  # the program's tiles before this one, k_steps each
         if CONSUMERS > 1:  # consumer 0's first turn is free (a fresh barrier), consumer 1's first waits for it
             mbarrier.wait(turns.index(ME), (n & 1) ^ (1 - ME))
-        acc = tile_k_loop(a_bufs, b_bufs, ready, empty, acc, step0, k_steps, False, B_TRANSPOSED, GATHER_A)
+        if EPILOGUE == 3 and SAVED_MID:  # the K loop in two halves, the saved tiles' loads between them
+            first_half = gl.maximum(k_steps // 2, 1)
+            acc = tile_k_loop(a_bufs, b_bufs, ready, empty, acc, step0, first_half, False, B_TRANSPOSED, GATHER_A)
+            load_saved_tiles(c_bufs, saved, outputs, off_m, off_n, SAVED_TILES, SAVED, ME, OUT_BUFS)
+            acc = tile_k_loop(a_bufs, b_bufs, ready, empty, acc, step0 + first_half, k_steps - first_half, False,
+                              B_TRANSPOSED, GATHER_A, ACCUMULATE=True)
+        else:
+            acc = tile_k_loop(a_bufs, b_bufs, ready, empty, acc, step0, k_steps, False, B_TRANSPOSED, GATHER_A)
         if CONSUMERS > 1:
             mbarrier.arrive(turns.index(1 - ME), count=1)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
@@ -625,6 +644,7 @@ def grouped_gemm_kernel(
     WRITE_UP: gl.constexpr,  # whether u is written (always with dswiglu)
     WRITE_PARTIAL: gl.constexpr,  # whether dswiglu's topk_partial is written
     SAVED: gl.constexpr,  # dswiglu: σ and silu read from sigmoid_desc and silu_desc, not computed from g
+    SAVED_MID: gl.constexpr,  # dswiglu: the saved tiles loaded halfway through each K loop, not at the tile's start
     PINGPONG: gl.constexpr,  # two one-warpgroup consumers on alternate tiles; else one of num_warps (8) warps
     CONSUMER_REGS: gl.constexpr,  # with PINGPONG: the second consumer's registers
     LOADER_REGS: gl.constexpr,  # the loading warp's registers
@@ -667,11 +687,12 @@ def grouped_gemm_kernel(
         gl.warp_specialize([
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
-                                          WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, 0, 2, num_warps,
-                                          GATHER_A)),
+                                          WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, SAVED_MID, 0, 2,
+                                          num_warps, GATHER_A)),
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
-                                          WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, 1, 2, 4, GATHER_A)),
+                                          WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, SAVED_MID, 1, 2, 4,
+                                          GATHER_A)),
             (grouped_gather_part_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
                                              num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr,
                                              B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, 0, 4)),
@@ -689,8 +710,8 @@ def grouped_gemm_kernel(
         gl.warp_specialize([
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
-                                          WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, 0, 1, num_warps,
-                                          GATHER_A)),
+                                          WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, SAVED_MID, 0, 1,
+                                          num_warps, GATHER_A)),
             (grouped_gather_part_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
                                              num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr,
                                              B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, 0, 4)),
@@ -708,11 +729,12 @@ def grouped_gemm_kernel(
         gl.warp_specialize([
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
-                                          WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, 0, 2, num_warps,
-                                          GATHER_A)),
+                                          WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, SAVED_MID, 0, 2,
+                                          num_warps, GATHER_A)),
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
-                                          WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, 1, 2, 4, GATHER_A)),
+                                          WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, SAVED_MID, 1, 2, 4,
+                                          GATHER_A)),
             (grouped_load_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
                                       num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr, B_TRANSPOSED,
                                       B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, GATHER_A, LOADER_WARPS)),
@@ -721,8 +743,8 @@ def grouped_gemm_kernel(
         gl.warp_specialize([
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
-                                          WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, 0, 1, num_warps,
-                                          GATHER_A)),
+                                          WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, SAVED_MID, 0, 1,
+                                          num_warps, GATHER_A)),
             (grouped_load_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
                                       num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr, B_TRANSPOSED,
                                       B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, GATHER_A, LOADER_WARPS)),
@@ -1033,7 +1055,8 @@ def launch_arguments(config: GemmConfig, a, b, offsets, epilogue: str, b_transpo
                       PINGPONG=config.pingpong, CONSUMER_REGS=CONSUMER_REGISTERS,
                       LOADER_REGS=GATHER_LOADER_REGISTERS[config.consumers] if gathered else LOADER_REGISTERS,
                       GATHER_A=gathered, LOADER_WARPS=GATHER_WARPS if gathered else 1,
-                      GATHER_PARTS=gathered and GATHER_IN_PARTS, num_warps=config.warps)
+                      GATHER_PARTS=gathered and GATHER_IN_PARTS, SAVED_MID=SAVED_LOADS_MID_LOOP,
+                      num_warps=config.warps)
     if sigmoid is not None:
         arguments.update(saved_activations)
     else:  # absent: None, a compile-time constant (the kernel without them has no such parameters)
@@ -1102,6 +1125,6 @@ def grouped_gemm(a: torch.Tensor | Gathered, b, offsets: torch.Tensor, *, out: t
 
     # everything the launch is made of: a repeated call (the next training step's) skips building it
     call_key = (a.device, config, epilogue, b_transposed, signature((a, b, offsets)), signature(tuple(tensors.items())),
-                GATHER_IN_PARTS)
+                GATHER_IN_PARTS, SAVED_LOADS_MID_LOOP)
     launch_memoised(LAUNCHES, call_key, make, maxnreg=config.maxnreg, device=a.device)
     return result

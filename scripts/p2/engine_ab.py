@@ -18,7 +18,8 @@ op with x's and dy's rows read through the routing by the first product's and ds
 (``engine_layer.GATHER_IN_LOADS``), those loads in four one-warp partitions (``grouped_gemm.GATHER_IN_PARTS``),
 then by the gate and up gradients' loads too (``GATHER_X_IN_WEIGHT_GRADS``: no x_s at all), and with dX made a column
 slice at a time as well (``DX_IN_COLUMN_SLICES``), against x_s and dy_s written out first, at P2's shape (``P2``)
-and the expert shapes of moe_lib/bench/models.py, with the memory a layer step adds.
+and the expert shapes of moe_lib/bench/models.py, with the memory a layer step adds; and the parts form with dswiglu's
+saved tiles loaded halfway through its K loops (``grouped_gemm.SAVED_LOADS_MID_LOOP``).
 """
 
 from __future__ import annotations
@@ -193,29 +194,36 @@ def step_peak(call) -> tuple[list, float]:
     return [out.clone() for out in result], peak
 
 
-# (label, engine_layer.GATHER_IN_LOADS, grouped_gemm.GATHER_IN_PARTS, engine_layer.GATHER_X_IN_WEIGHT_GRADS,
-#  engine_layer.DX_IN_COLUMN_SLICES)
+# (label, then the switches of SWITCHES in order)
 LOAD_FORMS = (
-    ("written", False, False, False, False),
-    ("gathered", True, False, False, False),
-    ("in parts", True, True, False, False),
-    ("parts, no x_s", True, True, True, False),
-    ("+ dx slices", True, True, True, True),
+    ("written", False, False, False, False, False),
+    ("gathered", True, False, False, False, False),
+    ("in parts", True, True, False, False, False),
+    ("parts, mid-loop", True, True, False, False, True),
+    ("parts, no x_s", True, True, True, False, False),
+    ("+ dx slices", True, True, True, True, False),
 )
-SWITCHES = ("GATHER_IN_LOADS", "GATHER_IN_PARTS", "GATHER_X_IN_WEIGHT_GRADS", "DX_IN_COLUMN_SLICES")
+# engine_layer's switches, then grouped_gemm's (GEMM_SWITCHES)
+SWITCHES = ("GATHER_IN_LOADS", "GATHER_IN_PARTS", "GATHER_X_IN_WEIGHT_GRADS", "DX_IN_COLUMN_SLICES",
+            "SAVED_LOADS_MID_LOOP")  # fmt: skip
+GEMM_SWITCHES = ("GATHER_IN_PARTS", "SAVED_LOADS_MID_LOOP")
+
+
+def switch_module(name: str, engine_layer, grouped_gemm):
+    return grouped_gemm if name in GEMM_SWITCHES else engine_layer
 
 
 def set_switches(engine_layer, grouped_gemm, values) -> None:
-    """The four switches of :data:`SWITCHES` (the second one grouped_gemm's, the others engine_layer's) set."""
+    """The switches of :data:`SWITCHES` set to ``values``."""
     for name, value in zip(SWITCHES, values, strict=True):
-        setattr(grouped_gemm if name == "GATHER_IN_PARTS" else engine_layer, name, value)
+        setattr(switch_module(name, engine_layer, grouped_gemm), name, value)
 
 
 def loads_ab(args, flush) -> list[dict]:
     from moe_lib.engine import grouped_gemm
     from moe_lib.moe_experts import engine_layer
 
-    defaults = tuple(getattr(grouped_gemm if name == "GATHER_IN_PARTS" else engine_layer, name) for name in SWITCHES)
+    defaults = tuple(getattr(switch_module(name, engine_layer, grouped_gemm), name) for name in SWITCHES)
     rows: list[dict] = []
     for case in args.cases.split(","):
         try:
@@ -242,7 +250,7 @@ def loads_case(case: str, engine_layer, grouped_gemm, flush) -> list[dict]:
         num_tokens = inputs["hidden_states"].shape[0]
         row.update(layer_ms=timed(layer, flush, num_tokens), op_ms=timed(op, flush, num_tokens))
         rows.append(row)
-        print(f"{label:26s} {form:13s} layer {row['layer_ms']:8.3f} ms  peak "
+        print(f"{label:26s} {form:15s} layer {row['layer_ms']:8.3f} ms  peak "
               f"{peak:6.2f} GB  op {row['op_ms']:8.3f} ms  same bits {row['same']}", flush=True)  # fmt: skip
         del result, layer, op
     return rows

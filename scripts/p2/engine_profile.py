@@ -16,7 +16,8 @@ for the op (the backward with the forward recomputed). ``--model``: that model's
 otherwise read x's and dy's rows through the routing (``engine_layer.GATHER_IN_LOADS`` off); ``--in-parts``: those
 rows loaded by four one-warp partitions (``grouped_gemm.GATHER_IN_PARTS``); ``--no-x-s``: the gate and up gradients
 read x's rows through the routing too (``engine_layer.GATHER_X_IN_WEIGHT_GRADS``); ``--dx-slices``: dX made a column
-slice at a time where H > 2I (``engine_layer.DX_IN_COLUMN_SLICES``).
+slice at a time where H > 2I (``engine_layer.DX_IN_COLUMN_SLICES``); ``--mid-loop``: dswiglu's saved tiles loaded
+halfway through each K loop (``grouped_gemm.SAVED_LOADS_MID_LOOP``).
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ def main() -> None:
     parser.add_argument("--in-parts", action="store_true", help="the gathered rows loaded by four one-warp parts")
     parser.add_argument("--no-x-s", action="store_true", help="the gate and up gradients gather x's rows too")
     parser.add_argument("--dx-slices", action="store_true", help="dX made a column slice at a time where H > 2I")
+    parser.add_argument("--mid-loop", action="store_true", help="dswiglu's saved tiles loaded halfway through K")
     args = parser.parse_args()
     if args.written and (args.in_parts or args.no_x_s):
         parser.error("--written: not with --in-parts or --no-x-s, which read rows through the routing")
@@ -84,6 +86,7 @@ def main() -> None:
     grouped_gemm.GATHER_IN_PARTS = args.in_parts
     engine_layer.GATHER_X_IN_WEIGHT_GRADS = args.no_x_s
     engine_layer.DX_IN_COLUMN_SLICES = args.dx_slices
+    grouped_gemm.SAVED_LOADS_MID_LOOP = args.mid_loop
     problem = problems.load("moe_experts_backward_bf16")
     for num_tokens in (int(t) for t in args.tokens.split(",")):
         inputs = problem.make_inputs(num_tokens, device="cuda", **axes)

@@ -1278,3 +1278,33 @@ def test_gpu_new_forms_replay_in_a_cuda_graph_with_new_offsets(form, seed):
                 a[:, 128:], b[1], offsets, False
             )
             assert relative_error(run["out"], expected) <= 1e-5, new
+
+
+# (config name, config, whether σ and silu are given) of each dswiglu form
+MID_LOOP_CASES = [(name, config, False) for name, config in DSWIGLU_CONFIGS.items()] + [
+    (name, config, True) for name, config in SAVED_CONFIGS.items()
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("counts", list(SAVED_COUNTS))
+@pytest.mark.parametrize(("name", "config", "saved"), MID_LOOP_CASES, ids=[f"{c[0]}-{c[2]}" for c in MID_LOOP_CASES])
+def test_gpu_dswiglu_saved_tiles_loaded_mid_loop_change_no_bit(name, config, saved, counts, seed, monkeypatch):
+    """SAVED_LOADS_MID_LOOP (the saved g and u, with σ and silu where given, loaded halfway through each K loop, the
+    loop run in two halves) against loading them at the tile's start: every output bit for bit, no NaN left."""
+    from moe_lib.engine import grouped_gemm as grouped_gemm_module
+
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    dy, wd, offsets, tensors, _ = gpu_dswiglu_saved_case(SAVED_COUNTS[counts], config, generator, "harness")
+    if not saved:
+        tensors = {key: value for key, value in tensors.items() if key not in ("gate_sigmoid", "gate_silu")}
+    results = []
+    for mid in (False, True):
+        monkeypatch.setattr(grouped_gemm_module, "SAVED_LOADS_MID_LOOP", mid)
+        fresh = {
+            key: torch.full_like(value, float("nan")) if key.endswith(("_out", "partial")) else value
+            for key, value in tensors.items()
+        }
+        results.append(grouped_gemm(dy, wd, offsets, epilogue="dswiglu", config=config, **fresh))
+    for key, at_start, mid_loop in zip(("dg", "du", "aw", "partial"), *results, strict=True):
+        assert not mid_loop.isnan().any() and torch.equal(at_start, mid_loop), key
