@@ -67,3 +67,23 @@ def test_eager_triton_backward_cannot_be_differentiated_again(seed):
     (grad_x,) = torch.autograd.grad(y, [x], inputs["grad_output"], create_graph=True)
     with pytest.raises(RuntimeError, match="impl='reference'"):
         torch.autograd.grad(grad_x.sum(), [x])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fused", [False, True], ids=["three_weights", "gate_up_block"])
+def test_gpu_eager_path_gives_the_ops_bits_on_the_engine(fused, seed):
+    """At a fine-grained model's shape (the grouped engine runs the call), pre-activations saved."""
+    inputs = problems.make_inputs(
+        "moe_experts_backward", 512, seed=seed, device="cuda", hidden_size=2048, intermediate_size=768, num_experts=16,
+        top_k=8,
+    )  # fmt: skip
+    for name in ("grad_output", *LEAVES):
+        inputs[name] = inputs[name].to(torch.bfloat16)
+    public = moe_experts_gate_up if fused else moe_experts
+    op = torch.ops.moe_lib.moe_experts_gate_up if fused else torch.ops.moe_lib.moe_experts
+    y_eager, grads_eager = step(inputs, lambda *a: public(*a, validate=False, save_activations=True), fused)
+    y_op, grads_op = step(inputs, lambda *a: op(*a, "auto", False, False, True)[0], fused)
+    assert type(y_eager.grad_fn).__name__ == "_EagerLayerBackward"
+    assert torch.isfinite(y_eager).all() and torch.equal(y_eager, y_op)
+    for got, want in zip(grads_eager, grads_op, strict=True):
+        assert torch.isfinite(got).all() and torch.equal(got, want)
