@@ -147,3 +147,23 @@ def test_the_readme_sonicmoe_table_is_that_of_the_files_it_cites():
             for t, value in zip(tokens.split(" / "), printed.split(" / "), strict=True):
                 case = frame[(frame["model"] == model) & (frame["num_tokens"] == int(t)) & (frame["who"] == who)]
                 assert f"{case['median_ms'].item():.2f}" == value, (model, t, who)
+
+
+def test_the_readme_peak_memory_beside_sonicmoe_is_that_of_the_files():
+    """The same-run files' peak memory at 32768 tokens, ours and SonicMoE's, rounded as printed."""
+    import pandas as pd
+
+    text = README.read_text()
+    name = "2026-12-05-moe_experts_backward_bf16-bfloat16-forward_backward-models-fine-grained-sonicmoe.csv"
+    frame = pd.read_csv(README.parent / "data" / "results" / "H100-SXM" / name)
+    printed = re.search(
+        r"ours\s+(\d+\.\d+) GB \(Qwen3-30B-A3B\) and (\d+\.\d+) GB \(DeepSeek-V2-Lite\) "
+        r"against its (\d+\.\d+) and (\d+\.\d+)",
+        text,
+    )
+    assert printed, "the README's peak-memory sentence"
+    cases = [("Qwen3-30B-A3B", "triton_engine_saved"), ("DeepSeek-V2-Lite", "triton_engine_saved"),
+             ("Qwen3-30B-A3B", "sonicmoe"), ("DeepSeek-V2-Lite", "sonicmoe")]  # fmt: skip
+    for (model, impl), value in zip(cases, printed.groups(), strict=True):
+        case = frame[(frame["model"] == model) & (frame["impl"] == impl) & (frame["num_tokens"] == 32768)]
+        assert f"{case['peak_mem_gb'].item():.2f}" == value, (model, impl)
