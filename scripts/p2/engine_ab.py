@@ -2,7 +2,8 @@
 replay after an L2 flush (median of 20, 10 at 32768 tokens); one short table, and its JSON under --out.
 
     PYTHONPATH=. python3 scripts/p2/engine_ab.py gather [--shapes p2_t32768_gate_up,p2_t32768_down,...]
-    PYTHONPATH=. python3 scripts/p2/engine_ab.py tiles [--tokens 2048,4096,8192] [--variants dswiglu_pp_m64n128k64_s6]
+    PYTHONPATH=. python3 scripts/p2/engine_ab.py tiles [--tokens 2048,4096,8192 | --cases Qwen3-30B-A3B:32768,...]
+        [--variants dswiglu_pp_m64n128k64_s6]
     git show 3da7482:moe_lib/moe_experts/engine_layer.py > /tmp/before.py
     PYTHONPATH=. python3 scripts/p2/engine_ab.py structure --before /tmp/before.py [--tokens 2048,8192,32768]
     PYTHONPATH=. python3 scripts/p2/engine_ab.py loads [--cases P2:2048,Qwen3-30B-A3B:32768,...]
@@ -10,8 +11,8 @@ replay after an L2 flush (median of 20, 10 at 32768 tokens); one short table, an
 gather: the weight-gradient kernel (``moe_lib/engine/grouped_wgrad.py``) on rows written out, on rows gathered
 through the routing with the consumers' proxy fence (``FENCE_GATHERED``) and without it, at the shapes of
 ``scripts/p2/wgrad_probe.py``. tiles: the op (the backward, forward recomputed) and the layer (forward saving g and
-u, then backward) at P2's shape with the varlen-M products' tiles (``engine_layer.gemm_config``) and dswiglu's
-(``grouped_gemm.DSWIGLU_CONFIG``) of each variant. structure: the layer and the op with an earlier
+u, then backward) at P2's shape (or the ``--cases``) with the varlen-M products' tiles (``engine_layer.gemm_config``)
+and dswiglu's (``grouped_gemm.DSWIGLU_CONFIG``) of each variant. structure: the layer and the op with an earlier
 ``engine_layer.py`` (loaded as a module of ``moe_lib.moe_experts``, the current tiles given to it) against the
 current one, with the memory a layer step adds (its peak over what was allocated before). loads: the layer and the
 op with x's and dy's rows read through the routing by the first product's and dswiglu's loads
@@ -92,7 +93,6 @@ def gather_ab(args, flush) -> list[dict]:
 
 
 def tiles_ab(args, flush) -> list[dict]:
-    from moe_lib import problems
     from moe_lib.engine import grouped_gemm, grouped_wgrad
     from moe_lib.engine.gluon_gemm import GemmConfig
     from moe_lib.moe_experts import engine_layer
@@ -118,9 +118,11 @@ def tiles_ab(args, flush) -> list[dict]:
         if unknown:
             raise SystemExit(f"--variants: unknown {unknown}; the tiles variants are {list(variants)}")
         variants = {name: variants[name] for name in dict.fromkeys(["current", *asked])}
-    problem, rows = problems.load("moe_experts_backward_bf16"), []
-    for num_tokens in (int(t) for t in args.tokens.split(",")):
-        inputs = problem.make_inputs(num_tokens, device="cuda")
+    rows = []
+    cases = args.cases.split(",") if args.cases else [f"P2:{t}" for t in args.tokens.split(",")]
+    for case in cases:
+        label, inputs = case_inputs(case)
+        num_tokens = inputs["hidden_states"].shape[0]
         layer, op = layer_calls(engine_layer, inputs)
         first = None
         for name, (tiles, dswiglu, wgrad) in variants.items():
@@ -129,10 +131,10 @@ def tiles_ab(args, flush) -> list[dict]:
             grouped_wgrad.DEFAULT_CONFIG = wgrad or current[2]
             result = [out.clone() for out in op()]
             first = first or result
-            row = dict(tokens=num_tokens, variant=name, same=same_bits(result, first))
+            row = dict(case=case, tokens=num_tokens, variant=name, same=same_bits(result, first))
             row.update(op_ms=timed(op, flush, num_tokens), layer_ms=timed(layer, flush, num_tokens))
             rows.append(row)
-            print(f"T={num_tokens:6d} {name:26s} op {row['op_ms']:8.3f} ms  layer {row['layer_ms']:8.3f} ms  "
+            print(f"{label:26s} {name:26s} op {row['op_ms']:8.3f} ms  layer {row['layer_ms']:8.3f} ms  "
                   f"same bits {row['same']}", flush=True)  # fmt: skip
         engine_layer.gemm_config, grouped_gemm.DSWIGLU_CONFIG, grouped_wgrad.DEFAULT_CONFIG = current
         del inputs, layer, op, first
@@ -213,6 +215,9 @@ def switch_module(name: str, engine_layer, grouped_gemm):
     return grouped_gemm if name in GEMM_SWITCHES else engine_layer
 
 
+LOADS_MODEL_CASES = ("Qwen3-30B-A3B:8192", "Qwen3-30B-A3B:32768", "DeepSeek-V2-Lite:8192", "DeepSeek-V2-Lite:32768")
+
+
 def set_switches(engine_layer, grouped_gemm, values) -> None:
     """The switches of :data:`SWITCHES` set to ``values``."""
     for name, value in zip(SWITCHES, values, strict=True):
@@ -265,9 +270,9 @@ def main() -> None:
     parser.add_argument("--before", default=None, help="structure: an earlier engine_layer.py")
     parser.add_argument(
         "--cases",
-        default="P2:2048,P2:8192,Qwen3-30B-A3B:8192,Qwen3-30B-A3B:32768,DeepSeek-V2-Lite:8192,DeepSeek-V2-Lite:32768,"
-        "P2:32768",
-        help="loads: comma-separated MODEL:TOKENS (P2 for P2's own shape)",
+        default=None,
+        help="loads, tiles: comma-separated MODEL:TOKENS (P2 for P2's own shape); loads' default: P2's 2048, 8192 and "
+        "32768 tokens and the two fine-grained models' 8192 and 32768; tiles': P2 at --tokens",
     )
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--out", default=os.environ.get("OUT"), help="directory of the JSON ($OUT)")
@@ -275,6 +280,16 @@ def main() -> None:
     if args.run == "structure" and not args.before:
         parser.error("--before: structure needs an earlier engine_layer.py")
     args.tokens = args.tokens or ("2048,8192,32768" if args.run == "structure" else "2048,4096,8192")
+    if args.run == "loads" and not args.cases:
+        args.cases = ",".join([*(f"P2:{t}" for t in (2048, 8192)), *LOADS_MODEL_CASES, "P2:32768"])
+    if args.cases:
+        from moe_lib.bench import models
+
+        known = {m.name for m in models.MODEL_SHAPES if m.axes("moe_experts_backward").get("num_experts")} | {"P2"}
+        for case in args.cases.split(","):
+            name, _, tokens = case.rpartition(":")
+            if name not in known or not tokens.isdigit() or int(tokens) < 1:
+                parser.error(f"--cases: expected MODEL:TOKENS, MODEL P2 or a model with experts, got {case!r}")
     from moe_lib.bench.timing import L2Flusher
 
     flush = L2Flusher(torch.device("cuda"))

@@ -34,6 +34,8 @@ CASES = {
     "p2/engine_profile.py --model unaligned-1000x300": "--model: unaligned-1000x300 has no experts",
     "p2/engine_profile.py --model Qwen3-30B-A3B,DeepSeek-V2-Lite": "--model: one model",
     "p2/engine_profile.py --written --no-x-s": "--written: not with --in-parts or --no-x-s",
+    "p2/engine_ab.py tiles --cases Qwen3-30B-A3B:x": "--cases: expected MODEL:TOKENS",
+    "p2/engine_ab.py loads --cases GPT-5:8192": "--cases: expected MODEL:TOKENS",
     "host_time.py --cases model,nope": "--cases: expected a comma list of tiny, model, bench, bench_bf16",
     "host_time.py --layers moe_experts,nope": "--layers: expected a comma list of moe_experts, swiglu_expert",
 }
