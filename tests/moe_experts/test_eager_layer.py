@@ -58,6 +58,19 @@ def test_eager_path_gives_the_ops_bits(impl, dtype, save, fused, seed, nan_works
         assert torch.isfinite(got).all() and torch.equal(got, want)
 
 
+def test_under_a_dispatch_mode_the_op_runs(seed):
+    """A dispatch mode (here torch's FLOP counter) sees the layer's op as one call, not its body's ops."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    inputs = layer_inputs(torch.float32, seed)
+    x = inputs["hidden_states"].detach().requires_grad_()
+    weights = [inputs[name] for name in ("gate_weights", "up_weights", "down_weights")]
+    with FlopCounterMode(display=False) as counter:
+        y = moe_experts(x, inputs["topk_indices"], inputs["topk_weights"], *weights, impl="reference", validate=False)
+    assert "_EagerLayer" not in type(y.grad_fn).__name__
+    assert "mm" not in str(counter.get_flop_counts())  # the op is opaque to the counter: no matmul of its body
+
+
 def test_eager_triton_backward_cannot_be_differentiated_again(seed):
     """As through the op: the Triton path's gradients refuse a second differentiation, naming the way out."""
     inputs = layer_inputs(torch.bfloat16, seed)
