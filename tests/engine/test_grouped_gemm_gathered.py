@@ -120,56 +120,94 @@ def test_tl_dswiglu_with_dy_gathered_gives_the_bits_of_dy_written_out(counts, se
 # --- the Gluon kernel built for sm_90 on the CPU ------------------------------------------------------------------
 
 
+# run in a process of its own without the interpreter (TRITON_INTERPRET=1 makes every @triton.jit helper an
+# interpreted function, which the Gluon compiler cannot call): argv epilogue, config fields, parts, mid-loop
+BUILD_SCRIPT = """
+import json, re, sys
+import torch
+from moe_lib.bench.sm90 import compile_gluon_for_sm90, resource_usage
+from moe_lib.engine import grouped_gemm as module
+from moe_lib.engine.gathered import Gathered
+from moe_lib.engine.gluon_gemm import GemmConfig
+
+epilogue, fields, parts, mid = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1"
+config = GemmConfig(*fields)
+module.GATHER_IN_PARTS, module.SAVED_LOADS_MID_LOOP = parts, mid
+meta = lambda *shape, dtype=torch.bfloat16: torch.empty(shape, dtype=dtype, device="meta")
+E, T, M, H, I = 8, 1024, 8192, 2048, 768
+a = Gathered(meta(T, H), meta(M, dtype=torch.int32))
+if epilogue == "swiglu":
+    b, b_transposed = meta(E, 2 * I, H), True
+    tensors = dict(out=meta(M, I), gate_out=meta(M, I), up_out=meta(M, I))
+else:
+    b, b_transposed = meta(E, H, I), False
+    tensors = dict(gate=meta(M, I), up=meta(M, I), scale=meta(M, dtype=torch.float32), dgate_out=meta(M, I),
+                   dup_out=meta(M, I), scaled_act_out=meta(M, I),
+                   topk_partial=meta(module.partial_rows(I, config), M, dtype=torch.float32))
+arguments, constexprs = module.launch_arguments(config, a, b, meta(E + 1, dtype=torch.int32), epilogue, b_transposed,
+                                                **tensors)
+pointer = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32"}
+arguments = {name: pointer[v.dtype] if isinstance(v, torch.Tensor) else v for name, v in arguments.items()}
+arguments.update(num_experts="i32", a_stride="i32")
+compiled = compile_gluon_for_sm90(module.grouped_gemm_kernel, arguments, constexprs, warps=config.warps,
+                                  maxnreg=config.maxnreg)
+ptx = compiled.asm["ptx"]
+registers = [int(n) for n in re.findall(r"setmaxnreg[.](?:inc|dec)[.]sync[.]aligned[.]u32\\s+(\\d+)", ptx)]
+print(json.dumps(dict(usage=resource_usage(compiled), cp_async=ptx.count("cp.async.cg.shared.global"),
+                      arrivals=ptx.count("cp.async.mbarrier.arrive.noinc"), wgmma=ptx.count("wgmma.mma_async"),
+                      registers=registers)))
+"""
+
+
+def built_for_sm90(epilogue: str, config: GemmConfig, parts: bool, mid_loop: bool = False) -> dict:
+    """The gathered launch built for sm_90 in a fresh process (:data:`BUILD_SCRIPT`): its resources and PTX counts."""
+    import dataclasses
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(root)
+    fields = json.dumps(list(dataclasses.astuple(config)))
+    done = subprocess.run(
+        [sys.executable, "-c", BUILD_SCRIPT, epilogue, fields, str(int(parts)), str(int(mid_loop))],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.parametrize(
-    ("epilogue", "config"),
+    ("epilogue", "config", "mid_loop"),
     [
-        ("swiglu", GemmConfig(128, 256, 64, 3, "cooperative")),
-        ("swiglu", GemmConfig(64, 256, 64, 4, "pingpong")),
-        ("dswiglu", DSWIGLU_CONFIG),
+        ("swiglu", GemmConfig(128, 256, 64, 3, "cooperative"), False),
+        ("swiglu", GemmConfig(64, 256, 64, 4, "pingpong"), False),
+        ("dswiglu", DSWIGLU_CONFIG, False),
+        ("dswiglu", DSWIGLU_CONFIG, True),
     ],
-    ids=["swiglu_coop", "swiglu_pingpong", "dswiglu"],
+    ids=["swiglu_coop", "swiglu_pingpong", "dswiglu", "dswiglu_mid_loop"],
 )
 @pytest.mark.parametrize("parts", [False, True], ids=["one_loading_partition", "four_one_warp_parts"])
-def test_gathered_kernels_build_for_sm90_without_spills(epilogue, config, parts, monkeypatch):
+def test_gathered_kernels_build_for_sm90_without_spills(epilogue, config, mid_loop, parts):
     """The layer's gathered launches: cp.async copies in the loading partition (or, with GATHER_IN_PARTS, in four
-    one-warp partitions, with no barrier among the loading warps), no spill, within the registers."""
-    import re
-
-    from moe_lib.bench.sm90 import compile_gluon_for_sm90, resource_usage
-    from moe_lib.engine import grouped_gemm as module
-    from moe_lib.engine.grouped_gemm import grouped_gemm_kernel, launch_arguments
-
-    monkeypatch.setattr(module, "GATHER_IN_PARTS", parts)
-
-    E, T, M, H, I = 8, 1024, 8192, 2048, 768
-    a = Gathered(meta(T, H), meta(M, dtype=torch.int32))
-    if epilogue == "swiglu":
-        b, b_transposed = meta(E, 2 * I, H), True
-        tensors = dict(out=meta(M, I), gate_out=meta(M, I), up_out=meta(M, I))
-    else:
-        b, b_transposed = meta(E, H, I), False
-        tensors = dict(gate=meta(M, I), up=meta(M, I), scale=meta(M, dtype=torch.float32), dgate_out=meta(M, I),
-                       dup_out=meta(M, I), scaled_act_out=meta(M, I),
-                       topk_partial=meta(partial_rows(I, config), M, dtype=torch.float32))  # fmt: skip
-    arguments, constexprs = launch_arguments(
-        config, a, b, meta(E + 1, dtype=torch.int32), epilogue, b_transposed, **tensors
-    )
-    pointer = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32"}
-    arguments = {name: pointer[v.dtype] if isinstance(v, torch.Tensor) else v for name, v in arguments.items()}
-    arguments.update(num_experts="i32", a_stride="i32")
-    compiled = compile_gluon_for_sm90(
-        grouped_gemm_kernel, arguments, constexprs, warps=config.warps, maxnreg=config.maxnreg
-    )
-    usage = resource_usage(compiled)
-    ptx = compiled.asm["ptx"]
-    assert usage["stack"] == 0, usage
-    assert "cp.async.cg.shared.global" in ptx and "cp.async.mbarrier.arrive.noinc" in ptx
-    arrivals = ptx.count("cp.async.mbarrier.arrive.noinc")  # one a loading partition
-    assert arrivals == (4 if parts else 1)
+    one-warp partitions, with no barrier among the loading warps), no spill, within the registers; dswiglu's K loop
+    in two halves with SAVED_LOADS_MID_LOOP (its wgmma twice in the PTX)."""
+    built = built_for_sm90(epilogue, config, parts, mid_loop)
+    assert built["usage"]["stack"] == 0, built
+    arrivals = built["arrivals"]  # one a loading partition
+    assert arrivals == (4 if parts else 1), built
     # a step's copies per thread: the partition's share of the tile's rows × 8 pieces of 16 bytes over its threads
-    assert ptx.count("cp.async.cg.shared.global") == arrivals * (8 if config.block_m == 128 else 4)
-    registers = [int(n) for n in re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)]
-    assert registers and max(registers) <= 256
+    assert built["cp_async"] == arrivals * (8 if config.block_m == 128 else 4), built
+    assert built["registers"] and max(built["registers"]) <= 256, built
+    if epilogue == "dswiglu":
+        assert built["wgmma"] == (8 if mid_loop else 4), built
 
 
 # --- on a Hopper GPU --------------------------------------------------------------------------------------------
