@@ -82,6 +82,8 @@ class EncodedLaunch:
                 meta = next(metadata)
                 before = done.get(id(argument))
                 if before is None or before[0] != meta:
+                    if not done and argument.base.is_cuda:
+                        context_current_on_this_thread()
                     before = done[id(argument)] = (meta, self.encode_descriptor(argument, meta))
                 encoded.extend(before[1])
             else:
@@ -117,6 +119,26 @@ class EncodedLaunch:
             None,
             *arguments,
         )
+
+
+_THREAD = threading.local()  # .context_ready: a CUDA context was found or made current on this thread
+
+
+def context_current_on_this_thread() -> None:
+    """Make the current device's primary CUDA context current on this thread where none is, as Triton's launcher does
+    before it launches. The descriptor encoder calls the driver directly and fails without one ("invalid device
+    context"), which a thread torch starts can lack: autograd's device thread, where a backward's first CUDA call is
+    a descriptor's encoding (torch leaves the device unset there where it is the thread's default already)."""
+    if getattr(_THREAD, "context_ready", False):
+        return
+    driver, context = cuda_driver_api(), ctypes.c_void_p()
+    _check(driver.cuCtxGetCurrent(ctypes.byref(context)), "cuCtxGetCurrent")
+    if not context.value:
+        device = ctypes.c_int()
+        _check(driver.cuDeviceGet(ctypes.byref(device), torch.cuda.current_device()), "cuDeviceGet")
+        _check(driver.cuDevicePrimaryCtxRetain(ctypes.byref(context), device), "cuDevicePrimaryCtxRetain")
+        _check(driver.cuCtxSetCurrent(context), "cuCtxSetCurrent")
+    _THREAD.context_ready = True
 
 
 def specialization(argument):
@@ -270,7 +292,7 @@ class _GraphExecUpdateResultInfo(ctypes.Structure):  # CUgraphExecUpdateResultIn
 
 @functools.cache
 def cuda_driver_api():
-    """libcuda's graph and capture functions, typed (OSError or AttributeError where libcuda or one of them is
+    """libcuda's graph, capture and context functions, typed (OSError or AttributeError where libcuda or one of them is
     missing: see :func:`one_graph_available`)."""
     lib = ctypes.CDLL("libcuda.so.1")
     handle, pointer = ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)
@@ -282,6 +304,10 @@ def cuda_driver_api():
         ("cuGraphLaunch", [handle, handle]),
         ("cuGraphDestroy", [handle]),
         ("cuGraphExecDestroy", [handle]),
+        ("cuCtxGetCurrent", [pointer]),
+        ("cuDeviceGet", [ctypes.POINTER(ctypes.c_int), ctypes.c_int]),
+        ("cuDevicePrimaryCtxRetain", [pointer, ctypes.c_int]),
+        ("cuCtxSetCurrent", [handle]),
     ):
         function = getattr(lib, name)
         function.argtypes, function.restype = argtypes, ctypes.c_int

@@ -312,6 +312,27 @@ class StandInDriver:
         self.calls.append(("destroy executable", executable.value))
         return 0
 
+    context = 0  # the context current on the calling thread (one for every thread: a test's threads take turns)
+
+    def cuCtxGetCurrent(self, out):
+        self.calls.append(("get context",))
+        out._obj.value = self.context or None
+        return 0
+
+    def cuDeviceGet(self, out, ordinal):
+        out._obj.value = ordinal
+        return 0
+
+    def cuDevicePrimaryCtxRetain(self, out, device):
+        self.calls.append(("retain", device.value))
+        out._obj.value = 900 + device.value
+        return 0
+
+    def cuCtxSetCurrent(self, context):
+        self.calls.append(("set context", context.value))
+        self.context = context.value
+        return 0
+
 
 @pytest.fixture
 def stand_in_driver(monkeypatch):
@@ -415,3 +436,53 @@ def test_can_launch_as_one_graph_only_compiled_launches_outside_a_capture_with_a
     assert not encoded_launch.can_launch_as_one_graph((compiled, compiled))  # the caller's capture takes them
     capturing[0], available[0] = False, False
     assert not encoded_launch.can_launch_as_one_graph((compiled, compiled))
+
+
+def test_a_thread_without_a_current_context_gets_the_primary_one_once(stand_in_driver, monkeypatch):
+    """A thread with no current CUDA context (autograd's device thread before its first launch) gets its device's
+    primary context before a descriptor is encoded, and asks the driver once; a thread with one keeps it."""
+    import threading
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+
+    def in_a_new_thread():
+        worker = threading.Thread(target=encoded_launch.context_current_on_this_thread)
+        worker.start()
+        worker.join()
+
+    in_a_new_thread()
+    assert stand_in_driver.calls == [("get context",), ("retain", 1), ("set context", 901)]
+    stand_in_driver.calls.clear()
+    in_a_new_thread()  # a context is current there already (the stand-in's is every thread's): nothing set
+    assert stand_in_driver.calls == [("get context",)]
+    stand_in_driver.calls.clear()
+    worker = threading.Thread(target=lambda: [encoded_launch.context_current_on_this_thread() for _ in range(3)])
+    worker.start()
+    worker.join()
+    assert stand_in_driver.calls == [("get context",)]  # asked once a thread
+
+
+@pytest.mark.gpu
+def test_gpu_a_new_threads_first_descriptor_encodes(seed):
+    """A host TMA descriptor encoded on a thread that has launched nothing (as autograd's device thread is when a
+    backward's first CUDA call is an encoding): no "invalid device context"."""
+    import threading
+
+    from triton.backends.nvidia import driver as cuda_driver
+
+    tensor = torch.randn(256, 128, device="cuda", dtype=torch.bfloat16)
+    # a bf16 operand's 64 × 64 block, swizzled by 128 bytes: what the kernels' launches encode
+    meta = {"swizzle": 3, "elem_size": 2, "elem_type": 10, "block_size": [64, 64], "fp4_padded": False}
+    errors = []
+
+    def encode():
+        try:
+            encoded_launch.context_current_on_this_thread()
+            cuda_driver.make_tensordesc_arg(encoded_launch.descriptor(tensor, (64, 64)), meta)
+        except Exception as exc:  # reported to the test's thread
+            errors.append(exc)
+
+    worker = threading.Thread(target=encode)
+    worker.start()
+    worker.join()
+    assert not errors, errors

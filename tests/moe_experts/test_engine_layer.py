@@ -511,9 +511,10 @@ def test_gpu_dx_in_column_slices_changes_no_bit(shape, fused, seed, nan_workspac
 
 @pytest.mark.gpu
 def test_gpu_dx_in_column_slices_lowers_the_peak_without_x_s(seed, monkeypatch):
-    """Without x_s (GATHER_X_IN_WEIGHT_GRADS) at a fine-grained shape (H = 2048 > 2I = 1536) the backward's peak is at
-    dX's product; in two column slices its workspace is half of dX_s's [T·K, H]."""
-    T, H, I, E, K = 4096, 2048, 768, 32, 8
+    """Without x_s (GATHER_X_IN_WEIGHT_GRADS) at a fine-grained shape (H = 2048 > 2I = 1536) with few experts (their
+    gate and up gradients, 2·E·I·H, under dX_s's [T·K, H]) the backward's peak is at dX's product; in two column
+    slices its workspace is half of dX_s's."""
+    T, H, I, E, K = 4096, 2048, 768, 8, 8
     inputs = bf16_inputs(T, H, I, E, K, "uniform", seed, device="cuda")
     monkeypatch.setattr(engine_layer, "GATHER_X_IN_WEIGHT_GRADS", True)
     peaks = []
