@@ -17,7 +17,8 @@ otherwise read x's and dy's rows through the routing (``engine_layer.GATHER_IN_L
 rows loaded by four one-warp partitions (``grouped_gemm.GATHER_IN_PARTS``); ``--no-x-s``: the gate and up gradients
 read x's rows through the routing too (``engine_layer.GATHER_X_IN_WEIGHT_GRADS``); ``--dx-slices``: dX made a column
 slice at a time where H > 2I (``engine_layer.DX_IN_COLUMN_SLICES``); ``--mid-loop``: dswiglu's saved tiles loaded
-halfway through each K loop (``grouped_gemm.SAVED_LOADS_MID_LOOP``).
+halfway through each K loop (``grouped_gemm.SAVED_LOADS_MID_LOOP``); ``--dswiglu-tiles 128,256,32,4``: dswiglu's tiles
+(``grouped_gemm.DSWIGLU_CONFIG``, cooperative).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from moe_lib import problems
 from moe_lib.bench import models
 from moe_lib.bench.cli import model_list
 from moe_lib.engine import grouped_gemm
+from moe_lib.engine.gluon_gemm import GemmConfig
 from moe_lib.moe_experts import engine_layer
 
 LAYER_INPUTS = ("hidden_states", "topk_indices", "topk_weights", "gate_weights", "up_weights", "down_weights")
@@ -72,6 +74,7 @@ def main() -> None:
     parser.add_argument("--no-x-s", action="store_true", help="the gate and up gradients gather x's rows too")
     parser.add_argument("--dx-slices", action="store_true", help="dX made a column slice at a time where H > 2I")
     parser.add_argument("--mid-loop", action="store_true", help="dswiglu's saved tiles loaded halfway through K")
+    parser.add_argument("--dswiglu-tiles", help="dswiglu's config as BLOCK_M,BLOCK_N,BLOCK_K,STAGES (cooperative)")
     args = parser.parse_args()
     if args.written and (args.in_parts or args.no_x_s):
         parser.error("--written: not with --in-parts or --no-x-s, which read rows through the routing")
@@ -87,6 +90,11 @@ def main() -> None:
     engine_layer.GATHER_X_IN_WEIGHT_GRADS = args.no_x_s
     engine_layer.DX_IN_COLUMN_SLICES = args.dx_slices
     grouped_gemm.SAVED_LOADS_MID_LOOP = args.mid_loop
+    if args.dswiglu_tiles:
+        try:
+            grouped_gemm.DSWIGLU_CONFIG = GemmConfig(*(int(v) for v in args.dswiglu_tiles.split(",")))
+        except (TypeError, ValueError) as exc:
+            parser.error(f"--dswiglu-tiles: {exc}")
     problem = problems.load("moe_experts_backward_bf16")
     for num_tokens in (int(t) for t in args.tokens.split(",")):
         inputs = problem.make_inputs(num_tokens, device="cuda", **axes)
