@@ -75,13 +75,7 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared,
-    mbarrier,
-    tma,
-    warpgroup_mma,
-    warpgroup_mma_wait,
-)
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ..encoded_launch import KernelLaunches, descriptor, shared_layout, signature
@@ -139,22 +133,6 @@ def output_columns(config: GemmConfig, epilogue: str = "none") -> int:
     return config.block_n // 2 if epilogue == "swiglu" else config.block_n
 
 
-DSWIGLU_PART_COLUMNS = 128  # dswiglu's epilogue takes a tile this many columns at a time, one accumulator each
-
-
-def epilogue_columns(config: GemmConfig, epilogue: str = "none") -> int:
-    """Columns of an output tile in shared memory, of its descriptors' boxes and of B's boxes: a tile's output
-    columns, but for dswiglu at most :data:`DSWIGLU_PART_COLUMNS`, a wider tile's product being made as
-    :func:`column_parts` accumulators of that width (a wider one's epilogue would not fit in the registers)."""
-    columns = output_columns(config, epilogue)
-    return min(columns, DSWIGLU_PART_COLUMNS) if epilogue == "dswiglu" else columns
-
-
-def column_parts(config: GemmConfig, epilogue: str = "none") -> int:
-    """Accumulators a tile's product is made in, side by side (two for dswiglu at 256 columns, else one)."""
-    return output_columns(config, epilogue) // epilogue_columns(config, epilogue)
-
-
 def expert_tiles(offsets: list[int], n: int, config: GemmConfig, epilogue: str = "none") -> list[int]:
     """Tiles of each expert: ⌈rows / BLOCK_M⌉ · ⌈N / columns⌉ for n output columns (0 for an expert without rows)."""
     columns = output_columns(config, epilogue)
@@ -197,9 +175,8 @@ def default_config(epilogue: str, saved: bool = False) -> GemmConfig:
 
 
 def partial_rows(n: int, config: GemmConfig) -> int:
-    """Rows of dswiglu's topk_partial [rows, M_total]: one per :func:`epilogue_columns` of the N = I output
-    columns (a column tile's, or each of its parts')."""
-    return cdiv(n, epilogue_columns(config, "dswiglu"))
+    """Rows of dswiglu's topk_partial [rows, M_total]: one per column tile of the N = I output columns."""
+    return cdiv(n, output_columns(config, "dswiglu"))
 
 
 # --- shared memory ------------------------------------------------------------------------------------------------
@@ -208,16 +185,15 @@ def partial_rows(n: int, config: GemmConfig) -> int:
 def shared_bytes(config: GemmConfig, epilogue: str, buffers: int) -> int:
     """Shared memory of the ring, ``buffers`` bf16 output tiles a consumer and the mbarriers."""
     ring = config.stages * (config.block_m + config.block_n) * config.block_k * ELEMENT_BYTES
-    tile = config.block_m * epilogue_columns(config, epilogue) * ELEMENT_BYTES
+    tile = config.block_m * output_columns(config, epilogue) * ELEMENT_BYTES
     return ring + config.output_tiles * buffers * tile + BARRIER_BYTES
 
 
-def least_buffers(epilogue: str, tiles: int, saved: bool = False, parts: int = 1) -> int:
-    """Output buffers a consumer cannot do without: dswiglu's saved tiles land there first (g and u of each of the
-    tile's column ``parts``; with the ``saved`` σ and silu four), any other epilogue's outputs take turns in one
-    (none for an fp32 C)."""
+def least_buffers(epilogue: str, tiles: int, saved: bool = False) -> int:
+    """Output buffers a consumer cannot do without: dswiglu's saved tiles land there first (g and u; with the
+    ``saved`` σ and silu four), any other epilogue's outputs take turns in one (none for an fp32 C)."""
     if epilogue == "dswiglu":
-        return (4 if saved else 2) * parts
+        return 4 if saved else 2
     return min(tiles, 1)
 
 
@@ -226,9 +202,7 @@ def output_buffers(config: GemmConfig, epilogue: str, tiles: int, saved: bool = 
     two: its saved g and u land there first; four with the ``saved`` σ and silu), or as many as fit beside the ring,
     taken in turn; 0 for none (an fp32 C leaves from registers). Fewer than :func:`least_buffers`: the config does
     not fit (:func:`check_arguments`)."""
-    parts = column_parts(config, epilogue)
-    least = least_buffers(epilogue, tiles, saved, parts)
-    wanted = least if parts > 1 else max(tiles, least)  # in parts w·a goes over dg's buffer, never one of its own
+    wanted = max(tiles, least_buffers(epilogue, tiles, saved))
     return max(b for b in range(wanted + 1) if b == 0 or shared_bytes(config, epilogue, b) <= SHARED_MEMORY_LIMIT)
 
 
@@ -274,10 +248,9 @@ def tile_place(offsets_ptr, tile, expert, first, last, tiles_n, GROUP_M: gl.cons
 
 @gluon.jit
 def load_b_step(b_desc, b2_desc, b_buf, bar, expert, rows, off_n, k, B_TRANSPOSED: gl.constexpr,
-                B_PAIR: gl.constexpr, EPILOGUE: gl.constexpr, N_PARTS: gl.constexpr = 1):
+                B_PAIR: gl.constexpr, EPILOGUE: gl.constexpr):
     """One K step's B tile of ``expert`` into ``b_buf`` by TMA, arriving on ``bar``: from the expert's slice of the
-    stacked weights (``rows`` of B's 2-D view an expert), or of the pair's first or second weight. N_PARTS = 2 (B
-    as it lies): a box of B's columns a column part, one under the other in the buffer."""
+    stacked weights (``rows`` of B's 2-D view an expert), or of the pair's first or second weight."""
     HALF: gl.constexpr = b_desc.block_type.shape[0]
     if EPILOGUE == 2:  # gate rows j and up rows j of the tile's output columns, half a buffer each
         row = expert * rows + off_n
@@ -293,12 +266,6 @@ def load_b_step(b_desc, b2_desc, b_buf, bar, expert, rows, off_n, k, B_TRANSPOSE
             tma.async_copy_global_to_shared(b2_desc, [expert * rows + k - rows, off_n], bar, b_buf)
     elif B_TRANSPOSED:
         tma.async_copy_global_to_shared(b_desc, [expert * rows + off_n, k], bar, b_buf)
-    elif N_PARTS == 2:
-        BOX_ROWS: gl.constexpr = b_desc.block_type.shape[0]
-        BOX_COLUMNS: gl.constexpr = b_desc.block_type.shape[1]
-        tma.async_copy_global_to_shared(b_desc, [expert * rows + k, off_n], bar, b_buf.slice(0, BOX_ROWS))
-        tma.async_copy_global_to_shared(b_desc, [expert * rows + k, off_n + BOX_COLUMNS], bar,
-                                        b_buf.slice(BOX_ROWS, BOX_ROWS))
     else:
         tma.async_copy_global_to_shared(b_desc, [expert * rows + k, off_n], bar, b_buf)
 
@@ -307,8 +274,7 @@ def load_b_step(b_desc, b2_desc, b_buf, bar, expert, rows, off_n, k, B_TRANSPOSE
 def grouped_load_partition(a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr, num_experts, tiles_n,
                            k_steps, a_src_ptr, a_stride, index_ptr, B_TRANSPOSED: gl.constexpr, B_PAIR: gl.constexpr,
                            GROUP_M: gl.constexpr, EPILOGUE: gl.constexpr, BLOCK_M: gl.constexpr,
-                           BLOCK_N: gl.constexpr, GATHER_A: gl.constexpr, WARPS: gl.constexpr,
-                           N_PARTS: gl.constexpr):
+                           BLOCK_N: gl.constexpr, GATHER_A: gl.constexpr, WARPS: gl.constexpr):
     """The loading warp: every K step of the program's tiles (BLOCK_N output columns each), in order, into the ring;
     B's tile from the expert's slice of the stacked weights (of the pair's first or second weight). With GATHER_A
     (WARPS warps): A's tile rows source[index[r]] copied by every thread with cp.async (the tile's indices loaded
@@ -317,7 +283,7 @@ def grouped_load_partition(a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty
     BUFFERS: gl.constexpr = a_bufs.type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     B_BYTES: gl.constexpr = b_desc.block_type.nbytes
-    STEP_B_BYTES: gl.constexpr = 2 * B_BYTES if EPILOGUE == 2 else N_PARTS * B_BYTES  # swiglu, parts: 2 boxes
+    STEP_B_BYTES: gl.constexpr = 2 * B_BYTES if EPILOGUE == 2 else B_BYTES  # swiglu: 2 boxes
     # the bytes TMA brings a step (a tile's full bytes, zero-filled ones included)
     STEP_BYTES: gl.constexpr = STEP_B_BYTES if GATHER_A else a_desc.block_type.nbytes + STEP_B_BYTES
     K = a_desc.shape[1]
@@ -344,7 +310,7 @@ def grouped_load_partition(a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty
             else:
                 tma.async_copy_global_to_shared(a_desc, [off_m, k], bar, a_bufs.index(slot))
             load_b_step(b_desc, b2_desc, b_bufs.index(slot), bar, expert, rows, off_n, k, B_TRANSPOSED, B_PAIR,
-                        EPILOGUE, N_PARTS)
+                        EPILOGUE)
             if GATHER_A:  # each thread's copies arrive once they have landed
                 async_copy.mbarrier_arrive(bar, increment_count=False)
             i += 1
@@ -357,7 +323,7 @@ def grouped_gather_part_partition(a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready
                                   tiles_n, k_steps, a_src_ptr, a_stride, index_ptr, B_TRANSPOSED: gl.constexpr,
                                   B_PAIR: gl.constexpr, GROUP_M: gl.constexpr, EPILOGUE: gl.constexpr,
                                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, PART: gl.constexpr,
-                                  PARTS: gl.constexpr, N_PARTS: gl.constexpr):
+                                  PARTS: gl.constexpr):
     """With GATHER_PARTS, one of PARTS one-warp loading partitions: every K step of the program's tiles, its share of
     the A tile's rows (PART·BLOCK_M/PARTS on) copied by cp.async through the routing, arriving on the step's barrier
     once landed; part 0 also sets the barrier's expected bytes and issues B's TMA. Each warp its own control flow: no
@@ -366,7 +332,7 @@ def grouped_gather_part_partition(a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     ROWS: gl.constexpr = BLOCK_M // PARTS
     B_BYTES: gl.constexpr = b_desc.block_type.nbytes
-    STEP_B_BYTES: gl.constexpr = 2 * B_BYTES if EPILOGUE == 2 else N_PARTS * B_BYTES  # swiglu, parts: 2 boxes
+    STEP_B_BYTES: gl.constexpr = 2 * B_BYTES if EPILOGUE == 2 else B_BYTES  # swiglu: 2 boxes
     K = a_desc.shape[1]
     rows = b_desc.shape[0] // num_experts
     tile = gl.program_id(0)
@@ -386,7 +352,7 @@ def grouped_gather_part_partition(a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready
             if PART == 0:
                 mbarrier.expect(bar, STEP_B_BYTES)
                 load_b_step(b_desc, b2_desc, b_bufs.index(slot), bar, expert, rows, off_n, k, B_TRANSPOSED, B_PAIR,
-                            EPILOGUE, N_PARTS)
+                            EPILOGUE)
             async_copy.async_copy_global_to_shared(a_bufs.index(slot).slice(PART * ROWS, ROWS, dim=0), a_from,
                                                    mask=a_mask)
             async_copy.mbarrier_arrive(bar, increment_count=False)
@@ -493,19 +459,17 @@ def dswiglu_half_saved(dap, g_smem, u_smem, sigmoid_smem, silu_smem, scale_ptr, 
 @gluon.jit
 def dswiglu_tile(acc, c_bufs, outputs, off_m, off_n, row_end, whole, WRITE_OUT: gl.constexpr,
                  WRITE_PARTIAL: gl.constexpr, SAVED: gl.constexpr, ME: gl.constexpr, OUT_BUFS: gl.constexpr,
-                 WARPS: gl.constexpr, FIRST: gl.constexpr = 0, AW_OVER_GATE: gl.constexpr = False):
-    """dswiglu's epilogue for the tile (or column part) dAp = ``acc`` at columns off_n, its saved g and u in
-    consumer ME's output buffers FIRST and FIRST + 1 (with SAVED the saved σ and silu in the third and fourth): two
-    halves of its columns in turn (fewer values live at once), dg and du out from those two buffers, then w·a
-    through the third output buffer (or the first once dg's store has left it; AW_OVER_GATE, a tile in parts: over
-    dg's buffer once dg's store has left it; with SAVED from the fourth, written over silu) and Σ dAp·a from
-    registers."""
+                 WARPS: gl.constexpr):
+    """dswiglu's epilogue for the tile dAp = ``acc``, its saved g and u in consumer ME's first two output buffers
+    (with SAVED the saved σ and silu in the third and fourth): two halves of its columns in turn (fewer values live
+    at once), dg and du out from the first two buffers, then w·a through the third output buffer (or the first once
+    dg's store has left it; with SAVED from the fourth, written over silu) and Σ dAp·a from registers."""
     c_desc, c_ptr, g_desc, g_ptr, u_desc, u_ptr, gin_desc, uin_desc, scale_ptr, partial_ptr = outputs[:10]
     BLOCK_M: gl.constexpr = acc.type.shape[0]
     BLOCK_N: gl.constexpr = acc.type.shape[1]
     HALF: gl.constexpr = BLOCK_N // 2
-    g_smem = c_bufs.index(ME * OUT_BUFS + FIRST)
-    u_smem = c_bufs.index(ME * OUT_BUFS + FIRST + 1)
+    g_smem = c_bufs.index(ME * OUT_BUFS)
+    u_smem = c_bufs.index(ME * OUT_BUFS + 1)
     left, right = gl.split(gl.permute(gl.reshape(acc, [BLOCK_M, 2, HALF]), [0, 2, 1]))  # columns < HALF, ≥ HALF
     if SAVED:  # w·a goes out over the saved silu (the fourth buffer), not through a buffer of its own
         s_smem = c_bufs.index(ME * OUT_BUFS + 2)
@@ -539,18 +503,6 @@ def dswiglu_tile(acc, c_bufs, outputs, off_m, off_n, row_end, whole, WRITE_OUT: 
                 tma.async_copy_shared_to_global(c_desc, [off_m, off_n], aw_smem)
             else:
                 store_rows(aw_smem, c_ptr, c_desc.strides[0], off_m, off_n, row_end, c_desc.shape[1], WARPS)
-        elif AW_OVER_GATE:  # dg's store (every store but du's) has left its buffer, or its masked stores read it
-            aw = gl.reshape(gl.permute(gl.join(aw_left, aw_right), [0, 2, 1]), [BLOCK_M, BLOCK_N])
-            if whole:
-                tma.store_wait(pendings=1)
-            else:
-                gl.thread_barrier()
-            g_smem.store(aw)
-            fence_async_shared()
-            if whole:
-                tma.async_copy_shared_to_global(c_desc, [off_m, off_n], g_smem)
-            else:
-                store_rows(g_smem, c_ptr, c_desc.strides[0], off_m, off_n, row_end, c_desc.shape[1], WARPS)
         else:
             aw = gl.reshape(gl.permute(gl.join(aw_left, aw_right), [0, 2, 1]), [BLOCK_M, BLOCK_N])
             put_tile(aw, c_bufs, c_desc, c_ptr, off_m, off_n, row_end, whole, 2, ME, OUT_BUFS, WARPS)
@@ -558,47 +510,19 @@ def dswiglu_tile(acc, c_bufs, outputs, off_m, off_n, row_end, whole, WRITE_OUT: 
 
 @gluon.jit
 def load_saved_tiles(c_bufs, saved, outputs, off_m, off_n, SAVED_TILES: gl.constexpr, SAVED: gl.constexpr,
-                     ME: gl.constexpr, OUT_BUFS: gl.constexpr, N_PARTS: gl.constexpr = 1):
+                     ME: gl.constexpr, OUT_BUFS: gl.constexpr):
     """dswiglu: the tile's saved g and u (with SAVED σ and silu too) by TMA into consumer ME's output buffers, on its
-    ``saved`` barrier, once the last tile's stores have left those buffers; in N_PARTS column parts, part p's g and
-    u into buffers 2p and 2p + 1."""
+    ``saved`` barrier, once the last tile's stores have left those buffers."""
     gin_desc, uin_desc = outputs[6], outputs[7]
-    COLUMNS: gl.constexpr = gin_desc.block_type.shape[1]
     tma.store_wait(pendings=0)  # the last tile's stores have left the buffers
     gl.thread_barrier()  # and its masked stores have read them
     fence_async_shared()
-    mbarrier.expect(saved.index(ME), N_PARTS * SAVED_TILES * gin_desc.block_type.nbytes)
-    for part in gl.static_range(N_PARTS):
-        column = off_n + part * COLUMNS
-        tma.async_copy_global_to_shared(gin_desc, [off_m, column], saved.index(ME),
-                                        c_bufs.index(ME * OUT_BUFS + 2 * part))
-        tma.async_copy_global_to_shared(uin_desc, [off_m, column], saved.index(ME),
-                                        c_bufs.index(ME * OUT_BUFS + 2 * part + 1))
+    mbarrier.expect(saved.index(ME), SAVED_TILES * gin_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(gin_desc, [off_m, off_n], saved.index(ME), c_bufs.index(ME * OUT_BUFS))
+    tma.async_copy_global_to_shared(uin_desc, [off_m, off_n], saved.index(ME), c_bufs.index(ME * OUT_BUFS + 1))
     if SAVED:  # the saved σ and silu tiles into the third and fourth
         tma.async_copy_global_to_shared(outputs[10], [off_m, off_n], saved.index(ME), c_bufs.index(ME * OUT_BUFS + 2))
         tma.async_copy_global_to_shared(outputs[11], [off_m, off_n], saved.index(ME), c_bufs.index(ME * OUT_BUFS + 3))
-
-
-@gluon.jit
-def tile_k_loop_in_parts(a_bufs, b_bufs, ready, empty, acc, acc1, step0, k_steps, GENERIC_WRITES: gl.constexpr):
-    """:func:`.gluon_gemm.tile_k_loop` for a tile made in two column parts (B as it lies): each step's A against the
-    two boxes of B's columns in its buffer (one under the other), into ``acc`` and ``acc1``; each step's buffer
-    handed back once both of the next step's wgmma are issued; returns with the last step's two still running."""
-    BUFFERS: gl.constexpr = a_bufs.type.shape[0]
-    BOX_ROWS: gl.constexpr = b_bufs.type.shape[1] // 2
-    for step in range(k_steps):
-        i = step0 + step
-        slot = i % BUFFERS
-        mbarrier.wait(ready.index(slot), (i // BUFFERS) & 1)
-        if GENERIC_WRITES:
-            fence_async_shared()
-        a = a_bufs.index(slot)
-        b = b_bufs.index(slot)
-        acc = warpgroup_mma(a, b.slice(0, BOX_ROWS), acc, use_acc=step > 0, is_async=True)
-        acc1 = warpgroup_mma(a, b.slice(BOX_ROWS, BOX_ROWS), acc1, use_acc=step > 0, is_async=True)
-        acc, acc1 = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc1))  # the step before is done
-        mbarrier.arrive(empty.index((i + BUFFERS - 1) % BUFFERS), count=1, pred=step > 0)
-    return acc, acc1
 
 
 @gluon.jit
@@ -607,29 +531,25 @@ def grouped_consumer_partition(a_bufs, b_bufs, c_bufs, ready, empty, turns, save
                                EPILOGUE: gl.constexpr, OUT_BUFS: gl.constexpr, WRITE_OUT: gl.constexpr,
                                WRITE_GATE: gl.constexpr, WRITE_UP: gl.constexpr, WRITE_PARTIAL: gl.constexpr,
                                SAVED: gl.constexpr, SAVED_MID: gl.constexpr, ME: gl.constexpr, CONSUMERS: gl.constexpr,
-                               WARPS: gl.constexpr, GATHER_A: gl.constexpr, N_PARTS: gl.constexpr):
+                               WARPS: gl.constexpr, GATHER_A: gl.constexpr):
     """Consumer ME of CONSUMERS (WARPS warps): the program's tiles ME, ME + CONSUMERS, ... of its own (the ring's
     steps counted over all the program's tiles), each its K loop, its epilogue and its stores. With two consumers
     each K loop waits for its turn and passes it on once its last wgmma is issued (as :mod:`.gluon_gemm`). With
     GATHER_A (A's buffers written by cp.async) each step fences those writes before its wgmma reads them. dswiglu's
     saved tiles land in the output buffers: once the last tile's stores have left them, at the tile's start, or
-    (SAVED_MID) halfway through its K loop, so that those stores drain under the loop's first half. dswiglu in
-    N_PARTS = 2 column parts: the tile's product as two accumulators of BLOCK_N columns, each through the epilogue
-    in turn (the second skipped past N).
+    (SAVED_MID) halfway through its K loop, so that those stores drain under the loop's first half.
     ``outputs``: the kernel's c, g, u descriptors and pointers, its saved g and u descriptors, scale and partial
     (with SAVED then the saved σ's and silu's descriptors)."""
     c_desc, c_ptr, g_desc, g_ptr, u_desc, u_ptr, gin_desc, uin_desc, scale_ptr, partial_ptr = outputs[:10]
     SAVED_TILES: gl.constexpr = 4 if SAVED else 2  # dswiglu's saved tiles: g, u (and σ, silu)
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]  # output columns a tile (a column part's, in parts)
-    TILE_N: gl.constexpr = N_PARTS * BLOCK_N
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]  # output columns a tile
     ACC_N: gl.constexpr = 2 * BLOCK_N if EPILOGUE == 2 else BLOCK_N  # the product's columns: swiglu's gate, up
     BUFFERS: gl.constexpr = a_bufs.type.shape[0]
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                      instr_shape=[16, ACC_N, 16])
     M_total = c_desc.shape[0]  # every output and saved tile's descriptor has M_total rows
     acc = gl.zeros((BLOCK_M, ACC_N), dtype=gl.float32, layout=layout)
-    acc1 = gl.zeros((BLOCK_M, ACC_N), dtype=gl.float32, layout=layout)  # in parts: the second part's product
     pid = gl.program_id(0)
     programs = gl.num_programs(0)
     tile = pid + ME * programs
@@ -638,15 +558,13 @@ def grouped_consumer_partition(a_bufs, b_bufs, c_bufs, ready, empty, turns, save
     n = 0  # this consumer's tiles so far
     while expert < num_experts:
         off_m, off_n, row_end = tile_place(offsets_ptr, tile, expert, first, last, tiles_n, GROUP_M, BLOCK_M,
-                                           TILE_N)
-        if EPILOGUE == 3 and (not SAVED_MID or N_PARTS > 1):  # dswiglu: the saved g and u into the output buffers
-            load_saved_tiles(c_bufs, saved, outputs, off_m, off_n, SAVED_TILES, SAVED, ME, OUT_BUFS, N_PARTS)
+                                           BLOCK_N)
+        if EPILOGUE == 3 and not SAVED_MID:  # dswiglu: the saved g and u tiles into the output buffers
+            load_saved_tiles(c_bufs, saved, outputs, off_m, off_n, SAVED_TILES, SAVED, ME, OUT_BUFS)
         step0 = ((tile - pid) // programs) * k_steps  # the program's tiles before this one, k_steps each
         if CONSUMERS > 1:  # consumer 0's first turn is free (a fresh barrier), consumer 1's first waits for it
             mbarrier.wait(turns.index(ME), (n & 1) ^ (1 - ME))
-        if N_PARTS > 1:
-            acc, acc1 = tile_k_loop_in_parts(a_bufs, b_bufs, ready, empty, acc, acc1, step0, k_steps, GATHER_A)
-        elif EPILOGUE == 3 and SAVED_MID:  # the K loop in two halves, the saved tiles' loads between them
+        if EPILOGUE == 3 and SAVED_MID:  # the K loop in two halves, the saved tiles' loads between them
             first_half = gl.maximum(k_steps // 2, 1)
             acc = tile_k_loop(a_bufs, b_bufs, ready, empty, acc, step0, first_half, False, B_TRANSPOSED, GATHER_A)
             load_saved_tiles(c_bufs, saved, outputs, off_m, off_n, SAVED_TILES, SAVED, ME, OUT_BUFS)
@@ -656,10 +574,7 @@ def grouped_consumer_partition(a_bufs, b_bufs, c_bufs, ready, empty, turns, save
             acc = tile_k_loop(a_bufs, b_bufs, ready, empty, acc, step0, k_steps, False, B_TRANSPOSED, GATHER_A)
         if CONSUMERS > 1:
             mbarrier.arrive(turns.index(1 - ME), count=1)
-        if N_PARTS > 1:
-            acc, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc1))
-        else:
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(empty.index((step0 + k_steps - 1) % BUFFERS), count=1)
         whole = (off_m + BLOCK_M <= row_end) | (row_end >= M_total)  # every row the expert's, or TMA clips them
         rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
@@ -685,15 +600,8 @@ def grouped_consumer_partition(a_bufs, b_bufs, c_bufs, ready, empty, turns, save
                          OUT_BUFS, WARPS)
         if EPILOGUE == 3:  # dswiglu, in fp32 from dAp (the accumulator) and the saved bf16 g and u
             mbarrier.wait(saved.index(ME), n & 1)
-            if N_PARTS > 1:  # w·a over each part's dg buffer: no buffer of its own beside four saved tiles
-                dswiglu_tile(acc, c_bufs, outputs, off_m, off_n, row_end, whole, WRITE_OUT, WRITE_PARTIAL, SAVED, ME,
-                             OUT_BUFS, WARPS, 0, True)
-                if off_n + BLOCK_N < c_desc.shape[1]:  # the second part holds columns of N
-                    dswiglu_tile(acc1, c_bufs, outputs, off_m, off_n + BLOCK_N, row_end, whole, WRITE_OUT,
-                                 WRITE_PARTIAL, SAVED, ME, OUT_BUFS, WARPS, 2, True)
-            else:
-                dswiglu_tile(acc, c_bufs, outputs, off_m, off_n, row_end, whole, WRITE_OUT, WRITE_PARTIAL, SAVED, ME,
-                             OUT_BUFS, WARPS)
+            dswiglu_tile(acc, c_bufs, outputs, off_m, off_n, row_end, whole, WRITE_OUT, WRITE_PARTIAL, SAVED, ME,
+                         OUT_BUFS, WARPS)
         n += 1
         tile += CONSUMERS * programs
         expert, first, last = expert_of(offsets_ptr, num_experts, tile, expert, first, last, tiles_n, BLOCK_M)
@@ -743,19 +651,16 @@ def grouped_gemm_kernel(
     GATHER_A: gl.constexpr,  # whether A's rows are read through index_ptr from a_src_ptr (cp.async), not by TMA
     LOADER_WARPS: gl.constexpr,  # warps of the loading partition: 1, or GATHER_WARPS with GATHER_A
     GATHER_PARTS: gl.constexpr,  # GATHER_A: the loading done by LOADER_WARPS one-warp partitions, not one partition
-    N_PARTS: gl.constexpr,  # dswiglu: a tile's columns in N_PARTS parts of c_desc's columns, an accumulator each
     num_warps: gl.constexpr,  # of the default partition: the cooperative consumer, or ping-pong's first (4)
 ):
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
-    TILE_N: gl.constexpr = N_PARTS * BLOCK_N  # output columns a tile
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-    tiles_n = gl.cdiv(c_desc.shape[1], TILE_N)
+    tiles_n = gl.cdiv(c_desc.shape[1], BLOCK_N)
     k_steps = gl.cdiv(a_desc.shape[1], BLOCK_K)
     CONSUMERS: gl.constexpr = 2 if PINGPONG else 1
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [BUFFERS] + a_desc.block_type.shape, a_desc.layout)
-    # swiglu: gate and up rows; in parts: a box of B's columns a part, one under the other
-    B_ROWS: gl.constexpr = b_desc.block_type.shape[0] * (2 if EPILOGUE == 2 else N_PARTS)
+    B_ROWS: gl.constexpr = b_desc.block_type.shape[0] * (2 if EPILOGUE == 2 else 1)  # swiglu: gate and up rows
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [BUFFERS, B_ROWS, b_desc.block_type.shape[1]], b_desc.layout)
     if OUT_BUFS > 0:
         c_bufs = gl.allocate_shared_memory(gl.bfloat16, [CONSUMERS * OUT_BUFS, BLOCK_M, BLOCK_N], c_desc.layout)
@@ -783,66 +688,66 @@ def grouped_gemm_kernel(
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
                                           WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, SAVED_MID, 0, 2,
-                                          num_warps, GATHER_A, N_PARTS)),
+                                          num_warps, GATHER_A)),
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
                                           WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, SAVED_MID, 1, 2, 4,
-                                          GATHER_A, N_PARTS)),
+                                          GATHER_A)),
             (grouped_gather_part_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
                                              num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr,
-                                             B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, TILE_N, 0, 4, N_PARTS)),
+                                             B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, 0, 4)),
             (grouped_gather_part_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
                                              num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr,
-                                             B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, TILE_N, 1, 4, N_PARTS)),
+                                             B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, 1, 4)),
             (grouped_gather_part_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
                                              num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr,
-                                             B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, TILE_N, 2, 4, N_PARTS)),
+                                             B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, 2, 4)),
             (grouped_gather_part_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
                                              num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr,
-                                             B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, TILE_N, 3, 4, N_PARTS)),
+                                             B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, 3, 4)),
         ], [4, 1, 1, 1, 1], [CONSUMER_REGS, LOADER_REGS, LOADER_REGS, LOADER_REGS, LOADER_REGS])
     elif GATHER_PARTS:
         gl.warp_specialize([
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
                                           WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, SAVED_MID, 0, 1,
-                                          num_warps, GATHER_A, N_PARTS)),
+                                          num_warps, GATHER_A)),
             (grouped_gather_part_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
                                              num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr,
-                                             B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, TILE_N, 0, 4, N_PARTS)),
+                                             B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, 0, 4)),
             (grouped_gather_part_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
                                              num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr,
-                                             B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, TILE_N, 1, 4, N_PARTS)),
+                                             B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, 1, 4)),
             (grouped_gather_part_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
                                              num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr,
-                                             B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, TILE_N, 2, 4, N_PARTS)),
+                                             B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, 2, 4)),
             (grouped_gather_part_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
                                              num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr,
-                                             B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, TILE_N, 3, 4, N_PARTS)),
+                                             B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, 3, 4)),
         ], [1, 1, 1, 1], [LOADER_REGS, LOADER_REGS, LOADER_REGS, LOADER_REGS])
     elif PINGPONG:
         gl.warp_specialize([
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
                                           WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, SAVED_MID, 0, 2,
-                                          num_warps, GATHER_A, N_PARTS)),
+                                          num_warps, GATHER_A)),
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
                                           WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, SAVED_MID, 1, 2, 4,
-                                          GATHER_A, N_PARTS)),
+                                          GATHER_A)),
             (grouped_load_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
                                       num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr, B_TRANSPOSED,
-                                      B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, TILE_N, GATHER_A, LOADER_WARPS, N_PARTS)),
+                                      B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, GATHER_A, LOADER_WARPS)),
         ], [4, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
     else:
         gl.warp_specialize([
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
                                           WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, SAVED_MID, 0, 1,
-                                          num_warps, GATHER_A, N_PARTS)),
+                                          num_warps, GATHER_A)),
             (grouped_load_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
                                       num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr, B_TRANSPOSED,
-                                      B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, TILE_N, GATHER_A, LOADER_WARPS, N_PARTS)),
+                                      B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, GATHER_A, LOADER_WARPS)),
         ], [LOADER_WARPS], [LOADER_REGS])
 
 
@@ -1084,18 +989,12 @@ def check_arguments(a, b, offsets, *, out=None, scale=None, epilogue: str = "non
         raise ValueError(f"b: the [E, K, N] form needs K ({K}) a multiple of block_k ({config.block_k}): a K step "
                          f"past K would read the next expert's rows of b")
     tiles = tile_outputs(epilogue, given)
-    parts = column_parts(config, epilogue)
-    if parts > 1 and (saved or b_transposed or pair):
-        what = "the saved σ and silu" if saved else "B held transposed" if b_transposed else "a pair along K"
-        raise ValueError(f"config: dswiglu's {config.block_n}-column tiles (in {parts} parts of "
-                         f"{epilogue_columns(config, epilogue)}) cannot take {what}; a {DSWIGLU_PART_COLUMNS}-column "
-                         f"config can")
-    least = least_buffers(epilogue, tiles, saved, parts)
+    least = least_buffers(epilogue, tiles, saved)
     if output_buffers(config, epilogue, tiles, saved) < least:
         what = " with the saved σ and silu" if saved else ""
         raise ValueError(f"config: the {epilogue} epilogue{what} needs {least} output tile(s) of "
-                         f"{config.block_m}×{epilogue_columns(config, epilogue)} a consumer in shared memory beside "
-                         f"the ring; {shared_bytes(config, epilogue, least)} bytes in all, more than the "
+                         f"{config.block_m}×{output_columns(config, epilogue)} a consumer in shared memory beside the "
+                         f"ring; {shared_bytes(config, epilogue, least)} bytes in all, more than the "
                          f"{SHARED_MEMORY_LIMIT} an sm_90 block may use (fewer stages or a narrower tile fit)")
     return b_transposed
 
@@ -1105,8 +1004,7 @@ def launch_arguments(config: GemmConfig, a, b, offsets, epilogue: str, b_transpo
     :func:`grouped_gemm`'s keyword tensors, the defaults allocated): what :func:`grouped_gemm` launches and what
     ``scripts/p2/grouped_probe.py --compile-only`` compiles (meta tensors do; there the pointers are types)."""
     bm, bk = config.block_m, config.block_k
-    # swiglu: a box of gate rows and one of up rows fill a BLOCK_N tile; dswiglu in parts: a box of B a part
-    bn = epilogue_columns(config, epilogue)
+    bn = output_columns(config, epilogue)  # swiglu: a box of gate rows and one of up rows fill a BLOCK_N tile
     weights = weights_of(b)
     E = weights[0].shape[0]
     b_descs = [descriptor(w.reshape(E * w.shape[1], w.shape[2]), (bn, bk) if b_transposed else (bk, bn))
@@ -1158,7 +1056,7 @@ def launch_arguments(config: GemmConfig, a, b, offsets, epilogue: str, b_transpo
                       LOADER_REGS=GATHER_LOADER_REGISTERS[config.consumers] if gathered else LOADER_REGISTERS,
                       GATHER_A=gathered, LOADER_WARPS=GATHER_WARPS if gathered else 1,
                       GATHER_PARTS=gathered and GATHER_IN_PARTS, SAVED_MID=SAVED_LOADS_MID_LOOP,
-                      N_PARTS=column_parts(config, epilogue), num_warps=config.warps)
+                      num_warps=config.warps)
     if sigmoid is not None:
         arguments.update(saved_activations)
     else:  # absent: None, a compile-time constant (the kernel without them has no such parameters)

@@ -38,8 +38,8 @@ from .gluon_gemm import GemmConfig
 from .grouped_gemm import (
     EPILOGUES,
     check_arguments,
-    epilogue_columns,
     grid,
+    output_columns,
     output_width,
     pair_kind,
     roles,
@@ -243,7 +243,7 @@ def grouped_gemm_tl(a: torch.Tensor | Gathered, b, offsets: torch.Tensor, *, out
         EPILOGUE=EPILOGUES.index(epilogue), K_PAIR=pair_kind(b, epilogue) == 2, WRITE_OUT=c is not None,
         WRITE_GATE=g is not None, WRITE_UP=u is not None, WRITE_PARTIAL=tensors["topk_partial"] is not None,
         SAVED=gate_sigmoid is not None, GATHER_A=gathered,
-        GROUP_M=config.group_m, UPCAST=interpret, BLOCK_M=config.block_m, BLOCK_N=epilogue_columns(config, epilogue),
+        GROUP_M=config.group_m, UPCAST=interpret, BLOCK_M=config.block_m, BLOCK_N=output_columns(config, epilogue),
         BLOCK_K=config.block_k,
     )
     return result

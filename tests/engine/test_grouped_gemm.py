@@ -18,9 +18,7 @@ from moe_lib.engine.grouped_gemm import (
     DSWIGLU_CONFIG,
     DSWIGLU_SAVED_CONFIG,
     check_arguments,
-    column_parts,
     default_config,
-    epilogue_columns,
     expert_tiles,
     grid,
     grouped_gemm,
@@ -293,25 +291,11 @@ def test_dswiglu_tiles_are_full_width_and_topk_partial_has_a_row_per_column_tile
     assert partial_rows(100, SMALL) == 2 and partial_rows(2048, DSWIGLU_CONFIG) == 16
 
 
-def test_dswiglu_wider_than_128_columns_is_made_in_parts():
-    """A 256-column dswiglu tile: two accumulators of 128 columns, each its own output tiles, descriptors' boxes and
-    topk_partial row; every other epilogue's tiles are whole."""
-    wide = GemmConfig(128, 256, 32, 4)
-    assert (epilogue_columns(wide, "dswiglu"), column_parts(wide, "dswiglu")) == (128, 2)
-    assert (epilogue_columns(DSWIGLU_CONFIG, "dswiglu"), column_parts(DSWIGLU_CONFIG, "dswiglu")) == (128, 1)
-    assert (epilogue_columns(wide, "none"), column_parts(wide, "none")) == (256, 1)
-    assert (epilogue_columns(wide, "swiglu"), column_parts(wide, "swiglu")) == (128, 1)  # gate and up halves
-    assert partial_rows(1408, wide) == partial_rows(1408, DSWIGLU_CONFIG) == 11  # a row a part, the last ragged
-    assert expert_tiles([0, 300], 1408, wide, "dswiglu") == [3 * 6]  # 256-column tiles: the last half past N
-
-
 def test_output_buffers_are_those_that_fit_beside_the_ring():
     coop = GemmConfig()  # 3 stages of (128 + 256) × 64 bf16: 144 KB of ring
     assert shared_bytes(coop, "swiglu", 2) == 3 * 49152 + 2 * 128 * 128 * 2 + 1024
     assert output_buffers(coop, "swiglu", 3) == 2 and output_buffers(coop, "swiglu", 1) == 1  # a third: 241 KB
-    assert output_buffers(coop, "dswiglu", 3) == 2  # in two parts of 128 × 128 (32 KB): dswiglu needs four
-    wide = GemmConfig(128, 256, 32, 4)  # a 96 KB ring: four part tiles fit, w·a over dg's (never a fifth)
-    assert output_buffers(wide, "dswiglu", 3) == 4 and output_buffers(wide, "dswiglu", 2) == 4
+    assert output_buffers(coop, "dswiglu", 3) == 1  # 128 × 256 tiles of 64 KB: dswiglu needs two
     assert output_buffers(GemmConfig(128, 128, 64, 5), "dswiglu", 3) == 2  # aw then waits for dg's store
     assert output_buffers(DSWIGLU_CONFIG, "dswiglu", 3) == 3 and output_buffers(DSWIGLU_CONFIG, "dswiglu", 2) == 2
     assert output_buffers(GemmConfig(128, 128, 64, 5, "pingpong"), "dswiglu", 3) == 1  # two consumers' tiles each
@@ -474,20 +458,7 @@ FORM_CASES = [
         meta(4, 64, 48),
         dict(epilogue="dswiglu", config=GemmConfig(), **SAVED),
         ValueError,
-        "config: the dswiglu epilogue needs 4 output tile(s) of 128×128",
-    ),
-    (
-        meta(64, 64),
-        meta(4, 64, 48),
-        dict(
-            epilogue="dswiglu",
-            config=GemmConfig(128, 256, 32, 4),
-            gate_sigmoid=meta(64, 48),
-            gate_silu=meta(64, 48),
-            **SAVED,
-        ),
-        ValueError,
-        "config: dswiglu's 256-column tiles (in 2 parts of 128) cannot take the saved σ and silu",
+        "config: the dswiglu epilogue needs 2 output tile(s) of 128×256",
     ),
     (meta(64, 0), meta(4, 0, 48), dict(epilogue="dswiglu", **SAVED), ValueError, "a: the dswiglu epilogue needs K ≥ 1"),
     (
@@ -1035,7 +1006,7 @@ DSWIGLU_CONFIGS = {
     "coop_128_2_programs": GemmConfig(128, 128, 64, 4, programs=2),
     "pingpong_64": GemmConfig(64, 128, 64, 6, "pingpong"),
     "pingpong_64_3_programs": GemmConfig(64, 128, 64, 5, "pingpong", programs=3),
-    # 128 × 256 in two 128-column parts (four output tiles of 32 KB beside a 96 KB ring)
+    # 128 × 256 (two output tiles of 64 KB beside a 96 KB ring): the accumulator's halves spill, results the same
     "coop_256_k32_s4": GemmConfig(128, 256, 32, 4),
     "coop_256_k64_s2": GemmConfig(128, 256, 64, 2),
 }
