@@ -107,9 +107,6 @@ def tiles_ab(args, flush) -> list[dict]:
         # dswiglu alone ping-pong: one consumer's epilogue (g, u loaded, four outputs) beside the other's K loop
         "dswiglu_pp_m64n128k64_s6": (None, pp64x128, None),
         "dswiglu_pp_m64n128k64_s5": (None, GemmConfig(64, 128, 64, 5, "pingpong"), None),  # 3 output tiles, not 2
-        # dswiglu in 128 × 256 tiles (A read half as often; two output tiles of 64 KB leave a 96 KB ring)
-        "dswiglu_coop_m128n256k32_s4": (None, GemmConfig(128, 256, 32, 4), None),
-        "dswiglu_coop_m128n256k64_s2": (None, GemmConfig(128, 256, 64, 2), None),
         # the weight gradients with a two-step ring and two output tiles in turn (grouped_wgrad.output_buffers):
         # where an expert's rows are a K step or two, a tile's store overlaps the next tile
         "wgrad_coop_m128n256k64_s2": (None, None, GemmConfig(128, 256, 64, 2)),

@@ -999,16 +999,13 @@ def test_gpu_grouped_gemm_replays_in_a_cuda_graph_with_new_offsets(name, seed):
 
 # --- the new forms on a Hopper GPU ------------------------------------------------------------------------------
 
-# dswiglu's configs: its epilogue needs two output tiles a consumer
+# dswiglu's configs: its epilogue needs two output tiles a consumer and at most a 128 × 128 accumulator a warpgroup
 DSWIGLU_CONFIGS = {
     "coop_128_s4": DSWIGLU_CONFIG,  # three output tiles: w·a has its own
     "coop_128_s5": GemmConfig(128, 128, 64, 5),  # two: w·a waits for dg's store
     "coop_128_2_programs": GemmConfig(128, 128, 64, 4, programs=2),
     "pingpong_64": GemmConfig(64, 128, 64, 6, "pingpong"),
     "pingpong_64_3_programs": GemmConfig(64, 128, 64, 5, "pingpong", programs=3),
-    # 128 × 256 (two output tiles of 64 KB beside a 96 KB ring): the accumulator's halves spill, results the same
-    "coop_256_k32_s4": GemmConfig(128, 256, 32, 4),
-    "coop_256_k64_s2": GemmConfig(128, 256, 64, 2),
 }
 
 
