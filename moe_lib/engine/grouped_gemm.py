@@ -75,7 +75,13 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ..encoded_launch import KernelLaunches, descriptor, shared_layout, signature
@@ -123,6 +129,10 @@ GATHER_IN_PARTS = True
 # last tile's stores to leave the buffers (the loads' landing place) stalls the consumer before its K loop
 # (notes/p2/engine-layer.md, "dswiglu's saved tiles mid-loop"). Off until measured on a GPU.
 SAVED_LOADS_MID_LOOP = False
+# dswiglu's w·a = w·silu(g)·u (it needs no product) stored from the saved g and u tiles a row chunk at a time between
+# the K loop's steps, rather than in the epilogue through a third output tile: the epilogue keeps dg and du alone
+# (notes/p2/engine-layer.md, "w·a before the epilogue"). Off until measured on a GPU.
+SCALED_ACT_IN_K_LOOP = False
 
 
 # --- the tile schedule on the host ----------------------------------------------------------------------------------
@@ -168,9 +178,15 @@ def schedule(offsets: list[int], n: int, config: GemmConfig, programs: int,
 
 def default_config(epilogue: str, saved: bool = False) -> GemmConfig:
     """The config :func:`grouped_gemm` takes where none is given: DSWIGLU_CONFIG for dswiglu (DSWIGLU_SAVED_CONFIG
-    where it reads the ``saved`` σ and silu), else DEFAULT_CONFIG."""
+    where it reads the ``saved`` σ and silu; with SCALED_ACT_IN_K_LOOP its tiles with the ring deepened into the
+    output tile w·a no longer takes), else DEFAULT_CONFIG."""
     if epilogue == "dswiglu":
-        return DSWIGLU_SAVED_CONFIG if saved else DSWIGLU_CONFIG
+        if saved:
+            return DSWIGLU_SAVED_CONFIG
+        if SCALED_ACT_IN_K_LOOP:
+            deepest = dataclasses.replace(DSWIGLU_CONFIG, stages=DSWIGLU_CONFIG.stages + 2)
+            return stages_that_fit(deepest, "dswiglu", least_buffers("dswiglu", 2))
+        return DSWIGLU_CONFIG
     return DEFAULT_CONFIG
 
 
@@ -383,6 +399,31 @@ def store_rows(c_smem, c_ptr, row_stride, off_m, off_n, row_end, n_cols, WARPS: 
 
 
 @gluon.jit
+def store_scaled_act_rows(g_smem, u_smem, c_ptr, row_stride, scale_ptr, off_m, off_n, row_end, n_cols,
+                          CHUNK_INDEX: gl.constexpr, WARPS: gl.constexpr):
+    """Row chunk CHUNK_INDEX of a dswiglu tile's w·a = w·silu(g)·u, from its saved g and u tiles in shared memory to
+    the output's rows off_m ≤ r < row_end (columns < n_cols) by masked stores, 16 bytes a thread: the same fp32
+    operations as the epilogue's (:func:`dswiglu_half`), so the same bits."""
+    BLOCK_N: gl.constexpr = g_smem.type.shape[1]
+    COLUMN_THREADS: gl.constexpr = 32 if BLOCK_N >= 256 else BLOCK_N // 8  # 8 elements (16 bytes) a thread
+    CHUNK: gl.constexpr = 2 * (32 // COLUMN_THREADS) * WARPS
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // COLUMN_THREADS, COLUMN_THREADS], [WARPS, 1], [1, 0])
+    first: gl.constexpr = CHUNK_INDEX * CHUNK
+    row = off_m + first + gl.arange(0, CHUNK, layout=gl.SliceLayout(1, layout))
+    cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
+    row_ok = row < row_end
+    w = gl.expand_dims(gl.load(scale_ptr + row, mask=row_ok, other=0.0).to(gl.float32), 1)
+    g = g_smem.slice(first, CHUNK, dim=0).load(layout).to(gl.float32)
+    u = u_smem.slice(first, CHUNK, dim=0).load(layout).to(gl.float32)
+    sigmoid = 1.0 / (1.0 + gl.exp(-g))
+    silu = g * sigmoid
+    a = silu * u
+    mask = gl.expand_dims(row_ok, 1) & gl.expand_dims(gl.max_constancy(cols < n_cols, 8), 0)
+    starts = gl.multiple_of(row.to(gl.int64) * row_stride, 8)  # rows 16 bytes apart (checked on the host)
+    gl.store(c_ptr + gl.expand_dims(starts, 1) + gl.expand_dims(cols, 0), (a * w).to(gl.bfloat16), mask=mask)
+
+
+@gluon.jit
 def put_tile(value, c_bufs, desc, ptr, off_m, off_n, row_end, whole, SLOT: gl.constexpr, ME: gl.constexpr,
              OUT_BUFS: gl.constexpr, WARPS: gl.constexpr):
     """The tile ``value`` (registers) in bf16 to its output (``desc`` for TMA, ``ptr`` for masked stores) through
@@ -526,18 +567,60 @@ def load_saved_tiles(c_bufs, saved, outputs, off_m, off_n, SAVED_TILES: gl.const
 
 
 @gluon.jit
+def tile_k_loop_scaled_act(a_bufs, b_bufs, ready, empty, acc, step0, k_steps, B_TRANSPOSED: gl.constexpr,
+                           GENERIC_WRITES: gl.constexpr, g_smem, u_smem, saved_bar, phase, c_ptr, row_stride,
+                           scale_ptr, off_m, off_n, row_end, n_cols, WARPS: gl.constexpr):
+    """:func:`.gluon_gemm.tile_k_loop` with dswiglu's w·a stored between its steps: a row chunk of it
+    (:func:`store_scaled_act_rows`) every few steps from a quarter of the loop on (the saved g and u tiles, loaded
+    at the tile's start, land meanwhile: ``saved_bar`` at ``phase``), the chunks left after the loop where it is
+    short; returns with the last step's wgmma still running."""
+    BUFFERS: gl.constexpr = a_bufs.type.shape[0]
+    BLOCK_M: gl.constexpr = g_smem.type.shape[0]
+    BLOCK_N: gl.constexpr = g_smem.type.shape[1]
+    COLUMN_THREADS: gl.constexpr = 32 if BLOCK_N >= 256 else BLOCK_N // 8  # as store_scaled_act_rows
+    CHUNKS: gl.constexpr = BLOCK_M // (2 * (32 // COLUMN_THREADS) * WARPS)
+    start = k_steps // 4
+    period = gl.maximum((k_steps - start) // CHUNKS, 1)  # chunk c after step start + c·period
+    for step in range(k_steps):
+        i = step0 + step
+        slot = i % BUFFERS
+        mbarrier.wait(ready.index(slot), (i // BUFFERS) & 1)
+        if GENERIC_WRITES:
+            fence_async_shared()
+        a = a_bufs.index(slot)
+        b = b_bufs.index(slot)
+        if B_TRANSPOSED:
+            b = b.permute((1, 0))
+        acc = warpgroup_mma(a, b, acc, use_acc=step > 0, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))  # the step before is done
+        mbarrier.arrive(empty.index((i + BUFFERS - 1) % BUFFERS), count=1, pred=step > 0)
+        for chunk in gl.static_range(CHUNKS):
+            if step == start + chunk * period:
+                mbarrier.wait(saved_bar, phase)
+                store_scaled_act_rows(g_smem, u_smem, c_ptr, row_stride, scale_ptr, off_m, off_n, row_end, n_cols,
+                                      chunk, WARPS)
+    for chunk in gl.static_range(CHUNKS):  # a short loop's chunks past its end
+        if start + chunk * period >= k_steps:
+            mbarrier.wait(saved_bar, phase)
+            store_scaled_act_rows(g_smem, u_smem, c_ptr, row_stride, scale_ptr, off_m, off_n, row_end, n_cols,
+                                  chunk, WARPS)
+    return acc
+
+
+@gluon.jit
 def grouped_consumer_partition(a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr, num_experts,
                                tiles_n, k_steps, B_TRANSPOSED: gl.constexpr, GROUP_M: gl.constexpr,
                                EPILOGUE: gl.constexpr, OUT_BUFS: gl.constexpr, WRITE_OUT: gl.constexpr,
                                WRITE_GATE: gl.constexpr, WRITE_UP: gl.constexpr, WRITE_PARTIAL: gl.constexpr,
                                SAVED: gl.constexpr, SAVED_MID: gl.constexpr, ME: gl.constexpr, CONSUMERS: gl.constexpr,
-                               WARPS: gl.constexpr, GATHER_A: gl.constexpr):
+                               WARPS: gl.constexpr, GATHER_A: gl.constexpr, AW_IN_LOOP: gl.constexpr):
     """Consumer ME of CONSUMERS (WARPS warps): the program's tiles ME, ME + CONSUMERS, ... of its own (the ring's
     steps counted over all the program's tiles), each its K loop, its epilogue and its stores. With two consumers
     each K loop waits for its turn and passes it on once its last wgmma is issued (as :mod:`.gluon_gemm`). With
     GATHER_A (A's buffers written by cp.async) each step fences those writes before its wgmma reads them. dswiglu's
     saved tiles land in the output buffers: once the last tile's stores have left them, at the tile's start, or
-    (SAVED_MID) halfway through its K loop, so that those stores drain under the loop's first half.
+    (SAVED_MID) halfway through its K loop, so that those stores drain under the loop's first half. AW_IN_LOOP
+    (dswiglu): w·a stored between the K loop's steps from the saved tiles, the epilogue writing dg and du alone.
     ``outputs``: the kernel's c, g, u descriptors and pointers, its saved g and u descriptors, scale and partial
     (with SAVED then the saved σ's and silu's descriptors)."""
     c_desc, c_ptr, g_desc, g_ptr, u_desc, u_ptr, gin_desc, uin_desc, scale_ptr, partial_ptr = outputs[:10]
@@ -559,12 +642,17 @@ def grouped_consumer_partition(a_bufs, b_bufs, c_bufs, ready, empty, turns, save
     while expert < num_experts:
         off_m, off_n, row_end = tile_place(offsets_ptr, tile, expert, first, last, tiles_n, GROUP_M, BLOCK_M,
                                            BLOCK_N)
-        if EPILOGUE == 3 and not SAVED_MID:  # dswiglu: the saved g and u tiles into the output buffers
+        if EPILOGUE == 3 and (not SAVED_MID or AW_IN_LOOP):  # dswiglu: the saved g and u tiles into the buffers
             load_saved_tiles(c_bufs, saved, outputs, off_m, off_n, SAVED_TILES, SAVED, ME, OUT_BUFS)
         step0 = ((tile - pid) // programs) * k_steps  # the program's tiles before this one, k_steps each
         if CONSUMERS > 1:  # consumer 0's first turn is free (a fresh barrier), consumer 1's first waits for it
             mbarrier.wait(turns.index(ME), (n & 1) ^ (1 - ME))
-        if EPILOGUE == 3 and SAVED_MID:  # the K loop in two halves, the saved tiles' loads between them
+        if AW_IN_LOOP:
+            acc = tile_k_loop_scaled_act(a_bufs, b_bufs, ready, empty, acc, step0, k_steps, B_TRANSPOSED, GATHER_A,
+                                         c_bufs.index(ME * OUT_BUFS), c_bufs.index(ME * OUT_BUFS + 1),
+                                         saved.index(ME), n & 1, c_ptr, c_desc.strides[0], scale_ptr, off_m, off_n,
+                                         row_end, c_desc.shape[1], WARPS)
+        elif EPILOGUE == 3 and SAVED_MID:  # the K loop in two halves, the saved tiles' loads between them
             first_half = gl.maximum(k_steps // 2, 1)
             acc = tile_k_loop(a_bufs, b_bufs, ready, empty, acc, step0, first_half, False, B_TRANSPOSED, GATHER_A)
             load_saved_tiles(c_bufs, saved, outputs, off_m, off_n, SAVED_TILES, SAVED, ME, OUT_BUFS)
@@ -600,8 +688,8 @@ def grouped_consumer_partition(a_bufs, b_bufs, c_bufs, ready, empty, turns, save
                          OUT_BUFS, WARPS)
         if EPILOGUE == 3:  # dswiglu, in fp32 from dAp (the accumulator) and the saved bf16 g and u
             mbarrier.wait(saved.index(ME), n & 1)
-            dswiglu_tile(acc, c_bufs, outputs, off_m, off_n, row_end, whole, WRITE_OUT, WRITE_PARTIAL, SAVED, ME,
-                         OUT_BUFS, WARPS)
+            dswiglu_tile(acc, c_bufs, outputs, off_m, off_n, row_end, whole, WRITE_OUT and not AW_IN_LOOP,
+                         WRITE_PARTIAL, SAVED, ME, OUT_BUFS, WARPS)
         n += 1
         tile += CONSUMERS * programs
         expert, first, last = expert_of(offsets_ptr, num_experts, tile, expert, first, last, tiles_n, BLOCK_M)
@@ -651,6 +739,7 @@ def grouped_gemm_kernel(
     GATHER_A: gl.constexpr,  # whether A's rows are read through index_ptr from a_src_ptr (cp.async), not by TMA
     LOADER_WARPS: gl.constexpr,  # warps of the loading partition: 1, or GATHER_WARPS with GATHER_A
     GATHER_PARTS: gl.constexpr,  # GATHER_A: the loading done by LOADER_WARPS one-warp partitions, not one partition
+    AW_IN_LOOP: gl.constexpr,  # dswiglu: w·a stored between the K loop's steps, not through an output tile
     num_warps: gl.constexpr,  # of the default partition: the cooperative consumer, or ping-pong's first (4)
 ):
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
@@ -688,11 +777,11 @@ def grouped_gemm_kernel(
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
                                           WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, SAVED_MID, 0, 2,
-                                          num_warps, GATHER_A)),
+                                          num_warps, GATHER_A, AW_IN_LOOP)),
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
                                           WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, SAVED_MID, 1, 2, 4,
-                                          GATHER_A)),
+                                          GATHER_A, AW_IN_LOOP)),
             (grouped_gather_part_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
                                              num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr,
                                              B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, 0, 4)),
@@ -711,7 +800,7 @@ def grouped_gemm_kernel(
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
                                           WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, SAVED_MID, 0, 1,
-                                          num_warps, GATHER_A)),
+                                          num_warps, GATHER_A, AW_IN_LOOP)),
             (grouped_gather_part_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
                                              num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr,
                                              B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, 0, 4)),
@@ -730,11 +819,11 @@ def grouped_gemm_kernel(
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
                                           WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, SAVED_MID, 0, 2,
-                                          num_warps, GATHER_A)),
+                                          num_warps, GATHER_A, AW_IN_LOOP)),
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
                                           WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, SAVED_MID, 1, 2, 4,
-                                          GATHER_A)),
+                                          GATHER_A, AW_IN_LOOP)),
             (grouped_load_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
                                       num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr, B_TRANSPOSED,
                                       B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, GATHER_A, LOADER_WARPS)),
@@ -744,7 +833,7 @@ def grouped_gemm_kernel(
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
                                           WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, SAVED_MID, 0, 1,
-                                          num_warps, GATHER_A)),
+                                          num_warps, GATHER_A, AW_IN_LOOP)),
             (grouped_load_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
                                       num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr, B_TRANSPOSED,
                                       B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, GATHER_A, LOADER_WARPS)),
@@ -1045,6 +1134,9 @@ def launch_arguments(config: GemmConfig, a, b, offsets, epilogue: str, b_transpo
     )
     tiles = sum(t is not None and t.dtype == torch.bfloat16 for t in (c, g, u))
     sigmoid, silu = (tensors.get(name) for name in SAVED_ACTIVATIONS)
+    # dswiglu's w·a between the K loop's steps: no output tile of its own (the saved σ and silu keep theirs)
+    aw_in_loop = epilogue == "dswiglu" and SCALED_ACT_IN_K_LOOP and c is not None and sigmoid is None
+    tiles -= aw_in_loop
     saved_activations = dict(sigmoid_desc=descriptor(sigmoid, (bm, bn)) if sigmoid is not None else None,
                              silu_desc=descriptor(silu, (bm, bn)) if silu is not None else None)
     constexprs = dict(B_TRANSPOSED=b_transposed, B_PAIR=pair_kind(b, epilogue), BUFFERS=config.stages,
@@ -1056,7 +1148,7 @@ def launch_arguments(config: GemmConfig, a, b, offsets, epilogue: str, b_transpo
                       LOADER_REGS=GATHER_LOADER_REGISTERS[config.consumers] if gathered else LOADER_REGISTERS,
                       GATHER_A=gathered, LOADER_WARPS=GATHER_WARPS if gathered else 1,
                       GATHER_PARTS=gathered and GATHER_IN_PARTS, SAVED_MID=SAVED_LOADS_MID_LOOP,
-                      num_warps=config.warps)
+                      AW_IN_LOOP=aw_in_loop, num_warps=config.warps)
     if sigmoid is not None:
         arguments.update(saved_activations)
     else:  # absent: None, a compile-time constant (the kernel without them has no such parameters)

@@ -198,17 +198,18 @@ def step_peak(call) -> tuple[list, float]:
 
 # (label, then the switches of SWITCHES in order)
 LOAD_FORMS = (
-    ("written", False, False, False, False, False),
-    ("gathered", True, False, False, False, False),
-    ("in parts", True, True, False, False, False),
-    ("parts, mid-loop", True, True, False, False, True),
-    ("parts, no x_s", True, True, True, False, False),
-    ("+ dx slices", True, True, True, True, False),
+    ("written", False, False, False, False, False, False),
+    ("gathered", True, False, False, False, False, False),
+    ("in parts", True, True, False, False, False, False),
+    ("parts, mid-loop", True, True, False, False, True, False),
+    ("parts, w·a in K", True, True, False, False, False, True),
+    ("parts, no x_s", True, True, True, False, False, False),
+    ("+ dx slices", True, True, True, True, False, False),
 )
 # engine_layer's switches, then grouped_gemm's (GEMM_SWITCHES)
 SWITCHES = ("GATHER_IN_LOADS", "GATHER_IN_PARTS", "GATHER_X_IN_WEIGHT_GRADS", "DX_IN_COLUMN_SLICES",
-            "SAVED_LOADS_MID_LOOP")  # fmt: skip
-GEMM_SWITCHES = ("GATHER_IN_PARTS", "SAVED_LOADS_MID_LOOP")
+            "SAVED_LOADS_MID_LOOP", "SCALED_ACT_IN_K_LOOP")  # fmt: skip
+GEMM_SWITCHES = ("GATHER_IN_PARTS", "SAVED_LOADS_MID_LOOP", "SCALED_ACT_IN_K_LOOP")
 
 
 def switch_module(name: str, engine_layer, grouped_gemm):

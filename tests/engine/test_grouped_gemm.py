@@ -22,6 +22,7 @@ from moe_lib.engine.grouped_gemm import (
     expert_tiles,
     grid,
     grouped_gemm,
+    launch_arguments,
     output_buffers,
     partial_rows,
     schedule,
@@ -1308,3 +1309,52 @@ def test_gpu_dswiglu_saved_tiles_loaded_mid_loop_change_no_bit(name, config, sav
         results.append(grouped_gemm(dy, wd, offsets, epilogue="dswiglu", config=config, **fresh))
     for key, at_start, mid_loop in zip(("dg", "du", "aw", "partial"), *results, strict=True):
         assert not mid_loop.isnan().any() and torch.equal(at_start, mid_loop), key
+
+
+def test_w_a_in_the_k_loop_takes_no_output_tile_and_deepens_the_default_ring(monkeypatch):
+    """SCALED_ACT_IN_K_LOOP: dswiglu's w·a leaves between the K loop's steps, so its launch has two output tiles a
+    consumer (g's and u's), the default config one ring stage more; not with the saved σ and silu (w·a leaves over
+    silu there) nor without w·a."""
+    from moe_lib.engine import grouped_gemm as grouped_gemm_module
+
+    M, H, I, E = 256, 128, 96, 4
+
+    def constexprs(**extra):
+        tensors = dict(gate=meta(M, I), up=meta(M, I), scale=meta(M, dtype=F32), dgate_out=meta(M, I),
+                       dup_out=meta(M, I), **extra)  # fmt: skip
+        config = default_config("dswiglu", "gate_sigmoid" in extra)
+        _, fixed = launch_arguments(config, meta(M, H), meta(E, H, I), meta(E + 1, dtype=torch.int32), "dswiglu",
+                                    False, **tensors)  # fmt: skip
+        return config, fixed["OUT_BUFS"], fixed["AW_IN_LOOP"]
+
+    aw = dict(scaled_act_out=meta(M, I))
+    assert constexprs(**aw) == (DSWIGLU_CONFIG, 3, False)
+    monkeypatch.setattr(grouped_gemm_module, "SCALED_ACT_IN_K_LOOP", True)
+    assert constexprs(**aw) == (GemmConfig(128, 128, 64, 5), 2, True)
+    assert constexprs()[1:] == (2, False)  # no w·a: nothing to store in the loop
+    saved = dict(gate_sigmoid=meta(M, I), gate_silu=meta(M, I), **aw)
+    assert constexprs(**saved) == (DSWIGLU_SAVED_CONFIG, 4, False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("counts", list(SAVED_COUNTS))
+@pytest.mark.parametrize("name", list(DSWIGLU_CONFIGS))  # coop_128_s5: the default's tiles with the switch
+def test_gpu_dswiglu_w_a_in_the_k_loop_changes_no_bit(name, counts, seed, monkeypatch):
+    """SCALED_ACT_IN_K_LOOP (w·a stored from the saved g and u between the K loop's steps, the epilogue writing dg
+    and du alone) against w·a through an output tile in the epilogue: every output bit for bit, no NaN left."""
+    from moe_lib.engine import grouped_gemm as grouped_gemm_module
+
+    config = DSWIGLU_CONFIGS[name]
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    dy, wd, offsets, tensors, _ = gpu_dswiglu_saved_case(SAVED_COUNTS[counts], config, generator, "harness")
+    tensors = {key: value for key, value in tensors.items() if key not in ("gate_sigmoid", "gate_silu")}
+    results = []
+    for in_loop in (False, True):
+        monkeypatch.setattr(grouped_gemm_module, "SCALED_ACT_IN_K_LOOP", in_loop)
+        fresh = {
+            key: torch.full_like(value, float("nan")) if key.endswith(("_out", "partial")) else value
+            for key, value in tensors.items()
+        }
+        results.append(grouped_gemm(dy, wd, offsets, epilogue="dswiglu", config=config, **fresh))
+    for key, in_epilogue, in_loop in zip(("dg", "du", "aw", "partial"), *results, strict=True):
+        assert not in_loop.isnan().any() and torch.equal(in_epilogue, in_loop), key
