@@ -688,6 +688,8 @@ def grouped_consumer_partition(a_bufs, b_bufs, c_bufs, ready, empty, turns, save
                          OUT_BUFS, WARPS)
         if EPILOGUE == 3:  # dswiglu, in fp32 from dAp (the accumulator) and the saved bf16 g and u
             mbarrier.wait(saved.index(ME), n & 1)
+            if AW_IN_LOOP:  # every warp's w·a rows read g and u before any warp writes dg and du over them
+                gl.thread_barrier()
             dswiglu_tile(acc, c_bufs, outputs, off_m, off_n, row_end, whole, WRITE_OUT and not AW_IN_LOOP,
                          WRITE_PARTIAL, SAVED, ME, OUT_BUFS, WARPS)
         n += 1
