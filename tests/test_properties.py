@@ -211,8 +211,9 @@ def test_p2_every_path_matches_autograd_in_float64(case):
     assert got[1].dtype == inputs["topk_weights"].dtype and all(g.dtype == case["dtype"] for g in got[:1] + got[2:])
     tolerance = TOLERANCE[(case["impl"], case["dtype"])]
     if (case["impl"], case["dtype"]) == ("triton", torch.float32):
-        close(got, want, P2_TRITON_FP32_TOLERANCE, where)  # grad_topk_weights: bf16×3
         bounds = moe_experts_term_bounds(*inputs.values())
+        # grad_topk_weights: bf16×3; the others judged by their terms where their sums cancel (tiny shapes)
+        close(got, want, P2_TRITON_FP32_TOLERANCE, where, [bounds[0], None, *bounds[1:]])
         for index, g, w, bound in zip((0, 2, 3, 4), got[:1] + got[2:], want[:1] + want[2:], bounds, strict=True):
             excess = (g.double() - w).abs() - P2_TRITON_FP32_TERM_ERROR * bound
             worst = excess.max().item() if excess.numel() else 0.0
