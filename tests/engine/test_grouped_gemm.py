@@ -1281,6 +1281,26 @@ def test_gpu_new_forms_replay_in_a_cuda_graph_with_new_offsets(form, seed):
             assert relative_error(run["out"], expected) <= 1e-5, new
 
 
+def dswiglu_off_and_on(switch, config, counts, saved, seed, monkeypatch):
+    """dswiglu's outputs (dg, du, aw, partial, each poisoned with NaN first) on one drawn case, with grouped_gemm's
+    ``switch`` off, then on; the saved σ and silu given where ``saved``."""
+    from moe_lib.engine import grouped_gemm as grouped_gemm_module
+
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    dy, wd, offsets, tensors, _ = gpu_dswiglu_saved_case(SAVED_COUNTS[counts], config, generator, "harness")
+    if not saved:
+        tensors = {key: value for key, value in tensors.items() if key not in ("gate_sigmoid", "gate_silu")}
+    results = []
+    for on in (False, True):
+        monkeypatch.setattr(grouped_gemm_module, switch, on)
+        fresh = {
+            key: torch.full_like(value, float("nan")) if key.endswith(("_out", "partial")) else value
+            for key, value in tensors.items()
+        }
+        results.append(grouped_gemm(dy, wd, offsets, epilogue="dswiglu", config=config, **fresh))
+    return results
+
+
 # (config name, config, whether σ and silu are given) of each dswiglu form
 MID_LOOP_CASES = [(name, config, False) for name, config in DSWIGLU_CONFIGS.items()] + [
     (name, config, True) for name, config in SAVED_CONFIGS.items()
@@ -1293,20 +1313,7 @@ MID_LOOP_CASES = [(name, config, False) for name, config in DSWIGLU_CONFIGS.item
 def test_gpu_dswiglu_saved_tiles_loaded_mid_loop_change_no_bit(name, config, saved, counts, seed, monkeypatch):
     """SAVED_LOADS_MID_LOOP (the saved g and u, with σ and silu where given, loaded halfway through each K loop, the
     loop run in two halves) against loading them at the tile's start: every output bit for bit, no NaN left."""
-    from moe_lib.engine import grouped_gemm as grouped_gemm_module
-
-    generator = torch.Generator(device="cuda").manual_seed(seed)
-    dy, wd, offsets, tensors, _ = gpu_dswiglu_saved_case(SAVED_COUNTS[counts], config, generator, "harness")
-    if not saved:
-        tensors = {key: value for key, value in tensors.items() if key not in ("gate_sigmoid", "gate_silu")}
-    results = []
-    for mid in (False, True):
-        monkeypatch.setattr(grouped_gemm_module, "SAVED_LOADS_MID_LOOP", mid)
-        fresh = {
-            key: torch.full_like(value, float("nan")) if key.endswith(("_out", "partial")) else value
-            for key, value in tensors.items()
-        }
-        results.append(grouped_gemm(dy, wd, offsets, epilogue="dswiglu", config=config, **fresh))
+    results = dswiglu_off_and_on("SAVED_LOADS_MID_LOOP", config, counts, saved, seed, monkeypatch)
     for key, at_start, mid_loop in zip(("dg", "du", "aw", "partial"), *results, strict=True):
         assert not mid_loop.isnan().any() and torch.equal(at_start, mid_loop), key
 
@@ -1342,19 +1349,6 @@ def test_w_a_in_the_k_loop_takes_no_output_tile_and_deepens_the_default_ring(mon
 def test_gpu_dswiglu_w_a_in_the_k_loop_changes_no_bit(name, counts, seed, monkeypatch):
     """SCALED_ACT_IN_K_LOOP (w·a stored from the saved g and u between the K loop's steps, the epilogue writing dg
     and du alone) against w·a through an output tile in the epilogue: every output bit for bit, no NaN left."""
-    from moe_lib.engine import grouped_gemm as grouped_gemm_module
-
-    config = DSWIGLU_CONFIGS[name]
-    generator = torch.Generator(device="cuda").manual_seed(seed)
-    dy, wd, offsets, tensors, _ = gpu_dswiglu_saved_case(SAVED_COUNTS[counts], config, generator, "harness")
-    tensors = {key: value for key, value in tensors.items() if key not in ("gate_sigmoid", "gate_silu")}
-    results = []
-    for in_loop in (False, True):
-        monkeypatch.setattr(grouped_gemm_module, "SCALED_ACT_IN_K_LOOP", in_loop)
-        fresh = {
-            key: torch.full_like(value, float("nan")) if key.endswith(("_out", "partial")) else value
-            for key, value in tensors.items()
-        }
-        results.append(grouped_gemm(dy, wd, offsets, epilogue="dswiglu", config=config, **fresh))
+    results = dswiglu_off_and_on("SCALED_ACT_IN_K_LOOP", DSWIGLU_CONFIGS[name], counts, False, seed, monkeypatch)
     for key, in_epilogue, in_loop in zip(("dg", "du", "aw", "partial"), *results, strict=True):
         assert not in_loop.isnan().any() and torch.equal(in_epilogue, in_loop), key
