@@ -79,7 +79,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
     tma,
-    warpgroup_mma,
     warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -570,41 +569,29 @@ def load_saved_tiles(c_bufs, saved, outputs, off_m, off_n, SAVED_TILES: gl.const
 def tile_k_loop_scaled_act(a_bufs, b_bufs, ready, empty, acc, step0, k_steps, B_TRANSPOSED: gl.constexpr,
                            GENERIC_WRITES: gl.constexpr, g_smem, u_smem, saved_bar, phase, c_ptr, row_stride,
                            scale_ptr, off_m, off_n, row_end, n_cols, WARPS: gl.constexpr):
-    """:func:`.gluon_gemm.tile_k_loop` with dswiglu's w·a stored between its steps: a row chunk of it
+    """:func:`.gluon_gemm.tile_k_loop` run in pieces, dswiglu's w·a stored between them: a row chunk of it
     (:func:`store_scaled_act_rows`) every few steps from a quarter of the loop on (the saved g and u tiles, loaded
     at the tile's start, land meanwhile: ``saved_bar`` at ``phase``), the chunks left after the loop where it is
     short; returns with the last step's wgmma still running."""
-    BUFFERS: gl.constexpr = a_bufs.type.shape[0]
     BLOCK_M: gl.constexpr = g_smem.type.shape[0]
     BLOCK_N: gl.constexpr = g_smem.type.shape[1]
     COLUMN_THREADS: gl.constexpr = 32 if BLOCK_N >= 256 else BLOCK_N // 8  # as store_scaled_act_rows
     CHUNKS: gl.constexpr = BLOCK_M // (2 * (32 // COLUMN_THREADS) * WARPS)
     start = k_steps // 4
     period = gl.maximum((k_steps - start) // CHUNKS, 1)  # chunk c after step start + c·period
-    for step in range(k_steps):
-        i = step0 + step
-        slot = i % BUFFERS
-        mbarrier.wait(ready.index(slot), (i // BUFFERS) & 1)
-        if GENERIC_WRITES:
-            fence_async_shared()
-        a = a_bufs.index(slot)
-        b = b_bufs.index(slot)
-        if B_TRANSPOSED:
-            b = b.permute((1, 0))
-        acc = warpgroup_mma(a, b, acc, use_acc=step > 0, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))  # the step before is done
-        mbarrier.arrive(empty.index((i + BUFFERS - 1) % BUFFERS), count=1, pred=step > 0)
-        for chunk in gl.static_range(CHUNKS):
-            if step == start + chunk * period:
-                mbarrier.wait(saved_bar, phase)
-                store_scaled_act_rows(g_smem, u_smem, c_ptr, row_stride, scale_ptr, off_m, off_n, row_end, n_cols,
-                                      chunk, WARPS)
-    for chunk in gl.static_range(CHUNKS):  # a short loop's chunks past its end
-        if start + chunk * period >= k_steps:
-            mbarrier.wait(saved_bar, phase)
-            store_scaled_act_rows(g_smem, u_smem, c_ptr, row_stride, scale_ptr, off_m, off_n, row_end, n_cols,
-                                  chunk, WARPS)
-    return acc
+    done = gl.minimum(start + 1, k_steps)  # steps issued
+    acc = tile_k_loop(a_bufs, b_bufs, ready, empty, acc, step0, done, False, B_TRANSPOSED, GENERIC_WRITES)
+    for chunk in gl.static_range(CHUNKS):
+        if chunk > 0:
+            upto = gl.minimum(start + chunk * period + 1, k_steps)
+            acc = tile_k_loop(a_bufs, b_bufs, ready, empty, acc, step0 + done, upto - done, False, B_TRANSPOSED,
+                              GENERIC_WRITES, ACCUMULATE=True)
+            done = upto
+        mbarrier.wait(saved_bar, phase)
+        store_scaled_act_rows(g_smem, u_smem, c_ptr, row_stride, scale_ptr, off_m, off_n, row_end, n_cols, chunk,
+                              WARPS)
+    return tile_k_loop(a_bufs, b_bufs, ready, empty, acc, step0 + done, k_steps - done, False, B_TRANSPOSED,
+                       GENERIC_WRITES, ACCUMULATE=True)
 
 
 @gluon.jit
