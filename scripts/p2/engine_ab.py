@@ -233,7 +233,7 @@ def loads_ab(args, flush) -> list[dict]:
     rows: list[dict] = []
     for case in args.cases.split(","):
         try:
-            rows += loads_case(case, engine_layer, grouped_gemm, flush)
+            rows += loads_case(case, engine_layer, grouped_gemm, flush, args.forms)
         except torch.cuda.OutOfMemoryError as exc:  # a case too large for this GPU: said, and the others still run
             print(f"{case}: skipped, out of memory ({str(exc).splitlines()[0][:120]})", flush=True)
             rows.append(dict(case=case, skipped="out of memory"))
@@ -243,11 +243,13 @@ def loads_ab(args, flush) -> list[dict]:
     return rows
 
 
-def loads_case(case: str, engine_layer, grouped_gemm, flush) -> list[dict]:
-    """:func:`loads_ab`'s rows of one case, a row per form of :data:`LOAD_FORMS`."""
+def loads_case(case: str, engine_layer, grouped_gemm, flush, forms=None) -> list[dict]:
+    """:func:`loads_ab`'s rows of one case, a row per form of :data:`LOAD_FORMS` (those named in ``forms``)."""
     label, inputs = case_inputs(case)
     first, rows = None, []
     for form, *switches in LOAD_FORMS:
+        if forms and form not in forms:
+            continue
         set_switches(engine_layer, grouped_gemm, switches)
         layer, op = layer_calls(engine_layer, inputs)
         result, peak = step_peak(layer)
@@ -260,6 +262,14 @@ def loads_case(case: str, engine_layer, grouped_gemm, flush) -> list[dict]:
               f"{peak:6.2f} GB  op {row['op_ms']:8.3f} ms  same bits {row['same']}", flush=True)  # fmt: skip
         del result, layer, op
     return rows
+
+
+def form_list(text: str) -> list[str]:
+    forms = [form.strip() for form in text.split(";")]
+    unknown = [form for form in forms if form not in {row[0] for row in LOAD_FORMS}]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown forms {unknown}; known: {[row[0] for row in LOAD_FORMS]}")
+    return forms
 
 
 def main() -> None:
@@ -275,6 +285,7 @@ def main() -> None:
         help="loads, tiles: comma-separated MODEL:TOKENS (P2 for P2's own shape); loads' default: P2's 2048, 8192 and "
         "32768 tokens and the two fine-grained models' 8192 and 32768; tiles': P2 at --tokens",
     )
+    parser.add_argument("--forms", type=form_list, help="loads: labels of LOAD_FORMS, separated by ';' (all)")
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--out", default=os.environ.get("OUT"), help="directory of the JSON ($OUT)")
     args = parser.parse_args()
