@@ -3,13 +3,13 @@ a Hopper GPU (``gpu``: against float64, outputs poisoned with NaN, every operand
 captured in a CUDA graph). The mbarrier protocol itself: test_ring_protocol.py."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from child_env import compile_env
 
 from moe_lib.engine.gluon_gemm import GemmConfig, check_operands, gemm, launch_arguments, operand_form
 from moe_lib.tiling import grouped_tile
@@ -112,8 +112,7 @@ def test_probe_configs_compile_for_sm90_unserialised_within_the_limits(tmp_path)
     """Every config the GPU probe times, in each operand form it times, compiled for sm_90 (each distinct kernel
     once, by the probe itself: ``--compile-only``): no stack, within 227 KB, wgmma not serialised by ptxas, at most
     255 registers a thread in any partition."""
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT)
+    env = compile_env(ROOT)
     done = subprocess.run(
         [sys.executable, "scripts/p2/gemm_probe.py", "--compile-only", "--out", str(tmp_path)],
         cwd=ROOT,

@@ -5,13 +5,13 @@ on the CPU, and on a Hopper GPU (``gpu``) the Gluon kernel against float64 and t
 captured in a CUDA graph."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from child_env import compile_env
 
 from moe_lib.engine.gluon_gemm import GemmConfig
 from moe_lib.engine.grouped_gemm import (
@@ -840,8 +840,7 @@ def test_probe_configs_compile_for_sm90_unserialised_within_the_limits(tmp_path)
     """Every config the grouped probe times, in each B form, epilogue and set of outputs, compiled for sm_90 by the
     probe itself (``--compile-only``): no stack, within 227 KB, wgmma not serialised by ptxas, ≤ 256 registers a
     partition."""
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT)
+    env = compile_env(ROOT)
     done = subprocess.run(
         [sys.executable, "scripts/p2/grouped_probe.py", "--compile-only", "--out", str(tmp_path)],
         cwd=ROOT,

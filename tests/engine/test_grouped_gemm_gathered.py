@@ -6,6 +6,7 @@ MoE layer gathers for."""
 
 import pytest
 import torch
+from child_env import compile_env
 
 from moe_lib.engine.gathered import Gathered
 from moe_lib.engine.gluon_gemm import GemmConfig
@@ -163,14 +164,12 @@ def built_for_sm90(epilogue: str, config: GemmConfig, parts: bool, mid_loop: boo
     """The gathered launch built for sm_90 in a fresh process (:data:`BUILD_SCRIPT`): its resources and PTX counts."""
     import dataclasses
     import json
-    import os
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(root)
+    env = compile_env(root)
     fields = json.dumps(list(dataclasses.astuple(config)))
     done = subprocess.run(
         [sys.executable, "-c", BUILD_SCRIPT, epilogue, fields, str(int(parts)), str(int(mid_loop))],

@@ -3,13 +3,13 @@ weight-gradient kernel built for sm_90 without a GPU); its children run on a GPU
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from child_env import compile_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -108,8 +108,7 @@ def test_table_gives_tflops_fractions_and_the_geomean(probe):
 def test_compile_only_builds_a_config_for_sm90_unserialised_within_the_limits(tmp_path):
     """One config for one, two and three products (bf16) and three in fp32, compiled for sm_90 by the probe itself
     (``--compile-only``): no stack, within 227 KB, wgmma not serialised by ptxas, four device descriptors."""
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT)
+    env = compile_env(ROOT)
     done = subprocess.run(
         [
             sys.executable,

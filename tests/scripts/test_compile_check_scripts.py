@@ -10,12 +10,12 @@ resource report, is what the scripts are for; it runs in them, not here.)
 """
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from child_env import compile_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -73,8 +73,7 @@ for case in json.loads(sys.argv[1]):
 
 @pytest.fixture(scope="module")
 def runs():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT)
+    env = compile_env(ROOT)
     done = subprocess.run(
         [sys.executable, "-c", CHILD, json.dumps(list(CASES))],
         cwd=ROOT,

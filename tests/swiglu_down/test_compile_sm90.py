@@ -12,12 +12,12 @@ there the limits a kernel needs to launch at all.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from child_env import compile_env
 
 from moe_lib.bench.sm90 import SHARED_MEMORY_LIMIT
 
@@ -81,8 +81,7 @@ with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")
 
 
 def compile_grid(points: list) -> list[dict]:
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT)
+    env = compile_env(ROOT)
     done = subprocess.run(
         [sys.executable, "-c", CHILD, json.dumps(points)],
         cwd=ROOT,

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from child_env import compile_env
 from conftest import rel_error
 
 from moe_lib import problems
@@ -470,8 +470,7 @@ def test_for_shape_sums_dx_whole_at_128_token_blocks_when_h_is_not_a_multiple_of
 
 
 def compiled_rows(shapes, tokens, tmp_path) -> list[dict]:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT)
+    env = compile_env(ROOT)
     path = tmp_path / "rows.json"
     command = [
         sys.executable,
