@@ -132,24 +132,12 @@ SAVED_LOADS_MID_LOOP = False
 # the K loop's steps, rather than in the epilogue through a third output tile: the epilogue keeps dg and du alone
 # (notes/p2/engine-layer.md, "w·a before the epilogue"). Off until measured on a GPU.
 SCALED_ACT_IN_K_LOOP = False
-# dswiglu's epilogue straight from and to global memory: the saved g and u loaded into the accumulator's layout, dg,
-# du and w·a stored from registers, 64 columns at a time; no output tile in shared memory, so the ring has it all and
-# the tile can be 128 × 256 (DSWIGLU_REGISTERS_CONFIG), whose K steps read a third fewer bytes from L2 a FLOP
-# (notes/p2/engine-layer.md, "dswiglu from registers"). Not with the saved σ and silu. Off until measured on a GPU.
-DSWIGLU_FROM_REGISTERS = False
-DSWIGLU_REGISTERS_CONFIG = GemmConfig(128, 256, 64, 3)
 
 
 def switches() -> tuple[bool, ...]:
     """The module's switches as they stand: a launch's key holds them, so that a launch made with one of them off is
     never reused with it on."""
-    return GATHER_IN_PARTS, SAVED_LOADS_MID_LOOP, SCALED_ACT_IN_K_LOOP, DSWIGLU_FROM_REGISTERS
-
-
-def from_registers(epilogue: str, saved: bool = False) -> bool:
-    """Whether the launch's dswiglu epilogue works from registers (DSWIGLU_FROM_REGISTERS; never with the saved σ
-    and silu)."""
-    return epilogue == "dswiglu" and DSWIGLU_FROM_REGISTERS and not saved
+    return GATHER_IN_PARTS, SAVED_LOADS_MID_LOOP, SCALED_ACT_IN_K_LOOP
 
 
 # --- the tile schedule on the host ----------------------------------------------------------------------------------
@@ -195,13 +183,11 @@ def schedule(offsets: list[int], n: int, config: GemmConfig, programs: int,
 
 def default_config(epilogue: str, saved: bool = False) -> GemmConfig:
     """The config :func:`grouped_gemm` takes where none is given: DSWIGLU_CONFIG for dswiglu (DSWIGLU_SAVED_CONFIG
-    where it reads the ``saved`` σ and silu; DSWIGLU_REGISTERS_CONFIG from registers; with SCALED_ACT_IN_K_LOOP its
-    tiles with the ring deepened into the output tile w·a no longer takes), else DEFAULT_CONFIG."""
+    where it reads the ``saved`` σ and silu; with SCALED_ACT_IN_K_LOOP its tiles with the ring deepened into the
+    output tile w·a no longer takes), else DEFAULT_CONFIG."""
     if epilogue == "dswiglu":
         if saved:
             return DSWIGLU_SAVED_CONFIG
-        if from_registers(epilogue):
-            return DSWIGLU_REGISTERS_CONFIG
         if SCALED_ACT_IN_K_LOOP:
             deepest = dataclasses.replace(DSWIGLU_CONFIG, stages=DSWIGLU_CONFIG.stages + 2)
             return stages_that_fit(deepest, "dswiglu", least_buffers("dswiglu", 2))
@@ -226,10 +212,9 @@ def shared_bytes(config: GemmConfig, epilogue: str, buffers: int) -> int:
 
 def least_buffers(epilogue: str, tiles: int, saved: bool = False) -> int:
     """Output buffers a consumer cannot do without: dswiglu's saved tiles land there first (g and u; with the
-    ``saved`` σ and silu four; none from registers), any other epilogue's outputs take turns in one (none for an
-    fp32 C)."""
+    ``saved`` σ and silu four), any other epilogue's outputs take turns in one (none for an fp32 C)."""
     if epilogue == "dswiglu":
-        return 4 if saved else 0 if from_registers(epilogue) else 2
+        return 4 if saved else 2
     return min(tiles, 1)
 
 
@@ -474,81 +459,6 @@ def store_registers(value, ptr, row_stride, off_m, off_n, row_end, n_cols, layou
 
 
 @gluon.jit
-def load_registers(ptr, row_stride, off_m, off_n, row_end, n_cols, layout: gl.constexpr, BLOCK_M: gl.constexpr,
-                   BLOCK_N: gl.constexpr):
-    """The input's rows off_m ≤ r < row_end, columns off_n ≤ c < n_cols of a [BLOCK_M, BLOCK_N] tile, in fp32 in
-    ``layout`` (zeros elsewhere): :func:`store_registers`' loads."""
-    rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
-    cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
-    mask = gl.expand_dims(rows < row_end, 1) & gl.expand_dims(gl.max_constancy(cols < n_cols, 2), 0)
-    starts = gl.multiple_of(rows.to(gl.int64) * row_stride, 2)
-    return gl.load(ptr + gl.expand_dims(starts, 1) + gl.expand_dims(cols, 0), mask=mask, other=0.0).to(gl.float32)
-
-
-@gluon.jit
-def dswiglu_chunk_registers(dap, outputs, off_m, col0, row_end, WRITE_OUT: gl.constexpr):
-    """:func:`dswiglu_half` of the tile's columns col0 ≤ c < col0 + width (``dap`` those columns of the accumulator)
-    with no shared memory: g and u loaded into ``dap``'s layout, dg, du and (WRITE_OUT) w·a stored from registers.
-    The same fp32 operations, so the same bits; returns Σ dAp·a over the columns (a row vector)."""
-    c_desc, c_ptr, g_desc, g_ptr, u_desc, u_ptr, gin_desc, uin_desc, scale_ptr, partial_ptr, gin_ptr, uin_ptr = (
-        outputs[:12])
-    BLOCK_M: gl.constexpr = dap.type.shape[0]
-    WIDTH: gl.constexpr = dap.type.shape[1]
-    layout: gl.constexpr = dap.type.layout
-    n_cols = c_desc.shape[1]
-    rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
-    w = gl.expand_dims(gl.load(scale_ptr + rows, mask=rows < row_end, other=0.0).to(gl.float32), 1)
-    g = load_registers(gin_ptr, gin_desc.strides[0], off_m, col0, row_end, n_cols, layout, BLOCK_M, WIDTH)
-    u = load_registers(uin_ptr, uin_desc.strides[0], off_m, col0, row_end, n_cols, layout, BLOCK_M, WIDTH)
-    sigmoid = 1.0 / (1.0 + gl.exp(-g))
-    silu = g * sigmoid
-    a = silu * u
-    dA = dap * w
-    store_registers(dA * u * sigmoid * (1.0 + g - silu), g_ptr, g_desc.strides[0], off_m, col0, row_end, n_cols,
-                    layout)
-    store_registers(dA * silu, u_ptr, u_desc.strides[0], off_m, col0, row_end, n_cols, layout)
-    if WRITE_OUT:
-        store_registers(a * w, c_ptr, c_desc.strides[0], off_m, col0, row_end, n_cols, layout)
-    return gl.sum(dap * a, axis=1)
-
-
-@gluon.jit
-def dswiglu_pair_registers(dap, outputs, off_m, col0, row_end, WRITE_OUT: gl.constexpr):
-    """:func:`dswiglu_chunk_registers` of the two halves of ``dap``'s columns in turn; returns their Σ dAp·a,
-    left + right, as :func:`dswiglu_tile` adds its halves'."""
-    BLOCK_M: gl.constexpr = dap.type.shape[0]
-    HALF: gl.constexpr = dap.type.shape[1] // 2
-    left, right = gl.split(gl.permute(gl.reshape(dap, [BLOCK_M, 2, HALF]), [0, 2, 1]))  # columns < HALF, ≥ HALF
-    part_left = dswiglu_chunk_registers(left, outputs, off_m, col0, row_end, WRITE_OUT)
-    gl.thread_barrier()
-    part_right = dswiglu_chunk_registers(right, outputs, off_m, col0 + HALF, row_end, WRITE_OUT)
-    gl.thread_barrier()
-    return part_left + part_right
-
-
-@gluon.jit
-def dswiglu_tile_registers(acc, outputs, off_m, off_n, row_end, WRITE_OUT: gl.constexpr,
-                           WRITE_PARTIAL: gl.constexpr):
-    """dswiglu's epilogue for the tile dAp = ``acc`` from registers (DSWIGLU_FROM_REGISTERS): at most 64 columns at
-    a time (fewer values live at once: a 128-column tile in two halves, as :func:`dswiglu_tile`, a 256-column one in
-    four quarters), then Σ dAp·a to topk_partial."""
-    partial_ptr = outputs[9]
-    n_rows = outputs[0].shape[0]
-    BLOCK_M: gl.constexpr = acc.type.shape[0]
-    BLOCK_N: gl.constexpr = acc.type.shape[1]
-    if BLOCK_N > 128:
-        HALF: gl.constexpr = BLOCK_N // 2
-        left, right = gl.split(gl.permute(gl.reshape(acc, [BLOCK_M, 2, HALF]), [0, 2, 1]))
-        part = (dswiglu_pair_registers(left, outputs, off_m, off_n, row_end, WRITE_OUT)
-                + dswiglu_pair_registers(right, outputs, off_m, off_n + HALF, row_end, WRITE_OUT))
-    else:
-        part = dswiglu_pair_registers(acc, outputs, off_m, off_n, row_end, WRITE_OUT)
-    if WRITE_PARTIAL:  # a row's share of its routing weight's gradient, one row of topk_partial a column tile
-        rows = off_m + gl.arange(0, BLOCK_M, layout=part.type.layout)
-        gl.store(partial_ptr + (off_n // BLOCK_N).to(gl.int64) * n_rows + rows, part, mask=rows < row_end)
-
-
-@gluon.jit
 def dswiglu_half(dap, g_smem, u_smem, scale_ptr, off_m, row_end):
     """Half a tile's columns of dswiglu: dg and du written over the saved g and u they come from (each thread its
     own elements), returning (Σ dAp·a over the columns, a row vector; w·a in bf16)."""
@@ -657,8 +567,8 @@ def load_saved_tiles(c_bufs, saved, outputs, off_m, off_n, SAVED_TILES: gl.const
     tma.async_copy_global_to_shared(gin_desc, [off_m, off_n], saved.index(ME), c_bufs.index(ME * OUT_BUFS))
     tma.async_copy_global_to_shared(uin_desc, [off_m, off_n], saved.index(ME), c_bufs.index(ME * OUT_BUFS + 1))
     if SAVED:  # the saved σ and silu tiles into the third and fourth
-        tma.async_copy_global_to_shared(outputs[12], [off_m, off_n], saved.index(ME), c_bufs.index(ME * OUT_BUFS + 2))
-        tma.async_copy_global_to_shared(outputs[13], [off_m, off_n], saved.index(ME), c_bufs.index(ME * OUT_BUFS + 3))
+        tma.async_copy_global_to_shared(outputs[10], [off_m, off_n], saved.index(ME), c_bufs.index(ME * OUT_BUFS + 2))
+        tma.async_copy_global_to_shared(outputs[11], [off_m, off_n], saved.index(ME), c_bufs.index(ME * OUT_BUFS + 3))
 
 
 @gluon.jit
@@ -696,8 +606,7 @@ def grouped_consumer_partition(a_bufs, b_bufs, c_bufs, ready, empty, turns, save
                                EPILOGUE: gl.constexpr, OUT_BUFS: gl.constexpr, WRITE_OUT: gl.constexpr,
                                WRITE_GATE: gl.constexpr, WRITE_UP: gl.constexpr, WRITE_PARTIAL: gl.constexpr,
                                SAVED: gl.constexpr, SAVED_MID: gl.constexpr, ME: gl.constexpr, CONSUMERS: gl.constexpr,
-                               WARPS: gl.constexpr, GATHER_A: gl.constexpr, AW_IN_LOOP: gl.constexpr,
-                               REGISTERS: gl.constexpr):
+                               WARPS: gl.constexpr, GATHER_A: gl.constexpr, AW_IN_LOOP: gl.constexpr):
     """Consumer ME of CONSUMERS (WARPS warps): the program's tiles ME, ME + CONSUMERS, ... of its own (the ring's
     steps counted over all the program's tiles), each its K loop, its epilogue and its stores. With two consumers
     each K loop waits for its turn and passes it on once its last wgmma is issued (as :mod:`.gluon_gemm`). With
@@ -705,9 +614,8 @@ def grouped_consumer_partition(a_bufs, b_bufs, c_bufs, ready, empty, turns, save
     saved tiles land in the output buffers: once the last tile's stores have left them, at the tile's start, or
     (SAVED_MID) halfway through its K loop, so that those stores drain under the loop's first half. AW_IN_LOOP
     (dswiglu): w·a stored between the K loop's steps from the saved tiles, the epilogue writing dg and du alone.
-    REGISTERS (dswiglu): its epilogue from and to global memory, no output buffers (:func:`dswiglu_tile_registers`).
-    ``outputs``: the kernel's c, g, u descriptors and pointers, its saved g and u descriptors, scale and partial,
-    the saved g and u pointers (with SAVED then the saved σ's and silu's descriptors)."""
+    ``outputs``: the kernel's c, g, u descriptors and pointers, its saved g and u descriptors, scale and partial
+    (with SAVED then the saved σ's and silu's descriptors)."""
     c_desc, c_ptr, g_desc, g_ptr, u_desc, u_ptr, gin_desc, uin_desc, scale_ptr, partial_ptr = outputs[:10]
     SAVED_TILES: gl.constexpr = 4 if SAVED else 2  # dswiglu's saved tiles: g, u (and σ, silu)
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
@@ -727,7 +635,7 @@ def grouped_consumer_partition(a_bufs, b_bufs, c_bufs, ready, empty, turns, save
     while expert < num_experts:
         off_m, off_n, row_end = tile_place(offsets_ptr, tile, expert, first, last, tiles_n, GROUP_M, BLOCK_M,
                                            BLOCK_N)
-        if EPILOGUE == 3 and not REGISTERS and (not SAVED_MID or AW_IN_LOOP):  # dswiglu: the saved g, u tiles in
+        if EPILOGUE == 3 and (not SAVED_MID or AW_IN_LOOP):  # dswiglu: the saved g and u tiles into the buffers
             load_saved_tiles(c_bufs, saved, outputs, off_m, off_n, SAVED_TILES, SAVED, ME, OUT_BUFS)
         step0 = ((tile - pid) // programs) * k_steps  # the program's tiles before this one, k_steps each
         if CONSUMERS > 1:  # consumer 0's first turn is free (a fresh barrier), consumer 1's first waits for it
@@ -737,7 +645,7 @@ def grouped_consumer_partition(a_bufs, b_bufs, c_bufs, ready, empty, turns, save
                                          c_bufs.index(ME * OUT_BUFS), c_bufs.index(ME * OUT_BUFS + 1),
                                          saved.index(ME), n & 1, c_ptr, c_desc.strides[0], scale_ptr, off_m, off_n,
                                          row_end, c_desc.shape[1], WARPS)
-        elif EPILOGUE == 3 and SAVED_MID and not REGISTERS:  # the K loop in two halves, the saved tiles' loads
+        elif EPILOGUE == 3 and SAVED_MID:  # the K loop in two halves, the saved tiles' loads between them
             first_half = gl.maximum(k_steps // 2, 1)
             acc = tile_k_loop(a_bufs, b_bufs, ready, empty, acc, step0, first_half, False, B_TRANSPOSED, GATHER_A)
             load_saved_tiles(c_bufs, saved, outputs, off_m, off_n, SAVED_TILES, SAVED, ME, OUT_BUFS)
@@ -771,9 +679,7 @@ def grouped_consumer_partition(a_bufs, b_bufs, c_bufs, ready, empty, turns, save
             if WRITE_UP:
                 put_tile(up, c_bufs, u_desc, u_ptr, off_m, off_n, row_end, whole, WRITE_OUT + WRITE_GATE, ME,
                          OUT_BUFS, WARPS)
-        if EPILOGUE == 3 and REGISTERS:  # dswiglu from registers, the saved g and u loaded from global memory
-            dswiglu_tile_registers(acc, outputs, off_m, off_n, row_end, WRITE_OUT, WRITE_PARTIAL)
-        elif EPILOGUE == 3:  # dswiglu, in fp32 from dAp (the accumulator) and the saved bf16 g and u
+        if EPILOGUE == 3:  # dswiglu, in fp32 from dAp (the accumulator) and the saved bf16 g and u
             mbarrier.wait(saved.index(ME), n & 1)
             if AW_IN_LOOP:  # every warp's w·a rows read g and u before any warp writes dg and du over them
                 gl.thread_barrier()
@@ -801,8 +707,6 @@ def grouped_gemm_kernel(
     u_ptr,  # u_desc's tensor again (masked stores); where not written, any pointer
     gin_desc,  # dswiglu: the saved g [M_total, N] bf16 as c_desc's tiles; else a_desc, never read
     uin_desc,  # dswiglu: the saved u [M_total, N] bf16 as c_desc's tiles; else a_desc, never read
-    gin_ptr,  # dswiglu: the saved g again (loads into registers with DSWIGLU_REGISTERS); else any pointer, unread
-    uin_ptr,  # dswiglu: the saved u again (loads into registers with DSWIGLU_REGISTERS); else any pointer, unread
     scale_ptr,  # row_scale, dswiglu: [M_total] fp32 or bf16, each row's routing weight w; else any pointer
     partial_ptr,  # dswiglu: topk_partial [⌈N / BLOCK_N⌉, M_total] fp32; else any pointer, never written
     offsets_ptr,  # [E + 1] int32: expert e's rows are offsets[e] ≤ r < offsets[e + 1]
@@ -831,7 +735,6 @@ def grouped_gemm_kernel(
     LOADER_WARPS: gl.constexpr,  # warps of the loading partition: 1, or GATHER_WARPS with GATHER_A
     GATHER_PARTS: gl.constexpr,  # GATHER_A: the loading done by LOADER_WARPS one-warp partitions, not one partition
     AW_IN_LOOP: gl.constexpr,  # dswiglu: w·a stored between the K loop's steps, not through an output tile
-    DSWIGLU_REGISTERS: gl.constexpr,  # dswiglu: its epilogue from and to global memory, no output tiles (OUT_BUFS 0)
     num_warps: gl.constexpr,  # of the default partition: the cooperative consumer, or ping-pong's first (4)
 ):
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
@@ -860,8 +763,7 @@ def grouped_gemm_kernel(
         mbarrier.init(turns.index(i), count=1)
         mbarrier.init(saved.index(i), count=1)
     fence_async_shared()  # the barriers' initialisation is seen by the copy engine (the async proxy)
-    outputs = (c_desc, c_ptr, g_desc, g_ptr, u_desc, u_ptr, gin_desc, uin_desc, scale_ptr, partial_ptr, gin_ptr,
-               uin_ptr)
+    outputs = (c_desc, c_ptr, g_desc, g_ptr, u_desc, u_ptr, gin_desc, uin_desc, scale_ptr, partial_ptr)
     if SAVED:  # the saved σ and silu after them (None, absent, would drop out of warp_specialize's arguments)
         outputs = outputs + (sigmoid_desc, silu_desc)
     # the constexprs written out in each call: a tuple held in a variable turns its constexprs into tensors
@@ -870,11 +772,11 @@ def grouped_gemm_kernel(
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
                                           WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, SAVED_MID, 0, 2,
-                                          num_warps, GATHER_A, AW_IN_LOOP, DSWIGLU_REGISTERS)),
+                                          num_warps, GATHER_A, AW_IN_LOOP)),
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
                                           WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, SAVED_MID, 1, 2, 4,
-                                          GATHER_A, AW_IN_LOOP, DSWIGLU_REGISTERS)),
+                                          GATHER_A, AW_IN_LOOP)),
             (grouped_gather_part_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
                                              num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr,
                                              B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, 0, 4)),
@@ -893,7 +795,7 @@ def grouped_gemm_kernel(
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
                                           WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, SAVED_MID, 0, 1,
-                                          num_warps, GATHER_A, AW_IN_LOOP, DSWIGLU_REGISTERS)),
+                                          num_warps, GATHER_A, AW_IN_LOOP)),
             (grouped_gather_part_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
                                              num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr,
                                              B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, 0, 4)),
@@ -912,11 +814,11 @@ def grouped_gemm_kernel(
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
                                           WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, SAVED_MID, 0, 2,
-                                          num_warps, GATHER_A, AW_IN_LOOP, DSWIGLU_REGISTERS)),
+                                          num_warps, GATHER_A, AW_IN_LOOP)),
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
                                           WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, SAVED_MID, 1, 2, 4,
-                                          GATHER_A, AW_IN_LOOP, DSWIGLU_REGISTERS)),
+                                          GATHER_A, AW_IN_LOOP)),
             (grouped_load_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
                                       num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr, B_TRANSPOSED,
                                       B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, GATHER_A, LOADER_WARPS)),
@@ -926,7 +828,7 @@ def grouped_gemm_kernel(
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
                                           WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, SAVED_MID, 0, 1,
-                                          num_warps, GATHER_A, AW_IN_LOOP, DSWIGLU_REGISTERS)),
+                                          num_warps, GATHER_A, AW_IN_LOOP)),
             (grouped_load_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
                                       num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr, B_TRANSPOSED,
                                       B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, GATHER_A, LOADER_WARPS)),
@@ -1217,8 +1119,6 @@ def launch_arguments(config: GemmConfig, a, b, offsets, epilogue: str, b_transpo
         u_ptr=u if u is not None else offsets,
         gin_desc=descriptor(saved[0], (bm, bn)) if saved[0] is not None else a_desc,
         uin_desc=descriptor(saved[1], (bm, bn)) if saved[1] is not None else a_desc,
-        gin_ptr=saved[0] if saved[0] is not None else offsets,
-        uin_ptr=saved[1] if saved[1] is not None else offsets,
         scale_ptr=tensors.get("scale") if tensors.get("scale") is not None else offsets,
         partial_ptr=tensors.get("topk_partial") if tensors.get("topk_partial") is not None else offsets,
         offsets_ptr=offsets,
@@ -1229,10 +1129,9 @@ def launch_arguments(config: GemmConfig, a, b, offsets, epilogue: str, b_transpo
     )
     tiles = sum(t is not None and t.dtype == torch.bfloat16 for t in (c, g, u))
     sigmoid, silu = (tensors.get(name) for name in SAVED_ACTIVATIONS)
-    registers = from_registers(epilogue, sigmoid is not None)  # dswiglu with no output tiles in shared memory
     # dswiglu's w·a between the K loop's steps: no output tile of its own (the saved σ and silu keep theirs)
-    aw_in_loop = epilogue == "dswiglu" and SCALED_ACT_IN_K_LOOP and c is not None and sigmoid is None and not registers
-    tiles = 0 if registers else tiles - aw_in_loop
+    aw_in_loop = epilogue == "dswiglu" and SCALED_ACT_IN_K_LOOP and c is not None and sigmoid is None
+    tiles -= aw_in_loop
     saved_activations = dict(sigmoid_desc=descriptor(sigmoid, (bm, bn)) if sigmoid is not None else None,
                              silu_desc=descriptor(silu, (bm, bn)) if silu is not None else None)
     constexprs = dict(B_TRANSPOSED=b_transposed, B_PAIR=pair_kind(b, epilogue), BUFFERS=config.stages,
@@ -1244,7 +1143,7 @@ def launch_arguments(config: GemmConfig, a, b, offsets, epilogue: str, b_transpo
                       LOADER_REGS=GATHER_LOADER_REGISTERS[config.consumers] if gathered else LOADER_REGISTERS,
                       GATHER_A=gathered, LOADER_WARPS=GATHER_WARPS if gathered else 1,
                       GATHER_PARTS=gathered and GATHER_IN_PARTS, SAVED_MID=SAVED_LOADS_MID_LOOP,
-                      AW_IN_LOOP=aw_in_loop, DSWIGLU_REGISTERS=registers, num_warps=config.warps)
+                      AW_IN_LOOP=aw_in_loop, num_warps=config.warps)
     if sigmoid is not None:
         arguments.update(saved_activations)
     else:  # absent: None, a compile-time constant (the kernel without them has no such parameters)

@@ -20,8 +20,7 @@ op with x's and dy's rows read through the routing by the first product's and ds
 then by the gate and up gradients' loads too (``GATHER_X_IN_WEIGHT_GRADS``: no x_s at all), and with dX made a column
 slice at a time as well (``DX_IN_COLUMN_SLICES``), against x_s and dy_s written out first, at P2's shape (``P2``)
 and the expert shapes of moe_lib/bench/models.py, with the memory a layer step adds; and the parts form with dswiglu's
-saved tiles loaded halfway through its K loops (``grouped_gemm.SAVED_LOADS_MID_LOOP``), its w·a stored between the K
-steps (``SCALED_ACT_IN_K_LOOP``) or its epilogue from registers (``DSWIGLU_FROM_REGISTERS``). ``--forms`` picks some.
+saved tiles loaded halfway through its K loops (``grouped_gemm.SAVED_LOADS_MID_LOOP``).
 """
 
 from __future__ import annotations
@@ -199,19 +198,18 @@ def step_peak(call) -> tuple[list, float]:
 
 # (label, then the switches of SWITCHES in order)
 LOAD_FORMS = (
-    ("written", False, False, False, False, False, False, False),
-    ("gathered", True, False, False, False, False, False, False),
-    ("in parts", True, True, False, False, False, False, False),
-    ("parts, mid-loop", True, True, False, False, True, False, False),
-    ("parts, w·a in K", True, True, False, False, False, True, False),
-    ("parts, registers", True, True, False, False, False, False, True),
-    ("parts, no x_s", True, True, True, False, False, False, False),
-    ("+ dx slices", True, True, True, True, False, False, False),
+    ("written", False, False, False, False, False, False),
+    ("gathered", True, False, False, False, False, False),
+    ("in parts", True, True, False, False, False, False),
+    ("parts, mid-loop", True, True, False, False, True, False),
+    ("parts, w·a in K", True, True, False, False, False, True),
+    ("parts, no x_s", True, True, True, False, False, False),
+    ("+ dx slices", True, True, True, True, False, False),
 )
 # engine_layer's switches, then grouped_gemm's (GEMM_SWITCHES)
 SWITCHES = ("GATHER_IN_LOADS", "GATHER_IN_PARTS", "GATHER_X_IN_WEIGHT_GRADS", "DX_IN_COLUMN_SLICES",
-            "SAVED_LOADS_MID_LOOP", "SCALED_ACT_IN_K_LOOP", "DSWIGLU_FROM_REGISTERS")  # fmt: skip
-GEMM_SWITCHES = ("GATHER_IN_PARTS", "SAVED_LOADS_MID_LOOP", "SCALED_ACT_IN_K_LOOP", "DSWIGLU_FROM_REGISTERS")
+            "SAVED_LOADS_MID_LOOP", "SCALED_ACT_IN_K_LOOP")  # fmt: skip
+GEMM_SWITCHES = ("GATHER_IN_PARTS", "SAVED_LOADS_MID_LOOP", "SCALED_ACT_IN_K_LOOP")
 
 
 def switch_module(name: str, engine_layer, grouped_gemm):

@@ -18,9 +18,8 @@ rows loaded by four one-warp partitions (``grouped_gemm.GATHER_IN_PARTS``); ``--
 read x's rows through the routing too (``engine_layer.GATHER_X_IN_WEIGHT_GRADS``); ``--dx-slices``: dX made a column
 slice at a time where H > 2I (``engine_layer.DX_IN_COLUMN_SLICES``); ``--mid-loop``: dswiglu's saved tiles loaded
 halfway through each K loop (``grouped_gemm.SAVED_LOADS_MID_LOOP``); ``--aw-in-loop``: dswiglu's w·a stored between
-its K steps (``grouped_gemm.SCALED_ACT_IN_K_LOOP``); ``--dswiglu-registers``: dswiglu's epilogue from registers
-(``grouped_gemm.DSWIGLU_FROM_REGISTERS``); ``--dswiglu-tiles 128,256,32,4``: dswiglu's tiles (cooperative;
-``grouped_gemm.DSWIGLU_CONFIG``, or ``DSWIGLU_REGISTERS_CONFIG`` with ``--dswiglu-registers``).
+its K steps (``grouped_gemm.SCALED_ACT_IN_K_LOOP``); ``--dswiglu-tiles 128,256,32,4``: dswiglu's tiles
+(``grouped_gemm.DSWIGLU_CONFIG``, cooperative).
 """
 
 from __future__ import annotations
@@ -77,7 +76,6 @@ def main() -> None:
     parser.add_argument("--dx-slices", action="store_true", help="dX made a column slice at a time where H > 2I")
     parser.add_argument("--mid-loop", action="store_true", help="dswiglu's saved tiles loaded halfway through K")
     parser.add_argument("--aw-in-loop", action="store_true", help="dswiglu's w·a stored between its K steps")
-    parser.add_argument("--dswiglu-registers", action="store_true", help="dswiglu's epilogue from registers")
     parser.add_argument("--dswiglu-tiles", help="dswiglu's config as BLOCK_M,BLOCK_N,BLOCK_K,STAGES (cooperative)")
     args = parser.parse_args()
     if args.written and (args.in_parts or args.no_x_s):
@@ -95,11 +93,9 @@ def main() -> None:
     engine_layer.DX_IN_COLUMN_SLICES = args.dx_slices
     grouped_gemm.SAVED_LOADS_MID_LOOP = args.mid_loop
     grouped_gemm.SCALED_ACT_IN_K_LOOP = args.aw_in_loop
-    grouped_gemm.DSWIGLU_FROM_REGISTERS = args.dswiglu_registers
     if args.dswiglu_tiles:
-        name = "DSWIGLU_REGISTERS_CONFIG" if args.dswiglu_registers else "DSWIGLU_CONFIG"
         try:
-            setattr(grouped_gemm, name, GemmConfig(*(int(v) for v in args.dswiglu_tiles.split(","))))
+            grouped_gemm.DSWIGLU_CONFIG = GemmConfig(*(int(v) for v in args.dswiglu_tiles.split(",")))
         except (TypeError, ValueError) as exc:
             parser.error(f"--dswiglu-tiles: {exc}")
     problem = problems.load("moe_experts_backward_bf16")

@@ -16,7 +16,6 @@ from child_env import compile_env
 from moe_lib.engine.gluon_gemm import GemmConfig
 from moe_lib.engine.grouped_gemm import (
     DSWIGLU_CONFIG,
-    DSWIGLU_REGISTERS_CONFIG,
     DSWIGLU_SAVED_CONFIG,
     check_arguments,
     default_config,
@@ -1088,31 +1087,8 @@ def test_gpu_swiglu_pair_matches_float64(name, outputs, counts, seed):
 @pytest.mark.parametrize("counts", list(GPU_COUNTS))
 @pytest.mark.parametrize("name", list(DSWIGLU_CONFIGS))
 def test_gpu_dswiglu_matches_float64(name, counts, seed):
-    check_dswiglu_against_float64(DSWIGLU_CONFIGS[name], counts, seed)
-
-
-# dswiglu from registers (DSWIGLU_FROM_REGISTERS): no output tiles in shared memory, so 256-column tiles fit
-REGISTERS_CONFIGS = {
-    "coop_256_s3": DSWIGLU_REGISTERS_CONFIG,
-    "coop_256_k32_s6": GemmConfig(128, 256, 32, 6),
-    "coop_256_2_programs": GemmConfig(128, 256, 64, 3, programs=2),
-    "pingpong_64_s6": GemmConfig(64, 128, 64, 6, "pingpong"),
-}
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("counts", list(GPU_COUNTS))
-@pytest.mark.parametrize("name", list(REGISTERS_CONFIGS))
-def test_gpu_dswiglu_from_registers_matches_float64(name, counts, seed, monkeypatch):
-    from moe_lib.engine import grouped_gemm as grouped_gemm_module
-
-    monkeypatch.setattr(grouped_gemm_module, "DSWIGLU_FROM_REGISTERS", True)
-    check_dswiglu_against_float64(REGISTERS_CONFIGS[name], counts, seed)
-
-
-def check_dswiglu_against_float64(config, counts, seed):
-    """dswiglu's four outputs (from NaN-filled memory) against float64, then again bit for bit."""
     generator = torch.Generator(device="cuda").manual_seed(seed)
+    config = DSWIGLU_CONFIGS[name]
     dy, wd, offsets, tensors, expected = dswiglu_case(GPU_COUNTS[counts], config, generator)
     dg, du, aw, partial = grouped_gemm(dy, wd, offsets, epilogue="dswiglu", config=config, **tensors)
     assert relative_error(dg, expected["dg"]) <= 4e-3 and relative_error(du, expected["du"]) <= 4e-3
@@ -1341,43 +1317,6 @@ def test_gpu_dswiglu_saved_tiles_loaded_mid_loop_change_no_bit(name, config, sav
         assert not mid_loop.isnan().any() and torch.equal(at_start, mid_loop), key
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("counts", list(SAVED_COUNTS))
-@pytest.mark.parametrize("name", list(DSWIGLU_CONFIGS))
-def test_gpu_dswiglu_from_registers_changes_no_bit(name, counts, seed, monkeypatch):
-    """DSWIGLU_FROM_REGISTERS (g and u loaded into registers, dg, du and w·a stored from them) against the epilogue
-    through shared memory, at the same 128-column tiles: every output bit for bit, no NaN left."""
-    results = dswiglu_off_and_on("DSWIGLU_FROM_REGISTERS", DSWIGLU_CONFIGS[name], counts, False, seed, monkeypatch)
-    for key, through_shared, from_registers in zip(("dg", "du", "aw", "partial"), *results, strict=True):
-        assert not from_registers.isnan().any() and torch.equal(through_shared, from_registers), key
-
-
-def test_dswiglu_from_registers_takes_no_output_tile_and_wider_default_tiles(monkeypatch):
-    """DSWIGLU_FROM_REGISTERS: no output tile in shared memory, the default config DSWIGLU_REGISTERS_CONFIG (it
-    wins over SCALED_ACT_IN_K_LOOP); not with the saved σ and silu. A launch's key holds the switch."""
-    from moe_lib.engine import grouped_gemm as grouped_gemm_module
-
-    M, H, I, E = 256, 128, 96, 4
-
-    def constexprs(**extra):
-        tensors = dict(gate=meta(M, I), up=meta(M, I), scale=meta(M, dtype=F32), dgate_out=meta(M, I),
-                       dup_out=meta(M, I), scaled_act_out=meta(M, I), **extra)  # fmt: skip
-        config = default_config("dswiglu", "gate_sigmoid" in extra)
-        _, fixed = launch_arguments(config, meta(M, H), meta(E, H, I), meta(E + 1, dtype=torch.int32), "dswiglu",
-                                    False, **tensors)  # fmt: skip
-        return config, fixed["OUT_BUFS"], fixed["AW_IN_LOOP"], fixed["DSWIGLU_REGISTERS"]
-
-    assert constexprs() == (DSWIGLU_CONFIG, 3, False, False)
-    before = grouped_gemm_module.switches()
-    monkeypatch.setattr(grouped_gemm_module, "DSWIGLU_FROM_REGISTERS", True)
-    assert grouped_gemm_module.switches() != before
-    assert constexprs() == (DSWIGLU_REGISTERS_CONFIG, 0, False, True)
-    monkeypatch.setattr(grouped_gemm_module, "SCALED_ACT_IN_K_LOOP", True)
-    assert constexprs() == (DSWIGLU_REGISTERS_CONFIG, 0, False, True)
-    saved = dict(gate_sigmoid=meta(M, I), gate_silu=meta(M, I))
-    assert constexprs(**saved) == (DSWIGLU_SAVED_CONFIG, 4, False, False)
-
-
 def test_w_a_in_the_k_loop_takes_no_output_tile_and_deepens_the_default_ring(monkeypatch):
     """SCALED_ACT_IN_K_LOOP: dswiglu's w·a leaves between the K loop's steps, so its launch has two output tiles a
     consumer (g's and u's), the default config one ring stage more; not with the saved σ and silu (w·a leaves over
@@ -1396,7 +1335,9 @@ def test_w_a_in_the_k_loop_takes_no_output_tile_and_deepens_the_default_ring(mon
 
     aw = dict(scaled_act_out=meta(M, I))
     assert constexprs(**aw) == (DSWIGLU_CONFIG, 3, False)
+    before = grouped_gemm_module.switches()  # a launch's key: one made with the switch off never serves it on
     monkeypatch.setattr(grouped_gemm_module, "SCALED_ACT_IN_K_LOOP", True)
+    assert grouped_gemm_module.switches() != before
     assert constexprs(**aw) == (GemmConfig(128, 128, 64, 5), 2, True)
     assert constexprs()[1:] == (2, False)  # no w·a: nothing to store in the loop
     saved = dict(gate_sigmoid=meta(M, I), gate_silu=meta(M, I), **aw)
