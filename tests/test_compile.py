@@ -394,9 +394,10 @@ def test_gpu_opcheck(case):
 JOIN_TIMEOUT_S = 240  # two ranks compiling on a shared CPU
 
 
-def parallel_rank_main(rank: int, init_file: str, out_dir: str, seed: int, device: str = "cpu") -> None:
-    """This rank's eager and compiled forward and backward of the parallel layer (same inputs), its explain numbers
-    and opcheck of both parallel ops; saved for the parent (on the CPU). gloo on the CPU, NCCL on CUDA."""
+def parallel_rank_main(rank: int, init_file: str, out_dir: str, seed: int, device: str = "cpu", ranks: int = 2) -> None:
+    """This rank's (of ``ranks``) eager and compiled forward and backward of the parallel layer (same inputs), its
+    explain numbers and opcheck of both parallel ops; saved for the parent (on the CPU). gloo on the CPU, NCCL on
+    CUDA."""
     import traceback
     from pathlib import Path
 
@@ -409,13 +410,13 @@ def parallel_rank_main(rank: int, init_file: str, out_dir: str, seed: int, devic
         torch.cuda.set_device(rank)
         device = f"cuda:{rank}"
     dist.init_process_group(
-        "gloo" if device == "cpu" else "nccl", init_method=f"file://{init_file}", rank=rank, world_size=2
+        "gloo" if device == "cpu" else "nccl", init_method=f"file://{init_file}", rank=rank, world_size=ranks
     )
     try:
         inputs = problems.make_inputs(P2, 10, seed=seed, hidden_size=32, intermediate_size=16, num_experts=6, top_k=2)
         inputs = {name: t.to(device) for name, t in inputs.items()}  # the parent's values, on this rank's device
-        tokens = slice(0, 4) if rank == 0 else slice(4, 10)
-        experts = expert_partition(6, 2)[rank]
+        tokens = slice(0, 10) if ranks == 1 else slice(0, 4) if rank == 0 else slice(4, 10)
+        experts = expert_partition(6, ranks)[rank]
         leaves = [
             inputs["hidden_states"][tokens].clone().requires_grad_(),
             inputs["topk_weights"][tokens].clone().requires_grad_(),
@@ -470,18 +471,20 @@ def parallel_rank_main(rank: int, init_file: str, out_dir: str, seed: int, devic
         dist.destroy_process_group()
 
 
-def run_parallel_ranks(tmp_path, seed: int, device: str) -> list[dict]:
+def run_parallel_ranks(tmp_path, seed: int, device: str, ranks: int = 2) -> list[dict]:
     import multiprocessing
 
     from conftest import join_ranks
 
     context = multiprocessing.get_context("spawn")
     processes = [
-        context.Process(target=parallel_rank_main, args=(rank, str(tmp_path / "init"), str(tmp_path), seed, device))
-        for rank in range(2)
+        context.Process(
+            target=parallel_rank_main, args=(rank, str(tmp_path / "init"), str(tmp_path), seed, device, ranks)
+        )
+        for rank in range(ranks)
     ]
     join_ranks(processes, JOIN_TIMEOUT_S)
-    return [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)]
+    return [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(ranks)]
 
 
 def check_parallel_ranks(per_rank: list[dict], seed: int, *, same_bits: bool, tolerance: float) -> None:
@@ -498,6 +501,13 @@ def check_parallel_ranks(per_rank: list[dict], seed: int, *, same_bits: bool, to
 
 def test_the_expert_parallel_layer_compiles_whole_and_matches_eager(tmp_path, seed):
     check_parallel_ranks(run_parallel_ranks(tmp_path, seed, "cpu"), seed, same_bits=True, tolerance=1e-5)
+
+
+@pytest.mark.gpu
+def test_gpu_the_expert_parallel_layer_compiles_whole_on_one_gpu(tmp_path, seed):
+    """One NCCL rank holding every expert: the Triton path inside the parallel ops, compiled whole (the exchange
+    itself between GPUs: the two-GPU test below)."""
+    check_parallel_ranks(run_parallel_ranks(tmp_path, seed, "cuda", ranks=1), seed, same_bits=False, tolerance=1e-2)
 
 
 @pytest.mark.gpu
