@@ -7,6 +7,7 @@ replay after an L2 flush (median of 20, 10 at 32768 tokens); one short table, an
     git show 3da7482:moe_lib/moe_experts/engine_layer.py > /tmp/before.py
     PYTHONPATH=. python3 scripts/p2/engine_ab.py structure --before /tmp/before.py [--tokens 2048,8192,32768]
     PYTHONPATH=. python3 scripts/p2/engine_ab.py loads [--cases P2:2048,Qwen3-30B-A3B:32768,...]
+    PYTHONPATH=. python3 scripts/p2/engine_ab.py kloop [--cases Qwen3-30B-A3B:32768,...]
 
 gather: the weight-gradient kernel (``moe_lib/engine/grouped_wgrad.py``) on rows written out, on rows gathered
 through the routing with the consumers' proxy fence (``FENCE_GATHERED``) and without it, at the shapes of
@@ -20,7 +21,9 @@ op with x's and dy's rows read through the routing by the first product's and ds
 then by the gate and up gradients' loads too (``GATHER_X_IN_WEIGHT_GRADS``: no x_s at all), and with dX made a column
 slice at a time as well (``DX_IN_COLUMN_SLICES``), against x_s and dy_s written out first, at P2's shape (``P2``)
 and the expert shapes of moe_lib/bench/models.py, with the memory a layer step adds; and the parts form with dswiglu's
-saved tiles loaded halfway through its K loops (``grouped_gemm.SAVED_LOADS_MID_LOOP``).
+saved tiles loaded halfway through its K loops (``grouped_gemm.SAVED_LOADS_MID_LOOP``) or its w·a stored between its
+K steps (``SCALED_ACT_IN_K_LOOP``); ``--forms`` picks some. kloop: dswiglu's product dAp = dy_s·Wd alone (the plain
+epilogue) at several tile shapes, beside dswiglu, dy's rows gathered in the loads (:data:`KLOOP_VARIANTS`).
 """
 
 from __future__ import annotations
@@ -138,6 +141,61 @@ def tiles_ab(args, flush) -> list[dict]:
                   f"same bits {row['same']}", flush=True)  # fmt: skip
         engine_layer.gemm_config, grouped_gemm.DSWIGLU_CONFIG, grouped_wgrad.DEFAULT_CONFIG = current
         del inputs, layer, op, first
+        torch.cuda.empty_cache()
+    return rows
+
+
+# dswiglu's product dAp = dy_s·Wd alone (the "none" epilogue, bf16 out) at each tile shape, beside dswiglu itself
+KLOOP_VARIANTS = {
+    "none_coop_m128n128k64_s4": ("none", (128, 128, 64, 4)),
+    "none_coop_m128n128k64_s6": ("none", (128, 128, 64, 6)),
+    "none_coop_m128n256k64_s3": ("none", (128, 256, 64, 3)),
+    "none_coop_m128n256k32_s6": ("none", (128, 256, 32, 6)),
+    "none_coop_m256n128k64_s3": ("none", (256, 128, 64, 3)),
+    "dswiglu_coop_m128n128k64_s4": ("dswiglu", (128, 128, 64, 4)),
+}
+
+
+def kloop_ab(args, flush) -> list[dict]:
+    """dswiglu's product at each tile shape of :data:`KLOOP_VARIANTS` with dy's rows gathered in the loads (as the
+    layer reads them), its K loop with the plainest epilogue beside dswiglu's own: how much of dswiglu's time the
+    tile shape's K loop sets."""
+    from moe_lib.engine import grouped_gemm
+    from moe_lib.engine.gathered import Gathered
+    from moe_lib.engine.gluon_gemm import GemmConfig
+
+    rows = []
+    for case in args.cases.split(","):
+        label, inputs = case_inputs(case)
+        indices, dy, wd = inputs["topk_indices"], inputs["grad_output"], inputs["down_weights"]
+        (T, K), (E, H, I) = indices.shape, wd.shape
+        flat = indices.flatten()
+        index = (torch.argsort(flat, stable=True) // K).to(torch.int32)  # each sorted slot's token
+        counts = torch.bincount(flat, minlength=E)
+        offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(torch.int32)
+        M = T * K
+        generator = torch.Generator(device="cuda").manual_seed(args.seed)
+        gate, up = (torch.randn((M, I), generator=generator, device="cuda").to(torch.bfloat16) for _ in range(2))
+        scale = torch.rand(M, generator=generator, device="cuda")
+        out = torch.empty((M, I), dtype=torch.bfloat16, device="cuda")
+        for name, (epilogue, tiles) in KLOOP_VARIANTS.items():
+            config = GemmConfig(*tiles)
+            if epilogue == "none":
+
+                def call(config=config):
+                    return (grouped_gemm.grouped_gemm(Gathered(dy, index), wd, offsets, out=out, config=config),)
+            else:
+
+                def call(config=config):
+                    return grouped_gemm.grouped_gemm(Gathered(dy, index), wd, offsets, epilogue="dswiglu",
+                                                     config=config, gate=gate, up=up, scale=scale)  # fmt: skip
+
+            call()
+            ms = timed(call, flush, T)
+            row = dict(case=case, variant=name, ms=ms, tflops=2 * M * H * I / ms / 1e9)
+            rows.append(row)
+            print(f"{label:26s} {name:30s} {ms:8.3f} ms  {row['tflops']:6.1f} TFLOP/s", flush=True)
+        del inputs
         torch.cuda.empty_cache()
     return rows
 
@@ -274,7 +332,7 @@ def form_list(text: str) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run", choices=("gather", "tiles", "structure", "loads"))
+    parser.add_argument("run", choices=("gather", "tiles", "structure", "loads", "kloop"))
     parser.add_argument("--shapes", default="p2_t32768_gate_up,p2_t32768_down,p2_t32768_all,qwen3_t8192_all")
     parser.add_argument("--tokens", default=None, help="comma-separated token counts (tiles, structure)")
     parser.add_argument("--variants", default=None, help="tiles: comma-separated variants beside current (all)")
@@ -292,6 +350,8 @@ def main() -> None:
     if args.run == "structure" and not args.before:
         parser.error("--before: structure needs an earlier engine_layer.py")
     args.tokens = args.tokens or ("2048,8192,32768" if args.run == "structure" else "2048,4096,8192")
+    if args.run == "kloop" and not args.cases:
+        args.cases = "Qwen3-30B-A3B:32768,DeepSeek-V2-Lite:32768,P2:8192"
     if args.run == "loads" and not args.cases:
         args.cases = ",".join([*(f"P2:{t}" for t in (2048, 8192)), *LOADS_MODEL_CASES, "P2:32768"])
     if args.cases:
@@ -305,7 +365,7 @@ def main() -> None:
     from moe_lib.bench.timing import L2Flusher
 
     flush = L2Flusher(torch.device("cuda"))
-    runs = {"gather": gather_ab, "tiles": tiles_ab, "structure": structure_ab, "loads": loads_ab}
+    runs = {"gather": gather_ab, "tiles": tiles_ab, "structure": structure_ab, "loads": loads_ab, "kloop": kloop_ab}
     rows = runs[args.run](args, flush)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
