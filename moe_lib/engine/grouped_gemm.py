@@ -478,6 +478,19 @@ def dswiglu_half(dap, g_smem, u_smem, scale_ptr, off_m, row_end):
 
 
 @gluon.jit
+def dswiglu_pair(dap, g_smem, u_smem, scale_ptr, off_m, row_end, HALF: gl.constexpr):
+    """:func:`dswiglu_half` of the two halves of ``dap``'s columns in turn (its g and u tiles ``g_smem``,
+    ``u_smem``), w·a not kept; returns their Σ dAp·a, left + right."""
+    BLOCK_M: gl.constexpr = dap.type.shape[0]
+    left, right = gl.split(gl.permute(gl.reshape(dap, [BLOCK_M, 2, HALF]), [0, 2, 1]))  # columns < HALF, ≥ HALF
+    part_left, _ = dswiglu_half(left, g_smem.slice(0, HALF, dim=1), u_smem.slice(0, HALF, dim=1), scale_ptr, off_m,
+                                row_end)
+    part_right, _ = dswiglu_half(right, g_smem.slice(HALF, HALF, dim=1), u_smem.slice(HALF, HALF, dim=1), scale_ptr,
+                                 off_m, row_end)
+    return part_left + part_right
+
+
+@gluon.jit
 def dswiglu_half_saved(dap, g_smem, u_smem, sigmoid_smem, silu_smem, scale_ptr, off_m, row_end,
                        WRITE_OUT: gl.constexpr):
     """:func:`dswiglu_half` with the saved s and silu (read as bf16, in place of σ(g) and silu(g)): dg = dA·u·s(1 +
@@ -508,8 +521,9 @@ def dswiglu_tile(acc, c_bufs, outputs, off_m, off_n, row_end, whole, WRITE_OUT: 
                  WARPS: gl.constexpr):
     """dswiglu's epilogue for the tile dAp = ``acc``, its saved g and u in consumer ME's first two output buffers
     (with SAVED the saved σ and silu in the third and fourth): two halves of its columns in turn (fewer values live
-    at once), dg and du out from the first two buffers, then w·a through the third output buffer (or the first once
-    dg's store has left it; with SAVED from the fourth, written over silu) and Σ dAp·a from registers."""
+    at once; a 256-column tile's four quarters where w·a is not written here), dg and du out from the first two
+    buffers, then w·a through the third output buffer (or the first once dg's store has left it; with SAVED from the
+    fourth, written over silu) and Σ dAp·a from registers."""
     c_desc, c_ptr, g_desc, g_ptr, u_desc, u_ptr, gin_desc, uin_desc, scale_ptr, partial_ptr = outputs[:10]
     BLOCK_M: gl.constexpr = acc.type.shape[0]
     BLOCK_N: gl.constexpr = acc.type.shape[1]
@@ -526,6 +540,12 @@ def dswiglu_tile(acc, c_bufs, outputs, off_m, off_n, row_end, whole, WRITE_OUT: 
         part_right = dswiglu_half_saved(right, g_smem.slice(HALF, HALF, dim=1), u_smem.slice(HALF, HALF, dim=1),
                                         s_smem.slice(HALF, HALF, dim=1), silu_smem.slice(HALF, HALF, dim=1),
                                         scale_ptr, off_m, row_end, WRITE_OUT)
+    elif not WRITE_OUT and BLOCK_N > 128:  # a 256-column tile in quarters: fewer values live (no w·a held)
+        QUARTER: gl.constexpr = HALF // 2
+        part_left = dswiglu_pair(left, g_smem.slice(0, HALF, dim=1), u_smem.slice(0, HALF, dim=1), scale_ptr, off_m,
+                                 row_end, QUARTER)
+        part_right = dswiglu_pair(right, g_smem.slice(HALF, HALF, dim=1), u_smem.slice(HALF, HALF, dim=1), scale_ptr,
+                                  off_m, row_end, QUARTER)
     else:
         part_left, aw_left = dswiglu_half(left, g_smem.slice(0, HALF, dim=1), u_smem.slice(0, HALF, dim=1),
                                           scale_ptr, off_m, row_end)

@@ -153,6 +153,10 @@ KLOOP_VARIANTS = {
     "none_coop_m128n256k32_s6": ("none", (128, 256, 32, 6)),
     "none_coop_m256n128k64_s3": ("none", (256, 128, 64, 3)),
     "dswiglu_coop_m128n128k64_s4": ("dswiglu", (128, 128, 64, 4)),
+    # w·a stored between the K steps (grouped_gemm.SCALED_ACT_IN_K_LOOP): two output tiles, 256-column tiles fit
+    "dswiglu_aw_coop_m128n128k64_s5": ("dswiglu_aw", (128, 128, 64, 5)),
+    "dswiglu_aw_coop_m128n256k32_s4": ("dswiglu_aw", (128, 256, 32, 4)),
+    "dswiglu_aw_coop_m128n256k64_s2": ("dswiglu_aw", (128, 256, 64, 2)),
 }
 
 
@@ -180,6 +184,7 @@ def kloop_ab(args, flush) -> list[dict]:
         out = torch.empty((M, I), dtype=torch.bfloat16, device="cuda")
         for name, (epilogue, tiles) in KLOOP_VARIANTS.items():
             config = GemmConfig(*tiles)
+            grouped_gemm.SCALED_ACT_IN_K_LOOP = epilogue == "dswiglu_aw"
             if epilogue == "none":
 
                 def call(config=config):
@@ -188,13 +193,15 @@ def kloop_ab(args, flush) -> list[dict]:
 
                 def call(config=config):
                     return grouped_gemm.grouped_gemm(Gathered(dy, index), wd, offsets, epilogue="dswiglu",
-                                                     config=config, gate=gate, up=up, scale=scale)  # fmt: skip
+                                                     config=config, gate=gate, up=up, scale=scale,
+                                                     scaled_act_out=out)  # fmt: skip
 
             call()
             ms = timed(call, flush, T)
             row = dict(case=case, variant=name, ms=ms, tflops=2 * M * H * I / ms / 1e9)
             rows.append(row)
             print(f"{label:26s} {name:30s} {ms:8.3f} ms  {row['tflops']:6.1f} TFLOP/s", flush=True)
+        grouped_gemm.SCALED_ACT_IN_K_LOOP = False
         del inputs
         torch.cuda.empty_cache()
     return rows

@@ -1087,8 +1087,26 @@ def test_gpu_swiglu_pair_matches_float64(name, outputs, counts, seed):
 @pytest.mark.parametrize("counts", list(GPU_COUNTS))
 @pytest.mark.parametrize("name", list(DSWIGLU_CONFIGS))
 def test_gpu_dswiglu_matches_float64(name, counts, seed):
+    check_dswiglu_against_float64(DSWIGLU_CONFIGS[name], counts, seed)
+
+
+# 256-column dswiglu tiles with w·a stored between the K steps: two 64 KB output tiles, the epilogue in quarters
+WIDE_CONFIGS = {"coop_256_k32_s4": GemmConfig(128, 256, 32, 4), "coop_256_k64_s2": GemmConfig(128, 256, 64, 2)}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("counts", list(GPU_COUNTS))
+@pytest.mark.parametrize("name", list(WIDE_CONFIGS))
+def test_gpu_dswiglu_in_256_column_tiles_with_w_a_in_the_k_loop_matches_float64(name, counts, seed, monkeypatch):
+    from moe_lib.engine import grouped_gemm as grouped_gemm_module
+
+    monkeypatch.setattr(grouped_gemm_module, "SCALED_ACT_IN_K_LOOP", True)
+    check_dswiglu_against_float64(WIDE_CONFIGS[name], counts, seed)
+
+
+def check_dswiglu_against_float64(config, counts, seed):
+    """dswiglu's four outputs (from NaN-filled memory) against float64, then again bit for bit."""
     generator = torch.Generator(device="cuda").manual_seed(seed)
-    config = DSWIGLU_CONFIGS[name]
     dy, wd, offsets, tensors, expected = dswiglu_case(GPU_COUNTS[counts], config, generator)
     dg, du, aw, partial = grouped_gemm(dy, wd, offsets, epilogue="dswiglu", config=config, **tensors)
     assert relative_error(dg, expected["dg"]) <= 4e-3 and relative_error(du, expected["du"]) <= 4e-3
