@@ -183,6 +183,8 @@ def kloop_ab(args, flush) -> list[dict]:
         scale = torch.rand(M, generator=generator, device="cuda")
         out = torch.empty((M, I), dtype=torch.bfloat16, device="cuda")
         for name, (epilogue, tiles) in KLOOP_VARIANTS.items():
+            if args.variants and name not in args.variants.split(","):
+                continue
             config = GemmConfig(*tiles)
             grouped_gemm.SCALED_ACT_IN_K_LOOP = epilogue == "dswiglu_aw"
             if epilogue == "none":
@@ -342,7 +344,8 @@ def main() -> None:
     parser.add_argument("run", choices=("gather", "tiles", "structure", "loads", "kloop"))
     parser.add_argument("--shapes", default="p2_t32768_gate_up,p2_t32768_down,p2_t32768_all,qwen3_t8192_all")
     parser.add_argument("--tokens", default=None, help="comma-separated token counts (tiles, structure)")
-    parser.add_argument("--variants", default=None, help="tiles: comma-separated variants beside current (all)")
+    parser.add_argument("--variants", default=None, help="tiles: comma-separated variants beside current (all); "
+                        "kloop: those of KLOOP_VARIANTS to time (all)")  # fmt: skip
     parser.add_argument("--before", default=None, help="structure: an earlier engine_layer.py")
     parser.add_argument(
         "--cases",
