@@ -521,9 +521,10 @@ def dswiglu_tile(acc, c_bufs, outputs, off_m, off_n, row_end, whole, WRITE_OUT: 
                  WARPS: gl.constexpr):
     """dswiglu's epilogue for the tile dAp = ``acc``, its saved g and u in consumer ME's first two output buffers
     (with SAVED the saved σ and silu in the third and fourth): two halves of its columns in turn (fewer values live
-    at once; a 256-column tile's four quarters where w·a is not written here), dg and du out from the first two
-    buffers, then w·a through the third output buffer (or the first once dg's store has left it; with SAVED from the
-    fourth, written over silu) and Σ dAp·a from registers."""
+    at once; quarters where the accumulator is 128 fp32 a thread, a cooperative 128 × 256 or a ping-pong 128 × 128
+    tile, and w·a is not written here), dg and du out from the first two buffers, then w·a through the third output
+    buffer (or the first once dg's store has left it; with SAVED from the fourth, written over silu) and Σ dAp·a
+    from registers."""
     c_desc, c_ptr, g_desc, g_ptr, u_desc, u_ptr, gin_desc, uin_desc, scale_ptr, partial_ptr = outputs[:10]
     BLOCK_M: gl.constexpr = acc.type.shape[0]
     BLOCK_N: gl.constexpr = acc.type.shape[1]
@@ -540,7 +541,7 @@ def dswiglu_tile(acc, c_bufs, outputs, off_m, off_n, row_end, whole, WRITE_OUT: 
         part_right = dswiglu_half_saved(right, g_smem.slice(HALF, HALF, dim=1), u_smem.slice(HALF, HALF, dim=1),
                                         s_smem.slice(HALF, HALF, dim=1), silu_smem.slice(HALF, HALF, dim=1),
                                         scale_ptr, off_m, row_end, WRITE_OUT)
-    elif not WRITE_OUT and BLOCK_N > 128:  # a 256-column tile in quarters: fewer values live (no w·a held)
+    elif not WRITE_OUT and BLOCK_M * BLOCK_N >= 4096 * WARPS:  # quarters: 128 fp32 a thread or more, no w·a held
         QUARTER: gl.constexpr = HALF // 2
         part_left = dswiglu_pair(left, g_smem.slice(0, HALF, dim=1), u_smem.slice(0, HALF, dim=1), scale_ptr, off_m,
                                  row_end, QUARTER)

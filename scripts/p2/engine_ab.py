@@ -157,6 +157,9 @@ KLOOP_VARIANTS = {
     "dswiglu_aw_coop_m128n128k64_s5": ("dswiglu_aw", (128, 128, 64, 5)),
     "dswiglu_aw_coop_m128n256k32_s4": ("dswiglu_aw", (128, 256, 32, 4)),
     "dswiglu_aw_coop_m128n256k64_s2": ("dswiglu_aw", (128, 256, 64, 2)),
+    # ping-pong 128 × 128: one consumer's epilogue beside the other's K loop
+    "dswiglu_aw_pp_m128n128k64_s3": ("dswiglu_aw", (128, 128, 64, 3, "pingpong")),
+    "dswiglu_aw_pp_m128n128k32_s6": ("dswiglu_aw", (128, 128, 32, 6, "pingpong")),
 }
 
 

@@ -1090,18 +1090,24 @@ def test_gpu_dswiglu_matches_float64(name, counts, seed):
     check_dswiglu_against_float64(DSWIGLU_CONFIGS[name], counts, seed)
 
 
-# 256-column dswiglu tiles with w·a stored between the K steps: two 64 KB output tiles, the epilogue in quarters
-WIDE_CONFIGS = {"coop_256_k32_s4": GemmConfig(128, 256, 32, 4), "coop_256_k64_s2": GemmConfig(128, 256, 64, 2)}
+# dswiglu tiles whose accumulator is 128 fp32 a thread (cooperative 128 × 256, ping-pong 128 × 128), w·a stored
+# between the K steps: the epilogue in quarters
+QUARTER_CONFIGS = {
+    "coop_256_k32_s4": GemmConfig(128, 256, 32, 4),
+    "coop_256_k64_s2": GemmConfig(128, 256, 64, 2),
+    "pingpong_128_s3": GemmConfig(128, 128, 64, 3, "pingpong"),
+    "pingpong_128_k32_s6": GemmConfig(128, 128, 32, 6, "pingpong"),
+}
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("counts", list(GPU_COUNTS))
-@pytest.mark.parametrize("name", list(WIDE_CONFIGS))
-def test_gpu_dswiglu_in_256_column_tiles_with_w_a_in_the_k_loop_matches_float64(name, counts, seed, monkeypatch):
+@pytest.mark.parametrize("name", list(QUARTER_CONFIGS))
+def test_gpu_dswiglu_in_quarters_with_w_a_in_the_k_loop_matches_float64(name, counts, seed, monkeypatch):
     from moe_lib.engine import grouped_gemm as grouped_gemm_module
 
     monkeypatch.setattr(grouped_gemm_module, "SCALED_ACT_IN_K_LOOP", True)
-    check_dswiglu_against_float64(WIDE_CONFIGS[name], counts, seed)
+    check_dswiglu_against_float64(QUARTER_CONFIGS[name], counts, seed)
 
 
 def check_dswiglu_against_float64(config, counts, seed):
