@@ -168,47 +168,57 @@ def kloop_ab(args, flush) -> list[dict]:
     layer reads them), its K loop with the plainest epilogue beside dswiglu's own: how much of dswiglu's time the
     tile shape's K loop sets."""
     from moe_lib.engine import grouped_gemm
+
+    variants = args.variants.split(",") if args.variants else list(KLOOP_VARIANTS)
+    unknown = [name for name in variants if name not in KLOOP_VARIANTS]
+    if unknown:
+        raise SystemExit(f"--variants: unknown {unknown}; the kloop variants are {list(KLOOP_VARIANTS)}")
+    in_k_loop = grouped_gemm.SCALED_ACT_IN_K_LOOP
+    try:
+        return [row for case in args.cases.split(",") for row in kloop_case(case, variants, args.seed, flush)]
+    finally:
+        grouped_gemm.SCALED_ACT_IN_K_LOOP = in_k_loop
+
+
+def kloop_case(case: str, variants: list[str], seed: int, flush) -> list[dict]:
+    """:func:`kloop_ab`'s rows of one case, a row per variant named."""
+    from moe_lib.engine import grouped_gemm
     from moe_lib.engine.gathered import Gathered
     from moe_lib.engine.gluon_gemm import GemmConfig
+    from moe_lib.moe_experts.routing import route_by_expert
 
+    label, inputs = case_inputs(case)
+    indices, dy, wd = inputs["topk_indices"], inputs["grad_output"], inputs["down_weights"]
+    (T, K), (E, H, I) = indices.shape, wd.shape
+    routing = route_by_expert(indices, E)
+    a = Gathered(dy, routing.sorted_slot // K)  # each sorted slot's token
+    M = T * K
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    gate, up = (torch.randn((M, I), generator=generator, device="cuda").to(torch.bfloat16) for _ in range(2))
+    scale = torch.rand(M, generator=generator, device="cuda")
+    out = torch.empty((M, I), dtype=torch.bfloat16, device="cuda")
     rows = []
-    for case in args.cases.split(","):
-        label, inputs = case_inputs(case)
-        indices, dy, wd = inputs["topk_indices"], inputs["grad_output"], inputs["down_weights"]
-        (T, K), (E, H, I) = indices.shape, wd.shape
-        flat = indices.flatten()
-        index = (torch.argsort(flat, stable=True) // K).to(torch.int32)  # each sorted slot's token
-        counts = torch.bincount(flat, minlength=E)
-        offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(torch.int32)
-        M = T * K
-        generator = torch.Generator(device="cuda").manual_seed(args.seed)
-        gate, up = (torch.randn((M, I), generator=generator, device="cuda").to(torch.bfloat16) for _ in range(2))
-        scale = torch.rand(M, generator=generator, device="cuda")
-        out = torch.empty((M, I), dtype=torch.bfloat16, device="cuda")
-        for name, (epilogue, tiles) in KLOOP_VARIANTS.items():
-            if args.variants and name not in args.variants.split(","):
-                continue
-            config = GemmConfig(*tiles)
-            grouped_gemm.SCALED_ACT_IN_K_LOOP = epilogue == "dswiglu_aw"
-            if epilogue == "none":
+    for name in variants:
+        epilogue, tiles = KLOOP_VARIANTS[name]
+        config = GemmConfig(*tiles)
+        grouped_gemm.SCALED_ACT_IN_K_LOOP = epilogue == "dswiglu_aw"
+        if epilogue == "none":
 
-                def call(config=config):
-                    return (grouped_gemm.grouped_gemm(Gathered(dy, index), wd, offsets, out=out, config=config),)
-            else:
+            def call(config=config):
+                return (grouped_gemm.grouped_gemm(a, wd, routing.expert_offsets, out=out, config=config),)
+        else:
 
-                def call(config=config):
-                    return grouped_gemm.grouped_gemm(Gathered(dy, index), wd, offsets, epilogue="dswiglu",
-                                                     config=config, gate=gate, up=up, scale=scale,
-                                                     scaled_act_out=out)  # fmt: skip
+            def call(config=config):
+                return grouped_gemm.grouped_gemm(a, wd, routing.expert_offsets, epilogue="dswiglu", config=config,
+                                                 gate=gate, up=up, scale=scale, scaled_act_out=out)  # fmt: skip
 
-            call()
-            ms = timed(call, flush, T)
-            row = dict(case=case, variant=name, ms=ms, tflops=2 * M * H * I / ms / 1e9)
-            rows.append(row)
-            print(f"{label:26s} {name:30s} {ms:8.3f} ms  {row['tflops']:6.1f} TFLOP/s", flush=True)
-        grouped_gemm.SCALED_ACT_IN_K_LOOP = False
-        del inputs
-        torch.cuda.empty_cache()
+        call()
+        ms = timed(call, flush, T)
+        row = dict(case=case, variant=name, ms=ms, tflops=2 * M * H * I / ms / 1e9)
+        rows.append(row)
+        print(f"{label:26s} {name:30s} {ms:8.3f} ms  {row['tflops']:6.1f} TFLOP/s", flush=True)
+    del inputs
+    torch.cuda.empty_cache()
     return rows
 
 
