@@ -98,9 +98,9 @@ class GemmConfig:
                              f"got {self.stages}")
         if self.programs < 0 or self.group_m < 1:
             raise ValueError(f"config: programs must be ≥ 0 and group_m ≥ 1, got {self.programs}, {self.group_m}")
-        if self.shared_bytes > SHARED_MEMORY_LIMIT:
-            raise ValueError(f"config: {self.shared_bytes} bytes of shared memory (ring and output tiles), more than "
-                             f"the {SHARED_MEMORY_LIMIT} an sm_90 block may use")
+        if self.ring_bytes > SHARED_MEMORY_LIMIT:  # each kernel checks its own buffers beside the ring
+            raise ValueError(f"config: its ring alone takes {self.ring_bytes} bytes of shared memory, more than the "
+                             f"{SHARED_MEMORY_LIMIT} an sm_90 block may use")
 
     @property
     def pingpong(self) -> bool:
@@ -118,10 +118,14 @@ class GemmConfig:
         return 2 if self.pingpong else 1
 
     @property
+    def ring_bytes(self) -> int:
+        """Shared memory of the ring: a K step's A and B tiles a stage."""
+        return self.stages * (self.block_m + self.block_n) * self.block_k * ELEMENT_BYTES
+
+    @property
     def shared_bytes(self) -> int:
-        """Shared memory of the ring and the output buffers (the mbarriers' few bytes aside)."""
-        step = (self.block_m + self.block_n) * self.block_k * ELEMENT_BYTES
-        return self.stages * step + self.output_tiles * self.block_m * self.block_n * ELEMENT_BYTES
+        """Shared memory of :func:`gemm_kernel`: the ring and the output buffers (the mbarriers' few bytes aside)."""
+        return self.ring_bytes + self.output_tiles * self.block_m * self.block_n * ELEMENT_BYTES
 
     def tiles(self, M: int, N: int) -> int:
         """Output tiles of an M × N product."""
@@ -383,6 +387,9 @@ def gemm(a: torch.Tensor, b: torch.Tensor, config: GemmConfig = GemmConfig(), ou
     [M, N] row-major tensor where None), fp32-accumulated, in the operands' dtype. On a Hopper GPU; rows TMA can
     address (16-byte multiples, 16-byte aligned starts)."""
     check_operands(a, b, out)
+    if config.shared_bytes > SHARED_MEMORY_LIMIT:
+        raise ValueError(f"config: {config.shared_bytes} bytes of shared memory (ring and output tiles), more than "
+                         f"the {SHARED_MEMORY_LIMIT} an sm_90 block may use")
     if a.device.type != "cuda":
         raise ValueError(f"a: the Gluon GEMM runs on a CUDA (Hopper) GPU, got a tensor on {a.device}")
     M, K = a.shape

@@ -132,12 +132,20 @@ SAVED_LOADS_MID_LOOP = False
 # the K loop's steps, rather than in the epilogue through a third output tile: the epilogue keeps dg and du alone
 # (notes/p2/engine-layer.md, "w·a before the epilogue"). Off until measured on a GPU.
 SCALED_ACT_IN_K_LOOP = False
+# dswiglu's saved g and u brought through the ring itself, BLOCK_K columns a step after the tile's K steps (u in a
+# step's A buffer, g in its B buffer), and its epilogue taken a BLOCK_K-column chunk at a time as they land: no whole
+# g or u tile in shared memory, so a 128 × 256 tile keeps a deep ring (notes/p2/engine-layer.md, "dswiglu's saved
+# tiles through the ring"). Off until measured on a GPU.
+SAVED_THROUGH_RING = False
+# the tiles dswiglu takes through the ring: the plain product's best (notes/p2/engine-layer.md, "dswiglu's product
+# alone"), its ring as deep as fits beside w·a's two staging chunks
+RING_DSWIGLU_CONFIG = GemmConfig(128, 256, 64, 4)
 
 
 def switches() -> tuple[bool, ...]:
     """The module's switches as they stand: a launch's key holds them, so that a launch made with one of them off is
     never reused with it on."""
-    return GATHER_IN_PARTS, SAVED_LOADS_MID_LOOP, SCALED_ACT_IN_K_LOOP
+    return GATHER_IN_PARTS, SAVED_LOADS_MID_LOOP, SCALED_ACT_IN_K_LOOP, SAVED_THROUGH_RING
 
 
 # --- the tile schedule on the host ----------------------------------------------------------------------------------
@@ -183,11 +191,17 @@ def schedule(offsets: list[int], n: int, config: GemmConfig, programs: int,
 
 def default_config(epilogue: str, saved: bool = False) -> GemmConfig:
     """The config :func:`grouped_gemm` takes where none is given: DSWIGLU_CONFIG for dswiglu (DSWIGLU_SAVED_CONFIG
-    where it reads the ``saved`` σ and silu; with SCALED_ACT_IN_K_LOOP its tiles with the ring deepened into the
-    output tile w·a no longer takes), else DEFAULT_CONFIG."""
+    where it reads the ``saved`` σ and silu; with SAVED_THROUGH_RING RING_DSWIGLU_CONFIG, its ring as deep as fits;
+    with SCALED_ACT_IN_K_LOOP its tiles with the ring deepened into the output tile w·a no longer takes), else
+    DEFAULT_CONFIG."""
     if epilogue == "dswiglu":
         if saved:
             return DSWIGLU_SAVED_CONFIG
+        if SAVED_THROUGH_RING:
+            fitted = RING_DSWIGLU_CONFIG
+            while fitted.stages > 2 and ring_shared_bytes(fitted, True) > SHARED_MEMORY_LIMIT:
+                fitted = dataclasses.replace(fitted, stages=fitted.stages - 1)
+            return fitted
         if SCALED_ACT_IN_K_LOOP:
             deepest = dataclasses.replace(DSWIGLU_CONFIG, stages=DSWIGLU_CONFIG.stages + 2)
             return stages_that_fit(deepest, "dswiglu", least_buffers("dswiglu", 2))
@@ -208,6 +222,22 @@ def shared_bytes(config: GemmConfig, epilogue: str, buffers: int) -> int:
     ring = config.stages * (config.block_m + config.block_n) * config.block_k * ELEMENT_BYTES
     tile = config.block_m * output_columns(config, epilogue) * ELEMENT_BYTES
     return ring + config.output_tiles * buffers * tile + BARRIER_BYTES
+
+
+def saved_through_ring(config: GemmConfig, epilogue: str, saved: bool = False) -> bool:
+    """Whether dswiglu brings its saved g and u through the ring (SAVED_THROUGH_RING): without the saved σ and silu,
+    one cooperative consumer, a step's B buffer room for g's BLOCK_M × BLOCK_K chunk (BLOCK_N a multiple of BLOCK_M)
+    and the tile's columns whole chunks."""
+    return (SAVED_THROUGH_RING and epilogue == "dswiglu" and not saved and not config.pingpong
+            and config.block_n % config.block_m == 0 and config.block_n % config.block_k == 0)
+
+
+def ring_shared_bytes(config: GemmConfig, writes_scaled_act: bool) -> int:
+    """Shared memory of dswiglu through the ring: the ring, w·a's two BLOCK_M × BLOCK_K staging chunks where it is
+    written, the mbarriers."""
+    ring = config.stages * (config.block_m + config.block_n) * config.block_k * ELEMENT_BYTES
+    staging = 2 * config.block_m * config.block_k * ELEMENT_BYTES if writes_scaled_act else 0
+    return ring + staging + BARRIER_BYTES
 
 
 def least_buffers(epilogue: str, tiles: int, saved: bool = False) -> int:
@@ -292,15 +322,32 @@ def load_b_step(b_desc, b2_desc, b_buf, bar, expert, rows, off_n, k, B_TRANSPOSE
 
 
 @gluon.jit
+def load_saved_chunk(gin_desc, uin_desc, a_bufs, b_bufs, bar, slot, off_m, off_n, chunk):
+    """dswiglu through the ring: columns off_n + chunk·BLOCK_K on of the tile's saved u into the step's A buffer and
+    of its g into the first BLOCK_M × BLOCK_K of its B buffer, by TMA on ``bar``."""
+    BLOCK_M: gl.constexpr = gin_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = gin_desc.block_type.shape[1]
+    B_BUFFER: gl.constexpr = b_bufs.type.shape[1] * b_bufs.type.shape[2]
+    mbarrier.expect(bar, 2 * gin_desc.block_type.nbytes)
+    column = off_n + chunk * BLOCK_K
+    tma.async_copy_global_to_shared(uin_desc, [off_m, column], bar, a_bufs.index(slot))
+    g_chunks = b_bufs.index(slot)._reinterpret(gl.bfloat16, [B_BUFFER // (BLOCK_M * BLOCK_K), BLOCK_M, BLOCK_K],
+                                               gin_desc.layout)
+    tma.async_copy_global_to_shared(gin_desc, [off_m, column], bar, g_chunks.index(0))
+
+
+@gluon.jit
 def grouped_load_partition(a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr, num_experts, tiles_n,
-                           k_steps, a_src_ptr, a_stride, index_ptr, B_TRANSPOSED: gl.constexpr, B_PAIR: gl.constexpr,
-                           GROUP_M: gl.constexpr, EPILOGUE: gl.constexpr, BLOCK_M: gl.constexpr,
-                           BLOCK_N: gl.constexpr, GATHER_A: gl.constexpr, WARPS: gl.constexpr):
+                           k_steps, a_src_ptr, a_stride, index_ptr, gin_desc, uin_desc, B_TRANSPOSED: gl.constexpr,
+                           B_PAIR: gl.constexpr, GROUP_M: gl.constexpr, EPILOGUE: gl.constexpr,
+                           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GATHER_A: gl.constexpr, WARPS: gl.constexpr,
+                           RING_CHUNKS: gl.constexpr):
     """The loading warp: every K step of the program's tiles (BLOCK_N output columns each), in order, into the ring;
     B's tile from the expert's slice of the stacked weights (of the pair's first or second weight). With GATHER_A
     (WARPS warps): A's tile rows source[index[r]] copied by every thread with cp.async (the tile's indices loaded
     once a tile; zeros past the expert's rows and past K, as TMA fills), arriving on the step's barrier once landed,
-    B's by TMA."""
+    B's by TMA. RING_CHUNKS (dswiglu's saved tiles through the ring): after a tile's K steps, that many steps more,
+    each a BLOCK_K-column chunk of its saved g and u (:func:`load_saved_chunk`)."""
     BUFFERS: gl.constexpr = a_bufs.type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     B_BYTES: gl.constexpr = b_desc.block_type.nbytes
@@ -335,20 +382,28 @@ def grouped_load_partition(a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty
             if GATHER_A:  # each thread's copies arrive once they have landed
                 async_copy.mbarrier_arrive(bar, increment_count=False)
             i += 1
+        for chunk in range(RING_CHUNKS):
+            slot = i % BUFFERS
+            mbarrier.wait(empty.index(slot), ((i // BUFFERS) & 1) ^ 1)
+            load_saved_chunk(gin_desc, uin_desc, a_bufs, b_bufs, ready.index(slot), slot, off_m, off_n, chunk)
+            if GATHER_A:  # the barrier counts every loading thread's arrival
+                async_copy.mbarrier_arrive(ready.index(slot), increment_count=False)
+            i += 1
         tile += gl.num_programs(0)
         expert, first, last = expert_of(offsets_ptr, num_experts, tile, expert, first, last, tiles_n, BLOCK_M)
 
 
 @gluon.jit
 def grouped_gather_part_partition(a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr, num_experts,
-                                  tiles_n, k_steps, a_src_ptr, a_stride, index_ptr, B_TRANSPOSED: gl.constexpr,
-                                  B_PAIR: gl.constexpr, GROUP_M: gl.constexpr, EPILOGUE: gl.constexpr,
-                                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, PART: gl.constexpr,
-                                  PARTS: gl.constexpr):
+                                  tiles_n, k_steps, a_src_ptr, a_stride, index_ptr, gin_desc, uin_desc,
+                                  B_TRANSPOSED: gl.constexpr, B_PAIR: gl.constexpr, GROUP_M: gl.constexpr,
+                                  EPILOGUE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                                  PART: gl.constexpr, PARTS: gl.constexpr, RING_CHUNKS: gl.constexpr):
     """With GATHER_PARTS, one of PARTS one-warp loading partitions: every K step of the program's tiles, its share of
     the A tile's rows (PART·BLOCK_M/PARTS on) copied by cp.async through the routing, arriving on the step's barrier
     once landed; part 0 also sets the barrier's expected bytes and issues B's TMA. Each warp its own control flow: no
-    barrier among the loading warps a step (a four-warp partition has four)."""
+    barrier among the loading warps a step (a four-warp partition has four). RING_CHUNKS: after a tile's K steps,
+    that many steps of its saved g and u (:func:`load_saved_chunk`), part 0's TMA, every part's arrival."""
     BUFFERS: gl.constexpr = a_bufs.type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     ROWS: gl.constexpr = BLOCK_M // PARTS
@@ -377,6 +432,13 @@ def grouped_gather_part_partition(a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready
             async_copy.async_copy_global_to_shared(a_bufs.index(slot).slice(PART * ROWS, ROWS, dim=0), a_from,
                                                    mask=a_mask)
             async_copy.mbarrier_arrive(bar, increment_count=False)
+            i += 1
+        for chunk in range(RING_CHUNKS):
+            slot = i % BUFFERS
+            mbarrier.wait(empty.index(slot), ((i // BUFFERS) & 1) ^ 1)
+            if PART == 0:
+                load_saved_chunk(gin_desc, uin_desc, a_bufs, b_bufs, ready.index(slot), slot, off_m, off_n, chunk)
+            async_copy.mbarrier_arrive(ready.index(slot), increment_count=False)
             i += 1
         tile += gl.num_programs(0)
         expert, first, last = expert_of(offsets_ptr, num_experts, tile, expert, first, last, tiles_n, BLOCK_M)
@@ -576,6 +638,84 @@ def dswiglu_tile(acc, c_bufs, outputs, off_m, off_n, row_end, whole, WRITE_OUT: 
 
 
 @gluon.jit
+def column_half(x, RIGHT: gl.constexpr):
+    """The left (columns < half) or RIGHT half of ``x``'s columns: a split of the registers, no data moved."""
+    BLOCK_M: gl.constexpr = x.type.shape[0]
+    HALF: gl.constexpr = x.type.shape[1] // 2
+    left, right = gl.split(gl.permute(gl.reshape(x, [BLOCK_M, 2, HALF]), [0, 2, 1]))
+    if RIGHT:
+        return right
+    return left
+
+
+@gluon.jit
+def column_chunk(x, CHUNK: gl.constexpr, CHUNKS: gl.constexpr):
+    """Chunk CHUNK of CHUNKS (1, 2, 4 or 8) equal column chunks of ``x``, by halving."""
+    if CHUNKS >= 2:
+        x = column_half(x, (CHUNK * 2 // CHUNKS) % 2)
+    if CHUNKS >= 4:
+        x = column_half(x, (CHUNK * 4 // CHUNKS) % 2)
+    if CHUNKS >= 8:
+        x = column_half(x, (CHUNK * 8 // CHUNKS) % 2)
+    return x
+
+
+@gluon.jit
+def dswiglu_ring_tile(acc, a_bufs, b_bufs, aw_bufs, ready, empty, step, outputs, off_m, off_n, row_end, whole,
+                      WRITE_OUT: gl.constexpr, WRITE_PARTIAL: gl.constexpr, CHUNKS: gl.constexpr,
+                      WARPS: gl.constexpr):
+    """dswiglu's epilogue for the tile dAp = ``acc`` with its saved g and u through the ring: CHUNKS steps from
+    ``step`` on, each a BLOCK_K-column chunk (u in the step's A buffer, g at the start of its B buffer,
+    :func:`load_saved_chunk`), taken as it lands: dg and du written over the g and u they come from and stored from
+    there, w·a through two staging chunks ``aw_bufs`` in turn; each step's buffer handed back once its stores have
+    read it. Σ dAp·a from registers, once a tile."""
+    c_desc, c_ptr, g_desc, g_ptr, u_desc, u_ptr, gin_desc, uin_desc, scale_ptr, partial_ptr = outputs[:10]
+    BLOCK_M: gl.constexpr = acc.type.shape[0]
+    BLOCK_N: gl.constexpr = acc.type.shape[1]
+    BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
+    BUFFERS: gl.constexpr = a_bufs.type.shape[0]
+    B_BUFFER: gl.constexpr = b_bufs.type.shape[1] * b_bufs.type.shape[2]
+    STORES: gl.constexpr = 3 if WRITE_OUT else 2  # TMA stores a chunk: dg, du (and w·a)
+    for chunk in gl.static_range(CHUNKS):
+        i = step + chunk
+        slot = i % BUFFERS
+        mbarrier.wait(ready.index(slot), (i // BUFFERS) & 1)
+        u_smem = a_bufs.index(slot)
+        g_smem = b_bufs.index(slot)._reinterpret(gl.bfloat16, [B_BUFFER // (BLOCK_M * BLOCK_K), BLOCK_M, BLOCK_K],
+                                                 gin_desc.layout).index(0)
+        chunk_part, aw = dswiglu_half(column_chunk(acc, chunk, CHUNKS), g_smem, u_smem, scale_ptr, off_m, row_end)
+        if chunk == 0:
+            part = chunk_part
+        else:
+            part = part + chunk_part
+        if WRITE_OUT:  # its staging chunk's last store (two chunks back) was waited for a chunk ago
+            aw_bufs.index(chunk % 2).store(aw)
+        fence_async_shared()
+        column = off_n + chunk * BLOCK_K
+        if whole:  # no row of another expert (TMA clips at M_total and N)
+            tma.async_copy_shared_to_global(g_desc, [off_m, column], g_smem)
+            tma.async_copy_shared_to_global(u_desc, [off_m, column], u_smem)
+            if WRITE_OUT:
+                tma.async_copy_shared_to_global(c_desc, [off_m, column], aw_bufs.index(chunk % 2))
+        else:
+            store_rows(g_smem, g_ptr, g_desc.strides[0], off_m, column, row_end, g_desc.shape[1], WARPS)
+            store_rows(u_smem, u_ptr, u_desc.strides[0], off_m, column, row_end, u_desc.shape[1], WARPS)
+            if WRITE_OUT:
+                store_rows(aw_bufs.index(chunk % 2), c_ptr, c_desc.strides[0], off_m, column, row_end,
+                           c_desc.shape[1], WARPS)
+        if chunk > 0:  # the chunk before's stores have read its buffers: hand them back
+            tma.store_wait(pendings=STORES)
+            gl.thread_barrier()
+            mbarrier.arrive(empty.index((i + BUFFERS - 1) % BUFFERS), count=1)
+    tma.store_wait(pendings=0)
+    gl.thread_barrier()
+    mbarrier.arrive(empty.index((step + CHUNKS - 1) % BUFFERS), count=1)
+    if WRITE_PARTIAL:  # a row's share of its routing weight's gradient, one row of topk_partial a column tile
+        rows = off_m + gl.arange(0, BLOCK_M, layout=part.type.layout)
+        gl.store(partial_ptr + (off_n // BLOCK_N).to(gl.int64) * c_desc.shape[0] + rows, part, mask=rows < row_end)
+
+
+@gluon.jit
 def load_saved_tiles(c_bufs, saved, outputs, off_m, off_n, SAVED_TILES: gl.constexpr, SAVED: gl.constexpr,
                      ME: gl.constexpr, OUT_BUFS: gl.constexpr):
     """dswiglu: the tile's saved g and u (with SAVED σ and silu too) by TMA into consumer ME's output buffers, on its
@@ -627,7 +767,8 @@ def grouped_consumer_partition(a_bufs, b_bufs, c_bufs, ready, empty, turns, save
                                EPILOGUE: gl.constexpr, OUT_BUFS: gl.constexpr, WRITE_OUT: gl.constexpr,
                                WRITE_GATE: gl.constexpr, WRITE_UP: gl.constexpr, WRITE_PARTIAL: gl.constexpr,
                                SAVED: gl.constexpr, SAVED_MID: gl.constexpr, ME: gl.constexpr, CONSUMERS: gl.constexpr,
-                               WARPS: gl.constexpr, GATHER_A: gl.constexpr, AW_IN_LOOP: gl.constexpr):
+                               WARPS: gl.constexpr, GATHER_A: gl.constexpr, AW_IN_LOOP: gl.constexpr,
+                               RING_CHUNKS: gl.constexpr):
     """Consumer ME of CONSUMERS (WARPS warps): the program's tiles ME, ME + CONSUMERS, ... of its own (the ring's
     steps counted over all the program's tiles), each its K loop, its epilogue and its stores. With two consumers
     each K loop waits for its turn and passes it on once its last wgmma is issued (as :mod:`.gluon_gemm`). With
@@ -635,12 +776,14 @@ def grouped_consumer_partition(a_bufs, b_bufs, c_bufs, ready, empty, turns, save
     saved tiles land in the output buffers: once the last tile's stores have left them, at the tile's start, or
     (SAVED_MID) halfway through its K loop, so that those stores drain under the loop's first half. AW_IN_LOOP
     (dswiglu): w·a stored between the K loop's steps from the saved tiles, the epilogue writing dg and du alone.
-    ``outputs``: the kernel's c, g, u descriptors and pointers, its saved g and u descriptors, scale and partial
-    (with SAVED then the saved σ's and silu's descriptors)."""
+    RING_CHUNKS (dswiglu): the saved tiles come through the ring after the K steps, a chunk a step
+    (:func:`dswiglu_ring_tile`). ``outputs``: the kernel's c, g, u descriptors and pointers, its saved g and u
+    descriptors, scale and partial (with SAVED then the saved σ's and silu's descriptors)."""
     c_desc, c_ptr, g_desc, g_ptr, u_desc, u_ptr, gin_desc, uin_desc, scale_ptr, partial_ptr = outputs[:10]
     SAVED_TILES: gl.constexpr = 4 if SAVED else 2  # dswiglu's saved tiles: g, u (and σ, silu)
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]  # output columns a tile
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1] * (RING_CHUNKS if RING_CHUNKS > 0 else 1)  # output columns
+    TILE_STEPS_MORE: gl.constexpr = RING_CHUNKS  # the ring's steps a tile past its K steps
     ACC_N: gl.constexpr = 2 * BLOCK_N if EPILOGUE == 2 else BLOCK_N  # the product's columns: swiglu's gate, up
     BUFFERS: gl.constexpr = a_bufs.type.shape[0]
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
@@ -656,9 +799,9 @@ def grouped_consumer_partition(a_bufs, b_bufs, c_bufs, ready, empty, turns, save
     while expert < num_experts:
         off_m, off_n, row_end = tile_place(offsets_ptr, tile, expert, first, last, tiles_n, GROUP_M, BLOCK_M,
                                            BLOCK_N)
-        if EPILOGUE == 3 and (not SAVED_MID or AW_IN_LOOP):  # dswiglu: the saved g and u tiles into the buffers
+        if EPILOGUE == 3 and RING_CHUNKS == 0 and (not SAVED_MID or AW_IN_LOOP):  # dswiglu: saved g, u tiles in
             load_saved_tiles(c_bufs, saved, outputs, off_m, off_n, SAVED_TILES, SAVED, ME, OUT_BUFS)
-        step0 = ((tile - pid) // programs) * k_steps  # the program's tiles before this one, k_steps each
+        step0 = ((tile - pid) // programs) * (k_steps + TILE_STEPS_MORE)  # the program's tiles before this one
         if CONSUMERS > 1:  # consumer 0's first turn is free (a fresh barrier), consumer 1's first waits for it
             mbarrier.wait(turns.index(ME), (n & 1) ^ (1 - ME))
         if AW_IN_LOOP:
@@ -700,7 +843,10 @@ def grouped_consumer_partition(a_bufs, b_bufs, c_bufs, ready, empty, turns, save
             if WRITE_UP:
                 put_tile(up, c_bufs, u_desc, u_ptr, off_m, off_n, row_end, whole, WRITE_OUT + WRITE_GATE, ME,
                          OUT_BUFS, WARPS)
-        if EPILOGUE == 3:  # dswiglu, in fp32 from dAp (the accumulator) and the saved bf16 g and u
+        if EPILOGUE == 3 and RING_CHUNKS > 0:  # dswiglu, the saved g and u a chunk at a time through the ring
+            dswiglu_ring_tile(acc, a_bufs, b_bufs, c_bufs, ready, empty, step0 + k_steps, outputs, off_m, off_n,
+                              row_end, whole, WRITE_OUT, WRITE_PARTIAL, RING_CHUNKS, WARPS)
+        elif EPILOGUE == 3:  # dswiglu, in fp32 from dAp (the accumulator) and the saved bf16 g and u
             mbarrier.wait(saved.index(ME), n & 1)
             if AW_IN_LOOP:  # every warp's w·a rows read g and u before any warp writes dg and du over them
                 gl.thread_barrier()
@@ -756,10 +902,12 @@ def grouped_gemm_kernel(
     LOADER_WARPS: gl.constexpr,  # warps of the loading partition: 1, or GATHER_WARPS with GATHER_A
     GATHER_PARTS: gl.constexpr,  # GATHER_A: the loading done by LOADER_WARPS one-warp partitions, not one partition
     AW_IN_LOOP: gl.constexpr,  # dswiglu: w·a stored between the K loop's steps, not through an output tile
+    RING_CHUNKS: gl.constexpr,  # dswiglu: its saved g and u through the ring, this many BLOCK_K-column chunks a tile
+                                # (the output and saved descriptors' tiles then [BLOCK_M, BLOCK_K]); 0: whole tiles
     num_warps: gl.constexpr,  # of the default partition: the cooperative consumer, or ping-pong's first (4)
 ):
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1] * (RING_CHUNKS if RING_CHUNKS > 0 else 1)
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     tiles_n = gl.cdiv(c_desc.shape[1], BLOCK_N)
     k_steps = gl.cdiv(a_desc.shape[1], BLOCK_K)
@@ -767,7 +915,9 @@ def grouped_gemm_kernel(
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [BUFFERS] + a_desc.block_type.shape, a_desc.layout)
     B_ROWS: gl.constexpr = b_desc.block_type.shape[0] * (2 if EPILOGUE == 2 else 1)  # swiglu: gate and up rows
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [BUFFERS, B_ROWS, b_desc.block_type.shape[1]], b_desc.layout)
-    if OUT_BUFS > 0:
+    if RING_CHUNKS > 0 and WRITE_OUT:  # w·a's two staging chunks
+        c_bufs = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, BLOCK_K], c_desc.layout)
+    elif OUT_BUFS > 0:
         c_bufs = gl.allocate_shared_memory(gl.bfloat16, [CONSUMERS * OUT_BUFS, BLOCK_M, BLOCK_N], c_desc.layout)
     else:  # an fp32 C leaves from registers: no output tiles in shared memory (a_bufs stands in, never touched)
         c_bufs = a_bufs
@@ -793,66 +943,76 @@ def grouped_gemm_kernel(
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
                                           WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, SAVED_MID, 0, 2,
-                                          num_warps, GATHER_A, AW_IN_LOOP)),
+                                          num_warps, GATHER_A, AW_IN_LOOP, RING_CHUNKS)),
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
                                           WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, SAVED_MID, 1, 2, 4,
-                                          GATHER_A, AW_IN_LOOP)),
+                                          GATHER_A, AW_IN_LOOP, RING_CHUNKS)),
             (grouped_gather_part_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
                                              num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr,
-                                             B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, 0, 4)),
+                                             gin_desc, uin_desc, B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M,
+                                             BLOCK_N, 0, 4, RING_CHUNKS)),
             (grouped_gather_part_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
                                              num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr,
-                                             B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, 1, 4)),
+                                             gin_desc, uin_desc, B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M,
+                                             BLOCK_N, 1, 4, RING_CHUNKS)),
             (grouped_gather_part_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
                                              num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr,
-                                             B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, 2, 4)),
+                                             gin_desc, uin_desc, B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M,
+                                             BLOCK_N, 2, 4, RING_CHUNKS)),
             (grouped_gather_part_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
                                              num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr,
-                                             B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, 3, 4)),
+                                             gin_desc, uin_desc, B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M,
+                                             BLOCK_N, 3, 4, RING_CHUNKS)),
         ], [4, 1, 1, 1, 1], [CONSUMER_REGS, LOADER_REGS, LOADER_REGS, LOADER_REGS, LOADER_REGS])
     elif GATHER_PARTS:
         gl.warp_specialize([
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
                                           WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, SAVED_MID, 0, 1,
-                                          num_warps, GATHER_A, AW_IN_LOOP)),
+                                          num_warps, GATHER_A, AW_IN_LOOP, RING_CHUNKS)),
             (grouped_gather_part_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
                                              num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr,
-                                             B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, 0, 4)),
+                                             gin_desc, uin_desc, B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M,
+                                             BLOCK_N, 0, 4, RING_CHUNKS)),
             (grouped_gather_part_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
                                              num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr,
-                                             B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, 1, 4)),
+                                             gin_desc, uin_desc, B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M,
+                                             BLOCK_N, 1, 4, RING_CHUNKS)),
             (grouped_gather_part_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
                                              num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr,
-                                             B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, 2, 4)),
+                                             gin_desc, uin_desc, B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M,
+                                             BLOCK_N, 2, 4, RING_CHUNKS)),
             (grouped_gather_part_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
                                              num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr,
-                                             B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, 3, 4)),
+                                             gin_desc, uin_desc, B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M,
+                                             BLOCK_N, 3, 4, RING_CHUNKS)),
         ], [1, 1, 1, 1], [LOADER_REGS, LOADER_REGS, LOADER_REGS, LOADER_REGS])
     elif PINGPONG:
         gl.warp_specialize([
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
                                           WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, SAVED_MID, 0, 2,
-                                          num_warps, GATHER_A, AW_IN_LOOP)),
+                                          num_warps, GATHER_A, AW_IN_LOOP, RING_CHUNKS)),
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
                                           WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, SAVED_MID, 1, 2, 4,
-                                          GATHER_A, AW_IN_LOOP)),
+                                          GATHER_A, AW_IN_LOOP, RING_CHUNKS)),
             (grouped_load_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
-                                      num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr, B_TRANSPOSED,
-                                      B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, GATHER_A, LOADER_WARPS)),
+                                      num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr, gin_desc,
+                                      uin_desc, B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, GATHER_A,
+                                      LOADER_WARPS, RING_CHUNKS)),
         ], [4, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
     else:
         gl.warp_specialize([
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
                                           WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, SAVED_MID, 0, 1,
-                                          num_warps, GATHER_A, AW_IN_LOOP)),
+                                          num_warps, GATHER_A, AW_IN_LOOP, RING_CHUNKS)),
             (grouped_load_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
-                                      num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr, B_TRANSPOSED,
-                                      B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, GATHER_A, LOADER_WARPS)),
+                                      num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr, gin_desc,
+                                      uin_desc, B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, GATHER_A,
+                                      LOADER_WARPS, RING_CHUNKS)),
         ], [LOADER_WARPS], [LOADER_REGS])
 
 
@@ -1093,6 +1253,13 @@ def check_arguments(a, b, offsets, *, out=None, scale=None, epilogue: str = "non
     if not b_transposed and not pair and K % config.block_k:
         raise ValueError(f"b: the [E, K, N] form needs K ({K}) a multiple of block_k ({config.block_k}): a K step "
                          f"past K would read the next expert's rows of b")
+    if saved_through_ring(config, epilogue, saved):
+        needed = ring_shared_bytes(config, scaled_act_out is not None)
+        if needed > SHARED_MEMORY_LIMIT:
+            raise ValueError(f"config: dswiglu through the ring needs {needed} bytes of shared memory (the ring and "
+                             f"w·a's staging), more than the {SHARED_MEMORY_LIMIT} an sm_90 block may use (fewer "
+                             f"stages fit)")
+        return b_transposed
     tiles = tile_outputs(epilogue, given)
     least = least_buffers(epilogue, tiles, saved)
     if output_buffers(config, epilogue, tiles, saved) < least:
@@ -1110,6 +1277,8 @@ def launch_arguments(config: GemmConfig, a, b, offsets, epilogue: str, b_transpo
     ``scripts/p2/grouped_probe.py --compile-only`` compiles (meta tensors do; there the pointers are types)."""
     bm, bk = config.block_m, config.block_k
     bn = output_columns(config, epilogue)  # swiglu: a box of gate rows and one of up rows fill a BLOCK_N tile
+    ring = saved_through_ring(config, epilogue, tensors.get("gate_sigmoid") is not None)
+    box_n = bk if ring else bn  # through the ring, dswiglu's saved and output tiles move a BLOCK_K-column chunk a time
     weights = weights_of(b)
     E = weights[0].shape[0]
     b_descs = [descriptor(w.reshape(E * w.shape[1], w.shape[2]), (bn, bk) if b_transposed else (bk, bn))
@@ -1122,7 +1291,7 @@ def launch_arguments(config: GemmConfig, a, b, offsets, epilogue: str, b_transpo
     def tile_descriptor(tensor):
         if tensor.dtype == torch.float32:  # an fp32 C: TMA never stores it, its descriptor gives its strides
             return TensorDescriptor.from_tensor(tensor, [bm, bn], shared_layout((bm, bn), gl.float32))
-        return descriptor(tensor, (bm, bn))
+        return descriptor(tensor, (bm, box_n))
 
     stand_in = c if c is not None else g if g is not None else u  # c not written: another output's descriptor
     c_desc = tile_descriptor(stand_in)
@@ -1138,8 +1307,8 @@ def launch_arguments(config: GemmConfig, a, b, offsets, epilogue: str, b_transpo
         g_ptr=g if g is not None else offsets,
         u_desc=c_desc if u is None or u is stand_in else tile_descriptor(u),
         u_ptr=u if u is not None else offsets,
-        gin_desc=descriptor(saved[0], (bm, bn)) if saved[0] is not None else a_desc,
-        uin_desc=descriptor(saved[1], (bm, bn)) if saved[1] is not None else a_desc,
+        gin_desc=descriptor(saved[0], (bm, box_n)) if saved[0] is not None else a_desc,
+        uin_desc=descriptor(saved[1], (bm, box_n)) if saved[1] is not None else a_desc,
         scale_ptr=tensors.get("scale") if tensors.get("scale") is not None else offsets,
         partial_ptr=tensors.get("topk_partial") if tensors.get("topk_partial") is not None else offsets,
         offsets_ptr=offsets,
@@ -1151,8 +1320,10 @@ def launch_arguments(config: GemmConfig, a, b, offsets, epilogue: str, b_transpo
     tiles = sum(t is not None and t.dtype == torch.bfloat16 for t in (c, g, u))
     sigmoid, silu = (tensors.get(name) for name in SAVED_ACTIVATIONS)
     # dswiglu's w·a between the K loop's steps: no output tile of its own (the saved σ and silu keep theirs)
-    aw_in_loop = epilogue == "dswiglu" and SCALED_ACT_IN_K_LOOP and c is not None and sigmoid is None
+    aw_in_loop = epilogue == "dswiglu" and SCALED_ACT_IN_K_LOOP and c is not None and sigmoid is None and not ring
     tiles -= aw_in_loop
+    if ring:  # no output tiles: g and u land in the ring, w·a leaves through its two staging chunks
+        tiles = 0
     saved_activations = dict(sigmoid_desc=descriptor(sigmoid, (bm, bn)) if sigmoid is not None else None,
                              silu_desc=descriptor(silu, (bm, bn)) if silu is not None else None)
     constexprs = dict(B_TRANSPOSED=b_transposed, B_PAIR=pair_kind(b, epilogue), BUFFERS=config.stages,
@@ -1164,7 +1335,7 @@ def launch_arguments(config: GemmConfig, a, b, offsets, epilogue: str, b_transpo
                       LOADER_REGS=GATHER_LOADER_REGISTERS[config.consumers] if gathered else LOADER_REGISTERS,
                       GATHER_A=gathered, LOADER_WARPS=GATHER_WARPS if gathered else 1,
                       GATHER_PARTS=gathered and GATHER_IN_PARTS, SAVED_MID=SAVED_LOADS_MID_LOOP,
-                      AW_IN_LOOP=aw_in_loop, num_warps=config.warps)
+                      AW_IN_LOOP=aw_in_loop, RING_CHUNKS=bn // bk if ring else 0, num_warps=config.warps)
     if sigmoid is not None:
         arguments.update(saved_activations)
     else:  # absent: None, a compile-time constant (the kernel without them has no such parameters)

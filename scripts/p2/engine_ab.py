@@ -160,6 +160,12 @@ KLOOP_VARIANTS = {
     # ping-pong 128 × 128: one consumer's epilogue beside the other's K loop
     "dswiglu_aw_pp_m128n128k64_s3": ("dswiglu_aw", (128, 128, 64, 3, "pingpong")),
     "dswiglu_aw_pp_m128n128k32_s6": ("dswiglu_aw", (128, 128, 32, 6, "pingpong")),
+    # the saved g and u through the ring a BLOCK_K-column chunk a step (grouped_gemm.SAVED_THROUGH_RING)
+    "dswiglu_ring_coop_m128n256k64_s4": ("dswiglu_ring", (128, 256, 64, 4)),
+    "dswiglu_ring_coop_m128n256k64_s3": ("dswiglu_ring", (128, 256, 64, 3)),
+    "dswiglu_ring_coop_m128n256k32_s8": ("dswiglu_ring", (128, 256, 32, 8)),
+    "dswiglu_ring_coop_m128n128k64_s6": ("dswiglu_ring", (128, 128, 64, 6)),
+    "dswiglu_ring_coop_m128n128k32_s8": ("dswiglu_ring", (128, 128, 32, 8)),
 }
 
 
@@ -173,11 +179,11 @@ def kloop_ab(args, flush) -> list[dict]:
     unknown = [name for name in variants if name not in KLOOP_VARIANTS]
     if unknown:
         raise SystemExit(f"--variants: unknown {unknown}; the kloop variants are {list(KLOOP_VARIANTS)}")
-    in_k_loop = grouped_gemm.SCALED_ACT_IN_K_LOOP
+    in_k_loop, through_ring = grouped_gemm.SCALED_ACT_IN_K_LOOP, grouped_gemm.SAVED_THROUGH_RING
     try:
         return [row for case in args.cases.split(",") for row in kloop_case(case, variants, args.seed, flush)]
     finally:
-        grouped_gemm.SCALED_ACT_IN_K_LOOP = in_k_loop
+        grouped_gemm.SCALED_ACT_IN_K_LOOP, grouped_gemm.SAVED_THROUGH_RING = in_k_loop, through_ring
 
 
 def kloop_case(case: str, variants: list[str], seed: int, flush) -> list[dict]:
@@ -202,6 +208,7 @@ def kloop_case(case: str, variants: list[str], seed: int, flush) -> list[dict]:
         epilogue, tiles = KLOOP_VARIANTS[name]
         config = GemmConfig(*tiles)
         grouped_gemm.SCALED_ACT_IN_K_LOOP = epilogue == "dswiglu_aw"
+        grouped_gemm.SAVED_THROUGH_RING = epilogue == "dswiglu_ring"
         if epilogue == "none":
 
             def call(config=config):
@@ -278,18 +285,19 @@ def step_peak(call) -> tuple[list, float]:
 
 # (label, then the switches of SWITCHES in order)
 LOAD_FORMS = (
-    ("written", False, False, False, False, False, False),
-    ("gathered", True, False, False, False, False, False),
-    ("in parts", True, True, False, False, False, False),
-    ("parts, mid-loop", True, True, False, False, True, False),
-    ("parts, w·a in K", True, True, False, False, False, True),
-    ("parts, no x_s", True, True, True, False, False, False),
-    ("+ dx slices", True, True, True, True, False, False),
+    ("written", False, False, False, False, False, False, False),
+    ("gathered", True, False, False, False, False, False, False),
+    ("in parts", True, True, False, False, False, False, False),
+    ("parts, mid-loop", True, True, False, False, True, False, False),
+    ("parts, w·a in K", True, True, False, False, False, True, False),
+    ("parts, ring", True, True, False, False, False, False, True),
+    ("parts, no x_s", True, True, True, False, False, False, False),
+    ("+ dx slices", True, True, True, True, False, False, False),
 )
 # engine_layer's switches, then grouped_gemm's (GEMM_SWITCHES)
 SWITCHES = ("GATHER_IN_LOADS", "GATHER_IN_PARTS", "GATHER_X_IN_WEIGHT_GRADS", "DX_IN_COLUMN_SLICES",
-            "SAVED_LOADS_MID_LOOP", "SCALED_ACT_IN_K_LOOP")  # fmt: skip
-GEMM_SWITCHES = ("GATHER_IN_PARTS", "SAVED_LOADS_MID_LOOP", "SCALED_ACT_IN_K_LOOP")
+            "SAVED_LOADS_MID_LOOP", "SCALED_ACT_IN_K_LOOP", "SAVED_THROUGH_RING")  # fmt: skip
+GEMM_SWITCHES = ("GATHER_IN_PARTS", "SAVED_LOADS_MID_LOOP", "SCALED_ACT_IN_K_LOOP", "SAVED_THROUGH_RING")
 
 
 def switch_module(name: str, engine_layer, grouped_gemm):

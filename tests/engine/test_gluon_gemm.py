@@ -31,13 +31,20 @@ def meta(*shape, dtype=torch.bfloat16):
         (dict(block_k=16), "block_k must be 32, 64 or 128"),
         (dict(stages=1), "stages must be at least 2"),
         (dict(programs=-1), "programs must be ≥ 0"),
-        (dict(stages=4), "more than the 232448"),  # 4 × 48 KB of ring and a 64 KB output tile
+        (dict(stages=5), "its ring alone takes 245760 bytes"),  # 5 × 48 KB
     ],
 )
 def test_config_refuses_what_the_kernel_does_not_do(fields, message):
     with pytest.raises(ValueError, match="config: ") as error:
         GemmConfig(**fields)
     assert message in str(error.value)
+
+
+def test_gemm_refuses_a_config_whose_ring_and_output_tile_do_not_fit_before_any_work():
+    config = GemmConfig(stages=4)  # 4 × 48 KB of ring fit; with a 64 KB output tile they do not
+    a, b = torch.randn(256, 128).bfloat16(), torch.randn(128, 256).bfloat16()
+    with pytest.raises(ValueError, match="config: 262144 bytes of shared memory .* more than the 232448"):
+        gemm(a, b, config)
 
 
 def test_config_counts_tiles_programs_and_shared_memory():

@@ -17,6 +17,7 @@ from moe_lib.engine.gluon_gemm import GemmConfig
 from moe_lib.engine.grouped_gemm import (
     DSWIGLU_CONFIG,
     DSWIGLU_SAVED_CONFIG,
+    RING_DSWIGLU_CONFIG,
     check_arguments,
     default_config,
     expert_tiles,
@@ -1377,3 +1378,91 @@ def test_gpu_dswiglu_w_a_in_the_k_loop_changes_no_bit(name, counts, seed, monkey
     results = dswiglu_off_and_on("SCALED_ACT_IN_K_LOOP", DSWIGLU_CONFIGS[name], counts, False, seed, monkeypatch)
     for key, in_epilogue, in_loop in zip(("dg", "du", "aw", "partial"), *results, strict=True):
         assert not in_loop.isnan().any() and torch.equal(in_epilogue, in_loop), key
+
+
+# --- dswiglu's saved g and u through the ring (SAVED_THROUGH_RING) ----------------------------------------------
+
+
+def test_saved_tiles_through_the_ring_take_no_output_tile_and_move_in_chunks(monkeypatch):
+    """SAVED_THROUGH_RING: dswiglu's launch takes its saved and output tiles BLOCK_K columns a step (RING_CHUNKS of
+    them a tile), no output tile in shared memory, its default config 128 × 256 with a 4-stage ring; not with the saved
+    σ and silu, nor for ping-pong consumers; a ring too deep for w·a's staging is refused before any work."""
+    from moe_lib.engine import grouped_gemm as grouped_gemm_module
+
+    M, H, I, E = 256, 128, 96, 4
+
+    def launch(config=None, **extra):
+        tensors = dict(gate=meta(M, I), up=meta(M, I), scale=meta(M, dtype=F32), dgate_out=meta(M, I),
+                       dup_out=meta(M, I), scaled_act_out=meta(M, I), **extra)  # fmt: skip
+        config = config or default_config("dswiglu", "gate_sigmoid" in extra)
+        arguments, fixed = launch_arguments(config, meta(M, H), meta(E, H, I), meta(E + 1, dtype=torch.int32),
+                                            "dswiglu", False, **tensors)  # fmt: skip
+        return config, fixed["RING_CHUNKS"], fixed["OUT_BUFS"], arguments["gin_desc"].block_shape
+
+    assert launch() == (DSWIGLU_CONFIG, 0, 3, [128, 128])
+    before = grouped_gemm_module.switches()
+    monkeypatch.setattr(grouped_gemm_module, "SAVED_THROUGH_RING", True)
+    assert grouped_gemm_module.switches() != before  # a launch made with it off never serves it on
+    assert launch() == (RING_DSWIGLU_CONFIG, 4, 0, [128, 64]) and RING_DSWIGLU_CONFIG == GemmConfig(128, 256, 64, 4)
+    assert launch(GemmConfig(128, 128, 32, 8))[1:] == (4, 0, [128, 32])
+    assert launch(GemmConfig(128, 128, 64, 5, "pingpong"))[1] == 0  # ping-pong: whole tiles, as before
+    saved = launch(gate_sigmoid=meta(M, I), gate_silu=meta(M, I))
+    assert saved[:2] == (DSWIGLU_SAVED_CONFIG, 0)
+    deep = GemmConfig(128, 256, 32, 9)  # 9 × 24 KB of ring and two 8 KB staging chunks: 1 KB over
+    tensors = dict(gate=meta(M, I), up=meta(M, I), scale=meta(M, dtype=F32))
+    with pytest.raises(ValueError, match="config: dswiglu through the ring needs 238592 bytes"):
+        check_arguments(meta(M, H), meta(E, H, I), meta(E + 1, dtype=torch.int32), epilogue="dswiglu", config=deep,
+                        scaled_act_out=meta(M, I), **tensors)  # fmt: skip
+    check_arguments(
+        meta(M, H), meta(E, H, I), meta(E + 1, dtype=torch.int32), epilogue="dswiglu", config=deep, **tensors
+    )  # without w·a it fits
+
+
+# dswiglu through the ring: 256 columns in 4 or 8 chunks, 128 in 2 or 4; several programs crossing experts
+RING_CONFIGS = {
+    "coop_256_k64_s4": RING_DSWIGLU_CONFIG,
+    "coop_256_k32_s8": GemmConfig(128, 256, 32, 8),
+    "coop_128_k32_s8": GemmConfig(128, 128, 32, 8),
+    "coop_256_k64_s2_2_programs": GemmConfig(128, 256, 64, 2, programs=2),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("counts", list(GPU_COUNTS))
+@pytest.mark.parametrize("name", list(RING_CONFIGS))
+def test_gpu_dswiglu_through_the_ring_matches_float64(name, counts, seed, monkeypatch):
+    from moe_lib.engine import grouped_gemm as grouped_gemm_module
+
+    monkeypatch.setattr(grouped_gemm_module, "SAVED_THROUGH_RING", True)
+    check_dswiglu_against_float64(RING_CONFIGS[name], counts, seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("counts", list(SAVED_COUNTS))
+@pytest.mark.parametrize("config", [DSWIGLU_CONFIG, GemmConfig(128, 128, 64, 6)], ids=["coop_128_s4", "coop_128_s6"])
+def test_gpu_dswiglu_through_the_ring_changes_no_bit_of_its_outputs(config, counts, seed, monkeypatch):
+    """SAVED_THROUGH_RING at 128 × 128 × 64 (two chunks a tile) against whole saved tiles: dg, du and w·a bit for
+    bit (the same fp32 operations an element), topk_partial within fp32's rounding (its sums grouped by chunk), no
+    NaN left."""
+    results = dswiglu_off_and_on("SAVED_THROUGH_RING", config, counts, False, seed, monkeypatch)
+    for key, whole, chunked in zip(("dg", "du", "aw", "partial"), *results, strict=True):
+        assert not chunked.isnan().any(), key
+        if key == "partial":
+            assert torch.allclose(whole, chunked, rtol=1e-5, atol=1e-5), key
+        else:
+            assert torch.equal(whole, chunked), key
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("counts", list(GPU_COUNTS))
+def test_gpu_dswiglu_through_the_ring_without_w_a_or_partials_matches_float64(counts, seed, monkeypatch):
+    """Through the ring with dg and du alone (no w·a staging chunks, no topk_partial)."""
+    from moe_lib.engine import grouped_gemm as grouped_gemm_module
+
+    monkeypatch.setattr(grouped_gemm_module, "SAVED_THROUGH_RING", True)
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    dy, wd, offsets, tensors, expected = dswiglu_case(GPU_COUNTS[counts], RING_DSWIGLU_CONFIG, generator)
+    del tensors["scaled_act_out"], tensors["topk_partial"]
+    dg, du, aw, partial = grouped_gemm(dy, wd, offsets, epilogue="dswiglu", **tensors)
+    assert aw is None and partial is None
+    assert relative_error(dg, expected["dg"]) <= 4e-3 and relative_error(du, expected["du"]) <= 4e-3

@@ -10,7 +10,7 @@ from child_env import compile_env
 
 from moe_lib.engine.gathered import Gathered
 from moe_lib.engine.gluon_gemm import GemmConfig
-from moe_lib.engine.grouped_gemm import DSWIGLU_CONFIG, check_arguments, grouped_gemm, partial_rows
+from moe_lib.engine.grouped_gemm import DSWIGLU_CONFIG, check_arguments, default_config, grouped_gemm, partial_rows
 from moe_lib.engine.grouped_tl import grouped_gemm_tl
 
 from .test_grouped_gemm import gpu_per_expert, offsets_of, per_expert, within_bf16
@@ -133,7 +133,7 @@ from moe_lib.engine.gluon_gemm import GemmConfig
 
 epilogue, fields, parts, mid = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1"
 config = GemmConfig(*fields)
-module.GATHER_IN_PARTS, module.SAVED_LOADS_MID_LOOP = parts, mid
+module.GATHER_IN_PARTS, module.SAVED_LOADS_MID_LOOP, module.SAVED_THROUGH_RING = parts, mid, sys.argv[5] == "1"
 meta = lambda *shape, dtype=torch.bfloat16: torch.empty(shape, dtype=dtype, device="meta")
 E, T, M, H, I = 8, 1024, 8192, 2048, 768
 a = Gathered(meta(T, H), meta(M, dtype=torch.int32))
@@ -160,7 +160,7 @@ print(json.dumps(dict(usage=resource_usage(compiled), cp_async=ptx.count("cp.asy
 """
 
 
-def built_for_sm90(epilogue: str, config: GemmConfig, parts: bool, mid_loop: bool = False) -> dict:
+def built_for_sm90(epilogue: str, config: GemmConfig, parts: bool, mid_loop: bool = False, ring: bool = False) -> dict:
     """The gathered launch built for sm_90 in a fresh process (:data:`BUILD_SCRIPT`): its resources and PTX counts."""
     import dataclasses
     import json
@@ -172,7 +172,7 @@ def built_for_sm90(epilogue: str, config: GemmConfig, parts: bool, mid_loop: boo
     env = compile_env(root)
     fields = json.dumps(list(dataclasses.astuple(config)))
     done = subprocess.run(
-        [sys.executable, "-c", BUILD_SCRIPT, epilogue, fields, str(int(parts)), str(int(mid_loop))],
+        [sys.executable, "-c", BUILD_SCRIPT, epilogue, fields, str(int(parts)), str(int(mid_loop)), str(int(ring))],
         cwd=root,
         env=env,
         capture_output=True,
@@ -256,10 +256,12 @@ def test_gpu_gathered_a_gives_the_bits_of_the_a_written_out(name, epilogue, coun
 @pytest.mark.gpu
 @pytest.mark.parametrize("counts", list(GPU_COUNTS))
 @pytest.mark.parametrize("parts", [False, True], ids=["one_loading_partition", "four_one_warp_parts"])
-def test_gpu_dswiglu_with_dy_gathered_gives_the_bits_of_dy_written_out(counts, parts, seed, monkeypatch):
+@pytest.mark.parametrize("ring", [False, True], ids=["whole_saved_tiles", "saved_through_the_ring"])
+def test_gpu_dswiglu_with_dy_gathered_gives_the_bits_of_dy_written_out(counts, parts, ring, seed, monkeypatch):
     from moe_lib.engine import grouped_gemm as module
 
     monkeypatch.setattr(module, "GATHER_IN_PARTS", parts)
+    monkeypatch.setattr(module, "SAVED_THROUGH_RING", ring)  # the loaders' chunk steps after the K steps
     generator = torch.Generator(device="cuda").manual_seed(seed)
     offsets = offsets_of(GPU_COUNTS[counts], device="cuda")
     E, M, H, I = len(GPU_COUNTS[counts]), int(offsets[-1]), 256, 328
@@ -267,11 +269,11 @@ def test_gpu_dswiglu_with_dy_gathered_gives_the_bits_of_dy_written_out(counts, p
     wd = bf16_randn(E, H, I, generator=generator, scale=H**-0.5, device="cuda")
     saved = bf16_randn(M, 2 * I, generator=generator, scale=2.0, device="cuda")
     w = torch.rand(M, generator=generator, device="cuda") + 0.5
-    results = []
+    results, partials = [], partial_rows(I, default_config("dswiglu"))
     for x in (dy, dy.materialise()):
         tensors = dict(gate=saved[:, :I], up=saved[:, I:], scale=w, dgate_out=nan(M, I, "cuda"),
                        dup_out=nan(M, I, "cuda"), scaled_act_out=nan(M, I, "cuda"),
-                       topk_partial=nan(partial_rows(I, DSWIGLU_CONFIG), M, "cuda", torch.float32))  # fmt: skip
+                       topk_partial=nan(partials, M, "cuda", torch.float32))  # fmt: skip
         results.append(grouped_gemm(x, wd, offsets, epilogue="dswiglu", **tensors))
     for one, other in zip(*results, strict=True):
         assert torch.equal(one, other)
