@@ -6,7 +6,7 @@ replay after an L2 flush (median of 20, 10 at 32768 tokens); one short table, an
         [--variants dswiglu_pp_m64n128k64_s6]
     git show 3da7482:moe_lib/moe_experts/engine_layer.py > /tmp/before.py
     PYTHONPATH=. python3 scripts/p2/engine_ab.py structure --before /tmp/before.py [--tokens 2048,8192,32768]
-    PYTHONPATH=. python3 scripts/p2/engine_ab.py loads [--cases P2:2048,Qwen3-30B-A3B:32768,...]
+    PYTHONPATH=. python3 scripts/p2/engine_ab.py loads [--cases P2:2048,Qwen3-30B-A3B:32768,...] [--rounds 4]
     PYTHONPATH=. python3 scripts/p2/engine_ab.py kloop [--cases Qwen3-30B-A3B:32768,...]
 
 gather: the weight-gradient kernel (``moe_lib/engine/grouped_wgrad.py``) on rows written out, on rows gathered
@@ -22,8 +22,10 @@ then by the gate and up gradients' loads too (``GATHER_X_IN_WEIGHT_GRADS``: no x
 slice at a time as well (``DX_IN_COLUMN_SLICES``), against x_s and dy_s written out first, at P2's shape (``P2``)
 and the expert shapes of moe_lib/bench/models.py, with the memory a layer step adds; and the parts form with dswiglu's
 saved tiles loaded halfway through its K loops (``grouped_gemm.SAVED_LOADS_MID_LOOP``) or its w·a stored between its
-K steps (``SCALED_ACT_IN_K_LOOP``); ``--forms`` picks some. kloop: dswiglu's product dAp = dy_s·Wd alone (the plain
-epilogue) at several tile shapes, beside dswiglu, dy's rows gathered in the loads (:data:`KLOOP_VARIANTS`).
+K steps (``SCALED_ACT_IN_K_LOOP``) or its saved tiles brought through the ring (``SAVED_THROUGH_RING``); ``--forms``
+picks some, ``--rounds`` repeats them (the order reversed each round) and gives each form's median. kloop: dswiglu's
+product dAp = dy_s·Wd alone (the plain epilogue) at several tile shapes, beside dswiglu, dy's rows gathered in the
+loads (:data:`KLOOP_VARIANTS`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import argparse
 import importlib.util
 import json
 import os
+import statistics
 import sys
 from pathlib import Path
 
@@ -321,7 +324,7 @@ def loads_ab(args, flush) -> list[dict]:
     rows: list[dict] = []
     for case in args.cases.split(","):
         try:
-            rows += loads_case(case, engine_layer, grouped_gemm, flush, args.forms)
+            rows += loads_case(case, engine_layer, grouped_gemm, flush, args.forms, args.rounds)
         except torch.cuda.OutOfMemoryError as exc:  # a case too large for this GPU: said, and the others still run
             print(f"{case}: skipped, out of memory ({str(exc).splitlines()[0][:120]})", flush=True)
             rows.append(dict(case=case, skipped="out of memory"))
@@ -331,24 +334,33 @@ def loads_ab(args, flush) -> list[dict]:
     return rows
 
 
-def loads_case(case: str, engine_layer, grouped_gemm, flush, forms=None) -> list[dict]:
-    """:func:`loads_ab`'s rows of one case, a row per form of :data:`LOAD_FORMS` (those named in ``forms``)."""
+def loads_case(case: str, engine_layer, grouped_gemm, flush, forms=None, rounds: int = 1) -> list[dict]:
+    """:func:`loads_ab`'s rows of one case, a row per form of :data:`LOAD_FORMS` (those named in ``forms``) a round;
+    the forms' order reversed every other round (A B, B A, ...), so that a drift over the run favours none; with
+    several rounds, each form's median after them."""
     label, inputs = case_inputs(case)
+    chosen = [(form, switches) for form, *switches in LOAD_FORMS if not forms or form in forms]
     first, rows = None, []
-    for form, *switches in LOAD_FORMS:
-        if forms and form not in forms:
-            continue
-        set_switches(engine_layer, grouped_gemm, switches)
-        layer, op = layer_calls(engine_layer, inputs)
-        result, peak = step_peak(layer)
-        first = first or result
-        row = dict(case=case, form=form, layer_peak_gb=peak, same=same_bits(result, first))
-        num_tokens = inputs["hidden_states"].shape[0]
-        row.update(layer_ms=timed(layer, flush, num_tokens), op_ms=timed(op, flush, num_tokens))
-        rows.append(row)
-        print(f"{label:26s} {form:15s} layer {row['layer_ms']:8.3f} ms  peak "
-              f"{peak:6.2f} GB  op {row['op_ms']:8.3f} ms  same bits {row['same']}", flush=True)  # fmt: skip
-        del result, layer, op
+    for round_ in range(rounds):
+        for form, switches in chosen if round_ % 2 == 0 else chosen[::-1]:
+            set_switches(engine_layer, grouped_gemm, switches)
+            layer, op = layer_calls(engine_layer, inputs)
+            result, peak = step_peak(layer)
+            first = first or result
+            row = dict(case=case, form=form, round=round_, layer_peak_gb=peak, same=same_bits(result, first))
+            num_tokens = inputs["hidden_states"].shape[0]
+            row.update(layer_ms=timed(layer, flush, num_tokens), op_ms=timed(op, flush, num_tokens))
+            rows.append(row)
+            print(f"{label:26s} {form:15s} layer {row['layer_ms']:8.3f} ms  peak "
+                  f"{peak:6.2f} GB  op {row['op_ms']:8.3f} ms  same bits {row['same']}", flush=True)  # fmt: skip
+            del result, layer, op
+    if rounds > 1:
+        for form, _ in chosen:
+            mine = [row for row in rows if row["form"] == form]
+            layer_ms = statistics.median(row["layer_ms"] for row in mine)
+            op_ms = statistics.median(row["op_ms"] for row in mine)
+            print(f"{label:26s} {form:15s} median of {rounds}: layer {layer_ms:8.3f} ms  op {op_ms:8.3f} ms",
+                  flush=True)  # fmt: skip
     return rows
 
 
@@ -375,6 +387,7 @@ def main() -> None:
         "32768 tokens and the two fine-grained models' 8192 and 32768; tiles': P2 at --tokens",
     )
     parser.add_argument("--forms", type=form_list, help="loads: labels of LOAD_FORMS, separated by ';' (all)")
+    parser.add_argument("--rounds", type=int, default=1, help="loads: rounds of the forms, the order reversed each")
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--out", default=os.environ.get("OUT"), help="directory of the JSON ($OUT)")
     args = parser.parse_args()

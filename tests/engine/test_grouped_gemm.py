@@ -1439,7 +1439,9 @@ def test_gpu_dswiglu_through_the_ring_matches_float64(name, counts, seed, monkey
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("counts", list(SAVED_COUNTS))
-@pytest.mark.parametrize("config", [DSWIGLU_CONFIG, GemmConfig(128, 128, 64, 6)], ids=["coop_128_s4", "coop_128_s6"])
+@pytest.mark.parametrize(
+    "config", [DSWIGLU_CONFIG, GemmConfig(128, 128, 64, 4, programs=2)], ids=["coop_128_s4", "coop_128_2_programs"]
+)
 def test_gpu_dswiglu_through_the_ring_changes_no_bit_of_its_outputs(config, counts, seed, monkeypatch):
     """SAVED_THROUGH_RING at 128 × 128 × 64 (two chunks a tile) against whole saved tiles: dg, du and w·a bit for
     bit (the same fp32 operations an element), topk_partial within fp32's rounding (its sums grouped by chunk), no
