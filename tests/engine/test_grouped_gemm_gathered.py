@@ -10,7 +10,14 @@ from child_env import compile_env
 
 from moe_lib.engine.gathered import Gathered
 from moe_lib.engine.gluon_gemm import GemmConfig
-from moe_lib.engine.grouped_gemm import DSWIGLU_CONFIG, check_arguments, default_config, grouped_gemm, partial_rows
+from moe_lib.engine.grouped_gemm import (
+    DSWIGLU_CONFIG,
+    RING_DSWIGLU_CONFIG,
+    check_arguments,
+    default_config,
+    grouped_gemm,
+    partial_rows,
+)
 from moe_lib.engine.grouped_tl import grouped_gemm_tl
 
 from .test_grouped_gemm import gpu_per_expert, offsets_of, per_expert, within_bf16
@@ -184,24 +191,29 @@ def built_for_sm90(epilogue: str, config: GemmConfig, parts: bool, mid_loop: boo
 
 
 @pytest.mark.parametrize(
-    ("epilogue", "config", "mid_loop"),
+    ("epilogue", "config", "mid_loop", "ring"),
     [
-        ("swiglu", GemmConfig(128, 256, 64, 3, "cooperative"), False),
-        ("swiglu", GemmConfig(64, 256, 64, 4, "pingpong"), False),
-        ("dswiglu", DSWIGLU_CONFIG, False),
-        ("dswiglu", DSWIGLU_CONFIG, True),
+        ("swiglu", GemmConfig(128, 256, 64, 3, "cooperative"), False, False),
+        ("swiglu", GemmConfig(64, 256, 64, 4, "pingpong"), False, False),
+        ("dswiglu", DSWIGLU_CONFIG, False, False),
+        ("dswiglu", DSWIGLU_CONFIG, True, False),
+        ("dswiglu", RING_DSWIGLU_CONFIG, False, True),
     ],
-    ids=["swiglu_coop", "swiglu_pingpong", "dswiglu", "dswiglu_mid_loop"],
+    ids=["swiglu_coop", "swiglu_pingpong", "dswiglu", "dswiglu_mid_loop", "dswiglu_through_the_ring"],
 )
 @pytest.mark.parametrize("parts", [False, True], ids=["one_loading_partition", "four_one_warp_parts"])
-def test_gathered_kernels_build_for_sm90_without_spills(epilogue, config, mid_loop, parts):
+def test_gathered_kernels_build_for_sm90_without_spills(epilogue, config, mid_loop, ring, parts):
     """The layer's gathered launches: cp.async copies in the loading partition (or, with GATHER_IN_PARTS, in four
     one-warp partitions, with no barrier among the loading warps), no spill, within the registers; dswiglu's K loop
-    in two halves with SAVED_LOADS_MID_LOOP (its wgmma twice in the PTX)."""
-    built = built_for_sm90(epilogue, config, parts, mid_loop)
-    assert built["usage"]["stack"] == 0, built
-    arrivals = built["arrivals"]  # one a loading partition
-    assert arrivals == (4 if parts else 1), built
+    in two halves with SAVED_LOADS_MID_LOOP (its wgmma twice in the PTX); through the ring (SAVED_THROUGH_RING, 128 ×
+    256 tiles) each loading partition's arrival on a chunk step too, and at most a few words of stack beside the
+    accumulator's 128 registers a thread."""
+    built = built_for_sm90(epilogue, config, parts, mid_loop, ring)
+    assert built["usage"]["stack"] <= (32 if ring else 0), built
+    arrivals = 4 if parts else 1  # one a loading partition on a K step
+    # through the ring, each partition's arrival on a chunk step too (its loop over a tile's chunks maybe unrolled)
+    chunk_arrivals = built["arrivals"] - arrivals
+    assert chunk_arrivals in ((arrivals, arrivals * config.block_n // config.block_k) if ring else (0,)), built
     # a step's copies per thread: the partition's share of the tile's rows × 8 pieces of 16 bytes over its threads
     assert built["cp_async"] == arrivals * (8 if config.block_m == 128 else 4), built
     assert built["registers"] and max(built["registers"]) <= 256, built
