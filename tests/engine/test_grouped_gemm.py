@@ -293,7 +293,10 @@ def test_dswiglu_tiles_are_full_width_and_topk_partial_has_a_row_per_column_tile
     assert partial_rows(100, SMALL) == 2 and partial_rows(2048, DSWIGLU_CONFIG) == 16
 
 
-def test_output_buffers_are_those_that_fit_beside_the_ring():
+def test_output_buffers_are_those_that_fit_beside_the_ring(monkeypatch):
+    from moe_lib.engine import grouped_gemm as grouped_gemm_module
+
+    monkeypatch.setattr(grouped_gemm_module, "SAVED_THROUGH_RING", False)  # whole saved tiles in output buffers
     coop = GemmConfig()  # 3 stages of (128 + 256) × 64 bf16: 144 KB of ring
     assert shared_bytes(coop, "swiglu", 2) == 3 * 49152 + 2 * 128 * 128 * 2 + 1024
     assert output_buffers(coop, "swiglu", 3) == 2 and output_buffers(coop, "swiglu", 1) == 1  # a third: 241 KB
@@ -458,9 +461,16 @@ FORM_CASES = [
     (
         meta(64, 64),
         meta(4, 64, 48),
-        dict(epilogue="dswiglu", config=GemmConfig(), **SAVED),
+        dict(epilogue="dswiglu", config=GemmConfig(128, 256, 64, 2, "pingpong"), **SAVED),
         ValueError,
         "config: the dswiglu epilogue needs 2 output tile(s) of 128×256",
+    ),
+    (
+        meta(64, 64),
+        meta(4, 64, 48),
+        dict(epilogue="dswiglu", config=GemmConfig(128, 256, 32, 9), scaled_act_out=meta(64, 48), **SAVED),
+        ValueError,
+        "config: dswiglu through the ring needs 238592 bytes",
     ),
     (meta(64, 0), meta(4, 0, 48), dict(epilogue="dswiglu", **SAVED), ValueError, "a: the dswiglu epilogue needs K ≥ 1"),
     (
@@ -1087,7 +1097,11 @@ def test_gpu_swiglu_pair_matches_float64(name, outputs, counts, seed):
 @pytest.mark.gpu
 @pytest.mark.parametrize("counts", list(GPU_COUNTS))
 @pytest.mark.parametrize("name", list(DSWIGLU_CONFIGS))
-def test_gpu_dswiglu_matches_float64(name, counts, seed):
+@pytest.mark.parametrize("ring", [False, True], ids=["whole_saved_tiles", "saved_through_the_ring"])
+def test_gpu_dswiglu_matches_float64(name, ring, counts, seed, monkeypatch):
+    from moe_lib.engine import grouped_gemm as grouped_gemm_module
+
+    monkeypatch.setattr(grouped_gemm_module, "SAVED_THROUGH_RING", ring)  # ping-pong tiles: whole either way
     check_dswiglu_against_float64(DSWIGLU_CONFIGS[name], counts, seed)
 
 
@@ -1108,6 +1122,7 @@ def test_gpu_dswiglu_in_quarters_with_w_a_in_the_k_loop_matches_float64(name, co
     from moe_lib.engine import grouped_gemm as grouped_gemm_module
 
     monkeypatch.setattr(grouped_gemm_module, "SCALED_ACT_IN_K_LOOP", True)
+    monkeypatch.setattr(grouped_gemm_module, "SAVED_THROUGH_RING", False)  # whole saved tiles
     check_dswiglu_against_float64(QUARTER_CONFIGS[name], counts, seed)
 
 
@@ -1310,6 +1325,8 @@ def dswiglu_off_and_on(switch, config, counts, saved, seed, monkeypatch):
     ``switch`` off, then on; the saved σ and silu given where ``saved``."""
     from moe_lib.engine import grouped_gemm as grouped_gemm_module
 
+    if switch != "SAVED_THROUGH_RING":  # the whole saved tiles' form, which the switch changes
+        monkeypatch.setattr(grouped_gemm_module, "SAVED_THROUGH_RING", False)
     generator = torch.Generator(device="cuda").manual_seed(seed)
     dy, wd, offsets, tensors, _ = gpu_dswiglu_saved_case(SAVED_COUNTS[counts], config, generator, "harness")
     if not saved:
@@ -1348,6 +1365,7 @@ def test_w_a_in_the_k_loop_takes_no_output_tile_and_deepens_the_default_ring(mon
     silu there) nor without w·a."""
     from moe_lib.engine import grouped_gemm as grouped_gemm_module
 
+    monkeypatch.setattr(grouped_gemm_module, "SAVED_THROUGH_RING", False)  # whole saved tiles, w·a's own
     M, H, I, E = 256, 128, 96, 4
 
     def constexprs(**extra):
@@ -1384,9 +1402,10 @@ def test_gpu_dswiglu_w_a_in_the_k_loop_changes_no_bit(name, counts, seed, monkey
 
 
 def test_saved_tiles_through_the_ring_take_no_output_tile_and_move_in_chunks(monkeypatch):
-    """SAVED_THROUGH_RING: dswiglu's launch takes its saved and output tiles BLOCK_K columns a step (RING_CHUNKS of
-    them a tile), no output tile in shared memory, its default config 128 × 256 with a 4-stage ring; not with the saved
-    σ and silu, nor for ping-pong consumers; a ring too deep for w·a's staging is refused before any work."""
+    """SAVED_THROUGH_RING (on by default): dswiglu's launch takes its saved and output tiles BLOCK_K columns a step
+    (RING_CHUNKS of them a tile), no output tile in shared memory, its default config 128 × 256 with a 4-stage ring;
+    not with the saved σ and silu, nor for ping-pong consumers; a ring too deep for w·a's staging is refused before
+    any work. Off, whole tiles as before."""
     from moe_lib.engine import grouped_gemm as grouped_gemm_module
 
     M, H, I, E = 256, 128, 96, 4
@@ -1399,6 +1418,7 @@ def test_saved_tiles_through_the_ring_take_no_output_tile_and_move_in_chunks(mon
                                             "dswiglu", False, **tensors)  # fmt: skip
         return config, fixed["RING_CHUNKS"], fixed["OUT_BUFS"], arguments["gin_desc"].block_shape
 
+    monkeypatch.setattr(grouped_gemm_module, "SAVED_THROUGH_RING", False)
     assert launch() == (DSWIGLU_CONFIG, 0, 3, [128, 128])
     before = grouped_gemm_module.switches()
     monkeypatch.setattr(grouped_gemm_module, "SAVED_THROUGH_RING", True)
