@@ -154,7 +154,7 @@ def test_the_readme_peak_memory_beside_sonicmoe_is_that_of_the_files():
     import pandas as pd
 
     text = README.read_text()
-    name = "2026-12-06-moe_experts_backward_bf16-bfloat16-forward_backward-models-fine-grained-sonicmoe-at-e36423f.csv"
+    name = "2026-12-06-moe_experts_backward_bf16-bfloat16-forward_backward-models-fine-grained-sonicmoe-at-9484110.csv"
     frame = pd.read_csv(README.parent / "data" / "results" / "H100-SXM" / name)
     printed = re.search(
         r"ours\s+(\d+\.\d+) GB \(Qwen3-30B-A3B\) and (\d+\.\d+) GB \(DeepSeek-V2-Lite\) "
