@@ -54,12 +54,7 @@ thread, row chunk by row chunk, so that it never writes the next expert's rows. 
 that last read it is done (as many buffers as fit beside the ring: :func:`output_buffers`). dswiglu's saved g and u
 tiles come in by TMA into the consumer's first two output buffers while its K loop runs; its epilogue takes the
 tile's columns in two halves (fewer values live at once), writing dg and du over the g and u they come from (each
-thread its own elements), and w·a through the third buffer (or the first, once dg's store has left it).
-Through the ring (``SAVED_THROUGH_RING``, the default; ``RING_CHUNKS`` in the kernel): no output tiles at all. After
-a tile's K steps the loaders bring its saved u and g BLOCK_K columns a step into the ring's next buffers (u in the A
-buffer, g in the first BLOCK_M × BLOCK_K of the B buffer), and the epilogue takes each chunk as it lands: the
-accumulator's matching columns, dg and du written over that g and u and stored from there, w·a through two small
-staging chunks a consumer; a chunk's buffers go back to the loaders once its stores have read them. With the
+thread its own elements), and w·a through the third buffer (or the first, once dg's store has left it). With the
 saved σ and silu (``SAVED``, a compile-time switch: without them the kernel is the one above), those two tiles come
 in by TMA too, into the third and fourth output buffers, beside g and u: whole 16-byte rows under the K loop, where
 loads in the accumulator's layout (two adjacent columns a thread) would wait for its end and move 4-byte pieces.
@@ -231,17 +226,17 @@ def shared_bytes(config: GemmConfig, epilogue: str, buffers: int) -> int:
 
 def saved_through_ring(config: GemmConfig, epilogue: str, saved: bool = False) -> bool:
     """Whether dswiglu brings its saved g and u through the ring (SAVED_THROUGH_RING): without the saved σ and silu,
-    a step's B buffer room for g's BLOCK_M × BLOCK_K chunk (BLOCK_N a multiple of BLOCK_M) and the tile's columns
-    whole chunks."""
-    return (SAVED_THROUGH_RING and epilogue == "dswiglu" and not saved
+    one cooperative consumer, a step's B buffer room for g's BLOCK_M × BLOCK_K chunk (BLOCK_N a multiple of BLOCK_M)
+    and the tile's columns whole chunks."""
+    return (SAVED_THROUGH_RING and epilogue == "dswiglu" and not saved and not config.pingpong
             and config.block_n % config.block_m == 0 and config.block_n % config.block_k == 0)
 
 
 def ring_shared_bytes(config: GemmConfig, writes_scaled_act: bool) -> int:
-    """Shared memory of dswiglu through the ring: the ring, w·a's two BLOCK_M × BLOCK_K staging chunks a consumer
-    where it is written, the mbarriers."""
+    """Shared memory of dswiglu through the ring: the ring, w·a's two BLOCK_M × BLOCK_K staging chunks where it is
+    written, the mbarriers."""
     ring = config.stages * (config.block_m + config.block_n) * config.block_k * ELEMENT_BYTES
-    staging = config.output_tiles * 2 * config.block_m * config.block_k * ELEMENT_BYTES if writes_scaled_act else 0
+    staging = 2 * config.block_m * config.block_k * ELEMENT_BYTES if writes_scaled_act else 0
     return ring + staging + BARRIER_BYTES
 
 
@@ -667,13 +662,13 @@ def column_chunk(x, CHUNK: gl.constexpr, CHUNKS: gl.constexpr):
 
 @gluon.jit
 def dswiglu_ring_tile(acc, a_bufs, b_bufs, aw_bufs, ready, empty, step, outputs, off_m, off_n, row_end, whole,
-                      WRITE_OUT: gl.constexpr, WRITE_PARTIAL: gl.constexpr, CHUNKS: gl.constexpr, ME: gl.constexpr,
+                      WRITE_OUT: gl.constexpr, WRITE_PARTIAL: gl.constexpr, CHUNKS: gl.constexpr,
                       WARPS: gl.constexpr):
     """dswiglu's epilogue for the tile dAp = ``acc`` with its saved g and u through the ring: CHUNKS steps from
     ``step`` on, each a BLOCK_K-column chunk (u in the step's A buffer, g at the start of its B buffer,
     :func:`load_saved_chunk`), taken as it lands: dg and du written over the g and u they come from and stored from
-    there, w·a through consumer ME's two staging chunks of ``aw_bufs`` in turn; each step's buffer handed back once
-    its stores have read it. Σ dAp·a from registers, once a tile."""
+    there, w·a through two staging chunks ``aw_bufs`` in turn; each step's buffer handed back once its stores have
+    read it. Σ dAp·a from registers, once a tile."""
     c_desc, c_ptr, g_desc, g_ptr, u_desc, u_ptr, gin_desc, uin_desc, scale_ptr, partial_ptr = outputs[:10]
     BLOCK_M: gl.constexpr = acc.type.shape[0]
     BLOCK_N: gl.constexpr = acc.type.shape[1]
@@ -694,19 +689,19 @@ def dswiglu_ring_tile(acc, a_bufs, b_bufs, aw_bufs, ready, empty, step, outputs,
         else:
             part = part + chunk_part
         if WRITE_OUT:  # its staging chunk's last store (two chunks back) was waited for a chunk ago
-            aw_bufs.index(ME * 2 + chunk % 2).store(aw)
+            aw_bufs.index(chunk % 2).store(aw)
         fence_async_shared()
         column = off_n + chunk * BLOCK_K
         if whole:  # no row of another expert (TMA clips at M_total and N)
             tma.async_copy_shared_to_global(g_desc, [off_m, column], g_smem)
             tma.async_copy_shared_to_global(u_desc, [off_m, column], u_smem)
             if WRITE_OUT:
-                tma.async_copy_shared_to_global(c_desc, [off_m, column], aw_bufs.index(ME * 2 + chunk % 2))
+                tma.async_copy_shared_to_global(c_desc, [off_m, column], aw_bufs.index(chunk % 2))
         else:
             store_rows(g_smem, g_ptr, g_desc.strides[0], off_m, column, row_end, g_desc.shape[1], WARPS)
             store_rows(u_smem, u_ptr, u_desc.strides[0], off_m, column, row_end, u_desc.shape[1], WARPS)
             if WRITE_OUT:
-                store_rows(aw_bufs.index(ME * 2 + chunk % 2), c_ptr, c_desc.strides[0], off_m, column, row_end,
+                store_rows(aw_bufs.index(chunk % 2), c_ptr, c_desc.strides[0], off_m, column, row_end,
                            c_desc.shape[1], WARPS)
         if chunk > 0:  # the chunk before's stores have read its buffers: hand them back
             tma.store_wait(pendings=STORES)
@@ -850,7 +845,7 @@ def grouped_consumer_partition(a_bufs, b_bufs, c_bufs, ready, empty, turns, save
                          OUT_BUFS, WARPS)
         if EPILOGUE == 3 and RING_CHUNKS > 0:  # dswiglu, the saved g and u a chunk at a time through the ring
             dswiglu_ring_tile(acc, a_bufs, b_bufs, c_bufs, ready, empty, step0 + k_steps, outputs, off_m, off_n,
-                              row_end, whole, WRITE_OUT, WRITE_PARTIAL, RING_CHUNKS, ME, WARPS)
+                              row_end, whole, WRITE_OUT, WRITE_PARTIAL, RING_CHUNKS, WARPS)
         elif EPILOGUE == 3:  # dswiglu, in fp32 from dAp (the accumulator) and the saved bf16 g and u
             mbarrier.wait(saved.index(ME), n & 1)
             if AW_IN_LOOP:  # every warp's w·a rows read g and u before any warp writes dg and du over them
@@ -920,8 +915,8 @@ def grouped_gemm_kernel(
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [BUFFERS] + a_desc.block_type.shape, a_desc.layout)
     B_ROWS: gl.constexpr = b_desc.block_type.shape[0] * (2 if EPILOGUE == 2 else 1)  # swiglu: gate and up rows
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [BUFFERS, B_ROWS, b_desc.block_type.shape[1]], b_desc.layout)
-    if RING_CHUNKS > 0 and WRITE_OUT:  # w·a's two staging chunks a consumer
-        c_bufs = gl.allocate_shared_memory(gl.bfloat16, [CONSUMERS * 2, BLOCK_M, BLOCK_K], c_desc.layout)
+    if RING_CHUNKS > 0 and WRITE_OUT:  # w·a's two staging chunks
+        c_bufs = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, BLOCK_K], c_desc.layout)
     elif OUT_BUFS > 0:
         c_bufs = gl.allocate_shared_memory(gl.bfloat16, [CONSUMERS * OUT_BUFS, BLOCK_M, BLOCK_N], c_desc.layout)
     else:  # an fp32 C leaves from registers: no output tiles in shared memory (a_bufs stands in, never touched)
