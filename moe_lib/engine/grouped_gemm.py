@@ -54,15 +54,19 @@ thread, row chunk by row chunk, so that it never writes the next expert's rows. 
 that last read it is done (as many buffers as fit beside the ring: :func:`output_buffers`). dswiglu's saved g and u
 tiles come in by TMA into the consumer's first two output buffers while its K loop runs; its epilogue takes the
 tile's columns in two halves (fewer values live at once), writing dg and du over the g and u they come from (each
-thread its own elements), and w·a through the third buffer (or the first, once dg's store has left it). With the
-saved σ and silu (``SAVED``, a compile-time switch: without them the kernel is the one above), those two tiles come
-in by TMA too, into the third and fourth output buffers, beside g and u: whole 16-byte rows under the K loop, where
-loads in the accumulator's layout (two adjacent columns a thread) would wait for its end and move 4-byte pieces.
-Four tiles take four output buffers a consumer, so the ring has fewer stages (:data:`DSWIGLU_SAVED_CONFIG`: 3 at
-128 × 128); w·a is written over the silu it comes from and leaves from the fourth buffer. An fp32 C
-and dswiglu's topk_partial (one value a row) leave from registers by masked stores (an fp32 row's quad of threads
-writes a whole 32-byte sector).
-Every output element for rows offsets[0] ≤ r < offsets[E] is written once: deterministic, no atomics.
+thread its own elements), and w·a through the third buffer (or the first, once dg's store has left it).
+Through the ring (``SAVED_THROUGH_RING``, the default for one cooperative consumer; ``RING_CHUNKS`` in the kernel): no
+output tiles at all. After a tile's K steps the loaders bring its saved u and g BLOCK_K columns a step into the
+ring's next buffers (u in the A buffer, g in the first BLOCK_M × BLOCK_K of the B buffer), and the epilogue takes
+each chunk as it lands: the accumulator's matching columns, dg and du written over that g and u and stored from
+there, w·a through two small staging chunks; a chunk's buffers go back to the loaders once its stores have read them.
+With the saved σ and silu (``SAVED``, a compile-time switch; whole saved tiles, never through the ring), those two tiles
+come in by TMA too, into the third and fourth output buffers, beside g and u: whole 16-byte rows under the K loop, where
+loads in the accumulator's layout (two adjacent columns a thread) would wait for its end and move 4-byte pieces. Four
+tiles take four output buffers a consumer, so the ring has fewer stages (:data:`DSWIGLU_SAVED_CONFIG`: 3 at 128 × 128);
+w·a is written over the silu it comes from and leaves from the fourth buffer. An fp32 C and dswiglu's topk_partial (one
+value a row) leave from registers by masked stores (an fp32 row's quad of threads writes a whole 32-byte sector). Every
+output element for rows offsets[0] ≤ r < offsets[E] is written once: deterministic, no atomics.
 
 The same schedule and epilogues in plain Triton, for the interpreter and for reading: :mod:`.grouped_tl`.
 """

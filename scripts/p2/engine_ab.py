@@ -169,6 +169,7 @@ KLOOP_VARIANTS = {
     "dswiglu_ring_coop_m128n256k32_s8": ("dswiglu_ring", (128, 256, 32, 8)),
     "dswiglu_ring_coop_m128n128k64_s6": ("dswiglu_ring", (128, 128, 64, 6)),
     "dswiglu_ring_coop_m128n128k32_s8": ("dswiglu_ring", (128, 128, 32, 8)),
+    "none_pp_m64n256k64_s4": ("none", (64, 256, 64, 4, "pingpong")),  # the floor of a ping-pong ring form
 }
 
 
