@@ -236,6 +236,12 @@ def saved_through_ring(config: GemmConfig, epilogue: str, saved: bool = False) -
             and config.block_n % config.block_m == 0 and config.block_n % config.block_k == 0)
 
 
+def ring_chunks(config: GemmConfig, epilogue: str, saved: bool = False) -> int:
+    """The ring's steps a tile takes past its K steps: dswiglu's saved g and u a BLOCK_K-column chunk a step where
+    they come through the ring (:func:`saved_through_ring`), else none."""
+    return config.block_n // config.block_k if saved_through_ring(config, epilogue, saved) else 0
+
+
 def ring_shared_bytes(config: GemmConfig, writes_scaled_act: bool) -> int:
     """Shared memory of dswiglu through the ring: the ring, w·a's two BLOCK_M × BLOCK_K staging chunks where it is
     written, the mbarriers."""
@@ -1339,7 +1345,8 @@ def launch_arguments(config: GemmConfig, a, b, offsets, epilogue: str, b_transpo
                       LOADER_REGS=GATHER_LOADER_REGISTERS[config.consumers] if gathered else LOADER_REGISTERS,
                       GATHER_A=gathered, LOADER_WARPS=GATHER_WARPS if gathered else 1,
                       GATHER_PARTS=gathered and GATHER_IN_PARTS, SAVED_MID=SAVED_LOADS_MID_LOOP,
-                      AW_IN_LOOP=aw_in_loop, RING_CHUNKS=bn // bk if ring else 0, num_warps=config.warps)
+                      AW_IN_LOOP=aw_in_loop, RING_CHUNKS=ring_chunks(config, epilogue, sigmoid is not None),
+                      num_warps=config.warps)
     if sigmoid is not None:
         arguments.update(saved_activations)
     else:  # absent: None, a compile-time constant (the kernel without them has no such parameters)

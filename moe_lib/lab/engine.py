@@ -2,6 +2,8 @@
 
     pipeline_figure       a program of the Gluon kernels: the loading warp, the ring of stages with their ready and
                           empty barriers, the consumer warpgroups (cooperative or ping-pong), the epilogue, the stores
+    ring_steps_frame      dswiglu's ring step by step over a program's first tiles: each tile's K steps (A and B
+                          tiles), then, through the ring, its saved u and g a chunk a step; ring_steps_figure draws it
     schedule_frame        the persistent tile schedule of the varlen-M kernel (:func:`.grouped_gemm.schedule`) as one
                           row per tile; schedule_figure draws it over the experts' rows
     wgrad_schedule_frame  the same for the varlen-K kernel (:func:`.grouped_wgrad.schedule`); wgrad_schedule_figure
@@ -188,6 +190,65 @@ def pipeline_figure(stages: int = 4):
     fig, axes = plt.subplots(2, 1, figsize=(12, 5.6))
     for ax, consumers in zip(axes, ("cooperative", "pingpong"), strict=True):
         _pipeline_panel(ax, consumers, stages)
+    fig.tight_layout()
+    return fig
+
+
+# ================================================================ dswiglu's saved tiles through the ring
+
+
+def ring_steps_frame(k: int, config: GemmConfig, tiles: int = 2, epilogue: str = "dswiglu") -> pd.DataFrame:
+    """One program's ring, step by step, over its first ``tiles`` tiles of a varlen-M launch with K = ``k``: a row a
+    step with the step's number (counted on from tile to tile, as the kernel does), its stage (step mod stages) and
+    the parity of the stage's use that its barriers wait for, the tile, what the step is (a K step, or with dswiglu
+    through the ring a chunk of the tile's saved u and g: :func:`.grouped_gemm.ring_chunks`), its index among the
+    tile's steps of that kind, and what lands in the stage's A and B buffers."""
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"k: expected an int ≥ 1 (A's columns), got {k!r}")
+    if not isinstance(tiles, int) or tiles < 1:
+        raise ValueError(f"tiles: expected an int ≥ 1, got {tiles!r}")
+    if epilogue not in grouped_gemm.EPILOGUES:
+        raise ValueError(f"epilogue: expected one of {grouped_gemm.EPILOGUES}, got {epilogue!r}")
+    bk, stages = config.block_k, config.stages
+    k_steps, chunks = cdiv(k, bk), grouped_gemm.ring_chunks(config, epilogue)
+    rows = []
+    for tile in range(tiles):
+        for j in range(k_steps + chunks):
+            step = tile * (k_steps + chunks) + j
+            if j < k_steps:  # A's tile rows, K columns j·BK on; B_e's K rows j·BK on (dswiglu's Wd as it lies)
+                ks = f"{j * bk}:{(j + 1) * bk}"
+                kind, a_buffer, b_buffer = "K step", f"A[:, {ks}]", f"B_e[{ks}, :]"
+            else:  # the tile's rows, its columns (from its first) chunk by chunk
+                cols = f"{(j - k_steps) * bk}:{(j - k_steps + 1) * bk}"
+                kind, a_buffer, b_buffer = "saved chunk", f"u[:, {cols}]", f"g[:, {cols}]"
+            index = j if j < k_steps else j - k_steps
+            rows.append(dict(step=step, stage=step % stages, parity=(step // stages) & 1, tile=tile, kind=kind,
+                             index=index, a_buffer=a_buffer, b_buffer=b_buffer))  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def ring_steps_figure(frame: pd.DataFrame, config: GemmConfig):
+    """:func:`ring_steps_frame` drawn: a column a step, a row a stage, each step's cell coloured by its kind and
+    labelled with what its A and B buffers hold; the consumer's epilogue reads a tile's chunks as they land, and
+    each stage goes back to the loaders once the step's reads (or a chunk's stores) are done. Returns the figure."""
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.62 * len(frame)), 0.8 + 0.55 * config.stages))
+    colors = {"K step": "#ddf4ff", "saved chunk": "#fbefff"}
+    for row in frame.itertuples():
+        ax.add_patch(patches.Rectangle((row.step, row.stage), 0.92, 0.9, fc=colors[row.kind], ec="black", lw=0.6))
+        label = f"K{row.index}\nA | B_e" if row.kind == "K step" else f"chunk {row.index}\nu | g"
+        ax.text(row.step + 0.46, row.stage + 0.45, label, ha="center", va="center", fontsize=6)
+    for tile, steps in frame.groupby("tile")["step"]:
+        ax.axvline(steps.min(), color="black", lw=1.0)
+        ax.text(steps.min() + 0.05, -0.35, f"tile {tile}", fontsize=7, va="center")
+    ax.set(xlim=(0, len(frame)), ylim=(config.stages, -0.6), xlabel="ring step (counted on from tile to tile)",
+           ylabel="stage")  # fmt: skip
+    ax.set_yticks([s + 0.45 for s in range(config.stages)], [str(s) for s in range(config.stages)])
+    ax.set_xticks([])
+    handles = [patches.Patch(fc=color, ec="black", label=label) for label, color in colors.items()]
+    ax.legend(handles=handles, loc="upper right", fontsize=7, ncol=2, bbox_to_anchor=(1.0, 1.18))
+    tiles = f"{config.block_m}×{config.block_n}×{config.block_k} tiles, {config.stages} stages"
+    title = f"{tiles}: A|B = what the stage's A and B buffers hold (A's rows and B_e's box; u's and g's chunks)"
+    ax.set_title(title, fontsize=8, loc="left")
     fig.tight_layout()
     return fig
 

@@ -76,6 +76,31 @@ def test_figures_draw_every_tile():
     matplotlib.pyplot.close("all")
 
 
+@pytest.mark.parametrize("through_ring", [True, False])
+def test_ring_steps_frame_numbers_each_tiles_k_steps_then_its_saved_chunks(through_ring, seed, monkeypatch):
+    """dswiglu's ring step by step: a tile's ⌈K / BLOCK_K⌉ K steps, then (through the ring) BLOCK_N / BLOCK_K chunks
+    of its saved u and g, the steps counted on from tile to tile over the stages in turn, as the kernel's step0."""
+    monkeypatch.setattr(grouped_gemm, "SAVED_THROUGH_RING", through_ring)
+    generator = torch.Generator().manual_seed(seed)
+    k = int(torch.randint(1, 700, (1,), generator=generator))
+    tiles = int(torch.randint(1, 4, (1,), generator=generator))
+    config = grouped_gemm.RING_DSWIGLU_CONFIG
+    frame = engine.ring_steps_frame(k, config, tiles)
+    k_steps, chunks = -(-k // config.block_k), (config.block_n // config.block_k if through_ring else 0)
+    assert list(frame.step) == list(range(tiles * (k_steps + chunks)))
+    assert (frame.stage == frame.step % config.stages).all()
+    assert (frame.parity == (frame.step // config.stages) % 2).all()
+    for _, steps in frame.groupby("tile"):
+        assert list(steps.kind) == ["K step"] * k_steps + ["saved chunk"] * chunks
+        assert list(steps["index"]) == [*range(k_steps), *range(chunks)]
+    chunk_rows = frame[frame.kind == "saved chunk"]
+    assert all(row.a_buffer.startswith("u[") and row.b_buffer.startswith("g[") for row in chunk_rows.itertuples())
+    assert engine.ring_steps_frame(k, config, tiles, epilogue="swiglu").kind.eq("K step").all()  # no saved tiles
+    fig = engine.ring_steps_figure(frame, config)
+    assert len(fig.axes[0].patches) == len(frame)
+    matplotlib.pyplot.close("all")
+
+
 def test_twins_against_float64(seed):
     generator = torch.Generator().manual_seed(seed)
     counts = random_counts(generator, experts=4)
@@ -137,3 +162,9 @@ def test_bad_input_names_the_argument():
         engine.offsets_of([4, -1])
     with pytest.raises(ValueError, match="stages"):
         engine.pipeline_figure(1)
+    with pytest.raises(ValueError, match="k: expected"):
+        engine.ring_steps_frame(0, SMALL)
+    with pytest.raises(ValueError, match="tiles: expected"):
+        engine.ring_steps_frame(64, SMALL, tiles=0)
+    with pytest.raises(ValueError, match="epilogue: expected"):
+        engine.ring_steps_frame(64, SMALL, epilogue="gelu")
