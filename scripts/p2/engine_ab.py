@@ -179,10 +179,7 @@ def kloop_ab(args, flush) -> list[dict]:
     tile shape's K loop sets."""
     from moe_lib.engine import grouped_gemm
 
-    variants = args.variants.split(",") if args.variants else list(KLOOP_VARIANTS)
-    unknown = [name for name in variants if name not in KLOOP_VARIANTS]
-    if unknown:
-        raise SystemExit(f"--variants: unknown {unknown}; the kloop variants are {list(KLOOP_VARIANTS)}")
+    variants = args.variants.split(",") if args.variants else list(KLOOP_VARIANTS)  # names checked in main()
     in_k_loop, through_ring = grouped_gemm.SCALED_ACT_IN_K_LOOP, grouped_gemm.SAVED_THROUGH_RING
     try:
         return [row for case in args.cases.split(",") for row in kloop_case(case, variants, args.seed, flush)]
@@ -397,6 +394,12 @@ def main() -> None:
     args.tokens = args.tokens or ("2048,8192,32768" if args.run == "structure" else "2048,4096,8192")
     if args.run == "kloop" and not args.cases:
         args.cases = "Qwen3-30B-A3B:32768,DeepSeek-V2-Lite:32768,P2:8192"
+    if args.rounds < 1:
+        parser.error(f"--rounds: expected at least 1, got {args.rounds}")
+    if args.run == "kloop" and args.variants:
+        unknown = [name for name in args.variants.split(",") if name not in KLOOP_VARIANTS]
+        if unknown:
+            parser.error(f"--variants: unknown {unknown}; the kloop variants are {list(KLOOP_VARIANTS)}")
     if args.run == "loads" and not args.cases:
         args.cases = ",".join([*(f"P2:{t}" for t in (2048, 8192)), *LOADS_MODEL_CASES, "P2:32768"])
     if args.cases:
