@@ -72,6 +72,11 @@ GATHER_X_IN_WEIGHT_GRADS = False
 # whether dX_s is made and summed a column slice at a time where H > 2I, so that no workspace is wider than [dg | du]
 # (notes/p2/engine-layer.md, "A backward without x_s"); off until measured
 DX_IN_COLUMN_SLICES = False
+# whether the forward keeps g and u as the two halves of one [T·K, 2I] buffer and the backward writes [dg | du] over
+# it (dswiglu reads each tile, or chunk, of g and u before it writes dg and du there): no [T·K, 2I] workspace at the
+# backward's peak, but the saved pre-activations are spent by the backward. For the layer's own calls (forward, then
+# backward once); off until measured (notes/queue.md, M)
+GRADS_OVER_SAVED = False
 
 
 def structure(
@@ -295,7 +300,10 @@ def forward(
     )
     allocate = runtime.allocate
     preactivations = None
-    if save_preactivations:
+    if save_preactivations and GRADS_OVER_SAVED:  # g and u the halves of one buffer, [dg | du] later
+        together = allocate((max(num_slots, 1), 2 * I), dtype=hidden_states.dtype, device=hidden_states.device)
+        preactivations = (together[:, :I], together[:, I:])
+    elif save_preactivations:
         preactivations = tuple(
             allocate((max(num_slots, 1), I), dtype=hidden_states.dtype, device=hidden_states.device) for _ in range(2)
         )
@@ -328,6 +336,16 @@ def forward(
     )
     y = routed.token_sum(y_s)
     return (y, preactivations) if save_preactivations else y
+
+
+def halves_of_one(gate_pre: torch.Tensor, up_pre: torch.Tensor) -> torch.Tensor | None:
+    """[g | u] as one [rows, 2I] view where ``gate_pre`` and ``up_pre`` are the two halves of one buffer (as the
+    forward keeps them with :data:`GRADS_OVER_SAVED`), else None."""
+    rows, I = gate_pre.shape
+    together = gate_pre.stride() == up_pre.stride() == (2 * I, 1) and up_pre.shape == gate_pre.shape
+    if not together or up_pre.data_ptr() != gate_pre.data_ptr() + I * gate_pre.element_size():
+        return None
+    return gate_pre.as_strided((rows, 2 * I), (2 * I, 1))
 
 
 def x_rows_for_weight_grads(routed: _Routed, hidden_states: torch.Tensor) -> Gathered | torch.Tensor:
@@ -382,7 +400,9 @@ def backward(
             )
     else:
         gate_pre, up_pre = (p[:num_slots] for p in preactivations)
-    d_preact = allocate((num_slots, 2 * I), dtype=dtype, device=device)  # [dg | du]
+    d_preact = halves_of_one(gate_pre, up_pre) if GRADS_OVER_SAVED and preactivations is not None else None
+    if d_preact is None:
+        d_preact = allocate((num_slots, 2 * I), dtype=dtype, device=device)  # [dg | du]
     dgate, dup = d_preact[:, :I], d_preact[:, I:]
     scaled_act = allocate((num_slots, I), dtype=dtype, device=device)
     topk_partial = allocate((launches.partial_rows(I), num_slots), dtype=torch.float32, device=device)

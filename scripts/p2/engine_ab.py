@@ -15,17 +15,17 @@ through the routing with the consumers' proxy fence (``FENCE_GATHERED``) and wit
 u, then backward) at P2's shape (or the ``--cases``) with the varlen-M products' tiles (``engine_layer.gemm_config``)
 and dswiglu's (``grouped_gemm.DSWIGLU_CONFIG``) of each variant. structure: the layer and the op with an earlier
 ``engine_layer.py`` (loaded as a module of ``moe_lib.moe_experts``, the current tiles given to it) against the
-current one, with the memory a layer step adds (its peak over what was allocated before). loads: the layer and the
-op with x's and dy's rows read through the routing by the first product's and dswiglu's loads
-(``engine_layer.GATHER_IN_LOADS``), those loads in four one-warp partitions (``grouped_gemm.GATHER_IN_PARTS``),
-then by the gate and up gradients' loads too (``GATHER_X_IN_WEIGHT_GRADS``: no x_s at all), and with dX made a column
-slice at a time as well (``DX_IN_COLUMN_SLICES``), against x_s and dy_s written out first, at P2's shape (``P2``)
-and the expert shapes of moe_lib/bench/models.py, with the memory a layer step adds; and the parts form with dswiglu's
-saved tiles loaded halfway through its K loops (``grouped_gemm.SAVED_LOADS_MID_LOOP``) or its w·a stored between its
-K steps (``SCALED_ACT_IN_K_LOOP``) or its saved tiles brought through the ring (``SAVED_THROUGH_RING``); ``--forms``
-picks some, ``--rounds`` repeats them (the order reversed each round) and gives each form's median. kloop: dswiglu's
-product dAp = dy_s·Wd alone (the plain epilogue) at several tile shapes, beside dswiglu, dy's rows gathered in the
-loads (:data:`KLOOP_VARIANTS`).
+current one, with the memory a layer step adds (its peak over what was allocated before). loads: the layer and the op
+with x's and dy's rows read through the routing by the first product's and dswiglu's loads
+(``engine_layer.GATHER_IN_LOADS``), those loads in four one-warp partitions (``grouped_gemm.GATHER_IN_PARTS``), then by
+the gate and up gradients' loads too (``GATHER_X_IN_WEIGHT_GRADS``: no x_s at all), and with dX made a column slice at a
+time as well (``DX_IN_COLUMN_SLICES``), against x_s and dy_s written out first, at P2's shape (``P2``) and the expert
+shapes of moe_lib/bench/models.py, with the memory a layer step adds; and the parts form with dswiglu's saved tiles
+loaded halfway through its K loops (``grouped_gemm.SAVED_LOADS_MID_LOOP``) or its w·a stored between its K steps
+(``SCALED_ACT_IN_K_LOOP``) or its saved tiles brought through the ring (``SAVED_THROUGH_RING``), there also with [dg |
+du] written over the saved g and u (``engine_layer.GRADS_OVER_SAVED``); ``--forms`` picks some, ``--rounds`` repeats
+them (the order reversed each round) and gives each form's median. kloop: dswiglu's product dAp = dy_s·Wd alone (the
+plain epilogue) at several tile shapes, beside dswiglu, dy's rows gathered in the loads (:data:`KLOOP_VARIANTS`).
 """
 
 from __future__ import annotations
@@ -286,17 +286,18 @@ def step_peak(call) -> tuple[list, float]:
 
 # (label, then the switches of SWITCHES in order)
 LOAD_FORMS = (
-    ("written", False, False, False, False, False, False, False),
-    ("gathered", True, False, False, False, False, False, False),
-    ("in parts", True, True, False, False, False, False, False),
-    ("parts, mid-loop", True, True, False, False, True, False, False),
-    ("parts, w·a in K", True, True, False, False, False, True, False),
-    ("parts, ring", True, True, False, False, False, False, True),
-    ("parts, no x_s", True, True, True, False, False, False, False),
-    ("+ dx slices", True, True, True, True, False, False, False),
+    ("written", False, False, False, False, False, False, False, False),
+    ("gathered", True, False, False, False, False, False, False, False),
+    ("in parts", True, True, False, False, False, False, False, False),
+    ("parts, mid-loop", True, True, False, False, False, True, False, False),
+    ("parts, w·a in K", True, True, False, False, False, False, True, False),
+    ("parts, ring", True, True, False, False, False, False, False, True),
+    ("ring, over saved", True, True, False, False, True, False, False, True),
+    ("parts, no x_s", True, True, True, False, False, False, False, False),
+    ("+ dx slices", True, True, True, True, False, False, False, False),
 )
 # engine_layer's switches, then grouped_gemm's (GEMM_SWITCHES)
-SWITCHES = ("GATHER_IN_LOADS", "GATHER_IN_PARTS", "GATHER_X_IN_WEIGHT_GRADS", "DX_IN_COLUMN_SLICES",
+SWITCHES = ("GATHER_IN_LOADS", "GATHER_IN_PARTS", "GATHER_X_IN_WEIGHT_GRADS", "DX_IN_COLUMN_SLICES", "GRADS_OVER_SAVED",
             "SAVED_LOADS_MID_LOOP", "SCALED_ACT_IN_K_LOOP", "SAVED_THROUGH_RING")  # fmt: skip
 GEMM_SWITCHES = ("GATHER_IN_PARTS", "SAVED_LOADS_MID_LOOP", "SCALED_ACT_IN_K_LOOP", "SAVED_THROUGH_RING")
 

@@ -1488,3 +1488,28 @@ def test_gpu_dswiglu_through_the_ring_without_w_a_or_partials_matches_float64(co
     dg, du, aw, partial = grouped_gemm(dy, wd, offsets, epilogue="dswiglu", **tensors)
     assert aw is None and partial is None
     assert relative_error(dg, expected["dg"]) <= 4e-3 and relative_error(du, expected["du"]) <= 4e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("counts", list(GPU_COUNTS))
+@pytest.mark.parametrize("ring", [False, True], ids=["whole_saved_tiles", "saved_through_the_ring"])
+def test_gpu_dswiglu_writes_dg_and_du_over_g_and_u_as_it_would_apart(ring, counts, seed, monkeypatch):
+    """dgate_out and dup_out the saved g and u themselves (the layer's GRADS_OVER_SAVED): each tile (or chunk) of g
+    and u is read before dg and du are written there, and no tile writes past its expert's rows, so the outputs are
+    the bits of separate ones."""
+    from moe_lib.engine import grouped_gemm as grouped_gemm_module
+
+    monkeypatch.setattr(grouped_gemm_module, "SAVED_THROUGH_RING", ring)
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    dy, wd, offsets, tensors, _ = dswiglu_case(GPU_COUNTS[counts], default_config("dswiglu"), generator)
+    apart = grouped_gemm(dy, wd, offsets, epilogue="dswiglu", **tensors)
+    over = dict(
+        tensors,
+        dgate_out=tensors["gate"],
+        dup_out=tensors["up"],
+        scaled_act_out=torch.full_like(tensors["scaled_act_out"], float("nan")),
+        topk_partial=torch.full_like(tensors["topk_partial"], float("nan")),
+    )
+    written = grouped_gemm(dy, wd, offsets, epilogue="dswiglu", **over)
+    for name, got, want in zip(("dg", "du", "aw", "partial"), written, apart, strict=True):
+        assert torch.equal(got, want), name

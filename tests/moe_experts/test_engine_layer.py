@@ -523,3 +523,61 @@ def test_gpu_dx_in_column_slices_lowers_the_peak_without_x_s(seed, monkeypatch):
         peaks.append(backward_peak(inputs)[0])
     half_dx_s = T * K * H  # bytes: half of [T·K, H] bf16
     assert peaks[1] <= peaks[0] - half_dx_s + 2**23, (peaks, half_dx_s)
+
+
+def test_halves_of_one_views_g_and_u_as_one_buffer_only_where_they_are():
+    together = torch.zeros(6, 2 * 64, dtype=torch.bfloat16)
+    g, u = together[:, :64], together[:, 64:]
+    view = engine_layer.halves_of_one(g, u)
+    assert view is not None and view.data_ptr() == together.data_ptr() and view.shape == (6, 128)
+    assert engine_layer.halves_of_one(u, g) is None  # the halves swapped
+    assert engine_layer.halves_of_one(g[:4], u[:4]).shape == (4, 128)  # the forward's rows past num_slots left out
+    apart = torch.zeros(6, 64, dtype=torch.bfloat16), torch.zeros(6, 64, dtype=torch.bfloat16)
+    assert engine_layer.halves_of_one(*apart) is None
+
+
+def layer_step_over_saved(inputs, over_saved, monkeypatch):
+    """y and the five gradients of a layer step (g and u saved), with GRADS_OVER_SAVED on or off; the saved g and u
+    as the forward left them and as the backward left them."""
+    monkeypatch.setattr(engine_layer, "GRADS_OVER_SAVED", over_saved)
+    y, preactivations = engine_layer.forward(*args(inputs), save_preactivations=True)
+    kept = tuple(p.clone() for p in preactivations)
+    grads = engine_layer.backward(inputs["grad_output"], *args(inputs), preactivations=preactivations)
+    return (y, *grads), kept, preactivations
+
+
+@pytest.mark.parametrize("case", ["uniform", "skewed", "K1"])
+def test_grads_over_the_saved_preactivations_change_no_bit(case, seed, nan_workspaces, monkeypatch):
+    """GRADS_OVER_SAVED: g and u kept as the halves of one buffer and [dg | du] written over them (dswiglu reads a tile
+    of g and u before it writes dg and du there): the same six outputs, bit for bit, as with a workspace of its own;
+    the saved buffer then holds the backward's dg and du, no longer g and u."""
+    inputs = bf16_inputs(*CASES[case], seed)
+    over, kept, spent = layer_step_over_saved(inputs, True, monkeypatch)
+    apart, _, untouched = layer_step_over_saved(inputs, False, monkeypatch)
+    for name, got, want in zip(("y", "dx", "dtopk", "dWg", "dWu", "dWd"), over, apart, strict=True):
+        assert torch.isfinite(got).all() and torch.equal(got, want), name
+    assert engine_layer.halves_of_one(*spent) is not None and engine_layer.halves_of_one(*untouched) is None
+    slots = inputs["topk_indices"].numel()
+    assert not torch.equal(spent[0][:slots], kept[0][:slots])  # dg over g
+    assert all(torch.equal(p[:slots], k[:slots]) for p, k in zip(untouched, kept, strict=True))  # off: g, u kept
+
+
+# many slots beside few experts' weights, so that the backward's peak falls in the gate and up gradients' phase, where
+# [dg | du] is alive (test_gpu_backward_peak_keeps_one_routed_copy_at_most_beside_the_weight_gradients's two phases)
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(8192, 1024, 512, 8, 4), (4096, 2048, 768, 16, 8)])
+def test_gpu_grads_over_the_saved_preactivations_change_no_bit_and_lower_the_peak(shape, seed, monkeypatch):
+    """On the GPU (dswiglu through the ring, 128 × 256 tiles): the same bits as with a [dg | du] workspace, and the
+    backward's peak lower by that workspace's [T·K, 2I]."""
+    T, H, I, E, K = shape
+    inputs = bf16_inputs(T, H, I, E, K, "uniform", seed, device="cuda")
+    over, _, _ = layer_step_over_saved(inputs, True, monkeypatch)
+    apart, _, _ = layer_step_over_saved(inputs, False, monkeypatch)
+    for name, got, want in zip(("y", "dx", "dtopk", "dWg", "dWu", "dWd"), over, apart, strict=True):
+        assert torch.isfinite(got).all() and torch.equal(got, want), name
+    peaks = []
+    for over_saved in (False, True):
+        monkeypatch.setattr(engine_layer, "GRADS_OVER_SAVED", over_saved)
+        peaks.append(backward_peak(inputs)[0])
+    workspace = 2 * T * K * 2 * I
+    assert peaks[1] <= peaks[0] - workspace + 2**23, (peaks, workspace)
