@@ -142,7 +142,7 @@ SCALED_ACT_IN_K_LOOP = False
 # tiles through the ring": dswiglu 14-22% faster).
 SAVED_THROUGH_RING = True
 # the tiles dswiglu takes through the ring: the plain product's best (notes/p2/engine-layer.md, "dswiglu's product
-# alone"), its ring as deep as fits beside w·a's two staging chunks
+# alone"), its ring as deep as fits beside w·a's two staging chunks (ring_shared_bytes: 230,400 bytes)
 RING_DSWIGLU_CONFIG = GemmConfig(128, 256, 64, 4)
 
 
@@ -195,17 +195,14 @@ def schedule(offsets: list[int], n: int, config: GemmConfig, programs: int,
 
 def default_config(epilogue: str, saved: bool = False) -> GemmConfig:
     """The config :func:`grouped_gemm` takes where none is given: DSWIGLU_CONFIG for dswiglu (DSWIGLU_SAVED_CONFIG
-    where it reads the ``saved`` σ and silu; with SAVED_THROUGH_RING RING_DSWIGLU_CONFIG, its ring as deep as fits;
+    where it reads the ``saved`` σ and silu; with SAVED_THROUGH_RING RING_DSWIGLU_CONFIG;
     with SCALED_ACT_IN_K_LOOP its tiles with the ring deepened into the output tile w·a no longer takes), else
     DEFAULT_CONFIG."""
     if epilogue == "dswiglu":
         if saved:
             return DSWIGLU_SAVED_CONFIG
         if SAVED_THROUGH_RING:
-            fitted = RING_DSWIGLU_CONFIG
-            while fitted.stages > 2 and ring_shared_bytes(fitted, True) > SHARED_MEMORY_LIMIT:
-                fitted = dataclasses.replace(fitted, stages=fitted.stages - 1)
-            return fitted
+            return RING_DSWIGLU_CONFIG
         if SCALED_ACT_IN_K_LOOP:
             deepest = dataclasses.replace(DSWIGLU_CONFIG, stages=DSWIGLU_CONFIG.stages + 2)
             return stages_that_fit(deepest, "dswiglu", least_buffers("dswiglu", 2))
@@ -332,18 +329,26 @@ def load_b_step(b_desc, b2_desc, b_buf, bar, expert, rows, off_n, k, B_TRANSPOSE
 
 
 @gluon.jit
-def load_saved_chunk(gin_desc, uin_desc, a_bufs, b_bufs, bar, slot, off_m, off_n, chunk):
-    """dswiglu through the ring: columns off_n + chunk·BLOCK_K on of the tile's saved u into the step's A buffer and
-    of its g into the first BLOCK_M × BLOCK_K of its B buffer, by TMA on ``bar``."""
+def saved_g_chunk(b_bufs, slot, gin_desc):
+    """dswiglu through the ring: where g's chunk lands, the first BLOCK_M × BLOCK_K of the step's B buffer, in the
+    layout of the saved tiles' descriptor ``gin_desc``."""
     BLOCK_M: gl.constexpr = gin_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = gin_desc.block_type.shape[1]
     B_BUFFER: gl.constexpr = b_bufs.type.shape[1] * b_bufs.type.shape[2]
+    chunks = b_bufs.index(slot)._reinterpret(gl.bfloat16, [B_BUFFER // (BLOCK_M * BLOCK_K), BLOCK_M, BLOCK_K],
+                                             gin_desc.layout)
+    return chunks.index(0)
+
+
+@gluon.jit
+def load_saved_chunk(gin_desc, uin_desc, a_bufs, b_bufs, bar, slot, off_m, off_n, chunk):
+    """dswiglu through the ring: columns off_n + chunk·BLOCK_K on of the tile's saved u into the step's A buffer and
+    of its g into the first BLOCK_M × BLOCK_K of its B buffer, by TMA on ``bar``."""
+    BLOCK_K: gl.constexpr = gin_desc.block_type.shape[1]
     mbarrier.expect(bar, 2 * gin_desc.block_type.nbytes)
     column = off_n + chunk * BLOCK_K
     tma.async_copy_global_to_shared(uin_desc, [off_m, column], bar, a_bufs.index(slot))
-    g_chunks = b_bufs.index(slot)._reinterpret(gl.bfloat16, [B_BUFFER // (BLOCK_M * BLOCK_K), BLOCK_M, BLOCK_K],
-                                               gin_desc.layout)
-    tma.async_copy_global_to_shared(gin_desc, [off_m, column], bar, g_chunks.index(0))
+    tma.async_copy_global_to_shared(gin_desc, [off_m, column], bar, saved_g_chunk(b_bufs, slot, gin_desc))
 
 
 @gluon.jit
@@ -684,15 +689,13 @@ def dswiglu_ring_tile(acc, a_bufs, b_bufs, aw_bufs, ready, empty, step, outputs,
     BLOCK_N: gl.constexpr = acc.type.shape[1]
     BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
     BUFFERS: gl.constexpr = a_bufs.type.shape[0]
-    B_BUFFER: gl.constexpr = b_bufs.type.shape[1] * b_bufs.type.shape[2]
     STORES: gl.constexpr = 3 if WRITE_OUT else 2  # TMA stores a chunk: dg, du (and w·a)
     for chunk in gl.static_range(CHUNKS):
         i = step + chunk
         slot = i % BUFFERS
         mbarrier.wait(ready.index(slot), (i // BUFFERS) & 1)
         u_smem = a_bufs.index(slot)
-        g_smem = b_bufs.index(slot)._reinterpret(gl.bfloat16, [B_BUFFER // (BLOCK_M * BLOCK_K), BLOCK_M, BLOCK_K],
-                                                 gin_desc.layout).index(0)
+        g_smem = saved_g_chunk(b_bufs, slot, gin_desc)
         chunk_part, aw = dswiglu_half(column_chunk(acc, chunk, CHUNKS), g_smem, u_smem, scale_ptr, off_m, row_end)
         if chunk == 0:
             part = chunk_part
@@ -793,7 +796,6 @@ def grouped_consumer_partition(a_bufs, b_bufs, c_bufs, ready, empty, turns, save
     SAVED_TILES: gl.constexpr = 4 if SAVED else 2  # dswiglu's saved tiles: g, u (and σ, silu)
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1] * (RING_CHUNKS if RING_CHUNKS > 0 else 1)  # output columns
-    TILE_STEPS_MORE: gl.constexpr = RING_CHUNKS  # the ring's steps a tile past its K steps
     ACC_N: gl.constexpr = 2 * BLOCK_N if EPILOGUE == 2 else BLOCK_N  # the product's columns: swiglu's gate, up
     BUFFERS: gl.constexpr = a_bufs.type.shape[0]
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
@@ -811,7 +813,7 @@ def grouped_consumer_partition(a_bufs, b_bufs, c_bufs, ready, empty, turns, save
                                            BLOCK_N)
         if EPILOGUE == 3 and RING_CHUNKS == 0 and (not SAVED_MID or AW_IN_LOOP):  # dswiglu: saved g, u tiles in
             load_saved_tiles(c_bufs, saved, outputs, off_m, off_n, SAVED_TILES, SAVED, ME, OUT_BUFS)
-        step0 = ((tile - pid) // programs) * (k_steps + TILE_STEPS_MORE)  # the program's tiles before this one
+        step0 = ((tile - pid) // programs) * (k_steps + RING_CHUNKS)  # the program's tiles before this one
         if CONSUMERS > 1:  # consumer 0's first turn is free (a fresh barrier), consumer 1's first waits for it
             mbarrier.wait(turns.index(ME), (n & 1) ^ (1 - ME))
         if AW_IN_LOOP:
