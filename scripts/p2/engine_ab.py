@@ -23,9 +23,10 @@ time as well (``DX_IN_COLUMN_SLICES``), against x_s and dy_s written out first, 
 shapes of moe_lib/bench/models.py, with the memory a layer step adds; and the parts form with dswiglu's saved tiles
 loaded halfway through its K loops (``grouped_gemm.SAVED_LOADS_MID_LOOP``) or its w·a stored between its K steps
 (``SCALED_ACT_IN_K_LOOP``) or its saved tiles brought through the ring (``SAVED_THROUGH_RING``), there also with [dg |
-du] written over the saved g and u (``engine_layer.GRADS_OVER_SAVED``); ``--forms`` picks some, ``--rounds`` repeats
-them (the order reversed each round) and gives each form's median. kloop: dswiglu's product dAp = dy_s·Wd alone (the
-plain epilogue) at several tile shapes, beside dswiglu, dy's rows gathered in the loads (:data:`KLOOP_VARIANTS`).
+du] written over the saved g and u (``engine_layer.GRADS_OVER_SAVED``), with and without x_s; ``--forms`` picks some,
+``--rounds`` repeats them (the order reversed each round) and gives each form's median. kloop: dswiglu's product dAp =
+dy_s·Wd alone (the plain epilogue) at several tile shapes, beside dswiglu, dy's rows gathered in the loads
+(:data:`KLOOP_VARIANTS`).
 """
 
 from __future__ import annotations
@@ -293,6 +294,8 @@ LOAD_FORMS = (
     ("parts, w·a in K", True, True, False, False, False, False, True, False),
     ("parts, ring", True, True, False, False, False, False, False, True),
     ("ring, over saved", True, True, False, False, True, False, False, True),
+    ("over saved, no x_s", True, True, True, False, True, False, False, True),
+    ("over saved, no x_s, dx slices", True, True, True, True, True, False, False, True),
     ("parts, no x_s", True, True, True, False, False, False, False, False),
     ("+ dx slices", True, True, True, True, False, False, False, False),
 )
