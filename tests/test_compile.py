@@ -464,6 +464,7 @@ def parallel_rank_main(rank: int, init_file: str, out_dir: str, seed: int, devic
             ),
         )
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
+        dist.barrier()  # no rank tears its gloo connections down while a peer still uses them (gloo aborts)
     except BaseException:
         traceback.print_exc()
         raise

@@ -587,6 +587,7 @@ def run_rank(rank: int, local_rank: int, world_size: int, init_method: str, args
             ]
             if rank == 0:
                 write_results(results, dtype_name, args, device, world_size, backend, environment, started)
+        dist.barrier()  # no rank tears its connections down while a peer still uses them (gloo aborts)
     finally:
         dist.destroy_process_group()
 

@@ -207,6 +207,7 @@ def rank_main(rank: int, world_size: int, init_file: str, out_dir: str, cases: d
         for name, case in cases.items():
             results[name] = run_case_on_rank(case, seed, rank)
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
+        dist.barrier()  # no rank tears its gloo connections down while a peer still uses them (gloo aborts)
     except BaseException:
         traceback.print_exc()
         raise
