@@ -274,13 +274,13 @@ def op_cases(device="cpu", dtype=torch.float32, impl="auto", T=6):
             ops.swiglu_expert_backward.default,
             (p1["grad_output"], p1["x"], *p1_weights, p1["gate"], p1["up"], impl, "fast", False),
         ),
-        (ops.moe_experts_backward.default, (*p2.values(), impl, True, False, None, None, None)),
+        (ops.moe_experts_backward.default, (*p2.values(), impl, True, False, None, None)),
         (ops.moe_experts.default, (*p2_forward, impl, True, False, False)),
         (ops.moe_experts.default, (*p2_forward, impl, False, False, True)),
         (ops.moe_experts_gate_up.default, (*p2_gate_up, impl, True, False, False)),
         (
             ops.moe_experts_backward_gate_up.default,
-            (p2["grad_output"], *p2_gate_up, impl, True, False, None, None, None),
+            (p2["grad_output"], *p2_gate_up, impl, True, False, None, None),
         ),
     ]
 

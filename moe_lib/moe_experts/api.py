@@ -66,7 +66,7 @@ def moe_experts_backward(
     check_moe_experts_backward(*args, validate=False)  # the values: in the op
     if resolve_impl(impl, hidden_states.device, hidden_states.dtype) == "triton":
         check_contiguous(dict(zip(INPUT_NAMES, args, strict=True)))
-    return torch.ops.moe_lib.moe_experts_backward(*args, impl, validate, check_finite, None, None, None)
+    return torch.ops.moe_lib.moe_experts_backward(*args, impl, validate, check_finite, None, None)
 
 
 def _moe_experts_backward_body(
@@ -80,19 +80,19 @@ def _moe_experts_backward_body(
     impl: str,
     validate: bool,
     check_finite: bool,
-    gate_preactivations: Tensor | None,
-    up_preactivations: Tensor | None,
+    preactivations: Tensor | None,
     routing: Tensor | None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The op behind :func:`moe_experts_backward` (metadata checked by it): the value checks, then the reference or
-    the Triton kernels. The pre-activations (g, u) and the routing, kept by the layer's Triton forward, are read
-    instead of made again (only the Triton path has them)."""
+    the Triton kernels. The pre-activations [g | u] and the routing, kept by the layer's Triton forward, are read
+    instead of made again (only the Triton path has them); the backward may write [dg | du] over the pre-activations
+    (so the op declares that it mutates them: the layer runs its backward once a forward)."""
     args = (grad_output, hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights)
-    return _backward_of(args, impl, validate, check_finite, (gate_preactivations, up_preactivations), routing)
+    return _backward_of(args, impl, validate, check_finite, preactivations, routing)
 
 
 _moe_experts_backward_op = torch.library.custom_op(
-    "moe_lib::moe_experts_backward", _moe_experts_backward_body, mutates_args=()
+    "moe_lib::moe_experts_backward", _moe_experts_backward_body, mutates_args=("preactivations",)
 )
 
 
@@ -103,7 +103,8 @@ def _(grad_output, hidden_states, topk_indices, topk_weights, gate_weights, up_w
 
 def _backward_of(args, impl, validate, check_finite, preactivations, routing, weight_grads_out=None):
     """Both backward ops' work: the value checks, then the reference or the Triton kernels (the weight gradients
-    written into ``weight_grads_out`` where given)."""
+    written into ``weight_grads_out`` where given; ``preactivations`` [g | u] spent: [dg | du] may be written over
+    them)."""
     _, hidden_states, topk_indices, _, gate_weights, _, _ = args
     if validate:
         check_index_values(topk_indices, gate_weights.shape[0])
@@ -120,10 +121,17 @@ def _backward_of(args, impl, validate, check_finite, preactivations, routing, we
 
     return moe_experts_backward_triton(
         *_contiguous(args, 4),
-        preactivations=None if preactivations[0] is None else preactivations,
+        preactivations=None if preactivations is None else _halves(preactivations),
         weight_grads_out=weight_grads_out,
         routing=_kept(routing),
+        spend_preactivations=True,
     )
+
+
+def _halves(preactivations: Tensor) -> tuple[Tensor, Tensor]:
+    """(g, u): the column halves of the layer's saved pre-activations [rows, 2I]."""
+    I = preactivations.shape[1] // 2
+    return preactivations[:, :I], preactivations[:, I:]
 
 
 def _kept(routing: Tensor | None) -> Tensor | None:
@@ -224,35 +232,35 @@ def _moe_experts_body(
     validate: bool,
     check_finite: bool,
     save_activations: bool,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The layer's forward: (y, g, u, routing): the pre-activations g and u [T·K, I] where the Triton path keeps
-    them (``save_activations``), else empty [0, I]; the routing in expert order where the grouped engine runs the
-    call (:func:`.launch.layer_routing`, int32), else empty."""
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The layer's forward: (y, [g | u], routing): the pre-activations [T·K, 2I] (g's columns, then u's) where the
+    Triton path keeps them (``save_activations``), else empty [0, 2I]; the routing in expert order where the grouped
+    engine runs the call (:func:`.launch.layer_routing`, int32), else empty."""
     inputs = (hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights)
     return _layer_forward(inputs, impl, validate, check_finite, save_activations)
 
 
 def _layer_forward(inputs, impl, validate, check_finite, save_activations):
-    """Both layer ops' forward: (y, g, u, routing) of :func:`_moe_experts_op`."""
+    """Both layer ops' forward: (y, [g | u], routing) of :func:`_moe_experts_op`."""
     hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights = inputs
     if validate:
         check_index_values(topk_indices, gate_weights.shape[0])
     if check_finite:
         finite(dict(zip(INPUT_NAMES[1:], inputs, strict=True)))  # float tensors only
     no_routing = topk_indices.new_empty(0, dtype=torch.int32)
+    none = hidden_states.new_empty(0, 2 * gate_weights.shape[1])
     if resolve_impl(impl, hidden_states.device, hidden_states.dtype) != "triton":
-        none = hidden_states.new_empty(0, gate_weights.shape[1])
-        return moe_experts_forward(*inputs, impl=impl), none, none.clone(), no_routing
+        return moe_experts_forward(*inputs, impl=impl), none, no_routing
     from .launch import layer_routing, moe_experts_forward_triton
 
     inputs = _contiguous(inputs, 3)
     routing = layer_routing(*inputs[:4])
     if not save_activations:
-        none = hidden_states.new_empty(0, gate_weights.shape[1])
         y = moe_experts_forward_triton(*inputs, routing=routing)
-        return y, none, none.clone(), no_routing if routing is None else routing
-    y, (gate_pre, up_pre) = moe_experts_forward_triton(*inputs, save_preactivations=True, routing=routing)
-    return y, gate_pre, up_pre, no_routing if routing is None else routing
+        return y, none, no_routing if routing is None else routing
+    y, (gate_pre, _) = moe_experts_forward_triton(*inputs, save_preactivations=True, routing=routing)
+    together = gate_pre.as_strided((gate_pre.shape[0], 2 * gate_pre.shape[1]), gate_pre.stride())  # [g | u]
+    return y, together, no_routing if routing is None else routing
 
 
 _moe_experts_op = torch.library.custom_op("moe_lib::moe_experts", _moe_experts_body, mutates_args=())
@@ -264,7 +272,7 @@ def _(hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_
 
 
 def _layer_fake(hidden_states, topk_indices, gate_weights, impl, save_activations):
-    """Both layer ops' outputs as fake tensors: y; g and u of at least one row where kept; the routing, whose
+    """Both layer ops' outputs as fake tensors: y; [g | u] of at least one row where kept; the routing, whose
     length (E + 1 + 3·T·K, or 0 where the kernels route in place) depends on the chosen structure."""
     rows = 0
     if _keeps_preactivations(impl, hidden_states, save_activations):  # the kernels' buffers: at least one row
@@ -277,8 +285,7 @@ def _layer_fake(hidden_states, topk_indices, gate_weights, impl, save_activation
         routing = layer_routing_size(hidden_states, topk_indices, gate_weights)
     return (
         hidden_states.new_empty(hidden_states.shape),
-        hidden_states.new_empty(rows, I),
-        hidden_states.new_empty(rows, I),
+        hidden_states.new_empty(rows, 2 * I),
         topk_indices.new_empty(routing, dtype=torch.int32),
     )
 
@@ -326,8 +333,8 @@ def _moe_experts_gate_up_body(
     validate: bool,
     check_finite: bool,
     save_activations: bool,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """:func:`moe_experts_gate_up`'s forward: (y, g, u, routing) as :func:`_moe_experts_op`'s."""
+) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`moe_experts_gate_up`'s forward: (y, [g | u], routing) as :func:`_moe_experts_op`'s."""
     gate_weights, up_weights = split_gate_up(gate_up_weights)
     inputs = (hidden_states, topk_indices, topk_weights, gate_weights, up_weights, down_weights)
     return _layer_forward(inputs, impl, validate, check_finite, save_activations)
@@ -353,8 +360,7 @@ def _moe_experts_backward_gate_up_body(
     impl: str,
     validate: bool,
     check_finite: bool,
-    gate_preactivations: Tensor | None,
-    up_preactivations: Tensor | None,
+    preactivations: Tensor | None,
     routing: Tensor | None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """:func:`moe_experts_gate_up`'s backward: (grad_hidden_states, grad_topk_weights, grad_gate_up [E, 2I, H],
@@ -374,13 +380,12 @@ def _moe_experts_backward_gate_up_body(
     weights = (*split_gate_up(gate_up_weights.contiguous()), down_weights)
     args = (grad_output, hidden_states, topk_indices, topk_weights, *weights)
     outs = (*split_gate_up(grad_gate_up), grad_down)
-    kept = (gate_preactivations, up_preactivations)
-    grad_x, grad_w, *_ = _backward_of(args, impl, validate, False, kept, routing, outs)
+    grad_x, grad_w, *_ = _backward_of(args, impl, validate, False, preactivations, routing, outs)
     return grad_x, grad_w, grad_gate_up, grad_down
 
 
 _moe_experts_backward_gate_up_op = torch.library.custom_op(
-    "moe_lib::moe_experts_backward_gate_up", _moe_experts_backward_gate_up_body, mutates_args=()
+    "moe_lib::moe_experts_backward_gate_up", _moe_experts_backward_gate_up_body, mutates_args=("preactivations",)
 )
 
 
@@ -403,18 +408,21 @@ def _keeps_preactivations(impl: str, hidden_states, save_activations: bool) -> b
 
 
 def _save_for_backward(ctx, inputs, output):
-    """Both layer ops': their tensor inputs (gate and up weights, or the fused block), g, u and the routing."""
+    """Both layer ops': their tensor inputs (gate and up weights, or the fused block), [g | u] and the routing."""
     *tensors, impl, _, check_finite, save_activations = inputs
     ctx.save_for_backward(*tensors, *output[1:])
     ctx.impl, ctx.check_finite = impl, check_finite
     ctx.structure = preferred_now()  # the backward runs the structure the forward ran
     ctx.preactivations = _keeps_preactivations(impl, tensors[0], save_activations)
-    # g, u and the routing are outputs no loss reaches: without this autograd hands the backward zeros of their shapes
+    ctx.spent = False  # set by the backward that spends [g | u]
+    # [g | u] and the routing are outputs no loss reaches: without this autograd hands the backward zeros of them
     ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, grad_output, *_not_reached):
-    *inputs, gate_pre, up_pre, routing = ctx.saved_tensors
+    if ctx.spent:
+        raise RuntimeError(SECOND_BACKWARD_REFUSED)
+    *inputs, preactivations, routing = ctx.saved_tensors
     fused = len(inputs) == 5  # (x, ids, w, gate_up, down): moe_experts_gate_up
     hidden_states, topk_indices, topk_weights, *weights = inputs
     grad_output = grad_output.contiguous()
@@ -435,9 +443,12 @@ def _backward(ctx, grad_output, *_not_reached):
             op = _moe_experts_backward_gate_up_body if fused else _moe_experts_backward_body
         else:  # the op: a node of what torch.compile traces
             op = torch.ops.moe_lib.moe_experts_backward_gate_up if fused else torch.ops.moe_lib.moe_experts_backward
-        kept = (gate_pre, up_pre) if ctx.preactivations else (None, None)
+        kept = preactivations if ctx.preactivations else None
         with torch.no_grad(), preferred(ctx.structure):  # the op is opaque to autograd: its gradients are constants
-            grads = op(grad_output, *inputs, ctx.impl, False, ctx.check_finite, *kept, routing)
+            grads = op(grad_output, *inputs, ctx.impl, False, ctx.check_finite, kept, routing)
+        if kept is not None:  # [dg | du] may now lie there: a second backward would read them as g and u
+            ctx.spent = True
+            torch.autograd.graph.increment_version(kept)  # as the op's dispatch does; its body alone does not
     if on_triton:
         depends_on = (grad_output, hidden_states, topk_weights, *weights)
         grads = not_differentiable_again(grads, depends_on, DOUBLE_BACKWARD_REFUSED)
@@ -467,7 +478,7 @@ LAYER_BODIES = {"moe_experts": _moe_experts_body, "moe_experts_gate_up": _moe_ex
 
 
 def _layer_call(name: str, *inputs):
-    """The layer op ``name``'s outputs (y, g, u, routing): the op where ``torch.compile`` traces, else
+    """The layer op ``name``'s outputs (y, [g | u], routing): the op where ``torch.compile`` traces, else
     :class:`_EagerLayer` with the op's body."""
     if torch.compiler.is_compiling() or not _plain(inputs):
         return getattr(torch.ops.moe_lib, name)(*inputs)
@@ -485,6 +496,10 @@ def _plain(inputs) -> bool:
 torch.library.register_autograd("moe_lib::moe_experts", _backward, setup_context=_save_for_backward)
 torch.library.register_autograd("moe_lib::moe_experts_gate_up", _backward, setup_context=_save_for_backward)
 
+SECOND_BACKWARD_REFUSED = (
+    "moe_experts: save_activations=True runs one backward a forward: the first wrote its gradients over the saved "
+    "pre-activations (retain_graph=True cannot reuse them); call the layer again, or use save_activations=False"
+)
 DOUBLE_BACKWARD_REFUSED = (
     "impl: moe_experts' Triton backward cannot be differentiated again (double backward); "
     "use impl='reference' for higher-order gradients"

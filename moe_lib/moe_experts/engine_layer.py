@@ -26,10 +26,12 @@ element is written by one tile once (deterministic, no atomics); experts without
 Memory: dX_s is freed after its sum; x_s is written (where g and u were saved) just before the gradients of Wg and
 Wu, and freed with [dg | du] before Wd's gradient is allocated. So no two [T·K, H] workspaces are ever alive beside
 the weight gradients: the backward's peak is the larger of (dWg, dWu, [dg | du], aw, x_s) and (dWg, dWu, dWd, aw),
-besides the saved g and u. Gathering x in the weight gradients' launch as well (``GATHER_X_IN_WEIGHT_GRADS``) saves
-x_s. Where H > 2I (the fine-grained experts) dX_s is then the widest workspace: ``DX_IN_COLUMN_SLICES`` makes and
-sums it a column slice at a time (:func:`dx_column_slices`), each no wider than [dg | du]; the same products and
-sums, so the same bits (notes/p2/engine-layer.md, "A backward without x_s").
+besides the saved g and u, where the layer's backward writes [dg | du] (``spend_preactivations``: the saved g and u
+are the halves of one [T·K, 2I] buffer, and dswiglu reads each chunk of them before it writes there). Gathering x in
+the weight gradients' launch as well (``GATHER_X_IN_WEIGHT_GRADS``) saves x_s. Where H > 2I (the fine-grained
+experts) dX_s is then the widest workspace: ``DX_IN_COLUMN_SLICES`` makes and sums it a column slice at a time
+(:func:`dx_column_slices`), each no wider than [dg | du]; the same products and sums, so the same bits
+(notes/p2/engine-layer.md, "A backward without x_s").
 
 The gate and up weights may be the two row halves of one fused [E, 2I, H] block (Hugging Face's ``gate_up_proj``,
 as :class:`moe_lib.nn.MoEExperts` hands them): the swiglu and dX products then read that block as it lies, one
@@ -72,11 +74,11 @@ GATHER_X_IN_WEIGHT_GRADS = False
 # whether dX_s is made and summed a column slice at a time where H > 2I, so that no workspace is wider than [dg | du]
 # (notes/p2/engine-layer.md, "A backward without x_s"); off until measured
 DX_IN_COLUMN_SLICES = False
-# whether the forward keeps g and u as the two halves of one [T·K, 2I] buffer and the backward writes [dg | du] over
-# it (dswiglu reads each tile, or chunk, of g and u before it writes dg and du there): no [T·K, 2I] workspace at the
-# backward's peak, but the saved pre-activations are spent by the backward. For the layer's own calls (forward, then
-# backward once); off until measured (notes/queue.md, M)
-GRADS_OVER_SAVED = False
+# whether a backward asked to spend the saved pre-activations (``spend_preactivations``: the layer's op, which runs
+# its backward once) writes [dg | du] over them, the two halves of one [T·K, 2I] buffer (dswiglu reads each chunk of
+# g and u before it writes dg and du there): no [T·K, 2I] workspace at the backward's peak, the same time
+# (notes/p2/engine-layer.md, "Gradients over the saved pre-activations")
+GRADS_OVER_SAVED = True
 
 
 def structure(
@@ -300,13 +302,8 @@ def forward(
     )
     allocate = runtime.allocate
     preactivations = None
-    if save_preactivations and GRADS_OVER_SAVED:  # g and u the halves of one buffer, [dg | du] later
-        together = allocate((max(num_slots, 1), 2 * I), dtype=hidden_states.dtype, device=hidden_states.device)
-        preactivations = (together[:, :I], together[:, I:])
-    elif save_preactivations:
-        preactivations = tuple(
-            allocate((max(num_slots, 1), I), dtype=hidden_states.dtype, device=hidden_states.device) for _ in range(2)
-        )
+    if save_preactivations:  # g and u the halves of one buffer, which the backward may write [dg | du] over
+        preactivations = runtime.allocate_preactivations(num_slots, I, hidden_states.dtype, hidden_states.device)
     if num_slots == 0:
         y = allocate((T, H), dtype=hidden_states.dtype, device=hidden_states.device).zero_()
         return (y, preactivations) if save_preactivations else y
@@ -340,7 +337,7 @@ def forward(
 
 def halves_of_one(gate_pre: torch.Tensor, up_pre: torch.Tensor) -> torch.Tensor | None:
     """[g | u] as one [rows, 2I] view where ``gate_pre`` and ``up_pre`` are the two halves of one buffer (as the
-    forward keeps them with :data:`GRADS_OVER_SAVED`), else None."""
+    forwards keep them: :func:`.runtime.allocate_preactivations`), else None."""
     rows, I = gate_pre.shape
     together = gate_pre.stride() == up_pre.stride() == (2 * I, 1) and up_pre.shape == gate_pre.shape
     if not together or up_pre.data_ptr() != gate_pre.data_ptr() + I * gate_pre.element_size():
@@ -368,12 +365,14 @@ def backward(
     preactivations=None,
     weight_grads_out=None,
     routing=None,
+    spend_preactivations: bool = False,
 ):
     """(grad_hidden_states [T, H], grad_topk_weights [T, K], grad_gate [E, I, H], grad_up, grad_down [E, H, I]),
     freshly allocated (the weight gradients into ``weight_grads_out`` where given: where its gate and up gradients
     are the row halves of one fused [E, 2I, H] block, one product writes that block, [dg | du]ᵀ·x_s);
     ``preactivations`` (g, u) saved by :func:`forward` on the same routing, else recomputed; ``routing`` the
-    forward's :func:`saved_routing`, else made again."""
+    forward's :func:`saved_routing`, else made again. ``spend_preactivations``: the caller needs g and u no more, so
+    [dg | du] may be written over them (:data:`GRADS_OVER_SAVED`; their buffer then holds [dg | du])."""
     T, H = hidden_states.shape
     E, I, _ = gate_weights.shape
     K = topk_indices.shape[1]
@@ -400,7 +399,8 @@ def backward(
             )
     else:
         gate_pre, up_pre = (p[:num_slots] for p in preactivations)
-    d_preact = halves_of_one(gate_pre, up_pre) if GRADS_OVER_SAVED and preactivations is not None else None
+    spend = spend_preactivations and GRADS_OVER_SAVED and preactivations is not None
+    d_preact = halves_of_one(gate_pre, up_pre) if spend else None
     if d_preact is None:
         d_preact = allocate((num_slots, 2 * I), dtype=dtype, device=device)  # [dg | du]
     dgate, dup = d_preact[:, :I], d_preact[:, I:]

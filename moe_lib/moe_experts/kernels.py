@@ -134,6 +134,7 @@ def swiglu_grad_kernel(
     topk_partial_ptr,  # out [n_I_tiles, T·K] fp32: ⟨dAp, a⟩ over one I-tile, column = slot
     gate_pre_ptr,  # [T·K, I] g = Wg_e x, row = sorted position, input dtype: written (PREACT 1) or read (2)
     up_pre_ptr,  # [T·K, I] u = Wu_e x, likewise
+    preact_row_stride,  # elements between g's (and u's) rows: I, or 2I where g and u are the halves of one buffer
     num_slots,  # T·K
     top_k,  # K
     hidden_size,  # H
@@ -212,12 +213,13 @@ def swiglu_grad_kernel(
 
         out_offsets = rows[None, :].to(tl.int64) * inter_size + cols[:, None]
         out_mask = col_ok[:, None] & row_ok[None, :]
+        pre_offsets = rows[None, :].to(tl.int64) * preact_row_stride + cols[:, None]
         if PREACT == 1:  # a forward that saves g and u for its backward
-            tl.store(gate_pre_ptr + out_offsets, round_to(g, gate_pre_ptr.dtype.element_ty, INTERPRETER), mask=out_mask)
-            tl.store(up_pre_ptr + out_offsets, round_to(u, up_pre_ptr.dtype.element_ty, INTERPRETER), mask=out_mask)
+            tl.store(gate_pre_ptr + pre_offsets, round_to(g, gate_pre_ptr.dtype.element_ty, INTERPRETER), mask=out_mask)
+            tl.store(up_pre_ptr + pre_offsets, round_to(u, up_pre_ptr.dtype.element_ty, INTERPRETER), mask=out_mask)
         if PREACT == 2:  # the backward of such a forward: g and u read back instead of recomputed
-            g = tl.load(gate_pre_ptr + out_offsets, mask=out_mask, other=0.0).to(tl.float32)
-            u = tl.load(up_pre_ptr + out_offsets, mask=out_mask, other=0.0).to(tl.float32)
+            g = tl.load(gate_pre_ptr + pre_offsets, mask=out_mask, other=0.0).to(tl.float32)
+            u = tl.load(up_pre_ptr + pre_offsets, mask=out_mask, other=0.0).to(tl.float32)
         # epilogue: padded rows and columns hold g = u = dAp = 0, so they add nothing to the sums over I
         w = tl.load(topk_weights_ptr + slots, mask=row_ok, other=0.0).to(tl.float32)
         sig = tl.sigmoid(g)

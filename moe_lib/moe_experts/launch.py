@@ -160,6 +160,7 @@ def launch_swiglu_grad(
         topk_partial,
         gate_pre,
         up_pre,
+        gate_pre.stride(0),
         num_slots,
         top_k,
         H,
@@ -344,6 +345,7 @@ def moe_experts_backward_triton(
     weight_grads_out=None,
     products: str | None = None,
     routing=None,
+    spend_preactivations: bool = False,
 ):
     """P2 with the Triton kernels; inputs already validated and contiguous (see :mod:`.api`), except that gate and
     up weights may be the row halves of one fused [E, 2I, H] block (:mod:`.weights`).
@@ -357,8 +359,9 @@ def moe_experts_backward_triton(
     one (the engine's), read instead of sorting the slots again. ``config``
     overrides the tile sizes (default: :func:`~.choose.launch_config`'s); ``preactivations`` (g, u) saved by
     :func:`moe_experts_forward_triton` on the same routing are read instead of recomputed (kernel A then does
-    one product of three). ``products`` overrides kernel W's ("plain" or "bf16x3", fp32 inputs only; default:
-    :func:`~.choose.weight_grad_products`'s rule).
+    one product of three); with ``spend_preactivations`` (the caller needs them no more) the engine may write its
+    [dg | du] over them (:func:`.engine_layer.backward`). ``products`` overrides kernel W's ("plain" or "bf16x3",
+    fp32 inputs only; default: :func:`~.choose.weight_grad_products`'s rule).
     """
     T, H = hidden_states.shape
     E, I, _ = gate_weights.shape
@@ -383,6 +386,7 @@ def moe_experts_backward_triton(
             preactivations=preactivations,
             weight_grads_out=weight_grads_out,
             routing=routing,
+            spend_preactivations=spend_preactivations,
         )
     num_slots = T * K
     gate_weights, up_weights = _separate(gate_weights, up_weights)
@@ -514,7 +518,8 @@ def moe_experts_forward_triton(
     (y per slot), C without the routing-weight gradient. Same precision as the backward: fp32 inputs
     get bf16×3 products for g and u, and a plain bf16 product (aw and Wd rounded) for Wd·aw.
     With ``save_preactivations`` returns (y, (g, u)): the pre-activations, [T·K, I] each in the hidden
-    dtype, rows in expert order, for :func:`moe_experts_backward_triton`'s ``preactivations``. The kernels
+    dtype, rows in expert order (the column halves of one buffer: :func:`.runtime.allocate_preactivations`), for
+    :func:`moe_experts_backward_triton`'s ``preactivations``. The kernels
     address every input by row-major strides: others are refused by name, except gate and up weights that are the
     row halves of one fused [E, 2I, H] block (:mod:`.weights`: the engine reads the block, the other kernels copy).
     ``routing``: :func:`layer_routing` of these inputs, where the layer keeps it for the backward.
@@ -562,7 +567,7 @@ def moe_experts_forward_triton(
     y = allocate((T, H), dtype=dtype, device=device)
     preactivations = None
     if save_preactivations:
-        preactivations = tuple(allocate((max(num_slots, 1), I), dtype=dtype, device=device) for _ in range(2))
+        preactivations = runtime.allocate_preactivations(num_slots, I, dtype, device)
     if num_slots == 0:
         y.zero_()
         return (y, preactivations) if save_preactivations else y

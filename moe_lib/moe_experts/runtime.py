@@ -18,6 +18,15 @@ from ..precision import split_halves
 # with NaN, to prove that every element the kernels read or return was written).
 allocate = torch.empty
 
+
+def allocate_preactivations(num_slots: int, intermediate_size: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The saved pre-activations (g, u), [max(T·K, 1), I] each: the two column halves of one [rows, 2I] buffer, so
+    that the layer's op hands them to its backward as one tensor, which the engine's backward may write [dg | du]
+    over (:func:`.engine_layer.halves_of_one`)."""
+    together = allocate((max(num_slots, 1), 2 * intermediate_size), dtype=dtype, device=device)
+    return together[:, :intermediate_size], together[:, intermediate_size:]
+
+
 # the tensor-core operand dtype of each interface dtype: fp32 inputs are multiplied as bf16 (hi + lo halves in A)
 OPERAND_DTYPES = {torch.float32: tl.bfloat16, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 # the dtype of kernel A's dg, du, aw workspaces and of the operands kernels W and D read, per interface dtype

@@ -37,6 +37,7 @@ import json
 import os
 import statistics
 import sys
+from inspect import signature
 from pathlib import Path
 
 import torch
@@ -59,9 +60,12 @@ def layer_calls(module, inputs):
     args = [inputs[name] for name in LAYER_INPUTS]
     grad_output = inputs["grad_output"]
 
+    # the layer's own step spends its saved g and u (an earlier engine_layer.py may not know the option)
+    spend = {"spend_preactivations": True} if "spend_preactivations" in signature(module.backward).parameters else {}
+
     def layer():
         y, preactivations = module.forward(*args, save_preactivations=True)
-        return (y, *module.backward(grad_output, *args, preactivations=preactivations))
+        return (y, *module.backward(grad_output, *args, preactivations=preactivations, **spend))
 
     def op():
         return module.backward(grad_output, *args)

@@ -40,10 +40,10 @@ LAYER_INPUTS = ("hidden_states", "topk_indices", "topk_weights", "gate_weights",
 
 
 def layer_step(inputs):
-    """The layer's forward saving g and u, then its backward: the gradients."""
+    """The layer's forward saving g and u, then its backward, which spends them as the layer's does: the gradients."""
     args = [inputs[name] for name in LAYER_INPUTS]
     _, preactivations = engine_layer.forward(*args, save_preactivations=True)
-    return engine_layer.backward(inputs["grad_output"], *args, preactivations=preactivations)
+    return engine_layer.backward(inputs["grad_output"], *args, preactivations=preactivations, spend_preactivations=True)
 
 
 def op_step(inputs):

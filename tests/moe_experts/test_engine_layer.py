@@ -13,7 +13,7 @@ from oracles import moe_experts_forward_dense, moe_experts_grads
 
 from moe_lib import problems
 from moe_lib.engine.gluon_gemm import GemmConfig
-from moe_lib.moe_experts import engine_layer
+from moe_lib.moe_experts import engine_layer, runtime
 from moe_lib.moe_experts.runtime import Target
 from moe_lib.moe_experts.weights import split_gate_up
 
@@ -174,13 +174,16 @@ def test_weight_gradients_read_aligned_rows_through_the_routing():
     assert torch.equal(routed.rows(odd), routed.gather(odd))
 
 
-def backward_peak(inputs) -> tuple[int, tuple]:
-    """(the bytes the engine's backward adds at its peak, after a forward keeping g and u; its gradients)."""
+def backward_peak(inputs, spend: bool = False) -> tuple[int, tuple]:
+    """(the bytes the engine's backward adds at its peak, after a forward keeping g and u; its gradients); ``spend``:
+    the backward may write [dg | du] over g and u."""
     _, preactivations = engine_layer.forward(*args(inputs), save_preactivations=True)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
-    grads = engine_layer.backward(inputs["grad_output"], *args(inputs), preactivations=preactivations)
+    grads = engine_layer.backward(
+        inputs["grad_output"], *args(inputs), preactivations=preactivations, spend_preactivations=spend
+    )
     torch.cuda.synchronize()
     return torch.cuda.max_memory_allocated() - before, grads
 
@@ -250,8 +253,8 @@ def test_the_default_structure_by_rows_an_expert():
 
 @pytest.mark.parametrize("path", ["eager", "op"])
 def test_the_layer_backward_gets_no_zeros_for_its_saved_preactivations(path, seed, monkeypatch):
-    """g and u are outputs of the layer's op that no loss reaches: autograd must not hand its backward [T·K, I]
-    zeros for them (2 · T·K·I bf16 bytes at the backward's peak), on the eager path (``_EagerLayer``) and through
+    """[g | u] is an output of the layer's op that no loss reaches: autograd must not hand its backward [T·K, 2I]
+    zeros for it (2 · T·K·I bf16 bytes at the backward's peak), on the eager path (``_EagerLayer``) and through
     the op (as ``torch.compile`` runs it)."""
     import importlib
 
@@ -261,9 +264,9 @@ def test_the_layer_backward_gets_no_zeros_for_its_saved_preactivations(path, see
     received = []
     backward = api._backward
 
-    def spy(ctx, grad_output, grad_gate_pre, grad_up_pre, grad_routing):
-        received.append((grad_gate_pre, grad_up_pre, grad_routing))
-        return backward(ctx, grad_output, grad_gate_pre, grad_up_pre, grad_routing)
+    def spy(ctx, grad_output, grad_preactivations, grad_routing):
+        received.append((grad_preactivations, grad_routing))
+        return backward(ctx, grad_output, grad_preactivations, grad_routing)
 
     T, H, I, E, K, routing = CASES["uniform"]
     inputs = bf16_inputs(T, H, I, E, K, routing, seed)
@@ -281,7 +284,37 @@ def test_the_layer_backward_gets_no_zeros_for_its_saved_preactivations(path, see
             torch.autograd.grad(y, leaves, inputs["grad_output"])
         finally:
             torch.library.register_autograd("moe_lib::moe_experts", backward, setup_context=api._save_for_backward)
-    assert received == [(None, None, None)]
+    assert received == [(None, None)]
+
+
+@pytest.mark.parametrize("structure", ["engine", "kernels"])
+@pytest.mark.parametrize("path", ["eager", "op"])
+def test_a_second_backward_of_a_saving_forward_is_refused_by_name(path, structure, seed, nan_workspaces):
+    """save_activations=True: the backward may write [dg | du] over the saved [g | u], so a second backward through
+    the same forward (retain_graph=True) is refused, saying why; without saved activations it runs, the same bits."""
+    from moe_lib.moe_experts import moe_experts
+    from moe_lib.moe_experts.structure import preferred
+
+    T, H, I, E, K, routing = CASES["uniform"]
+    inputs = bf16_inputs(T, H, I, E, K, routing, seed)
+    weights = [inputs[n] for n in ("gate_weights", "up_weights", "down_weights")]
+    for save in (True, False):
+        x = inputs["hidden_states"].detach().requires_grad_()
+        with preferred(structure):
+            if path == "eager":
+                y = moe_experts(x, inputs["topk_indices"], inputs["topk_weights"], *weights, impl="triton",
+                                save_activations=save)  # fmt: skip
+            else:
+                y = torch.ops.moe_lib.moe_experts(x, inputs["topk_indices"], inputs["topk_weights"], *weights,
+                                                  "triton", True, False, save)[0]  # fmt: skip
+        (first,) = torch.autograd.grad(y, [x], inputs["grad_output"], retain_graph=True)
+        assert torch.isfinite(first).all()
+        if save:
+            with pytest.raises(RuntimeError, match="save_activations=True runs one backward a forward"):
+                torch.autograd.grad(y, [x], inputs["grad_output"])
+        else:
+            (second,) = torch.autograd.grad(y, [x], inputs["grad_output"])
+            assert torch.equal(first, second)
 
 
 @pytest.mark.parametrize("case", ["skewed", "hot"])  # hot: H = 2I, dX's B [E, 2I, H] square per expert
@@ -526,8 +559,8 @@ def test_gpu_dx_in_column_slices_lowers_the_peak_without_x_s(seed, monkeypatch):
 
 
 def test_halves_of_one_views_g_and_u_as_one_buffer_only_where_they_are():
-    together = torch.zeros(6, 2 * 64, dtype=torch.bfloat16)
-    g, u = together[:, :64], together[:, 64:]
+    g, u = runtime.allocate_preactivations(6, 64, torch.bfloat16, "cpu")  # as both forwards keep them
+    together = g.as_strided((6, 128), (128, 1))
     view = engine_layer.halves_of_one(g, u)
     assert view is not None and view.data_ptr() == together.data_ptr() and view.shape == (6, 128)
     assert engine_layer.halves_of_one(u, g) is None  # the halves swapped
@@ -536,48 +569,46 @@ def test_halves_of_one_views_g_and_u_as_one_buffer_only_where_they_are():
     assert engine_layer.halves_of_one(*apart) is None
 
 
-def layer_step_over_saved(inputs, over_saved, monkeypatch):
-    """y and the five gradients of a layer step (g and u saved), with GRADS_OVER_SAVED on or off; the saved g and u
-    as the forward left them and as the backward left them."""
-    monkeypatch.setattr(engine_layer, "GRADS_OVER_SAVED", over_saved)
+def layer_step_over_saved(inputs, spend):
+    """y and the five gradients of a layer step (g and u saved), the backward told it may spend g and u or not; the
+    saved g and u as the forward left them and as the backward left them."""
     y, preactivations = engine_layer.forward(*args(inputs), save_preactivations=True)
     kept = tuple(p.clone() for p in preactivations)
-    grads = engine_layer.backward(inputs["grad_output"], *args(inputs), preactivations=preactivations)
+    grads = engine_layer.backward(
+        inputs["grad_output"], *args(inputs), preactivations=preactivations, spend_preactivations=spend
+    )
     return (y, *grads), kept, preactivations
 
 
 @pytest.mark.parametrize("case", ["uniform", "skewed", "K1"])
-def test_grads_over_the_saved_preactivations_change_no_bit(case, seed, nan_workspaces, monkeypatch):
-    """GRADS_OVER_SAVED: g and u kept as the halves of one buffer and [dg | du] written over them (dswiglu reads a tile
-    of g and u before it writes dg and du there): the same six outputs, bit for bit, as with a workspace of its own;
-    the saved buffer then holds the backward's dg and du, no longer g and u."""
+def test_grads_over_the_saved_preactivations_change_no_bit(case, seed, nan_workspaces):
+    """g and u kept as the halves of one buffer and, where the backward may spend them, [dg | du] written over them
+    (dswiglu reads a tile of g and u before it writes dg and du there): the same six outputs, bit for bit, as with a
+    workspace of its own; the spent buffer then holds the backward's dg and du, no longer g and u."""
     inputs = bf16_inputs(*CASES[case], seed)
-    over, kept, spent = layer_step_over_saved(inputs, True, monkeypatch)
-    apart, _, untouched = layer_step_over_saved(inputs, False, monkeypatch)
+    over, kept, spent = layer_step_over_saved(inputs, True)
+    apart, _, untouched = layer_step_over_saved(inputs, False)
     for name, got, want in zip(("y", "dx", "dtopk", "dWg", "dWu", "dWd"), over, apart, strict=True):
         assert torch.isfinite(got).all() and torch.equal(got, want), name
-    assert engine_layer.halves_of_one(*spent) is not None and engine_layer.halves_of_one(*untouched) is None
+    assert engine_layer.halves_of_one(*spent) is not None and engine_layer.halves_of_one(*untouched) is not None
     slots = inputs["topk_indices"].numel()
     assert not torch.equal(spent[0][:slots], kept[0][:slots])  # dg over g
-    assert all(torch.equal(p[:slots], k[:slots]) for p, k in zip(untouched, kept, strict=True))  # off: g, u kept
+    assert all(torch.equal(p[:slots], k[:slots]) for p, k in zip(untouched, kept, strict=True))  # not spent: kept
 
 
 # many slots beside few experts' weights, so that the backward's peak falls in the gate and up gradients' phase, where
 # [dg | du] is alive (test_gpu_backward_peak_keeps_one_routed_copy_at_most_beside_the_weight_gradients's two phases)
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(8192, 1024, 512, 8, 4), (4096, 2048, 768, 16, 8)])
-def test_gpu_grads_over_the_saved_preactivations_change_no_bit_and_lower_the_peak(shape, seed, monkeypatch):
+def test_gpu_grads_over_the_saved_preactivations_change_no_bit_and_lower_the_peak(shape, seed):
     """On the GPU (dswiglu through the ring, 128 × 256 tiles): the same bits as with a [dg | du] workspace, and the
     backward's peak lower by that workspace's [T·K, 2I]."""
     T, H, I, E, K = shape
     inputs = bf16_inputs(T, H, I, E, K, "uniform", seed, device="cuda")
-    over, _, _ = layer_step_over_saved(inputs, True, monkeypatch)
-    apart, _, _ = layer_step_over_saved(inputs, False, monkeypatch)
+    over, _, _ = layer_step_over_saved(inputs, True)
+    apart, _, _ = layer_step_over_saved(inputs, False)
     for name, got, want in zip(("y", "dx", "dtopk", "dWg", "dWu", "dWd"), over, apart, strict=True):
         assert torch.isfinite(got).all() and torch.equal(got, want), name
-    peaks = []
-    for over_saved in (False, True):
-        monkeypatch.setattr(engine_layer, "GRADS_OVER_SAVED", over_saved)
-        peaks.append(backward_peak(inputs)[0])
+    peaks = [backward_peak(inputs, spend)[0] for spend in (False, True)]
     workspace = 2 * T * K * 2 * I
     assert peaks[1] <= peaks[0] - workspace + 2**23, (peaks, workspace)
