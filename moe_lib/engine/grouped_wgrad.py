@@ -570,8 +570,9 @@ def check_arguments(problems, offsets, *, outs=None, out_dtype: torch.dtype = to
                                  f"{tuple(out.shape)}")
             if out.device != device:
                 raise ValueError(f"{name}: expected the device of offsets ({device}), got {out.device}")
-            if not out.is_contiguous():
-                raise ValueError(f"{name}: expected a contiguous tensor, got strides {tuple(out.stride())}")
+            if out.stride(2) != 1 or any(stride * out.element_size() % 16 for stride in out.stride()[:2]):
+                raise ValueError(f"{name}: expected contiguous rows whose other strides are multiples of 16 bytes "
+                                 f"(a column slice of a wider tensor may be), got strides {tuple(out.stride())}")
             if out.device.type != "meta" and not aligned(out):
                 raise ValueError(f"{name}: TMA needs the tensor to start on a 16-byte boundary")
         out_dtype = outs[0].dtype

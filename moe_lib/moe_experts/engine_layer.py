@@ -27,11 +27,12 @@ Memory: dX_s is freed after its sum; x_s is written (where g and u were saved) j
 Wu, and freed with [dg | du] before Wd's gradient is allocated. So no two [T·K, H] workspaces are ever alive beside
 the weight gradients: the backward's peak is the larger of (dWg, dWu, [dg | du], aw, x_s) and (dWg, dWu, dWd, aw),
 besides the saved g and u, where the layer's backward writes [dg | du] (``spend_preactivations``: the saved g and u
-are the halves of one [T·K, 2I] buffer, and dswiglu reads each chunk of them before it writes there). Gathering x in
-the weight gradients' launch as well (``GATHER_X_IN_WEIGHT_GRADS``) saves x_s. Where H > 2I (the fine-grained
-experts) dX_s is then the widest workspace: ``DX_IN_COLUMN_SLICES`` makes and sums it a column slice at a time
-(:func:`dx_column_slices`), each no wider than [dg | du]; the same products and sums, so the same bits
-(notes/p2/engine-layer.md, "A backward without x_s").
+are the halves of one [T·K, 2I] buffer, and dswiglu reads each chunk of them before it writes there). Making x_s and
+the gate and up gradients a column slice of H at a time (``X_S_IN_COLUMN_SLICES``, :func:`x_s_column_slices`) keeps
+one slice of x_s alive, no wider than I; gathering x in the weight gradients' launch as well
+(``GATHER_X_IN_WEIGHT_GRADS``) saves x_s. Where H > 2I (the fine-grained experts) dX_s is then the widest workspace:
+``DX_IN_COLUMN_SLICES`` makes and sums it a column slice at a time (:func:`dx_column_slices`), each no wider than
+[dg | du]; the same products and sums, so the same bits (notes/p2/engine-layer.md, "A backward without x_s").
 
 The gate and up weights may be the two row halves of one fused [E, 2I, H] block (Hugging Face's ``gate_up_proj``,
 as :class:`moe_lib.nn.MoEExperts` hands them): the swiglu and dX products then read that block as it lies, one
@@ -74,6 +75,10 @@ GATHER_X_IN_WEIGHT_GRADS = False
 # whether dX_s is made and summed a column slice at a time where H > 2I, so that no workspace is wider than [dg | du]
 # (notes/p2/engine-layer.md, "A backward without x_s"); off until measured
 DX_IN_COLUMN_SLICES = False
+# whether the gate and up weights' gradients take x_s a column slice of H at a time, each no wider than I, where the
+# layer saved g and u: x_s at the backward's peak is then no larger than aw (notes/p2/engine-layer.md, "x_s in column
+# slices"); off until measured
+X_S_IN_COLUMN_SLICES = False
 # whether a backward asked to spend the saved pre-activations (``spend_preactivations``: the layer's op, which runs
 # its backward once) writes [dg | du] over them, the two halves of one [T·K, 2I] buffer (dswiglu reads each chunk of
 # g and u before it writes dg and du there): no [T·K, 2I] workspace at the backward's peak, the same time
@@ -125,17 +130,28 @@ def gemm_config(num_slots: int, num_experts: int) -> GemmConfig:
     return GemmConfig(64, 256, 64, 4, "pingpong")
 
 
-def dx_column_slices(hidden_size: int, intermediate_size: int, column_tile: int) -> list[slice]:
-    """dX's columns as the backward makes them: all H at once, or (``DX_IN_COLUMN_SLICES``, H > 2I) in ⌈H / 2I⌉
-    slices as equal as whole ``column_tile``s allow (the products' tile width: no tile straddles two slices, and
-    each slice starts 16-byte aligned, as TMA needs)."""
-    H, I = hidden_size, intermediate_size
-    pieces = -(-H // (2 * I)) if DX_IN_COLUMN_SLICES and 0 < 2 * I < H else 1
-    width = -(-H // pieces)
+def column_slices(columns: int, widest: int, column_tile: int) -> list[slice]:
+    """``columns`` in ⌈columns / widest⌉ slices as equal as whole ``column_tile``s allow (the products' tile width:
+    no tile straddles two slices, and each slice starts 16-byte aligned, as TMA needs); one slice where
+    ``widest`` ≥ ``columns``."""
+    pieces = -(-columns // widest) if 0 < widest < columns else 1
+    width = -(-columns // pieces)
     width = -(-width // column_tile) * column_tile
-    if pieces == 1 or width >= H:
-        return [slice(0, H)]
-    return [slice(start, min(start + width, H)) for start in range(0, H, width)]
+    if pieces == 1 or width >= columns:
+        return [slice(0, columns)]
+    return [slice(start, min(start + width, columns)) for start in range(0, columns, width)]
+
+
+def dx_column_slices(hidden_size: int, intermediate_size: int, column_tile: int) -> list[slice]:
+    """dX's columns as the backward makes them: all H at once, or (``DX_IN_COLUMN_SLICES``) slices no wider than
+    2I, each of whole ``column_tile``s (:func:`column_slices`)."""
+    return column_slices(hidden_size, 2 * intermediate_size if DX_IN_COLUMN_SLICES else 0, column_tile)
+
+
+def x_s_column_slices(hidden_size: int, intermediate_size: int, column_tile: int) -> list[slice]:
+    """The columns of x_s, and of the gate and up weights' gradients, a launch of theirs takes: all H at once, or
+    (``X_S_IN_COLUMN_SLICES``) slices no wider than I, each of whole ``column_tile``s (:func:`column_slices`)."""
+    return column_slices(hidden_size, intermediate_size if X_S_IN_COLUMN_SLICES else 0, column_tile)
 
 
 def allocation_bytes(
@@ -221,6 +237,10 @@ class _Launches:
         """Rows of dswiglu's routing-weight partials: one per column tile."""
         config = gemm_tl.SMALL_TILES if self.interpreter else gemm_gluon.default_config("dswiglu")
         return gemm_gluon.partial_rows(intermediate_size, config)
+
+    def weight_grad_column_tile(self) -> int:
+        """The weight gradients' output tile width."""
+        return gemm_tl.SMALL_TILES.block_n if self.interpreter else wgrad_gluon.DEFAULT_CONFIG.block_n
 
     def weight_grad(self, problems, offsets, outs):
         if self.interpreter:
@@ -345,12 +365,19 @@ def halves_of_one(gate_pre: torch.Tensor, up_pre: torch.Tensor) -> torch.Tensor 
     return gate_pre.as_strided((rows, 2 * I), (2 * I, 1))
 
 
-def x_rows_for_weight_grads(routed: _Routed, hidden_states: torch.Tensor) -> Gathered | torch.Tensor:
-    """x's rows in expert order as the weight gradients' operand: x_s written out, or (``GATHER_X_IN_WEIGHT_GRADS``,
-    with ``GATHER_IN_LOADS``) read through the routing by the loads."""
-    if GATHER_X_IN_WEIGHT_GRADS and GATHER_IN_LOADS:
+def x_rows_for_weight_grads(
+    routed: _Routed, hidden_states: torch.Tensor, cols: slice = slice(None)
+) -> Gathered | torch.Tensor:
+    """x's rows in expert order as the weight gradients' operand: x_s written out (its columns ``cols``), or (all
+    columns, ``GATHER_X_IN_WEIGHT_GRADS`` with ``GATHER_IN_LOADS``) read through the routing by the loads."""
+    if gathered_in_weight_grads():
         return routed.rows(hidden_states)
-    return routed.gather(hidden_states)
+    return routed.gather(hidden_states[:, cols])
+
+
+def gathered_in_weight_grads() -> bool:
+    """Whether the weight gradients' launches read x's rows through the routing (no x_s written)."""
+    return GATHER_X_IN_WEIGHT_GRADS and GATHER_IN_LOADS
 
 
 def backward(
@@ -440,19 +467,22 @@ def backward(
         grad_topk = allocate((T, K), dtype=topk_weights.dtype, device=device).zero_()
     del gate_pre, up_pre, topk_partial, gate_up
 
-    # the weight gradients, also without slots (experts without rows get their zeros here): Wg's and Wu's first,
-    # then Wd's, allocated once [dg | du] and x_s are freed
+    # the weight gradients, also without slots (experts without rows get their zeros here): Wg's and Wu's first (a
+    # column slice of x_s at a time: X_S_IN_COLUMN_SLICES), then Wd's, allocated once [dg | du] and x_s are freed
     def weight_grad(p, shape):
         return allocate(shape, dtype=dtype, device=device) if weight_grads_out is None else weight_grads_out[p]
 
-    if x_s is None:
-        x_s = x_rows_for_weight_grads(routed, hidden_states)
     grad_gate, grad_up = weight_grad(0, (E, I, H)), weight_grad(1, (E, I, H))
     fused_grad = stacked_gate_up(grad_gate, grad_up)
-    if fused_grad is not None:  # the fused block's gradient: [dWg_e; dWu_e] = [dg | du]_eᵀ x_s,e, one product
-        launches.weight_grad([(d_preact, x_s)], routed.offsets, [fused_grad])
-    else:
-        launches.weight_grad([(dgate, x_s), (dup, x_s)], routed.offsets, [grad_gate, grad_up])
+    whole = x_s is not None or gathered_in_weight_grads()  # x_s made for the first product, or never written
+    for cols in [slice(0, H)] if whole else x_s_column_slices(H, I, launches.weight_grad_column_tile()):
+        x_cols = x_s if x_s is not None else x_rows_for_weight_grads(routed, hidden_states, cols)
+        if fused_grad is not None:  # the fused block's gradient: [dWg_e; dWu_e] = [dg | du]_eᵀ x_s,e, one product
+            launches.weight_grad([(d_preact, x_cols)], routed.offsets, [column_slice(fused_grad, cols)])
+        else:
+            outs = [column_slice(grad_gate, cols), column_slice(grad_up, cols)]
+            launches.weight_grad([(dgate, x_cols), (dup, x_cols)], routed.offsets, outs)
+        del x_cols
     del x_s, d_preact, dgate, dup
     grad_down = weight_grad(2, (E, H, I))
     launches.weight_grad([(routed.rows(grad_output), scaled_act)], routed.offsets, [grad_down])

@@ -200,7 +200,8 @@ CASES = [
         TypeError,
         "outs[1]: expected torch.bfloat16 like outs[0]",
     ),
-    ([(A, B)], OFFSETS, dict(outs=[meta(4, 48, 32).transpose(1, 2)]), ValueError, "outs[0]: expected a contiguous"),
+    ([(A, B)], OFFSETS, dict(outs=[meta(4, 48, 32).transpose(1, 2)]), ValueError, "outs[0]: expected contiguous rows"),
+    ([(A, B)], OFFSETS, dict(outs=[meta(4, 32, 52)[:, :, :48]]), ValueError, "outs[0]: expected contiguous rows"),
     ([(A, B)], OFFSETS, dict(outs=[[0.0]]), TypeError, "outs[0]: expected a torch.Tensor"),
     ([(A, B)], OFFSETS, dict(out_dtype=torch.float16), TypeError, "out_dtype: expected one of"),
     ([(A, B)], OFFSETS, dict(config=(128, 256, 64)), TypeError, "config: expected a GemmConfig"),
@@ -281,6 +282,20 @@ def test_tl_kernel_matches_float64_at_ragged_experts(counts, kind, out_dtype, se
         for e, count in enumerate(counts):
             if count == 0:
                 assert torch.equal(out[e], torch.zeros_like(out[e]))  # exact zeros, the poison gone
+
+
+def test_tl_kernel_writes_column_slices_of_wider_outputs(seed):
+    """Outputs that are column slices of wider tensors (the layer's weight gradients a slice of H at a time): each
+    slice gets its product, rows strided by the wider tensor's width; the columns beside it are not touched."""
+    generator = torch.Generator().manual_seed(seed)
+    offsets = offsets_of([40, 0, 75, 1])
+    pairs = operands("three", int(offsets[-1]), generator)
+    wide = [torch.full((4, a.shape[1], b.shape[1] + 24), 7.0, dtype=torch.bfloat16) for a, b in pairs]
+    outs = [w[:, :, 16 : 16 + b.shape[1]] for w, (_, b) in zip(wide, pairs, strict=True)]
+    grouped_weight_grad_tl(pairs, offsets, outs=outs, config=WIDE, programs=3)
+    for (a, b), out, w in zip(pairs, outs, wide, strict=True):
+        assert within_rounding(out, reference(a, b, offsets))
+        assert torch.all(w[:, :, :16] == 7.0) and torch.all(w[:, :, 16 + b.shape[1] :] == 7.0)
 
 
 def test_tl_kernel_with_three_unlike_products(seed):
@@ -501,6 +516,25 @@ def test_gpu_weight_grad_replays_in_a_cuda_graph_with_new_offsets(name, seed):
         for (a, b), out in zip(pairs, outs, strict=True):
             expected = reference(a, b, offsets)
             assert within_rounding(out, expected), counts
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["coop", "pingpong"])
+def test_gpu_weight_grad_writes_column_slices_of_wider_outputs(name, seed):
+    """Outputs that are column slices of wider tensors (TMA stores through their strides): the bits of contiguous
+    outputs, and the columns beside each slice untouched."""
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    counts = GPU_COUNTS["ragged"]
+    offsets = offsets_of(counts, device="cuda")
+    pairs = operands("three", int(offsets[-1]), generator, inter=328, hidden=520, device="cuda")
+    wide = [torch.full((len(counts), a.shape[1], b.shape[1] + 64), 7.0, dtype=torch.bfloat16, device="cuda")
+            for a, b in pairs]  # fmt: skip
+    outs = [w[:, :, 32 : 32 + b.shape[1]] for w, (_, b) in zip(wide, pairs, strict=True)]
+    grouped_weight_grad(pairs, offsets, outs=outs, config=CONFIGS[name])
+    expected = grouped_weight_grad(pairs, offsets, config=CONFIGS[name])
+    for (a, b), out, w, same in zip(pairs, outs, wide, expected, strict=True):
+        assert torch.equal(out, same) and relative_error(out, reference(a, b, offsets)) < 1e-2
+        assert torch.all(w[:, :, :32] == 7.0) and torch.all(w[:, :, 32 + b.shape[1] :] == 7.0)
 
 
 @pytest.mark.gpu

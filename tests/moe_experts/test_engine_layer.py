@@ -505,12 +505,24 @@ def test_dx_column_slices_no_wider_than_dg_du_and_whole_tiles(monkeypatch):
     assert as_pairs(engine_layer.dx_column_slices(2048, 768, 256)) == [(0, 2048)]
 
 
-def layer_step_with_dx_slices(inputs, save, fused, slices, monkeypatch):
-    """y and the five gradients of a layer step with dX made in column slices or not; gate and up as the two halves
-    of one fused block where ``fused``."""
+def test_x_s_column_slices_no_wider_than_i_and_whole_tiles(monkeypatch):
+    monkeypatch.setattr(engine_layer, "X_S_IN_COLUMN_SLICES", True)
+    as_pairs = lambda slices: [(s.start, s.stop) for s in slices]  # noqa: E731
+    assert as_pairs(engine_layer.x_s_column_slices(2048, 768, 256)) == [(0, 768), (768, 1536), (1536, 2048)]  # Qwen3
+    assert as_pairs(engine_layer.x_s_column_slices(2048, 1408, 256)) == [(0, 1024), (1024, 2048)]  # DeepSeek-V2-Lite
+    assert as_pairs(engine_layer.x_s_column_slices(4096, 2048, 256)) == [(0, 2048), (2048, 4096)]  # P2
+    assert as_pairs(engine_layer.x_s_column_slices(1024, 4096, 256)) == [(0, 1024)]  # I ≥ H: one slice
+    assert as_pairs(engine_layer.x_s_column_slices(320, 64, 64)) == [(i, i + 64) for i in range(0, 320, 64)]
+    monkeypatch.setattr(engine_layer, "X_S_IN_COLUMN_SLICES", False)
+    assert as_pairs(engine_layer.x_s_column_slices(2048, 768, 256)) == [(0, 2048)]
+
+
+def layer_step_with_dx_slices(inputs, save, fused, slices, monkeypatch, switch="DX_IN_COLUMN_SLICES"):
+    """y and the five gradients of a layer step with dX (or, ``switch`` X_S_IN_COLUMN_SLICES, x_s and the gate and
+    up gradients) made in column slices or not; gate and up as the two halves of one fused block where ``fused``."""
     from moe_lib.moe_experts.weights import split_gate_up
 
-    monkeypatch.setattr(engine_layer, "DX_IN_COLUMN_SLICES", slices)
+    monkeypatch.setattr(engine_layer, switch, slices)
     layer_args = list(args(inputs))
     if fused:
         layer_args[3:5] = split_gate_up(torch.cat([inputs["gate_weights"], inputs["up_weights"]], dim=1))
@@ -519,14 +531,16 @@ def layer_step_with_dx_slices(inputs, save, fused, slices, monkeypatch):
     return (y, *grads)
 
 
+@pytest.mark.parametrize("switch", ["DX_IN_COLUMN_SLICES", "X_S_IN_COLUMN_SLICES"])
 @pytest.mark.parametrize("fused", [False, True], ids=["pair", "fused_block"])
 @pytest.mark.parametrize("save", [True, False], ids=["saved", "recomputed"])
-def test_dx_in_column_slices_changes_no_bit(fused, save, seed, nan_workspaces, monkeypatch):
-    """dX made and summed three column slices at a time (H 320 > 2I 128, 64-wide tiles, the last slice narrower):
-    the same products and sums as all columns at once, so the same bits; no NaN left in grad_x."""
+def test_dx_in_column_slices_changes_no_bit(fused, save, switch, seed, nan_workspaces, monkeypatch):
+    """dX made and summed three column slices at a time (H 320 > 2I 128, 64-wide tiles, the last slice narrower), or
+    x_s and the gate and up gradients five at a time (I 64): the same products and sums as all columns at once, so
+    the same bits; no NaN left in grad_x or the weight gradients."""
     inputs = bf16_inputs(13, 320, 64, 5, 2, "skewed", seed)
-    sliced = layer_step_with_dx_slices(inputs, save, fused, True, monkeypatch)
-    whole = layer_step_with_dx_slices(inputs, save, fused, False, monkeypatch)
+    sliced = layer_step_with_dx_slices(inputs, save, fused, True, monkeypatch, switch)
+    whole = layer_step_with_dx_slices(inputs, save, fused, False, monkeypatch, switch)
     for name, got, want in zip(("y", "dx", "dtopk", "dWg", "dWu", "dWd"), sliced, whole, strict=True):
         assert torch.isfinite(got).all() and torch.equal(got, want), name
 
@@ -534,10 +548,11 @@ def test_dx_in_column_slices_changes_no_bit(fused, save, seed, nan_workspaces, m
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(512, 2048, 768, 128, 8), (300, 1024, 192, 8, 2)])
 @pytest.mark.parametrize("fused", [False, True], ids=["pair", "fused_block"])
-def test_gpu_dx_in_column_slices_changes_no_bit(shape, fused, seed, nan_workspaces, monkeypatch):
+@pytest.mark.parametrize("switch", ["DX_IN_COLUMN_SLICES", "X_S_IN_COLUMN_SLICES"])
+def test_gpu_dx_in_column_slices_changes_no_bit(shape, fused, switch, seed, nan_workspaces, monkeypatch):
     inputs = bf16_inputs(*shape, "uniform", seed, device="cuda")
-    sliced = layer_step_with_dx_slices(inputs, True, fused, True, monkeypatch)
-    whole = layer_step_with_dx_slices(inputs, True, fused, False, monkeypatch)
+    sliced = layer_step_with_dx_slices(inputs, True, fused, True, monkeypatch, switch)
+    whole = layer_step_with_dx_slices(inputs, True, fused, False, monkeypatch, switch)
     for name, got, want in zip(("y", "dx", "dtopk", "dWg", "dWu", "dWd"), sliced, whole, strict=True):
         assert torch.isfinite(got).all() and torch.equal(got, want), name
 
@@ -612,3 +627,19 @@ def test_gpu_grads_over_the_saved_preactivations_change_no_bit_and_lower_the_pea
     peaks = [backward_peak(inputs, spend)[0] for spend in (False, True)]
     workspace = 2 * T * K * 2 * I
     assert peaks[1] <= peaks[0] - workspace + 2**23, (peaks, workspace)
+
+
+@pytest.mark.gpu
+def test_gpu_x_s_in_column_slices_lowers_the_peak_by_the_rest_of_x_s(seed, monkeypatch):
+    """g and u spent and dX in slices, at a fine-grained shape with few experts: the backward's peak is in the gate
+    and up gradients' launch, x_s beside them; in slices no wider than I (three of 768, 768 and 512 columns) it
+    holds one slice of x_s at a time, so the peak drops by x_s less its widest slice."""
+    T, H, I, E, K = 4096, 2048, 768, 8, 8
+    inputs = bf16_inputs(T, H, I, E, K, "uniform", seed, device="cuda")
+    monkeypatch.setattr(engine_layer, "DX_IN_COLUMN_SLICES", True)
+    peaks = []
+    for slices in (False, True):
+        monkeypatch.setattr(engine_layer, "X_S_IN_COLUMN_SLICES", slices)
+        peaks.append(backward_peak(inputs, spend=True)[0])
+    x_s, widest_slice = 2 * T * K * H, 2 * T * K * I
+    assert peaks[1] <= peaks[0] - (x_s - widest_slice) + 2**23, (peaks, x_s)
