@@ -28,11 +28,12 @@ Wu, and freed with [dg | du] before Wd's gradient is allocated. So no two [T·K,
 the weight gradients: the backward's peak is the larger of (dWg, dWu, [dg | du], aw, x_s) and (dWg, dWu, dWd, aw),
 besides the saved g and u, where the layer's backward writes [dg | du] (``spend_preactivations``: the saved g and u
 are the halves of one [T·K, 2I] buffer, and dswiglu reads each chunk of them before it writes there). Making x_s and
-the gate and up gradients a column slice of H at a time (``X_S_IN_COLUMN_SLICES``, :func:`x_s_column_slices`) keeps
-one slice of x_s alive, no wider than I; gathering x in the weight gradients' launch as well
-(``GATHER_X_IN_WEIGHT_GRADS``) saves x_s. Where H > 2I (the fine-grained experts) dX_s is then the widest workspace:
-``DX_IN_COLUMN_SLICES`` makes and sums it a column slice at a time (:func:`dx_column_slices`), each no wider than
-[dg | du]; the same products and sums, so the same bits (notes/p2/engine-layer.md, "A backward without x_s").
+the gate and up gradients a column slice of H at a time where x_s is the larger (``X_S_IN_COLUMN_SLICES``,
+:func:`x_s_column_slices`) keeps one slice of x_s alive, no larger than dWd; gathering x in the weight gradients'
+launch as well (``GATHER_X_IN_WEIGHT_GRADS``) saves x_s. Where H > 2I (the fine-grained experts) dX_s is then the
+widest workspace: ``DX_IN_COLUMN_SLICES`` makes and sums it a column slice at a time (:func:`dx_column_slices`),
+each no wider than [dg | du]; the same products and sums, so the same bits (notes/p2/engine-layer.md, "A backward
+without x_s").
 
 The gate and up weights may be the two row halves of one fused [E, 2I, H] block (Hugging Face's ``gate_up_proj``,
 as :class:`moe_lib.nn.MoEExperts` hands them): the swiglu and dX products then read that block as it lies, one
@@ -75,10 +76,10 @@ GATHER_X_IN_WEIGHT_GRADS = False
 # whether dX_s is made and summed a column slice at a time where H > 2I, so that no workspace is wider than [dg | du]
 # (notes/p2/engine-layer.md, "A backward without x_s"); off until measured
 DX_IN_COLUMN_SLICES = False
-# whether the gate and up weights' gradients take x_s a column slice of H at a time, each no wider than I, where the
-# layer saved g and u: x_s at the backward's peak is then no larger than aw (notes/p2/engine-layer.md, "x_s in column
-# slices"); off until measured
-X_S_IN_COLUMN_SLICES = False
+# whether the gate and up weights' gradients take x_s a column slice of H at a time where x_s [T·K, H] is larger than
+# one weight's gradient [E, I, H] (T·K > E·I), each slice no larger than that: their launch then no longer holds the
+# backward's peak (notes/p2/engine-layer.md, "x_s in column slices")
+X_S_IN_COLUMN_SLICES = True
 # whether a backward asked to spend the saved pre-activations (``spend_preactivations``: the layer's op, which runs
 # its backward once) writes [dg | du] over them, the two halves of one [T·K, 2I] buffer (dswiglu reads each chunk of
 # g and u before it writes dg and du there): no [T·K, 2I] workspace at the backward's peak, the same time
@@ -148,10 +149,16 @@ def dx_column_slices(hidden_size: int, intermediate_size: int, column_tile: int)
     return column_slices(hidden_size, 2 * intermediate_size if DX_IN_COLUMN_SLICES else 0, column_tile)
 
 
-def x_s_column_slices(hidden_size: int, intermediate_size: int, column_tile: int) -> list[slice]:
+def x_s_column_slices(
+    num_slots: int, hidden_size: int, intermediate_size: int, num_experts: int, column_tile: int
+) -> list[slice]:
     """The columns of x_s, and of the gate and up weights' gradients, a launch of theirs takes: all H at once, or
-    (``X_S_IN_COLUMN_SLICES``) slices no wider than I, each of whole ``column_tile``s (:func:`column_slices`)."""
-    return column_slices(hidden_size, intermediate_size if X_S_IN_COLUMN_SLICES else 0, column_tile)
+    (``X_S_IN_COLUMN_SLICES``) slices of x_s [T·K, H] each no larger than one weight's gradient [E, I, H], of whole
+    ``column_tile``s (:func:`column_slices`). The backward's peak (g and u saved and spent, their buffer alive to the
+    end) is the larger of the gate and up gradients' launch, dWg + dWu + x_s + aw, and Wd's, dWg + dWu + dWd + aw:
+    with x_s's slices no larger than dWd, the first is no longer the larger."""
+    widest = max(num_experts * intermediate_size * hidden_size // max(num_slots, 1), 1)  # x_s's columns as large as dWd
+    return column_slices(hidden_size, widest if X_S_IN_COLUMN_SLICES else 0, column_tile)
 
 
 def allocation_bytes(
@@ -475,7 +482,7 @@ def backward(
     grad_gate, grad_up = weight_grad(0, (E, I, H)), weight_grad(1, (E, I, H))
     fused_grad = stacked_gate_up(grad_gate, grad_up)
     whole = x_s is not None or gathered_in_weight_grads()  # x_s made for the first product, or never written
-    for cols in [slice(0, H)] if whole else x_s_column_slices(H, I, launches.weight_grad_column_tile()):
+    for cols in [slice(0, H)] if whole else x_s_column_slices(num_slots, H, I, E, launches.weight_grad_column_tile()):
         x_cols = x_s if x_s is not None else x_rows_for_weight_grads(routed, hidden_states, cols)
         if fused_grad is not None:  # the fused block's gradient: [dWg_e; dWu_e] = [dg | du]_eᵀ x_s,e, one product
             launches.weight_grad([(d_preact, x_cols)], routed.offsets, [column_slice(fused_grad, cols)])

@@ -505,16 +505,18 @@ def test_dx_column_slices_no_wider_than_dg_du_and_whole_tiles(monkeypatch):
     assert as_pairs(engine_layer.dx_column_slices(2048, 768, 256)) == [(0, 2048)]
 
 
-def test_x_s_column_slices_no_wider_than_i_and_whole_tiles(monkeypatch):
+def test_x_s_column_slices_each_no_larger_than_a_weight_gradient(monkeypatch):
     monkeypatch.setattr(engine_layer, "X_S_IN_COLUMN_SLICES", True)
     as_pairs = lambda slices: [(s.start, s.stop) for s in slices]  # noqa: E731
-    assert as_pairs(engine_layer.x_s_column_slices(2048, 768, 256)) == [(0, 768), (768, 1536), (1536, 2048)]  # Qwen3
-    assert as_pairs(engine_layer.x_s_column_slices(2048, 1408, 256)) == [(0, 1024), (1024, 2048)]  # DeepSeek-V2-Lite
-    assert as_pairs(engine_layer.x_s_column_slices(4096, 2048, 256)) == [(0, 2048), (2048, 4096)]  # P2
-    assert as_pairs(engine_layer.x_s_column_slices(1024, 4096, 256)) == [(0, 1024)]  # I ≥ H: one slice
-    assert as_pairs(engine_layer.x_s_column_slices(320, 64, 64)) == [(i, i + 64) for i in range(0, 320, 64)]
+    slices = engine_layer.x_s_column_slices
+    # Qwen3-30B-A3B's and DeepSeek-V2-Lite's 32768 tokens: T·K over E·I, so x_s in three slices, each ≤ dWd's size
+    assert as_pairs(slices(32768 * 8, 2048, 768, 128, 256)) == [(0, 768), (768, 1536), (1536, 2048)]
+    assert as_pairs(slices(32768 * 6, 2048, 1408, 64, 256)) == [(0, 768), (768, 1536), (1536, 2048)]
+    for num_slots, H, I, E in ((8192 * 8, 2048, 768, 128), (8192 * 8, 4096, 2048, 256), (0, 64, 64, 4)):
+        assert as_pairs(slices(num_slots, H, I, E, 256)) == [(0, H)]  # x_s no larger than a weight's gradient
+    assert as_pairs(slices(10**6, 320, 64, 5, 64)) == [(i, i + 64) for i in range(0, 320, 64)]  # one tile each at most
     monkeypatch.setattr(engine_layer, "X_S_IN_COLUMN_SLICES", False)
-    assert as_pairs(engine_layer.x_s_column_slices(2048, 768, 256)) == [(0, 2048)]
+    assert as_pairs(slices(32768 * 8, 2048, 768, 128, 256)) == [(0, 2048)]
 
 
 def layer_step_with_dx_slices(inputs, save, fused, slices, monkeypatch, switch="DX_IN_COLUMN_SLICES"):
@@ -536,9 +538,10 @@ def layer_step_with_dx_slices(inputs, save, fused, slices, monkeypatch, switch="
 @pytest.mark.parametrize("save", [True, False], ids=["saved", "recomputed"])
 def test_dx_in_column_slices_changes_no_bit(fused, save, switch, seed, nan_workspaces, monkeypatch):
     """dX made and summed three column slices at a time (H 320 > 2I 128, 64-wide tiles, the last slice narrower), or
-    x_s and the gate and up gradients five at a time (I 64): the same products and sums as all columns at once, so
-    the same bits; no NaN left in grad_x or the weight gradients."""
-    inputs = bf16_inputs(13, 320, 64, 5, 2, "skewed", seed)
+    x_s and the gate and up gradients in slices (192 slots over E·I 128: two of 192 and 128 columns): the same
+    products and sums as all columns at once, so the same bits; no NaN left in grad_x or the weight gradients."""
+    tokens, experts = (13, 5) if switch == "DX_IN_COLUMN_SLICES" else (96, 2)
+    inputs = bf16_inputs(tokens, 320, 64, experts, 2, "skewed", seed)
     sliced = layer_step_with_dx_slices(inputs, save, fused, True, monkeypatch, switch)
     whole = layer_step_with_dx_slices(inputs, save, fused, False, monkeypatch, switch)
     for name, got, want in zip(("y", "dx", "dtopk", "dWg", "dWu", "dWd"), sliced, whole, strict=True):
@@ -632,8 +635,9 @@ def test_gpu_grads_over_the_saved_preactivations_change_no_bit_and_lower_the_pea
 @pytest.mark.gpu
 def test_gpu_x_s_in_column_slices_lowers_the_peak_by_the_rest_of_x_s(seed, monkeypatch):
     """g and u spent and dX in slices, at a fine-grained shape with few experts: the backward's peak is in the gate
-    and up gradients' launch, x_s beside them; in slices no wider than I (three of 768, 768 and 512 columns) it
-    holds one slice of x_s at a time, so the peak drops by x_s less its widest slice."""
+    and up gradients' launch, x_s beside them; in slices (T·K 32768 over E·I 6144: six, of 512, 256, ... columns at
+    the weight gradients' 256-column tiles) it holds one slice of x_s at a time, so the peak drops by x_s less its
+    widest slice, to Wd's gradient's phase."""
     T, H, I, E, K = 4096, 2048, 768, 8, 8
     inputs = bf16_inputs(T, H, I, E, K, "uniform", seed, device="cuda")
     monkeypatch.setattr(engine_layer, "DX_IN_COLUMN_SLICES", True)
@@ -641,5 +645,5 @@ def test_gpu_x_s_in_column_slices_lowers_the_peak_by_the_rest_of_x_s(seed, monke
     for slices in (False, True):
         monkeypatch.setattr(engine_layer, "X_S_IN_COLUMN_SLICES", slices)
         peaks.append(backward_peak(inputs, spend=True)[0])
-    x_s, widest_slice = 2 * T * K * H, 2 * T * K * I
+    x_s, widest_slice = 2 * T * K * H, 2 * T * K * 512
     assert peaks[1] <= peaks[0] - (x_s - widest_slice) + 2**23, (peaks, x_s)
