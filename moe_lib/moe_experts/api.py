@@ -188,9 +188,10 @@ def moe_experts(
     ``save_activations``: the memory/compute choice. False (default) saves nothing but the inputs and
     the backward recomputes g and u; True keeps the pre-activations g and u (2·T·K·I values in the input
     dtype) from the forward, and the backward reads them instead (on the Triton path; the reference
-    recomputes either way). The expert weights may be strided (e.g. ``gate_up[:, :I]`` and ``gate_up[:, I:]`` of
-    a fused [E, 2I, H] tensor): the grouped engine reads the fused block as it lies, the other Triton kernels copy
-    them contiguous. ``torch.compile(fullgraph=True)`` takes it
+    recomputes either way) and may write its gradients over them, so one backward a forward: a second
+    (``retain_graph=True``) raises a ``RuntimeError``. The expert weights may be strided (e.g.
+    ``gate_up[:, :I]`` and ``gate_up[:, I:]`` of a fused [E, 2I, H] tensor): the grouped engine reads the
+    fused block as it lies, the other Triton kernels copy them contiguous. ``torch.compile(fullgraph=True)`` takes it
     whole: forward and backward are one op each.
     """
     _check_layer_options(impl, validate, check_finite, save_activations)
