@@ -188,6 +188,15 @@ def backward_peak(inputs, spend: bool = False) -> tuple[int, tuple]:
     return torch.cuda.max_memory_allocated() - before, grads
 
 
+def peaks_off_and_on(inputs, switch: str, monkeypatch, spend: bool = False) -> list[int]:
+    """:func:`backward_peak`'s bytes with engine_layer's ``switch`` off, then on."""
+    peaks = []
+    for on in (False, True):
+        monkeypatch.setattr(engine_layer, switch, on)
+        peaks.append(backward_peak(inputs, spend)[0])
+    return peaks
+
+
 @pytest.mark.gpu
 def test_gpu_backward_peak_keeps_one_routed_copy_at_most_beside_the_weight_gradients(seed):
     """The backward's peak (pre-activations saved): the larger of (dWg, dWu, [dg | du], aw, x_s) and (dW, aw), with
@@ -484,10 +493,7 @@ def test_gpu_x_gathered_in_the_weight_gradients_writes_no_x_s(seed, monkeypatch)
     """With GATHER_X_IN_WEIGHT_GRADS the backward's peak (pre-activations saved) drops by x_s's [T·K, H]."""
     T, H, I, E, K = 4096, 2048, 768, 32, 8
     inputs = bf16_inputs(T, H, I, E, K, "uniform", seed, device="cuda")
-    peaks = []
-    for gather in (False, True):
-        monkeypatch.setattr(engine_layer, "GATHER_X_IN_WEIGHT_GRADS", gather)
-        peaks.append(backward_peak(inputs)[0])
+    peaks = peaks_off_and_on(inputs, "GATHER_X_IN_WEIGHT_GRADS", monkeypatch)
     x_s = 2 * T * K * H
     assert peaks[1] <= peaks[0] - x_s + 2**23, (peaks, x_s)
 
@@ -568,10 +574,7 @@ def test_gpu_dx_in_column_slices_lowers_the_peak_without_x_s(seed, monkeypatch):
     T, H, I, E, K = 4096, 2048, 768, 8, 8
     inputs = bf16_inputs(T, H, I, E, K, "uniform", seed, device="cuda")
     monkeypatch.setattr(engine_layer, "GATHER_X_IN_WEIGHT_GRADS", True)
-    peaks = []
-    for slices in (False, True):
-        monkeypatch.setattr(engine_layer, "DX_IN_COLUMN_SLICES", slices)
-        peaks.append(backward_peak(inputs)[0])
+    peaks = peaks_off_and_on(inputs, "DX_IN_COLUMN_SLICES", monkeypatch)
     half_dx_s = T * K * H  # bytes: half of [T·K, H] bf16
     assert peaks[1] <= peaks[0] - half_dx_s + 2**23, (peaks, half_dx_s)
 
@@ -635,15 +638,12 @@ def test_gpu_grads_over_the_saved_preactivations_change_no_bit_and_lower_the_pea
 @pytest.mark.gpu
 def test_gpu_x_s_in_column_slices_lowers_the_peak_by_the_rest_of_x_s(seed, monkeypatch):
     """g and u spent and dX in slices, at a fine-grained shape with few experts: the backward's peak is in the gate
-    and up gradients' launch, x_s beside them; in slices (T·K 32768 over E·I 6144: six, of 512, 256, ... columns at
-    the weight gradients' 256-column tiles) it holds one slice of x_s at a time, so the peak drops by x_s less its
-    widest slice, to Wd's gradient's phase."""
+    and up gradients' launch, x_s beside them; in slices (T·K 32768 over E·I 6144: four of 512 columns, at the
+    weight gradients' 256-column tiles) it holds one slice of x_s at a time, so the peak drops by x_s less its
+    widest slice."""
     T, H, I, E, K = 4096, 2048, 768, 8, 8
     inputs = bf16_inputs(T, H, I, E, K, "uniform", seed, device="cuda")
     monkeypatch.setattr(engine_layer, "DX_IN_COLUMN_SLICES", True)
-    peaks = []
-    for slices in (False, True):
-        monkeypatch.setattr(engine_layer, "X_S_IN_COLUMN_SLICES", slices)
-        peaks.append(backward_peak(inputs, spend=True)[0])
+    peaks = peaks_off_and_on(inputs, "X_S_IN_COLUMN_SLICES", monkeypatch, spend=True)
     x_s, widest_slice = 2 * T * K * H, 2 * T * K * 512
     assert peaks[1] <= peaks[0] - (x_s - widest_slice) + 2**23, (peaks, x_s)
