@@ -575,6 +575,7 @@ def test_report_of_a_gpu_with_layer_runs_only_runs_through(kernel_name, tmp_path
     executed = nbformat.read(tmp_path / "05_benchmark_report.ipynb", as_version=4)
     outputs = "".join(str(o) for cell in executed.cells if cell.cell_type == "code" for o in cell.get("outputs", []))
     assert "sonicmoe (same run)" in outputs
+    assert "H100-SXM: ours faster than SonicMoE in" in outputs and (tmp_path / "same_run_sonicmoe.png").is_file()
 
 
 def test_report_reads_the_committed_files(report_run):

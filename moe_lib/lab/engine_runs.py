@@ -6,7 +6,9 @@ reads every committed run holding one of them, in ``<results_dir>/<gpu_key>/`` a
 tidy frame with each row's file and the commit and date its JSON records; :func:`engine_table` sets the engine beside
 kernels A-W-D-C (``triton``, ``triton_saved``) and ``grouped_mm`` of the same run, :func:`sonicmoe_beside` beside
 SonicMoE from the newest run that timed it (another run: both files and commits are named), :func:`models_table` at
-the model suite's shapes, and :func:`engine_figure` draws the first two. Times in milliseconds.
+the model suite's shapes, and :func:`engine_figure` draws the first two. :func:`same_run_sonicmoe` reads, on every
+GPU, the newest runs that timed our layer and SonicMoE together, time and peak memory, and
+:func:`same_run_figure` draws it. Times in milliseconds.
 """
 
 from __future__ import annotations
@@ -224,6 +226,92 @@ def engine_figure(table: pd.DataFrame, sonic: pd.DataFrame):
         ax.set(xlabel="tokens T", ylabel="median time (ms)")
         ax.set_title(f"{mode.replace('_', ' + ')}: {file.rsplit('/', 1)[-1]}\n(commit {table.attrs['files'][file]})",
                      fontsize=8)  # fmt: skip
+        ax.margins(y=0.15)
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=7)
+    return fig
+
+
+# our layer keeping g and u: the engine asked for, or the default dispatch (the engine at these shapes)
+OURS_SAVED = ("triton_engine_saved", "triton_saved")
+SAME_RUN_COLUMNS = ["gpu", "file", "commit", "date", "model", "num_tokens", "ours (ms)", f"{SONIC} (ms)", "time ratio",
+                    "ours (GB)", f"{SONIC} (GB)", "peak ratio"]  # fmt: skip
+
+
+def same_run_sonicmoe(results_dir=RESULTS_DIR) -> pd.DataFrame:
+    """On every GPU folder of ``results_dir``, the newest committed training-step run (forward + backward, by the
+    ``date_utc`` of its JSON) that timed our layer keeping g and u (:data:`OURS_SAVED`) and SonicMoE together, one
+    at P2's shape (``model`` "P2") and one of the model suite: per case both times and both peaks of memory, and
+    ours over SonicMoE's (below 1: ours faster, or smaller). Columns :data:`SAME_RUN_COLUMNS`; empty where no such
+    run is committed."""
+    newest: dict[tuple[str, str], tuple[str, dict]] = {}
+    for folder in sorted(p for p in resolve_path(results_dir).iterdir() if p.is_dir()):
+        for json_path in sorted(folder.glob("*.json")):
+            meta = read_run_json(json_path)
+            impls = set(meta.get("impls") or ())
+            if meta.get("mode") != "forward_backward" or SONIC not in impls or not impls & set(OURS_SAVED):
+                continue
+            suite = "models" if meta.get("suite") == MODEL_SUITE else "problem"
+            date = str(meta.get("provenance", {}).get("date_utc", ""))
+            if (folder.name, suite) not in newest or date >= newest[(folder.name, suite)][0]:
+                newest[(folder.name, suite)] = (date, {"path": json_path.with_suffix(".csv"), "meta": meta})
+    rows = []
+    for (gpu, _), (date, run) in newest.items():
+        frame = read_run_csv(run["path"], ("impl", "num_tokens", "median_ms", "peak_mem_gb", "status"))
+        frame = frame[frame["status"] == "ok"]
+        if "model" not in frame:
+            frame = frame.assign(model="P2")
+        ours = next((impl for impl in OURS_SAVED if impl in set(frame["impl"])), None)
+        if ours is None:  # listed, but no row timed
+            continue
+        both = frame.pivot_table(index=["model", "num_tokens"], columns="impl", values=["median_ms", "peak_mem_gb"],
+                                 aggfunc="first").dropna()  # fmt: skip
+        for (model, tokens), row in both.iterrows():
+            if (("median_ms", ours) not in row) or (("median_ms", SONIC) not in row):
+                continue
+            rows.append({
+                "gpu": gpu, "file": shown_path(run["path"]),
+                "commit": str(run["meta"].get("provenance", {}).get("git_commit", "–"))[:7], "date": date[:10],
+                "model": model, "num_tokens": int(tokens),
+                "ours (ms)": row[("median_ms", ours)], f"{SONIC} (ms)": row[("median_ms", SONIC)],
+                "ours (GB)": row[("peak_mem_gb", ours)], f"{SONIC} (GB)": row[("peak_mem_gb", SONIC)],
+            })  # fmt: skip
+    table = pd.DataFrame(rows, columns=SAME_RUN_COLUMNS)
+    table["time ratio"] = table["ours (ms)"] / table[f"{SONIC} (ms)"]
+    table["peak ratio"] = table["ours (GB)"] / table[f"{SONIC} (GB)"]
+    return table
+
+
+def same_run_reading(table: pd.DataFrame) -> list[str]:
+    """:func:`same_run_sonicmoe` in a sentence a GPU: in how many cases ours is faster, and its peak no larger."""
+    lines = []
+    for gpu, group in table.groupby("gpu", sort=False):
+        files = ", ".join(
+            f"{f} (commit {c})" for f, c in dict(zip(group["file"], group["commit"], strict=True)).items()
+        )
+        lines.append(
+            f"{gpu}: ours faster than SonicMoE in {(group['time ratio'] < 1).sum()} of {len(group)} cases "
+            f"({group['time ratio'].min():.2f}-{group['time ratio'].max():.2f} of its time), its peak memory no "
+            f"larger in {(group['peak ratio'] <= 1).sum()} ({group['peak ratio'].min():.2f}-"
+            f"{group['peak ratio'].max():.2f} of its); from {files}"
+        )
+    return lines
+
+
+def same_run_figure(table: pd.DataFrame):
+    """Per GPU, ours over SonicMoE in time and in peak memory at each case (1: level; below: ours faster, or
+    smaller), from :func:`same_run_sonicmoe`. Returns the figure."""
+    gpus = list(table.groupby("gpu", sort=False))
+    fig, axes = plt.subplots(1, len(gpus), figsize=(6.5 * len(gpus), 3.8), squeeze=False, layout="constrained")
+    for ax, (gpu, group) in zip(axes[0], gpus, strict=True):
+        labels = [f"{m}\n{t}" for m, t in zip(group["model"], group["num_tokens"], strict=True)]
+        x = range(len(group))
+        for offset, column, color in ((-0.2, "time ratio", "tab:red"), (0.2, "peak ratio", "tab:purple")):
+            drawn = ax.bar([i + offset for i in x], group[column], 0.4, color=color, label=column)
+            ax.bar_label(drawn, fmt="%.2f", fontsize=7)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks(list(x), labels, fontsize=7)
+        ax.set(ylabel="ours / SonicMoE", title=f"{gpu}: the layer's forward + backward, same run")
         ax.margins(y=0.15)
         ax.grid(alpha=0.3, axis="y")
         ax.legend(fontsize=7)

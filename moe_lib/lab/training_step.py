@@ -9,6 +9,7 @@ tables and figures (:func:`layer_table`, :func:`layer_figure`), and what keeping
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -49,8 +50,8 @@ LAYER_STYLE = {**IMPL_STYLE, "sonicmoe": ("tab:cyan", "h"), "triton_saved": ("ta
 
 def load_layer_runs(results_dir=RESULTS_DIR, gpu_key: str = "H200", problem: str | None = None) -> pd.DataFrame:
     """The committed training-step runs (``python -m moe_lib.bench --mode forward|forward_backward``) in
-    ``<results_dir>/<gpu_key>/``, the newest file of each kind (problem, dtype, mode, shapes), as one tidy
-    frame: problem, dtype, mode, num_tokens, impl, median_ms (NaN where not timed), peak_mem_gb, timing
+    ``<results_dir>/<gpu_key>/``, the newest file of each kind (:func:`run_kind`; by its JSON's ``date_utc``), as
+    one tidy frame: problem, dtype, mode, num_tokens, impl, median_ms (NaN where not timed), peak_mem_gb, timing
     (how it was timed: "graph" or "events"), status ("ok", or why not timed) and file; only ``problem``'s
     where given. Rows by file, then implementation (:data:`LAYER_IMPLS`' order), then token count.
 
@@ -70,8 +71,10 @@ def load_layer_runs(results_dir=RESULTS_DIR, gpu_key: str = "H200", problem: str
             continue  # the model suite's steps (bench --models --mode) are at other shapes: lab.models reads them
         if problem is not None and meta["problem"] != problem:
             continue
-        key = json_path.stem[11:] if json_path.stem[:4].isdigit() else json_path.stem  # the name without its date
-        newest[key] = (csv_path, meta)
+        key = run_kind(json_path.stem)
+        date = str(meta.get("provenance", {}).get("date_utc", ""))
+        if key not in newest or date >= str(newest[key][1].get("provenance", {}).get("date_utc", "")):
+            newest[key] = (csv_path, meta)
     frames = []
     for csv_path, meta in newest.values():
         frame = read_run_csv(csv_path, LAYER_CSV_COLUMNS)
@@ -101,6 +104,12 @@ def load_layer_runs(results_dir=RESULTS_DIR, gpu_key: str = "H200", problem: str
         f"forward_backward) is committed in {shown_path(folder)}.",
     )
     return table
+
+
+def run_kind(stem: str) -> str:
+    """A result file's name without its date and without a ``-at-<commit>`` suffix: runs of one kind share it."""
+    kind = stem[11:] if stem[:4].isdigit() else stem
+    return re.sub(r"-at-[0-9a-f]{7,40}$", "", kind)
 
 
 def _layer_order(impl: str) -> tuple[int, str]:

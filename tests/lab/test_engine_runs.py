@@ -93,3 +93,40 @@ def test_sonicmoe_of_the_same_run_sits_beside_the_engine():
         assert row["over sonicmoe"] == pytest.approx(case["sonicmoe"] / case[row["engine"]])
     line = engine_runs.reading(pd.DataFrame(), pd.DataFrame(), models)[-1]
     assert f"ahead of sonicmoe (same run) in {(models['over sonicmoe'] > 1).sum()} of {len(models)}" in line
+
+
+def test_same_run_sonicmoe_is_each_gpus_newest_run_and_its_numbers():
+    """Ours beside SonicMoE from one run: each row's times and peaks are its file's, and no newer committed run of
+    that GPU and suite timed both."""
+    table = engine_runs.same_run_sonicmoe()
+    assert len(table) and set(table["gpu"]) >= {"H100-SXM"}
+    for file, group in table.groupby("file"):
+        csv = pd.read_csv(resolve_path(file))
+        meta = json.loads(resolve_path(file).with_suffix(".json").read_text())
+        ours = next(impl for impl in engine_runs.OURS_SAVED if impl in set(csv["impl"]))
+        for _, row in group.iterrows():
+            case = csv[csv["num_tokens"] == row["num_tokens"]]
+            if "model" in csv:
+                case = case[case["model"] == row["model"]]
+            case = case.set_index("impl")
+            assert row["ours (ms)"] == case.loc[ours, "median_ms"]
+            assert row["sonicmoe (ms)"] == case.loc["sonicmoe", "median_ms"]
+            assert row["ours (GB)"] == case.loc[ours, "peak_mem_gb"]
+            assert row["sonicmoe (GB)"] == case.loc["sonicmoe", "peak_mem_gb"]
+            assert row["time ratio"] == pytest.approx(row["ours (ms)"] / row["sonicmoe (ms)"])
+        folder = resolve_path(file).parent
+        for other in folder.glob("*.json"):
+            theirs = json.loads(other.read_text())
+            same_kind = (theirs.get("suite") == meta.get("suite")) and theirs.get("mode") == "forward_backward"
+            both = "sonicmoe" in theirs.get("impls", ()) and set(theirs.get("impls", ())) & set(engine_runs.OURS_SAVED)
+            if same_kind and both:
+                assert theirs["provenance"]["date_utc"] <= meta["provenance"]["date_utc"], other
+    lines = engine_runs.same_run_reading(table)
+    assert len(lines) == table["gpu"].nunique() and all("commit" in line for line in lines)
+
+
+def test_same_run_sonicmoe_without_such_a_run_is_empty(tmp_path):
+    (tmp_path / "H100").mkdir()
+    table = engine_runs.same_run_sonicmoe(tmp_path)
+    assert table.empty and list(table.columns) == engine_runs.SAME_RUN_COLUMNS
+    assert engine_runs.same_run_reading(table) == []

@@ -112,6 +112,20 @@ def test_load_layer_runs_reads_the_newest_file_of_each_kind(tmp_path):
     assert sorted(table["median_ms"].dropna()) == pytest.approx(sorted(timed["median_ms"]))
 
 
+def test_load_layer_runs_takes_one_of_a_days_runs_named_by_commit(tmp_path):
+    """Two runs of one kind on one day, named ``-at-<commit>``: one kind, the run dated last (by date_utc) read."""
+    folder = tmp_path / "H200"
+    stem = "2026-12-02-swiglu_down_backward-bfloat16-forward_backward"
+    runs = (("0aaaaaa", 1.0, "18:00"), ("fbbbbbb", 2.0, "06:00"))  # the earlier run's name sorts last
+    for commit, slower, time in runs:
+        path = _copy_run(stem, folder, NEWER, slower=slower, date_utc=f"{NEWER}T{time}:00+00:00")
+        for suffix in (".csv", ".json"):
+            path.with_suffix(suffix).rename(path.with_name(f"{path.stem}-at-{commit}{suffix}"))
+    table = training_step.load_layer_runs(tmp_path, "H200")
+    assert set(table["file"]) == {f"{path.stem}-at-0aaaaaa.csv"}
+    assert training_step.run_kind(f"{path.stem}-at-0aaaaaa") == training_step.run_kind(path.stem)
+
+
 def test_load_model_runs_keeps_the_rows_of_the_run_dated_last(tmp_path):
     """By the JSON's date_utc, not the file's name: the file named later holds the older run here."""
     folder = tmp_path / "H200"
