@@ -11,6 +11,8 @@
                           against float64, every output NaN-filled first
     layer_launches        the launches one call of the engine's layer makes (recorded, not listed by hand), beside
                           :data:`LAUNCHES`, what each computes
+    backward_memory_frame what the layer's backward holds at each of its three widest launches (g and u saved and
+                          spent), x_s whole and in column slices: where its peak is; backward_memory_figure draws it
 
 Everything here runs on the CPU; the twins need ``TRITON_INTERPRET=1`` there (set it before triton is imported).
 """
@@ -548,3 +550,51 @@ def launch_table(record: list[dict], which: str) -> pd.DataFrame:
         for (k, e, c, w), r in zip(listed, record, strict=True)
     ]
     return pd.DataFrame(rows, index=pd.RangeIndex(1, len(rows) + 1, name="launch"))
+
+
+def backward_memory_frame(cases: dict[str, tuple[int, int, int, int, int]], column_tile: int = 256) -> pd.DataFrame:
+    """Per case (name → T, K, H, I, E) and per form of x_s (whole; in :func:`.engine_layer.x_s_column_slices`, by
+    the rule, at the weight gradients' ``column_tile``), the GB (bf16) alive at the layer backward's three widest
+    launches, with g and u saved and spent (their [T·K, 2I] buffer holds [dg | du] and stays to the end) and
+    grad_x made: dX's (dX_s, w·a), the gate and up gradients' (dWg, dWu, x_s or its widest slice, w·a) and Wd's
+    (the three weight gradients, w·a); ``peak`` names the largest. The launches' own buffers only: no inputs, no
+    routing, no partials."""
+    from ..moe_experts import engine_layer
+
+    rows = []
+    for name, (T, K, H, I, E) in cases.items():
+        S = T * K
+        always = 2 * (S * 2 * I + S * I + T * H)  # [dg | du] over the saved pair, w·a, grad_x
+        weight = 2 * E * I * H
+        slices = {"whole": H}
+        sliced = engine_layer.x_s_column_slices(S, H, I, E, column_tile)
+        if len(sliced) > 1:
+            slices[f"{len(sliced)} slices"] = max(c.stop - c.start for c in sliced)
+        for form, width in slices.items():
+            phases = {
+                "dX (GB)": always + 2 * S * H,
+                "dWg, dWu (GB)": always + 2 * weight + 2 * S * width,
+                "dWd (GB)": always + 3 * weight,
+            }
+            row = {"case": name, "x_s": form, **{k: v / 1e9 for k, v in phases.items()}}
+            row["peak"] = max(phases, key=phases.get).removesuffix(" (GB)")
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def backward_memory_figure(frame: pd.DataFrame):
+    """:func:`backward_memory_frame` as bars: per case and form of x_s, the GB at each of the three launches."""
+    phases = [c for c in frame.columns if c.endswith("(GB)")]
+    colors = {"dX (GB)": "tab:blue", "dWg, dWu (GB)": "tab:red", "dWd (GB)": "tab:green"}
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(frame)), 3.8), layout="constrained")
+    width = 0.8 / len(phases)
+    for i, phase in enumerate(phases):
+        xs = [x + (i - (len(phases) - 1) / 2) * width for x in range(len(frame))]
+        drawn = ax.bar(xs, frame[phase], width, color=colors.get(phase), label=phase.removesuffix(" (GB)"))
+        ax.bar_label(drawn, fmt="%.2f", fontsize=6)
+    ax.set_xticks(range(len(frame)), [f"{c}\nx_s {f}" for c, f in zip(frame["case"], frame["x_s"], strict=True)],
+                  fontsize=7)  # fmt: skip
+    ax.set(ylabel="GB alive at the launch", title="the layer's backward: what each widest launch holds")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=7)
+    return fig
