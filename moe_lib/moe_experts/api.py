@@ -252,6 +252,7 @@ def _layer_forward(inputs, impl, validate, check_finite, save_activations):
     none = hidden_states.new_empty(0, 2 * gate_weights.shape[1])
     if resolve_impl(impl, hidden_states.device, hidden_states.dtype) != "triton":
         return moe_experts_forward(*inputs, impl=impl), none, no_routing
+    from .engine_layer import halves_of_one
     from .launch import layer_routing, moe_experts_forward_triton
 
     inputs = _contiguous(inputs, 3)
@@ -259,9 +260,8 @@ def _layer_forward(inputs, impl, validate, check_finite, save_activations):
     if not save_activations:
         y = moe_experts_forward_triton(*inputs, routing=routing)
         return y, none, no_routing if routing is None else routing
-    y, (gate_pre, _) = moe_experts_forward_triton(*inputs, save_preactivations=True, routing=routing)
-    together = gate_pre.as_strided((gate_pre.shape[0], 2 * gate_pre.shape[1]), gate_pre.stride())  # [g | u]
-    return y, together, no_routing if routing is None else routing
+    y, (gate_pre, up_pre) = moe_experts_forward_triton(*inputs, save_preactivations=True, routing=routing)
+    return y, halves_of_one(gate_pre, up_pre), no_routing if routing is None else routing  # [g | u], one buffer
 
 
 _moe_experts_op = torch.library.custom_op("moe_lib::moe_experts", _moe_experts_body, mutates_args=())
