@@ -1,7 +1,10 @@
 """Shared test helpers: fresh seeds, CUDA skipping, NaN-poisoned P1 allocations, error measures."""
 
+import atexit
 import os
 import random
+import shutil
+import tempfile
 
 import pytest
 import torch
@@ -10,6 +13,12 @@ import torch
 # switched on before triton is first imported; moe_lib imports its kernel modules lazily.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# torch.compile's caches of this run only: a cache key names a custom op but not its schema, so graphs cached before
+# an op changed its outputs would replay there (notes/p2/engine-layer.md, "Gradients over the saved pre-activations")
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="moe-lab-inductor-")
+    atexit.register(shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):
