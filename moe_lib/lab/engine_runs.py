@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from ..bench.results import MODEL_SUITE
-from .results import RESULTS_DIR, ResultFileError, read_run_csv, read_run_json, resolve_path, shown_path
+from .results import RESULTS_DIR, ResultFileError, read_run_csv, read_run_json, resolve_path, run_date, shown_path
 from .training_step import load_layer_runs
 
 # each engine implementation and the kernels A-W-D-C implementation timed beside it
@@ -252,7 +252,7 @@ def same_run_sonicmoe(results_dir=RESULTS_DIR) -> pd.DataFrame:
             if meta.get("mode") != "forward_backward" or SONIC not in impls or not impls & set(OURS_SAVED):
                 continue
             suite = "models" if meta.get("suite") == MODEL_SUITE else "problem"
-            date = str(meta.get("provenance", {}).get("date_utc", ""))
+            date = run_date(meta)
             if (folder.name, suite) not in newest or date >= newest[(folder.name, suite)][0]:
                 newest[(folder.name, suite)] = (date, {"path": json_path.with_suffix(".csv"), "meta": meta})
     rows = []

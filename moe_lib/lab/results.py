@@ -171,6 +171,12 @@ def read_run_json(path: Path, keys=()) -> dict:
     return document
 
 
+def run_date(meta: dict) -> str:
+    """When a run was made, as its JSON's provenance records it (``date_utc``, ISO: later sorts later); "" where not
+    recorded."""
+    return str(meta.get("provenance", {}).get("date_utc", ""))
+
+
 def require_keys(document: dict, keys, path: Path) -> None:
     """:class:`ResultFileError` naming ``path`` when ``document`` lacks one of ``keys``."""
     missing = [key for key in keys if key not in document]

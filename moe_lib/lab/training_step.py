@@ -26,6 +26,7 @@ from .results import (
     read_run_csv,
     read_run_json,
     resolve_path,
+    run_date,
     shown_path,
     styled,
 )
@@ -72,8 +73,7 @@ def load_layer_runs(results_dir=RESULTS_DIR, gpu_key: str = "H200", problem: str
         if problem is not None and meta["problem"] != problem:
             continue
         key = run_kind(json_path.stem)
-        date = str(meta.get("provenance", {}).get("date_utc", ""))
-        if key not in newest or date >= str(newest[key][1].get("provenance", {}).get("date_utc", "")):
+        if key not in newest or run_date(meta) >= run_date(newest[key][1]):
             newest[key] = (csv_path, meta)
     frames = []
     for csv_path, meta in newest.values():
