@@ -247,7 +247,7 @@ class _Launches:
 
     def weight_grad_column_tile(self) -> int:
         """The weight gradients' output tile width."""
-        return gemm_tl.SMALL_TILES.block_n if self.interpreter else wgrad_gluon.DEFAULT_CONFIG.block_n
+        return wgrad_tl.SMALL_TILES.block_n if self.interpreter else wgrad_gluon.DEFAULT_CONFIG.block_n
 
     def weight_grad(self, problems, offsets, outs):
         if self.interpreter:
