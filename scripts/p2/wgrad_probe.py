@@ -59,6 +59,8 @@ CONFIGS = {
     "coop_m128n256k64_s3": GemmConfig(128, 256, 64, 3, "cooperative"),
     # a 128 × 128 tile, a deeper ring (192 KB): twice the tiles, half the output a tile
     "coop_m128n128k64_s5": GemmConfig(128, 128, 64, 5, "cooperative"),
+    # 256 rows of A (dg, du) by 128 columns of B: a gathered x tile a step half the 128 × 256 tile's
+    "coop_m256n128k64_s3": GemmConfig(256, 128, 64, 3, "cooperative"),
     # ping-pong: each warpgroup a 128 × 128 tile of its own, one's store under the other's K loop (224 KB)
     "pp_m128n128k64_s5": GemmConfig(128, 128, 64, 5, "pingpong"),
 }
@@ -103,6 +105,8 @@ SHAPES = {
     **model_shapes("p2_t8192", 8192, 256, 8, 4096, 2048),
     **model_shapes("p2_t32768", 32768, 256, 8, 4096, 2048),
     **model_shapes("qwen3_t8192", 8192, 128, 8, 2048, 768),
+    **model_shapes("qwen3_t32768", 32768, 128, 8, 2048, 768),
+    **model_shapes("deepseek_t32768", 32768, 64, 6, 2048, 1408),
     **model_shapes("mixtral_t4096", 4096, 8, 2, 4096, 14336),
 }
 

@@ -10,8 +10,11 @@ import torch
 from moe_lib.engine.gathered import Gathered
 from moe_lib.engine.gluon_gemm import GemmConfig
 from moe_lib.engine.grouped_wgrad import (
+    DEFAULT_CONFIG,
     FP32_CONFIG,
+    GATHERED_B_CONFIG,
     check_arguments,
+    default_config,
     grid,
     grouped_weight_grad,
     problem_tiles,
@@ -138,6 +141,20 @@ def test_output_buffers_two_where_they_fit_beside_the_ring():
     assert output_buffers(GemmConfig(128, 128, 64, 2, "pingpong"), torch.bfloat16) == 2
     for config in (GemmConfig(128, 256, 64, 2), GemmConfig(128, 128, 64, 2, "pingpong")):
         assert shared_bytes(config, torch.bfloat16, output_buffers(config, torch.bfloat16)) <= 232448
+
+
+def test_default_config_takes_narrow_tiles_only_where_every_b_is_gathered(monkeypatch):
+    from moe_lib.engine import grouped_wgrad
+
+    x = Gathered(torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(8, dtype=torch.int32))
+    dg, aw = torch.zeros(8, 32, dtype=torch.bfloat16), torch.zeros(8, 64, dtype=torch.bfloat16)
+    monkeypatch.setattr(grouped_wgrad, "NARROW_GATHERED_B", True)
+    assert default_config(torch.bfloat16, [(dg, x), (dg, x)]) == GATHERED_B_CONFIG
+    assert default_config(torch.bfloat16, [(dg, x), (x, aw)]) == DEFAULT_CONFIG  # an A gathered too
+    assert default_config(torch.bfloat16, [(dg, aw)]) == DEFAULT_CONFIG
+    assert default_config(torch.float32, [(dg, x)]) == FP32_CONFIG
+    monkeypatch.setattr(grouped_wgrad, "NARROW_GATHERED_B", False)
+    assert default_config(torch.bfloat16, [(dg, x), (dg, x)]) == DEFAULT_CONFIG
 
 
 def test_shared_memory_counts_the_output_dtype():
@@ -400,6 +417,7 @@ CONFIGS = {
     # a two-step ring and two output buffers taken in turn (output_buffers); few programs: many tiles each
     "coop_s2_two_outputs": GemmConfig(128, 256, 64, 2),
     "coop_s2_two_outputs_3_programs": GemmConfig(128, 256, 64, 2, programs=3),
+    "coop_256x128": GATHERED_B_CONFIG,  # a gathered B's narrow tiles
 }
 # row counts per expert: empty experts, single rows, ends inside a step, one expert holding everything, many experts
 GPU_COUNTS = {
@@ -539,7 +557,9 @@ def test_gpu_weight_grad_writes_column_slices_of_wider_outputs(name, seed):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("counts", ["ragged", "many"])
-@pytest.mark.parametrize("name", ["coop", "pingpong", "coop_2_programs", "coop_s2_two_outputs_3_programs"])
+@pytest.mark.parametrize(
+    "name", ["coop", "pingpong", "coop_2_programs", "coop_s2_two_outputs_3_programs", "coop_256x128"]
+)
 def test_gpu_weight_grad_gathers_rows_through_the_index(name, counts, seed):
     """x and dy gathered by cp.async in the loading partition: the bits of the same rows written out and read by
     TMA (the same products in the same order), float64's values, and exact zeros for experts without rows."""
