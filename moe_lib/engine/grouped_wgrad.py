@@ -5,7 +5,8 @@ gradients), up to three products in one launch.
                          of 16-byte multiples: dg and du may be column views of one [M_total, 2I] tensor)
     B_p [M_total, N_p]   the same rows
     C_p [E, M_p, N_p]    C_p[e] = Σ_{offsets[e] ≤ r < offsets[e+1]} A_p[r]ᵀ B_p[r], fp32 accumulation, bf16 or fp32
-                         out; exact zeros for an expert without rows (no loads)
+                         out; exact zeros for an expert without rows (no loads); all C_p laid out row by row, or
+                         all transposed views (C_pᵀ [E, N_p, M_p] row by row: each tile stored transposed)
     MoE's weight gradients: dWg_e = dgᵀ x_s, dWu_e = duᵀ x_s ([I, H] each), dWd_e = dy_sᵀ aw ([H, I]).
 
 Tiles: every expert has the same ⌈M_p / BLOCK_M⌉ · ⌈N_p / BLOCK_N⌉ output tiles of problem p (its rows only set
@@ -150,17 +151,34 @@ def pick(problem, x0, x1, x2):
 
 
 @gluon.jit
-def problem_tile_counts(c0_desc, c1_desc, c2_desc, PROBLEMS: gl.constexpr):
+def out_rows(c_desc, TRANSPOSED: gl.constexpr):
+    """M_p of a problem's output descriptor: over C_p [E, M_p, N_p], or with TRANSPOSED over C_pᵀ [E, N_p, M_p]."""
+    if TRANSPOSED:
+        return c_desc.shape[2]
+    else:
+        return c_desc.shape[1]
+
+
+@gluon.jit
+def out_cols(c_desc, TRANSPOSED: gl.constexpr):
+    """N_p of a problem's output descriptor (see :func:`out_rows`)."""
+    if TRANSPOSED:
+        return c_desc.shape[1]
+    else:
+        return c_desc.shape[2]
+
+
+@gluon.jit
+def problem_tile_counts(c0_desc, c1_desc, c2_desc, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                        PROBLEMS: gl.constexpr, TRANSPOSED: gl.constexpr):
     """Output tiles of one expert per problem (0 for the problems past PROBLEMS)."""
-    BLOCK_M: gl.constexpr = c0_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = c0_desc.block_type.shape[2]
-    tiles0 = gl.cdiv(c0_desc.shape[1], BLOCK_M) * gl.cdiv(c0_desc.shape[2], BLOCK_N)
+    tiles0 = gl.cdiv(out_rows(c0_desc, TRANSPOSED), BLOCK_M) * gl.cdiv(out_cols(c0_desc, TRANSPOSED), BLOCK_N)
     tiles1 = tiles0 * 0
     tiles2 = tiles0 * 0
     if PROBLEMS > 1:
-        tiles1 = gl.cdiv(c1_desc.shape[1], BLOCK_M) * gl.cdiv(c1_desc.shape[2], BLOCK_N)
+        tiles1 = gl.cdiv(out_rows(c1_desc, TRANSPOSED), BLOCK_M) * gl.cdiv(out_cols(c1_desc, TRANSPOSED), BLOCK_N)
     if PROBLEMS > 2:
-        tiles2 = gl.cdiv(c2_desc.shape[1], BLOCK_M) * gl.cdiv(c2_desc.shape[2], BLOCK_N)
+        tiles2 = gl.cdiv(out_rows(c2_desc, TRANSPOSED), BLOCK_M) * gl.cdiv(out_cols(c2_desc, TRANSPOSED), BLOCK_N)
     return tiles0, tiles1, tiles2
 
 
@@ -260,7 +278,7 @@ def wgrad_load_partition(a0_ptr, b0_ptr, a1_ptr, b1_ptr, a2_ptr, b2_ptr, a0_stri
                          b1_stride, a2_stride, b2_stride, c0_desc, c1_desc, c2_desc, a_bufs, b_bufs, ready, empty,
                          offsets_ptr, index_ptr, num_experts, PROBLEMS: gl.constexpr, GROUP_M: gl.constexpr,
                          GATHER_A: gl.constexpr, GATHER_B: gl.constexpr, WARPS: gl.constexpr,
-                         WAIT_ALL: gl.constexpr):
+                         WAIT_ALL: gl.constexpr, TRANSPOSED: gl.constexpr):
     """The loading partition: the program's tiles run by run (a run: its tiles of one expert and problem), each run's
     descriptors made over the expert's rows, every K step of the run's tiles into the ring (a gathered operand's
     rows copied through the index instead). Before it rewrites a pair it waits for the loads that read it (with
@@ -271,7 +289,7 @@ def wgrad_load_partition(a0_ptr, b0_ptr, a1_ptr, b1_ptr, a2_ptr, b2_ptr, a0_stri
     BLOCK_N: gl.constexpr = b_bufs.type.shape[2]
     A_LAYOUT: gl.constexpr = a_bufs.type.layout
     B_LAYOUT: gl.constexpr = b_bufs.type.layout
-    tiles0, tiles1, tiles2 = problem_tile_counts(c0_desc, c1_desc, c2_desc, PROBLEMS)
+    tiles0, tiles1, tiles2 = problem_tile_counts(c0_desc, c1_desc, c2_desc, BLOCK_M, BLOCK_N, PROBLEMS, TRANSPOSED)
     total = num_experts * (tiles0 + tiles1 + tiles2)
     programs = gl.num_programs(0)
     tile = gl.program_id(0)
@@ -288,8 +306,10 @@ def wgrad_load_partition(a0_ptr, b0_ptr, a1_ptr, b1_ptr, a2_ptr, b2_ptr, a0_stri
         rows = gl.load(offsets_ptr + expert + 1) - begin
         k_steps = gl.cdiv(rows, BLOCK_K)  # 0 for an expert without rows: its tiles are zeros, nothing to load
         if k_steps > 0:
-            m = pick(problem, c0_desc.shape[1], c1_desc.shape[1], c2_desc.shape[1])
-            n = pick(problem, c0_desc.shape[2], c1_desc.shape[2], c2_desc.shape[2])
+            m = pick(problem, out_rows(c0_desc, TRANSPOSED), out_rows(c1_desc, TRANSPOSED),
+                     out_rows(c2_desc, TRANSPOSED))
+            n = pick(problem, out_cols(c0_desc, TRANSPOSED), out_cols(c1_desc, TRANSPOSED),
+                     out_cols(c2_desc, TRANSPOSED))
             a_stride = pick(problem, a0_stride, a1_stride, a2_stride).to(gl.int64)
             b_stride = pick(problem, b0_stride, b1_stride, b2_stride).to(gl.int64)
             a_base = pick(problem, a0_ptr, a1_ptr, a2_ptr) + begin.to(gl.int64) * a_stride
@@ -326,6 +346,18 @@ def wgrad_load_partition(a0_ptr, b0_ptr, a1_ptr, b1_ptr, a2_ptr, b2_ptr, a0_stri
 
 
 @gluon.jit
+def box_and_tile(c_tile, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, TRANSPOSED: gl.constexpr):
+    """(the output buffer as its 2-D box, the same buffer as the [BLOCK_M, BLOCK_N] tile the accumulator is stored
+    into: the box itself, or with TRANSPOSED the [BLOCK_N, BLOCK_M] box's transposed view)."""
+    if TRANSPOSED:
+        box = c_tile.reshape([BLOCK_N, BLOCK_M])
+        return box, box.permute([1, 0])
+    else:
+        box = c_tile.reshape([BLOCK_M, BLOCK_N])
+        return box, box
+
+
+@gluon.jit
 def zero_fill(c_smem, WARPS: gl.constexpr):
     """Zeros into the output tile's shared memory, 16 rows at a time (few registers: no accumulator rewritten)."""
     BLOCK_M: gl.constexpr = c_smem.type.shape[0]
@@ -341,23 +373,25 @@ def zero_fill(c_smem, WARPS: gl.constexpr):
 def wgrad_consumer_partition(a_bufs, b_bufs, ready, empty, turns, c0_desc, c1_desc, c2_desc, c_bufs, offsets_ptr,
                              num_experts, PROBLEMS: gl.constexpr, GROUP_M: gl.constexpr, FENCE: gl.constexpr,
                              ME: gl.constexpr, CONSUMERS: gl.constexpr, WARPS: gl.constexpr,
-                             OUT_BUFS: gl.constexpr):
+                             OUT_BUFS: gl.constexpr, TRANSPOSED: gl.constexpr):
     """Consumer ME of CONSUMERS (WARPS warps): the program's tiles ME, ME + CONSUMERS, ... of its own (the ring's
     steps counted over all the program's tiles, each its expert's step count), each its K loop and its store. With
     two consumers each K loop waits for its turn and passes it on once its last wgmma is issued. With FENCE (some
     buffers written by cp.async) each step fences the generic proxy's writes before its wgmma reads them. With
     OUT_BUFS = 2 its tiles take two output buffers in turn, so that a tile's store is still in flight while the next
-    tile is written (where an expert's rows are a step or two, the stores are most of a tile's time)."""
-    BLOCK_M: gl.constexpr = c0_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = c0_desc.block_type.shape[2]
+    tile is written (where an expert's rows are a step or two, the stores are most of a tile's time). With
+    TRANSPOSED the outputs are C_pᵀ [E, N_p, M_p]: each tile is stored into its buffer transposed, a [BLOCK_N,
+    BLOCK_M] box."""
+    BLOCK_M: gl.constexpr = a_bufs.type.shape[2]
+    BLOCK_N: gl.constexpr = b_bufs.type.shape[2]
     BLOCK_K: gl.constexpr = a_bufs.type.shape[1]
     BUFFERS: gl.constexpr = a_bufs.type.shape[0]
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                      instr_shape=[16, BLOCK_N, 16])
     acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
-    c_tile = c_bufs.index(ME * OUT_BUFS)  # [1, BLOCK_M, BLOCK_N], as the output descriptors' boxes
-    c_smem = c_tile.reshape([BLOCK_M, BLOCK_N])
-    tiles0, tiles1, tiles2 = problem_tile_counts(c0_desc, c1_desc, c2_desc, PROBLEMS)
+    c_tile = c_bufs.index(ME * OUT_BUFS)  # [1, BLOCK_M, BLOCK_N] (TRANSPOSED: [1, BLOCK_N, BLOCK_M]), as the boxes
+    c_box, c_smem = box_and_tile(c_tile, BLOCK_M, BLOCK_N, TRANSPOSED)
+    tiles0, tiles1, tiles2 = problem_tile_counts(c0_desc, c1_desc, c2_desc, BLOCK_M, BLOCK_N, PROBLEMS, TRANSPOSED)
     total = num_experts * (tiles0 + tiles1 + tiles2)
     programs = gl.num_programs(0)
     tile = gl.program_id(0)
@@ -368,12 +402,15 @@ def wgrad_consumer_partition(a_bufs, b_bufs, ready, empty, turns, c0_desc, c1_de
         begin = gl.load(offsets_ptr + expert)
         k_steps = gl.cdiv(gl.load(offsets_ptr + expert + 1) - begin, BLOCK_K)
         if n % CONSUMERS == ME:
-            m = pick(problem, c0_desc.shape[1], c1_desc.shape[1], c2_desc.shape[1])
-            tiles_n = gl.cdiv(pick(problem, c0_desc.shape[2], c1_desc.shape[2], c2_desc.shape[2]), BLOCK_N)
+            m = pick(problem, out_rows(c0_desc, TRANSPOSED), out_rows(c1_desc, TRANSPOSED),
+                     out_rows(c2_desc, TRANSPOSED))
+            n_p = pick(problem, out_cols(c0_desc, TRANSPOSED), out_cols(c1_desc, TRANSPOSED),
+                       out_cols(c2_desc, TRANSPOSED))
+            tiles_n = gl.cdiv(n_p, BLOCK_N)
             off_m, off_n = tile_origin(local, gl.cdiv(m, BLOCK_M), tiles_n, GROUP_M, BLOCK_M, BLOCK_N)
             if OUT_BUFS > 1:  # this tile's buffer: the one whose store was issued OUT_BUFS tiles ago
                 c_tile = c_bufs.index(ME * OUT_BUFS + (n // CONSUMERS) % OUT_BUFS)
-                c_smem = c_tile.reshape([BLOCK_M, BLOCK_N])
+                c_box, c_smem = box_and_tile(c_tile, BLOCK_M, BLOCK_N, TRANSPOSED)
             if CONSUMERS > 1:  # consumer 0's first turn is free (a fresh barrier), consumer 1's first waits for it
                 mbarrier.wait(turns.index(ME), ((n // CONSUMERS) & 1) ^ (1 - ME))
             if k_steps > 0:
@@ -388,14 +425,19 @@ def wgrad_consumer_partition(a_bufs, b_bufs, ready, empty, turns, c0_desc, c1_de
                 if CONSUMERS > 1:
                     mbarrier.arrive(turns.index(1 - ME), count=1)
                 tma.store_wait(pendings=OUT_BUFS - 1)
-                zero_fill(c_smem, WARPS)
+                zero_fill(c_box, WARPS)
             fence_async_shared()
+            box_row = off_m
+            box_col = off_n
+            if TRANSPOSED:
+                box_row = off_n
+                box_col = off_m
             if problem == 0:
-                tma.async_copy_shared_to_global(c0_desc, [expert, off_m, off_n], c_tile)
+                tma.async_copy_shared_to_global(c0_desc, [expert, box_row, box_col], c_tile)
             elif problem == 1:
-                tma.async_copy_shared_to_global(c1_desc, [expert, off_m, off_n], c_tile)
+                tma.async_copy_shared_to_global(c1_desc, [expert, box_row, box_col], c_tile)
             else:
-                tma.async_copy_shared_to_global(c2_desc, [expert, off_m, off_n], c_tile)
+                tma.async_copy_shared_to_global(c2_desc, [expert, box_row, box_col], c_tile)
         i += k_steps
         n += 1
         tile += programs
@@ -427,10 +469,11 @@ def grouped_wgrad_kernel(
     CONSUMER_REGS: gl.constexpr,  # with PINGPONG: the second consumer's registers
     LOADER_REGS: gl.constexpr,  # the loading partition's registers
     OUT_BUFS: gl.constexpr,  # output tiles a consumer has in shared memory, taken in turn: 1 or 2 (output_buffers)
+    TRANSPOSED: gl.constexpr,  # the c_p_desc are over C_pᵀ [E, N_p, M_p] in [1, BLOCK_N, BLOCK_M] boxes
     num_warps: gl.constexpr,  # of the default partition: the cooperative consumer, or ping-pong's first (4)
 ):
-    BLOCK_M: gl.constexpr = c0_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = c0_desc.block_type.shape[2]
+    BLOCK_M: gl.constexpr = c0_desc.block_type.shape[2] if TRANSPOSED else c0_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = c0_desc.block_type.shape[1] if TRANSPOSED else c0_desc.block_type.shape[2]
     CONSUMERS: gl.constexpr = 2 if PINGPONG else 1
     GATHERS: gl.constexpr = (GATHER_A | GATHER_B) != 0
     # a step lands with TMA's bytes (one arrival, the expect) and, with gathers, each loading thread's copies
@@ -455,23 +498,24 @@ def grouped_wgrad_kernel(
         gl.warp_specialize([
             (wgrad_consumer_partition, (a_bufs, b_bufs, ready, empty, turns, c0_desc, c1_desc, c2_desc, c_bufs,
                                         offsets_ptr, num_experts, PROBLEMS, GROUP_M, FENCE_GATHERS, 0, 2, num_warps,
-                                        OUT_BUFS)),
+                                        OUT_BUFS, TRANSPOSED)),
             (wgrad_consumer_partition, (a_bufs, b_bufs, ready, empty, turns, c0_desc, c1_desc, c2_desc, c_bufs,
-                                        offsets_ptr, num_experts, PROBLEMS, GROUP_M, FENCE_GATHERS, 1, 2, 4, OUT_BUFS)),
+                                        offsets_ptr, num_experts, PROBLEMS, GROUP_M, FENCE_GATHERS, 1, 2, 4, OUT_BUFS,
+                                        TRANSPOSED)),
             (wgrad_load_partition, (a0_ptr, b0_ptr, a1_ptr, b1_ptr, a2_ptr, b2_ptr, a0_stride, b0_stride,
                                     a1_stride, b1_stride, a2_stride, b2_stride, c0_desc, c1_desc, c2_desc, a_bufs,
                                     b_bufs, ready, empty, offsets_ptr, index_ptr, num_experts, PROBLEMS, GROUP_M,
-                                    GATHER_A, GATHER_B, LOADER_WARPS, WAIT_ALL)),
+                                    GATHER_A, GATHER_B, LOADER_WARPS, WAIT_ALL, TRANSPOSED)),
         ], [4, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
     else:
         gl.warp_specialize([
             (wgrad_consumer_partition, (a_bufs, b_bufs, ready, empty, turns, c0_desc, c1_desc, c2_desc, c_bufs,
                                         offsets_ptr, num_experts, PROBLEMS, GROUP_M, FENCE_GATHERS, 0, 1, num_warps,
-                                        OUT_BUFS)),
+                                        OUT_BUFS, TRANSPOSED)),
             (wgrad_load_partition, (a0_ptr, b0_ptr, a1_ptr, b1_ptr, a2_ptr, b2_ptr, a0_stride, b0_stride,
                                     a1_stride, b1_stride, a2_stride, b2_stride, c0_desc, c1_desc, c2_desc, a_bufs,
                                     b_bufs, ready, empty, offsets_ptr, index_ptr, num_experts, PROBLEMS, GROUP_M,
-                                    GATHER_A, GATHER_B, LOADER_WARPS, WAIT_ALL)),
+                                    GATHER_A, GATHER_B, LOADER_WARPS, WAIT_ALL, TRANSPOSED)),
         ], [LOADER_WARPS], [LOADER_REGS])
 
 
@@ -581,9 +625,14 @@ def check_arguments(problems, offsets, *, outs=None, out_dtype: torch.dtype = to
                                  f"{tuple(out.shape)}")
             if out.device != device:
                 raise ValueError(f"{name}: expected the device of offsets ({device}), got {out.device}")
-            if out.stride(2) != 1 or any(stride * out.element_size() % 16 for stride in out.stride()[:2]):
-                raise ValueError(f"{name}: expected contiguous rows whose other strides are multiples of 16 bytes "
-                                 f"(a column slice of a wider tensor may be), got strides {tuple(out.stride())}")
+            rows_strides = (out.stride(0), out.stride(2 if transposed(out) else 1))  # those of C_p or of C_pᵀ
+            if out.stride(1 if transposed(out) else 2) != 1 or any(s * out.element_size() % 16 for s in rows_strides):
+                raise ValueError(f"{name}: expected contiguous rows (or contiguous columns: a transposed view) whose "
+                                 f"other strides are multiples of 16 bytes (a column slice of a wider tensor may be), "
+                                 f"got strides {tuple(out.stride())}")
+            if transposed(out) != transposed(outs[0]):
+                raise ValueError(f"{name}: expected the layout of outs[0] (all rows contiguous, or all columns), got "
+                                 f"strides {tuple(out.stride())} beside {tuple(outs[0].stride())}")
             if out.device.type != "meta" and not aligned(out):
                 raise ValueError(f"{name}: TMA needs the tensor to start on a 16-byte boundary")
         out_dtype = outs[0].dtype
@@ -611,10 +660,20 @@ def unchecked_sizes(problems, offsets, outs, out_dtype: torch.dtype) -> tuple[in
     return offsets.shape[0] - 1, shapes, outs[0].dtype if outs is not None else out_dtype
 
 
+def transposed(out: torch.Tensor) -> bool:
+    """Whether an output C_p [E, M_p, N_p] is a transposed view (its columns contiguous: C_pᵀ [E, N_p, M_p] lies
+    row by row), as the MoE layer's gate and up gradients are when x is the A operand."""
+    return out.stride(2) != 1 and out.shape[2] > 1
+
+
 def output_descriptor(out: torch.Tensor, config: GemmConfig) -> TensorDescriptor:
-    """A host TMA descriptor of C_p [E, M_p, N_p] in [1, BLOCK_M, BLOCK_N] boxes: it clips a tile at M_p and N_p
-    inside each expert's matrix."""
+    """A host TMA descriptor of C_p [E, M_p, N_p] in [1, BLOCK_M, BLOCK_N] boxes (of C_pᵀ [E, N_p, M_p] in [1,
+    BLOCK_N, BLOCK_M] boxes where ``out`` is a transposed view): it clips a tile at M_p and N_p inside each
+    expert's matrix."""
     dtype = {torch.bfloat16: gl.bfloat16, torch.float32: gl.float32}[out.dtype]
+    if transposed(out):
+        block = (1, config.block_n, config.block_m)
+        return TensorDescriptor.from_tensor(out.transpose(1, 2), list(block), shared_layout(block, dtype))
     block = (1, config.block_m, config.block_n)
     return TensorDescriptor.from_tensor(out, list(block), shared_layout(block, dtype))
 
@@ -647,7 +706,7 @@ def launch_arguments(config: GemmConfig, problems, offsets, outs) -> tuple[dict,
                       BLOCK_K=config.block_k, BUFFERS=config.stages, OUT_BUFS=output_buffers(config, outs[0].dtype),
                       GROUP_M=config.group_m, PINGPONG=config.pingpong, CONSUMER_REGS=CONSUMER_REGISTERS,
                       LOADER_REGS=GATHER_LOADER_REGISTERS[config.consumers] if gathers else LOADER_REGISTERS,
-                      num_warps=config.warps)
+                      TRANSPOSED=transposed(outs[0]), num_warps=config.warps)
     return arguments, constexprs
 
 

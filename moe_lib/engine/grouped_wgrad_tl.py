@@ -54,9 +54,9 @@ def grouped_wgrad_tl_kernel(
     a1_ptr, b1_ptr, c1_ptr,  # problem 1 likewise (PROBLEMS > 1), else never touched
     a2_ptr, b2_ptr, c2_ptr,  # problem 2 likewise (PROBLEMS > 2), else never touched
     a0_stride, b0_stride, a1_stride, b1_stride, a2_stride, b2_stride,  # A's and B's row strides (elements)
-    c0_expert_stride, c0_row_stride,  # C_0's strides (elements; its rows contiguous): a column slice of a wider C
-    c1_expert_stride, c1_row_stride,  # C_1's likewise
-    c2_expert_stride, c2_row_stride,  # C_2's likewise
+    c0_expert_stride, c0_row_stride, c0_col_stride,  # C_0's strides (elements): a column slice, a transposed view
+    c1_expert_stride, c1_row_stride, c1_col_stride,  # C_1's likewise
+    c2_expert_stride, c2_row_stride, c2_col_stride,  # C_2's likewise
     m0, n0, m1, n1, m2, n2,  # each problem's M_p, N_p
     offsets_ptr,  # [E + 1] int32: expert e's rows are offsets[e] ≤ r < offsets[e + 1]
     index_ptr,  # [M_total] int32: a gathered operand's row r is its source's row index[r]; else offsets_ptr, unread
@@ -92,6 +92,7 @@ def grouped_wgrad_tl_kernel(
         b_stride = pick(problem, b0_stride, b1_stride, b2_stride).to(tl.int64)
         c_expert_stride = pick(problem, c0_expert_stride, c1_expert_stride, c2_expert_stride).to(tl.int64)
         c_row_stride = pick(problem, c0_row_stride, c1_row_stride, c2_row_stride).to(tl.int64)
+        c_col_stride = pick(problem, c0_col_stride, c1_col_stride, c2_col_stride).to(tl.int64)
         # the grouped order inside the problem (gluon_gemm.tile_origin, moe_lib.tiling.grouped_tile)
         tiles_m = tl.cdiv(m, BLOCK_M)
         tiles_n = tl.cdiv(n, BLOCK_N)
@@ -116,7 +117,8 @@ def grouped_wgrad_tl_kernel(
             b = tl.load(b_ptr + b_rows[:, None] * b_stride + cols_n[None, :],
                         mask=row_ok[:, None] & n_ok[None, :], other=0.0)  # [BLOCK_K, BLOCK_N]
             acc = dot16(tl.trans(a), b, acc, UPCAST)
-        out = c_ptr + expert.to(tl.int64) * c_expert_stride + cols_m[:, None] * c_row_stride + cols_n[None, :]
+        out = c_ptr + expert.to(tl.int64) * c_expert_stride + cols_m[:, None] * c_row_stride
+        out += cols_n[None, :] * c_col_stride
         tl.store(out, round_to(acc, c_ptr.dtype.element_ty, UPCAST), mask=m_ok[:, None] & n_ok[None, :])
         tile += tl.num_programs(0)
 
@@ -143,7 +145,7 @@ def grouped_weight_grad_tl(problems, offsets: torch.Tensor, *, outs=None, out_dt
         a, b = (x.source if isinstance(x, Gathered) else x for x in (a, b))
         tensors += [a, b, outs[p]]
         strides += [a.stride(0), b.stride(0)]
-        out_strides += [outs[p].stride(0), outs[p].stride(1)]
+        out_strides += list(outs[p].stride())
         sizes += list(shapes[p])
     grouped_wgrad_tl_kernel[(grid(num_experts, [shapes[p] for p in live], config, programs),)](
         *tensors, *strides, *out_strides, *sizes, offsets, index, num_experts,

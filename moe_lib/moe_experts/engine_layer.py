@@ -73,6 +73,10 @@ GATHER_IN_LOADS = True
 # [T·K, H] less memory at the backward's peak, but those products' gathered tile is twice dy's; measured slower at
 # P2's shape (notes/p2/engine-wgrad.md, "Gathered operands"), to be measured at the fine-grained models' shapes
 GATHER_X_IN_WEIGHT_GRADS = False
+# with those gathered, whether x is their A operand (128 of its columns a tile, as dy is the down gradient's, the
+# gradients written through their transposed views) rather than B (256 columns a tile); off until measured
+# (notes/p2/engine-wgrad.md, "x on the A side")
+X_AS_A_IN_WEIGHT_GRADS = False
 # whether dX_s is made and summed a column slice at a time where H > 2I, so that no workspace is wider than [dg | du]
 # (notes/p2/engine-layer.md, "A backward without x_s"); off until measured
 DX_IN_COLUMN_SLICES = False
@@ -484,7 +488,11 @@ def backward(
     whole = x_s is not None or gathered_in_weight_grads()  # x_s made for the first product, or never written
     for cols in [slice(0, H)] if whole else x_s_column_slices(num_slots, H, I, E, launches.weight_grad_column_tile()):
         x_cols = x_s if x_s is not None else x_rows_for_weight_grads(routed, hidden_states, cols)
-        if fused_grad is not None:  # the fused block's gradient: [dWg_e; dWu_e] = [dg | du]_eᵀ x_s,e, one product
+        if X_AS_A_IN_WEIGHT_GRADS and gathered_in_weight_grads():  # x_sᵀ dg into dWgᵀ: the gradients' transposed views
+            pairs = [(x_cols, d_preact)] if fused_grad is not None else [(x_cols, dgate), (x_cols, dup)]
+            outs = [fused_grad] if fused_grad is not None else [grad_gate, grad_up]
+            launches.weight_grad(pairs, routed.offsets, [out.transpose(1, 2) for out in outs])
+        elif fused_grad is not None:  # the fused block's gradient: [dWg_e; dWu_e] = [dg | du]_eᵀ x_s,e, one product
             launches.weight_grad([(d_preact, x_cols)], routed.offsets, [column_slice(fused_grad, cols)])
         else:
             outs = [column_slice(grad_gate, cols), column_slice(grad_up, cols)]

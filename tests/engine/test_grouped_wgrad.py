@@ -217,7 +217,14 @@ CASES = [
         TypeError,
         "outs[1]: expected torch.bfloat16 like outs[0]",
     ),
-    ([(A, B)], OFFSETS, dict(outs=[meta(4, 48, 32).transpose(1, 2)]), ValueError, "outs[0]: expected contiguous rows"),
+    ([(A, B)], OFFSETS, dict(outs=[meta(4, 32, 96)[:, :, ::2]]), ValueError, "outs[0]: expected contiguous rows"),
+    (
+        [(A, B), (A, B)],
+        OFFSETS,
+        dict(outs=[meta(4, 32, 48), meta(4, 48, 32).transpose(1, 2)]),
+        ValueError,
+        "outs[1]: expected the layout of outs[0]",
+    ),
     ([(A, B)], OFFSETS, dict(outs=[meta(4, 32, 52)[:, :, :48]]), ValueError, "outs[0]: expected contiguous rows"),
     ([(A, B)], OFFSETS, dict(outs=[[0.0]]), TypeError, "outs[0]: expected a torch.Tensor"),
     ([(A, B)], OFFSETS, dict(out_dtype=torch.float16), TypeError, "out_dtype: expected one of"),
@@ -313,6 +320,19 @@ def test_tl_kernel_writes_column_slices_of_wider_outputs(seed):
     for (a, b), out, w in zip(pairs, outs, wide, strict=True):
         assert within_rounding(out, reference(a, b, offsets))
         assert torch.all(w[:, :, :16] == 7.0) and torch.all(w[:, :, 16 + b.shape[1] :] == 7.0)
+
+
+def test_tl_kernel_writes_transposed_views(seed):
+    """Outputs given as transposed views (C_pᵀ laid out row by row: the layer's gate and up gradients with x as A)
+    get their products, as contiguous outputs do."""
+    generator = torch.Generator().manual_seed(seed)
+    offsets = offsets_of([40, 0, 75, 1])
+    pairs = operands("three", int(offsets[-1]), generator)
+    outs = [torch.full((4, b.shape[1], a.shape[1]), float("nan"), dtype=torch.bfloat16).transpose(1, 2)
+            for a, b in pairs]  # fmt: skip
+    grouped_weight_grad_tl(pairs, offsets, outs=outs, config=WIDE, programs=3)
+    for (a, b), out in zip(pairs, outs, strict=True):
+        assert within_rounding(out, reference(a, b, offsets))
 
 
 def test_tl_kernel_with_three_unlike_products(seed):
@@ -553,6 +573,30 @@ def test_gpu_weight_grad_writes_column_slices_of_wider_outputs(name, seed):
     for (a, b), out, w, same in zip(pairs, outs, wide, expected, strict=True):
         assert torch.equal(out, same) and relative_error(out, reference(a, b, offsets)) < 1e-2
         assert torch.all(w[:, :, :32] == 7.0) and torch.all(w[:, :, 32 + b.shape[1] :] == 7.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("counts", ["ragged", "many"])
+@pytest.mark.parametrize("name", ["coop", "pingpong", "coop_s2_two_outputs_3_programs"])
+def test_gpu_weight_grad_writes_transposed_views_with_x_gathered_as_a(name, counts, seed):
+    """The gate and up gradients with x gathered as their A operand (dWgᵀ = x_sᵀ·dg), written through the
+    gradients' transposed views (each tile stored transposed): the products with x as B within a few bf16
+    roundings (the transposed products' fp32 sums may round apart), float64's values, exact zeros for experts
+    without rows."""
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    counts = GPU_COUNTS[counts]
+    offsets = offsets_of(counts, device="cuda")
+    gathered, written = gathered_three(int(offsets[-1]), 301, generator, inter=328, hidden=520, device="cuda")
+    as_b = grouped_weight_grad(gathered[:2], offsets, config=CONFIGS[name])
+    as_a = [(x, dg) for dg, x in gathered[:2]]
+    gradients = [torch.full_like(out, float("nan")) for out in as_b]  # [E, I, H], written through [E, H, I] views
+    grouped_weight_grad(as_a, offsets, outs=[g.transpose(1, 2) for g in gradients], config=CONFIGS[name])
+    for (dg, x_s), out, same in zip(written[:2], gradients, as_b, strict=True):
+        assert torch.isfinite(out).all() and relative_error(out, reference(dg, x_s, offsets)) < 1e-2
+        assert relative_error(out, same.double()) < 1e-3
+        for e, count in enumerate(counts):
+            if count == 0:
+                assert torch.equal(out[e], torch.zeros_like(out[e]))
 
 
 @pytest.mark.gpu

@@ -456,20 +456,33 @@ def forward_and_backward(inputs, save):
     return (y, *grads)
 
 
+# the gate and up gradients' x: written out (x_s), gathered as their B operand, gathered as their A operand
+WEIGHT_GRAD_X = {"x_s_written": (False, False), "x_gathered_everywhere": (True, False), "x_gathered_as_a": (True, True)}
+
+
 def assert_gathering_changes_no_bit(inputs, save, weight_grads, monkeypatch):
-    """The layer step with x's and dy's rows gathered in the loads (and, with ``weight_grads``, in the gate and up
-    gradients' too) gives the bits of the step reading x_s and dy_s written out first; no NaN."""
-    monkeypatch.setattr(engine_layer, "GATHER_X_IN_WEIGHT_GRADS", weight_grads)
+    """The layer step with x's and dy's rows gathered in the loads (and, by ``weight_grads`` of
+    :data:`WEIGHT_GRAD_X`, in the gate and up gradients' too, as their B or their A operand) gives the bits of the
+    step reading x_s and dy_s written out first; no NaN. With x as A the gate and up gradients are the transposed
+    products, x_sᵀ·dg, whose fp32 sums may round apart from dgᵀ·x_s's (the interpreter's fp32 dot does): those two
+    within a few bf16 roundings."""
+    gathered_x, x_as_a = WEIGHT_GRAD_X[weight_grads]
+    monkeypatch.setattr(engine_layer, "GATHER_X_IN_WEIGHT_GRADS", gathered_x)
+    monkeypatch.setattr(engine_layer, "X_AS_A_IN_WEIGHT_GRADS", x_as_a)
     gathered = forward_and_backward(inputs, save)
     monkeypatch.setattr(engine_layer, "GATHER_IN_LOADS", False)
     written = forward_and_backward(inputs, save)
     for name, got, want in zip(("y", "dx", "dtopk", "dWg", "dWu", "dWd"), gathered, written, strict=True):
-        assert torch.isfinite(got).all() and torch.equal(got, want), name
+        assert torch.isfinite(got).all(), name
+        if x_as_a and name in ("dWg", "dWu"):
+            assert rel_error(got, want) < 1e-3, name
+        else:
+            assert torch.equal(got, want), name
 
 
 @pytest.mark.parametrize("case", ["uniform", "skewed", "K1"])
 @pytest.mark.parametrize("save", [True, False], ids=["saved", "recomputed"])
-@pytest.mark.parametrize("weight_grads", [False, True], ids=["x_s_written", "x_gathered_everywhere"])
+@pytest.mark.parametrize("weight_grads", list(WEIGHT_GRAD_X))
 def test_gathering_x_and_dy_in_the_loads_changes_no_bit(case, save, weight_grads, seed, nan_workspaces, monkeypatch):
     """x's and dy's rows read through the routing by the first product and dswiglu's (and, with
     GATHER_X_IN_WEIGHT_GRADS, by the gate and up gradients' too), or from x_s and dy_s written out first: the same
@@ -480,7 +493,7 @@ def test_gathering_x_and_dy_in_the_loads_changes_no_bit(case, save, weight_grads
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(512, 2048, 768, 128, 8), (300, 4096, 1024, 8, 2), (2048, 2048, 1408, 64, 6)])
 @pytest.mark.parametrize("save", [True, False], ids=["saved", "recomputed"])
-@pytest.mark.parametrize("weight_grads", [False, True], ids=["x_s_written", "x_gathered_everywhere"])
+@pytest.mark.parametrize("weight_grads", list(WEIGHT_GRAD_X))
 def test_gpu_gathering_x_and_dy_in_the_loads_changes_no_bit(shape, save, weight_grads, seed, nan_workspaces,
                                                             monkeypatch):  # fmt: skip
     T, H, I, E, K = shape
