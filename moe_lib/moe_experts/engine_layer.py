@@ -69,14 +69,15 @@ ENGINE_MIN_ROWS = 64  # the chooser's default: the engine from this many rows an
 # whether the forward's first product and dswiglu's read x's and dy's rows through the routing in their loads
 # (Gathered) rather than from x_s and dy_s written out first (notes/p2/engine-layer.md, "Gathered A")
 GATHER_IN_LOADS = True
-# whether the gate and up weights' gradients read x's rows through the routing too, so that x_s is never written:
-# [T·K, H] less memory at the backward's peak, but those products' gathered tile is twice dy's; measured slower at
-# P2's shape (notes/p2/engine-wgrad.md, "Gathered operands"), to be measured at the fine-grained models' shapes
+# whether the gate and up weights' gradients read x's rows through the routing as their A operand (128 of its columns
+# a tile, as dy is the down gradient's; the gradients written through their transposed views, x_sᵀ·dg), so that x_s
+# is never written, where the tiles' 256 columns divide I (dg's columns, their N): measured faster than x_s written
+# where they do, slower where a last half-empty column tile is wasted (notes/p2/engine-layer.md, "x gathered as the
+# weight gradients' A operand")
+X_AS_A_IN_WEIGHT_GRADS = True
+# whether they read x's rows through the routing at every shape (as B where x is not A): no x_s at any shape, but
+# slower where I is not a multiple of the tiles' columns (notes/p2/engine-wgrad.md, "Gathered operands")
 GATHER_X_IN_WEIGHT_GRADS = False
-# with those gathered, whether x is their A operand (128 of its columns a tile, as dy is the down gradient's, the
-# gradients written through their transposed views) rather than B (256 columns a tile); off until measured
-# (notes/p2/engine-wgrad.md, "x on the A side")
-X_AS_A_IN_WEIGHT_GRADS = False
 # whether dX_s is made and summed a column slice at a time where H > 2I, so that no workspace is wider than [dg | du]
 # (notes/p2/engine-layer.md, "A backward without x_s"); off until measured
 DX_IN_COLUMN_SLICES = False
@@ -377,18 +378,24 @@ def halves_of_one(gate_pre: torch.Tensor, up_pre: torch.Tensor) -> torch.Tensor 
 
 
 def x_rows_for_weight_grads(
-    routed: _Routed, hidden_states: torch.Tensor, cols: slice = slice(None)
+    routed: _Routed, hidden_states: torch.Tensor, gathered: bool, cols: slice = slice(None)
 ) -> Gathered | torch.Tensor:
-    """x's rows in expert order as the weight gradients' operand: x_s written out (its columns ``cols``), or (all
-    columns, ``GATHER_X_IN_WEIGHT_GRADS`` with ``GATHER_IN_LOADS``) read through the routing by the loads."""
-    if gathered_in_weight_grads():
+    """x's rows in expert order as the weight gradients' operand: read through the routing by the loads (all
+    columns; ``gathered``: :func:`gathered_in_weight_grads`), or x_s written out (its columns ``cols``)."""
+    if gathered:
         return routed.rows(hidden_states)
     return routed.gather(hidden_states[:, cols])
 
 
-def gathered_in_weight_grads() -> bool:
-    """Whether the weight gradients' launches read x's rows through the routing (no x_s written)."""
-    return GATHER_X_IN_WEIGHT_GRADS and GATHER_IN_LOADS
+def x_as_a_in_weight_grads(intermediate_size: int, column_tile: int) -> bool:
+    """Whether the gate and up gradients read x gathered as their A operand: with ``X_AS_A_IN_WEIGHT_GRADS`` and
+    ``GATHER_IN_LOADS``, where their tiles' ``column_tile`` columns (along I) divide I."""
+    return X_AS_A_IN_WEIGHT_GRADS and GATHER_IN_LOADS and intermediate_size % column_tile == 0
+
+
+def gathered_in_weight_grads(intermediate_size: int, column_tile: int) -> bool:
+    """Whether the gate and up gradients' launches read x's rows through the routing (no x_s written)."""
+    return (GATHER_X_IN_WEIGHT_GRADS and GATHER_IN_LOADS) or x_as_a_in_weight_grads(intermediate_size, column_tile)
 
 
 def backward(
@@ -421,9 +428,11 @@ def backward(
     launches = _Launches(num_slots, E)
     routed = _routed(routing, topk_indices, topk_weights, E)
     gate_up = gate_up_operand(gate_weights, up_weights)
+    x_as_a = x_as_a_in_weight_grads(I, launches.weight_grad_column_tile())
+    gathered_x = gathered_in_weight_grads(I, launches.weight_grad_column_tile())
     x_s = None  # x's rows in expert order for the weight gradients (and the first product, recomputed): x_s or Gathered
     if preactivations is None:  # the forward's first product again, g and u stored only
-        x_s = x_rows_for_weight_grads(routed, hidden_states)
+        x_s = x_rows_for_weight_grads(routed, hidden_states, gathered_x)
         gate_pre = allocate((num_slots, I), dtype=dtype, device=device)
         up_pre = allocate((num_slots, I), dtype=dtype, device=device)
         if num_slots:
@@ -485,10 +494,10 @@ def backward(
 
     grad_gate, grad_up = weight_grad(0, (E, I, H)), weight_grad(1, (E, I, H))
     fused_grad = stacked_gate_up(grad_gate, grad_up)
-    whole = x_s is not None or gathered_in_weight_grads()  # x_s made for the first product, or never written
+    whole = x_s is not None or gathered_x  # x_s made for the first product, or never written
     for cols in [slice(0, H)] if whole else x_s_column_slices(num_slots, H, I, E, launches.weight_grad_column_tile()):
-        x_cols = x_s if x_s is not None else x_rows_for_weight_grads(routed, hidden_states, cols)
-        if X_AS_A_IN_WEIGHT_GRADS and gathered_in_weight_grads():  # x_sᵀ dg into dWgᵀ: the gradients' transposed views
+        x_cols = x_s if x_s is not None else x_rows_for_weight_grads(routed, hidden_states, gathered_x, cols)
+        if x_as_a:  # x_sᵀ·dg = dWgᵀ: written through the gradients' transposed views
             pairs = [(x_cols, d_preact)] if fused_grad is not None else [(x_cols, dgate), (x_cols, dup)]
             outs = [fused_grad] if fused_grad is not None else [grad_gate, grad_up]
             launches.weight_grad(pairs, routed.offsets, [out.transpose(1, 2) for out in outs])

@@ -306,6 +306,7 @@ LOAD_FORMS = (
     ("over saved, x_s and dx slices", True, True, False, True, True, False, False, True, True, False, False),
     ("over saved, no x_s, narrow B", True, True, True, False, True, False, False, True, False, True, False),
     ("over saved, no x_s, x as A", True, True, True, False, True, False, False, True, False, False, True),
+    ("over saved, x as A or x_s slices", True, True, False, False, True, False, False, True, True, False, True),
 )
 # engine_layer's switches and grouped_gemm's (GEMM_SWITCHES)
 SWITCHES = ("GATHER_IN_LOADS", "GATHER_IN_PARTS", "GATHER_X_IN_WEIGHT_GRADS", "DX_IN_COLUMN_SLICES", "GRADS_OVER_SAVED",

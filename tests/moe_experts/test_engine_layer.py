@@ -502,11 +502,15 @@ def test_gpu_gathering_x_and_dy_in_the_loads_changes_no_bit(shape, save, weight_
 
 
 @pytest.mark.gpu
-def test_gpu_x_gathered_in_the_weight_gradients_writes_no_x_s(seed, monkeypatch):
-    """With GATHER_X_IN_WEIGHT_GRADS the backward's peak (pre-activations saved) drops by x_s's [T·K, H]."""
+@pytest.mark.parametrize("switch", ["GATHER_X_IN_WEIGHT_GRADS", "X_AS_A_IN_WEIGHT_GRADS"])
+def test_gpu_x_gathered_in_the_weight_gradients_writes_no_x_s(switch, seed, monkeypatch):
+    """With x gathered in the gate and up gradients (as B, or as A where I is a multiple of their tiles' 256
+    columns, as here) the backward's peak (pre-activations saved) drops by x_s's [T·K, H] (written whole)."""
     T, H, I, E, K = 4096, 2048, 768, 32, 8
     inputs = bf16_inputs(T, H, I, E, K, "uniform", seed, device="cuda")
-    peaks = peaks_off_and_on(inputs, "GATHER_X_IN_WEIGHT_GRADS", monkeypatch)
+    for off in ("GATHER_X_IN_WEIGHT_GRADS", "X_AS_A_IN_WEIGHT_GRADS", "X_S_IN_COLUMN_SLICES"):
+        monkeypatch.setattr(engine_layer, off, False)
+    peaks = peaks_off_and_on(inputs, switch, monkeypatch)
     x_s = 2 * T * K * H
     assert peaks[1] <= peaks[0] - x_s + 2**23, (peaks, x_s)
 
@@ -544,6 +548,7 @@ def layer_step_with_dx_slices(inputs, save, fused, slices, monkeypatch, switch="
     from moe_lib.moe_experts.weights import split_gate_up
 
     monkeypatch.setattr(engine_layer, switch, slices)
+    monkeypatch.setattr(engine_layer, "X_AS_A_IN_WEIGHT_GRADS", False)  # x_s written, so that its slices are made
     layer_args = list(args(inputs))
     if fused:
         layer_args[3:5] = split_gate_up(torch.cat([inputs["gate_weights"], inputs["up_weights"]], dim=1))
@@ -657,6 +662,7 @@ def test_gpu_x_s_in_column_slices_lowers_the_peak_by_the_rest_of_x_s(seed, monke
     T, H, I, E, K = 4096, 2048, 768, 8, 8
     inputs = bf16_inputs(T, H, I, E, K, "uniform", seed, device="cuda")
     monkeypatch.setattr(engine_layer, "DX_IN_COLUMN_SLICES", True)
+    monkeypatch.setattr(engine_layer, "X_AS_A_IN_WEIGHT_GRADS", False)  # x_s written
     peaks = peaks_off_and_on(inputs, "X_S_IN_COLUMN_SLICES", monkeypatch, spend=True)
     x_s, widest_slice = 2 * T * K * H, 2 * T * K * 512
     assert peaks[1] <= peaks[0] - (x_s - widest_slice) + 2**23, (peaks, x_s)
