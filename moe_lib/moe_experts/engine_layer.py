@@ -497,10 +497,11 @@ def backward(
     whole = x_s is not None or gathered_x  # x_s made for the first product, or never written
     for cols in [slice(0, H)] if whole else x_s_column_slices(num_slots, H, I, E, launches.weight_grad_column_tile()):
         x_cols = x_s if x_s is not None else x_rows_for_weight_grads(routed, hidden_states, gathered_x, cols)
-        if x_as_a:  # x_sᵀ·dg = dWgᵀ: written through the gradients' transposed views
-            pairs = [(x_cols, d_preact)] if fused_grad is not None else [(x_cols, dgate), (x_cols, dup)]
-            outs = [fused_grad] if fused_grad is not None else [grad_gate, grad_up]
-            launches.weight_grad(pairs, routed.offsets, [out.transpose(1, 2) for out in outs])
+        if x_as_a and fused_grad is not None:  # x_sᵀ·[dg | du] = [dWg; dWu]ᵀ: through the block's transposed view
+            launches.weight_grad([(x_cols, d_preact)], routed.offsets, [fused_grad.transpose(1, 2)])
+        elif x_as_a:  # x_sᵀ·dg = dWgᵀ, x_sᵀ·du = dWuᵀ: through the gradients' transposed views
+            transposed = [grad_gate.transpose(1, 2), grad_up.transpose(1, 2)]
+            launches.weight_grad([(x_cols, dgate), (x_cols, dup)], routed.offsets, transposed)
         elif fused_grad is not None:  # the fused block's gradient: [dWg_e; dWu_e] = [dg | du]_eᵀ x_s,e, one product
             launches.weight_grad([(d_preact, x_cols)], routed.offsets, [column_slice(fused_grad, cols)])
         else:
