@@ -554,7 +554,8 @@ def launch_table(record: list[dict], which: str) -> pd.DataFrame:
 
 def backward_memory_frame(cases: dict[str, tuple[int, int, int, int, int]], column_tile: int = 256) -> pd.DataFrame:
     """Per case (name → T, K, H, I, E) and per form of x_s (whole; in :func:`.engine_layer.x_s_column_slices`, by
-    the rule, at the weight gradients' ``column_tile``), the GB (bf16) alive at the layer backward's three widest
+    the rule, at the weight gradients' ``column_tile``; none, x gathered, where
+    :func:`.engine_layer.x_as_a_in_weight_grads`), the GB (bf16) alive at the layer backward's three widest
     launches, with g and u saved and spent (their [T·K, 2I] buffer holds [dg | du] and stays to the end) and
     grad_x made: dX's (dX_s, w·a), the gate and up gradients' (dWg, dWu, x_s or its widest slice, w·a) and Wd's
     (the three weight gradients, w·a); ``peak`` names the largest. The launches' own buffers only: no inputs, no
@@ -570,6 +571,8 @@ def backward_memory_frame(cases: dict[str, tuple[int, int, int, int, int]], colu
         sliced = engine_layer.x_s_column_slices(S, H, I, E, column_tile)
         if len(sliced) > 1:
             slices[f"{len(sliced)} slices"] = max(c.stop - c.start for c in sliced)
+        if engine_layer.x_as_a_in_weight_grads(I, column_tile):  # x read through the routing: no x_s at all
+            slices["gathered"] = 0
         for form, width in slices.items():
             phases = {
                 "dX (GB)": always + 2 * S * H,

@@ -137,9 +137,11 @@ def test_the_layers_launches_are_those_listed_and_its_gradients_those_of_float64
     assert len(engine.launch_table(forward, "forward")) == 2
     table = engine.launch_table(backward, "backward")
     assert list(table["epilogue"]) == ["swiglu", "dswiglu", "none", "–", "–"]
-    # x's and dy's rows read through the routing by the loads; x_s written for the recomputed swiglu
+    # x's and dy's rows read through the routing by the loads; by the recomputed swiglu's too where x is the gate and
+    # up gradients' A (no x_s written), else from x_s
+    x_gathered = engine_layer.x_as_a_in_weight_grads(64, engine_layer._Launches(40, 5).weight_grad_column_tile())
     assert [r["operands"].startswith("A gathered") for r in forward] == [True, False]
-    assert [r["operands"].startswith("A gathered") for r in backward[:3]] == [False, True, False]
+    assert [r["operands"].startswith("A gathered") for r in backward[:3]] == [x_gathered, True, False]
     wanted = moe_lib.moe_experts_backward(
         *(t.double() if t.is_floating_point() else t for t in inputs.values()), impl="reference"
     )
@@ -159,7 +161,9 @@ def test_backward_memory_frame_counts_each_launch_and_slices_only_where_x_s_is_t
     assert whole[4] == pytest.approx((always + 6 * E * I * H) / 1e9)  # dWd: the three weight gradients
     assert whole.peak == "dWg, dWu" and sliced.x_s == "3 slices" and sliced.peak == "dWd"
     assert sliced[3] == pytest.approx((always + 4 * E * I * H + 2 * T * K * 768) / 1e9)  # its widest slice
-    assert list(frame[frame["case"] == "p2"]["x_s"]) == ["whole"]  # T·K ≤ E·I: no slices
+    p2 = frame[frame["case"] == "p2"]
+    assert list(p2["x_s"]) == ["whole", "gathered"]  # T·K ≤ E·I: no slices; 256 divides I: x gathered as A
+    assert p2.iloc[1, 3] == pytest.approx(p2.iloc[0, 3] - 2 * 8192 * 8 * 4096 / 1e9)  # no x_s beside dWg, dWu
     matplotlib.pyplot.close(engine.backward_memory_figure(frame))
 
 
