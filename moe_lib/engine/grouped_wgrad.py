@@ -169,10 +169,20 @@ def out_cols(c_desc, TRANSPOSED: gl.constexpr):
 
 
 @gluon.jit
+def first_cols(c0_desc, c1_desc, TRANSPOSED: gl.constexpr, SPLIT: gl.constexpr):
+    """N_0: C_0's columns, or with SPLIT those of its two column parts, c0_desc's and c1_desc's, together."""
+    if SPLIT:
+        return out_cols(c0_desc, TRANSPOSED) + out_cols(c1_desc, TRANSPOSED)
+    else:
+        return out_cols(c0_desc, TRANSPOSED)
+
+
+@gluon.jit
 def problem_tile_counts(c0_desc, c1_desc, c2_desc, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                        PROBLEMS: gl.constexpr, TRANSPOSED: gl.constexpr):
+                        PROBLEMS: gl.constexpr, TRANSPOSED: gl.constexpr, SPLIT: gl.constexpr):
     """Output tiles of one expert per problem (0 for the problems past PROBLEMS)."""
-    tiles0 = gl.cdiv(out_rows(c0_desc, TRANSPOSED), BLOCK_M) * gl.cdiv(out_cols(c0_desc, TRANSPOSED), BLOCK_N)
+    n0 = first_cols(c0_desc, c1_desc, TRANSPOSED, SPLIT)
+    tiles0 = gl.cdiv(out_rows(c0_desc, TRANSPOSED), BLOCK_M) * gl.cdiv(n0, BLOCK_N)
     tiles1 = tiles0 * 0
     tiles2 = tiles0 * 0
     if PROBLEMS > 1:
@@ -278,7 +288,7 @@ def wgrad_load_partition(a0_ptr, b0_ptr, a1_ptr, b1_ptr, a2_ptr, b2_ptr, a0_stri
                          b1_stride, a2_stride, b2_stride, c0_desc, c1_desc, c2_desc, a_bufs, b_bufs, ready, empty,
                          offsets_ptr, index_ptr, num_experts, PROBLEMS: gl.constexpr, GROUP_M: gl.constexpr,
                          GATHER_A: gl.constexpr, GATHER_B: gl.constexpr, WARPS: gl.constexpr,
-                         WAIT_ALL: gl.constexpr, TRANSPOSED: gl.constexpr):
+                         WAIT_ALL: gl.constexpr, TRANSPOSED: gl.constexpr, SPLIT: gl.constexpr):
     """The loading partition: the program's tiles run by run (a run: its tiles of one expert and problem), each run's
     descriptors made over the expert's rows, every K step of the run's tiles into the ring (a gathered operand's
     rows copied through the index instead). Before it rewrites a pair it waits for the loads that read it (with
@@ -289,7 +299,8 @@ def wgrad_load_partition(a0_ptr, b0_ptr, a1_ptr, b1_ptr, a2_ptr, b2_ptr, a0_stri
     BLOCK_N: gl.constexpr = b_bufs.type.shape[2]
     A_LAYOUT: gl.constexpr = a_bufs.type.layout
     B_LAYOUT: gl.constexpr = b_bufs.type.layout
-    tiles0, tiles1, tiles2 = problem_tile_counts(c0_desc, c1_desc, c2_desc, BLOCK_M, BLOCK_N, PROBLEMS, TRANSPOSED)
+    tiles0, tiles1, tiles2 = problem_tile_counts(c0_desc, c1_desc, c2_desc, BLOCK_M, BLOCK_N, PROBLEMS, TRANSPOSED,
+                                                 SPLIT)
     total = num_experts * (tiles0 + tiles1 + tiles2)
     programs = gl.num_programs(0)
     tile = gl.program_id(0)
@@ -308,7 +319,7 @@ def wgrad_load_partition(a0_ptr, b0_ptr, a1_ptr, b1_ptr, a2_ptr, b2_ptr, a0_stri
         if k_steps > 0:
             m = pick(problem, out_rows(c0_desc, TRANSPOSED), out_rows(c1_desc, TRANSPOSED),
                      out_rows(c2_desc, TRANSPOSED))
-            n = pick(problem, out_cols(c0_desc, TRANSPOSED), out_cols(c1_desc, TRANSPOSED),
+            n = pick(problem, first_cols(c0_desc, c1_desc, TRANSPOSED, SPLIT), out_cols(c1_desc, TRANSPOSED),
                      out_cols(c2_desc, TRANSPOSED))
             a_stride = pick(problem, a0_stride, a1_stride, a2_stride).to(gl.int64)
             b_stride = pick(problem, b0_stride, b1_stride, b2_stride).to(gl.int64)
@@ -358,6 +369,15 @@ def box_and_tile(c_tile, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, TRANSPOSE
 
 
 @gluon.jit
+def store_tile(c_desc, expert, off_m, off_n, c_tile, TRANSPOSED: gl.constexpr):
+    """The output tile at (off_m, off_n) of C_p[expert] by TMA (with TRANSPOSED, C_pᵀ's box at (off_n, off_m))."""
+    if TRANSPOSED:
+        tma.async_copy_shared_to_global(c_desc, [expert, off_n, off_m], c_tile)
+    else:
+        tma.async_copy_shared_to_global(c_desc, [expert, off_m, off_n], c_tile)
+
+
+@gluon.jit
 def zero_fill(c_smem, WARPS: gl.constexpr):
     """Zeros into the output tile's shared memory, 16 rows at a time (few registers: no accumulator rewritten)."""
     BLOCK_M: gl.constexpr = c_smem.type.shape[0]
@@ -373,7 +393,7 @@ def zero_fill(c_smem, WARPS: gl.constexpr):
 def wgrad_consumer_partition(a_bufs, b_bufs, ready, empty, turns, c0_desc, c1_desc, c2_desc, c_bufs, offsets_ptr,
                              num_experts, PROBLEMS: gl.constexpr, GROUP_M: gl.constexpr, FENCE: gl.constexpr,
                              ME: gl.constexpr, CONSUMERS: gl.constexpr, WARPS: gl.constexpr,
-                             OUT_BUFS: gl.constexpr, TRANSPOSED: gl.constexpr):
+                             OUT_BUFS: gl.constexpr, TRANSPOSED: gl.constexpr, SPLIT: gl.constexpr):
     """Consumer ME of CONSUMERS (WARPS warps): the program's tiles ME, ME + CONSUMERS, ... of its own (the ring's
     steps counted over all the program's tiles, each its expert's step count), each its K loop and its store. With
     two consumers each K loop waits for its turn and passes it on once its last wgmma is issued. With FENCE (some
@@ -381,7 +401,8 @@ def wgrad_consumer_partition(a_bufs, b_bufs, ready, empty, turns, c0_desc, c1_de
     OUT_BUFS = 2 its tiles take two output buffers in turn, so that a tile's store is still in flight while the next
     tile is written (where an expert's rows are a step or two, the stores are most of a tile's time). With
     TRANSPOSED the outputs are C_pᵀ [E, N_p, M_p]: each tile is stored into its buffer transposed, a [BLOCK_N,
-    BLOCK_M] box."""
+    BLOCK_M] box. With SPLIT, C_0 is two column parts (c0_desc's columns, then c1_desc's): a tile across the
+    boundary is stored into both, each descriptor clipping what is outside its part."""
     BLOCK_M: gl.constexpr = a_bufs.type.shape[2]
     BLOCK_N: gl.constexpr = b_bufs.type.shape[2]
     BLOCK_K: gl.constexpr = a_bufs.type.shape[1]
@@ -391,7 +412,8 @@ def wgrad_consumer_partition(a_bufs, b_bufs, ready, empty, turns, c0_desc, c1_de
     acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
     c_tile = c_bufs.index(ME * OUT_BUFS)  # [1, BLOCK_M, BLOCK_N] (TRANSPOSED: [1, BLOCK_N, BLOCK_M]), as the boxes
     c_box, c_smem = box_and_tile(c_tile, BLOCK_M, BLOCK_N, TRANSPOSED)
-    tiles0, tiles1, tiles2 = problem_tile_counts(c0_desc, c1_desc, c2_desc, BLOCK_M, BLOCK_N, PROBLEMS, TRANSPOSED)
+    tiles0, tiles1, tiles2 = problem_tile_counts(c0_desc, c1_desc, c2_desc, BLOCK_M, BLOCK_N, PROBLEMS, TRANSPOSED,
+                                                 SPLIT)
     total = num_experts * (tiles0 + tiles1 + tiles2)
     programs = gl.num_programs(0)
     tile = gl.program_id(0)
@@ -404,7 +426,7 @@ def wgrad_consumer_partition(a_bufs, b_bufs, ready, empty, turns, c0_desc, c1_de
         if n % CONSUMERS == ME:
             m = pick(problem, out_rows(c0_desc, TRANSPOSED), out_rows(c1_desc, TRANSPOSED),
                      out_rows(c2_desc, TRANSPOSED))
-            n_p = pick(problem, out_cols(c0_desc, TRANSPOSED), out_cols(c1_desc, TRANSPOSED),
+            n_p = pick(problem, first_cols(c0_desc, c1_desc, TRANSPOSED, SPLIT), out_cols(c1_desc, TRANSPOSED),
                        out_cols(c2_desc, TRANSPOSED))
             tiles_n = gl.cdiv(n_p, BLOCK_N)
             off_m, off_n = tile_origin(local, gl.cdiv(m, BLOCK_M), tiles_n, GROUP_M, BLOCK_M, BLOCK_N)
@@ -427,17 +449,18 @@ def wgrad_consumer_partition(a_bufs, b_bufs, ready, empty, turns, c0_desc, c1_de
                 tma.store_wait(pendings=OUT_BUFS - 1)
                 zero_fill(c_box, WARPS)
             fence_async_shared()
-            box_row = off_m
-            box_col = off_n
-            if TRANSPOSED:
-                box_row = off_n
-                box_col = off_m
-            if problem == 0:
-                tma.async_copy_shared_to_global(c0_desc, [expert, box_row, box_col], c_tile)
+            if SPLIT:  # C_0's two column parts: the tile into each it reaches (the left one clips past its columns)
+                left = out_cols(c0_desc, TRANSPOSED)
+                if off_n < left:
+                    store_tile(c0_desc, expert, off_m, off_n, c_tile, TRANSPOSED)
+                if off_n + BLOCK_N > left:  # a negative start where it crosses: TMA writes none of those columns
+                    store_tile(c1_desc, expert, off_m, off_n - left, c_tile, TRANSPOSED)
+            elif problem == 0:
+                store_tile(c0_desc, expert, off_m, off_n, c_tile, TRANSPOSED)
             elif problem == 1:
-                tma.async_copy_shared_to_global(c1_desc, [expert, box_row, box_col], c_tile)
+                store_tile(c1_desc, expert, off_m, off_n, c_tile, TRANSPOSED)
             else:
-                tma.async_copy_shared_to_global(c2_desc, [expert, box_row, box_col], c_tile)
+                store_tile(c2_desc, expert, off_m, off_n, c_tile, TRANSPOSED)
         i += k_steps
         n += 1
         tile += programs
@@ -470,6 +493,7 @@ def grouped_wgrad_kernel(
     LOADER_REGS: gl.constexpr,  # the loading partition's registers
     OUT_BUFS: gl.constexpr,  # output tiles a consumer has in shared memory, taken in turn: 1 or 2 (output_buffers)
     TRANSPOSED: gl.constexpr,  # the c_p_desc are over C_pᵀ [E, N_p, M_p] in [1, BLOCK_N, BLOCK_M] boxes
+    SPLIT: gl.constexpr,  # with PROBLEMS 1: C_0 in two column parts, c0_desc's columns then c1_desc's
     num_warps: gl.constexpr,  # of the default partition: the cooperative consumer, or ping-pong's first (4)
 ):
     BLOCK_M: gl.constexpr = c0_desc.block_type.shape[2] if TRANSPOSED else c0_desc.block_type.shape[1]
@@ -498,24 +522,24 @@ def grouped_wgrad_kernel(
         gl.warp_specialize([
             (wgrad_consumer_partition, (a_bufs, b_bufs, ready, empty, turns, c0_desc, c1_desc, c2_desc, c_bufs,
                                         offsets_ptr, num_experts, PROBLEMS, GROUP_M, FENCE_GATHERS, 0, 2, num_warps,
-                                        OUT_BUFS, TRANSPOSED)),
+                                        OUT_BUFS, TRANSPOSED, SPLIT)),
             (wgrad_consumer_partition, (a_bufs, b_bufs, ready, empty, turns, c0_desc, c1_desc, c2_desc, c_bufs,
                                         offsets_ptr, num_experts, PROBLEMS, GROUP_M, FENCE_GATHERS, 1, 2, 4, OUT_BUFS,
-                                        TRANSPOSED)),
+                                        TRANSPOSED, SPLIT)),
             (wgrad_load_partition, (a0_ptr, b0_ptr, a1_ptr, b1_ptr, a2_ptr, b2_ptr, a0_stride, b0_stride,
                                     a1_stride, b1_stride, a2_stride, b2_stride, c0_desc, c1_desc, c2_desc, a_bufs,
                                     b_bufs, ready, empty, offsets_ptr, index_ptr, num_experts, PROBLEMS, GROUP_M,
-                                    GATHER_A, GATHER_B, LOADER_WARPS, WAIT_ALL, TRANSPOSED)),
+                                    GATHER_A, GATHER_B, LOADER_WARPS, WAIT_ALL, TRANSPOSED, SPLIT)),
         ], [4, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
     else:
         gl.warp_specialize([
             (wgrad_consumer_partition, (a_bufs, b_bufs, ready, empty, turns, c0_desc, c1_desc, c2_desc, c_bufs,
                                         offsets_ptr, num_experts, PROBLEMS, GROUP_M, FENCE_GATHERS, 0, 1, num_warps,
-                                        OUT_BUFS, TRANSPOSED)),
+                                        OUT_BUFS, TRANSPOSED, SPLIT)),
             (wgrad_load_partition, (a0_ptr, b0_ptr, a1_ptr, b1_ptr, a2_ptr, b2_ptr, a0_stride, b0_stride,
                                     a1_stride, b1_stride, a2_stride, b2_stride, c0_desc, c1_desc, c2_desc, a_bufs,
                                     b_bufs, ready, empty, offsets_ptr, index_ptr, num_experts, PROBLEMS, GROUP_M,
-                                    GATHER_A, GATHER_B, LOADER_WARPS, WAIT_ALL, TRANSPOSED)),
+                                    GATHER_A, GATHER_B, LOADER_WARPS, WAIT_ALL, TRANSPOSED, SPLIT)),
         ], [LOADER_WARPS], [LOADER_REGS])
 
 
@@ -612,30 +636,21 @@ def check_arguments(problems, offsets, *, outs=None, out_dtype: torch.dtype = to
             raise TypeError(f"outs: expected a sequence of {len(problems)} tensors, got {type(outs).__name__}")
         if len(outs) != len(problems):
             raise ValueError(f"outs: expected {len(problems)} tensors (one a problem), got {len(outs)}")
+        flat = output_tensors(outs)
+        first = flat[0] if flat else None
         for p, (out, (m, n)) in enumerate(zip(outs, shapes, strict=True)):
-            name = f"outs[{p}]"
-            if not isinstance(out, torch.Tensor):
-                raise TypeError(f"{name}: expected a torch.Tensor, got {type(out).__name__}")
-            if out.dtype not in OUT_DTYPES:
-                raise TypeError(f"{name}: expected one of {OUT_DTYPES}, got {out.dtype}")
-            if out.dtype != outs[0].dtype:
-                raise TypeError(f"{name}: expected {outs[0].dtype} like outs[0], got {out.dtype}")
-            if tuple(out.shape) != (num_experts, m, n):
-                raise ValueError(f"{name}: expected shape {(num_experts, m, n)} ([E, M_p, N_p]), got "
-                                 f"{tuple(out.shape)}")
-            if out.device != device:
-                raise ValueError(f"{name}: expected the device of offsets ({device}), got {out.device}")
-            rows_strides = (out.stride(0), out.stride(2 if transposed(out) else 1))  # those of C_p or of C_pᵀ
-            if out.stride(1 if transposed(out) else 2) != 1 or any(s * out.element_size() % 16 for s in rows_strides):
-                raise ValueError(f"{name}: expected contiguous rows (or contiguous columns: a transposed view) whose "
-                                 f"other strides are multiples of 16 bytes (a column slice of a wider tensor may be), "
-                                 f"got strides {tuple(out.stride())}")
-            if transposed(out) != transposed(outs[0]):
-                raise ValueError(f"{name}: expected the layout of outs[0] (all rows contiguous, or all columns), got "
-                                 f"strides {tuple(out.stride())} beside {tuple(outs[0].stride())}")
-            if out.device.type != "meta" and not aligned(out):
-                raise ValueError(f"{name}: TMA needs the tensor to start on a 16-byte boundary")
-        out_dtype = outs[0].dtype
+            if column_parts(out):  # C_0 in two column parts
+                if len(problems) != 1 or len(out) != 2:
+                    raise ValueError(f"outs[{p}]: two column parts of one output are taken for a launch of one "
+                                     f"product only, as a pair; got {len(out)} parts beside {len(problems)} products")
+                left = out[0].shape[2] if isinstance(out[0], torch.Tensor) and out[0].dim() == 3 else 0
+                if not 0 < left < n:
+                    raise ValueError(f"outs[{p}][0]: expected [E, M_p, N_left] with 0 < N_left < N_p = {n}")
+                check_output(f"outs[{p}][0]", out[0], (num_experts, m, left), first, device)
+                check_output(f"outs[{p}][1]", out[1], (num_experts, m, n - left), first, device)
+            else:
+                check_output(f"outs[{p}]", out, (num_experts, m, n), first, device)
+        out_dtype = first.dtype
     elif out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype: expected one of {OUT_DTYPES}, got {out_dtype}")
     element = torch.empty((), dtype=out_dtype).element_size()
@@ -657,7 +672,45 @@ def unchecked_sizes(problems, offsets, outs, out_dtype: torch.dtype) -> tuple[in
     """(E, [(M_p, N_p)], the output dtype) as :func:`check_arguments` returns them for arguments it takes, without
     its checks (a trusted caller's)."""
     shapes = [(a.shape[1], b.shape[1]) for a, b in problems]
-    return offsets.shape[0] - 1, shapes, outs[0].dtype if outs is not None else out_dtype
+    return offsets.shape[0] - 1, shapes, output_tensors(outs)[0].dtype if outs is not None else out_dtype
+
+
+def column_parts(out) -> bool:
+    """Whether an output is given as its column parts (a tuple or list of tensors: C_0 = [left | right])."""
+    return isinstance(out, tuple | list) and all(isinstance(part, torch.Tensor) for part in out)
+
+
+def output_tensors(outs) -> list[torch.Tensor]:
+    """The output tensors of ``outs``, an output in column parts counted as its parts."""
+    flat = []
+    for out in outs:
+        flat += list(out) if column_parts(out) else [out]
+    return flat
+
+
+def check_output(name: str, out, shape: tuple[int, int, int], first, device) -> None:
+    """TypeError/ValueError naming ``name`` where ``out`` cannot be written as [E, M_p, N_p] ``shape`` beside the
+    launch's ``first`` output (its dtype and layout)."""
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(out).__name__}")
+    if out.dtype not in OUT_DTYPES:
+        raise TypeError(f"{name}: expected one of {OUT_DTYPES}, got {out.dtype}")
+    if not isinstance(first, torch.Tensor) or out.dtype != first.dtype:
+        raise TypeError(f"{name}: expected {getattr(first, 'dtype', None)} like outs[0], got {out.dtype}")
+    if tuple(out.shape) != shape:
+        raise ValueError(f"{name}: expected shape {shape} ([E, M_p, N_p]), got {tuple(out.shape)}")
+    if out.device != device:
+        raise ValueError(f"{name}: expected the device of offsets ({device}), got {out.device}")
+    rows_strides = (out.stride(0), out.stride(2 if transposed(out) else 1))  # those of C_p or of C_pᵀ
+    if out.stride(1 if transposed(out) else 2) != 1 or any(s * out.element_size() % 16 for s in rows_strides):
+        raise ValueError(f"{name}: expected contiguous rows (or contiguous columns: a transposed view) whose "
+                         f"other strides are multiples of 16 bytes (a column slice of a wider tensor may be), "
+                         f"got strides {tuple(out.stride())}")
+    if transposed(out) != transposed(first):
+        raise ValueError(f"{name}: expected the layout of outs[0] (all rows contiguous, or all columns), got "
+                         f"strides {tuple(out.stride())} beside {tuple(first.stride())}")
+    if out.device.type != "meta" and not aligned(out):
+        raise ValueError(f"{name}: TMA needs the tensor to start on a 16-byte boundary")
 
 
 def transposed(out: torch.Tensor) -> bool:
@@ -684,8 +737,9 @@ def launch_arguments(config: GemmConfig, problems, offsets, outs) -> tuple[dict,
     tensors do; there the pointers and strides are types). Problems past the given ones repeat problem 0 (never
     read, never written; its output's descriptor object itself, which an encoded launch encodes once)."""
     padded = list(problems) + [problems[0]] * (MAX_PROBLEMS - len(problems))
-    out_descs = [output_descriptor(out, config) for out in outs]
-    padded_out_descs = out_descs + [out_descs[0]] * (MAX_PROBLEMS - len(outs))
+    flat = output_tensors(outs)  # C_0's two column parts take the first two descriptors (SPLIT)
+    out_descs = [output_descriptor(out, config) for out in flat]
+    padded_out_descs = out_descs + [out_descs[0]] * (MAX_PROBLEMS - len(flat))
     arguments, index, gather_a, gather_b = {}, offsets, 0, 0
     for p, (a, b) in enumerate(problems):
         gather_a |= isinstance(a, Gathered) << p
@@ -703,10 +757,10 @@ def launch_arguments(config: GemmConfig, problems, offsets, outs) -> tuple[dict,
     constexprs = dict(PROBLEMS=len(problems), GATHER_A=gather_a, GATHER_B=gather_b,
                       LOADER_WARPS=GATHER_WARPS if gathers else 1, WAIT_ALL=WAIT_EVERY_STEP,
                       FENCE_GATHERS=gathers and FENCE_GATHERED,
-                      BLOCK_K=config.block_k, BUFFERS=config.stages, OUT_BUFS=output_buffers(config, outs[0].dtype),
+                      BLOCK_K=config.block_k, BUFFERS=config.stages, OUT_BUFS=output_buffers(config, flat[0].dtype),
                       GROUP_M=config.group_m, PINGPONG=config.pingpong, CONSUMER_REGS=CONSUMER_REGISTERS,
                       LOADER_REGS=GATHER_LOADER_REGISTERS[config.consumers] if gathers else LOADER_REGISTERS,
-                      TRANSPOSED=transposed(outs[0]), num_warps=config.warps)
+                      TRANSPOSED=transposed(flat[0]), SPLIT=len(flat) > len(outs), num_warps=config.warps)
     return arguments, constexprs
 
 
@@ -738,7 +792,7 @@ def grouped_weight_grad(problems, offsets: torch.Tensor, *, outs=None, out_dtype
     if num_experts == 0 or not live:
         return outs
     if problems[0][0].shape[0] == 0:  # no rows at all: every expert's gradient is zero
-        for out in outs:
+        for out in output_tensors(outs):
             out.zero_()
         return outs
     install_tma_allocator(offsets.device)  # the global scratch of the descriptors the loading warp makes

@@ -23,7 +23,7 @@ from ..dispatch import interpreter_enabled
 from ..rounding import round_to
 from .gathered import Gathered
 from .gluon_gemm import GemmConfig
-from .grouped_wgrad import MAX_PROBLEMS, check_arguments, grid
+from .grouped_wgrad import MAX_PROBLEMS, check_arguments, column_parts, grid, output_tensors
 
 # the smallest tiles GemmConfig takes (ping-pong's 64 rows); the tl kernel uses only its tiles and group_m
 SMALL_TILES = GemmConfig(64, 64, 32, 2, "pingpong")
@@ -58,6 +58,7 @@ def grouped_wgrad_tl_kernel(
     c1_expert_stride, c1_row_stride, c1_col_stride,  # C_1's likewise
     c2_expert_stride, c2_row_stride, c2_col_stride,  # C_2's likewise
     m0, n0, m1, n1, m2, n2,  # each problem's M_p, N_p
+    split_cols,  # with SPLIT: C_0's columns below this are c0's, the rest c1's (from its column 0)
     offsets_ptr,  # [E + 1] int32: expert e's rows are offsets[e] ≤ r < offsets[e + 1]
     index_ptr,  # [M_total] int32: a gathered operand's row r is its source's row index[r]; else offsets_ptr, unread
     num_experts,  # E
@@ -66,6 +67,7 @@ def grouped_wgrad_tl_kernel(
     GATHER_B: tl.constexpr,  # bit p set: B_p is gathered (b_p_ptr, b_p_stride: its source [T, N_p])
     GROUP_M: tl.constexpr,  # row tiles taken together in a problem's tile order
     UPCAST: tl.constexpr,  # multiply in fp32 and round a bf16 store by hand (the interpreter's bf16 is wrong)
+    SPLIT: tl.constexpr,  # PROBLEMS 1, C_0 in two column parts: c0 (split_cols columns) then c1 (the rest)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     tiles0 = tl.cdiv(m0, BLOCK_M) * tl.cdiv(n0, BLOCK_N)
@@ -119,7 +121,13 @@ def grouped_wgrad_tl_kernel(
             acc = dot16(tl.trans(a), b, acc, UPCAST)
         out = c_ptr + expert.to(tl.int64) * c_expert_stride + cols_m[:, None] * c_row_stride
         out += cols_n[None, :] * c_col_stride
-        tl.store(out, round_to(acc, c_ptr.dtype.element_ty, UPCAST), mask=m_ok[:, None] & n_ok[None, :])
+        in_c = m_ok[:, None] & n_ok[None, :]
+        if SPLIT:  # the columns past split_cols go to c1, from its column 0
+            right = c1_ptr + expert.to(tl.int64) * c1_expert_stride + cols_m[:, None] * c1_row_stride
+            right += (cols_n[None, :] - split_cols) * c1_col_stride
+            tl.store(right, round_to(acc, c_ptr.dtype.element_ty, UPCAST), mask=in_c & (cols_n[None, :] >= split_cols))
+            in_c = in_c & (cols_n[None, :] < split_cols)
+        tl.store(out, round_to(acc, c_ptr.dtype.element_ty, UPCAST), mask=in_c)
         tile += tl.num_programs(0)
 
 
@@ -134,6 +142,8 @@ def grouped_weight_grad_tl(problems, offsets: torch.Tensor, *, outs=None, out_dt
     live = [p for p, (m, n) in enumerate(shapes) if m and n]  # a product with no output elements takes no tiles
     if num_experts == 0 or not live:
         return outs
+    split = column_parts(outs[0])
+    parts = output_tensors(outs)  # C_0's column parts take c0 and c1 (SPLIT)
     padded = [p for p in live] + [live[0]] * (MAX_PROBLEMS - len(live))  # repeats: never touched
     tensors, strides, out_strides, sizes, index, gather_a, gather_b = [], [], [], [], offsets, 0, 0
     for slot, p in enumerate(padded):
@@ -143,13 +153,15 @@ def grouped_weight_grad_tl(problems, offsets: torch.Tensor, *, outs=None, out_dt
             gather_b |= isinstance(b, Gathered) << slot
         index = next((x.index for x in (a, b) if isinstance(x, Gathered)), index)
         a, b = (x.source if isinstance(x, Gathered) else x for x in (a, b))
-        tensors += [a, b, outs[p]]
+        out = parts[slot] if split and slot < 2 else parts[0] if split else outs[p]
+        tensors += [a, b, out]
         strides += [a.stride(0), b.stride(0)]
-        out_strides += list(outs[p].stride())
+        out_strides += list(out.stride())
         sizes += list(shapes[p])
     grouped_wgrad_tl_kernel[(grid(num_experts, [shapes[p] for p in live], config, programs),)](
-        *tensors, *strides, *out_strides, *sizes, offsets, index, num_experts,
+        *tensors, *strides, *out_strides, *sizes, parts[0].shape[2] if split else 0, offsets, index, num_experts,
         PROBLEMS=len(live), GATHER_A=gather_a, GATHER_B=gather_b, GROUP_M=config.group_m, UPCAST=interpreter_enabled(),
+        SPLIT=split,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
     )
     return outs

@@ -75,6 +75,10 @@ GATHER_IN_LOADS = True
 # where they do, slower where a last half-empty column tile is wasted (notes/p2/engine-layer.md, "x gathered as the
 # weight gradients' A operand")
 X_AS_A_IN_WEIGHT_GRADS = True
+# with x as A, whether the gate and up gradients are one product x_sᵀ·[dg | du] of N = 2I written into dWgᵀ and dWuᵀ
+# as its two column parts (a tile across I stored into both), so that the tiles need only divide 2I (DeepSeek-V2-
+# Lite's I 1408: 2I = 11 · 256), rather than two products of N = I (off until measured)
+X_AS_A_ONE_PRODUCT = False
 # whether they read x's rows through the routing at every shape (as B where x is not A): no x_s at any shape, but
 # slower where I is not a multiple of the tiles' columns (notes/p2/engine-wgrad.md, "Gathered operands")
 GATHER_X_IN_WEIGHT_GRADS = False
@@ -389,8 +393,10 @@ def x_rows_for_weight_grads(
 
 def x_as_a_in_weight_grads(intermediate_size: int, column_tile: int) -> bool:
     """Whether the gate and up gradients read x gathered as their A operand: with ``X_AS_A_IN_WEIGHT_GRADS`` and
-    ``GATHER_IN_LOADS``, where their tiles' ``column_tile`` columns (along I) divide I."""
-    return X_AS_A_IN_WEIGHT_GRADS and GATHER_IN_LOADS and intermediate_size % column_tile == 0
+    ``GATHER_IN_LOADS``, where their tiles' ``column_tile`` columns divide their N: I, or 2I as one product
+    (``X_AS_A_ONE_PRODUCT``)."""
+    columns = 2 * intermediate_size if X_AS_A_ONE_PRODUCT else intermediate_size
+    return X_AS_A_IN_WEIGHT_GRADS and GATHER_IN_LOADS and columns % column_tile == 0
 
 
 def gathered_in_weight_grads(intermediate_size: int, column_tile: int) -> bool:
@@ -499,6 +505,9 @@ def backward(
         x_cols = x_s if x_s is not None else x_rows_for_weight_grads(routed, hidden_states, gathered_x, cols)
         if x_as_a and fused_grad is not None:  # x_sᵀ·[dg | du] = [dWg; dWu]ᵀ: through the block's transposed view
             launches.weight_grad([(x_cols, d_preact)], routed.offsets, [fused_grad.transpose(1, 2)])
+        elif x_as_a and X_AS_A_ONE_PRODUCT:  # the same into dWgᵀ and dWuᵀ as its two column parts
+            parts = (grad_gate.transpose(1, 2), grad_up.transpose(1, 2))
+            launches.weight_grad([(x_cols, d_preact)], routed.offsets, [parts])
         elif x_as_a:  # x_sᵀ·dg = dWgᵀ, x_sᵀ·du = dWuᵀ: through the gradients' transposed views
             transposed = [grad_gate.transpose(1, 2), grad_up.transpose(1, 2)]
             launches.weight_grad([(x_cols, dgate), (x_cols, dup)], routed.offsets, transposed)

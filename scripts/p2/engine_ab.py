@@ -291,27 +291,28 @@ def step_peak(call) -> tuple[list, float]:
 
 # (label, then the switches of SWITCHES in order)
 LOAD_FORMS = (
-    ("written", False, False, False, False, False, False, False, False, False, False, False),
-    ("gathered", True, False, False, False, False, False, False, False, False, False, False),
-    ("in parts", True, True, False, False, False, False, False, False, False, False, False),
-    ("parts, mid-loop", True, True, False, False, False, True, False, False, False, False, False),
-    ("parts, w·a in K", True, True, False, False, False, False, True, False, False, False, False),
-    ("parts, ring", True, True, False, False, False, False, False, True, False, False, False),
-    ("ring, over saved", True, True, False, False, True, False, False, True, False, False, False),
-    ("over saved, no x_s", True, True, True, False, True, False, False, True, False, False, False),
-    ("over saved, no x_s, dx slices", True, True, True, True, True, False, False, True, False, False, False),
-    ("parts, no x_s", True, True, True, False, False, False, False, False, False, False, False),
-    ("+ dx slices", True, True, True, True, False, False, False, False, False, False, False),
-    ("over saved, x_s slices", True, True, False, False, True, False, False, True, True, False, False),
-    ("over saved, x_s and dx slices", True, True, False, True, True, False, False, True, True, False, False),
-    ("over saved, no x_s, narrow B", True, True, True, False, True, False, False, True, False, True, False),
-    ("over saved, no x_s, x as A", True, True, True, False, True, False, False, True, False, False, True),
-    ("over saved, x as A or x_s slices", True, True, False, False, True, False, False, True, True, False, True),
+    ("written", False, False, False, False, False, False, False, False, False, False, False, False),
+    ("gathered", True, False, False, False, False, False, False, False, False, False, False, False),
+    ("in parts", True, True, False, False, False, False, False, False, False, False, False, False),
+    ("parts, mid-loop", True, True, False, False, False, True, False, False, False, False, False, False),
+    ("parts, w·a in K", True, True, False, False, False, False, True, False, False, False, False, False),
+    ("parts, ring", True, True, False, False, False, False, False, True, False, False, False, False),
+    ("ring, over saved", True, True, False, False, True, False, False, True, False, False, False, False),
+    ("over saved, no x_s", True, True, True, False, True, False, False, True, False, False, False, False),
+    ("over saved, no x_s, dx slices", True, True, True, True, True, False, False, True, False, False, False, False),
+    ("parts, no x_s", True, True, True, False, False, False, False, False, False, False, False, False),
+    ("+ dx slices", True, True, True, True, False, False, False, False, False, False, False, False),
+    ("over saved, x_s slices", True, True, False, False, True, False, False, True, True, False, False, False),
+    ("over saved, x_s and dx slices", True, True, False, True, True, False, False, True, True, False, False, False),
+    ("over saved, no x_s, narrow B", True, True, True, False, True, False, False, True, False, True, False, False),
+    ("over saved, no x_s, x as A", True, True, True, False, True, False, False, True, False, False, True, False),
+    ("over saved, x as A or x_s slices", True, True, False, False, True, False, False, True, True, False, True, False),
+    ("over saved, x as A, one product", True, True, False, False, True, False, False, True, True, False, True, True),
 )
 # engine_layer's switches and grouped_gemm's (GEMM_SWITCHES)
 SWITCHES = ("GATHER_IN_LOADS", "GATHER_IN_PARTS", "GATHER_X_IN_WEIGHT_GRADS", "DX_IN_COLUMN_SLICES", "GRADS_OVER_SAVED",
             "SAVED_LOADS_MID_LOOP", "SCALED_ACT_IN_K_LOOP", "SAVED_THROUGH_RING", "X_S_IN_COLUMN_SLICES",
-            "NARROW_GATHERED_B", "X_AS_A_IN_WEIGHT_GRADS")  # fmt: skip
+            "NARROW_GATHERED_B", "X_AS_A_IN_WEIGHT_GRADS", "X_AS_A_ONE_PRODUCT")  # fmt: skip
 GEMM_SWITCHES = ("GATHER_IN_PARTS", "SAVED_LOADS_MID_LOOP", "SCALED_ACT_IN_K_LOOP", "SAVED_THROUGH_RING")
 WGRAD_SWITCHES = ("NARROW_GATHERED_B",)  # grouped_wgrad's
 

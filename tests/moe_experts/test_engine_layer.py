@@ -456,8 +456,14 @@ def forward_and_backward(inputs, save):
     return (y, *grads)
 
 
-# the gate and up gradients' x: written out (x_s), gathered as their B operand, gathered as their A operand
-WEIGHT_GRAD_X = {"x_s_written": (False, False), "x_gathered_everywhere": (True, False), "x_gathered_as_a": (True, True)}
+# the gate and up gradients' x: written out (x_s), gathered as their B operand, gathered as their A operand (against dg
+# and du, or against [dg | du] as one B whose output is dWg's and dWu's column parts)
+WEIGHT_GRAD_X = {
+    "x_s_written": (False, False, False),
+    "x_gathered_everywhere": (True, False, False),
+    "x_gathered_as_a": (True, True, False),
+    "x_gathered_as_a_one_product": (True, True, True),
+}
 
 
 def assert_gathering_changes_no_bit(inputs, save, weight_grads, monkeypatch):
@@ -466,9 +472,10 @@ def assert_gathering_changes_no_bit(inputs, save, weight_grads, monkeypatch):
     step reading x_s and dy_s written out first; no NaN. With x as A the gate and up gradients are the transposed
     products, x_sᵀ·dg, whose fp32 sums may round apart from dgᵀ·x_s's (the interpreter's fp32 dot does): those two
     within a few bf16 roundings."""
-    gathered_x, x_as_a = WEIGHT_GRAD_X[weight_grads]
+    gathered_x, x_as_a, one_product = WEIGHT_GRAD_X[weight_grads]
     monkeypatch.setattr(engine_layer, "GATHER_X_IN_WEIGHT_GRADS", gathered_x)
     monkeypatch.setattr(engine_layer, "X_AS_A_IN_WEIGHT_GRADS", x_as_a)
+    monkeypatch.setattr(engine_layer, "X_AS_A_ONE_PRODUCT", one_product)
     gathered = forward_and_backward(inputs, save)
     monkeypatch.setattr(engine_layer, "GATHER_IN_LOADS", False)
     written = forward_and_backward(inputs, save)
