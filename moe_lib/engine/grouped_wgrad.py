@@ -90,6 +90,9 @@ WAIT_EVERY_STEP = False
 # their registers after setmaxnreg (a step's addresses and the next step's indices), by consumers: what the
 # consumers' accumulators leave (ping-pong's two 128 × 128 accumulators need more than cooperative's one 128 × 256)
 GATHER_LOADER_REGISTERS = {"cooperative": 128, "pingpong": 104}
+# an output in two column parts (transposed views): the right part is stored in boxes of this many of C_pᵀ's rows,
+# so that no box starts before its row 0; the boundary must be a multiple of it
+SPLIT_ROWS = 64
 
 
 # --- the tile schedule on the host ----------------------------------------------------------------------------------
@@ -378,6 +381,20 @@ def store_tile(c_desc, expert, off_m, off_n, c_tile, TRANSPOSED: gl.constexpr):
 
 
 @gluon.jit
+def store_right_part(c1_desc, expert, off_m, row, c_tile):
+    """With SPLIT, the rows of a [1, BLOCK_N, BLOCK_M] tile of C_0ᵀ at ``row`` of the right part (negative where the
+    tile begins in the left part) that fall in that part, by TMA in [1, CHUNK, BLOCK_M] boxes (the right part's
+    descriptor): no box starts before its row 0, and each chunk lies wholly on one side (the boundary and the
+    tiles are multiples of CHUNK rows)."""
+    BLOCK_N: gl.constexpr = c_tile.type.shape[1]
+    CHUNK: gl.constexpr = c1_desc.block_type.shape[1]
+    for j in gl.static_range(BLOCK_N // CHUNK):
+        if row + j * CHUNK >= 0:
+            chunk = c_tile.slice(j * CHUNK, CHUNK, 1)
+            tma.async_copy_shared_to_global(c1_desc, [expert, row + j * CHUNK, off_m], chunk)
+
+
+@gluon.jit
 def zero_fill(c_smem, WARPS: gl.constexpr):
     """Zeros into the output tile's shared memory, 16 rows at a time (few registers: no accumulator rewritten)."""
     BLOCK_M: gl.constexpr = c_smem.type.shape[0]
@@ -449,12 +466,12 @@ def wgrad_consumer_partition(a_bufs, b_bufs, ready, empty, turns, c0_desc, c1_de
                 tma.store_wait(pendings=OUT_BUFS - 1)
                 zero_fill(c_box, WARPS)
             fence_async_shared()
-            if SPLIT:  # C_0's two column parts: the tile into each it reaches (the left one clips past its columns)
+            if SPLIT:  # C_0ᵀ's two row parts: the tile into each it reaches
                 left = out_cols(c0_desc, TRANSPOSED)
-                if off_n < left:
+                if off_n < left:  # the left part's descriptor clips the rows past it
                     store_tile(c0_desc, expert, off_m, off_n, c_tile, TRANSPOSED)
-                if off_n + BLOCK_N > left:  # a negative start where it crosses: TMA writes none of those columns
-                    store_tile(c1_desc, expert, off_m, off_n - left, c_tile, TRANSPOSED)
+                if off_n + BLOCK_N > left:  # the right part's in chunks of its box's rows, those past the boundary
+                    store_right_part(c1_desc, expert, off_m, off_n - left, c_tile)
             elif problem == 0:
                 store_tile(c0_desc, expert, off_m, off_n, c_tile, TRANSPOSED)
             elif problem == 1:
@@ -493,7 +510,8 @@ def grouped_wgrad_kernel(
     LOADER_REGS: gl.constexpr,  # the loading partition's registers
     OUT_BUFS: gl.constexpr,  # output tiles a consumer has in shared memory, taken in turn: 1 or 2 (output_buffers)
     TRANSPOSED: gl.constexpr,  # the c_p_desc are over C_pᵀ [E, N_p, M_p] in [1, BLOCK_N, BLOCK_M] boxes
-    SPLIT: gl.constexpr,  # with PROBLEMS 1: C_0 in two column parts, c0_desc's columns then c1_desc's
+    SPLIT: gl.constexpr,  # PROBLEMS 1, TRANSPOSED: C_0 in two column parts, c0_desc's then c1_desc's ([1, SPLIT_ROWS,
+                          # BLOCK_M] boxes)
     num_warps: gl.constexpr,  # of the default partition: the cooperative consumer, or ping-pong's first (4)
 ):
     BLOCK_M: gl.constexpr = c0_desc.block_type.shape[2] if TRANSPOSED else c0_desc.block_type.shape[1]
@@ -648,6 +666,10 @@ def check_arguments(problems, offsets, *, outs=None, out_dtype: torch.dtype = to
                     raise ValueError(f"outs[{p}][0]: expected [E, M_p, N_left] with 0 < N_left < N_p = {n}")
                 check_output(f"outs[{p}][0]", out[0], (num_experts, m, left), first, device)
                 check_output(f"outs[{p}][1]", out[1], (num_experts, m, n - left), first, device)
+                if not transposed(out[0]) or left % SPLIT_ROWS:
+                    raise ValueError(f"outs[{p}]: column parts are taken as transposed views, the left one's columns "
+                                     f"a multiple of {SPLIT_ROWS}; got strides {tuple(out[0].stride())} and "
+                                     f"{left} columns")
             else:
                 check_output(f"outs[{p}]", out, (num_experts, m, n), first, device)
         out_dtype = first.dtype
@@ -719,13 +741,13 @@ def transposed(out: torch.Tensor) -> bool:
     return out.stride(2) != 1 and out.shape[2] > 1
 
 
-def output_descriptor(out: torch.Tensor, config: GemmConfig) -> TensorDescriptor:
+def output_descriptor(out: torch.Tensor, config: GemmConfig, box_rows: int | None = None) -> TensorDescriptor:
     """A host TMA descriptor of C_p [E, M_p, N_p] in [1, BLOCK_M, BLOCK_N] boxes (of C_pᵀ [E, N_p, M_p] in [1,
-    BLOCK_N, BLOCK_M] boxes where ``out`` is a transposed view): it clips a tile at M_p and N_p inside each
-    expert's matrix."""
+    BLOCK_N, BLOCK_M] boxes, or [1, ``box_rows``, BLOCK_M], where ``out`` is a transposed view): it clips a tile at
+    M_p and N_p inside each expert's matrix."""
     dtype = {torch.bfloat16: gl.bfloat16, torch.float32: gl.float32}[out.dtype]
     if transposed(out):
-        block = (1, config.block_n, config.block_m)
+        block = (1, box_rows or config.block_n, config.block_m)
         return TensorDescriptor.from_tensor(out.transpose(1, 2), list(block), shared_layout(block, dtype))
     block = (1, config.block_m, config.block_n)
     return TensorDescriptor.from_tensor(out, list(block), shared_layout(block, dtype))
@@ -738,7 +760,8 @@ def launch_arguments(config: GemmConfig, problems, offsets, outs) -> tuple[dict,
     read, never written; its output's descriptor object itself, which an encoded launch encodes once)."""
     padded = list(problems) + [problems[0]] * (MAX_PROBLEMS - len(problems))
     flat = output_tensors(outs)  # C_0's two column parts take the first two descriptors (SPLIT)
-    out_descs = [output_descriptor(out, config) for out in flat]
+    split = len(flat) > len(outs)
+    out_descs = [output_descriptor(out, config, SPLIT_ROWS if split and p == 1 else None) for p, out in enumerate(flat)]
     padded_out_descs = out_descs + [out_descs[0]] * (MAX_PROBLEMS - len(flat))
     arguments, index, gather_a, gather_b = {}, offsets, 0, 0
     for p, (a, b) in enumerate(problems):
@@ -760,7 +783,7 @@ def launch_arguments(config: GemmConfig, problems, offsets, outs) -> tuple[dict,
                       BLOCK_K=config.block_k, BUFFERS=config.stages, OUT_BUFS=output_buffers(config, flat[0].dtype),
                       GROUP_M=config.group_m, PINGPONG=config.pingpong, CONSUMER_REGS=CONSUMER_REGISTERS,
                       LOADER_REGS=GATHER_LOADER_REGISTERS[config.consumers] if gathers else LOADER_REGISTERS,
-                      TRANSPOSED=transposed(flat[0]), SPLIT=len(flat) > len(outs), num_warps=config.warps)
+                      TRANSPOSED=transposed(flat[0]), SPLIT=split, num_warps=config.warps)
     return arguments, constexprs
 
 

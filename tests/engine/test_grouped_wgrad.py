@@ -233,6 +233,7 @@ CASES = [
         "outs[0]: two column parts of one output are taken for a launch of one product only",
     ),
     ([(A, B)], OFFSETS, dict(outs=[(meta(4, 32, 48), meta(4, 32, 8))]), ValueError, "0 < N_left < N_p = 48"),
+    ([(A, B)], OFFSETS, dict(outs=[(meta(4, 32, 16), meta(4, 32, 32))]), ValueError, "taken as transposed views"),
     ([(A, B)], OFFSETS, dict(outs=[(meta(4, 32, 16), meta(4, 32, 16))]), ValueError, "outs[0][1]: expected shape"),
     ([(A, B)], OFFSETS, dict(outs=[meta(4, 32, 52)[:, :, :48]]), ValueError, "outs[0]: expected contiguous rows"),
     ([(A, B)], OFFSETS, dict(outs=[[0.0]]), TypeError, "outs[0]: expected a torch.Tensor"),
@@ -344,19 +345,15 @@ def test_tl_kernel_writes_transposed_views(seed):
         assert within_rounding(out, reference(a, b, offsets))
 
 
-@pytest.mark.parametrize("transposed", [False, True], ids=["rows", "transposed"])
-def test_tl_kernel_writes_one_product_into_two_column_parts(transposed, seed):
-    """One product's output given as two column parts ([left | right], the boundary inside a tile): each part gets
-    its columns of the product."""
+def test_tl_kernel_writes_one_product_into_two_column_parts(seed):
+    """One product's output given as two column parts, transposed views ([left | right], the boundary inside a
+    tile): each part gets its columns of the product."""
     generator = torch.Generator().manual_seed(seed)
     offsets = offsets_of([40, 0, 75, 1])
     ((a, b),) = operands("three", int(offsets[-1]), generator)[:1]
-    left = 24  # WIDE's tiles are 128 columns: the boundary falls inside the first
+    left = 64  # WIDE's tiles are 128 columns: the boundary falls inside the first
     shapes = [(4, a.shape[1], left), (4, a.shape[1], b.shape[1] - left)]
-    if transposed:
-        parts = tuple(torch.full((e, n, m), float("nan"), dtype=torch.bfloat16).transpose(1, 2) for e, m, n in shapes)
-    else:
-        parts = tuple(torch.full(shape, float("nan"), dtype=torch.bfloat16) for shape in shapes)
+    parts = tuple(torch.full((e, n, m), float("nan"), dtype=torch.bfloat16).transpose(1, 2) for e, m, n in shapes)
     grouped_weight_grad_tl([(a, b)], offsets, outs=[parts], config=WIDE, programs=3)
     expected = reference(a, b, offsets)
     assert within_rounding(parts[0], expected[:, :, :left]) and within_rounding(parts[1], expected[:, :, left:])
@@ -631,15 +628,15 @@ def test_gpu_weight_grad_writes_transposed_views_with_x_gathered_as_a(name, coun
 @pytest.mark.parametrize("name", ["coop", "pingpong", "coop_s2_two_outputs_3_programs"])
 def test_gpu_weight_grad_writes_one_product_into_two_column_parts(name, counts, seed):
     """x gathered as A against [dg | du] as one B of N = 2I, written into dWgᵀ and dWuᵀ as its two column parts
-    (I 328: the tile across I stored into both, the right part's box starting left of its column 0): the products
+    (I 320: the tile across I stored into both, the right part in 64-row boxes from its row 0): the products
     with x as B within a few bf16 roundings, float64's values, exact zeros for experts without rows, nothing
     left unwritten."""
     generator = torch.Generator(device="cuda").manual_seed(seed)
     counts = GPU_COUNTS[counts]
     offsets = offsets_of(counts, device="cuda")
-    gathered, written = gathered_three(int(offsets[-1]), 301, generator, inter=328, hidden=520, device="cuda")
+    gathered, written = gathered_three(int(offsets[-1]), 301, generator, inter=320, hidden=520, device="cuda")
     as_b = grouped_weight_grad(gathered[:2], offsets, config=CONFIGS[name])
-    x, dgdu = gathered[0][1], gathered[0][0].as_strided((int(offsets[-1]), 656), (656, 1))  # [dg | du]
+    x, dgdu = gathered[0][1], gathered[0][0].as_strided((int(offsets[-1]), 640), (640, 1))  # [dg | du]
     gradients = [torch.full_like(out, float("nan")) for out in as_b]
     grouped_weight_grad([(x, dgdu)], offsets, outs=[tuple(g.transpose(1, 2) for g in gradients)],
                         config=CONFIGS[name])  # fmt: skip
