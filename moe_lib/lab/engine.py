@@ -524,7 +524,7 @@ def recorded_launches():
                 kernel="grouped_wgrad",
                 epilogue="",
                 rows=problems[0][0].shape[0],
-                operands=", ".join(f"C {list(out.shape)}" for out in outs),
+                operands=", ".join(f"C {output_shape(out)}" for out in outs),
             )
         )
         return weight_grad(self, problems, offsets, outs)
@@ -550,6 +550,13 @@ def launch_table(record: list[dict], which: str) -> pd.DataFrame:
         for (k, e, c, w), r in zip(listed, record, strict=True)
     ]
     return pd.DataFrame(rows, index=pd.RangeIndex(1, len(rows) + 1, name="launch"))
+
+
+def output_shape(out) -> list[int]:
+    """An output's [E, M, N]: of a tensor, or of one given in column parts (their N summed)."""
+    if isinstance(out, tuple | list):
+        return [*out[0].shape[:2], sum(part.shape[2] for part in out)]
+    return list(out.shape)
 
 
 def backward_memory_frame(cases: dict[str, tuple[int, int, int, int, int]], column_tile: int = 256) -> pd.DataFrame:

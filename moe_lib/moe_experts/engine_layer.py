@@ -77,8 +77,9 @@ GATHER_IN_LOADS = True
 X_AS_A_IN_WEIGHT_GRADS = True
 # with x as A, whether the gate and up gradients are one product x_sᵀ·[dg | du] of N = 2I written into dWgᵀ and dWuᵀ
 # as its two column parts (a tile across I stored into both), so that the tiles need only divide 2I (DeepSeek-V2-
-# Lite's I 1408: 2I = 11 · 256), rather than two products of N = I (off until measured)
-X_AS_A_ONE_PRODUCT = False
+# Lite's I 1408: 2I = 11 · 256), rather than two products of N = I: level or faster at every case measured
+# (notes/p2/engine-layer.md, "x gathered as the weight gradients' A operand")
+X_AS_A_ONE_PRODUCT = True
 # whether they read x's rows through the routing at every shape (as B where x is not A): no x_s at any shape, but
 # slower where I is not a multiple of the tiles' columns (notes/p2/engine-wgrad.md, "Gathered operands")
 GATHER_X_IN_WEIGHT_GRADS = False

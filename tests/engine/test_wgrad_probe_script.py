@@ -30,7 +30,8 @@ def test_shapes_name_the_products_and_their_flop(probe):
     assert (p2.rows, p2.flop) == (65536, 2 * 65536 * 3 * 2048 * 4096)
     assert probe.SHAPES["qwen3_t8192_gate_up"].outputs == [(768, 2048)] * 2
     assert probe.SHAPES["mixtral_t4096_down"].outputs == [(4096, 14336)]
-    assert len(probe.SHAPES) == 12
+    assert probe.SHAPES["deepseek_t32768_gate_up"].outputs == [(1408, 2048)] * 2
+    assert len(probe.SHAPES) == 18  # six models' token counts, three product sets each
 
 
 def test_operands_share_x_and_view_dg_du_in_one_tensor(probe, seed):

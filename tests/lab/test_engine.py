@@ -154,13 +154,14 @@ def test_the_layers_launches_are_those_listed_and_its_gradients_those_of_float64
 def test_backward_memory_frame_counts_each_launch_and_slices_only_where_x_s_is_the_peak():
     T, K, H, I, E = 32768, 6, 2048, 1408, 64  # DeepSeek-V2-Lite at 32768 tokens: T·K > E·I
     frame = engine.backward_memory_frame({"big": (T, K, H, I, E), "p2": (8192, 8, 4096, 2048, 256)})
-    whole, sliced = frame[frame["case"] == "big"].itertuples(index=False)
+    whole, sliced, gathered = frame[frame["case"] == "big"].itertuples(index=False)  # 256 divides 2I: x as A
     always = 2 * (T * K * 2 * I + T * K * I + T * H)
     assert whole[2] == pytest.approx((always + 2 * T * K * H) / 1e9)  # dX: dX_s
     assert whole[3] == pytest.approx((always + 4 * E * I * H + 2 * T * K * H) / 1e9)  # dWg, dWu and x_s whole
     assert whole[4] == pytest.approx((always + 6 * E * I * H) / 1e9)  # dWd: the three weight gradients
     assert whole.peak == "dWg, dWu" and sliced.x_s == "3 slices" and sliced.peak == "dWd"
     assert sliced[3] == pytest.approx((always + 4 * E * I * H + 2 * T * K * 768) / 1e9)  # its widest slice
+    assert gathered.x_s == "gathered" and gathered[3] == pytest.approx((always + 4 * E * I * H) / 1e9)  # no x_s
     p2 = frame[frame["case"] == "p2"]
     assert list(p2["x_s"]) == ["whole", "gathered"]  # T·K ≤ E·I: no slices; 256 divides I: x gathered as A
     assert p2.iloc[1, 3] == pytest.approx(p2.iloc[0, 3] - 2 * 8192 * 8 * 4096 / 1e9)  # no x_s beside dWg, dWu
