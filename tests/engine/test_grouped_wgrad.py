@@ -600,46 +600,27 @@ def test_gpu_weight_grad_writes_column_slices_of_wider_outputs(name, seed):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("products", ["two", "one_in_column_parts"])
 @pytest.mark.parametrize("counts", ["ragged", "many"])
 @pytest.mark.parametrize("name", ["coop", "pingpong", "coop_s2_two_outputs_3_programs"])
-def test_gpu_weight_grad_writes_transposed_views_with_x_gathered_as_a(name, counts, seed):
+def test_gpu_weight_grad_writes_transposed_views_with_x_gathered_as_a(name, counts, products, seed):
     """The gate and up gradients with x gathered as their A operand (dWgᵀ = x_sᵀ·dg), written through the
-    gradients' transposed views (each tile stored transposed): the products with x as B within a few bf16
-    roundings (the transposed products' fp32 sums may round apart), float64's values, exact zeros for experts
-    without rows."""
-    generator = torch.Generator(device="cuda").manual_seed(seed)
-    counts = GPU_COUNTS[counts]
-    offsets = offsets_of(counts, device="cuda")
-    gathered, written = gathered_three(int(offsets[-1]), 301, generator, inter=328, hidden=520, device="cuda")
-    as_b = grouped_weight_grad(gathered[:2], offsets, config=CONFIGS[name])
-    as_a = [(x, dg) for dg, x in gathered[:2]]
-    gradients = [torch.full_like(out, float("nan")) for out in as_b]  # [E, I, H], written through [E, H, I] views
-    grouped_weight_grad(as_a, offsets, outs=[g.transpose(1, 2) for g in gradients], config=CONFIGS[name])
-    for (dg, x_s), out, same in zip(written[:2], gradients, as_b, strict=True):
-        assert torch.isfinite(out).all() and relative_error(out, reference(dg, x_s, offsets)) < 1e-2
-        assert relative_error(out, same.double()) < 1e-3
-        for e, count in enumerate(counts):
-            if count == 0:
-                assert torch.equal(out[e], torch.zeros_like(out[e]))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("counts", ["ragged", "many"])
-@pytest.mark.parametrize("name", ["coop", "pingpong", "coop_s2_two_outputs_3_programs"])
-def test_gpu_weight_grad_writes_one_product_into_two_column_parts(name, counts, seed):
-    """x gathered as A against [dg | du] as one B of N = 2I, written into dWgᵀ and dWuᵀ as its two column parts
-    (I 320: the tile across I stored into both, the right part in 64-row boxes from its row 0): the products
-    with x as B within a few bf16 roundings, float64's values, exact zeros for experts without rows, nothing
-    left unwritten."""
+    gradients' transposed views (each tile stored transposed): as two products, or as one against [dg | du] of N =
+    2I whose output is the two views as column parts (I 320: the tile across I stored into both, the right part in
+    64-row boxes from its row 0). The products with x as B within a few bf16 roundings (the transposed products'
+    fp32 sums may round apart), float64's values, exact zeros for experts without rows, nothing left unwritten."""
     generator = torch.Generator(device="cuda").manual_seed(seed)
     counts = GPU_COUNTS[counts]
     offsets = offsets_of(counts, device="cuda")
     gathered, written = gathered_three(int(offsets[-1]), 301, generator, inter=320, hidden=520, device="cuda")
     as_b = grouped_weight_grad(gathered[:2], offsets, config=CONFIGS[name])
-    x, dgdu = gathered[0][1], gathered[0][0].as_strided((int(offsets[-1]), 640), (640, 1))  # [dg | du]
-    gradients = [torch.full_like(out, float("nan")) for out in as_b]
-    grouped_weight_grad([(x, dgdu)], offsets, outs=[tuple(g.transpose(1, 2) for g in gradients)],
-                        config=CONFIGS[name])  # fmt: skip
+    gradients = [torch.full_like(out, float("nan")) for out in as_b]  # [E, I, H], written through [E, H, I] views
+    views = [g.transpose(1, 2) for g in gradients]
+    if products == "two":
+        grouped_weight_grad([(x, dg) for dg, x in gathered[:2]], offsets, outs=views, config=CONFIGS[name])
+    else:
+        x, dgdu = gathered[0][1], gathered[0][0].as_strided((int(offsets[-1]), 640), (640, 1))  # [dg | du]
+        grouped_weight_grad([(x, dgdu)], offsets, outs=[tuple(views)], config=CONFIGS[name])
     for (dg, x_s), out, same in zip(written[:2], gradients, as_b, strict=True):
         assert torch.isfinite(out).all() and relative_error(out, reference(dg, x_s, offsets)) < 1e-2
         assert relative_error(out, same.double()) < 1e-3
