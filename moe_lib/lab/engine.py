@@ -47,7 +47,12 @@ LAUNCHES = {
             "reads Wd",
         ),
         ("grouped_gemm", "none", "dX_s = [dg | du]·[Wg_e; Wu_e] (a pair along K = 2I)", "reads Wg, Wu"),
-        ("grouped_wgrad", "", "dWg_e = dg_eᵀ x_s,e; dWu_e = du_eᵀ x_s,e (two products)", "writes dWg, dWu"),
+        (
+            "grouped_wgrad",
+            "",
+            "[dWg_e | dWu_e]ᵀ = x_s,eᵀ [dg | du]_e, x's rows gathered (where x_s is written: dg_eᵀ x_s,e, du_eᵀ x_s,e)",
+            "writes dWg, dWu",
+        ),
         ("grouped_wgrad", "", "dWd_e = dy_s,eᵀ aw_e (dy's rows gathered through the routing)", "writes dWd"),
     ),
 }
