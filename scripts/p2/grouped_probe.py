@@ -24,6 +24,9 @@ Models: P2 (E 256, K 8, H 4096, I 2048) at 8192 and 32768 tokens, Qwen3-30B-A3B 
 Configs (:data:`CONFIGS`): where an epilogue does not fit one (dswiglu: shared memory for its saved tiles and
 outputs, registers for its elementwise work), :data:`FITTED` names the config run in its place; dswiglu reading the
 saved σ and silu takes that config with as many stages as fit beside its four saved tiles (:func:`config_for`).
+The ``quack_*`` configs (:data:`QUACK`) are the other engine, QuACK's Hopper GEMM, on the plain products only: its
+package from SonicMoE's site on PYTHONPATH (``scripts/gpu_bench.sh`` says where); it compiles on its first call
+(minutes where it autotunes: raise ``--stall``).
 
 On a GPU: first every config compiled for sm_90 on the host (as ``--compile-only``; a config that fails is left
 out), then torch._grouped_mm and each config in a child process of its own, killed when it has finished no shape
@@ -66,6 +69,29 @@ CONFIGS = {
     "coop_m128n256k64_s3": GemmConfig(128, 256, 64, 3, "cooperative"),
     "coop_m128n128k64_s5": GemmConfig(128, 128, 64, 5, "cooperative"),
     "pp_m128n128k64_s5": GemmConfig(128, 128, 64, 5, "pingpong"),
+}
+
+
+@dataclass(frozen=True)
+class QuackConfig:
+    """QuACK's Hopper GEMM (``quack.gemm_interface``, the CuTe DSL engine SonicMoE builds on) as a column of the
+    probe, on the plain products only (varlen M by the expert offsets, no epilogue): ``tuned``, its autotuner over
+    its own configurations at each shape (all compiled first, in QUACK_COMPILE_WORKERS processes); else the one
+    tile, cluster of CTAs and consumer form given."""
+
+    tuned: bool = False
+    tile_m: int = 128
+    tile_n: int = 192
+    cluster_m: int = 2
+    cluster_n: int = 1
+    pingpong: bool = True
+
+
+# the other engine of deliverable 1; its package comes with SonicMoE's site (scripts/gpu_bench.sh unpacks it)
+QUACK = {
+    "quack_tuned": QuackConfig(tuned=True),
+    "quack_default": QuackConfig(),  # QuACK's own sm_90 default: ping-pong 128 × 192, clusters of 2 along M
+    "quack_coop_m128n256": QuackConfig(tile_m=128, tile_n=256, pingpong=False),
 }
 # where an epilogue does not fit a config, the config in its place: dswiglu keeps its saved g and u and writes three
 # outputs through at least two output tiles a consumer, and its epilogue's registers hold a 64-column half of a
@@ -286,6 +312,9 @@ def compile_all(config_names: list[str], shape_names: list[str]) -> list[dict]:
         flush=True,
     )
     for config_name in config_names:
+        if config_name in QUACK:
+            print(f"{config_name:42s} QuACK's: compiled on the GPU, by its own JIT", flush=True)
+            continue
         for shape in variants.values():
             config = config_for(config_name, shape.epilogue, shape.saved_activations)
             label = config_name if config == CONFIGS[config_name] else f"{config_name} → {tile_name(config)}"
@@ -463,6 +492,34 @@ def baseline_call(shape: Shape, a, b, offsets, tensors):
     return call, note
 
 
+def quack_call(name: str, shape: Shape, a, b, offsets, out):
+    """QuACK's grouped product for a plain ``shape`` into ``out`` (None where the shape is not plain): varlen M by
+    the expert offsets, B as [E, k, n] (a transposed view where it is held [E, n, k])."""
+    if shape.epilogue != "none" or shape.pair or shape.out_f32:
+        return None
+    from quack.gemm_config import GemmConfig as QuackGemmConfig
+    from quack.gemm_interface import gemm, gemm_tuned
+
+    chosen = QUACK[name]
+    b_kn = b.transpose(1, 2) if shape.b_t else b
+    if chosen.tuned:
+        return lambda: {"out": gemm(a, b_kn, out=out, cu_seqlens_m=offsets, tuned=True)}
+    config = QuackGemmConfig(
+        tile_m=chosen.tile_m,
+        tile_n=chosen.tile_n,
+        cluster_m=chosen.cluster_m,
+        cluster_n=chosen.cluster_n,
+        pingpong=chosen.pingpong,
+        is_dynamic_persistent=False,
+    )
+
+    def call():
+        gemm_tuned.fn(a, b_kn, out, cu_seqlens_m=offsets, config=config)
+        return {"out": out}
+
+    return call
+
+
 def run_child(name: str, shape_names: list[str], reps: int, seed: int) -> None:
     """Checks and times ``name`` (a config or the baseline) at each shape, small ones first, printing a RESULT line
     as each shape starts and one as it ends."""
@@ -481,16 +538,18 @@ def run_child(name: str, shape_names: list[str], reps: int, seed: int) -> None:
         generator = torch.Generator(device=device).manual_seed(seed)  # every child the same operands a shape
         try:
             offsets, weights = routed_offsets(shape, generator, device)
-            config = (
-                config_for(name, shape.epilogue, shape.saved_activations)
-                if name != BASELINE
-                else CONFIGS[next(iter(CONFIGS))]
-            )
+            ours = name not in (BASELINE, *QUACK)
+            config = config_for(name, shape.epilogue, shape.saved_activations) if ours else CONFIGS[next(iter(CONFIGS))]
             a, b, tensors = kernel_tensors(shape, config, random_maker(shape, generator, device, weights))
             expected = reference(shape, a, b, offsets, tensors)
             note = None
             if name == BASELINE:
                 call, note = baseline_call(shape, a, b, offsets, tensors)
+            elif name in QUACK:
+                call = quack_call(name, shape, a, b, offsets, tensors.get("out"))
+                if call is None:
+                    gemm_probe.emit(event="result", shape=shape_name, check="not run: QuACK's plain products only")
+                    continue
             else:
                 written = {key: tensors[key] for key in shape.outputs}
 
@@ -504,7 +563,7 @@ def run_child(name: str, shape_names: list[str], reps: int, seed: int) -> None:
             row = check_and_time(shape, call, expected, flush, reps, time_graph)
             if note:
                 row["note"] = note
-            if name != BASELINE and config != CONFIGS[name]:
+            if ours and config != CONFIGS[name]:
                 row["note"] = f"{shape.epilogue} runs as {tile_name(config)}"
         except Exception as exc:  # reported; a CUDA error leaves the context unusable and the next shapes fail too
             row = dict(check=f"ERROR: {type(exc).__name__}: {str(exc)[-300:]}")
@@ -580,7 +639,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0],
         formatter_class=argparse.RawTextHelpFormatter,
-        epilog="configs: " + ", ".join(CONFIGS) + "\nshapes: " + ", ".join(SHAPES),
+        epilog="configs: " + ", ".join([*CONFIGS, *QUACK]) + "\nshapes: " + ", ".join(SHAPES),
     )
     parser.add_argument("--configs", default="all", help="comma list of configs (grouped_mm always runs), or all")
     parser.add_argument("--shapes", default="all", help="comma list of shapes, all, or new (pairs and dswiglu)")
@@ -602,7 +661,7 @@ def main() -> None:
         baseline=BASELINE,
         peer="torch._grouped_mm",
         shapes=SHAPES,
-        configs=CONFIGS,
+        configs={**CONFIGS, **QUACK},
         compile_all=compile_all,
         run_child=run_child,
         script=Path(__file__).resolve(),

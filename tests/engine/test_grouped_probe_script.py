@@ -46,6 +46,18 @@ def test_shapes_name_the_products_and_their_forms(probe):
     assert probe.SHAPES["p2_t8192_dx_pair_f32"].variant == ("nn2", "none", ("out",), True)
 
 
+def test_quack_columns_take_only_the_plain_products_and_compile_on_the_gpu(probe, capsys):
+    plain = [name for name, shape in probe.SHAPES.items() if shape.epilogue == "none" and not shape.pair]
+    fused = [name for name in probe.SHAPES if name not in plain]
+    assert "p2_t8192_gate_up" in plain and "p2_t8192_dswiglu" in fused and "p2_t8192_dx_pair" in fused
+    for name in fused:  # declined before QuACK is imported: no tensors needed
+        assert probe.quack_call("quack_default", probe.SHAPES[name], None, None, None, None) is None, name
+    assert probe.compile_all(list(probe.QUACK), plain) == []
+    printed = capsys.readouterr().out
+    assert all(name in printed for name in probe.QUACK)
+    assert not set(probe.QUACK) & set(probe.CONFIGS)
+
+
 def test_dswiglu_takes_a_fitted_config_where_it_does_not_fit(probe):
     from moe_lib.engine.grouped_gemm import output_buffers
 
