@@ -128,14 +128,6 @@ GATHER_LOADER_REGISTERS = {"cooperative": 48, "pingpong": 48}
 # by one four-warp partition, whose Gluon lowering puts four barriers among its warps a step (its sm_90 PTX); QuACK's
 # loading warps run apart the same way (notes/p2/engine-layer.md, "Gathered A in parts": faster at every case measured).
 GATHER_IN_PARTS = True
-# dswiglu's saved g and u loaded halfway through each tile's K loop rather than at its start, where the wait for the
-# last tile's stores to leave the buffers (the loads' landing place) stalls the consumer before its K loop
-# (notes/p2/engine-layer.md, "dswiglu's saved tiles mid-loop"). Off until measured on a GPU.
-SAVED_LOADS_MID_LOOP = False
-# dswiglu's w·a = w·silu(g)·u (it needs no product) stored from the saved g and u tiles a row chunk at a time between
-# the K loop's steps, rather than in the epilogue through a third output tile: the epilogue keeps dg and du alone
-# (notes/p2/engine-layer.md, "w·a before the epilogue"). Off until measured on a GPU.
-SCALED_ACT_IN_K_LOOP = False
 # dswiglu's saved g and u brought through the ring itself, BLOCK_K columns a step after the tile's K steps (u in a
 # step's A buffer, g in its B buffer), and its epilogue taken a BLOCK_K-column chunk at a time as they land: no whole
 # g or u tile in shared memory, so a 128 × 256 tile keeps a deep ring (notes/p2/engine-layer.md, "dswiglu's saved
@@ -149,7 +141,7 @@ RING_DSWIGLU_CONFIG = GemmConfig(128, 256, 64, 4)
 def switches() -> tuple[bool, ...]:
     """The module's switches as they stand: a launch's key holds them, so that a launch made with one of them off is
     never reused with it on."""
-    return GATHER_IN_PARTS, SAVED_LOADS_MID_LOOP, SCALED_ACT_IN_K_LOOP, SAVED_THROUGH_RING
+    return GATHER_IN_PARTS, SAVED_THROUGH_RING
 
 
 # --- the tile schedule on the host ----------------------------------------------------------------------------------
@@ -195,17 +187,12 @@ def schedule(offsets: list[int], n: int, config: GemmConfig, programs: int,
 
 def default_config(epilogue: str, saved: bool = False) -> GemmConfig:
     """The config :func:`grouped_gemm` takes where none is given: DSWIGLU_CONFIG for dswiglu (DSWIGLU_SAVED_CONFIG
-    where it reads the ``saved`` σ and silu; with SAVED_THROUGH_RING RING_DSWIGLU_CONFIG;
-    with SCALED_ACT_IN_K_LOOP its tiles with the ring deepened into the output tile w·a no longer takes), else
-    DEFAULT_CONFIG."""
+    where it reads the ``saved`` σ and silu; with SAVED_THROUGH_RING RING_DSWIGLU_CONFIG), else DEFAULT_CONFIG."""
     if epilogue == "dswiglu":
         if saved:
             return DSWIGLU_SAVED_CONFIG
         if SAVED_THROUGH_RING:
             return RING_DSWIGLU_CONFIG
-        if SCALED_ACT_IN_K_LOOP:
-            deepest = dataclasses.replace(DSWIGLU_CONFIG, stages=DSWIGLU_CONFIG.stages + 2)
-            return stages_that_fit(deepest, "dswiglu", least_buffers("dswiglu", 2))
         return DSWIGLU_CONFIG
     return DEFAULT_CONFIG
 
@@ -481,31 +468,6 @@ def store_rows(c_smem, c_ptr, row_stride, off_m, off_n, row_end, n_cols, WARPS: 
 
 
 @gluon.jit
-def store_scaled_act_rows(g_smem, u_smem, c_ptr, row_stride, scale_ptr, off_m, off_n, row_end, n_cols,
-                          CHUNK_INDEX: gl.constexpr, WARPS: gl.constexpr):
-    """Row chunk CHUNK_INDEX of a dswiglu tile's w·a = w·silu(g)·u, from its saved g and u tiles in shared memory to
-    the output's rows off_m ≤ r < row_end (columns < n_cols) by masked stores, 16 bytes a thread: the same fp32
-    operations as the epilogue's (:func:`dswiglu_half`), so the same bits."""
-    BLOCK_N: gl.constexpr = g_smem.type.shape[1]
-    COLUMN_THREADS: gl.constexpr = 32 if BLOCK_N >= 256 else BLOCK_N // 8  # 8 elements (16 bytes) a thread
-    CHUNK: gl.constexpr = 2 * (32 // COLUMN_THREADS) * WARPS
-    layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // COLUMN_THREADS, COLUMN_THREADS], [WARPS, 1], [1, 0])
-    first: gl.constexpr = CHUNK_INDEX * CHUNK
-    row = off_m + first + gl.arange(0, CHUNK, layout=gl.SliceLayout(1, layout))
-    cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
-    row_ok = row < row_end
-    w = gl.expand_dims(gl.load(scale_ptr + row, mask=row_ok, other=0.0).to(gl.float32), 1)
-    g = g_smem.slice(first, CHUNK, dim=0).load(layout).to(gl.float32)
-    u = u_smem.slice(first, CHUNK, dim=0).load(layout).to(gl.float32)
-    sigmoid = 1.0 / (1.0 + gl.exp(-g))
-    silu = g * sigmoid
-    a = silu * u
-    mask = gl.expand_dims(row_ok, 1) & gl.expand_dims(gl.max_constancy(cols < n_cols, 8), 0)
-    starts = gl.multiple_of(row.to(gl.int64) * row_stride, 8)  # rows 16 bytes apart (checked on the host)
-    gl.store(c_ptr + gl.expand_dims(starts, 1) + gl.expand_dims(cols, 0), (a * w).to(gl.bfloat16), mask=mask)
-
-
-@gluon.jit
 def put_tile(value, c_bufs, desc, ptr, off_m, off_n, row_end, whole, SLOT: gl.constexpr, ME: gl.constexpr,
              OUT_BUFS: gl.constexpr, WARPS: gl.constexpr):
     """The tile ``value`` (registers) in bf16 to its output (``desc`` for TMA, ``ptr`` for masked stores) through
@@ -746,49 +708,17 @@ def load_saved_tiles(c_bufs, saved, outputs, off_m, off_n, SAVED_TILES: gl.const
 
 
 @gluon.jit
-def tile_k_loop_scaled_act(a_bufs, b_bufs, ready, empty, acc, step0, k_steps, B_TRANSPOSED: gl.constexpr,
-                           GENERIC_WRITES: gl.constexpr, g_smem, u_smem, saved_bar, phase, c_ptr, row_stride,
-                           scale_ptr, off_m, off_n, row_end, n_cols, WARPS: gl.constexpr):
-    """:func:`.gluon_gemm.tile_k_loop` run in pieces, dswiglu's w·a stored between them: a row chunk of it
-    (:func:`store_scaled_act_rows`) every few steps from a quarter of the loop on (the saved g and u tiles, loaded
-    at the tile's start, land meanwhile: ``saved_bar`` at ``phase``), the chunks left after the loop where it is
-    short; returns with the last step's wgmma still running."""
-    BLOCK_M: gl.constexpr = g_smem.type.shape[0]
-    BLOCK_N: gl.constexpr = g_smem.type.shape[1]
-    COLUMN_THREADS: gl.constexpr = 32 if BLOCK_N >= 256 else BLOCK_N // 8  # as store_scaled_act_rows
-    CHUNKS: gl.constexpr = BLOCK_M // (2 * (32 // COLUMN_THREADS) * WARPS)
-    start = k_steps // 4
-    period = gl.maximum((k_steps - start) // CHUNKS, 1)  # chunk c after step start + c·period
-    done = gl.minimum(start + 1, k_steps)  # steps issued
-    acc = tile_k_loop(a_bufs, b_bufs, ready, empty, acc, step0, done, False, B_TRANSPOSED, GENERIC_WRITES)
-    for chunk in gl.static_range(CHUNKS):
-        if chunk > 0:
-            upto = gl.minimum(start + chunk * period + 1, k_steps)
-            acc = tile_k_loop(a_bufs, b_bufs, ready, empty, acc, step0 + done, upto - done, False, B_TRANSPOSED,
-                              GENERIC_WRITES, ACCUMULATE=True)
-            done = upto
-        mbarrier.wait(saved_bar, phase)
-        store_scaled_act_rows(g_smem, u_smem, c_ptr, row_stride, scale_ptr, off_m, off_n, row_end, n_cols, chunk,
-                              WARPS)
-    return tile_k_loop(a_bufs, b_bufs, ready, empty, acc, step0 + done, k_steps - done, False, B_TRANSPOSED,
-                       GENERIC_WRITES, ACCUMULATE=True)
-
-
-@gluon.jit
 def grouped_consumer_partition(a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr, num_experts,
                                tiles_n, k_steps, B_TRANSPOSED: gl.constexpr, GROUP_M: gl.constexpr,
                                EPILOGUE: gl.constexpr, OUT_BUFS: gl.constexpr, WRITE_OUT: gl.constexpr,
                                WRITE_GATE: gl.constexpr, WRITE_UP: gl.constexpr, WRITE_PARTIAL: gl.constexpr,
-                               SAVED: gl.constexpr, SAVED_MID: gl.constexpr, ME: gl.constexpr, CONSUMERS: gl.constexpr,
-                               WARPS: gl.constexpr, GATHER_A: gl.constexpr, AW_IN_LOOP: gl.constexpr,
-                               RING_CHUNKS: gl.constexpr):
+                               SAVED: gl.constexpr, ME: gl.constexpr, CONSUMERS: gl.constexpr, WARPS: gl.constexpr,
+                               GATHER_A: gl.constexpr, RING_CHUNKS: gl.constexpr):
     """Consumer ME of CONSUMERS (WARPS warps): the program's tiles ME, ME + CONSUMERS, ... of its own (the ring's
     steps counted over all the program's tiles), each its K loop, its epilogue and its stores. With two consumers
     each K loop waits for its turn and passes it on once its last wgmma is issued (as :mod:`.gluon_gemm`). With
     GATHER_A (A's buffers written by cp.async) each step fences those writes before its wgmma reads them. dswiglu's
-    saved tiles land in the output buffers: once the last tile's stores have left them, at the tile's start, or
-    (SAVED_MID) halfway through its K loop, so that those stores drain under the loop's first half. AW_IN_LOOP
-    (dswiglu): w·a stored between the K loop's steps from the saved tiles, the epilogue writing dg and du alone.
+    saved tiles land in the output buffers once the last tile's stores have left them, at the tile's start.
     RING_CHUNKS (dswiglu): the saved tiles come through the ring after the K steps, a chunk a step
     (:func:`dswiglu_ring_tile`). ``outputs``: the kernel's c, g, u descriptors and pointers, its saved g and u
     descriptors, scale and partial (with SAVED then the saved σ's and silu's descriptors)."""
@@ -811,24 +741,12 @@ def grouped_consumer_partition(a_bufs, b_bufs, c_bufs, ready, empty, turns, save
     while expert < num_experts:
         off_m, off_n, row_end = tile_place(offsets_ptr, tile, expert, first, last, tiles_n, GROUP_M, BLOCK_M,
                                            BLOCK_N)
-        if EPILOGUE == 3 and RING_CHUNKS == 0 and (not SAVED_MID or AW_IN_LOOP):  # dswiglu: saved g, u tiles in
+        if EPILOGUE == 3 and RING_CHUNKS == 0:  # dswiglu: saved g, u tiles in
             load_saved_tiles(c_bufs, saved, outputs, off_m, off_n, SAVED_TILES, SAVED, ME, OUT_BUFS)
         step0 = ((tile - pid) // programs) * (k_steps + RING_CHUNKS)  # the program's tiles before this one
         if CONSUMERS > 1:  # consumer 0's first turn is free (a fresh barrier), consumer 1's first waits for it
             mbarrier.wait(turns.index(ME), (n & 1) ^ (1 - ME))
-        if AW_IN_LOOP:
-            acc = tile_k_loop_scaled_act(a_bufs, b_bufs, ready, empty, acc, step0, k_steps, B_TRANSPOSED, GATHER_A,
-                                         c_bufs.index(ME * OUT_BUFS), c_bufs.index(ME * OUT_BUFS + 1),
-                                         saved.index(ME), n & 1, c_ptr, c_desc.strides[0], scale_ptr, off_m, off_n,
-                                         row_end, c_desc.shape[1], WARPS)
-        elif EPILOGUE == 3 and SAVED_MID:  # the K loop in two halves, the saved tiles' loads between them
-            first_half = gl.maximum(k_steps // 2, 1)
-            acc = tile_k_loop(a_bufs, b_bufs, ready, empty, acc, step0, first_half, False, B_TRANSPOSED, GATHER_A)
-            load_saved_tiles(c_bufs, saved, outputs, off_m, off_n, SAVED_TILES, SAVED, ME, OUT_BUFS)
-            acc = tile_k_loop(a_bufs, b_bufs, ready, empty, acc, step0 + first_half, k_steps - first_half, False,
-                              B_TRANSPOSED, GATHER_A, ACCUMULATE=True)
-        else:
-            acc = tile_k_loop(a_bufs, b_bufs, ready, empty, acc, step0, k_steps, False, B_TRANSPOSED, GATHER_A)
+        acc = tile_k_loop(a_bufs, b_bufs, ready, empty, acc, step0, k_steps, False, B_TRANSPOSED, GATHER_A)
         if CONSUMERS > 1:
             mbarrier.arrive(turns.index(1 - ME), count=1)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
@@ -860,9 +778,7 @@ def grouped_consumer_partition(a_bufs, b_bufs, c_bufs, ready, empty, turns, save
                               row_end, whole, WRITE_OUT, WRITE_PARTIAL, RING_CHUNKS, WARPS)
         elif EPILOGUE == 3:  # dswiglu, in fp32 from dAp (the accumulator) and the saved bf16 g and u
             mbarrier.wait(saved.index(ME), n & 1)
-            if AW_IN_LOOP:  # every warp's w·a rows read g and u before any warp writes dg and du over them
-                gl.thread_barrier()
-            dswiglu_tile(acc, c_bufs, outputs, off_m, off_n, row_end, whole, WRITE_OUT and not AW_IN_LOOP,
+            dswiglu_tile(acc, c_bufs, outputs, off_m, off_n, row_end, whole, WRITE_OUT,
                          WRITE_PARTIAL, SAVED, ME, OUT_BUFS, WARPS)
         n += 1
         tile += CONSUMERS * programs
@@ -906,14 +822,12 @@ def grouped_gemm_kernel(
     WRITE_UP: gl.constexpr,  # whether u is written (always with dswiglu)
     WRITE_PARTIAL: gl.constexpr,  # whether dswiglu's topk_partial is written
     SAVED: gl.constexpr,  # dswiglu: σ and silu read from sigmoid_desc and silu_desc, not computed from g
-    SAVED_MID: gl.constexpr,  # dswiglu: the saved tiles loaded halfway through each K loop, not at the tile's start
     PINGPONG: gl.constexpr,  # two one-warpgroup consumers on alternate tiles; else one of num_warps (8) warps
     CONSUMER_REGS: gl.constexpr,  # with PINGPONG: the second consumer's registers
     LOADER_REGS: gl.constexpr,  # the loading warp's registers
     GATHER_A: gl.constexpr,  # whether A's rows are read through index_ptr from a_src_ptr (cp.async), not by TMA
     LOADER_WARPS: gl.constexpr,  # warps of the loading partition: 1, or GATHER_WARPS with GATHER_A
     GATHER_PARTS: gl.constexpr,  # GATHER_A: the loading done by LOADER_WARPS one-warp partitions, not one partition
-    AW_IN_LOOP: gl.constexpr,  # dswiglu: w·a stored between the K loop's steps, not through an output tile
     RING_CHUNKS: gl.constexpr,  # dswiglu: its saved g and u through the ring, this many BLOCK_K-column chunks a tile
                                 # (the output and saved descriptors' tiles then [BLOCK_M, BLOCK_K]); 0: whole tiles
     num_warps: gl.constexpr,  # of the default partition: the cooperative consumer, or ping-pong's first (4)
@@ -954,12 +868,12 @@ def grouped_gemm_kernel(
         gl.warp_specialize([
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
-                                          WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, SAVED_MID, 0, 2,
-                                          num_warps, GATHER_A, AW_IN_LOOP, RING_CHUNKS)),
+                                          WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, 0, 2, num_warps,
+                                          GATHER_A, RING_CHUNKS)),
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
-                                          WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, SAVED_MID, 1, 2, 4,
-                                          GATHER_A, AW_IN_LOOP, RING_CHUNKS)),
+                                          WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, 1, 2, 4, GATHER_A,
+                                          RING_CHUNKS)),
             (grouped_gather_part_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
                                              num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr,
                                              gin_desc, uin_desc, B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M,
@@ -981,8 +895,8 @@ def grouped_gemm_kernel(
         gl.warp_specialize([
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
-                                          WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, SAVED_MID, 0, 1,
-                                          num_warps, GATHER_A, AW_IN_LOOP, RING_CHUNKS)),
+                                          WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, 0, 1, num_warps,
+                                          GATHER_A, RING_CHUNKS)),
             (grouped_gather_part_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
                                              num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr,
                                              gin_desc, uin_desc, B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M,
@@ -1004,12 +918,12 @@ def grouped_gemm_kernel(
         gl.warp_specialize([
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
-                                          WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, SAVED_MID, 0, 2,
-                                          num_warps, GATHER_A, AW_IN_LOOP, RING_CHUNKS)),
+                                          WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, 0, 2, num_warps,
+                                          GATHER_A, RING_CHUNKS)),
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
-                                          WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, SAVED_MID, 1, 2, 4,
-                                          GATHER_A, AW_IN_LOOP, RING_CHUNKS)),
+                                          WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, 1, 2, 4, GATHER_A,
+                                          RING_CHUNKS)),
             (grouped_load_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
                                       num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr, gin_desc,
                                       uin_desc, B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, GATHER_A,
@@ -1019,8 +933,8 @@ def grouped_gemm_kernel(
         gl.warp_specialize([
             (grouped_consumer_partition, (a_bufs, b_bufs, c_bufs, ready, empty, turns, saved, outputs, offsets_ptr,
                                           num_experts, tiles_n, k_steps, B_TRANSPOSED, GROUP_M, EPILOGUE, OUT_BUFS,
-                                          WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, SAVED_MID, 0, 1,
-                                          num_warps, GATHER_A, AW_IN_LOOP, RING_CHUNKS)),
+                                          WRITE_OUT, WRITE_GATE, WRITE_UP, WRITE_PARTIAL, SAVED, 0, 1, num_warps,
+                                          GATHER_A, RING_CHUNKS)),
             (grouped_load_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, ready, empty, offsets_ptr,
                                       num_experts, tiles_n, k_steps, a_src_ptr, a_stride, index_ptr, gin_desc,
                                       uin_desc, B_TRANSPOSED, B_PAIR, GROUP_M, EPILOGUE, BLOCK_M, BLOCK_N, GATHER_A,
@@ -1331,9 +1245,6 @@ def launch_arguments(config: GemmConfig, a, b, offsets, epilogue: str, b_transpo
     )
     tiles = sum(t is not None and t.dtype == torch.bfloat16 for t in (c, g, u))
     sigmoid, silu = (tensors.get(name) for name in SAVED_ACTIVATIONS)
-    # dswiglu's w·a between the K loop's steps: no output tile of its own (the saved σ and silu keep theirs)
-    aw_in_loop = epilogue == "dswiglu" and SCALED_ACT_IN_K_LOOP and c is not None and sigmoid is None and not ring
-    tiles -= aw_in_loop
     if ring:  # no output tiles: g and u land in the ring, w·a leaves through its two staging chunks
         tiles = 0
     saved_activations = dict(sigmoid_desc=descriptor(sigmoid, (bm, bn)) if sigmoid is not None else None,
@@ -1346,9 +1257,8 @@ def launch_arguments(config: GemmConfig, a, b, offsets, epilogue: str, b_transpo
                       PINGPONG=config.pingpong, CONSUMER_REGS=CONSUMER_REGISTERS,
                       LOADER_REGS=GATHER_LOADER_REGISTERS[config.consumers] if gathered else LOADER_REGISTERS,
                       GATHER_A=gathered, LOADER_WARPS=GATHER_WARPS if gathered else 1,
-                      GATHER_PARTS=gathered and GATHER_IN_PARTS, SAVED_MID=SAVED_LOADS_MID_LOOP,
-                      AW_IN_LOOP=aw_in_loop, RING_CHUNKS=ring_chunks(config, epilogue, sigmoid is not None),
-                      num_warps=config.warps)
+                      GATHER_PARTS=gathered and GATHER_IN_PARTS,
+                      RING_CHUNKS=ring_chunks(config, epilogue, sigmoid is not None), num_warps=config.warps)
     if sigmoid is not None:
         arguments.update(saved_activations)
     else:  # absent: None, a compile-time constant (the kernel without them has no such parameters)

@@ -74,11 +74,6 @@ MAX_PROBLEMS = 3
 OUT_DTYPES = (torch.bfloat16, torch.float32)
 DEFAULT_CONFIG = GemmConfig()  # cooperative, 128 × 256 × 64 tiles, 3 stages
 FP32_CONFIG = GemmConfig(128, 128, 64, 4)  # an fp32 128 × 256 output tile (128 KB) leaves too little for a ring
-# where every product's B (the N side) is gathered by cp.async (x in the gate and up gradients): 256 × 128 tiles,
-# whose gathered [BLOCK_K, 128] tile a step is half the 128 × 256 tile's for the same FLOPs (off until measured:
-# notes/p2/engine-wgrad.md, "The gathered operand on the narrow side")
-GATHERED_B_CONFIG = GemmConfig(256, 128, 64, 3)
-NARROW_GATHERED_B = False
 DESCRIPTOR_BYTES = 4 * 128  # the device descriptors' shared-memory templates: two pairs of 128 bytes
 # whether the consumers fence cp.async's writes before their wgmma read them (Triton's own cp.async pipelines and
 # CUTLASS's sm90 multistage mainloop do not)
@@ -581,14 +576,11 @@ def output_buffers(config: GemmConfig, out_dtype: torch.dtype) -> int:
     return 2 if shared_bytes(config, out_dtype, 2) <= SHARED_MEMORY_LIMIT else 1
 
 
-def default_config(out_dtype: torch.dtype, problems=()) -> GemmConfig:
-    """The tiles of a launch with ``out_dtype`` outputs over ``problems``' (A, B) pairs: :data:`FP32_CONFIG` for
-    fp32, :data:`GATHERED_B_CONFIG` where every B is gathered and no A (with :data:`NARROW_GATHERED_B`), else
-    :data:`DEFAULT_CONFIG`."""
-    if out_dtype == torch.float32:
-        return FP32_CONFIG
-    gathered_b = bool(problems) and all(isinstance(b, Gathered) and not isinstance(a, Gathered) for a, b in problems)
-    return GATHERED_B_CONFIG if NARROW_GATHERED_B and gathered_b else DEFAULT_CONFIG
+def default_config(out_dtype: torch.dtype) -> GemmConfig:
+    """The tiles of a launch with ``out_dtype`` outputs: :data:`FP32_CONFIG` for fp32, else :data:`DEFAULT_CONFIG`
+    (a gathered B at 256 × 128 tiles was slower: notes/p2/engine-wgrad.md, "The gathered operand on the narrow
+    side")."""
+    return FP32_CONFIG if out_dtype == torch.float32 else DEFAULT_CONFIG
 
 
 def check_tma_rows(name: str, tensor: torch.Tensor) -> None:
@@ -680,7 +672,7 @@ def check_arguments(problems, offsets, *, outs=None, out_dtype: torch.dtype = to
         if (n * element) % 16:
             raise ValueError(f"problems[{p}].b: TMA needs the output's rows (N_p = {n} columns of {out_dtype}) to "
                              f"be a multiple of 16 bytes")
-    config = config or default_config(out_dtype, problems)
+    config = config or default_config(out_dtype)
     if not isinstance(config, GemmConfig):
         raise TypeError(f"config: expected a GemmConfig, got {type(config).__name__}")
     if shared_bytes(config, out_dtype) > SHARED_MEMORY_LIMIT:
@@ -804,7 +796,7 @@ def grouped_weight_grad(problems, offsets: torch.Tensor, *, outs=None, out_dtype
                                                          config=config)
     else:
         num_experts, shapes, out_dtype = unchecked_sizes(problems, offsets, outs, out_dtype)
-    config = config or default_config(out_dtype, problems)
+    config = config or default_config(out_dtype)
     if offsets.device.type != "cuda":
         raise ValueError(f"offsets: the Gluon weight-gradient kernel runs on a CUDA (Hopper) GPU, got a tensor on "
                          f"{offsets.device}")

@@ -21,9 +21,9 @@ with x's and dy's rows read through the routing by the first product's and dswig
 the gate and up gradients' loads too (``GATHER_X_IN_WEIGHT_GRADS``: no x_s at all), and with dX made a column slice at a
 time as well (``DX_IN_COLUMN_SLICES``), against x_s and dy_s written out first, at P2's shape (``P2``) and the expert
 shapes of moe_lib/bench/models.py, with the memory a layer step adds; and the parts form with dswiglu's saved tiles
-loaded halfway through its K loops (``grouped_gemm.SAVED_LOADS_MID_LOOP``) or its w·a stored between its K steps
-(``SCALED_ACT_IN_K_LOOP``) or its saved tiles brought through the ring (``SAVED_THROUGH_RING``), there also with [dg |
-du] written over the saved g and u (``engine_layer.GRADS_OVER_SAVED``), with and without x_s; ``--forms`` picks some,
+brought through the ring (``grouped_gemm.SAVED_THROUGH_RING``), there also with [dg | du] written over the saved g and
+u (``engine_layer.GRADS_OVER_SAVED``), with and without x_s, and with x gathered as the gate and up gradients' A
+operand (``X_AS_A_IN_WEIGHT_GRADS``, ``X_AS_A_ONE_PRODUCT``) (:data:`LOAD_FORMS`); ``--forms`` picks some,
 ``--rounds`` repeats them (the order reversed each round) and gives each form's median. kloop: dswiglu's product dAp =
 dy_s·Wd alone (the plain epilogue) at several tile shapes, beside dswiglu, dy's rows gathered in the loads
 (:data:`KLOOP_VARIANTS`).
@@ -161,13 +161,6 @@ KLOOP_VARIANTS = {
     "none_coop_m128n256k32_s6": ("none", (128, 256, 32, 6)),
     "none_coop_m256n128k64_s3": ("none", (256, 128, 64, 3)),
     "dswiglu_coop_m128n128k64_s4": ("dswiglu", (128, 128, 64, 4)),
-    # w·a stored between the K steps (grouped_gemm.SCALED_ACT_IN_K_LOOP): two output tiles, 256-column tiles fit
-    "dswiglu_aw_coop_m128n128k64_s5": ("dswiglu_aw", (128, 128, 64, 5)),
-    "dswiglu_aw_coop_m128n256k32_s4": ("dswiglu_aw", (128, 256, 32, 4)),
-    "dswiglu_aw_coop_m128n256k64_s2": ("dswiglu_aw", (128, 256, 64, 2)),
-    # ping-pong 128 × 128: one consumer's epilogue beside the other's K loop
-    "dswiglu_aw_pp_m128n128k64_s3": ("dswiglu_aw", (128, 128, 64, 3, "pingpong")),
-    "dswiglu_aw_pp_m128n128k32_s6": ("dswiglu_aw", (128, 128, 32, 6, "pingpong")),
     # the saved g and u through the ring a BLOCK_K-column chunk a step (grouped_gemm.SAVED_THROUGH_RING)
     "dswiglu_ring_coop_m128n256k64_s4": ("dswiglu_ring", (128, 256, 64, 4)),
     "dswiglu_ring_coop_m128n256k64_s3": ("dswiglu_ring", (128, 256, 64, 3)),
@@ -185,11 +178,11 @@ def kloop_ab(args, flush) -> list[dict]:
     from moe_lib.engine import grouped_gemm
 
     variants = args.variants.split(",") if args.variants else list(KLOOP_VARIANTS)  # names checked in main()
-    in_k_loop, through_ring = grouped_gemm.SCALED_ACT_IN_K_LOOP, grouped_gemm.SAVED_THROUGH_RING
+    through_ring = grouped_gemm.SAVED_THROUGH_RING
     try:
         return [row for case in args.cases.split(",") for row in kloop_case(case, variants, args.seed, flush)]
     finally:
-        grouped_gemm.SCALED_ACT_IN_K_LOOP, grouped_gemm.SAVED_THROUGH_RING = in_k_loop, through_ring
+        grouped_gemm.SAVED_THROUGH_RING = through_ring
 
 
 def kloop_case(case: str, variants: list[str], seed: int, flush) -> list[dict]:
@@ -213,7 +206,6 @@ def kloop_case(case: str, variants: list[str], seed: int, flush) -> list[dict]:
     for name in variants:
         epilogue, tiles = KLOOP_VARIANTS[name]
         config = GemmConfig(*tiles)
-        grouped_gemm.SCALED_ACT_IN_K_LOOP = epilogue == "dswiglu_aw"
         grouped_gemm.SAVED_THROUGH_RING = epilogue == "dswiglu_ring"
         if epilogue == "none":
 
@@ -289,54 +281,51 @@ def step_peak(call) -> tuple[list, float]:
     return [out.clone() for out in result], peak
 
 
-# (label, then the switches of SWITCHES in order)
-LOAD_FORMS = (
-    ("written", False, False, False, False, False, False, False, False, False, False, False, False),
-    ("gathered", True, False, False, False, False, False, False, False, False, False, False, False),
-    ("in parts", True, True, False, False, False, False, False, False, False, False, False, False),
-    ("parts, mid-loop", True, True, False, False, False, True, False, False, False, False, False, False),
-    ("parts, w·a in K", True, True, False, False, False, False, True, False, False, False, False, False),
-    ("parts, ring", True, True, False, False, False, False, False, True, False, False, False, False),
-    ("ring, over saved", True, True, False, False, True, False, False, True, False, False, False, False),
-    ("over saved, no x_s", True, True, True, False, True, False, False, True, False, False, False, False),
-    ("over saved, no x_s, dx slices", True, True, True, True, True, False, False, True, False, False, False, False),
-    ("parts, no x_s", True, True, True, False, False, False, False, False, False, False, False, False),
-    ("+ dx slices", True, True, True, True, False, False, False, False, False, False, False, False),
-    ("over saved, x_s slices", True, True, False, False, True, False, False, True, True, False, False, False),
-    ("over saved, x_s and dx slices", True, True, False, True, True, False, False, True, True, False, False, False),
-    ("over saved, no x_s, narrow B", True, True, True, False, True, False, False, True, False, True, False, False),
-    ("over saved, no x_s, x as A", True, True, True, False, True, False, False, True, False, False, True, False),
-    ("over saved, x as A or x_s slices", True, True, False, False, True, False, False, True, True, False, True, False),
-    ("over saved, x as A, one product", True, True, False, False, True, False, False, True, True, False, True, True),
-)
 # engine_layer's switches and grouped_gemm's (GEMM_SWITCHES)
 SWITCHES = ("GATHER_IN_LOADS", "GATHER_IN_PARTS", "GATHER_X_IN_WEIGHT_GRADS", "DX_IN_COLUMN_SLICES", "GRADS_OVER_SAVED",
-            "SAVED_LOADS_MID_LOOP", "SCALED_ACT_IN_K_LOOP", "SAVED_THROUGH_RING", "X_S_IN_COLUMN_SLICES",
-            "NARROW_GATHERED_B", "X_AS_A_IN_WEIGHT_GRADS", "X_AS_A_ONE_PRODUCT")  # fmt: skip
-GEMM_SWITCHES = ("GATHER_IN_PARTS", "SAVED_LOADS_MID_LOOP", "SCALED_ACT_IN_K_LOOP", "SAVED_THROUGH_RING")
-WGRAD_SWITCHES = ("NARROW_GATHERED_B",)  # grouped_wgrad's
+            "SAVED_THROUGH_RING", "X_S_IN_COLUMN_SLICES", "X_AS_A_IN_WEIGHT_GRADS", "X_AS_A_ONE_PRODUCT")  # fmt: skip
+GEMM_SWITCHES = ("GATHER_IN_PARTS", "SAVED_THROUGH_RING")
+PARTS = {"GATHER_IN_LOADS", "GATHER_IN_PARTS"}  # x's and dy's rows gathered by the loads, in four one-warp parts
+NO_X_S = PARTS | {"GATHER_X_IN_WEIGHT_GRADS"}
+OVER_SAVED = PARTS | {"GRADS_OVER_SAVED", "SAVED_THROUGH_RING"}  # dswiglu's ring, [dg | du] over the saved g and u
+X_AS_A = OVER_SAVED | {"X_S_IN_COLUMN_SLICES", "X_AS_A_IN_WEIGHT_GRADS"}
+# each form: its label and the switches of SWITCHES it turns on (the others off)
+LOAD_FORMS = (
+    ("written", set()),
+    ("gathered", {"GATHER_IN_LOADS"}),
+    ("in parts", PARTS),
+    ("parts, ring", PARTS | {"SAVED_THROUGH_RING"}),
+    ("ring, over saved", OVER_SAVED),
+    ("over saved, no x_s", OVER_SAVED | {"GATHER_X_IN_WEIGHT_GRADS"}),
+    ("over saved, no x_s, dx slices", OVER_SAVED | {"GATHER_X_IN_WEIGHT_GRADS", "DX_IN_COLUMN_SLICES"}),
+    ("parts, no x_s", NO_X_S),
+    ("+ dx slices", NO_X_S | {"DX_IN_COLUMN_SLICES"}),
+    ("over saved, x_s slices", OVER_SAVED | {"X_S_IN_COLUMN_SLICES"}),
+    ("over saved, x_s and dx slices", OVER_SAVED | {"X_S_IN_COLUMN_SLICES", "DX_IN_COLUMN_SLICES"}),
+    ("over saved, no x_s, x as A", OVER_SAVED | {"GATHER_X_IN_WEIGHT_GRADS", "X_AS_A_IN_WEIGHT_GRADS"}),
+    ("over saved, x as A or x_s slices", X_AS_A),
+    ("over saved, x as A, one product", X_AS_A | {"X_AS_A_ONE_PRODUCT"}),
+)
 
 
 def switch_module(name: str, engine_layer, grouped_gemm):
-    from moe_lib.engine import grouped_wgrad
-
-    return grouped_gemm if name in GEMM_SWITCHES else grouped_wgrad if name in WGRAD_SWITCHES else engine_layer
+    return grouped_gemm if name in GEMM_SWITCHES else engine_layer
 
 
 LOADS_MODEL_CASES = ("Qwen3-30B-A3B:8192", "Qwen3-30B-A3B:32768", "DeepSeek-V2-Lite:8192", "DeepSeek-V2-Lite:32768")
 
 
-def set_switches(engine_layer, grouped_gemm, values) -> None:
-    """The switches of :data:`SWITCHES` set to ``values``."""
-    for name, value in zip(SWITCHES, values, strict=True):
-        setattr(switch_module(name, engine_layer, grouped_gemm), name, value)
+def set_switches(engine_layer, grouped_gemm, on) -> None:
+    """The switches of :data:`SWITCHES` named in ``on`` turned on, the others off."""
+    for name in SWITCHES:
+        setattr(switch_module(name, engine_layer, grouped_gemm), name, name in on)
 
 
 def loads_ab(args, flush) -> list[dict]:
     from moe_lib.engine import grouped_gemm
     from moe_lib.moe_experts import engine_layer
 
-    defaults = tuple(getattr(switch_module(name, engine_layer, grouped_gemm), name) for name in SWITCHES)
+    defaults = {name for name in SWITCHES if getattr(switch_module(name, engine_layer, grouped_gemm), name)}
     rows: list[dict] = []
     for case in args.cases.split(","):
         try:
@@ -355,7 +344,7 @@ def loads_case(case: str, engine_layer, grouped_gemm, flush, forms=None, rounds:
     the forms' order reversed every other round (A B, B A, ...), so that a drift over the run favours none; with
     several rounds, each form's median after them."""
     label, inputs = case_inputs(case)
-    chosen = [(form, switches) for form, *switches in LOAD_FORMS if not forms or form in forms]
+    chosen = [(form, switches) for form, switches in LOAD_FORMS if not forms or form in forms]
     first, rows = None, []
     for round_ in range(rounds):
         for form, switches in chosen if round_ % 2 == 0 else chosen[::-1]:

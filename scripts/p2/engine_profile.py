@@ -16,11 +16,9 @@ for the op (the backward with the forward recomputed). ``--model``: that model's
 otherwise read x's and dy's rows through the routing (``engine_layer.GATHER_IN_LOADS`` off); ``--in-parts``: those
 rows loaded by four one-warp partitions (``grouped_gemm.GATHER_IN_PARTS``); ``--no-x-s``: the gate and up gradients
 read x's rows through the routing too (``engine_layer.GATHER_X_IN_WEIGHT_GRADS``); ``--dx-slices``: dX made a column
-slice at a time where H > 2I (``engine_layer.DX_IN_COLUMN_SLICES``); ``--mid-loop``: dswiglu's saved tiles loaded
-halfway through each K loop (``grouped_gemm.SAVED_LOADS_MID_LOOP``); ``--aw-in-loop``: dswiglu's w·a stored between
-its K steps (``grouped_gemm.SCALED_ACT_IN_K_LOOP``); ``--ring``: dswiglu's saved tiles brought through the ring a chunk
-a step (``grouped_gemm.SAVED_THROUGH_RING``, its own tiles); ``--dswiglu-tiles 128,256,32,4``: dswiglu's tiles
-(``grouped_gemm.DSWIGLU_CONFIG``, cooperative).
+slice at a time where H > 2I (``engine_layer.DX_IN_COLUMN_SLICES``); ``--ring``: dswiglu's saved tiles brought
+through the ring a chunk a step (``grouped_gemm.SAVED_THROUGH_RING``, its own tiles); ``--dswiglu-tiles
+128,256,32,4``: dswiglu's tiles (``grouped_gemm.DSWIGLU_CONFIG``, cooperative).
 """
 
 from __future__ import annotations
@@ -75,8 +73,6 @@ def main() -> None:
     parser.add_argument("--in-parts", action="store_true", help="the gathered rows loaded by four one-warp parts")
     parser.add_argument("--no-x-s", action="store_true", help="the gate and up gradients gather x's rows too")
     parser.add_argument("--dx-slices", action="store_true", help="dX made a column slice at a time where H > 2I")
-    parser.add_argument("--mid-loop", action="store_true", help="dswiglu's saved tiles loaded halfway through K")
-    parser.add_argument("--aw-in-loop", action="store_true", help="dswiglu's w·a stored between its K steps")
     parser.add_argument("--ring", action="store_true", help="dswiglu's saved tiles through the ring, chunk by chunk")
     parser.add_argument("--dswiglu-tiles", help="dswiglu's config as BLOCK_M,BLOCK_N,BLOCK_K,STAGES (cooperative)")
     args = parser.parse_args()
@@ -93,8 +89,6 @@ def main() -> None:
     grouped_gemm.GATHER_IN_PARTS = args.in_parts
     engine_layer.GATHER_X_IN_WEIGHT_GRADS = args.no_x_s
     engine_layer.DX_IN_COLUMN_SLICES = args.dx_slices
-    grouped_gemm.SAVED_LOADS_MID_LOOP = args.mid_loop
-    grouped_gemm.SCALED_ACT_IN_K_LOOP = args.aw_in_loop
     grouped_gemm.SAVED_THROUGH_RING = args.ring
     if args.dswiglu_tiles:
         try:

@@ -1105,27 +1105,6 @@ def test_gpu_dswiglu_matches_float64(name, ring, counts, seed, monkeypatch):
     check_dswiglu_against_float64(DSWIGLU_CONFIGS[name], counts, seed)
 
 
-# dswiglu tiles whose accumulator is 128 fp32 a thread (cooperative 128 × 256, ping-pong 128 × 128), w·a stored
-# between the K steps: the epilogue in quarters
-QUARTER_CONFIGS = {
-    "coop_256_k32_s4": GemmConfig(128, 256, 32, 4),
-    "coop_256_k64_s2": GemmConfig(128, 256, 64, 2),
-    "pingpong_128_s3": GemmConfig(128, 128, 64, 3, "pingpong"),
-    "pingpong_128_k32_s6": GemmConfig(128, 128, 32, 6, "pingpong"),
-}
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("counts", list(GPU_COUNTS))
-@pytest.mark.parametrize("name", list(QUARTER_CONFIGS))
-def test_gpu_dswiglu_in_quarters_with_w_a_in_the_k_loop_matches_float64(name, counts, seed, monkeypatch):
-    from moe_lib.engine import grouped_gemm as grouped_gemm_module
-
-    monkeypatch.setattr(grouped_gemm_module, "SCALED_ACT_IN_K_LOOP", True)
-    monkeypatch.setattr(grouped_gemm_module, "SAVED_THROUGH_RING", False)  # whole saved tiles
-    check_dswiglu_against_float64(QUARTER_CONFIGS[name], counts, seed)
-
-
 def check_dswiglu_against_float64(config, counts, seed):
     """dswiglu's four outputs (from NaN-filled memory) against float64, then again bit for bit."""
     generator = torch.Generator(device="cuda").manual_seed(seed)
@@ -1325,8 +1304,6 @@ def dswiglu_off_and_on(switch, config, counts, saved, seed, monkeypatch):
     ``switch`` off, then on; the saved σ and silu given where ``saved``."""
     from moe_lib.engine import grouped_gemm as grouped_gemm_module
 
-    if switch != "SAVED_THROUGH_RING":  # the whole saved tiles' form, which the switch changes
-        monkeypatch.setattr(grouped_gemm_module, "SAVED_THROUGH_RING", False)
     generator = torch.Generator(device="cuda").manual_seed(seed)
     dy, wd, offsets, tensors, _ = gpu_dswiglu_saved_case(SAVED_COUNTS[counts], config, generator, "harness")
     if not saved:
@@ -1340,62 +1317,6 @@ def dswiglu_off_and_on(switch, config, counts, saved, seed, monkeypatch):
         }
         results.append(grouped_gemm(dy, wd, offsets, epilogue="dswiglu", config=config, **fresh))
     return results
-
-
-# (config name, config, whether σ and silu are given) of each dswiglu form
-MID_LOOP_CASES = [(name, config, False) for name, config in DSWIGLU_CONFIGS.items()] + [
-    (name, config, True) for name, config in SAVED_CONFIGS.items()
-]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("counts", list(SAVED_COUNTS))
-@pytest.mark.parametrize(("name", "config", "saved"), MID_LOOP_CASES, ids=[f"{c[0]}-{c[2]}" for c in MID_LOOP_CASES])
-def test_gpu_dswiglu_saved_tiles_loaded_mid_loop_change_no_bit(name, config, saved, counts, seed, monkeypatch):
-    """SAVED_LOADS_MID_LOOP (the saved g and u, with σ and silu where given, loaded halfway through each K loop, the
-    loop run in two halves) against loading them at the tile's start: every output bit for bit, no NaN left."""
-    results = dswiglu_off_and_on("SAVED_LOADS_MID_LOOP", config, counts, saved, seed, monkeypatch)
-    for key, at_start, mid_loop in zip(("dg", "du", "aw", "partial"), *results, strict=True):
-        assert not mid_loop.isnan().any() and torch.equal(at_start, mid_loop), key
-
-
-def test_w_a_in_the_k_loop_takes_no_output_tile_and_deepens_the_default_ring(monkeypatch):
-    """SCALED_ACT_IN_K_LOOP: dswiglu's w·a leaves between the K loop's steps, so its launch has two output tiles a
-    consumer (g's and u's), the default config one ring stage more; not with the saved σ and silu (w·a leaves over
-    silu there) nor without w·a."""
-    from moe_lib.engine import grouped_gemm as grouped_gemm_module
-
-    monkeypatch.setattr(grouped_gemm_module, "SAVED_THROUGH_RING", False)  # whole saved tiles, w·a's own
-    M, H, I, E = 256, 128, 96, 4
-
-    def constexprs(**extra):
-        tensors = dict(gate=meta(M, I), up=meta(M, I), scale=meta(M, dtype=F32), dgate_out=meta(M, I),
-                       dup_out=meta(M, I), **extra)  # fmt: skip
-        config = default_config("dswiglu", "gate_sigmoid" in extra)
-        _, fixed = launch_arguments(config, meta(M, H), meta(E, H, I), meta(E + 1, dtype=torch.int32), "dswiglu",
-                                    False, **tensors)  # fmt: skip
-        return config, fixed["OUT_BUFS"], fixed["AW_IN_LOOP"]
-
-    aw = dict(scaled_act_out=meta(M, I))
-    assert constexprs(**aw) == (DSWIGLU_CONFIG, 3, False)
-    before = grouped_gemm_module.switches()  # a launch's key: one made with the switch off never serves it on
-    monkeypatch.setattr(grouped_gemm_module, "SCALED_ACT_IN_K_LOOP", True)
-    assert grouped_gemm_module.switches() != before
-    assert constexprs(**aw) == (GemmConfig(128, 128, 64, 5), 2, True)
-    assert constexprs()[1:] == (2, False)  # no w·a: nothing to store in the loop
-    saved = dict(gate_sigmoid=meta(M, I), gate_silu=meta(M, I), **aw)
-    assert constexprs(**saved) == (DSWIGLU_SAVED_CONFIG, 4, False)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("counts", list(SAVED_COUNTS))
-@pytest.mark.parametrize("name", list(DSWIGLU_CONFIGS))  # coop_128_s5: the default's tiles with the switch
-def test_gpu_dswiglu_w_a_in_the_k_loop_changes_no_bit(name, counts, seed, monkeypatch):
-    """SCALED_ACT_IN_K_LOOP (w·a stored from the saved g and u between the K loop's steps, the epilogue writing dg
-    and du alone) against w·a through an output tile in the epilogue: every output bit for bit, no NaN left."""
-    results = dswiglu_off_and_on("SCALED_ACT_IN_K_LOOP", DSWIGLU_CONFIGS[name], counts, False, seed, monkeypatch)
-    for key, in_epilogue, in_loop in zip(("dg", "du", "aw", "partial"), *results, strict=True):
-        assert not in_loop.isnan().any() and torch.equal(in_epilogue, in_loop), key
 
 
 # --- dswiglu's saved g and u through the ring (SAVED_THROUGH_RING) ----------------------------------------------

@@ -129,7 +129,7 @@ def test_tl_dswiglu_with_dy_gathered_gives_the_bits_of_dy_written_out(counts, se
 
 
 # run in a process of its own without the interpreter (TRITON_INTERPRET=1 makes every @triton.jit helper an
-# interpreted function, which the Gluon compiler cannot call): argv epilogue, config fields, parts, mid-loop
+# interpreted function, which the Gluon compiler cannot call): argv epilogue, config fields, parts, ring
 BUILD_SCRIPT = """
 import json, re, sys
 import torch
@@ -138,9 +138,9 @@ from moe_lib.engine import grouped_gemm as module
 from moe_lib.engine.gathered import Gathered
 from moe_lib.engine.gluon_gemm import GemmConfig
 
-epilogue, fields, parts, mid = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1"
+epilogue, fields, parts, ring = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1"
 config = GemmConfig(*fields)
-module.GATHER_IN_PARTS, module.SAVED_LOADS_MID_LOOP, module.SAVED_THROUGH_RING = parts, mid, sys.argv[5] == "1"
+module.GATHER_IN_PARTS, module.SAVED_THROUGH_RING = parts, ring
 meta = lambda *shape, dtype=torch.bfloat16: torch.empty(shape, dtype=dtype, device="meta")
 E, T, M, H, I = 8, 1024, 8192, 2048, 768
 a = Gathered(meta(T, H), meta(M, dtype=torch.int32))
@@ -167,7 +167,7 @@ print(json.dumps(dict(usage=resource_usage(compiled), cp_async=ptx.count("cp.asy
 """
 
 
-def built_for_sm90(epilogue: str, config: GemmConfig, parts: bool, mid_loop: bool = False, ring: bool = False) -> dict:
+def built_for_sm90(epilogue: str, config: GemmConfig, parts: bool, ring: bool = False) -> dict:
     """The gathered launch built for sm_90 in a fresh process (:data:`BUILD_SCRIPT`): its resources and PTX counts."""
     import dataclasses
     import json
@@ -179,7 +179,7 @@ def built_for_sm90(epilogue: str, config: GemmConfig, parts: bool, mid_loop: boo
     env = compile_env(root)
     fields = json.dumps(list(dataclasses.astuple(config)))
     done = subprocess.run(
-        [sys.executable, "-c", BUILD_SCRIPT, epilogue, fields, str(int(parts)), str(int(mid_loop)), str(int(ring))],
+        [sys.executable, "-c", BUILD_SCRIPT, epilogue, fields, str(int(parts)), str(int(ring))],
         cwd=root,
         env=env,
         capture_output=True,
@@ -191,24 +191,22 @@ def built_for_sm90(epilogue: str, config: GemmConfig, parts: bool, mid_loop: boo
 
 
 @pytest.mark.parametrize(
-    ("epilogue", "config", "mid_loop", "ring"),
+    ("epilogue", "config", "ring"),
     [
-        ("swiglu", GemmConfig(128, 256, 64, 3, "cooperative"), False, False),
-        ("swiglu", GemmConfig(64, 256, 64, 4, "pingpong"), False, False),
-        ("dswiglu", DSWIGLU_CONFIG, False, False),
-        ("dswiglu", DSWIGLU_CONFIG, True, False),
-        ("dswiglu", RING_DSWIGLU_CONFIG, False, True),
+        ("swiglu", GemmConfig(128, 256, 64, 3, "cooperative"), False),
+        ("swiglu", GemmConfig(64, 256, 64, 4, "pingpong"), False),
+        ("dswiglu", DSWIGLU_CONFIG, False),
+        ("dswiglu", RING_DSWIGLU_CONFIG, True),
     ],
-    ids=["swiglu_coop", "swiglu_pingpong", "dswiglu", "dswiglu_mid_loop", "dswiglu_through_the_ring"],
+    ids=["swiglu_coop", "swiglu_pingpong", "dswiglu", "dswiglu_through_the_ring"],
 )
 @pytest.mark.parametrize("parts", [False, True], ids=["one_loading_partition", "four_one_warp_parts"])
-def test_gathered_kernels_build_for_sm90_without_spills(epilogue, config, mid_loop, ring, parts):
+def test_gathered_kernels_build_for_sm90_without_spills(epilogue, config, ring, parts):
     """The layer's gathered launches: cp.async copies in the loading partition (or, with GATHER_IN_PARTS, in four
     one-warp partitions, with no barrier among the loading warps), no spill, within the registers; dswiglu's K loop
-    in two halves with SAVED_LOADS_MID_LOOP (its wgmma twice in the PTX); through the ring (SAVED_THROUGH_RING, 128 ×
-    256 tiles) each loading partition's arrival on a chunk step too, and at most a few words of stack beside the
-    accumulator's 128 registers a thread."""
-    built = built_for_sm90(epilogue, config, parts, mid_loop, ring)
+    once in the PTX; through the ring (SAVED_THROUGH_RING, 128 × 256 tiles) each loading partition's arrival on a
+    chunk step too, and at most a few words of stack beside the accumulator's 128 registers a thread."""
+    built = built_for_sm90(epilogue, config, parts, ring)
     assert built["usage"]["stack"] <= (32 if ring else 0), built
     arrivals = 4 if parts else 1  # one a loading partition on a K step
     # through the ring, each partition's arrival on a chunk step too (its loop over a tile's chunks maybe unrolled)
@@ -218,7 +216,7 @@ def test_gathered_kernels_build_for_sm90_without_spills(epilogue, config, mid_lo
     assert built["cp_async"] == arrivals * (8 if config.block_m == 128 else 4), built
     assert built["registers"] and max(built["registers"]) <= 256, built
     if epilogue == "dswiglu":
-        assert built["wgmma"] == (8 if mid_loop else 4), built
+        assert built["wgmma"] == 4, built
 
 
 # --- on a Hopper GPU --------------------------------------------------------------------------------------------

@@ -12,7 +12,6 @@ from moe_lib.engine.gluon_gemm import GemmConfig
 from moe_lib.engine.grouped_wgrad import (
     DEFAULT_CONFIG,
     FP32_CONFIG,
-    GATHERED_B_CONFIG,
     check_arguments,
     default_config,
     grid,
@@ -143,18 +142,9 @@ def test_output_buffers_two_where_they_fit_beside_the_ring():
         assert shared_bytes(config, torch.bfloat16, output_buffers(config, torch.bfloat16)) <= 232448
 
 
-def test_default_config_takes_narrow_tiles_only_where_every_b_is_gathered(monkeypatch):
-    from moe_lib.engine import grouped_wgrad
-
-    x = Gathered(torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(8, dtype=torch.int32))
-    dg, aw = torch.zeros(8, 32, dtype=torch.bfloat16), torch.zeros(8, 64, dtype=torch.bfloat16)
-    monkeypatch.setattr(grouped_wgrad, "NARROW_GATHERED_B", True)
-    assert default_config(torch.bfloat16, [(dg, x), (dg, x)]) == GATHERED_B_CONFIG
-    assert default_config(torch.bfloat16, [(dg, x), (x, aw)]) == DEFAULT_CONFIG  # an A gathered too
-    assert default_config(torch.bfloat16, [(dg, aw)]) == DEFAULT_CONFIG
-    assert default_config(torch.float32, [(dg, x)]) == FP32_CONFIG
-    monkeypatch.setattr(grouped_wgrad, "NARROW_GATHERED_B", False)
-    assert default_config(torch.bfloat16, [(dg, x), (dg, x)]) == DEFAULT_CONFIG
+def test_default_config_is_the_fp32_tile_for_fp32_outputs():
+    assert default_config(torch.float32) == FP32_CONFIG
+    assert default_config(torch.bfloat16) == DEFAULT_CONFIG != FP32_CONFIG
 
 
 def test_shared_memory_counts_the_output_dtype():
@@ -461,7 +451,7 @@ CONFIGS = {
     # a two-step ring and two output buffers taken in turn (output_buffers); few programs: many tiles each
     "coop_s2_two_outputs": GemmConfig(128, 256, 64, 2),
     "coop_s2_two_outputs_3_programs": GemmConfig(128, 256, 64, 2, programs=3),
-    "coop_256x128": GATHERED_B_CONFIG,  # a gathered B's narrow tiles
+    "coop_256x128": GemmConfig(256, 128, 64, 3),  # 128 rows a consumer warpgroup
 }
 # row counts per expert: empty experts, single rows, ends inside a step, one expert holding everything, many experts
 GPU_COUNTS = {
