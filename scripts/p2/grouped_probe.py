@@ -51,7 +51,7 @@ import os
 import re
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the dense probe's child watch and helpers
@@ -504,14 +504,8 @@ def quack_call(name: str, shape: Shape, a, b, offsets, out):
     b_kn = b.transpose(1, 2) if shape.b_t else b
     if chosen.tuned:
         return lambda: {"out": gemm(a, b_kn, out=out, cu_seqlens_m=offsets, tuned=True)}
-    config = QuackGemmConfig(
-        tile_m=chosen.tile_m,
-        tile_n=chosen.tile_n,
-        cluster_m=chosen.cluster_m,
-        cluster_n=chosen.cluster_n,
-        pingpong=chosen.pingpong,
-        is_dynamic_persistent=False,
-    )
+    tiles = {key: value for key, value in asdict(chosen).items() if key != "tuned"}  # QuACK's own field names
+    config = QuackGemmConfig(**tiles, is_dynamic_persistent=False)
 
     def call():
         gemm_tuned.fn(a, b_kn, out, cu_seqlens_m=offsets, config=config)
