@@ -23,7 +23,7 @@ from moe_lib.engine import grouped_gemm as gemm_module
 from moe_lib.engine import grouped_wgrad as wgrad_module
 from moe_lib.engine.gathered import Gathered
 from moe_lib.engine.gluon_gemm import launch_kernel
-from moe_lib.engine.grouped_gemm import DSWIGLU_CONFIG, grouped_gemm, held_transposed, partial_rows
+from moe_lib.engine.grouped_gemm import DSWIGLU_CONFIG, default_config, grouped_gemm, held_transposed, partial_rows
 from moe_lib.engine.grouped_wgrad import grouped_weight_grad, unchecked_sizes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -315,7 +315,7 @@ def gemm_case(form: str, counts, generator):
 
     def outputs():
         dg, du = halves()
-        partial = nan(partial_rows(I, DSWIGLU_CONFIG), M, dtype=torch.float32)
+        partial = nan(partial_rows(I, default_config("dswiglu")), M, dtype=torch.float32)  # the launch's tiles
         return dict(dgate_out=dg, dup_out=du, scaled_act_out=nan(M, I), topk_partial=partial)
 
     return randn(M, H), randn(E, H, I, scale=H**-0.5), offsets_of(counts, "cuda"), inputs, outputs

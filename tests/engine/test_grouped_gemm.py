@@ -756,10 +756,10 @@ def test_tl_dswiglu_with_the_forwards_sigmoid_and_silu_is_the_recomputing_form_w
     generator = torch.Generator().manual_seed(seed)
     dy, wd, offsets, tensors = dswiglu_saved_case(counts, generator, saved="forward")
     saved = grouped_gemm_tl(dy, wd, offsets, epilogue="dswiglu", config=SMALL, programs=3, **tensors)
-    recomputing = {
-        key: torch.full_like(value, float("nan")) if key.endswith(("_out", "partial")) else value
+    recomputing = {  # no topk_partial: the recomputing default's tiles are wider
+        key: torch.full_like(value, float("nan")) if key.endswith("_out") else value
         for key, value in tensors.items()
-        if key not in ("gate_sigmoid", "gate_silu")
+        if key not in ("gate_sigmoid", "gate_silu", "topk_partial")
     }
     recomputed = grouped_gemm_tl(dy, wd, offsets, epilogue="dswiglu", config=SMALL, programs=3, **recomputing)
     g, s = tensors["gate"].double(), torch.sigmoid(tensors["gate"].double())
@@ -1210,10 +1210,10 @@ def test_gpu_dswiglu_with_the_forwards_sigmoid_and_silu_agrees_with_the_recomput
         SAVED_COUNTS[counts], DSWIGLU_SAVED_CONFIG, generator, "forward"
     )
     gluon = grouped_gemm(dy, wd, offsets, epilogue="dswiglu", **tensors)
-    recomputing = {
-        key: torch.full_like(value, float("nan")) if key.endswith(("_out", "partial")) else value
+    recomputing = {  # no topk_partial: the recomputing default's tiles are wider
+        key: torch.full_like(value, float("nan")) if key.endswith("_out") else value
         for key, value in tensors.items()
-        if key not in ("gate_sigmoid", "gate_silu")
+        if key not in ("gate_sigmoid", "gate_silu", "topk_partial")
     }
     default = grouped_gemm(dy, wd, offsets, epilogue="dswiglu", **recomputing)
     for key, one, other in zip(("dg", "du", "aw"), gluon[:3], default[:3], strict=True):
@@ -1260,7 +1260,7 @@ def test_gpu_new_forms_replay_in_a_cuda_graph_with_new_offsets(form, seed):
         a, b, offsets, tensors, _ = swiglu_pair_case(counts, ("out", "gate_out", "up_out"), generator)
         run = dict(epilogue="swiglu", **tensors)
     elif form == "dswiglu":
-        a, b, offsets, tensors, _ = dswiglu_case(counts, DSWIGLU_CONFIG, generator)
+        a, b, offsets, tensors, _ = dswiglu_case(counts, default_config("dswiglu"), generator)  # the call's tiles
         run = dict(epilogue="dswiglu", **tensors)
     elif form == "dswiglu_saved":  # the harness's saved σ and silu, drawn apart from g
         a, b, offsets, tensors, _ = gpu_dswiglu_saved_case(counts, DSWIGLU_SAVED_CONFIG, generator, "harness")
