@@ -604,6 +604,7 @@ def test_report_reads_the_committed_files(report_run):
     engine = engine_runs.load_engine_runs()
     assert summary["engine"]["files"] == dict(zip(engine["file"], engine["commit"], strict=True))
     assert any("/runs/" in file for file in summary["engine"]["files"]) and summary["engine"]["sonicmoe"]
+    assert ("quack_probe.png" in summary["figures"]) == (not engine_runs.quack_probe().empty)
     _assert_figures_written(summary, folder)
 
 

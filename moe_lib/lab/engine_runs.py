@@ -8,11 +8,14 @@ kernels A-W-D-C (``triton``, ``triton_saved``) and ``grouped_mm`` of the same ru
 SonicMoE from the newest run that timed it (another run: both files and commits are named), :func:`models_table` at
 the model suite's shapes, and :func:`engine_figure` draws the first two. :func:`same_run_sonicmoe` reads, on every
 GPU, the newest runs that timed our layer and SonicMoE together, time and peak memory, and
-:func:`same_run_figure` draws it. Times in milliseconds.
+:func:`same_run_figure` draws it. :func:`quack_probe` reads the grouped probe's runs with QuACK's GEMM beside the
+engine (``scripts/p2/grouped_probe.py``), and :func:`quack_probe_table` sets each column's rate against
+``torch._grouped_mm``'s. Times in milliseconds.
 """
 
 from __future__ import annotations
 
+import json
 import math
 
 import matplotlib.pyplot as plt
@@ -315,4 +318,65 @@ def same_run_figure(table: pd.DataFrame):
         ax.margins(y=0.15)
         ax.grid(alpha=0.3, axis="y")
         ax.legend(fontsize=7)
+    return fig
+
+
+# the grouped probe's runs with QuACK's columns (scripts/p2/grouped_probe.py, its JSON committed under tuning/)
+QUACK_PROBE_GLOB = "*/tuning/*quack*grouped-probe*.json"
+PROBE_BASELINE = "grouped_mm"
+QUACK_PROBE_COLUMNS = ["gpu", "file", "seed", "shape", "column", "tflops", "of grouped_mm"]
+# the probe's config names as the table shows them
+PROBE_LABELS = {"coop_m128n256k64_s3": "engine 128 × 256", "quack_default": "QuACK default",
+                "quack_coop_m128n256": "QuACK 128 × 256", "quack_tuned": "QuACK autotuned"}  # fmt: skip
+
+
+def quack_probe(results_dir=RESULTS_DIR) -> pd.DataFrame:
+    """Every committed grouped-probe run holding QuACK's columns (:data:`QUACK_PROBE_GLOB`), one row a shape and
+    column that checked ok: its TFLOP/s and that over ``torch._grouped_mm``'s in the same run (columns
+    :data:`QUACK_PROBE_COLUMNS`). Empty where there is none; :class:`.results.ResultFileError` naming a malformed
+    file."""
+    rows = []
+    for path in sorted(resolve_path(results_dir).glob(QUACK_PROBE_GLOB)):
+        try:
+            record = json.loads(path.read_text())
+            runs, seed = record["runs"], record["seed"]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ResultFileError(f"{shown_path(path)}: not a grouped-probe record ({exc})") from exc
+        baseline = runs.get(PROBE_BASELINE, {}).get("results", {})
+        for column, run in runs.items():
+            for shape, row in run.get("results", {}).items():
+                base = baseline.get(shape, {})
+                if row.get("check") != "ok" or base.get("check") != "ok":
+                    continue
+                rows.append({"gpu": path.parent.parent.name, "file": shown_path(path), "seed": seed, "shape": shape,
+                             "column": column, "tflops": row["tflops"],
+                             "of grouped_mm": row["tflops"] / base["tflops"]})  # fmt: skip
+    return pd.DataFrame(rows, columns=QUACK_PROBE_COLUMNS)
+
+
+def quack_probe_table(probe: pd.DataFrame) -> pd.DataFrame:
+    """:func:`quack_probe` as a table: a row a run's shape, a column a config (its rate over grouped_mm's), and a
+    row of each run's geometric mean over the shapes every column of it ran."""
+    tables = []
+    for (gpu, file), run in probe.groupby(["gpu", "file"], sort=False):
+        wide = run.pivot_table(index="shape", columns="column", values="of grouped_mm", sort=False)
+        wide = wide.drop(columns=PROBE_BASELINE, errors="ignore").dropna().rename(columns=PROBE_LABELS)
+        wide.loc["geomean"] = wide.apply(lambda c: math.exp(c.map(math.log).mean()))
+        wide.index = pd.MultiIndex.from_product([[f"{gpu}: {file.rsplit('/', 1)[-1]}"], wide.index])
+        tables.append(wide)
+    return pd.concat(tables) if tables else pd.DataFrame()
+
+
+def quack_probe_figure(table: pd.DataFrame):
+    """Each run of :func:`quack_probe_table`: a bar a shape and config, its rate over grouped_mm's (1: level).
+    Returns the figure."""
+    runs = list(table.groupby(level=0, sort=False))
+    fig, axes = plt.subplots(len(runs), 1, figsize=(11, 3.2 * len(runs)), squeeze=False, layout="constrained")
+    for ax, (run, wide) in zip(axes[:, 0], runs, strict=True):
+        wide = wide.droplevel(0).dropna(axis=1, how="all")
+        wide.plot.bar(ax=ax, width=0.8, rot=30, fontsize=7)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set(ylabel="over grouped_mm", xlabel="", title=run, ylim=(0.7, None))
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=7, ncols=4)
     return fig

@@ -130,3 +130,33 @@ def test_same_run_sonicmoe_without_such_a_run_is_empty(tmp_path):
     table = engine_runs.same_run_sonicmoe(tmp_path)
     assert table.empty and list(table.columns) == engine_runs.SAME_RUN_COLUMNS
     assert engine_runs.same_run_reading(table) == []
+
+
+def test_quack_probe_rows_are_the_files_rates_over_grouped_mm():
+    probe = engine_runs.quack_probe()
+    assert len(probe) and {"quack_default", "quack_tuned", "coop_m128n256k64_s3"} <= set(probe["column"])
+    for file, group in probe.groupby("file"):
+        runs = json.loads(resolve_path(file).read_text())["runs"]
+        for _, row in group.iterrows():
+            mine, base = runs[row["column"]]["results"][row["shape"]], runs["grouped_mm"]["results"][row["shape"]]
+            assert mine["check"] == base["check"] == "ok"
+            assert row["tflops"] == mine["tflops"]
+            assert row["of grouped_mm"] == pytest.approx(mine["tflops"] / base["tflops"])
+    table = engine_runs.quack_probe_table(probe)
+    for run, wide in table.groupby(level=0):
+        wide = wide.droplevel(0).dropna(axis=1, how="all")
+        shapes = wide.drop(index="geomean")
+        geomean = shapes.apply(lambda c: c.prod() ** (1 / len(c)))
+        assert wide.loc["geomean"].to_numpy() == pytest.approx(geomean.to_numpy()), run
+        assert "engine 128 × 256" in wide.columns and any(c.startswith("QuACK") for c in wide.columns)
+
+
+def test_quack_probe_names_a_malformed_file_and_is_empty_without_one(tmp_path):
+    assert (
+        engine_runs.quack_probe(tmp_path).empty
+        and engine_runs.quack_probe_table(engine_runs.quack_probe(tmp_path)).empty
+    )
+    (tmp_path / "H100" / "tuning").mkdir(parents=True)
+    (tmp_path / "H100" / "tuning" / "x-quack-grouped-probe-at-0.json").write_text('{"runs": 3}')
+    with pytest.raises(ResultFileError, match="x-quack-grouped-probe-at-0.json"):
+        engine_runs.quack_probe(tmp_path)
