@@ -9,7 +9,8 @@ dram__throughput.avg.pct_of_peak_sustained_elapsed \
 
 Each token count: the benchmark's inputs (``moe_experts_backward_bf16``), one untimed call (the kernels compile),
 then one call between cudaProfilerStart and cudaProfilerStop (ncu's ``--profile-from-start off`` profiles those
-kernels alone: the layer's launches, its torch gathers and sums). With ``--kernel-times``: instead, torch.profiler
+kernels alone: the layer's launches, its torch gathers and sums). The layer runs as the library sets its switches;
+each option below sets one (``--no-...`` clears it). With ``--kernel-times``: instead, torch.profiler
 over three calls, and a table of each kernel's GPU time a call (its share of the call's kernels) for the layer and
 for the op (the backward with the forward recomputed). ``--model``: that model's expert shape
 (moe_lib/bench/models.py) instead of P2's; ``--written``: x_s and dy_s written out before the products that
@@ -69,14 +70,16 @@ def main() -> None:
     parser.add_argument("--tokens", default="32768", help="comma-separated token counts")
     parser.add_argument("--kernel-times", action="store_true", help="torch.profiler's kernel times instead of ncu")
     parser.add_argument("--model", type=model_list, help="a model of moe_lib/bench/models.py: its expert shape")
-    parser.add_argument("--written", action="store_true", help="x_s and dy_s written out, not gathered in the loads")
-    parser.add_argument("--in-parts", action="store_true", help="the gathered rows loaded by four one-warp parts")
-    parser.add_argument("--no-x-s", action="store_true", help="the gate and up gradients gather x's rows too")
-    parser.add_argument("--dx-slices", action="store_true", help="dX made a column slice at a time where H > 2I")
-    parser.add_argument("--ring", action="store_true", help="dswiglu's saved tiles through the ring, chunk by chunk")
+    # each switch left as the library sets it unless named (--x or --no-x)
+    switch = dict(action=argparse.BooleanOptionalAction, default=None)
+    parser.add_argument("--written", **switch, help="x_s and dy_s written out, not gathered in the loads")
+    parser.add_argument("--in-parts", **switch, help="the gathered rows loaded by four one-warp parts")
+    parser.add_argument("--x-s", **switch, help="x_s written for the gate and up gradients (--no-x-s: x gathered)")
+    parser.add_argument("--dx-slices", **switch, help="dX made a column slice at a time where H > 2I")
+    parser.add_argument("--ring", **switch, help="dswiglu's saved tiles through the ring, chunk by chunk")
     parser.add_argument("--dswiglu-tiles", help="dswiglu's config as BLOCK_M,BLOCK_N,BLOCK_K,STAGES (cooperative)")
     args = parser.parse_args()
-    if args.written and (args.in_parts or args.no_x_s):
+    if args.written and (args.in_parts or args.x_s is False):
         parser.error("--written: not with --in-parts or --no-x-s, which read rows through the routing")
     axes = {}
     if args.model:
@@ -85,11 +88,13 @@ def main() -> None:
         axes = next(m for m in models.MODEL_SHAPES if m.name == args.model[0]).axes("moe_experts_backward")
         if not axes.get("num_experts"):
             parser.error(f"--model: {args.model[0]} has no experts")
-    engine_layer.GATHER_IN_LOADS = not args.written
-    grouped_gemm.GATHER_IN_PARTS = args.in_parts
-    engine_layer.GATHER_X_IN_WEIGHT_GRADS = args.no_x_s
-    engine_layer.DX_IN_COLUMN_SLICES = args.dx_slices
-    grouped_gemm.SAVED_THROUGH_RING = args.ring
+    for module, name, value in ((engine_layer, "GATHER_IN_LOADS", None if args.written is None else not args.written),
+                                (grouped_gemm, "GATHER_IN_PARTS", args.in_parts),
+                                (engine_layer, "GATHER_X_IN_WEIGHT_GRADS", None if args.x_s is None else not args.x_s),
+                                (engine_layer, "DX_IN_COLUMN_SLICES", args.dx_slices),
+                                (grouped_gemm, "SAVED_THROUGH_RING", args.ring)):  # fmt: skip
+        if value is not None:
+            setattr(module, name, value)
     if args.dswiglu_tiles:
         try:
             grouped_gemm.DSWIGLU_CONFIG = GemmConfig(*(int(v) for v in args.dswiglu_tiles.split(",")))
