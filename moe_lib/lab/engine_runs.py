@@ -21,7 +21,7 @@ import math
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from ..bench.results import MODEL_SUITE
+from ..bench.results import MODEL_SUITE, geomean
 from .results import RESULTS_DIR, ResultFileError, read_run_csv, read_run_json, resolve_path, run_date, shown_path
 from .training_step import load_layer_runs
 
@@ -361,7 +361,7 @@ def quack_probe_table(probe: pd.DataFrame) -> pd.DataFrame:
     for (gpu, file), run in probe.groupby(["gpu", "file"], sort=False):
         wide = run.pivot_table(index="shape", columns="column", values="of grouped_mm", sort=False)
         wide = wide.drop(columns=PROBE_BASELINE, errors="ignore").dropna().rename(columns=PROBE_LABELS)
-        wide.loc["geomean"] = wide.apply(lambda c: math.exp(c.map(math.log).mean()))
+        wide.loc["geomean"] = wide.apply(geomean)
         wide.index = pd.MultiIndex.from_product([[f"{gpu}: {file.rsplit('/', 1)[-1]}"], wide.index])
         tables.append(wide)
     return pd.concat(tables) if tables else pd.DataFrame()
