@@ -523,7 +523,7 @@ def recorded_launches():
         )
         return gemm(self, a, b, offsets, **kwargs)
 
-    def recording_weight_grad(self, problems, offsets, outs, **kwargs):
+    def recording_weight_grad(self, problems, offsets, outs):
         record.append(
             dict(
                 kernel="grouped_wgrad",
@@ -532,7 +532,7 @@ def recorded_launches():
                 operands=", ".join(f"C {output_shape(out)}" for out in outs),
             )
         )
-        return weight_grad(self, problems, offsets, outs, **kwargs)
+        return weight_grad(self, problems, offsets, outs)
 
     launches.gemm, launches.weight_grad = recording_gemm, recording_weight_grad
     try:

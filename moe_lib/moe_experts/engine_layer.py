@@ -45,8 +45,6 @@ bf16 only, on Hopper (the engine's Gluon kernels) or under the interpreter (thei
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from ..dispatch import interpreter_enabled
@@ -55,9 +53,8 @@ from ..engine import grouped_tl as gemm_tl
 from ..engine import grouped_wgrad as wgrad_gluon
 from ..engine import grouped_wgrad_tl as wgrad_tl
 from ..engine.gathered import Gathered
-from ..engine.gluon_gemm import GemmConfig, sm_count
+from ..engine.gluon_gemm import GemmConfig
 from ..engine.grouped_gemm import weights_of
-from ..side_stream import SideStream, branch
 from ..tma import aligned
 from ..validation import fits_in_memory
 from . import runtime
@@ -98,13 +95,6 @@ X_S_IN_COLUMN_SLICES = True
 # g and u before it writes dg and du there): no [T·K, 2I] workspace at the backward's peak, the same time
 # (notes/p2/engine-layer.md, "Gradients over the saved pre-activations")
 GRADS_OVER_SAVED = True
-# whether, where experts have few rows (the products bound by memory, not math: the weight gradients write 3·E·I·H
-# elements, dX reads 2·E·I·H, each doing about 2·T·K/E flops a byte), the weight gradients run on a second stream
-# beside dX, the SMs split between the two launches, so that their stores and dX's weight reads share the memory's
-# bandwidth rather than take it in turn (notes/p2/engine-layer.md, "The weight gradients beside dX"); off until measured
-WEIGHT_GRADS_BESIDE_DX = False
-BESIDE_DX_MAX_ROWS = 128  # rows an expert on average, T·K/E, up to which they run beside dX
-WEIGHT_GRAD_SM_SHARE = 0.5  # the weight gradients' share of the SMs beside dX (dX takes the rest)
 
 
 def structure(
@@ -249,13 +239,10 @@ class _Launches:
         self.interpreter = interpreter_enabled()
         self.config = None if self.interpreter else gemm_config(num_slots, num_experts)
 
-    def gemm(self, a, b, offsets, *, programs: int = 0, **kwargs):
-        """A varlen-M product; ``programs``: at most this many (0: one an SM)."""
+    def gemm(self, a, b, offsets, **kwargs):
         if self.interpreter:
             return gemm_tl.grouped_gemm_tl(a, b, offsets, **kwargs)
         config = None if kwargs.get("epilogue") == "dswiglu" else self.config  # dswiglu: its own tiles
-        if programs:
-            config = dataclasses.replace(config or gemm_gluon.default_config(kwargs.get("epilogue")), programs=programs)
         # the layer's operands pass the launch's checks by construction (weight_operand): not checked again
         return gemm_gluon.grouped_gemm(a, b, offsets, config=config, check=False, **kwargs)
 
@@ -272,16 +259,10 @@ class _Launches:
         """The weight gradients' output tile width."""
         return wgrad_tl.SMALL_TILES.block_n if self.interpreter else wgrad_gluon.DEFAULT_CONFIG.block_n
 
-    def weight_grad(self, problems, offsets, outs, *, programs: int = 0):
-        """A varlen-K launch of weight gradients; ``programs``: at most this many (0: one an SM)."""
+    def weight_grad(self, problems, offsets, outs):
         if self.interpreter:
             return wgrad_tl.grouped_weight_grad_tl(problems, offsets, outs=outs)
-        config = None
-        if programs:
-            config = dataclasses.replace(
-                wgrad_gluon.default_config(wgrad_gluon.output_tensors(outs)[0].dtype), programs=programs
-            )
-        return wgrad_gluon.grouped_weight_grad(problems, offsets, outs=outs, config=config, check=False)
+        return wgrad_gluon.grouped_weight_grad(problems, offsets, outs=outs, check=False)
 
 
 class _Routed:
@@ -424,46 +405,6 @@ def gathered_in_weight_grads(intermediate_size: int, column_tile: int) -> bool:
     return (GATHER_X_IN_WEIGHT_GRADS and GATHER_IN_LOADS) or x_as_a_in_weight_grads(intermediate_size, column_tile)
 
 
-def weight_grad_programs_beside_dx(num_slots: int, num_experts: int, sms: int) -> int:
-    """Programs of the weight gradients' launches on a second stream beside dX's, which takes the other SMs: a share
-    of the ``sms`` (:data:`WEIGHT_GRAD_SM_SHARE`) where ``WEIGHT_GRADS_BESIDE_DX`` is set and experts average at most
-    :data:`BESIDE_DX_MAX_ROWS` rows; 0 where they run after dX on every SM."""
-    if not WEIGHT_GRADS_BESIDE_DX or num_slots == 0 or num_slots > BESIDE_DX_MAX_ROWS * max(num_experts, 1):
-        return 0
-    return min(max(round(sms * WEIGHT_GRAD_SM_SHARE), 1), sms - 1)
-
-
-def _gate_up_grads(launches, routed, hidden_states, x_s, d_preact, grad_gate, grad_up, programs: int = 0) -> None:
-    """dWg_e = dg_eᵀ x_s,e and dWu_e = du_eᵀ x_s,e into ``grad_gate`` and ``grad_up`` [E, I, H]: x's rows as A
-    through the gradients' transposed views where :func:`x_as_a_in_weight_grads`, else as B; x_s (``x_s``: written
-    for the recomputed first product, or None) a column slice of H at a time (:func:`x_s_column_slices`) where it is
-    written here. ``d_preact``: [dg | du] [T·K, 2I]; ``programs``: the launches' programs (0: one an SM)."""
-    num_slots, H = d_preact.shape[0], hidden_states.shape[1]
-    E, I, _ = grad_gate.shape
-    dgate, dup = d_preact[:, :I], d_preact[:, I:]
-    x_as_a = x_as_a_in_weight_grads(I, launches.weight_grad_column_tile())
-    gathered_x = gathered_in_weight_grads(I, launches.weight_grad_column_tile())
-    fused_grad = stacked_gate_up(grad_gate, grad_up)
-    whole = x_s is not None or gathered_x  # x_s made for the first product, or never written
-    for cols in [slice(0, H)] if whole else x_s_column_slices(num_slots, H, I, E, launches.weight_grad_column_tile()):
-        x_cols = x_s if x_s is not None else x_rows_for_weight_grads(routed, hidden_states, gathered_x, cols)
-        if x_as_a and fused_grad is not None:  # x_sᵀ·[dg | du] = [dWg; dWu]ᵀ: through the block's transposed view
-            problems, outs = [(x_cols, d_preact)], [fused_grad.transpose(1, 2)]
-        elif x_as_a and X_AS_A_ONE_PRODUCT:  # the same into dWgᵀ and dWuᵀ as its two column parts
-            problems, outs = [(x_cols, d_preact)], [(grad_gate.transpose(1, 2), grad_up.transpose(1, 2))]
-        elif x_as_a:  # x_sᵀ·dg = dWgᵀ, x_sᵀ·du = dWuᵀ: through the gradients' transposed views
-            problems, outs = [(x_cols, dgate), (x_cols, dup)], [grad_gate.transpose(1, 2), grad_up.transpose(1, 2)]
-        elif fused_grad is not None:  # the fused block's gradient: [dWg_e; dWu_e] = [dg | du]_eᵀ x_s,e, one product
-            problems, outs = [(d_preact, x_cols)], [column_slice(fused_grad, cols)]
-        else:
-            problems, outs = (
-                [(dgate, x_cols), (dup, x_cols)],
-                [column_slice(grad_gate, cols), column_slice(grad_up, cols)],
-            )
-        launches.weight_grad(problems, routed.offsets, outs, programs=programs)
-        del x_cols, problems
-
-
 def backward(
     grad_output,
     hidden_states,
@@ -494,6 +435,7 @@ def backward(
     launches = _Launches(num_slots, E)
     routed = _routed(routing, topk_indices, topk_weights, E)
     gate_up = gate_up_operand(gate_weights, up_weights)
+    x_as_a = x_as_a_in_weight_grads(I, launches.weight_grad_column_tile())
     gathered_x = gathered_in_weight_grads(I, launches.weight_grad_column_tile())
     x_s = None  # x's rows in expert order for the weight gradients (and the first product, recomputed): x_s or Gathered
     if preactivations is None:  # the forward's first product again, g and u stored only
@@ -515,14 +457,9 @@ def backward(
     d_preact = halves_of_one(gate_pre, up_pre) if spend else None
     if d_preact is None:
         d_preact = allocate((num_slots, 2 * I), dtype=dtype, device=device)  # [dg | du]
+    dgate, dup = d_preact[:, :I], d_preact[:, I:]
     scaled_act = allocate((num_slots, I), dtype=dtype, device=device)
     topk_partial = allocate((launches.partial_rows(I), num_slots), dtype=torch.float32, device=device)
-
-    def weight_grad(p, shape):
-        return allocate(shape, dtype=dtype, device=device) if weight_grads_out is None else weight_grads_out[p]
-
-    beside = 0 if launches.interpreter else weight_grad_programs_beside_dx(num_slots, E, sm_count(device))
-    grad_x_programs = sm_count(device) - beside if beside else 0
     if num_slots:
         launches.gemm(
             routed.rows(grad_output) if GATHER_IN_LOADS else routed.gather(grad_output),
@@ -532,26 +469,18 @@ def backward(
             gate=gate_pre,
             up=up_pre,
             scale=routed.scale,
-            dgate_out=d_preact[:, :I],
-            dup_out=d_preact[:, I:],
+            dgate_out=dgate,
+            dup_out=dup,
             scaled_act_out=scaled_act,
             topk_partial=topk_partial,
             b_transposed=False,
         )
-    side = SideStream(device) if beside else None
-    if side is not None:  # all three weight gradients on the side stream, their launches on `beside` SMs
-        grad_gate, grad_up, grad_down = weight_grad(0, (E, I, H)), weight_grad(1, (E, I, H)), weight_grad(2, (E, H, I))
-        with branch(side):
-            _gate_up_grads(launches, routed, hidden_states, x_s, d_preact, grad_gate, grad_up, beside)
-            launches.weight_grad([(routed.rows(grad_output), scaled_act)], routed.offsets, [grad_down], programs=beside)
-    if num_slots:
         grad_hidden, grad_topk = allocate((T, H), dtype=dtype, device=device), None
         for cols in dx_column_slices(H, I, launches.column_tile()):
             dx_s = launches.gemm(  # [dg | du] · [Wg_e; Wu_e][:, cols]: K = 2I, B the fused block or the pair along K
                 d_preact,
                 column_slice(gate_up, cols),
                 routed.offsets,
-                programs=grad_x_programs,
                 out=allocate((num_slots, cols.stop - cols.start), dtype=dtype, device=device),
                 b_transposed=False,
             )
@@ -563,16 +492,33 @@ def backward(
     else:
         grad_hidden = allocate((T, H), dtype=dtype, device=device).zero_()
         grad_topk = allocate((T, K), dtype=topk_weights.dtype, device=device).zero_()
-    if side is not None:
-        side.join()  # before any operand of the side stream's launches is freed
-        return grad_hidden, grad_topk, grad_gate, grad_up, grad_down
     del gate_pre, up_pre, topk_partial, gate_up
 
     # the weight gradients, also without slots (experts without rows get their zeros here): Wg's and Wu's first (a
     # column slice of x_s at a time: X_S_IN_COLUMN_SLICES), then Wd's, allocated once [dg | du] and x_s are freed
+    def weight_grad(p, shape):
+        return allocate(shape, dtype=dtype, device=device) if weight_grads_out is None else weight_grads_out[p]
+
     grad_gate, grad_up = weight_grad(0, (E, I, H)), weight_grad(1, (E, I, H))
-    _gate_up_grads(launches, routed, hidden_states, x_s, d_preact, grad_gate, grad_up)
-    del x_s, d_preact
+    fused_grad = stacked_gate_up(grad_gate, grad_up)
+    whole = x_s is not None or gathered_x  # x_s made for the first product, or never written
+    for cols in [slice(0, H)] if whole else x_s_column_slices(num_slots, H, I, E, launches.weight_grad_column_tile()):
+        x_cols = x_s if x_s is not None else x_rows_for_weight_grads(routed, hidden_states, gathered_x, cols)
+        if x_as_a and fused_grad is not None:  # x_sᵀ·[dg | du] = [dWg; dWu]ᵀ: through the block's transposed view
+            launches.weight_grad([(x_cols, d_preact)], routed.offsets, [fused_grad.transpose(1, 2)])
+        elif x_as_a and X_AS_A_ONE_PRODUCT:  # the same into dWgᵀ and dWuᵀ as its two column parts
+            parts = (grad_gate.transpose(1, 2), grad_up.transpose(1, 2))
+            launches.weight_grad([(x_cols, d_preact)], routed.offsets, [parts])
+        elif x_as_a:  # x_sᵀ·dg = dWgᵀ, x_sᵀ·du = dWuᵀ: through the gradients' transposed views
+            transposed = [grad_gate.transpose(1, 2), grad_up.transpose(1, 2)]
+            launches.weight_grad([(x_cols, dgate), (x_cols, dup)], routed.offsets, transposed)
+        elif fused_grad is not None:  # the fused block's gradient: [dWg_e; dWu_e] = [dg | du]_eᵀ x_s,e, one product
+            launches.weight_grad([(d_preact, x_cols)], routed.offsets, [column_slice(fused_grad, cols)])
+        else:
+            outs = [column_slice(grad_gate, cols), column_slice(grad_up, cols)]
+            launches.weight_grad([(dgate, x_cols), (dup, x_cols)], routed.offsets, outs)
+        del x_cols
+    del x_s, d_preact, dgate, dup
     grad_down = weight_grad(2, (E, H, I))
     launches.weight_grad([(routed.rows(grad_output), scaled_act)], routed.offsets, [grad_down])
     return grad_hidden, grad_topk, grad_gate, grad_up, grad_down

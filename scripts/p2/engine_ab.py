@@ -8,7 +8,6 @@ replay after an L2 flush (median of 20, 10 at 32768 tokens); one short table, an
     PYTHONPATH=. python3 scripts/p2/engine_ab.py structure --before /tmp/before.py [--tokens 2048,8192,32768]
     PYTHONPATH=. python3 scripts/p2/engine_ab.py loads [--cases P2:2048,Qwen3-30B-A3B:32768,...] [--rounds 4]
     PYTHONPATH=. python3 scripts/p2/engine_ab.py kloop [--cases Qwen3-30B-A3B:32768,...]
-    PYTHONPATH=. python3 scripts/p2/engine_ab.py beside [--cases P2:2048,P2:4096] [--shares 0.4,0.5] [--rounds 2]
 
 gather: the weight-gradient kernel (``moe_lib/engine/grouped_wgrad.py``) on rows written out, on rows gathered
 through the routing with the consumers' proxy fence (``FENCE_GATHERED``) and without it, at the shapes of
@@ -27,9 +26,7 @@ u (``engine_layer.GRADS_OVER_SAVED``), with and without x_s, and with x gathered
 operand (``X_AS_A_IN_WEIGHT_GRADS``, ``X_AS_A_ONE_PRODUCT``) (:data:`LOAD_FORMS`); ``--forms`` picks some,
 ``--rounds`` repeats them (the order reversed each round) and gives each form's median. kloop: dswiglu's product dAp =
 dy_s·Wd alone (the plain epilogue) at several tile shapes, beside dswiglu, dy's rows gathered in the loads
-(:data:`KLOOP_VARIANTS`). beside: the layer and the op with the weight gradients after dX on every SM, then on a
-second stream beside it with each share of the SMs (``engine_layer.WEIGHT_GRADS_BESIDE_DX``,
-``WEIGHT_GRAD_SM_SHARE``; at any rows an expert), with the memory a layer step adds.
+(:data:`KLOOP_VARIANTS`).
 """
 
 from __future__ import annotations
@@ -372,59 +369,6 @@ def loads_case(case: str, engine_layer, grouped_gemm, flush, forms=None, rounds:
     return rows
 
 
-def beside_ab(args, flush) -> list[dict]:
-    from moe_lib.moe_experts import engine_layer
-
-    kept = {name: getattr(engine_layer, name) for name in BESIDE_SWITCHES}
-    rows: list[dict] = []
-    shares = [float(share) for share in args.shares.split(",")]
-    for case in args.cases.split(","):
-        try:
-            rows += beside_case(case, engine_layer, shares, flush, args.rounds)
-        except torch.cuda.OutOfMemoryError as exc:  # a case too large for this GPU: said, and the others still run
-            print(f"{case}: skipped, out of memory ({str(exc).splitlines()[0][:120]})", flush=True)
-            rows.append(dict(case=case, skipped="out of memory"))
-        finally:
-            for name, value in kept.items():
-                setattr(engine_layer, name, value)
-            torch.cuda.empty_cache()
-    return rows
-
-
-BESIDE_SWITCHES = ("WEIGHT_GRADS_BESIDE_DX", "BESIDE_DX_MAX_ROWS", "WEIGHT_GRAD_SM_SHARE")
-
-
-def beside_case(case: str, engine_layer, shares: list[float], flush, rounds: int) -> list[dict]:
-    """:func:`beside_ab`'s rows of one case: the weight gradients after dX (share 0), then beside it at each share,
-    the order reversed every other round; with several rounds, each share's median after them."""
-    label, inputs = case_inputs(case)
-    num_tokens = inputs["hidden_states"].shape[0]
-    forms = [0.0, *shares]
-    first, rows = None, []
-    for round_ in range(rounds):
-        for share in forms if round_ % 2 == 0 else forms[::-1]:
-            engine_layer.WEIGHT_GRADS_BESIDE_DX = share > 0
-            engine_layer.BESIDE_DX_MAX_ROWS = 1 << 30
-            engine_layer.WEIGHT_GRAD_SM_SHARE = share
-            layer, op = layer_calls(engine_layer, inputs)
-            result, peak = step_peak(layer)
-            first = first or result
-            row = dict(case=case, share=share, round=round_, layer_peak_gb=peak, same=same_bits(result, first))
-            row.update(layer_ms=timed(layer, flush, num_tokens), op_ms=timed(op, flush, num_tokens))
-            rows.append(row)
-            form = "in turn" if share == 0 else f"beside, {share:.2f}"
-            print(f"{label:26s} {form:13s} layer {row['layer_ms']:8.3f} ms  peak {peak:6.2f} GB  op "
-                  f"{row['op_ms']:8.3f} ms  same bits {row['same']}", flush=True)  # fmt: skip
-            del result, layer, op
-    if rounds > 1:
-        for share in forms:
-            mine = [row for row in rows if row["share"] == share]
-            print(f"{label:26s} share {share:.2f} median of {rounds}: layer "
-                  f"{statistics.median(r['layer_ms'] for r in mine):8.3f} ms  op "
-                  f"{statistics.median(r['op_ms'] for r in mine):8.3f} ms", flush=True)  # fmt: skip
-    return rows
-
-
 def form_list(text: str) -> list[str]:
     forms = [form.strip() for form in text.split(";")]
     unknown = [form for form in forms if form not in {row[0] for row in LOAD_FORMS}]
@@ -435,7 +379,7 @@ def form_list(text: str) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run", choices=("gather", "tiles", "structure", "loads", "kloop", "beside"))
+    parser.add_argument("run", choices=("gather", "tiles", "structure", "loads", "kloop"))
     parser.add_argument("--shapes", default="p2_t32768_gate_up,p2_t32768_down,p2_t32768_all,qwen3_t8192_all")
     parser.add_argument("--tokens", default=None, help="comma-separated token counts (tiles, structure)")
     parser.add_argument("--variants", default=None, help="tiles: comma-separated variants beside current (all); "
@@ -449,7 +393,6 @@ def main() -> None:
     )
     parser.add_argument("--forms", type=form_list, help="loads: labels of LOAD_FORMS, separated by ';' (all)")
     parser.add_argument("--rounds", type=int, default=1, help="loads: rounds of the forms, the order reversed each")
-    parser.add_argument("--shares", default="0.4,0.5,0.6", help="beside: the weight gradients' shares of the SMs")
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--out", default=os.environ.get("OUT"), help="directory of the JSON ($OUT)")
     args = parser.parse_args()
@@ -464,14 +407,6 @@ def main() -> None:
         unknown = [name for name in args.variants.split(",") if name not in KLOOP_VARIANTS]
         if unknown:
             parser.error(f"--variants: unknown {unknown}; the kloop variants are {list(KLOOP_VARIANTS)}")
-    if args.run == "beside" and not args.cases:
-        args.cases = "P2:2048,P2:4096,P2:8192"
-    if args.run == "beside":
-        try:
-            if not all(0 < float(share) < 1 for share in args.shares.split(",")):
-                raise ValueError
-        except ValueError:
-            parser.error(f"--shares: expected fractions between 0 and 1, separated by commas, got {args.shares!r}")
     if args.run == "loads" and not args.cases:
         args.cases = ",".join([*(f"P2:{t}" for t in (2048, 8192)), *LOADS_MODEL_CASES, "P2:32768"])
     if args.cases:
@@ -485,8 +420,7 @@ def main() -> None:
     from moe_lib.bench.timing import L2Flusher
 
     flush = L2Flusher(torch.device("cuda"))
-    runs = {"gather": gather_ab, "tiles": tiles_ab, "structure": structure_ab, "loads": loads_ab, "kloop": kloop_ab,
-            "beside": beside_ab}  # fmt: skip
+    runs = {"gather": gather_ab, "tiles": tiles_ab, "structure": structure_ab, "loads": loads_ab, "kloop": kloop_ab}
     rows = runs[args.run](args, flush)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)

@@ -73,22 +73,6 @@ def test_gemm_config_by_rows_an_expert():
     assert engine_layer.gemm_config(0, 0).consumers == "pingpong"
 
 
-def test_weight_grads_beside_dx_by_rows_an_expert(monkeypatch):
-    """Beside dX only where switched on and experts average at most BESIDE_DX_MAX_ROWS rows; then a share of the SMs,
-    at least one and never all of them (dX keeps one)."""
-    monkeypatch.setattr(engine_layer, "WEIGHT_GRADS_BESIDE_DX", False)
-    assert engine_layer.weight_grad_programs_beside_dx(2048 * 8, 256, 132) == 0
-    monkeypatch.setattr(engine_layer, "WEIGHT_GRADS_BESIDE_DX", True)
-    rows = engine_layer.BESIDE_DX_MAX_ROWS
-    monkeypatch.setattr(engine_layer, "WEIGHT_GRAD_SM_SHARE", 0.5)
-    assert engine_layer.weight_grad_programs_beside_dx(rows * 256, 256, 132) == 66
-    assert engine_layer.weight_grad_programs_beside_dx(rows * 256 + 1, 256, 132) == 0
-    assert engine_layer.weight_grad_programs_beside_dx(0, 256, 132) == 0
-    for share in (0.0, 1.0):
-        monkeypatch.setattr(engine_layer, "WEIGHT_GRAD_SM_SHARE", share)
-        assert 1 <= engine_layer.weight_grad_programs_beside_dx(1000, 256, 132) <= 131
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_backward_against_float64(case, seed, nan_workspaces):
     T, H, I, E, K, routing = CASES[case]
@@ -692,56 +676,3 @@ def test_gpu_x_s_in_column_slices_lowers_the_peak_by_the_rest_of_x_s(seed, monke
     peaks = peaks_off_and_on(inputs, "X_S_IN_COLUMN_SLICES", monkeypatch, spend=True)
     x_s, widest_slice = 2 * T * K * H, 2 * T * K * 512
     assert peaks[1] <= peaks[0] - (x_s - widest_slice) + 2**23, (peaks, x_s)
-
-
-def layer_step_beside(inputs, beside: bool, monkeypatch, save: bool = True):
-    """(y, then the five gradients) of a layer step with the weight gradients beside dX (every SM split) or after it."""
-    monkeypatch.setattr(engine_layer, "WEIGHT_GRADS_BESIDE_DX", beside)
-    monkeypatch.setattr(engine_layer, "BESIDE_DX_MAX_ROWS", 1 << 30)
-    y, preactivations = engine_layer.forward(*args(inputs), save_preactivations=True)
-    grads = engine_layer.backward(inputs["grad_output"], *args(inputs), preactivations=preactivations if save else None)
-    return (y, *grads)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("shape", [(512, 2048, 768, 128, 8), (300, 1024, 1408, 8, 2), (96, 1024, 512, 64, 6)])
-@pytest.mark.parametrize("save", [True, False], ids=["saved", "recomputed"])
-@pytest.mark.parametrize("x_as_a", [True, False], ids=["x_as_a", "x_s"])
-def test_gpu_weight_grads_beside_dx_change_no_bit(shape, save, x_as_a, seed, nan_workspaces, monkeypatch):
-    """The weight gradients on a second stream beside dX, each launch on its share of the SMs: the same tiles in
-    the same order per output element, so the same bits as one after the other; no NaN left anywhere."""
-    monkeypatch.setattr(engine_layer, "X_AS_A_IN_WEIGHT_GRADS", x_as_a)
-    inputs = bf16_inputs(*shape, "skewed", seed, device="cuda")
-    beside = layer_step_beside(inputs, True, monkeypatch, save)
-    in_turn = layer_step_beside(inputs, False, monkeypatch, save)
-    for name, got, want in zip(("y", "dx", "dtopk", "dWg", "dWu", "dWd"), beside, in_turn, strict=True):
-        assert torch.isfinite(got).all() and torch.equal(got, want), name
-
-
-@pytest.mark.gpu
-def test_gpu_weight_grads_beside_dx_capture_in_a_cuda_graph(seed, monkeypatch):
-    """The backward with its side stream captured in a CUDA graph (the fork and the join as the graph's branches),
-    replayed after the inputs changed in place: the bits of an eager call on the new inputs."""
-    monkeypatch.setattr(engine_layer, "WEIGHT_GRADS_BESIDE_DX", True)
-    monkeypatch.setattr(engine_layer, "BESIDE_DX_MAX_ROWS", 1 << 30)
-    static = bf16_inputs(512, 2048, 768, 128, 8, "uniform", seed, device="cuda")
-
-    def backward():
-        return engine_layer.backward(static["grad_output"], *args(static))
-
-    warm = torch.cuda.Stream()
-    warm.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(warm):  # compile and warm the allocator outside the capture
-        backward()
-    torch.cuda.current_stream().wait_stream(warm)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = backward()
-    fresh = bf16_inputs(512, 2048, 768, 128, 8, "skewed", seed + 1, device="cuda")
-    for name, tensor in fresh.items():
-        static[name].copy_(tensor)
-    graph.replay()
-    torch.cuda.synchronize()
-    eager = backward()
-    for name, got, want in zip(("dx", "dtopk", "dWg", "dWu", "dWd"), captured, eager, strict=True):
-        assert torch.isfinite(got).all() and torch.equal(got, want), name

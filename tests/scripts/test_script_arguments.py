@@ -38,7 +38,6 @@ CASES = {
     "p2/engine_ab.py loads --cases GPT-5:8192": "--cases: expected MODEL:TOKENS",
     "p2/engine_ab.py loads --rounds 0": "--rounds: expected at least 1, got 0",
     "p2/engine_ab.py kloop --variants dswiglu_ring_coop_m128n256k64_s4,nope": "--variants: unknown ['nope']",
-    "p2/engine_ab.py beside --shares 0.5,1.5": "--shares: expected fractions between 0 and 1",
     "host_time.py --cases model,nope": "--cases: expected a comma list of tiny, model, bench, bench_bf16",
     "host_time.py --layers moe_experts,nope": "--layers: expected a comma list of moe_experts, swiglu_expert",
 }
