@@ -59,12 +59,11 @@ from ...engine import grouped_tl as gemm_tl
 from ...engine import grouped_wgrad as wgrad_gluon
 from ...engine import grouped_wgrad_tl as wgrad_tl
 from ...engine.gluon_gemm import GemmConfig
-from ...side_stream import SideStream, branch
 from ...tiling import cdiv
 from .. import runtime
 from ..runtime import Device, device_of
 from .base import Inputs, Outputs
-from .library_gemms import gate_up_view
+from .library_gemms import SideStream, branch, gate_up_view
 
 BLOCK_K = 64  # the engine's [E, K, N] operand forms take K (H for dA, I for each half of dx's pair) in whole steps
 WIDE = GemmConfig()  # cooperative 128 × 256 × 64, 3 stages: the engine's default tiles

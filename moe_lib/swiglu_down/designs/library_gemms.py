@@ -26,12 +26,12 @@ two halves and dWg, dWu each merged into one larger GEMM. No host synchronisatio
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
-from ...side_stream import SideStream, branch
 from ...tiling import cdiv
 from ...tma import rows_fit
 from .. import kernels, runtime
@@ -173,3 +173,40 @@ def mm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if a.is_cuda:
         return torch.mm(a, b, out_dtype=torch.float32)
     return torch.mm(a.float(), b.float())
+
+
+class SideStream:
+    """A second CUDA stream per device that forks from the caller's stream and joins it again."""
+
+    _streams: dict = {}
+
+    def __init__(self, device: torch.device):
+        self.main = torch.cuda.current_stream(device)
+        key = str(device)
+        if key not in self._streams:
+            self._streams[key] = torch.cuda.Stream(device)
+        self.stream = self._streams[key]
+        self.forked = False
+
+    def mark(self) -> torch.cuda.Event:
+        """An event recorded on the side stream now: the caller's stream can wait for what is queued there so far."""
+        event = torch.cuda.Event()
+        event.record(self.stream)
+        return event
+
+    def join(self):
+        if self.forked:
+            self.main.wait_stream(self.stream)
+
+
+@contextlib.contextmanager
+def branch(side: SideStream | None):
+    """``with branch(side):`` runs its body on the side stream after everything queued so far on the
+    caller's stream (``side`` None: on the caller's stream)."""
+    if side is None:
+        yield
+        return
+    side.stream.wait_stream(side.main)
+    side.forked = True
+    with torch.cuda.stream(side.stream):
+        yield
